@@ -1,0 +1,45 @@
+/* Small shared utilities of the core: logging, allocation, time, strings. */
+#ifndef TR_UTIL_H
+#define TR_UTIL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <trainrun/plugin.h>
+
+#define TR_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+extern enum tr_log_level tr_log_threshold;
+
+void tr_log(enum tr_log_level level, const char *who, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* 64-byte aligned, zeroed; NULL on failure (large buffers: callers report). */
+void *tr_alloc(size_t size);
+void tr_free(void *ptr);
+
+/* Small bookkeeping allocations: these abort with a message on OOM, which
+ * only happens when the machine is already lost. */
+void *tr_xcalloc(size_t n, size_t size);
+void *tr_xrealloc(void *p, size_t size);
+char *tr_xstrdup(const char *s);
+char *tr_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Monotonic seconds. */
+double tr_now(void);
+
+/* The services every plugin receives. */
+const struct tr_host *tr_host_services(void);
+
+/* Prefix err->msg with "prefix: " (keeps it within the buffer). */
+void tr_err_prefix(tr_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Human sizes: "1.50 MiB". */
+void tr_format_bytes(double bytes, char *buf, size_t size);
+
+/* Directory of a path ("." when none), newly allocated. */
+char *tr_dirname(const char *path);
+/* Create a directory and its parents; 0 or -1 with errno. */
+int tr_mkdir_p(const char *path);
+
+#endif

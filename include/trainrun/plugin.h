@@ -1,0 +1,258 @@
+/*
+ * trainrun plugin ABI — the one header a plugin author needs.
+ *
+ *   cc -shared -fPIC $(pkg-config --cflags trainrun) -o myplugin.so myplugin.c
+ *
+ * A plugin is a shared object exporting one function, TR_PLUGIN_ENTRY, that
+ * returns a pointer to a constant `struct tr_plugin_info`.  The info names the
+ * plugin, declares its options (the core validates, documents and parses them
+ * into a config struct for you) and points at the vtable of its kind.
+ *
+ * Compatibility rules (the same as SQLite's VFS):
+ *   - TR_ABI_MAJOR changes only when an existing field changes meaning; the
+ *     core refuses plugins built for another major version.
+ *   - Structs only ever grow at the end.  Every struct a plugin hands to the
+ *     core starts with its own size, so the core never reads past what the
+ *     plugin compiled, and a slot beyond that size counts as absent.
+ *   - Optional slots may be NULL.
+ *
+ * Plugins do not link against trainrun: everything they need from the host
+ * comes through `struct tr_host`.  Plugins never call exit(): they return
+ * TR_ERROR and describe the problem with tr_fail(), and the core reports it
+ * together with the recipe file:line that configured the plugin.
+ */
+#ifndef TRAINRUN_PLUGIN_H
+#define TRAINRUN_PLUGIN_H
+
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TR_ABI_MAJOR 1
+#define TR_ABI_MINOR 0
+
+/* The one symbol every plugin exports. */
+#define TR_PLUGIN_ENTRY trainrun_plugin_entry
+#define TR_PLUGIN_ENTRY_NAME "trainrun_plugin_entry"
+
+#define TR_OK 0
+#define TR_ERROR (-1)
+
+/* ---- errors ----------------------------------------------------------- */
+
+/* Filled by the plugin, read by the core.  Say what is wrong and what to do. */
+typedef struct tr_err {
+    char msg[1024];
+} tr_err;
+
+static inline int tr_fail(tr_err *err, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static inline int tr_fail(tr_err *err, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+    }
+    return TR_ERROR;
+}
+
+/* ---- data types ------------------------------------------------------- */
+
+enum tr_dtype {
+    TR_F32 = 0,
+    TR_BF16 = 1,
+    TR_F16 = 2,
+    TR_I32 = 3,
+    TR_DTYPE_COUNT
+};
+
+/* ---- plugin kinds ----------------------------------------------------- */
+
+enum tr_plugin_kind {
+    TR_KIND_PRECISION = 1,
+    TR_KIND_DATA = 2,
+    TR_KIND_CHECKPOINT = 3,
+    TR_KIND_SCHEDULE = 4,
+    TR_KIND_COMM = 5
+};
+
+/* ---- options (declared once: validation, help and parsing) ------------ */
+
+enum tr_option_type {
+    TR_OPT_END = 0, /* terminates an option array */
+    TR_OPT_INT,     /* stored as int64_t            */
+    TR_OPT_FLOAT,   /* stored as double             */
+    TR_OPT_BOOL,    /* stored as int (0 or 1)       */
+    TR_OPT_STRING,  /* stored as const char *       */
+    TR_OPT_ENUM     /* stored as const char *, one of `choices` */
+};
+
+struct tr_option {
+    enum tr_option_type type;
+    const char *name;
+    /* Default as recipe text ("0.1", "true", "cosine"); NULL makes it required. */
+    const char *default_value;
+    /* Inclusive bounds for INT and FLOAT.  min == max == 0 means unbounded;
+     * use TR_NO_MIN / TR_NO_MAX for a one-sided range. */
+    double min, max;
+    const char *const *choices; /* ENUM: NULL-terminated */
+    const char *help;
+    size_t offset; /* offsetof(your_config, field) */
+};
+
+#define TR_NO_MIN (-HUGE_VAL)
+#define TR_NO_MAX (HUGE_VAL)
+
+/* ---- services the host lends to plugins -------------------------------- */
+
+enum tr_log_level { TR_LOG_DEBUG = 0, TR_LOG_INFO = 1, TR_LOG_WARN = 2, TR_LOG_ERROR = 3 };
+
+struct tr_host {
+    uint32_t struct_size;
+    uint32_t abi_major;
+    void (*log)(enum tr_log_level level, const char *who, const char *fmt, ...)
+#if defined(__GNUC__)
+        __attribute__((format(printf, 3, 4)))
+#endif
+        ;
+    void *(*alloc)(size_t size); /* 64-byte aligned; NULL when out of memory */
+    void (*free)(void *ptr);
+};
+
+/* What the core knows when it creates a plugin instance. */
+struct tr_create_args {
+    uint32_t struct_size;
+    const char *run_dir;   /* this run's output directory (exists) */
+    const char *recipe_dir;/* directory of the recipe file, for relative paths */
+    uint32_t seq_len;      /* tokens per sample the model consumes (0: not a sequence model) */
+    uint64_t seed;         /* the run's seed */
+    int rank, world;       /* this process among the data-parallel group */
+};
+
+/* Small named scalars a plugin asks the core to keep in checkpoints
+ * (loss scale, plateau best, counters).  Doubles round-trip exactly. */
+struct tr_state_var {
+    char name[32];
+    double value;
+};
+
+/* ---- the info struct every plugin returns ------------------------------ */
+
+struct tr_plugin_info {
+    uint32_t abi_major;     /* TR_ABI_MAJOR */
+    uint32_t struct_size;   /* sizeof(struct tr_plugin_info) */
+    enum tr_plugin_kind kind;
+    const char *name;       /* what recipes write: precision = "bf16" */
+    const char *version;
+    const char *description;/* one line for `trainrun plugins` */
+    const struct tr_option *options; /* TR_OPT_END-terminated, may be NULL */
+    size_t config_size;     /* size of the struct the options are parsed into */
+    /* Create an instance from the parsed config.  *self may stay NULL for
+     * stateless plugins. */
+    int (*create)(const struct tr_host *host, const void *config,
+                  const struct tr_create_args *args, void **self, tr_err *err);
+    void (*destroy)(void *self); /* optional */
+    const void *vtable;          /* the kind's vtable, below */
+};
+
+typedef const struct tr_plugin_info *(*tr_plugin_entry_fn)(void);
+
+/* ---- precision --------------------------------------------------------- */
+
+/* Where each class of tensor lives and what GEMMs compute in.
+ * Accumulation is always fp32. */
+struct tr_precision_policy {
+    uint32_t struct_size;
+    enum tr_dtype master;     /* weights the optimizer updates, and its state */
+    enum tr_dtype compute;    /* inputs of GEMMs and stored activations */
+    enum tr_dtype grad;       /* gradients of parameters */
+    int allow_tf32;           /* GPUs: fp32 GEMMs may use tf32 */
+};
+
+struct tr_precision_vtable {
+    uint32_t version;     /* 1 */
+    uint32_t struct_size; /* sizeof(struct tr_precision_vtable) */
+    void (*policy)(void *self, struct tr_precision_policy *out);
+    /* Factor the loss gradient is multiplied by (NULL: 1). */
+    double (*loss_scale)(void *self);
+    /* Called once per optimizer step after gradients are unscaled and
+     * checked.  Returns 1 to apply the step, 0 to skip it, TR_ERROR to stop
+     * the run (e.g. the scale collapsed).  NULL: always apply. */
+    int (*update)(void *self, int grads_finite, tr_err *err);
+    size_t (*state_save)(void *self, struct tr_state_var *vars, size_t cap);
+    int (*state_load)(void *self, const struct tr_state_var *vars, size_t n, tr_err *err);
+};
+
+/* ---- data -------------------------------------------------------------- */
+
+enum tr_split { TR_SPLIT_TRAIN = 0, TR_SPLIT_VAL = 1, TR_SPLIT_COUNT = 2 };
+
+struct tr_data_info {
+    uint32_t struct_size;
+    uint64_t samples[TR_SPLIT_COUNT]; /* samples in each split */
+    enum tr_dtype input_dtype;        /* TR_I32 token ids or TR_F32 features */
+    uint32_t input_len;               /* elements of one sample's input */
+    uint32_t target_len;              /* int32 targets per sample (T for LM, 1 for classes) */
+    uint32_t classes;                 /* vocabulary size, or number of classes */
+};
+
+struct tr_data_vtable {
+    uint32_t version;
+    uint32_t struct_size;
+    int (*info)(void *self, struct tr_data_info *out, tr_err *err);
+    /* Fill n samples, chosen by the core, into caller-owned buffers:
+     * inputs: n * input_len elements of input_dtype; targets: n * target_len.
+     * Must be thread-safe: loader workers call it concurrently.  The same
+     * (split, index) must always give the same sample. */
+    int (*read)(void *self, enum tr_split split, const uint64_t *indices, size_t n,
+                void *inputs, int32_t *targets, tr_err *err);
+};
+
+/* ---- checkpoint -------------------------------------------------------- */
+
+/* A checkpoint is a set of named blobs published atomically.  Between
+ * begin() and commit() nothing is visible; a crash leaves the previous
+ * checkpoints untouched. */
+struct tr_checkpoint_vtable {
+    uint32_t version;
+    uint32_t struct_size;
+    int (*begin)(void *self, const char *name, tr_err *err);
+    int (*put)(void *self, const char *blob, const void *data, size_t size, tr_err *err);
+    int (*commit)(void *self, tr_err *err);
+    void (*abort)(void *self); /* drop an uncommitted checkpoint */
+    /* Published checkpoints, newest first. */
+    int (*list)(void *self, void (*each)(void *ud, const char *name), void *ud, tr_err *err);
+    /* Read one blob; *data comes from host->alloc and the caller frees it. */
+    int (*get)(void *self, const char *name, const char *blob, void **data, size_t *size,
+               tr_err *err);
+    int (*remove)(void *self, const char *name, tr_err *err);
+};
+
+/* ---- schedule ---------------------------------------------------------- */
+
+struct tr_schedule_vtable {
+    uint32_t version;
+    uint32_t struct_size;
+    /* Learning rate for optimizer step `step` (0-based) of `total`. */
+    double (*lr)(void *self, uint64_t step, uint64_t total, double base_lr);
+    /* Optional: a validation metric after an evaluation (plateau schedules). */
+    void (*observe)(void *self, uint64_t step, double metric);
+    size_t (*state_save)(void *self, struct tr_state_var *vars, size_t cap);
+    int (*state_load)(void *self, const struct tr_state_var *vars, size_t n, tr_err *err);
+};
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TRAINRUN_PLUGIN_H */
