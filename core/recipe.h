@@ -1,0 +1,57 @@
+/*
+ * Recipes: LuaJIT files that return a table.
+ *
+ * Loading: text only (never bytecode), in a sandbox (no os, io, ffi, debug,
+ * load*, dofile, require of arbitrary modules), chunk name "@path" so every
+ * Lua error says file:line.  Sharing: `extends = "base/x.lua"` in the returned
+ * table, or `local base = include "team/base.lua"` — both deep-merge, and
+ * lists replace unless written as `append { ... }`.  Search path for
+ * extends/include: the including file's directory, TRAINRUN_RECIPE_PATH
+ * (colon-separated), then the installed recipes directory.
+ *
+ * Overrides "key.sub=value" from the command line are applied to the merged
+ * table before it is converted: "true"/"false" become booleans, numbers
+ * become numbers, anything else a string; the raw text is kept in
+ * tr_value.text so that option validation can type it by the schema.
+ */
+#ifndef TR_RECIPE_H
+#define TR_RECIPE_H
+
+#include "value.h"
+#include <trainrun/plugin.h>
+
+struct lua_State;
+struct tr_recipe;
+
+struct tr_recipe_paths {
+    const char *lua_dir;     /* where lua/trainrun/<name>.lua live (for `require "trainrun.x"`) */
+    const char *recipe_dir;  /* installed recipes directory, last on the search path */
+    const char *extra_lua_dir; /* optional: searched before lua_dir by `require` (tests, development) */
+};
+
+/* Load, merge, override, convert.  On failure returns NULL and err says
+ * "file:line: what is wrong" (or names the override that is malformed). */
+struct tr_recipe *tr_recipe_load(const char *path, const char *const *overrides, int n_overrides,
+                                 const struct tr_recipe_paths *paths, tr_err *err);
+void tr_recipe_free(struct tr_recipe *r);
+
+/* The resolved tree (owned by the recipe). */
+struct tr_value *tr_recipe_root(struct tr_recipe *r);
+const char *tr_recipe_path(const struct tr_recipe *r);
+
+/* The Lua state that evaluated the recipe, and a way to push the resolved
+ * table (as merged and overridden) onto its stack: used to run model builders. */
+struct lua_State *tr_recipe_lua(struct tr_recipe *r);
+void tr_recipe_push_resolved(struct tr_recipe *r);
+
+/* Line of `dotted_path` in the recipe files, for errors about keys that a
+ * validator looks up by path: fills origin and returns 1 if known. */
+int tr_recipe_origin(struct tr_recipe *r, const char *dotted_path, struct tr_origin *out);
+
+/* Push module `name` (e.g. "trainrun.models") as the recipe saw it: the
+ * same instance from the same per-load cache, sandboxed like the recipe.
+ * TR_OK with the module on top of tr_recipe_lua(r)'s stack, or TR_ERROR
+ * with err set and nothing pushed. */
+int tr_recipe_require(struct tr_recipe *r, const char *name, tr_err *err);
+
+#endif

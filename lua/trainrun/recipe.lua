@@ -1,0 +1,1054 @@
+--[[
+Recipe loader, driven by core/recipe.c.
+
+  M.load(host, cfg) -> resolved_table, origins, require_for_host
+
+host: primitives from C that plain Lua lacks
+  host.load_text(src, name)  compile source text only (never bytecode), chunk name "@name"
+  host.realpath(path)        canonical path or nil (to detect cycles)
+  host.is_file(path)         true for an existing regular file
+  host.suggest(word, list)   closest candidate or nil ("did you mean")
+  host.timed_out()           true once the instruction budget is spent
+cfg: { path, overrides = {"k.s=v", ...}, lua_dir, extra_lua_dir, recipe_dir, recipe_path }
+
+origins[t][k] = { file, line, cli, text } for every key of every table in the result;
+core/recipe.c copies it into the C tree.
+
+This file runs with the full standard library; recipes and trainrun.* modules run in
+sandbox environments built here and never see it.
+]]
+
+local M = {}
+
+local type, pairs, ipairs, next, tostring, tonumber, select = type, pairs, ipairs, next, tostring, tonumber, select
+local error, pcall, xpcall, rawget, setfenv, unpack = error, pcall, xpcall, rawget, setfenv, unpack
+local setmetatable, getmetatable = setmetatable, getmetatable
+local debug_getmetatable, debug_setmetatable, debug_getinfo = debug.getmetatable, debug.setmetatable, debug.getinfo
+local find, sub, match, gmatch, format, gsub = string.find, string.sub, string.match, string.gmatch, string.format, string.gsub
+local concat, sort = table.concat, table.sort
+local open, stderr = io.open, io.stderr
+
+---------------------------------------------------------------------------
+-- Small helpers
+
+local function pack(...)
+    return { n = select("#", ...), ... }
+end
+
+local function where(file, line)
+    if line and line > 0 then
+        return file .. ":" .. line .. ": "
+    end
+    return file .. ": "
+end
+
+local function dirname(path)
+    return match(path, "^(.*)/[^/]*$") or ""
+end
+
+local function join(dir, name)
+    if dir == "" then
+        return name
+    end
+    return dir .. "/" .. name
+end
+
+local function join_path(prefix, name)
+    if prefix == "" then
+        return name
+    end
+    return prefix .. "." .. name
+end
+
+-- Keys that can appear in a resolved path: strings and list positions.
+local function key_name(k)
+    if type(k) == "string" then
+        return k
+    end
+    if type(k) == "number" and k >= 1 and k % 1 == 0 then
+        return format("%d", k)
+    end
+    return nil
+end
+
+-- n if the keys of t are exactly 1..n (n may be 0), else nil.
+local function list_length(t)
+    local n = 0
+    for k in pairs(t) do
+        if type(k) ~= "number" then
+            return nil
+        end
+        n = n + 1
+    end
+    for i = 1, n do
+        if rawget(t, i) == nil then
+            return nil
+        end
+    end
+    return n
+end
+
+local function is_nonempty_list(t)
+    local n = list_length(t)
+    return n ~= nil and n > 0
+end
+
+local function read_source(path)
+    local f, msg = open(path, "rb")
+    if not f then
+        return nil, msg
+    end
+    local src, rmsg = f:read("*a")
+    f:close()
+    if not src then
+        return nil, path .. ": " .. tostring(rmsg)
+    end
+    return src
+end
+
+---------------------------------------------------------------------------
+-- Source scanner: where each table field was written.
+--
+-- Lua keeps no line numbers for table constructor fields, so the source is
+-- tokenized and every `name =`, `["name"] =` and positional item inside a
+-- constructor is recorded with its key path (relative to the outermost
+-- constructor) and line.  A constructor that is the value of a field, also
+-- when wrapped in a call (`model = gpt { ... }`, `xs = append { ... }`), nests
+-- under that field's key.  Top-level assignments `cfg.a.b = v` record "a.b".
+--
+-- Limits (it is a scanner, not an evaluator):
+--  * paths are syntactic: a table built in one place and stored under another
+--    key (`local o = { lr = 1 }  return { optim = o }`) records "lr", found
+--    only by suffix match when resolving "optim.lr";
+--  * when the same suffix is written in several constructors of one file the
+--    one whose literal value equals the resolved value wins, else the first;
+--  * values computed by code (loops, functions, model builders) have no line
+--    of their own and take the line of the enclosing table's key;
+--  * computed keys `[expr] =` (other than a literal string or integer) are
+--    recorded as "?" and never match.
+
+local KEYWORDS = {}
+for w in gmatch("and break do else elseif end false for function goto if in local nil not or repeat return then true until while", "%S+") do
+    KEYWORDS[w] = true
+end
+
+local function count_newlines(s, i, j)
+    local n, p = 0, i
+    while true do
+        local q = find(s, "\n", p, true)
+        if not q or q > j then
+            return n
+        end
+        n, p = n + 1, q + 1
+    end
+end
+
+-- At pos: "[" "="* "[".  Returns content start, content end, last char of the closing bracket.
+local function long_bracket(s, pos)
+    local eqs = match(s, "^%[(=*)%[", pos)
+    if not eqs then
+        return nil
+    end
+    local open_end = pos + #eqs + 1
+    local cs, ce = find(s, "]" .. eqs .. "]", open_end + 1, true)
+    if not cs then
+        return open_end + 1, #s, #s
+    end
+    return open_end + 1, cs - 1, ce
+end
+
+local function tokenize(s)
+    local toks, n = {}, 0
+    local pos, line, len = 1, 1, #s
+    if sub(s, 1, 1) == "#" then -- shebang line
+        pos = find(s, "\n", 1, true) or len + 1
+    end
+    local function push(t, v, tline, has_value)
+        n = n + 1
+        toks[n] = { t = t, v = v, line = tline, has_value = has_value }
+    end
+    while pos <= len do
+        local c = sub(s, pos, pos)
+        if c == "\n" then
+            line, pos = line + 1, pos + 1
+        elseif find(c, "^[ \t\r\f\v]") then
+            pos = find(s, "[^ \t\r\f\v]", pos) or len + 1
+        elseif c == "-" and sub(s, pos + 1, pos + 1) == "-" then
+            local _, _, last = long_bracket(s, pos + 2)
+            if last then
+                line = line + count_newlines(s, pos, last)
+                pos = last + 1
+            else
+                pos = find(s, "\n", pos, true) or len + 1
+            end
+        elseif c == "[" and find(s, "^%[=*%[", pos) then
+            local cs, ce, last = long_bracket(s, pos)
+            local content = sub(s, cs, ce)
+            content = gsub(content, "^\r?\n", "", 1)
+            push("string", content, line, true)
+            line = line + count_newlines(s, pos, last)
+            pos = last + 1
+        elseif c == '"' or c == "'" then
+            local start_line, p, escaped = line, pos + 1, false
+            local stop = "[\\\n" .. c .. "]"
+            while true do
+                local q = find(s, stop, p)
+                if not q then
+                    p = len + 1
+                    break
+                end
+                local ch = sub(s, q, q)
+                if ch == "\\" then
+                    escaped = true
+                    if sub(s, q + 1, q + 1) == "\n" then
+                        line = line + 1
+                    end
+                    p = q + 2
+                elseif ch == "\n" then -- only after \z in valid source
+                    line, p = line + 1, q + 1
+                else
+                    p = q
+                    break
+                end
+            end
+            push("string", sub(s, pos + 1, p - 1), start_line, not escaped)
+            pos = p + 1
+        elseif find(c, "^%d") or (c == "." and find(s, "^%.%d", pos)) then
+            local e
+            if find(s, "^0[xX]", pos) then
+                e = select(2, find(s, "^0[xX][%x%.]*", pos))
+                e = select(2, find(s, "^[pP][%+%-]?%d+", e + 1)) or e
+            else
+                e = select(2, find(s, "^%d*%.?%d*", pos))
+                e = select(2, find(s, "^[eE][%+%-]?%d+", e + 1)) or e
+            end
+            e = select(2, find(s, "^[uUlLiI]+", e + 1)) or e
+            local v = tonumber(sub(s, pos, e))
+            push("number", v, line, v ~= nil)
+            pos = e + 1
+        elseif find(c, "^[%a_]") then
+            local e = select(2, find(s, "^[%a_][%w_]*", pos))
+            local w = sub(s, pos, e)
+            push(KEYWORDS[w] and w or "name", w, line, false)
+            pos = e + 1
+        else
+            local op = match(s, "^%.%.%.", pos) or match(s, "^[=~<>]=", pos) or match(s, "^%.%.", pos)
+                or match(s, "^::", pos) or c
+            push(op, nil, line, false)
+            pos = pos + #op
+        end
+    end
+    return toks, n
+end
+
+-- The literal value written at toks[i] when the whole value is one literal
+-- (optionally negated), else nil, false.
+local VALUE_ENDS = { [","] = true, [";"] = true, ["}"] = true }
+local function literal_at(toks, i, in_ctor)
+    local tok, sign = toks[i], 1
+    if tok and tok.t == "-" and toks[i + 1] and toks[i + 1].t == "number" then
+        tok, sign, i = toks[i + 1], -1, i + 1
+    end
+    if not tok then
+        return nil, false
+    end
+    local after = toks[i + 1]
+    local ends
+    if in_ctor then
+        ends = after ~= nil and VALUE_ENDS[after.t]
+    else
+        ends = after == nil or after.t == "name" or (KEYWORDS[after.t] and after.t ~= "and" and after.t ~= "or")
+            or after.t == ";"
+    end
+    if not ends then
+        return nil, false
+    end
+    if tok.t == "number" and tok.has_value then
+        return sign * tok.v, true
+    elseif tok.t == "string" and tok.has_value and sign == 1 then
+        return tok.v, true
+    elseif tok.t == "true" and sign == 1 then
+        return true, true
+    elseif tok.t == "false" and sign == 1 then
+        return false, true
+    end
+    return nil, false
+end
+
+local function scan_source(src)
+    local toks, n = tokenize(src)
+    local records = {}          -- { path, line, literal, has_literal }
+    local by_last = {}          -- last path component -> list of records
+    local return_line = nil     -- line of the last top-level `return`
+
+    local function record(path, line, value_index, in_ctor)
+        local lit, has = literal_at(toks, value_index, in_ctor)
+        local r = { path = path, line = line, literal = lit, has_literal = has }
+        records[#records + 1] = r
+        local last = match(path, "([^%.]*)$")
+        local list = by_last[last]
+        if not list then
+            list = {}
+            by_last[last] = list
+        end
+        list[#list + 1] = r
+    end
+
+    -- Frames: stmt (top level), ctor { }, group ( ) or [ ], func (function ... end).
+    local stack = { { kind = "stmt", assign = "" } }
+    local function child_prefix(f)
+        if f.kind == "ctor" then
+            return f.item or f.prefix
+        elseif f.kind == "stmt" then
+            return f.assign
+        end
+        return f.prefix
+    end
+
+    local i = 1
+    while i <= n do
+        local tok = toks[i]
+        local t = tok.t
+        local f = stack[#stack]
+        local nxt = toks[i + 1]
+        if f.kind == "ctor" and f.at_start then
+            if t == "}" then
+                stack[#stack] = nil
+                i = i + 1
+            elseif t == "name" and nxt and nxt.t == "=" then
+                f.item = join_path(f.prefix, tok.v)
+                record(f.item, tok.line, i + 2, true)
+                f.at_start = false
+                i = i + 2
+            elseif t == "[" and nxt and nxt.has_value and key_name(nxt.v) and toks[i + 2] and toks[i + 2].t == "]"
+                and toks[i + 3] and toks[i + 3].t == "=" then
+                f.item = join_path(f.prefix, key_name(nxt.v))
+                record(f.item, tok.line, i + 4, true)
+                f.at_start = false
+                i = i + 4
+            elseif t == "[" then -- computed key
+                f.item = join_path(f.prefix, "?")
+                f.at_start = false
+                stack[#stack + 1] = { kind = "group", prefix = f.item, close = "]" }
+                i = i + 1
+            else -- positional item; the token itself is handled next round
+                f.npos = f.npos + 1
+                f.item = join_path(f.prefix, tostring(f.npos))
+                record(f.item, tok.line, i, true)
+                f.at_start = false
+            end
+        else
+            if f.kind == "stmt" and t == "[" and f.cand and nxt and nxt.t == "string" and nxt.has_value
+                and toks[i + 2] and toks[i + 2].t == "]" then
+                f.cand[#f.cand + 1] = nxt.v
+                f.cand_line = tok.line
+                i = i + 2
+            elseif t == "{" then
+                stack[#stack + 1] = { kind = "ctor", prefix = child_prefix(f), npos = 0, at_start = true }
+            elseif t == "(" or t == "[" then
+                stack[#stack + 1] = { kind = "group", prefix = child_prefix(f), close = t == "(" and ")" or "]" }
+            elseif t == "function" then
+                if f.kind == "func" then
+                    f.depth = f.depth + 1
+                else
+                    stack[#stack + 1] = { kind = "func", prefix = child_prefix(f), depth = 1 }
+                end
+            elseif f.kind == "func" then
+                if t == "if" or t == "do" then
+                    f.depth = f.depth + 1
+                elseif t == "end" then
+                    f.depth = f.depth - 1
+                    if f.depth == 0 then
+                        stack[#stack] = nil
+                    end
+                end
+            elseif f.kind == "group" then
+                if t == f.close then
+                    stack[#stack] = nil
+                end
+            elseif f.kind == "ctor" then
+                if t == "}" then
+                    stack[#stack] = nil
+                elseif t == "," or t == ";" then
+                    f.at_start = true
+                end
+            else -- top-level statements: track `a.b.c =` assignments
+                local prev = toks[i - 1]
+                if t == "name" then
+                    if prev and prev.t == "." and f.cand then
+                        f.cand[#f.cand + 1] = tok.v
+                        f.cand_line = tok.line
+                    elseif prev and prev.t == ":" then
+                        f.cand = nil
+                    else
+                        f.cand = { tok.v }
+                        f.cand_line = tok.line
+                    end
+                elseif t == "." then
+                    -- keeps the candidate
+                elseif t == "=" then
+                    if f.cand and #f.cand > 1 then
+                        f.assign = concat(f.cand, ".", 2)
+                        record(f.assign, f.cand_line, i + 1, false)
+                    elseif f.cand then
+                        f.assign = ""
+                    end
+                    f.cand = nil
+                else
+                    if t == "return" then
+                        return_line = tok.line
+                    end
+                    if KEYWORDS[t] then
+                        f.assign = ""
+                    end
+                    f.cand = nil
+                end
+            end
+            i = i + 1
+        end
+    end
+    return { records = records, by_last = by_last, return_line = return_line }
+end
+
+-- Line of `path` in a scanned file: exact path, else the longest recorded
+-- path that is a suffix of it; ties go to a record whose literal equals
+-- `value`, then to the first written.  nil when nothing matches.
+local function lookup_line(scan, path, value)
+    local last = match(path, "([^%.]*)$")
+    local list = scan.by_last[last]
+    if not list then
+        return nil
+    end
+    local best, best_len, best_match = nil, -1, false
+    for _, r in ipairs(list) do
+        local rp = r.path
+        if rp == path or (#rp < #path and sub(path, -#rp - 1) == "." .. rp) then
+            local vmatch = r.has_literal and r.literal == value
+            if #rp > best_len or (#rp == best_len and vmatch and not best_match) then
+                best, best_len, best_match = r, #rp, vmatch
+            end
+        end
+    end
+    return best and best.line
+end
+
+local function lookup_exact(scan, path)
+    local list = scan.by_last[match(path, "([^%.]*)$")]
+    for _, r in ipairs(list or {}) do
+        if r.path == path then
+            return r.line
+        end
+    end
+    return nil
+end
+
+M.scan_source = scan_source
+M.lookup_line = lookup_line
+
+---------------------------------------------------------------------------
+-- Sandbox
+
+local SAFE_BASE = { "assert", "error", "ipairs", "next", "pairs", "select", "tonumber", "tostring", "type",
+    "unpack", "rawequal", "rawget", "rawset", "setmetatable" }
+
+local FORBIDDEN = {}
+for w in gmatch("os io ffi jit debug package load loadstring loadfile dofile collectgarbage module "
+    .. "setfenv getfenv newproxy gcinfo coroutine bit _G arg", "%S+") do
+    FORBIDDEN[w] = true
+end
+
+local function shallow_copy(t)
+    local c = {}
+    for k, v in pairs(t) do
+        c[k] = v
+    end
+    return c
+end
+
+-- pcall/xpcall that cannot swallow the instruction budget running out.
+local function make_protected_calls(host)
+    local function check(ok, ...)
+        if not ok and host.timed_out() then
+            error((...), 0)
+        end
+        return ok, ...
+    end
+    local function safe_pcall(f, ...)
+        return check(pcall(f, ...))
+    end
+    local function safe_xpcall(f, handler, ...)
+        return check(xpcall(f, handler, ...))
+    end
+    return safe_pcall, safe_xpcall
+end
+
+local function safe_getmetatable(x)
+    -- The string metatable leads to the loader's own string library.
+    if type(x) == "string" then
+        return nil
+    end
+    return getmetatable(x)
+end
+
+local function sandbox_print(...)
+    local parts = {}
+    for i = 1, select("#", ...) do
+        parts[i] = tostring((select(i, ...)))
+    end
+    stderr:write(concat(parts, "\t"), "\n")
+end
+
+local function make_env(ctx, extras)
+    local env = {}
+    for _, name in ipairs(SAFE_BASE) do
+        env[name] = _G[name]
+    end
+    env.string = shallow_copy(string)
+    env.table = shallow_copy(table)
+    env.math = shallow_copy(math)
+    env.print = sandbox_print
+    env.pcall, env.xpcall = ctx.safe_pcall, ctx.safe_xpcall
+    env.getmetatable = safe_getmetatable
+    for k, v in pairs(extras) do
+        env[k] = v
+    end
+    return setmetatable(env, ctx.env_mt)
+end
+
+local function make_env_mt(host)
+    return {
+        __metatable = "sandbox",
+        __index = function(env, name)
+            if type(name) ~= "string" then
+                return nil
+            end
+            if FORBIDDEN[name] then
+                error(format("'%s' is not available in recipes (recipes are sandboxed)", name), 2)
+            end
+            if #name >= 3 then
+                local names = {}
+                for k in pairs(env) do
+                    if type(k) == "string" then
+                        names[#names + 1] = k
+                    end
+                end
+                sort(names)
+                local guess = host.suggest(name, names)
+                if guess then
+                    error(format("unknown name '%s' (did you mean '%s'?)", name, guess), 2)
+                end
+            end
+            return nil
+        end,
+    }
+end
+
+---------------------------------------------------------------------------
+-- require "trainrun.x": text-only, sandboxed, cached per load
+
+local function module_candidates(ctx, name)
+    local rel = gsub(name, "%.", "/") .. ".lua"
+    local list = {}
+    for _, dir in ipairs(ctx.lua_dirs) do
+        list[#list + 1] = join(dir, rel)
+    end
+    return list
+end
+
+local LOADING = {}
+
+local function load_module(ctx, name)
+    local cached = ctx.modules[name]
+    if cached == LOADING then
+        error(format('require "%s": modules require each other in a cycle', name), 0)
+    elseif cached ~= nil then
+        return cached
+    end
+    local candidates = module_candidates(ctx, name)
+    local path
+    for _, p in ipairs(candidates) do
+        if ctx.host.is_file(p) then
+            path = p
+            break
+        end
+    end
+    if not path then
+        return nil, format('require "%s": not found (searched: %s)', name, concat(candidates, ", "))
+    end
+    local src, msg = read_source(path)
+    if not src then
+        error(msg, 0)
+    end
+    local fn, lmsg = ctx.host.load_text(src, path)
+    if not fn then
+        error(lmsg, 0)
+    end
+    setfenv(fn, make_env(ctx, { require = ctx.require }))
+    ctx.modules[name] = LOADING
+    local ok, result = pcall(fn, name)
+    if not ok then
+        ctx.modules[name] = nil
+        error(result, 0)
+    end
+    if result == nil then
+        result = true
+    end
+    ctx.modules[name] = result
+    return result
+end
+
+local function make_require(ctx)
+    return function(name)
+        if type(name) ~= "string" or not find(name, "^trainrun%.[%w_]+[%w_%.]*$") or find(name, "%.%.") then
+            error(format('require "%s": only trainrun.* modules are available in recipes (recipes are sandboxed)',
+                tostring(name)), 2)
+        end
+        local result, msg = load_module(ctx, name)
+        if result == nil then
+            error(msg, 2)
+        end
+        return result
+    end
+end
+
+---------------------------------------------------------------------------
+-- Origins, copies and merging
+
+-- Give every (table, key) reachable from t a file:line in `file`, unless it
+-- already has one from an included recipe and still holds the same value.
+local function attribute(ctx, t, file, scan, prefix, seen)
+    if seen[t] then
+        return
+    end
+    seen[t] = true
+    local O = ctx.origins
+    local ot = O[t]
+    if not ot then
+        ot = {}
+        O[t] = ot
+    end
+    local keep = ctx.resolved[t]
+    for k, v in pairs(t) do
+        local name = key_name(k)
+        if name then
+            local path = join_path(prefix, name)
+            local o = ot[k]
+            if not (keep and o and (type(v) == "table" or o.value == v)) then
+                ot[k] = { file = file, line = lookup_line(scan, path, v), value = v }
+            end
+            if type(v) == "table" then
+                attribute(ctx, v, file, scan, path, seen)
+            end
+        end
+    end
+end
+
+-- Deep copy carrying origins along; cycles are kept as cycles (reported
+-- when converting), shared subtables become separate copies.
+local function copy(ctx, v, active)
+    if type(v) ~= "table" then
+        return v
+    end
+    active = active or {}
+    if active[v] then
+        return active[v]
+    end
+    local r = {}
+    active[v] = r
+    ctx.resolved[r] = true
+    local ov, orr = ctx.origins[v], {}
+    ctx.origins[r] = orr
+    for k, x in pairs(v) do
+        r[k] = copy(ctx, x, active)
+        if ov then
+            orr[k] = ov[k]
+        end
+    end
+    active[v] = nil
+    local mt = debug_getmetatable(v)
+    if mt then
+        debug_setmetatable(r, mt)
+    end
+    return r
+end
+
+-- Does child table c merge key by key into base table b (instead of replacing it)?
+local function merges_into(b, c)
+    if is_nonempty_list(c) then
+        return false -- lists replace
+    end
+    if next(c) == nil then
+        return not is_nonempty_list(b) -- {} keeps a base map, empties a base list
+    end
+    return not is_nonempty_list(b) -- a map replaces a list
+end
+
+-- Merge raw child table c over b (a fresh resolved table), in place.
+local function merge_into(ctx, b, c, path, at_root)
+    local O = ctx.origins
+    local ob, oc = O[b], O[c] or {}
+    for k, v in pairs(c) do
+        if not (at_root and k == "extends") then
+            local bv = b[k]
+            local name = key_name(k) or tostring(k)
+            if ctx.appended[v] then
+                if bv == nil then
+                    b[k] = copy(ctx, v)
+                elseif type(bv) == "table" and list_length(bv) then
+                    local n, obv, ov = #bv, O[bv], O[v] or {}
+                    for i = 1, #v do
+                        bv[n + i] = copy(ctx, v[i])
+                        obv[n + i] = ov[i]
+                    end
+                else
+                    local o = oc[k] or {}
+                    error(format('%sappend{...} for "%s": the value it extends is a %s, not a list',
+                        where(o.file or "?", o.line), join_path(path, name), type(bv)), 0)
+                end
+            elseif type(v) == "table" and type(bv) == "table" and merges_into(bv, v) then
+                merge_into(ctx, bv, v, join_path(path, name), false)
+            else
+                b[k] = copy(ctx, v)
+            end
+            ob[k] = oc[k]
+        end
+    end
+    local mt = debug_getmetatable(c)
+    if mt then
+        debug_setmetatable(b, mt)
+    end
+end
+
+---------------------------------------------------------------------------
+-- Resolving a recipe file
+
+local function find_recipe(ctx, name, from_dir)
+    if sub(name, 1, 1) == "/" then
+        return ctx.host.is_file(name) and name or nil, { name }
+    end
+    local dirs, seen = {}, {}
+    local function add(d)
+        if d and not seen[d] then
+            seen[d] = true
+            dirs[#dirs + 1] = d
+        end
+    end
+    add(from_dir)
+    for _, d in ipairs(ctx.search_dirs) do
+        add(d)
+    end
+    local shown = {}
+    for i, d in ipairs(dirs) do
+        local p = join(d, name)
+        if ctx.host.is_file(p) then
+            return p
+        end
+        shown[i] = d == "" and "." or d
+    end
+    return nil, shown
+end
+
+local resolve
+
+local function check_cycle(ctx, path, how, from)
+    local real = ctx.host.realpath(path) or path
+    for i, s in ipairs(ctx.stack) do
+        if s.real == real then
+            local chain = {}
+            for j = i, #ctx.stack do
+                chain[#chain + 1] = ctx.stack[j].display
+            end
+            chain[#chain + 1] = path
+            error(format("%s%s cycle: %s", where(from.file, from.line), how, concat(chain, " -> ")), 0)
+        end
+    end
+    return real
+end
+
+local function make_include(ctx, file)
+    return function(name)
+        if type(name) ~= "string" then
+            error(format("include expects a recipe path (a string), got %s", type(name)), 2)
+        end
+        local info = debug_getinfo(2, "l")
+        local from = { file = file, line = info and info.currentline or 0 }
+        local found, searched = find_recipe(ctx, name, dirname(file))
+        if not found then
+            error(format('%sinclude "%s": not found (searched: %s)', where(from.file, from.line), name,
+                concat(searched, ", ")), 0)
+        end
+        return resolve(ctx, found, "include", from)
+    end
+end
+
+local function append(list)
+    if type(list) ~= "table" then
+        error(format("append expects a list, e.g. append { 1, 2 }, got %s", type(list)), 2)
+    end
+    return list
+end
+
+-- Model builders often raise plain messages ("gpt: option 'ctx' is
+-- required"); give those the recipe line that called the builder.
+local function with_caller_line(fn)
+    return function(...)
+        local r = pack(pcall(fn, ...))
+        if r[1] then
+            return unpack(r, 2, r.n)
+        end
+        local e = r[2]
+        if type(e) == "string" and not find(e, "^[^\n]-:%d+: ") then
+            local info = debug_getinfo(2, "Sl")
+            if info and info.currentline and info.currentline > 0 and sub(info.source, 1, 1) == "@" then
+                e = where(sub(info.source, 2), info.currentline) .. e
+            end
+        end
+        error(e, 0)
+    end
+end
+
+local function recipe_env(ctx, file)
+    local extras = {}
+    for k, v in pairs(ctx.models) do
+        extras[k] = type(v) == "function" and with_caller_line(v) or v
+    end
+    extras.include = make_include(ctx, file)
+    extras.require = ctx.require
+    extras.append = ctx.append
+    return make_env(ctx, extras)
+end
+
+local function resolve_file(ctx, path)
+    local src, msg = read_source(path)
+    if not src then
+        error(format("cannot read recipe %s", msg), 0)
+    end
+    local fn, lmsg = ctx.host.load_text(src, path)
+    if not fn then
+        error(lmsg, 0)
+    end
+    setfenv(fn, recipe_env(ctx, path))
+    local results = pack(fn())
+    local scan = scan_source(src)
+    local t = results[1]
+    if type(t) ~= "table" then
+        error(format("%sa recipe must return a table, got %s", where(path, scan.return_line),
+            results.n == 0 and "nothing" or type(t)), 0)
+    end
+    attribute(ctx, t, path, scan, "", {})
+
+    local ext = rawget(t, "extends")
+    if ext == nil then
+        return copy(ctx, t)
+    end
+    local line = lookup_exact(scan, "extends")
+    if type(ext) ~= "string" then
+        error(format("%sextends must be the path of a recipe (a string), got %s", where(path, line), type(ext)), 0)
+    end
+    local found, searched = find_recipe(ctx, ext, dirname(path))
+    if not found then
+        error(format('%sextends "%s": not found (searched: %s)', where(path, line), ext, concat(searched, ", ")), 0)
+    end
+    local base = resolve(ctx, found, "extends", { file = path, line = line })
+    merge_into(ctx, base, t, "", true)
+    return base
+end
+
+-- The fully resolved table of a recipe file (its extends applied), fresh
+-- tables throughout so that callers may change it.
+resolve = function(ctx, path, how, from)
+    local real = check_cycle(ctx, path, how, from)
+    local depth = #ctx.stack
+    ctx.stack[depth + 1] = { real = real, display = path }
+    local ok, result = pcall(resolve_file, ctx, path)
+    for i = #ctx.stack, depth + 1, -1 do
+        ctx.stack[i] = nil
+    end
+    if not ok then
+        if type(result) ~= "string" then
+            result = format("%sthe recipe raised an error that is a %s, not a message", where(path), type(result))
+        end
+        error(result, 0)
+    end
+    return result
+end
+
+---------------------------------------------------------------------------
+-- Command-line overrides
+
+local function parse_number(text)
+    -- Lua number literals only ("inf", "nan", " 1" stay strings).
+    if find(text, "^[%+%-]?0[xX]%x+$")
+        or (find(text, "%d") and (find(text, "^[%+%-]?%d*%.?%d*$") or find(text, "^[%+%-]?%d*%.?%d*[eE][%+%-]?%d+$"))
+            and not find(text, "^[%+%-]?%.?[eE]")) then
+        return tonumber(text)
+    end
+    return nil
+end
+
+local function parse_override(spec)
+    local eq = find(spec, "=", 1, true)
+    if not eq then
+        error(format('command line override "%s": expected key=value (for example optim.lr=3e-4)', spec), 0)
+    end
+    local key, text = sub(spec, 1, eq - 1), sub(spec, eq + 1)
+    if key == "" then
+        error(format('command line override "%s": the key before "=" is empty (expected key=value)', spec), 0)
+    end
+    local parts = {}
+    for part in gmatch(key .. ".", "([^%.]*)%.") do
+        if part == "" then
+            error(format('command line override "%s": "%s" has an empty part (expected names separated by single dots)',
+                spec, key), 0)
+        end
+        parts[#parts + 1] = part
+    end
+    local value
+    if text == "true" then
+        value = true
+    elseif text == "false" then
+        value = false
+    else
+        value = parse_number(text)
+        if value == nil then
+            value = text
+        end
+    end
+    return { spec = spec, parts = parts, value = value, text = text }
+end
+
+local function override_key(t, part)
+    if find(part, "^%d+$") then
+        local i = tonumber(part)
+        if rawget(t, i) ~= nil or i == #t + 1 then
+            return i
+        end
+    end
+    return part
+end
+
+local function apply_override(ctx, root, o)
+    local O = ctx.origins
+    local t = root
+    for i = 1, #o.parts - 1 do
+        local k = override_key(t, o.parts[i])
+        local v = t[k]
+        if v == nil then
+            v = {}
+            t[k] = v
+            O[v] = {}
+            O[t] = O[t] or {}
+            O[t][k] = { cli = true }
+        elseif type(v) ~= "table" then
+            error(format('command line override "%s": "%s" is a %s in the recipe, not a table', o.spec,
+                concat(o.parts, ".", 1, i), type(v)), 0)
+        end
+        t = v
+    end
+    local k = override_key(t, o.parts[#o.parts])
+    t[k] = o.value
+    O[t] = O[t] or {}
+    O[t][k] = { cli = true, text = o.text }
+end
+
+---------------------------------------------------------------------------
+-- Final origins: every key gets { file, line, cli, text }; a key without a
+-- line of its own takes its enclosing table's.
+
+local function finalize(ctx, t, parent, out, seen)
+    if seen[t] then
+        return
+    end
+    seen[t] = true
+    local ot = ctx.origins[t] or {}
+    local res = {}
+    out[t] = res
+    for k, v in pairs(t) do
+        local o = ot[k]
+        local r
+        if o and o.cli then
+            r = { cli = true, text = o.text }
+        elseif o and o.line then
+            r = { file = o.file, line = o.line }
+        else
+            r = { file = parent.file, line = parent.line, cli = parent.cli }
+        end
+        res[k] = r
+        if type(v) == "table" then
+            finalize(ctx, v, r, out, seen)
+        end
+    end
+end
+
+---------------------------------------------------------------------------
+
+function M.load(host, cfg)
+    local ctx = {
+        host = host,
+        origins = {},   -- table -> key -> { file, line, value } or { cli, text }
+        resolved = setmetatable({}, { __mode = "k" }), -- tables made by copy (from a resolved recipe)
+        appended = setmetatable({}, { __mode = "k" }), -- lists wrapped in append{}
+        stack = {},     -- recipes being resolved, for cycle errors
+        modules = {},   -- require cache
+        models = {},
+        lua_dirs = {},
+        search_dirs = {},
+    }
+    ctx.safe_pcall, ctx.safe_xpcall = make_protected_calls(host)
+    ctx.env_mt = make_env_mt(host)
+    ctx.require = make_require(ctx)
+    ctx.append = function(list)
+        append(list)
+        ctx.appended[list] = true
+        return list
+    end
+    if cfg.extra_lua_dir then
+        ctx.lua_dirs[#ctx.lua_dirs + 1] = cfg.extra_lua_dir
+    end
+    if cfg.lua_dir then
+        ctx.lua_dirs[#ctx.lua_dirs + 1] = cfg.lua_dir
+    end
+    for dir in gmatch(cfg.recipe_path or "", "[^:]+") do
+        ctx.search_dirs[#ctx.search_dirs + 1] = dir
+    end
+    if cfg.recipe_dir then
+        ctx.search_dirs[#ctx.search_dirs + 1] = cfg.recipe_dir
+    end
+
+    local overrides = {}
+    for i, spec in ipairs(cfg.overrides or {}) do
+        overrides[i] = parse_override(spec)
+    end
+
+    -- Model builders (trainrun.models) are globals in every recipe.
+    local models = load_module(ctx, "trainrun.models")
+    if models ~= nil then
+        if type(models) ~= "table" then
+            error(format("trainrun/models.lua must return a table of builders, got %s", type(models)), 0)
+        end
+        for k, v in pairs(models) do
+            ctx.models[k] = v
+        end
+    end
+
+    local result = resolve(ctx, cfg.path, "extends", { file = cfg.path })
+    for _, o in ipairs(overrides) do
+        apply_override(ctx, result, o)
+    end
+    local origins = {}
+    finalize(ctx, result, { file = cfg.path, line = 0 }, origins, {})
+    ctx.origins, ctx.stack = {}, {} -- only the module cache outlives the load
+
+    -- For the host after loading (tr_recipe_require): the same module
+    -- instances the recipe saw.
+    local function require_for_host(name)
+        local module, msg = load_module(ctx, name)
+        if module == nil then
+            error(msg, 0)
+        end
+        return module
+    end
+    return result, origins, require_for_host
+end
+
+return M

@@ -1,0 +1,4 @@
+return {
+    extends = "base.lua",
+    seed = append { 2 },
+}

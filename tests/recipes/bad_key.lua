@@ -1,0 +1,1 @@
+return { weights = { [true] = 1 } }

@@ -1,0 +1,3 @@
+return {
+    model = strict { width = 3 },
+}

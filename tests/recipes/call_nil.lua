@@ -1,0 +1,2 @@
+local helpers = {}
+return { lr = helpers.schedule(3) }

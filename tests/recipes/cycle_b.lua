@@ -1,0 +1,3 @@
+return {
+    extends = "cycle_a.lua",
+}

@@ -1,0 +1,4 @@
+return {
+    extends = "base/nope.lua",
+    lr = 1,
+}

@@ -1,0 +1,1 @@
+return { team = "vision", seed = 3 }

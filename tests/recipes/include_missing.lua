@@ -1,0 +1,2 @@
+local optim = include "nope.lua"
+return { optim = optim }

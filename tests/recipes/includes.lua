@@ -1,0 +1,5 @@
+local base = include "base.lua"
+return {
+    optim = base.optim,
+    steps = 10,
+}

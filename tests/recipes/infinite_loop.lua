@@ -1,0 +1,3 @@
+local n = 0
+while true do n = n + 1 end
+return { n = n }

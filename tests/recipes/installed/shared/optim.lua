@@ -1,0 +1,1 @@
+return { name = "sgd", lr = 0.1 }

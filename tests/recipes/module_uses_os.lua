@@ -1,0 +1,2 @@
+local helpers = require "trainrun.helpers"
+return { seed = helpers.now() }

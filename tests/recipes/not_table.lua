@@ -1,0 +1,2 @@
+-- Forgot the table.
+return 42

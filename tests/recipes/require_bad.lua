@@ -1,0 +1,2 @@
+local socket = require "socket"
+return { socket = socket }

@@ -1,0 +1,3 @@
+local t = { name = "loop" }
+t.self = t
+return t

@@ -1,0 +1,4 @@
+return {
+    lr = 3e-4
+    steps = 10,
+}

@@ -1,0 +1,6 @@
+return {
+    extends = "base.lua",
+    schedule = {
+        wramup = 50,
+    },
+}

@@ -1,0 +1,1 @@
+return { steps = tonumbr("3") }

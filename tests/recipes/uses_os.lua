@@ -1,0 +1,4 @@
+-- Recipes cannot reach the operating system.
+return {
+    seed = os.time(),
+}

@@ -1,0 +1,532 @@
+/* Recipes: loading, sandbox, sharing, overrides, origins, and the C tree. */
+#define _XOPEN_SOURCE 700 /* mkstemp, open_memstream, setenv, fdopen */
+#include "recipe.h"
+
+#include <criterion/criterion.h>
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifndef TR_TEST_SRCDIR
+#define TR_TEST_SRCDIR "tests"
+#endif
+
+/* Every test runs from the tests directory so that messages name
+ * "recipes/x.lua" whatever the build directory is. */
+static void enter_test_dir(void)
+{
+    cr_assert_eq(chdir(TR_TEST_SRCDIR), 0, "cannot enter %s", TR_TEST_SRCDIR);
+    setenv("TRAINRUN_RECIPE_PATH", "recipes/extra_path", 1);
+}
+
+TestSuite(recipe, .init = enter_test_dir);
+
+static const struct tr_recipe_paths test_paths = {
+    .lua_dir = "../lua",
+    .recipe_dir = "recipes/installed",
+    .extra_lua_dir = "recipes/lua",
+};
+
+static struct tr_recipe *load_with(const char *path, const char *const *overrides, int n)
+{
+    tr_err err = {{0}};
+    struct tr_recipe *r = tr_recipe_load(path, overrides, n, &test_paths, &err);
+    cr_assert_not_null(r, "loading %s failed: %s", path, err.msg);
+    return r;
+}
+
+static struct tr_recipe *load(const char *path)
+{
+    return load_with(path, NULL, 0);
+}
+
+static void expect_error_with(const char *path, const char *const *overrides, int n, const char *expected)
+{
+    tr_err err = {{0}};
+    struct tr_recipe *r = tr_recipe_load(path, overrides, n, &test_paths, &err);
+    cr_assert_null(r, "%s loaded but should fail with: %s", path, expected);
+    cr_assert_str_eq(err.msg, expected);
+}
+
+static void expect_error(const char *path, const char *expected)
+{
+    expect_error_with(path, NULL, 0, expected);
+}
+
+static struct tr_value *get(struct tr_recipe *r, const char *path)
+{
+    struct tr_value *v = tr_value_get(tr_recipe_root(r), path);
+    cr_assert_not_null(v, "no value at %s", path);
+    return v;
+}
+
+static void expect_number(struct tr_recipe *r, const char *path, double want)
+{
+    struct tr_value *v = get(r, path);
+    cr_assert_eq(v->type, TR_V_NUMBER, "%s is not a number", path);
+    cr_assert_eq(v->number, want, "%s = %g, want %g", path, v->number, want);
+}
+
+static void expect_string(struct tr_recipe *r, const char *path, const char *want)
+{
+    struct tr_value *v = get(r, path);
+    cr_assert_eq(v->type, TR_V_STRING, "%s is not a string", path);
+    cr_assert_str_eq(v->string, want);
+}
+
+static void expect_origin(const struct tr_value *v, const char *want)
+{
+    char buf[256];
+    tr_origin_format(&v->origin, buf, sizeof buf);
+    cr_assert_str_eq(buf, want, "origin of %s", v->key ? v->key : "(root)");
+}
+
+/* ---- errors ------------------------------------------------------------- */
+
+Test(recipe, syntax_error_names_file_and_line)
+{
+    expect_error("recipes/syntax_error.lua",
+                 "recipes/syntax_error.lua:3: '}' expected (to close '{' at line 1) near 'steps'");
+}
+
+Test(recipe, runtime_error_keeps_file_and_line)
+{
+    expect_error("recipes/runtime_error.lua", "recipes/runtime_error.lua:3: steps must be at most 5");
+}
+
+Test(recipe, calling_nil_keeps_file_and_line)
+{
+    expect_error("recipes/call_nil.lua", "recipes/call_nil.lua:2: attempt to call field 'schedule' (a nil value)");
+}
+
+Test(recipe, forbidden_global)
+{
+    expect_error("recipes/uses_os.lua",
+                 "recipes/uses_os.lua:3: 'os' is not available in recipes (recipes are sandboxed)");
+}
+
+Test(recipe, misspelled_global_suggests)
+{
+    expect_error("recipes/typo_global.lua",
+                 "recipes/typo_global.lua:1: unknown name 'tonumbr' (did you mean 'tonumber'?)");
+}
+
+Test(recipe, required_modules_are_sandboxed_too)
+{
+    expect_error("recipes/module_uses_os.lua",
+                 "recipes/lua/trainrun/helpers.lua:9: 'os' is not available in recipes (recipes are sandboxed)");
+}
+
+Test(recipe, model_builder_error_gets_recipe_line)
+{
+    expect_error("recipes/builder_error.lua", "recipes/builder_error.lua:2: strict: option 'size' is required");
+}
+
+Test(recipe, require_outside_trainrun_is_refused)
+{
+    expect_error("recipes/require_bad.lua", "recipes/require_bad.lua:1: require \"socket\": only trainrun.* "
+                                            "modules are available in recipes (recipes are sandboxed)");
+}
+
+static int collect_chunk(lua_State *L, const void *p, size_t size, void *ud)
+{
+    (void)L;
+    return fwrite(p, 1, size, ud) == size ? 0 : 1;
+}
+
+Test(recipe, bytecode_is_rejected)
+{
+    char path[] = "/tmp/trainrun-bytecode-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    FILE *f = fdopen(fd, "wb");
+    lua_State *L = luaL_newstate();
+    cr_assert_eq(luaL_loadstring(L, "return { lr = 1 }"), 0);
+    cr_assert_eq(lua_dump(L, collect_chunk, f), 0);
+    lua_close(L);
+    fclose(f);
+
+    char want[256];
+    snprintf(want, sizeof want, "%s: is precompiled Lua bytecode; recipes must be Lua source text", path);
+    expect_error(path, want);
+    unlink(path);
+}
+
+Test(recipe, non_table_return)
+{
+    expect_error("recipes/not_table.lua", "recipes/not_table.lua:2: a recipe must return a table, got number");
+}
+
+Test(recipe, missing_recipe_file)
+{
+    expect_error("recipes/nope.lua", "cannot read recipe recipes/nope.lua: No such file or directory");
+}
+
+Test(recipe, extends_not_found_lists_search_path)
+{
+    expect_error("recipes/extends_missing.lua",
+                 "recipes/extends_missing.lua:2: extends \"base/nope.lua\": not found "
+                 "(searched: recipes, recipes/extra_path, recipes/installed)");
+}
+
+Test(recipe, include_not_found_lists_search_path)
+{
+    expect_error("recipes/include_missing.lua", "recipes/include_missing.lua:1: include \"nope.lua\": not found "
+                                                "(searched: recipes, recipes/extra_path, recipes/installed)");
+}
+
+Test(recipe, extends_cycle_names_chain)
+{
+    expect_error("recipes/cycle_a.lua", "recipes/cycle_b.lua:2: extends cycle: recipes/cycle_a.lua -> "
+                                        "recipes/cycle_b.lua -> recipes/cycle_a.lua");
+}
+
+Test(recipe, append_over_non_list)
+{
+    expect_error("recipes/append_bad.lua",
+                 "recipes/append_bad.lua:3: append{...} for \"seed\": the value it extends is a number, not a list");
+}
+
+Test(recipe, infinite_loop_is_stopped)
+{
+    expect_error("recipes/infinite_loop.lua", "recipes/infinite_loop.lua:2: recipe took too long (infinite loop?)");
+}
+
+Test(recipe, table_cycle_is_an_error)
+{
+    expect_error("recipes/self_cycle.lua",
+                 "recipes/self_cycle.lua:2: \"self\" contains itself (a table cycle); recipes must be trees");
+}
+
+Test(recipe, boolean_key_is_an_error)
+{
+    expect_error("recipes/bad_key.lua", "recipes/bad_key.lua:1: \"weights\" has a key that is a boolean; "
+                                        "keys must be names or list positions 1, 2, ...");
+}
+
+Test(recipe, malformed_overrides)
+{
+    const char *no_equals[] = {"optim.lr"};
+    expect_error_with("recipes/base.lua", no_equals, 1,
+                      "command line override \"optim.lr\": expected key=value (for example optim.lr=3e-4)");
+    const char *empty_key[] = {"=3"};
+    expect_error_with("recipes/base.lua", empty_key, 1,
+                      "command line override \"=3\": the key before \"=\" is empty (expected key=value)");
+    const char *empty_part[] = {"optim..lr=3"};
+    expect_error_with("recipes/base.lua", empty_part, 1,
+                      "command line override \"optim..lr=3\": \"optim..lr\" has an empty part "
+                      "(expected names separated by single dots)");
+    const char *through_scalar[] = {"seed.x=1"};
+    expect_error_with("recipes/base.lua", through_scalar, 1,
+                      "command line override \"seed.x=1\": \"seed\" is a number in the recipe, not a table");
+}
+
+/* ---- overrides ------------------------------------------------------------ */
+
+Test(recipe, overrides_are_typed_and_keep_text)
+{
+    const char *ov[] = {"optim.lr=0.01", "optim.amsgrad=true", "optim.fused=false", "optim.name=sgd",
+                        "seed=0x10",     "optim.eps=1e-8",     "schedule.decay=inf"};
+    struct tr_recipe *r = load_with("recipes/base.lua", ov, 7);
+    expect_number(r, "optim.lr", 0.01);
+    expect_number(r, "seed", 16);
+    expect_number(r, "optim.eps", 1e-8);
+    expect_string(r, "optim.name", "sgd");
+    expect_string(r, "schedule.decay", "inf");
+    struct tr_value *amsgrad = get(r, "optim.amsgrad");
+    cr_assert_eq(amsgrad->type, TR_V_BOOL);
+    cr_assert_eq(amsgrad->boolean, 1);
+    struct tr_value *fused = get(r, "optim.fused");
+    cr_assert_eq(fused->type, TR_V_BOOL);
+    cr_assert_eq(fused->boolean, 0);
+
+    struct tr_value *lr = get(r, "optim.lr");
+    cr_assert_str_eq(lr->text, "0.01");
+    cr_assert_eq(lr->origin.kind, TR_FROM_CLI);
+    cr_assert_str_eq(get(r, "seed")->text, "0x10");
+    cr_assert_null(get(r, "optim.betas.1")->text, "recipe values have no raw text");
+    tr_recipe_free(r);
+}
+
+Test(recipe, overrides_create_nested_tables)
+{
+    const char *ov[] = {"logging.wandb.project=tiny", "data.files.3=c.bin"};
+    struct tr_recipe *r = load_with("recipes/base.lua", ov, 2);
+    expect_string(r, "logging.wandb.project", "tiny");
+    cr_assert_eq(get(r, "logging")->type, TR_V_TABLE);
+    expect_origin(get(r, "logging"), "command line");
+    expect_string(r, "data.files.3", "c.bin");
+    cr_assert(get(r, "data.files.3")->is_list_item);
+    tr_recipe_free(r);
+}
+
+/* ---- extends, include, require ---------------------------------------------- */
+
+Test(recipe, extends_merges_nested_tables)
+{
+    struct tr_recipe *r = load("recipes/child.lua");
+    expect_number(r, "optim.lr", 1e-3);       /* child */
+    expect_string(r, "optim.name", "adamw");  /* kept from base */
+    expect_number(r, "model.n_layer", 2);     /* untouched subtree */
+    cr_assert_null(tr_value_get(tr_recipe_root(r), "extends"), "extends is dropped");
+    tr_recipe_free(r);
+}
+
+Test(recipe, extends_replaces_lists)
+{
+    struct tr_recipe *r = load("recipes/child.lua");
+    struct tr_value *betas = get(r, "optim.betas");
+    cr_assert_eq(betas->n_items, 2);
+    expect_number(r, "optim.betas.1", 0.8);
+    expect_number(r, "optim.betas.2", 0.99);
+    tr_recipe_free(r);
+}
+
+Test(recipe, append_concatenates_lists)
+{
+    struct tr_recipe *r = load("recipes/child.lua");
+    cr_assert_eq(get(r, "data.files")->n_items, 3);
+    expect_string(r, "data.files.1", "a.bin");
+    expect_string(r, "data.files.2", "b.bin");
+    expect_string(r, "data.files.3", "c.bin");
+    expect_origin(get(r, "data.files.1"), "recipes/base.lua:10");
+    expect_origin(get(r, "data.files.3"), "recipes/child.lua:8");
+    tr_recipe_free(r);
+}
+
+Test(recipe, scalars_and_tables_replace_each_other)
+{
+    struct tr_recipe *r = load("recipes/child.lua");
+    expect_string(r, "schedule", "constant"); /* table -> scalar */
+    expect_number(r, "seed.value", 7);        /* scalar -> table */
+    tr_recipe_free(r);
+}
+
+Test(recipe, extends_chain_of_three)
+{
+    struct tr_recipe *r = load("recipes/grandchild.lua");
+    expect_number(r, "optim.weight_decay", 0.1); /* grandchild */
+    expect_number(r, "optim.lr", 1e-3);          /* child */
+    expect_string(r, "optim.name", "adamw");     /* base */
+    expect_number(r, "steps", 1000);
+    cr_assert_eq(get(r, "data.files")->n_items, 3);
+    expect_origin(get(r, "optim.weight_decay"), "recipes/grandchild.lua:3");
+    expect_origin(get(r, "optim.lr"), "recipes/child.lua:5");
+    expect_origin(get(r, "optim.name"), "recipes/base.lua:5");
+    tr_recipe_free(r);
+}
+
+Test(recipe, include_returns_resolved_recipe)
+{
+    struct tr_recipe *r = load("recipes/includes.lua");
+    expect_number(r, "optim.lr", 3e-4);
+    expect_number(r, "steps", 10);
+    cr_assert_null(tr_value_get(tr_recipe_root(r), "model"));
+    expect_origin(get(r, "optim.lr"), "recipes/base.lua:6");
+    expect_origin(get(r, "steps"), "recipes/includes.lua:4");
+    tr_recipe_free(r);
+}
+
+Test(recipe, search_path_and_installed_recipes)
+{
+    struct tr_recipe *r = load("recipes/search.lua");
+    expect_string(r, "team", "vision");
+    expect_string(r, "optim.name", "sgd");
+    expect_origin(get(r, "team"), "recipes/extra_path/team/base.lua:1");
+    tr_recipe_free(r);
+}
+
+Test(recipe, require_trainrun_module)
+{
+    struct tr_recipe *r = load("recipes/require_ok.lua");
+    expect_number(r, "steps", 42);
+    tr_recipe_free(r);
+}
+
+Test(recipe, model_builders_are_globals)
+{
+    struct tr_recipe *r = load("recipes/base.lua");
+    expect_string(r, "model.kind", "gpt");
+    expect_number(r, "model.n_layer", 2);
+    tr_recipe_free(r);
+}
+
+Test(recipe, resolved_table_is_kept_for_lua)
+{
+    const char *ov[] = {"optim.lr=0.5"};
+    struct tr_recipe *r = load_with("recipes/child.lua", ov, 1);
+    lua_State *L = tr_recipe_lua(r);
+    int top = lua_gettop(L);
+    tr_recipe_push_resolved(r);
+    cr_assert(lua_istable(L, -1));
+    lua_getfield(L, -1, "optim");
+    lua_getfield(L, -1, "lr");
+    cr_assert_eq(lua_tonumber(L, -1), 0.5);
+    lua_settop(L, top);
+    cr_assert_str_eq(tr_recipe_path(r), "recipes/child.lua");
+    tr_recipe_free(r);
+}
+
+Test(recipe, host_require_gives_the_recipes_module_instances)
+{
+    struct tr_recipe *r = load("recipes/require_ok.lua");
+    lua_State *L = tr_recipe_lua(r);
+    int top = lua_gettop(L);
+    tr_err err = {{0}};
+    cr_assert_eq(tr_recipe_require(r, "trainrun.helpers", &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(tr_recipe_require(r, "trainrun.helpers", &err), TR_OK, "%s", err.msg);
+    cr_assert(lua_rawequal(L, -1, -2), "one instance per load");
+    lua_getfield(L, -1, "double");
+    lua_pushnumber(L, 4);
+    cr_assert_eq(lua_pcall(L, 1, 1, 0), 0);
+    cr_assert_eq(lua_tonumber(L, -1), 8);
+    lua_settop(L, top);
+
+    cr_assert_eq(tr_recipe_require(r, "trainrun.nope", &err), TR_ERROR);
+    cr_assert_str_eq(err.msg, "require \"trainrun.nope\": not found "
+                              "(searched: recipes/lua/trainrun/nope.lua, ../lua/trainrun/nope.lua)");
+    cr_assert_eq(lua_gettop(L), top);
+    tr_recipe_free(r);
+}
+
+/* ---- origins -------------------------------------------------------------- */
+
+Test(recipe, inherited_value_points_at_base)
+{
+    struct tr_recipe *r = load("recipes/child.lua");
+    expect_origin(get(r, "optim.name"), "recipes/base.lua:5");
+    expect_origin(get(r, "optim.lr"), "recipes/child.lua:5");
+    expect_origin(get(r, "model.n_layer"), "recipes/base.lua:3");
+    tr_recipe_free(r);
+}
+
+Test(recipe, override_origin_is_command_line)
+{
+    const char *ov[] = {"optim.lr=0.01"};
+    struct tr_recipe *r = load_with("recipes/child.lua", ov, 1);
+    expect_origin(get(r, "optim.lr"), "command line");
+    tr_recipe_free(r);
+}
+
+Test(recipe, origin_of_misspelled_and_missing_keys)
+{
+    struct tr_recipe *r = load("recipes/typo.lua");
+    struct tr_origin o;
+    cr_assert_eq(tr_recipe_origin(r, "schedule.wramup", &o), 1);
+    cr_assert_eq(o.kind, TR_FROM_RECIPE);
+    cr_assert_str_eq(o.file, "recipes/typo.lua");
+    cr_assert_eq(o.line, 4);
+    cr_assert_eq(tr_recipe_origin(r, "schedule.warmup", &o), 1);
+    cr_assert_str_eq(o.file, "recipes/base.lua");
+    cr_assert_eq(o.line, 9);
+    /* not in the recipe at all: the enclosing table's key */
+    cr_assert_eq(tr_recipe_origin(r, "schedule.cooldown", &o), 1);
+    cr_assert_str_eq(o.file, "recipes/typo.lua");
+    cr_assert_eq(o.line, 3);
+    cr_assert_eq(tr_recipe_origin(r, "nothing.here", &o), 0);
+    tr_recipe_free(r);
+}
+
+Test(recipe, origins_of_locals_builders_and_assignments)
+{
+    struct tr_recipe *r = load("recipes/origins.lua");
+    expect_origin(get(r, "optim.lr"), "recipes/origins.lua:2");     /* by suffix, in a local table */
+    expect_origin(get(r, "model.n_layer"), "recipes/origins.lua:6"); /* inside gpt { ... } */
+    expect_origin(get(r, "model.n_embd"), "recipes/origins.lua:6");  /* computed: the enclosing key */
+    expect_origin(get(r, "steps"), "recipes/origins.lua:8");         /* cfg.steps = 100 */
+    tr_recipe_free(r);
+}
+
+/* ---- the C tree --------------------------------------------------------------- */
+
+static char *dump_text(const struct tr_value *root)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    tr_value_dump(root, f);
+    fclose(f);
+    return text;
+}
+
+Test(recipe, dump_of_small_recipe)
+{
+    const char *ov[] = {"steps=5"};
+    struct tr_recipe *r = load_with("recipes/dump.lua", ov, 1);
+    cr_assert_eq(get(r, "build")->type, TR_V_FUNCTION);
+    char *text = dump_text(tr_recipe_root(r));
+    cr_assert_str_eq(text, "build = <function>   -- recipes/dump.lua:7\n"
+                           "empty = {}           -- recipes/dump.lua:8\n"
+                           "flags.fast = true    -- recipes/dump.lua:6\n"
+                           "layers.1 = 64        -- recipes/dump.lua:5\n"
+                           "layers.2 = 32        -- recipes/dump.lua:5\n"
+                           "lr = 3e-4            -- recipes/dump.lua:3\n"
+                           "name = \"tiny\"        -- recipes/dump.lua:2\n"
+                           "steps = 5            -- command line\n");
+    free(text);
+    tr_recipe_free(r);
+}
+
+static void expect_format(const struct tr_value *v, const char *want)
+{
+    char buf[256];
+    tr_value_format(v, buf, sizeof buf);
+    cr_assert_str_eq(buf, want);
+}
+
+Test(value, numbers_print_in_shortest_exact_form)
+{
+    struct tr_origin o = {TR_FROM_DEFAULT, NULL, 0};
+    struct tr_value *v = tr_value_new(TR_V_NUMBER, "x", o);
+    const struct {
+        double number;
+        const char *text;
+    } cases[] = {{100, "100"},  {3e-4, "3e-4"}, {0.1, "0.1"},      {0.95, "0.95"},     {-0.5, "-0.5"},
+                 {1e20, "1e20"}, {2.5e-5, "2.5e-5"}, {1.0 / 3, "0.3333333333333333"}, {123456789, "123456789"}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        v->number = cases[i].number;
+        expect_format(v, cases[i].text);
+    }
+    tr_value_free(v);
+}
+
+Test(value, tables_strings_and_origins_format)
+{
+    struct tr_origin o = {TR_FROM_RECIPE, "r.lua", 3};
+    struct tr_value *t = tr_value_new(TR_V_TABLE, NULL, o);
+    struct tr_value *b = tr_value_new(TR_V_STRING, "b", o);
+    tr_value_set_string(b, "say \"hi\"\n");
+    tr_value_put(t, b);
+    struct tr_value *item = tr_value_new(TR_V_NUMBER, "1", o);
+    item->is_list_item = 1;
+    item->number = 7;
+    tr_value_put(t, item); /* list items go before named keys */
+    struct tr_value *odd = tr_value_new(TR_V_BOOL, "a-b", o);
+    tr_value_put(t, odd);
+    expect_format(t, "{7, [\"a-b\"] = false, b = \"say \\\"hi\\\"\\n\"}");
+    cr_assert_eq(tr_value_get(t, "b"), b);
+    cr_assert_null(tr_value_get(t, "b.c"));
+
+    char buf[64];
+    tr_origin_format(&o, buf, sizeof buf);
+    cr_assert_str_eq(buf, "r.lua:3");
+    struct tr_origin env = {TR_FROM_ENV, "TRAINRUN_PRECISION", 0};
+    tr_value_set_origin(odd, env);
+    tr_origin_format(&odd->origin, buf, sizeof buf);
+    cr_assert_str_eq(buf, "env TRAINRUN_PRECISION");
+    struct tr_origin def = {TR_FROM_DEFAULT, NULL, 0};
+    tr_origin_format(&def, buf, sizeof buf);
+    cr_assert_str_eq(buf, "default");
+
+    /* replacing a key frees the old child */
+    struct tr_value *b2 = tr_value_new(TR_V_NUMBER, "b", o);
+    tr_value_put(t, b2);
+    cr_assert_eq(t->n_items, 3);
+    cr_assert_eq(tr_value_child(t, "b"), b2);
+    tr_value_free(t);
+}
