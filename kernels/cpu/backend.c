@@ -1,0 +1,234 @@
+/* The CPU backend: runs graph nodes through the kernels in this directory. */
+#include "../backend.h"
+
+#include "../../core/graph.h"
+#include "kernels.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct cpu_context {
+    int threads;
+};
+
+static void *cpu_alloc(void *ctx, size_t bytes)
+{
+    (void)ctx;
+    void *p = NULL;
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0)
+        return NULL;
+    memset(p, 0, rounded);
+    return p;
+}
+
+static void cpu_free(void *ctx, void *p)
+{
+    (void)ctx;
+    free(p);
+}
+
+static void cpu_zero(void *ctx, void *p, size_t bytes)
+{
+    (void)ctx;
+    memset(p, 0, bytes);
+}
+
+static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    (void)ctx;
+    memcpy(dst, src, bytes);
+}
+
+#define T(i) (&g->tensors[n->in[i]])
+#define F(t) ((float *)(t)->data)
+#define I(t) ((const int32_t *)(t)->data)
+#define OUT (&g->tensors[n->out])
+#define AUX(i) ((float *)g->tensors[n->aux[i]].data)
+
+static int rows(const struct tr_tensor *t) { return (int)(t->numel / (size_t)t->shape[t->ndim - 1]); }
+static int cols(const struct tr_tensor *t) { return (int)t->shape[t->ndim - 1]; }
+
+/* matmul geometry from the node's tensors */
+static void matmul_dims(const struct tr_graph *g, const struct tr_node *n, int *batch, int *M,
+                        int *K, int *N)
+{
+    const struct tr_tensor *a = T(0), *b = T(1);
+    int nd = a->ndim;
+    *batch = nd == 3 ? (int)a->shape[0] : 1;
+    *M = (int)a->shape[nd - 2];
+    *K = (int)a->shape[nd - 1];
+    *N = n->trans_b ? (int)b->shape[nd - 2] : (int)b->shape[nd - 1];
+}
+
+static size_t cpu_scratch_floats(void *ctx, const struct tr_graph *g, const struct tr_node *n)
+{
+    (void)ctx;
+    if (n->op != TR_OP_ATTENTION)
+        return 0;
+    const struct tr_tensor *qkv = T(0);
+    return tr_cpu_attention_scratch_floats((int)qkv->shape[0], (int)qkv->shape[1],
+                                           (int)qkv->shape[2] / 3, n->heads);
+}
+
+static void cpu_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
+{
+    (void)ctx;
+    switch (n->op) {
+    case TR_OP_EMBEDDING:
+        tr_cpu_embedding_forward(F(OUT), I(T(1)), F(T(0)), (int)T(1)->numel, cols(T(0)));
+        break;
+    case TR_OP_ADD_ROWS:
+        tr_cpu_add_rows_forward(F(OUT), F(T(0)), F(T(1)), (int)T(0)->shape[0], (int)T(0)->shape[1],
+                                (int)T(0)->shape[2]);
+        break;
+    case TR_OP_ADD:
+        tr_cpu_add_forward(F(OUT), F(T(0)), F(T(1)), OUT->numel);
+        break;
+    case TR_OP_LINEAR:
+        tr_cpu_linear_forward(F(OUT), F(T(0)), F(T(1)), n->n_in == 3 ? F(T(2)) : NULL, rows(T(0)),
+                              cols(T(0)), (int)T(1)->shape[0]);
+        break;
+    case TR_OP_MATMUL: {
+        int batch, M, K, N;
+        matmul_dims(g, n, &batch, &M, &K, &N);
+        tr_cpu_matmul_forward(F(OUT), F(T(0)), F(T(1)), batch, M, K, N, n->trans_b);
+        break;
+    }
+    case TR_OP_LAYERNORM:
+        tr_cpu_layernorm_forward(F(OUT), AUX(0), AUX(1), F(T(0)), F(T(1)), F(T(2)), rows(T(0)),
+                                 cols(T(0)), n->eps);
+        break;
+    case TR_OP_GELU:
+        tr_cpu_gelu_forward(F(OUT), F(T(0)), OUT->numel);
+        break;
+    case TR_OP_RELU:
+        tr_cpu_relu_forward(F(OUT), F(T(0)), OUT->numel);
+        break;
+    case TR_OP_ATTENTION:
+        tr_cpu_attention_forward(F(OUT), AUX(0), F(T(0)), (int)T(0)->shape[0], (int)T(0)->shape[1],
+                                 (int)T(0)->shape[2] / 3, n->heads);
+        break;
+    case TR_OP_CROSS_ENTROPY:
+        tr_cpu_cross_entropy_forward(F(OUT), AUX(0), F(T(0)), I(T(1)), rows(T(0)), cols(T(0)),
+                                     n->ignore_index);
+        break;
+    default:
+        break;
+    }
+}
+
+static void cpu_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
+{
+    (void)ctx;
+    const float *dout = n->out == g->loss ? NULL : OUT->grad;
+    switch (n->op) {
+    case TR_OP_EMBEDDING:
+        tr_cpu_embedding_backward(T(0)->grad, dout, I(T(1)), (int)T(1)->numel, cols(T(0)));
+        break;
+    case TR_OP_ADD_ROWS:
+        tr_cpu_add_rows_backward(T(0)->grad, T(1)->grad, dout, (int)T(0)->shape[0],
+                                 (int)T(0)->shape[1], (int)T(0)->shape[2]);
+        break;
+    case TR_OP_ADD:
+        tr_cpu_add_backward(T(0)->grad, T(1)->grad, dout, OUT->numel);
+        break;
+    case TR_OP_LINEAR:
+        tr_cpu_linear_backward(T(0)->grad, T(1)->grad, n->n_in == 3 ? T(2)->grad : NULL, dout,
+                               F(T(0)), F(T(1)), rows(T(0)), cols(T(0)), (int)T(1)->shape[0]);
+        break;
+    case TR_OP_MATMUL: {
+        int batch, M, K, N;
+        matmul_dims(g, n, &batch, &M, &K, &N);
+        tr_cpu_matmul_backward(T(0)->grad, T(1)->grad, dout, F(T(0)), F(T(1)), batch, M, K, N,
+                               n->trans_b);
+        break;
+    }
+    case TR_OP_LAYERNORM:
+        tr_cpu_layernorm_backward(T(0)->grad, T(1)->grad, T(2)->grad, dout, F(T(0)), F(T(1)),
+                                  AUX(0), AUX(1), rows(T(0)), cols(T(0)));
+        break;
+    case TR_OP_GELU:
+        tr_cpu_gelu_backward(T(0)->grad, F(T(0)), dout, OUT->numel);
+        break;
+    case TR_OP_RELU:
+        tr_cpu_relu_backward(T(0)->grad, F(T(0)), dout, OUT->numel);
+        break;
+    case TR_OP_ATTENTION:
+        tr_cpu_attention_backward(T(0)->grad, g->scratch, dout, F(T(0)), AUX(0),
+                                  (int)T(0)->shape[0], (int)T(0)->shape[1],
+                                  (int)T(0)->shape[2] / 3, n->heads);
+        break;
+    case TR_OP_CROSS_ENTROPY:
+        tr_cpu_cross_entropy_backward(T(0)->grad, F(T(0)), AUX(0), I(T(1)), g->loss_grad,
+                                      rows(T(0)), cols(T(0)), n->ignore_index);
+        break;
+    default:
+        break;
+    }
+}
+
+static double cpu_sum_squares(void *ctx, const float *x, size_t n)
+{
+    (void)ctx;
+    return tr_cpu_sum_squares(x, n);
+}
+
+static void cpu_adamw(void *ctx, float *p, const float *grad, float *m, float *v, size_t n,
+                      const struct tr_adamw_args *a)
+{
+    (void)ctx;
+    tr_cpu_adamw_update(p, grad, m, v, n, a->lr, a->beta1, a->beta2, a->eps, a->weight_decay,
+                        a->grad_scale, a->t);
+}
+
+static void cpu_sgd(void *ctx, float *p, const float *grad, float *buf, size_t n,
+                    const struct tr_sgd_args *a)
+{
+    (void)ctx;
+    tr_cpu_sgd_update(p, grad, buf, n, a->lr, a->momentum, a->weight_decay, a->grad_scale);
+}
+
+static int64_t cpu_count_correct(void *ctx, const float *logits, const int32_t *targets, int N,
+                                 int V, int ignore_index, int64_t *n_valid)
+{
+    (void)ctx;
+    return tr_cpu_count_correct(logits, targets, N, V, ignore_index, n_valid);
+}
+
+static const struct tr_backend_iface cpu_iface = {
+    .struct_size = sizeof(struct tr_backend_iface),
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .zero = cpu_zero,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .scratch_floats = cpu_scratch_floats,
+    .forward = cpu_forward,
+    .backward = cpu_backward,
+    .sum_squares = cpu_sum_squares,
+    .adamw = cpu_adamw,
+    .sgd = cpu_sgd,
+    .synchronize = NULL,
+    .count_correct = cpu_count_correct,
+};
+
+int tr_cpu_backend_init(struct tr_backend *be, int threads)
+{
+    struct cpu_context *c = calloc(1, sizeof *c);
+    if (!c)
+        return -1;
+    c->threads = threads > 0 ? threads : omp_get_num_procs();
+    omp_set_num_threads(c->threads);
+    be->iface = &cpu_iface;
+    be->context = c;
+    return 0;
+}
+
+void tr_cpu_backend_free(struct tr_backend *be)
+{
+    free(be->context);
+    be->context = NULL;
+}

@@ -1,0 +1,117 @@
+/*
+ * CPU kernels: the math, and nothing but the math.
+ *
+ * Conventions (every function below):
+ *   - row-major, contiguous float arrays; N is the number of rows (B*T);
+ *   - backward functions ACCUMULATE into gradient outputs (+=), never
+ *     overwrite, so one tensor feeding several ops gets the sum of their
+ *     gradients.  The caller zeroes a gradient before its first writer.
+ *     A NULL gradient pointer means "not needed" and is skipped;
+ *   - no allocation: an op that needs scratch says how much through a
+ *     *_scratch_floats() function and takes it as an argument;
+ *   - threads: OpenMP inside each kernel; results do not depend on the
+ *     thread count (reductions are ordered), so runs are reproducible.
+ */
+#ifndef TR_CPU_KERNELS_H
+#define TR_CPU_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- GEMM --------------------------------------------------------------
+ * C[M,N] = alpha * op(A) op(B) + beta * C, row-major; op(X) = X or X^T.
+ * A is M x K after op, B is K x N after op. */
+void tr_cpu_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
+                  int lda, const float *B, int ldb, float beta, float *C, int ldc);
+/* The same product on the calling thread only, for use inside a parallel
+ * region (e.g. one head per thread).  Bitwise equal to tr_cpu_sgemm. */
+void tr_cpu_sgemm_serial(int trans_a, int trans_b, int M, int N, int K, float alpha,
+                         const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                         int ldc);
+
+/* ---- linear: out[N,OC] = inp[N,IC] @ w[OC,IC]^T + bias[OC] (bias may be NULL) */
+void tr_cpu_linear_forward(float *out, const float *inp, const float *w, const float *bias, int N,
+                           int IC, int OC);
+/* dinp += dout @ w;  dw += dout^T @ inp;  dbias += sum over rows of dout */
+void tr_cpu_linear_backward(float *dinp, float *dw, float *dbias, const float *dout,
+                            const float *inp, const float *w, int N, int IC, int OC);
+
+/* ---- batched matmul: out[b] = a[b] @ op(bm[b]); a[b]: M x K; op(bm[b]): K x N;
+ * trans_b: bm[b] is stored N x K.  `batch` independent products. */
+void tr_cpu_matmul_forward(float *out, const float *a, const float *bm, int batch, int M, int K,
+                           int N, int trans_b);
+void tr_cpu_matmul_backward(float *da, float *dbm, const float *dout, const float *a,
+                            const float *bm, int batch, int M, int K, int N, int trans_b);
+
+/* ---- embedding: out[n,:] = table[idx[n],:]; idx in [0,V) (checked by the caller) */
+void tr_cpu_embedding_forward(float *out, const int32_t *idx, const float *table, int N, int C);
+void tr_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *idx, int N, int C);
+
+/* ---- broadcast add of rows: out[b,t,:] = x[b,t,:] + p[t,:] (positions) */
+void tr_cpu_add_rows_forward(float *out, const float *x, const float *p, int B, int T, int C);
+void tr_cpu_add_rows_backward(float *dx, float *dp, const float *dout, int B, int T, int C);
+
+/* ---- elementwise add: out = a + b */
+void tr_cpu_add_forward(float *out, const float *a, const float *b, size_t n);
+void tr_cpu_add_backward(float *da, float *db, const float *dout, size_t n);
+
+/* ---- layernorm over the last dim C; saves mean[N] and rstd[N] for backward */
+void tr_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                              const float *w, const float *b, int N, int C, float eps);
+void tr_cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                               const float *inp, const float *w, const float *mean,
+                               const float *rstd, int N, int C);
+
+/* ---- activations */
+void tr_cpu_gelu_forward(float *out, const float *inp, size_t n); /* tanh form */
+void tr_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+void tr_cpu_relu_forward(float *out, const float *inp, size_t n);
+void tr_cpu_relu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+
+/* ---- causal multi-head self-attention
+ * qkv[B,T,3C] holds q, k, v side by side (each C = NH heads of C/NH);
+ * out[B,T,C]; att[B,NH,T,T] keeps the softmax probabilities for backward
+ * (row t uses columns 0..t; the rest are left as zero). Scale 1/sqrt(C/NH). */
+void tr_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                              int NH);
+/* Backward scratch: one min(T,64) x T slab per (batch, head), so its size does
+ * not depend on the thread count; its contents need not be initialised. */
+size_t tr_cpu_attention_scratch_floats(int B, int T, int C, int NH);
+void tr_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                               const float *att, int B, int T, int C, int NH);
+
+/* ---- softmax cross-entropy, mean over rows whose target != ignore_index.
+ * Forward writes the mean loss to *loss and the per-row log-sum-exp to lse[N]
+ * (backward recomputes the softmax from logits and lse, so no N x V probs are
+ * stored; ignored rows get lse 0).  Returns the number of rows that count. */
+int tr_cpu_cross_entropy_forward(float *loss, float *lse, const float *logits,
+                                 const int32_t *targets, int N, int V, int ignore_index);
+/* dlogits += dloss * (softmax - onehot) / n_valid for rows that count */
+void tr_cpu_cross_entropy_backward(float *dlogits, const float *logits, const float *lse,
+                                   const int32_t *targets, float dloss, int N, int V,
+                                   int ignore_index);
+
+/* ---- softmax of one row with temperature (sampling); temperature <= 0
+ * gives a one-hot at the first maximum (greedy) */
+void tr_cpu_softmax(float *out, const float *logits, int n, float temperature);
+
+/* ---- optimizers, over flat arrays.  grad_scale multiplies every gradient
+ * first (loss-scale undo and global-norm clipping folded into one factor). */
+/* AdamW, decoupled weight decay: p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p);
+ * t is the 1-based step used for bias correction. */
+void tr_cpu_adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr,
+                         float beta1, float beta2, float eps, float weight_decay,
+                         float grad_scale, int64_t t);
+/* SGD with momentum (PyTorch form): g += wd*p; buf = mu*buf + g; p -= lr*buf
+ * (momentum_buf may be NULL for plain SGD) */
+void tr_cpu_sgd_update(float *param, const float *grad, float *momentum_buf, size_t n, float lr,
+                       float momentum, float weight_decay, float grad_scale);
+/* sum of squares, accumulated in double; inf/NaN anywhere makes it non-finite */
+double tr_cpu_sum_squares(const float *x, size_t n);
+
+/* ---- metrics: rows whose arg-max logit equals the target (ties: the first
+ * maximum); rows with target == ignore_index are not counted in *n_valid. */
+int64_t tr_cpu_count_correct(const float *logits, const int32_t *targets, int N, int V,
+                             int ignore_index, int64_t *n_valid);
+
+#endif

@@ -1,0 +1,93 @@
+/*
+ * Softmax cross-entropy (fused, no probabilities stored) and a sampling
+ * softmax with temperature.
+ */
+#include <math.h>
+
+#include "kernels.h"
+
+/* log(sum(exp(x))) of one row, shifted by its max for range safety. */
+static float row_logsumexp(const float *x, int V)
+{
+    float max = x[0];
+    for (int i = 1; i < V; i++)
+        max = x[i] > max ? x[i] : max;
+    double sum = 0.0;
+    for (int i = 0; i < V; i++)
+        sum += expf(x[i] - max);
+    return max + (float)log(sum);
+}
+
+int tr_cpu_cross_entropy_forward(float *loss, float *lse, const float *logits,
+                                 const int32_t *targets, int N, int V, int ignore_index)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        lse[n] = targets[n] == ignore_index ? 0.0f : row_logsumexp(logits + (size_t)n * V, V);
+
+    /* the mean is a serial sum over rows: cheap, and in a fixed order */
+    double total = 0.0;
+    int n_valid = 0;
+    for (int n = 0; n < N; n++) {
+        if (targets[n] == ignore_index)
+            continue;
+        total += (double)lse[n] - logits[(size_t)n * V + targets[n]];
+        n_valid++;
+    }
+    *loss = n_valid > 0 ? (float)(total / n_valid) : 0.0f;
+    return n_valid;
+}
+
+void tr_cpu_cross_entropy_backward(float *dlogits, const float *logits, const float *lse,
+                                   const int32_t *targets, float dloss, int N, int V,
+                                   int ignore_index)
+{
+    if (dlogits == NULL)
+        return;
+    int n_valid = 0;
+    for (int n = 0; n < N; n++)
+        n_valid += targets[n] != ignore_index;
+    if (n_valid == 0)
+        return;
+    float row_scale = dloss / (float)n_valid;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        if (targets[n] == ignore_index)
+            continue;
+        const float *x = logits + (size_t)n * V;
+        float *dx = dlogits + (size_t)n * V;
+        float row_lse = lse[n];
+        int target = targets[n];
+        for (int i = 0; i < V; i++) {
+            float prob = expf(x[i] - row_lse);
+            float indicator = i == target ? 1.0f : 0.0f;
+            dx[i] += row_scale * (prob - indicator);
+        }
+    }
+}
+
+/* temperature <= 0 means greedy: all mass on the first maximum. */
+void tr_cpu_softmax(float *out, const float *logits, int n, float temperature)
+{
+    if (n <= 0)
+        return;
+    int argmax = 0;
+    for (int i = 1; i < n; i++)
+        if (logits[i] > logits[argmax])
+            argmax = i;
+    if (!(temperature > 0.0f)) {
+        for (int i = 0; i < n; i++)
+            out[i] = i == argmax ? 1.0f : 0.0f;
+        return;
+    }
+    float inv_temperature = 1.0f / temperature;
+    float max = logits[argmax] * inv_temperature;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) {
+        out[i] = expf(logits[i] * inv_temperature - max);
+        sum += out[i];
+    }
+    float inv_sum = (float)(1.0 / sum);
+    for (int i = 0; i < n; i++)
+        out[i] *= inv_sum;
+}

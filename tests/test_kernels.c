@@ -1,0 +1,1201 @@
+/*
+ * CPU kernel tests.
+ *
+ * Every op is checked against a plain double-precision reference written here:
+ *  - forward: the float kernel matches the reference forward;
+ *  - backward: with L = sum(out * R) for a random R, the float kernel's
+ *    gradients (fed dout = R) match central finite differences of the double
+ *    reference;
+ *  - accumulation: backward adds to gradient buffers that already hold values.
+ * Shapes and data come from a seeded generator, so failures reproduce.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define FD_EPS 1e-6    /* finite-difference step on the double reference */
+#define FWD_TOL 1e-5   /* forward error, relative to the largest reference value */
+#define GRAD_TOL 1e-4  /* gradient error, relative to the largest reference gradient */
+#define ACCUM_TOL 1e-6 /* accumulated minus first result, relative */
+
+/* ---- deterministic random numbers (splitmix64) ------------------------ */
+
+typedef struct {
+    uint64_t state;
+} rng_t;
+
+static uint64_t rng_next(rng_t *rng)
+{
+    uint64_t z = (rng->state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double rng_uniform(rng_t *rng, double lo, double hi)
+{
+    return lo + (hi - lo) * ((double)(rng_next(rng) >> 11) / 9007199254740992.0);
+}
+
+/* uniform integer in [lo, hi] */
+static int rng_int(rng_t *rng, int lo, int hi)
+{
+    return lo + (int)(rng_next(rng) % (uint64_t)(hi - lo + 1));
+}
+
+/* ---- buffers ------------------------------------------------------------ */
+
+static float *fvec(size_t n)
+{
+    float *x = calloc(n ? n : 1, sizeof(float));
+    cr_assert(x != NULL, "out of memory");
+    return x;
+}
+
+static double *dvec(size_t n)
+{
+    double *x = calloc(n ? n : 1, sizeof(double));
+    cr_assert(x != NULL, "out of memory");
+    return x;
+}
+
+static float *random_fvec(rng_t *rng, size_t n, double lo, double hi)
+{
+    float *x = fvec(n);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)rng_uniform(rng, lo, hi);
+    return x;
+}
+
+/* the double reference sees exactly the float kernel's inputs */
+static double *to_double(const float *x, size_t n)
+{
+    double *y = dvec(n);
+    for (size_t i = 0; i < n; i++)
+        y[i] = x[i];
+    return y;
+}
+
+static float *copy_fvec(const float *x, size_t n)
+{
+    float *y = fvec(n);
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
+
+static void fill_f(float *x, size_t n, float value)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = value;
+}
+
+/* ---- comparisons -------------------------------------------------------- */
+
+static double max_abs(const double *x, size_t n)
+{
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++)
+        m = fmax(m, fabs(x[i]));
+    return m;
+}
+
+/* max |got - want| <= tol * max|want|.  Test data are O(1), so the scale is
+ * floored at SCALE_FLOOR: a result that is (nearly) zero in exact arithmetic
+ * is then checked in absolute terms instead of against rounding noise. */
+#define SCALE_FLOOR 1e-3
+static void expect_close(const char *what, const float *got, const double *want, size_t n,
+                         double tol)
+{
+    double scale = fmax(max_abs(want, n), SCALE_FLOOR);
+    double err = 0.0;
+    size_t worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - want[i]);
+        if (!(e <= err)) { /* also catches NaN */
+            err = e;
+            worst = i;
+        }
+    }
+    cr_assert(err <= tol * scale,
+              "%s: max error %.3g at [%zu] (got %.8g, want %.8g), allowed %.3g (scale %.3g)",
+              what, err, worst, n ? (double)got[worst] : 0.0, n ? want[worst] : 0.0, tol * scale,
+              scale);
+}
+
+static void expect_close_ff(const char *what, const float *got, const float *want, size_t n,
+                            double tol)
+{
+    double *w = to_double(want, n);
+    expect_close(what, got, w, n, tol);
+    free(w);
+}
+
+/* A second backward call on buffers that held `prefill` must give
+ * prefill + first (the gradient from zeroed buffers). */
+static void expect_accumulated(const char *what, const float *got, const float *prefill,
+                               const float *first, size_t n)
+{
+    double *want = dvec(n);
+    for (size_t i = 0; i < n; i++)
+        want[i] = (double)prefill[i] + first[i];
+    expect_close(what, got, want, n, ACCUM_TOL);
+    free(want);
+}
+
+static void expect_bitwise(const char *what, const float *a, const float *b, size_t n)
+{
+    cr_assert(memcmp(a, b, n * sizeof(float)) == 0, "%s: not bitwise identical", what);
+}
+
+/* ---- finite differences --------------------------------------------------- */
+
+/* A reference forward reads its inputs through ctx and writes out[n_out]. */
+typedef void (*ref_forward_fn)(const void *ctx, double *out);
+
+static double dot(const double *a, const double *b, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* grad = dL/dx for L = sum(out * R); x is one of the arrays ctx reads. */
+static void fd_gradient(ref_forward_fn forward, const void *ctx, double *x, size_t n,
+                        const double *R, size_t n_out, double *grad)
+{
+    double *out = dvec(n_out);
+    for (size_t i = 0; i < n; i++) {
+        double saved = x[i];
+        x[i] = saved + FD_EPS;
+        forward(ctx, out);
+        double plus = dot(out, R, n_out);
+        x[i] = saved - FD_EPS;
+        forward(ctx, out);
+        double minus = dot(out, R, n_out);
+        x[i] = saved;
+        grad[i] = (plus - minus) / (2.0 * FD_EPS);
+    }
+    free(out);
+}
+
+/* Checks a float kernel gradient against finite differences of `forward`
+ * with respect to x. */
+static void check_gradient(const char *what, const float *got, ref_forward_fn forward,
+                           const void *ctx, double *x, size_t n, const double *R, size_t n_out)
+{
+    double *want = dvec(n);
+    fd_gradient(forward, ctx, x, n, R, n_out, want);
+    expect_close(what, got, want, n, GRAD_TOL);
+    free(want);
+}
+
+/* ======================================================================== */
+/* GEMM                                                                      */
+/* ======================================================================== */
+
+Test(sgemm, all_transposes_vs_naive)
+{
+    rng_t rng = {101};
+    /* M, N, K: small ones, and ones that cut C into several tiles */
+    const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {17, 9, 24}, {24, 40, 13}, {150, 70, 33},
+                             {3, 300, 5}};
+    const int n_shapes = sizeof shapes / sizeof shapes[0];
+    const float alpha = 0.7f, beta = -0.3f;
+    for (int s = 0; s < n_shapes; s++) {
+        int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        for (int trans = 0; trans < 4; trans++) {
+            int ta = trans & 1, tb = trans >> 1;
+            /* stored shapes, with padded leading dimensions */
+            int a_rows = ta ? K : M, a_cols = ta ? M : K;
+            int b_rows = tb ? N : K, b_cols = tb ? K : N;
+            int lda = a_cols + 3, ldb = b_cols + 2, ldc = N + 1;
+            float *A = random_fvec(&rng, (size_t)a_rows * lda, -1, 1);
+            float *B = random_fvec(&rng, (size_t)b_rows * ldb, -1, 1);
+            float *C = random_fvec(&rng, (size_t)M * ldc, -1, 1);
+            float *C_serial = copy_fvec(C, (size_t)M * ldc);
+            double *want = dvec((size_t)M * ldc);
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < ldc; j++) {
+                    if (j >= N) { /* padding must stay untouched */
+                        want[i * ldc + j] = C[i * ldc + j];
+                        continue;
+                    }
+                    double sum = 0.0;
+                    for (int k = 0; k < K; k++) {
+                        double a = ta ? A[k * lda + i] : A[i * lda + k];
+                        double b = tb ? B[j * ldb + k] : B[k * ldb + j];
+                        sum += a * b;
+                    }
+                    want[i * ldc + j] = alpha * sum + beta * (double)C[i * ldc + j];
+                }
+            tr_cpu_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+            expect_close("sgemm", C, want, (size_t)M * ldc, FWD_TOL);
+            tr_cpu_sgemm_serial(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C_serial, ldc);
+            expect_bitwise("sgemm_serial vs sgemm", C, C_serial, (size_t)M * ldc);
+            free(A);
+            free(B);
+            free(C);
+            free(C_serial);
+            free(want);
+        }
+    }
+}
+
+Test(sgemm, beta_zero_ignores_c_and_k_zero)
+{
+    rng_t rng = {102};
+    int M = 70, N = 9, K = 5;
+    float *A = random_fvec(&rng, (size_t)M * K, -1, 1);
+    float *B = random_fvec(&rng, (size_t)K * N, -1, 1);
+    float *C = fvec((size_t)M * N);
+    fill_f(C, (size_t)M * N, NAN); /* beta = 0: C is write-only */
+    tr_cpu_sgemm(0, 0, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
+    for (int i = 0; i < M * N; i++)
+        cr_assert(isfinite(C[i]), "beta = 0 read C");
+    /* K = 0: C = beta * C */
+    float *C2 = random_fvec(&rng, (size_t)M * N, -1, 1);
+    float *C2_orig = copy_fvec(C2, (size_t)M * N);
+    tr_cpu_sgemm(0, 0, M, N, 0, 1.0f, A, 1, B, N, 0.5f, C2, N);
+    for (int i = 0; i < M * N; i++)
+        cr_assert(C2[i] == 0.5f * C2_orig[i], "K = 0 must scale C by beta");
+    fill_f(C2, (size_t)M * N, NAN);
+    tr_cpu_sgemm(0, 0, M, N, 0, 1.0f, A, 1, B, N, 0.0f, C2, N);
+    for (int i = 0; i < M * N; i++)
+        cr_assert(C2[i] == 0.0f, "K = 0, beta = 0 must zero C");
+    free(A);
+    free(B);
+    free(C);
+    free(C2);
+    free(C2_orig);
+}
+
+/* ======================================================================== */
+/* linear                                                                    */
+/* ======================================================================== */
+
+typedef struct {
+    double *inp, *w, *bias; /* bias may be NULL */
+    int N, IC, OC;
+} linear_ctx;
+
+static void ref_linear(const void *vctx, double *out)
+{
+    const linear_ctx *c = vctx;
+    for (int n = 0; n < c->N; n++)
+        for (int o = 0; o < c->OC; o++) {
+            double s = c->bias ? c->bias[o] : 0.0;
+            for (int i = 0; i < c->IC; i++)
+                s += c->inp[n * c->IC + i] * c->w[o * c->IC + i];
+            out[n * c->OC + o] = s;
+        }
+}
+
+static void check_linear(rng_t *rng, int N, int IC, int OC, int with_bias)
+{
+    size_t n_in = (size_t)N * IC, n_w = (size_t)OC * IC, n_out = (size_t)N * OC;
+    float *inp = random_fvec(rng, n_in, -1, 1);
+    float *w = random_fvec(rng, n_w, -1, 1);
+    float *bias = with_bias ? random_fvec(rng, OC, -1, 1) : NULL;
+    float *R = random_fvec(rng, n_out, -1, 1);
+    linear_ctx ctx = {to_double(inp, n_in), to_double(w, n_w),
+                      with_bias ? to_double(bias, OC) : NULL, N, IC, OC};
+    double *Rd = to_double(R, n_out);
+
+    float *out = fvec(n_out);
+    fill_f(out, n_out, NAN); /* forward must overwrite */
+    double *want = dvec(n_out);
+    tr_cpu_linear_forward(out, inp, w, bias, N, IC, OC);
+    ref_linear(&ctx, want);
+    expect_close("linear forward", out, want, n_out, FWD_TOL);
+
+    float *dinp = fvec(n_in), *dw = fvec(n_w), *dbias = fvec(OC);
+    tr_cpu_linear_backward(dinp, dw, with_bias ? dbias : NULL, R, inp, w, N, IC, OC);
+    check_gradient("linear dinp", dinp, ref_linear, &ctx, ctx.inp, n_in, Rd, n_out);
+    check_gradient("linear dw", dw, ref_linear, &ctx, ctx.w, n_w, Rd, n_out);
+    if (with_bias)
+        check_gradient("linear dbias", dbias, ref_linear, &ctx, ctx.bias, OC, Rd, n_out);
+
+    float *pre_inp = random_fvec(rng, n_in, -1, 1), *pre_w = random_fvec(rng, n_w, -1, 1);
+    float *pre_b = random_fvec(rng, OC, -1, 1);
+    float *acc_inp = copy_fvec(pre_inp, n_in), *acc_w = copy_fvec(pre_w, n_w);
+    float *acc_b = copy_fvec(pre_b, OC);
+    tr_cpu_linear_backward(acc_inp, acc_w, with_bias ? acc_b : NULL, R, inp, w, N, IC, OC);
+    expect_accumulated("linear dinp accumulates", acc_inp, pre_inp, dinp, n_in);
+    expect_accumulated("linear dw accumulates", acc_w, pre_w, dw, n_w);
+    if (with_bias)
+        expect_accumulated("linear dbias accumulates", acc_b, pre_b, dbias, OC);
+
+    /* NULL gradients are skipped, the others still computed */
+    float *only_w = fvec(n_w);
+    tr_cpu_linear_backward(NULL, only_w, NULL, R, inp, w, N, IC, OC);
+    expect_close_ff("linear dw alone", only_w, dw, n_w, 0.0);
+
+    free(inp), free(w), free(bias), free(R), free(out), free(want), free(Rd);
+    free(ctx.inp), free(ctx.w), free(ctx.bias);
+    free(dinp), free(dw), free(dbias), free(pre_inp), free(pre_w), free(pre_b);
+    free(acc_inp), free(acc_w), free(acc_b), free(only_w);
+}
+
+Test(linear, forward_backward)
+{
+    rng_t rng = {201};
+    const int shapes[][3] = {{1, 1, 1}, {3, 5, 4}, {7, 16, 9}, {24, 13, 40}, {12, 40, 24}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int with_bias = 0; with_bias < 2; with_bias++)
+            check_linear(&rng, shapes[s][0], shapes[s][1], shapes[s][2], with_bias);
+}
+
+/* ======================================================================== */
+/* batched matmul                                                            */
+/* ======================================================================== */
+
+typedef struct {
+    double *a, *bm;
+    int batch, M, K, N, trans_b;
+} matmul_ctx;
+
+static void ref_matmul(const void *vctx, double *out)
+{
+    const matmul_ctx *c = vctx;
+    for (int i = 0; i < c->batch; i++) {
+        const double *a = c->a + (size_t)i * c->M * c->K;
+        const double *bm = c->bm + (size_t)i * c->K * c->N;
+        for (int m = 0; m < c->M; m++)
+            for (int n = 0; n < c->N; n++) {
+                double s = 0.0;
+                for (int k = 0; k < c->K; k++)
+                    s += a[m * c->K + k] * (c->trans_b ? bm[n * c->K + k] : bm[k * c->N + n]);
+                out[(size_t)i * c->M * c->N + m * c->N + n] = s;
+            }
+    }
+}
+
+Test(matmul, forward_backward)
+{
+    rng_t rng = {301};
+    /* batch, M, K, N: batch 1 uses threaded GEMMs, larger batches one per thread */
+    const int shapes[][4] = {{1, 1, 1, 1}, {1, 6, 5, 7}, {3, 4, 9, 2}, {2, 9, 3, 11}, {5, 3, 8, 6}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int trans_b = 0; trans_b < 2; trans_b++) {
+            int batch = shapes[s][0], M = shapes[s][1], K = shapes[s][2], N = shapes[s][3];
+            size_t n_a = (size_t)batch * M * K, n_b = (size_t)batch * K * N;
+            size_t n_out = (size_t)batch * M * N;
+            float *a = random_fvec(&rng, n_a, -1, 1), *bm = random_fvec(&rng, n_b, -1, 1);
+            float *R = random_fvec(&rng, n_out, -1, 1);
+            matmul_ctx ctx = {to_double(a, n_a), to_double(bm, n_b), batch, M, K, N, trans_b};
+            double *Rd = to_double(R, n_out), *want = dvec(n_out);
+            float *out = fvec(n_out);
+            tr_cpu_matmul_forward(out, a, bm, batch, M, K, N, trans_b);
+            ref_matmul(&ctx, want);
+            expect_close("matmul forward", out, want, n_out, FWD_TOL);
+
+            float *da = fvec(n_a), *dbm = fvec(n_b);
+            tr_cpu_matmul_backward(da, dbm, R, a, bm, batch, M, K, N, trans_b);
+            check_gradient("matmul da", da, ref_matmul, &ctx, ctx.a, n_a, Rd, n_out);
+            check_gradient("matmul dbm", dbm, ref_matmul, &ctx, ctx.bm, n_b, Rd, n_out);
+
+            float *pre_a = random_fvec(&rng, n_a, -1, 1), *pre_b = random_fvec(&rng, n_b, -1, 1);
+            float *acc_a = copy_fvec(pre_a, n_a), *acc_b = copy_fvec(pre_b, n_b);
+            tr_cpu_matmul_backward(acc_a, acc_b, R, a, bm, batch, M, K, N, trans_b);
+            expect_accumulated("matmul da accumulates", acc_a, pre_a, da, n_a);
+            expect_accumulated("matmul dbm accumulates", acc_b, pre_b, dbm, n_b);
+
+            float *only_b = fvec(n_b);
+            tr_cpu_matmul_backward(NULL, only_b, R, a, bm, batch, M, K, N, trans_b);
+            expect_close_ff("matmul dbm alone", only_b, dbm, n_b, 0.0);
+
+            free(a), free(bm), free(R), free(ctx.a), free(ctx.bm), free(Rd), free(want);
+            free(out), free(da), free(dbm), free(pre_a), free(pre_b), free(acc_a), free(acc_b);
+            free(only_b);
+        }
+}
+
+/* ======================================================================== */
+/* embedding and add_rows                                                    */
+/* ======================================================================== */
+
+typedef struct {
+    double *table;
+    const int32_t *idx;
+    int N, C;
+} embedding_ctx;
+
+static void ref_embedding(const void *vctx, double *out)
+{
+    const embedding_ctx *c = vctx;
+    for (int n = 0; n < c->N; n++)
+        for (int j = 0; j < c->C; j++)
+            out[n * c->C + j] = c->table[c->idx[n] * c->C + j];
+}
+
+Test(embedding, forward_backward_repeated_indices)
+{
+    rng_t rng = {401};
+    const int shapes[][3] = {{1, 1, 1}, {4, 6, 3}, {7, 20, 9}, {5, 24, 40}, {30, 11, 70}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int V = shapes[s][0], N = shapes[s][1], C = shapes[s][2];
+        size_t n_table = (size_t)V * C, n_out = (size_t)N * C;
+        int32_t *idx = malloc((size_t)N * sizeof(int32_t));
+        for (int n = 0; n < N; n++)
+            idx[n] = rng_int(&rng, 0, V - 1);
+        if (N > 2)
+            idx[N - 1] = idx[0] = idx[1]; /* make sure some index repeats */
+        float *table = random_fvec(&rng, n_table, -1, 1);
+        float *R = random_fvec(&rng, n_out, -1, 1);
+        embedding_ctx ctx = {to_double(table, n_table), idx, N, C};
+        double *Rd = to_double(R, n_out), *want = dvec(n_out);
+        float *out = fvec(n_out);
+        tr_cpu_embedding_forward(out, idx, table, N, C);
+        ref_embedding(&ctx, want);
+        expect_close("embedding forward", out, want, n_out, 0.0);
+
+        float *dtable = fvec(n_table);
+        tr_cpu_embedding_backward(dtable, R, idx, N, C);
+        check_gradient("embedding dtable", dtable, ref_embedding, &ctx, ctx.table, n_table, Rd,
+                       n_out);
+
+        float *pre = random_fvec(&rng, n_table, -1, 1), *acc = copy_fvec(pre, n_table);
+        tr_cpu_embedding_backward(acc, R, idx, N, C);
+        expect_accumulated("embedding dtable accumulates", acc, pre, dtable, n_table);
+        tr_cpu_embedding_backward(NULL, R, idx, N, C);
+
+        free(idx), free(table), free(R), free(ctx.table), free(Rd), free(want), free(out);
+        free(dtable), free(pre), free(acc);
+    }
+}
+
+typedef struct {
+    double *x, *p;
+    int B, T, C;
+} add_rows_ctx;
+
+static void ref_add_rows(const void *vctx, double *out)
+{
+    const add_rows_ctx *c = vctx;
+    for (int b = 0; b < c->B; b++)
+        for (int t = 0; t < c->T; t++)
+            for (int j = 0; j < c->C; j++) {
+                size_t i = ((size_t)b * c->T + t) * c->C + j;
+                out[i] = c->x[i] + c->p[t * c->C + j];
+            }
+}
+
+Test(add_rows, forward_backward)
+{
+    rng_t rng = {501};
+    const int shapes[][3] = {{1, 1, 1}, {2, 3, 4}, {3, 9, 17}, {4, 5, 40}, {1, 8, 33}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int B = shapes[s][0], T = shapes[s][1], C = shapes[s][2];
+        size_t n_x = (size_t)B * T * C, n_p = (size_t)T * C;
+        float *x = random_fvec(&rng, n_x, -1, 1), *p = random_fvec(&rng, n_p, -1, 1);
+        float *R = random_fvec(&rng, n_x, -1, 1);
+        add_rows_ctx ctx = {to_double(x, n_x), to_double(p, n_p), B, T, C};
+        double *Rd = to_double(R, n_x), *want = dvec(n_x);
+        float *out = fvec(n_x);
+        tr_cpu_add_rows_forward(out, x, p, B, T, C);
+        ref_add_rows(&ctx, want);
+        expect_close("add_rows forward", out, want, n_x, FWD_TOL);
+
+        float *dx = fvec(n_x), *dp = fvec(n_p);
+        tr_cpu_add_rows_backward(dx, dp, R, B, T, C);
+        check_gradient("add_rows dx", dx, ref_add_rows, &ctx, ctx.x, n_x, Rd, n_x);
+        check_gradient("add_rows dp", dp, ref_add_rows, &ctx, ctx.p, n_p, Rd, n_x);
+
+        float *pre_x = random_fvec(&rng, n_x, -1, 1), *pre_p = random_fvec(&rng, n_p, -1, 1);
+        float *acc_x = copy_fvec(pre_x, n_x), *acc_p = copy_fvec(pre_p, n_p);
+        tr_cpu_add_rows_backward(acc_x, acc_p, R, B, T, C);
+        expect_accumulated("add_rows dx accumulates", acc_x, pre_x, dx, n_x);
+        expect_accumulated("add_rows dp accumulates", acc_p, pre_p, dp, n_p);
+
+        free(x), free(p), free(R), free(ctx.x), free(ctx.p), free(Rd), free(want), free(out);
+        free(dx), free(dp), free(pre_x), free(pre_p), free(acc_x), free(acc_p);
+    }
+}
+
+/* ======================================================================== */
+/* elementwise                                                               */
+/* ======================================================================== */
+
+typedef struct {
+    double *a, *b;
+    size_t n;
+} binary_ctx;
+
+static void ref_add(const void *vctx, double *out)
+{
+    const binary_ctx *c = vctx;
+    for (size_t i = 0; i < c->n; i++)
+        out[i] = c->a[i] + c->b[i];
+}
+
+Test(add, forward_backward)
+{
+    rng_t rng = {601};
+    const size_t sizes[] = {1, 5, 37, 100, 1000};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        size_t n = sizes[s];
+        float *a = random_fvec(&rng, n, -1, 1), *b = random_fvec(&rng, n, -1, 1);
+        float *R = random_fvec(&rng, n, -1, 1);
+        binary_ctx ctx = {to_double(a, n), to_double(b, n), n};
+        double *Rd = to_double(R, n), *want = dvec(n);
+        float *out = fvec(n);
+        tr_cpu_add_forward(out, a, b, n);
+        ref_add(&ctx, want);
+        expect_close("add forward", out, want, n, FWD_TOL);
+
+        float *da = fvec(n), *db = fvec(n);
+        tr_cpu_add_backward(da, db, R, n);
+        check_gradient("add da", da, ref_add, &ctx, ctx.a, n, Rd, n);
+        check_gradient("add db", db, ref_add, &ctx, ctx.b, n, Rd, n);
+
+        float *pre = random_fvec(&rng, n, -1, 1), *acc = copy_fvec(pre, n);
+        tr_cpu_add_backward(acc, NULL, R, n);
+        expect_accumulated("add da accumulates", acc, pre, da, n);
+
+        /* out = x + x: both gradients land in the same buffer */
+        float *dx = fvec(n);
+        tr_cpu_add_backward(dx, dx, R, n);
+        for (size_t i = 0; i < n; i++)
+            cr_assert(dx[i] == 2.0f * R[i], "add with da == db");
+
+        free(a), free(b), free(R), free(ctx.a), free(ctx.b), free(Rd), free(want), free(out);
+        free(da), free(db), free(pre), free(acc), free(dx);
+    }
+}
+
+typedef struct {
+    double *x;
+    size_t n;
+} unary_ctx;
+
+static void ref_gelu(const void *vctx, double *out)
+{
+    const unary_ctx *c = vctx;
+    const double k = sqrt(2.0 / 3.14159265358979323846);
+    for (size_t i = 0; i < c->n; i++) {
+        double x = c->x[i];
+        out[i] = 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
+    }
+}
+
+static void ref_relu(const void *vctx, double *out)
+{
+    const unary_ctx *c = vctx;
+    for (size_t i = 0; i < c->n; i++)
+        out[i] = c->x[i] > 0.0 ? c->x[i] : 0.0;
+}
+
+typedef void (*unary_forward_fn)(float *, const float *, size_t);
+typedef void (*unary_backward_fn)(float *, const float *, const float *, size_t);
+
+static void check_unary(rng_t *rng, const char *name, unary_forward_fn forward,
+                        unary_backward_fn backward, ref_forward_fn ref, size_t n, double range)
+{
+    float *x = random_fvec(rng, n, -range, range);
+    for (size_t i = 0; i < n; i++) /* keep clear of ReLU's kink for the differences */
+        if (fabsf(x[i]) < 1e-2f)
+            x[i] = 0.5f;
+    float *R = random_fvec(rng, n, -1, 1);
+    unary_ctx ctx = {to_double(x, n), n};
+    double *Rd = to_double(R, n), *want = dvec(n);
+    float *out = fvec(n);
+    char what[64];
+    forward(out, x, n);
+    ref(&ctx, want);
+    snprintf(what, sizeof what, "%s forward", name);
+    expect_close(what, out, want, n, FWD_TOL);
+
+    float *dx = fvec(n);
+    backward(dx, x, R, n);
+    snprintf(what, sizeof what, "%s dinp", name);
+    check_gradient(what, dx, ref, &ctx, ctx.x, n, Rd, n);
+
+    float *pre = random_fvec(rng, n, -1, 1), *acc = copy_fvec(pre, n);
+    backward(acc, x, R, n);
+    snprintf(what, sizeof what, "%s dinp accumulates", name);
+    expect_accumulated(what, acc, pre, dx, n);
+    backward(NULL, x, R, n);
+
+    free(x), free(R), free(ctx.x), free(Rd), free(want), free(out), free(dx), free(pre);
+    free(acc);
+}
+
+Test(gelu, forward_backward)
+{
+    rng_t rng = {701};
+    const size_t sizes[] = {1, 7, 64, 333, 1000};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+        check_unary(&rng, "gelu", tr_cpu_gelu_forward, tr_cpu_gelu_backward, ref_gelu, sizes[s],
+                    5.0);
+}
+
+Test(relu, kink_and_negative_side)
+{
+    float x[4] = {-1e-3f, 0.0f, 1e-3f, -5.0f}, dout[4] = {1, 2, 3, 4}, dx[4] = {0};
+    tr_cpu_relu_backward(dx, x, dout, 4);
+    cr_assert(dx[0] == 0.0f && dx[1] == 0.0f && dx[2] == 3.0f && dx[3] == 0.0f,
+              "relu passes the gradient only where x > 0");
+}
+
+Test(relu, forward_backward)
+{
+    rng_t rng = {702};
+    const size_t sizes[] = {1, 7, 64, 333, 1000};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+        check_unary(&rng, "relu", tr_cpu_relu_forward, tr_cpu_relu_backward, ref_relu, sizes[s],
+                    3.0);
+}
+
+/* ======================================================================== */
+/* layernorm                                                                 */
+/* ======================================================================== */
+
+typedef struct {
+    double *inp, *w, *b;
+    int N, C;
+    double eps;
+    double *mean, *rstd; /* optional outputs */
+} layernorm_ctx;
+
+static void ref_layernorm(const void *vctx, double *out)
+{
+    const layernorm_ctx *c = vctx;
+    for (int n = 0; n < c->N; n++) {
+        const double *x = c->inp + (size_t)n * c->C;
+        double m = 0.0, v = 0.0;
+        for (int j = 0; j < c->C; j++)
+            m += x[j];
+        m /= c->C;
+        for (int j = 0; j < c->C; j++)
+            v += (x[j] - m) * (x[j] - m);
+        v /= c->C;
+        double s = 1.0 / sqrt(v + c->eps);
+        for (int j = 0; j < c->C; j++)
+            out[(size_t)n * c->C + j] = (x[j] - m) * s * c->w[j] + c->b[j];
+        if (c->mean)
+            c->mean[n] = m;
+        if (c->rstd)
+            c->rstd[n] = s;
+    }
+}
+
+Test(layernorm, forward_backward)
+{
+    rng_t rng = {801};
+    /* (C = 2 is left out: its input gradient is zero up to eps, all rounding noise) */
+    const int shapes[][2] = {{1, 3}, {3, 5}, {7, 16}, {24, 40}, {10, 67}, {5, 130}};
+    const float eps = 1e-5f;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int N = shapes[s][0], C = shapes[s][1];
+        size_t n_x = (size_t)N * C;
+        float *inp = random_fvec(&rng, n_x, -2, 3); /* nonzero mean */
+        float *w = random_fvec(&rng, C, 0.5, 1.5), *b = random_fvec(&rng, C, -1, 1);
+        float *R = random_fvec(&rng, n_x, -1, 1);
+        layernorm_ctx ctx = {to_double(inp, n_x), to_double(w, C), to_double(b, C), N, C, eps,
+                             dvec(N), dvec(N)};
+        double *Rd = to_double(R, n_x), *want = dvec(n_x);
+        float *out = fvec(n_x), *mean = fvec(N), *rstd = fvec(N);
+        tr_cpu_layernorm_forward(out, mean, rstd, inp, w, b, N, C, eps);
+        ref_layernorm(&ctx, want);
+        expect_close("layernorm forward", out, want, n_x, FWD_TOL);
+        expect_close("layernorm mean", mean, ctx.mean, N, FWD_TOL);
+        expect_close("layernorm rstd", rstd, ctx.rstd, N, FWD_TOL);
+        free(ctx.mean), free(ctx.rstd);
+        ctx.mean = ctx.rstd = NULL;
+
+        float *dinp = fvec(n_x), *dw = fvec(C), *db = fvec(C);
+        tr_cpu_layernorm_backward(dinp, dw, db, R, inp, w, mean, rstd, N, C);
+        check_gradient("layernorm dinp", dinp, ref_layernorm, &ctx, ctx.inp, n_x, Rd, n_x);
+        check_gradient("layernorm dw", dw, ref_layernorm, &ctx, ctx.w, C, Rd, n_x);
+        check_gradient("layernorm db", db, ref_layernorm, &ctx, ctx.b, C, Rd, n_x);
+
+        float *pre_x = random_fvec(&rng, n_x, -1, 1), *pre_w = random_fvec(&rng, C, -1, 1);
+        float *pre_b = random_fvec(&rng, C, -1, 1);
+        float *acc_x = copy_fvec(pre_x, n_x), *acc_w = copy_fvec(pre_w, C);
+        float *acc_b = copy_fvec(pre_b, C);
+        tr_cpu_layernorm_backward(acc_x, acc_w, acc_b, R, inp, w, mean, rstd, N, C);
+        expect_accumulated("layernorm dinp accumulates", acc_x, pre_x, dinp, n_x);
+        expect_accumulated("layernorm dw accumulates", acc_w, pre_w, dw, C);
+        expect_accumulated("layernorm db accumulates", acc_b, pre_b, db, C);
+
+        float *only_w = fvec(C);
+        tr_cpu_layernorm_backward(NULL, only_w, NULL, R, inp, w, mean, rstd, N, C);
+        expect_close_ff("layernorm dw alone", only_w, dw, C, 0.0);
+
+        free(inp), free(w), free(b), free(R), free(ctx.inp), free(ctx.w), free(ctx.b), free(Rd);
+        free(want), free(out), free(mean), free(rstd), free(dinp), free(dw), free(db);
+        free(pre_x), free(pre_w), free(pre_b), free(acc_x), free(acc_w), free(acc_b);
+        free(only_w);
+    }
+}
+
+/* ======================================================================== */
+/* attention                                                                 */
+/* ======================================================================== */
+
+typedef struct {
+    double *qkv;
+    int B, T, C, NH;
+    double *att; /* optional output */
+} attention_ctx;
+
+static void ref_attention(const void *vctx, double *out)
+{
+    const attention_ctx *c = vctx;
+    int B = c->B, T = c->T, C = c->C, NH = c->NH, hs = C / NH;
+    double scale = 1.0 / sqrt((double)hs);
+    double *p = dvec(T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const double *q = c->qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                double max = -INFINITY;
+                for (int s = 0; s <= t; s++) {
+                    const double *k = c->qkv + ((size_t)b * T + s) * 3 * C + C + h * hs;
+                    double score = 0.0;
+                    for (int d = 0; d < hs; d++)
+                        score += q[d] * k[d];
+                    p[s] = score * scale;
+                    max = fmax(max, p[s]);
+                }
+                double sum = 0.0;
+                for (int s = 0; s <= t; s++) {
+                    p[s] = exp(p[s] - max);
+                    sum += p[s];
+                }
+                for (int s = 0; s <= t; s++)
+                    p[s] /= sum;
+                double *o = out + ((size_t)b * T + t) * C + h * hs;
+                for (int d = 0; d < hs; d++) {
+                    double acc = 0.0;
+                    for (int s = 0; s <= t; s++)
+                        acc += p[s] * c->qkv[((size_t)b * T + s) * 3 * C + 2 * C + h * hs + d];
+                    o[d] = acc;
+                }
+                if (c->att) {
+                    double *row = c->att + (((size_t)b * NH + h) * T + t) * T;
+                    for (int s = 0; s < T; s++)
+                        row[s] = s <= t ? p[s] : 0.0;
+                }
+            }
+    free(p);
+}
+
+static void check_attention(rng_t *rng, int B, int T, int C, int NH)
+{
+    size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C;
+    size_t n_att = (size_t)B * NH * T * T;
+    float *qkv = random_fvec(rng, n_qkv, -1.5, 1.5);
+    float *R = random_fvec(rng, n_out, -1, 1);
+    attention_ctx ctx = {to_double(qkv, n_qkv), B, T, C, NH, dvec(n_att)};
+    double *Rd = to_double(R, n_out), *want = dvec(n_out);
+    float *out = fvec(n_out), *att = fvec(n_att);
+    fill_f(out, n_out, NAN);
+    fill_f(att, n_att, NAN); /* the masked half must be written too */
+    tr_cpu_attention_forward(out, att, qkv, B, T, C, NH);
+    ref_attention(&ctx, want);
+    expect_close("attention forward", out, want, n_out, FWD_TOL);
+    expect_close("attention probabilities", att, ctx.att, n_att, FWD_TOL);
+    free(ctx.att);
+    ctx.att = NULL;
+
+    size_t n_scratch = tr_cpu_attention_scratch_floats(B, T, C, NH);
+    float *scratch = fvec(n_scratch);
+    fill_f(scratch, n_scratch, NAN); /* scratch content must not matter */
+    float *dqkv = fvec(n_qkv);
+    tr_cpu_attention_backward(dqkv, scratch, R, qkv, att, B, T, C, NH);
+    check_gradient("attention dqkv", dqkv, ref_attention, &ctx, ctx.qkv, n_qkv, Rd, n_out);
+
+    float *pre = random_fvec(rng, n_qkv, -1, 1), *acc = copy_fvec(pre, n_qkv);
+    tr_cpu_attention_backward(acc, scratch, R, qkv, att, B, T, C, NH);
+    expect_accumulated("attention dqkv accumulates", acc, pre, dqkv, n_qkv);
+    tr_cpu_attention_backward(NULL, scratch, R, qkv, att, B, T, C, NH);
+
+    free(qkv), free(R), free(ctx.qkv), free(Rd), free(want), free(out), free(att);
+    free(scratch), free(dqkv), free(pre), free(acc);
+}
+
+Test(attention, forward_backward)
+{
+    rng_t rng = {901};
+    /* B, T, C, NH: T = 1, one head, several heads, and T past one row block */
+    const int shapes[][4] = {{1, 1, 8, 2}, {2, 1, 6, 1}, {2, 5, 12, 3}, {1, 9, 16, 4},
+                             {2, 7, 8, 1}, {3, 4, 20, 2}, {1, 67, 4, 2}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        check_attention(&rng, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3]);
+}
+
+/* ======================================================================== */
+/* cross-entropy and softmax                                                 */
+/* ======================================================================== */
+
+#define IGNORE_INDEX (-100)
+
+typedef struct {
+    double *logits;
+    const int32_t *targets;
+    int N, V;
+} xent_ctx;
+
+/* out[0] = mean over counted rows of lse - logit[target] */
+static void ref_cross_entropy(const void *vctx, double *out)
+{
+    const xent_ctx *c = vctx;
+    double total = 0.0;
+    int valid = 0;
+    for (int n = 0; n < c->N; n++) {
+        if (c->targets[n] == IGNORE_INDEX)
+            continue;
+        const double *x = c->logits + (size_t)n * c->V;
+        double max = x[0], sum = 0.0;
+        for (int i = 1; i < c->V; i++)
+            max = fmax(max, x[i]);
+        for (int i = 0; i < c->V; i++)
+            sum += exp(x[i] - max);
+        total += max + log(sum) - x[c->targets[n]];
+        valid++;
+    }
+    out[0] = valid ? total / valid : 0.0;
+}
+
+Test(cross_entropy, forward_backward_ignore_index)
+{
+    rng_t rng = {1001};
+    const int shapes[][2] = {{1, 2}, {4, 5}, {9, 17}, {24, 40}, {13, 100}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int N = shapes[s][0], V = shapes[s][1];
+        size_t n_logits = (size_t)N * V;
+        int32_t *targets = malloc((size_t)N * sizeof(int32_t));
+        int expected_valid = 0;
+        for (int n = 0; n < N; n++) {
+            /* about a quarter ignored, but never the first row */
+            targets[n] = n > 0 && rng_int(&rng, 0, 3) == 0 ? IGNORE_INDEX : rng_int(&rng, 0, V - 1);
+            expected_valid += targets[n] != IGNORE_INDEX;
+        }
+        float *logits = random_fvec(&rng, n_logits, -4, 4);
+        xent_ctx ctx = {to_double(logits, n_logits), targets, N, V};
+        float loss = NAN;
+        float *lse = fvec(N);
+        int n_valid = tr_cpu_cross_entropy_forward(&loss, lse, logits, targets, N, V, IGNORE_INDEX);
+        cr_assert(n_valid == expected_valid, "n_valid %d, want %d", n_valid, expected_valid);
+        double want_loss;
+        ref_cross_entropy(&ctx, &want_loss);
+        expect_close("cross-entropy loss", &loss, &want_loss, 1, FWD_TOL);
+        for (int n = 0; n < N; n++) {
+            if (targets[n] == IGNORE_INDEX)
+                continue;
+            double max = -INFINITY, sum = 0.0;
+            for (int i = 0; i < V; i++)
+                max = fmax(max, ctx.logits[n * V + i]);
+            for (int i = 0; i < V; i++)
+                sum += exp(ctx.logits[n * V + i] - max);
+            double want_lse = max + log(sum);
+            expect_close("cross-entropy lse", &lse[n], &want_lse, 1, FWD_TOL);
+        }
+
+        double dloss = rng_uniform(&rng, 0.5, 2.0);
+        float *dlogits = fvec(n_logits);
+        tr_cpu_cross_entropy_backward(dlogits, logits, lse, targets, (float)dloss, N, V,
+                                      IGNORE_INDEX);
+        check_gradient("cross-entropy dlogits", dlogits, ref_cross_entropy, &ctx, ctx.logits,
+                       n_logits, &dloss, 1);
+        for (int n = 0; n < N; n++)
+            if (targets[n] == IGNORE_INDEX)
+                for (int i = 0; i < V; i++)
+                    cr_assert(dlogits[n * V + i] == 0.0f, "ignored row got a gradient");
+
+        float *pre = random_fvec(&rng, n_logits, -1, 1), *acc = copy_fvec(pre, n_logits);
+        tr_cpu_cross_entropy_backward(acc, logits, lse, targets, (float)dloss, N, V,
+                                      IGNORE_INDEX);
+        expect_accumulated("cross-entropy dlogits accumulates", acc, pre, dlogits, n_logits);
+
+        free(targets), free(logits), free(ctx.logits), free(lse), free(dlogits), free(pre);
+        free(acc);
+    }
+}
+
+Test(cross_entropy, all_rows_ignored)
+{
+    int N = 3, V = 4;
+    int32_t targets[3] = {IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX};
+    float logits[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, lse[3], loss = NAN;
+    int n_valid = tr_cpu_cross_entropy_forward(&loss, lse, logits, targets, N, V, IGNORE_INDEX);
+    cr_assert(n_valid == 0 && loss == 0.0f, "no counted rows: n_valid 0, loss 0");
+    float dlogits[12] = {0};
+    tr_cpu_cross_entropy_backward(dlogits, logits, lse, targets, 1.0f, N, V, IGNORE_INDEX);
+    for (int i = 0; i < N * V; i++)
+        cr_assert(dlogits[i] == 0.0f, "no counted rows: no gradient");
+}
+
+Test(softmax, temperature)
+{
+    rng_t rng = {1101};
+    const int sizes[] = {1, 2, 10, 50, 1000};
+    const float temperatures[] = {0.25f, 1.0f, 2.5f};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+        for (size_t k = 0; k < sizeof temperatures / sizeof temperatures[0]; k++) {
+            int n = sizes[s];
+            float temperature = temperatures[k];
+            float *logits = random_fvec(&rng, n, -5, 5), *out = fvec(n);
+            double *want = dvec(n), max = -INFINITY, sum = 0.0;
+            for (int i = 0; i < n; i++)
+                max = fmax(max, (double)logits[i] / temperature);
+            for (int i = 0; i < n; i++)
+                sum += want[i] = exp((double)logits[i] / temperature - max);
+            for (int i = 0; i < n; i++)
+                want[i] /= sum;
+            tr_cpu_softmax(out, logits, n, temperature);
+            expect_close("softmax", out, want, n, FWD_TOL);
+            free(logits), free(out), free(want);
+        }
+    /* temperature 0: greedy */
+    float logits[4] = {0.5f, 3.0f, -1.0f, 3.0f}, out[4];
+    tr_cpu_softmax(out, logits, 4, 0.0f);
+    cr_assert(out[0] == 0.0f && out[1] == 1.0f && out[2] == 0.0f && out[3] == 0.0f,
+              "temperature 0 puts all mass on the first maximum");
+}
+
+/* ======================================================================== */
+/* optimizers                                                                */
+/* ======================================================================== */
+
+Test(optim, adamw_three_steps)
+{
+    rng_t rng = {1201};
+    const size_t n = 37;
+    const float lr = 1e-2f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    const float grad_scale = 0.5f;
+    float *param = random_fvec(&rng, n, -1, 1), *m = fvec(n), *v = fvec(n);
+    double *p_ref = to_double(param, n), *m_ref = dvec(n), *v_ref = dvec(n);
+    for (int64_t t = 1; t <= 3; t++) {
+        float *grad = random_fvec(&rng, n, -2, 2);
+        tr_cpu_adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, t);
+        for (size_t i = 0; i < n; i++) {
+            double g = (double)grad[i] * grad_scale;
+            m_ref[i] = beta1 * m_ref[i] + (1.0 - beta1) * g;
+            v_ref[i] = beta2 * v_ref[i] + (1.0 - beta2) * g * g;
+            double m_hat = m_ref[i] / (1.0 - pow(beta1, (double)t));
+            double v_hat = v_ref[i] / (1.0 - pow(beta2, (double)t));
+            p_ref[i] -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p_ref[i]);
+        }
+        expect_close("adamw param", param, p_ref, n, FWD_TOL);
+        expect_close("adamw m", m, m_ref, n, FWD_TOL);
+        expect_close("adamw v", v, v_ref, n, FWD_TOL);
+        free(grad);
+    }
+    free(param), free(m), free(v), free(p_ref), free(m_ref), free(v_ref);
+}
+
+Test(optim, sgd_momentum_three_steps)
+{
+    rng_t rng = {1301};
+    const size_t n = 29;
+    const float lr = 0.1f, momentum = 0.9f, wd = 0.01f, grad_scale = 0.5f;
+    float *param = random_fvec(&rng, n, -1, 1), *buf = fvec(n);
+    float *plain = copy_fvec(param, n);
+    double *p_ref = to_double(param, n), *b_ref = dvec(n), *plain_ref = to_double(param, n);
+    for (int step = 0; step < 3; step++) {
+        float *grad = random_fvec(&rng, n, -2, 2);
+        tr_cpu_sgd_update(param, grad, buf, n, lr, momentum, wd, grad_scale);
+        tr_cpu_sgd_update(plain, grad, NULL, n, lr, 0.0f, wd, grad_scale);
+        for (size_t i = 0; i < n; i++) {
+            double g = (double)grad[i] * grad_scale + wd * p_ref[i];
+            b_ref[i] = step == 0 ? g : momentum * b_ref[i] + g;
+            p_ref[i] -= lr * b_ref[i];
+            plain_ref[i] -= lr * ((double)grad[i] * grad_scale + wd * plain_ref[i]);
+        }
+        expect_close("sgd param", param, p_ref, n, FWD_TOL);
+        expect_close("sgd momentum buffer", buf, b_ref, n, FWD_TOL);
+        expect_close("sgd without momentum", plain, plain_ref, n, FWD_TOL);
+        free(grad);
+    }
+    free(param), free(buf), free(plain), free(p_ref), free(b_ref), free(plain_ref);
+}
+
+Test(optim, sum_squares)
+{
+    rng_t rng = {1401};
+    const size_t sizes[] = {0, 1, 7, 1000, 100003, 3000000};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        size_t n = sizes[s];
+        float *x = random_fvec(&rng, n, -3, 3);
+        double want = 0.0;
+        for (size_t i = 0; i < n; i++)
+            want += (double)x[i] * x[i];
+        double got = tr_cpu_sum_squares(x, n);
+        cr_assert(fabs(got - want) <= 1e-12 * fmax(want, 1.0), "sum_squares n=%zu: %.17g vs %.17g",
+                  n, got, want);
+        if (n > 1) {
+            x[n / 2] = 3e38f; /* its square overflows a float, not a double */
+            cr_assert(isfinite(tr_cpu_sum_squares(x, n)), "large finite input stays finite");
+            x[n / 2] = INFINITY;
+            cr_assert(!isfinite(tr_cpu_sum_squares(x, n)), "inf input gives non-finite");
+            x[n / 2] = NAN;
+            cr_assert(!isfinite(tr_cpu_sum_squares(x, n)), "NaN input gives non-finite");
+        }
+        free(x);
+    }
+}
+
+/* ======================================================================== */
+/* thread-count independence                                                 */
+/* ======================================================================== */
+
+/* Results for thread count `threads`, written into fresh buffers. */
+typedef struct {
+    float *lin_out, *lin_dinp, *lin_dw, *lin_db;
+    float *ln_out, *ln_mean, *ln_rstd, *ln_dinp, *ln_dw, *ln_db;
+    float *att_out, *att_att, *att_dqkv;
+    float *mm_out, *mm_da, *mm_db;
+    float *emb_dtable, *xent_dlogits, xent_loss;
+    double sumsq;
+} thread_results;
+
+enum {
+    LIN_N = 200, LIN_IC = 100, LIN_OC = 300,
+    LN_N = 50, LN_C = 200,
+    AT_B = 2, AT_T = 70, AT_C = 32, AT_NH = 4,
+    MM_BATCH = 5, MM_M = 20, MM_K = 30, MM_N = 40,
+    EMB_V = 10, EMB_N = 300, EMB_C = 100,
+    XE_N = 40, XE_V = 500,
+    SQ_N = 1000000,
+};
+
+typedef struct {
+    float *lin_inp, *lin_w, *lin_b, *lin_dout;
+    float *ln_inp, *ln_w, *ln_b, *ln_dout;
+    float *att_qkv, *att_dout;
+    float *mm_a, *mm_b, *mm_dout;
+    int32_t emb_idx[EMB_N];
+    float *emb_dout;
+    int32_t xe_targets[XE_N];
+    float *xe_logits;
+    float *sq_x;
+} thread_inputs;
+
+static void run_with_threads(const thread_inputs *in, int threads, thread_results *r)
+{
+    omp_set_num_threads(threads);
+    r->lin_out = fvec(LIN_N * LIN_OC), r->lin_dinp = fvec(LIN_N * LIN_IC);
+    r->lin_dw = fvec(LIN_OC * LIN_IC), r->lin_db = fvec(LIN_OC);
+    tr_cpu_linear_forward(r->lin_out, in->lin_inp, in->lin_w, in->lin_b, LIN_N, LIN_IC, LIN_OC);
+    tr_cpu_linear_backward(r->lin_dinp, r->lin_dw, r->lin_db, in->lin_dout, in->lin_inp,
+                           in->lin_w, LIN_N, LIN_IC, LIN_OC);
+
+    r->ln_out = fvec(LN_N * LN_C), r->ln_mean = fvec(LN_N), r->ln_rstd = fvec(LN_N);
+    r->ln_dinp = fvec(LN_N * LN_C), r->ln_dw = fvec(LN_C), r->ln_db = fvec(LN_C);
+    tr_cpu_layernorm_forward(r->ln_out, r->ln_mean, r->ln_rstd, in->ln_inp, in->ln_w, in->ln_b,
+                             LN_N, LN_C, 1e-5f);
+    tr_cpu_layernorm_backward(r->ln_dinp, r->ln_dw, r->ln_db, in->ln_dout, in->ln_inp, in->ln_w,
+                              r->ln_mean, r->ln_rstd, LN_N, LN_C);
+
+    r->att_out = fvec(AT_B * AT_T * AT_C), r->att_att = fvec(AT_B * AT_NH * AT_T * AT_T);
+    r->att_dqkv = fvec(AT_B * AT_T * 3 * AT_C);
+    float *scratch = fvec(tr_cpu_attention_scratch_floats(AT_B, AT_T, AT_C, AT_NH));
+    tr_cpu_attention_forward(r->att_out, r->att_att, in->att_qkv, AT_B, AT_T, AT_C, AT_NH);
+    tr_cpu_attention_backward(r->att_dqkv, scratch, in->att_dout, in->att_qkv, r->att_att, AT_B,
+                              AT_T, AT_C, AT_NH);
+    free(scratch);
+
+    r->mm_out = fvec(MM_BATCH * MM_M * MM_N), r->mm_da = fvec(MM_BATCH * MM_M * MM_K);
+    r->mm_db = fvec(MM_BATCH * MM_K * MM_N);
+    tr_cpu_matmul_forward(r->mm_out, in->mm_a, in->mm_b, MM_BATCH, MM_M, MM_K, MM_N, 1);
+    tr_cpu_matmul_backward(r->mm_da, r->mm_db, in->mm_dout, in->mm_a, in->mm_b, MM_BATCH, MM_M,
+                           MM_K, MM_N, 1);
+
+    r->emb_dtable = fvec(EMB_V * EMB_C);
+    tr_cpu_embedding_backward(r->emb_dtable, in->emb_dout, in->emb_idx, EMB_N, EMB_C);
+
+    float lse[XE_N];
+    r->xent_dlogits = fvec(XE_N * XE_V);
+    tr_cpu_cross_entropy_forward(&r->xent_loss, lse, in->xe_logits, in->xe_targets, XE_N, XE_V,
+                                 IGNORE_INDEX);
+    tr_cpu_cross_entropy_backward(r->xent_dlogits, in->xe_logits, lse, in->xe_targets, 1.0f, XE_N,
+                                  XE_V, IGNORE_INDEX);
+
+    r->sumsq = tr_cpu_sum_squares(in->sq_x, SQ_N);
+}
+
+/* names read "<what>: not bitwise identical" on failure */
+static void expect_same_results(const thread_results *a, const thread_results *b)
+{
+    expect_bitwise("linear out", a->lin_out, b->lin_out, LIN_N * LIN_OC);
+    expect_bitwise("linear dinp", a->lin_dinp, b->lin_dinp, LIN_N * LIN_IC);
+    expect_bitwise("linear dw", a->lin_dw, b->lin_dw, LIN_OC * LIN_IC);
+    expect_bitwise("linear dbias", a->lin_db, b->lin_db, LIN_OC);
+    expect_bitwise("layernorm out", a->ln_out, b->ln_out, LN_N * LN_C);
+    expect_bitwise("layernorm mean", a->ln_mean, b->ln_mean, LN_N);
+    expect_bitwise("layernorm rstd", a->ln_rstd, b->ln_rstd, LN_N);
+    expect_bitwise("layernorm dinp", a->ln_dinp, b->ln_dinp, LN_N * LN_C);
+    expect_bitwise("layernorm dw", a->ln_dw, b->ln_dw, LN_C);
+    expect_bitwise("layernorm db", a->ln_db, b->ln_db, LN_C);
+    expect_bitwise("attention out", a->att_out, b->att_out, AT_B * AT_T * AT_C);
+    expect_bitwise("attention att", a->att_att, b->att_att, AT_B * AT_NH * AT_T * AT_T);
+    expect_bitwise("attention dqkv", a->att_dqkv, b->att_dqkv, AT_B * AT_T * 3 * AT_C);
+    expect_bitwise("matmul out", a->mm_out, b->mm_out, MM_BATCH * MM_M * MM_N);
+    expect_bitwise("matmul da", a->mm_da, b->mm_da, MM_BATCH * MM_M * MM_K);
+    expect_bitwise("matmul db", a->mm_db, b->mm_db, MM_BATCH * MM_K * MM_N);
+    expect_bitwise("embedding dtable", a->emb_dtable, b->emb_dtable, EMB_V * EMB_C);
+    expect_bitwise("cross-entropy loss", &a->xent_loss, &b->xent_loss, 1);
+    expect_bitwise("cross-entropy dlogits", a->xent_dlogits, b->xent_dlogits, XE_N * XE_V);
+    cr_assert(memcmp(&a->sumsq, &b->sumsq, sizeof(double)) == 0,
+              "sum_squares: not bitwise identical");
+}
+
+static void free_results(thread_results *r)
+{
+    float *all[] = {r->lin_out,  r->lin_dinp, r->lin_dw,    r->lin_db,    r->ln_out,
+                    r->ln_mean,  r->ln_rstd,  r->ln_dinp,   r->ln_dw,     r->ln_db,
+                    r->att_out,  r->att_att,  r->att_dqkv,  r->mm_out,    r->mm_da,
+                    r->mm_db,    r->emb_dtable, r->xent_dlogits};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        free(all[i]);
+}
+
+Test(determinism, same_bits_for_1_2_3_threads)
+{
+    rng_t rng = {1501};
+    thread_inputs in;
+    in.lin_inp = random_fvec(&rng, LIN_N * LIN_IC, -1, 1);
+    in.lin_w = random_fvec(&rng, LIN_OC * LIN_IC, -1, 1);
+    in.lin_b = random_fvec(&rng, LIN_OC, -1, 1);
+    in.lin_dout = random_fvec(&rng, LIN_N * LIN_OC, -1, 1);
+    in.ln_inp = random_fvec(&rng, LN_N * LN_C, -2, 3);
+    in.ln_w = random_fvec(&rng, LN_C, 0.5, 1.5);
+    in.ln_b = random_fvec(&rng, LN_C, -1, 1);
+    in.ln_dout = random_fvec(&rng, LN_N * LN_C, -1, 1);
+    in.att_qkv = random_fvec(&rng, AT_B * AT_T * 3 * AT_C, -1, 1);
+    in.att_dout = random_fvec(&rng, AT_B * AT_T * AT_C, -1, 1);
+    in.mm_a = random_fvec(&rng, MM_BATCH * MM_M * MM_K, -1, 1);
+    in.mm_b = random_fvec(&rng, MM_BATCH * MM_K * MM_N, -1, 1);
+    in.mm_dout = random_fvec(&rng, MM_BATCH * MM_M * MM_N, -1, 1);
+    for (int n = 0; n < EMB_N; n++)
+        in.emb_idx[n] = rng_int(&rng, 0, EMB_V - 1);
+    in.emb_dout = random_fvec(&rng, EMB_N * EMB_C, -1, 1);
+    for (int n = 0; n < XE_N; n++)
+        in.xe_targets[n] = n % 5 == 3 ? IGNORE_INDEX : rng_int(&rng, 0, XE_V - 1);
+    in.xe_logits = random_fvec(&rng, XE_N * XE_V, -4, 4);
+    in.sq_x = random_fvec(&rng, SQ_N, -1, 1);
+
+    thread_results one, two, three;
+    run_with_threads(&in, 1, &one);
+    run_with_threads(&in, 2, &two);
+    run_with_threads(&in, 3, &three);
+    expect_same_results(&one, &two);
+    expect_same_results(&one, &three);
+    free_results(&one), free_results(&two), free_results(&three);
+
+    float *inputs[] = {in.lin_inp, in.lin_w,    in.lin_b,  in.lin_dout, in.ln_inp,
+                       in.ln_w,    in.ln_b,     in.ln_dout, in.att_qkv, in.att_dout,
+                       in.mm_a,    in.mm_b,     in.mm_dout, in.emb_dout, in.xe_logits,
+                       in.sq_x};
+    for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
+        free(inputs[i]);
+}
