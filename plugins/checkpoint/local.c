@@ -1,0 +1,736 @@
+/*
+ * checkpoint = { plugin = "local", dir = "ckpt" }: checkpoints as
+ * directories of blob files on a local (or network) filesystem.
+ *
+ *   <dir>/<name>/<blob>...      published checkpoints
+ *   <dir>/LATEST                the name of the last committed one, plus "\n"
+ *   <dir>/.tmp-<name>-<pid>/    a checkpoint being written
+ *
+ * Atomicity comes from rename(): blobs are written and fsync'd in a staging
+ * directory that is renamed into place only when complete, so a crash at
+ * any moment leaves every published checkpoint intact.  Staging leftovers
+ * from a crash are removed the next time a run opens the directory.
+ */
+#define _POSIX_C_SOURCE 200809L /* POSIX file APIs under strict C11 */
+
+#include <trainrun/plugin.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+struct local_config {
+    const char *dir;
+    int fsync;
+};
+
+static const struct tr_option local_options[] = {
+    {TR_OPT_STRING, "dir", "", 0, 0, NULL,
+     "directory holding the checkpoints; empty: <run_dir>/checkpoints. A relative path is "
+     "relative to the run directory",
+     offsetof(struct local_config, dir)},
+    {TR_OPT_BOOL, "fsync", "true", 0, 0, NULL,
+     "flush every file and directory to disk before publishing, so a checkpoint survives a "
+     "power loss; false is faster on scratch disks",
+     offsetof(struct local_config, fsync)},
+    {.type = TR_OPT_END},
+};
+
+#define STAGING_PREFIX ".tmp-"
+#define ASIDE_PREFIX ".old-"
+
+struct local {
+    const struct tr_host *host;
+    char *dir;
+    int fsync;
+    char *staging;      /* open checkpoint's staging directory, or NULL */
+    char *staging_name; /* its final name */
+};
+
+/* ---- small helpers ----------------------------------------------------- */
+
+static void warn(const struct local *l, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static void warn(const struct local *l, const char *fmt, ...)
+{
+    if (!l->host || !l->host->log)
+        return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    l->host->log(TR_LOG_WARN, "checkpoint", "%s", msg);
+}
+
+/* "a/b" (or "a/bc" with a suffix) in fresh memory, NULL when out of memory. */
+static char *path_join(const char *a, const char *b, const char *suffix)
+{
+    size_t n = strlen(a) + 1 + strlen(b) + (suffix ? strlen(suffix) : 0) + 1;
+    char *p = malloc(n);
+    if (p)
+        snprintf(p, n, "%s/%s%s", a, b, suffix ? suffix : "");
+    return p;
+}
+
+/* "<dir>/<prefix><name>-<pid>" */
+static char *private_path(const struct local *l, const char *prefix, const char *name)
+{
+    char tail[64];
+    snprintf(tail, sizeof tail, "-%ld", (long)getpid());
+    size_t n = strlen(prefix) + strlen(name) + 1;
+    char *base = malloc(n);
+    if (!base)
+        return NULL;
+    snprintf(base, n, "%s%s", prefix, name);
+    char *p = path_join(l->dir, base, tail);
+    free(base);
+    return p;
+}
+
+/* Blob names are plain file names inside the checkpoint directory. */
+static int valid_blob(const char *s)
+{
+    return s && s[0] && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
+}
+
+/* Checkpoint names additionally must not look like staging entries or LATEST. */
+static int valid_name(const char *s)
+{
+    return valid_blob(s) && s[0] != '.' && strcmp(s, "LATEST") != 0;
+}
+
+static const char *hint_for(int errnum)
+{
+    switch (errnum) {
+    case ENOSPC:
+    case EDQUOT:
+        return " (free disk space, or point checkpoint.dir at a larger disk)";
+    case EACCES:
+    case EPERM:
+    case EROFS:
+        return " (make it writable, or point checkpoint.dir elsewhere)";
+    default:
+        return "";
+    }
+}
+
+static int write_all(int fd, const void *data, size_t size)
+{
+    const char *p = data;
+    while (size > 0) {
+        ssize_t n = write(fd, p, size);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += n;
+        size -= (size_t)n;
+    }
+    return 0;
+}
+
+/* Some filesystems cannot fsync directories (EINVAL); that is not an error. */
+static int fsync_dir(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    if (rc != 0 && e != EINVAL) {
+        errno = e;
+        return -1;
+    }
+    return 0;
+}
+
+/* Remove a checkpoint-shaped directory: files one level deep, then itself. */
+static int remove_tree(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d)
+        return -1;
+    int rc = 0, e = 0;
+    struct dirent *ent;
+    while ((ent = readdir(d)) != NULL) {
+        if (strcmp(ent->d_name, ".") == 0 || strcmp(ent->d_name, "..") == 0)
+            continue;
+        if (unlinkat(dirfd(d), ent->d_name, 0) != 0 && rc == 0) {
+            rc = -1;
+            e = errno;
+        }
+    }
+    closedir(d);
+    if (rc == 0 && rmdir(path) != 0) {
+        rc = -1;
+        e = errno;
+    }
+    errno = e;
+    return rc;
+}
+
+static int mkdir_p(char *path)
+{
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        int rc = mkdir(path, 0755);
+        *p = '/';
+        if (rc != 0 && errno != EEXIST)
+            return -1;
+    }
+    if (mkdir(path, 0755) != 0 && errno != EEXIST)
+        return -1;
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- crash recovery ---------------------------------------------------- */
+
+/* A crash can leave staging directories (.tmp-*), a half-written LATEST
+ * (.tmp-LATEST-*), or a checkpoint renamed aside while being replaced
+ * (.old-<name>-<pid>): the last is restored if its replacement never
+ * landed, otherwise deleted. */
+static void clean_stale(struct local *l)
+{
+    DIR *d = opendir(l->dir);
+    if (!d)
+        return;
+    struct dirent *ent;
+    while ((ent = readdir(d)) != NULL) {
+        const char *n = ent->d_name;
+        int staging = strncmp(n, STAGING_PREFIX, strlen(STAGING_PREFIX)) == 0;
+        int aside = strncmp(n, ASIDE_PREFIX, strlen(ASIDE_PREFIX)) == 0;
+        if (!staging && !aside)
+            continue;
+        char *path = path_join(l->dir, n, NULL);
+        if (!path)
+            break;
+        struct stat st;
+        if (lstat(path, &st) != 0) {
+            free(path);
+            continue;
+        }
+        if (aside) {
+            /* ".old-<name>-<pid>" -> "<name>" */
+            char *name = strdup(n + strlen(ASIDE_PREFIX));
+            char *dash = name ? strrchr(name, '-') : NULL;
+            char *orig = NULL;
+            if (dash) {
+                *dash = '\0';
+                orig = path_join(l->dir, name, NULL);
+            }
+            struct stat ost;
+            if (orig && valid_name(name) && stat(orig, &ost) != 0 && rename(path, orig) == 0) {
+                warn(l, "restored checkpoint %s from %s, left by an interrupted save", orig,
+                     path);
+                free(name);
+                free(orig);
+                free(path);
+                continue;
+            }
+            free(name);
+            free(orig);
+        }
+        int rc = S_ISDIR(st.st_mode) ? remove_tree(path) : unlink(path);
+        if (rc == 0)
+            warn(l, "removed %s, left by an interrupted checkpoint save", path);
+        else
+            warn(l, "cannot remove %s, left by an interrupted checkpoint save: %s; remove it "
+                    "by hand",
+                 path, strerror(errno));
+        free(path);
+    }
+    closedir(d);
+}
+
+/* ---- create / destroy -------------------------------------------------- */
+
+static void local_abort(void *self);
+
+static void local_destroy(void *self)
+{
+    struct local *l = self;
+    if (!l)
+        return;
+    local_abort(l);
+    free(l->dir);
+    free(l);
+}
+
+static int local_create(const struct tr_host *host, const void *config,
+                        const struct tr_create_args *args, void **self, tr_err *err)
+{
+    const struct local_config *cfg = config;
+    if (cfg->dir[0] != '/' && (!args->run_dir || !args->run_dir[0]))
+        return tr_fail(err, "local checkpoint: no run directory to put \"%s\" in; set "
+                            "checkpoint.dir to an absolute path",
+                       cfg->dir[0] ? cfg->dir : "checkpoints");
+    if (!host || !host->alloc || !host->free)
+        return tr_fail(err, "local checkpoint: the host provides no allocator");
+
+    struct local *l = calloc(1, sizeof *l);
+    if (!l)
+        return tr_fail(err, "local checkpoint: out of memory");
+    l->host = host;
+    l->fsync = cfg->fsync;
+    if (cfg->dir[0] == '\0')
+        l->dir = path_join(args->run_dir, "checkpoints", NULL);
+    else if (cfg->dir[0] == '/')
+        l->dir = strdup(cfg->dir);
+    else
+        l->dir = path_join(args->run_dir, cfg->dir, NULL);
+    if (!l->dir) {
+        free(l);
+        return tr_fail(err, "local checkpoint: out of memory");
+    }
+    /* "dir/" would make every path "dir//name"; harmless but ugly */
+    for (size_t n = strlen(l->dir); n > 1 && l->dir[n - 1] == '/'; n--)
+        l->dir[n - 1] = '\0';
+
+    if (mkdir_p(l->dir) != 0) {
+        int e = errno;
+        tr_fail(err, "local checkpoint: cannot create directory %s: %s%s", l->dir, strerror(e),
+                hint_for(e));
+        local_destroy(l);
+        return TR_ERROR;
+    }
+    /* Only one process may tidy up: another rank could be mid-save. */
+    if (args->rank == 0)
+        clean_stale(l);
+    *self = l;
+    return TR_OK;
+}
+
+/* ---- writing ----------------------------------------------------------- */
+
+static int local_begin(void *self, const char *name, tr_err *err)
+{
+    struct local *l = self;
+    if (!valid_name(name))
+        return tr_fail(err,
+                       "local checkpoint: invalid checkpoint name \"%s\": use a plain file "
+                       "name without '/', not starting with '.', and not LATEST",
+                       name ? name : "(null)");
+    if (l->staging)
+        return tr_fail(err,
+                       "local checkpoint: begin(\"%s\") while checkpoint \"%s\" is still open; "
+                       "commit or abort it first",
+                       name, l->staging_name);
+    l->staging = private_path(l, STAGING_PREFIX, name);
+    l->staging_name = strdup(name);
+    if (!l->staging || !l->staging_name) {
+        local_abort(l);
+        return tr_fail(err, "local checkpoint: out of memory");
+    }
+    remove_tree(l->staging); /* a leftover of this very process; usually absent */
+    if (mkdir(l->staging, 0755) != 0) {
+        int e = errno;
+        tr_fail(err,
+                "local checkpoint: cannot create %s: %s; the previous checkpoint is "
+                "untouched%s",
+                l->staging, strerror(e), hint_for(e));
+        local_abort(l);
+        return TR_ERROR;
+    }
+    return TR_OK;
+}
+
+static int local_put(void *self, const char *blob, const void *data, size_t size, tr_err *err)
+{
+    struct local *l = self;
+    if (!l->staging)
+        return tr_fail(err, "local checkpoint: put(\"%s\") without begin()", blob ? blob : "");
+    if (!valid_blob(blob))
+        return tr_fail(err,
+                       "local checkpoint: invalid blob name \"%s\": blob names are plain file "
+                       "names (not empty, no '/', not . or ..)",
+                       blob ? blob : "(null)");
+    char *path = path_join(l->staging, blob, NULL);
+    if (!path)
+        return tr_fail(err, "local checkpoint: out of memory");
+
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int e = errno;
+        tr_fail(err, "local checkpoint: cannot create %s: %s%s; the previous checkpoint is "
+                     "untouched%s",
+                path, strerror(e), e == EEXIST ? " (blob written twice)" : "", hint_for(e));
+        free(path);
+        return TR_ERROR;
+    }
+    int failed = write_all(fd, data, size) != 0 || (l->fsync && fsync(fd) != 0);
+    int e = errno;
+    /* close() reports delayed write errors on some filesystems (NFS) */
+    if (close(fd) != 0 && !failed) {
+        failed = 1;
+        e = errno;
+    }
+    if (failed) {
+        unlink(path);
+        tr_fail(err, "local checkpoint: cannot write %s: %s; the previous checkpoint is "
+                     "untouched%s",
+                path, strerror(e), hint_for(e));
+        free(path);
+        return TR_ERROR;
+    }
+    free(path);
+    return TR_OK;
+}
+
+/* Point LATEST at name: write a temporary file, then rename it over. */
+static int write_latest(struct local *l, const char *name, tr_err *err)
+{
+    char *tmp = private_path(l, STAGING_PREFIX, "LATEST");
+    char *latest = path_join(l->dir, "LATEST", NULL);
+    if (!tmp || !latest) {
+        free(tmp);
+        free(latest);
+        return tr_fail(err, "local checkpoint: out of memory");
+    }
+    int rc = TR_OK;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int failed = fd < 0;
+    if (!failed) {
+        failed = write_all(fd, name, strlen(name)) != 0 || write_all(fd, "\n", 1) != 0 ||
+                 (l->fsync && fsync(fd) != 0);
+        int e = errno;
+        if (close(fd) != 0 && !failed) {
+            failed = 1;
+            e = errno;
+        }
+        errno = e;
+    }
+    if (!failed)
+        failed = rename(tmp, latest) != 0 || (l->fsync && fsync_dir(l->dir) != 0);
+    if (failed) {
+        int e = errno;
+        unlink(tmp);
+        rc = tr_fail(err, "local checkpoint: cannot update %s: %s%s", latest, strerror(e),
+                     hint_for(e));
+    }
+    free(tmp);
+    free(latest);
+    return rc;
+}
+
+static int local_commit(void *self, tr_err *err)
+{
+    struct local *l = self;
+    if (!l->staging)
+        return tr_fail(err, "local checkpoint: commit() without begin()");
+    const char *name = l->staging_name;
+    char *final = path_join(l->dir, name, NULL);
+    char *aside = private_path(l, ASIDE_PREFIX, name);
+    if (!final || !aside) {
+        free(final);
+        free(aside);
+        return tr_fail(err, "local checkpoint: out of memory");
+    }
+    int rc = TR_ERROR;
+    int moved_aside = 0;
+
+    if (l->fsync && fsync_dir(l->staging) != 0) {
+        int e = errno;
+        tr_fail(err, "local checkpoint: cannot flush %s: %s; the previous checkpoint is "
+                     "untouched%s",
+                l->staging, strerror(e), hint_for(e));
+        goto out;
+    }
+    /* rename() cannot replace a non-empty directory: move the old one aside */
+    struct stat st;
+    if (lstat(final, &st) == 0) {
+        if (rename(final, aside) != 0) {
+            int e = errno;
+            tr_fail(err, "local checkpoint: cannot replace %s: %s", final, strerror(e));
+            goto out;
+        }
+        moved_aside = 1;
+    }
+    if (rename(l->staging, final) != 0) {
+        int e = errno;
+        if (moved_aside)
+            rename(aside, final);
+        tr_fail(err, "local checkpoint: cannot publish %s as %s: %s; the previous checkpoint "
+                     "is untouched",
+                l->staging, final, strerror(e));
+        goto out;
+    }
+    if (l->fsync && fsync_dir(l->dir) != 0) {
+        int e = errno;
+        tr_fail(err, "local checkpoint: cannot flush %s: %s", l->dir, strerror(e));
+        goto out;
+    }
+    if (moved_aside && remove_tree(aside) != 0)
+        warn(l, "cannot remove %s, the replaced checkpoint: %s; remove it by hand", aside,
+             strerror(errno));
+
+    /* published: from here on there is nothing left to abort */
+    free(l->staging);
+    l->staging = NULL;
+    rc = write_latest(l, name, err);
+    if (rc != TR_OK) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        tr_fail(err, "checkpoint %s was saved, but LATEST was not updated: %s", final, why);
+    }
+    free(l->staging_name);
+    l->staging_name = NULL;
+out:
+    free(final);
+    free(aside);
+    return rc;
+}
+
+static void local_abort(void *self)
+{
+    struct local *l = self;
+    if (l->staging && remove_tree(l->staging) != 0 && errno != ENOENT)
+        warn(l, "cannot remove %s, an abandoned checkpoint: %s; remove it by hand", l->staging,
+             strerror(errno));
+    free(l->staging);
+    free(l->staging_name);
+    l->staging = NULL;
+    l->staging_name = NULL;
+}
+
+/* ---- reading ----------------------------------------------------------- */
+
+static int newest_first(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)b, *(char *const *)a);
+}
+
+/* Published checkpoint names, sorted newest first; *out is NULL-terminated. */
+static int collect(struct local *l, char ***out, size_t *count, tr_err *err)
+{
+    DIR *d = opendir(l->dir);
+    if (!d)
+        return tr_fail(err, "local checkpoint: cannot read %s: %s", l->dir, strerror(errno));
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *ent;
+    while ((ent = readdir(d)) != NULL) {
+        struct stat st;
+        if (ent->d_name[0] == '.' || fstatat(dirfd(d), ent->d_name, &st, 0) != 0 ||
+            !S_ISDIR(st.st_mode))
+            continue;
+        if (n + 1 >= cap) {
+            size_t grown = cap ? cap * 2 : 16;
+            char **p = realloc(names, grown * sizeof *p);
+            if (!p)
+                goto oom;
+            names = p;
+            cap = grown;
+        }
+        if (!(names[n] = strdup(ent->d_name)))
+            goto oom;
+        n++;
+    }
+    closedir(d);
+    if (n)
+        qsort(names, n, sizeof *names, newest_first);
+    *out = names;
+    *count = n;
+    return TR_OK;
+oom:
+    closedir(d);
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    return tr_fail(err, "local checkpoint: out of memory listing %s", l->dir);
+}
+
+static void free_names(char **names, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+}
+
+static int local_list(void *self, void (*each)(void *ud, const char *name), void *ud,
+                      tr_err *err)
+{
+    struct local *l = self;
+    char **names;
+    size_t n;
+    if (collect(l, &names, &n, err) != TR_OK)
+        return TR_ERROR;
+    for (size_t i = 0; i < n; i++)
+        each(ud, names[i]);
+    free_names(names, n);
+    return TR_OK;
+}
+
+static int local_get(void *self, const char *name, const char *blob, void **data, size_t *size,
+                     tr_err *err)
+{
+    struct local *l = self;
+    *data = NULL;
+    *size = 0;
+    if (!valid_name(name) || !valid_blob(blob))
+        return tr_fail(err, "local checkpoint: invalid checkpoint or blob name \"%s/%s\"",
+                       name ? name : "(null)", blob ? blob : "(null)");
+    char *ckpt = path_join(l->dir, name, NULL);
+    char *path = ckpt ? path_join(ckpt, blob, NULL) : NULL;
+    if (!path) {
+        free(ckpt);
+        return tr_fail(err, "local checkpoint: out of memory");
+    }
+    int rc = TR_ERROR;
+    unsigned char *buf = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0) {
+        int e = errno;
+        if (e == ENOENT && stat(ckpt, &st) != 0)
+            tr_fail(err, "local checkpoint: no checkpoint named %s in %s", name, l->dir);
+        else if (e == ENOENT)
+            tr_fail(err, "local checkpoint: checkpoint %s has no blob %s (%s); it was written "
+                         "by a different configuration or is damaged",
+                    name, blob, path);
+        else
+            tr_fail(err, "local checkpoint: cannot open %s: %s", path, strerror(e));
+        goto out;
+    }
+    if (fstat(fd, &st) != 0) {
+        tr_fail(err, "local checkpoint: cannot stat %s: %s", path, strerror(errno));
+        goto out;
+    }
+    size_t want = (size_t)st.st_size;
+    buf = l->host->alloc(want ? want : 1);
+    if (!buf) {
+        tr_fail(err, "local checkpoint: out of memory reading %s (%zu bytes)", path, want);
+        goto out;
+    }
+    size_t have = 0;
+    while (have < want) {
+        ssize_t got = read(fd, buf + have, want - have);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            tr_fail(err, "local checkpoint: cannot read %s: %s", path,
+                    got < 0 ? strerror(errno) : "file shrank while reading");
+            goto out;
+        }
+        have += (size_t)got;
+    }
+    *data = buf;
+    *size = want;
+    buf = NULL;
+    rc = TR_OK;
+out:
+    if (buf)
+        l->host->free(buf);
+    if (fd >= 0)
+        close(fd);
+    free(path);
+    free(ckpt);
+    return rc;
+}
+
+/* LATEST's name, without the newline, or "" when absent. */
+static void read_latest(const struct local *l, char *out, size_t size)
+{
+    out[0] = '\0';
+    char *path = path_join(l->dir, "LATEST", NULL);
+    FILE *f = path ? fopen(path, "r") : NULL;
+    if (f) {
+        if (fgets(out, (int)size, f))
+            out[strcspn(out, "\r\n")] = '\0';
+        fclose(f);
+    }
+    free(path);
+}
+
+static int local_remove(void *self, const char *name, tr_err *err)
+{
+    struct local *l = self;
+    if (!valid_name(name))
+        return tr_fail(err, "local checkpoint: invalid checkpoint name \"%s\"",
+                       name ? name : "(null)");
+    char *path = path_join(l->dir, name, NULL);
+    if (!path)
+        return tr_fail(err, "local checkpoint: out of memory");
+    if (remove_tree(path) != 0) {
+        int e = errno;
+        tr_fail(err, "local checkpoint: cannot remove %s: %s%s", path, strerror(e),
+                e == ENOENT ? " (no such checkpoint)" : "");
+        free(path);
+        return TR_ERROR;
+    }
+    free(path);
+    if (l->fsync)
+        fsync_dir(l->dir);
+
+    /* keep LATEST pointing at a checkpoint that exists */
+    char latest[4096];
+    read_latest(l, latest, sizeof latest);
+    if (strcmp(latest, name) != 0)
+        return TR_OK;
+    char **names;
+    size_t n;
+    if (collect(l, &names, &n, err) != TR_OK)
+        return TR_ERROR;
+    int rc = TR_OK;
+    if (n > 0) {
+        rc = write_latest(l, names[0], err);
+    } else {
+        char *lp = path_join(l->dir, "LATEST", NULL);
+        if (lp)
+            unlink(lp);
+        free(lp);
+    }
+    free_names(names, n);
+    return rc;
+}
+
+static const struct tr_checkpoint_vtable local_vtable = {
+    .version = 1,
+    .struct_size = sizeof(struct tr_checkpoint_vtable),
+    .begin = local_begin,
+    .put = local_put,
+    .commit = local_commit,
+    .abort = local_abort,
+    .list = local_list,
+    .get = local_get,
+    .remove = local_remove,
+};
+
+static const struct tr_plugin_info local_info = {
+    .abi_major = TR_ABI_MAJOR,
+    .struct_size = sizeof(struct tr_plugin_info),
+    .kind = TR_KIND_CHECKPOINT,
+    .name = "local",
+    .version = "0.1.0",
+    .description = "checkpoints as directories of files, published atomically by rename",
+    .options = local_options,
+    .config_size = sizeof(struct local_config),
+    .create = local_create,
+    .destroy = local_destroy,
+    .vtable = &local_vtable,
+};
+
+const struct tr_plugin_info *TR_PLUGIN_ENTRY(void)
+{
+    return &local_info;
+}

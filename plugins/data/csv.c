@@ -1,0 +1,469 @@
+/*
+ * data = { plugin = "csv", path = "iris.csv" }: rows of numeric features with
+ * one integer class label, from a .csv or gzip-compressed .csv.gz file.
+ *
+ * Everything is loaded into memory at create (features as float, labels as
+ * int32); the last val_fraction of the rows validate.  Errors name the
+ * file:line and say what was expected.
+ */
+#define _POSIX_C_SOURCE 200809L /* POSIX file APIs under strict C11 */
+
+#include <trainrun/plugin.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+
+struct csv_config {
+    const char *path;
+    int64_t label_column;
+    int header;
+    double val_fraction;
+    const char *val_split;
+    int64_t split_seed;
+    double scale;
+    int64_t classes;
+};
+
+static const char *const split_choices[] = {"tail", "random", NULL};
+
+static const struct tr_option csv_options[] = {
+    {TR_OPT_STRING, "path", NULL, 0, 0, NULL,
+     "required: the .csv or .csv.gz file, one sample per line, comma-separated numbers "
+     "(relative paths are relative to the current directory)",
+     offsetof(struct csv_config, path)},
+    {TR_OPT_INT, "label_column", "-1", -1, TR_NO_MAX, NULL,
+     "column holding the integer class label, numbered from 0; -1 is the last column. "
+     "Every other column is a feature",
+     offsetof(struct csv_config, label_column)},
+    {TR_OPT_BOOL, "header", "false", 0, 0, NULL,
+     "the first line holds column names and is skipped",
+     offsetof(struct csv_config, header)},
+    {TR_OPT_FLOAT, "val_fraction", "0.1", 0, 0.5, NULL,
+     "fraction of the rows used for validation",
+     offsetof(struct csv_config, val_fraction)},
+    {TR_OPT_ENUM, "val_split", "tail", 0, 0, split_choices,
+     "which rows validate: \"tail\", the last rows of the file; \"random\", rows drawn by "
+     "split_seed (use it when the file is ordered, e.g. by writer or date)",
+     offsetof(struct csv_config, val_split)},
+    {TR_OPT_INT, "split_seed", "0", 0, TR_NO_MAX, NULL,
+     "seed of the random split; fixed apart from the run's seed so the validation rows stay "
+     "the same across runs",
+     offsetof(struct csv_config, split_seed)},
+    {TR_OPT_FLOAT, "scale", "1.0", 0, 0, NULL,
+     "every feature is multiplied by this as it is loaded (e.g. 0.00392 for 0..255 pixels)",
+     offsetof(struct csv_config, scale)},
+    {TR_OPT_INT, "classes", "0", 0, INT32_MAX, NULL,
+     "number of classes; labels must be below it. 0: one more than the largest label",
+     offsetof(struct csv_config, classes)},
+    {.type = TR_OPT_END},
+};
+
+struct csv {
+    uint32_t features;  /* per row */
+    uint32_t classes;
+    uint64_t rows;
+    uint64_t start[TR_SPLIT_COUNT]; /* first row of each split */
+    uint64_t samples[TR_SPLIT_COUNT];
+    float *x;           /* rows * features */
+    int32_t *y;         /* rows */
+};
+
+static void csv_destroy(void *self)
+{
+    struct csv *c = self;
+    if (!c)
+        return;
+    free(c->x);
+    free(c->y);
+    free(c);
+}
+
+/* One line into *buf (grown as needed), without the line ending.  Returns
+ * 1 for a line, 0 at end of file, -1 when out of memory. */
+static int read_line(gzFile f, char **buf, size_t *cap)
+{
+    size_t len = 0;
+    for (;;) {
+        if (*cap - len < 2) {
+            size_t grown = *cap ? *cap * 2 : 4096;
+            char *p = realloc(*buf, grown);
+            if (!p)
+                return -1;
+            *buf = p;
+            *cap = grown;
+        }
+        if (!gzgets(f, *buf + len, (int)(*cap - len > INT_MAX ? INT_MAX : *cap - len))) {
+            if (len == 0)
+                return 0;
+            break; /* last line without a newline */
+        }
+        len += strlen(*buf + len);
+        if (len > 0 && (*buf)[len - 1] == '\n')
+            break;
+    }
+    while (len > 0 && ((*buf)[len - 1] == '\n' || (*buf)[len - 1] == '\r'))
+        len--;
+    (*buf)[len] = '\0';
+    return 1;
+}
+
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    char *end = s + strlen(s);
+    while (end > s && (end[-1] == ' ' || end[-1] == '\t'))
+        *--end = '\0';
+    return s;
+}
+
+static int parse_number(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end != '\0' || !isfinite(v))
+        return 0;
+    *out = v;
+    return 1;
+}
+
+/* Split a line at commas in place; returns the number of fields. */
+static size_t split_fields(char *line, char ***fields, size_t *cap)
+{
+    size_t n = 0;
+    char *p = line;
+    for (;;) {
+        if (n == *cap) {
+            size_t grown = *cap ? *cap * 2 : 64;
+            char **f = realloc(*fields, grown * sizeof *f);
+            if (!f)
+                return (size_t)-1;
+            *fields = f;
+            *cap = grown;
+        }
+        char *comma = strchr(p, ',');
+        if (comma)
+            *comma = '\0';
+        (*fields)[n++] = trim(p);
+        if (!comma)
+            return n;
+        p = comma + 1;
+    }
+}
+
+static int is_blank(const char *s)
+{
+    return s[strspn(s, " \t")] == '\0';
+}
+
+/* Append one row's storage, doubling the arrays as needed. */
+static int grow_rows(struct csv *c, uint64_t *row_cap)
+{
+    if (c->rows < *row_cap)
+        return 1;
+    uint64_t grown = *row_cap ? *row_cap * 2 : 1024;
+    float *x = realloc(c->x, grown * c->features * sizeof *x);
+    if (!x)
+        return 0;
+    c->x = x;
+    int32_t *y = realloc(c->y, grown * sizeof *y);
+    if (!y)
+        return 0;
+    c->y = y;
+    *row_cap = grown;
+    return 1;
+}
+
+/* zlib's message, without the "path: " it starts with. */
+static const char *gz_message(gzFile f, const char *path, int *zerr)
+{
+    const char *msg = gzerror(f, zerr);
+    size_t n = strlen(path);
+    if (strncmp(msg, path, n) == 0 && msg[n] == ':' && msg[n + 1] == ' ')
+        msg += n + 2;
+    return msg;
+}
+
+static int fail_open(tr_err *err, const char *path, int errnum)
+{
+    if (path[0] == '/')
+        return tr_fail(err, "csv data: cannot open %s: %s; check data.path", path,
+                       errnum ? strerror(errnum) : "unknown error");
+    char cwd[PATH_MAX];
+    if (!getcwd(cwd, sizeof cwd))
+        snprintf(cwd, sizeof cwd, "?");
+    return tr_fail(err,
+                   "csv data: cannot open %s: %s (a relative path is relative to the current "
+                   "directory, %s); check data.path",
+                   path, errnum ? strerror(errnum) : "unknown error", cwd);
+}
+
+/* Parse the whole file into c.  Returns TR_OK or fills err. */
+static int load(struct csv *c, const struct csv_config *cfg, const struct tr_host *host,
+                gzFile f, tr_err *err)
+{
+    const char *path = cfg->path;
+    char *line = NULL, **fields = NULL;
+    size_t line_cap = 0, fields_cap = 0;
+    uint64_t row_cap = 0;
+    size_t expected = 0;      /* fields per line, from the first data line */
+    size_t label_col = 0;
+    long first_data_line = 0;
+    int64_t max_label = -1;
+    int header_pending = cfg->header;
+    int rc = TR_ERROR;
+
+    for (long lineno = 1;; lineno++) {
+        int got = read_line(f, &line, &line_cap);
+        if (got < 0) {
+            tr_fail(err, "csv data: out of memory reading %s", path);
+            goto out;
+        }
+        if (got == 0)
+            break;
+        if (is_blank(line))
+            continue;
+        if (header_pending) {
+            header_pending = 0;
+            continue;
+        }
+        size_t n = split_fields(line, &fields, &fields_cap);
+        if (n == (size_t)-1) {
+            tr_fail(err, "csv data: out of memory reading %s", path);
+            goto out;
+        }
+
+        if (expected == 0) {
+            if (n < 2) {
+                tr_fail(err,
+                        "csv data: %s:%ld: found 1 field; each line needs at least one feature "
+                        "and a label, separated by commas",
+                        path, lineno);
+                goto out;
+            }
+            label_col = cfg->label_column < 0 ? n - 1 : (size_t)cfg->label_column;
+            if (label_col >= n) {
+                tr_fail(err,
+                        "csv data: label_column = %lld but %s:%ld has only %zu columns "
+                        "(numbered from 0; -1 means the last)",
+                        (long long)cfg->label_column, path, lineno, n);
+                goto out;
+            }
+            if (n - 1 > UINT32_MAX) {
+                tr_fail(err, "csv data: %s:%ld: too many columns (%zu)", path, lineno, n);
+                goto out;
+            }
+            expected = n;
+            first_data_line = lineno;
+            c->features = (uint32_t)(n - 1);
+        } else if (n != expected) {
+            tr_fail(err,
+                    "csv data: %s:%ld: expected %zu fields (as on line %ld), got %zu; every "
+                    "row needs the same number of comma-separated values",
+                    path, lineno, expected, first_data_line, n);
+            goto out;
+        }
+
+        if (!grow_rows(c, &row_cap)) {
+            tr_fail(err, "csv data: out of memory loading %s (%llu rows so far)", path,
+                    (unsigned long long)c->rows);
+            goto out;
+        }
+        float *x = c->x + c->rows * c->features;
+        for (size_t k = 0; k < n; k++) {
+            double v;
+            if (!parse_number(fields[k], &v)) {
+                tr_fail(err, "csv data: %s:%ld: column %zu%s \"%s\" is not a number", path,
+                        lineno, k, k == label_col ? " (the label)" : "", fields[k]);
+                goto out;
+            }
+            if (k != label_col) {
+                *x++ = (float)(v * cfg->scale);
+                continue;
+            }
+            if (v < 0) {
+                tr_fail(err,
+                        "csv data: %s:%ld: label \"%s\" is negative; labels are class "
+                        "indices 0, 1, 2, ... (is label_column right?)",
+                        path, lineno, fields[k]);
+                goto out;
+            }
+            if (v != floor(v) || v > INT32_MAX) {
+                tr_fail(err,
+                        "csv data: %s:%ld: label \"%s\" is not an integer class index "
+                        "(is label_column right?)",
+                        path, lineno, fields[k]);
+                goto out;
+            }
+            if (cfg->classes > 0 && v >= (double)cfg->classes) {
+                tr_fail(err,
+                        "csv data: %s:%ld: label %s is not below classes = %lld; raise "
+                        "classes or fix the label",
+                        path, lineno, fields[k], (long long)cfg->classes);
+                goto out;
+            }
+            c->y[c->rows] = (int32_t)v;
+            if ((int64_t)v > max_label)
+                max_label = (int64_t)v;
+        }
+        c->rows++;
+    }
+
+    int zerr;
+    const char *zmsg = gz_message(f, path, &zerr);
+    if (zerr != Z_OK) {
+        tr_fail(err, "csv data: cannot read %s: %s (is the .gz file complete?)", path,
+                zerr == Z_ERRNO ? strerror(errno) : zmsg);
+        goto out;
+    }
+    if (c->rows == 0) {
+        tr_fail(err, "csv data: %s has no data rows%s; point data.path at a CSV file", path,
+                cfg->header ? " (only a header, or nothing)" : "");
+        goto out;
+    }
+    c->classes = cfg->classes > 0 ? (uint32_t)cfg->classes : (uint32_t)(max_label + 1);
+    if (c->classes < 2 && host && host->log)
+        host->log(TR_LOG_WARN, "csv", "%s: every label is 0, so there is only one class",
+                  path);
+    rc = TR_OK;
+out:
+    free(line);
+    free(fields);
+    return rc;
+}
+
+/* Fisher-Yates over the rows with a splitmix64 stream: the same seed gives
+ * the same split on every machine. */
+static uint64_t splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static void shuffle_rows(struct csv *c, uint64_t seed)
+{
+    uint64_t state = seed;
+    size_t f = c->features;
+    for (uint64_t i = c->rows; i > 1; i--) {
+        uint64_t j = splitmix64(&state) % i;
+        if (j == i - 1)
+            continue;
+        for (size_t k = 0; k < f; k++) {
+            float t = c->x[(i - 1) * f + k];
+            c->x[(i - 1) * f + k] = c->x[j * f + k];
+            c->x[j * f + k] = t;
+        }
+        int32_t t = c->y[i - 1];
+        c->y[i - 1] = c->y[j];
+        c->y[j] = t;
+    }
+}
+
+static int csv_create(const struct tr_host *host, const void *config,
+                      const struct tr_create_args *args, void **self, tr_err *err)
+{
+    (void)args;
+    const struct csv_config *cfg = config;
+
+    errno = 0;
+    gzFile f = gzopen(cfg->path, "rb");
+    if (!f)
+        return fail_open(err, cfg->path, errno);
+    struct csv *c = calloc(1, sizeof *c);
+    if (!c) {
+        gzclose(f);
+        return tr_fail(err, "csv data: out of memory");
+    }
+    int rc = load(c, cfg, host, f, err);
+    gzclose(f);
+    if (rc != TR_OK) {
+        csv_destroy(c);
+        return rc;
+    }
+
+    if (strcmp(cfg->val_split, "random") == 0)
+        shuffle_rows(c, (uint64_t)cfg->split_seed);
+    uint64_t val_rows = (uint64_t)((double)c->rows * cfg->val_fraction);
+    uint64_t train_rows = c->rows - val_rows;
+    if (train_rows == 0) {
+        csv_destroy(c);
+        return tr_fail(err, "csv data: %s leaves no training rows; lower val_fraction",
+                       cfg->path);
+    }
+    if (val_rows == 0 && cfg->val_fraction > 0 && host && host->log)
+        host->log(TR_LOG_WARN, "csv",
+                  "%s: val_fraction = %g of %llu rows is less than one row; no validation",
+                  cfg->path, cfg->val_fraction, (unsigned long long)c->rows);
+    c->start[TR_SPLIT_TRAIN] = 0;
+    c->start[TR_SPLIT_VAL] = train_rows;
+    c->samples[TR_SPLIT_TRAIN] = train_rows;
+    c->samples[TR_SPLIT_VAL] = val_rows;
+    *self = c;
+    return TR_OK;
+}
+
+static int csv_info(void *self, struct tr_data_info *out, tr_err *err)
+{
+    (void)err;
+    const struct csv *c = self;
+    out->struct_size = sizeof *out;
+    out->samples[TR_SPLIT_TRAIN] = c->samples[TR_SPLIT_TRAIN];
+    out->samples[TR_SPLIT_VAL] = c->samples[TR_SPLIT_VAL];
+    out->input_dtype = TR_F32;
+    out->input_len = c->features;
+    out->target_len = 1;
+    out->classes = c->classes;
+    return TR_OK;
+}
+
+static int csv_read(void *self, enum tr_split split, const uint64_t *indices, size_t n,
+                    void *inputs, int32_t *targets, tr_err *err)
+{
+    const struct csv *c = self;
+    if ((unsigned)split >= TR_SPLIT_COUNT)
+        return tr_fail(err, "csv data: unknown split %d", (int)split);
+    float *x = inputs;
+    for (size_t i = 0; i < n; i++) {
+        if (indices[i] >= c->samples[split])
+            return tr_fail(err, "csv data: sample %llu out of range (split has %llu)",
+                           (unsigned long long)indices[i],
+                           (unsigned long long)c->samples[split]);
+        uint64_t row = c->start[split] + indices[i];
+        memcpy(x + i * c->features, c->x + row * c->features, c->features * sizeof *x);
+        targets[i] = c->y[row];
+    }
+    return TR_OK;
+}
+
+static const struct tr_data_vtable csv_vtable = {
+    .version = 1,
+    .struct_size = sizeof(struct tr_data_vtable),
+    .info = csv_info,
+    .read = csv_read,
+};
+
+static const struct tr_plugin_info csv_plugin_info = {
+    .abi_major = TR_ABI_MAJOR,
+    .struct_size = sizeof(struct tr_plugin_info),
+    .kind = TR_KIND_DATA,
+    .name = "csv",
+    .version = "0.1.0",
+    .description = "numeric features and an integer class label per row, from .csv or .csv.gz",
+    .options = csv_options,
+    .config_size = sizeof(struct csv_config),
+    .create = csv_create,
+    .destroy = csv_destroy,
+    .vtable = &csv_vtable,
+};
+
+const struct tr_plugin_info *TR_PLUGIN_ENTRY(void)
+{
+    return &csv_plugin_info;
+}

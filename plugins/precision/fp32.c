@@ -1,0 +1,73 @@
+/*
+ * precision = "fp32": everything in single precision, no loss scaling.
+ * The reference policy: slowest, but numerically the safest choice.
+ */
+#include <trainrun/plugin.h>
+
+#include <stdlib.h>
+
+struct fp32_config {
+    int allow_tf32;
+};
+
+static const struct tr_option fp32_options[] = {
+    {TR_OPT_BOOL, "allow_tf32", "false", 0, 0, NULL,
+     "let GPU fp32 matrix multiplies use tf32 tensor cores (faster, ~10-bit mantissa "
+     "inputs); no effect on CPUs",
+     offsetof(struct fp32_config, allow_tf32)},
+    {.type = TR_OPT_END},
+};
+
+static int fp32_create(const struct tr_host *host, const void *config,
+                       const struct tr_create_args *args, void **self, tr_err *err)
+{
+    (void)host;
+    (void)args;
+    struct fp32_config *copy = malloc(sizeof *copy);
+    if (!copy)
+        return tr_fail(err, "fp32 precision: out of memory");
+    *copy = *(const struct fp32_config *)config;
+    *self = copy;
+    return TR_OK;
+}
+
+static void fp32_destroy(void *self)
+{
+    free(self);
+}
+
+static void fp32_policy(void *self, struct tr_precision_policy *out)
+{
+    const struct fp32_config *cfg = self;
+    out->struct_size = sizeof *out;
+    out->master = TR_F32;
+    out->compute = TR_F32;
+    out->grad = TR_F32;
+    out->allow_tf32 = cfg->allow_tf32;
+}
+
+static const struct tr_precision_vtable fp32_vtable = {
+    .version = 1,
+    .struct_size = sizeof(struct tr_precision_vtable),
+    .policy = fp32_policy,
+    /* loss_scale, update, state_*: NULL = scale 1, always apply, no state */
+};
+
+static const struct tr_plugin_info fp32_info = {
+    .abi_major = TR_ABI_MAJOR,
+    .struct_size = sizeof(struct tr_plugin_info),
+    .kind = TR_KIND_PRECISION,
+    .name = "fp32",
+    .version = "0.1.0",
+    .description = "single precision everywhere, no loss scaling (optionally tf32 GEMMs on GPUs)",
+    .options = fp32_options,
+    .config_size = sizeof(struct fp32_config),
+    .create = fp32_create,
+    .destroy = fp32_destroy,
+    .vtable = &fp32_vtable,
+};
+
+const struct tr_plugin_info *TR_PLUGIN_ENTRY(void)
+{
+    return &fp32_info;
+}
