@@ -1,0 +1,225 @@
+#include "json.h"
+
+#include "util.h"
+
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct parser {
+    const char *s;
+    size_t len, pos;
+    int depth;
+};
+
+static void skip_ws(struct parser *p)
+{
+    while (p->pos < p->len && isspace((unsigned char)p->s[p->pos]))
+        p->pos++;
+}
+
+static int peek(struct parser *p) { return p->pos < p->len ? (unsigned char)p->s[p->pos] : -1; }
+
+static struct tr_json *parse_value(struct parser *p);
+
+static char *parse_string(struct parser *p)
+{
+    if (peek(p) != '"')
+        return NULL;
+    p->pos++;
+    size_t cap = 16, n = 0;
+    char *out = tr_xcalloc(cap, 1);
+    while (p->pos < p->len && p->s[p->pos] != '"') {
+        char c = p->s[p->pos++];
+        if (c == '\\') {
+            if (p->pos >= p->len)
+                break;
+            char e = p->s[p->pos++];
+            switch (e) {
+            case 'n': c = '\n'; break;
+            case 't': c = '\t'; break;
+            case 'r': c = '\r'; break;
+            case 'b': c = '\b'; break;
+            case 'f': c = '\f'; break;
+            case 'u': { /* keep ASCII; others become '?' (names here are ASCII) */
+                if (p->pos + 4 > p->len) { free(out); return NULL; }
+                unsigned v = (unsigned)strtoul((char[5]){p->s[p->pos], p->s[p->pos + 1], p->s[p->pos + 2], p->s[p->pos + 3], 0}, NULL, 16);
+                p->pos += 4;
+                c = v < 128 ? (char)v : '?';
+                break;
+            }
+            default: c = e; break;
+            }
+        } else if ((unsigned char)c < 0x20) {
+            free(out);
+            return NULL;
+        }
+        if (n + 2 > cap)
+            out = tr_xrealloc(out, cap *= 2);
+        out[n++] = c;
+    }
+    if (peek(p) != '"') {
+        free(out);
+        return NULL;
+    }
+    p->pos++;
+    out[n] = 0;
+    return out;
+}
+
+static struct tr_json *parse_value(struct parser *p)
+{
+    if (++p->depth > 64)
+        return NULL;
+    skip_ws(p);
+    struct tr_json *j = tr_xcalloc(1, sizeof *j);
+    int c = peek(p);
+    if (c == '{' || c == '[') {
+        int obj = c == '{';
+        j->type = obj ? TR_JSON_OBJECT : TR_JSON_ARRAY;
+        p->pos++;
+        skip_ws(p);
+        if (peek(p) == (obj ? '}' : ']')) {
+            p->pos++;
+            p->depth--;
+            return j;
+        }
+        for (;;) {
+            char *key = NULL;
+            if (obj) {
+                skip_ws(p);
+                if (!(key = parse_string(p)))
+                    goto fail;
+                skip_ws(p);
+                if (peek(p) != ':') {
+                    free(key);
+                    goto fail;
+                }
+                p->pos++;
+            }
+            struct tr_json *v = parse_value(p);
+            if (!v) {
+                free(key);
+                goto fail;
+            }
+            j->items = tr_xrealloc(j->items, (j->n + 1) * sizeof *j->items);
+            if (obj) {
+                j->keys = tr_xrealloc(j->keys, (j->n + 1) * sizeof *j->keys);
+                j->keys[j->n] = key;
+            }
+            j->items[j->n++] = v;
+            skip_ws(p);
+            if (peek(p) == ',') {
+                p->pos++;
+                continue;
+            }
+            if (peek(p) == (obj ? '}' : ']')) {
+                p->pos++;
+                break;
+            }
+            goto fail;
+        }
+    } else if (c == '"') {
+        j->type = TR_JSON_STRING;
+        if (!(j->string = parse_string(p)))
+            goto fail;
+    } else if (c == 't' && p->len - p->pos >= 4 && !memcmp(p->s + p->pos, "true", 4)) {
+        j->type = TR_JSON_BOOL;
+        j->boolean = 1;
+        p->pos += 4;
+    } else if (c == 'f' && p->len - p->pos >= 5 && !memcmp(p->s + p->pos, "false", 5)) {
+        j->type = TR_JSON_BOOL;
+        p->pos += 5;
+    } else if (c == 'n' && p->len - p->pos >= 4 && !memcmp(p->s + p->pos, "null", 4)) {
+        j->type = TR_JSON_NULL;
+        p->pos += 4;
+    } else if (c == '-' || (c >= '0' && c <= '9')) {
+        char buf[64];
+        size_t k = 0;
+        while (p->pos < p->len && k < sizeof buf - 1 && strchr("+-0123456789.eE", p->s[p->pos]))
+            buf[k++] = p->s[p->pos++];
+        buf[k] = 0;
+        char *end;
+        j->type = TR_JSON_NUMBER;
+        j->number = strtod(buf, &end);
+        if (*end)
+            goto fail;
+    } else {
+        goto fail;
+    }
+    p->depth--;
+    return j;
+fail:
+    tr_json_free(j);
+    return NULL;
+}
+
+struct tr_json *tr_json_parse(const char *text, size_t len, size_t *error_offset)
+{
+    struct parser p = {text, len, 0, 0};
+    struct tr_json *j = parse_value(&p);
+    if (j) {
+        skip_ws(&p);
+        if (p.pos != len) {
+            tr_json_free(j);
+            j = NULL;
+        }
+    }
+    if (!j && error_offset)
+        *error_offset = p.pos;
+    return j;
+}
+
+void tr_json_free(struct tr_json *j)
+{
+    if (!j)
+        return;
+    for (size_t i = 0; i < j->n; i++) {
+        tr_json_free(j->items[i]);
+        if (j->keys)
+            free(j->keys[i]);
+    }
+    free(j->items);
+    free(j->keys);
+    free(j->string);
+    free(j);
+}
+
+const struct tr_json *tr_json_get(const struct tr_json *obj, const char *key)
+{
+    if (!obj || obj->type != TR_JSON_OBJECT)
+        return NULL;
+    for (size_t i = 0; i < obj->n; i++)
+        if (strcmp(obj->keys[i], key) == 0)
+            return obj->items[i];
+    return NULL;
+}
+
+double tr_json_number(const struct tr_json *obj, const char *key, double fallback)
+{
+    const struct tr_json *v = tr_json_get(obj, key);
+    return v && v->type == TR_JSON_NUMBER ? v->number : fallback;
+}
+
+const char *tr_json_string(const struct tr_json *obj, const char *key)
+{
+    const struct tr_json *v = tr_json_get(obj, key);
+    return v && v->type == TR_JSON_STRING ? v->string : NULL;
+}
+
+void tr_json_write_string(FILE *out, const char *s)
+{
+    fputc('"', out);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(out, "\\%c", c);
+        else if (c == '\n')
+            fputs("\\n", out);
+        else if (c < 0x20)
+            fprintf(out, "\\u%04x", c);
+        else
+            fputc(c, out);
+    }
+    fputc('"', out);
+}

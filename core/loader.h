@@ -1,0 +1,48 @@
+/*
+ * The data loader: worker threads fill a bounded ring of micro-batches ahead
+ * of the step loop.  Micro-batch k is a pure function of (seed, k): epoch =
+ * k / batches_per_epoch, and the samples are a seeded permutation of the
+ * split for that epoch — so the order does not depend on the number of
+ * workers, and a resumed run continues at the exact sample.
+ */
+#ifndef TR_LOADER_H
+#define TR_LOADER_H
+
+#include <stdint.h>
+#include <trainrun/plugin.h>
+
+struct tr_loader;
+
+struct tr_data_source {
+    const struct tr_data_vtable *vt;
+    void *self;
+    struct tr_data_info info;
+    const char *name; /* plugin name, for messages */
+};
+
+struct tr_loader_config {
+    enum tr_split split;
+    int batch;      /* samples per micro-batch */
+    int workers;    /* 0: read synchronously in the caller */
+    int prefetch;   /* micro-batches buffered ahead (>= 1) */
+    int shuffle;    /* permute samples each epoch */
+    uint64_t seed;
+};
+
+struct tr_loader *tr_loader_open(const struct tr_data_source *src,
+                                 const struct tr_loader_config *cfg, uint64_t start, tr_err *err);
+void tr_loader_close(struct tr_loader *l);
+
+/* Copy micro-batch number `next` into inputs/targets and advance.  Adds the
+ * time spent waiting for workers to *wait_seconds. */
+int tr_loader_next(struct tr_loader *l, void *inputs, int32_t *targets, double *wait_seconds,
+                   tr_err *err);
+
+/* Micro-batches consumed so far (the resumable position), and per epoch. */
+uint64_t tr_loader_position(const struct tr_loader *l);
+uint64_t tr_loader_batches_per_epoch(const struct tr_loader *l);
+
+/* The sample index at position i of `epoch`'s order (exposed for tests). */
+uint64_t tr_loader_sample(uint64_t seed, uint64_t epoch, uint64_t i, uint64_t n, int shuffle);
+
+#endif

@@ -1,0 +1,236 @@
+/* trainrun: the command line. */
+#include "run_config.h"
+#include "options.h"
+#include "run.h"
+#include "util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: trainrun [run] RECIPE.lua [key.sub=value ...] [--resume auto|never] [--quiet]\n"
+            "       trainrun show RECIPE.lua [key=value ...]   resolved recipe, with where each value came from\n"
+            "       trainrun plugins [KIND]                      installed plugins and their options\n"
+            "       trainrun sample CHECKPOINT [--prompt TEXT] [--tokens N] [--temperature T]\n"
+            "                       [--top-k K] [--seed N] [--recipe FILE]\n"
+            "       trainrun help [recipe]                       this text, or the recipe reference\n"
+            "       trainrun version\n"
+            "\n"
+            "Overrides are applied after the recipe and before validation, e.g.\n"
+            "  trainrun recipes/kjv-char.lua train.steps=100 optimizer.lr=3e-4 precision=fp32\n"
+            "\n"
+            "Environment: TRAINRUN_PLUGIN_PATH (more plugin dirs), TRAINRUN_RECIPE_PATH (dirs for\n"
+            "extends/include), TRAINRUN_PRECISION (default precision policy).\n"
+            "Exit codes: 0 done, 1 error, 2 usage, %d preempted (checkpoint saved; requeue with\n"
+            "--resume auto).\n",
+            TR_EXIT_PREEMPTED);
+}
+
+/* Split argv into the recipe's overrides (key=value) and flags. */
+static int collect_overrides(int argc, char **argv, int first, const char ***overrides, int *n)
+{
+    *overrides = tr_xcalloc((size_t)argc + 1, sizeof **overrides);
+    *n = 0;
+    for (int i = first; i < argc; i++) {
+        if (argv[i][0] == '-')
+            continue;
+        if (!strchr(argv[i], '=')) {
+            fprintf(stderr, "trainrun: error: '%s' is not an override (key.sub=value)\n", argv[i]);
+            return -1;
+        }
+        (*overrides)[(*n)++] = argv[i];
+    }
+    return 0;
+}
+
+static int cmd_run(int argc, char **argv, int first)
+{
+    const char *recipe = argv[first];
+    struct tr_run_flags flags = {0, 0};
+    for (int i = first + 1; i < argc; i++) {
+        if (strcmp(argv[i], "--resume") == 0 && i + 1 < argc) {
+            const char *how = argv[++i];
+            if (strcmp(how, "auto") == 0)
+                flags.resume = 1;
+            else if (strcmp(how, "never") != 0) {
+                fprintf(stderr, "trainrun: error: --resume takes auto or never, not '%s'\n", how);
+                return TR_EXIT_USAGE;
+            }
+            argv[i] = "-"; /* consumed */
+        } else if (strcmp(argv[i], "--quiet") == 0) {
+            flags.quiet = 1;
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "trainrun: error: unknown flag '%s' (see trainrun help)\n", argv[i]);
+            return TR_EXIT_USAGE;
+        }
+    }
+    const char **overrides;
+    int n;
+    if (collect_overrides(argc, argv, first + 1, &overrides, &n) != 0) {
+        free(overrides);
+        return TR_EXIT_USAGE;
+    }
+    struct tr_config cfg;
+    tr_err err = {{0}};
+    int code;
+    if (tr_config_load(&cfg, recipe, overrides, n, &err) != TR_OK) {
+        fprintf(stderr, "trainrun: error: %s\n", err.msg);
+        code = TR_EXIT_ERROR;
+    } else {
+        code = tr_train(&cfg, &flags);
+    }
+    tr_config_free(&cfg);
+    free(overrides);
+    return code;
+}
+
+static int cmd_show(int argc, char **argv)
+{
+    if (argc < 3) {
+        usage(stderr);
+        return TR_EXIT_USAGE;
+    }
+    const char **overrides;
+    int n;
+    if (collect_overrides(argc, argv, 3, &overrides, &n) != 0) {
+        free(overrides);
+        return TR_EXIT_USAGE;
+    }
+    struct tr_config cfg;
+    tr_err err = {{0}};
+    int code = TR_EXIT_OK;
+    if (tr_config_load(&cfg, argv[2], overrides, n, &err) != TR_OK) {
+        fprintf(stderr, "trainrun: error: %s\n", err.msg);
+        code = TR_EXIT_ERROR;
+    } else {
+        printf("-- %s, resolved (each value with where it came from)\n", argv[2]);
+        tr_value_dump(tr_recipe_root(cfg.recipe), stdout);
+        struct tr_slot *slots[] = {&cfg.precision, &cfg.data, &cfg.schedule, &cfg.checkpoint};
+        printf("-- plugins\n");
+        for (size_t i = 0; i < TR_ARRAY_LEN(slots); i++)
+            printf("%-10s = %-10s -- %s\n", slots[i]->key, slots[i]->plugin->info->name,
+                   slots[i]->plugin->path);
+    }
+    tr_config_free(&cfg);
+    free(overrides);
+    return code;
+}
+
+static void report_broken(const char *file, const char *why)
+{
+    fprintf(stderr, "trainrun: warning: skipping %s: %s\n", file, why);
+}
+
+static int cmd_plugins(int argc, char **argv)
+{
+    enum tr_plugin_kind only = 0;
+    if (argc > 2 && !tr_kind_from_name(argv[2], &only)) {
+        fprintf(stderr, "trainrun: error: no plugin kind '%s' (precision, data, checkpoint, schedule)\n",
+                argv[2]);
+        return TR_EXIT_USAGE;
+    }
+    struct tr_plugin_path sp;
+    tr_plugin_path_init(&sp, tr_install_paths()->plugin_dir, NULL);
+    struct tr_plugin **list;
+    int n = tr_plugin_list(&sp, &list, report_broken);
+    printf("plugin search path:");
+    for (int i = 0; i < sp.n; i++)
+        printf(" %s", sp.dirs[i]);
+    printf("\n");
+    int last_kind = -1;
+    for (int i = 0; i < n; i++) {
+        const struct tr_plugin_info *info = list[i]->info;
+        if (only && info->kind != only)
+            continue;
+        if ((int)info->kind != last_kind) {
+            printf("\n%s plugins  (recipe: %s = { plugin = \"NAME\", option = value, ... })\n",
+                   tr_kind_name(info->kind), tr_kind_name(info->kind));
+            last_kind = (int)info->kind;
+        }
+        printf("\n  %s %s — %s\n    %s\n", info->name, info->version ? info->version : "",
+               info->description ? info->description : "", list[i]->path);
+        if (info->options && info->options->type != TR_OPT_END)
+            tr_options_help(info->options, stdout, "    ");
+        else
+            printf("    (no options)\n");
+        tr_plugin_close(list[i]);
+    }
+    free(list);
+    tr_plugin_path_free(&sp);
+    return TR_EXIT_OK;
+}
+
+static int cmd_sample(int argc, char **argv)
+{
+    struct tr_sample_flags f = {.prompt = "\n", .tokens = 200, .temperature = 0.8, .top_k = 0, .seed = 1};
+    if (argc < 3) {
+        usage(stderr);
+        return TR_EXIT_USAGE;
+    }
+    f.checkpoint = argv[2];
+    for (int i = 3; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) {
+            fprintf(stderr, "trainrun: error: %s needs a value\n", a);
+            return TR_EXIT_USAGE;
+        }
+        if (strcmp(a, "--prompt") == 0) f.prompt = v;
+        else if (strcmp(a, "--tokens") == 0) f.tokens = atoi(v);
+        else if (strcmp(a, "--temperature") == 0) f.temperature = atof(v);
+        else if (strcmp(a, "--top-k") == 0) f.top_k = atoi(v);
+        else if (strcmp(a, "--seed") == 0) f.seed = strtoull(v, NULL, 10);
+        else if (strcmp(a, "--recipe") == 0) f.recipe = v;
+        else {
+            fprintf(stderr, "trainrun: error: unknown flag '%s' for sample\n", a);
+            return TR_EXIT_USAGE;
+        }
+        i++;
+    }
+    if (f.tokens < 0 || f.temperature <= 0) {
+        fprintf(stderr, "trainrun: error: --tokens must be >= 0 and --temperature > 0\n");
+        return TR_EXIT_USAGE;
+    }
+    return tr_sample(&f);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return TR_EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        if (argc > 2 && strcmp(argv[2], "recipe") == 0)
+            tr_config_help(stdout);
+        else
+            usage(stdout);
+        return TR_EXIT_OK;
+    }
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        printf("trainrun %s (plugin ABI %d)\n", PACKAGE_VERSION, TR_ABI_MAJOR);
+        return TR_EXIT_OK;
+    }
+    if (strcmp(cmd, "show") == 0)
+        return cmd_show(argc, argv);
+    if (strcmp(cmd, "plugins") == 0)
+        return cmd_plugins(argc, argv);
+    if (strcmp(cmd, "sample") == 0)
+        return cmd_sample(argc, argv);
+    if (strcmp(cmd, "run") == 0) {
+        if (argc < 3) {
+            usage(stderr);
+            return TR_EXIT_USAGE;
+        }
+        return cmd_run(argc, argv, 2);
+    }
+    if (cmd[0] == '-') {
+        fprintf(stderr, "trainrun: error: unknown flag '%s'\n", cmd);
+        usage(stderr);
+        return TR_EXIT_USAGE;
+    }
+    return cmd_run(argc, argv, 1);
+}

@@ -1,0 +1,23 @@
+/* The optimizer step over the graph's flat parameter buffer: weight-decayed
+ * tensors first, the rest (norms, biases) without decay.  The update math
+ * is the backend's (fused AdamW / SGD kernels). */
+#ifndef TR_OPTIM_H
+#define TR_OPTIM_H
+
+#include "run_config.h"
+#include "graph.h"
+
+struct tr_optimizer {
+    const struct tr_optimizer_config *cfg;
+    float *m, *v;     /* AdamW moments, or SGD momentum in m; backend memory */
+    int64_t applied;  /* updates applied so far (AdamW bias correction) */
+};
+
+int tr_optimizer_init(struct tr_optimizer *o, const struct tr_optimizer_config *cfg,
+                      const struct tr_graph *g, const struct tr_backend *be, tr_err *err);
+/* grad_scale multiplies every gradient first (loss-scale undo and clipping). */
+void tr_optimizer_step(struct tr_optimizer *o, struct tr_graph *g, const struct tr_backend *be,
+                       double grad_scale, double lr);
+void tr_optimizer_free(struct tr_optimizer *o, const struct tr_backend *be);
+
+#endif

@@ -1,0 +1,33 @@
+/* The step loop and the things built on it: train, evaluate, checkpoint,
+ * resume, sample. */
+#ifndef TR_RUN_H
+#define TR_RUN_H
+
+#include "run_config.h"
+
+/* Exit codes a launcher can act on. */
+#define TR_EXIT_OK 0
+#define TR_EXIT_ERROR 1
+#define TR_EXIT_USAGE 2
+#define TR_EXIT_PREEMPTED 75 /* checkpointed after SIGTERM/SIGUSR1: requeue and --resume auto */
+
+struct tr_run_flags {
+    int resume;   /* continue from the newest good checkpoint if any */
+    int quiet;    /* no progress lines */
+};
+
+/* Train the configured recipe; returns an exit code. */
+int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags);
+
+struct tr_sample_flags {
+    const char *checkpoint; /* run dir, checkpoints dir, or one checkpoint */
+    const char *prompt;
+    int tokens;
+    double temperature;
+    int top_k;
+    uint64_t seed;
+    const char *recipe; /* override the recipe recorded in the checkpoint */
+};
+int tr_sample(const struct tr_sample_flags *flags);
+
+#endif

@@ -1,0 +1,384 @@
+#include "run_config.h"
+
+#include "options.h"
+#include "suggest.h"
+#include "util.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- install paths ------------------------------------------------------ */
+
+const struct tr_install_paths *tr_install_paths(void)
+{
+    static struct tr_install_paths paths;
+    static int done;
+    if (done)
+        return &paths;
+    done = 1;
+    paths.plugin_dir = TR_PLUGIN_DIR;
+    paths.lua_dir = TR_LUA_DIR;
+    paths.recipe_dir = TR_RECIPE_DIR;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = 0;
+    /* An installed tree that was moved (or installed with DESTDIR): find
+     * the plugins and Lua next to the binary, as <prefix>/bin/trainrun. */
+    static char rel_plugins[PATH_MAX + 64], rel_lua[PATH_MAX + 64], rel_recipes[PATH_MAX + 64];
+    char *slash = n > 0 ? strrchr(exe, '/') : NULL;
+    if (slash) {
+        struct stat st;
+        snprintf(rel_plugins, sizeof rel_plugins, "%.*s/../lib/trainrun/plugins", (int)(slash - exe), exe);
+        snprintf(rel_lua, sizeof rel_lua, "%.*s/../share/trainrun/lua", (int)(slash - exe), exe);
+        snprintf(rel_recipes, sizeof rel_recipes, "%.*s/../share/trainrun/recipes", (int)(slash - exe), exe);
+        if (stat(rel_plugins, &st) == 0 && stat(rel_lua, &st) == 0) {
+            paths.plugin_dir = rel_plugins;
+            paths.lua_dir = rel_lua;
+            paths.recipe_dir = rel_recipes;
+        }
+    }
+#ifdef TR_BUILD_DIR
+    /* Running from the build tree: use its plugins and the source tree's Lua. */
+    char build[PATH_MAX];
+    if (n > 0 && realpath(TR_BUILD_DIR, build)) {
+        size_t len = strlen(build);
+        if (strncmp(exe, build, len) == 0 && (exe[len] == '/' || exe[len] == 0) &&
+            !strchr(exe + len + 1, '/')) {
+            paths.plugin_dir = TR_BUILD_DIR "/plugins/.libs";
+            paths.lua_dir = TR_SOURCE_DIR "/lua";
+            paths.recipe_dir = TR_SOURCE_DIR "/recipes";
+        }
+    }
+#endif
+    const char *env = getenv("TRAINRUN_LUA_DIR");
+    if (env && *env)
+        paths.lua_dir = env;
+    return &paths;
+}
+
+/* ---- the core's own schemas -------------------------------------------- */
+
+#define OPT(type, name, def, lo, hi, help, st, field)                                              \
+    {type, name, def, lo, hi, NULL, help, offsetof(st, field)}
+
+static const struct tr_option train_options[] = {
+    OPT(TR_OPT_INT, "steps", "1000", 1, TR_NO_MAX, "optimizer steps to run", struct tr_train_config, steps),
+    OPT(TR_OPT_INT, "batch", "16", 1, TR_NO_MAX,
+        "global batch in samples per optimizer step", struct tr_train_config, batch),
+    OPT(TR_OPT_INT, "micro_batch", "0", 0, TR_NO_MAX,
+        "samples per forward/backward; batch / micro_batch micro-batches are accumulated "
+        "(0: the whole batch at once)", struct tr_train_config, micro_batch),
+    OPT(TR_OPT_INT, "seed", "1", 0, TR_NO_MAX, "seed of initialisation and data order",
+        struct tr_train_config, seed),
+    OPT(TR_OPT_INT, "eval_every", "0", 0, TR_NO_MAX,
+        "evaluate on the validation split every N steps (0: only at the end)", struct tr_train_config, eval_every),
+    OPT(TR_OPT_INT, "eval_batches", "8", 1, TR_NO_MAX, "micro-batches per evaluation",
+        struct tr_train_config, eval_batches),
+    OPT(TR_OPT_INT, "log_every", "10", 1, TR_NO_MAX, "progress line and metrics every N steps",
+        struct tr_train_config, log_every),
+    OPT(TR_OPT_INT, "threads", "0", 0, 4096, "compute threads (0: one per core)",
+        struct tr_train_config, threads),
+    OPT(TR_OPT_INT, "workers", "1", 0, 64,
+        "data loader threads (0: read in the step loop)", struct tr_train_config, workers),
+    OPT(TR_OPT_INT, "prefetch", "4", 1, 1024, "micro-batches the loader prepares ahead",
+        struct tr_train_config, prefetch),
+    {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
+};
+
+static const char *const optimizer_types[] = {"adamw", "sgd", NULL};
+static const struct tr_option optimizer_options[] = {
+    {TR_OPT_ENUM, "type", "adamw", 0, 0, optimizer_types, "adamw or sgd (with momentum)",
+     offsetof(struct tr_optimizer_config, type)},
+    OPT(TR_OPT_FLOAT, "lr", "0.001", 0, TR_NO_MAX, "peak learning rate (the schedule shapes it)",
+        struct tr_optimizer_config, lr),
+    OPT(TR_OPT_FLOAT, "weight_decay", "0.0", 0, TR_NO_MAX,
+        "decoupled weight decay, applied to matrices and embeddings only (not to norms or biases)",
+        struct tr_optimizer_config, weight_decay),
+    OPT(TR_OPT_FLOAT, "beta1", "0.9", 0, 1, "AdamW first-moment decay", struct tr_optimizer_config, beta1),
+    OPT(TR_OPT_FLOAT, "beta2", "0.999", 0, 1, "AdamW second-moment decay", struct tr_optimizer_config, beta2),
+    OPT(TR_OPT_FLOAT, "eps", "1e-8", 0, 1, "AdamW denominator epsilon", struct tr_optimizer_config, eps),
+    OPT(TR_OPT_FLOAT, "momentum", "0.9", 0, 1, "SGD momentum", struct tr_optimizer_config, momentum),
+    OPT(TR_OPT_FLOAT, "clip", "1.0", 0, TR_NO_MAX,
+        "clip gradients to this global L2 norm (0: no clipping)", struct tr_optimizer_config, clip),
+    {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
+};
+
+static const struct tr_option checkpoint_policy_options[] = {
+    OPT(TR_OPT_INT, "every", "0", 0, TR_NO_MAX, "save every N steps (0: only at the end)",
+        struct tr_checkpoint_policy, every),
+    OPT(TR_OPT_INT, "keep", "3", 1, TR_NO_MAX, "checkpoints kept, newest first",
+        struct tr_checkpoint_policy, keep),
+    {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
+};
+
+struct root_config {
+    const char *name, *run_dir, *device;
+};
+static const char *const devices[] = {"cpu", "cuda", NULL};
+static const struct tr_option root_options[] = {
+    {TR_OPT_STRING, "name", "", 0, 0, NULL, "run name (default: the recipe's file name)",
+     offsetof(struct root_config, name)},
+    {TR_OPT_STRING, "run_dir", "", 0, 0, NULL,
+     "where metrics and checkpoints go (default: runs/<name>)", offsetof(struct root_config, run_dir)},
+    {TR_OPT_ENUM, "device", "cpu", 0, 0, devices, "where the math runs",
+     offsetof(struct root_config, device)},
+    {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
+};
+
+/* Keys every plugin slot takes besides its plugin's options. */
+struct slot_keys {
+    const char *plugin;
+};
+static const struct tr_option slot_options[] = {
+    {TR_OPT_STRING, "plugin", NULL, 0, 0, NULL, "which plugin fills this slot",
+     offsetof(struct slot_keys, plugin)},
+    {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
+};
+
+static const char *const sections[] = {"model", "data",  "precision", "schedule",
+                                       "checkpoint", "optimizer", "train", NULL};
+
+/* ---- resolution -------------------------------------------------------- */
+
+static void where_of(struct tr_config *cfg, const char *path, char *buf, size_t size)
+{
+    struct tr_origin o = {TR_FROM_RECIPE, tr_recipe_path(cfg->recipe), 0};
+    tr_recipe_origin(cfg->recipe, path, &o);
+    tr_origin_format(&o, buf, size);
+}
+
+static int configure_slot(struct tr_config *cfg, struct tr_slot *slot, const char *key,
+                          enum tr_plugin_kind kind, const char *default_name,
+                          struct tr_origin default_origin, const struct tr_schema_use *extra,
+                          tr_err *err)
+{
+    struct tr_value *root = tr_recipe_root(cfg->recipe);
+    struct tr_value *v = tr_value_child(root, key);
+    slot->key = key;
+    slot->kind = kind;
+    if (!v) {
+        if (!default_name) {
+            char where[600];
+            where_of(cfg, "", where, sizeof where);
+            return tr_fail(err, "%s: the recipe has no %s; add e.g. %s = { plugin = \"%s\", ... }",
+                           tr_recipe_path(cfg->recipe), key, key,
+                           kind == TR_KIND_DATA ? "text" : "?");
+        }
+        v = tr_value_new(TR_V_STRING, key, default_origin);
+        v->string = tr_xstrdup(default_name);
+        tr_value_put(root, v);
+    }
+    if (v->type == TR_V_STRING) { /* shorthand: precision = "bf16" */
+        struct tr_value *table = tr_value_new(TR_V_TABLE, key, v->origin);
+        struct tr_value *name = tr_value_new(TR_V_STRING, "plugin", v->origin);
+        name->string = tr_xstrdup(v->string);
+        if (v->text)
+            name->text = tr_xstrdup(v->text);
+        tr_value_put(table, name);
+        tr_value_put(root, table); /* replaces (and frees) the string */
+        v = table;
+    }
+    char where[600];
+    tr_value_where(v, where, sizeof where);
+    if (v->type != TR_V_TABLE)
+        return tr_fail(err, "%s%s must be a plugin name or a table { plugin = \"name\", ... }",
+                       where, key);
+    struct tr_value *pv = tr_value_child(v, "plugin");
+    if (!pv && default_name) { /* e.g. only checkpoint.every was given */
+        pv = tr_value_new(TR_V_STRING, "plugin", default_origin);
+        tr_value_set_string(pv, default_name);
+        tr_value_put(v, pv);
+    }
+    if (!pv || pv->type != TR_V_STRING)
+        return tr_fail(err, "%s%s: say which plugin, e.g. %s = { plugin = \"%s\", ... }", where,
+                       key, key, default_name ? default_name : "text");
+    slot->origin = pv->origin;
+    tr_value_where(pv, where, sizeof where);
+    slot->plugin = tr_plugin_find(&cfg->plugin_path, kind, pv->string, err);
+    if (!slot->plugin) {
+        tr_err_prefix(err, "%.*s", (int)(strlen(where) - 2), where);
+        return TR_ERROR;
+    }
+    const struct tr_plugin_info *info = slot->plugin->info;
+    slot->config = tr_xcalloc(1, info->config_size ? info->config_size : 1);
+    struct slot_keys keys;
+    struct tr_schema_use uses[3] = {{slot_options, &keys}, {info->options, slot->config}};
+    int n = 2;
+    if (extra)
+        uses[n++] = *extra;
+    char what[128];
+    snprintf(what, sizeof what, "%s '%s'", key, info->name);
+    if (tr_options_apply(root, key, what, uses, n, err) != TR_OK) {
+        /* name the plugin file too: the schema came from it */
+        size_t len = strlen(err->msg);
+        snprintf(err->msg + len, sizeof err->msg - len, " [plugin %s]", slot->plugin->path);
+        return TR_ERROR;
+    }
+    return TR_OK;
+}
+
+int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *const *overrides,
+                   int n_overrides, tr_err *err)
+{
+    memset(cfg, 0, sizeof *cfg);
+    const struct tr_install_paths *ip = tr_install_paths();
+    struct tr_recipe_paths rp = {.lua_dir = ip->lua_dir, .recipe_dir = ip->recipe_dir};
+    cfg->overrides = tr_xcalloc((size_t)n_overrides + 1, sizeof *cfg->overrides);
+    for (int i = 0; i < n_overrides; i++)
+        cfg->overrides[i] = tr_xstrdup(overrides[i]);
+    cfg->n_overrides = n_overrides;
+    cfg->recipe = tr_recipe_load(recipe_path, overrides, n_overrides, &rp, err);
+    if (!cfg->recipe)
+        return TR_ERROR;
+    char *recipe_dir = tr_dirname(recipe_path);
+    tr_plugin_path_init(&cfg->plugin_path, ip->plugin_dir, recipe_dir);
+    free(recipe_dir);
+
+    struct tr_value *root = tr_recipe_root(cfg->recipe);
+    if (root->type != TR_V_TABLE)
+        return tr_fail(err, "%s: a recipe must return a table", recipe_path);
+
+    /* root: scalars by schema, sections checked below */
+    struct root_config rc;
+    struct tr_schema_use ru = {root_options, &rc};
+    if (tr_options_apply_skip(root, NULL, "recipe", &ru, 1, sections, err) != TR_OK)
+        return TR_ERROR;
+    if (!tr_value_child(root, "model"))
+        return tr_fail(err, "%s: the recipe has no model (e.g. model = gpt { vocab = 256, ctx = 64, "
+                       "layers = 2, heads = 4, dim = 64 })", recipe_path);
+
+    struct tr_schema_use tu = {train_options, &cfg->train};
+    struct tr_schema_use ou = {optimizer_options, &cfg->optimizer};
+    if (tr_options_apply(root, "train", "train", &tu, 1, err) != TR_OK ||
+        tr_options_apply(root, "optimizer", "optimizer", &ou, 1, err) != TR_OK)
+        return TR_ERROR;
+
+    /* name and run_dir defaults depend on the recipe's file name */
+    const char *base = strrchr(recipe_path, '/');
+    base = base ? base + 1 : recipe_path;
+    size_t blen = strlen(base);
+    if (blen > 4 && strcmp(base + blen - 4, ".lua") == 0)
+        blen -= 4;
+    cfg->name = *rc.name ? tr_xstrdup(rc.name) : tr_xasprintf("%.*s", (int)blen, base);
+    cfg->run_dir = *rc.run_dir ? tr_xstrdup(rc.run_dir) : tr_xasprintf("runs/%s", cfg->name);
+    cfg->device = rc.device;
+    /* show what is in effect, not the "derive it" placeholder */
+    tr_value_set_string(tr_value_child(root, "name"), cfg->name);
+    tr_value_set_string(tr_value_child(root, "run_dir"), cfg->run_dir);
+
+    struct tr_origin def = {TR_FROM_DEFAULT, NULL, 0};
+    const char *precision = "fp32";
+    const char *env = getenv("TRAINRUN_PRECISION");
+    struct tr_origin prec_origin = def;
+    if (env && *env) { /* a cluster-wide default; the recipe still wins */
+        precision = env;
+        prec_origin.kind = TR_FROM_ENV;
+        prec_origin.file = "TRAINRUN_PRECISION";
+    }
+    struct tr_schema_use cu = {checkpoint_policy_options, &cfg->checkpoint_policy};
+    if (configure_slot(cfg, &cfg->data, "data", TR_KIND_DATA, NULL, def, NULL, err) != TR_OK ||
+        configure_slot(cfg, &cfg->precision, "precision", TR_KIND_PRECISION, precision, prec_origin,
+                       NULL, err) != TR_OK ||
+        configure_slot(cfg, &cfg->schedule, "schedule", TR_KIND_SCHEDULE, "constant", def, NULL,
+                       err) != TR_OK ||
+        configure_slot(cfg, &cfg->checkpoint, "checkpoint", TR_KIND_CHECKPOINT, "local", def, &cu,
+                       err) != TR_OK)
+        return TR_ERROR;
+
+    /* cross-section rules */
+    struct tr_train_config *t = &cfg->train;
+    if (t->micro_batch == 0) {
+        t->micro_batch = t->batch;
+        struct tr_value *mb = tr_value_get(root, "train.micro_batch");
+        if (mb)
+            mb->number = (double)t->batch;
+    }
+    if (t->batch % t->micro_batch != 0) {
+        char where[600];
+        where_of(cfg, "train.micro_batch", where, sizeof where);
+        return tr_fail(err, "%s: train: micro_batch (%lld) must divide batch (%lld)", where,
+                       (long long)t->micro_batch, (long long)t->batch);
+    }
+    return TR_OK;
+}
+
+static int create_slot(struct tr_config *cfg, struct tr_slot *slot,
+                       const struct tr_create_args *args, tr_err *err)
+{
+    const struct tr_plugin_info *info = slot->plugin->info;
+    if (info->create(tr_host_services(), slot->config, args, &slot->self, err) != TR_OK) {
+        char where[600];
+        tr_origin_format(&slot->origin, where, sizeof where);
+        tr_err_prefix(err, "%s: %s '%s'", where, slot->key, info->name);
+        return TR_ERROR;
+    }
+    (void)cfg;
+    return TR_OK;
+}
+
+int tr_config_create_plugins(struct tr_config *cfg, uint32_t seq_len, tr_err *err)
+{
+    if (tr_mkdir_p(cfg->run_dir) != 0)
+        return tr_fail(err, "cannot create the run directory %s: %s", cfg->run_dir,
+                       strerror(errno));
+    char *recipe_dir = tr_dirname(tr_recipe_path(cfg->recipe));
+    struct tr_create_args args = {
+        .struct_size = sizeof args,
+        .run_dir = cfg->run_dir,
+        .recipe_dir = recipe_dir,
+        .seq_len = seq_len,
+        .seed = (uint64_t)cfg->train.seed,
+        .rank = 0,
+        .world = 1,
+    };
+    int rc = TR_OK;
+    struct tr_slot *slots[] = {&cfg->precision, &cfg->data, &cfg->schedule, &cfg->checkpoint};
+    for (size_t i = 0; i < TR_ARRAY_LEN(slots) && rc == TR_OK; i++)
+        rc = create_slot(cfg, slots[i], &args, err);
+    free(recipe_dir);
+    return rc;
+}
+
+void tr_config_free(struct tr_config *cfg)
+{
+    struct tr_slot *slots[] = {&cfg->precision, &cfg->data, &cfg->schedule, &cfg->checkpoint};
+    for (size_t i = 0; i < TR_ARRAY_LEN(slots); i++) {
+        struct tr_slot *s = slots[i];
+        if (s->plugin && s->self && s->plugin->info->destroy)
+            s->plugin->info->destroy(s->self);
+        free(s->config);
+        tr_plugin_close(s->plugin);
+    }
+    tr_plugin_path_free(&cfg->plugin_path);
+    if (cfg->recipe)
+        tr_recipe_free(cfg->recipe);
+    for (int i = 0; i < cfg->n_overrides; i++)
+        free(cfg->overrides[i]);
+    free(cfg->overrides);
+    free((char *)cfg->name);
+    free((char *)cfg->run_dir);
+    memset(cfg, 0, sizeof *cfg);
+}
+
+void tr_config_help(FILE *out)
+{
+    fprintf(out, "Recipe sections (a recipe returns a table with these keys):\n\n");
+    fprintf(out, "  model       = gpt { vocab, ctx, layers, heads, dim } | mlp { inputs, hidden, classes }\n"
+                 "                | { build = function(nn, spec, batch) ... end }\n");
+    fprintf(out, "  data        = { plugin = \"text\", ... }        (trainrun plugins data)\n");
+    fprintf(out, "  precision   = \"fp32\" | { plugin = ..., ... }  (default: $TRAINRUN_PRECISION or fp32)\n");
+    fprintf(out, "  schedule    = { plugin = \"cosine\", ... }      (default: constant)\n");
+    fprintf(out, "  checkpoint  = { plugin = \"local\", every, keep, ... }\n\n");
+    fprintf(out, "  top level:\n");
+    tr_options_help(root_options, out, "    ");
+    fprintf(out, "\n  train = { ... }\n");
+    tr_options_help(train_options, out, "    ");
+    fprintf(out, "\n  optimizer = { ... }\n");
+    tr_options_help(optimizer_options, out, "    ");
+    fprintf(out, "\n  checkpoint = { ... }  (besides the checkpoint plugin's own options)\n");
+    tr_options_help(checkpoint_policy_options, out, "    ");
+}

@@ -1,0 +1,68 @@
+/*
+ * A recipe resolved into the run's configuration: the core's own sections
+ * (train, optimizer, checkpoint policy) parsed by their schemas, and one
+ * plugin per slot (precision, data, schedule, checkpoint) found, checked
+ * and its options parsed.  Nothing is created or allocated yet, so `show`
+ * and `plan` can stop here.
+ */
+#ifndef TR_RUN_CONFIG_H
+#define TR_RUN_CONFIG_H
+
+#include "plugin.h"
+#include "recipe.h"
+
+struct tr_train_config {
+    int64_t steps, batch, micro_batch, seed;
+    int64_t eval_every, eval_batches, log_every;
+    int64_t threads, workers, prefetch;
+};
+
+struct tr_optimizer_config {
+    const char *type;
+    double lr, weight_decay, beta1, beta2, eps, momentum, clip;
+};
+
+struct tr_checkpoint_policy {
+    int64_t every, keep;
+};
+
+struct tr_slot {
+    const char *key;            /* "data" */
+    enum tr_plugin_kind kind;
+    struct tr_plugin *plugin;
+    void *config;               /* parsed by the plugin's schema */
+    void *self;                 /* the instance, once created */
+    struct tr_origin origin;    /* where the recipe chose it */
+};
+
+struct tr_config {
+    struct tr_recipe *recipe;
+    const char *name, *run_dir, *device;
+    struct tr_train_config train;
+    struct tr_optimizer_config optimizer;
+    struct tr_checkpoint_policy checkpoint_policy;
+    struct tr_slot precision, data, schedule, checkpoint;
+    struct tr_plugin_path plugin_path;
+    char **overrides; /* as given on the command line (checkpoints record them) */
+    int n_overrides;
+};
+
+struct tr_install_paths {
+    const char *plugin_dir; /* built-in plugins */
+    const char *lua_dir;
+    const char *recipe_dir; /* installed recipes */
+};
+
+/* The install paths: the build tree's when this binary runs from it. */
+const struct tr_install_paths *tr_install_paths(void);
+
+int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *const *overrides,
+                   int n_overrides, tr_err *err);
+/* Create every plugin instance (data with the model's sequence length). */
+int tr_config_create_plugins(struct tr_config *cfg, uint32_t seq_len, tr_err *err);
+void tr_config_free(struct tr_config *cfg);
+
+/* Help for the core's own sections (trainrun help recipe). */
+void tr_config_help(FILE *out);
+
+#endif

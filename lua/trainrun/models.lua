@@ -1,0 +1,114 @@
+-- trainrun.models: the model constructors a recipe sees as globals.
+--
+--   model = gpt { vocab = 256, ctx = 128, layers = 4, heads = 4, dim = 128 }
+--   model = mlp { inputs = 64, hidden = { 128 }, classes = 10 }
+--   model = { build = function(nn, spec, batch) ... end, width = 32 }  -- inline
+--
+-- A constructor only records the options (so command-line overrides such as
+-- model.layers=8 still apply); the graph is built later, per micro-batch.
+local nn = require "trainrun.nn"
+
+local M = { nn = nn }
+local builders = {}
+
+local function check(spec, what, schema)
+  for key, rule in pairs(schema) do
+    local v = spec[key]
+    if v == nil and rule.default ~= nil then spec[key] = rule.default; v = rule.default end
+    if v == nil then error(("%s: option '%s' is required (%s)"):format(what, key, rule.help), 0) end
+    if rule.int and (type(v) ~= "number" or v ~= math.floor(v) or v < (rule.min or -math.huge)) then
+      error(("%s: option '%s' must be an integer >= %d, got %s"):format(what, key, rule.min or 0, tostring(v)), 0)
+    end
+  end
+  for key in pairs(spec) do
+    if key ~= "type" and key ~= "build" and not schema[key] then
+      local names = {}
+      for k in pairs(schema) do names[#names + 1] = k end
+      table.sort(names)
+      error(("%s: unknown option '%s'; options: %s"):format(what, key, table.concat(names, ", ")), 0)
+    end
+  end
+end
+
+local gpt_schema = {
+  vocab  = { int = true, min = 2, help = "vocabulary size (256 for bytes)" },
+  ctx    = { int = true, min = 1, help = "context length in tokens" },
+  layers = { int = true, min = 1, help = "transformer blocks" },
+  heads  = { int = true, min = 1, help = "attention heads per block" },
+  dim    = { int = true, min = 1, help = "model width" },
+}
+
+-- GPT-2: learned positions, pre-norm blocks, GELU MLP of 4x width, tied
+-- embedding and output head; init std 0.02, residual projections scaled
+-- by 1/sqrt(2 * layers).
+function builders.gpt(nn, o, B)
+  check(o, "gpt", gpt_schema)
+  if o.dim % o.heads ~= 0 then
+    error(("gpt: heads (%d) must divide dim (%d)"):format(o.heads, o.dim), 0)
+  end
+  local V, T, L, H, C = o.vocab, o.ctx, o.layers, o.heads, o.dim
+  local g = nn.graph(B)
+  local tokens = g:input("tokens", { B, T }, "i32")
+  local targets = g:input("targets", { B, T }, "i32")
+  local proj_std = 0.02 / math.sqrt(2 * L)
+  local wte = g:param("transformer.wte.weight", { V, C })
+  local wpe = g:param("transformer.wpe.weight", { T, C })
+  local x = g:add_rows(g:embedding(wte, tokens, "embed"), wpe, "embed_pos")
+  for l = 0, L - 1 do
+    local p = "transformer.h." .. l
+    local h = g:LayerNorm(p .. ".ln_1", x)
+    h = g:attention(g:Linear(p .. ".attn.c_attn", h, 3 * C), H, p .. ".attn")
+    x = g:add(x, g:Linear(p .. ".attn.c_proj", h, C, { std = proj_std }), p .. ".res_1")
+    h = g:LayerNorm(p .. ".ln_2", x)
+    h = g:gelu(g:Linear(p .. ".mlp.c_fc", h, 4 * C), p .. ".mlp.gelu")
+    x = g:add(x, g:Linear(p .. ".mlp.c_proj", h, C, { std = proj_std }), p .. ".res_2")
+  end
+  x = g:LayerNorm("transformer.ln_f", x)
+  local logits = g:linear(x, wte, nil, "lm_head")
+  return g:finish { loss = g:cross_entropy(logits, targets), logits = logits }
+end
+
+local mlp_schema = {
+  inputs     = { int = true, min = 1, help = "input features" },
+  hidden     = { default = {}, help = "widths of the hidden layers, e.g. { 128, 64 }" },
+  classes    = { int = true, min = 2, help = "output classes" },
+  activation = { default = "relu", help = "relu or gelu" },
+}
+
+function builders.mlp(nn, o, B)
+  check(o, "mlp", mlp_schema)
+  if o.activation ~= "relu" and o.activation ~= "gelu" then
+    error(("mlp: activation must be \"relu\" or \"gelu\", got %q"):format(tostring(o.activation)), 0)
+  end
+  local g = nn.graph(B)
+  local x = g:input("features", { B, o.inputs }, "f32")
+  local targets = g:input("targets", { B }, "i32")
+  local width = o.inputs
+  for i, h in ipairs(o.hidden) do
+    -- He initialisation for ReLU-family layers
+    x = g:Linear("layers." .. (i - 1), x, h, { std = math.sqrt(2 / width) })
+    x = o.activation == "gelu" and g:gelu(x) or g:relu(x)
+    width = h
+  end
+  local logits = g:Linear("head", x, o.classes, { std = math.sqrt(1 / width) })
+  return g:finish { loss = g:cross_entropy(logits, targets), logits = logits }
+end
+
+function M.gpt(o) o.type = "gpt"; return o end
+function M.mlp(o) o.type = "mlp"; return o end
+
+-- Called by the core: the graph for one micro-batch of `batch` samples.
+function M.build(spec, batch)
+  if type(spec) ~= "table" then error("model must be a table, e.g. gpt { ... }", 0) end
+  local builder = spec.build or builders[spec.type]
+  if type(builder) ~= "function" then
+    error(("model: unknown type %q (built in: gpt, mlp; or give build = function(nn, spec, batch))"):format(
+      tostring(spec.type)), 0)
+  end
+  -- builders fill defaults into spec; work on a copy so the recipe is untouched
+  local copy = {}
+  for k, v in pairs(spec) do copy[k] = v end
+  return builder(nn, copy, batch)
+end
+
+return M

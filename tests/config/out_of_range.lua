@@ -1,0 +1,6 @@
+return {
+  model = gpt { vocab = 64, ctx = 8, layers = 1, heads = 2, dim = 16 },
+  data = { plugin = "synthetic", kind = "tokens", classes = 64 },
+  schedule = { plugin = "cosine",
+               min_lr_ratio = 2 },
+}

@@ -1,0 +1,4 @@
+return {
+  model = gpt { vocab = 64, ctx = 8, layers = 1, heads = 2, dim = 16 },
+  data = { plugin = "synthetc", kind = "tokens" },
+}

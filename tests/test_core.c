@@ -1,0 +1,369 @@
+/* The core's contracts: plugin loader refusals, recipe errors with their
+ * file:line, overrides typed by the schema, the precision default, the
+ * loader's order, and the checkpoint formats. */
+#include <criterion/criterion.h>
+
+#include "run_config.h"
+#include "json.h"
+#include "loader.h"
+#include "model.h"
+#include "options.h"
+#include "plugin.h"
+#include "safetensors.h"
+#include "suggest.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define CONFIG_DIR TR_TEST_SRCDIR "/config/"
+
+static void environment(void)
+{
+    const char *built = getenv("TR_PLUGIN_BUILD_DIR");
+    cr_assert_not_null(built, "TR_PLUGIN_BUILD_DIR must name the built plugins (make check sets it)");
+    setenv("TRAINRUN_PLUGIN_PATH", built, 1);
+    setenv("TRAINRUN_LUA_DIR", TR_TEST_SRCDIR "/../lua", 1);
+    unsetenv("TRAINRUN_PRECISION");
+}
+
+static char *test_plugin(const char *file)
+{
+    const char *dir = getenv("TR_TEST_PLUGIN_DIR");
+    cr_assert_not_null(dir, "TR_TEST_PLUGIN_DIR must be set (make check sets it)");
+    static char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    return path;
+}
+
+/* ---- plugin loader ----------------------------------------------------- */
+
+Test(plugin_loader, refuses_a_plugin_built_for_another_abi)
+{
+    tr_err err = {{0}};
+    char *path = test_plugin("schedule_bad_abi.so");
+    cr_assert_null(tr_plugin_load_file(path, &err));
+    char want[2048];
+    snprintf(want, sizeof want,
+             "refusing plugin %s: it was built for plugin ABI 99 but this trainrun speaks ABI 1; "
+             "rebuild it against this trainrun's <trainrun/plugin.h>", path);
+    cr_assert_str_eq(err.msg, want);
+}
+
+Test(plugin_loader, refuses_a_shared_object_without_the_entry_symbol)
+{
+    tr_err err = {{0}};
+    char *path = test_plugin("schedule_no_entry.so");
+    cr_assert_null(tr_plugin_load_file(path, &err));
+    char want[2048];
+    snprintf(want, sizeof want,
+             "%s is not a trainrun plugin: it exports no 'trainrun_plugin_entry' function", path);
+    cr_assert_str_eq(err.msg, want);
+}
+
+Test(plugin_loader, refuses_a_vtable_with_a_missing_mandatory_slot)
+{
+    tr_err err = {{0}};
+    char *path = test_plugin("schedule_null_slot.so");
+    cr_assert_null(tr_plugin_load_file(path, &err));
+    cr_assert(strstr(err.msg, "schedule vtable leaves a mandatory slot NULL"), "%s", err.msg);
+    cr_assert(strstr(err.msg, path), "%s", err.msg);
+}
+
+Test(plugin_loader, suggests_a_close_name, .init = environment)
+{
+    struct tr_plugin_path sp;
+    tr_plugin_path_init(&sp, NULL, NULL);
+    tr_err err = {{0}};
+    cr_assert_null(tr_plugin_find(&sp, TR_KIND_SCHEDULE, "cosin", &err));
+    cr_assert_str_eq(err.msg, "no schedule plugin 'cosin' (did you mean 'cosine'?)");
+    struct tr_plugin *p = tr_plugin_find(&sp, TR_KIND_SCHEDULE, "cosine", &err);
+    cr_assert_not_null(p, "%s", err.msg);
+    cr_assert_str_eq(p->info->name, "cosine");
+    tr_plugin_close(p);
+    tr_plugin_path_free(&sp);
+}
+
+Test(plugin_loader, lists_every_builtin_kind, .init = environment)
+{
+    struct tr_plugin_path sp;
+    tr_plugin_path_init(&sp, NULL, NULL);
+    struct tr_plugin **list;
+    int n = tr_plugin_list(&sp, &list, NULL);
+    int kinds[8] = {0};
+    for (int i = 0; i < n; i++) {
+        kinds[list[i]->info->kind]++;
+        tr_plugin_close(list[i]);
+    }
+    free(list);
+    tr_plugin_path_free(&sp);
+    cr_assert_geq(kinds[TR_KIND_PRECISION], 1);
+    cr_assert_geq(kinds[TR_KIND_DATA], 1);
+    cr_assert_geq(kinds[TR_KIND_CHECKPOINT], 1);
+    cr_assert_geq(kinds[TR_KIND_SCHEDULE], 2);
+}
+
+/* ---- recipe errors through the whole configuration --------------------- */
+
+static void expect_error(const char *recipe, const char *const *overrides, int n, const char *want)
+{
+    struct tr_config cfg;
+    tr_err err = {{0}};
+    cr_assert_eq(tr_config_load(&cfg, recipe, overrides, n, &err), TR_ERROR, "%s loaded", recipe);
+    cr_assert(strncmp(err.msg, want, strlen(want)) == 0, "got:  %s\nwant: %s", err.msg, want);
+    tr_config_free(&cfg);
+}
+
+Test(recipe_errors, unknown_plugin_option_names_line_and_suggests, .init = environment)
+{
+    expect_error(CONFIG_DIR "typo.lua", NULL, 0,
+                 CONFIG_DIR "typo.lua:4: schedule 'cosine': unknown option 'warmpu' (did you mean 'warmup'?)");
+    struct tr_config cfg;
+    tr_err err = {{0}};
+    tr_config_load(&cfg, CONFIG_DIR "typo.lua", NULL, 0, &err);
+    cr_assert(strstr(err.msg, "[plugin ") && strstr(err.msg, "schedule_cosine.so]"), "%s", err.msg);
+    tr_config_free(&cfg);
+}
+
+Test(recipe_errors, ill_typed_option, .init = environment)
+{
+    expect_error(CONFIG_DIR "ill_typed.lua", NULL, 0,
+                 CONFIG_DIR "ill_typed.lua:5: train: option 'steps' expects an integer, got a string");
+}
+
+Test(recipe_errors, out_of_range_option, .init = environment)
+{
+    expect_error(CONFIG_DIR "out_of_range.lua", NULL, 0,
+                 CONFIG_DIR "out_of_range.lua:5: schedule 'cosine': option 'min_lr_ratio' is 2, must be between 0 and 1");
+}
+
+Test(recipe_errors, unknown_plugin_suggests, .init = environment)
+{
+    expect_error(CONFIG_DIR "unknown_plugin.lua", NULL, 0,
+                 CONFIG_DIR "unknown_plugin.lua:3: no data plugin 'synthetc' (did you mean 'synthetic'?)");
+}
+
+Test(recipe_errors, unknown_section_suggests, .init = environment)
+{
+    expect_error(CONFIG_DIR "unknown_section.lua", NULL, 0,
+                 CONFIG_DIR "unknown_section.lua:4: recipe: unknown option 'trian' (did you mean 'train'?)");
+}
+
+Test(recipe_errors, enum_choice_suggests, .init = environment)
+{
+    expect_error(CONFIG_DIR "bad_enum.lua", NULL, 0,
+                 CONFIG_DIR "bad_enum.lua:4: optimizer: option 'type' is \"adamv\" (did you mean \"adamw\"?); choices: adamw, sgd");
+}
+
+Test(recipe_errors, micro_batch_must_divide_batch, .init = environment)
+{
+    expect_error(CONFIG_DIR "micro_batch.lua", NULL, 0,
+                 CONFIG_DIR "micro_batch.lua:4: train: micro_batch (4) must divide batch (10)");
+}
+
+Test(recipe_errors, shape_bug_is_caught_before_any_memory, .init = environment)
+{
+    struct tr_config cfg;
+    tr_err err = {{0}};
+    cr_assert_eq(tr_config_load(&cfg, CONFIG_DIR "shape_bug.lua", NULL, 0, &err), TR_OK, "%s", err.msg);
+    cr_assert_null(tr_model_build(cfg.recipe, 4, &err));
+    cr_assert_str_eq(err.msg, CONFIG_DIR "shape_bug.lua:9: linear: input features [4,16] has 16 "
+                     "features but weight head.weight [4,32] expects 32");
+    tr_config_free(&cfg);
+}
+
+/* ---- overrides and defaults ------------------------------------------- */
+
+Test(overrides, are_typed_by_the_schema, .init = environment)
+{
+    const char *bad[] = {"train.steps=abc"};
+    expect_error(CONFIG_DIR "tiny.lua", bad, 1,
+                 "command line: train: option 'steps' expects an integer, got \"abc\"");
+
+    const char *good[] = {"train.steps=7", "optimizer.lr=3e-4", "precision=fp16",
+                          "schedule.warmup=5"};
+    struct tr_config cfg;
+    tr_err err = {{0}};
+    cr_assert_eq(tr_config_load(&cfg, CONFIG_DIR "tiny.lua", good, 4, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(cfg.train.steps, 7);
+    cr_assert_float_eq(cfg.optimizer.lr, 3e-4, 1e-12);
+    cr_assert_str_eq(cfg.precision.plugin->info->name, "fp16");
+    cr_assert_eq(cfg.precision.origin.kind, TR_FROM_CLI);
+    cr_assert_eq(*(int64_t *)cfg.schedule.config, 5, "warmup is the cosine schedule's first option");
+    tr_config_free(&cfg);
+}
+
+Test(overrides, defaults_are_recorded_for_show, .init = environment)
+{
+    struct tr_config cfg;
+    tr_err err = {{0}};
+    cr_assert_eq(tr_config_load(&cfg, CONFIG_DIR "tiny.lua", NULL, 0, &err), TR_OK, "%s", err.msg);
+    struct tr_value *lr = tr_value_get(tr_recipe_root(cfg.recipe), "optimizer.lr");
+    cr_assert_not_null(lr);
+    cr_assert_eq(lr->origin.kind, TR_FROM_DEFAULT);
+    struct tr_value *warmup = tr_value_get(tr_recipe_root(cfg.recipe), "schedule.warmup");
+    cr_assert_eq(warmup->origin.kind, TR_FROM_RECIPE);
+    cr_assert_eq(warmup->origin.line, 5);
+    tr_config_free(&cfg);
+}
+
+Test(precision_default, env_sets_it_and_the_recipe_wins, .init = environment)
+{
+    setenv("TRAINRUN_PRECISION", "bf16", 1);
+    struct tr_config cfg;
+    tr_err err = {{0}};
+    cr_assert_eq(tr_config_load(&cfg, CONFIG_DIR "tiny.lua", NULL, 0, &err), TR_OK, "%s", err.msg);
+    cr_assert_str_eq(cfg.precision.plugin->info->name, "bf16");
+    cr_assert_eq(cfg.precision.origin.kind, TR_FROM_ENV);
+    char where[256];
+    tr_origin_format(&cfg.precision.origin, where, sizeof where);
+    cr_assert_str_eq(where, "env TRAINRUN_PRECISION");
+    tr_config_free(&cfg);
+
+    cr_assert_eq(tr_config_load(&cfg, CONFIG_DIR "fp32.lua", NULL, 0, &err), TR_OK, "%s", err.msg);
+    cr_assert_str_eq(cfg.precision.plugin->info->name, "fp32");
+    cr_assert_eq(cfg.precision.origin.kind, TR_FROM_RECIPE);
+    tr_config_free(&cfg);
+    unsetenv("TRAINRUN_PRECISION");
+}
+
+/* ---- the loader -------------------------------------------------------- */
+
+Test(loader, permutation_is_a_bijection)
+{
+    uint64_t sizes[] = {1, 2, 7, 100, 1000, 4097};
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+        uint64_t n = sizes[s];
+        char *seen = calloc(n, 1);
+        for (uint64_t i = 0; i < n; i++) {
+            uint64_t k = tr_loader_sample(42, 3, i, n, 1);
+            cr_assert_lt(k, n);
+            cr_assert_eq(seen[k], 0, "n=%llu: %llu drawn twice", (unsigned long long)n,
+                         (unsigned long long)k);
+            seen[k] = 1;
+        }
+        free(seen);
+    }
+    /* epochs differ */
+    int same = 0;
+    for (uint64_t i = 0; i < 100; i++)
+        same += tr_loader_sample(1, 0, i, 100, 1) == tr_loader_sample(1, 1, i, 100, 1);
+    cr_assert_lt(same, 20);
+}
+
+static struct tr_data_source open_synthetic(struct tr_plugin **plugin)
+{
+    struct tr_plugin_path sp;
+    tr_plugin_path_init(&sp, NULL, NULL);
+    tr_err err = {{0}};
+    *plugin = tr_plugin_find(&sp, TR_KIND_DATA, "synthetic", &err);
+    cr_assert_not_null(*plugin, "%s", err.msg);
+    tr_plugin_path_free(&sp);
+    const struct tr_plugin_info *info = (*plugin)->info;
+    void *config = calloc(1, info->config_size);
+    struct tr_schema_use use = {info->options, config};
+    cr_assert_eq(tr_options_apply(NULL, NULL, "synthetic", &use, 1, &err), TR_OK, "%s", err.msg);
+    struct tr_create_args args = {.struct_size = sizeof args, .run_dir = ".", .recipe_dir = ".",
+                                  .seq_len = 8, .seed = 3, .rank = 0, .world = 1};
+    struct tr_data_source src = {.vt = info->vtable, .name = "synthetic"};
+    cr_assert_eq(info->create(tr_host_services(), config, &args, &src.self, &err), TR_OK, "%s", err.msg);
+    src.info.struct_size = sizeof src.info;
+    cr_assert_eq(src.vt->info(src.self, &src.info, &err), TR_OK, "%s", err.msg);
+    return src;
+}
+
+Test(loader, order_does_not_depend_on_workers_and_resumes_exactly, .init = environment)
+{
+    struct tr_plugin *plugin;
+    struct tr_data_source src = open_synthetic(&plugin);
+    enum { BATCHES = 40, B = 5, T = 8 };
+    static int32_t ref_in[BATCHES][B * T], ref_tg[BATCHES][B * T];
+    int workers[] = {0, 1, 2, 4};
+    for (size_t w = 0; w < 4; w++) {
+        struct tr_loader_config lc = {TR_SPLIT_TRAIN, B, workers[w], 3, 1, 9};
+        tr_err err = {{0}};
+        struct tr_loader *l = tr_loader_open(&src, &lc, 0, &err);
+        cr_assert_not_null(l, "%s", err.msg);
+        for (int b = 0; b < BATCHES; b++) {
+            int32_t in[B * T], tg[B * T];
+            cr_assert_eq(tr_loader_next(l, in, tg, NULL, &err), TR_OK, "%s", err.msg);
+            if (w == 0) {
+                memcpy(ref_in[b], in, sizeof in);
+                memcpy(ref_tg[b], tg, sizeof tg);
+            } else {
+                cr_assert_arr_eq(in, ref_in[b], sizeof in, "workers=%d batch %d differs", workers[w], b);
+                cr_assert_arr_eq(tg, ref_tg[b], sizeof tg);
+            }
+        }
+        cr_assert_eq(tr_loader_position(l), BATCHES);
+        tr_loader_close(l);
+    }
+    /* resume at micro-batch 17 continues with exactly the 18th batch */
+    struct tr_loader_config lc = {TR_SPLIT_TRAIN, B, 2, 3, 1, 9};
+    tr_err err = {{0}};
+    struct tr_loader *l = tr_loader_open(&src, &lc, 17, &err);
+    int32_t in[B * T], tg[B * T];
+    for (int b = 17; b < BATCHES; b++) {
+        cr_assert_eq(tr_loader_next(l, in, tg, NULL, &err), TR_OK);
+        cr_assert_arr_eq(in, ref_in[b], sizeof in, "resumed batch %d differs", b);
+    }
+    tr_loader_close(l);
+    if (plugin->info->destroy)
+        plugin->info->destroy(src.self);
+    tr_plugin_close(plugin);
+}
+
+/* ---- formats ----------------------------------------------------------- */
+
+Test(safetensors, round_trips_and_detects_truncation)
+{
+    float a[6] = {1, 2, 3, 4, 5, 6};
+    int32_t b[3] = {7, -8, 9};
+    struct tr_st_entry e[2] = {{"layer.weight", TR_F32, 2, {2, 3}, a, sizeof a},
+                               {"ids", TR_I32, 1, {3}, b, sizeof b}};
+    size_t size;
+    void *buf = tr_safetensors_write(e, 2, "{\"format\":\"pt\"}", &size);
+    cr_assert_not_null(buf);
+    uint64_t hlen;
+    memcpy(&hlen, buf, 8);
+    cr_assert_eq(hlen % 8, 0, "data must start 8-byte aligned");
+    tr_err err = {{0}};
+    struct tr_st_file *f = tr_safetensors_read(buf, size, "x.safetensors", &err);
+    cr_assert_not_null(f, "%s", err.msg);
+    cr_assert_eq(tr_safetensors_count(f), 2);
+    const struct tr_st_entry *w = tr_safetensors_find(f, "layer.weight");
+    cr_assert_not_null(w);
+    cr_assert_eq(w->ndim, 2);
+    cr_assert_eq(w->shape[1], 3);
+    cr_assert_arr_eq(w->data, a, sizeof a);
+    cr_assert_arr_eq(tr_safetensors_find(f, "ids")->data, b, sizeof b);
+    tr_safetensors_free(f);
+    cr_assert_null(tr_safetensors_read(buf, size - 4, "x.safetensors", &err));
+    cr_assert(strstr(err.msg, "x.safetensors: tensor 'ids' has data offsets"), "%s", err.msg);
+    cr_assert_null(tr_safetensors_read(buf, 5, "x.safetensors", &err));
+    cr_assert_str_eq(err.msg, "x.safetensors: truncated safetensors file (5 bytes)");
+    free(buf);
+}
+
+Test(json, parses_what_checkpoints_write)
+{
+    const char *text = "{\"step\": 12, \"name\": \"a\\\"b\", \"vars\": {\"scale\": 65536.5}, \"list\": [1, true, null]}";
+    struct tr_json *j = tr_json_parse(text, strlen(text), NULL);
+    cr_assert_not_null(j);
+    cr_assert_float_eq(tr_json_number(j, "step", 0), 12, 0);
+    cr_assert_str_eq(tr_json_string(j, "name"), "a\"b");
+    cr_assert_float_eq(tr_json_number(tr_json_get(j, "vars"), "scale", 0), 65536.5, 0);
+    cr_assert_eq(tr_json_get(j, "list")->n, 3);
+    tr_json_free(j);
+    size_t at = 0;
+    cr_assert_null(tr_json_parse("{\"a\": }", 7, &at));
+    cr_assert_eq(at, 6);
+}
+
+Test(suggest, picks_the_closest_within_reach)
+{
+    const char *names[] = {"warmup", "min_lr_ratio", "steps"};
+    cr_assert_str_eq(tr_suggest("warmpu", names, 3), "warmup");
+    cr_assert_str_eq(tr_suggest("step", names, 3), "steps");
+    cr_assert_null(tr_suggest("batch", names, 3));
+    cr_assert_eq(tr_edit_distance("kitten", "sitting"), 3);
+}
