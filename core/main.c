@@ -1,6 +1,7 @@
 /* trainrun: the command line. */
 #include "run_config.h"
 #include "options.h"
+#include "checkpoint.h"
 #include "run.h"
 #include "util.h"
 
@@ -16,6 +17,7 @@ static void usage(FILE *out)
             "       trainrun plugins [KIND]                      installed plugins and their options\n"
             "       trainrun sample CHECKPOINT [--prompt TEXT] [--tokens N] [--temperature T]\n"
             "                       [--top-k K] [--seed N] [--recipe FILE]\n"
+            "       trainrun export CHECKPOINT --dtype bf16|fp16|fp32 -o FILE.safetensors\n"
             "       trainrun help [recipe]                       this text, or the recipe reference\n"
             "       trainrun version\n"
             "\n"
@@ -196,6 +198,58 @@ static int cmd_sample(int argc, char **argv)
     return tr_sample(&f);
 }
 
+static int cmd_export(int argc, char **argv)
+{
+    const char *out = NULL, *dtype_name = "bf16";
+    if (argc < 3) {
+        usage(stderr);
+        return TR_EXIT_USAGE;
+    }
+    for (int i = 3; i < argc; i++) {
+        if ((strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--output") == 0) && i + 1 < argc)
+            out = argv[++i];
+        else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc)
+            dtype_name = argv[++i];
+        else {
+            fprintf(stderr, "trainrun: error: unknown argument '%s' for export\n", argv[i]);
+            return TR_EXIT_USAGE;
+        }
+    }
+    enum tr_dtype dtype;
+    if (strcmp(dtype_name, "bf16") == 0)
+        dtype = TR_BF16;
+    else if (strcmp(dtype_name, "fp16") == 0)
+        dtype = TR_F16;
+    else if (strcmp(dtype_name, "fp32") == 0)
+        dtype = TR_F32;
+    else {
+        fprintf(stderr, "trainrun: error: --dtype takes bf16, fp16 or fp32, not '%s'\n", dtype_name);
+        return TR_EXIT_USAGE;
+    }
+    if (!out) {
+        fprintf(stderr, "trainrun: error: export needs -o FILE.safetensors\n");
+        return TR_EXIT_USAGE;
+    }
+    tr_err err = {{0}};
+    char *dir = NULL, *name = NULL;
+    int code = TR_EXIT_OK;
+    if (tr_checkpoint_resolve(argv[2], &dir, &name, &err) != TR_OK) {
+        code = TR_EXIT_ERROR;
+    } else {
+        char *path = tr_xasprintf("%s/%s", dir, name);
+        if (tr_export_weights(path, dtype, out, &err) != TR_OK)
+            code = TR_EXIT_ERROR;
+        else
+            fprintf(stderr, "trainrun: wrote %s (%s weights of %s)\n", out, dtype_name, path);
+        free(path);
+    }
+    if (code != TR_EXIT_OK)
+        fprintf(stderr, "trainrun: error: %s\n", err.msg);
+    free(dir);
+    free(name);
+    return code;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -220,6 +274,8 @@ int main(int argc, char **argv)
         return cmd_plugins(argc, argv);
     if (strcmp(cmd, "sample") == 0)
         return cmd_sample(argc, argv);
+    if (strcmp(cmd, "export") == 0)
+        return cmd_export(argc, argv);
     if (strcmp(cmd, "run") == 0) {
         if (argc < 3) {
             usage(stderr);

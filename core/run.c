@@ -1,5 +1,7 @@
 #include "run.h"
 
+#include "backend.h"
+#include "checkpoint.h"
 #include "graph.h"
 #include "json.h"
 #include "loader.h"
@@ -41,13 +43,17 @@ struct run {
     int accum;               /* micro-batches per optimizer step */
     uint32_t vocab;          /* token ids must be below this */
     uint64_t step;           /* optimizer steps done */
+    uint64_t skipped;        /* steps skipped for non-finite gradients */
     double last_loss, last_val, last_accuracy;
+    char best[64];           /* checkpoint of the best validation loss */
+    double best_val;
+    uint64_t best_step;
     /* where time goes */
-    double t_data, t_compute, t_optimizer, t_eval, t_checkpoint;
+    double t_data, t_compute, t_optimizer, t_eval;
     FILE *metrics;
     const struct tr_precision_vtable *precision;
     const struct tr_schedule_vtable *schedule;
-    const struct tr_checkpoint_vtable *ckpt;
+    struct tr_checkpointer *ckpt;
 };
 
 static int vt_has(const void *vt, size_t offset_end)
@@ -79,257 +85,49 @@ static size_t save_vars(const void *vt, int kind, void *self, struct tr_state_va
     return 0;
 }
 
-static void write_vars(FILE *f, const char *key, const struct tr_state_var *vars, size_t n)
+/* The run's state as a checkpoint records it. */
+static void capture_state(struct run *r, uint64_t loader_position, struct tr_run_state *st)
 {
-    fprintf(f, "  \"%s\": {", key);
-    for (size_t i = 0; i < n; i++) {
-        fprintf(f, "%s", i ? ", " : "");
-        tr_json_write_string(f, vars[i].name);
-        fprintf(f, ": %.17g", vars[i].value);
-    }
-    fprintf(f, "}");
+    memset(st, 0, sizeof *st);
+    st->step = r->step;
+    st->applied = r->opt.applied;
+    st->loader_position = loader_position;
+    st->skipped = r->skipped;
+    st->loss = r->last_loss;
+    st->val_loss = r->last_val;
+    snprintf(st->best, sizeof st->best, "%s", r->best);
+    st->best_val_loss = r->best_val;
+    st->best_step = r->best_step;
+    st->n_precision = save_vars(r->precision, TR_KIND_PRECISION, r->cfg->precision.self,
+                                st->precision, 32);
+    st->n_schedule = save_vars(r->schedule, TR_KIND_SCHEDULE, r->cfg->schedule.self,
+                               st->schedule, 32);
 }
 
-static void *params_blob(struct run *r, const float *base, const char *prefix, size_t *size)
+static int restore_state(struct run *r, const struct tr_run_state *st, tr_err *err)
 {
-    struct tr_graph *g = r->g;
-    struct tr_st_entry *e = tr_xcalloc((size_t)g->n_tensors, sizeof *e);
-    char **names = tr_xcalloc((size_t)g->n_tensors, sizeof *names);
-    size_t n = 0;
-    for (int i = 0; i < g->n_tensors; i++) {
-        struct tr_tensor *t = &g->tensors[i];
-        if (t->role != TR_ROLE_PARAM)
-            continue;
-        names[n] = tr_xasprintf("%s%s", prefix, t->name);
-        e[n] = (struct tr_st_entry){names[n], TR_F32, t->ndim, {0}, base + t->offset,
-                                    t->numel * sizeof(float)};
-        memcpy(e[n].shape, t->shape, sizeof t->shape);
-        n++;
-    }
-    void *blob = tr_safetensors_write(e, n, "{\"format\":\"pt\",\"producer\":\"trainrun\"}", size);
-    for (size_t i = 0; i < n; i++)
-        free(names[i]);
-    free(names);
-    free(e);
-    return blob;
-}
-
-static int save_checkpoint(struct run *r, tr_err *err)
-{
-    struct tr_config *cfg = r->cfg;
-    void *self = cfg->checkpoint.self;
-    double t0 = tr_now();
-    char name[64];
-    snprintf(name, sizeof name, "step-%010llu", (unsigned long long)r->step);
-
-    size_t model_size = 0, optim_size = 0;
-    void *model = params_blob(r, r->g->params, "", &model_size);
-    void *optim = params_blob(r, r->opt.m, "exp_avg.", &optim_size);
-    void *optim2 = NULL;
-    size_t optim2_size = 0;
-    if (r->opt.v)
-        optim2 = params_blob(r, r->opt.v, "exp_avg_sq.", &optim2_size);
-    char *state = NULL;
-    size_t state_size = 0;
-    FILE *f = open_memstream(&state, &state_size);
-    struct tr_state_var vars[32];
-    fprintf(f, "{\n  \"format\": 1,\n  \"step\": %llu,\n  \"applied_steps\": %lld,\n",
-            (unsigned long long)r->step, (long long)r->opt.applied);
-    fprintf(f, "  \"loader_position\": %llu,\n  \"seed\": %lld,\n",
-            (unsigned long long)tr_loader_position(r->loader), (long long)cfg->train.seed);
-    fprintf(f, "  \"recipe\": ");
-    char abs[PATH_MAX];
-    tr_json_write_string(f, realpath(tr_recipe_path(cfg->recipe), abs) ? abs : tr_recipe_path(cfg->recipe));
-    fprintf(f, ",\n  \"overrides\": [");
-    for (int i = 0; i < cfg->n_overrides; i++) {
-        fprintf(f, "%s", i ? ", " : "");
-        tr_json_write_string(f, cfg->overrides[i]);
-    }
-    fprintf(f, "]");
-    fprintf(f, ",\n  \"loss\": %.9g,\n  \"val_loss\": %.9g,\n", r->last_loss,
-            isnan(r->last_val) ? -1.0 : r->last_val);
-    size_t nv = save_vars(r->precision, TR_KIND_PRECISION, cfg->precision.self, vars, 32);
-    write_vars(f, "precision", vars, nv);
-    fprintf(f, ",\n");
-    nv = save_vars(r->schedule, TR_KIND_SCHEDULE, cfg->schedule.self, vars, 32);
-    write_vars(f, "schedule", vars, nv);
-    fprintf(f, ",\n  \"checksums\": {\"model.safetensors\": %lu, \"optimizer.safetensors\": %lu",
-            crc32(0, model, (uInt)model_size), crc32(0, optim, (uInt)optim_size));
-    if (optim2)
-        fprintf(f, ", \"optimizer2.safetensors\": %lu", crc32(0, optim2, (uInt)optim2_size));
-    fprintf(f, "}\n}\n");
-    fclose(f);
-
-    int rc = TR_ERROR;
-    if (!model || !optim || (r->opt.v && !optim2)) {
-        tr_fail(err, "out of memory while serialising checkpoint %s", name);
-        goto done;
-    }
-    if (r->ckpt->begin(self, name, err) != TR_OK ||
-        r->ckpt->put(self, "model.safetensors", model, model_size, err) != TR_OK ||
-        r->ckpt->put(self, "optimizer.safetensors", optim, optim_size, err) != TR_OK ||
-        (optim2 && r->ckpt->put(self, "optimizer2.safetensors", optim2, optim2_size, err) != TR_OK) ||
-        /* state last: its checksums vouch for the blobs before it */
-        r->ckpt->put(self, "state.json", state, state_size, err) != TR_OK ||
-        r->ckpt->commit(self, err) != TR_OK) {
-        r->ckpt->abort(self);
-        tr_err_prefix(err, "checkpoint %s not saved", name);
-        goto done;
-    }
-    rc = TR_OK;
-done:
-    free(model);
-    free(optim);
-    free(optim2);
-    free(state);
-    r->t_checkpoint += tr_now() - t0;
-    return rc;
-}
-
-struct name_list {
-    char **names;
-    size_t n;
-};
-
-static void collect(void *ud, const char *name)
-{
-    struct name_list *l = ud;
-    l->names = tr_xrealloc(l->names, (l->n + 1) * sizeof *l->names);
-    l->names[l->n++] = tr_xstrdup(name);
-}
-
-static void free_names(struct name_list *l)
-{
-    for (size_t i = 0; i < l->n; i++)
-        free(l->names[i]);
-    free(l->names);
-}
-
-static void prune_checkpoints(struct run *r)
-{
-    struct name_list l = {0};
-    tr_err err = {{0}};
-    if (r->ckpt->list(r->cfg->checkpoint.self, collect, &l, &err) != TR_OK)
-        return;
-    for (size_t i = (size_t)r->cfg->checkpoint_policy.keep; i < l.n; i++)
-        if (r->ckpt->remove(r->cfg->checkpoint.self, l.names[i], &err) != TR_OK)
-            tr_log(TR_LOG_WARN, "checkpoint", "cannot remove %s: %s", l.names[i], err.msg);
-    free_names(&l);
-}
-
-static int load_params(struct run *r, const void *blob, size_t size, const char *prefix, float *base,
-                       const char *what, tr_err *err)
-{
-    struct tr_st_file *f = tr_safetensors_read(blob, size, what, err);
-    if (!f)
+    r->step = st->step;
+    r->opt.applied = st->applied;
+    r->skipped = st->skipped;
+    r->last_loss = st->loss;
+    r->last_val = st->val_loss;
+    snprintf(r->best, sizeof r->best, "%s", st->best);
+    r->best_val = st->best_val_loss;
+    r->best_step = st->best_step;
+    if (HAS_SLOT(r->precision, struct tr_precision_vtable, state_load) &&
+        r->precision->state_load(r->cfg->precision.self, st->precision, st->n_precision, err) != TR_OK)
         return TR_ERROR;
-    int rc = TR_OK;
-    for (int i = 0; i < r->g->n_tensors && rc == TR_OK; i++) {
-        struct tr_tensor *t = &r->g->tensors[i];
-        if (t->role != TR_ROLE_PARAM)
-            continue;
-        char *key = tr_xasprintf("%s%s", prefix, t->name);
-        const struct tr_st_entry *e = tr_safetensors_find(f, key);
-        if (!e)
-            rc = tr_fail(err, "%s has no tensor '%s' (a checkpoint of another model?)", what, key);
-        else if (e->dtype != TR_F32 || e->bytes != t->numel * sizeof(float))
-            rc = tr_fail(err, "%s: tensor '%s' has another shape or dtype than the model's", what, key);
-        else
-            r->be.iface->upload(r->be.context, base + t->offset, e->data, e->bytes);
-        free(key);
-    }
-    tr_safetensors_free(f);
-    return rc;
-}
-
-static int load_vars(const struct tr_json *obj, int kind, struct run *r, tr_err *err)
-{
-    struct tr_state_var vars[32];
-    size_t n = 0;
-    for (size_t i = 0; obj && obj->type == TR_JSON_OBJECT && i < obj->n && n < 32; i++) {
-        snprintf(vars[n].name, sizeof vars[n].name, "%s", obj->keys[i]);
-        vars[n++].value = obj->items[i]->number;
-    }
-    if (kind == TR_KIND_PRECISION) {
-        if (HAS_SLOT(r->precision, struct tr_precision_vtable, state_load))
-            return r->precision->state_load(r->cfg->precision.self, vars, n, err);
-    } else if (HAS_SLOT(r->schedule, struct tr_schedule_vtable, state_load)) {
-        return r->schedule->state_load(r->cfg->schedule.self, vars, n, err);
-    }
+    if (HAS_SLOT(r->schedule, struct tr_schedule_vtable, state_load) &&
+        r->schedule->state_load(r->cfg->schedule.self, st->schedule, st->n_schedule, err) != TR_OK)
+        return TR_ERROR;
     return TR_OK;
 }
 
-/* Load one checkpoint into the run; the run is untouched on failure of the
- * checks that come before any upload. */
-static int load_checkpoint(struct run *r, const char *name, uint64_t *loader_position, tr_err *err)
+static int save(struct run *r, uint64_t loader_position, tr_err *err)
 {
-    void *self = r->cfg->checkpoint.self;
-    const char *blobs[] = {"state.json", "model.safetensors", "optimizer.safetensors",
-                           "optimizer2.safetensors"};
-    void *data[4] = {NULL};
-    size_t size[4] = {0};
-    struct tr_json *state = NULL;
-    int rc = TR_ERROR;
-    int nblobs = r->opt.v ? 4 : 3;
-    for (int i = 0; i < nblobs; i++)
-        if (r->ckpt->get(self, name, blobs[i], &data[i], &size[i], err) != TR_OK)
-            goto done;
-    size_t bad = 0;
-    state = tr_json_parse(data[0], size[0], &bad);
-    if (!state) {
-        tr_fail(err, "state.json is not valid JSON (byte %zu)", bad);
-        goto done;
-    }
-    const struct tr_json *sums = tr_json_get(state, "checksums");
-    for (int i = 1; i < nblobs; i++) {
-        double want = tr_json_number(sums, blobs[i], -1);
-        unsigned long got = crc32(0, data[i], (uInt)size[i]);
-        if (want < 0 || (unsigned long)want != got) {
-            tr_fail(err, "%s fails its checksum (torn or corrupted write)", blobs[i]);
-            goto done;
-        }
-    }
-    if (load_params(r, data[1], size[1], "", r->g->params, "model.safetensors", err) != TR_OK ||
-        load_params(r, data[2], size[2], "exp_avg.", r->opt.m, "optimizer.safetensors", err) != TR_OK ||
-        (r->opt.v && load_params(r, data[3], size[3], "exp_avg_sq.", r->opt.v, "optimizer2.safetensors",
-                             err) != TR_OK) ||
-        load_vars(tr_json_get(state, "precision"), TR_KIND_PRECISION, r, err) != TR_OK ||
-        load_vars(tr_json_get(state, "schedule"), TR_KIND_SCHEDULE, r, err) != TR_OK)
-        goto done;
-    r->step = (uint64_t)tr_json_number(state, "step", 0);
-    r->opt.applied = (int64_t)tr_json_number(state, "applied_steps", 0);
-    r->last_loss = tr_json_number(state, "loss", NAN);
-    *loader_position = (uint64_t)tr_json_number(state, "loader_position", 0);
-    rc = TR_OK;
-done:
-    for (int i = 0; i < 4; i++)
-        tr_free(data[i]);
-    tr_json_free(state);
-    return rc;
-}
-
-/* Newest checkpoint that loads; warns about each one skipped. Returns 1 if
- * one was loaded, 0 if there was none, TR_ERROR if all were bad. */
-static int resume(struct run *r, uint64_t *loader_position, tr_err *err)
-{
-    struct name_list l = {0};
-    if (r->ckpt->list(r->cfg->checkpoint.self, collect, &l, err) != TR_OK)
-        return TR_ERROR;
-    int rc = 0;
-    for (size_t i = 0; i < l.n; i++) {
-        tr_err why = {{0}};
-        if (load_checkpoint(r, l.names[i], loader_position, &why) == TR_OK) {
-            tr_log(TR_LOG_INFO, NULL, "resumed from checkpoint %s (step %llu)", l.names[i],
-                   (unsigned long long)r->step);
-            rc = 1;
-            break;
-        }
-        tr_log(TR_LOG_WARN, "checkpoint", "skipping %s: %s", l.names[i], why.msg);
-        rc = TR_ERROR;
-        tr_fail(err, "no checkpoint could be loaded (the newest, %s: %s)", l.names[0], why.msg);
-    }
-    free_names(&l);
-    return rc;
+    struct tr_run_state st;
+    capture_state(r, loader_position, &st);
+    return tr_checkpointer_save(r->ckpt, r->g->params, r->opt.m, r->opt.v, &st, err);
 }
 
 /* ---- one step ----------------------------------------------------------- */
@@ -412,9 +210,10 @@ static void progress(struct run *r, double lr, double grad_norm, double elapsed,
     if (r->metrics)
         fprintf(r->metrics,
                 "{\"step\": %llu, \"loss\": %.6g, \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens_per_s\": %.1f, "
-                "\"data_wait_pct\": %.2f, \"loss_scale\": %.6g, \"elapsed_s\": %.3f}\n",
+                "\"data_wait_pct\": %.2f, \"loss_scale\": %.6g, \"skipped_steps\": %llu, \"elapsed_s\": %.3f}\n",
                 (unsigned long long)r->step, r->last_loss, lr, grad_norm,
-                tokens / (elapsed > 0 ? elapsed : 1), wait, loss_scale(r), elapsed);
+                tokens / (elapsed > 0 ? elapsed : 1), wait, loss_scale(r),
+                (unsigned long long)r->skipped, elapsed);
 }
 
 /* ---- setup and the loop ------------------------------------------------- */
@@ -422,15 +221,10 @@ static void progress(struct run *r, double lr, double grad_norm, double elapsed,
 static int setup(struct run *r, tr_err *err)
 {
     struct tr_config *cfg = r->cfg;
-    if (strcmp(cfg->device, "cpu") != 0)
-        return tr_fail(err, "device \"%s\" is not available in this build: the CUDA backend is not "
-                       "part of this trainrun yet; run with device=cpu", cfg->device);
-    if (tr_cpu_backend_init(&r->be, (int)cfg->train.threads) != 0)
-        return tr_fail(err, "cannot start the cpu backend");
+    if (tr_backend_open(&r->be, cfg->device, (int)cfg->train.threads, &cfg->plugin_path, err) != TR_OK)
+        return TR_ERROR;
     r->precision = cfg->precision.plugin->info->vtable;
     r->schedule = cfg->schedule.plugin->info->vtable;
-    r->ckpt = cfg->checkpoint.plugin->info->vtable;
-
 
     r->g = tr_model_build(cfg->recipe, (int)cfg->train.micro_batch, err);
     if (!r->g)
@@ -486,16 +280,39 @@ static int setup(struct run *r, tr_err *err)
         if (r->g->nodes[i].op == TR_OP_EMBEDDING && r->g->nodes[i].in[1] == r->g->inputs[0])
             r->vocab = (uint32_t)r->g->tensors[r->g->nodes[i].in[0]].shape[0];
     r->last_val = NAN;
-    return TR_OK;
+    r->best_val = NAN;
+    r->last_loss = NAN;
+
+    char recipe[PATH_MAX];
+    const struct tr_checkpoint_policy *cp = &cfg->checkpoint_policy;
+    struct tr_checkpointer_config cc = {
+        .vt = cfg->checkpoint.plugin->info->vtable,
+        .self = cfg->checkpoint.self,
+        .g = r->g,
+        .be = &r->be,
+        .has_second_moment = r->opt.v != NULL,
+        .keep = cp->keep,
+        .weights_dtype = strcmp(cp->weights_dtype, "bf16") == 0   ? TR_BF16
+                         : strcmp(cp->weights_dtype, "fp16") == 0 ? TR_F16
+                                                                  : TR_F32,
+        .async = cp->async,
+        .recipe = realpath(tr_recipe_path(cfg->recipe), recipe) ? recipe : tr_recipe_path(cfg->recipe),
+        .overrides = cfg->overrides,
+        .n_overrides = cfg->n_overrides,
+        .seed = cfg->train.seed,
+    };
+    r->ckpt = tr_checkpointer_open(&cc, err);
+    return r->ckpt ? TR_OK : TR_ERROR;
 }
 
 static void teardown(struct run *r)
 {
+    tr_checkpointer_close(r->ckpt);
     tr_loader_close(r->loader);
     if (r->be.iface) {
         tr_optimizer_free(&r->opt, &r->be);
         tr_graph_free(r->g, &r->be);
-        tr_cpu_backend_free(&r->be);
+        tr_backend_close(&r->be);
     }
     tr_free(r->host_inputs);
     tr_free(r->host_targets);
@@ -505,7 +322,8 @@ static void teardown(struct run *r)
 
 static void summary(struct run *r, double elapsed, double tokens)
 {
-    double parts = r->t_data + r->t_compute + r->t_optimizer + r->t_eval + r->t_checkpoint;
+    double t_checkpoint = tr_checkpointer_stall(r->ckpt);
+    double parts = r->t_data + r->t_compute + r->t_optimizer + r->t_eval + t_checkpoint;
     double other = elapsed > parts ? elapsed - parts : 0;
     fprintf(stderr, "\nrun %s: %llu steps in %.1f s, %.0f tokens/s\n", r->cfg->name,
             (unsigned long long)r->step, elapsed, tokens / (elapsed > 0 ? elapsed : 1));
@@ -516,7 +334,12 @@ static void summary(struct run *r, double elapsed, double tokens)
     fprintf(stderr, "\n  time: data wait %.1f%%, forward+backward %.1f%%, optimizer %.1f%%, "
                     "evaluation %.1f%%, checkpoint %.1f%%, other %.1f%%\n",
             100 * r->t_data / elapsed, 100 * r->t_compute / elapsed, 100 * r->t_optimizer / elapsed,
-            100 * r->t_eval / elapsed, 100 * r->t_checkpoint / elapsed, 100 * other / elapsed);
+            100 * r->t_eval / elapsed, 100 * t_checkpoint / elapsed, 100 * other / elapsed);
+    if (r->skipped)
+        fprintf(stderr, "  %llu steps skipped for non-finite gradients\n", (unsigned long long)r->skipped);
+    if (r->best[0])
+        fprintf(stderr, "  best validation loss %.4f at step %llu (checkpoint %s)\n", r->best_val,
+                (unsigned long long)r->best_step, r->best);
     if (r->t_data > 0.05 * (r->t_data + r->t_compute))
         fprintf(stderr, "  warning: the step waited for data %.1f%% of the time: raise train.workers "
                         "or prepare the data into shards\n",
@@ -537,11 +360,19 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
 
     uint64_t position = 0;
     if (flags->resume) {
-        int rc = resume(r, &position, &err);
-        if (rc == TR_ERROR)
+        struct tr_run_state st;
+        char name[64];
+        int rc = tr_checkpointer_resume(r->ckpt, r->g->params, r->opt.m, r->opt.v, &st, name,
+                                        sizeof name, &err);
+        if (rc == TR_ERROR || (rc == 1 && restore_state(r, &st, &err) != TR_OK))
             goto fail;
-        if (rc == 0)
+        if (rc == 1) {
+            position = st.loader_position;
+            tr_log(TR_LOG_INFO, NULL, "resumed from checkpoint %s (step %llu)", name,
+                   (unsigned long long)r->step);
+        } else {
             tr_log(TR_LOG_INFO, NULL, "no checkpoint to resume from: starting at step 0");
+        }
     }
     struct tr_loader_config lc = {TR_SPLIT_TRAIN, (int)cfg->train.micro_batch,
                                   (int)cfg->train.workers, (int)cfg->train.prefetch, 1,
@@ -563,13 +394,16 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
     uint64_t steps = (uint64_t)cfg->train.steps;
     double tokens_per_step = (double)cfg->train.batch * r->data.info.target_len;
     double t_start = tr_now(), tokens = 0, lr = 0, grad_norm = 0;
-    uint64_t first_step = r->step;
-    while (r->step < steps) {
+    while (r->step < steps && !stop_signal) {
         /* forward and backward over the micro-batches of one step */
+        uint64_t step_start = tr_loader_position(r->loader);
         r->be.iface->zero(r->be.context, r->g->grads, r->g->n_params * sizeof(float));
         double scale = loss_scale(r), loss_sum = 0;
         r->g->loss_grad = (float)(scale / r->accum); /* the mean over micro-batches */
-        for (int k = 0; k < r->accum; k++) {
+        int k;
+        for (k = 0; k < r->accum; k++) {
+            if (k > 0 && stop_signal)
+                break; /* abandon the step: the checkpoint below predates it */
             if (load_micro_batch(r, r->loader, &r->t_data, &err) != TR_OK)
                 goto fail;
             double t0 = tr_now();
@@ -577,6 +411,10 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
             loss_sum += read_loss(r);
             tr_graph_backward(r->g, &r->be);
             r->t_compute += tr_now() - t0;
+        }
+        if (k < r->accum) {
+            position = step_start;
+            break;
         }
         r->last_loss = loss_sum / r->accum;
 
@@ -601,14 +439,18 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
             double clip = cfg->optimizer.clip > 0 && grad_norm > cfg->optimizer.clip
                               ? cfg->optimizer.clip / grad_norm : 1.0;
             tr_optimizer_step(&r->opt, r->g, &r->be, clip / scale, lr);
+        } else {
+            r->skipped++;
         }
         r->t_optimizer += tr_now() - t0;
         r->step++;
         tokens += tokens_per_step;
+        position = tr_loader_position(r->loader);
 
         int last = r->step == steps;
         if (r->step % (uint64_t)cfg->train.log_every == 0 || last)
             progress(r, lr, grad_norm, tr_now() - t_start, tokens, flags->quiet);
+        int improved = 0;
         if ((cfg->train.eval_every && r->step % (uint64_t)cfg->train.eval_every == 0) || last) {
             double accuracy;
             if (evaluate(r, &r->last_val, &accuracy, &err) != TR_OK)
@@ -622,29 +464,38 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
                         (unsigned long long)r->step, r->last_val, isnan(accuracy) ? -1.0 : accuracy);
             if (HAS_SLOT(r->schedule, struct tr_schedule_vtable, observe))
                 r->schedule->observe(cfg->schedule.self, r->step, r->last_val);
-        }
-        int due = cfg->checkpoint_policy.every && r->step % (uint64_t)cfg->checkpoint_policy.every == 0;
-        if (due || last || stop_signal) {
-            tr_err cerr = {{0}};
-            if (save_checkpoint(r, &cerr) != TR_OK) {
-                tr_log(TR_LOG_ERROR, NULL, "%s", cerr.msg);
-                if (stop_signal || last) { /* nothing later will save it */
-                    err = cerr;
-                    goto fail;
-                }
-            } else {
-                prune_checkpoints(r);
+            if (cfg->checkpoint_policy.keep_best && (isnan(r->best_val) || r->last_val < r->best_val)) {
+                improved = 1;
+                r->best_val = r->last_val;
+                r->best_step = r->step;
+                snprintf(r->best, sizeof r->best, "step-%010llu", (unsigned long long)r->step);
             }
         }
-        if (stop_signal) {
-            tr_log(TR_LOG_WARN, NULL, "received signal %d: checkpoint of step %llu saved; exiting "
-                   "with code %d (requeue, then --resume auto)", (int)stop_signal,
-                   (unsigned long long)r->step, TR_EXIT_PREEMPTED);
-            code = TR_EXIT_PREEMPTED;
-            goto out;
+        int due = cfg->checkpoint_policy.every && r->step % (uint64_t)cfg->checkpoint_policy.every == 0;
+        if ((due || last || improved) && !stop_signal) {
+            tr_err cerr = {{0}};
+            if (save(r, position, &cerr) != TR_OK) /* a failed save never stops training */
+                tr_log(TR_LOG_ERROR, NULL, "%s", cerr.msg);
         }
     }
-    (void)first_step;
+    if (stop_signal && r->step < steps) {
+        /* preempted: checkpoint now, within the deadline, and exit for requeue */
+        int sig = (int)stop_signal;
+        double t0 = tr_now();
+        if (save(r, position, &err) != TR_OK || tr_checkpointer_wait(r->ckpt, &err) != TR_OK)
+            goto fail;
+        double took = tr_now() - t0;
+        if (took > cfg->checkpoint_policy.deadline)
+            tr_log(TR_LOG_WARN, NULL, "the preemption checkpoint took %.1f s, over the %.0f s "
+                   "deadline (checkpoint.deadline)", took, cfg->checkpoint_policy.deadline);
+        tr_log(TR_LOG_WARN, NULL, "received signal %d: checkpoint of step %llu saved in %.2f s; "
+               "exiting with code %d (requeue, then --resume auto)", sig,
+               (unsigned long long)r->step, took, TR_EXIT_PREEMPTED);
+        code = TR_EXIT_PREEMPTED;
+        goto out;
+    }
+    if (tr_checkpointer_wait(r->ckpt, &err) != TR_OK)
+        goto fail; /* the final checkpoint did not land */
     if (!flags->quiet)
         summary(r, tr_now() - t_start, tokens);
     code = TR_EXIT_OK;
@@ -679,44 +530,6 @@ static void keep_top_k(float *logits, int n, int k)
     free(sorted);
 }
 
-static int resolve_checkpoint(const char *path, char **dir, char **name, tr_err *err)
-{
-    struct stat st;
-    char *latest = NULL;
-    const char *candidates[] = {"%s/LATEST", "%s/checkpoints/LATEST"};
-    for (int i = 0; i < 2; i++) {
-        char *p = tr_xasprintf(candidates[i], path);
-        FILE *f = fopen(p, "r");
-        if (f) {
-            char buf[256] = "";
-            if (fgets(buf, sizeof buf, f))
-                buf[strcspn(buf, "\r\n")] = 0;
-            fclose(f);
-            *dir = i == 0 ? tr_xstrdup(path) : tr_xasprintf("%s/checkpoints", path);
-            *name = tr_xstrdup(buf);
-            free(p);
-            return TR_OK;
-        }
-        free(p);
-    }
-    char *state = tr_xasprintf("%s/state.json", path);
-    int ok = stat(state, &st) == 0;
-    free(state);
-    free(latest);
-    if (!ok)
-        return tr_fail(err, "%s is not a checkpoint, a checkpoints directory or a run directory "
-                       "(no state.json or LATEST there)", path);
-    char *copy = tr_xstrdup(path);
-    size_t len = strlen(copy);
-    while (len > 1 && copy[len - 1] == '/')
-        copy[--len] = 0;
-    *dir = tr_dirname(copy);
-    const char *slash = strrchr(copy, '/');
-    *name = tr_xstrdup(slash ? slash + 1 : copy);
-    free(copy);
-    return TR_OK;
-}
-
 int tr_sample(const struct tr_sample_flags *fl)
 {
     tr_err err = {{0}};
@@ -729,7 +542,7 @@ int tr_sample(const struct tr_sample_flags *fl)
     struct run run, *r = &run;
     memset(r, 0, sizeof *r);
     int code = TR_EXIT_ERROR;
-    if (resolve_checkpoint(fl->checkpoint, &dir, &name, &err) != TR_OK)
+    if (tr_checkpoint_resolve(fl->checkpoint, &dir, &name, &err) != TR_OK)
         goto fail;
     char *state_path = tr_xasprintf("%s/%s/state.json", dir, name);
     FILE *f = fopen(state_path, "rb");
@@ -775,8 +588,8 @@ int tr_sample(const struct tr_sample_flags *fl)
     r->cfg = &cfg;
     if (setup(r, &err) != TR_OK)
         goto fail;
-    uint64_t pos;
-    if (load_checkpoint(r, name, &pos, &err) != TR_OK)
+    struct tr_run_state st;
+    if (tr_checkpointer_load(r->ckpt, name, r->g->params, r->opt.m, r->opt.v, &st, &err) != TR_OK)
         goto fail;
     struct tr_graph *g = r->g;
     struct tr_tensor *in = &g->tensors[g->inputs[0]];

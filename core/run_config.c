@@ -107,11 +107,24 @@ static const struct tr_option optimizer_options[] = {
     {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
 };
 
+static const char *const weight_dtypes[] = {"fp32", "bf16", "fp16", NULL};
 static const struct tr_option checkpoint_policy_options[] = {
     OPT(TR_OPT_INT, "every", "0", 0, TR_NO_MAX, "save every N steps (0: only at the end)",
         struct tr_checkpoint_policy, every),
-    OPT(TR_OPT_INT, "keep", "3", 1, TR_NO_MAX, "checkpoints kept, newest first",
+    OPT(TR_OPT_INT, "keep", "3", 1, TR_NO_MAX, "checkpoints kept, newest first (plus the best)",
         struct tr_checkpoint_policy, keep),
+    OPT(TR_OPT_BOOL, "keep_best", "true", 0, 0,
+        "also save and keep the checkpoint of the lowest validation loss",
+        struct tr_checkpoint_policy, keep_best),
+    OPT(TR_OPT_BOOL, "async", "true", 0, 0,
+        "write in a background thread; the step loop stalls only for a snapshot",
+        struct tr_checkpoint_policy, async),
+    OPT(TR_OPT_FLOAT, "deadline", "120", 0, TR_NO_MAX,
+        "seconds a preemption checkpoint (SIGTERM, SIGUSR1) should take; warns when exceeded",
+        struct tr_checkpoint_policy, deadline),
+    {TR_OPT_ENUM, "weights_dtype", "fp32", 0, 0, weight_dtypes,
+     "dtype of model.safetensors; bf16/fp16 halve it, but resuming from it is not bit-exact",
+     offsetof(struct tr_checkpoint_policy, weights_dtype)},
     {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
 };
 
@@ -124,7 +137,8 @@ static const struct tr_option root_options[] = {
      offsetof(struct root_config, name)},
     {TR_OPT_STRING, "run_dir", "", 0, 0, NULL,
      "where metrics and checkpoints go (default: runs/<name>)", offsetof(struct root_config, run_dir)},
-    {TR_OPT_ENUM, "device", "cpu", 0, 0, devices, "where the math runs",
+    {TR_OPT_ENUM, "device", "cpu", 0, 0, devices,
+     "where the math runs: cpu, or cuda (needs the CUDA backend module and a GPU)",
      offsetof(struct root_config, device)},
     {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
 };

@@ -24,6 +24,9 @@ struct tr_optimizer_config {
 
 struct tr_checkpoint_policy {
     int64_t every, keep;
+    int keep_best, async;
+    double deadline;
+    const char *weights_dtype;
 };
 
 struct tr_slot {

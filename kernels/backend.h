@@ -50,10 +50,28 @@ struct tr_backend_iface {
 struct tr_backend {
     const struct tr_backend_iface *iface;
     void *context;
+    const struct tr_backend_module *module; /* NULL for the built-in CPU backend */
 };
 
 /* The CPU backend; `threads` 0 means one per core. */
 int tr_cpu_backend_init(struct tr_backend *be, int threads);
 void tr_cpu_backend_free(struct tr_backend *be);
+
+/* A backend other than the CPU one is a loadable module, backend_<device>.so,
+ * found on the plugin search path and exporting TR_BACKEND_ENTRY_NAME, so a
+ * trainrun built with a device backend still starts where that device (or
+ * its driver) is missing, and says why device=<name> is unavailable. */
+#define TR_BACKEND_ABI 1
+#define TR_BACKEND_ENTRY_NAME "trainrun_backend_entry"
+
+struct tr_backend_module {
+    uint32_t abi;         /* TR_BACKEND_ABI */
+    uint32_t struct_size; /* sizeof(struct tr_backend_module) */
+    const char *name;     /* "cuda" */
+    /* Fill be->iface and be->context; on failure write why into why[0..size). */
+    int (*open)(struct tr_backend *be, int threads, char *why, size_t why_size);
+    void (*close)(struct tr_backend *be);
+};
+typedef const struct tr_backend_module *(*tr_backend_entry_fn)(void);
 
 #endif

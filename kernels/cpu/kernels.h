@@ -114,4 +114,13 @@ double tr_cpu_sum_squares(const float *x, size_t n);
 int64_t tr_cpu_count_correct(const float *logits, const int32_t *targets, int N, int V,
                              int ignore_index, int64_t *n_valid);
 
+/* ---- 16-bit floats: round to nearest even; fp16 overflow gives inf */
+uint16_t tr_f32_to_bf16(float f);
+float tr_bf16_to_f32(uint16_t h);
+uint16_t tr_f32_to_f16(float f);
+float tr_f16_to_f32(uint16_t h);
+/* bf16 != 0: bfloat16, else IEEE half */
+void tr_cpu_to_half(uint16_t *out, const float *in, size_t n, int bf16);
+void tr_cpu_from_half(float *out, const uint16_t *in, size_t n, int bf16);
+
 #endif

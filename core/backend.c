@@ -1,0 +1,64 @@
+#include "backend.h"
+
+#include "util.h"
+
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+int tr_backend_open(struct tr_backend *be, const char *device, int threads,
+                    const struct tr_plugin_path *search, tr_err *err)
+{
+    memset(be, 0, sizeof *be);
+    if (strcmp(device, "cpu") == 0) {
+        if (tr_cpu_backend_init(be, threads) != 0)
+            return tr_fail(err, "cannot start the cpu backend");
+        return TR_OK;
+    }
+    for (int i = 0; i < search->n; i++) {
+        char *path = tr_xasprintf("%s/backend_%s.so", search->dirs[i], device);
+        struct stat st;
+        if (stat(path, &st) != 0) {
+            free(path);
+            continue;
+        }
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            tr_fail(err, "device \"%s\" is unavailable: %s does not load (%s); run with device=cpu",
+                    device, path, dlerror());
+            free(path);
+            return TR_ERROR;
+        }
+        tr_backend_entry_fn entry = (tr_backend_entry_fn)dlsym(h, TR_BACKEND_ENTRY_NAME);
+        const struct tr_backend_module *m = entry ? entry() : NULL;
+        if (!m || m->abi != TR_BACKEND_ABI || m->struct_size < sizeof *m) {
+            tr_fail(err, "refusing backend %s: not a trainrun backend of ABI %d", path, TR_BACKEND_ABI);
+            free(path);
+            dlclose(h);
+            return TR_ERROR;
+        }
+        char why[512] = "";
+        if (m->open(be, threads, why, sizeof why) != 0) {
+            tr_fail(err, "device \"%s\" is unavailable on this machine: %s; run with device=cpu",
+                    device, why[0] ? why : "the backend did not start");
+            free(path);
+            return TR_ERROR; /* keep the module mapped: `why` may point into it */
+        }
+        be->module = m;
+        free(path);
+        return TR_OK;
+    }
+    return tr_fail(err, "device \"%s\" is unavailable: this trainrun has no %s backend "
+                   "(backend_%s.so is not on the plugin path); run with device=cpu",
+                   device, device, device);
+}
+
+void tr_backend_close(struct tr_backend *be)
+{
+    if (be->module)
+        be->module->close(be);
+    else if (be->iface)
+        tr_cpu_backend_free(be);
+    memset(be, 0, sizeof *be);
+}

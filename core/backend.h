@@ -1,0 +1,13 @@
+/* Choosing the device backend at run time: "cpu" is built in, any other is
+ * a loadable module (see kernels/backend.h). */
+#ifndef TR_CORE_BACKEND_H
+#define TR_CORE_BACKEND_H
+
+#include "../kernels/backend.h"
+#include "plugin.h"
+
+int tr_backend_open(struct tr_backend *be, const char *device, int threads,
+                    const struct tr_plugin_path *search, tr_err *err);
+void tr_backend_close(struct tr_backend *be);
+
+#endif

@@ -1,0 +1,574 @@
+#include "checkpoint.h"
+
+#include "../kernels/cpu/kernels.h"
+#include "json.h"
+#include "safetensors.h"
+#include "util.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <zlib.h>
+
+struct tr_checkpointer {
+    struct tr_checkpointer_config cfg;
+    /* snapshot buffers, allocated once */
+    float *params, *m, *v;
+    uint16_t *half; /* model weights in 16 bits, when weights_dtype asks */
+    struct tr_run_state state;
+    /* the background writer */
+    pthread_t thread;
+    int has_thread;
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    int pending; /* a snapshot waits to be written */
+    int busy;    /* the writer is writing */
+    int stop;
+    int failed;
+    tr_err error;
+    double stall;
+};
+
+/* ---- serialisation ------------------------------------------------------- */
+
+static void *tensors_blob(struct tr_checkpointer *c, const void *base, enum tr_dtype dtype,
+                          const char *prefix, size_t *size)
+{
+    const struct tr_graph *g = c->cfg.g;
+    size_t esize = dtype == TR_F32 ? 4 : 2;
+    struct tr_st_entry *e = tr_xcalloc((size_t)g->n_tensors, sizeof *e);
+    char **names = tr_xcalloc((size_t)g->n_tensors, sizeof *names);
+    size_t n = 0;
+    for (int i = 0; i < g->n_tensors; i++) {
+        const struct tr_tensor *t = &g->tensors[i];
+        if (t->role != TR_ROLE_PARAM)
+            continue;
+        names[n] = tr_xasprintf("%s%s", prefix, t->name);
+        e[n] = (struct tr_st_entry){names[n], dtype, t->ndim, {0},
+                                    (const char *)base + t->offset * esize, t->numel * esize};
+        memcpy(e[n].shape, t->shape, sizeof t->shape);
+        n++;
+    }
+    void *blob = tr_safetensors_write(e, n, "{\"format\":\"pt\",\"producer\":\"trainrun\"}", size);
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    free(e);
+    return blob;
+}
+
+static void write_vars(FILE *f, const char *key, const struct tr_state_var *vars, size_t n)
+{
+    fprintf(f, "  \"%s\": {", key);
+    for (size_t i = 0; i < n; i++) {
+        fprintf(f, "%s", i ? ", " : "");
+        tr_json_write_string(f, vars[i].name);
+        fprintf(f, ": %.17g", vars[i].value);
+    }
+    fprintf(f, "},\n");
+}
+
+static double json_or_nan(double x) { return isnan(x) ? -1.0 : x; }
+
+static char *state_json(struct tr_checkpointer *c, const char *const *blobs, void *const *data,
+                        const size_t *sizes, int n_blobs, size_t *size)
+{
+    const struct tr_run_state *s = &c->state;
+    char *text = NULL;
+    FILE *f = open_memstream(&text, size);
+    fprintf(f, "{\n  \"format\": 1,\n  \"step\": %llu,\n  \"applied_steps\": %lld,\n"
+               "  \"loader_position\": %llu,\n  \"skipped_steps\": %llu,\n  \"seed\": %lld,\n",
+            (unsigned long long)s->step, (long long)s->applied,
+            (unsigned long long)s->loader_position, (unsigned long long)s->skipped,
+            (long long)c->cfg.seed);
+    fprintf(f, "  \"recipe\": ");
+    tr_json_write_string(f, c->cfg.recipe ? c->cfg.recipe : "");
+    fprintf(f, ",\n  \"overrides\": [");
+    for (int i = 0; i < c->cfg.n_overrides; i++) {
+        fprintf(f, "%s", i ? ", " : "");
+        tr_json_write_string(f, c->cfg.overrides[i]);
+    }
+    fprintf(f, "],\n  \"loss\": %.9g,\n  \"val_loss\": %.9g,\n", json_or_nan(s->loss),
+            json_or_nan(s->val_loss));
+    fprintf(f, "  \"best\": ");
+    tr_json_write_string(f, s->best);
+    fprintf(f, ",\n  \"best_val_loss\": %.17g,\n  \"best_step\": %llu,\n", json_or_nan(s->best_val_loss),
+            (unsigned long long)s->best_step);
+    fprintf(f, "  \"weights_dtype\": \"%s\",\n",
+            c->cfg.weights_dtype == TR_BF16 ? "bf16" : c->cfg.weights_dtype == TR_F16 ? "fp16" : "fp32");
+    write_vars(f, "precision", s->precision, s->n_precision);
+    write_vars(f, "schedule", s->schedule, s->n_schedule);
+    fprintf(f, "  \"checksums\": {");
+    for (int i = 0; i < n_blobs; i++)
+        fprintf(f, "%s\"%s\": %lu", i ? ", " : "", blobs[i], crc32(0, data[i], (uInt)sizes[i]));
+    fprintf(f, "}\n}\n");
+    fclose(f);
+    return text;
+}
+
+/* ---- pruning: newest `keep`, plus the best ------------------------------ */
+
+struct name_list {
+    char **names;
+    size_t n;
+};
+
+static void collect(void *ud, const char *name)
+{
+    struct name_list *l = ud;
+    l->names = tr_xrealloc(l->names, (l->n + 1) * sizeof *l->names);
+    l->names[l->n++] = tr_xstrdup(name);
+}
+
+static void free_names(struct name_list *l)
+{
+    for (size_t i = 0; i < l->n; i++)
+        free(l->names[i]);
+    free(l->names);
+    memset(l, 0, sizeof *l);
+}
+
+static void prune(struct tr_checkpointer *c)
+{
+    struct name_list l = {0};
+    tr_err err = {{0}};
+    if (c->cfg.vt->list(c->cfg.self, collect, &l, &err) != TR_OK) {
+        tr_log(TR_LOG_WARN, "checkpoint", "cannot list checkpoints to prune: %s", err.msg);
+        return;
+    }
+    for (size_t i = (size_t)c->cfg.keep; i < l.n; i++) {
+        if (strcmp(l.names[i], c->state.best) == 0)
+            continue;
+        if (c->cfg.vt->remove(c->cfg.self, l.names[i], &err) != TR_OK)
+            tr_log(TR_LOG_WARN, "checkpoint", "cannot remove %s: %s", l.names[i], err.msg);
+    }
+    free_names(&l);
+}
+
+/* ---- writing -------------------------------------------------------------- */
+
+static int write_snapshot(struct tr_checkpointer *c, tr_err *err)
+{
+    char name[64];
+    snprintf(name, sizeof name, "step-%010llu", (unsigned long long)c->state.step);
+    const char *blobs[3] = {"model.safetensors", "optimizer.safetensors", "optimizer2.safetensors"};
+    void *data[3] = {NULL, NULL, NULL};
+    size_t sizes[3] = {0, 0, 0};
+    int n = c->cfg.has_second_moment ? 3 : 2;
+    if (c->half) {
+        tr_cpu_to_half(c->half, c->params, c->cfg.g->n_params, c->cfg.weights_dtype == TR_BF16);
+        data[0] = tensors_blob(c, c->half, c->cfg.weights_dtype, "", &sizes[0]);
+    } else {
+        data[0] = tensors_blob(c, c->params, TR_F32, "", &sizes[0]);
+    }
+    data[1] = tensors_blob(c, c->m, TR_F32, "exp_avg.", &sizes[1]);
+    if (n == 3)
+        data[2] = tensors_blob(c, c->v, TR_F32, "exp_avg_sq.", &sizes[2]);
+    size_t state_size = 0;
+    char *state = NULL;
+    int rc = TR_ERROR;
+    for (int i = 0; i < n; i++)
+        if (!data[i]) {
+            tr_fail(err, "out of memory serialising checkpoint %s", name);
+            goto done;
+        }
+    state = state_json(c, blobs, data, sizes, n, &state_size);
+    const struct tr_checkpoint_vtable *vt = c->cfg.vt;
+    if (vt->begin(c->cfg.self, name, err) != TR_OK)
+        goto failed;
+    for (int i = 0; i < n; i++)
+        if (vt->put(c->cfg.self, blobs[i], data[i], sizes[i], err) != TR_OK)
+            goto failed;
+    /* state last: its checksums vouch for the blobs written before it */
+    if (vt->put(c->cfg.self, "state.json", state, state_size, err) != TR_OK ||
+        vt->commit(c->cfg.self, err) != TR_OK)
+        goto failed;
+    prune(c);
+    rc = TR_OK;
+    goto done;
+failed:
+    vt->abort(c->cfg.self);
+    tr_err_prefix(err, "checkpoint %s not saved (the previous one is still the latest)", name);
+done:
+    for (int i = 0; i < 3; i++)
+        free(data[i]);
+    free(state);
+    return rc;
+}
+
+static void *writer(void *arg)
+{
+    struct tr_checkpointer *c = arg;
+    pthread_mutex_lock(&c->lock);
+    for (;;) {
+        while (!c->pending && !c->stop)
+            pthread_cond_wait(&c->changed, &c->lock);
+        if (!c->pending && c->stop)
+            break;
+        c->pending = 0;
+        c->busy = 1;
+        pthread_mutex_unlock(&c->lock);
+        tr_err err = {{0}};
+        int rc = write_snapshot(c, &err);
+        pthread_mutex_lock(&c->lock);
+        c->busy = 0;
+        if (rc != TR_OK && !c->failed) {
+            c->failed = 1;
+            c->error = err;
+        }
+        pthread_cond_broadcast(&c->changed);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
+struct tr_checkpointer *tr_checkpointer_open(const struct tr_checkpointer_config *cfg, tr_err *err)
+{
+    struct tr_checkpointer *c = tr_xcalloc(1, sizeof *c);
+    c->cfg = *cfg;
+    size_t n = cfg->g->n_params;
+    c->params = tr_alloc(n * sizeof(float));
+    c->m = tr_alloc(n * sizeof(float));
+    c->v = cfg->has_second_moment ? tr_alloc(n * sizeof(float)) : NULL;
+    c->half = cfg->weights_dtype != TR_F32 ? tr_alloc(n * sizeof(uint16_t)) : NULL;
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->changed, NULL);
+    if (!c->params || !c->m || (cfg->has_second_moment && !c->v) ||
+        (cfg->weights_dtype != TR_F32 && !c->half)) {
+        tr_fail(err, "out of memory for the checkpoint snapshot buffers (%zu parameters)", n);
+        tr_checkpointer_close(c);
+        return NULL;
+    }
+    if (cfg->async) {
+        if (pthread_create(&c->thread, NULL, writer, c) != 0) {
+            tr_fail(err, "cannot start the checkpoint writer thread");
+            tr_checkpointer_close(c);
+            return NULL;
+        }
+        c->has_thread = 1;
+    }
+    return c;
+}
+
+static int wait_locked(struct tr_checkpointer *c, tr_err *err)
+{
+    while (c->pending || c->busy)
+        pthread_cond_wait(&c->changed, &c->lock);
+    if (c->failed) {
+        c->failed = 0;
+        if (err)
+            *err = c->error;
+        return TR_ERROR;
+    }
+    return TR_OK;
+}
+
+int tr_checkpointer_wait(struct tr_checkpointer *c, tr_err *err)
+{
+    double t0 = tr_now();
+    pthread_mutex_lock(&c->lock);
+    int rc = wait_locked(c, err);
+    pthread_mutex_unlock(&c->lock);
+    c->stall += tr_now() - t0;
+    return rc;
+}
+
+int tr_checkpointer_save(struct tr_checkpointer *c, const float *params, const float *m,
+                         const float *v, const struct tr_run_state *state, tr_err *err)
+{
+    double t0 = tr_now();
+    /* the snapshot buffers are reused: the previous write must be done */
+    pthread_mutex_lock(&c->lock);
+    int previous = wait_locked(c, err);
+    pthread_mutex_unlock(&c->lock);
+    const struct tr_backend *be = c->cfg.be;
+    size_t bytes = c->cfg.g->n_params * sizeof(float);
+    be->iface->download(be->context, c->params, params, bytes);
+    be->iface->download(be->context, c->m, m, bytes);
+    if (c->v)
+        be->iface->download(be->context, c->v, v, bytes);
+    c->state = *state;
+    int rc;
+    if (c->has_thread) {
+        pthread_mutex_lock(&c->lock);
+        c->pending = 1;
+        pthread_cond_broadcast(&c->changed);
+        pthread_mutex_unlock(&c->lock);
+        rc = TR_OK;
+    } else {
+        rc = write_snapshot(c, err);
+    }
+    c->stall += tr_now() - t0;
+    if (previous != TR_OK)
+        return TR_ERROR; /* err holds the earlier failure */
+    return rc;
+}
+
+double tr_checkpointer_stall(const struct tr_checkpointer *c) { return c->stall; }
+
+void tr_checkpointer_close(struct tr_checkpointer *c)
+{
+    if (!c)
+        return;
+    if (c->has_thread) {
+        pthread_mutex_lock(&c->lock);
+        c->stop = 1;
+        pthread_cond_broadcast(&c->changed);
+        pthread_mutex_unlock(&c->lock);
+        pthread_join(c->thread, NULL);
+    }
+    pthread_mutex_destroy(&c->lock);
+    pthread_cond_destroy(&c->changed);
+    tr_free(c->params);
+    tr_free(c->m);
+    tr_free(c->v);
+    tr_free(c->half);
+    free(c);
+}
+
+/* ---- loading -------------------------------------------------------------- */
+
+static int load_tensors(struct tr_checkpointer *c, const void *blob, size_t size,
+                        const char *prefix, float *dst, const char *what, tr_err *err)
+{
+    struct tr_st_file *f = tr_safetensors_read(blob, size, what, err);
+    if (!f)
+        return TR_ERROR;
+    const struct tr_graph *g = c->cfg.g;
+    const struct tr_backend *be = c->cfg.be;
+    int rc = TR_OK;
+    float *tmp = NULL;
+    for (int i = 0; i < g->n_tensors && rc == TR_OK; i++) {
+        const struct tr_tensor *t = &g->tensors[i];
+        if (t->role != TR_ROLE_PARAM)
+            continue;
+        char *key = tr_xasprintf("%s%s", prefix, t->name);
+        const struct tr_st_entry *e = tr_safetensors_find(f, key);
+        int ok_shape = e && e->ndim == t->ndim && !memcmp(e->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+        if (!e) {
+            rc = tr_fail(err, "%s has no tensor '%s' (a checkpoint of another model?)", what, key);
+        } else if (!ok_shape) {
+            rc = tr_fail(err, "%s: tensor '%s' has another shape than the model's", what, key);
+        } else if (e->dtype == TR_F32) {
+            be->iface->upload(be->context, dst + t->offset, e->data, e->bytes);
+        } else if (e->dtype == TR_BF16 || e->dtype == TR_F16) {
+            tmp = tr_xrealloc(tmp, t->numel * sizeof(float));
+            tr_cpu_from_half(tmp, e->data, t->numel, e->dtype == TR_BF16);
+            be->iface->upload(be->context, dst + t->offset, tmp, t->numel * sizeof(float));
+        } else {
+            rc = tr_fail(err, "%s: tensor '%s' is not a floating-point tensor", what, key);
+        }
+        free(key);
+    }
+    free(tmp);
+    tr_safetensors_free(f);
+    return rc;
+}
+
+static void read_vars(const struct tr_json *obj, struct tr_state_var *vars, size_t *n)
+{
+    *n = 0;
+    for (size_t i = 0; obj && obj->type == TR_JSON_OBJECT && i < obj->n && *n < 32; i++) {
+        snprintf(vars[*n].name, sizeof vars[*n].name, "%s", obj->keys[i]);
+        vars[(*n)++].value = obj->items[i]->number;
+    }
+}
+
+static double nan_if_negative(double x) { return x < 0 ? NAN : x; }
+
+int tr_checkpointer_load(struct tr_checkpointer *c, const char *name, float *params, float *m,
+                         float *v, struct tr_run_state *state, tr_err *err)
+{
+    const char *blobs[] = {"state.json", "model.safetensors", "optimizer.safetensors",
+                           "optimizer2.safetensors"};
+    void *data[4] = {NULL};
+    size_t size[4] = {0};
+    struct tr_json *js = NULL;
+    int rc = TR_ERROR;
+    int n = c->cfg.has_second_moment ? 4 : 3;
+    for (int i = 0; i < n; i++)
+        if (c->cfg.vt->get(c->cfg.self, name, blobs[i], &data[i], &size[i], err) != TR_OK)
+            goto done;
+    size_t bad = 0;
+    js = tr_json_parse(data[0], size[0], &bad);
+    if (!js) {
+        tr_fail(err, "state.json is not valid JSON (byte %zu): torn or corrupted", bad);
+        goto done;
+    }
+    const struct tr_json *sums = tr_json_get(js, "checksums");
+    for (int i = 1; i < n; i++) {
+        double want = tr_json_number(sums, blobs[i], -1);
+        unsigned long got = crc32(0, data[i], (uInt)size[i]);
+        if (want < 0 || (unsigned long)want != got) {
+            tr_fail(err, "%s fails its checksum (torn, truncated or corrupted)", blobs[i]);
+            goto done;
+        }
+    }
+    if (load_tensors(c, data[1], size[1], "", params, "model.safetensors", err) != TR_OK ||
+        load_tensors(c, data[2], size[2], "exp_avg.", m, "optimizer.safetensors", err) != TR_OK ||
+        (n == 4 && load_tensors(c, data[3], size[3], "exp_avg_sq.", v, "optimizer2.safetensors",
+                                err) != TR_OK))
+        goto done;
+    memset(state, 0, sizeof *state);
+    state->step = (uint64_t)tr_json_number(js, "step", 0);
+    state->applied = (int64_t)tr_json_number(js, "applied_steps", 0);
+    state->loader_position = (uint64_t)tr_json_number(js, "loader_position", 0);
+    state->skipped = (uint64_t)tr_json_number(js, "skipped_steps", 0);
+    state->loss = nan_if_negative(tr_json_number(js, "loss", -1));
+    state->val_loss = nan_if_negative(tr_json_number(js, "val_loss", -1));
+    const char *best = tr_json_string(js, "best");
+    snprintf(state->best, sizeof state->best, "%s", best ? best : "");
+    state->best_val_loss = nan_if_negative(tr_json_number(js, "best_val_loss", -1));
+    state->best_step = (uint64_t)tr_json_number(js, "best_step", 0);
+    read_vars(tr_json_get(js, "precision"), state->precision, &state->n_precision);
+    read_vars(tr_json_get(js, "schedule"), state->schedule, &state->n_schedule);
+    const char *wd = tr_json_string(js, "weights_dtype");
+    if (wd && strcmp(wd, "fp32") != 0)
+        tr_log(TR_LOG_WARN, "checkpoint", "%s stores weights in %s: resuming from it is not "
+               "bit-exact", name, wd);
+    rc = TR_OK;
+done:
+    for (int i = 0; i < 4; i++)
+        tr_free(data[i]);
+    tr_json_free(js);
+    return rc;
+}
+
+int tr_checkpointer_resume(struct tr_checkpointer *c, float *params, float *m, float *v,
+                           struct tr_run_state *state, char *loaded, size_t loaded_size,
+                           tr_err *err)
+{
+    struct name_list l = {0};
+    if (c->cfg.vt->list(c->cfg.self, collect, &l, err) != TR_OK)
+        return TR_ERROR;
+    int rc = 0;
+    for (size_t i = 0; i < l.n; i++) {
+        tr_err why = {{0}};
+        if (tr_checkpointer_load(c, l.names[i], params, m, v, state, &why) == TR_OK) {
+            snprintf(loaded, loaded_size, "%s", l.names[i]);
+            rc = 1;
+            break;
+        }
+        tr_log(TR_LOG_WARN, "checkpoint", "skipping %s: %s", l.names[i], why.msg);
+        if (rc == 0)
+            tr_fail(err, "no checkpoint could be loaded; the newest, %s: %s", l.names[i], why.msg);
+        rc = TR_ERROR;
+    }
+    free_names(&l);
+    return rc;
+}
+
+/* ---- finding a checkpoint on disk ---- */
+
+int tr_checkpoint_resolve(const char *path, char **dir, char **name, tr_err *err)
+{
+    struct stat st;
+    char *latest = NULL;
+    const char *candidates[] = {"%s/LATEST", "%s/checkpoints/LATEST"};
+    for (int i = 0; i < 2; i++) {
+        char *p = tr_xasprintf(candidates[i], path);
+        FILE *f = fopen(p, "r");
+        if (f) {
+            char buf[256] = "";
+            if (fgets(buf, sizeof buf, f))
+                buf[strcspn(buf, "\r\n")] = 0;
+            fclose(f);
+            *dir = i == 0 ? tr_xstrdup(path) : tr_xasprintf("%s/checkpoints", path);
+            *name = tr_xstrdup(buf);
+            free(p);
+            return TR_OK;
+        }
+        free(p);
+    }
+    char *state = tr_xasprintf("%s/state.json", path);
+    int ok = stat(state, &st) == 0;
+    free(state);
+    free(latest);
+    if (!ok)
+        return tr_fail(err, "%s is not a checkpoint, a checkpoints directory or a run directory "
+                       "(no state.json or LATEST there)", path);
+    char *copy = tr_xstrdup(path);
+    size_t len = strlen(copy);
+    while (len > 1 && copy[len - 1] == '/')
+        copy[--len] = 0;
+    *dir = tr_dirname(copy);
+    const char *slash = strrchr(copy, '/');
+    *name = tr_xstrdup(slash ? slash + 1 : copy);
+    free(copy);
+    return TR_OK;
+}
+
+/* ---- export ---------------------------------------------------------------- */
+
+int tr_export_weights(const char *checkpoint_dir, enum tr_dtype dtype, const char *out_path,
+                      tr_err *err)
+{
+    char *path = tr_xasprintf("%s/model.safetensors", checkpoint_dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        tr_fail(err, "cannot open %s: %s", path, strerror(errno));
+        free(path);
+        return TR_ERROR;
+    }
+    fseek(f, 0, SEEK_END);
+    size_t size = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *buf = malloc(size ? size : 1);
+    int rc = TR_ERROR;
+    struct tr_st_file *st = NULL;
+    struct tr_st_entry *out = NULL;
+    uint16_t **halves = NULL;
+    size_t n = 0;
+    if (!buf || fread(buf, 1, size, f) != size) {
+        tr_fail(err, "cannot read %s", path);
+        goto done;
+    }
+    if (!(st = tr_safetensors_read(buf, size, path, err)))
+        goto done;
+    n = tr_safetensors_count(st);
+    out = tr_xcalloc(n ? n : 1, sizeof *out);
+    halves = tr_xcalloc(n ? n : 1, sizeof *halves);
+    for (size_t i = 0; i < n; i++) {
+        const struct tr_st_entry *e = tr_safetensors_at(st, i);
+        out[i] = *e;
+        if (e->dtype == TR_F32 && dtype != TR_F32) {
+            size_t count = e->bytes / 4;
+            halves[i] = tr_xcalloc(count ? count : 1, sizeof(uint16_t));
+            tr_cpu_to_half(halves[i], e->data, count, dtype == TR_BF16);
+            out[i].dtype = dtype;
+            out[i].data = halves[i];
+            out[i].bytes = count * 2;
+        }
+    }
+    size_t out_size = 0;
+    void *blob = tr_safetensors_write(out, n, "{\"format\":\"pt\",\"producer\":\"trainrun export\"}", &out_size);
+    char *tmp = tr_xasprintf("%s.tmp", out_path);
+    FILE *o = fopen(tmp, "wb");
+    if (!blob || !o || fwrite(blob, 1, out_size, o) != out_size || fflush(o) != 0) {
+        tr_fail(err, "cannot write %s: %s", out_path, strerror(errno));
+        if (o)
+            fclose(o);
+        remove(tmp);
+    } else if (fclose(o) != 0 || rename(tmp, out_path) != 0) {
+        tr_fail(err, "cannot write %s: %s", out_path, strerror(errno));
+        remove(tmp);
+    } else {
+        rc = TR_OK;
+    }
+    free(tmp);
+    free(blob);
+done:
+    for (size_t i = 0; halves && i < n; i++)
+        free(halves[i]);
+    free(halves);
+    free(out);
+    tr_safetensors_free(st);
+    free(buf);
+    fclose(f);
+    free(path);
+    return rc;
+}

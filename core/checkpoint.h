@@ -1,0 +1,82 @@
+/*
+ * Checkpoints of a run: weights (safetensors), optimizer moments
+ * (safetensors) and state.json, stored through the checkpoint plugin.
+ *
+ * Saving stalls the step loop only for a snapshot into host buffers
+ * allocated once; a background thread serialises, checksums, writes,
+ * commits and prunes.  At most one write is in flight: the next save (or
+ * wait/close) waits for it and reports its error.
+ */
+#ifndef TR_CHECKPOINT_H
+#define TR_CHECKPOINT_H
+
+#include "graph.h"
+#include <trainrun/plugin.h>
+
+/* Everything a checkpoint holds besides tensors. */
+struct tr_run_state {
+    uint64_t step;            /* optimizer steps done */
+    int64_t applied;          /* updates applied (AdamW bias correction) */
+    uint64_t loader_position; /* micro-batches consumed */
+    uint64_t skipped;         /* steps skipped for non-finite gradients */
+    double loss, val_loss;    /* NaN when unknown */
+    struct tr_state_var precision[32];
+    size_t n_precision;
+    struct tr_state_var schedule[32];
+    size_t n_schedule;
+    char best[64];            /* checkpoint with the best val_loss so far, "" if none */
+    double best_val_loss;
+    uint64_t best_step;
+};
+
+struct tr_checkpointer_config {
+    const struct tr_checkpoint_vtable *vt;
+    void *self;
+    const struct tr_graph *g;   /* names, shapes and offsets of the parameters */
+    const struct tr_backend *be;
+    int has_second_moment;      /* AdamW */
+    int64_t keep;               /* newest N kept, plus the best */
+    enum tr_dtype weights_dtype;/* dtype of model.safetensors */
+    int async;                  /* write in a background thread */
+    const char *recipe;         /* absolute path, recorded for `sample` */
+    char *const *overrides;
+    int n_overrides;
+    int64_t seed;
+};
+
+struct tr_checkpointer;
+
+struct tr_checkpointer *tr_checkpointer_open(const struct tr_checkpointer_config *cfg, tr_err *err);
+void tr_checkpointer_close(struct tr_checkpointer *c);
+
+/* Snapshot params and optimizer moments (backend memory) and the state,
+ * then write them as checkpoint "step-<step>".  Returns once the snapshot
+ * is taken (async) or the checkpoint is published (sync).  An error of the
+ * previous background write is returned here too. */
+int tr_checkpointer_save(struct tr_checkpointer *c, const float *params, const float *m,
+                         const float *v, const struct tr_run_state *state, tr_err *err);
+/* Wait for the write in flight; its error, if any. */
+int tr_checkpointer_wait(struct tr_checkpointer *c, tr_err *err);
+/* Seconds the caller was blocked by saves (snapshot + waiting). */
+double tr_checkpointer_stall(const struct tr_checkpointer *c);
+
+/* Load checkpoint `name` into backend memory; state filled.  The checksums
+ * are verified before anything is uploaded. */
+int tr_checkpointer_load(struct tr_checkpointer *c, const char *name, float *params, float *m,
+                         float *v, struct tr_run_state *state, tr_err *err);
+/* The newest checkpoint that loads: 1 loaded, 0 none exist, TR_ERROR when
+ * all are bad (err says why).  Skipped ones are warned about by name. */
+int tr_checkpointer_resume(struct tr_checkpointer *c, float *params, float *m, float *v,
+                           struct tr_run_state *state, char *loaded, size_t loaded_size,
+                           tr_err *err);
+
+/* A local checkpoint named on the command line: a run directory, its
+ * checkpoints directory (both through LATEST) or one checkpoint directory.
+ * *dir and *name are malloc'd. */
+int tr_checkpoint_resolve(const char *path, char **dir, char **name, tr_err *err);
+
+/* `trainrun export`: model.safetensors of a checkpoint directory, in dtype. */
+int tr_export_weights(const char *checkpoint_dir, enum tr_dtype dtype, const char *out_path,
+                      tr_err *err);
+
+#endif
