@@ -1149,6 +1149,7 @@ Test(checkpoint, stale_staging_is_cleaned)
     cr_assert_eq(mkdir(tmp_path("checkpoints/.tmp-step-0000000300-99999"), 0755), 0);
     write_text(tmp_path("checkpoints/.tmp-step-0000000300-99999/model"), "partial");
     cr_assert_eq(mkdir(tmp_path("checkpoints/step-0000000200"), 0755), 0);
+    write_text(tmp_path("checkpoints/LATEST"), "step-0000000200\n");
 
     struct plugin p = load("checkpoint_local");
     void *self = create_ok(&p, 0);
@@ -1156,6 +1157,21 @@ Test(checkpoint, stale_staging_is_cleaned)
     cr_assert(exists(tmp_path("checkpoints/step-0000000200")));
     cr_assert_geq(warnings, 1);
     cr_assert(strstr(last_warning, ".tmp-step-0000000300-99999"), "%s", last_warning);
+    destroy(&p, self);
+}
+
+/* A crash after publishing step 300 but before LATEST was rewritten. */
+Test(checkpoint, stale_latest_is_repaired)
+{
+    cr_assert_eq(mkdir(tmp_path("checkpoints"), 0755), 0);
+    cr_assert_eq(mkdir(tmp_path("checkpoints/step-0000000200"), 0755), 0);
+    cr_assert_eq(mkdir(tmp_path("checkpoints/step-0000000300"), 0755), 0);
+    write_text(tmp_path("checkpoints/LATEST"), "step-0000000200\n");
+    struct plugin p = load("checkpoint_local");
+    void *self = create_ok(&p, 0);
+    assert_file(tmp_path("checkpoints/LATEST"), "step-0000000300\n");
+    cr_assert(strstr(last_warning, "it now names the newest checkpoint, step-0000000300"), "%s",
+              last_warning);
     destroy(&p, self);
 }
 

@@ -277,6 +277,8 @@ static void local_destroy(void *self)
     free(l);
 }
 
+static void repair_latest(struct local *l);
+
 static int local_create(const struct tr_host *host, const void *config,
                         const struct tr_create_args *args, void **self, tr_err *err)
 {
@@ -315,8 +317,10 @@ static int local_create(const struct tr_host *host, const void *config,
         return TR_ERROR;
     }
     /* Only one process may tidy up: another rank could be mid-save. */
-    if (args->rank == 0)
+    if (args->rank == 0) {
         clean_stale(l);
+        repair_latest(l);
+    }
     *self = l;
     return TR_OK;
 }
@@ -702,6 +706,26 @@ static int local_remove(void *self, const char *name, tr_err *err)
     }
     free_names(names, n);
     return rc;
+}
+
+/* A crash between publishing a checkpoint (the rename) and updating LATEST
+ * leaves LATEST one behind: point it at the newest published checkpoint. */
+static void repair_latest(struct local *l)
+{
+    char **names;
+    size_t n;
+    tr_err err = {{0}};
+    if (collect(l, &names, &n, &err) != TR_OK)
+        return;
+    char latest[4096];
+    read_latest(l, latest, sizeof latest);
+    if (n > 0 && strcmp(latest, names[0]) != 0) {
+        if (write_latest(l, names[0], &err) == TR_OK && l->host && l->host->log)
+            l->host->log(TR_LOG_WARN, "checkpoint", "%s/LATEST named \"%s\"; it now names the "
+                         "newest checkpoint, %s (the last run stopped before updating it)",
+                         l->dir, latest, names[0]);
+    }
+    free_names(names, n);
 }
 
 static const struct tr_checkpoint_vtable local_vtable = {
