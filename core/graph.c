@@ -279,7 +279,31 @@ int tr_graph_check(struct tr_graph *g, tr_err *err)
     }
     if (g->loss < 0 || g->tensors[g->loss].numel != 1)
         return tr_fail(err, "the model has no scalar loss (end it with cross_entropy)");
+    /* a recomputed segment is re-run as a whole: its nodes must be adjacent */
+    for (int i = 1; i < g->n_nodes; i++) {
+        int s = g->nodes[i].segment;
+        if (s > 0 && g->nodes[i - 1].segment != s)
+            for (int j = 0; j < i - 1; j++)
+                if (g->nodes[j].segment == s)
+                    return tr_fail(err, "recompute segment %d is not contiguous (node '%s')", s,
+                                   g->nodes[i].name);
+    }
     return TR_OK;
+}
+
+/* A tensor produced inside recompute segment s that nothing outside s reads:
+ * it can be dropped after forward and rebuilt before backward. */
+static int segment_internal(const struct tr_graph *g, int t)
+{
+    int p = g->tensors[t].producer;
+    if (p < 0 || g->nodes[p].segment <= 0 || t == g->loss || t == g->logits)
+        return 0;
+    int s = g->nodes[p].segment;
+    for (int j = 0; j < g->n_nodes; j++)
+        for (int k = 0; k < g->nodes[j].n_in; k++)
+            if (g->nodes[j].in[k] == t && g->nodes[j].segment != s)
+                return 0;
+    return 1;
 }
 
 /* ---- memory plan ------------------------------------------------------- */
@@ -360,13 +384,27 @@ int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer
     m->grads = m->params;
     m->optimizer = (size_t)optimizer_slots * m->params;
 
-    /* activations and saved tensors: each its own slot (all live until backward) */
+    /* activations and saved tensors: each its own slot (all live until
+     * backward), except the internals of recomputed segments, which share
+     * one arena sized for the largest segment */
     size_t act_bytes = 0, in_bytes = 0;
     size_t *slot = tr_xcalloc((size_t)g->n_tensors, sizeof *slot);
+    int *shared = tr_xcalloc((size_t)g->n_tensors, sizeof *shared);
+    int max_segment = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].segment > max_segment)
+            max_segment = g->nodes[i].segment;
+    size_t *segment_bytes = tr_xcalloc((size_t)max_segment + 1, sizeof *segment_bytes);
     for (int i = 0; i < g->n_tensors; i++) {
         struct tr_tensor *t = &g->tensors[i];
         size_t bytes = align64(t->numel * dtype_size(t->dtype));
-        if (t->role == TR_ROLE_ACTIVATION || t->role == TR_ROLE_SAVED) {
+        if ((t->role == TR_ROLE_ACTIVATION || t->role == TR_ROLE_SAVED) && segment_internal(g, i)) {
+            int seg = g->nodes[t->producer].segment;
+            shared[i] = 1;
+            slot[i] = segment_bytes[seg];
+            segment_bytes[seg] += bytes;
+            m->recompute_saved += bytes;
+        } else if (t->role == TR_ROLE_ACTIVATION || t->role == TR_ROLE_SAVED) {
             slot[i] = act_bytes;
             act_bytes += bytes;
             if (t->role == TR_ROLE_ACTIVATION)
@@ -379,6 +417,10 @@ int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer
         }
     }
     m->inputs = in_bytes;
+    for (int sgm = 1; sgm <= max_segment; sgm++)
+        if (segment_bytes[sgm] > m->recompute)
+            m->recompute = segment_bytes[sgm];
+    free(segment_bytes);
 
     /* activation gradients: live from their first writer (the last consumer,
      * first in backward) to their producer's backward; buffers with disjoint
@@ -439,13 +481,15 @@ int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer
     g->grad_arena = grad_arena ? bi->alloc(be->context, grad_arena) : NULL;
     g->input_arena = bi->alloc(be->context, in_bytes);
     g->scratch = g->scratch_floats ? bi->alloc(be->context, m->scratch) : NULL;
+    g->recompute_arena = m->recompute ? bi->alloc(be->context, m->recompute) : NULL;
     if (!g->params || !g->grads || !g->activation_arena || (grad_arena && !g->grad_arena) ||
-        !g->input_arena || (g->scratch_floats && !g->scratch)) {
+        !g->input_arena || (g->scratch_floats && !g->scratch) || (m->recompute && !g->recompute_arena)) {
         char need[32];
         tr_format_bytes((double)(m->params + m->grads + act_bytes + grad_arena + in_bytes + m->scratch),
                         need, sizeof need);
         free(needs);
         free(slot);
+        free(shared);
         free(iv);
         free(seen);
         return tr_fail(err, "out of %s memory: the plan needs %s at micro-batch %d; lower the "
@@ -463,7 +507,7 @@ int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer
             t->data = (char *)g->input_arena + slot[i];
             break;
         default:
-            t->data = (char *)g->activation_arena + slot[i];
+            t->data = (char *)(shared[i] ? g->recompute_arena : g->activation_arena) + slot[i];
             break;
         }
     }
@@ -471,6 +515,7 @@ int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer
         g->tensors[iv[i].tensor].grad = (float *)((char *)g->grad_arena + iv[i].offset);
     free(needs);
     free(slot);
+    free(shared);
     free(iv);
     free(seen);
     return TR_OK;
@@ -531,6 +576,14 @@ void tr_graph_backward(struct tr_graph *g, const struct tr_backend *be)
 {
     for (int i = g->n_nodes - 1; i >= 0; i--) {
         struct tr_node *n = &g->nodes[i];
+        if (n->segment > 0 && (i == g->n_nodes - 1 || g->nodes[i + 1].segment != n->segment)) {
+            /* entering a recomputed segment from its end: rebuild its internals */
+            int first = i;
+            while (first > 0 && g->nodes[first - 1].segment == n->segment)
+                first--;
+            for (int j = first; j <= i; j++)
+                be->iface->forward(be->context, g, &g->nodes[j]);
+        }
         int any = n->out == g->loss;
         for (int k = 0; k < n->n_in; k++)
             any |= g->tensors[n->in[k]].grad != NULL;
@@ -551,7 +604,7 @@ void tr_graph_free(struct tr_graph *g, const struct tr_backend *be)
         return;
     if (be) {
         void *bufs[] = {g->params, g->grads, g->activation_arena, g->grad_arena, g->input_arena,
-                        g->scratch};
+                        g->scratch, g->recompute_arena};
         for (size_t i = 0; i < TR_ARRAY_LEN(bufs); i++)
             if (bufs[i])
                 be->iface->free(be->context, bufs[i]);
@@ -576,6 +629,7 @@ void tr_graph_print_memory(const struct tr_graph *g, FILE *out)
         {"optimizer state", m->optimizer}, {"activations", m->activations},
         {"saved for backward", m->saved}, {"activation gradients", m->activation_grads},
         {"inputs", m->inputs},            {"scratch", m->scratch},
+        {"recompute arena", m->recompute},
     };
     size_t total = 0;
     char buf[32];
@@ -587,4 +641,15 @@ void tr_graph_print_memory(const struct tr_graph *g, FILE *out)
     }
     tr_format_bytes((double)total, buf, sizeof buf);
     fprintf(out, "  %-22s %12s  (%zu bytes)\n", "total", buf, total);
+    if (m->recompute_saved) {
+        tr_format_bytes((double)(m->recompute_saved - m->recompute), buf, sizeof buf);
+        fprintf(out, "  activation recomputation saves %s (%zu bytes)\n", buf,
+                m->recompute_saved - m->recompute);
+    }
+}
+
+size_t tr_graph_memory_total(const struct tr_memory_report *m)
+{
+    return m->params + m->grads + m->optimizer + m->activations + m->saved +
+           m->activation_grads + m->inputs + m->scratch + m->recompute;
 }

@@ -71,12 +71,15 @@ struct tr_node {
     float eps;
     int ignore_index;
     int trans_b;
+    int segment;      /* > 0: recomputed in backward (activation recomputation) */
     /* planned */
     unsigned zero_grad_mask; /* bit k: zero in[k]'s activation gradient before this backward */
 };
 
 struct tr_memory_report {
     size_t params, grads, optimizer, activations, saved, activation_grads, inputs, scratch;
+    size_t recompute;       /* one shared arena for the internals of recomputed segments */
+    size_t recompute_saved; /* bytes those internals would take if all were kept */
 };
 
 struct tr_graph {
@@ -92,7 +95,7 @@ struct tr_graph {
     /* planned memory (backend memory) */
     float *params, *grads;
     size_t n_params, n_decay; /* params[0 .. n_decay) are weight-decayed */
-    void *activation_arena, *grad_arena, *input_arena;
+    void *activation_arena, *grad_arena, *input_arena, *recompute_arena;
     float *scratch;
     size_t scratch_floats;
     struct tr_memory_report memory;
@@ -124,5 +127,8 @@ void tr_graph_free(struct tr_graph *g, const struct tr_backend *be);
 
 /* The memory plan, by class, as a few lines of text. */
 void tr_graph_print_memory(const struct tr_graph *g, FILE *out);
+
+/* Bytes the plan allocates in total (what must fit on the device). */
+size_t tr_graph_memory_total(const struct tr_memory_report *m);
 
 #endif

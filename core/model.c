@@ -107,6 +107,7 @@ static int convert(lua_State *L, int gi, int batch, struct tr_graph **out, tr_er
         n.eps = (float)field_num(L, e, "eps", 1e-5);
         n.ignore_index = field_int(L, e, "ignore_index", -1);
         n.trans_b = field_int(L, e, "trans_b", 0);
+        n.segment = field_int(L, e, "segment", 0);
         tr_graph_add_node(g, &n);
         lua_pop(L, 1);
     }

@@ -27,14 +27,20 @@ struct engine {
     struct tr_graph *g;
 };
 
-static void engine_open(struct engine *e, const char *recipe, int batch)
+static void engine_open_with(struct engine *e, const char *recipe, int batch,
+                             const char *const *overrides, int n)
 {
     tr_err err = {{0}};
-    cr_assert_eq(tr_config_load(&e->cfg, recipe, NULL, 0, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(tr_config_load(&e->cfg, recipe, overrides, n, &err), TR_OK, "%s", err.msg);
     cr_assert_eq(tr_cpu_backend_init(&e->be, 0), 0);
     e->g = tr_model_build(e->cfg.recipe, batch, &err);
     cr_assert_not_null(e->g, "%s", err.msg);
     cr_assert_eq(tr_graph_plan(e->g, &e->be, 2, &err), TR_OK, "%s", err.msg);
+}
+
+static void engine_open(struct engine *e, const char *recipe, int batch)
+{
+    engine_open_with(e, recipe, batch, NULL, 0);
 }
 
 static void engine_close(struct engine *e)
@@ -236,4 +242,47 @@ Test(memory_plan, counts_every_class_and_shares_gradient_buffers, .init = enviro
             cr_assert_eq(t->offset < e.g->n_decay, t->ndim >= 2, "%s", t->name);
     }
     engine_close(&e);
+}
+
+/* Recomputing every block's activations in backward changes memory, never
+ * the gradients: they are bitwise identical. */
+Test(recompute, gradients_are_bitwise_identical_and_memory_falls, .init = environment)
+{
+    enum { B = 3, T = 8, V = 37 };
+    const char *every_block[] = {"model.recompute=1"};
+    const char *every_other[] = {"model.recompute=2"};
+    struct engine plain, all, half;
+    engine_open(&plain, CONFIG_DIR "tiny_gpt.lua", B);
+    engine_open_with(&all, CONFIG_DIR "tiny_gpt.lua", B, every_block, 1);
+    engine_open_with(&half, CONFIG_DIR "tiny_gpt.lua", B, every_other, 1);
+    int32_t tokens[B * T], targets[B * T];
+    for (int i = 0; i < B * T; i++) {
+        tokens[i] = (i * 5 + 1) % V;
+        targets[i] = (i * 13 + 2) % V;
+    }
+    struct engine *runs[] = {&plain, &all, &half};
+    for (int r = 0; r < 3; r++) {
+        struct tr_graph *g = runs[r]->g;
+        tr_graph_init_params(g, &runs[r]->be, 11);
+        memset(g->grads, 0, g->n_params * sizeof(float));
+        memcpy(g->tensors[g->inputs[0]].data, tokens, sizeof tokens);
+        memcpy(g->tensors[g->inputs[1]].data, targets, sizeof targets);
+        tr_graph_forward(g, &runs[r]->be);
+        g->loss_grad = 1.0f;
+        tr_graph_backward(g, &runs[r]->be);
+    }
+    cr_assert_arr_eq(all.g->grads, plain.g->grads, plain.g->n_params * sizeof(float),
+                     "gradients with every block recomputed differ");
+    cr_assert_arr_eq(half.g->grads, plain.g->grads, plain.g->n_params * sizeof(float),
+                     "gradients with every other block recomputed differ");
+    size_t m_plain = tr_graph_memory_total(&plain.g->memory);
+    size_t m_all = tr_graph_memory_total(&all.g->memory);
+    size_t m_half = tr_graph_memory_total(&half.g->memory);
+    cr_assert_lt(m_all, m_plain, "recomputation must shrink the plan (%zu vs %zu)", m_all, m_plain);
+    cr_assert_lt(m_all, m_half);
+    /* one recomputed block of two: its arena is the size of what it drops */
+    cr_assert_leq(m_half, m_plain);
+    cr_assert_gt(all.g->memory.recompute_saved, all.g->memory.recompute);
+    for (int r = 0; r < 3; r++)
+        engine_close(runs[r]);
 }

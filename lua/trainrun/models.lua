@@ -36,6 +36,8 @@ local gpt_schema = {
   layers = { int = true, min = 1, help = "transformer blocks" },
   heads  = { int = true, min = 1, help = "attention heads per block" },
   dim    = { int = true, min = 1, help = "model width" },
+  recompute = { int = true, min = 0, default = 0,
+                help = "recompute the activations of every k-th block in backward (0: none)" },
 }
 
 -- GPT-2: learned positions, pre-norm blocks, GELU MLP of 4x width, tied
@@ -54,14 +56,21 @@ function builders.gpt(nn, o, B)
   local wte = g:param("transformer.wte.weight", { V, C })
   local wpe = g:param("transformer.wpe.weight", { T, C })
   local x = g:add_rows(g:embedding(wte, tokens, "embed"), wpe, "embed_pos")
-  for l = 0, L - 1 do
+  local function block(l, x)
     local p = "transformer.h." .. l
     local h = g:LayerNorm(p .. ".ln_1", x)
     h = g:attention(g:Linear(p .. ".attn.c_attn", h, 3 * C), H, p .. ".attn")
     x = g:add(x, g:Linear(p .. ".attn.c_proj", h, C, { std = proj_std }), p .. ".res_1")
     h = g:LayerNorm(p .. ".ln_2", x)
     h = g:gelu(g:Linear(p .. ".mlp.c_fc", h, 4 * C), p .. ".mlp.gelu")
-    x = g:add(x, g:Linear(p .. ".mlp.c_proj", h, C, { std = proj_std }), p .. ".res_2")
+    return g:add(x, g:Linear(p .. ".mlp.c_proj", h, C, { std = proj_std }), p .. ".res_2")
+  end
+  for l = 0, L - 1 do
+    if o.recompute > 0 and l % o.recompute == 0 then
+      x = g:recompute(block, l, x)
+    else
+      x = block(l, x)
+    end
   end
   x = g:LayerNorm("transformer.ln_f", x)
   local logits = g:linear(x, wte, nil, "lm_head")

@@ -51,10 +51,22 @@ local function node(g, op, inputs, shape, attrs, hint)
   end
   local name = out_name(g, op, hint)
   local out = new_tensor(g, name, "activation", shape, "f32")
-  local n = { op = op, name = name, output = out.id, inputs = {} }
+  local n = { op = op, name = name, output = out.id, inputs = {}, segment = g.segment }
   for i, t in ipairs(inputs) do n.inputs[i] = t.id end
   for k, v in pairs(attrs or {}) do n[k] = v end
   g.nodes[#g.nodes + 1] = n
+  return out
+end
+
+-- Activation recomputation: the ops that build(...) adds form one segment
+-- whose internal activations are not kept after forward; backward rebuilds
+-- them.  Memory falls to one segment's worth; gradients are unchanged.
+function Graph:recompute(build, ...)
+  if self.segment then error("recompute segments do not nest", 2) end
+  self.segments = (self.segments or 0) + 1
+  self.segment = self.segments
+  local out = build(...)
+  self.segment = nil
   return out
 end
 
