@@ -230,6 +230,7 @@ struct tr_checkpointer *tr_checkpointer_open(const struct tr_checkpointer_config
 {
     struct tr_checkpointer *c = tr_xcalloc(1, sizeof *c);
     c->cfg = *cfg;
+    c->cfg.recipe = tr_xstrdup(cfg->recipe ? cfg->recipe : ""); /* the caller's may be a stack buffer */
     size_t n = cfg->g->n_params;
     c->params = tr_alloc(n * sizeof(float));
     c->m = tr_alloc(n * sizeof(float));
@@ -327,6 +328,7 @@ void tr_checkpointer_close(struct tr_checkpointer *c)
     tr_free(c->m);
     tr_free(c->v);
     tr_free(c->half);
+    free((char *)c->cfg.recipe);
     free(c);
 }
 

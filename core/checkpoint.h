@@ -38,7 +38,7 @@ struct tr_checkpointer_config {
     int64_t keep;               /* newest N kept, plus the best */
     enum tr_dtype weights_dtype;/* dtype of model.safetensors */
     int async;                  /* write in a background thread */
-    const char *recipe;         /* absolute path, recorded for `sample` */
+    const char *recipe;         /* absolute path, recorded for `sample` (copied) */
     char *const *overrides;
     int n_overrides;
     int64_t seed;

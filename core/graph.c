@@ -306,6 +306,9 @@ static int segment_internal(const struct tr_graph *g, int t)
     return 1;
 }
 
+static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots, int allocate,
+                tr_err *err);
+
 /* ---- memory plan ------------------------------------------------------- */
 
 static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
@@ -351,6 +354,18 @@ static size_t pack_intervals(struct interval *iv, int n)
 }
 
 int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots, tr_err *err)
+{
+    return plan(g, be, optimizer_slots, 1, err);
+}
+
+void tr_graph_measure(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots)
+{
+    tr_err ignored;
+    plan(g, be, optimizer_slots, 0, &ignored);
+}
+
+static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots, int allocate,
+                tr_err *err)
 {
     const struct tr_backend_iface *bi = be->iface;
     struct tr_memory_report *m = &g->memory;
@@ -474,7 +489,14 @@ int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer
     }
     m->scratch = g->scratch_floats * sizeof(float);
 
-    /* allocate */
+    if (!allocate) {
+        free(needs);
+        free(slot);
+        free(shared);
+        free(iv);
+        free(seen);
+        return TR_OK;
+    }
     g->params = bi->alloc(be->context, m->params);
     g->grads = bi->alloc(be->context, m->grads);
     g->activation_arena = bi->alloc(be->context, act_bytes);

@@ -118,6 +118,10 @@ int tr_graph_check(struct tr_graph *g, tr_err *err);
 int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots,
                   tr_err *err);
 
+/* The same plan, measured only: fills g->memory, allocates nothing (what a
+ * recipe would need on a device this machine does not have). */
+void tr_graph_measure(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots);
+
 /* Deterministic parameter initialisation from a seed (same values on every backend). */
 void tr_graph_init_params(struct tr_graph *g, const struct tr_backend *be, uint64_t seed);
 

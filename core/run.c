@@ -48,6 +48,9 @@ struct run {
     char best[64];           /* checkpoint of the best validation loss */
     double best_val;
     uint64_t best_step;
+    double stop_best;        /* early stopping: best loss by min_delta, and misses since */
+    int64_t stop_misses;
+    uint64_t stopped_early;  /* the step early stopping ended the run at, 0 if not */
     /* where time goes */
     double t_data, t_compute, t_optimizer, t_eval;
     FILE *metrics;
@@ -216,6 +219,8 @@ static void progress(struct run *r, double lr, double grad_norm, double elapsed,
                 (unsigned long long)r->skipped, elapsed);
 }
 
+static int smoke_round_trip(struct run *r, tr_err *err);
+
 /* ---- setup and the loop ------------------------------------------------- */
 
 static int setup(struct run *r, tr_err *err)
@@ -281,6 +286,7 @@ static int setup(struct run *r, tr_err *err)
             r->vocab = (uint32_t)r->g->tensors[r->g->nodes[i].in[0]].shape[0];
     r->last_val = NAN;
     r->best_val = NAN;
+    r->stop_best = NAN;
     r->last_loss = NAN;
 
     char recipe[PATH_MAX];
@@ -340,6 +346,13 @@ static void summary(struct run *r, double elapsed, double tokens)
     if (r->best[0])
         fprintf(stderr, "  best validation loss %.4f at step %llu (checkpoint %s)\n", r->best_val,
                 (unsigned long long)r->best_step, r->best);
+    if (r->stopped_early) {
+        uint64_t saved = (uint64_t)r->cfg->train.steps - r->stopped_early;
+        double per_step = elapsed / (double)(r->step ? r->step : 1);
+        fprintf(stderr, "  early stopping saved %llu of %lld steps (about %.0f s at %.3f s/step)\n",
+                (unsigned long long)saved, (long long)r->cfg->train.steps, per_step * (double)saved,
+                per_step);
+    }
     if (r->t_data > 0.05 * (r->t_data + r->t_compute))
         fprintf(stderr, "  warning: the step waited for data %.1f%% of the time: raise train.workers "
                         "or prepare the data into shards\n",
@@ -464,6 +477,14 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
                         (unsigned long long)r->step, r->last_val, isnan(accuracy) ? -1.0 : accuracy);
             if (HAS_SLOT(r->schedule, struct tr_schedule_vtable, observe))
                 r->schedule->observe(cfg->schedule.self, r->step, r->last_val);
+            if (cfg->early_stop.patience > 0) {
+                if (isnan(r->stop_best) || r->last_val < r->stop_best - cfg->early_stop.min_delta) {
+                    r->stop_best = r->last_val;
+                    r->stop_misses = 0;
+                } else if (++r->stop_misses >= cfg->early_stop.patience && !last) {
+                    r->stopped_early = r->step;
+                }
+            }
             if (cfg->checkpoint_policy.keep_best && (isnan(r->best_val) || r->last_val < r->best_val)) {
                 improved = 1;
                 r->best_val = r->last_val;
@@ -472,10 +493,17 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
             }
         }
         int due = cfg->checkpoint_policy.every && r->step % (uint64_t)cfg->checkpoint_policy.every == 0;
-        if ((due || last || improved) && !stop_signal) {
+        if ((due || last || improved || r->stopped_early) && !stop_signal) {
             tr_err cerr = {{0}};
             if (save(r, position, &cerr) != TR_OK) /* a failed save never stops training */
                 tr_log(TR_LOG_ERROR, NULL, "%s", cerr.msg);
+        }
+        if (r->stopped_early) {
+            tr_log(TR_LOG_INFO, NULL, "early stop at step %llu: the validation loss has not "
+                   "improved by more than %g for %lld evaluations (best %.4f at step %llu)",
+                   (unsigned long long)r->step, cfg->early_stop.min_delta,
+                   (long long)cfg->early_stop.patience, r->best_val, (unsigned long long)r->best_step);
+            break;
         }
     }
     if (stop_signal && r->step < steps) {
@@ -496,6 +524,8 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
     }
     if (tr_checkpointer_wait(r->ckpt, &err) != TR_OK)
         goto fail; /* the final checkpoint did not land */
+    if (flags->smoke && smoke_round_trip(r, &err) != TR_OK)
+        goto fail;
     if (!flags->quiet)
         summary(r, tr_now() - t_start, tokens);
     code = TR_EXIT_OK;
@@ -505,6 +535,155 @@ fail:
 out:
     teardown(r);
     return code;
+}
+
+/* ---- smoke runs ----------------------------------------------------------- */
+
+/* Save the run's checkpoint, load it into fresh buffers, and compare. */
+static int smoke_round_trip(struct run *r, tr_err *err)
+{
+    size_t bytes = r->g->n_params * sizeof(float);
+    const struct tr_backend_iface *bi = r->be.iface;
+    float *p = bi->alloc(r->be.context, bytes), *m = bi->alloc(r->be.context, bytes);
+    float *v = r->opt.v ? bi->alloc(r->be.context, bytes) : NULL;
+    float *a = tr_alloc(bytes), *b = tr_alloc(bytes);
+    int rc = TR_ERROR;
+    struct tr_run_state st;
+    char name[64];
+    snprintf(name, sizeof name, "step-%010llu", (unsigned long long)r->step);
+    if (!p || !m || (r->opt.v && !v) || !a || !b) {
+        tr_fail(err, "smoke: out of memory for the checkpoint round trip");
+    } else if (tr_checkpointer_load(r->ckpt, name, p, m, v, &st, err) == TR_OK) {
+        bi->download(r->be.context, a, r->g->params, bytes);
+        bi->download(r->be.context, b, p, bytes);
+        if (memcmp(a, b, bytes) != 0 || st.step != r->step)
+            tr_fail(err, "smoke: checkpoint %s does not read back what was saved", name);
+        else
+            rc = TR_OK;
+    } else {
+        tr_err_prefix(err, "smoke: checkpoint round trip");
+    }
+    if (p)
+        bi->free(r->be.context, p);
+    if (m)
+        bi->free(r->be.context, m);
+    if (v)
+        bi->free(r->be.context, v);
+    tr_free(a);
+    tr_free(b);
+    return rc;
+}
+
+/* What the recipe needs per device at its own micro-batch, measured without
+ * allocating it. */
+static int smoke_memory(const char *recipe, const char *const *overrides, int n_overrides,
+                        size_t *need, struct tr_memory_report *report, char *device,
+                        size_t device_size, tr_err *err)
+{
+    struct tr_config cfg;
+    int rc = tr_config_load(&cfg, recipe, overrides, n_overrides, err);
+    if (rc == TR_OK) {
+        struct tr_backend be;
+        struct tr_graph *g = tr_model_build(cfg.recipe, (int)cfg.train.micro_batch, err);
+        if (!g || tr_cpu_backend_init(&be, 1) != 0) {
+            rc = TR_ERROR;
+        } else {
+            tr_graph_measure(g, &be, strcmp(cfg.optimizer.type, "adamw") == 0 ? 2 : 1);
+            *report = g->memory;
+            *need = tr_graph_memory_total(&g->memory);
+            snprintf(device, device_size, "%s", cfg.device);
+            tr_cpu_backend_free(&be);
+        }
+        tr_graph_free(g, NULL);
+    }
+    tr_config_free(&cfg);
+    return rc;
+}
+
+/* Does `need` fit the device the recipe targets, with a 10% margin for the
+ * allocator and the runtime? */
+static int smoke_fit(const char *device, size_t need)
+{
+    double have;
+    char what[128];
+    if (strcmp(device, "cpu") == 0) {
+        have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+        snprintf(what, sizeof what, "this machine's memory");
+    } else {
+        have = 80.0 * 1024 * 1024 * 1024;
+        snprintf(what, sizeof what, "an 80 GiB %s device", device);
+    }
+    char a[32], b[32];
+    tr_format_bytes((double)need, a, sizeof a);
+    tr_format_bytes(have, b, sizeof b);
+    if ((double)need > 0.9 * have) {
+        fprintf(stderr, "smoke: FAILED: won't fit: the recipe needs %s per device but %s is %s "
+                        "(with a 10%% margin); lower train.micro_batch, recompute activations "
+                        "(model.recompute) or use a smaller model\n", a, what, b);
+        return TR_EXIT_ERROR;
+    }
+    fprintf(stderr, "smoke: fits %s (%s of %s)\nsmoke: ready to launch\n", what, a, b);
+    return TR_EXIT_OK;
+}
+
+int tr_smoke(const char *recipe, const char *const *overrides, int n_overrides, int quiet)
+{
+    tr_err err = {{0}};
+    double t0 = tr_now();
+    size_t need = 0;
+    struct tr_memory_report report;
+    fprintf(stderr, "smoke: %s\n", recipe);
+    char device[32] = "cpu";
+    if (smoke_memory(recipe, overrides, n_overrides, &need, &report, device, sizeof device, &err) != TR_OK) {
+        fprintf(stderr, "smoke: FAILED: %s\n", err.msg);
+        return TR_EXIT_ERROR;
+    }
+    /* the same recipe, made small: CPU, 2 steps of 2 micro-batches of 1 sample */
+    char dir[] = "/tmp/trainrun-smoke.XXXXXX";
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "smoke: FAILED: cannot create a scratch directory: %s\n", strerror(errno));
+        return TR_EXIT_ERROR;
+    }
+    char *run_dir = tr_xasprintf("run_dir=%s", dir);
+    const char *smoke[] = {"device=cpu", "train.steps=2", "train.batch=2", "train.micro_batch=1",
+                           "train.eval_every=0", "train.eval_batches=1", "train.log_every=1",
+                           "checkpoint.plugin=local", "checkpoint.every=0", "checkpoint.keep=1",
+                           "checkpoint.async=false", "early_stop.patience=0", run_dir};
+    int n = n_overrides + (int)TR_ARRAY_LEN(smoke);
+    const char **all = tr_xcalloc((size_t)n, sizeof *all);
+    for (int i = 0; i < n_overrides; i++)
+        all[i] = overrides[i];
+    for (size_t i = 0; i < TR_ARRAY_LEN(smoke); i++)
+        all[n_overrides + (int)i] = smoke[i];
+    struct tr_config cfg;
+    int code;
+    if (tr_config_load(&cfg, recipe, all, n, &err) != TR_OK) {
+        fprintf(stderr, "smoke: FAILED: %s\n", err.msg);
+        code = TR_EXIT_ERROR;
+    } else {
+        struct tr_run_flags flags = {0, 1, 1};
+        code = tr_train(&cfg, &flags);
+    }
+    tr_config_free(&cfg);
+    free(all);
+    free(run_dir);
+    char *rm = tr_xasprintf("rm -rf '%s'", dir);
+    if (system(rm) != 0)
+        tr_log(TR_LOG_WARN, NULL, "could not remove %s", dir);
+    free(rm);
+    if (code != TR_EXIT_OK) {
+        fprintf(stderr, "smoke: FAILED (the error is above)\n");
+        return code;
+    }
+    char buf[32];
+    tr_format_bytes((double)need, buf, sizeof buf);
+    fprintf(stderr, "smoke: 2 steps, checkpoint round trip ok in %.2f s\n", tr_now() - t0);
+    fprintf(stderr, "smoke: the recipe needs %s per device at its micro-batch "
+                    "(activations %.0f%%, parameters+gradients+optimizer %.0f%%)\n", buf,
+            100.0 * (double)(report.activations + report.saved + report.recompute) / (double)need,
+            100.0 * (double)(report.params + report.grads + report.optimizer) / (double)need);
+    (void)quiet;
+    return smoke_fit(device, need);
 }
 
 /* ---- sampling ------------------------------------------------------------ */

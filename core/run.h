@@ -14,7 +14,14 @@
 struct tr_run_flags {
     int resume;   /* continue from the newest good checkpoint if any */
     int quiet;    /* no progress lines */
+    int smoke;    /* a smoke run: end with a checkpoint save+load round trip */
 };
+
+/* `trainrun --smoke`: the recipe's memory at its full micro-batch against the
+ * target device, then 2 optimizer steps on the CPU with a tiny batch through
+ * the real data source and a checkpoint round trip.  Prints "ready to launch"
+ * or the failure. */
+int tr_smoke(const char *recipe, const char *const *overrides, int n_overrides, int quiet);
 
 /* Train the configured recipe; returns an exit code. */
 int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags);

@@ -128,6 +128,16 @@ static const struct tr_option checkpoint_policy_options[] = {
     {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
 };
 
+static const struct tr_option early_stop_options[] = {
+    OPT(TR_OPT_INT, "patience", "0", 0, TR_NO_MAX,
+        "stop after this many evaluations without improvement (0: never stop early)",
+        struct tr_early_stop_config, patience),
+    OPT(TR_OPT_FLOAT, "min_delta", "0", 0, TR_NO_MAX,
+        "an evaluation improves when the validation loss falls by more than this",
+        struct tr_early_stop_config, min_delta),
+    {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
+};
+
 struct root_config {
     const char *name, *run_dir, *device;
 };
@@ -153,8 +163,8 @@ static const struct tr_option slot_options[] = {
     {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
 };
 
-static const char *const sections[] = {"model", "data",  "precision", "schedule",
-                                       "checkpoint", "optimizer", "train", NULL};
+static const char *const sections[] = {"model",     "data",  "precision",  "schedule", "checkpoint",
+                                       "optimizer", "train", "early_stop", NULL};
 
 /* ---- resolution -------------------------------------------------------- */
 
@@ -267,8 +277,10 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
 
     struct tr_schema_use tu = {train_options, &cfg->train};
     struct tr_schema_use ou = {optimizer_options, &cfg->optimizer};
+    struct tr_schema_use eu = {early_stop_options, &cfg->early_stop};
     if (tr_options_apply(root, "train", "train", &tu, 1, err) != TR_OK ||
-        tr_options_apply(root, "optimizer", "optimizer", &ou, 1, err) != TR_OK)
+        tr_options_apply(root, "optimizer", "optimizer", &ou, 1, err) != TR_OK ||
+        tr_options_apply(root, "early_stop", "early_stop", &eu, 1, err) != TR_OK)
         return TR_ERROR;
 
     /* name and run_dir defaults depend on the recipe's file name */
@@ -395,4 +407,6 @@ void tr_config_help(FILE *out)
     tr_options_help(optimizer_options, out, "    ");
     fprintf(out, "\n  checkpoint = { ... }  (besides the checkpoint plugin's own options)\n");
     tr_options_help(checkpoint_policy_options, out, "    ");
+    fprintf(out, "\n  early_stop = { ... }  (on the validation loss; needs train.eval_every)\n");
+    tr_options_help(early_stop_options, out, "    ");
 }

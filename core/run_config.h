@@ -29,6 +29,11 @@ struct tr_checkpoint_policy {
     const char *weights_dtype;
 };
 
+struct tr_early_stop_config {
+    int64_t patience;  /* evaluations without improvement; 0: off */
+    double min_delta;  /* an improvement must lower the validation loss by more */
+};
+
 struct tr_slot {
     const char *key;            /* "data" */
     enum tr_plugin_kind kind;
@@ -44,6 +49,7 @@ struct tr_config {
     struct tr_train_config train;
     struct tr_optimizer_config optimizer;
     struct tr_checkpoint_policy checkpoint_policy;
+    struct tr_early_stop_config early_stop;
     struct tr_slot precision, data, schedule, checkpoint;
     struct tr_plugin_path plugin_path;
     char **overrides; /* as given on the command line (checkpoints record them) */

@@ -11,6 +11,7 @@
 #include "plugin.h"
 #include "safetensors.h"
 #include "suggest.h"
+#include "util.h"
 
 #include <stdlib.h>
 #include <string.h>

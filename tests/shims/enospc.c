@@ -1,7 +1,9 @@
 /* LD_PRELOAD shim for tests: write() fails with ENOSPC ("disk full") on
  * files whose path contains any of the comma-separated substrings in
  * TR_ENOSPC_MATCH, as a full disk would during a checkpoint. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdio.h>
