@@ -4,7 +4,9 @@
  * symbol, fill the config struct from the option schema, create, and drive
  * the kind's vtable.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <criterion/criterion.h>
 #include <trainrun/plugin.h>
 
@@ -228,7 +230,7 @@ static void destroy(struct plugin *p, void *self)
 
 static const char *const shipped[] = {
     "precision_fp32", "precision_bf16", "precision_fp16",
-    "data_text", "data_csv", "data_idx", "data_synthetic",
+    "data_text", "data_csv", "data_idx", "data_synthetic", "data_tokens",
     "checkpoint_local",
     "schedule_constant", "schedule_cosine", "schedule_linear", "schedule_step",
     "schedule_plateau",

@@ -1,12 +1,22 @@
 /*
- * data = { plugin = "text", path = "corpus.txt" }: a raw text file read as
- * bytes (vocabulary 256), for character-level language models.
+ * data = { plugin = "text", path = "corpus.txt" }: a raw text file for
+ * character-level language models, with one of two tokenizers:
  *
- * The file is split by position: the first (1 - val_fraction) of its bytes
- * train, the rest validate.  Sample j of a split is the window of seq_len
- * bytes starting at j * seq_len inside that split; its targets are the same
- * window shifted by one byte.  The file is mapped read-only, so concurrent
- * reads need no locking.
+ *   "byte" (default): every byte is a token, vocabulary 256.  The file is
+ *       mapped and read as it is; nothing is cached.
+ *   "char": the distinct bytes of the file, sorted, are the vocabulary
+ *       (token i is the i-th smallest byte value that occurs), so a model
+ *       only predicts characters the corpus uses.  The file is tokenised
+ *       once into <cache_dir>/<hash>.tokens (trainrun's TRTOKENS format,
+ *       uint16 tokens) with the character table beside it in <hash>.chars;
+ *       the hash covers the file's contents and the tokenizer, so an edited
+ *       file gets a new cache and an unchanged one reuses it.
+ *
+ * The tokens are split by position: the first (1 - val_fraction) train, the
+ * rest validate.  Sample j of a split is the window of seq_len tokens
+ * starting at j * seq_len inside that split; its targets are the same window
+ * shifted by one token.  Tokens are mapped read-only (or held in memory when
+ * caching is off), so concurrent reads need no locking.
  */
 #define _POSIX_C_SOURCE 200809L /* POSIX file APIs under strict C11 */
 
@@ -21,10 +31,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#define TRTOKENS_HEADER 64
+#define CHARS_MAGIC "TRCHARS1"
+
 struct text_config {
     const char *path;
     double val_fraction;
+    const char *tokenizer;
+    const char *cache_dir;
 };
+
+static const char *const tokenizer_choices[] = {"byte", "char", NULL};
 
 static const struct tr_option text_options[] = {
     {TR_OPT_STRING, "path", NULL, 0, 0, NULL,
@@ -34,14 +51,26 @@ static const struct tr_option text_options[] = {
     {TR_OPT_FLOAT, "val_fraction", "0.1", 0, 0.5, NULL,
      "fraction of the file, taken from its end, used for validation (0: no validation)",
      offsetof(struct text_config, val_fraction)},
+    {TR_OPT_ENUM, "tokenizer", "byte", 0, 0, tokenizer_choices,
+     "\"byte\": every byte is a token (vocabulary 256); \"char\": the file's distinct bytes, "
+     "sorted, are the vocabulary (its size is what the model must predict)",
+     offsetof(struct text_config, tokenizer)},
+    {TR_OPT_STRING, "cache_dir", ".trainrun-cache", 0, 0, NULL,
+     "tokenizer = \"char\": directory of the tokenised copies, keyed by the file's contents "
+     "(relative to the current directory; \"\": tokenise in memory on every start)",
+     offsetof(struct text_config, cache_dir)},
     {.type = TR_OPT_END},
 };
 
 struct text {
-    const unsigned char *bytes; /* the mapped file */
-    size_t size;
+    void *map;                  /* what to unmap: the text file or the cache file */
+    size_t map_size;
+    unsigned char *owned;       /* char tokens built in memory (not from a cache) */
+    const unsigned char *bytes; /* byte tokenizer: token i is bytes[i] */
+    const unsigned char *wide;  /* char tokenizer: token i is little-endian u16 at 2 * i */
+    uint32_t vocab;
     uint32_t seq_len;
-    uint64_t start[TR_SPLIT_COUNT];   /* first byte of each split */
+    uint64_t start[TR_SPLIT_COUNT];   /* first token of each split */
     uint64_t samples[TR_SPLIT_COUNT];
 };
 
@@ -50,9 +79,27 @@ static void text_destroy(void *self)
     struct text *t = self;
     if (!t)
         return;
-    if (t->bytes)
-        munmap((void *)t->bytes, t->size);
+    if (t->map)
+        munmap(t->map, t->map_size);
+    free(t->owned);
     free(t);
+}
+
+static void log_to(const struct tr_host *host, enum tr_log_level level, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+static void log_to(const struct tr_host *host, enum tr_log_level level, const char *fmt, ...)
+{
+    if (!host || !host->log)
+        return;
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    host->log(level, "text", "%s", msg);
 }
 
 static int fail_open(tr_err *err, const char *path, int errnum)
@@ -84,58 +131,368 @@ static int check_split(tr_err *err, const char *path, const char *split, uint64_
                    split[0] == 'v' ? ", a larger val_fraction, or val_fraction = 0" : "");
 }
 
+enum map_result { MAPPED, CANNOT_OPEN, NOT_REGULAR, EMPTY, CANNOT_MAP };
+
+/* Map a whole regular, non-empty file read-only.  *errnum says why
+ * CANNOT_OPEN or CANNOT_MAP. */
+static enum map_result map_file(const char *path, void **map, size_t *size, int *errnum)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        *errnum = errno;
+        return CANNOT_OPEN;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        *errnum = errno;
+        close(fd);
+        return CANNOT_OPEN;
+    }
+    enum map_result r = !S_ISREG(st.st_mode) ? NOT_REGULAR : st.st_size == 0 ? EMPTY : MAPPED;
+    if (r == MAPPED) {
+        *size = (size_t)st.st_size;
+        *map = mmap(NULL, *size, PROT_READ, MAP_PRIVATE, fd, 0);
+        *errnum = errno;
+        if (*map == MAP_FAILED)
+            r = CANNOT_MAP;
+    }
+    close(fd); /* the mapping keeps the file alive */
+    return r;
+}
+
+/* ---- the char tokenizer and its cache ----------------------------------- */
+
+static uint64_t read_le64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static uint32_t read_le32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void put_le32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void put_le64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* FNV-1a's xor-multiply step over 8-byte words (8 times faster than over
+ * bytes; every step is a bijection, so any single changed word changes the
+ * hash), an xor-shift per step so high bits reach the low ones, and the
+ * tokenizer and length folded in.  It names cache files; it is no defence
+ * against someone crafting collisions. */
+static uint64_t content_hash(const char *tokenizer, const unsigned char *p, size_t n)
+{
+    const uint64_t prime = 0x100000001b3ULL;
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (const char *c = tokenizer; *c; c++)
+        h = (h ^ (unsigned char)*c) * prime;
+    h = (h ^ (uint64_t)n) * prime;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        h = (h ^ read_le64(p + i)) * prime;
+        h ^= h >> 32;
+    }
+    for (; i < n; i++)
+        h = (h ^ p[i]) * prime;
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ULL;
+    return h ^ (h >> 32);
+}
+
+/* The sorted distinct bytes of the text; returns how many. */
+static uint32_t char_table(const unsigned char *text, size_t n, unsigned char table[256])
+{
+    unsigned char seen[256] = {0};
+    for (size_t i = 0; i < n; i++)
+        seen[text[i]] = 1;
+    uint32_t count = 0;
+    for (int b = 0; b < 256; b++)
+        if (seen[b])
+            table[count++] = (unsigned char)b;
+    return count;
+}
+
+/* A TRTOKENS file image in memory: header, then little-endian u16 ids. */
+static unsigned char *tokenise_chars(const unsigned char *text, size_t n,
+                                     const unsigned char *table, uint32_t vocab)
+{
+    unsigned char *out = malloc(TRTOKENS_HEADER + 2 * n);
+    if (!out)
+        return NULL;
+    memset(out, 0, TRTOKENS_HEADER);
+    memcpy(out, "TRTOKENS", 8);
+    put_le32(out + 8, 1);  /* version */
+    put_le32(out + 12, 2); /* uint16 tokens */
+    put_le64(out + 16, n);
+    put_le32(out + 24, vocab);
+    uint16_t id[256] = {0};
+    for (uint32_t i = 0; i < vocab; i++)
+        id[table[i]] = (uint16_t)i;
+    unsigned char *w = out + TRTOKENS_HEADER;
+    for (size_t i = 0; i < n; i++) {
+        w[2 * i] = (unsigned char)(id[text[i]] & 0xff);
+        w[2 * i + 1] = (unsigned char)(id[text[i]] >> 8);
+    }
+    return out;
+}
+
+static int mkdir_p(const char *dir)
+{
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(path, 0777) != 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    if (mkdir(path, 0777) != 0 && errno != EEXIST)
+        return -1;
+    return 0;
+}
+
+/* Write a file so that readers see all of it or none: a private temporary
+ * file in the same directory, fsync'd, then renamed over the name. */
+static int write_atomically(const char *path, const void *a, size_t a_size, const void *b,
+                            size_t b_size)
+{
+    char tmp[PATH_MAX + 32];
+    snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0)
+        return -1;
+    const void *parts[2] = {a, b};
+    size_t sizes[2] = {a_size, b_size};
+    for (int k = 0; k < 2; k++) {
+        const char *p = parts[k];
+        size_t left = sizes[k];
+        while (left > 0) {
+            ssize_t w = write(fd, p, left);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0)
+                goto fail;
+            p += w;
+            left -= (size_t)w;
+        }
+    }
+    if (fsync(fd) != 0)
+        goto fail;
+    if (close(fd) != 0) {
+        fd = -1;
+        goto fail;
+    }
+    if (rename(tmp, path) != 0) {
+        fd = -1;
+        goto fail;
+    }
+    return 0;
+fail:;
+    int e = errno ? errno : EIO;
+    if (fd >= 0)
+        close(fd);
+    unlink(tmp);
+    errno = e;
+    return -1;
+}
+
+/* Is this mapped cache file a complete tokenisation of an n-byte text with
+ * the given vocabulary?  Says why not in `why`. */
+static int cache_valid(const unsigned char *map, size_t size, uint64_t n, uint32_t vocab,
+                       char *why, size_t why_size)
+{
+    if (size < TRTOKENS_HEADER || memcmp(map, "TRTOKENS", 8) != 0 || read_le32(map + 8) != 1 ||
+        read_le32(map + 12) != 2) {
+        snprintf(why, why_size, "not a version 1 uint16 token file");
+        return 0;
+    }
+    if (read_le64(map + 16) != n || size != TRTOKENS_HEADER + 2 * n) {
+        snprintf(why, why_size, "holds %llu tokens in %zu bytes, the text has %llu characters",
+                 (unsigned long long)read_le64(map + 16), size, (unsigned long long)n);
+        return 0;
+    }
+    if (read_le32(map + 24) != vocab) {
+        snprintf(why, why_size, "its vocabulary %u differs from its character table's %u",
+                 read_le32(map + 24), vocab);
+        return 0;
+    }
+    const unsigned char *w = map + TRTOKENS_HEADER;
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t id = (uint32_t)w[2 * i] | (uint32_t)w[2 * i + 1] << 8;
+        if (id >= vocab) {
+            snprintf(why, why_size, "token %llu is %u, beyond the vocabulary of %u",
+                     (unsigned long long)i, id, vocab);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The vocabulary size a character table file declares, or 0 when it is
+ * missing or malformed. */
+static uint32_t read_char_table(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return 0;
+    unsigned char head[12], table[256];
+    uint32_t count = 0;
+    if (fread(head, 1, sizeof head, f) == sizeof head && memcmp(head, CHARS_MAGIC, 8) == 0) {
+        count = read_le32(head + 8);
+        if (count == 0 || count > 256 || fread(table, 1, count, f) != count ||
+            fgetc(f) != EOF)
+            count = 0;
+        for (uint32_t i = 1; i < count; i++)
+            if (table[i] <= table[i - 1])
+                count = 0; /* must be strictly increasing */
+    }
+    fclose(f);
+    return count;
+}
+
+/* Char tokens for `text`, from the cache when there is a valid one (then
+ * t->map holds them), else tokenised now into t->owned and cached when
+ * cache_dir is set. */
+static int load_char_tokens(struct text *t, const unsigned char *text, size_t n,
+                            const struct text_config *cfg, const struct tr_host *host,
+                            tr_err *err)
+{
+    char tokens_path[PATH_MAX], chars_path[PATH_MAX];
+    int caching = cfg->cache_dir[0] != '\0';
+    if (caching) {
+        uint64_t h = content_hash(cfg->tokenizer, text, n);
+        int a = snprintf(tokens_path, sizeof tokens_path, "%s/%016llx.tokens", cfg->cache_dir,
+                         (unsigned long long)h);
+        int b = snprintf(chars_path, sizeof chars_path, "%s/%016llx.chars", cfg->cache_dir,
+                         (unsigned long long)h);
+        if (a >= (int)sizeof tokens_path || b >= (int)sizeof chars_path)
+            return tr_fail(err, "text data: cache_dir \"%s\" is too long; use a shorter path",
+                           cfg->cache_dir);
+
+        uint32_t vocab = read_char_table(chars_path);
+        void *cached = NULL;
+        size_t size = 0;
+        int errnum = 0;
+        if (vocab && map_file(tokens_path, &cached, &size, &errnum) == MAPPED) {
+            char why[256] = "";
+            if (cache_valid(cached, size, n, vocab, why, sizeof why)) {
+                t->map = cached;
+                t->map_size = size;
+                t->wide = (const unsigned char *)cached + TRTOKENS_HEADER;
+                t->vocab = vocab;
+                log_to(host, TR_LOG_INFO, "using cached tokens %s for %s (vocabulary %u)",
+                       tokens_path, cfg->path, vocab);
+                return TR_OK;
+            }
+            munmap(cached, size);
+            log_to(host, TR_LOG_WARN, "cache %s is damaged (%s); rebuilding it", tokens_path,
+                   why);
+        }
+    }
+
+    unsigned char table[256];
+    uint32_t vocab = char_table(text, n, table);
+    t->owned = tokenise_chars(text, n, table, vocab);
+    if (!t->owned)
+        return tr_fail(err, "text data: out of memory tokenising %s (%zu characters)",
+                       cfg->path, n);
+    t->wide = t->owned + TRTOKENS_HEADER;
+    t->vocab = vocab;
+    if (!caching)
+        return TR_OK;
+
+    /* The table first: the tokens file is what marks the cache complete. */
+    unsigned char head[12];
+    memcpy(head, CHARS_MAGIC, 8);
+    put_le32(head + 8, vocab);
+    errno = 0;
+    if (mkdir_p(cfg->cache_dir) != 0 ||
+        write_atomically(chars_path, head, sizeof head, table, vocab) != 0 ||
+        write_atomically(tokens_path, t->owned, TRTOKENS_HEADER, t->wide, 2 * n) != 0) {
+        log_to(host, TR_LOG_WARN,
+               "cannot write the token cache in %s (%s); continuing without it (set "
+               "data.cache_dir to a writable directory, or \"\" to stop caching)",
+               cfg->cache_dir, strerror(errno));
+        return TR_OK;
+    }
+    log_to(host, TR_LOG_INFO, "tokenised %s (%zu characters, vocabulary %u) into %s",
+           cfg->path, n, vocab, tokens_path);
+    return TR_OK;
+}
+
+/* ---- the plugin ----------------------------------------------------------- */
+
 static int text_create(const struct tr_host *host, const void *config,
                        const struct tr_create_args *args, void **self, tr_err *err)
 {
-    (void)host;
     const struct text_config *cfg = config;
     if (args->seq_len == 0)
         return tr_fail(err,
                        "text data: the text source needs a sequence model (the model reports "
                        "seq_len = 0); use a sequence model or another data plugin");
 
-    int fd = open(cfg->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return fail_open(err, cfg->path, errno);
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return tr_fail(err, "text data: cannot stat %s: %s", cfg->path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
+    void *map = NULL;
+    size_t size = 0;
+    int errnum = 0;
+    switch (map_file(cfg->path, &map, &size, &errnum)) {
+    case MAPPED:
+        break;
+    case CANNOT_OPEN:
+        return fail_open(err, cfg->path, errnum);
+    case NOT_REGULAR:
         return tr_fail(err, "text data: %s is not a regular file; check data.path", cfg->path);
-    }
-    if (st.st_size == 0) {
-        close(fd);
+    case EMPTY:
         return tr_fail(err, "text data: %s is empty; point data.path at a text file",
                        cfg->path);
+    case CANNOT_MAP:
+        return tr_fail(err, "text data: cannot map %s: %s", cfg->path, strerror(errnum));
     }
 
-    size_t size = (size_t)st.st_size;
+    /* One token per byte in either tokenizer, so the split is the same. */
     uint64_t val_len = (uint64_t)((double)size * cfg->val_fraction);
     uint64_t train_len = size - val_len;
     if (check_split(err, cfg->path, "training", train_len, args->seq_len, cfg->val_fraction) ||
         (cfg->val_fraction > 0 &&
          check_split(err, cfg->path, "validation", val_len, args->seq_len, cfg->val_fraction))) {
-        close(fd);
+        munmap(map, size);
         return TR_ERROR;
     }
-
-    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int map_errno = errno;
-    close(fd); /* the mapping keeps the file alive */
-    if (map == MAP_FAILED)
-        return tr_fail(err, "text data: cannot map %s: %s", cfg->path, strerror(map_errno));
 
     struct text *t = calloc(1, sizeof *t);
     if (!t) {
         munmap(map, size);
         return tr_fail(err, "text data: out of memory");
     }
-    t->bytes = map;
-    t->size = size;
+    if (strcmp(cfg->tokenizer, "char") == 0) {
+        int rc = load_char_tokens(t, map, size, cfg, host, err);
+        munmap(map, size); /* the tokens are cached or in memory now */
+        if (rc != TR_OK) {
+            text_destroy(t);
+            return TR_ERROR;
+        }
+    } else {
+        t->map = map;
+        t->map_size = size;
+        t->bytes = map;
+        t->vocab = 256;
+    }
     t->seq_len = args->seq_len;
     t->start[TR_SPLIT_TRAIN] = 0;
     t->start[TR_SPLIT_VAL] = train_len;
@@ -155,7 +512,7 @@ static int text_info(void *self, struct tr_data_info *out, tr_err *err)
     out->input_dtype = TR_I32;
     out->input_len = t->seq_len;
     out->target_len = t->seq_len;
-    out->classes = 256;
+    out->classes = t->vocab;
     return TR_OK;
 }
 
@@ -172,10 +529,22 @@ static int text_read(void *self, enum tr_split split, const uint64_t *indices, s
             return tr_fail(err, "text data: sample %llu out of range (split has %llu)",
                            (unsigned long long)indices[i],
                            (unsigned long long)t->samples[split]);
-        const unsigned char *w = t->bytes + t->start[split] + indices[i] * T;
-        for (size_t k = 0; k < T; k++) {
-            in[i * T + k] = w[k];
-            targets[i * T + k] = w[k + 1];
+        uint64_t first = t->start[split] + indices[i] * T;
+        if (t->bytes) {
+            const unsigned char *w = t->bytes + first;
+            for (size_t k = 0; k < T; k++) {
+                in[i * T + k] = w[k];
+                targets[i * T + k] = w[k + 1];
+            }
+        } else {
+            const unsigned char *w = t->wide + 2 * first;
+            int32_t prev = w[0] | w[1] << 8;
+            for (size_t k = 0; k < T; k++) {
+                int32_t next = w[2 * k + 2] | w[2 * k + 3] << 8;
+                in[i * T + k] = prev;
+                targets[i * T + k] = next;
+                prev = next;
+            }
         }
     }
     return TR_OK;
@@ -194,7 +563,7 @@ static const struct tr_plugin_info text_plugin_info = {
     .kind = TR_KIND_DATA,
     .name = "text",
     .version = "0.1.0",
-    .description = "a raw text file as byte tokens (vocabulary 256) for character-level models",
+    .description = "a raw text file as byte or character tokens, for character-level models",
     .options = text_options,
     .config_size = sizeof(struct text_config),
     .create = text_create,

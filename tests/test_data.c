@@ -1,0 +1,952 @@
+/*
+ * Tests of the token data path: the tokens plugin (trainrun's TRTOKENS shards
+ * and llm.c's shards), the text plugin's char tokenizer and its cache, and
+ * `trainrun prepare`, whose shards the tokens plugin must read back.
+ * Plugins are dlopen'ed from $TR_PLUGIN_BUILD_DIR as the core loads them;
+ * prepare is called in-process through tr_prepare_main.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <criterion/criterion.h>
+#include <trainrun/plugin.h>
+
+#include "json.h"
+#include "prepare.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- a host that records what plugins log --------------------------------- */
+
+static char log_text[8192]; /* every message of the test, one per line */
+
+static void test_log(enum tr_log_level level, const char *who, const char *fmt, ...)
+{
+    (void)level;
+    (void)who;
+    size_t used = strlen(log_text);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(log_text + used, sizeof log_text - used, fmt, ap);
+    va_end(ap);
+    used = strlen(log_text);
+    if (used + 1 < sizeof log_text)
+        strcat(log_text, "\n");
+}
+
+static void *test_alloc(size_t size)
+{
+    return aligned_alloc(64, (size + 63) / 64 * 64);
+}
+
+static const struct tr_host host = {
+    .struct_size = sizeof(struct tr_host),
+    .abi_major = TR_ABI_MAJOR,
+    .log = test_log,
+    .alloc = test_alloc,
+    .free = free,
+};
+
+/* ---- a temporary directory per test ---------------------------------------- */
+
+static char tmp[256];
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static void make_tmp(void)
+{
+    const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(tmp, sizeof tmp, "%s/trdatatest-XXXXXX", base);
+    cr_assert(mkdtemp(tmp), "mkdtemp: %s", strerror(errno));
+    log_text[0] = '\0';
+}
+
+static void remove_tmp(void)
+{
+    nftw(tmp, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* tmp/name, in a buffer that lives for the test */
+static const char *tmp_path(const char *name)
+{
+    static char paths[64][512];
+    static int next;
+    char *p = paths[next++ % 64];
+    snprintf(p, sizeof paths[0], "%s/%s", tmp, name);
+    return p;
+}
+
+static void write_file(const char *path, const void *data, size_t size)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert(f, "cannot write %s", path);
+    cr_assert_eq(fwrite(data, 1, size, f), size);
+    fclose(f);
+}
+
+static void write_text(const char *path, const char *text)
+{
+    write_file(path, text, strlen(text));
+}
+
+static char *read_all(const char *path, size_t *size)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "cannot read %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    cr_assert_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+    buf[n] = '\0';
+    fclose(f);
+    if (size)
+        *size = (size_t)n;
+    return buf;
+}
+
+/* Files in a directory whose names end with `suffix`. */
+static int count_files(const char *dir, const char *suffix)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t a = strlen(e->d_name), b = strlen(suffix);
+        n += a >= b && strcmp(e->d_name + a - b, suffix) == 0;
+    }
+    closedir(d);
+    return n;
+}
+
+static int count_containing(const char *dir, const char *part)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += strstr(e->d_name, part) != NULL;
+    closedir(d);
+    return n;
+}
+
+/* ---- shard files ------------------------------------------------------------- */
+
+static void le32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void le64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* A TRTOKENS shard: `count` tokens of `width` bytes, the header declaring
+ * `declared` tokens. */
+static void write_shard_as(const char *path, const char *magic, uint32_t version,
+                           uint32_t width, const uint32_t *ids, size_t count, uint64_t declared,
+                           uint32_t vocab)
+{
+    size_t size = 64 + count * width;
+    unsigned char *buf = calloc(1, size);
+    memcpy(buf, magic, 8);
+    le32(buf + 8, version);
+    le32(buf + 12, width);
+    le64(buf + 16, declared);
+    le32(buf + 24, vocab);
+    for (size_t i = 0; i < count; i++)
+        for (uint32_t b = 0; b < width; b++)
+            buf[64 + i * width + b] = (unsigned char)(ids[i] >> (8 * b));
+    write_file(path, buf, size);
+    free(buf);
+}
+
+static void write_shard(const char *path, uint32_t width, const uint32_t *ids, size_t count,
+                        uint32_t vocab)
+{
+    write_shard_as(path, "TRTOKENS", 1, width, ids, count, count, vocab);
+}
+
+/* llm.c's format: 256 int32 header (magic, version, count), uint16 tokens. */
+static void write_llmc(const char *path, uint32_t version, const uint32_t *ids, size_t count)
+{
+    size_t size = 1024 + 2 * count;
+    unsigned char *buf = calloc(1, size);
+    le32(buf, 20240520);
+    le32(buf + 4, version);
+    le32(buf + 8, (uint32_t)count);
+    for (size_t i = 0; i < count; i++) {
+        buf[1024 + 2 * i] = (unsigned char)ids[i];
+        buf[1024 + 2 * i + 1] = (unsigned char)(ids[i] >> 8);
+    }
+    write_file(path, buf, size);
+    free(buf);
+}
+
+/* The declared token count of a TRTOKENS shard. */
+static uint64_t shard_count(const char *path)
+{
+    size_t size;
+    unsigned char *b = (unsigned char *)read_all(path, &size);
+    cr_assert_geq(size, 64);
+    cr_assert(memcmp(b, "TRTOKENS", 8) == 0, "%s: bad magic", path);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--)
+        n = n << 8 | b[16 + i];
+    cr_assert_eq(size, 64 + 2 * n, "%s: size and count disagree", path);
+    free(b);
+    return n;
+}
+
+/* ---- loading plugins and filling their configs ------------------------------- */
+
+struct plugin {
+    void *dl;
+    const struct tr_plugin_info *info;
+    void *config;
+};
+
+static void set_text(const struct tr_option *o, void *config, const char *text)
+{
+    char *field = (char *)config + o->offset;
+    switch (o->type) {
+    case TR_OPT_INT: {
+        int64_t v = strtoll(text, NULL, 10);
+        memcpy(field, &v, sizeof v);
+        break;
+    }
+    case TR_OPT_FLOAT: {
+        double v = strtod(text, NULL);
+        memcpy(field, &v, sizeof v);
+        break;
+    }
+    case TR_OPT_BOOL: {
+        int v = strcmp(text, "true") == 0;
+        memcpy(field, &v, sizeof v);
+        break;
+    }
+    case TR_OPT_STRING:
+    case TR_OPT_ENUM:
+        memcpy(field, &text, sizeof text);
+        break;
+    case TR_OPT_END:
+        break;
+    }
+}
+
+static struct plugin load(const char *file)
+{
+    const char *dir = getenv("TR_PLUGIN_BUILD_DIR");
+    cr_assert(dir && *dir, "set TR_PLUGIN_BUILD_DIR to the directory of the built plugins");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s.so", dir, file);
+    struct plugin p = {0};
+    p.dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    cr_assert(p.dl, "dlopen %s: %s", path, dlerror());
+    tr_plugin_entry_fn entry = (tr_plugin_entry_fn)dlsym(p.dl, TR_PLUGIN_ENTRY_NAME);
+    cr_assert(entry, "%s does not export %s", path, TR_PLUGIN_ENTRY_NAME);
+    p.info = entry();
+    static max_align_t configs[4][64];
+    static int next;
+    cr_assert_leq(p.info->config_size, sizeof configs[0], "config too large for the test");
+    p.config = configs[next++ % 4];
+    memset(p.config, 0, sizeof configs[0]);
+    for (const struct tr_option *o = p.info->options; o && o->type != TR_OPT_END; o++)
+        if (o->default_value)
+            set_text(o, p.config, o->default_value);
+    return p;
+}
+
+static void set(struct plugin *p, const char *name, const char *text)
+{
+    for (const struct tr_option *o = p->info->options; o && o->type != TR_OPT_END; o++) {
+        if (strcmp(o->name, name) == 0) {
+            set_text(o, p->config, text);
+            return;
+        }
+    }
+    cr_assert_fail("plugin %s has no option %s", p->info->name, name);
+}
+
+static int create(struct plugin *p, uint32_t seq_len, void **self, tr_err *err)
+{
+    struct tr_create_args args = {
+        .struct_size = sizeof args, .run_dir = tmp, .recipe_dir = tmp,
+        .seq_len = seq_len, .seed = 1, .rank = 0, .world = 1,
+    };
+    *self = NULL;
+    return p->info->create(&host, p->config, &args, self, err);
+}
+
+static void *create_ok(struct plugin *p, uint32_t seq_len)
+{
+    void *self;
+    tr_err err = {{0}};
+    cr_assert_eq(create(p, seq_len, &self, &err), TR_OK, "%s: create failed: %s",
+                 p->info->name, err.msg);
+    return self;
+}
+
+/* Create must fail; the message must contain every given fragment. */
+static void create_fails(struct plugin *p, uint32_t seq_len, const char *want1,
+                         const char *want2)
+{
+    void *self;
+    tr_err err = {{0}};
+    cr_assert_eq(create(p, seq_len, &self, &err), TR_ERROR, "%s: create should fail",
+                 p->info->name);
+    cr_assert(strstr(err.msg, want1), "message lacks \"%s\": %s", want1, err.msg);
+    cr_assert(!want2 || strstr(err.msg, want2), "message lacks \"%s\": %s", want2, err.msg);
+}
+
+static void destroy(struct plugin *p, void *self)
+{
+    if (p->info->destroy)
+        p->info->destroy(self);
+}
+
+static const struct tr_data_vtable *data(struct plugin *p)
+{
+    return p->info->vtable;
+}
+
+static struct tr_data_info info_of(struct plugin *p, void *self)
+{
+    struct tr_data_info info = {.struct_size = sizeof info};
+    tr_err err = {{0}};
+    cr_assert_eq(data(p)->info(self, &info, &err), TR_OK, "%s", err.msg);
+    return info;
+}
+
+static void read_one(struct plugin *p, void *self, enum tr_split split, uint64_t index,
+                     int32_t *in, int32_t *tgt)
+{
+    tr_err err = {{0}};
+    cr_assert_eq(data(p)->read(self, split, &index, 1, in, tgt, &err), TR_OK, "%s", err.msg);
+}
+
+/* Sample `index` must be tokens ids[first ..] (inputs) and one later (targets). */
+static void expect_window(struct plugin *p, void *self, enum tr_split split, uint64_t index,
+                          const uint32_t *ids, size_t first, size_t T)
+{
+    int32_t in[64], tgt[64];
+    cr_assert_leq(T, 64);
+    read_one(p, self, split, index, in, tgt);
+    for (size_t k = 0; k < T; k++) {
+        cr_assert_eq((uint32_t)in[k], ids[first + k], "split %d sample %llu input %zu",
+                     (int)split, (unsigned long long)index, k);
+        cr_assert_eq((uint32_t)tgt[k], ids[first + k + 1], "split %d sample %llu target %zu",
+                     (int)split, (unsigned long long)index, k);
+    }
+}
+
+TestSuite(tokens, .init = make_tmp, .fini = remove_tmp);
+TestSuite(text_char, .init = make_tmp, .fini = remove_tmp);
+TestSuite(prepare, .init = make_tmp, .fini = remove_tmp);
+
+/* ---- tokens: formats and splits ------------------------------------------------ */
+
+Test(tokens, reads_uint16_and_uint32_shards)
+{
+    uint32_t ids[41];
+    for (int i = 0; i < 41; i++)
+        ids[i] = (uint32_t)(i * 7 % 50);
+    write_shard(tmp_path("a.bin"), 2, ids, 41, 50);
+    struct plugin p = load("data_tokens");
+    set(&p, "train", tmp_path("a.bin"));
+    set(&p, "val_fraction", "0");
+    void *self = create_ok(&p, 8);
+    struct tr_data_info info = info_of(&p, self);
+    cr_assert_eq(info.samples[TR_SPLIT_TRAIN], 5); /* (41 - 1) / 8 */
+    cr_assert_eq(info.samples[TR_SPLIT_VAL], 0);
+    cr_assert_eq(info.input_dtype, TR_I32);
+    cr_assert_eq(info.input_len, 8);
+    cr_assert_eq(info.target_len, 8);
+    cr_assert_eq(info.classes, 50, "vocab comes from the header");
+    expect_window(&p, self, TR_SPLIT_TRAIN, 0, ids, 0, 8);
+    expect_window(&p, self, TR_SPLIT_TRAIN, 4, ids, 32, 8);
+    uint64_t beyond = 5;
+    int32_t in[8], tgt[8];
+    tr_err err = {{0}};
+    cr_assert_eq(data(&p)->read(self, TR_SPLIT_TRAIN, &beyond, 1, in, tgt, &err), TR_ERROR);
+    destroy(&p, self);
+
+    /* uint32 tokens beyond the uint16 range */
+    for (int i = 0; i < 41; i++)
+        ids[i] = 70000u + (uint32_t)i * 1000u;
+    write_shard(tmp_path("wide.bin"), 4, ids, 41, 200000);
+    set(&p, "train", tmp_path("wide.bin"));
+    self = create_ok(&p, 8);
+    cr_assert_eq(info_of(&p, self).classes, 200000);
+    expect_window(&p, self, TR_SPLIT_TRAIN, 3, ids, 24, 8);
+    destroy(&p, self);
+}
+
+Test(tokens, glob_takes_shards_sorted_and_samples_stay_inside_a_shard)
+{
+    uint32_t a[13], b[10];
+    for (int i = 0; i < 13; i++)
+        a[i] = (uint32_t)i;
+    for (int i = 0; i < 10; i++)
+        b[i] = (uint32_t)(100 + i);
+    write_shard(tmp_path("shard_1.bin"), 2, b, 10, 256); /* written first, sorts second */
+    write_shard(tmp_path("shard_0.bin"), 2, a, 13, 256);
+    struct plugin p = load("data_tokens");
+    set(&p, "train", tmp_path("shard_*.bin"));
+    set(&p, "val_fraction", "0");
+    void *self = create_ok(&p, 4);
+    /* shard_0: (13-1)/4 = 3 samples; shard_1: (10-1)/4 = 2 */
+    cr_assert_eq(info_of(&p, self).samples[TR_SPLIT_TRAIN], 5);
+    expect_window(&p, self, TR_SPLIT_TRAIN, 2, a, 8, 4);
+    expect_window(&p, self, TR_SPLIT_TRAIN, 3, b, 0, 4); /* not a's tail + b's head */
+    expect_window(&p, self, TR_SPLIT_TRAIN, 4, b, 4, 4);
+    destroy(&p, self);
+}
+
+Test(tokens, validation_from_the_end_or_from_its_own_shards)
+{
+    uint32_t ids[101];
+    for (int i = 0; i < 101; i++)
+        ids[i] = (uint32_t)(i % 256);
+    write_shard(tmp_path("train.bin"), 2, ids, 101, 256);
+    struct plugin p = load("data_tokens");
+    set(&p, "train", tmp_path("train.bin"));
+    set(&p, "val_fraction", "0.2"); /* the last 20 tokens validate */
+    void *self = create_ok(&p, 4);
+    struct tr_data_info info = info_of(&p, self);
+    cr_assert_eq(info.samples[TR_SPLIT_TRAIN], 20); /* (81-1)/4 */
+    cr_assert_eq(info.samples[TR_SPLIT_VAL], 4);    /* (20-1)/4 */
+    expect_window(&p, self, TR_SPLIT_TRAIN, 19, ids, 76, 4);
+    expect_window(&p, self, TR_SPLIT_VAL, 0, ids, 81, 4);
+    destroy(&p, self);
+
+    uint32_t v[9] = {9, 8, 7, 6, 5, 4, 3, 2, 1};
+    write_shard(tmp_path("val.bin"), 2, v, 9, 256);
+    set(&p, "val", tmp_path("val.bin"));
+    self = create_ok(&p, 4);
+    info = info_of(&p, self);
+    cr_assert_eq(info.samples[TR_SPLIT_TRAIN], 25, "val_fraction is ignored with val");
+    cr_assert_eq(info.samples[TR_SPLIT_VAL], 2);
+    expect_window(&p, self, TR_SPLIT_VAL, 1, v, 4, 4);
+    destroy(&p, self);
+
+    /* a validation split too small for one sample */
+    set(&p, "val", "");
+    set(&p, "val_fraction", "0.02");
+    create_fails(&p, 4, "validation split", "needs 5 tokens");
+}
+
+Test(tokens, reads_llmc_shards)
+{
+    uint32_t ids[33];
+    for (int i = 0; i < 33; i++)
+        ids[i] = (uint32_t)(i * 1543 % 50257);
+    write_llmc(tmp_path("shard_train_000001.bin"), 1, ids, 33);
+    struct plugin p = load("data_tokens");
+    set(&p, "train", tmp_path("shard_train_*.bin"));
+    set(&p, "val_fraction", "0");
+    void *self = create_ok(&p, 16);
+    struct tr_data_info info = info_of(&p, self);
+    cr_assert_eq(info.samples[TR_SPLIT_TRAIN], 2);
+    cr_assert_eq(info.classes, 65536, "llm.c shards declare no vocabulary: the uint16 range");
+    expect_window(&p, self, TR_SPLIT_TRAIN, 1, ids, 16, 16);
+    destroy(&p, self);
+
+    set(&p, "vocab", "50257");
+    self = create_ok(&p, 16);
+    cr_assert_eq(info_of(&p, self).classes, 50257);
+    destroy(&p, self);
+}
+
+/* ---- tokens: bad input --------------------------------------------------------- */
+
+Test(tokens, bad_shards_are_errors_naming_file_and_offset)
+{
+    uint32_t ids[20] = {0};
+    struct plugin p = load("data_tokens");
+    set(&p, "val_fraction", "0");
+
+    const char *truncated = tmp_path("truncated.bin");
+    write_shard_as(truncated, "TRTOKENS", 1, 2, ids, 20, 100, 256);
+    set(&p, "train", truncated);
+    create_fails(&p, 4, truncated, "truncated: the header says 100 tokens");
+    create_fails(&p, 4, "ends at byte offset 104", "after 20 whole tokens");
+
+    const char *magic = tmp_path("magic.bin");
+    write_shard_as(magic, "TRTOKENZ", 1, 2, ids, 20, 20, 256);
+    set(&p, "train", magic);
+    create_fails(&p, 4, magic, "byte offset 0: not a token shard");
+    create_fails(&p, 4, "TRTOKENZ", "expected the magic \"TRTOKENS\"");
+
+    const char *version = tmp_path("version.bin");
+    write_shard_as(version, "TRTOKENS", 2, 2, ids, 20, 20, 256);
+    set(&p, "train", version);
+    create_fails(&p, 4, version, "byte offset 8: unsupported version 2");
+
+    const char *dtype = tmp_path("dtype.bin");
+    write_shard_as(dtype, "TRTOKENS", 1, 3, ids, 20, 20, 256);
+    set(&p, "train", dtype);
+    create_fails(&p, 4, dtype, "byte offset 12: unsupported token dtype 3");
+
+    const char *llmc = tmp_path("llmc.bin");
+    write_llmc(llmc, 7, ids, 20);
+    set(&p, "train", llmc);
+    create_fails(&p, 4, llmc, "byte offset 4: unsupported llm.c shard version 7");
+
+    const char *empty = tmp_path("empty.bin");
+    write_file(empty, "", 0);
+    set(&p, "train", empty);
+    create_fails(&p, 4, empty, "is empty");
+
+    const char *short_header = tmp_path("short.bin");
+    write_file(short_header, "TRTOKENS\1\0\0\0", 12);
+    set(&p, "train", short_header);
+    create_fails(&p, 4, short_header, "truncated header");
+
+    set(&p, "train", tmp_path("nothing_*.bin"));
+    create_fails(&p, 4, "nothing_*.bin", "matches no files");
+
+    set(&p, "train", "no/such/shard.bin");
+    create_fails(&p, 4, "no/such/shard.bin", "relative to the current directory");
+
+    create_fails(&p, 0, "needs a sequence model", NULL);
+
+    /* shards that disagree on the vocabulary */
+    write_shard(tmp_path("v_0.bin"), 2, ids, 20, 256);
+    write_shard(tmp_path("v_1.bin"), 2, ids, 20, 300);
+    set(&p, "train", tmp_path("v_*.bin"));
+    create_fails(&p, 4, "declares vocabulary 256", "set data.vocab");
+    set(&p, "vocab", "300");
+    destroy(&p, create_ok(&p, 4));
+}
+
+Test(tokens, token_beyond_vocab_is_reported_lazily_or_at_open)
+{
+    uint32_t ids[21];
+    for (int i = 0; i < 21; i++)
+        ids[i] = (uint32_t)i;
+    ids[13] = 999; /* in sample 3 of seq_len 4 (tokens 12..16) */
+    const char *path = tmp_path("bad_token.bin");
+    write_shard(path, 2, ids, 21, 100);
+    struct plugin p = load("data_tokens");
+    set(&p, "train", path);
+    set(&p, "val_fraction", "0");
+    void *self = create_ok(&p, 4); /* not scanned at open by default */
+    int32_t in[4], tgt[4];
+    read_one(&p, self, TR_SPLIT_TRAIN, 0, in, tgt); /* clean samples still read */
+    uint64_t index = 3;
+    tr_err err = {{0}};
+    cr_assert_eq(data(&p)->read(self, TR_SPLIT_TRAIN, &index, 1, in, tgt, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, path), "%s", err.msg);
+    cr_assert(strstr(err.msg, "token 13 (byte offset 90) is 999"), "%s", err.msg);
+    cr_assert(strstr(err.msg, "vocabulary size 100"), "%s", err.msg);
+    destroy(&p, self);
+
+    set(&p, "check", "true");
+    create_fails(&p, 4, path, "token 13 (byte offset 90) is 999");
+}
+
+/* ---- text: the char tokenizer and its cache --------------------------------------- */
+
+static const char corpus[] =
+    "the cat sat on the mat. the dog sat on the log. a cat and a dog met on a mat.\n";
+
+Test(text_char, vocabulary_is_the_sorted_distinct_bytes)
+{
+    const char *path = tmp_path("corpus.txt");
+    write_text(path, corpus);
+    struct plugin p = load("data_text");
+    set(&p, "path", path);
+    set(&p, "val_fraction", "0");
+    set(&p, "tokenizer", "char");
+    set(&p, "cache_dir", "");
+    void *self = create_ok(&p, 8);
+
+    char distinct[256];
+    int n = 0;
+    for (int c = 0; c < 256; c++)
+        if (strchr(corpus, c) && c)
+            distinct[n++] = (char)c;
+    struct tr_data_info info = info_of(&p, self);
+    cr_assert_eq(info.classes, (uint32_t)n, "vocabulary %u, distinct bytes %d", info.classes, n);
+    cr_assert_eq(info.samples[TR_SPLIT_TRAIN], (sizeof corpus - 2) / 8);
+
+    int32_t in[8], tgt[8];
+    read_one(&p, self, TR_SPLIT_TRAIN, 1, in, tgt);
+    for (int k = 0; k < 8; k++) {
+        cr_assert_lt(in[k], n);
+        cr_assert_eq(distinct[in[k]], corpus[8 + k], "token %d maps back to its byte", k);
+        cr_assert_eq(distinct[tgt[k]], corpus[9 + k]);
+    }
+    destroy(&p, self);
+    cr_assert_eq(count_files(tmp, ".tokens"), 0, "cache_dir = \"\" caches nothing");
+
+    /* the byte tokenizer keeps vocabulary 256 and writes no cache */
+    set(&p, "tokenizer", "byte");
+    set(&p, "cache_dir", tmp_path("cache"));
+    self = create_ok(&p, 8);
+    cr_assert_eq(info_of(&p, self).classes, 256);
+    destroy(&p, self);
+    cr_assert_eq(count_files(tmp_path("cache"), ".tokens"), 0);
+}
+
+Test(text_char, cache_is_created_reused_and_rebuilt_when_the_file_changes)
+{
+    const char *path = tmp_path("corpus.txt");
+    const char *cache = tmp_path("cache");
+    write_text(path, corpus);
+    struct plugin p = load("data_text");
+    set(&p, "path", path);
+    set(&p, "val_fraction", "0.2");
+    set(&p, "tokenizer", "char");
+    set(&p, "cache_dir", cache);
+
+    void *self = create_ok(&p, 8);
+    int32_t first_in[8], first_tgt[8];
+    read_one(&p, self, TR_SPLIT_VAL, 0, first_in, first_tgt);
+    uint32_t vocab = info_of(&p, self).classes;
+    destroy(&p, self);
+    cr_assert(strstr(log_text, "tokenised"), "log: %s", log_text);
+    cr_assert_eq(count_files(cache, ".tokens"), 1);
+    cr_assert_eq(count_files(cache, ".chars"), 1);
+    cr_assert_eq(count_containing(cache, ".tmp"), 0, "no temporary files are left");
+
+    DIR *d = opendir(cache);
+    struct dirent *e;
+    char tokens_file[600] = "";
+    while ((e = readdir(d)))
+        if (strstr(e->d_name, ".tokens"))
+            snprintf(tokens_file, sizeof tokens_file, "%s/%s", cache, e->d_name);
+    closedir(d);
+    struct stat before, after;
+    cr_assert_eq(stat(tokens_file, &before), 0);
+    cr_assert_eq(shard_count(tokens_file), sizeof corpus - 1, "the cache is a TRTOKENS file");
+
+    /* the same contents again: reused, not rewritten */
+    log_text[0] = '\0';
+    self = create_ok(&p, 8);
+    cr_assert(strstr(log_text, "using cached tokens"), "log: %s", log_text);
+    cr_assert(!strstr(log_text, "tokenised"), "log: %s", log_text);
+    cr_assert_eq(stat(tokens_file, &after), 0);
+    cr_assert_eq(before.st_ino, after.st_ino, "the cache file was replaced");
+    cr_assert_eq(before.st_mtim.tv_sec, after.st_mtim.tv_sec);
+    cr_assert_eq(before.st_mtim.tv_nsec, after.st_mtim.tv_nsec);
+    cr_assert_eq(info_of(&p, self).classes, vocab);
+    int32_t in[8], tgt[8];
+    read_one(&p, self, TR_SPLIT_VAL, 0, in, tgt);
+    cr_assert_arr_eq(in, first_in, sizeof in);
+    cr_assert_arr_eq(tgt, first_tgt, sizeof tgt);
+    destroy(&p, self);
+
+    /* one byte changed: a new hash, so a new cache, and the new contents */
+    char changed[sizeof corpus];
+    memcpy(changed, corpus, sizeof corpus);
+    changed[4] = 'X'; /* "the Xat": a new character, too */
+    write_text(path, changed);
+    log_text[0] = '\0';
+    self = create_ok(&p, 8);
+    cr_assert(strstr(log_text, "tokenised"), "log: %s", log_text);
+    cr_assert_eq(count_files(cache, ".tokens"), 2);
+    cr_assert_eq(info_of(&p, self).classes, vocab + 1);
+    read_one(&p, self, TR_SPLIT_TRAIN, 0, in, tgt);
+    cr_assert_eq(in[4], 3, "'X' sorts after '\\n', ' ' and '.', before the lowercase letters");
+    destroy(&p, self);
+
+    /* a damaged cache is noticed and rebuilt */
+    cr_assert_eq(truncate(tokens_file, 100), 0);
+    write_text(path, corpus);
+    log_text[0] = '\0';
+    self = create_ok(&p, 8);
+    cr_assert(strstr(log_text, "damaged"), "log: %s", log_text);
+    read_one(&p, self, TR_SPLIT_VAL, 0, in, tgt);
+    cr_assert_arr_eq(in, first_in, sizeof in);
+    destroy(&p, self);
+    cr_assert_eq(stat(tokens_file, &after), 0);
+    cr_assert_eq(after.st_size, 64 + 2 * (sizeof corpus - 1));
+}
+
+/* ---- prepare ------------------------------------------------------------------------ */
+
+static char out_text[16384], err_text[8192];
+
+/* Run `trainrun prepare ARGS...` (NULL-terminated) with stdout and stderr
+ * captured into out_text and err_text; returns the exit code. */
+static int prepare(const char *arg, ...)
+{
+    char *argv[32] = {"prepare"};
+    int argc = 1;
+    va_list ap;
+    va_start(ap, arg);
+    for (const char *a = arg; a && argc < 31; a = va_arg(ap, const char *))
+        argv[argc++] = (char *)a;
+    va_end(ap);
+
+    fflush(stdout);
+    fflush(stderr);
+    int saved_out = dup(1), saved_err = dup(2);
+    const char *out_path = tmp_path("prepare.stdout"), *err_path = tmp_path("prepare.stderr");
+    int fo = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int fe = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fo, 1);
+    dup2(fe, 2);
+    int code = tr_prepare_main(argc, argv);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(saved_out, 1);
+    dup2(saved_err, 2);
+    close(fo);
+    close(fe);
+    close(saved_out);
+    close(saved_err);
+    char *o = read_all(out_path, NULL), *e = read_all(err_path, NULL);
+    snprintf(out_text, sizeof out_text, "%s", o);
+    snprintf(err_text, sizeof err_text, "%s", e);
+    free(o);
+    free(e);
+    unlink(out_path);
+    unlink(err_path);
+    return code;
+}
+
+static struct tr_json *read_json(const char *path)
+{
+    size_t size, at = 0;
+    char *text = read_all(path, &size);
+    struct tr_json *j = tr_json_parse(text, size, &at);
+    cr_assert_not_null(j, "%s is not JSON (byte %zu): %s", path, at, text);
+    free(text);
+    return j;
+}
+
+static double json_at(const struct tr_json *j, const char *object, const char *key)
+{
+    const struct tr_json *o = tr_json_get(j, object);
+    cr_assert_not_null(o, "prepare.json has no \"%s\"", object);
+    return tr_json_number(o, key, -1);
+}
+
+/* A long paragraph (about 90 words), the same with one word changed. */
+static const char long_paragraph[] =
+    "And it came to pass in those days that the people of the valley gathered at the river "
+    "to bring in the harvest of barley and wheat, and every household carried its baskets "
+    "down the long road past the old well and the olive trees, singing the songs their "
+    "fathers had sung, while the children ran ahead to watch the boats come in from the "
+    "northern shore where the fishermen mended their nets in the evening light and spoke "
+    "of the storms of the winter past and of the calm season that was coming to the land.";
+
+static void near_duplicate(char *out, size_t size)
+{
+    snprintf(out, size, "%s", long_paragraph);
+    char *w = strstr(out, "barley");
+    memcpy(w, "millet", 6);
+}
+
+Test(prepare, exact_duplicates_are_removed)
+{
+    const char *in = tmp_path("in.txt");
+    write_text(in, "First paragraph,\nover two lines.\n\n"
+                   "Second one.\n\n\n"
+                   "  FIRST   paragraph,\nover two\tlines.  \n\n" /* same up to case/space */
+                   "Third one.\n");
+    cr_assert_eq(prepare(in, "-o", tmp_path("out"), "--val-fraction", "0", NULL), 0, "%s",
+                 err_text);
+    cr_assert(strstr(out_text, "4 documents"), "%s", out_text);
+    cr_assert(strstr(out_text, "exact dedup removed 1 document"), "%s", out_text);
+    cr_assert(strstr(out_text, "in.txt:7 \"FIRST paragraph, over two lines.\""), "%s", out_text);
+    cr_assert(strstr(out_text, "repeats"), "%s", out_text);
+    cr_assert(strstr(out_text, "in.txt:1 \"First paragraph, over two lines.\""), "%s", out_text);
+
+    struct tr_json *j = read_json(tmp_path("out/prepare.json"));
+    cr_assert_eq(json_at(j, "documents", "read"), 4);
+    cr_assert_eq(json_at(j, "documents", "kept"), 3);
+    cr_assert_eq(json_at(j, "documents", "removed_exact"), 1);
+    tr_json_free(j);
+
+    /* the stream is the kept documents, each followed by a blank line */
+    size_t size;
+    char *shard = read_all(tmp_path("out/train_000000.bin"), &size);
+    const char want[] = "First paragraph,\nover two lines.\n\nSecond one.\n\nThird one.\n\n";
+    cr_assert_eq(size, 64 + 2 * (sizeof want - 1));
+    for (size_t i = 0; i < sizeof want - 1; i++)
+        cr_assert_eq((unsigned char)shard[64 + 2 * i], (unsigned char)want[i], "token %zu", i);
+    free(shard);
+
+    /* --dedup none keeps it */
+    cr_assert_eq(prepare(in, "-o", tmp_path("all"), "--dedup", "none", "--val-fraction", "0",
+                         NULL), 0, "%s", err_text);
+    j = read_json(tmp_path("all/prepare.json"));
+    cr_assert_eq(json_at(j, "documents", "kept"), 4);
+    tr_json_free(j);
+}
+
+Test(prepare, near_duplicates_are_removed_with_near_and_kept_with_exact)
+{
+    char changed[sizeof long_paragraph];
+    near_duplicate(changed, sizeof changed);
+    char text[4096];
+    snprintf(text, sizeof text,
+             "%s\n\nA short unrelated note about lamps and oil.\n\n%s\n\nThe end of it all.\n",
+             long_paragraph, changed);
+    const char *in = tmp_path("in.txt");
+    write_text(in, text);
+
+    cr_assert_eq(prepare(in, "-o", tmp_path("exact"), "--dedup", "exact", NULL), 0, "%s",
+                 err_text);
+    struct tr_json *j = read_json(tmp_path("exact/prepare.json"));
+    cr_assert_eq(json_at(j, "documents", "kept"), 4, "exact dedup keeps a changed word");
+    tr_json_free(j);
+
+    cr_assert_eq(prepare(in, "-o", tmp_path("near"), "--dedup", "near", NULL), 0, "%s",
+                 err_text);
+    cr_assert(strstr(out_text, "near dedup"), "%s", out_text);
+    cr_assert(strstr(out_text, "removed 1 document"), "%s", out_text);
+    cr_assert(strstr(out_text, "in.txt:5"), "the later copy goes: %s", out_text);
+    cr_assert(strstr(out_text, "is like") && strstr(out_text, "in.txt:1"), "%s", out_text);
+    j = read_json(tmp_path("near/prepare.json"));
+    cr_assert_eq(json_at(j, "documents", "kept"), 3);
+    cr_assert_eq(json_at(j, "documents", "removed_near"), 1);
+    cr_assert_eq(json_at(j, "documents", "removed_exact"), 0);
+    tr_json_free(j);
+
+    /* a strict threshold keeps it */
+    cr_assert_eq(prepare(in, "-o", tmp_path("strict"), "--dedup", "near", "--near-threshold",
+                         "1", NULL), 0, "%s", err_text);
+    j = read_json(tmp_path("strict/prepare.json"));
+    cr_assert_eq(json_at(j, "documents", "removed_near"), 0);
+    tr_json_free(j);
+}
+
+/* Sum of the shards' token counts named in prepare.json's split. */
+static uint64_t shard_total(const struct tr_json *j, const char *dir, const char *split,
+                            uint64_t *samples, uint32_t seq_len)
+{
+    const struct tr_json *shards = tr_json_get(tr_json_get(j, split), "shards");
+    cr_assert_not_null(shards);
+    uint64_t total = 0;
+    *samples = 0;
+    for (size_t i = 0; i < shards->n; i++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/%s", dir, shards->items[i]->string);
+        uint64_t n = shard_count(path);
+        total += n;
+        *samples += n > seq_len ? (n - 1) / seq_len : 0;
+    }
+    return total;
+}
+
+Test(prepare, shards_are_readable_by_the_tokens_plugin)
+{
+    /* 40 paragraphs of varied text, about 3 KiB */
+    char text[8192] = "";
+    for (int i = 0; i < 40; i++) {
+        char para[160];
+        snprintf(para, sizeof para, "Paragraph %d tells of %d sheep, %d goats and the %s.\n\n",
+                 i, i * 7 % 31, i * 5 % 17, i % 3 ? "shepherd" : "river");
+        strcat(text, para);
+    }
+    const char *in = tmp_path("in.txt");
+    write_text(in, text);
+    const char *out = tmp_path("out");
+    for (int t = 0; t < 2; t++) {
+        /* the second run makes fewer shards: the first run's extra ones must go */
+        const char *tokenizer = t ? "char" : "byte", *shard_tokens = t ? "800" : "400";
+        cr_assert_eq(prepare(in, "-o", out, "--tokenizer", tokenizer, "--shard-tokens", shard_tokens,
+                             "--val-fraction", "0.1", NULL), 0, "%s", err_text);
+        struct tr_json *j = read_json(tmp_path("out/prepare.json"));
+        uint32_t seq_len = 16;
+        uint64_t train_samples, val_samples;
+        uint64_t train = shard_total(j, out, "train", &train_samples, seq_len);
+        uint64_t val = shard_total(j, out, "val", &val_samples, seq_len);
+        cr_assert_eq(train, (uint64_t)json_at(j, "train", "tokens"));
+        cr_assert_eq(val, (uint64_t)json_at(j, "val", "tokens"));
+        cr_assert_eq(train + val, strlen(text), "nothing was a duplicate");
+        cr_assert_geq(val, strlen(text) / 10);
+        cr_assert_geq(tr_json_get(tr_json_get(j, "train"), "shards")->n, t ? 2 : 4);
+        cr_assert_eq(count_files(out, ".bin"),
+                     (int)(tr_json_get(tr_json_get(j, "train"), "shards")->n +
+                           tr_json_get(tr_json_get(j, "val"), "shards")->n),
+                     "no stale shards from the previous run");
+
+        struct plugin p = load("data_tokens");
+        set(&p, "train", tmp_path("out/train_*.bin"));
+        set(&p, "val", tmp_path("out/val_*.bin"));
+        set(&p, "check", "true");
+        void *self = create_ok(&p, seq_len);
+        struct tr_data_info info = info_of(&p, self);
+        cr_assert_eq(info.samples[TR_SPLIT_TRAIN], train_samples);
+        cr_assert_eq(info.samples[TR_SPLIT_VAL], val_samples);
+        cr_assert_eq(info.classes, (uint32_t)tr_json_number(j, "vocab", 0));
+        int32_t in_ids[16], tgt[16];
+        read_one(&p, self, TR_SPLIT_TRAIN, 0, in_ids, tgt);
+        if (t == 0) {
+            cr_assert_eq(info.classes, 256);
+            for (int k = 0; k < 16; k++)
+                cr_assert_eq(in_ids[k], (unsigned char)text[k]);
+        } else {
+            const struct tr_json *chars = tr_json_get(j, "chars");
+            cr_assert_eq(chars->n, info.classes);
+            for (int k = 0; k < 16; k++)
+                cr_assert_eq((int)chars->items[in_ids[k]]->number, (unsigned char)text[k]);
+        }
+        destroy(&p, self);
+        tr_json_free(j);
+    }
+}
+
+Test(prepare, errors_and_csv)
+{
+    cr_assert_eq(prepare(tmp_path("missing.txt"), "-o", tmp_path("out"), NULL), 1);
+    cr_assert(strstr(err_text, "missing.txt"), "%s", err_text);
+    cr_assert_eq(prepare(tmp_path("x.txt"), NULL), 2, "no -o");
+    cr_assert(strstr(err_text, "-o OUTDIR"), "%s", err_text);
+    cr_assert_eq(prepare("x.txt", "-o", "out", "--dedup", "fuzzy", NULL), 2);
+    cr_assert(strstr(err_text, "--dedup must be exact, near or none"), "%s", err_text);
+    const char *blank = tmp_path("blank.txt");
+    write_text(blank, "\n  \n\t\n");
+    cr_assert_eq(prepare(blank, "-o", tmp_path("out"), NULL), 1);
+    cr_assert(strstr(err_text, "no documents"), "%s", err_text);
+
+    const char *bad = tmp_path("bad.csv");
+    write_text(bad, "1,2,0\n3,4,1\n\n5,x,1\n6,7\n");
+    cr_assert_eq(prepare(bad, "-o", tmp_path("csv"), NULL), 1);
+    cr_assert(strstr(err_text, "bad.csv:4: column 1 \"x\" is not a number"), "%s", err_text);
+    cr_assert(strstr(err_text, "bad.csv:5: expected 3 fields"), "%s", err_text);
+    cr_assert_eq(count_files(tmp_path("csv"), ".csv"), 0, "nothing written on errors");
+
+    const char *good = tmp_path("good.csv");
+    write_text(good, "a, b ,label\r\n 1 , 2,0\r\n3,4,1\n\n1,2,0\n5.5,-6e1,2\n");
+    cr_assert_eq(prepare(good, "-o", tmp_path("csv"), "--header", NULL), 0, "%s", err_text);
+    char *clean = read_all(tmp_path("csv/data.csv"), NULL);
+    cr_assert_str_eq(clean, "a,b,label\n1,2,0\n3,4,1\n5.5,-6e1,2\n");
+    free(clean);
+    cr_assert(strstr(out_text, "good.csv:5 \"1,2,0\""), "%s", out_text);
+    struct tr_json *j = read_json(tmp_path("csv/prepare.json"));
+    cr_assert_eq(json_at(j, "rows", "read"), 4);
+    cr_assert_eq(json_at(j, "rows", "written"), 3);
+    cr_assert_eq(json_at(j, "rows", "duplicates_removed"), 1);
+    cr_assert_eq(tr_json_number(j, "columns", 0), 3);
+    tr_json_free(j);
+}
