@@ -1,5 +1,6 @@
 #include "loader.h"
 
+#include "topo.h"
 #include "util.h"
 
 #include <pthread.h>
@@ -84,6 +85,8 @@ static int fill(struct tr_loader *l, uint64_t id, void *inputs, int32_t *targets
 static void *worker(void *arg)
 {
     struct tr_loader *l = arg;
+    if (l->cfg.topo)
+        tr_topo_bind_loader(l->cfg.topo);
     pthread_mutex_lock(&l->lock);
     while (!l->stop) {
         uint64_t id = l->next_fill;

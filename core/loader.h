@@ -20,6 +20,8 @@ struct tr_data_source {
     const char *name; /* plugin name, for messages */
 };
 
+struct tr_topo;
+
 struct tr_loader_config {
     enum tr_split split;
     int batch;      /* samples per micro-batch */
@@ -27,6 +29,7 @@ struct tr_loader_config {
     int prefetch;   /* micro-batches buffered ahead (>= 1) */
     int shuffle;    /* permute samples each epoch */
     uint64_t seed;
+    struct tr_topo *topo; /* where workers run (NULL: anywhere) */
 };
 
 struct tr_loader *tr_loader_open(const struct tr_data_source *src,

@@ -4,6 +4,7 @@
 #include "prepare.h"
 #include "checkpoint.h"
 #include "run.h"
+#include "topo.h"
 #include "util.h"
 
 #include <stdio.h>
@@ -24,6 +25,8 @@ static void usage(FILE *out)
             "       trainrun export CHECKPOINT --dtype bf16|fp16|fp32 -o FILE.safetensors\n"
             "       trainrun prepare INPUT... -o OUTDIR [--dedup exact|near|none] ...\n"
             "                                                    tokenise and shard once (see docs/data.md)\n"
+            "       trainrun topo [--threads N] [--workers N] [--topology synthetic:DESC|xml:FILE]\n"
+            "                                                    where threads will run\n"
             "       trainrun help [recipe]                       this text, or the recipe reference\n"
             "       trainrun version\n"
             "\n"
@@ -211,6 +214,33 @@ static int cmd_sample(int argc, char **argv)
     return tr_sample(&f);
 }
 
+static int cmd_topo(int argc, char **argv)
+{
+    const char *source = NULL;
+    int threads = 0, workers = 1;
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--topology") == 0 && i + 1 < argc)
+            source = argv[++i];
+        else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
+            threads = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--workers") == 0 && i + 1 < argc)
+            workers = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "trainrun: error: unknown argument '%s' for topo\n", argv[i]);
+            return TR_EXIT_USAGE;
+        }
+    }
+    tr_err err = {{0}};
+    struct tr_topo *t = tr_topo_open(source, &err);
+    if (!t) {
+        fprintf(stderr, "trainrun: error: %s\n", err.msg);
+        return TR_EXIT_ERROR;
+    }
+    tr_topo_print(t, threads, workers, stdout);
+    tr_topo_close(t);
+    return TR_EXIT_OK;
+}
+
 static int cmd_export(int argc, char **argv)
 {
     const char *out = NULL, *dtype_name = "bf16";
@@ -304,6 +334,8 @@ int main(int argc, char **argv)
         return cmd_sample(argc, argv);
     if (strcmp(cmd, "export") == 0)
         return cmd_export(argc, argv);
+    if (strcmp(cmd, "topo") == 0)
+        return cmd_topo(argc, argv);
     if (strcmp(cmd, "prepare") == 0)
         return tr_prepare_main(argc - 1, argv + 1);
     if (strcmp(cmd, "run") == 0) {

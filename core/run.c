@@ -8,6 +8,7 @@
 #include "model.h"
 #include "optim.h"
 #include "safetensors.h"
+#include "topo.h"
 #include "util.h"
 #include "../kernels/cpu/kernels.h"
 
@@ -57,6 +58,7 @@ struct run {
     const struct tr_precision_vtable *precision;
     const struct tr_schedule_vtable *schedule;
     struct tr_checkpointer *ckpt;
+    struct tr_topo *topo;
 };
 
 static int vt_has(const void *vt, size_t offset_end)
@@ -165,7 +167,7 @@ static int evaluate(struct run *r, double *val_loss, double *val_accuracy, tr_er
 {
     double t0 = tr_now();
     struct tr_loader_config lc = {TR_SPLIT_VAL, (int)r->cfg->train.micro_batch, 0, 1, 0,
-                                  (uint64_t)r->cfg->train.seed};
+                                  (uint64_t)r->cfg->train.seed, NULL};
     struct tr_loader *val = tr_loader_open(&r->data, &lc, 0, err);
     if (!val)
         return TR_ERROR;
@@ -228,6 +230,13 @@ static int setup(struct run *r, tr_err *err)
     struct tr_config *cfg = r->cfg;
     if (tr_backend_open(&r->be, cfg->device, (int)cfg->train.threads, &cfg->plugin_path, err) != TR_OK)
         return TR_ERROR;
+    /* placement: compute threads one per core, loader workers beside them */
+    tr_err why = {{0}};
+    r->topo = tr_topo_open(NULL, &why);
+    if (r->topo && strcmp(cfg->device, "cpu") == 0)
+        tr_topo_bind_compute(r->topo, (int)cfg->train.threads);
+    else if (!r->topo)
+        tr_log(TR_LOG_WARN, "topology", "%s; threads are not pinned", why.msg);
     r->precision = cfg->precision.plugin->info->vtable;
     r->schedule = cfg->schedule.plugin->info->vtable;
 
@@ -315,6 +324,7 @@ static void teardown(struct run *r)
 {
     tr_checkpointer_close(r->ckpt);
     tr_loader_close(r->loader);
+    tr_topo_close(r->topo);
     if (r->be.iface) {
         tr_optimizer_free(&r->opt, &r->be);
         tr_graph_free(r->g, &r->be);
@@ -389,7 +399,7 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
     }
     struct tr_loader_config lc = {TR_SPLIT_TRAIN, (int)cfg->train.micro_batch,
                                   (int)cfg->train.workers, (int)cfg->train.prefetch, 1,
-                                  (uint64_t)cfg->train.seed};
+                                  (uint64_t)cfg->train.seed, r->topo};
     r->loader = tr_loader_open(&r->data, &lc, position, &err);
     if (!r->loader)
         goto fail;

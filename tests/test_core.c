@@ -11,6 +11,7 @@
 #include "plugin.h"
 #include "safetensors.h"
 #include "suggest.h"
+#include "topo.h"
 #include "util.h"
 
 #include <stdlib.h>
@@ -280,7 +281,7 @@ Test(loader, order_does_not_depend_on_workers_and_resumes_exactly, .init = envir
     static int32_t ref_in[BATCHES][B * T], ref_tg[BATCHES][B * T];
     int workers[] = {0, 1, 2, 4};
     for (size_t w = 0; w < 4; w++) {
-        struct tr_loader_config lc = {TR_SPLIT_TRAIN, B, workers[w], 3, 1, 9};
+        struct tr_loader_config lc = {TR_SPLIT_TRAIN, B, workers[w], 3, 1, 9, NULL};
         tr_err err = {{0}};
         struct tr_loader *l = tr_loader_open(&src, &lc, 0, &err);
         cr_assert_not_null(l, "%s", err.msg);
@@ -299,7 +300,7 @@ Test(loader, order_does_not_depend_on_workers_and_resumes_exactly, .init = envir
         tr_loader_close(l);
     }
     /* resume at micro-batch 17 continues with exactly the 18th batch */
-    struct tr_loader_config lc = {TR_SPLIT_TRAIN, B, 2, 3, 1, 9};
+    struct tr_loader_config lc = {TR_SPLIT_TRAIN, B, 2, 3, 1, 9, NULL};
     tr_err err = {{0}};
     struct tr_loader *l = tr_loader_open(&src, &lc, 17, &err);
     int32_t in[B * T], tg[B * T];
@@ -367,4 +368,34 @@ Test(suggest, picks_the_closest_within_reach)
     cr_assert_str_eq(tr_suggest("step", names, 3), "steps");
     cr_assert_null(tr_suggest("batch", names, 3));
     cr_assert_eq(tr_edit_distance("kitten", "sitting"), 3);
+}
+
+/* ---- placement ------------------------------------------------------- */
+
+Test(topology, synthetic_two_socket_machine_and_this_one)
+{
+    tr_err err = {{0}};
+    struct tr_topo *t = tr_topo_open("synthetic:package:2 numa:1 core:8 pu:2", &err);
+    cr_assert_not_null(t, "%s", err.msg);
+    cr_assert_eq(tr_topo_cores(t), 16);
+    cr_assert_eq(tr_topo_pus(t), 32);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    tr_topo_print(t, 4, 2, f);
+    fclose(f);
+    cr_assert(strstr(text, "2 package(s), 2 NUMA node(s), 16 core(s), 32 PU(s)"), "%s", text);
+    cr_assert(strstr(text, "compute thread 3 -> core L#3"), "%s", text);
+    cr_assert(strstr(text, "2 loader worker(s) -> beside them, PUs 0-7"), "%s", text);
+    free(text);
+    tr_topo_close(t);
+
+    cr_assert_null(tr_topo_open("synthetic:not a topology", &err));
+    cr_assert(strstr(err.msg, "cannot load the topology"), "%s", err.msg);
+
+    t = tr_topo_open(NULL, &err);
+    cr_assert_not_null(t, "%s", err.msg);
+    cr_assert_geq(tr_topo_cores(t), 1);
+    cr_assert_geq(tr_topo_bind_compute(t, 0), 1, "no compute thread could be pinned");
+    tr_topo_close(t);
 }
