@@ -1,0 +1,55 @@
+/*
+ * Accelerators and what they cost: a shipped table of common devices
+ * (memory, peak dense FLOP/s by precision, interconnect, typical cloud
+ * prices) and the recipe's `cost` section, which picks one and overrides
+ * its prices with the user's own.  `trainrun plan` projects a recipe's
+ * memory, time and dollars from them.
+ */
+#ifndef TR_HARDWARE_H
+#define TR_HARDWARE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <trainrun/plugin.h>
+
+struct tr_hardware {
+    const char *name;        /* "h100-80gb" */
+    const char *description; /* "NVIDIA H100 SXM 80 GB" */
+    uint64_t memory_bytes;   /* device memory */
+    /* Peak dense TFLOP/s (no structured sparsity).  fp32: CUDA cores;
+     * tf32 and bf16 (bf16/fp16): tensor cores.  0: not known. */
+    double tflops_fp32, tflops_tf32, tflops_bf16;
+    /* GB/s per device, both directions together, as datasheets quote
+     * them; nvlink 0: none. */
+    double nvlink_gbps, pcie_gbps;
+    /* USD per device-hour; typical list prices, see hardware.c. */
+    double price_hour, spot_price_hour;
+};
+
+/* The entry named `name` (case-insensitive), or NULL.  "cpu" describes
+ * this machine: its physical memory, no known peak, price 0. */
+const struct tr_hardware *tr_hardware_find(const char *name);
+
+/* The same, with an error that suggests the closest names when unknown. */
+int tr_hardware_lookup(const char *name, const struct tr_hardware **out, tr_err *err);
+
+/* Iteration: entries 0 .. tr_hardware_count() - 1, in table order. */
+size_t tr_hardware_count(void);
+const struct tr_hardware *tr_hardware_at(size_t i);
+
+/* The recipe's `cost` section. */
+struct tr_cost_config {
+    const char *hardware; /* "" = none */
+    int64_t count;        /* devices */
+    int spot;             /* plan for spot/preemptible prices */
+    double price;         /* USD per device-hour on-demand; < 0: the table's */
+    double spot_price;    /* USD per device-hour spot; < 0: the table's */
+    double mfu;           /* assumed model FLOPs utilisation for projections */
+    double budget;        /* USD; 0 = none */
+    double warn_at;       /* fraction of the budget that warns */
+    double peak_tflops;   /* peak dense TFLOP/s per device; 0: the table's (set it for cpu) */
+};
+
+extern const struct tr_option tr_cost_options[];
+
+#endif

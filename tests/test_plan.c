@@ -1,0 +1,293 @@
+/* `trainrun plan` and the hardware table: lookups with did-you-mean, the
+ * GPT parameter and FLOP counts, the Chinchilla token count, memory fit on
+ * two devices, and time and dollars from the cost section. */
+#include <criterion/criterion.h>
+
+#include "hardware.h"
+#include "plan.h"
+#include "run.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define RECIPE TR_TEST_SRCDIR "/config/plan_gpt.lua"
+#define GIB (1024.0 * 1024 * 1024)
+
+static void environment(void)
+{
+    const char *built = getenv("TR_PLUGIN_BUILD_DIR");
+    cr_assert_not_null(built, "TR_PLUGIN_BUILD_DIR must name the built plugins (make check sets it)");
+    setenv("TRAINRUN_PLUGIN_PATH", built, 1);
+    setenv("TRAINRUN_LUA_DIR", TR_TEST_SRCDIR "/../lua", 1);
+    unsetenv("TRAINRUN_PRECISION");
+}
+
+static void build(struct tr_plan *p, const char *const *overrides, int n)
+{
+    tr_err err = {{0}};
+    int rc = tr_plan_build(p, RECIPE, overrides, n, &err);
+    cr_assert_eq(rc, TR_OK, "plan failed: %s", err.msg);
+}
+
+/* Run the command with stdout in a temporary file; returns what it printed. */
+static char *run_plan(int argc, char **argv, int *code)
+{
+    fflush(stdout);
+    FILE *tmp = tmpfile();
+    cr_assert_not_null(tmp);
+    int saved = dup(STDOUT_FILENO);
+    dup2(fileno(tmp), STDOUT_FILENO);
+    *code = tr_plan_main(argc, argv);
+    fflush(stdout);
+    dup2(saved, STDOUT_FILENO);
+    close(saved);
+    fseek(tmp, 0, SEEK_END);
+    long size = ftell(tmp);
+    rewind(tmp);
+    char *text = calloc(1, (size_t)size + 1);
+    cr_assert_eq(fread(text, 1, (size_t)size, tmp), (size_t)size);
+    fclose(tmp);
+    return text;
+}
+
+/* ---- the hardware table ------------------------------------------------- */
+
+Test(hardware, finds_entries_by_name)
+{
+    const struct tr_hardware *h = tr_hardware_find("h100-80gb");
+    cr_assert_not_null(h);
+    cr_assert_eq(h->memory_bytes, 80ull << 30);
+    cr_assert(h->tflops_bf16 > h->tflops_tf32 && h->tflops_tf32 > h->tflops_fp32 && h->tflops_fp32 > 0);
+    cr_assert(h->nvlink_gbps > h->pcie_gbps);
+    cr_assert(h->price_hour > h->spot_price_hour && h->spot_price_hour > 0);
+    cr_assert_eq(tr_hardware_find("H100-80GB"), h, "names are case-insensitive");
+    cr_assert_null(tr_hardware_find("h100"));
+    cr_assert_null(tr_hardware_find(""));
+}
+
+Test(hardware, lists_every_entry_and_describes_this_machine)
+{
+    const char *want[] = {"h100-80gb", "h200-141gb", "a100-80gb", "a100-40gb",
+                          "l4-24gb",   "a10g-24gb",  "t4-16gb",   "cpu"};
+    size_t n = tr_hardware_count();
+    cr_assert_eq(n, sizeof want / sizeof *want);
+    for (size_t i = 0; i < n; i++) {
+        const struct tr_hardware *h = tr_hardware_at(i);
+        cr_assert_str_eq(h->name, want[i]);
+        cr_assert(h->memory_bytes > 0, "%s has no memory", h->name);
+        cr_assert(h->spot_price_hour <= h->price_hour, "%s: spot above on-demand", h->name);
+    }
+    cr_assert_null(tr_hardware_at(n));
+    const struct tr_hardware *cpu = tr_hardware_find("cpu");
+    double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    cr_assert_eq((double)cpu->memory_bytes, ram);
+    cr_assert_eq(cpu->price_hour, 0);
+    cr_assert_eq(cpu->tflops_fp32, 0, "the cpu's peak comes from cost.peak_tflops");
+}
+
+Test(hardware, suggests_a_close_name)
+{
+    const struct tr_hardware *h;
+    tr_err err = {{0}};
+    cr_assert_eq(tr_hardware_lookup("h100-80g", &h, &err), TR_ERROR);
+    cr_assert_null(h);
+    cr_assert(strstr(err.msg, "unknown hardware 'h100-80g' (did you mean 'h100-80gb'?); known: "
+                              "h100-80gb, h200-141gb,"), "%s", err.msg);
+    cr_assert_eq(tr_hardware_lookup("a100", &h, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "(did you mean 'a100-80gb' or 'a100-40gb'?)"), "%s", err.msg);
+    cr_assert_eq(tr_hardware_lookup("tpu-v5e", &h, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "unknown hardware 'tpu-v5e'; known: "), "%s", err.msg);
+    cr_assert_eq(tr_hardware_lookup("l4-24gb", &h, &err), TR_OK);
+    cr_assert_str_eq(h->name, "l4-24gb");
+}
+
+/* ---- the plan ------------------------------------------------------------ */
+
+Test(plan, counts_gpt_parameters_and_flops, .init = environment)
+{
+    struct tr_plan p;
+    build(&p, NULL, 0);
+    const int64_t V = 64, T = 16, L = 2, C = 32;
+    int64_t P = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
+    cr_assert_eq(p.params, P, "params %lld, GPT-2 count %lld", (long long)p.params, (long long)P);
+    cr_assert_eq(p.embedding_params, V * C + T * C);
+    cr_assert_eq(p.layers, L);
+    cr_assert_eq(p.seq_len, T);
+    cr_assert_eq(p.width, C);
+    cr_assert_eq(p.flops_per_token, (double)(6 * P + 12 * L * T * C));
+    cr_assert_eq(p.tokens_per_step, 32.0 * T);
+    cr_assert_eq(p.flops, 1000.0 * 32 * T * p.flops_per_token);
+    cr_assert_eq(p.optimal_tokens, 20.0 * P, "Chinchilla: 20 tokens per parameter");
+    cr_assert_eq(p.trained_factor, 1000.0 * 32 * T / (20.0 * P));
+    tr_plan_free(&p);
+}
+
+Test(plan, fits_on_one_device_and_not_on_another, .init = environment)
+{
+    /* ~1.2 B parameters: 16 bytes each with AdamW (weights, gradients, two
+     * moments) is about 18 GiB — under an H100's 72 GiB usable, over a T4's 14.4 */
+    const char *big[] = {"model.dim=2048", "model.layers=24", "model.heads=16", NULL};
+    struct tr_plan p;
+    build(&p, NULL, 0);
+    cr_assert(p.fits, "the tiny GPT fits an H100");
+    tr_plan_free(&p);
+
+    build(&p, big, 3);
+    cr_assert(p.params > 1200000000 && p.params < 1250000000, "%lld", (long long)p.params);
+    cr_assert_str_eq(p.hardware->name, "h100-80gb");
+    cr_assert_eq(p.usable_bytes, 0.9 * 80 * GIB);
+    cr_assert(p.fits && p.memory_total > 16 * GIB, "%.0f bytes", p.memory_total);
+    cr_assert(p.max_micro_batch >= p.micro_batch);
+    tr_plan_free(&p);
+
+    big[3] = "cost.hardware=t4-16gb";
+    build(&p, big, 4);
+    cr_assert_not(p.fits);
+    cr_assert_eq(p.max_micro_batch, 0, "weights, gradients and moments alone overflow a T4");
+    tr_plan_free(&p);
+}
+
+Test(plan, the_largest_micro_batch_estimate_fits, .init = environment)
+{
+    /* long sequences and many heads at a large micro-batch: the attention
+     * weights saved for backward overflow an L4 */
+    const char *o[] = {"model.ctx=1024", "model.heads=8", "train.batch=1024", "train.micro_batch=512",
+                       "cost.hardware=l4-24gb"};
+    struct tr_plan p;
+    build(&p, o, 5);
+    cr_assert_not(p.fits);
+    cr_assert(p.bytes_per_sample > 0);
+    cr_assert_eq(p.memory_total, p.fixed_bytes + 512 * p.bytes_per_sample);
+    /* 2 devices share the batch of 1024: micro-batches divide 512 */
+    int64_t mb = p.max_micro_batch_dividing;
+    cr_assert(mb > 0 && mb < 512 && 512 % mb == 0 && mb <= p.max_micro_batch, "%lld", (long long)mb);
+    tr_plan_free(&p);
+
+    char at[64], twice[64];
+    snprintf(at, sizeof at, "train.micro_batch=%lld", (long long)mb);
+    o[3] = at;
+    build(&p, o, 5);
+    cr_assert(p.fits, "micro-batch %lld was estimated to fit", (long long)mb);
+    tr_plan_free(&p);
+    if (2 * mb <= 512) {
+        snprintf(twice, sizeof twice, "train.micro_batch=%lld", (long long)(2 * mb));
+        o[3] = twice;
+        build(&p, o, 5);
+        cr_assert_not(p.fits, "the largest dividing micro-batch was %lld, yet twice it fits",
+                      (long long)mb);
+        tr_plan_free(&p);
+    }
+}
+
+Test(plan, projects_hours_and_dollars, .init = environment)
+{
+    struct tr_plan p;
+    build(&p, NULL, 0);
+    /* fp32 without tf32: the H100's CUDA-core peak */
+    cr_assert_str_eq(p.peak_kind, "fp32");
+    cr_assert_eq(p.peak_flops, 67.0e12);
+    double hours = p.flops / (67.0e12 * 0.4 * 2) / 3600;
+    cr_assert_float_eq(p.hours, hours, 1e-12 * hours);
+    cr_assert_eq(p.price, 2.5, "cost.price overrides the table");
+    cr_assert_eq(p.spot_price, 1.5);
+    cr_assert_float_eq(p.dollars, p.hours * 2.5 * 2, 1e-12);
+    cr_assert_float_eq(p.spot_dollars, p.hours * 1.5 * 2, 1e-12);
+    cr_assert_float_eq(p.optimal_dollars, p.optimal_hours * 2.5 * 2, 1e-12);
+    tr_plan_free(&p);
+
+    /* the table's prices, the bf16 tensor-core peak, 8 devices */
+    const char *o[] = {"precision=bf16", "cost.price=-1", "cost.spot_price=-1", "cost.count=8"};
+    build(&p, o, 4);
+    const struct tr_hardware *h = tr_hardware_find("h100-80gb");
+    cr_assert_str_eq(p.peak_kind, "bf16");
+    cr_assert_eq(p.peak_flops, h->tflops_bf16 * 1e12);
+    cr_assert_eq(p.price, h->price_hour);
+    cr_assert_float_eq(p.hours, p.flops / (h->tflops_bf16 * 1e12 * 0.4 * 8) / 3600, 1e-12);
+    cr_assert_float_eq(p.dollars, p.hours * h->price_hour * 8, 1e-12);
+    cr_assert_float_eq(p.spot_dollars, p.hours * h->spot_price_hour * 8, 1e-12);
+    cr_assert(p.allreduce_seconds > 0);
+    tr_plan_free(&p);
+}
+
+Test(plan, prints_the_report, .init = environment)
+{
+    char *argv[] = {"plan", RECIPE, "gpus=4", "cost.hardware=a100-80gb", "precision=bf16",
+                    "cost.price=-1", "cost.spot_price=-1", "train.steps=1000000000", "cost.budget=0.1"};
+    int argc = sizeof argv / sizeof *argv, code;
+    char *out = run_plan(argc, argv, &code);
+    cr_assert_eq(code, TR_EXIT_OK, "%s", out);
+
+    /* the same numbers, from the plan itself */
+    const char *o[] = {"cost.count=4", "cost.hardware=a100-80gb", "precision=bf16", "cost.price=-1",
+                       "cost.spot_price=-1", "train.steps=1000000000", "cost.budget=0.1"};
+    struct tr_plan p;
+    build(&p, o, 7);
+    cr_assert_float_eq(p.dollars, 4 * p.hours * 1.80, 1e-12);
+    char dollars[64], spot[64];
+    snprintf(dollars, sizeof dollars, "$%.2f", p.dollars);
+    snprintf(spot, sizeof spot, "$%.2f", p.spot_dollars);
+    tr_plan_free(&p);
+
+    const char *want[] = {
+        "  parameters P              28,032  (28.0 K; 25.5 K without embeddings)\n",
+        "L = 2 attention layers, T = 16 tokens, C = 32 wide",
+        "6·P + 12·L·T·C = 168,192 + 12,288 = 180,480  (180 kFLOP)",
+        "  tokens per step           512  (batch 32 × 16 tokens)\n",
+        "20 × P = 560,640",
+        "  on a100-80gb              fits:",
+        "projection on 4 × a100-80gb",
+        "bf16 peak 312 TFLOP/s × MFU 0.40 × 4 = 499 TFLOP/s",
+        "  prices per device-hour    $1.80 on-demand, $1.10 spot\n",
+        "(typical list prices",
+        dollars,
+        spot,
+        "  batch 64 (×2)             lr 0.002\n",
+        "  batch 256 (×8)            lr 0.008\n",
+        "warning: the recipe's run (",
+        ") is over the budget (cost.budget = $0.10)",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        cr_assert(strstr(out, want[i]), "missing \"%s\" in:\n%s", want[i], out);
+    free(out);
+}
+
+Test(plan, warns_when_the_model_does_not_fit, .init = environment)
+{
+    char *argv[] = {"plan", RECIPE, "model.ctx=1024", "model.heads=8", "train.batch=1024",
+                    "train.micro_batch=512", "cost.hardware=l4-24gb"};
+    int code;
+    char *out = run_plan(7, argv, &code);
+    cr_assert_eq(code, TR_EXIT_OK);
+    cr_assert(strstr(out, "on l4-24gb                DOES NOT FIT"), "%s", out);
+    cr_assert(strstr(out, "warning: the model does not fit on l4-24gb"), "%s", out);
+    cr_assert(strstr(out, "Lower train.micro_batch (256 fits and divides the batch)"), "%s", out);
+    cr_assert(strstr(out, "precision = \"bf16\""), "%s", out);
+    cr_assert(strstr(out, "model.dim, model.layers"), "%s", out);
+    free(out);
+}
+
+Test(plan, names_an_unknown_device_and_where_it_was_set, .init = environment)
+{
+    struct tr_plan p;
+    tr_err err = {{0}};
+    const char *o[] = {"cost.hardware=h100"};
+    cr_assert_eq(tr_plan_build(&p, RECIPE, o, 1, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "command line: cost: unknown hardware 'h100' (did you mean "
+                              "'h100-80gb'?)"), "%s", err.msg);
+}
+
+Test(plan, refuses_what_is_not_an_override, .init = environment)
+{
+    char *argv[] = {"plan", RECIPE, "--fast"};
+    int code;
+    char *out = run_plan(3, argv, &code);
+    cr_assert_eq(code, TR_EXIT_USAGE);
+    free(out);
+    char *none[] = {"plan"};
+    out = run_plan(1, none, &code);
+    cr_assert_eq(code, TR_EXIT_USAGE);
+    free(out);
+}
