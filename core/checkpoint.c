@@ -92,8 +92,8 @@ static char *state_json(struct tr_checkpointer *c, const char *const *blobs, voi
         fprintf(f, "%s", i ? ", " : "");
         tr_json_write_string(f, c->cfg.overrides[i]);
     }
-    fprintf(f, "],\n  \"loss\": %.9g,\n  \"val_loss\": %.9g,\n", json_or_nan(s->loss),
-            json_or_nan(s->val_loss));
+    fprintf(f, "],\n  \"loss\": %.9g,\n  \"val_loss\": %.9g,\n  \"cost_usd\": %.17g,\n",
+            json_or_nan(s->loss), json_or_nan(s->val_loss), s->cost_usd);
     fprintf(f, "  \"best\": ");
     tr_json_write_string(f, s->best);
     fprintf(f, ",\n  \"best_val_loss\": %.17g,\n  \"best_step\": %llu,\n", json_or_nan(s->best_val_loss),
@@ -420,6 +420,7 @@ int tr_checkpointer_load(struct tr_checkpointer *c, const char *name, float *par
     state->applied = (int64_t)tr_json_number(js, "applied_steps", 0);
     state->loader_position = (uint64_t)tr_json_number(js, "loader_position", 0);
     state->skipped = (uint64_t)tr_json_number(js, "skipped_steps", 0);
+    state->cost_usd = tr_json_number(js, "cost_usd", 0);
     state->loss = nan_if_negative(tr_json_number(js, "loss", -1));
     state->val_loss = nan_if_negative(tr_json_number(js, "val_loss", -1));
     const char *best = tr_json_string(js, "best");

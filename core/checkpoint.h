@@ -19,6 +19,7 @@ struct tr_run_state {
     int64_t applied;          /* updates applied (AdamW bias correction) */
     uint64_t loader_position; /* micro-batches consumed */
     uint64_t skipped;         /* steps skipped for non-finite gradients */
+    double cost_usd;          /* dollars spent so far, over every resume */
     double loss, val_loss;    /* NaN when unknown */
     struct tr_state_var precision[32];
     size_t n_precision;

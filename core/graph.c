@@ -675,3 +675,17 @@ size_t tr_graph_memory_total(const struct tr_memory_report *m)
     return m->params + m->grads + m->optimizer + m->activations + m->saved +
            m->activation_grads + m->inputs + m->scratch + m->recompute;
 }
+
+double tr_graph_flops_per_token(const struct tr_graph *g)
+{
+    double params = 0, attention = 0;
+    for (int i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i].role == TR_ROLE_PARAM)
+            params += (double)g->tensors[i].numel;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].op == TR_OP_ATTENTION) {
+            const struct tr_tensor *qkv = &g->tensors[g->nodes[i].in[0]]; /* [B, T, 3C] */
+            attention += 12.0 * (double)qkv->shape[1] * (double)(qkv->shape[2] / 3);
+        }
+    return 6.0 * params + attention;
+}

@@ -132,6 +132,11 @@ void tr_graph_free(struct tr_graph *g, const struct tr_backend *be);
 /* The memory plan, by class, as a few lines of text. */
 void tr_graph_print_memory(const struct tr_graph *g, FILE *out);
 
+/* Training FLOPs per token (per sample for non-sequence models):
+ * 6 x parameters (2 forward, 4 backward) plus 12 x T x C per attention
+ * layer for the scores and the mixing. */
+double tr_graph_flops_per_token(const struct tr_graph *g);
+
 /* Bytes the plan allocates in total (what must fit on the device). */
 size_t tr_graph_memory_total(const struct tr_memory_report *m);
 

@@ -1,6 +1,7 @@
 /* trainrun: the command line. */
 #include "run_config.h"
 #include "options.h"
+#include "plan.h"
 #include "prepare.h"
 #include "checkpoint.h"
 #include "run.h"
@@ -19,6 +20,8 @@ static void usage(FILE *out)
             "       trainrun --smoke RECIPE.lua [key=value ...]  2 CPU steps, a checkpoint round trip,\n"
             "                                                    and whether the full batch fits\n"
             "       trainrun show RECIPE.lua [key=value ...]   resolved recipe, with where each value came from\n"
+            "       trainrun plan RECIPE.lua [key=value ...] [gpus=N]  memory, FLOPs, time and cost,\n"
+            "                                                    without running\n"
             "       trainrun plugins [KIND]                      installed plugins and their options\n"
             "       trainrun sample CHECKPOINT [--prompt TEXT] [--tokens N] [--temperature T]\n"
             "                       [--top-k K] [--seed N] [--recipe FILE]\n"
@@ -334,6 +337,8 @@ int main(int argc, char **argv)
         return cmd_sample(argc, argv);
     if (strcmp(cmd, "export") == 0)
         return cmd_export(argc, argv);
+    if (strcmp(cmd, "plan") == 0)
+        return tr_plan_main(argc - 1, argv + 1);
     if (strcmp(cmd, "topo") == 0)
         return cmd_topo(argc, argv);
     if (strcmp(cmd, "prepare") == 0)

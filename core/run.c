@@ -53,12 +53,17 @@ struct run {
     int64_t stop_misses;
     uint64_t stopped_early;  /* the step early stopping ended the run at, 0 if not */
     /* where time goes */
-    double t_data, t_compute, t_optimizer, t_eval;
+    double t_start, t_data, t_compute, t_optimizer, t_eval;
     FILE *metrics;
     const struct tr_precision_vtable *precision;
     const struct tr_schedule_vtable *schedule;
     struct tr_checkpointer *ckpt;
     struct tr_topo *topo;
+    struct tr_precision_policy policy;
+    /* cost: dollars per second of this run, FLOP/s the devices peak at */
+    double usd_per_second, peak_flops, flops_per_token;
+    double cost_before;      /* dollars spent by earlier runs this one resumed */
+    int budget_warned, budget_stop;
 };
 
 static int vt_has(const void *vt, size_t offset_end)
@@ -90,6 +95,9 @@ static size_t save_vars(const void *vt, int kind, void *self, struct tr_state_va
     return 0;
 }
 
+/* Dollars this process has spent (elapsed time x device price x count). */
+static double run_cost(const struct run *r) { return (tr_now() - r->t_start) * r->usd_per_second; }
+
 /* The run's state as a checkpoint records it. */
 static void capture_state(struct run *r, uint64_t loader_position, struct tr_run_state *st)
 {
@@ -98,6 +106,7 @@ static void capture_state(struct run *r, uint64_t loader_position, struct tr_run
     st->applied = r->opt.applied;
     st->loader_position = loader_position;
     st->skipped = r->skipped;
+    st->cost_usd = r->cost_before + run_cost(r);
     st->loss = r->last_loss;
     st->val_loss = r->last_val;
     snprintf(st->best, sizeof st->best, "%s", r->best);
@@ -114,6 +123,7 @@ static int restore_state(struct run *r, const struct tr_run_state *st, tr_err *e
     r->step = st->step;
     r->opt.applied = st->applied;
     r->skipped = st->skipped;
+    r->cost_before = st->cost_usd;
     r->last_loss = st->loss;
     r->last_val = st->val_loss;
     snprintf(r->best, sizeof r->best, "%s", st->best);
@@ -201,27 +211,141 @@ static int evaluate(struct run *r, double *val_loss, double *val_accuracy, tr_er
 }
 
 static void progress(struct run *r, double lr, double grad_norm, double elapsed, double tokens,
-                     int quiet)
+                     uint64_t steps_this_run, int quiet)
 {
     uint64_t steps = (uint64_t)r->cfg->train.steps;
-    double per_step = elapsed / (double)(r->step ? r->step : 1);
+    double per_step = elapsed / (double)(steps_this_run ? steps_this_run : 1);
     double eta = per_step * (double)(steps - r->step);
     double total = r->t_data + r->t_compute + r->t_optimizer;
     double wait = total > 0 ? 100.0 * r->t_data / total : 0;
-    if (!quiet)
-        fprintf(stderr, "step %6llu/%llu | loss %.4f | lr %.3g | norm %.3f | %.0f tok/s | data wait %.1f%% | ETA %.0fs\n",
+    double tok_s = tokens / (elapsed > 0 ? elapsed : 1);
+    double mfu = r->peak_flops > 0 ? tok_s * r->flops_per_token / r->peak_flops : NAN;
+    double dollars = r->cost_before + run_cost(r);
+    double projected = dollars + eta * r->usd_per_second;
+    if (!quiet) {
+        char extra[96] = "";
+        if (!isnan(mfu))
+            snprintf(extra, sizeof extra, " | MFU %.1f%%", 100 * mfu);
+        if (r->usd_per_second > 0) {
+            size_t len = strlen(extra);
+            snprintf(extra + len, sizeof extra - len, " | $%.2f of ~$%.2f", dollars, projected);
+        }
+        fprintf(stderr, "step %6llu/%llu | loss %.4f | lr %.3g | norm %.3f | %.0f tok/s%s | data wait %.1f%% | ETA %.0fs\n",
                 (unsigned long long)r->step, (unsigned long long)steps, r->last_loss, lr, grad_norm,
-                tokens / (elapsed > 0 ? elapsed : 1), wait, eta);
+                tok_s, extra, wait, eta);
+    }
     if (r->metrics)
         fprintf(r->metrics,
                 "{\"step\": %llu, \"loss\": %.6g, \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens_per_s\": %.1f, "
-                "\"data_wait_pct\": %.2f, \"loss_scale\": %.6g, \"skipped_steps\": %llu, \"elapsed_s\": %.3f}\n",
-                (unsigned long long)r->step, r->last_loss, lr, grad_norm,
-                tokens / (elapsed > 0 ? elapsed : 1), wait, loss_scale(r),
-                (unsigned long long)r->skipped, elapsed);
+                "\"mfu\": %.4g, \"data_wait_pct\": %.2f, \"loss_scale\": %.6g, \"skipped_steps\": %llu, "
+                "\"cost_usd\": %.6g, \"cost_projected_usd\": %.6g, \"elapsed_s\": %.3f}\n",
+                (unsigned long long)r->step, r->last_loss, lr, grad_norm, tok_s, isnan(mfu) ? -1.0 : mfu,
+                wait, loss_scale(r), (unsigned long long)r->skipped, dollars, projected,
+                elapsed);
+}
+
+/* Prices and peaks from the recipe's cost section and the hardware table. */
+static int setup_cost(struct run *r, const struct tr_precision_policy *pol, tr_err *err)
+{
+    const struct tr_cost_config *c = &r->cfg->cost;
+    const struct tr_hardware *hw = NULL;
+    if (*c->hardware && tr_hardware_lookup(c->hardware, &hw, err) != TR_OK) {
+        char where[600];
+        struct tr_origin o;
+        tr_recipe_origin(r->cfg->recipe, "cost.hardware", &o);
+        tr_origin_format(&o, where, sizeof where);
+        tr_err_prefix(err, "%s: cost", where);
+        return TR_ERROR;
+    }
+    double price = c->spot ? c->spot_price : c->price;
+    if (price < 0 && hw)
+        price = c->spot ? hw->spot_price_hour : hw->price_hour;
+    r->usd_per_second = price > 0 ? price * (double)c->count / 3600.0 : 0;
+    double peak = c->peak_tflops;
+    if (peak <= 0 && hw)
+        peak = pol->compute == TR_F32 ? (pol->allow_tf32 ? hw->tflops_tf32 : hw->tflops_fp32)
+                                      : hw->tflops_bf16;
+    r->peak_flops = peak > 0 ? peak * 1e12 * (double)c->count : 0;
+    r->flops_per_token = tr_graph_flops_per_token(r->g);
+    return TR_OK;
 }
 
 static int smoke_round_trip(struct run *r, tr_err *err);
+
+/* Memory the device offers a plan: train.memory_budget, else the device's
+ * (cost.hardware, or 80 GiB for an unnamed accelerator), else this machine's. */
+static double device_memory(const struct tr_config *cfg, char *what, size_t what_size)
+{
+    const struct tr_hardware *hw = *cfg->cost.hardware ? tr_hardware_find(cfg->cost.hardware) : NULL;
+    if (cfg->train.memory_budget > 0) {
+        snprintf(what, what_size, "train.memory_budget");
+        return cfg->train.memory_budget * 1024.0 * 1024.0 * 1024.0;
+    }
+    if (hw && strcmp(hw->name, "cpu") != 0) {
+        snprintf(what, what_size, "%s", hw->name);
+        return (double)hw->memory_bytes;
+    }
+    if (strcmp(cfg->device, "cpu") != 0) {
+        snprintf(what, what_size, "an 80 GiB %s device (set cost.hardware)", cfg->device);
+        return 80.0 * 1024 * 1024 * 1024;
+    }
+    snprintf(what, what_size, "this machine's memory");
+    return (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+}
+
+/* micro_batch = "auto": the largest divisor of the batch whose measured plan
+ * fits the memory budget less a 10% margin (for the allocator and runtime). */
+static int choose_micro_batch(struct run *r, tr_err *err)
+{
+    struct tr_config *cfg = r->cfg;
+    char what[128];
+    double usable = 0.9 * device_memory(cfg, what, sizeof what);
+    int slots = strcmp(cfg->optimizer.type, "adamw") == 0 ? 2 : 1;
+    int64_t batch = cfg->train.batch;
+    size_t smallest = 0;
+    for (int64_t m = batch; m >= 1; m--) {
+        if (batch % m != 0)
+            continue;
+        struct tr_graph *g = tr_model_build(cfg->recipe, (int)m, err);
+        if (!g)
+            return TR_ERROR;
+        tr_graph_measure(g, &r->be, slots);
+        size_t total = tr_graph_memory_total(&g->memory);
+        tr_graph_free(g, NULL);
+        smallest = total;
+        if ((double)total <= usable) {
+            char a[32], b[32];
+            tr_format_bytes((double)total, a, sizeof a);
+            tr_format_bytes(usable, b, sizeof b);
+            tr_log(TR_LOG_INFO, NULL, "auto micro-batch: %lld (plan %s of %s usable on %s); %lld "
+                   "micro-batches per step keep the batch of %lld", (long long)m, a, b, what,
+                   (long long)(batch / m), (long long)batch);
+            cfg->train.micro_batch = m;
+            return TR_OK;
+        }
+    }
+    char a[32], b[32];
+    tr_format_bytes((double)smallest, a, sizeof a);
+    tr_format_bytes(usable, b, sizeof b);
+    return tr_fail(err, "auto micro-batch: even a micro-batch of 1 needs %s, more than the %s "
+                   "usable on %s; recompute activations (model.recompute) or use a smaller "
+                   "model", a, b, what);
+}
+
+/* One forward and backward at the chosen size before training: a plan that
+ * does not fit fails here, not hours in. */
+static void trial_step(struct run *r)
+{
+    struct tr_graph *g = r->g;
+    for (int k = 0; k < g->n_inputs; k++) {
+        struct tr_tensor *t = &g->tensors[g->inputs[k]];
+        r->be.iface->zero(r->be.context, t->data, t->numel * 4);
+    }
+    g->loss_grad = 1.0f;
+    tr_graph_forward(g, &r->be);
+    tr_graph_backward(g, &r->be);
+    r->be.iface->zero(r->be.context, g->grads, g->n_params * sizeof(float));
+}
 
 /* ---- setup and the loop ------------------------------------------------- */
 
@@ -240,6 +364,8 @@ static int setup(struct run *r, tr_err *err)
     r->precision = cfg->precision.plugin->info->vtable;
     r->schedule = cfg->schedule.plugin->info->vtable;
 
+    if (cfg->train.auto_micro_batch && choose_micro_batch(r, err) != TR_OK)
+        return TR_ERROR;
     r->g = tr_model_build(cfg->recipe, (int)cfg->train.micro_batch, err);
     if (!r->g)
         return TR_ERROR;
@@ -252,6 +378,7 @@ static int setup(struct run *r, tr_err *err)
     if (pol.compute != TR_F32 || pol.master != TR_F32 || pol.grad != TR_F32)
         return tr_fail(err, "precision '%s': the cpu backend computes in fp32 only for now; use "
                        "precision = \"fp32\"", cfg->precision.plugin->info->name);
+    r->policy = pol;
 
     /* the data source must fit the model */
     r->data.vt = cfg->data.plugin->info->vtable;
@@ -287,6 +414,8 @@ static int setup(struct run *r, tr_err *err)
     r->host_targets = tr_alloc(r->target_count * sizeof(int32_t));
     if (!r->host_inputs || !r->host_targets)
         return tr_fail(err, "out of memory for the input buffers");
+    if (cfg->train.auto_micro_batch)
+        trial_step(r);
     tr_graph_init_params(r->g, &r->be, (uint64_t)cfg->train.seed);
     r->accum = (int)(cfg->train.batch / cfg->train.micro_batch);
     r->vocab = UINT32_MAX;
@@ -317,7 +446,9 @@ static int setup(struct run *r, tr_err *err)
         .seed = cfg->train.seed,
     };
     r->ckpt = tr_checkpointer_open(&cc, err);
-    return r->ckpt ? TR_OK : TR_ERROR;
+    if (!r->ckpt)
+        return TR_ERROR;
+    return setup_cost(r, &r->policy, err);
 }
 
 static void teardown(struct run *r)
@@ -351,6 +482,9 @@ static void summary(struct run *r, double elapsed, double tokens)
                     "evaluation %.1f%%, checkpoint %.1f%%, other %.1f%%\n",
             100 * r->t_data / elapsed, 100 * r->t_compute / elapsed, 100 * r->t_optimizer / elapsed,
             100 * r->t_eval / elapsed, 100 * t_checkpoint / elapsed, 100 * other / elapsed);
+    if (r->usd_per_second > 0)
+        fprintf(stderr, "  cost: $%.2f this run, $%.2f in all\n", run_cost(r),
+                r->cost_before + run_cost(r));
     if (r->skipped)
         fprintf(stderr, "  %llu steps skipped for non-finite gradients\n", (unsigned long long)r->skipped);
     if (r->best[0])
@@ -359,9 +493,12 @@ static void summary(struct run *r, double elapsed, double tokens)
     if (r->stopped_early) {
         uint64_t saved = (uint64_t)r->cfg->train.steps - r->stopped_early;
         double per_step = elapsed / (double)(r->step ? r->step : 1);
-        fprintf(stderr, "  early stopping saved %llu of %lld steps (about %.0f s at %.3f s/step)\n",
+        fprintf(stderr, "  early stopping saved %llu of %lld steps (about %.0f s at %.3f s/step",
                 (unsigned long long)saved, (long long)r->cfg->train.steps, per_step * (double)saved,
                 per_step);
+        if (r->usd_per_second > 0)
+            fprintf(stderr, ", $%.2f", per_step * (double)saved * r->usd_per_second);
+        fprintf(stderr, ")\n");
     }
     if (r->t_data > 0.05 * (r->t_data + r->t_compute))
         fprintf(stderr, "  warning: the step waited for data %.1f%% of the time: raise train.workers "
@@ -416,7 +553,9 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
 
     uint64_t steps = (uint64_t)cfg->train.steps;
     double tokens_per_step = (double)cfg->train.batch * r->data.info.target_len;
-    double t_start = tr_now(), tokens = 0, lr = 0, grad_norm = 0;
+    double tokens = 0, lr = 0, grad_norm = 0;
+    uint64_t first_step = r->step;
+    r->t_start = tr_now();
     while (r->step < steps && !stop_signal) {
         /* forward and backward over the micro-batches of one step */
         uint64_t step_start = tr_loader_position(r->loader);
@@ -472,7 +611,18 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
 
         int last = r->step == steps;
         if (r->step % (uint64_t)cfg->train.log_every == 0 || last)
-            progress(r, lr, grad_norm, tr_now() - t_start, tokens, flags->quiet);
+            progress(r, lr, grad_norm, tr_now() - r->t_start, tokens, r->step - first_step,
+                     flags->quiet);
+        if (cfg->cost.budget > 0) {
+            double dollars = r->cost_before + run_cost(r);
+            if (!r->budget_warned && dollars >= cfg->cost.warn_at * cfg->cost.budget) {
+                r->budget_warned = 1;
+                tr_log(TR_LOG_WARN, "budget", "$%.2f spent, %.0f%% of the $%.2f budget "
+                       "(cost.budget)", dollars, 100 * dollars / cfg->cost.budget, cfg->cost.budget);
+            }
+            if (dollars >= cfg->cost.budget && !last)
+                r->budget_stop = 1;
+        }
         int improved = 0;
         if ((cfg->train.eval_every && r->step % (uint64_t)cfg->train.eval_every == 0) || last) {
             double accuracy;
@@ -503,10 +653,16 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
             }
         }
         int due = cfg->checkpoint_policy.every && r->step % (uint64_t)cfg->checkpoint_policy.every == 0;
-        if ((due || last || improved || r->stopped_early) && !stop_signal) {
+        if ((due || last || improved || r->stopped_early || r->budget_stop) && !stop_signal) {
             tr_err cerr = {{0}};
             if (save(r, position, &cerr) != TR_OK) /* a failed save never stops training */
                 tr_log(TR_LOG_ERROR, NULL, "%s", cerr.msg);
+        }
+        if (r->budget_stop) {
+            tr_log(TR_LOG_WARN, "budget", "stopping at step %llu: $%.2f spent reaches the $%.2f "
+                   "budget; checkpoint saved (raise cost.budget and --resume auto to go on)",
+                   (unsigned long long)r->step, r->cost_before + run_cost(r), cfg->cost.budget);
+            break;
         }
         if (r->stopped_early) {
             tr_log(TR_LOG_INFO, NULL, "early stop at step %llu: the validation loss has not "
@@ -537,7 +693,7 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
     if (flags->smoke && smoke_round_trip(r, &err) != TR_OK)
         goto fail;
     if (!flags->quiet)
-        summary(r, tr_now() - t_start, tokens);
+        summary(r, tr_now() - r->t_start, tokens);
     code = TR_EXIT_OK;
     goto out;
 fail:

@@ -1,5 +1,6 @@
 #include "run_config.h"
 
+#include "hardware.h"
 #include "options.h"
 #include "suggest.h"
 #include "util.h"
@@ -71,7 +72,11 @@ static const struct tr_option train_options[] = {
         "global batch in samples per optimizer step", struct tr_train_config, batch),
     OPT(TR_OPT_INT, "micro_batch", "0", 0, TR_NO_MAX,
         "samples per forward/backward; batch / micro_batch micro-batches are accumulated "
-        "(0: the whole batch at once)", struct tr_train_config, micro_batch),
+        "(0: the whole batch at once; \"auto\": the largest that fits memory_budget)",
+        struct tr_train_config, micro_batch),
+    OPT(TR_OPT_FLOAT, "memory_budget", "0", 0, TR_NO_MAX,
+        "GiB a micro_batch = \"auto\" may plan for (0: the device's memory, from cost.hardware, "
+        "or this machine's)", struct tr_train_config, memory_budget),
     OPT(TR_OPT_INT, "seed", "1", 0, TR_NO_MAX, "seed of initialisation and data order",
         struct tr_train_config, seed),
     OPT(TR_OPT_INT, "eval_every", "0", 0, TR_NO_MAX,
@@ -102,6 +107,9 @@ static const struct tr_option optimizer_options[] = {
     OPT(TR_OPT_FLOAT, "beta2", "0.999", 0, 1, "AdamW second-moment decay", struct tr_optimizer_config, beta2),
     OPT(TR_OPT_FLOAT, "eps", "1e-8", 0, 1, "AdamW denominator epsilon", struct tr_optimizer_config, eps),
     OPT(TR_OPT_FLOAT, "momentum", "0.9", 0, 1, "SGD momentum", struct tr_optimizer_config, momentum),
+    OPT(TR_OPT_INT, "reference_batch", "0", 0, TR_NO_MAX,
+        "the batch lr was tuned for: lr is scaled by train.batch / reference_batch (the linear "
+        "scaling rule; 0: no scaling)", struct tr_optimizer_config, reference_batch),
     OPT(TR_OPT_FLOAT, "clip", "1.0", 0, TR_NO_MAX,
         "clip gradients to this global L2 norm (0: no clipping)", struct tr_optimizer_config, clip),
     {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
@@ -164,7 +172,7 @@ static const struct tr_option slot_options[] = {
 };
 
 static const char *const sections[] = {"model",     "data",  "precision",  "schedule", "checkpoint",
-                                       "optimizer", "train", "early_stop", NULL};
+                                       "optimizer", "train", "early_stop", "cost", NULL};
 
 /* ---- resolution -------------------------------------------------------- */
 
@@ -275,10 +283,21 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
         return tr_fail(err, "%s: the recipe has no model (e.g. model = gpt { vocab = 256, ctx = 64, "
                        "layers = 2, heads = 4, dim = 64 })", recipe_path);
 
+    /* micro_batch = "auto" is the one string the integer option takes */
+    struct tr_value *mb = tr_value_get(root, "train.micro_batch");
+    if (mb && ((mb->type == TR_V_STRING && strcmp(mb->string, "auto") == 0) ||
+               (mb->text && strcmp(mb->text, "auto") == 0))) {
+        cfg->train.auto_micro_batch = 1;
+        mb->type = TR_V_NUMBER;
+        mb->number = 0;
+        tr_value_set_text(mb, NULL);
+    }
     struct tr_schema_use tu = {train_options, &cfg->train};
     struct tr_schema_use ou = {optimizer_options, &cfg->optimizer};
     struct tr_schema_use eu = {early_stop_options, &cfg->early_stop};
+    struct tr_schema_use cost_use = {tr_cost_options, &cfg->cost};
     if (tr_options_apply(root, "train", "train", &tu, 1, err) != TR_OK ||
+        tr_options_apply(root, "cost", "cost", &cost_use, 1, err) != TR_OK ||
         tr_options_apply(root, "optimizer", "optimizer", &ou, 1, err) != TR_OK ||
         tr_options_apply(root, "early_stop", "early_stop", &eu, 1, err) != TR_OK)
         return TR_ERROR;
@@ -317,12 +336,20 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
 
     /* cross-section rules */
     struct tr_train_config *t = &cfg->train;
-    if (t->micro_batch == 0) {
+    if (t->micro_batch == 0 && !t->auto_micro_batch) {
         t->micro_batch = t->batch;
-        struct tr_value *mb = tr_value_get(root, "train.micro_batch");
         if (mb)
             mb->number = (double)t->batch;
     }
+    if (t->auto_micro_batch) { /* chosen at run time; show says so */
+        t->micro_batch = t->batch;
+        if (mb) {
+            mb->type = TR_V_STRING;
+            tr_value_set_string(mb, "auto");
+        }
+    }
+    if (cfg->optimizer.reference_batch > 0)
+        cfg->optimizer.lr *= (double)t->batch / (double)cfg->optimizer.reference_batch;
     if (t->batch % t->micro_batch != 0) {
         char where[600];
         where_of(cfg, "train.micro_batch", where, sizeof where);
@@ -409,4 +436,6 @@ void tr_config_help(FILE *out)
     tr_options_help(checkpoint_policy_options, out, "    ");
     fprintf(out, "\n  early_stop = { ... }  (on the validation loss; needs train.eval_every)\n");
     tr_options_help(early_stop_options, out, "    ");
+    fprintf(out, "\n  cost = { ... }  (prices, budget; trainrun plan)\n");
+    tr_options_help(tr_cost_options, out, "    ");
 }

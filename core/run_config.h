@@ -8,11 +8,14 @@
 #ifndef TR_RUN_CONFIG_H
 #define TR_RUN_CONFIG_H
 
+#include "hardware.h"
 #include "plugin.h"
 #include "recipe.h"
 
 struct tr_train_config {
     int64_t steps, batch, micro_batch, seed;
+    int auto_micro_batch;  /* micro_batch = "auto" */
+    double memory_budget;  /* GiB for auto micro-batch; 0: the device's */
     int64_t eval_every, eval_batches, log_every;
     int64_t threads, workers, prefetch;
 };
@@ -20,6 +23,7 @@ struct tr_train_config {
 struct tr_optimizer_config {
     const char *type;
     double lr, weight_decay, beta1, beta2, eps, momentum, clip;
+    int64_t reference_batch; /* > 0: lr is for this batch; scale linearly to train.batch */
 };
 
 struct tr_checkpoint_policy {
@@ -50,6 +54,7 @@ struct tr_config {
     struct tr_optimizer_config optimizer;
     struct tr_checkpoint_policy checkpoint_policy;
     struct tr_early_stop_config early_stop;
+    struct tr_cost_config cost;
     struct tr_slot precision, data, schedule, checkpoint;
     struct tr_plugin_path plugin_path;
     char **overrides; /* as given on the command line (checkpoints record them) */
