@@ -588,10 +588,42 @@ void tr_graph_init_params(struct tr_graph *g, const struct tr_backend *be, uint6
 
 /* ---- execution --------------------------------------------------------- */
 
+/* Profiling needs the device idle before and after each node. */
+static double op_begin(struct tr_graph *g, const struct tr_backend *be)
+{
+    if (be->iface->synchronize)
+        be->iface->synchronize(be->context);
+    return g->profile ? tr_now() : 0;
+}
+
+static void op_end(struct tr_graph *g, const struct tr_backend *be, int slot, double t0)
+{
+    if (be->iface->synchronize)
+        be->iface->synchronize(be->context);
+    g->op_start[slot] = t0;
+    g->op_seconds[slot] = tr_now() - t0;
+}
+
+static void ensure_profile(struct tr_graph *g)
+{
+    if (g->profile && !g->op_start) {
+        g->op_start = tr_xcalloc(2 * (size_t)g->n_nodes, sizeof *g->op_start);
+        g->op_seconds = tr_xcalloc(2 * (size_t)g->n_nodes, sizeof *g->op_seconds);
+    }
+}
+
 void tr_graph_forward(struct tr_graph *g, const struct tr_backend *be)
 {
-    for (int i = 0; i < g->n_nodes; i++)
+    ensure_profile(g);
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (!g->profile) {
+            be->iface->forward(be->context, g, &g->nodes[i]);
+            continue;
+        }
+        double t0 = op_begin(g, be);
         be->iface->forward(be->context, g, &g->nodes[i]);
+        op_end(g, be, i, t0);
+    }
 }
 
 void tr_graph_backward(struct tr_graph *g, const struct tr_backend *be)
@@ -616,7 +648,14 @@ void tr_graph_backward(struct tr_graph *g, const struct tr_backend *be)
                 struct tr_tensor *t = &g->tensors[n->in[k]];
                 be->iface->zero(be->context, t->grad, t->numel * sizeof(float));
             }
+        if (!g->profile) {
+            be->iface->backward(be->context, g, n);
+            continue;
+        }
+        ensure_profile(g);
+        double t0 = op_begin(g, be);
         be->iface->backward(be->context, g, n);
+        op_end(g, be, g->n_nodes + i, t0);
     }
 }
 
@@ -637,6 +676,8 @@ void tr_graph_free(struct tr_graph *g, const struct tr_backend *be)
         free(g->nodes[i].name);
     free(g->tensors);
     free(g->nodes);
+    free(g->op_start);
+    free(g->op_seconds);
     free(g);
 }
 

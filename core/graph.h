@@ -101,6 +101,10 @@ struct tr_graph {
     struct tr_memory_report memory;
     /* set by the run loop before backward: d(objective)/d(loss) */
     float loss_grad;
+    /* profiling: when set, each node's forward and backward are timed
+     * (start and duration in seconds of tr_now(), for the trace) */
+    int profile;
+    double *op_start, *op_seconds; /* 2 * n_nodes: forward i, backward n_nodes + i */
 };
 
 struct tr_graph *tr_graph_new(int batch);

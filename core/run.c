@@ -9,6 +9,7 @@
 #include "optim.h"
 #include "safetensors.h"
 #include "topo.h"
+#include "trace.h"
 #include "util.h"
 #include "../kernels/cpu/kernels.h"
 
@@ -59,6 +60,7 @@ struct run {
     const struct tr_schedule_vtable *schedule;
     struct tr_checkpointer *ckpt;
     struct tr_topo *topo;
+    struct tr_trace *trace;
     struct tr_precision_policy policy;
     /* cost: dollars per second of this run, FLOP/s the devices peak at */
     double usd_per_second, peak_flops, flops_per_token;
@@ -456,6 +458,7 @@ static void teardown(struct run *r)
     tr_checkpointer_close(r->ckpt);
     tr_loader_close(r->loader);
     tr_topo_close(r->topo);
+    tr_trace_close(r->trace);
     if (r->be.iface) {
         tr_optimizer_free(&r->opt, &r->be);
         tr_graph_free(r->g, &r->be);
@@ -479,7 +482,7 @@ static void summary(struct run *r, double elapsed, double tokens)
         fprintf(stderr, ", validation loss %.4f, accuracy %.2f%%", r->last_val,
                 100 * r->last_accuracy);
     fprintf(stderr, "\n  time: data wait %.1f%%, forward+backward %.1f%%, optimizer %.1f%%, "
-                    "evaluation %.1f%%, checkpoint %.1f%%, other %.1f%%\n",
+                    "communication 0.0%%, evaluation %.1f%%, checkpoint %.1f%%, other %.1f%%\n",
             100 * r->t_data / elapsed, 100 * r->t_compute / elapsed, 100 * r->t_optimizer / elapsed,
             100 * r->t_eval / elapsed, 100 * t_checkpoint / elapsed, 100 * other / elapsed);
     if (r->usd_per_second > 0)
@@ -556,6 +559,11 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
     double tokens = 0, lr = 0, grad_norm = 0;
     uint64_t first_step = r->step;
     r->t_start = tr_now();
+    if (cfg->train.trace_every > 0) {
+        char *path = tr_xasprintf("%s/trace.json", cfg->run_dir);
+        r->trace = tr_trace_open(path, r->t_start);
+        free(path);
+    }
     while (r->step < steps && !stop_signal) {
         /* forward and backward over the micro-batches of one step */
         uint64_t step_start = tr_loader_position(r->loader);
@@ -563,16 +571,25 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
         double scale = loss_scale(r), loss_sum = 0;
         r->g->loss_grad = (float)(scale / r->accum); /* the mean over micro-batches */
         int k;
+        int sampled = r->trace && r->step % (uint64_t)cfg->train.trace_every == 0;
         for (k = 0; k < r->accum; k++) {
             if (k > 0 && stop_signal)
                 break; /* abandon the step: the checkpoint below predates it */
+            double td = tr_now();
             if (load_micro_batch(r, r->loader, &r->t_data, &err) != TR_OK)
                 goto fail;
             double t0 = tr_now();
+            r->g->profile = sampled && k == 0; /* per-op timings of one micro-batch */
             tr_graph_forward(r->g, &r->be);
             loss_sum += read_loss(r);
             tr_graph_backward(r->g, &r->be);
-            r->t_compute += tr_now() - t0;
+            double t1 = tr_now();
+            r->t_compute += t1 - t0;
+            tr_trace_phase(r->trace, "data wait", r->step, td, t0);
+            tr_trace_phase(r->trace, "forward+backward", r->step, t0, t1);
+            if (r->g->profile)
+                tr_trace_ops(r->trace, r->g, r->step);
+            r->g->profile = 0;
         }
         if (k < r->accum) {
             position = step_start;
@@ -605,6 +622,7 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
             r->skipped++;
         }
         r->t_optimizer += tr_now() - t0;
+        tr_trace_phase(r->trace, "optimizer", r->step, t0, tr_now());
         r->step++;
         tokens += tokens_per_step;
         position = tr_loader_position(r->loader);
@@ -625,9 +643,10 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
         }
         int improved = 0;
         if ((cfg->train.eval_every && r->step % (uint64_t)cfg->train.eval_every == 0) || last) {
-            double accuracy;
+            double accuracy, te = tr_now();
             if (evaluate(r, &r->last_val, &accuracy, &err) != TR_OK)
                 goto fail;
+            tr_trace_phase(r->trace, "evaluation", r->step, te, tr_now());
             r->last_accuracy = accuracy;
             if (!flags->quiet)
                 fprintf(stderr, "step %6llu | validation loss %.4f | accuracy %.2f%%\n",
@@ -655,8 +674,10 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
         int due = cfg->checkpoint_policy.every && r->step % (uint64_t)cfg->checkpoint_policy.every == 0;
         if ((due || last || improved || r->stopped_early || r->budget_stop) && !stop_signal) {
             tr_err cerr = {{0}};
+            double tc = tr_now();
             if (save(r, position, &cerr) != TR_OK) /* a failed save never stops training */
                 tr_log(TR_LOG_ERROR, NULL, "%s", cerr.msg);
+            tr_trace_phase(r->trace, "checkpoint stall", r->step, tc, tr_now());
         }
         if (r->budget_stop) {
             tr_log(TR_LOG_WARN, "budget", "stopping at step %llu: $%.2f spent reaches the $%.2f "

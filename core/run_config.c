@@ -91,6 +91,10 @@ static const struct tr_option train_options[] = {
         "data loader threads (0: read in the step loop)", struct tr_train_config, workers),
     OPT(TR_OPT_INT, "prefetch", "4", 1, 1024, "micro-batches the loader prepares ahead",
         struct tr_train_config, prefetch),
+    OPT(TR_OPT_INT, "trace_every", "100", 0, TR_NO_MAX,
+        "run_dir/trace.json (chrome://tracing, Perfetto) gets every step's phases and, every N "
+        "steps, each op's forward and backward time (0: no trace)",
+        struct tr_train_config, trace_every),
     {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
 };
 

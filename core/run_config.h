@@ -18,6 +18,7 @@ struct tr_train_config {
     double memory_budget;  /* GiB for auto micro-batch; 0: the device's */
     int64_t eval_every, eval_batches, log_every;
     int64_t threads, workers, prefetch;
+    int64_t trace_every;
 };
 
 struct tr_optimizer_config {

@@ -59,4 +59,20 @@ grep -q "budget: stopping at step [0-9]*: \$0.4[0-9] spent reaches the \$0.40 bu
 stop=$(sed -n 's/.*stopping at step \([0-9]*\).*/\1/p' bud.txt)
 [ "$(cat bud/checkpoints/LATEST)" = "step-$(printf %010d "$stop")" ] || fail "no checkpoint at the budget stop"
 grep -q '"cost_usd"' bud/metrics.jsonl || fail "metrics carry no cost"
+# --- the trace: step phases, and per-op timings on sampled steps ----------------------------
+"$TRAINRUN" "$C/tiny.lua" train.steps=20 train.trace_every=10 run_dir=tr --quiet
+if command -v python3 > /dev/null; then
+  python3 - tr/trace.json <<'PY' || fail "trace.json"
+import json, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+names = {e["name"] for e in events}
+for phase in ("data wait", "forward+backward", "optimizer", "evaluation", "checkpoint stall"):
+    assert phase in names, phase
+ops = [e for e in events if e.get("cat") in ("forward", "backward")]
+steps = sorted({e["args"]["step"] for e in ops})
+assert steps == [0, 10], steps
+assert any(e["name"].startswith("attention ") and e["cat"] == "backward" for e in ops)
+assert all(e["dur"] >= 0 for e in events if e["ph"] == "X")
+PY
+fi
 echo "levers: ok"
