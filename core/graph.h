@@ -101,6 +101,8 @@ struct tr_graph {
     struct tr_memory_report memory;
     /* set by the run loop before backward: d(objective)/d(loss) */
     float loss_grad;
+    /* the precision policy's GEMM input dtype (accumulation is fp32) */
+    enum tr_dtype compute;
     /* profiling: when set, each node's forward and backward are timed
      * (start and duration in seconds of tr_now(), for the trace) */
     int profile;

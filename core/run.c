@@ -377,10 +377,12 @@ static int setup(struct run *r, tr_err *err)
         return TR_ERROR;
     struct tr_precision_policy pol = {.struct_size = sizeof pol};
     r->precision->policy(cfg->precision.self, &pol);
-    if (pol.compute != TR_F32 || pol.master != TR_F32 || pol.grad != TR_F32)
-        return tr_fail(err, "precision '%s': the cpu backend computes in fp32 only for now; use "
-                       "precision = \"fp32\"", cfg->precision.plugin->info->name);
+    if (pol.master != TR_F32 || pol.grad != TR_F32)
+        return tr_fail(err, "precision '%s': master weights and gradients must be fp32 (the "
+                       "policy asks for %s and %s)", cfg->precision.plugin->info->name,
+                       pol.master == TR_F32 ? "fp32" : "half", pol.grad == TR_F32 ? "fp32" : "half");
     r->policy = pol;
+    r->g->compute = pol.compute; /* before the plan: scratch depends on it */
 
     /* the data source must fit the model */
     r->data.vt = cfg->data.plugin->info->vtable;

@@ -62,9 +62,24 @@ static void matmul_dims(const struct tr_graph *g, const struct tr_node *n, int *
     *N = n->trans_b ? (int)b->shape[nd - 2] : (int)b->shape[nd - 1];
 }
 
+/* Half-precision GEMMs on a CPU without half-precision units: the inputs
+ * are rounded to bf16/fp16 into scratch and multiplied in fp32, which is
+ * what the hardware computes (exact products of half inputs, fp32 sums). */
+static int half_gemm(const struct tr_graph *g) { return g->compute == TR_BF16 || g->compute == TR_F16; }
+
+static float *rounded(const struct tr_graph *g, float *dst, const float *src, size_t n)
+{
+    tr_cpu_round_to_half(dst, src, n, g->compute == TR_BF16);
+    return dst;
+}
+
 static size_t cpu_scratch_floats(void *ctx, const struct tr_graph *g, const struct tr_node *n)
 {
     (void)ctx;
+    if (n->op == TR_OP_LINEAR && half_gemm(g)) /* x, w and dout, rounded */
+        return T(0)->numel + T(1)->numel + OUT->numel;
+    if (n->op == TR_OP_MATMUL && half_gemm(g))
+        return T(0)->numel + T(1)->numel + OUT->numel;
     if (n->op != TR_OP_ATTENTION)
         return 0;
     const struct tr_tensor *qkv = T(0);
@@ -86,14 +101,25 @@ static void cpu_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
     case TR_OP_ADD:
         tr_cpu_add_forward(F(OUT), F(T(0)), F(T(1)), OUT->numel);
         break;
-    case TR_OP_LINEAR:
-        tr_cpu_linear_forward(F(OUT), F(T(0)), F(T(1)), n->n_in == 3 ? F(T(2)) : NULL, rows(T(0)),
-                              cols(T(0)), (int)T(1)->shape[0]);
+    case TR_OP_LINEAR: {
+        const float *x = F(T(0)), *w = F(T(1));
+        if (half_gemm(g)) {
+            x = rounded(g, g->scratch, x, T(0)->numel);
+            w = rounded(g, g->scratch + T(0)->numel, w, T(1)->numel);
+        }
+        tr_cpu_linear_forward(F(OUT), x, w, n->n_in == 3 ? F(T(2)) : NULL, rows(T(0)), cols(T(0)),
+                              (int)T(1)->shape[0]);
         break;
+    }
     case TR_OP_MATMUL: {
         int batch, M, K, N;
         matmul_dims(g, n, &batch, &M, &K, &N);
-        tr_cpu_matmul_forward(F(OUT), F(T(0)), F(T(1)), batch, M, K, N, n->trans_b);
+        const float *a = F(T(0)), *b = F(T(1));
+        if (half_gemm(g)) {
+            a = rounded(g, g->scratch, a, T(0)->numel);
+            b = rounded(g, g->scratch + T(0)->numel, b, T(1)->numel);
+        }
+        tr_cpu_matmul_forward(F(OUT), a, b, batch, M, K, N, n->trans_b);
         break;
     }
     case TR_OP_LAYERNORM:
@@ -134,15 +160,27 @@ static void cpu_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
     case TR_OP_ADD:
         tr_cpu_add_backward(T(0)->grad, T(1)->grad, dout, OUT->numel);
         break;
-    case TR_OP_LINEAR:
-        tr_cpu_linear_backward(T(0)->grad, T(1)->grad, n->n_in == 3 ? T(2)->grad : NULL, dout,
-                               F(T(0)), F(T(1)), rows(T(0)), cols(T(0)), (int)T(1)->shape[0]);
+    case TR_OP_LINEAR: {
+        const float *x = F(T(0)), *w = F(T(1));
+        if (half_gemm(g)) {
+            x = rounded(g, g->scratch, x, T(0)->numel);
+            w = rounded(g, g->scratch + T(0)->numel, w, T(1)->numel);
+            dout = rounded(g, g->scratch + T(0)->numel + T(1)->numel, dout, OUT->numel);
+        }
+        tr_cpu_linear_backward(T(0)->grad, T(1)->grad, n->n_in == 3 ? T(2)->grad : NULL, dout, x,
+                               w, rows(T(0)), cols(T(0)), (int)T(1)->shape[0]);
         break;
+    }
     case TR_OP_MATMUL: {
         int batch, M, K, N;
         matmul_dims(g, n, &batch, &M, &K, &N);
-        tr_cpu_matmul_backward(T(0)->grad, T(1)->grad, dout, F(T(0)), F(T(1)), batch, M, K, N,
-                               n->trans_b);
+        const float *a = F(T(0)), *b = F(T(1));
+        if (half_gemm(g)) {
+            a = rounded(g, g->scratch, a, T(0)->numel);
+            b = rounded(g, g->scratch + T(0)->numel, b, T(1)->numel);
+            dout = rounded(g, g->scratch + T(0)->numel + T(1)->numel, dout, OUT->numel);
+        }
+        tr_cpu_matmul_backward(T(0)->grad, T(1)->grad, dout, a, b, batch, M, K, N, n->trans_b);
         break;
     }
     case TR_OP_LAYERNORM:

@@ -89,3 +89,10 @@ void tr_cpu_from_half(float *out, const uint16_t *in, size_t n, int bf16)
     for (size_t i = 0; i < n; i++)
         out[i] = bf16 ? tr_bf16_to_f32(in[i]) : tr_f16_to_f32(in[i]);
 }
+
+void tr_cpu_round_to_half(float *out, const float *in, size_t n, int bf16)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        out[i] = bf16 ? tr_bf16_to_f32(tr_f32_to_bf16(in[i])) : tr_f16_to_f32(tr_f32_to_f16(in[i]));
+}

@@ -122,5 +122,8 @@ float tr_f16_to_f32(uint16_t h);
 /* bf16 != 0: bfloat16, else IEEE half */
 void tr_cpu_to_half(uint16_t *out, const float *in, size_t n, int bf16);
 void tr_cpu_from_half(float *out, const uint16_t *in, size_t n, int bf16);
+/* out = in rounded to bf16 or fp16 and back: what a half-precision GEMM
+ * multiplies (fp16 overflow gives inf, as the hardware's would) */
+void tr_cpu_round_to_half(float *out, const float *in, size_t n, int bf16);
 
 #endif

@@ -1,0 +1,46 @@
+#!/bin/sh
+# Precision policies: fp16 gradients that overflow are skipped, the loss
+# scale backs off and training recovers; a scale that collapses stops the
+# run with a diagnosis; the scale is checkpointed; bf16 and fp16 reach the
+# fp32 validation loss within 2%.
+. "$(dirname "$0")/lib.sh"
+C="$TR_SRCDIR/tests/config"
+
+# at 2^24 the scaled logit gradients (about 2^24/32) overflow fp16's 65504
+"$TRAINRUN" "$C/tiny.lua" precision.plugin=fp16 precision.init_scale=16777216 \
+  train.steps=60 train.log_every=1 run_dir=ov 2> ov.txt || { cat ov.txt; fail "fp16 run with overflows"; }
+skipped=$(last_metric ov/metrics.jsonl skipped_steps)
+scale=$(last_metric ov/metrics.jsonl loss_scale)
+echo "fp16 from 2^24: $skipped steps skipped, scale now $scale"
+[ "$skipped" -ge 1 ] && [ "$skipped" -le 10 ] || fail "expected 1..10 skipped steps, got $skipped"
+want=$(awk -v n="$skipped" 'BEGIN { printf "%.6g", 16777216 / 2 ^ n }')
+[ "$scale" = "$want" ] || fail "scale $scale, expected 2^24 / 2^$skipped = $want"
+grep -q "$skipped steps skipped for non-finite gradients" ov.txt || fail "summary does not count skipped steps"
+first=$(grep '"loss"' ov/metrics.jsonl | sed -n "$((skipped + 2))p" | sed 's/.*"loss": *\([0-9.e+-]*\).*/\1/')
+final=$(last_metric ov/metrics.jsonl loss)
+less_than "$final" "$first" || fail "training did not recover: loss $first -> $final"
+grep -q '"precision": {"scale": ' ov/checkpoints/step-0000000060/state.json || fail "the scale is not checkpointed"
+
+# the scale may not fall below min_scale: the run stops and says why
+if "$TRAINRUN" "$C/tiny.lua" precision.plugin=fp16 precision.init_scale=16777216 \
+     precision.min_scale=16777216 train.steps=5 run_dir=collapse 2> collapse.txt; then
+  fail "a collapsed loss scale must stop the run"
+fi
+grep -q "fp16 loss scale collapsed" collapse.txt || { cat collapse.txt; fail "no collapse diagnosis"; }
+
+# the same run in each policy
+for p in fp32 bf16 fp16; do
+  "$TRAINRUN" "$C/tiny.lua" precision=$p train.steps=100 train.eval_batches=16 run_dir=$p --quiet
+done
+f32=$(last_metric fp32/metrics.jsonl val_loss)
+for p in bf16 fp16; do
+  v=$(last_metric $p/metrics.jsonl val_loss)
+  echo "validation loss: fp32 $f32, $p $v"
+  awk -v a="$v" -v b="$f32" 'BEGIN { d = (a - b) / b; exit !(d < 0.02 && d > -0.02) }' \
+    || fail "$p validation loss $v is not within 2% of fp32's $f32"
+  cmp -s fp32/checkpoints/LATEST $p/checkpoints/LATEST || fail "$p saved another checkpoint step"
+  a=fp32/checkpoints/$(cat fp32/checkpoints/LATEST)/model.safetensors
+  b=$p/checkpoints/$(cat $p/checkpoints/LATEST)/model.safetensors
+  cmp -s "$a" "$b" && fail "$p trained bit-identical weights to fp32: the policy was not applied"
+done
+echo "precision: ok"
