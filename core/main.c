@@ -3,6 +3,7 @@
 #include "options.h"
 #include "plan.h"
 #include "prepare.h"
+#include "report.h"
 #include "checkpoint.h"
 #include "run.h"
 #include "topo.h"
@@ -28,6 +29,7 @@ static void usage(FILE *out)
             "       trainrun export CHECKPOINT --dtype bf16|fp16|fp32 -o FILE.safetensors\n"
             "       trainrun prepare INPUT... -o OUTDIR [--dedup exact|near|none] ...\n"
             "                                                    tokenise and shard once (see docs/data.md)\n"
+            "       trainrun report RUN_DIR [-o OUTDIR]           plots of a run (PNG + index.html)\n"
             "       trainrun topo [--threads N] [--workers N] [--topology synthetic:DESC|xml:FILE]\n"
             "                                                    where threads will run\n"
             "       trainrun help [recipe]                       this text, or the recipe reference\n"
@@ -341,6 +343,8 @@ int main(int argc, char **argv)
         return tr_plan_main(argc - 1, argv + 1);
     if (strcmp(cmd, "topo") == 0)
         return cmd_topo(argc, argv);
+    if (strcmp(cmd, "report") == 0)
+        return tr_report_main(argc - 1, argv + 1);
     if (strcmp(cmd, "prepare") == 0)
         return tr_prepare_main(argc - 1, argv + 1);
     if (strcmp(cmd, "run") == 0) {

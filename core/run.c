@@ -547,6 +547,11 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
         goto fail;
     char *metrics_path = tr_xasprintf("%s/metrics.jsonl", cfg->run_dir);
     r->metrics = fopen(metrics_path, flags->resume ? "a" : "w");
+    if (r->metrics) /* a line at a time: reports during the run, nothing lost to a kill */
+        setvbuf(r->metrics, NULL, _IOLBF, 0);
+    else
+        tr_log(TR_LOG_WARN, NULL, "cannot write %s: %s; no metrics this run", metrics_path,
+               strerror(errno));
     free(metrics_path);
 
     struct sigaction sa;

@@ -75,4 +75,9 @@ assert any(e["name"].startswith("attention ") and e["cat"] == "backward" for e i
 assert all(e["dur"] >= 0 for e in events if e["ph"] == "X")
 PY
 fi
+# --- report: PNG plots a person can open ---------------------------------------------------
+"$TRAINRUN" report bud > report.txt || fail "report"
+for f in loss throughput lr cost; do
+  head -c 8 "bud/report/$f.png" | od -An -c | grep -q "P   N   G" || fail "bud/report/$f.png is not a PNG"
+done
 echo "levers: ok"
