@@ -681,27 +681,32 @@ void tr_graph_free(struct tr_graph *g, const struct tr_backend *be)
     free(g);
 }
 
-void tr_graph_print_memory(const struct tr_graph *g, FILE *out)
+size_t tr_memory_rows(const struct tr_memory_report *m, struct tr_memory_row rows[9])
 {
-    const struct tr_memory_report *m = &g->memory;
-    struct {
-        const char *what;
-        size_t bytes;
-    } rows[] = {
+    const struct tr_memory_row all[9] = {
         {"parameters", m->params},        {"gradients", m->grads},
         {"optimizer state", m->optimizer}, {"activations", m->activations},
         {"saved for backward", m->saved}, {"activation gradients", m->activation_grads},
         {"inputs", m->inputs},            {"scratch", m->scratch},
         {"recompute arena", m->recompute},
     };
-    size_t total = 0;
+    size_t n = m->recompute ? 9 : 8;
+    memcpy(rows, all, n * sizeof *rows);
+    return n;
+}
+
+void tr_graph_print_memory(const struct tr_graph *g, FILE *out)
+{
+    const struct tr_memory_report *m = &g->memory;
+    struct tr_memory_row rows[9];
+    size_t n = tr_memory_rows(m, rows);
     char buf[32];
     fprintf(out, "memory plan (micro-batch %d, %zu parameters):\n", g->batch, g->n_params);
-    for (size_t i = 0; i < TR_ARRAY_LEN(rows); i++) {
-        total += rows[i].bytes;
+    for (size_t i = 0; i < n; i++) {
         tr_format_bytes((double)rows[i].bytes, buf, sizeof buf);
         fprintf(out, "  %-22s %12s  (%zu bytes)\n", rows[i].what, buf, rows[i].bytes);
     }
+    size_t total = tr_graph_memory_total(m);
     tr_format_bytes((double)total, buf, sizeof buf);
     fprintf(out, "  %-22s %12s  (%zu bytes)\n", "total", buf, total);
     if (m->recompute_saved) {

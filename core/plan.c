@@ -86,24 +86,8 @@ static int precision_policy(struct tr_config *cfg, uint32_t seq_len,
 {
     struct tr_slot *slot = &cfg->precision;
     const struct tr_plugin_info *info = slot->plugin->info;
-    char *recipe_dir = tr_dirname(tr_recipe_path(cfg->recipe));
-    struct tr_create_args args = {
-        .struct_size = sizeof args,
-        .run_dir = cfg->run_dir,
-        .recipe_dir = recipe_dir,
-        .seq_len = seq_len,
-        .seed = (uint64_t)cfg->train.seed,
-        .rank = 0,
-        .world = 1,
-    };
-    int rc = info->create(tr_host_services(), slot->config, &args, &slot->self, err);
-    free(recipe_dir);
-    if (rc != TR_OK) {
-        char where[600];
-        tr_origin_format(&slot->origin, where, sizeof where);
-        tr_err_prefix(err, "%s: precision '%s'", where, info->name);
+    if (tr_config_create_slot(cfg, slot, seq_len, err) != TR_OK)
         return TR_ERROR;
-    }
     const struct tr_precision_vtable *vt = info->vtable;
     memset(pol, 0, sizeof *pol);
     pol->struct_size = sizeof *pol;
@@ -439,17 +423,8 @@ static void print_memory(const struct tr_plan *p, FILE *out)
     char a[64], b[64], c[64], label[64];
     fprintf(out, "\nmemory per device  (micro-batch %lld; the cpu backend's plan, fp32 storage)\n",
             (long long)p->micro_batch);
-    struct {
-        const char *what;
-        size_t bytes;
-    } rows[] = {
-        {"parameters", m->params},        {"gradients", m->grads},
-        {"optimizer state", m->optimizer}, {"activations", m->activations},
-        {"saved for backward", m->saved}, {"activation gradients", m->activation_grads},
-        {"inputs", m->inputs},            {"scratch", m->scratch},
-        {"recompute arena", m->recompute},
-    };
-    size_t n_rows = TR_ARRAY_LEN(rows) - (m->recompute ? 0 : 1); /* the arena only when used */
+    struct tr_memory_row rows[9];
+    size_t n_rows = tr_memory_rows(m, rows);
     for (size_t i = 0; i < n_rows; i++)
         row(out, rows[i].what, "%12s", fmt_bytes((double)rows[i].bytes, a, sizeof a));
     row(out, "total", "%12s", fmt_bytes(p->memory_total, a, sizeof a));

@@ -363,25 +363,9 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
     return TR_OK;
 }
 
-static int create_slot(struct tr_config *cfg, struct tr_slot *slot,
-                       const struct tr_create_args *args, tr_err *err)
+int tr_config_create_slot(struct tr_config *cfg, struct tr_slot *slot, uint32_t seq_len,
+                          tr_err *err)
 {
-    const struct tr_plugin_info *info = slot->plugin->info;
-    if (info->create(tr_host_services(), slot->config, args, &slot->self, err) != TR_OK) {
-        char where[600];
-        tr_origin_format(&slot->origin, where, sizeof where);
-        tr_err_prefix(err, "%s: %s '%s'", where, slot->key, info->name);
-        return TR_ERROR;
-    }
-    (void)cfg;
-    return TR_OK;
-}
-
-int tr_config_create_plugins(struct tr_config *cfg, uint32_t seq_len, tr_err *err)
-{
-    if (tr_mkdir_p(cfg->run_dir) != 0)
-        return tr_fail(err, "cannot create the run directory %s: %s", cfg->run_dir,
-                       strerror(errno));
     char *recipe_dir = tr_dirname(tr_recipe_path(cfg->recipe));
     struct tr_create_args args = {
         .struct_size = sizeof args,
@@ -392,12 +376,28 @@ int tr_config_create_plugins(struct tr_config *cfg, uint32_t seq_len, tr_err *er
         .rank = 0,
         .world = 1,
     };
-    int rc = TR_OK;
-    struct tr_slot *slots[] = {&cfg->precision, &cfg->data, &cfg->schedule, &cfg->checkpoint};
-    for (size_t i = 0; i < TR_ARRAY_LEN(slots) && rc == TR_OK; i++)
-        rc = create_slot(cfg, slots[i], &args, err);
+    const struct tr_plugin_info *info = slot->plugin->info;
+    int rc = info->create(tr_host_services(), slot->config, &args, &slot->self, err);
     free(recipe_dir);
-    return rc;
+    if (rc != TR_OK) {
+        char where[600];
+        tr_origin_format(&slot->origin, where, sizeof where);
+        tr_err_prefix(err, "%s: %s '%s'", where, slot->key, info->name);
+        return TR_ERROR;
+    }
+    return TR_OK;
+}
+
+int tr_config_create_plugins(struct tr_config *cfg, uint32_t seq_len, tr_err *err)
+{
+    if (tr_mkdir_p(cfg->run_dir) != 0)
+        return tr_fail(err, "cannot create the run directory %s: %s", cfg->run_dir,
+                       strerror(errno));
+    struct tr_slot *slots[] = {&cfg->precision, &cfg->data, &cfg->schedule, &cfg->checkpoint};
+    for (size_t i = 0; i < TR_ARRAY_LEN(slots); i++)
+        if (tr_config_create_slot(cfg, slots[i], seq_len, err) != TR_OK)
+            return TR_ERROR;
+    return TR_OK;
 }
 
 void tr_config_free(struct tr_config *cfg)

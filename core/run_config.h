@@ -73,6 +73,9 @@ const struct tr_install_paths *tr_install_paths(void);
 
 int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *const *overrides,
                    int n_overrides, tr_err *err);
+/* Create one slot's plugin instance; errors name the recipe line that chose it. */
+int tr_config_create_slot(struct tr_config *cfg, struct tr_slot *slot, uint32_t seq_len,
+                          tr_err *err);
 /* Create every plugin instance (data with the model's sequence length). */
 int tr_config_create_plugins(struct tr_config *cfg, uint32_t seq_len, tr_err *err);
 void tr_config_free(struct tr_config *cfg);
