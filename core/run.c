@@ -771,8 +771,8 @@ static int smoke_round_trip(struct run *r, tr_err *err)
 /* What the recipe needs per device at its own micro-batch, measured without
  * allocating it. */
 static int smoke_memory(const char *recipe, const char *const *overrides, int n_overrides,
-                        size_t *need, struct tr_memory_report *report, char *device,
-                        size_t device_size, tr_err *err)
+                        size_t *need, struct tr_memory_report *report, double *have, char *what,
+                        size_t what_size, tr_err *err)
 {
     struct tr_config cfg;
     int rc = tr_config_load(&cfg, recipe, overrides, n_overrides, err);
@@ -785,7 +785,7 @@ static int smoke_memory(const char *recipe, const char *const *overrides, int n_
             tr_graph_measure(g, &be, strcmp(cfg.optimizer.type, "adamw") == 0 ? 2 : 1);
             *report = g->memory;
             *need = tr_graph_memory_total(&g->memory);
-            snprintf(device, device_size, "%s", cfg.device);
+            *have = device_memory(&cfg, what, what_size);
             tr_cpu_backend_free(&be);
         }
         tr_graph_free(g, NULL);
@@ -796,24 +796,15 @@ static int smoke_memory(const char *recipe, const char *const *overrides, int n_
 
 /* Does `need` fit the device the recipe targets, with a 10% margin for the
  * allocator and the runtime? */
-static int smoke_fit(const char *device, size_t need)
+static int smoke_fit(size_t need, double have, const char *what)
 {
-    double have;
-    char what[128];
-    if (strcmp(device, "cpu") == 0) {
-        have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
-        snprintf(what, sizeof what, "this machine's memory");
-    } else {
-        have = 80.0 * 1024 * 1024 * 1024;
-        snprintf(what, sizeof what, "an 80 GiB %s device", device);
-    }
     char a[32], b[32];
     tr_format_bytes((double)need, a, sizeof a);
     tr_format_bytes(have, b, sizeof b);
     if ((double)need > 0.9 * have) {
-        fprintf(stderr, "smoke: FAILED: won't fit: the recipe needs %s per device but %s is %s "
-                        "(with a 10%% margin); lower train.micro_batch, recompute activations "
-                        "(model.recompute) or use a smaller model\n", a, what, b);
+        fprintf(stderr, "smoke: FAILED: won't fit: the recipe needs %s per device but %s has %s "
+                        "(with a 10%% margin); lower train.micro_batch (or \"auto\"), recompute "
+                        "activations (model.recompute) or use a smaller model\n", a, what, b);
         return TR_EXIT_ERROR;
     }
     fprintf(stderr, "smoke: fits %s (%s of %s)\nsmoke: ready to launch\n", what, a, b);
@@ -827,8 +818,10 @@ int tr_smoke(const char *recipe, const char *const *overrides, int n_overrides, 
     size_t need = 0;
     struct tr_memory_report report;
     fprintf(stderr, "smoke: %s\n", recipe);
-    char device[32] = "cpu";
-    if (smoke_memory(recipe, overrides, n_overrides, &need, &report, device, sizeof device, &err) != TR_OK) {
+    double have = 0;
+    char what[128] = "";
+    if (smoke_memory(recipe, overrides, n_overrides, &need, &report, &have, what, sizeof what,
+                     &err) != TR_OK) {
         fprintf(stderr, "smoke: FAILED: %s\n", err.msg);
         return TR_EXIT_ERROR;
     }
@@ -877,7 +870,7 @@ int tr_smoke(const char *recipe, const char *const *overrides, int n_overrides, 
             100.0 * (double)(report.activations + report.saved + report.recompute) / (double)need,
             100.0 * (double)(report.params + report.grads + report.optimizer) / (double)need);
     (void)quiet;
-    return smoke_fit(device, need);
+    return smoke_fit(need, have, what);
 }
 
 /* ---- sampling ------------------------------------------------------------ */

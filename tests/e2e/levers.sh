@@ -80,4 +80,9 @@ fi
 for f in loss throughput lr cost; do
   head -c 8 "bud/report/$f.png" | od -An -c | grep -q "P   N   G" || fail "bud/report/$f.png is not a PNG"
 done
+# the target device comes from cost.hardware when the recipe names one
+if "$TRAINRUN" --smoke "$C/tiny.lua" cost.hardware=t4-16gb train.batch=1000000 2> t4.txt; then
+  fail "smoke passed a model that does not fit a T4"
+fi
+grep -q "won't fit: .* but t4-16gb has 15.00 GiB" t4.txt || { cat t4.txt; fail "smoke ignored cost.hardware"; }
 echo "levers: ok"

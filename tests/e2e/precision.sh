@@ -43,4 +43,8 @@ for p in bf16 fp16; do
   b=$p/checkpoints/$(cat $p/checkpoints/LATEST)/model.safetensors
   cmp -s "$a" "$b" && fail "$p trained bit-identical weights to fp32: the policy was not applied"
 done
+# a checkpoint written under bf16 resumes under fp32: the format holds fp32 master weights
+"$TRAINRUN" "$C/tiny.lua" precision=fp32 train.steps=120 train.eval_batches=16 run_dir=bf16 \
+  --resume auto 2> mixed.txt || { cat mixed.txt; fail "fp32 resume of a bf16 checkpoint"; }
+grep -q "resumed from checkpoint step-0000000100" mixed.txt || { cat mixed.txt; fail "did not resume"; }
 echo "precision: ok"
