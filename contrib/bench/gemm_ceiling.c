@@ -1,0 +1,104 @@
+/*
+ * The GEMM ceiling of this machine, as oneDNN reaches it: fp32 (dnnl_sgemm)
+ * and bf16 inputs with fp32 accumulation (dnnl_gemm_bf16bf16f32), both at
+ * 2048^3, best of a few timed repetitions after a warm-up call.  The
+ * training benchmark (cpu_gpt.sh) divides achieved FLOP rates by these.
+ *
+ *   gcc -O2 -fopenmp gemm_ceiling.c -o gemm_ceiling -ldnnl
+ *   OMP_NUM_THREADS=2 ./gemm_ceiling          # prints: <fp32 GFLOP/s> <bf16 GFLOP/s>
+ *   ./gemm_ceiling 2                          # same, thread count as argument
+ *
+ * oneDNN has no bf16 GEMM for CPUs without AVX512 (e.g. AVX2-only ones);
+ * there the second number is "n/a".
+ */
+#include <dnnl.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Exported by libdnnl but, in the 2.x headers Debian ships, not declared.
+ * oneDNN's bfloat16_t is a struct holding one uint16_t, so a uint16_t
+ * pointer has the same layout. */
+dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t M, dnnl_dim_t N,
+                                    dnnl_dim_t K, float alpha, const uint16_t *A, dnnl_dim_t lda,
+                                    const uint16_t *B, dnnl_dim_t ldb, float beta, float *C,
+                                    dnnl_dim_t ldc);
+
+enum { N = 2048, REPS = 5 };
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* round to nearest even: the same conversion trainrun's kernels use */
+static uint16_t to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+static void check(dnnl_status_t s, const char *what)
+{
+    if (s != dnnl_success) {
+        fprintf(stderr, "gemm_ceiling: %s failed (status %d)\n", what, (int)s);
+        exit(1);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1)
+        omp_set_num_threads(atoi(argv[1]));
+    size_t n2 = (size_t)N * N;
+    float *a = malloc(n2 * sizeof *a), *b = malloc(n2 * sizeof *b), *c = malloc(n2 * sizeof *c);
+    uint16_t *ah = malloc(n2 * sizeof *ah), *bh = malloc(n2 * sizeof *bh);
+    if (!a || !b || !c || !ah || !bh) {
+        fprintf(stderr, "gemm_ceiling: out of memory\n");
+        return 1;
+    }
+    /* values in [-1, 1): no denormals or overflow to slow anything down */
+    srand(1);
+    for (size_t i = 0; i < n2; i++) {
+        a[i] = (float)rand() / RAND_MAX * 2 - 1;
+        b[i] = (float)rand() / RAND_MAX * 2 - 1;
+        ah[i] = to_bf16(a[i]);
+        bh[i] = to_bf16(b[i]);
+    }
+    double flop = 2.0 * N * N * N, best32 = 1e30, best16 = 1e30;
+    /* rep 0 is the warm-up: JIT code generation and first-touch page faults */
+    for (int rep = 0; rep <= REPS; rep++) {
+        double t = now();
+        check(dnnl_sgemm('N', 'N', N, N, N, 1.0f, a, N, b, N, 0.0f, c, N), "dnnl_sgemm");
+        t = now() - t;
+        if (rep > 0 && t < best32)
+            best32 = t;
+    }
+    int have_bf16 = 1;
+    for (int rep = 0; rep <= REPS && have_bf16; rep++) {
+        double t = now();
+        dnnl_status_t s =
+            dnnl_gemm_bf16bf16f32('N', 'N', N, N, N, 1.0f, ah, N, bh, N, 0.0f, c, N);
+        t = now() - t;
+        if (s == dnnl_unimplemented) { /* no bf16 kernel for this CPU */
+            have_bf16 = 0;
+            break;
+        }
+        check(s, "dnnl_gemm_bf16bf16f32");
+        if (rep > 0 && t < best16)
+            best16 = t;
+    }
+    if (have_bf16)
+        printf("%.1f %.1f\n", flop / best32 / 1e9, flop / best16 / 1e9);
+    else
+        printf("%.1f n/a\n", flop / best32 / 1e9);
+    free(a), free(b), free(c), free(ah), free(bh);
+    return 0;
+}
