@@ -4,6 +4,8 @@
  */
 #include <trainrun/plugin.h>
 
+#include "warmup.h"
+
 #include <stdlib.h>
 
 struct constant_config {
@@ -40,8 +42,9 @@ static double constant_lr(void *self, uint64_t step, uint64_t total, double base
     const struct constant_config *cfg = self;
     (void)total;
     uint64_t warmup = (uint64_t)cfg->warmup;
-    if (step < warmup)
-        return base_lr * (double)(step + 1) / (double)warmup;
+    double lr;
+    if (warming_up(step, warmup, base_lr, &lr))
+        return lr;
     return base_lr;
 }
 

@@ -4,6 +4,8 @@
  */
 #include <trainrun/plugin.h>
 
+#include "warmup.h"
+
 #include <stdlib.h>
 
 /* M_PI is not in strict C11 */
@@ -46,16 +48,11 @@ static double cosine_lr(void *self, uint64_t step, uint64_t total, double base_l
 {
     const struct cosine_config *cfg = self;
     uint64_t warmup = (uint64_t)cfg->warmup;
-    if (step < warmup)
-        return base_lr * (double)(step + 1) / (double)warmup;
+    double lr;
+    if (warming_up(step, warmup, base_lr, &lr))
+        return lr;
 
-    /* progress 0 at the first step after warmup, 1 at the last step (total-1) */
-    double progress = 1.0;
-    if (total > warmup + 1) {
-        progress = (double)(step - warmup) / (double)(total - 1 - warmup);
-        if (progress > 1.0)
-            progress = 1.0;
-    }
+    double progress = decay_progress(step, warmup, total);
     double min_lr = base_lr * cfg->min_lr_ratio;
     return min_lr + (base_lr - min_lr) * 0.5 * (1.0 + cos(pi * progress));
 }

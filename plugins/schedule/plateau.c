@@ -8,6 +8,8 @@
  */
 #include <trainrun/plugin.h>
 
+#include "warmup.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,8 +85,9 @@ static double plateau_lr(void *self, uint64_t step, uint64_t total, double base_
     const struct plateau *s = self;
     (void)total;
     uint64_t warmup = (uint64_t)s->cfg.warmup;
-    if (step < warmup)
-        return base_lr * (double)(step + 1) / (double)warmup;
+    double lr;
+    if (warming_up(step, warmup, base_lr, &lr))
+        return lr;
     return base_lr * s->current_factor;
 }
 

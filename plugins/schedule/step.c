@@ -4,6 +4,8 @@
  */
 #include <trainrun/plugin.h>
 
+#include "warmup.h"
+
 #include <stdlib.h>
 
 struct step_config {
@@ -49,8 +51,9 @@ static double step_lr(void *self, uint64_t step, uint64_t total, double base_lr)
     const struct step_config *cfg = self;
     (void)total;
     uint64_t warmup = (uint64_t)cfg->warmup;
-    if (step < warmup)
-        return base_lr * (double)(step + 1) / (double)warmup;
+    double lr;
+    if (warming_up(step, warmup, base_lr, &lr))
+        return lr;
     uint64_t decays = (step - warmup) / (uint64_t)cfg->step_size;
     return base_lr * pow(cfg->gamma, (double)decays);
 }
