@@ -24,6 +24,8 @@
  */
 #include "prepare.h"
 
+#include <trainrun/tokens.h>
+
 #include "json.h"
 #include "run.h"
 #include "util.h"
@@ -41,7 +43,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#define TRTOKENS_HEADER 64
+#define TRTOKENS_HEADER TR_TOKENS_HEADER_BYTES
 #define MINHASH_FUNCS 64
 #define SHINGLE 5
 #define SAMPLES_SHOWN 5
@@ -535,26 +537,13 @@ struct shard_writer {
     size_t fill;
 };
 
-static void put_le32(unsigned char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
 
-static void put_le64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
 
 static void trtokens_header(unsigned char h[TRTOKENS_HEADER], uint64_t tokens, uint32_t vocab)
 {
-    memset(h, 0, TRTOKENS_HEADER);
-    memcpy(h, "TRTOKENS", 8);
-    put_le32(h + 8, 1);  /* version */
-    put_le32(h + 12, 2); /* uint16 tokens: byte and char vocabularies fit */
-    put_le64(h + 16, tokens);
-    put_le32(h + 24, vocab);
+    /* uint16 tokens: byte and char vocabularies fit */
+    struct tr_tokens_header th = {TR_TOKENS_VERSION, 2, tokens, vocab};
+    tr_tokens_header_write(h, &th);
 }
 
 static int flush_buf(struct shard_writer *w)

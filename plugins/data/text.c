@@ -21,6 +21,7 @@
 #define _POSIX_C_SOURCE 200809L /* POSIX file APIs under strict C11 */
 
 #include <trainrun/plugin.h>
+#include <trainrun/tokens.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -31,7 +32,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define TRTOKENS_HEADER 64
+#define TRTOKENS_HEADER TR_TOKENS_HEADER_BYTES
 #define CHARS_MAGIC "TRCHARS1"
 
 struct text_config {
@@ -181,11 +182,6 @@ static void put_le32(unsigned char *p, uint32_t v)
         p[i] = (unsigned char)(v >> (8 * i));
 }
 
-static void put_le64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
 
 /* FNV-1a's xor-multiply step over 8-byte words (8 times faster than over
  * bytes; every step is a bijection, so any single changed word changes the
@@ -231,12 +227,8 @@ static unsigned char *tokenise_chars(const unsigned char *text, size_t n,
     unsigned char *out = malloc(TRTOKENS_HEADER + 2 * n);
     if (!out)
         return NULL;
-    memset(out, 0, TRTOKENS_HEADER);
-    memcpy(out, "TRTOKENS", 8);
-    put_le32(out + 8, 1);  /* version */
-    put_le32(out + 12, 2); /* uint16 tokens */
-    put_le64(out + 16, n);
-    put_le32(out + 24, vocab);
+    struct tr_tokens_header h = {TR_TOKENS_VERSION, 2, n, vocab}; /* uint16 ids */
+    tr_tokens_header_write(out, &h);
     uint16_t id[256] = {0};
     for (uint32_t i = 0; i < vocab; i++)
         id[table[i]] = (uint16_t)i;
@@ -318,19 +310,20 @@ fail:;
 static int cache_valid(const unsigned char *map, size_t size, uint64_t n, uint32_t vocab,
                        char *why, size_t why_size)
 {
-    if (size < TRTOKENS_HEADER || memcmp(map, "TRTOKENS", 8) != 0 || read_le32(map + 8) != 1 ||
-        read_le32(map + 12) != 2) {
+    struct tr_tokens_header h;
+    if (size < TRTOKENS_HEADER || tr_tokens_header_read(map, &h) != 0 ||
+        h.version != TR_TOKENS_VERSION || h.token_bytes != 2) {
         snprintf(why, why_size, "not a version 1 uint16 token file");
         return 0;
     }
-    if (read_le64(map + 16) != n || size != TRTOKENS_HEADER + 2 * n) {
+    if (h.count != n || size != TRTOKENS_HEADER + 2 * n) {
         snprintf(why, why_size, "holds %llu tokens in %zu bytes, the text has %llu characters",
-                 (unsigned long long)read_le64(map + 16), size, (unsigned long long)n);
+                 (unsigned long long)h.count, size, (unsigned long long)n);
         return 0;
     }
-    if (read_le32(map + 24) != vocab) {
+    if (h.vocab != vocab) {
         snprintf(why, why_size, "its vocabulary %u differs from its character table's %u",
-                 read_le32(map + 24), vocab);
+                 h.vocab, vocab);
         return 0;
     }
     const unsigned char *w = map + TRTOKENS_HEADER;

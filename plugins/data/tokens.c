@@ -23,6 +23,7 @@
 #define _POSIX_C_SOURCE 200809L /* POSIX file APIs (mmap, glob) under strict C11 */
 
 #include <trainrun/plugin.h>
+#include <trainrun/tokens.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -34,7 +35,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define TRTOKENS_HEADER 64
+#define TRTOKENS_HEADER TR_TOKENS_HEADER_BYTES
 #define LLMC_HEADER 1024
 #define LLMC_MAGIC 20240520
 
@@ -121,10 +122,6 @@ static uint32_t le32(const unsigned char *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-static uint64_t le64(const unsigned char *p)
-{
-    return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
-}
 
 static uint32_t token_at(const struct shard *s, uint64_t i)
 {
@@ -168,7 +165,8 @@ static int parse_header(struct shard *s, tr_err *err)
         s->tokens = le32(h + 8);
         s->data_offset = LLMC_HEADER;
     } else {
-        if (s->size < 8 || memcmp(h, "TRTOKENS", 8) != 0) {
+        struct tr_tokens_header th;
+        if (s->size < 8 || memcmp(h, TR_TOKENS_MAGIC, 8) != 0) {
             char shown[8 * 4 + 1] = "";
             size_t n = s->size < 8 ? s->size : 8, at = 0;
             for (size_t i = 0; i < n; i++) {
@@ -187,22 +185,21 @@ static int parse_header(struct shard *s, tr_err *err)
                            "tokens data: %s: truncated header: the file has %zu bytes but the "
                            "header needs %d; re-create the shard",
                            path, s->size, TRTOKENS_HEADER);
-        uint32_t version = le32(h + 8);
-        if (version != 1)
+        tr_tokens_header_read(h, &th);
+        if (th.version != TR_TOKENS_VERSION)
             return tr_fail(err,
-                           "tokens data: %s: byte offset 8: unsupported version %u (this "
-                           "trainrun reads version 1); re-create the shard with this "
+                           "tokens data: %s: byte offset %d: unsupported version %u (this "
+                           "trainrun reads version %d); re-create the shard with this "
                            "trainrun's `prepare`",
-                           path, version);
-        uint32_t dtype = le32(h + 12);
-        if (dtype != 2 && dtype != 4)
+                           path, TR_TOKENS_AT_VERSION, th.version, TR_TOKENS_VERSION);
+        if (th.token_bytes != 2 && th.token_bytes != 4)
             return tr_fail(err,
-                           "tokens data: %s: byte offset 12: unsupported token dtype %u "
+                           "tokens data: %s: byte offset %d: unsupported token dtype %u "
                            "(2 = uint16, 4 = uint32)",
-                           path, dtype);
-        s->width = dtype;
-        s->tokens = le64(h + 16);
-        s->vocab = le32(h + 24);
+                           path, TR_TOKENS_AT_DTYPE, th.token_bytes);
+        s->width = th.token_bytes;
+        s->tokens = th.count;
+        s->vocab = th.vocab;
         s->data_offset = TRTOKENS_HEADER;
     }
 
