@@ -152,6 +152,7 @@ static const struct tr_option early_stop_options[] = {
 
 struct root_config {
     const char *name, *run_dir, *device;
+    int64_t procs, gpus;
 };
 static const char *const devices[] = {"cpu", "cuda", NULL};
 static const struct tr_option root_options[] = {
@@ -162,6 +163,22 @@ static const struct tr_option root_options[] = {
     {TR_OPT_ENUM, "device", "cpu", 0, 0, devices,
      "where the math runs: cpu, or cuda (needs the CUDA backend module and a GPU)",
      offsetof(struct root_config, device)},
+    {TR_OPT_INT, "procs", "1", 1, 1024, NULL,
+     "CPU ranks to start on this node, each training on its share of every batch",
+     offsetof(struct root_config, procs)},
+    {TR_OPT_INT, "gpus", "0", 0, 1024, NULL,
+     "GPU ranks to start on this node (one per GPU; implies device=cuda)",
+     offsetof(struct root_config, gpus)},
+    {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
+};
+
+static const struct tr_option parallel_options[] = {
+    OPT(TR_OPT_FLOAT, "bucket_mb", "25", 0.01, 4096,
+        "gradients are all-reduced in buckets of this many MiB, each as soon as backward has "
+        "finished it", struct tr_parallel_config, bucket_mb),
+    OPT(TR_OPT_BOOL, "zero", "false", 0, 0,
+        "ZeRO-1: shard the optimizer state across ranks (each keeps 1/world of it)",
+        struct tr_parallel_config, zero),
     {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
 };
 
@@ -175,8 +192,9 @@ static const struct tr_option slot_options[] = {
     {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
 };
 
-static const char *const sections[] = {"model",     "data",  "precision",  "schedule", "checkpoint",
-                                       "optimizer", "train", "early_stop", "cost", NULL};
+static const char *const sections[] = {"model",     "data",  "precision",  "schedule",
+                                       "checkpoint", "optimizer", "train", "early_stop",
+                                       "cost",      "parallel", "comm", NULL};
 
 /* ---- resolution -------------------------------------------------------- */
 
@@ -300,7 +318,9 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
     struct tr_schema_use ou = {optimizer_options, &cfg->optimizer};
     struct tr_schema_use eu = {early_stop_options, &cfg->early_stop};
     struct tr_schema_use cost_use = {tr_cost_options, &cfg->cost};
+    struct tr_schema_use pu = {parallel_options, &cfg->parallel};
     if (tr_options_apply(root, "train", "train", &tu, 1, err) != TR_OK ||
+        tr_options_apply(root, "parallel", "parallel", &pu, 1, err) != TR_OK ||
         tr_options_apply(root, "cost", "cost", &cost_use, 1, err) != TR_OK ||
         tr_options_apply(root, "optimizer", "optimizer", &ou, 1, err) != TR_OK ||
         tr_options_apply(root, "early_stop", "early_stop", &eu, 1, err) != TR_OK)
@@ -315,6 +335,10 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
     cfg->name = *rc.name ? tr_xstrdup(rc.name) : tr_xasprintf("%.*s", (int)blen, base);
     cfg->run_dir = *rc.run_dir ? tr_xstrdup(rc.run_dir) : tr_xasprintf("runs/%s", cfg->name);
     cfg->device = rc.device;
+    cfg->parallel.procs = rc.procs;
+    cfg->parallel.gpus = rc.gpus;
+    if (rc.gpus > 0)
+        cfg->device = "cuda";
     /* show what is in effect, not the "derive it" placeholder */
     tr_value_set_string(tr_value_child(root, "name"), cfg->name);
     tr_value_set_string(tr_value_child(root, "run_dir"), cfg->run_dir);
@@ -442,4 +466,6 @@ void tr_config_help(FILE *out)
     tr_options_help(early_stop_options, out, "    ");
     fprintf(out, "\n  cost = { ... }  (prices, budget; trainrun plan)\n");
     tr_options_help(tr_cost_options, out, "    ");
+    fprintf(out, "\n  parallel = { ... }  (data parallelism across procs/gpus ranks; docs/scale-out.md)\n");
+    tr_options_help(parallel_options, out, "    ");
 }

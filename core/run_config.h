@@ -39,6 +39,15 @@ struct tr_early_stop_config {
     double min_delta;  /* an improvement must lower the validation loss by more */
 };
 
+/* Data parallelism: how many ranks this node starts (the local launcher),
+ * and how gradients travel between ranks. */
+struct tr_parallel_config {
+    int64_t procs;    /* CPU ranks to start on this node (1: no launcher) */
+    int64_t gpus;     /* GPU ranks to start on this node (0: none) */
+    double bucket_mb; /* gradients all-reduced in buckets of this size */
+    int zero;         /* ZeRO-1: each rank keeps 1/world of the optimizer state */
+};
+
 struct tr_slot {
     const char *key;            /* "data" */
     enum tr_plugin_kind kind;
@@ -56,6 +65,7 @@ struct tr_config {
     struct tr_checkpoint_policy checkpoint_policy;
     struct tr_early_stop_config early_stop;
     struct tr_cost_config cost;
+    struct tr_parallel_config parallel;
     struct tr_slot precision, data, schedule, checkpoint;
     struct tr_plugin_path plugin_path;
     char **overrides; /* as given on the command line (checkpoints record them) */

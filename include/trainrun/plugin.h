@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 #define TR_ABI_MAJOR 1
-#define TR_ABI_MINOR 0
+#define TR_ABI_MINOR 1
 
 /* The one symbol every plugin exports. */
 #define TR_PLUGIN_ENTRY trainrun_plugin_entry
@@ -138,6 +138,10 @@ struct tr_create_args {
     uint32_t seq_len;      /* tokens per sample the model consumes (0: not a sequence model) */
     uint64_t seed;         /* the run's seed */
     int rank, world;       /* this process among the data-parallel group */
+    /* appended in ABI 1.1 (check struct_size before reading) */
+    int local_rank, local_world; /* this process among those on its node */
+    const char *device;    /* "cpu", "cuda", ...: where comm buffers live */
+    void *device_stream;   /* the backend's compute stream (cudaStream_t), or NULL */
 };
 
 /* Small named scalars a plugin asks the core to keep in checkpoints
@@ -250,6 +254,30 @@ struct tr_schedule_vtable {
     void (*observe)(void *self, uint64_t step, double metric);
     size_t (*state_save)(void *self, struct tr_state_var *vars, size_t cap);
     int (*state_load)(void *self, const struct tr_state_var *vars, size_t n, tr_err *err);
+};
+
+/* ---- comm ------------------------------------------------------------- */
+
+/* Collectives among the ranks of a data-parallel job.  Every rank makes the
+ * same calls, with the same sizes, in the same order.  Calls block until the
+ * result is in `buf`; the core issues them from one communication thread,
+ * so a plugin need not be thread-safe.  Buffers live where args->device
+ * says (host memory for "cpu", device memory for "cuda").  A rank that dies
+ * must make the others' calls fail (TR_ERROR naming the rank), never hang:
+ * the core then stops the job. */
+struct tr_comm_vtable {
+    uint32_t version;     /* 1 */
+    uint32_t struct_size; /* sizeof(struct tr_comm_vtable) */
+    /* buf[i] = sum over ranks of buf[i], for `count` floats */
+    int (*allreduce_sum)(void *self, float *buf, size_t count, tr_err *err);
+    /* root's `bytes` bytes of buf copied to every rank */
+    int (*broadcast)(void *self, void *buf, size_t bytes, int root, tr_err *err);
+    int (*barrier)(void *self, tr_err *err);
+    /* Optional: rank r contributes count floats at buf + r*count; afterwards
+     * every rank holds all world*count (ZeRO-1 parameter gather). */
+    int (*allgather)(void *self, float *buf, size_t count, tr_err *err);
+    /* Optional: one line for logs ("tcp ring, 2 ranks via 127.0.0.1:29500") */
+    const char *(*describe)(void *self);
 };
 
 #ifdef __cplusplus
