@@ -636,6 +636,43 @@ Test(gelu, forward_backward)
                     5.0);
 }
 
+/* The whole float range that matters, against the double reference: the
+ * error stays within a few float roundings of the result (relative), or of
+ * 1e-30 near the underflow of the far negative side, and the derivative
+ * within a few roundings of its two terms.  Sizes cover the padded tail. */
+Test(gelu, wide_range_and_tails)
+{
+    const size_t sizes[] = {1, 8, 13, 20001};
+    const double k = sqrt(2.0 / 3.14159265358979323846);
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        size_t n = sizes[s];
+        float *x = fvec(n), *out = fvec(n), *dx = fvec(n), *ones = fvec(n);
+        for (size_t i = 0; i < n; i++) {
+            x[i] = n == 1 ? -0.5f : (float)(-20.0 + 40.0 * (double)i / (double)(n - 1));
+            ones[i] = 1.0f;
+        }
+        tr_cpu_gelu_forward(out, x, n);
+        tr_cpu_gelu_backward(dx, x, ones, n);
+        for (size_t i = 0; i < n; i++) {
+            /* 0.5 (1 + tanh u) as 1 / (1 + exp(-2u)): no cancellation for x << 0 */
+            double X = x[i], u = k * (X + 0.044715 * X * X * X), e = exp(-2.0 * u);
+            double sig = 1.0 / (1.0 + e);
+            double want = X * sig;
+            double dterm = 2.0 * X * sig * (e * sig) * k * (1.0 + 3 * 0.044715 * X * X);
+            double dwant = sig + dterm;
+            /* the float argument u carries a relative rounding of ~1e-7,
+             * which exp(-2u) turns into |2u| * 1e-7 of the result */
+            double tol = 4e-7 * (1.0 + 2.0 * fabs(u));
+            cr_assert(fabs(out[i] - want) <= tol * fabs(want) + 1e-30,
+                      "gelu(%.9g) = %.9g, want %.9g", X, out[i], want);
+            /* the derivative is a sum of two terms: relative to their sizes */
+            cr_assert(fabs(dx[i] - dwant) <= 2 * tol * (sig + fabs(dterm)) + 1e-30,
+                      "gelu'(%.9g) = %.9g, want %.9g", X, dx[i], dwant);
+        }
+        free(x), free(out), free(dx), free(ones);
+    }
+}
+
 Test(relu, kink_and_negative_side)
 {
     float x[4] = {-1e-3f, 0.0f, 1e-3f, -5.0f}, dout[4] = {1, 2, 3, 4}, dx[4] = {0};
@@ -1055,6 +1092,7 @@ typedef struct {
     float *att_out, *att_att, *att_dqkv;
     float *mm_out, *mm_da, *mm_db;
     float *emb_dtable, *xent_dlogits, xent_loss;
+    float *gelu_out, *gelu_dinp;
     double sumsq;
 } thread_results;
 
@@ -1066,6 +1104,7 @@ enum {
     EMB_V = 10, EMB_N = 300, EMB_C = 100,
     XE_N = 40, XE_V = 500,
     SQ_N = 1000000,
+    GELU_N = 50001, /* several threads' shares and a tail */
 };
 
 typedef struct {
@@ -1078,6 +1117,7 @@ typedef struct {
     int32_t xe_targets[XE_N];
     float *xe_logits;
     float *sq_x;
+    float *gelu_x, *gelu_dout;
 } thread_inputs;
 
 static void run_with_threads(const thread_inputs *in, int threads, thread_results *r)
@@ -1121,6 +1161,10 @@ static void run_with_threads(const thread_inputs *in, int threads, thread_result
                                   XE_V, IGNORE_INDEX);
 
     r->sumsq = tr_cpu_sum_squares(in->sq_x, SQ_N);
+
+    r->gelu_out = fvec(GELU_N), r->gelu_dinp = fvec(GELU_N);
+    tr_cpu_gelu_forward(r->gelu_out, in->gelu_x, GELU_N);
+    tr_cpu_gelu_backward(r->gelu_dinp, in->gelu_x, in->gelu_dout, GELU_N);
 }
 
 /* names read "<what>: not bitwise identical" on failure */
@@ -1145,6 +1189,8 @@ static void expect_same_results(const thread_results *a, const thread_results *b
     expect_bitwise("embedding dtable", a->emb_dtable, b->emb_dtable, EMB_V * EMB_C);
     expect_bitwise("cross-entropy loss", &a->xent_loss, &b->xent_loss, 1);
     expect_bitwise("cross-entropy dlogits", a->xent_dlogits, b->xent_dlogits, XE_N * XE_V);
+    expect_bitwise("gelu out", a->gelu_out, b->gelu_out, GELU_N);
+    expect_bitwise("gelu dinp", a->gelu_dinp, b->gelu_dinp, GELU_N);
     cr_assert(memcmp(&a->sumsq, &b->sumsq, sizeof(double)) == 0,
               "sum_squares: not bitwise identical");
 }
@@ -1154,7 +1200,7 @@ static void free_results(thread_results *r)
     float *all[] = {r->lin_out,  r->lin_dinp, r->lin_dw,    r->lin_db,    r->ln_out,
                     r->ln_mean,  r->ln_rstd,  r->ln_dinp,   r->ln_dw,     r->ln_db,
                     r->att_out,  r->att_att,  r->att_dqkv,  r->mm_out,    r->mm_da,
-                    r->mm_db,    r->emb_dtable, r->xent_dlogits};
+                    r->mm_db,    r->emb_dtable, r->xent_dlogits, r->gelu_out, r->gelu_dinp};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         free(all[i]);
 }
@@ -1183,6 +1229,8 @@ Test(determinism, same_bits_for_1_2_3_threads)
         in.xe_targets[n] = n % 5 == 3 ? IGNORE_INDEX : rng_int(&rng, 0, XE_V - 1);
     in.xe_logits = random_fvec(&rng, XE_N * XE_V, -4, 4);
     in.sq_x = random_fvec(&rng, SQ_N, -1, 1);
+    in.gelu_x = random_fvec(&rng, GELU_N, -6, 6);
+    in.gelu_dout = random_fvec(&rng, GELU_N, -1, 1);
 
     thread_results one, two, three;
     run_with_threads(&in, 1, &one);
@@ -1195,7 +1243,7 @@ Test(determinism, same_bits_for_1_2_3_threads)
     float *inputs[] = {in.lin_inp, in.lin_w,    in.lin_b,  in.lin_dout, in.ln_inp,
                        in.ln_w,    in.ln_b,     in.ln_dout, in.att_qkv, in.att_dout,
                        in.mm_a,    in.mm_b,     in.mm_dout, in.emb_dout, in.xe_logits,
-                       in.sq_x};
+                       in.sq_x,    in.gelu_x,   in.gelu_dout};
     for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
         free(inputs[i]);
 }
