@@ -650,12 +650,14 @@ void tr_graph_backward(struct tr_graph *g, const struct tr_backend *be)
             }
         if (!g->profile) {
             be->iface->backward(be->context, g, n);
-            continue;
+        } else {
+            ensure_profile(g);
+            double t0 = op_begin(g, be);
+            be->iface->backward(be->context, g, n);
+            op_end(g, be, g->n_nodes + i, t0);
         }
-        ensure_profile(g);
-        double t0 = op_begin(g, be);
-        be->iface->backward(be->context, g, n);
-        op_end(g, be, g->n_nodes + i, t0);
+        if (g->on_backward)
+            g->on_backward(g->on_backward_ctx, i);
     }
 }
 

@@ -107,6 +107,10 @@ struct tr_graph {
      * (start and duration in seconds of tr_now(), for the trace) */
     int profile;
     double *op_start, *op_seconds; /* 2 * n_nodes: forward i, backward n_nodes + i */
+    /* when set, called after each node's backward (data parallelism starts
+     * all-reducing the gradients that node finished) */
+    void (*on_backward)(void *ctx, int node);
+    void *on_backward_ctx;
 };
 
 struct tr_graph *tr_graph_new(int batch);

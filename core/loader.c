@@ -75,6 +75,8 @@ static int fill(struct tr_loader *l, uint64_t id, void *inputs, int32_t *targets
                 tr_err *err)
 {
     uint64_t n = l->src.info.samples[l->cfg.split];
+    if (l->cfg.stride > 1)
+        id = id * (uint64_t)l->cfg.stride + (uint64_t)l->cfg.rank;
     uint64_t epoch = id / l->per_epoch, first = (id % l->per_epoch) * (uint64_t)l->cfg.batch;
     for (int b = 0; b < l->cfg.batch; b++)
         idx[b] = tr_loader_sample(l->cfg.seed, epoch, first + (uint64_t)b, n, l->cfg.shuffle);

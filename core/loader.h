@@ -30,6 +30,10 @@ struct tr_loader_config {
     int shuffle;    /* permute samples each epoch */
     uint64_t seed;
     struct tr_topo *topo; /* where workers run (NULL: anywhere) */
+    /* data parallelism: this loader's micro-batch k is the job's micro-batch
+     * k * stride + rank (stride 0 or 1: alone), so ranks read disjoint parts
+     * of every global batch and together read what one process would */
+    int rank, stride;
 };
 
 struct tr_loader *tr_loader_open(const struct tr_data_source *src,

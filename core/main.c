@@ -6,6 +6,7 @@
 #include "report.h"
 #include "checkpoint.h"
 #include "run.h"
+#include "launch.h"
 #include "topo.h"
 #include "util.h"
 
@@ -62,6 +63,8 @@ static int collect_overrides(int argc, char **argv, int first, const char ***ove
     return 0;
 }
 
+static char **original_argv;
+
 static int cmd_run(int argc, char **argv, int first)
 {
     const char *recipe = argv[first];
@@ -102,6 +105,10 @@ static int cmd_run(int argc, char **argv, int first)
     if (tr_config_load(&cfg, recipe, overrides, n, &err) != TR_OK) {
         fprintf(stderr, "trainrun: error: %s\n", err.msg);
         code = TR_EXIT_ERROR;
+    } else if (!cfg.rank.source && (cfg.parallel.procs > 1 || cfg.parallel.gpus > 1)) {
+        /* procs=N / gpus=N: become the launcher of N ranks of this command */
+        code = tr_launch((int)(cfg.parallel.gpus > 0 ? cfg.parallel.gpus : cfg.parallel.procs),
+                         original_argv);
     } else {
         code = tr_train(&cfg, &flags);
     }
@@ -315,6 +322,9 @@ static void prefer_passive_openmp(char **argv)
 int main(int argc, char **argv)
 {
     prefer_passive_openmp(argv);
+    /* commands mark the arguments they consume; the launcher needs them as given */
+    original_argv = tr_xcalloc((size_t)argc + 1, sizeof *original_argv);
+    memcpy(original_argv, argv, (size_t)argc * sizeof *argv);
     if (argc < 2) {
         usage(stderr);
         return TR_EXIT_USAGE;

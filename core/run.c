@@ -2,6 +2,7 @@
 
 #include "backend.h"
 #include "checkpoint.h"
+#include "comm.h"
 #include "graph.h"
 #include "json.h"
 #include "loader.h"
@@ -66,7 +67,20 @@ struct run {
     double usd_per_second, peak_flops, flops_per_token;
     double cost_before;      /* dollars spent by earlier runs this one resumed */
     int budget_warned, budget_stop;
+    /* data parallelism: this rank of `world`; comm is NULL when alone */
+    int rank, world;
+    struct tr_comm *comm;
+    double t_comm;           /* waiting for gradients and agreements from other ranks */
+    int agreed_stop;         /* the ranks agreed to stop (a signal reached one of them) */
 };
+
+/* A stop was requested: alone, as soon as a signal arrives; with other
+ * ranks, only what they all agreed at the last step boundary, so every
+ * rank stops after the same step. */
+static int stopping(const struct run *r)
+{
+    return r->world > 1 ? r->agreed_stop : stop_signal != 0;
+}
 
 static int vt_has(const void *vt, size_t offset_end)
 {
@@ -142,6 +156,8 @@ static int restore_state(struct run *r, const struct tr_run_state *st, tr_err *e
 
 static int save(struct run *r, uint64_t loader_position, tr_err *err)
 {
+    if (!r->ckpt) /* ranks other than 0 hold the same state and do not write it */
+        return TR_OK;
     struct tr_run_state st;
     capture_state(r, loader_position, &st);
     return tr_checkpointer_save(r->ckpt, r->g->params, r->opt.m, r->opt.v, &st, err);
@@ -179,16 +195,18 @@ static int evaluate(struct run *r, double *val_loss, double *val_accuracy, tr_er
 {
     double t0 = tr_now();
     struct tr_loader_config lc = {TR_SPLIT_VAL, (int)r->cfg->train.micro_batch, 0, 1, 0,
-                                  (uint64_t)r->cfg->train.seed, NULL};
+                                  (uint64_t)r->cfg->train.seed, NULL, r->rank, r->world};
     struct tr_loader *val = tr_loader_open(&r->data, &lc, 0, err);
     if (!val)
         return TR_ERROR;
     uint64_t n = tr_loader_batches_per_epoch(val);
     if (n > (uint64_t)r->cfg->train.eval_batches)
         n = (uint64_t)r->cfg->train.eval_batches;
+    /* rank r evaluates batches r, r + world, ... of the n */
+    uint64_t mine = n / (uint64_t)r->world + ((uint64_t)r->rank < n % (uint64_t)r->world);
     double sum = 0;
     int64_t correct = 0, counted = 0;
-    for (uint64_t i = 0; i < n; i++) {
+    for (uint64_t i = 0; i < mine; i++) {
         if (load_micro_batch(r, val, NULL, err) != TR_OK) {
             tr_loader_close(val);
             return TR_ERROR;
@@ -206,6 +224,14 @@ static int evaluate(struct run *r, double *val_loss, double *val_accuracy, tr_er
         }
     }
     tr_loader_close(val);
+    if (r->comm) {
+        float totals[3] = {(float)sum, (float)correct, (float)counted};
+        if (tr_comm_allreduce(r->comm, totals, 3, err) != TR_OK)
+            return TR_ERROR;
+        sum = totals[0];
+        correct = (int64_t)totals[1];
+        counted = (int64_t)totals[2];
+    }
     *val_loss = sum / (double)n;
     *val_accuracy = counted ? (double)correct / (double)counted : NAN;
     r->t_eval += tr_now() - t0;
@@ -354,15 +380,29 @@ static void trial_step(struct run *r)
 static int setup(struct run *r, tr_err *err)
 {
     struct tr_config *cfg = r->cfg;
-    if (tr_backend_open(&r->be, cfg->device, (int)cfg->train.threads, &cfg->plugin_path, err) != TR_OK)
+    r->rank = cfg->rank.rank;
+    r->world = cfg->rank.world;
+    int threads = (int)cfg->train.threads;
+    if (threads == 0 && cfg->rank.local_world > 1) { /* ranks on one node share its cores */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = cores > cfg->rank.local_world ? (int)(cores / cfg->rank.local_world) : 1;
+    }
+    if (tr_backend_open(&r->be, cfg->device, threads, &cfg->plugin_path, err) != TR_OK)
         return TR_ERROR;
     /* placement: compute threads one per core, loader workers beside them */
     tr_err why = {{0}};
     r->topo = tr_topo_open(NULL, &why);
-    if (r->topo && strcmp(cfg->device, "cpu") == 0)
-        tr_topo_bind_compute(r->topo, (int)cfg->train.threads);
+    if (r->topo && strcmp(cfg->device, "cpu") == 0 && cfg->rank.local_world == 1)
+        tr_topo_bind_compute(r->topo, threads);
     else if (!r->topo)
         tr_log(TR_LOG_WARN, "topology", "%s; threads are not pinned", why.msg);
+    if (r->world > 1) {
+        if (!(r->comm = tr_comm_open(cfg, err)))
+            return TR_ERROR;
+        if (r->rank == 0)
+            tr_log(TR_LOG_INFO, NULL, "rank 0 of %d (%s); %s", r->world, cfg->rank.source,
+                   tr_comm_describe(r->comm));
+    }
     r->precision = cfg->precision.plugin->info->vtable;
     r->schedule = cfg->schedule.plugin->info->vtable;
 
@@ -412,6 +452,9 @@ static int setup(struct run *r, tr_err *err)
     if (tr_graph_plan(r->g, &r->be, adam ? 2 : 1, err) != TR_OK ||
         tr_optimizer_init(&r->opt, &cfg->optimizer, r->g, &r->be, err) != TR_OK)
         return TR_ERROR;
+    if (r->comm && tr_comm_plan_buckets(r->comm, r->g,
+                                        (size_t)(cfg->parallel.bucket_mb * 1024 * 1024), err) != TR_OK)
+        return TR_ERROR;
     r->input_bytes = in->numel * 4;
     r->target_count = tg->numel;
     r->host_inputs = tr_alloc(r->input_bytes);
@@ -421,7 +464,12 @@ static int setup(struct run *r, tr_err *err)
     if (cfg->train.auto_micro_batch)
         trial_step(r);
     tr_graph_init_params(r->g, &r->be, (uint64_t)cfg->train.seed);
-    r->accum = (int)(cfg->train.batch / cfg->train.micro_batch);
+    /* micro-batches per optimizer step on this rank (the config checked that
+     * the ranks share them evenly) */
+    r->accum = (int)(cfg->train.batch / cfg->train.micro_batch / r->world);
+    if (r->accum < 1)
+        return tr_fail(err, "train: batch %lld cannot be shared by %d ranks in micro-batches of %lld",
+                       (long long)cfg->train.batch, r->world, (long long)cfg->train.micro_batch);
     r->vocab = UINT32_MAX;
     for (int i = 0; i < r->g->n_nodes; i++) /* the token embedding's table size */
         if (r->g->nodes[i].op == TR_OP_EMBEDDING && r->g->nodes[i].in[1] == r->g->inputs[0])
@@ -449,6 +497,8 @@ static int setup(struct run *r, tr_err *err)
         .n_overrides = cfg->n_overrides,
         .seed = cfg->train.seed,
     };
+    if (r->rank != 0) /* rank 0 writes; the others get its state by broadcast */
+        return setup_cost(r, &r->policy, err);
     r->ckpt = tr_checkpointer_open(&cc, err);
     if (!r->ckpt)
         return TR_ERROR;
@@ -458,6 +508,7 @@ static int setup(struct run *r, tr_err *err)
 static void teardown(struct run *r)
 {
     tr_checkpointer_close(r->ckpt);
+    tr_comm_close(r->comm);
     tr_loader_close(r->loader);
     tr_topo_close(r->topo);
     tr_trace_close(r->trace);
@@ -474,8 +525,8 @@ static void teardown(struct run *r)
 
 static void summary(struct run *r, double elapsed, double tokens)
 {
-    double t_checkpoint = tr_checkpointer_stall(r->ckpt);
-    double parts = r->t_data + r->t_compute + r->t_optimizer + r->t_eval + t_checkpoint;
+    double t_checkpoint = r->ckpt ? tr_checkpointer_stall(r->ckpt) : 0;
+    double parts = r->t_data + r->t_compute + r->t_optimizer + r->t_comm + r->t_eval + t_checkpoint;
     double other = elapsed > parts ? elapsed - parts : 0;
     fprintf(stderr, "\nrun %s: %llu steps in %.1f s, %.0f tokens/s\n", r->cfg->name,
             (unsigned long long)r->step, elapsed, tokens / (elapsed > 0 ? elapsed : 1));
@@ -484,9 +535,9 @@ static void summary(struct run *r, double elapsed, double tokens)
         fprintf(stderr, ", validation loss %.4f, accuracy %.2f%%", r->last_val,
                 100 * r->last_accuracy);
     fprintf(stderr, "\n  time: data wait %.1f%%, forward+backward %.1f%%, optimizer %.1f%%, "
-                    "communication 0.0%%, evaluation %.1f%%, checkpoint %.1f%%, other %.1f%%\n",
+                    "communication %.1f%%, evaluation %.1f%%, checkpoint %.1f%%, other %.1f%%\n",
             100 * r->t_data / elapsed, 100 * r->t_compute / elapsed, 100 * r->t_optimizer / elapsed,
-            100 * r->t_eval / elapsed, 100 * t_checkpoint / elapsed, 100 * other / elapsed);
+            100 * r->t_comm / elapsed, 100 * r->t_eval / elapsed, 100 * t_checkpoint / elapsed, 100 * other / elapsed);
     if (r->usd_per_second > 0)
         fprintf(stderr, "  cost: $%.2f this run, $%.2f in all\n", run_cost(r),
                 r->cost_before + run_cost(r));
@@ -511,6 +562,35 @@ static void summary(struct run *r, double elapsed, double tokens)
                 100 * r->t_data / (r->t_data + r->t_compute));
 }
 
+/* cost.budget reached (this process's view of the dollars spent) */
+static int over_budget(const struct run *r)
+{
+    return r->cfg->cost.budget > 0 && r->cost_before + run_cost(r) >= r->cfg->cost.budget;
+}
+
+/* Rank 0 resumed (or not); every rank takes the same state from it:
+ * whether there was a checkpoint, the run state, weights and optimizer. */
+static int share_resume(struct run *r, int *rc, struct tr_run_state *st, char *name,
+                        size_t name_size, tr_err *err)
+{
+    float verdict = (float)*rc; /* 1 resumed, 0 nothing to resume, TR_ERROR failed */
+    if (tr_comm_broadcast(r->comm, &verdict, sizeof verdict, 0, err) != TR_OK)
+        return TR_ERROR;
+    *rc = (int)verdict;
+    if (*rc != 1)
+        return *rc == TR_ERROR && r->rank != 0
+                   ? tr_fail(err, "rank 0 could not resume from its checkpoint (see its log)")
+                   : TR_OK;
+    size_t bytes = r->g->n_params * sizeof(float);
+    if (tr_comm_broadcast(r->comm, st, sizeof *st, 0, err) != TR_OK ||
+        tr_comm_broadcast(r->comm, name, name_size, 0, err) != TR_OK ||
+        tr_comm_broadcast(r->comm, r->g->params, bytes, 0, err) != TR_OK ||
+        tr_comm_broadcast(r->comm, r->opt.m, bytes, 0, err) != TR_OK ||
+        (r->opt.v && tr_comm_broadcast(r->comm, r->opt.v, bytes, 0, err) != TR_OK))
+        return TR_ERROR;
+    return TR_OK;
+}
+
 int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
 {
     struct run run, *r = &run;
@@ -520,39 +600,51 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
     int code = TR_EXIT_ERROR;
     if (setup(r, &err) != TR_OK)
         goto fail;
-    if (!flags->quiet)
+    if (!flags->quiet && r->rank == 0)
         tr_graph_print_memory(r->g, stderr);
 
-    uint64_t position = 0;
+    uint64_t position = 0; /* micro-batches of the whole job consumed */
     if (flags->resume) {
         struct tr_run_state st;
-        char name[64];
-        int rc = tr_checkpointer_resume(r->ckpt, r->g->params, r->opt.m, r->opt.v, &st, name,
-                                        sizeof name, &err);
+        char name[64] = "";
+        int rc = r->ckpt ? tr_checkpointer_resume(r->ckpt, r->g->params, r->opt.m, r->opt.v, &st,
+                                                  name, sizeof name, &err)
+                         : 0;
+        if (r->comm && share_resume(r, &rc, &st, name, sizeof name, &err) != TR_OK)
+            goto fail;
         if (rc == TR_ERROR || (rc == 1 && restore_state(r, &st, &err) != TR_OK))
             goto fail;
-        if (rc == 1) {
+        if (rc == 1)
             position = st.loader_position;
+        if (rc == 1 && r->rank == 0)
             tr_log(TR_LOG_INFO, NULL, "resumed from checkpoint %s (step %llu)", name,
                    (unsigned long long)r->step);
-        } else {
+        else if (r->rank == 0)
             tr_log(TR_LOG_INFO, NULL, "no checkpoint to resume from: starting at step 0");
-        }
+    }
+    if (position % (uint64_t)r->world != 0) {
+        tr_fail(&err, "the checkpoint stopped %llu micro-batches into the data, which %d ranks "
+                "cannot share; resume with a world size that divides the micro-batches per step",
+                (unsigned long long)position, r->world);
+        goto fail;
     }
     struct tr_loader_config lc = {TR_SPLIT_TRAIN, (int)cfg->train.micro_batch,
                                   (int)cfg->train.workers, (int)cfg->train.prefetch, 1,
-                                  (uint64_t)cfg->train.seed, r->topo};
-    r->loader = tr_loader_open(&r->data, &lc, position, &err);
+                                  (uint64_t)cfg->train.seed, r->topo, r->rank, r->world};
+    r->loader = tr_loader_open(&r->data, &lc, position / (uint64_t)r->world, &err);
     if (!r->loader)
         goto fail;
-    char *metrics_path = tr_xasprintf("%s/metrics.jsonl", cfg->run_dir);
-    r->metrics = fopen(metrics_path, flags->resume ? "a" : "w");
-    if (r->metrics) /* a line at a time: reports during the run, nothing lost to a kill */
-        setvbuf(r->metrics, NULL, _IOLBF, 0);
-    else
-        tr_log(TR_LOG_WARN, NULL, "cannot write %s: %s; no metrics this run", metrics_path,
-               strerror(errno));
-    free(metrics_path);
+    if (r->rank == 0) { /* one rank reports for the job */
+        char *metrics_path = tr_xasprintf("%s/metrics.jsonl", cfg->run_dir);
+        r->metrics = fopen(metrics_path, flags->resume ? "a" : "w");
+        if (r->metrics) /* a line at a time: reports during the run, nothing lost to a kill */
+            setvbuf(r->metrics, NULL, _IOLBF, 0);
+        else
+            tr_log(TR_LOG_WARN, NULL, "cannot write %s: %s; no metrics this run", metrics_path,
+                   strerror(errno));
+        free(metrics_path);
+    }
+    int quiet = flags->quiet || r->rank != 0;
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -566,21 +658,22 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
     double tokens = 0, lr = 0, grad_norm = 0;
     uint64_t first_step = r->step;
     r->t_start = tr_now();
-    if (cfg->train.trace_every > 0) {
+    if (cfg->train.trace_every > 0 && r->rank == 0) {
         char *path = tr_xasprintf("%s/trace.json", cfg->run_dir);
         r->trace = tr_trace_open(path, r->t_start);
         free(path);
     }
-    while (r->step < steps && !stop_signal) {
+    while (r->step < steps && !stopping(r)) {
         /* forward and backward over the micro-batches of one step */
-        uint64_t step_start = tr_loader_position(r->loader);
+        uint64_t step_start = tr_loader_position(r->loader) * (uint64_t)r->world;
         r->be.iface->zero(r->be.context, r->g->grads, r->g->n_params * sizeof(float));
         double scale = loss_scale(r), loss_sum = 0;
-        r->g->loss_grad = (float)(scale / r->accum); /* the mean over micro-batches */
+        /* the mean over the micro-batches of every rank */
+        r->g->loss_grad = (float)(scale / (r->accum * r->world));
         int k;
         int sampled = r->trace && r->step % (uint64_t)cfg->train.trace_every == 0;
         for (k = 0; k < r->accum; k++) {
-            if (k > 0 && stop_signal)
+            if (k > 0 && r->world == 1 && stop_signal)
                 break; /* abandon the step: the checkpoint below predates it */
             double td = tr_now();
             if (load_micro_batch(r, r->loader, &r->t_data, &err) != TR_OK)
@@ -589,6 +682,8 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
             r->g->profile = sampled && k == 0; /* per-op timings of one micro-batch */
             tr_graph_forward(r->g, &r->be);
             loss_sum += read_loss(r);
+            if (r->comm && k == r->accum - 1) /* all-reduce buckets as backward finishes them */
+                tr_comm_arm(r->comm, r->g);
             tr_graph_backward(r->g, &r->be);
             double t1 = tr_now();
             r->t_compute += t1 - t0;
@@ -602,7 +697,22 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
             position = step_start;
             break;
         }
-        r->last_loss = loss_sum / r->accum;
+        if (r->comm) {
+            /* the last buckets, then one small agreement: the loss, whether
+             * any rank was signalled, and rank 0's budget verdict */
+            double tw = tr_now();
+            float agree[3] = {(float)loss_sum, stop_signal ? 1.0f : 0.0f,
+                              r->rank == 0 && over_budget(r) ? 1.0f : 0.0f};
+            if (tr_comm_finish(r->comm, r->g, &err) != TR_OK ||
+                tr_comm_allreduce(r->comm, agree, 3, &err) != TR_OK)
+                goto fail;
+            loss_sum = agree[0];
+            r->agreed_stop = agree[1] > 0;
+            r->budget_stop = agree[2] > 0;
+            r->t_comm += tr_now() - tw;
+            tr_trace_phase(r->trace, "gradient all-reduce wait", r->step, tw, tr_now());
+        }
+        r->last_loss = loss_sum / (r->accum * r->world);
 
         /* unscale, check, clip, update */
         double t0 = tr_now();
@@ -632,21 +742,22 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
         tr_trace_phase(r->trace, "optimizer", r->step, t0, tr_now());
         r->step++;
         tokens += tokens_per_step;
-        position = tr_loader_position(r->loader);
+        position = tr_loader_position(r->loader) * (uint64_t)r->world;
 
         int last = r->step == steps;
         if (r->step % (uint64_t)cfg->train.log_every == 0 || last)
-            progress(r, lr, grad_norm, tr_now() - r->t_start, tokens, r->step - first_step,
-                     flags->quiet);
+            progress(r, lr, grad_norm, tr_now() - r->t_start, tokens, r->step - first_step, quiet);
         if (cfg->cost.budget > 0) {
             double dollars = r->cost_before + run_cost(r);
-            if (!r->budget_warned && dollars >= cfg->cost.warn_at * cfg->cost.budget) {
+            if (!r->budget_warned && r->rank == 0 && dollars >= cfg->cost.warn_at * cfg->cost.budget) {
                 r->budget_warned = 1;
                 tr_log(TR_LOG_WARN, "budget", "$%.2f spent, %.0f%% of the $%.2f budget "
                        "(cost.budget)", dollars, 100 * dollars / cfg->cost.budget, cfg->cost.budget);
             }
-            if (dollars >= cfg->cost.budget && !last)
-                r->budget_stop = 1;
+            if (r->world == 1 && over_budget(r))
+                r->budget_stop = 1; /* with ranks, rank 0's verdict came with the gradients */
+            if (last)
+                r->budget_stop = 0;
         }
         int improved = 0;
         if ((cfg->train.eval_every && r->step % (uint64_t)cfg->train.eval_every == 0) || last) {
@@ -655,7 +766,7 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
                 goto fail;
             tr_trace_phase(r->trace, "evaluation", r->step, te, tr_now());
             r->last_accuracy = accuracy;
-            if (!flags->quiet)
+            if (!quiet)
                 fprintf(stderr, "step %6llu | validation loss %.4f | accuracy %.2f%%\n",
                         (unsigned long long)r->step, r->last_val, 100 * accuracy);
             if (r->metrics)
@@ -679,7 +790,7 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
             }
         }
         int due = cfg->checkpoint_policy.every && r->step % (uint64_t)cfg->checkpoint_policy.every == 0;
-        if ((due || last || improved || r->stopped_early || r->budget_stop) && !stop_signal) {
+        if ((due || last || improved || r->stopped_early || r->budget_stop) && !stopping(r)) {
             tr_err cerr = {{0}};
             double tc = tr_now();
             if (save(r, position, &cerr) != TR_OK) /* a failed save never stops training */
@@ -687,12 +798,14 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
             tr_trace_phase(r->trace, "checkpoint stall", r->step, tc, tr_now());
         }
         if (r->budget_stop) {
+            if (r->rank == 0)
             tr_log(TR_LOG_WARN, "budget", "stopping at step %llu: $%.2f spent reaches the $%.2f "
                    "budget; checkpoint saved (raise cost.budget and --resume auto to go on)",
                    (unsigned long long)r->step, r->cost_before + run_cost(r), cfg->cost.budget);
             break;
         }
         if (r->stopped_early) {
+            if (r->rank == 0)
             tr_log(TR_LOG_INFO, NULL, "early stop at step %llu: the validation loss has not "
                    "improved by more than %g for %lld evaluations (best %.4f at step %llu)",
                    (unsigned long long)r->step, cfg->early_stop.min_delta,
@@ -700,11 +813,12 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
             break;
         }
     }
-    if (stop_signal && r->step < steps) {
+    if (stopping(r) && r->step < steps) {
         /* preempted: checkpoint now, within the deadline, and exit for requeue */
-        int sig = (int)stop_signal;
+        int sig = stop_signal ? (int)stop_signal : SIGTERM;
         double t0 = tr_now();
-        if (save(r, position, &err) != TR_OK || tr_checkpointer_wait(r->ckpt, &err) != TR_OK)
+        if (save(r, position, &err) != TR_OK ||
+            (r->ckpt && tr_checkpointer_wait(r->ckpt, &err) != TR_OK))
             goto fail;
         double took = tr_now() - t0;
         if (took > cfg->checkpoint_policy.deadline)
@@ -716,16 +830,19 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
         code = TR_EXIT_PREEMPTED;
         goto out;
     }
-    if (tr_checkpointer_wait(r->ckpt, &err) != TR_OK)
+    if (r->ckpt && tr_checkpointer_wait(r->ckpt, &err) != TR_OK)
         goto fail; /* the final checkpoint did not land */
-    if (flags->smoke && smoke_round_trip(r, &err) != TR_OK)
+    if (flags->smoke && r->ckpt && smoke_round_trip(r, &err) != TR_OK)
         goto fail;
-    if (!flags->quiet)
+    if (!quiet)
         summary(r, tr_now() - r->t_start, tokens);
     code = TR_EXIT_OK;
     goto out;
 fail:
-    tr_log(TR_LOG_ERROR, NULL, "%s", err.msg);
+    if (r->world > 1)
+        tr_log(TR_LOG_ERROR, NULL, "rank %d: %s", r->rank, err.msg);
+    else
+        tr_log(TR_LOG_ERROR, NULL, "%s", err.msg);
 out:
     teardown(r);
     return code;

@@ -196,6 +196,53 @@ static const char *const sections[] = {"model",     "data",  "precision",  "sche
                                        "checkpoint", "optimizer", "train", "early_stop",
                                        "cost",      "parallel", "comm", NULL};
 
+/* ---- ranks ----------------------------------------------------------------- */
+
+static int env_int(const char *name, int *out)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return 0;
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (*end || x < 0 || x > 1 << 20)
+        return -1;
+    *out = (int)x;
+    return 1;
+}
+
+int tr_rank_from_env(struct tr_rank_info *out, tr_err *err)
+{
+    static const char *const sources[][4] = {
+        {"TRAINRUN_RANK", "TRAINRUN_WORLD_SIZE", "TRAINRUN_LOCAL_RANK", "TRAINRUN_LOCAL_WORLD_SIZE"},
+        {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+         "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    };
+    *out = (struct tr_rank_info){0, 1, 0, 1, NULL};
+    for (size_t i = 0; i < TR_ARRAY_LEN(sources); i++) {
+        int v[4] = {0, 1, 0, 1}, got[4];
+        for (int k = 0; k < 4; k++)
+            if ((got[k] = env_int(sources[i][k], &v[k])) < 0)
+                return tr_fail(err, "environment: %s=\"%s\" is not a number", sources[i][k],
+                               getenv(sources[i][k]));
+        if (!got[0] && !got[1])
+            continue;
+        if (!got[0] || !got[1] || v[1] < 1 || v[0] >= v[1])
+            return tr_fail(err, "environment: %s=%s and %s=%s do not name a rank of a job; set "
+                           "both, with rank < size", sources[i][0],
+                           getenv(sources[i][0]) ? getenv(sources[i][0]) : "(unset)", sources[i][1],
+                           getenv(sources[i][1]) ? getenv(sources[i][1]) : "(unset)");
+        if (!got[2]) /* no local rank: assume one rank per node */
+            v[2] = 0;
+        if (!got[3])
+            v[3] = got[2] ? v[2] + 1 : 1;
+        *out = (struct tr_rank_info){v[0], v[1], v[2], v[3], sources[i][0]};
+        return TR_OK;
+    }
+    return TR_OK;
+}
+
 /* ---- resolution -------------------------------------------------------- */
 
 static void where_of(struct tr_config *cfg, const char *path, char *buf, size_t size)
@@ -361,6 +408,12 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
         configure_slot(cfg, &cfg->checkpoint, "checkpoint", TR_KIND_CHECKPOINT, "local", def, &cu,
                        err) != TR_OK)
         return TR_ERROR;
+    if (tr_rank_from_env(&cfg->rank, err) != TR_OK)
+        return TR_ERROR;
+    if ((cfg->rank.world > 1 || tr_value_child(root, "comm")) &&
+        configure_slot(cfg, &cfg->comm, "comm", TR_KIND_COMM,
+                       strcmp(cfg->device, "cuda") == 0 ? "nccl" : "tcp", def, NULL, err) != TR_OK)
+        return TR_ERROR;
 
     /* cross-section rules */
     struct tr_train_config *t = &cfg->train;
@@ -384,6 +437,19 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
         return tr_fail(err, "%s: train: micro_batch (%lld) must divide batch (%lld)", where,
                        (long long)t->micro_batch, (long long)t->batch);
     }
+    /* every rank runs the same number of micro-batches of each global batch */
+    int64_t ranks = cfg->rank.world > 1 ? cfg->rank.world
+                    : cfg->parallel.gpus > 0 ? cfg->parallel.gpus : cfg->parallel.procs;
+    if (ranks > 1 && (t->batch / t->micro_batch) % ranks != 0 && !t->auto_micro_batch) {
+        char where[600];
+        where_of(cfg, "train.batch", where, sizeof where);
+        return tr_fail(err, "%s: train: batch %lld is %lld micro-batches of %lld, which %lld ranks "
+                       "cannot share evenly; make batch / micro_batch a multiple of %lld (e.g. "
+                       "micro_batch = %lld)", where, (long long)t->batch,
+                       (long long)(t->batch / t->micro_batch), (long long)t->micro_batch,
+                       (long long)ranks, (long long)ranks,
+                       t->batch % ranks == 0 ? (long long)(t->batch / ranks) : 1LL);
+    }
     return TR_OK;
 }
 
@@ -397,8 +463,12 @@ int tr_config_create_slot(struct tr_config *cfg, struct tr_slot *slot, uint32_t 
         .recipe_dir = recipe_dir,
         .seq_len = seq_len,
         .seed = (uint64_t)cfg->train.seed,
-        .rank = 0,
-        .world = 1,
+        .rank = cfg->rank.rank,
+        .world = cfg->rank.world,
+        .local_rank = cfg->rank.local_rank,
+        .local_world = cfg->rank.local_world,
+        .device = cfg->device,
+        .device_stream = cfg->device_stream,
     };
     const struct tr_plugin_info *info = slot->plugin->info;
     int rc = info->create(tr_host_services(), slot->config, &args, &slot->self, err);
@@ -426,9 +496,12 @@ int tr_config_create_plugins(struct tr_config *cfg, uint32_t seq_len, tr_err *er
 
 void tr_config_free(struct tr_config *cfg)
 {
-    struct tr_slot *slots[] = {&cfg->precision, &cfg->data, &cfg->schedule, &cfg->checkpoint};
+    struct tr_slot *slots[] = {&cfg->precision, &cfg->data, &cfg->schedule, &cfg->checkpoint,
+                               &cfg->comm};
     for (size_t i = 0; i < TR_ARRAY_LEN(slots); i++) {
         struct tr_slot *s = slots[i];
+        if (!s->plugin)
+            continue;
         if (s->plugin && s->self && s->plugin->info->destroy)
             s->plugin->info->destroy(s->self);
         free(s->config);

@@ -48,6 +48,16 @@ struct tr_parallel_config {
     int zero;         /* ZeRO-1: each rank keeps 1/world of the optimizer state */
 };
 
+/* This process among the ranks of a data-parallel job (1 of 1 alone). */
+struct tr_rank_info {
+    int rank, world, local_rank, local_world;
+    const char *source; /* the environment it came from: "TRAINRUN_RANK", "SLURM_PROCID", ... */
+};
+
+/* Read rank and world size from trainrun's launcher, Slurm or Open MPI, in
+ * that order; alone when none is set. */
+int tr_rank_from_env(struct tr_rank_info *out, tr_err *err);
+
 struct tr_slot {
     const char *key;            /* "data" */
     enum tr_plugin_kind kind;
@@ -66,7 +76,10 @@ struct tr_config {
     struct tr_early_stop_config early_stop;
     struct tr_cost_config cost;
     struct tr_parallel_config parallel;
+    struct tr_rank_info rank;
     struct tr_slot precision, data, schedule, checkpoint;
+    struct tr_slot comm;        /* configured when world > 1 or the recipe names one */
+    void *device_stream;        /* the backend's stream, for the comm plugin */
     struct tr_plugin_path plugin_path;
     char **overrides; /* as given on the command line (checkpoints record them) */
     int n_overrides;
@@ -86,7 +99,8 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
 /* Create one slot's plugin instance; errors name the recipe line that chose it. */
 int tr_config_create_slot(struct tr_config *cfg, struct tr_slot *slot, uint32_t seq_len,
                           tr_err *err);
-/* Create every plugin instance (data with the model's sequence length). */
+/* Create every plugin instance (data with the model's sequence length);
+ * the comm slot is created by the run once its backend is open. */
 int tr_config_create_plugins(struct tr_config *cfg, uint32_t seq_len, tr_err *err);
 void tr_config_free(struct tr_config *cfg);
 

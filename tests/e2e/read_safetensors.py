@@ -51,5 +51,21 @@ def main(fp32_path, bf16_path, fp16_path):
     print(f"read {len(ref)} tensors in fp32, bf16 and fp16: consistent")
 
 
+def close(a_path, b_path, tolerance):
+    """Same tensors, every value within `tolerance` (absolute)."""
+    a, b = read(a_path), read(b_path)
+    assert set(a) == set(b), "tensor names differ"
+    worst = 0.0
+    for name, (_, shape, values) in a.items():
+        assert b[name][1] == shape, f"{name}: shapes differ"
+        for x, y in zip(values, b[name][2]):
+            worst = max(worst, abs(x - y))
+    assert worst <= float(tolerance), f"largest difference {worst:.3g} > {tolerance}"
+    print(f"{len(a)} tensors agree: largest difference {worst:.3g} <= {tolerance}")
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    if sys.argv[1] == "close":
+        close(*sys.argv[2:5])
+    else:
+        main(*sys.argv[1:4])

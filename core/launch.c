@@ -1,0 +1,159 @@
+#include "launch.h"
+
+#include "run.h"
+#include "util.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Seconds the other ranks get to stop after one died, before SIGKILL. */
+#define GRACE_SECONDS 10
+
+static pid_t *children;
+static int n_children;
+static volatile sig_atomic_t forwarded;
+
+static void forward(int sig)
+{
+    forwarded = sig;
+    for (int i = 0; i < n_children; i++)
+        if (children[i] > 0)
+            kill(children[i], sig);
+}
+
+/* A free port on this machine for rank 0's rendezvous. */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sin;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&sin, sizeof sin) == 0 &&
+        getsockname(fd, (struct sockaddr *)&sin, &len) == 0)
+        port = ntohs(sin.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+static void describe_status(int status, char *buf, size_t size)
+{
+    if (WIFSIGNALED(status))
+        snprintf(buf, size, "was killed by signal %d (%s)", WTERMSIG(status),
+                 strsignal(WTERMSIG(status)));
+    else
+        snprintf(buf, size, "exited with code %d", WEXITSTATUS(status));
+}
+
+int tr_launch(int ranks, char *const *argv)
+{
+    char master[64];
+    const char *given = getenv("TRAINRUN_MASTER");
+    if (given && *given) {
+        snprintf(master, sizeof master, "%s", given);
+    } else {
+        int port = free_port();
+        if (port < 0) {
+            tr_log(TR_LOG_ERROR, "launch", "cannot find a free local port for the ranks to meet "
+                   "on (%s); set TRAINRUN_MASTER=127.0.0.1:<port>", strerror(errno));
+            return TR_EXIT_ERROR;
+        }
+        snprintf(master, sizeof master, "127.0.0.1:%d", port);
+    }
+    children = tr_xcalloc((size_t)ranks, sizeof *children);
+    n_children = ranks;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = forward;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+
+    fflush(NULL);
+    for (int i = 0; i < ranks; i++) {
+        pid_t pid = fork();
+        if (pid < 0) {
+            tr_log(TR_LOG_ERROR, "launch", "cannot start rank %d: %s", i, strerror(errno));
+            forward(SIGKILL);
+            break;
+        }
+        if (pid == 0) {
+            char v[32];
+            snprintf(v, sizeof v, "%d", i);
+            setenv("TRAINRUN_RANK", v, 1);
+            setenv("TRAINRUN_LOCAL_RANK", v, 1);
+            snprintf(v, sizeof v, "%d", ranks);
+            setenv("TRAINRUN_WORLD_SIZE", v, 1);
+            setenv("TRAINRUN_LOCAL_WORLD_SIZE", v, 1);
+            setenv("TRAINRUN_MASTER", master, 1);
+            execv("/proc/self/exe", argv);
+            fprintf(stderr, "trainrun: error: rank %d: cannot start %s: %s\n", i, argv[0],
+                    strerror(errno));
+            _exit(TR_EXIT_ERROR);
+        }
+        children[i] = pid;
+    }
+    tr_log(TR_LOG_INFO, "launch", "%d ranks on this machine, meeting at %s", ranks, master);
+
+    int failed = 0, preempted = 0, left = 0;
+    for (int i = 0; i < ranks; i++)
+        left += children[i] > 0;
+    time_t kill_at = 0;
+    while (left > 0) {
+        int status;
+        pid_t pid = waitpid(-1, &status, kill_at ? WNOHANG : 0);
+        if (pid < 0 && errno == EINTR)
+            continue;
+        if (pid < 0)
+            break;
+        if (pid == 0) { /* stopping the others after a death: escalate when they linger */
+            if (time(NULL) >= kill_at) {
+                tr_log(TR_LOG_WARN, "launch", "ranks still running %d s after the failure: "
+                       "killing them", GRACE_SECONDS);
+                forward(SIGKILL);
+                kill_at = time(NULL) + 3600;
+            }
+            usleep(100 * 1000);
+            continue;
+        }
+        int rank = -1;
+        for (int i = 0; i < ranks; i++)
+            if (children[i] == pid)
+                rank = i;
+        if (rank < 0)
+            continue;
+        children[rank] = -1;
+        left--;
+        int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        if (code == TR_EXIT_OK)
+            continue;
+        if (code == TR_EXIT_PREEMPTED) {
+            preempted = 1;
+            continue;
+        }
+        if (!failed) {
+            char how[96];
+            describe_status(status, how, sizeof how);
+            tr_log(TR_LOG_ERROR, "launch", "rank %d %s; stopping the job (%d other rank%s)", rank,
+                   how, left, left == 1 ? "" : "s");
+            failed = 1;
+            forward(SIGTERM);
+            kill_at = time(NULL) + GRACE_SECONDS;
+        }
+    }
+    free(children);
+    children = NULL;
+    n_children = 0;
+    if (failed)
+        return TR_EXIT_ERROR;
+    return preempted ? TR_EXIT_PREEMPTED : TR_EXIT_OK;
+}

@@ -1,0 +1,88 @@
+#!/bin/sh
+# Data parallelism on this machine: `procs=2` starts two ranks that meet over
+# TCP.  Checks that
+#   - 2 ranks train to the same weights as 1 process on the same global batch
+#     (to fp32 rounding: the gradient sums are added in another order);
+#   - a 2-rank job killed with SIGKILL and resumed ends bit-identical to one
+#     never interrupted; SIGTERM makes it save and exit 75;
+#   - a checkpoint from 2 ranks resumes in 1 process (another world size);
+#   - a rank that dies ends the whole job promptly, naming the rank;
+#   - a batch the ranks cannot share is refused with the fix.
+. "$(dirname "$0")/lib.sh"
+R="$TR_SRCDIR/tests/config/tiny.lua"
+READ="$TR_SRCDIR/tests/e2e/read_safetensors.py"
+set -- train.steps=40 train.batch=8 train.micro_batch=2 checkpoint.every=5 train.log_every=1
+weights() { echo "$1/checkpoints/$(cat "$1/checkpoints/LATEST")/model.safetensors"; }
+# steps logged so far (0 before the metrics file exists)
+logged() { n=$(grep -c '"loss"' "$1/metrics.jsonl" 2>/dev/null) || true; echo "${n:-0}"; }
+
+"$TRAINRUN" "$R" "$@" run_dir=one --quiet
+"$TRAINRUN" "$R" "$@" run_dir=two procs=2 --quiet
+python3 "$READ" close "$(weights one)" "$(weights two)" 1e-5 ||
+  fail "2 ranks and 1 process trained to different weights"
+[ "$(grep -c '"loss"' two/metrics.jsonl)" -eq 40 ] || fail "rank 0 should log every step once"
+
+# SIGKILL of the whole job (launcher and both ranks), then resume
+"$TRAINRUN" "$R" "$@" run_dir=killed procs=2 > killed.log 2>&1 &
+pid=$!
+while [ "$(logged killed)" -lt 17 ]; do
+  kill -0 $pid 2>/dev/null || break
+  sleep 0.01
+done
+pkill -KILL -P $pid 2>/dev/null || true
+kill -KILL $pid 2>/dev/null || true
+wait $pid 2>/dev/null || true
+[ -f killed/checkpoints/LATEST ] || fail "no checkpoint before the kill"
+"$TRAINRUN" "$R" "$@" run_dir=killed procs=2 --resume auto --quiet
+cmp "$(weights two)" "$(weights killed)" || fail "2 ranks killed and resumed: weights differ"
+
+# SIGTERM: the ranks agree to stop after the same step, rank 0 saves, exit 75
+"$TRAINRUN" "$R" "$@" train.steps=400 run_dir=term procs=2 > term.log 2>&1 &
+pid=$!
+while [ "$(logged term)" -lt 8 ]; do
+  kill -0 $pid 2>/dev/null || break
+  sleep 0.01
+done
+kill -TERM $pid
+set +e
+wait $pid
+code=$?
+set -e
+[ $code -eq 75 ] || { cat term.log; fail "SIGTERM: exit code $code, expected 75"; }
+grep -q "checkpoint of step" term.log || fail "SIGTERM: no preemption checkpoint reported"
+
+# another world size: resume the 2-rank checkpoint in one process
+cp -r two mixed
+rm -rf mixed/checkpoints/step-0000000040 mixed/checkpoints/step-0000000035
+echo step-0000000030 > mixed/checkpoints/LATEST
+"$TRAINRUN" "$R" "$@" run_dir=mixed --resume auto --quiet 2> mixed.log
+grep -q "resumed from checkpoint step-0000000030" mixed.log || { cat mixed.log; fail "no resume at step 30"; }
+python3 "$READ" close "$(weights two)" "$(weights mixed)" 1e-5 ||
+  fail "resuming 2 ranks' checkpoint in 1 process changed the result"
+
+# a rank dies: the job ends within seconds and names it
+"$TRAINRUN" "$R" "$@" train.steps=100000 run_dir=dies procs=2 > dies.log 2>&1 &
+pid=$!
+while [ "$(logged dies)" -lt 3 ]; do
+  kill -0 $pid 2>/dev/null || break
+  sleep 0.01
+done
+rank1=$(pgrep -P $pid | tail -n 1)
+kill -KILL "$rank1"
+t0=$(date +%s)
+set +e
+wait $pid
+code=$?
+set -e
+took=$(( $(date +%s) - t0 ))
+[ $code -eq 1 ] || { cat dies.log; fail "a dead rank: exit code $code, expected 1"; }
+[ $took -le 15 ] || fail "a dead rank: the job took ${took}s to end"
+grep -q "rank 1 was killed by signal 9" dies.log || { cat dies.log; fail "the launcher did not name rank 1"; }
+echo "parallel: a dead rank ended the job in ${took}s: $(grep 'launch' dies.log | tail -n 1)"
+
+# the ranks cannot share 3 micro-batches
+if "$TRAINRUN" "$R" train.batch=6 train.micro_batch=2 procs=2 run_dir=odd 2> odd.log; then
+  fail "a batch of 3 micro-batches for 2 ranks was accepted"
+fi
+grep -q "cannot share evenly" odd.log || { cat odd.log; fail "unclear message for an unshareable batch"; }
+echo "parallel: ok"
