@@ -3,11 +3,15 @@
 #include <string.h>
 
 int tr_optimizer_init(struct tr_optimizer *o, const struct tr_optimizer_config *cfg,
-                      const struct tr_graph *g, const struct tr_backend *be, tr_err *err)
+                      const struct tr_graph *g, const struct tr_backend *be, size_t begin,
+                      size_t end, tr_err *err)
 {
+    (void)g;
     memset(o, 0, sizeof *o);
     o->cfg = cfg;
-    size_t bytes = g->n_params * sizeof(float);
+    o->begin = begin;
+    o->end = end;
+    size_t bytes = (end - begin) * sizeof(float);
     o->m = be->iface->alloc(be->context, bytes);
     if (strcmp(cfg->type, "adamw") == 0)
         o->v = be->iface->alloc(be->context, bytes);
@@ -20,20 +24,26 @@ void tr_optimizer_step(struct tr_optimizer *o, struct tr_graph *g, const struct 
                        double grad_scale, double lr)
 {
     const struct tr_optimizer_config *c = o->cfg;
-    size_t nd = g->n_decay, rest = g->n_params - g->n_decay;
     o->applied++;
-    if (o->v) {
-        struct tr_adamw_args a = {(float)lr, (float)c->beta1, (float)c->beta2, (float)c->eps,
-                                  (float)c->weight_decay, (float)grad_scale, o->applied};
-        be->iface->adamw(be->context, g->params, g->grads, o->m, o->v, nd, &a);
-        a.weight_decay = 0;
-        be->iface->adamw(be->context, g->params + nd, g->grads + nd, o->m + nd, o->v + nd, rest, &a);
-    } else {
-        struct tr_sgd_args a = {(float)lr, (float)c->momentum, (float)c->weight_decay,
-                                (float)grad_scale};
-        be->iface->sgd(be->context, g->params, g->grads, o->m, nd, &a);
-        a.weight_decay = 0;
-        be->iface->sgd(be->context, g->params + nd, g->grads + nd, o->m + nd, rest, &a);
+    /* two runs: [begin, end) within the decayed tensors, then within the rest */
+    size_t nd = g->n_decay;
+    size_t runs[2][2] = {{o->begin, o->end < nd ? o->end : nd},
+                         {o->begin > nd ? o->begin : nd, o->end}};
+    for (int k = 0; k < 2; k++) {
+        size_t b = runs[k][0], e = runs[k][1];
+        if (b >= e)
+            continue;
+        float *p = g->params + b, *m = o->m + (b - o->begin);
+        const float *grad = g->grads + b;
+        double wd = k == 0 ? c->weight_decay : 0;
+        if (o->v) {
+            struct tr_adamw_args a = {(float)lr, (float)c->beta1, (float)c->beta2, (float)c->eps,
+                                      (float)wd, (float)grad_scale, o->applied};
+            be->iface->adamw(be->context, p, grad, m, o->v + (b - o->begin), e - b, &a);
+        } else {
+            struct tr_sgd_args a = {(float)lr, (float)c->momentum, (float)wd, (float)grad_scale};
+            be->iface->sgd(be->context, p, grad, m, e - b, &a);
+        }
     }
 }
 

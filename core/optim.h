@@ -11,11 +11,18 @@ struct tr_optimizer {
     const struct tr_optimizer_config *cfg;
     float *m, *v;     /* AdamW moments, or SGD momentum in m; backend memory */
     int64_t applied;  /* updates applied so far (AdamW bias correction) */
+    /* the part of the flat parameter buffer this optimizer updates and keeps
+     * state for: all of it, or one rank's shard under ZeRO-1 (m[0] is the
+     * state of parameter `begin`) */
+    size_t begin, end;
 };
 
+/* State for parameters [begin, end) of g's flat buffer. */
 int tr_optimizer_init(struct tr_optimizer *o, const struct tr_optimizer_config *cfg,
-                      const struct tr_graph *g, const struct tr_backend *be, tr_err *err);
-/* grad_scale multiplies every gradient first (loss-scale undo and clipping). */
+                      const struct tr_graph *g, const struct tr_backend *be, size_t begin,
+                      size_t end, tr_err *err);
+/* Update parameters [begin, end); grad_scale multiplies every gradient
+ * first (loss-scale undo and clipping). */
 void tr_optimizer_step(struct tr_optimizer *o, struct tr_graph *g, const struct tr_backend *be,
                        double grad_scale, double lr);
 void tr_optimizer_free(struct tr_optimizer *o, const struct tr_backend *be);

@@ -72,6 +72,7 @@ struct run {
     struct tr_comm *comm;
     double t_comm;           /* waiting for gradients and agreements from other ranks */
     int agreed_stop;         /* the ranks agreed to stop (a signal reached one of them) */
+    float *resume_full[2];   /* ZeRO-1 resume on rank 0: the full moments read */
 };
 
 /* A stop was requested: alone, as soon as a signal arrives; with other
@@ -154,13 +155,91 @@ static int restore_state(struct run *r, const struct tr_run_state *st, tr_err *e
     return TR_OK;
 }
 
+/* ---- ZeRO-1: optimizer state sharded across ranks ----------------------- */
+
+static int sharded(const struct run *r) { return r->opt.end - r->opt.begin < r->g->n_params; }
+
+/* Rank q's shard of the flat parameter buffer: equal parts, the last shorter. */
+static void shard_of(const struct run *r, int q, size_t *begin, size_t *end)
+{
+    size_t n = r->g->n_params, per = (n + (size_t)r->world - 1) / (size_t)r->world;
+    *begin = (size_t)q * per < n ? (size_t)q * per : n;
+    *end = *begin + per < n ? *begin + per : n;
+}
+
+/* Device-to-device through the host: only at checkpoint and resume time. */
+static void copy_on_device(struct run *r, float *dst, const float *src, size_t floats)
+{
+    const struct tr_backend_iface *bi = r->be.iface;
+    float *host = tr_alloc(floats * sizeof(float));
+    bi->download(r->be.context, host, src, floats * sizeof(float));
+    bi->upload(r->be.context, dst, host, floats * sizeof(float));
+    tr_free(host);
+}
+
+/* After each rank updated its shard: every rank gets every shard. */
+static int share_updated_params(struct run *r, tr_err *err)
+{
+    for (int q = 0; q < r->world; q++) {
+        size_t b, e;
+        shard_of(r, q, &b, &e);
+        if (e > b && tr_comm_broadcast(r->comm, r->g->params + b, (e - b) * sizeof(float), q,
+                                       err) != TR_OK)
+            return TR_ERROR;
+    }
+    return TR_OK;
+}
+
+/* Moments of all shards in one full-size buffer on rank 0 (to save them);
+ * the other ranks send theirs.  full: n floats on rank 0, unused elsewhere. */
+static int gather_moments(struct run *r, const float *mine, float *full, tr_err *err)
+{
+    size_t per = r->opt.end - r->opt.begin;
+    float *scratch = r->rank == 0 ? NULL : r->be.iface->alloc(r->be.context, (per ? per : 1) * 4 + 64);
+    int rc = TR_OK;
+    for (int q = 0; q < r->world && rc == TR_OK; q++) {
+        size_t b, e;
+        shard_of(r, q, &b, &e);
+        if (e == b)
+            continue;
+        float *buf = r->rank == q ? (float *)mine : r->rank == 0 ? full + b : scratch;
+        rc = tr_comm_broadcast(r->comm, buf, (e - b) * sizeof(float), q, err);
+        if (rc == TR_OK && q == 0 && r->rank == 0)
+            copy_on_device(r, full + b, mine, e - b);
+    }
+    if (scratch)
+        r->be.iface->free(r->be.context, scratch);
+    return rc;
+}
+
 static int save(struct run *r, uint64_t loader_position, tr_err *err)
 {
+    float *m = r->opt.m, *v = r->opt.v;
+    if (r->comm && sharded(r)) { /* every rank takes part in gathering the state */
+        size_t bytes = r->rank == 0 ? r->g->n_params * sizeof(float) : 64;
+        m = r->be.iface->alloc(r->be.context, bytes);
+        v = r->opt.v ? r->be.iface->alloc(r->be.context, bytes) : NULL;
+        int rc = m && (v || !r->opt.v) ? TR_OK
+                                       : tr_fail(err, "out of memory gathering the optimizer state");
+        if (rc == TR_OK)
+            rc = gather_moments(r, r->opt.m, m, err);
+        if (rc == TR_OK && v)
+            rc = gather_moments(r, r->opt.v, v, err);
+        if (rc == TR_OK && r->ckpt) {
+            struct tr_run_state st;
+            capture_state(r, loader_position, &st);
+            rc = tr_checkpointer_save(r->ckpt, r->g->params, m, v, &st, err);
+        }
+        r->be.iface->free(r->be.context, m);
+        if (v)
+            r->be.iface->free(r->be.context, v);
+        return rc;
+    }
     if (!r->ckpt) /* ranks other than 0 hold the same state and do not write it */
         return TR_OK;
     struct tr_run_state st;
     capture_state(r, loader_position, &st);
-    return tr_checkpointer_save(r->ckpt, r->g->params, r->opt.m, r->opt.v, &st, err);
+    return tr_checkpointer_save(r->ckpt, r->g->params, m, v, &st, err);
 }
 
 /* ---- one step ----------------------------------------------------------- */
@@ -449,9 +528,17 @@ static int setup(struct run *r, tr_err *err)
     }
 
     int adam = strcmp(cfg->optimizer.type, "adamw") == 0;
-    if (tr_graph_plan(r->g, &r->be, adam ? 2 : 1, err) != TR_OK ||
-        tr_optimizer_init(&r->opt, &cfg->optimizer, r->g, &r->be, err) != TR_OK)
+    if (tr_graph_plan(r->g, &r->be, adam ? 2 : 1, err) != TR_OK)
         return TR_ERROR;
+    size_t begin = 0, end = r->g->n_params;
+    if (cfg->parallel.zero && r->world > 1) /* ZeRO-1: this rank's shard of the state */
+        shard_of(r, r->rank, &begin, &end);
+    if (tr_optimizer_init(&r->opt, &cfg->optimizer, r->g, &r->be, begin, end, err) != TR_OK)
+        return TR_ERROR;
+    r->g->memory.optimizer = (size_t)(adam ? 2 : 1) * (end - begin) * sizeof(float);
+    if (end - begin < r->g->n_params && r->rank == 0)
+        tr_log(TR_LOG_INFO, NULL, "optimizer state sharded: rank 0 keeps %zu of %zu parameters' "
+               "state (parallel.zero)", end - begin, r->g->n_params);
     if (r->comm && tr_comm_plan_buckets(r->comm, r->g,
                                         (size_t)(cfg->parallel.bucket_mb * 1024 * 1024), err) != TR_OK)
         return TR_ERROR;
@@ -513,6 +600,9 @@ static void teardown(struct run *r)
     tr_topo_close(r->topo);
     tr_trace_close(r->trace);
     if (r->be.iface) {
+        for (int k = 0; k < 2; k++)
+            if (r->resume_full[k])
+                r->be.iface->free(r->be.context, r->resume_full[k]);
         tr_optimizer_free(&r->opt, &r->be);
         tr_graph_free(r->g, &r->be);
         tr_backend_close(&r->be);
@@ -584,10 +674,30 @@ static int share_resume(struct run *r, int *rc, struct tr_run_state *st, char *n
     size_t bytes = r->g->n_params * sizeof(float);
     if (tr_comm_broadcast(r->comm, st, sizeof *st, 0, err) != TR_OK ||
         tr_comm_broadcast(r->comm, name, name_size, 0, err) != TR_OK ||
-        tr_comm_broadcast(r->comm, r->g->params, bytes, 0, err) != TR_OK ||
-        tr_comm_broadcast(r->comm, r->opt.m, bytes, 0, err) != TR_OK ||
-        (r->opt.v && tr_comm_broadcast(r->comm, r->opt.v, bytes, 0, err) != TR_OK))
+        tr_comm_broadcast(r->comm, r->g->params, bytes, 0, err) != TR_OK)
         return TR_ERROR;
+    float *moments[2] = {r->opt.m, r->opt.v};
+    for (int k = 0; k < 2; k++) {
+        if (!moments[k])
+            continue;
+        if (!sharded(r)) {
+            if (tr_comm_broadcast(r->comm, moments[k], bytes, 0, err) != TR_OK)
+                return TR_ERROR;
+            continue;
+        }
+        /* rank 0 read the full state (see resume_moments); each rank keeps its shard */
+        float *full = r->rank == 0 ? r->resume_full[k] : r->be.iface->alloc(r->be.context, bytes);
+        if (!full)
+            return tr_fail(err, "out of memory distributing the optimizer state");
+        int rc = tr_comm_broadcast(r->comm, full, bytes, 0, err);
+        if (rc == TR_OK)
+            copy_on_device(r, moments[k], full + r->opt.begin, r->opt.end - r->opt.begin);
+        r->be.iface->free(r->be.context, full);
+        if (r->rank == 0)
+            r->resume_full[k] = NULL;
+        if (rc != TR_OK)
+            return TR_ERROR;
+    }
     return TR_OK;
 }
 
@@ -607,8 +717,18 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
     if (flags->resume) {
         struct tr_run_state st;
         char name[64] = "";
-        int rc = r->ckpt ? tr_checkpointer_resume(r->ckpt, r->g->params, r->opt.m, r->opt.v, &st,
-                                                  name, sizeof name, &err)
+        float *m = r->opt.m, *v = r->opt.v;
+        if (r->ckpt && sharded(r)) { /* the checkpoint holds every shard's state */
+            size_t bytes = r->g->n_params * sizeof(float);
+            m = r->resume_full[0] = r->be.iface->alloc(r->be.context, bytes);
+            v = r->resume_full[1] = r->opt.v ? r->be.iface->alloc(r->be.context, bytes) : NULL;
+            if (!m || (r->opt.v && !v)) {
+                tr_fail(&err, "out of memory reading the optimizer state");
+                goto fail;
+            }
+        }
+        int rc = r->ckpt ? tr_checkpointer_resume(r->ckpt, r->g->params, m, v, &st, name,
+                                                  sizeof name, &err)
                          : 0;
         if (r->comm && share_resume(r, &rc, &st, name, sizeof name, &err) != TR_OK)
             goto fail;
@@ -735,6 +855,8 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
             double clip = cfg->optimizer.clip > 0 && grad_norm > cfg->optimizer.clip
                               ? cfg->optimizer.clip / grad_norm : 1.0;
             tr_optimizer_step(&r->opt, r->g, &r->be, clip / scale, lr);
+            if (r->comm && sharded(r) && share_updated_params(r, &err) != TR_OK)
+                goto fail;
         } else {
             r->skipped++;
         }

@@ -134,7 +134,7 @@ Test(pytorch_agreement, loss_gradients_and_ten_adamw_steps, .init = environment)
 
     /* ten AdamW steps on the same batch, constant lr */
     struct tr_optimizer opt;
-    cr_assert_eq(tr_optimizer_init(&opt, &e.cfg.optimizer, g, &e.be, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(tr_optimizer_init(&opt, &e.cfg.optimizer, g, &e.be, 0, g->n_params, &err), TR_OK, "%s", err.msg);
     const float *losses = need(f, "", "adamw_losses")->data;
     for (int step = 0; step < 10; step++) {
         memset(g->grads, 0, g->n_params * sizeof(float));
@@ -207,8 +207,8 @@ Test(accumulation, micro_batches_match_one_big_batch, .init = environment)
     /* and the AdamW update that follows */
     struct tr_optimizer ob, os;
     tr_err err = {{0}};
-    tr_optimizer_init(&ob, &big.cfg.optimizer, big.g, &big.be, &err);
-    tr_optimizer_init(&os, &small.cfg.optimizer, small.g, &small.be, &err);
+    tr_optimizer_init(&ob, &big.cfg.optimizer, big.g, &big.be, 0, big.g->n_params, &err);
+    tr_optimizer_init(&os, &small.cfg.optimizer, small.g, &small.be, 0, small.g->n_params, &err);
     tr_optimizer_step(&ob, big.g, &big.be, 1.0, 1e-2);
     tr_optimizer_step(&os, small.g, &small.be, 1.0, 1e-2);
     error = tensor_error(small.g->params, big.g->params, big.g->n_params, 0, big.g->n_params);

@@ -5,6 +5,7 @@
 #     (to fp32 rounding: the gradient sums are added in another order);
 #   - a 2-rank job killed with SIGKILL and resumed ends bit-identical to one
 #     never interrupted; SIGTERM makes it save and exit 75;
+#   - ZeRO-1 (parallel.zero) trains the same and resumes exactly;
 #   - a checkpoint from 2 ranks resumes in 1 process (another world size);
 #   - a rank that dies ends the whole job promptly, naming the rank;
 #   - a batch the ranks cannot share is refused with the fix.
@@ -21,6 +22,21 @@ logged() { n=$(grep -c '"loss"' "$1/metrics.jsonl" 2>/dev/null) || true; echo "$
 python3 "$READ" close "$(weights one)" "$(weights two)" 1e-5 ||
   fail "2 ranks and 1 process trained to different weights"
 [ "$(grep -c '"loss"' two/metrics.jsonl)" -eq 40 ] || fail "rank 0 should log every step once"
+
+# ZeRO-1: each rank keeps and updates half of the optimizer state; the same
+# training, a whole state in the checkpoint, and an exact sharded resume
+"$TRAINRUN" "$R" "$@" run_dir=zero procs=2 parallel.zero=true 2> zero.log
+grep -q "optimizer state sharded: rank 0 keeps" zero.log || { cat zero.log; fail "ZeRO-1 not in effect"; }
+python3 "$READ" close "$(weights one)" "$(weights zero)" 1e-5 || fail "ZeRO-1 changed the weights"
+for f in optimizer optimizer2; do
+  python3 "$READ" close "$(dirname "$(weights one)")/$f.safetensors" \
+    "$(dirname "$(weights zero)")/$f.safetensors" 1e-5 || fail "ZeRO-1 saved another $f state"
+done
+cp -r zero zero-resumed
+rm -rf zero-resumed/checkpoints/step-0000000040 zero-resumed/checkpoints/step-0000000035
+echo step-0000000030 > zero-resumed/checkpoints/LATEST
+"$TRAINRUN" "$R" "$@" run_dir=zero-resumed procs=2 parallel.zero=true --resume auto --quiet
+cmp "$(weights zero)" "$(weights zero-resumed)" || fail "ZeRO-1 resumed: weights differ"
 
 # SIGKILL of the whole job (launcher and both ranks), then resume
 "$TRAINRUN" "$R" "$@" run_dir=killed procs=2 > killed.log 2>&1 &
