@@ -232,8 +232,10 @@ static int check_node(struct tr_graph *g, struct tr_node *n, tr_err *err)
         s[2] = C;
         if (expect_shape(g, n, s, 3, err) != TR_OK)
             return TR_ERROR;
-        int64_t att[4] = {in[0]->shape[0], n->heads, in[0]->shape[1], in[0]->shape[1]};
-        add_aux(g, n, "att", 4, att);
+        /* log-sum-exp of each query row's scaled causal scores: the
+         * backward recomputes the probabilities from q, k and it */
+        int64_t lse[3] = {in[0]->shape[0], n->heads, in[0]->shape[1]};
+        add_aux(g, n, "lse", 3, lse);
         return TR_OK;
     }
     case TR_OP_CROSS_ENTROPY: {

@@ -780,7 +780,7 @@ Test(layernorm, forward_backward)
 typedef struct {
     double *qkv;
     int B, T, C, NH;
-    double *att; /* optional output */
+    double *lse; /* optional output: log-sum-exp of each scaled score row */
 } attention_ctx;
 
 static void ref_attention(const void *vctx, double *out)
@@ -809,17 +809,14 @@ static void ref_attention(const void *vctx, double *out)
                 }
                 for (int s = 0; s <= t; s++)
                     p[s] /= sum;
+                if (c->lse)
+                    c->lse[((size_t)b * NH + h) * T + t] = max + log(sum);
                 double *o = out + ((size_t)b * T + t) * C + h * hs;
                 for (int d = 0; d < hs; d++) {
                     double acc = 0.0;
                     for (int s = 0; s <= t; s++)
                         acc += p[s] * c->qkv[((size_t)b * T + s) * 3 * C + 2 * C + h * hs + d];
                     o[d] = acc;
-                }
-                if (c->att) {
-                    double *row = c->att + (((size_t)b * NH + h) * T + t) * T;
-                    for (int s = 0; s < T; s++)
-                        row[s] = s <= t ? p[s] : 0.0;
                 }
             }
     free(p);
@@ -828,43 +825,44 @@ static void ref_attention(const void *vctx, double *out)
 static void check_attention(rng_t *rng, int B, int T, int C, int NH)
 {
     size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C;
-    size_t n_att = (size_t)B * NH * T * T;
+    size_t n_lse = (size_t)B * NH * T;
     float *qkv = random_fvec(rng, n_qkv, -1.5, 1.5);
     float *R = random_fvec(rng, n_out, -1, 1);
-    attention_ctx ctx = {to_double(qkv, n_qkv), B, T, C, NH, dvec(n_att)};
+    attention_ctx ctx = {to_double(qkv, n_qkv), B, T, C, NH, dvec(n_lse)};
     double *Rd = to_double(R, n_out), *want = dvec(n_out);
-    float *out = fvec(n_out), *att = fvec(n_att);
+    float *out = fvec(n_out), *lse = fvec(n_lse);
     fill_f(out, n_out, NAN);
-    fill_f(att, n_att, NAN); /* the masked half must be written too */
-    tr_cpu_attention_forward(out, att, qkv, B, T, C, NH);
+    fill_f(lse, n_lse, NAN); /* every row must be written */
+    tr_cpu_attention_forward(out, lse, qkv, B, T, C, NH);
     ref_attention(&ctx, want);
     expect_close("attention forward", out, want, n_out, FWD_TOL);
-    expect_close("attention probabilities", att, ctx.att, n_att, FWD_TOL);
-    free(ctx.att);
-    ctx.att = NULL;
+    expect_close("attention log-sum-exp", lse, ctx.lse, n_lse, FWD_TOL);
+    free(ctx.lse);
+    ctx.lse = NULL;
 
     size_t n_scratch = tr_cpu_attention_scratch_floats(B, T, C, NH);
     float *scratch = fvec(n_scratch);
     fill_f(scratch, n_scratch, NAN); /* scratch content must not matter */
     float *dqkv = fvec(n_qkv);
-    tr_cpu_attention_backward(dqkv, scratch, R, qkv, att, B, T, C, NH);
+    tr_cpu_attention_backward(dqkv, scratch, R, out, qkv, lse, B, T, C, NH);
     check_gradient("attention dqkv", dqkv, ref_attention, &ctx, ctx.qkv, n_qkv, Rd, n_out);
 
     float *pre = random_fvec(rng, n_qkv, -1, 1), *acc = copy_fvec(pre, n_qkv);
-    tr_cpu_attention_backward(acc, scratch, R, qkv, att, B, T, C, NH);
+    tr_cpu_attention_backward(acc, scratch, R, out, qkv, lse, B, T, C, NH);
     expect_accumulated("attention dqkv accumulates", acc, pre, dqkv, n_qkv);
-    tr_cpu_attention_backward(NULL, scratch, R, qkv, att, B, T, C, NH);
+    tr_cpu_attention_backward(NULL, scratch, R, out, qkv, lse, B, T, C, NH);
 
-    free(qkv), free(R), free(ctx.qkv), free(Rd), free(want), free(out), free(att);
+    free(qkv), free(R), free(ctx.qkv), free(Rd), free(want), free(out), free(lse);
     free(scratch), free(dqkv), free(pre), free(acc);
 }
 
 Test(attention, forward_backward)
 {
     rng_t rng = {901};
-    /* B, T, C, NH: T = 1, one head, several heads, and T past one row block */
+    /* B, T, C, NH: T = 1, one head, several heads, T past one block of
+     * queries and keys (64), and past two (several key blocks per query block) */
     const int shapes[][4] = {{1, 1, 8, 2}, {2, 1, 6, 1}, {2, 5, 12, 3}, {1, 9, 16, 4},
-                             {2, 7, 8, 1}, {3, 4, 20, 2}, {1, 67, 4, 2}};
+                             {2, 7, 8, 1}, {3, 4, 20, 2}, {1, 67, 4, 2}, {1, 150, 6, 2}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         check_attention(&rng, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3]);
 }
@@ -1089,7 +1087,7 @@ Test(optim, sum_squares)
 typedef struct {
     float *lin_out, *lin_dinp, *lin_dw, *lin_db;
     float *ln_out, *ln_mean, *ln_rstd, *ln_dinp, *ln_dw, *ln_db;
-    float *att_out, *att_att, *att_dqkv;
+    float *att_out, *att_lse, *att_dqkv;
     float *mm_out, *mm_da, *mm_db;
     float *emb_dtable, *xent_dlogits, xent_loss;
     float *gelu_out, *gelu_dinp;
@@ -1099,7 +1097,7 @@ typedef struct {
 enum {
     LIN_N = 200, LIN_IC = 100, LIN_OC = 300,
     LN_N = 50, LN_C = 200,
-    AT_B = 2, AT_T = 70, AT_C = 32, AT_NH = 4,
+    AT_B = 2, AT_T = 130, AT_C = 32, AT_NH = 4,
     MM_BATCH = 5, MM_M = 20, MM_K = 30, MM_N = 40,
     EMB_V = 10, EMB_N = 300, EMB_C = 100,
     XE_N = 40, XE_V = 500,
@@ -1136,12 +1134,12 @@ static void run_with_threads(const thread_inputs *in, int threads, thread_result
     tr_cpu_layernorm_backward(r->ln_dinp, r->ln_dw, r->ln_db, in->ln_dout, in->ln_inp, in->ln_w,
                               r->ln_mean, r->ln_rstd, LN_N, LN_C);
 
-    r->att_out = fvec(AT_B * AT_T * AT_C), r->att_att = fvec(AT_B * AT_NH * AT_T * AT_T);
+    r->att_out = fvec(AT_B * AT_T * AT_C), r->att_lse = fvec(AT_B * AT_NH * AT_T);
     r->att_dqkv = fvec(AT_B * AT_T * 3 * AT_C);
     float *scratch = fvec(tr_cpu_attention_scratch_floats(AT_B, AT_T, AT_C, AT_NH));
-    tr_cpu_attention_forward(r->att_out, r->att_att, in->att_qkv, AT_B, AT_T, AT_C, AT_NH);
-    tr_cpu_attention_backward(r->att_dqkv, scratch, in->att_dout, in->att_qkv, r->att_att, AT_B,
-                              AT_T, AT_C, AT_NH);
+    tr_cpu_attention_forward(r->att_out, r->att_lse, in->att_qkv, AT_B, AT_T, AT_C, AT_NH);
+    tr_cpu_attention_backward(r->att_dqkv, scratch, in->att_dout, r->att_out, in->att_qkv,
+                              r->att_lse, AT_B, AT_T, AT_C, AT_NH);
     free(scratch);
 
     r->mm_out = fvec(MM_BATCH * MM_M * MM_N), r->mm_da = fvec(MM_BATCH * MM_M * MM_K);
@@ -1181,7 +1179,7 @@ static void expect_same_results(const thread_results *a, const thread_results *b
     expect_bitwise("layernorm dw", a->ln_dw, b->ln_dw, LN_C);
     expect_bitwise("layernorm db", a->ln_db, b->ln_db, LN_C);
     expect_bitwise("attention out", a->att_out, b->att_out, AT_B * AT_T * AT_C);
-    expect_bitwise("attention att", a->att_att, b->att_att, AT_B * AT_NH * AT_T * AT_T);
+    expect_bitwise("attention lse", a->att_lse, b->att_lse, AT_B * AT_NH * AT_T);
     expect_bitwise("attention dqkv", a->att_dqkv, b->att_dqkv, AT_B * AT_T * 3 * AT_C);
     expect_bitwise("matmul out", a->mm_out, b->mm_out, MM_BATCH * MM_M * MM_N);
     expect_bitwise("matmul da", a->mm_da, b->mm_da, MM_BATCH * MM_M * MM_K);
@@ -1199,7 +1197,7 @@ static void free_results(thread_results *r)
 {
     float *all[] = {r->lin_out,  r->lin_dinp, r->lin_dw,    r->lin_db,    r->ln_out,
                     r->ln_mean,  r->ln_rstd,  r->ln_dinp,   r->ln_dw,     r->ln_db,
-                    r->att_out,  r->att_att,  r->att_dqkv,  r->mm_out,    r->mm_da,
+                    r->att_out,  r->att_lse,  r->att_dqkv,  r->mm_out,    r->mm_da,
                     r->mm_db,    r->emb_dtable, r->xent_dlogits, r->gelu_out, r->gelu_dinp};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         free(all[i]);

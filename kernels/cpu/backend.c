@@ -194,7 +194,7 @@ static void cpu_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
         tr_cpu_relu_backward(T(0)->grad, F(T(0)), dout, OUT->numel);
         break;
     case TR_OP_ATTENTION:
-        tr_cpu_attention_backward(T(0)->grad, g->scratch, dout, F(T(0)), AUX(0),
+        tr_cpu_attention_backward(T(0)->grad, g->scratch, dout, F(OUT), F(T(0)), AUX(0),
                                   (int)T(0)->shape[0], (int)T(0)->shape[1],
                                   (int)T(0)->shape[2] / 3, n->heads);
         break;

@@ -187,6 +187,69 @@ static int gelu_use_avx2(void)
 #endif
 }
 
+/* ---- exp of a short row (softmax) ---- */
+
+#ifdef GELU_HAVE_AVX2
+static AVX2 float exp_shifted_avx2(float *x, int n, float shift)
+{
+    __m256 sum = _mm256_setzero_ps(), sh = _mm256_set1_ps(shift);
+    for (int i = 0; i < n; i += GELU_VEC) {
+        __m256 e = exp_poly8(_mm256_sub_ps(_mm256_loadu_ps(x + i), sh));
+        _mm256_storeu_ps(x + i, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    float lanes[GELU_VEC];
+    _mm256_storeu_ps(lanes, sum);
+    return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+           ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+}
+#endif
+
+/* The same sums in the same order as the vector path. */
+static float exp_shifted_portable(float *x, int n, float shift)
+{
+    float lanes[GELU_VEC] = {0};
+    for (int i = 0; i < n; i += GELU_VEC)
+        for (int l = 0; l < GELU_VEC; l++) {
+            x[i + l] = exp_poly(x[i + l] - shift);
+            lanes[l] += x[i + l];
+        }
+    return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+           ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+}
+
+float tr_cpu_exp_shifted(float *x, int n, float shift)
+{
+    int full = n / GELU_VEC * GELU_VEC;
+    float sum = 0.0f;
+    if (full > 0) {
+#ifdef GELU_HAVE_AVX2
+        if (gelu_use_avx2())
+            sum = exp_shifted_avx2(x, full, shift);
+        else
+#endif
+            sum = exp_shifted_portable(x, full, shift);
+    }
+    if (full < n) { /* the tail, padded with -inf-like values that give exp 0 */
+        float tail[GELU_VEC];
+        for (int i = 0; i < GELU_VEC; i++)
+            tail[i] = full + i < n ? x[full + i] : shift + 2.0f * EXP_ARG_MIN;
+        float tail_sum;
+#ifdef GELU_HAVE_AVX2
+        if (gelu_use_avx2())
+            tail_sum = exp_shifted_avx2(tail, GELU_VEC, shift);
+        else
+#endif
+            tail_sum = exp_shifted_portable(tail, GELU_VEC, shift);
+        for (int i = full; i < n; i++)
+            x[i] = tail[i - full];
+        /* the padding's exp is the clamp's 1.6e-38 each: nothing next to
+         * a sum of at least 1 */
+        sum += tail_sum;
+    }
+    return sum;
+}
+
 /* n elements, n a multiple of GELU_VEC */
 static void gelu_forward_blocks(float *out, const float *inp, size_t n, int avx2)
 {

@@ -66,19 +66,23 @@ void tr_cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *d
 void tr_cpu_gelu_forward(float *out, const float *inp, size_t n); /* tanh form */
 void tr_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 void tr_cpu_relu_forward(float *out, const float *inp, size_t n);
+/* x[i] = exp(x[i] - shift) for i < n, returning their sum (softmax rows).
+ * Vectorised like GELU; about 1 ulp; arguments below -87 give ~1e-38, not 0. */
+float tr_cpu_exp_shifted(float *x, int n, float shift);
 void tr_cpu_relu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 
-/* ---- causal multi-head self-attention
+/* ---- causal multi-head self-attention, flash style (no T x T matrix)
  * qkv[B,T,3C] holds q, k, v side by side (each C = NH heads of C/NH);
- * out[B,T,C]; att[B,NH,T,T] keeps the softmax probabilities for backward
- * (row t uses columns 0..t; the rest are left as zero). Scale 1/sqrt(C/NH). */
-void tr_cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+ * out[B,T,C]; lse[B,NH,T] keeps, for backward, the log-sum-exp of each
+ * query row's scaled causal scores (scale 1/sqrt(C/NH)), from which the
+ * backward recomputes the probabilities block by block. */
+void tr_cpu_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
                               int NH);
-/* Backward scratch: one min(T,64) x T slab per (batch, head), so its size does
- * not depend on the thread count; its contents need not be initialised. */
+/* Backward scratch: D = rowsum(dout * out), B*NH*T floats; its contents
+ * need not be initialised. */
 size_t tr_cpu_attention_scratch_floats(int B, int T, int C, int NH);
-void tr_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                               const float *att, int B, int T, int C, int NH);
+void tr_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *out,
+                               const float *qkv, const float *lse, int B, int T, int C, int NH);
 
 /* ---- softmax cross-entropy, mean over rows whose target != ignore_index.
  * Forward writes the mean loss to *loss and the per-row log-sum-exp to lse[N]
