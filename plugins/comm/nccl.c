@@ -1,0 +1,426 @@
+/*
+ * comm = "nccl": collectives among GPU ranks (one process per GPU) over NCCL.
+ *
+ * Rank 0 makes NCCL's unique id and hands it to the others: through
+ * MPI_Bcast when the job runs under Open MPI's mpirun (libmpi is loaded at
+ * run time, so this plugin does not depend on MPI), otherwise through
+ * TRAINRUN_MASTER=host:port or TRAINRUN_RENDEZVOUS_FILE=path
+ * (rendezvous.h).
+ *
+ * Every call is blocking, as the comm ABI says: the collective is queued on
+ * the backend's stream (or this plugin's own when the core gives none) and
+ * the calling thread polls the stream and NCCL's asynchronous error state.
+ * A peer that dies shows up as an NCCL error or, where NCCL cannot see it
+ * (a kernel waiting for data that never comes), as the `timeout` running
+ * out; either way the communicator is aborted and the call fails instead
+ * of hanging.
+ */
+#include <trainrun/plugin.h>
+
+#include "rendezvous.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <dlfcn.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct nccl_config {
+    double timeout;
+    double rendezvous_timeout;
+};
+
+static const struct tr_option nccl_options[] = {
+    {TR_OPT_FLOAT, "timeout", "600", 0, TR_NO_MAX, NULL,
+     "seconds a collective (or setting up the communicator) may take before the communicator "
+     "is aborted and the run stops, so a dead or hung rank cannot stall the others forever; 0 "
+     "waits forever",
+     offsetof(struct nccl_config, timeout)},
+    {TR_OPT_FLOAT, "rendezvous_timeout", "300", 1, TR_NO_MAX, NULL,
+     "seconds ranks wait for rank 0 through TRAINRUN_MASTER or TRAINRUN_RENDEZVOUS_FILE",
+     offsetof(struct nccl_config, rendezvous_timeout)},
+    {.type = TR_OPT_END},
+};
+
+struct nccl_comm {
+    ncclComm_t comm;   /* NULL once aborted */
+    cudaStream_t stream;
+    int own_stream;    /* created here, destroyed here */
+    int device;        /* CUDA device of this rank */
+    int rank, world;
+    float *scratch;    /* one float on the device, for barrier */
+    double timeout;
+    char description[512];
+};
+
+static int cuda_fail(tr_err *err, const char *what, cudaError_t e)
+{
+    return tr_fail(err, "comm nccl: %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+/* Seconds from now until the timeout; +inf when there is none. */
+static double deadline_after(double timeout)
+{
+    return timeout > 0 ? rdv_now() + timeout : HUGE_VAL;
+}
+
+/* Aborting is the only way to release ranks stuck in a collective; the
+ * communicator is gone afterwards and later calls fail at once. */
+static void abort_comm(struct nccl_comm *c)
+{
+    if (c->comm) {
+        ncclCommAbort(c->comm);
+        c->comm = NULL;
+    }
+}
+
+static int nccl_fail(struct nccl_comm *c, tr_err *err, const char *what, ncclResult_t r)
+{
+    const char *detail = ncclGetLastError(c->comm);
+    tr_fail(err, "comm nccl: %s failed on rank %d: %s%s%s (the communicator is aborted; a rank "
+                 "that died or was killed makes its peers fail this way)",
+            what, c->rank, ncclGetErrorString(r), detail && detail[0] ? ": " : "",
+            detail ? detail : "");
+    abort_comm(c);
+    return TR_ERROR;
+}
+
+static int timed_out(struct nccl_comm *c, tr_err *err, const char *what)
+{
+    tr_fail(err,
+            "comm nccl: %s did not complete within %.0f s on rank %d (timeout option): a rank "
+            "died or hangs; NCCL cannot tell which, see the other ranks' logs",
+            what, c->timeout, c->rank);
+    abort_comm(c);
+    return TR_ERROR;
+}
+
+/* A nonblocking communicator may still be working on the last call
+ * (ncclInProgress); wait until that settles. */
+static int settle(struct nccl_comm *c, const char *what, double deadline, tr_err *err)
+{
+    for (;;) {
+        ncclResult_t state = ncclSuccess;
+        ncclResult_t r = ncclCommGetAsyncError(c->comm, &state);
+        if (r != ncclSuccess)
+            return nccl_fail(c, err, what, r);
+        if (state == ncclSuccess)
+            return TR_OK;
+        if (state != ncclInProgress)
+            return nccl_fail(c, err, what, state);
+        if (rdv_now() > deadline)
+            return timed_out(c, err, what);
+        sched_yield();
+    }
+}
+
+/* Blocks until the queued collective is done, watching NCCL's error state. */
+static int finish(struct nccl_comm *c, const char *what, ncclResult_t queued, tr_err *err)
+{
+    double start = rdv_now(), deadline = deadline_after(c->timeout);
+    if (queued != ncclSuccess && queued != ncclInProgress)
+        return nccl_fail(c, err, what, queued);
+    if (settle(c, what, deadline, err) != TR_OK)
+        return TR_ERROR;
+    for (;;) {
+        cudaError_t q = cudaStreamQuery(c->stream);
+        if (q == cudaSuccess)
+            return TR_OK;
+        if (q != cudaErrorNotReady) {
+            cuda_fail(err, what, q);
+            abort_comm(c);
+            return TR_ERROR;
+        }
+        ncclResult_t state = ncclSuccess;
+        ncclResult_t r = ncclCommGetAsyncError(c->comm, &state);
+        if (r != ncclSuccess)
+            return nccl_fail(c, err, what, r);
+        if (state != ncclSuccess && state != ncclInProgress)
+            return nccl_fail(c, err, what, state);
+        double now = rdv_now();
+        if (now > deadline)
+            return timed_out(c, err, what);
+        /* spin for short collectives, then stop burning a core */
+        if (now - start > 0.002)
+            rdv_sleep(20e-6);
+    }
+}
+
+/* The core's communication thread is not the thread that created the
+ * plugin, and the current CUDA device is per thread. */
+static int enter(struct nccl_comm *c, tr_err *err)
+{
+    if (!c->comm)
+        return tr_fail(err, "comm nccl: the communicator was aborted after an earlier error");
+    cudaError_t e = cudaSetDevice(c->device);
+    return e == cudaSuccess ? TR_OK : cuda_fail(err, "cudaSetDevice", e);
+}
+
+static int nccl_allreduce_sum(void *self, float *buf, size_t count, tr_err *err)
+{
+    struct nccl_comm *c = self;
+    if (enter(c, err) != TR_OK)
+        return TR_ERROR;
+    return finish(c, "allreduce",
+                  ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, c->comm, c->stream), err);
+}
+
+static int nccl_broadcast(void *self, void *buf, size_t bytes, int root, tr_err *err)
+{
+    struct nccl_comm *c = self;
+    if (root < 0 || root >= c->world)
+        return tr_fail(err, "comm nccl: broadcast from rank %d, but there are %d ranks", root,
+                       c->world);
+    if (enter(c, err) != TR_OK)
+        return TR_ERROR;
+    return finish(c, "broadcast",
+                  ncclBroadcast(buf, buf, bytes, ncclUint8, root, c->comm, c->stream), err);
+}
+
+static int nccl_barrier(void *self, tr_err *err)
+{
+    struct nccl_comm *c = self;
+    if (enter(c, err) != TR_OK)
+        return TR_ERROR;
+    return finish(c, "barrier",
+                  ncclAllReduce(c->scratch, c->scratch, 1, ncclFloat, ncclSum, c->comm, c->stream),
+                  err);
+}
+
+static int nccl_allgather(void *self, float *buf, size_t count, tr_err *err)
+{
+    struct nccl_comm *c = self;
+    if (enter(c, err) != TR_OK)
+        return TR_ERROR;
+    /* in place: this rank's part already sits at buf + rank*count */
+    return finish(c, "allgather",
+                  ncclAllGather(buf + (size_t)c->rank * count, buf, count, ncclFloat, c->comm,
+                                c->stream),
+                  err);
+}
+
+static const char *nccl_describe(void *self)
+{
+    return ((struct nccl_comm *)self)->description;
+}
+
+/* ---- the unique id through Open MPI, loaded only when the job runs under it ---- */
+
+struct mpi_calls {
+    int (*initialized)(int *);
+    int (*finalized)(int *);
+    int (*init)(int *, char ***);
+    int (*comm_rank)(void *, int *);
+    int (*comm_size)(void *, int *);
+    int (*bcast)(void *, int, void *, int, void *);
+    int (*finalize)(void);
+    void *comm_world, *byte; /* MPI_COMM_WORLD and MPI_BYTE are these symbols' addresses */
+};
+
+/* 1: shared through MPI; 0: not under MPI (use the other routes); TR_ERROR. */
+static int share_via_mpi(ncclUniqueId *id, int rank, int world, char *via, size_t via_cap,
+                         tr_err *err)
+{
+    if (!getenv("OMPI_COMM_WORLD_SIZE"))
+        return 0;
+    void *lib = dlopen("libmpi.so.40", RTLD_NOW | RTLD_GLOBAL);
+    if (!lib)
+        lib = dlopen("libmpi.so", RTLD_NOW | RTLD_GLOBAL);
+    if (!lib)
+        return 0;
+    struct mpi_calls m;
+    *(void **)&m.initialized = dlsym(lib, "MPI_Initialized");
+    *(void **)&m.finalized = dlsym(lib, "MPI_Finalized");
+    *(void **)&m.init = dlsym(lib, "MPI_Init");
+    *(void **)&m.comm_rank = dlsym(lib, "MPI_Comm_rank");
+    *(void **)&m.comm_size = dlsym(lib, "MPI_Comm_size");
+    *(void **)&m.bcast = dlsym(lib, "MPI_Bcast");
+    *(void **)&m.finalize = dlsym(lib, "MPI_Finalize");
+    m.comm_world = dlsym(lib, "ompi_mpi_comm_world");
+    m.byte = dlsym(lib, "ompi_mpi_byte");
+    if (!m.initialized || !m.finalized || !m.init || !m.comm_rank || !m.comm_size || !m.bcast ||
+        !m.finalize || !m.comm_world || !m.byte)
+        return 0; /* not Open MPI: fall back to TRAINRUN_MASTER / the file */
+    int inited = 0, finalized = 0;
+    m.initialized(&inited);
+    m.finalized(&finalized);
+    if (finalized)
+        return 0;
+    if (!inited && m.init(NULL, NULL) != 0)
+        return tr_fail(err, "comm nccl: MPI_Init failed; set TRAINRUN_MASTER or "
+                            "TRAINRUN_RENDEZVOUS_FILE to exchange the NCCL id without MPI");
+    int mpi_rank = -1, mpi_world = -1;
+    m.comm_rank(m.comm_world, &mpi_rank);
+    m.comm_size(m.comm_world, &mpi_world);
+    if (mpi_rank != rank || mpi_world != world)
+        return tr_fail(err,
+                       "comm nccl: MPI says this process is rank %d of %d, but trainrun was told "
+                       "rank %d of %d: unset TRAINRUN_RANK/TRAINRUN_WORLD_SIZE under mpirun, or "
+                       "make them agree",
+                       mpi_rank, mpi_world, rank, world);
+    if (m.bcast(id, (int)sizeof *id, m.byte, 0, m.comm_world) != 0)
+        return tr_fail(err, "comm nccl: MPI_Bcast of the NCCL id failed");
+    /* MPI was needed for this one broadcast; a rank may finalise early and
+     * mpirun still expects every rank to finalise before it exits. */
+    if (!inited)
+        m.finalize();
+    snprintf(via, via_cap, "MPI_Bcast");
+    return 1;
+}
+
+/* ---- create / destroy ---------------------------------------------------- */
+
+static void nccl_destroy(void *self);
+
+static int nccl_create(const struct tr_host *host, const void *config,
+                       const struct tr_create_args *args, void **self, tr_err *err)
+{
+    (void)host;
+    const struct nccl_config *cfg = config;
+    if (args->struct_size < offsetof(struct tr_create_args, device_stream) + sizeof(void *))
+        return tr_fail(err, "comm nccl: this trainrun is too old for GPU ranks (plugin ABI 1.1 "
+                            "or later needed)");
+    if (!args->device || strcmp(args->device, "cuda") != 0)
+        return tr_fail(err,
+                       "comm nccl: buffers live on '%s', but nccl moves GPU memory: run on "
+                       "GPUs, or use comm = \"mpi\" for CPU ranks",
+                       args->device ? args->device : "(none)");
+
+    int gpus = 0;
+    cudaError_t e = cudaGetDeviceCount(&gpus);
+    if (e != cudaSuccess || gpus == 0)
+        return tr_fail(err,
+                       "comm nccl: no usable GPU on this host (%s): run on a GPU node, or use "
+                       "comm = \"mpi\" for CPU ranks",
+                       e != cudaSuccess ? cudaGetErrorString(e) : "0 CUDA devices");
+    /* One GPU per rank on the node; when each rank sees a single GPU
+     * (CUDA_VISIBLE_DEVICES set per rank, as Slurm does), that one. */
+    int device = args->local_rank;
+    if (gpus == 1)
+        device = 0;
+    else if (device < 0 || device >= gpus)
+        return tr_fail(err,
+                       "comm nccl: local rank %d needs GPU %d, but this host shows %d GPUs: "
+                       "start at most one rank per GPU",
+                       args->local_rank, args->local_rank, gpus);
+    e = cudaSetDevice(device);
+    if (e != cudaSuccess)
+        return cuda_fail(err, "cudaSetDevice", e);
+
+    struct nccl_comm *c = calloc(1, sizeof *c);
+    if (!c)
+        return tr_fail(err, "comm nccl: out of memory");
+    c->device = device;
+    c->rank = args->rank;
+    c->world = args->world;
+    c->timeout = cfg->timeout;
+
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    ncclResult_t r = ncclSuccess;
+    if (c->rank == 0 && (r = ncclGetUniqueId(&id)) != ncclSuccess) {
+        nccl_fail(c, err, "ncclGetUniqueId", r);
+        goto fail;
+    }
+    char via[200];
+    int mpi = share_via_mpi(&id, c->rank, c->world, via, sizeof via, err);
+    if (mpi == TR_ERROR)
+        goto fail;
+    if (mpi == 0 && rdv_share("comm nccl", &id, sizeof id, c->rank, c->world,
+                              cfg->rendezvous_timeout, via, sizeof via, err) != TR_OK)
+        goto fail;
+
+    if (args->device_stream) {
+        c->stream = (cudaStream_t)args->device_stream;
+    } else {
+        e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+        if (e != cudaSuccess) {
+            cuda_fail(err, "cudaStreamCreate", e);
+            goto fail;
+        }
+        c->own_stream = 1;
+    }
+    e = cudaMalloc((void **)&c->scratch, sizeof(float));
+    if (e != cudaSuccess) {
+        cuda_fail(err, "cudaMalloc", e);
+        goto fail;
+    }
+
+    /* Nonblocking, so a rank that never joins costs a timeout, not a hang. */
+    ncclConfig_t ncfg = NCCL_CONFIG_INITIALIZER;
+    ncfg.blocking = 0;
+    r = ncclCommInitRankConfig(&c->comm, c->world, id, c->rank, &ncfg);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        nccl_fail(c, err, "ncclCommInitRankConfig", r);
+        goto fail;
+    }
+    if (settle(c, "setting up the communicator", deadline_after(c->timeout), err) != TR_OK)
+        goto fail;
+
+    int version = 0;
+    ncclGetVersion(&version);
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, device) != cudaSuccess)
+        snprintf(prop.name, sizeof prop.name, "?");
+    snprintf(c->description, sizeof c->description,
+             "nccl %d.%d.%d, rank %d of %d on GPU %d (%.64s), id via %.200s", version / 10000,
+             version / 100 % 100, version % 100, c->rank, c->world, device, prop.name, via);
+    *self = c;
+    return TR_OK;
+
+fail:
+    nccl_destroy(c);
+    return TR_ERROR;
+}
+
+static void nccl_destroy(void *self)
+{
+    struct nccl_comm *c = self;
+    if (!c)
+        return;
+    cudaSetDevice(c->device);
+    if (c->comm) {
+        /* Finalize flushes outstanding work; if that fails or stalls, abort. */
+        tr_err ignored;
+        ncclResult_t r = ncclCommFinalize(c->comm);
+        if (r != ncclSuccess && r != ncclInProgress)
+            abort_comm(c);
+        else
+            settle(c, "finalize", deadline_after(c->timeout), &ignored); /* aborts on failure */
+        if (c->comm)
+            ncclCommDestroy(c->comm);
+    }
+    if (c->scratch)
+        cudaFree(c->scratch);
+    if (c->own_stream)
+        cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+static const struct tr_comm_vtable nccl_vtable = {
+    .version = 1,
+    .struct_size = sizeof(struct tr_comm_vtable),
+    .allreduce_sum = nccl_allreduce_sum,
+    .broadcast = nccl_broadcast,
+    .barrier = nccl_barrier,
+    .allgather = nccl_allgather,
+    .describe = nccl_describe,
+};
+
+static const struct tr_plugin_info nccl_info = {
+    .abi_major = TR_ABI_MAJOR,
+    .struct_size = sizeof(struct tr_plugin_info),
+    .kind = TR_KIND_COMM,
+    .name = "nccl",
+    .version = "0.1.0",
+    .description = "collectives among GPU ranks over NCCL, one process per GPU",
+    .options = nccl_options,
+    .config_size = sizeof(struct nccl_config),
+    .create = nccl_create,
+    .destroy = nccl_destroy,
+    .vtable = &nccl_vtable,
+};
+
+const struct tr_plugin_info *TR_PLUGIN_ENTRY(void) { return &nccl_info; }

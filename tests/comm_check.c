@@ -1,0 +1,455 @@
+/*
+ * comm_check: exercises a comm plugin through the plugin ABI alone, the way
+ * the core uses it (dlopen, option table, create on the main thread,
+ * collectives from a second thread), on however many ranks the launcher
+ * starts.
+ *
+ *   mpirun -np 2 tests/comm_check plugins/.libs/comm_mpi.so
+ *   TRAINRUN_RANK=0 TRAINRUN_WORLD_SIZE=2 TRAINRUN_MASTER=127.0.0.1:29500 \
+ *       tests/comm_check plugins/.libs/comm_tcp.so timeout=30 &  (and rank 1)
+ *
+ * Rank and world come from TRAINRUN_RANK/TRAINRUN_WORLD_SIZE, else
+ * SLURM_PROCID/SLURM_NTASKS, else OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE
+ * (the core's order).  Arguments after the plugin are the plugin's options
+ * as key=value, or:
+ *   --device=cuda   buffers in GPU memory (libcudart is loaded at run time)
+ *   --die=R         rank R kills itself (SIGKILL) after the first checks,
+ *                   while the others keep calling collectives
+ *   --stall=R       rank R stops calling collectives and sleeps
+ *   --iterations=N  allreduce rounds of varying size (default 20)
+ * Each rank prints "comm_check rank R/W: PASS" and exits 0, or "FAIL: ..."
+ * and exits 1.
+ *
+ * Data are integers times 1/8, so every sum is exact in float whatever the
+ * order of additions, and each rank computes the expected result itself
+ * because every rank's data follow from its rank number.
+ */
+#include <trainrun/plugin.h>
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static int rank = 0, world = 1;
+
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stdout, "comm_check rank %d/%d: FAIL: ", rank, world);
+    vfprintf(stdout, fmt, ap);
+    fputc('\n', stdout);
+    va_end(ap);
+    fflush(stdout);
+    exit(1);
+}
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The first of the variables that is set, as an int; -1 if none is. */
+static int env_int(const char *const *names)
+{
+    for (; *names; names++) {
+        const char *v = getenv(*names);
+        if (v && v[0])
+            return atoi(v);
+    }
+    return -1;
+}
+
+/* A value every rank can compute: (hash % 2001 - 1000) / 8, exact in float. */
+static float value_of(uint64_t seed, uint64_t rank_, uint64_t i)
+{
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ (rank_ + 1) * 0xC2B2AE3D27D4EB4Full ^ i;
+    x ^= x >> 33;
+    x *= 0xFF51AFD7ED558CCDull;
+    x ^= x >> 33;
+    return (float)((int)(x % 2001) - 1000) * 0.125f;
+}
+
+/* ---- the host side of the ABI ------------------------------------------- */
+
+static void host_log(enum tr_log_level level, const char *who, const char *fmt, ...)
+{
+    static const char *const names[] = {"debug", "info", "warn", "error"};
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "[rank %d] %s %s: ", rank, names[level & 3], who);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+static void *host_alloc(size_t size)
+{
+    return aligned_alloc(64, (size + 63) / 64 * 64);
+}
+
+static const struct tr_host host = {
+    .struct_size = sizeof(struct tr_host),
+    .abi_major = TR_ABI_MAJOR,
+    .log = host_log,
+    .alloc = host_alloc,
+    .free = free,
+};
+
+/* Fills the plugin's config struct from its option table: defaults, then
+ * key=value arguments (what the core does from a recipe). */
+static void *parse_options(const struct tr_plugin_info *info, char **kv, int n)
+{
+    void *config = calloc(1, info->config_size ? info->config_size : 1);
+    if (!config)
+        die("out of memory");
+    for (int i = 0; i < n; i++) {
+        const char *eq = strchr(kv[i], '=');
+        int known = 0;
+        for (const struct tr_option *o = info->options; o && o->type != TR_OPT_END; o++)
+            known |= eq && strlen(o->name) == (size_t)(eq - kv[i]) &&
+                     strncmp(o->name, kv[i], (size_t)(eq - kv[i])) == 0;
+        if (!known)
+            die("'%s' is not an option of comm plugin %s", kv[i], info->name);
+    }
+    for (const struct tr_option *o = info->options; o && o->type != TR_OPT_END; o++) {
+        const char *text = o->default_value;
+        for (int i = 0; i < n; i++)
+            if (strncmp(kv[i], o->name, strlen(o->name)) == 0 && kv[i][strlen(o->name)] == '=')
+                text = kv[i] + strlen(o->name) + 1;
+        if (!text)
+            die("option %s of comm plugin %s is required", o->name, info->name);
+        char *slot = (char *)config + o->offset;
+        switch (o->type) {
+        case TR_OPT_INT: {
+            int64_t v = strtoll(text, NULL, 10);
+            memcpy(slot, &v, sizeof v);
+            break;
+        }
+        case TR_OPT_FLOAT: {
+            double v = strtod(text, NULL);
+            memcpy(slot, &v, sizeof v);
+            break;
+        }
+        case TR_OPT_BOOL: {
+            int v = strcmp(text, "true") == 0 || strcmp(text, "1") == 0;
+            memcpy(slot, &v, sizeof v);
+            break;
+        }
+        case TR_OPT_STRING:
+        case TR_OPT_ENUM:
+            memcpy(slot, &text, sizeof text);
+            break;
+        default:
+            die("option %s has unknown type %d", o->name, (int)o->type);
+        }
+    }
+    return config;
+}
+
+/* ---- buffers: host memory, or GPU memory through a dlopen'ed libcudart --- */
+
+static struct {
+    int on_gpu, device;
+    int (*set_device)(int);
+    int (*malloc_)(void **, size_t);
+    int (*free_)(void *);
+    int (*memcpy_)(void *, const void *, size_t, int); /* kind 1: to device, 2: to host */
+} mem;
+
+static void use_gpu(int local_rank)
+{
+    void *lib = dlopen("libcudart.so", RTLD_NOW);
+    if (!lib)
+        lib = dlopen("libcudart.so.13", RTLD_NOW);
+    if (!lib)
+        lib = dlopen("libcudart.so.12", RTLD_NOW);
+    if (!lib)
+        die("--device=cuda: cannot load libcudart: %s", dlerror());
+    *(void **)&mem.set_device = dlsym(lib, "cudaSetDevice");
+    *(void **)&mem.malloc_ = dlsym(lib, "cudaMalloc");
+    *(void **)&mem.free_ = dlsym(lib, "cudaFree");
+    *(void **)&mem.memcpy_ = dlsym(lib, "cudaMemcpy");
+    if (!mem.set_device || !mem.malloc_ || !mem.free_ || !mem.memcpy_)
+        die("--device=cuda: libcudart lacks cudaMalloc/cudaMemcpy");
+    mem.on_gpu = 1;
+    int (*count)(int *) = NULL;
+    *(void **)&count = dlsym(lib, "cudaGetDeviceCount");
+    int gpus = 0;
+    if (!count || count(&gpus) != 0 || gpus == 0)
+        die("--device=cuda: no GPU visible");
+    mem.device = gpus == 1 ? 0 : local_rank;
+    if (mem.set_device(mem.device) != 0)
+        die("--device=cuda: cudaSetDevice(%d) failed", mem.device);
+}
+
+/* Buffer the plugin sees (device or host), and its host mirror. */
+struct buffer {
+    void *dev;
+    void *host;
+    size_t bytes;
+};
+
+static struct buffer buffer_new(size_t bytes)
+{
+    struct buffer b = {NULL, malloc(bytes ? bytes : 1), bytes};
+    if (!b.host)
+        die("out of memory for %zu bytes", bytes);
+    if (mem.on_gpu) {
+        if (mem.malloc_(&b.dev, bytes ? bytes : 1) != 0)
+            die("cudaMalloc of %zu bytes failed", bytes);
+    } else {
+        b.dev = b.host;
+    }
+    return b;
+}
+
+static void to_plugin(struct buffer *b)
+{
+    if (mem.on_gpu && mem.memcpy_(b->dev, b->host, b->bytes, 1) != 0)
+        die("cudaMemcpy to the device failed");
+}
+
+static void from_plugin(struct buffer *b)
+{
+    if (mem.on_gpu && mem.memcpy_(b->host, b->dev, b->bytes, 2) != 0)
+        die("cudaMemcpy to the host failed");
+}
+
+static void buffer_free(struct buffer *b)
+{
+    if (mem.on_gpu)
+        mem.free_(b->dev);
+    free(b->host);
+}
+
+/* ---- the checks ----------------------------------------------------------- */
+
+static const struct tr_comm_vtable *vt;
+static void *self;
+
+#define HAS(slot)                                                                                  \
+    (vt->struct_size >= offsetof(struct tr_comm_vtable, slot) + sizeof vt->slot && vt->slot)
+
+static void check_allreduce(size_t count, uint64_t seed)
+{
+    struct buffer b = buffer_new(count * sizeof(float));
+    float *x = b.host;
+    for (size_t i = 0; i < count; i++)
+        x[i] = value_of(seed, (uint64_t)rank, i);
+    to_plugin(&b);
+    tr_err err = {{0}};
+    if (vt->allreduce_sum(self, b.dev, count, &err) != TR_OK)
+        die("allreduce_sum of %zu floats: %s", count, err.msg);
+    from_plugin(&b);
+    for (size_t i = 0; i < count; i++) {
+        float want = 0;
+        for (int r = 0; r < world; r++)
+            want += value_of(seed, (uint64_t)r, i);
+        if (x[i] != want)
+            die("allreduce_sum of %zu floats: element %zu is %g, want %g", count, i, (double)x[i],
+                (double)want);
+    }
+    buffer_free(&b);
+}
+
+static void check_broadcast(size_t bytes, int root, uint64_t seed)
+{
+    struct buffer b = buffer_new(bytes);
+    unsigned char *p = b.host;
+    for (size_t i = 0; i < bytes; i++)
+        p[i] = rank == root ? (unsigned char)(value_of(seed, (uint64_t)root, i) * 8)
+                            : (unsigned char)(0xA5 ^ rank);
+    to_plugin(&b);
+    tr_err err = {{0}};
+    if (vt->broadcast(self, b.dev, bytes, root, &err) != TR_OK)
+        die("broadcast of %zu bytes from rank %d: %s", bytes, root, err.msg);
+    from_plugin(&b);
+    for (size_t i = 0; i < bytes; i++)
+        if (p[i] != (unsigned char)(value_of(seed, (uint64_t)root, i) * 8))
+            die("broadcast of %zu bytes from rank %d: byte %zu differs", bytes, root, i);
+    buffer_free(&b);
+}
+
+static void check_allgather(size_t count, uint64_t seed)
+{
+    struct buffer b = buffer_new((size_t)world * count * sizeof(float));
+    float *x = b.host;
+    for (int r = 0; r < world; r++)
+        for (size_t i = 0; i < count; i++)
+            x[(size_t)r * count + i] = r == rank ? value_of(seed, (uint64_t)r, i) : -12345.0f;
+    to_plugin(&b);
+    tr_err err = {{0}};
+    if (vt->allgather(self, b.dev, count, &err) != TR_OK)
+        die("allgather of %zu floats per rank: %s", count, err.msg);
+    from_plugin(&b);
+    for (int r = 0; r < world; r++)
+        for (size_t i = 0; i < count; i++)
+            if (x[(size_t)r * count + i] != value_of(seed, (uint64_t)r, i))
+                die("allgather of %zu floats per rank: element %zu of rank %d's part is %g, "
+                    "want %g",
+                    count, i, r, (double)x[(size_t)r * count + i],
+                    (double)value_of(seed, (uint64_t)r, i));
+    buffer_free(&b);
+}
+
+/* Rank 0 arrives late; everyone else must wait for it inside barrier. */
+static void check_barrier(void)
+{
+    const double late = 0.3;
+    if (rank == 0)
+        usleep((useconds_t)(late * 1e6));
+    double start = now_seconds();
+    tr_err err = {{0}};
+    if (vt->barrier(self, &err) != TR_OK)
+        die("barrier: %s", err.msg);
+    double waited = now_seconds() - start;
+    if (rank != 0 && waited < late * 0.8)
+        die("barrier returned after %.3f s though rank 0 arrived %.1f s late", waited, late);
+}
+
+struct checks {
+    int die_rank, stall_rank, iterations;
+    const char *plugin;
+};
+
+static void *run_checks(void *arg)
+{
+    const struct checks *t = arg;
+    if (mem.on_gpu && mem.set_device(mem.device) != 0) /* the current GPU is per thread */
+        die("cudaSetDevice(%d) failed in the communication thread", mem.device);
+    check_allreduce(1, 1);
+    check_allreduce(1000, 2);
+    check_broadcast(13, 0, 3);
+
+    if (rank == t->die_rank) {
+        printf("comm_check rank %d/%d: dying on purpose\n", rank, world);
+        raise(SIGKILL);
+    }
+    if (rank == t->stall_rank) {
+        printf("comm_check rank %d/%d: stalling on purpose\n", rank, world);
+        for (int i = 0; i < 600; i++)
+            sleep(1);
+        die("stalled rank was not stopped within 600 s");
+    }
+
+    check_allreduce((1u << 20) + 3, 4);
+    check_broadcast((1u << 20) + 5, world - 1, 5);
+    check_broadcast(1, world / 2, 6);
+    check_barrier();
+    if (HAS(allgather)) {
+        check_allgather(1, 7);
+        check_allgather(1000, 8);
+        check_allgather(65537, 9);
+    } else if (rank == 0) {
+        printf("comm_check: %s has no allgather (optional)\n", t->plugin);
+    }
+    /* Many calls of different sizes in a row: ordering and buffer reuse. */
+    for (int it = 0; it < t->iterations; it++)
+        check_allreduce((size_t)(it * 7919 % 50000) + 1, 100 + (uint64_t)it);
+
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    static const char *const rank_vars[] = {"TRAINRUN_RANK", "SLURM_PROCID",
+                                            "OMPI_COMM_WORLD_RANK", NULL};
+    static const char *const world_vars[] = {"TRAINRUN_WORLD_SIZE", "SLURM_NTASKS",
+                                             "OMPI_COMM_WORLD_SIZE", NULL};
+    static const char *const local_rank_vars[] = {"TRAINRUN_LOCAL_RANK", "SLURM_LOCALID",
+                                                  "OMPI_COMM_WORLD_LOCAL_RANK", NULL};
+    static const char *const local_world_vars[] = {"TRAINRUN_LOCAL_WORLD_SIZE",
+                                                   "SLURM_NTASKS_PER_NODE",
+                                                   "OMPI_COMM_WORLD_LOCAL_SIZE", NULL};
+    int r = env_int(rank_vars), w = env_int(world_vars);
+    if (r >= 0)
+        rank = r;
+    if (w >= 1)
+        world = w;
+    int local_rank = env_int(local_rank_vars), local_world = env_int(local_world_vars);
+    if (local_rank < 0)
+        local_rank = rank;
+    if (local_world < 1)
+        local_world = world;
+    if (argc < 2 || rank >= world)
+        die("usage: comm_check PLUGIN.so [--device=cuda] [--die=R] [--stall=R] "
+            "[--iterations=N] [option=value...] (rank %d of %d)",
+            rank, world);
+
+    const char *device = "cpu";
+    int die_rank = -1, stall_rank = -1, iterations = 20;
+    char **kv = calloc((size_t)argc, sizeof *kv);
+    int nkv = 0;
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--device=cuda") == 0)
+            device = "cuda";
+        else if (strncmp(argv[i], "--die=", 6) == 0)
+            die_rank = atoi(argv[i] + 6);
+        else if (strncmp(argv[i], "--stall=", 8) == 0)
+            stall_rank = atoi(argv[i] + 8);
+        else if (strncmp(argv[i], "--iterations=", 13) == 0)
+            iterations = atoi(argv[i] + 13);
+        else
+            kv[nkv++] = argv[i];
+    }
+    if (strcmp(device, "cuda") == 0)
+        use_gpu(local_rank);
+
+    void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+    if (!lib)
+        die("cannot load %s: %s", argv[1], dlerror());
+    tr_plugin_entry_fn entry;
+    *(void **)&entry = dlsym(lib, TR_PLUGIN_ENTRY_NAME);
+    if (!entry)
+        die("%s exports no %s", argv[1], TR_PLUGIN_ENTRY_NAME);
+    const struct tr_plugin_info *info = entry();
+    if (!info || info->abi_major != TR_ABI_MAJOR || info->kind != TR_KIND_COMM || !info->vtable)
+        die("%s is not a comm plugin of ABI %d", argv[1], TR_ABI_MAJOR);
+    vt = info->vtable;
+    if (vt->struct_size < offsetof(struct tr_comm_vtable, barrier) + sizeof vt->barrier ||
+        !vt->allreduce_sum || !vt->broadcast || !vt->barrier)
+        die("%s leaves a mandatory comm slot empty", argv[1]);
+
+    void *config = parse_options(info, kv, nkv);
+    struct tr_create_args args = {
+        .struct_size = sizeof args,
+        .run_dir = ".",
+        .recipe_dir = ".",
+        .seed = 1,
+        .rank = rank,
+        .world = world,
+        .local_rank = local_rank,
+        .local_world = local_world,
+        .device = device,
+        .device_stream = NULL,
+    };
+    tr_err err = {{0}};
+    if (info->create(&host, config, &args, &self, &err) != TR_OK)
+        die("create: %s", err.msg);
+    if (rank == 0 && HAS(describe))
+        printf("comm_check: %s\n", vt->describe(self));
+
+    /* Like the core: created here, collectives from another thread. */
+    struct checks todo = {die_rank, stall_rank, iterations, info->name};
+    pthread_t comm_thread;
+    if (pthread_create(&comm_thread, NULL, run_checks, &todo) != 0)
+        die("cannot start the communication thread");
+    pthread_join(comm_thread, NULL);
+
+    if (info->destroy)
+        info->destroy(self);
+    free(config);
+    free(kv);
+    printf("comm_check rank %d/%d: PASS (%s)\n", rank, world, info->name);
+    return 0;
+}
