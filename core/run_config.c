@@ -243,6 +243,16 @@ int tr_rank_from_env(struct tr_rank_info *out, tr_err *err)
     return TR_OK;
 }
 
+/* GPUs talk over NCCL; CPU ranks started by mpirun over MPI, others over TCP. */
+static const char *default_comm(const struct tr_config *cfg)
+{
+    if (strcmp(cfg->device, "cuda") == 0)
+        return "nccl";
+    if (cfg->rank.source && strncmp(cfg->rank.source, "OMPI_", 5) == 0)
+        return "mpi";
+    return "tcp";
+}
+
 /* ---- resolution -------------------------------------------------------- */
 
 static void where_of(struct tr_config *cfg, const char *path, char *buf, size_t size)
@@ -411,8 +421,8 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
     if (tr_rank_from_env(&cfg->rank, err) != TR_OK)
         return TR_ERROR;
     if ((cfg->rank.world > 1 || tr_value_child(root, "comm")) &&
-        configure_slot(cfg, &cfg->comm, "comm", TR_KIND_COMM,
-                       strcmp(cfg->device, "cuda") == 0 ? "nccl" : "tcp", def, NULL, err) != TR_OK)
+        configure_slot(cfg, &cfg->comm, "comm", TR_KIND_COMM, default_comm(cfg), def, NULL,
+                       err) != TR_OK)
         return TR_ERROR;
 
     /* cross-section rules */
