@@ -72,7 +72,8 @@ static const struct tr_option train_options[] = {
         "global batch in samples per optimizer step", struct tr_train_config, batch),
     OPT(TR_OPT_INT, "micro_batch", "0", 0, TR_NO_MAX,
         "samples per forward/backward; batch / micro_batch micro-batches are accumulated "
-        "(0: the whole batch at once; \"auto\": the largest that fits memory_budget)",
+        "(0: the whole batch at once, or each rank's even share of it; \"auto\": the largest "
+        "that fits memory_budget)",
         struct tr_train_config, micro_batch),
     OPT(TR_OPT_FLOAT, "memory_budget", "0", 0, TR_NO_MAX,
         "GiB a micro_batch = \"auto\" may plan for (0: the device's memory, from cost.hardware, "
@@ -427,10 +428,13 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
 
     /* cross-section rules */
     struct tr_train_config *t = &cfg->train;
+    int64_t ranks = cfg->rank.world > 1 ? cfg->rank.world
+                    : cfg->parallel.gpus > 0 ? cfg->parallel.gpus : cfg->parallel.procs;
     if (t->micro_batch == 0 && !t->auto_micro_batch) {
-        t->micro_batch = t->batch;
+        /* unset: the whole batch, split evenly among the ranks when they can */
+        t->micro_batch = ranks > 1 && t->batch % ranks == 0 ? t->batch / ranks : t->batch;
         if (mb)
-            mb->number = (double)t->batch;
+            mb->number = (double)t->micro_batch;
     }
     if (t->auto_micro_batch) { /* chosen at run time; show says so */
         t->micro_batch = t->batch;
@@ -448,12 +452,10 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
                        (long long)t->micro_batch, (long long)t->batch);
     }
     /* every rank runs the same number of micro-batches of each global batch */
-    int64_t ranks = cfg->rank.world > 1 ? cfg->rank.world
-                    : cfg->parallel.gpus > 0 ? cfg->parallel.gpus : cfg->parallel.procs;
     if (ranks > 1 && (t->batch / t->micro_batch) % ranks != 0 && !t->auto_micro_batch) {
         char where[600];
         where_of(cfg, "train.batch", where, sizeof where);
-        return tr_fail(err, "%s: train: batch %lld is %lld micro-batches of %lld, which %lld ranks "
+        return tr_fail(err, "%s: train: batch %lld is %lld micro-batch(es) of %lld, which %lld ranks "
                        "cannot share evenly; make batch / micro_batch a multiple of %lld (e.g. "
                        "micro_batch = %lld)", where, (long long)t->batch,
                        (long long)(t->batch / t->micro_batch), (long long)t->micro_batch,
