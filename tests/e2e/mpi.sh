@@ -7,6 +7,8 @@
 #   b) a rank killed mid-job ends the whole job, non-zero, within 30 s
 #   c) a rank that stops calling makes the others fail after `timeout`
 #   d) TRAINRUN_RANK disagreeing with MPI's rank is refused with a message
+#   e) trainrun itself under mpirun with comm = "mpi": 2 ranks train to the
+#      weights 1 process reaches on the same global batch
 . "$(dirname "$0")/lib.sh"
 command -v mpirun > /dev/null 2>&1 || skip "mpirun not found: apt-get install openmpi-bin libopenmpi-dev"
 PLUGIN=${TR_PLUGIN_BUILD_DIR:-}/comm_mpi.so
@@ -74,4 +76,18 @@ grep -q 'MPI says this process is rank 1 of 2, but trainrun was told rank 0 of 2
   { cat mismatch.out; fail "a rank mismatch was not reported"; }
 [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$took" -le 30 ] ||
   { cat mismatch.out; fail "a rank mismatch: exit $rc after ${took}s"; }
-echo "mpi comm plugin: 2 and 3 ranks pass; dead, hung and mislabelled ranks end the job"
+
+# e) the whole run loop on 2 MPI ranks against 1 process
+TRAINRUN_PLUGIN_PATH="$TR_PLUGIN_BUILD_DIR${TRAINRUN_PLUGIN_PATH:+:$TRAINRUN_PLUGIN_PATH}"
+export TRAINRUN_PLUGIN_PATH
+R="$TR_SRCDIR/tests/config/tiny.lua"
+set -- train.steps=20 train.batch=8 train.micro_batch=2 checkpoint.every=10
+weights() { echo "$1/checkpoints/$(cat "$1/checkpoints/LATEST")/model.safetensors"; }
+"$TRAINRUN" "$R" "$@" run_dir=one --quiet
+run_job train 2 -x OMP_NUM_THREADS=1 "$TRAINRUN" "$R" "$@" run_dir=two comm=mpi
+[ "$rc" -eq 0 ] || { cat train.out; fail "trainrun on 2 MPI ranks failed"; }
+grep -q 'rank 0 of 2 .*mpi (Open MPI' train.out || { cat train.out; fail "the run did not use comm mpi"; }
+python3 "$TR_SRCDIR/tests/e2e/read_safetensors.py" close "$(weights one)" "$(weights two)" 1e-5 ||
+  fail "2 MPI ranks and 1 process trained to different weights"
+echo "mpi comm plugin: 2 and 3 ranks pass; dead, hung and mislabelled ranks end the job;"
+echo "  2 MPI ranks train like 1 process"
