@@ -6,10 +6,10 @@
 #   - a 2-rank job killed with SIGKILL and resumed ends bit-identical to one
 #     never interrupted; SIGTERM makes it save and exit 75;
 #   - ZeRO-1 (parallel.zero) trains the same and resumes exactly;
-#   - under mpirun (comm = mpi) the same holds;
 #   - a checkpoint from 2 ranks resumes in 1 process (another world size);
 #   - a rank that dies ends the whole job promptly, naming the rank;
 #   - a batch the ranks cannot share is refused with the fix.
+# (The same job under mpirun, over MPI, is tests/e2e/mpi.sh.)
 . "$(dirname "$0")/lib.sh"
 R="$TR_SRCDIR/tests/config/tiny.lua"
 READ="$TR_SRCDIR/tests/e2e/read_safetensors.py"
@@ -38,16 +38,6 @@ rm -rf zero-resumed/checkpoints/step-0000000040 zero-resumed/checkpoints/step-00
 echo step-0000000030 > zero-resumed/checkpoints/LATEST
 "$TRAINRUN" "$R" "$@" run_dir=zero-resumed procs=2 parallel.zero=true --resume auto --quiet
 cmp "$(weights zero)" "$(weights zero-resumed)" || fail "ZeRO-1 resumed: weights differ"
-
-# the same job started by mpirun, talking over MPI (comm defaults to mpi there)
-if command -v mpirun > /dev/null && "$TRAINRUN" plugins comm 2>&1 | grep -q "^  mpi "; then
-  mpirun --allow-run-as-root --oversubscribe -np 2 "$TRAINRUN" "$R" "$@" run_dir=mpi --quiet 2> mpi.log ||
-    { cat mpi.log; fail "mpirun -np 2 failed"; }
-  grep -q "(OMPI_COMM_WORLD_RANK); mpi" mpi.log || { cat mpi.log; fail "mpirun: not ranks over MPI"; }
-  python3 "$READ" close "$(weights one)" "$(weights mpi)" 1e-5 || fail "mpirun -np 2 trained differently"
-else
-  echo "parallel: SKIP mpirun part: no mpirun or no comm_mpi plugin (install openmpi-bin libopenmpi-dev)"
-fi
 
 # SIGKILL of the whole job (launcher and both ranks), then resume
 "$TRAINRUN" "$R" "$@" run_dir=killed procs=2 > killed.log 2>&1 &
