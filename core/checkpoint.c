@@ -16,9 +16,12 @@
 
 struct tr_checkpointer {
     struct tr_checkpointer_config cfg;
-    /* snapshot buffers, allocated once */
-    float *params, *m, *v;
-    uint16_t *half; /* model weights in 16 bits, when weights_dtype asks */
+    /* The snapshot of an asynchronous save: the serialised blobs themselves,
+     * taken by save() and freed by the writer as each is written, so nothing
+     * is held between saves and no second copy is made.  A synchronous save
+     * builds, writes and frees one blob at a time instead. */
+    void *blob[3];
+    size_t blob_size[3];
     struct tr_run_state state;
     /* the background writer */
     pthread_t thread;
@@ -35,28 +38,66 @@ struct tr_checkpointer {
 
 /* ---- serialisation ------------------------------------------------------- */
 
-static void *tensors_blob(struct tr_checkpointer *c, const void *base, enum tr_dtype dtype,
+/* The blob of every parameter tensor of the flat array `base` (backend
+ * memory, fp32), stored as `dtype`.  tr_safetensors_write lays the blob out
+ * over placeholder data; each tensor is then downloaded (or converted to 16
+ * bits through a one-tensor staging buffer) straight into its place.  So a
+ * blob costs its own size and one tensor more, never a second copy of the
+ * whole array. */
+static void *tensors_blob(struct tr_checkpointer *c, const float *base, enum tr_dtype dtype,
                           const char *prefix, size_t *size)
 {
     const struct tr_graph *g = c->cfg.g;
+    const struct tr_backend *be = c->cfg.be;
     size_t esize = dtype == TR_F32 ? 4 : 2;
     struct tr_st_entry *e = tr_xcalloc((size_t)g->n_tensors, sizeof *e);
     char **names = tr_xcalloc((size_t)g->n_tensors, sizeof *names);
-    size_t n = 0;
+    const struct tr_tensor **tensors = tr_xcalloc((size_t)g->n_tensors, sizeof *tensors);
+    size_t n = 0, max_numel = 1;
     for (int i = 0; i < g->n_tensors; i++) {
         const struct tr_tensor *t = &g->tensors[i];
         if (t->role != TR_ROLE_PARAM)
             continue;
+        if (t->numel > max_numel)
+            max_numel = t->numel;
+        tensors[n] = t;
         names[n] = tr_xasprintf("%s%s", prefix, t->name);
-        e[n] = (struct tr_st_entry){names[n], dtype, t->ndim, {0},
-                                    (const char *)base + t->offset * esize, t->numel * esize};
+        e[n] = (struct tr_st_entry){names[n], dtype, t->ndim, {0}, NULL, t->numel * esize};
         memcpy(e[n].shape, t->shape, sizeof t->shape);
         n++;
     }
-    void *blob = tr_safetensors_write(e, n, "{\"format\":\"pt\",\"producer\":\"trainrun\"}", size);
+    /* zeros as every tensor's placeholder data; later the staging buffer */
+    float *staging = calloc(max_numel, sizeof(float));
+    unsigned char *blob = NULL;
+    if (staging) {
+        for (size_t i = 0; i < n; i++)
+            e[i].data = staging;
+        blob = tr_safetensors_write(e, n, "{\"format\":\"pt\",\"producer\":\"trainrun\"}", size);
+    }
+    if (blob) {
+        /* safetensors: 8-byte little-endian header length, the header, then
+         * the tensors' data back to back in the entries' order */
+        uint64_t header = 0;
+        for (int b = 0; b < 8; b++)
+            header |= (uint64_t)blob[b] << (8 * b);
+        unsigned char *at = blob + 8 + header;
+        for (size_t i = 0; i < n; i++) {
+            const struct tr_tensor *t = tensors[i];
+            if (dtype == TR_F32) {
+                be->iface->download(be->context, at, base + t->offset, e[i].bytes);
+            } else {
+                be->iface->download(be->context, staging, base + t->offset,
+                                    t->numel * sizeof(float));
+                tr_cpu_to_half((uint16_t *)(void *)at, staging, t->numel, dtype == TR_BF16);
+            }
+            at += e[i].bytes;
+        }
+    }
+    free(staging);
     for (size_t i = 0; i < n; i++)
         free(names[i]);
     free(names);
+    free(tensors);
     free(e);
     return blob;
 }
@@ -74,8 +115,8 @@ static void write_vars(FILE *f, const char *key, const struct tr_state_var *vars
 
 static double json_or_nan(double x) { return isnan(x) ? -1.0 : x; }
 
-static char *state_json(struct tr_checkpointer *c, const char *const *blobs, void *const *data,
-                        const size_t *sizes, int n_blobs, size_t *size)
+static char *state_json(struct tr_checkpointer *c, const char *const *blobs,
+                        const unsigned long *checksums, int n_blobs, size_t *size)
 {
     const struct tr_run_state *s = &c->state;
     char *text = NULL;
@@ -104,7 +145,7 @@ static char *state_json(struct tr_checkpointer *c, const char *const *blobs, voi
     write_vars(f, "schedule", s->schedule, s->n_schedule);
     fprintf(f, "  \"checksums\": {");
     for (int i = 0; i < n_blobs; i++)
-        fprintf(f, "%s\"%s\": %lu", i ? ", " : "", blobs[i], crc32(0, data[i], (uInt)sizes[i]));
+        fprintf(f, "%s\"%s\": %lu", i ? ", " : "", blobs[i], checksums[i]);
     fprintf(f, "}\n}\n");
     fclose(f);
     return text;
@@ -151,53 +192,74 @@ static void prune(struct tr_checkpointer *c)
 
 /* ---- writing -------------------------------------------------------------- */
 
-static int write_snapshot(struct tr_checkpointer *c, tr_err *err)
+static const char *const blob_names[3] = {"model.safetensors", "optimizer.safetensors",
+                                          "optimizer2.safetensors"};
+
+static int blob_count(const struct tr_checkpointer *c) { return c->cfg.has_second_moment ? 3 : 2; }
+
+/* Blob i of a checkpoint: the weights (in weights_dtype), then the moments. */
+static void *build_blob(struct tr_checkpointer *c, int i, const float *params, const float *m,
+                        const float *v, size_t *size)
+{
+    if (i == 0)
+        return tensors_blob(c, params, c->cfg.weights_dtype, "", size);
+    return tensors_blob(c, i == 1 ? m : v, TR_F32, i == 1 ? "exp_avg." : "exp_avg_sq.", size);
+}
+
+static void free_blobs(struct tr_checkpointer *c)
+{
+    for (int i = 0; i < 3; i++) {
+        free(c->blob[i]);
+        c->blob[i] = NULL;
+    }
+}
+
+/* Writes checkpoint "step-<c->state.step>": the blobs the snapshot holds
+ * (asynchronous save), or, where it holds none, blobs built one at a time
+ * from params, m and v (synchronous save).  Each blob is freed once put()
+ * has it, so memory falls as the write goes on. */
+static int write_checkpoint(struct tr_checkpointer *c, const float *params, const float *m,
+                            const float *v, tr_err *err)
 {
     char name[64];
     snprintf(name, sizeof name, "step-%010llu", (unsigned long long)c->state.step);
-    const char *blobs[3] = {"model.safetensors", "optimizer.safetensors", "optimizer2.safetensors"};
-    void *data[3] = {NULL, NULL, NULL};
-    size_t sizes[3] = {0, 0, 0};
-    int n = c->cfg.has_second_moment ? 3 : 2;
-    if (c->half) {
-        tr_cpu_to_half(c->half, c->params, c->cfg.g->n_params, c->cfg.weights_dtype == TR_BF16);
-        data[0] = tensors_blob(c, c->half, c->cfg.weights_dtype, "", &sizes[0]);
-    } else {
-        data[0] = tensors_blob(c, c->params, TR_F32, "", &sizes[0]);
-    }
-    data[1] = tensors_blob(c, c->m, TR_F32, "exp_avg.", &sizes[1]);
-    if (n == 3)
-        data[2] = tensors_blob(c, c->v, TR_F32, "exp_avg_sq.", &sizes[2]);
-    size_t state_size = 0;
+    int n = blob_count(c);
+    unsigned long checksums[3] = {0};
     char *state = NULL;
-    int rc = TR_ERROR;
-    for (int i = 0; i < n; i++)
-        if (!data[i]) {
-            tr_fail(err, "out of memory serialising checkpoint %s", name);
-            goto done;
-        }
-    state = state_json(c, blobs, data, sizes, n, &state_size);
+    size_t state_size = 0;
     const struct tr_checkpoint_vtable *vt = c->cfg.vt;
     if (vt->begin(c->cfg.self, name, err) != TR_OK)
         goto failed;
-    for (int i = 0; i < n; i++)
-        if (vt->put(c->cfg.self, blobs[i], data[i], sizes[i], err) != TR_OK)
+    for (int i = 0; i < n; i++) {
+        size_t size = c->blob_size[i];
+        void *data = c->blob[i];
+        c->blob[i] = NULL;
+        if (!data)
+            data = build_blob(c, i, params, m, v, &size);
+        if (!data) {
+            tr_fail(err, "out of memory serialising checkpoint %s", name);
             goto failed;
+        }
+        checksums[i] = crc32(0, data, (uInt)size);
+        int rc = vt->put(c->cfg.self, blob_names[i], data, size, err);
+        free(data);
+        if (rc != TR_OK)
+            goto failed;
+    }
     /* state last: its checksums vouch for the blobs written before it */
+    state = state_json(c, blob_names, checksums, n, &state_size);
     if (vt->put(c->cfg.self, "state.json", state, state_size, err) != TR_OK ||
         vt->commit(c->cfg.self, err) != TR_OK)
         goto failed;
+    free(state);
     prune(c);
-    rc = TR_OK;
-    goto done;
+    return TR_OK;
 failed:
     vt->abort(c->cfg.self);
-    tr_err_prefix(err, "checkpoint %s not saved (the previous one is still the latest)", name);
-done:
-    for (int i = 0; i < 3; i++)
-        free(data[i]);
     free(state);
-    return rc;
+    free_blobs(c);
+    tr_err_prefix(err, "checkpoint %s not saved (the previous one is still the latest)", name);
+    return TR_ERROR;
 }
 
 static void *writer(void *arg)
@@ -213,7 +275,7 @@ static void *writer(void *arg)
         c->busy = 1;
         pthread_mutex_unlock(&c->lock);
         tr_err err = {{0}};
-        int rc = write_snapshot(c, &err);
+        int rc = write_checkpoint(c, NULL, NULL, NULL, &err);
         pthread_mutex_lock(&c->lock);
         c->busy = 0;
         if (rc != TR_OK && !c->failed) {
@@ -231,19 +293,8 @@ struct tr_checkpointer *tr_checkpointer_open(const struct tr_checkpointer_config
     struct tr_checkpointer *c = tr_xcalloc(1, sizeof *c);
     c->cfg = *cfg;
     c->cfg.recipe = tr_xstrdup(cfg->recipe ? cfg->recipe : ""); /* the caller's may be a stack buffer */
-    size_t n = cfg->g->n_params;
-    c->params = tr_alloc(n * sizeof(float));
-    c->m = tr_alloc(n * sizeof(float));
-    c->v = cfg->has_second_moment ? tr_alloc(n * sizeof(float)) : NULL;
-    c->half = cfg->weights_dtype != TR_F32 ? tr_alloc(n * sizeof(uint16_t)) : NULL;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->changed, NULL);
-    if (!c->params || !c->m || (cfg->has_second_moment && !c->v) ||
-        (cfg->weights_dtype != TR_F32 && !c->half)) {
-        tr_fail(err, "out of memory for the checkpoint snapshot buffers (%zu parameters)", n);
-        tr_checkpointer_close(c);
-        return NULL;
-    }
     if (cfg->async) {
         if (pthread_create(&c->thread, NULL, writer, c) != 0) {
             tr_fail(err, "cannot start the checkpoint writer thread");
@@ -282,26 +333,31 @@ int tr_checkpointer_save(struct tr_checkpointer *c, const float *params, const f
                          const float *v, const struct tr_run_state *state, tr_err *err)
 {
     double t0 = tr_now();
-    /* the snapshot buffers are reused: the previous write must be done */
+    /* one write at a time: the previous one must be done */
     pthread_mutex_lock(&c->lock);
     int previous = wait_locked(c, err);
     pthread_mutex_unlock(&c->lock);
-    const struct tr_backend *be = c->cfg.be;
-    size_t bytes = c->cfg.g->n_params * sizeof(float);
-    be->iface->download(be->context, c->params, params, bytes);
-    be->iface->download(be->context, c->m, m, bytes);
-    if (c->v)
-        be->iface->download(be->context, c->v, v, bytes);
     c->state = *state;
-    int rc;
+    int rc = TR_OK;
     if (c->has_thread) {
-        pthread_mutex_lock(&c->lock);
-        c->pending = 1;
-        pthread_cond_broadcast(&c->changed);
-        pthread_mutex_unlock(&c->lock);
-        rc = TR_OK;
+        /* the snapshot: training goes on changing params, m and v */
+        for (int i = 0; i < blob_count(c) && rc == TR_OK; i++) {
+            c->blob[i] = build_blob(c, i, params, m, v, &c->blob_size[i]);
+            if (!c->blob[i]) {
+                free_blobs(c);
+                rc = tr_fail(err, "out of memory for the checkpoint snapshot of step %llu "
+                                  "(%zu parameters); checkpoint.async = false needs less",
+                             (unsigned long long)state->step, c->cfg.g->n_params);
+            }
+        }
+        if (rc == TR_OK) {
+            pthread_mutex_lock(&c->lock);
+            c->pending = 1;
+            pthread_cond_broadcast(&c->changed);
+            pthread_mutex_unlock(&c->lock);
+        }
     } else {
-        rc = write_snapshot(c, err);
+        rc = write_checkpoint(c, params, m, v, err);
     }
     c->stall += tr_now() - t0;
     if (previous != TR_OK)
@@ -324,10 +380,7 @@ void tr_checkpointer_close(struct tr_checkpointer *c)
     }
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->changed);
-    tr_free(c->params);
-    tr_free(c->m);
-    tr_free(c->v);
-    tr_free(c->half);
+    free_blobs(c);
     free((char *)c->cfg.recipe);
     free(c);
 }
