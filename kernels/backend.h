@@ -45,6 +45,14 @@ struct tr_backend_iface {
     /* rows of logits[N,V] whose arg-max is the target (accuracy) */
     int64_t (*count_correct)(void *ctx, const float *logits, const int32_t *targets, int N, int V,
                              int ignore_index, int64_t *n_valid);
+    /* Optional (NULL, or absent when struct_size is smaller): page-locked
+     * host memory for buffers the host fills and uploads often (the
+     * loader's), so copies run at full speed; free with host_free. */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
+    /* Optional: the stream (cudaStream_t on CUDA) every node runs on, for
+     * comm plugins that queue collectives behind the compute. */
+    void *(*stream)(void *ctx);
 };
 
 struct tr_backend {
@@ -71,6 +79,10 @@ struct tr_backend_module {
     /* Fill be->iface and be->context; on failure write why into why[0..size). */
     int (*open)(struct tr_backend *be, int threads, char *why, size_t why_size);
     void (*close)(struct tr_backend *be);
+    /* Optional: what this machine offers the backend (driver and library
+     * versions, each device), one item a line, without opening it and
+     * without crashing where there is no device.  0 when buf holds it. */
+    int (*describe)(char *buf, size_t size);
 };
 typedef const struct tr_backend_module *(*tr_backend_entry_fn)(void);
 

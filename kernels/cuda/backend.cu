@@ -1,0 +1,713 @@
+/*
+ * The CUDA backend module, backend_cuda.so: the iface of kernels/backend.h
+ * on one GPU, every op of the CPU backend on the device.
+ *
+ * Streams: every node, optimizer step and reduction runs on one compute
+ * stream, in the order the core calls them.  Uploads go through a second
+ * stream via two pinned staging slots: the host copies into a slot and
+ * returns while the DMA runs; the copy waits for the compute queued before it
+ * (the destination may still be read) and the compute queued after it waits
+ * for the copy, so ordering is exactly that of the calls.  Downloads run on
+ * the compute stream and wait (the host reads the result at once).
+ *
+ * Memory: the core plans all device memory (g->scratch included, sized by
+ * scratch_floats); the backend's own buffers (staging, cuBLASLt workspace,
+ * reduction cells) are allocated once in open().  forward, backward, adamw
+ * and sgd neither allocate nor wait for the device.
+ *
+ * Errors: a failed CUDA call is printed once and kept; sum_squares then
+ * returns NaN, so the run loop sees a non-finite step instead of training on.
+ */
+#include "common.cuh"
+
+extern "C" {
+#include "../../core/graph.h"
+}
+
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef TR_CUDA_HOME
+#define TR_CUDA_HOME "/usr/local/cuda"
+#endif
+
+void cuda_note(struct cuda_context *c, cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess)
+        return;
+    if (c->first_error == cudaSuccess) {
+        c->first_error = e;
+        fprintf(stderr, "trainrun: cuda: %s: %s (later CUDA errors are not shown)\n", what,
+                cudaGetErrorString(e));
+    }
+}
+
+/* ---- memory ----------------------------------------------------------------- */
+
+static void *cuda_alloc(void *ctx, size_t bytes)
+{
+    struct cuda_context *c = (struct cuda_context *)ctx;
+    size_t rounded = (bytes + 255) & ~(size_t)255;
+    void *p = NULL;
+    cudaSetDevice(c->device);
+    if (cudaMalloc(&p, rounded ? rounded : 256) != cudaSuccess) {
+        cudaGetLastError(); /* out of memory is the caller's to report, not sticky */
+        return NULL;
+    }
+    CUDA_NOTE(c, cudaMemsetAsync(p, 0, rounded ? rounded : 256, c->compute));
+    return p;
+}
+
+static void cuda_free(void *ctx, void *p)
+{
+    struct cuda_context *c = (struct cuda_context *)ctx;
+    if (p)
+        CUDA_NOTE(c, cudaFree(p));
+}
+
+static void cuda_zero(void *ctx, void *p, size_t bytes)
+{
+    struct cuda_context *c = (struct cuda_context *)ctx;
+    if (p && bytes)
+        CUDA_NOTE(c, cudaMemsetAsync(p, 0, bytes, c->compute));
+}
+
+static void cuda_upload(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    struct cuda_context *c = (struct cuda_context *)ctx;
+    if (!bytes)
+        return;
+    cudaSetDevice(c->device);
+    /* the destination may still be read by compute queued earlier */
+    CUDA_NOTE(c, cudaEventRecord(c->compute_mark, c->compute));
+    CUDA_NOTE(c, cudaStreamWaitEvent(c->copy, c->compute_mark, 0));
+    int last = 0;
+    for (size_t done = 0; done < bytes;) {
+        size_t n = bytes - done < STAGE_BYTES ? bytes - done : STAGE_BYTES;
+        int slot = c->stage_next;
+        c->stage_next = (slot + 1) % STAGE_SLOTS;
+        CUDA_NOTE(c, cudaEventSynchronize(c->stage_done[slot])); /* its last DMA is over */
+        memcpy(c->stage[slot], (const char *)src + done, n);
+        CUDA_NOTE(c, cudaMemcpyAsync((char *)dst + done, c->stage[slot], n, cudaMemcpyHostToDevice,
+                                     c->copy));
+        CUDA_NOTE(c, cudaEventRecord(c->stage_done[slot], c->copy));
+        last = slot;
+        done += n;
+    }
+    /* compute queued from now on sees the data */
+    CUDA_NOTE(c, cudaStreamWaitEvent(c->compute, c->stage_done[last], 0));
+}
+
+static void cuda_download(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    struct cuda_context *c = (struct cuda_context *)ctx;
+    if (!bytes)
+        return;
+    cudaSetDevice(c->device);
+    CUDA_NOTE(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->compute));
+    CUDA_NOTE(c, cudaStreamSynchronize(c->compute));
+}
+
+static void cuda_synchronize(void *ctx)
+{
+    struct cuda_context *c = (struct cuda_context *)ctx;
+    CUDA_NOTE(c, cudaStreamSynchronize(c->compute));
+}
+
+static void *cuda_host_alloc(void *ctx, size_t bytes)
+{
+    struct cuda_context *c = (struct cuda_context *)ctx;
+    void *p = NULL;
+    cudaSetDevice(c->device);
+    if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_host_free(void *ctx, void *p)
+{
+    struct cuda_context *c = (struct cuda_context *)ctx;
+    if (p)
+        CUDA_NOTE(c, cudaFreeHost(p));
+}
+
+static void *cuda_stream(void *ctx) { return (void *)((struct cuda_context *)ctx)->compute; }
+
+/* ---- nodes ------------------------------------------------------------------- */
+
+#define T(i) (&g->tensors[n->in[i]])
+#define OUT (&g->tensors[n->out])
+#define AUX(i) ((float *)g->tensors[n->aux[i]].data)
+#define IDS(t) ((const int32_t *)(t)->data)
+
+static int rows(const struct tr_tensor *t) { return (int)(t->numel / (size_t)t->shape[t->ndim - 1]); }
+static int cols(const struct tr_tensor *t) { return (int)t->shape[t->ndim - 1]; }
+
+static int is_half(int dt) { return dt == DT_BF16 || dt == DT_F16; }
+
+/* The node's storage dtype: that of its first input (every float input and
+ * output of a node shares it; saved tensors and gradients are fp32). */
+static int storage(const struct tr_graph *g, const struct tr_node *n) { return (int)T(0)->dtype; }
+
+/* The GEMM input dtype: the precision policy's when it asks for 16 bits,
+ * else the storage dtype. */
+static int gemm_dtype(const struct tr_graph *g, const struct tr_node *n)
+{
+    int compute = (int)g->compute;
+    return is_half(compute) ? compute : storage(g, n);
+}
+
+static size_t dt_bytes(int dt) { return is_half(dt) ? 2 : 4; }
+
+/* floats of scratch for `numel` elements of dtype dt, in 256-byte units */
+static size_t floats_for(size_t numel, int dt)
+{
+    size_t floats = (numel * dt_bytes(dt) + 3) / 4;
+    return (floats + 63) & ~(size_t)63;
+}
+
+struct gemm_geometry {
+    int batch, M, K, N; /* out[b] = a[b] (M x K) @ op(b[b]) (K x N) */
+};
+
+static struct gemm_geometry geometry(const struct tr_graph *g, const struct tr_node *n)
+{
+    struct gemm_geometry s;
+    const struct tr_tensor *a = T(0), *b = T(1);
+    if (n->op == TR_OP_LINEAR) {
+        s.batch = 1;
+        s.M = rows(a);
+        s.K = cols(a);
+        s.N = (int)b->shape[0];
+        return s;
+    }
+    int nd = a->ndim;
+    s.batch = nd == 3 ? (int)a->shape[0] : 1;
+    s.M = (int)a->shape[nd - 2];
+    s.K = (int)a->shape[nd - 1];
+    s.N = n->trans_b ? (int)b->shape[nd - 2] : (int)b->shape[nd - 1];
+    return s;
+}
+
+/* Scratch of a GEMM node: its two inputs and dout converted to the GEMM
+ * dtype where they are not in it, then the bias-gradient partial sums. */
+struct gemm_scratch {
+    size_t a, b, dout, bias, total; /* float offsets */
+};
+
+static struct gemm_scratch gemm_scratch_layout(const struct tr_graph *g, const struct tr_node *n)
+{
+    struct gemm_scratch s;
+    int dt = storage(g, n), gdt = gemm_dtype(g, n);
+    size_t at = 0;
+    s.a = at;
+    if (dt != gdt)
+        at += floats_for(T(0)->numel, gdt);
+    s.b = at;
+    if (dt != gdt)
+        at += floats_for(T(1)->numel, gdt);
+    s.dout = at;
+    if (gdt != DT_F32) /* gradients are fp32 */
+        at += floats_for(OUT->numel, gdt);
+    s.bias = at;
+    if (n->op == TR_OP_LINEAR && n->n_in == 3) {
+        struct gemm_geometry geo = geometry(g, n);
+        at += (cuda_bias_scratch_floats(geo.M, geo.N) + 63) & ~(size_t)63;
+    }
+    s.total = at;
+    return s;
+}
+
+static size_t cuda_scratch_floats(void *ctx, const struct tr_graph *g, const struct tr_node *n)
+{
+    (void)ctx;
+    switch (n->op) {
+    case TR_OP_LINEAR:
+    case TR_OP_MATMUL:
+        return gemm_scratch_layout(g, n).total;
+    case TR_OP_LAYERNORM:
+        return cuda_layernorm_scratch_floats(rows(T(0)), cols(T(0)));
+    case TR_OP_ATTENTION:
+        return cuda_attention_scratch_floats((int)T(0)->shape[0], (int)T(0)->shape[1],
+                                             (int)T(0)->shape[2] / 3, n->heads);
+    case TR_OP_CROSS_ENTROPY:
+        return cuda_cross_entropy_scratch_floats(rows(T(0)));
+    default:
+        return 0;
+    }
+}
+
+/* x in the GEMM dtype: itself, or converted into scratch */
+static const void *as_gemm_input(struct cuda_context *c, const void *x, int from, int to,
+                                 size_t numel, float *scratch_at)
+{
+    if (from == to)
+        return x;
+    cuda_convert(c, scratch_at, to, x, from, numel);
+    return scratch_at;
+}
+
+static void gemm_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n), gdt = gemm_dtype(g, n);
+    struct gemm_geometry s = geometry(g, n);
+    struct gemm_scratch sl = gemm_scratch_layout(g, n);
+    const void *a = as_gemm_input(c, T(0)->data, dt, gdt, T(0)->numel, g->scratch + sl.a);
+    const void *b = as_gemm_input(c, T(1)->data, dt, gdt, T(1)->numel, g->scratch + sl.b);
+    if (n->op == TR_OP_LINEAR) /* out[M,N] = x[M,K] @ w[N,K]^T + bias */
+        cuda_gemm(c, 0, 1, s.M, s.N, s.K, 1.0f, a, s.K, 0, b, s.K, 0, 0.0f, OUT->data, s.N, 0, 1,
+                  gdt, dt, n->n_in == 3 ? T(2)->data : NULL);
+    else
+        cuda_gemm(c, 0, n->trans_b, s.M, s.N, s.K, 1.0f, a, s.K, (long long)s.M * s.K, b,
+                  n->trans_b ? s.K : s.N, (long long)s.K * s.N, 0.0f, OUT->data, s.N,
+                  (long long)s.M * s.N, s.batch, gdt, dt, NULL);
+}
+
+static void gemm_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n), gdt = gemm_dtype(g, n);
+    struct gemm_geometry s = geometry(g, n);
+    struct gemm_scratch sl = gemm_scratch_layout(g, n);
+    float *da = T(0)->grad, *db = T(1)->grad;
+    float *dbias = n->op == TR_OP_LINEAR && n->n_in == 3 ? T(2)->grad : NULL;
+    const float *dout = OUT->grad;
+    if (!da && !db && !dbias)
+        return;
+    if (dbias)
+        cuda_bias_backward(c, dbias, dout, s.M, s.N, g->scratch + sl.bias);
+    if (!da && !db)
+        return;
+    const void *a = as_gemm_input(c, T(0)->data, dt, gdt, T(0)->numel, g->scratch + sl.a);
+    const void *b = as_gemm_input(c, T(1)->data, dt, gdt, T(1)->numel, g->scratch + sl.b);
+    const void *d = as_gemm_input(c, dout, DT_F32, gdt, OUT->numel, g->scratch + sl.dout);
+    long long sa = (long long)s.M * s.K, sb = (long long)s.K * s.N, so = (long long)s.M * s.N;
+    if (n->op == TR_OP_LINEAR) {
+        /* dx[M,K] += dout[M,N] @ w[N,K];  dw[N,K] += dout^T[N,M] @ x[M,K] */
+        if (da)
+            cuda_gemm(c, 0, 0, s.M, s.K, s.N, 1.0f, d, s.N, 0, b, s.K, 0, 1.0f, da, s.K, 0, 1, gdt,
+                      DT_F32, NULL);
+        if (db)
+            cuda_gemm(c, 1, 0, s.N, s.K, s.M, 1.0f, d, s.N, 0, a, s.K, 0, 1.0f, db, s.K, 0, 1, gdt,
+                      DT_F32, NULL);
+    } else if (n->trans_b) {
+        /* b stored [N,K]: da += dout @ b;  db[N,K] += dout^T @ a */
+        if (da)
+            cuda_gemm(c, 0, 0, s.M, s.K, s.N, 1.0f, d, s.N, so, b, s.K, sb, 1.0f, da, s.K, sa,
+                      s.batch, gdt, DT_F32, NULL);
+        if (db)
+            cuda_gemm(c, 1, 0, s.N, s.K, s.M, 1.0f, d, s.N, so, a, s.K, sa, 1.0f, db, s.K, sb,
+                      s.batch, gdt, DT_F32, NULL);
+    } else {
+        /* b stored [K,N]: da += dout @ b^T;  db[K,N] += a^T @ dout */
+        if (da)
+            cuda_gemm(c, 0, 1, s.M, s.K, s.N, 1.0f, d, s.N, so, b, s.N, sb, 1.0f, da, s.K, sa,
+                      s.batch, gdt, DT_F32, NULL);
+        if (db)
+            cuda_gemm(c, 1, 0, s.K, s.N, s.M, 1.0f, a, s.K, sa, d, s.N, so, 1.0f, db, s.N, sb,
+                      s.batch, gdt, DT_F32, NULL);
+    }
+}
+
+static void cuda_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
+{
+    struct cuda_context *c = (struct cuda_context *)ctx;
+    int dt = storage(g, n);
+    switch (n->op) {
+    case TR_OP_EMBEDDING:
+        cuda_embedding_forward(c, dt, OUT->data, IDS(T(1)), T(0)->data, (int)T(1)->numel,
+                               cols(T(0)), (int)T(0)->shape[0]);
+        break;
+    case TR_OP_ADD_ROWS:
+        cuda_add_rows_forward(c, dt, OUT->data, T(0)->data, T(1)->data, (int)T(0)->shape[0],
+                              (int)T(0)->shape[1], (int)T(0)->shape[2]);
+        break;
+    case TR_OP_ADD:
+        cuda_add_forward(c, dt, OUT->data, T(0)->data, T(1)->data, OUT->numel);
+        break;
+    case TR_OP_LINEAR:
+    case TR_OP_MATMUL:
+        gemm_forward(c, g, n);
+        break;
+    case TR_OP_LAYERNORM:
+        cuda_layernorm_forward(c, dt, OUT->data, AUX(0), AUX(1), T(0)->data, T(1)->data,
+                               T(2)->data, rows(T(0)), cols(T(0)), n->eps);
+        break;
+    case TR_OP_GELU:
+        cuda_gelu_forward(c, dt, OUT->data, T(0)->data, OUT->numel);
+        break;
+    case TR_OP_RELU:
+        cuda_relu_forward(c, dt, OUT->data, T(0)->data, OUT->numel);
+        break;
+    case TR_OP_ATTENTION:
+        cuda_attention_forward(c, dt, OUT->data, AUX(0), T(0)->data, (int)T(0)->shape[0],
+                               (int)T(0)->shape[1], (int)T(0)->shape[2] / 3, n->heads);
+        break;
+    case TR_OP_CROSS_ENTROPY:
+        cuda_cross_entropy_forward(c, dt, OUT->data, AUX(0), T(0)->data, IDS(T(1)), rows(T(0)),
+                                   cols(T(0)), n->ignore_index, g->scratch);
+        break;
+    default:
+        break;
+    }
+}
+
+static void cuda_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
+{
+    struct cuda_context *c = (struct cuda_context *)ctx;
+    int dt = storage(g, n);
+    const float *dout = n->out == g->loss ? NULL : OUT->grad;
+    switch (n->op) {
+    case TR_OP_EMBEDDING:
+        cuda_embedding_backward(c, T(0)->grad, dout, IDS(T(1)), (int)T(1)->numel, cols(T(0)),
+                                (int)T(0)->shape[0]);
+        break;
+    case TR_OP_ADD_ROWS:
+        cuda_add_rows_backward(c, T(0)->grad, T(1)->grad, dout, (int)T(0)->shape[0],
+                               (int)T(0)->shape[1], (int)T(0)->shape[2]);
+        break;
+    case TR_OP_ADD:
+        cuda_add_backward(c, T(0)->grad, T(1)->grad, dout, OUT->numel);
+        break;
+    case TR_OP_LINEAR:
+    case TR_OP_MATMUL:
+        gemm_backward(c, g, n);
+        break;
+    case TR_OP_LAYERNORM:
+        cuda_layernorm_backward(c, dt, T(0)->grad, T(1)->grad, T(2)->grad, dout, T(0)->data,
+                                T(1)->data, AUX(0), AUX(1), rows(T(0)), cols(T(0)), g->scratch);
+        break;
+    case TR_OP_GELU:
+        cuda_gelu_backward(c, dt, T(0)->grad, T(0)->data, dout, OUT->numel);
+        break;
+    case TR_OP_RELU:
+        cuda_relu_backward(c, dt, T(0)->grad, T(0)->data, dout, OUT->numel);
+        break;
+    case TR_OP_ATTENTION:
+        cuda_attention_backward(c, dt, T(0)->grad, dout, T(0)->data, OUT->data, AUX(0),
+                                (int)T(0)->shape[0], (int)T(0)->shape[1],
+                                (int)T(0)->shape[2] / 3, n->heads, g->scratch);
+        break;
+    case TR_OP_CROSS_ENTROPY:
+        cuda_cross_entropy_backward(c, dt, T(0)->grad, T(0)->data, AUX(0), IDS(T(1)), g->loss_grad,
+                                    rows(T(0)), cols(T(0)), n->ignore_index, g->scratch);
+        break;
+    default:
+        break;
+    }
+}
+
+/* ---- optimizers and reductions ---------------------------------------------------- */
+
+static double iface_sum_squares(void *ctx, const float *x, size_t n)
+{
+    return cuda_sum_squares((struct cuda_context *)ctx, x, n);
+}
+
+static void iface_adamw(void *ctx, float *p, const float *grad, float *m, float *v, size_t n,
+                        const struct tr_adamw_args *a)
+{
+    cuda_adamw((struct cuda_context *)ctx, p, grad, m, v, n, a);
+}
+
+static void iface_sgd(void *ctx, float *p, const float *grad, float *buf, size_t n,
+                      const struct tr_sgd_args *a)
+{
+    cuda_sgd((struct cuda_context *)ctx, p, grad, buf, n, a);
+}
+
+static int64_t iface_count_correct(void *ctx, const float *logits, const int32_t *targets, int N,
+                                   int V, int ignore_index, int64_t *n_valid)
+{
+    return cuda_count_correct((struct cuda_context *)ctx, logits, targets, N, V, ignore_index,
+                              n_valid);
+}
+
+static struct tr_backend_iface make_iface(void)
+{
+    struct tr_backend_iface f;
+    memset(&f, 0, sizeof f);
+    f.struct_size = sizeof(struct tr_backend_iface);
+    f.name = "cuda";
+    f.alloc = cuda_alloc;
+    f.free = cuda_free;
+    f.zero = cuda_zero;
+    f.upload = cuda_upload;
+    f.download = cuda_download;
+    f.scratch_floats = cuda_scratch_floats;
+    f.forward = cuda_forward;
+    f.backward = cuda_backward;
+    f.sum_squares = iface_sum_squares;
+    f.adamw = iface_adamw;
+    f.sgd = iface_sgd;
+    f.synchronize = cuda_synchronize;
+    f.count_correct = iface_count_correct;
+    f.host_alloc = cuda_host_alloc;
+    f.host_free = cuda_host_free;
+    f.stream = cuda_stream;
+    return f;
+}
+
+static const struct tr_backend_iface cuda_iface = make_iface();
+
+/* ---- open, close, describe -------------------------------------------------------- */
+
+static void context_free(struct cuda_context *c)
+{
+    if (!c)
+        return;
+    if (c->compute)
+        cudaStreamSynchronize(c->compute);
+    if (c->copy)
+        cudaStreamSynchronize(c->copy);
+    cuda_gemm_close(c);
+    for (int i = 0; i < STAGE_SLOTS; i++) {
+        if (c->stage[i])
+            cudaFreeHost(c->stage[i]);
+        if (c->stage_done[i])
+            cudaEventDestroy(c->stage_done[i]);
+    }
+    if (c->compute_mark)
+        cudaEventDestroy(c->compute_mark);
+    if (c->sum_partials)
+        cudaFree(c->sum_partials);
+    if (c->sum_result)
+        cudaFreeHost(c->sum_result);
+    if (c->counts)
+        cudaFree(c->counts);
+    if (c->counts_host)
+        cudaFreeHost(c->counts_host);
+    if (c->lt_workspace)
+        cudaFree(c->lt_workspace);
+    if (c->compute)
+        cudaStreamDestroy(c->compute);
+    if (c->copy)
+        cudaStreamDestroy(c->copy);
+    free(c);
+}
+
+static void say(char *buf, size_t size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void say(char *buf, size_t size, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, size, fmt, ap);
+    va_end(ap);
+}
+
+/* Why no GPU can be used, or 0 when device 0 can. */
+static int device_check(char *why, size_t why_size, cudaDeviceProp *prop)
+{
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    if (driver == 0) {
+        say(why, why_size, "no CUDA driver (libcuda.so.1 is not installed: install the NVIDIA "
+            "driver)");
+        return -1;
+    }
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e == cudaErrorInsufficientDriver) {
+        say(why, why_size, "the NVIDIA driver supports CUDA up to %d.%d but this trainrun was "
+            "built with CUDA %d.%d: update the driver", driver / 1000, driver % 1000 / 10,
+            runtime / 1000, runtime % 1000 / 10);
+        return -1;
+    }
+    if (e == cudaErrorNoDevice || (e == cudaSuccess && count == 0)) {
+        const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+        say(why, why_size, "no GPU visible%s%s%s", visible ? " (CUDA_VISIBLE_DEVICES=" : "",
+            visible ? visible : "", visible ? ")" : "");
+        return -1;
+    }
+    if (e != cudaSuccess) {
+        say(why, why_size, "CUDA does not start: %s", cudaGetErrorString(e));
+        return -1;
+    }
+    e = cudaGetDeviceProperties(prop, 0);
+    if (e != cudaSuccess) {
+        say(why, why_size, "cannot query GPU 0: %s", cudaGetErrorString(e));
+        return -1;
+    }
+    if (prop->major < 8) {
+        say(why, why_size, "GPU 0 (%s) has compute capability %d.%d; this build runs on 8.0 or "
+            "newer (A100, RTX 30xx, H100 and later)", prop->name, prop->major, prop->minor);
+        return -1;
+    }
+    return 0;
+}
+
+static int cuda_open(struct tr_backend *be, int threads, char *why, size_t why_size)
+{
+    (void)threads; /* the host side is single-threaded */
+    cudaDeviceProp prop;
+    if (device_check(why, why_size, &prop) != 0) {
+        cudaGetLastError();
+        return -1;
+    }
+    struct cuda_context *c = (struct cuda_context *)calloc(1, sizeof *c);
+    if (!c) {
+        say(why, why_size, "out of host memory");
+        return -1;
+    }
+    c->device = 0;
+    c->prop = prop;
+    cudaError_t e = cudaSetDevice(c->device);
+    const char *step = "cudaSetDevice";
+#define STEP(call)                                                                                 \
+    do {                                                                                           \
+        if (e == cudaSuccess) {                                                                    \
+            e = (call);                                                                            \
+            step = #call;                                                                          \
+        }                                                                                          \
+    } while (0)
+    STEP(cudaStreamCreateWithFlags(&c->compute, cudaStreamNonBlocking));
+    STEP(cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking));
+    STEP(cudaEventCreateWithFlags(&c->compute_mark, cudaEventDisableTiming));
+    for (int i = 0; i < STAGE_SLOTS; i++) {
+        STEP(cudaEventCreateWithFlags(&c->stage_done[i], cudaEventDisableTiming));
+        STEP(cudaHostAlloc(&c->stage[i], STAGE_BYTES, cudaHostAllocPortable));
+    }
+    STEP(cudaMalloc((void **)&c->sum_partials, (SUM_BLOCKS + 1) * sizeof(double)));
+    STEP(cudaHostAlloc((void **)&c->sum_result, sizeof(double), cudaHostAllocPortable));
+    STEP(cudaMalloc((void **)&c->counts, 2 * sizeof(unsigned long long)));
+    STEP(cudaHostAlloc((void **)&c->counts_host, 2 * sizeof(unsigned long long),
+                       cudaHostAllocPortable));
+    STEP(cudaMalloc(&c->lt_workspace, LT_WORKSPACE_BYTES));
+    STEP(cuda_attention_init());
+#undef STEP
+    if (e != cudaSuccess) {
+        say(why, why_size, "GPU 0 (%s) does not start: %s: %s", prop.name, step,
+            cudaGetErrorString(e));
+        cudaGetLastError();
+        context_free(c);
+        return -1;
+    }
+    size_t lt_version = 0;
+    const char *lt_why = cuda_gemm_open(c, &lt_version);
+    if (lt_why) {
+        say(why, why_size, "%s", lt_why);
+        context_free(c);
+        return -1;
+    }
+    be->iface = &cuda_iface;
+    be->context = c;
+    return 0;
+}
+
+static void cuda_close(struct tr_backend *be)
+{
+    context_free((struct cuda_context *)be->context);
+    be->context = NULL;
+    be->iface = NULL;
+}
+
+/* A library's version function, if the library loads: dlopen, call, close. */
+static void *open_library(const char *const *names, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (h)
+            return h;
+    }
+    return NULL;
+}
+
+static int cuda_describe(char *buf, size_t size)
+{
+    if (!buf || size == 0)
+        return -1;
+    size_t len = 0;
+#define ADD(...)                                                                                   \
+    do {                                                                                           \
+        if (len < size)                                                                            \
+            len += (size_t)snprintf(buf + len, size - len, __VA_ARGS__);                           \
+    } while (0)
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    if (driver)
+        ADD("CUDA driver: supports CUDA %d.%d\n", driver / 1000, driver % 1000 / 10);
+    else
+        ADD("CUDA driver: none (libcuda.so.1 not found)\n");
+    ADD("CUDA runtime: %d.%d (linked statically), kernels for sm_80, sm_90 and PTX compute_90\n",
+        runtime / 1000, runtime % 1000 / 10);
+
+    const char *lt_names[] = {"libcublasLt.so.13", "libcublasLt.so.12",
+                              TR_CUDA_HOME "/lib64/libcublasLt.so", "libcublasLt.so"};
+    void *h = open_library(lt_names, sizeof lt_names / sizeof *lt_names);
+    size_t (*lt_version)(void) = h ? (size_t(*)(void))dlsym(h, "cublasLtGetVersion") : NULL;
+    if (lt_version)
+        ADD("cuBLASLt: %zu\n", lt_version());
+    else
+        ADD("cuBLASLt: not found (GEMMs need it: install the CUDA toolkit's cuBLAS)\n");
+    if (h)
+        dlclose(h);
+
+    const char *dnn_names[] = {"libcudnn.so.9", "libcudnn.so.8", TR_CUDA_HOME "/lib64/libcudnn.so",
+                               "libcudnn.so"};
+    h = open_library(dnn_names, sizeof dnn_names / sizeof *dnn_names);
+    size_t (*dnn_version)(void) = h ? (size_t(*)(void))dlsym(h, "cudnnGetVersion") : NULL;
+    if (dnn_version) {
+        size_t v = dnn_version(); /* 9.x: major*10000 + minor*100 + patch */
+        if (v >= 90000)
+            ADD("cuDNN: %zu.%zu.%zu (not used by this backend)\n", v / 10000, v / 100 % 100,
+                v % 100);
+        else
+            ADD("cuDNN: %zu.%zu.%zu (not used by this backend)\n", v / 1000, v / 100 % 10,
+                v % 100);
+    } else {
+        ADD("cuDNN: not found\n");
+    }
+    if (h)
+        dlclose(h);
+
+    const char *nccl_names[] = {"libnccl.so.2", TR_CUDA_HOME "/lib64/libnccl.so.2", "libnccl.so"};
+    h = open_library(nccl_names, sizeof nccl_names / sizeof *nccl_names);
+    int (*nccl_version)(int *) = h ? (int (*)(int *))dlsym(h, "ncclGetVersion") : NULL;
+    int nv = 0;
+    if (nccl_version && nccl_version(&nv) == 0) /* >= 2.9: major*10000 + minor*100 + patch */
+        ADD("NCCL: %d.%d.%d\n", nv / 10000, nv / 100 % 100, nv % 100);
+    else
+        ADD("NCCL: not found\n");
+    if (h)
+        dlclose(h);
+
+    int count = 0;
+    cudaError_t e = driver ? cudaGetDeviceCount(&count) : cudaErrorInsufficientDriver;
+    if (e != cudaSuccess || count == 0) {
+        char why[256];
+        cudaDeviceProp prop;
+        device_check(why, sizeof why, &prop);
+        ADD("GPUs: no GPU (%s)\n", e == cudaSuccess ? "none visible" : why);
+        cudaGetLastError();
+        return 0;
+    }
+    for (int i = 0; i < count; i++) {
+        cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) {
+            ADD("GPU %d: cannot be queried\n", i);
+            continue;
+        }
+        ADD("GPU %d: %s, %.1f GiB, %d SMs, compute capability %d.%d%s\n", i, prop.name,
+            (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), prop.multiProcessorCount,
+            prop.major, prop.minor, prop.major < 8 ? " (too old for this build: needs 8.0)" : "");
+    }
+#undef ADD
+    cudaGetLastError();
+    return 0;
+}
+
+static const struct tr_backend_module cuda_module = {
+    TR_BACKEND_ABI, sizeof(struct tr_backend_module), "cuda", cuda_open, cuda_close, cuda_describe,
+};
+
+extern "C" __attribute__((visibility("default"))) const struct tr_backend_module *
+trainrun_backend_entry(void)
+{
+    return &cuda_module;
+}

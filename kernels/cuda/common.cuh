@@ -1,0 +1,187 @@
+/*
+ * The CUDA backend's shared pieces: the context every iface call gets, the
+ * storage-type helpers the kernels are templated on, and the entry points
+ * each .cu file gives the dispatcher (backend.cu).
+ *
+ * Conventions are those of kernels/cpu/kernels.h: row-major, backward
+ * ACCUMULATES into gradients, a NULL gradient is skipped.  Everything runs on
+ * one compute stream; nothing here allocates or waits for the device, except
+ * the iface calls whose result the host needs (download, sum_squares,
+ * count_correct, synchronize).
+ */
+#ifndef TR_CUDA_COMMON_CUH
+#define TR_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+extern "C" {
+#include "../backend.h"
+}
+
+/* storage dtypes, as enum tr_dtype (include/trainrun/plugin.h) */
+enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2, DT_I32 = 3 };
+
+enum { STAGE_SLOTS = 2 };
+#define STAGE_BYTES ((size_t)8 << 20)      /* pinned upload staging, per slot */
+#define LT_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt workspace */
+enum { SUM_BLOCKS = 256, SUM_THREADS = 256 }; /* fixed: the sum's order depends on n only */
+
+struct gemm_cache; /* gemm.cu */
+
+struct cuda_context {
+    int device;
+    cudaDeviceProp prop;
+    cudaStream_t compute, copy;
+    cudaEvent_t compute_mark;            /* "compute has reached here", for the copy stream */
+    void *stage[STAGE_SLOTS];            /* pinned */
+    cudaEvent_t stage_done[STAGE_SLOTS]; /* the DMA out of slot i has finished */
+    int stage_next;
+    double *sum_partials;                /* device, SUM_BLOCKS + 1 */
+    double *sum_result;                  /* pinned host, 1 */
+    unsigned long long *counts;          /* device, 2: correct, valid */
+    unsigned long long *counts_host;     /* pinned host, 2 */
+    void *lt_workspace;                  /* device, LT_WORKSPACE_BYTES */
+    struct gemm_cache *gemm;
+    cudaError_t first_error;             /* sticky: reported once, turns sum_squares into NaN */
+};
+
+/* Records a failed CUDA call (the first one is printed with `what`). */
+void cuda_note(struct cuda_context *c, cudaError_t e, const char *what);
+#define CUDA_NOTE(c, call) cuda_note((c), (call), #call)
+/* After a kernel launch: catches launch-configuration errors. */
+#define LAUNCHED(c, what) cuda_note((c), cudaGetLastError(), (what))
+
+/* ---- storage helpers ---------------------------------------------------- */
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x)
+{
+    return __float2bfloat16_rn(x);
+}
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+/* Calls F<T>(args...) for the storage type `dtype`. */
+#define DISPATCH_STORAGE(dtype, F, ...)                                                           \
+    do {                                                                                           \
+        switch (dtype) {                                                                           \
+        case DT_BF16:                                                                              \
+            F<__nv_bfloat16>(__VA_ARGS__);                                                         \
+            break;                                                                                 \
+        case DT_F16:                                                                               \
+            F<__half>(__VA_ARGS__);                                                                \
+            break;                                                                                 \
+        default:                                                                                   \
+            F<float>(__VA_ARGS__);                                                                 \
+            break;                                                                                 \
+        }                                                                                          \
+    } while (0)
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ double warp_sum_double(double v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* A grid for n elements, capped so huge tensors use grid-stride loops. */
+static inline unsigned grid_for(size_t n, unsigned threads)
+{
+    size_t blocks = (n + threads - 1) / threads;
+    if (blocks > 65535u * 8u)
+        blocks = 65535u * 8u;
+    return blocks ? (unsigned)blocks : 1u;
+}
+
+/* ---- ops.cu: elementwise, layernorm, embedding, loss, optimizers -------- */
+/* ids outside [0,V) read as zero rows and are skipped in backward (the
+ * core checks them; this keeps a bad id from faulting the device) */
+void cuda_embedding_forward(struct cuda_context *c, int dt, void *out, const int32_t *idx,
+                            const void *table, int N, int C, int V);
+void cuda_embedding_backward(struct cuda_context *c, float *dtable, const float *dout,
+                             const int32_t *idx, int N, int C, int V);
+void cuda_add_rows_forward(struct cuda_context *c, int dt, void *out, const void *x, const void *p,
+                           int B, int T, int C);
+void cuda_add_rows_backward(struct cuda_context *c, float *dx, float *dp, const float *dout, int B,
+                            int T, int C);
+void cuda_add_forward(struct cuda_context *c, int dt, void *out, const void *a, const void *b,
+                      size_t n);
+void cuda_add_backward(struct cuda_context *c, float *da, float *db, const float *dout, size_t n);
+void cuda_gelu_forward(struct cuda_context *c, int dt, void *out, const void *inp, size_t n);
+void cuda_gelu_backward(struct cuda_context *c, int dt, float *dinp, const void *inp,
+                        const float *dout, size_t n);
+void cuda_relu_forward(struct cuda_context *c, int dt, void *out, const void *inp, size_t n);
+void cuda_relu_backward(struct cuda_context *c, int dt, float *dinp, const void *inp,
+                        const float *dout, size_t n);
+void cuda_layernorm_forward(struct cuda_context *c, int dt, void *out, float *mean, float *rstd,
+                            const void *inp, const void *w, const void *b, int N, int C, float eps);
+size_t cuda_layernorm_scratch_floats(int N, int C);
+void cuda_layernorm_backward(struct cuda_context *c, int dt, float *dinp, float *dw, float *db,
+                             const float *dout, const void *inp, const void *w, const float *mean,
+                             const float *rstd, int N, int C, float *scratch);
+size_t cuda_cross_entropy_scratch_floats(int N);
+void cuda_cross_entropy_forward(struct cuda_context *c, int dt, void *loss, float *lse,
+                                const void *logits, const int32_t *targets, int N, int V,
+                                int ignore_index, float *scratch);
+void cuda_cross_entropy_backward(struct cuda_context *c, int dt, float *dlogits, const void *logits,
+                                 const float *lse, const int32_t *targets, float dloss, int N,
+                                 int V, int ignore_index, float *scratch);
+/* out[m*ldc + n] += bias[n] for m < M, n < N (out and bias of dtype dt) */
+void cuda_add_bias(struct cuda_context *c, int dt, void *out, const void *bias, int M, int N,
+                   int ldc);
+size_t cuda_bias_scratch_floats(int N, int OC);
+void cuda_bias_backward(struct cuda_context *c, float *dbias, const float *dout, int N, int OC,
+                        float *scratch);
+/* out = in converted to dtype `to` (from float or another storage type) */
+void cuda_convert(struct cuda_context *c, void *out, int to, const void *in, int from, size_t n);
+void cuda_adamw(struct cuda_context *c, float *p, const float *g, float *m, float *v, size_t n,
+                const struct tr_adamw_args *a);
+void cuda_sgd(struct cuda_context *c, float *p, const float *g, float *buf, size_t n,
+              const struct tr_sgd_args *a);
+double cuda_sum_squares(struct cuda_context *c, const float *x, size_t n);
+int64_t cuda_count_correct(struct cuda_context *c, const float *logits, const int32_t *targets,
+                           int N, int V, int ignore_index, int64_t *n_valid);
+
+/* ---- attention.cu ------------------------------------------------------- */
+/* Largest head size the kernels take. */
+enum { ATTENTION_MAX_HEAD = 256 };
+cudaError_t cuda_attention_init(void); /* shared-memory limits, once in open() */
+size_t cuda_attention_scratch_floats(int B, int T, int C, int NH);
+void cuda_attention_forward(struct cuda_context *c, int dt, void *out, float *lse, const void *qkv,
+                            int B, int T, int C, int NH);
+void cuda_attention_backward(struct cuda_context *c, int dt, float *dqkv, const float *dout,
+                             const void *qkv, const void *out, const float *lse, int B, int T,
+                             int C, int NH, float *scratch);
+
+/* ---- gemm.cu: cuBLASLt, loaded at open() -------------------------------- */
+/* Why cuBLASLt could not be loaded (NULL when it was); fills *version. */
+const char *cuda_gemm_open(struct cuda_context *c, size_t *version);
+void cuda_gemm_close(struct cuda_context *c);
+/* Row-major C[M,N] = alpha op(A) op(B) + beta C (+ bias[N] per row when
+ * bias != NULL), `batch` products `stride_*` elements apart.  A and B are of
+ * dtype ab_dt, C and the bias of c_dt; fp32 accumulation. */
+void cuda_gemm(struct cuda_context *c, int trans_a, int trans_b, int M, int N, int K, float alpha,
+               const void *A, int lda, long long stride_a, const void *B, int ldb,
+               long long stride_b, float beta, void *C, int ldc, long long stride_c, int batch,
+               int ab_dt, int c_dt, const void *bias);
+
+#endif

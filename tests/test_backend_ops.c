@@ -1,0 +1,914 @@
+/*
+ * Every op on the CPU backend and on the CUDA backend, compared (after
+ * ggml's test-backend-ops): random inputs (never zeros), each op's forward
+ * outputs and saved tensors, then every gradient of its backward, which
+ * accumulates into gradients prefilled with random values on both sides.
+ * Each device buffer is surrounded by guard bytes of a known pattern,
+ * checked afterwards, so a kernel writing out of bounds fails its case.
+ * Then the tiny GPT of tests/fixtures as a whole: loss, every gradient and a
+ * few AdamW steps.
+ *
+ * Storage dtypes: the CUDA kernels are templated on fp32, bf16 and fp16
+ * storage, so the bf16/fp16 cases store the node's tensors in that dtype on
+ * the GPU; the CPU computes the same op in fp32 from the same (rounded)
+ * values, with its output rounded to the storage dtype before backward, as
+ * storing it would.  Gradients are fp32 on both.
+ *
+ * Without a GPU (or a trainrun built without CUDA) every GPU case is
+ * skipped with the reason, and the program exits 77 so `make check` lists
+ * it as SKIP; the harness itself (guards, accumulation) still runs on the
+ * CPU in harness_on_cpu.
+ */
+#include <criterion/criterion.h>
+
+#include "backend.h"
+#include "graph.h"
+#include "kernels.h"
+#include "model.h"
+#include "optim.h"
+#include "plugin.h"
+#include "run_config.h"
+#include "safetensors.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GUARD 256 /* bytes of pattern before and after each buffer */
+
+/* ---- opening the backends ---------------------------------------------- */
+
+static int open_cuda(struct tr_backend *be, char *why, size_t size)
+{
+    const char *dir = getenv("TR_PLUGIN_BUILD_DIR");
+    struct tr_plugin_path sp;
+    tr_plugin_path_init(&sp, dir ? dir : ".", NULL);
+    tr_err err = {{0}};
+    int rc = tr_backend_open(be, "cuda", 0, &sp, &err);
+    tr_plugin_path_free(&sp);
+    if (rc != TR_OK)
+        snprintf(why, size, "%s", err.msg);
+    return rc;
+}
+
+/* The CUDA backend, or the test is skipped saying why. */
+static void need_cuda(struct tr_backend *be)
+{
+    char why[1100];
+    if (open_cuda(be, why, sizeof why) != TR_OK)
+        cr_skip_test("no GPU: %s", why);
+}
+
+/* ---- guarded device buffers ---------------------------------------------- */
+
+static uint8_t guard_byte(size_t i) { return (uint8_t)(0xA5u ^ (i * 29u)); }
+
+struct buffer {
+    void *base; /* the allocation: GUARD bytes, the data, GUARD bytes */
+    size_t bytes;
+    const char *what;
+};
+
+struct arena {
+    const struct tr_backend *be;
+    struct buffer list[256];
+    int n;
+};
+
+static void *arena_alloc(struct arena *a, size_t bytes, const char *what)
+{
+    const struct tr_backend_iface *f = a->be->iface;
+    cr_assert_lt(a->n, 256);
+    uint8_t *base = f->alloc(a->be->context, bytes + 2 * GUARD);
+    cr_assert_not_null(base, "%s: cannot allocate %zu bytes on %s", what, bytes, f->name);
+    uint8_t pattern[GUARD];
+    for (size_t i = 0; i < GUARD; i++)
+        pattern[i] = guard_byte(i);
+    f->upload(a->be->context, base, pattern, GUARD);
+    f->upload(a->be->context, base + GUARD + bytes, pattern, GUARD);
+    a->list[a->n++] = (struct buffer){base, bytes, what};
+    return base + GUARD;
+}
+
+static void arena_check(const struct arena *a, const char *label)
+{
+    const struct tr_backend_iface *f = a->be->iface;
+    if (f->synchronize)
+        f->synchronize(a->be->context);
+    for (int k = 0; k < a->n; k++) {
+        const struct buffer *b = &a->list[k];
+        uint8_t head[GUARD], tail[GUARD];
+        f->download(a->be->context, head, b->base, GUARD);
+        f->download(a->be->context, tail, (uint8_t *)b->base + GUARD + b->bytes, GUARD);
+        for (size_t i = 0; i < GUARD; i++) {
+            cr_assert_eq(head[i], guard_byte(i), "%s on %s: %s: a write %zu bytes before its start",
+                         label, f->name, b->what, GUARD - i);
+            cr_assert_eq(tail[i], guard_byte(i), "%s on %s: %s: a write %zu bytes past its end",
+                         label, f->name, b->what, i + 1);
+        }
+    }
+}
+
+static void arena_free(struct arena *a)
+{
+    for (int k = 0; k < a->n; k++)
+        a->be->iface->free(a->be->context, a->list[k].base);
+    a->n = 0;
+}
+
+/* ---- values ---------------------------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t x = (*s += 0x9e3779b97f4a7c15ULL);
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* uniform in +-[0.1, 1) * scale: random sign, never zero */
+static float rng_value(uint64_t *s, float scale)
+{
+    uint64_t r = rng_next(s);
+    float u = 0.1f + 0.9f * (float)((r >> 11) * 0x1.0p-53);
+    return ((r & 1) ? -u : u) * scale;
+}
+
+static size_t dt_size(enum tr_dtype dt) { return (dt == TR_BF16 || dt == TR_F16) ? 2 : 4; }
+static int is_half(enum tr_dtype dt) { return dt == TR_BF16 || dt == TR_F16; }
+static const char *dt_name(enum tr_dtype dt)
+{
+    return dt == TR_BF16 ? "bf16" : dt == TR_F16 ? "fp16" : dt == TR_I32 ? "i32" : "fp32";
+}
+
+/* host fp32 values -> a device buffer of dtype dt */
+static void upload_as(const struct tr_backend *be, void *dst, const float *src, size_t n,
+                      enum tr_dtype dt)
+{
+    if (!is_half(dt)) {
+        be->iface->upload(be->context, dst, src, n * sizeof(float));
+        return;
+    }
+    uint16_t *tmp = malloc(n * sizeof *tmp + 1);
+    tr_cpu_to_half(tmp, src, n, dt == TR_BF16);
+    be->iface->upload(be->context, dst, tmp, n * sizeof *tmp);
+    free(tmp);
+}
+
+static float *download_as_f32(const struct tr_backend *be, const void *src, size_t n,
+                              enum tr_dtype dt)
+{
+    float *out = malloc(n * sizeof *out + 4);
+    if (!is_half(dt)) {
+        be->iface->download(be->context, out, src, n * sizeof(float));
+        return out;
+    }
+    uint16_t *tmp = malloc(n * sizeof *tmp + 2);
+    be->iface->download(be->context, tmp, src, n * sizeof *tmp);
+    tr_cpu_from_half(out, tmp, n, dt == TR_BF16);
+    free(tmp);
+    return out;
+}
+
+/* max |got - want| / max |want|: robust where single elements are tiny */
+static double tensor_error(const float *got, const float *want, size_t n)
+{
+    double diff = 0, scale = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        diff = fmax(diff, fabs((double)got[i] - (double)want[i]));
+        scale = fmax(scale, fabs((double)want[i]));
+    }
+    return diff / scale;
+}
+
+static void expect_finite(const float *x, size_t n, const char *label, const char *what)
+{
+    for (size_t i = 0; i < n; i++)
+        cr_assert(isfinite(x[i]), "%s: %s[%zu] = %g on the GPU", label, what, i, (double)x[i]);
+}
+
+/* ---- one op, as a graph of one node ------------------------------------------ */
+
+struct op_case {
+    const char *name;
+    /* adds the node's tensors and node to g (float tensors in dtype dt) */
+    void (*build)(struct tr_graph *g, enum tr_dtype dt, const int *dims);
+    int dims[6];
+    enum tr_dtype storage; /* of the node's float tensors on the GPU */
+    enum tr_dtype compute; /* g->compute on both */
+    double tolerance;
+};
+
+static int64_t shape_buf[TR_MAX_DIMS];
+static const int64_t *shape(int64_t a, int64_t b, int64_t c)
+{
+    shape_buf[0] = a;
+    shape_buf[1] = b;
+    shape_buf[2] = c;
+    return shape_buf;
+}
+
+/* a scalar no node uses: tr_graph_check wants a loss */
+static void dummy_loss(struct tr_graph *g)
+{
+    int64_t one = 1;
+    g->loss = tr_graph_add_tensor(g, "unused_loss", TR_ROLE_INPUT, TR_F32, 1, &one);
+}
+
+static int param(struct tr_graph *g, const char *name, enum tr_dtype dt, int ndim, const int64_t *s)
+{
+    return tr_graph_add_tensor(g, name, TR_ROLE_PARAM, dt, ndim, s);
+}
+
+static int activation(struct tr_graph *g, enum tr_dtype dt, int ndim, const int64_t *s)
+{
+    return tr_graph_add_tensor(g, "out", TR_ROLE_ACTIVATION, dt, ndim, s);
+}
+
+static void add_node(struct tr_graph *g, struct tr_node n) { tr_graph_add_node(g, &n); }
+
+static void build_embedding(struct tr_graph *g, enum tr_dtype dt, const int *d)
+{
+    int B = d[0], T = d[1], V = d[2], C = d[3];
+    int table = param(g, "table", dt, 2, shape(V, C, 0));
+    int idx = tr_graph_add_tensor(g, "ids", TR_ROLE_INPUT, TR_I32, 2, shape(B, T, 0));
+    int out = activation(g, dt, 3, shape(B, T, C));
+    add_node(g, (struct tr_node){.op = TR_OP_EMBEDDING, .name = "embedding", .in = {table, idx},
+                                 .n_in = 2, .out = out});
+    dummy_loss(g);
+}
+
+static void build_add_rows(struct tr_graph *g, enum tr_dtype dt, const int *d)
+{
+    int B = d[0], T = d[1], C = d[2];
+    int x = param(g, "x", dt, 3, shape(B, T, C));
+    int p = param(g, "positions", dt, 2, shape(T + 3, C, 0)); /* more rows than T */
+    int out = activation(g, dt, 3, shape(B, T, C));
+    add_node(g, (struct tr_node){.op = TR_OP_ADD_ROWS, .name = "add_rows", .in = {x, p},
+                                 .n_in = 2, .out = out});
+    dummy_loss(g);
+}
+
+static void build_add(struct tr_graph *g, enum tr_dtype dt, const int *d)
+{
+    int a = param(g, "a", dt, 2, shape(d[0], d[1], 0));
+    int b = d[2] ? a : param(g, "b", dt, 2, shape(d[0], d[1], 0)); /* d[2]: x + x */
+    int out = activation(g, dt, 2, shape(d[0], d[1], 0));
+    add_node(g, (struct tr_node){.op = TR_OP_ADD, .name = "add", .in = {a, b}, .n_in = 2,
+                                 .out = out});
+    dummy_loss(g);
+}
+
+static void build_unary(struct tr_graph *g, enum tr_dtype dt, const int *d, enum tr_op op)
+{
+    int x = param(g, "x", dt, 2, shape(d[0], d[1], 0));
+    int out = activation(g, dt, 2, shape(d[0], d[1], 0));
+    add_node(g, (struct tr_node){.op = op, .name = (char *)tr_op_name(op), .in = {x}, .n_in = 1, .out = out});
+    dummy_loss(g);
+}
+static void build_gelu(struct tr_graph *g, enum tr_dtype dt, const int *d) { build_unary(g, dt, d, TR_OP_GELU); }
+static void build_relu(struct tr_graph *g, enum tr_dtype dt, const int *d) { build_unary(g, dt, d, TR_OP_RELU); }
+
+/* dims: B, T, IC, OC, bias */
+static void build_linear(struct tr_graph *g, enum tr_dtype dt, const int *d)
+{
+    int x = param(g, "x", dt, 3, shape(d[0], d[1], d[2]));
+    int w = param(g, "w", dt, 2, shape(d[3], d[2], 0));
+    int b = d[4] ? param(g, "b", dt, 1, shape(d[3], 0, 0)) : -1;
+    int out = activation(g, dt, 3, shape(d[0], d[1], d[3]));
+    add_node(g, (struct tr_node){.op = TR_OP_LINEAR, .name = "linear", .in = {x, w, b},
+                                 .n_in = d[4] ? 3 : 2, .out = out});
+    dummy_loss(g);
+}
+
+/* dims: batch (0: 2-D), M, K, N, trans_b */
+static void build_matmul(struct tr_graph *g, enum tr_dtype dt, const int *d)
+{
+    int batch = d[0], M = d[1], K = d[2], N = d[3], tb = d[4];
+    int a, b, out;
+    if (batch) {
+        a = param(g, "a", dt, 3, shape(batch, M, K));
+        b = param(g, "b", dt, 3, tb ? shape(batch, N, K) : shape(batch, K, N));
+        out = activation(g, dt, 3, shape(batch, M, N));
+    } else {
+        a = param(g, "a", dt, 2, shape(M, K, 0));
+        b = param(g, "b", dt, 2, tb ? shape(N, K, 0) : shape(K, N, 0));
+        out = activation(g, dt, 2, shape(M, N, 0));
+    }
+    add_node(g, (struct tr_node){.op = TR_OP_MATMUL, .name = "matmul", .in = {a, b}, .n_in = 2,
+                                 .out = out, .trans_b = tb});
+    dummy_loss(g);
+}
+
+static void build_layernorm(struct tr_graph *g, enum tr_dtype dt, const int *d)
+{
+    int x = param(g, "x", dt, 3, shape(d[0], d[1], d[2]));
+    int w = param(g, "w", dt, 1, shape(d[2], 0, 0));
+    int b = param(g, "b", dt, 1, shape(d[2], 0, 0));
+    int out = activation(g, dt, 3, shape(d[0], d[1], d[2]));
+    add_node(g, (struct tr_node){.op = TR_OP_LAYERNORM, .name = "layernorm", .in = {x, w, b},
+                                 .n_in = 3, .out = out, .eps = 1e-5f});
+    dummy_loss(g);
+}
+
+/* dims: B, T, C, heads */
+static void build_attention(struct tr_graph *g, enum tr_dtype dt, const int *d)
+{
+    int qkv = param(g, "qkv", dt, 3, shape(d[0], d[1], 3 * d[2]));
+    int out = activation(g, dt, 3, shape(d[0], d[1], d[2]));
+    add_node(g, (struct tr_node){.op = TR_OP_ATTENTION, .name = "attention", .in = {qkv},
+                                 .n_in = 1, .out = out, .heads = d[3]});
+    dummy_loss(g);
+}
+
+/* dims: B, T, V */
+static void build_cross_entropy(struct tr_graph *g, enum tr_dtype dt, const int *d)
+{
+    int logits = param(g, "logits", dt, 3, shape(d[0], d[1], d[2]));
+    int targets = tr_graph_add_tensor(g, "targets", TR_ROLE_INPUT, TR_I32, 2, shape(d[0], d[1], 0));
+    int64_t one = 1;
+    int loss = tr_graph_add_tensor(g, "loss", TR_ROLE_ACTIVATION, dt, 1, &one);
+    add_node(g, (struct tr_node){.op = TR_OP_CROSS_ENTROPY, .name = "cross_entropy",
+                                 .in = {logits, targets}, .n_in = 2, .out = loss,
+                                 .ignore_index = -1});
+    g->loss = loss;
+}
+
+/* One side of a case: the graph, its buffers, on one backend. */
+struct side {
+    const struct tr_backend *be;
+    struct tr_graph *g;
+    struct arena arena;
+};
+
+static void side_build(struct side *s, const struct op_case *oc, enum tr_dtype dt)
+{
+    s->g = tr_graph_new(1);
+    oc->build(s->g, dt, oc->dims);
+    s->g->compute = oc->compute;
+    tr_err err = {{0}};
+    cr_assert_eq(tr_graph_check(s->g, &err), TR_OK, "%s: %s", oc->name, err.msg);
+    s->arena.be = s->be;
+    s->arena.n = 0;
+    struct tr_graph *g = s->g;
+    const struct tr_node *n = &g->nodes[0];
+    for (int i = 0; i < g->n_tensors; i++) {
+        struct tr_tensor *t = &g->tensors[i];
+        t->data = arena_alloc(&s->arena, t->numel * dt_size(t->dtype), t->name);
+        int feeds_node = 0;
+        for (int k = 0; k < n->n_in; k++)
+            feeds_node |= n->in[k] == i;
+        int wants_grad = t->dtype != TR_I32 && ((feeds_node && t->role == TR_ROLE_PARAM) ||
+                                                (i == n->out && i != g->loss));
+        if (wants_grad)
+            t->grad = arena_alloc(&s->arena, t->numel * sizeof(float), "gradient");
+    }
+    size_t floats = s->be->iface->scratch_floats(s->be->context, g, n);
+    g->scratch_floats = floats;
+    g->scratch = floats ? arena_alloc(&s->arena, floats * sizeof(float), "scratch") : NULL;
+}
+
+static void side_free(struct side *s)
+{
+    arena_free(&s->arena);
+    for (int i = 0; i < s->g->n_tensors; i++)
+        s->g->tensors[i].data = s->g->tensors[i].grad = NULL;
+    s->g->scratch = NULL;
+    tr_graph_free(s->g, NULL);
+}
+
+/* Random inputs and prefilled gradients, the same values on both sides
+ * (rounded to the GPU's storage dtype). */
+static void fill(struct side *cpu, struct side *gpu, const struct op_case *oc, uint64_t seed)
+{
+    struct tr_graph *gc = cpu->g, *gg = gpu->g;
+    const struct tr_node *n = &gc->nodes[0];
+    for (int i = 0; i < gc->n_tensors; i++) {
+        struct tr_tensor *tc = &gc->tensors[i], *tg = &gg->tensors[i];
+        if (tc->role == TR_ROLE_SAVED || i == n->out || i == gc->loss)
+            continue;
+        if (tc->dtype == TR_I32) {
+            /* ids or targets: in range, repeated, a few targets ignored */
+            const struct tr_tensor *table = &gc->tensors[n->in[0]];
+            int V = n->op == TR_OP_EMBEDDING ? (int)table->shape[0]
+                                             : (int)table->shape[table->ndim - 1];
+            int32_t *ids = malloc(tc->numel * sizeof *ids);
+            for (size_t j = 0; j < tc->numel; j++) {
+                ids[j] = (int32_t)(rng_next(&seed) % (uint64_t)V);
+                if (n->op == TR_OP_CROSS_ENTROPY && j % 5 == 3)
+                    ids[j] = n->ignore_index;
+            }
+            cpu->be->iface->upload(cpu->be->context, tc->data, ids, tc->numel * sizeof *ids);
+            gpu->be->iface->upload(gpu->be->context, tg->data, ids, tc->numel * sizeof *ids);
+            free(ids);
+            continue;
+        }
+        float *v = malloc(tc->numel * sizeof *v);
+        float scale = n->op == TR_OP_CROSS_ENTROPY ? 4.0f : n->op == TR_OP_ATTENTION ? 2.0f : 1.0f;
+        for (size_t j = 0; j < tc->numel; j++)
+            v[j] = rng_value(&seed, scale);
+        if (is_half(oc->storage))
+            tr_cpu_round_to_half(v, v, tc->numel, oc->storage == TR_BF16);
+        upload_as(cpu->be, tc->data, v, tc->numel, TR_F32);
+        upload_as(gpu->be, tg->data, v, tc->numel, tg->dtype);
+        free(v);
+    }
+    for (int i = 0; i < gc->n_tensors; i++) { /* gradients, dout included */
+        struct tr_tensor *tc = &gc->tensors[i], *tg = &gg->tensors[i];
+        if (!tc->grad)
+            continue;
+        float *v = malloc(tc->numel * sizeof *v);
+        for (size_t j = 0; j < tc->numel; j++)
+            v[j] = rng_value(&seed, 1.0f);
+        upload_as(cpu->be, tc->grad, v, tc->numel, TR_F32);
+        upload_as(gpu->be, tg->grad, v, tc->numel, TR_F32);
+        free(v);
+    }
+    gc->loss_grad = gg->loss_grad = 0.75f;
+}
+
+static void compare(const char *label, const char *what, const struct tr_backend *cpu_be,
+                    const void *cpu_data, enum tr_dtype cpu_dt, const struct tr_backend *gpu_be,
+                    const void *gpu_data, enum tr_dtype gpu_dt, size_t n, double tolerance)
+{
+    float *want = download_as_f32(cpu_be, cpu_data, n, cpu_dt);
+    float *got = download_as_f32(gpu_be, gpu_data, n, gpu_dt);
+    expect_finite(got, n, label, what);
+    double error = tensor_error(got, want, n);
+    free(want);
+    free(got);
+    cr_assert_leq(error, tolerance, "%s: %s differs from the CPU: relative error %.3g > %.3g",
+                  label, what, error, tolerance);
+}
+
+static void run_case(const struct op_case *oc)
+{
+    struct tr_backend cuda, cpu_be;
+    need_cuda(&cuda);
+    cr_assert_eq(tr_cpu_backend_init(&cpu_be, 0), 0);
+    char label[128];
+    snprintf(label, sizeof label, "%s (%s storage, %s GEMM inputs)", oc->name,
+             dt_name(oc->storage), dt_name(oc->compute));
+    struct side cpu = {.be = &cpu_be}, gpu = {.be = &cuda};
+    side_build(&cpu, oc, TR_F32);
+    side_build(&gpu, oc, oc->storage);
+    fill(&cpu, &gpu, oc, 0x5eed0000u + (uint64_t)strlen(oc->name) * 7919u);
+    struct tr_graph *gc = cpu.g, *gg = gpu.g;
+    const struct tr_node *nc = &gc->nodes[0], *ng = &gg->nodes[0];
+
+    cpu_be.iface->forward(cpu_be.context, gc, nc);
+    cuda.iface->forward(cuda.context, gg, ng);
+    const struct tr_tensor *oc_out = &gc->tensors[nc->out], *og_out = &gg->tensors[ng->out];
+    compare(label, "forward output", &cpu_be, oc_out->data, TR_F32, &cuda, og_out->data,
+            og_out->dtype, oc_out->numel, oc->tolerance);
+    for (int k = 0; k < nc->n_aux; k++) {
+        const struct tr_tensor *ac = &gc->tensors[nc->aux[k]], *ag = &gg->tensors[ng->aux[k]];
+        compare(label, ac->name, &cpu_be, ac->data, TR_F32, &cuda, ag->data, TR_F32, ac->numel,
+                oc->tolerance);
+    }
+    arena_check(&cpu.arena, label);
+    arena_check(&gpu.arena, label);
+
+    /* what storing the output in the storage dtype does, on the CPU side */
+    if (is_half(oc->storage) && nc->out != gc->loss)
+        tr_cpu_round_to_half(oc_out->data, oc_out->data, oc_out->numel, oc->storage == TR_BF16);
+    cpu_be.iface->backward(cpu_be.context, gc, nc);
+    cuda.iface->backward(cuda.context, gg, ng);
+    for (int k = 0; k < nc->n_in; k++) {
+        const struct tr_tensor *tc = &gc->tensors[nc->in[k]], *tg = &gg->tensors[ng->in[k]];
+        if (!tc->grad || (k > 0 && nc->in[k] == nc->in[k - 1]))
+            continue;
+        char what[96];
+        snprintf(what, sizeof what, "gradient of %s", tc->name);
+        compare(label, what, &cpu_be, tc->grad, TR_F32, &cuda, tg->grad, TR_F32, tc->numel,
+                oc->tolerance);
+    }
+    arena_check(&cpu.arena, label);
+    arena_check(&gpu.arena, label);
+    side_free(&cpu);
+    side_free(&gpu);
+    tr_cpu_backend_free(&cpu_be);
+    tr_backend_close(&cuda);
+}
+
+/* fp32: the backends differ by summation order; 16-bit storage: by one
+ * rounding of the output (relative to the tensor's largest element) */
+#define TOL_F32 2e-4
+#define TOL_BF16 1.6e-2
+#define TOL_F16 3e-3
+#define TOL_HALF_GEMM 1e-3 /* fp32 storage, 16-bit GEMM inputs: the same products */
+
+/* name, builder, GPU storage dtype, GEMM input dtype, tolerance, dims... */
+#define OP_CASES(X) \
+    /* dims: B, T, V, C */ \
+    X(embedding_f32, build_embedding, TR_F32, TR_F32, TOL_F32, 3, 7, 11, 24) \
+    X(embedding_bf16, build_embedding, TR_BF16, TR_F32, TOL_BF16, 3, 7, 11, 24) \
+    X(embedding_f16, build_embedding, TR_F16, TR_F32, TOL_F16, 3, 7, 11, 24) \
+    /* dims: B, T, C */ \
+    X(add_rows_f32, build_add_rows, TR_F32, TR_F32, TOL_F32, 3, 5, 24) \
+    X(add_rows_bf16, build_add_rows, TR_BF16, TR_F32, TOL_BF16, 3, 5, 24) \
+    X(add_rows_f16, build_add_rows, TR_F16, TR_F32, TOL_F16, 3, 5, 25) \
+    /* dims: rows, cols, same input twice */ \
+    X(add_f32, build_add, TR_F32, TR_F32, TOL_F32, 4, 37, 0) \
+    X(add_same_input_f32, build_add, TR_F32, TR_F32, TOL_F32, 4, 37, 1) \
+    X(add_bf16, build_add, TR_BF16, TR_F32, TOL_BF16, 4, 37, 0) \
+    X(add_f16, build_add, TR_F16, TR_F32, TOL_F16, 3, 37, 0) \
+    /* dims: rows, cols */ \
+    X(gelu_f32, build_gelu, TR_F32, TR_F32, TOL_F32, 13, 77) \
+    X(gelu_bf16, build_gelu, TR_BF16, TR_F32, TOL_BF16, 13, 77) \
+    X(gelu_f16, build_gelu, TR_F16, TR_F32, TOL_F16, 13, 77) \
+    X(relu_f32, build_relu, TR_F32, TR_F32, TOL_F32, 13, 77) \
+    X(relu_bf16, build_relu, TR_BF16, TR_F32, TOL_BF16, 13, 77) \
+    X(relu_f16, build_relu, TR_F16, TR_F32, TOL_F16, 13, 77) \
+    /* dims: B, T, IC, OC, bias */ \
+    X(linear_f32, build_linear, TR_F32, TR_F32, TOL_F32, 2, 9, 40, 24, 1) \
+    X(linear_no_bias_f32, build_linear, TR_F32, TR_F32, TOL_F32, 2, 9, 40, 24, 0) \
+    X(linear_odd_sizes_f32, build_linear, TR_F32, TR_F32, TOL_F32, 3, 5, 33, 17, 1) \
+    X(linear_bf16_inputs, build_linear, TR_F32, TR_BF16, TOL_HALF_GEMM, 2, 9, 40, 24, 1) \
+    X(linear_f16_inputs, build_linear, TR_F32, TR_F16, TOL_HALF_GEMM, 2, 9, 40, 24, 1) \
+    X(linear_bf16, build_linear, TR_BF16, TR_BF16, TOL_BF16, 2, 9, 40, 24, 1) \
+    X(linear_f16, build_linear, TR_F16, TR_F16, TOL_F16, 2, 9, 40, 24, 1) \
+    /* dims: batch (0: 2-D), M, K, N, trans_b */ \
+    X(matmul_batched_f32, build_matmul, TR_F32, TR_F32, TOL_F32, 3, 7, 16, 9, 0) \
+    X(matmul_batched_trans_b_f32, build_matmul, TR_F32, TR_F32, TOL_F32, 3, 7, 16, 9, 1) \
+    X(matmul_2d_f32, build_matmul, TR_F32, TR_F32, TOL_F32, 0, 7, 16, 9, 0) \
+    X(matmul_2d_trans_b_odd_f32, build_matmul, TR_F32, TR_F32, TOL_F32, 0, 5, 13, 11, 1) \
+    X(matmul_bf16_inputs, build_matmul, TR_F32, TR_BF16, TOL_HALF_GEMM, 3, 7, 16, 9, 1) \
+    X(matmul_bf16, build_matmul, TR_BF16, TR_BF16, TOL_BF16, 3, 8, 16, 8, 0) \
+    X(matmul_f16, build_matmul, TR_F16, TR_F16, TOL_F16, 3, 8, 16, 8, 1) \
+    /* dims: B, T, C */ \
+    X(layernorm_f32, build_layernorm, TR_F32, TR_F32, TOL_F32, 2, 11, 48) \
+    X(layernorm_wide_f32, build_layernorm, TR_F32, TR_F32, TOL_F32, 3, 100, 200) \
+    X(layernorm_bf16, build_layernorm, TR_BF16, TR_F32, TOL_BF16, 2, 11, 48) \
+    X(layernorm_f16, build_layernorm, TR_F16, TR_F32, TOL_F16, 2, 11, 48) \
+    /* dims: B, T, C, heads (head sizes 16, 64, 80, 128, 256; T not a tile multiple) */ \
+    X(attention_head16_f32, build_attention, TR_F32, TR_F32, TOL_F32, 2, 37, 48, 3) \
+    X(attention_head64_f32, build_attention, TR_F32, TR_F32, TOL_F32, 2, 70, 128, 2) \
+    X(attention_head80_f32, build_attention, TR_F32, TR_F32, TOL_F32, 1, 45, 160, 2) \
+    X(attention_head128_f32, build_attention, TR_F32, TR_F32, TOL_F32, 1, 33, 256, 2) \
+    X(attention_head256_f32, build_attention, TR_F32, TR_F32, TOL_F32, 1, 20, 256, 1) \
+    X(attention_one_token_f32, build_attention, TR_F32, TR_F32, TOL_F32, 3, 1, 32, 2) \
+    X(attention_bf16, build_attention, TR_BF16, TR_F32, TOL_BF16, 2, 37, 64, 2) \
+    X(attention_f16, build_attention, TR_F16, TR_F32, TOL_F16, 2, 37, 64, 2) \
+    /* dims: B, T, V */ \
+    X(cross_entropy_f32, build_cross_entropy, TR_F32, TR_F32, TOL_F32, 2, 13, 67) \
+    X(cross_entropy_wide_f32, build_cross_entropy, TR_F32, TR_F32, TOL_F32, 2, 5, 5000) \
+    X(cross_entropy_bf16, build_cross_entropy, TR_BF16, TR_F32, TOL_BF16, 2, 13, 67) \
+    X(cross_entropy_f16, build_cross_entropy, TR_F16, TR_F32, TOL_F16, 2, 13, 67)
+
+#define OP_TEST(test_name, builder, storage_, compute_, tol, ...)                                  \
+    Test(backend_ops, test_name)                                                                    \
+    {                                                                                               \
+        static const struct op_case oc = {#test_name, builder, {__VA_ARGS__}, storage_, compute_,   \
+                                          tol};                                                     \
+        run_case(&oc);                                                                              \
+    }
+OP_CASES(OP_TEST)
+
+#define OP_ENTRY(test_name, builder, storage_, compute_, tol, ...)                                 \
+    {#test_name, builder, {__VA_ARGS__}, storage_, compute_, tol},
+static const struct op_case all_cases[] = {OP_CASES(OP_ENTRY)};
+
+/* ---- optimizers and reductions, through the iface ---------------------------------- */
+
+struct flat {
+    float *cpu, *gpu;
+};
+
+/* scale < 0: values of |scale|, all positive */
+static struct flat flat_random(struct arena *ca, struct arena *ga, size_t n, uint64_t *seed,
+                               float scale, const char *what)
+{
+    struct flat f = {arena_alloc(ca, n * sizeof(float), what), arena_alloc(ga, n * sizeof(float), what)};
+    float *v = malloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++)
+        v[i] = scale < 0 ? fabsf(rng_value(seed, -scale)) : rng_value(seed, scale);
+    ca->be->iface->upload(ca->be->context, f.cpu, v, n * sizeof *v);
+    ga->be->iface->upload(ga->be->context, f.gpu, v, n * sizeof *v);
+    free(v);
+    return f;
+}
+
+struct pair {
+    struct tr_backend cpu, cuda;
+    struct arena ca, ga;
+};
+
+static void pair_open(struct pair *p)
+{
+    need_cuda(&p->cuda);
+    cr_assert_eq(tr_cpu_backend_init(&p->cpu, 0), 0);
+    p->ca = (struct arena){.be = &p->cpu};
+    p->ga = (struct arena){.be = &p->cuda};
+}
+
+static void pair_close(struct pair *p, const char *label)
+{
+    arena_check(&p->ca, label);
+    arena_check(&p->ga, label);
+    arena_free(&p->ca);
+    arena_free(&p->ga);
+    tr_cpu_backend_free(&p->cpu);
+    tr_backend_close(&p->cuda);
+}
+
+Test(backend_ops, adamw_three_steps)
+{
+    struct pair p;
+    pair_open(&p);
+    uint64_t seed = 11;
+    size_t n = 10007;
+    struct flat w = flat_random(&p.ca, &p.ga, n, &seed, 1, "params");
+    struct flat g = flat_random(&p.ca, &p.ga, n, &seed, 1, "grads");
+    struct flat m = flat_random(&p.ca, &p.ga, n, &seed, 0.1f, "m");
+    struct flat v = flat_random(&p.ca, &p.ga, n, &seed, -0.01f, "v"); /* v >= 0 */
+    for (int64_t t = 1; t <= 3; t++) {
+        struct tr_adamw_args a = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t};
+        p.cpu.iface->adamw(p.cpu.context, w.cpu, g.cpu, m.cpu, v.cpu, n, &a);
+        p.cuda.iface->adamw(p.cuda.context, w.gpu, g.gpu, m.gpu, v.gpu, n, &a);
+    }
+    compare("adamw", "parameters", &p.cpu, w.cpu, TR_F32, &p.cuda, w.gpu, TR_F32, n, 1e-5);
+    compare("adamw", "first moment", &p.cpu, m.cpu, TR_F32, &p.cuda, m.gpu, TR_F32, n, 1e-5);
+    compare("adamw", "second moment", &p.cpu, v.cpu, TR_F32, &p.cuda, v.gpu, TR_F32, n, 1e-5);
+    pair_close(&p, "adamw");
+}
+
+Test(backend_ops, sgd_momentum_three_steps)
+{
+    struct pair p;
+    pair_open(&p);
+    uint64_t seed = 12;
+    size_t n = 4099;
+    struct flat w = flat_random(&p.ca, &p.ga, n, &seed, 1, "params");
+    struct flat g = flat_random(&p.ca, &p.ga, n, &seed, 1, "grads");
+    struct flat b = flat_random(&p.ca, &p.ga, n, &seed, 0.1f, "momentum");
+    for (int t = 0; t < 3; t++) {
+        struct tr_sgd_args a = {0.05f, 0.9f, 0.01f, 2.0f};
+        p.cpu.iface->sgd(p.cpu.context, w.cpu, g.cpu, b.cpu, n, &a);
+        p.cuda.iface->sgd(p.cuda.context, w.gpu, g.gpu, b.gpu, n, &a);
+    }
+    compare("sgd", "parameters", &p.cpu, w.cpu, TR_F32, &p.cuda, w.gpu, TR_F32, n, 1e-5);
+    compare("sgd", "momentum", &p.cpu, b.cpu, TR_F32, &p.cuda, b.gpu, TR_F32, n, 1e-5);
+    pair_close(&p, "sgd");
+}
+
+Test(backend_ops, sum_squares_deterministic_and_non_finite)
+{
+    struct pair p;
+    pair_open(&p);
+    uint64_t seed = 13;
+    size_t n = 1000003;
+    struct flat x = flat_random(&p.ca, &p.ga, n, &seed, 3, "values");
+    double want = p.cpu.iface->sum_squares(p.cpu.context, x.cpu, n);
+    double got = p.cuda.iface->sum_squares(p.cuda.context, x.gpu, n);
+    double again = p.cuda.iface->sum_squares(p.cuda.context, x.gpu, n);
+    cr_assert_leq(fabs(got - want), 1e-12 * want, "sum of squares %.17g vs CPU %.17g", got, want);
+    cr_assert(got == again, "two sums of the same data differ: %.17g, %.17g", got, again);
+    cr_assert_eq(p.cuda.iface->sum_squares(p.cuda.context, x.gpu, 0), 0.0);
+    float inf = INFINITY;
+    p.cuda.iface->upload(p.cuda.context, x.gpu + n / 2, &inf, sizeof inf);
+    cr_assert(!isfinite(p.cuda.iface->sum_squares(p.cuda.context, x.gpu, n)),
+              "an inf gradient must make the norm non-finite");
+    pair_close(&p, "sum_squares");
+}
+
+Test(backend_ops, count_correct_ties_and_ignored_rows)
+{
+    struct pair p;
+    pair_open(&p);
+    int N = 300, V = 37;
+    uint64_t seed = 14;
+    float *logits = malloc((size_t)N * V * sizeof *logits);
+    int32_t *targets = malloc((size_t)N * sizeof *targets);
+    for (int i = 0; i < N; i++) {
+        for (int v = 0; v < V; v++)
+            logits[(size_t)i * V + v] = (float)(rng_next(&seed) % 7); /* many ties */
+        targets[i] = i % 11 == 5 ? -1 : (int32_t)(rng_next(&seed) % (uint64_t)V);
+    }
+    float *lc = arena_alloc(&p.ca, (size_t)N * V * sizeof(float), "logits");
+    float *lg = arena_alloc(&p.ga, (size_t)N * V * sizeof(float), "logits");
+    int32_t *tc = arena_alloc(&p.ca, (size_t)N * sizeof(int32_t), "targets");
+    int32_t *tg = arena_alloc(&p.ga, (size_t)N * sizeof(int32_t), "targets");
+    p.cpu.iface->upload(p.cpu.context, lc, logits, (size_t)N * V * sizeof(float));
+    p.cuda.iface->upload(p.cuda.context, lg, logits, (size_t)N * V * sizeof(float));
+    p.cpu.iface->upload(p.cpu.context, tc, targets, (size_t)N * sizeof(int32_t));
+    p.cuda.iface->upload(p.cuda.context, tg, targets, (size_t)N * sizeof(int32_t));
+    int64_t valid_cpu = 0, valid_gpu = 0;
+    int64_t want = p.cpu.iface->count_correct(p.cpu.context, lc, tc, N, V, -1, &valid_cpu);
+    int64_t got = p.cuda.iface->count_correct(p.cuda.context, lg, tg, N, V, -1, &valid_gpu);
+    cr_assert_eq(valid_gpu, valid_cpu);
+    cr_assert_eq(got, want, "%lld correct on the GPU, %lld on the CPU", (long long)got,
+                 (long long)want);
+    free(logits);
+    free(targets);
+    pair_close(&p, "count_correct");
+}
+
+/* ---- the tiny GPT as a whole ------------------------------------------------------ */
+
+static void environment(void)
+{
+    setenv("TRAINRUN_PLUGIN_PATH", getenv("TR_PLUGIN_BUILD_DIR"), 1);
+    setenv("TRAINRUN_LUA_DIR", TR_TEST_SRCDIR "/../lua", 1);
+}
+
+static void *read_all(const char *path, size_t *size)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    *size = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *buf = malloc(*size);
+    cr_assert_eq(fread(buf, 1, *size, f), *size);
+    fclose(f);
+    return buf;
+}
+
+static const struct tr_st_entry *need_entry(const struct tr_st_file *f, const char *prefix,
+                                            const char *name)
+{
+    char key[256];
+    snprintf(key, sizeof key, "%s%s", prefix, name);
+    const struct tr_st_entry *e = tr_safetensors_find(f, key);
+    cr_assert_not_null(e, "fixture has no %s", key);
+    return e;
+}
+
+struct model_side {
+    const struct tr_backend *be;
+    struct tr_graph *g;
+    struct tr_optimizer opt;
+};
+
+static void model_open(struct model_side *s, struct tr_config *cfg, const struct tr_st_file *f,
+                       enum tr_dtype compute)
+{
+    tr_err err = {{0}};
+    s->g = tr_model_build(cfg->recipe, 3, &err);
+    cr_assert_not_null(s->g, "%s", err.msg);
+    s->g->compute = compute;
+    cr_assert_eq(tr_graph_plan(s->g, s->be, 2, &err), TR_OK, "%s", err.msg);
+    for (int i = 0; i < s->g->n_tensors; i++) {
+        struct tr_tensor *t = &s->g->tensors[i];
+        if (t->role != TR_ROLE_PARAM)
+            continue;
+        const struct tr_st_entry *e = need_entry(f, "param.", t->name);
+        cr_assert_eq(e->bytes, t->numel * sizeof(float));
+        s->be->iface->upload(s->be->context, t->data, e->data, e->bytes);
+    }
+    const struct tr_st_entry *tok = need_entry(f, "", "tokens"), *tgt = need_entry(f, "", "targets");
+    s->be->iface->upload(s->be->context, s->g->tensors[s->g->inputs[0]].data, tok->data, tok->bytes);
+    s->be->iface->upload(s->be->context, s->g->tensors[s->g->inputs[1]].data, tgt->data, tgt->bytes);
+    cr_assert_eq(tr_optimizer_init(&s->opt, &cfg->optimizer, s->g, s->be, 0, s->g->n_params, &err), TR_OK, "%s",
+                 err.msg);
+}
+
+static float model_step(struct model_side *s)
+{
+    struct tr_graph *g = s->g;
+    s->be->iface->zero(s->be->context, g->grads, g->n_params * sizeof(float));
+    tr_graph_forward(g, s->be);
+    g->loss_grad = 1.0f;
+    tr_graph_backward(g, s->be);
+    float loss;
+    s->be->iface->download(s->be->context, &loss, g->tensors[g->loss].data, sizeof loss);
+    return loss;
+}
+
+static void whole_model(enum tr_dtype compute, double tolerance)
+{
+    struct tr_backend cuda, cpu_be;
+    need_cuda(&cuda);
+    cr_assert_eq(tr_cpu_backend_init(&cpu_be, 0), 0);
+    size_t size;
+    void *buf = read_all(TR_TEST_SRCDIR "/fixtures/tiny_gpt.safetensors", &size);
+    tr_err err = {{0}};
+    struct tr_st_file *f = tr_safetensors_read(buf, size, "tiny_gpt.safetensors", &err);
+    cr_assert_not_null(f, "%s", err.msg);
+    struct tr_config cfg;
+    cr_assert_eq(tr_config_load(&cfg, TR_TEST_SRCDIR "/config/tiny_gpt.lua", NULL, 0, &err), TR_OK,
+                 "%s", err.msg);
+    struct model_side cpu = {.be = &cpu_be}, gpu = {.be = &cuda};
+    model_open(&cpu, &cfg, f, compute);
+    model_open(&gpu, &cfg, f, compute);
+    const char *label = compute == TR_F32 ? "tiny GPT, fp32" : "tiny GPT, bf16 GEMM inputs";
+    for (int step = 0; step < 3; step++) {
+        float want = model_step(&cpu), got = model_step(&gpu);
+        cr_assert(isfinite(got), "%s: step %d: loss %g on the GPU", label, step, (double)got);
+        cr_assert_leq(fabs((double)got - want), tolerance * fabs((double)want),
+                      "%s: step %d: loss %.7f on the GPU, %.7f on the CPU", label, step, (double)got,
+                      (double)want);
+        if (step == 0)
+            for (int i = 0; i < cpu.g->n_tensors; i++) {
+                const struct tr_tensor *tc = &cpu.g->tensors[i], *tg = &gpu.g->tensors[i];
+                if (tc->role != TR_ROLE_PARAM)
+                    continue;
+                char what[128];
+                snprintf(what, sizeof what, "gradient of %s", tc->name);
+                compare(label, what, &cpu_be, tc->grad, TR_F32, &cuda, tg->grad, TR_F32,
+                        tc->numel, tolerance);
+            }
+        tr_optimizer_step(&cpu.opt, cpu.g, &cpu_be, 1.0, 1e-2);
+        tr_optimizer_step(&gpu.opt, gpu.g, &cuda, 1.0, 1e-2);
+    }
+    compare(label, "parameters after 3 AdamW steps", &cpu_be, cpu.g->params, TR_F32, &cuda,
+            gpu.g->params, TR_F32, cpu.g->n_params, tolerance);
+    tr_optimizer_free(&cpu.opt, &cpu_be);
+    tr_optimizer_free(&gpu.opt, &cuda);
+    tr_graph_free(cpu.g, &cpu_be);
+    tr_graph_free(gpu.g, &cuda);
+    tr_config_free(&cfg);
+    tr_safetensors_free(f);
+    free(buf);
+    tr_cpu_backend_free(&cpu_be);
+    tr_backend_close(&cuda);
+}
+
+Test(whole_model, tiny_gpt_fp32, .init = environment) { whole_model(TR_F32, 1e-4); }
+Test(whole_model, tiny_gpt_bf16_gemm_inputs, .init = environment) { whole_model(TR_BF16, 2e-3); }
+
+/* ---- the harness itself, on the CPU (runs everywhere) ---------------------------------- */
+
+Test(harness, guards_catch_an_overrun_on_cpu)
+{
+    struct tr_backend cpu_be;
+    cr_assert_eq(tr_cpu_backend_init(&cpu_be, 0), 0);
+    struct arena a = {.be = &cpu_be};
+    uint8_t *p = arena_alloc(&a, 100, "probe");
+    memset(p, 1, 100); /* in bounds: the guards hold */
+    arena_check(&a, "in-bounds write");
+    /* the tail guard's first byte, checked by hand (arena_check would fail the test) */
+    uint8_t want = guard_byte(0);
+    cr_assert_eq(p[100], want);
+    p[100] = (uint8_t)~want;
+    cr_assert_neq(p[100], guard_byte(0), "an overrun changes the guard the check compares");
+    p[100] = want;
+    arena_free(&a);
+    tr_cpu_backend_free(&cpu_be);
+}
+
+/* Every op case's graph builds, checks and runs forward and backward on
+ * the CPU inside guarded buffers, with finite results and gradients that
+ * changed: the GPU cases are valid graphs whatever the machine. */
+Test(harness, every_case_runs_on_cpu_within_bounds)
+{
+    const struct op_case *cases = all_cases;
+    size_t n_cases = sizeof all_cases / sizeof *all_cases;
+    struct tr_backend cpu_be, cpu_twin;
+    cr_assert_eq(tr_cpu_backend_init(&cpu_be, 0), 0);
+    cr_assert_eq(tr_cpu_backend_init(&cpu_twin, 0), 0);
+    for (size_t i = 0; i < n_cases; i++) {
+        const struct op_case *oc = &cases[i];
+        struct side s = {.be = &cpu_be}, twin = {.be = &cpu_twin};
+        side_build(&s, oc, TR_F32);
+        side_build(&twin, oc, TR_F32);
+        fill(&s, &twin, oc, 99);
+        const struct tr_node *n = &s.g->nodes[0];
+        cpu_be.iface->forward(cpu_be.context, s.g, n);
+        cpu_be.iface->backward(cpu_be.context, s.g, n);
+        arena_check(&s.arena, oc->name);
+        const struct tr_tensor *out = &s.g->tensors[n->out];
+        expect_finite(out->data, out->numel, oc->name, "output");
+        /* backward accumulated into the prefilled gradients: they changed */
+        for (int k = 0; k < n->n_in; k++) {
+            const struct tr_tensor *t = &s.g->tensors[n->in[k]], *t0 = &twin.g->tensors[n->in[k]];
+            if (!t->grad)
+                continue;
+            expect_finite(t->grad, t->numel, oc->name, "gradient");
+            cr_assert(tensor_error(t->grad, t0->grad, t->numel) > 0, "%s: gradient of %s unchanged",
+                      oc->name, t->name);
+        }
+        side_free(&s);
+        side_free(&twin);
+    }
+    tr_cpu_backend_free(&cpu_be);
+    tr_cpu_backend_free(&cpu_twin);
+}
+
+/* Criterion's main, then exit 77 (SKIP for `make check`) when this machine
+ * has no usable GPU, so skipped GPU cases never pass silently. */
+int main(int argc, char *argv[])
+{
+    struct criterion_test_set *tests = criterion_initialize();
+    criterion_options.logging_threshold = CRITERION_INFO; /* list each skip and its reason */
+    if (!criterion_handle_args(argc, argv, true)) { /* --help, --list, ... */
+        criterion_finalize(tests);
+        return 0;
+    }
+    int result = !criterion_run_all_tests(tests);
+    criterion_finalize(tests);
+    if (result != 0)
+        return result;
+    /* after the tests: CUDA must not be initialised in a process that forks them */
+    struct tr_backend cuda;
+    char why[1100];
+    if (open_cuda(&cuda, why, sizeof why) != TR_OK) {
+        fprintf(stderr, "SKIP: every GPU case of test_backend_ops was skipped: no GPU: %s\n", why);
+        return 77;
+    }
+    tr_backend_close(&cuda);
+    return 0;
+}
