@@ -641,8 +641,10 @@ static int cuda_describe(char *buf, size_t size)
                               TR_CUDA_HOME "/lib64/libcublasLt.so", "libcublasLt.so"};
     void *h = open_library(lt_names, sizeof lt_names / sizeof *lt_names);
     size_t (*lt_version)(void) = h ? (size_t(*)(void))dlsym(h, "cublasLtGetVersion") : NULL;
-    if (lt_version)
-        ADD("cuBLASLt: %zu\n", lt_version());
+    if (lt_version) { /* major*10000 + minor*100 + patch */
+        size_t v = lt_version();
+        ADD("cuBLASLt: %zu.%zu.%zu\n", v / 10000, v / 100 % 100, v % 100);
+    }
     else
         ADD("cuBLASLt: not found (GEMMs need it: install the CUDA toolkit's cuBLAS)\n");
     if (h)
