@@ -32,7 +32,9 @@ int tr_backend_open(struct tr_backend *be, const char *device, int threads,
         }
         tr_backend_entry_fn entry = (tr_backend_entry_fn)dlsym(h, TR_BACKEND_ENTRY_NAME);
         const struct tr_backend_module *m = entry ? entry() : NULL;
-        if (!m || m->abi != TR_BACKEND_ABI || m->struct_size < sizeof *m) {
+        /* slots appended after `close` are optional: older modules lack them */
+        if (!m || m->abi != TR_BACKEND_ABI ||
+            m->struct_size < offsetof(struct tr_backend_module, close) + sizeof m->close) {
             tr_fail(err, "refusing backend %s: not a trainrun backend of ABI %d", path, TR_BACKEND_ABI);
             free(path);
             dlclose(h);

@@ -7,6 +7,7 @@
 #include "checkpoint.h"
 #include "run.h"
 #include "launch.h"
+#include "doctor.h"
 #include "topo.h"
 #include "util.h"
 
@@ -19,6 +20,8 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: trainrun [run] RECIPE.lua [key.sub=value ...] [--resume auto|never] [--quiet]\n"
+            "       trainrun RECIPE.lua procs=N | gpus=N         N data-parallel ranks on this machine\n"
+            "                                                    (docs/scale-out.md for clusters)\n"
             "       trainrun --smoke RECIPE.lua [key=value ...]  2 CPU steps, a checkpoint round trip,\n"
             "                                                    and whether the full batch fits\n"
             "       trainrun show RECIPE.lua [key=value ...]   resolved recipe, with where each value came from\n"
@@ -33,6 +36,8 @@ static void usage(FILE *out)
             "       trainrun report RUN_DIR [-o OUTDIR]           plots of a run (PNG + index.html)\n"
             "       trainrun topo [--threads N] [--workers N] [--topology synthetic:DESC|xml:FILE]\n"
             "                                                    where threads will run\n"
+            "       trainrun doctor                              what this machine can run: CPU features,\n"
+            "                                                    backends (and why one is unavailable), plugins\n"
             "       trainrun help [recipe]                       this text, or the recipe reference\n"
             "       trainrun version\n"
             "\n"
@@ -353,6 +358,13 @@ int main(int argc, char **argv)
         return tr_plan_main(argc - 1, argv + 1);
     if (strcmp(cmd, "topo") == 0)
         return cmd_topo(argc, argv);
+    if (strcmp(cmd, "doctor") == 0) {
+        struct tr_plugin_path search;
+        tr_plugin_path_init(&search, tr_install_paths()->plugin_dir, NULL);
+        int problems = tr_doctor(stdout, &search);
+        tr_plugin_path_free(&search);
+        return problems ? TR_EXIT_ERROR : TR_EXIT_OK;
+    }
     if (strcmp(cmd, "report") == 0)
         return tr_report_main(argc - 1, argv + 1);
     if (strcmp(cmd, "prepare") == 0)

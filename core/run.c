@@ -83,6 +83,30 @@ static int stopping(const struct run *r)
     return r->world > 1 ? r->agreed_stop : stop_signal != 0;
 }
 
+/* An optional backend slot, when the backend was built with it. */
+#define BACKEND_HAS(be, slot)                                                                      \
+    ((be)->iface->struct_size >= offsetof(struct tr_backend_iface, slot) + sizeof((be)->iface->slot) && \
+     (be)->iface->slot)
+
+/* Host buffers the loader fills and the backend uploads: page-locked when
+ * the backend offers it (faster copies), else ordinary memory. */
+static void *host_buffer(struct run *r, size_t bytes)
+{
+    if (BACKEND_HAS(&r->be, host_alloc))
+        return r->be.iface->host_alloc(r->be.context, bytes);
+    return tr_alloc(bytes);
+}
+
+static void host_buffer_free(struct run *r, void *p)
+{
+    if (!p)
+        return;
+    if (r->be.iface && BACKEND_HAS(&r->be, host_free))
+        r->be.iface->host_free(r->be.context, p);
+    else
+        tr_free(p);
+}
+
 static int vt_has(const void *vt, size_t offset_end)
 {
     return ((const uint32_t *)vt)[1] >= offset_end;
@@ -476,6 +500,8 @@ static int setup(struct run *r, tr_err *err)
     else if (!r->topo)
         tr_log(TR_LOG_WARN, "topology", "%s; threads are not pinned", why.msg);
     if (r->world > 1) {
+        if (BACKEND_HAS(&r->be, stream)) /* device comms queue behind the compute */
+            cfg->device_stream = r->be.iface->stream(r->be.context);
         if (!(r->comm = tr_comm_open(cfg, err)))
             return TR_ERROR;
         if (r->rank == 0)
@@ -544,8 +570,8 @@ static int setup(struct run *r, tr_err *err)
         return TR_ERROR;
     r->input_bytes = in->numel * 4;
     r->target_count = tg->numel;
-    r->host_inputs = tr_alloc(r->input_bytes);
-    r->host_targets = tr_alloc(r->target_count * sizeof(int32_t));
+    r->host_inputs = host_buffer(r, r->input_bytes);
+    r->host_targets = host_buffer(r, r->target_count * sizeof(int32_t));
     if (!r->host_inputs || !r->host_targets)
         return tr_fail(err, "out of memory for the input buffers");
     if (cfg->train.auto_micro_batch)
@@ -605,10 +631,10 @@ static void teardown(struct run *r)
                 r->be.iface->free(r->be.context, r->resume_full[k]);
         tr_optimizer_free(&r->opt, &r->be);
         tr_graph_free(r->g, &r->be);
+        host_buffer_free(r, r->host_inputs);
+        host_buffer_free(r, r->host_targets);
         tr_backend_close(&r->be);
     }
-    tr_free(r->host_inputs);
-    tr_free(r->host_targets);
     if (r->metrics)
         fclose(r->metrics);
 }

@@ -499,8 +499,23 @@ static void say(char *buf, size_t size, const char *fmt, ...)
     va_end(ap);
 }
 
-/* Why no GPU can be used, or 0 when device 0 can. */
-static int device_check(char *why, size_t why_size, cudaDeviceProp *prop)
+/* This process's rank on its node, from trainrun's launcher, Slurm or Open
+ * MPI (the order the core reads them in); 0 when alone. */
+static int local_rank(void)
+{
+    const char *names[] = {"TRAINRUN_LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"};
+    for (int i = 0; i < 3; i++) {
+        const char *v = getenv(names[i]);
+        if (v && *v)
+            return atoi(v);
+    }
+    return 0;
+}
+
+/* Why no GPU can be used, or 0 when *device can: local rank r drives GPU r,
+ * or GPU 0 when each rank sees only its own (CUDA_VISIBLE_DEVICES) -- the
+ * rule the nccl comm plugin follows too. */
+static int device_check(char *why, size_t why_size, cudaDeviceProp *prop, int *device)
 {
     int driver = 0, runtime = 0;
     cudaDriverGetVersion(&driver);
@@ -528,14 +543,22 @@ static int device_check(char *why, size_t why_size, cudaDeviceProp *prop)
         say(why, why_size, "CUDA does not start: %s", cudaGetErrorString(e));
         return -1;
     }
-    e = cudaGetDeviceProperties(prop, 0);
+    int rank = local_rank();
+    *device = count == 1 ? 0 : rank;
+    if (*device >= count) {
+        say(why, why_size, "local rank %d needs GPU %d, but only %d are visible: start at most "
+            "%d ranks per node (gpus=%d)", rank, *device, count, count, count);
+        return -1;
+    }
+    e = cudaGetDeviceProperties(prop, *device);
     if (e != cudaSuccess) {
-        say(why, why_size, "cannot query GPU 0: %s", cudaGetErrorString(e));
+        say(why, why_size, "cannot query GPU %d: %s", *device, cudaGetErrorString(e));
         return -1;
     }
     if (prop->major < 8) {
-        say(why, why_size, "GPU 0 (%s) has compute capability %d.%d; this build runs on 8.0 or "
-            "newer (A100, RTX 30xx, H100 and later)", prop->name, prop->major, prop->minor);
+        say(why, why_size, "GPU %d (%s) has compute capability %d.%d; this build runs on 8.0 or "
+            "newer (A100, RTX 30xx, H100 and later)", *device, prop->name, prop->major,
+            prop->minor);
         return -1;
     }
     return 0;
@@ -545,7 +568,8 @@ static int cuda_open(struct tr_backend *be, int threads, char *why, size_t why_s
 {
     (void)threads; /* the host side is single-threaded */
     cudaDeviceProp prop;
-    if (device_check(why, why_size, &prop) != 0) {
+    int device = 0;
+    if (device_check(why, why_size, &prop, &device) != 0) {
         cudaGetLastError();
         return -1;
     }
@@ -554,7 +578,7 @@ static int cuda_open(struct tr_backend *be, int threads, char *why, size_t why_s
         say(why, why_size, "out of host memory");
         return -1;
     }
-    c->device = 0;
+    c->device = device;
     c->prop = prop;
     cudaError_t e = cudaSetDevice(c->device);
     const char *step = "cudaSetDevice";
@@ -581,7 +605,7 @@ static int cuda_open(struct tr_backend *be, int threads, char *why, size_t why_s
     STEP(cuda_attention_init());
 #undef STEP
     if (e != cudaSuccess) {
-        say(why, why_size, "GPU 0 (%s) does not start: %s: %s", prop.name, step,
+        say(why, why_size, "GPU %d (%s) does not start: %s: %s", device, prop.name, step,
             cudaGetErrorString(e));
         cudaGetLastError();
         context_free(c);
@@ -684,7 +708,8 @@ static int cuda_describe(char *buf, size_t size)
     if (e != cudaSuccess || count == 0) {
         char why[256];
         cudaDeviceProp prop;
-        device_check(why, sizeof why, &prop);
+        int device;
+        device_check(why, sizeof why, &prop, &device);
         ADD("GPUs: no GPU (%s)\n", e == cudaSuccess ? "none visible" : why);
         cudaGetLastError();
         return 0;
