@@ -229,8 +229,9 @@ rev=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "?")
                 if (sep == ",") print ""
             }
             print ""
-            print "trainrun peak RSS includes the end-of-run checkpoint snapshot (weights and AdamW"
-            print "moments copied for the background writer: 12 bytes per parameter)."
+            print "trainrun peak RSS includes its end-of-run checkpoint, written synchronously"
+            print "(gpt-bench.lua: checkpoint.async = false), one 4-byte-per-parameter blob at a time;"
+            print "PyTorch writes none."
         }' "$rows"
 } >"$tmp/table"
 
