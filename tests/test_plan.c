@@ -152,12 +152,12 @@ Test(plan, fits_on_one_device_and_not_on_another, .init = environment)
 
 Test(plan, the_largest_micro_batch_estimate_fits, .init = environment)
 {
-    /* long sequences and many heads at a large micro-batch: the attention
-     * weights saved for backward overflow an L4 */
+    /* long sequences, a wider model and a large micro-batch: the activations
+     * saved for backward overflow an L4 */
     const char *o[] = {"model.ctx=1024", "model.heads=8", "train.batch=1024", "train.micro_batch=512",
-                       "cost.hardware=l4-24gb"};
+                       "cost.hardware=l4-24gb", "model.dim=384"};
     struct tr_plan p;
-    build(&p, o, 5);
+    build(&p, o, 6);
     cr_assert_not(p.fits);
     cr_assert(p.bytes_per_sample > 0);
     cr_assert_eq(p.memory_total, p.fixed_bytes + 512 * p.bytes_per_sample);
@@ -169,13 +169,13 @@ Test(plan, the_largest_micro_batch_estimate_fits, .init = environment)
     char at[64], twice[64];
     snprintf(at, sizeof at, "train.micro_batch=%lld", (long long)mb);
     o[3] = at;
-    build(&p, o, 5);
+    build(&p, o, 6);
     cr_assert(p.fits, "micro-batch %lld was estimated to fit", (long long)mb);
     tr_plan_free(&p);
     if (2 * mb <= 512) {
         snprintf(twice, sizeof twice, "train.micro_batch=%lld", (long long)(2 * mb));
         o[3] = twice;
-        build(&p, o, 5);
+        build(&p, o, 6);
         cr_assert_not(p.fits, "the largest dividing micro-batch was %lld, yet twice it fits",
                       (long long)mb);
         tr_plan_free(&p);
@@ -257,9 +257,9 @@ Test(plan, prints_the_report, .init = environment)
 Test(plan, warns_when_the_model_does_not_fit, .init = environment)
 {
     char *argv[] = {"plan", RECIPE, "model.ctx=1024", "model.heads=8", "train.batch=1024",
-                    "train.micro_batch=512", "cost.hardware=l4-24gb"};
+                    "train.micro_batch=512", "cost.hardware=l4-24gb", "model.dim=384"};
     int code;
-    char *out = run_plan(7, argv, &code);
+    char *out = run_plan(8, argv, &code);
     cr_assert_eq(code, TR_EXIT_OK);
     cr_assert(strstr(out, "on l4-24gb                DOES NOT FIT"), "%s", out);
     cr_assert(strstr(out, "warning: the model does not fit on l4-24gb"), "%s", out);

@@ -23,17 +23,17 @@ grep -q "smoke: FAILED" missing.txt || fail "no FAILED line for the missing file
 
 # a micro-batch whose activations cannot fit an 80 GiB device (the smoke
 # steps themselves run at micro-batch 1, so this stays cheap)
-if "$TRAINRUN" --smoke "$C/tiny.lua" device=cuda train.batch=4000000 2> big.txt; then
+if "$TRAINRUN" --smoke "$C/tiny.lua" device=cuda train.batch=8000000 2> big.txt; then
   fail "smoke passed a model that does not fit"
 fi
 grep -q "won't fit" big.txt || { cat big.txt; fail "no won't-fit diagnosis"; }
 
 # --- auto micro-batch on a memory budget -------------------------------------------------
-# the tiny GPT plans 224 KiB at micro-batch 8 and 378 KiB at 16: a 0.0003 GiB
+# the tiny GPT plans 217 KiB at micro-batch 8 and 364 KiB at 16: a 0.0003 GiB
 # (315 KiB, 283 KiB usable) budget must pick 8 and accumulate 8 micro-batches
 "$TRAINRUN" "$C/tiny.lua" train.batch=64 train.micro_batch=auto train.memory_budget=0.0003 \
   train.steps=3 run_dir=auto 2> auto.txt || { cat auto.txt; fail "auto micro-batch run"; }
-grep -q "auto micro-batch: 8 (plan 224.06 KiB of 283.12 KiB usable on train.memory_budget); 8 micro-batches per step" auto.txt \
+grep -q "auto micro-batch: 8 (plan 217.06 KiB of 283.12 KiB usable on train.memory_budget); 8 micro-batches per step" auto.txt \
   || { cat auto.txt; fail "auto micro-batch did not pick 8"; }
 grep -q "memory plan (micro-batch 8" auto.txt || fail "the run did not use the picked size"
 if "$TRAINRUN" "$C/tiny.lua" train.micro_batch=auto train.memory_budget=0.00001 train.steps=1 2> none.txt; then
