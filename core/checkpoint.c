@@ -329,17 +329,33 @@ int tr_checkpointer_wait(struct tr_checkpointer *c, tr_err *err)
     return rc;
 }
 
+static int save(struct tr_checkpointer *c, const float *params, const float *m, const float *v,
+                const struct tr_run_state *state, int in_background, tr_err *err);
+
 int tr_checkpointer_save(struct tr_checkpointer *c, const float *params, const float *m,
                          const float *v, const struct tr_run_state *state, tr_err *err)
 {
+    return save(c, params, m, v, state, c->has_thread, err);
+}
+
+int tr_checkpointer_save_now(struct tr_checkpointer *c, const float *params, const float *m,
+                             const float *v, const struct tr_run_state *state, tr_err *err)
+{
+    return save(c, params, m, v, state, 0, err);
+}
+
+static int save(struct tr_checkpointer *c, const float *params, const float *m, const float *v,
+                const struct tr_run_state *state, int in_background, tr_err *err)
+{
     double t0 = tr_now();
     /* one write at a time: the previous one must be done */
+    tr_err previous_err = {{0}};
     pthread_mutex_lock(&c->lock);
-    int previous = wait_locked(c, err);
+    int previous = wait_locked(c, &previous_err);
     pthread_mutex_unlock(&c->lock);
     c->state = *state;
     int rc = TR_OK;
-    if (c->has_thread) {
+    if (in_background) {
         /* the snapshot: training goes on changing params, m and v */
         for (int i = 0; i < blob_count(c) && rc == TR_OK; i++) {
             c->blob[i] = build_blob(c, i, params, m, v, &c->blob_size[i]);
@@ -360,8 +376,12 @@ int tr_checkpointer_save(struct tr_checkpointer *c, const float *params, const f
         rc = write_checkpoint(c, params, m, v, err);
     }
     c->stall += tr_now() - t0;
-    if (previous != TR_OK)
-        return TR_ERROR; /* err holds the earlier failure */
+    if (previous != TR_OK && rc == TR_OK) {
+        *err = previous_err; /* the earlier background write failed */
+        return TR_ERROR;
+    }
+    if (previous != TR_OK) /* both failed: say the earlier one here, err says this one */
+        tr_log(TR_LOG_ERROR, NULL, "%s", previous_err.msg);
     return rc;
 }
 

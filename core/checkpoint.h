@@ -56,6 +56,11 @@ void tr_checkpointer_close(struct tr_checkpointer *c);
  * previous background write is returned here too. */
 int tr_checkpointer_save(struct tr_checkpointer *c, const float *params, const float *m,
                          const float *v, const struct tr_run_state *state, tr_err *err);
+/* The same, written and published before returning even with a background
+ * writer: for saves the caller would wait for anyway (the last one, a
+ * preemption), which then need no snapshot copy in memory. */
+int tr_checkpointer_save_now(struct tr_checkpointer *c, const float *params, const float *m,
+                             const float *v, const struct tr_run_state *state, tr_err *err);
 /* Wait for the write in flight; its error, if any. */
 int tr_checkpointer_wait(struct tr_checkpointer *c, tr_err *err);
 /* Seconds the caller was blocked by saves (snapshot + waiting). */

@@ -236,8 +236,13 @@ static int gather_moments(struct run *r, const float *mine, float *full, tr_err 
     return rc;
 }
 
-static int save(struct run *r, uint64_t loader_position, tr_err *err)
+/* Save a checkpoint of the run; `now`: written before returning (the caller
+ * waits for it anyway), else in the background when checkpoint.async. */
+static int save(struct run *r, uint64_t loader_position, int now, tr_err *err)
 {
+    int (*save_fn)(struct tr_checkpointer *, const float *, const float *, const float *,
+                   const struct tr_run_state *, tr_err *) =
+        now ? tr_checkpointer_save_now : tr_checkpointer_save;
     float *m = r->opt.m, *v = r->opt.v;
     if (r->comm && sharded(r)) { /* every rank takes part in gathering the state */
         size_t bytes = r->rank == 0 ? r->g->n_params * sizeof(float) : 64;
@@ -252,7 +257,7 @@ static int save(struct run *r, uint64_t loader_position, tr_err *err)
         if (rc == TR_OK && r->ckpt) {
             struct tr_run_state st;
             capture_state(r, loader_position, &st);
-            rc = tr_checkpointer_save(r->ckpt, r->g->params, m, v, &st, err);
+            rc = save_fn(r->ckpt, r->g->params, m, v, &st, err);
         }
         r->be.iface->free(r->be.context, m);
         if (v)
@@ -263,7 +268,7 @@ static int save(struct run *r, uint64_t loader_position, tr_err *err)
         return TR_OK;
     struct tr_run_state st;
     capture_state(r, loader_position, &st);
-    return tr_checkpointer_save(r->ckpt, r->g->params, m, v, &st, err);
+    return save_fn(r->ckpt, r->g->params, m, v, &st, err);
 }
 
 /* ---- one step ----------------------------------------------------------- */
@@ -941,8 +946,16 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
         if ((due || last || improved || r->stopped_early || r->budget_stop) && !stopping(r)) {
             tr_err cerr = {{0}};
             double tc = tr_now();
-            if (save(r, position, &cerr) != TR_OK) /* a failed save never stops training */
+            /* the run ends after this one: write it now, and fail if it does not land;
+             * any other failed save never stops training */
+            int final = last || r->budget_stop || r->stopped_early;
+            if (save(r, position, final, &cerr) != TR_OK) {
+                if (final) {
+                    err = cerr;
+                    goto fail;
+                }
                 tr_log(TR_LOG_ERROR, NULL, "%s", cerr.msg);
+            }
             tr_trace_phase(r->trace, "checkpoint stall", r->step, tc, tr_now());
         }
         if (r->budget_stop) {
@@ -965,7 +978,7 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
         /* preempted: checkpoint now, within the deadline, and exit for requeue */
         int sig = stop_signal ? (int)stop_signal : SIGTERM;
         double t0 = tr_now();
-        if (save(r, position, &err) != TR_OK ||
+        if (save(r, position, 1, &err) != TR_OK ||
             (r->ckpt && tr_checkpointer_wait(r->ckpt, &err) != TR_OK))
             goto fail;
         double took = tr_now() - t0;
