@@ -22,28 +22,37 @@
  * or preemptible where offered.  They move often and vary by region and
  * contract: recipes should set their own with cost.price and
  * cost.spot_price.
+ *
+ * NVLink and PCIe are per GPU, both directions together (NVLink 4: 18
+ * links x 50 GB/s = 900 GB/s on H100/H200; NVLink 3: 600 GB/s on A100;
+ * PCIe 5.0 x16 128 GB/s, 4.0 x16 64 GB/s, 3.0 x16 32 GB/s).  The network is
+ * the NIC line rate per GPU on the instance usually rented with 8 of them:
+ * one 400 Gb/s NIC per GPU on HGX H100/H200 (AWS p5/p5e: 3200 Gb/s EFA);
+ * DGX A100's 200 Gb/s HDR per GPU for a100-80gb; AWS p4d's 400 Gb/s
+ * for 8 A100-40GB (50 per GPU); 100 Gb/s for 8 L4, A10G or T4 (g6/g5/
+ * g4dn.metal: 12.5 per GPU).
  */
 static struct tr_hardware table[] = {
     {"h100-80gb", "NVIDIA H100 SXM, 80 GB HBM3", 80 * GIB,
-     67.0, 494.7, 989.4, 900, 128, 3.00, 2.00},
+     67.0, 494.7, 989.4, 900, 128, 3.00, 2.00, 400, 8},
     {"h200-141gb", "NVIDIA H200 SXM, 141 GB HBM3e", 141 * GIB,
-     67.0, 494.7, 989.4, 900, 128, 3.80, 2.50},
+     67.0, 494.7, 989.4, 900, 128, 3.80, 2.50, 400, 8},
     {"a100-80gb", "NVIDIA A100 SXM, 80 GB HBM2e", 80 * GIB,
-     19.5, 156.0, 312.0, 600, 64, 1.80, 1.10},
+     19.5, 156.0, 312.0, 600, 64, 1.80, 1.10, 200, 8},
     {"a100-40gb", "NVIDIA A100 SXM, 40 GB HBM2", 40 * GIB,
-     19.5, 156.0, 312.0, 600, 64, 1.30, 0.80},
+     19.5, 156.0, 312.0, 600, 64, 1.30, 0.80, 50, 8},
     {"l4-24gb", "NVIDIA L4, 24 GB GDDR6", 24 * GIB,
-     30.3, 60.0, 121.0, 0, 64, 0.80, 0.30},
+     30.3, 60.0, 121.0, 0, 64, 0.80, 0.30, 12.5, 8},
     /* AWS g5's A10G: the A10's GA102 with the A10 datasheet's peaks */
     {"a10g-24gb", "NVIDIA A10G, 24 GB GDDR6", 24 * GIB,
-     31.2, 62.5, 125.0, 0, 64, 1.00, 0.40},
+     31.2, 62.5, 125.0, 0, 64, 1.00, 0.40, 12.5, 8},
     /* Turing has no tf32 or bf16: fp32 runs on CUDA cores, and the
      * bf16/fp16 column is fp16 tensor-core math */
     {"t4-16gb", "NVIDIA T4, 16 GB GDDR6", 16 * GIB,
-     8.1, 8.1, 65.0, 0, 32, 0.50, 0.20},
+     8.1, 8.1, 65.0, 0, 32, 0.50, 0.20, 12.5, 8},
     /* this machine: memory filled in at first use, peak from cost.peak_tflops */
     {"cpu", "this machine's CPU and memory", 0,
-     0, 0, 0, 0, 0, 0, 0},
+     0, 0, 0, 0, 0, 0, 0, 0, 0},
 };
 
 static void describe_this_machine(struct tr_hardware *hw)
@@ -103,6 +112,46 @@ int tr_hardware_lookup(const char *name, const struct tr_hardware **out, tr_err 
         return tr_fail(err, "unknown hardware '%s' (did you mean %s?); known: %s", name, starts,
                        known);
     return tr_fail(err, "unknown hardware '%s'; known: %s", name, known);
+}
+
+/* ---- links ----------------------------------------------------------------- */
+
+/*
+ * Per-step latencies of a ring all-reduce are NCCL's own model of them
+ * (src/graph/tuning.cc, hwLat for Ring with the Simple protocol, which
+ * large gradient buckets use): 3.4 us over NVLink, 5.7 us over PCIe, 14 us
+ * over the network.  Bandwidths are datasheet peaks; NCCL's measured bus
+ * bandwidth is typically 70-90% of them, so these estimates are a floor.
+ */
+#define NVLINK_LATENCY 3.4e-6
+#define PCIE_LATENCY 5.7e-6
+#define NETWORK_LATENCY 14e-6
+
+struct tr_link tr_hardware_ring_link(const struct tr_hardware *hw, int64_t devices)
+{
+    struct tr_link none = {TR_LINK_NONE, "none", 0, 0};
+    if (!hw)
+        return none;
+    if (hw->devices_per_node > 0 && devices > hw->devices_per_node) {
+        if (hw->network_gbits <= 0)
+            return none;
+        return (struct tr_link){TR_LINK_NETWORK, "network", hw->network_gbits / 8 * 1e9,
+                                NETWORK_LATENCY};
+    }
+    /* both directions together in the table; a ring sends one way per link */
+    if (hw->nvlink_gbps > 0)
+        return (struct tr_link){TR_LINK_NVLINK, "NVLink", hw->nvlink_gbps / 2 * 1e9, NVLINK_LATENCY};
+    if (hw->pcie_gbps > 0)
+        return (struct tr_link){TR_LINK_PCIE, "PCIe", hw->pcie_gbps / 2 * 1e9, PCIE_LATENCY};
+    return none;
+}
+
+double tr_ring_allreduce_seconds(double bytes, int64_t devices, const struct tr_link *link)
+{
+    if (devices <= 1 || link->bytes_per_second <= 0)
+        return 0;
+    double n = (double)devices;
+    return 2 * (n - 1) / n * bytes / link->bytes_per_second + 2 * (n - 1) * link->latency_seconds;
 }
 
 /* ---- the recipe's cost section ------------------------------------------ */

@@ -24,7 +24,31 @@ struct tr_hardware {
     double nvlink_gbps, pcie_gbps;
     /* USD per device-hour; typical list prices, see hardware.c. */
     double price_hour, spot_price_hour;
+    /* Between nodes: NIC line rate per device in Gbit/s, each way (as NICs
+     * are quoted), and devices per node of the usual instance; 0: unknown. */
+    double network_gbits;
+    int devices_per_node;
 };
+
+/* What bounds a ring all-reduce: the slowest link on the ring. */
+enum tr_link_kind { TR_LINK_NONE, TR_LINK_NVLINK, TR_LINK_PCIE, TR_LINK_NETWORK };
+struct tr_link {
+    enum tr_link_kind kind;
+    const char *name;        /* "NVLink", "PCIe", "network"; "none" */
+    double bytes_per_second; /* per device, each way */
+    double latency_seconds;  /* per ring step */
+};
+
+/* The link a ring over `devices` of `hw` is bound by: NVLink (PCIe where
+ * there is none) while the ring fits in one node, the network once it
+ * spans nodes.  kind TR_LINK_NONE when the table does not know. */
+struct tr_link tr_hardware_ring_link(const struct tr_hardware *hw, int64_t devices);
+
+/* Ring all-reduce of `bytes` over `devices`: 2(n-1) steps, each moving
+ * bytes/n and paying the link's latency,
+ *   2(n-1)/n * bytes / bandwidth + 2(n-1) * latency.
+ * 0 for one device. */
+double tr_ring_allreduce_seconds(double bytes, int64_t devices, const struct tr_link *link);
 
 /* The entry named `name` (case-insensitive), or NULL.  "cpu" describes
  * this machine: its physical memory, no known peak, price 0. */

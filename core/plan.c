@@ -17,6 +17,12 @@
 /* Device memory kept free for the driver, fragmentation and whatever the
  * plan does not see. */
 #define MEMORY_MARGIN 0.10
+/* Backward is 4·P of the 6·P training FLOPs: the share of a step the
+ * gradient all-reduce can hide behind. */
+#define BACKWARD_SHARE (2.0 / 3.0)
+/* Fewer devices are suggested when they cost at most this much more than
+ * the cheapest count: among those, the fastest. */
+#define CHEAP_ENOUGH 1.05
 
 /* ---- building the plan -------------------------------------------------- */
 
@@ -129,6 +135,53 @@ static void choose_peak(struct tr_plan *p)
     p->peak_flops = tflops * 1e12;
 }
 
+void tr_plan_scale_step(struct tr_plan_scale *s, const struct tr_hardware *hw, int64_t devices,
+                        double flops_per_step, double peak_flops, double mfu, double gradient_bytes,
+                        double bucket_bytes)
+{
+    memset(s, 0, sizeof *s);
+    s->devices = devices;
+    s->nodes = hw->devices_per_node > 0 ? (devices + hw->devices_per_node - 1) / hw->devices_per_node : 1;
+    s->link = tr_hardware_ring_link(hw, devices);
+    if (peak_flops > 0 && mfu > 0)
+        s->compute_seconds = flops_per_step / ((double)devices * peak_flops * mfu);
+    if (devices > 1 && gradient_bytes > 0) {
+        s->buckets = bucket_bytes > 0 ? (int64_t)ceil(gradient_bytes / bucket_bytes) : 1;
+        double n = (double)s->buckets;
+        s->bucket_seconds = tr_ring_allreduce_seconds(gradient_bytes / n, devices, &s->link);
+        s->allreduce_seconds = n * s->bucket_seconds;
+        /* bucket k of n is ready k/n of the way through backward and the
+         * buckets go out one at a time: the last one always shows, and when
+         * the ring is slower than backward the queue shows too */
+        double backward = BACKWARD_SHARE * s->compute_seconds;
+        s->exposed_seconds = fmax(s->bucket_seconds, s->allreduce_seconds - backward * (n - 1) / n);
+    }
+    s->step_seconds = s->compute_seconds + s->exposed_seconds;
+    s->efficiency = s->step_seconds > 0 ? s->compute_seconds / s->step_seconds : 1;
+}
+
+/* The same run on count, count/2, ... 1 devices, and the count to suggest. */
+static void project_scaling(struct tr_plan *p)
+{
+    double price = p->cost.spot ? p->spot_price : p->price;
+    int k = 0;
+    for (int64_t n = p->cost.count; n >= 1 && k < (int)TR_ARRAY_LEN(p->scale); n /= 2, k++) {
+        struct tr_plan_scale *s = &p->scale[k];
+        tr_plan_scale_step(s, p->hardware, n, p->flops_per_step, p->peak_flops, p->cost.mfu,
+                           p->gradient_bytes, p->bucket_bytes);
+        s->hours = (double)p->steps * s->step_seconds / 3600.0;
+        s->dollars = (double)n * s->hours * price;
+        s->even = p->batch % (n * p->micro_batch) == 0;
+    }
+    p->n_scale = k;
+    double cheapest = p->scale[0].dollars;
+    for (int i = 1; i < k; i++)
+        cheapest = fmin(cheapest, p->scale[i].dollars);
+    for (int i = k - 1; i >= 0; i--) /* the most devices within reach of the cheapest */
+        if (p->scale[i].dollars <= CHEAP_ENOUGH * cheapest)
+            p->suggested = i;
+}
+
 static void project(struct tr_plan *p)
 {
     const struct tr_hardware *hw = p->hardware;
@@ -150,21 +203,16 @@ static void project(struct tr_plan *p)
     p->spot_price = p->cost.spot_price >= 0 ? p->cost.spot_price : hw->spot_price_hour;
     if (p->peak_flops <= 0)
         return; /* time and money need a peak (cost.peak_tflops for cpu) */
-    double sustained = p->peak_flops * p->cost.mfu * count;
-    p->hours = p->flops / sustained / 3600.0;
+    /* a step is its compute plus the all-reduce backward does not hide */
+    project_scaling(p);
+    const struct tr_plan_scale *at = &p->scale[0];
+    p->allreduce_seconds = at->allreduce_seconds;
+    p->hours = (double)p->steps * at->step_seconds / 3600.0;
     p->dollars = count * p->hours * p->price;
     p->spot_dollars = count * p->hours * p->spot_price;
-    p->optimal_hours = p->optimal_flops / sustained / 3600.0;
+    p->optimal_hours = p->optimal_steps * at->step_seconds / 3600.0;
     p->optimal_dollars = count * p->optimal_hours * p->price;
     p->optimal_spot_dollars = count * p->optimal_hours * p->spot_price;
-    if (p->cost.count > 1) {
-        /* ring all-reduce: each device sends and receives 2(n-1)/n of the
-         * gradients, at half the two-way link bandwidth each way */
-        double link = hw->nvlink_gbps > 0 ? hw->nvlink_gbps : hw->pcie_gbps;
-        double bytes = (double)p->params * (double)dtype_bytes(p->grad);
-        if (link > 0)
-            p->allreduce_seconds = 2.0 * (count - 1) / count * bytes / (link / 2 * 1e9);
-    }
 }
 
 int tr_plan_build(struct tr_plan *p, const char *recipe, const char *const *overrides,
@@ -225,6 +273,8 @@ int tr_plan_build(struct tr_plan *p, const char *recipe, const char *const *over
     p->optimal_flops = p->flops_per_token * p->optimal_tokens;
     p->optimal_steps = p->optimal_tokens / p->tokens_per_step;
     p->trained_factor = p->tokens / p->optimal_tokens;
+    p->gradient_bytes = (double)p->params * (double)dtype_bytes(p->grad);
+    p->bucket_bytes = cfg.parallel.bucket_mb * 1024 * 1024;
     if (p->hardware)
         project(p);
     rc = TR_OK;
@@ -478,6 +528,78 @@ static void print_optimal(const struct tr_plan *p, FILE *out)
     }
 }
 
+/* Text right-aligned in `width` display columns (µ is two bytes, one column). */
+static void cell(FILE *out, const char *text, int width)
+{
+    int pad = width - display_width(text);
+    fprintf(out, "%*s%s", pad > 0 ? pad : 0, "", text);
+}
+
+/* The all-reduce of one step on cost.count devices, and what it adds. */
+static void print_step(const struct tr_plan *p, FILE *out)
+{
+    const struct tr_plan_scale *s = &p->scale[0];
+    char a[64], b[64], c[64];
+    if (s->link.kind == TR_LINK_NONE) {
+        row(out, "gradient all-reduce", "not estimated: no link speeds for %s (not counted below)",
+            p->hardware->name);
+        return;
+    }
+    row(out, "gradient all-reduce", "≈ %s per step: %s of %s gradients in %lld bucket(s) of %s",
+        fmt_seconds(s->allreduce_seconds, a, sizeof a), fmt_bytes(p->gradient_bytes, b, sizeof b),
+        dtype_name(p->grad), (long long)s->buckets, fmt_bytes(p->bucket_bytes, c, sizeof c));
+    row(out, "", "(parallel.bucket_mb), each a ring over %s at %.3g GB/s each way and %.2g µs",
+        s->link.name, s->link.bytes_per_second / 1e9, s->link.latency_seconds * 1e6);
+    row(out, "", "a hop: 2(n-1)/n × bytes / bandwidth + 2(n-1) × latency%s",
+        s->link.kind == TR_LINK_NETWORK ? " (the ring spans nodes)" : "");
+    row(out, "overlap with backward", "backward (2/3 of the %s compute) hides all but %s",
+        fmt_seconds(s->compute_seconds, a, sizeof a), fmt_seconds(s->exposed_seconds, b, sizeof b));
+    row(out, "step", "%s compute + %s exposed = %s: scaling efficiency %.1f%%",
+        fmt_seconds(s->compute_seconds, a, sizeof a), fmt_seconds(s->exposed_seconds, b, sizeof b),
+        fmt_seconds(s->step_seconds, c, sizeof c), 100 * s->efficiency);
+}
+
+/* The same run on fewer devices: time, cost, and which count to use. */
+static void print_scaling(const struct tr_plan *p, FILE *out)
+{
+    char a[64], b[64], c[64], d[64], e[64];
+    int uneven = 0;
+    fprintf(out, "\nscaling  (the recipe's run on fewer devices, at %s prices)\n",
+            p->cost.spot ? "spot" : "on-demand");
+    fprintf(out, "  %7s %6s  %-8s %12s %12s %12s %10s %21s %13s\n", "devices", "nodes", "link",
+            "all-reduce", "exposed", "step", "efficiency", "time", "cost");
+    for (int i = 0; i < p->n_scale; i++) {
+        const struct tr_plan_scale *s = &p->scale[i];
+        int none = s->devices == 1 || s->link.kind == TR_LINK_NONE;
+        fprintf(out, "  %7lld %6lld  %-8s", (long long)s->devices, (long long)s->nodes,
+                s->devices == 1 ? "-" : s->link.name);
+        cell(out, none ? "-" : fmt_seconds(s->allreduce_seconds, a, sizeof a), 12);
+        cell(out, none ? "-" : fmt_seconds(s->exposed_seconds, b, sizeof b), 12);
+        cell(out, fmt_seconds(s->step_seconds, c, sizeof c), 12);
+        fprintf(out, " %9.1f%%", 100 * s->efficiency);
+        cell(out, fmt_hours(s->hours, d, sizeof d), 21);
+        cell(out, fmt_dollars(s->dollars, e, sizeof e), 13);
+        fprintf(out, "%s%s\n", s->even ? "" : " *", i == p->suggested ? "  <-" : "");
+        uneven |= !s->even;
+    }
+    if (uneven)
+        fprintf(out, "  * train.batch does not split evenly over these devices (and micro-batches)\n");
+    const struct tr_plan_scale *now = &p->scale[0], *best = &p->scale[p->suggested];
+    if (p->suggested > 0) {
+        fprintf(out, "  fewer devices per job would be cheaper: %lld device(s) cost %s instead of %s (%.0f%% less)\n"
+                "  and take %s instead of %s; at %lld, %.0f%% of each step waits for the all-reduce%s\n",
+                (long long)best->devices, fmt_dollars(best->dollars, a, sizeof a),
+                fmt_dollars(now->dollars, b, sizeof b), 100 * (1 - best->dollars / now->dollars),
+                fmt_hours(best->hours, c, sizeof c), fmt_hours(now->hours, d, sizeof d),
+                (long long)now->devices, 100 * (1 - now->efficiency),
+                now->link.kind == TR_LINK_NETWORK && best->link.kind != TR_LINK_NETWORK
+                    ? " over the network" : "");
+    } else {
+        fprintf(out, "  %lld devices cost within %.0f%% of the cheapest count: fewer would only take "
+                "longer\n", (long long)now->devices, 100 * (CHEAP_ENOUGH - 1));
+    }
+}
+
 static void print_projection(const struct tr_plan *p, FILE *out)
 {
     const struct tr_hardware *hw = p->hardware;
@@ -497,14 +619,8 @@ static void print_projection(const struct tr_plan *p, FILE *out)
     row(out, "throughput", "%s %ss/s; a step computes in %s",
         fmt_count(sustained / p->flops_per_token, a, sizeof a), p->sequence_model ? "token" : "sample",
         fmt_seconds(p->flops_per_step / sustained, b, sizeof b));
-    if (p->allreduce_seconds > 0) {
-        row(out, "gradient all-reduce", "≈ %s per step over %s (ring: 2(n-1)/n × the %s gradients,",
-            fmt_seconds(p->allreduce_seconds, a, sizeof a), hw->nvlink_gbps > 0 ? "NVLink" : "PCIe",
-            dtype_name(p->grad));
-        row(out, "", "overlapped with backward in practice)");
-        if (p->cost.count > 8)
-            row(out, "", "past 8 devices the network between nodes, not NVLink, bounds it");
-    }
+    if (p->cost.count > 1)
+        print_step(p, out);
     row(out, "prices per device-hour", "%s on-demand, %s spot", fmt_dollars(p->price, a, sizeof a),
         fmt_dollars(p->spot_price, b, sizeof b));
     if (p->cost.price < 0 || p->cost.spot_price < 0)
@@ -535,6 +651,8 @@ static void print_projection(const struct tr_plan *p, FILE *out)
             fmt_dollars(p->cost.budget, a, sizeof a), fmt_dollars(planned, b, sizeof b),
             100 * planned / p->cost.budget);
     }
+    if (p->cost.count > 1)
+        print_scaling(p, out);
 }
 
 static void print_learning_rate(const struct tr_plan *p, FILE *out)

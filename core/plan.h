@@ -49,8 +49,33 @@ struct tr_plan {
     double price, spot_price;         /* USD per device-hour in effect */
     double hours, dollars, spot_dollars;                         /* the recipe's steps */
     double optimal_hours, optimal_dollars, optimal_spot_dollars; /* compute-optimal tokens */
-    double allreduce_seconds;         /* gradient ring all-reduce per step, count > 1 */
+    /* data parallel: the gradient all-reduce and how much of it backward hides */
+    double gradient_bytes, bucket_bytes;
+    double allreduce_seconds;         /* all buckets of one step, back to back; count > 1 */
+    struct tr_plan_scale {
+        int64_t devices, nodes;
+        struct tr_link link;          /* what bounds the ring */
+        int64_t buckets;
+        double bucket_seconds;        /* one bucket's ring all-reduce */
+        double allreduce_seconds;     /* buckets × bucket_seconds */
+        double compute_seconds;       /* a step's FLOPs on one device at peak × MFU */
+        double exposed_seconds;       /* the all-reduce that backward does not hide */
+        double step_seconds, efficiency; /* compute + exposed; compute / step */
+        double hours, dollars;        /* the recipe's steps, at the planned price */
+        int even;                     /* the batch splits evenly over the devices */
+    } scale[12];                      /* count, count/2, ... 1 */
+    int n_scale;
+    int suggested;                    /* index in scale[] of the device count to use */
 };
+
+/* One device count's step: compute at peak × MFU, the ring all-reduce of the
+ * gradients in buckets, overlapped with backward (2/3 of the compute, the
+ * buckets ready one by one as it proceeds):
+ *   exposed = max(bucket, buckets × bucket - backward × (buckets - 1) / buckets)
+ * Fills everything but hours and dollars. */
+void tr_plan_scale_step(struct tr_plan_scale *s, const struct tr_hardware *hw, int64_t devices,
+                        double flops_per_step, double peak_flops, double mfu, double gradient_bytes,
+                        double bucket_bytes);
 
 /* Load the recipe with overrides and work out the plan (nothing allocated
  * on a device, no data opened). */

@@ -189,7 +189,11 @@ Test(plan, projects_hours_and_dollars, .init = environment)
     /* fp32 without tf32: the H100's CUDA-core peak */
     cr_assert_str_eq(p.peak_kind, "fp32");
     cr_assert_eq(p.peak_flops, 67.0e12);
-    double hours = p.flops / (67.0e12 * 0.4 * 2) / 3600;
+    /* a step: its FLOPs on 2 devices at peak x MFU, plus the exposed all-reduce */
+    double compute = p.flops_per_step / (67.0e12 * 0.4 * 2);
+    cr_assert_float_eq(p.scale[0].compute_seconds, compute, 1e-12 * compute);
+    cr_assert(p.scale[0].exposed_seconds > 0);
+    double hours = 1000 * (compute + p.scale[0].exposed_seconds) / 3600;
     cr_assert_float_eq(p.hours, hours, 1e-12 * hours);
     cr_assert_eq(p.price, 2.5, "cost.price overrides the table");
     cr_assert_eq(p.spot_price, 1.5);
@@ -205,7 +209,9 @@ Test(plan, projects_hours_and_dollars, .init = environment)
     cr_assert_str_eq(p.peak_kind, "bf16");
     cr_assert_eq(p.peak_flops, h->tflops_bf16 * 1e12);
     cr_assert_eq(p.price, h->price_hour);
-    cr_assert_float_eq(p.hours, p.flops / (h->tflops_bf16 * 1e12 * 0.4 * 8) / 3600, 1e-12);
+    cr_assert_float_eq(p.scale[0].compute_seconds, p.flops_per_step / (h->tflops_bf16 * 1e12 * 0.4 * 8),
+                       1e-15);
+    cr_assert_float_eq(p.hours, 1000 * p.scale[0].step_seconds / 3600, 1e-12);
     cr_assert_float_eq(p.dollars, p.hours * h->price_hour * 8, 1e-12);
     cr_assert_float_eq(p.spot_dollars, p.hours * h->spot_price_hour * 8, 1e-12);
     cr_assert(p.allreduce_seconds > 0);
@@ -289,5 +295,123 @@ Test(plan, refuses_what_is_not_an_override, .init = environment)
     char *none[] = {"plan"};
     out = run_plan(1, none, &code);
     cr_assert_eq(code, TR_EXIT_USAGE);
+    free(out);
+}
+
+/* ---- scaling: the all-reduce, its overlap with backward, fewer devices ----- */
+
+Test(hardware, ring_links_and_the_all_reduce_by_hand)
+{
+    const struct tr_hardware *h100 = tr_hardware_find("h100-80gb");
+    struct tr_link l = tr_hardware_ring_link(h100, 8);
+    cr_assert_eq(l.kind, TR_LINK_NVLINK, "8 H100s: one node, NVLink");
+    cr_assert_eq(l.bytes_per_second, 450e9, "900 GB/s both ways: 450 each");
+    cr_assert_eq(l.latency_seconds, 3.4e-6);
+    l = tr_hardware_ring_link(h100, 9);
+    cr_assert_eq(l.kind, TR_LINK_NETWORK, "9 H100s span two nodes");
+    cr_assert_eq(l.bytes_per_second, 50e9, "400 Gb/s per GPU");
+    cr_assert_eq(l.latency_seconds, 14e-6);
+    l = tr_hardware_ring_link(tr_hardware_find("l4-24gb"), 4);
+    cr_assert_eq(l.kind, TR_LINK_PCIE, "L4s have no NVLink");
+    cr_assert_eq(l.bytes_per_second, 32e9);
+    cr_assert_eq(tr_hardware_ring_link(tr_hardware_find("cpu"), 4).kind, TR_LINK_NONE);
+
+    /* 1 GB over 8 GPUs on NVLink: 2*7/8 * 1e9 / 450e9 + 14 * 3.4 us */
+    l = tr_hardware_ring_link(h100, 8);
+    cr_assert_float_eq(tr_ring_allreduce_seconds(1e9, 8, &l), 1.75 / 450 + 47.6e-6, 1e-12);
+    cr_assert_eq(tr_ring_allreduce_seconds(1e9, 1, &l), 0, "one device has nothing to reduce");
+}
+
+Test(plan, overlap_with_backward_by_hand)
+{
+    const struct tr_hardware *h100 = tr_hardware_find("h100-80gb");
+    struct tr_plan_scale s;
+    /* 6e13 FLOPs per step at 1 PFLOP/s x 0.5 on 4 devices: 30 ms compute,
+     * 20 ms of it backward; 1 GB of gradients in 4 buckets of 250 MB */
+    tr_plan_scale_step(&s, h100, 4, 6e13, 1e15, 0.5, 1e9, 250e6);
+    cr_assert_eq(s.nodes, 1);
+    cr_assert_eq(s.link.kind, TR_LINK_NVLINK);
+    cr_assert_float_eq(s.compute_seconds, 0.030, 1e-15);
+    cr_assert_eq(s.buckets, 4);
+    double bucket = 2 * 3.0 / 4 * 250e6 / 450e9 + 6 * 3.4e-6; /* 0.8537 ms */
+    cr_assert_float_eq(s.bucket_seconds, bucket, 1e-15);
+    cr_assert_float_eq(s.allreduce_seconds, 4 * bucket, 1e-15);
+    /* 3.4 ms of ring against 20 ms of backward: only the last bucket shows */
+    cr_assert_float_eq(s.exposed_seconds, bucket, 1e-15);
+    cr_assert_float_eq(s.step_seconds, 0.030 + bucket, 1e-15);
+    cr_assert_float_eq(s.efficiency, 0.030 / (0.030 + bucket), 1e-12);
+
+    /* 16 devices: two nodes, the ring crosses the network; 7.5 ms compute
+     * (5 ms backward) against 4 buckets of 2*15/16 * 250e6 / 50e9 + 30 * 14 us */
+    tr_plan_scale_step(&s, h100, 16, 6e13, 1e15, 0.5, 1e9, 250e6);
+    cr_assert_eq(s.nodes, 2);
+    cr_assert_eq(s.link.kind, TR_LINK_NETWORK);
+    bucket = 9.375e-3 + 420e-6;
+    cr_assert_float_eq(s.bucket_seconds, bucket, 1e-15);
+    /* comm-bound: the first bucket starts 1/4 into backward and the other
+     * three queue behind it: exposed = 4 * bucket - 5 ms * 3/4 */
+    cr_assert_float_eq(s.exposed_seconds, 4 * bucket - 3.75e-3, 1e-15);
+    cr_assert_float_eq(s.step_seconds, 7.5e-3 + 4 * bucket - 3.75e-3, 1e-15);
+
+    /* one device: no all-reduce at all */
+    tr_plan_scale_step(&s, h100, 1, 6e13, 1e15, 0.5, 1e9, 250e6);
+    cr_assert_eq(s.exposed_seconds, 0);
+    cr_assert_eq(s.efficiency, 1);
+}
+
+Test(plan, compares_fewer_devices_and_suggests_the_cheap_one, .init = environment)
+{
+    /* the tiny GPT on 8 H100s: 112 KiB of gradients, microseconds of compute
+     * a step: the ring's latency dominates, so one device is cheapest */
+    const char *o[] = {"cost.count=8", "cost.price=-1", "cost.spot_price=-1"};
+    struct tr_plan p;
+    build(&p, o, 3);
+    cr_assert_eq(p.gradient_bytes, 28032.0 * 4, "fp32 gradients");
+    cr_assert_eq(p.bucket_bytes, 25.0 * 1024 * 1024, "parallel.bucket_mb defaults to 25");
+    cr_assert_eq(p.n_scale, 4);
+    const struct tr_hardware *h = tr_hardware_find("h100-80gb");
+    for (int i = 0; i < 4; i++) {
+        const struct tr_plan_scale *s = &p.scale[i];
+        cr_assert_eq(s->devices, 8 >> i);
+        cr_assert_float_eq(s->hours, 1000 * s->step_seconds / 3600, 1e-15);
+        cr_assert_float_eq(s->dollars, (double)s->devices * s->hours * h->price_hour, 1e-12);
+        cr_assert_eq(s->even, 32 % ((8 >> i) * 8) == 0, "batch 32, micro-batch 8");
+    }
+    cr_assert_eq(p.scale[0].buckets, 1);
+    struct tr_link nvlink = tr_hardware_ring_link(h, 8);
+    cr_assert_float_eq(p.allreduce_seconds, tr_ring_allreduce_seconds(28032.0 * 4, 8, &nvlink), 1e-15);
+    cr_assert_eq(p.suggested, 3, "one device: no ring to wait for");
+    tr_plan_free(&p);
+
+    /* a batch of 2^20 sequences: 14 ms of compute a step hides the ring,
+     * and 8 devices cost within 5% of one */
+    const char *big[] = {"cost.count=8", "train.batch=1048576", "train.micro_batch=2"};
+    build(&p, big, 3);
+    cr_assert_gt(p.scale[0].efficiency, 0.99);
+    cr_assert_eq(p.suggested, 0);
+    tr_plan_free(&p);
+}
+
+Test(plan, prints_the_scaling_table, .init = environment)
+{
+    char *argv[] = {"plan", RECIPE, "gpus=16", "precision=bf16", "train.steps=100000000"};
+    int code;
+    char *out = run_plan(5, argv, &code);
+    cr_assert_eq(code, TR_EXIT_OK, "%s", out);
+    const char *want[] = {
+        "  gradient all-reduce       ≈ ",
+        "of fp32 gradients in 1 bucket(s) of 25.00 MiB",
+        "each a ring over network at 50 GB/s each way and 14 µs",
+        "scaling efficiency",
+        "scaling  (the recipe's run on fewer devices, at on-demand prices)\n",
+        "       16      2  network ",
+        "        8      1  NVLink  ",
+        "        1      1  -       ",
+        "  * train.batch does not split evenly over these devices",
+        "  fewer devices per job would be cheaper: 1 device(s) cost $",
+        "over the network\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        cr_assert(strstr(out, want[i]), "missing \"%s\" in:\n%s", want[i], out);
     free(out);
 }
