@@ -95,6 +95,8 @@ int tr_launch(int ranks, char *const *argv)
             setenv("TRAINRUN_WORLD_SIZE", v, 1);
             setenv("TRAINRUN_LOCAL_WORLD_SIZE", v, 1);
             setenv("TRAINRUN_MASTER", master, 1);
+            /* CUDA's GPU r is then the r-th in PCI order, the one placement chose */
+            setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 0);
             execv("/proc/self/exe", argv);
             fprintf(stderr, "trainrun: error: rank %d: cannot start %s: %s\n", i, argv[0],
                     strerror(errno));

@@ -35,7 +35,7 @@ static void usage(FILE *out)
             "                                                    tokenise and shard once (see docs/data.md)\n"
             "       trainrun report RUN_DIR [-o OUTDIR]           plots of a run (PNG + index.html)\n"
             "       trainrun topo [--threads N] [--workers N] [--topology synthetic:DESC|xml:FILE]\n"
-            "                                                    where threads will run\n"
+            "                     [procs=N|gpus=N]               where threads (of each rank) will run\n"
             "       trainrun doctor                              what this machine can run: CPU features,\n"
             "                                                    backends (and why one is unavailable), plugins\n"
             "       trainrun help [recipe]                       this text, or the recipe reference\n"
@@ -231,33 +231,6 @@ static int cmd_sample(int argc, char **argv)
     return tr_sample(&f);
 }
 
-static int cmd_topo(int argc, char **argv)
-{
-    const char *source = NULL;
-    int threads = 0, workers = 1;
-    for (int i = 2; i < argc; i++) {
-        if (strcmp(argv[i], "--topology") == 0 && i + 1 < argc)
-            source = argv[++i];
-        else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
-            threads = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--workers") == 0 && i + 1 < argc)
-            workers = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "trainrun: error: unknown argument '%s' for topo\n", argv[i]);
-            return TR_EXIT_USAGE;
-        }
-    }
-    tr_err err = {{0}};
-    struct tr_topo *t = tr_topo_open(source, &err);
-    if (!t) {
-        fprintf(stderr, "trainrun: error: %s\n", err.msg);
-        return TR_EXIT_ERROR;
-    }
-    tr_topo_print(t, threads, workers, stdout);
-    tr_topo_close(t);
-    return TR_EXIT_OK;
-}
-
 static int cmd_export(int argc, char **argv)
 {
     const char *out = NULL, *dtype_name = "bf16";
@@ -357,7 +330,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "plan") == 0)
         return tr_plan_main(argc - 1, argv + 1);
     if (strcmp(cmd, "topo") == 0)
-        return cmd_topo(argc, argv);
+        return tr_topo_main(argc - 1, argv + 1);
     if (strcmp(cmd, "doctor") == 0) {
         struct tr_plugin_path search;
         tr_plugin_path_init(&search, tr_install_paths()->plugin_dir, NULL);

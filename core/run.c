@@ -490,20 +490,34 @@ static int setup(struct run *r, tr_err *err)
     struct tr_config *cfg = r->cfg;
     r->rank = cfg->rank.rank;
     r->world = cfg->rank.world;
-    int threads = (int)cfg->train.threads;
-    if (threads == 0 && cfg->rank.local_world > 1) { /* ranks on one node share its cores */
+    /* placement: compute threads one per core, loader workers beside them;
+     * ranks sharing this node each get their own cores (near their GPU) */
+    int threads = (int)cfg->train.threads, placed = 0;
+    tr_err why = {{0}};
+    r->topo = tr_topo_open(NULL, &why);
+    if (!r->topo)
+        tr_log(TR_LOG_WARN, "topology", "%s; threads are not pinned", why.msg);
+    if (r->topo && cfg->rank.local_world > 1) {
+        struct tr_topo_rank place;
+        enum tr_topo_device kind = strcmp(cfg->device, "cuda") == 0 ? TR_TOPO_CUDA : TR_TOPO_CPU;
+        if (tr_topo_place(r->topo, kind, cfg->rank.local_world, cfg->rank.local_rank, &place,
+                          &why) == TR_OK) {
+            placed = tr_topo_use(r->topo, &place);
+            if (threads == 0 && kind == TR_TOPO_CPU)
+                threads = place.compute_cores;
+            tr_topo_rank_free(&place);
+        } else {
+            tr_log(TR_LOG_WARN, "topology", "%s; threads are not pinned", why.msg);
+        }
+    }
+    if (threads == 0 && cfg->rank.local_world > 1) { /* unplaced ranks share the cores */
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         threads = cores > cfg->rank.local_world ? (int)(cores / cfg->rank.local_world) : 1;
     }
     if (tr_backend_open(&r->be, cfg->device, threads, &cfg->plugin_path, err) != TR_OK)
         return TR_ERROR;
-    /* placement: compute threads one per core, loader workers beside them */
-    tr_err why = {{0}};
-    r->topo = tr_topo_open(NULL, &why);
-    if (r->topo && strcmp(cfg->device, "cpu") == 0 && cfg->rank.local_world == 1)
+    if (r->topo && strcmp(cfg->device, "cpu") == 0 && (cfg->rank.local_world == 1 || placed))
         tr_topo_bind_compute(r->topo, threads);
-    else if (!r->topo)
-        tr_log(TR_LOG_WARN, "topology", "%s; threads are not pinned", why.msg);
     if (r->world > 1) {
         if (BACKEND_HAS(&r->be, stream)) /* device comms queue behind the compute */
             cfg->device_stream = r->be.iface->stream(r->be.context);
