@@ -88,7 +88,7 @@ sbatch_run 0 || { cat sbatch.out; fail "slurm: a finished run should exit 0"; }
 [ "$(cat srun.env)" = "gpu-a01:24242 PCI_BUS_ID" ] ||
   fail "slurm: TRAINRUN_MASTER/CUDA_DEVICE_ORDER are '$(cat srun.env)', expected gpu-a01:24242 PCI_BUS_ID"
 grep -q -- "--cpu-bind=none" srun.args || fail "slurm: srun should leave placement to trainrun"
-grep -q "fake-trainrun recipe.lua train.steps=10 device=cuda comm=nccl$" srun.args ||
+grep -q "fake-trainrun recipe.lua train.steps=10 device=cuda comm=nccl --resume auto$" srun.args ||
   fail "slurm: trainrun command is '$(cat srun.args)'"
 [ ! -f requeued ] || fail "slurm: a finished run was requeued"
 
@@ -224,7 +224,7 @@ check(":" in str(res.get("accelerators", "")), "skypilot: no accelerators")
 check(res["job_recovery"].get("max_restarts_on_errors", 0) > 0,
       "skypilot: exit 75 (preempted) would not be restarted")
 run = sky["run"]
-for word in ("node-ranks.sh", "trainrun \"$RECIPE\"", "device=cuda", "comm=nccl",
+for word in ("node-ranks.sh", "trainrun \"$RECIPE\"", "device=cuda", "comm=nccl", "--resume auto",
              "checkpoint.plugin=s3", "checkpoint.bucket=", "TRAINRUN_MASTER=",
              "$SKYPILOT_NODE_RANK", "$SKYPILOT_NUM_NODES", "$SKYPILOT_NUM_GPUS_PER_NODE"):
     check(word in run, "skypilot: run lacks " + word)
@@ -255,4 +255,5 @@ argv = c["command"] + c["args"]
 check(argv[1].endswith("node-ranks.sh") and argv[2:5] == ["$(VC_TASK_INDEX)", "$(TRAINRUN_NODES)",
       "$(GPUS_PER_NODE)"], "volcano: node-ranks.sh arguments: %s" % argv[:5])
 check(argv[5] == "trainrun" and "device=cuda" in argv and "comm=nccl" in argv, "volcano: command %s" % argv)
+check(argv[-2:] == ["--resume", "auto"], "volcano: a restarted job must resume (--resume auto): %s" % argv)
 EOF
