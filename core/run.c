@@ -396,12 +396,15 @@ static int setup_cost(struct run *r, const struct tr_precision_policy *pol, tr_e
     double price = c->spot ? c->spot_price : c->price;
     if (price < 0 && hw)
         price = c->spot ? hw->spot_price_hour : hw->price_hour;
-    r->usd_per_second = price > 0 ? price * (double)c->count / 3600.0 : 0;
+    /* a job of several ranks pays for all of them (cost.count, if larger, also
+     * counts devices this job's ranks do not see, e.g. an idle spare) */
+    double devices = (double)(c->count > r->world ? c->count : r->world);
+    r->usd_per_second = price > 0 ? price * devices / 3600.0 : 0;
     double peak = c->peak_tflops;
     if (peak <= 0 && hw)
         peak = pol->compute == TR_F32 ? (pol->allow_tf32 ? hw->tflops_tf32 : hw->tflops_fp32)
                                       : hw->tflops_bf16;
-    r->peak_flops = peak > 0 ? peak * 1e12 * (double)c->count : 0;
+    r->peak_flops = peak > 0 ? peak * 1e12 * devices : 0;
     r->flops_per_token = tr_graph_flops_per_token(r->g);
     return TR_OK;
 }
