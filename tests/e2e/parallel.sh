@@ -17,6 +17,20 @@ set -- train.steps=40 train.batch=8 train.micro_batch=2 checkpoint.every=5 train
 weights() { echo "$1/checkpoints/$(cat "$1/checkpoints/LATEST")/model.safetensors"; }
 # steps logged so far (0 before the metrics file exists)
 logged() { n=$(grep -c '"loss"' "$1/metrics.jsonl" 2>/dev/null) || true; echo "${n:-0}"; }
+# start a 2-rank job in the background (pid in $pid) and wait until it has
+# logged $1 steps: start_after STEPS RUN_DIR [overrides...]
+start_after() {
+  steps=$1 dir=$2
+  shift 2
+  "$TRAINRUN" "$R" "$@" run_dir="$dir" procs=2 > "$dir.log" 2>&1 &
+  pid=$!
+  while [ "$(logged "$dir")" -lt "$steps" ]; do
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.01
+  done
+}
+# wait for $pid; its exit code in $code
+finish() { set +e; wait $pid; code=$?; set -e; }
 
 "$TRAINRUN" "$R" "$@" run_dir=one --quiet
 "$TRAINRUN" "$R" "$@" run_dir=two procs=2 --quiet
@@ -40,12 +54,7 @@ echo step-0000000030 > zero-resumed/checkpoints/LATEST
 cmp "$(weights zero)" "$(weights zero-resumed)" || fail "ZeRO-1 resumed: weights differ"
 
 # SIGKILL of the whole job (launcher and both ranks), then resume
-"$TRAINRUN" "$R" "$@" run_dir=killed procs=2 > killed.log 2>&1 &
-pid=$!
-while [ "$(logged killed)" -lt 17 ]; do
-  kill -0 $pid 2>/dev/null || break
-  sleep 0.01
-done
+start_after 17 killed "$@"
 pkill -KILL -P $pid 2>/dev/null || true
 kill -KILL $pid 2>/dev/null || true
 wait $pid 2>/dev/null || true
@@ -54,17 +63,9 @@ wait $pid 2>/dev/null || true
 cmp "$(weights two)" "$(weights killed)" || fail "2 ranks killed and resumed: weights differ"
 
 # SIGTERM: the ranks agree to stop after the same step, rank 0 saves, exit 75
-"$TRAINRUN" "$R" "$@" train.steps=400 run_dir=term procs=2 > term.log 2>&1 &
-pid=$!
-while [ "$(logged term)" -lt 8 ]; do
-  kill -0 $pid 2>/dev/null || break
-  sleep 0.01
-done
+start_after 8 term "$@" train.steps=400
 kill -TERM $pid
-set +e
-wait $pid
-code=$?
-set -e
+finish
 [ $code -eq 75 ] || { cat term.log; fail "SIGTERM: exit code $code, expected 75"; }
 grep -q "checkpoint of step" term.log || fail "SIGTERM: no preemption checkpoint reported"
 
@@ -78,19 +79,11 @@ python3 "$READ" close "$(weights two)" "$(weights mixed)" 1e-5 ||
   fail "resuming 2 ranks' checkpoint in 1 process changed the result"
 
 # a rank dies: the job ends within seconds and names it
-"$TRAINRUN" "$R" "$@" train.steps=100000 run_dir=dies procs=2 > dies.log 2>&1 &
-pid=$!
-while [ "$(logged dies)" -lt 3 ]; do
-  kill -0 $pid 2>/dev/null || break
-  sleep 0.01
-done
+start_after 3 dies "$@" train.steps=100000
 rank1=$(pgrep -P $pid | tail -n 1)
 kill -KILL "$rank1"
 t0=$(date +%s)
-set +e
-wait $pid
-code=$?
-set -e
+finish
 took=$(( $(date +%s) - t0 ))
 [ $code -eq 1 ] || { cat dies.log; fail "a dead rank: exit code $code, expected 1"; }
 [ $took -le 15 ] || fail "a dead rank: the job took ${took}s to end"
