@@ -248,6 +248,63 @@ Test(sgemm, all_transposes_vs_naive)
     }
 }
 
+/* Products big enough for tiles of several hundred rows and columns (where
+ * oneDNN packs its inputs), one of them cut into more tiles than the 4 the
+ * grid starts from, with K long enough that oneDNN's order of summation
+ * differs between tile shapes: the same bits for 1, 2 and 3 threads and
+ * serially, and the right values (every 7th row), for every transpose. */
+Test(sgemm, large_tiles_same_bits_for_any_thread_count)
+{
+    rng_t rng = {103};
+    enum { CHECKED_ROW_STRIDE = 7 };
+    const int shapes[][3] = {{1300, 1100, 700}, {3100, 1700, 300}};
+    const int n_shapes = sizeof shapes / sizeof shapes[0];
+    const float alpha = 1.0f, beta = 1.0f; /* weight gradients accumulate */
+    int saved_threads = omp_get_max_threads();
+    for (int s = 0; s < n_shapes; s++) {
+        int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        for (int trans = 0; trans < 4; trans++) {
+            int ta = trans & 1, tb = trans >> 1;
+            int a_rows = ta ? K : M, a_cols = ta ? M : K;
+            int b_rows = tb ? N : K, b_cols = tb ? K : N;
+            int lda = a_cols + 1, ldb = b_cols + 3, ldc = N;
+            size_t c_size = (size_t)M * ldc;
+            float *A = random_fvec(&rng, (size_t)a_rows * lda, -1, 1);
+            float *B = random_fvec(&rng, (size_t)b_rows * ldb, -1, 1);
+            float *C0 = random_fvec(&rng, c_size, -1, 1);
+            double *want = dvec(c_size);
+            for (int i = 0; i < M; i += CHECKED_ROW_STRIDE)
+                for (int j = 0; j < N; j++) {
+                    double sum = 0.0;
+                    for (int k = 0; k < K; k++) {
+                        double a = ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
+                        double b = tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j];
+                        sum += a * b;
+                    }
+                    want[(size_t)i * ldc + j] = alpha * sum + beta * (double)C0[(size_t)i * ldc + j];
+                }
+            float *C[3];
+            for (int t = 0; t < 3; t++) {
+                C[t] = copy_fvec(C0, c_size);
+                omp_set_num_threads(t + 1);
+                tr_cpu_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C[t], ldc);
+            }
+            omp_set_num_threads(saved_threads);
+            for (int i = 0; i < M; i += CHECKED_ROW_STRIDE)
+                expect_close("sgemm, large tiles", C[0] + (size_t)i * ldc, want + (size_t)i * ldc,
+                             N, FWD_TOL);
+            expect_bitwise("sgemm 2 threads vs 1", C[1], C[0], c_size);
+            expect_bitwise("sgemm 3 threads vs 1", C[2], C[0], c_size);
+            float *C_serial = copy_fvec(C0, c_size);
+            tr_cpu_sgemm_serial(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C_serial, ldc);
+            expect_bitwise("sgemm_serial vs sgemm", C_serial, C[0], c_size);
+            for (int t = 0; t < 3; t++)
+                free(C[t]);
+            free(A), free(B), free(C0), free(C_serial), free(want);
+        }
+    }
+}
+
 Test(sgemm, beta_zero_ignores_c_and_k_zero)
 {
     rng_t rng = {102};

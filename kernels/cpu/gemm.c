@@ -15,23 +15,64 @@
 
 #include "kernels.h"
 
+/*
+ * Tile sizes.  oneDNN's single-threaded sgemm has two code paths: for big
+ * products it packs A and B into its own layout first; for small ones (on
+ * AVX2, when 1/rows + 1/cols >= 0.0038, i.e. below about 512 x 512) it runs
+ * a "no-copy" kernel straight on the caller's layout.  Packed runs ~15%
+ * faster per core, and with A transposed and a large leading dimension the
+ * no-copy kernel halves its speed (cache-set conflicts on the strided
+ * columns).  So tiles are as big as possible: the grid starts as the whole
+ * of C and halves the longer tile side until there are GEMM_MIN_TILES tiles
+ * (work for a few threads, equal shares) and no side is longer than
+ * GEMM_TILE_EDGE_MAX (more tiles only for products big enough to afford
+ * them).  Halves keep the tiles of one product equal in size, which
+ * balances the threads.
+ */
 enum {
-    GEMM_TILE_MAX = 256, /* big tiles amortise oneDNN's packing of A and B */
-    GEMM_TILE_MIN = 64,
-    GEMM_MIN_TILES = 32, /* shrink tiles until there is this much parallel work */
+    GEMM_MIN_TILES = 4,
+    GEMM_TILE_EDGE_MAX = 1536,
+    GEMM_TILE_EDGE_MIN = 64, /* never split a side below this */
+    GEMM_TILE_ALIGN = 16,    /* tile edges in whole SIMD vectors */
 };
 
-/* Tile edge as a function of the shape only (never of the thread count). */
-static int gemm_tile_size(int M, int N)
+/* The tile grid of C; a function of the shape only, never of the thread
+ * count, so each element of C is always reduced by the same call. */
+struct tile_grid {
+    int rows, cols;       /* tile edges (the last row / column of tiles may be smaller) */
+    int tiles_m, tiles_n; /* tiles down and across */
+};
+
+static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+static int aligned_edge(int size, int parts)
 {
-    int tile = GEMM_TILE_MAX;
-    while (tile > GEMM_TILE_MIN) {
-        long tiles = (long)((M + tile - 1) / tile) * ((N + tile - 1) / tile);
-        if (tiles >= GEMM_MIN_TILES)
+    int edge = ceil_div(size, parts);
+    int aligned = ceil_div(edge, GEMM_TILE_ALIGN) * GEMM_TILE_ALIGN;
+    return aligned < size ? aligned : size;
+}
+
+static struct tile_grid gemm_tile_grid(int M, int N)
+{
+    int parts_m = 1, parts_n = 1;
+    for (;;) {
+        int rows = ceil_div(M, parts_m), cols = ceil_div(N, parts_n);
+        int longer = rows > cols ? rows : cols;
+        if (parts_m * parts_n >= GEMM_MIN_TILES && longer <= GEMM_TILE_EDGE_MAX)
             break;
-        tile /= 2;
+        if (longer < 2 * GEMM_TILE_EDGE_MIN)
+            break;
+        if (rows >= cols)
+            parts_m *= 2;
+        else
+            parts_n *= 2;
     }
-    return tile;
+    struct tile_grid g;
+    g.rows = aligned_edge(M, parts_m);
+    g.cols = aligned_edge(N, parts_n);
+    g.tiles_m = ceil_div(M, g.rows);
+    g.tiles_n = ceil_div(N, g.cols);
+    return g;
 }
 
 /* One oneDNN call; the caller guarantees oneDNN sees a single thread. */
@@ -51,15 +92,15 @@ static void sgemm_call(int trans_a, int trans_b, int M, int N, int K, float alph
     }
 }
 
-/* Tile number `tile` of the grid: rows [i0, i0+tile), columns [j0, j0+tile) of C. */
-static void sgemm_tile(int tile_index, int tile, int tiles_n, int trans_a, int trans_b, int M,
+/* Tile number `tile_index` of the grid, counted along rows of tiles. */
+static void sgemm_tile(int tile_index, struct tile_grid grid, int trans_a, int trans_b, int M,
                        int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
                        float beta, float *C, int ldc)
 {
-    int i0 = (tile_index / tiles_n) * tile;
-    int j0 = (tile_index % tiles_n) * tile;
-    int rows = M - i0 < tile ? M - i0 : tile;
-    int cols = N - j0 < tile ? N - j0 : tile;
+    int i0 = (tile_index / grid.tiles_n) * grid.rows;
+    int j0 = (tile_index % grid.tiles_n) * grid.cols;
+    int rows = M - i0 < grid.rows ? M - i0 : grid.rows;
+    int cols = N - j0 < grid.cols ? N - j0 : grid.cols;
     /* rows of op(A) are rows of A, or columns when A is stored transposed */
     const float *A_tile = trans_a ? A + i0 : A + (size_t)i0 * lda;
     /* columns of op(B) are columns of B, or rows when B is stored transposed */
@@ -86,9 +127,8 @@ void tr_cpu_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, co
         scale_c(M, N, beta, C, ldc);
         return;
     }
-    int tile = gemm_tile_size(M, N);
-    int tiles_n = (N + tile - 1) / tile;
-    int tiles = ((M + tile - 1) / tile) * tiles_n;
+    struct tile_grid grid = gemm_tile_grid(M, N);
+    int tiles = grid.tiles_m * grid.tiles_n;
 #pragma omp parallel
     {
         /* Affects only this region's implicit task: oneDNN, called from here,
@@ -96,8 +136,7 @@ void tr_cpu_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, co
         omp_set_num_threads(1);
 #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < tiles; t++)
-            sgemm_tile(t, tile, tiles_n, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta,
-                       C, ldc);
+            sgemm_tile(t, grid, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     }
 }
 
@@ -111,15 +150,13 @@ void tr_cpu_sgemm_serial(int trans_a, int trans_b, int M, int N, int K, float al
         scale_c(M, N, beta, C, ldc);
         return;
     }
-    int tile = gemm_tile_size(M, N);
-    int tiles_n = (N + tile - 1) / tile;
-    int tiles = ((M + tile - 1) / tile) * tiles_n;
+    struct tile_grid grid = gemm_tile_grid(M, N);
+    int tiles = grid.tiles_m * grid.tiles_n;
     /* Inside a parallel region this changes only the calling task's setting,
      * and it is restored before returning. */
     int saved_threads = omp_get_max_threads();
     omp_set_num_threads(1);
     for (int t = 0; t < tiles; t++)
-        sgemm_tile(t, tile, tiles_n, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C,
-                   ldc);
+        sgemm_tile(t, grid, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     omp_set_num_threads(saved_threads);
 }

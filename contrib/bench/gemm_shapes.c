@@ -1,0 +1,236 @@
+/*
+ * Every GEMM of the Linear layers of one training step of cpu_gpt.sh's GPT,
+ * timed through trainrun's kernels and, for comparison, through one threaded
+ * oneDNN call on the same shape.  Large shape (default): 12 layers, dim 768,
+ * ctx 256, batch 8 (2048 tokens), vocab 256; small: 4 layers, dim 128,
+ * ctx 128, batch 32 (4096 tokens), vocab 256.
+ *
+ * For each Linear (out = x @ W^T + b) three products: the forward, the input
+ * gradient dx = dout @ W and the weight gradient dW += dout^T @ x, each as
+ * tr_cpu_linear_forward / tr_cpu_linear_backward run it (backward with only
+ * that gradient requested; the forward includes filling out with the bias).
+ * The oneDNN column is dnnl_sgemm with oneDNN's own threading and the same
+ * transposes (forward N,T; dx N,N; dW T,N): what a GEMM whose results may
+ * depend on the thread count reaches.  Each figure is
+ * the best of REPS timed calls after one warm-up call.  The last line weighs
+ * each product by how often a step runs it (once per block, once for the
+ * head) and gives the Linear GEMM time of one step, both ways.
+ *
+ * Build against a build directory's kernels (from the repository root):
+ *   cc -O2 -fopenmp -Ikernels/cpu contrib/bench/gemm_shapes.c \
+ *      BUILD/.libs/libtrkernels.a -o gemm_shapes -ldnnl -lm
+ *   OMP_NUM_THREADS=2 ./gemm_shapes [large|small] [reps] [ceiling GFLOP/s]
+ *
+ * Without a ceiling it measures one, dnnl_sgemm at 2048^3 as gemm_ceiling.c
+ * does (5 repetitions by default).
+ */
+#include <dnnl.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels.h"
+
+struct model {
+    const char *name;
+    int tokens, dim, layers, vocab;
+};
+
+static const struct model models[] = {
+    {"large", 8 * 256, 768, 12, 256},
+    {"small", 32 * 128, 128, 4, 256},
+};
+
+struct linear_shape {
+    const char *name;
+    int in, out, bias, per_step;
+};
+
+enum { LINEARS = 5 };
+
+/* The Linears of a GPT block, then the (tied, bias-free) output head. */
+static void linear_shapes(const struct model *g, struct linear_shape s[LINEARS])
+{
+    int C = g->dim, L = g->layers;
+    s[0] = (struct linear_shape){"attn.c_attn", C, 3 * C, 1, L};
+    s[1] = (struct linear_shape){"attn.c_proj", C, C, 1, L};
+    s[2] = (struct linear_shape){"mlp.c_fc", C, 4 * C, 1, L};
+    s[3] = (struct linear_shape){"mlp.c_proj", 4 * C, C, 1, L};
+    s[4] = (struct linear_shape){"lm_head", C, g->vocab, 0, 1};
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static float *random_floats(size_t n)
+{
+    float *p = malloc(n * sizeof *p);
+    if (p == NULL) {
+        fprintf(stderr, "gemm_shapes: out of memory\n");
+        exit(1);
+    }
+    /* values in [-1, 1): no denormals, no overflow when accumulating */
+    for (size_t i = 0; i < n; i++)
+        p[i] = (float)rand() / RAND_MAX * 2 - 1;
+    return p;
+}
+
+static void check(dnnl_status_t s)
+{
+    if (s != dnnl_success) {
+        fprintf(stderr, "gemm_shapes: dnnl_sgemm failed (status %d)\n", (int)s);
+        exit(1);
+    }
+}
+
+enum pass { FORWARD, INPUT_GRAD, WEIGHT_GRAD };
+
+struct buffers {
+    int tokens;
+    float *x, *w, *b, *out, *dout, *dx, *dw;
+};
+
+/* One product of one Linear, as trainrun runs it. */
+static void run_trainrun(enum pass pass, const struct linear_shape *s, struct buffers *m)
+{
+    switch (pass) {
+    case FORWARD:
+        tr_cpu_linear_forward(m->out, m->x, m->w, s->bias ? m->b : NULL, m->tokens, s->in, s->out);
+        break;
+    case INPUT_GRAD:
+        tr_cpu_linear_backward(m->dx, NULL, NULL, m->dout, m->x, m->w, m->tokens, s->in, s->out);
+        break;
+    case WEIGHT_GRAD:
+        tr_cpu_linear_backward(NULL, m->dw, NULL, m->dout, m->x, m->w, m->tokens, s->in, s->out);
+        break;
+    }
+}
+
+/* The same product as one threaded oneDNN call. */
+static void run_dnnl(enum pass pass, const struct linear_shape *s, struct buffers *m)
+{
+    int N = m->tokens, IC = s->in, OC = s->out;
+    switch (pass) {
+    case FORWARD: /* out[N,OC] = x[N,IC] @ w[OC,IC]^T */
+        check(dnnl_sgemm('N', 'T', N, OC, IC, 1.0f, m->x, IC, m->w, IC, 0.0f, m->out, OC));
+        break;
+    case INPUT_GRAD: /* dx[N,IC] += dout[N,OC] @ w[OC,IC] */
+        check(dnnl_sgemm('N', 'N', N, IC, OC, 1.0f, m->dout, OC, m->w, IC, 1.0f, m->dx, IC));
+        break;
+    case WEIGHT_GRAD: /* dw[OC,IC] += dout[N,OC]^T @ x[N,IC] */
+        check(dnnl_sgemm('T', 'N', OC, IC, N, 1.0f, m->dout, OC, m->x, IC, 1.0f, m->dw, IC));
+        break;
+    }
+}
+
+typedef void (*runner)(enum pass, const struct linear_shape *, struct buffers *);
+
+static double best_seconds(runner run, enum pass pass, const struct linear_shape *s,
+                           struct buffers *m, int reps)
+{
+    double best = 1e30;
+    for (int rep = 0; rep <= reps; rep++) { /* rep 0: warm-up */
+        double t = now();
+        run(pass, s, m);
+        t = now() - t;
+        if (rep > 0 && t < best)
+            best = t;
+    }
+    return best;
+}
+
+static double measure_ceiling(int reps)
+{
+    enum { SIZE = 2048 };
+    size_t n2 = (size_t)SIZE * SIZE;
+    float *a = random_floats(n2), *b = random_floats(n2), *c = random_floats(n2);
+    double best = 1e30;
+    for (int rep = 0; rep <= reps; rep++) {
+        double t = now();
+        check(dnnl_sgemm('N', 'N', SIZE, SIZE, SIZE, 1.0f, a, SIZE, b, SIZE, 0.0f, c, SIZE));
+        t = now() - t;
+        if (rep > 0 && t < best)
+            best = t;
+    }
+    free(a), free(b), free(c);
+    return 2.0 * SIZE * SIZE * SIZE / best / 1e9;
+}
+
+int main(int argc, char **argv)
+{
+    const struct model *g = &models[0];
+    if (argc > 1) {
+        g = NULL;
+        for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
+            if (strcmp(argv[1], models[i].name) == 0)
+                g = &models[i];
+        if (g == NULL) {
+            fprintf(stderr, "usage: gemm_shapes [large|small] [reps] [ceiling GFLOP/s]\n");
+            return 2;
+        }
+    }
+    int reps = argc > 2 ? atoi(argv[2]) : 5;
+    if (reps < 1)
+        reps = 1;
+    double ceiling = argc > 3 ? atof(argv[3]) : measure_ceiling(5);
+
+    struct linear_shape linears[LINEARS];
+    linear_shapes(g, linears);
+    size_t max_in = 0, max_out = 0;
+    for (int i = 0; i < LINEARS; i++) {
+        if ((size_t)linears[i].in > max_in)
+            max_in = linears[i].in;
+        if ((size_t)linears[i].out > max_out)
+            max_out = linears[i].out;
+    }
+    size_t T = g->tokens;
+    struct buffers m = {
+        .tokens = g->tokens,
+        .x = random_floats(T * max_in),
+        .w = random_floats(max_in * max_out),
+        .b = random_floats(max_out),
+        .out = random_floats(T * max_out),
+        .dout = random_floats(T * max_out),
+        .dx = random_floats(T * max_in),
+        .dw = random_floats(max_in * max_out),
+    };
+
+    printf("Linear GEMMs of one %s-shape step (%d tokens, dim %d), %d threads, best of %d; "
+           "ceiling %.1f GFLOP/s\n\n",
+           g->name, g->tokens, g->dim, omp_get_max_threads(), reps, ceiling);
+    printf("| linear | product | M x N x K | trainrun GFLOP/s | of ceiling "
+           "| oneDNN threaded GFLOP/s | of ceiling |\n");
+    printf("|---|---|---|---:|---:|---:|---:|\n");
+    static const char *pass_names[] = {"forward", "dx", "dW"};
+    double step_trainrun = 0, step_dnnl = 0;
+    for (int i = 0; i < LINEARS; i++) {
+        const struct linear_shape *s = &linears[i];
+        for (int p = FORWARD; p <= WEIGHT_GRAD; p++) {
+            /* C is M x N, the reduction K long */
+            int M = p == WEIGHT_GRAD ? s->out : g->tokens;
+            int N = p == FORWARD ? s->out : s->in;
+            int K = p == FORWARD ? s->in : p == INPUT_GRAD ? s->out : g->tokens;
+            double flop = 2.0 * M * N * K;
+            double t_ours = best_seconds(run_trainrun, (enum pass)p, s, &m, reps);
+            double t_dnnl = best_seconds(run_dnnl, (enum pass)p, s, &m, reps);
+            step_trainrun += s->per_step * t_ours;
+            step_dnnl += s->per_step * t_dnnl;
+            double g_ours = flop / t_ours / 1e9, g_dnnl = flop / t_dnnl / 1e9;
+            printf("| %s | %s | %d x %d x %d | %.1f | %.0f%% | %.1f | %.0f%% |\n", s->name,
+                   pass_names[p], M, N, K, g_ours, 100 * g_ours / ceiling, g_dnnl,
+                   100 * g_dnnl / ceiling);
+            fflush(stdout);
+        }
+    }
+    printf("\nLinear GEMMs of one step (each product times its count per step): "
+           "trainrun %.1f ms, oneDNN threaded %.1f ms\n",
+           1e3 * step_trainrun, 1e3 * step_dnnl);
+    free(m.x), free(m.w), free(m.b), free(m.out), free(m.dout), free(m.dx), free(m.dw);
+    return 0;
+}
