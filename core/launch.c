@@ -12,7 +12,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 /* Seconds the other ranks get to stop after one died, before SIGKILL. */
@@ -106,25 +105,37 @@ int tr_launch(int ranks, char *const *argv)
     }
     tr_log(TR_LOG_INFO, "launch", "%d ranks on this machine, meeting at %s", ranks, master);
 
-    int failed = 0, preempted = 0, left = 0;
+    /* When a rank fails, the others soon fail too (their collectives lose
+     * it): gather exits for a moment so the message names the cause, a rank
+     * killed by a signal before one that merely lost its peer. */
+    int preempted = 0, left = 0, culprit = -1, culprit_status = 0, announced = 0;
+    double failed_at = 0, kill_at = 0;
     for (int i = 0; i < ranks; i++)
         left += children[i] > 0;
-    time_t kill_at = 0;
     while (left > 0) {
+        if (culprit >= 0 && !announced && tr_now() - failed_at >= 0.5) {
+            char how[96];
+            describe_status(culprit_status, how, sizeof how);
+            tr_log(TR_LOG_ERROR, "launch", "rank %d %s; stopping the job (%d other rank%s still "
+                   "running)", culprit, how, left, left == 1 ? "" : "s");
+            announced = 1;
+            forward(SIGTERM);
+            kill_at = tr_now() + GRACE_SECONDS;
+        }
         int status;
-        pid_t pid = waitpid(-1, &status, kill_at ? WNOHANG : 0);
+        pid_t pid = waitpid(-1, &status, culprit >= 0 ? WNOHANG : 0);
         if (pid < 0 && errno == EINTR)
             continue;
         if (pid < 0)
             break;
-        if (pid == 0) { /* stopping the others after a death: escalate when they linger */
-            if (time(NULL) >= kill_at) {
+        if (pid == 0) { /* after a failure: escalate when the others linger */
+            if (announced && tr_now() >= kill_at) {
                 tr_log(TR_LOG_WARN, "launch", "ranks still running %d s after the failure: "
                        "killing them", GRACE_SECONDS);
                 forward(SIGKILL);
-                kill_at = time(NULL) + 3600;
+                kill_at = tr_now() + 3600;
             }
-            usleep(100 * 1000);
+            usleep(20 * 1000);
             continue;
         }
         int rank = -1;
@@ -142,20 +153,22 @@ int tr_launch(int ranks, char *const *argv)
             preempted = 1;
             continue;
         }
-        if (!failed) {
-            char how[96];
-            describe_status(status, how, sizeof how);
-            tr_log(TR_LOG_ERROR, "launch", "rank %d %s; stopping the job (%d other rank%s)", rank,
-                   how, left, left == 1 ? "" : "s");
-            failed = 1;
-            forward(SIGTERM);
-            kill_at = time(NULL) + GRACE_SECONDS;
+        if (!announced && (culprit < 0 || (WIFSIGNALED(status) && !WIFSIGNALED(culprit_status)))) {
+            if (culprit < 0)
+                failed_at = tr_now();
+            culprit = rank;
+            culprit_status = status;
         }
+    }
+    if (culprit >= 0 && !announced) { /* every rank ended within the moment */
+        char how[96];
+        describe_status(culprit_status, how, sizeof how);
+        tr_log(TR_LOG_ERROR, "launch", "rank %d %s; the job failed", culprit, how);
     }
     free(children);
     children = NULL;
     n_children = 0;
-    if (failed)
+    if (culprit >= 0)
         return TR_EXIT_ERROR;
     return preempted ? TR_EXIT_PREEMPTED : TR_EXIT_OK;
 }
