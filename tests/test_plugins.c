@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #endif
 #include <criterion/criterion.h>
+#include "scratch.h"
 #include <trainrun/plugin.h>
 
 #include <dirent.h>
@@ -39,11 +40,6 @@ static void test_log(enum tr_log_level level, const char *who, const char *fmt, 
     warnings++;
 }
 
-static void *test_alloc(size_t size)
-{
-    return aligned_alloc(64, (size + 63) / 64 * 64);
-}
-
 static const struct tr_host host = {
     .struct_size = sizeof(struct tr_host),
     .abi_major = TR_ABI_MAJOR,
@@ -54,51 +50,12 @@ static const struct tr_host host = {
 
 /* ---- a temporary directory per test ------------------------------------ */
 
-static char tmp[256];
-
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
+/* each test gets a scratch directory (tests/scratch.h) */
 static void make_tmp(void)
 {
-    const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    snprintf(tmp, sizeof tmp, "%s/trplugtest-XXXXXX", base);
-    cr_assert(mkdtemp(tmp), "mkdtemp: %s", strerror(errno));
+    tmp_create("trplugtest");
     warnings = 0;
     last_warning[0] = '\0';
-}
-
-static void remove_tmp(void)
-{
-    nftw(tmp, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-/* tmp/name, in a buffer that lives for the test */
-static const char *tmp_path(const char *name)
-{
-    static char paths[8][512];
-    static int next;
-    char *p = paths[next++ % 8];
-    snprintf(p, sizeof paths[0], "%s/%s", tmp, name);
-    return p;
-}
-
-static void write_file(const char *path, const void *data, size_t size)
-{
-    FILE *f = fopen(path, "wb");
-    cr_assert(f, "cannot write %s", path);
-    cr_assert_eq(fwrite(data, 1, size, f), size);
-    fclose(f);
-}
-
-static void write_text(const char *path, const char *text)
-{
-    write_file(path, text, strlen(text));
 }
 
 /* ---- loading plugins and filling their configs ------------------------- */
