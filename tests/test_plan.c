@@ -2,6 +2,7 @@
  * GPT parameter and FLOP counts, the Chinchilla token count, memory fit on
  * two devices, and time and dollars from the cost section. */
 #include <criterion/criterion.h>
+#include "capture.h"
 
 #include "hardware.h"
 #include "plan.h"
@@ -32,25 +33,9 @@ static void build(struct tr_plan *p, const char *const *overrides, int n)
     cr_assert_eq(rc, TR_OK, "plan failed: %s", err.msg);
 }
 
-/* Run the command with stdout in a temporary file; returns what it printed. */
 static char *run_plan(int argc, char **argv, int *code)
 {
-    fflush(stdout);
-    FILE *tmp = tmpfile();
-    cr_assert_not_null(tmp);
-    int saved = dup(STDOUT_FILENO);
-    dup2(fileno(tmp), STDOUT_FILENO);
-    *code = tr_plan_main(argc, argv);
-    fflush(stdout);
-    dup2(saved, STDOUT_FILENO);
-    close(saved);
-    fseek(tmp, 0, SEEK_END);
-    long size = ftell(tmp);
-    rewind(tmp);
-    char *text = calloc(1, (size_t)size + 1);
-    cr_assert_eq(fread(text, 1, (size_t)size, tmp), (size_t)size);
-    fclose(tmp);
-    return text;
+    return capture_stdout(tr_plan_main, argc, argv, code);
 }
 
 /* ---- the hardware table ------------------------------------------------- */

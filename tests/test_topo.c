@@ -5,6 +5,7 @@
  * servers socket s holds cores 16s..16s+15, and core c's two hardware
  * threads are PUs c and c+32. */
 #include <criterion/criterion.h>
+#include "capture.h"
 
 #include "run.h"
 #include "topo.h"
@@ -326,21 +327,7 @@ Test(placement, binding_follows_the_rank)
 
 static char *run_topo(int argc, char **argv, int *code)
 {
-    fflush(stdout);
-    FILE *tmp = tmpfile();
-    cr_assert_not_null(tmp);
-    int saved = dup(STDOUT_FILENO);
-    dup2(fileno(tmp), STDOUT_FILENO);
-    *code = tr_topo_main(argc, argv);
-    fflush(stdout);
-    dup2(saved, STDOUT_FILENO);
-    close(saved);
-    long size = ftell(tmp);
-    rewind(tmp);
-    char *text = calloc(1, (size_t)size + 1);
-    cr_assert_eq(fread(text, 1, (size_t)size, tmp), (size_t)size);
-    fclose(tmp);
-    return text;
+    return capture_stdout(tr_topo_main, argc, argv, code);
 }
 
 Test(placement, topo_command_prints_each_rank)
