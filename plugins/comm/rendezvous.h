@@ -12,7 +12,8 @@
  * Both carry a job tag (TRAINRUN_JOB_ID, SLURM_JOB_ID or PBS_JOBID when
  * set): a rank ignores a blob from another job, so a file left by a crashed
  * job is not taken for this one's.  A header-only helper so a plugin stays
- * one self-contained .so.
+ * one self-contained .so; the tcp plugin uses its host:port parsing and
+ * deadline-bound socket I/O for its own start-up.
  */
 #ifndef TRAINRUN_PLUGINS_COMM_RENDEZVOUS_H
 #define TRAINRUN_PLUGINS_COMM_RENDEZVOUS_H

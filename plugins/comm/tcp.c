@@ -24,6 +24,8 @@
 
 #include <trainrun/plugin.h>
 
+#include "rendezvous.h" /* host:port parsing and blocking I/O with a deadline */
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -70,26 +72,6 @@ struct tcp {
     size_t scratch_floats;
     char describe[160];
 };
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int split_host_port(const char *s, char *host, size_t host_size, char *port,
-                           size_t port_size)
-{
-    const char *colon = strrchr(s, ':');
-    if (!colon || colon == s || !colon[1] || (size_t)(colon - s) >= host_size ||
-        strlen(colon + 1) >= port_size)
-        return -1;
-    memcpy(host, s, (size_t)(colon - s));
-    host[colon - s] = 0;
-    strcpy(port, colon + 1);
-    return 0;
-}
 
 static void tune(int fd)
 {
@@ -144,7 +126,7 @@ static int connect_to(const char *host, const char *port, double deadline, const
                 close(fd);
             freeaddrinfo(ai);
         }
-        if (now() > deadline)
+        if (rdv_now() > deadline)
             return tr_fail(err, "comm tcp: cannot reach %s at %s:%s (%s); is it running, and "
                            "is the address right?", what, host, port,
                            rc ? gai_strerror(rc) : strerror(errno));
@@ -155,7 +137,7 @@ static int connect_to(const char *host, const char *port, double deadline, const
 static int accept_one(int listen_fd, double deadline, const char *what, tr_err *err)
 {
     struct pollfd p = {.fd = listen_fd, .events = POLLIN};
-    int ms = (int)((deadline - now()) * 1000);
+    int ms = (int)((deadline - rdv_now()) * 1000);
     int rc = poll(&p, 1, ms > 0 ? ms : 0);
     if (rc <= 0)
         return tr_fail(err, "comm tcp: %s did not connect within the timeout", what);
@@ -166,27 +148,6 @@ static int accept_one(int listen_fd, double deadline, const char *what, tr_err *
     return fd;
 }
 
-/* Blocking full read/write with a deadline, for the rendezvous. */
-static int io_all(int fd, void *buf, size_t n, int writing, double deadline)
-{
-    char *p = buf;
-    while (n > 0) {
-        struct pollfd pf = {.fd = fd, .events = writing ? POLLOUT : POLLIN};
-        int ms = (int)((deadline - now()) * 1000);
-        if (ms <= 0 || poll(&pf, 1, ms) <= 0)
-            return -1;
-        ssize_t k = writing ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
-        if (k <= 0) {
-            if (k < 0 && (errno == EINTR || errno == EAGAIN))
-                continue;
-            return -1;
-        }
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
 /* One ring step: send `sbytes` to next while receiving `rbytes` from prev. */
 static int exchange(struct tcp *t, const void *sbuf, size_t sbytes, void *rbuf, size_t rbytes,
                     tr_err *err)
@@ -194,11 +155,11 @@ static int exchange(struct tcp *t, const void *sbuf, size_t sbytes, void *rbuf, 
     const char *s = sbuf;
     char *r = rbuf;
     int next = (t->rank + 1) % t->world, prev = (t->rank + t->world - 1) % t->world;
-    double deadline = now() + t->timeout;
+    double deadline = rdv_now() + t->timeout;
     while (sbytes > 0 || rbytes > 0) {
         struct pollfd p[2] = {{.fd = sbytes ? t->next_fd : -1, .events = POLLOUT},
                               {.fd = rbytes ? t->prev_fd : -1, .events = POLLIN}};
-        int ms = (int)((deadline - now()) * 1000);
+        int ms = (int)((deadline - rdv_now()) * 1000);
         int rc = ms > 0 ? poll(p, 2, ms) : 0;
         if (rc < 0 && errno == EINTR)
             continue;
@@ -353,7 +314,7 @@ static int rendezvous_root(struct tcp *t, const char *port, struct peer_addr *ta
         struct hello h;
         struct sockaddr_in sin;
         socklen_t len = sizeof sin;
-        if (io_all(fd, &h, sizeof h, 0, deadline) != 0 || h.magic != HELLO_MAGIC) {
+        if (rdv_io(fd, &h, sizeof h, 0, deadline) != 0 || h.magic != HELLO_MAGIC) {
             rc = tr_fail(err, "comm tcp: something that is not a trainrun rank connected to port %s",
                          port);
         } else if ((int)h.world != t->world || h.rank == 0 || (int)h.rank >= t->world ||
@@ -368,7 +329,7 @@ static int rendezvous_root(struct tcp *t, const char *port, struct peer_addr *ta
         }
     }
     for (int i = 0; i < n; i++) {
-        if (rc == TR_OK && io_all(fds[i], table, sizeof *table * (size_t)t->world, 1, deadline) != 0)
+        if (rc == TR_OK && rdv_io(fds[i], table, sizeof *table * (size_t)t->world, 1, deadline) != 0)
             rc = tr_fail(err, "comm tcp: a rank went away during start-up");
         close(fds[i]);
     }
@@ -388,7 +349,7 @@ static int tcp_create(const struct tr_host *host, const void *config,
         return tr_fail(err, "comm tcp: no rendezvous address: set comm.master or TRAINRUN_MASTER "
                        "to host:port of rank 0 (trainrun's own launcher, procs=N, sets it)");
     char mhost[256] = "", mport[32] = "";
-    if (args->world > 1 && split_host_port(master, mhost, sizeof mhost, mport, sizeof mport) != 0)
+    if (args->world > 1 && rdv_split_master(master, mhost, sizeof mhost, mport, sizeof mport) != 0)
         return tr_fail(err, "comm tcp: master \"%s\" is not host:port", master);
 
     struct tcp *t = host->alloc(sizeof *t);
@@ -406,7 +367,7 @@ static int tcp_create(const struct tr_host *host, const void *config,
     if (t->world == 1)
         return TR_OK;
 
-    double deadline = now() + c->timeout;
+    double deadline = rdv_now() + c->timeout;
     struct peer_addr *table = host->alloc(sizeof *table * (size_t)t->world);
     if (!table)
         return tr_fail(err, "comm tcp: out of memory");
@@ -423,8 +384,8 @@ static int tcp_create(const struct tr_host *host, const void *config,
         struct hello h = {HELLO_MAGIC, (uint32_t)t->rank, (uint32_t)t->world, ring_port};
         if (fd < 0)
             rc = TR_ERROR;
-        else if (io_all(fd, &h, sizeof h, 1, deadline) != 0 ||
-                 io_all(fd, table, sizeof *table * (size_t)t->world, 0, deadline) != 0)
+        else if (rdv_io(fd, &h, sizeof h, 1, deadline) != 0 ||
+                 rdv_io(fd, table, sizeof *table * (size_t)t->world, 0, deadline) != 0)
             rc = tr_fail(err, "comm tcp: rank 0 at %s closed the connection during start-up "
                          "(see its log)", master);
         if (fd >= 0)
@@ -438,12 +399,12 @@ static int tcp_create(const struct tr_host *host, const void *config,
         snprintf(what, sizeof what, "rank %d", next);
         t->next_fd = connect_to(table[next].host, port, deadline, what, err);
         uint32_t me = (uint32_t)t->rank, them = 0;
-        if (t->next_fd < 0 || io_all(t->next_fd, &me, sizeof me, 1, deadline) != 0)
+        if (t->next_fd < 0 || rdv_io(t->next_fd, &me, sizeof me, 1, deadline) != 0)
             rc = TR_ERROR;
         if (rc == TR_OK) {
             snprintf(what, sizeof what, "rank %d", (t->rank + t->world - 1) % t->world);
             t->prev_fd = accept_one(ring_fd, deadline, what, err);
-            if (t->prev_fd < 0 || io_all(t->prev_fd, &them, sizeof them, 0, deadline) != 0 ||
+            if (t->prev_fd < 0 || rdv_io(t->prev_fd, &them, sizeof them, 0, deadline) != 0 ||
                 (int)them != (t->rank + t->world - 1) % t->world)
                 rc = t->prev_fd < 0 ? TR_ERROR
                                     : tr_fail(err, "comm tcp: the ring is miswired (rank %u "
