@@ -147,10 +147,8 @@ void tr_comm_close(struct tr_comm *c)
 
 const char *tr_comm_describe(const struct tr_comm *c)
 {
-    const struct tr_comm_vtable *vt = c->vt;
-    if (vt->struct_size >= offsetof(struct tr_comm_vtable, describe) + sizeof vt->describe &&
-        vt->describe)
-        return vt->describe(c->self);
+    if (TR_HAS_SLOT(c->vt, struct tr_comm_vtable, describe))
+        return c->vt->describe(c->self);
     return "";
 }
 

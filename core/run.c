@@ -83,16 +83,11 @@ static int stopping(const struct run *r)
     return r->world > 1 ? r->agreed_stop : stop_signal != 0;
 }
 
-/* An optional backend slot, when the backend was built with it. */
-#define BACKEND_HAS(be, slot)                                                                      \
-    ((be)->iface->struct_size >= offsetof(struct tr_backend_iface, slot) + sizeof((be)->iface->slot) && \
-     (be)->iface->slot)
-
 /* Host buffers the loader fills and the backend uploads: page-locked when
  * the backend offers it (faster copies), else ordinary memory. */
 static void *host_buffer(struct run *r, size_t bytes)
 {
-    if (BACKEND_HAS(&r->be, host_alloc))
+    if (TR_HAS_SLOT(r->be.iface, struct tr_backend_iface, host_alloc))
         return r->be.iface->host_alloc(r->be.context, bytes);
     return tr_alloc(bytes);
 }
@@ -101,21 +96,15 @@ static void host_buffer_free(struct run *r, void *p)
 {
     if (!p)
         return;
-    if (r->be.iface && BACKEND_HAS(&r->be, host_free))
+    if (r->be.iface && TR_HAS_SLOT(r->be.iface, struct tr_backend_iface, host_free))
         r->be.iface->host_free(r->be.context, p);
     else
         tr_free(p);
 }
 
-static int vt_has(const void *vt, size_t offset_end)
-{
-    return ((const uint32_t *)vt)[1] >= offset_end;
-}
-#define HAS_SLOT(vt, type, slot) (vt_has(vt, offsetof(type, slot) + sizeof(((type *)0)->slot)) && (vt)->slot)
-
 static double loss_scale(struct run *r)
 {
-    if (HAS_SLOT(r->precision, struct tr_precision_vtable, loss_scale))
+    if (TR_HAS_SLOT(r->precision, struct tr_precision_vtable, loss_scale))
         return r->precision->loss_scale(r->cfg->precision.self);
     return 1.0;
 }
@@ -126,11 +115,11 @@ static size_t save_vars(const void *vt, int kind, void *self, struct tr_state_va
 {
     if (kind == TR_KIND_PRECISION) {
         const struct tr_precision_vtable *p = vt;
-        if (HAS_SLOT(p, struct tr_precision_vtable, state_save))
+        if (TR_HAS_SLOT(p, struct tr_precision_vtable, state_save))
             return p->state_save(self, vars, cap);
     } else {
         const struct tr_schedule_vtable *s = vt;
-        if (HAS_SLOT(s, struct tr_schedule_vtable, state_save))
+        if (TR_HAS_SLOT(s, struct tr_schedule_vtable, state_save))
             return s->state_save(self, vars, cap);
     }
     return 0;
@@ -170,10 +159,10 @@ static int restore_state(struct run *r, const struct tr_run_state *st, tr_err *e
     snprintf(r->best, sizeof r->best, "%s", st->best);
     r->best_val = st->best_val_loss;
     r->best_step = st->best_step;
-    if (HAS_SLOT(r->precision, struct tr_precision_vtable, state_load) &&
+    if (TR_HAS_SLOT(r->precision, struct tr_precision_vtable, state_load) &&
         r->precision->state_load(r->cfg->precision.self, st->precision, st->n_precision, err) != TR_OK)
         return TR_ERROR;
-    if (HAS_SLOT(r->schedule, struct tr_schedule_vtable, state_load) &&
+    if (TR_HAS_SLOT(r->schedule, struct tr_schedule_vtable, state_load) &&
         r->schedule->state_load(r->cfg->schedule.self, st->schedule, st->n_schedule, err) != TR_OK)
         return TR_ERROR;
     return TR_OK;
@@ -522,7 +511,7 @@ static int setup(struct run *r, tr_err *err)
     if (r->topo && strcmp(cfg->device, "cpu") == 0 && (cfg->rank.local_world == 1 || placed))
         tr_topo_bind_compute(r->topo, threads);
     if (r->world > 1) {
-        if (BACKEND_HAS(&r->be, stream)) /* device comms queue behind the compute */
+        if (TR_HAS_SLOT(r->be.iface, struct tr_backend_iface, stream)) /* device comms queue behind the compute */
             cfg->device_stream = r->be.iface->stream(r->be.context);
         if (!(r->comm = tr_comm_open(cfg, err)))
             return TR_ERROR;
@@ -888,7 +877,7 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
         int finite = isfinite(sumsq) && isfinite(r->last_loss);
         grad_norm = sqrt(sumsq) / scale;
         int apply = finite;
-        if (HAS_SLOT(r->precision, struct tr_precision_vtable, update)) {
+        if (TR_HAS_SLOT(r->precision, struct tr_precision_vtable, update)) {
             apply = r->precision->update(cfg->precision.self, finite, &err);
             if (apply == TR_ERROR)
                 goto fail;
@@ -942,7 +931,7 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
             if (r->metrics)
                 fprintf(r->metrics, "{\"step\": %llu, \"val_loss\": %.6g, \"val_accuracy\": %.6g}\n",
                         (unsigned long long)r->step, r->last_val, isnan(accuracy) ? -1.0 : accuracy);
-            if (HAS_SLOT(r->schedule, struct tr_schedule_vtable, observe))
+            if (TR_HAS_SLOT(r->schedule, struct tr_schedule_vtable, observe))
                 r->schedule->observe(cfg->schedule.self, r->step, r->last_val);
             if (cfg->early_stop.patience > 0) {
                 if (isnan(r->stop_best) || r->last_val < r->stop_best - cfg->early_stop.min_delta) {

@@ -7,6 +7,12 @@
 #include <stdint.h>
 #include <trainrun/plugin.h>
 
+/* An optional slot of a struct that starts its life with `struct_size`
+ * (plugin vtables, backend ifaces and modules): present when the struct
+ * the other side compiled reaches past it, and not NULL. */
+#define TR_HAS_SLOT(p, type, slot)                                                                 \
+    ((p)->struct_size >= offsetof(type, slot) + sizeof(((type *)0)->slot) && (p)->slot)
+
 #define TR_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 extern enum tr_log_level tr_log_threshold;
