@@ -7,6 +7,27 @@
 #include <string.h>
 #include <sys/stat.h>
 
+const struct tr_backend_module *tr_backend_module_load(const char *path, void **handle, char *why,
+                                                       size_t why_size)
+{
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(why, why_size, "%s does not load (%s)", path, dlerror());
+        return NULL;
+    }
+    tr_backend_entry_fn entry = (tr_backend_entry_fn)dlsym(h, TR_BACKEND_ENTRY_NAME);
+    const struct tr_backend_module *m = entry ? entry() : NULL;
+    /* slots appended after `close` are optional: older modules lack them */
+    if (!m || m->abi != TR_BACKEND_ABI ||
+        m->struct_size < offsetof(struct tr_backend_module, close) + sizeof m->close) {
+        snprintf(why, why_size, "%s is not a trainrun backend of ABI %d", path, TR_BACKEND_ABI);
+        dlclose(h);
+        return NULL;
+    }
+    *handle = h;
+    return m;
+}
+
 int tr_backend_open(struct tr_backend *be, const char *device, int threads,
                     const struct tr_plugin_path *search, tr_err *err)
 {
@@ -23,24 +44,14 @@ int tr_backend_open(struct tr_backend *be, const char *device, int threads,
             free(path);
             continue;
         }
-        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-        if (!h) {
-            tr_fail(err, "device \"%s\" is unavailable: %s does not load (%s); run with device=cpu",
-                    device, path, dlerror());
-            free(path);
-            return TR_ERROR;
-        }
-        tr_backend_entry_fn entry = (tr_backend_entry_fn)dlsym(h, TR_BACKEND_ENTRY_NAME);
-        const struct tr_backend_module *m = entry ? entry() : NULL;
-        /* slots appended after `close` are optional: older modules lack them */
-        if (!m || m->abi != TR_BACKEND_ABI ||
-            m->struct_size < offsetof(struct tr_backend_module, close) + sizeof m->close) {
-            tr_fail(err, "refusing backend %s: not a trainrun backend of ABI %d", path, TR_BACKEND_ABI);
-            free(path);
-            dlclose(h);
-            return TR_ERROR;
-        }
+        void *h;
         char why[512] = "";
+        const struct tr_backend_module *m = tr_backend_module_load(path, &h, why, sizeof why);
+        if (!m) {
+            tr_fail(err, "device \"%s\" is unavailable: %s; run with device=cpu", device, why);
+            free(path);
+            return TR_ERROR;
+        }
         if (m->open(be, threads, why, sizeof why) != 0) {
             tr_fail(err, "device \"%s\" is unavailable on this machine: %s; run with device=cpu",
                     device, why[0] ? why : "the backend did not start");

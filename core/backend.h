@@ -10,4 +10,9 @@ int tr_backend_open(struct tr_backend *be, const char *device, int threads,
                     const struct tr_plugin_path *search, tr_err *err);
 void tr_backend_close(struct tr_backend *be);
 
+/* Load backend module `path` and check it is one of this ABI; on failure
+ * NULL, with why[0..why_size) saying so.  *handle is the dlopen handle. */
+const struct tr_backend_module *tr_backend_module_load(const char *path, void **handle, char *why,
+                                                       size_t why_size);
+
 #endif

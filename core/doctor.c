@@ -1,11 +1,10 @@
 #include "doctor.h"
 
-#include "../kernels/backend.h"
+#include "backend.h"
 #include "topo.h"
 #include "util.h"
 
 #include <dirent.h>
-#include <dlfcn.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,28 +113,20 @@ static void print_indented(FILE *out, const char *text)
 static int probe_backend(FILE *out, const char *path, const char *name)
 {
     fprintf(out, "  %s (%s)\n", name, path);
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        fprintf(out, "    does not load: %s\n", dlerror());
+    void *h;
+    char why[512] = "";
+    const struct tr_backend_module *m = tr_backend_module_load(path, &h, why, sizeof why);
+    if (!m) {
+        fprintf(out, "    %s\n", why);
         return 1;
     }
-    tr_backend_entry_fn entry = (tr_backend_entry_fn)dlsym(h, TR_BACKEND_ENTRY_NAME);
-    const struct tr_backend_module *m = entry ? entry() : NULL;
-    if (!m || m->abi != TR_BACKEND_ABI ||
-        m->struct_size < offsetof(struct tr_backend_module, close) + sizeof m->close) {
-        fprintf(out, "    not a trainrun backend of ABI %d\n", TR_BACKEND_ABI);
-        dlclose(h);
-        return 1;
-    }
-    if (m->struct_size >= offsetof(struct tr_backend_module, describe) + sizeof m->describe &&
-        m->describe) {
+    if (TR_HAS_SLOT(m, struct tr_backend_module, describe)) {
         char text[4096] = "";
         if (m->describe(text, sizeof text) == 0)
             print_indented(out, text);
     }
     struct tr_backend be;
     memset(&be, 0, sizeof be);
-    char why[512] = "";
     int problems = 0;
     if (m->open(&be, 0, why, sizeof why) == 0) {
         be.module = m;
