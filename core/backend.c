@@ -37,6 +37,10 @@ int tr_backend_open(struct tr_backend *be, const char *device, int threads,
             return tr_fail(err, "cannot start the cpu backend");
         return TR_OK;
     }
+    /* device= comes from the recipe: it names a backend, never a file */
+    if (!tr_plugin_name_ok(device))
+        return tr_fail(err, "invalid device \"%s\": say cpu, cuda or another backend's name "
+                       "(letters, digits, '_' and '-'), never a path", device);
     for (int i = 0; i < search->n; i++) {
         char *path = tr_xasprintf("%s/backend_%s.so", search->dirs[i], device);
         struct stat st;

@@ -9,11 +9,17 @@
 #include "launch.h"
 #include "doctor.h"
 #include "topo.h"
+#include "suggest.h"
 #include "util.h"
 
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void usage(FILE *out)
@@ -44,6 +50,9 @@ static void usage(FILE *out)
             "Overrides are applied after the recipe and before validation, e.g.\n"
             "  trainrun recipes/kjv-char.lua train.steps=100 optimizer.lr=3e-4 precision=fp32\n"
             "\n"
+            "Plugins load from trainrun's own directory, then --plugin-path DIR (any command,\n"
+            "repeatable) and TRAINRUN_PLUGIN_PATH; never from a recipe's directory: a shared\n"
+            "recipe runs no code of its own (README: Sharing recipes safely).\n"
             "Environment: TRAINRUN_PLUGIN_PATH (more plugin dirs), TRAINRUN_RECIPE_PATH (dirs for\n"
             "extends/include), TRAINRUN_PRECISION (default precision policy).\n"
             "Exit codes: 0 done, 1 error, 2 usage, %d preempted (checkpoint saved; requeue with\n"
@@ -51,20 +60,90 @@ static void usage(FILE *out)
             TR_EXIT_PREEMPTED);
 }
 
-/* Split argv into the recipe's overrides (key=value) and flags. */
+/* key=value with a key of names separated by single dots: what the recipe
+ * loader accepts.  Checked here so that a typo on the command line is a
+ * usage error (exit 2), not a recipe error. */
+static int override_syntax_ok(const char *arg, const char *command)
+{
+    const char *eq = strchr(arg, '=');
+    const char *why = NULL;
+    if (!eq)
+        why = "expected key.sub=value";
+    else if (eq == arg)
+        why = "the key before '=' is empty";
+    else if (arg[0] == '.' || eq[-1] == '.')
+        why = "the key starts or ends with '.'";
+    else
+        for (const char *p = arg; p + 1 < eq && !why; p++)
+            if (p[0] == '.' && p[1] == '.')
+                why = "the key has an empty part ('..')";
+    if (!why)
+        return 1;
+    fprintf(stderr, "trainrun: error: %s'%s' is not an override: %s (e.g. train.steps=100)\n",
+            command, arg, why);
+    return 0;
+}
+
+/* Split argv into the recipe's overrides (key=value); flags the command
+ * consumed were replaced by "-", any other flag is a usage error. */
 static int collect_overrides(int argc, char **argv, int first, const char ***overrides, int *n)
 {
     *overrides = tr_xcalloc((size_t)argc + 1, sizeof **overrides);
     *n = 0;
     for (int i = first; i < argc; i++) {
-        if (argv[i][0] == '-')
+        if (strcmp(argv[i], "-") == 0)
             continue;
-        if (!strchr(argv[i], '=')) {
-            fprintf(stderr, "trainrun: error: '%s' is not an override (key.sub=value)\n", argv[i]);
+        if (argv[i][0] == '-') {
+            fprintf(stderr, "trainrun: error: unknown flag '%s' (see trainrun help)\n", argv[i]);
             return -1;
         }
+        if (!override_syntax_ok(argv[i], ""))
+            return -1;
         (*overrides)[(*n)++] = argv[i];
     }
+    return 0;
+}
+
+/* Strict numbers for flags: all of the text, within [lo, hi]; atoi would
+ * turn "abc" into 0 and "10x" into 10 without a word. */
+static int flag_int(const char *flag, const char *text, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (end == text || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "trainrun: error: %s takes an integer from %lld to %lld, not '%s'\n", flag,
+                lo, hi, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int flag_u64(const char *flag, const char *text, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (end == text || *end || errno || text[0] == '-' || text[0] == '+' || isspace((unsigned char)text[0])) {
+        fprintf(stderr, "trainrun: error: %s takes an integer from 0 to %llu, not '%s'\n", flag,
+                (unsigned long long)UINT64_MAX, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int flag_positive(const char *flag, const char *text, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (end == text || *end || errno || !isfinite(v) || !(v > 0)) {
+        fprintf(stderr, "trainrun: error: %s takes a number greater than 0, not '%s'\n", flag, text);
+        return -1;
+    }
+    *out = v;
     return 0;
 }
 
@@ -75,20 +154,30 @@ static int cmd_run(int argc, char **argv, int first)
     const char *recipe = argv[first];
     struct tr_run_flags flags = {0, 0, 0};
     for (int i = first + 1; i < argc; i++) {
-        if (strcmp(argv[i], "--resume") == 0 && i + 1 < argc) {
-            const char *how = argv[++i];
+        if (strcmp(argv[i], "--resume") == 0 || strncmp(argv[i], "--resume=", 9) == 0) {
+            int joined = argv[i][8] == '='; /* --resume=auto */
+            const char *how = joined ? argv[i] + 9 : i + 1 < argc ? argv[i + 1] : NULL;
+            if (!how || !*how) {
+                fprintf(stderr, "trainrun: error: --resume needs a value: --resume auto or "
+                                "--resume never\n");
+                return TR_EXIT_USAGE;
+            }
             if (strcmp(how, "auto") == 0)
                 flags.resume = 1;
             else if (strcmp(how, "never") != 0) {
                 fprintf(stderr, "trainrun: error: --resume takes auto or never, not '%s'\n", how);
                 return TR_EXIT_USAGE;
             }
-            argv[i] = "-"; /* consumed */
+            argv[i] = "-"; /* consumed, with its value */
+            if (!joined)
+                argv[++i] = "-";
         } else if (strcmp(argv[i], "--quiet") == 0) {
             flags.quiet = 1;
+            argv[i] = "-";
         } else if (strcmp(argv[i], "--smoke") == 0) {
             flags.smoke = 1;
-        } else if (argv[i][0] == '-') {
+            argv[i] = "-";
+        } else if (argv[i][0] == '-' && argv[i][1]) {
             fprintf(stderr, "trainrun: error: unknown flag '%s' (see trainrun help)\n", argv[i]);
             return TR_EXIT_USAGE;
         }
@@ -163,12 +252,16 @@ static int cmd_plugins(int argc, char **argv)
 {
     enum tr_plugin_kind only = 0;
     if (argc > 2 && !tr_kind_from_name(argv[2], &only)) {
-        fprintf(stderr, "trainrun: error: no plugin kind '%s' (precision, data, checkpoint, schedule)\n",
-                argv[2]);
+        fprintf(stderr, "trainrun: error: no plugin kind '%s' (precision, data, checkpoint, "
+                        "schedule, comm)\n", argv[2]);
+        return TR_EXIT_USAGE;
+    }
+    if (argc > 3) {
+        fprintf(stderr, "trainrun: error: plugins takes at most one KIND, not '%s'\n", argv[3]);
         return TR_EXIT_USAGE;
     }
     struct tr_plugin_path sp;
-    tr_plugin_path_init(&sp, tr_install_paths()->plugin_dir, NULL);
+    tr_plugin_path_init(&sp, tr_install_paths()->plugin_dir);
     struct tr_plugin **list;
     int n = tr_plugin_list(&sp, &list, report_broken);
     printf("plugin search path:");
@@ -212,21 +305,27 @@ static int cmd_sample(int argc, char **argv)
             fprintf(stderr, "trainrun: error: %s needs a value\n", a);
             return TR_EXIT_USAGE;
         }
-        if (strcmp(a, "--prompt") == 0) f.prompt = v;
-        else if (strcmp(a, "--tokens") == 0) f.tokens = atoi(v);
-        else if (strcmp(a, "--temperature") == 0) f.temperature = atof(v);
-        else if (strcmp(a, "--top-k") == 0) f.top_k = atoi(v);
-        else if (strcmp(a, "--seed") == 0) f.seed = strtoull(v, NULL, 10);
-        else if (strcmp(a, "--recipe") == 0) f.recipe = v;
+        long long n = 0;
+        int bad = 0;
+        if (strcmp(a, "--prompt") == 0)
+            f.prompt = v;
+        else if (strcmp(a, "--tokens") == 0)
+            bad = flag_int(a, v, 0, 1000000, &n), f.tokens = (int)n;
+        else if (strcmp(a, "--temperature") == 0)
+            bad = flag_positive(a, v, &f.temperature);
+        else if (strcmp(a, "--top-k") == 0)
+            bad = flag_int(a, v, 0, 1 << 24, &n), f.top_k = (int)n;
+        else if (strcmp(a, "--seed") == 0)
+            bad = flag_u64(a, v, &f.seed);
+        else if (strcmp(a, "--recipe") == 0)
+            f.recipe = v;
         else {
             fprintf(stderr, "trainrun: error: unknown flag '%s' for sample\n", a);
             return TR_EXIT_USAGE;
         }
+        if (bad)
+            return TR_EXIT_USAGE;
         i++;
-    }
-    if (f.tokens < 0 || f.temperature <= 0) {
-        fprintf(stderr, "trainrun: error: --tokens must be >= 0 and --temperature > 0\n");
-        return TR_EXIT_USAGE;
     }
     return tr_sample(&f);
 }
@@ -239,9 +338,15 @@ static int cmd_export(int argc, char **argv)
         return TR_EXIT_USAGE;
     }
     for (int i = 3; i < argc; i++) {
-        if ((strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--output") == 0) && i + 1 < argc)
+        int takes_value = strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--output") == 0 ||
+                          strcmp(argv[i], "--dtype") == 0;
+        if (takes_value && i + 1 >= argc) {
+            fprintf(stderr, "trainrun: error: %s needs a value (see trainrun help)\n", argv[i]);
+            return TR_EXIT_USAGE;
+        }
+        if (strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--output") == 0)
             out = argv[++i];
-        else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc)
+        else if (strcmp(argv[i], "--dtype") == 0)
             dtype_name = argv[++i];
         else {
             fprintf(stderr, "trainrun: error: unknown argument '%s' for export\n", argv[i]);
@@ -297,9 +402,71 @@ static void prefer_passive_openmp(char **argv)
     /* exec failed: carry on with the default policy */
 }
 
+/* --plugin-path DIR (or --plugin-path=DIR), anywhere on the command line and
+ * repeatable: the user's own plugin directories, searched after the built-in
+ * one and before TRAINRUN_PLUGIN_PATH's.  They are taken out of argv and
+ * passed on through TRAINRUN_PLUGIN_PATH, so that every command and every
+ * rank a launcher starts sees them.  Returns the new argc, or -1. */
+static int take_plugin_paths(int argc, char **argv)
+{
+    char *dirs = NULL;
+    int out = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *dir = NULL;
+        if (strcmp(argv[i], "--plugin-path") == 0) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "trainrun: error: --plugin-path needs a directory\n");
+                free(dirs);
+                return -1;
+            }
+            dir = argv[++i];
+        } else if (strncmp(argv[i], "--plugin-path=", 14) == 0) {
+            dir = argv[i] + 14;
+        } else {
+            argv[out++] = argv[i];
+            continue;
+        }
+        struct stat st;
+        if (!*dir || strchr(dir, ':') || stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+            fprintf(stderr, "trainrun: error: --plugin-path '%s' is not a directory%s\n", dir,
+                    strchr(dir, ':') ? " (give one directory per --plugin-path)" : "");
+            free(dirs);
+            return -1;
+        }
+        char *more = dirs ? tr_xasprintf("%s:%s", dirs, dir) : tr_xstrdup(dir);
+        free(dirs);
+        dirs = more;
+    }
+    argv[out] = NULL;
+    if (dirs) {
+        const char *env = getenv("TRAINRUN_PLUGIN_PATH");
+        char *path = env && *env ? tr_xasprintf("%s:%s", dirs, env) : tr_xstrdup(dirs);
+        setenv("TRAINRUN_PLUGIN_PATH", path, 1);
+        free(path);
+        free(dirs);
+    }
+    return out;
+}
+
+static const char *const commands[] = {"run",    "show",   "plan",   "plugins", "sample",
+                                       "export", "prepare", "report", "topo",    "doctor",
+                                       "help",   "version", NULL};
+
+/* `trainrun shwo x.lua` is a mistyped command, not a recipe named "shwo":
+ * a recipe is an existing file, or a name ending in .lua or holding a '/'. */
+static int looks_like_recipe(const char *arg)
+{
+    size_t n = strlen(arg);
+    return access(arg, F_OK) == 0 || strchr(arg, '/') ||
+           (n > 4 && strcmp(arg + n - 4, ".lua") == 0);
+}
+
 int main(int argc, char **argv)
 {
     prefer_passive_openmp(argv);
+    argc = take_plugin_paths(argc, argv);
+    if (argc < 0)
+        return TR_EXIT_USAGE;
     /* commands mark the arguments they consume; the launcher needs them as given */
     original_argv = tr_xcalloc((size_t)argc + 1, sizeof *original_argv);
     memcpy(original_argv, argv, (size_t)argc * sizeof *argv);
@@ -315,6 +482,13 @@ int main(int argc, char **argv)
             usage(stdout);
         return TR_EXIT_OK;
     }
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0 ||
+        strcmp(cmd, "doctor") == 0) {
+        if (argc > 2) {
+            fprintf(stderr, "trainrun: error: %s takes no arguments, not '%s'\n", cmd, argv[2]);
+            return TR_EXIT_USAGE;
+        }
+    }
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("trainrun %s (plugin ABI %d)\n", PACKAGE_VERSION, TR_ABI_MAJOR);
         return TR_EXIT_OK;
@@ -327,13 +501,17 @@ int main(int argc, char **argv)
         return cmd_sample(argc, argv);
     if (strcmp(cmd, "export") == 0)
         return cmd_export(argc, argv);
-    if (strcmp(cmd, "plan") == 0)
+    if (strcmp(cmd, "plan") == 0) {
+        for (int i = 3; i < argc; i++) /* plan parses the rest itself */
+            if (argv[i][0] != '-' && strchr(argv[i], '=') && !override_syntax_ok(argv[i], "plan: "))
+                return TR_EXIT_USAGE;
         return tr_plan_main(argc - 1, argv + 1);
+    }
     if (strcmp(cmd, "topo") == 0)
         return tr_topo_main(argc - 1, argv + 1);
     if (strcmp(cmd, "doctor") == 0) {
         struct tr_plugin_path search;
-        tr_plugin_path_init(&search, tr_install_paths()->plugin_dir, NULL);
+        tr_plugin_path_init(&search, tr_install_paths()->plugin_dir);
         int problems = tr_doctor(stdout, &search);
         tr_plugin_path_free(&search);
         return problems ? TR_EXIT_ERROR : TR_EXIT_OK;
@@ -349,7 +527,11 @@ int main(int argc, char **argv)
         }
         return cmd_run(argc, argv, 2);
     }
-    if (strcmp(cmd, "--smoke") == 0 && argc >= 3) {
+    if (strcmp(cmd, "--smoke") == 0) {
+        if (argc < 3 || argv[2][0] == '-') {
+            fprintf(stderr, "trainrun: error: --smoke needs a recipe: trainrun --smoke RECIPE.lua\n");
+            return TR_EXIT_USAGE;
+        }
         argv[1] = argv[2]; /* trainrun --smoke recipe.lua ... */
         argv[2] = "--smoke";
         return cmd_run(argc, argv, 1);
@@ -357,6 +539,19 @@ int main(int argc, char **argv)
     if (cmd[0] == '-') {
         fprintf(stderr, "trainrun: error: unknown flag '%s'\n", cmd);
         usage(stderr);
+        return TR_EXIT_USAGE;
+    }
+    if (!looks_like_recipe(cmd)) {
+        const char *hint = tr_suggest(cmd, commands, TR_ARRAY_LEN(commands) - 1);
+        if (strchr(cmd, '='))
+            fprintf(stderr, "trainrun: error: '%s' is an override, but no recipe comes before "
+                            "it: trainrun RECIPE.lua %s\n", cmd, cmd);
+        else if (hint)
+            fprintf(stderr, "trainrun: error: unknown command '%s' (did you mean '%s'?)\n", cmd,
+                    hint);
+        else
+            fprintf(stderr, "trainrun: error: '%s' is neither a command nor a recipe file (see "
+                            "trainrun help)\n", cmd);
         return TR_EXIT_USAGE;
     }
     return cmd_run(argc, argv, 1);

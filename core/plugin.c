@@ -43,7 +43,7 @@ static void add_dir(struct tr_plugin_path *sp, const char *dir)
     sp->dirs[sp->n++] = tr_xstrdup(dir);
 }
 
-void tr_plugin_path_init(struct tr_plugin_path *sp, const char *builtin_dir, const char *recipe_dir)
+void tr_plugin_path_init(struct tr_plugin_path *sp, const char *builtin_dir)
 {
     sp->dirs = NULL;
     sp->n = 0;
@@ -55,7 +55,18 @@ void tr_plugin_path_init(struct tr_plugin_path *sp, const char *builtin_dir, con
             add_dir(sp, d);
         free(copy);
     }
-    add_dir(sp, recipe_dir);
+}
+
+int tr_plugin_name_ok(const char *name)
+{
+    size_t n = 0;
+    for (; name && name[n]; n++) {
+        char c = name[n];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-'))
+            return 0;
+    }
+    return n >= 1 && n <= 64;
 }
 
 void tr_plugin_path_free(struct tr_plugin_path *sp)
@@ -171,15 +182,66 @@ void tr_plugin_close(struct tr_plugin *p)
     free(p);
 }
 
+static int compare_names(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
 static int is_file(const char *path)
 {
     struct stat st;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* The names of kind's plugins on the search path, from their file names
+ * (first occurrence wins): suggesting a name must not run any plugin's code. */
+static int installed_names(const struct tr_plugin_path *sp, enum tr_plugin_kind kind,
+                           char ***out)
+{
+    char **names = NULL;
+    int n = 0;
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "%s_", tr_kind_name(kind));
+    size_t plen = strlen(prefix);
+    for (int i = 0; i < sp->n; i++) {
+        DIR *d = opendir(sp->dirs[i]);
+        if (!d)
+            continue;
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            size_t len = strlen(e->d_name);
+            if (len <= plen + 3 || strncmp(e->d_name, prefix, plen) != 0 ||
+                strcmp(e->d_name + len - 3, ".so") != 0)
+                continue;
+            char *name = tr_xasprintf("%.*s", (int)(len - plen - 3), e->d_name + plen);
+            int dup = !tr_plugin_name_ok(name);
+            for (int j = 0; j < n && !dup; j++)
+                dup = strcmp(names[j], name) == 0;
+            if (dup) {
+                free(name);
+                continue;
+            }
+            names = tr_xrealloc(names, (size_t)(n + 1) * sizeof *names);
+            names[n++] = name;
+        }
+        closedir(d);
+    }
+    if (n > 1)
+        qsort(names, (size_t)n, sizeof *names, compare_names);
+    *out = names;
+    return n;
+}
+
 struct tr_plugin *tr_plugin_find(const struct tr_plugin_path *sp, enum tr_plugin_kind kind,
                                  const char *name, tr_err *err)
 {
+    if (!tr_plugin_name_ok(name)) {
+        tr_fail(err, "invalid %s plugin name \"%s\": a plugin is named by letters, digits, "
+                "'_' and '-' only, never by a path; install the plugin in a directory of "
+                "TRAINRUN_PLUGIN_PATH (or pass --plugin-path DIR) and write its name",
+                tr_kind_name(kind), name ? name : "");
+        return NULL;
+    }
     for (int i = 0; i < sp->n; i++) {
         char *path = tr_xasprintf("%s/%s_%s.so", sp->dirs[i], tr_kind_name(kind), name);
         if (is_file(path)) {
@@ -196,20 +258,14 @@ struct tr_plugin *tr_plugin_find(const struct tr_plugin_path *sp, enum tr_plugin
         free(path);
     }
     /* Not found: suggest a close name among those installed. */
-    struct tr_plugin **all = NULL;
-    int n = tr_plugin_list(sp, &all, NULL);
-    const char **names = tr_xcalloc((size_t)n + 1, sizeof *names);
-    int m = 0;
+    char **names = NULL;
+    int m = installed_names(sp, kind, &names);
     char installed[512] = "";
-    for (int i = 0; i < n; i++) {
-        if (all[i]->info->kind != kind)
-            continue;
-        names[m++] = all[i]->info->name;
+    for (int i = 0; i < m; i++) {
         size_t len = strlen(installed);
-        snprintf(installed + len, sizeof installed - len, "%s%s", m > 1 ? ", " : "",
-                 all[i]->info->name);
+        snprintf(installed + len, sizeof installed - len, "%s%s", i ? ", " : "", names[i]);
     }
-    const char *hint = tr_suggest(name, names, (size_t)m);
+    const char *hint = tr_suggest(name, (const char *const *)names, (size_t)m);
     char where[512] = "";
     for (int i = 0; i < sp->n; i++) {
         size_t len = strlen(where);
@@ -218,11 +274,12 @@ struct tr_plugin *tr_plugin_find(const struct tr_plugin_path *sp, enum tr_plugin
     if (hint)
         tr_fail(err, "no %s plugin '%s' (did you mean '%s'?)", tr_kind_name(kind), name, hint);
     else
-        tr_fail(err, "no %s plugin '%s'; installed: %s (searched %s)", tr_kind_name(kind), name,
+        tr_fail(err, "no %s plugin '%s'; installed: %s (searched %s; plugins never load from "
+                "a recipe's directory: put a plugin you trust in a directory you name with "
+                "--plugin-path DIR or TRAINRUN_PLUGIN_PATH)", tr_kind_name(kind), name,
                 m ? installed : "none", where);
-    for (int i = 0; i < n; i++)
-        tr_plugin_close(all[i]);
-    free(all);
+    for (int i = 0; i < m; i++)
+        free(names[i]);
     free(names);
     return NULL;
 }

@@ -346,9 +346,8 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
     cfg->recipe = tr_recipe_load(recipe_path, overrides, n_overrides, &rp, err);
     if (!cfg->recipe)
         return TR_ERROR;
-    char *recipe_dir = tr_dirname(recipe_path);
-    tr_plugin_path_init(&cfg->plugin_path, ip->plugin_dir, recipe_dir);
-    free(recipe_dir);
+    /* never the recipe's directory: a shared recipe must not run code */
+    tr_plugin_path_init(&cfg->plugin_path, ip->plugin_dir);
 
     struct tr_value *root = tr_recipe_root(cfg->recipe);
     if (root->type != TR_V_TABLE)

@@ -494,10 +494,16 @@ int tr_topo_main(int argc, char **argv)
             return TR_EXIT_OK;
         } else if (strcmp(a, "--topology") == 0 && i + 1 < argc) {
             source = argv[++i];
-        } else if (strcmp(a, "--threads") == 0 && i + 1 < argc) {
-            threads = atoi(argv[++i]);
-        } else if (strcmp(a, "--workers") == 0 && i + 1 < argc) {
-            workers = atoi(argv[++i]);
+        } else if ((strcmp(a, "--threads") == 0 || strcmp(a, "--workers") == 0) && i + 1 < argc) {
+            /* strictly: atoi read "abc" as 0 and "4x" as 4 */
+            char *end;
+            long v = strtol(argv[++i], &end, 10);
+            if (end == argv[i] || *end || v < 0 || v > 4096) {
+                fprintf(stderr, "trainrun: error: topo: %s takes an integer from 0 to 4096, not "
+                                "'%s'\n", a, argv[i]);
+                return TR_EXIT_USAGE;
+            }
+            *(strcmp(a, "--threads") == 0 ? &threads : &workers) = (int)v;
         } else if (strncmp(a, "procs=", 6) == 0) {
             bad = parse_count(a + 6, &procs);
         } else if (strncmp(a, "gpus=", 5) == 0) {

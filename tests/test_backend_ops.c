@@ -44,7 +44,7 @@ static int open_cuda(struct tr_backend *be, char *why, size_t size)
 {
     const char *dir = getenv("TR_PLUGIN_BUILD_DIR");
     struct tr_plugin_path sp;
-    tr_plugin_path_init(&sp, dir ? dir : ".", NULL);
+    tr_plugin_path_init(&sp, dir ? dir : ".");
     tr_err err = {{0}};
     int rc = tr_backend_open(be, "cuda", 0, &sp, &err);
     tr_plugin_path_free(&sp);

@@ -75,7 +75,7 @@ Test(plugin_loader, refuses_a_vtable_with_a_missing_mandatory_slot)
 Test(plugin_loader, suggests_a_close_name, .init = environment)
 {
     struct tr_plugin_path sp;
-    tr_plugin_path_init(&sp, NULL, NULL);
+    tr_plugin_path_init(&sp, NULL);
     tr_err err = {{0}};
     cr_assert_null(tr_plugin_find(&sp, TR_KIND_SCHEDULE, "cosin", &err));
     cr_assert_str_eq(err.msg, "no schedule plugin 'cosin' (did you mean 'cosine'?)");
@@ -86,10 +86,40 @@ Test(plugin_loader, suggests_a_close_name, .init = environment)
     tr_plugin_path_free(&sp);
 }
 
+/* A recipe names plugins; a name that is a path would load any file. */
+Test(plugin_loader, refuses_a_name_that_is_a_path, .init = environment)
+{
+    struct tr_plugin_path sp;
+    tr_plugin_path_init(&sp, NULL);
+    const char *bad[] = {"../.libs/cosine", "/tmp/schedule_x", "cosine.so", "a b", "", "..",
+                         "x/../cosine"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        tr_err err = {{0}};
+        cr_assert_null(tr_plugin_find(&sp, TR_KIND_SCHEDULE, bad[i], &err), "%s", bad[i]);
+        cr_assert(strstr(err.msg, "invalid schedule plugin name") && strstr(err.msg, "never by a path"),
+                  "%s: %s", bad[i], err.msg);
+    }
+    cr_assert(tr_plugin_name_ok("cosine") && tr_plugin_name_ok("my_plugin-2"));
+    tr_plugin_path_free(&sp);
+}
+
+/* The search path is the built-in directory and the user's: nothing else. */
+Test(plugin_loader, searches_only_the_directories_the_user_names, .init = environment)
+{
+    setenv("TRAINRUN_PLUGIN_PATH", "/opt/a::/opt/b:", 1);
+    struct tr_plugin_path sp;
+    tr_plugin_path_init(&sp, "/builtin");
+    cr_assert_eq(sp.n, 3);
+    cr_assert_str_eq(sp.dirs[0], "/builtin");
+    cr_assert_str_eq(sp.dirs[1], "/opt/a");
+    cr_assert_str_eq(sp.dirs[2], "/opt/b");
+    tr_plugin_path_free(&sp);
+}
+
 Test(plugin_loader, lists_every_builtin_kind, .init = environment)
 {
     struct tr_plugin_path sp;
-    tr_plugin_path_init(&sp, NULL, NULL);
+    tr_plugin_path_init(&sp, NULL);
     struct tr_plugin **list;
     int n = tr_plugin_list(&sp, &list, NULL);
     int kinds[8] = {0};
@@ -258,7 +288,7 @@ Test(loader, permutation_is_a_bijection)
 static struct tr_data_source open_synthetic(struct tr_plugin **plugin)
 {
     struct tr_plugin_path sp;
-    tr_plugin_path_init(&sp, NULL, NULL);
+    tr_plugin_path_init(&sp, NULL);
     tr_err err = {{0}};
     *plugin = tr_plugin_find(&sp, TR_KIND_DATA, "synthetic", &err);
     cr_assert_not_null(*plugin, "%s", err.msg);

@@ -77,7 +77,7 @@ static int open_text(const struct bench_args *a, struct tr_plugin **plugin,
                      struct tr_data_source *src, tr_err *err)
 {
     struct tr_plugin_path sp;
-    tr_plugin_path_init(&sp, NULL, NULL);
+    tr_plugin_path_init(&sp, NULL);
     *plugin = tr_plugin_find(&sp, TR_KIND_DATA, "text", err);
     tr_plugin_path_free(&sp);
     if (!*plugin)

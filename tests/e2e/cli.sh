@@ -41,9 +41,107 @@ if "$TRAINRUN" "$R/kjv-char.lua" train.steps=abc 2> err.txt; then fail "bad over
 grep -q "command line: train: option 'steps' expects an integer, got \"abc\"" err.txt || { cat err.txt; fail "override message"; }
 if "$TRAINRUN" "$R/kjv-char.lua" data.path=missing.txt train.steps=1 2> err.txt; then fail "missing data must fail"; fi
 grep -q "missing.txt" err.txt || { cat err.txt; fail "missing data file named"; }
-set +e
-"$TRAINRUN" --no-such-flag 2>/dev/null; [ $? -eq 2 ] || fail "usage errors exit 2"
-set -e
+# usage errors exit 2, with a message saying what was expected
+usage_error() { # usage_error "expected message" trainrun-args...
+  want=$1
+  shift
+  set +e
+  "$TRAINRUN" "$@" > out.txt 2> err.txt
+  code=$?
+  set -e
+  [ $code -eq 2 ] || { cat err.txt; fail "trainrun $*: exit $code, expected 2 (usage)"; }
+  grep -q -- "$want" err.txt || { cat err.txt; fail "trainrun $*: no '$want'"; }
+}
+usage_error "unknown flag '--no-such-flag'" --no-such-flag
+usage_error "resume needs a value: --resume auto or --resume never" "$R/kjv-char.lua" --resume
+usage_error "takes auto or never, not 'sometimes'" "$R/kjv-char.lua" --resume sometimes
+usage_error "unknown flag '--bogus'" show "$R/kjv-char.lua" --bogus
+usage_error "unknown command 'shwo' (did you mean 'show'?)" shwo "$R/kjv-char.lua"
+usage_error "neither a command nor a recipe file" frobnicate
+usage_error "no recipe comes before it" train.steps=5
+usage_error "the key before '=' is empty" "$R/kjv-char.lua" =5
+usage_error "the key has an empty part" show "$R/kjv-char.lua" train..steps=5
+usage_error "starts or ends with '.'" plan "$R/kjv-char.lua" train.steps.=5
+usage_error "is not an override" "$R/kjv-char.lua" steps
+usage_error "smoke needs a recipe" --smoke
+usage_error "takes at most one KIND" plugins schedule data
+usage_error "doctor takes no arguments" doctor now
+usage_error "plugin-path needs a directory" plugins --plugin-path
+usage_error "is not a directory" plugins --plugin-path "$work/nowhere"
+# sample: numbers are parsed strictly (atoi read "abc" as 0 and "10x" as 10)
+usage_error "tokens takes an integer from 0 to 1000000, not 'abc'" sample runs/x --tokens abc
+usage_error "tokens takes an integer from 0 to 1000000, not '10x'" sample runs/x --tokens 10x
+usage_error "tokens takes an integer from 0 to 1000000, not '-1'" sample runs/x --tokens -1
+usage_error "temperature takes a number greater than 0, not 'hot'" sample runs/x --temperature hot
+usage_error "temperature takes a number greater than 0, not 'nan'" sample runs/x --temperature nan
+usage_error "top-k takes an integer" sample runs/x --top-k 3.5
+usage_error "seed takes an integer from 0 to" sample runs/x --seed -1
+usage_error "seed takes an integer from 0 to" sample runs/x --seed 99999999999999999999
+usage_error "tokens needs a value" sample runs/x --tokens
+usage_error "-o needs a value" export runs/x -o
+usage_error "threads takes an integer" topo --threads abc
+usage_error "workers takes an integer" topo --workers 2x
+
+# ---- a shared recipe runs no code: no .so beside it is loaded, whatever it says
+cc=${CC:-cc}
+if command -v "$cc" > /dev/null 2>&1; then
+  mkdir shared
+  # a shared object whose constructor runs at dlopen, before any check
+  cat > shared/evil.c << 'C'
+#include <stdio.h>
+__attribute__((constructor)) static void evil(void)
+{
+    FILE *f = fopen(MARKER, "a");
+    if (f) { fputs("loaded\n", f); fclose(f); }
+}
+C
+  "$cc" -shared -fPIC -DMARKER="\"$work/marker\"" -o shared/evil.so shared/evil.c || fail "building evil.so"
+  for f in schedule_evil data_evil precision_evil checkpoint_evil comm_evil backend_cuda backend_evil \
+           schedule_cosine data_synthetic; do
+    cp shared/evil.so "shared/$f.so"
+  done
+  cat > shared/by-name.lua << 'L'
+return {
+  model = mlp { inputs = 8, hidden = { 16 }, classes = 3 },
+  data = { plugin = "synthetic", kind = "features", features = 8, classes = 3, samples = 64 },
+  schedule = "evil",
+  train = { steps = 2, batch = 8 },
+}
+L
+  sed 's/schedule = "evil"/schedule = "cosine", comm = "evil"/' shared/by-name.lua > shared/comm.lua
+  sed 's/schedule = "evil"/precision = "evil"/' shared/by-name.lua > shared/precision.lua
+  sed "s|schedule = \"evil\"|schedule = \"../shared/evil\"|" shared/by-name.lua > shared/path.lua
+  sed "s|schedule = \"evil\"|data = { plugin = \"$work/shared/data_evil\" }|" shared/by-name.lua > shared/abs.lua
+  sed 's/schedule = "evil"/checkpoint = { plugin = "evil" }/' shared/by-name.lua > shared/ckpt.lua
+  for r in by-name comm precision path abs ckpt; do
+    for cmd in show plan run; do
+      set +e
+      (cd shared && "$TRAINRUN" $cmd "$r.lua" run_dir="$work/runs-$r" > "$work/$r-$cmd.out" 2>&1)
+      code=$?
+      set -e
+      [ ! -e marker ] || { cat "$r-$cmd.out"; fail "trainrun $cmd $r.lua loaded a shared object beside the recipe"; }
+      [ $code -ne 0 ] || { cat "$r-$cmd.out"; fail "trainrun $cmd $r.lua: a plugin beside the recipe was used"; }
+    done
+  done
+  # device = "cuda" names a backend: backend_cuda.so beside the recipe is not it
+  sed 's/schedule = "evil"/device = "cuda"/' shared/by-name.lua > shared/device.lua
+  (cd shared && "$TRAINRUN" device.lua run_dir="$work/runs-device" > "$work/device.out" 2>&1) || true
+  [ ! -e marker ] || { cat device.out; fail "device = \"cuda\" loaded backend_cuda.so beside the recipe"; }
+  grep -q "plugins never load from a recipe's directory" by-name-show.out || { cat by-name-show.out; fail "no hint for a plugin beside the recipe"; }
+  grep -q 'invalid schedule plugin name "../shared/evil"' path-run.out || { cat path-run.out; fail "a plugin path was not refused"; }
+  grep -q "never by a path" abs-show.out || { cat abs-show.out; fail "an absolute plugin path was not refused"; }
+  (cd shared && "$TRAINRUN" plugins > "$work/plugins-here.out" 2>&1 && "$TRAINRUN" doctor > /dev/null 2>&1) || true
+  [ ! -e marker ] || fail "plugins or doctor loaded a shared object from the current directory"
+  # the user can still choose to trust a directory: the flag is what loads it
+  set +e
+  (cd shared && "$TRAINRUN" show by-name.lua --plugin-path "$work/shared" > "$work/trusted.out" 2>&1)
+  set -e
+  [ -e marker ] || { cat trusted.out; fail "--plugin-path DIR did not search DIR"; }
+  rm -f marker
+  echo "cli: no code beside a recipe ran (show, plan, run; plugins by name, by path, comm, device)"
+else
+  echo "cli: no C compiler ($cc): the shared-object checks were skipped"
+fi
 
 # an inline model on synthetic data trains
 "$TRAINRUN" "$R/inline-model.lua" train.steps=60 --quiet run_dir=inline || fail "inline model"

@@ -1,6 +1,7 @@
 #!/bin/sh
 # A plugin written outside the tree builds against the installed header with
-# pkg-config and is loaded through a recipe.
+# pkg-config and is loaded through a recipe, from a directory the user names
+# (never from the recipe's own directory).
 . "$(dirname "$0")/lib.sh"
 : "${TR_BUILDDIR:?}"
 # a staged install: the binary finds its plugins and Lua relative to itself
@@ -20,10 +21,20 @@ return {
   train = { steps = 20, batch = 8, log_every = 1 },
 }
 L
-# found next to the recipe, and through TRAINRUN_PLUGIN_PATH by the installed binary
-"$prefix/bin/trainrun" recipe.lua --quiet || fail "installed trainrun with the example plugin"
+# beside the recipe it is not loaded: a recipe's directory is not trusted
+set +e
+"$prefix/bin/trainrun" recipe.lua --quiet > beside.log 2>&1
+code=$?
+set -e
+[ $code -eq 1 ] || { cat beside.log; fail "a plugin beside the recipe was loaded (exit $code)"; }
+grep -q "no schedule plugin 'invsqrt'.*never load from a recipe's directory" beside.log ||
+  { cat beside.log; fail "the refusal does not say where plugins load from"; }
+# the user names the directory: --plugin-path, or TRAINRUN_PLUGIN_PATH
+"$prefix/bin/trainrun" recipe.lua --plugin-path "$work" --quiet || fail "installed trainrun with --plugin-path"
 grep -q '"lr"' runs/recipe/metrics.jsonl || fail "no metrics"
 mkdir elsewhere && mv schedule_invsqrt.so elsewhere/
 TRAINRUN_PLUGIN_PATH="$work/elsewhere" "$prefix/bin/trainrun" plugins schedule | grep -q "invsqrt" \
   || fail "TRAINRUN_PLUGIN_PATH"
+"$prefix/bin/trainrun" --plugin-path "$work/elsewhere" show recipe.lua | grep -q "^schedule *= invsqrt *-- $work/elsewhere/schedule_invsqrt.so" \
+  || fail "--plugin-path before the command"
 echo "example-plugin: ok"
