@@ -305,10 +305,14 @@ fail:;
     return -1;
 }
 
-/* Is this mapped cache file a complete tokenisation of an n-byte text with
- * the given vocabulary?  Says why not in `why`. */
-static int cache_valid(const unsigned char *map, size_t size, uint64_t n, uint32_t vocab,
-                       char *why, size_t why_size)
+/* Is this mapped cache file the tokenisation of `text` (n bytes) with the
+ * given character table?  Says why not in `why`.  Every token is checked
+ * against the character it stands for: the file name only hashes the text,
+ * so a cache damaged on disk (or written by someone else) must not change
+ * what is trained on.  This costs what one pass of tokenising costs. */
+static int cache_valid(const unsigned char *map, size_t size, const unsigned char *text,
+                       uint64_t n, const unsigned char *table, uint32_t vocab, char *why,
+                       size_t why_size)
 {
     struct tr_tokens_header h;
     if (size < TRTOKENS_HEADER || tr_tokens_header_read(map, &h) != 0 ||
@@ -334,18 +338,23 @@ static int cache_valid(const unsigned char *map, size_t size, uint64_t n, uint32
                      (unsigned long long)i, id, vocab);
             return 0;
         }
+        if (table[id] != text[i]) {
+            snprintf(why, why_size, "token %llu does not match the text's character there",
+                     (unsigned long long)i);
+            return 0;
+        }
     }
     return 1;
 }
 
-/* The vocabulary size a character table file declares, or 0 when it is
- * missing or malformed. */
-static uint32_t read_char_table(const char *path)
+/* The vocabulary size a character table file declares, with the table in
+ * `table`, or 0 when it is missing or malformed. */
+static uint32_t read_char_table(const char *path, unsigned char table[256])
 {
     FILE *f = fopen(path, "rb");
     if (!f)
         return 0;
-    unsigned char head[12], table[256];
+    unsigned char head[12];
     uint32_t count = 0;
     if (fread(head, 1, sizeof head, f) == sizeof head && memcmp(head, CHARS_MAGIC, 8) == 0) {
         count = read_le32(head + 8);
@@ -379,13 +388,20 @@ static int load_char_tokens(struct text *t, const unsigned char *text, size_t n,
             return tr_fail(err, "text data: cache_dir \"%s\" is too long; use a shorter path",
                            cfg->cache_dir);
 
-        uint32_t vocab = read_char_table(chars_path);
+        /* the table must be the text's own: a longer one would change the
+         * vocabulary, and so the model, without changing a token */
+        unsigned char cached_table[256], own_table[256];
+        uint32_t vocab = read_char_table(chars_path, cached_table);
+        uint32_t own_vocab = char_table(text, n, own_table);
         void *cached = NULL;
         size_t size = 0;
         int errnum = 0;
-        if (vocab && map_file(tokens_path, &cached, &size, &errnum) == MAPPED) {
+        if (vocab && (vocab != own_vocab || memcmp(cached_table, own_table, vocab) != 0)) {
+            log_to(host, TR_LOG_WARN, "cache %s is not this text's character table; "
+                   "rebuilding it", chars_path);
+        } else if (vocab && map_file(tokens_path, &cached, &size, &errnum) == MAPPED) {
             char why[256] = "";
-            if (cache_valid(cached, size, n, vocab, why, sizeof why)) {
+            if (cache_valid(cached, size, text, n, cached_table, vocab, why, sizeof why)) {
                 t->map = cached;
                 t->map_size = size;
                 t->wide = (const unsigned char *)cached + TRTOKENS_HEADER;

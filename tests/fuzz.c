@@ -1,0 +1,1631 @@
+/*
+ * A mutation fuzzer for everything trainrun reads from files a user may have
+ * been handed: recipes, token shards, CSV, IDX and text files, the text
+ * plugin's token cache, safetensors files and headers, and checkpoints
+ * (state.json and model.safetensors).  docs/testing.md says how to run it
+ * for longer and how to reproduce a failure.
+ *
+ *   tests/fuzz [--cases N] [--seed N] [--target NAME]   mutated cases
+ *   tests/fuzz --replay TARGET FILE...                   run saved inputs
+ *   tests/fuzz --list                                    the targets
+ *
+ * Every case runs in a child process of its own (a new process group), so a
+ * crash, a sanitizer report or a hang is caught and named, not fatal to the
+ * run.  A case passes when the code under test returns, with success or a
+ * clean error, and every invariant the driver checks holds (token ids below
+ * the vocabulary, finite features, tensors inside their file, a damaged
+ * cache read back as the text it caches, ...).  Whole-binary cases run the
+ * `trainrun` binary and pass when it exits 0, 1 or 2 and prints no
+ * sanitizer report.
+ *
+ * Inputs start from seeds: files of the source tree (recipes, the tiny GPT
+ * fixture), small valid files made here, and every file under
+ * tests/fuzz-corpus/TARGET/, which also run unmutated each time: that is
+ * where the reproducer of every fixed crash lives.  Case i of seed S is the
+ * same input on every machine; a failing input is saved under
+ * $TR_FUZZ_OUT (default ./fuzz-failures) with the command that replays it.
+ * Options a case runs with (seq_len, val_fraction, tokenizer, ...) are
+ * chosen from a hash of its input, so a saved input replays exactly.
+ *
+ * Environment: TR_FUZZ_CASES (default 2000), TR_FUZZ_SEED (default
+ * 20261124), TR_FUZZ_TIMEOUT (seconds per case, default 20), TR_FUZZ_OUT,
+ * TR_FUZZ_NOFORK=1 (run cases in this process: for a debugger), and from
+ * `make check`: TR_SRCDIR, TR_PLUGIN_BUILD_DIR and TRAINRUN (without
+ * TRAINRUN the whole-binary targets are skipped).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <trainrun/plugin.h>
+#include <trainrun/tokens.h>
+
+#include "json.h"
+#include "prepare.h"
+#include "safetensors.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#define FUZZ_MAX_INPUT (1u << 20) /* mutated inputs are capped at 1 MiB */
+
+/* ---- small helpers ---------------------------------------------------------- */
+
+struct buf {
+    unsigned char *p;
+    size_t n;
+};
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("fuzz: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(2);
+}
+
+/* An invariant of the code under test does not hold: the case fails. */
+static void broken(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void broken(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("fuzz: INVARIANT BROKEN: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    fflush(stderr);
+    _exit(3);
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        die("out of memory");
+    return p;
+}
+
+static int read_file(const char *path, struct buf *out)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -1;
+    size_t cap = 4096, n = 0;
+    unsigned char *p = xmalloc(cap);
+    size_t got;
+    while ((got = fread(p + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap)
+            p = realloc(p, cap *= 2);
+        if (!p)
+            die("out of memory");
+    }
+    fclose(f);
+    out->p = p;
+    out->n = n;
+    return 0;
+}
+
+static void write_file(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, n, f) != n || fclose(f) != 0)
+        die("cannot write %s: %s", path, strerror(errno));
+}
+
+static void write_text(const char *path, const char *text)
+{
+    write_file(path, text, strlen(text));
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static void remove_tree(const char *dir)
+{
+    nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static uint64_t splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static uint64_t below(uint64_t *rng, uint64_t n) { return n ? splitmix64(rng) % n : 0; }
+
+static uint64_t hash_bytes(const unsigned char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ULL;
+    return h ^ (uint64_t)n;
+}
+
+static void le32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void be32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (24 - 8 * i));
+}
+
+static uint32_t get_be32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* ---- plugins, loaded once before the cases fork ------------------------------ */
+
+static void quiet_log(enum tr_log_level level, const char *who, const char *fmt, ...)
+{
+    (void)level;
+    (void)who;
+    (void)fmt;
+}
+
+static void *host_alloc(size_t size) { return aligned_alloc(64, (size + 63) / 64 * 64); }
+
+static const struct tr_host host = {
+    .struct_size = sizeof(struct tr_host),
+    .abi_major = TR_ABI_MAJOR,
+    .log = quiet_log,
+    .alloc = host_alloc,
+    .free = free,
+};
+
+struct plugin {
+    const char *file;
+    const struct tr_plugin_info *info;
+};
+
+static struct plugin plugins[] = {
+    {"data_tokens", NULL}, {"data_csv", NULL}, {"data_idx", NULL}, {"data_text", NULL},
+};
+enum { P_TOKENS, P_CSV, P_IDX, P_TEXT };
+
+static void load_plugins(void)
+{
+    const char *dir = getenv("TR_PLUGIN_BUILD_DIR");
+    if (!dir || !*dir)
+        die("set TR_PLUGIN_BUILD_DIR to the directory of the built plugins (make check does)");
+    for (size_t i = 0; i < sizeof plugins / sizeof plugins[0]; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s.so", dir, plugins[i].file);
+        void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (!dl)
+            die("dlopen %s: %s", path, dlerror());
+        tr_plugin_entry_fn entry = (tr_plugin_entry_fn)dlsym(dl, TR_PLUGIN_ENTRY_NAME);
+        if (!entry)
+            die("%s does not export %s", path, TR_PLUGIN_ENTRY_NAME);
+        plugins[i].info = entry();
+    }
+}
+
+/* A config filled with the plugin's defaults, then name=value pairs. */
+struct config {
+    max_align_t storage[64];
+};
+
+static void set_option(const struct plugin *p, struct config *c, const char *name,
+                       const char *text)
+{
+    for (const struct tr_option *o = p->info->options; o && o->type != TR_OPT_END; o++) {
+        if (strcmp(o->name, name) != 0)
+            continue;
+        char *field = (char *)c->storage + o->offset;
+        if (o->type == TR_OPT_INT) {
+            int64_t v = strtoll(text, NULL, 10);
+            memcpy(field, &v, sizeof v);
+        } else if (o->type == TR_OPT_FLOAT) {
+            double v = strtod(text, NULL);
+            memcpy(field, &v, sizeof v);
+        } else if (o->type == TR_OPT_BOOL) {
+            int v = strcmp(text, "true") == 0;
+            memcpy(field, &v, sizeof v);
+        } else {
+            memcpy(field, &text, sizeof text);
+        }
+        return;
+    }
+    die("plugin %s has no option %s", p->info->name, name);
+}
+
+static void config_init(const struct plugin *p, struct config *c)
+{
+    if (p->info->config_size > sizeof c->storage)
+        die("plugin %s: config too large for the fuzzer", p->info->name);
+    memset(c, 0, sizeof *c);
+    for (const struct tr_option *o = p->info->options; o && o->type != TR_OPT_END; o++)
+        if (o->default_value)
+            set_option(p, c, o->name, o->default_value);
+}
+
+static int create(const struct plugin *p, const struct config *c, uint32_t seq_len,
+                  void **self, tr_err *err)
+{
+    struct tr_create_args args = {
+        .struct_size = sizeof args, .run_dir = ".", .recipe_dir = ".",
+        .seq_len = seq_len, .seed = 1, .rank = 0, .world = 1,
+        .local_rank = 0, .local_world = 1, .device = "cpu",
+    };
+    *self = NULL;
+    err->msg[0] = '\0';
+    int rc = p->info->create(&host, c->storage, &args, self, err);
+    if (rc != TR_OK && !err->msg[0])
+        broken("%s: create failed without a message", p->info->name);
+    return rc;
+}
+
+/* Read samples of both splits (all of them, up to `most` per split, else
+ * the first, the last and a spread between) and check every value: token
+ * ids and labels in [0, classes), features finite.  With `out`, the inputs
+ * and targets read are appended there (to compare two reads). */
+static void read_samples(const struct plugin *p, void *self, uint64_t most, struct buf *out)
+{
+    const struct tr_data_vtable *vt = p->info->vtable;
+    struct tr_data_info info = {0};
+    tr_err err = {{0}};
+    if (vt->info(self, &info, &err) != TR_OK)
+        return;
+    if (info.classes == 0 || info.classes > INT32_MAX)
+        broken("%s: %u classes: a model cannot be built for that", p->info->name,
+               info.classes);
+    if (info.input_len == 0 || info.target_len == 0)
+        broken("%s: samples of %u inputs and %u targets", p->info->name, info.input_len,
+               info.target_len);
+    size_t in_size = info.input_dtype == TR_I32 || info.input_dtype == TR_F32 ? 4 : 0;
+    if (!in_size)
+        broken("%s: input dtype %d", p->info->name, (int)info.input_dtype);
+    for (int split = 0; split < TR_SPLIT_COUNT; split++) {
+        uint64_t n = info.samples[split];
+        if (n == 0)
+            continue;
+        uint64_t count = n < most ? n : most;
+        uint64_t *idx = xmalloc(count * sizeof *idx);
+        for (uint64_t i = 0; i < count; i++)
+            idx[i] = n <= most ? i : i == count - 1 ? n - 1 : i * (n / count);
+        void *in = xmalloc(count * info.input_len * in_size);
+        int32_t *tg = xmalloc(count * info.target_len * sizeof *tg);
+        if (vt->read(self, (enum tr_split)split, idx, count, in, tg, &err) == TR_OK) {
+            for (uint64_t i = 0; i < count * info.target_len; i++)
+                if (tg[i] < 0 || (uint32_t)tg[i] >= info.classes)
+                    broken("%s: target %d of split %d is not in [0, %u)", p->info->name, tg[i],
+                           split, info.classes);
+            for (uint64_t i = 0; i < count * info.input_len; i++) {
+                if (info.input_dtype == TR_I32) {
+                    int32_t v = ((int32_t *)in)[i];
+                    if (v < 0 || (uint32_t)v >= info.classes)
+                        broken("%s: token %d of split %d is not in [0, %u)", p->info->name, v,
+                               split, info.classes);
+                } else if (!isfinite(((float *)in)[i])) {
+                    broken("%s: feature %llu of split %d is %g", p->info->name,
+                           (unsigned long long)i, split, ((float *)in)[i]);
+                }
+            }
+            if (out) {
+                size_t a = count * info.input_len * in_size, b = count * info.target_len * 4;
+                out->p = realloc(out->p, out->n + a + b);
+                if (!out->p)
+                    die("out of memory");
+                memcpy(out->p + out->n, in, a);
+                memcpy(out->p + out->n + a, tg, b);
+                out->n += a + b;
+            }
+        } else if (!err.msg[0]) {
+            broken("%s: read failed without a message", p->info->name);
+        }
+        free(idx);
+        free(in);
+        free(tg);
+    }
+}
+
+/* ---- targets ----------------------------------------------------------------- */
+
+static const char *srcdir;   /* the source tree */
+static const char *trainrun; /* the binary, or NULL */
+static char template_dir[4200]; /* a run with a checkpoint, made once */
+static int have_template;
+
+/* Options chosen from the input's hash, so that a saved input replays. */
+static const char *pick(uint64_t *h, const char *const *choices, size_t n)
+{
+    return choices[below(h, n)];
+}
+#define CHOOSE(h, ...) pick(h, (const char *const[]){__VA_ARGS__}, \
+                            sizeof((const char *const[]){__VA_ARGS__}) / sizeof(const char *))
+
+static void walk_json(const struct tr_json *j, int depth)
+{
+    if (!j)
+        return;
+    if (depth > 200)
+        broken("json: nesting deeper than the parser allows");
+    if (j->type == TR_JSON_STRING && !j->string)
+        broken("json: a string without text");
+    if ((j->type == TR_JSON_ARRAY || j->type == TR_JSON_OBJECT) && j->n && !j->items)
+        broken("json: items missing");
+    for (size_t i = 0; i < j->n; i++) {
+        if (j->type == TR_JSON_OBJECT && !j->keys[i])
+            broken("json: a key missing");
+        walk_json(j->items[i], depth + 1);
+    }
+}
+
+static void target_json(const struct buf *in, uint64_t h)
+{
+    (void)h;
+    size_t bad = 0;
+    struct tr_json *j = tr_json_parse((const char *)in->p, in->n, &bad);
+    if (!j && bad > in->n)
+        broken("json: error offset %zu beyond the %zu bytes", bad, in->n);
+    walk_json(j, 0);
+    (void)tr_json_number(j, "step", 0);
+    (void)tr_json_string(j, "recipe");
+    (void)tr_json_get(tr_json_get(j, "checksums"), "model.safetensors");
+    tr_json_free(j);
+}
+
+static void target_safetensors(const struct buf *in, uint64_t h)
+{
+    (void)h;
+    tr_err err = {{0}};
+    struct tr_st_file *f = tr_safetensors_read(in->p, in->n, "fuzz.safetensors", &err);
+    if (!f) {
+        if (!err.msg[0])
+            broken("safetensors: rejected without a message");
+        return;
+    }
+    unsigned sum = 0;
+    for (size_t i = 0; i < tr_safetensors_count(f); i++) {
+        const struct tr_st_entry *e = tr_safetensors_at(f, i);
+        if (e->ndim < 0 || e->ndim > 4)
+            broken("safetensors: '%s' has %d dimensions", e->name, e->ndim);
+        /* what readers rely on: numel * element size == bytes, exactly */
+        unsigned __int128 numel = 1;
+        for (int d = 0; d < e->ndim; d++) {
+            if (e->shape[d] < 0)
+                broken("safetensors: '%s' has dimension %lld", e->name, (long long)e->shape[d]);
+            numel *= (unsigned __int128)e->shape[d];
+        }
+        size_t esize = e->dtype == TR_BF16 || e->dtype == TR_F16 ? 2 : 4;
+        if (numel * esize != e->bytes)
+            broken("safetensors: '%s' has a shape of other than its %zu bytes", e->name,
+                   e->bytes);
+        const unsigned char *d = e->data;
+        if (d < in->p || d + e->bytes > in->p + in->n)
+            broken("safetensors: '%s' lies outside the file", e->name);
+        if (tr_safetensors_find(f, e->name) == NULL)
+            broken("safetensors: '%s' cannot be found by name", e->name);
+        for (size_t k = 0; k < e->bytes; k++)
+            sum += d[k];
+    }
+    tr_safetensors_free(f);
+    (void)sum;
+}
+
+static void target_tokens(const struct buf *in, uint64_t h)
+{
+    write_file("shard.bin", in->p, in->n);
+    struct config c;
+    config_init(&plugins[P_TOKENS], &c);
+    set_option(&plugins[P_TOKENS], &c, "train", CHOOSE(&h, "shard.bin", "shard.bin", "sh*.bin"));
+    set_option(&plugins[P_TOKENS], &c, "val", CHOOSE(&h, "", "", "shard.bin"));
+    set_option(&plugins[P_TOKENS], &c, "val_fraction", CHOOSE(&h, "0", "0.05", "0.5"));
+    set_option(&plugins[P_TOKENS], &c, "vocab", CHOOSE(&h, "0", "0", "50", "1000", "65536"));
+    set_option(&plugins[P_TOKENS], &c, "check", CHOOSE(&h, "false", "true"));
+    uint32_t seq_len = (uint32_t)strtoul(CHOOSE(&h, "1", "4", "7", "64"), NULL, 10);
+    void *self;
+    tr_err err;
+    if (create(&plugins[P_TOKENS], &c, seq_len, &self, &err) != TR_OK)
+        return;
+    read_samples(&plugins[P_TOKENS], self, 64, NULL);
+    plugins[P_TOKENS].info->destroy(self);
+}
+
+static void target_csv(const struct buf *in, uint64_t h)
+{
+    const char *path = CHOOSE(&h, "data.csv", "data.csv.gz");
+    write_file(path, in->p, in->n);
+    struct config c;
+    config_init(&plugins[P_CSV], &c);
+    set_option(&plugins[P_CSV], &c, "path", path);
+    set_option(&plugins[P_CSV], &c, "label_column", CHOOSE(&h, "-1", "-1", "0", "2"));
+    set_option(&plugins[P_CSV], &c, "header", CHOOSE(&h, "false", "true"));
+    set_option(&plugins[P_CSV], &c, "val_fraction", CHOOSE(&h, "0", "0.1", "0.5"));
+    set_option(&plugins[P_CSV], &c, "val_split", CHOOSE(&h, "tail", "random"));
+    set_option(&plugins[P_CSV], &c, "classes", CHOOSE(&h, "0", "0", "3", "100"));
+    set_option(&plugins[P_CSV], &c, "scale", CHOOSE(&h, "1", "1", "0.00392", "1e30"));
+    void *self;
+    tr_err err;
+    if (create(&plugins[P_CSV], &c, 0, &self, &err) != TR_OK)
+        return;
+    read_samples(&plugins[P_CSV], self, 4096, NULL);
+    plugins[P_CSV].info->destroy(self);
+}
+
+/* An IDX file of `count` items of `per_item` unsigned bytes (1 dimension
+ * when per_item is 0: labels). */
+static void write_idx(const char *path, uint32_t count, uint32_t per_item)
+{
+    int dims = per_item ? 2 : 1;
+    size_t n = 4 + 4 * (size_t)dims + (size_t)count * (per_item ? per_item : 1);
+    unsigned char *b = calloc(1, n);
+    if (!b)
+        die("out of memory");
+    b[2] = 0x08;
+    b[3] = (unsigned char)dims;
+    be32(b + 4, count);
+    if (per_item)
+        be32(b + 8, per_item);
+    unsigned char *e = b + 4 + 4 * dims;
+    for (size_t i = 0; i < (size_t)count * (per_item ? per_item : 1); i++)
+        e[i] = (unsigned char)(per_item ? i * 7 : i % 10);
+    write_file(path, b, n);
+    free(b);
+}
+
+/* The first dimension an IDX header declares, capped (0 when unreadable). */
+static uint32_t idx_count(const struct buf *in)
+{
+    if (in->n < 8)
+        return 0;
+    uint32_t n = get_be32(in->p + 4);
+    return n > 100000 ? 100000 : n;
+}
+
+static void run_idx(const char *images, const char *labels, uint64_t h)
+{
+    struct config c;
+    config_init(&plugins[P_IDX], &c);
+    set_option(&plugins[P_IDX], &c, "images", images);
+    set_option(&plugins[P_IDX], &c, "labels", labels);
+    if (below(&h, 4) == 0) {
+        set_option(&plugins[P_IDX], &c, "val_images", images);
+        set_option(&plugins[P_IDX], &c, "val_labels", labels);
+    }
+    set_option(&plugins[P_IDX], &c, "val_fraction", CHOOSE(&h, "0", "0.1", "0.5"));
+    set_option(&plugins[P_IDX], &c, "scale", CHOOSE(&h, "0", "0", "1", "1e30"));
+    void *self;
+    tr_err err;
+    if (create(&plugins[P_IDX], &c, 0, &self, &err) != TR_OK)
+        return;
+    read_samples(&plugins[P_IDX], self, 512, NULL);
+    plugins[P_IDX].info->destroy(self);
+}
+
+static void target_idx_images(const struct buf *in, uint64_t h)
+{
+    write_file("images.idx", in->p, in->n);
+    write_idx("labels.idx", idx_count(in), 0);
+    run_idx("images.idx", "labels.idx", h);
+}
+
+static void target_idx_labels(const struct buf *in, uint64_t h)
+{
+    write_file("labels.idx", in->p, in->n);
+    write_idx("images.idx", idx_count(in), 4);
+    run_idx("images.idx", "labels.idx", h);
+}
+
+/* The text plugin over text.txt; the samples read are appended to *out. */
+static int run_text(const char *tokenizer, const char *cache_dir, uint32_t seq_len,
+                    const char *val_fraction, struct buf *out)
+{
+    struct config c;
+    config_init(&plugins[P_TEXT], &c);
+    set_option(&plugins[P_TEXT], &c, "path", "text.txt");
+    set_option(&plugins[P_TEXT], &c, "tokenizer", tokenizer);
+    set_option(&plugins[P_TEXT], &c, "cache_dir", cache_dir);
+    set_option(&plugins[P_TEXT], &c, "val_fraction", val_fraction);
+    void *self;
+    tr_err err;
+    if (create(&plugins[P_TEXT], &c, seq_len, &self, &err) != TR_OK)
+        return TR_ERROR;
+    read_samples(&plugins[P_TEXT], self, 256, out);
+    plugins[P_TEXT].info->destroy(self);
+    return TR_OK;
+}
+
+static void target_text(const struct buf *in, uint64_t h)
+{
+    write_file("text.txt", in->p, in->n);
+    const char *tokenizer = CHOOSE(&h, "byte", "char", "char");
+    uint32_t seq_len = (uint32_t)strtoul(CHOOSE(&h, "1", "3", "16", "256"), NULL, 10);
+    const char *val = CHOOSE(&h, "0", "0.1", "0.5");
+    struct buf first = {0}, again = {0}, plain = {0};
+    int a = run_text(tokenizer, "cache", seq_len, val, &first);
+    int b = run_text(tokenizer, "cache", seq_len, val, &again); /* from the cache */
+    int c = run_text(tokenizer, "", seq_len, val, &plain);
+    if (a != b || a != c || first.n != again.n || first.n != plain.n ||
+        memcmp(first.p, again.p, first.n) != 0 || memcmp(first.p, plain.p, first.n) != 0)
+        broken("text: the cached and uncached tokens differ");
+    free(first.p);
+    free(again.p);
+    free(plain.p);
+}
+
+/* The text every textcache case caches. */
+static const char cache_text[] =
+    "In the beginning was the word, and the word was with the fuzzer.\n"
+    "The quick brown fox jumps over the lazy dog; 0123456789 !?\n"
+    "Pack my box with five dozen liquor jugs. How vexingly quick daft zebras jump!\n"
+    "Sphinx of black quartz, judge my vow: \xc3\xa9t\xc3\xa9, \t tabs, and \x01 bytes.\n";
+
+/* Name of the one file in dir ending in suffix, into name. */
+static int find_suffix(const char *dir, const char *suffix, char *name, size_t size)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    struct dirent *e;
+    int found = -1;
+    while ((e = readdir(d))) {
+        size_t a = strlen(e->d_name), b = strlen(suffix);
+        if (a > b && strcmp(e->d_name + a - b, suffix) == 0) {
+            snprintf(name, size, "%s/%s", dir, e->d_name);
+            found = 0;
+        }
+    }
+    closedir(d);
+    return found;
+}
+
+/* A damaged cache file (tokens or character table) must never change what
+ * the text plugin serves: it is rebuilt, or the run fails cleanly. */
+static void text_cache_case(const struct buf *in, uint64_t h, const char *suffix)
+{
+    write_text("text.txt", cache_text);
+    uint32_t seq_len = (uint32_t)strtoul(CHOOSE(&h, "1", "4", "16"), NULL, 10);
+    /* the text is long enough for a sample of each split at every seq_len */
+    struct buf truth = {0}, got = {0};
+    if (run_text("char", "", seq_len, "0.1", &truth) != TR_OK)
+        broken("textcache: the clean text does not load");
+    if (run_text("char", "cache", seq_len, "0.1", NULL) != TR_OK)
+        broken("textcache: the cache is not written");
+    char path[4200];
+    if (find_suffix("cache", suffix, path, sizeof path) != 0)
+        broken("textcache: no %s file in the cache", suffix);
+    write_file(path, in->p, in->n);
+    if (run_text("char", "cache", seq_len, "0.1", &got) == TR_OK &&
+        (got.n != truth.n || memcmp(got.p, truth.p, got.n) != 0))
+        broken("textcache: a damaged %s file changed the tokens served", suffix);
+    free(truth.p);
+    free(got.p);
+}
+
+static void target_textcache_tokens(const struct buf *in, uint64_t h)
+{
+    text_cache_case(in, h, ".tokens");
+}
+
+static void target_textcache_chars(const struct buf *in, uint64_t h)
+{
+    text_cache_case(in, h, ".chars");
+}
+
+/* Shards `trainrun prepare` wrote must read back through the tokens plugin. */
+static void read_prepared(void)
+{
+    struct stat st;
+    if (stat("out/train_000000.bin", &st) != 0)
+        return;
+    struct config c;
+    config_init(&plugins[P_TOKENS], &c);
+    set_option(&plugins[P_TOKENS], &c, "train", "out/train_*.bin");
+    if (stat("out/val_000000.bin", &st) == 0)
+        set_option(&plugins[P_TOKENS], &c, "val", "out/val_*.bin");
+    set_option(&plugins[P_TOKENS], &c, "check", "true");
+    void *self;
+    tr_err err;
+    if (create(&plugins[P_TOKENS], &c, 2, &self, &err) != TR_OK)
+        return;
+    read_samples(&plugins[P_TOKENS], self, 64, NULL);
+    plugins[P_TOKENS].info->destroy(self);
+}
+
+static void target_prepare_text(const struct buf *in, uint64_t h)
+{
+    const char *input = CHOOSE(&h, "in.txt", "in.txt.gz");
+    write_file(input, in->p, in->n);
+    char *argv[16];
+    int argc = 0;
+    argv[argc++] = "prepare";
+    argv[argc++] = (char *)input;
+    argv[argc++] = "-o";
+    argv[argc++] = "out";
+    argv[argc++] = "--format=text";
+    argv[argc++] = (char *)CHOOSE(&h, "--tokenizer=byte", "--tokenizer=char");
+    argv[argc++] = (char *)CHOOSE(&h, "--dedup=exact", "--dedup=near", "--dedup=none");
+    argv[argc++] = (char *)CHOOSE(&h, "--doc-separator=blank-line", "--doc-separator=line");
+    argv[argc++] = (char *)CHOOSE(&h, "--shard-tokens=1000000", "--shard-tokens=64",
+                                  "--shard-tokens=2");
+    argv[argc++] = (char *)CHOOSE(&h, "--val-fraction=0.05", "--val-fraction=0",
+                                  "--val-fraction=0.5");
+    argv[argc] = NULL;
+    int rc = tr_prepare_main(argc, argv);
+    if (rc != 0 && rc != 1)
+        broken("prepare: exit code %d", rc);
+    if (rc == 0)
+        read_prepared();
+}
+
+static void target_prepare_csv(const struct buf *in, uint64_t h)
+{
+    write_file("in.csv", in->p, in->n);
+    char *argv[] = {"prepare", "in.csv", "-o", "out", "--format=csv",
+                    (char *)CHOOSE(&h, "--dedup=exact", "--dedup=none"),
+                    below(&h, 2) ? "--header" : "--dedup=exact", NULL};
+    int rc = tr_prepare_main(7, argv);
+    if (rc != 0 && rc != 1)
+        broken("prepare: exit code %d", rc);
+    if (rc != 0)
+        return;
+    struct config c;
+    config_init(&plugins[P_CSV], &c);
+    set_option(&plugins[P_CSV], &c, "path", "out/data.csv");
+    void *self;
+    tr_err err;
+    if (create(&plugins[P_CSV], &c, 0, &self, &err) != TR_OK)
+        return;
+    read_samples(&plugins[P_CSV], self, 4096, NULL);
+    plugins[P_CSV].info->destroy(self);
+}
+
+/* ---- whole-binary targets ------------------------------------------------------ */
+
+/* Run trainrun with argv[1..] in the current directory, output to
+ * trainrun.out; fails the case on a signal, an exit code other than 0, 1 or
+ * 2, or a sanitizer report. */
+static void run_trainrun(const char *const *args)
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork: %s", strerror(errno));
+    if (pid == 0) {
+        int fd = open("trainrun.out", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int null = open("/dev/null", O_RDONLY);
+        if (fd < 0 || null < 0)
+            _exit(126);
+        dup2(null, 0);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        char *argv[32];
+        int n = 0;
+        argv[n++] = (char *)trainrun;
+        for (; args[n - 1] && n < 31; n++)
+            argv[n] = (char *)args[n - 1];
+        argv[n] = NULL;
+        execv(trainrun, argv);
+        _exit(127);
+    }
+    int status;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR)
+            die("waitpid: %s", strerror(errno));
+    struct buf out = {0};
+    read_file("trainrun.out", &out);
+    const char *text = out.p ? (const char *)out.p : "";
+    int report = out.p && (memmem(out.p, out.n, "Sanitizer", 9) ||
+                           memmem(out.p, out.n, "runtime error:", 14));
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    if (WIFSIGNALED(status) || report || code > 2) {
+        fprintf(stderr, "fuzz: trainrun");
+        for (int i = 0; args[i]; i++)
+            fprintf(stderr, " %s", args[i]);
+        if (WIFSIGNALED(status))
+            fprintf(stderr, ": killed by signal %d (%s)\n", WTERMSIG(status),
+                    strsignal(WTERMSIG(status)));
+        else
+            fprintf(stderr, ": exit code %d%s\n", code, report ? ", sanitizer report" : "");
+        size_t from = out.n > 6000 ? out.n - 6000 : 0;
+        fprintf(stderr, "--- its output (end) ---\n%.*s\n---\n", (int)(out.n - from), text + from);
+        broken("trainrun crashed or reported memory or undefined-behaviour errors");
+    }
+    free(out.p);
+}
+
+static void target_recipe(const struct buf *in, uint64_t h)
+{
+    write_file("recipe.lua", in->p, in->n);
+    const char *cmd = CHOOSE(&h, "show", "show", "plan");
+    const char *args[] = {cmd, "recipe.lua", NULL};
+    run_trainrun(args);
+}
+
+static const char tiny_recipe[] =
+    "return {\n"
+    "  model = gpt { vocab = 64, ctx = 8, layers = 1, heads = 2, dim = 16 },\n"
+    "  data = { plugin = \"synthetic\", kind = \"tokens\", classes = 64, samples = 512 },\n"
+    "  train = { steps = 2, batch = 4, log_every = 1 },\n"
+    "  checkpoint = { every = 2 },\n"
+    "}\n";
+#define CKPT "runs/r/checkpoints/step-0000000002"
+
+/* Copy the template run (recipe and checkpoint) into the current directory. */
+static void copy_template(void)
+{
+    static const char *const files[] = {"r.lua", "runs/r/checkpoints/LATEST",
+                                        CKPT "/state.json", CKPT "/model.safetensors",
+                                        CKPT "/optimizer.safetensors",
+                                        CKPT "/optimizer2.safetensors"};
+    if (mkdir("runs", 0755) || mkdir("runs/r", 0755) || mkdir("runs/r/checkpoints", 0755) ||
+        mkdir(CKPT, 0755))
+        die("cannot make the checkpoint directories: %s", strerror(errno));
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char from[4400];
+        snprintf(from, sizeof from, "%s/%s", template_dir, files[i]);
+        struct buf b;
+        if (read_file(from, &b) != 0)
+            die("cannot read %s", from);
+        write_file(files[i], b.p, b.n);
+        free(b.p);
+    }
+}
+
+/* One command over the checkpoint in the current directory. */
+static void checkpoint_command(uint64_t h)
+{
+    switch (below(&h, 3)) {
+    case 0: {
+        const char *args[] = {"sample", "runs/r", "--prompt", "ab", "--tokens", "4", NULL};
+        run_trainrun(args);
+        break;
+    }
+    case 1: {
+        const char *args[] = {"export", "runs/r", "--dtype", CHOOSE(&h, "bf16", "fp32"), "-o",
+                              "out.safetensors", NULL};
+        run_trainrun(args);
+        break;
+    }
+    default: {
+        const char *args[] = {"r.lua", "--resume", "auto", "train.steps=3", "--quiet", NULL};
+        run_trainrun(args);
+        break;
+    }
+    }
+}
+
+static void target_state(const struct buf *in, uint64_t h)
+{
+    copy_template();
+    write_file(CKPT "/state.json", in->p, in->n);
+    checkpoint_command(h);
+}
+
+/* model.safetensors mutated, with the checksum in state.json made to match
+ * so that the parser, not the checksum, meets the damage. */
+static void target_checkpoint(const struct buf *in, uint64_t h)
+{
+    copy_template();
+    write_file(CKPT "/model.safetensors", in->p, in->n);
+    struct buf st;
+    if (read_file(CKPT "/state.json", &st) != 0)
+        die("cannot read the template's state.json");
+    const char key[] = "\"model.safetensors\": ";
+    unsigned char *at = memmem(st.p, st.n, key, sizeof key - 1);
+    if (at) {
+        unsigned char *num = at + sizeof key - 1, *end = num;
+        while (end < st.p + st.n && *end >= '0' && *end <= '9')
+            end++;
+        char sum[32];
+        int len = snprintf(sum, sizeof sum, "%lu", crc32(0, in->p, (uInt)in->n));
+        FILE *f = fopen(CKPT "/state.json", "wb");
+        if (!f)
+            die("cannot write state.json");
+        fwrite(st.p, 1, (size_t)(num - st.p), f);
+        fwrite(sum, 1, (size_t)len, f);
+        fwrite(end, 1, (size_t)(st.p + st.n - end), f);
+        fclose(f);
+    }
+    free(st.p);
+    checkpoint_command(h);
+}
+
+/* ---- the target table ------------------------------------------------------- */
+
+struct target {
+    const char *name;
+    void (*run)(const struct buf *in, uint64_t h);
+    int weight;        /* share of the mutated cases */
+    int needs_binary;  /* runs trainrun */
+    const char *dict;  /* tokens the mutator inserts, '\1'-separated */
+    struct buf *seeds;
+    size_t n_seeds;
+};
+
+static const char json_dict[] =
+    "{\1}\1[\1]\1\"\1,\1:\1null\1true\1false\1-1\1-0\1"
+    "1e999\1-1e999\1" "18446744073709551616\1" "9007199254740993\1" "4294967296\1"
+    "\"\\u0000\"\1\"\\ud800\"\1\"__metadata__\"\1\"dtype\"\1\"shape\"\1\"data_offsets\"\1"
+    "\"F32\"\1\"BF16\"\1\"I32\"\1\"F16\"\1\"step\"\1\"checksums\"\1\"recipe\"\1"
+    "\"loader_position\"\1\"precision\"\1\"schedule\"\1\"best\"\1\"seed\"\1\"format\"\1"
+    "[-1]\1[0,0]\1[4294967296,4294967296]\1[1e300]\1{\"a\":{}}";
+static const char lua_dict[] =
+    "{\1}\1=\1,\1\"\1'\1[[\1]]\1--\1..\1return\1nil\1true\1-1\1 0 \1 1e309 \1 -1e309 \1"
+    " 0/0 \1 2^63 \1 2^31 \1 4294967296 \1 9007199254740993 \1 1e-320 \1"
+    "model = \1data = \1train = \1steps = \1batch = \1vocab = \1ctx = \1layers = \1"
+    "heads = \1dim = \1lr = \1precision = \1schedule = \1checkpoint = \1every = \1"
+    "plugin = \1gpt { }\1mlp { }\1extends \"base/gpt-char.lua\"\1include(\"x.lua\")\1"
+    "require(\"trainrun.nn\")\1string.rep(\"a\", 1e9)\1setmetatable({}, {})\1"
+    "\"\\0\"\1\"../../etc/passwd\"\1\"/dev/zero\"";
+static const char csv_dict[] =
+    ",\1\n\1\r\n\1 \1\"\1-\1.\1e\1nan\1inf\1-inf\1" "1e39\1-1e39\1" "1e308\1" "2147483648\1"
+    "4294967296\1" "-1\1" "0.5\1" "0x10\1" "\0";
+static const char text_dict[] = "\n\1\n\n\1\r\n\1 \1\t\1\xff\1\xc3\xa9\1\0\1the\1The ";
+
+static struct target targets[] = {
+    {"json", target_json, 10, 0, json_dict, NULL, 0},
+    {"safetensors", target_safetensors, 10, 0, json_dict, NULL, 0},
+    {"tokens", target_tokens, 10, 0, NULL, NULL, 0},
+    {"csv", target_csv, 10, 0, csv_dict, NULL, 0},
+    {"idx-images", target_idx_images, 6, 0, NULL, NULL, 0},
+    {"idx-labels", target_idx_labels, 5, 0, NULL, NULL, 0},
+    {"text", target_text, 8, 0, text_dict, NULL, 0},
+    {"textcache-tokens", target_textcache_tokens, 4, 0, NULL, NULL, 0},
+    {"textcache-chars", target_textcache_chars, 3, 0, NULL, NULL, 0},
+    {"prepare-text", target_prepare_text, 6, 0, text_dict, NULL, 0},
+    {"prepare-csv", target_prepare_csv, 5, 0, csv_dict, NULL, 0},
+    {"recipe", target_recipe, 4, 1, lua_dict, NULL, 0},
+    {"state", target_state, 2, 1, json_dict, NULL, 0},
+    {"checkpoint", target_checkpoint, 2, 1, json_dict, NULL, 0},
+};
+#define N_TARGETS (sizeof targets / sizeof targets[0])
+
+static struct target *find_target(const char *name)
+{
+    for (size_t i = 0; i < N_TARGETS; i++)
+        if (strcmp(targets[i].name, name) == 0)
+            return &targets[i];
+    return NULL;
+}
+
+static void add_seed(const char *target, const void *data, size_t n)
+{
+    struct target *t = find_target(target);
+    if (!t)
+        die("no target %s", target);
+    t->seeds = realloc(t->seeds, (t->n_seeds + 1) * sizeof *t->seeds);
+    if (!t->seeds)
+        die("out of memory");
+    struct buf *b = &t->seeds[t->n_seeds++];
+    b->p = xmalloc(n);
+    memcpy(b->p, data, n);
+    b->n = n;
+}
+
+static void add_seed_file(const char *target, const char *path)
+{
+    struct buf b;
+    if (read_file(path, &b) != 0)
+        die("cannot read seed %s: %s", path, strerror(errno));
+    add_seed(target, b.p, b.n);
+    free(b.p);
+}
+
+static int by_name(const struct dirent **a, const struct dirent **b)
+{
+    return strcmp((*a)->d_name, (*b)->d_name);
+}
+
+/* Regular files of dir whose names end in suffix (NULL: all), sorted;
+ * calls each(path) for every one. */
+static void each_file(const char *dir, const char *suffix, void (*each)(const char *, void *),
+                      void *ud)
+{
+    struct dirent **names;
+    int n = scandir(dir, &names, NULL, by_name);
+    for (int i = 0; i < n; i++) {
+        const char *name = names[i]->d_name;
+        size_t a = strlen(name), b = suffix ? strlen(suffix) : 0;
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        struct stat st;
+        if (name[0] != '.' && (!suffix || (a > b && strcmp(name + a - b, suffix) == 0)) &&
+            stat(path, &st) == 0 && S_ISREG(st.st_mode))
+            each(path, ud);
+        free(names[i]);
+    }
+    if (n >= 0)
+        free(names);
+}
+
+static void seed_from(const char *path, void *target) { add_seed_file(target, path); }
+
+/* ---- seeds made here ----------------------------------------------------------- */
+
+static void make_shard_seeds(void)
+{
+    unsigned char b[64 + 4 * 300];
+    for (int width = 2; width <= 4; width += 2) {
+        struct tr_tokens_header th = {TR_TOKENS_VERSION, (uint32_t)width, 300,
+                                      width == 2 ? 50 : 1000};
+        tr_tokens_header_write(b, &th);
+        for (int i = 0; i < 300; i++)
+            for (int k = 0; k < width; k++)
+                b[64 + i * width + k] = (unsigned char)((uint32_t)(i * 7 % (width == 2 ? 50 : 1000)) >> (8 * k));
+        add_seed("tokens", b, 64 + (size_t)width * 300);
+    }
+    /* llm.c: 256 int32 header, uint16 tokens */
+    unsigned char *l = calloc(1, 1024 + 2 * 200);
+    le32(l, 20240520);
+    le32(l + 4, 1);
+    le32(l + 8, 200);
+    for (int i = 0; i < 200; i++)
+        l[1024 + 2 * i] = (unsigned char)(i * 13);
+    add_seed("tokens", l, 1024 + 2 * 200);
+    free(l);
+}
+
+static void make_csv_seeds(void)
+{
+    char text[4096];
+    size_t n = 0;
+    n += (size_t)snprintf(text + n, sizeof text - n, "a,b,c,label\n");
+    for (int i = 0; i < 40; i++)
+        n += (size_t)snprintf(text + n, sizeof text - n, "%d.5, %g,%d,%d\n", i, i * 0.25,
+                              -i, i % 3);
+    add_seed("csv", text + 12, n - 12);
+    add_seed("csv", text, n);
+    add_seed("prepare-csv", text + 12, n - 12);
+    add_seed("prepare-csv", text, n);
+}
+
+static void make_idx_seeds(void)
+{
+    /* 20 images of 4x4 unsigned bytes; 10 of 2x3 float32; their labels */
+    unsigned char b[16 + 20 * 16];
+    b[0] = b[1] = 0;
+    b[2] = 0x08;
+    b[3] = 3;
+    be32(b + 4, 20);
+    be32(b + 8, 4);
+    be32(b + 12, 4);
+    for (int i = 0; i < 20 * 16; i++)
+        b[16 + i] = (unsigned char)(i * 3);
+    add_seed("idx-images", b, sizeof b);
+    unsigned char f[16 + 10 * 6 * 4];
+    memset(f, 0, 16);
+    f[2] = 0x0D;
+    f[3] = 3;
+    be32(f + 4, 10);
+    be32(f + 8, 2);
+    be32(f + 12, 3);
+    for (int i = 0; i < 60; i++) {
+        float v = (float)i / 7.0f;
+        uint32_t bits;
+        memcpy(&bits, &v, 4);
+        be32(f + 16 + 4 * i, bits);
+    }
+    add_seed("idx-images", f, sizeof f);
+    unsigned char lb[8 + 20];
+    memset(lb, 0, 8);
+    lb[2] = 0x08;
+    lb[3] = 1;
+    be32(lb + 4, 20);
+    for (int i = 0; i < 20; i++)
+        lb[8 + i] = (unsigned char)(i % 10);
+    add_seed("idx-labels", lb, sizeof lb);
+    unsigned char fl[8 + 10 * 4];
+    memset(fl, 0, 8);
+    fl[2] = 0x0D;
+    fl[3] = 1;
+    be32(fl + 4, 10);
+    for (int i = 0; i < 10; i++) {
+        float v = (float)(i % 4);
+        uint32_t bits;
+        memcpy(&bits, &v, 4);
+        be32(fl + 8 + 4 * i, bits);
+    }
+    add_seed("idx-labels", fl, sizeof fl);
+}
+
+static void make_text_seeds(void)
+{
+    static const char text[] =
+        "It was the best of times, it was the worst of times.\n\n"
+        "It was the age of wisdom, it was the age of foolishness.\n\n"
+        "It was the best of times, it was the worst of times.\n\n"
+        "It was the age of wisdom; it was the age of foolishness!\n"
+        "A line of its own.\nAnother line, \xc3\xa9t\xc3\xa9 and tabs\there.\n";
+    add_seed("text", text, sizeof text - 1);
+    add_seed("prepare-text", text, sizeof text - 1);
+}
+
+/* The text plugin's own cache files for cache_text, made in dir. */
+static void make_cache_seeds(const char *dir)
+{
+    char old[4096];
+    if (!getcwd(old, sizeof old) || chdir(dir) != 0)
+        die("cannot enter %s", dir);
+    write_text("text.txt", cache_text);
+    if (run_text("char", "cache", 4, "0.1", NULL) != TR_OK)
+        die("the text plugin does not cache a plain text");
+    char path[4200];
+    if (find_suffix("cache", ".tokens", path, sizeof path) != 0)
+        die("no token cache was written");
+    add_seed_file("textcache-tokens", path);
+    if (find_suffix("cache", ".chars", path, sizeof path) != 0)
+        die("no character table was written");
+    add_seed_file("textcache-chars", path);
+    if (chdir(old) != 0)
+        die("cannot go back to %s", old);
+}
+
+static void make_safetensors_seeds(void)
+{
+    float w[12];
+    uint16_t half[6] = {0x3f80, 0x4000, 0xbf80, 0x0000, 0x7f80, 0x0001};
+    int32_t ids[3] = {1, -1, 7};
+    for (int i = 0; i < 12; i++)
+        w[i] = (float)i * 0.5f;
+    struct tr_st_entry e[3] = {
+        {"w", TR_F32, 2, {3, 4, 0, 0}, w, sizeof w},
+        {"h.bias", TR_BF16, 1, {6, 0, 0, 0}, half, sizeof half},
+        {"ids", TR_I32, 3, {1, 3, 1, 0}, ids, sizeof ids},
+    };
+    size_t n;
+    void *b = tr_safetensors_write(e, 3, "{\"format\":\"pt\"}", &n);
+    add_seed("safetensors", b, n);
+    free(b);
+    b = tr_safetensors_write(e, 1, NULL, &n);
+    add_seed("safetensors", b, n);
+    /* its header alone, for the JSON parser */
+    add_seed("json", (unsigned char *)b + 8, n - 8 - sizeof w);
+    free(b);
+}
+
+/* A two-step run with a checkpoint, the template of the checkpoint targets. */
+static void make_template(const char *work)
+{
+    snprintf(template_dir, sizeof template_dir, "%s/template", work);
+    if (mkdir(template_dir, 0755) != 0)
+        die("mkdir %s: %s", template_dir, strerror(errno));
+    char old[4096];
+    if (!getcwd(old, sizeof old) || chdir(template_dir) != 0)
+        die("cannot enter %s", template_dir);
+    write_text("r.lua", tiny_recipe);
+    const char *args[] = {"r.lua", "--quiet", NULL};
+    run_trainrun(args);
+    struct stat st;
+    have_template = stat(CKPT "/state.json", &st) == 0;
+    if (!have_template)
+        die("the template run wrote no checkpoint; see %s/trainrun.out", template_dir);
+    add_seed_file("state", CKPT "/state.json");
+    add_seed_file("json", CKPT "/state.json");
+    add_seed_file("checkpoint", CKPT "/model.safetensors");
+    add_seed_file("safetensors", CKPT "/model.safetensors");
+    remove("trainrun.out");
+    if (chdir(old) != 0)
+        die("cannot go back to %s", old);
+}
+
+static void gather_seeds(const char *work)
+{
+    char path[4400];
+    make_shard_seeds();
+    make_csv_seeds();
+    make_idx_seeds();
+    make_text_seeds();
+    make_safetensors_seeds();
+    char cache_dir[4200];
+    snprintf(cache_dir, sizeof cache_dir, "%s/cache-seeds", work);
+    if (mkdir(cache_dir, 0755) != 0)
+        die("mkdir %s: %s", cache_dir, strerror(errno));
+    make_cache_seeds(cache_dir);
+    snprintf(path, sizeof path, "%s/tests/fixtures/tiny_gpt.safetensors", srcdir);
+    add_seed_file("safetensors", path);
+    add_seed_file("checkpoint", path);
+    snprintf(path, sizeof path, "%s/tests/config", srcdir);
+    each_file(path, ".lua", seed_from, "recipe");
+    snprintf(path, sizeof path, "%s/recipes", srcdir);
+    each_file(path, ".lua", seed_from, "recipe");
+    if (trainrun)
+        make_template(work);
+}
+
+/* ---- the mutator ------------------------------------------------------------- */
+
+static const int64_t interesting[] = {
+    0, 1, -1, 2, 7, 8, 16, 64, 127, 128, 255, 256, 1024, 4096, 32767, 32768, 65535, 65536,
+    INT32_MAX, (int64_t)INT32_MAX + 1, UINT32_MAX, (int64_t)UINT32_MAX + 1, INT64_MAX,
+    INT64_MIN, 20240520, 0x7f800000 /* +inf as float32 bits */, 0x7fc00000 /* NaN */,
+};
+static const char *const interesting_text[] = {
+    "0", "-1", "1", "-0", "2147483647", "2147483648", "4294967295", "4294967296",
+    "9223372036854775807", "18446744073709551615", "1e308", "1e309", "-1e309", "nan", "inf",
+    "1e-320", "0.5", "65536", "99999999999999999999999",
+};
+
+static void ensure(struct buf *b, size_t n)
+{
+    unsigned char *p = realloc(b->p, n ? n : 1);
+    if (!p)
+        die("out of memory");
+    b->p = p;
+}
+
+static void insert_bytes(struct buf *b, size_t at, const void *data, size_t n)
+{
+    if (b->n + n > FUZZ_MAX_INPUT)
+        return;
+    ensure(b, b->n + n);
+    memmove(b->p + at + n, b->p + at, b->n - at);
+    memcpy(b->p + at, data, n);
+    b->n += n;
+}
+
+static void erase_bytes(struct buf *b, size_t at, size_t n)
+{
+    if (at + n > b->n)
+        n = b->n - at;
+    memmove(b->p + at, b->p + at + n, b->n - at - n);
+    b->n -= n;
+}
+
+/* A run of decimal digits (with sign, point, exponent) at or after `from`. */
+static int find_number(const struct buf *b, size_t from, size_t *at, size_t *len)
+{
+    for (size_t i = from; i < b->n; i++) {
+        if (b->p[i] < '0' || b->p[i] > '9')
+            continue;
+        size_t s = i > 0 && b->p[i - 1] == '-' ? i - 1 : i, e = i;
+        while (e < b->n && strchr("0123456789.eE+-", b->p[e]) && b->p[e])
+            e++;
+        *at = s;
+        *len = e - s;
+        return 1;
+    }
+    return 0;
+}
+
+static void mutate_once(struct buf *b, uint64_t *rng, const struct target *t)
+{
+    size_t n = b->n;
+    switch (below(rng, n ? 11 : 3)) {
+    case 0: { /* insert random bytes */
+        unsigned char r[8];
+        size_t k = 1 + below(rng, 8);
+        for (size_t i = 0; i < k; i++)
+            r[i] = (unsigned char)splitmix64(rng);
+        insert_bytes(b, below(rng, n + 1), r, k);
+        break;
+    }
+    case 1: { /* insert a token of the format */
+        if (!t->dict) {
+            unsigned char z[4] = {0, 0xff, 0x80, 0x7f};
+            insert_bytes(b, below(rng, n + 1), z + below(rng, 4), 1);
+            break;
+        }
+        size_t count = 1;
+        for (const char *p = t->dict; *p; p++)
+            count += *p == '\1';
+        size_t want = below(rng, count);
+        const char *p = t->dict;
+        for (size_t i = 0; i < want; i++)
+            p = strchr(p, '\1') + 1;
+        const char *end = strchr(p, '\1');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        insert_bytes(b, below(rng, n + 1), p, len ? len : 1); /* "" stands for a NUL byte */
+        break;
+    }
+    case 2: { /* splice in part of another seed */
+        if (!t->n_seeds)
+            break;
+        const struct buf *o = &t->seeds[below(rng, t->n_seeds)];
+        if (!o->n)
+            break;
+        size_t from = below(rng, o->n), len = 1 + below(rng, o->n - from);
+        if (len > 4096)
+            len = 4096;
+        unsigned char *copy = xmalloc(len);
+        memcpy(copy, o->p + from, len);
+        insert_bytes(b, below(rng, n + 1), copy, len);
+        free(copy);
+        break;
+    }
+    case 3: /* flip a bit */
+        b->p[below(rng, n)] ^= (unsigned char)(1u << below(rng, 8));
+        break;
+    case 4: /* set a byte */
+        b->p[below(rng, n)] = (unsigned char)splitmix64(rng);
+        break;
+    case 5: /* delete a range */
+        erase_bytes(b, below(rng, n), 1 + below(rng, below(rng, 2) ? 4 : n));
+        break;
+    case 6: /* truncate */
+        b->n = below(rng, n);
+        break;
+    case 7: { /* an interesting integer, 1/2/4/8 bytes, either byte order */
+        int64_t v = interesting[below(rng, sizeof interesting / sizeof interesting[0])];
+        size_t width = (size_t)1 << below(rng, 4);
+        if (width > n)
+            break;
+        size_t at = below(rng, n - width + 1);
+        if (below(rng, 3) == 0 && n >= 64) /* header fields sit at small, aligned offsets */
+            at = (below(rng, 16) * 4) % (n - width + 1);
+        int big = (int)below(rng, 2);
+        for (size_t i = 0; i < width; i++)
+            b->p[at + (big ? width - 1 - i : i)] = (unsigned char)((uint64_t)v >> (8 * i));
+        break;
+    }
+    case 8: { /* replace a decimal number in text with an interesting one */
+        size_t at, len;
+        if (!find_number(b, below(rng, n), &at, &len) && !find_number(b, 0, &at, &len))
+            break;
+        const char *s = interesting_text[below(rng, sizeof interesting_text /
+                                                    sizeof interesting_text[0])];
+        erase_bytes(b, at, len);
+        insert_bytes(b, at, s, strlen(s));
+        break;
+    }
+    case 9: { /* duplicate a range */
+        size_t from = below(rng, n), len = 1 + below(rng, n - from);
+        if (len > 4096)
+            len = 4096;
+        unsigned char *copy = xmalloc(len);
+        memcpy(copy, b->p + from, len);
+        insert_bytes(b, below(rng, n + 1), copy, len);
+        free(copy);
+        break;
+    }
+    default: { /* swap two bytes */
+        size_t i = below(rng, n), j = below(rng, n);
+        unsigned char c = b->p[i];
+        b->p[i] = b->p[j];
+        b->p[j] = c;
+        break;
+    }
+    }
+}
+
+static struct buf mutate(const struct buf *seed, uint64_t *rng, const struct target *t)
+{
+    struct buf b = {xmalloc(seed->n + 1), seed->n};
+    memcpy(b.p, seed->p, seed->n);
+    int rounds = 1 + (int)below(rng, below(rng, 4) ? 3 : 8);
+    for (int i = 0; i < rounds; i++)
+        mutate_once(&b, rng, t);
+    return b;
+}
+
+/* ---- running a case -------------------------------------------------------------- */
+
+static double timeout_s = 20;
+static const char *work_dir;
+static const char *fail_dir = "fuzz-failures";
+static int no_fork;
+static unsigned long long case_counter;
+
+static volatile sig_atomic_t alarm_fired;
+static void on_alarm(int sig)
+{
+    (void)sig;
+    alarm_fired = 1;
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void print_tail(const char *path)
+{
+    struct buf b;
+    if (read_file(path, &b) != 0 || b.n == 0)
+        return;
+    size_t from = b.n > 8000 ? b.n - 8000 : 0;
+    fprintf(stderr, "--- the case's output (end) ---\n%.*s\n---\n", (int)(b.n - from),
+            (char *)b.p + from);
+    free(b.p);
+}
+
+/* Run one input of a target in a child process; returns 0 when it passed.
+ * `label` names the case in messages. */
+static int run_case(const struct target *t, const struct buf *in, const char *label,
+                    const char *replay_name)
+{
+    char dir[4400];
+    snprintf(dir, sizeof dir, "%s/case-%llu", work_dir, case_counter++);
+    if (mkdir(dir, 0755) != 0)
+        die("mkdir %s: %s", dir, strerror(errno));
+    uint64_t h = hash_bytes(in->p, in->n);
+    if (no_fork) {
+        char old[4096];
+        if (!getcwd(old, sizeof old) || chdir(dir) != 0)
+            die("cannot enter %s", dir);
+        t->run(in, h);
+        if (chdir(old) != 0)
+            die("cannot go back");
+        remove_tree(dir);
+        return 0;
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork: %s", strerror(errno));
+    if (pid == 0) {
+        setpgid(0, 0);
+        char out[4500];
+        snprintf(out, sizeof out, "%s/case.out", dir);
+        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0 || chdir(dir) != 0)
+            _exit(125);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+        t->run(in, h);
+        exit(0); /* exit, not _exit: LeakSanitizer checks at exit */
+    }
+    setpgid(pid, pid);
+    /* block in waitpid; SIGALRM (no SA_RESTART) interrupts it at the timeout */
+    alarm_fired = 0;
+    alarm((unsigned)ceil(timeout_s));
+    int status = 0, timed_out = 0;
+    for (;;) {
+        pid_t r = waitpid(pid, &status, 0);
+        if (r == pid)
+            break;
+        if (r < 0 && errno != EINTR)
+            die("waitpid: %s", strerror(errno));
+        if (alarm_fired) {
+            kill(-pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            timed_out = 1;
+            break;
+        }
+    }
+    alarm(0);
+    kill(-pid, SIGKILL); /* a trainrun the case left behind */
+    int ok = !timed_out && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (ok) {
+        remove_tree(dir);
+        return 0;
+    }
+    fprintf(stderr, "\nfuzz: FAIL: target %s, %s: ", t->name, label);
+    if (timed_out)
+        fprintf(stderr, "still running after %g s (a hang?)\n", timeout_s);
+    else if (WIFSIGNALED(status))
+        fprintf(stderr, "killed by signal %d (%s)\n", WTERMSIG(status),
+                strsignal(WTERMSIG(status)));
+    else
+        fprintf(stderr, "exit code %d (3: an invariant broke; others: a sanitizer report)\n",
+                WEXITSTATUS(status));
+    char out[4500];
+    snprintf(out, sizeof out, "%s/case.out", dir);
+    print_tail(out);
+    if (!replay_name) {
+        mkdir(fail_dir, 0755);
+        char saved[4400];
+        snprintf(saved, sizeof saved, "%s/%s-%s", fail_dir, t->name, label);
+        for (char *p = saved + strlen(fail_dir) + 1; *p; p++)
+            if (*p == ' ' || *p == '/')
+                *p = '-';
+        write_file(saved, in->p, in->n);
+        fprintf(stderr, "fuzz: input saved as %s; replay it with\n  tests/fuzz --replay %s %s\n",
+                saved, t->name, saved);
+    } else {
+        fprintf(stderr, "fuzz: input: %s\n", replay_name);
+    }
+    fprintf(stderr, "fuzz: the case's files are kept in %s\n", dir);
+    return 1;
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: fuzz [--cases N] [--seed N] [--target NAME] [--timeout S]\n"
+            "       fuzz --replay TARGET FILE...\n"
+            "       fuzz --list\n"
+            "Environment: TR_FUZZ_CASES, TR_FUZZ_SEED, TR_FUZZ_TIMEOUT, TR_FUZZ_OUT,\n"
+            "TR_FUZZ_NOFORK, TR_SRCDIR, TR_PLUGIN_BUILD_DIR, TRAINRUN (see docs/testing.md)\n");
+}
+
+struct corpus_ud {
+    struct target *t;
+    int failures;
+    int runs;
+};
+
+static void corpus_case(const char *path, void *p)
+{
+    struct corpus_ud *ud = p;
+    struct buf b;
+    if (read_file(path, &b) != 0)
+        die("cannot read %s", path);
+    const char *slash = strrchr(path, '/');
+    char label[512];
+    snprintf(label, sizeof label, "corpus file %s", slash ? slash + 1 : path);
+    ud->failures += run_case(ud->t, &b, label, path);
+    ud->runs++;
+    free(b.p);
+}
+
+int main(int argc, char **argv)
+{
+    unsigned long long cases = 2000, seed = 20261124;
+    const char *only = NULL, *replay = NULL;
+    int first_file = argc;
+    if (getenv("TR_FUZZ_CASES"))
+        cases = strtoull(getenv("TR_FUZZ_CASES"), NULL, 10);
+    if (getenv("TR_FUZZ_SEED"))
+        seed = strtoull(getenv("TR_FUZZ_SEED"), NULL, 10);
+    if (getenv("TR_FUZZ_TIMEOUT"))
+        timeout_s = strtod(getenv("TR_FUZZ_TIMEOUT"), NULL);
+    if (getenv("TR_FUZZ_OUT") && *getenv("TR_FUZZ_OUT"))
+        fail_dir = getenv("TR_FUZZ_OUT");
+    no_fork = getenv("TR_FUZZ_NOFORK") && strcmp(getenv("TR_FUZZ_NOFORK"), "1") == 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--cases") == 0 && i + 1 < argc) {
+            cases = strtoull(argv[++i], NULL, 10);
+        } else if (strcmp(a, "--seed") == 0 && i + 1 < argc) {
+            seed = strtoull(argv[++i], NULL, 10);
+        } else if (strcmp(a, "--target") == 0 && i + 1 < argc) {
+            only = argv[++i];
+        } else if (strcmp(a, "--timeout") == 0 && i + 1 < argc) {
+            timeout_s = strtod(argv[++i], NULL);
+        } else if (strcmp(a, "--replay") == 0 && i + 2 < argc) {
+            replay = argv[++i];
+            first_file = i + 1;
+            break;
+        } else if (strcmp(a, "--list") == 0) {
+            for (size_t k = 0; k < N_TARGETS; k++)
+                printf("%s%s\n", targets[k].name, targets[k].needs_binary ? " (runs trainrun)" : "");
+            return 0;
+        } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            return 0;
+        } else {
+            usage(stderr);
+            return 2;
+        }
+    }
+    if ((only && !find_target(only)) || (replay && !find_target(replay)))
+        die("no target %s (fuzz --list names them)", only ? only : replay);
+
+    srcdir = getenv("TR_SRCDIR");
+    if (!srcdir || !*srcdir)
+        die("set TR_SRCDIR to the source tree (make check does)");
+    trainrun = getenv("TRAINRUN");
+    if (trainrun && (!*trainrun || access(trainrun, X_OK) != 0))
+        trainrun = NULL;
+    /* recipes that extend the shipped ones find them */
+    char recipe_path[8400];
+    snprintf(recipe_path, sizeof recipe_path, "%s/recipes:%s/tests/config", srcdir, srcdir);
+    setenv("TRAINRUN_RECIPE_PATH", recipe_path, 1);
+    signal(SIGPIPE, SIG_IGN);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_alarm; /* no SA_RESTART: the alarm interrupts waitpid */
+    sigaction(SIGALRM, &sa, NULL);
+    load_plugins();
+
+    char work[4096];
+    snprintf(work, sizeof work, "%s/trfuzz-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(work))
+        die("mkdtemp %s: %s", work, strerror(errno));
+    work_dir = work;
+    if (work[0] != '/')
+        die("TMPDIR must be an absolute path");
+    gather_seeds(work);
+
+    int failures = 0;
+    double start = now();
+    if (replay) {
+        struct target *t = find_target(replay);
+        if (t->needs_binary && !trainrun)
+            die("target %s runs trainrun: set TRAINRUN to the binary", t->name);
+        for (int i = first_file; i < argc; i++) {
+            struct buf b;
+            if (read_file(argv[i], &b) != 0)
+                die("cannot read %s: %s", argv[i], strerror(errno));
+            int bad = run_case(t, &b, "replay", argv[i]);
+            printf("fuzz: %s %s: %s\n", t->name, argv[i], bad ? "FAIL" : "ok");
+            failures += bad;
+            free(b.p);
+        }
+        remove_tree(work);
+        return failures ? 1 : 0;
+    }
+
+    /* Every committed corpus file, as it is: the regression cases. */
+    int corpus_runs = 0;
+    for (size_t i = 0; i < N_TARGETS; i++) {
+        struct target *t = &targets[i];
+        if ((only && strcmp(only, t->name) != 0) || (t->needs_binary && !trainrun))
+            continue;
+        char dir[4400];
+        snprintf(dir, sizeof dir, "%s/tests/fuzz-corpus/%s", srcdir, t->name);
+        struct corpus_ud ud = {t, 0, 0};
+        each_file(dir, NULL, corpus_case, &ud);
+        failures += ud.failures;
+        corpus_runs += ud.runs;
+        each_file(dir, NULL, seed_from, (void *)t->name); /* and seeds for mutation */
+    }
+
+    int total_weight = 0;
+    for (size_t i = 0; i < N_TARGETS; i++)
+        if ((!only || strcmp(only, targets[i].name) == 0) &&
+            (!targets[i].needs_binary || trainrun) && targets[i].n_seeds)
+            total_weight += targets[i].weight;
+    if (total_weight == 0)
+        die("no target to run%s", trainrun ? "" : " (the whole-binary targets need TRAINRUN)");
+    unsigned long long per_target[N_TARGETS] = {0};
+    for (unsigned long long c = 0; c < cases; c++) {
+        uint64_t rng = seed ^ (c * 0xd1342543de82ef95ULL);
+        splitmix64(&rng);
+        int w = (int)below(&rng, (uint64_t)total_weight);
+        struct target *t = NULL;
+        for (size_t i = 0; i < N_TARGETS; i++) {
+            if ((only && strcmp(only, targets[i].name) != 0) ||
+                (targets[i].needs_binary && !trainrun) || !targets[i].n_seeds)
+                continue;
+            if (w < targets[i].weight) {
+                t = &targets[i];
+                per_target[i]++;
+                break;
+            }
+            w -= targets[i].weight;
+        }
+        const struct buf *s = &t->seeds[below(&rng, t->n_seeds)];
+        struct buf in = mutate(s, &rng, t);
+        char label[64];
+        snprintf(label, sizeof label, "case %llu of seed %llu", c, seed);
+        failures += run_case(t, &in, label, NULL);
+        free(in.p);
+    }
+    double took = now() - start;
+    printf("fuzz: %llu mutated cases and %d corpus files in %.1f s (seed %llu), %d failing\n",
+           cases, corpus_runs, took, seed, failures);
+    for (size_t i = 0; i < N_TARGETS; i++)
+        if (per_target[i])
+            printf("  %-18s %6llu cases, %zu seeds\n", targets[i].name, per_target[i],
+                   targets[i].n_seeds);
+    if (!trainrun)
+        printf("fuzz: TRAINRUN is not set: recipes and checkpoints were not fuzzed\n");
+    if (!failures)
+        remove_tree(work);
+    else
+        printf("fuzz: the failing cases' files are under %s\n", work);
+    for (size_t i = 0; i < N_TARGETS; i++) {
+        for (size_t k = 0; k < targets[i].n_seeds; k++)
+            free(targets[i].seeds[k].p);
+        free(targets[i].seeds);
+    }
+    return failures ? 1 : 0;
+}
