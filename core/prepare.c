@@ -33,6 +33,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <float.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
@@ -925,11 +926,13 @@ static char *trim(char *s)
     return s;
 }
 
+/* A number the csv plugin can hold: it stores features as float, so 1e39,
+ * finite as a double, would become infinity there. */
 static int is_number(const char *s)
 {
     char *end;
     double v = strtod(s, &end);
-    return end != s && *end == '\0' && isfinite(v);
+    return end != s && *end == '\0' && isfinite(v) && fabs(v) <= FLT_MAX;
 }
 
 /* Remember a kept row for exact dedup; 1 if it is new, 0 if it repeats an
@@ -1027,7 +1030,10 @@ static int csv_line(struct csv_state *s, char *line, const char *file, long line
             *comma = '\0';
         char *field = trim(p);
         if (!is_header && !bad && !is_number(field)) {
-            csv_error(s, "%s:%ld: column %zu \"%s\" is not a number", file, lineno, n, field);
+            double v = strtod(field, NULL);
+            csv_error(s, "%s:%ld: column %zu \"%s\" is %s", file, lineno, n, field,
+                      isfinite(v) && fabs(v) > FLT_MAX ? "beyond what a float holds "
+                                                         "(|x| <= 3.4e38)" : "not a number");
             bad = 1;
         }
         o += (size_t)sprintf(clean + o, "%s%s", n ? "," : "", field);

@@ -283,7 +283,17 @@ static int load(struct csv *c, const struct csv_config *cfg, const struct tr_hos
                 goto out;
             }
             if (k != label_col) {
-                *x++ = (float)(v * cfg->scale);
+                /* features are floats: 1e39, or 1e30 with scale = 1e10, would
+                 * train on infinity */
+                float feature = (float)(v * cfg->scale);
+                if (!isfinite(feature)) {
+                    tr_fail(err,
+                            "csv data: %s:%ld: column %zu \"%s\" times scale = %g is beyond "
+                            "what a float holds (|x| <= 3.4e38); fix the value or data.scale",
+                            path, lineno, k, fields[k], cfg->scale);
+                    goto out;
+                }
+                *x++ = feature;
                 continue;
             }
             if (v < 0) {

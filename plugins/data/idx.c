@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -65,6 +66,7 @@ struct idx_set {
     int dtype;
     uint64_t count;
     int32_t *labels;            /* count */
+    float max_abs;              /* largest |element| */
 };
 
 struct idx {
@@ -268,6 +270,23 @@ static int load_set(struct idx_set *s, const char *img_option, const char *img_p
     s->dtype = ih.dtype;
     s->elems = s->file + ih.header_size;
     s->count = ih.count;
+    /* NaN or infinity in the inputs would train on garbage without a word;
+     * the largest magnitude also bounds what `scale` may multiply */
+    s->max_abs = 255;
+    if (s->dtype == IDX_FLOAT32) {
+        s->max_abs = 0;
+        for (uint64_t i = 0; i < ih.count * ih.per_item; i++) {
+            float v = be_float(s->elems + 4 * i);
+            if (!isfinite(v)) {
+                tr_fail(err, "idx data: %s: element %llu of item %llu is %g; inputs must be "
+                        "finite numbers", img_path, (unsigned long long)(i % ih.per_item),
+                        (unsigned long long)(i / ih.per_item), v);
+                goto fail;
+            }
+            if (fabsf(v) > s->max_abs)
+                s->max_abs = fabsf(v);
+        }
+    }
 
     if (read_all(lbl_option, lbl_path, &lbl_file, &lbl_size, err) ||
         parse_header(lbl_path, lbl_file, lbl_size, &lh, err))
@@ -359,6 +378,14 @@ static int idx_create(const struct tr_host *host, const void *config,
     d->classes = max_label + 1;
     d->scale = (float)(cfg->scale != 0 ? cfg->scale
                        : d->train.dtype == IDX_UBYTE ? 1.0 / 255.0 : 1.0);
+    float largest = d->train.max_abs > d->val.max_abs ? d->train.max_abs : d->val.max_abs;
+    if (!isfinite(d->scale) || !isfinite(largest * d->scale)) {
+        idx_destroy(d);
+        return tr_fail(err,
+                       "idx data: scale = %g times the largest input, %g, is beyond what a "
+                       "float holds (|x| <= 3.4e38); lower data.scale",
+                       cfg->scale, (double)largest);
+    }
     d->set[TR_SPLIT_TRAIN] = &d->train;
     d->start[TR_SPLIT_TRAIN] = 0;
     if (own_val) {
