@@ -1102,20 +1102,81 @@ Test(checkpoint, abort_leaves_nothing)
     destroy(&p, self);
 }
 
+/* A directory as the local plugin makes it: with its owner marker. */
+static void mkdir_marked(const char *rel)
+{
+    cr_assert_eq(mkdir(tmp_path(rel), 0755), 0, "%s", rel);
+    char mark[512];
+    snprintf(mark, sizeof mark, "%s/.trainrun-checkpoint", rel);
+    write_text(tmp_path(mark), "trainrun\n");
+}
+
 Test(checkpoint, stale_staging_is_cleaned)
 {
     cr_assert_eq(mkdir(tmp_path("checkpoints"), 0755), 0);
-    cr_assert_eq(mkdir(tmp_path("checkpoints/.tmp-step-0000000300-99999"), 0755), 0);
-    write_text(tmp_path("checkpoints/.tmp-step-0000000300-99999/model"), "partial");
-    cr_assert_eq(mkdir(tmp_path("checkpoints/step-0000000200"), 0755), 0);
+    mkdir_marked("checkpoints/.trainrun-tmp-step-0000000300-99999");
+    write_text(tmp_path("checkpoints/.trainrun-tmp-step-0000000300-99999/model"), "partial");
+    mkdir_marked("checkpoints/step-0000000200");
     write_text(tmp_path("checkpoints/LATEST"), "step-0000000200\n");
+    /* look-alikes the user made: no marker, so never trainrun's to remove */
+    cr_assert_eq(mkdir(tmp_path("checkpoints/.trainrun-tmp-step-0000000400-1"), 0755), 0);
+    write_text(tmp_path("checkpoints/.trainrun-tmp-step-0000000400-1/notes"), "mine");
+    cr_assert_eq(mkdir(tmp_path("checkpoints/.tmp-step-0000000300-99999"), 0755), 0);
+    write_text(tmp_path("checkpoints/.trainrun-tmp-LATEST-x"), "mine");
 
     struct plugin p = load("checkpoint_local");
     void *self = create_ok(&p, 0);
-    cr_assert(!exists(tmp_path("checkpoints/.tmp-step-0000000300-99999")));
+    cr_assert(!exists(tmp_path("checkpoints/.trainrun-tmp-step-0000000300-99999")));
     cr_assert(exists(tmp_path("checkpoints/step-0000000200")));
     cr_assert_geq(warnings, 1);
-    cr_assert(strstr(last_warning, ".tmp-step-0000000300-99999"), "%s", last_warning);
+    cr_assert(strstr(last_warning, ".trainrun-tmp-step-0000000300-99999"), "%s", last_warning);
+    assert_file(tmp_path("checkpoints/.trainrun-tmp-step-0000000400-1/notes"), "mine");
+    cr_assert(exists(tmp_path("checkpoints/.tmp-step-0000000300-99999")));
+    assert_file(tmp_path("checkpoints/.trainrun-tmp-LATEST-x"), "mine");
+    destroy(&p, self);
+}
+
+/* checkpoint.dir shared with the user's files: unmarked directories are not
+ * listed as (new) checkpoints nor removed, symlinks are not followed, and a
+ * LATEST that is not trainrun's is not replaced. */
+Test(checkpoint, other_files_are_never_removed)
+{
+    cr_assert_eq(mkdir(tmp_path("outside"), 0755), 0);
+    write_text(tmp_path("outside/precious"), "mine");
+    cr_assert_eq(mkdir(tmp_path("checkpoints"), 0755), 0);
+    cr_assert_eq(mkdir(tmp_path("checkpoints/step-0000000001"), 0755), 0);
+    write_text(tmp_path("checkpoints/step-0000000001/model"), "mine");
+    cr_assert_eq(symlink(tmp_path("outside"), tmp_path("checkpoints/step-0000000002")), 0);
+
+    struct plugin p = load("checkpoint_local");
+    set(&p, "fsync", "false");
+    void *self = create_ok(&p, 0);
+    const struct tr_checkpoint_vtable *vt = p.info->vtable;
+    tr_err err = {{0}};
+    cr_assert_eq(list_of(&p, self).n, 0);
+    cr_assert_eq(vt->remove(self, "step-0000000001", &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "not removing"), "%s", err.msg);
+    cr_assert_eq(vt->remove(self, "step-0000000002", &err), TR_ERROR);
+    assert_file(tmp_path("checkpoints/step-0000000001/model"), "mine");
+    assert_file(tmp_path("outside/precious"), "mine");
+    /* publishing over a name the user took fails and keeps both */
+    cr_assert_eq(vt->begin(self, "step-0000000001", &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(vt->put(self, "model", "new", 3, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(vt->commit(self, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "not made by trainrun"), "%s", err.msg);
+    vt->abort(self);
+    assert_file(tmp_path("checkpoints/step-0000000001/model"), "mine");
+    /* a marker is not a blob name */
+    cr_assert_eq(vt->begin(self, "step-0000000003", &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(vt->put(self, ".trainrun-checkpoint", "x", 1, &err), TR_ERROR);
+    vt->abort(self);
+    /* a LATEST of the user's is neither replaced nor removed */
+    write_text(tmp_path("checkpoints/LATEST"), "my notes\nmore notes\n");
+    cr_assert_eq(vt->begin(self, "step-0000000004", &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(vt->put(self, "model", "x", 1, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(vt->commit(self, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "is not a LATEST file trainrun wrote"), "%s", err.msg);
+    assert_file(tmp_path("checkpoints/LATEST"), "my notes\nmore notes\n");
     destroy(&p, self);
 }
 
@@ -1123,8 +1184,8 @@ Test(checkpoint, stale_staging_is_cleaned)
 Test(checkpoint, stale_latest_is_repaired)
 {
     cr_assert_eq(mkdir(tmp_path("checkpoints"), 0755), 0);
-    cr_assert_eq(mkdir(tmp_path("checkpoints/step-0000000200"), 0755), 0);
-    cr_assert_eq(mkdir(tmp_path("checkpoints/step-0000000300"), 0755), 0);
+    mkdir_marked("checkpoints/step-0000000200");
+    mkdir_marked("checkpoints/step-0000000300");
     write_text(tmp_path("checkpoints/LATEST"), "step-0000000200\n");
     struct plugin p = load("checkpoint_local");
     void *self = create_ok(&p, 0);

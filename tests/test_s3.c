@@ -501,14 +501,22 @@ Test(staging, uncommitted_leftovers_are_removed)
 {
     struct s3 *s = offline_instance();
     char *dir = path_join(s->cache_dir, ".tmp-step-0000000003-999");
-    cr_assert_eq(mkdir(dir, 0755), 0);
+    cr_assert_eq(make_owned_dir(dir), 0);
     char *p = path_join(dir, "model");
     cr_assert_eq(write_file(p, "x", 1, 1), 0);
     free(p);
+    /* a look-alike without trainrun's marker: the user's, never removed */
+    char *mine = path_join(s->cache_dir, ".tmp-step-0000000004-998");
+    cr_assert_eq(mkdir(mine, 0755), 0);
+    p = path_join(mine, "notes");
+    cr_assert_eq(write_file(p, "x", 1, 1), 0);
     recover_staging(s);
     struct stat st;
     cr_assert_neq(stat(dir, &st), 0, "a save that never committed is dropped");
     cr_assert(strstr(last_log, "left by an interrupted checkpoint save"), "%s", last_log);
+    cr_assert_eq(stat(p, &st), 0, "a directory trainrun did not make is kept");
+    free(p);
+    free(mine);
     free(dir);
     s3_destroy(s);
 }

@@ -1,7 +1,8 @@
 /*
  * File helpers the checkpoint backends share (plugins link nothing from the
  * core, so they live here as static functions): write everything, fsync a
- * directory, remove a checkpoint-shaped directory, create parents.
+ * directory, create and remove directories trainrun owns (a marker file
+ * inside), create parents.
  * All return 0, or -1 with errno set.
  */
 #ifndef TR_CHECKPOINT_FILES_H
@@ -47,21 +48,100 @@ static int fsync_dir(const char *path)
     return 0;
 }
 
-/* Remove a checkpoint or staging directory: files one level deep, then itself. */
+/* The marker file trainrun writes into every checkpoint and staging
+ * directory it creates.  A directory is removed only when it is a real
+ * directory (not a symlink) holding this marker, so pointing checkpoint.dir
+ * at a directory of other files never deletes them, however their names
+ * look.  Blob names must not take it. */
+#define TR_OWNER_MARK ".trainrun-checkpoint"
+
+/* mkdir, then the marker inside: a directory trainrun may later remove. */
+static int make_owned_dir(const char *path)
+{
+    if (mkdir(path, 0755) != 0)
+        return -1;
+    int dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = dfd < 0 ? -1
+                     : openat(dfd, TR_OWNER_MARK, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int rc = fd >= 0 && write_all(fd, "trainrun\n", 9) == 0 ? 0 : -1;
+    int e = errno;
+    if (fd >= 0)
+        close(fd);
+    if (dfd >= 0)
+        close(dfd);
+    if (rc != 0) {
+        rmdir(path); /* empty unless the marker half-landed; then it stays */
+        errno = e;
+    }
+    return rc;
+}
+
+/* An open descriptor of path when it is a directory trainrun created (not
+ * a symlink, holding the marker as a regular file); else -1 with errno
+ * EPERM (not ours) or open()'s errno. */
+static int open_owned_dir(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    if (fstatat(fd, TR_OWNER_MARK, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        errno = EPERM;
+        return -1;
+    }
+    return fd;
+}
+
+static int is_owned_dir(const char *path)
+{
+    int fd = open_owned_dir(path);
+    if (fd < 0)
+        return 0;
+    close(fd);
+    return 1;
+}
+
+/* Remove a checkpoint or staging directory trainrun created: its files one
+ * level deep (a symlink is removed, never followed), the marker last, then
+ * itself.  A directory without the marker is left alone (errno EPERM); a
+ * subdirectory inside is not trainrun's and makes the removal stop short
+ * (errno ENOTEMPTY), the marker kept so a later attempt still knows it. */
 static int remove_tree(const char *path)
 {
-    DIR *d = opendir(path);
-    if (!d)
+    int fd = open_owned_dir(path);
+    if (fd < 0)
         return -1;
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
     int rc = 0, e = 0;
     struct dirent *ent;
     while ((ent = readdir(d)) != NULL) {
-        if (strcmp(ent->d_name, ".") == 0 || strcmp(ent->d_name, "..") == 0)
+        if (strcmp(ent->d_name, ".") == 0 || strcmp(ent->d_name, "..") == 0 ||
+            strcmp(ent->d_name, TR_OWNER_MARK) == 0)
             continue;
+        struct stat st;
+        if (fstatat(dirfd(d), ent->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISDIR(st.st_mode)) {
+            if (rc == 0) {
+                rc = -1;
+                e = ENOTEMPTY;
+            }
+            continue;
+        }
         if (unlinkat(dirfd(d), ent->d_name, 0) != 0 && rc == 0) {
             rc = -1;
             e = errno;
         }
+    }
+    if (rc == 0 && unlinkat(dirfd(d), TR_OWNER_MARK, 0) != 0 && errno != ENOENT) {
+        rc = -1;
+        e = errno;
     }
     closedir(d);
     if (rc == 0 && rmdir(path) != 0) {

@@ -2,14 +2,20 @@
  * checkpoint = { plugin = "local", dir = "ckpt" }: checkpoints as
  * directories of blob files on a local (or network) filesystem.
  *
- *   <dir>/<name>/<blob>...      published checkpoints
- *   <dir>/LATEST                the name of the last committed one, plus "\n"
- *   <dir>/.tmp-<name>-<pid>/    a checkpoint being written
+ *   <dir>/<name>/<blob>...               published checkpoints
+ *   <dir>/<name>/.trainrun-checkpoint    the marker: trainrun made this directory
+ *   <dir>/LATEST                         the name of the last committed one, plus "\n"
+ *   <dir>/.trainrun-tmp-<name>-<pid>/    a checkpoint being written (with the marker)
  *
  * Atomicity comes from rename(): blobs are written and fsync'd in a staging
  * directory that is renamed into place only when complete, so a crash at
  * any moment leaves every published checkpoint intact.  Staging leftovers
  * from a crash are removed the next time a run opens the directory.
+ *
+ * The directory may hold other files (checkpoint.dir pointed at a shared or
+ * home directory): only directories with the marker are ever removed or
+ * replaced, whatever the names of the others, and symlinks are never
+ * followed, so nothing trainrun did not create is deleted.
  */
 #define _POSIX_C_SOURCE 200809L /* POSIX file APIs under strict C11 */
 
@@ -44,8 +50,9 @@ static const struct tr_option local_options[] = {
     {.type = TR_OPT_END},
 };
 
-#define STAGING_PREFIX ".tmp-"
-#define ASIDE_PREFIX ".old-"
+#define STAGING_PREFIX ".trainrun-tmp-"
+#define ASIDE_PREFIX ".trainrun-old-"
+#define LATEST_TMP STAGING_PREFIX "LATEST-" /* then the pid */
 
 struct local {
     const struct tr_host *host;
@@ -128,10 +135,24 @@ static const char *hint_for(int errnum)
 
 /* ---- crash recovery ---------------------------------------------------- */
 
-/* A crash can leave staging directories (.tmp-*), a half-written LATEST
- * (.tmp-LATEST-*), or a checkpoint renamed aside while being replaced
- * (.old-<name>-<pid>): the last is restored if its replacement never
- * landed, otherwise deleted. */
+/* ".trainrun-tmp-LATEST-<pid>": a regular file this plugin wrote. */
+static int is_latest_tmp(const char *name, const struct stat *st)
+{
+    size_t n = strlen(LATEST_TMP);
+    if (strncmp(name, LATEST_TMP, n) != 0 || !name[n] || !S_ISREG(st->st_mode) ||
+        st->st_size > 4096)
+        return 0;
+    for (const char *p = name + n; *p; p++)
+        if (*p < '0' || *p > '9')
+            return 0;
+    return 1;
+}
+
+/* A crash can leave staging directories (.trainrun-tmp-<name>-<pid>), a
+ * half-written LATEST (.trainrun-tmp-LATEST-<pid>), or a checkpoint renamed
+ * aside while being replaced (.trainrun-old-<name>-<pid>): the last is
+ * restored if its replacement never landed, otherwise deleted.  Only what
+ * carries trainrun's marker is touched: a user's look-alike stays. */
 static void clean_stale(struct local *l)
 {
     DIR *d = opendir(l->dir);
@@ -148,12 +169,13 @@ static void clean_stale(struct local *l)
         if (!path)
             break;
         struct stat st;
-        if (lstat(path, &st) != 0) {
+        if (lstat(path, &st) != 0 ||
+            !(S_ISDIR(st.st_mode) ? is_owned_dir(path) : staging && is_latest_tmp(n, &st))) {
             free(path);
             continue;
         }
         if (aside) {
-            /* ".old-<name>-<pid>" -> "<name>" */
+            /* ".trainrun-old-<name>-<pid>" -> "<name>" */
             char *name = strdup(n + strlen(ASIDE_PREFIX));
             char *dash = name ? strrchr(name, '-') : NULL;
             char *orig = NULL;
@@ -162,7 +184,7 @@ static void clean_stale(struct local *l)
                 orig = path_join(l->dir, name, NULL);
             }
             struct stat ost;
-            if (orig && valid_name(name) && stat(orig, &ost) != 0 && rename(path, orig) == 0) {
+            if (orig && valid_name(name) && lstat(orig, &ost) != 0 && rename(path, orig) == 0) {
                 warn(l, "restored checkpoint %s from %s, left by an interrupted save", orig,
                      path);
                 free(name);
@@ -269,7 +291,7 @@ static int local_begin(void *self, const char *name, tr_err *err)
         return tr_fail(err, "local checkpoint: out of memory");
     }
     remove_tree(l->staging); /* a leftover of this very process; usually absent */
-    if (mkdir(l->staging, 0755) != 0) {
+    if (make_owned_dir(l->staging) != 0) {
         int e = errno;
         tr_fail(err,
                 "local checkpoint: cannot create %s: %s; the previous checkpoint is "
@@ -286,10 +308,10 @@ static int local_put(void *self, const char *blob, const void *data, size_t size
     struct local *l = self;
     if (!l->staging)
         return tr_fail(err, "local checkpoint: put(\"%s\") without begin()", blob ? blob : "");
-    if (!valid_blob(blob))
+    if (!valid_blob(blob) || strcmp(blob, TR_OWNER_MARK) == 0)
         return tr_fail(err,
                        "local checkpoint: invalid blob name \"%s\": blob names are plain file "
-                       "names (not empty, no '/', not . or ..)",
+                       "names (not empty, no '/', not . or .., not " TR_OWNER_MARK ")",
                        blob ? blob : "(null)");
     char *path = path_join(l->staging, blob, NULL);
     if (!path)
@@ -323,6 +345,36 @@ static int local_put(void *self, const char *blob, const void *data, size_t size
     return TR_OK;
 }
 
+/* LATEST as this plugin writes it: a regular file holding one checkpoint
+ * name and a newline.  Anything else is a file of the user's, which is
+ * neither replaced nor removed. */
+static int latest_is_ours(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return errno == ENOENT; /* absent: ours to create */
+    if (!S_ISREG(st.st_mode) || st.st_size < 2 || st.st_size > 4096)
+        return 0;
+    char buf[4097];
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = '\0';
+    if (n < 2 || buf[n - 1] != '\n' || strlen(buf) != n)
+        return 0;
+    buf[n - 1] = '\0';
+    return valid_name(buf) && !strpbrk(buf, "\r\n");
+}
+
+static int not_our_latest(const char *latest, tr_err *err)
+{
+    return tr_fail(err, "local checkpoint: %s is not a LATEST file trainrun wrote (it must "
+                        "hold one checkpoint name); it is left untouched: point "
+                        "checkpoint.dir at a directory of its own, or move the file away",
+                   latest);
+}
+
 /* Point LATEST at name: write a temporary file, then rename it over. */
 static int write_latest(struct local *l, const char *name, tr_err *err)
 {
@@ -333,8 +385,17 @@ static int write_latest(struct local *l, const char *name, tr_err *err)
         free(latest);
         return tr_fail(err, "local checkpoint: out of memory");
     }
+    if (!latest_is_ours(latest)) {
+        int rc = not_our_latest(latest, err);
+        free(tmp);
+        free(latest);
+        return rc;
+    }
     int rc = TR_OK;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    struct stat st;
+    if (lstat(tmp, &st) == 0 && is_latest_tmp(strrchr(tmp, '/') + 1, &st))
+        unlink(tmp); /* a leftover of this very process id */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     int failed = fd < 0;
     if (!failed) {
         failed = write_all(fd, name, strlen(name)) != 0 || write_all(fd, "\n", 1) != 0 ||
@@ -350,7 +411,8 @@ static int write_latest(struct local *l, const char *name, tr_err *err)
         failed = rename(tmp, latest) != 0 || (l->fsync && fsync_dir(l->dir) != 0);
     if (failed) {
         int e = errno;
-        unlink(tmp);
+        if (fd >= 0)
+            unlink(tmp);
         rc = tr_fail(err, "local checkpoint: cannot update %s: %s%s", latest, strerror(e),
                      hint_for(e));
     }
@@ -385,6 +447,13 @@ static int local_commit(void *self, tr_err *err)
     /* rename() cannot replace a non-empty directory: move the old one aside */
     struct stat st;
     if (lstat(final, &st) == 0) {
+        if (!S_ISDIR(st.st_mode) || !is_owned_dir(final)) {
+            tr_fail(err, "local checkpoint: cannot publish checkpoint %s: %s exists and was not "
+                         "made by trainrun, so it is left untouched; move it away or point "
+                         "checkpoint.dir at a directory of its own",
+                    name, final);
+            goto out;
+        }
         if (rename(final, aside) != 0) {
             int e = errno;
             tr_fail(err, "local checkpoint: cannot replace %s: %s", final, strerror(e));
@@ -446,8 +515,21 @@ static int newest_first(const void *a, const void *b)
     return strcmp(*(char *const *)b, *(char *const *)a);
 }
 
-/* Published checkpoint names, sorted newest first; *out is NULL-terminated. */
-static int collect(struct local *l, char ***out, size_t *count, tr_err *err)
+/* A directory an older trainrun published, before the marker: listed so
+ * its run still resumes, but never removed (it cannot be told apart from a
+ * user's directory with certainty). */
+static int is_legacy_checkpoint(int dirfd_, const char *name)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/state.json", name);
+    struct stat st;
+    return fstatat(dirfd_, path, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Published checkpoint names, sorted newest first; *out is NULL-terminated.
+ * Only real directories (symlinks are not followed) holding the marker, and
+ * with `legacy` also the unmarked ones older versions wrote. */
+static int collect(struct local *l, char ***out, size_t *count, int legacy, tr_err *err)
 {
     DIR *d = opendir(l->dir);
     if (!d)
@@ -457,8 +539,14 @@ static int collect(struct local *l, char ***out, size_t *count, tr_err *err)
     struct dirent *ent;
     while ((ent = readdir(d)) != NULL) {
         struct stat st;
-        if (ent->d_name[0] == '.' || fstatat(dirfd(d), ent->d_name, &st, 0) != 0 ||
+        if (!valid_name(ent->d_name) ||
+            fstatat(dirfd(d), ent->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
             !S_ISDIR(st.st_mode))
+            continue;
+        char mark[4096];
+        snprintf(mark, sizeof mark, "%s/" TR_OWNER_MARK, ent->d_name);
+        int owned = fstatat(dirfd(d), mark, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+        if (!owned && !(legacy && is_legacy_checkpoint(dirfd(d), ent->d_name)))
             continue;
         if (n + 1 >= cap) {
             size_t grown = cap ? cap * 2 : 16;
@@ -499,7 +587,7 @@ static int local_list(void *self, void (*each)(void *ud, const char *name), void
     struct local *l = self;
     char **names;
     size_t n;
-    if (collect(l, &names, &n, err) != TR_OK)
+    if (collect(l, &names, &n, 1, err) != TR_OK)
         return TR_ERROR;
     for (size_t i = 0; i < n; i++)
         each(ud, names[i]);
@@ -599,8 +687,17 @@ static int local_remove(void *self, const char *name, tr_err *err)
         return tr_fail(err, "local checkpoint: out of memory");
     if (remove_tree(path) != 0) {
         int e = errno;
-        tr_fail(err, "local checkpoint: cannot remove %s: %s%s", path, strerror(e),
-                e == ENOENT ? " (no such checkpoint)" : "");
+        if (e == EPERM || e == ELOOP || e == ENOTDIR)
+            tr_fail(err, "local checkpoint: not removing %s: it has no " TR_OWNER_MARK
+                         " marker, so trainrun did not create it (or an older version did); "
+                         "remove it by hand if it is no longer needed",
+                    path);
+        else
+            tr_fail(err, "local checkpoint: cannot remove %s: %s%s", path, strerror(e),
+                    e == ENOENT ? " (no such checkpoint)"
+                    : e == ENOTEMPTY ? " (it holds a directory trainrun did not write; the "
+                                       "checkpoint's own files are gone, remove the rest by hand)"
+                                     : "");
         free(path);
         return TR_ERROR;
     }
@@ -615,14 +712,14 @@ static int local_remove(void *self, const char *name, tr_err *err)
         return TR_OK;
     char **names;
     size_t n;
-    if (collect(l, &names, &n, err) != TR_OK)
+    if (collect(l, &names, &n, 0, err) != TR_OK)
         return TR_ERROR;
     int rc = TR_OK;
     if (n > 0) {
         rc = write_latest(l, names[0], err);
     } else {
         char *lp = path_join(l->dir, "LATEST", NULL);
-        if (lp)
+        if (lp && latest_is_ours(lp))
             unlink(lp);
         free(lp);
     }
@@ -637,7 +734,7 @@ static void repair_latest(struct local *l)
     char **names;
     size_t n;
     tr_err err = {{0}};
-    if (collect(l, &names, &n, &err) != TR_OK)
+    if (collect(l, &names, &n, 0, &err) != TR_OK)
         return;
     char latest[4096];
     read_latest(l, latest, sizeof latest);

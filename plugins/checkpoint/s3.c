@@ -1436,7 +1436,8 @@ static struct upload *read_committed(const char *staging, const char *name)
 
 /* Staging directories ".tmp-<name>-<pid>" left by an earlier process: a
  * committed one is uploaded now (its run stopped before the upload ended),
- * any other is removed. */
+ * any other is removed.  Only directories with trainrun's marker count: a
+ * look-alike the user made in cache_dir is neither uploaded nor removed. */
 static void recover_staging(struct s3 *s)
 {
     DIR *d = opendir(s->cache_dir);
@@ -1456,6 +1457,11 @@ static void recover_staging(struct s3 *s)
             continue;
         }
         *dash = '\0';
+        if (!is_owned_dir(path)) {
+            free(path);
+            free(name);
+            continue;
+        }
         struct upload *u = valid_name(name) ? read_committed(path, name) : NULL;
         if (u) {
             log_msg(s, TR_LOG_WARN, "uploading %s, staged in %s by a run that stopped before "
@@ -1648,7 +1654,7 @@ static int do_begin(void *self, const char *name, tr_err *err)
         return tr_fail(err, "s3 checkpoint: out of memory");
     }
     remove_tree(u->staging); /* a leftover of this very process; usually absent */
-    if (mkdir(u->staging, 0755) != 0) {
+    if (make_owned_dir(u->staging) != 0) {
         int e = errno;
         tr_fail(err, "s3 checkpoint: cannot create the staging directory %s: %s; the previous "
                      "checkpoint is untouched%s",
@@ -1667,7 +1673,7 @@ static int do_put(void *self, const char *blob, const void *data, size_t size, t
     if (!u)
         return tr_fail(err, "s3 checkpoint: put(\"%s\") without begin()", blob ? blob : "");
     if (!valid_blob(blob) || strcmp(blob, MANIFEST_BLOB) == 0 ||
-        strcmp(blob, COMMITTED_MARK) == 0)
+        strcmp(blob, COMMITTED_MARK) == 0 || strcmp(blob, TR_OWNER_MARK) == 0)
         return tr_fail(err, "s3 checkpoint: invalid blob name \"%s\": blob names are plain "
                             "names (not empty, no '/' or control characters, not . or .., "
                             "not MANIFEST or COMMITTED)",
