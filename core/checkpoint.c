@@ -12,7 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
+
+/* The last member of state.json: the CRC-32 of the bytes before it. */
+#define STATE_CHECKSUM_KEY "  \"state_checksum\":"
 
 struct tr_checkpointer {
     struct tr_checkpointer_config cfg;
@@ -113,7 +117,8 @@ static void write_vars(FILE *f, const char *key, const struct tr_state_var *vars
     fprintf(f, "},\n");
 }
 
-static double json_or_nan(double x) { return isnan(x) ? -1.0 : x; }
+/* -1 stands for unknown; inf would not be JSON at all */
+static double json_or_nan(double x) { return isfinite(x) ? x : -1.0; }
 
 static char *state_json(struct tr_checkpointer *c, const char *const *blobs,
                         const unsigned long *checksums, int n_blobs, size_t *size)
@@ -146,9 +151,43 @@ static char *state_json(struct tr_checkpointer *c, const char *const *blobs,
     fprintf(f, "  \"checksums\": {");
     for (int i = 0; i < n_blobs; i++)
         fprintf(f, "%s\"%s\": %lu", i ? ", " : "", blobs[i], checksums[i]);
-    fprintf(f, "}\n}\n");
+    fprintf(f, "},\n");
+    /* the file vouches for itself too: the CRC-32 of everything before it */
+    fflush(f);
+    unsigned long own = crc32(0, (const unsigned char *)text, (uInt)*size);
+    fprintf(f, STATE_CHECKSUM_KEY " %lu\n}\n", own);
     fclose(f);
     return text;
+}
+
+/* NULL when state.json's own checksum holds, else why not.  The checksum
+ * member must be the last one, so nothing after it escapes the check. */
+static const char *state_checksum_problem(const char *text, size_t size)
+{
+    const size_t klen = strlen(STATE_CHECKSUM_KEY);
+    const char *at = NULL;
+    for (size_t i = 0; i + klen <= size; i++)
+        if (memcmp(text + i, STATE_CHECKSUM_KEY, klen) == 0)
+            at = text + i;
+    if (!at)
+        return "state.json has no state_checksum (not written by this trainrun, or edited)";
+    const char *p = at + klen, *end = text + size;
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+        p++;
+    unsigned long want = 0;
+    int digits = 0;
+    for (; p < end && *p >= '0' && *p <= '9' && digits < 11; p++, digits++)
+        want = want * 10 + (unsigned long)(*p - '0');
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+        p++;
+    int closed = p < end && *p == '}';
+    for (p += closed; p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t');)
+        p++;
+    if (!digits || !closed || p != end)
+        return "state.json's state_checksum is not its last member (edited)";
+    if (crc32(0, (const unsigned char *)text, (uInt)(at - text)) != want)
+        return "state.json fails its checksum (torn, truncated or edited)";
+    return NULL;
 }
 
 /* ---- pruning: newest `keep`, plus the best ------------------------------ */
@@ -158,9 +197,24 @@ struct name_list {
     size_t n;
 };
 
+/* "step-" and ten digits: the only names this file writes.  The backend
+ * may hold others (checkpoint.dir shared with other files); those are
+ * neither loaded nor pruned. */
+static int is_step_name(const char *name)
+{
+    if (strncmp(name, "step-", 5) != 0 || strlen(name) != 15)
+        return 0;
+    for (const char *p = name + 5; *p; p++)
+        if (*p < '0' || *p > '9')
+            return 0;
+    return 1;
+}
+
 static void collect(void *ud, const char *name)
 {
     struct name_list *l = ud;
+    if (!is_step_name(name))
+        return;
     l->names = tr_xrealloc(l->names, (l->n + 1) * sizeof *l->names);
     l->names[l->n++] = tr_xstrdup(name);
 }
@@ -181,8 +235,16 @@ static void prune(struct tr_checkpointer *c)
         tr_log(TR_LOG_WARN, "checkpoint", "cannot list checkpoints to prune: %s", err.msg);
         return;
     }
-    for (size_t i = (size_t)c->cfg.keep; i < l.n; i++) {
-        if (strcmp(l.names[i], c->state.best) == 0)
+    /* Newer names than the one just written are not this run's line of
+     * checkpoints (ones a resume skipped as damaged, or not trainrun's):
+     * they neither count towards keep nor go.  Of the rest, newest first,
+     * the first `keep` stay. */
+    char written[64];
+    snprintf(written, sizeof written, "step-%010llu", (unsigned long long)c->state.step);
+    size_t kept = 0;
+    for (size_t i = 0; i < l.n; i++) {
+        if (strcmp(l.names[i], written) > 0 || kept++ < (size_t)c->cfg.keep ||
+            strcmp(l.names[i], c->state.best) == 0)
             continue;
         if (c->cfg.vt->remove(c->cfg.self, l.names[i], &err) != TR_OK)
             tr_log(TR_LOG_WARN, "checkpoint", "cannot remove %s: %s", l.names[i], err.msg);
@@ -407,8 +469,9 @@ void tr_checkpointer_close(struct tr_checkpointer *c)
 
 /* ---- loading -------------------------------------------------------------- */
 
+/* expect: the dtype every tensor must have, or -1 for any float type. */
 static int load_tensors(struct tr_checkpointer *c, const void *blob, size_t size,
-                        const char *prefix, float *dst, const char *what, tr_err *err)
+                        const char *prefix, float *dst, int expect, const char *what, tr_err *err)
 {
     struct tr_st_file *f = tr_safetensors_read(blob, size, what, err);
     if (!f)
@@ -428,6 +491,9 @@ static int load_tensors(struct tr_checkpointer *c, const void *blob, size_t size
             rc = tr_fail(err, "%s has no tensor '%s' (a checkpoint of another model?)", what, key);
         } else if (!ok_shape) {
             rc = tr_fail(err, "%s: tensor '%s' has another shape than the model's", what, key);
+        } else if (expect >= 0 && e->dtype != (enum tr_dtype)expect) {
+            rc = tr_fail(err, "%s: tensor '%s' is not in the weights_dtype state.json names "
+                         "(the weights and state.json do not belong together)", what, key);
         } else if (e->dtype == TR_F32) {
             be->iface->upload(be->context, dst + t->offset, e->data, e->bytes);
         } else if (e->dtype == TR_BF16 || e->dtype == TR_F16) {
@@ -444,16 +510,133 @@ static int load_tensors(struct tr_checkpointer *c, const void *blob, size_t size
     return rc;
 }
 
-static void read_vars(const struct tr_json *obj, struct tr_state_var *vars, size_t *n)
+/* vars: an object of finite numbers (at most 32) */
+static int read_vars(const struct tr_json *obj, struct tr_state_var *vars, size_t *n)
 {
     *n = 0;
-    for (size_t i = 0; obj && obj->type == TR_JSON_OBJECT && i < obj->n && *n < 32; i++) {
+    if (obj && obj->type != TR_JSON_OBJECT)
+        return TR_ERROR;
+    for (size_t i = 0; obj && i < obj->n; i++) {
+        if (*n == 32 || obj->items[i]->type != TR_JSON_NUMBER || !isfinite(obj->items[i]->number))
+            return TR_ERROR;
         snprintf(vars[*n].name, sizeof vars[*n].name, "%s", obj->keys[i]);
         vars[(*n)++].value = obj->items[i]->number;
     }
+    return TR_OK;
 }
 
 static double nan_if_negative(double x) { return x < 0 ? NAN : x; }
+
+/* Member key as a whole number in [0, 2^53]; 0 when absent or anything else. */
+static int get_count(const struct tr_json *js, const char *key, uint64_t *out)
+{
+    const struct tr_json *v = tr_json_get(js, key);
+    if (!v || v->type != TR_JSON_NUMBER || !(v->number >= 0) || v->number > 9007199254740992.0 ||
+        v->number != floor(v->number))
+        return 0;
+    *out = (uint64_t)v->number;
+    return 1;
+}
+
+/* A number member that is finite (loss and the like; -1 means unknown). */
+static int get_finite(const struct tr_json *js, const char *key, double *out)
+{
+    const struct tr_json *v = tr_json_get(js, key);
+    if (!v || v->type != TR_JSON_NUMBER || !isfinite(v->number))
+        return 0;
+    *out = v->number;
+    return 1;
+}
+
+/* state.json of checkpoint `name`: its own checksum, then every field a
+ * run resumes from, in range and consistent with the name.  On success
+ * *out owns the parsed document; the weights are checked by the caller. */
+static int parse_state(const void *text, size_t size, const char *name, struct tr_run_state *state,
+                       int *weights_dtype, struct tr_json **out, tr_err *err)
+{
+    *out = NULL;
+    const char *why = state_checksum_problem(text, size);
+    if (why)
+        return tr_fail(err, "%s", why);
+    size_t bad = 0;
+    struct tr_json *js = tr_json_parse(text, size, &bad);
+    if (!js || js->type != TR_JSON_OBJECT) {
+        tr_json_free(js);
+        return tr_fail(err, "state.json is not valid JSON (byte %zu): torn or corrupted", bad);
+    }
+    memset(state, 0, sizeof *state);
+    uint64_t applied = 0, format = 0;
+    const char *field = NULL;
+    double loss, val_loss, best_val;
+    if (!get_count(js, "format", &format) || format != 1)
+        field = "format";
+    else if (!get_count(js, "step", &state->step))
+        field = "step";
+    char expected[64];
+    snprintf(expected, sizeof expected, "step-%010llu", (unsigned long long)state->step);
+    if (!field && is_step_name(name) && strcmp(name, expected) != 0) {
+        tr_json_free(js);
+        return tr_fail(err, "state.json says step %llu, but the checkpoint is %s (a state.json "
+                       "copied from another checkpoint, or edited)",
+                       (unsigned long long)state->step, name);
+    }
+    if (field)
+        ;
+    else if (!get_count(js, "applied_steps", &applied) || applied > state->step)
+        field = "applied_steps";
+    else if (!get_count(js, "loader_position", &state->loader_position) ||
+             state->loader_position < state->step)
+        field = "loader_position"; /* every step consumes at least one micro-batch */
+    else if (!get_count(js, "skipped_steps", &state->skipped) || state->skipped > state->step)
+        field = "skipped_steps";
+    else if (!get_finite(js, "cost_usd", &state->cost_usd) || state->cost_usd < 0)
+        field = "cost_usd";
+    else if (!get_finite(js, "loss", &loss) || !get_finite(js, "val_loss", &val_loss))
+        field = "loss";
+    else if (!get_finite(js, "best_val_loss", &best_val) ||
+             !get_count(js, "best_step", &state->best_step) || state->best_step > state->step)
+        field = "best_step";
+    else if (read_vars(tr_json_get(js, "precision"), state->precision, &state->n_precision) ||
+             read_vars(tr_json_get(js, "schedule"), state->schedule, &state->n_schedule))
+        field = "precision or schedule";
+    if (field) {
+        tr_json_free(js);
+        return tr_fail(err, "state.json: \"%s\" is missing or out of range (edited or written "
+                       "by another program)", field);
+    }
+    const char *best = tr_json_string(js, "best");
+    if (!best || (best[0] && !is_step_name(best))) {
+        tr_json_free(js);
+        return tr_fail(err, "state.json: \"best\" names no checkpoint of this run");
+    }
+    snprintf(state->best, sizeof state->best, "%s", best);
+    state->applied = (int64_t)applied;
+    state->loss = nan_if_negative(loss);
+    state->val_loss = nan_if_negative(val_loss);
+    state->best_val_loss = nan_if_negative(best_val);
+    const char *wd = tr_json_string(js, "weights_dtype");
+    *weights_dtype = !wd ? -1
+                     : strcmp(wd, "fp32") == 0 ? TR_F32
+                     : strcmp(wd, "bf16") == 0 ? TR_BF16
+                     : strcmp(wd, "fp16") == 0 ? TR_F16 : -2;
+    if (*weights_dtype < 0) {
+        tr_json_free(js);
+        return tr_fail(err, "state.json: \"weights_dtype\" is not fp32, bf16 or fp16");
+    }
+    *out = js;
+    return TR_OK;
+}
+
+/* The CRC-32 state.json records for blob, or a message when it differs. */
+static int check_blob(const struct tr_json *js, const char *blob, const void *data, size_t size,
+                      tr_err *err)
+{
+    const struct tr_json *v = tr_json_get(tr_json_get(js, "checksums"), blob);
+    unsigned long got = crc32(0, data, (uInt)size);
+    if (!v || v->type != TR_JSON_NUMBER || v->number < 0 || (unsigned long)v->number != got)
+        return tr_fail(err, "%s fails its checksum (torn, truncated or corrupted)", blob);
+    return TR_OK;
+}
 
 int tr_checkpointer_load(struct tr_checkpointer *c, const char *name, float *params, float *m,
                          float *v, struct tr_run_state *state, tr_err *err)
@@ -468,44 +651,23 @@ int tr_checkpointer_load(struct tr_checkpointer *c, const char *name, float *par
     for (int i = 0; i < n; i++)
         if (c->cfg.vt->get(c->cfg.self, name, blobs[i], &data[i], &size[i], err) != TR_OK)
             goto done;
-    size_t bad = 0;
-    js = tr_json_parse(data[0], size[0], &bad);
-    if (!js) {
-        tr_fail(err, "state.json is not valid JSON (byte %zu): torn or corrupted", bad);
+    /* everything is verified before anything is uploaded or returned */
+    struct tr_run_state st;
+    int weights_dtype;
+    if (parse_state(data[0], size[0], name, &st, &weights_dtype, &js, err) != TR_OK)
         goto done;
-    }
-    const struct tr_json *sums = tr_json_get(js, "checksums");
-    for (int i = 1; i < n; i++) {
-        double want = tr_json_number(sums, blobs[i], -1);
-        unsigned long got = crc32(0, data[i], (uInt)size[i]);
-        if (want < 0 || (unsigned long)want != got) {
-            tr_fail(err, "%s fails its checksum (torn, truncated or corrupted)", blobs[i]);
+    for (int i = 1; i < n; i++)
+        if (check_blob(js, blobs[i], data[i], size[i], err) != TR_OK)
             goto done;
-        }
-    }
-    if (load_tensors(c, data[1], size[1], "", params, "model.safetensors", err) != TR_OK ||
-        load_tensors(c, data[2], size[2], "exp_avg.", m, "optimizer.safetensors", err) != TR_OK ||
-        (n == 4 && load_tensors(c, data[3], size[3], "exp_avg_sq.", v, "optimizer2.safetensors",
+    if (load_tensors(c, data[1], size[1], "", params, weights_dtype, "model.safetensors", err) != TR_OK ||
+        load_tensors(c, data[2], size[2], "exp_avg.", m, -1, "optimizer.safetensors", err) != TR_OK ||
+        (n == 4 && load_tensors(c, data[3], size[3], "exp_avg_sq.", v, -1, "optimizer2.safetensors",
                                 err) != TR_OK))
         goto done;
-    memset(state, 0, sizeof *state);
-    state->step = (uint64_t)tr_json_number(js, "step", 0);
-    state->applied = (int64_t)tr_json_number(js, "applied_steps", 0);
-    state->loader_position = (uint64_t)tr_json_number(js, "loader_position", 0);
-    state->skipped = (uint64_t)tr_json_number(js, "skipped_steps", 0);
-    state->cost_usd = tr_json_number(js, "cost_usd", 0);
-    state->loss = nan_if_negative(tr_json_number(js, "loss", -1));
-    state->val_loss = nan_if_negative(tr_json_number(js, "val_loss", -1));
-    const char *best = tr_json_string(js, "best");
-    snprintf(state->best, sizeof state->best, "%s", best ? best : "");
-    state->best_val_loss = nan_if_negative(tr_json_number(js, "best_val_loss", -1));
-    state->best_step = (uint64_t)tr_json_number(js, "best_step", 0);
-    read_vars(tr_json_get(js, "precision"), state->precision, &state->n_precision);
-    read_vars(tr_json_get(js, "schedule"), state->schedule, &state->n_schedule);
-    const char *wd = tr_json_string(js, "weights_dtype");
-    if (wd && strcmp(wd, "fp32") != 0)
+    *state = st;
+    if (weights_dtype != TR_F32)
         tr_log(TR_LOG_WARN, "checkpoint", "%s stores weights in %s: resuming from it is not "
-               "bit-exact", name, wd);
+               "bit-exact", name, weights_dtype == TR_BF16 ? "bf16" : "fp16");
     rc = TR_OK;
 done:
     for (int i = 0; i < 4; i++)
@@ -524,7 +686,13 @@ int tr_checkpointer_resume(struct tr_checkpointer *c, float *params, float *m, f
     int rc = 0;
     for (size_t i = 0; i < l.n; i++) {
         tr_err why = {{0}};
-        if (tr_checkpointer_load(c, l.names[i], params, m, v, state, &why) == TR_OK) {
+        int ok = tr_checkpointer_load(c, l.names[i], params, m, v, state, &why) == TR_OK;
+        if (ok && c->cfg.max_step && state->step > c->cfg.max_step) {
+            ok = 0;
+            tr_fail(&why, "its step %llu is past train.steps = %llu",
+                    (unsigned long long)state->step, (unsigned long long)c->cfg.max_step);
+        }
+        if (ok) {
             snprintf(loaded, loaded_size, "%s", l.names[i]);
             rc = 1;
             break;
@@ -553,9 +721,14 @@ int tr_checkpoint_resolve(const char *path, char **dir, char **name, tr_err *err
             if (fgets(buf, sizeof buf, f))
                 buf[strcspn(buf, "\r\n")] = 0;
             fclose(f);
+            free(p);
+            /* a name, not a path: LATEST must not lead out of its directory */
+            if (!buf[0] || buf[0] == '.' || strchr(buf, '/'))
+                return tr_fail(err, "%s%s names no checkpoint (\"%s\"); pass the checkpoint "
+                               "directory itself", path, i == 0 ? "/LATEST" : "/checkpoints/LATEST",
+                               buf);
             *dir = i == 0 ? tr_xstrdup(path) : tr_xasprintf("%s/checkpoints", path);
             *name = tr_xstrdup(buf);
-            free(p);
             return TR_OK;
         }
         free(p);
@@ -578,31 +751,113 @@ int tr_checkpoint_resolve(const char *path, char **dir, char **name, tr_err *err
     return TR_OK;
 }
 
+/* ---- verifying a checkpoint directory ---------------------------------------- */
+
+/* The whole of path in malloc'd memory (one byte more, zeroed). */
+static int read_whole(const char *path, void **data, size_t *size, tr_err *err)
+{
+    *data = NULL;
+    *size = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return tr_fail(err, "cannot open %s: %s", path, strerror(errno));
+    long len = -1;
+    if (fseek(f, 0, SEEK_END) == 0)
+        len = ftell(f);
+    if (len < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return tr_fail(err, "cannot read %s: not a regular file", path);
+    }
+    char *buf = malloc((size_t)len + 1);
+    if (!buf || fread(buf, 1, (size_t)len, f) != (size_t)len) {
+        free(buf);
+        fclose(f);
+        return tr_fail(err, "cannot read %s%s", path, buf ? "" : ": out of memory");
+    }
+    fclose(f);
+    buf[len] = '\0';
+    *data = buf;
+    *size = (size_t)len;
+    return TR_OK;
+}
+
+/* state.json of a checkpoint directory and the CRC-32 of each blob it
+ * lists (model.safetensors must be among them); *model, when asked for,
+ * gets the verified weights' bytes. */
+static int verify_dir(const char *checkpoint_dir, void **model, size_t *model_size, tr_err *err)
+{
+    char *copy = tr_xstrdup(checkpoint_dir);
+    size_t len = strlen(copy);
+    while (len > 1 && copy[len - 1] == '/')
+        copy[--len] = 0;
+    const char *slash = strrchr(copy, '/');
+    const char *name = slash ? slash + 1 : copy;
+    char *path = tr_xasprintf("%s/state.json", copy);
+    void *text = NULL, *blob = NULL;
+    size_t size = 0, blob_size = 0;
+    struct tr_json *js = NULL;
+    struct tr_run_state st;
+    int wd, rc = read_whole(path, &text, &size, err);
+    if (rc == TR_OK)
+        rc = parse_state(text, size, name, &st, &wd, &js, err);
+    const struct tr_json *sums = rc == TR_OK ? tr_json_get(js, "checksums") : NULL;
+    if (rc == TR_OK && (!sums || sums->type != TR_JSON_OBJECT ||
+                        !tr_json_get(sums, "model.safetensors")))
+        rc = tr_fail(err, "state.json lists no checksum of model.safetensors");
+    for (size_t i = 0; rc == TR_OK && i < sums->n; i++) {
+        const char *b = sums->keys[i];
+        if (!b[0] || b[0] == '.' || strchr(b, '/')) {
+            rc = tr_fail(err, "state.json lists a checksum of \"%s\", which is no blob", b);
+            break;
+        }
+        char *bp = tr_xasprintf("%s/%s", copy, b);
+        rc = read_whole(bp, &blob, &blob_size, err);
+        free(bp);
+        if (rc == TR_OK)
+            rc = check_blob(js, b, blob, blob_size, err);
+        if (rc == TR_OK && model && strcmp(b, "model.safetensors") == 0) {
+            *model = blob;
+            *model_size = blob_size;
+            blob = NULL;
+        }
+        free(blob);
+        blob = NULL;
+    }
+    if (rc != TR_OK) {
+        tr_err_prefix(err, "checkpoint %s is damaged or was edited, so it is not used", copy);
+        if (model) {
+            free(*model);
+            *model = NULL;
+        }
+    }
+    tr_json_free(js);
+    free(text);
+    free(path);
+    free(copy);
+    return rc;
+}
+
+int tr_checkpoint_verify(const char *checkpoint_dir, tr_err *err)
+{
+    return verify_dir(checkpoint_dir, NULL, NULL, err);
+}
+
 /* ---- export ---------------------------------------------------------------- */
 
 int tr_export_weights(const char *checkpoint_dir, enum tr_dtype dtype, const char *out_path,
                       tr_err *err)
 {
     char *path = tr_xasprintf("%s/model.safetensors", checkpoint_dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        tr_fail(err, "cannot open %s: %s", path, strerror(errno));
-        free(path);
-        return TR_ERROR;
-    }
-    fseek(f, 0, SEEK_END);
-    size_t size = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *buf = malloc(size ? size : 1);
+    void *buf = NULL;
+    size_t size = 0;
     int rc = TR_ERROR;
     struct tr_st_file *st = NULL;
     struct tr_st_entry *out = NULL;
     uint16_t **halves = NULL;
     size_t n = 0;
-    if (!buf || fread(buf, 1, size, f) != size) {
-        tr_fail(err, "cannot read %s", path);
+    /* the weights exported are the ones state.json vouches for */
+    if (verify_dir(checkpoint_dir, &buf, &size, err) != TR_OK)
         goto done;
-    }
     if (!(st = tr_safetensors_read(buf, size, path, err)))
         goto done;
     n = tr_safetensors_count(st);
@@ -622,13 +877,24 @@ int tr_export_weights(const char *checkpoint_dir, enum tr_dtype dtype, const cha
     }
     size_t out_size = 0;
     void *blob = tr_safetensors_write(out, n, "{\"format\":\"pt\",\"producer\":\"trainrun export\"}", &out_size);
-    char *tmp = tr_xasprintf("%s.tmp", out_path);
-    FILE *o = fopen(tmp, "wb");
+    /* a fresh name beside the output: no file of the user's is overwritten
+     * but out_path itself, and that only once the export is complete */
+    char *tmp = tr_xasprintf("%s.XXXXXX", out_path);
+    int fd = mkstemp(tmp);
+    if (fd >= 0) { /* mkstemp makes it 0600; an export is as readable as any new file */
+        mode_t mask = umask(0);
+        umask(mask);
+        fchmod(fd, 0666 & ~mask);
+    }
+    FILE *o = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (fd >= 0 && !o)
+        close(fd);
     if (!blob || !o || fwrite(blob, 1, out_size, o) != out_size || fflush(o) != 0) {
         tr_fail(err, "cannot write %s: %s", out_path, strerror(errno));
         if (o)
             fclose(o);
-        remove(tmp);
+        if (fd >= 0)
+            remove(tmp);
     } else if (fclose(o) != 0 || rename(tmp, out_path) != 0) {
         tr_fail(err, "cannot write %s: %s", out_path, strerror(errno));
         remove(tmp);
@@ -644,7 +910,6 @@ done:
     free(out);
     tr_safetensors_free(st);
     free(buf);
-    fclose(f);
     free(path);
     return rc;
 }

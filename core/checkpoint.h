@@ -43,6 +43,7 @@ struct tr_checkpointer_config {
     char *const *overrides;
     int n_overrides;
     int64_t seed;
+    uint64_t max_step;          /* resume skips checkpoints past it (train.steps); 0: no limit */
 };
 
 struct tr_checkpointer;
@@ -81,7 +82,12 @@ int tr_checkpointer_resume(struct tr_checkpointer *c, float *params, float *m, f
  * *dir and *name are malloc'd. */
 int tr_checkpoint_resolve(const char *path, char **dir, char **name, tr_err *err);
 
-/* `trainrun export`: model.safetensors of a checkpoint directory, in dtype. */
+/* A local checkpoint directory as written: state.json's own checksum and
+ * fields, and every blob's checksum it lists.  err names what is wrong. */
+int tr_checkpoint_verify(const char *checkpoint_dir, tr_err *err);
+
+/* `trainrun export`: model.safetensors of a checkpoint directory, in dtype,
+ * refused unless the checkpoint verifies. */
 int tr_export_weights(const char *checkpoint_dir, enum tr_dtype dtype, const char *out_path,
                       tr_err *err);
 

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- a stateless permutation of [0, n): a 4-round Feistel network on the
  * smallest even power-of-two domain >= n, with cycle walking ------------ */
@@ -68,8 +69,35 @@ struct tr_loader {
     pthread_cond_t changed;
     int stop;
     int failed;
+    int cancelled;
+    int running; /* workers that have not exited */
     tr_err error;
 };
+
+/* How long close waits, once cancelled, for a worker stuck in a read. */
+#define STUCK_GRACE_SECONDS 2.0
+
+/* Wait on l->changed (l->lock held).  With a cancel flag, wake every 50 ms
+ * to look at it: a signal handler cannot signal a condition variable.
+ * Returns 1 when cancelled. */
+static int wait_changed(struct tr_loader *l)
+{
+    if (!l->cfg.cancel) {
+        pthread_cond_wait(&l->changed, &l->lock);
+        return 0;
+    }
+    if (*l->cfg.cancel)
+        return 1;
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_nsec += 50 * 1000 * 1000;
+    if (t.tv_nsec >= 1000 * 1000 * 1000) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000 * 1000 * 1000;
+    }
+    pthread_cond_timedwait(&l->changed, &l->lock, &t);
+    return *l->cfg.cancel != 0;
+}
 
 static int fill(struct tr_loader *l, uint64_t id, void *inputs, int32_t *targets, uint64_t *idx,
                 tr_err *err)
@@ -112,6 +140,8 @@ static void *worker(void *arg)
         s->ready = 1;
         pthread_cond_broadcast(&l->changed);
     }
+    l->running--;
+    pthread_cond_broadcast(&l->changed);
     pthread_mutex_unlock(&l->lock);
     return NULL;
 }
@@ -124,6 +154,14 @@ struct tr_loader *tr_loader_open(const struct tr_data_source *src,
         tr_fail(err, "data source '%s' has %llu %s samples, fewer than one micro-batch of %d",
                 src->name, (unsigned long long)n, cfg->split == TR_SPLIT_TRAIN ? "training" : "validation",
                 cfg->batch);
+        return NULL;
+    }
+    /* micro-batch numbers must not wrap (a damaged resume position): the
+     * slots' bookkeeping would then wait for a batch no worker fills */
+    uint64_t stride = cfg->stride > 1 ? (uint64_t)cfg->stride : 1;
+    if (start > (UINT64_MAX / 2 - (uint64_t)(cfg->prefetch > 1 ? cfg->prefetch : 1)) / stride) {
+        tr_fail(err, "data position %llu is out of range (a damaged checkpoint state?)",
+                (unsigned long long)start);
         return NULL;
     }
     struct tr_loader *l = tr_xcalloc(1, sizeof *l);
@@ -154,7 +192,13 @@ struct tr_loader *tr_loader_open(const struct tr_data_source *src,
     if (cfg->workers > 0) {
         l->threads = tr_xcalloc((size_t)cfg->workers, sizeof *l->threads);
         for (int i = 0; i < cfg->workers; i++) {
+            pthread_mutex_lock(&l->lock);
+            l->running++;
+            pthread_mutex_unlock(&l->lock);
             if (pthread_create(&l->threads[i], NULL, worker, l) != 0) {
+                pthread_mutex_lock(&l->lock);
+                l->running--;
+                pthread_mutex_unlock(&l->lock);
                 tr_fail(err, "cannot start data loader thread %d", i);
                 tr_loader_close(l);
                 return NULL;
@@ -172,7 +216,30 @@ void tr_loader_close(struct tr_loader *l)
     pthread_mutex_lock(&l->lock);
     l->stop = 1;
     pthread_cond_broadcast(&l->changed);
+    /* A worker blocked in a read that never returns (a hung filesystem)
+     * would block the join for good.  Once cancelled, wait a grace period,
+     * then leave such workers behind: detached, and the loader not freed,
+     * so they touch no freed memory if the read ever returns. */
+    double give_up = tr_now() + STUCK_GRACE_SECONDS;
+    while (l->running > 0 && l->cfg.cancel && *l->cfg.cancel && tr_now() < give_up) {
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        t.tv_nsec += 50 * 1000 * 1000;
+        if (t.tv_nsec >= 1000 * 1000 * 1000) {
+            t.tv_sec++;
+            t.tv_nsec -= 1000 * 1000 * 1000;
+        }
+        pthread_cond_timedwait(&l->changed, &l->lock, &t);
+    }
+    int stuck = l->running > 0 && l->cfg.cancel && *l->cfg.cancel;
     pthread_mutex_unlock(&l->lock);
+    if (stuck) {
+        for (int i = 0; i < l->n_threads; i++)
+            pthread_detach(l->threads[i]);
+        tr_log(TR_LOG_WARN, "loader", "a data loader worker is stuck in a read of '%s'; "
+               "leaving it behind", l->src.name ? l->src.name : "data");
+        return;
+    }
     for (int i = 0; i < l->n_threads; i++)
         pthread_join(l->threads[i], NULL);
     int nslots = l->cfg.workers > 0 ? l->cfg.prefetch : 1;
@@ -203,8 +270,14 @@ int tr_loader_next(struct tr_loader *l, void *inputs, int32_t *targets, double *
     struct slot *s = &l->slots[l->next % (uint64_t)l->cfg.prefetch];
     double t0 = tr_now();
     pthread_mutex_lock(&l->lock);
-    while (!(s->id == l->next && s->ready) && !l->failed)
-        pthread_cond_wait(&l->changed, &l->lock);
+    while (!(s->id == l->next && s->ready) && !l->failed) {
+        if (wait_changed(l)) {
+            l->cancelled = 1;
+            pthread_mutex_unlock(&l->lock);
+            return tr_fail(err, "interrupted by a signal while waiting for data from '%s'",
+                           l->src.name ? l->src.name : "data");
+        }
+    }
     if (l->failed) {
         *err = l->error;
         pthread_mutex_unlock(&l->lock);
@@ -224,4 +297,5 @@ int tr_loader_next(struct tr_loader *l, void *inputs, int32_t *targets, double *
 }
 
 uint64_t tr_loader_position(const struct tr_loader *l) { return l->next; }
+int tr_loader_cancelled(const struct tr_loader *l) { return l->cancelled; }
 uint64_t tr_loader_batches_per_epoch(const struct tr_loader *l) { return l->per_epoch; }

@@ -8,6 +8,7 @@
 #ifndef TR_LOADER_H
 #define TR_LOADER_H
 
+#include <signal.h>
 #include <stdint.h>
 #include <trainrun/plugin.h>
 
@@ -34,6 +35,10 @@ struct tr_loader_config {
      * k * stride + rank (stride 0 or 1: alone), so ranks read disjoint parts
      * of every global batch and together read what one process would */
     int rank, stride;
+    /* when set and *cancel turns non-zero (a signal handler's flag), a
+     * wait for workers ends with an error instead of blocking, and close
+     * stops waiting for a worker stuck in a read after a grace period */
+    volatile sig_atomic_t *cancel;
 };
 
 struct tr_loader *tr_loader_open(const struct tr_data_source *src,
@@ -41,12 +46,14 @@ struct tr_loader *tr_loader_open(const struct tr_data_source *src,
 void tr_loader_close(struct tr_loader *l);
 
 /* Copy micro-batch number `next` into inputs/targets and advance.  Adds the
- * time spent waiting for workers to *wait_seconds. */
+ * time spent waiting for workers to *wait_seconds.  TR_ERROR when a read
+ * failed, or when cancelled while waiting (tr_loader_cancelled says so). */
 int tr_loader_next(struct tr_loader *l, void *inputs, int32_t *targets, double *wait_seconds,
                    tr_err *err);
 
 /* Micro-batches consumed so far (the resumable position), and per epoch. */
 uint64_t tr_loader_position(const struct tr_loader *l);
+int tr_loader_cancelled(const struct tr_loader *l);
 uint64_t tr_loader_batches_per_epoch(const struct tr_loader *l);
 
 /* The sample index at position i of `epoch`'s order (exposed for tests). */

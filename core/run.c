@@ -292,7 +292,7 @@ static int evaluate(struct run *r, double *val_loss, double *val_accuracy, tr_er
 {
     double t0 = tr_now();
     struct tr_loader_config lc = {TR_SPLIT_VAL, (int)r->cfg->train.micro_batch, 0, 1, 0,
-                                  (uint64_t)r->cfg->train.seed, NULL, r->rank, r->world};
+                                  (uint64_t)r->cfg->train.seed, NULL, r->rank, r->world, NULL};
     struct tr_loader *val = tr_loader_open(&r->data, &lc, 0, err);
     if (!val)
         return TR_ERROR;
@@ -620,6 +620,7 @@ static int setup(struct run *r, tr_err *err)
         .overrides = cfg->overrides,
         .n_overrides = cfg->n_overrides,
         .seed = cfg->train.seed,
+        .max_step = (uint64_t)cfg->train.steps,
     };
     if (r->rank != 0) /* rank 0 writes; the others get its state by broadcast */
         return setup_cost(r, &r->policy, err);
@@ -787,7 +788,8 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
     }
     struct tr_loader_config lc = {TR_SPLIT_TRAIN, (int)cfg->train.micro_batch,
                                   (int)cfg->train.workers, (int)cfg->train.prefetch, 1,
-                                  (uint64_t)cfg->train.seed, r->topo, r->rank, r->world};
+                                  (uint64_t)cfg->train.seed, r->topo, r->rank, r->world,
+                                  &stop_signal}; /* a signal ends a wait for data */
     r->loader = tr_loader_open(&r->data, &lc, position / (uint64_t)r->world, &err);
     if (!r->loader)
         goto fail;
@@ -833,8 +835,11 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
             if (k > 0 && r->world == 1 && stop_signal)
                 break; /* abandon the step: the checkpoint below predates it */
             double td = tr_now();
-            if (load_micro_batch(r, r->loader, &r->t_data, &err) != TR_OK)
+            if (load_micro_batch(r, r->loader, &r->t_data, &err) != TR_OK) {
+                if (r->world == 1 && tr_loader_cancelled(r->loader))
+                    break; /* signalled while the loader was blocked: abandon the step too */
                 goto fail;
+            }
             double t0 = tr_now();
             r->g->profile = sampled && k == 0; /* per-op timings of one micro-batch */
             tr_graph_forward(r->g, &r->be);
@@ -1193,6 +1198,12 @@ int tr_sample(const struct tr_sample_flags *fl)
     memset(r, 0, sizeof *r);
     int code = TR_EXIT_ERROR;
     if (tr_checkpoint_resolve(fl->checkpoint, &dir, &name, &err) != TR_OK)
+        goto fail;
+    /* the recipe and overrides below come from state.json: only a verified one */
+    char *ckpt_path = tr_xasprintf("%s/%s", dir, name);
+    int verified = tr_checkpoint_verify(ckpt_path, &err);
+    free(ckpt_path);
+    if (verified != TR_OK)
         goto fail;
     char *state_path = tr_xasprintf("%s/%s/state.json", dir, name);
     FILE *f = fopen(state_path, "rb");

@@ -1,0 +1,88 @@
+#!/bin/sh
+# SIGTERM always ends a run, within a deadline, with a checkpoint that
+# loads: during the first step, while the loader is blocked in a read that
+# never returns, during checkpoint writes; a failing read ends the run with
+# its reason instead of a hang.  The data plugin "stall" (tests/plugins)
+# blocks or fails its reads after a given number.
+. "$(dirname "$0")/lib.sh"
+: "${TR_BUILDDIR:?}"
+TRAINRUN_PLUGIN_PATH="$TR_BUILDDIR/tests/plugins/.libs"
+export TRAINRUN_PLUGIN_PATH
+[ -f "$TRAINRUN_PLUGIN_PATH/data_stall.so" ] || fail "no data_stall.so in $TRAINRUN_PLUGIN_PATH"
+recipe() { # file, data options
+  cat > "$1" <<L
+return {
+  model = mlp { inputs = 8, hidden = { 16 }, classes = 3 },
+  data = { plugin = "stall", $2 },
+  train = { steps = 100000, batch = 8, micro_batch = 4, workers = 2, log_every = 1 },
+}
+L
+}
+# wait for pid to end within $2 seconds, else kill it and fail
+ended_within() {
+  n=0
+  while kill -0 "$1" 2>/dev/null; do
+    n=$((n + 1))
+    if [ $n -gt $(($2 * 20)) ]; then
+      kill -9 "$1" 2>/dev/null
+      return 1
+    fi
+    sleep 0.05
+  done
+}
+# run_dir: the checkpoint LATEST names loads and resumes (reads no longer stall)
+resumes() {
+  recipe ok.lua "stall_after = 0"
+  "$TRAINRUN" ok.lua train.steps="$2" run_dir="$1" --resume auto --quiet 2> err.txt \
+    || { cat err.txt; fail "$1: resuming after SIGTERM failed"; }
+  grep -q "resumed from checkpoint" err.txt || { cat err.txt; fail "$1: nothing to resume"; }
+}
+stop() { # pid, name: SIGTERM now, exit 75 within 10 s
+  kill -TERM "$1"
+  ended_within "$1" 10 || { cat "$2.err"; fail "$2: SIGTERM did not end the run within 10 s"; }
+  set +e; wait "$1"; code=$?; set -e
+  [ $code -eq 75 ] || { cat "$2.err"; fail "$2: exit code $code after SIGTERM, expected 75"; }
+}
+
+# --- the loader blocked during the first step (its second read never returns)
+recipe first.lua "stall_after = 1"
+rm -f stalled
+"$TRAINRUN" first.lua run_dir=first 2> first.err > /dev/null &
+pid=$!
+while [ ! -e stalled ]; do kill -0 $pid 2>/dev/null || { cat first.err; fail "first: ended early"; }; sleep 0.02; done
+stop $pid first
+grep -q "step 0 saved" first.err || { cat first.err; fail "first: no checkpoint of step 0"; }
+resumes first 3
+
+# --- the loader blocked mid-run -----------------------------------------------------
+recipe mid.lua "stall_after = 41"
+rm -f stalled
+"$TRAINRUN" mid.lua run_dir=mid checkpoint.every=5 2> mid.err > /dev/null &
+pid=$!
+while [ ! -e stalled ]; do kill -0 $pid 2>/dev/null || { cat mid.err; fail "mid: ended early"; }; sleep 0.02; done
+sleep 0.3 # the step loop is now waiting on the stuck workers
+stop $pid mid
+grep -q "received signal 15: checkpoint of step" mid.err || { cat mid.err; fail "mid: no checkpoint"; }
+resumes mid 25
+
+# --- a failing read ends the run with its reason, also with a worker stuck -------------
+recipe fails.lua "fail_after = 30"
+"$TRAINRUN" fails.lua run_dir=fails 2> fails.err > /dev/null &
+pid=$!
+ended_within $pid 20 || { cat fails.err; fail "a failing read did not end the run"; }
+set +e; wait $pid; code=$?; set -e
+[ $code -eq 1 ] || { cat fails.err; fail "failing read: exit code $code"; }
+grep -q "read 3[0-9] fails" fails.err || { cat fails.err; fail "failing read: no reason given"; }
+
+# --- during checkpoint writes: a checkpoint every step, signals at three moments -------
+recipe ok.lua "stall_after = 0"
+for delay in 0.3 0.7 1.1; do
+  "$TRAINRUN" ok.lua run_dir="w$delay" checkpoint.every=1 2> "w$delay.err" > /dev/null &
+  pid=$!
+  sleep $delay
+  kill -0 $pid 2>/dev/null || { cat "w$delay.err"; fail "w$delay: ended early"; }
+  stop $pid "w$delay"
+  "$TRAINRUN" export "w$delay" -o "w$delay.safetensors" --dtype fp32 2> err.txt \
+    || { cat err.txt; fail "w$delay: the checkpoint written at SIGTERM does not verify"; }
+done
+echo "sigterm: ok"
