@@ -15,13 +15,18 @@
 #include "../kernels/cpu/kernels.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -56,7 +61,10 @@ struct run {
     uint64_t stopped_early;  /* the step early stopping ended the run at, 0 if not */
     /* where time goes */
     double t_start, t_data, t_compute, t_optimizer, t_eval;
-    FILE *metrics;
+    int metrics_open, metrics_fd; /* metrics.jsonl, rank 0 only */
+    char *metrics_path;
+    off_t metrics_good;      /* metrics.jsonl up to here holds whole lines */
+    int have_lock, lock_fd;  /* run_dir/trainrun.lock, held while this process writes */
     const struct tr_precision_vtable *precision;
     const struct tr_schedule_vtable *schedule;
     struct tr_checkpointer *ckpt;
@@ -74,6 +82,88 @@ struct run {
     int agreed_stop;         /* the ranks agreed to stop (a signal reached one of them) */
     float *resume_full[2];   /* ZeRO-1 resume on rank 0: the full moments read */
 };
+
+/* ---- one writer per run directory --------------------------------------- */
+
+/* The command line of this process, for the lock's note on who holds it. */
+static void command_line(char *buf, size_t size)
+{
+    snprintf(buf, size, "trainrun");
+    FILE *f = fopen("/proc/self/cmdline", "rb");
+    if (!f)
+        return;
+    size_t n = fread(buf, 1, size - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    for (size_t i = 0; i + 1 < n; i++) /* arguments are NUL-separated */
+        if (!buf[i])
+            buf[i] = ' ';
+}
+
+/* run_dir/trainrun.lock is flock()ed by the one process that writes the run
+ * (rank 0) for as long as it runs.  The kernel drops a flock when its holder
+ * ends, however it ends, so a crash or a SIGKILL leaves nothing stuck; the
+ * file's text only names the holder for the message a second process gets.
+ * Readers (report, export, sample) take no lock. */
+static int lock_run_dir(struct run *r, tr_err *err)
+{
+    const char *dir = r->cfg->run_dir;
+    if (tr_mkdir_p(dir) != 0)
+        return tr_fail(err, "cannot create the run directory %s: %s", dir, strerror(errno));
+    char *path = tr_xasprintf("%s/trainrun.lock", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        int rc = tr_fail(err, "cannot create %s: %s; check the permissions of %s or set run_dir=",
+                         path, strerror(errno), dir);
+        free(path);
+        return rc;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        if (e == EWOULDBLOCK) {
+            char holder[1024];
+            ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
+            holder[n > 0 ? n : 0] = 0;
+            holder[strcspn(holder, "\n")] = 0;
+            close(fd);
+            free(path);
+            return tr_fail(err, "run directory %s is in use by another trainrun (%s); wait for it "
+                           "to finish or stop it, or give this run its own directory (run_dir=...)",
+                           dir, *holder ? holder : "its details are not written yet");
+        }
+        /* a file system without locks (some network mounts): run unguarded */
+        tr_log(TR_LOG_WARN, NULL, "cannot lock %s: %s; nothing stops a second run from writing "
+               "to %s at the same time", path, strerror(e), dir);
+        close(fd);
+        free(path);
+        return TR_OK;
+    }
+    char host[256] = "?", started[64] = "?", cmd[512];
+    gethostname(host, sizeof host);
+    host[sizeof host - 1] = 0;
+    time_t now = time(NULL);
+    struct tm tm;
+    if (gmtime_r(&now, &tm))
+        strftime(started, sizeof started, "%Y-%m-%d %H:%M:%S UTC", &tm);
+    command_line(cmd, sizeof cmd);
+    char *note = tr_xasprintf("pid %ld on %s, started %s: %s\n", (long)getpid(), host, started, cmd);
+    /* the note is a courtesy: failing to write it does not stop the run */
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, note, strlen(note), 0) < 0)
+        tr_log(TR_LOG_WARN, NULL, "cannot write %s: %s", path, strerror(errno));
+    free(note);
+    free(path);
+    r->lock_fd = fd;
+    r->have_lock = 1;
+    return TR_OK;
+}
+
+static void unlock_run_dir(struct run *r)
+{
+    if (!r->have_lock)
+        return;
+    close(r->lock_fd); /* releases the lock */
+    r->have_lock = 0;
+}
 
 /* A stop was requested: alone, as soon as a signal arrives; with other
  * ranks, only what they all agreed at the last step boundary, so every
@@ -335,8 +425,156 @@ static int evaluate(struct run *r, double *val_loss, double *val_accuracy, tr_er
     return TR_OK;
 }
 
-static void progress(struct run *r, double lr, double grad_norm, double elapsed, double tokens,
-                     uint64_t steps_this_run, int quiet)
+/* ---- metrics.jsonl: whole lines or a stop ---------------------------------- */
+
+/* A write to the run directory failed: the message names the file, the
+ * reason and what to do; checkpoints already written are not touched. */
+static int write_failed(const struct run *r, const char *path, int errnum, tr_err *err)
+{
+    int full = errnum == ENOSPC || errnum == EDQUOT;
+    return tr_fail(err, "cannot write %s: %s: %s %s or set run_dir= to a disk with room; the run "
+                   "stops at step %llu and its last saved checkpoint is kept (--resume auto "
+                   "continues from it)", path, strerror(errnum),
+                   full ? "free space on the disk of" : "check the disk of", r->cfg->run_dir,
+                   (unsigned long long)r->step);
+}
+
+/* write(2) until done: 0, or -1 with errno and *done the bytes that landed. */
+static int write_all(int fd, const char *buf, size_t len, size_t *done)
+{
+    *done = 0;
+    while (*done < len) {
+        ssize_t n = write(fd, buf + *done, len - *done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            if (n == 0)
+                errno = EIO;
+            return -1;
+        }
+        *done += (size_t)n;
+    }
+    return 0;
+}
+
+static void metrics_drop(struct run *r)
+{
+    if (r->metrics_open)
+        close(r->metrics_fd);
+    r->metrics_open = 0;
+}
+
+static int trace_failed(const struct run *r, int errnum, tr_err *err)
+{
+    char *path = tr_xasprintf("%s/trace.json", r->cfg->run_dir);
+    write_failed(r, path, errnum, err);
+    free(path);
+    size_t len = strlen(err->msg); /* the trace alone can be given up */
+    snprintf(err->msg + len, sizeof err->msg - len, "; train.trace_every=0 writes no trace");
+    return TR_ERROR;
+}
+
+/* After a failed write: cut the torn line (readers would take it for
+ * damage), close, and say why. */
+static int metrics_failed(struct run *r, int errnum, tr_err *err)
+{
+    if (ftruncate(r->metrics_fd, r->metrics_good) != 0)
+        tr_log(TR_LOG_WARN, NULL, "%s may end in a torn line: %s", r->metrics_path, strerror(errno));
+    metrics_drop(r);
+    return write_failed(r, r->metrics_path, errnum, err);
+}
+
+/* One line of metrics.jsonl, written whole with one write(2) (readers see
+ * whole lines during the run; a kill loses nothing written): a full disk
+ * stops the run rather than leave a silent gap in its record.  No stdio
+ * buffer stands between the line and the error. */
+static int metrics_line(struct run *r, tr_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int metrics_line(struct run *r, tr_err *err, const char *fmt, ...)
+{
+    if (!r->metrics_open)
+        return TR_OK;
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof line)
+        return tr_fail(err, "internal error: a metrics line of %d bytes", n);
+    size_t done;
+    if (write_all(r->metrics_fd, line, (size_t)n, &done) != 0)
+        return metrics_failed(r, errno, err);
+    r->metrics_good += (off_t)n;
+    return TR_OK;
+}
+
+/* Appending after a run that died mid-line: drop the torn line (it is no
+ * record, and a record after it would make the file unreadable). */
+static int end_line(struct run *r, tr_err *err)
+{
+    char tail[65536];
+    off_t size = r->metrics_good, from = size > (off_t)sizeof tail ? size - (off_t)sizeof tail : 0;
+    ssize_t n = pread(r->metrics_fd, tail, (size_t)(size - from), from);
+    if (n <= 0 || tail[n - 1] == '\n')
+        return TR_OK;
+    ssize_t i = n - 1;
+    while (i >= 0 && tail[i] != '\n')
+        i--;
+    if (i < 0 && from > 0) /* a line longer than the tail: none of ours; end it, keep it */
+        return metrics_line(r, err, "\n");
+    off_t keep = from + i + 1;
+    if (ftruncate(r->metrics_fd, keep) != 0)
+        return write_failed(r, r->metrics_path, errno, err);
+    tr_log(TR_LOG_WARN, NULL, "%s ended in a torn line (%lld bytes, from a run that was killed "
+           "mid-write); dropped it", r->metrics_path, (long long)(size - keep));
+    r->metrics_good = keep;
+    return TR_OK;
+}
+
+/* rank 0: metrics.jsonl, appended to when resuming, else started afresh */
+static int open_metrics(struct run *r, int resume, tr_err *err)
+{
+    r->metrics_path = tr_xasprintf("%s/metrics.jsonl", r->cfg->run_dir);
+    /* read too: a resumed run checks how the file ends */
+    int fd = open(r->metrics_path, O_RDWR | O_CREAT | O_CLOEXEC | O_APPEND | (resume ? 0 : O_TRUNC),
+                  0666);
+    if (fd < 0) {
+        tr_log(TR_LOG_WARN, NULL, "cannot write %s: %s; no metrics this run", r->metrics_path,
+               strerror(errno));
+        return TR_OK;
+    }
+    r->metrics_fd = fd;
+    r->metrics_open = 1;
+    off_t end = lseek(fd, 0, SEEK_END);
+    r->metrics_good = end > 0 ? end : 0;
+    return r->metrics_good > 0 ? end_line(r, err) : TR_OK;
+}
+
+/* At the end of the run: everything synced and closed, or an error. */
+static int metrics_close(struct run *r, tr_err *err)
+{
+    if (!r->metrics_open)
+        return TR_OK;
+    if (fsync(r->metrics_fd) != 0)
+        return metrics_failed(r, errno, err);
+    r->metrics_open = 0;
+    return close(r->metrics_fd) == 0 ? TR_OK : write_failed(r, r->metrics_path, errno, err);
+}
+
+/* The end of a run: metrics and trace complete on disk, or the reason not. */
+static int close_outputs(struct run *r, tr_err *err)
+{
+    struct tr_trace *trace = r->trace;
+    r->trace = NULL;
+    int rc = metrics_close(r, err);
+    int e = tr_trace_close(trace);
+    if (e && rc == TR_OK)
+        rc = trace_failed(r, e, err);
+    return rc;
+}
+
+static int progress(struct run *r, double lr, double grad_norm, double elapsed, double tokens,
+                    uint64_t steps_this_run, int quiet, tr_err *err)
 {
     uint64_t steps = (uint64_t)r->cfg->train.steps;
     double per_step = elapsed / (double)(steps_this_run ? steps_this_run : 1);
@@ -359,8 +597,7 @@ static void progress(struct run *r, double lr, double grad_norm, double elapsed,
                 (unsigned long long)r->step, (unsigned long long)steps, r->last_loss, lr, grad_norm,
                 tok_s, extra, wait, eta);
     }
-    if (r->metrics)
-        fprintf(r->metrics,
+    return metrics_line(r, err,
                 "{\"step\": %llu, \"loss\": %.6g, \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens_per_s\": %.1f, "
                 "\"mfu\": %.4g, \"data_wait_pct\": %.2f, \"loss_scale\": %.6g, \"skipped_steps\": %llu, "
                 "\"cost_usd\": %.6g, \"cost_projected_usd\": %.6g, \"elapsed_s\": %.3f}\n",
@@ -647,8 +884,9 @@ static void teardown(struct run *r)
         host_buffer_free(r, r->host_targets);
         tr_backend_close(&r->be);
     }
-    if (r->metrics)
-        fclose(r->metrics);
+    metrics_drop(r);
+    free(r->metrics_path);
+    unlock_run_dir(r); /* last: the run directory is ours until everything is written */
 }
 
 static void summary(struct run *r, double elapsed, double tokens)
@@ -746,6 +984,10 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
     r->cfg = cfg;
     tr_err err = {{0}};
     int code = TR_EXIT_ERROR;
+    /* before anything in run_dir is opened (metrics.jsonl is truncated on a
+     * fresh start): rank 0 writes for the whole job, so it alone locks */
+    if (cfg->rank.rank == 0 && lock_run_dir(r, &err) != TR_OK)
+        goto fail;
     if (setup(r, &err) != TR_OK)
         goto fail;
     if (!flags->quiet && r->rank == 0)
@@ -794,14 +1036,8 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
     if (!r->loader)
         goto fail;
     if (r->rank == 0) { /* one rank reports for the job */
-        char *metrics_path = tr_xasprintf("%s/metrics.jsonl", cfg->run_dir);
-        r->metrics = fopen(metrics_path, flags->resume ? "a" : "w");
-        if (r->metrics) /* a line at a time: reports during the run, nothing lost to a kill */
-            setvbuf(r->metrics, NULL, _IOLBF, 0);
-        else
-            tr_log(TR_LOG_WARN, NULL, "cannot write %s: %s; no metrics this run", metrics_path,
-                   strerror(errno));
-        free(metrics_path);
+        if (open_metrics(r, flags->resume, &err) != TR_OK)
+            goto fail;
     }
     int quiet = flags->quiet || r->rank != 0;
 
@@ -910,7 +1146,9 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
 
         int last = r->step == steps;
         if (r->step % (uint64_t)cfg->train.log_every == 0 || last)
-            progress(r, lr, grad_norm, tr_now() - r->t_start, tokens, r->step - first_step, quiet);
+            if (progress(r, lr, grad_norm, tr_now() - r->t_start, tokens, r->step - first_step,
+                         quiet, &err) != TR_OK)
+                goto fail;
         if (cfg->cost.budget > 0) {
             double dollars = r->cost_before + run_cost(r);
             if (!r->budget_warned && r->rank == 0 && dollars >= cfg->cost.warn_at * cfg->cost.budget) {
@@ -933,9 +1171,10 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
             if (!quiet)
                 fprintf(stderr, "step %6llu | validation loss %.4f | accuracy %.2f%%\n",
                         (unsigned long long)r->step, r->last_val, 100 * accuracy);
-            if (r->metrics)
-                fprintf(r->metrics, "{\"step\": %llu, \"val_loss\": %.6g, \"val_accuracy\": %.6g}\n",
-                        (unsigned long long)r->step, r->last_val, isnan(accuracy) ? -1.0 : accuracy);
+            if (metrics_line(r, &err, "{\"step\": %llu, \"val_loss\": %.6g, \"val_accuracy\": %.6g}\n",
+                             (unsigned long long)r->step, r->last_val,
+                             isnan(accuracy) ? -1.0 : accuracy) != TR_OK)
+                goto fail;
             if (TR_HAS_SLOT(r->schedule, struct tr_schedule_vtable, observe))
                 r->schedule->observe(cfg->schedule.self, r->step, r->last_val);
             if (cfg->early_stop.patience > 0) {
@@ -984,6 +1223,10 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
                    (long long)cfg->early_stop.patience, r->best_val, (unsigned long long)r->best_step);
             break;
         }
+        if (tr_trace_error(r->trace)) {
+            trace_failed(r, tr_trace_error(r->trace), &err);
+            goto fail;
+        }
     }
     if (stopping(r) && r->step < steps) {
         /* preempted: checkpoint now, within the deadline, and exit for requeue */
@@ -999,12 +1242,16 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
         tr_log(TR_LOG_WARN, NULL, "received signal %d: checkpoint of step %llu saved in %.2f s; "
                "exiting with code %d (requeue, then --resume auto)", sig,
                (unsigned long long)r->step, took, TR_EXIT_PREEMPTED);
+        if (close_outputs(r, &err) != TR_OK)
+            goto fail;
         code = TR_EXIT_PREEMPTED;
         goto out;
     }
     if (r->ckpt && tr_checkpointer_wait(r->ckpt, &err) != TR_OK)
         goto fail; /* the final checkpoint did not land */
     if (flags->smoke && r->ckpt && smoke_round_trip(r, &err) != TR_OK)
+        goto fail;
+    if (close_outputs(r, &err) != TR_OK)
         goto fail;
     if (!quiet)
         summary(r, tr_now() - r->t_start, tokens);

@@ -13,6 +13,10 @@ struct tr_trace *tr_trace_open(const char *path, double origin);
 void tr_trace_phase(struct tr_trace *t, const char *name, uint64_t step, double t0, double t1);
 /* The graph's per-op timings of the last forward and backward. */
 void tr_trace_ops(struct tr_trace *t, const struct tr_graph *g, uint64_t step);
-void tr_trace_close(struct tr_trace *t);
+/* The errno of the first write to the trace that failed (a full disk), 0
+ * while all is well: the caller stops rather than keep a torn trace. */
+int tr_trace_error(const struct tr_trace *t);
+/* Ends the JSON, flushes, syncs and closes: 0, or the errno of what failed. */
+int tr_trace_close(struct tr_trace *t);
 
 #endif
