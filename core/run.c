@@ -8,6 +8,9 @@
 #include "loader.h"
 #include "model.h"
 #include "optim.h"
+#include "options.h"
+#include "plugin.h"
+#include "recipe.h"
 #include "safetensors.h"
 #include "topo.h"
 #include "trace.h"
@@ -350,6 +353,32 @@ static int save(struct run *r, uint64_t loader_position, int now, tr_err *err)
     return save_fn(r->ckpt, r->g->params, m, v, &st, err);
 }
 
+/* What to try when the loss or the gradients are not finite, from what the
+ * run is actually doing: no advice to turn on what is already on. */
+static void nonfinite_advice(const struct run *r, char *buf, size_t size)
+{
+    const struct tr_config *cfg = r->cfg;
+    const char *precision = cfg->precision.plugin->info->name;
+    char fp32[128] = "";
+    if (r->policy.compute != TR_F32)
+        snprintf(fp32, sizeof fp32, "train in fp32 (precision = \"fp32\") to see whether %s "
+                 "overflows, ", precision);
+    if (r->opt.applied == 0) { /* the weights are the initial ones: no step size made this */
+        snprintf(buf, size, "no update has been applied yet, so the learning rate is not the "
+                 "cause: %scheck the data for NaN, inf or huge values (data '%s'), and the "
+                 "model's initialisation", fp32, r->data.name);
+    } else if (cfg->optimizer.clip > 0) {
+        snprintf(buf, size, "gradient clipping is already on (optimizer.clip = %g): lower "
+                 "optimizer.lr (now %g) or warm up longer, %sor check the data (data '%s') "
+                 "for NaN, inf or outliers", cfg->optimizer.clip, cfg->optimizer.lr, fp32,
+                 r->data.name);
+    } else {
+        snprintf(buf, size, "lower optimizer.lr (now %g), clip the gradients (optimizer.clip "
+                 "= 1.0), %sor check the data (data '%s') for NaN, inf or outliers",
+                 cfg->optimizer.lr, fp32, r->data.name);
+    }
+}
+
 /* ---- one step ----------------------------------------------------------- */
 
 static int load_micro_batch(struct run *r, struct tr_loader *loader, double *wait, tr_err *err)
@@ -668,6 +697,7 @@ static int choose_micro_batch(struct run *r, tr_err *err)
     int slots = strcmp(cfg->optimizer.type, "adamw") == 0 ? 2 : 1;
     int64_t batch = cfg->train.batch;
     size_t smallest = 0;
+    int recomputing = 0;
     for (int64_t m = batch; m >= 1; m--) {
         if (batch % m != 0)
             continue;
@@ -676,6 +706,7 @@ static int choose_micro_batch(struct run *r, tr_err *err)
             return TR_ERROR;
         tr_graph_measure(g, &r->be, slots);
         size_t total = tr_graph_memory_total(&g->memory);
+        recomputing = g->memory.recompute > 0;
         tr_graph_free(g, NULL);
         smallest = total;
         if ((double)total <= usable) {
@@ -693,8 +724,9 @@ static int choose_micro_batch(struct run *r, tr_err *err)
     tr_format_bytes((double)smallest, a, sizeof a);
     tr_format_bytes(usable, b, sizeof b);
     return tr_fail(err, "auto micro-batch: even a micro-batch of 1 needs %s, more than the %s "
-                   "usable on %s; recompute activations (model.recompute) or use a smaller "
-                   "model", a, b, what);
+                   "usable on %s; %s%suse a smaller model", a, b, what,
+                   recomputing ? "" : "recompute activations (model.recompute) or ",
+                   cfg->train.memory_budget > 0 ? "raise train.memory_budget or " : "");
 }
 
 /* One forward and backward at the chosen size before training: a plan that
@@ -922,10 +954,22 @@ static void summary(struct run *r, double elapsed, double tokens)
             fprintf(stderr, ", $%.2f", per_step * (double)saved * r->usd_per_second);
         fprintf(stderr, ")\n");
     }
-    if (r->t_data > 0.05 * (r->t_data + r->t_compute))
-        fprintf(stderr, "  warning: the step waited for data %.1f%% of the time: raise train.workers "
-                        "or prepare the data into shards\n",
-                100 * r->t_data / (r->t_data + r->t_compute));
+    if (r->t_data > 0.05 * (r->t_data + r->t_compute)) {
+        /* advice for what the run does: no loader threads yet, or more of
+         * them; shards only for text, the one source `trainrun prepare` reads */
+        const struct tr_train_config *t = &r->cfg->train;
+        char advice[160];
+        if (t->workers == 0)
+            snprintf(advice, sizeof advice, "train.workers = 0 reads the data in the step loop: "
+                     "set train.workers = 2 or more");
+        else
+            snprintf(advice, sizeof advice, "raise train.workers (now %lld) or train.prefetch "
+                     "(now %lld)", (long long)t->workers, (long long)t->prefetch);
+        fprintf(stderr, "  warning: the step waited for data %.1f%% of the time: %s%s\n",
+                100 * r->t_data / (r->t_data + r->t_compute), advice,
+                strcmp(r->data.name, "text") == 0 ? ", or prepare the text into token shards "
+                                                    "(trainrun prepare)" : "");
+    }
 }
 
 /* cost.budget reached (this process's view of the dollars spent) */
@@ -1123,9 +1167,10 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
             if (apply == TR_ERROR)
                 goto fail;
         } else if (!finite) {
-            tr_fail(&err, "step %llu: the loss or gradients are not finite (loss %g); lower "
-                    "optimizer.lr, enable clipping (optimizer.clip) or check the data",
-                    (unsigned long long)r->step, r->last_loss);
+            char advice[512];
+            nonfinite_advice(r, advice, sizeof advice);
+            tr_fail(&err, "step %llu: the %s not finite (loss %g); %s", (unsigned long long)r->step,
+                    isfinite(r->last_loss) ? "gradients are" : "loss is", r->last_loss, advice);
             goto fail;
         }
         lr = r->schedule->lr(cfg->schedule.self, r->step, steps, cfg->optimizer.lr);
@@ -1304,24 +1349,77 @@ static int smoke_round_trip(struct run *r, tr_err *err)
     return rc;
 }
 
+/* The smoke run's checkpoints go to a local directory of its own, whatever
+ * the recipe's checkpoint plugin (s3, a plugin of the user's) and its
+ * options (a bucket, a dir): a smoke run needs no bucket or credentials,
+ * and never writes next to, or prunes, the recipe's real checkpoints.
+ * The recipe's own checkpoint options were checked against its plugin when
+ * the recipe was loaded for the memory check. */
+static int smoke_local_checkpoints(struct tr_config *cfg, tr_err *err)
+{
+    struct tr_slot *slot = &cfg->checkpoint;
+    struct tr_plugin *local = tr_plugin_find(&cfg->plugin_path, TR_KIND_CHECKPOINT, "local", err);
+    if (!local)
+        return TR_ERROR;
+    const struct tr_plugin_info *info = local->info;
+    void *config = tr_xcalloc(1, info->config_size ? info->config_size : 1);
+    /* all defaults (dir: <run_dir>/checkpoints); the parsed strings point
+     * into this table, so the recipe's tree keeps it */
+    struct tr_origin def = {TR_FROM_DEFAULT, NULL, 0};
+    struct tr_value *holder = tr_value_new(TR_V_TABLE, "smoke", def);
+    tr_value_put(tr_recipe_root(cfg->recipe), holder);
+    struct tr_schema_use use = {info->options, config};
+    if (tr_options_apply(holder, "checkpoint", "checkpoint 'local'", &use, 1, err) != TR_OK) {
+        free(config);
+        tr_plugin_close(local);
+        return TR_ERROR;
+    }
+    if (strcmp(slot->plugin->info->name, "local") != 0)
+        fprintf(stderr, "smoke: checkpoints go to a scratch directory, not through the recipe's "
+                "'%s' plugin (its options were checked)\n", slot->plugin->info->name);
+    free(slot->config);
+    tr_plugin_close(slot->plugin);
+    slot->plugin = local;
+    slot->config = config;
+    return TR_OK;
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    return remove(path) == 0 ? 0 : 1;
+}
+
 /* What the recipe needs per device at its own micro-batch, measured without
  * allocating it. */
+struct smoke_fit_input {
+    size_t need;                     /* bytes per device */
+    struct tr_memory_report report;
+    double have;                     /* bytes the device offers */
+    char what[128];                  /* the device, in words */
+    int64_t micro_batch;             /* measured at */
+    int is_auto, budget;             /* micro_batch = "auto"; train.memory_budget given */
+};
+
 static int smoke_memory(const char *recipe, const char *const *overrides, int n_overrides,
-                        size_t *need, struct tr_memory_report *report, double *have, char *what,
-                        size_t what_size, tr_err *err)
+                        struct smoke_fit_input *in, tr_err *err)
 {
     struct tr_config cfg;
     int rc = tr_config_load(&cfg, recipe, overrides, n_overrides, err);
     if (rc == TR_OK) {
         struct tr_backend be;
-        struct tr_graph *g = tr_model_build(cfg.recipe, (int)cfg.train.micro_batch, err);
+        /* "auto" picks the largest micro-batch that fits: it fits if 1 does */
+        in->is_auto = cfg.train.auto_micro_batch;
+        in->micro_batch = in->is_auto ? 1 : cfg.train.micro_batch;
+        in->budget = cfg.train.memory_budget > 0;
+        struct tr_graph *g = tr_model_build(cfg.recipe, (int)in->micro_batch, err);
         if (!g || tr_cpu_backend_init(&be, 1) != 0) {
             rc = TR_ERROR;
         } else {
             tr_graph_measure(g, &be, strcmp(cfg.optimizer.type, "adamw") == 0 ? 2 : 1);
-            *report = g->memory;
-            *need = tr_graph_memory_total(&g->memory);
-            *have = device_memory(&cfg, what, what_size);
+            in->report = g->memory;
+            in->need = tr_graph_memory_total(&g->memory);
+            in->have = device_memory(&cfg, in->what, sizeof in->what);
             tr_cpu_backend_free(&be);
         }
         tr_graph_free(g, NULL);
@@ -1332,18 +1430,30 @@ static int smoke_memory(const char *recipe, const char *const *overrides, int n_
 
 /* Does `need` fit the device the recipe targets, with a 10% margin for the
  * allocator and the runtime? */
-static int smoke_fit(size_t need, double have, const char *what)
+static int smoke_fit(const struct smoke_fit_input *in)
 {
     char a[32], b[32];
-    tr_format_bytes((double)need, a, sizeof a);
-    tr_format_bytes(have, b, sizeof b);
-    if ((double)need > 0.9 * have) {
-        fprintf(stderr, "smoke: FAILED: won't fit: the recipe needs %s per device but %s has %s "
-                        "(with a 10%% margin); lower train.micro_batch (or \"auto\"), recompute "
-                        "activations (model.recompute) or use a smaller model\n", a, what, b);
+    tr_format_bytes((double)in->need, a, sizeof a);
+    tr_format_bytes(in->have, b, sizeof b);
+    if ((double)in->need > 0.9 * in->have) {
+        /* only the levers that are not pulled yet */
+        char advice[256] = "", mb[64] = "";
+        if (in->micro_batch > 1)
+            snprintf(advice, sizeof advice, "lower train.micro_batch (or \"auto\"), ");
+        if (!in->report.recompute)
+            snprintf(advice + strlen(advice), sizeof advice - strlen(advice),
+                     "recompute activations (model.recompute), ");
+        if (in->budget)
+            snprintf(advice + strlen(advice), sizeof advice - strlen(advice),
+                     "raise train.memory_budget, ");
+        if (in->is_auto)
+            snprintf(mb, sizeof mb, " at micro-batch 1 (the least \"auto\" picks)");
+        fprintf(stderr, "smoke: FAILED: won't fit: the recipe needs %s per device%s but %s has %s "
+                        "(with a 10%% margin); %sor use a smaller model\n", a, mb, in->what, b,
+                advice);
         return TR_EXIT_ERROR;
     }
-    fprintf(stderr, "smoke: fits %s (%s of %s)\nsmoke: ready to launch\n", what, a, b);
+    fprintf(stderr, "smoke: fits %s (%s of %s)\nsmoke: ready to launch\n", in->what, a, b);
     return TR_EXIT_OK;
 }
 
@@ -1351,26 +1461,26 @@ int tr_smoke(const char *recipe, const char *const *overrides, int n_overrides, 
 {
     tr_err err = {{0}};
     double t0 = tr_now();
-    size_t need = 0;
-    struct tr_memory_report report;
+    struct smoke_fit_input fit;
+    memset(&fit, 0, sizeof fit);
     fprintf(stderr, "smoke: %s\n", recipe);
-    double have = 0;
-    char what[128] = "";
-    if (smoke_memory(recipe, overrides, n_overrides, &need, &report, &have, what, sizeof what,
-                     &err) != TR_OK) {
+    if (smoke_memory(recipe, overrides, n_overrides, &fit, &err) != TR_OK) {
         fprintf(stderr, "smoke: FAILED: %s\n", err.msg);
         return TR_EXIT_ERROR;
     }
     /* the same recipe, made small: CPU, 2 steps of 2 micro-batches of 1 sample */
-    char dir[] = "/tmp/trainrun-smoke.XXXXXX";
+    const char *tmp = getenv("TMPDIR");
+    char *dir = tr_xasprintf("%s/trainrun-smoke.XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(dir)) {
-        fprintf(stderr, "smoke: FAILED: cannot create a scratch directory: %s\n", strerror(errno));
+        fprintf(stderr, "smoke: FAILED: cannot create a scratch directory %s: %s\n", dir,
+                strerror(errno));
+        free(dir);
         return TR_EXIT_ERROR;
     }
     char *run_dir = tr_xasprintf("run_dir=%s", dir);
     const char *smoke[] = {"device=cpu", "train.steps=2", "train.batch=2", "train.micro_batch=1",
                            "train.eval_every=0", "train.eval_batches=1", "train.log_every=1",
-                           "checkpoint.plugin=local", "checkpoint.every=0", "checkpoint.keep=1",
+                           "checkpoint.every=0", "checkpoint.keep=1",
                            "checkpoint.async=false", "early_stop.patience=0", run_dir};
     int n = n_overrides + (int)TR_ARRAY_LEN(smoke);
     const char **all = tr_xcalloc((size_t)n, sizeof *all);
@@ -1380,7 +1490,8 @@ int tr_smoke(const char *recipe, const char *const *overrides, int n_overrides, 
         all[n_overrides + (int)i] = smoke[i];
     struct tr_config cfg;
     int code;
-    if (tr_config_load(&cfg, recipe, all, n, &err) != TR_OK) {
+    if (tr_config_load(&cfg, recipe, all, n, &err) != TR_OK ||
+        smoke_local_checkpoints(&cfg, &err) != TR_OK) {
         fprintf(stderr, "smoke: FAILED: %s\n", err.msg);
         code = TR_EXIT_ERROR;
     } else {
@@ -1390,23 +1501,25 @@ int tr_smoke(const char *recipe, const char *const *overrides, int n_overrides, 
     tr_config_free(&cfg);
     free(all);
     free(run_dir);
-    char *rm = tr_xasprintf("rm -rf '%s'", dir);
-    if (system(rm) != 0)
+    if (nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
         tr_log(TR_LOG_WARN, NULL, "could not remove %s", dir);
-    free(rm);
+    free(dir);
     if (code != TR_EXIT_OK) {
         fprintf(stderr, "smoke: FAILED (the error is above)\n");
         return code;
     }
     char buf[32];
-    tr_format_bytes((double)need, buf, sizeof buf);
+    const struct tr_memory_report *report = &fit.report;
+    double need = (double)fit.need;
+    tr_format_bytes(need, buf, sizeof buf);
     fprintf(stderr, "smoke: 2 steps, checkpoint round trip ok in %.2f s\n", tr_now() - t0);
-    fprintf(stderr, "smoke: the recipe needs %s per device at its micro-batch "
+    fprintf(stderr, "smoke: the recipe needs %s per device at %s "
                     "(activations %.0f%%, parameters+gradients+optimizer %.0f%%)\n", buf,
-            100.0 * (double)(report.activations + report.saved + report.recompute) / (double)need,
-            100.0 * (double)(report.params + report.grads + report.optimizer) / (double)need);
+            fit.is_auto ? "micro-batch 1 (\"auto\" picks the largest that fits)" : "its micro-batch",
+            100.0 * (double)(report->activations + report->saved + report->recompute) / need,
+            100.0 * (double)(report->params + report->grads + report->optimizer) / need);
     (void)quiet;
-    return smoke_fit(need, have, what);
+    return smoke_fit(&fit);
 }
 
 /* ---- sampling ------------------------------------------------------------ */

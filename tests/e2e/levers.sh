@@ -28,6 +28,64 @@ if "$TRAINRUN" --smoke "$C/tiny.lua" device=cuda train.batch=8000000 2> big.txt;
 fi
 grep -q "won't fit" big.txt || { cat big.txt; fail "no won't-fit diagnosis"; }
 
+# a recipe whose checkpoints go to S3: smoke checks its options but runs the round
+# trip in a scratch directory (no bucket, server or credentials needed)
+if [ -f "${TR_PLUGIN_BUILD_DIR:-}/checkpoint_s3.so" ]; then
+  cat > s3.lua <<'EOF'
+return {
+  model = gpt { vocab = 64, ctx = 8, layers = 1, heads = 2, dim = 16 },
+  data = { plugin = "synthetic", kind = "tokens", classes = 64, samples = 512 },
+  train = { steps = 4, batch = 4 },
+  checkpoint = { plugin = "s3", bucket = "team-ckpts", prefix = "runs/x",
+                 endpoint = "http://127.0.0.1:9", every = 100 },
+}
+EOF
+  TRAINRUN_PLUGIN_PATH="$TR_PLUGIN_BUILD_DIR" "$TRAINRUN" --smoke s3.lua 2> s3.txt \
+    || { cat s3.txt; fail "smoke of an s3 recipe"; }
+  grep -q "checkpoints go to a scratch directory, not through the recipe's 's3' plugin" s3.txt \
+    || { cat s3.txt; fail "smoke does not say where its checkpoints went"; }
+  grep -q "smoke: ready to launch" s3.txt || { cat s3.txt; fail "smoke of an s3 recipe is not ready"; }
+  sed -e 's/bucket = /bukket = /' s3.lua > s3typo.lua
+  if TRAINRUN_PLUGIN_PATH="$TR_PLUGIN_BUILD_DIR" "$TRAINRUN" --smoke s3typo.lua 2> s3typo.txt; then
+    fail "smoke passed a misspelt s3 option"
+  fi
+  grep -q "checkpoint 's3': unknown option 'bukket'" s3typo.txt || { cat s3typo.txt; fail "the s3 options were not checked"; }
+else
+  echo "checkpoint_s3.so was not built: the smoke of an s3 recipe is not tried"
+fi
+# the recipe's own checkpoint directory is neither written nor pruned by a smoke run
+"$TRAINRUN" "$C/tiny.lua" train.steps=20 checkpoint.every=10 checkpoint.dir="$PWD/real" run_dir=real-run --quiet
+ls -a real > before.txt
+"$TRAINRUN" --smoke "$C/tiny.lua" checkpoint.dir="$PWD/real" 2> real.txt || { cat real.txt; fail "smoke with a checkpoint.dir"; }
+ls -a real | cmp -s - before.txt || { ls -a real; fail "smoke changed the recipe's checkpoint directory"; }
+# micro_batch = "auto" fits when a micro-batch of 1 does (the whole batch need not)
+"$TRAINRUN" --smoke "$C/tiny.lua" device=cuda train.batch=8000000 train.micro_batch=auto 2> auto-smoke.txt \
+  || { cat auto-smoke.txt; fail "smoke of an auto micro-batch judged the whole batch"; }
+
+# --- the advice for a loss that is not finite fits the run ---------------------------
+set +e
+"$TRAINRUN" "$C/tiny.lua" train.steps=5 optimizer.lr=1e30 optimizer.clip=0 run_dir=nan0 2> nan0.txt
+"$TRAINRUN" "$C/tiny.lua" train.steps=5 optimizer.lr=1e30 optimizer.clip=1 run_dir=nan1 2> nan1.txt
+set -e
+grep -q "step 1: the loss is not finite .*lower optimizer.lr (now 1e+30), clip the gradients (optimizer.clip = 1.0)" nan0.txt \
+  || { cat nan0.txt; fail "no clipping advice without clipping"; }
+grep -q "gradient clipping is already on (optimizer.clip = 1): lower optimizer.lr (now 1e+30)" nan1.txt \
+  || { cat nan1.txt; fail "clipping is on: the advice must not suggest it"; }
+grep -q "clip the gradients" nan1.txt && fail "suggests clipping while clipping is on"
+# features near the top of fp32: the initial weights already give inf, the lr is no cause
+awk 'BEGIN { for (i = 0; i < 64; i++) { for (j = 0; j < 32; j++) printf "3e38,"; print i % 2 } }' > huge.csv
+cat > huge.lua <<'EOF'
+return {
+  model = mlp { inputs = 32, hidden = { 8 }, classes = 2 },
+  data = { plugin = "csv", path = "huge.csv" },
+  train = { steps = 5, batch = 8 },
+}
+EOF
+if "$TRAINRUN" huge.lua run_dir=huge 2> huge.txt; then fail "a run on inf features passed"; fi
+grep -q "step 0: the loss is not finite .*no update has been applied yet, so the learning rate is not the cause: check the data" huge.txt \
+  || { cat huge.txt; fail "step 0 advice"; }
+grep -q "lower optimizer.lr" huge.txt && fail "lowering the lr cannot help at step 0"
+
 # --- auto micro-batch on a memory budget -------------------------------------------------
 # the tiny GPT plans 217 KiB at micro-batch 8 and 364 KiB at 16: a 0.0003 GiB
 # (315 KiB, 283 KiB usable) budget must pick 8 and accumulate 8 micro-batches
