@@ -14,17 +14,52 @@
 #include <luajit.h>
 #include <lualib.h>
 
+#include <ctype.h>
 #include <limits.h>
 #include <math.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 
-/* A recipe that runs longer than this is almost surely looping forever. */
+/* Recipe code is data from a colleague, not a program with the user's
+ * privileges: every evaluation (loading, each model build, each require from
+ * the host) runs under these limits, and hitting one ends it with the file:line
+ * of the recipe code that was running.  Instructions are counted because that
+ * is deterministic; CPU time catches long single library calls; the heap limit
+ * is enforced by the allocator itself, so one huge request (string.rep of a
+ * gigabyte) is refused before any memory is touched. */
 #define TR_RECIPE_INSTRUCTION_LIMIT 50000000L
+#define TR_RECIPE_CPU_SECONDS 5.0
+#define TR_RECIPE_MEMORY_LIMIT ((size_t)1 << 30)
 #define TR_RECIPE_HOOK_EVERY 10000
+/* C stack that nested recipe code (a gsub callback calling gsub, a sort
+ * comparator sorting) may use below the call into it; the main thread has
+ * 8 MiB, and LuaJIT itself has no limit here: without this, a crash. */
+#define TR_RECIPE_C_STACK ((size_t)1 << 20)
 /* Deeper nesting than this in a recipe table is a mistake, not a config. */
 #define TR_RECIPE_MAX_DEPTH 200
+/* A recipe's C tree holds at most this many values (a config, not a data set). */
+#define TR_RECIPE_MAX_VALUES 1000000L
+
+enum stop { STOP_NONE = 0, STOP_TIME, STOP_MEMORY, STOP_DEPTH };
+
+struct sandbox {
+    lua_State *L;
+    char *lua_dir;        /* trainrun's own Lua library: errors there are relocated */
+    const char *fallback; /* where to point when no recipe code is on the stack */
+    size_t heap, heap_limit;
+    int armed;            /* inside an evaluation: limits apply */
+    long used;
+    double cpu_start;
+    uintptr_t stack_base;
+    size_t stack_limit;
+    enum stop stopped;
+    char where[PATH_MAX + 32]; /* "file:line" of the recipe code that hit a limit */
+};
 
 struct tr_recipe {
     lua_State *L;
@@ -32,30 +67,238 @@ struct tr_recipe {
     struct tr_value *root;
     int resolved_ref; /* registry reference to the resolved Lua table */
     int require_ref;  /* registry reference to the loader's require for the host */
+    int locate_ref;   /* registry reference to the error locator (below) */
+    struct sandbox sb;
 };
 
-/* ---- instruction budget ------------------------------------------------- */
+/* ---- limits ----------------------------------------------------------------- */
 
-struct budget {
-    long used;
-    int timed_out;
-};
-
-/* Loading runs on one thread from start to end; the hook finds its budget here. */
-static _Thread_local struct budget *active_budget;
-
-static void count_hook(lua_State *L, lua_Debug *ar)
+static struct sandbox *sandbox_of(lua_State *L)
 {
-    struct budget *b = active_budget;
-    if (!b)
+    void *ud = NULL;
+    lua_getallocf(L, &ud);
+    return ud;
+}
+
+/* Is `path` (a chunk name without "@", or as Lua shortens it in a message,
+ * with a leading "...") a file of trainrun's own Lua library? */
+static int is_library_path(const struct sandbox *s, const char *path, size_t len)
+{
+    if (!s->lua_dir)
+        return 0;
+    size_t dir = strlen(s->lua_dir);
+    if (len >= 3 && strncmp(path, "...", 3) == 0) {
+        const char *tail = path + 3, *base = tail;
+        size_t tlen = len - 3;
+        for (size_t i = 0; i < tlen; i++)
+            if (tail[i] == '/')
+                base = tail + i + 1;
+        char full[PATH_MAX];
+        int n = snprintf(full, sizeof full, "%s/trainrun/%.*s", s->lua_dir, (int)(tlen - (size_t)(base - tail)),
+                         base);
+        return n > 0 && (size_t)n < sizeof full && (size_t)n >= tlen && strncmp(full + n - tlen, tail, tlen) == 0;
+    }
+    return len > dir + 1 && strncmp(path, s->lua_dir, dir) == 0 && path[dir] == '/';
+}
+
+/* "file:line" of the innermost frame at or above `level` that runs recipe
+ * code (not trainrun's own library); 0 if there is none. */
+static int user_location(lua_State *L, const struct sandbox *s, int level, char *buf, size_t size)
+{
+    lua_Debug ar;
+    for (int i = level; lua_getstack(L, i, &ar); i++) {
+        if (!lua_getinfo(L, "Sl", &ar) || ar.currentline <= 0 || ar.source[0] != '@')
+            continue;
+        const char *file = ar.source + 1;
+        if (is_library_path(s, file, strlen(file)))
+            continue;
+        snprintf(buf, size, "%s:%d", file, ar.currentline);
+        return 1;
+    }
+    return 0;
+}
+
+static void note_where(lua_State *L, struct sandbox *s)
+{
+    if (!L || !user_location(L, s, 0, s->where, sizeof s->where))
+        snprintf(s->where, sizeof s->where, "%s", s->fallback ? s->fallback : "recipe");
+}
+
+/* The allocator of every recipe state.  It refuses, rather than grows past
+ * the limit, while an evaluation runs; outside one (the host pushing a few
+ * values) a refusal would be a panic, and nothing grows there. */
+static void *sandbox_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+{
+    struct sandbox *s = ud;
+    size_t old = ptr ? osize : 0;
+    if (nsize == 0) {
+        free(ptr);
+        s->heap -= old;
+        return NULL;
+    }
+    if (s->armed && nsize > old && nsize - old > s->heap_limit - (s->heap < s->heap_limit ? s->heap : s->heap_limit)) {
+        if (s->stopped == STOP_NONE) {
+            s->stopped = STOP_MEMORY;
+            /* An allocation point is a safe point to read the stack at: the
+             * collector, which runs at such points, walks it too. */
+            note_where(s->L, s);
+        }
+        return NULL;
+    }
+    void *p = realloc(ptr, nsize);
+    if (p)
+        s->heap = s->heap - old + nsize;
+    return p;
+}
+
+static double thread_cpu_seconds(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+        return 0;
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* What limit recipe code hit, and where. */
+static void format_stop(const struct sandbox *s, char *buf, size_t size)
+{
+    switch (s->stopped) {
+    case STOP_DEPTH:
+        snprintf(buf, size, "%s: recipe code is nested too deeply (runaway recursion through a library "
+                            "function such as string.gsub or table.sort?)", s->where);
+        break;
+    case STOP_MEMORY:
+        snprintf(buf, size, "%s: recipe code needs more than %zu MiB of memory, the limit for recipes "
+                            "(something growing without end?)", s->where, s->heap_limit >> 20);
+        break;
+    default:
+        snprintf(buf, size, "%s: recipe took too long (infinite loop?); recipe code may run %ld million "
+                            "Lua instructions and %d s of CPU each time it is evaluated",
+                 s->where, TR_RECIPE_INSTRUCTION_LIMIT / 1000000L, (int)TR_RECIPE_CPU_SECONDS);
+    }
+}
+
+static int raise_stop(lua_State *L, struct sandbox *s)
+{
+    char msg[sizeof s->where + 256];
+    format_stop(s, msg, sizeof msg);
+    return luaL_error(L, "%s", msg);
+}
+
+static void limit_hook(lua_State *L, lua_Debug *ar)
+{
+    struct sandbox *s = sandbox_of(L);
+    if (!s->armed)
         return;
-    b->used += TR_RECIPE_HOOK_EVERY;
-    if (b->used <= TR_RECIPE_INSTRUCTION_LIMIT)
+    if (s->stopped != STOP_NONE) { /* hit before and caught by recipe code: end it */
+        raise_stop(L, s);
         return;
-    b->timed_out = 1;
-    if (lua_getinfo(L, "Sl", ar) && ar->currentline > 0)
-        luaL_error(L, "%s:%d: recipe took too long (infinite loop?)", ar->short_src, ar->currentline);
-    luaL_error(L, "recipe took too long (infinite loop?)");
+    }
+    if (ar->event == LUA_HOOKCALL) {
+        char here;
+        uintptr_t sp = (uintptr_t)&here;
+        if (sp < s->stack_base && s->stack_base - sp > s->stack_limit) {
+            s->stopped = STOP_DEPTH;
+            note_where(L, s);
+            raise_stop(L, s);
+        }
+        return;
+    }
+    s->used += TR_RECIPE_HOOK_EVERY;
+    if (s->used > TR_RECIPE_INSTRUCTION_LIMIT || thread_cpu_seconds() - s->cpu_start > TR_RECIPE_CPU_SECONDS) {
+        s->stopped = STOP_TIME;
+        note_where(L, s);
+        raise_stop(L, s);
+    }
+}
+
+/* Length of a leading "path.lua:123: " naming a file of trainrun's library, else 0. */
+static size_t library_location_length(const struct sandbox *s, const char *msg)
+{
+    const char *p = strstr(msg, ".lua:");
+    if (!p || memchr(msg, '\n', (size_t)(p - msg)))
+        return 0;
+    const char *q = p + 5;
+    if (!isdigit((unsigned char)*q))
+        return 0;
+    while (isdigit((unsigned char)*q))
+        q++;
+    if (q[0] != ':' || q[1] != ' ')
+        return 0;
+    return is_library_path(s, msg, (size_t)(p + 4 - msg)) ? (size_t)(q + 2 - msg) : 0;
+}
+
+/* Error handler of every evaluation and of the loader's own protected calls:
+ * a message that trainrun's library raised about a user's value, or a stack
+ * overflow (which LuaJIT reports without a place), gets the file:line of the
+ * innermost recipe code on the stack: the code the user wrote. */
+static int locate_error(lua_State *L)
+{
+    struct sandbox *s = sandbox_of(L);
+    if (lua_type(L, 1) != LUA_TSTRING)
+        return 1;
+    const char *msg = lua_tostring(L, 1);
+    size_t skip = library_location_length(s, msg);
+    int overflow = strncmp(msg, "stack overflow", 14) == 0;
+    if (!skip && !overflow)
+        return 1;
+    char where[PATH_MAX + 32];
+    if (!user_location(L, s, 1, where, sizeof where))
+        lua_pushstring(L, msg + skip);
+    else if (overflow)
+        lua_pushfstring(L, "%s: stack overflow (runaway recursion?)", where);
+    else
+        lua_pushfstring(L, "%s: %s", where, msg + skip);
+    return 1;
+}
+
+static void copy_lua_error(lua_State *L, int rc, tr_err *err);
+
+/* Call the function below its nargs arguments under the limits; on failure
+ * err says what went wrong where, and nothing is left on the stack. */
+static int sandbox_pcall(struct tr_recipe *r, int nargs, int nresults, tr_err *err)
+{
+    lua_State *L = r->L;
+    struct sandbox *s = &r->sb;
+    int fn = lua_gettop(L) - nargs;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, r->locate_ref);
+    lua_insert(L, fn);
+    char base;
+    s->stack_base = (uintptr_t)&base;
+    s->stack_limit = TR_RECIPE_C_STACK;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_STACK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur / 4 < s->stack_limit)
+        s->stack_limit = rl.rlim_cur / 4;
+    s->used = 0;
+    s->cpu_start = thread_cpu_seconds();
+    s->stopped = STOP_NONE;
+    s->armed = 1;
+    /* Interpret only while the hook is on: compiled traces skip hooks. */
+    luaJIT_setmode(L, 0, LUAJIT_MODE_ENGINE | LUAJIT_MODE_OFF);
+    lua_sethook(L, limit_hook, LUA_MASKCOUNT | LUA_MASKCALL, TR_RECIPE_HOOK_EVERY);
+    int rc = lua_pcall(L, nargs, nresults, fn);
+    lua_sethook(L, NULL, 0, 0);
+    luaJIT_setmode(L, 0, LUAJIT_MODE_ENGINE | LUAJIT_MODE_ON);
+    s->armed = 0;
+    lua_remove(L, fn);
+    if (rc == 0) {
+        s->stopped = STOP_NONE;
+        return TR_OK;
+    }
+    if (s->stopped != STOP_NONE) {
+        /* the message recipe code let through may be LuaJIT's bare "not
+         * enough memory": say which limit, where */
+        char msg[sizeof s->where + 256];
+        format_stop(s, msg, sizeof msg);
+        tr_fail(err, "%s", msg);
+        lua_pop(L, 1);
+    } else {
+        copy_lua_error(L, rc, err);
+        lua_pop(L, 1);
+    }
+    s->stopped = STOP_NONE;
+    lua_gc(L, LUA_GCCOLLECT, 0); /* what the failed evaluation built is garbage now */
+    return TR_ERROR;
 }
 
 /* ---- primitives for recipe.lua --------------------------------------------- */
@@ -122,9 +365,11 @@ static int host_suggest(lua_State *L)
     return 1;
 }
 
-static int host_timed_out(lua_State *L)
+/* stopped() -> true once recipe code hit a limit: the sandbox's pcall
+ * passes such errors on instead of catching them. */
+static int host_stopped(lua_State *L)
 {
-    lua_pushboolean(L, active_budget && active_budget->timed_out);
+    lua_pushboolean(L, sandbox_of(L)->stopped != STOP_NONE);
     return 1;
 }
 
@@ -132,7 +377,8 @@ static void push_host(lua_State *L)
 {
     static const luaL_Reg fns[] = {
         {"load_text", host_load_text}, {"realpath", host_realpath}, {"is_file", host_is_file},
-        {"suggest", host_suggest},     {"timed_out", host_timed_out}, {NULL, NULL},
+        {"suggest", host_suggest},     {"stopped", host_stopped},   {"locate", locate_error},
+        {NULL, NULL},
     };
     lua_newtable(L);
     for (const luaL_Reg *f = fns; f->name; f++) {
@@ -176,6 +422,7 @@ struct convert {
     int result_ref;
     const char *top_file;
     struct tr_value *root;
+    long values;
     const void *tables[TR_RECIPE_MAX_DEPTH]; /* tables on the current path, for cycles */
 };
 
@@ -379,6 +626,12 @@ static void convert_table(struct convert *c, int t, struct tr_value *node, const
             continue;
         }
         }
+        if (++c->values > TR_RECIPE_MAX_VALUES) {
+            fail_at(c, &o, child_path, "is one value too many: a recipe holds at most 1000000 values "
+                                       "(it is a configuration; read data through a data plugin)");
+            lua_pop(L, 1);
+            break;
+        }
         struct tr_value *child = tr_value_new(type, key, o);
         if (!child) {
             tr_fail(c->err, "out of memory converting the recipe");
@@ -495,6 +748,15 @@ static void copy_lua_error(lua_State *L, int rc, tr_err *err)
         tr_fail(err, "the recipe raised an error that is not a message");
 }
 
+/* Only an error outside any protected call gets here, which is a bug in
+ * trainrun: say so before LuaJIT exits. */
+static int panic(lua_State *L)
+{
+    fprintf(stderr, "trainrun: internal error: unprotected Lua error: %s\n",
+            lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "(not a message)");
+    return 0;
+}
+
 struct tr_recipe *tr_recipe_load(const char *path, const char *const *overrides, int n_overrides,
                                  const struct tr_recipe_paths *paths, tr_err *err)
 {
@@ -507,7 +769,15 @@ struct tr_recipe *tr_recipe_load(const char *path, const char *const *overrides,
         return NULL;
     }
     struct tr_recipe *r = calloc(1, sizeof *r);
-    if (!r || !(r->path = strdup(path)) || !(r->L = luaL_newstate())) {
+    if (r) {
+        r->sb.heap_limit = paths->memory_limit ? paths->memory_limit : TR_RECIPE_MEMORY_LIMIT;
+        r->sb.lua_dir = strdup(paths->lua_dir);
+        r->path = strdup(path);
+        r->sb.fallback = r->path;
+    }
+    /* the state's allocator keeps the heap within the limit (LuaJIT's GC64
+     * mode, the default on x86-64 and arm64, takes a custom allocator) */
+    if (!r || !r->path || !r->sb.lua_dir || !(r->L = r->sb.L = lua_newstate(sandbox_alloc, &r->sb))) {
         tr_fail(err, "out of memory loading %s", path);
         tr_recipe_free(r);
         return NULL;
@@ -515,7 +785,10 @@ struct tr_recipe *tr_recipe_load(const char *path, const char *const *overrides,
     r->resolved_ref = LUA_NOREF;
     r->require_ref = LUA_NOREF;
     lua_State *L = r->L;
+    lua_atpanic(L, panic);
     luaL_openlibs(L);
+    lua_pushcfunction(L, locate_error);
+    r->locate_ref = luaL_ref(L, LUA_REGISTRYINDEX);
 
     if (push_loader(L, paths->lua_dir, err) != 0) {
         tr_recipe_free(r);
@@ -525,18 +798,7 @@ struct tr_recipe *tr_recipe_load(const char *path, const char *const *overrides,
     lua_remove(L, -2);
     push_host(L);
     push_config(L, path, overrides, n_overrides, paths);
-
-    /* Interpret only while the budget hook is on: compiled traces skip hooks. */
-    struct budget budget = {0, 0};
-    active_budget = &budget;
-    luaJIT_setmode(L, 0, LUAJIT_MODE_ENGINE | LUAJIT_MODE_OFF);
-    lua_sethook(L, count_hook, LUA_MASKCOUNT, TR_RECIPE_HOOK_EVERY);
-    int rc = lua_pcall(L, 2, 3, 0);
-    lua_sethook(L, NULL, 0, 0);
-    luaJIT_setmode(L, 0, LUAJIT_MODE_ENGINE | LUAJIT_MODE_ON);
-    active_budget = NULL;
-    if (rc != 0) {
-        copy_lua_error(L, rc, err);
+    if (sandbox_pcall(r, 2, 3, err) != TR_OK) {
         tr_recipe_free(r);
         return NULL;
     }
@@ -546,7 +808,7 @@ struct tr_recipe *tr_recipe_load(const char *path, const char *const *overrides,
     c.origins_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     r->resolved_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     c.result_ref = r->resolved_ref;
-    rc = lua_cpcall(L, convert_protected, &c);
+    int rc = lua_cpcall(L, convert_protected, &c);
     luaL_unref(L, LUA_REGISTRYINDEX, c.origins_ref);
     if (rc != 0) {
         copy_lua_error(L, rc, err);
@@ -571,6 +833,7 @@ void tr_recipe_free(struct tr_recipe *r)
         lua_close(r->L);
     tr_value_free(r->root);
     free(r->path);
+    free(r->sb.lua_dir);
     free(r);
 }
 
@@ -601,13 +864,14 @@ int tr_recipe_require(struct tr_recipe *r, const char *name, tr_err *err)
     lua_State *L = r->L;
     lua_rawgeti(L, LUA_REGISTRYINDEX, r->require_ref);
     lua_pushstring(L, name);
-    int rc = lua_pcall(L, 1, 1, 0);
-    if (rc != 0) {
-        copy_lua_error(L, rc, err);
-        lua_pop(L, 1);
-        return TR_ERROR;
-    }
-    return TR_OK;
+    return sandbox_pcall(r, 1, 1, err);
+}
+
+int tr_recipe_pcall(struct tr_recipe *r, int nargs, int nresults, tr_err *err)
+{
+    if (!r || !r->L)
+        return tr_fail(err, "internal error: no loaded recipe to run code of");
+    return sandbox_pcall(r, nargs, nresults, err);
 }
 
 /* The origin of the deepest existing table on the path: for a key that is

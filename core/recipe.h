@@ -27,7 +27,15 @@ struct tr_recipe_paths {
     const char *lua_dir;     /* where lua/trainrun/<name>.lua live (for `require "trainrun.x"`) */
     const char *recipe_dir;  /* installed recipes directory, last on the search path */
     const char *extra_lua_dir; /* optional: searched before lua_dir by `require` (tests, development) */
+    size_t memory_limit;     /* bytes of Lua heap recipe code may use; 0: the default, 1 GiB */
 };
+
+/* Recipe code (the recipe files, extends/include, the model builders, any
+ * trainrun.* module) is data from whoever shared the recipe, so every time it
+ * runs it is bounded: 50 million Lua instructions and 5 s of CPU per
+ * evaluation, the heap limit above for the whole state, and 1 MiB of C stack
+ * for nesting through library calls.  Hitting a limit is an error that names
+ * the file:line of the recipe code that was running. */
 
 /* Load, merge, override, convert.  On failure returns NULL and err says
  * "file:line: what is wrong" (or names the override that is malformed). */
@@ -53,5 +61,12 @@ int tr_recipe_origin(struct tr_recipe *r, const char *dotted_path, struct tr_ori
  * TR_OK with the module on top of tr_recipe_lua(r)'s stack, or TR_ERROR
  * with err set and nothing pushed. */
 int tr_recipe_require(struct tr_recipe *r, const char *name, tr_err *err);
+
+/* lua_pcall for the host on tr_recipe_lua(r): the function below nargs
+ * arguments runs under the limits above, JIT off; an error from trainrun's
+ * own Lua library gets the file:line of the recipe code that led to it.
+ * TR_OK with nresults pushed, or TR_ERROR with err set and the function and
+ * arguments popped. */
+int tr_recipe_pcall(struct tr_recipe *r, int nargs, int nresults, tr_err *err);
 
 #endif

@@ -8,7 +8,9 @@ host: primitives from C that plain Lua lacks
   host.realpath(path)        canonical path or nil (to detect cycles)
   host.is_file(path)         true for an existing regular file
   host.suggest(word, list)   closest candidate or nil ("did you mean")
-  host.timed_out()           true once the instruction budget is spent
+  host.stopped()             true once recipe code hit a limit (time, memory, C stack)
+  host.locate(msg)           error handler: gives errors raised in trainrun's own Lua
+                             library, and stack overflows, the file:line of the recipe
 cfg: { path, overrides = {"k.s=v", ...}, lua_dir, extra_lua_dir, recipe_dir, recipe_path }
 
 origins[t][k] = { file, line, cli, text } for every key of every table in the result;
@@ -465,10 +467,10 @@ local function shallow_copy(t)
     return c
 end
 
--- pcall/xpcall that cannot swallow the instruction budget running out.
+-- pcall/xpcall that cannot swallow a limit being hit (time, memory, C stack).
 local function make_protected_calls(host)
     local function check(ok, ...)
-        if not ok and host.timed_out() then
+        if not ok and host.stopped() then
             error((...), 0)
         end
         return ok, ...
@@ -585,7 +587,7 @@ local function load_module(ctx, name)
     end
     setfenv(fn, make_env(ctx, { require = ctx.require }))
     ctx.modules[name] = LOADING
-    local ok, result = pcall(fn, name)
+    local ok, result = xpcall(fn, ctx.host.locate, name)
     if not ok then
         ctx.modules[name] = nil
         error(result, 0)
@@ -790,9 +792,9 @@ end
 
 -- Model builders often raise plain messages ("gpt: option 'ctx' is
 -- required"); give those the recipe line that called the builder.
-local function with_caller_line(fn)
+local function with_caller_line(fn, locate)
     return function(...)
-        local r = pack(pcall(fn, ...))
+        local r = pack(xpcall(fn, locate, ...))
         if r[1] then
             return unpack(r, 2, r.n)
         end
@@ -810,7 +812,7 @@ end
 local function recipe_env(ctx, file)
     local extras = {}
     for k, v in pairs(ctx.models) do
-        extras[k] = type(v) == "function" and with_caller_line(v) or v
+        extras[k] = type(v) == "function" and with_caller_line(v, ctx.host.locate) or v
     end
     extras.include = make_include(ctx, file)
     extras.require = ctx.require
@@ -860,7 +862,7 @@ resolve = function(ctx, path, how, from)
     local real = check_cycle(ctx, path, how, from)
     local depth = #ctx.stack
     ctx.stack[depth + 1] = { real = real, display = path }
-    local ok, result = pcall(resolve_file, ctx, path)
+    local ok, result = xpcall(resolve_file, ctx.host.locate, ctx, path)
     for i = #ctx.stack, depth + 1, -1 do
         ctx.stack[i] = nil
     end
