@@ -28,8 +28,8 @@ static void usage(FILE *out)
             "usage: trainrun [run] RECIPE.lua [key.sub=value ...] [--resume auto|never] [--quiet]\n"
             "       trainrun RECIPE.lua procs=N | gpus=N         N data-parallel ranks on this machine\n"
             "                                                    (docs/scale-out.md for clusters)\n"
-            "       trainrun --smoke RECIPE.lua [key=value ...]  2 CPU steps, a checkpoint round trip,\n"
-            "                                                    and whether the full batch fits\n"
+            "       trainrun --smoke RECIPE.lua [key=value ...]  2 CPU steps, a checkpoint round trip\n"
+            "                                                    (in a scratch dir), whether the batch fits\n"
             "       trainrun show RECIPE.lua [key=value ...]   resolved recipe, with where each value came from\n"
             "       trainrun plan RECIPE.lua [key=value ...] [gpus=N]  memory, FLOPs, time and cost,\n"
             "                                                    without running\n"
@@ -55,6 +55,8 @@ static void usage(FILE *out)
             "recipe runs no code of its own (README: Sharing recipes safely).\n"
             "Environment: TRAINRUN_PLUGIN_PATH (more plugin dirs), TRAINRUN_RECIPE_PATH (dirs for\n"
             "extends/include), TRAINRUN_PRECISION (default precision policy).\n"
+            "A run locks its run_dir (run_dir/trainrun.lock): a second run there refuses and\n"
+            "names the first; the lock ends with the process, however it ends.\n"
             "Exit codes: 0 done, 1 error, 2 usage, %d preempted (checkpoint saved; requeue with\n"
             "--resume auto).\n",
             TR_EXIT_PREEMPTED);
