@@ -161,14 +161,17 @@ static void cpu_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
         tr_cpu_add_backward(T(0)->grad, T(1)->grad, dout, OUT->numel);
         break;
     case TR_OP_LINEAR: {
-        const float *x = F(T(0)), *w = F(T(1));
+        const float *x = F(T(0)), *w = F(T(1)), *gemm_dout = dout;
         if (half_gemm(g)) {
             x = rounded(g, g->scratch, x, T(0)->numel);
             w = rounded(g, g->scratch + T(0)->numel, w, T(1)->numel);
-            dout = rounded(g, g->scratch + T(0)->numel + T(1)->numel, dout, OUT->numel);
+            gemm_dout = rounded(g, g->scratch + T(0)->numel + T(1)->numel, dout, OUT->numel);
         }
-        tr_cpu_linear_backward(T(0)->grad, T(1)->grad, n->n_in == 3 ? T(2)->grad : NULL, dout, x,
-                               w, rows(T(0)), cols(T(0)), (int)T(1)->shape[0]);
+        tr_cpu_linear_backward(T(0)->grad, T(1)->grad, NULL, gemm_dout, x, w, rows(T(0)),
+                               cols(T(0)), (int)T(1)->shape[0]);
+        /* from the fp32 dout, whatever the GEMM inputs (kernels.h) */
+        if (n->n_in == 3 && T(2)->grad)
+            tr_cpu_linear_bias_backward(T(2)->grad, dout, rows(T(0)), (int)T(1)->shape[0]);
         break;
     }
     case TR_OP_MATMUL: {

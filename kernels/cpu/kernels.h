@@ -35,6 +35,10 @@ void tr_cpu_linear_forward(float *out, const float *inp, const float *w, const f
 /* dinp += dout @ w;  dw += dout^T @ inp;  dbias += sum over rows of dout */
 void tr_cpu_linear_backward(float *dinp, float *dw, float *dbias, const float *dout,
                             const float *inp, const float *w, int N, int IC, int OC);
+/* dbias[OC] += sum over the N rows of dout[N,OC].  The bias gradient is a
+ * sum, not a product: every backend takes it from the fp32 dout, also when
+ * the GEMMs get 16-bit inputs (the CUDA backend's cuda_bias_backward too). */
+void tr_cpu_linear_bias_backward(float *dbias, const float *dout, int N, int OC);
 
 /* ---- batched matmul: out[b] = a[b] @ op(bm[b]); a[b]: M x K; op(bm[b]): K x N;
  * trans_b: bm[b] is stored N x K.  `batch` independent products. */

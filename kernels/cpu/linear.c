@@ -33,24 +33,28 @@ void tr_cpu_linear_backward(float *dinp, float *dw, float *dbias, const float *d
     /* dw[OC,IC] += dout[N,OC]^T @ inp[N,IC] */
     if (dw != NULL)
         tr_cpu_sgemm(1, 0, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
-    if (dbias != NULL) {
-        /* Column sums over rows.  Each block of columns belongs to one thread
-         * and sums the rows in order, so the result does not depend on the
-         * thread count; the inner loop runs along a contiguous row. */
-        int blocks = (OC + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
+    if (dbias != NULL)
+        tr_cpu_linear_bias_backward(dbias, dout, N, OC);
+}
+
+void tr_cpu_linear_bias_backward(float *dbias, const float *dout, int N, int OC)
+{
+    /* Column sums over rows.  Each block of columns belongs to one thread and
+     * sums the rows in order, so the result does not depend on the thread
+     * count; the inner loop runs along a contiguous row. */
+    int blocks = (OC + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
 #pragma omp parallel for schedule(static)
-        for (int blk = 0; blk < blocks; blk++) {
-            int o0 = blk * COLUMN_BLOCK;
-            int width = OC - o0 < COLUMN_BLOCK ? OC - o0 : COLUMN_BLOCK;
-            float sum[COLUMN_BLOCK] = {0};
-            for (int n = 0; n < N; n++) {
-                const float *row = dout + (size_t)n * OC + o0;
-                for (int j = 0; j < width; j++)
-                    sum[j] += row[j];
-            }
+    for (int blk = 0; blk < blocks; blk++) {
+        int o0 = blk * COLUMN_BLOCK;
+        int width = OC - o0 < COLUMN_BLOCK ? OC - o0 : COLUMN_BLOCK;
+        float sum[COLUMN_BLOCK] = {0};
+        for (int n = 0; n < N; n++) {
+            const float *row = dout + (size_t)n * OC + o0;
             for (int j = 0; j < width; j++)
-                dbias[o0 + j] += sum[j];
+                sum[j] += row[j];
         }
+        for (int j = 0; j < width; j++)
+            dbias[o0 + j] += sum[j];
     }
 }
 

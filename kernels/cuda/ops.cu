@@ -478,6 +478,8 @@ void cuda_add_bias(struct cuda_context *c, int dt, void *out, const void *bias, 
 }
 
 /* ---- bias gradient: dbias[oc] += sum over rows of dout[:, oc] ------------ */
+/* from the fp32 dout, also when the GEMMs take 16-bit inputs: the definition
+ * both backends share (tr_cpu_linear_bias_backward, kernels/cpu/kernels.h) */
 
 enum { BIAS_ROWS_PER_PART = 64, BIAS_MAX_PARTS = 64 };
 
