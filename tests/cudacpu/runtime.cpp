@@ -1,0 +1,791 @@
+/*
+ * cudacpu's runtime: memory, streams and events as plain host calls (every
+ * copy and kernel runs at once, in call order), and kernel launches that run
+ * each CUDA thread of a block as a fiber.
+ *
+ * Scheduling: the threads of one block are fibers on this OS thread; the
+ * blocks of a grid run one after another.  A fiber runs until it exits or
+ * waits: at __syncthreads (until every thread of the block that has not
+ * exited is there) or in a warp operation (until every lane its mask names
+ * has made the same call).  The last thread to arrive completes the
+ * operation for all and carries on; the scheduler then resumes the others in
+ * thread order.  Because lanes are not lock-stepped, code that relies on
+ * implicit warp synchrony instead of a mask is not given it: that is the
+ * behaviour CUDA promises since Volta, and what catches a missing sync.
+ *
+ * What stops a kernel (it reports once, names the kernel, the launch site
+ * and the block, and the launch error is sticky, as a device fault is):
+ * a lane that exited while its warp waits for it in a warp operation, a
+ * mask that leaves out its own lane or names lanes that do not exist, a
+ * shuffle that reads a lane outside its mask, lanes disagreeing on the
+ * operation, a deadlock, a write past the dynamic shared memory, and launch
+ * configurations a GPU refuses (block size, grid size, dynamic shared memory
+ * above the default 48 KiB or above what cudaFuncSetAttribute allowed).
+ *
+ * Fibers: ucontext creates them; on x86-64 a register-only switch replaces
+ * swapcontext, which makes a signal-mask system call per switch (a warp
+ * shuffle switches every lane twice).  Stacks are 64 KiB with a guard page.
+ */
+#include <cuda_runtime.h>
+
+#include <errno.h>
+#include <mutex>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+namespace cudacpu {
+thread_slot *current;
+uint3 block_idx;
+dim3 block_dim, grid_dim;
+} // namespace cudacpu
+
+using namespace cudacpu;
+
+namespace {
+
+/* the GPU emulated: sm_80 limits (A100), the oldest the backend targets */
+constexpr size_t SMEM_DEFAULT = 48 * 1024;
+constexpr size_t SMEM_OPTIN = 166912;
+constexpr size_t SMEM_REGION = 256 * 1024; /* >= SMEM_OPTIN, a page multiple */
+constexpr size_t SMEM_GUARD = 64 * 1024;
+constexpr size_t STACK_BYTES = 64 * 1024;
+constexpr int MAX_THREADS = 1024;
+constexpr int MAX_REPORTS = 20;
+
+/* ---- errors ---------------------------------------------------------------- */
+
+cudaError_t last_error = cudaSuccess;
+cudaError_t sticky_error = cudaSuccess; /* a kernel failed: the context is unusable */
+int reports;
+
+void set_error(cudaError_t e)
+{
+    if (last_error == cudaSuccess)
+        last_error = e;
+}
+
+/* ---- fibers ------------------------------------------------------------------ */
+
+enum fiber_state { IDLE, RUNNABLE, AT_BARRIER, AT_WARP, EXITED };
+
+struct fiber {
+    thread_slot slot;
+    int state, tid;
+    const char *file; /* where it waits */
+    int line;
+    warp_kind kind;
+    unsigned mask;
+    uint64_t result;
+    char *stack; /* lowest address, the guard page */
+#if defined(__x86_64__)
+    void *sp;
+#else
+    ucontext_t uc;
+#endif
+};
+
+fiber *pool[MAX_THREADS];
+int pool_size;
+fiber *running;
+#if defined(__x86_64__)
+void *scheduler_sp;
+#else
+ucontext_t scheduler_uc;
+#endif
+
+void fiber_main(void);
+
+#if defined(__x86_64__)
+/* switch(save, to): push the callee-saved registers, store the stack
+ * pointer in *save, load `to`, pop and return into the other context */
+extern "C" void cudacpu_switch(void **save, void *to);
+asm(".text\n"
+    ".p2align 4\n"
+    ".type cudacpu_switch,@function\n"
+    "cudacpu_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n"
+    "  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size cudacpu_switch, .-cudacpu_switch\n");
+
+void fiber_reset(fiber *f)
+{
+    /* a fresh stack that "returns" into fiber_main with the ABI's alignment */
+    uintptr_t top = ((uintptr_t)f->stack + STACK_BYTES) & ~(uintptr_t)15;
+    void **sp = (void **)top;
+    *--sp = NULL;                     /* fiber_main's return address: never used */
+    *--sp = (void *)fiber_main;       /* popped by ret */
+    for (int i = 0; i < 6; i++)
+        *--sp = NULL;                 /* rbp, rbx, r12-r15 */
+    f->sp = sp;
+    f->state = IDLE;
+}
+void enter(fiber *f) { cudacpu_switch(&scheduler_sp, f->sp); }
+void leave(fiber *f) { cudacpu_switch(&f->sp, scheduler_sp); }
+#else
+void fiber_reset(fiber *f)
+{
+    getcontext(&f->uc);
+    f->uc.uc_stack.ss_sp = f->stack + getpagesize();
+    f->uc.uc_stack.ss_size = STACK_BYTES - getpagesize();
+    f->uc.uc_link = NULL;
+    makecontext(&f->uc, fiber_main, 0);
+    f->state = IDLE;
+}
+void enter(fiber *f) { swapcontext(&scheduler_uc, &f->uc); }
+void leave(fiber *f) { swapcontext(&f->uc, &scheduler_uc); }
+#endif
+
+fiber *fiber_new(int tid)
+{
+    fiber *f = (fiber *)calloc(1, sizeof *f);
+    void *stack = mmap(NULL, STACK_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (!f || stack == MAP_FAILED) {
+        fprintf(stderr, "cudacpu: cannot allocate a fiber stack: %s\n", strerror(errno));
+        abort();
+    }
+    mprotect(stack, (size_t)getpagesize(), PROT_NONE); /* an overflow faults */
+    f->stack = (char *)stack;
+    f->tid = tid;
+    fiber_reset(f);
+    return f;
+}
+
+/* ---- the launch running now ------------------------------------------------ */
+
+struct warp_group {
+    unsigned mask, arrived;
+    warp_kind kind;
+    const char *file;
+    int line;
+    uint64_t value[32];
+    int arg[32], width[32];
+};
+enum { GROUPS = 8 };
+struct warp_state {
+    warp_group group[GROUPS];
+    int n;
+};
+
+struct launch_state {
+    const char *name, *file;
+    int line;
+    void (*body)(void *);
+    void *closure;
+    int threads, exited, at_barrier;
+    const char *barrier_file;
+    int barrier_line;
+    warp_state warps[MAX_THREADS / 32];
+    bool failed;
+    unsigned long generation; /* of the block, for shared memory */
+} L;
+
+std::mutex launch_lock;
+char *smem_arena;           /* SMEM_REGION + SMEM_GUARD + a PROT_NONE page */
+size_t smem_bytes;          /* of this launch, rounded up to 16 */
+unsigned long smem_generation; /* the block that filled it */
+
+const char *kind_name(warp_kind k)
+{
+    static const char *names[] = {"__shfl_sync", "__shfl_xor_sync", "__shfl_up_sync",
+                                  "__shfl_down_sync", "__ballot_sync", "__any_sync",
+                                  "__all_sync", "__syncwarp"};
+    return names[k];
+}
+
+/* Stops the kernel: reports, makes the error sticky, and (from a fiber)
+ * returns to the scheduler for good. */
+void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void fail(const char *fmt, ...)
+{
+    if (reports++ < MAX_REPORTS) {
+        char msg[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        fprintf(stderr, "cudacpu: %s (launched at %s:%d), block (%u,%u,%u): %s\n", L.name, L.file,
+                L.line, block_idx.x, block_idx.y, block_idx.z, msg);
+    }
+    L.failed = true;
+    sticky_error = cudaErrorLaunchFailure;
+    set_error(cudaErrorLaunchFailure);
+    if (running) {
+        fiber *f = running;
+        leave(f); /* never resumed: the launch resets its fibers */
+    }
+}
+
+/* a refused launch: reported, not sticky (as on a GPU) */
+void refuse(cudaError_t e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void refuse(cudaError_t e, const char *fmt, ...)
+{
+    if (reports++ < MAX_REPORTS) {
+        char msg[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        fprintf(stderr, "cudacpu: %s (launched at %s:%d): launch refused: %s\n", L.name, L.file,
+                L.line, msg);
+    }
+    set_error(e);
+}
+
+void release_barrier(void)
+{
+    for (int t = 0; t < L.threads; t++)
+        if (pool[t]->state == AT_BARRIER)
+            pool[t]->state = RUNNABLE;
+    L.at_barrier = 0;
+}
+
+void fiber_main(void)
+{
+    for (;;) {
+        L.body(L.closure);
+        fiber *f = running;
+        f->state = EXITED;
+        L.exited++;
+        /* lanes of its warp that wait for it never get it */
+        int lane = f->tid & 31;
+        warp_state *w = &L.warps[f->tid >> 5];
+        for (int g = 0; g < w->n; g++)
+            if ((w->group[g].mask >> lane & 1u) && !(w->group[g].arrived >> lane & 1u))
+                fail("thread %d (lane %d of warp %d) exited, but lanes 0x%08x of its warp wait "
+                     "for it in %s(0x%08x) at %s:%d", f->tid, lane, f->tid >> 5,
+                     w->group[g].arrived, kind_name(w->group[g].kind), w->group[g].mask,
+                     w->group[g].file, w->group[g].line);
+        if (L.at_barrier > 0 && L.at_barrier + L.exited == L.threads)
+            release_barrier();
+        leave(f);
+    }
+}
+
+/* what thread t is doing, for reports */
+void describe(int t, char *buf, size_t size)
+{
+    const fiber *f = pool[t];
+    switch (f->state) {
+    case EXITED:
+        snprintf(buf, size, "thread %d has exited", t);
+        break;
+    case AT_BARRIER:
+        snprintf(buf, size, "thread %d waits at __syncthreads at %s:%d", t, f->file, f->line);
+        break;
+    case AT_WARP:
+        snprintf(buf, size, "thread %d waits in %s(0x%08x) at %s:%d", t, kind_name(f->kind),
+                 f->mask, f->file, f->line);
+        break;
+    default:
+        snprintf(buf, size, "thread %d is runnable", t);
+    }
+}
+
+void report_deadlock(void)
+{
+    char a[256], b[256];
+    /* a warp operation missing a lane that waits elsewhere */
+    for (int w = 0; w * 32 < L.threads; w++)
+        for (int g = 0; g < L.warps[w].n; g++) {
+            const warp_group *grp = &L.warps[w].group[g];
+            unsigned missing = grp->mask & ~grp->arrived;
+            int lane = __builtin_ctz(missing);
+            describe(w * 32 + lane, b, sizeof b);
+            fail("deadlock: lanes 0x%08x of warp %d wait in %s(0x%08x) at %s:%d for lane %d, "
+                 "but %s", grp->arrived, w, kind_name(grp->kind), grp->mask, grp->file,
+                 grp->line, lane, b);
+            return;
+        }
+    for (int t = 0; t < L.threads; t++)
+        if (pool[t]->state == AT_BARRIER)
+            for (int u = 0; u < L.threads; u++)
+                if (pool[u]->state != AT_BARRIER && pool[u]->state != EXITED) {
+                    describe(t, a, sizeof a);
+                    describe(u, b, sizeof b);
+                    fail("deadlock: %s, but %s", a, b);
+                    return;
+                }
+    fail("deadlock: no thread can run");
+}
+
+void check_guard(void)
+{
+    const unsigned char *g = (const unsigned char *)smem_arena + SMEM_REGION;
+    for (size_t i = 0; i < SMEM_GUARD; i++)
+        if (g[i] != 0xff) {
+            fail("wrote past the end of its %zu bytes of dynamic shared memory (first at byte "
+                 "%zu after it): the launch's smem argument is smaller than what the kernel uses",
+                 smem_bytes, i);
+            return;
+        }
+}
+
+void run_block(void)
+{
+    L.generation++;
+    L.exited = 0;
+    L.at_barrier = 0;
+    for (int w = 0; w * 32 < L.threads; w++)
+        L.warps[w].n = 0;
+    for (int t = 0; t < L.threads; t++) {
+        fiber *f = pool[t];
+        f->slot.idx.x = (unsigned)t % block_dim.x;
+        f->slot.idx.y = (unsigned)t / block_dim.x % block_dim.y;
+        f->slot.idx.z = (unsigned)t / (block_dim.x * block_dim.y);
+        f->state = RUNNABLE;
+    }
+    while (L.exited < L.threads && !L.failed) {
+        bool progress = false;
+        for (int t = 0; t < L.threads && !L.failed; t++)
+            if (pool[t]->state == RUNNABLE) {
+                running = pool[t];
+                current = &pool[t]->slot;
+                pool[t]->state = IDLE; /* until it waits or exits */
+                enter(pool[t]);
+                progress = true;
+            }
+        running = NULL;
+        if (!progress && !L.failed)
+            report_deadlock();
+    }
+    running = NULL;
+    if (!L.failed && smem_generation == L.generation)
+        check_guard();
+    for (int t = 0; t < L.threads; t++) /* IDLE after an exit; mid-kernel after a failure */
+        if (pool[t]->state != EXITED || L.failed)
+            fiber_reset(pool[t]);
+        else
+            pool[t]->state = IDLE;
+}
+
+int lane_of(const fiber *f) { return f->tid & 31; }
+
+} // namespace
+
+/* ---- synchronisation ------------------------------------------------------------ */
+
+void cudacpu::syncthreads(const char *file, int line)
+{
+    fiber *f = running;
+    f->file = file;
+    f->line = line;
+    L.at_barrier++;
+    if (L.at_barrier + L.exited == L.threads) {
+        release_barrier();
+        return;
+    }
+    f->state = AT_BARRIER;
+    leave(f);
+}
+
+uint64_t cudacpu::warp_op(warp_kind kind, unsigned mask, uint64_t value, int arg, int width,
+                          const char *file, int line)
+{
+    fiber *f = running;
+    int lane = lane_of(f), w = f->tid >> 5;
+    int lanes = L.threads - w * 32 < 32 ? L.threads - w * 32 : 32;
+    unsigned exist = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u;
+    const char *op = kind_name(kind);
+    if (!(mask >> lane & 1u))
+        fail("thread %d (lane %d of warp %d) calls %s(0x%08x) at %s:%d, a mask without its own "
+             "lane", f->tid, lane, w, op, mask, file, line);
+    if (mask & ~exist)
+        fail("%s(0x%08x) at %s:%d names lanes that do not exist (warp %d has %d lanes: blocks "
+             "of %d threads)", op, mask, file, line, w, lanes, L.threads);
+    if (width < 1 || width > 32 || (width & (width - 1)))
+        fail("%s at %s:%d: width %d is not a power of two up to 32", op, file, line, width);
+    for (int l = 0; l < lanes; l++)
+        if ((mask >> l & 1u) && pool[w * 32 + l]->state == EXITED)
+            fail("thread %d (lane %d of warp %d) calls %s(0x%08x) at %s:%d, but lane %d of its "
+                 "mask has exited", f->tid, lane, w, op, mask, file, line, l);
+    warp_state *ws = &L.warps[w];
+    warp_group *g = NULL;
+    for (int i = 0; i < ws->n && !g; i++) {
+        warp_group *o = &ws->group[i];
+        if (o->mask == mask)
+            g = o;
+        else if (o->mask & mask)
+            fail("lanes disagree: lanes 0x%08x of warp %d wait in %s(0x%08x) at %s:%d, while "
+                 "lane %d calls %s(0x%08x) at %s:%d", o->arrived, w, kind_name(o->kind), o->mask,
+                 o->file, o->line, lane, op, mask, file, line);
+    }
+    if (!g) {
+        if (ws->n == GROUPS)
+            fail("more than %d warp operations with different masks wait at once", GROUPS);
+        g = &ws->group[ws->n++];
+        g->mask = mask;
+        g->arrived = 0;
+        g->kind = kind;
+        g->file = file;
+        g->line = line;
+    } else if (g->kind != kind) {
+        fail("lanes disagree: lanes 0x%08x of warp %d wait in %s at %s:%d, while lane %d calls "
+             "%s at %s:%d", g->arrived, w, kind_name(g->kind), g->file, g->line, lane, op, file,
+             line);
+    }
+    g->value[lane] = value;
+    g->arg[lane] = arg;
+    g->width[lane] = width;
+    g->arrived |= 1u << lane;
+    if (g->arrived != mask) {
+        f->state = AT_WARP;
+        f->kind = kind;
+        f->mask = mask;
+        f->file = file;
+        f->line = line;
+        leave(f);
+        return f->result;
+    }
+    /* every lane is here: compute all the results */
+    unsigned votes = 0;
+    for (int l = 0; l < 32; l++)
+        if ((mask >> l & 1u) && g->value[l])
+            votes |= 1u << l;
+    uint64_t mine = 0;
+    for (int l = 0; l < 32; l++) {
+        if (!(mask >> l & 1u))
+            continue;
+        uint64_t r = 0;
+        int wd = g->width[l], seg = l & ~(wd - 1), src = l;
+        switch (kind) {
+        case W_SHFL: src = seg + (g->arg[l] & (wd - 1)); break;
+        case W_SHFL_XOR: src = l ^ g->arg[l]; src = src >= seg + wd || src < seg ? l : src; break;
+        case W_SHFL_UP: src = l - g->arg[l]; src = src < seg ? l : src; break;
+        case W_SHFL_DOWN: src = l + g->arg[l]; src = src >= seg + wd ? l : src; break;
+        case W_BALLOT: r = votes; break;
+        case W_ANY: r = votes != 0; break;
+        case W_ALL: r = votes == mask; break;
+        case W_SYNCWARP: break;
+        }
+        if (kind <= W_SHFL_DOWN) {
+            if (src != l && !(mask >> src & 1u))
+                fail("thread %d (lane %d of warp %d) reads lane %d in %s(0x%08x) at %s:%d: "
+                     "lane %d is outside the mask, so its value is undefined", w * 32 + l, l, w,
+                     src, kind_name(kind), mask, g->file, g->line, src);
+            r = g->value[src];
+        }
+        if (l == lane)
+            mine = r;
+        else {
+            pool[w * 32 + l]->result = r;
+            pool[w * 32 + l]->state = RUNNABLE;
+        }
+    }
+    *g = ws->group[--ws->n]; /* remove it */
+    return mine;
+}
+
+/* ---- shared memory --------------------------------------------------------------- */
+
+void *cudacpu::dynamic_shared(void)
+{
+    char *base = smem_arena + SMEM_REGION - smem_bytes;
+    if (smem_generation != L.generation) {
+        memset(base, 0xff, smem_bytes + SMEM_GUARD); /* NaN as float and double */
+        smem_generation = L.generation;
+    }
+    return base;
+}
+
+void cudacpu::shared_static(void *p, size_t bytes, unsigned long *generation)
+{
+    if (*generation != L.generation) {
+        memset(p, 0xff, bytes);
+        *generation = L.generation;
+    }
+}
+
+/* ---- launches ---------------------------------------------------------------------- */
+
+namespace {
+struct attribute {
+    const void *fn;
+    int max_dynamic_smem;
+};
+attribute attributes[256];
+int n_attributes;
+
+int smem_allowed(const void *fn)
+{
+    for (int i = 0; i < n_attributes; i++)
+        if (attributes[i].fn == fn)
+            return attributes[i].max_dynamic_smem;
+    return -1;
+}
+} // namespace
+
+cudaError_t cudacpu::func_set_attribute(const void *fn, cudaFuncAttribute attr, int value)
+{
+    std::lock_guard<std::mutex> hold(launch_lock);
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize)
+        return cudaSuccess;
+    if (value < 0 || (size_t)value > SMEM_OPTIN) {
+        set_error(cudaErrorInvalidValue);
+        return cudaErrorInvalidValue;
+    }
+    for (int i = 0; i < n_attributes; i++)
+        if (attributes[i].fn == fn) {
+            attributes[i].max_dynamic_smem = value;
+            return cudaSuccess;
+        }
+    if (n_attributes == 256)
+        return cudaErrorNotSupported;
+    attributes[n_attributes++] = attribute{fn, value};
+    return cudaSuccess;
+}
+
+void cudacpu::run_grid(const void *fn, const char *name, const char *file, int line,
+                       const config &c, void (*body)(void *), void *closure)
+{
+    std::lock_guard<std::mutex> hold(launch_lock);
+    L.name = name;
+    L.file = file;
+    L.line = line;
+    if (sticky_error != cudaSuccess) /* a kernel failed earlier: nothing runs any more */
+        return;
+    if (running) {
+        refuse(cudaErrorNotSupported, "a launch from inside a kernel");
+        return;
+    }
+    const dim3 &g = c.grid, &b = c.block;
+    unsigned long threads = (unsigned long)b.x * b.y * b.z;
+    if (threads == 0 || threads > MAX_THREADS || b.z > 64) {
+        refuse(cudaErrorInvalidConfiguration, "block (%u,%u,%u): blocks have 1 to 1024 threads, "
+               "z at most 64", b.x, b.y, b.z);
+        return;
+    }
+    if (g.x == 0 || g.y == 0 || g.z == 0 || g.x > 0x7fffffffu || g.y > 65535 || g.z > 65535) {
+        refuse(cudaErrorInvalidConfiguration, "grid (%u,%u,%u): each dimension must be at least "
+               "1 (x at most 2^31-1, y and z at most 65535)", g.x, g.y, g.z);
+        return;
+    }
+    int allowed = smem_allowed(fn);
+    if (c.smem > SMEM_DEFAULT && (allowed < 0 || c.smem > (size_t)allowed)) {
+        if (allowed < 0)
+            refuse(cudaErrorInvalidValue, "%zu bytes of dynamic shared memory, above the default "
+                   "48 KiB: cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize"
+                   ", bytes) was not called for this kernel", c.smem);
+        else
+            refuse(cudaErrorInvalidValue, "%zu bytes of dynamic shared memory, above the %d that "
+                   "cudaFuncSetAttribute allowed for this kernel", c.smem, allowed);
+        return;
+    }
+    if (!smem_arena) {
+        void *p = mmap(NULL, SMEM_REGION + SMEM_GUARD + (size_t)getpagesize(),
+                       PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+            refuse(cudaErrorMemoryAllocation, "no memory for shared memory");
+            return;
+        }
+        smem_arena = (char *)p;
+        mprotect(smem_arena + SMEM_REGION + SMEM_GUARD, (size_t)getpagesize(), PROT_NONE);
+    }
+    smem_bytes = (c.smem + 15) & ~(size_t)15;
+    while (pool_size < (int)threads) {
+        pool[pool_size] = fiber_new(pool_size);
+        pool_size++;
+    }
+    L.body = body;
+    L.closure = closure;
+    L.threads = (int)threads;
+    L.failed = false;
+    block_dim = b;
+    grid_dim = g;
+    for (unsigned z = 0; z < g.z && !L.failed; z++)
+        for (unsigned y = 0; y < g.y && !L.failed; y++)
+            for (unsigned x = 0; x < g.x && !L.failed; x++) {
+                block_idx.x = x;
+                block_idx.y = y;
+                block_idx.z = z;
+                run_block();
+            }
+    current = NULL;
+}
+
+/* ---- the runtime API ------------------------------------------------------------------ */
+
+struct cudacpu_stream {
+    unsigned flags;
+};
+struct cudacpu_event {
+    unsigned flags;
+};
+
+cudaError_t cudaGetLastError(void)
+{
+    cudaError_t e = last_error;
+    last_error = sticky_error;
+    return e;
+}
+cudaError_t cudaPeekAtLastError(void) { return last_error; }
+
+const char *cudaGetErrorName(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
+    case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorNotSupported: return "cudaErrorNotSupported";
+    }
+    return "cudaErrorUnknown";
+}
+
+const char *cudaGetErrorString(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorLaunchFailure:
+        return "unspecified launch failure (cudacpu stopped a kernel: see its message above)";
+    case cudaErrorNotSupported: return "operation not supported";
+    default: return cudaGetErrorName(e);
+    }
+}
+
+cudaError_t cudaDriverGetVersion(int *v)
+{
+    *v = 12080;
+    return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int *v)
+{
+    *v = 12080;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDeviceCount(int *n)
+{
+    *n = 1;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device)
+{
+    if (device != 0)
+        return cudaErrorInvalidValue;
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "cudacpu (CUDA kernels on the CPU, sm_80 limits)");
+    p->totalGlobalMem = (size_t)16 << 30;
+    p->sharedMemPerBlock = SMEM_DEFAULT;
+    p->sharedMemPerBlockOptin = SMEM_OPTIN;
+    p->warpSize = 32;
+    p->maxThreadsPerBlock = MAX_THREADS;
+    p->maxThreadsDim[0] = p->maxThreadsDim[1] = 1024;
+    p->maxThreadsDim[2] = 64;
+    p->maxGridSize[0] = 0x7fffffff;
+    p->maxGridSize[1] = p->maxGridSize[2] = 65535;
+    p->multiProcessorCount = 1;
+    p->major = 8;
+    p->minor = 0;
+    return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidValue; }
+cudaError_t cudaGetDevice(int *device)
+{
+    *device = 0;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) { return sticky_error; }
+
+cudaError_t cudaMalloc(void **p, size_t bytes)
+{
+    *p = NULL;
+    if (posix_memalign(p, 256, bytes ? bytes : 1) != 0) {
+        *p = NULL;
+        set_error(cudaErrorMemoryAllocation);
+        return cudaErrorMemoryAllocation;
+    }
+    memset(*p, 0xff, bytes); /* cudaMalloc does not zero: NaN shows a read before a write */
+    return cudaSuccess;
+}
+cudaError_t cudaFree(void *p)
+{
+    free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags)
+{
+    (void)flags;
+    return cudaMalloc(p, bytes);
+}
+cudaError_t cudaMallocHost(void **p, size_t bytes) { return cudaMalloc(p, bytes); }
+cudaError_t cudaFreeHost(void *p) { return cudaFree(p); }
+cudaError_t cudaMemset(void *p, int value, size_t bytes)
+{
+    memset(p, value, bytes);
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s)
+{
+    (void)s;
+    return cudaMemset(p, value, bytes);
+}
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind)
+{
+    (void)kind;
+    if (bytes)
+        memmove(dst, src, bytes);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t s)
+{
+    (void)s;
+    return cudaMemcpy(dst, src, bytes, kind);
+}
+cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, 0); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
+{
+    *s = new cudacpu_stream{flags};
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+    delete s;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+    (void)s;
+    return sticky_error;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
+{
+    (void)s;
+    (void)flags;
+    return e ? cudaSuccess : cudaErrorInvalidResourceHandle;
+}
+cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
+{
+    *e = new cudacpu_event{flags};
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    delete e;
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+    (void)s;
+    return e ? cudaSuccess : cudaErrorInvalidResourceHandle;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    return e ? sticky_error : cudaErrorInvalidResourceHandle;
+}
