@@ -619,29 +619,86 @@ static void abandon_shard(struct shard_writer *w)
     unlink(w->tmp);
 }
 
+/* The shard number of "<prefix>_NNNNNN.bin", or -1 for any other name. */
+static long shard_index(const char *name, const char *prefix)
+{
+    size_t plen = strlen(prefix);
+    if (strncmp(name, prefix, plen) != 0 || name[plen] != '_' || !isdigit((unsigned char)name[plen + 1]))
+        return -1;
+    char *end;
+    long index = strtol(name + plen + 1, &end, 10);
+    return end == name + plen + 7 && strcmp(end, ".bin") == 0 ? index : -1;
+}
+
 /* Shards named like ours that this run did not write (a previous run made
- * more): remove them, or a glob would pick them up. */
+ * more): remove them, or a glob would pick them up.  Only regular files
+ * (a symlink is not followed), in a directory claim_out_dir made ours. */
 static void remove_stale_shards(const char *dir, const char *prefix, int written)
 {
     DIR *d = opendir(dir);
     if (!d)
         return;
-    size_t plen = strlen(prefix);
     struct dirent *e;
     while ((e = readdir(d))) {
         const char *name = e->d_name;
-        if (strncmp(name, prefix, plen) != 0 || name[plen] != '_')
-            continue;
-        char *end;
-        long index = strtol(name + plen + 1, &end, 10);
-        if (end != name + plen + 7 || strcmp(end, ".bin") != 0 || index < written)
+        long index = shard_index(name, prefix);
+        struct stat st;
+        if (index < written || fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+            !S_ISREG(st.st_mode))
             continue;
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, name);
-        if (unlink(path) == 0)
+        if (unlinkat(dirfd(d), name, 0) == 0)
             printf("trainrun prepare: removed %s, left by an earlier run\n", path);
     }
     closedir(d);
+}
+
+/* OUTDIR may be any directory: what prepare replaces or removes there
+ * (prepare.json, data.csv, train_/val_NNNNNN.bin) it touches only where an
+ * earlier prepare wrote them (its marker, or for older versions its
+ * prepare.json).  A directory holding the user's files of those names is
+ * refused, so nothing of theirs is overwritten or deleted. */
+#define PREPARE_MARK ".trainrun-prepare"
+
+static int claim_out_dir(const char *dir)
+{
+    char path[4200];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/" PREPARE_MARK, dir);
+    int ours = lstat(path, &st) == 0 && S_ISREG(st.st_mode);
+    if (!ours) {
+        snprintf(path, sizeof path, "%s/prepare.json", dir);
+        FILE *f = lstat(path, &st) == 0 && S_ISREG(st.st_mode) ? fopen(path, "r") : NULL;
+        char head[64] = "";
+        size_t n = f ? fread(head, 1, sizeof head - 1, f) : 0;
+        if (f)
+            fclose(f);
+        head[n] = '\0';
+        static const char text[] = "{\n  \"format\": \"text\",", csv[] = "{\n  \"format\": \"csv\",";
+        ours = strncmp(head, text, sizeof text - 1) == 0 || strncmp(head, csv, sizeof csv - 1) == 0;
+    }
+    DIR *d = ours ? NULL : opendir(dir);
+    struct dirent *e;
+    const char *theirs = NULL;
+    while (d && !theirs && (e = readdir(d)))
+        if (strcmp(e->d_name, "prepare.json") == 0 || strcmp(e->d_name, "data.csv") == 0 ||
+            shard_index(e->d_name, "train") >= 0 || shard_index(e->d_name, "val") >= 0)
+            theirs = e->d_name;
+    if (theirs) {
+        fail("%s/%s exists and was not written by trainrun prepare; it is left untouched: "
+             "pass -o with a new or empty directory", dir, theirs);
+        closedir(d);
+        return -1;
+    }
+    if (d)
+        closedir(d);
+    snprintf(path, sizeof path, "%s/" PREPARE_MARK, dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return fail("cannot write %s: %s", path, strerror(errno));
+    close(fd);
+    return 0;
 }
 
 /* ---- writing prepare.json ------------------------------------------------- */
@@ -860,6 +917,8 @@ static int prepare_text(const struct prepare_opts *o, struct input *inputs)
         rc = fail("cannot create the output directory %s: %s", o->out_dir, strerror(errno));
         goto out;
     }
+    if ((rc = claim_out_dir(o->out_dir)) != 0)
+        goto out;
     if ((rc = write_split(o, &d, 0, val_from, ids, sep, sep_len, "train", &r, 0)) != 0 ||
         (rc = write_split(o, &d, val_from, d.n, ids, sep, sep_len, "val", &r, 1)) != 0 ||
         (rc = write_text_json(o, &r, rows)) != 0)
@@ -1082,6 +1141,8 @@ static int prepare_csv(const struct prepare_opts *o)
     struct csv_state s = {.o = o};
     if (tr_mkdir_p(o->out_dir) != 0)
         return fail("cannot create the output directory %s: %s", o->out_dir, strerror(errno));
+    if (claim_out_dir(o->out_dir) != 0)
+        return -1;
     snprintf(s.out_path, sizeof s.out_path, "%s/data.csv", o->out_dir);
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp-%ld", s.out_path, (long)getpid());

@@ -9,6 +9,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -648,6 +649,101 @@ static int png_chunk(FILE *f, const char type[4], const uint8_t *data, size_t le
                ? 0 : -1;
 }
 
+/* ---- writing into OUTDIR without harming what else is there --------------------- */
+
+/* What a report writes, and the marker saying a directory holds one. */
+static const char *const report_files[] = {"index.html", "loss.png", "throughput.png",
+                                           "cost.png", "lr.png"};
+#define REPORT_MARK ".trainrun-report"
+
+/* 1 when path is an index.html a report wrote (before the marker existed). */
+static int is_report_index(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char head[512] = "";
+    size_t n = f ? fread(head, 1, sizeof head - 1, f) : 0;
+    if (f)
+        fclose(f);
+    head[n] = '\0';
+    return strstr(head, "<title>trainrun report: ") != NULL;
+}
+
+/* OUTDIR may be any directory (-o): the report's files there are replaced
+ * only where a report was written before (its marker, or its index.html),
+ * so a user's index.html or loss.png is never overwritten. */
+static int claim_out_dir(const char *out)
+{
+    char *mark = tr_xasprintf("%s/" REPORT_MARK, out);
+    char *index = tr_xasprintf("%s/index.html", out);
+    struct stat st;
+    int ours = (lstat(mark, &st) == 0 && S_ISREG(st.st_mode)) ||
+               (lstat(index, &st) == 0 && S_ISREG(st.st_mode) && is_report_index(index));
+    int rc = 0;
+    for (size_t i = 0; !ours && rc == 0 && i < TR_ARRAY_LEN(report_files); i++) {
+        char *p = tr_xasprintf("%s/%s", out, report_files[i]);
+        if (lstat(p, &st) == 0) {
+            fprintf(stderr, "trainrun: error: %s exists and was not written by trainrun report; "
+                            "it is left untouched: pass -o with a new or empty directory\n", p);
+            rc = -1;
+        }
+        free(p);
+    }
+    if (rc == 0) {
+        int fd = open(mark, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+        if (fd < 0) {
+            fprintf(stderr, "trainrun: error: cannot write %s: %s\n", mark, strerror(errno));
+            rc = -1;
+        } else {
+            close(fd);
+        }
+    }
+    free(index);
+    free(mark);
+    return rc;
+}
+
+/* A fresh temporary file beside path, renamed over it by out_close: a
+ * symlink at path (a shared run directory) is replaced, never followed. */
+static FILE *out_open(const char *path, char **tmp)
+{
+    *tmp = tr_xasprintf("%s.XXXXXX", path);
+    int fd = mkstemp(*tmp);
+    FILE *f = NULL;
+    if (fd >= 0) {
+        mode_t mask = umask(0); /* mkstemp makes it 0600 */
+        umask(mask);
+        fchmod(fd, 0666 & ~mask);
+        if (!(f = fdopen(fd, "wb"))) {
+            close(fd);
+            unlink(*tmp);
+        }
+    }
+    if (!f) {
+        free(*tmp);
+        *tmp = NULL;
+    }
+    return f;
+}
+
+/* Close and publish; on any error the temporary goes and -1 (errno set). */
+static int out_close(FILE *f, char *tmp, const char *path, int bad)
+{
+    int e = errno;
+    if (fclose(f) != 0 && !bad) {
+        bad = 1;
+        e = errno;
+    }
+    if (!bad && rename(tmp, path) != 0) {
+        bad = 1;
+        e = errno;
+    }
+    if (bad)
+        unlink(tmp);
+    free(tmp);
+    errno = e;
+    return bad ? -1 : 0;
+}
+
 /* An 8-bit RGB PNG: each scanline gets filter type 0 (none), then zlib. */
 static int png_write(const char *path, const struct canvas *c)
 {
@@ -664,7 +760,8 @@ static int png_write(const char *path, const struct canvas *c)
         fprintf(stderr, "trainrun: error: %s: zlib could not compress the image (%d)\n", path, zrc);
         return -1;
     }
-    FILE *f = fopen(path, "wb");
+    char *tmp;
+    FILE *f = out_open(path, &tmp);
     if (!f) {
         free(packed);
         fprintf(stderr, "trainrun: error: cannot write %s: %s\n", path, strerror(errno));
@@ -682,9 +779,7 @@ static int png_write(const char *path, const struct canvas *c)
     int bad = fwrite(signature, 1, 8, f) != 8 || png_chunk(f, "IHDR", ihdr, sizeof ihdr) ||
               png_chunk(f, "IDAT", packed, packed_len) || png_chunk(f, "IEND", NULL, 0);
     free(packed);
-    if (fclose(f) != 0)
-        bad = 1;
-    if (bad) {
+    if (out_close(f, tmp, path, bad || ferror(f)) != 0) {
         fprintf(stderr, "trainrun: error: cannot write %s: %s\n", path, strerror(errno));
         return -1;
     }
@@ -905,7 +1000,8 @@ static void html_escaped(FILE *f, const char *s)
 static int write_index(const struct report *r, const char *run, const char *summary)
 {
     char *path = tr_xasprintf("%s/index.html", r->out_dir);
-    FILE *f = fopen(path, "w");
+    char *tmp;
+    FILE *f = out_open(path, &tmp);
     if (!f) {
         fprintf(stderr, "trainrun: error: cannot write %s: %s\n", path, strerror(errno));
         free(path);
@@ -929,8 +1025,7 @@ static int write_index(const struct report *r, const char *run, const char *summ
         fputs("</p>\n", f);
     }
     fputs("</body>\n</html>\n", f);
-    int bad = ferror(f);
-    if (fclose(f) != 0 || bad) {
+    if (out_close(f, tmp, path, ferror(f)) != 0) {
         fprintf(stderr, "trainrun: error: cannot write %s: %s\n", path, strerror(errno));
         free(path);
         return -1;
@@ -999,6 +1094,8 @@ int tr_report_main(int argc, char **argv)
         fprintf(stderr, "trainrun: error: cannot create %s: %s\n", out, strerror(errno));
         goto done;
     }
+    if (claim_out_dir(out) != 0)
+        goto done;
 
     struct report r = {.m = &m, .out_dir = out, .x_lo = 0, .x_hi = m.last_step};
     if (loss_image(&r) || throughput_image(&r) || cost_image(&r) || lr_image(&r))

@@ -8,7 +8,9 @@
 #   with its checksum but not with the checkpoint (wrong step, a loader
 #   position before its step, a step past train.steps) is skipped with a
 #   message and the run resumes from the previous checkpoint;
-# - export and sample refuse a checkpoint that fails its checksums.
+# - export and sample refuse a checkpoint that fails its checksums;
+# - report, prepare and export never overwrite or delete a file of the
+#   user's in the directory they write to, nor follow a symlink there.
 . "$(dirname "$0")/lib.sh"
 R="$TR_SRCDIR/tests/config/tiny.lua"
 ck() { echo "$1/checkpoints/step-$(printf %010d "$2")"; }
@@ -128,4 +130,30 @@ grep -q "names no checkpoint" err.txt || { cat err.txt; fail "export: no reason 
 # and the untouched ones still export and sample
 "$TRAINRUN" export base -o ok.safetensors --dtype fp32 2> err.txt || { cat err.txt; fail "export"; }
 "$TRAINRUN" sample base --tokens 4 --prompt ab > out.txt 2> err.txt || { cat err.txt; fail "sample"; }
+
+# --- report, prepare and export write into directories of the user's safely ----
+mkdir rep && echo mine > rep/index.html
+if "$TRAINRUN" report base -o rep > out.txt 2> err.txt; then fail "report overwrote a user's index.html"; fi
+grep -q "rep/index.html exists and was not written by trainrun report" err.txt || { cat err.txt; fail "report: no reason"; }
+[ "$(cat rep/index.html)" = mine ] || fail "report changed the user's index.html"
+"$TRAINRUN" report base > out.txt 2> err.txt || { cat err.txt; fail "report"; }
+echo precious > victim.txt
+rm base/report/loss.png && ln -s "$PWD/victim.txt" base/report/loss.png
+"$TRAINRUN" report base > out.txt 2> err.txt || { cat err.txt; fail "report again"; }
+[ "$(cat victim.txt)" = precious ] || fail "report followed a symlink out of its directory"
+[ -f base/report/loss.png ] && [ ! -L base/report/loss.png ] || fail "report did not replace the symlink"
+i=0; while [ $i -lt 200 ]; do echo "document $i of the corpus"; echo; i=$((i + 1)); done > corpus.txt
+mkdir shards && echo mine > shards/train_000007.bin && echo mine > shards/val_000000.bin
+if "$TRAINRUN" prepare corpus.txt -o shards > out.txt 2> err.txt; then fail "prepare wrote into a directory of the user's shards"; fi
+grep -q "exists and was not written by trainrun prepare" err.txt || { cat err.txt; fail "prepare: no reason"; }
+[ "$(cat shards/train_000007.bin)" = mine ] || fail "prepare removed a user's file"
+"$TRAINRUN" prepare corpus.txt -o ours --shard-tokens 500 > out.txt 2> err.txt || { cat err.txt; fail "prepare"; }
+[ -f ours/train_000002.bin ] || fail "prepare wrote no third shard"
+ln -s "$PWD/victim.txt" ours/train_000999.bin
+"$TRAINRUN" prepare corpus.txt -o ours > out.txt 2> err.txt || { cat err.txt; fail "prepare again"; }
+[ ! -e ours/train_000002.bin ] || fail "prepare left a stale shard of its own"
+[ "$(cat victim.txt)" = precious ] || fail "prepare followed a symlink"
+echo mine > keep.safetensors.tmp
+"$TRAINRUN" export base -o keep.safetensors --dtype fp32 2> err.txt || { cat err.txt; fail "export"; }
+[ "$(cat keep.safetensors.tmp)" = mine ] || fail "export overwrote <out>.tmp"
 echo "checkpoint-trust: ok"
