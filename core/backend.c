@@ -28,6 +28,9 @@ const struct tr_backend_module *tr_backend_module_load(const char *path, void **
     return m;
 }
 
+static int tr_backend_open_in(struct tr_backend *be, const char *device, int threads,
+                              char *const *dirs, int n_dirs, tr_err *err);
+
 int tr_backend_open(struct tr_backend *be, const char *device, int threads,
                     const struct tr_plugin_path *search, tr_err *err)
 {
@@ -41,8 +44,28 @@ int tr_backend_open(struct tr_backend *be, const char *device, int threads,
     if (!tr_plugin_name_ok(device))
         return tr_fail(err, "invalid device \"%s\": say cpu, cuda or another backend's name "
                        "(letters, digits, '_' and '-'), never a path", device);
-    for (int i = 0; i < search->n; i++) {
-        char *path = tr_xasprintf("%s/backend_%s.so", search->dirs[i], device);
+    /* TRAINRUN_BACKEND_PATH, directories before the plugin path: what a user
+     * points at a module of their own, and how make check runs device=cuda
+     * through tests/cudacpu in a build whose plugins hold the real one */
+    const char *first = getenv("TRAINRUN_BACKEND_PATH");
+    char *extra = tr_xstrdup(first ? first : ""), *save = NULL;
+    char **dirs = tr_xcalloc(strlen(extra) / 2 + 1 + (size_t)search->n, sizeof *dirs);
+    int n_dirs = 0;
+    for (char *d = strtok_r(extra, ":", &save); d; d = strtok_r(NULL, ":", &save))
+        dirs[n_dirs++] = d;
+    for (int i = 0; i < search->n; i++)
+        dirs[n_dirs++] = search->dirs[i];
+    int rc = tr_backend_open_in(be, device, threads, dirs, n_dirs, err);
+    free(dirs);
+    free(extra);
+    return rc;
+}
+
+static int tr_backend_open_in(struct tr_backend *be, const char *device, int threads,
+                              char *const *dirs, int n_dirs, tr_err *err)
+{
+    for (int i = 0; i < n_dirs; i++) {
+        char *path = tr_xasprintf("%s/backend_%s.so", dirs[i], device);
         struct stat st;
         if (stat(path, &st) != 0) {
             free(path);
