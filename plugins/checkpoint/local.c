@@ -26,6 +26,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,6 +149,20 @@ static int is_latest_tmp(const char *name, const struct stat *st)
     return 1;
 }
 
+/* The pid that ends ".trainrun-...-<pid>" is a live process on this host:
+ * its save is in progress, not interrupted.  A reader (`trainrun sample` of
+ * a running run) or another run sharing checkpoint.dir must leave it alone;
+ * this process's own pid can only be a leftover of an earlier one. */
+static int owner_alive(const char *name)
+{
+    const char *dash = strrchr(name, '-');
+    char *end;
+    long pid = dash ? strtol(dash + 1, &end, 10) : 0;
+    if (pid <= 0 || *end || pid == (long)getpid())
+        return 0;
+    return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+}
+
 /* A crash can leave staging directories (.trainrun-tmp-<name>-<pid>), a
  * half-written LATEST (.trainrun-tmp-LATEST-<pid>), or a checkpoint renamed
  * aside while being replaced (.trainrun-old-<name>-<pid>): the last is
@@ -163,7 +178,7 @@ static void clean_stale(struct local *l)
         const char *n = ent->d_name;
         int staging = strncmp(n, STAGING_PREFIX, strlen(STAGING_PREFIX)) == 0;
         int aside = strncmp(n, ASIDE_PREFIX, strlen(ASIDE_PREFIX)) == 0;
-        if (!staging && !aside)
+        if ((!staging && !aside) || owner_alive(n))
             continue;
         char *path = path_join(l->dir, n, NULL);
         if (!path)

@@ -40,6 +40,18 @@ kill -KILL $pid
 wait $pid 2>/dev/null || true
 "$TRAINRUN" "$R" train.steps=5 run_dir=a --quiet 2> third.txt || { cat third.txt; fail "the lock outlived a killed run"; }
 
+# a reader of a running run (sample loads its checkpoints) leaves the saves in
+# progress alone: it once took them for leftovers of a crash and deleted them
+"$TRAINRUN" "$R" $long checkpoint.every=1 checkpoint.keep=2 run_dir=live --quiet > /dev/null 2> live.err &
+pid=$!
+while [ ! -f live/checkpoints/LATEST ]; do kill -0 $pid 2>/dev/null || { cat live.err; fail "no checkpoint"; }; sleep 0.05; done
+for i in 1 2 3 4 5 6 7 8; do "$TRAINRUN" sample live --tokens 2 > /dev/null 2>> sample.err || true; done
+kill -TERM $pid
+set +e; wait $pid; code=$?; set -e
+[ $code -eq 75 ] || { cat live.err; fail "the run read by sample did not stop cleanly (exit $code)"; }
+grep -q "removed .*trainrun-tmp" sample.err && { cat sample.err; fail "sample removed a save in progress"; }
+grep -q "not saved" live.err && { cat live.err; fail "a reader made the running run's saves fail"; }
+
 # --- the ranks of one job share the directory; a second job is refused ----------------
 "$TRAINRUN" "$R" train.steps=4 procs=2 run_dir=p --quiet 2> p.txt || { cat p.txt; fail "procs=2"; }
 [ "$(grep -c '"loss"' p/metrics.jsonl)" -eq 4 ] || fail "procs=2: one rank writes the metrics"
