@@ -59,6 +59,7 @@ struct sandbox {
     size_t stack_limit;
     enum stop stopped;
     char where[PATH_MAX + 32]; /* "file:line" of the recipe code that hit a limit */
+    int where_is_code;         /* where names a line (else only the recipe file) */
 };
 
 struct tr_recipe {
@@ -120,7 +121,8 @@ static int user_location(lua_State *L, const struct sandbox *s, int level, char 
 
 static void note_where(lua_State *L, struct sandbox *s)
 {
-    if (!L || !user_location(L, s, 0, s->where, sizeof s->where))
+    s->where_is_code = L && user_location(L, s, 0, s->where, sizeof s->where);
+    if (!s->where_is_code)
         snprintf(s->where, sizeof s->where, "%s", s->fallback ? s->fallback : "recipe");
 }
 
@@ -172,9 +174,11 @@ static void format_stop(const struct sandbox *s, char *buf, size_t size)
                             "(something growing without end?)", s->where, s->heap_limit >> 20);
         break;
     default:
-        snprintf(buf, size, "%s: recipe took too long (infinite loop?); recipe code may run %ld million "
+        /* with no recipe code running, trainrun's loader was still reading it */
+        snprintf(buf, size, "%s: recipe took too long (%s); recipe code may run %ld million "
                             "Lua instructions and %d s of CPU each time it is evaluated",
-                 s->where, TR_RECIPE_INSTRUCTION_LIMIT / 1000000L, (int)TR_RECIPE_CPU_SECONDS);
+                 s->where, s->where_is_code ? "infinite loop?" : "is it very large?",
+                 TR_RECIPE_INSTRUCTION_LIMIT / 1000000L, (int)TR_RECIPE_CPU_SECONDS);
     }
 }
 
@@ -212,9 +216,18 @@ static void limit_hook(lua_State *L, lua_Debug *ar)
     }
 }
 
-/* Length of a leading "path.lua:123: " naming a file of trainrun's library, else 0. */
+/* Length of a leading "path.lua:123: " naming a file of trainrun's library
+ * (or "[builtin:name]:0: ", LuaJIT's own Lua code), else 0. */
 static size_t library_location_length(const struct sandbox *s, const char *msg)
 {
+    if (strncmp(msg, "[builtin:", 9) == 0) {
+        const char *q = strstr(msg, "]:");
+        if (!q || memchr(msg, ' ', (size_t)(q - msg)))
+            return 0;
+        for (q += 2; isdigit((unsigned char)*q); q++)
+            ;
+        return q[0] == ':' && q[1] == ' ' ? (size_t)(q + 2 - msg) : 0;
+    }
     const char *p = strstr(msg, ".lua:");
     if (!p || memchr(msg, '\n', (size_t)(p - msg)))
         return 0;
@@ -239,7 +252,7 @@ static int locate_error(lua_State *L)
         return 1;
     const char *msg = lua_tostring(L, 1);
     size_t skip = library_location_length(s, msg);
-    int overflow = strncmp(msg, "stack overflow", 14) == 0;
+    int overflow = strncmp(msg + skip, "stack overflow", 14) == 0;
     if (!skip && !overflow)
         return 1;
     char where[PATH_MAX + 32];

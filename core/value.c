@@ -76,7 +76,11 @@ void tr_value_put(struct tr_value *table, struct tr_value *child)
 {
     if (!table || !child)
         return;
-    if (child->key) {
+    /* Items stay sorted, so a key after the last one is new: converting a
+     * recipe puts its keys in order, and a list of thousands stays linear. */
+    const struct tr_value *last = table->n_items ? table->items[table->n_items - 1] : NULL;
+    int appends = child->key && last && last->key && goes_before(last, child);
+    if (child->key && !appends) {
         for (size_t i = 0; i < table->n_items; i++) {
             if (table->items[i]->key && strcmp(table->items[i]->key, child->key) == 0) {
                 tr_value_free(table->items[i]);

@@ -1,5 +1,6 @@
 /* Recipes: loading, sandbox, sharing, overrides, origins, and the C tree. */
 #define _XOPEN_SOURCE 700 /* mkstemp, open_memstream, setenv, fdopen */
+#include "model.h"
 #include "recipe.h"
 
 #include <criterion/criterion.h>
@@ -10,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef TR_TEST_SRCDIR
@@ -25,6 +28,8 @@ static void enter_test_dir(void)
 }
 
 TestSuite(recipe, .init = enter_test_dir);
+TestSuite(limits, .init = enter_test_dir);
+TestSuite(model_graph, .init = enter_test_dir);
 
 static const struct tr_recipe_paths test_paths = {
     .lua_dir = "../lua",
@@ -392,6 +397,250 @@ Test(recipe, host_require_gives_the_recipes_module_instances)
     cr_assert_str_eq(err.msg, "require \"trainrun.nope\": not found "
                               "(searched: recipes/lua/trainrun/nope.lua, ../lua/trainrun/nope.lua)");
     cr_assert_eq(lua_gettop(L), top);
+    tr_recipe_free(r);
+}
+
+/* ---- limits of recipe code ------------------------------------------------ */
+
+/* The real trainrun.models and trainrun.nn (the stand-ins under recipes/lua
+ * build no graphs). */
+static const struct tr_recipe_paths real_paths = {
+    .lua_dir = "../lua",
+    .recipe_dir = "recipes/installed",
+};
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Limits are meant to end a runaway recipe "within seconds"; a loaded test
+ * machine gets some slack. */
+#define WITHIN_SECONDS 20.0
+
+/* From here on this test process may map at most `extra` more bytes: a
+ * recipe that got past its heap limit would fail with a different message
+ * (or crash) instead of the limit's.  (Criterion runs each test in its own
+ * process.) */
+static void cap_address_space(size_t extra)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    cr_assert_not_null(f);
+    unsigned long pages = 0;
+    cr_assert_eq(fscanf(f, "%lu", &pages), 1);
+    fclose(f);
+    struct rlimit rl = {.rlim_cur = pages * (size_t)sysconf(_SC_PAGESIZE) + extra};
+    rl.rlim_max = rl.rlim_cur;
+    cr_assert_eq(setrlimit(RLIMIT_AS, &rl), 0);
+}
+
+/* Loading `path` with a heap limit of limit_mib fails, soon, with a message
+ * that starts with `want`. */
+static void expect_limit(const char *path, size_t limit_mib, const char *want)
+{
+    struct tr_recipe_paths paths = test_paths;
+    paths.memory_limit = limit_mib << 20;
+    tr_err err = {{0}};
+    double start = now();
+    struct tr_recipe *r = tr_recipe_load(path, NULL, 0, &paths, &err);
+    double took = now() - start;
+    cr_assert_null(r, "%s loaded but should fail with: %s", path, want);
+    cr_assert(strncmp(err.msg, want, strlen(want)) == 0, "got:  %s\nwant: %s...", err.msg, want);
+    cr_assert_lt(took, WITHIN_SECONDS, "%s took %.1f s to stop", path, took);
+}
+
+#define TOO_LONG "recipe took too long (infinite loop?); recipe code may run 50 million Lua instructions"
+#define TOO_DEEP "recipe code is nested too deeply (runaway recursion through a library function"
+
+Test(limits, loop_in_a_model_builder)
+{
+    tr_err err = {{0}};
+    struct tr_recipe *r = tr_recipe_load("recipes/limits/loop_in_build.lua", NULL, 0, &real_paths, &err);
+    cr_assert_not_null(r, "%s", err.msg);
+    double start = now();
+    cr_assert_null(tr_model_build(r, 4, &err));
+    cr_assert_lt(now() - start, WITHIN_SECONDS);
+    cr_assert_str_eq(err.msg, "recipes/limits/loop_in_build.lua:6: " TOO_LONG
+                              " and 5 s of CPU each time it is evaluated");
+    /* the recipe stays usable: the next build is stopped the same way */
+    cr_assert_null(tr_model_build(r, 4, &err));
+    cr_assert(strstr(err.msg, "loop_in_build.lua:6: recipe took too long"), "%s", err.msg);
+    tr_recipe_free(r);
+}
+
+Test(limits, loop_that_catches_every_error)
+{
+    expect_limit("recipes/limits/loop_caught.lua", 0, "recipes/limits/loop_caught.lua:4: " TOO_LONG);
+}
+
+Test(limits, loop_in_an_included_recipe)
+{
+    expect_limit("recipes/limits/loop_include.lua", 0, "recipes/limits/loop_base.lua:3: " TOO_LONG);
+}
+
+Test(limits, runaway_recursion_names_the_line)
+{
+    expect_limit("recipes/limits/recursion.lua", 0, "recipes/limits/recursion.lua:1: stack overflow");
+    expect_limit("recipes/limits/recursion_index.lua", 0, "recipes/limits/recursion_index.lua:3: stack overflow");
+}
+
+/* Without a limit these overflowed the C stack: a segmentation fault. */
+Test(limits, recursion_through_library_functions)
+{
+    expect_limit("recipes/limits/recursion_gsub.lua", 0, "recipes/limits/recursion_gsub.lua:2: " TOO_DEEP);
+    expect_limit("recipes/limits/recursion_sort.lua", 0, "recipes/limits/recursion_sort.lua:1: " TOO_DEEP);
+    expect_limit("recipes/limits/recursion_tostring.lua", 0, "recipes/limits/recursion_tostring.lua:1: " TOO_DEEP);
+    expect_limit("recipes/limits/recursion_foreach.lua", 0, "recipes/limits/recursion_foreach.lua:3: stack overflow");
+}
+
+Test(limits, one_huge_allocation_is_refused_before_it_happens)
+{
+    cap_address_space((size_t)256 << 20); /* far less than the 1 GiB asked for */
+    expect_limit("recipes/limits/alloc_rep.lua", 0,
+                 "recipes/limits/alloc_rep.lua:2: recipe code needs more than 1024 MiB of memory, the limit for "
+                 "recipes (something growing without end?)");
+}
+
+Test(limits, growing_tables_and_strings_stop_at_the_heap_limit)
+{
+    cap_address_space((size_t)512 << 20);
+    const char *want = ": recipe code needs more than 64 MiB of memory, the limit for recipes";
+    char buf[256];
+    static const char *const cases[][2] = {
+        {"recipes/limits/alloc_table.lua", "5"},
+        {"recipes/limits/alloc_concat.lua", "3"},
+        {"recipes/limits/alloc_caught.lua", "5"},
+        {"recipes/limits/alloc_table_concat.lua", "5"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(buf, sizeof buf, "%s:%s%s", cases[i][0], cases[i][1], want);
+        expect_limit(cases[i][0], 64, buf);
+    }
+}
+
+Test(limits, the_default_heap_limit_holds_for_table_concat)
+{
+    cap_address_space((size_t)1536 << 20);
+    expect_limit("recipes/limits/alloc_table_concat.lua", 0,
+                 "recipes/limits/alloc_table_concat.lua:5: recipe code needs more than 1024 MiB of memory");
+}
+
+Test(limits, backtracking_patterns_are_refused)
+{
+    expect_limit("recipes/limits/pattern.lua", 0,
+                 "recipes/limits/pattern.lua:2: string.find: matching \".-.-.-b\" against a string of 30000 "
+                 "characters could take hours");
+    struct tr_recipe *r = load("recipes/limits/pattern_ok.lua");
+    expect_number(r, "words", 3000);
+    expect_number(r, "joined", 6000);
+    expect_string(r, "first", "model");
+    expect_string(r, "second", "layers");
+    expect_number(r, "found", 0);
+    tr_recipe_free(r);
+}
+
+Test(limits, errors_of_the_library_name_the_recipe_line)
+{
+    tr_err err = {{0}};
+    struct tr_recipe *r = tr_recipe_load("recipes/limits/lib_error.lua", NULL, 0, &real_paths, &err);
+    cr_assert_not_null(r, "%s", err.msg);
+    cr_assert_null(tr_model_build(r, 4, &err));
+    cr_assert_str_eq(err.msg, "recipes/limits/lib_error.lua:5: nn.graph(batch): batch must be a positive number");
+    tr_recipe_free(r);
+}
+
+/* ---- model graphs are checked -------------------------------------------- */
+
+static void expect_graph_error(const char *defect, const char *want)
+{
+    char ov[64];
+    snprintf(ov, sizeof ov, "model.case=%s", defect);
+    const char *ovs[] = {ov};
+    tr_err err = {{0}};
+    struct tr_recipe *r = tr_recipe_load("recipes/limits/bad_graph.lua", ovs, 1, &real_paths, &err);
+    cr_assert_not_null(r, "%s", err.msg);
+    struct tr_graph *g = tr_model_build(r, 4, &err);
+    cr_assert_null(g, "the %s graph was accepted", defect);
+    char full[1024];
+    snprintf(full, sizeof full, "recipes/limits/bad_graph.lua:33: model: %s", want);
+    cr_assert_str_eq(err.msg, full, "defect %s:\ngot:  %s\nwant: %s", defect, err.msg, full);
+    tr_recipe_free(r);
+}
+
+Test(model_graph, a_valid_graph_builds)
+{
+    tr_err err = {{0}};
+    const char *ovs[] = {"model.case=none"};
+    struct tr_recipe *r = tr_recipe_load("recipes/limits/bad_graph.lua", ovs, 1, &real_paths, &err);
+    cr_assert_not_null(r, "%s", err.msg);
+    struct tr_graph *g = tr_model_build(r, 4, &err);
+    cr_assert_not_null(g, "%s", err.msg);
+    cr_assert_eq(g->n_tensors, 7, "6 from the builder, 1 saved for backward (lse)");
+    cr_assert_eq(g->loss, 5);
+    cr_assert_eq(g->logits, 4);
+    tr_graph_free(g, NULL);
+    tr_recipe_free(r);
+}
+
+Test(model_graph, ids_out_of_range_or_not_whole_are_refused)
+{
+    expect_graph_error("loss_past_end", "the loss is 2147483648; it must be a tensor id, a whole number from 1 to 6");
+    expect_graph_error("loss_fraction", "the loss is 1.5; it must be a tensor id, a whole number from 1 to 6");
+    expect_graph_error("logits_huge",
+                       "the logits is 4.6116860184273879e+18; it must be a tensor id, a whole number from 1 to 6");
+    expect_graph_error("input_zero",
+                       "node 1 (linear 'head'): input 1 is 0; it must be a tensor id, a whole number from 1 to 6");
+    expect_graph_error("input_negative",
+                       "node 1 (linear 'head'): input 2 is -1; it must be a tensor id, a whole number from 1 to 6");
+    expect_graph_error("output_past_end", "node 1 (linear 'head'): the output is 4294967297; it must be a tensor "
+                                          "id, a whole number from 1 to 6");
+    expect_graph_error("too_many_inputs", "node 1 (linear 'head') has 4 inputs; ops take 1 to 3");
+}
+
+Test(model_graph, dimensions_are_checked_before_any_size_is_computed)
+{
+    expect_graph_error("dim_zero", "tensor 1 ('features'): dimension 2 is 0; dimensions are whole numbers from "
+                                   "1 to 2147483647");
+    expect_graph_error("dim_negative", "tensor 1 ('features'): dimension 2 is -16; dimensions are whole numbers "
+                                       "from 1 to 2147483647");
+    expect_graph_error("dim_huge", "tensor 3 ('head.weight'): dimension 1 is 4.6116860184273879e+18; dimensions "
+                                   "are whole numbers from 1 to 2147483647");
+    expect_graph_error("dims_overflow", "tensor 3 ('head.weight') has more than 2^40 elements; no device holds that");
+    expect_graph_error("shape_string", "tensor 1 ('features') has no shape (a list of 1 to 4 dimensions)");
+}
+
+Test(model_graph, unexpected_tables_and_values_are_refused)
+{
+    expect_graph_error("role_unknown",
+                       "tensor 1 ('features'): 'role' is the string \"weights\"; expected one of \"input\", "
+                       "\"param\", \"activation\"");
+    expect_graph_error("same_name", "two tensors are named 'head.weight'; names must be unique");
+    expect_graph_error("feeds_param",
+                       "input 1 is tensor 'head.weight', which is not an input (declare it with g:input)");
+    expect_graph_error("three_inputs", "declares 3 inputs; trainrun feeds two (the sample and its targets, in "
+                                       "that order)");
+    expect_graph_error("tensors_missing", "the graph has no list of tensors (return g:finish{...} from the builder)");
+    expect_graph_error("node_not_table", "node 1 is a number, not a node table");
+    expect_graph_error("heads_huge",
+                       "node 1 (linear 'head'): 'heads' is 1099511627776; it must be a whole number from 0 to "
+                       "2147483647");
+    expect_graph_error("eps_nan", "node 1 (linear 'head'): 'eps' must be a number between 0 and 1");
+}
+
+Test(model_graph, metamethods_of_the_result_do_not_run)
+{
+    tr_err err = {{0}};
+    const char *ovs[] = {"model.case=metatable"};
+    struct tr_recipe *r = tr_recipe_load("recipes/limits/bad_graph.lua", ovs, 1, &real_paths, &err);
+    cr_assert_not_null(r, "%s", err.msg);
+    double start = now();
+    struct tr_graph *g = tr_model_build(r, 4, &err);
+    cr_assert_lt(now() - start, WITHIN_SECONDS);
+    cr_assert_not_null(g, "%s", err.msg);
+    cr_assert_eq(g->logits, -1);
+    tr_graph_free(g, NULL);
     tr_recipe_free(r);
 }
 

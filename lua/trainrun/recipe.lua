@@ -95,17 +95,33 @@ local function is_nonempty_list(t)
     return n ~= nil and n > 0
 end
 
+-- Recipes are configurations: a bigger file is a mistake (or a data file
+-- named by accident), and reading it would only run into the memory limit.
+local MAX_SOURCE = 4 * 1024 * 1024
+
 local function read_source(path)
     local f, msg = open(path, "rb")
     if not f then
         return nil, msg
     end
-    local src, rmsg = f:read("*a")
+    local size = f:seek("end")
+    if size and size > MAX_SOURCE then
+        f:close()
+        return nil, format("%s: is %.1f MiB; a recipe or module has at most %d MiB of source "
+            .. "(read data through a data plugin)", path, size / 1048576, MAX_SOURCE / 1048576)
+    end
+    f:seek("set")
+    local src, rmsg = f:read(MAX_SOURCE + 1)
+    if src and #src > MAX_SOURCE then
+        f:close()
+        return nil, format("%s: has more than %d MiB of source; a recipe or module has at most that",
+            path, MAX_SOURCE / 1048576)
+    end
     f:close()
-    if not src then
+    if not src and rmsg then
         return nil, path .. ": " .. tostring(rmsg)
     end
-    return src
+    return src or "" -- an empty file reads as nil
 end
 
 ---------------------------------------------------------------------------
@@ -281,6 +297,7 @@ local function scan_source(src)
     local toks, n = tokenize(src)
     local records = {}          -- { path, line, literal, has_literal }
     local by_last = {}          -- last path component -> list of records
+    local by_path = {}          -- path -> list of records (exact matches without a scan)
     local return_line = nil     -- line of the last top-level `return`
 
     local function record(path, line, value_index, in_ctor)
@@ -294,6 +311,12 @@ local function scan_source(src)
             by_last[last] = list
         end
         list[#list + 1] = r
+        local same = by_path[path]
+        if not same then
+            same = {}
+            by_path[path] = same
+        end
+        same[#same + 1] = r
     end
 
     -- Frames: stmt (top level), ctor { }, group ( ) or [ ], func (function ... end).
@@ -409,13 +432,24 @@ local function scan_source(src)
             i = i + 1
         end
     end
-    return { records = records, by_last = by_last, return_line = return_line }
+    return { records = records, by_last = by_last, by_path = by_path, return_line = return_line }
 end
 
 -- Line of `path` in a scanned file: exact path, else the longest recorded
 -- path that is a suffix of it; ties go to a record whose literal equals
 -- `value`, then to the first written.  nil when nothing matches.
 local function lookup_line(scan, path, value)
+    -- an exact path is the longest suffix there is: no need to scan (which
+    -- made big list recipes quadratic)
+    local exact = scan.by_path[path]
+    if exact then
+        for _, r in ipairs(exact) do
+            if r.has_literal and r.literal == value then
+                return r.line
+            end
+        end
+        return exact[1].line
+    end
     local last = match(path, "([^%.]*)$")
     local list = scan.by_last[last]
     if not list then
@@ -449,6 +483,99 @@ M.lookup_line = lookup_line
 
 ---------------------------------------------------------------------------
 -- Sandbox
+
+-- Lua's pattern matcher backtracks in C, where the instruction limit of
+-- recipe code does not reach: ("a"):rep(30000):find(".-.-.-b") would run for
+-- hours.  Every start position costs up to one step per pattern item, times
+-- the subject's length for each *, +, - and %b (the ways it can backtrack),
+-- times two for each ?; a call whose worst case is past PATTERN_WORK steps
+-- (about a second) is refused before it starts.  Recipes match short strings
+-- (names, paths), far inside this.
+local PATTERN_WORK = 5e8
+
+local function skip_set(p, i, len) -- p[i] == "[": the index after its "]"
+    local j = i + 1
+    if sub(p, j, j) == "^" then
+        j = j + 1
+    end
+    repeat
+        if j > len then
+            return len + 1
+        end
+        local c = sub(p, j, j)
+        j = j + (c == "%" and 2 or 1)
+    until sub(p, j, j) == "]"
+    return j + 1
+end
+
+local function pattern_work(p, n, anchors, plain)
+    local len = #p
+    if plain then
+        return (n + 1) * (len + 1)
+    end
+    local i, starts, items, factor = 1, n + 1, 0, 1
+    if anchors and sub(p, 1, 1) == "^" then
+        i, starts = 2, 1
+    end
+    while i <= len and factor <= PATTERN_WORK do
+        local c = sub(p, i, i)
+        if c == "(" or c == ")" then
+            i = i + 1
+        else
+            local single = true
+            items = items + 1
+            if c == "%" then
+                local d = sub(p, i + 1, i + 1)
+                if d == "b" then
+                    factor, i, single = factor * (n + 1), i + 4, false
+                elseif d == "f" then
+                    i, single = skip_set(p, i + 2, len), false
+                elseif find(d, "^%d$") then -- a back reference compares up to n characters
+                    factor, i, single = factor * (n + 1), i + 2, false
+                else
+                    i = i + 2
+                end
+            elseif c == "[" then
+                i = skip_set(p, i, len)
+            else
+                i = i + 1
+            end
+            if single then
+                local q = sub(p, i, i)
+                if q == "*" or q == "+" or q == "-" then
+                    factor, i = factor * (n + 1), i + 1
+                elseif q == "?" then
+                    factor, i = factor * 2, i + 1
+                end
+            end
+        end
+    end
+    return starts * (items + 1) * factor
+end
+
+local function guard_pattern(name, fn, anchors)
+    return function(s, p, ...)
+        local ts, tp = type(s), type(p)
+        if (ts == "string" or ts == "number") and (tp == "string" or tp == "number") then
+            s, p = tostring(s), tostring(p)
+            local plain = name == "find" and select(2, ...)
+            if pattern_work(p, #s, anchors, plain) > PATTERN_WORK then
+                error(format("string.%s: matching %q against a string of %d characters could take hours "
+                    .. "(each *, +, - or ? in a pattern can multiply the work by the string's length); "
+                    .. "use a simpler pattern or a shorter string", name, #p > 40 and sub(p, 1, 40) .. "..." or p,
+                    #s), 2)
+            end
+        end
+        return fn(s, p, ...)
+    end
+end
+
+-- In the global string table, which is also where ("x"):find(...) looks;
+-- this loader keeps the originals in its locals.
+string.find = guard_pattern("find", string.find, true)
+string.match = guard_pattern("match", string.match, true)
+string.gmatch = guard_pattern("gmatch", string.gmatch, false)
+string.gsub = guard_pattern("gsub", string.gsub, true)
 
 local SAFE_BASE = { "assert", "error", "ipairs", "next", "pairs", "select", "tonumber", "tostring", "type",
     "unpack", "rawequal", "rawget", "rawset", "setmetatable" }
@@ -618,9 +745,18 @@ end
 
 -- Give every (table, key) reachable from t a file:line in `file`, unless it
 -- already has one from an included recipe and still holds the same value.
-local function attribute(ctx, t, file, scan, prefix, seen)
+-- As deep as core/recipe.c converts; deeper is a mistake, not a config, and
+-- the loader's own recursion must end before the Lua stack does.
+local MAX_DEPTH = 200
+
+local function attribute(ctx, t, file, scan, prefix, seen, depth)
     if seen[t] then
         return
+    end
+    depth = depth or 0
+    if depth >= MAX_DEPTH then
+        error(format('%s"%s" is nested too deeply (more than %d levels)', where(file, lookup_line(scan, prefix)),
+            #prefix > 60 and sub(prefix, 1, 60) .. "..." or prefix, MAX_DEPTH), 0)
     end
     seen[t] = true
     local O = ctx.origins
@@ -639,7 +775,7 @@ local function attribute(ctx, t, file, scan, prefix, seen)
                 ot[k] = { file = file, line = lookup_line(scan, path, v), value = v }
             end
             if type(v) == "table" then
-                attribute(ctx, v, file, scan, path, seen)
+                attribute(ctx, v, file, scan, path, seen, depth + 1)
             end
         end
     end
@@ -904,6 +1040,10 @@ local function parse_override(spec)
                 spec, key), 0)
         end
         parts[#parts + 1] = part
+        if #parts > MAX_DEPTH then
+            error(format('command line override "%s": the key has more than %d parts', sub(spec, 1, 60) .. "...",
+                MAX_DEPTH), 0)
+        end
     end
     local value
     if text == "true" then

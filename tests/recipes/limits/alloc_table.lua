@@ -1,0 +1,6 @@
+local rows = {}
+local i = 0
+while true do
+    i = i + 1
+    rows[i] = { i, i }
+end

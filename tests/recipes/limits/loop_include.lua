@@ -1,0 +1,2 @@
+local base = include "loop_base.lua"
+return { train = base }

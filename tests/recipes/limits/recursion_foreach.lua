@@ -1,0 +1,4 @@
+local t = {}
+t[t] = table.foreach
+table.foreach(t, table.foreach)
+return {}
