@@ -1,7 +1,8 @@
 /*
  * Unit tests of the s3 checkpoint plugin's pure parts: SHA-256, key
  * escaping, the XML it reads, the MANIFEST format, URLs, error hints,
- * staging and crash recovery.  No server is needed (tests/e2e/s3.sh runs it
+ * where credentials come from and where they may go, staging and crash
+ * recovery.  No server is needed (tests/e2e/s3.sh runs it
  * against one); the only network use is a refused connection on 127.0.0.1.
  *
  * The plugin is included as source so that its static functions can be
@@ -312,7 +313,7 @@ Test(http, hints_and_retries)
 {
     struct s3 s = {0};
     cr_assert(strstr(hint_for(&s, "NoSuchBucket", 404), "create the bucket"));
-    cr_assert(strstr(hint_for(&s, "SignatureDoesNotMatch", 403), "secret_key_env"));
+    cr_assert(strstr(hint_for(&s, "SignatureDoesNotMatch", 403), "AWS_SECRET_ACCESS_KEY"));
     cr_assert(strstr(hint_for(&s, NULL, 403), "credentials"), "HEAD answers have no body");
     cr_assert(strstr(hint_for(&s, NULL, 301), "region"));
     cr_assert(strstr(hint_for(&s, "Whatever", 503), "server failed"));
@@ -334,8 +335,8 @@ static struct s3_config defaults(void)
 {
     struct s3_config c = {
         .bucket = "ckpt", .prefix = "t/", .endpoint = "http://127.0.0.1:1", .region = "us-east-1",
-        .access_key_env = "TR_TEST_S3_KEY", .secret_key_env = "TR_TEST_S3_SECRET",
-        .session_token_env = "", .path_style = 1, .timeout = 5, .retries = 0,
+        .access_key_env = "", .secret_key_env = "", .session_token_env = "",
+        .path_style = 1, .timeout = 5, .retries = 0,
         .cache_dir = "", .background = 0,
     };
     return c;
@@ -353,25 +354,233 @@ static int try_create(const struct s3_config *cfg, tr_err *err)
 
 TestSuite(create, .init = make_tmp, .fini = remove_tmp);
 
+/* No credentials or endpoint from this machine's environment leak in. */
+static void clean_env(void)
+{
+    const char *vars[] = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                          "AWS_SHARED_CREDENTIALS_FILE", "AWS_PROFILE", "TRAINRUN_S3_ENDPOINT",
+                          "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
+        unsetenv(vars[i]);
+    setenv("HOME", tmp, 1);
+}
+
+static void user_credentials(void)
+{
+    clean_env();
+    setenv("AWS_ACCESS_KEY_ID", "AKIDTEST", 1);
+    setenv("AWS_SECRET_ACCESS_KEY", "the-secret-key", 1);
+}
+
 Test(create, refuses_bad_options_and_missing_credentials)
 {
+    clean_env();
     struct s3_config c = defaults();
     tr_err err = {{0}};
-    unsetenv("TR_TEST_S3_KEY");
-    setenv("TR_TEST_S3_SECRET", "secret", 1);
+    setenv("TRAINRUN_S3_ENDPOINT", c.endpoint, 1);
     cr_assert_eq(try_create(&c, &err), TR_ERROR);
-    cr_assert(strstr(err.msg, "TR_TEST_S3_KEY"), "%s", err.msg);
+    cr_assert(strstr(err.msg, "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
+              "%s", err.msg);
+    cr_assert(strstr(err.msg, "/.aws/credentials"), "%s", err.msg);
     cr_assert(strstr(err.msg, "never write keys into recipes"), "%s", err.msg);
 
-    setenv("TR_TEST_S3_KEY", "key", 1);
-    c.bucket = "s3://ckpt";
+    setenv("AWS_SECRET_ACCESS_KEY", "secret", 1);
     cr_assert_eq(try_create(&c, &err), TR_ERROR);
-    cr_assert(strstr(err.msg, "invalid bucket"), "%s", err.msg);
+    cr_assert(strstr(err.msg, "AWS_SECRET_ACCESS_KEY is set but AWS_ACCESS_KEY_ID is not"), "%s",
+              err.msg);
+
+    user_credentials();
+    const char *bad_buckets[] = {"s3://ckpt", "a/b", "", "ev il"};
+    for (size_t i = 0; i < sizeof bad_buckets / sizeof *bad_buckets; i++) {
+        c.bucket = bad_buckets[i];
+        cr_assert_eq(try_create(&c, &err), TR_ERROR);
+        cr_assert(strstr(err.msg, "invalid bucket"), "%s: %s", bad_buckets[i], err.msg);
+    }
+    /* virtual-hosted style: the bucket becomes part of the host name */
+    c = defaults();
+    c.path_style = 0;
+    c.endpoint = "https://s3.amazonaws.com";
+    const char *bad_hosts[] = {"evil.example#", "evil.example?", "x@evil.example", "Caps", "a_b"};
+    for (size_t i = 0; i < sizeof bad_hosts / sizeof *bad_hosts; i++) {
+        c.bucket = bad_hosts[i];
+        cr_assert_eq(try_create(&c, &err), TR_ERROR);
+        cr_assert(strstr(err.msg, "invalid bucket"), "%s: %s", bad_hosts[i], err.msg);
+    }
+
+    c = defaults();
+    c.region = "us-east-1\r\nX-Injected: 1";
+    cr_assert_eq(try_create(&c, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "invalid region"), "%s", err.msg);
 
     c = defaults();
     c.endpoint = "127.0.0.1:9000";
     cr_assert_eq(try_create(&c, &err), TR_ERROR);
     cr_assert(strstr(err.msg, "not an http:// or https:// URL"), "%s", err.msg);
+    c.endpoint = "https://s3.amazonaws.com@evil.example";
+    cr_assert_eq(try_create(&c, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "without user info"), "%s", err.msg);
+}
+
+/* A recipe could name any variable (a CI token) as the "access key". */
+Test(create, the_removed_env_options_are_an_error_saying_what_replaced_them)
+{
+    user_credentials();
+    setenv("GITHUB_TOKEN", "ghp_not-for-s3", 1);
+    struct s3_config c = defaults();
+    setenv("TRAINRUN_S3_ENDPOINT", c.endpoint, 1);
+    tr_err err = {{0}};
+    c.access_key_env = "GITHUB_TOKEN";
+    cr_assert_eq(try_create(&c, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "checkpoint.access_key_env was removed"), "%s", err.msg);
+    cr_assert(strstr(err.msg, "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN, or "
+                              "~/.aws/credentials"), "%s", err.msg);
+    c = defaults();
+    c.session_token_env = "GITHUB_TOKEN";
+    cr_assert_eq(try_create(&c, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "checkpoint.session_token_env was removed"), "%s", err.msg);
+}
+
+Test(create, credentials_from_the_environment_first)
+{
+    user_credentials();
+    setenv("AWS_SESSION_TOKEN", "tok", 1);
+    /* a credentials file too: the environment wins, as in the AWS SDKs */
+    char *file = path_join(tmp, "credentials");
+    cr_assert_eq(write_file(file, "[default]\naws_access_key_id = F\naws_secret_access_key = G\n",
+                            52, 0), 0);
+    setenv("AWS_SHARED_CREDENTIALS_FILE", file, 1);
+    struct credentials c;
+    tr_err err = {{0}};
+    cr_assert_eq(load_credentials(&c, &err), TR_OK, "%s", err.msg);
+    cr_assert_str_eq(c.access, "AKIDTEST");
+    cr_assert_str_eq(c.secret, "the-secret-key");
+    cr_assert_str_eq(c.token, "tok");
+    cr_assert(strstr(c.source, "environment"), "%s", c.source);
+    credentials_free(&c);
+    free(file);
+}
+
+static void write_text(const char *path, const char *text)
+{
+    cr_assert_eq(write_file(path, text, strlen(text), 0), 0, "%s", path);
+}
+
+Test(create, credentials_file_profiles)
+{
+    clean_env();
+    char *file = path_join(tmp, "creds.ini");
+    write_text(file, "# the AWS CLI's format\n"
+                     "[default]\n"
+                     "aws_access_key_id = DEFAULTKEY\n"
+                     "aws_secret_access_key = defaultsecret\n"
+                     "\n"
+                     "  [ trainer ]  \n"
+                     "AWS_ACCESS_KEY_ID=TRAINERKEY  \r\n"
+                     "; a comment = not a key\n"
+                     "aws_secret_access_key =  trainer/secret+x==  \n"
+                     "aws_session_token = tok==\n"
+                     "[half]\n"
+                     "aws_access_key_id = ONLY\n");
+    setenv("AWS_SHARED_CREDENTIALS_FILE", file, 1);
+    struct credentials c;
+    tr_err err = {{0}};
+    cr_assert_eq(load_credentials(&c, &err), TR_OK, "%s", err.msg);
+    cr_assert_str_eq(c.access, "DEFAULTKEY");
+    cr_assert_str_eq(c.secret, "defaultsecret");
+    cr_assert_null(c.token);
+    cr_assert(strstr(c.source, "creds.ini [default]"), "%s", c.source);
+    credentials_free(&c);
+
+    setenv("AWS_PROFILE", "trainer", 1);
+    cr_assert_eq(load_credentials(&c, &err), TR_OK, "%s", err.msg);
+    cr_assert_str_eq(c.access, "TRAINERKEY");
+    cr_assert_str_eq(c.secret, "trainer/secret+x==");
+    cr_assert_str_eq(c.token, "tok==");
+    credentials_free(&c);
+
+    setenv("AWS_PROFILE", "half", 1);
+    cr_assert_eq(load_credentials(&c, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "creds.ini lacks a key in profile [half]"), "%s", err.msg);
+    setenv("AWS_PROFILE", "nobody", 1);
+    cr_assert_eq(load_credentials(&c, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "creds.ini has no profile [nobody]"), "%s", err.msg);
+    cr_assert(strstr(err.msg, "AWS_PROFILE"), "%s", err.msg);
+
+    /* without AWS_SHARED_CREDENTIALS_FILE: ~/.aws/credentials */
+    unsetenv("AWS_SHARED_CREDENTIALS_FILE");
+    unsetenv("AWS_PROFILE");
+    char *dir = path_join(tmp, ".aws");
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    char *home_file = path_join(dir, "credentials");
+    write_text(home_file, "[default]\naws_access_key_id=HOMEKEY\naws_secret_access_key=s\n");
+    cr_assert_eq(load_credentials(&c, &err), TR_OK, "%s", err.msg);
+    cr_assert_str_eq(c.access, "HOMEKEY");
+    credentials_free(&c);
+    free(home_file);
+    free(dir);
+    free(file);
+}
+
+Test(endpoints, only_aws_s3_hosts_are_aws)
+{
+    const char *aws[] = {
+        "https://s3.amazonaws.com", "https://s3.eu-west-1.amazonaws.com/",
+        "https://s3-us-west-2.amazonaws.com", "https://s3.dualstack.us-east-1.amazonaws.com",
+        "https://s3-fips.us-gov-west-1.amazonaws.com", "https://s3.cn-north-1.amazonaws.com.cn",
+        "https://S3.US-EAST-1.AMAZONAWS.COM", "https://s3.amazonaws.com:443",
+    };
+    const char *not_aws[] = {
+        "http://s3.amazonaws.com",                     /* signed requests in clear text */
+        "https://s3.amazonaws.com.evil.example",
+        "https://s3.amazonaws.com@evil.example",
+        "https://evil.example/s3.amazonaws.com",
+        "https://evil.example?s3.amazonaws.com",
+        "https://s3-123456.us-east-1.elb.amazonaws.com", /* anyone's load balancer */
+        "https://abc.execute-api.us-east-1.amazonaws.com",
+        "https://ec2-1-2-3-4.compute-1.amazonaws.com",
+        "https://s3.evil.amazonaws.com",
+        "https://s3.amazonaws.com:8443",
+        "https://amazonaws.com",
+        "https://storage.googleapis.com",
+        "http://127.0.0.1:9000",
+    };
+    for (size_t i = 0; i < sizeof aws / sizeof *aws; i++)
+        cr_assert(aws_endpoint(aws[i]), "%s is AWS's S3", aws[i]);
+    for (size_t i = 0; i < sizeof not_aws / sizeof *not_aws; i++)
+        cr_assert(!aws_endpoint(not_aws[i]), "%s is not AWS's S3", not_aws[i]);
+}
+
+Test(endpoints, a_recipe_endpoint_needs_the_users_word)
+{
+    clean_env();
+    char *url = NULL;
+    tr_err err = {{0}};
+    /* the default, and AWS hosts, need nothing */
+    cr_assert_eq(choose_endpoint("", &url, &err), TR_OK, "%s", err.msg);
+    cr_assert_str_eq(url, "https://s3.amazonaws.com");
+    free(url);
+    cr_assert_eq(choose_endpoint("https://s3.eu-west-1.amazonaws.com", &url, &err), TR_OK);
+    free(url);
+    /* another host from the recipe alone: refused, saying how to confirm it */
+    cr_assert_eq(choose_endpoint("http://127.0.0.1:9000", &url, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "endpoint \"http://127.0.0.1:9000\", which is not AWS's S3"), "%s",
+              err.msg);
+    cr_assert(strstr(err.msg, "export TRAINRUN_S3_ENDPOINT=http://127.0.0.1:9000"), "%s", err.msg);
+    /* the user named it: allowed, by any of the three variables */
+    const char *vars[] = {"TRAINRUN_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"};
+    for (size_t i = 0; i < 3; i++) {
+        clean_env();
+        setenv(vars[i], "http://127.0.0.1:9000/", 1);
+        cr_assert_eq(choose_endpoint("http://127.0.0.1:9000", &url, &err), TR_OK, "%s", err.msg);
+        free(url);
+        cr_assert_eq(choose_endpoint("", &url, &err), TR_OK, "%s", err.msg);
+        cr_assert_str_eq(url, "http://127.0.0.1:9000/", "no endpoint in the recipe: the user's");
+        free(url);
+        /* the recipe's own endpoint is not the one the user named */
+        cr_assert_eq(choose_endpoint("http://10.0.0.1:9000", &url, &err), TR_ERROR);
+        cr_assert(strstr(err.msg, "not to the one you named in"), "%s", err.msg);
+        cr_assert(strstr(err.msg, vars[i]), "%s", err.msg);
+    }
 }
 
 /* A port on 127.0.0.1 where nothing listens: bind one, then close it. */
@@ -388,10 +597,10 @@ static int closed_port(void)
 
 Test(create, an_unreachable_endpoint_is_reported_at_once)
 {
-    setenv("TR_TEST_S3_KEY", "key", 1);
-    setenv("TR_TEST_S3_SECRET", "secret", 1);
+    user_credentials();
     char endpoint[64];
     snprintf(endpoint, sizeof endpoint, "http://127.0.0.1:%d", closed_port());
+    setenv("TRAINRUN_S3_ENDPOINT", endpoint, 1); /* the user's own server */
     struct s3_config c = defaults();
     c.endpoint = endpoint;
     tr_err err = {{0}};
@@ -400,6 +609,69 @@ Test(create, an_unreachable_endpoint_is_reported_at_once)
     cr_assert(strstr(err.msg, "s3://ckpt/"), "names the bucket: %s", err.msg);
     cr_assert(strstr(err.msg, "server is up"), "says what to do: %s", err.msg);
 }
+
+/* A listening socket on 127.0.0.1 that never answers: what a host a recipe
+ * chose would receive is whatever connected to it. */
+static int listen_local(int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(fd, 8), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    *port = ntohs(a.sin_port);
+    cr_assert_eq(fcntl(fd, F_SETFL, O_NONBLOCK), 0);
+    return fd;
+}
+
+/* What arrived at the listener (all of it had arrived: create() returned). */
+static char *received(int fd)
+{
+    int c = accept(fd, NULL, NULL);
+    if (c < 0)
+        return NULL;
+    static char text[8192];
+    ssize_t n = recv(c, text, sizeof text - 1, MSG_DONTWAIT);
+    text[n > 0 ? n : 0] = '\0';
+    close(c);
+    return text;
+}
+
+Test(create, no_request_reaches_an_endpoint_the_user_did_not_name)
+{
+    user_credentials();
+    setenv("AWS_SESSION_TOKEN", "the-session-token", 1);
+    setenv("GITHUB_TOKEN", "ghp_not-for-s3", 1);
+    int port;
+    int fd = listen_local(&port);
+    char endpoint[64];
+    snprintf(endpoint, sizeof endpoint, "http://127.0.0.1:%d", port);
+    struct s3_config c = defaults();
+    c.endpoint = endpoint;
+    c.timeout = 1;
+    tr_err err = {{0}};
+    cr_assert_eq(try_create(&c, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "not AWS's S3"), "%s", err.msg);
+    c.access_key_env = "GITHUB_TOKEN"; /* the old way to pick a variable */
+    cr_assert_eq(try_create(&c, &err), TR_ERROR);
+    cr_assert_null(received(fd), "a request went to an endpoint only the recipe named");
+
+    /* the control: once the user names it, requests go there, signed, and
+     * neither the secret key nor another variable is in them */
+    c = defaults();
+    c.endpoint = endpoint;
+    c.timeout = 1;
+    setenv("TRAINRUN_S3_ENDPOINT", endpoint, 1);
+    cr_assert_eq(try_create(&c, &err), TR_ERROR, "the listener never answers");
+    char *request = received(fd);
+    cr_assert_not_null(request, "no request reached the endpoint the user named");
+    cr_assert(strstr(request, "Credential=AKIDTEST/"), "%s", request);
+    cr_assert(!strstr(request, "the-secret-key"), "%s", request);
+    cr_assert(!strstr(request, "ghp_not-for-s3"), "%s", request);
+    close(fd);
+}
+
 
 /* ---- staging and recovery, without a server ------------------------------------------ */
 

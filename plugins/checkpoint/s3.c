@@ -34,6 +34,15 @@
  *
  * list() and get() always read the bucket, never the local cache, so a run
  * resumes on any machine.
+ *
+ * Credentials come from where every AWS tool reads them, never from the
+ * recipe: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else
+ * the shared credentials file (AWS_SHARED_CREDENTIALS_FILE or
+ * ~/.aws/credentials, profile AWS_PROFILE or "default").  A recipe is shared
+ * data: it may choose the endpoint, but requests signed with the user's keys
+ * (and the session token, sent as it is) go only to AWS's own S3 hosts or to
+ * an endpoint the user named outside the recipe (TRAINRUN_S3_ENDPOINT,
+ * AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL).
  */
 #define _POSIX_C_SOURCE 200809L /* POSIX file and thread APIs under strict C11 */
 
@@ -50,6 +59,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <time.h>
@@ -78,24 +88,28 @@ static const struct tr_option s3_options[] = {
      "key prefix for this run's objects, e.g. \"runs/exp1/\" (keys are <prefix><name>/<blob>, "
      "<prefix><name>/MANIFEST and <prefix>LATEST); include the trailing /",
      offsetof(struct s3_config, prefix)},
-    {TR_OPT_STRING, "endpoint", "https://s3.amazonaws.com", 0, 0, NULL,
+    {TR_OPT_STRING, "endpoint", "", 0, 0, NULL,
      "base URL of the S3 API, e.g. http://127.0.0.1:9000 for MinIO, "
-     "https://storage.googleapis.com for GCS, https://<account>.r2.cloudflarestorage.com for R2",
+     "https://storage.googleapis.com for GCS, https://<account>.r2.cloudflarestorage.com for R2; "
+     "empty: TRAINRUN_S3_ENDPOINT, AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, else "
+     "https://s3.amazonaws.com. Your credentials go to a host other than AWS's S3 only when "
+     "you named it in one of those variables (see docs/checkpoints-s3.md)",
      offsetof(struct s3_config, endpoint)},
     {TR_OPT_STRING, "region", "us-east-1", 0, 0, NULL,
      "region the requests are signed for (SigV4); must be the bucket's region on AWS; "
      "\"auto\" for R2",
      offsetof(struct s3_config, region)},
-    {TR_OPT_STRING, "access_key_env", "AWS_ACCESS_KEY_ID", 0, 0, NULL,
-     "name of the environment variable holding the access key id (never write keys into "
-     "recipes)",
+    /* Removed: a recipe could name any variable (a CI token, a database
+     * password) and have its value sent to a host of its choice.  Kept in
+     * the schema only to tell an old recipe what replaced them. */
+    {TR_OPT_STRING, "access_key_env", "", 0, 0, NULL,
+     "removed: credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or "
+     "~/.aws/credentials, never from a recipe; setting it is an error",
      offsetof(struct s3_config, access_key_env)},
-    {TR_OPT_STRING, "secret_key_env", "AWS_SECRET_ACCESS_KEY", 0, 0, NULL,
-     "name of the environment variable holding the secret access key",
-     offsetof(struct s3_config, secret_key_env)},
-    {TR_OPT_STRING, "session_token_env", "AWS_SESSION_TOKEN", 0, 0, NULL,
-     "name of the environment variable holding a session token for temporary credentials; "
-     "unset or empty: none is sent",
+    {TR_OPT_STRING, "secret_key_env", "", 0, 0, NULL,
+     "removed, as access_key_env", offsetof(struct s3_config, secret_key_env)},
+    {TR_OPT_STRING, "session_token_env", "", 0, 0, NULL,
+     "removed: a session token comes from AWS_SESSION_TOKEN or the credentials file",
      offsetof(struct s3_config, session_token_env)},
     {TR_OPT_BOOL, "path_style", "true", 0, 0, NULL,
      "true: URLs are <endpoint>/<bucket>/<key> (MinIO, Ceph, most S3-compatible servers); "
@@ -595,6 +609,7 @@ struct s3 {
     char *sigv4;            /* "aws:amz:<region>:s3" for CURLOPT_AWS_SIGV4 */
     char *credentials;      /* "access:secret" for CURLOPT_USERPWD */
     char *token_header;     /* "x-amz-security-token: ...", or NULL */
+    char *creds_source;     /* where the credentials came from, for error hints */
     int path_style;
     long timeout;
     int retries;
@@ -769,18 +784,19 @@ static const char *hint_for(const struct s3 *s, const char *code, long status)
         {"NoSuchBucket", "create the bucket, or fix checkpoint.bucket / checkpoint.endpoint"},
         {"AccessDenied", "the credentials lack permission: they need s3:ListBucket, "
                          "s3:GetObject, s3:PutObject and s3:DeleteObject on the bucket and prefix"},
-        {"InvalidAccessKeyId", "check the access key in the variable named by "
-                               "checkpoint.access_key_env"},
-        {"SignatureDoesNotMatch", "check the secret key in the variable named by "
-                                  "checkpoint.secret_key_env, and checkpoint.region"},
+        {"InvalidAccessKeyId", "check the access key (AWS_ACCESS_KEY_ID, or "
+                               "aws_access_key_id in the credentials file)"},
+        {"SignatureDoesNotMatch", "check the secret key (AWS_SECRET_ACCESS_KEY, or "
+                                  "aws_secret_access_key in the credentials file) and "
+                                  "checkpoint.region"},
         {"AuthorizationHeaderMalformed", "set checkpoint.region to the bucket's region"},
         {"PermanentRedirect", "the bucket lives elsewhere: set checkpoint.region and "
                               "checkpoint.endpoint to its region's endpoint"},
         {"IllegalLocationConstraintException", "set checkpoint.region to the bucket's region"},
         {"RequestTimeTooSkewed", "this machine's clock is off: synchronise it (NTP)"},
         {"ExpiredToken", "the temporary credentials expired: refresh them"},
-        {"InvalidToken", "check the session token in the variable named by "
-                         "checkpoint.session_token_env"},
+        {"InvalidToken", "check the session token (AWS_SESSION_TOKEN, or aws_session_token "
+                         "in the credentials file)"},
         {"XAmzContentSHA256Mismatch", "the data was corrupted on the way: check the network"},
         {"BadDigest", "the data was corrupted on the way: check the network"},
         {"SlowDown", "the server is throttling: save less often or raise checkpoint.retries"},
@@ -796,8 +812,8 @@ static const char *hint_for(const struct s3 *s, const char *code, long status)
     if (status == 400)
         return "check checkpoint.region and checkpoint.endpoint";
     if (status == 401 || status == 403)
-        return "check the credentials (checkpoint.access_key_env, checkpoint.secret_key_env) "
-               "and their permissions on the bucket";
+        return "check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or the "
+               "credentials file and AWS_PROFILE) and their permissions on the bucket";
     if (status >= 500)
         return "the server failed: retry later or raise checkpoint.retries";
     return "check checkpoint.endpoint, checkpoint.bucket and checkpoint.prefix";
@@ -1483,6 +1499,306 @@ static void recover_staging(struct s3 *s)
     closedir(d);
 }
 
+/* ---- credentials, and where they may be sent ------------------------------------ */
+
+struct credentials {
+    char *access, *secret, *token; /* token may be NULL */
+    char *source;                  /* "the environment" or "<file> [profile]" */
+};
+
+static void wipe(char *secret)
+{
+    if (secret) { /* do not leave a secret in freed memory */
+        memset(secret, 0, strlen(secret));
+        free(secret);
+    }
+}
+
+static void credentials_free(struct credentials *c)
+{
+    wipe(c->access);
+    wipe(c->secret);
+    wipe(c->token);
+    free(c->source);
+    memset(c, 0, sizeof *c);
+}
+
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\r' || s[n - 1] == '\n'))
+        s[--n] = '\0';
+    return s;
+}
+
+/* The AWS shared credentials file, an INI file:
+ *
+ *   [default]
+ *   aws_access_key_id = AKIA...
+ *   aws_secret_access_key = ...
+ *   aws_session_token = ...      (optional)
+ *
+ * Lines starting with '#' or ';' are comments; keys are case-insensitive.
+ * Returns TR_OK with c filled, NO_FILE when the file does not exist,
+ * TR_ERROR with err set when it exists but does not hold the profile's keys. */
+#define NO_FILE 1
+static int read_credentials_file(const char *path, const char *profile, struct credentials *c,
+                                 tr_err *err)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        if (errno == ENOENT)
+            return NO_FILE;
+        return tr_fail(err, "s3 checkpoint: cannot read the credentials file %s: %s", path,
+                       strerror(errno));
+    }
+    char line[4096];
+    int in_profile = 0, found = 0, lineno = 0;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        char *l = trim(line);
+        if (!*l || *l == '#' || *l == ';')
+            continue;
+        if (*l == '[') {
+            char *end = strchr(l, ']');
+            if (end)
+                *end = '\0';
+            in_profile = end && strcmp(trim(l + 1), profile) == 0;
+            found |= in_profile;
+            continue;
+        }
+        char *eq = strchr(l, '=');
+        if (!in_profile || !eq)
+            continue;
+        *eq = '\0';
+        char *key = trim(l), *value = trim(eq + 1);
+        char **slot = strcasecmp(key, "aws_access_key_id") == 0       ? &c->access
+                      : strcasecmp(key, "aws_secret_access_key") == 0 ? &c->secret
+                      : strcasecmp(key, "aws_session_token") == 0     ? &c->token
+                                                                      : NULL;
+        if (slot && *value) {
+            wipe(*slot);
+            *slot = strdup(value);
+        }
+    }
+    memset(line, 0, sizeof line);
+    fclose(f);
+    c->source = str_printf("%s [%s]", path, profile);
+    if (!found || !c->access || !c->secret) {
+        tr_fail(err, "s3 checkpoint: the credentials file %s %s [%s]; set aws_access_key_id and "
+                     "aws_secret_access_key there, choose another profile with AWS_PROFILE, or set "
+                     "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+                path, found ? "lacks a key in profile" : "has no profile", profile);
+        credentials_free(c);
+        return TR_ERROR;
+    }
+    if (!c->source) {
+        credentials_free(c);
+        return tr_fail(err, "s3 checkpoint: out of memory");
+    }
+    return TR_OK;
+}
+
+/* The standard places, in the AWS SDKs' order: the environment, then the
+ * shared credentials file. */
+static int load_credentials(struct credentials *c, tr_err *err)
+{
+    memset(c, 0, sizeof *c);
+    const char *access = getenv("AWS_ACCESS_KEY_ID"), *secret = getenv("AWS_SECRET_ACCESS_KEY");
+    if ((access && *access) || (secret && *secret)) {
+        if (!access || !*access || !secret || !*secret)
+            return tr_fail(err, "s3 checkpoint: %s is set but %s is not: set both (or neither, "
+                                "to use ~/.aws/credentials)",
+                           access && *access ? "AWS_ACCESS_KEY_ID" : "AWS_SECRET_ACCESS_KEY",
+                           access && *access ? "AWS_SECRET_ACCESS_KEY" : "AWS_ACCESS_KEY_ID");
+        const char *token = getenv("AWS_SESSION_TOKEN");
+        c->access = strdup(access);
+        c->secret = strdup(secret);
+        c->token = token && *token ? strdup(token) : NULL;
+        c->source = strdup("the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)");
+        if (!c->access || !c->secret || (token && *token && !c->token) || !c->source) {
+            credentials_free(c);
+            return tr_fail(err, "s3 checkpoint: out of memory");
+        }
+        return TR_OK;
+    }
+    const char *file = getenv("AWS_SHARED_CREDENTIALS_FILE");
+    const char *home = getenv("HOME");
+    char *path = file && *file ? strdup(file)
+                 : home && *home ? str_printf("%s/.aws/credentials", home) : NULL;
+    const char *profile = getenv("AWS_PROFILE");
+    if (!profile || !*profile)
+        profile = "default";
+    int rc = path ? read_credentials_file(path, profile, c, err) : NO_FILE;
+    if (rc == NO_FILE)
+        tr_fail(err, "s3 checkpoint: no credentials: set AWS_ACCESS_KEY_ID and "
+                     "AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary ones), or put "
+                     "them in %s (profile from AWS_PROFILE, else [default]); never write keys "
+                     "into recipes", path ? path : "~/.aws/credentials");
+    free(path);
+    return rc == TR_OK ? TR_OK : TR_ERROR;
+}
+
+/* The endpoint the user named outside the recipe, and the variable naming it. */
+static const char *user_endpoint(const char **variable)
+{
+    static const char *const names[] = {"TRAINRUN_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3",
+                                        "AWS_ENDPOINT_URL"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const char *v = getenv(names[i]);
+        if (v && *v) {
+            *variable = names[i];
+            return v;
+        }
+    }
+    *variable = NULL;
+    return NULL;
+}
+
+/* "https://host/" and "https://HOST" name the same endpoint. */
+static int same_endpoint(const char *a, const char *b)
+{
+    size_t na = strlen(a), nb = strlen(b);
+    while (na > 8 && a[na - 1] == '/')
+        na--;
+    while (nb > 8 && b[nb - 1] == '/')
+        nb--;
+    return na == nb && strncasecmp(a, b, na) == 0;
+}
+
+/* us-east-1, eu-west-3, us-gov-west-1, cn-north-1, ap-southeast-2 */
+static int region_like(const char *s, size_t n)
+{
+    size_t i = 0, parts = 0;
+    while (i < n) {
+        size_t start = i;
+        while (i < n && s[i] != '-')
+            i++;
+        if (i == start)
+            return 0;
+        for (size_t k = start; k < i; k++)
+            if (!((s[k] >= 'a' && s[k] <= 'z') || (s[k] >= '0' && s[k] <= '9')))
+                return 0;
+        parts++;
+        if (i < n)
+            i++; /* the '-' */
+        else if (!(s[i - 1] >= '0' && s[i - 1] <= '9'))
+            return 0; /* ends in the region's number */
+    }
+    return parts >= 3 && !(s[0] >= '0' && s[0] <= '9');
+}
+
+/* AWS's own S3 API hosts over https: s3.amazonaws.com, s3.<region>, s3-<region>,
+ * s3.dualstack.<region>, s3-fips[.dualstack].<region> under amazonaws.com(.cn).
+ * Only these: other names under amazonaws.com (load balancers, API gateways,
+ * EC2 hosts) are anyone's, and one can be called "s3-something". */
+static int aws_endpoint(const char *url)
+{
+    if (strncasecmp(url, "https://", 8) != 0)
+        return 0;
+    const char *host = url + 8;
+    size_t n = strcspn(host, "/?#");
+    char h[256];
+    if (n == 0 || n >= sizeof h)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = host[i];
+        if (ch >= 'A' && ch <= 'Z')
+            ch = (char)(ch - 'A' + 'a');
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' || ch == '-' ||
+              ch == ':'))
+            return 0; /* '@' (user info), '%', '\\' ... */
+        h[i] = ch;
+    }
+    h[n] = '\0';
+    char *colon = strchr(h, ':');
+    if (colon) {
+        if (strcmp(colon, ":443") != 0)
+            return 0;
+        *colon = '\0';
+        n = (size_t)(colon - h);
+    }
+    size_t rest;
+    if (n > 14 && strcmp(h + n - 14, ".amazonaws.com") == 0)
+        rest = n - 14;
+    else if (n > 17 && strcmp(h + n - 17, ".amazonaws.com.cn") == 0)
+        rest = n - 17;
+    else
+        return 0;
+    h[rest] = '\0';
+    const char *region;
+    if (strcmp(h, "s3") == 0)
+        return 1;
+    if (strncmp(h, "s3-fips.dualstack.", 18) == 0)
+        region = h + 18;
+    else if (strncmp(h, "s3.dualstack.", 13) == 0)
+        region = h + 13;
+    else if (strncmp(h, "s3-fips.", 8) == 0)
+        region = h + 8;
+    else if (strncmp(h, "s3.", 3) == 0 || strncmp(h, "s3-", 3) == 0)
+        region = h + 3;
+    else
+        return 0;
+    return !strchr(region, '.') && region_like(region, strlen(region));
+}
+
+/* The endpoint requests go to, and whether the user's credentials may go there. */
+static int choose_endpoint(const char *configured, char **endpoint, tr_err *err)
+{
+    const char *variable;
+    const char *mine = user_endpoint(&variable);
+    const char *url = configured[0] ? configured : mine ? mine : "https://s3.amazonaws.com";
+    if (strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0)
+        return tr_fail(err, "s3 checkpoint: endpoint \"%s\"%s%s is not an http:// or https:// URL",
+                       url, configured[0] ? "" : " from ", configured[0] ? "" : variable);
+    /* no user info ("https://s3.amazonaws.com@evil.example"), no query or fragment */
+    const char *host = strstr(url, "://") + 3;
+    size_t host_len = strcspn(host, "/");
+    if (memchr(host, '@', host_len) || strpbrk(url, "?#\\ \t\r\n"))
+        return tr_fail(err, "s3 checkpoint: endpoint \"%s\" must be scheme://host[:port][/path], "
+                            "without user info, query or spaces", url);
+    if (!aws_endpoint(url) && !(mine && same_endpoint(url, mine))) {
+        if (mine)
+            return tr_fail(err, "s3 checkpoint: the recipe sends checkpoints to endpoint \"%s\", "
+                                "not to the one you named in %s (\"%s\"); trainrun signs "
+                                "requests with your credentials only for AWS's S3 or for the "
+                                "endpoint you named: check the recipe's checkpoint.endpoint "
+                                "(trainrun show), then set %s to it if you trust it",
+                           url, variable, mine, variable);
+        return tr_fail(err, "s3 checkpoint: the recipe sends checkpoints to endpoint \"%s\", "
+                            "which is not AWS's S3; trainrun signs requests with your "
+                            "credentials for such an endpoint only when you name it outside the "
+                            "recipe: if you trust it, export TRAINRUN_S3_ENDPOINT=%s (or "
+                            "AWS_ENDPOINT_URL) and run again", url, url);
+    }
+    *endpoint = strdup(url);
+    if (!*endpoint)
+        return tr_fail(err, "s3 checkpoint: out of memory");
+    return TR_OK;
+}
+
+/* S3's bucket rules, loosened for the legacy names some servers accept
+ * ('_', upper case) in path style.  In virtual-hosted style the bucket
+ * becomes part of the host name, so it must be a DNS label sequence: a '#',
+ * '?' or '@' there would send the request (and its signature) elsewhere. */
+static int valid_bucket(const char *b, int path_style)
+{
+    size_t n = strlen(b);
+    if (n < 1 || n > 255)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = b[i];
+        int ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-';
+        if (path_style)
+            ok |= (c >= 'A' && c <= 'Z') || c == '_';
+        if (!ok)
+            return 0;
+    }
+    return path_style || (n >= 3 && n <= 63 && b[0] != '.' && b[0] != '-' && !strstr(b, ".."));
+}
+
 /* ---- create / destroy --------------------------------------------------------- */
 
 static void s3_abort(void *self);
@@ -1510,6 +1826,9 @@ static void s3_destroy(void *self)
     free(s->sigv4);
     if (s->credentials) /* do not leave the secret in freed memory */
         memset(s->credentials, 0, strlen(s->credentials));
+    if (s->token_header)
+        memset(s->token_header, 0, strlen(s->token_header));
+    free(s->creds_source);
     free(s->credentials);
     free(s->token_header);
     free(s->cache_dir);
@@ -1522,33 +1841,51 @@ static int s3_create(const struct tr_host *host, const void *config,
     const struct s3_config *cfg = config;
     if (!host || !host->alloc || !host->free)
         return tr_fail(err, "s3 checkpoint: the host provides no allocator");
-    if (!cfg->bucket[0] || strchr(cfg->bucket, '/'))
+    const char *removed = cfg->access_key_env[0]    ? "access_key_env"
+                          : cfg->secret_key_env[0]    ? "secret_key_env"
+                          : cfg->session_token_env[0] ? "session_token_env"
+                                                      : NULL;
+    if (removed)
+        return tr_fail(err, "s3 checkpoint: checkpoint.%s was removed: a recipe no longer says "
+                            "where credentials come from; they come from the standard places, "
+                            "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN, or "
+                            "~/.aws/credentials (AWS_SHARED_CREDENTIALS_FILE, AWS_PROFILE): "
+                            "delete checkpoint.%s from the recipe", removed, removed);
+    if (!valid_bucket(cfg->bucket, cfg->path_style))
         return tr_fail(err, "s3 checkpoint: invalid bucket \"%s\": give the bucket's name "
-                            "alone (no s3://, no '/'); put a path into checkpoint.prefix",
-                       cfg->bucket);
-    if (strncmp(cfg->endpoint, "http://", 7) != 0 && strncmp(cfg->endpoint, "https://", 8) != 0)
-        return tr_fail(err, "s3 checkpoint: endpoint \"%s\" is not an http:// or https:// URL",
-                       cfg->endpoint);
-    if (!cfg->region[0] || strchr(cfg->region, ':'))
+                            "alone (letters, digits, '.', '-'; no s3://, no '/'); put a path "
+                            "into checkpoint.prefix", cfg->bucket);
+    if (!cfg->region[0] || strspn(cfg->region, "abcdefghijklmnopqrstuvwxyz0123456789-") !=
+                               strlen(cfg->region))
         return tr_fail(err, "s3 checkpoint: invalid region \"%s\"", cfg->region);
-    const char *access = getenv(cfg->access_key_env);
-    const char *secret = getenv(cfg->secret_key_env);
-    if (!access || !access[0] || !secret || !secret[0])
-        return tr_fail(err, "s3 checkpoint: no credentials: set the environment variables %s "
-                            "and %s (or name others in checkpoint.access_key_env and "
-                            "checkpoint.secret_key_env); never write keys into recipes",
-                       cfg->access_key_env, cfg->secret_key_env);
-    if (strchr(access, ':'))
-        return tr_fail(err, "s3 checkpoint: the access key in %s contains ':'; check it",
-                       cfg->access_key_env);
+    char *endpoint = NULL;
+    if (choose_endpoint(cfg->endpoint, &endpoint, err) != TR_OK)
+        return TR_ERROR;
+    struct credentials creds;
+    if (load_credentials(&creds, err) != TR_OK) {
+        free(endpoint);
+        return TR_ERROR;
+    }
+    if (strchr(creds.access, ':') || strpbrk(creds.token ? creds.token : "", "\r\n")) {
+        tr_fail(err, "s3 checkpoint: the %s from %s contains '%s'; check it",
+                strchr(creds.access, ':') ? "access key" : "session token", creds.source,
+                strchr(creds.access, ':') ? ":" : "a line break");
+        credentials_free(&creds);
+        free(endpoint);
+        return TR_ERROR;
+    }
     const char *run_dir = args->run_dir ? args->run_dir : "";
+    struct s3 *s = NULL;
     if (cfg->cache_dir[0] != '/' && !run_dir[0])
-        return tr_fail(err, "s3 checkpoint: no run directory for the staging cache; set "
-                            "checkpoint.cache_dir to an absolute path");
-
-    struct s3 *s = calloc(1, sizeof *s);
-    if (!s)
-        return tr_fail(err, "s3 checkpoint: out of memory");
+        tr_fail(err, "s3 checkpoint: no run directory for the staging cache; set "
+                     "checkpoint.cache_dir to an absolute path");
+    else if (!(s = calloc(1, sizeof *s)))
+        tr_fail(err, "s3 checkpoint: out of memory");
+    if (!s) {
+        credentials_free(&creds);
+        free(endpoint);
+        return TR_ERROR;
+    }
     s->host = host;
     pthread_mutex_init(&s->latest_lock, NULL);
     pthread_mutex_init(&s->call_lock, NULL);
@@ -1558,12 +1895,15 @@ static int s3_create(const struct tr_host *host, const void *config,
     s->retries = (int)cfg->retries;
     s->bucket = strdup(cfg->bucket);
     s->prefix = strdup(cfg->prefix);
-    s->endpoint = strdup(cfg->endpoint);
+    s->endpoint = endpoint;
     s->sigv4 = str_printf("aws:amz:%s:s3", cfg->region);
-    s->credentials = str_printf("%s:%s", access, secret);
-    const char *token = cfg->session_token_env[0] ? getenv(cfg->session_token_env) : NULL;
-    if (token && token[0])
-        s->token_header = str_printf("x-amz-security-token: %s", token);
+    s->credentials = str_printf("%s:%s", creds.access, creds.secret);
+    int want_token = creds.token && creds.token[0];
+    if (want_token)
+        s->token_header = str_printf("x-amz-security-token: %s", creds.token);
+    s->creds_source = creds.source;
+    creds.source = NULL;
+    credentials_free(&creds);
     if (!cfg->cache_dir[0])
         s->cache_dir = path_join(run_dir, "s3-staging");
     else if (cfg->cache_dir[0] == '/')
@@ -1571,7 +1911,7 @@ static int s3_create(const struct tr_host *host, const void *config,
     else
         s->cache_dir = path_join(run_dir, cfg->cache_dir);
     if (!s->bucket || !s->prefix || !s->endpoint || !s->sigv4 ||
-        !s->credentials || (token && token[0] && !s->token_header) || !s->cache_dir) {
+        !s->credentials || (want_token && !s->token_header) || !s->cache_dir) {
         s3_destroy(s);
         return tr_fail(err, "s3 checkpoint: out of memory");
     }

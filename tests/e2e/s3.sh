@@ -9,6 +9,8 @@
 #      the next run uploads the staged copy and resumes from it
 #   d) signatures: moto with authentication on, and botocore recomputing the
 #      signature of every request for a prefix that needs escaping
+#   e) credentials: from ~/.aws/credentials (a profile); never to an endpoint
+#      only the recipe named, never from a variable the recipe named
 . "$(dirname "$0")/lib.sh"
 PYTHON=${PYTHON:-python3}
 command -v "$PYTHON" > /dev/null 2>&1 || skip "python3 is not installed (needed for moto)"
@@ -265,6 +267,10 @@ tool make_bucket "$endpoint" ckpt
 AWS_ACCESS_KEY_ID=testing
 AWS_SECRET_ACCESS_KEY=testing
 export AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
+# the recipes below name this endpoint; the user confirms it here, outside them
+TRAINRUN_S3_ENDPOINT=$endpoint
+export TRAINRUN_S3_ENDPOINT
+unset AWS_SESSION_TOKEN AWS_PROFILE AWS_SHARED_CREDENTIALS_FILE AWS_ENDPOINT_URL AWS_ENDPOINT_URL_S3
 
 recipe() { # recipe FILE DIM PREFIX
   cat > "$1" << EOF
@@ -326,8 +332,8 @@ die_during() {
   watcher=$!
   wait_file stop-watch.ready
   set +e
-  "$TRAINRUN" big.lua run_dir="$dir" checkpoint.prefix="$prefix" \
-    checkpoint.endpoint="http://127.0.0.1:$proxy_port" "$@" --quiet > "$log" 2>&1
+  TRAINRUN_S3_ENDPOINT="http://127.0.0.1:$proxy_port" "$TRAINRUN" big.lua run_dir="$dir" \
+    checkpoint.prefix="$prefix" checkpoint.endpoint="http://127.0.0.1:$proxy_port" "$@" --quiet > "$log" 2>&1
   code=$?
   set -e
   touch stop-watch
@@ -371,8 +377,8 @@ tool sigcheck sig.port sig.done > sig.out 2>&1 &
 sigpid=$!
 pids="$pids $sigpid"
 wait_file sig.port
-"$TRAINRUN" small.lua run_dir=d1 train.steps=5 checkpoint.endpoint="http://127.0.0.1:$(cat sig.port)" \
-  'checkpoint.prefix=runs/exp 1+x=y/' --quiet > d1.log 2>&1 || { cat d1.log >&2; fail "run against the signature checker failed"; }
+TRAINRUN_S3_ENDPOINT="http://127.0.0.1:$(cat sig.port)" "$TRAINRUN" small.lua run_dir=d1 train.steps=5 \
+  checkpoint.endpoint="http://127.0.0.1:$(cat sig.port)" 'checkpoint.prefix=runs/exp 1+x=y/' --quiet > d1.log 2>&1 || { cat d1.log >&2; fail "run against the signature checker failed"; }
 touch sig.done
 wait $sigpid
 grep -q " 0 mismatches" sig.out || { cat sig.out >&2; fail "signatures differ from botocore's"; }
@@ -389,6 +395,47 @@ AWS_SECRET_ACCESS_KEY=wrong "$TRAINRUN" small.lua run_dir=d3 checkpoint.prefix=s
 code=$?
 set -e
 [ $code -ne 0 ] || fail "a wrong secret key was accepted"
-grep -q "SignatureDoesNotMatch.*secret_key_env" d3.log || { cat d3.log >&2; fail "a wrong secret key is not explained"; }
+grep -q "SignatureDoesNotMatch.*AWS_SECRET_ACCESS_KEY" d3.log || { cat d3.log >&2; fail "a wrong secret key is not explained"; }
 echo "s3: d) $(tail -n 1 sig.out) against botocore; moto checked signatures"
+
+# ---- e) credentials
+# from a profile of a shared credentials file, as the AWS CLI writes it
+cat > credentials << EOF
+[default]
+aws_access_key_id = wrong
+aws_secret_access_key = wrong
+
+[trainer]
+aws_access_key_id = $AWS_ACCESS_KEY_ID
+aws_secret_access_key = $AWS_SECRET_ACCESS_KEY
+EOF
+env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY AWS_SHARED_CREDENTIALS_FILE="$work/credentials" \
+  AWS_PROFILE=trainer "$TRAINRUN" small.lua run_dir=e1 train.steps=5 checkpoint.prefix=profile- \
+  --quiet > e1.log 2>&1 || { cat e1.log >&2; fail "credentials from a profile of the credentials file"; }
+grep -q "uploaded step-0000000005" e1.log || { cat e1.log >&2; fail "no upload with the profile's keys"; }
+# a recipe's own endpoint gets nothing (a listener records what reaches it),
+# nor does an old recipe that names a variable as its "secret"
+rm -f sig.port sig.done
+tool sigcheck sig.port sig.done > sig.out 2>&1 &
+sigpid=$!
+pids="$pids $sigpid"
+wait_file sig.port
+sed "s|endpoint = \"$endpoint\"|endpoint = \"http://127.0.0.1:$(cat sig.port)\"|" small.lua > elsewhere.lua
+grep -q "127.0.0.1:$(cat sig.port)" elsewhere.lua || fail "elsewhere.lua names no other endpoint"
+sed "s|retries = 1|retries = 1, secret_key_env = \"SOME_TOKEN\"|" small.lua > oldkeys.lua
+grep -q "secret_key_env" oldkeys.lua || fail "oldkeys.lua names no variable"
+set +e
+env -u TRAINRUN_S3_ENDPOINT SOME_TOKEN=not-for-s3 "$TRAINRUN" elsewhere.lua run_dir=e2 train.steps=5 --quiet > e2.log 2>&1
+e2=$?
+SOME_TOKEN=not-for-s3 "$TRAINRUN" oldkeys.lua run_dir=e3 train.steps=5 --quiet > e3.log 2>&1
+e3=$?
+set -e
+touch sig.done
+wait $sigpid
+[ $e2 -ne 0 ] || { cat e2.log >&2; fail "a run against an endpoint only the recipe named went ahead"; }
+grep -q "which is not AWS's S3.*TRAINRUN_S3_ENDPOINT" e2.log || { cat e2.log >&2; fail "the refused endpoint is not explained"; }
+grep -q "^0 requests" sig.out || { cat sig.out >&2; fail "requests reached an endpoint only the recipe named"; }
+[ $e3 -ne 0 ] || { cat e3.log >&2; fail "checkpoint.secret_key_env was accepted"; }
+grep -q "checkpoint.secret_key_env was removed.*AWS_ACCESS_KEY_ID" e3.log || { cat e3.log >&2; fail "the removed option is not explained"; }
+echo "s3: e) credentials from a profile; none sent to an endpoint only the recipe named"
 echo "s3: ok"
