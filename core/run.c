@@ -121,7 +121,14 @@ static int lock_run_dir(struct run *r, tr_err *err)
         free(path);
         return rc;
     }
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    /* a holder killed a moment ago (a job restarted right after kill -9)
+     * may still be exiting: its lock goes with it within milliseconds, so
+     * try for a second before naming it */
+    int locked = -1;
+    for (int tries = 0; tries < 20 && (locked = flock(fd, LOCK_EX | LOCK_NB)) != 0 &&
+                        errno == EWOULDBLOCK; tries++)
+        usleep(50 * 1000);
+    if (locked != 0) {
         int e = errno;
         if (e == EWOULDBLOCK) {
             char holder[1024];
@@ -158,6 +165,24 @@ static int lock_run_dir(struct run *r, tr_err *err)
     r->lock_fd = fd;
     r->have_lock = 1;
     return TR_OK;
+}
+
+/* A fresh start in a run directory that holds an earlier run would cut its
+ * metrics.jsonl and write new checkpoints among its old ones (a later
+ * --resume auto would then pick the newest of either run): refuse, and say
+ * how to continue it or where else to start. */
+static int earlier_run(const struct run *r, tr_err *err)
+{
+    char *path = tr_xasprintf("%s/metrics.jsonl", r->cfg->run_dir);
+    struct stat st;
+    int used = stat(path, &st) == 0 && st.st_size > 0;
+    free(path);
+    if (!used)
+        return TR_OK;
+    const char *dir = r->cfg->run_dir;
+    return tr_fail(err, "%s holds an earlier run (%s/metrics.jsonl and its checkpoints): continue "
+                   "it with --resume auto, or start this one in a directory of its own "
+                   "(run_dir=...); to start over here, remove %s first", dir, dir, dir);
 }
 
 static void unlock_run_dir(struct run *r)
@@ -1030,7 +1055,8 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
     int code = TR_EXIT_ERROR;
     /* before anything in run_dir is opened (metrics.jsonl is truncated on a
      * fresh start): rank 0 writes for the whole job, so it alone locks */
-    if (cfg->rank.rank == 0 && lock_run_dir(r, &err) != TR_OK)
+    if (cfg->rank.rank == 0 && (lock_run_dir(r, &err) != TR_OK ||
+                                (!flags->resume && earlier_run(r, &err) != TR_OK)))
         goto fail;
     if (setup(r, &err) != TR_OK)
         goto fail;

@@ -38,7 +38,16 @@ kill -0 $pid 2>/dev/null || { cat a.err; fail "the first run died"; }
 # a SIGKILLed holder leaves no stuck lock: the next run starts at once
 kill -KILL $pid
 wait $pid 2>/dev/null || true
-"$TRAINRUN" "$R" train.steps=5 run_dir=a --quiet 2> third.txt || { cat third.txt; fail "the lock outlived a killed run"; }
+"$TRAINRUN" "$R" train.steps=5 run_dir=a --resume auto --quiet 2> third.txt || { cat third.txt; fail "the lock outlived a killed run"; }
+# a fresh start would cut the earlier run's metrics and mix checkpoints of two runs
+set +e
+"$TRAINRUN" "$R" train.steps=5 run_dir=a --quiet 2> fresh.txt
+code=$?
+set -e
+[ $code -eq 1 ] || { cat fresh.txt; fail "a fresh start over an earlier run: exit $code, not 1"; }
+grep -q "a holds an earlier run (a/metrics.jsonl and its checkpoints): continue it with --resume auto" fresh.txt \
+  || { cat fresh.txt; fail "no message for a fresh start over an earlier run"; }
+[ "$(head -n 1 a/metrics.jsonl)" = "$first" ] || fail "the refused fresh start touched the metrics"
 
 # a reader of a running run (sample loads its checkpoints) leaves the saves in
 # progress alone: it once took them for leftovers of a crash and deleted them
