@@ -79,6 +79,9 @@ set +e; wait $pid; code=$?; set -e
 # --- a full disk during metrics.jsonl and trace.json writes ---------------------------
 shim="$TR_BUILDDIR/tests/shims/.libs/enospc.so"
 [ -f "$shim" ] || fail "no $shim"
+# a sanitizer build wants its runtime first in LD_PRELOAD
+asan=$(ldd "$TRAINRUN" 2>/dev/null | awk '/libasan/ { print $3 }')
+shim="${asan:+$asan:}$shim"
 # every line must parse: a torn line would make the file unreadable
 whole_lines() {
   if command -v python3 > /dev/null; then
