@@ -124,12 +124,14 @@ static int lock_run_dir(struct run *r, tr_err *err)
     /* a holder killed a moment ago (a job restarted right after kill -9)
      * may still be exiting: its lock goes with it within milliseconds, so
      * try for a second before naming it */
-    int locked = -1;
-    for (int tries = 0; tries < 20 && (locked = flock(fd, LOCK_EX | LOCK_NB)) != 0 &&
-                        errno == EWOULDBLOCK; tries++)
+    int e = 0;
+    for (int tries = 0;; tries++) {
+        e = flock(fd, LOCK_EX | LOCK_NB) == 0 ? 0 : errno;
+        if (e != EWOULDBLOCK || tries == 19)
+            break;
         usleep(50 * 1000);
-    if (locked != 0) {
-        int e = errno;
+    }
+    if (e != 0) {
         if (e == EWOULDBLOCK) {
             char holder[1024];
             ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
