@@ -617,6 +617,26 @@ static int metrics_close(struct run *r, tr_err *err)
     return close(r->metrics_fd) == 0 ? TR_OK : write_failed(r, r->metrics_path, errno, err);
 }
 
+/* A resumed run writes a trace of its own: the earlier one's trace.json
+ * moves aside to trace-1.json, trace-2.json, ... instead of being cut. */
+static void keep_earlier_trace(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0 || st.st_size == 0)
+        return;
+    size_t len = strlen(path) - strlen(".json");
+    for (int i = 1; i < 10000; i++) {
+        char *aside = tr_xasprintf("%.*s-%d.json", (int)len, path, i);
+        int taken = stat(aside, &st) == 0;
+        if (!taken && rename(path, aside) != 0)
+            tr_log(TR_LOG_WARN, "trace", "cannot move %s to %s: %s; it is overwritten", path,
+                   aside, strerror(errno));
+        free(aside);
+        if (!taken)
+            return;
+    }
+}
+
 /* The end of a run: metrics and trace complete on disk, or the reason not. */
 static int close_outputs(struct run *r, tr_err *err)
 {
@@ -1127,6 +1147,8 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
     r->t_start = tr_now();
     if (cfg->train.trace_every > 0 && r->rank == 0) {
         char *path = tr_xasprintf("%s/trace.json", cfg->run_dir);
+        if (flags->resume)
+            keep_earlier_trace(path);
         r->trace = tr_trace_open(path, r->t_start);
         free(path);
     }

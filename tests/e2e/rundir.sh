@@ -129,4 +129,10 @@ printf '{"step": 11, "loss": 2.' >> torn/metrics.jsonl
 grep -q "torn/metrics.jsonl ended in a torn line" torn.txt || { cat torn.txt; fail "the torn line is not reported"; }
 whole_lines torn/metrics.jsonl
 "$TRAINRUN" report torn > /dev/null 2>&1 || fail "report after a torn line"
+# a resumed run keeps the earlier trace (trace-1.json) and writes its own
+"$TRAINRUN" "$R" train.steps=10 train.trace_every=5 run_dir=tr --quiet
+cp tr/trace.json first-trace.json
+"$TRAINRUN" "$R" train.steps=20 train.trace_every=5 run_dir=tr --resume auto --quiet
+cmp -s first-trace.json tr/trace-1.json || fail "the first trace was not kept as trace-1.json"
+[ -s tr/trace.json ] || fail "the resumed run wrote no trace"
 echo "rundir: ok"
