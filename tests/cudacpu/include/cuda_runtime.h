@@ -110,6 +110,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int *device);
 cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaDeviceReset(void); /* clears a failed kernel's sticky error */
 cudaError_t cudaMalloc(void **p, size_t bytes);
 cudaError_t cudaFree(void *p);
 cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags);

@@ -1,0 +1,244 @@
+/*
+ * The harness on small kernels of its own: warp-synchronous code that is
+ * correct gives a GPU's results (shuffles of every kind and width, ballots,
+ * two half-warps shuffling with their own masks at once, a block reduction),
+ * and each kind of mistake it reports is reported, with the words a user
+ * would search for.  The kernels of kernels/cuda are checked by
+ * tests/test_backend_ops and tests/cudacpu/mutations.sh; this is the
+ * harness's own regression test.
+ */
+#include <cuda_runtime.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int failures;
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                            \
+            printf(__VA_ARGS__);                                                                   \
+            printf("\n");                                                                          \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+/* ---- correct kernels ------------------------------------------------------ */
+
+__global__ void shuffles_kernel(int *out)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int *o = out + (size_t)w * 32 * 8 + lane * 8;
+    o[0] = __shfl_sync(0xffffffffu, lane * 10, 31 - lane);
+    o[1] = __shfl_xor_sync(0xffffffffu, lane, 5);
+    o[2] = __shfl_down_sync(0xffffffffu, lane, 3);
+    o[3] = __shfl_up_sync(0xffffffffu, lane, 2, 8); /* within segments of 8 */
+    o[4] = (int)__ballot_sync(0xffffffffu, lane % 3 == 0);
+    o[5] = __all_sync(0xffffffffu, lane < 32) + 2 * __any_sync(0xffffffffu, lane == 7);
+    /* the two half-warps shuffle with their own masks, interleaved */
+    unsigned half = lane < 16 ? 0x0000ffffu : 0xffff0000u;
+    o[6] = __shfl_sync(half, lane + 100, (lane & 16) + 15 - (lane & 15));
+    double d = __shfl_sync(0xffffffffu, 0.5 * lane, 0); /* 8-byte values */
+    o[7] = (int)(d * 2);
+}
+
+__global__ void block_sum_kernel(float *out, const float *in, int n)
+{
+    __shared__ float partial[32];
+    float v = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        v += in[i];
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0)
+        partial[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (threadIdx.x == 0)
+            out[blockIdx.x] = v;
+    }
+}
+
+/* ---- broken kernels ---------------------------------------------------------- */
+
+__global__ void deadlock_kernel(float *out)
+{
+    float v = (float)threadIdx.x;
+    if (threadIdx.x == 0)
+        __syncthreads(); /* thread 0 waits here, its warp below for it */
+    else
+        v = __shfl_sync(0xffffffffu, v, 0);
+    out[threadIdx.x] = v;
+}
+
+__global__ void read_outside_mask_kernel(float *out)
+{
+    int lane = threadIdx.x & 31;
+    if (lane < 16)
+        out[lane] = __shfl_sync(0x0000ffffu, (float)lane, 20); /* lane 20 is not in the mask */
+}
+
+__global__ void disagree_kernel(float *out)
+{
+    int lane = threadIdx.x & 31;
+    if (lane < 16)
+        out[lane] = __shfl_sync(0xffffffffu, 1.0f, 0);
+    else
+        out[lane] = (float)__ballot_sync(0xffffffffu, 1);
+}
+
+__global__ void missing_lanes_kernel(float *out)
+{
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1); /* 16-thread block */
+}
+
+__global__ void shared_read_before_write_kernel(float *out)
+{
+    __shared__ float tile[64];
+    if (threadIdx.x < 32)
+        tile[threadIdx.x] = 1.0f;
+    __syncthreads();
+    out[threadIdx.x] = tile[threadIdx.x]; /* threads 32..63 read what nobody wrote */
+}
+
+__global__ void dynamic_shared_kernel(float *out, int n)
+{
+    extern __shared__ float buf[];
+    buf[threadIdx.x] = (float)threadIdx.x;
+    __syncthreads();
+    out[threadIdx.x] = buf[(threadIdx.x + 1) % n];
+}
+
+__global__ void empty_kernel(void) {}
+
+/* ---- running them, with stderr captured ----------------------------------------- */
+
+static char report[8192];
+
+/* runs f with stderr going to report[] */
+template <typename F> static cudaError_t captured(F f)
+{
+    fflush(stderr);
+    int saved = dup(2);
+    FILE *tmp = tmpfile();
+    dup2(fileno(tmp), 2);
+    f();
+    cudaError_t e = cudaGetLastError();
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    rewind(tmp);
+    size_t n = fread(report, 1, sizeof report - 1, tmp);
+    report[n] = 0;
+    fclose(tmp);
+    return e;
+}
+
+static void expect_report(cudaError_t e, cudaError_t want, const char *words, const char *what)
+{
+    printf("%s\n  reported: %s", what, report[0] ? report : "nothing\n");
+    CHECK(e == want, "%s: error %s, expected %s", what, cudaGetErrorName(e), cudaGetErrorName(want));
+    CHECK(strstr(report, words) != NULL, "%s: the report does not say \"%s\"", what, words);
+    cudaDeviceReset();
+}
+
+int main(void)
+{
+    float *f = NULL;
+    int *ints = NULL;
+    cudaMalloc((void **)&f, 4096 * sizeof(float));
+    cudaMalloc((void **)&ints, 64 * 8 * sizeof(int));
+
+    printf("shuffles, ballots and votes give a GPU's results\n");
+    shuffles_kernel<<<1, 64>>>(ints);
+    CHECK(cudaGetLastError() == cudaSuccess, "shuffles_kernel failed");
+    for (int t = 0; t < 64; t++) {
+        int lane = t & 31, *o = ints + t * 8;
+        CHECK(o[0] == (31 - lane) * 10, "thread %d: __shfl_sync gave %d", t, o[0]);
+        CHECK(o[1] == (lane ^ 5), "thread %d: __shfl_xor_sync gave %d", t, o[1]);
+        CHECK(o[2] == (lane + 3 < 32 ? lane + 3 : lane), "thread %d: __shfl_down_sync gave %d", t, o[2]);
+        CHECK(o[3] == (lane % 8 >= 2 ? lane - 2 : lane), "thread %d: __shfl_up_sync gave %d", t, o[3]);
+        CHECK((unsigned)o[4] == 0x49249249u, "thread %d: __ballot_sync gave 0x%08x", t, (unsigned)o[4]);
+        CHECK(o[5] == 3, "thread %d: __all_sync + 2 __any_sync gave %d", t, o[5]);
+        CHECK(o[6] == (lane & 16) + 15 - (lane & 15) + 100, "thread %d: half-warp shuffle gave %d", t, o[6]);
+        CHECK(o[7] == 0, "thread %d: double shuffle gave %d", t, o[7]);
+    }
+
+    printf("a block reduction over 256 threads, 3 blocks\n");
+    float in[1000];
+    double want = 0;
+    for (int i = 0; i < 1000; i++) {
+        in[i] = (float)(i % 17) - 8.0f;
+        want += in[i];
+    }
+    cudaMemcpy(f, in, sizeof in, cudaMemcpyHostToDevice);
+    block_sum_kernel<<<3, 256>>>(f + 2048, f, 1000);
+    float sums[3];
+    cudaMemcpy(sums, f + 2048, sizeof sums, cudaMemcpyDeviceToHost);
+    for (int b = 0; b < 3; b++)
+        CHECK(sums[b] == (float)want, "block %d: sum %g, expected %g", b, (double)sums[b], want);
+
+    printf("dynamic shared memory within the launch's size\n");
+    dynamic_shared_kernel<<<1, 128, 128 * sizeof(float)>>>(f, 128);
+    CHECK(cudaGetLastError() == cudaSuccess, "dynamic_shared_kernel failed");
+
+    cudaError_t e;
+    e = captured([&] { deadlock_kernel<<<1, 64>>>(f); });
+    expect_report(e, cudaErrorLaunchFailure, "deadlock: lanes 0xfffffffe of warp 0 wait in __shfl_sync",
+                  "a warp waiting for a lane held at __syncthreads is a deadlock");
+    e = captured([&] { read_outside_mask_kernel<<<1, 32>>>(f); });
+    expect_report(e, cudaErrorLaunchFailure, "reads lane 20 in __shfl_sync(0x0000ffff)",
+                  "a shuffle reading a lane outside its mask");
+    e = captured([&] { disagree_kernel<<<1, 32>>>(f); });
+    expect_report(e, cudaErrorLaunchFailure, "lanes disagree",
+                  "lanes calling different warp operations with one mask");
+    e = captured([&] { missing_lanes_kernel<<<1, 16>>>(f); });
+    expect_report(e, cudaErrorLaunchFailure, "names lanes that do not exist",
+                  "a full mask in a 16-thread block");
+    e = captured([&] { dynamic_shared_kernel<<<1, 128, 64 * sizeof(float)>>>(f, 128); });
+    expect_report(e, cudaErrorLaunchFailure, "wrote past the end of its 256 bytes of dynamic shared memory",
+                  "dynamic shared memory smaller than the kernel uses");
+    e = captured([&] { empty_kernel<<<1, 2048>>>(); });
+    expect_report(e, cudaErrorInvalidConfiguration, "blocks have 1 to 1024 threads", "a block of 2048 threads");
+    e = captured([&] { empty_kernel<<<0, 32>>>(); });
+    expect_report(e, cudaErrorInvalidConfiguration, "grid (0,1,1)", "an empty grid");
+    e = captured([&] { dynamic_shared_kernel<<<1, 32, 64 * 1024>>>(f, 32); });
+    expect_report(e, cudaErrorInvalidValue, "was not called", "64 KiB of dynamic shared memory unasked");
+    printf("cudaFuncSetAttribute above the device's opt-in limit is refused\n");
+    CHECK(cudaFuncSetAttribute(dynamic_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               200 * 1024) == cudaErrorInvalidValue, "200 KiB was allowed");
+    cudaGetLastError();
+    CHECK(cudaFuncSetAttribute(dynamic_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               64 * 1024) == cudaSuccess, "64 KiB was refused");
+    e = captured([&] { dynamic_shared_kernel<<<1, 32, 80 * 1024>>>(f, 32); });
+    expect_report(e, cudaErrorInvalidValue, "above the 65536 that cudaFuncSetAttribute allowed",
+                  "more dynamic shared memory than cudaFuncSetAttribute allowed");
+
+    printf("shared memory starts as NaN in each block\n");
+    shared_read_before_write_kernel<<<2, 64>>>(f);
+    float got[64];
+    cudaMemcpy(got, f, sizeof got, cudaMemcpyDeviceToHost);
+    CHECK(got[0] == 1.0f && got[63] != got[63], "threads 0 and 63 read %g and %g", (double)got[0],
+          (double)got[63]);
+
+    printf("after a failed kernel nothing runs until the error is cleared\n");
+    captured([&] { deadlock_kernel<<<1, 64>>>(f); });
+    e = captured([&] { empty_kernel<<<1, 32>>>(); });
+    CHECK(e == cudaErrorLaunchFailure, "the error is not sticky: %s", cudaGetErrorName(e));
+    cudaDeviceReset();
+
+    cudaFree(f);
+    cudaFree(ints);
+    if (failures) {
+        printf("cudacpu selftest: %d checks failed\n", failures);
+        return 1;
+    }
+    printf("cudacpu selftest: ok\n");
+    return 0;
+}
