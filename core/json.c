@@ -22,6 +22,17 @@ static int peek(struct parser *p) { return p->pos < p->len ? (unsigned char)p->s
 
 static struct tr_json *parse_value(struct parser *p);
 
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
 static char *parse_string(struct parser *p)
 {
     if (peek(p) != '"')
@@ -42,9 +53,15 @@ static char *parse_string(struct parser *p)
             case 'b': c = '\b'; break;
             case 'f': c = '\f'; break;
             case 'u': { /* keep ASCII; others become '?' (names here are ASCII) */
-                if (p->pos + 4 > p->len) { free(out); return NULL; }
-                unsigned v = (unsigned)strtoul((char[5]){p->s[p->pos], p->s[p->pos + 1], p->s[p->pos + 2], p->s[p->pos + 3], 0}, NULL, 16);
-                p->pos += 4;
+                unsigned v = 0;
+                for (int k = 0; k < 4; k++) {
+                    int d = p->pos < p->len ? hex_digit(p->s[p->pos++]) : -1;
+                    if (d < 0) { free(out); return NULL; }
+                    v = v << 4 | (unsigned)d;
+                }
+                /* a NUL would cut the C string short: "a\u0000b" must not
+                 * read as "a" */
+                if (v == 0) { free(out); return NULL; }
                 c = v < 128 ? (char)v : '?';
                 break;
             }
@@ -102,11 +119,16 @@ static struct tr_json *parse_value(struct parser *p)
                 free(key);
                 goto fail;
             }
-            j->items = tr_xrealloc(j->items, (j->n + 1) * sizeof *j->items);
-            if (obj) {
-                j->keys = tr_xrealloc(j->keys, (j->n + 1) * sizeof *j->keys);
-                j->keys[j->n] = key;
+            /* grow by doubling: a header of a million small items must not
+             * take a million reallocations */
+            if ((j->n & (j->n - 1)) == 0) {
+                size_t cap = j->n ? 2 * j->n : 1;
+                j->items = tr_xrealloc(j->items, cap * sizeof *j->items);
+                if (obj)
+                    j->keys = tr_xrealloc(j->keys, cap * sizeof *j->keys);
             }
+            if (obj)
+                j->keys[j->n] = key;
             j->items[j->n++] = v;
             skip_ws(p);
             if (peek(p) == ',') {
@@ -136,7 +158,9 @@ static struct tr_json *parse_value(struct parser *p)
     } else if (c == '-' || (c >= '0' && c <= '9')) {
         char buf[64];
         size_t k = 0;
-        while (p->pos < p->len && k < sizeof buf - 1 && strchr("+-0123456789.eE", p->s[p->pos]))
+        /* (strchr finds a NUL byte too: it is no part of a number) */
+        while (p->pos < p->len && k < sizeof buf - 1 && p->s[p->pos] &&
+               strchr("+-0123456789.eE", p->s[p->pos]))
             buf[k++] = p->s[p->pos++];
         buf[k] = 0;
         char *end;

@@ -74,6 +74,7 @@ void *tr_safetensors_write(const struct tr_st_entry *e, size_t n, const char *me
 struct tr_st_file {
     struct tr_st_entry *entries;
     char **names;
+    void **copies; /* aligned copies of tensors the file stores misaligned */
     size_t n;
 };
 
@@ -81,11 +82,30 @@ void tr_safetensors_free(struct tr_st_file *f)
 {
     if (!f)
         return;
-    for (size_t i = 0; i < f->n; i++)
+    for (size_t i = 0; i < f->n; i++) {
         free(f->names[i]);
+        free(f->copies[i]);
+    }
     free(f->names);
+    free(f->copies);
     free(f->entries);
     free(f);
+}
+
+static int compare_names(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* A JSON number that is a whole number in [0, 2^53] (doubles hold those
+ * exactly); anything else, a string or 1e300 included, is malformed. */
+static int json_size(const struct tr_json *v, uint64_t *out)
+{
+    if (!v || v->type != TR_JSON_NUMBER || !(v->number >= 0 && v->number <= 9007199254740992.0) ||
+        v->number != (double)(uint64_t)v->number)
+        return 0;
+    *out = (uint64_t)v->number;
+    return 1;
 }
 
 struct tr_st_file *tr_safetensors_read(const void *buf, size_t size, const char *what, tr_err *err)
@@ -115,10 +135,11 @@ struct tr_st_file *tr_safetensors_read(const void *buf, size_t size, const char 
     struct tr_st_file *f = tr_xcalloc(1, sizeof *f);
     f->entries = tr_xcalloc(j->n ? j->n : 1, sizeof *f->entries);
     f->names = tr_xcalloc(j->n ? j->n : 1, sizeof *f->names);
+    f->copies = tr_xcalloc(j->n ? j->n : 1, sizeof *f->copies);
     for (size_t i = 0; i < j->n; i++) {
         if (strcmp(j->keys[i], "__metadata__") == 0)
             continue;
-        const struct tr_json *t = j->items[i];
+        const struct tr_json *t = j->items[i]; /* not an object: no dtype below */
         const char *dt = tr_json_string(t, "dtype");
         const struct tr_json *shape = tr_json_get(t, "shape");
         const struct tr_json *off = tr_json_get(t, "data_offsets");
@@ -128,24 +149,62 @@ struct tr_st_file *tr_safetensors_read(const void *buf, size_t size, const char 
             tr_fail(err, "%s: tensor '%s' has a malformed or unsupported entry", what, j->keys[i]);
             goto fail;
         }
-        size_t begin = (size_t)off->items[0]->number, end = (size_t)off->items[1]->number;
-        size_t numel = 1;
+        uint64_t begin = 0, end = 0, dim = 0, numel = 1;
+        int sizes_ok = json_size(off->items[0], &begin) && json_size(off->items[1], &end);
         e->ndim = (int)shape->n;
         for (size_t d = 0; d < shape->n; d++) {
-            e->shape[d] = (int64_t)shape->items[d]->number;
-            numel *= (size_t)e->shape[d];
+            /* every dimension a whole number, and their product without
+             * overflow: a wrapped product could match a few bytes of data
+             * while the shape promises far more */
+            sizes_ok &= json_size(shape->items[d], &dim);
+            e->shape[d] = sizes_ok ? (int64_t)dim : 0;
+            if (!sizes_ok || (dim && numel > UINT64_MAX / dim)) {
+                sizes_ok = 0;
+                break;
+            }
+            numel *= dim;
         }
-        size_t esize = e->dtype == TR_BF16 || e->dtype == TR_F16 ? 2 : 4;
-        if (begin > end || end > data_size || end - begin != numel * esize) {
-            tr_fail(err, "%s: tensor '%s' has data offsets [%zu, %zu) that do not match its shape "
-                    "or the file size (truncated?)", what, j->keys[i], begin, end);
+        if (!sizes_ok) {
+            tr_fail(err, "%s: tensor '%s' has a shape or data offsets that are not whole "
+                    "numbers from 0 to 2^53", what, j->keys[i]);
+            goto fail;
+        }
+        uint64_t esize = e->dtype == TR_BF16 || e->dtype == TR_F16 ? 2 : 4;
+        if (begin > end || end > data_size || numel > UINT64_MAX / esize ||
+            end - begin != numel * esize) {
+            tr_fail(err, "%s: tensor '%s' has data offsets [%llu, %llu) that do not match its "
+                    "shape or the file size (truncated?)", what, j->keys[i],
+                    (unsigned long long)begin, (unsigned long long)end);
             goto fail;
         }
         f->names[f->n] = tr_xstrdup(j->keys[i]);
         e->name = f->names[f->n];
         e->data = data + begin;
         e->bytes = end - begin;
+        /* Readers take the data as float/uint16 arrays.  The format does not
+         * promise alignment (a header of odd length, or a writer that does
+         * not order tensors by dtype), so such a tensor is copied. */
+        if ((uintptr_t)e->data % esize != 0) {
+            f->copies[f->n] = tr_xcalloc(1, e->bytes ? e->bytes : 1);
+            memcpy(f->copies[f->n], e->data, e->bytes);
+            e->data = f->copies[f->n];
+        }
         f->n++;
+    }
+    /* a name twice would let two readers see different tensors under it */
+    if (f->n > 1) {
+        char **sorted = tr_xcalloc(f->n, sizeof *sorted);
+        memcpy(sorted, f->names, f->n * sizeof *sorted);
+        qsort(sorted, f->n, sizeof *sorted, compare_names);
+        const char *twice = NULL;
+        for (size_t i = 1; i < f->n && !twice; i++)
+            if (strcmp(sorted[i - 1], sorted[i]) == 0)
+                twice = sorted[i];
+        if (twice)
+            tr_fail(err, "%s: tensor '%s' appears twice", what, twice);
+        free(sorted);
+        if (twice)
+            goto fail;
     }
     tr_json_free(j);
     return f;
