@@ -347,6 +347,55 @@ Test(loader, order_does_not_depend_on_workers_and_resumes_exactly, .init = envir
     tr_plugin_close(plugin);
 }
 
+/* A data source whose reads block until released: a hung file system. */
+static volatile int blocked_release;
+static int blocked_info(void *self, struct tr_data_info *out, tr_err *err)
+{
+    (void)self, (void)err;
+    out->samples[TR_SPLIT_TRAIN] = out->samples[TR_SPLIT_VAL] = 64;
+    out->input_dtype = TR_F32;
+    out->input_len = out->target_len = 1;
+    out->classes = 2;
+    return TR_OK;
+}
+static int blocked_read(void *self, enum tr_split split, const uint64_t *idx, size_t n,
+                        void *inputs, int32_t *targets, tr_err *err)
+{
+    (void)self, (void)split, (void)idx, (void)inputs, (void)targets, (void)n, (void)err;
+    while (!blocked_release)
+        usleep(1000);
+    return TR_OK;
+}
+
+Test(loader, a_signal_ends_a_wait_for_a_stuck_worker_and_bad_positions_fail)
+{
+    static const struct tr_data_vtable vt = {1, sizeof vt, blocked_info, blocked_read};
+    struct tr_data_source src = {.vt = &vt, .name = "blocked"};
+    tr_err err = {{0}};
+    src.info.struct_size = sizeof src.info;
+    blocked_info(NULL, &src.info, &err);
+    volatile sig_atomic_t cancel = 0;
+    struct tr_loader_config lc = {TR_SPLIT_TRAIN, 4, 2, 2, 1, 9, NULL, 0, 1, &cancel};
+    /* a damaged resume position that would wrap the batch numbers */
+    cr_assert_null(tr_loader_open(&src, &lc, UINT64_MAX - 1, &err));
+    cr_assert(strstr(err.msg, "out of range"), "%s", err.msg);
+
+    blocked_release = 0;
+    struct tr_loader *l = tr_loader_open(&src, &lc, 0, &err);
+    cr_assert_not_null(l, "%s", err.msg);
+    float in[4];
+    int32_t tg[4];
+    cancel = 1; /* what the SIGTERM handler does */
+    double t0 = tr_now();
+    cr_assert_eq(tr_loader_next(l, in, tg, NULL, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "interrupted by a signal"), "%s", err.msg);
+    cr_assert(tr_loader_cancelled(l));
+    tr_loader_close(l); /* gives up on the stuck workers after a grace period */
+    cr_assert_lt(tr_now() - t0, 10.0);
+    blocked_release = 1; /* they finish and exit on their own; the loader was not freed */
+    usleep(20000);
+}
+
 /* ---- formats ----------------------------------------------------------- */
 
 Test(safetensors, round_trips_and_detects_truncation)
