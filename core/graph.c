@@ -27,6 +27,26 @@ int tr_op_from_name(const char *name, enum tr_op *out)
 
 static size_t dtype_size(enum tr_dtype t) { return (t == TR_BF16 || t == TR_F16) ? 2 : 4; }
 
+/* Sizes a model may reach.  The kernels take dimensions and row counts as
+ * int; a tensor of 2^40 elements (4 TiB in fp32) and 2^44 parameters are far
+ * past any device, so a plan that reaches them is a typo, not a model. */
+#define DIM_MAX 2147483647LL
+#define TENSOR_MAX_NUMEL ((size_t)1 << 40)
+#define PARAMS_MAX ((size_t)1 << 44)
+
+/* a + b, or SIZE_MAX when it does not fit: a plan's sums never wrap. */
+static size_t sat_add(size_t a, size_t b)
+{
+    size_t r;
+    return __builtin_add_overflow(a, b, &r) ? SIZE_MAX : r;
+}
+
+static size_t sat_mul(size_t a, size_t b)
+{
+    size_t r;
+    return __builtin_mul_overflow(a, b, &r) ? SIZE_MAX : r;
+}
+
 struct tr_graph *tr_graph_new(int batch)
 {
     struct tr_graph *g = tr_xcalloc(1, sizeof *g);
@@ -47,9 +67,10 @@ int tr_graph_add_tensor(struct tr_graph *g, const char *name, enum tr_role role,
     t->dtype = dtype;
     t->ndim = ndim;
     t->numel = 1;
-    for (int i = 0; i < ndim; i++) {
+    for (int i = 0; i < ndim && i < TR_MAX_DIMS; i++) {
         t->shape[i] = shape[i];
-        t->numel *= (size_t)shape[i];
+        /* saturates on overflow (or a negative dim): tr_graph_check refuses it */
+        t->numel = shape[i] < 0 ? SIZE_MAX : sat_mul(t->numel, (size_t)shape[i]);
     }
     t->producer = -1;
     t->decay = role == TR_ROLE_PARAM && ndim >= 2;
@@ -257,8 +278,47 @@ static int check_node(struct tr_graph *g, struct tr_node *n, tr_err *err)
     }
 }
 
+/* Every tensor's dimensions, elements and rows within what the kernels and
+ * the memory plan compute with, checked before any product is formed. */
+static int check_sizes(const struct tr_graph *g, tr_err *err)
+{
+    size_t params = 0;
+    for (int i = 0; i < g->n_tensors; i++) {
+        const struct tr_tensor *t = &g->tensors[i];
+        const char *lower = t->role == TR_ROLE_PARAM
+                                ? "the model's sizes (model.dim, model.vocab, ...)"
+                                : "train.micro_batch or the model's sizes (model.ctx, model.dim, ...)";
+        char a[160];
+        shape_text(t, a, sizeof a);
+        if (t->ndim < 1 || t->ndim > TR_MAX_DIMS)
+            return tr_fail(err, "tensor '%s' has %d dimensions (1 to %d)", t->name, t->ndim,
+                           TR_MAX_DIMS);
+        for (int d = 0; d < t->ndim; d++)
+            if (t->shape[d] < 1 || t->shape[d] > DIM_MAX)
+                return tr_fail(err, "tensor '%s' %s: dimension %d is %lld, must be between 1 and "
+                               "%lld; lower %s", t->name, a, d + 1, (long long)t->shape[d],
+                               DIM_MAX, lower);
+        if (t->numel > TENSOR_MAX_NUMEL)
+            return tr_fail(err, "tensor '%s' %s has more than %zu elements (2^40); lower %s",
+                           t->name, a, TENSOR_MAX_NUMEL, lower);
+        if (rows_of(t) > DIM_MAX)
+            return tr_fail(err, "tensor '%s' %s has %lld rows, more than the kernels' %lld; "
+                           "lower %s", t->name, a, (long long)rows_of(t), DIM_MAX, lower);
+        if (t->role == TR_ROLE_PARAM) {
+            params += t->numel; /* <= 2^44 + 2^40 here: cannot wrap */
+            if (params > PARAMS_MAX)
+                return tr_fail(err, "the model has more than %zu parameters (2^44) by tensor '%s' "
+                               "%s; lower the model's sizes (model.dim, model.layers, ...)",
+                               PARAMS_MAX, t->name, a);
+        }
+    }
+    return TR_OK;
+}
+
 int tr_graph_check(struct tr_graph *g, tr_err *err)
 {
+    if (check_sizes(g, err) != TR_OK)
+        return TR_ERROR;
     for (int i = 0; i < g->n_nodes; i++) {
         struct tr_node *n = &g->nodes[i];
         if (n->out < 0 || n->out >= g->n_tensors)
@@ -342,15 +402,16 @@ static size_t pack_intervals(struct interval *iv, int n)
             for (int j = 0; j < i; j++) {
                 if (iv[j].end < iv[i].start || iv[j].start > iv[i].end)
                     continue;
-                if (offset < iv[j].offset + iv[j].bytes && iv[j].offset < offset + iv[i].bytes) {
-                    offset = iv[j].offset + iv[j].bytes;
+                if (offset < sat_add(iv[j].offset, iv[j].bytes) &&
+                    iv[j].offset < sat_add(offset, iv[i].bytes)) {
+                    offset = sat_add(iv[j].offset, iv[j].bytes);
                     moved = 1;
                 }
             }
         }
         iv[i].offset = offset;
-        if (offset + iv[i].bytes > total)
-            total = offset + iv[i].bytes;
+        if (sat_add(offset, iv[i].bytes) > total)
+            total = sat_add(offset, iv[i].bytes);
     }
     return total;
 }
@@ -399,7 +460,7 @@ static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_s
         }
     m->params = g->n_params * sizeof(float);
     m->grads = m->params;
-    m->optimizer = (size_t)optimizer_slots * m->params;
+    m->optimizer = sat_mul((size_t)optimizer_slots, m->params);
 
     /* activations and saved tensors: each its own slot (all live until
      * backward), except the internals of recomputed segments, which share
@@ -419,18 +480,18 @@ static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_s
             int seg = g->nodes[t->producer].segment;
             shared[i] = 1;
             slot[i] = segment_bytes[seg];
-            segment_bytes[seg] += bytes;
-            m->recompute_saved += bytes;
+            segment_bytes[seg] = sat_add(segment_bytes[seg], bytes);
+            m->recompute_saved = sat_add(m->recompute_saved, bytes);
         } else if (t->role == TR_ROLE_ACTIVATION || t->role == TR_ROLE_SAVED) {
             slot[i] = act_bytes;
-            act_bytes += bytes;
+            act_bytes = sat_add(act_bytes, bytes);
             if (t->role == TR_ROLE_ACTIVATION)
-                m->activations += bytes;
+                m->activations = sat_add(m->activations, bytes);
             else
-                m->saved += bytes;
+                m->saved = sat_add(m->saved, bytes);
         } else if (t->role == TR_ROLE_INPUT) {
             slot[i] = in_bytes;
-            in_bytes += bytes;
+            in_bytes = sat_add(in_bytes, bytes);
         }
     }
     m->inputs = in_bytes;
@@ -489,7 +550,7 @@ static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_s
         if (s > g->scratch_floats)
             g->scratch_floats = s;
     }
-    m->scratch = g->scratch_floats * sizeof(float);
+    m->scratch = sat_mul(g->scratch_floats, sizeof(float));
 
     if (!allocate) {
         free(needs);
@@ -509,7 +570,8 @@ static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_s
     if (!g->params || !g->grads || !g->activation_arena || (grad_arena && !g->grad_arena) ||
         !g->input_arena || (g->scratch_floats && !g->scratch) || (m->recompute && !g->recompute_arena)) {
         char need[32];
-        tr_format_bytes((double)(m->params + m->grads + act_bytes + grad_arena + in_bytes + m->scratch),
+        tr_format_bytes((double)m->params + (double)m->grads + (double)act_bytes +
+                            (double)grad_arena + (double)in_bytes + (double)m->scratch,
                         need, sizeof need);
         free(needs);
         free(slot);
@@ -722,8 +784,12 @@ void tr_graph_print_memory(const struct tr_graph *g, FILE *out)
 
 size_t tr_graph_memory_total(const struct tr_memory_report *m)
 {
-    return m->params + m->grads + m->optimizer + m->activations + m->saved +
-           m->activation_grads + m->inputs + m->scratch + m->recompute;
+    const size_t parts[] = {m->params, m->grads, m->optimizer, m->activations, m->saved,
+                            m->activation_grads, m->inputs, m->scratch, m->recompute};
+    size_t total = 0;
+    for (size_t i = 0; i < TR_ARRAY_LEN(parts); i++)
+        total = sat_add(total, parts[i]); /* SIZE_MAX: more than any device */
+    return total;
 }
 
 double tr_graph_flops_per_token(const struct tr_graph *g)

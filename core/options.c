@@ -4,7 +4,6 @@
 #include "util.h"
 
 #include <ctype.h>
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +46,55 @@ static const char *value_word(const struct tr_value *v)
 
 static int bounded(const struct tr_option *o) { return !(o->min == 0 && o->max == 0); }
 
+/* Every integer option stays within what a recipe number holds exactly
+ * (2^53 - 1), whatever its schema says: past it, 2^53 + 1 would silently
+ * read as 2^53.  Schemas give real, much tighter bounds. */
+#define INT_LIMIT 9007199254740991.0
+
+static void effective_range(const struct tr_option *o, double *lo, double *hi)
+{
+    *lo = bounded(o) ? o->min : TR_NO_MIN;
+    *hi = bounded(o) ? o->max : TR_NO_MAX;
+    if (o->type == TR_OPT_INT) {
+        *lo = fmax(*lo, -INT_LIMIT);
+        *hi = fmin(*hi, INT_LIMIT);
+    }
+}
+
+/* A bound as people write it: integers in full (1000000000000, not 1e+12). */
+static void format_bound(const struct tr_option *o, double x, char *buf, size_t size)
+{
+    if (o->type == TR_OPT_INT || (x == floor(x) && fabs(x) <= INT_LIMIT))
+        snprintf(buf, size, "%.0f", x);
+    else
+        snprintf(buf, size, "%g", x);
+}
+
+static void format_range(const struct tr_option *o, double lo, double hi, char *buf, size_t size)
+{
+    char a[40], b[40];
+    format_bound(o, lo, a, sizeof a);
+    format_bound(o, hi, b, sizeof b);
+    if (lo == TR_NO_MIN)
+        snprintf(buf, size, "at most %s", b);
+    else if (hi == TR_NO_MAX)
+        snprintf(buf, size, "at least %s", a);
+    else
+        snprintf(buf, size, "between %s and %s", a, b);
+}
+
+/* The value as the user wrote it: the command-line text (cut short if
+ * long), else the number as recipe text (1e18, 0.5). */
+static void shown_number(const struct tr_value *v, char *buf, size_t size)
+{
+    if (v->text && v->origin.kind == TR_FROM_CLI) {
+        size_t len = strlen(v->text);
+        snprintf(buf, size, len > 40 ? "%.40s..." : "%s", v->text);
+        return;
+    }
+    tr_value_format(v, buf, size);
+}
+
 static void format_choices(const struct tr_option *o, char *buf, size_t size)
 {
     buf[0] = 0;
@@ -56,6 +104,44 @@ static void format_choices(const struct tr_option *o, char *buf, size_t size)
     }
 }
 
+/* The number literals a recipe can write, and so a command line may give:
+ * [+-] decimal digits with an optional fraction and exponent (1000, 1e3,
+ * 2.5e-4, .5), or a hexadecimal integer (0x10).  strtod alone would also
+ * take "inf", "nan", " 7", hex floats and locale forms, which a recipe
+ * cannot write. */
+static int is_number_literal(const char *s)
+{
+    if (*s == '+' || *s == '-')
+        s++;
+    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+        s += 2;
+        if (!*s)
+            return 0;
+        for (; *s; s++)
+            if (!isxdigit((unsigned char)*s))
+                return 0;
+        return 1;
+    }
+    int digits = 0;
+    for (; isdigit((unsigned char)*s); s++)
+        digits++;
+    if (*s == '.')
+        for (s++; isdigit((unsigned char)*s); s++)
+            digits++;
+    if (!digits)
+        return 0;
+    if (*s == 'e' || *s == 'E') {
+        s++;
+        if (*s == '+' || *s == '-')
+            s++;
+        if (!isdigit((unsigned char)*s))
+            return 0;
+        while (isdigit((unsigned char)*s))
+            s++;
+    }
+    return *s == 0;
+}
+
 /* Parse recipe text (a default, or a command-line value) by the option type. */
 static int parse_text(const struct tr_option *o, const char *text, struct tr_value *out)
 {
@@ -63,9 +149,12 @@ static int parse_text(const struct tr_option *o, const char *text, struct tr_val
     switch (o->type) {
     case TR_OPT_INT:
     case TR_OPT_FLOAT:
-        errno = 0;
+        if (!is_number_literal(text))
+            return -1;
         out->number = strtod(text, &end);
-        if (end == text || *end || errno == ERANGE)
+        /* a literal too large for a double ("1e999") becomes +-inf, which
+         * the range check then reports with the text as typed */
+        if (end == text || *end)
             return -1;
         out->type = TR_V_NUMBER;
         return 0;
@@ -107,22 +196,23 @@ static int take(const struct tr_option *o, struct tr_value *v, void *config, con
             return tr_fail(err, "%s%s: option '%s' expects %s, got %s", where, what, o->name,
                            type_word(o->type), value_word(v));
         double x = v->number;
-        if (o->type == TR_OPT_INT && (x != floor(x) || fabs(x) > 9.007199254740992e15))
-            return tr_fail(err, "%s%s: option '%s' expects an integer, got %.17g", where, what,
-                           o->name, x);
-        if (!isfinite(x))
-            return tr_fail(err, "%s%s: option '%s' must be finite", where, what, o->name);
-        if (bounded(o) && (x < o->min || x > o->max)) {
+        char shown[64];
+        shown_number(v, shown, sizeof shown);
+        double lo, hi;
+        effective_range(o, &lo, &hi);
+        /* the range first: 1e18 steps is an integer, just too many */
+        if (isnan(x) || x < lo || x > hi) {
             char range[128];
-            if (o->min == TR_NO_MIN)
-                snprintf(range, sizeof range, "at most %g", o->max);
-            else if (o->max == TR_NO_MAX)
-                snprintf(range, sizeof range, "at least %g", o->min);
-            else
-                snprintf(range, sizeof range, "between %g and %g", o->min, o->max);
-            return tr_fail(err, "%s%s: option '%s' is %g, must be %s", where, what, o->name, x,
+            format_range(o, lo, hi, range, sizeof range);
+            return tr_fail(err, "%s%s: option '%s' is %s, must be %s", where, what, o->name, shown,
                            range);
         }
+        if (o->type == TR_OPT_INT && x != floor(x))
+            return tr_fail(err, "%s%s: option '%s' expects an integer, got %s", where, what,
+                           o->name, shown);
+        if (!isfinite(x))
+            return tr_fail(err, "%s%s: option '%s' is %s, must be finite", where, what, o->name,
+                           shown);
         if (o->type == TR_OPT_INT)
             *(int64_t *)slot = (int64_t)x;
         else
@@ -290,14 +380,20 @@ void tr_options_help(const struct tr_option *options, FILE *out, const char *ind
             char list[200];
             format_choices(o, list, sizeof list);
             snprintf(spec, sizeof spec, "%s: %s", t, list);
-        } else if (bounded(o) && o->min != TR_NO_MIN && o->max != TR_NO_MAX) {
-            snprintf(spec, sizeof spec, "%s, %g..%g", t, o->min, o->max);
-        } else if (bounded(o) && o->min != TR_NO_MIN) {
-            snprintf(spec, sizeof spec, "%s, >= %g", t, o->min);
-        } else if (bounded(o)) {
-            snprintf(spec, sizeof spec, "%s, <= %g", t, o->max);
         } else {
-            snprintf(spec, sizeof spec, "%s", t);
+            double lo, hi;
+            effective_range(o, &lo, &hi);
+            char a[40], b[40];
+            format_bound(o, lo, a, sizeof a);
+            format_bound(o, hi, b, sizeof b);
+            if (lo != TR_NO_MIN && hi != TR_NO_MAX)
+                snprintf(spec, sizeof spec, "%s, %s..%s", t, a, b);
+            else if (lo != TR_NO_MIN)
+                snprintf(spec, sizeof spec, "%s, >= %s", t, a);
+            else if (hi != TR_NO_MAX)
+                snprintf(spec, sizeof spec, "%s, <= %s", t, b);
+            else
+                snprintf(spec, sizeof spec, "%s", t);
         }
         char def[128];
         if (o->default_value)

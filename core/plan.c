@@ -229,6 +229,16 @@ int tr_plan_build(struct tr_plan *p, const char *recipe, const char *const *over
     if (tr_options_apply(tr_recipe_root(cfg.recipe), "cost", "cost", &cost_use, 1, err) != TR_OK ||
         find_hardware(p, &cfg, p->cost.hardware, err) != TR_OK)
         goto out;
+    if (p->cost.peak_tflops > 0 && p->cost.peak_tflops < 1e-3) {
+        /* 0 means "the hardware table's"; a tiny peak only makes every time infinite */
+        struct tr_origin o = {TR_FROM_RECIPE, tr_recipe_path(cfg.recipe), 0};
+        tr_recipe_origin(cfg.recipe, "cost.peak_tflops", &o);
+        char where[600];
+        tr_origin_format(&o, where, sizeof where);
+        tr_fail(err, "%s: cost: option 'peak_tflops' is %g, must be 0 (the hardware table's) or "
+                "at least 0.001", where, p->cost.peak_tflops);
+        goto out;
+    }
     p->cost.hardware = p->hardware ? p->hardware->name : ""; /* the tree's string goes with cfg */
     p->recipe = tr_xstrdup(recipe);
     p->name = tr_xstrdup(cfg.name);
@@ -327,6 +337,10 @@ static void row(FILE *out, const char *label, const char *fmt, ...)
 /* 1234567 -> "1,234,567" */
 static const char *fmt_int(double x, char *buf, size_t size)
 {
+    if (!isfinite(x) || fabs(x) >= 1e21) { /* past what digit groups help to read */
+        snprintf(buf, size, "%.3g", x);
+        return buf;
+    }
     char digits[64];
     snprintf(digits, sizeof digits, "%.0f", fabs(x));
     size_t n = strlen(digits), o = 0;
@@ -746,10 +760,11 @@ int tr_plan_main(int argc, char **argv)
     }
     const char **overrides = tr_xcalloc((size_t)argc, sizeof *overrides);
     char **owned = tr_xcalloc((size_t)argc, sizeof *owned);
-    int n = 0, code = TR_EXIT_OK;
+    int n = 0, code = TR_EXIT_OK, gpus = 0;
     for (int i = 2; i < argc && code == TR_EXIT_OK; i++) {
         const char *arg = argv[i];
         if (strncmp(arg, "gpus=", 5) == 0) {
+            gpus = 1;
             owned[n] = tr_xasprintf("cost.count=%s", arg + 5);
             overrides[n] = owned[n];
             n++;
@@ -766,7 +781,10 @@ int tr_plan_main(int argc, char **argv)
         struct tr_plan plan;
         tr_err err = {{0}};
         if (tr_plan_build(&plan, argv[1], overrides, n, &err) != TR_OK) {
-            fprintf(stderr, "trainrun: error: %s\n", err.msg);
+            /* the user typed gpus=N: say which key it became */
+            int via_gpus = gpus && strstr(err.msg, "command line: cost: option 'count'");
+            fprintf(stderr, "trainrun: error: %s%s\n", err.msg,
+                    via_gpus ? " (gpus=N sets cost.count)" : "");
             code = TR_EXIT_ERROR;
         } else {
             tr_plan_print(&plan, stdout);

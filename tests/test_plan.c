@@ -2,16 +2,19 @@
  * GPT parameter and FLOP counts, the Chinchilla token count, memory fit on
  * two devices, and time and dollars from the cost section. */
 #include <criterion/criterion.h>
+#include <criterion/parameterized.h>
 #include "capture.h"
 
 #include "hardware.h"
 #include "plan.h"
 #include "run.h"
+#include "util.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #define RECIPE TR_TEST_SRCDIR "/config/plan_gpt.lua"
@@ -399,4 +402,184 @@ Test(plan, prints_the_scaling_table, .init = environment)
     for (size_t i = 0; i < sizeof want / sizeof *want; i++)
         cr_assert(strstr(out, want[i]), "missing \"%s\" in:\n%s", want[i], out);
     free(out);
+}
+
+/* ---- every integer option is range-checked ------------------------------- */
+
+/* tests/config/limits.tsv: one row per integer option of the core and the
+ * shipped plugins.  Each gets the values below on the command line and in a
+ * recipe; show (tr_config_load) and plan must accept it exactly when it is
+ * in range, and otherwise refuse it with an error naming the key and where
+ * it was set.  Every row runs in its own process under a 4 GiB address
+ * space limit, so a crash or a huge allocation attempt fails the row. */
+#define LIMITS TR_TEST_SRCDIR "/config/limits.tsv"
+
+struct limit_row {
+    char key[64], min[32], max[32], fallback[32], checked[8], line[160];
+};
+
+static const struct {
+    const char *cli, *lua; /* as typed on the command line; as a recipe writes it */
+    double value;
+} limit_values[] = {
+    {"-1", "-1", -1},
+    {"0", "0", 0},
+    {"2147483648", "2^31", 2147483648.0},
+    {"4294967297", "2^32+1", 4294967297.0},
+    {"4611686018427387904", "2^62", 4611686018427387904.0},
+    {"1e18", "1e18", 1e18},
+    {"1.5", "1.5", 1.5},
+};
+
+static int read_limit_rows(struct limit_row *rows, int max)
+{
+    FILE *f = fopen(LIMITS, "r");
+    cr_assert_not_null(f, "cannot open %s", LIMITS);
+    char text[512];
+    int n = 0;
+    while (n < max && fgets(text, sizeof text, f)) {
+        if (text[0] == '#' || text[0] == '\n')
+            continue;
+        text[strcspn(text, "\n")] = 0;
+        char *field[7];
+        int k = 0;
+        for (char *p = text; k < 7 && p; k++) {
+            field[k] = p;
+            p = strchr(p, '\t');
+            if (p)
+                *p++ = 0;
+        }
+        cr_assert_eq(k, 7, "%s: a row needs 7 tab-separated fields", LIMITS);
+        struct limit_row *r = &rows[n++];
+        snprintf(r->key, sizeof r->key, "%s", field[0]);
+        snprintf(r->min, sizeof r->min, "%s", field[1]);
+        snprintf(r->max, sizeof r->max, "%s", field[2]);
+        snprintf(r->fallback, sizeof r->fallback, "%s", field[3]);
+        snprintf(r->checked, sizeof r->checked, "%s", field[4]);
+        snprintf(r->line, sizeof r->line, "%s", field[6]);
+    }
+    fclose(f);
+    return n;
+}
+
+/* A recipe with the row's line (its value filled in) on line 7; the base
+ * line of the same section gives way to it. */
+static void write_limit_recipe(const char *path, const struct limit_row *r, const char *value)
+{
+    static const char *const base[] = {
+        "  model = gpt { vocab = 64, ctx = 16, layers = 2, heads = 2, dim = 32 },",
+        "  data = { plugin = \"synthetic\", kind = \"tokens\", classes = 64 },",
+        "  train = { steps = 10, batch = 32, micro_batch = 8 },",
+        "  cost = { hardware = \"h100-80gb\", count = 2 },",
+    };
+    char section[64];
+    snprintf(section, sizeof section, "%.*s", (int)strcspn(r->key, "."), r->key);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "-- one integer option at a time (tests/config/limits.tsv)\nreturn {\n");
+    for (size_t i = 0; i < sizeof base / sizeof *base; i++) {
+        size_t len = strlen(section);
+        int same = strncmp(base[i] + 2, section, len) == 0 && base[i][2 + len] == ' ';
+        fprintf(f, "%s\n", same ? "  -- (set below)" : base[i]);
+    }
+    fprintf(f, "  ");
+    fprintf(f, r->line, value);
+    fprintf(f, "\n}\n");
+    fclose(f);
+}
+
+static void limits_environment(void)
+{
+    environment();
+    struct rlimit as = {4ull << 30, 4ull << 30};
+    setrlimit(RLIMIT_AS, &as);
+}
+
+/* One way of giving the value: the error, if any, must name the key's last
+ * part and `where`, and for an integer say what range it must be in (1e18
+ * steps is too many, not "not an integer"). */
+static int names_the_key(const char *msg, const char *quoted, const char *where, int integral)
+{
+    return strstr(msg, quoted) && strstr(msg, where) && (!integral || strstr(msg, "must be"));
+}
+
+static void expect_limit(const struct limit_row *r, const char *recipe, const char *override,
+                         int legal, int integral, const char *where, const char *shown)
+{
+    const char *name = strrchr(r->key, '.') ? strrchr(r->key, '.') + 1 : r->key;
+    char quoted[80];
+    snprintf(quoted, sizeof quoted, "'%s'", name);
+    const char *o[] = {override};
+    int n = override ? 1 : 0;
+    int model = strcmp(r->checked, "model") == 0;
+    tr_err err = {{0}};
+
+    struct tr_config cfg;
+    int rc = tr_config_load(&cfg, recipe, o, n, &err);
+    tr_config_free(&cfg);
+    if (legal || model) {
+        cr_expect_eq(rc, TR_OK, "show %s = %s: %s", r->key, shown, err.msg);
+    } else {
+        cr_expect_eq(rc, TR_ERROR, "show %s = %s was accepted", r->key, shown);
+        cr_expect(names_the_key(err.msg, quoted, where, integral),
+                  "show %s = %s: the error does not name %s, %s and its range: %s", r->key, shown,
+                  quoted, where, err.msg);
+    }
+
+    struct tr_plan p;
+    memset(&err, 0, sizeof err);
+    rc = tr_plan_build(&p, recipe, o, n, &err);
+    if (rc == TR_OK) {
+        cr_expect(legal, "plan %s = %s was accepted", r->key, shown);
+        cr_expect_geq(p.params, 0);
+        cr_expect(p.memory_total > 0 && isfinite(p.flops) && p.flops > 0,
+                  "plan %s = %s: memory %g, FLOPs %g", r->key, shown, p.memory_total, p.flops);
+        tr_plan_free(&p);
+    } else {
+        cr_expect(!legal, "plan %s = %s: %s", r->key, shown, err.msg);
+        cr_expect(names_the_key(err.msg, quoted, where, integral),
+                  "plan %s = %s: the error does not name %s, %s and its range: %s", r->key, shown,
+                  quoted, where, err.msg);
+    }
+}
+
+ParameterizedTestParameters(limits, every_integer_option)
+{
+    static int index[64];
+    for (int i = 0; i < 64; i++)
+        index[i] = i;
+    struct limit_row rows[64];
+    return cr_make_param_array(int, index, (size_t)read_limit_rows(rows, 64));
+}
+
+ParameterizedTest(int *row, limits, every_integer_option, .init = limits_environment)
+{
+    struct limit_row rows[64];
+    int n = read_limit_rows(rows, 64);
+    cr_assert_lt(*row, n);
+    const struct limit_row *r = &rows[*row];
+    char dir[] = "/tmp/trainrun-limits.XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char *recipe = tr_xasprintf("%s/limit.lua", dir);
+    char *line7 = tr_xasprintf("%s:7", recipe);
+    double lo = strtod(r->min, NULL), hi = strtod(r->max, NULL);
+    int model = strcmp(r->checked, "model") == 0;
+    for (size_t i = 0; i < sizeof limit_values / sizeof *limit_values; i++) {
+        double v = limit_values[i].value;
+        int integral = v == floor(v), legal = integral && v >= lo && v <= hi;
+        /* in the recipe */
+        write_limit_recipe(recipe, r, limit_values[i].lua);
+        expect_limit(r, recipe, NULL, legal, integral, line7, limit_values[i].lua);
+        /* on the command line, over a legal value in the recipe; a model's
+         * options are checked against the model's line */
+        write_limit_recipe(recipe, r, r->fallback);
+        char *override = tr_xasprintf("%s=%s", r->key, limit_values[i].cli);
+        expect_limit(r, recipe, override, legal, integral, model ? line7 : "command line",
+                     limit_values[i].cli);
+        free(override);
+    }
+    unlink(recipe);
+    rmdir(dir);
+    free(line7);
+    free(recipe);
 }

@@ -18,7 +18,7 @@ struct invsqrt_config {
 };
 
 static const struct tr_option invsqrt_options[] = {
-    {TR_OPT_INT, "warmup", "1000", 1, TR_NO_MAX, NULL,
+    {TR_OPT_INT, "warmup", "1000", 1, 1e12, NULL,
      "steps of linear warmup; the rate peaks at base_lr at step warmup-1, then decays as "
      "1/sqrt(step)",
      offsetof(struct invsqrt_config, warmup)},

@@ -16,8 +16,10 @@ local function check(spec, what, schema)
     local v = spec[key]
     if v == nil and rule.default ~= nil then spec[key] = rule.default; v = rule.default end
     if v == nil then error(("%s: option '%s' is required (%s)"):format(what, key, rule.help), 0) end
-    if rule.int and (type(v) ~= "number" or v ~= math.floor(v) or v < (rule.min or -math.huge)) then
-      error(("%s: option '%s' must be an integer >= %d, got %s"):format(what, key, rule.min or 0, tostring(v)), 0)
+    if rule.int and (type(v) ~= "number" or v ~= math.floor(v) or v < (rule.min or -math.huge)
+                     or v > (rule.max or 2^53)) then
+      error(("%s: option '%s' must be an integer between %d and %d, got %s"):format(
+        what, key, rule.min or 0, rule.max or 2^53, tostring(v)), 0)
     end
   end
   for key in pairs(spec) do
@@ -30,13 +32,15 @@ local function check(spec, what, schema)
   end
 end
 
+-- Upper bounds: token ids are int32; the rest far past any trained model,
+-- and well inside the sizes the core's kernels index with int.
 local gpt_schema = {
-  vocab  = { int = true, min = 2, help = "vocabulary size (256 for bytes)" },
-  ctx    = { int = true, min = 1, help = "context length in tokens" },
-  layers = { int = true, min = 1, help = "transformer blocks" },
-  heads  = { int = true, min = 1, help = "attention heads per block" },
-  dim    = { int = true, min = 1, help = "model width" },
-  recompute = { int = true, min = 0, default = 0,
+  vocab  = { int = true, min = 2, max = 2147483647, help = "vocabulary size (256 for bytes)" },
+  ctx    = { int = true, min = 1, max = 1048576, help = "context length in tokens" },
+  layers = { int = true, min = 1, max = 1024, help = "transformer blocks" },
+  heads  = { int = true, min = 1, max = 65536, help = "attention heads per block" },
+  dim    = { int = true, min = 1, max = 1048576, help = "model width" },
+  recompute = { int = true, min = 0, max = 1024, default = 0,
                 help = "recompute the activations of every k-th block in backward (0: none)" },
 }
 
@@ -78,9 +82,9 @@ function builders.gpt(nn, o, B)
 end
 
 local mlp_schema = {
-  inputs     = { int = true, min = 1, help = "input features" },
+  inputs     = { int = true, min = 1, max = 1048576, help = "input features" },
   hidden     = { default = {}, help = "widths of the hidden layers, e.g. { 128, 64 }" },
-  classes    = { int = true, min = 2, help = "output classes" },
+  classes    = { int = true, min = 2, max = 2147483647, help = "output classes" },
   activation = { default = "relu", help = "relu or gelu" },
 }
 

@@ -30,7 +30,7 @@ struct mpi_config {
 };
 
 static const struct tr_option mpi_options[] = {
-    {TR_OPT_FLOAT, "timeout", "0", 0, TR_NO_MAX, NULL,
+    {TR_OPT_FLOAT, "timeout", "0", 0, 604800, NULL,
      "seconds a collective may take before it fails, so a hung (not dead) rank stops the job; "
      "0 waits forever (mpirun already aborts the job when a rank dies)",
      offsetof(struct mpi_config, timeout)},

@@ -35,7 +35,7 @@ static const struct tr_option csv_options[] = {
      "required: the .csv or .csv.gz file, one sample per line, comma-separated numbers "
      "(relative paths are relative to the current directory)",
      offsetof(struct csv_config, path)},
-    {TR_OPT_INT, "label_column", "-1", -1, TR_NO_MAX, NULL,
+    {TR_OPT_INT, "label_column", "-1", -1, 1048576, NULL,
      "column holding the integer class label, numbered from 0; -1 is the last column. "
      "Every other column is a feature",
      offsetof(struct csv_config, label_column)},
@@ -49,7 +49,7 @@ static const struct tr_option csv_options[] = {
      "which rows validate: \"tail\", the last rows of the file; \"random\", rows drawn by "
      "split_seed (use it when the file is ordered, e.g. by writer or date)",
      offsetof(struct csv_config, val_split)},
-    {TR_OPT_INT, "split_seed", "0", 0, TR_NO_MAX, NULL,
+    {TR_OPT_INT, "split_seed", "0", 0, 9007199254740991.0, NULL,
      "seed of the random split; fixed apart from the run's seed so the validation rows stay "
      "the same across runs",
      offsetof(struct csv_config, split_seed)},

@@ -32,7 +32,7 @@ static const struct tr_option fp16_options[] = {
      "the scale is multiplied by this (strictly between 0 and 1) when gradients "
      "overflow; that step is skipped",
      offsetof(struct fp16_config, backoff_factor)},
-    {TR_OPT_INT, "growth_interval", "2000", 1, TR_NO_MAX, NULL,
+    {TR_OPT_INT, "growth_interval", "2000", 1, 1e12, NULL,
      "consecutive steps without overflow before the scale grows",
      offsetof(struct fp16_config, growth_interval)},
     {TR_OPT_FLOAT, "min_scale", "1.0", 0, TR_NO_MAX, NULL,

@@ -13,7 +13,7 @@ struct constant_config {
 };
 
 static const struct tr_option constant_options[] = {
-    {TR_OPT_INT, "warmup", "0", 0, TR_NO_MAX, NULL,
+    {TR_OPT_INT, "warmup", "0", 0, 1e12, NULL,
      "steps of linear warmup: lr = base_lr * (step+1) / warmup for the first warmup steps",
      offsetof(struct constant_config, warmup)},
     {.type = TR_OPT_END},

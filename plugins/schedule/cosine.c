@@ -17,7 +17,7 @@ struct cosine_config {
 };
 
 static const struct tr_option cosine_options[] = {
-    {TR_OPT_INT, "warmup", "0", 0, TR_NO_MAX, NULL,
+    {TR_OPT_INT, "warmup", "0", 0, 1e12, NULL,
      "steps of linear warmup: lr = base_lr * (step+1) / warmup for the first warmup steps",
      offsetof(struct cosine_config, warmup)},
     {TR_OPT_FLOAT, "min_lr_ratio", "0.1", 0, 1, NULL,

@@ -14,7 +14,7 @@ struct linear_config {
 };
 
 static const struct tr_option linear_options[] = {
-    {TR_OPT_INT, "warmup", "0", 0, TR_NO_MAX, NULL,
+    {TR_OPT_INT, "warmup", "0", 0, 1e12, NULL,
      "steps of linear warmup: lr = base_lr * (step+1) / warmup for the first warmup steps",
      offsetof(struct linear_config, warmup)},
     {TR_OPT_FLOAT, "end_ratio", "0.0", 0, 1, NULL,

@@ -15,10 +15,10 @@ struct step_config {
 };
 
 static const struct tr_option step_options[] = {
-    {TR_OPT_INT, "warmup", "0", 0, TR_NO_MAX, NULL,
+    {TR_OPT_INT, "warmup", "0", 0, 1e12, NULL,
      "steps of linear warmup: lr = base_lr * (step+1) / warmup for the first warmup steps",
      offsetof(struct step_config, warmup)},
-    {TR_OPT_INT, "step_size", NULL, 1, TR_NO_MAX, NULL,
+    {TR_OPT_INT, "step_size", NULL, 1, 1e12, NULL,
      "required: optimizer steps between decays (counted after warmup)",
      offsetof(struct step_config, step_size)},
     {TR_OPT_FLOAT, "gamma", "0.1", 0, 1, NULL,
