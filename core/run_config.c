@@ -66,25 +66,33 @@ const struct tr_install_paths *tr_install_paths(void)
 #define OPT(type, name, def, lo, hi, help, st, field)                                              \
     {type, name, def, lo, hi, NULL, help, offsetof(st, field)}
 
+/* Bounds of the integers below, as far as any real run goes and well inside
+ * what their consumers compute with (micro-batches and steps meet int and
+ * uint64 arithmetic, seeds become uint64): a recipe asking for more is a
+ * typo or an attack, and gets an error naming the key, never a wrap. */
+#define STEPS_MAX 1e12        /* steps and every step interval */
+#define BATCH_MAX 16777216.0  /* 2^24 samples in a batch or micro-batch */
+#define SEED_MAX 9007199254740991.0 /* 2^53 - 1: every seed a recipe number holds exactly */
+
 static const struct tr_option train_options[] = {
-    OPT(TR_OPT_INT, "steps", "1000", 1, TR_NO_MAX, "optimizer steps to run", struct tr_train_config, steps),
-    OPT(TR_OPT_INT, "batch", "16", 1, TR_NO_MAX,
+    OPT(TR_OPT_INT, "steps", "1000", 1, STEPS_MAX, "optimizer steps to run", struct tr_train_config, steps),
+    OPT(TR_OPT_INT, "batch", "16", 1, BATCH_MAX,
         "global batch in samples per optimizer step", struct tr_train_config, batch),
-    OPT(TR_OPT_INT, "micro_batch", "0", 0, TR_NO_MAX,
+    OPT(TR_OPT_INT, "micro_batch", "0", 0, BATCH_MAX,
         "samples per forward/backward; batch / micro_batch micro-batches are accumulated "
         "(0: the whole batch at once, or each rank's even share of it; \"auto\": the largest "
         "that fits memory_budget)",
         struct tr_train_config, micro_batch),
-    OPT(TR_OPT_FLOAT, "memory_budget", "0", 0, TR_NO_MAX,
+    OPT(TR_OPT_FLOAT, "memory_budget", "0", 0, 1048576,
         "GiB a micro_batch = \"auto\" may plan for (0: the device's memory, from cost.hardware, "
         "or this machine's)", struct tr_train_config, memory_budget),
-    OPT(TR_OPT_INT, "seed", "1", 0, TR_NO_MAX, "seed of initialisation and data order",
+    OPT(TR_OPT_INT, "seed", "1", 0, SEED_MAX, "seed of initialisation and data order",
         struct tr_train_config, seed),
-    OPT(TR_OPT_INT, "eval_every", "0", 0, TR_NO_MAX,
+    OPT(TR_OPT_INT, "eval_every", "0", 0, STEPS_MAX,
         "evaluate on the validation split every N steps (0: only at the end)", struct tr_train_config, eval_every),
-    OPT(TR_OPT_INT, "eval_batches", "8", 1, TR_NO_MAX, "micro-batches per evaluation",
+    OPT(TR_OPT_INT, "eval_batches", "8", 1, 1000000, "micro-batches per evaluation",
         struct tr_train_config, eval_batches),
-    OPT(TR_OPT_INT, "log_every", "10", 1, TR_NO_MAX, "progress line and metrics every N steps",
+    OPT(TR_OPT_INT, "log_every", "10", 1, STEPS_MAX, "progress line and metrics every N steps",
         struct tr_train_config, log_every),
     OPT(TR_OPT_INT, "threads", "0", 0, 4096, "compute threads (0: one per core)",
         struct tr_train_config, threads),
@@ -92,7 +100,7 @@ static const struct tr_option train_options[] = {
         "data loader threads (0: read in the step loop)", struct tr_train_config, workers),
     OPT(TR_OPT_INT, "prefetch", "4", 1, 1024, "micro-batches the loader prepares ahead",
         struct tr_train_config, prefetch),
-    OPT(TR_OPT_INT, "trace_every", "100", 0, TR_NO_MAX,
+    OPT(TR_OPT_INT, "trace_every", "100", 0, STEPS_MAX,
         "run_dir/trace.json (chrome://tracing, Perfetto) gets every step's phases and, every N "
         "steps, each op's forward and backward time (0: no trace)",
         struct tr_train_config, trace_every),
@@ -112,7 +120,7 @@ static const struct tr_option optimizer_options[] = {
     OPT(TR_OPT_FLOAT, "beta2", "0.999", 0, 1, "AdamW second-moment decay", struct tr_optimizer_config, beta2),
     OPT(TR_OPT_FLOAT, "eps", "1e-8", 0, 1, "AdamW denominator epsilon", struct tr_optimizer_config, eps),
     OPT(TR_OPT_FLOAT, "momentum", "0.9", 0, 1, "SGD momentum", struct tr_optimizer_config, momentum),
-    OPT(TR_OPT_INT, "reference_batch", "0", 0, TR_NO_MAX,
+    OPT(TR_OPT_INT, "reference_batch", "0", 0, BATCH_MAX,
         "the batch lr was tuned for: lr is scaled by train.batch / reference_batch (the linear "
         "scaling rule; 0: no scaling)", struct tr_optimizer_config, reference_batch),
     OPT(TR_OPT_FLOAT, "clip", "1.0", 0, TR_NO_MAX,
@@ -122,9 +130,9 @@ static const struct tr_option optimizer_options[] = {
 
 static const char *const weight_dtypes[] = {"fp32", "bf16", "fp16", NULL};
 static const struct tr_option checkpoint_policy_options[] = {
-    OPT(TR_OPT_INT, "every", "0", 0, TR_NO_MAX, "save every N steps (0: only at the end)",
+    OPT(TR_OPT_INT, "every", "0", 0, STEPS_MAX, "save every N steps (0: only at the end)",
         struct tr_checkpoint_policy, every),
-    OPT(TR_OPT_INT, "keep", "3", 1, TR_NO_MAX, "checkpoints kept, newest first (plus the best)",
+    OPT(TR_OPT_INT, "keep", "3", 1, 10000, "checkpoints kept, newest first (plus the best)",
         struct tr_checkpoint_policy, keep),
     OPT(TR_OPT_BOOL, "keep_best", "true", 0, 0,
         "also save and keep the checkpoint of the lowest validation loss",
@@ -132,7 +140,7 @@ static const struct tr_option checkpoint_policy_options[] = {
     OPT(TR_OPT_BOOL, "async", "true", 0, 0,
         "write in a background thread; the step loop stalls only for a snapshot",
         struct tr_checkpoint_policy, async),
-    OPT(TR_OPT_FLOAT, "deadline", "120", 0, TR_NO_MAX,
+    OPT(TR_OPT_FLOAT, "deadline", "120", 0, 604800,
         "seconds a preemption checkpoint (SIGTERM, SIGUSR1) should take; warns when exceeded",
         struct tr_checkpoint_policy, deadline),
     {TR_OPT_ENUM, "weights_dtype", "fp32", 0, 0, weight_dtypes,
@@ -142,7 +150,7 @@ static const struct tr_option checkpoint_policy_options[] = {
 };
 
 static const struct tr_option early_stop_options[] = {
-    OPT(TR_OPT_INT, "patience", "0", 0, TR_NO_MAX,
+    OPT(TR_OPT_INT, "patience", "0", 0, 1000000,
         "stop after this many evaluations without improvement (0: never stop early)",
         struct tr_early_stop_config, patience),
     OPT(TR_OPT_FLOAT, "min_delta", "0", 0, TR_NO_MAX,
