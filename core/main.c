@@ -14,6 +14,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -436,6 +437,9 @@ static int take_plugin_paths(int argc, char **argv)
             free(dirs);
             return -1;
         }
+        char abs[PATH_MAX];
+        if (realpath(dir, abs)) /* ranks and plugins see the same directory */
+            dir = abs;
         char *more = dirs ? tr_xasprintf("%s:%s", dirs, dir) : tr_xstrdup(dir);
         free(dirs);
         dirs = more;
