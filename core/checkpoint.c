@@ -15,6 +15,21 @@
 #include <unistd.h>
 #include <zlib.h>
 
+/* CRC-32 of all of data: zlib takes at most 4 GiB a call, and a blob (the
+ * weights of a 1.5B model) can be larger. */
+static unsigned long crc_of(const void *data, size_t size)
+{
+    const unsigned char *p = data;
+    uLong crc = crc32(0L, Z_NULL, 0);
+    while (size > 0) {
+        size_t n = size > (1u << 30) ? (1u << 30) : size;
+        crc = crc32(crc, p, (uInt)n);
+        p += n;
+        size -= n;
+    }
+    return crc;
+}
+
 /* The last member of state.json: the CRC-32 of the bytes before it. */
 #define STATE_CHECKSUM_KEY "  \"state_checksum\":"
 
@@ -154,7 +169,7 @@ static char *state_json(struct tr_checkpointer *c, const char *const *blobs,
     fprintf(f, "},\n");
     /* the file vouches for itself too: the CRC-32 of everything before it */
     fflush(f);
-    unsigned long own = crc32(0, (const unsigned char *)text, (uInt)*size);
+    unsigned long own = crc_of(text, *size);
     fprintf(f, STATE_CHECKSUM_KEY " %lu\n}\n", own);
     fclose(f);
     return text;
@@ -185,7 +200,7 @@ static const char *state_checksum_problem(const char *text, size_t size)
         p++;
     if (!digits || !closed || p != end)
         return "state.json's state_checksum is not its last member (edited)";
-    if (crc32(0, (const unsigned char *)text, (uInt)(at - text)) != want)
+    if (crc_of(text, (size_t)(at - text)) != want)
         return "state.json fails its checksum (torn, truncated or edited)";
     return NULL;
 }
@@ -302,7 +317,7 @@ static int write_checkpoint(struct tr_checkpointer *c, const float *params, cons
             tr_fail(err, "out of memory serialising checkpoint %s", name);
             goto failed;
         }
-        checksums[i] = crc32(0, data, (uInt)size);
+        checksums[i] = crc_of(data, size);
         int rc = vt->put(c->cfg.self, blob_names[i], data, size, err);
         free(data);
         if (rc != TR_OK)
@@ -632,7 +647,7 @@ static int check_blob(const struct tr_json *js, const char *blob, const void *da
                       tr_err *err)
 {
     const struct tr_json *v = tr_json_get(tr_json_get(js, "checksums"), blob);
-    unsigned long got = crc32(0, data, (uInt)size);
+    unsigned long got = crc_of(data, size);
     if (!v || v->type != TR_JSON_NUMBER || v->number < 0 || (unsigned long)v->number != got)
         return tr_fail(err, "%s fails its checksum (torn, truncated or corrupted)", blob);
     return TR_OK;

@@ -769,6 +769,46 @@ Test(staging, a_committed_leftover_reads_back_in_order)
     s3_destroy(s);
 }
 
+/* What put() staged is checked before it leaves: a blob changed on disk
+ * since (its CRC-32 in the COMMITTED mark) is not uploaded, and a symlink
+ * in a staging directory is never followed to what it points at. */
+Test(staging, a_changed_or_linked_staged_blob_is_not_uploaded)
+{
+    struct s3 *s = offline_instance();
+    char *dir = path_join(s->cache_dir, ".tmp-step-0000000008-12345");
+    cr_assert_eq(make_owned_dir(dir), 0);
+    char *model = path_join(dir, "model");
+    cr_assert_eq(write_file(model, "12345", 5, 1), 0);
+    char line[64];
+    snprintf(line, sizeof line, "model\t%lu\n", (unsigned long)crc32(0, (const Bytef *)"12345", 5));
+    char *mark = path_join(dir, COMMITTED_MARK);
+    cr_assert_eq(write_file(mark, line, strlen(line), 1), 0);
+
+    struct upload *u = read_committed(dir, "step-0000000008");
+    cr_assert_not_null(u);
+    cr_assert(u->blobs.entries[0].has_crc);
+    char hex[65];
+    tr_err err = {{0}};
+    FILE *f = fopen(model, "rb");
+    cr_assert_eq(hash_file(f, model, &u->blobs.entries[0], hex, &err), TR_OK, "%s", err.msg);
+    fclose(f);
+    cr_assert_eq(write_file(model, "12346", 5, 0), 0); /* same size, other bytes */
+    f = fopen(model, "rb");
+    cr_assert_eq(hash_file(f, model, &u->blobs.entries[0], hex, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "fails its checksum"), "%s", err.msg);
+    fclose(f);
+    upload_free(u);
+
+    /* a symlink where a blob was staged: not an upload */
+    cr_assert_eq(unlink(model), 0);
+    cr_assert_eq(symlink(mark, model), 0);
+    cr_assert_null(read_committed(dir, "step-0000000008"));
+    free(mark);
+    free(model);
+    free(dir);
+    s3_destroy(s);
+}
+
 Test(staging, uncommitted_leftovers_are_removed)
 {
     struct s3 *s = offline_instance();

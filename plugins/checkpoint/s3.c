@@ -64,6 +64,7 @@
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 struct s3_config {
     const char *bucket;
@@ -494,6 +495,8 @@ struct manifest_entry {
     char *blob;
     uint64_t size;
     char sha256[65];
+    int has_crc;      /* staged blobs: the CRC-32 put() wrote, checked before upload */
+    unsigned long crc;
 };
 
 struct manifest {
@@ -521,6 +524,8 @@ static int manifest_add(struct manifest *m, const char *blob, uint64_t size, con
         return -1;
     e->size = size;
     snprintf(e->sha256, sizeof e->sha256, "%s", sha256 ? sha256 : "");
+    e->has_crc = 0;
+    e->crc = 0;
     m->n++;
     return 0;
 }
@@ -1217,15 +1222,22 @@ static void upload_free(struct upload *u)
 /* ---- the upload --------------------------------------------------------------- */
 
 /* Hash one staged file; its size must be what put() wrote. */
-static int hash_file(FILE *f, const char *path, uint64_t size, char hex[65], tr_err *err)
+/* SHA-256 of a staged file (for the request), and its CRC-32 checked
+ * against what put() wrote: a staged copy changed or damaged on disk since
+ * (a crash, another program) is not uploaded as the checkpoint. */
+static int hash_file(FILE *f, const char *path, const struct manifest_entry *e, char hex[65],
+                     tr_err *err)
 {
+    uint64_t size = e->size;
     struct sha256 h;
     sha256_init(&h);
     unsigned char chunk[1 << 16];
     uint64_t total = 0;
     size_t got;
+    uLong crc = crc32(0L, Z_NULL, 0);
     while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) {
         sha256_update(&h, chunk, got);
+        crc = crc32(crc, chunk, (uInt)got);
         total += got;
     }
     if (ferror(f))
@@ -1235,6 +1247,10 @@ static int hash_file(FILE *f, const char *path, uint64_t size, char hex[65], tr_
         return tr_fail(err, "s3 checkpoint: staged file %s is %llu bytes, expected %llu; "
                             "something else changed it",
                        path, (unsigned long long)total, (unsigned long long)size);
+    if (e->has_crc && crc != e->crc)
+        return tr_fail(err, "s3 checkpoint: staged file %s fails its checksum: it changed "
+                            "since it was written, so it is not uploaded",
+                       path);
     sha256_final(&h, hex);
     return TR_OK;
 }
@@ -1250,12 +1266,16 @@ static int upload_blob(const struct s3 *s, CURL *curl, struct upload *u,
         return tr_fail(err, "s3 checkpoint: out of memory");
     }
     int rc = TR_ERROR;
-    FILE *f = fopen(path, "rb");
+    /* never through a symlink: only the file staged here leaves the machine */
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
     if (!f) {
         tr_fail(err, "s3 checkpoint: cannot open staged file %s: %s", path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
         goto out;
     }
-    if (hash_file(f, path, e->size, e->sha256, err) != TR_OK)
+    if (hash_file(f, path, e, e->sha256, err) != TR_OK)
         goto out;
     struct request r = {.method = "PUT", .key = key, .body_file = f, .body_size = e->size,
                         .body_sha256 = e->sha256, .content_type = "application/octet-stream"};
@@ -1435,10 +1455,22 @@ static struct upload *read_committed(const char *staging, const char *name)
     char line[4096];
     while (ok && fgets(line, sizeof line, f)) {
         line[strcspn(line, "\n")] = '\0';
+        /* "<blob>\t<crc32>"; older marks name the blob alone */
+        char *tab = strchr(line, '\t'), *end = NULL;
+        unsigned long crc = 0;
+        if (tab) {
+            *tab = '\0';
+            crc = strtoul(tab + 1, &end, 10);
+        }
         char *path = path_join(staging, line);
         struct stat st;
-        ok = valid_blob(line) && path && stat(path, &st) == 0 &&
+        ok = valid_blob(line) && (!tab || (end != tab + 1 && !*end)) && path &&
+             lstat(path, &st) == 0 && S_ISREG(st.st_mode) &&
              manifest_add(&u->blobs, line, (uint64_t)st.st_size, NULL) == 0;
+        if (ok && tab) {
+            u->blobs.entries[u->blobs.n - 1].has_crc = 1;
+            u->blobs.entries[u->blobs.n - 1].crc = crc;
+        }
         free(path);
     }
     fclose(f);
@@ -2040,6 +2072,14 @@ static int do_put(void *self, const char *blob, const void *data, size_t size, t
     free(path);
     if (manifest_add(&u->blobs, blob, size, NULL) != 0)
         return tr_fail(err, "s3 checkpoint: out of memory");
+    u->blobs.entries[u->blobs.n - 1].has_crc = 1;
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (size_t done = 0; done < size;) { /* zlib takes at most 4 GiB a call */
+        size_t n = size - done > (1u << 30) ? (1u << 30) : size - done;
+        crc = crc32(crc, (const unsigned char *)data + done, (uInt)n);
+        done += n;
+    }
+    u->blobs.entries[u->blobs.n - 1].crc = crc;
     return TR_OK;
 }
 
@@ -2055,7 +2095,8 @@ static int do_commit(void *self, tr_err *err)
      * enough behind for the next run to finish it. */
     struct buf mark = {0};
     for (size_t i = 0; i < u->blobs.n; i++)
-        if (buf_printf(&mark, "%s\n", u->blobs.entries[i].blob))
+        if (buf_printf(&mark, "%s\t%lu\n", u->blobs.entries[i].blob,
+                       u->blobs.entries[i].crc))
             break;
     char *mark_path = path_join(u->staging, COMMITTED_MARK);
     if (!mark_path || !mark.data) {
