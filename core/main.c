@@ -509,9 +509,12 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "export") == 0)
         return cmd_export(argc, argv);
     if (strcmp(cmd, "plan") == 0) {
-        for (int i = 3; i < argc; i++) /* plan parses the rest itself */
-            if (argv[i][0] != '-' && strchr(argv[i], '=') && !override_syntax_ok(argv[i], "plan: "))
+        for (int i = 3; i < argc; i++) { /* plan parses the rest itself */
+            long long gpus;
+            if (strncmp(argv[i], "gpus=", 5) == 0 ? flag_int("gpus=N", argv[i] + 5, 1, 1048576, &gpus)
+                : argv[i][0] != '-' && strchr(argv[i], '=') && !override_syntax_ok(argv[i], "plan: "))
                 return TR_EXIT_USAGE;
+        }
         return tr_plan_main(argc - 1, argv + 1);
     }
     if (strcmp(cmd, "topo") == 0)

@@ -62,6 +62,7 @@ usage_error "no recipe comes before it" train.steps=5
 usage_error "the key before '=' is empty" "$R/kjv-char.lua" =5
 usage_error "the key has an empty part" show "$R/kjv-char.lua" train..steps=5
 usage_error "starts or ends with '.'" plan "$R/kjv-char.lua" train.steps.=5
+usage_error "gpus=N takes an integer from 1 to 1048576, not 'abc'" plan "$R/kjv-char.lua" gpus=abc
 usage_error "is not an override" "$R/kjv-char.lua" steps
 usage_error "smoke needs a recipe" --smoke
 usage_error "takes at most one KIND" plugins schedule data
