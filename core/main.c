@@ -129,7 +129,8 @@ static int flag_u64(const char *flag, const char *text, uint64_t *out)
     char *end;
     errno = 0;
     unsigned long long v = strtoull(text, &end, 10);
-    if (end == text || *end || errno || text[0] == '-' || text[0] == '+' || isspace((unsigned char)text[0])) {
+    /* strtoull takes "-1" as 2^64 - 1: digits only */
+    if (end == text || *end || errno || !isdigit((unsigned char)text[0])) {
         fprintf(stderr, "trainrun: error: %s takes an integer from 0 to %llu, not '%s'\n", flag,
                 (unsigned long long)UINT64_MAX, text);
         return -1;
@@ -144,7 +145,8 @@ static int flag_positive(const char *flag, const char *text, double *out)
     errno = 0;
     double v = strtod(text, &end);
     if (end == text || *end || errno || !isfinite(v) || !(v > 0)) {
-        fprintf(stderr, "trainrun: error: %s takes a number greater than 0, not '%s'\n", flag, text);
+        fprintf(stderr, "trainrun: error: %s takes a number greater than 0, not '%s'\n", flag,
+                text);
         return -1;
     }
     *out = v;
@@ -511,8 +513,11 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "plan") == 0) {
         for (int i = 3; i < argc; i++) { /* plan parses the rest itself */
             long long gpus;
-            if (strncmp(argv[i], "gpus=", 5) == 0 ? flag_int("gpus=N", argv[i] + 5, 1, 1048576, &gpus)
-                : argv[i][0] != '-' && strchr(argv[i], '=') && !override_syntax_ok(argv[i], "plan: "))
+            int bad = strncmp(argv[i], "gpus=", 5) == 0
+                          ? flag_int("gpus=N", argv[i] + 5, 1, 1048576, &gpus) != 0
+                          : argv[i][0] != '-' && strchr(argv[i], '=') &&
+                                !override_syntax_ok(argv[i], "plan: ");
+            if (bad)
                 return TR_EXIT_USAGE;
         }
         return tr_plan_main(argc - 1, argv + 1);
@@ -539,7 +544,8 @@ int main(int argc, char **argv)
     }
     if (strcmp(cmd, "--smoke") == 0) {
         if (argc < 3 || argv[2][0] == '-') {
-            fprintf(stderr, "trainrun: error: --smoke needs a recipe: trainrun --smoke RECIPE.lua\n");
+            fprintf(stderr, "trainrun: error: --smoke needs a recipe: trainrun --smoke "
+                            "RECIPE.lua\n");
             return TR_EXIT_USAGE;
         }
         argv[1] = argv[2]; /* trainrun --smoke recipe.lua ... */
