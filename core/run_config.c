@@ -560,4 +560,8 @@ void tr_config_help(FILE *out)
     tr_options_help(tr_cost_options, out, "    ");
     fprintf(out, "\n  parallel = { ... }  (data parallelism across procs/gpus ranks; docs/scale-out.md)\n");
     tr_options_help(parallel_options, out, "    ");
+    fprintf(out, "\nRecipes are sandboxed data: each time recipe code runs (loading with extends/include,\n"
+                 "each model build) it may use 50 million Lua instructions and 5 s of CPU, 1 GiB of Lua\n"
+                 "heap and 1 MiB of C stack; a source file has at most 4 MiB.  Past a limit the recipe\n"
+                 "stops with an error naming its file:line (README.md, \"Limits of recipe code\").\n");
 }
