@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -730,7 +731,8 @@ int tr_checkpoint_resolve(const char *path, char **dir, char **name, tr_err *err
     const char *candidates[] = {"%s/LATEST", "%s/checkpoints/LATEST"};
     for (int i = 0; i < 2; i++) {
         char *p = tr_xasprintf(candidates[i], path);
-        FILE *f = fopen(p, "r");
+        struct stat lst; /* a regular file: opening a FIFO would hang */
+        FILE *f = stat(p, &lst) == 0 && S_ISREG(lst.st_mode) ? fopen(p, "r") : NULL;
         if (f) {
             char buf[256] = "";
             if (fgets(buf, sizeof buf, f))
@@ -773,9 +775,16 @@ static int read_whole(const char *path, void **data, size_t *size, tr_err *err)
 {
     *data = NULL;
     *size = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    /* a regular file only: a FIFO in a colleague's run directory would hang */
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
         return tr_fail(err, "cannot open %s: %s", path, strerror(errno));
+    FILE *f = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? fdopen(fd, "rb") : NULL;
+    if (!f) {
+        close(fd);
+        return tr_fail(err, "cannot read %s: not a regular file", path);
+    }
     long len = -1;
     if (fseek(f, 0, SEEK_END) == 0)
         len = ftell(f);

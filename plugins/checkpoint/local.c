@@ -627,7 +627,8 @@ static int local_get(void *self, const char *name, const char *blob, void **data
     }
     int rc = TR_ERROR;
     unsigned char *buf = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* non-blocking: a FIFO planted in a shared directory must not hang the reader */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     struct stat st;
     if (fd < 0) {
         int e = errno;
@@ -643,6 +644,10 @@ static int local_get(void *self, const char *name, const char *blob, void **data
     }
     if (fstat(fd, &st) != 0) {
         tr_fail(err, "local checkpoint: cannot stat %s: %s", path, strerror(errno));
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        tr_fail(err, "local checkpoint: %s is not a regular file", path);
         goto out;
     }
     size_t want = (size_t)st.st_size;
@@ -682,7 +687,8 @@ static void read_latest(const struct local *l, char *out, size_t size)
 {
     out[0] = '\0';
     char *path = path_join(l->dir, "LATEST", NULL);
-    FILE *f = path ? fopen(path, "r") : NULL;
+    struct stat st; /* a regular file: opening a FIFO would hang */
+    FILE *f = path && stat(path, &st) == 0 && S_ISREG(st.st_mode) ? fopen(path, "r") : NULL;
     if (f) {
         if (fgets(out, (int)size, f))
             out[strcspn(out, "\r\n")] = '\0';

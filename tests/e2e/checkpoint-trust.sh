@@ -59,8 +59,8 @@ diff before.txt after.txt || fail "the user's files changed on resume"
 
 # --- tampered state.json ------------------------------------------------------
 resume() { # run_dir, steps; err.txt gets the messages
-  "$TRAINRUN" "$R" train.steps="$2" checkpoint.every=10 run_dir="$1" --resume auto --quiet \
-    2> err.txt || { cat err.txt; fail "resume of $1 failed"; }
+  timeout 120 "$TRAINRUN" "$R" train.steps="$2" checkpoint.every=10 run_dir="$1" --resume auto \
+    --quiet 2> err.txt || { cat err.txt; fail "resume of $1 failed (or hung)"; }
 }
 fell_back() { # what the skip message says
   grep -q "skipping step-0000000020: .*$1" err.txt || { cat err.txt; fail "no message: $1"; }
@@ -78,6 +78,11 @@ resume t2 20; fell_back "state.json has no state_checksum"
 
 fresh t3; printf 'garbage' > "t3/$s20"
 resume t3 20; fell_back "state.json"
+
+# a FIFO where a blob belongs would block a reader for good
+fresh tf; rm tf/checkpoints/step-0000000020/model.safetensors
+mkfifo tf/checkpoints/step-0000000020/model.safetensors
+resume tf 20; fell_back "model.safetensors is not a regular file"
 
 # past train.steps: a shorter run resumes from the last checkpoint within it
 fresh t4; resume t4 15; fell_back "its step 20 is past train.steps = 15"
