@@ -399,7 +399,7 @@ struct tr_graph *tr_model_build(struct tr_recipe *r, int batch, tr_err *err)
         goto done;
     }
     lua_pushinteger(L, batch);
-    if (tr_recipe_pcall(r, 2, 1, err) != TR_OK) {
+    if (tr_recipe_pcall(r, 2, 1, loc, err) != TR_OK) {
         if (!has_location(err->msg)) /* the builder's own file:line is the precise one */
             tr_err_prefix(err, "%s", loc);
         goto done;

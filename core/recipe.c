@@ -880,11 +880,15 @@ int tr_recipe_require(struct tr_recipe *r, const char *name, tr_err *err)
     return sandbox_pcall(r, 1, 1, err);
 }
 
-int tr_recipe_pcall(struct tr_recipe *r, int nargs, int nresults, tr_err *err)
+int tr_recipe_pcall(struct tr_recipe *r, int nargs, int nresults, const char *where, tr_err *err)
 {
     if (!r || !r->L)
         return tr_fail(err, "internal error: no loaded recipe to run code of");
-    return sandbox_pcall(r, nargs, nresults, err);
+    if (where)
+        r->sb.fallback = where;
+    int rc = sandbox_pcall(r, nargs, nresults, err);
+    r->sb.fallback = r->path;
+    return rc;
 }
 
 /* The origin of the deepest existing table on the path: for a key that is

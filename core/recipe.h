@@ -64,9 +64,10 @@ int tr_recipe_require(struct tr_recipe *r, const char *name, tr_err *err);
 
 /* lua_pcall for the host on tr_recipe_lua(r): the function below nargs
  * arguments runs under the limits above, JIT off; an error from trainrun's
- * own Lua library gets the file:line of the recipe code that led to it.
- * TR_OK with nresults pushed, or TR_ERROR with err set and the function and
- * arguments popped. */
-int tr_recipe_pcall(struct tr_recipe *r, int nargs, int nresults, tr_err *err);
+ * own Lua library gets the file:line of the recipe code that led to it, or
+ * `where` ("file:line" of what the call is about; NULL: the recipe file)
+ * when no recipe code is on the stack.  TR_OK with nresults pushed, or
+ * TR_ERROR with err set and the function and arguments popped. */
+int tr_recipe_pcall(struct tr_recipe *r, int nargs, int nresults, const char *where, tr_err *err);
 
 #endif
