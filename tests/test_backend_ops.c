@@ -877,6 +877,30 @@ Test(harness, guards_catch_an_overrun_on_cpu)
     tr_cpu_backend_free(&cpu_be);
 }
 
+/* The rule that keeps the CUDA backend tested: every op of the graph has
+ * cases here in fp32, bf16 and fp16 storage (the CUDA kernels are
+ * templated on all three), so a new op cannot ship without running through
+ * tests/cudacpu in make check, and on a GPU in contrib/gpu/validate.sh. */
+Test(harness, every_op_has_cases_in_every_storage)
+{
+    const enum tr_dtype storages[] = {TR_F32, TR_BF16, TR_F16};
+    size_t n_cases = sizeof all_cases / sizeof *all_cases;
+    for (int op = 0; op < TR_OP_COUNT; op++)
+        for (int k = 0; k < 3; k++) {
+            int found = 0;
+            for (size_t i = 0; i < n_cases && !found; i++) {
+                if (all_cases[i].storage != storages[k])
+                    continue;
+                struct tr_graph *g = tr_graph_new(1);
+                all_cases[i].build(g, TR_F32, all_cases[i].dims);
+                found = g->n_nodes > 0 && (int)g->nodes[0].op == op;
+                tr_graph_free(g, NULL);
+            }
+            cr_expect(found, "op %s has no case in %s storage: add one to OP_CASES",
+                      tr_op_name((enum tr_op)op), dt_name(storages[k]));
+        }
+}
+
 /* Every op case's graph builds, checks and runs forward and backward on
  * the CPU inside guarded buffers, with finite results and gradients that
  * changed: the GPU cases are valid graphs whatever the machine. */

@@ -24,7 +24,8 @@
  *
  * Fibers: ucontext creates them; on x86-64 a register-only switch replaces
  * swapcontext, which makes a signal-mask system call per switch (a warp
- * shuffle switches every lane twice).  Stacks are 64 KiB with a guard page.
+ * shuffle switches every lane twice); -DCUDACPU_UCONTEXT keeps swapcontext,
+ * the path other machines take.  Stacks are 64 KiB with a guard page.
  */
 #include <cuda_runtime.h>
 
@@ -36,6 +37,12 @@
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#else
+#define ASAN_UNPOISON_MEMORY_REGION(p, n) ((void)(p), (void)(n))
+#endif
 
 namespace cudacpu {
 thread_slot *current;
@@ -81,7 +88,7 @@ struct fiber {
     unsigned mask;
     uint64_t result;
     char *stack; /* lowest address, the guard page */
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(CUDACPU_UCONTEXT)
     void *sp;
 #else
     ucontext_t uc;
@@ -91,7 +98,7 @@ struct fiber {
 fiber *pool[MAX_THREADS];
 int pool_size;
 fiber *running;
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(CUDACPU_UCONTEXT)
 void *scheduler_sp;
 #else
 ucontext_t scheduler_uc;
@@ -99,7 +106,7 @@ ucontext_t scheduler_uc;
 
 void fiber_main(void);
 
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(CUDACPU_UCONTEXT)
 /* switch(save, to): push the callee-saved registers, store the stack
  * pointer in *save, load `to`, pop and return into the other context */
 extern "C" void cudacpu_switch(void **save, void *to);
@@ -116,6 +123,8 @@ asm(".text\n"
 
 void fiber_reset(fiber *f)
 {
+    /* a kernel stopped mid-way leaves its frames' redzones poisoned */
+    ASAN_UNPOISON_MEMORY_REGION(f->stack + getpagesize(), STACK_BYTES - getpagesize());
     /* a fresh stack that "returns" into fiber_main with the ABI's alignment */
     uintptr_t top = ((uintptr_t)f->stack + STACK_BYTES) & ~(uintptr_t)15;
     void **sp = (void **)top;
@@ -131,6 +140,7 @@ void leave(fiber *f) { cudacpu_switch(&f->sp, scheduler_sp); }
 #else
 void fiber_reset(fiber *f)
 {
+    ASAN_UNPOISON_MEMORY_REGION(f->stack + getpagesize(), STACK_BYTES - getpagesize());
     getcontext(&f->uc);
     f->uc.uc_stack.ss_sp = f->stack + getpagesize();
     f->uc.uc_stack.ss_size = STACK_BYTES - getpagesize();
