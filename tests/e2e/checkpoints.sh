@@ -27,6 +27,9 @@ grep -q "skipping step-0000000020: .*state.json" err.txt || { cat err.txt; fail 
 # --- a full disk during saves ---------------------------------------------------
 shim="$TR_BUILDDIR/tests/shims/.libs/enospc.so"
 [ -f "$shim" ] || fail "no $shim"
+# a sanitizer build wants its runtime first in LD_PRELOAD
+asan=$(ldd "$TRAINRUN" 2>/dev/null | awk '/libasan/ { print $3 }')
+shim="${asan:+$asan:}$shim"
 set +e
 LD_PRELOAD="$shim" TR_ENOSPC_MATCH=step-0000000020,step-0000000030 \
   "$TRAINRUN" "$R" train.steps=30 checkpoint.every=10 checkpoint.keep_best=false run_dir=c --quiet 2> err.txt
