@@ -59,6 +59,10 @@ static void usage(FILE *out)
             "TRAINRUN_BACKEND_PATH (dirs searched first for device=X's backend_X.so).\n"
             "A run locks its run_dir (run_dir/trainrun.lock): a second run there refuses and\n"
             "names the first; the lock ends with the process, however it ends.\n"
+            "Checkpoints are checked (CRC-32 of each file, state.json's fields) before --resume,\n"
+            "sample or export use one; a damaged one is skipped or refused, naming why.\n"
+            "checkpoint.dir may hold other files: trainrun removes only what it created there\n"
+            "(directories marked .trainrun-checkpoint), never through a symlink.\n"
             "Exit codes: 0 done, 1 error, 2 usage, %d preempted (checkpoint saved; requeue with\n"
             "--resume auto).\n",
             TR_EXIT_PREEMPTED);
