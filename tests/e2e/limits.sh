@@ -84,7 +84,7 @@ while IFS="$tab" read -r key min max fallback checked smoke line; do
       check "--smoke $key = $v ($form)" $rc $ok "$smoke" "$name" "$where"
     done
   done
-done < "$TR_SRCDIR/config/limits.tsv"
+done < "$TR_SRCDIR/tests/config/limits.tsv"
 [ "$rows" -gt 40 ] || fail "read only $rows rows of limits.tsv"
 
 # show and plan: the same checks in-process for every row (tests/test_plan.c);
