@@ -10,6 +10,7 @@
 #include "run.h"
 #include "util.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -586,4 +587,66 @@ ParameterizedTest(int *row, limits, every_integer_option, .init = limits_environ
     rmdir(dir);
     free(line7);
     free(recipe);
+}
+
+/* The largest model and run every range allows: every figure of the plan is
+ * finite and positive (no wrap to a negative count, no inf). */
+Test(limits, the_largest_legal_plan_is_finite, .init = limits_environment)
+{
+    char *argv[] = {"plan", RECIPE, "model.ctx=1048576", "model.dim=16384", "model.heads=2",
+                    "model.layers=1024", "train.batch=16777216", "train.micro_batch=1",
+                    "train.steps=1000000000000", "cost.count=1048576", "cost.price=1000000",
+                    "cost.spot_price=1000000"};
+    int code;
+    char *out = run_plan(12, argv, &code);
+    cr_assert_eq(code, TR_EXIT_OK, "%s", out);
+    cr_assert(strstr(out, "parameters P              3,315,933,937,664"), "%s", out);
+    for (const char *word[] = {"inf", "nan"}, **w = word; w < word + 2; w++)
+        for (const char *c = out; (c = strstr(c, *w)) != NULL; c++) /* not "inference" */
+            cr_assert((c > out && isalpha((unsigned char)c[-1])) || isalpha((unsigned char)c[3]),
+                      "%s in: %.60s", *w, c > out + 20 ? c - 20 : out);
+    for (const char *c = out + 1; (c = strchr(c, '-')) != NULL; c++) /* not h100-80gb */
+        cr_assert(isalnum((unsigned char)c[-1]) || !isdigit((unsigned char)c[1]),
+                  "a negative figure: %.40s", c - 10);
+    free(out);
+}
+
+/* The graph refuses sizes the kernels and the memory plan cannot hold,
+ * before forming any product, whoever built it. */
+Test(limits, the_graph_refuses_sizes_past_its_limits)
+{
+    struct {
+        int ndim;
+        int64_t shape[4];
+        const char *want;
+    } cases[] = {
+        {2, {4, 2147483648LL}, "dimension 2 is 2147483648, must be between 1 and 2147483647"},
+        {2, {0, 8}, "dimension 1 is 0, must be between 1 and 2147483647"},
+        {1, {-1}, "dimension 1 is -1"},
+        /* 2^124 elements: the product wraps size_t without the check */
+        {4, {2147483647, 2147483647, 2147483647, 2147483647}, "has more than 1099511627776 elements"},
+        {3, {1024, 1024, 2097152}, "has more than 1099511627776 elements"},
+        {3, {65536, 65536, 2}, "has 4294967296 rows, more than the kernels' 2147483647"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct tr_graph *g = tr_graph_new(1);
+        tr_graph_add_tensor(g, "x", TR_ROLE_INPUT, TR_F32, cases[i].ndim, cases[i].shape);
+        tr_err err = {{0}};
+        cr_expect_eq(tr_graph_check(g, &err), TR_ERROR, "case %zu was accepted", i);
+        cr_expect(strstr(err.msg, cases[i].want), "case %zu: %s", i, err.msg);
+        tr_graph_free(g, NULL);
+    }
+    /* parameters add up past 2^44: 17 tensors of 2^40 */
+    struct tr_graph *g = tr_graph_new(1);
+    int64_t big[2] = {1048576, 1048576};
+    for (int i = 0; i < 17; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "w%d", i);
+        tr_graph_add_tensor(g, name, TR_ROLE_PARAM, TR_F32, 2, big);
+    }
+    tr_err err = {{0}};
+    cr_expect_eq(tr_graph_check(g, &err), TR_ERROR);
+    cr_expect(strstr(err.msg, "more than 17592186044416 parameters (2^44) by tensor 'w16'"), "%s",
+              err.msg);
+    tr_graph_free(g, NULL);
 }
