@@ -1120,6 +1120,14 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
                 (unsigned long long)position, r->world);
         goto fail;
     }
+    /* before the loader's workers start: from their first read on, a signal
+     * ends a wait for data and the run (exit 75) instead of killing it */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     struct tr_loader_config lc = {TR_SPLIT_TRAIN, (int)cfg->train.micro_batch,
                                   (int)cfg->train.workers, (int)cfg->train.prefetch, 1,
                                   (uint64_t)cfg->train.seed, r->topo, r->rank, r->world,
@@ -1132,13 +1140,6 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
             goto fail;
     }
     int quiet = flags->quiet || r->rank != 0;
-
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGUSR1, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
 
     uint64_t steps = (uint64_t)cfg->train.steps;
     double tokens_per_step = (double)cfg->train.batch * r->data.info.target_len;

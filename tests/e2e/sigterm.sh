@@ -76,9 +76,14 @@ grep -q "read 3[0-9] fails" fails.err || { cat fails.err; fail "failing read: no
 
 # --- during checkpoint writes: a checkpoint every step, signals at three moments -------
 recipe ok.lua "stall_after = 0"
-for delay in 0.3 0.7 1.1; do
+for delay in 0 0.1 0.4; do
   "$TRAINRUN" ok.lua run_dir="w$delay" checkpoint.every=1 2> "w$delay.err" > /dev/null &
   pid=$!
+  # steps have begun (the handler is in place), then a moment into the saves
+  while [ ! -s "w$delay/metrics.jsonl" ]; do
+    kill -0 $pid 2>/dev/null || { cat "w$delay.err"; fail "w$delay: ended early"; }
+    sleep 0.02
+  done
   sleep $delay
   kill -0 $pid 2>/dev/null || { cat "w$delay.err"; fail "w$delay: ended early"; }
   stop $pid "w$delay"
