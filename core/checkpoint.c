@@ -597,7 +597,7 @@ static int parse_state(const void *text, size_t size, const char *name, struct t
                        (unsigned long long)state->step, name);
     }
     if (field)
-        ;
+        ; /* reported below */
     else if (!get_count(js, "applied_steps", &applied) || applied > state->step)
         field = "applied_steps";
     else if (!get_count(js, "loader_position", &state->loader_position) ||

@@ -77,6 +77,19 @@ struct tr_loader {
 /* How long close waits, once cancelled, for a worker stuck in a read. */
 #define STUCK_GRACE_SECONDS 2.0
 
+/* Wait on l->changed (l->lock held) for at most 50 ms. */
+static void wait_a_moment(struct tr_loader *l)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_nsec += 50 * 1000 * 1000;
+    if (t.tv_nsec >= 1000 * 1000 * 1000) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000 * 1000 * 1000;
+    }
+    pthread_cond_timedwait(&l->changed, &l->lock, &t);
+}
+
 /* Wait on l->changed (l->lock held).  With a cancel flag, wake every 50 ms
  * to look at it: a signal handler cannot signal a condition variable.
  * Returns 1 when cancelled. */
@@ -88,14 +101,7 @@ static int wait_changed(struct tr_loader *l)
     }
     if (*l->cfg.cancel)
         return 1;
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    t.tv_nsec += 50 * 1000 * 1000;
-    if (t.tv_nsec >= 1000 * 1000 * 1000) {
-        t.tv_sec++;
-        t.tv_nsec -= 1000 * 1000 * 1000;
-    }
-    pthread_cond_timedwait(&l->changed, &l->lock, &t);
+    wait_a_moment(l);
     return *l->cfg.cancel != 0;
 }
 
@@ -221,16 +227,8 @@ void tr_loader_close(struct tr_loader *l)
      * then leave such workers behind: detached, and the loader not freed,
      * so they touch no freed memory if the read ever returns. */
     double give_up = tr_now() + STUCK_GRACE_SECONDS;
-    while (l->running > 0 && l->cfg.cancel && *l->cfg.cancel && tr_now() < give_up) {
-        struct timespec t;
-        clock_gettime(CLOCK_REALTIME, &t);
-        t.tv_nsec += 50 * 1000 * 1000;
-        if (t.tv_nsec >= 1000 * 1000 * 1000) {
-            t.tv_sec++;
-            t.tv_nsec -= 1000 * 1000 * 1000;
-        }
-        pthread_cond_timedwait(&l->changed, &l->lock, &t);
-    }
+    while (l->running > 0 && l->cfg.cancel && *l->cfg.cancel && tr_now() < give_up)
+        wait_a_moment(l);
     int stuck = l->running > 0 && l->cfg.cancel && *l->cfg.cancel;
     pthread_mutex_unlock(&l->lock);
     if (stuck) {
