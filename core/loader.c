@@ -223,13 +223,24 @@ void tr_loader_close(struct tr_loader *l)
     l->stop = 1;
     pthread_cond_broadcast(&l->changed);
     /* A worker blocked in a read that never returns (a hung filesystem)
-     * would block the join for good.  Once cancelled, wait a grace period,
-     * then leave such workers behind: detached, and the loader not freed,
-     * so they touch no freed memory if the read ever returns. */
-    double give_up = tr_now() + STUCK_GRACE_SECONDS;
-    while (l->running > 0 && l->cfg.cancel && *l->cfg.cancel && tr_now() < give_up)
-        wait_a_moment(l);
-    int stuck = l->running > 0 && l->cfg.cancel && *l->cfg.cancel;
+     * would block the join for good.  Once cancelled (or once a read
+     * failed: the run is ending with an error), wait a grace period, then
+     * leave such workers behind: detached, and the loader not freed, so
+     * they touch no freed memory if the read ever returns.  A signal that
+     * comes during the wait starts the grace period too. */
+    double give_up = 0;
+    while (l->running > 0) {
+        int hurry = l->failed || (l->cfg.cancel && *l->cfg.cancel);
+        if (hurry && give_up == 0)
+            give_up = tr_now() + STUCK_GRACE_SECONDS;
+        if (hurry && tr_now() >= give_up)
+            break;
+        if (l->cfg.cancel || l->failed)
+            wait_a_moment(l);
+        else
+            pthread_cond_wait(&l->changed, &l->lock);
+    }
+    int stuck = l->running > 0;
     pthread_mutex_unlock(&l->lock);
     if (stuck) {
         for (int i = 0; i < l->n_threads; i++)

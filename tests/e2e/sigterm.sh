@@ -74,6 +74,15 @@ set +e; wait $pid; code=$?; set -e
 [ $code -eq 1 ] || { cat fails.err; fail "failing read: exit code $code"; }
 grep -q "read 3[0-9] fails" fails.err || { cat fails.err; fail "failing read: no reason given"; }
 
+# one worker stuck in a read while another's read fails: the run still ends
+recipe stuckfail.lua "stall_after = 30, fail_after = 31"
+"$TRAINRUN" stuckfail.lua run_dir=stuckfail 2> stuckfail.err > /dev/null &
+pid=$!
+ended_within $pid 20 || { cat stuckfail.err; fail "a failed read beside a stuck one hung the run"; }
+set +e; wait $pid; code=$?; set -e
+[ $code -eq 1 ] || { cat stuckfail.err; fail "stuck and failing reads: exit code $code"; }
+grep -q "read 3[0-9] fails" stuckfail.err || { cat stuckfail.err; fail "stuck and failing: no reason"; }
+
 # --- during checkpoint writes: a checkpoint every step, signals at three moments -------
 recipe ok.lua "stall_after = 0"
 for delay in 0 0.1 0.4; do

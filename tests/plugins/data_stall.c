@@ -2,7 +2,9 @@
  * A data plugin for the SIGTERM tests: features of 8 numbers and 3 classes,
  * whose reads block for good (stall_after) or fail (fail_after) once that
  * many reads were made, as a read from a hung network filesystem or a
- * broken file would.  data = { plugin = "stall", stall_after = 5 }
+ * broken file would; with both, failing wins from fail_after on, so one
+ * worker can be stuck while another fails.
+ * data = { plugin = "stall", stall_after = 5 }
  */
 #define _POSIX_C_SOURCE 200809L
 #include <trainrun/plugin.h>
@@ -57,7 +59,8 @@ static int read_samples(void *self, enum tr_split split, const uint64_t *idx, si
 {
     struct stall *s = self;
     long k = __atomic_add_fetch(&s->reads, 1, __ATOMIC_SEQ_CST);
-    if (split == TR_SPLIT_TRAIN && s->cfg.stall_after && k > s->cfg.stall_after) {
+    int fails = s->cfg.fail_after && k > s->cfg.fail_after;
+    if (split == TR_SPLIT_TRAIN && s->cfg.stall_after && k > s->cfg.stall_after && !fails) {
         FILE *f = fopen("stalled", "w"); /* tells the test the loader is stuck now */
         if (f)
             fclose(f);
@@ -66,7 +69,7 @@ static int read_samples(void *self, enum tr_split split, const uint64_t *idx, si
             nanosleep(&t, NULL);
         }
     }
-    if (split == TR_SPLIT_TRAIN && s->cfg.fail_after && k > s->cfg.fail_after) {
+    if (split == TR_SPLIT_TRAIN && fails) {
         snprintf(err->msg, sizeof err->msg, "stall: read %ld fails (fail_after)", k);
         return TR_ERROR;
     }
