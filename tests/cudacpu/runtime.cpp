@@ -189,8 +189,6 @@ struct launch_state {
     void (*body)(void *);
     void *closure;
     int threads, exited, at_barrier;
-    const char *barrier_file;
-    int barrier_line;
     warp_state warps[MAX_THREADS / 32];
     bool failed;
     unsigned long generation; /* of the block, for shared memory */
