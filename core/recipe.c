@@ -2,8 +2,8 @@
  * Recipes: the C side.  Most of the loader (sandbox, extends/include, deep
  * merge, overrides, origin scanning) lives in lua/trainrun/recipe.lua; this
  * file gives it the few primitives plain Lua lacks (text-only loading,
- * realpath, an instruction budget), then converts the resolved table into
- * the C tree of value.h.
+ * realpath, the limits recipe code runs under), then converts the resolved
+ * table into the C tree of value.h.
  */
 #define _XOPEN_SOURCE 700 /* strdup, realpath */
 #include "recipe.h"
@@ -788,10 +788,19 @@ struct tr_recipe *tr_recipe_load(const char *path, const char *const *overrides,
         r->path = strdup(path);
         r->sb.fallback = r->path;
     }
-    /* the state's allocator keeps the heap within the limit (LuaJIT's GC64
-     * mode, the default on x86-64 and arm64, takes a custom allocator) */
-    if (!r || !r->path || !r->sb.lua_dir || !(r->L = r->sb.L = lua_newstate(sandbox_alloc, &r->sb))) {
+    if (!r || !r->path || !r->sb.lua_dir) {
         tr_fail(err, "out of memory loading %s", path);
+        tr_recipe_free(r);
+        return NULL;
+    }
+    /* The state's allocator keeps the heap within the limit.  LuaJIT takes a
+     * custom allocator only in its GC64 mode (the default on x86-64 and arm64
+     * since 2.1); without one a recipe's memory would be unbounded, so say so
+     * rather than run it. */
+    if (!(r->L = r->sb.L = lua_newstate(sandbox_alloc, &r->sb))) {
+        tr_fail(err, "cannot start Lua for %s: out of memory, or trainrun was built against a LuaJIT "
+                     "without GC64 mode, which cannot bound the memory of recipe code (rebuild LuaJIT "
+                     "2.1 with XCFLAGS=-DLUAJIT_ENABLE_GC64)", path);
         tr_recipe_free(r);
         return NULL;
     }
