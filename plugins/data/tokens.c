@@ -197,6 +197,13 @@ static int parse_header(struct shard *s, tr_err *err)
                            "tokens data: %s: byte offset %d: unsupported token dtype %u "
                            "(2 = uint16, 4 = uint32)",
                            path, TR_TOKENS_AT_DTYPE, th.token_bytes);
+        /* token ids travel as int32: a vocabulary beyond that would let
+         * id 2^31 pass the check below it and reach the model negative */
+        if (th.vocab > INT32_MAX)
+            return tr_fail(err,
+                           "tokens data: %s: byte offset %d: vocabulary size %u is beyond "
+                           "2^31 - 1: the header is damaged; re-create the shard",
+                           path, TR_TOKENS_AT_VOCAB, th.vocab);
         s->width = th.token_bytes;
         s->tokens = th.count;
         s->vocab = th.vocab;
