@@ -108,11 +108,12 @@ grep -q "early stopping saved 85 of 100 steps" es.txt || { cat es.txt; fail "sum
 [ "$(grep -c '"val_loss"' es/metrics.jsonl)" -eq 3 ] || fail "expected 3 evaluations"
 ls es/checkpoints | grep -q step-0000000005 || fail "the best checkpoint was not kept"
 # --- a budget: warn at 80%, stop cleanly with a checkpoint at the limit ------------------
-# $3600 per device-hour is $1 a second: a $0.40 budget ends the run in 0.4 s
-"$TRAINRUN" "$C/tiny.lua" cost.price=3600 cost.budget=0.4 train.steps=1000000 run_dir=bud --quiet \
+# $3600 per device-hour is $1 a second: a $2 budget ends the run in 2 s.  The warning
+# window (80% to 100%) is 0.4 s wide, so a step slowed by a loaded machine still lands in it.
+"$TRAINRUN" "$C/tiny.lua" cost.price=3600 cost.budget=2 train.steps=1000000 run_dir=bud --quiet \
   2> bud.txt || { cat bud.txt; fail "a budget stop is a clean exit"; }
-grep -q "budget: \$0.3[2-9] spent, 8[0-9]% of the \$0.40 budget" bud.txt || { cat bud.txt; fail "no budget warning"; }
-grep -q "budget: stopping at step [0-9]*: \$0.4[0-9] spent reaches the \$0.40 budget; checkpoint saved" bud.txt \
+grep -q "budget: \$[0-9.]* spent, [89][0-9]% of the \$2.00 budget" bud.txt || { cat bud.txt; fail "no budget warning"; }
+grep -q "budget: stopping at step [0-9]*: \$2\.[0-9][0-9] spent reaches the \$2.00 budget; checkpoint saved" bud.txt \
   || { cat bud.txt; fail "no budget stop"; }
 stop=$(sed -n 's/.*stopping at step \([0-9]*\).*/\1/p' bud.txt)
 [ "$(cat bud/checkpoints/LATEST)" = "step-$(printf %010d "$stop")" ] || fail "no checkpoint at the budget stop"
