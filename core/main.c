@@ -556,6 +556,11 @@ int main(int argc, char **argv)
         argv[2] = "--smoke";
         return cmd_run(argc, argv, 1);
     }
+    if (strcmp(cmd, "--resume") == 0 || strcmp(cmd, "--quiet") == 0) {
+        fprintf(stderr, "trainrun: error: %s goes after the recipe: trainrun RECIPE.lua %s\n", cmd,
+                strcmp(cmd, "--resume") == 0 ? "--resume auto" : "--quiet");
+        return TR_EXIT_USAGE;
+    }
     if (cmd[0] == '-') {
         fprintf(stderr, "trainrun: error: unknown flag '%s'\n", cmd);
         usage(stderr);

@@ -55,6 +55,7 @@ usage_error() { # usage_error "expected message" trainrun-args...
 usage_error "unknown flag '--no-such-flag'" --no-such-flag
 usage_error "resume needs a value: --resume auto or --resume never" "$R/kjv-char.lua" --resume
 usage_error "takes auto or never, not 'sometimes'" "$R/kjv-char.lua" --resume sometimes
+usage_error "goes after the recipe: trainrun RECIPE.lua --resume auto" --resume auto "$R/kjv-char.lua"
 usage_error "unknown flag '--bogus'" show "$R/kjv-char.lua" --bogus
 usage_error "unknown command 'shwo' (did you mean 'show'?)" shwo "$R/kjv-char.lua"
 usage_error "neither a command nor a recipe file" frobnicate
