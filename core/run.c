@@ -1,4 +1,5 @@
 #include "run.h"
+#include "run_internal.h"
 
 #include "backend.h"
 #include "checkpoint.h"
@@ -19,7 +20,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
@@ -38,53 +38,6 @@
 static volatile sig_atomic_t stop_signal;
 
 static void on_signal(int sig) { stop_signal = sig; }
-
-/* ---- the state of one training run ------------------------------------ */
-
-struct run {
-    struct tr_config *cfg;
-    struct tr_backend be;
-    struct tr_graph *g;
-    struct tr_data_source data;
-    struct tr_loader *loader;
-    struct tr_optimizer opt;
-    void *host_inputs;       /* one micro-batch from the loader */
-    int32_t *host_targets;
-    size_t input_bytes, target_count;
-    int accum;               /* micro-batches per optimizer step */
-    uint32_t vocab;          /* token ids must be below this */
-    uint64_t step;           /* optimizer steps done */
-    uint64_t skipped;        /* steps skipped for non-finite gradients */
-    double last_loss, last_val, last_accuracy;
-    char best[64];           /* checkpoint of the best validation loss */
-    double best_val;
-    uint64_t best_step;
-    double stop_best;        /* early stopping: best loss by min_delta, and misses since */
-    int64_t stop_misses;
-    uint64_t stopped_early;  /* the step early stopping ended the run at, 0 if not */
-    /* where time goes */
-    double t_start, t_data, t_compute, t_optimizer, t_eval;
-    int metrics_open, metrics_fd; /* metrics.jsonl, rank 0 only */
-    char *metrics_path;
-    off_t metrics_good;      /* metrics.jsonl up to here holds whole lines */
-    int have_lock, lock_fd;  /* run_dir/trainrun.lock, held while this process writes */
-    const struct tr_precision_vtable *precision;
-    const struct tr_schedule_vtable *schedule;
-    struct tr_checkpointer *ckpt;
-    struct tr_topo *topo;
-    struct tr_trace *trace;
-    struct tr_precision_policy policy;
-    /* cost: dollars per second of this run, FLOP/s the devices peak at */
-    double usd_per_second, peak_flops, flops_per_token;
-    double cost_before;      /* dollars spent by earlier runs this one resumed */
-    int budget_warned, budget_stop;
-    /* data parallelism: this rank of `world`; comm is NULL when alone */
-    int rank, world;
-    struct tr_comm *comm;
-    double t_comm;           /* waiting for gradients and agreements from other ranks */
-    int agreed_stop;         /* the ranks agreed to stop (a signal reached one of them) */
-    float *resume_full[2];   /* ZeRO-1 resume on rank 0: the full moments read */
-};
 
 /* ---- one writer per run directory --------------------------------------- */
 
@@ -711,11 +664,9 @@ static int setup_cost(struct run *r, const struct tr_precision_policy *pol, tr_e
     return TR_OK;
 }
 
-static int smoke_round_trip(struct run *r, tr_err *err);
-
 /* Memory the device offers a plan: train.memory_budget, else the device's
  * (cost.hardware, or 80 GiB for an unnamed accelerator), else this machine's. */
-static double device_memory(const struct tr_config *cfg, char *what, size_t what_size)
+double tr_run_device_memory(const struct tr_config *cfg, char *what, size_t what_size)
 {
     const struct tr_hardware *hw = *cfg->cost.hardware ? tr_hardware_find(cfg->cost.hardware) : NULL;
     if (cfg->train.memory_budget > 0) {
@@ -740,7 +691,7 @@ static int choose_micro_batch(struct run *r, tr_err *err)
 {
     struct tr_config *cfg = r->cfg;
     char what[128];
-    double usable = 0.9 * device_memory(cfg, what, sizeof what);
+    double usable = 0.9 * tr_run_device_memory(cfg, what, sizeof what);
     int slots = strcmp(cfg->optimizer.type, "adamw") == 0 ? 2 : 1;
     int64_t batch = cfg->train.batch;
     size_t smallest = 0;
@@ -793,7 +744,7 @@ static void trial_step(struct run *r)
 
 /* ---- setup and the loop ------------------------------------------------- */
 
-static int setup(struct run *r, tr_err *err)
+int tr_run_setup(struct run *r, tr_err *err)
 {
     struct tr_config *cfg = r->cfg;
     r->rank = cfg->rank.rank;
@@ -946,7 +897,7 @@ static int setup(struct run *r, tr_err *err)
     return setup_cost(r, &r->policy, err);
 }
 
-static void teardown(struct run *r)
+void tr_run_teardown(struct run *r)
 {
     tr_checkpointer_close(r->ckpt);
     tr_comm_close(r->comm);
@@ -1080,7 +1031,7 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
     if (cfg->rank.rank == 0 && (lock_run_dir(r, &err) != TR_OK ||
                                 (!flags->resume && earlier_run(r, &err) != TR_OK)))
         goto fail;
-    if (setup(r, &err) != TR_OK)
+    if (tr_run_setup(r, &err) != TR_OK)
         goto fail;
     if (!flags->quiet && r->rank == 0)
         tr_graph_print_memory(r->g, stderr);
@@ -1345,7 +1296,7 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
     }
     if (r->ckpt && tr_checkpointer_wait(r->ckpt, &err) != TR_OK)
         goto fail; /* the final checkpoint did not land */
-    if (flags->smoke && r->ckpt && smoke_round_trip(r, &err) != TR_OK)
+    if (flags->smoke && r->ckpt && tr_smoke_round_trip(r, &err) != TR_OK)
         goto fail;
     if (close_outputs(r, &err) != TR_OK)
         goto fail;
@@ -1359,371 +1310,6 @@ fail:
     else
         tr_log(TR_LOG_ERROR, NULL, "%s", err.msg);
 out:
-    teardown(r);
-    return code;
-}
-
-/* ---- smoke runs ----------------------------------------------------------- */
-
-/* Save the run's checkpoint, load it into fresh buffers, and compare. */
-static int smoke_round_trip(struct run *r, tr_err *err)
-{
-    size_t bytes = r->g->n_params * sizeof(float);
-    const struct tr_backend_iface *bi = r->be.iface;
-    float *p = bi->alloc(r->be.context, bytes), *m = bi->alloc(r->be.context, bytes);
-    float *v = r->opt.v ? bi->alloc(r->be.context, bytes) : NULL;
-    float *a = tr_alloc(bytes), *b = tr_alloc(bytes);
-    int rc = TR_ERROR;
-    struct tr_run_state st;
-    char name[64];
-    snprintf(name, sizeof name, "step-%010llu", (unsigned long long)r->step);
-    if (!p || !m || (r->opt.v && !v) || !a || !b) {
-        tr_fail(err, "smoke: out of memory for the checkpoint round trip");
-    } else if (tr_checkpointer_load(r->ckpt, name, p, m, v, &st, err) == TR_OK) {
-        bi->download(r->be.context, a, r->g->params, bytes);
-        bi->download(r->be.context, b, p, bytes);
-        if (memcmp(a, b, bytes) != 0 || st.step != r->step)
-            tr_fail(err, "smoke: checkpoint %s does not read back what was saved", name);
-        else
-            rc = TR_OK;
-    } else {
-        tr_err_prefix(err, "smoke: checkpoint round trip");
-    }
-    if (p)
-        bi->free(r->be.context, p);
-    if (m)
-        bi->free(r->be.context, m);
-    if (v)
-        bi->free(r->be.context, v);
-    tr_free(a);
-    tr_free(b);
-    return rc;
-}
-
-/* The smoke run's checkpoints go to a local directory of its own, whatever
- * the recipe's checkpoint plugin (s3, a plugin of the user's) and its
- * options (a bucket, a dir): a smoke run needs no bucket or credentials,
- * and never writes next to, or prunes, the recipe's real checkpoints.
- * The recipe's own checkpoint options were checked against its plugin when
- * the recipe was loaded for the memory check. */
-static int smoke_local_checkpoints(struct tr_config *cfg, tr_err *err)
-{
-    struct tr_slot *slot = &cfg->checkpoint;
-    struct tr_plugin *local = tr_plugin_find(&cfg->plugin_path, TR_KIND_CHECKPOINT, "local", err);
-    if (!local)
-        return TR_ERROR;
-    const struct tr_plugin_info *info = local->info;
-    void *config = tr_xcalloc(1, info->config_size ? info->config_size : 1);
-    /* all defaults (dir: <run_dir>/checkpoints); the parsed strings point
-     * into this table, so the recipe's tree keeps it */
-    struct tr_origin def = {TR_FROM_DEFAULT, NULL, 0};
-    struct tr_value *holder = tr_value_new(TR_V_TABLE, "smoke", def);
-    tr_value_put(tr_recipe_root(cfg->recipe), holder);
-    struct tr_schema_use use = {info->options, config};
-    if (tr_options_apply(holder, "checkpoint", "checkpoint 'local'", &use, 1, err) != TR_OK) {
-        free(config);
-        tr_plugin_close(local);
-        return TR_ERROR;
-    }
-    if (strcmp(slot->plugin->info->name, "local") != 0)
-        fprintf(stderr, "smoke: checkpoints go to a scratch directory, not through the recipe's "
-                "'%s' plugin (its options were checked)\n", slot->plugin->info->name);
-    free(slot->config);
-    tr_plugin_close(slot->plugin);
-    slot->plugin = local;
-    slot->config = config;
-    return TR_OK;
-}
-
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st, (void)flag, (void)ftw;
-    return remove(path) == 0 ? 0 : 1;
-}
-
-/* What the recipe needs per device at its own micro-batch, measured without
- * allocating it. */
-struct smoke_fit_input {
-    size_t need;                     /* bytes per device */
-    struct tr_memory_report report;
-    double have;                     /* bytes the device offers */
-    char what[128];                  /* the device, in words */
-    int64_t micro_batch;             /* measured at */
-    int is_auto, budget;             /* micro_batch = "auto"; train.memory_budget given */
-};
-
-static int smoke_memory(const char *recipe, const char *const *overrides, int n_overrides,
-                        struct smoke_fit_input *in, tr_err *err)
-{
-    struct tr_config cfg;
-    int rc = tr_config_load(&cfg, recipe, overrides, n_overrides, err);
-    if (rc == TR_OK) {
-        struct tr_backend be;
-        /* "auto" picks the largest micro-batch that fits: it fits if 1 does */
-        in->is_auto = cfg.train.auto_micro_batch;
-        in->micro_batch = in->is_auto ? 1 : cfg.train.micro_batch;
-        in->budget = cfg.train.memory_budget > 0;
-        struct tr_graph *g = tr_model_build(cfg.recipe, (int)in->micro_batch, err);
-        if (!g || tr_cpu_backend_init(&be, 1) != 0) {
-            rc = TR_ERROR;
-        } else {
-            tr_graph_measure(g, &be, strcmp(cfg.optimizer.type, "adamw") == 0 ? 2 : 1);
-            in->report = g->memory;
-            in->need = tr_graph_memory_total(&g->memory);
-            in->have = device_memory(&cfg, in->what, sizeof in->what);
-            tr_cpu_backend_free(&be);
-        }
-        tr_graph_free(g, NULL);
-    }
-    tr_config_free(&cfg);
-    return rc;
-}
-
-/* Does `need` fit the device the recipe targets, with a 10% margin for the
- * allocator and the runtime? */
-static int smoke_fit(const struct smoke_fit_input *in)
-{
-    char a[32], b[32];
-    tr_format_bytes((double)in->need, a, sizeof a);
-    tr_format_bytes(in->have, b, sizeof b);
-    if ((double)in->need > 0.9 * in->have) {
-        /* only the levers that are not pulled yet */
-        char advice[256] = "", mb[64] = "";
-        if (in->micro_batch > 1)
-            snprintf(advice, sizeof advice, "lower train.micro_batch (or \"auto\"), ");
-        if (!in->report.recompute)
-            snprintf(advice + strlen(advice), sizeof advice - strlen(advice),
-                     "recompute activations (model.recompute), ");
-        if (in->budget)
-            snprintf(advice + strlen(advice), sizeof advice - strlen(advice),
-                     "raise train.memory_budget, ");
-        if (in->is_auto)
-            snprintf(mb, sizeof mb, " at micro-batch 1 (the least \"auto\" picks)");
-        fprintf(stderr, "smoke: FAILED: won't fit: the recipe needs %s per device%s but %s has %s "
-                        "(with a 10%% margin); %sor use a smaller model\n", a, mb, in->what, b,
-                advice);
-        return TR_EXIT_ERROR;
-    }
-    fprintf(stderr, "smoke: fits %s (%s of %s)\nsmoke: ready to launch\n", in->what, a, b);
-    return TR_EXIT_OK;
-}
-
-int tr_smoke(const char *recipe, const char *const *overrides, int n_overrides, int quiet)
-{
-    tr_err err = {{0}};
-    double t0 = tr_now();
-    struct smoke_fit_input fit;
-    memset(&fit, 0, sizeof fit);
-    fprintf(stderr, "smoke: %s\n", recipe);
-    if (smoke_memory(recipe, overrides, n_overrides, &fit, &err) != TR_OK) {
-        fprintf(stderr, "smoke: FAILED: %s\n", err.msg);
-        return TR_EXIT_ERROR;
-    }
-    /* the same recipe, made small: CPU, 2 steps of 2 micro-batches of 1 sample */
-    const char *tmp = getenv("TMPDIR");
-    char *dir = tr_xasprintf("%s/trainrun-smoke.XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(dir)) {
-        fprintf(stderr, "smoke: FAILED: cannot create a scratch directory %s: %s\n", dir,
-                strerror(errno));
-        free(dir);
-        return TR_EXIT_ERROR;
-    }
-    char *run_dir = tr_xasprintf("run_dir=%s", dir);
-    const char *smoke[] = {"device=cpu", "train.steps=2", "train.batch=2", "train.micro_batch=1",
-                           "train.eval_every=0", "train.eval_batches=1", "train.log_every=1",
-                           "checkpoint.every=0", "checkpoint.keep=1",
-                           "checkpoint.async=false", "early_stop.patience=0", run_dir};
-    int n = n_overrides + (int)TR_ARRAY_LEN(smoke);
-    const char **all = tr_xcalloc((size_t)n, sizeof *all);
-    for (int i = 0; i < n_overrides; i++)
-        all[i] = overrides[i];
-    for (size_t i = 0; i < TR_ARRAY_LEN(smoke); i++)
-        all[n_overrides + (int)i] = smoke[i];
-    struct tr_config cfg;
-    int code;
-    if (tr_config_load(&cfg, recipe, all, n, &err) != TR_OK ||
-        smoke_local_checkpoints(&cfg, &err) != TR_OK) {
-        fprintf(stderr, "smoke: FAILED: %s\n", err.msg);
-        code = TR_EXIT_ERROR;
-    } else {
-        struct tr_run_flags flags = {0, 1, 1};
-        code = tr_train(&cfg, &flags);
-    }
-    tr_config_free(&cfg);
-    free(all);
-    free(run_dir);
-    if (nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
-        tr_log(TR_LOG_WARN, NULL, "could not remove %s", dir);
-    free(dir);
-    if (code != TR_EXIT_OK) {
-        fprintf(stderr, "smoke: FAILED (the error is above)\n");
-        return code;
-    }
-    char buf[32];
-    const struct tr_memory_report *report = &fit.report;
-    double need = (double)fit.need;
-    tr_format_bytes(need, buf, sizeof buf);
-    fprintf(stderr, "smoke: 2 steps, checkpoint round trip ok in %.2f s\n", tr_now() - t0);
-    fprintf(stderr, "smoke: the recipe needs %s per device at %s "
-                    "(activations %.0f%%, parameters+gradients+optimizer %.0f%%)\n", buf,
-            fit.is_auto ? "micro-batch 1 (\"auto\" picks the largest that fits)" : "its micro-batch",
-            100.0 * (double)(report->activations + report->saved + report->recompute) / need,
-            100.0 * (double)(report->params + report->grads + report->optimizer) / need);
-    (void)quiet;
-    return smoke_fit(&fit);
-}
-
-/* ---- sampling ------------------------------------------------------------ */
-
-static int compare_desc(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x < y) - (x > y);
-}
-
-/* Top-k sampling: logits below the k-th largest drop out. */
-static void keep_top_k(float *logits, int n, int k)
-{
-    if (k <= 0 || k >= n)
-        return;
-    float *sorted = tr_xcalloc((size_t)n, sizeof *sorted);
-    memcpy(sorted, logits, (size_t)n * sizeof *sorted);
-    qsort(sorted, (size_t)n, sizeof *sorted, compare_desc);
-    float threshold = sorted[k - 1];
-    for (int i = 0; i < n; i++)
-        if (logits[i] < threshold)
-            logits[i] = -INFINITY;
-    free(sorted);
-}
-
-int tr_sample(const struct tr_sample_flags *fl)
-{
-    tr_err err = {{0}};
-    char *dir = NULL, *name = NULL;
-    void *state_blob = NULL;
-    size_t state_size = 0;
-    struct tr_json *state = NULL;
-    struct tr_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    struct run run, *r = &run;
-    memset(r, 0, sizeof *r);
-    int code = TR_EXIT_ERROR;
-    if (tr_checkpoint_resolve(fl->checkpoint, &dir, &name, &err) != TR_OK)
-        goto fail;
-    /* the recipe and overrides below come from state.json: only a verified one */
-    char *ckpt_path = tr_xasprintf("%s/%s", dir, name);
-    int verified = tr_checkpoint_verify(ckpt_path, &err);
-    free(ckpt_path);
-    if (verified != TR_OK)
-        goto fail;
-    char *state_path = tr_xasprintf("%s/%s/state.json", dir, name);
-    FILE *f = fopen(state_path, "rb");
-    if (f) {
-        fseek(f, 0, SEEK_END);
-        state_size = (size_t)ftell(f);
-        fseek(f, 0, SEEK_SET);
-        state_blob = tr_xcalloc(state_size + 1, 1);
-        if (fread(state_blob, 1, state_size, f) != state_size)
-            state_size = 0;
-        fclose(f);
-    }
-    if (!state_size || !(state = tr_json_parse(state_blob, state_size, NULL))) {
-        tr_fail(&err, "cannot read %s", state_path);
-        free(state_path);
-        goto fail;
-    }
-    free(state_path);
-    const char *recipe = fl->recipe ? fl->recipe : tr_json_string(state, "recipe");
-    if (!recipe) {
-        tr_fail(&err, "the checkpoint does not name its recipe; pass --recipe FILE");
-        goto fail;
-    }
-    /* one sequence at a time; the checkpoint is read through the local backend */
-    char absdir[PATH_MAX];
-    char *ckdir = tr_xasprintf("checkpoint.dir=%s", realpath(dir, absdir) ? absdir : dir);
-    /* the training run's overrides, then one sequence at a time */
-    const struct tr_json *trained = tr_json_get(state, "overrides");
-    size_t n_trained = trained && trained->type == TR_JSON_ARRAY ? trained->n : 0;
-    const char **overrides = tr_xcalloc(n_trained + 4, sizeof *overrides);
-    int n_over = 0;
-    for (size_t i = 0; i < n_trained; i++)
-        if (trained->items[i]->type == TR_JSON_STRING)
-            overrides[n_over++] = trained->items[i]->string;
-    overrides[n_over++] = "train.micro_batch=1";
-    overrides[n_over++] = "train.batch=1";
-    overrides[n_over++] = ckdir;
-    int rc = tr_config_load(&cfg, recipe, overrides, n_over, &err);
-    free(overrides);
-    free(ckdir);
-    if (rc != TR_OK)
-        goto fail;
-    r->cfg = &cfg;
-    if (setup(r, &err) != TR_OK)
-        goto fail;
-    struct tr_run_state st;
-    if (tr_checkpointer_load(r->ckpt, name, r->g->params, r->opt.m, r->opt.v, &st, &err) != TR_OK)
-        goto fail;
-    struct tr_graph *g = r->g;
-    struct tr_tensor *in = &g->tensors[g->inputs[0]];
-    if (in->dtype != TR_I32 || g->logits < 0) {
-        tr_fail(&err, "sample needs a language model (token inputs and logits)");
-        goto fail;
-    }
-    int T = (int)in->shape[1];
-    const struct tr_tensor *lg = &g->tensors[g->logits];
-    int V = (int)lg->shape[lg->ndim - 1];
-    int32_t *ctx = tr_xcalloc((size_t)T, sizeof *ctx);
-    float *logits = tr_xcalloc((size_t)V, sizeof *logits), *probs = tr_xcalloc((size_t)V, sizeof *probs);
-    size_t plen = strlen(fl->prompt);
-    size_t total = plen + (size_t)fl->tokens;
-    unsigned char *text = tr_xcalloc(total + 1, 1);
-    memcpy(text, fl->prompt, plen);
-    uint64_t rng = fl->seed * 0x9e3779b97f4a7c15ULL + 1;
-    fputs(fl->prompt, stdout);
-    for (size_t n = plen; n < total; n++) {
-        size_t start = n > (size_t)T ? n - (size_t)T : 0;
-        int len = (int)(n - start);
-        for (int t = 0; t < T; t++)
-            ctx[t] = t < len ? text[start + (size_t)t] : 0;
-        r->be.iface->upload(r->be.context, in->data, ctx, (size_t)T * sizeof(int32_t));
-        tr_graph_forward(g, &r->be);
-        int at = len > 0 ? len - 1 : 0;
-        r->be.iface->download(r->be.context, logits, (float *)lg->data + (size_t)at * (size_t)V,
-                              (size_t)V * sizeof(float));
-        keep_top_k(logits, V, fl->top_k);
-        tr_cpu_softmax(probs, logits, V, (float)fl->temperature);
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        double u = (double)(rng >> 11) * 0x1.0p-53, acc = 0;
-        int pick = V - 1;
-        for (int k = 0; k < V; k++) {
-            acc += probs[k];
-            if (u < acc) {
-                pick = k;
-                break;
-            }
-        }
-        text[n] = (unsigned char)pick;
-        fputc(pick, stdout);
-        fflush(stdout);
-    }
-    fputc('\n', stdout);
-    free(ctx);
-    free(logits);
-    free(probs);
-    free(text);
-    code = TR_EXIT_OK;
-    goto out;
-fail:
-    tr_log(TR_LOG_ERROR, NULL, "%s", err.msg);
-out:
-    teardown(r);
-    if (cfg.recipe)
-        tr_config_free(&cfg);
-    tr_json_free(state);
-    free(state_blob);
-    free(dir);
-    free(name);
+    tr_run_teardown(r);
     return code;
 }

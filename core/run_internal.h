@@ -1,0 +1,77 @@
+/* The state of one training run, shared by the files that make up the run:
+ * run.c (the phases and the step loop), sample.c (generation from a
+ * checkpoint) and smoke.c (smoke runs).  Private to them: nothing else in
+ * trainrun includes this header. */
+#ifndef TR_RUN_INTERNAL_H
+#define TR_RUN_INTERNAL_H
+
+#include "backend.h"
+#include "checkpoint.h"
+#include "comm.h"
+#include "graph.h"
+#include "loader.h"
+#include "optim.h"
+#include "run_config.h"
+#include "topo.h"
+#include "trace.h"
+#include "util.h"
+
+#include <sys/types.h>
+
+struct run {
+    struct tr_config *cfg;
+    struct tr_backend be;
+    struct tr_graph *g;
+    struct tr_data_source data;
+    struct tr_loader *loader;
+    struct tr_optimizer opt;
+    void *host_inputs;       /* one micro-batch from the loader */
+    int32_t *host_targets;
+    size_t input_bytes, target_count;
+    int accum;               /* micro-batches per optimizer step */
+    uint32_t vocab;          /* token ids must be below this */
+    uint64_t step;           /* optimizer steps done */
+    uint64_t skipped;        /* steps skipped for non-finite gradients */
+    double last_loss, last_val, last_accuracy;
+    char best[64];           /* checkpoint of the best validation loss */
+    double best_val;
+    uint64_t best_step;
+    double stop_best;        /* early stopping: best loss by min_delta, and misses since */
+    int64_t stop_misses;
+    uint64_t stopped_early;  /* the step early stopping ended the run at, 0 if not */
+    /* where time goes */
+    double t_start, t_data, t_compute, t_optimizer, t_eval;
+    int metrics_open, metrics_fd; /* metrics.jsonl, rank 0 only */
+    char *metrics_path;
+    off_t metrics_good;      /* metrics.jsonl up to here holds whole lines */
+    int have_lock, lock_fd;  /* run_dir/trainrun.lock, held while this process writes */
+    const struct tr_precision_vtable *precision;
+    const struct tr_schedule_vtable *schedule;
+    struct tr_checkpointer *ckpt;
+    struct tr_topo *topo;
+    struct tr_trace *trace;
+    struct tr_precision_policy policy;
+    /* cost: dollars per second of this run, FLOP/s the devices peak at */
+    double usd_per_second, peak_flops, flops_per_token;
+    double cost_before;      /* dollars spent by earlier runs this one resumed */
+    int budget_warned, budget_stop;
+    /* data parallelism: this rank of `world`; comm is NULL when alone */
+    int rank, world;
+    struct tr_comm *comm;
+    double t_comm;           /* waiting for gradients and agreements from other ranks */
+    int agreed_stop;         /* the ranks agreed to stop (a signal reached one of them) */
+    float *resume_full[2];   /* ZeRO-1 resume on rank 0: the full moments read */
+};
+
+/* Setup: backend, placement, model, plugins, optimizer and checkpointer,
+ * everything a step needs; tr_run_teardown undoes whatever of it was done. */
+int tr_run_setup(struct run *r, tr_err *err);
+void tr_run_teardown(struct run *r);
+
+/* Memory the device offers a plan, in bytes, and the device in words. */
+double tr_run_device_memory(const struct tr_config *cfg, char *what, size_t what_size);
+
+/* smoke.c: save the run's checkpoint, load it into fresh buffers, compare. */
+int tr_smoke_round_trip(struct run *r, tr_err *err);
+
+#endif
