@@ -31,13 +31,21 @@ const struct tr_backend_module *tr_backend_module_load(const char *path, void **
 static int tr_backend_open_in(struct tr_backend *be, const char *device, int threads,
                               char *const *dirs, int n_dirs, tr_err *err);
 
+/* Backends linked into trainrun, opened like the loadable ones. */
+static const struct tr_backend_module *const builtin[] = {&tr_cpu_backend_module};
+
 int tr_backend_open(struct tr_backend *be, const char *device, int threads,
                     const struct tr_plugin_path *search, tr_err *err)
 {
     memset(be, 0, sizeof *be);
-    if (strcmp(device, "cpu") == 0) {
-        if (tr_cpu_backend_init(be, threads) != 0)
-            return tr_fail(err, "cannot start the cpu backend");
+    for (size_t i = 0; i < sizeof builtin / sizeof builtin[0]; i++) {
+        if (strcmp(device, builtin[i]->name) != 0)
+            continue;
+        char why[256] = "";
+        if (builtin[i]->open(be, threads, why, sizeof why) != 0)
+            return tr_fail(err, "cannot start the %s backend: %s", device,
+                           why[0] ? why : "it did not start");
+        be->module = builtin[i];
         return TR_OK;
     }
     /* device= comes from the recipe: it names a backend, never a file */
@@ -49,11 +57,11 @@ int tr_backend_open(struct tr_backend *be, const char *device, int threads,
      * through tests/cudacpu in a build whose plugins hold the real one */
     const char *first = getenv("TRAINRUN_BACKEND_PATH");
     char *extra = tr_xstrdup(first ? first : ""), *save = NULL;
-    char **dirs = tr_xcalloc(strlen(extra) / 2 + 1 + (size_t)search->n, sizeof *dirs);
+    char **dirs = tr_xcalloc(strlen(extra) / 2 + 1 + (size_t)(search ? search->n : 0), sizeof *dirs);
     int n_dirs = 0;
     for (char *d = strtok_r(extra, ":", &save); d; d = strtok_r(NULL, ":", &save))
         dirs[n_dirs++] = d;
-    for (int i = 0; i < search->n; i++)
+    for (int i = 0; search && i < search->n; i++)
         dirs[n_dirs++] = search->dirs[i];
     int rc = tr_backend_open_in(be, device, threads, dirs, n_dirs, err);
     free(dirs);
@@ -98,7 +106,5 @@ void tr_backend_close(struct tr_backend *be)
 {
     if (be->module)
         be->module->close(be);
-    else if (be->iface)
-        tr_cpu_backend_free(be);
     memset(be, 0, sizeof *be);
 }

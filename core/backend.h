@@ -1,11 +1,15 @@
 /* Choosing the device backend at run time: "cpu" is built in, any other is
- * a loadable module (see kernels/backend.h). */
+ * a loadable module (see kernels/backend.h).  The core reaches every backend
+ * through this, never through a backend's own functions. */
 #ifndef TR_CORE_BACKEND_H
 #define TR_CORE_BACKEND_H
 
 #include "../kernels/backend.h"
 #include "plugin.h"
 
+/* Open backend `device` ("cpu", "cuda", ...): a built-in one, or
+ * backend_<device>.so from TRAINRUN_BACKEND_PATH then `search` (NULL: the
+ * built-in backends only). */
 int tr_backend_open(struct tr_backend *be, const char *device, int threads,
                     const struct tr_plugin_path *search, tr_err *err);
 void tr_backend_close(struct tr_backend *be);

@@ -1,6 +1,6 @@
 #include "checkpoint.h"
 
-#include "../kernels/cpu/kernels.h"
+#include "../kernels/host.h"
 #include "json.h"
 #include "safetensors.h"
 #include "util.h"

@@ -11,107 +11,10 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdint.h>
-#include <trainrun/plugin.h>
 
-#define TR_MAX_DIMS 4
-
-enum tr_op {
-    TR_OP_EMBEDDING = 0, /* in: table[V,C], idx[...] (i32)          out: [...,C]      */
-    TR_OP_ADD_ROWS,      /* in: x[B,T,C], p[>=T,C]                  out: [B,T,C]      */
-    TR_OP_ADD,           /* in: a, b (same shape)                   out: same         */
-    TR_OP_LINEAR,        /* in: x[...,IC], w[OC,IC], (b[OC])        out: [...,OC]     */
-    TR_OP_MATMUL,        /* in: a[(batch),M,K], b[(batch),K,N] or [N,K] with trans_b */
-    TR_OP_LAYERNORM,     /* in: x[...,C], w[C], b[C]  aux: mean[N], rstd[N]          */
-    TR_OP_GELU,          /* in: x                                   out: same         */
-    TR_OP_RELU,          /* in: x                                   out: same         */
-    TR_OP_ATTENTION,     /* in: qkv[B,T,3C]  attr heads  aux: att[B,NH,T,T] out [B,T,C] */
-    TR_OP_CROSS_ENTROPY, /* in: logits[...,V], targets[...] (i32)  aux: lse[N]  out: scalar */
-    TR_OP_COUNT
-};
-
+/* The op's name in recipes and messages ("linear"), and back. */
 const char *tr_op_name(enum tr_op op);
 int tr_op_from_name(const char *name, enum tr_op *out);
-
-enum tr_role {
-    TR_ROLE_INPUT = 0, /* filled from the data source each micro-batch */
-    TR_ROLE_PARAM,     /* learned; lives in the flat parameter buffer   */
-    TR_ROLE_ACTIVATION,/* produced by a node in forward                 */
-    TR_ROLE_SAVED      /* produced by a node for its own backward (mean, rstd, att, lse) */
-};
-
-enum tr_init { TR_INIT_ZEROS = 0, TR_INIT_ONES, TR_INIT_NORMAL };
-
-struct tr_tensor {
-    char *name;
-    enum tr_role role;
-    enum tr_dtype dtype;
-    int ndim;
-    int64_t shape[TR_MAX_DIMS];
-    size_t numel;
-    void *data;
-    float *grad;     /* NULL when no gradient flows here */
-    int producer;    /* node index, -1 for inputs and params */
-    /* parameters */
-    enum tr_init init;
-    double init_std;
-    int decay;        /* weight decay applies */
-    size_t offset;    /* element offset in the flat parameter/gradient buffers */
-};
-
-struct tr_node {
-    enum tr_op op;
-    char *name;       /* for messages and profiles: "h.0.attn" */
-    int in[3];
-    int n_in;
-    int out;
-    int aux[2];
-    int n_aux;
-    /* attributes */
-    int heads;
-    float eps;
-    int ignore_index;
-    int trans_b;
-    int segment;      /* > 0: recomputed in backward (activation recomputation) */
-    /* planned */
-    unsigned zero_grad_mask; /* bit k: zero in[k]'s activation gradient before this backward */
-};
-
-struct tr_memory_report {
-    size_t params, grads, optimizer, activations, saved, activation_grads, inputs, scratch;
-    size_t recompute;       /* one shared arena for the internals of recomputed segments */
-    size_t recompute_saved; /* bytes those internals would take if all were kept */
-};
-
-struct tr_graph {
-    struct tr_tensor *tensors;
-    int n_tensors;
-    struct tr_node *nodes;
-    int n_nodes;
-    int batch;       /* the micro-batch the shapes were built for */
-    int loss;        /* scalar tensor */
-    int logits;      /* optional, -1 if none */
-    int inputs[4];   /* input tensors, in the order the data source fills them */
-    int n_inputs;
-    /* planned memory (backend memory) */
-    float *params, *grads;
-    size_t n_params, n_decay; /* params[0 .. n_decay) are weight-decayed */
-    void *activation_arena, *grad_arena, *input_arena, *recompute_arena;
-    float *scratch;
-    size_t scratch_floats;
-    struct tr_memory_report memory;
-    /* set by the run loop before backward: d(objective)/d(loss) */
-    float loss_grad;
-    /* the precision policy's GEMM input dtype (accumulation is fp32) */
-    enum tr_dtype compute;
-    /* profiling: when set, each node's forward and backward are timed
-     * (start and duration in seconds of tr_now(), for the trace) */
-    int profile;
-    double *op_start, *op_seconds; /* 2 * n_nodes: forward i, backward n_nodes + i */
-    /* when set, called after each node's backward (data parallelism starts
-     * all-reducing the gradients that node finished) */
-    void (*on_backward)(void *ctx, int node);
-    void *on_backward_ctx;
-};
 
 struct tr_graph *tr_graph_new(int batch);
 /* Returns the tensor index.  Parameters are placed in the flat buffer in a

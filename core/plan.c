@@ -1,7 +1,9 @@
 #include "plan.h"
 
+#include "backend.h"
 #include "model.h"
 #include "options.h"
+#include "precision.h"
 #include "run.h"
 #include "run_config.h"
 #include "util.h"
@@ -27,16 +29,6 @@
 /* ---- building the plan -------------------------------------------------- */
 
 static size_t dtype_bytes(enum tr_dtype d) { return d == TR_BF16 || d == TR_F16 ? 2 : 4; }
-
-static const char *dtype_name(enum tr_dtype d)
-{
-    switch (d) {
-    case TR_F32: return "fp32";
-    case TR_BF16: return "bf16";
-    case TR_F16: return "fp16";
-    default: return "i32";
-    }
-}
 
 /* Parameters, embeddings among them, and the attention term, from the graph. */
 static void count_model(struct tr_plan *p, const struct tr_graph *g)
@@ -73,20 +65,23 @@ static void count_model(struct tr_plan *p, const struct tr_graph *g)
     p->tokens_per_sample = p->sequence_model ? in->shape[1] : 1;
 }
 
-/* The memory plan of the model at `batch` samples, measured only. */
+/* The memory plan of the model at `batch` samples, measured only, with the
+ * policy's GEMM dtype (half GEMMs need scratch for their rounded inputs). */
 static int measure(struct tr_config *cfg, const struct tr_backend *be, int64_t batch,
-                   int optimizer_slots, struct tr_graph **out, tr_err *err)
+                   enum tr_dtype compute, int optimizer_slots, struct tr_graph **out, tr_err *err)
 {
     struct tr_graph *g = tr_model_build(cfg->recipe, (int)batch, err);
     if (!g)
         return TR_ERROR;
+    g->compute = compute;
     tr_graph_measure(g, be, optimizer_slots);
     *out = g;
     return TR_OK;
 }
 
-/* The precision policy in effect: only the precision plugin is created
- * (data is never opened, no run directory is made). */
+/* The precision policy in effect, refused as a run would refuse it: only
+ * the precision plugin is created (data is never opened, no run directory
+ * is made). */
 static int precision_policy(struct tr_config *cfg, uint32_t seq_len,
                             struct tr_precision_policy *pol, tr_err *err)
 {
@@ -98,7 +93,9 @@ static int precision_policy(struct tr_config *cfg, uint32_t seq_len,
     memset(pol, 0, sizeof *pol);
     pol->struct_size = sizeof *pol;
     vt->policy(slot->self, pol);
-    return TR_OK;
+    char where[600];
+    tr_origin_format(&slot->origin, where, sizeof where);
+    return tr_precision_check(pol, info->name, where, cfg->device, err);
 }
 
 static int find_hardware(struct tr_plan *p, struct tr_config *cfg, const char *name, tr_err *err)
@@ -115,21 +112,11 @@ static int find_hardware(struct tr_plan *p, struct tr_config *cfg, const char *n
     return TR_ERROR;
 }
 
-/* Peak FLOP/s of one device for the policy's GEMM dtype. */
+/* Peak FLOP/s of one device for the GEMM dtype the backends will run. */
 static void choose_peak(struct tr_plan *p)
 {
-    const struct tr_hardware *hw = p->hardware;
-    double tflops;
-    if (p->compute == TR_BF16 || p->compute == TR_F16) {
-        p->peak_kind = p->compute == TR_BF16 ? "bf16" : "fp16";
-        tflops = hw->tflops_bf16;
-    } else if (p->allow_tf32) {
-        p->peak_kind = "tf32";
-        tflops = hw->tflops_tf32;
-    } else {
-        p->peak_kind = "fp32";
-        tflops = hw->tflops_fp32;
-    }
+    struct tr_precision_policy pol = {.struct_size = sizeof pol, .compute = p->compute};
+    double tflops = tr_precision_peak_tflops(p->hardware, &pol, &p->peak_kind);
     if (p->cost.peak_tflops > 0)
         tflops = p->cost.peak_tflops;
     p->peak_flops = tflops * 1e12;
@@ -251,28 +238,34 @@ int tr_plan_build(struct tr_plan *p, const char *recipe, const char *const *over
     /* The CPU backend only answers how much scratch a node needs; nothing is
      * allocated.  Measuring at two micro-batches gives memory's growth per
      * sample (activations are linear in it, the rest is fixed). */
-    if (tr_cpu_backend_init(&be, 1) != 0) {
-        tr_fail(err, "cannot set up the cpu backend");
+    if (tr_backend_open(&be, "cpu", 1, NULL, err) != TR_OK)
         goto out;
-    }
     int slots = strcmp(cfg.optimizer.type, "adamw") == 0 ? 2 : 1;
-    if (measure(&cfg, &be, p->micro_batch, slots, &g, err) != TR_OK ||
-        measure(&cfg, &be, 2 * p->micro_batch, slots, &g2, err) != TR_OK)
+    if (measure(&cfg, &be, p->micro_batch, TR_F32, slots, &g, err) != TR_OK)
         goto out;
     count_model(p, g);
-    p->memory = g->memory;
-    p->memory_total = (double)tr_graph_memory_total(&g->memory);
-    double total2 = (double)tr_graph_memory_total(&g2->memory);
-    p->bytes_per_sample = (total2 - p->memory_total) / (double)p->micro_batch;
-    p->fixed_bytes = p->memory_total - p->bytes_per_sample * (double)p->micro_batch;
 
+    /* the policy wants the sequence length, and the memory plan the policy:
+     * half GEMMs need scratch for their rounded inputs, as in a run */
     struct tr_precision_policy pol;
     if (precision_policy(&cfg, (uint32_t)(p->sequence_model ? p->tokens_per_sample : 0), &pol,
                          err) != TR_OK)
         goto out;
     p->compute = pol.compute;
     p->grad = pol.grad;
-    p->allow_tf32 = pol.allow_tf32;
+    if (pol.compute != TR_F32) {
+        tr_graph_free(g, NULL);
+        g = NULL;
+        if (measure(&cfg, &be, p->micro_batch, pol.compute, slots, &g, err) != TR_OK)
+            goto out;
+    }
+    if (measure(&cfg, &be, 2 * p->micro_batch, pol.compute, slots, &g2, err) != TR_OK)
+        goto out;
+    p->memory = g->memory;
+    p->memory_total = (double)tr_graph_memory_total(&g->memory);
+    double total2 = (double)tr_graph_memory_total(&g2->memory);
+    p->bytes_per_sample = (total2 - p->memory_total) / (double)p->micro_batch;
+    p->fixed_bytes = p->memory_total - p->bytes_per_sample * (double)p->micro_batch;
 
     p->flops_per_token = tr_graph_flops_per_token(g);
     p->tokens_per_step = (double)p->batch * (double)p->tokens_per_sample;
@@ -291,8 +284,7 @@ int tr_plan_build(struct tr_plan *p, const char *recipe, const char *const *over
 out:
     tr_graph_free(g, NULL);
     tr_graph_free(g2, NULL);
-    if (be.iface)
-        tr_cpu_backend_free(&be);
+    tr_backend_close(&be);
     tr_config_free(&cfg);
     if (rc != TR_OK)
         tr_plan_free(p);
@@ -495,8 +487,8 @@ static void print_memory(const struct tr_plan *p, FILE *out)
     row(out, "grows as", "%s + %s per sample of micro-batch", fmt_bytes(p->fixed_bytes, a, sizeof a),
         fmt_bytes(p->bytes_per_sample, b, sizeof b));
     if (p->compute != TR_F32)
-        row(out, "", "(precision %s: a GPU backend storing %s activations needs less)",
-            p->precision, dtype_name(p->compute));
+        row(out, "", "(precision %s: GEMM inputs rounded to %s in scratch; every backend "
+            "stores activations in fp32)", p->precision, tr_dtype_name(p->compute));
     if (p->cost.count > 1)
         row(out, "", "(data parallel: each of the %lld devices holds all of this)",
             (long long)p->cost.count);
@@ -561,7 +553,7 @@ static void print_step(const struct tr_plan *p, FILE *out)
     }
     row(out, "gradient all-reduce", "≈ %s per step: %s of %s gradients in %lld bucket(s) of %s",
         fmt_seconds(s->allreduce_seconds, a, sizeof a), fmt_bytes(p->gradient_bytes, b, sizeof b),
-        dtype_name(p->grad), (long long)s->buckets, fmt_bytes(p->bucket_bytes, c, sizeof c));
+        tr_dtype_name(p->grad), (long long)s->buckets, fmt_bytes(p->bucket_bytes, c, sizeof c));
     row(out, "", "(parallel.bucket_mb), each a ring over %s at %.3g GB/s each way and %.2g µs",
         s->link.name, s->link.bytes_per_second / 1e9, s->link.latency_seconds * 1e6);
     row(out, "", "a hop: 2(n-1)/n × bytes / bandwidth + 2(n-1) × latency%s",

@@ -1,18 +1,124 @@
 /*
- * The device interface the core runs graphs through: a {iface, context}
- * pair.  The CPU backend is linked in (kernels/cpu/backend.c); other
- * backends are loadable modules exporting the same iface, so the core and
- * the Lua layer never change when one is added.  Slots may only be
+ * The contract between the core and the backends, owned by kernels: the op
+ * vocabulary and the graph a backend runs (tensors, nodes), and the device
+ * interface the core runs graphs through: a {iface, context} pair opened by
+ * a backend module.  The CPU backend is linked in (kernels/cpu/backend.c);
+ * other backends are loadable modules exporting the same iface, so the core
+ * and the Lua layer never change when one is added.  Slots may only be
  * appended; optional ones may be NULL.
+ *
+ * The contract runs one way: kernels include this header (and host.h) and
+ * nothing of core/; the core includes these two and no backend's private
+ * headers (kernels/cpu/, kernels/cuda/).  tests/e2e/layering.sh checks it.
  */
 #ifndef TR_BACKEND_H
 #define TR_BACKEND_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <trainrun/plugin.h> /* enum tr_dtype */
 
-struct tr_graph;
-struct tr_node;
+/* ---- The graph as backends see it: the op vocabulary, tensors, nodes.
+ * The core builds, checks and plans it (core/graph.h); a backend reads a
+ * node's tensors and attributes and runs it. */
+#define TR_MAX_DIMS 4
+
+enum tr_op {
+    TR_OP_EMBEDDING = 0, /* in: table[V,C], idx[...] (i32)          out: [...,C]      */
+    TR_OP_ADD_ROWS,      /* in: x[B,T,C], p[>=T,C]                  out: [B,T,C]      */
+    TR_OP_ADD,           /* in: a, b (same shape)                   out: same         */
+    TR_OP_LINEAR,        /* in: x[...,IC], w[OC,IC], (b[OC])        out: [...,OC]     */
+    TR_OP_MATMUL,        /* in: a[(batch),M,K], b[(batch),K,N] or [N,K] with trans_b */
+    TR_OP_LAYERNORM,     /* in: x[...,C], w[C], b[C]  aux: mean[N], rstd[N]          */
+    TR_OP_GELU,          /* in: x                                   out: same         */
+    TR_OP_RELU,          /* in: x                                   out: same         */
+    TR_OP_ATTENTION,     /* in: qkv[B,T,3C]  attr heads  aux: att[B,NH,T,T] out [B,T,C] */
+    TR_OP_CROSS_ENTROPY, /* in: logits[...,V], targets[...] (i32)  aux: lse[N]  out: scalar */
+    TR_OP_COUNT
+};
+
+enum tr_role {
+    TR_ROLE_INPUT = 0, /* filled from the data source each micro-batch */
+    TR_ROLE_PARAM,     /* learned; lives in the flat parameter buffer   */
+    TR_ROLE_ACTIVATION,/* produced by a node in forward                 */
+    TR_ROLE_SAVED      /* produced by a node for its own backward (mean, rstd, att, lse) */
+};
+
+enum tr_init { TR_INIT_ZEROS = 0, TR_INIT_ONES, TR_INIT_NORMAL };
+
+struct tr_tensor {
+    char *name;
+    enum tr_role role;
+    enum tr_dtype dtype;
+    int ndim;
+    int64_t shape[TR_MAX_DIMS];
+    size_t numel;
+    void *data;
+    float *grad;     /* NULL when no gradient flows here */
+    int producer;    /* node index, -1 for inputs and params */
+    /* parameters */
+    enum tr_init init;
+    double init_std;
+    int decay;        /* weight decay applies */
+    size_t offset;    /* element offset in the flat parameter/gradient buffers */
+};
+
+struct tr_node {
+    enum tr_op op;
+    char *name;       /* for messages and profiles: "h.0.attn" */
+    int in[3];
+    int n_in;
+    int out;
+    int aux[2];
+    int n_aux;
+    /* attributes */
+    int heads;
+    float eps;
+    int ignore_index;
+    int trans_b;
+    int segment;      /* > 0: recomputed in backward (activation recomputation) */
+    /* planned */
+    unsigned zero_grad_mask; /* bit k: zero in[k]'s activation gradient before this backward */
+};
+
+struct tr_memory_report {
+    size_t params, grads, optimizer, activations, saved, activation_grads, inputs, scratch;
+    size_t recompute;       /* one shared arena for the internals of recomputed segments */
+    size_t recompute_saved; /* bytes those internals would take if all were kept */
+};
+
+struct tr_graph {
+    struct tr_tensor *tensors;
+    int n_tensors;
+    struct tr_node *nodes;
+    int n_nodes;
+    int batch;       /* the micro-batch the shapes were built for */
+    int loss;        /* scalar tensor */
+    int logits;      /* optional, -1 if none */
+    int inputs[4];   /* input tensors, in the order the data source fills them */
+    int n_inputs;
+    /* planned memory (backend memory) */
+    float *params, *grads;
+    size_t n_params, n_decay; /* params[0 .. n_decay) are weight-decayed */
+    void *activation_arena, *grad_arena, *input_arena, *recompute_arena;
+    float *scratch;
+    size_t scratch_floats;
+    struct tr_memory_report memory;
+    /* set by the run loop before backward: d(objective)/d(loss) */
+    float loss_grad;
+    /* the precision policy's GEMM input dtype (accumulation is fp32) */
+    enum tr_dtype compute;
+    /* profiling: when set, each node's forward and backward are timed
+     * (start and duration in seconds of tr_now(), for the trace) */
+    int profile;
+    double *op_start, *op_seconds; /* 2 * n_nodes: forward i, backward n_nodes + i */
+    /* when set, called after each node's backward (data parallelism starts
+     * all-reducing the gradients that node finished) */
+    void (*on_backward)(void *ctx, int node);
+    void *on_backward_ctx;
+};
+
+/* ---- The device interface */
 
 struct tr_adamw_args {
     float lr, beta1, beta2, eps, weight_decay, grad_scale;
@@ -58,17 +164,16 @@ struct tr_backend_iface {
 struct tr_backend {
     const struct tr_backend_iface *iface;
     void *context;
-    const struct tr_backend_module *module; /* NULL for the built-in CPU backend */
+    const struct tr_backend_module *module; /* the module that opened it */
 };
 
-/* The CPU backend; `threads` 0 means one per core. */
-int tr_cpu_backend_init(struct tr_backend *be, int threads);
-void tr_cpu_backend_free(struct tr_backend *be);
-
-/* A backend other than the CPU one is a loadable module, backend_<device>.so,
- * found on the plugin search path and exporting TR_BACKEND_ENTRY_NAME, so a
- * trainrun built with a device backend still starts where that device (or
- * its driver) is missing, and says why device=<name> is unavailable. */
+/* Every backend is a module: the core opens it by name (device=) and never
+ * calls a backend's own functions.  The CPU one is linked in
+ * (tr_cpu_backend_module, in core/backend.c's table of built-in modules);
+ * any other is a loadable module, backend_<device>.so, found on the plugin
+ * search path and exporting TR_BACKEND_ENTRY_NAME, so a trainrun built with
+ * a device backend still starts where that device (or its driver) is
+ * missing, and says why device=<name> is unavailable. */
 #define TR_BACKEND_ABI 1
 #define TR_BACKEND_ENTRY_NAME "trainrun_backend_entry"
 
@@ -85,5 +190,9 @@ struct tr_backend_module {
     int (*describe)(char *buf, size_t size);
 };
 typedef const struct tr_backend_module *(*tr_backend_entry_fn)(void);
+
+/* The CPU backend, built in (kernels/cpu/backend.c); `threads` 0 at open
+ * means one per core. */
+extern const struct tr_backend_module tr_cpu_backend_module;
 
 #endif

@@ -1,10 +1,9 @@
 /* The CPU backend: runs graph nodes through the kernels in this directory. */
 #include "../backend.h"
-
-#include "../../core/graph.h"
 #include "kernels.h"
 
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -265,6 +264,7 @@ int tr_cpu_backend_init(struct tr_backend *be, int threads)
     omp_set_num_threads(c->threads);
     be->iface = &cpu_iface;
     be->context = c;
+    be->module = &tr_cpu_backend_module;
     return 0;
 }
 
@@ -273,3 +273,21 @@ void tr_cpu_backend_free(struct tr_backend *be)
     free(be->context);
     be->context = NULL;
 }
+
+static int cpu_open(struct tr_backend *be, int threads, char *why, size_t why_size)
+{
+    if (tr_cpu_backend_init(be, threads) != 0) {
+        snprintf(why, why_size, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+const struct tr_backend_module tr_cpu_backend_module = {
+    .abi = TR_BACKEND_ABI,
+    .struct_size = sizeof(struct tr_backend_module),
+    .name = "cpu",
+    .open = cpu_open,
+    .close = tr_cpu_backend_free,
+    .describe = NULL,
+};

@@ -15,6 +15,9 @@
 #ifndef TR_CPU_KERNELS_H
 #define TR_CPU_KERNELS_H
 
+#include "../backend.h"
+#include "../host.h" /* 16-bit conversions, the sampling softmax */
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -99,10 +102,6 @@ void tr_cpu_cross_entropy_backward(float *dlogits, const float *logits, const fl
                                    const int32_t *targets, float dloss, int N, int V,
                                    int ignore_index);
 
-/* ---- softmax of one row with temperature (sampling); temperature <= 0
- * gives a one-hot at the first maximum (greedy) */
-void tr_cpu_softmax(float *out, const float *logits, int n, float temperature);
-
 /* ---- optimizers, over flat arrays.  grad_scale multiplies every gradient
  * first (loss-scale undo and global-norm clipping folded into one factor). */
 /* AdamW, decoupled weight decay: p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p);
@@ -122,16 +121,9 @@ double tr_cpu_sum_squares(const float *x, size_t n);
 int64_t tr_cpu_count_correct(const float *logits, const int32_t *targets, int N, int V,
                              int ignore_index, int64_t *n_valid);
 
-/* ---- 16-bit floats: round to nearest even; fp16 overflow gives inf */
-uint16_t tr_f32_to_bf16(float f);
-float tr_bf16_to_f32(uint16_t h);
-uint16_t tr_f32_to_f16(float f);
-float tr_f16_to_f32(uint16_t h);
-/* bf16 != 0: bfloat16, else IEEE half */
-void tr_cpu_to_half(uint16_t *out, const float *in, size_t n, int bf16);
-void tr_cpu_from_half(float *out, const uint16_t *in, size_t n, int bf16);
-/* out = in rounded to bf16 or fp16 and back: what a half-precision GEMM
- * multiplies (fp16 overflow gives inf, as the hardware's would) */
-void tr_cpu_round_to_half(float *out, const float *in, size_t n, int bf16);
+/* ---- The CPU backend (backend.c).  The core opens it by name, "cpu",
+ * through tr_cpu_backend_module (kernels/backend.h); tests call these. */
+int tr_cpu_backend_init(struct tr_backend *be, int threads); /* threads 0: one per core */
+void tr_cpu_backend_free(struct tr_backend *be);
 
 #endif

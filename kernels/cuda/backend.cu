@@ -20,10 +20,6 @@
  */
 #include "common.cuh"
 
-extern "C" {
-#include "../../core/graph.h"
-}
-
 #include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
