@@ -1019,58 +1019,59 @@ static int share_resume(struct run *r, int *rc, struct tr_run_state *st, char *n
     return TR_OK;
 }
 
-int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
+/* ---- the phases of a run ------------------------------------------------ */
+
+/* Resume: rank 0 reads the newest good checkpoint (all of the optimizer
+ * state when it is sharded); every rank takes the same state from it. */
+static int resume(struct run *r, tr_err *err)
 {
-    struct run run, *r = &run;
-    memset(r, 0, sizeof *r);
-    r->cfg = cfg;
-    tr_err err = {{0}};
-    int code = TR_EXIT_ERROR;
+    struct tr_run_state st;
+    char name[64] = "";
+    float *m = r->opt.m, *v = r->opt.v;
+    if (r->ckpt && sharded(r)) { /* the checkpoint holds every shard's state */
+        size_t bytes = r->g->n_params * sizeof(float);
+        m = r->resume_full[0] = r->be.iface->alloc(r->be.context, bytes);
+        v = r->resume_full[1] = r->opt.v ? r->be.iface->alloc(r->be.context, bytes) : NULL;
+        if (!m || (r->opt.v && !v))
+            return tr_fail(err, "out of memory reading the optimizer state");
+    }
+    int rc = r->ckpt ? tr_checkpointer_resume(r->ckpt, r->g->params, m, v, &st, name,
+                                              sizeof name, err)
+                     : 0;
+    if (r->comm && share_resume(r, &rc, &st, name, sizeof name, err) != TR_OK)
+        return TR_ERROR;
+    if (rc == TR_ERROR || (rc == 1 && restore_state(r, &st, err) != TR_OK))
+        return TR_ERROR;
+    if (rc == 1)
+        r->position = st.loader_position;
+    if (rc == 1 && r->rank == 0)
+        tr_log(TR_LOG_INFO, NULL, "resumed from checkpoint %s (step %llu)", name,
+               (unsigned long long)r->step);
+    else if (r->rank == 0)
+        tr_log(TR_LOG_INFO, NULL, "no checkpoint to resume from: starting at step 0");
+    return TR_OK;
+}
+
+/* Everything before the first step: the run directory, setup, resume, the
+ * signal handlers, the loader, metrics.jsonl and the trace. */
+static int start(struct run *r, const struct tr_run_flags *flags, tr_err *err)
+{
+    struct tr_config *cfg = r->cfg;
     /* before anything in run_dir is opened (metrics.jsonl is truncated on a
      * fresh start): rank 0 writes for the whole job, so it alone locks */
-    if (cfg->rank.rank == 0 && (lock_run_dir(r, &err) != TR_OK ||
-                                (!flags->resume && earlier_run(r, &err) != TR_OK)))
-        goto fail;
-    if (tr_run_setup(r, &err) != TR_OK)
-        goto fail;
+    if (cfg->rank.rank == 0 && (lock_run_dir(r, err) != TR_OK ||
+                                (!flags->resume && earlier_run(r, err) != TR_OK)))
+        return TR_ERROR;
+    if (tr_run_setup(r, err) != TR_OK)
+        return TR_ERROR;
     if (!flags->quiet && r->rank == 0)
         tr_graph_print_memory(r->g, stderr);
-
-    uint64_t position = 0; /* micro-batches of the whole job consumed */
-    if (flags->resume) {
-        struct tr_run_state st;
-        char name[64] = "";
-        float *m = r->opt.m, *v = r->opt.v;
-        if (r->ckpt && sharded(r)) { /* the checkpoint holds every shard's state */
-            size_t bytes = r->g->n_params * sizeof(float);
-            m = r->resume_full[0] = r->be.iface->alloc(r->be.context, bytes);
-            v = r->resume_full[1] = r->opt.v ? r->be.iface->alloc(r->be.context, bytes) : NULL;
-            if (!m || (r->opt.v && !v)) {
-                tr_fail(&err, "out of memory reading the optimizer state");
-                goto fail;
-            }
-        }
-        int rc = r->ckpt ? tr_checkpointer_resume(r->ckpt, r->g->params, m, v, &st, name,
-                                                  sizeof name, &err)
-                         : 0;
-        if (r->comm && share_resume(r, &rc, &st, name, sizeof name, &err) != TR_OK)
-            goto fail;
-        if (rc == TR_ERROR || (rc == 1 && restore_state(r, &st, &err) != TR_OK))
-            goto fail;
-        if (rc == 1)
-            position = st.loader_position;
-        if (rc == 1 && r->rank == 0)
-            tr_log(TR_LOG_INFO, NULL, "resumed from checkpoint %s (step %llu)", name,
-                   (unsigned long long)r->step);
-        else if (r->rank == 0)
-            tr_log(TR_LOG_INFO, NULL, "no checkpoint to resume from: starting at step 0");
-    }
-    if (position % (uint64_t)r->world != 0) {
-        tr_fail(&err, "the checkpoint stopped %llu micro-batches into the data, which %d ranks "
-                "cannot share; resume with a world size that divides the micro-batches per step",
-                (unsigned long long)position, r->world);
-        goto fail;
-    }
+    if (flags->resume && resume(r, err) != TR_OK)
+        return TR_ERROR;
+    if (r->position % (uint64_t)r->world != 0)
+        return tr_fail(err, "the checkpoint stopped %llu micro-batches into the data, which %d "
+                       "ranks cannot share; resume with a world size that divides the "
+                       "micro-batches per step", (unsigned long long)r->position, r->world);
     /* before the loader's workers start: from their first read on, a signal
      * ends a wait for data and the run (exit 75) instead of killing it */
     struct sigaction sa;
@@ -1083,19 +1084,13 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
                                   (int)cfg->train.workers, (int)cfg->train.prefetch, 1,
                                   (uint64_t)cfg->train.seed, r->topo, r->rank, r->world,
                                   &stop_signal}; /* a signal ends a wait for data */
-    r->loader = tr_loader_open(&r->data, &lc, position / (uint64_t)r->world, &err);
+    r->loader = tr_loader_open(&r->data, &lc, r->position / (uint64_t)r->world, err);
     if (!r->loader)
-        goto fail;
-    if (r->rank == 0) { /* one rank reports for the job */
-        if (open_metrics(r, flags->resume, &err) != TR_OK)
-            goto fail;
-    }
-    int quiet = flags->quiet || r->rank != 0;
-
-    uint64_t steps = (uint64_t)cfg->train.steps;
-    double tokens_per_step = (double)cfg->train.batch * r->data.info.target_len;
-    double tokens = 0, lr = 0, grad_norm = 0;
-    uint64_t first_step = r->step;
+        return TR_ERROR;
+    if (r->rank == 0 && open_metrics(r, flags->resume, err) != TR_OK) /* one rank reports */
+        return TR_ERROR;
+    r->quiet = flags->quiet || r->rank != 0;
+    r->first_step = r->step;
     r->t_start = tr_now();
     if (cfg->train.trace_every > 0 && r->rank == 0) {
         char *path = tr_xasprintf("%s/trace.json", cfg->run_dir);
@@ -1104,205 +1099,325 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
         r->trace = tr_trace_open(path, r->t_start);
         free(path);
     }
-    while (r->step < steps && !stopping(r)) {
-        /* forward and backward over the micro-batches of one step */
-        uint64_t step_start = tr_loader_position(r->loader) * (uint64_t)r->world;
-        r->be.iface->zero(r->be.context, r->g->grads, r->g->n_params * sizeof(float));
-        double scale = loss_scale(r), loss_sum = 0;
-        /* the mean over the micro-batches of every rank */
-        r->g->loss_grad = (float)(scale / (r->accum * r->world));
-        int k;
-        int sampled = r->trace && r->step % (uint64_t)cfg->train.trace_every == 0;
-        for (k = 0; k < r->accum; k++) {
-            if (k > 0 && r->world == 1 && stop_signal)
-                break; /* abandon the step: the checkpoint below predates it */
-            double td = tr_now();
-            if (load_micro_batch(r, r->loader, &r->t_data, &err) != TR_OK) {
-                if (r->world == 1 && tr_loader_cancelled(r->loader))
-                    break; /* signalled while the loader was blocked: abandon the step too */
-                goto fail;
-            }
-            double t0 = tr_now();
-            r->g->profile = sampled && k == 0; /* per-op timings of one micro-batch */
-            tr_graph_forward(r->g, &r->be);
-            loss_sum += read_loss(r);
-            if (r->comm && k == r->accum - 1) /* all-reduce buckets as backward finishes them */
-                tr_comm_arm(r->comm, r->g);
-            tr_graph_backward(r->g, &r->be);
-            double t1 = tr_now();
-            r->t_compute += t1 - t0;
-            tr_trace_phase(r->trace, "data wait", r->step, td, t0);
-            tr_trace_phase(r->trace, "forward+backward", r->step, t0, t1);
-            if (r->g->profile)
-                tr_trace_ops(r->trace, r->g, r->step);
-            r->g->profile = 0;
-        }
-        if (k < r->accum) {
-            position = step_start;
-            break;
-        }
-        if (r->comm) {
-            /* the last buckets, then one small agreement: the loss, whether
-             * any rank was signalled, and rank 0's budget verdict */
-            double tw = tr_now();
-            float agree[3] = {(float)loss_sum, stop_signal ? 1.0f : 0.0f,
-                              r->rank == 0 && over_budget(r) ? 1.0f : 0.0f};
-            if (tr_comm_finish(r->comm, r->g, &err) != TR_OK ||
-                tr_comm_allreduce(r->comm, agree, 3, &err) != TR_OK)
-                goto fail;
-            loss_sum = agree[0];
-            r->agreed_stop = agree[1] > 0;
-            r->budget_stop = agree[2] > 0;
-            r->t_comm += tr_now() - tw;
-            tr_trace_phase(r->trace, "gradient all-reduce wait", r->step, tw, tr_now());
-        }
-        r->last_loss = loss_sum / (r->accum * r->world);
+    return TR_OK;
+}
 
-        /* unscale, check, clip, update */
+/* ---- the step ------------------------------------------------------------ */
+
+#define STEP_ABANDONED 1 /* a signal came mid-step: the step is dropped, not finished */
+
+/* Forward and backward over the micro-batches of one step, the loss summed
+ * into *loss_sum.  Alone, a signal abandons the step (STEP_ABANDONED): the
+ * checkpoint written next predates it.  With ranks, every rank finishes it. */
+static int forward_backward(struct run *r, double scale, double *loss_sum, tr_err *err)
+{
+    r->be.iface->zero(r->be.context, r->g->grads, r->g->n_params * sizeof(float));
+    /* the mean over the micro-batches of every rank */
+    r->g->loss_grad = (float)(scale / (r->accum * r->world));
+    int sampled = r->trace && r->step % (uint64_t)r->cfg->train.trace_every == 0;
+    for (int k = 0; k < r->accum; k++) {
+        if (k > 0 && r->world == 1 && stop_signal)
+            return STEP_ABANDONED;
+        double td = tr_now();
+        if (load_micro_batch(r, r->loader, &r->t_data, err) != TR_OK)
+            /* signalled while the loader was blocked: abandon the step too */
+            return r->world == 1 && tr_loader_cancelled(r->loader) ? STEP_ABANDONED : TR_ERROR;
         double t0 = tr_now();
-        double sumsq = r->be.iface->sum_squares(r->be.context, r->g->grads, r->g->n_params);
-        int finite = isfinite(sumsq) && isfinite(r->last_loss);
-        grad_norm = sqrt(sumsq) / scale;
-        int apply = finite;
-        if (TR_HAS_SLOT(r->precision, struct tr_precision_vtable, update)) {
-            apply = r->precision->update(cfg->precision.self, finite, &err);
-            if (apply == TR_ERROR)
-                goto fail;
-        } else if (!finite) {
-            char advice[512];
-            nonfinite_advice(r, advice, sizeof advice);
-            tr_fail(&err, "step %llu: the %s not finite (loss %g); %s", (unsigned long long)r->step,
-                    isfinite(r->last_loss) ? "gradients are" : "loss is", r->last_loss, advice);
-            goto fail;
-        }
-        lr = r->schedule->lr(cfg->schedule.self, r->step, steps, cfg->optimizer.lr);
-        if (apply) {
-            double clip = cfg->optimizer.clip > 0 && grad_norm > cfg->optimizer.clip
-                              ? cfg->optimizer.clip / grad_norm : 1.0;
-            tr_optimizer_step(&r->opt, r->g, &r->be, clip / scale, lr);
-            if (r->comm && sharded(r) && share_updated_params(r, &err) != TR_OK)
-                goto fail;
-        } else {
-            r->skipped++;
-        }
-        r->t_optimizer += tr_now() - t0;
-        tr_trace_phase(r->trace, "optimizer", r->step, t0, tr_now());
-        r->step++;
-        tokens += tokens_per_step;
-        position = tr_loader_position(r->loader) * (uint64_t)r->world;
+        r->g->profile = sampled && k == 0; /* per-op timings of one micro-batch */
+        tr_graph_forward(r->g, &r->be);
+        *loss_sum += read_loss(r);
+        if (r->comm && k == r->accum - 1) /* all-reduce buckets as backward finishes them */
+            tr_comm_arm(r->comm, r->g);
+        tr_graph_backward(r->g, &r->be);
+        double t1 = tr_now();
+        r->t_compute += t1 - t0;
+        tr_trace_phase(r->trace, "data wait", r->step, td, t0);
+        tr_trace_phase(r->trace, "forward+backward", r->step, t0, t1);
+        if (r->g->profile)
+            tr_trace_ops(r->trace, r->g, r->step);
+        r->g->profile = 0;
+    }
+    return TR_OK;
+}
 
-        int last = r->step == steps;
-        if (r->step % (uint64_t)cfg->train.log_every == 0 || last)
-            if (progress(r, lr, grad_norm, tr_now() - r->t_start, tokens, r->step - first_step,
-                         quiet, &err) != TR_OK)
-                goto fail;
-        if (cfg->cost.budget > 0) {
-            double dollars = r->cost_before + run_cost(r);
-            if (!r->budget_warned && r->rank == 0 && dollars >= cfg->cost.warn_at * cfg->cost.budget) {
-                r->budget_warned = 1;
-                tr_log(TR_LOG_WARN, "budget", "$%.2f spent, %.0f%% of the $%.2f budget "
-                       "(cost.budget)", dollars, 100 * dollars / cfg->cost.budget, cfg->cost.budget);
-            }
-            if (r->world == 1 && over_budget(r))
-                r->budget_stop = 1; /* with ranks, rank 0's verdict came with the gradients */
-            if (last)
-                r->budget_stop = 0;
+/* With ranks: the last gradient buckets, then one small agreement: the
+ * loss, whether any rank was signalled, and rank 0's budget verdict. */
+static int agree(struct run *r, double *loss_sum, tr_err *err)
+{
+    double tw = tr_now();
+    float agree[3] = {(float)*loss_sum, stop_signal ? 1.0f : 0.0f,
+                      r->rank == 0 && over_budget(r) ? 1.0f : 0.0f};
+    if (tr_comm_finish(r->comm, r->g, err) != TR_OK ||
+        tr_comm_allreduce(r->comm, agree, 3, err) != TR_OK)
+        return TR_ERROR;
+    *loss_sum = agree[0];
+    r->agreed_stop = agree[1] > 0;
+    r->budget_stop = agree[2] > 0;
+    r->t_comm += tr_now() - tw;
+    tr_trace_phase(r->trace, "gradient all-reduce wait", r->step, tw, tr_now());
+    return TR_OK;
+}
+
+/* Unscale, check, clip, update.  The precision plugin decides whether a step
+ * with non-finite gradients is skipped; without that slot it ends the run. */
+static int update(struct run *r, double scale, tr_err *err)
+{
+    struct tr_config *cfg = r->cfg;
+    double t0 = tr_now();
+    double sumsq = r->be.iface->sum_squares(r->be.context, r->g->grads, r->g->n_params);
+    int finite = isfinite(sumsq) && isfinite(r->last_loss);
+    r->grad_norm = sqrt(sumsq) / scale;
+    int apply = finite;
+    if (TR_HAS_SLOT(r->precision, struct tr_precision_vtable, update)) {
+        apply = r->precision->update(cfg->precision.self, finite, err);
+        if (apply == TR_ERROR)
+            return TR_ERROR;
+    } else if (!finite) {
+        char advice[512];
+        nonfinite_advice(r, advice, sizeof advice);
+        return tr_fail(err, "step %llu: the %s not finite (loss %g); %s",
+                       (unsigned long long)r->step,
+                       isfinite(r->last_loss) ? "gradients are" : "loss is", r->last_loss, advice);
+    }
+    r->lr = r->schedule->lr(cfg->schedule.self, r->step, (uint64_t)cfg->train.steps,
+                            cfg->optimizer.lr);
+    if (apply) {
+        double clip = cfg->optimizer.clip > 0 && r->grad_norm > cfg->optimizer.clip
+                          ? cfg->optimizer.clip / r->grad_norm : 1.0;
+        tr_optimizer_step(&r->opt, r->g, &r->be, clip / scale, r->lr);
+        if (r->comm && sharded(r) && share_updated_params(r, err) != TR_OK)
+            return TR_ERROR;
+    } else {
+        r->skipped++;
+    }
+    r->t_optimizer += tr_now() - t0;
+    tr_trace_phase(r->trace, "optimizer", r->step, t0, tr_now());
+    return TR_OK;
+}
+
+/* One optimizer step: TR_OK, STEP_ABANDONED or TR_ERROR. */
+static int train_step(struct run *r, tr_err *err)
+{
+    uint64_t step_start = tr_loader_position(r->loader) * (uint64_t)r->world;
+    double scale = loss_scale(r), loss_sum = 0;
+    int rc = forward_backward(r, scale, &loss_sum, err);
+    if (rc == STEP_ABANDONED)
+        r->position = step_start; /* the preemption checkpoint resumes at the step's start */
+    if (rc != TR_OK)
+        return rc;
+    if (r->comm && agree(r, &loss_sum, err) != TR_OK)
+        return TR_ERROR;
+    r->last_loss = loss_sum / (r->accum * r->world);
+    if (update(r, scale, err) != TR_OK)
+        return TR_ERROR;
+    r->step++;
+    r->tokens += (double)r->cfg->train.batch * r->data.info.target_len;
+    r->position = tr_loader_position(r->loader) * (uint64_t)r->world;
+    return TR_OK;
+}
+
+/* ---- the policies at the end of a step ----------------------------------- */
+
+static int last_step(const struct run *r) { return r->step == (uint64_t)r->cfg->train.steps; }
+
+/* Logging: a progress line and a metrics line every train.log_every steps. */
+static int log_progress(struct run *r, tr_err *err)
+{
+    if (r->step % (uint64_t)r->cfg->train.log_every != 0 && !last_step(r))
+        return TR_OK;
+    return progress(r, r->lr, r->grad_norm, tr_now() - r->t_start, r->tokens,
+                    r->step - r->first_step, r->quiet, err);
+}
+
+/* Budget: warn at cost.warn_at of cost.budget, stop (with a checkpoint) at it. */
+static void watch_budget(struct run *r)
+{
+    const struct tr_cost_config *c = &r->cfg->cost;
+    if (c->budget <= 0)
+        return;
+    double dollars = r->cost_before + run_cost(r);
+    if (!r->budget_warned && r->rank == 0 && dollars >= c->warn_at * c->budget) {
+        r->budget_warned = 1;
+        tr_log(TR_LOG_WARN, "budget", "$%.2f spent, %.0f%% of the $%.2f budget (cost.budget)",
+               dollars, 100 * dollars / c->budget, c->budget);
+    }
+    if (r->world == 1 && over_budget(r))
+        r->budget_stop = 1; /* with ranks, rank 0's verdict came with the gradients */
+    if (last_step(r))
+        r->budget_stop = 0;
+}
+
+/* Early stopping: early_stop.patience evaluations without an improvement of more
+ * than min_delta end the run. */
+static void early_stop(struct run *r)
+{
+    const struct tr_config *cfg = r->cfg;
+    if (cfg->early_stop.patience <= 0)
+        return;
+    if (isnan(r->stop_best) || r->last_val < r->stop_best - cfg->early_stop.min_delta) {
+        r->stop_best = r->last_val;
+        r->stop_misses = 0;
+    } else if (++r->stop_misses >= cfg->early_stop.patience && !last_step(r)) {
+        r->stopped_early = r->step;
+    }
+}
+
+/* Keep-best: 1 when this validation loss is the best yet (checkpoint it). */
+static int keep_best(struct run *r)
+{
+    if (!r->cfg->checkpoint_policy.keep_best || !(isnan(r->best_val) || r->last_val < r->best_val))
+        return 0;
+    r->best_val = r->last_val;
+    r->best_step = r->step;
+    snprintf(r->best, sizeof r->best, "step-%010llu", (unsigned long long)r->step);
+    return 1;
+}
+
+/* Evaluation every train.eval_every steps and at the end, then the policies
+ * that read its loss: the schedule's observe, early stopping, keep-best. */
+static int validate(struct run *r, int *improved, tr_err *err)
+{
+    const struct tr_config *cfg = r->cfg;
+    *improved = 0;
+    if (!(cfg->train.eval_every && r->step % (uint64_t)cfg->train.eval_every == 0) &&
+        !last_step(r))
+        return TR_OK;
+    double accuracy, te = tr_now();
+    if (evaluate(r, &r->last_val, &accuracy, err) != TR_OK)
+        return TR_ERROR;
+    tr_trace_phase(r->trace, "evaluation", r->step, te, tr_now());
+    r->last_accuracy = accuracy;
+    if (!r->quiet)
+        fprintf(stderr, "step %6llu | validation loss %.4f | accuracy %.2f%%\n",
+                (unsigned long long)r->step, r->last_val, 100 * accuracy);
+    if (metrics_line(r, err, "{\"step\": %llu, \"val_loss\": %.6g, \"val_accuracy\": %.6g}\n",
+                     (unsigned long long)r->step, r->last_val,
+                     isnan(accuracy) ? -1.0 : accuracy) != TR_OK)
+        return TR_ERROR;
+    if (TR_HAS_SLOT(r->schedule, struct tr_schedule_vtable, observe))
+        r->schedule->observe(cfg->schedule.self, r->step, r->last_val);
+    early_stop(r);
+    *improved = keep_best(r);
+    return TR_OK;
+}
+
+/* Checkpoint cadence: every checkpoint.every steps, a new best, and the
+ * step the run ends at (last, budget, early stop). */
+static int checkpoint(struct run *r, int improved, tr_err *err)
+{
+    const struct tr_config *cfg = r->cfg;
+    int due = cfg->checkpoint_policy.every && r->step % (uint64_t)cfg->checkpoint_policy.every == 0;
+    int final = last_step(r) || r->budget_stop || r->stopped_early;
+    if (!(due || final || improved) || stopping(r))
+        return TR_OK;
+    tr_err cerr = {{0}};
+    double tc = tr_now();
+    /* the run ends after this one: write it now, and fail if it does not land;
+     * any other failed save never stops training */
+    if (save(r, r->position, final, &cerr) != TR_OK) {
+        if (final) {
+            *err = cerr;
+            return TR_ERROR;
         }
-        int improved = 0;
-        if ((cfg->train.eval_every && r->step % (uint64_t)cfg->train.eval_every == 0) || last) {
-            double accuracy, te = tr_now();
-            if (evaluate(r, &r->last_val, &accuracy, &err) != TR_OK)
-                goto fail;
-            tr_trace_phase(r->trace, "evaluation", r->step, te, tr_now());
-            r->last_accuracy = accuracy;
-            if (!quiet)
-                fprintf(stderr, "step %6llu | validation loss %.4f | accuracy %.2f%%\n",
-                        (unsigned long long)r->step, r->last_val, 100 * accuracy);
-            if (metrics_line(r, &err, "{\"step\": %llu, \"val_loss\": %.6g, \"val_accuracy\": %.6g}\n",
-                             (unsigned long long)r->step, r->last_val,
-                             isnan(accuracy) ? -1.0 : accuracy) != TR_OK)
-                goto fail;
-            if (TR_HAS_SLOT(r->schedule, struct tr_schedule_vtable, observe))
-                r->schedule->observe(cfg->schedule.self, r->step, r->last_val);
-            if (cfg->early_stop.patience > 0) {
-                if (isnan(r->stop_best) || r->last_val < r->stop_best - cfg->early_stop.min_delta) {
-                    r->stop_best = r->last_val;
-                    r->stop_misses = 0;
-                } else if (++r->stop_misses >= cfg->early_stop.patience && !last) {
-                    r->stopped_early = r->step;
-                }
-            }
-            if (cfg->checkpoint_policy.keep_best && (isnan(r->best_val) || r->last_val < r->best_val)) {
-                improved = 1;
-                r->best_val = r->last_val;
-                r->best_step = r->step;
-                snprintf(r->best, sizeof r->best, "step-%010llu", (unsigned long long)r->step);
-            }
-        }
-        int due = cfg->checkpoint_policy.every && r->step % (uint64_t)cfg->checkpoint_policy.every == 0;
-        if ((due || last || improved || r->stopped_early || r->budget_stop) && !stopping(r)) {
-            tr_err cerr = {{0}};
-            double tc = tr_now();
-            /* the run ends after this one: write it now, and fail if it does not land;
-             * any other failed save never stops training */
-            int final = last || r->budget_stop || r->stopped_early;
-            if (save(r, position, final, &cerr) != TR_OK) {
-                if (final) {
-                    err = cerr;
-                    goto fail;
-                }
-                tr_log(TR_LOG_ERROR, NULL, "%s", cerr.msg);
-            }
-            tr_trace_phase(r->trace, "checkpoint stall", r->step, tc, tr_now());
-        }
-        if (r->budget_stop) {
-            if (r->rank == 0)
+        tr_log(TR_LOG_ERROR, NULL, "%s", cerr.msg);
+    }
+    tr_trace_phase(r->trace, "checkpoint stall", r->step, tc, tr_now());
+    return TR_OK;
+}
+
+/* The budget or early stopping ends the run here (its checkpoint is saved). */
+static int stop_here(struct run *r)
+{
+    const struct tr_config *cfg = r->cfg;
+    if (r->budget_stop) {
+        if (r->rank == 0)
             tr_log(TR_LOG_WARN, "budget", "stopping at step %llu: $%.2f spent reaches the $%.2f "
                    "budget; checkpoint saved (raise cost.budget and --resume auto to go on)",
                    (unsigned long long)r->step, r->cost_before + run_cost(r), cfg->cost.budget);
-            break;
-        }
-        if (r->stopped_early) {
-            if (r->rank == 0)
+        return 1;
+    }
+    if (r->stopped_early) {
+        if (r->rank == 0)
             tr_log(TR_LOG_INFO, NULL, "early stop at step %llu: the validation loss has not "
                    "improved by more than %g for %lld evaluations (best %.4f at step %llu)",
                    (unsigned long long)r->step, cfg->early_stop.min_delta,
-                   (long long)cfg->early_stop.patience, r->best_val, (unsigned long long)r->best_step);
+                   (long long)cfg->early_stop.patience, r->best_val,
+                   (unsigned long long)r->best_step);
+        return 1;
+    }
+    return 0;
+}
+
+/* Preemption: a signal stopped the loop before the last step; checkpoint
+ * now, within checkpoint.deadline, and exit 75 for the launcher to requeue. */
+static int preempted(struct run *r, tr_err *err)
+{
+    int sig = stop_signal ? (int)stop_signal : SIGTERM;
+    double t0 = tr_now();
+    if (save(r, r->position, 1, err) != TR_OK ||
+        (r->ckpt && tr_checkpointer_wait(r->ckpt, err) != TR_OK))
+        return TR_ERROR;
+    double took = tr_now() - t0;
+    if (took > r->cfg->checkpoint_policy.deadline)
+        tr_log(TR_LOG_WARN, NULL, "the preemption checkpoint took %.1f s, over the %.0f s "
+               "deadline (checkpoint.deadline)", took, r->cfg->checkpoint_policy.deadline);
+    tr_log(TR_LOG_WARN, NULL, "received signal %d: checkpoint of step %llu saved in %.2f s; "
+           "exiting with code %d (requeue, then --resume auto)", sig,
+           (unsigned long long)r->step, took, TR_EXIT_PREEMPTED);
+    return close_outputs(r, err);
+}
+
+/* The end of a finished run: the last checkpoint landed (and, for a smoke
+ * run, reads back), metrics and trace on disk, the summary. */
+static int finish(struct run *r, const struct tr_run_flags *flags, tr_err *err)
+{
+    if (r->ckpt && tr_checkpointer_wait(r->ckpt, err) != TR_OK)
+        return TR_ERROR; /* the final checkpoint did not land */
+    if (flags->smoke && r->ckpt && tr_smoke_round_trip(r, err) != TR_OK)
+        return TR_ERROR;
+    if (close_outputs(r, err) != TR_OK)
+        return TR_ERROR;
+    if (!r->quiet)
+        summary(r, tr_now() - r->t_start, r->tokens);
+    return TR_OK;
+}
+
+/* ---- the training loop ---------------------------------------------------- */
+
+int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
+{
+    struct run run, *r = &run;
+    memset(r, 0, sizeof *r);
+    r->cfg = cfg;
+    tr_err err = {{0}};
+    int code = TR_EXIT_ERROR, improved;
+    if (start(r, flags, &err) != TR_OK)
+        goto fail;
+    while (r->step < (uint64_t)cfg->train.steps && !stopping(r)) {
+        int rc = train_step(r, &err); /* forward, backward, update */
+        if (rc == STEP_ABANDONED)
             break;
-        }
+        if (rc != TR_OK || log_progress(r, &err) != TR_OK)
+            goto fail;
+        watch_budget(r);
+        if (validate(r, &improved, &err) != TR_OK || checkpoint(r, improved, &err) != TR_OK)
+            goto fail;
+        if (stop_here(r))
+            break;
         if (tr_trace_error(r->trace)) {
             trace_failed(r, tr_trace_error(r->trace), &err);
             goto fail;
         }
     }
-    if (stopping(r) && r->step < steps) {
-        /* preempted: checkpoint now, within the deadline, and exit for requeue */
-        int sig = stop_signal ? (int)stop_signal : SIGTERM;
-        double t0 = tr_now();
-        if (save(r, position, 1, &err) != TR_OK ||
-            (r->ckpt && tr_checkpointer_wait(r->ckpt, &err) != TR_OK))
-            goto fail;
-        double took = tr_now() - t0;
-        if (took > cfg->checkpoint_policy.deadline)
-            tr_log(TR_LOG_WARN, NULL, "the preemption checkpoint took %.1f s, over the %.0f s "
-                   "deadline (checkpoint.deadline)", took, cfg->checkpoint_policy.deadline);
-        tr_log(TR_LOG_WARN, NULL, "received signal %d: checkpoint of step %llu saved in %.2f s; "
-               "exiting with code %d (requeue, then --resume auto)", sig,
-               (unsigned long long)r->step, took, TR_EXIT_PREEMPTED);
-        if (close_outputs(r, &err) != TR_OK)
+    if (stopping(r) && r->step < (uint64_t)cfg->train.steps) {
+        if (preempted(r, &err) != TR_OK)
             goto fail;
         code = TR_EXIT_PREEMPTED;
-        goto out;
+    } else {
+        if (finish(r, flags, &err) != TR_OK)
+            goto fail;
+        code = TR_EXIT_OK;
     }
-    if (r->ckpt && tr_checkpointer_wait(r->ckpt, &err) != TR_OK)
-        goto fail; /* the final checkpoint did not land */
-    if (flags->smoke && r->ckpt && tr_smoke_round_trip(r, &err) != TR_OK)
-        goto fail;
-    if (close_outputs(r, &err) != TR_OK)
-        goto fail;
-    if (!quiet)
-        summary(r, tr_now() - r->t_start, tokens);
-    code = TR_EXIT_OK;
     goto out;
 fail:
     if (r->world > 1)

@@ -61,6 +61,12 @@ struct run {
     double t_comm;           /* waiting for gradients and agreements from other ranks */
     int agreed_stop;         /* the ranks agreed to stop (a signal reached one of them) */
     float *resume_full[2];   /* ZeRO-1 resume on rank 0: the full moments read */
+    /* the loop's progress */
+    uint64_t position;       /* micro-batches of the whole job consumed */
+    uint64_t first_step;     /* the step this process started at */
+    double tokens;           /* tokens this process trained on */
+    double lr, grad_norm;    /* of the last step */
+    int quiet;               /* no progress lines: asked for, or not rank 0 */
 };
 
 /* Setup: backend, placement, model, plugins, optimizer and checkpointer,
