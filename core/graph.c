@@ -418,6 +418,14 @@ static size_t pack_intervals(struct interval *iv, int n)
 
 int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots, tr_err *err)
 {
+    /* a node the device cannot run is refused before anything is allocated */
+    if (TR_HAS_SLOT(be->iface, struct tr_backend_iface, supports_op))
+        for (int i = 0; i < g->n_nodes; i++)
+            if (!be->iface->supports_op(be->context, g, &g->nodes[i]))
+                return tr_fail(err, "device \"%s\" cannot run %s '%s': its backend does not "
+                               "support op %s on these tensor types; choose another device",
+                               be->iface->name, tr_op_name(g->nodes[i].op), g->nodes[i].name,
+                               tr_op_name(g->nodes[i].op));
     return plan(g, be, optimizer_slots, 1, err);
 }
 

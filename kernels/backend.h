@@ -159,6 +159,11 @@ struct tr_backend_iface {
     /* Optional: the stream (cudaStream_t on CUDA) every node runs on, for
      * comm plugins that queue collectives behind the compute. */
     void *(*stream)(void *ctx);
+    /* Optional (NULL: every op): nonzero when the backend runs node n of g
+     * as built (its op, its tensors' storage types, its attributes).  The
+     * core asks for every node before it plans a graph on the backend, and
+     * refuses one the device cannot run, naming the op and the device. */
+    int (*supports_op)(void *ctx, const struct tr_graph *g, const struct tr_node *n);
 };
 
 struct tr_backend {

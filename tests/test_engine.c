@@ -4,6 +4,7 @@
 
 #include "run_config.h"
 #include "graph.h"
+#include "kernels.h" /* tr_cpu_backend_init */
 #include "model.h"
 #include "optim.h"
 #include "safetensors.h"
@@ -285,4 +286,50 @@ Test(recompute, gradients_are_bitwise_identical_and_memory_falls, .init = enviro
     cr_assert_gt(all.g->memory.recompute_saved, all.g->memory.recompute);
     for (int r = 0; r < 3; r++)
         engine_close(runs[r]);
+}
+
+/* A backend that runs every op but attention, as a device lacking one would
+ * say through supports_op. */
+static int no_attention(void *ctx, const struct tr_graph *g, const struct tr_node *n)
+{
+    (void)ctx;
+    (void)g;
+    return n->op != TR_OP_ATTENTION;
+}
+
+/* The graph is checked against the backend before anything is planned: an op
+ * the device does not run is refused with the op, the node and the device. */
+Test(engine, plan_refuses_an_op_the_backend_does_not_support, .init = environment)
+{
+    tr_err err = {{0}};
+    struct tr_config cfg;
+    cr_assert_eq(tr_config_load(&cfg, CONFIG_DIR "tiny_gpt.lua", NULL, 0, &err), TR_OK, "%s",
+                 err.msg);
+    struct tr_backend be;
+    cr_assert_eq(tr_cpu_backend_init(&be, 1), 0);
+    cr_assert_not_null(be.iface->supports_op, "the cpu backend answers supports_op");
+    struct tr_backend_iface partial = *be.iface;
+    partial.name = "partial";
+    partial.supports_op = no_attention;
+    const struct tr_backend_iface *cpu = be.iface;
+
+    struct tr_graph *g = tr_model_build(cfg.recipe, 2, &err);
+    cr_assert_not_null(g, "%s", err.msg);
+    be.iface = &partial;
+    cr_assert_eq(tr_graph_plan(g, &be, 2, &err), TR_ERROR);
+    cr_assert_not_null(strstr(err.msg, "device \"partial\" cannot run attention '"), "%s", err.msg);
+    cr_assert_null(g->params, "nothing is allocated for a refused graph");
+    tr_graph_free(g, NULL);
+
+    /* the CPU kernels read fp32: a node stored in bf16 is refused, not misread */
+    g = tr_model_build(cfg.recipe, 2, &err);
+    cr_assert_not_null(g, "%s", err.msg);
+    be.iface = cpu;
+    g->tensors[g->nodes[0].out].dtype = TR_BF16;
+    cr_assert_eq(tr_graph_plan(g, &be, 2, &err), TR_ERROR);
+    cr_assert_not_null(strstr(err.msg, "device \"cpu\" cannot run "), "%s", err.msg);
+    tr_graph_free(g, NULL);
+
+    tr_cpu_backend_free(&be);
+    tr_config_free(&cfg);
 }

@@ -237,6 +237,25 @@ static int64_t cpu_count_correct(void *ctx, const float *logits, const int32_t *
     return tr_cpu_count_correct(logits, targets, N, V, ignore_index, n_valid);
 }
 
+/* Every op of the vocabulary, on fp32 tensors (int32 for indices and
+ * targets): the kernels here read and write nothing else. */
+static int cpu_supports_op(void *ctx, const struct tr_graph *g, const struct tr_node *n)
+{
+    (void)ctx;
+    if ((unsigned)n->op >= TR_OP_COUNT)
+        return 0;
+    int t[6], k = 0;
+    for (int i = 0; i < n->n_in; i++)
+        t[k++] = n->in[i];
+    for (int i = 0; i < n->n_aux; i++)
+        t[k++] = n->aux[i];
+    t[k++] = n->out;
+    for (int i = 0; i < k; i++)
+        if (g->tensors[t[i]].dtype != TR_F32 && g->tensors[t[i]].dtype != TR_I32)
+            return 0;
+    return 1;
+}
+
 static const struct tr_backend_iface cpu_iface = {
     .struct_size = sizeof(struct tr_backend_iface),
     .name = "cpu",
@@ -253,6 +272,7 @@ static const struct tr_backend_iface cpu_iface = {
     .sgd = cpu_sgd,
     .synchronize = NULL,
     .count_correct = cpu_count_correct,
+    .supports_op = cpu_supports_op,
 };
 
 int tr_cpu_backend_init(struct tr_backend *be, int threads)

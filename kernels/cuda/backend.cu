@@ -423,6 +423,17 @@ static int64_t iface_count_correct(void *ctx, const float *logits, const int32_t
                               n_valid);
 }
 
+/* Every op of the vocabulary, its float tensors stored in fp32, bf16 or
+ * fp16 (the storage dtype is that of the first input, see storage()). */
+static int cuda_supports_op(void *ctx, const struct tr_graph *g, const struct tr_node *n)
+{
+    (void)ctx;
+    if ((unsigned)n->op >= TR_OP_COUNT)
+        return 0;
+    int dt = storage(g, n);
+    return dt == DT_F32 || is_half(dt);
+}
+
 static struct tr_backend_iface make_iface(void)
 {
     struct tr_backend_iface f;
@@ -445,6 +456,7 @@ static struct tr_backend_iface make_iface(void)
     f.host_alloc = cuda_host_alloc;
     f.host_free = cuda_host_free;
     f.stream = cuda_stream;
+    f.supports_op = cuda_supports_op;
     return f;
 }
 
