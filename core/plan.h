@@ -38,9 +38,8 @@ struct tr_plan {
     /* hardware, when cost.hardware is set */
     struct tr_cost_config cost;       /* strings not owned: hardware is the table's name */
     const struct tr_hardware *hardware;
-    enum tr_dtype compute, grad;
-    int allow_tf32;
-    const char *peak_kind;            /* "bf16", "tf32", "fp32" */
+    enum tr_dtype compute, grad;      /* the policy's, checked (core/precision.h) */
+    const char *peak_kind;            /* the GEMMs that run: "bf16", "fp16", "fp32" */
     double peak_flops;                /* per device, FLOP/s; 0: unknown */
     double usable_bytes;              /* 90% of device memory */
     int fits;

@@ -11,6 +11,7 @@
 #include "optim.h"
 #include "options.h"
 #include "plugin.h"
+#include "precision.h"
 #include "recipe.h"
 #include "safetensors.h"
 #include "topo.h"
@@ -657,8 +658,7 @@ static int setup_cost(struct run *r, const struct tr_precision_policy *pol, tr_e
     r->usd_per_second = price > 0 ? price * devices / 3600.0 : 0;
     double peak = c->peak_tflops;
     if (peak <= 0 && hw)
-        peak = pol->compute == TR_F32 ? (pol->allow_tf32 ? hw->tflops_tf32 : hw->tflops_fp32)
-                                      : hw->tflops_bf16;
+        peak = tr_precision_peak_tflops(hw, pol, NULL);
     r->peak_flops = peak > 0 ? peak * 1e12 * devices : 0;
     r->flops_per_token = tr_graph_flops_per_token(r->g);
     return TR_OK;
@@ -800,10 +800,10 @@ int tr_run_setup(struct run *r, tr_err *err)
         return TR_ERROR;
     struct tr_precision_policy pol = {.struct_size = sizeof pol};
     r->precision->policy(cfg->precision.self, &pol);
-    if (pol.master != TR_F32 || pol.grad != TR_F32)
-        return tr_fail(err, "precision '%s': master weights and gradients must be fp32 (the "
-                       "policy asks for %s and %s)", cfg->precision.plugin->info->name,
-                       pol.master == TR_F32 ? "fp32" : "half", pol.grad == TR_F32 ? "fp32" : "half");
+    char pwhere[600];
+    tr_origin_format(&cfg->precision.origin, pwhere, sizeof pwhere);
+    if (tr_precision_check(&pol, cfg->precision.plugin->info->name, pwhere, cfg->device, err) != TR_OK)
+        return TR_ERROR;
     r->policy = pol;
     r->g->compute = pol.compute; /* before the plan: scratch depends on it */
 

@@ -7,6 +7,7 @@
 
 #include "hardware.h"
 #include "plan.h"
+#include "precision.h"
 #include "run.h"
 #include "util.h"
 
@@ -205,6 +206,81 @@ Test(plan, projects_hours_and_dollars, .init = environment)
     cr_assert_float_eq(p.spot_dollars, p.hours * h->spot_price_hour * 8, 1e-12);
     cr_assert(p.allreduce_seconds > 0);
     tr_plan_free(&p);
+}
+
+/* ---- the precision policy: what runs is what is priced ------------------ */
+
+/* No backend runs tf32 GEMMs, so a plan (like a run) refuses the flag
+ * instead of pricing the tf32 peak. */
+Test(plan, refuses_tf32_rather_than_price_it, .init = environment)
+{
+    struct tr_plan p;
+    tr_err err = {{0}};
+    const char *o[] = {"precision.plugin=fp32", "precision.allow_tf32=true"};
+    cr_assert_eq(tr_plan_build(&p, RECIPE, o, 2, &err), TR_ERROR, "tf32 was priced");
+    cr_assert(strstr(err.msg, "command line: precision 'fp32' asks for allow_tf32 = true, which "
+                              "device 'cpu' cannot honour"), "%s", err.msg);
+    cr_assert(strstr(err.msg, "remove allow_tf32"), "%s", err.msg);
+}
+
+/* Half GEMMs round their inputs into scratch: the plan counts it, as the
+ * run's memory plan does. */
+Test(plan, half_precision_counts_the_gemm_scratch, .init = environment)
+{
+    struct tr_plan f32, b16;
+    build(&f32, NULL, 0);
+    const char *o[] = {"precision=bf16"};
+    build(&b16, o, 1);
+    cr_assert_gt(b16.memory.scratch, f32.memory.scratch);
+    cr_assert_eq(b16.memory.activations, f32.memory.activations, "activations are fp32 in both");
+    cr_assert_eq(b16.memory.params, f32.memory.params);
+    tr_plan_free(&f32);
+    tr_plan_free(&b16);
+}
+
+Test(precision, refuses_each_field_no_backend_honours)
+{
+    struct tr_precision_policy ok = {sizeof ok, TR_F32, TR_BF16, TR_F32, 0};
+    tr_err err = {{0}};
+    cr_assert_eq(tr_precision_check(&ok, "bf16", "r.lua:3", "cpu", &err), TR_OK, "%s", err.msg);
+    ok.compute = TR_F16;
+    cr_assert_eq(tr_precision_check(&ok, "fp16", "r.lua:3", "cuda", &err), TR_OK, "%s", err.msg);
+
+    struct {
+        struct tr_precision_policy pol;
+        const char *says;
+    } bad[] = {
+        {{sizeof ok, TR_BF16, TR_BF16, TR_F32, 0},
+         "r.lua:3: precision 'mine' asks for master = bf16, which device 'cuda' cannot honour"},
+        {{sizeof ok, TR_F32, TR_BF16, TR_F16, 0},
+         "r.lua:3: precision 'mine' asks for grad = fp16, which device 'cuda' cannot honour"},
+        {{sizeof ok, TR_F32, TR_I32, TR_F32, 0},
+         "r.lua:3: precision 'mine' asks for compute = i32, which device 'cuda' cannot honour"},
+        {{sizeof ok, TR_F32, TR_F32, TR_F32, 1},
+         "r.lua:3: precision 'mine' asks for allow_tf32 = true, which device 'cuda' cannot honour"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(&err, 0, sizeof err);
+        cr_assert_eq(tr_precision_check(&bad[i].pol, "mine", "r.lua:3", "cuda", &err), TR_ERROR,
+                     "case %zu accepted", i);
+        cr_assert(strstr(err.msg, bad[i].says), "case %zu: %s", i, err.msg);
+    }
+}
+
+Test(precision, the_peak_is_that_of_the_gemms_that_run)
+{
+    const struct tr_hardware *h = tr_hardware_find("a100-80gb");
+    const char *kind;
+    struct tr_precision_policy pol = {sizeof pol, TR_F32, TR_F32, TR_F32, 0};
+    cr_assert_eq(tr_precision_peak_tflops(h, &pol, &kind), h->tflops_fp32);
+    cr_assert_str_eq(kind, "fp32");
+    pol.compute = TR_F16;
+    cr_assert_eq(tr_precision_peak_tflops(h, &pol, &kind), h->tflops_bf16);
+    cr_assert_str_eq(kind, "fp16");
+    pol.compute = TR_BF16;
+    cr_assert_eq(tr_precision_peak_tflops(h, &pol, &kind), h->tflops_bf16);
+    cr_assert_str_eq(kind, "bf16");
+    cr_assert_eq(tr_precision_peak_tflops(NULL, &pol, NULL), 0);
 }
 
 Test(plan, prints_the_report, .init = environment)

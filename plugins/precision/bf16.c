@@ -1,7 +1,8 @@
 /*
- * precision = "bf16": fp32 master weights and gradients, bf16 GEMM inputs and
- * stored activations.  bf16 has fp32's exponent range, so gradients cannot
- * overflow where fp32 would not and no loss scaling is needed.
+ * precision = "bf16": fp32 master weights and gradients, bf16 GEMM inputs
+ * (fp32 accumulation; activations are stored in fp32 on every backend).
+ * bf16 has fp32's exponent range, so gradients cannot overflow where fp32
+ * would not and no loss scaling is needed.
  */
 #include <trainrun/plugin.h>
 

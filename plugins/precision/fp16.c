@@ -1,6 +1,7 @@
 /*
- * precision = "fp16": fp32 master weights and gradients, fp16 GEMM inputs and
- * stored activations, with dynamic loss scaling.
+ * precision = "fp16": fp32 master weights and gradients, fp16 GEMM inputs
+ * (fp32 accumulation; activations are stored in fp32 on every backend), with
+ * dynamic loss scaling.
  *
  * fp16 tops out at 65504 and loses small gradients below ~6e-8, so the loss
  * is multiplied by a scale before backward.  The scale backs off whenever the

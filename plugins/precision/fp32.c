@@ -1,6 +1,11 @@
 /*
  * precision = "fp32": everything in single precision, no loss scaling.
  * The reference policy: slowest, but numerically the safest choice.
+ *
+ * allow_tf32 is an option so that a recipe asking for tf32 hears why it
+ * cannot have it: no backend runs GEMMs in tf32 (the cuda backend's use
+ * CUBLAS_COMPUTE_32F), so the engine refuses true when the run or plan
+ * starts rather than price or promise a speed nothing delivers.
  */
 #include <trainrun/plugin.h>
 
@@ -12,8 +17,8 @@ struct fp32_config {
 
 static const struct tr_option fp32_options[] = {
     {TR_OPT_BOOL, "allow_tf32", "false", 0, 0, NULL,
-     "let GPU fp32 matrix multiplies use tf32 tensor cores (faster, ~10-bit mantissa "
-     "inputs); no effect on CPUs",
+     "tf32 tensor-core GEMMs; no backend runs them (cuda GEMMs are full fp32), so "
+     "true is refused when a run or plan starts; leave it false",
      offsetof(struct fp32_config, allow_tf32)},
     {.type = TR_OPT_END},
 };

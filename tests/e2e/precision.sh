@@ -2,7 +2,8 @@
 # Precision policies: fp16 gradients that overflow are skipped, the loss
 # scale backs off and training recovers; a scale that collapses stops the
 # run with a diagnosis; the scale is checkpointed; bf16 and fp16 reach the
-# fp32 validation loss within 2%.
+# fp32 validation loss within 2%; a policy field no backend honours
+# (allow_tf32) is refused when the run or plan starts.
 . "$(dirname "$0")/lib.sh"
 C="$TR_SRCDIR/tests/config"
 
@@ -47,4 +48,23 @@ done
 "$TRAINRUN" "$C/tiny.lua" precision=fp32 train.steps=120 train.eval_batches=16 run_dir=bf16 \
   --resume auto 2> mixed.txt || { cat mixed.txt; fail "fp32 resume of a bf16 checkpoint"; }
 grep -q "resumed from checkpoint step-0000000100" mixed.txt || { cat mixed.txt; fail "did not resume"; }
+# allow_tf32: no backend runs tf32 GEMMs, so a run and a plan refuse it at the
+# start, naming the recipe line, the field, the device and what to do
+cat > tf32.lua <<'EOF2'
+return {
+  model = gpt { vocab = 64, ctx = 8, layers = 1, heads = 2, dim = 16 },
+  data = { plugin = "synthetic", kind = "tokens", classes = 64, samples = 512 },
+  precision = { plugin = "fp32", allow_tf32 = true },
+  train = { steps = 4, batch = 4 },
+}
+EOF2
+for cmd in "" plan; do
+  if "$TRAINRUN" $cmd tf32.lua run_dir=tf32 2> tf32.txt > /dev/null; then
+    fail "'trainrun $cmd' accepted allow_tf32 = true"
+  fi
+  grep -q "tf32.lua:4: precision 'fp32' asks for allow_tf32 = true, which device 'cpu' cannot honour" \
+    tf32.txt || { cat tf32.txt; fail "'trainrun $cmd': no clear tf32 refusal"; }
+  grep -q "remove allow_tf32" tf32.txt || { cat tf32.txt; fail "the tf32 refusal says not what to do"; }
+done
+[ ! -e tf32/metrics.jsonl ] || fail "a refused policy trained"
 echo "precision: ok"
