@@ -617,14 +617,6 @@ static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_s
 
 /* ---- initialisation ---------------------------------------------------- */
 
-static uint64_t splitmix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
 static uint64_t hash_name(const char *s)
 {
     uint64_t h = 1469598103934665603ULL;
@@ -642,12 +634,12 @@ void tr_graph_init_params(struct tr_graph *g, const struct tr_backend *be, uint6
         float *host = tr_xcalloc(t->numel, sizeof *host);
         /* a counter-based stream per tensor name: adding a layer does not
          * change the values of the others */
-        uint64_t stream = splitmix64(seed ^ hash_name(t->name));
+        uint64_t stream = tr_splitmix64(seed ^ hash_name(t->name));
         for (size_t j = 0; j < t->numel; j++) {
             if (t->init == TR_INIT_ONES) {
                 host[j] = 1.0f;
             } else if (t->init == TR_INIT_NORMAL) {
-                uint64_t r1 = splitmix64(stream + 2 * j), r2 = splitmix64(stream + 2 * j + 1);
+                uint64_t r1 = tr_splitmix64(stream + 2 * j), r2 = tr_splitmix64(stream + 2 * j + 1);
                 double u1 = ((double)(r1 >> 11) + 1.0) * 0x1.0p-53; /* (0, 1] */
                 double u2 = (double)(r2 >> 11) * 0x1.0p-53;
                 host[j] = (float)(t->init_std * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));

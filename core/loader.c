@@ -11,15 +11,6 @@
 /* ---- a stateless permutation of [0, n): a 4-round Feistel network on the
  * smallest even power-of-two domain >= n, with cycle walking ------------ */
 
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    return x ^ (x >> 33);
-}
-
 uint64_t tr_loader_sample(uint64_t seed, uint64_t epoch, uint64_t i, uint64_t n, int shuffle)
 {
     if (!shuffle || n <= 1)
@@ -30,12 +21,12 @@ uint64_t tr_loader_sample(uint64_t seed, uint64_t epoch, uint64_t i, uint64_t n,
     bits += bits & 1;
     int half = bits / 2;
     uint64_t mask = (1ULL << half) - 1;
-    uint64_t key = mix64(seed * 0x9e3779b97f4a7c15ULL ^ mix64(epoch + 1));
+    uint64_t key = tr_mix64(seed * TR_GOLDEN64 ^ tr_mix64(epoch + 1));
     uint64_t x = i;
     do {
         uint64_t l = x >> half, r = x & mask;
         for (int round = 0; round < 4; round++) {
-            uint64_t f = mix64(r ^ key ^ ((uint64_t)round << 56)) & mask;
+            uint64_t f = tr_mix64(r ^ key ^ ((uint64_t)round << 56)) & mask;
             uint64_t t = r;
             r = l ^ f;
             l = t;

@@ -105,15 +105,6 @@ static int fail(const char *fmt, ...)
 
 /* ---- hashing ------------------------------------------------------------ */
 
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    return x ^ (x >> 33);
-}
-
 static uint64_t fnv1a(uint64_t h, const unsigned char *p, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -328,7 +319,7 @@ static int dedup_exact(struct docs *d, size_t *removed)
     *removed = 0;
     for (size_t i = 0; i < d->n; i++) {
         hashes[i] = norm_hash(&d->v[i]);
-        size_t s = (size_t)mix64(hashes[i]) & mask;
+        size_t s = (size_t)tr_mix64(hashes[i]) & mask;
         for (; slots[s]; s = (s + 1) & mask) {
             size_t j = slots[s] - 1;
             if (hashes[j] == hashes[i] && norm_equal(&d->v[j], &d->v[i])) {
@@ -363,7 +354,7 @@ static void minhash(const struct doc *doc, unsigned char *buf, const uint64_t *a
     size_t shingles = len >= SHINGLE ? len - SHINGLE + 1 : 1;
     size_t width = len >= SHINGLE ? SHINGLE : len;
     for (size_t i = 0; i < shingles; i++) {
-        uint64_t x = mix64(fnv1a(FNV_OFFSET, buf + i, width));
+        uint64_t x = tr_mix64(fnv1a(FNV_OFFSET, buf + i, width));
         for (int k = 0; k < MINHASH_FUNCS; k++) {
             uint64_t h = x * a[k] + b[k];
             if (h < mins[k])
@@ -416,8 +407,8 @@ static int dedup_near(struct docs *d, double threshold, int rows, size_t *remove
     /* Fixed coefficients: the same input always gives the same result. */
     uint64_t a[MINHASH_FUNCS], b[MINHASH_FUNCS];
     for (int k = 0; k < MINHASH_FUNCS; k++) {
-        a[k] = mix64(0x9e3779b97f4a7c15ULL * (uint64_t)(2 * k + 1)) | 1;
-        b[k] = mix64(0x632be59bd9b4e019ULL * (uint64_t)(2 * k + 2));
+        a[k] = tr_mix64(0x9e3779b97f4a7c15ULL * (uint64_t)(2 * k + 1)) | 1;
+        b[k] = tr_mix64(0x632be59bd9b4e019ULL * (uint64_t)(2 * k + 2));
     }
 
     *removed = 0;
@@ -431,9 +422,9 @@ static int dedup_near(struct docs *d, double threshold, int rows, size_t *remove
         double best = -1;
         size_t best_doc = 0;
         for (int band = 0; band < bands; band++) {
-            uint64_t key = mix64((uint64_t)band + 1);
+            uint64_t key = tr_mix64((uint64_t)band + 1);
             for (int r = 0; r < rows; r++)
-                key = mix64(key ^ sig[band * rows + r]);
+                key = tr_mix64(key ^ sig[band * rows + r]);
             keys[band] = key;
             for (size_t s = (size_t)key & mask; table[s].doc_plus_one; s = (s + 1) & mask) {
                 if (table[s].key != key)
@@ -1024,14 +1015,14 @@ static int csv_remember(struct csv_state *s, const char *row, size_t len, const 
         s->slots = slots;
         s->slot_mask = slots_n - 1;
         for (size_t i = 0; i < s->rows_written; i++) {
-            size_t k = (size_t)mix64(s->row_hash[i]) & s->slot_mask;
+            size_t k = (size_t)tr_mix64(s->row_hash[i]) & s->slot_mask;
             while (s->slots[k])
                 k = (k + 1) & s->slot_mask;
             s->slots[k] = i + 1;
         }
     }
     uint64_t hash = fnv1a(FNV_OFFSET, (const unsigned char *)row, len);
-    size_t k = (size_t)mix64(hash) & s->slot_mask;
+    size_t k = (size_t)tr_mix64(hash) & s->slot_mask;
     for (; s->slots[k]; k = (k + 1) & s->slot_mask) {
         size_t j = s->slots[k] - 1;
         const char *other = s->kept + s->row_at[j];

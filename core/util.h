@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <trainrun/mix.h> /* the 64-bit mixers, shared with the plugins */
 #include <trainrun/plugin.h>
 
 /* An optional slot of a struct that starts its life with `struct_size`

@@ -37,6 +37,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <trainrun/mix.h>
 #include <trainrun/plugin.h>
 #include <trainrun/tokens.h>
 
@@ -152,15 +153,7 @@ static void remove_tree(const char *dir)
     nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
-static uint64_t splitmix64(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-static uint64_t below(uint64_t *rng, uint64_t n) { return n ? splitmix64(rng) % n : 0; }
+static uint64_t below(uint64_t *rng, uint64_t n) { return n ? tr_splitmix64_next(rng) % n : 0; }
 
 static uint64_t hash_bytes(const unsigned char *p, size_t n)
 {
@@ -1240,7 +1233,7 @@ static void mutate_once(struct buf *b, uint64_t *rng, const struct target *t)
         unsigned char r[8];
         size_t k = 1 + below(rng, 8);
         for (size_t i = 0; i < k; i++)
-            r[i] = (unsigned char)splitmix64(rng);
+            r[i] = (unsigned char)tr_splitmix64_next(rng);
         insert_bytes(b, below(rng, n + 1), r, k);
         break;
     }
@@ -1281,7 +1274,7 @@ static void mutate_once(struct buf *b, uint64_t *rng, const struct target *t)
         b->p[below(rng, n)] ^= (unsigned char)(1u << below(rng, 8));
         break;
     case 4: /* set a byte */
-        b->p[below(rng, n)] = (unsigned char)splitmix64(rng);
+        b->p[below(rng, n)] = (unsigned char)tr_splitmix64_next(rng);
         break;
     case 5: /* delete a range */
         erase_bytes(b, below(rng, n), 1 + below(rng, below(rng, 2) ? 4 : n));
@@ -1614,7 +1607,7 @@ int main(int argc, char **argv)
     unsigned long long per_target[N_TARGETS] = {0};
     for (unsigned long long c = 0; c < cases; c++) {
         uint64_t rng = seed ^ (c * 0xd1342543de82ef95ULL);
-        splitmix64(&rng);
+        tr_splitmix64_next(&rng);
         int w = (int)below(&rng, (uint64_t)total_weight);
         struct target *t = NULL;
         for (size_t i = 0; i < N_TARGETS; i++) {

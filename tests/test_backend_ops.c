@@ -35,6 +35,7 @@
 #include "safetensors.h"
 
 #include <math.h>
+#include <trainrun/mix.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,10 +142,7 @@ static void arena_free(struct arena *a)
 
 static uint64_t rng_next(uint64_t *s)
 {
-    uint64_t x = (*s += 0x9e3779b97f4a7c15ULL);
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
+    return tr_splitmix64_next(s);
 }
 
 /* uniform in +-[0.1, 1) * scale: random sign, never zero */

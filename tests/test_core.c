@@ -481,3 +481,31 @@ Test(topology, synthetic_two_socket_machine_and_this_one)
     cr_assert_geq(tr_topo_bind_compute(t, 0), 1, "no compute thread could be pinned");
     tr_topo_close(t);
 }
+
+/* ---- the 64-bit mixers ------------------------------------------------- */
+
+/* Every seeded result trainrun gives (initial weights, the loader's order,
+ * the data sources' splits and samples, prepare's hashes) goes through
+ * <trainrun/mix.h>: these are the numbers the copies it replaced gave, and
+ * SplitMix64's published first output for seed 0. */
+Test(mixers, give_the_numbers_runs_were_seeded_with)
+{
+    cr_assert_eq(tr_mix64(0), 0);
+    cr_assert_eq(tr_mix64(1), 0xb456bcfc34c2cb2cULL);
+    cr_assert_eq(tr_mix64(0xdeadbeefULL), 0xd24bd59f862a1dacULL);
+    cr_assert_eq(tr_splitmix64(0), 0xe220a8397b1dcdafULL);
+    cr_assert_eq(tr_splitmix64(42), 0xbdd732262feb6e95ULL);
+    uint64_t state = 42;
+    cr_assert_eq(tr_splitmix64_next(&state), 0xbdd732262feb6e95ULL);
+    cr_assert_eq(tr_splitmix64_next(&state), 0x28efe333b266f103ULL);
+    cr_assert_eq(tr_splitmix64_next(&state), 0x47526757130f9f52ULL);
+
+    /* the loader's shuffle of 10 samples, seed 7, in its first two epochs */
+    static const uint64_t order[2][10] = {{3, 1, 2, 4, 6, 7, 0, 8, 5, 9},
+                                          {4, 1, 8, 6, 7, 3, 0, 5, 2, 9}};
+    for (uint64_t epoch = 0; epoch < 2; epoch++)
+        for (uint64_t i = 0; i < 10; i++)
+            cr_assert_eq(tr_loader_sample(7, epoch, i, 10, 1), order[epoch][i],
+                         "epoch %llu, position %llu", (unsigned long long)epoch,
+                         (unsigned long long)i);
+}

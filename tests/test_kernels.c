@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <trainrun/mix.h>
 
 #include "kernels.h"
 
@@ -32,10 +33,7 @@ typedef struct {
 
 static uint64_t rng_next(rng_t *rng)
 {
-    uint64_t z = (rng->state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    return tr_splitmix64_next(&rng->state);
 }
 
 static double rng_uniform(rng_t *rng, double lo, double hi)

@@ -8,6 +8,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* POSIX file APIs under strict C11 */
 
+#include <trainrun/mix.h>
 #include <trainrun/plugin.h>
 
 #include <errno.h>
@@ -16,6 +17,8 @@
 #include <string.h>
 #include <unistd.h>
 #include <zlib.h>
+
+#include "common.h"
 
 struct csv_config {
     const char *path;
@@ -179,30 +182,6 @@ static int grow_rows(struct csv *c, uint64_t *row_cap)
     return 1;
 }
 
-/* zlib's message, without the "path: " it starts with. */
-static const char *gz_message(gzFile f, const char *path, int *zerr)
-{
-    const char *msg = gzerror(f, zerr);
-    size_t n = strlen(path);
-    if (strncmp(msg, path, n) == 0 && msg[n] == ':' && msg[n + 1] == ' ')
-        msg += n + 2;
-    return msg;
-}
-
-static int fail_open(tr_err *err, const char *path, int errnum)
-{
-    if (path[0] == '/')
-        return tr_fail(err, "csv data: cannot open %s: %s; check data.path", path,
-                       errnum ? strerror(errnum) : "unknown error");
-    char cwd[PATH_MAX];
-    if (!getcwd(cwd, sizeof cwd))
-        snprintf(cwd, sizeof cwd, "?");
-    return tr_fail(err,
-                   "csv data: cannot open %s: %s (a relative path is relative to the current "
-                   "directory, %s); check data.path",
-                   path, errnum ? strerror(errnum) : "unknown error", cwd);
-}
-
 /* Parse the whole file into c.  Returns TR_OK or fills err. */
 static int load(struct csv *c, const struct csv_config *cfg, const struct tr_host *host,
                 gzFile f, tr_err *err)
@@ -325,7 +304,7 @@ static int load(struct csv *c, const struct csv_config *cfg, const struct tr_hos
     }
 
     int zerr;
-    const char *zmsg = gz_message(f, path, &zerr);
+    const char *zmsg = data_gz_message(f, path, &zerr);
     if (zerr != Z_OK) {
         tr_fail(err, "csv data: cannot read %s: %s (is the .gz file complete?)", path,
                 zerr == Z_ERRNO ? strerror(errno) : zmsg);
@@ -349,20 +328,12 @@ out:
 
 /* Fisher-Yates over the rows with a splitmix64 stream: the same seed gives
  * the same split on every machine. */
-static uint64_t splitmix64(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 static void shuffle_rows(struct csv *c, uint64_t seed)
 {
     uint64_t state = seed;
     size_t f = c->features;
     for (uint64_t i = c->rows; i > 1; i--) {
-        uint64_t j = splitmix64(&state) % i;
+        uint64_t j = tr_splitmix64_next(&state) % i;
         if (j == i - 1)
             continue;
         for (size_t k = 0; k < f; k++) {
@@ -385,7 +356,7 @@ static int csv_create(const struct tr_host *host, const void *config,
     errno = 0;
     gzFile f = gzopen(cfg->path, "rb");
     if (!f)
-        return fail_open(err, cfg->path, errno);
+        return data_fail_open(err, "csv", "path", cfg->path, errno);
     struct csv *c = calloc(1, sizeof *c);
     if (!c) {
         gzclose(f);
@@ -423,28 +394,17 @@ static int csv_info(void *self, struct tr_data_info *out, tr_err *err)
 {
     (void)err;
     const struct csv *c = self;
-    out->struct_size = sizeof *out;
-    out->samples[TR_SPLIT_TRAIN] = c->samples[TR_SPLIT_TRAIN];
-    out->samples[TR_SPLIT_VAL] = c->samples[TR_SPLIT_VAL];
-    out->input_dtype = TR_F32;
-    out->input_len = c->features;
-    out->target_len = 1;
-    out->classes = c->classes;
-    return TR_OK;
+    return data_info(out, c->samples, TR_F32, c->features, 1, c->classes);
 }
 
 static int csv_read(void *self, enum tr_split split, const uint64_t *indices, size_t n,
                     void *inputs, int32_t *targets, tr_err *err)
 {
     const struct csv *c = self;
-    if ((unsigned)split >= TR_SPLIT_COUNT)
-        return tr_fail(err, "csv data: unknown split %d", (int)split);
+    if (data_check_read(err, "csv", split, c->samples, indices, n) != TR_OK)
+        return TR_ERROR;
     float *x = inputs;
     for (size_t i = 0; i < n; i++) {
-        if (indices[i] >= c->samples[split])
-            return tr_fail(err, "csv data: sample %llu out of range (split has %llu)",
-                           (unsigned long long)indices[i],
-                           (unsigned long long)c->samples[split]);
         uint64_t row = c->start[split] + indices[i];
         memcpy(x + i * c->features, c->x + row * c->features, c->features * sizeof *x);
         targets[i] = c->y[row];

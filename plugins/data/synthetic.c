@@ -12,6 +12,7 @@
  *   features: x ~ U(-1, 1) per feature, label = argmax_k (W x)_k for a fixed
  *             random W: a linear classifier can reach 100% accuracy.
  */
+#include <trainrun/mix.h>
 #include <trainrun/plugin.h>
 
 #include <stdlib.h>
@@ -65,18 +66,10 @@ struct synthetic {
     float *teacher;         /* features: classes x features */
 };
 
-static uint64_t splitmix64(uint64_t x)
-{
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
 /* A random 64-bit value for (seed, stream, counter). */
 static uint64_t hash3(uint64_t seed, uint64_t stream, uint64_t counter)
 {
-    return splitmix64(splitmix64(splitmix64(seed) ^ stream) ^ counter);
+    return tr_splitmix64(tr_splitmix64(tr_splitmix64(seed) ^ stream) ^ counter);
 }
 
 /* Uniform in [-1, 1), from the top 24 bits (exactly representable in float). */
@@ -175,7 +168,7 @@ static void feature_sample(const struct synthetic *s, uint64_t stream, uint64_t 
     /* each sample draws its features from its own counter range */
     uint64_t base = hash3(s->seed, stream, index);
     for (uint32_t f = 0; f < s->features; f++)
-        x[f] = uniform_pm1(splitmix64(base + f));
+        x[f] = uniform_pm1(tr_splitmix64(base + f));
     int32_t best = 0;
     double best_score = -HUGE_VAL;
     for (uint32_t k = 0; k < s->classes; k++) {
