@@ -1,0 +1,68 @@
+#!/bin/sh
+# The contracts run one way (kernels/backend.h): nothing under kernels/
+# includes a core/ header, and nothing under core/ or plugins/ includes a
+# backend's private header (kernels/cpu/, kernels/cuda/); the core reaches
+# the backends through kernels/backend.h and kernels/host.h only.  The check
+# first proves it can fail, on a copy of the tree with a bad include put in.
+. "$(dirname "$0")/lib.sh"
+
+# Quoted includes are resolved against the including file's directory (the
+# build adds no core/ or kernels/ directory to the include path); an include
+# that does not resolve there is looked up by name in the forbidden
+# directory, so a future -I cannot hide one.
+# check ROOT: prints each offending "file: #include" and fails if any.
+check() {
+  root=$1
+  bad=0
+  for f in $(cd "$root" && find kernels core plugins -type f \
+               \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) | sort); do
+    case $f in
+      kernels/*) forbidden="core" ;;
+      *) forbidden="kernels/cpu kernels/cuda" ;;
+    esac
+    dir=$(dirname "$f")
+    for inc in $(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' \
+                   "$root/$f"); do
+      if [ -e "$root/$dir/$inc" ]; then
+        target=$(realpath -m --relative-to="$root" "$root/$dir/$inc")
+      else
+        target=
+        for d in $forbidden; do
+          [ -e "$root/$d/$(basename "$inc")" ] && target="$d/$(basename "$inc")"
+        done
+      fi
+      for d in $forbidden; do
+        case $target in
+          "$d"/*) echo "$f: #include \"$inc\" ($target): $(why "$f")"; bad=1 ;;
+        esac
+      done
+    done
+  done
+  return $bad
+}
+
+why() {
+  case $1 in
+    kernels/*) echo "kernels may not include core headers; what a backend needs belongs in kernels/backend.h" ;;
+    *) echo "the core and plugins reach a backend through kernels/backend.h (and kernels/host.h) only" ;;
+  esac
+}
+
+# the check can fail: a copy with one bad include of each kind
+for case in "kernels/cpu/gemm.c ../../core/util.h" "kernels/cuda/ops.cu ../../core/graph.h" \
+            "core/graph.c ../kernels/cpu/kernels.h" "plugins/data/csv.c ../../kernels/cuda/common.cuh"; do
+  set -- $case
+  rm -rf tree && mkdir tree
+  cp -R "$TR_SRCDIR/kernels" "$TR_SRCDIR/core" "$TR_SRCDIR/plugins" tree/
+  [ -f "tree/$1" ] || fail "$1 is missing from the source tree"
+  { echo "#include \"$2\""; cat "tree/$1"; } > tree/new && mv tree/new "tree/$1"
+  if check tree > out 2>&1; then
+    fail "the layering check missed #include \"$2\" in $1"
+  fi
+  grep -q "^$1: #include \"$2\"" out || { cat out; fail "the check did not name $1"; }
+done
+rm -rf tree
+
+# the tree itself
+check "$TR_SRCDIR" || fail "includes cross the backend contract (above)"
+echo "layering: kernels include no core header; core and plugins no backend-private header"
