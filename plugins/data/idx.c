@@ -22,6 +22,8 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "common.h"
+
 enum { IDX_UBYTE = 0x08, IDX_FLOAT32 = 0x0D };
 
 struct idx_config {
@@ -110,30 +112,6 @@ static int mul_overflows(uint64_t *acc, uint64_t factor)
     return 0;
 }
 
-static int fail_open(tr_err *err, const char *option, const char *path, int errnum)
-{
-    const char *why = errnum ? strerror(errnum) : "unknown error";
-    if (path[0] == '/')
-        return tr_fail(err, "idx data: cannot open %s: %s; check data.%s", path, why, option);
-    char cwd[PATH_MAX];
-    if (!getcwd(cwd, sizeof cwd))
-        snprintf(cwd, sizeof cwd, "?");
-    return tr_fail(err,
-                   "idx data: cannot open %s: %s (a relative path is relative to the current "
-                   "directory, %s); check data.%s",
-                   path, why, cwd, option);
-}
-
-/* zlib's message, without the "path: " it starts with. */
-static const char *gz_message(gzFile f, const char *path, int *zerr)
-{
-    const char *msg = gzerror(f, zerr);
-    size_t n = strlen(path);
-    if (strncmp(msg, path, n) == 0 && msg[n] == ':' && msg[n + 1] == ' ')
-        msg += n + 2;
-    return msg;
-}
-
 /* Read a whole file, decompressing it if it is gzip'd. */
 static int read_all(const char *option, const char *path, unsigned char **out, size_t *size,
                     tr_err *err)
@@ -141,7 +119,7 @@ static int read_all(const char *option, const char *path, unsigned char **out, s
     errno = 0;
     gzFile f = gzopen(path, "rb");
     if (!f)
-        return fail_open(err, option, path, errno);
+        return data_fail_open(err, "idx", option, path, errno);
     gzbuffer(f, 1 << 17);
     unsigned char *buf = NULL;
     size_t len = 0, cap = 0;
@@ -160,7 +138,7 @@ static int read_all(const char *option, const char *path, unsigned char **out, s
         int got = gzread(f, buf + len, (unsigned)(cap - len > INT_MAX ? INT_MAX : cap - len));
         if (got <= 0) {
             int zerr;
-            const char *zmsg = gz_message(f, path, &zerr);
+            const char *zmsg = data_gz_message(f, path, &zerr);
             if (got < 0 || zerr != Z_OK) {
                 int rc = tr_fail(err, "idx data: cannot read %s: %s (is the file complete?)",
                                  path, zerr == Z_ERRNO ? strerror(errno) : zmsg);
@@ -408,30 +386,19 @@ static int idx_info(void *self, struct tr_data_info *out, tr_err *err)
 {
     (void)err;
     const struct idx *d = self;
-    out->struct_size = sizeof *out;
-    out->samples[TR_SPLIT_TRAIN] = d->samples[TR_SPLIT_TRAIN];
-    out->samples[TR_SPLIT_VAL] = d->samples[TR_SPLIT_VAL];
-    out->input_dtype = TR_F32;
-    out->input_len = d->features;
-    out->target_len = 1;
-    out->classes = d->classes;
-    return TR_OK;
+    return data_info(out, d->samples, TR_F32, d->features, 1, d->classes);
 }
 
 static int idx_read(void *self, enum tr_split split, const uint64_t *indices, size_t n,
                     void *inputs, int32_t *targets, tr_err *err)
 {
     const struct idx *d = self;
-    if ((unsigned)split >= TR_SPLIT_COUNT)
-        return tr_fail(err, "idx data: unknown split %d", (int)split);
+    if (data_check_read(err, "idx", split, d->samples, indices, n) != TR_OK)
+        return TR_ERROR;
     const struct idx_set *s = d->set[split];
     const size_t F = d->features;
     float *x = inputs;
     for (size_t i = 0; i < n; i++) {
-        if (indices[i] >= d->samples[split])
-            return tr_fail(err, "idx data: sample %llu out of range (split has %llu)",
-                           (unsigned long long)indices[i],
-                           (unsigned long long)d->samples[split]);
         uint64_t item = d->start[split] + indices[i];
         float *row = x + i * F;
         if (s->dtype == IDX_UBYTE) {

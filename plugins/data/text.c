@@ -32,6 +32,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common.h"
+
 #define TRTOKENS_HEADER TR_TOKENS_HEADER_BYTES
 #define CHARS_MAGIC "TRCHARS1"
 
@@ -103,20 +105,6 @@ static void log_to(const struct tr_host *host, enum tr_log_level level, const ch
     host->log(level, "text", "%s", msg);
 }
 
-static int fail_open(tr_err *err, const char *path, int errnum)
-{
-    if (path[0] == '/')
-        return tr_fail(err, "text data: cannot open %s: %s; check data.path", path,
-                       strerror(errnum));
-    char cwd[PATH_MAX];
-    if (!getcwd(cwd, sizeof cwd))
-        snprintf(cwd, sizeof cwd, "?");
-    return tr_fail(err,
-                   "text data: cannot open %s: %s (a relative path is relative to the current "
-                   "directory, %s); check data.path",
-                   path, strerror(errnum), cwd);
-}
-
 /* Each split needs seq_len + 1 bytes for one (input, target) window. */
 static int check_split(tr_err *err, const char *path, const char *split, uint64_t have,
                        uint32_t seq_len, double val_fraction)
@@ -132,35 +120,6 @@ static int check_split(tr_err *err, const char *path, const char *split, uint64_
                    split[0] == 'v' ? ", a larger val_fraction, or val_fraction = 0" : "");
 }
 
-enum map_result { MAPPED, CANNOT_OPEN, NOT_REGULAR, EMPTY, CANNOT_MAP };
-
-/* Map a whole regular, non-empty file read-only.  *errnum says why
- * CANNOT_OPEN or CANNOT_MAP. */
-static enum map_result map_file(const char *path, void **map, size_t *size, int *errnum)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        *errnum = errno;
-        return CANNOT_OPEN;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        *errnum = errno;
-        close(fd);
-        return CANNOT_OPEN;
-    }
-    enum map_result r = !S_ISREG(st.st_mode) ? NOT_REGULAR : st.st_size == 0 ? EMPTY : MAPPED;
-    if (r == MAPPED) {
-        *size = (size_t)st.st_size;
-        *map = mmap(NULL, *size, PROT_READ, MAP_PRIVATE, fd, 0);
-        *errnum = errno;
-        if (*map == MAP_FAILED)
-            r = CANNOT_MAP;
-    }
-    close(fd); /* the mapping keeps the file alive */
-    return r;
-}
-
 /* ---- the char tokenizer and its cache ----------------------------------- */
 
 static uint64_t read_le64(const unsigned char *p)
@@ -169,11 +128,6 @@ static uint64_t read_le64(const unsigned char *p)
     for (int i = 7; i >= 0; i--)
         v = v << 8 | p[i];
     return v;
-}
-
-static uint32_t read_le32(const unsigned char *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
 static void put_le32(unsigned char *p, uint32_t v)
@@ -357,7 +311,7 @@ static uint32_t read_char_table(const char *path, unsigned char table[256])
     unsigned char head[12];
     uint32_t count = 0;
     if (fread(head, 1, sizeof head, f) == sizeof head && memcmp(head, CHARS_MAGIC, 8) == 0) {
-        count = read_le32(head + 8);
+        count = data_le32(head + 8);
         if (count == 0 || count > 256 || fread(table, 1, count, f) != count ||
             fgetc(f) != EOF)
             count = 0;
@@ -399,7 +353,7 @@ static int load_char_tokens(struct text *t, const unsigned char *text, size_t n,
         if (vocab && (vocab != own_vocab || memcmp(cached_table, own_table, vocab) != 0)) {
             log_to(host, TR_LOG_WARN, "cache %s is not this text's character table; "
                    "rebuilding it", chars_path);
-        } else if (vocab && map_file(tokens_path, &cached, &size, &errnum) == MAPPED) {
+        } else if (vocab && data_map_file(tokens_path, &cached, &size, &errnum) == DATA_MAPPED) {
             char why[256] = "";
             if (cache_valid(cached, size, text, n, cached_table, vocab, why, sizeof why)) {
                 t->map = cached;
@@ -460,17 +414,18 @@ static int text_create(const struct tr_host *host, const void *config,
     void *map = NULL;
     size_t size = 0;
     int errnum = 0;
-    switch (map_file(cfg->path, &map, &size, &errnum)) {
-    case MAPPED:
+    switch (data_map_file(cfg->path, &map, &size, &errnum)) {
+    case DATA_MAPPED:
         break;
-    case CANNOT_OPEN:
-        return fail_open(err, cfg->path, errnum);
-    case NOT_REGULAR:
+    case DATA_CANNOT_OPEN:
+    case DATA_CANNOT_STAT:
+        return data_fail_open(err, "text", "path", cfg->path, errnum);
+    case DATA_NOT_REGULAR:
         return tr_fail(err, "text data: %s is not a regular file; check data.path", cfg->path);
-    case EMPTY:
+    case DATA_EMPTY:
         return tr_fail(err, "text data: %s is empty; point data.path at a text file",
                        cfg->path);
-    case CANNOT_MAP:
+    case DATA_CANNOT_MAP:
         return tr_fail(err, "text data: cannot map %s: %s", cfg->path, strerror(errnum));
     }
 
@@ -515,29 +470,18 @@ static int text_info(void *self, struct tr_data_info *out, tr_err *err)
 {
     (void)err;
     const struct text *t = self;
-    out->struct_size = sizeof *out;
-    out->samples[TR_SPLIT_TRAIN] = t->samples[TR_SPLIT_TRAIN];
-    out->samples[TR_SPLIT_VAL] = t->samples[TR_SPLIT_VAL];
-    out->input_dtype = TR_I32;
-    out->input_len = t->seq_len;
-    out->target_len = t->seq_len;
-    out->classes = t->vocab;
-    return TR_OK;
+    return data_info(out, t->samples, TR_I32, t->seq_len, t->seq_len, t->vocab);
 }
 
 static int text_read(void *self, enum tr_split split, const uint64_t *indices, size_t n,
                      void *inputs, int32_t *targets, tr_err *err)
 {
     const struct text *t = self;
-    if ((unsigned)split >= TR_SPLIT_COUNT)
-        return tr_fail(err, "text data: unknown split %d", (int)split);
+    if (data_check_read(err, "text", split, t->samples, indices, n) != TR_OK)
+        return TR_ERROR;
     int32_t *in = inputs;
     const size_t T = t->seq_len;
     for (size_t i = 0; i < n; i++) {
-        if (indices[i] >= t->samples[split])
-            return tr_fail(err, "text data: sample %llu out of range (split has %llu)",
-                           (unsigned long long)indices[i],
-                           (unsigned long long)t->samples[split]);
         uint64_t first = t->start[split] + indices[i] * T;
         if (t->bytes) {
             const unsigned char *w = t->bytes + first;

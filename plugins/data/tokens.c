@@ -35,6 +35,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common.h"
+
 #define TRTOKENS_HEADER TR_TOKENS_HEADER_BYTES
 #define LLMC_HEADER 1024
 #define LLMC_MAGIC 20240520
@@ -117,30 +119,11 @@ static void tokens_destroy(void *self)
     free(t);
 }
 
-static uint32_t le32(const unsigned char *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 
 static uint32_t token_at(const struct shard *s, uint64_t i)
 {
     const unsigned char *p = s->map + s->data_offset + i * s->width;
-    return s->width == 2 ? (uint32_t)p[0] | (uint32_t)p[1] << 8 : le32(p);
-}
-
-static int fail_open(tr_err *err, const char *option, const char *path, int errnum)
-{
-    if (path[0] == '/')
-        return tr_fail(err, "tokens data: cannot open %s: %s; check data.%s", path,
-                       strerror(errnum), option);
-    char cwd[PATH_MAX];
-    if (!getcwd(cwd, sizeof cwd))
-        snprintf(cwd, sizeof cwd, "?");
-    return tr_fail(err,
-                   "tokens data: cannot open %s: %s (a relative path is relative to the current "
-                   "directory, %s); check data.%s",
-                   path, strerror(errnum), cwd, option);
+    return s->width == 2 ? (uint32_t)p[0] | (uint32_t)p[1] << 8 : data_le32(p);
 }
 
 /* Check the header of a mapped shard and fill in where its tokens are. */
@@ -148,13 +131,13 @@ static int parse_header(struct shard *s, tr_err *err)
 {
     const unsigned char *h = s->map;
     const char *path = s->path;
-    if (s->size >= 4 && le32(h) == LLMC_MAGIC) {
+    if (s->size >= 4 && data_le32(h) == LLMC_MAGIC) {
         if (s->size < LLMC_HEADER)
             return tr_fail(err,
                            "tokens data: %s: truncated header: the file has %zu bytes but an "
                            "llm.c shard header needs %d; re-create the shard",
                            path, s->size, LLMC_HEADER);
-        uint32_t version = le32(h + 4);
+        uint32_t version = data_le32(h + 4);
         if (version != 1)
             return tr_fail(err,
                            "tokens data: %s: byte offset 4: unsupported llm.c shard version %u "
@@ -162,7 +145,7 @@ static int parse_header(struct shard *s, tr_err *err)
                            path, version);
         s->width = 2;
         s->vocab = 0;
-        s->tokens = le32(h + 8);
+        s->tokens = data_le32(h + 8);
         s->data_offset = LLMC_HEADER;
     } else {
         struct tr_tokens_header th;
@@ -224,33 +207,26 @@ static int parse_header(struct shard *s, tr_err *err)
 static int map_shard(struct shard *s, const char *option, const struct tr_host *host,
                      tr_err *err)
 {
-    int fd = open(s->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return fail_open(err, option, s->path, errno);
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return tr_fail(err, "tokens data: cannot stat %s: %s", s->path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
+    void *map = NULL;
+    int errnum = 0;
+    switch (data_map_file(s->path, &map, &s->size, &errnum)) {
+    case DATA_MAPPED:
+        break;
+    case DATA_CANNOT_OPEN:
+        return data_fail_open(err, "tokens", option, s->path, errnum);
+    case DATA_CANNOT_STAT:
+        return tr_fail(err, "tokens data: cannot stat %s: %s", s->path, strerror(errnum));
+    case DATA_NOT_REGULAR:
         return tr_fail(err, "tokens data: %s is not a regular file; check data.%s", s->path,
                        option);
-    }
-    if (st.st_size == 0) {
-        close(fd);
+    case DATA_EMPTY:
         return tr_fail(err,
                        "tokens data: %s is empty (0 bytes; byte offset 0); a shard starts with a "
                        "header: re-create it with `trainrun prepare`",
                        s->path);
+    case DATA_CANNOT_MAP:
+        return tr_fail(err, "tokens data: cannot map %s: %s", s->path, strerror(errnum));
     }
-    s->size = (size_t)st.st_size;
-    void *map = mmap(NULL, s->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int map_errno = errno;
-    close(fd); /* the mapping keeps the file alive */
-    if (map == MAP_FAILED)
-        return tr_fail(err, "tokens data: cannot map %s: %s", s->path, strerror(map_errno));
     s->map = map;
     if (parse_header(s, err) != TR_OK)
         return TR_ERROR;
@@ -487,14 +463,7 @@ static int tokens_info(void *self, struct tr_data_info *out, tr_err *err)
 {
     (void)err;
     const struct tokens *t = self;
-    out->struct_size = sizeof *out;
-    out->samples[TR_SPLIT_TRAIN] = t->samples[TR_SPLIT_TRAIN];
-    out->samples[TR_SPLIT_VAL] = t->samples[TR_SPLIT_VAL];
-    out->input_dtype = TR_I32;
-    out->input_len = t->seq_len;
-    out->target_len = t->seq_len;
-    out->classes = t->vocab;
-    return TR_OK;
+    return data_info(out, t->samples, TR_I32, t->seq_len, t->seq_len, t->vocab);
 }
 
 /* The segment holding sample `index` of a split (binary search). */
@@ -517,15 +486,11 @@ static int tokens_read(void *self, enum tr_split split, const uint64_t *indices,
                        void *inputs, int32_t *targets, tr_err *err)
 {
     const struct tokens *t = self;
-    if ((unsigned)split >= TR_SPLIT_COUNT)
-        return tr_fail(err, "tokens data: unknown split %d", (int)split);
+    if (data_check_read(err, "tokens", split, t->samples, indices, n) != TR_OK)
+        return TR_ERROR;
     int32_t *in = inputs;
     const size_t T = t->seq_len;
     for (size_t i = 0; i < n; i++) {
-        if (indices[i] >= t->samples[split])
-            return tr_fail(err, "tokens data: sample %llu out of range (split has %llu)",
-                           (unsigned long long)indices[i],
-                           (unsigned long long)t->samples[split]);
         const struct segment *g = find_segment(t, split, indices[i]);
         const struct shard *s = g->shard;
         uint64_t first = g->first + (indices[i] - g->first_sample) * T;
