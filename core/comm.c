@@ -57,6 +57,7 @@ static void *comm_thread(void *arg)
         pthread_mutex_unlock(&c->lock);
         tr_err e = {{0}};
         int rc = TR_OK;
+        /* mandatory slots: the loader refused any vtable without them */
         if (!skip)
             rc = j.kind == JOB_ALLREDUCE ? c->vt->allreduce_sum(c->self, j.buf, j.size, &e)
                                          : c->vt->broadcast(c->self, j.buf, j.size, j.root, &e);

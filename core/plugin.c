@@ -78,51 +78,62 @@ void tr_plugin_path_free(struct tr_plugin_path *sp)
     sp->n = 0;
 }
 
-/* Smallest vtable (through the last mandatory slot) each kind must provide. */
+/* Smallest vtable (through the last mandatory slot) each kind must provide,
+ * and its mandatory slots: the core calls those without a NULL check. */
 static int check_vtable(const struct tr_plugin_info *info, tr_err *err)
 {
-    const uint32_t *head = info->vtable;
-    if (!head)
+    const uint32_t *size = info->vtable; /* every vtable starts with its struct_size */
+    if (!size)
         return tr_fail(err, "its %s vtable is NULL", tr_kind_name(info->kind));
-    uint32_t size = head[1];
     size_t need = 0;
-    int missing = 0;
+    int present = 0;
     switch (info->kind) {
     case TR_KIND_PRECISION: {
         const struct tr_precision_vtable *v = info->vtable;
         need = offsetof(struct tr_precision_vtable, policy) + sizeof v->policy;
-        missing = size >= need && !v->policy;
+        present = TR_HAS_SLOT(v, struct tr_precision_vtable, policy);
         break;
     }
     case TR_KIND_DATA: {
         const struct tr_data_vtable *v = info->vtable;
         need = offsetof(struct tr_data_vtable, read) + sizeof v->read;
-        missing = size >= need && (!v->info || !v->read);
+        present = TR_HAS_SLOT(v, struct tr_data_vtable, info) &&
+                  TR_HAS_SLOT(v, struct tr_data_vtable, read);
         break;
     }
     case TR_KIND_CHECKPOINT: {
         const struct tr_checkpoint_vtable *v = info->vtable;
         need = offsetof(struct tr_checkpoint_vtable, remove) + sizeof v->remove;
-        missing = size >= need && (!v->begin || !v->put || !v->commit || !v->abort || !v->list ||
-                                   !v->get || !v->remove);
+        present = TR_HAS_SLOT(v, struct tr_checkpoint_vtable, begin) &&
+                  TR_HAS_SLOT(v, struct tr_checkpoint_vtable, put) &&
+                  TR_HAS_SLOT(v, struct tr_checkpoint_vtable, commit) &&
+                  TR_HAS_SLOT(v, struct tr_checkpoint_vtable, abort) &&
+                  TR_HAS_SLOT(v, struct tr_checkpoint_vtable, list) &&
+                  TR_HAS_SLOT(v, struct tr_checkpoint_vtable, get) &&
+                  TR_HAS_SLOT(v, struct tr_checkpoint_vtable, remove);
         break;
     }
     case TR_KIND_SCHEDULE: {
         const struct tr_schedule_vtable *v = info->vtable;
         need = offsetof(struct tr_schedule_vtable, lr) + sizeof v->lr;
-        missing = size >= need && !v->lr;
+        present = TR_HAS_SLOT(v, struct tr_schedule_vtable, lr);
         break;
     }
-    case TR_KIND_COMM:
-        need = 2 * sizeof(uint32_t);
+    case TR_KIND_COMM: {
+        const struct tr_comm_vtable *v = info->vtable;
+        need = offsetof(struct tr_comm_vtable, barrier) + sizeof v->barrier;
+        present = TR_HAS_SLOT(v, struct tr_comm_vtable, allreduce_sum) &&
+                  TR_HAS_SLOT(v, struct tr_comm_vtable, broadcast) &&
+                  TR_HAS_SLOT(v, struct tr_comm_vtable, barrier);
         break;
+    }
     default:
         return tr_fail(err, "unknown plugin kind %d", (int)info->kind);
     }
-    if (size < need)
+    if (*size < need)
         return tr_fail(err, "its %s vtable is %u bytes, smaller than the %zu this trainrun needs",
-                       tr_kind_name(info->kind), size, need);
-    if (missing)
+                       tr_kind_name(info->kind), *size, need);
+    if (!present)
         return tr_fail(err, "its %s vtable leaves a mandatory slot NULL", tr_kind_name(info->kind));
     return TR_OK;
 }
@@ -150,7 +161,7 @@ struct tr_plugin *tr_plugin_load_file(const char *path, tr_err *err)
                 "it was built for plugin ABI %u but this trainrun speaks ABI %d; rebuild it "
                 "against this trainrun's <trainrun/plugin.h>",
                 info->abi_major, TR_ABI_MAJOR);
-    } else if (info->struct_size < offsetof(struct tr_plugin_info, vtable) + sizeof(void *)) {
+    } else if (!TR_HAS_FIELD(info, struct tr_plugin_info, vtable)) {
         tr_fail(&why, "its info struct is %u bytes, too small for ABI %d", info->struct_size,
                 TR_ABI_MAJOR);
     } else if (!info->name || !*info->name || !info->create) {

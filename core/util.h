@@ -8,11 +8,9 @@
 #include <trainrun/mix.h> /* the 64-bit mixers, shared with the plugins */
 #include <trainrun/plugin.h>
 
-/* An optional slot of a struct that starts its life with `struct_size`
- * (plugin vtables, backend ifaces and modules): present when the struct
- * the other side compiled reaches past it, and not NULL. */
-#define TR_HAS_SLOT(p, type, slot)                                                                 \
-    ((p)->struct_size >= offsetof(type, slot) + sizeof(((type *)0)->slot) && (p)->slot)
+/* TR_HAS_SLOT / TR_HAS_FIELD (optional slots of structs that carry their
+ * `struct_size`: plugin vtables, backend ifaces and modules) come from the
+ * installed <trainrun/plugin.h>, so core and plugins test sizes one way. */
 
 #define TR_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -236,8 +236,7 @@ static void buffer_free(struct buffer *b)
 static const struct tr_comm_vtable *vt;
 static void *self;
 
-#define HAS(slot)                                                                                  \
-    (vt->struct_size >= offsetof(struct tr_comm_vtable, slot) + sizeof vt->slot && vt->slot)
+#define HAS(slot) TR_HAS_SLOT(vt, struct tr_comm_vtable, slot)
 
 static void check_allreduce(size_t count, uint64_t seed)
 {
@@ -416,8 +415,7 @@ int main(int argc, char **argv)
     if (!info || info->abi_major != TR_ABI_MAJOR || info->kind != TR_KIND_COMM || !info->vtable)
         die("%s is not a comm plugin of ABI %d", argv[1], TR_ABI_MAJOR);
     vt = info->vtable;
-    if (vt->struct_size < offsetof(struct tr_comm_vtable, barrier) + sizeof vt->barrier ||
-        !vt->allreduce_sum || !vt->broadcast || !vt->barrier)
+    if (!HAS(allreduce_sum) || !HAS(broadcast) || !HAS(barrier))
         die("%s leaves a mandatory comm slot empty", argv[1]);
 
     void *config = parse_options(info, kv, nkv);

@@ -30,18 +30,10 @@ static int invsqrt_create(const struct tr_host *host, const void *config,
 {
     (void)host;
     (void)args;
-    /* The config belongs to the core: keep a copy. */
-    struct invsqrt_config *copy = malloc(sizeof *copy);
-    if (!copy)
-        return tr_fail(err, "invsqrt schedule: out of memory");
-    *copy = *(const struct invsqrt_config *)config;
-    *self = copy;
+    (void)err;
+    /* the core keeps the config alive until destroy: no copy */
+    *self = (void *)config;
     return TR_OK;
-}
-
-static void invsqrt_destroy(void *self)
-{
-    free(self);
 }
 
 static double invsqrt_lr(void *self, uint64_t step, uint64_t total, double base_lr)
@@ -56,7 +48,6 @@ static double invsqrt_lr(void *self, uint64_t step, uint64_t total, double base_
 }
 
 static const struct tr_schedule_vtable invsqrt_vtable = {
-    .version = 1,
     .struct_size = sizeof(struct tr_schedule_vtable),
     .lr = invsqrt_lr,
     /* observe, state_save, state_load: not needed, the rate depends on the step only */
@@ -72,7 +63,6 @@ static const struct tr_plugin_info invsqrt_info = {
     .options = invsqrt_options,
     .config_size = sizeof(struct invsqrt_config),
     .create = invsqrt_create,
-    .destroy = invsqrt_destroy,
     .vtable = &invsqrt_vtable,
 };
 

@@ -9,12 +9,18 @@
  * into a config struct for you) and points at the vtable of its kind.
  *
  * Compatibility rules (the same as SQLite's VFS):
- *   - TR_ABI_MAJOR changes only when an existing field changes meaning; the
- *     core refuses plugins built for another major version.
- *   - Structs only ever grow at the end.  Every struct a plugin hands to the
- *     core starts with its own size, so the core never reads past what the
- *     plugin compiled, and a slot beyond that size counts as absent.
+ *   - TR_ABI_MAJOR changes only when an existing field changes meaning or
+ *     moves; the core refuses plugins built for another major version.
+ *   - Structs only ever grow at the end.  Every struct passed across the
+ *     boundary carries its own size (`struct_size`), so neither side reads
+ *     past what the other compiled, and a slot beyond that size counts as
+ *     absent: test with TR_HAS_SLOT / TR_HAS_FIELD below, never by hand.
  *   - Optional slots may be NULL.
+ *
+ * Lifetimes: `host`, and the `config` create() receives with the strings it
+ * points to, stay valid and unchanged until destroy() returns, so a plugin
+ * keeps the pointer instead of copying.  `args` and its strings are valid
+ * during create() only: copy what you keep from them.
  *
  * Plugins do not link against trainrun: everything they need from the host
  * comes through `struct tr_host`.  Plugins never call exit(): they return
@@ -34,8 +40,10 @@
 extern "C" {
 #endif
 
-#define TR_ABI_MAJOR 1
-#define TR_ABI_MINOR 1
+/* 2.0: the vtables lost their unread leading `version` field (struct_size
+ * alone says which slots a vtable has). */
+#define TR_ABI_MAJOR 2
+#define TR_ABI_MINOR 0
 
 /* The one symbol every plugin exports. */
 #define TR_PLUGIN_ENTRY trainrun_plugin_entry
@@ -66,6 +74,17 @@ static inline int tr_fail(tr_err *err, const char *fmt, ...)
     }
     return TR_ERROR;
 }
+
+/* ---- sizes: which fields the other side compiled ---------------------- */
+
+/* Field `f` of *p, a struct of type `type` starting with `uint32_t
+ * struct_size`, is present when the struct the other side compiled reaches
+ * past it.  Use it for fields that may legitimately be 0 or NULL. */
+#define TR_HAS_FIELD(p, type, f)                                                                   \
+    ((p)->struct_size >= offsetof(type, f) + sizeof(((type *)0)->f))
+/* An optional function slot: present and not NULL.  Call no optional slot
+ * without it. */
+#define TR_HAS_SLOT(p, type, slot) (TR_HAS_FIELD(p, type, slot) && (p)->slot)
 
 /* ---- data types ------------------------------------------------------- */
 
@@ -138,7 +157,6 @@ struct tr_create_args {
     uint32_t seq_len;      /* tokens per sample the model consumes (0: not a sequence model) */
     uint64_t seed;         /* the run's seed */
     int rank, world;       /* this process among the data-parallel group */
-    /* appended in ABI 1.1 (check struct_size before reading) */
     int local_rank, local_world; /* this process among those on its node */
     const char *device;    /* "cpu", "cuda", ...: where comm buffers live */
     void *device_stream;   /* the backend's compute stream (cudaStream_t), or NULL */
@@ -189,7 +207,6 @@ struct tr_precision_policy {
 };
 
 struct tr_precision_vtable {
-    uint32_t version;     /* 1 */
     uint32_t struct_size; /* sizeof(struct tr_precision_vtable) */
     void (*policy)(void *self, struct tr_precision_policy *out);
     /* Factor the loss gradient is multiplied by (NULL: 1). */
@@ -216,8 +233,7 @@ struct tr_data_info {
 };
 
 struct tr_data_vtable {
-    uint32_t version;
-    uint32_t struct_size;
+    uint32_t struct_size; /* sizeof(struct tr_data_vtable) */
     int (*info)(void *self, struct tr_data_info *out, tr_err *err);
     /* Fill n samples, chosen by the core, into caller-owned buffers:
      * inputs: n * input_len elements of input_dtype; targets: n * target_len.
@@ -233,8 +249,7 @@ struct tr_data_vtable {
  * begin() and commit() nothing is visible; a crash leaves the previous
  * checkpoints untouched. */
 struct tr_checkpoint_vtable {
-    uint32_t version;
-    uint32_t struct_size;
+    uint32_t struct_size; /* sizeof(struct tr_checkpoint_vtable) */
     int (*begin)(void *self, const char *name, tr_err *err);
     int (*put)(void *self, const char *blob, const void *data, size_t size, tr_err *err);
     int (*commit)(void *self, tr_err *err);
@@ -250,8 +265,7 @@ struct tr_checkpoint_vtable {
 /* ---- schedule ---------------------------------------------------------- */
 
 struct tr_schedule_vtable {
-    uint32_t version;
-    uint32_t struct_size;
+    uint32_t struct_size; /* sizeof(struct tr_schedule_vtable) */
     /* Learning rate for optimizer step `step` (0-based) of `total`. */
     double (*lr)(void *self, uint64_t step, uint64_t total, double base_lr);
     /* Optional: a validation metric after an evaluation (plateau schedules). */
@@ -270,7 +284,6 @@ struct tr_schedule_vtable {
  * must make the others' calls fail (TR_ERROR naming the rank), never hang:
  * the core then stops the job. */
 struct tr_comm_vtable {
-    uint32_t version;     /* 1 */
     uint32_t struct_size; /* sizeof(struct tr_comm_vtable) */
     /* buf[i] = sum over ranks of buf[i], for `count` floats */
     int (*allreduce_sum)(void *self, float *buf, size_t count, tr_err *err);

@@ -769,7 +769,6 @@ static void repair_latest(struct local *l)
 }
 
 static const struct tr_checkpoint_vtable local_vtable = {
-    .version = 1,
     .struct_size = sizeof(struct tr_checkpoint_vtable),
     .begin = local_begin,
     .put = local_put,

@@ -2345,7 +2345,6 @@ static int s3_remove(void *self, const char *name, tr_err *err)
 }
 
 static const struct tr_checkpoint_vtable s3_vtable = {
-    .version = 1,
     .struct_size = sizeof(struct tr_checkpoint_vtable),
     .begin = s3_begin,
     .put = s3_put,

@@ -222,8 +222,7 @@ static int mpi_create(const struct tr_host *host, const void *config,
 {
     (void)host;
     const struct mpi_config *cfg = config;
-    if (args->struct_size >= offsetof(struct tr_create_args, device) + sizeof args->device &&
-        args->device && strcmp(args->device, "cpu") != 0)
+    if (TR_HAS_SLOT(args, struct tr_create_args, device) && strcmp(args->device, "cpu") != 0)
         return tr_fail(err,
                        "comm mpi: buffers on device '%s' need comm = \"nccl\"; mpi moves host "
                        "memory only",
@@ -326,7 +325,6 @@ static void mpi_destroy(void *self)
 }
 
 static const struct tr_comm_vtable mpi_vtable = {
-    .version = 1,
     .struct_size = sizeof(struct tr_comm_vtable),
     .allreduce_sum = mpi_allreduce_sum,
     .broadcast = mpi_broadcast,

@@ -279,9 +279,9 @@ static int nccl_create(const struct tr_host *host, const void *config,
 {
     (void)host;
     const struct nccl_config *cfg = config;
-    if (args->struct_size < offsetof(struct tr_create_args, device_stream) + sizeof(void *))
-        return tr_fail(err, "comm nccl: this trainrun is too old for GPU ranks (plugin ABI 1.1 "
-                            "or later needed)");
+    if (!TR_HAS_FIELD(args, struct tr_create_args, device_stream))
+        return tr_fail(err, "comm nccl: this trainrun is too old for GPU ranks (it passes no "
+                            "device stream)");
     if (!args->device || strcmp(args->device, "cuda") != 0)
         return tr_fail(err,
                        "comm nccl: buffers live on '%s', but nccl moves GPU memory: run on "
@@ -400,7 +400,6 @@ static void nccl_destroy(void *self)
 }
 
 static const struct tr_comm_vtable nccl_vtable = {
-    .version = 1,
     .struct_size = sizeof(struct tr_comm_vtable),
     .allreduce_sum = nccl_allreduce_sum,
     .broadcast = nccl_broadcast,

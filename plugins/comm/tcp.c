@@ -418,7 +418,6 @@ static int tcp_create(const struct tr_host *host, const void *config,
 }
 
 static const struct tr_comm_vtable tcp_vtable = {
-    .version = 1,
     .struct_size = sizeof(struct tr_comm_vtable),
     .allreduce_sum = tcp_allreduce_sum,
     .broadcast = tcp_broadcast,

@@ -413,7 +413,6 @@ static int csv_read(void *self, enum tr_split split, const uint64_t *indices, si
 }
 
 static const struct tr_data_vtable csv_vtable = {
-    .version = 1,
     .struct_size = sizeof(struct tr_data_vtable),
     .info = csv_info,
     .read = csv_read,

@@ -416,7 +416,6 @@ static int idx_read(void *self, enum tr_split split, const uint64_t *indices, si
 }
 
 static const struct tr_data_vtable idx_vtable = {
-    .version = 1,
     .struct_size = sizeof(struct tr_data_vtable),
     .info = idx_info,
     .read = idx_read,

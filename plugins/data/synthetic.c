@@ -207,7 +207,6 @@ static int synthetic_read(void *self, enum tr_split split, const uint64_t *indic
 }
 
 static const struct tr_data_vtable synthetic_vtable = {
-    .version = 1,
     .struct_size = sizeof(struct tr_data_vtable),
     .info = synthetic_info,
     .read = synthetic_read,

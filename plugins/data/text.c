@@ -504,7 +504,6 @@ static int text_read(void *self, enum tr_split split, const uint64_t *indices, s
 }
 
 static const struct tr_data_vtable text_vtable = {
-    .version = 1,
     .struct_size = sizeof(struct tr_data_vtable),
     .info = text_info,
     .read = text_read,

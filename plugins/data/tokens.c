@@ -510,7 +510,6 @@ static int tokens_read(void *self, enum tr_split split, const uint64_t *indices,
 }
 
 static const struct tr_data_vtable tokens_vtable = {
-    .version = 1,
     .struct_size = sizeof(struct tr_data_vtable),
     .info = tokens_info,
     .read = tokens_read,

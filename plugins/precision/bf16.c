@@ -28,7 +28,6 @@ static void bf16_policy(void *self, struct tr_precision_policy *out)
 }
 
 static const struct tr_precision_vtable bf16_vtable = {
-    .version = 1,
     .struct_size = sizeof(struct tr_precision_vtable),
     .policy = bf16_policy,
 };

@@ -172,7 +172,6 @@ static int fp16_state_load(void *self, const struct tr_state_var *vars, size_t n
 }
 
 static const struct tr_precision_vtable fp16_vtable = {
-    .version = 1,
     .struct_size = sizeof(struct tr_precision_vtable),
     .policy = fp16_policy,
     .loss_scale = fp16_loss_scale,

@@ -28,17 +28,10 @@ static int fp32_create(const struct tr_host *host, const void *config,
 {
     (void)host;
     (void)args;
-    struct fp32_config *copy = malloc(sizeof *copy);
-    if (!copy)
-        return tr_fail(err, "fp32 precision: out of memory");
-    *copy = *(const struct fp32_config *)config;
-    *self = copy;
+    (void)err;
+    /* the core keeps the config alive until destroy: no copy */
+    *self = (void *)config;
     return TR_OK;
-}
-
-static void fp32_destroy(void *self)
-{
-    free(self);
 }
 
 static void fp32_policy(void *self, struct tr_precision_policy *out)
@@ -52,7 +45,6 @@ static void fp32_policy(void *self, struct tr_precision_policy *out)
 }
 
 static const struct tr_precision_vtable fp32_vtable = {
-    .version = 1,
     .struct_size = sizeof(struct tr_precision_vtable),
     .policy = fp32_policy,
     /* loss_scale, update, state_*: NULL = scale 1, always apply, no state */
@@ -68,7 +60,6 @@ static const struct tr_plugin_info fp32_info = {
     .options = fp32_options,
     .config_size = sizeof(struct fp32_config),
     .create = fp32_create,
-    .destroy = fp32_destroy,
     .vtable = &fp32_vtable,
 };
 

@@ -24,17 +24,10 @@ static int constant_create(const struct tr_host *host, const void *config,
 {
     (void)host;
     (void)args;
-    struct constant_config *copy = malloc(sizeof *copy);
-    if (!copy)
-        return tr_fail(err, "constant schedule: out of memory");
-    *copy = *(const struct constant_config *)config;
-    *self = copy;
+    (void)err;
+    /* the core keeps the config alive until destroy: no copy */
+    *self = (void *)config;
     return TR_OK;
-}
-
-static void constant_destroy(void *self)
-{
-    free(self);
 }
 
 static double constant_lr(void *self, uint64_t step, uint64_t total, double base_lr)
@@ -49,7 +42,6 @@ static double constant_lr(void *self, uint64_t step, uint64_t total, double base
 }
 
 static const struct tr_schedule_vtable constant_vtable = {
-    .version = 1,
     .struct_size = sizeof(struct tr_schedule_vtable),
     .lr = constant_lr,
 };
@@ -64,7 +56,6 @@ static const struct tr_plugin_info constant_info = {
     .options = constant_options,
     .config_size = sizeof(struct constant_config),
     .create = constant_create,
-    .destroy = constant_destroy,
     .vtable = &constant_vtable,
 };
 

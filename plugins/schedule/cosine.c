@@ -31,17 +31,10 @@ static int cosine_create(const struct tr_host *host, const void *config,
 {
     (void)host;
     (void)args;
-    struct cosine_config *copy = malloc(sizeof *copy);
-    if (!copy)
-        return tr_fail(err, "cosine schedule: out of memory");
-    *copy = *(const struct cosine_config *)config;
-    *self = copy;
+    (void)err;
+    /* the core keeps the config alive until destroy: no copy */
+    *self = (void *)config;
     return TR_OK;
-}
-
-static void cosine_destroy(void *self)
-{
-    free(self);
 }
 
 static double cosine_lr(void *self, uint64_t step, uint64_t total, double base_lr)
@@ -58,7 +51,6 @@ static double cosine_lr(void *self, uint64_t step, uint64_t total, double base_l
 }
 
 static const struct tr_schedule_vtable cosine_vtable = {
-    .version = 1,
     .struct_size = sizeof(struct tr_schedule_vtable),
     .lr = cosine_lr,
 };
@@ -73,7 +65,6 @@ static const struct tr_plugin_info cosine_info = {
     .options = cosine_options,
     .config_size = sizeof(struct cosine_config),
     .create = cosine_create,
-    .destroy = cosine_destroy,
     .vtable = &cosine_vtable,
 };
 

@@ -28,17 +28,10 @@ static int linear_create(const struct tr_host *host, const void *config,
 {
     (void)host;
     (void)args;
-    struct linear_config *copy = malloc(sizeof *copy);
-    if (!copy)
-        return tr_fail(err, "linear schedule: out of memory");
-    *copy = *(const struct linear_config *)config;
-    *self = copy;
+    (void)err;
+    /* the core keeps the config alive until destroy: no copy */
+    *self = (void *)config;
     return TR_OK;
-}
-
-static void linear_destroy(void *self)
-{
-    free(self);
 }
 
 static double linear_lr(void *self, uint64_t step, uint64_t total, double base_lr)
@@ -54,7 +47,6 @@ static double linear_lr(void *self, uint64_t step, uint64_t total, double base_l
 }
 
 static const struct tr_schedule_vtable linear_vtable = {
-    .version = 1,
     .struct_size = sizeof(struct tr_schedule_vtable),
     .lr = linear_lr,
 };
@@ -69,7 +61,6 @@ static const struct tr_plugin_info linear_info = {
     .options = linear_options,
     .config_size = sizeof(struct linear_config),
     .create = linear_create,
-    .destroy = linear_destroy,
     .vtable = &linear_vtable,
 };
 

@@ -160,7 +160,6 @@ static int plateau_state_load(void *self, const struct tr_state_var *vars, size_
 }
 
 static const struct tr_schedule_vtable plateau_vtable = {
-    .version = 1,
     .struct_size = sizeof(struct tr_schedule_vtable),
     .lr = plateau_lr,
     .observe = plateau_observe,

@@ -33,17 +33,10 @@ static int step_create(const struct tr_host *host, const void *config,
 {
     (void)host;
     (void)args;
-    struct step_config *copy = malloc(sizeof *copy);
-    if (!copy)
-        return tr_fail(err, "step schedule: out of memory");
-    *copy = *(const struct step_config *)config;
-    *self = copy;
+    (void)err;
+    /* the core keeps the config alive until destroy: no copy */
+    *self = (void *)config;
     return TR_OK;
-}
-
-static void step_destroy(void *self)
-{
-    free(self);
 }
 
 static double step_lr(void *self, uint64_t step, uint64_t total, double base_lr)
@@ -59,7 +52,6 @@ static double step_lr(void *self, uint64_t step, uint64_t total, double base_lr)
 }
 
 static const struct tr_schedule_vtable step_vtable = {
-    .version = 1,
     .struct_size = sizeof(struct tr_schedule_vtable),
     .lr = step_lr,
 };
@@ -74,7 +66,6 @@ static const struct tr_plugin_info step_info = {
     .options = step_options,
     .config_size = sizeof(struct step_config),
     .create = step_create,
-    .destroy = step_destroy,
     .vtable = &step_vtable,
 };
 

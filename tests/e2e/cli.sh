@@ -5,7 +5,7 @@ R="$TR_SRCDIR/recipes"
 
 "$TRAINRUN" help | grep -q "usage: trainrun" || fail "help"
 "$TRAINRUN" help recipe | grep -q "micro_batch" || fail "help recipe lists train options"
-"$TRAINRUN" version | grep -q "plugin ABI 1" || fail "version"
+"$TRAINRUN" version | grep -q "plugin ABI 2" || fail "version"
 
 # plugins: every kind, options with defaults and help
 "$TRAINRUN" plugins > plugins.txt

@@ -13,7 +13,7 @@ static double lr(void *self, uint64_t step, uint64_t total, double base)
     (void)self, (void)step, (void)total;
     return base;
 }
-static const struct tr_schedule_vtable vt = {1, sizeof vt, lr, NULL, NULL, NULL};
+static const struct tr_schedule_vtable vt = {sizeof vt, lr, NULL, NULL, NULL};
 static const struct tr_plugin_info info = {
     .abi_major = 99, .struct_size = sizeof info, .kind = TR_KIND_SCHEDULE, .name = "bad_abi",
     .version = "1", .description = "built for ABI 99", .create = create, .vtable = &vt};

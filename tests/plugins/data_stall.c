@@ -82,7 +82,7 @@ static int read_samples(void *self, enum tr_split split, const uint64_t *idx, si
     return TR_OK;
 }
 
-static const struct tr_data_vtable vt = {1, sizeof vt, info, read_samples};
+static const struct tr_data_vtable vt = {sizeof vt, info, read_samples};
 static const struct tr_plugin_info plugin = {
     .abi_major = TR_ABI_MAJOR, .struct_size = sizeof plugin, .kind = TR_KIND_DATA,
     .name = "stall", .version = "1", .description = "reads that block or fail (tests)",

@@ -8,7 +8,7 @@ static int create(const struct tr_host *h, const void *c, const struct tr_create
     *self = NULL;
     return TR_OK;
 }
-static const struct tr_schedule_vtable vt = {1, sizeof vt, NULL, NULL, NULL, NULL};
+static const struct tr_schedule_vtable vt = {sizeof vt, NULL, NULL, NULL, NULL};
 static const struct tr_plugin_info info = {
     .abi_major = TR_ABI_MAJOR, .struct_size = sizeof info, .kind = TR_KIND_SCHEDULE,
     .name = "null_slot", .version = "1", .description = "lr slot missing", .create = create,
