@@ -80,4 +80,29 @@ double tr_run_device_memory(const struct tr_config *cfg, char *what, size_t what
 /* smoke.c: save the run's checkpoint, load it into fresh buffers, compare. */
 int tr_smoke_round_trip(struct run *r, tr_err *err);
 
+/* run.c: the pieces of a step the policies use. */
+int tr_run_stopping(const struct run *r);  /* a signal asked the run to stop */
+double tr_run_loss_scale(struct run *r);
+double tr_run_cost(const struct run *r);   /* dollars this process has spent */
+int tr_run_over_budget(const struct run *r);
+/* A checkpoint at loader_position; now: written before returning, else in
+ * the background when checkpoint.async. */
+int tr_run_save(struct run *r, uint64_t loader_position, int now, tr_err *err);
+int tr_run_evaluate(struct run *r, double *val_loss, double *val_accuracy, tr_err *err);
+
+/* policies.c: the end-of-step policies, in the order tr_train calls them. */
+int tr_policy_log(struct run *r, tr_err *err);
+void tr_policy_budget(struct run *r);
+int tr_policy_evaluate(struct run *r, int *improved, tr_err *err);
+int tr_policy_checkpoint(struct run *r, int improved, tr_err *err);
+int tr_policy_stop(struct run *r);
+
+/* policies.c: what a run writes about itself (rank 0). */
+int tr_run_open_metrics(struct run *r, int resume, tr_err *err);
+void tr_run_metrics_drop(struct run *r);
+void tr_run_keep_earlier_trace(const char *path);
+int tr_run_trace_failed(const struct run *r, int errnum, tr_err *err);
+int tr_run_close_outputs(struct run *r, tr_err *err);
+void tr_run_summary(struct run *r, double elapsed, double tokens);
+
 #endif
