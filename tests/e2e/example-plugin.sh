@@ -8,8 +8,15 @@
 make -C "$TR_BUILDDIR" install DESTDIR="$work/root" > install.log 2>&1 || { tail install.log; fail "make install"; }
 prefix_dir=$(sed -n 's/^prefix = //p' "$TR_BUILDDIR/Makefile")
 prefix="$work/root$prefix_dir"
-export PKG_CONFIG_PATH="$prefix/lib/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$work/root"
-pkg-config --cflags trainrun | grep -q "$prefix/include" || fail "trainrun.pc: $(pkg-config --cflags trainrun)"
+# PKG_CONFIG_PATH alone: trainrun.pc names its directories relative to
+# itself, so the staged copy points into the staging, not at $prefix_dir
+unset PKG_CONFIG_SYSROOT_DIR
+export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+inc=$(pkg-config --cflags trainrun | sed 's/^-I//; s/ *$//')
+[ -f "$inc/trainrun/plugin.h" ] || fail "trainrun.pc: $(pkg-config --cflags trainrun) is not the staged header"
+[ "$(cd "$inc" && pwd -P)" = "$(cd "$prefix/include" && pwd -P)" ] || fail "trainrun.pc: $inc is not $prefix/include"
+plugins=$(pkg-config --variable=plugindir trainrun)
+[ -f "$plugins/schedule_cosine.so" ] || fail "trainrun.pc: plugindir $plugins holds no plugins"
 cp "$TR_SRCDIR/contrib/example-plugin/schedule_invsqrt.c" "$TR_SRCDIR/contrib/example-plugin/Makefile" .
 make > build.log 2>&1 || { cat build.log; fail "building the example plugin"; }
 [ -f schedule_invsqrt.so ] || fail "no schedule_invsqrt.so"
