@@ -286,6 +286,11 @@ static int cmd_plugins(int argc, char **argv)
         if ((int)info->kind != last_kind) {
             printf("\n%s plugins  (recipe: %s = { plugin = \"NAME\", option = value, ... })\n",
                    tr_kind_name(info->kind), tr_kind_name(info->kind));
+            if (info->kind == TR_KIND_PRECISION) /* the part of a policy no option shows */
+                printf("  Every backend keeps master weights, optimizer state, gradients and "
+                       "activations in\n  fp32; a policy picks the GEMM input dtype (fp32, bf16 "
+                       "or fp16) and the loss scale.\n  A policy asking for more (master or grad "
+                       "other than fp32, tf32) is refused\n  when the run or plan starts.\n");
             last_kind = (int)info->kind;
         }
         printf("\n  %s %s — %s\n    %s\n", info->name, info->version ? info->version : "",

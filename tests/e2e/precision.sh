@@ -67,4 +67,8 @@ for cmd in "" plan; do
   grep -q "remove allow_tf32" tf32.txt || { cat tf32.txt; fail "the tf32 refusal says not what to do"; }
 done
 [ ! -e tf32/metrics.jsonl ] || fail "a refused policy trained"
+# and the plugin list says what every policy gets
+"$TRAINRUN" plugins precision > list.txt
+grep -q "Every backend keeps master weights, optimizer state, gradients and activations in" \
+  list.txt || { cat list.txt; fail "'trainrun plugins precision' does not say what runs in fp32"; }
 echo "precision: ok"
