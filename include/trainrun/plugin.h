@@ -1,7 +1,11 @@
 /*
  * trainrun plugin ABI — the one header a plugin author needs.
  *
- *   cc -shared -fPIC $(pkg-config --cflags trainrun) -o myplugin.so myplugin.c
+ *   cc -shared -fPIC $(pkg-config --cflags trainrun) -o schedule_mine.so mine.c
+ *
+ * The file name is <kind>_<name>.so: the core finds `schedule = "mine"` as
+ * schedule_mine.so on its plugin search path, and refuses a file whose info
+ * declares another kind or name.
  *
  * A plugin is a shared object exporting one function, TR_PLUGIN_ENTRY, that
  * returns a pointer to a constant `struct tr_plugin_info`.  The info names the
@@ -153,7 +157,10 @@ struct tr_host {
 struct tr_create_args {
     uint32_t struct_size;
     const char *run_dir;   /* this run's output directory (exists) */
-    const char *recipe_dir;/* directory of the recipe file, for relative paths */
+    const char *recipe_dir;/* directory of the recipe file named on the command line
+                            * ("." when none); relative paths in the shipped
+                            * plugins' options are relative to the current
+                            * directory, not to this */
     uint32_t seq_len;      /* tokens per sample the model consumes (0: not a sequence model) */
     uint64_t seed;         /* the run's seed */
     int rank, world;       /* this process among the data-parallel group */
