@@ -2,6 +2,7 @@
 
 #include "../kernels/host.h"
 #include "json.h"
+#include "optim.h"
 #include "safetensors.h"
 #include "util.h"
 
@@ -272,8 +273,11 @@ static void prune(struct tr_checkpointer *c)
 
 static const char *const blob_names[3] = {"model.safetensors", "optimizer.safetensors",
                                           "optimizer2.safetensors"};
+_Static_assert(sizeof blob_names / sizeof blob_names[0] == 1 + TR_OPTIMIZER_MAX_SLOTS,
+               "a blob name for the weights and for each optimizer state slot");
 
-static int blob_count(const struct tr_checkpointer *c) { return c->cfg.has_second_moment ? 3 : 2; }
+/* the weights, then one blob per optimizer state slot */
+static int blob_count(const struct tr_checkpointer *c) { return 1 + c->cfg.optimizer->state_slots; }
 
 /* Blob i of a checkpoint: the weights (in weights_dtype), then the moments. */
 static void *build_blob(struct tr_checkpointer *c, int i, const float *params, const float *m,
@@ -281,7 +285,7 @@ static void *build_blob(struct tr_checkpointer *c, int i, const float *params, c
 {
     if (i == 0)
         return tensors_blob(c, params, c->cfg.weights_dtype, "", size);
-    return tensors_blob(c, i == 1 ? m : v, TR_F32, i == 1 ? "exp_avg." : "exp_avg_sq.", size);
+    return tensors_blob(c, i == 1 ? m : v, TR_F32, c->cfg.optimizer->state_names[i - 1], size);
 }
 
 static void free_blobs(struct tr_checkpointer *c)
@@ -663,7 +667,8 @@ int tr_checkpointer_load(struct tr_checkpointer *c, const char *name, float *par
     size_t size[4] = {0};
     struct tr_json *js = NULL;
     int rc = TR_ERROR;
-    int n = c->cfg.has_second_moment ? 4 : 3;
+    const struct tr_optimizer_desc *od = c->cfg.optimizer;
+    int n = 2 + od->state_slots;
     for (int i = 0; i < n; i++)
         if (c->cfg.vt->get(c->cfg.self, name, blobs[i], &data[i], &size[i], err) != TR_OK)
             goto done;
@@ -676,9 +681,8 @@ int tr_checkpointer_load(struct tr_checkpointer *c, const char *name, float *par
         if (check_blob(js, blobs[i], data[i], size[i], err) != TR_OK)
             goto done;
     if (load_tensors(c, data[1], size[1], "", params, weights_dtype, "model.safetensors", err) != TR_OK ||
-        load_tensors(c, data[2], size[2], "exp_avg.", m, -1, "optimizer.safetensors", err) != TR_OK ||
-        (n == 4 && load_tensors(c, data[3], size[3], "exp_avg_sq.", v, -1, "optimizer2.safetensors",
-                                err) != TR_OK))
+        load_tensors(c, data[2], size[2], od->state_names[0], m, -1, blobs[2], err) != TR_OK ||
+        (n == 4 && load_tensors(c, data[3], size[3], od->state_names[1], v, -1, blobs[3], err) != TR_OK))
         goto done;
     *state = st;
     if (weights_dtype != TR_F32)

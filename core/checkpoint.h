@@ -30,12 +30,16 @@ struct tr_run_state {
     uint64_t best_step;
 };
 
+struct tr_optimizer_desc; /* optim.h */
+
 struct tr_checkpointer_config {
     const struct tr_checkpoint_vtable *vt;
     void *self;
     const struct tr_graph *g;   /* names, shapes and offsets of the parameters */
     const struct tr_backend *be;
-    int has_second_moment;      /* AdamW */
+    /* whose state slots the optimizer blobs hold (slot k in blob k + 1),
+     * under the slot names of its descriptor */
+    const struct tr_optimizer_desc *optimizer;
     int64_t keep;               /* newest N kept, plus the best */
     enum tr_dtype weights_dtype;/* dtype of model.safetensors */
     int async;                  /* write in a background thread */

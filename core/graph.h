@@ -25,7 +25,8 @@ int tr_graph_add_node(struct tr_graph *g, const struct tr_node *node);
 int tr_graph_find(const struct tr_graph *g, const char *name);
 
 /* Check every node's shapes, then allocate everything on the backend.
- * optimizer_slots: floats of optimizer state per parameter (2 for AdamW),
+ * optimizer_slots: floats of optimizer state per parameter (the
+ * optimizer's state_slots, core/optim.h),
  * counted in the report only (the optimizer allocates them). */
 int tr_graph_check(struct tr_graph *g, tr_err *err);
 int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots,

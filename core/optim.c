@@ -2,6 +2,21 @@
 
 #include <string.h>
 
+static const struct tr_optimizer_desc adamw = {
+    "adamw", 2, {"exp_avg.", "exp_avg_sq."}, "lr, beta1, beta2, eps, weight_decay"};
+/* momentum keeps PyTorch's exp_avg name of earlier checkpoints */
+static const struct tr_optimizer_desc sgd = {"sgd", 1, {"exp_avg."}, "lr, momentum, weight_decay"};
+
+const struct tr_optimizer_desc *const tr_optimizers[] = {&adamw, &sgd, NULL};
+
+const struct tr_optimizer_desc *tr_optimizer_find(const char *type)
+{
+    for (int i = 0; type && tr_optimizers[i]; i++)
+        if (strcmp(tr_optimizers[i]->name, type) == 0)
+            return tr_optimizers[i];
+    return NULL;
+}
+
 int tr_optimizer_init(struct tr_optimizer *o, const struct tr_optimizer_config *cfg,
                       const struct tr_graph *g, const struct tr_backend *be, size_t begin,
                       size_t end, tr_err *err)
@@ -9,14 +24,15 @@ int tr_optimizer_init(struct tr_optimizer *o, const struct tr_optimizer_config *
     (void)g;
     memset(o, 0, sizeof *o);
     o->cfg = cfg;
+    o->desc = tr_optimizer_find(cfg->type);
+    if (!o->desc)
+        return tr_fail(err, "unknown optimizer.type \"%s\": say adamw or sgd", cfg->type);
     o->begin = begin;
     o->end = end;
     size_t bytes = (end - begin) * sizeof(float);
-    o->m = be->iface->alloc(be->context, bytes);
-    if (strcmp(cfg->type, "adamw") == 0)
-        o->v = be->iface->alloc(be->context, bytes);
-    if (!o->m || (strcmp(cfg->type, "adamw") == 0 && !o->v))
-        return tr_fail(err, "out of %s memory for the optimizer state", be->iface->name);
+    for (int k = 0; k < o->desc->state_slots; k++)
+        if (!(o->state[k] = be->iface->alloc(be->context, bytes)))
+            return tr_fail(err, "out of %s memory for the optimizer state", be->iface->name);
     return TR_OK;
 }
 
@@ -36,7 +52,7 @@ void tr_optimizer_step(struct tr_optimizer *o, struct tr_graph *g, const struct 
         float *p = g->params + b, *m = o->m + (b - o->begin);
         const float *grad = g->grads + b;
         double wd = k == 0 ? c->weight_decay : 0;
-        if (o->v) {
+        if (o->desc == &adamw) {
             struct tr_adamw_args a = {(float)lr, (float)c->beta1, (float)c->beta2, (float)c->eps,
                                       (float)wd, (float)grad_scale, o->applied};
             be->iface->adamw(be->context, p, grad, m, o->v + (b - o->begin), e - b, &a);
@@ -49,9 +65,8 @@ void tr_optimizer_step(struct tr_optimizer *o, struct tr_graph *g, const struct 
 
 void tr_optimizer_free(struct tr_optimizer *o, const struct tr_backend *be)
 {
-    if (o->m)
-        be->iface->free(be->context, o->m);
-    if (o->v)
-        be->iface->free(be->context, o->v);
+    for (int k = 0; k < TR_OPTIMIZER_MAX_SLOTS; k++)
+        if (o->state[k])
+            be->iface->free(be->context, o->state[k]);
     memset(o, 0, sizeof *o);
 }

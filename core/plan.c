@@ -1,6 +1,7 @@
 #include "plan.h"
 
 #include "backend.h"
+#include "optim.h"
 #include "model.h"
 #include "options.h"
 #include "precision.h"
@@ -240,7 +241,7 @@ int tr_plan_build(struct tr_plan *p, const char *recipe, const char *const *over
      * sample (activations are linear in it, the rest is fixed). */
     if (tr_backend_open(&be, "cpu", 1, NULL, err) != TR_OK)
         goto out;
-    int slots = strcmp(cfg.optimizer.type, "adamw") == 0 ? 2 : 1;
+    int slots = tr_optimizer_find(cfg.optimizer.type)->state_slots;
     if (measure(&cfg, &be, p->micro_batch, TR_F32, slots, &g, err) != TR_OK)
         goto out;
     count_model(p, g);

@@ -34,7 +34,6 @@
 #include "topo.h"
 #include "trace.h"
 #include "util.h"
-#include "../kernels/cpu/kernels.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -508,7 +507,7 @@ static int choose_micro_batch(struct run *r, tr_err *err)
     struct tr_config *cfg = r->cfg;
     char what[128];
     double usable = 0.9 * tr_run_device_memory(cfg, what, sizeof what);
-    int slots = strcmp(cfg->optimizer.type, "adamw") == 0 ? 2 : 1;
+    int slots = tr_optimizer_find(cfg->optimizer.type)->state_slots;
     int64_t batch = cfg->train.batch;
     size_t smallest = 0;
     int recomputing = 0;
@@ -647,15 +646,15 @@ int tr_run_setup(struct run *r, tr_err *err)
                            where, r->data.name, di->classes, (long long)lg->shape[lg->ndim - 1]);
     }
 
-    int adam = strcmp(cfg->optimizer.type, "adamw") == 0;
-    if (tr_graph_plan(r->g, &r->be, adam ? 2 : 1, err) != TR_OK)
+    int slots = tr_optimizer_find(cfg->optimizer.type)->state_slots;
+    if (tr_graph_plan(r->g, &r->be, slots, err) != TR_OK)
         return TR_ERROR;
     size_t begin = 0, end = r->g->n_params;
     if (cfg->parallel.zero && r->world > 1) /* ZeRO-1: this rank's shard of the state */
         shard_of(r, r->rank, &begin, &end);
     if (tr_optimizer_init(&r->opt, &cfg->optimizer, r->g, &r->be, begin, end, err) != TR_OK)
         return TR_ERROR;
-    r->g->memory.optimizer = (size_t)(adam ? 2 : 1) * (end - begin) * sizeof(float);
+    r->g->memory.optimizer = (size_t)slots * (end - begin) * sizeof(float);
     if (end - begin < r->g->n_params && r->rank == 0)
         tr_log(TR_LOG_INFO, NULL, "optimizer state sharded: rank 0 keeps %zu of %zu parameters' "
                "state (parallel.zero)", end - begin, r->g->n_params);
@@ -693,7 +692,7 @@ int tr_run_setup(struct run *r, tr_err *err)
         .self = cfg->checkpoint.self,
         .g = r->g,
         .be = &r->be,
-        .has_second_moment = r->opt.v != NULL,
+        .optimizer = r->opt.desc,
         .keep = cp->keep,
         .weights_dtype = strcmp(cp->weights_dtype, "bf16") == 0   ? TR_BF16
                          : strcmp(cp->weights_dtype, "fp16") == 0 ? TR_F16

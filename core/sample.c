@@ -5,7 +5,7 @@
 #include "run_internal.h"
 
 #include "json.h"
-#include "../kernels/cpu/kernels.h"
+#include "../kernels/host.h"
 
 #include <limits.h>
 #include <math.h>

@@ -8,7 +8,6 @@
 #include "options.h"
 #include "plugin.h"
 #include "recipe.h"
-#include "../kernels/cpu/kernels.h"
 
 #include <errno.h>
 #include <ftw.h>
@@ -116,14 +115,14 @@ static int smoke_memory(const char *recipe, const char *const *overrides, int n_
         in->micro_batch = in->is_auto ? 1 : cfg.train.micro_batch;
         in->budget = cfg.train.memory_budget > 0;
         struct tr_graph *g = tr_model_build(cfg.recipe, (int)in->micro_batch, err);
-        if (!g || tr_cpu_backend_init(&be, 1) != 0) {
+        if (!g || tr_backend_open(&be, "cpu", 1, NULL, err) != TR_OK) {
             rc = TR_ERROR;
         } else {
-            tr_graph_measure(g, &be, strcmp(cfg.optimizer.type, "adamw") == 0 ? 2 : 1);
+            tr_graph_measure(g, &be, tr_optimizer_find(cfg.optimizer.type)->state_slots);
             in->report = g->memory;
             in->need = tr_graph_memory_total(&g->memory);
             in->have = tr_run_device_memory(&cfg, in->what, sizeof in->what);
-            tr_cpu_backend_free(&be);
+            tr_backend_close(&be);
         }
         tr_graph_free(g, NULL);
     }

@@ -333,3 +333,36 @@ Test(engine, plan_refuses_an_op_the_backend_does_not_support, .init = environmen
     tr_cpu_backend_free(&be);
     tr_config_free(&cfg);
 }
+
+/* Optimizers are described once: the state tr_optimizer_init allocates, the
+ * memory plan counts and checkpoints name is the descriptor's. */
+Test(engine, optimizer_state_follows_its_descriptor)
+{
+    cr_assert_eq(tr_optimizer_find("adamw")->state_slots, 2);
+    cr_assert_eq(tr_optimizer_find("sgd")->state_slots, 1);
+    cr_assert_null(tr_optimizer_find("lion"));
+    struct tr_backend be;
+    cr_assert_eq(tr_cpu_backend_init(&be, 1), 0);
+    struct tr_graph g = {0};
+    for (int i = 0; tr_optimizers[i]; i++) {
+        const struct tr_optimizer_desc *d = tr_optimizers[i];
+        cr_assert(d->state_slots >= 1 && d->state_slots <= TR_OPTIMIZER_MAX_SLOTS, "%s", d->name);
+        struct tr_optimizer_config cfg = {.type = d->name};
+        struct tr_optimizer o;
+        tr_err err = {{0}};
+        cr_assert_eq(tr_optimizer_init(&o, &cfg, &g, &be, 10, 30, &err), TR_OK, "%s", err.msg);
+        cr_assert_eq(o.desc, d);
+        for (int k = 0; k < TR_OPTIMIZER_MAX_SLOTS; k++) {
+            cr_assert_eq(o.state[k] != NULL, k < d->state_slots, "%s slot %d", d->name, k);
+            cr_assert_eq(k >= d->state_slots || d->state_names[k] != NULL, 1);
+        }
+        tr_optimizer_free(&o, &be);
+    }
+    struct tr_optimizer_config lion = {.type = "lion"};
+    struct tr_optimizer o;
+    tr_err err = {{0}};
+    cr_assert_eq(tr_optimizer_init(&o, &lion, &g, &be, 0, 4, &err), TR_ERROR);
+    cr_assert_not_null(strstr(err.msg, "lion"), "%s", err.msg);
+    tr_optimizer_free(&o, &be);
+    tr_cpu_backend_free(&be);
+}
