@@ -10,11 +10,11 @@
  *       if (tr_policy_stop(r)) break
  *   stopped by a signal ? preempted(r) (checkpoint, exit 75) : finish(r)
  *
- * The policies live in policies.c, sampling in sample.c, smoke runs in
- * smoke.c; struct run, which they share, in run_internal.h.  This file is
- * over 700 lines because it is one thing, a run's life: the run-directory
- * lock, the state a checkpoint holds (with ZeRO-1 sharding), setup and
- * teardown, and the step; each part is a section below. */
+ * Here: setup and teardown, the phases and the step.  Around them: the
+ * end-of-step policies and metrics.jsonl (policies.c), the run's state in
+ * checkpoints, resume and ZeRO-1 shards (run_state.c), the run-directory
+ * lock (rundir.c), sampling (sample.c), smoke runs (smoke.c); struct run,
+ * which they all share, is in run_internal.h. */
 #include "run.h"
 #include "run_internal.h"
 
@@ -44,126 +44,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <zlib.h>
 
 /* ---- signals: finish the step, checkpoint, exit for requeue ----------- */
 
 static volatile sig_atomic_t stop_signal;
 
 static void on_signal(int sig) { stop_signal = sig; }
-
-/* ---- one writer per run directory --------------------------------------- */
-
-/* The command line of this process, for the lock's note on who holds it. */
-static void command_line(char *buf, size_t size)
-{
-    snprintf(buf, size, "trainrun");
-    FILE *f = fopen("/proc/self/cmdline", "rb");
-    if (!f)
-        return;
-    size_t n = fread(buf, 1, size - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    for (size_t i = 0; i + 1 < n; i++) /* arguments are NUL-separated */
-        if (!buf[i])
-            buf[i] = ' ';
-}
-
-/* run_dir/trainrun.lock is flock()ed by the one process that writes the run
- * (rank 0) for as long as it runs.  The kernel drops a flock when its holder
- * ends, however it ends, so a crash or a SIGKILL leaves nothing stuck; the
- * file's text only names the holder for the message a second process gets.
- * Readers (report, export, sample) take no lock. */
-static int lock_run_dir(struct run *r, tr_err *err)
-{
-    const char *dir = r->cfg->run_dir;
-    if (tr_mkdir_p(dir) != 0)
-        return tr_fail(err, "cannot create the run directory %s: %s", dir, strerror(errno));
-    char *path = tr_xasprintf("%s/trainrun.lock", dir);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-    if (fd < 0) {
-        int rc = tr_fail(err, "cannot create %s: %s; check the permissions of %s or set run_dir=",
-                         path, strerror(errno), dir);
-        free(path);
-        return rc;
-    }
-    /* a holder killed a moment ago (a job restarted right after kill -9)
-     * may still be exiting: its lock goes with it within milliseconds, so
-     * try for a second before naming it */
-    int e = 0;
-    for (int tries = 0;; tries++) {
-        e = flock(fd, LOCK_EX | LOCK_NB) == 0 ? 0 : errno;
-        if (e != EWOULDBLOCK || tries == 19)
-            break;
-        usleep(50 * 1000);
-    }
-    if (e != 0) {
-        if (e == EWOULDBLOCK) {
-            char holder[1024];
-            ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
-            holder[n > 0 ? n : 0] = 0;
-            holder[strcspn(holder, "\n")] = 0;
-            close(fd);
-            free(path);
-            return tr_fail(err, "run directory %s is in use by another trainrun (%s); wait for it "
-                           "to finish or stop it, or give this run its own directory (run_dir=...)",
-                           dir, *holder ? holder : "its details are not written yet");
-        }
-        /* a file system without locks (some network mounts): run unguarded */
-        tr_log(TR_LOG_WARN, NULL, "cannot lock %s: %s; nothing stops a second run from writing "
-               "to %s at the same time", path, strerror(e), dir);
-        close(fd);
-        free(path);
-        return TR_OK;
-    }
-    char host[256] = "?", started[64] = "?", cmd[512];
-    gethostname(host, sizeof host);
-    host[sizeof host - 1] = 0;
-    time_t now = time(NULL);
-    struct tm tm;
-    if (gmtime_r(&now, &tm))
-        strftime(started, sizeof started, "%Y-%m-%d %H:%M:%S UTC", &tm);
-    command_line(cmd, sizeof cmd);
-    char *note = tr_xasprintf("pid %ld on %s, started %s: %s\n", (long)getpid(), host, started, cmd);
-    /* the note is a courtesy: failing to write it does not stop the run */
-    if (ftruncate(fd, 0) != 0 || pwrite(fd, note, strlen(note), 0) < 0)
-        tr_log(TR_LOG_WARN, NULL, "cannot write %s: %s", path, strerror(errno));
-    free(note);
-    free(path);
-    r->lock_fd = fd;
-    r->have_lock = 1;
-    return TR_OK;
-}
-
-/* A fresh start in a run directory that holds an earlier run would cut its
- * metrics.jsonl and write new checkpoints among its old ones (a later
- * --resume auto would then pick the newest of either run): refuse, and say
- * how to continue it or where else to start. */
-static int earlier_run(const struct run *r, tr_err *err)
-{
-    char *path = tr_xasprintf("%s/metrics.jsonl", r->cfg->run_dir);
-    struct stat st;
-    int used = stat(path, &st) == 0 && st.st_size > 0;
-    free(path);
-    if (!used)
-        return TR_OK;
-    const char *dir = r->cfg->run_dir;
-    return tr_fail(err, "%s holds an earlier run (%s/metrics.jsonl and its checkpoints): continue "
-                   "it with --resume auto, or start this one in a directory of its own "
-                   "(run_dir=...); to start over here, remove %s first", dir, dir, dir);
-}
-
-static void unlock_run_dir(struct run *r)
-{
-    if (!r->have_lock)
-        return;
-    close(r->lock_fd); /* releases the lock */
-    r->have_lock = 0;
-}
 
 /* A stop was requested: alone, as soon as a signal arrives; with other
  * ranks, only what they all agreed at the last step boundary, so every
@@ -197,157 +86,6 @@ double tr_run_loss_scale(struct run *r)
     if (TR_HAS_SLOT(r->precision, struct tr_precision_vtable, loss_scale))
         return r->precision->loss_scale(r->cfg->precision.self);
     return 1.0;
-}
-
-/* ---- checkpoints -------------------------------------------------------- */
-
-static size_t save_vars(const void *vt, int kind, void *self, struct tr_state_var *vars, size_t cap)
-{
-    if (kind == TR_KIND_PRECISION) {
-        const struct tr_precision_vtable *p = vt;
-        if (TR_HAS_SLOT(p, struct tr_precision_vtable, state_save))
-            return p->state_save(self, vars, cap);
-    } else {
-        const struct tr_schedule_vtable *s = vt;
-        if (TR_HAS_SLOT(s, struct tr_schedule_vtable, state_save))
-            return s->state_save(self, vars, cap);
-    }
-    return 0;
-}
-
-/* Dollars this process has spent (elapsed time x device price x count). */
-double tr_run_cost(const struct run *r) { return (tr_now() - r->t_start) * r->usd_per_second; }
-
-/* The run's state as a checkpoint records it. */
-static void capture_state(struct run *r, uint64_t loader_position, struct tr_run_state *st)
-{
-    memset(st, 0, sizeof *st);
-    st->step = r->step;
-    st->applied = r->opt.applied;
-    st->loader_position = loader_position;
-    st->skipped = r->skipped;
-    st->cost_usd = r->cost_before + tr_run_cost(r);
-    st->loss = r->last_loss;
-    st->val_loss = r->last_val;
-    snprintf(st->best, sizeof st->best, "%s", r->best);
-    st->best_val_loss = r->best_val;
-    st->best_step = r->best_step;
-    st->n_precision = save_vars(r->precision, TR_KIND_PRECISION, r->cfg->precision.self,
-                                st->precision, 32);
-    st->n_schedule = save_vars(r->schedule, TR_KIND_SCHEDULE, r->cfg->schedule.self,
-                               st->schedule, 32);
-}
-
-static int restore_state(struct run *r, const struct tr_run_state *st, tr_err *err)
-{
-    r->step = st->step;
-    r->opt.applied = st->applied;
-    r->skipped = st->skipped;
-    r->cost_before = st->cost_usd;
-    r->last_loss = st->loss;
-    r->last_val = st->val_loss;
-    snprintf(r->best, sizeof r->best, "%s", st->best);
-    r->best_val = st->best_val_loss;
-    r->best_step = st->best_step;
-    if (TR_HAS_SLOT(r->precision, struct tr_precision_vtable, state_load) &&
-        r->precision->state_load(r->cfg->precision.self, st->precision, st->n_precision, err) != TR_OK)
-        return TR_ERROR;
-    if (TR_HAS_SLOT(r->schedule, struct tr_schedule_vtable, state_load) &&
-        r->schedule->state_load(r->cfg->schedule.self, st->schedule, st->n_schedule, err) != TR_OK)
-        return TR_ERROR;
-    return TR_OK;
-}
-
-/* ---- ZeRO-1: optimizer state sharded across ranks ----------------------- */
-
-static int sharded(const struct run *r) { return r->opt.end - r->opt.begin < r->g->n_params; }
-
-/* Rank q's shard of the flat parameter buffer: equal parts, the last shorter. */
-static void shard_of(const struct run *r, int q, size_t *begin, size_t *end)
-{
-    size_t n = r->g->n_params, per = (n + (size_t)r->world - 1) / (size_t)r->world;
-    *begin = (size_t)q * per < n ? (size_t)q * per : n;
-    *end = *begin + per < n ? *begin + per : n;
-}
-
-/* Device-to-device through the host: only at checkpoint and resume time. */
-static void copy_on_device(struct run *r, float *dst, const float *src, size_t floats)
-{
-    const struct tr_backend_iface *bi = r->be.iface;
-    float *host = tr_alloc(floats * sizeof(float));
-    bi->download(r->be.context, host, src, floats * sizeof(float));
-    bi->upload(r->be.context, dst, host, floats * sizeof(float));
-    tr_free(host);
-}
-
-/* After each rank updated its shard: every rank gets every shard. */
-static int share_updated_params(struct run *r, tr_err *err)
-{
-    for (int q = 0; q < r->world; q++) {
-        size_t b, e;
-        shard_of(r, q, &b, &e);
-        if (e > b && tr_comm_broadcast(r->comm, r->g->params + b, (e - b) * sizeof(float), q,
-                                       err) != TR_OK)
-            return TR_ERROR;
-    }
-    return TR_OK;
-}
-
-/* Moments of all shards in one full-size buffer on rank 0 (to save them);
- * the other ranks send theirs.  full: n floats on rank 0, unused elsewhere. */
-static int gather_moments(struct run *r, const float *mine, float *full, tr_err *err)
-{
-    size_t per = r->opt.end - r->opt.begin;
-    float *scratch = r->rank == 0 ? NULL : r->be.iface->alloc(r->be.context, (per ? per : 1) * 4 + 64);
-    int rc = TR_OK;
-    for (int q = 0; q < r->world && rc == TR_OK; q++) {
-        size_t b, e;
-        shard_of(r, q, &b, &e);
-        if (e == b)
-            continue;
-        float *buf = r->rank == q ? (float *)mine : r->rank == 0 ? full + b : scratch;
-        rc = tr_comm_broadcast(r->comm, buf, (e - b) * sizeof(float), q, err);
-        if (rc == TR_OK && q == 0 && r->rank == 0)
-            copy_on_device(r, full + b, mine, e - b);
-    }
-    if (scratch)
-        r->be.iface->free(r->be.context, scratch);
-    return rc;
-}
-
-/* Save a checkpoint of the run; `now`: written before returning (the caller
- * waits for it anyway), else in the background when checkpoint.async. */
-int tr_run_save(struct run *r, uint64_t loader_position, int now, tr_err *err)
-{
-    int (*save_fn)(struct tr_checkpointer *, const float *, const float *, const float *,
-                   const struct tr_run_state *, tr_err *) =
-        now ? tr_checkpointer_save_now : tr_checkpointer_save;
-    float *m = r->opt.m, *v = r->opt.v;
-    if (r->comm && sharded(r)) { /* every rank takes part in gathering the state */
-        size_t bytes = r->rank == 0 ? r->g->n_params * sizeof(float) : 64;
-        m = r->be.iface->alloc(r->be.context, bytes);
-        v = r->opt.v ? r->be.iface->alloc(r->be.context, bytes) : NULL;
-        int rc = m && (v || !r->opt.v) ? TR_OK
-                                       : tr_fail(err, "out of memory gathering the optimizer state");
-        if (rc == TR_OK)
-            rc = gather_moments(r, r->opt.m, m, err);
-        if (rc == TR_OK && v)
-            rc = gather_moments(r, r->opt.v, v, err);
-        if (rc == TR_OK && r->ckpt) {
-            struct tr_run_state st;
-            capture_state(r, loader_position, &st);
-            rc = save_fn(r->ckpt, r->g->params, m, v, &st, err);
-        }
-        r->be.iface->free(r->be.context, m);
-        if (v)
-            r->be.iface->free(r->be.context, v);
-        return rc;
-    }
-    if (!r->ckpt) /* ranks other than 0 hold the same state and do not write it */
-        return TR_OK;
-    struct tr_run_state st;
-    capture_state(r, loader_position, &st);
-    return save_fn(r->ckpt, r->g->params, m, v, &st, err);
 }
 
 /* What to try when the loss or the gradients are not finite, from what the
@@ -651,7 +389,7 @@ int tr_run_setup(struct run *r, tr_err *err)
         return TR_ERROR;
     size_t begin = 0, end = r->g->n_params;
     if (cfg->parallel.zero && r->world > 1) /* ZeRO-1: this rank's shard of the state */
-        shard_of(r, r->rank, &begin, &end);
+        tr_run_shard_of(r, r->rank, &begin, &end);
     if (tr_optimizer_init(&r->opt, &cfg->optimizer, r->g, &r->be, begin, end, err) != TR_OK)
         return TR_ERROR;
     r->g->memory.optimizer = (size_t)slots * (end - begin) * sizeof(float);
@@ -731,8 +469,11 @@ void tr_run_teardown(struct run *r)
     }
     tr_run_metrics_drop(r);
     free(r->metrics_path);
-    unlock_run_dir(r); /* last: the run directory is ours until everything is written */
+    tr_run_unlock(r); /* last: the run directory is ours until everything is written */
 }
+
+/* Dollars this process has spent (elapsed time x device price x count). */
+double tr_run_cost(const struct run *r) { return (tr_now() - r->t_start) * r->usd_per_second; }
 
 /* cost.budget reached (this process's view of the dollars spent) */
 int tr_run_over_budget(const struct run *r)
@@ -740,81 +481,7 @@ int tr_run_over_budget(const struct run *r)
     return r->cfg->cost.budget > 0 && r->cost_before + tr_run_cost(r) >= r->cfg->cost.budget;
 }
 
-/* Rank 0 resumed (or not); every rank takes the same state from it:
- * whether there was a checkpoint, the run state, weights and optimizer. */
-static int share_resume(struct run *r, int *rc, struct tr_run_state *st, char *name,
-                        size_t name_size, tr_err *err)
-{
-    float verdict = (float)*rc; /* 1 resumed, 0 nothing to resume, TR_ERROR failed */
-    if (tr_comm_broadcast(r->comm, &verdict, sizeof verdict, 0, err) != TR_OK)
-        return TR_ERROR;
-    *rc = (int)verdict;
-    if (*rc != 1)
-        return *rc == TR_ERROR && r->rank != 0
-                   ? tr_fail(err, "rank 0 could not resume from its checkpoint (see its log)")
-                   : TR_OK;
-    size_t bytes = r->g->n_params * sizeof(float);
-    if (tr_comm_broadcast(r->comm, st, sizeof *st, 0, err) != TR_OK ||
-        tr_comm_broadcast(r->comm, name, name_size, 0, err) != TR_OK ||
-        tr_comm_broadcast(r->comm, r->g->params, bytes, 0, err) != TR_OK)
-        return TR_ERROR;
-    float *moments[2] = {r->opt.m, r->opt.v};
-    for (int k = 0; k < 2; k++) {
-        if (!moments[k])
-            continue;
-        if (!sharded(r)) {
-            if (tr_comm_broadcast(r->comm, moments[k], bytes, 0, err) != TR_OK)
-                return TR_ERROR;
-            continue;
-        }
-        /* rank 0 read the full state (see resume_moments); each rank keeps its shard */
-        float *full = r->rank == 0 ? r->resume_full[k] : r->be.iface->alloc(r->be.context, bytes);
-        if (!full)
-            return tr_fail(err, "out of memory distributing the optimizer state");
-        int rc = tr_comm_broadcast(r->comm, full, bytes, 0, err);
-        if (rc == TR_OK)
-            copy_on_device(r, moments[k], full + r->opt.begin, r->opt.end - r->opt.begin);
-        r->be.iface->free(r->be.context, full);
-        if (r->rank == 0)
-            r->resume_full[k] = NULL;
-        if (rc != TR_OK)
-            return TR_ERROR;
-    }
-    return TR_OK;
-}
-
 /* ---- the phases of a run ------------------------------------------------ */
-
-/* Resume: rank 0 reads the newest good checkpoint (all of the optimizer
- * state when it is sharded); every rank takes the same state from it. */
-static int resume(struct run *r, tr_err *err)
-{
-    struct tr_run_state st;
-    char name[64] = "";
-    float *m = r->opt.m, *v = r->opt.v;
-    if (r->ckpt && sharded(r)) { /* the checkpoint holds every shard's state */
-        size_t bytes = r->g->n_params * sizeof(float);
-        m = r->resume_full[0] = r->be.iface->alloc(r->be.context, bytes);
-        v = r->resume_full[1] = r->opt.v ? r->be.iface->alloc(r->be.context, bytes) : NULL;
-        if (!m || (r->opt.v && !v))
-            return tr_fail(err, "out of memory reading the optimizer state");
-    }
-    int rc = r->ckpt ? tr_checkpointer_resume(r->ckpt, r->g->params, m, v, &st, name,
-                                              sizeof name, err)
-                     : 0;
-    if (r->comm && share_resume(r, &rc, &st, name, sizeof name, err) != TR_OK)
-        return TR_ERROR;
-    if (rc == TR_ERROR || (rc == 1 && restore_state(r, &st, err) != TR_OK))
-        return TR_ERROR;
-    if (rc == 1)
-        r->position = st.loader_position;
-    if (rc == 1 && r->rank == 0)
-        tr_log(TR_LOG_INFO, NULL, "resumed from checkpoint %s (step %llu)", name,
-               (unsigned long long)r->step);
-    else if (r->rank == 0)
-        tr_log(TR_LOG_INFO, NULL, "no checkpoint to resume from: starting at step 0");
-    return TR_OK;
-}
 
 /* Everything before the first step: the run directory, setup, resume, the
  * signal handlers, the loader, metrics.jsonl and the trace. */
@@ -823,14 +490,14 @@ static int start(struct run *r, const struct tr_run_flags *flags, tr_err *err)
     struct tr_config *cfg = r->cfg;
     /* before anything in run_dir is opened (metrics.jsonl is truncated on a
      * fresh start): rank 0 writes for the whole job, so it alone locks */
-    if (cfg->rank.rank == 0 && (lock_run_dir(r, err) != TR_OK ||
-                                (!flags->resume && earlier_run(r, err) != TR_OK)))
+    if (cfg->rank.rank == 0 && (tr_run_lock(r, err) != TR_OK ||
+                                (!flags->resume && tr_run_refuse_earlier(r, err) != TR_OK)))
         return TR_ERROR;
     if (tr_run_setup(r, err) != TR_OK)
         return TR_ERROR;
     if (!flags->quiet && r->rank == 0)
         tr_graph_print_memory(r->g, stderr);
-    if (flags->resume && resume(r, err) != TR_OK)
+    if (flags->resume && tr_run_resume(r, err) != TR_OK)
         return TR_ERROR;
     if (r->position % (uint64_t)r->world != 0)
         return tr_fail(err, "the checkpoint stopped %llu micro-batches into the data, which %d "
@@ -949,7 +616,7 @@ static int update(struct run *r, double scale, tr_err *err)
         double clip = cfg->optimizer.clip > 0 && r->grad_norm > cfg->optimizer.clip
                           ? cfg->optimizer.clip / r->grad_norm : 1.0;
         tr_optimizer_step(&r->opt, r->g, &r->be, clip / scale, r->lr);
-        if (r->comm && sharded(r) && share_updated_params(r, err) != TR_OK)
+        if (r->comm && tr_run_sharded(r) && tr_run_share_params(r, err) != TR_OK)
             return TR_ERROR;
     } else {
         r->skipped++;

@@ -90,6 +90,17 @@ int tr_run_over_budget(const struct run *r);
 int tr_run_save(struct run *r, uint64_t loader_position, int now, tr_err *err);
 int tr_run_evaluate(struct run *r, double *val_loss, double *val_accuracy, tr_err *err);
 
+/* rundir.c: one writer per run directory (rank 0). */
+int tr_run_lock(struct run *r, tr_err *err);
+int tr_run_refuse_earlier(const struct run *r, tr_err *err); /* a fresh run in a used dir */
+void tr_run_unlock(struct run *r);
+
+/* run_state.c: the run's state in checkpoints, and ZeRO-1 shards. */
+int tr_run_resume(struct run *r, tr_err *err); /* from the newest good checkpoint, if any */
+int tr_run_sharded(const struct run *r);       /* this rank holds a shard of the state */
+void tr_run_shard_of(const struct run *r, int q, size_t *begin, size_t *end);
+int tr_run_share_params(struct run *r, tr_err *err); /* every rank gets every shard */
+
 /* policies.c: the end-of-step policies, in the order tr_train calls them. */
 int tr_policy_log(struct run *r, tr_err *err);
 void tr_policy_budget(struct run *r);
