@@ -1,5 +1,6 @@
-/* The step loop and the things built on it: train, evaluate, checkpoint,
- * resume, sample. */
+/* The step loop and the things built on it: training (run.c, with its
+ * policies in policies.c), smoke runs (smoke.c) and sampling (sample.c).
+ * Their shared internals are in run_internal.h, which only they include. */
 #ifndef TR_RUN_H
 #define TR_RUN_H
 
