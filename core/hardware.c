@@ -34,25 +34,24 @@
  */
 static struct tr_hardware table[] = {
     {"h100-80gb", "NVIDIA H100 SXM, 80 GB HBM3", 80 * GIB,
-     67.0, 494.7, 989.4, 900, 128, 3.00, 2.00, 400, 8},
+     67.0, 989.4, 900, 128, 3.00, 2.00, 400, 8},
     {"h200-141gb", "NVIDIA H200 SXM, 141 GB HBM3e", 141 * GIB,
-     67.0, 494.7, 989.4, 900, 128, 3.80, 2.50, 400, 8},
+     67.0, 989.4, 900, 128, 3.80, 2.50, 400, 8},
     {"a100-80gb", "NVIDIA A100 SXM, 80 GB HBM2e", 80 * GIB,
-     19.5, 156.0, 312.0, 600, 64, 1.80, 1.10, 200, 8},
+     19.5, 312.0, 600, 64, 1.80, 1.10, 200, 8},
     {"a100-40gb", "NVIDIA A100 SXM, 40 GB HBM2", 40 * GIB,
-     19.5, 156.0, 312.0, 600, 64, 1.30, 0.80, 50, 8},
+     19.5, 312.0, 600, 64, 1.30, 0.80, 50, 8},
     {"l4-24gb", "NVIDIA L4, 24 GB GDDR6", 24 * GIB,
-     30.3, 60.0, 121.0, 0, 64, 0.80, 0.30, 12.5, 8},
+     30.3, 121.0, 0, 64, 0.80, 0.30, 12.5, 8},
     /* AWS g5's A10G: the A10's GA102 with the A10 datasheet's peaks */
     {"a10g-24gb", "NVIDIA A10G, 24 GB GDDR6", 24 * GIB,
-     31.2, 62.5, 125.0, 0, 64, 1.00, 0.40, 12.5, 8},
-    /* Turing has no tf32 or bf16: fp32 runs on CUDA cores, and the
-     * bf16/fp16 column is fp16 tensor-core math */
+     31.2, 125.0, 0, 64, 1.00, 0.40, 12.5, 8},
+    /* Turing has no bf16: the bf16/fp16 column is fp16 tensor-core math */
     {"t4-16gb", "NVIDIA T4, 16 GB GDDR6", 16 * GIB,
-     8.1, 8.1, 65.0, 0, 32, 0.50, 0.20, 12.5, 8},
+     8.1, 65.0, 0, 32, 0.50, 0.20, 12.5, 8},
     /* this machine: memory filled in at first use, peak from cost.peak_tflops */
     {"cpu", "this machine's CPU and memory", 0,
-     0, 0, 0, 0, 0, 0, 0, 0, 0},
+     0, 0, 0, 0, 0, 0, 0, 0},
 };
 
 static void describe_this_machine(struct tr_hardware *hw)

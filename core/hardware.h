@@ -17,8 +17,9 @@ struct tr_hardware {
     const char *description; /* "NVIDIA H100 SXM 80 GB" */
     uint64_t memory_bytes;   /* device memory */
     /* Peak dense TFLOP/s (no structured sparsity).  fp32: CUDA cores;
-     * tf32 and bf16 (bf16/fp16): tensor cores.  0: not known. */
-    double tflops_fp32, tflops_tf32, tflops_bf16;
+     * bf16 (bf16/fp16): tensor cores.  0: not known.  No tf32 column: no
+     * backend runs tf32 GEMMs, so no run is priced at that peak. */
+    double tflops_fp32, tflops_bf16;
     /* GB/s per device, both directions together, as datasheets quote
      * them; nvlink 0: none. */
     double nvlink_gbps, pcie_gbps;
