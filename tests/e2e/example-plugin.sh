@@ -39,6 +39,12 @@ grep -q "no schedule plugin 'invsqrt'.*never load from a recipe's directory" bes
 # the user names the directory: --plugin-path, or TRAINRUN_PLUGIN_PATH
 "$prefix/bin/trainrun" recipe.lua --plugin-path "$work" --quiet || fail "installed trainrun with --plugin-path"
 grep -q '"lr"' runs/recipe/metrics.jsonl || fail "no metrics"
+# the rates the core got from the plugin (docs/plugins.md, Testing a plugin):
+# base 1e-3, warmup 5: 1/5 of it at the first step, sqrt(5/20) at the last
+grep -q '^{"step": 1, .*"lr": 0.0002,' runs/recipe/metrics.jsonl &&
+  grep -q '^{"step": 5, .*"lr": 0.001,' runs/recipe/metrics.jsonl &&
+  grep -q '^{"step": 20, .*"lr": 0.0005,' runs/recipe/metrics.jsonl ||
+  { cat runs/recipe/metrics.jsonl; fail "the example plugin's rates"; }
 mkdir elsewhere && mv schedule_invsqrt.so elsewhere/
 TRAINRUN_PLUGIN_PATH="$work/elsewhere" "$prefix/bin/trainrun" plugins schedule | grep -q "invsqrt" \
   || fail "TRAINRUN_PLUGIN_PATH"
