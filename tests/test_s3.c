@@ -447,7 +447,7 @@ Test(create, credentials_from_the_environment_first)
     /* a credentials file too: the environment wins, as in the AWS SDKs */
     char *file = path_join(tmp, "credentials");
     cr_assert_eq(write_file(file, "[default]\naws_access_key_id = F\naws_secret_access_key = G\n",
-                            52, 0), 0);
+                            52, 0, 1), 0);
     setenv("AWS_SHARED_CREDENTIALS_FILE", file, 1);
     struct credentials c;
     tr_err err = {{0}};
@@ -462,7 +462,7 @@ Test(create, credentials_from_the_environment_first)
 
 static void write_text(const char *path, const char *text)
 {
-    cr_assert_eq(write_file(path, text, strlen(text), 0), 0, "%s", path);
+    cr_assert_eq(write_file(path, text, strlen(text), 0, 1), 0, "%s", path);
 }
 
 Test(create, credentials_file_profiles)
@@ -741,13 +741,13 @@ Test(staging, a_committed_leftover_reads_back_in_order)
     char *dir = path_join(s->cache_dir, ".tmp-step-0000000007-12345");
     cr_assert_eq(mkdir(dir, 0755), 0);
     char *p = path_join(dir, "model");
-    cr_assert_eq(write_file(p, "12345", 5, 1), 0);
+    cr_assert_eq(write_file(p, "12345", 5, 1, 1), 0);
     free(p);
     p = path_join(dir, "state.json");
-    cr_assert_eq(write_file(p, "{}", 2, 1), 0);
+    cr_assert_eq(write_file(p, "{}", 2, 1, 1), 0);
     free(p);
     p = path_join(dir, COMMITTED_MARK);
-    cr_assert_eq(write_file(p, "model\nstate.json\n", 17, 1), 0);
+    cr_assert_eq(write_file(p, "model\nstate.json\n", 17, 1, 1), 0);
     free(p);
 
     struct upload *u = read_committed(dir, "step-0000000007");
@@ -762,7 +762,7 @@ Test(staging, a_committed_leftover_reads_back_in_order)
 
     /* a blob the mark lists but the directory lacks: not an upload */
     p = path_join(dir, COMMITTED_MARK);
-    cr_assert_eq(write_file(p, "model\nmissing\n", 14, 0), 0);
+    cr_assert_eq(write_file(p, "model\nmissing\n", 14, 0, 1), 0);
     free(p);
     cr_assert_null(read_committed(dir, "step-0000000007"));
     free(dir);
@@ -778,11 +778,11 @@ Test(staging, a_changed_or_linked_staged_blob_is_not_uploaded)
     char *dir = path_join(s->cache_dir, ".tmp-step-0000000008-12345");
     cr_assert_eq(make_owned_dir(dir), 0);
     char *model = path_join(dir, "model");
-    cr_assert_eq(write_file(model, "12345", 5, 1), 0);
+    cr_assert_eq(write_file(model, "12345", 5, 1, 1), 0);
     char line[64];
     snprintf(line, sizeof line, "model\t%lu\n", (unsigned long)crc32(0, (const Bytef *)"12345", 5));
     char *mark = path_join(dir, COMMITTED_MARK);
-    cr_assert_eq(write_file(mark, line, strlen(line), 1), 0);
+    cr_assert_eq(write_file(mark, line, strlen(line), 1, 1), 0);
 
     struct upload *u = read_committed(dir, "step-0000000008");
     cr_assert_not_null(u);
@@ -792,7 +792,7 @@ Test(staging, a_changed_or_linked_staged_blob_is_not_uploaded)
     FILE *f = fopen(model, "rb");
     cr_assert_eq(hash_file(f, model, &u->blobs.entries[0], hex, &err), TR_OK, "%s", err.msg);
     fclose(f);
-    cr_assert_eq(write_file(model, "12346", 5, 0), 0); /* same size, other bytes */
+    cr_assert_eq(write_file(model, "12346", 5, 0, 1), 0); /* same size, other bytes */
     f = fopen(model, "rb");
     cr_assert_eq(hash_file(f, model, &u->blobs.entries[0], hex, &err), TR_ERROR);
     cr_assert(strstr(err.msg, "fails its checksum"), "%s", err.msg);
@@ -815,13 +815,13 @@ Test(staging, uncommitted_leftovers_are_removed)
     char *dir = path_join(s->cache_dir, ".tmp-step-0000000003-999");
     cr_assert_eq(make_owned_dir(dir), 0);
     char *p = path_join(dir, "model");
-    cr_assert_eq(write_file(p, "x", 1, 1), 0);
+    cr_assert_eq(write_file(p, "x", 1, 1, 1), 0);
     free(p);
     /* a look-alike without trainrun's marker: the user's, never removed */
     char *mine = path_join(s->cache_dir, ".tmp-step-0000000004-998");
     cr_assert_eq(mkdir(mine, 0755), 0);
     p = path_join(mine, "notes");
-    cr_assert_eq(write_file(p, "x", 1, 1), 0);
+    cr_assert_eq(write_file(p, "x", 1, 1, 1), 0);
     recover_staging(s);
     struct stat st;
     cr_assert_neq(stat(dir, &st), 0, "a save that never committed is dropped");

@@ -1,9 +1,11 @@
 /*
- * File helpers the checkpoint backends share (plugins link nothing from the
- * core, so they live here as static functions): write everything, fsync a
- * directory, create and remove directories trainrun owns (a marker file
- * inside), create parents.
- * All return 0, or -1 with errno set.
+ * What the checkpoint backends share (plugins link nothing from the core, so
+ * it lives here as static functions): the rules for checkpoint and blob
+ * names and the newest-first order of listings; write everything, write a
+ * whole file durably, fsync a directory, create and remove directories
+ * trainrun owns (a marker file inside), create parents, and read the name
+ * back out of a staging entry.
+ * The file functions return 0, or -1 with errno set (write_file: -2 too).
  */
 #ifndef TR_CHECKPOINT_FILES_H
 #define TR_CHECKPOINT_FILES_H
@@ -12,9 +14,50 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+/* Blob names become a plain file name in a checkpoint directory (and, in
+ * s3, the last component of a key and a line of the MANIFEST): not empty,
+ * no '/', no control characters, not . or .. */
+static int valid_blob(const char *s)
+{
+    if (!s || !s[0] || strcmp(s, ".") == 0 || strcmp(s, "..") == 0)
+        return 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        if (*p == '/' || *p < 0x20 || *p == 0x7f)
+            return 0;
+    return 1;
+}
+
+/* Checkpoint names additionally must not collide with LATEST or with the
+ * staging entries, which start with '.'. */
+static int valid_name(const char *s)
+{
+    return valid_blob(s) && s[0] != '.' && strcmp(s, "LATEST") != 0;
+}
+
+/* qsort order of checkpoint names: newest (largest) first. */
+static int newest_first(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)b, *(char *const *)a);
+}
+
+/* The checkpoint name inside a staging entry "<prefix><name>-<pid>", newly
+ * allocated; NULL when out of memory or the entry has no "-<pid>". */
+static char *staged_name(const char *entry, const char *prefix)
+{
+    char *name = strdup(entry + strlen(prefix));
+    char *dash = name ? strrchr(name, '-') : NULL;
+    if (!dash) {
+        free(name);
+        return NULL;
+    }
+    *dash = '\0';
+    return name;
+}
 
 static int write_all(int fd, const void *data, size_t size)
 {
@@ -28,6 +71,29 @@ static int write_all(int fd, const void *data, size_t size)
         }
         p += n;
         size -= (size_t)n;
+    }
+    return 0;
+}
+
+/* A whole file: created (exclusive: it must not exist yet; else replaced),
+ * written, fsync'd when sync, closed.  -1: it could not be created; -2: it
+ * was, but writing failed, and it is removed again; errno says why. */
+static int write_file(const char *path, const void *data, size_t size, int exclusive, int sync)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | (exclusive ? O_EXCL : O_TRUNC), 0644);
+    if (fd < 0)
+        return -1;
+    int failed = write_all(fd, data, size) != 0 || (sync && fsync(fd) != 0);
+    int e = errno;
+    /* close() reports delayed write errors on some filesystems (NFS) */
+    if (close(fd) != 0 && !failed) {
+        failed = 1;
+        e = errno;
+    }
+    if (failed) {
+        unlink(path);
+        errno = e;
+        return -2;
     }
     return 0;
 }

@@ -107,18 +107,6 @@ static char *private_path(const struct local *l, const char *prefix, const char 
     return p;
 }
 
-/* Blob names are plain file names inside the checkpoint directory. */
-static int valid_blob(const char *s)
-{
-    return s && s[0] && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
-}
-
-/* Checkpoint names additionally must not look like staging entries or LATEST. */
-static int valid_name(const char *s)
-{
-    return valid_blob(s) && s[0] != '.' && strcmp(s, "LATEST") != 0;
-}
-
 static const char *hint_for(int errnum)
 {
     switch (errnum) {
@@ -191,13 +179,8 @@ static void clean_stale(struct local *l)
         }
         if (aside) {
             /* ".trainrun-old-<name>-<pid>" -> "<name>" */
-            char *name = strdup(n + strlen(ASIDE_PREFIX));
-            char *dash = name ? strrchr(name, '-') : NULL;
-            char *orig = NULL;
-            if (dash) {
-                *dash = '\0';
-                orig = path_join(l->dir, name, NULL);
-            }
+            char *name = staged_name(n, ASIDE_PREFIX);
+            char *orig = name ? path_join(l->dir, name, NULL) : NULL;
             struct stat ost;
             if (orig && valid_name(name) && lstat(orig, &ost) != 0 && rename(path, orig) == 0) {
                 warn(l, "restored checkpoint %s from %s, left by an interrupted save", orig,
@@ -292,7 +275,8 @@ static int local_begin(void *self, const char *name, tr_err *err)
     if (!valid_name(name))
         return tr_fail(err,
                        "local checkpoint: invalid checkpoint name \"%s\": use a plain file "
-                       "name without '/', not starting with '.', and not LATEST",
+                       "name without '/' or control characters, not starting with '.', and "
+                       "not LATEST",
                        name ? name : "(null)");
     if (l->staging)
         return tr_fail(err,
@@ -326,30 +310,23 @@ static int local_put(void *self, const char *blob, const void *data, size_t size
     if (!valid_blob(blob) || strcmp(blob, TR_OWNER_MARK) == 0)
         return tr_fail(err,
                        "local checkpoint: invalid blob name \"%s\": blob names are plain file "
-                       "names (not empty, no '/', not . or .., not " TR_OWNER_MARK ")",
+                       "names (not empty, no '/' or control characters, not . or .., not "
+                       TR_OWNER_MARK ")",
                        blob ? blob : "(null)");
     char *path = path_join(l->staging, blob, NULL);
     if (!path)
         return tr_fail(err, "local checkpoint: out of memory");
 
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        int e = errno;
+    int rc = write_file(path, data, size, 1, l->fsync);
+    int e = errno;
+    if (rc == -1) {
         tr_fail(err, "local checkpoint: cannot create %s: %s%s; the previous checkpoint is "
                      "untouched%s",
                 path, strerror(e), e == EEXIST ? " (blob written twice)" : "", hint_for(e));
         free(path);
         return TR_ERROR;
     }
-    int failed = write_all(fd, data, size) != 0 || (l->fsync && fsync(fd) != 0);
-    int e = errno;
-    /* close() reports delayed write errors on some filesystems (NFS) */
-    if (close(fd) != 0 && !failed) {
-        failed = 1;
-        e = errno;
-    }
-    if (failed) {
-        unlink(path);
+    if (rc != 0) {
         tr_fail(err, "local checkpoint: cannot write %s: %s; the previous checkpoint is "
                      "untouched%s",
                 path, strerror(e), hint_for(e));
@@ -524,11 +501,6 @@ static void local_abort(void *self)
 }
 
 /* ---- reading ----------------------------------------------------------- */
-
-static int newest_first(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)b, *(char *const *)a);
-}
 
 /* A directory an older trainrun published, before the marker: listed so
  * its run still resumes, but never removed (it cannot be told apart from a

@@ -344,29 +344,6 @@ static char *str_printf(const char *fmt, ...)
     return p;
 }
 
-/* Blob names become the last component of a key and a local file name: no
- * '/', no control characters (the MANIFEST is line-based), not . or .. */
-static int valid_blob(const char *s)
-{
-    if (!s || !s[0] || strcmp(s, ".") == 0 || strcmp(s, "..") == 0)
-        return 0;
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
-        if (*p == '/' || *p < 0x20 || *p == 0x7f)
-            return 0;
-    return 1;
-}
-
-/* Checkpoint names additionally must not collide with LATEST or staging. */
-static int valid_name(const char *s)
-{
-    return valid_blob(s) && s[0] != '.' && strcmp(s, LATEST_KEY) != 0;
-}
-
-static int newest_first(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)b, *(char *const *)a);
-}
-
 /* Percent-encode as SigV4 wants: everything but A-Z a-z 0-9 - _ . ~, and
  * also '/' when keep_slash (object paths). */
 static int uri_encode(struct buf *out, const char *s, int keep_slash)
@@ -1173,27 +1150,6 @@ static char *path_join(const char *a, const char *b)
     return str_printf("%s/%s", a, b);
 }
 
-/* Write a whole file and fsync it. */
-static int write_file(const char *path, const void *data, size_t size, int exclusive)
-{
-    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | (exclusive ? O_EXCL : O_TRUNC), 0644);
-    if (fd < 0)
-        return -1;
-    int failed = write_all(fd, data, size) != 0 || fsync(fd) != 0;
-    int e = errno;
-    /* close() reports delayed write errors on some filesystems (NFS) */
-    if (close(fd) != 0 && !failed) {
-        failed = 1;
-        e = errno;
-    }
-    if (failed) {
-        unlink(path);
-        errno = e;
-        return -1;
-    }
-    return 0;
-}
-
 static const char *disk_hint(int errnum)
 {
     switch (errnum) {
@@ -1497,14 +1453,12 @@ static void recover_staging(struct s3 *s)
         if (strncmp(n, STAGING_PREFIX, strlen(STAGING_PREFIX)) != 0)
             continue;
         char *path = path_join(s->cache_dir, n);
-        char *name = strdup(n + strlen(STAGING_PREFIX));
-        char *dash = name ? strrchr(name, '-') : NULL;
-        if (!path || !dash) {
+        char *name = staged_name(n, STAGING_PREFIX);
+        if (!path || !name) {
             free(path);
             free(name);
             continue;
         }
-        *dash = '\0';
         if (!is_owned_dir(path)) {
             free(path);
             free(name);
@@ -2061,7 +2015,7 @@ static int do_put(void *self, const char *blob, const void *data, size_t size, t
     char *path = path_join(u->staging, blob);
     if (!path)
         return tr_fail(err, "s3 checkpoint: out of memory");
-    if (write_file(path, data, size, 1) != 0) {
+    if (write_file(path, data, size, 1, 1) != 0) {
         int e = errno;
         tr_fail(err, "s3 checkpoint: cannot stage %s: %s; the previous checkpoint is "
                      "untouched%s",
@@ -2104,7 +2058,7 @@ static int do_commit(void *self, tr_err *err)
         buf_free(&mark);
         return tr_fail(err, "s3 checkpoint: out of memory");
     }
-    int failed = write_file(mark_path, mark.data, mark.len, 0) != 0 ||
+    int failed = write_file(mark_path, mark.data, mark.len, 0, 1) != 0 ||
                  fsync_dir(u->staging) != 0;
     int e = errno;
     free(mark_path);
