@@ -298,7 +298,8 @@ struct tr_comm_vtable {
     int (*broadcast)(void *self, void *buf, size_t bytes, int root, tr_err *err);
     int (*barrier)(void *self, tr_err *err);
     /* Optional: rank r contributes count floats at buf + r*count; afterwards
-     * every rank holds all world*count (ZeRO-1 parameter gather). */
+     * every rank holds all world*count.  The core calls no allgather today
+     * (ZeRO-1 gathers shards with broadcast); tests/comm_check checks it. */
     int (*allgather)(void *self, float *buf, size_t count, tr_err *err);
     /* Optional: one line for logs ("tcp ring, 2 ranks via 127.0.0.1:29500") */
     const char *(*describe)(void *self);
