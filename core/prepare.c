@@ -44,6 +44,10 @@
 #include <unistd.h>
 #include <zlib.h>
 
+/* the csv data source's reading of a line: what prepare checks is what the
+ * plugin will take */
+#include "../plugins/data/csv_format.h"
+
 #define TRTOKENS_HEADER TR_TOKENS_HEADER_BYTES
 #define MINHASH_FUNCS 64
 #define SHINGLE 5
@@ -950,6 +954,8 @@ struct csv_state {
     long *row_line;
     size_t rows_cap;
     int shown;
+    char **split;             /* the fields of the current line */
+    size_t split_cap;
 };
 
 static int csv_error(struct csv_state *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -966,23 +972,12 @@ static int csv_error(struct csv_state *s, const char *fmt, ...)
     return 0;
 }
 
-static char *trim(char *s)
-{
-    while (*s == ' ' || *s == '\t')
-        s++;
-    char *end = s + strlen(s);
-    while (end > s && (end[-1] == ' ' || end[-1] == '\t'))
-        *--end = '\0';
-    return s;
-}
-
 /* A number the csv plugin can hold: it stores features as float, so 1e39,
  * finite as a double, would become infinity there. */
 static int is_number(const char *s)
 {
-    char *end;
-    double v = strtod(s, &end);
-    return end != s && *end == '\0' && isfinite(v) && fabs(v) <= FLT_MAX;
+    double v;
+    return csv_number(s, &v) && fabs(v) <= FLT_MAX;
 }
 
 /* Remember a kept row for exact dedup; 1 if it is new, 0 if it repeats an
@@ -1057,40 +1052,35 @@ static int csv_remember(struct csv_state *s, const char *row, size_t len, const 
     return 1;
 }
 
-/* Check and clean one line (in place); write it when it is a new row. */
+/* Check and clean one line (in place, without its line ending); write it
+ * when it is a new row. */
 static int csv_line(struct csv_state *s, char *line, const char *file, long lineno,
                     int is_header)
 {
     size_t len = strlen(line);
-    while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
-        line[--len] = '\0';
-    if (line[strspn(line, " \t")] == '\0') {
+    if (csv_is_blank(line)) {
         s->blank++;
         return 0;
     }
     /* Clean: fields trimmed, joined by commas, into a fresh buffer. */
     char *clean = malloc(len + 1);
-    if (!clean)
+    size_t n = clean ? csv_split(line, &s->split, &s->split_cap) : (size_t)-1;
+    if (n == (size_t)-1) {
+        free(clean);
         return fail("out of memory reading %s", file);
-    size_t n = 0, o = 0;
+    }
+    size_t o = 0;
     int bad = 0;
-    for (char *p = line;;) {
-        char *comma = strchr(p, ',');
-        if (comma)
-            *comma = '\0';
-        char *field = trim(p);
+    for (size_t k = 0; k < n; k++) {
+        const char *field = s->split[k];
         if (!is_header && !bad && !is_number(field)) {
             double v = strtod(field, NULL);
-            csv_error(s, "%s:%ld: column %zu \"%s\" is %s", file, lineno, n, field,
+            csv_error(s, "%s:%ld: column %zu \"%s\" is %s", file, lineno, k, field,
                       isfinite(v) && fabs(v) > FLT_MAX ? "beyond what a float holds "
                                                          "(|x| <= 3.4e38)" : "not a number");
             bad = 1;
         }
-        o += (size_t)sprintf(clean + o, "%s%s", n ? "," : "", field);
-        n++;
-        if (!comma)
-            break;
-        p = comma + 1;
+        o += (size_t)sprintf(clean + o, "%s%s", k ? "," : "", field);
     }
     if (s->fields == 0) {
         if (n < 2) {
@@ -1156,28 +1146,10 @@ static int prepare_csv(const struct prepare_opts *o)
         }
         int header_pending = o->header;
         for (long lineno = 1; rc == 0; lineno++) {
-            /* one whole line, however long */
-            size_t len = 0;
-            int got = 0;
-            for (;;) {
-                if (cap - len < 2) {
-                    size_t grown = cap ? cap * 2 : 4096;
-                    char *p = realloc(line, grown);
-                    if (!p) {
-                        rc = fail("out of memory reading %s", file);
-                        break;
-                    }
-                    line = p;
-                    cap = grown;
-                }
-                if (!gzgets(f, line + len, (int)(cap - len > 1u << 30 ? 1u << 30 : cap - len)))
-                    break;
-                got = 1;
-                len += strlen(line + len);
-                if (len > 0 && line[len - 1] == '\n')
-                    break;
-            }
-            if (rc != 0 || !got)
+            int got = csv_read_line(f, &line, &cap);
+            if (got < 0)
+                rc = fail("out of memory reading %s", file);
+            if (got <= 0)
                 break;
             int is_header = header_pending && line[strspn(line, " \t\r\n")] != '\0';
             if (is_header)
@@ -1237,6 +1209,7 @@ static int prepare_csv(const struct prepare_opts *o)
     free(s.row_hash);
     free(s.row_file);
     free(s.row_line);
+    free(s.split);
     return rc;
 }
 

@@ -19,6 +19,7 @@
 #include <zlib.h>
 
 #include "common.h"
+#include "csv_format.h"
 
 struct csv_config {
     const char *path;
@@ -85,85 +86,6 @@ static void csv_destroy(void *self)
     free(c);
 }
 
-/* One line into *buf (grown as needed), without the line ending.  Returns
- * 1 for a line, 0 at end of file, -1 when out of memory. */
-static int read_line(gzFile f, char **buf, size_t *cap)
-{
-    size_t len = 0;
-    for (;;) {
-        if (*cap - len < 2) {
-            size_t grown = *cap ? *cap * 2 : 4096;
-            char *p = realloc(*buf, grown);
-            if (!p)
-                return -1;
-            *buf = p;
-            *cap = grown;
-        }
-        if (!gzgets(f, *buf + len, (int)(*cap - len > INT_MAX ? INT_MAX : *cap - len))) {
-            if (len == 0)
-                return 0;
-            break; /* last line without a newline */
-        }
-        len += strlen(*buf + len);
-        if (len > 0 && (*buf)[len - 1] == '\n')
-            break;
-    }
-    while (len > 0 && ((*buf)[len - 1] == '\n' || (*buf)[len - 1] == '\r'))
-        len--;
-    (*buf)[len] = '\0';
-    return 1;
-}
-
-static char *trim(char *s)
-{
-    while (*s == ' ' || *s == '\t')
-        s++;
-    char *end = s + strlen(s);
-    while (end > s && (end[-1] == ' ' || end[-1] == '\t'))
-        *--end = '\0';
-    return s;
-}
-
-static int parse_number(const char *s, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || *end != '\0' || !isfinite(v))
-        return 0;
-    *out = v;
-    return 1;
-}
-
-/* Split a line at commas in place; returns the number of fields. */
-static size_t split_fields(char *line, char ***fields, size_t *cap)
-{
-    size_t n = 0;
-    char *p = line;
-    for (;;) {
-        if (n == *cap) {
-            size_t grown = *cap ? *cap * 2 : 64;
-            char **f = realloc(*fields, grown * sizeof *f);
-            if (!f)
-                return (size_t)-1;
-            *fields = f;
-            *cap = grown;
-        }
-        char *comma = strchr(p, ',');
-        if (comma)
-            *comma = '\0';
-        (*fields)[n++] = trim(p);
-        if (!comma)
-            return n;
-        p = comma + 1;
-    }
-}
-
-static int is_blank(const char *s)
-{
-    return s[strspn(s, " \t")] == '\0';
-}
-
 /* Append one row's storage, doubling the arrays as needed. */
 static int grow_rows(struct csv *c, uint64_t *row_cap)
 {
@@ -198,20 +120,20 @@ static int load(struct csv *c, const struct csv_config *cfg, const struct tr_hos
     int rc = TR_ERROR;
 
     for (long lineno = 1;; lineno++) {
-        int got = read_line(f, &line, &line_cap);
+        int got = csv_read_line(f, &line, &line_cap);
         if (got < 0) {
             tr_fail(err, "csv data: out of memory reading %s", path);
             goto out;
         }
         if (got == 0)
             break;
-        if (is_blank(line))
+        if (csv_is_blank(line))
             continue;
         if (header_pending) {
             header_pending = 0;
             continue;
         }
-        size_t n = split_fields(line, &fields, &fields_cap);
+        size_t n = csv_split(line, &fields, &fields_cap);
         if (n == (size_t)-1) {
             tr_fail(err, "csv data: out of memory reading %s", path);
             goto out;
@@ -256,7 +178,7 @@ static int load(struct csv *c, const struct csv_config *cfg, const struct tr_hos
         float *x = c->x + c->rows * c->features;
         for (size_t k = 0; k < n; k++) {
             double v;
-            if (!parse_number(fields[k], &v)) {
+            if (!csv_number(fields[k], &v)) {
                 tr_fail(err, "csv data: %s:%ld: column %zu%s \"%s\" is not a number", path,
                         lineno, k, k == label_col ? " (the label)" : "", fields[k]);
                 goto out;
