@@ -59,6 +59,15 @@ static char *staged_name(const char *entry, const char *prefix)
     return name;
 }
 
+/* What to do about a failed write, for the end of a message: errno's usual
+ * causes, naming the option that chose the directory (a string literal). */
+#define DISK_HINT(errnum, option)                                                                 \
+    ((errnum) == ENOSPC || (errnum) == EDQUOT                                                     \
+         ? " (free disk space, or point " option " at a larger disk)"                            \
+     : (errnum) == EACCES || (errnum) == EPERM || (errnum) == EROFS                               \
+         ? " (make it writable, or point " option " elsewhere)"                                  \
+         : "")
+
 static int write_all(int fd, const void *data, size_t size)
 {
     const char *p = data;

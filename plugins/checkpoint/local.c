@@ -109,17 +109,7 @@ static char *private_path(const struct local *l, const char *prefix, const char 
 
 static const char *hint_for(int errnum)
 {
-    switch (errnum) {
-    case ENOSPC:
-    case EDQUOT:
-        return " (free disk space, or point checkpoint.dir at a larger disk)";
-    case EACCES:
-    case EPERM:
-    case EROFS:
-        return " (make it writable, or point checkpoint.dir elsewhere)";
-    default:
-        return "";
-    }
+    return DISK_HINT(errnum, "checkpoint.dir");
 }
 
 /* ---- crash recovery ---------------------------------------------------- */

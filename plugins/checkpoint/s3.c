@@ -1152,17 +1152,7 @@ static char *path_join(const char *a, const char *b)
 
 static const char *disk_hint(int errnum)
 {
-    switch (errnum) {
-    case ENOSPC:
-    case EDQUOT:
-        return " (free disk space, or point checkpoint.cache_dir at a larger disk)";
-    case EACCES:
-    case EPERM:
-    case EROFS:
-        return " (make it writable, or point checkpoint.cache_dir elsewhere)";
-    default:
-        return "";
-    }
+    return DISK_HINT(errnum, "checkpoint.cache_dir");
 }
 
 static void upload_free(struct upload *u)

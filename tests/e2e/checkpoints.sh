@@ -38,6 +38,8 @@ set -e
 [ $code -eq 1 ] || { cat err.txt; fail "a final save on a full disk must fail the run (exit $code)"; }
 grep -q "checkpoint step-0000000020 not saved" err.txt || { cat err.txt; fail "no message for the failed save"; }
 grep -q "No space left on device" err.txt || { cat err.txt; fail "the reason (disk full) is not given"; }
+grep -q "free disk space, or point checkpoint.dir at a larger disk" err.txt \
+  || { cat err.txt; fail "a full disk does not say what to do"; }
 [ "$(cat c/checkpoints/LATEST)" = step-0000000010 ] || fail "LATEST moved past the last good checkpoint"
 ls -a c/checkpoints | grep -q '^.tmp' && fail "a staging directory was left behind"
 "$TRAINRUN" export c -o ok.safetensors --dtype fp32 2>/dev/null || fail "the previous checkpoint does not load"
