@@ -18,8 +18,7 @@ const struct tr_backend_module *tr_backend_module_load(const char *path, void **
     tr_backend_entry_fn entry = (tr_backend_entry_fn)dlsym(h, TR_BACKEND_ENTRY_NAME);
     const struct tr_backend_module *m = entry ? entry() : NULL;
     /* slots appended after `close` are optional: older modules lack them */
-    if (!m || m->abi != TR_BACKEND_ABI ||
-        m->struct_size < offsetof(struct tr_backend_module, close) + sizeof m->close) {
+    if (!m || m->abi != TR_BACKEND_ABI || !TR_HAS_FIELD(m, struct tr_backend_module, close)) {
         snprintf(why, why_size, "%s is not a trainrun backend of ABI %d", path, TR_BACKEND_ABI);
         dlclose(h);
         return NULL;
@@ -57,7 +56,8 @@ int tr_backend_open(struct tr_backend *be, const char *device, int threads,
      * through tests/cudacpu in a build whose plugins hold the real one */
     const char *first = getenv("TRAINRUN_BACKEND_PATH");
     char *extra = tr_xstrdup(first ? first : ""), *save = NULL;
-    char **dirs = tr_xcalloc(strlen(extra) / 2 + 1 + (size_t)(search ? search->n : 0), sizeof *dirs);
+    size_t n_search = search ? (size_t)search->n : 0;
+    char **dirs = tr_xcalloc(strlen(extra) / 2 + 1 + n_search, sizeof *dirs);
     int n_dirs = 0;
     for (char *d = strtok_r(extra, ":", &save); d; d = strtok_r(NULL, ":", &save))
         dirs[n_dirs++] = d;
