@@ -105,7 +105,6 @@ static void host_log(enum tr_log_level level, const char *who, const char *fmt, 
 
 static const struct tr_host host = {
     .struct_size = sizeof(struct tr_host),
-    .abi_major = TR_ABI_MAJOR,
     .log = host_log,
     .alloc = tr_alloc,
     .free = tr_free,

@@ -98,7 +98,6 @@ static void *host_alloc(size_t size)
 
 static const struct tr_host host = {
     .struct_size = sizeof(struct tr_host),
-    .abi_major = TR_ABI_MAJOR,
     .log = host_log,
     .alloc = host_alloc,
     .free = free,

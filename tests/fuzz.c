@@ -204,7 +204,6 @@ static void *host_alloc(size_t size) { return aligned_alloc(64, (size + 63) / 64
 
 static const struct tr_host host = {
     .struct_size = sizeof(struct tr_host),
-    .abi_major = TR_ABI_MAJOR,
     .log = quiet_log,
     .alloc = host_alloc,
     .free = free,

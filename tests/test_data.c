@@ -47,7 +47,6 @@ static void test_log(enum tr_log_level level, const char *who, const char *fmt, 
 
 static const struct tr_host host = {
     .struct_size = sizeof(struct tr_host),
-    .abi_major = TR_ABI_MAJOR,
     .log = test_log,
     .alloc = test_alloc,
     .free = free,

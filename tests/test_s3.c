@@ -37,7 +37,6 @@ static void *test_alloc(size_t size)
 
 static const struct tr_host host = {
     .struct_size = sizeof(struct tr_host),
-    .abi_major = TR_ABI_MAJOR,
     .log = test_log,
     .alloc = test_alloc,
     .free = free,

@@ -45,7 +45,8 @@ extern "C" {
 #endif
 
 /* 2.0: the vtables lost their unread leading `version` field (struct_size
- * alone says which slots a vtable has). */
+ * alone says which slots a vtable has), and tr_host its `abi_major` (a
+ * loaded plugin's major is the core's: the loader refuses any other). */
 #define TR_ABI_MAJOR 2
 #define TR_ABI_MINOR 0
 
@@ -143,7 +144,6 @@ enum tr_log_level { TR_LOG_DEBUG = 0, TR_LOG_INFO = 1, TR_LOG_WARN = 2, TR_LOG_E
 
 struct tr_host {
     uint32_t struct_size;
-    uint32_t abi_major;
     void (*log)(enum tr_log_level level, const char *who, const char *fmt, ...)
 #if defined(__GNUC__)
         __attribute__((format(printf, 3, 4)))
