@@ -19,7 +19,7 @@
 #include <trainrun/plugin.h> /* enum tr_dtype */
 
 /* ---- The graph as backends see it: the op vocabulary, tensors, nodes.
- * The core builds, checks and plans it (core/graph.h); a backend reads a
+ * The core builds, checks and plans it (core/engine/graph.h); a backend reads a
  * node's tensors and attributes and runs it. */
 #define TR_MAX_DIMS 4
 
@@ -174,7 +174,7 @@ struct tr_backend {
 
 /* Every backend is a module: the core opens it by name (device=) and never
  * calls a backend's own functions.  The CPU one is linked in
- * (tr_cpu_backend_module, in core/backend.c's table of built-in modules);
+ * (tr_cpu_backend_module, in core/engine/backend.c's table of built-in modules);
  * any other is a loadable module, backend_<device>.so, found on the plugin
  * search path and exporting TR_BACKEND_ENTRY_NAME, so a trainrun built with
  * a device backend still starts where that device (or its driver) is

@@ -41,9 +41,9 @@
 #include <trainrun/plugin.h>
 #include <trainrun/tokens.h>
 
-#include "json.h"
-#include "prepare.h"
-#include "safetensors.h"
+#include "util/json.h"
+#include "commands/prepare.h"
+#include "util/safetensors.h"
 
 #include <dirent.h>
 #include <dlfcn.h>

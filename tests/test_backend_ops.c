@@ -25,14 +25,14 @@
  */
 #include <criterion/criterion.h>
 
-#include "backend.h"
-#include "graph.h"
+#include "engine/backend.h"
+#include "engine/graph.h"
 #include "kernels.h"
-#include "model.h"
-#include "optim.h"
-#include "plugin.h"
-#include "run_config.h"
-#include "safetensors.h"
+#include "engine/model.h"
+#include "engine/optim.h"
+#include "config/plugin.h"
+#include "config/run_config.h"
+#include "util/safetensors.h"
 
 #include <math.h>
 #include <trainrun/mix.h>

@@ -3,16 +3,16 @@
  * loader's order, and the checkpoint formats. */
 #include <criterion/criterion.h>
 
-#include "run_config.h"
-#include "json.h"
-#include "loader.h"
-#include "model.h"
-#include "options.h"
-#include "plugin.h"
-#include "safetensors.h"
-#include "suggest.h"
-#include "topo.h"
-#include "util.h"
+#include "config/run_config.h"
+#include "util/json.h"
+#include "engine/loader.h"
+#include "engine/model.h"
+#include "config/options.h"
+#include "config/plugin.h"
+#include "util/safetensors.h"
+#include "util/suggest.h"
+#include "engine/topo.h"
+#include "util/util.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -72,7 +72,7 @@ Test(plugin_loader, refuses_a_vtable_with_a_missing_mandatory_slot)
     cr_assert(strstr(err.msg, path), "%s", err.msg);
 }
 
-/* core/comm.c calls allreduce_sum and broadcast without a NULL check: the
+/* core/engine/comm.c calls allreduce_sum and broadcast without a NULL check: the
  * loader is what makes that safe, for comm plugins as for the other kinds. */
 Test(plugin_loader, refuses_a_comm_vtable_without_allreduce)
 {

@@ -12,8 +12,8 @@
 #include "scratch.h"
 #include <trainrun/plugin.h>
 
-#include "json.h"
-#include "prepare.h"
+#include "util/json.h"
+#include "commands/prepare.h"
 
 #include <dirent.h>
 #include <dlfcn.h>

@@ -2,12 +2,12 @@
  * PyTorch fixtures, gradient accumulation, and the memory plan. */
 #include <criterion/criterion.h>
 
-#include "run_config.h"
-#include "graph.h"
+#include "config/run_config.h"
+#include "engine/graph.h"
 #include "kernels.h" /* tr_cpu_backend_init */
-#include "model.h"
-#include "optim.h"
-#include "safetensors.h"
+#include "engine/model.h"
+#include "engine/optim.h"
+#include "util/safetensors.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -5,11 +5,11 @@
 #include <criterion/parameterized.h>
 #include "capture.h"
 
-#include "hardware.h"
-#include "plan.h"
-#include "precision.h"
-#include "run.h"
-#include "util.h"
+#include "config/hardware.h"
+#include "commands/plan.h"
+#include "config/precision.h"
+#include "engine/run.h"
+#include "util/util.h"
 
 #include <ctype.h>
 #include <math.h>

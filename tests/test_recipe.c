@@ -1,7 +1,7 @@
 /* Recipes: loading, sandbox, sharing, overrides, origins, and the C tree. */
 #define _XOPEN_SOURCE 700 /* mkstemp, open_memstream, setenv, fdopen */
-#include "model.h"
-#include "recipe.h"
+#include "engine/model.h"
+#include "config/recipe.h"
 
 #include <criterion/criterion.h>
 #include <lauxlib.h>

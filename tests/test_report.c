@@ -3,7 +3,7 @@
  * and line. */
 #include <criterion/criterion.h>
 
-#include "report.h"
+#include "commands/report.h"
 
 #include <ftw.h>
 #include <math.h>

@@ -7,8 +7,8 @@
 #include <criterion/criterion.h>
 #include "capture.h"
 
-#include "run.h"
-#include "topo.h"
+#include "engine/run.h"
+#include "engine/topo.h"
 
 #include <sched.h>
 #include <stdio.h>

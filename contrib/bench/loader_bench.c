@@ -1,6 +1,6 @@
 /*
  * Loader throughput: how many samples and tokens per second the core's
- * loader (core/loader.h) delivers from the text data plugin with 0, 1, 2
+ * loader (core/engine/loader.h) delivers from the text data plugin with 0, 1, 2
  * and 4 worker threads, against the rate a training recipe consumes them.
  * The consumer only takes batches, so this is the loader's ceiling.
  *
@@ -10,11 +10,11 @@
  * The text plugin is found like any plugin: set TRAINRUN_PLUGIN_PATH to the
  * directory holding data_text.so (contrib/bench/loader.sh does).
  */
-#include "loader.h"
-#include "options.h"
-#include "plugin.h"
-#include "util.h"
-#include "value.h"
+#include "engine/loader.h"
+#include "config/options.h"
+#include "config/plugin.h"
+#include "util/util.h"
+#include "config/value.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* The CPU backend: runs graph nodes through the kernels in this directory.
  * It is built in, and the core opens it by name like any backend module
- * (tr_cpu_backend_module, in core/backend.c's table). */
+ * (tr_cpu_backend_module, in core/engine/backend.c's table). */
 #include "../backend.h"
 #include "kernels.h"
 

@@ -1,5 +1,5 @@
 --[[
-Recipe loader, driven by core/recipe.c.
+Recipe loader, driven by core/config/recipe.c.
 
   M.load(host, cfg) -> resolved_table, origins, require_for_host
 
@@ -14,7 +14,7 @@ host: primitives from C that plain Lua lacks
 cfg: { path, overrides = {"k.s=v", ...}, lua_dir, extra_lua_dir, recipe_dir, recipe_path }
 
 origins[t][k] = { file, line, cli, text } for every key of every table in the result;
-core/recipe.c copies it into the C tree.
+core/config/recipe.c copies it into the C tree.
 
 This file runs with the full standard library; recipes and trainrun.* modules run in
 sandbox environments built here and never see it.
@@ -745,7 +745,7 @@ end
 
 -- Give every (table, key) reachable from t a file:line in `file`, unless it
 -- already has one from an included recipe and still holds the same value.
--- As deep as core/recipe.c converts; deeper is a mistake, not a config, and
+-- As deep as core/config/recipe.c converts; deeper is a mistake, not a config, and
 -- the loader's own recursion must end before the Lua stack does.
 local MAX_DEPTH = 200
 

@@ -4,7 +4,7 @@
  * spaces and tabs, numbers as strtod reads them (finite only).
  *
  * Two readers share it, so they cannot drift apart: the csv plugin, and
- * `trainrun prepare --format csv` (core/prepare.c), whose job is to check
+ * `trainrun prepare --format csv` (core/commands/prepare.c), whose job is to check
  * and clean a file so that the plugin takes it.  Header-only (static
  * functions): the plugin links nothing from the core.
  */

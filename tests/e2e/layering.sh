@@ -49,8 +49,8 @@ why() {
 }
 
 # the check can fail: a copy with one bad include of each kind
-for case in "kernels/cpu/gemm.c ../../core/util.h" "kernels/cuda/ops.cu ../../core/graph.h" \
-            "core/graph.c ../kernels/cpu/kernels.h" "plugins/data/csv.c ../../kernels/cuda/common.cuh"; do
+for case in "kernels/cpu/gemm.c ../../core/util/util.h" "kernels/cuda/ops.cu ../../core/engine/graph.h" \
+            "core/engine/graph.c ../kernels/cpu/kernels.h" "plugins/data/csv.c ../../kernels/cuda/common.cuh"; do
   set -- $case
   rm -rf tree && mkdir tree
   cp -R "$TR_SRCDIR/kernels" "$TR_SRCDIR/core" "$TR_SRCDIR/plugins" tree/
@@ -63,6 +63,48 @@ for case in "kernels/cpu/gemm.c ../../core/util.h" "kernels/cuda/ops.cu ../../co
 done
 rm -rf tree
 
+# The core's rooms (core/README.md): util <- config <- engine <- commands.  A
+# file may include its own room and those to its left, never one to its right.
+room_rank() {
+  case $1 in
+    core/util/*) echo 0 ;; core/config/*) echo 1 ;; core/engine/*) echo 2 ;;
+    core/commands/*) echo 3 ;; *) echo -1 ;;
+  esac
+}
+check_rooms() {
+  root=$1
+  bad=0
+  for f in $(cd "$root" && find core -type f \( -name '*.c' -o -name '*.h' \) | sort); do
+    mine=$(room_rank "$f")
+    [ "$mine" -ge 0 ] || { echo "$f: not in a room of core/ (util, config, engine, commands)"; bad=1; continue; }
+    dir=$(dirname "$f")
+    for inc in $(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' \
+                   "$root/$f"); do
+      [ -e "$root/$dir/$inc" ] || continue
+      target=$(realpath -m --relative-to="$root" "$root/$dir/$inc")
+      theirs=$(room_rank "$target")
+      if [ "$theirs" -gt "$mine" ]; then
+        echo "$f: #include \"$inc\" ($target): a room includes only itself and the rooms before it (util <- config <- engine <- commands)"
+        bad=1
+      fi
+    done
+  done
+  return $bad
+}
+for case in "core/util/util.c ../config/options.h" "core/config/recipe.c ../engine/graph.h" \
+            "core/engine/run.c ../commands/plan.h"; do
+  set -- $case
+  rm -rf tree && mkdir tree
+  cp -R "$TR_SRCDIR/core" tree/
+  { echo "#include \"$2\""; cat "tree/$1"; } > tree/new && mv tree/new "tree/$1"
+  if check_rooms tree > out 2>&1; then
+    fail "the room check missed #include \"$2\" in $1"
+  fi
+  grep -q "^$1: #include \"$2\"" out || { cat out; fail "the room check did not name $1"; }
+done
+rm -rf tree
+
 # the tree itself
 check "$TR_SRCDIR" || fail "includes cross the backend contract (above)"
-echo "layering: kernels include no core header; core and plugins no backend-private header"
+check_rooms "$TR_SRCDIR" || fail "includes cross the core's rooms (above)"
+echo "layering: kernels include no core header; core and plugins no backend-private header; core rooms include only leftwards"

@@ -1,0 +1,90 @@
+/*
+ * `trainrun plan RECIPE [key=value ...]`: what a recipe will need and cost
+ * before it runs — parameters, FLOPs, memory per device and the largest
+ * micro-batch that fits, the compute-optimal token count, time and dollars
+ * on the recipe's `cost.hardware`, and learning rates for larger batches.
+ * The graph is measured, never allocated, so a plan for a GPU-sized model
+ * runs on a laptop.
+ */
+#ifndef TR_PLAN_H
+#define TR_PLAN_H
+
+#include "../engine/graph.h"
+#include "../config/hardware.h"
+
+#include <stdio.h>
+
+/* Every number the report prints, for callers and tests. */
+struct tr_plan {
+    char *recipe, *name, *precision;
+    /* model */
+    int64_t params, embedding_params;
+    int64_t layers;          /* attention nodes (L) */
+    int64_t seq_len, width;  /* T and C of the (first) attention node */
+    double attention_flops;  /* 12 * sum over attention nodes of T * C */
+    double flops_per_token;  /* 6 * params + attention_flops */
+    int64_t tokens_per_sample; /* T for sequence models, else 1 (a sample) */
+    int sequence_model;
+    /* the recipe's run */
+    int64_t batch, micro_batch, steps;
+    double tokens_per_step, flops_per_step, tokens, flops;
+    double lr;
+    /* memory per device at the micro-batch */
+    struct tr_memory_report memory;
+    double memory_total;
+    double bytes_per_sample, fixed_bytes; /* memory ≈ fixed + micro-batch × per sample */
+    /* compute-optimal (Chinchilla) */
+    double optimal_tokens, optimal_flops, optimal_steps, trained_factor;
+    /* hardware, when cost.hardware is set */
+    struct tr_cost_config cost;       /* strings not owned: hardware is the table's name */
+    const struct tr_hardware *hardware;
+    enum tr_dtype compute, grad;      /* the policy's, checked (core/config/precision.h) */
+    const char *peak_kind;            /* the GEMMs that run: "bf16", "fp16", "fp32" */
+    double peak_flops;                /* per device, FLOP/s; 0: unknown */
+    double usable_bytes;              /* 90% of device memory */
+    int fits;
+    int64_t max_micro_batch;          /* estimate; 0: not even one sample */
+    int64_t max_micro_batch_dividing; /* the largest of those that divides the per-device batch */
+    double price, spot_price;         /* USD per device-hour in effect */
+    double hours, dollars, spot_dollars;                         /* the recipe's steps */
+    double optimal_hours, optimal_dollars, optimal_spot_dollars; /* compute-optimal tokens */
+    /* data parallel: the gradient all-reduce and how much of it backward hides */
+    double gradient_bytes, bucket_bytes;
+    double allreduce_seconds;         /* all buckets of one step, back to back; count > 1 */
+    struct tr_plan_scale {
+        int64_t devices, nodes;
+        struct tr_link link;          /* what bounds the ring */
+        int64_t buckets;
+        double bucket_seconds;        /* one bucket's ring all-reduce */
+        double allreduce_seconds;     /* buckets × bucket_seconds */
+        double compute_seconds;       /* a step's FLOPs on one device at peak × MFU */
+        double exposed_seconds;       /* the all-reduce that backward does not hide */
+        double step_seconds, efficiency; /* compute + exposed; compute / step */
+        double hours, dollars;        /* the recipe's steps, at the planned price */
+        int even;                     /* the batch splits evenly over the devices */
+    } scale[12];                      /* count, count/2, ... 1 */
+    int n_scale;
+    int suggested;                    /* index in scale[] of the device count to use */
+};
+
+/* One device count's step: compute at peak × MFU, the ring all-reduce of the
+ * gradients in buckets, overlapped with backward (2/3 of the compute, the
+ * buckets ready one by one as it proceeds):
+ *   exposed = max(bucket, buckets × bucket - backward × (buckets - 1) / buckets)
+ * Fills everything but hours and dollars. */
+void tr_plan_scale_step(struct tr_plan_scale *s, const struct tr_hardware *hw, int64_t devices,
+                        double flops_per_step, double peak_flops, double mfu, double gradient_bytes,
+                        double bucket_bytes);
+
+/* Load the recipe with overrides and work out the plan (nothing allocated
+ * on a device, no data opened). */
+int tr_plan_build(struct tr_plan *plan, const char *recipe, const char *const *overrides,
+                  int n_overrides, tr_err *err);
+void tr_plan_print(const struct tr_plan *plan, FILE *out);
+void tr_plan_free(struct tr_plan *plan);
+
+/* argv[0] = "plan", argv[1] = the recipe, then key=value overrides;
+ * gpus=N stands for cost.count=N.  Returns the exit code. */
+int tr_plan_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,1387 @@
+/*
+ * `trainrun prepare` (see prepare.h).
+ *
+ * Text: every input is read whole (plain or gzip), split into documents
+ * (blank-line separated paragraphs, or one per line), deduplicated, and
+ * written as TRTOKENS shards (train_000000.bin ..., val_000000.bin ...) with
+ * prepare.json describing what was done.  Each document is followed by the
+ * separator it was split at ("\n\n" or "\n"), so the token stream reads like
+ * the input with the duplicates taken out.  Validation is the smallest run
+ * of whole documents at the end holding at least val_fraction of the tokens.
+ *
+ * Deduplication works on a normalised view of a document (ASCII letters
+ * lowercased, runs of whitespace made one space, ends trimmed):
+ *   exact: documents with the same normalised text; the later ones go.
+ *   near:  exact, then MinHash over character 5-grams of the normalised text
+ *          (64 hash functions) with LSH banding to find candidates; a later
+ *          document whose estimated Jaccard similarity with a kept one is at
+ *          least the threshold goes.
+ *
+ * CSV: the rows are checked as the csv data plugin checks them (the same
+ * number of fields everywhere, every field a number), exact duplicate rows
+ * are dropped unless --dedup none, and a cleaned copy (fields trimmed, no
+ * blank lines, "\n" line ends) is written as OUTDIR/data.csv.
+ */
+#include "prepare.h"
+
+#include <trainrun/tokens.h>
+
+#include "../util/json.h"
+#include "../engine/run.h"
+#include "../util/util.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <float.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+/* the csv data source's reading of a line: what prepare checks is what the
+ * plugin will take */
+#include "../../plugins/data/csv_format.h"
+
+#define TRTOKENS_HEADER TR_TOKENS_HEADER_BYTES
+#define MINHASH_FUNCS 64
+#define SHINGLE 5
+#define SAMPLES_SHOWN 5
+#define CSV_ERRORS_SHOWN 10
+
+struct prepare_opts {
+    const char **inputs;
+    int n_inputs;
+    const char *out_dir;
+    const char *format;        /* "text", "csv", or NULL: from the inputs' names */
+    const char *tokenizer;     /* "byte" or "char" */
+    uint64_t shard_tokens;
+    double val_fraction;
+    const char *dedup;         /* "exact", "near" or "none" */
+    double near_threshold;
+    const char *doc_separator; /* "blank-line" or "line" */
+    int header;                /* CSV: the first line of each input names the columns */
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: trainrun prepare INPUT... -o OUTDIR [options]\n"
+            "\n"
+            "Text inputs become token shards for data = { plugin = \"tokens\", ... }:\n"
+            "  OUTDIR/train_000000.bin ..., OUTDIR/val_000000.bin ..., OUTDIR/prepare.json\n"
+            "CSV inputs are checked and cleaned into OUTDIR/data.csv for the csv plugin.\n"
+            "Inputs may be gzip-compressed.\n"
+            "\n"
+            "  -o, --out DIR            output directory (created if missing)\n"
+            "  --format text|csv        default: csv when every input ends in .csv or\n"
+            "                           .csv.gz, else text\n"
+            "  --tokenizer byte|char    byte: vocabulary 256 (default); char: the distinct\n"
+            "                           bytes of the kept documents, sorted\n"
+            "  --shard-tokens N         tokens per shard (default 100000000)\n"
+            "  --val-fraction F         share of tokens for validation, whole documents\n"
+            "                           from the end (default 0.05; 0: none)\n"
+            "  --dedup exact|near|none  exact: same text up to case and whitespace;\n"
+            "                           near: also MinHash-similar documents (default exact)\n"
+            "  --near-threshold T       near: drop a document whose estimated Jaccard\n"
+            "                           similarity to an earlier one is >= T (default 0.8)\n"
+            "  --doc-separator blank-line|line\n"
+            "                           documents are paragraphs (default) or lines\n"
+            "  --header                 CSV: the first line of each input names the columns\n");
+}
+
+static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("trainrun prepare: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return -1;
+}
+
+/* ---- hashing ------------------------------------------------------------ */
+
+static uint64_t fnv1a(uint64_t h, const unsigned char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+#define FNV_OFFSET 0xcbf29ce484222325ULL
+
+/* ---- reading inputs ------------------------------------------------------ */
+
+struct input {
+    const char *path;
+    unsigned char *data;
+    size_t size;
+};
+
+/* The whole file, decompressed if it is gzip. */
+static int read_input(struct input *in)
+{
+    struct stat st;
+    if (stat(in->path, &st) != 0)
+        return fail("cannot open %s: %s%s", in->path, strerror(errno),
+                    in->path[0] == '/' ? "" : " (relative to the current directory)");
+    if (!S_ISREG(st.st_mode))
+        return fail("%s is not a regular file", in->path);
+    errno = 0;
+    gzFile f = gzopen(in->path, "rb");
+    if (!f)
+        return fail("cannot open %s: %s", in->path, errno ? strerror(errno) : "out of memory");
+    /* st_size + 1: a plain file is read without growing; gzip grows */
+    size_t cap = (size_t)st.st_size + 1, len = 0;
+    unsigned char *buf = malloc(cap);
+    int rc = buf ? 0 : fail("out of memory reading %s (%zu bytes)", in->path, cap);
+    while (rc == 0) {
+        if (len == cap) {
+            unsigned char *grown = realloc(buf, cap * 2);
+            if (!grown) {
+                rc = fail("out of memory reading %s (%zu bytes so far)", in->path, len);
+                break;
+            }
+            buf = grown;
+            cap *= 2;
+        }
+        size_t want = cap - len > (1u << 30) ? (1u << 30) : cap - len;
+        int got = gzread(f, buf + len, (unsigned)want);
+        if (got < 0) {
+            int zerr;
+            const char *msg = gzerror(f, &zerr);
+            rc = fail("cannot read %s: %s (is the .gz file complete?)", in->path,
+                      zerr == Z_ERRNO ? strerror(errno) : msg);
+        }
+        if (got <= 0)
+            break;
+        len += (size_t)got;
+    }
+    gzclose(f);
+    if (rc != 0) {
+        free(buf);
+        return rc;
+    }
+    in->data = buf;
+    in->size = len;
+    return 0;
+}
+
+/* ---- documents ------------------------------------------------------------ */
+
+enum removal { KEPT = 0, EXACT_DUP, NEAR_DUP };
+
+struct doc {
+    const unsigned char *text;
+    size_t len;
+    int input;         /* index into the inputs */
+    long line;         /* first line, from 1 */
+    enum removal removed;
+    size_t dup_of;     /* the kept document it duplicates */
+    double similarity; /* near: the estimated Jaccard similarity */
+};
+
+struct docs {
+    struct doc *v;
+    size_t n, cap;
+};
+
+static int add_doc(struct docs *d, const unsigned char *text, size_t len, int input, long line)
+{
+    if (d->n == d->cap) {
+        size_t grown = d->cap ? d->cap * 2 : 1024;
+        struct doc *v = realloc(d->v, grown * sizeof *v);
+        if (!v)
+            return fail("out of memory (%zu documents so far)", d->n);
+        d->v = v;
+        d->cap = grown;
+    }
+    d->v[d->n++] = (struct doc){.text = text, .len = len, .input = input, .line = line};
+    return 0;
+}
+
+static int is_space(unsigned char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
+
+/* Split one input into documents: paragraphs separated by blank lines (only
+ * whitespace), or every non-blank line.  Line ends are not part of a
+ * document; neither is the "\r" of a "\r\n". */
+static int split_documents(struct docs *d, const struct input *in, int input, int by_line)
+{
+    const unsigned char *p = in->data, *end = in->data + in->size;
+    const unsigned char *doc_start = NULL, *doc_end = NULL;
+    long doc_line = 0;
+    for (long line = 1; p < end; line++) {
+        const unsigned char *nl = memchr(p, '\n', (size_t)(end - p));
+        const unsigned char *line_end = nl ? nl : end;
+        const unsigned char *content_end = line_end;
+        if (content_end > p && content_end[-1] == '\r')
+            content_end--;
+        int blank = 1;
+        for (const unsigned char *c = p; c < content_end && blank; c++)
+            blank = is_space(*c);
+        if (by_line) {
+            if (!blank && add_doc(d, p, (size_t)(content_end - p), input, line) != 0)
+                return -1;
+        } else if (blank) {
+            if (doc_start && add_doc(d, doc_start, (size_t)(doc_end - doc_start), input,
+                                     doc_line) != 0)
+                return -1;
+            doc_start = NULL;
+        } else {
+            if (!doc_start) {
+                doc_start = p;
+                doc_line = line;
+            }
+            doc_end = content_end;
+        }
+        p = nl ? nl + 1 : end;
+    }
+    if (doc_start && add_doc(d, doc_start, (size_t)(doc_end - doc_start), input, doc_line) != 0)
+        return -1;
+    return 0;
+}
+
+/* The normalised view of a document, one byte at a time: ASCII lowercased,
+ * each run of whitespace one space, none at either end. */
+struct norm {
+    const unsigned char *p, *end;
+};
+
+static struct norm norm_begin(const struct doc *doc)
+{
+    struct norm n = {doc->text, doc->text + doc->len};
+    while (n.p < n.end && is_space(*n.p))
+        n.p++;
+    return n;
+}
+
+static int norm_next(struct norm *n)
+{
+    if (n->p == n->end)
+        return -1;
+    if (is_space(*n->p)) {
+        while (n->p < n->end && is_space(*n->p))
+            n->p++;
+        return n->p == n->end ? -1 : ' ';
+    }
+    return tolower(*n->p++);
+}
+
+static uint64_t norm_hash(const struct doc *doc)
+{
+    struct norm n = norm_begin(doc);
+    uint64_t h = FNV_OFFSET;
+    for (int c; (c = norm_next(&n)) >= 0;)
+        h = (h ^ (unsigned)c) * 0x100000001b3ULL;
+    return h;
+}
+
+static int norm_equal(const struct doc *a, const struct doc *b)
+{
+    struct norm x = norm_begin(a), y = norm_begin(b);
+    for (;;) {
+        int c = norm_next(&x), d = norm_next(&y);
+        if (c != d)
+            return 0;
+        if (c < 0)
+            return 1;
+    }
+}
+
+static size_t table_size_for(size_t n)
+{
+    size_t size = 1024;
+    while (size < 2 * n)
+        size *= 2;
+    return size;
+}
+
+/* Exact: an open-addressing table of kept documents by normalised hash;
+ * equal hashes are compared byte by byte, so a collision never drops a
+ * document. */
+static int dedup_exact(struct docs *d, size_t *removed)
+{
+    size_t size = table_size_for(d->n), mask = size - 1;
+    size_t *slots = calloc(size, sizeof *slots); /* document index + 1; 0: empty */
+    uint64_t *hashes = malloc((d->n ? d->n : 1) * sizeof *hashes);
+    if (!slots || !hashes) {
+        free(slots);
+        free(hashes);
+        return fail("out of memory deduplicating %zu documents", d->n);
+    }
+    *removed = 0;
+    for (size_t i = 0; i < d->n; i++) {
+        hashes[i] = norm_hash(&d->v[i]);
+        size_t s = (size_t)tr_mix64(hashes[i]) & mask;
+        for (; slots[s]; s = (s + 1) & mask) {
+            size_t j = slots[s] - 1;
+            if (hashes[j] == hashes[i] && norm_equal(&d->v[j], &d->v[i])) {
+                d->v[i].removed = EXACT_DUP;
+                d->v[i].dup_of = j;
+                d->v[i].similarity = 1;
+                (*removed)++;
+                break;
+            }
+        }
+        if (!d->v[i].removed)
+            slots[s] = i + 1;
+    }
+    free(slots);
+    free(hashes);
+    return 0;
+}
+
+/* MinHash signature of a document's normalised 5-grams: for each of the
+ * hash functions h_k(x) = a_k x + b_k (x the mixed hash of a 5-gram, a_k
+ * odd), the high 32 bits of the smallest value. */
+static void minhash(const struct doc *doc, unsigned char *buf, const uint64_t *a,
+                    const uint64_t *b, uint32_t *sig)
+{
+    struct norm n = norm_begin(doc);
+    size_t len = 0;
+    for (int c; (c = norm_next(&n)) >= 0;)
+        buf[len++] = (unsigned char)c;
+    uint64_t mins[MINHASH_FUNCS];
+    for (int k = 0; k < MINHASH_FUNCS; k++)
+        mins[k] = UINT64_MAX;
+    size_t shingles = len >= SHINGLE ? len - SHINGLE + 1 : 1;
+    size_t width = len >= SHINGLE ? SHINGLE : len;
+    for (size_t i = 0; i < shingles; i++) {
+        uint64_t x = tr_mix64(fnv1a(FNV_OFFSET, buf + i, width));
+        for (int k = 0; k < MINHASH_FUNCS; k++) {
+            uint64_t h = x * a[k] + b[k];
+            if (h < mins[k])
+                mins[k] = h;
+        }
+    }
+    for (int k = 0; k < MINHASH_FUNCS; k++)
+        sig[k] = (uint32_t)(mins[k] >> 32);
+}
+
+/* Rows per LSH band: the most (fewest candidates to check) that still make
+ * a pair at the threshold a candidate with probability >= 0.99, i.e.
+ * 1 - (1 - t^rows)^bands >= 0.99. */
+static int band_rows(double threshold)
+{
+    static const int choices[] = {8, 4, 2};
+    for (size_t i = 0; i < TR_ARRAY_LEN(choices); i++) {
+        int rows = choices[i], bands = MINHASH_FUNCS / rows;
+        if (1 - pow(1 - pow(threshold, rows), bands) >= 0.99)
+            return rows;
+    }
+    return 1;
+}
+
+struct bucket_entry {
+    uint64_t key;
+    size_t doc_plus_one; /* 0: empty */
+};
+
+static int dedup_near(struct docs *d, double threshold, int rows, size_t *removed)
+{
+    int bands = MINHASH_FUNCS / rows;
+    size_t longest = 1, kept = 0;
+    for (size_t i = 0; i < d->n; i++) {
+        if (d->v[i].len > longest)
+            longest = d->v[i].len;
+        kept += !d->v[i].removed;
+    }
+    size_t size = table_size_for(kept * (size_t)bands), mask = size - 1;
+    struct bucket_entry *table = calloc(size, sizeof *table);
+    uint32_t *sigs = malloc((d->n ? d->n : 1) * MINHASH_FUNCS * sizeof *sigs);
+    unsigned char *buf = malloc(longest);
+    if (!table || !sigs || !buf) {
+        free(table);
+        free(sigs);
+        free(buf);
+        return fail("out of memory for near deduplication of %zu documents", kept);
+    }
+
+    /* Fixed coefficients: the same input always gives the same result. */
+    uint64_t a[MINHASH_FUNCS], b[MINHASH_FUNCS];
+    for (int k = 0; k < MINHASH_FUNCS; k++) {
+        a[k] = tr_mix64(0x9e3779b97f4a7c15ULL * (uint64_t)(2 * k + 1)) | 1;
+        b[k] = tr_mix64(0x632be59bd9b4e019ULL * (uint64_t)(2 * k + 2));
+    }
+
+    *removed = 0;
+    for (size_t i = 0; i < d->n; i++) {
+        struct doc *doc = &d->v[i];
+        if (doc->removed)
+            continue;
+        uint32_t *sig = sigs + i * MINHASH_FUNCS;
+        minhash(doc, buf, a, b, sig);
+        uint64_t keys[MINHASH_FUNCS];
+        double best = -1;
+        size_t best_doc = 0;
+        for (int band = 0; band < bands; band++) {
+            uint64_t key = tr_mix64((uint64_t)band + 1);
+            for (int r = 0; r < rows; r++)
+                key = tr_mix64(key ^ sig[band * rows + r]);
+            keys[band] = key;
+            for (size_t s = (size_t)key & mask; table[s].doc_plus_one; s = (s + 1) & mask) {
+                if (table[s].key != key)
+                    continue;
+                size_t j = table[s].doc_plus_one - 1;
+                const uint32_t *other = sigs + j * MINHASH_FUNCS;
+                int same = 0;
+                for (int k = 0; k < MINHASH_FUNCS; k++)
+                    same += sig[k] == other[k];
+                double similarity = (double)same / MINHASH_FUNCS;
+                if (similarity > best) {
+                    best = similarity;
+                    best_doc = j;
+                }
+            }
+        }
+        if (best >= threshold) {
+            doc->removed = NEAR_DUP;
+            doc->dup_of = best_doc;
+            doc->similarity = best;
+            (*removed)++;
+            continue;
+        }
+        for (int band = 0; band < bands; band++) {
+            size_t s = (size_t)keys[band] & mask;
+            while (table[s].doc_plus_one)
+                s = (s + 1) & mask;
+            table[s] = (struct bucket_entry){keys[band], i + 1};
+        }
+    }
+    free(table);
+    free(sigs);
+    free(buf);
+    return 0;
+}
+
+/* The first 60 bytes of a document on one line (whitespace runs shown as
+ * one space), without cutting a UTF-8 character. */
+static void snippet(const struct doc *doc, char *out, size_t size)
+{
+    size_t o = 0, limit = 60 < size - 4 ? 60 : size - 4, i = 0;
+    int space = 0;
+    while (i < doc->len && o < limit) {
+        unsigned char c = doc->text[i];
+        if (is_space(c)) {
+            space = 1;
+            i++;
+            continue;
+        }
+        if (space && o > 0)
+            out[o++] = ' ';
+        space = 0;
+        if (o >= limit)
+            break;
+        size_t seq = c < 0x80 ? 1 : c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+        if (o + seq > limit || i + seq > doc->len)
+            break;
+        memcpy(out + o, doc->text + i, seq);
+        o += seq;
+        i += seq;
+    }
+    while (i < doc->len && is_space(doc->text[i]))
+        i++;
+    int more = i < doc->len;
+    out[o] = '\0';
+    if (more)
+        strcpy(out + o, "...");
+}
+
+static void print_removed(const struct docs *d, const struct input *inputs, enum removal kind)
+{
+    int shown = 0;
+    for (size_t i = 0; i < d->n && shown < SAMPLES_SHOWN; i++) {
+        const struct doc *doc = &d->v[i];
+        if (doc->removed != kind)
+            continue;
+        const struct doc *orig = &d->v[doc->dup_of];
+        char a[80], b[80];
+        snippet(doc, a, sizeof a);
+        snippet(orig, b, sizeof b);
+        printf("  %s:%ld \"%s\"\n", inputs[doc->input].path, doc->line, a);
+        if (kind == NEAR_DUP)
+            printf("    is like %s:%ld (similarity %.2f) \"%s\"\n", inputs[orig->input].path,
+                   orig->line, doc->similarity, b);
+        else
+            printf("    repeats %s:%ld \"%s\"\n", inputs[orig->input].path, orig->line, b);
+        shown++;
+    }
+}
+
+/* ---- shards ---------------------------------------------------------------- */
+
+struct shard_writer {
+    const char *dir, *prefix; /* OUTDIR, "train" or "val" */
+    uint64_t limit;           /* tokens per shard */
+    uint32_t vocab;
+    FILE *f;
+    char path[4096], tmp[4200];
+    int shards;               /* finished so far */
+    uint64_t in_shard, total;
+    unsigned char buf[1 << 16];
+    size_t fill;
+};
+
+
+
+static void trtokens_header(unsigned char h[TRTOKENS_HEADER], uint64_t tokens, uint32_t vocab)
+{
+    /* uint16 tokens: byte and char vocabularies fit */
+    struct tr_tokens_header th = {TR_TOKENS_VERSION, 2, tokens, vocab};
+    tr_tokens_header_write(h, &th);
+}
+
+static int flush_buf(struct shard_writer *w)
+{
+    if (w->fill && fwrite(w->buf, 1, w->fill, w->f) != w->fill)
+        return fail("cannot write %s: %s", w->path, strerror(errno));
+    w->fill = 0;
+    return 0;
+}
+
+/* Finish the open shard: its header gets the count, then it is published
+ * under its name by rename. */
+static int close_shard(struct shard_writer *w)
+{
+    if (!w->f)
+        return 0;
+    unsigned char h[TRTOKENS_HEADER];
+    trtokens_header(h, w->in_shard, w->vocab);
+    int rc = flush_buf(w);
+    if (rc == 0 && (fseek(w->f, 0, SEEK_SET) != 0 || fwrite(h, 1, sizeof h, w->f) != sizeof h ||
+                    fflush(w->f) != 0 || fsync(fileno(w->f)) != 0))
+        rc = fail("cannot write %s: %s", w->path, strerror(errno));
+    if (fclose(w->f) != 0 && rc == 0)
+        rc = fail("cannot write %s: %s", w->path, strerror(errno));
+    w->f = NULL;
+    if (rc == 0 && rename(w->tmp, w->path) != 0)
+        rc = fail("cannot rename %s to %s: %s", w->tmp, w->path, strerror(errno));
+    if (rc != 0) {
+        unlink(w->tmp);
+        return rc;
+    }
+    w->shards++;
+    return 0;
+}
+
+static int open_shard(struct shard_writer *w)
+{
+    snprintf(w->path, sizeof w->path, "%s/%s_%06d.bin", w->dir, w->prefix, w->shards);
+    snprintf(w->tmp, sizeof w->tmp, "%s.tmp-%ld", w->path, (long)getpid());
+    w->f = fopen(w->tmp, "wb");
+    if (!w->f)
+        return fail("cannot create %s: %s", w->tmp, strerror(errno));
+    unsigned char h[TRTOKENS_HEADER];
+    trtokens_header(h, 0, w->vocab); /* rewritten with the count at the end */
+    if (fwrite(h, 1, sizeof h, w->f) != sizeof h)
+        return fail("cannot write %s: %s", w->path, strerror(errno));
+    w->in_shard = 0;
+    return 0;
+}
+
+static int put_token(struct shard_writer *w, uint16_t id)
+{
+    if (w->f && w->in_shard == w->limit && close_shard(w) != 0)
+        return -1;
+    if (!w->f && open_shard(w) != 0)
+        return -1;
+    if (w->fill + 2 > sizeof w->buf && flush_buf(w) != 0)
+        return -1;
+    w->buf[w->fill++] = (unsigned char)(id & 0xff);
+    w->buf[w->fill++] = (unsigned char)(id >> 8);
+    w->in_shard++;
+    w->total++;
+    return 0;
+}
+
+static void abandon_shard(struct shard_writer *w)
+{
+    if (!w->f)
+        return;
+    fclose(w->f);
+    w->f = NULL;
+    unlink(w->tmp);
+}
+
+/* The shard number of "<prefix>_NNNNNN.bin", or -1 for any other name. */
+static long shard_index(const char *name, const char *prefix)
+{
+    size_t plen = strlen(prefix);
+    if (strncmp(name, prefix, plen) != 0 || name[plen] != '_' || !isdigit((unsigned char)name[plen + 1]))
+        return -1;
+    char *end;
+    long index = strtol(name + plen + 1, &end, 10);
+    return end == name + plen + 7 && strcmp(end, ".bin") == 0 ? index : -1;
+}
+
+/* Shards named like ours that this run did not write (a previous run made
+ * more): remove them, or a glob would pick them up.  Only regular files
+ * (a symlink is not followed), in a directory claim_out_dir made ours. */
+static void remove_stale_shards(const char *dir, const char *prefix, int written)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *name = e->d_name;
+        long index = shard_index(name, prefix);
+        struct stat st;
+        if (index < written || fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+            !S_ISREG(st.st_mode))
+            continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        if (unlinkat(dirfd(d), name, 0) == 0)
+            printf("trainrun prepare: removed %s, left by an earlier run\n", path);
+    }
+    closedir(d);
+}
+
+/* OUTDIR may be any directory: what prepare replaces or removes there
+ * (prepare.json, data.csv, train_/val_NNNNNN.bin) it touches only where an
+ * earlier prepare wrote them (its marker, or for older versions its
+ * prepare.json).  A directory holding the user's files of those names is
+ * refused, so nothing of theirs is overwritten or deleted. */
+#define PREPARE_MARK ".trainrun-prepare"
+
+static int claim_out_dir(const char *dir)
+{
+    char path[4200];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/" PREPARE_MARK, dir);
+    int ours = lstat(path, &st) == 0 && S_ISREG(st.st_mode);
+    if (!ours) {
+        snprintf(path, sizeof path, "%s/prepare.json", dir);
+        FILE *f = lstat(path, &st) == 0 && S_ISREG(st.st_mode) ? fopen(path, "r") : NULL;
+        char head[64] = "";
+        size_t n = f ? fread(head, 1, sizeof head - 1, f) : 0;
+        if (f)
+            fclose(f);
+        head[n] = '\0';
+        static const char text[] = "{\n  \"format\": \"text\",", csv[] = "{\n  \"format\": \"csv\",";
+        ours = strncmp(head, text, sizeof text - 1) == 0 || strncmp(head, csv, sizeof csv - 1) == 0;
+    }
+    DIR *d = ours ? NULL : opendir(dir);
+    struct dirent *e;
+    const char *theirs = NULL;
+    while (d && !theirs && (e = readdir(d)))
+        if (strcmp(e->d_name, "prepare.json") == 0 || strcmp(e->d_name, "data.csv") == 0 ||
+            shard_index(e->d_name, "train") >= 0 || shard_index(e->d_name, "val") >= 0)
+            theirs = e->d_name;
+    if (theirs) {
+        fail("%s/%s exists and was not written by trainrun prepare; it is left untouched: "
+             "pass -o with a new or empty directory", dir, theirs);
+        closedir(d);
+        return -1;
+    }
+    if (d)
+        closedir(d);
+    snprintf(path, sizeof path, "%s/" PREPARE_MARK, dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return fail("cannot write %s: %s", path, strerror(errno));
+    close(fd);
+    return 0;
+}
+
+/* ---- writing prepare.json ------------------------------------------------- */
+
+static int publish_file(const char *tmp, const char *path, FILE *f)
+{
+    int rc = 0;
+    if (fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0)
+        rc = fail("cannot write %s: %s", path, strerror(errno));
+    if (fclose(f) != 0 && rc == 0)
+        rc = fail("cannot write %s: %s", path, strerror(errno));
+    if (rc == 0 && rename(tmp, path) != 0)
+        rc = fail("cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    if (rc != 0)
+        unlink(tmp);
+    return rc;
+}
+
+static void json_shard_list(FILE *f, const char *prefix, int n)
+{
+    fputc('[', f);
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%s\"%s_%06d.bin\"", i ? ", " : "", prefix, i);
+    fputc(']', f);
+}
+
+static void json_inputs(FILE *f, const struct prepare_opts *o)
+{
+    fputs("  \"inputs\": [", f);
+    for (int i = 0; i < o->n_inputs; i++) {
+        if (i)
+            fputs(", ", f);
+        tr_json_write_string(f, o->inputs[i]);
+    }
+    fputs("],\n", f);
+}
+
+/* ---- text ------------------------------------------------------------------ */
+
+struct text_result {
+    size_t read, removed_exact, removed_near;
+    size_t docs[2];      /* train, val */
+    uint64_t tokens[2];
+    int shards[2];
+    uint32_t vocab;
+    unsigned char table[256]; /* char tokenizer: token id -> byte */
+};
+
+static int write_text_json(const struct prepare_opts *o, const struct text_result *r, int rows)
+{
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/prepare.json", o->out_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return fail("cannot create %s: %s", tmp, strerror(errno));
+    fputs("{\n  \"format\": \"text\",\n", f);
+    json_inputs(f, o);
+    fprintf(f, "  \"tokenizer\": \"%s\",\n  \"vocab\": %u,\n  \"dtype\": \"uint16\",\n",
+            o->tokenizer, r->vocab);
+    fprintf(f, "  \"doc_separator\": \"%s\",\n  \"dedup\": \"%s\",\n", o->doc_separator,
+            o->dedup);
+    if (strcmp(o->dedup, "near") == 0)
+        fprintf(f, "  \"near_threshold\": %g,\n  \"minhash\": {\"functions\": %d, \"bands\": %d, "
+                   "\"rows\": %d, \"shingle\": %d},\n",
+                o->near_threshold, MINHASH_FUNCS, MINHASH_FUNCS / rows, rows, SHINGLE);
+    fprintf(f,
+            "  \"documents\": {\"read\": %zu, \"kept\": %zu, \"removed_exact\": %zu, "
+            "\"removed_near\": %zu},\n",
+            r->read, r->docs[0] + r->docs[1], r->removed_exact, r->removed_near);
+    fprintf(f, "  \"val_fraction\": %g,\n  \"shard_tokens\": %llu,\n", o->val_fraction,
+            (unsigned long long)o->shard_tokens);
+    static const char *const names[2] = {"train", "val"};
+    for (int s = 0; s < 2; s++) {
+        fprintf(f, "  \"%s\": {\"documents\": %zu, \"tokens\": %llu, \"shards\": ", names[s],
+                r->docs[s], (unsigned long long)r->tokens[s]);
+        json_shard_list(f, names[s], r->shards[s]);
+        fputs("},\n", f);
+    }
+    fputs("  \"chars\": ", f);
+    if (strcmp(o->tokenizer, "char") == 0) {
+        fputc('[', f);
+        for (uint32_t i = 0; i < r->vocab; i++)
+            fprintf(f, "%s%u", i ? ", " : "", r->table[i]);
+        fputs("]\n", f);
+    } else {
+        fputs("null\n", f);
+    }
+    fputs("}\n", f);
+    return publish_file(tmp, path, f);
+}
+
+static int write_split(const struct prepare_opts *o, const struct docs *d, size_t from,
+                       size_t to, const uint16_t *ids, const char *sep, size_t sep_len,
+                       const char *prefix, struct text_result *r, int split)
+{
+    struct shard_writer *w = calloc(1, sizeof *w);
+    if (!w)
+        return fail("out of memory");
+    w->dir = o->out_dir;
+    w->prefix = prefix;
+    w->limit = o->shard_tokens;
+    w->vocab = r->vocab;
+    int rc = 0;
+    for (size_t i = from; i < to && rc == 0; i++) {
+        const struct doc *doc = &d->v[i];
+        if (doc->removed)
+            continue;
+        r->docs[split]++;
+        for (size_t k = 0; k < doc->len && rc == 0; k++)
+            rc = put_token(w, ids[doc->text[k]]);
+        for (size_t k = 0; k < sep_len && rc == 0; k++)
+            rc = put_token(w, ids[(unsigned char)sep[k]]);
+    }
+    if (rc == 0)
+        rc = close_shard(w);
+    else
+        abandon_shard(w);
+    r->tokens[split] = w->total;
+    r->shards[split] = w->shards;
+    free(w);
+    if (rc == 0)
+        remove_stale_shards(o->out_dir, prefix, r->shards[split]);
+    return rc;
+}
+
+static int prepare_text(const struct prepare_opts *o, struct input *inputs)
+{
+    struct docs d = {0};
+    struct text_result r = {0};
+    int by_line = strcmp(o->doc_separator, "line") == 0;
+    const char *sep = by_line ? "\n" : "\n\n";
+    size_t sep_len = strlen(sep);
+    int rc = 0, rows = band_rows(o->near_threshold);
+    size_t bytes = 0;
+    for (int i = 0; i < o->n_inputs && rc == 0; i++) {
+        rc = split_documents(&d, &inputs[i], i, by_line);
+        bytes += inputs[i].size;
+    }
+    if (rc != 0)
+        goto out;
+    r.read = d.n;
+    printf("trainrun prepare: %d input%s, %zu bytes, %zu document%s (%s)\n", o->n_inputs,
+           o->n_inputs == 1 ? "" : "s", bytes, d.n, d.n == 1 ? "" : "s",
+           by_line ? "one per line" : "separated by blank lines");
+    if (d.n == 0) {
+        rc = fail("no documents in the input%s (every line is blank); check the input files",
+                  o->n_inputs == 1 ? "" : "s");
+        goto out;
+    }
+
+    if (strcmp(o->dedup, "none") != 0) {
+        if ((rc = dedup_exact(&d, &r.removed_exact)) != 0)
+            goto out;
+        printf("trainrun prepare: exact dedup removed %zu document%s\n", r.removed_exact,
+               r.removed_exact == 1 ? "" : "s");
+        print_removed(&d, inputs, EXACT_DUP);
+    }
+    if (strcmp(o->dedup, "near") == 0) {
+        if ((rc = dedup_near(&d, o->near_threshold, rows, &r.removed_near)) != 0)
+            goto out;
+        printf("trainrun prepare: near dedup (MinHash, %d functions in %d bands of %d, "
+               "threshold %.2f) removed %zu document%s\n",
+               MINHASH_FUNCS, MINHASH_FUNCS / rows, rows, o->near_threshold, r.removed_near,
+               r.removed_near == 1 ? "" : "s");
+        print_removed(&d, inputs, NEAR_DUP);
+    }
+
+    /* The vocabulary and each byte's token id. */
+    uint16_t ids[256];
+    if (strcmp(o->tokenizer, "char") == 0) {
+        unsigned char seen[256] = {0};
+        for (size_t i = 0; i < d.n; i++)
+            if (!d.v[i].removed)
+                for (size_t k = 0; k < d.v[i].len; k++)
+                    seen[d.v[i].text[k]] = 1;
+        for (size_t k = 0; k < sep_len; k++)
+            seen[(unsigned char)sep[k]] = 1;
+        for (int c = 0; c < 256; c++) {
+            if (seen[c]) {
+                ids[c] = (uint16_t)r.vocab;
+                r.table[r.vocab++] = (unsigned char)c;
+            }
+        }
+    } else {
+        for (int c = 0; c < 256; c++)
+            ids[c] = (uint16_t)c;
+        r.vocab = 256;
+    }
+
+    /* Validation: whole documents from the end, at least val_fraction of the
+     * tokens, always leaving one training document. */
+    uint64_t total = 0;
+    size_t first_kept = d.n;
+    for (size_t i = 0; i < d.n; i++) {
+        if (d.v[i].removed)
+            continue;
+        total += d.v[i].len + sep_len;
+        if (first_kept == d.n)
+            first_kept = i;
+    }
+    uint64_t want = (uint64_t)((double)total * o->val_fraction), val_tokens = 0;
+    size_t val_from = d.n;
+    while (want > 0 && val_tokens < want && val_from > first_kept + 1) {
+        val_from--;
+        if (!d.v[val_from].removed)
+            val_tokens += d.v[val_from].len + sep_len;
+    }
+    while (val_from < d.n && d.v[val_from].removed)
+        val_from++; /* start the split at a kept document */
+    if (want > 0 && val_from == d.n)
+        fprintf(stderr, "trainrun prepare: warning: only one document is left, so there is no "
+                        "validation split; use data.val_fraction in the recipe instead\n");
+
+    if (tr_mkdir_p(o->out_dir) != 0) {
+        rc = fail("cannot create the output directory %s: %s", o->out_dir, strerror(errno));
+        goto out;
+    }
+    if ((rc = claim_out_dir(o->out_dir)) != 0)
+        goto out;
+    if ((rc = write_split(o, &d, 0, val_from, ids, sep, sep_len, "train", &r, 0)) != 0 ||
+        (rc = write_split(o, &d, val_from, d.n, ids, sep, sep_len, "val", &r, 1)) != 0 ||
+        (rc = write_text_json(o, &r, rows)) != 0)
+        goto out;
+    printf("trainrun prepare: %s tokens, vocabulary %u: train %llu tokens (%zu document%s) in "
+           "%d shard%s, val %llu tokens (%zu document%s) in %d shard%s\n",
+           o->tokenizer, r.vocab, (unsigned long long)r.tokens[0], r.docs[0],
+           r.docs[0] == 1 ? "" : "s", r.shards[0], r.shards[0] == 1 ? "" : "s",
+           (unsigned long long)r.tokens[1], r.docs[1], r.docs[1] == 1 ? "" : "s", r.shards[1],
+           r.shards[1] == 1 ? "" : "s");
+    printf("trainrun prepare: wrote %s/prepare.json; use\n"
+           "  data = { plugin = \"tokens\", train = \"%s/train_*.bin\"%s%s%s }\n",
+           o->out_dir, o->out_dir, r.shards[1] ? ", val = \"" : ", val_fraction = 0",
+           r.shards[1] ? o->out_dir : "", r.shards[1] ? "/val_*.bin\"" : "");
+out:
+    free(d.v);
+    return rc;
+}
+
+/* ---- csv ------------------------------------------------------------------- */
+
+struct csv_state {
+    const struct prepare_opts *o;
+    FILE *out;
+    char out_path[4096];
+    size_t fields;            /* per row, from the first data row */
+    const char *fields_from;  /* where that row is, for messages */
+    long fields_line;
+    size_t rows_read, rows_written, duplicates, errors, blank;
+    /* kept rows as written (for exact dedup): offsets into `kept` */
+    char *kept;
+    size_t kept_len, kept_cap;
+    size_t *slots;            /* open addressing: row number + 1 */
+    size_t slot_mask;
+    size_t *row_at;           /* offset of each kept row in `kept` */
+    uint64_t *row_hash;
+    const char **row_file;
+    long *row_line;
+    size_t rows_cap;
+    int shown;
+    char **split;             /* the fields of the current line */
+    size_t split_cap;
+};
+
+static int csv_error(struct csv_state *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int csv_error(struct csv_state *s, const char *fmt, ...)
+{
+    if (s->errors++ < CSV_ERRORS_SHOWN) {
+        va_list ap;
+        va_start(ap, fmt);
+        fputs("trainrun prepare: error: ", stderr);
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+        va_end(ap);
+    }
+    return 0;
+}
+
+/* A number the csv plugin can hold: it stores features as float, so 1e39,
+ * finite as a double, would become infinity there. */
+static int is_number(const char *s)
+{
+    double v;
+    return csv_number(s, &v) && fabs(v) <= FLT_MAX;
+}
+
+/* Remember a kept row for exact dedup; 1 if it is new, 0 if it repeats an
+ * earlier one, -1 when out of memory. */
+static int csv_remember(struct csv_state *s, const char *row, size_t len, const char *file,
+                        long line)
+{
+    if (s->rows_written == s->rows_cap) { /* grow, and rebuild the table at half load */
+        size_t cap = s->rows_cap ? s->rows_cap * 2 : 1024;
+        size_t *at = realloc(s->row_at, cap * sizeof *at);
+        if (at)
+            s->row_at = at;
+        uint64_t *h = realloc(s->row_hash, cap * sizeof *h);
+        if (h)
+            s->row_hash = h;
+        const char **rf = realloc(s->row_file, cap * sizeof *rf);
+        if (rf)
+            s->row_file = rf;
+        long *rl = realloc(s->row_line, cap * sizeof *rl);
+        if (rl)
+            s->row_line = rl;
+        size_t slots_n = table_size_for(cap);
+        size_t *slots = calloc(slots_n, sizeof *slots);
+        if (!at || !h || !rf || !rl || !slots) {
+            free(slots);
+            return -1;
+        }
+        s->rows_cap = cap;
+        free(s->slots);
+        s->slots = slots;
+        s->slot_mask = slots_n - 1;
+        for (size_t i = 0; i < s->rows_written; i++) {
+            size_t k = (size_t)tr_mix64(s->row_hash[i]) & s->slot_mask;
+            while (s->slots[k])
+                k = (k + 1) & s->slot_mask;
+            s->slots[k] = i + 1;
+        }
+    }
+    uint64_t hash = fnv1a(FNV_OFFSET, (const unsigned char *)row, len);
+    size_t k = (size_t)tr_mix64(hash) & s->slot_mask;
+    for (; s->slots[k]; k = (k + 1) & s->slot_mask) {
+        size_t j = s->slots[k] - 1;
+        const char *other = s->kept + s->row_at[j];
+        if (s->row_hash[j] == hash && strcmp(other, row) == 0) {
+            if (s->shown == 0)
+                printf("trainrun prepare: duplicate rows (the first %d shown):\n",
+                       SAMPLES_SHOWN);
+            if (s->shown++ < SAMPLES_SHOWN)
+                printf("  %s:%ld \"%.60s%s\"\n    repeats %s:%ld\n", file, line, row,
+                       len > 60 ? "..." : "", s->row_file[j], s->row_line[j]);
+            return 0;
+        }
+    }
+    if (s->kept_cap - s->kept_len < len + 1) {
+        size_t cap = s->kept_cap ? s->kept_cap : 1 << 16;
+        while (cap - s->kept_len < len + 1)
+            cap *= 2;
+        char *grown = realloc(s->kept, cap);
+        if (!grown)
+            return -1;
+        s->kept = grown;
+        s->kept_cap = cap;
+    }
+    size_t i = s->rows_written;
+    s->row_at[i] = s->kept_len;
+    s->row_hash[i] = hash;
+    s->row_file[i] = file;
+    s->row_line[i] = line;
+    memcpy(s->kept + s->kept_len, row, len + 1);
+    s->kept_len += len + 1;
+    s->slots[k] = i + 1;
+    return 1;
+}
+
+/* Check and clean one line (in place, without its line ending); write it
+ * when it is a new row. */
+static int csv_line(struct csv_state *s, char *line, const char *file, long lineno,
+                    int is_header)
+{
+    size_t len = strlen(line);
+    if (csv_is_blank(line)) {
+        s->blank++;
+        return 0;
+    }
+    /* Clean: fields trimmed, joined by commas, into a fresh buffer. */
+    char *clean = malloc(len + 1);
+    size_t n = clean ? csv_split(line, &s->split, &s->split_cap) : (size_t)-1;
+    if (n == (size_t)-1) {
+        free(clean);
+        return fail("out of memory reading %s", file);
+    }
+    size_t o = 0;
+    int bad = 0;
+    for (size_t k = 0; k < n; k++) {
+        const char *field = s->split[k];
+        if (!is_header && !bad && !is_number(field)) {
+            double v = strtod(field, NULL);
+            csv_error(s, "%s:%ld: column %zu \"%s\" is %s", file, lineno, k, field,
+                      isfinite(v) && fabs(v) > FLT_MAX ? "beyond what a float holds "
+                                                         "(|x| <= 3.4e38)" : "not a number");
+            bad = 1;
+        }
+        o += (size_t)sprintf(clean + o, "%s%s", k ? "," : "", field);
+    }
+    if (s->fields == 0) {
+        if (n < 2) {
+            csv_error(s, "%s:%ld: found 1 field; each line needs at least one feature and a "
+                         "label, separated by commas", file, lineno);
+            free(clean);
+            return 0;
+        }
+        s->fields = n;
+        s->fields_from = file;
+        s->fields_line = lineno;
+    } else if (n != s->fields) {
+        csv_error(s, "%s:%ld: expected %zu fields (as on %s:%ld), got %zu; every row needs the "
+                     "same number of comma-separated values",
+                  file, lineno, s->fields, s->fields_from, s->fields_line, n);
+        bad = 1;
+    }
+    int rc = 0;
+    if (!is_header)
+        s->rows_read++;
+    if (!bad && s->errors == 0) {
+        int dedup = strcmp(s->o->dedup, "none") != 0;
+        int fresh = is_header || !dedup ? 1 : csv_remember(s, clean, o, file, lineno);
+        if (fresh < 0)
+            rc = fail("out of memory reading %s", file);
+        else if (fresh == 0)
+            s->duplicates++;
+        else if (fprintf(s->out, "%s\n", clean) < 0)
+            rc = fail("cannot write %s: %s", s->out_path, strerror(errno));
+        else if (!is_header)
+            s->rows_written++;
+    }
+    free(clean);
+    return rc;
+}
+
+static int prepare_csv(const struct prepare_opts *o)
+{
+    struct csv_state s = {.o = o};
+    if (tr_mkdir_p(o->out_dir) != 0)
+        return fail("cannot create the output directory %s: %s", o->out_dir, strerror(errno));
+    if (claim_out_dir(o->out_dir) != 0)
+        return -1;
+    snprintf(s.out_path, sizeof s.out_path, "%s/data.csv", o->out_dir);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp-%ld", s.out_path, (long)getpid());
+    s.out = fopen(tmp, "w");
+    if (!s.out)
+        return fail("cannot create %s: %s", tmp, strerror(errno));
+    if (strcmp(o->dedup, "near") == 0)
+        printf("trainrun prepare: near dedup applies to text; CSV rows get exact dedup\n");
+
+    int rc = 0;
+    char *line = NULL;
+    size_t cap = 0;
+    for (int i = 0; i < o->n_inputs && rc == 0; i++) {
+        const char *file = o->inputs[i];
+        errno = 0;
+        gzFile f = gzopen(file, "rb");
+        if (!f) {
+            rc = fail("cannot open %s: %s", file, errno ? strerror(errno) : "out of memory");
+            break;
+        }
+        int header_pending = o->header;
+        for (long lineno = 1; rc == 0; lineno++) {
+            int got = csv_read_line(f, &line, &cap);
+            if (got < 0)
+                rc = fail("out of memory reading %s", file);
+            if (got <= 0)
+                break;
+            int is_header = header_pending && line[strspn(line, " \t\r\n")] != '\0';
+            if (is_header)
+                header_pending = 0;
+            if (is_header && i > 0)
+                continue; /* the first input's header names the columns */
+            rc = csv_line(&s, line, file, lineno, is_header);
+        }
+        int zerr;
+        const char *msg = gzerror(f, &zerr);
+        if (rc == 0 && zerr != Z_OK && zerr != Z_STREAM_END)
+            rc = fail("cannot read %s: %s (is the .gz file complete?)", file,
+                      zerr == Z_ERRNO ? strerror(errno) : msg);
+        gzclose(f);
+    }
+    free(line);
+    if (rc == 0 && s.errors > 0)
+        rc = fail("%zu row%s of the input%s cannot be used%s; nothing was written", s.errors,
+                  s.errors == 1 ? "" : "s", o->n_inputs == 1 ? "" : "s",
+                  s.errors > CSV_ERRORS_SHOWN ? " (the first ones are shown above)" : "");
+    if (rc == 0 && s.rows_written == 0)
+        rc = fail("no data rows in the input%s", o->n_inputs == 1 ? "" : "s");
+    if (rc != 0) {
+        fclose(s.out);
+        unlink(tmp);
+    } else {
+        rc = publish_file(tmp, s.out_path, s.out);
+    }
+    if (rc == 0) {
+        char path[4096], jtmp[4200];
+        snprintf(path, sizeof path, "%s/prepare.json", o->out_dir);
+        snprintf(jtmp, sizeof jtmp, "%s.tmp-%ld", path, (long)getpid());
+        FILE *f = fopen(jtmp, "w");
+        if (!f) {
+            rc = fail("cannot create %s: %s", jtmp, strerror(errno));
+        } else {
+            fputs("{\n  \"format\": \"csv\",\n", f);
+            json_inputs(f, o);
+            fprintf(f,
+                    "  \"output\": \"data.csv\",\n  \"header\": %s,\n  \"columns\": %zu,\n"
+                    "  \"dedup\": \"%s\",\n  \"rows\": {\"read\": %zu, \"written\": %zu, "
+                    "\"duplicates_removed\": %zu, \"blank_lines\": %zu}\n}\n",
+                    o->header ? "true" : "false", s.fields,
+                    strcmp(o->dedup, "none") ? "exact" : "none", s.rows_read, s.rows_written,
+                    s.duplicates, s.blank);
+            rc = publish_file(jtmp, path, f);
+        }
+    }
+    if (rc == 0)
+        printf("trainrun prepare: %zu rows of %zu columns read, %zu duplicate%s removed, %zu "
+               "written to %s (and prepare.json)\n",
+               s.rows_read, s.fields, s.duplicates, s.duplicates == 1 ? "" : "s",
+               s.rows_written, s.out_path);
+    free(s.kept);
+    free(s.slots);
+    free(s.row_at);
+    free(s.row_hash);
+    free(s.row_file);
+    free(s.row_line);
+    free(s.split);
+    return rc;
+}
+
+/* ---- the command ------------------------------------------------------------ */
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+static int one_of(const char *flag, const char *value, const char *a, const char *b,
+                  const char *c)
+{
+    if (strcmp(value, a) == 0 || strcmp(value, b) == 0 || (c && strcmp(value, c) == 0))
+        return 1;
+    fprintf(stderr, "trainrun prepare: error: %s must be %s, %s%s%s, not '%s'\n", flag, a, b,
+            c ? " or " : "", c ? c : "", value);
+    return 0;
+}
+
+/* Parse the command line; TR_EXIT_OK to go on, else the exit code. */
+static int parse_args(int argc, char **argv, struct prepare_opts *o, int *help)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            *help = 1;
+            return TR_EXIT_OK;
+        }
+        if (a[0] != '-') {
+            o->inputs[o->n_inputs++] = a;
+            continue;
+        }
+        if (strcmp(a, "--header") == 0) {
+            o->header = 1;
+            continue;
+        }
+        /* --flag value or --flag=value */
+        static const char *const known[] = {"-o", "--out", "--format", "--tokenizer", "--dedup",
+                                            "--doc-separator", "--shard-tokens",
+                                            "--val-fraction", "--near-threshold"};
+        char name[64];
+        const char *value;
+        const char *eq = strchr(a, '=');
+        snprintf(name, sizeof name, "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
+        int is_known = 0;
+        for (size_t k = 0; k < TR_ARRAY_LEN(known); k++)
+            is_known |= strcmp(name, known[k]) == 0;
+        if (!is_known) {
+            fprintf(stderr, "trainrun prepare: error: unknown option '%s' (see trainrun "
+                            "prepare --help)\n", name);
+            return TR_EXIT_USAGE;
+        }
+        if (eq) {
+            value = eq + 1;
+        } else {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "trainrun prepare: error: %s needs a value\n", a);
+                return TR_EXIT_USAGE;
+            }
+            value = argv[++i];
+        }
+        char *end;
+        if (strcmp(name, "-o") == 0 || strcmp(name, "--out") == 0) {
+            o->out_dir = value;
+        } else if (strcmp(name, "--format") == 0) {
+            if (!one_of(name, value, "text", "csv", NULL))
+                return TR_EXIT_USAGE;
+            o->format = value;
+        } else if (strcmp(name, "--tokenizer") == 0) {
+            if (!one_of(name, value, "byte", "char", NULL))
+                return TR_EXIT_USAGE;
+            o->tokenizer = value;
+        } else if (strcmp(name, "--dedup") == 0) {
+            if (!one_of(name, value, "exact", "near", "none"))
+                return TR_EXIT_USAGE;
+            o->dedup = value;
+        } else if (strcmp(name, "--doc-separator") == 0) {
+            if (!one_of(name, value, "blank-line", "line", NULL))
+                return TR_EXIT_USAGE;
+            o->doc_separator = value;
+        } else if (strcmp(name, "--shard-tokens") == 0) {
+            errno = 0;
+            unsigned long long v = strtoull(value, &end, 10);
+            if (end == value || *end || errno || v < 2 || value[0] == '-') {
+                fprintf(stderr, "trainrun prepare: error: --shard-tokens must be an integer "
+                                "of at least 2, not '%s'\n", value);
+                return TR_EXIT_USAGE;
+            }
+            o->shard_tokens = v;
+        } else if (strcmp(name, "--val-fraction") == 0) {
+            double v = strtod(value, &end);
+            if (end == value || *end || !(v >= 0 && v < 1)) {
+                fprintf(stderr, "trainrun prepare: error: --val-fraction must be a number in "
+                                "[0, 1), not '%s'\n", value);
+                return TR_EXIT_USAGE;
+            }
+            o->val_fraction = v;
+        } else { /* --near-threshold */
+            double v = strtod(value, &end);
+            if (end == value || *end || !(v > 0 && v <= 1)) {
+                fprintf(stderr, "trainrun prepare: error: --near-threshold must be a number in "
+                                "(0, 1], not '%s'\n", value);
+                return TR_EXIT_USAGE;
+            }
+            o->near_threshold = v;
+        }
+    }
+    return TR_EXIT_OK;
+}
+
+int tr_prepare_main(int argc, char **argv)
+{
+    struct prepare_opts o = {
+        .tokenizer = "byte",
+        .shard_tokens = 100000000,
+        .val_fraction = 0.05,
+        .dedup = "exact",
+        .near_threshold = 0.8,
+        .doc_separator = "blank-line",
+    };
+    o.inputs = calloc((size_t)(argc > 0 ? argc : 1), sizeof *o.inputs);
+    if (!o.inputs) {
+        fail("out of memory");
+        return TR_EXIT_ERROR;
+    }
+    int help = 0;
+    int code = parse_args(argc, argv, &o, &help);
+    if (code != TR_EXIT_OK || help) {
+        if (help)
+            usage(stdout);
+        free(o.inputs);
+        return code;
+    }
+    if (o.n_inputs == 0 || !o.out_dir) {
+        fprintf(stderr, "trainrun prepare: error: %s\n",
+                o.n_inputs == 0 ? "name at least one input file" : "name the output directory "
+                                                                   "with -o OUTDIR");
+        usage(stderr);
+        free(o.inputs);
+        return TR_EXIT_USAGE;
+    }
+    if (strlen(o.out_dir) > 3000) {
+        fprintf(stderr, "trainrun prepare: error: the output directory's path is too long\n");
+        free(o.inputs);
+        return TR_EXIT_USAGE;
+    }
+    if (!o.format) {
+        int all_csv = 1;
+        for (int i = 0; i < o.n_inputs; i++)
+            all_csv &= ends_with(o.inputs[i], ".csv") || ends_with(o.inputs[i], ".csv.gz");
+        o.format = all_csv ? "csv" : "text";
+    }
+
+    if (strcmp(o.format, "csv") == 0) {
+        code = prepare_csv(&o) == 0 ? TR_EXIT_OK : TR_EXIT_ERROR;
+        free(o.inputs);
+        return code;
+    }
+
+    struct input *inputs = calloc((size_t)o.n_inputs, sizeof *inputs);
+    int rc = inputs ? 0 : fail("out of memory");
+    for (int i = 0; i < o.n_inputs && rc == 0; i++) {
+        inputs[i].path = o.inputs[i];
+        rc = read_input(&inputs[i]);
+    }
+    if (rc == 0)
+        rc = prepare_text(&o, inputs);
+    for (int i = 0; inputs && i < o.n_inputs; i++)
+        free(inputs[i].data);
+    free(inputs);
+    free(o.inputs);
+    return rc == 0 ? TR_EXIT_OK : TR_EXIT_ERROR;
+}

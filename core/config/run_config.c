@@ -1,0 +1,567 @@
+#include "run_config.h"
+
+#include "hardware.h"
+#include "options.h"
+#include "../util/suggest.h"
+#include "../util/util.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- install paths ------------------------------------------------------ */
+
+const struct tr_install_paths *tr_install_paths(void)
+{
+    static struct tr_install_paths paths;
+    static int done;
+    if (done)
+        return &paths;
+    done = 1;
+    paths.plugin_dir = TR_PLUGIN_DIR;
+    paths.lua_dir = TR_LUA_DIR;
+    paths.recipe_dir = TR_RECIPE_DIR;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = 0;
+    /* An installed tree that was moved (or installed with DESTDIR): find
+     * the plugins and Lua next to the binary, as <prefix>/bin/trainrun. */
+    static char rel_plugins[PATH_MAX + 64], rel_lua[PATH_MAX + 64], rel_recipes[PATH_MAX + 64];
+    char *slash = n > 0 ? strrchr(exe, '/') : NULL;
+    if (slash) {
+        struct stat st;
+        snprintf(rel_plugins, sizeof rel_plugins, "%.*s/../lib/trainrun/plugins", (int)(slash - exe), exe);
+        snprintf(rel_lua, sizeof rel_lua, "%.*s/../share/trainrun/lua", (int)(slash - exe), exe);
+        snprintf(rel_recipes, sizeof rel_recipes, "%.*s/../share/trainrun/recipes", (int)(slash - exe), exe);
+        if (stat(rel_plugins, &st) == 0 && stat(rel_lua, &st) == 0) {
+            paths.plugin_dir = rel_plugins;
+            paths.lua_dir = rel_lua;
+            paths.recipe_dir = rel_recipes;
+        }
+    }
+#ifdef TR_BUILD_DIR
+    /* Running from the build tree: use its plugins and the source tree's Lua. */
+    char build[PATH_MAX];
+    if (n > 0 && realpath(TR_BUILD_DIR, build)) {
+        size_t len = strlen(build);
+        if (strncmp(exe, build, len) == 0 && (exe[len] == '/' || exe[len] == 0) &&
+            !strchr(exe + len + 1, '/')) {
+            paths.plugin_dir = TR_BUILD_DIR "/plugins/.libs";
+            paths.lua_dir = TR_SOURCE_DIR "/lua";
+            paths.recipe_dir = TR_SOURCE_DIR "/recipes";
+        }
+    }
+#endif
+    const char *env = getenv("TRAINRUN_LUA_DIR");
+    if (env && *env)
+        paths.lua_dir = env;
+    return &paths;
+}
+
+/* ---- the core's own schemas -------------------------------------------- */
+
+#define OPT(type, name, def, lo, hi, help, st, field)                                              \
+    {type, name, def, lo, hi, NULL, help, offsetof(st, field)}
+
+/* Bounds of the integers below, as far as any real run goes and well inside
+ * what their consumers compute with (micro-batches and steps meet int and
+ * uint64 arithmetic, seeds become uint64): a recipe asking for more is a
+ * typo or an attack, and gets an error naming the key, never a wrap. */
+#define STEPS_MAX 1e12        /* steps and every step interval */
+#define BATCH_MAX 16777216.0  /* 2^24 samples in a batch or micro-batch */
+#define SEED_MAX 9007199254740991.0 /* 2^53 - 1: every seed a recipe number holds exactly */
+
+static const struct tr_option train_options[] = {
+    OPT(TR_OPT_INT, "steps", "1000", 1, STEPS_MAX, "optimizer steps to run", struct tr_train_config, steps),
+    OPT(TR_OPT_INT, "batch", "16", 1, BATCH_MAX,
+        "global batch in samples per optimizer step", struct tr_train_config, batch),
+    OPT(TR_OPT_INT, "micro_batch", "0", 0, BATCH_MAX,
+        "samples per forward/backward; batch / micro_batch micro-batches are accumulated "
+        "(0: the whole batch at once, or each rank's even share of it; \"auto\": the largest "
+        "that fits memory_budget)",
+        struct tr_train_config, micro_batch),
+    OPT(TR_OPT_FLOAT, "memory_budget", "0", 0, 1048576,
+        "GiB a micro_batch = \"auto\" may plan for (0: the device's memory, from cost.hardware, "
+        "or this machine's)", struct tr_train_config, memory_budget),
+    OPT(TR_OPT_INT, "seed", "1", 0, SEED_MAX, "seed of initialisation and data order",
+        struct tr_train_config, seed),
+    OPT(TR_OPT_INT, "eval_every", "0", 0, STEPS_MAX,
+        "evaluate on the validation split every N steps (0: only at the end)", struct tr_train_config, eval_every),
+    OPT(TR_OPT_INT, "eval_batches", "8", 1, 1000000, "micro-batches per evaluation",
+        struct tr_train_config, eval_batches),
+    OPT(TR_OPT_INT, "log_every", "10", 1, STEPS_MAX, "progress line and metrics every N steps",
+        struct tr_train_config, log_every),
+    OPT(TR_OPT_INT, "threads", "0", 0, 4096, "compute threads (0: one per core)",
+        struct tr_train_config, threads),
+    OPT(TR_OPT_INT, "workers", "1", 0, 64,
+        "data loader threads (0: read in the step loop)", struct tr_train_config, workers),
+    OPT(TR_OPT_INT, "prefetch", "4", 1, 1024, "micro-batches the loader prepares ahead",
+        struct tr_train_config, prefetch),
+    OPT(TR_OPT_INT, "trace_every", "100", 0, STEPS_MAX,
+        "run_dir/trace.json (chrome://tracing, Perfetto) gets every step's phases and, every N "
+        "steps, each op's forward and backward time (0: no trace)",
+        struct tr_train_config, trace_every),
+    {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
+};
+
+static const char *const optimizer_types[] = {"adamw", "sgd", NULL};
+static const struct tr_option optimizer_options[] = {
+    {TR_OPT_ENUM, "type", "adamw", 0, 0, optimizer_types, "adamw or sgd (with momentum)",
+     offsetof(struct tr_optimizer_config, type)},
+    OPT(TR_OPT_FLOAT, "lr", "0.001", 0, TR_NO_MAX, "peak learning rate (the schedule shapes it)",
+        struct tr_optimizer_config, lr),
+    OPT(TR_OPT_FLOAT, "weight_decay", "0.0", 0, TR_NO_MAX,
+        "decoupled weight decay, applied to matrices and embeddings only (not to norms or biases)",
+        struct tr_optimizer_config, weight_decay),
+    OPT(TR_OPT_FLOAT, "beta1", "0.9", 0, 1, "AdamW first-moment decay", struct tr_optimizer_config, beta1),
+    OPT(TR_OPT_FLOAT, "beta2", "0.999", 0, 1, "AdamW second-moment decay", struct tr_optimizer_config, beta2),
+    OPT(TR_OPT_FLOAT, "eps", "1e-8", 0, 1, "AdamW denominator epsilon", struct tr_optimizer_config, eps),
+    OPT(TR_OPT_FLOAT, "momentum", "0.9", 0, 1, "SGD momentum", struct tr_optimizer_config, momentum),
+    OPT(TR_OPT_INT, "reference_batch", "0", 0, BATCH_MAX,
+        "the batch lr was tuned for: lr is scaled by train.batch / reference_batch (the linear "
+        "scaling rule; 0: no scaling)", struct tr_optimizer_config, reference_batch),
+    OPT(TR_OPT_FLOAT, "clip", "1.0", 0, TR_NO_MAX,
+        "clip gradients to this global L2 norm (0: no clipping)", struct tr_optimizer_config, clip),
+    {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
+};
+
+static const char *const weight_dtypes[] = {"fp32", "bf16", "fp16", NULL};
+static const struct tr_option checkpoint_policy_options[] = {
+    OPT(TR_OPT_INT, "every", "0", 0, STEPS_MAX, "save every N steps (0: only at the end)",
+        struct tr_checkpoint_policy, every),
+    OPT(TR_OPT_INT, "keep", "3", 1, 10000, "checkpoints kept, newest first (plus the best)",
+        struct tr_checkpoint_policy, keep),
+    OPT(TR_OPT_BOOL, "keep_best", "true", 0, 0,
+        "also save and keep the checkpoint of the lowest validation loss",
+        struct tr_checkpoint_policy, keep_best),
+    OPT(TR_OPT_BOOL, "async", "true", 0, 0,
+        "write in a background thread; the step loop stalls only for a snapshot",
+        struct tr_checkpoint_policy, async),
+    OPT(TR_OPT_FLOAT, "deadline", "120", 0, 604800,
+        "seconds a preemption checkpoint (SIGTERM, SIGUSR1) should take; warns when exceeded",
+        struct tr_checkpoint_policy, deadline),
+    {TR_OPT_ENUM, "weights_dtype", "fp32", 0, 0, weight_dtypes,
+     "dtype of model.safetensors; bf16/fp16 halve it, but resuming from it is not bit-exact",
+     offsetof(struct tr_checkpoint_policy, weights_dtype)},
+    {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
+};
+
+static const struct tr_option early_stop_options[] = {
+    OPT(TR_OPT_INT, "patience", "0", 0, 1000000,
+        "stop after this many evaluations without improvement (0: never stop early)",
+        struct tr_early_stop_config, patience),
+    OPT(TR_OPT_FLOAT, "min_delta", "0", 0, TR_NO_MAX,
+        "an evaluation improves when the validation loss falls by more than this",
+        struct tr_early_stop_config, min_delta),
+    {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
+};
+
+struct root_config {
+    const char *name, *run_dir, *device;
+    int64_t procs, gpus;
+};
+static const char *const devices[] = {"cpu", "cuda", NULL};
+static const struct tr_option root_options[] = {
+    {TR_OPT_STRING, "name", "", 0, 0, NULL, "run name (default: the recipe's file name)",
+     offsetof(struct root_config, name)},
+    {TR_OPT_STRING, "run_dir", "", 0, 0, NULL,
+     "where metrics and checkpoints go (default: runs/<name>)", offsetof(struct root_config, run_dir)},
+    {TR_OPT_ENUM, "device", "cpu", 0, 0, devices,
+     "where the math runs: cpu, or cuda (needs the CUDA backend module and a GPU)",
+     offsetof(struct root_config, device)},
+    {TR_OPT_INT, "procs", "1", 1, 1024, NULL,
+     "CPU ranks to start on this node, each training on its share of every batch",
+     offsetof(struct root_config, procs)},
+    {TR_OPT_INT, "gpus", "0", 0, 1024, NULL,
+     "GPU ranks to start on this node (one per GPU; implies device=cuda)",
+     offsetof(struct root_config, gpus)},
+    {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
+};
+
+static const struct tr_option parallel_options[] = {
+    OPT(TR_OPT_FLOAT, "bucket_mb", "25", 0.01, 4096,
+        "gradients are all-reduced in buckets of this many MiB, each as soon as backward has "
+        "finished it", struct tr_parallel_config, bucket_mb),
+    OPT(TR_OPT_BOOL, "zero", "false", 0, 0,
+        "ZeRO-1: shard the optimizer state across ranks (each keeps 1/world of it)",
+        struct tr_parallel_config, zero),
+    {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
+};
+
+/* Keys every plugin slot takes besides its plugin's options. */
+struct slot_keys {
+    const char *plugin;
+};
+static const struct tr_option slot_options[] = {
+    {TR_OPT_STRING, "plugin", NULL, 0, 0, NULL, "which plugin fills this slot",
+     offsetof(struct slot_keys, plugin)},
+    {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
+};
+
+static const char *const sections[] = {"model",     "data",  "precision",  "schedule",
+                                       "checkpoint", "optimizer", "train", "early_stop",
+                                       "cost",      "parallel", "comm", NULL};
+
+/* ---- ranks ----------------------------------------------------------------- */
+
+static int env_int(const char *name, int *out)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return 0;
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (*end || x < 0 || x > 1 << 20)
+        return -1;
+    *out = (int)x;
+    return 1;
+}
+
+int tr_rank_from_env(struct tr_rank_info *out, tr_err *err)
+{
+    static const char *const sources[][4] = {
+        {"TRAINRUN_RANK", "TRAINRUN_WORLD_SIZE", "TRAINRUN_LOCAL_RANK", "TRAINRUN_LOCAL_WORLD_SIZE"},
+        {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+         "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    };
+    *out = (struct tr_rank_info){0, 1, 0, 1, NULL};
+    for (size_t i = 0; i < TR_ARRAY_LEN(sources); i++) {
+        int v[4] = {0, 1, 0, 1}, got[4];
+        for (int k = 0; k < 4; k++)
+            if ((got[k] = env_int(sources[i][k], &v[k])) < 0)
+                return tr_fail(err, "environment: %s=\"%s\" is not a number", sources[i][k],
+                               getenv(sources[i][k]));
+        if (!got[0] && !got[1])
+            continue;
+        if (!got[0] || !got[1] || v[1] < 1 || v[0] >= v[1])
+            return tr_fail(err, "environment: %s=%s and %s=%s do not name a rank of a job; set "
+                           "both, with rank < size", sources[i][0],
+                           getenv(sources[i][0]) ? getenv(sources[i][0]) : "(unset)", sources[i][1],
+                           getenv(sources[i][1]) ? getenv(sources[i][1]) : "(unset)");
+        if (!got[2]) /* no local rank: assume one rank per node */
+            v[2] = 0;
+        if (!got[3])
+            v[3] = got[2] ? v[2] + 1 : 1;
+        *out = (struct tr_rank_info){v[0], v[1], v[2], v[3], sources[i][0]};
+        return TR_OK;
+    }
+    return TR_OK;
+}
+
+/* GPUs talk over NCCL; CPU ranks started by mpirun over MPI, others over TCP. */
+static const char *default_comm(const struct tr_config *cfg)
+{
+    if (strcmp(cfg->device, "cuda") == 0)
+        return "nccl";
+    if (cfg->rank.source && strncmp(cfg->rank.source, "OMPI_", 5) == 0)
+        return "mpi";
+    return "tcp";
+}
+
+/* ---- resolution -------------------------------------------------------- */
+
+static void where_of(struct tr_config *cfg, const char *path, char *buf, size_t size)
+{
+    struct tr_origin o = {TR_FROM_RECIPE, tr_recipe_path(cfg->recipe), 0};
+    tr_recipe_origin(cfg->recipe, path, &o);
+    tr_origin_format(&o, buf, size);
+}
+
+static int configure_slot(struct tr_config *cfg, struct tr_slot *slot, const char *key,
+                          enum tr_plugin_kind kind, const char *default_name,
+                          struct tr_origin default_origin, const struct tr_schema_use *extra,
+                          tr_err *err)
+{
+    struct tr_value *root = tr_recipe_root(cfg->recipe);
+    struct tr_value *v = tr_value_child(root, key);
+    slot->key = key;
+    slot->kind = kind;
+    if (!v) {
+        if (!default_name) {
+            char where[600];
+            where_of(cfg, "", where, sizeof where);
+            return tr_fail(err, "%s: the recipe has no %s; add e.g. %s = { plugin = \"%s\", ... }",
+                           tr_recipe_path(cfg->recipe), key, key,
+                           kind == TR_KIND_DATA ? "text" : "?");
+        }
+        v = tr_value_new(TR_V_STRING, key, default_origin);
+        v->string = tr_xstrdup(default_name);
+        tr_value_put(root, v);
+    }
+    if (v->type == TR_V_STRING) { /* shorthand: precision = "bf16" */
+        struct tr_value *table = tr_value_new(TR_V_TABLE, key, v->origin);
+        struct tr_value *name = tr_value_new(TR_V_STRING, "plugin", v->origin);
+        name->string = tr_xstrdup(v->string);
+        if (v->text)
+            name->text = tr_xstrdup(v->text);
+        tr_value_put(table, name);
+        tr_value_put(root, table); /* replaces (and frees) the string */
+        v = table;
+    }
+    char where[600];
+    tr_value_where(v, where, sizeof where);
+    if (v->type != TR_V_TABLE)
+        return tr_fail(err, "%s%s must be a plugin name or a table { plugin = \"name\", ... }",
+                       where, key);
+    struct tr_value *pv = tr_value_child(v, "plugin");
+    if (!pv && default_name) { /* e.g. only checkpoint.every was given */
+        pv = tr_value_new(TR_V_STRING, "plugin", default_origin);
+        tr_value_set_string(pv, default_name);
+        tr_value_put(v, pv);
+    }
+    if (!pv || pv->type != TR_V_STRING)
+        return tr_fail(err, "%s%s: say which plugin, e.g. %s = { plugin = \"%s\", ... }", where,
+                       key, key, default_name ? default_name : "text");
+    slot->origin = pv->origin;
+    tr_value_where(pv, where, sizeof where);
+    slot->plugin = tr_plugin_find(&cfg->plugin_path, kind, pv->string, err);
+    if (!slot->plugin) {
+        tr_err_prefix(err, "%.*s", (int)(strlen(where) - 2), where);
+        return TR_ERROR;
+    }
+    const struct tr_plugin_info *info = slot->plugin->info;
+    slot->config = tr_xcalloc(1, info->config_size ? info->config_size : 1);
+    struct slot_keys keys;
+    struct tr_schema_use uses[3] = {{slot_options, &keys}, {info->options, slot->config}};
+    int n = 2;
+    if (extra)
+        uses[n++] = *extra;
+    char what[128];
+    snprintf(what, sizeof what, "%s '%s'", key, info->name);
+    if (tr_options_apply(root, key, what, uses, n, err) != TR_OK) {
+        /* name the plugin file too: the schema came from it */
+        size_t len = strlen(err->msg);
+        snprintf(err->msg + len, sizeof err->msg - len, " [plugin %s]", slot->plugin->path);
+        return TR_ERROR;
+    }
+    return TR_OK;
+}
+
+int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *const *overrides,
+                   int n_overrides, tr_err *err)
+{
+    memset(cfg, 0, sizeof *cfg);
+    const struct tr_install_paths *ip = tr_install_paths();
+    struct tr_recipe_paths rp = {.lua_dir = ip->lua_dir, .recipe_dir = ip->recipe_dir};
+    cfg->overrides = tr_xcalloc((size_t)n_overrides + 1, sizeof *cfg->overrides);
+    for (int i = 0; i < n_overrides; i++)
+        cfg->overrides[i] = tr_xstrdup(overrides[i]);
+    cfg->n_overrides = n_overrides;
+    cfg->recipe = tr_recipe_load(recipe_path, overrides, n_overrides, &rp, err);
+    if (!cfg->recipe)
+        return TR_ERROR;
+    /* never the recipe's directory: a shared recipe must not run code */
+    tr_plugin_path_init(&cfg->plugin_path, ip->plugin_dir);
+
+    struct tr_value *root = tr_recipe_root(cfg->recipe);
+    if (root->type != TR_V_TABLE)
+        return tr_fail(err, "%s: a recipe must return a table", recipe_path);
+
+    /* root: scalars by schema, sections checked below */
+    struct root_config rc;
+    struct tr_schema_use ru = {root_options, &rc};
+    if (tr_options_apply_skip(root, NULL, "recipe", &ru, 1, sections, err) != TR_OK)
+        return TR_ERROR;
+    if (!tr_value_child(root, "model"))
+        return tr_fail(err, "%s: the recipe has no model (e.g. model = gpt { vocab = 256, ctx = 64, "
+                       "layers = 2, heads = 4, dim = 64 })", recipe_path);
+
+    /* micro_batch = "auto" is the one string the integer option takes */
+    struct tr_value *mb = tr_value_get(root, "train.micro_batch");
+    if (mb && ((mb->type == TR_V_STRING && strcmp(mb->string, "auto") == 0) ||
+               (mb->text && strcmp(mb->text, "auto") == 0))) {
+        cfg->train.auto_micro_batch = 1;
+        mb->type = TR_V_NUMBER;
+        mb->number = 0;
+        tr_value_set_text(mb, NULL);
+    }
+    struct tr_schema_use tu = {train_options, &cfg->train};
+    struct tr_schema_use ou = {optimizer_options, &cfg->optimizer};
+    struct tr_schema_use eu = {early_stop_options, &cfg->early_stop};
+    struct tr_schema_use cost_use = {tr_cost_options, &cfg->cost};
+    struct tr_schema_use pu = {parallel_options, &cfg->parallel};
+    if (tr_options_apply(root, "train", "train", &tu, 1, err) != TR_OK ||
+        tr_options_apply(root, "parallel", "parallel", &pu, 1, err) != TR_OK ||
+        tr_options_apply(root, "cost", "cost", &cost_use, 1, err) != TR_OK ||
+        tr_options_apply(root, "optimizer", "optimizer", &ou, 1, err) != TR_OK ||
+        tr_options_apply(root, "early_stop", "early_stop", &eu, 1, err) != TR_OK)
+        return TR_ERROR;
+
+    /* name and run_dir defaults depend on the recipe's file name */
+    const char *base = strrchr(recipe_path, '/');
+    base = base ? base + 1 : recipe_path;
+    size_t blen = strlen(base);
+    if (blen > 4 && strcmp(base + blen - 4, ".lua") == 0)
+        blen -= 4;
+    cfg->name = *rc.name ? tr_xstrdup(rc.name) : tr_xasprintf("%.*s", (int)blen, base);
+    cfg->run_dir = *rc.run_dir ? tr_xstrdup(rc.run_dir) : tr_xasprintf("runs/%s", cfg->name);
+    cfg->device = rc.device;
+    cfg->parallel.procs = rc.procs;
+    cfg->parallel.gpus = rc.gpus;
+    if (rc.gpus > 0)
+        cfg->device = "cuda";
+    /* show what is in effect, not the "derive it" placeholder */
+    tr_value_set_string(tr_value_child(root, "name"), cfg->name);
+    tr_value_set_string(tr_value_child(root, "run_dir"), cfg->run_dir);
+
+    struct tr_origin def = {TR_FROM_DEFAULT, NULL, 0};
+    const char *precision = "fp32";
+    const char *env = getenv("TRAINRUN_PRECISION");
+    struct tr_origin prec_origin = def;
+    if (env && *env) { /* a cluster-wide default; the recipe still wins */
+        precision = env;
+        prec_origin.kind = TR_FROM_ENV;
+        prec_origin.file = "TRAINRUN_PRECISION";
+    }
+    struct tr_schema_use cu = {checkpoint_policy_options, &cfg->checkpoint_policy};
+    if (configure_slot(cfg, &cfg->data, "data", TR_KIND_DATA, NULL, def, NULL, err) != TR_OK ||
+        configure_slot(cfg, &cfg->precision, "precision", TR_KIND_PRECISION, precision, prec_origin,
+                       NULL, err) != TR_OK ||
+        configure_slot(cfg, &cfg->schedule, "schedule", TR_KIND_SCHEDULE, "constant", def, NULL,
+                       err) != TR_OK ||
+        configure_slot(cfg, &cfg->checkpoint, "checkpoint", TR_KIND_CHECKPOINT, "local", def, &cu,
+                       err) != TR_OK)
+        return TR_ERROR;
+    if (tr_rank_from_env(&cfg->rank, err) != TR_OK)
+        return TR_ERROR;
+    if ((cfg->rank.world > 1 || tr_value_child(root, "comm")) &&
+        configure_slot(cfg, &cfg->comm, "comm", TR_KIND_COMM, default_comm(cfg), def, NULL,
+                       err) != TR_OK)
+        return TR_ERROR;
+
+    /* cross-section rules */
+    struct tr_train_config *t = &cfg->train;
+    int64_t ranks = cfg->rank.world > 1 ? cfg->rank.world
+                    : cfg->parallel.gpus > 0 ? cfg->parallel.gpus : cfg->parallel.procs;
+    if (t->micro_batch == 0 && !t->auto_micro_batch) {
+        /* unset: the whole batch, split evenly among the ranks when they can */
+        t->micro_batch = ranks > 1 && t->batch % ranks == 0 ? t->batch / ranks : t->batch;
+        if (mb)
+            mb->number = (double)t->micro_batch;
+    }
+    if (t->auto_micro_batch) { /* chosen at run time; show says so */
+        t->micro_batch = t->batch;
+        if (mb) {
+            mb->type = TR_V_STRING;
+            tr_value_set_string(mb, "auto");
+        }
+    }
+    if (cfg->optimizer.reference_batch > 0)
+        cfg->optimizer.lr *= (double)t->batch / (double)cfg->optimizer.reference_batch;
+    if (t->batch % t->micro_batch != 0) {
+        char where[600];
+        where_of(cfg, "train.micro_batch", where, sizeof where);
+        return tr_fail(err, "%s: train: micro_batch (%lld) must divide batch (%lld)", where,
+                       (long long)t->micro_batch, (long long)t->batch);
+    }
+    /* every rank runs the same number of micro-batches of each global batch */
+    if (ranks > 1 && (t->batch / t->micro_batch) % ranks != 0 && !t->auto_micro_batch) {
+        char where[600];
+        where_of(cfg, "train.batch", where, sizeof where);
+        return tr_fail(err, "%s: train: batch %lld is %lld micro-batch(es) of %lld, which %lld ranks "
+                       "cannot share evenly; make batch / micro_batch a multiple of %lld (e.g. "
+                       "micro_batch = %lld)", where, (long long)t->batch,
+                       (long long)(t->batch / t->micro_batch), (long long)t->micro_batch,
+                       (long long)ranks, (long long)ranks,
+                       t->batch % ranks == 0 ? (long long)(t->batch / ranks) : 1LL);
+    }
+    return TR_OK;
+}
+
+int tr_config_create_slot(struct tr_config *cfg, struct tr_slot *slot, uint32_t seq_len,
+                          tr_err *err)
+{
+    char *recipe_dir = tr_dirname(tr_recipe_path(cfg->recipe));
+    struct tr_create_args args = {
+        .struct_size = sizeof args,
+        .run_dir = cfg->run_dir,
+        .recipe_dir = recipe_dir,
+        .seq_len = seq_len,
+        .seed = (uint64_t)cfg->train.seed,
+        .rank = cfg->rank.rank,
+        .world = cfg->rank.world,
+        .local_rank = cfg->rank.local_rank,
+        .local_world = cfg->rank.local_world,
+        .device = cfg->device,
+        .device_stream = cfg->device_stream,
+    };
+    const struct tr_plugin_info *info = slot->plugin->info;
+    int rc = info->create(tr_host_services(), slot->config, &args, &slot->self, err);
+    free(recipe_dir);
+    if (rc != TR_OK) {
+        char where[600];
+        tr_origin_format(&slot->origin, where, sizeof where);
+        tr_err_prefix(err, "%s: %s '%s'", where, slot->key, info->name);
+        return TR_ERROR;
+    }
+    return TR_OK;
+}
+
+int tr_config_create_plugins(struct tr_config *cfg, uint32_t seq_len, tr_err *err)
+{
+    if (tr_mkdir_p(cfg->run_dir) != 0)
+        return tr_fail(err, "cannot create the run directory %s: %s", cfg->run_dir,
+                       strerror(errno));
+    struct tr_slot *slots[] = {&cfg->precision, &cfg->data, &cfg->schedule, &cfg->checkpoint};
+    for (size_t i = 0; i < TR_ARRAY_LEN(slots); i++)
+        if (tr_config_create_slot(cfg, slots[i], seq_len, err) != TR_OK)
+            return TR_ERROR;
+    return TR_OK;
+}
+
+void tr_config_free(struct tr_config *cfg)
+{
+    struct tr_slot *slots[] = {&cfg->precision, &cfg->data, &cfg->schedule, &cfg->checkpoint,
+                               &cfg->comm};
+    for (size_t i = 0; i < TR_ARRAY_LEN(slots); i++) {
+        struct tr_slot *s = slots[i];
+        if (!s->plugin)
+            continue;
+        if (s->plugin && s->self && s->plugin->info->destroy)
+            s->plugin->info->destroy(s->self);
+        free(s->config);
+        tr_plugin_close(s->plugin);
+    }
+    tr_plugin_path_free(&cfg->plugin_path);
+    if (cfg->recipe)
+        tr_recipe_free(cfg->recipe);
+    for (int i = 0; i < cfg->n_overrides; i++)
+        free(cfg->overrides[i]);
+    free(cfg->overrides);
+    free((char *)cfg->name);
+    free((char *)cfg->run_dir);
+    memset(cfg, 0, sizeof *cfg);
+}
+
+void tr_config_help(FILE *out)
+{
+    fprintf(out, "Recipe sections (a recipe returns a table with these keys):\n\n");
+    fprintf(out, "  model       = gpt { vocab, ctx, layers, heads, dim } | mlp { inputs, hidden, classes }\n"
+                 "                | { build = function(nn, spec, batch) ... end }\n");
+    fprintf(out, "  data        = { plugin = \"text\", ... }        (trainrun plugins data)\n");
+    fprintf(out, "  precision   = \"fp32\" | { plugin = ..., ... }  (default: $TRAINRUN_PRECISION or fp32)\n");
+    fprintf(out, "  schedule    = { plugin = \"cosine\", ... }      (default: constant)\n");
+    fprintf(out, "  checkpoint  = { plugin = \"local\", every, keep, ... }\n\n");
+    fprintf(out, "  top level:\n");
+    tr_options_help(root_options, out, "    ");
+    fprintf(out, "\n  train = { ... }\n");
+    tr_options_help(train_options, out, "    ");
+    fprintf(out, "\n  optimizer = { ... }\n");
+    tr_options_help(optimizer_options, out, "    ");
+    fprintf(out, "\n  checkpoint = { ... }  (besides the checkpoint plugin's own options)\n");
+    tr_options_help(checkpoint_policy_options, out, "    ");
+    fprintf(out, "\n  early_stop = { ... }  (on the validation loss; needs train.eval_every)\n");
+    tr_options_help(early_stop_options, out, "    ");
+    fprintf(out, "\n  cost = { ... }  (prices, budget; trainrun plan)\n");
+    tr_options_help(tr_cost_options, out, "    ");
+    fprintf(out, "\n  parallel = { ... }  (data parallelism across procs/gpus ranks; docs/scale-out.md)\n");
+    tr_options_help(parallel_options, out, "    ");
+    fprintf(out, "\nRecipes are sandboxed data: each time recipe code runs (loading with extends/include,\n"
+                 "each model build) it may use 50 million Lua instructions and 5 s of CPU, 1 GiB of Lua\n"
+                 "heap and 1 MiB of C stack; a source file has at most 4 MiB.  Past a limit the recipe\n"
+                 "stops with an error naming its file:line (README.md, \"Limits of recipe code\").\n");
+}

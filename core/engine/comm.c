@@ -1,0 +1,271 @@
+#include "comm.h"
+
+#include "../util/util.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum job_kind { JOB_ALLREDUCE, JOB_BROADCAST };
+
+struct job {
+    enum job_kind kind;
+    void *buf;
+    size_t size; /* floats (all-reduce) or bytes (broadcast) */
+    int root;
+};
+
+struct bucket {
+    size_t begin, end; /* floats of the flat gradient buffer */
+    int need;          /* parameters overlapping it that backward finishes */
+    int left;          /* of those, not yet finished in this backward */
+};
+
+struct tr_comm {
+    const struct tr_comm_vtable *vt;
+    void *self;
+    /* the job queue: a ring of submitted jobs, run in order by the thread */
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t wake, done;
+    struct job *jobs;
+    size_t cap, head, tail; /* tail - head jobs pending */
+    size_t finished;        /* jobs completed, ever */
+    size_t submitted;
+    int failed, quit;
+    tr_err err;             /* the first failure */
+    /* buckets */
+    struct bucket *buckets;
+    size_t n_buckets;
+    /* for each node: the parameters whose gradient is final after its backward */
+    int *final_start, *final_params; /* CSR: node i's are final_params[final_start[i] .. [i+1]) */
+    size_t per_bucket;      /* floats per bucket (the last may be shorter) */
+    struct tr_graph *armed; /* the graph whose backward submits buckets */
+};
+
+static void *comm_thread(void *arg)
+{
+    struct tr_comm *c = arg;
+    pthread_mutex_lock(&c->lock);
+    for (;;) {
+        while (c->head == c->tail && !c->quit)
+            pthread_cond_wait(&c->wake, &c->lock);
+        if (c->head == c->tail && c->quit)
+            break;
+        struct job j = c->jobs[c->head % c->cap];
+        int skip = c->failed; /* after a failure the collectives are out of step: drop */
+        pthread_mutex_unlock(&c->lock);
+        tr_err e = {{0}};
+        int rc = TR_OK;
+        /* mandatory slots: the loader refused any vtable without them */
+        if (!skip)
+            rc = j.kind == JOB_ALLREDUCE ? c->vt->allreduce_sum(c->self, j.buf, j.size, &e)
+                                         : c->vt->broadcast(c->self, j.buf, j.size, j.root, &e);
+        pthread_mutex_lock(&c->lock);
+        if (rc != TR_OK && !c->failed) {
+            c->failed = 1;
+            c->err = e;
+        }
+        c->head++;
+        c->finished++;
+        pthread_cond_broadcast(&c->done);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
+static void submit(struct tr_comm *c, struct job j)
+{
+    pthread_mutex_lock(&c->lock);
+    if (c->tail - c->head == c->cap) { /* grow the ring (rare: sized at plan time) */
+        size_t cap = c->cap * 2;
+        struct job *jobs = tr_xcalloc(cap, sizeof *jobs);
+        for (size_t i = c->head; i < c->tail; i++)
+            jobs[i % cap] = c->jobs[i % c->cap];
+        free(c->jobs);
+        c->jobs = jobs;
+        c->cap = cap;
+    }
+    c->jobs[c->tail % c->cap] = j;
+    c->tail++;
+    c->submitted++;
+    pthread_cond_signal(&c->wake);
+    pthread_mutex_unlock(&c->lock);
+}
+
+static int wait_all(struct tr_comm *c, tr_err *err)
+{
+    pthread_mutex_lock(&c->lock);
+    while (c->finished < c->submitted)
+        pthread_cond_wait(&c->done, &c->lock);
+    int failed = c->failed;
+    if (failed)
+        *err = c->err;
+    pthread_mutex_unlock(&c->lock);
+    return failed ? TR_ERROR : TR_OK;
+}
+
+struct tr_comm *tr_comm_open(struct tr_config *cfg, tr_err *err)
+{
+    if (!cfg->comm.plugin)
+        return tr_fail(err, "no comm plugin configured"), NULL;
+    if (tr_config_create_slot(cfg, &cfg->comm, 0, err) != TR_OK)
+        return NULL;
+    struct tr_comm *c = tr_xcalloc(1, sizeof *c);
+    c->vt = cfg->comm.plugin->info->vtable;
+    c->self = cfg->comm.self;
+    c->cap = 64;
+    c->jobs = tr_xcalloc(c->cap, sizeof *c->jobs);
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->wake, NULL);
+    pthread_cond_init(&c->done, NULL);
+    if (pthread_create(&c->thread, NULL, comm_thread, c) != 0) {
+        free(c->jobs);
+        free(c);
+        return tr_fail(err, "cannot start the communication thread"), NULL;
+    }
+    return c;
+}
+
+void tr_comm_close(struct tr_comm *c)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->lock);
+    c->quit = 1;
+    pthread_cond_signal(&c->wake);
+    pthread_mutex_unlock(&c->lock);
+    pthread_join(c->thread, NULL);
+    pthread_mutex_destroy(&c->lock);
+    pthread_cond_destroy(&c->wake);
+    pthread_cond_destroy(&c->done);
+    free(c->jobs);
+    free(c->buckets);
+    free(c->final_start);
+    free(c->final_params);
+    free(c);
+}
+
+const char *tr_comm_describe(const struct tr_comm *c)
+{
+    if (TR_HAS_SLOT(c->vt, struct tr_comm_vtable, describe))
+        return c->vt->describe(c->self);
+    return "";
+}
+
+int tr_comm_allreduce(struct tr_comm *c, float *buf, size_t count, tr_err *err)
+{
+    submit(c, (struct job){JOB_ALLREDUCE, buf, count, 0});
+    return wait_all(c, err);
+}
+
+int tr_comm_broadcast(struct tr_comm *c, void *buf, size_t bytes, int root, tr_err *err)
+{
+    submit(c, (struct job){JOB_BROADCAST, buf, bytes, root});
+    return wait_all(c, err);
+}
+
+/* ---- gradient buckets ------------------------------------------------------ */
+
+/* Does backward run node n at all (the same test tr_graph_backward makes)? */
+static int runs_backward(const struct tr_graph *g, const struct tr_node *n)
+{
+    int any = n->out == g->loss;
+    for (int k = 0; k < n->n_in; k++)
+        any |= g->tensors[n->in[k]].grad != NULL;
+    return any && (n->out == g->loss || g->tensors[n->out].grad);
+}
+
+int tr_comm_plan_buckets(struct tr_comm *c, struct tr_graph *g, size_t bucket_bytes, tr_err *err)
+{
+    size_t per = bucket_bytes / sizeof(float);
+    if (per < 1024)
+        per = 1024;
+    c->per_bucket = per;
+    c->n_buckets = g->n_params ? (g->n_params + per - 1) / per : 0;
+    c->buckets = tr_xcalloc(c->n_buckets ? c->n_buckets : 1, sizeof *c->buckets);
+    for (size_t b = 0; b < c->n_buckets; b++) {
+        c->buckets[b].begin = b * per;
+        c->buckets[b].end = b + 1 == c->n_buckets ? g->n_params : (b + 1) * per;
+    }
+    /* a parameter's gradient is final after the earliest node (backward runs
+     * last to first) that adds into it */
+    int *final_node = tr_xcalloc((size_t)g->n_tensors, sizeof *final_node);
+    for (int t = 0; t < g->n_tensors; t++)
+        final_node[t] = -1;
+    for (int i = g->n_nodes - 1; i >= 0; i--) {
+        const struct tr_node *n = &g->nodes[i];
+        if (!runs_backward(g, n))
+            continue;
+        for (int k = 0; k < n->n_in; k++) {
+            const struct tr_tensor *t = &g->tensors[n->in[k]];
+            if (t->role == TR_ROLE_PARAM && t->grad)
+                final_node[n->in[k]] = i;
+        }
+    }
+    c->final_start = tr_xcalloc((size_t)g->n_nodes + 1, sizeof *c->final_start);
+    int total = 0;
+    for (int t = 0; t < g->n_tensors; t++)
+        if (final_node[t] >= 0) {
+            c->final_start[final_node[t] + 1]++;
+            total++;
+        }
+    for (int i = 0; i < g->n_nodes; i++)
+        c->final_start[i + 1] += c->final_start[i];
+    c->final_params = tr_xcalloc(total ? (size_t)total : 1, sizeof *c->final_params);
+    int *fill = tr_xcalloc((size_t)g->n_nodes, sizeof *fill);
+    for (int t = 0; t < g->n_tensors; t++)
+        if (final_node[t] >= 0) {
+            int i = final_node[t];
+            c->final_params[c->final_start[i] + fill[i]++] = t;
+            const struct tr_tensor *p = &g->tensors[t];
+            for (size_t b = p->offset / per; b < c->n_buckets && c->buckets[b].begin < p->offset + p->numel; b++)
+                c->buckets[b].need++;
+        }
+    free(fill);
+    free(final_node);
+    (void)err;
+    return TR_OK;
+}
+
+size_t tr_comm_bucket_count(const struct tr_comm *c) { return c->n_buckets; }
+
+static void submit_bucket(struct tr_comm *c, struct tr_graph *g, struct bucket *b)
+{
+    submit(c, (struct job){JOB_ALLREDUCE, g->grads + b->begin, b->end - b->begin, 0});
+}
+
+static void bucket_hook(void *ctx, int node)
+{
+    struct tr_comm *c = ctx;
+    struct tr_graph *g = c->armed;
+    for (int k = c->final_start[node]; k < c->final_start[node + 1]; k++) {
+        const struct tr_tensor *p = &g->tensors[c->final_params[k]];
+        for (size_t b = p->offset / c->per_bucket; b < c->n_buckets && c->buckets[b].begin < p->offset + p->numel; b++)
+            if (--c->buckets[b].left == 0)
+                submit_bucket(c, g, &c->buckets[b]);
+    }
+}
+
+void tr_comm_arm(struct tr_comm *c, struct tr_graph *g)
+{
+    for (size_t b = 0; b < c->n_buckets; b++)
+        c->buckets[b].left = c->buckets[b].need;
+    c->armed = g;
+    g->on_backward = bucket_hook;
+    g->on_backward_ctx = c;
+}
+
+int tr_comm_finish(struct tr_comm *c, struct tr_graph *g, tr_err *err)
+{
+    if (c->armed) {
+        g->on_backward = NULL;
+        g->on_backward_ctx = NULL;
+        c->armed = NULL;
+        /* buckets no parameter finishes (only untouched gradients) go now */
+        for (size_t b = 0; b < c->n_buckets; b++)
+            if (c->buckets[b].left > 0 || c->buckets[b].need == 0)
+                submit_bucket(c, g, &c->buckets[b]);
+    }
+    return wait_all(c, err);
+}

@@ -1,0 +1,38 @@
+/*
+ * Data parallelism's plumbing: the comm plugin behind one communication
+ * thread, and gradient buckets that start all-reducing while backward is
+ * still running.
+ *
+ * Every collective goes through the thread, in submission order, so the
+ * plugin sees calls from one thread only and every rank issues the same
+ * calls in the same order (the graph, and so the bucket order, is the same
+ * on every rank).
+ */
+#ifndef TR_COMM_H
+#define TR_COMM_H
+
+#include "graph.h"
+#include "../config/run_config.h"
+
+struct tr_comm;
+
+/* Create cfg->comm's plugin instance (cfg->device_stream set first) and
+ * start the thread. */
+struct tr_comm *tr_comm_open(struct tr_config *cfg, tr_err *err);
+void tr_comm_close(struct tr_comm *c);
+const char *tr_comm_describe(const struct tr_comm *c);
+
+/* Blocking collectives (they wait for everything submitted before them). */
+int tr_comm_allreduce(struct tr_comm *c, float *buf, size_t count, tr_err *err);
+int tr_comm_broadcast(struct tr_comm *c, void *buf, size_t bytes, int root, tr_err *err);
+
+/* Gradient buckets over g's flat gradient buffer: about bucket_bytes each.
+ * After tr_comm_arm(), the graph's backward submits each bucket's
+ * all-reduce as soon as the last node writing into it has run;
+ * tr_comm_finish() submits any left and waits for all of them. */
+int tr_comm_plan_buckets(struct tr_comm *c, struct tr_graph *g, size_t bucket_bytes, tr_err *err);
+void tr_comm_arm(struct tr_comm *c, struct tr_graph *g);
+int tr_comm_finish(struct tr_comm *c, struct tr_graph *g, tr_err *err);
+size_t tr_comm_bucket_count(const struct tr_comm *c);
+
+#endif

@@ -1,0 +1,65 @@
+/*
+ * The static graph: tensors and nodes as the Lua model builder described
+ * them, checked, then planned once: every byte the step needs is allocated
+ * up front and the plan says how much by class.  No math here — nodes run
+ * through a backend (kernels/backend.h).
+ */
+#ifndef TR_GRAPH_H
+#define TR_GRAPH_H
+
+#include "../../kernels/backend.h"
+#include <stddef.h>
+#include <stdio.h>
+#include <stdint.h>
+
+/* The op's name in recipes and messages ("linear"), and back. */
+const char *tr_op_name(enum tr_op op);
+int tr_op_from_name(const char *name, enum tr_op *out);
+
+struct tr_graph *tr_graph_new(int batch);
+/* Returns the tensor index.  Parameters are placed in the flat buffer in a
+ * decay-first order by tr_graph_plan. */
+int tr_graph_add_tensor(struct tr_graph *g, const char *name, enum tr_role role,
+                        enum tr_dtype dtype, int ndim, const int64_t *shape);
+int tr_graph_add_node(struct tr_graph *g, const struct tr_node *node);
+int tr_graph_find(const struct tr_graph *g, const char *name);
+
+/* Check every node's shapes, then allocate everything on the backend.
+ * optimizer_slots: floats of optimizer state per parameter (the
+ * optimizer's state_slots, core/engine/optim.h),
+ * counted in the report only (the optimizer allocates them). */
+int tr_graph_check(struct tr_graph *g, tr_err *err);
+int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots,
+                  tr_err *err);
+
+/* The same plan, measured only: fills g->memory, allocates nothing (what a
+ * recipe would need on a device this machine does not have). */
+void tr_graph_measure(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots);
+
+/* Deterministic parameter initialisation from a seed (same values on every backend). */
+void tr_graph_init_params(struct tr_graph *g, const struct tr_backend *be, uint64_t seed);
+
+void tr_graph_forward(struct tr_graph *g, const struct tr_backend *be);
+void tr_graph_backward(struct tr_graph *g, const struct tr_backend *be);
+void tr_graph_free(struct tr_graph *g, const struct tr_backend *be);
+
+/* The report's classes in print order (the recompute arena only when
+ * used); returns how many of the 9 rows were filled. */
+struct tr_memory_row {
+    const char *what;
+    size_t bytes;
+};
+size_t tr_memory_rows(const struct tr_memory_report *m, struct tr_memory_row rows[9]);
+
+/* The memory plan, by class, as a few lines of text. */
+void tr_graph_print_memory(const struct tr_graph *g, FILE *out);
+
+/* Training FLOPs per token (per sample for non-sequence models):
+ * 6 x parameters (2 forward, 4 backward) plus 12 x T x C per attention
+ * layer for the scores and the mixing. */
+double tr_graph_flops_per_token(const struct tr_graph *g);
+
+/* Bytes the plan allocates in total (what must fit on the device). */
+size_t tr_graph_memory_total(const struct tr_memory_report *m);
+
+#endif

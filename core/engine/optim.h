@@ -1,0 +1,59 @@
+/* The optimizer step over the graph's flat parameter buffer: weight-decayed
+ * tensors first, the rest (norms, biases) without decay.  The update math
+ * is the backend's (fused AdamW / SGD kernels). */
+#ifndef TR_OPTIM_H
+#define TR_OPTIM_H
+
+#include "../config/run_config.h"
+#include "graph.h"
+
+#define TR_OPTIMIZER_MAX_SLOTS 2
+
+/* An optimizer, described once: everything that sizes, stores or names its
+ * state reads this (the optimizer below, the memory plan and `plan`'s
+ * estimate, ZeRO sharding, checkpoints), never "adamw has 2 slots" again.
+ * Its update is the backend's (the iface's adamw and sgd slots). */
+struct tr_optimizer_desc {
+    const char *name;  /* optimizer.type in recipes */
+    int state_slots;   /* floats of state per parameter, each slot one buffer */
+    /* the prefix of each slot's tensors in optimizer.safetensors (slot 0)
+     * and optimizer2.safetensors (slot 1): PyTorch's names */
+    const char *state_names[TR_OPTIMIZER_MAX_SLOTS];
+    const char *hyper; /* the optimizer.* fields its update reads */
+};
+
+/* The descriptor of optimizer `type`; NULL when there is none (the run
+ * configuration only admits the names of tr_optimizers). */
+const struct tr_optimizer_desc *tr_optimizer_find(const char *type);
+/* Every optimizer, NULL-terminated. */
+extern const struct tr_optimizer_desc *const tr_optimizers[];
+
+struct tr_optimizer {
+    const struct tr_optimizer_config *cfg;
+    const struct tr_optimizer_desc *desc;
+    /* backend memory, one buffer per state slot: AdamW's moments in m and v,
+     * SGD's momentum in m (v NULL) */
+    union {
+        float *state[TR_OPTIMIZER_MAX_SLOTS];
+        struct {
+            float *m, *v;
+        };
+    };
+    int64_t applied;  /* updates applied so far (AdamW bias correction) */
+    /* the part of the flat parameter buffer this optimizer updates and keeps
+     * state for: all of it, or one rank's shard under ZeRO-1 (m[0] is the
+     * state of parameter `begin`) */
+    size_t begin, end;
+};
+
+/* State for parameters [begin, end) of g's flat buffer. */
+int tr_optimizer_init(struct tr_optimizer *o, const struct tr_optimizer_config *cfg,
+                      const struct tr_graph *g, const struct tr_backend *be, size_t begin,
+                      size_t end, tr_err *err);
+/* Update parameters [begin, end); grad_scale multiplies every gradient
+ * first (loss-scale undo and clipping). */
+void tr_optimizer_step(struct tr_optimizer *o, struct tr_graph *g, const struct tr_backend *be,
+                       double grad_scale, double lr);
+void tr_optimizer_free(struct tr_optimizer *o, const struct tr_backend *be);
+
+#endif
