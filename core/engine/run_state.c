@@ -66,6 +66,12 @@ static int restore_state(struct run *r, const struct tr_run_state *st, tr_err *e
 
 /* ---- ZeRO-1: optimizer state sharded across ranks ----------------------- */
 
+/* Checkpoints store up to two state slots (optimizer.safetensors and
+ * optimizer2.safetensors), and a ZeRO-1 resume reads each into resume_full. */
+_Static_assert(TR_OPTIMIZER_MAX_SLOTS == 2, "checkpoints store two optimizer state slots");
+_Static_assert(sizeof ((struct run *)0)->resume_full >= TR_OPTIMIZER_MAX_SLOTS * sizeof(float *),
+               "resume_full holds every optimizer state slot");
+
 int tr_run_sharded(const struct run *r) { return r->opt.end - r->opt.begin < r->g->n_params; }
 
 /* Rank q's shard of the flat parameter buffer: equal parts, the last shorter. */
@@ -128,32 +134,31 @@ int tr_run_save(struct run *r, uint64_t loader_position, int now, tr_err *err)
     int (*save_fn)(struct tr_checkpointer *, const float *, const float *, const float *,
                    const struct tr_run_state *, tr_err *) =
         now ? tr_checkpointer_save_now : tr_checkpointer_save;
-    float *m = r->opt.m, *v = r->opt.v;
+    int slots = r->opt.desc->state_slots;
     if (r->comm && tr_run_sharded(r)) { /* every rank takes part in gathering the state */
         size_t bytes = r->rank == 0 ? r->g->n_params * sizeof(float) : 64;
-        m = r->be.iface->alloc(r->be.context, bytes);
-        v = r->opt.v ? r->be.iface->alloc(r->be.context, bytes) : NULL;
-        int rc = m && (v || !r->opt.v) ? TR_OK
-                                       : tr_fail(err, "out of memory gathering the optimizer state");
-        if (rc == TR_OK)
-            rc = gather_moments(r, r->opt.m, m, err);
-        if (rc == TR_OK && v)
-            rc = gather_moments(r, r->opt.v, v, err);
+        float *full[TR_OPTIMIZER_MAX_SLOTS] = {NULL};
+        int rc = TR_OK;
+        for (int k = 0; k < slots && rc == TR_OK; k++)
+            if (!(full[k] = r->be.iface->alloc(r->be.context, bytes)))
+                rc = tr_fail(err, "out of memory gathering the optimizer state");
+        for (int k = 0; k < slots && rc == TR_OK; k++)
+            rc = gather_moments(r, r->opt.state[k], full[k], err);
         if (rc == TR_OK && r->ckpt) {
             struct tr_run_state st;
             capture_state(r, loader_position, &st);
-            rc = save_fn(r->ckpt, r->g->params, m, v, &st, err);
+            rc = save_fn(r->ckpt, r->g->params, full[0], full[1], &st, err);
         }
-        r->be.iface->free(r->be.context, m);
-        if (v)
-            r->be.iface->free(r->be.context, v);
+        for (int k = 0; k < slots; k++)
+            if (full[k])
+                r->be.iface->free(r->be.context, full[k]);
         return rc;
     }
     if (!r->ckpt) /* ranks other than 0 hold the same state and do not write it */
         return TR_OK;
     struct tr_run_state st;
     capture_state(r, loader_position, &st);
-    return save_fn(r->ckpt, r->g->params, m, v, &st, err);
+    return save_fn(r->ckpt, r->g->params, r->opt.state[0], r->opt.state[1], &st, err);
 }
 
 /* ---- resume ------------------------------------------------------------- */
@@ -176,12 +181,9 @@ static int share_resume(struct run *r, int *rc, struct tr_run_state *st, char *n
         tr_comm_broadcast(r->comm, name, name_size, 0, err) != TR_OK ||
         tr_comm_broadcast(r->comm, r->g->params, bytes, 0, err) != TR_OK)
         return TR_ERROR;
-    float *moments[2] = {r->opt.m, r->opt.v};
-    for (int k = 0; k < 2; k++) {
-        if (!moments[k])
-            continue;
+    for (int k = 0; k < r->opt.desc->state_slots; k++) {
         if (!tr_run_sharded(r)) {
-            if (tr_comm_broadcast(r->comm, moments[k], bytes, 0, err) != TR_OK)
+            if (tr_comm_broadcast(r->comm, r->opt.state[k], bytes, 0, err) != TR_OK)
                 return TR_ERROR;
             continue;
         }
@@ -191,7 +193,7 @@ static int share_resume(struct run *r, int *rc, struct tr_run_state *st, char *n
             return tr_fail(err, "out of memory distributing the optimizer state");
         int rc = tr_comm_broadcast(r->comm, full, bytes, 0, err);
         if (rc == TR_OK)
-            copy_on_device(r, moments[k], full + r->opt.begin, r->opt.end - r->opt.begin);
+            copy_on_device(r, r->opt.state[k], full + r->opt.begin, r->opt.end - r->opt.begin);
         r->be.iface->free(r->be.context, full);
         if (r->rank == 0)
             r->resume_full[k] = NULL;
@@ -207,15 +209,17 @@ int tr_run_resume(struct run *r, tr_err *err)
 {
     struct tr_run_state st;
     char name[64] = "";
-    float *m = r->opt.m, *v = r->opt.v;
-    if (r->ckpt && tr_run_sharded(r)) { /* the checkpoint holds every shard's state */
-        size_t bytes = r->g->n_params * sizeof(float);
-        m = r->resume_full[0] = r->be.iface->alloc(r->be.context, bytes);
-        v = r->resume_full[1] = r->opt.v ? r->be.iface->alloc(r->be.context, bytes) : NULL;
-        if (!m || (r->opt.v && !v))
+    /* where each state slot is read to: the optimizer's own buffers, or
+     * full-size ones when the checkpoint holds every shard's state */
+    float *into[TR_OPTIMIZER_MAX_SLOTS] = {NULL};
+    for (int k = 0; k < r->opt.desc->state_slots; k++) {
+        into[k] = r->opt.state[k];
+        if (r->ckpt && tr_run_sharded(r) &&
+            !(into[k] = r->resume_full[k] =
+                  r->be.iface->alloc(r->be.context, r->g->n_params * sizeof(float))))
             return tr_fail(err, "out of memory reading the optimizer state");
     }
-    int rc = r->ckpt ? tr_checkpointer_resume(r->ckpt, r->g->params, m, v, &st, name,
+    int rc = r->ckpt ? tr_checkpointer_resume(r->ckpt, r->g->params, into[0], into[1], &st, name,
                                               sizeof name, err)
                      : 0;
     if (r->comm && share_resume(r, &rc, &st, name, sizeof name, err) != TR_OK)
