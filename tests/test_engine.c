@@ -363,6 +363,13 @@ Test(engine, optimizer_state_follows_its_descriptor)
     tr_err err = {{0}};
     cr_assert_eq(tr_optimizer_init(&o, &lion, &g, &be, 0, 4, &err), TR_ERROR);
     cr_assert_not_null(strstr(err.msg, "lion"), "%s", err.msg);
+    /* the choices named are the table's, and optimizer.type's are too */
+    int n = 0;
+    for (; tr_optimizers[n]; n++) {
+        cr_assert_not_null(strstr(err.msg, tr_optimizers[n]->name), "%s", err.msg);
+        cr_assert_eq(tr_optimizer_names[n], tr_optimizers[n]->name);
+    }
+    cr_assert_null(tr_optimizer_names[n]);
     tr_optimizer_free(&o, &be);
     tr_cpu_backend_free(&be);
 }

@@ -1,6 +1,7 @@
 #include "run_config.h"
 
 #include "hardware.h"
+#include "optimizers.h"
 #include "options.h"
 #include "../util/suggest.h"
 #include "../util/util.h"
@@ -107,9 +108,9 @@ static const struct tr_option train_options[] = {
     {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
 };
 
-static const char *const optimizer_types[] = {"adamw", "sgd", NULL};
 static const struct tr_option optimizer_options[] = {
-    {TR_OPT_ENUM, "type", "adamw", 0, 0, optimizer_types, "adamw or sgd (with momentum)",
+    {TR_OPT_ENUM, "type", "adamw", 0, 0, tr_optimizer_names,
+     "the update rule (sgd: with momentum); the fields below say which rule reads them",
      offsetof(struct tr_optimizer_config, type)},
     OPT(TR_OPT_FLOAT, "lr", "0.001", 0, TR_NO_MAX, "peak learning rate (the schedule shapes it)",
         struct tr_optimizer_config, lr),

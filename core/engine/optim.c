@@ -1,20 +1,29 @@
 #include "optim.h"
 
+#include "../util/suggest.h"
+
+#include <stdio.h>
 #include <string.h>
 
-static const struct tr_optimizer_desc adamw = {
-    "adamw", 2, {"exp_avg.", "exp_avg_sq."}, "lr, beta1, beta2, eps, weight_decay"};
-/* momentum keeps PyTorch's exp_avg name of earlier checkpoints */
-static const struct tr_optimizer_desc sgd = {"sgd", 1, {"exp_avg."}, "lr, momentum, weight_decay"};
+/* The optimizers themselves are described in config/optimizers.c. */
 
-const struct tr_optimizer_desc *const tr_optimizers[] = {&adamw, &sgd, NULL};
-
-const struct tr_optimizer_desc *tr_optimizer_find(const char *type)
+/* The run configuration admits only known names; this is for callers that
+ * fill a tr_optimizer_config themselves.  The choices come from the table. */
+static int unknown_optimizer(const char *type, tr_err *err)
 {
-    for (int i = 0; type && tr_optimizers[i]; i++)
-        if (strcmp(tr_optimizers[i]->name, type) == 0)
-            return tr_optimizers[i];
-    return NULL;
+    char list[256] = "";
+    size_t len = 0, n = 0;
+    for (; tr_optimizer_names[n]; n++) {
+        int w = snprintf(list + len, sizeof list - len, "%s%s", n ? ", " : "",
+                         tr_optimizer_names[n]);
+        len += w > 0 && (size_t)w < sizeof list - len ? (size_t)w : 0;
+    }
+    const char *hint = type ? tr_suggest(type, tr_optimizer_names, n) : NULL;
+    if (hint)
+        return tr_fail(err, "unknown optimizer.type \"%s\" (did you mean \"%s\"?); choices: %s",
+                       type, hint, list);
+    return tr_fail(err, "unknown optimizer.type \"%s\"; choices: %s", type ? type : "(none)",
+                   list);
 }
 
 int tr_optimizer_init(struct tr_optimizer *o, const struct tr_optimizer_config *cfg,
@@ -26,7 +35,7 @@ int tr_optimizer_init(struct tr_optimizer *o, const struct tr_optimizer_config *
     o->cfg = cfg;
     o->desc = tr_optimizer_find(cfg->type);
     if (!o->desc)
-        return tr_fail(err, "unknown optimizer.type \"%s\": say adamw or sgd", cfg->type);
+        return unknown_optimizer(cfg->type, err);
     o->begin = begin;
     o->end = end;
     size_t bytes = (end - begin) * sizeof(float);
@@ -52,7 +61,7 @@ void tr_optimizer_step(struct tr_optimizer *o, struct tr_graph *g, const struct 
         float *p = g->params + b, *m = o->m + (b - o->begin);
         const float *grad = g->grads + b;
         double wd = k == 0 ? c->weight_decay : 0;
-        if (o->desc == &adamw) {
+        if (o->desc->update == TR_UPDATE_ADAMW) {
             struct tr_adamw_args a = {(float)lr, (float)c->beta1, (float)c->beta2, (float)c->eps,
                                       (float)wd, (float)grad_scale, o->applied};
             be->iface->adamw(be->context, p, grad, m, o->v + (b - o->begin), e - b, &a);

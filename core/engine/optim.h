@@ -4,29 +4,9 @@
 #ifndef TR_OPTIM_H
 #define TR_OPTIM_H
 
+#include "../config/optimizers.h"
 #include "../config/run_config.h"
 #include "graph.h"
-
-#define TR_OPTIMIZER_MAX_SLOTS 2
-
-/* An optimizer, described once: everything that sizes, stores or names its
- * state reads this (the optimizer below, the memory plan and `plan`'s
- * estimate, ZeRO sharding, checkpoints), never "adamw has 2 slots" again.
- * Its update is the backend's (the iface's adamw and sgd slots). */
-struct tr_optimizer_desc {
-    const char *name;  /* optimizer.type in recipes */
-    int state_slots;   /* floats of state per parameter, each slot one buffer */
-    /* the prefix of each slot's tensors in optimizer.safetensors (slot 0)
-     * and optimizer2.safetensors (slot 1): PyTorch's names */
-    const char *state_names[TR_OPTIMIZER_MAX_SLOTS];
-    const char *hyper; /* the optimizer.* fields its update reads */
-};
-
-/* The descriptor of optimizer `type`; NULL when there is none (the run
- * configuration only admits the names of tr_optimizers). */
-const struct tr_optimizer_desc *tr_optimizer_find(const char *type);
-/* Every optimizer, NULL-terminated. */
-extern const struct tr_optimizer_desc *const tr_optimizers[];
 
 struct tr_optimizer {
     const struct tr_optimizer_config *cfg;

@@ -1,0 +1,38 @@
+/* The optimizers a recipe may name (optimizer.type), each described once.
+ * The table lives in config, not next to the update in engine/optim.c,
+ * because the run configuration checks optimizer.type against it (with
+ * the recipe's file:line and a did-you-mean) and `trainrun help recipe`
+ * lists its names; config may not include engine headers. */
+#ifndef TR_OPTIMIZERS_H
+#define TR_OPTIMIZERS_H
+
+#define TR_OPTIMIZER_MAX_SLOTS 2
+
+/* The backend update an optimizer runs: the iface's adamw or sgd slot. */
+enum tr_optimizer_update { TR_UPDATE_ADAMW, TR_UPDATE_SGD };
+
+/* An optimizer, described once: everything that sizes, stores or names its
+ * state reads this (engine/optim.c, the memory plan and `plan`'s estimate,
+ * ZeRO sharding, checkpoints), never "adamw has 2 slots" again. */
+struct tr_optimizer_desc {
+    const char *name;  /* optimizer.type in recipes */
+    enum tr_optimizer_update update;
+    int state_slots;   /* floats of state per parameter, each slot one buffer */
+    /* the prefix of each slot's tensors in optimizer.safetensors (slot 0)
+     * and optimizer2.safetensors (slot 1): PyTorch's names */
+    const char *state_names[TR_OPTIMIZER_MAX_SLOTS];
+    const char *hyper; /* the optimizer.* fields its update reads */
+};
+
+/* Every optimizer, NULL-terminated. */
+extern const struct tr_optimizer_desc *const tr_optimizers[];
+/* Their names in the same order, NULL-terminated: the choices of
+ * optimizer.type (the same strings, tr_optimizer_names[i] ==
+ * tr_optimizers[i]->name). */
+extern const char *const tr_optimizer_names[];
+
+/* The descriptor of optimizer `type`; NULL when there is none (the run
+ * configuration only admits tr_optimizer_names). */
+const struct tr_optimizer_desc *tr_optimizer_find(const char *type);
+
+#endif
