@@ -59,40 +59,8 @@ static void make_tmp(void)
 
 /* ---- loading plugins and filling their configs ------------------------- */
 
-struct plugin {
-    void *dl;
-    const struct tr_plugin_info *info;
-    void *config; /* config_size bytes, filled from the option defaults */
-};
-
-/* Parse one option's recipe text into the config, as the core does. */
-static void set_text(const struct tr_option *o, void *config, const char *text)
-{
-    char *field = (char *)config + o->offset;
-    switch (o->type) {
-    case TR_OPT_INT: {
-        int64_t v = strtoll(text, NULL, 10);
-        memcpy(field, &v, sizeof v);
-        break;
-    }
-    case TR_OPT_FLOAT: {
-        double v = strtod(text, NULL);
-        memcpy(field, &v, sizeof v);
-        break;
-    }
-    case TR_OPT_BOOL: {
-        int v = strcmp(text, "true") == 0;
-        memcpy(field, &v, sizeof v);
-        break;
-    }
-    case TR_OPT_STRING:
-    case TR_OPT_ENUM:
-        memcpy(field, &text, sizeof text);
-        break;
-    case TR_OPT_END:
-        break;
-    }
-}
+/* load, set, create_ok, create_fails, destroy: tests/plugin_harness.h */
+#include "plugin_harness.h"
 
 static size_t option_size(enum tr_option_type type)
 {
@@ -102,84 +70,6 @@ static size_t option_size(enum tr_option_type type)
     case TR_OPT_BOOL: return sizeof(int);
     default: return sizeof(const char *);
     }
-}
-
-static struct plugin load(const char *file)
-{
-    const char *dir = getenv("TR_PLUGIN_BUILD_DIR");
-    cr_assert(dir && *dir, "set TR_PLUGIN_BUILD_DIR to the directory of the built plugins");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s.so", dir, file);
-    struct plugin p = {0};
-    p.dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    cr_assert(p.dl, "dlopen %s: %s", path, dlerror());
-    tr_plugin_entry_fn entry = (tr_plugin_entry_fn)dlsym(p.dl, TR_PLUGIN_ENTRY_NAME);
-    cr_assert(entry, "%s does not export %s", path, TR_PLUGIN_ENTRY_NAME);
-    p.info = entry();
-    cr_assert(p.info, "%s: entry returned NULL", path);
-    /* static storage: tests run in their own processes and load a few plugins */
-    static max_align_t configs[8][64];
-    static int next;
-    cr_assert_leq(p.info->config_size, sizeof configs[0], "config too large for the test");
-    p.config = configs[next++ % 8];
-    memset(p.config, 0, sizeof configs[0]);
-    for (const struct tr_option *o = p.info->options; o && o->type != TR_OPT_END; o++)
-        if (o->default_value)
-            set_text(o, p.config, o->default_value);
-    return p;
-}
-
-static void set(struct plugin *p, const char *name, const char *text)
-{
-    for (const struct tr_option *o = p->info->options; o && o->type != TR_OPT_END; o++) {
-        if (strcmp(o->name, name) == 0) {
-            set_text(o, p->config, text);
-            return;
-        }
-    }
-    cr_assert_fail("plugin %s has no option %s", p->info->name, name);
-}
-
-static struct tr_create_args make_args(uint32_t seq_len)
-{
-    return (struct tr_create_args){
-        .struct_size = sizeof(struct tr_create_args),
-        .run_dir = tmp,
-        .recipe_dir = tmp,
-        .seq_len = seq_len,
-        .seed = 1,
-        .rank = 0,
-        .world = 1,
-    };
-}
-
-static void *create_ok(struct plugin *p, uint32_t seq_len)
-{
-    struct tr_create_args args = make_args(seq_len);
-    void *self = NULL;
-    tr_err err = {{0}};
-    int rc = p->info->create(&host, p->config, &args, &self, &err);
-    cr_assert_eq(rc, TR_OK, "%s: create failed: %s", p->info->name, err.msg);
-    return self;
-}
-
-/* Create must fail; the message must contain every given fragment. */
-static void create_fails(struct plugin *p, uint32_t seq_len, const char *want1,
-                         const char *want2)
-{
-    struct tr_create_args args = make_args(seq_len);
-    void *self = NULL;
-    tr_err err = {{0}};
-    int rc = p->info->create(&host, p->config, &args, &self, &err);
-    cr_assert_eq(rc, TR_ERROR, "%s: create should fail", p->info->name);
-    cr_assert(strstr(err.msg, want1), "message lacks \"%s\": %s", want1, err.msg);
-    cr_assert(!want2 || strstr(err.msg, want2), "message lacks \"%s\": %s", want2, err.msg);
-}
-
-static void destroy(struct plugin *p, void *self)
-{
-    if (p->info->destroy)
-        p->info->destroy(self);
 }
 
 /* ---- every plugin: the info struct and the option schema --------------- */
