@@ -358,6 +358,20 @@ static void read_samples(const struct plugin *p, void *self, uint64_t most, stru
     }
 }
 
+/* An instance with config c (a failed create is a finding only without a
+ * message, see create), its samples read and checked, then destroyed. */
+static int create_and_read(const struct plugin *p, const struct config *c, uint32_t seq_len,
+                           uint64_t most, struct buf *out)
+{
+    void *self;
+    tr_err err;
+    if (create(p, c, seq_len, &self, &err) != TR_OK)
+        return TR_ERROR;
+    read_samples(p, self, most, out);
+    p->info->destroy(self);
+    return TR_OK;
+}
+
 /* ---- targets ----------------------------------------------------------------- */
 
 static const char *srcdir;   /* the source tree */
@@ -458,12 +472,7 @@ static void target_tokens(const struct buf *in, uint64_t h)
     set_option(&plugins[P_TOKENS], &c, "vocab", CHOOSE(&h, "0", "0", "50", "1000", "65536"));
     set_option(&plugins[P_TOKENS], &c, "check", CHOOSE(&h, "false", "true"));
     uint32_t seq_len = (uint32_t)strtoul(CHOOSE(&h, "1", "4", "7", "64"), NULL, 10);
-    void *self;
-    tr_err err;
-    if (create(&plugins[P_TOKENS], &c, seq_len, &self, &err) != TR_OK)
-        return;
-    read_samples(&plugins[P_TOKENS], self, 64, NULL);
-    plugins[P_TOKENS].info->destroy(self);
+    create_and_read(&plugins[P_TOKENS], &c, seq_len, 64, NULL);
 }
 
 static void target_csv(const struct buf *in, uint64_t h)
@@ -479,12 +488,7 @@ static void target_csv(const struct buf *in, uint64_t h)
     set_option(&plugins[P_CSV], &c, "val_split", CHOOSE(&h, "tail", "random"));
     set_option(&plugins[P_CSV], &c, "classes", CHOOSE(&h, "0", "0", "3", "100"));
     set_option(&plugins[P_CSV], &c, "scale", CHOOSE(&h, "1", "1", "0.00392", "1e30"));
-    void *self;
-    tr_err err;
-    if (create(&plugins[P_CSV], &c, 0, &self, &err) != TR_OK)
-        return;
-    read_samples(&plugins[P_CSV], self, 4096, NULL);
-    plugins[P_CSV].info->destroy(self);
+    create_and_read(&plugins[P_CSV], &c, 0, 4096, NULL);
 }
 
 /* An IDX file of `count` items of `per_item` unsigned bytes (1 dimension
@@ -529,12 +533,7 @@ static void run_idx(const char *images, const char *labels, uint64_t h)
     }
     set_option(&plugins[P_IDX], &c, "val_fraction", CHOOSE(&h, "0", "0.1", "0.5"));
     set_option(&plugins[P_IDX], &c, "scale", CHOOSE(&h, "0", "0", "1", "1e30"));
-    void *self;
-    tr_err err;
-    if (create(&plugins[P_IDX], &c, 0, &self, &err) != TR_OK)
-        return;
-    read_samples(&plugins[P_IDX], self, 512, NULL);
-    plugins[P_IDX].info->destroy(self);
+    create_and_read(&plugins[P_IDX], &c, 0, 512, NULL);
 }
 
 static void target_idx_images(const struct buf *in, uint64_t h)
@@ -561,13 +560,7 @@ static int run_text(const char *tokenizer, const char *cache_dir, uint32_t seq_l
     set_option(&plugins[P_TEXT], &c, "tokenizer", tokenizer);
     set_option(&plugins[P_TEXT], &c, "cache_dir", cache_dir);
     set_option(&plugins[P_TEXT], &c, "val_fraction", val_fraction);
-    void *self;
-    tr_err err;
-    if (create(&plugins[P_TEXT], &c, seq_len, &self, &err) != TR_OK)
-        return TR_ERROR;
-    read_samples(&plugins[P_TEXT], self, 256, out);
-    plugins[P_TEXT].info->destroy(self);
-    return TR_OK;
+    return create_and_read(&plugins[P_TEXT], &c, seq_len, 256, out);
 }
 
 static void target_text(const struct buf *in, uint64_t h)
@@ -660,12 +653,7 @@ static void read_prepared(void)
     if (stat("out/val_000000.bin", &st) == 0)
         set_option(&plugins[P_TOKENS], &c, "val", "out/val_*.bin");
     set_option(&plugins[P_TOKENS], &c, "check", "true");
-    void *self;
-    tr_err err;
-    if (create(&plugins[P_TOKENS], &c, 2, &self, &err) != TR_OK)
-        return;
-    read_samples(&plugins[P_TOKENS], self, 64, NULL);
-    plugins[P_TOKENS].info->destroy(self);
+    create_and_read(&plugins[P_TOKENS], &c, 2, 64, NULL);
 }
 
 static void target_prepare_text(const struct buf *in, uint64_t h)
@@ -709,12 +697,7 @@ static void target_prepare_csv(const struct buf *in, uint64_t h)
     struct config c;
     config_init(&plugins[P_CSV], &c);
     set_option(&plugins[P_CSV], &c, "path", "out/data.csv");
-    void *self;
-    tr_err err;
-    if (create(&plugins[P_CSV], &c, 0, &self, &err) != TR_OK)
-        return;
-    read_samples(&plugins[P_CSV], self, 4096, NULL);
-    plugins[P_CSV].info->destroy(self);
+    create_and_read(&plugins[P_CSV], &c, 0, 4096, NULL);
 }
 
 /* ---- whole-binary targets ------------------------------------------------------ */
