@@ -3,7 +3,8 @@
  * does: load its .so from $TR_PLUGIN_BUILD_DIR, fill its config from the
  * option defaults and from recipe text, and create/destroy an instance.
  * Include it once, after tests/scratch.h (run_dir and recipe_dir are its
- * tmp) and after defining the test's `static const struct tr_host host`.
+ * tmp, allocation its test_alloc) and after defining the test's own
+ * test_log, which receives what the plugins log.
  */
 #ifndef TR_TESTS_PLUGIN_HARNESS_H
 #define TR_TESTS_PLUGIN_HARNESS_H
@@ -16,6 +17,15 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The tr_host the plugins are created with: the core's, but logging to
+ * the test's test_log. */
+static const struct tr_host host = {
+    .struct_size = sizeof(struct tr_host),
+    .log = test_log,
+    .alloc = test_alloc,
+    .free = free,
+};
 
 struct plugin {
     void *dl;

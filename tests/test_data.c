@@ -45,12 +45,9 @@ static void test_log(enum tr_log_level level, const char *who, const char *fmt, 
         strcat(log_text, "\n");
 }
 
-static const struct tr_host host = {
-    .struct_size = sizeof(struct tr_host),
-    .log = test_log,
-    .alloc = test_alloc,
-    .free = free,
-};
+/* the host (logging to test_log), load, set, create_ok, create_fails,
+ * destroy: tests/plugin_harness.h */
+#include "plugin_harness.h"
 
 /* ---- a temporary directory per test ---------------------------------------- */
 
@@ -177,10 +174,7 @@ static uint64_t shard_count(const char *path)
     return n;
 }
 
-/* ---- loading plugins and filling their configs ------------------------------- */
-
-/* load, set, create_ok, create_fails, destroy: tests/plugin_harness.h */
-#include "plugin_harness.h"
+/* ---- a data plugin's vtable and info --------------------------------------- */
 
 static const struct tr_data_vtable *data(struct plugin *p)
 {

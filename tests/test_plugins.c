@@ -40,12 +40,9 @@ static void test_log(enum tr_log_level level, const char *who, const char *fmt, 
     warnings++;
 }
 
-static const struct tr_host host = {
-    .struct_size = sizeof(struct tr_host),
-    .log = test_log,
-    .alloc = test_alloc,
-    .free = free,
-};
+/* the host (logging to test_log), load, set, create_ok, create_fails,
+ * destroy: tests/plugin_harness.h */
+#include "plugin_harness.h"
 
 /* ---- a temporary directory per test ------------------------------------ */
 
@@ -57,11 +54,9 @@ static void make_tmp(void)
     last_warning[0] = '\0';
 }
 
-/* ---- loading plugins and filling their configs ------------------------- */
+/* ---- option schemas ---------------------------------------------------- */
 
-/* load, set, create_ok, create_fails, destroy: tests/plugin_harness.h */
-#include "plugin_harness.h"
-
+/* The bytes an option of `type` fills in a config. */
 static size_t option_size(enum tr_option_type type)
 {
     switch (type) {
