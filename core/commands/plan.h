@@ -14,6 +14,16 @@
 
 #include <stdio.h>
 
+/* Chinchilla (Hoffmann et al. 2022): compute-optimal training uses about
+ * 20 tokens per parameter. */
+#define TOKENS_PER_PARAM 20.0
+/* Device memory kept free for the driver, fragmentation and whatever the
+ * plan does not see. */
+#define MEMORY_MARGIN 0.10
+/* Fewer devices are suggested when they cost at most this much more than
+ * the cheapest count: among those, the fastest. */
+#define CHEAP_ENOUGH 1.05
+
 /* Every number the report prints, for callers and tests. */
 struct tr_plan {
     char *recipe, *name, *precision;

@@ -1,0 +1,442 @@
+/* The printed report of `trainrun plan` (tr_plan_print): the model, memory,
+ * compute-optimal size, the step, scaling, the projection, the learning
+ * rate and warnings, in aligned rows. The plan itself is built in plan.c. */
+#include "plan.h"
+
+#include "../config/precision.h"
+#include "../util/util.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LABEL_WIDTH 26
+
+/* Display columns of UTF-8 text (labels use ×, ≈, ·). */
+static int display_width(const char *s)
+{
+    int n = 0;
+    for (; *s; s++)
+        n += ((unsigned char)*s & 0xC0) != 0x80;
+    return n;
+}
+
+/* One line of the report: an indented label padded to a column, then the value. */
+static void row(FILE *out, const char *label, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void row(FILE *out, const char *label, const char *fmt, ...)
+{
+    int pad = LABEL_WIDTH - display_width(label);
+    fprintf(out, "  %s%*s", label, pad > 1 ? pad : 1, "");
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(out, fmt, ap);
+    va_end(ap);
+    fputc('\n', out);
+}
+
+/* 1234567 -> "1,234,567" */
+static const char *fmt_int(double x, char *buf, size_t size)
+{
+    if (!isfinite(x) || fabs(x) >= 1e21) { /* past what digit groups help to read */
+        snprintf(buf, size, "%.3g", x);
+        return buf;
+    }
+    char digits[64];
+    snprintf(digits, sizeof digits, "%.0f", fabs(x));
+    size_t n = strlen(digits), o = 0;
+    if (x <= -0.5 && o + 1 < size)
+        buf[o++] = '-';
+    for (size_t i = 0; i < n && o + 2 < size; i++) {
+        if (i > 0 && (n - i) % 3 == 0)
+            buf[o++] = ',';
+        buf[o++] = digits[i];
+    }
+    buf[o] = 0;
+    return buf;
+}
+
+/* Three significant digits with a prefix: "28.0 K", "10.0 B" for counts
+ * (short scale, as model sizes are quoted), "860 MFLOP" with SI units. */
+static const char *fmt_scaled(double x, const char *const *prefix, int n_prefix, const char *unit,
+                              char *buf, size_t size)
+{
+    int k = 0;
+    while (fabs(x) >= 999.5 && k < n_prefix - 1) {
+        x /= 1000;
+        k++;
+    }
+    if (k == 0 && x == floor(x))
+        snprintf(buf, size, "%.0f%s%s", x, *unit ? " " : "", unit);
+    else
+        snprintf(buf, size, "%.*f %s%s", fabs(x) < 9.995 ? 2 : fabs(x) < 99.95 ? 1 : 0, x,
+                 prefix[k], unit);
+    return buf;
+}
+
+static const char *fmt_count(double x, char *buf, size_t size)
+{
+    static const char *const prefix[] = {"", "K", "M", "B", "T"};
+    return fmt_scaled(x, prefix, 5, "", buf, size);
+}
+
+static const char *fmt_flops(double x, const char *unit, char *buf, size_t size)
+{
+    static const char *const prefix[] = {"", "k", "M", "G", "T", "P", "E", "Z", "Y"};
+    return fmt_scaled(x, prefix, 9, unit, buf, size);
+}
+
+static const char *fmt_bytes(double x, char *buf, size_t size)
+{
+    tr_format_bytes(x, buf, size);
+    return buf;
+}
+
+static const char *fmt_dollars(double x, char *buf, size_t size)
+{
+    char n[48];
+    if (x > 0 && x < 0.005)
+        snprintf(buf, size, "< $0.01");
+    else if (x < 1000)
+        snprintf(buf, size, "$%.2f", x);
+    else
+        snprintf(buf, size, "$%s", fmt_int(x, n, sizeof n));
+    return buf;
+}
+
+static const char *fmt_seconds(double s, char *buf, size_t size)
+{
+    if (s < 1e-3)
+        snprintf(buf, size, "%.3g µs", s * 1e6);
+    else if (s < 1)
+        snprintf(buf, size, "%.3g ms", s * 1e3);
+    else
+        snprintf(buf, size, "%.3g s", s);
+    return buf;
+}
+
+/* "0.0003 h (1.1 s)", "0.76 h (45 min)", "12.4 h", "77 h (3.2 days)" */
+static const char *fmt_hours(double h, char *buf, size_t size)
+{
+    char n[48];
+    if (h < 1.0 / 60)
+        snprintf(buf, size, "%.2g h (%s)", h, fmt_seconds(h * 3600, n, sizeof n));
+    else if (h < 1)
+        snprintf(buf, size, "%.2f h (%.0f min)", h, h * 60);
+    else if (h < 48)
+        snprintf(buf, size, "%.1f h", h);
+    else
+        snprintf(buf, size, "%s h (%.1f days)", fmt_int(h, n, sizeof n), h / 24);
+    return buf;
+}
+
+static const char *fmt_device_hours(double h, char *buf, size_t size)
+{
+    if (h < 0.01)
+        snprintf(buf, size, "< 0.01");
+    else if (h < 1000)
+        snprintf(buf, size, "%.2f", h);
+    else
+        fmt_int(h, buf, size);
+    return buf;
+}
+
+static int64_t samples_per_device(const struct tr_plan *p)
+{
+    return p->batch % p->cost.count == 0 ? p->batch / p->cost.count : p->batch;
+}
+
+static void print_model(const struct tr_plan *p, FILE *out)
+{
+    char a[64], b[64], c[64], d[64], label[64];
+    const char *per = p->sequence_model ? "token" : "sample";
+    fprintf(out, "model\n");
+    row(out, "parameters P", "%s  (%s; %s without embeddings)",
+        fmt_int((double)p->params, a, sizeof a), fmt_count((double)p->params, b, sizeof b),
+        fmt_count((double)(p->params - p->embedding_params), c, sizeof c));
+    if (p->layers)
+        row(out, "shape", "L = %lld attention layers, T = %lld tokens, C = %lld wide",
+            (long long)p->layers, (long long)p->seq_len, (long long)p->width);
+    snprintf(label, sizeof label, "training FLOPs/%s", per);
+    if (p->layers) {
+        row(out, label, "6·P + 12·L·T·C = %s + %s = %s  (%s)",
+            fmt_int(6.0 * (double)p->params, a, sizeof a), fmt_int(p->attention_flops, b, sizeof b),
+            fmt_int(p->flops_per_token, c, sizeof c), fmt_flops(p->flops_per_token, "FLOP", d, sizeof d));
+        row(out, "", "(2·P forward + 4·P backward, plus attention scores and mixing)");
+    } else {
+        row(out, label, "6·P = %s  (%s; 2·P forward + 4·P backward)",
+            fmt_int(p->flops_per_token, a, sizeof a), fmt_flops(p->flops_per_token, "FLOP", b, sizeof b));
+    }
+    snprintf(label, sizeof label, "%ss per step", per);
+    if (p->sequence_model)
+        row(out, label, "%s  (batch %lld × %lld tokens)", fmt_int(p->tokens_per_step, a, sizeof a),
+            (long long)p->batch, (long long)p->tokens_per_sample);
+    else
+        row(out, label, "%s  (train.batch)", fmt_int(p->tokens_per_step, a, sizeof a));
+    row(out, "FLOPs per step", "%s", fmt_flops(p->flops_per_step, "FLOP", a, sizeof a));
+    row(out, "the recipe's run", "%s steps = %s %ss, %s", fmt_int((double)p->steps, a, sizeof a),
+        fmt_count(p->tokens, b, sizeof b), per, fmt_flops(p->flops, "FLOP", c, sizeof c));
+    if (p->memory.recompute_saved) {
+        row(out, "", "activation recomputation adds up to one more forward (2·P) of the");
+        row(out, "", "recomputed blocks, not counted above (MFU counts model FLOPs only)");
+    }
+}
+
+static void print_memory(const struct tr_plan *p, FILE *out)
+{
+    const struct tr_memory_report *m = &p->memory;
+    char a[64], b[64], c[64], label[64];
+    fprintf(out, "\nmemory per device  (micro-batch %lld; the cpu backend's plan, fp32 storage)\n",
+            (long long)p->micro_batch);
+    struct tr_memory_row rows[9];
+    size_t n_rows = tr_memory_rows(m, rows);
+    for (size_t i = 0; i < n_rows; i++)
+        row(out, rows[i].what, "%12s", fmt_bytes((double)rows[i].bytes, a, sizeof a));
+    row(out, "total", "%12s", fmt_bytes(p->memory_total, a, sizeof a));
+    row(out, "grows as", "%s + %s per sample of micro-batch", fmt_bytes(p->fixed_bytes, a, sizeof a),
+        fmt_bytes(p->bytes_per_sample, b, sizeof b));
+    if (p->compute != TR_F32)
+        row(out, "", "(precision %s: GEMM inputs rounded to %s in scratch; every backend "
+            "stores activations in fp32)", p->precision, tr_dtype_name(p->compute));
+    if (p->cost.count > 1)
+        row(out, "", "(data parallel: each of the %lld devices holds all of this)",
+            (long long)p->cost.count);
+    if (!p->hardware)
+        return;
+    const struct tr_hardware *hw = p->hardware;
+    snprintf(label, sizeof label, "on %s", hw->name);
+    row(out, label, "%s: %s of %s usable (%s less a %.0f%% margin)",
+        p->fits ? "fits" : "DOES NOT FIT", fmt_bytes(p->memory_total, a, sizeof a),
+        fmt_bytes(p->usable_bytes, b, sizeof b), fmt_bytes((double)hw->memory_bytes, c, sizeof c),
+        MEMORY_MARGIN * 100);
+    if (p->max_micro_batch > 0) {
+        row(out, "largest micro-batch", "≈ %s (an estimate: memory taken as linear in it);",
+            fmt_int((double)p->max_micro_batch, a, sizeof a));
+        row(out, "", "%lld is the largest dividing the %lld samples per device per step",
+            (long long)p->max_micro_batch_dividing, (long long)samples_per_device(p));
+    } else {
+        row(out, "largest micro-batch", "none: even one sample does not fit");
+    }
+}
+
+static void print_optimal(const struct tr_plan *p, FILE *out)
+{
+    char a[64], b[64], c[64], d[64];
+    fprintf(out, "\ncompute-optimal  (Chinchilla: about %.0f tokens per parameter)\n", TOKENS_PER_PARAM);
+    if (!p->sequence_model) {
+        row(out, "", "not applied: the rule is for language models, and this model reads samples");
+        return;
+    }
+    row(out, "tokens", "%.0f × P = %s  (%s; %s steps at this batch, %s)", TOKENS_PER_PARAM,
+        fmt_int(p->optimal_tokens, a, sizeof a), fmt_count(p->optimal_tokens, b, sizeof b),
+        fmt_int(ceil(p->optimal_steps), c, sizeof c), fmt_flops(p->optimal_flops, "FLOP", d, sizeof d));
+    row(out, "the recipe's run", "%s tokens = %.2f × compute-optimal", fmt_count(p->tokens, a, sizeof a),
+        p->trained_factor);
+    if (p->trained_factor > 1.25) {
+        row(out, "", "over-trained: more data than compute-optimal for this size (a good");
+        row(out, "", "trade when inference cost matters more than training cost)");
+    } else if (p->trained_factor < 0.8) {
+        row(out, "", "under-trained: for this compute a smaller model, or more steps for");
+        row(out, "", "this one, would reach a lower loss");
+    } else {
+        row(out, "", "about compute-optimal");
+    }
+}
+
+/* Text right-aligned in `width` display columns (µ is two bytes, one column). */
+static void cell(FILE *out, const char *text, int width)
+{
+    int pad = width - display_width(text);
+    fprintf(out, "%*s%s", pad > 0 ? pad : 0, "", text);
+}
+
+/* The all-reduce of one step on cost.count devices, and what it adds. */
+static void print_step(const struct tr_plan *p, FILE *out)
+{
+    const struct tr_plan_scale *s = &p->scale[0];
+    char a[64], b[64], c[64];
+    if (s->link.kind == TR_LINK_NONE) {
+        row(out, "gradient all-reduce", "not estimated: no link speeds for %s (not counted below)",
+            p->hardware->name);
+        return;
+    }
+    row(out, "gradient all-reduce", "≈ %s per step: %s of %s gradients in %lld bucket(s) of %s",
+        fmt_seconds(s->allreduce_seconds, a, sizeof a), fmt_bytes(p->gradient_bytes, b, sizeof b),
+        tr_dtype_name(p->grad), (long long)s->buckets, fmt_bytes(p->bucket_bytes, c, sizeof c));
+    row(out, "", "(parallel.bucket_mb), each a ring over %s at %.3g GB/s each way and %.2g µs",
+        s->link.name, s->link.bytes_per_second / 1e9, s->link.latency_seconds * 1e6);
+    row(out, "", "a hop: 2(n-1)/n × bytes / bandwidth + 2(n-1) × latency%s",
+        s->link.kind == TR_LINK_NETWORK ? " (the ring spans nodes)" : "");
+    row(out, "overlap with backward", "backward (2/3 of the %s compute) hides all but %s",
+        fmt_seconds(s->compute_seconds, a, sizeof a), fmt_seconds(s->exposed_seconds, b, sizeof b));
+    row(out, "step", "%s compute + %s exposed = %s: scaling efficiency %.1f%%",
+        fmt_seconds(s->compute_seconds, a, sizeof a), fmt_seconds(s->exposed_seconds, b, sizeof b),
+        fmt_seconds(s->step_seconds, c, sizeof c), 100 * s->efficiency);
+}
+
+/* The same run on fewer devices: time, cost, and which count to use. */
+static void print_scaling(const struct tr_plan *p, FILE *out)
+{
+    char a[64], b[64], c[64], d[64], e[64];
+    int uneven = 0;
+    fprintf(out, "\nscaling  (the recipe's run on fewer devices, at %s prices)\n",
+            p->cost.spot ? "spot" : "on-demand");
+    fprintf(out, "  %7s %6s  %-8s %12s %12s %12s %10s %21s %13s\n", "devices", "nodes", "link",
+            "all-reduce", "exposed", "step", "efficiency", "time", "cost");
+    for (int i = 0; i < p->n_scale; i++) {
+        const struct tr_plan_scale *s = &p->scale[i];
+        int none = s->devices == 1 || s->link.kind == TR_LINK_NONE;
+        fprintf(out, "  %7lld %6lld  %-8s", (long long)s->devices, (long long)s->nodes,
+                s->devices == 1 ? "-" : s->link.name);
+        cell(out, none ? "-" : fmt_seconds(s->allreduce_seconds, a, sizeof a), 12);
+        cell(out, none ? "-" : fmt_seconds(s->exposed_seconds, b, sizeof b), 12);
+        cell(out, fmt_seconds(s->step_seconds, c, sizeof c), 12);
+        fprintf(out, " %9.1f%%", 100 * s->efficiency);
+        cell(out, fmt_hours(s->hours, d, sizeof d), 21);
+        cell(out, fmt_dollars(s->dollars, e, sizeof e), 13);
+        fprintf(out, "%s%s\n", s->even ? "" : " *", i == p->suggested ? "  <-" : "");
+        uneven |= !s->even;
+    }
+    if (uneven)
+        fprintf(out, "  * train.batch does not split evenly over these devices (and micro-batches)\n");
+    const struct tr_plan_scale *now = &p->scale[0], *best = &p->scale[p->suggested];
+    if (p->suggested > 0) {
+        fprintf(out, "  fewer devices per job would be cheaper: %lld device(s) cost %s instead of %s (%.0f%% less)\n"
+                "  and take %s instead of %s; at %lld, %.0f%% of each step waits for the all-reduce%s\n",
+                (long long)best->devices, fmt_dollars(best->dollars, a, sizeof a),
+                fmt_dollars(now->dollars, b, sizeof b), 100 * (1 - best->dollars / now->dollars),
+                fmt_hours(best->hours, c, sizeof c), fmt_hours(now->hours, d, sizeof d),
+                (long long)now->devices, 100 * (1 - now->efficiency),
+                now->link.kind == TR_LINK_NETWORK && best->link.kind != TR_LINK_NETWORK
+                    ? " over the network" : "");
+    } else {
+        fprintf(out, "  %lld devices cost within %.0f%% of the cheapest count: fewer would only take "
+                "longer\n", (long long)now->devices, 100 * (CHEAP_ENOUGH - 1));
+    }
+}
+
+static void print_projection(const struct tr_plan *p, FILE *out)
+{
+    const struct tr_hardware *hw = p->hardware;
+    char a[64], b[64], c[64], d[64];
+    fprintf(out, "\nprojection on %lld × %s  (%s)\n", (long long)p->cost.count, hw->name,
+            hw->description);
+    if (p->peak_flops <= 0) {
+        row(out, "time and cost", "no known %s peak for %s: set cost.peak_tflops (dense TFLOP/s per "
+            "device)", p->peak_kind, hw->name);
+        return;
+    }
+    double sustained = p->peak_flops * p->cost.mfu * (double)p->cost.count;
+    row(out, "compute", "%s peak %s/s%s × MFU %.2f × %lld = %s/s", p->peak_kind,
+        fmt_flops(p->peak_flops, "FLOP", a, sizeof a),
+        p->cost.peak_tflops > 0 ? " (cost.peak_tflops)" : "", p->cost.mfu, (long long)p->cost.count,
+        fmt_flops(sustained, "FLOP", b, sizeof b));
+    row(out, "throughput", "%s %ss/s; a step computes in %s",
+        fmt_count(sustained / p->flops_per_token, a, sizeof a), p->sequence_model ? "token" : "sample",
+        fmt_seconds(p->flops_per_step / sustained, b, sizeof b));
+    if (p->cost.count > 1)
+        print_step(p, out);
+    row(out, "prices per device-hour", "%s on-demand, %s spot", fmt_dollars(p->price, a, sizeof a),
+        fmt_dollars(p->spot_price, b, sizeof b));
+    if (p->cost.price < 0 || p->cost.spot_price < 0)
+        row(out, "", "%s", strcmp(hw->name, "cpu") == 0
+                         ? "(this machine: set cost.price to what it costs you)"
+                         : "(typical list prices; set yours with cost.price, cost.spot_price)");
+    fprintf(out, "\n");
+    row(out, "", "%-20s%14s%14s%14s", "time", "device-hours", "on-demand", "spot");
+    struct {
+        const char *what;
+        double hours, dollars, spot;
+    } rows[] = {
+        {"the recipe's run", p->hours, p->dollars, p->spot_dollars},
+        {"compute-optimal", p->optimal_hours, p->optimal_dollars, p->optimal_spot_dollars},
+    };
+    size_t n_rows = p->sequence_model ? 2 : 1; /* compute-optimal: language models only */
+    for (size_t i = 0; i < n_rows; i++)
+        row(out, rows[i].what, "%-20s%14s%14s%14s%s", fmt_hours(rows[i].hours, a, sizeof a),
+            fmt_device_hours(rows[i].hours * (double)p->cost.count, b, sizeof b),
+            fmt_dollars(rows[i].dollars, c, sizeof c), fmt_dollars(rows[i].spot, d, sizeof d),
+            p->cost.spot ? " *" : "");
+    row(out, "", "cost = devices × hours × price per device-hour");
+    if (p->cost.spot)
+        row(out, "", "* planned at spot prices (cost.spot)");
+    if (p->cost.budget > 0) {
+        double planned = p->cost.spot ? p->spot_dollars : p->dollars;
+        row(out, "budget", "%s: the recipe's run is %s, %.0f%% of it",
+            fmt_dollars(p->cost.budget, a, sizeof a), fmt_dollars(planned, b, sizeof b),
+            100 * planned / p->cost.budget);
+    }
+    if (p->cost.count > 1)
+        print_scaling(p, out);
+}
+
+static void print_learning_rate(const struct tr_plan *p, FILE *out)
+{
+    char a[64], label[64];
+    fprintf(out, "\nlearning rate  (linear scaling: lr × (batch / B0), B0 = %lld at lr %g)\n",
+            (long long)p->batch, p->lr);
+    for (int k = 2; k <= 8; k *= 2) {
+        snprintf(label, sizeof label, "batch %s (×%d)", fmt_int((double)p->batch * k, a, sizeof a), k);
+        row(out, label, "lr %.3g", p->lr * k);
+    }
+    row(out, "", "a starting point, not a law: lengthen the warmup with the batch, and");
+    row(out, "", "expect it to break down past the critical batch size (for Adam,");
+    row(out, "", "lr × √k is often the safer guess)");
+}
+
+static void print_warnings(const struct tr_plan *p, FILE *out)
+{
+    char a[64], b[64];
+    if (p->hardware && !p->fits) {
+        fprintf(out, "\nwarning: the model does not fit on %s: %s needed per device, %s usable.\n",
+                p->hardware->name, fmt_bytes(p->memory_total, a, sizeof a),
+                fmt_bytes(p->usable_bytes, b, sizeof b));
+        if (p->max_micro_batch > 0)
+            fprintf(out, "  Lower train.micro_batch (%lld fits and divides the batch), ",
+                    (long long)p->max_micro_batch_dividing);
+        else
+            fprintf(out, "  Parameters, gradients and optimizer state alone need %s: ",
+                    fmt_bytes(p->fixed_bytes, a, sizeof a));
+        if (p->compute == TR_F32)
+            fprintf(out, "use a lower\n  precision (precision = \"bf16\"), a smaller model "
+                    "(model.dim, model.layers)\n");
+        else
+            fprintf(out, "use a smaller\n  model (model.dim, model.layers)");
+        fprintf(out, "%sor a device with more memory (cost.hardware).\n",
+                p->compute == TR_F32 ? "  " : " ");
+    }
+    if (p->batch % (p->cost.count * p->micro_batch) != 0)
+        fprintf(out, "\nwarning: train.batch (%lld) is not a multiple of cost.count × "
+                "train.micro_batch (%lld × %lld):\n  the devices cannot share it evenly.\n",
+                (long long)p->batch, (long long)p->cost.count, (long long)p->micro_batch);
+    if (p->hardware && p->cost.budget > 0 && p->peak_flops > 0) {
+        double planned = p->cost.spot ? p->spot_dollars : p->dollars;
+        if (planned > p->cost.budget)
+            fprintf(out, "\nwarning: the recipe's run (%s) is over the budget (cost.budget = %s).\n",
+                    fmt_dollars(planned, a, sizeof a), fmt_dollars(p->cost.budget, b, sizeof b));
+        else if (planned >= p->cost.warn_at * p->cost.budget)
+            fprintf(out, "\nwarning: the recipe's run (%s) would spend %.0f%% of the budget "
+                    "(cost.warn_at = %.2f).\n", fmt_dollars(planned, a, sizeof a),
+                    100 * planned / p->cost.budget, p->cost.warn_at);
+    }
+}
+
+void tr_plan_print(const struct tr_plan *p, FILE *out)
+{
+    fprintf(out, "plan for %s (%s), precision %s\n\n", p->recipe, p->name, p->precision);
+    print_model(p, out);
+    print_memory(p, out);
+    print_optimal(p, out);
+    if (p->hardware) {
+        print_projection(p, out);
+    } else {
+        fprintf(out, "\nno hardware: set cost.hardware for memory fit, time and dollars, e.g.\n"
+                "  trainrun plan %s cost.hardware=h100-80gb gpus=8\n  known:", p->recipe);
+        for (size_t i = 0; i < tr_hardware_count(); i++)
+            fprintf(out, " %s", tr_hardware_at(i)->name);
+        fprintf(out, "\n");
+    }
+    print_learning_rate(p, out);
+    print_warnings(p, out);
+}
