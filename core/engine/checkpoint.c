@@ -1,3 +1,7 @@
+/* Checkpoints: the on-disk format and everything that reads or writes it
+ * (serialisation, pruning, writing, loading, finding, verifying, export).
+ * It stays one file over ~700 lines because it is one format: the writer,
+ * the reader and the verifier must agree byte for byte on its layout. */
 #include "checkpoint.h"
 
 #include "../../kernels/host.h"

@@ -1,3 +1,7 @@
+/* The static graph: shape checking, the one-time memory plan,
+ * initialisation and execution (forward, backward). It stays one file over
+ * ~700 lines because all four walk the same node list and tensor table with
+ * the same rules, and the plan decides where execution finds each buffer. */
 #include "graph.h"
 
 #include "../util/util.h"
