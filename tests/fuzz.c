@@ -44,6 +44,7 @@
 #include "util/json.h"
 #include "commands/prepare.h"
 #include "util/safetensors.h"
+#include "option_text.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
@@ -248,19 +249,7 @@ static void set_option(const struct plugin *p, struct config *c, const char *nam
     for (const struct tr_option *o = p->info->options; o && o->type != TR_OPT_END; o++) {
         if (strcmp(o->name, name) != 0)
             continue;
-        char *field = (char *)c->storage + o->offset;
-        if (o->type == TR_OPT_INT) {
-            int64_t v = strtoll(text, NULL, 10);
-            memcpy(field, &v, sizeof v);
-        } else if (o->type == TR_OPT_FLOAT) {
-            double v = strtod(text, NULL);
-            memcpy(field, &v, sizeof v);
-        } else if (o->type == TR_OPT_BOOL) {
-            int v = strcmp(text, "true") == 0;
-            memcpy(field, &v, sizeof v);
-        } else {
-            memcpy(field, &text, sizeof text);
-        }
+        set_text(o, c->storage, text);
         return;
     }
     die("plugin %s has no option %s", p->info->name, name);

@@ -9,6 +9,8 @@
 #ifndef TR_TESTS_PLUGIN_HARNESS_H
 #define TR_TESTS_PLUGIN_HARNESS_H
 
+#include "option_text.h" /* set_text */
+
 #include <criterion/criterion.h>
 #include <trainrun/plugin.h>
 
@@ -32,35 +34,6 @@ struct plugin {
     const struct tr_plugin_info *info;
     void *config; /* config_size bytes, filled from the option defaults */
 };
-
-/* Parse one option's recipe text into the config, as the core does. */
-static void set_text(const struct tr_option *o, void *config, const char *text)
-{
-    char *field = (char *)config + o->offset;
-    switch (o->type) {
-    case TR_OPT_INT: {
-        int64_t v = strtoll(text, NULL, 10);
-        memcpy(field, &v, sizeof v);
-        break;
-    }
-    case TR_OPT_FLOAT: {
-        double v = strtod(text, NULL);
-        memcpy(field, &v, sizeof v);
-        break;
-    }
-    case TR_OPT_BOOL: {
-        int v = strcmp(text, "true") == 0;
-        memcpy(field, &v, sizeof v);
-        break;
-    }
-    case TR_OPT_STRING:
-    case TR_OPT_ENUM:
-        memcpy(field, &text, sizeof text);
-        break;
-    case TR_OPT_END:
-        break;
-    }
-}
 
 /* Open $TR_PLUGIN_BUILD_DIR/<file>.so; its config holds the defaults. */
 static struct plugin load(const char *file)
