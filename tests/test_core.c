@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 
 #include "config/run_config.h"
+#include "config/optimizers.h"
 #include "util/json.h"
 #include "engine/loader.h"
 #include "engine/model.h"
@@ -196,6 +197,22 @@ Test(recipe_errors, enum_choice_suggests, .init = environment)
 {
     expect_error(CONFIG_DIR "bad_enum.lua", NULL, 0,
                  CONFIG_DIR "bad_enum.lua:4: optimizer: option 'type' is \"adamv\" (did you mean \"adamw\"?); choices: adamw, sgd");
+}
+
+/* optimizer.type's choices are the descriptor table's (config/optimizers.c),
+ * not a list of its own: the type parsed is the descriptor's own name. */
+Test(overrides, optimizer_type_is_a_descriptors_name, .init = environment)
+{
+    for (int i = 0; tr_optimizers[i]; i++) {
+        char type[64];
+        snprintf(type, sizeof type, "optimizer.type=%s", tr_optimizers[i]->name);
+        const char *ov[] = {type};
+        struct tr_config cfg;
+        tr_err err = {{0}};
+        cr_assert_eq(tr_config_load(&cfg, CONFIG_DIR "tiny.lua", ov, 1, &err), TR_OK, "%s", err.msg);
+        cr_assert_eq(cfg.optimizer.type, tr_optimizers[i]->name, "%s", type);
+        tr_config_free(&cfg);
+    }
 }
 
 Test(recipe_errors, micro_batch_must_divide_batch, .init = environment)
