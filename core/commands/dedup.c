@@ -12,26 +12,14 @@
  * them and leaves them out of the shards.
  */
 #include "dedup.h"
+#include "prepare.h"
 
 #include "../util/util.h"
 
 #include <ctype.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("trainrun prepare: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return -1;
-}
 
 /* The normalised view of a document, one byte at a time: ASCII lowercased,
  * each run of whitespace one space, none at either end. */
@@ -91,7 +79,7 @@ int dedup_exact(struct docs *d, size_t *removed)
     if (!slots || !hashes) {
         free(slots);
         free(hashes);
-        return fail("out of memory deduplicating %zu documents", d->n);
+        return tr_prepare_fail("out of memory deduplicating %zu documents", d->n);
     }
     *removed = 0;
     for (size_t i = 0; i < d->n; i++) {
@@ -178,7 +166,7 @@ int dedup_near(struct docs *d, double threshold, int rows, size_t *removed)
         free(table);
         free(sigs);
         free(buf);
-        return fail("out of memory for near deduplication of %zu documents", kept);
+        return tr_prepare_fail("out of memory for near deduplication of %zu documents", kept);
     }
 
     /* Fixed coefficients: the same input always gives the same result. */

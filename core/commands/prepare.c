@@ -90,8 +90,7 @@ static void usage(FILE *out)
             "  --header                 CSV: the first line of each input names the columns\n");
 }
 
-static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int fail(const char *fmt, ...)
+int tr_prepare_fail(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -115,23 +114,23 @@ static int read_input(struct input *in)
 {
     struct stat st;
     if (stat(in->path, &st) != 0)
-        return fail("cannot open %s: %s%s", in->path, strerror(errno),
+        return tr_prepare_fail("cannot open %s: %s%s", in->path, strerror(errno),
                     in->path[0] == '/' ? "" : " (relative to the current directory)");
     if (!S_ISREG(st.st_mode))
-        return fail("%s is not a regular file", in->path);
+        return tr_prepare_fail("%s is not a regular file", in->path);
     errno = 0;
     gzFile f = gzopen(in->path, "rb");
     if (!f)
-        return fail("cannot open %s: %s", in->path, errno ? strerror(errno) : "out of memory");
+        return tr_prepare_fail("cannot open %s: %s", in->path, errno ? strerror(errno) : "out of memory");
     /* st_size + 1: a plain file is read without growing; gzip grows */
     size_t cap = (size_t)st.st_size + 1, len = 0;
     unsigned char *buf = malloc(cap);
-    int rc = buf ? 0 : fail("out of memory reading %s (%zu bytes)", in->path, cap);
+    int rc = buf ? 0 : tr_prepare_fail("out of memory reading %s (%zu bytes)", in->path, cap);
     while (rc == 0) {
         if (len == cap) {
             unsigned char *grown = realloc(buf, cap * 2);
             if (!grown) {
-                rc = fail("out of memory reading %s (%zu bytes so far)", in->path, len);
+                rc = tr_prepare_fail("out of memory reading %s (%zu bytes so far)", in->path, len);
                 break;
             }
             buf = grown;
@@ -142,7 +141,7 @@ static int read_input(struct input *in)
         if (got < 0) {
             int zerr;
             const char *msg = gzerror(f, &zerr);
-            rc = fail("cannot read %s: %s (is the .gz file complete?)", in->path,
+            rc = tr_prepare_fail("cannot read %s: %s (is the .gz file complete?)", in->path,
                       zerr == Z_ERRNO ? strerror(errno) : msg);
         }
         if (got <= 0)
@@ -167,7 +166,7 @@ static int add_doc(struct docs *d, const unsigned char *text, size_t len, int in
         size_t grown = d->cap ? d->cap * 2 : 1024;
         struct doc *v = realloc(d->v, grown * sizeof *v);
         if (!v)
-            return fail("out of memory (%zu documents so far)", d->n);
+            return tr_prepare_fail("out of memory (%zu documents so far)", d->n);
         d->v = v;
         d->cap = grown;
     }
@@ -294,7 +293,7 @@ static void trtokens_header(unsigned char h[TRTOKENS_HEADER], uint64_t tokens, u
 static int flush_buf(struct shard_writer *w)
 {
     if (w->fill && fwrite(w->buf, 1, w->fill, w->f) != w->fill)
-        return fail("cannot write %s: %s", w->path, strerror(errno));
+        return tr_prepare_fail("cannot write %s: %s", w->path, strerror(errno));
     w->fill = 0;
     return 0;
 }
@@ -310,12 +309,12 @@ static int close_shard(struct shard_writer *w)
     int rc = flush_buf(w);
     if (rc == 0 && (fseek(w->f, 0, SEEK_SET) != 0 || fwrite(h, 1, sizeof h, w->f) != sizeof h ||
                     fflush(w->f) != 0 || fsync(fileno(w->f)) != 0))
-        rc = fail("cannot write %s: %s", w->path, strerror(errno));
+        rc = tr_prepare_fail("cannot write %s: %s", w->path, strerror(errno));
     if (fclose(w->f) != 0 && rc == 0)
-        rc = fail("cannot write %s: %s", w->path, strerror(errno));
+        rc = tr_prepare_fail("cannot write %s: %s", w->path, strerror(errno));
     w->f = NULL;
     if (rc == 0 && rename(w->tmp, w->path) != 0)
-        rc = fail("cannot rename %s to %s: %s", w->tmp, w->path, strerror(errno));
+        rc = tr_prepare_fail("cannot rename %s to %s: %s", w->tmp, w->path, strerror(errno));
     if (rc != 0) {
         unlink(w->tmp);
         return rc;
@@ -330,11 +329,11 @@ static int open_shard(struct shard_writer *w)
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp-%ld", w->path, (long)getpid());
     w->f = fopen(w->tmp, "wb");
     if (!w->f)
-        return fail("cannot create %s: %s", w->tmp, strerror(errno));
+        return tr_prepare_fail("cannot create %s: %s", w->tmp, strerror(errno));
     unsigned char h[TRTOKENS_HEADER];
     trtokens_header(h, 0, w->vocab); /* rewritten with the count at the end */
     if (fwrite(h, 1, sizeof h, w->f) != sizeof h)
-        return fail("cannot write %s: %s", w->path, strerror(errno));
+        return tr_prepare_fail("cannot write %s: %s", w->path, strerror(errno));
     w->in_shard = 0;
     return 0;
 }
@@ -430,7 +429,7 @@ static int claim_out_dir(const char *dir)
             shard_index(e->d_name, "train") >= 0 || shard_index(e->d_name, "val") >= 0)
             theirs = e->d_name;
     if (theirs) {
-        fail("%s/%s exists and was not written by trainrun prepare; it is left untouched: "
+        tr_prepare_fail("%s/%s exists and was not written by trainrun prepare; it is left untouched: "
              "pass -o with a new or empty directory", dir, theirs);
         closedir(d);
         return -1;
@@ -440,7 +439,7 @@ static int claim_out_dir(const char *dir)
     snprintf(path, sizeof path, "%s/" PREPARE_MARK, dir);
     int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0)
-        return fail("cannot write %s: %s", path, strerror(errno));
+        return tr_prepare_fail("cannot write %s: %s", path, strerror(errno));
     close(fd);
     return 0;
 }
@@ -451,11 +450,11 @@ static int publish_file(const char *tmp, const char *path, FILE *f)
 {
     int rc = 0;
     if (fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0)
-        rc = fail("cannot write %s: %s", path, strerror(errno));
+        rc = tr_prepare_fail("cannot write %s: %s", path, strerror(errno));
     if (fclose(f) != 0 && rc == 0)
-        rc = fail("cannot write %s: %s", path, strerror(errno));
+        rc = tr_prepare_fail("cannot write %s: %s", path, strerror(errno));
     if (rc == 0 && rename(tmp, path) != 0)
-        rc = fail("cannot rename %s to %s: %s", tmp, path, strerror(errno));
+        rc = tr_prepare_fail("cannot rename %s to %s: %s", tmp, path, strerror(errno));
     if (rc != 0)
         unlink(tmp);
     return rc;
@@ -498,7 +497,7 @@ static int write_text_json(const struct prepare_opts *o, const struct text_resul
     snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid());
     FILE *f = fopen(tmp, "w");
     if (!f)
-        return fail("cannot create %s: %s", tmp, strerror(errno));
+        return tr_prepare_fail("cannot create %s: %s", tmp, strerror(errno));
     fputs("{\n  \"format\": \"text\",\n", f);
     json_inputs(f, o);
     fprintf(f, "  \"tokenizer\": \"%s\",\n  \"vocab\": %u,\n  \"dtype\": \"uint16\",\n",
@@ -541,7 +540,7 @@ static int write_split(const struct prepare_opts *o, const struct docs *d, size_
 {
     struct shard_writer *w = calloc(1, sizeof *w);
     if (!w)
-        return fail("out of memory");
+        return tr_prepare_fail("out of memory");
     w->dir = o->out_dir;
     w->prefix = prefix;
     w->limit = o->shard_tokens;
@@ -589,7 +588,7 @@ static int prepare_text(const struct prepare_opts *o, struct input *inputs)
            o->n_inputs == 1 ? "" : "s", bytes, d.n, d.n == 1 ? "" : "s",
            by_line ? "one per line" : "separated by blank lines");
     if (d.n == 0) {
-        rc = fail("no documents in the input%s (every line is blank); check the input files",
+        rc = tr_prepare_fail("no documents in the input%s (every line is blank); check the input files",
                   o->n_inputs == 1 ? "" : "s");
         goto out;
     }
@@ -658,7 +657,7 @@ static int prepare_text(const struct prepare_opts *o, struct input *inputs)
                         "validation split; use data.val_fraction in the recipe instead\n");
 
     if (tr_mkdir_p(o->out_dir) != 0) {
-        rc = fail("cannot create the output directory %s: %s", o->out_dir, strerror(errno));
+        rc = tr_prepare_fail("cannot create the output directory %s: %s", o->out_dir, strerror(errno));
         goto out;
     }
     if ((rc = claim_out_dir(o->out_dir)) != 0)
@@ -816,7 +815,7 @@ static int csv_line(struct csv_state *s, char *line, const char *file, long line
     size_t n = clean ? csv_split(line, &s->split, &s->split_cap) : (size_t)-1;
     if (n == (size_t)-1) {
         free(clean);
-        return fail("out of memory reading %s", file);
+        return tr_prepare_fail("out of memory reading %s", file);
     }
     size_t o = 0;
     int bad = 0;
@@ -854,11 +853,11 @@ static int csv_line(struct csv_state *s, char *line, const char *file, long line
         int dedup = strcmp(s->o->dedup, "none") != 0;
         int fresh = is_header || !dedup ? 1 : csv_remember(s, clean, o, file, lineno);
         if (fresh < 0)
-            rc = fail("out of memory reading %s", file);
+            rc = tr_prepare_fail("out of memory reading %s", file);
         else if (fresh == 0)
             s->duplicates++;
         else if (fprintf(s->out, "%s\n", clean) < 0)
-            rc = fail("cannot write %s: %s", s->out_path, strerror(errno));
+            rc = tr_prepare_fail("cannot write %s: %s", s->out_path, strerror(errno));
         else if (!is_header)
             s->rows_written++;
     }
@@ -870,7 +869,7 @@ static int prepare_csv(const struct prepare_opts *o)
 {
     struct csv_state s = {.o = o};
     if (tr_mkdir_p(o->out_dir) != 0)
-        return fail("cannot create the output directory %s: %s", o->out_dir, strerror(errno));
+        return tr_prepare_fail("cannot create the output directory %s: %s", o->out_dir, strerror(errno));
     if (claim_out_dir(o->out_dir) != 0)
         return -1;
     snprintf(s.out_path, sizeof s.out_path, "%s/data.csv", o->out_dir);
@@ -878,7 +877,7 @@ static int prepare_csv(const struct prepare_opts *o)
     snprintf(tmp, sizeof tmp, "%s.tmp-%ld", s.out_path, (long)getpid());
     s.out = fopen(tmp, "w");
     if (!s.out)
-        return fail("cannot create %s: %s", tmp, strerror(errno));
+        return tr_prepare_fail("cannot create %s: %s", tmp, strerror(errno));
     if (strcmp(o->dedup, "near") == 0)
         printf("trainrun prepare: near dedup applies to text; CSV rows get exact dedup\n");
 
@@ -890,14 +889,14 @@ static int prepare_csv(const struct prepare_opts *o)
         errno = 0;
         gzFile f = gzopen(file, "rb");
         if (!f) {
-            rc = fail("cannot open %s: %s", file, errno ? strerror(errno) : "out of memory");
+            rc = tr_prepare_fail("cannot open %s: %s", file, errno ? strerror(errno) : "out of memory");
             break;
         }
         int header_pending = o->header;
         for (long lineno = 1; rc == 0; lineno++) {
             int got = csv_read_line(f, &line, &cap);
             if (got < 0)
-                rc = fail("out of memory reading %s", file);
+                rc = tr_prepare_fail("out of memory reading %s", file);
             if (got <= 0)
                 break;
             int is_header = header_pending && line[strspn(line, " \t\r\n")] != '\0';
@@ -910,17 +909,17 @@ static int prepare_csv(const struct prepare_opts *o)
         int zerr;
         const char *msg = gzerror(f, &zerr);
         if (rc == 0 && zerr != Z_OK && zerr != Z_STREAM_END)
-            rc = fail("cannot read %s: %s (is the .gz file complete?)", file,
+            rc = tr_prepare_fail("cannot read %s: %s (is the .gz file complete?)", file,
                       zerr == Z_ERRNO ? strerror(errno) : msg);
         gzclose(f);
     }
     free(line);
     if (rc == 0 && s.errors > 0)
-        rc = fail("%zu row%s of the input%s cannot be used%s; nothing was written", s.errors,
+        rc = tr_prepare_fail("%zu row%s of the input%s cannot be used%s; nothing was written", s.errors,
                   s.errors == 1 ? "" : "s", o->n_inputs == 1 ? "" : "s",
                   s.errors > CSV_ERRORS_SHOWN ? " (the first ones are shown above)" : "");
     if (rc == 0 && s.rows_written == 0)
-        rc = fail("no data rows in the input%s", o->n_inputs == 1 ? "" : "s");
+        rc = tr_prepare_fail("no data rows in the input%s", o->n_inputs == 1 ? "" : "s");
     if (rc != 0) {
         fclose(s.out);
         unlink(tmp);
@@ -933,7 +932,7 @@ static int prepare_csv(const struct prepare_opts *o)
         snprintf(jtmp, sizeof jtmp, "%s.tmp-%ld", path, (long)getpid());
         FILE *f = fopen(jtmp, "w");
         if (!f) {
-            rc = fail("cannot create %s: %s", jtmp, strerror(errno));
+            rc = tr_prepare_fail("cannot create %s: %s", jtmp, strerror(errno));
         } else {
             fputs("{\n  \"format\": \"csv\",\n", f);
             json_inputs(f, o);
@@ -1083,7 +1082,7 @@ int tr_prepare_main(int argc, char **argv)
     };
     o.inputs = calloc((size_t)(argc > 0 ? argc : 1), sizeof *o.inputs);
     if (!o.inputs) {
-        fail("out of memory");
+        tr_prepare_fail("out of memory");
         return TR_EXIT_ERROR;
     }
     int help = 0;
@@ -1121,7 +1120,7 @@ int tr_prepare_main(int argc, char **argv)
     }
 
     struct input *inputs = calloc((size_t)o.n_inputs, sizeof *inputs);
-    int rc = inputs ? 0 : fail("out of memory");
+    int rc = inputs ? 0 : tr_prepare_fail("out of memory");
     for (int i = 0; i < o.n_inputs && rc == 0; i++) {
         inputs[i].path = o.inputs[i];
         rc = read_input(&inputs[i]);

@@ -14,4 +14,7 @@
  * returns an exit code (0 done, 1 error, 2 usage) and never exits. */
 int tr_prepare_main(int argc, char **argv);
 
+/* "trainrun prepare: error: ..." on stderr; returns -1.  prepare.c and dedup.c share it. */
+int tr_prepare_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 #endif
