@@ -204,6 +204,24 @@ static int is_file(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* A plugin's file name, "<kind>_<name>.so": its kind and where its name is
+ * in it.  0 for any other file. */
+static int parse_plugin_file(const char *file, enum tr_plugin_kind *kind, const char **name,
+                             int *name_len)
+{
+    size_t len = strlen(file);
+    const char *us = strchr(file, '_');
+    char prefix[32];
+    if (len < 4 || strcmp(file + len - 3, ".so") != 0 || !us || (size_t)(us - file) >= sizeof prefix)
+        return 0;
+    snprintf(prefix, sizeof prefix, "%.*s", (int)(us - file), file);
+    if (!tr_kind_from_name(prefix, kind))
+        return 0;
+    *name = us + 1;
+    *name_len = (int)(file + len - 3 - *name);
+    return 1;
+}
+
 /* The names of kind's plugins on the search path, from their file names
  * (first occurrence wins): suggesting a name must not run any plugin's code. */
 static int installed_names(const struct tr_plugin_path *sp, enum tr_plugin_kind kind,
@@ -211,20 +229,18 @@ static int installed_names(const struct tr_plugin_path *sp, enum tr_plugin_kind 
 {
     char **names = NULL;
     int n = 0;
-    char prefix[32];
-    snprintf(prefix, sizeof prefix, "%s_", tr_kind_name(kind));
-    size_t plen = strlen(prefix);
     for (int i = 0; i < sp->n; i++) {
         DIR *d = opendir(sp->dirs[i]);
         if (!d)
             continue;
         struct dirent *e;
         while ((e = readdir(d))) {
-            size_t len = strlen(e->d_name);
-            if (len <= plen + 3 || strncmp(e->d_name, prefix, plen) != 0 ||
-                strcmp(e->d_name + len - 3, ".so") != 0)
+            enum tr_plugin_kind file_kind;
+            const char *at;
+            int name_len;
+            if (!parse_plugin_file(e->d_name, &file_kind, &at, &name_len) || file_kind != kind)
                 continue;
-            char *name = tr_xasprintf("%.*s", (int)(len - plen - 3), e->d_name + plen);
+            char *name = tr_xasprintf("%.*s", name_len, at);
             int dup = !tr_plugin_name_ok(name);
             for (int j = 0; j < n && !dup; j++)
                 dup = strcmp(names[j], name) == 0;
@@ -314,15 +330,10 @@ int tr_plugin_list(const struct tr_plugin_path *sp, struct tr_plugin ***out,
             continue;
         struct dirent *e;
         while ((e = readdir(d))) {
-            size_t len = strlen(e->d_name);
             enum tr_plugin_kind kind;
-            char prefix[32];
-            const char *us = strchr(e->d_name, '_');
-            if (len < 4 || strcmp(e->d_name + len - 3, ".so") != 0 || !us ||
-                (size_t)(us - e->d_name) >= sizeof prefix)
-                continue;
-            snprintf(prefix, sizeof prefix, "%.*s", (int)(us - e->d_name), e->d_name);
-            if (!tr_kind_from_name(prefix, &kind))
+            const char *name;
+            int name_len;
+            if (!parse_plugin_file(e->d_name, &kind, &name, &name_len))
                 continue;
             char *path = tr_xasprintf("%s/%s", sp->dirs[i], e->d_name);
             tr_err err = {{0}};
