@@ -564,14 +564,9 @@ static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_s
     }
     m->scratch = sat_mul(g->scratch_floats, sizeof(float));
 
-    if (!allocate) {
-        free(needs);
-        free(slot);
-        free(shared);
-        free(iv);
-        free(seen);
-        return TR_OK;
-    }
+    int rc = TR_OK;
+    if (!allocate)
+        goto done;
     g->params = bi->alloc(be->context, m->params);
     g->grads = bi->alloc(be->context, m->grads);
     g->activation_arena = bi->alloc(be->context, act_bytes);
@@ -585,14 +580,10 @@ static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_s
         tr_format_bytes((double)m->params + (double)m->grads + (double)act_bytes +
                             (double)grad_arena + (double)in_bytes + (double)m->scratch,
                         need, sizeof need);
-        free(needs);
-        free(slot);
-        free(shared);
-        free(iv);
-        free(seen);
-        return tr_fail(err, "out of %s memory: the plan needs %s at micro-batch %d; lower the "
-                       "micro-batch (train.micro_batch) or use micro_batch = \"auto\"",
-                       bi->name, need, g->batch);
+        rc = tr_fail(err, "out of %s memory: the plan needs %s at micro-batch %d; lower the "
+                     "micro-batch (train.micro_batch) or use micro_batch = \"auto\"",
+                     bi->name, need, g->batch);
+        goto done;
     }
     for (int i = 0; i < g->n_tensors; i++) {
         struct tr_tensor *t = &g->tensors[i];
@@ -611,12 +602,13 @@ static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_s
     }
     for (int i = 0; i < n_iv; i++)
         g->tensors[iv[i].tensor].grad = (float *)((char *)g->grad_arena + iv[i].offset);
+done:
     free(needs);
     free(slot);
     free(shared);
     free(iv);
     free(seen);
-    return TR_OK;
+    return rc;
 }
 
 /* ---- initialisation ---------------------------------------------------- */
