@@ -32,8 +32,20 @@ enum tr_op {
     TR_OP_LAYERNORM,     /* in: x[...,C], w[C], b[C]  aux: mean[N], rstd[N]          */
     TR_OP_GELU,          /* in: x                                   out: same         */
     TR_OP_RELU,          /* in: x                                   out: same         */
-    TR_OP_ATTENTION,     /* in: qkv[B,T,3C]  attr heads  aux: att[B,NH,T,T] out [B,T,C] */
+    /* causal softmax attention, scale 1/sqrt(D); aux: lse[B,H,T]; out [B,T,H*D].
+     * One input: qkv[B,T,3C] packed (heads H, D = C/H).  Three inputs:
+     * q[B,T,H*D], k[B,T,KV*D], v[B,T,KV*D] (heads H, kv_heads KV dividing H;
+     * query head h reads kv head h / (H/KV): grouped-query attention). */
+    TR_OP_ATTENTION,
     TR_OP_CROSS_ENTROPY, /* in: logits[...,V], targets[...] (i32)  aux: lse[N]  out: scalar */
+    /* ---- appended with ABI 2 (Llama-family blocks) */
+    TR_OP_RMSNORM,       /* in: x[...,C], w[C]  attr eps  aux: rstd[N]  out: x*rstd*w    */
+    /* rotary position embedding, Hugging Face's rotate-half convention: in
+     * each head of D (even) channels, pair (i, i+D/2) of position t turns by
+     * t * theta^(-2i/D).  in: x[B,T,H*D]  attr heads, theta  out: same       */
+    TR_OP_ROPE,
+    TR_OP_SWIGLU,        /* in: gate, up (same shape)  out: silu(gate) * up          */
+    TR_OP_SCALE,         /* in: x  attr scale          out: scale * x                */
     TR_OP_COUNT
 };
 
@@ -79,6 +91,10 @@ struct tr_node {
     int segment;      /* > 0: recomputed in backward (activation recomputation) */
     /* planned */
     unsigned zero_grad_mask; /* bit k: zero in[k]'s activation gradient before this backward */
+    /* attributes appended with ABI 2 */
+    int kv_heads;     /* attention with q, k, v inputs: key/value heads (divides heads) */
+    float theta;      /* rope: base of the rotation frequencies (10000 in Llama 2) */
+    float scale;      /* scale: the factor */
 };
 
 struct tr_memory_report {
@@ -179,7 +195,7 @@ struct tr_backend {
  * search path and exporting TR_BACKEND_ENTRY_NAME, so a trainrun built with
  * a device backend still starts where that device (or its driver) is
  * missing, and says why device=<name> is unavailable. */
-#define TR_BACKEND_ABI 1
+#define TR_BACKEND_ABI 2 /* 2: the Llama-family ops and node attributes */
 #define TR_BACKEND_ENTRY_NAME "trainrun_backend_entry"
 
 struct tr_backend_module {
