@@ -25,7 +25,7 @@
 
 /* the csv data source's reading of a line: what prepare checks is what the
  * plugin will take */
-#include "../../plugins/data/csv_format.h"
+#include <trainrun/csv.h>
 
 #define CSV_ERRORS_SHOWN 10
 
@@ -71,7 +71,7 @@ static int csv_error(struct csv_state *s, const char *fmt, ...)
 static int is_number(const char *s)
 {
     double v;
-    return csv_number(s, &v) && fabs(v) <= FLT_MAX;
+    return tr_csv_number(s, &v) && fabs(v) <= FLT_MAX;
 }
 
 /* Remember a kept row for exact dedup; 1 if it is new, 0 if it repeats an
@@ -152,13 +152,13 @@ static int csv_line(struct csv_state *s, char *line, const char *file, long line
                     int is_header)
 {
     size_t len = strlen(line);
-    if (csv_is_blank(line)) {
+    if (tr_csv_is_blank(line)) {
         s->blank++;
         return 0;
     }
     /* Clean: fields trimmed, joined by commas, into a fresh buffer. */
     char *clean = malloc(len + 1);
-    size_t n = clean ? csv_split(line, &s->split, &s->split_cap) : (size_t)-1;
+    size_t n = clean ? tr_csv_split(line, &s->split, &s->split_cap) : (size_t)-1;
     if (n == (size_t)-1) {
         free(clean);
         return tr_prepare_fail("out of memory reading %s", file);
@@ -240,7 +240,7 @@ int tr_prepare_csv(const struct prepare_opts *o)
         }
         int header_pending = o->header;
         for (long lineno = 1; rc == 0; lineno++) {
-            int got = csv_read_line(f, &line, &cap);
+            int got = tr_csv_read_line(f, &line, &cap);
             if (got < 0)
                 rc = tr_prepare_fail("out of memory reading %s", file);
             if (got <= 0)

@@ -8,6 +8,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* POSIX file APIs under strict C11 */
 
+#include <trainrun/csv.h> /* the CSV reading trainrun prepare checks against */
 #include <trainrun/mix.h>
 #include <trainrun/plugin.h>
 
@@ -19,7 +20,6 @@
 #include <zlib.h>
 
 #include "common.h"
-#include "csv_format.h"
 
 struct csv_config {
     const char *path;
@@ -120,20 +120,20 @@ static int load(struct csv *c, const struct csv_config *cfg, const struct tr_hos
     int rc = TR_ERROR;
 
     for (long lineno = 1;; lineno++) {
-        int got = csv_read_line(f, &line, &line_cap);
+        int got = tr_csv_read_line(f, &line, &line_cap);
         if (got < 0) {
             tr_fail(err, "csv data: out of memory reading %s", path);
             goto out;
         }
         if (got == 0)
             break;
-        if (csv_is_blank(line))
+        if (tr_csv_is_blank(line))
             continue;
         if (header_pending) {
             header_pending = 0;
             continue;
         }
-        size_t n = csv_split(line, &fields, &fields_cap);
+        size_t n = tr_csv_split(line, &fields, &fields_cap);
         if (n == (size_t)-1) {
             tr_fail(err, "csv data: out of memory reading %s", path);
             goto out;
@@ -178,7 +178,7 @@ static int load(struct csv *c, const struct csv_config *cfg, const struct tr_hos
         float *x = c->x + c->rows * c->features;
         for (size_t k = 0; k < n; k++) {
             double v;
-            if (!csv_number(fields[k], &v)) {
+            if (!tr_csv_number(fields[k], &v)) {
                 tr_fail(err, "csv data: %s:%ld: column %zu%s \"%s\" is not a number", path,
                         lineno, k, k == label_col ? " (the label)" : "", fields[k]);
                 goto out;

@@ -2,8 +2,11 @@
 # The contracts run one way (kernels/backend.h): nothing under kernels/
 # includes a core/ header, and nothing under core/ or plugins/ includes a
 # backend's private header (kernels/cpu/, kernels/cuda/); the core reaches
-# the backends through kernels/backend.h and kernels/host.h only.  The check
-# first proves it can fail, on a copy of the tree with a bad include put in.
+# the backends through kernels/backend.h and kernels/host.h only.  The core
+# and the plugins include nothing of each other: what both need (the TRTOKENS
+# format, the mixers, the CSV reading) is an installed header under
+# include/trainrun/.  The check first proves it can fail, on a copy of the
+# tree with a bad include put in.
 . "$(dirname "$0")/lib.sh"
 
 # Quoted includes are resolved against the including file's directory (the
@@ -18,7 +21,8 @@ check() {
                \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) | sort); do
     case $f in
       kernels/*) forbidden="core" ;;
-      *) forbidden="kernels/cpu kernels/cuda" ;;
+      core/*) forbidden="kernels/cpu kernels/cuda plugins" ;;
+      *) forbidden="kernels/cpu kernels/cuda core" ;;
     esac
     dir=$(dirname "$f")
     for inc in $(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' \
@@ -33,7 +37,7 @@ check() {
       fi
       for d in $forbidden; do
         case $target in
-          "$d"/*) echo "$f: #include \"$inc\" ($target): $(why "$f")"; bad=1 ;;
+          "$d"/*) echo "$f: #include \"$inc\" ($target): $(why "$f" "$d")"; bad=1 ;;
         esac
       done
     done
@@ -42,15 +46,17 @@ check() {
 }
 
 why() {
-  case $1 in
+  case $1:$2 in
     kernels/*) echo "kernels may not include core headers; what a backend needs belongs in kernels/backend.h" ;;
+    *:plugins|plugins/*:core) echo "the core and the plugins include nothing of each other; what both need belongs in an installed header under include/trainrun/" ;;
     *) echo "the core and plugins reach a backend through kernels/backend.h (and kernels/host.h) only" ;;
   esac
 }
 
 # the check can fail: a copy with one bad include of each kind
 for case in "kernels/cpu/gemm.c ../../core/util/util.h" "kernels/cuda/ops.cu ../../core/engine/graph.h" \
-            "core/engine/graph.c ../kernels/cpu/kernels.h" "plugins/data/csv.c ../../kernels/cuda/common.cuh"; do
+            "core/engine/graph.c ../kernels/cpu/kernels.h" "plugins/data/csv.c ../../kernels/cuda/common.cuh" \
+            "core/commands/prepare_csv.c ../../plugins/data/common.h" "plugins/data/csv.c ../../core/util/util.h"; do
   set -- $case
   rm -rf tree && mkdir tree
   cp -R "$TR_SRCDIR/kernels" "$TR_SRCDIR/core" "$TR_SRCDIR/plugins" tree/
@@ -107,4 +113,4 @@ rm -rf tree
 # the tree itself
 check "$TR_SRCDIR" || fail "includes cross the backend contract (above)"
 check_rooms "$TR_SRCDIR" || fail "includes cross the core's rooms (above)"
-echo "layering: kernels include no core header; core and plugins no backend-private header; core rooms include only leftwards"
+echo "layering: kernels include no core header; core and plugins no backend-private header nor each other's; core rooms include only leftwards"

@@ -1,15 +1,22 @@
 /*
  * The lines of a CSV file as the csv data source reads them: one line at a
- * time from a plain or gzip'd file, fields split at commas and trimmed of
- * spaces and tabs, numbers as strtod reads them (finite only).
+ * time from a plain or gzip'd file (zlib), fields split at commas and
+ * trimmed of spaces and tabs, numbers as strtod reads them (finite only).
  *
  * Two readers share it, so they cannot drift apart: the csv plugin, and
- * `trainrun prepare --format csv` (core/commands/prepare.c), whose job is to check
- * and clean a file so that the plugin takes it.  Header-only (static
- * functions): the plugin links nothing from the core.
+ * `trainrun prepare --format csv`, whose job is to check and clean a file
+ * so that the plugin takes it.  Include it to read CSV exactly as the csv
+ * plugin does.  Header-only: a plugin that includes it links nothing of
+ * trainrun (only zlib).
+ *
+ *   tr_csv_read_line(f, &buf, &cap)   the next line, without its ending
+ *   tr_csv_is_blank(s)                only spaces and tabs
+ *   tr_csv_trim(s)                    s without leading/trailing spaces, tabs
+ *   tr_csv_split(line, &f, &cap)      fields at commas, in place, trimmed
+ *   tr_csv_number(s, &v)              the whole field is one finite number
  */
-#ifndef TR_DATA_CSV_FORMAT_H
-#define TR_DATA_CSV_FORMAT_H
+#ifndef TRAINRUN_CSV_H
+#define TRAINRUN_CSV_H
 
 #include <errno.h>
 #include <limits.h>
@@ -20,7 +27,7 @@
 
 /* One line into *buf (grown as needed), without the line ending.  Returns
  * 1 for a line, 0 at end of file, -1 when out of memory. */
-static int csv_read_line(gzFile f, char **buf, size_t *cap)
+static inline int tr_csv_read_line(gzFile f, char **buf, size_t *cap)
 {
     size_t len = 0;
     for (;;) {
@@ -47,12 +54,12 @@ static int csv_read_line(gzFile f, char **buf, size_t *cap)
     return 1;
 }
 
-static int csv_is_blank(const char *s)
+static inline int tr_csv_is_blank(const char *s)
 {
     return s[strspn(s, " \t")] == '\0';
 }
 
-static char *csv_trim(char *s)
+static inline char *tr_csv_trim(char *s)
 {
     while (*s == ' ' || *s == '\t')
         s++;
@@ -65,7 +72,7 @@ static char *csv_trim(char *s)
 /* Split a line at commas in place, each field trimmed, into *fields (grown
  * as needed); returns the number of fields, or (size_t)-1 when out of
  * memory. */
-static size_t csv_split(char *line, char ***fields, size_t *cap)
+static inline size_t tr_csv_split(char *line, char ***fields, size_t *cap)
 {
     size_t n = 0;
     char *p = line;
@@ -81,7 +88,7 @@ static size_t csv_split(char *line, char ***fields, size_t *cap)
         char *comma = strchr(p, ',');
         if (comma)
             *comma = '\0';
-        (*fields)[n++] = csv_trim(p);
+        (*fields)[n++] = tr_csv_trim(p);
         if (!comma)
             return n;
         p = comma + 1;
@@ -89,7 +96,7 @@ static size_t csv_split(char *line, char ***fields, size_t *cap)
 }
 
 /* The whole field is one finite number. */
-static int csv_number(const char *s, double *out)
+static inline int tr_csv_number(const char *s, double *out)
 {
     char *end;
     errno = 0;
