@@ -829,6 +829,337 @@ Test(layernorm, forward_backward)
 }
 
 /* ======================================================================== */
+/* RMSNorm                                                                   */
+/* ======================================================================== */
+
+typedef struct {
+    double *inp, *w;
+    int N, C;
+    double eps;
+    double *rstd; /* optional output */
+} rmsnorm_ctx;
+
+static void ref_rmsnorm(const void *vctx, double *out)
+{
+    const rmsnorm_ctx *c = vctx;
+    for (int n = 0; n < c->N; n++) {
+        const double *x = c->inp + (size_t)n * c->C;
+        double sq = 0.0;
+        for (int j = 0; j < c->C; j++)
+            sq += x[j] * x[j];
+        double s = 1.0 / sqrt(sq / c->C + c->eps);
+        for (int j = 0; j < c->C; j++)
+            out[(size_t)n * c->C + j] = x[j] * s * c->w[j];
+        if (c->rstd)
+            c->rstd[n] = s;
+    }
+}
+
+Test(rmsnorm, forward_backward)
+{
+    rng_t rng = {851};
+    /* odd widths, one row, and a Llama-like width */
+    const int shapes[][2] = {{1, 3}, {3, 5}, {7, 16}, {24, 40}, {10, 67}, {5, 130}, {3, 512}};
+    const float eps = 1e-5f;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int N = shapes[s][0], C = shapes[s][1];
+        size_t n_x = (size_t)N * C;
+        float *inp = random_fvec(&rng, n_x, -2, 3);
+        float *w = random_fvec(&rng, C, 0.5, 1.5);
+        float *R = random_fvec(&rng, n_x, -1, 1);
+        rmsnorm_ctx ctx = {to_double(inp, n_x), to_double(w, C), N, C, eps, dvec(N)};
+        double *Rd = to_double(R, n_x), *want = dvec(n_x);
+        float *out = fvec(n_x), *rstd = fvec(N);
+        fill_f(out, n_x, NAN);
+        fill_f(rstd, N, NAN);
+        tr_cpu_rmsnorm_forward(out, rstd, inp, w, N, C, eps);
+        ref_rmsnorm(&ctx, want);
+        expect_close("rmsnorm forward", out, want, n_x, FWD_TOL);
+        expect_close("rmsnorm rstd", rstd, ctx.rstd, N, FWD_TOL);
+        free(ctx.rstd);
+        ctx.rstd = NULL;
+
+        float *dinp = fvec(n_x), *dw = fvec(C);
+        tr_cpu_rmsnorm_backward(dinp, dw, R, inp, w, rstd, N, C);
+        check_gradient("rmsnorm dinp", dinp, ref_rmsnorm, &ctx, ctx.inp, n_x, Rd, n_x);
+        check_gradient("rmsnorm dw", dw, ref_rmsnorm, &ctx, ctx.w, C, Rd, n_x);
+
+        float *pre_x = random_fvec(&rng, n_x, -1, 1), *pre_w = random_fvec(&rng, C, -1, 1);
+        float *acc_x = copy_fvec(pre_x, n_x), *acc_w = copy_fvec(pre_w, C);
+        tr_cpu_rmsnorm_backward(acc_x, acc_w, R, inp, w, rstd, N, C);
+        expect_accumulated("rmsnorm dinp accumulates", acc_x, pre_x, dinp, n_x);
+        expect_accumulated("rmsnorm dw accumulates", acc_w, pre_w, dw, C);
+
+        float *only_w = fvec(C), *only_x = fvec(n_x);
+        tr_cpu_rmsnorm_backward(NULL, only_w, R, inp, w, rstd, N, C);
+        expect_close_ff("rmsnorm dw alone", only_w, dw, C, 0.0);
+        tr_cpu_rmsnorm_backward(only_x, NULL, R, inp, w, rstd, N, C);
+        expect_close_ff("rmsnorm dinp alone", only_x, dinp, n_x, 0.0);
+
+        free(inp), free(w), free(R), free(ctx.inp), free(ctx.w), free(Rd), free(want);
+        free(out), free(rstd), free(dinp), free(dw), free(pre_x), free(pre_w), free(acc_x);
+        free(acc_w), free(only_w), free(only_x);
+    }
+}
+
+/* eps matters where the row is small: an all-zero row gives 0, not NaN, and
+ * rstd = 1/sqrt(eps) */
+Test(rmsnorm, zero_row_and_eps)
+{
+    float x[8] = {0}, w[8] = {1, 1, 1, 1, 1, 1, 1, 1}, out[8], rstd[1], dx[8] = {0}, dw[8] = {0};
+    float dy[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    tr_cpu_rmsnorm_forward(out, rstd, x, w, 1, 8, 1e-6f);
+    cr_assert(fabsf(rstd[0] - 1000.0f) <= 1e-3f, "rstd of a zero row is 1/sqrt(eps): %g", rstd[0]);
+    for (int i = 0; i < 8; i++)
+        cr_assert(out[i] == 0.0f, "zero row stays zero");
+    tr_cpu_rmsnorm_backward(dx, dw, dy, x, w, rstd, 1, 8);
+    for (int i = 0; i < 8; i++) {
+        cr_assert(fabsf(dx[i] - 1000.0f * dy[i]) <= 1e-3f * dy[i], "dx of a zero row is rstd * dy");
+        cr_assert(dw[i] == 0.0f, "dw of a zero row is 0");
+    }
+}
+
+/* ======================================================================== */
+/* rotary position embedding                                                 */
+/* ======================================================================== */
+
+typedef struct {
+    double *x;
+    int B, T, H, D;
+    double theta;
+} rope_ctx;
+
+/* Hugging Face's rotate-half: pair (i, i + D/2) turns by t * theta^(-2i/D) */
+static void ref_rope(const void *vctx, double *out)
+{
+    const rope_ctx *c = vctx;
+    int half = c->D / 2;
+    for (int b = 0; b < c->B; b++)
+        for (int t = 0; t < c->T; t++)
+            for (int h = 0; h < c->H; h++) {
+                size_t base = (((size_t)b * c->T + t) * c->H + h) * c->D;
+                for (int i = 0; i < half; i++) {
+                    double angle = t * pow(c->theta, -2.0 * i / c->D);
+                    double a = c->x[base + i], bb = c->x[base + i + half];
+                    out[base + i] = a * cos(angle) - bb * sin(angle);
+                    out[base + i + half] = bb * cos(angle) + a * sin(angle);
+                }
+            }
+}
+
+Test(rope, forward_backward)
+{
+    rng_t rng = {861};
+    /* B, T, H, D, theta: D = 2, D not a multiple of 16, T = 1, one head,
+     * Llama 2's and Llama 3's theta */
+    const struct {
+        int B, T, H, D;
+        double theta;
+    } shapes[] = {{1, 1, 1, 2, 10000},  {2, 5, 3, 8, 10000},   {1, 9, 2, 6, 10000},
+                  {2, 7, 4, 18, 500000}, {1, 33, 2, 64, 10000}, {3, 4, 1, 34, 1e6},
+                  {1, 20, 3, 128, 10000}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int B = shapes[s].B, T = shapes[s].T, H = shapes[s].H, D = shapes[s].D;
+        float theta = (float)shapes[s].theta;
+        size_t n = (size_t)B * T * H * D;
+        float *x = random_fvec(&rng, n, -2, 2), *R = random_fvec(&rng, n, -1, 1);
+        rope_ctx ctx = {to_double(x, n), B, T, H, D, theta};
+        double *Rd = to_double(R, n), *want = dvec(n);
+        size_t n_scratch = tr_cpu_rope_scratch_floats(T, D);
+        float *scratch = fvec(n_scratch), *out = fvec(n);
+        fill_f(scratch, n_scratch, NAN); /* scratch content must not matter */
+        fill_f(out, n, NAN);
+        tr_cpu_rope_forward(out, x, scratch, B, T, H, D, theta);
+        ref_rope(&ctx, want);
+        expect_close("rope forward", out, want, n, FWD_TOL);
+
+        float *dx = fvec(n);
+        fill_f(scratch, n_scratch, NAN);
+        tr_cpu_rope_backward(dx, R, scratch, B, T, H, D, theta);
+        check_gradient("rope dinp", dx, ref_rope, &ctx, ctx.x, n, Rd, n);
+
+        float *pre = random_fvec(&rng, n, -1, 1), *acc = copy_fvec(pre, n);
+        tr_cpu_rope_backward(acc, R, scratch, B, T, H, D, theta);
+        expect_accumulated("rope dinp accumulates", acc, pre, dx, n);
+        tr_cpu_rope_backward(NULL, R, scratch, B, T, H, D, theta);
+
+        /* position 0 is the identity; every pair keeps its length */
+        int half = D / 2;
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < H; h++) {
+                    size_t base = (((size_t)b * T + t) * H + h) * D;
+                    for (int i = 0; i < half; i++) {
+                        float a = x[base + i], c = x[base + i + half];
+                        float ya = out[base + i], yc = out[base + i + half];
+                        if (t == 0)
+                            cr_assert(ya == a && yc == c, "rope at position 0 changed [%zu]",
+                                      base + i);
+                        double before = (double)a * a + (double)c * c;
+                        double after = (double)ya * ya + (double)yc * yc;
+                        cr_assert(fabs(after - before) <= 1e-6 * fmax(before, 1e-3),
+                                  "rope changed the length of pair %d at t=%d: %.9g -> %.9g", i, t,
+                                  before, after);
+                    }
+                }
+
+        /* backward turns back: rope^-1(rope(x)) = x */
+        float *back = fvec(n);
+        tr_cpu_rope_backward(back, out, scratch, B, T, H, D, theta);
+        expect_close_ff("rope backward inverts forward", back, x, n, 1e-6);
+
+        free(x), free(R), free(ctx.x), free(Rd), free(want), free(scratch), free(out), free(dx);
+        free(pre), free(acc), free(back);
+    }
+}
+
+/* The convention, spelled out on unit vectors: channel i of a head goes to
+ * (cos, sin) on channels (i, i + D/2), and channel i + D/2 to (-sin, cos) */
+Test(rope, rotate_half_convention)
+{
+    enum { T = 5, D = 8, HALF = D / 2 };
+    float theta = 10000.0f;
+    float *scratch = fvec(tr_cpu_rope_scratch_floats(T, D));
+    for (int i = 0; i < D; i++) {
+        float x[T * D] = {0}, out[T * D];
+        for (int t = 0; t < T; t++)
+            x[t * D + i] = 1.0f;
+        tr_cpu_rope_forward(out, x, scratch, 1, T, 1, D, theta);
+        int pair = i % HALF;
+        for (int t = 0; t < T; t++) {
+            double angle = t * pow(10000.0, -2.0 * pair / D);
+            for (int j = 0; j < D; j++) {
+                double want = 0.0;
+                if (i < HALF && j == i)
+                    want = cos(angle);
+                else if (i < HALF && j == i + HALF)
+                    want = sin(angle);
+                else if (i >= HALF && j == i)
+                    want = cos(angle);
+                else if (i >= HALF && j == i - HALF)
+                    want = -sin(angle);
+                cr_assert(fabs(out[t * D + j] - want) <= 1e-6,
+                          "unit %d at t=%d: channel %d is %.8g, want %.8g", i, t, j,
+                          out[t * D + j], want);
+            }
+        }
+    }
+    free(scratch);
+}
+
+/* ======================================================================== */
+/* SwiGLU and scale                                                          */
+/* ======================================================================== */
+
+typedef struct {
+    double *gate, *up;
+    size_t n;
+} swiglu_ctx;
+
+static void ref_swiglu(const void *vctx, double *out)
+{
+    const swiglu_ctx *c = vctx;
+    for (size_t i = 0; i < c->n; i++)
+        out[i] = c->gate[i] / (1.0 + exp(-c->gate[i])) * c->up[i];
+}
+
+Test(swiglu, forward_backward)
+{
+    rng_t rng = {871};
+    const size_t sizes[] = {1, 7, 8, 64, 333, 1000};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        size_t n = sizes[s];
+        float *gate = random_fvec(&rng, n, -6, 6), *up = random_fvec(&rng, n, -2, 2);
+        float *R = random_fvec(&rng, n, -1, 1);
+        swiglu_ctx ctx = {to_double(gate, n), to_double(up, n), n};
+        double *Rd = to_double(R, n), *want = dvec(n);
+        float *out = fvec(n);
+        fill_f(out, n, NAN);
+        tr_cpu_swiglu_forward(out, gate, up, n);
+        ref_swiglu(&ctx, want);
+        expect_close("swiglu forward", out, want, n, FWD_TOL);
+
+        float *dg = fvec(n), *du = fvec(n);
+        tr_cpu_swiglu_backward(dg, du, gate, up, R, n);
+        check_gradient("swiglu dgate", dg, ref_swiglu, &ctx, ctx.gate, n, Rd, n);
+        check_gradient("swiglu dup", du, ref_swiglu, &ctx, ctx.up, n, Rd, n);
+
+        float *pre_g = random_fvec(&rng, n, -1, 1), *pre_u = random_fvec(&rng, n, -1, 1);
+        float *acc_g = copy_fvec(pre_g, n), *acc_u = copy_fvec(pre_u, n);
+        tr_cpu_swiglu_backward(acc_g, acc_u, gate, up, R, n);
+        expect_accumulated("swiglu dgate accumulates", acc_g, pre_g, dg, n);
+        expect_accumulated("swiglu dup accumulates", acc_u, pre_u, du, n);
+
+        float *only_g = fvec(n), *only_u = fvec(n);
+        tr_cpu_swiglu_backward(only_g, NULL, gate, up, R, n);
+        tr_cpu_swiglu_backward(NULL, only_u, gate, up, R, n);
+        expect_close_ff("swiglu dgate alone", only_g, dg, n, 0.0);
+        expect_close_ff("swiglu dup alone", only_u, du, n, 0.0);
+        tr_cpu_swiglu_backward(NULL, NULL, gate, up, R, n);
+
+        free(gate), free(up), free(R), free(ctx.gate), free(ctx.up), free(Rd), free(want);
+        free(out), free(dg), free(du), free(pre_g), free(pre_u), free(acc_g), free(acc_u);
+        free(only_g), free(only_u);
+    }
+}
+
+/* Far out on both sides (silu -> g and -> 0 without overflow or NaN), against
+ * the double formula, relative to the result; sizes cover the padded tail. */
+Test(swiglu, wide_range_and_tails)
+{
+    const size_t sizes[] = {1, 8, 13, 20001};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        size_t n = sizes[s];
+        float *g = fvec(n), *up = fvec(n), *out = fvec(n), *dg = fvec(n), *du = fvec(n);
+        float *ones = fvec(n);
+        for (size_t i = 0; i < n; i++) {
+            g[i] = n == 1 ? -0.5f : (float)(-100.0 + 200.0 * (double)i / (double)(n - 1));
+            up[i] = 1.0f;
+            ones[i] = 1.0f;
+        }
+        tr_cpu_swiglu_forward(out, g, up, n);
+        tr_cpu_swiglu_backward(dg, du, g, up, ones, n);
+        for (size_t i = 0; i < n; i++) {
+            double G = g[i], sig = 1.0 / (1.0 + exp(-G)), want = G * sig;
+            double dwant = sig * (1.0 + G * (1.0 - sig));
+            /* exp(-g) carries |g| * 1e-7 relative from the rounding of g, and
+             * exp's clamp at -87/88 leaves ~1e-38 absolute below */
+            double tol = 4e-7 * (1.0 + fabs(G));
+            cr_assert(fabs(out[i] - want) <= tol * fabs(want) + 1e-30,
+                      "silu(%.9g) = %.9g, want %.9g", G, out[i], want);
+            cr_assert(fabs(du[i] - want) <= tol * fabs(want) + 1e-30, "dup at %.9g", G);
+            cr_assert(fabs(dg[i] - dwant) <= 2 * tol * (sig + fabs(G * sig * (1 - sig))) + 1e-30,
+                      "silu'(%.9g) = %.9g, want %.9g", G, dg[i], dwant);
+        }
+        free(g), free(up), free(out), free(dg), free(du), free(ones);
+    }
+}
+
+Test(scale, forward_backward)
+{
+    rng_t rng = {881};
+    const size_t sizes[] = {1, 7, 1000};
+    const float scales[] = {1.0f, 0.125f, 22.627417f, -3.0f};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+        for (size_t k = 0; k < sizeof scales / sizeof scales[0]; k++) {
+            size_t n = sizes[s];
+            float sc = scales[k];
+            float *x = random_fvec(&rng, n, -2, 2), *R = random_fvec(&rng, n, -1, 1);
+            float *out = fvec(n), *pre = random_fvec(&rng, n, -1, 1), *acc = copy_fvec(pre, n);
+            tr_cpu_scale_forward(out, x, sc, n);
+            tr_cpu_scale_backward(acc, R, sc, n);
+            tr_cpu_scale_backward(NULL, R, sc, n);
+            for (size_t i = 0; i < n; i++) {
+                cr_assert(out[i] == sc * x[i], "scale forward [%zu]", i);
+                double want = (double)pre[i] + (double)sc * R[i]; /* one rounding, or two */
+                cr_assert(fabs(acc[i] - want) <= 2e-7 * (fabs(pre[i]) + fabs(sc * R[i])),
+                          "scale backward accumulates [%zu]: %.9g, want %.9g", i, acc[i], want);
+            }
+            free(x), free(R), free(out), free(pre), free(acc);
+        }
+}
+
+/* ======================================================================== */
 /* attention                                                                 */
 /* ======================================================================== */
 
@@ -920,6 +1251,216 @@ Test(attention, forward_backward)
                              {2, 7, 8, 1}, {3, 4, 20, 2}, {1, 67, 4, 2}, {1, 150, 6, 2}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         check_attention(&rng, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3]);
+}
+
+/* ======================================================================== */
+/* grouped-query attention (separate q, k, v)                                */
+/* ======================================================================== */
+
+typedef struct {
+    double *q, *k, *v;
+    int B, T, H, KV, D;
+    double *lse; /* optional output */
+} gqa_ctx;
+
+/* The naive form: every key/value head repeated for its H/KV query heads
+ * (as transformers' repeat_kv does), then plain causal attention. */
+static void ref_gqa(const void *vctx, double *out)
+{
+    const gqa_ctx *c = vctx;
+    int B = c->B, T = c->T, H = c->H, KV = c->KV, D = c->D, group = H / KV;
+    double scale = 1.0 / sqrt((double)D);
+    double *kr = dvec((size_t)B * T * H * D), *vr = dvec((size_t)B * T * H * D);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < H; h++)
+                for (int d = 0; d < D; d++) {
+                    size_t src = (((size_t)b * T + t) * KV + h / group) * D + d;
+                    kr[(((size_t)b * T + t) * H + h) * D + d] = c->k[src];
+                    vr[(((size_t)b * T + t) * H + h) * D + d] = c->v[src];
+                }
+    double *p = dvec(T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                const double *q = c->q + (((size_t)b * T + t) * H + h) * D;
+                double max = -INFINITY;
+                for (int s = 0; s <= t; s++) {
+                    const double *k = kr + (((size_t)b * T + s) * H + h) * D;
+                    p[s] = dot(q, k, D) * scale;
+                    max = fmax(max, p[s]);
+                }
+                double sum = 0.0;
+                for (int s = 0; s <= t; s++) {
+                    p[s] = exp(p[s] - max);
+                    sum += p[s];
+                }
+                if (c->lse)
+                    c->lse[((size_t)b * H + h) * T + t] = max + log(sum);
+                double *o = out + (((size_t)b * T + t) * H + h) * D;
+                for (int d = 0; d < D; d++) {
+                    double acc = 0.0;
+                    for (int s = 0; s <= t; s++)
+                        acc += p[s] / sum * vr[(((size_t)b * T + s) * H + h) * D + d];
+                    o[d] = acc;
+                }
+            }
+    free(p), free(kr), free(vr);
+}
+
+static void check_gqa(rng_t *rng, int B, int T, int H, int KV, int D)
+{
+    size_t n_q = (size_t)B * T * H * D, n_kv = (size_t)B * T * KV * D;
+    size_t n_lse = (size_t)B * H * T;
+    float *q = random_fvec(rng, n_q, -1.5, 1.5), *k = random_fvec(rng, n_kv, -1.5, 1.5);
+    float *v = random_fvec(rng, n_kv, -1.5, 1.5), *R = random_fvec(rng, n_q, -1, 1);
+    gqa_ctx ctx = {to_double(q, n_q), to_double(k, n_kv), to_double(v, n_kv), B, T, H, KV, D,
+                   dvec(n_lse)};
+    double *Rd = to_double(R, n_q), *want = dvec(n_q);
+    float *out = fvec(n_q), *lse = fvec(n_lse);
+    fill_f(out, n_q, NAN);
+    fill_f(lse, n_lse, NAN); /* every row must be written */
+    tr_cpu_attention_gqa_forward(out, lse, q, k, v, B, T, H, KV, D);
+    ref_gqa(&ctx, want);
+    char what[96];
+    snprintf(what, sizeof what, "gqa forward B%d T%d H%d KV%d D%d", B, T, H, KV, D);
+    expect_close(what, out, want, n_q, FWD_TOL);
+    expect_close("gqa log-sum-exp", lse, ctx.lse, n_lse, FWD_TOL);
+    free(ctx.lse);
+    ctx.lse = NULL;
+
+    size_t n_scratch = tr_cpu_attention_gqa_scratch_floats(B, T, H, KV, D);
+    float *scratch = fvec(n_scratch);
+    fill_f(scratch, n_scratch, NAN); /* scratch content must not matter */
+    float *dq = fvec(n_q), *dk = fvec(n_kv), *dv = fvec(n_kv);
+    tr_cpu_attention_gqa_backward(dq, dk, dv, scratch, R, out, q, k, v, lse, B, T, H, KV, D);
+    snprintf(what, sizeof what, "gqa dq B%d T%d H%d KV%d D%d", B, T, H, KV, D);
+    check_gradient(what, dq, ref_gqa, &ctx, ctx.q, n_q, Rd, n_q);
+    snprintf(what, sizeof what, "gqa dk B%d T%d H%d KV%d D%d", B, T, H, KV, D);
+    check_gradient(what, dk, ref_gqa, &ctx, ctx.k, n_kv, Rd, n_q);
+    snprintf(what, sizeof what, "gqa dv B%d T%d H%d KV%d D%d", B, T, H, KV, D);
+    check_gradient(what, dv, ref_gqa, &ctx, ctx.v, n_kv, Rd, n_q);
+
+    float *pre_q = random_fvec(rng, n_q, -1, 1), *acc_q = copy_fvec(pre_q, n_q);
+    float *pre_k = random_fvec(rng, n_kv, -1, 1), *acc_k = copy_fvec(pre_k, n_kv);
+    float *pre_v = random_fvec(rng, n_kv, -1, 1), *acc_v = copy_fvec(pre_v, n_kv);
+    tr_cpu_attention_gqa_backward(acc_q, acc_k, acc_v, scratch, R, out, q, k, v, lse, B, T, H,
+                                  KV, D);
+    expect_accumulated("gqa dq accumulates", acc_q, pre_q, dq, n_q);
+    expect_accumulated("gqa dk accumulates", acc_k, pre_k, dk, n_kv);
+    expect_accumulated("gqa dv accumulates", acc_v, pre_v, dv, n_kv);
+
+    /* each gradient alone is the same as with the others */
+    float *only_q = fvec(n_q), *only_k = fvec(n_kv), *only_v = fvec(n_kv);
+    tr_cpu_attention_gqa_backward(only_q, NULL, NULL, scratch, R, out, q, k, v, lse, B, T, H, KV,
+                                  D);
+    tr_cpu_attention_gqa_backward(NULL, only_k, NULL, scratch, R, out, q, k, v, lse, B, T, H, KV,
+                                  D);
+    tr_cpu_attention_gqa_backward(NULL, NULL, only_v, scratch, R, out, q, k, v, lse, B, T, H, KV,
+                                  D);
+    tr_cpu_attention_gqa_backward(NULL, NULL, NULL, scratch, R, out, q, k, v, lse, B, T, H, KV,
+                                  D);
+    expect_bitwise("gqa dq alone", only_q, dq, n_q);
+    expect_bitwise("gqa dk alone", only_k, dk, n_kv);
+    expect_bitwise("gqa dv alone", only_v, dv, n_kv);
+
+    free(q), free(k), free(v), free(R), free(ctx.q), free(ctx.k), free(ctx.v), free(Rd);
+    free(want), free(out), free(lse), free(scratch), free(dq), free(dk), free(dv);
+    free(pre_q), free(acc_q), free(pre_k), free(acc_k), free(pre_v), free(acc_v);
+    free(only_q), free(only_k), free(only_v);
+}
+
+Test(attention_gqa, forward_backward_vs_repeated_kv)
+{
+    rng_t rng = {911};
+    /* B, T, H, KV, D: T = 1; H/KV = 1, 2, 3, 4 and KV = 1 (multi-query); odd D
+     * and D not a multiple of 16; T past one block (64) and past two */
+    const int shapes[][5] = {{1, 1, 2, 1, 8},  {2, 1, 4, 4, 6},  {2, 5, 4, 2, 6},
+                             {1, 9, 4, 1, 16}, {2, 7, 3, 3, 5},  {1, 6, 6, 2, 12},
+                             {2, 4, 8, 2, 20}, {1, 67, 4, 2, 4}, {1, 150, 2, 1, 6}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        check_gqa(&rng, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], shapes[s][4]);
+}
+
+/* With KV = H and the same numbers, the three-input form is the packed form,
+ * to the bit, forward and backward (one implementation serves both). */
+Test(attention_gqa, kv_equal_heads_is_packed_bitwise)
+{
+    rng_t rng = {912};
+    const int shapes[][4] = {{1, 1, 8, 2}, {2, 9, 12, 3}, {1, 70, 16, 4}, {2, 130, 20, 2}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int B = shapes[s][0], T = shapes[s][1], C = shapes[s][2], NH = shapes[s][3];
+        size_t n_qkv = (size_t)B * T * 3 * C, n = (size_t)B * T * C, n_lse = (size_t)B * NH * T;
+        float *qkv = random_fvec(&rng, n_qkv, -1.5, 1.5), *R = random_fvec(&rng, n, -1, 1);
+        float *q = fvec(n), *k = fvec(n), *v = fvec(n);
+        for (size_t r = 0; r < (size_t)B * T; r++) {
+            memcpy(q + r * C, qkv + r * 3 * C, C * sizeof(float));
+            memcpy(k + r * C, qkv + r * 3 * C + C, C * sizeof(float));
+            memcpy(v + r * C, qkv + r * 3 * C + 2 * C, C * sizeof(float));
+        }
+        float *out_p = fvec(n), *lse_p = fvec(n_lse), *out_g = fvec(n), *lse_g = fvec(n_lse);
+        tr_cpu_attention_forward(out_p, lse_p, qkv, B, T, C, NH);
+        tr_cpu_attention_gqa_forward(out_g, lse_g, q, k, v, B, T, NH, NH, C / NH);
+        expect_bitwise("gqa out vs packed", out_g, out_p, n);
+        expect_bitwise("gqa lse vs packed", lse_g, lse_p, n_lse);
+
+        float *scratch = fvec(tr_cpu_attention_scratch_floats(B, T, C, NH));
+        float *dqkv = fvec(n_qkv), *dq = fvec(n), *dk = fvec(n), *dv = fvec(n);
+        tr_cpu_attention_backward(dqkv, scratch, R, out_p, qkv, lse_p, B, T, C, NH);
+        tr_cpu_attention_gqa_backward(dq, dk, dv, scratch, R, out_g, q, k, v, lse_g, B, T, NH, NH,
+                                      C / NH);
+        for (size_t r = 0; r < (size_t)B * T; r++) {
+            expect_bitwise("gqa dq vs packed", dq + r * C, dqkv + r * 3 * C, C);
+            expect_bitwise("gqa dk vs packed", dk + r * C, dqkv + r * 3 * C + C, C);
+            expect_bitwise("gqa dv vs packed", dv + r * C, dqkv + r * 3 * C + 2 * C, C);
+        }
+        free(qkv), free(R), free(q), free(k), free(v), free(out_p), free(lse_p), free(out_g);
+        free(lse_g), free(scratch), free(dqkv), free(dq), free(dk), free(dv);
+    }
+}
+
+/* Query heads that share a key/value head see the same keys: with their
+ * queries equal, their outputs are equal, and dk, dv are the sum of what
+ * each alone would give (checked against KV = H with the kv heads repeated). */
+Test(attention_gqa, grouped_equals_repeated_heads)
+{
+    rng_t rng = {913};
+    enum { B = 2, T = 70, H = 4, KV = 2, D = 8 };
+    size_t n_q = (size_t)B * T * H * D, n_kv = (size_t)B * T * KV * D;
+    float *q = random_fvec(&rng, n_q, -1.5, 1.5), *k = random_fvec(&rng, n_kv, -1.5, 1.5);
+    float *v = random_fvec(&rng, n_kv, -1.5, 1.5), *R = random_fvec(&rng, n_q, -1, 1);
+    float *kr = fvec(n_q), *vr = fvec(n_q);
+    for (size_t r = 0; r < (size_t)B * T; r++)
+        for (int h = 0; h < H; h++) {
+            memcpy(kr + (r * H + h) * D, k + (r * KV + h / (H / KV)) * D, D * sizeof(float));
+            memcpy(vr + (r * H + h) * D, v + (r * KV + h / (H / KV)) * D, D * sizeof(float));
+        }
+    float *out_g = fvec(n_q), *out_r = fvec(n_q), *lse_g = fvec(B * H * T), *lse_r = fvec(B * H * T);
+    tr_cpu_attention_gqa_forward(out_g, lse_g, q, k, v, B, T, H, KV, D);
+    tr_cpu_attention_gqa_forward(out_r, lse_r, q, kr, vr, B, T, H, H, D);
+    expect_bitwise("grouped out vs repeated", out_g, out_r, n_q);
+    expect_bitwise("grouped lse vs repeated", lse_g, lse_r, (size_t)B * H * T);
+
+    float *scratch = fvec(tr_cpu_attention_gqa_scratch_floats(B, T, H, KV, D));
+    float *dq_g = fvec(n_q), *dk_g = fvec(n_kv), *dv_g = fvec(n_kv);
+    float *dq_r = fvec(n_q), *dk_r = fvec(n_q), *dv_r = fvec(n_q);
+    tr_cpu_attention_gqa_backward(dq_g, dk_g, dv_g, scratch, R, out_g, q, k, v, lse_g, B, T, H,
+                                  KV, D);
+    tr_cpu_attention_gqa_backward(dq_r, dk_r, dv_r, scratch, R, out_r, q, kr, vr, lse_r, B, T, H,
+                                  H, D);
+    expect_bitwise("grouped dq vs repeated", dq_g, dq_r, n_q);
+    double *dk_sum = dvec(n_kv), *dv_sum = dvec(n_kv);
+    for (size_t r = 0; r < (size_t)B * T; r++)
+        for (int h = 0; h < H; h++)
+            for (int d = 0; d < D; d++) {
+                dk_sum[(r * KV + h / (H / KV)) * D + d] += dk_r[(r * H + h) * D + d];
+                dv_sum[(r * KV + h / (H / KV)) * D + d] += dv_r[(r * H + h) * D + d];
+            }
+    expect_close("grouped dk = sum over the group", dk_g, dk_sum, n_kv, 1e-6);
+    expect_close("grouped dv = sum over the group", dv_g, dv_sum, n_kv, 1e-6);
+    free(q), free(k), free(v), free(R), free(kr), free(vr), free(out_g), free(out_r);
+    free(lse_g), free(lse_r), free(scratch), free(dq_g), free(dk_g), free(dv_g), free(dq_r);
+    free(dk_r), free(dv_r), free(dk_sum), free(dv_sum);
 }
 
 /* ======================================================================== */
@@ -1146,6 +1687,10 @@ typedef struct {
     float *mm_out, *mm_da, *mm_db;
     float *emb_dtable, *xent_dlogits, xent_loss;
     float *gelu_out, *gelu_dinp;
+    float *rms_out, *rms_rstd, *rms_dinp, *rms_dw;
+    float *rope_out, *rope_dinp;
+    float *swiglu_out, *swiglu_dgate, *swiglu_dup;
+    float *gqa_out, *gqa_lse, *gqa_dq, *gqa_dk, *gqa_dv;
     double sumsq;
 } thread_results;
 
@@ -1158,6 +1703,9 @@ enum {
     XE_N = 40, XE_V = 500,
     SQ_N = 1000000,
     GELU_N = 50001, /* several threads' shares and a tail */
+    RMS_N = 50, RMS_C = 200,
+    ROPE_B = 3, ROPE_T = 40, ROPE_H = 4, ROPE_D = 18,
+    GQ_B = 2, GQ_T = 130, GQ_H = 6, GQ_KV = 2, GQ_D = 8,
 };
 
 typedef struct {
@@ -1171,6 +1719,9 @@ typedef struct {
     float *xe_logits;
     float *sq_x;
     float *gelu_x, *gelu_dout;
+    float *rms_inp, *rms_w, *rms_dout;
+    float *rope_x, *rope_dout;
+    float *gqa_q, *gqa_k, *gqa_v, *gqa_dout;
 } thread_inputs;
 
 static void run_with_threads(const thread_inputs *in, int threads, thread_results *r)
@@ -1218,6 +1769,37 @@ static void run_with_threads(const thread_inputs *in, int threads, thread_result
     r->gelu_out = fvec(GELU_N), r->gelu_dinp = fvec(GELU_N);
     tr_cpu_gelu_forward(r->gelu_out, in->gelu_x, GELU_N);
     tr_cpu_gelu_backward(r->gelu_dinp, in->gelu_x, in->gelu_dout, GELU_N);
+
+    r->rms_out = fvec(RMS_N * RMS_C), r->rms_rstd = fvec(RMS_N);
+    r->rms_dinp = fvec(RMS_N * RMS_C), r->rms_dw = fvec(RMS_C);
+    tr_cpu_rmsnorm_forward(r->rms_out, r->rms_rstd, in->rms_inp, in->rms_w, RMS_N, RMS_C, 1e-5f);
+    tr_cpu_rmsnorm_backward(r->rms_dinp, r->rms_dw, in->rms_dout, in->rms_inp, in->rms_w,
+                            r->rms_rstd, RMS_N, RMS_C);
+
+    size_t n_rope = (size_t)ROPE_B * ROPE_T * ROPE_H * ROPE_D;
+    r->rope_out = fvec(n_rope), r->rope_dinp = fvec(n_rope);
+    scratch = fvec(tr_cpu_rope_scratch_floats(ROPE_T, ROPE_D));
+    tr_cpu_rope_forward(r->rope_out, in->rope_x, scratch, ROPE_B, ROPE_T, ROPE_H, ROPE_D, 1e4f);
+    tr_cpu_rope_backward(r->rope_dinp, in->rope_dout, scratch, ROPE_B, ROPE_T, ROPE_H, ROPE_D,
+                         1e4f);
+    free(scratch);
+
+    /* SwiGLU on GELU's inputs: several threads' shares and a tail */
+    r->swiglu_out = fvec(GELU_N), r->swiglu_dgate = fvec(GELU_N), r->swiglu_dup = fvec(GELU_N);
+    tr_cpu_swiglu_forward(r->swiglu_out, in->gelu_x, in->gelu_dout, GELU_N);
+    tr_cpu_swiglu_backward(r->swiglu_dgate, r->swiglu_dup, in->gelu_x, in->gelu_dout,
+                           in->gelu_x, GELU_N);
+
+    size_t n_q = (size_t)GQ_B * GQ_T * GQ_H * GQ_D, n_kv = (size_t)GQ_B * GQ_T * GQ_KV * GQ_D;
+    r->gqa_out = fvec(n_q), r->gqa_lse = fvec(GQ_B * GQ_H * GQ_T);
+    r->gqa_dq = fvec(n_q), r->gqa_dk = fvec(n_kv), r->gqa_dv = fvec(n_kv);
+    scratch = fvec(tr_cpu_attention_gqa_scratch_floats(GQ_B, GQ_T, GQ_H, GQ_KV, GQ_D));
+    tr_cpu_attention_gqa_forward(r->gqa_out, r->gqa_lse, in->gqa_q, in->gqa_k, in->gqa_v, GQ_B,
+                                 GQ_T, GQ_H, GQ_KV, GQ_D);
+    tr_cpu_attention_gqa_backward(r->gqa_dq, r->gqa_dk, r->gqa_dv, scratch, in->gqa_dout,
+                                  r->gqa_out, in->gqa_q, in->gqa_k, in->gqa_v, r->gqa_lse, GQ_B,
+                                  GQ_T, GQ_H, GQ_KV, GQ_D);
+    free(scratch);
 }
 
 /* names read "<what>: not bitwise identical" on failure */
@@ -1244,6 +1826,22 @@ static void expect_same_results(const thread_results *a, const thread_results *b
     expect_bitwise("cross-entropy dlogits", a->xent_dlogits, b->xent_dlogits, XE_N * XE_V);
     expect_bitwise("gelu out", a->gelu_out, b->gelu_out, GELU_N);
     expect_bitwise("gelu dinp", a->gelu_dinp, b->gelu_dinp, GELU_N);
+    expect_bitwise("rmsnorm out", a->rms_out, b->rms_out, RMS_N * RMS_C);
+    expect_bitwise("rmsnorm rstd", a->rms_rstd, b->rms_rstd, RMS_N);
+    expect_bitwise("rmsnorm dinp", a->rms_dinp, b->rms_dinp, RMS_N * RMS_C);
+    expect_bitwise("rmsnorm dw", a->rms_dw, b->rms_dw, RMS_C);
+    size_t n_rope = (size_t)ROPE_B * ROPE_T * ROPE_H * ROPE_D;
+    expect_bitwise("rope out", a->rope_out, b->rope_out, n_rope);
+    expect_bitwise("rope dinp", a->rope_dinp, b->rope_dinp, n_rope);
+    expect_bitwise("swiglu out", a->swiglu_out, b->swiglu_out, GELU_N);
+    expect_bitwise("swiglu dgate", a->swiglu_dgate, b->swiglu_dgate, GELU_N);
+    expect_bitwise("swiglu dup", a->swiglu_dup, b->swiglu_dup, GELU_N);
+    size_t n_q = (size_t)GQ_B * GQ_T * GQ_H * GQ_D, n_kv = (size_t)GQ_B * GQ_T * GQ_KV * GQ_D;
+    expect_bitwise("gqa out", a->gqa_out, b->gqa_out, n_q);
+    expect_bitwise("gqa lse", a->gqa_lse, b->gqa_lse, GQ_B * GQ_H * GQ_T);
+    expect_bitwise("gqa dq", a->gqa_dq, b->gqa_dq, n_q);
+    expect_bitwise("gqa dk", a->gqa_dk, b->gqa_dk, n_kv);
+    expect_bitwise("gqa dv", a->gqa_dv, b->gqa_dv, n_kv);
     cr_assert(memcmp(&a->sumsq, &b->sumsq, sizeof(double)) == 0,
               "sum_squares: not bitwise identical");
 }
@@ -1253,7 +1851,10 @@ static void free_results(thread_results *r)
     float *all[] = {r->lin_out,  r->lin_dinp, r->lin_dw,    r->lin_db,    r->ln_out,
                     r->ln_mean,  r->ln_rstd,  r->ln_dinp,   r->ln_dw,     r->ln_db,
                     r->att_out,  r->att_lse,  r->att_dqkv,  r->mm_out,    r->mm_da,
-                    r->mm_db,    r->emb_dtable, r->xent_dlogits, r->gelu_out, r->gelu_dinp};
+                    r->mm_db,    r->emb_dtable, r->xent_dlogits, r->gelu_out, r->gelu_dinp,
+                    r->rms_out,  r->rms_rstd, r->rms_dinp,  r->rms_dw,    r->rope_out,
+                    r->rope_dinp, r->swiglu_out, r->swiglu_dgate, r->swiglu_dup, r->gqa_out,
+                    r->gqa_lse,  r->gqa_dq,   r->gqa_dk,    r->gqa_dv};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         free(all[i]);
 }
@@ -1284,6 +1885,15 @@ Test(determinism, same_bits_for_1_2_3_threads)
     in.sq_x = random_fvec(&rng, SQ_N, -1, 1);
     in.gelu_x = random_fvec(&rng, GELU_N, -6, 6);
     in.gelu_dout = random_fvec(&rng, GELU_N, -1, 1);
+    in.rms_inp = random_fvec(&rng, RMS_N * RMS_C, -2, 3);
+    in.rms_w = random_fvec(&rng, RMS_C, 0.5, 1.5);
+    in.rms_dout = random_fvec(&rng, RMS_N * RMS_C, -1, 1);
+    in.rope_x = random_fvec(&rng, ROPE_B * ROPE_T * ROPE_H * ROPE_D, -2, 2);
+    in.rope_dout = random_fvec(&rng, ROPE_B * ROPE_T * ROPE_H * ROPE_D, -1, 1);
+    in.gqa_q = random_fvec(&rng, GQ_B * GQ_T * GQ_H * GQ_D, -1, 1);
+    in.gqa_k = random_fvec(&rng, GQ_B * GQ_T * GQ_KV * GQ_D, -1, 1);
+    in.gqa_v = random_fvec(&rng, GQ_B * GQ_T * GQ_KV * GQ_D, -1, 1);
+    in.gqa_dout = random_fvec(&rng, GQ_B * GQ_T * GQ_H * GQ_D, -1, 1);
 
     thread_results one, two, three;
     run_with_threads(&in, 1, &one);
@@ -1296,7 +1906,9 @@ Test(determinism, same_bits_for_1_2_3_threads)
     float *inputs[] = {in.lin_inp, in.lin_w,    in.lin_b,  in.lin_dout, in.ln_inp,
                        in.ln_w,    in.ln_b,     in.ln_dout, in.att_qkv, in.att_dout,
                        in.mm_a,    in.mm_b,     in.mm_dout, in.emb_dout, in.xe_logits,
-                       in.sq_x,    in.gelu_x,   in.gelu_dout};
+                       in.sq_x,    in.gelu_x,   in.gelu_dout, in.rms_inp, in.rms_w,
+                       in.rms_dout, in.rope_x,  in.rope_dout, in.gqa_q,  in.gqa_k,
+                       in.gqa_v,   in.gqa_dout};
     for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
         free(inputs[i]);
 }

@@ -2,8 +2,12 @@
  * Causal multi-head self-attention, flash style: the T x T probabilities are
  * never stored.
  *
- * Each head reads its q, k, v straight out of qkv[B,T,3C] (leading dimension
- * 3C), so nothing is gathered.  Queries go in blocks of Q_BLOCK rows, keys in
+ * Two input forms, one implementation: packed qkv[B,T,3C] (q, k, v side by
+ * side, leading dimension 3C), or separate q[B,T,H*D], k and v [B,T,KV*D]
+ * where query head h reads key/value head h / (H/KV) (grouped-query
+ * attention; KV = H is plain multi-head).  Each head reads its rows straight
+ * out of the inputs through a leading dimension, so nothing is gathered or
+ * repeated.  Queries go in blocks of Q_BLOCK rows, keys in
  * blocks of K_BLOCK; a query block [r0, r1) only visits keys 0..r1-1.
  *
  * Forward: for each key block, scores S = scale q k^T (a small GEMM), then an
@@ -18,7 +22,9 @@
  *
  * Every block is computed by the same sequence of serial GEMMs and loops
  * whatever the thread that runs it, so results do not depend on the thread
- * count.  The score blocks live on the stack (16 KiB each).
+ * count.  In backward, the query heads that share a key/value head sum into
+ * its dk and dv, so one thread takes a (batch, kv head) pair and runs its
+ * query heads in order.  The score blocks live on the stack (16 KiB each).
  */
 #include <math.h>
 
@@ -30,11 +36,20 @@ enum { Q_BLOCK = 64, K_BLOCK = 64 };
 
 static int min_int(int a, int b) { return a < b ? a : b; }
 
-void tr_cpu_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
-                              int NH)
+/* Where one call's tensors live.  Row t of batch b, head h of q is at
+ * q + (b*T + t)*ldq + h*D; of k and v (head h / group) at ld ldkv.  The
+ * gradients have the layouts of their inputs; out and dout are [B,T,H*D]. */
+struct att_layout {
+    int B, T, H, KV, D;
+    int ldq, ldkv;
+    const float *q, *k, *v;
+    float *dq, *dk, *dv;
+};
+
+static void attention_forward(const struct att_layout *L, float *out, float *lse)
 {
-    int hs = C / NH;
-    int C3 = 3 * C;
+    int B = L->B, T = L->T, NH = L->H, hs = L->D, group = L->H / L->KV;
+    int ldq = L->ldq, ldkv = L->ldkv, ldo = NH * hs;
     float scale = 1.0f / sqrtf((float)hs);
     int row_blocks = (T + Q_BLOCK - 1) / Q_BLOCK;
     /* query-row blocks are independent in the forward pass */
@@ -47,18 +62,18 @@ void tr_cpu_attention_forward(float *out, float *lse, const float *qkv, int B, i
         int r0 = blk * Q_BLOCK;
         int r1 = min_int(r0 + Q_BLOCK, T);
         int rows = r1 - r0;
-        const float *q = qkv + (size_t)b * T * C3 + h * hs;
-        const float *k = q + C;
-        const float *v = q + 2 * C;
-        float *o = out + ((size_t)b * T + r0) * C + h * hs; /* rows x hs, ld C */
+        const float *q = L->q + (size_t)b * T * ldq + h * hs;
+        const float *k = L->k + (size_t)b * T * ldkv + (h / group) * hs;
+        const float *v = L->v + (size_t)b * T * ldkv + (h / group) * hs;
+        float *o = out + ((size_t)b * T + r0) * ldo + h * hs; /* rows x hs, ld ldo */
         float *lse_rows = lse + ((size_t)b * NH + h) * T + r0;
         float scores[Q_BLOCK * K_BLOCK]; /* rows x cols, ld K_BLOCK */
         float row_max[Q_BLOCK], row_sum[Q_BLOCK];
 
         for (int k0 = 0; k0 < r1; k0 += K_BLOCK) {
             int cols = min_int(K_BLOCK, r1 - k0);
-            tr_cpu_sgemm_serial(0, 1, rows, cols, hs, scale, q + (size_t)r0 * C3, C3,
-                                k + (size_t)k0 * C3, C3, 0.0f, scores, K_BLOCK);
+            tr_cpu_sgemm_serial(0, 1, rows, cols, hs, scale, q + (size_t)r0 * ldq, ldq,
+                                k + (size_t)k0 * ldkv, ldkv, 0.0f, scores, K_BLOCK);
             for (int i = 0; i < rows; i++) {
                 float *s = scores + (size_t)i * K_BLOCK;
                 int valid = min_int(cols, r0 + i - k0 + 1); /* causal: keys <= query */
@@ -76,24 +91,135 @@ void tr_cpu_attention_forward(float *out, float *lse, const float *qkv, int B, i
                     /* the output so far was weighted for the old maximum */
                     float correction = expf(row_max[i] - m);
                     row_sum[i] = row_sum[i] * correction + sum;
-                    float *o_row = o + (size_t)i * C;
+                    float *o_row = o + (size_t)i * ldo;
                     for (int d = 0; d < hs; d++)
                         o_row[d] *= correction;
                 }
                 row_max[i] = m;
             }
             /* o (+)= exp(S - m) @ v[k0:k0+cols] */
-            tr_cpu_sgemm_serial(0, 0, rows, hs, cols, 1.0f, scores, K_BLOCK, v + (size_t)k0 * C3,
-                                C3, k0 == 0 ? 0.0f : 1.0f, o, C);
+            tr_cpu_sgemm_serial(0, 0, rows, hs, cols, 1.0f, scores, K_BLOCK,
+                                v + (size_t)k0 * ldkv, ldkv, k0 == 0 ? 0.0f : 1.0f, o, ldo);
         }
         for (int i = 0; i < rows; i++) {
             float inv = 1.0f / row_sum[i];
-            float *o_row = o + (size_t)i * C;
+            float *o_row = o + (size_t)i * ldo;
             for (int d = 0; d < hs; d++)
                 o_row[d] *= inv;
             lse_rows[i] = row_max[i] + logf(row_sum[i]);
         }
     }
+}
+
+/* One query head's backward: dq of that head, and its share of dk and dv
+ * (added to what the group's earlier heads left there). */
+static void attention_backward_head(const struct att_layout *L, int b, int h, float *D_bh,
+                                    const float *dout, const float *out, const float *lse)
+{
+    int T = L->T, NH = L->H, hs = L->D, group = L->H / L->KV;
+    int ldq = L->ldq, ldkv = L->ldkv, ldo = NH * hs;
+    float scale = 1.0f / sqrtf((float)hs);
+    size_t q_offset = (size_t)b * T * ldq + h * hs;
+    size_t kv_offset = (size_t)b * T * ldkv + (h / group) * hs;
+    const float *q = L->q + q_offset;
+    const float *k = L->k + kv_offset;
+    const float *v = L->v + kv_offset;
+    float *dq = L->dq ? L->dq + q_offset : NULL;
+    float *dk = L->dk ? L->dk + kv_offset : NULL;
+    float *dv = L->dv ? L->dv + kv_offset : NULL;
+    const float *dout_bh = dout + (size_t)b * T * ldo + h * hs; /* ld ldo */
+    const float *out_bh = out + (size_t)b * T * ldo + h * hs;
+    const float *lse_bh = lse + ((size_t)b * NH + h) * T;
+    float *D = D_bh;
+    float probs[Q_BLOCK * K_BLOCK], dscores[Q_BLOCK * K_BLOCK]; /* ld K_BLOCK */
+
+    for (int t = 0; t < T; t++) {
+        const float *g = dout_bh + (size_t)t * ldo, *y = out_bh + (size_t)t * ldo;
+        float dot = 0.0f;
+        for (int d = 0; d < hs; d++)
+            dot += g[d] * y[d];
+        D[t] = dot;
+    }
+
+    for (int r0 = 0; r0 < T; r0 += Q_BLOCK) {
+        int r1 = min_int(r0 + Q_BLOCK, T);
+        int rows = r1 - r0;
+        const float *q_blk = q + (size_t)r0 * ldq;
+        const float *dout_blk = dout_bh + (size_t)r0 * ldo;
+        for (int k0 = 0; k0 < r1; k0 += K_BLOCK) {
+            int cols = min_int(K_BLOCK, r1 - k0);
+            /* P = exp(scale q k^T - lse), zero above the diagonal */
+            tr_cpu_sgemm_serial(0, 1, rows, cols, hs, scale, q_blk, ldq, k + (size_t)k0 * ldkv,
+                                ldkv, 0.0f, probs, K_BLOCK);
+            for (int i = 0; i < rows; i++) {
+                float *p = probs + (size_t)i * K_BLOCK;
+                int valid = min_int(cols, r0 + i - k0 + 1);
+                tr_cpu_exp_shifted(p, valid, lse_bh[r0 + i]);
+                for (int j = valid; j < cols; j++)
+                    p[j] = 0.0f;
+            }
+            /* dv[k0:] += P^T dout */
+            if (dv != NULL)
+                tr_cpu_sgemm_serial(1, 0, cols, hs, rows, 1.0f, probs, K_BLOCK, dout_blk, ldo,
+                                    1.0f, dv + (size_t)k0 * ldkv, ldkv);
+            if (dq == NULL && dk == NULL)
+                continue;
+            /* dP = dout v^T, then dS = scale P (dP - D) in place */
+            tr_cpu_sgemm_serial(0, 1, rows, cols, hs, 1.0f, dout_blk, ldo, v + (size_t)k0 * ldkv,
+                                ldkv, 0.0f, dscores, K_BLOCK);
+            for (int i = 0; i < rows; i++) {
+                const float *p = probs + (size_t)i * K_BLOCK;
+                float *ds = dscores + (size_t)i * K_BLOCK;
+                float Di = D[r0 + i];
+                for (int j = 0; j < cols; j++)
+                    ds[j] = scale * p[j] * (ds[j] - Di);
+            }
+            /* dq[r0:r1] += dS k[k0:],  dk[k0:] += dS^T q[r0:r1] */
+            if (dq != NULL)
+                tr_cpu_sgemm_serial(0, 0, rows, hs, cols, 1.0f, dscores, K_BLOCK,
+                                    k + (size_t)k0 * ldkv, ldkv, 1.0f, dq + (size_t)r0 * ldq, ldq);
+            if (dk != NULL)
+                tr_cpu_sgemm_serial(1, 0, cols, hs, rows, 1.0f, dscores, K_BLOCK, q_blk, ldq,
+                                    1.0f, dk + (size_t)k0 * ldkv, ldkv);
+        }
+    }
+}
+
+static void attention_backward(const struct att_layout *L, float *scratch, const float *dout,
+                               const float *out, const float *lse)
+{
+    if (L->dq == NULL && L->dk == NULL && L->dv == NULL)
+        return;
+    int B = L->B, T = L->T, NH = L->H, KV = L->KV, group = L->H / L->KV;
+    /* dk and dv sum over all query blocks and over the group's query heads,
+     * so one (batch, kv head) pair is one thread's work, run in order */
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    for (int b = 0; b < B; b++) {
+        for (int kvh = 0; kvh < KV; kvh++) {
+            for (int h = kvh * group; h < (kvh + 1) * group; h++)
+                attention_backward_head(L, b, h, scratch + ((size_t)b * NH + h) * T, dout, out,
+                                        lse);
+        }
+    }
+}
+
+static struct att_layout packed_layout(const float *qkv, float *dqkv, int B, int T, int C, int NH)
+{
+    struct att_layout L = {.B = B, .T = T, .H = NH, .KV = NH, .D = C / NH, .ldq = 3 * C,
+                           .ldkv = 3 * C, .q = qkv, .k = qkv + C, .v = qkv + 2 * C};
+    if (dqkv != NULL) {
+        L.dq = dqkv;
+        L.dk = dqkv + C;
+        L.dv = dqkv + 2 * C;
+    }
+    return L;
+}
+
+void tr_cpu_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
+                              int NH)
+{
+    struct att_layout L = packed_layout(qkv, NULL, B, T, C, NH);
+    attention_forward(&L, out, lse);
 }
 
 size_t tr_cpu_attention_scratch_floats(int B, int T, int C, int NH)
@@ -107,72 +233,36 @@ void tr_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, c
 {
     if (dqkv == NULL)
         return;
-    int hs = C / NH;
-    int C3 = 3 * C;
-    float scale = 1.0f / sqrtf((float)hs);
-    /* dk and dv sum over all query blocks, so one (batch, head) pair is one
-     * thread's work and its blocks run in order */
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            size_t head_offset = (size_t)b * T * C3 + h * hs;
-            const float *q = qkv + head_offset;
-            const float *k = q + C;
-            const float *v = q + 2 * C;
-            float *dq = dqkv + head_offset;
-            float *dk = dq + C;
-            float *dv = dq + 2 * C;
-            const float *dout_bh = dout + (size_t)b * T * C + h * hs; /* ld C */
-            const float *out_bh = out + (size_t)b * T * C + h * hs;
-            const float *lse_bh = lse + ((size_t)b * NH + h) * T;
-            float *D = scratch + ((size_t)b * NH + h) * T;
-            float probs[Q_BLOCK * K_BLOCK], dscores[Q_BLOCK * K_BLOCK]; /* ld K_BLOCK */
+    struct att_layout L = packed_layout(qkv, dqkv, B, T, C, NH);
+    attention_backward(&L, scratch, dout, out, lse);
+}
 
-            for (int t = 0; t < T; t++) {
-                const float *g = dout_bh + (size_t)t * C, *y = out_bh + (size_t)t * C;
-                float dot = 0.0f;
-                for (int d = 0; d < hs; d++)
-                    dot += g[d] * y[d];
-                D[t] = dot;
-            }
+static struct att_layout gqa_layout(const float *q, const float *k, const float *v, float *dq,
+                                    float *dk, float *dv, int B, int T, int H, int KV, int D)
+{
+    struct att_layout L = {.B = B, .T = T, .H = H, .KV = KV, .D = D, .ldq = H * D,
+                           .ldkv = KV * D, .q = q, .k = k, .v = v, .dq = dq, .dk = dk, .dv = dv};
+    return L;
+}
 
-            for (int r0 = 0; r0 < T; r0 += Q_BLOCK) {
-                int r1 = min_int(r0 + Q_BLOCK, T);
-                int rows = r1 - r0;
-                const float *q_blk = q + (size_t)r0 * C3;
-                const float *dout_blk = dout_bh + (size_t)r0 * C;
-                for (int k0 = 0; k0 < r1; k0 += K_BLOCK) {
-                    int cols = min_int(K_BLOCK, r1 - k0);
-                    /* P = exp(scale q k^T - lse), zero above the diagonal */
-                    tr_cpu_sgemm_serial(0, 1, rows, cols, hs, scale, q_blk, C3,
-                                        k + (size_t)k0 * C3, C3, 0.0f, probs, K_BLOCK);
-                    for (int i = 0; i < rows; i++) {
-                        float *p = probs + (size_t)i * K_BLOCK;
-                        int valid = min_int(cols, r0 + i - k0 + 1);
-                        tr_cpu_exp_shifted(p, valid, lse_bh[r0 + i]);
-                        for (int j = valid; j < cols; j++)
-                            p[j] = 0.0f;
-                    }
-                    /* dv[k0:] += P^T dout */
-                    tr_cpu_sgemm_serial(1, 0, cols, hs, rows, 1.0f, probs, K_BLOCK, dout_blk, C,
-                                        1.0f, dv + (size_t)k0 * C3, C3);
-                    /* dP = dout v^T, then dS = scale P (dP - D) in place */
-                    tr_cpu_sgemm_serial(0, 1, rows, cols, hs, 1.0f, dout_blk, C,
-                                        v + (size_t)k0 * C3, C3, 0.0f, dscores, K_BLOCK);
-                    for (int i = 0; i < rows; i++) {
-                        const float *p = probs + (size_t)i * K_BLOCK;
-                        float *ds = dscores + (size_t)i * K_BLOCK;
-                        float Di = D[r0 + i];
-                        for (int j = 0; j < cols; j++)
-                            ds[j] = scale * p[j] * (ds[j] - Di);
-                    }
-                    /* dq[r0:r1] += dS k[k0:],  dk[k0:] += dS^T q[r0:r1] */
-                    tr_cpu_sgemm_serial(0, 0, rows, hs, cols, 1.0f, dscores, K_BLOCK,
-                                        k + (size_t)k0 * C3, C3, 1.0f, dq + (size_t)r0 * C3, C3);
-                    tr_cpu_sgemm_serial(1, 0, cols, hs, rows, 1.0f, dscores, K_BLOCK, q_blk, C3,
-                                        1.0f, dk + (size_t)k0 * C3, C3);
-                }
-            }
-        }
-    }
+void tr_cpu_attention_gqa_forward(float *out, float *lse, const float *q, const float *k,
+                                  const float *v, int B, int T, int H, int KV, int D)
+{
+    struct att_layout L = gqa_layout(q, k, v, NULL, NULL, NULL, B, T, H, KV, D);
+    attention_forward(&L, out, lse);
+}
+
+size_t tr_cpu_attention_gqa_scratch_floats(int B, int T, int H, int KV, int D)
+{
+    (void)KV, (void)D;
+    return (size_t)B * H * T;
+}
+
+void tr_cpu_attention_gqa_backward(float *dq, float *dk, float *dv, float *scratch,
+                                   const float *dout, const float *out, const float *q,
+                                   const float *k, const float *v, const float *lse, int B, int T,
+                                   int H, int KV, int D)
+{
+    struct att_layout L = gqa_layout(q, k, v, dq, dk, dv, B, T, H, KV, D);
+    attention_backward(&L, scratch, dout, out, lse);
 }

@@ -1,5 +1,5 @@
 /*
- * Elementwise ops: add, GELU (tanh form), ReLU.
+ * Elementwise ops: add, GELU (tanh form), ReLU, SwiGLU, scale.
  */
 #include <math.h>
 #include <stdint.h>
@@ -343,4 +343,171 @@ void tr_cpu_relu_backward(float *dinp, const float *inp, const float *dout, size
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++)
         dinp[i] += inp[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+/*
+ * SwiGLU's gate: out = silu(gate) * up, silu(g) = g * sig(g), sig(g) =
+ * 1 / (1 + exp(-g)).  Backward, with the same sig:
+ *   dgate += dout * up * sig (1 + g (1 - sig)),   dup += dout * g * sig.
+ * Built like GELU: the same exp polynomial (its clamp keeps sig exact at
+ * the ends), the same run-time AVX2 choice, the same padded tail.
+ */
+static void swiglu_forward_block_portable(float *out, const float *gate, const float *up)
+{
+    for (int i = 0; i < GELU_VEC; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + exp_poly(-g)) * up[i];
+    }
+}
+
+static void swiglu_backward_block_portable(float *dgate, float *dup, const float *gate,
+                                           const float *up, const float *dout)
+{
+    for (int i = 0; i < GELU_VEC; i++) {
+        float g = gate[i];
+        float sig = 1.0f / (1.0f + exp_poly(-g));
+        float silu = g * sig;
+        if (dgate != NULL)
+            dgate[i] += dout[i] * up[i] * (sig + silu * (1.0f - sig));
+        if (dup != NULL)
+            dup[i] += dout[i] * silu;
+    }
+}
+
+#ifdef GELU_HAVE_AVX2
+static AVX2 void swiglu_forward_avx2(float *out, const float *gate, const float *up, size_t n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (size_t i = 0; i < n; i += GELU_VEC) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 e = exp_poly8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        __m256 silu = _mm256_div_ps(g, _mm256_add_ps(e, one));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+    }
+}
+
+static AVX2 void swiglu_backward_avx2(float *dgate, float *dup, const float *gate,
+                                      const float *up, const float *dout, size_t n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (size_t i = 0; i < n; i += GELU_VEC) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 e = exp_poly8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        __m256 sig = _mm256_div_ps(one, _mm256_add_ps(e, one));
+        __m256 silu = _mm256_mul_ps(g, sig);
+        __m256 dy = _mm256_loadu_ps(dout + i);
+        if (dgate != NULL) {
+            /* sig + silu (1 - sig) */
+            __m256 local = _mm256_fmadd_ps(silu, _mm256_sub_ps(one, sig), sig);
+            __m256 t = _mm256_mul_ps(_mm256_mul_ps(dy, _mm256_loadu_ps(up + i)), local);
+            _mm256_storeu_ps(dgate + i, _mm256_add_ps(_mm256_loadu_ps(dgate + i), t));
+        }
+        if (dup != NULL)
+            _mm256_storeu_ps(dup + i, _mm256_fmadd_ps(dy, silu, _mm256_loadu_ps(dup + i)));
+    }
+}
+#endif
+
+/* n elements, n a multiple of GELU_VEC */
+static void swiglu_forward_blocks(float *out, const float *gate, const float *up, size_t n,
+                                  int avx2)
+{
+#ifdef GELU_HAVE_AVX2
+    if (avx2) {
+        swiglu_forward_avx2(out, gate, up, n);
+        return;
+    }
+#endif
+    (void)avx2;
+    for (size_t i = 0; i < n; i += GELU_VEC)
+        swiglu_forward_block_portable(out + i, gate + i, up + i);
+}
+
+static void swiglu_backward_blocks(float *dgate, float *dup, const float *gate, const float *up,
+                                   const float *dout, size_t n, int avx2)
+{
+#ifdef GELU_HAVE_AVX2
+    if (avx2) {
+        swiglu_backward_avx2(dgate, dup, gate, up, dout, n);
+        return;
+    }
+#endif
+    (void)avx2;
+    for (size_t i = 0; i < n; i += GELU_VEC)
+        swiglu_backward_block_portable(dgate ? dgate + i : NULL, dup ? dup + i : NULL, gate + i,
+                                       up + i, dout + i);
+}
+
+void tr_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n)
+{
+    int avx2 = gelu_use_avx2();
+    size_t full = n / GELU_VEC * GELU_VEC;
+    size_t chunks = (full + GELU_CHUNK - 1) / GELU_CHUNK;
+#pragma omp parallel for schedule(static)
+    for (size_t c = 0; c < chunks; c++) {
+        size_t i0 = c * GELU_CHUNK;
+        size_t len = full - i0 < GELU_CHUNK ? full - i0 : GELU_CHUNK;
+        swiglu_forward_blocks(out + i0, gate + i0, up + i0, len, avx2);
+    }
+    if (full < n) { /* the tail, padded to one block */
+        float g[GELU_VEC] = {0}, u[GELU_VEC] = {0}, y[GELU_VEC];
+        for (size_t i = full; i < n; i++) {
+            g[i - full] = gate[i];
+            u[i - full] = up[i];
+        }
+        swiglu_forward_blocks(y, g, u, GELU_VEC, avx2);
+        for (size_t i = full; i < n; i++)
+            out[i] = y[i - full];
+    }
+}
+
+void tr_cpu_swiglu_backward(float *dgate, float *dup, const float *gate, const float *up,
+                            const float *dout, size_t n)
+{
+    if (dgate == NULL && dup == NULL)
+        return;
+    int avx2 = gelu_use_avx2();
+    size_t full = n / GELU_VEC * GELU_VEC;
+    size_t chunks = (full + GELU_CHUNK - 1) / GELU_CHUNK;
+#pragma omp parallel for schedule(static)
+    for (size_t c = 0; c < chunks; c++) {
+        size_t i0 = c * GELU_CHUNK;
+        size_t len = full - i0 < GELU_CHUNK ? full - i0 : GELU_CHUNK;
+        swiglu_backward_blocks(dgate ? dgate + i0 : NULL, dup ? dup + i0 : NULL, gate + i0,
+                               up + i0, dout + i0, len, avx2);
+    }
+    if (full < n) {
+        float g[GELU_VEC] = {0}, u[GELU_VEC] = {0}, dy[GELU_VEC] = {0};
+        float dg[GELU_VEC] = {0}, du[GELU_VEC] = {0};
+        for (size_t i = full; i < n; i++) {
+            g[i - full] = gate[i];
+            u[i - full] = up[i];
+            dy[i - full] = dout[i];
+            dg[i - full] = dgate ? dgate[i] : 0.0f;
+            du[i - full] = dup ? dup[i] : 0.0f;
+        }
+        swiglu_backward_blocks(dgate ? dg : NULL, dup ? du : NULL, g, u, dy, GELU_VEC, avx2);
+        for (size_t i = full; i < n; i++) {
+            if (dgate != NULL)
+                dgate[i] = dg[i - full];
+            if (dup != NULL)
+                dup[i] = du[i - full];
+        }
+    }
+}
+
+void tr_cpu_scale_forward(float *out, const float *inp, float scale, size_t n)
+{
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++)
+        out[i] = scale * inp[i];
+}
+
+void tr_cpu_scale_backward(float *dinp, const float *dout, float scale, size_t n)
+{
+    if (dinp == NULL)
+        return;
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++)
+        dinp[i] += scale * dout[i];
 }

@@ -69,6 +69,24 @@ void tr_cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *d
                                const float *inp, const float *w, const float *mean,
                                const float *rstd, int N, int C);
 
+/* ---- RMSNorm over the last dim C: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps);
+ * saves rstd[N] for backward */
+void tr_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N,
+                            int C, float eps);
+void tr_cpu_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
+                             const float *w, const float *rstd, int N, int C);
+
+/* ---- rotary position embedding, Hugging Face's rotate-half convention, on
+ * x[B,T,H*D] (D even): in each head, pair (i, i+D/2) at position t turns by
+ * t * theta^(-2i/D).  Both directions fill a cos/sin table in scratch
+ * (tr_cpu_rope_scratch_floats; its contents need not be initialised).
+ * Backward turns dout back by the same angles into dinp (+=). */
+size_t tr_cpu_rope_scratch_floats(int T, int D);
+void tr_cpu_rope_forward(float *out, const float *inp, float *scratch, int B, int T, int H, int D,
+                         float theta);
+void tr_cpu_rope_backward(float *dinp, const float *dout, float *scratch, int B, int T, int H,
+                          int D, float theta);
+
 /* ---- activations */
 void tr_cpu_gelu_forward(float *out, const float *inp, size_t n); /* tanh form */
 void tr_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
@@ -77,6 +95,14 @@ void tr_cpu_relu_forward(float *out, const float *inp, size_t n);
  * Vectorised like GELU; about 1 ulp; arguments below -87 give ~1e-38, not 0. */
 float tr_cpu_exp_shifted(float *x, int n, float shift);
 void tr_cpu_relu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+/* SwiGLU's gate: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)); vectorised
+ * like GELU.  Either gradient may be NULL. */
+void tr_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+void tr_cpu_swiglu_backward(float *dgate, float *dup, const float *gate, const float *up,
+                            const float *dout, size_t n);
+/* out = scale * x;  dinp += scale * dout */
+void tr_cpu_scale_forward(float *out, const float *inp, float scale, size_t n);
+void tr_cpu_scale_backward(float *dinp, const float *dout, float scale, size_t n);
 
 /* ---- causal multi-head self-attention, flash style (no T x T matrix)
  * qkv[B,T,3C] holds q, k, v side by side (each C = NH heads of C/NH);
@@ -90,6 +116,18 @@ void tr_cpu_attention_forward(float *out, float *lse, const float *qkv, int B, i
 size_t tr_cpu_attention_scratch_floats(int B, int T, int C, int NH);
 void tr_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *out,
                                const float *qkv, const float *lse, int B, int T, int C, int NH);
+/* The same attention from separate q[B,T,H*D], k[B,T,KV*D], v[B,T,KV*D]
+ * (KV divides H; query head h reads key/value head h / (H/KV): grouped-query
+ * attention), out[B,T,H*D], lse[B,H,T], scale 1/sqrt(D).  With KV = H and the
+ * same numbers it gives the packed form's bits.  Scratch: B*H*T floats, not
+ * initialised.  Any of dq, dk, dv may be NULL. */
+void tr_cpu_attention_gqa_forward(float *out, float *lse, const float *q, const float *k,
+                                  const float *v, int B, int T, int H, int KV, int D);
+size_t tr_cpu_attention_gqa_scratch_floats(int B, int T, int H, int KV, int D);
+void tr_cpu_attention_gqa_backward(float *dq, float *dk, float *dv, float *scratch,
+                                   const float *dout, const float *out, const float *q,
+                                   const float *k, const float *v, const float *lse, int B, int T,
+                                   int H, int KV, int D);
 
 /* ---- softmax cross-entropy, mean over rows whose target != ignore_index.
  * Forward writes the mean loss to *loss and the per-row log-sum-exp to lse[N]

@@ -1,0 +1,85 @@
+/*
+ * Rotary position embedding, Hugging Face's rotate-half convention.
+ *
+ * In each head of D channels, pair (i, i + D/2) at position t turns by the
+ * angle t * f_i, f_i = theta^(-2i/D):
+ *   out[i]       = x[i] cos - x[i + D/2] sin
+ *   out[i + D/2] = x[i + D/2] cos + x[i] sin
+ * Backward turns the gradient back (the transpose of a rotation is its
+ * inverse): dx[i] += dy[i] cos + dy[i + D/2] sin, dx[i + D/2] += dy[i + D/2] cos - dy[i] sin.
+ *
+ * The angles are formed as transformers forms them, in float: f_i =
+ * 1 / theta^(2i/D), then t * f_i rounded to float, and its cos and sin (glibc's
+ * sincosf, within an ulp).  Every call fills a table of cos and sin, T x D/2
+ * each, once (in the caller's scratch), so the per-element loops are
+ * multiply-adds over contiguous arrays; the whole table costs T*D/2 sincosf.
+ */
+#include <math.h>
+
+#include "kernels.h"
+
+size_t tr_cpu_rope_scratch_floats(int T, int D)
+{
+    return ((size_t)T * 2 + 1) * (size_t)(D / 2);
+}
+
+/* scratch: cos[T][half], then sin[T][half], then the frequencies[half] */
+static void rope_table(float *table, int T, int D, float theta)
+{
+    int half = D / 2;
+    float *cos_t = table, *sin_t = table + (size_t)T * half, *freq = sin_t + (size_t)T * half;
+    for (int i = 0; i < half; i++)
+        freq[i] = 1.0f / powf(theta, (float)(2 * i) / (float)D);
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++)
+            sincosf((float)t * freq[i], &sin_t[(size_t)t * half + i], &cos_t[(size_t)t * half + i]);
+}
+
+void tr_cpu_rope_forward(float *out, const float *inp, float *scratch, int B, int T, int H, int D,
+                         float theta)
+{
+    int half = D / 2;
+    rope_table(scratch, T, D, theta);
+    const float *cos_t = scratch, *sin_t = scratch + (size_t)T * half;
+    int rows = B * T;
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        const float *c = cos_t + (size_t)(r % T) * half, *s = sin_t + (size_t)(r % T) * half;
+        for (int h = 0; h < H; h++) {
+            const float *x = inp + ((size_t)r * H + h) * D;
+            float *y = out + ((size_t)r * H + h) * D;
+#pragma omp simd
+            for (int i = 0; i < half; i++) {
+                float a = x[i], b = x[i + half];
+                y[i] = a * c[i] - b * s[i];
+                y[i + half] = b * c[i] + a * s[i];
+            }
+        }
+    }
+}
+
+void tr_cpu_rope_backward(float *dinp, const float *dout, float *scratch, int B, int T, int H,
+                          int D, float theta)
+{
+    if (dinp == NULL)
+        return;
+    int half = D / 2;
+    rope_table(scratch, T, D, theta);
+    const float *cos_t = scratch, *sin_t = scratch + (size_t)T * half;
+    int rows = B * T;
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        const float *c = cos_t + (size_t)(r % T) * half, *s = sin_t + (size_t)(r % T) * half;
+        for (int h = 0; h < H; h++) {
+            const float *dy = dout + ((size_t)r * H + h) * D;
+            float *dx = dinp + ((size_t)r * H + h) * D;
+#pragma omp simd
+            for (int i = 0; i < half; i++) {
+                float a = dy[i], b = dy[i + half];
+                dx[i] += a * c[i] + b * s[i];
+                dx[i + half] += b * c[i] - a * s[i];
+            }
+        }
+    }
+}
