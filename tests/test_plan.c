@@ -115,6 +115,102 @@ Test(plan, counts_gpt_parameters_and_flops, .init = environment)
     tr_plan_free(&p);
 }
 
+/* ---- a Llama: parameters and FLOPs in closed form ------------------------ */
+
+#define LLAMA TR_TEST_SRCDIR "/config/plan_llama.lua"
+
+static void build_llama(struct tr_plan *p, const char *const *overrides, int n)
+{
+    tr_err err = {{0}};
+    int rc = tr_plan_build(p, LLAMA, overrides, n, &err);
+    cr_assert_eq(rc, TR_OK, "plan failed: %s", err.msg);
+}
+
+/* Llama's parameters: the embedding, per layer two norms, q and o (C x H*D),
+ * k and v (C x KV*D, their biases with qkv_bias), the SwiGLU's three
+ * C x F matrices, the final norm, and the lm_head unless tied. */
+static int64_t llama_params(int64_t V, int64_t L, int64_t C, int64_t H, int64_t KV, int64_t F,
+                            int tied, int qkv_bias)
+{
+    int64_t D = C / H;
+    int64_t layer = 2 * C + 2 * C * H * D + 2 * C * KV * D + 3 * C * F;
+    if (qkv_bias)
+        layer += H * D + 2 * KV * D;
+    return V * C + L * layer + C + (tied ? 0 : V * C);
+}
+
+struct llama_case {
+    char overrides[3][40]; /* arrays, not pointers: each test runs in a fresh process */
+    int n;
+    int64_t H, KV;
+    int tied, qkv_bias;
+};
+
+ParameterizedTestParameters(plan, counts_llama_parameters_and_flops)
+{
+    static struct llama_case cases[] = {
+        {{""}, 0, 4, 2, 0, 0},                                             /* GQA, untied */
+        {{"model.tie_embeddings=true"}, 1, 4, 2, 1, 0},                    /* GQA, tied */
+        {{"model.kv_heads=4"}, 1, 4, 4, 0, 0},                             /* multi-head */
+        {{"model.kv_heads=1", "model.tie_embeddings=true"}, 2, 4, 1, 1, 0}, /* multi-query */
+        {{"model.qkv_bias=true", "model.heads=2", "model.kv_heads=1"}, 3, 2, 1, 0, 1}, /* Qwen2 */
+    };
+    return cr_make_param_array(struct llama_case, cases, sizeof cases / sizeof *cases);
+}
+
+ParameterizedTest(struct llama_case *c, plan, counts_llama_parameters_and_flops, .init = environment)
+{
+    struct tr_plan p;
+    const char *ov[3] = {c->overrides[0], c->overrides[1], c->overrides[2]};
+    build_llama(&p, ov, c->n);
+    const int64_t V = 64, T = 16, L = 2, C = 32, F = 48;
+    int64_t P = llama_params(V, L, C, c->H, c->KV, F, c->tied, c->qkv_bias);
+    cr_assert_eq(p.params, P, "params %lld, closed form %lld (H %lld, KV %lld, tied %d)",
+                 (long long)p.params, (long long)P, (long long)c->H, (long long)c->KV, c->tied);
+    cr_assert_eq(p.embedding_params, V * C);
+    /* untied, the input embedding is only looked up: no multiply-adds */
+    int64_t lookup = c->tied ? 0 : V * C;
+    cr_assert_eq(p.lookup_params, lookup);
+    cr_assert_eq(p.layers, L);
+    cr_assert_eq(p.seq_len, T);
+    cr_assert_eq(p.width, C, "attention's width is the query's heads x D, whatever kv_heads");
+    /* grouped-query heads share k and v but every query head scores and
+     * mixes on its own: the attention term is the same for any kv_heads */
+    cr_assert_eq(p.attention_flops, (double)(12 * L * T * C));
+    cr_assert_eq(p.flops_per_token, (double)(6 * (P - lookup) + 12 * L * T * C),
+                 "%.0f", p.flops_per_token);
+    cr_assert_eq(p.optimal_tokens, 20.0 * P);
+    tr_plan_free(&p);
+}
+
+Test(plan, gpt_counts_no_lookup_only_parameters, .init = environment)
+{
+    /* GPT's token embedding is also its output head (tied), and its
+     * positions are added, not looked up by id: 6·P as before */
+    struct tr_plan p;
+    build(&p, NULL, 0);
+    cr_assert_eq(p.lookup_params, 0);
+    cr_assert_eq(p.flops_per_token, 6.0 * (double)p.params + p.attention_flops);
+    tr_plan_free(&p);
+}
+
+Test(plan, prints_a_llama_report, .init = environment)
+{
+    char *argv[] = {"plan", LLAMA};
+    int code;
+    char *out = run_plan(2, argv, &code);
+    cr_assert_eq(code, TR_EXIT_OK, "%s", out);
+    const char *want[] = {
+        "  parameters P              19,616  (19.6 K; 17.6 K without embeddings)\n",
+        "L = 2 attention layers, T = 16 tokens, C = 32 wide",
+        "6·(P - E) + 12·L·T·C = 105,408 + 12,288 = 117,696  (118 kFLOP)",
+        "(E = 2,048 untied input-embedding parameters, looked up, not multiplied)",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        cr_assert(strstr(out, want[i]), "missing \"%s\" in:\n%s", want[i], out);
+    free(out);
+}
+
 Test(plan, fits_on_one_device_and_not_on_another, .init = environment)
 {
     /* ~1.2 B parameters: 16 bytes each with AdamW (weights, gradients, two

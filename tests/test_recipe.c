@@ -657,6 +657,222 @@ Test(model_graph, metamethods_of_the_result_do_not_run)
     tr_recipe_free(r);
 }
 
+/* The Llama-family ops: each defect a hand-written graph could carry is
+ * refused with the op, the node and what is wrong. */
+static void expect_llama_graph_error(const char *defect, const char *want)
+{
+    char ov[64];
+    snprintf(ov, sizeof ov, "model.case=%s", defect);
+    const char *ovs[] = {ov};
+    tr_err err = {{0}};
+    struct tr_recipe *r = tr_recipe_load("recipes/limits/bad_llama_graph.lua", ovs, 1, &real_paths, &err);
+    cr_assert_not_null(r, "%s", err.msg);
+    struct tr_graph *g = tr_model_build(r, 4, &err);
+    cr_assert_null(g, "the %s graph was accepted", defect);
+    char full[1024];
+    snprintf(full, sizeof full, "recipes/limits/bad_llama_graph.lua:40: model: %s", want);
+    cr_assert_str_eq(err.msg, full, "defect %s:\ngot:  %s\nwant: %s", defect, err.msg, full);
+    tr_recipe_free(r);
+}
+
+static const struct tr_node *node_named(const struct tr_graph *g, const char *name)
+{
+    for (int i = 0; i < g->n_nodes; i++)
+        if (strcmp(g->nodes[i].name, name) == 0)
+            return &g->nodes[i];
+    cr_assert_fail("no node '%s'", name);
+    return NULL;
+}
+
+Test(model_graph, llama_ops_build_with_their_attributes_and_saved_tensors)
+{
+    tr_err err = {{0}};
+    const char *ovs[] = {"model.case=none"};
+    struct tr_recipe *r = tr_recipe_load("recipes/limits/bad_llama_graph.lua", ovs, 1, &real_paths, &err);
+    cr_assert_not_null(r, "%s", err.msg);
+    struct tr_graph *g = tr_model_build(r, 4, &err);
+    cr_assert_not_null(g, "%s", err.msg);
+    cr_assert_eq(node_named(g, "embed_scale")->op, TR_OP_SCALE);
+    cr_assert_eq(node_named(g, "embed_scale")->scale, 4.0f);
+    const struct tr_node *norm = node_named(g, "norm");
+    cr_assert_eq(norm->op, TR_OP_RMSNORM);
+    cr_assert_eq(norm->eps, 1e-6f);
+    cr_assert_eq(norm->n_aux, 1, "rmsnorm saves rstd only");
+    const struct tr_tensor *rstd = &g->tensors[norm->aux[0]];
+    cr_assert_str_eq(rstd->name, "norm.rstd");
+    cr_assert_eq(rstd->ndim, 1);
+    cr_assert_eq(rstd->shape[0], 4 * 4, "one per row: B x T");
+    cr_assert_eq(node_named(g, "q_rope")->theta, 10000.0f);
+    cr_assert_eq(node_named(g, "k_rope")->theta, 500000.0f);
+    cr_assert_eq(node_named(g, "k_rope")->heads, 2);
+    const struct tr_node *attn = node_named(g, "attn");
+    cr_assert_eq(attn->n_in, 3);
+    cr_assert_eq(attn->heads, 4);
+    cr_assert_eq(attn->kv_heads, 2);
+    const struct tr_tensor *lse = &g->tensors[attn->aux[0]];
+    cr_assert_eq(lse->ndim, 3);
+    cr_assert(lse->shape[0] == 4 && lse->shape[1] == 4 && lse->shape[2] == 4, "lse[B, H, T]");
+    cr_assert_eq(node_named(g, "packed")->kv_heads, 4, "the packed form has kv_heads = heads");
+    cr_assert_eq(node_named(g, "act")->op, TR_OP_SWIGLU);
+    tr_graph_free(g, NULL);
+    tr_recipe_free(r);
+}
+
+Test(model_graph, llama_op_defects_are_refused)
+{
+    expect_llama_graph_error("heads_not_dividing", "attention 'attn': 3 heads do not divide the width 16 of q 'q_rope'");
+    expect_llama_graph_error("kv_heads_not_dividing",
+                             "attention 'attn': 3 key/value heads do not divide the 4 heads; each key/value head "
+                             "serves a whole group of query heads");
+    expect_llama_graph_error("kv_heads_negative", "node 11 (attention 'attn'): 'kv_heads' is -2; it must be a whole "
+                                                  "number from 0 to 2147483647");
+    expect_llama_graph_error("kv_width", "attention 'attn': k 'k_rope' [4,4,8] and v 'v' [4,4,8] must be 4 wide "
+                                         "(kv_heads 1 x head dim 4)");
+    expect_llama_graph_error("two_inputs", "attention 'attn': takes 1 input (packed qkv) or 3 (q, k, v), got 2");
+    expect_llama_graph_error("packed_kv_heads",
+                             "attention 'packed': packed qkv attention has as many key/value heads as heads (4), "
+                             "not 2; give q, k and v separately for grouped-query attention");
+    expect_llama_graph_error("rope_odd", "rope 'q_rope': head dim 1 is odd; rotary embedding turns pairs of channels "
+                                         "(i, i+D/2), so it needs an even head dim");
+    expect_llama_graph_error("rope_theta_zero", "node 5 (rope 'q_rope'): 'theta' is 0; it must be a finite number "
+                                                "above 0 (within a float's range)");
+    expect_llama_graph_error("rope_theta_inf", "node 7 (rope 'k_rope'): 'theta' is inf; it must be a finite number "
+                                               "above 0 (within a float's range)");
+    expect_llama_graph_error("rope_theta_string", "node 7 (rope 'k_rope'): 'theta' is the string \"10000\"; it must "
+                                                  "be a finite number above 0 (within a float's range)");
+    expect_llama_graph_error("scale_huge", "node 2 (scale 'embed_scale'): 'scale' is 1.0000000000000001e+300; it "
+                                           "must be a finite number (within a float's range)");
+    expect_llama_graph_error("rmsnorm_weight", "rmsnorm 'norm': weight 'k.weight' [8,16] must have 16 elements (the "
+                                               "last dimension of 'embed_scale')");
+    expect_llama_graph_error("rmsnorm_eps", "node 3 (rmsnorm 'norm'): 'eps' must be a number between 0 and 1");
+    expect_llama_graph_error("swiglu_shapes", "swiglu 'act': gate 'gate' [4,4,12] and up 'q' [4,4,16] differ in "
+                                              "shape");
+    expect_llama_graph_error("swiglu_int", "swiglu 'act': input 'targets' must be floating point");
+}
+
+/* ---- the llama builder ---------------------------------------------------- */
+
+static struct tr_graph *build_llama(const char *const *overrides, int n, tr_err *err)
+{
+    struct tr_recipe *r = tr_recipe_load("config/plan_llama.lua", overrides, n, &real_paths, err);
+    cr_assert_not_null(r, "%s", err->msg);
+    struct tr_graph *g = tr_model_build(r, 2, err);
+    tr_recipe_free(r);
+    return g;
+}
+
+static const struct tr_tensor *param(const struct tr_graph *g, const char *name, int64_t d0, int64_t d1)
+{
+    int i = tr_graph_find(g, name);
+    cr_assert(i >= 0, "no tensor '%s'", name);
+    const struct tr_tensor *t = &g->tensors[i];
+    cr_assert_eq(t->role, TR_ROLE_PARAM, "'%s' is not a parameter", name);
+    cr_assert_eq(t->ndim, d1 ? 2 : 1, "'%s' has %d dimensions", name, t->ndim);
+    cr_assert_eq(t->shape[0], d0, "'%s' dimension 1", name);
+    if (d1)
+        cr_assert_eq(t->shape[1], d1, "'%s' dimension 2", name);
+    return t;
+}
+
+static int count_params(const struct tr_graph *g)
+{
+    int n = 0;
+    for (int i = 0; i < g->n_tensors; i++)
+        n += g->tensors[i].role == TR_ROLE_PARAM;
+    return n;
+}
+
+Test(llama, parameters_carry_hugging_face_names_shapes_and_init, .init = enter_test_dir)
+{
+    tr_err err = {{0}};
+    struct tr_graph *g = build_llama(NULL, 0, &err); /* V 64, C 32, H 4, KV 2 (D 8), F 48, L 2 */
+    cr_assert_not_null(g, "%s", err.msg);
+    const struct tr_tensor *t = param(g, "model.embed_tokens.weight", 64, 32);
+    cr_assert(t->init == TR_INIT_NORMAL && t->init_std == 0.02 && t->decay);
+    for (int l = 0; l < 2; l++) {
+        char name[96];
+        const char *norms[] = {"input_layernorm", "post_attention_layernorm"};
+        for (int k = 0; k < 2; k++) {
+            snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, norms[k]);
+            t = param(g, name, 32, 0);
+            cr_assert(t->init == TR_INIT_ONES && !t->decay, "%s: ones, no weight decay", name);
+        }
+        struct { const char *what; int64_t out, in; } mats[] = {
+            {"self_attn.q_proj", 32, 32}, {"self_attn.k_proj", 16, 32}, {"self_attn.v_proj", 16, 32},
+            {"self_attn.o_proj", 32, 32}, {"mlp.gate_proj", 48, 32},    {"mlp.up_proj", 48, 32},
+            {"mlp.down_proj", 32, 48},
+        };
+        for (size_t k = 0; k < sizeof mats / sizeof *mats; k++) {
+            snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, mats[k].what);
+            t = param(g, name, mats[k].out, mats[k].in);
+            cr_assert(t->init == TR_INIT_NORMAL && t->init_std == 0.02 && t->decay, "%s", name);
+            snprintf(name, sizeof name, "model.layers.%d.%s.bias", l, mats[k].what);
+            cr_assert_eq(tr_graph_find(g, name), -1, "Llama has no bias: %s", name);
+        }
+    }
+    param(g, "model.norm.weight", 32, 0);
+    param(g, "lm_head.weight", 64, 32);
+    cr_assert_eq(count_params(g), 1 + 2 * 9 + 2, "embedding, 9 per layer, final norm, lm_head");
+    const struct tr_node *attn = node_named(g, "model.layers.1.self_attn");
+    cr_assert(attn->op == TR_OP_ATTENTION && attn->n_in == 3 && attn->heads == 4 && attn->kv_heads == 2);
+    cr_assert_eq(node_named(g, "model.layers.0.self_attn.q_rope")->theta, 10000.0f);
+    cr_assert_eq(node_named(g, "model.layers.0.self_attn.k_rope")->heads, 2);
+    cr_assert_eq(node_named(g, "model.norm")->eps, 1e-5f);
+    for (int i = 0; i < g->n_nodes; i++)
+        cr_assert(g->nodes[i].op != TR_OP_SCALE && g->nodes[i].segment == 0,
+                  "no embedding scale, no recompute by default");
+    tr_graph_free(g, NULL);
+}
+
+Test(llama, options_tie_bias_scale_theta_eps_std_and_recompute, .init = enter_test_dir)
+{
+    tr_err err = {{0}};
+    const char *ov[] = {"model.tie_embeddings=true", "model.qkv_bias=true", "model.embed_scale=5.5",
+                        "model.rope_theta=1000000", "model.norm_eps=1e-6", "model.init_std=0.01",
+                        "model.recompute=1"};
+    struct tr_graph *g = build_llama(ov, 7, &err);
+    cr_assert_not_null(g, "%s", err.msg);
+    cr_assert_eq(tr_graph_find(g, "lm_head.weight"), -1, "tied: no lm_head.weight");
+    const struct tr_node *head = node_named(g, "lm_head");
+    cr_assert_str_eq(g->tensors[head->in[1]].name, "model.embed_tokens.weight");
+    const struct tr_tensor *b = param(g, "model.layers.0.self_attn.k_proj.bias", 16, 0);
+    cr_assert(b->init == TR_INIT_ZEROS && !b->decay);
+    param(g, "model.layers.1.self_attn.q_proj.bias", 32, 0);
+    cr_assert_eq(tr_graph_find(g, "model.layers.0.self_attn.o_proj.bias"), -1, "Qwen2: q, k, v biases only");
+    cr_assert_eq(count_params(g), 1 + 2 * 12 + 1);
+    cr_assert_eq(node_named(g, "embed_scale")->scale, 5.5f);
+    cr_assert_eq(node_named(g, "model.layers.1.self_attn.k_rope")->theta, 1e6f);
+    cr_assert_eq(node_named(g, "model.layers.0.post_attention_layernorm")->eps, 1e-6f);
+    cr_assert_eq(g->tensors[tr_graph_find(g, "model.layers.0.mlp.up_proj.weight")].init_std, 0.01);
+    cr_assert(node_named(g, "model.layers.0.mlp.act")->segment > 0, "recompute=1: every block");
+    cr_assert(node_named(g, "model.layers.1.self_attn")->segment > 0);
+    tr_graph_free(g, NULL);
+}
+
+Test(llama, bad_options_are_named, .init = enter_test_dir)
+{
+    struct { const char *override, *want; } cases[] = {
+        {"model.kv_heads=3", "llama: kv_heads (3) must divide heads (4)"},
+        {"model.heads=3", "llama: heads (3) must divide dim (32)"},
+        {"model.heads=32", "llama: the head dim dim/heads = 1 must be even for rotary embeddings"},
+        {"model.rope_theta=0", "llama: option 'rope_theta' must be a number above 0 and at most 1e+12, got 0"},
+        {"model.norm_eps=-1", "llama: option 'norm_eps' must be a number above 0 and at most 0.5, got -1"},
+        {"model.init_std=-0.5", "llama: option 'init_std' must be a number from 0 and at most 1e+06, got -0.5"},
+        {"model.tie_embeddings=1", "llama: option 'tie_embeddings' must be true or false, got 1"},
+        {"model.ffn=64", "llama: unknown option 'ffn'; options: ctx, dim, embed_scale, ffn_dim, heads, init_std, "
+                         "kv_heads, layers, norm_eps, qkv_bias, recompute, rope_theta, tie_embeddings, vocab"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        tr_err err = {{0}};
+        const char *ov[] = {cases[i].override};
+        struct tr_graph *g = build_llama(ov, 1, &err);
+        cr_assert_null(g, "%s was accepted", cases[i].override);
+        cr_assert(strstr(err.msg, cases[i].want), "%s:\ngot:  %s\nwant: %s", cases[i].override, err.msg,
+                  cases[i].want);
+        cr_assert(strncmp(err.msg, "config/plan_llama.lua:", 22) == 0, "names the recipe: %s", err.msg);
+    }
+}
+
 /* ---- origins -------------------------------------------------------------- */
 
 Test(recipe, inherited_value_points_at_base)

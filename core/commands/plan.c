@@ -24,7 +24,7 @@
 
 static size_t dtype_bytes(enum tr_dtype d) { return d == TR_BF16 || d == TR_F16 ? 2 : 4; }
 
-/* Parameters, embeddings among them, and the attention term, from the graph. */
+/* Parameters, embeddings among them, and the FLOPs terms, from the graph. */
 static void count_model(struct tr_plan *p, const struct tr_graph *g)
 {
     char *embedding = tr_xcalloc((size_t)g->n_tensors, 1);
@@ -34,17 +34,15 @@ static void count_model(struct tr_plan *p, const struct tr_graph *g)
             embedding[n->in[0]] = 1; /* the table */
         else if (n->op == TR_OP_ADD_ROWS)
             embedding[n->in[1]] = 1; /* learned positions */
-        else if (n->op == TR_OP_ATTENTION) {
-            const struct tr_tensor *qkv = &g->tensors[n->in[0]]; /* [B, T, 3C] */
-            int64_t T = qkv->shape[1], C = qkv->shape[2] / 3;
-            if (p->layers == 0) {
-                p->seq_len = T;
-                p->width = C;
-            }
-            p->layers++;
-            p->attention_flops += 12.0 * (double)T * (double)C;
-        }
     }
+    /* the attention term from the graph, packed or grouped-query alike */
+    struct tr_flops f;
+    tr_graph_count_flops(g, &f);
+    p->layers = f.layers;
+    p->seq_len = f.seq_len;
+    p->width = f.width;
+    p->attention_flops = f.attention;
+    p->lookup_params = (int64_t)f.lookup_params;
     for (int i = 0; i < g->n_tensors; i++) {
         const struct tr_tensor *t = &g->tensors[i];
         if (t->role != TR_ROLE_PARAM)

@@ -30,9 +30,10 @@ struct tr_plan {
     /* model */
     int64_t params, embedding_params;
     int64_t layers;          /* attention nodes (L) */
-    int64_t seq_len, width;  /* T and C of the (first) attention node */
+    int64_t seq_len, width;  /* T and C (the query's heads x D) of the first attention node */
+    int64_t lookup_params;   /* read only by embedding lookups (untied input embeddings) */
     double attention_flops;  /* 12 * sum over attention nodes of T * C */
-    double flops_per_token;  /* 6 * params + attention_flops */
+    double flops_per_token;  /* 6 * (params - lookup_params) + attention_flops */
     int64_t tokens_per_sample; /* T for sequence models, else 1 (a sample) */
     int sequence_model;
     /* the recipe's run */

@@ -159,7 +159,16 @@ static void print_model(const struct tr_plan *p, FILE *out)
         row(out, "shape", "L = %lld attention layers, T = %lld tokens, C = %lld wide",
             (long long)p->layers, (long long)p->seq_len, (long long)p->width);
     snprintf(label, sizeof label, "training FLOPs/%s", per);
-    if (p->layers) {
+    if (p->layers && p->lookup_params) {
+        /* an untied input embedding is gathered, not multiplied */
+        row(out, label, "6·(P - E) + 12·L·T·C = %s + %s = %s  (%s)",
+            fmt_int(6.0 * (double)(p->params - p->lookup_params), a, sizeof a),
+            fmt_int(p->attention_flops, b, sizeof b), fmt_int(p->flops_per_token, c, sizeof c),
+            fmt_flops(p->flops_per_token, "FLOP", d, sizeof d));
+        row(out, "", "(E = %s untied input-embedding parameters, looked up, not multiplied)",
+            fmt_int((double)p->lookup_params, a, sizeof a));
+        row(out, "", "(2 forward + 4 backward per other parameter, plus attention scores and mixing)");
+    } else if (p->layers) {
         row(out, label, "6·P + 12·L·T·C = %s + %s = %s  (%s)",
             fmt_int(6.0 * (double)p->params, a, sizeof a), fmt_int(p->attention_flops, b, sizeof b),
             fmt_int(p->flops_per_token, c, sizeof c), fmt_flops(p->flops_per_token, "FLOP", d, sizeof d));

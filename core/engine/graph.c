@@ -14,7 +14,8 @@ static const char *const op_names[TR_OP_COUNT] = {
     [TR_OP_EMBEDDING] = "embedding", [TR_OP_ADD_ROWS] = "add_rows", [TR_OP_ADD] = "add",
     [TR_OP_LINEAR] = "linear",       [TR_OP_MATMUL] = "matmul",     [TR_OP_LAYERNORM] = "layernorm",
     [TR_OP_GELU] = "gelu",           [TR_OP_RELU] = "relu",         [TR_OP_ATTENTION] = "attention",
-    [TR_OP_CROSS_ENTROPY] = "cross_entropy",
+    [TR_OP_CROSS_ENTROPY] = "cross_entropy", [TR_OP_RMSNORM] = "rmsnorm", [TR_OP_ROPE] = "rope",
+    [TR_OP_SWIGLU] = "swiglu",       [TR_OP_SCALE] = "scale",
 };
 
 const char *tr_op_name(enum tr_op op) { return (unsigned)op < TR_OP_COUNT ? op_names[op] : "?"; }
@@ -151,6 +152,43 @@ static int expect_shape(struct tr_graph *g, struct tr_node *n, const int64_t *sh
     return TR_OK;
 }
 
+/* Attention with separate q[B,T,H*D], k[B,T,KV*D], v[B,T,KV*D]: query head h
+ * reads key/value head h / (H/KV) (grouped-query; KV = H is multi-head,
+ * KV = 1 multi-query).  kv_heads 0 means as many as heads. */
+static int check_gqa(struct tr_graph *g, struct tr_node *n, struct tr_tensor *const in[3],
+                     tr_err *err)
+{
+    char a[64], b[64], c[64];
+    shape_text(in[0], a, sizeof a);
+    shape_text(in[1], b, sizeof b);
+    shape_text(in[2], c, sizeof c);
+    if (in[0]->ndim != 3 || in[1]->ndim != 3 || in[2]->ndim != 3)
+        SHAPE_FAIL("q '%s' %s, k '%s' %s and v '%s' %s must each be [B,T,heads*D]", in[0]->name,
+                   a, in[1]->name, b, in[2]->name, c);
+    for (int d = 0; d < 2; d++)
+        if (in[1]->shape[d] != in[0]->shape[d] || in[2]->shape[d] != in[0]->shape[d])
+            SHAPE_FAIL("q '%s' %s, k '%s' %s and v '%s' %s differ in batch or sequence length",
+                       in[0]->name, a, in[1]->name, b, in[2]->name, c);
+    int64_t W = in[0]->shape[2];
+    if (n->heads <= 0 || W % n->heads != 0)
+        SHAPE_FAIL("%d heads do not divide the width %lld of q '%s'", n->heads, (long long)W,
+                   in[0]->name);
+    if (n->kv_heads == 0)
+        n->kv_heads = n->heads;
+    if (n->kv_heads < 0 || n->heads % n->kv_heads != 0)
+        SHAPE_FAIL("%d key/value heads do not divide the %d heads; each key/value head serves "
+                   "a whole group of query heads", n->kv_heads, n->heads);
+    int64_t D = W / n->heads, KVW = (int64_t)n->kv_heads * D;
+    if (in[1]->shape[2] != KVW || in[2]->shape[2] != KVW)
+        SHAPE_FAIL("k '%s' %s and v '%s' %s must be %lld wide (kv_heads %d x head dim %lld)",
+                   in[1]->name, b, in[2]->name, c, (long long)KVW, n->kv_heads, (long long)D);
+    if (expect_shape(g, n, in[0]->shape, 3, err) != TR_OK)
+        return TR_ERROR;
+    int64_t lse[3] = {in[0]->shape[0], n->heads, in[0]->shape[1]};
+    add_aux(g, n, "lse", 3, lse);
+    return TR_OK;
+}
+
 static int check_node(struct tr_graph *g, struct tr_node *n, tr_err *err)
 {
     struct tr_tensor *in[3] = {NULL, NULL, NULL};
@@ -162,9 +200,14 @@ static int check_node(struct tr_graph *g, struct tr_node *n, tr_err *err)
     static const int arity[TR_OP_COUNT][2] = {
         [TR_OP_EMBEDDING] = {2, 2}, [TR_OP_ADD_ROWS] = {2, 2}, [TR_OP_ADD] = {2, 2},
         [TR_OP_LINEAR] = {2, 3},    [TR_OP_MATMUL] = {2, 2},   [TR_OP_LAYERNORM] = {3, 3},
-        [TR_OP_GELU] = {1, 1},      [TR_OP_RELU] = {1, 1},     [TR_OP_ATTENTION] = {1, 1},
-        [TR_OP_CROSS_ENTROPY] = {2, 2},
+        [TR_OP_GELU] = {1, 1},      [TR_OP_RELU] = {1, 1},     [TR_OP_ATTENTION] = {1, 3},
+        [TR_OP_CROSS_ENTROPY] = {2, 2}, [TR_OP_RMSNORM] = {2, 2}, [TR_OP_ROPE] = {1, 1},
+        [TR_OP_SWIGLU] = {2, 2},    [TR_OP_SCALE] = {1, 1},
     };
+    if ((unsigned)n->op >= TR_OP_COUNT)
+        SHAPE_FAIL("unknown op");
+    if (n->op == TR_OP_ATTENTION && n->n_in == 2)
+        SHAPE_FAIL("takes 1 input (packed qkv) or 3 (q, k, v), got 2");
     if (n->n_in < arity[n->op][0] || n->n_in > arity[n->op][1])
         SHAPE_FAIL("takes %d input(s), got %d", arity[n->op][0], n->n_in);
     for (int k = 0; k < n->n_in; k++) {
@@ -247,6 +290,13 @@ static int check_node(struct tr_graph *g, struct tr_node *n, tr_err *err)
     case TR_OP_RELU:
         return expect_shape(g, n, in[0]->shape, in[0]->ndim, err);
     case TR_OP_ATTENTION: {
+        if (n->n_in == 3)
+            return check_gqa(g, n, in, err);
+        if (n->kv_heads != 0 && n->kv_heads != n->heads)
+            SHAPE_FAIL("packed qkv attention has as many key/value heads as heads (%d), not %d; "
+                       "give q, k and v separately for grouped-query attention",
+                       n->heads, n->kv_heads);
+        n->kv_heads = n->heads;
         if (in[0]->ndim != 3 || in[0]->shape[2] % 3 != 0)
             SHAPE_FAIL("input '%s' must be qkv[B,T,3C]", in[0]->name);
         int64_t C = in[0]->shape[2] / 3;
@@ -277,6 +327,54 @@ static int check_node(struct tr_graph *g, struct tr_node *n, tr_err *err)
         add_aux(g, n, "lse", 1, &rows);
         return TR_OK;
     }
+    case TR_OP_RMSNORM: {
+        int64_t C = last_dim(in[0]);
+        if (in[1]->numel != (size_t)C) {
+            shape_text(in[1], a, sizeof a);
+            SHAPE_FAIL("weight '%s' %s must have %lld elements (the last dimension of '%s')",
+                       in[1]->name, a, (long long)C, in[0]->name);
+        }
+        int64_t rows = rows_of(in[0]);
+        if (!(n->eps > 0)) /* NaN too */
+            n->eps = 1e-5f;
+        if (expect_shape(g, n, in[0]->shape, in[0]->ndim, err) != TR_OK)
+            return TR_ERROR;
+        add_aux(g, n, "rstd", 1, &rows);
+        return TR_OK;
+    }
+    case TR_OP_ROPE: {
+        if (in[0]->ndim != 3) {
+            shape_text(in[0], a, sizeof a);
+            SHAPE_FAIL("input '%s' %s must be x[B,T,heads*D]", in[0]->name, a);
+        }
+        int64_t W = in[0]->shape[2];
+        if (n->heads <= 0 || W % n->heads != 0)
+            SHAPE_FAIL("%d heads do not divide the width %lld of '%s'", n->heads, (long long)W,
+                       in[0]->name);
+        if ((W / n->heads) % 2 != 0)
+            SHAPE_FAIL("head dim %lld is odd; rotary embedding turns pairs of channels (i, i+D/2), "
+                       "so it needs an even head dim", (long long)(W / n->heads));
+        if (!(n->theta > 0) || !isfinite(n->theta))
+            SHAPE_FAIL("theta %g must be a finite number above 0 (10000 in Llama 2)",
+                       (double)n->theta);
+        return expect_shape(g, n, in[0]->shape, 3, err);
+    }
+    case TR_OP_SWIGLU: {
+        int same = in[0]->ndim == in[1]->ndim;
+        for (int d = 0; same && d < in[0]->ndim; d++)
+            same = in[0]->shape[d] == in[1]->shape[d];
+        if (!same) {
+            shape_text(in[0], a, sizeof a);
+            shape_text(in[1], b, sizeof b);
+            SHAPE_FAIL("gate '%s' %s and up '%s' %s differ in shape", in[0]->name, a, in[1]->name,
+                       b);
+        }
+        return expect_shape(g, n, in[0]->shape, in[0]->ndim, err);
+    }
+    case TR_OP_SCALE:
+        if (!isfinite(n->scale))
+            SHAPE_FAIL("scale %g is not a finite number", (double)n->scale);
+        return expect_shape(g, n, in[0]->shape, in[0]->ndim, err);
     default:
         SHAPE_FAIL("unknown op");
     }
@@ -788,16 +886,45 @@ size_t tr_graph_memory_total(const struct tr_memory_report *m)
     return total;
 }
 
+void tr_graph_count_flops(const struct tr_graph *g, struct tr_flops *f)
+{
+    memset(f, 0, sizeof *f);
+    /* a parameter that only embedding lookups read (an untied input
+     * embedding) is gathered, not multiplied: it costs no FLOPs */
+    char *multiplied = tr_xcalloc((size_t)g->n_tensors, 1);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct tr_node *n = &g->nodes[i];
+        for (int k = 0; k < n->n_in; k++)
+            if (!(n->op == TR_OP_EMBEDDING && k == 0))
+                multiplied[n->in[k]] = 1;
+        if (n->op == TR_OP_ATTENTION) {
+            /* scores q·k and the mix p·v: 2·T·D multiply-adds per query head
+             * and token forward, twice that backward; with grouped-query
+             * heads every query head still does its own, so the width is
+             * the query's heads·D */
+            const struct tr_tensor *q = &g->tensors[n->in[0]];
+            int64_t T = q->shape[1], W = n->n_in == 3 ? q->shape[2] : q->shape[2] / 3;
+            if (f->layers == 0) {
+                f->seq_len = T;
+                f->width = W;
+            }
+            f->layers++;
+            f->attention += 12.0 * (double)T * (double)W;
+        }
+    }
+    for (int i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i].role == TR_ROLE_PARAM) {
+            f->params += (double)g->tensors[i].numel;
+            if (!multiplied[i])
+                f->lookup_params += (double)g->tensors[i].numel;
+        }
+    free(multiplied);
+    f->per_token = 6.0 * (f->params - f->lookup_params) + f->attention;
+}
+
 double tr_graph_flops_per_token(const struct tr_graph *g)
 {
-    double params = 0, attention = 0;
-    for (int i = 0; i < g->n_tensors; i++)
-        if (g->tensors[i].role == TR_ROLE_PARAM)
-            params += (double)g->tensors[i].numel;
-    for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i].op == TR_OP_ATTENTION) {
-            const struct tr_tensor *qkv = &g->tensors[g->nodes[i].in[0]]; /* [B, T, 3C] */
-            attention += 12.0 * (double)qkv->shape[1] * (double)(qkv->shape[2] / 3);
-        }
-    return 6.0 * params + attention;
+    struct tr_flops f;
+    tr_graph_count_flops(g, &f);
+    return f.per_token;
 }

@@ -55,8 +55,19 @@ size_t tr_memory_rows(const struct tr_memory_report *m, struct tr_memory_row row
 void tr_graph_print_memory(const struct tr_graph *g, FILE *out);
 
 /* Training FLOPs per token (per sample for non-sequence models):
- * 6 x parameters (2 forward, 4 backward) plus 12 x T x C per attention
- * layer for the scores and the mixing. */
+ * 6 x the parameters that multiply (2 forward, 4 backward; a table only
+ * embedding lookups read, as an untied input embedding, multiplies
+ * nothing) plus 12 x T x W per attention layer for the scores and the
+ * mixing, W the query width heads x D (grouped-query attention included). */
+struct tr_flops {
+    double params;          /* every parameter */
+    double lookup_params;   /* read only by embedding lookups: no FLOPs */
+    double attention;       /* 12 x sum over attention nodes of T x W */
+    int64_t layers;         /* attention nodes */
+    int64_t seq_len, width; /* T and W of the first attention node */
+    double per_token;       /* 6 x (params - lookup_params) + attention */
+};
+void tr_graph_count_flops(const struct tr_graph *g, struct tr_flops *f);
 double tr_graph_flops_per_token(const struct tr_graph *g);
 
 /* Bytes the plan allocates in total (what must fit on the device). */

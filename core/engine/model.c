@@ -3,6 +3,7 @@
 #include "../util/util.h"
 
 #include <ctype.h>
+#include <float.h>
 #include <lauxlib.h>
 #include <lua.h>
 #include <math.h>
@@ -125,6 +126,30 @@ static int choice_field(struct reader *rd, int t, const char *key, const char *c
             list);
     lua_pop(L, 1);
     return TR_ERROR;
+}
+
+/* An optional number field that fits a float, finite; above 0 when
+ * `positive` (and not so small that it rounds to 0 as a float).  fallback
+ * when absent. */
+static int real_field(struct reader *rd, int t, const char *key, double fallback, int positive,
+                      const char *owner, float *out)
+{
+    lua_State *L = rd->L;
+    int type = raw_field(L, t, key);
+    double d = type == LUA_TNIL ? fallback : lua_tonumber(L, -1);
+    int ok = type == LUA_TNIL ||
+             (type == LUA_TNUMBER && isfinite(d) && fabs(d) <= FLT_MAX &&
+              (!positive || (float)d > 0));
+    if (!ok) {
+        char got[96];
+        tr_fail(rd->err, "model: %s: '%s' is %s; it must be a finite number%s (within a float's "
+                "range)", owner, key, describe(L, -1, got, sizeof got), positive ? " above 0" : "");
+        lua_pop(L, 1);
+        return TR_ERROR;
+    }
+    lua_pop(L, 1);
+    *out = (float)d;
+    return TR_OK;
 }
 
 static int by_name(const void *a, const void *b)
@@ -291,7 +316,11 @@ static int read_nodes(struct reader *rd, int gi)
         if (int_field(rd, e, "heads", 0, INT32_MAX, 0, owner, &n.heads) != TR_OK ||
             int_field(rd, e, "ignore_index", INT32_MIN, INT32_MAX, -1, owner, &n.ignore_index) != TR_OK ||
             int_field(rd, e, "trans_b", 0, 1, 0, owner, &n.trans_b) != TR_OK ||
-            int_field(rd, e, "segment", 0, INT32_MAX, 0, owner, &n.segment) != TR_OK)
+            int_field(rd, e, "segment", 0, INT32_MAX, 0, owner, &n.segment) != TR_OK ||
+            /* grouped-query attention: 0 (absent) means as many as heads */
+            int_field(rd, e, "kv_heads", 0, INT32_MAX, 0, owner, &n.kv_heads) != TR_OK ||
+            real_field(rd, e, "theta", 10000.0, 1, owner, &n.theta) != TR_OK ||
+            real_field(rd, e, "scale", 1.0, 0, owner, &n.scale) != TR_OK)
             return TR_ERROR;
         tr_graph_add_node(g, &n);
         lua_pop(L, 1); /* the node */

@@ -1,6 +1,8 @@
 -- trainrun.models: the model constructors a recipe sees as globals.
 --
 --   model = gpt { vocab = 256, ctx = 128, layers = 4, heads = 4, dim = 128 }
+--   model = llama { vocab = 256, ctx = 256, layers = 4, heads = 8, kv_heads = 2,
+--                   dim = 256, ffn_dim = 688 }
 --   model = mlp { inputs = 64, hidden = { 128 }, classes = 10 }
 --   model = { build = function(nn, spec, batch) ... end, width = 32 }  -- inline
 --
@@ -20,6 +22,17 @@ local function check(spec, what, schema)
                      or v > (rule.max or 2^53)) then
       error(("%s: option '%s' must be an integer between %d and %d, got %s"):format(
         what, key, rule.min or 0, rule.max or 2^53, tostring(v)), 0)
+    end
+    -- num: a finite number above `above` (or from `min`) up to `max`
+    if rule.num then
+      local lo, hi = rule.above or rule.min or -1e30, rule.max or 1e30
+      if type(v) ~= "number" or v ~= v or v > hi or v < lo or (rule.above and v == lo) then
+        error(("%s: option '%s' must be a number %s %g and at most %g, got %s"):format(what, key,
+          rule.above and "above" or "from", lo, hi, tostring(v)), 0)
+      end
+    end
+    if rule.bool and type(v) ~= "boolean" then
+      error(("%s: option '%s' must be true or false, got %s"):format(what, key, tostring(v)), 0)
     end
   end
   for key in pairs(spec) do
@@ -81,6 +94,87 @@ function builders.gpt(nn, o, B)
   return g:finish { loss = g:cross_entropy(logits, targets), logits = logits }
 end
 
+local llama_schema = {
+  vocab    = gpt_schema.vocab,
+  ctx      = gpt_schema.ctx,
+  layers   = gpt_schema.layers,
+  heads    = gpt_schema.heads,
+  dim      = gpt_schema.dim,
+  kv_heads = { int = true, min = 1, max = 65536,
+               help = "key/value heads, dividing heads (grouped-query attention; default heads)" },
+  ffn_dim  = { int = true, min = 1, max = 16777216, help = "hidden width of the SwiGLU MLP" },
+  rope_theta = { num = true, above = 0, max = 1e12, default = 10000, help = "base of the rotary frequencies" },
+  norm_eps = { num = true, above = 0, max = 0.5, default = 1e-5, help = "RMSNorm epsilon" },
+  tie_embeddings = { bool = true, default = false,
+                     help = "the output head reuses model.embed_tokens.weight (no lm_head.weight)" },
+  qkv_bias = { bool = true, default = false, help = "biases on the q, k, v projections (Qwen2)" },
+  embed_scale = { num = true, default = 1,
+                  help = "factor the token embeddings are multiplied by (1: none)" },
+  init_std = { num = true, min = 0, max = 1e6, default = 0.02,
+               help = "standard deviation of the normal init of every weight matrix" },
+  recompute = gpt_schema.recompute,
+}
+
+-- Llama (also Mistral, Qwen2 with qkv_bias, ...): token embedding, pre-norm
+-- blocks x += o_proj(attn(rope(q), rope(k), v)); x += down(silu(gate) * up),
+-- RMSNorm everywhere, no biases, a final RMSNorm and an lm_head (or the
+-- embedding reused when tie_embeddings).  Parameters carry Hugging Face's
+-- names, so checkpoints map one to one; init as Hugging Face's: every
+-- weight matrix normal(init_std), norms ones.
+function builders.llama(nn, o, B)
+  if o.kv_heads == nil then o.kv_heads = o.heads end
+  check(o, "llama", llama_schema)
+  if o.dim % o.heads ~= 0 then
+    error(("llama: heads (%d) must divide dim (%d)"):format(o.heads, o.dim), 0)
+  end
+  if o.heads % o.kv_heads ~= 0 then
+    error(("llama: kv_heads (%d) must divide heads (%d)"):format(o.kv_heads, o.heads), 0)
+  end
+  if (o.dim / o.heads) % 2 ~= 0 then
+    error(("llama: the head dim dim/heads = %d must be even for rotary embeddings"):format(o.dim / o.heads), 0)
+  end
+  local V, T, L, H, KV, C, F = o.vocab, o.ctx, o.layers, o.heads, o.kv_heads, o.dim, o.ffn_dim
+  local D, std, eps, theta = C / H, o.init_std, o.norm_eps, o.rope_theta
+  local g = nn.graph(B)
+  local tokens = g:input("tokens", { B, T }, "i32")
+  local targets = g:input("targets", { B, T }, "i32")
+  local embed = g:param("model.embed_tokens.weight", { V, C }, { std = std })
+  local x = g:embedding(embed, tokens, "embed")
+  if o.embed_scale ~= 1 then x = g:scale(x, o.embed_scale, "embed_scale") end
+  local function proj(name, h, width, bias)
+    return g:Linear(name, h, width, { std = std, bias = bias or false })
+  end
+  local function block(l, x)
+    local p = "model.layers." .. l
+    local h = g:RMSNorm(p .. ".input_layernorm", x, eps)
+    local q = proj(p .. ".self_attn.q_proj", h, H * D, o.qkv_bias)
+    local k = proj(p .. ".self_attn.k_proj", h, KV * D, o.qkv_bias)
+    local v = proj(p .. ".self_attn.v_proj", h, KV * D, o.qkv_bias)
+    q = g:rope(q, H, theta, p .. ".self_attn.q_rope")
+    k = g:rope(k, KV, theta, p .. ".self_attn.k_rope")
+    h = g:gqa_attention(q, k, v, H, KV, p .. ".self_attn")
+    x = g:add(x, proj(p .. ".self_attn.o_proj", h, C), p .. ".res_1")
+    h = g:RMSNorm(p .. ".post_attention_layernorm", x, eps)
+    h = g:swiglu(proj(p .. ".mlp.gate_proj", h, F), proj(p .. ".mlp.up_proj", h, F), p .. ".mlp.act")
+    return g:add(x, proj(p .. ".mlp.down_proj", h, C), p .. ".res_2")
+  end
+  for l = 0, L - 1 do
+    if o.recompute > 0 and l % o.recompute == 0 then
+      x = g:recompute(block, l, x)
+    else
+      x = block(l, x)
+    end
+  end
+  x = g:RMSNorm("model.norm", x, eps)
+  local logits
+  if o.tie_embeddings then
+    logits = g:linear(x, embed, nil, "lm_head")
+  else
+    logits = proj("lm_head", x, V)
+  end
+  return g:finish { loss = g:cross_entropy(logits, targets), logits = logits }
+end
+
 local mlp_schema = {
   inputs     = { int = true, min = 1, max = 1048576, help = "input features" },
   hidden     = { default = {}, help = "widths of the hidden layers, e.g. { 128, 64 }" },
@@ -109,13 +203,14 @@ end
 
 function M.gpt(o) o.type = "gpt"; return o end
 function M.mlp(o) o.type = "mlp"; return o end
+function M.llama(o) o.type = "llama"; return o end
 
 -- Called by the core: the graph for one micro-batch of `batch` samples.
 function M.build(spec, batch)
   if type(spec) ~= "table" then error("model must be a table, e.g. gpt { ... }", 0) end
   local builder = spec.build or builders[spec.type]
   if type(builder) ~= "function" then
-    error(("model: unknown type %q (built in: gpt, mlp; or give build = function(nn, spec, batch))"):format(
+    error(("model: unknown type %q (built in: gpt, llama, mlp; or give build = function(nn, spec, batch))"):format(
       tostring(spec.type)), 0)
   end
   -- builders fill defaults into spec; work on a copy so the recipe is untouched

@@ -129,6 +129,81 @@ function Graph:attention(qkv, heads, name)
   return node(self, "attention", { qkv }, s, { heads = heads }, name)
 end
 
+-- Grouped-query attention: q [B,T,heads*D], k and v [B,T,kv_heads*D];
+-- query head h reads key/value head floor(h / (heads / kv_heads)).
+-- kv_heads = heads is multi-head attention, kv_heads = 1 multi-query.
+-- Causal, scale 1/sqrt(D); the output is [B,T,heads*D].
+function Graph:gqa_attention(q, k, v, heads, kv_heads, name)
+  kv_heads = kv_heads or heads
+  for _, t in ipairs { q, k, v } do
+    if type(t) ~= "table" or not t.shape or #t.shape ~= 3 then
+      error("gqa_attention: q, k and v must be tensors [B,T,heads*D]", 2)
+    end
+  end
+  local W = q.shape[3]
+  if type(heads) ~= "number" or heads < 1 or W % heads ~= 0 then
+    error(("gqa_attention: %s heads do not divide the width %d of q %s"):format(
+      tostring(heads), W, q.name), 2)
+  end
+  if type(kv_heads) ~= "number" or kv_heads < 1 or heads % kv_heads ~= 0 then
+    error(("gqa_attention: %s key/value heads do not divide the %d heads"):format(tostring(kv_heads), heads), 2)
+  end
+  local D = math.floor(W / heads)
+  for _, t in ipairs { k, v } do
+    if t.shape[1] ~= q.shape[1] or t.shape[2] ~= q.shape[2] or t.shape[3] ~= kv_heads * D then
+      error(("gqa_attention: %s %s must be [%d,%d,%d] (%d key/value heads of head dim %d) for q %s %s"):format(
+        t.name, shape_str(t.shape), q.shape[1], q.shape[2], kv_heads * D, kv_heads, D, q.name, shape_str(q.shape)), 2)
+    end
+  end
+  return node(self, "attention", { q, k, v }, q.shape, { heads = heads, kv_heads = kv_heads }, name)
+end
+
+-- y = x / sqrt(mean(x^2) + eps) * w over the last dimension (RMSNorm)
+function Graph:rmsnorm(x, w, eps, name)
+  if #w.shape ~= 1 or w.shape[1] ~= last(x.shape) then
+    error(("rmsnorm: weight %s %s must be [%d], the last dimension of %s %s"):format(
+      w.name, shape_str(w.shape), last(x.shape), x.name, shape_str(x.shape)), 2)
+  end
+  return node(self, "rmsnorm", { x, w }, x.shape, { eps = eps or 1e-5 }, name)
+end
+
+-- Rotary position embedding (Hugging Face's rotate-half pairing (i, i+D/2)):
+-- x [B,T,heads*D], D even; position t turns pair i by t * theta^(-2i/D).
+function Graph:rope(x, heads, theta, name)
+  theta = theta or 10000
+  if #x.shape ~= 3 then
+    error(("rope: %s %s must be [B,T,heads*D]"):format(x.name, shape_str(x.shape)), 2)
+  end
+  if type(heads) ~= "number" or heads < 1 or x.shape[3] % heads ~= 0 then
+    error(("rope: %s heads do not divide the width %d of %s"):format(tostring(heads), x.shape[3], x.name), 2)
+  end
+  if math.floor(x.shape[3] / heads) % 2 ~= 0 then
+    error(("rope: head dim %d of %s is odd; rotary embedding needs an even head dim"):format(
+      math.floor(x.shape[3] / heads), x.name), 2)
+  end
+  if type(theta) ~= "number" or not (theta > 0 and theta < math.huge) then
+    error(("rope: theta must be a finite number above 0, got %s"):format(tostring(theta)), 2)
+  end
+  return node(self, "rope", { x }, x.shape, { heads = heads, theta = theta }, name)
+end
+
+-- silu(gate) * up: the SiLU-gated half of a SwiGLU MLP
+function Graph:swiglu(gate, up, name)
+  if shape_str(gate.shape) ~= shape_str(up.shape) then
+    error(("swiglu: gate %s %s and up %s %s differ in shape"):format(
+      gate.name, shape_str(gate.shape), up.name, shape_str(up.shape)), 2)
+  end
+  return node(self, "swiglu", { gate, up }, gate.shape, nil, name)
+end
+
+-- s * x, s a constant (embedding scaling)
+function Graph:scale(x, s, name)
+  if type(s) ~= "number" or s ~= s or s == math.huge or s == -math.huge then
+    error(("scale: the factor must be a finite number, got %s"):format(tostring(s)), 2)
+  end
+  return node(self, "scale", { x }, x.shape, { scale = s }, name)
+end
+
 function Graph:cross_entropy(logits, targets, ignore_index, name)
   return node(self, "cross_entropy", { logits, targets }, { 1 }, { ignore_index = ignore_index or -1 }, name or "loss")
 end
@@ -146,6 +221,12 @@ function Graph:LayerNorm(prefix, x, eps)
   local w = self:param(prefix .. ".weight", { C }, { init = "ones" })
   local b = self:param(prefix .. ".bias", { C }, { init = "zeros" })
   return self:layernorm(x, w, b, eps, prefix)
+end
+
+-- RMSNorm with a learned weight (ones, no weight decay), named prefix.weight
+function Graph:RMSNorm(prefix, x, eps)
+  local w = self:param(prefix .. ".weight", { last(x.shape) }, { init = "ones", decay = false })
+  return self:rmsnorm(x, w, eps, prefix)
 end
 
 -- The graph as plain tables for the core.  loss is required; logits lets
