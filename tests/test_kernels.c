@@ -1676,6 +1676,174 @@ Test(optim, sum_squares)
 }
 
 /* ======================================================================== */
+/* the CPU backend runs the new ops from their nodes                         */
+/* ======================================================================== */
+
+/* A one-node graph by hand (no core): tensors 0..n_in-1 are the inputs,
+ * then the output, then the saved tensor if any.  The backend must read the
+ * node's attributes and shapes into the kernels' arguments: its results
+ * equal direct kernel calls with the intended arguments, to the bit. */
+typedef struct {
+    struct tr_graph g;
+    struct tr_tensor t[5];
+    struct tr_node n;
+    struct tr_backend be;
+} one_node;
+
+static void tensor_init(struct tr_tensor *t, int ndim, const int64_t *shape, float *data,
+                        float *grad)
+{
+    memset(t, 0, sizeof *t);
+    t->dtype = TR_F32;
+    t->ndim = ndim;
+    t->numel = 1;
+    for (int d = 0; d < ndim; d++) {
+        t->shape[d] = shape[d];
+        t->numel *= (size_t)shape[d];
+    }
+    t->data = data;
+    t->grad = grad;
+    t->producer = -1;
+}
+
+/* forward, then backward of the node (dout in the output's grad) */
+static void one_node_run(one_node *o)
+{
+    o->g.tensors = o->t;
+    o->g.nodes = &o->n;
+    o->g.n_nodes = 1;
+    o->g.loss = -1;
+    o->g.logits = -1;
+    o->g.compute = TR_F32;
+    cr_assert(tr_cpu_backend_init(&o->be, 2) == 0);
+    const struct tr_backend_iface *in = o->be.iface;
+    cr_assert(in->supports_op(o->be.context, &o->g, &o->n), "the CPU backend runs this node");
+    o->g.scratch_floats = in->scratch_floats(o->be.context, &o->g, &o->n);
+    o->g.scratch = fvec(o->g.scratch_floats);
+    in->forward(o->be.context, &o->g, &o->n);
+    in->backward(o->be.context, &o->g, &o->n);
+    free(o->g.scratch);
+    tr_cpu_backend_free(&o->be);
+}
+
+Test(backend_ops, rmsnorm_rope_swiglu_scale_from_nodes)
+{
+    rng_t rng = {1401};
+    enum { B = 2, T = 5, H = 3, D = 6, C = H * D, N = B * T * C };
+    int64_t x_shape[3] = {B, T, C}, w_shape[1] = {C}, rows_shape[1] = {B * T};
+    float *x = random_fvec(&rng, N, -2, 2), *x2 = random_fvec(&rng, N, -2, 2);
+    float *w = random_fvec(&rng, C, 0.5, 1.5), *dout = random_fvec(&rng, N, -1, 1);
+
+    /* rmsnorm: eps from the node, rstd as the saved tensor */
+    {
+        one_node o = {0};
+        float *out = fvec(N), *rstd = fvec(B * T), *dx = fvec(N), *dw = fvec(C);
+        tensor_init(&o.t[0], 3, x_shape, x, dx);
+        tensor_init(&o.t[1], 1, w_shape, w, dw);
+        tensor_init(&o.t[2], 3, x_shape, out, dout);
+        tensor_init(&o.t[3], 1, rows_shape, rstd, NULL);
+        o.g.n_tensors = 4;
+        o.n = (struct tr_node){.op = TR_OP_RMSNORM, .in = {0, 1}, .n_in = 2, .out = 2,
+                               .aux = {3}, .n_aux = 1, .eps = 0.25f};
+        one_node_run(&o);
+        float *want = fvec(N), *want_rstd = fvec(B * T), *want_dx = fvec(N), *want_dw = fvec(C);
+        tr_cpu_rmsnorm_forward(want, want_rstd, x, w, B * T, C, 0.25f);
+        tr_cpu_rmsnorm_backward(want_dx, want_dw, dout, x, w, want_rstd, B * T, C);
+        expect_bitwise("rmsnorm node out", out, want, N);
+        expect_bitwise("rmsnorm node rstd", rstd, want_rstd, B * T);
+        expect_bitwise("rmsnorm node dx", dx, want_dx, N);
+        expect_bitwise("rmsnorm node dw", dw, want_dw, C);
+        free(out), free(rstd), free(dx), free(dw), free(want), free(want_rstd), free(want_dx);
+        free(want_dw);
+    }
+    /* rope: heads and theta from the node */
+    {
+        one_node o = {0};
+        float *out = fvec(N), *dx = fvec(N);
+        tensor_init(&o.t[0], 3, x_shape, x, dx);
+        tensor_init(&o.t[1], 3, x_shape, out, dout);
+        o.g.n_tensors = 2;
+        o.n = (struct tr_node){.op = TR_OP_ROPE, .in = {0}, .n_in = 1, .out = 1, .heads = H,
+                               .theta = 500.0f};
+        one_node_run(&o);
+        float *want = fvec(N), *want_dx = fvec(N);
+        float *scratch = fvec(tr_cpu_rope_scratch_floats(T, D));
+        tr_cpu_rope_forward(want, x, scratch, B, T, H, D, 500.0f);
+        tr_cpu_rope_backward(want_dx, dout, scratch, B, T, H, D, 500.0f);
+        expect_bitwise("rope node out", out, want, N);
+        expect_bitwise("rope node dx", dx, want_dx, N);
+        free(out), free(dx), free(want), free(want_dx), free(scratch);
+    }
+    /* swiglu: gate first, up second */
+    {
+        one_node o = {0};
+        float *out = fvec(N), *dg = fvec(N), *du = fvec(N);
+        tensor_init(&o.t[0], 3, x_shape, x, dg);
+        tensor_init(&o.t[1], 3, x_shape, x2, du);
+        tensor_init(&o.t[2], 3, x_shape, out, dout);
+        o.g.n_tensors = 3;
+        o.n = (struct tr_node){.op = TR_OP_SWIGLU, .in = {0, 1}, .n_in = 2, .out = 2};
+        one_node_run(&o);
+        float *want = fvec(N), *want_dg = fvec(N), *want_du = fvec(N);
+        tr_cpu_swiglu_forward(want, x, x2, N);
+        tr_cpu_swiglu_backward(want_dg, want_du, x, x2, dout, N);
+        expect_bitwise("swiglu node out", out, want, N);
+        expect_bitwise("swiglu node dgate", dg, want_dg, N);
+        expect_bitwise("swiglu node dup", du, want_du, N);
+        free(out), free(dg), free(du), free(want), free(want_dg), free(want_du);
+    }
+    /* scale: the factor from the node */
+    {
+        one_node o = {0};
+        float *out = fvec(N), *dx = fvec(N);
+        tensor_init(&o.t[0], 3, x_shape, x, dx);
+        tensor_init(&o.t[1], 3, x_shape, out, dout);
+        o.g.n_tensors = 2;
+        o.n = (struct tr_node){.op = TR_OP_SCALE, .in = {0}, .n_in = 1, .out = 1, .scale = 3.5f};
+        one_node_run(&o);
+        for (int i = 0; i < N; i++)
+            cr_assert(out[i] == 3.5f * x[i] && dx[i] == 3.5f * dout[i], "scale node [%d]", i);
+        free(out), free(dx);
+    }
+    free(x), free(x2), free(w), free(dout);
+}
+
+Test(backend_ops, grouped_query_attention_from_nodes)
+{
+    rng_t rng = {1402};
+    enum { B = 2, T = 70, H = 4, KV = 2, D = 6 };
+    size_t n_q = (size_t)B * T * H * D, n_kv = (size_t)B * T * KV * D;
+    int64_t q_shape[3] = {B, T, H * D}, kv_shape[3] = {B, T, KV * D}, lse_shape[3] = {B, H, T};
+    float *q = random_fvec(&rng, n_q, -1, 1), *k = random_fvec(&rng, n_kv, -1, 1);
+    float *v = random_fvec(&rng, n_kv, -1, 1), *dout = random_fvec(&rng, n_q, -1, 1);
+    float *out = fvec(n_q), *lse = fvec((size_t)B * H * T);
+    float *dq = fvec(n_q), *dk = fvec(n_kv), *dv = fvec(n_kv);
+    one_node o = {0};
+    tensor_init(&o.t[0], 3, q_shape, q, dq);
+    tensor_init(&o.t[1], 3, kv_shape, k, dk);
+    tensor_init(&o.t[2], 3, kv_shape, v, dv);
+    tensor_init(&o.t[3], 3, q_shape, out, dout);
+    tensor_init(&o.t[4], 3, lse_shape, lse, NULL);
+    o.g.n_tensors = 5;
+    o.n = (struct tr_node){.op = TR_OP_ATTENTION, .in = {0, 1, 2}, .n_in = 3, .out = 3,
+                           .aux = {4}, .n_aux = 1, .heads = H, .kv_heads = KV};
+    one_node_run(&o);
+    float *want = fvec(n_q), *want_lse = fvec((size_t)B * H * T);
+    float *want_dq = fvec(n_q), *want_dk = fvec(n_kv), *want_dv = fvec(n_kv);
+    float *scratch = fvec(tr_cpu_attention_gqa_scratch_floats(B, T, H, KV, D));
+    tr_cpu_attention_gqa_forward(want, want_lse, q, k, v, B, T, H, KV, D);
+    tr_cpu_attention_gqa_backward(want_dq, want_dk, want_dv, scratch, dout, want, q, k, v,
+                                  want_lse, B, T, H, KV, D);
+    expect_bitwise("gqa node out", out, want, n_q);
+    expect_bitwise("gqa node lse", lse, want_lse, (size_t)B * H * T);
+    expect_bitwise("gqa node dq", dq, want_dq, n_q);
+    expect_bitwise("gqa node dk", dk, want_dk, n_kv);
+    expect_bitwise("gqa node dv", dv, want_dv, n_kv);
+    free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv);
+    free(want), free(want_lse), free(want_dq), free(want_dk), free(want_dv), free(scratch);
+}
+
+/* ======================================================================== */
 /* thread-count independence                                                 */
 /* ======================================================================== */
 

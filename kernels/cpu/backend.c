@@ -74,6 +74,9 @@ static float *rounded(const struct tr_graph *g, float *dst, const float *src, si
     return dst;
 }
 
+/* attention with q, k, v inputs: key/value heads (0, as a packed node's, means heads) */
+static int kv_heads(const struct tr_node *n) { return n->kv_heads > 0 ? n->kv_heads : n->heads; }
+
 static size_t cpu_scratch_floats(void *ctx, const struct tr_graph *g, const struct tr_node *n)
 {
     (void)ctx;
@@ -81,9 +84,14 @@ static size_t cpu_scratch_floats(void *ctx, const struct tr_graph *g, const stru
         return T(0)->numel + T(1)->numel + OUT->numel;
     if (n->op == TR_OP_MATMUL && half_gemm(g))
         return T(0)->numel + T(1)->numel + OUT->numel;
+    if (n->op == TR_OP_ROPE) /* the cos/sin table */
+        return tr_cpu_rope_scratch_floats((int)T(0)->shape[1], cols(T(0)) / n->heads);
     if (n->op != TR_OP_ATTENTION)
         return 0;
     const struct tr_tensor *qkv = T(0);
+    if (n->n_in == 3)
+        return tr_cpu_attention_gqa_scratch_floats((int)qkv->shape[0], (int)qkv->shape[1],
+                                                   n->heads, kv_heads(n), cols(qkv) / n->heads);
     return tr_cpu_attention_scratch_floats((int)qkv->shape[0], (int)qkv->shape[1],
                                            (int)qkv->shape[2] / 3, n->heads);
 }
@@ -134,8 +142,26 @@ static void cpu_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
         tr_cpu_relu_forward(F(OUT), F(T(0)), OUT->numel);
         break;
     case TR_OP_ATTENTION:
-        tr_cpu_attention_forward(F(OUT), AUX(0), F(T(0)), (int)T(0)->shape[0], (int)T(0)->shape[1],
-                                 (int)T(0)->shape[2] / 3, n->heads);
+        if (n->n_in == 3)
+            tr_cpu_attention_gqa_forward(F(OUT), AUX(0), F(T(0)), F(T(1)), F(T(2)),
+                                         (int)T(0)->shape[0], (int)T(0)->shape[1], n->heads,
+                                         kv_heads(n), cols(T(0)) / n->heads);
+        else
+            tr_cpu_attention_forward(F(OUT), AUX(0), F(T(0)), (int)T(0)->shape[0],
+                                     (int)T(0)->shape[1], (int)T(0)->shape[2] / 3, n->heads);
+        break;
+    case TR_OP_RMSNORM:
+        tr_cpu_rmsnorm_forward(F(OUT), AUX(0), F(T(0)), F(T(1)), rows(T(0)), cols(T(0)), n->eps);
+        break;
+    case TR_OP_ROPE:
+        tr_cpu_rope_forward(F(OUT), F(T(0)), g->scratch, (int)T(0)->shape[0], (int)T(0)->shape[1],
+                            n->heads, cols(T(0)) / n->heads, n->theta);
+        break;
+    case TR_OP_SWIGLU:
+        tr_cpu_swiglu_forward(F(OUT), F(T(0)), F(T(1)), OUT->numel);
+        break;
+    case TR_OP_SCALE:
+        tr_cpu_scale_forward(F(OUT), F(T(0)), n->scale, OUT->numel);
         break;
     case TR_OP_CROSS_ENTROPY:
         tr_cpu_cross_entropy_forward(F(OUT), AUX(0), F(T(0)), I(T(1)), rows(T(0)), cols(T(0)),
@@ -198,9 +224,29 @@ static void cpu_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
         tr_cpu_relu_backward(T(0)->grad, F(T(0)), dout, OUT->numel);
         break;
     case TR_OP_ATTENTION:
-        tr_cpu_attention_backward(T(0)->grad, g->scratch, dout, F(OUT), F(T(0)), AUX(0),
-                                  (int)T(0)->shape[0], (int)T(0)->shape[1],
-                                  (int)T(0)->shape[2] / 3, n->heads);
+        if (n->n_in == 3)
+            tr_cpu_attention_gqa_backward(T(0)->grad, T(1)->grad, T(2)->grad, g->scratch, dout,
+                                          F(OUT), F(T(0)), F(T(1)), F(T(2)), AUX(0),
+                                          (int)T(0)->shape[0], (int)T(0)->shape[1], n->heads,
+                                          kv_heads(n), cols(T(0)) / n->heads);
+        else
+            tr_cpu_attention_backward(T(0)->grad, g->scratch, dout, F(OUT), F(T(0)), AUX(0),
+                                      (int)T(0)->shape[0], (int)T(0)->shape[1],
+                                      (int)T(0)->shape[2] / 3, n->heads);
+        break;
+    case TR_OP_RMSNORM:
+        tr_cpu_rmsnorm_backward(T(0)->grad, T(1)->grad, dout, F(T(0)), F(T(1)), AUX(0),
+                                rows(T(0)), cols(T(0)));
+        break;
+    case TR_OP_ROPE:
+        tr_cpu_rope_backward(T(0)->grad, dout, g->scratch, (int)T(0)->shape[0],
+                             (int)T(0)->shape[1], n->heads, cols(T(0)) / n->heads, n->theta);
+        break;
+    case TR_OP_SWIGLU:
+        tr_cpu_swiglu_backward(T(0)->grad, T(1)->grad, F(T(0)), F(T(1)), dout, OUT->numel);
+        break;
+    case TR_OP_SCALE:
+        tr_cpu_scale_backward(T(0)->grad, dout, n->scale, OUT->numel);
         break;
     case TR_OP_CROSS_ENTROPY:
         tr_cpu_cross_entropy_backward(T(0)->grad, F(T(0)), AUX(0), I(T(1)), g->loss_grad,
