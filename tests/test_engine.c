@@ -373,3 +373,49 @@ Test(engine, optimizer_state_follows_its_descriptor)
     tr_optimizer_free(&o, &be);
     tr_cpu_backend_free(&be);
 }
+
+/* The step hands each descriptor's state slots to its update, at the
+ * offset of the run it updates: a shard [2, 7) of 8 parameters crossing
+ * the decayed ones [0, 4), as under ZeRO-1.  After one step from zero
+ * state, AdamW's slot 0 is (1 - beta1) g and slot 1 (1 - beta2) g^2; SGD's
+ * slot 0 is g + weight_decay p; parameters outside the shard stay put. */
+Test(engine, optimizer_step_updates_the_descriptors_slots)
+{
+    struct tr_backend be;
+    cr_assert_eq(tr_cpu_backend_init(&be, 1), 0);
+    for (int i = 0; tr_optimizers[i]; i++) {
+        const struct tr_optimizer_desc *d = tr_optimizers[i];
+        float params[8], grads[8];
+        for (int k = 0; k < 8; k++) {
+            params[k] = 1.0f + 0.125f * (float)k;
+            grads[k] = 0.5f - 0.25f * (float)k;
+        }
+        struct tr_graph g = {.params = params, .grads = grads, .n_params = 8, .n_decay = 4};
+        struct tr_optimizer_config cfg = {.type = d->name, .lr = 0.01, .weight_decay = 0.5,
+                                          .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8,
+                                          .momentum = 0.9};
+        struct tr_optimizer o;
+        tr_err err = {{0}};
+        cr_assert_eq(tr_optimizer_init(&o, &cfg, &g, &be, 2, 7, &err), TR_OK, "%s", err.msg);
+        tr_optimizer_step(&o, &g, &be, 2.0, cfg.lr);
+        for (int k = 0; k < 8; k++) {
+            float p0 = 1.0f + 0.125f * (float)k, gk = 2.0f * grads[k];
+            if (k < 2 || k >= 7) {
+                cr_assert_eq(params[k], p0, "%s: parameter %d is outside the shard", d->name, k);
+                continue;
+            }
+            cr_assert_neq(params[k], p0, "%s: parameter %d", d->name, k);
+            const float *s0 = o.state[0] + (k - 2);
+            if (d->update == TR_UPDATE_ADAMW) {
+                cr_assert_float_eq(*s0, 0.1f * gk, 1e-6, "%s slot 0 at %d", d->name, k);
+                cr_assert_float_eq(o.state[1][k - 2], 0.01f * gk * gk, 1e-6, "%s slot 1 at %d",
+                                   d->name, k);
+            } else {
+                float wd = k < 4 ? 0.5f : 0.0f;
+                cr_assert_float_eq(*s0, gk + wd * p0, 1e-6, "%s slot 0 at %d", d->name, k);
+            }
+        }
+        tr_optimizer_free(&o, &be);
+    }
+    tr_cpu_backend_free(&be);
+}

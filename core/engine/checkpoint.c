@@ -283,13 +283,14 @@ _Static_assert(sizeof blob_names / sizeof blob_names[0] == 1 + TR_OPTIMIZER_MAX_
 /* the weights, then one blob per optimizer state slot */
 static int blob_count(const struct tr_checkpointer *c) { return 1 + c->cfg.optimizer->state_slots; }
 
-/* Blob i of a checkpoint: the weights (in weights_dtype), then the moments. */
-static void *build_blob(struct tr_checkpointer *c, int i, const float *params, const float *m,
-                        const float *v, size_t *size)
+/* Blob i of a checkpoint: the weights (in weights_dtype), then the state
+ * slots. */
+static void *build_blob(struct tr_checkpointer *c, int i, const float *params,
+                        float *const *slots, size_t *size)
 {
     if (i == 0)
         return tensors_blob(c, params, c->cfg.weights_dtype, "", size);
-    return tensors_blob(c, i == 1 ? m : v, TR_F32, c->cfg.optimizer->state_names[i - 1], size);
+    return tensors_blob(c, slots[i - 1], TR_F32, c->cfg.optimizer->state_names[i - 1], size);
 }
 
 static void free_blobs(struct tr_checkpointer *c)
@@ -302,10 +303,10 @@ static void free_blobs(struct tr_checkpointer *c)
 
 /* Writes checkpoint "step-<c->state.step>": the blobs the snapshot holds
  * (asynchronous save), or, where it holds none, blobs built one at a time
- * from params, m and v (synchronous save).  Each blob is freed once put()
- * has it, so memory falls as the write goes on. */
-static int write_checkpoint(struct tr_checkpointer *c, const float *params, const float *m,
-                            const float *v, tr_err *err)
+ * from params and the state slots (synchronous save).  Each blob is freed
+ * once put() has it, so memory falls as the write goes on. */
+static int write_checkpoint(struct tr_checkpointer *c, const float *params, float *const *slots,
+                            tr_err *err)
 {
     char name[64];
     snprintf(name, sizeof name, "step-%010llu", (unsigned long long)c->state.step);
@@ -321,7 +322,7 @@ static int write_checkpoint(struct tr_checkpointer *c, const float *params, cons
         void *data = c->blob[i];
         c->blob[i] = NULL;
         if (!data)
-            data = build_blob(c, i, params, m, v, &size);
+            data = build_blob(c, i, params, slots, &size);
         if (!data) {
             tr_fail(err, "out of memory serialising checkpoint %s", name);
             goto failed;
@@ -361,7 +362,7 @@ static void *writer(void *arg)
         c->busy = 1;
         pthread_mutex_unlock(&c->lock);
         tr_err err = {{0}};
-        int rc = write_checkpoint(c, NULL, NULL, NULL, &err);
+        int rc = write_checkpoint(c, NULL, NULL, &err);
         pthread_mutex_lock(&c->lock);
         c->busy = 0;
         if (rc != TR_OK && !c->failed) {
@@ -415,22 +416,22 @@ int tr_checkpointer_wait(struct tr_checkpointer *c, tr_err *err)
     return rc;
 }
 
-static int save(struct tr_checkpointer *c, const float *params, const float *m, const float *v,
+static int save(struct tr_checkpointer *c, const float *params, float *const *slots,
                 const struct tr_run_state *state, int in_background, tr_err *err);
 
-int tr_checkpointer_save(struct tr_checkpointer *c, const float *params, const float *m,
-                         const float *v, const struct tr_run_state *state, tr_err *err)
+int tr_checkpointer_save(struct tr_checkpointer *c, const float *params, float *const *slots,
+                         const struct tr_run_state *state, tr_err *err)
 {
-    return save(c, params, m, v, state, c->has_thread, err);
+    return save(c, params, slots, state, c->has_thread, err);
 }
 
-int tr_checkpointer_save_now(struct tr_checkpointer *c, const float *params, const float *m,
-                             const float *v, const struct tr_run_state *state, tr_err *err)
+int tr_checkpointer_save_now(struct tr_checkpointer *c, const float *params, float *const *slots,
+                             const struct tr_run_state *state, tr_err *err)
 {
-    return save(c, params, m, v, state, 0, err);
+    return save(c, params, slots, state, 0, err);
 }
 
-static int save(struct tr_checkpointer *c, const float *params, const float *m, const float *v,
+static int save(struct tr_checkpointer *c, const float *params, float *const *slots,
                 const struct tr_run_state *state, int in_background, tr_err *err)
 {
     double t0 = tr_now();
@@ -442,9 +443,9 @@ static int save(struct tr_checkpointer *c, const float *params, const float *m, 
     c->state = *state;
     int rc = TR_OK;
     if (in_background) {
-        /* the snapshot: training goes on changing params, m and v */
+        /* the snapshot: training goes on changing params and the slots */
         for (int i = 0; i < blob_count(c) && rc == TR_OK; i++) {
-            c->blob[i] = build_blob(c, i, params, m, v, &c->blob_size[i]);
+            c->blob[i] = build_blob(c, i, params, slots, &c->blob_size[i]);
             if (!c->blob[i]) {
                 free_blobs(c);
                 rc = tr_fail(err, "out of memory for the checkpoint snapshot of step %llu "
@@ -459,7 +460,7 @@ static int save(struct tr_checkpointer *c, const float *params, const float *m, 
             pthread_mutex_unlock(&c->lock);
         }
     } else {
-        rc = write_checkpoint(c, params, m, v, err);
+        rc = write_checkpoint(c, params, slots, err);
     }
     c->stall += tr_now() - t0;
     if (previous != TR_OK && rc == TR_OK) {
@@ -662,8 +663,8 @@ static int check_blob(const struct tr_json *js, const char *blob, const void *da
     return TR_OK;
 }
 
-int tr_checkpointer_load(struct tr_checkpointer *c, const char *name, float *params, float *m,
-                         float *v, struct tr_run_state *state, tr_err *err)
+int tr_checkpointer_load(struct tr_checkpointer *c, const char *name, float *params,
+                         float *const *slots, struct tr_run_state *state, tr_err *err)
 {
     const char *blobs[] = {"state.json", "model.safetensors", "optimizer.safetensors",
                            "optimizer2.safetensors"};
@@ -684,10 +685,12 @@ int tr_checkpointer_load(struct tr_checkpointer *c, const char *name, float *par
     for (int i = 1; i < n; i++)
         if (check_blob(js, blobs[i], data[i], size[i], err) != TR_OK)
             goto done;
-    if (load_tensors(c, data[1], size[1], "", params, weights_dtype, "model.safetensors", err) != TR_OK ||
-        load_tensors(c, data[2], size[2], od->state_names[0], m, -1, blobs[2], err) != TR_OK ||
-        (n == 4 && load_tensors(c, data[3], size[3], od->state_names[1], v, -1, blobs[3], err) != TR_OK))
+    if (load_tensors(c, data[1], size[1], "", params, weights_dtype, "model.safetensors", err) != TR_OK)
         goto done;
+    for (int k = 0; k < od->state_slots; k++)
+        if (load_tensors(c, data[2 + k], size[2 + k], od->state_names[k], slots[k], -1,
+                         blobs[2 + k], err) != TR_OK)
+            goto done;
     *state = st;
     if (weights_dtype != TR_F32)
         tr_log(TR_LOG_WARN, "checkpoint", "%s stores weights in %s: resuming from it is not "
@@ -700,7 +703,7 @@ done:
     return rc;
 }
 
-int tr_checkpointer_resume(struct tr_checkpointer *c, float *params, float *m, float *v,
+int tr_checkpointer_resume(struct tr_checkpointer *c, float *params, float *const *slots,
                            struct tr_run_state *state, char *loaded, size_t loaded_size,
                            tr_err *err)
 {
@@ -710,7 +713,7 @@ int tr_checkpointer_resume(struct tr_checkpointer *c, float *params, float *m, f
     int rc = 0;
     for (size_t i = 0; i < l.n; i++) {
         tr_err why = {{0}};
-        int ok = tr_checkpointer_load(c, l.names[i], params, m, v, state, &why) == TR_OK;
+        int ok = tr_checkpointer_load(c, l.names[i], params, slots, state, &why) == TR_OK;
         if (ok && c->cfg.max_step && state->step > c->cfg.max_step) {
             ok = 0;
             tr_fail(&why, "its step %llu is past train.steps = %llu",

@@ -55,17 +55,20 @@ struct tr_checkpointer;
 struct tr_checkpointer *tr_checkpointer_open(const struct tr_checkpointer_config *cfg, tr_err *err);
 void tr_checkpointer_close(struct tr_checkpointer *c);
 
-/* Snapshot params and optimizer moments (backend memory) and the state,
+/* slots: the optimizer's state buffers, one per state slot of
+ * cfg.optimizer (backend memory, each as long as params). */
+
+/* Snapshot params and optimizer state slots (backend memory) and the state,
  * then write them as checkpoint "step-<step>".  Returns once the snapshot
  * is taken (async) or the checkpoint is published (sync).  An error of the
  * previous background write is returned here too. */
-int tr_checkpointer_save(struct tr_checkpointer *c, const float *params, const float *m,
-                         const float *v, const struct tr_run_state *state, tr_err *err);
+int tr_checkpointer_save(struct tr_checkpointer *c, const float *params, float *const *slots,
+                         const struct tr_run_state *state, tr_err *err);
 /* The same, written and published before returning even with a background
  * writer: for saves the caller would wait for anyway (the last one, a
  * preemption), which then need no snapshot copy in memory. */
-int tr_checkpointer_save_now(struct tr_checkpointer *c, const float *params, const float *m,
-                             const float *v, const struct tr_run_state *state, tr_err *err);
+int tr_checkpointer_save_now(struct tr_checkpointer *c, const float *params, float *const *slots,
+                             const struct tr_run_state *state, tr_err *err);
 /* Wait for the write in flight; its error, if any. */
 int tr_checkpointer_wait(struct tr_checkpointer *c, tr_err *err);
 /* Seconds the caller was blocked by saves (snapshot + waiting). */
@@ -73,11 +76,11 @@ double tr_checkpointer_stall(const struct tr_checkpointer *c);
 
 /* Load checkpoint `name` into backend memory; state filled.  The checksums
  * are verified before anything is uploaded. */
-int tr_checkpointer_load(struct tr_checkpointer *c, const char *name, float *params, float *m,
-                         float *v, struct tr_run_state *state, tr_err *err);
+int tr_checkpointer_load(struct tr_checkpointer *c, const char *name, float *params,
+                         float *const *slots, struct tr_run_state *state, tr_err *err);
 /* The newest checkpoint that loads: 1 loaded, 0 none exist, TR_ERROR when
  * all are bad (err says why).  Skipped ones are warned about by name. */
-int tr_checkpointer_resume(struct tr_checkpointer *c, float *params, float *m, float *v,
+int tr_checkpointer_resume(struct tr_checkpointer *c, float *params, float *const *slots,
                            struct tr_run_state *state, char *loaded, size_t loaded_size,
                            tr_err *err);
 

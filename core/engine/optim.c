@@ -5,7 +5,44 @@
 #include <stdio.h>
 #include <string.h>
 
-/* The optimizers themselves are described in config/optimizers.c. */
+/* The optimizers themselves are described in config/optimizers.c; each
+ * descriptor's update is one of the functions below, which hands a run of
+ * parameters and their state slots to the backend's kernel. */
+
+/* A run of n parameters from p, with their gradients and each state slot
+ * at the same offset. */
+struct update_run {
+    float *p;
+    const float *grad;
+    float *slot[TR_OPTIMIZER_MAX_SLOTS];
+    size_t n;
+    double weight_decay, grad_scale, lr;
+};
+
+static void adamw_update(const struct tr_optimizer *o, const struct tr_backend *be,
+                         const struct update_run *u)
+{
+    const struct tr_optimizer_config *c = o->cfg;
+    struct tr_adamw_args a = {(float)u->lr, (float)c->beta1, (float)c->beta2, (float)c->eps,
+                              (float)u->weight_decay, (float)u->grad_scale, o->applied};
+    be->iface->adamw(be->context, u->p, u->grad, u->slot[0], u->slot[1], u->n, &a);
+}
+
+static void sgd_update(const struct tr_optimizer *o, const struct tr_backend *be,
+                       const struct update_run *u)
+{
+    const struct tr_optimizer_config *c = o->cfg;
+    struct tr_sgd_args a = {(float)u->lr, (float)c->momentum, (float)u->weight_decay,
+                            (float)u->grad_scale};
+    be->iface->sgd(be->context, u->p, u->grad, u->slot[0], u->n, &a);
+}
+
+/* by enum tr_optimizer_update, the descriptor's `update` */
+static void (*const updates[])(const struct tr_optimizer *, const struct tr_backend *,
+                               const struct update_run *) = {
+    [TR_UPDATE_ADAMW] = adamw_update,
+    [TR_UPDATE_SGD] = sgd_update,
+};
 
 /* The run configuration admits only known names; this is for callers that
  * fill a tr_optimizer_config themselves.  The choices come from the table. */
@@ -48,7 +85,6 @@ int tr_optimizer_init(struct tr_optimizer *o, const struct tr_optimizer_config *
 void tr_optimizer_step(struct tr_optimizer *o, struct tr_graph *g, const struct tr_backend *be,
                        double grad_scale, double lr)
 {
-    const struct tr_optimizer_config *c = o->cfg;
     o->applied++;
     /* two runs: [begin, end) within the decayed tensors, then within the rest */
     size_t nd = g->n_decay;
@@ -58,17 +94,11 @@ void tr_optimizer_step(struct tr_optimizer *o, struct tr_graph *g, const struct 
         size_t b = runs[k][0], e = runs[k][1];
         if (b >= e)
             continue;
-        float *p = g->params + b, *m = o->m + (b - o->begin);
-        const float *grad = g->grads + b;
-        double wd = k == 0 ? c->weight_decay : 0;
-        if (o->desc->update == TR_UPDATE_ADAMW) {
-            struct tr_adamw_args a = {(float)lr, (float)c->beta1, (float)c->beta2, (float)c->eps,
-                                      (float)wd, (float)grad_scale, o->applied};
-            be->iface->adamw(be->context, p, grad, m, o->v + (b - o->begin), e - b, &a);
-        } else {
-            struct tr_sgd_args a = {(float)lr, (float)c->momentum, (float)wd, (float)grad_scale};
-            be->iface->sgd(be->context, p, grad, m, e - b, &a);
-        }
+        struct update_run u = {g->params + b, g->grads + b, {NULL}, e - b,
+                               k == 0 ? o->cfg->weight_decay : 0, grad_scale, lr};
+        for (int s = 0; s < o->desc->state_slots; s++)
+            u.slot[s] = o->state[s] + (b - o->begin);
+        updates[o->desc->update](o, be, &u);
     }
 }
 

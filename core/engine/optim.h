@@ -11,18 +11,13 @@
 struct tr_optimizer {
     const struct tr_optimizer_config *cfg;
     const struct tr_optimizer_desc *desc;
-    /* backend memory, one buffer per state slot: AdamW's moments in m and v,
-     * SGD's momentum in m (v NULL) */
-    union {
-        float *state[TR_OPTIMIZER_MAX_SLOTS];
-        struct {
-            float *m, *v;
-        };
-    };
+    /* backend memory, one buffer per state slot of desc (desc->state_slots
+     * of them, in the descriptor's order; the rest NULL) */
+    float *state[TR_OPTIMIZER_MAX_SLOTS];
     int64_t applied;  /* updates applied so far (AdamW bias correction) */
     /* the part of the flat parameter buffer this optimizer updates and keeps
-     * state for: all of it, or one rank's shard under ZeRO-1 (m[0] is the
-     * state of parameter `begin`) */
+     * state for: all of it, or one rank's shard under ZeRO-1 (state[k][0]
+     * is slot k of parameter `begin`) */
     size_t begin, end;
 };
 

@@ -131,7 +131,7 @@ static int gather_moments(struct run *r, const float *mine, float *full, tr_err 
  * waits for it anyway), else in the background when checkpoint.async. */
 int tr_run_save(struct run *r, uint64_t loader_position, int now, tr_err *err)
 {
-    int (*save_fn)(struct tr_checkpointer *, const float *, const float *, const float *,
+    int (*save_fn)(struct tr_checkpointer *, const float *, float *const *,
                    const struct tr_run_state *, tr_err *) =
         now ? tr_checkpointer_save_now : tr_checkpointer_save;
     int slots = r->opt.desc->state_slots;
@@ -147,7 +147,7 @@ int tr_run_save(struct run *r, uint64_t loader_position, int now, tr_err *err)
         if (rc == TR_OK && r->ckpt) {
             struct tr_run_state st;
             capture_state(r, loader_position, &st);
-            rc = save_fn(r->ckpt, r->g->params, full[0], full[1], &st, err);
+            rc = save_fn(r->ckpt, r->g->params, full, &st, err);
         }
         for (int k = 0; k < slots; k++)
             if (full[k])
@@ -158,7 +158,7 @@ int tr_run_save(struct run *r, uint64_t loader_position, int now, tr_err *err)
         return TR_OK;
     struct tr_run_state st;
     capture_state(r, loader_position, &st);
-    return save_fn(r->ckpt, r->g->params, r->opt.state[0], r->opt.state[1], &st, err);
+    return save_fn(r->ckpt, r->g->params, r->opt.state, &st, err);
 }
 
 /* ---- resume ------------------------------------------------------------- */
@@ -219,8 +219,8 @@ int tr_run_resume(struct run *r, tr_err *err)
                   r->be.iface->alloc(r->be.context, r->g->n_params * sizeof(float))))
             return tr_fail(err, "out of memory reading the optimizer state");
     }
-    int rc = r->ckpt ? tr_checkpointer_resume(r->ckpt, r->g->params, into[0], into[1], &st, name,
-                                              sizeof name, err)
+    int rc = r->ckpt ? tr_checkpointer_resume(r->ckpt, r->g->params, into, &st, name, sizeof name,
+                                              err)
                      : 0;
     if (r->comm && share_resume(r, &rc, &st, name, sizeof name, err) != TR_OK)
         return TR_ERROR;

@@ -99,7 +99,7 @@ int tr_sample(const struct tr_sample_flags *fl)
     if (tr_run_setup(r, &err) != TR_OK)
         goto fail;
     struct tr_run_state st;
-    if (tr_checkpointer_load(r->ckpt, name, r->g->params, r->opt.m, r->opt.v, &st, &err) != TR_OK)
+    if (tr_checkpointer_load(r->ckpt, name, r->g->params, r->opt.state, &st, &err) != TR_OK)
         goto fail;
     struct tr_graph *g = r->g;
     struct tr_tensor *in = &g->tensors[g->inputs[0]];

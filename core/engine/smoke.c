@@ -21,16 +21,18 @@ int tr_smoke_round_trip(struct run *r, tr_err *err)
 {
     size_t bytes = r->g->n_params * sizeof(float);
     const struct tr_backend_iface *bi = r->be.iface;
-    float *p = bi->alloc(r->be.context, bytes), *m = bi->alloc(r->be.context, bytes);
-    float *v = r->opt.v ? bi->alloc(r->be.context, bytes) : NULL;
+    int slots = r->opt.desc->state_slots, have_slots = 1;
+    float *p = bi->alloc(r->be.context, bytes), *s[TR_OPTIMIZER_MAX_SLOTS] = {NULL};
+    for (int k = 0; k < slots; k++)
+        have_slots &= (s[k] = bi->alloc(r->be.context, bytes)) != NULL;
     float *a = tr_alloc(bytes), *b = tr_alloc(bytes);
     int rc = TR_ERROR;
     struct tr_run_state st;
     char name[64];
     snprintf(name, sizeof name, "step-%010llu", (unsigned long long)r->step);
-    if (!p || !m || (r->opt.v && !v) || !a || !b) {
+    if (!p || !have_slots || !a || !b) {
         tr_fail(err, "smoke: out of memory for the checkpoint round trip");
-    } else if (tr_checkpointer_load(r->ckpt, name, p, m, v, &st, err) == TR_OK) {
+    } else if (tr_checkpointer_load(r->ckpt, name, p, s, &st, err) == TR_OK) {
         bi->download(r->be.context, a, r->g->params, bytes);
         bi->download(r->be.context, b, p, bytes);
         if (memcmp(a, b, bytes) != 0 || st.step != r->step)
@@ -42,10 +44,9 @@ int tr_smoke_round_trip(struct run *r, tr_err *err)
     }
     if (p)
         bi->free(r->be.context, p);
-    if (m)
-        bi->free(r->be.context, m);
-    if (v)
-        bi->free(r->be.context, v);
+    for (int k = 0; k < slots; k++)
+        if (s[k])
+            bi->free(r->be.context, s[k]);
     tr_free(a);
     tr_free(b);
     return rc;
