@@ -1103,6 +1103,27 @@ Test(swiglu, forward_backward)
     }
 }
 
+/* out = silu(x) * x: gate and up are one tensor, so both gradients go into
+ * one buffer and must both land, in the vector body and in the tail */
+Test(swiglu, same_tensor_for_gate_and_up)
+{
+    rng_t rng = {872};
+    const size_t sizes[] = {1, 8, 13, 148};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        size_t n = sizes[s];
+        float *x = random_fvec(&rng, n, -4, 4), *R = random_fvec(&rng, n, -1, 1);
+        float *pre = random_fvec(&rng, n, -1, 1), *dx = copy_fvec(pre, n);
+        float *dg = fvec(n), *du = fvec(n);
+        tr_cpu_swiglu_backward(dx, dx, x, x, R, n);
+        tr_cpu_swiglu_backward(dg, du, x, x, R, n);
+        double *want = dvec(n);
+        for (size_t i = 0; i < n; i++)
+            want[i] = (double)pre[i] + dg[i] + du[i];
+        expect_close("swiglu dgate + dup in one buffer", dx, want, n, 1e-6);
+        free(x), free(R), free(pre), free(dx), free(dg), free(du), free(want);
+    }
+}
+
 /* Far out on both sides (silu -> g and -> 0 without overflow or NaN), against
  * the double formula, relative to the result; sizes cover the padded tail. */
 Test(swiglu, wide_range_and_tails)

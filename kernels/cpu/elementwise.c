@@ -477,21 +477,21 @@ void tr_cpu_swiglu_backward(float *dgate, float *dup, const float *gate, const f
                                up + i0, dout + i0, len, avx2);
     }
     if (full < n) {
+        /* the tail's contributions, added one gradient after the other, so
+         * they both land when dgate and dup are one buffer (silu(x) * x) */
         float g[GELU_VEC] = {0}, u[GELU_VEC] = {0}, dy[GELU_VEC] = {0};
         float dg[GELU_VEC] = {0}, du[GELU_VEC] = {0};
         for (size_t i = full; i < n; i++) {
             g[i - full] = gate[i];
             u[i - full] = up[i];
             dy[i - full] = dout[i];
-            dg[i - full] = dgate ? dgate[i] : 0.0f;
-            du[i - full] = dup ? dup[i] : 0.0f;
         }
         swiglu_backward_blocks(dgate ? dg : NULL, dup ? du : NULL, g, u, dy, GELU_VEC, avx2);
         for (size_t i = full; i < n; i++) {
             if (dgate != NULL)
-                dgate[i] = dg[i - full];
+                dgate[i] += dg[i - full];
             if (dup != NULL)
-                dup[i] = du[i - full];
+                dup[i] += du[i - full];
         }
     }
 }

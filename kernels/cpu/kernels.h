@@ -96,7 +96,8 @@ void tr_cpu_relu_forward(float *out, const float *inp, size_t n);
 float tr_cpu_exp_shifted(float *x, int n, float shift);
 void tr_cpu_relu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 /* SwiGLU's gate: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)); vectorised
- * like GELU.  Either gradient may be NULL. */
+ * like GELU.  Either gradient may be NULL, and both may be one buffer (gate
+ * and up the same tensor: both contributions land). */
 void tr_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 void tr_cpu_swiglu_backward(float *dgate, float *dup, const float *gate, const float *up,
                             const float *dout, size_t n);
