@@ -1,7 +1,12 @@
 /*
  * Causal multi-head self-attention, flash style: the T x T scores are never
- * stored.  qkv[B,T,3C] holds q, k, v side by side (head h of q at columns
- * h*D .. h*D+D-1, k at C + h*D, v at 2C + h*D), D = C/NH, scale 1/sqrt(D).
+ * stored.  Two layouts, one set of kernels (struct attention_args): the
+ * packed qkv[B,T,3C] (head h of q at columns h*D .. h*D+D-1, k at C + h*D,
+ * v at 2C + h*D, D = C/NH), and separate q[B,T,NH*D], k[B,T,KV*D],
+ * v[B,T,KV*D] where query head h reads key/value head h / (NH/KV)
+ * (grouped-query attention; KV = NH is plain multi-head).  The kernels only
+ * see a base pointer per tensor and the elements between two tokens.
+ * Scale 1/sqrt(D).
  *
  * Forward keeps a running max m, sum l and output accumulator per query row
  * (online softmax) over tiles of 32 keys, and saves lse = m + log(l) per row,
@@ -11,7 +16,9 @@
  *   dv_j  += sum_i p_ij dout_i,   dk_j += scale sum_i ds_ij q_i,
  *   dq_i  += scale sum_j ds_ij k_j
  * in two kernels (one per key tile for dk, dv; one per query tile for dq), so
- * every gradient element has one writer: no atomics, deterministic.
+ * every gradient element has one writer: no atomics, deterministic.  With
+ * grouped queries a key tile's block walks the NH/KV query heads that share
+ * its key/value head one after another, adding them in head order.
  *
  * One warp works on one row at a time; lane j takes key (or query) j of a
  * 32-wide tile for the dot products, and lane d takes dimensions d, d+32, ...
@@ -45,26 +52,27 @@ __device__ __forceinline__ float load_or_zero(const T *base, size_t index, bool 
 
 template <typename T, int DMAX>
 __global__ void __launch_bounds__(WARPS * 32)
-attention_forward_kernel(T *out, float *lse, const T *qkv, int T_, int C, int NH, float scale)
+attention_forward_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int T_, int NH,
+                         int KV, int D, size_t q_stride, size_t kv_stride, float scale)
 {
     constexpr int DC = DMAX / 32;
     extern __shared__ float smem[];
-    const int D = C / NH, P = D + 1;
+    const int P = D + 1;
     float *Qs = smem;                      /* [BLOCK_ROWS][P] */
     float *Ks = Qs + BLOCK_ROWS * P;       /* [TILE][P] */
     float *Vs = Ks + TILE * P;             /* [TILE][D] */
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH, kvh = h / (NH / KV);
     const int q0 = blockIdx.x * BLOCK_ROWS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const size_t row_stride = 3 * (size_t)C;
-    const T *q_base = qkv + (size_t)b * T_ * row_stride + (size_t)h * D;
-    const T *k_base = q_base + C;
-    const T *v_base = q_base + 2 * (size_t)C;
+    const size_t C = (size_t)NH * D;
+    const T *q_base = q + (size_t)b * T_ * q_stride + (size_t)h * D;
+    const T *k_base = k + (size_t)b * T_ * kv_stride + (size_t)kvh * D;
+    const T *v_base = v + (size_t)b * T_ * kv_stride + (size_t)kvh * D;
 
     for (int i = threadIdx.x; i < BLOCK_ROWS * D; i += blockDim.x) {
         int r = i / D, d = i % D;
         int tq = q0 + r;
-        Qs[r * P + d] = load_or_zero(q_base, (size_t)tq * row_stride + d, tq < T_);
+        Qs[r * P + d] = load_or_zero(q_base, (size_t)tq * q_stride + d, tq < T_);
     }
 
     float m[ROWS_PER_WARP], l[ROWS_PER_WARP], acc[ROWS_PER_WARP][DC];
@@ -83,7 +91,7 @@ attention_forward_kernel(T *out, float *lse, const T *qkv, int T_, int C, int NH
         for (int i = threadIdx.x; i < TILE * D; i += blockDim.x) {
             int j = i / D, d = i % D;
             int tk = kt0 + j;
-            size_t at = (size_t)tk * row_stride + d;
+            size_t at = (size_t)tk * kv_stride + d;
             Ks[j * P + d] = load_or_zero(k_base, at, tk < T_);
             Vs[j * D + d] = load_or_zero(v_base, at, tk < T_);
         }
@@ -167,88 +175,92 @@ __global__ void attention_dvec_kernel(float *dvec, const float *dout, const T *o
     }
 }
 
-/* dk and dv of BLOCK_ROWS keys, over the query tiles that can see them */
+/* dk and dv of BLOCK_ROWS keys of one key/value head, over the query tiles
+ * that can see them, of each query head that reads this key/value head */
 template <typename T, int DMAX>
 __global__ void __launch_bounds__(WARPS * 32)
-attention_dkdv_kernel(float *dqkv, const float *dout, const T *qkv, const float *lse,
-                      const float *dvec, int T_, int C, int NH, float scale)
+attention_dkdv_kernel(float *dk, float *dv, const float *dout, const T *q, const T *k, const T *v,
+                      const float *lse, const float *dvec, int T_, int NH, int KV, int D,
+                      size_t q_stride, size_t kv_stride, float scale)
 {
     constexpr int DC = DMAX / 32;
     extern __shared__ float smem[];
-    const int D = C / NH, P = D + 1;
+    const int P = D + 1;
     float *Ks = smem;                     /* [BLOCK_ROWS][D] */
     float *Vs = Ks + BLOCK_ROWS * D;      /* [BLOCK_ROWS][D] */
     float *Qs = Vs + BLOCK_ROWS * D;      /* [TILE][P] */
     float *dOs = Qs + TILE * P;           /* [TILE][P] */
     float *lse_s = dOs + TILE * P;        /* [TILE] */
     float *dvec_s = lse_s + TILE;         /* [TILE] */
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int bkv = blockIdx.y, b = bkv / KV, kvh = bkv % KV, group = NH / KV;
     const int k0 = blockIdx.x * BLOCK_ROWS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const size_t row_stride = 3 * (size_t)C;
-    const size_t batch_offset = (size_t)b * T_ * row_stride + (size_t)h * D;
-    const T *q_base = qkv + batch_offset;
-    const T *k_base = q_base + C;
-    const T *v_base = q_base + 2 * (size_t)C;
-    const float *do_base = dout + (size_t)b * T_ * C + (size_t)h * D;
-    const float *lse_row = lse + (size_t)bh * T_;
-    const float *dvec_row = dvec + (size_t)bh * T_;
+    const size_t C = (size_t)NH * D;
+    const size_t kv_offset = (size_t)b * T_ * kv_stride + (size_t)kvh * D;
+    const T *k_base = k + kv_offset;
+    const T *v_base = v + kv_offset;
 
     for (int i = threadIdx.x; i < BLOCK_ROWS * D; i += blockDim.x) {
         int r = i / D, d = i % D;
         int tk = k0 + r;
-        size_t at = (size_t)tk * row_stride + d;
+        size_t at = (size_t)tk * kv_stride + d;
         Ks[r * D + d] = load_or_zero(k_base, at, tk < T_);
         Vs[r * D + d] = load_or_zero(v_base, at, tk < T_);
     }
 
-    float dk[ROWS_PER_WARP][DC], dv[ROWS_PER_WARP][DC];
+    float dk_acc[ROWS_PER_WARP][DC], dv_acc[ROWS_PER_WARP][DC];
 #pragma unroll
     for (int r = 0; r < ROWS_PER_WARP; r++)
 #pragma unroll
         for (int i = 0; i < DC; i++)
-            dk[r][i] = dv[r][i] = 0.0f;
+            dk_acc[r][i] = dv_acc[r][i] = 0.0f;
 
-    for (int qt0 = (k0 / TILE) * TILE; qt0 < T_; qt0 += TILE) {
-        __syncthreads();
-        for (int i = threadIdx.x; i < TILE * D; i += blockDim.x) {
-            int j = i / D, d = i % D;
-            int tq = qt0 + j;
-            Qs[j * P + d] = load_or_zero(q_base, (size_t)tq * row_stride + d, tq < T_);
-            dOs[j * P + d] = tq < T_ ? do_base[(size_t)tq * C + d] : 0.0f;
-        }
-        for (int j = threadIdx.x; j < TILE; j += blockDim.x) {
-            int tq = qt0 + j;
-            lse_s[j] = tq < T_ ? lse_row[tq] : 0.0f;
-            dvec_s[j] = tq < T_ ? dvec_row[tq] : 0.0f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int r = 0; r < ROWS_PER_WARP; r++) {
-            const int kr = warp + WARPS * r, tk = k0 + kr;
-            if (tk >= T_ || qt0 + TILE - 1 < tk) /* no query of this tile sees key tk */
-                continue;
-            const int tq = qt0 + lane;
-            const bool valid = tq >= tk && tq < T_;
-            float p = 0.0f, ds = 0.0f;
-            if (valid) {
-                float dot = 0.0f, dp = 0.0f;
-                for (int d = 0; d < D; d++) {
-                    dot += Qs[lane * P + d] * Ks[kr * D + d];
-                    dp += dOs[lane * P + d] * Vs[kr * D + d];
-                }
-                p = expf(dot * scale - lse_s[lane]);
-                ds = p * (dp - dvec_s[lane]);
+    for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+        const T *q_base = q + (size_t)b * T_ * q_stride + (size_t)h * D;
+        const float *do_base = dout + (size_t)b * T_ * C + (size_t)h * D;
+        const float *lse_row = lse + ((size_t)b * NH + h) * T_;
+        const float *dvec_row = dvec + ((size_t)b * NH + h) * T_;
+        for (int qt0 = (k0 / TILE) * TILE; qt0 < T_; qt0 += TILE) {
+            __syncthreads();
+            for (int i = threadIdx.x; i < TILE * D; i += blockDim.x) {
+                int j = i / D, d = i % D;
+                int tq = qt0 + j;
+                Qs[j * P + d] = load_or_zero(q_base, (size_t)tq * q_stride + d, tq < T_);
+                dOs[j * P + d] = tq < T_ ? do_base[(size_t)tq * C + d] : 0.0f;
             }
-            for (int j = 0; j < TILE; j++) {
-                float pj = __shfl_sync(0xffffffffu, p, j);
-                float dsj = __shfl_sync(0xffffffffu, ds, j);
+            for (int j = threadIdx.x; j < TILE; j += blockDim.x) {
+                int tq = qt0 + j;
+                lse_s[j] = tq < T_ ? lse_row[tq] : 0.0f;
+                dvec_s[j] = tq < T_ ? dvec_row[tq] : 0.0f;
+            }
+            __syncthreads();
 #pragma unroll
-                for (int i = 0; i < DC; i++) {
-                    int d = lane + 32 * i;
-                    if (d < D) {
-                        dv[r][i] += pj * dOs[j * P + d];
-                        dk[r][i] += dsj * Qs[j * P + d];
+            for (int r = 0; r < ROWS_PER_WARP; r++) {
+                const int kr = warp + WARPS * r, tk = k0 + kr;
+                if (tk >= T_ || qt0 + TILE - 1 < tk) /* no query of this tile sees key tk */
+                    continue;
+                const int tq = qt0 + lane;
+                const bool valid = tq >= tk && tq < T_;
+                float p = 0.0f, ds = 0.0f;
+                if (valid) {
+                    float dot = 0.0f, dp = 0.0f;
+                    for (int d = 0; d < D; d++) {
+                        dot += Qs[lane * P + d] * Ks[kr * D + d];
+                        dp += dOs[lane * P + d] * Vs[kr * D + d];
+                    }
+                    p = expf(dot * scale - lse_s[lane]);
+                    ds = p * (dp - dvec_s[lane]);
+                }
+                for (int j = 0; j < TILE; j++) {
+                    float pj = __shfl_sync(0xffffffffu, p, j);
+                    float dsj = __shfl_sync(0xffffffffu, ds, j);
+#pragma unroll
+                    for (int i = 0; i < DC; i++) {
+                        int d = lane + 32 * i;
+                        if (d < D) {
+                            dv_acc[r][i] += pj * dOs[j * P + d];
+                            dk_acc[r][i] += dsj * Qs[j * P + d];
+                        }
                     }
                 }
             }
@@ -260,14 +272,16 @@ attention_dkdv_kernel(float *dqkv, const float *dout, const T *qkv, const float 
         const int tk = k0 + warp + WARPS * r;
         if (tk >= T_)
             continue;
-        float *dk_out = dqkv + batch_offset + (size_t)tk * row_stride + C;
-        float *dv_out = dk_out + C;
+        const size_t at = kv_offset + (size_t)tk * kv_stride;
 #pragma unroll
         for (int i = 0; i < DC; i++) {
             int d = lane + 32 * i;
             if (d < D) {
-                dk_out[d] += scale * dk[r][i];
-                dv_out[d] += dv[r][i];
+                /* k and v may be one tensor: this thread is the only writer of both */
+                if (dk)
+                    dk[at + d] += scale * dk_acc[r][i];
+                if (dv)
+                    dv[at + d] += dv_acc[r][i];
             }
         }
     }
@@ -276,34 +290,35 @@ attention_dkdv_kernel(float *dqkv, const float *dout, const T *qkv, const float 
 /* dq of BLOCK_ROWS queries, over the key tiles they see */
 template <typename T, int DMAX>
 __global__ void __launch_bounds__(WARPS * 32)
-attention_dq_kernel(float *dqkv, const float *dout, const T *qkv, const float *lse,
-                    const float *dvec, int T_, int C, int NH, float scale)
+attention_dq_kernel(float *dq, const float *dout, const T *q, const T *k, const T *v,
+                    const float *lse, const float *dvec, int T_, int NH, int KV, int D,
+                    size_t q_stride, size_t kv_stride, float scale)
 {
     constexpr int DC = DMAX / 32;
     extern __shared__ float smem[];
-    const int D = C / NH, P = D + 1;
+    const int P = D + 1;
     float *Qs = smem;                     /* [BLOCK_ROWS][D] */
     float *dOs = Qs + BLOCK_ROWS * D;     /* [BLOCK_ROWS][D] */
     float *Ks = dOs + BLOCK_ROWS * D;     /* [TILE][P] */
     float *Vs = Ks + TILE * P;            /* [TILE][P] */
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH, kvh = h / (NH / KV);
     const int q0 = blockIdx.x * BLOCK_ROWS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const size_t row_stride = 3 * (size_t)C;
-    const size_t batch_offset = (size_t)b * T_ * row_stride + (size_t)h * D;
-    const T *q_base = qkv + batch_offset;
-    const T *k_base = q_base + C;
-    const T *v_base = q_base + 2 * (size_t)C;
+    const size_t C = (size_t)NH * D;
+    const size_t q_offset = (size_t)b * T_ * q_stride + (size_t)h * D;
+    const T *q_base = q + q_offset;
+    const T *k_base = k + (size_t)b * T_ * kv_stride + (size_t)kvh * D;
+    const T *v_base = v + (size_t)b * T_ * kv_stride + (size_t)kvh * D;
     const float *do_base = dout + (size_t)b * T_ * C + (size_t)h * D;
 
     for (int i = threadIdx.x; i < BLOCK_ROWS * D; i += blockDim.x) {
         int r = i / D, d = i % D;
         int tq = q0 + r;
-        Qs[r * D + d] = load_or_zero(q_base, (size_t)tq * row_stride + d, tq < T_);
+        Qs[r * D + d] = load_or_zero(q_base, (size_t)tq * q_stride + d, tq < T_);
         dOs[r * D + d] = tq < T_ ? do_base[(size_t)tq * C + d] : 0.0f;
     }
 
-    float dq[ROWS_PER_WARP][DC], row_lse[ROWS_PER_WARP], row_dvec[ROWS_PER_WARP];
+    float dq_acc[ROWS_PER_WARP][DC], row_lse[ROWS_PER_WARP], row_dvec[ROWS_PER_WARP];
 #pragma unroll
     for (int r = 0; r < ROWS_PER_WARP; r++) {
         const int tq = q0 + warp + WARPS * r;
@@ -311,7 +326,7 @@ attention_dq_kernel(float *dqkv, const float *dout, const T *qkv, const float *l
         row_dvec[r] = tq < T_ ? dvec[(size_t)bh * T_ + tq] : 0.0f;
 #pragma unroll
         for (int i = 0; i < DC; i++)
-            dq[r][i] = 0.0f;
+            dq_acc[r][i] = 0.0f;
     }
 
     const int key_end = min(T_, q0 + BLOCK_ROWS);
@@ -320,7 +335,7 @@ attention_dq_kernel(float *dqkv, const float *dout, const T *qkv, const float *l
         for (int i = threadIdx.x; i < TILE * D; i += blockDim.x) {
             int j = i / D, d = i % D;
             int tk = kt0 + j;
-            size_t at = (size_t)tk * row_stride + d;
+            size_t at = (size_t)tk * kv_stride + d;
             Ks[j * P + d] = load_or_zero(k_base, at, tk < T_);
             Vs[j * P + d] = load_or_zero(v_base, at, tk < T_);
         }
@@ -348,7 +363,7 @@ attention_dq_kernel(float *dqkv, const float *dout, const T *qkv, const float *l
                 for (int i = 0; i < DC; i++) {
                     int d = lane + 32 * i;
                     if (d < D)
-                        dq[r][i] += dsj * Ks[j * P + d];
+                        dq_acc[r][i] += dsj * Ks[j * P + d];
                 }
             }
         }
@@ -359,12 +374,12 @@ attention_dq_kernel(float *dqkv, const float *dout, const T *qkv, const float *l
         const int tq = q0 + warp + WARPS * r;
         if (tq >= T_)
             continue;
-        float *dq_out = dqkv + batch_offset + (size_t)tq * row_stride;
+        float *dq_out = dq + q_offset + (size_t)tq * q_stride;
 #pragma unroll
         for (int i = 0; i < DC; i++) {
             int d = lane + 32 * i;
             if (d < D)
-                dq_out[d] += scale * dq[r][i];
+                dq_out[d] += scale * dq_acc[r][i];
         }
     }
 }
@@ -374,8 +389,10 @@ attention_dq_kernel(float *dqkv, const float *dout, const T *qkv, const float *l
 /* DMAX for head size D, 0 when too large */
 static int head_bucket(int D)
 {
-    return D <= 32 ? 32 : D <= 64 ? 64 : D <= 128 ? 128 : D <= ATTENTION_MAX_HEAD ? 256 : 0;
+    return D <= 0 ? 0 : D <= 32 ? 32 : D <= 64 ? 64 : D <= 128 ? 128 : D <= ATTENTION_MAX_HEAD ? 256 : 0;
 }
+
+int cuda_attention_head_ok(int D) { return head_bucket(D) != 0; }
 
 template <typename T, int DMAX> static cudaError_t allow_smem(void)
 {
@@ -416,90 +433,97 @@ cudaError_t cuda_attention_init(void)
     return e;
 }
 
-size_t cuda_attention_scratch_floats(int B, int T, int C, int NH)
+size_t cuda_attention_scratch_floats(int B, int T, int NH)
 {
-    (void)C;
     return (size_t)B * NH * T; /* Dvec */
 }
 
-static int head_ok(struct cuda_context *c, int C, int NH)
+/* supports_op refuses these shapes before a run starts; this keeps a graph
+ * that skipped it from launching kernels that would read out of bounds */
+static int shape_ok(struct cuda_context *c, const struct attention_args *a)
 {
-    if (NH > 0 && C % NH == 0 && head_bucket(C / NH))
+    if (a->NH > 0 && a->KV > 0 && a->NH % a->KV == 0 && head_bucket(a->D))
         return 1;
     cuda_note(c, cudaErrorInvalidValue,
-              "attention: head size above 256 (C/heads) is not supported by the CUDA kernels");
+              "attention: the CUDA kernels take head sizes up to 256 and key/value heads "
+              "dividing the heads");
     return 0;
 }
 
 template <typename T, int DMAX>
-static void forward_launch(struct cuda_context *c, void *out, float *lse, const void *qkv, int B,
-                           int T_, int C, int NH)
+static void forward_launch(struct cuda_context *c, const struct attention_args *a, void *out,
+                           float *lse)
 {
-    int D = C / NH;
-    dim3 grid((unsigned)((T_ + BLOCK_ROWS - 1) / BLOCK_ROWS), (unsigned)(B * NH));
-    attention_forward_kernel<T, DMAX><<<grid, WARPS * 32, forward_smem(D) * sizeof(float), c->compute>>>(
-        (T *)out, lse, (const T *)qkv, T_, C, NH, 1.0f / sqrtf((float)D));
+    dim3 grid((unsigned)((a->T + BLOCK_ROWS - 1) / BLOCK_ROWS), (unsigned)(a->B * a->NH));
+    attention_forward_kernel<T, DMAX><<<grid, WARPS * 32, forward_smem(a->D) * sizeof(float), c->compute>>>(
+        (T *)out, lse, (const T *)a->q, (const T *)a->k, (const T *)a->v, a->T, a->NH, a->KV, a->D,
+        a->q_stride, a->kv_stride, 1.0f / sqrtf((float)a->D));
     LAUNCHED(c, "attention forward");
 }
 
 template <typename T>
-static void attention_forward(struct cuda_context *c, void *out, float *lse, const void *qkv, int B,
-                              int T_, int C, int NH)
+static void attention_forward(struct cuda_context *c, const struct attention_args *a, void *out,
+                              float *lse)
 {
-    switch (head_bucket(C / NH)) {
-    case 32: forward_launch<T, 32>(c, out, lse, qkv, B, T_, C, NH); break;
-    case 64: forward_launch<T, 64>(c, out, lse, qkv, B, T_, C, NH); break;
-    case 128: forward_launch<T, 128>(c, out, lse, qkv, B, T_, C, NH); break;
-    default: forward_launch<T, 256>(c, out, lse, qkv, B, T_, C, NH); break;
+    switch (head_bucket(a->D)) {
+    case 32: forward_launch<T, 32>(c, a, out, lse); break;
+    case 64: forward_launch<T, 64>(c, a, out, lse); break;
+    case 128: forward_launch<T, 128>(c, a, out, lse); break;
+    default: forward_launch<T, 256>(c, a, out, lse); break;
     }
 }
 
-void cuda_attention_forward(struct cuda_context *c, int dt, void *out, float *lse, const void *qkv,
-                            int B, int T, int C, int NH)
+void cuda_attention_forward(struct cuda_context *c, int dt, const struct attention_args *a,
+                            void *out, float *lse)
 {
-    if (B <= 0 || T <= 0 || !head_ok(c, C, NH))
+    if (a->B <= 0 || a->T <= 0 || !shape_ok(c, a))
         return;
-    DISPATCH_STORAGE(dt, attention_forward, c, out, lse, qkv, B, T, C, NH);
+    DISPATCH_STORAGE(dt, attention_forward, c, a, out, lse);
 }
 
 template <typename T, int DMAX>
-static void backward_launch(struct cuda_context *c, float *dqkv, const float *dout, const void *qkv,
-                            const float *lse, const float *dvec, int B, int T_, int C, int NH)
+static void backward_launch(struct cuda_context *c, const struct attention_args *a,
+                            const float *dout, const float *lse, const float *dvec)
 {
-    int D = C / NH;
-    float scale = 1.0f / sqrtf((float)D);
-    dim3 grid((unsigned)((T_ + BLOCK_ROWS - 1) / BLOCK_ROWS), (unsigned)(B * NH));
-    attention_dkdv_kernel<T, DMAX><<<grid, WARPS * 32, dkdv_smem(D) * sizeof(float), c->compute>>>(
-        dqkv, dout, (const T *)qkv, lse, dvec, T_, C, NH, scale);
-    LAUNCHED(c, "attention backward (dk, dv)");
-    attention_dq_kernel<T, DMAX><<<grid, WARPS * 32, dq_smem(D) * sizeof(float), c->compute>>>(
-        dqkv, dout, (const T *)qkv, lse, dvec, T_, C, NH, scale);
-    LAUNCHED(c, "attention backward (dq)");
-}
-
-template <typename T>
-static void attention_backward(struct cuda_context *c, float *dqkv, const float *dout,
-                               const void *qkv, const void *out, const float *lse, int B, int T_,
-                               int C, int NH, float *dvec)
-{
-    size_t warps = (size_t)B * T_ * NH;
-    unsigned blocks = (unsigned)((warps * 32 + 255) / 256);
-    attention_dvec_kernel<T><<<blocks, 256, 0, c->compute>>>(dvec, dout, (const T *)out, B, T_, C,
-                                                             NH);
-    LAUNCHED(c, "attention backward (dout . out)");
-    switch (head_bucket(C / NH)) {
-    case 32: backward_launch<T, 32>(c, dqkv, dout, qkv, lse, dvec, B, T_, C, NH); break;
-    case 64: backward_launch<T, 64>(c, dqkv, dout, qkv, lse, dvec, B, T_, C, NH); break;
-    case 128: backward_launch<T, 128>(c, dqkv, dout, qkv, lse, dvec, B, T_, C, NH); break;
-    default: backward_launch<T, 256>(c, dqkv, dout, qkv, lse, dvec, B, T_, C, NH); break;
+    float scale = 1.0f / sqrtf((float)a->D);
+    unsigned tiles = (unsigned)((a->T + BLOCK_ROWS - 1) / BLOCK_ROWS);
+    if (a->dk || a->dv) {
+        dim3 grid(tiles, (unsigned)(a->B * a->KV));
+        attention_dkdv_kernel<T, DMAX><<<grid, WARPS * 32, dkdv_smem(a->D) * sizeof(float), c->compute>>>(
+            a->dk, a->dv, dout, (const T *)a->q, (const T *)a->k, (const T *)a->v, lse, dvec, a->T,
+            a->NH, a->KV, a->D, a->q_stride, a->kv_stride, scale);
+        LAUNCHED(c, "attention backward (dk, dv)");
+    }
+    if (a->dq) {
+        dim3 grid(tiles, (unsigned)(a->B * a->NH));
+        attention_dq_kernel<T, DMAX><<<grid, WARPS * 32, dq_smem(a->D) * sizeof(float), c->compute>>>(
+            a->dq, dout, (const T *)a->q, (const T *)a->k, (const T *)a->v, lse, dvec, a->T, a->NH,
+            a->KV, a->D, a->q_stride, a->kv_stride, scale);
+        LAUNCHED(c, "attention backward (dq)");
     }
 }
 
-void cuda_attention_backward(struct cuda_context *c, int dt, float *dqkv, const float *dout,
-                             const void *qkv, const void *out, const float *lse, int B, int T,
-                             int C, int NH, float *scratch)
+template <typename T>
+static void attention_backward(struct cuda_context *c, const struct attention_args *a,
+                               const float *dout, const void *out, const float *lse, float *dvec)
 {
-    if (!dqkv || B <= 0 || T <= 0 || !head_ok(c, C, NH))
+    size_t warps = (size_t)a->B * a->T * a->NH;
+    unsigned blocks = (unsigned)((warps * 32 + 255) / 256);
+    attention_dvec_kernel<T><<<blocks, 256, 0, c->compute>>>(dvec, dout, (const T *)out, a->B, a->T,
+                                                             a->NH * a->D, a->NH);
+    LAUNCHED(c, "attention backward (dout . out)");
+    switch (head_bucket(a->D)) {
+    case 32: backward_launch<T, 32>(c, a, dout, lse, dvec); break;
+    case 64: backward_launch<T, 64>(c, a, dout, lse, dvec); break;
+    case 128: backward_launch<T, 128>(c, a, dout, lse, dvec); break;
+    default: backward_launch<T, 256>(c, a, dout, lse, dvec); break;
+    }
+}
+
+void cuda_attention_backward(struct cuda_context *c, int dt, const struct attention_args *a,
+                             const float *dout, const void *out, const float *lse, float *scratch)
+{
+    if ((!a->dq && !a->dk && !a->dv) || a->B <= 0 || a->T <= 0 || !shape_ok(c, a))
         return;
-    DISPATCH_STORAGE(dt, attention_backward, c, dqkv, dout, qkv, out, lse, B, T, C, NH, scratch);
+    DISPATCH_STORAGE(dt, attention_backward, c, a, dout, out, lse, scratch);
 }

@@ -167,6 +167,48 @@ static size_t floats_for(size_t numel, int dt)
     return (floats + 63) & ~(size_t)63;
 }
 
+/* An attention node's tensors for the kernels (common.cuh): the packed
+ * qkv[B,T,3C] form, or q[B,T,H*D], k and v[B,T,KV*D] with kv_heads KV. */
+static struct attention_args attention_of(const struct tr_graph *g, const struct tr_node *n)
+{
+    struct attention_args a;
+    const struct tr_tensor *q = T(0);
+    a.B = (int)q->shape[0];
+    a.T = (int)q->shape[1];
+    a.NH = n->heads;
+    if (n->n_in == 1) {
+        int C = (int)(q->shape[2] / 3);
+        size_t bytes = dt_bytes(storage(g, n));
+        a.KV = a.NH;
+        a.D = a.NH > 0 ? C / a.NH : 0;
+        a.q_stride = a.kv_stride = 3 * (size_t)C;
+        a.q = q->data;
+        a.k = (const char *)q->data + (size_t)C * bytes;
+        a.v = (const char *)q->data + 2 * (size_t)C * bytes;
+        a.dq = q->grad;
+        a.dk = q->grad ? q->grad + C : NULL;
+        a.dv = q->grad ? q->grad + 2 * (size_t)C : NULL;
+        return a;
+    }
+    a.KV = n->kv_heads;
+    a.D = a.NH > 0 ? (int)(q->shape[2] / a.NH) : 0;
+    a.q_stride = (size_t)q->shape[2];
+    a.kv_stride = (size_t)T(1)->shape[2];
+    a.q = q->data;
+    a.k = T(1)->data;
+    a.v = T(2)->data;
+    a.dq = q->grad;
+    a.dk = T(1)->grad;
+    a.dv = T(2)->grad;
+    return a;
+}
+
+/* rope's head size: the last dimension over the node's heads */
+static int rope_head(const struct tr_graph *g, const struct tr_node *n)
+{
+    return n->heads > 0 ? cols(T(0)) / n->heads : 0;
+}
+
 struct gemm_geometry {
     int batch, M, K, N; /* out[b] = a[b] (M x K) @ op(b[b]) (K x N) */
 };
@@ -229,10 +271,13 @@ static size_t cuda_scratch_floats(void *ctx, const struct tr_graph *g, const str
     case TR_OP_LAYERNORM:
         return cuda_layernorm_scratch_floats(rows(T(0)), cols(T(0)));
     case TR_OP_ATTENTION:
-        return cuda_attention_scratch_floats((int)T(0)->shape[0], (int)T(0)->shape[1],
-                                             (int)T(0)->shape[2] / 3, n->heads);
+        return cuda_attention_scratch_floats((int)T(0)->shape[0], (int)T(0)->shape[1], n->heads);
     case TR_OP_CROSS_ENTROPY:
         return cuda_cross_entropy_scratch_floats(rows(T(0)));
+    case TR_OP_RMSNORM:
+        return cuda_rmsnorm_scratch_floats(rows(T(0)), cols(T(0)));
+    case TR_OP_ROPE:
+        return cuda_rope_scratch_floats((int)T(0)->shape[1], rope_head(g, n));
     default:
         return 0;
     }
@@ -339,13 +384,28 @@ static void cuda_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
     case TR_OP_RELU:
         cuda_relu_forward(c, dt, OUT->data, T(0)->data, OUT->numel);
         break;
-    case TR_OP_ATTENTION:
-        cuda_attention_forward(c, dt, OUT->data, AUX(0), T(0)->data, (int)T(0)->shape[0],
-                               (int)T(0)->shape[1], (int)T(0)->shape[2] / 3, n->heads);
+    case TR_OP_ATTENTION: {
+        struct attention_args a = attention_of(g, n);
+        cuda_attention_forward(c, dt, &a, OUT->data, AUX(0));
         break;
+    }
     case TR_OP_CROSS_ENTROPY:
         cuda_cross_entropy_forward(c, dt, OUT->data, AUX(0), T(0)->data, IDS(T(1)), rows(T(0)),
                                    cols(T(0)), n->ignore_index, g->scratch);
+        break;
+    case TR_OP_RMSNORM:
+        cuda_rmsnorm_forward(c, dt, OUT->data, AUX(0), T(0)->data, T(1)->data, rows(T(0)),
+                             cols(T(0)), n->eps);
+        break;
+    case TR_OP_ROPE:
+        cuda_rope_forward(c, dt, OUT->data, T(0)->data, (int)T(0)->shape[0], (int)T(0)->shape[1],
+                          n->heads, rope_head(g, n), n->theta, g->scratch);
+        break;
+    case TR_OP_SWIGLU:
+        cuda_swiglu_forward(c, dt, OUT->data, T(0)->data, T(1)->data, OUT->numel);
+        break;
+    case TR_OP_SCALE:
+        cuda_scale_forward(c, dt, OUT->data, T(0)->data, n->scale, OUT->numel);
         break;
     default:
         break;
@@ -383,14 +443,29 @@ static void cuda_backward(void *ctx, struct tr_graph *g, const struct tr_node *n
     case TR_OP_RELU:
         cuda_relu_backward(c, dt, T(0)->grad, T(0)->data, dout, OUT->numel);
         break;
-    case TR_OP_ATTENTION:
-        cuda_attention_backward(c, dt, T(0)->grad, dout, T(0)->data, OUT->data, AUX(0),
-                                (int)T(0)->shape[0], (int)T(0)->shape[1],
-                                (int)T(0)->shape[2] / 3, n->heads, g->scratch);
+    case TR_OP_ATTENTION: {
+        struct attention_args a = attention_of(g, n);
+        cuda_attention_backward(c, dt, &a, dout, OUT->data, AUX(0), g->scratch);
         break;
+    }
     case TR_OP_CROSS_ENTROPY:
         cuda_cross_entropy_backward(c, dt, T(0)->grad, T(0)->data, AUX(0), IDS(T(1)), g->loss_grad,
                                     rows(T(0)), cols(T(0)), n->ignore_index, g->scratch);
+        break;
+    case TR_OP_RMSNORM:
+        cuda_rmsnorm_backward(c, dt, T(0)->grad, T(1)->grad, dout, T(0)->data, T(1)->data, AUX(0),
+                              rows(T(0)), cols(T(0)), g->scratch);
+        break;
+    case TR_OP_ROPE:
+        cuda_rope_backward(c, T(0)->grad, dout, (int)T(0)->shape[0], (int)T(0)->shape[1],
+                           n->heads, rope_head(g, n), n->theta, g->scratch);
+        break;
+    case TR_OP_SWIGLU:
+        cuda_swiglu_backward(c, dt, T(0)->grad, T(1)->grad, T(0)->data, T(1)->data, dout,
+                             OUT->numel);
+        break;
+    case TR_OP_SCALE:
+        cuda_scale_backward(c, T(0)->grad, dout, n->scale, OUT->numel);
         break;
     default:
         break;
@@ -424,14 +499,22 @@ static int64_t iface_count_correct(void *ctx, const float *logits, const int32_t
 }
 
 /* Every op of the vocabulary, its float tensors stored in fp32, bf16 or
- * fp16 (the storage dtype is that of the first input, see storage()). */
+ * fp16 (the storage dtype is that of the first input, see storage()), with
+ * attention's head size up to ATTENTION_MAX_HEAD: a larger one is refused
+ * when the run starts rather than failing in its first step. */
 static int cuda_supports_op(void *ctx, const struct tr_graph *g, const struct tr_node *n)
 {
     (void)ctx;
     if ((unsigned)n->op >= TR_OP_COUNT)
         return 0;
     int dt = storage(g, n);
-    return dt == DT_F32 || is_half(dt);
+    if (dt != DT_F32 && !is_half(dt))
+        return 0;
+    if (n->op == TR_OP_ATTENTION) {
+        struct attention_args a = attention_of(g, n);
+        return cuda_attention_head_ok(a.D) && a.KV > 0 && a.NH % a.KV == 0;
+    }
+    return 1;
 }
 
 static struct tr_backend_iface make_iface(void)

@@ -112,7 +112,7 @@ static inline unsigned grid_for(size_t n, unsigned threads)
     return blocks ? (unsigned)blocks : 1u;
 }
 
-/* ---- ops.cu: elementwise, layernorm, embedding, loss, optimizers -------- */
+/* ---- ops.cu: elementwise, norms, rope, embedding, loss, optimizers ------ */
 /* ids outside [0,V) read as zero rows and are skipped in backward (the
  * core checks them; this keeps a bad id from faulting the device) */
 void cuda_embedding_forward(struct cuda_context *c, int dt, void *out, const int32_t *idx,
@@ -132,12 +132,33 @@ void cuda_gelu_backward(struct cuda_context *c, int dt, float *dinp, const void 
 void cuda_relu_forward(struct cuda_context *c, int dt, void *out, const void *inp, size_t n);
 void cuda_relu_backward(struct cuda_context *c, int dt, float *dinp, const void *inp,
                         const float *dout, size_t n);
+/* out = silu(gate) * up */
+void cuda_swiglu_forward(struct cuda_context *c, int dt, void *out, const void *gate,
+                         const void *up, size_t n);
+void cuda_swiglu_backward(struct cuda_context *c, int dt, float *dgate, float *dup,
+                          const void *gate, const void *up, const float *dout, size_t n);
+void cuda_scale_forward(struct cuda_context *c, int dt, void *out, const void *inp, float scale,
+                        size_t n);
+void cuda_scale_backward(struct cuda_context *c, float *dinp, const float *dout, float scale,
+                         size_t n);
 void cuda_layernorm_forward(struct cuda_context *c, int dt, void *out, float *mean, float *rstd,
                             const void *inp, const void *w, const void *b, int N, int C, float eps);
 size_t cuda_layernorm_scratch_floats(int N, int C);
 void cuda_layernorm_backward(struct cuda_context *c, int dt, float *dinp, float *dw, float *db,
                              const float *dout, const void *inp, const void *w, const float *mean,
                              const float *rstd, int N, int C, float *scratch);
+void cuda_rmsnorm_forward(struct cuda_context *c, int dt, void *out, float *rstd, const void *inp,
+                          const void *w, int N, int C, float eps);
+size_t cuda_rmsnorm_scratch_floats(int N, int C);
+void cuda_rmsnorm_backward(struct cuda_context *c, int dt, float *dinp, float *dw,
+                           const float *dout, const void *inp, const void *w, const float *rstd,
+                           int N, int C, float *scratch);
+/* x[B,T,H*D]: H heads of D (even) channels; scratch holds the angles' table */
+size_t cuda_rope_scratch_floats(int T, int D);
+void cuda_rope_forward(struct cuda_context *c, int dt, void *out, const void *inp, int B, int T,
+                       int H, int D, float theta, float *scratch);
+void cuda_rope_backward(struct cuda_context *c, float *dinp, const float *dout, int B, int T,
+                        int H, int D, float theta, float *scratch);
 size_t cuda_cross_entropy_scratch_floats(int N);
 void cuda_cross_entropy_forward(struct cuda_context *c, int dt, void *loss, float *lse,
                                 const void *logits, const int32_t *targets, int N, int V,
@@ -164,13 +185,25 @@ int64_t cuda_count_correct(struct cuda_context *c, const float *logits, const in
 /* ---- attention.cu ------------------------------------------------------- */
 /* Largest head size the kernels take. */
 enum { ATTENTION_MAX_HEAD = 256 };
+/* One attention node's tensors as the kernels read them: token t of batch
+ * row b, head h starts at q + (b*T + t) * q_stride + h*D, and key/value head
+ * h / (NH/KV) at k (v) + (b*T + t) * kv_stride + (h / (NH/KV)) * D.  The
+ * packed qkv[B,T,3C] is q = qkv, k = qkv + C, v = qkv + 2C, both strides 3C,
+ * KV = NH.  The gradients (fp32, NULL when not wanted) have the same layout;
+ * the output is [B,T,NH*D]. */
+struct attention_args {
+    int B, T, NH, KV, D;
+    size_t q_stride, kv_stride; /* elements */
+    const void *q, *k, *v;      /* storage dtype */
+    float *dq, *dk, *dv;
+};
 cudaError_t cuda_attention_init(void); /* shared-memory limits, once in open() */
-size_t cuda_attention_scratch_floats(int B, int T, int C, int NH);
-void cuda_attention_forward(struct cuda_context *c, int dt, void *out, float *lse, const void *qkv,
-                            int B, int T, int C, int NH);
-void cuda_attention_backward(struct cuda_context *c, int dt, float *dqkv, const float *dout,
-                             const void *qkv, const void *out, const float *lse, int B, int T,
-                             int C, int NH, float *scratch);
+int cuda_attention_head_ok(int D);     /* 0 < D <= ATTENTION_MAX_HEAD */
+size_t cuda_attention_scratch_floats(int B, int T, int NH);
+void cuda_attention_forward(struct cuda_context *c, int dt, const struct attention_args *a,
+                            void *out, float *lse);
+void cuda_attention_backward(struct cuda_context *c, int dt, const struct attention_args *a,
+                             const float *dout, const void *out, const float *lse, float *scratch);
 
 /* ---- gemm.cu: cuBLASLt, loaded at open() -------------------------------- */
 /* Why cuBLASLt could not be loaded (NULL when it was); fills *version. */

@@ -1,7 +1,8 @@
 /*
  * Every op but the GEMMs and attention: embedding, add_rows, add, GELU,
- * ReLU, layernorm, softmax cross-entropy, the optimizers, the gradient norm
- * and the accuracy count.  The formulas are those of the kernels/cpu files, term
+ * ReLU, SwiGLU, scale, layernorm, RMSNorm, rotary position embeddings,
+ * softmax cross-entropy, the optimizers, the gradient norm and the accuracy
+ * count.  The formulas are those of the kernels/cpu files, term
  * for term, so the two backends differ only by summation order.
  *
  * Sums that feed parameters (layernorm dw/db, position and bias gradients,
@@ -293,6 +294,106 @@ void cuda_relu_backward(struct cuda_context *c, int dt, float *dinp, const void 
         DISPATCH_STORAGE(dt, relu_backward, c, dinp, inp, dout, n);
 }
 
+/* ---- SwiGLU: silu(gate) * up, and scale ----------------------------------- */
+
+/* sigmoid(g); exp(-g) overflows to inf for g < -88, giving 0, not NaN */
+__device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
+
+template <typename T>
+__global__ void swiglu_forward_kernel(T *out, const T *gate, const T *up, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float g = to_f32(gate[i]);
+        out[i] = from_f32<T>(g * sigmoid(g) * to_f32(up[i]));
+    }
+}
+
+/* d silu(g)/dg = s (1 + g (1 - s)), s = sigmoid(g).  gate and up may be one
+ * tensor: one thread does both updates of an element in turn. */
+template <typename T>
+__global__ void swiglu_backward_kernel(float *dgate, float *dup, const T *gate, const T *up,
+                                       const float *dout, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float g = to_f32(gate[i]), u = to_f32(up[i]), d = dout[i];
+        float s = sigmoid(g);
+        if (dgate)
+            dgate[i] += d * u * (s * (1.0f + g * (1.0f - s)));
+        if (dup)
+            dup[i] += d * (g * s);
+    }
+}
+
+template <typename T>
+static void swiglu_forward(struct cuda_context *c, void *out, const void *gate, const void *up,
+                           size_t n)
+{
+    swiglu_forward_kernel<T><<<grid_for(n, THREADS), THREADS, 0, c->compute>>>(
+        (T *)out, (const T *)gate, (const T *)up, n);
+    LAUNCHED(c, "swiglu forward");
+}
+
+template <typename T>
+static void swiglu_backward(struct cuda_context *c, float *dgate, float *dup, const void *gate,
+                            const void *up, const float *dout, size_t n)
+{
+    swiglu_backward_kernel<T><<<grid_for(n, THREADS), THREADS, 0, c->compute>>>(
+        dgate, dup, (const T *)gate, (const T *)up, dout, n);
+    LAUNCHED(c, "swiglu backward");
+}
+
+void cuda_swiglu_forward(struct cuda_context *c, int dt, void *out, const void *gate,
+                         const void *up, size_t n)
+{
+    DISPATCH_STORAGE(dt, swiglu_forward, c, out, gate, up, n);
+}
+
+void cuda_swiglu_backward(struct cuda_context *c, int dt, float *dgate, float *dup,
+                          const void *gate, const void *up, const float *dout, size_t n)
+{
+    if (dgate || dup)
+        DISPATCH_STORAGE(dt, swiglu_backward, c, dgate, dup, gate, up, dout, n);
+}
+
+template <typename T> __global__ void scale_forward_kernel(T *out, const T *inp, float scale, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = from_f32<T>(scale * to_f32(inp[i]));
+}
+
+__global__ void scale_backward_kernel(float *dinp, const float *dout, float scale, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dinp[i] += scale * dout[i];
+}
+
+template <typename T>
+static void scale_forward(struct cuda_context *c, void *out, const void *inp, float scale, size_t n)
+{
+    scale_forward_kernel<T><<<grid_for(n, THREADS), THREADS, 0, c->compute>>>(
+        (T *)out, (const T *)inp, scale, n);
+    LAUNCHED(c, "scale forward");
+}
+
+void cuda_scale_forward(struct cuda_context *c, int dt, void *out, const void *inp, float scale,
+                        size_t n)
+{
+    DISPATCH_STORAGE(dt, scale_forward, c, out, inp, scale, n);
+}
+
+void cuda_scale_backward(struct cuda_context *c, float *dinp, const float *dout, float scale,
+                         size_t n)
+{
+    if (!dinp)
+        return;
+    scale_backward_kernel<<<grid_for(n, THREADS), THREADS, 0, c->compute>>>(dinp, dout, scale, n);
+    LAUNCHED(c, "scale backward");
+}
+
 /* ---- layernorm: one warp per row, row sums in double (as the CPU) -------- */
 
 enum { LN_WARPS = 8, LN_PARTIAL_WARPS = 256 };
@@ -446,6 +547,223 @@ void cuda_layernorm_backward(struct cuda_context *c, int dt, float *dinp, float 
         return;
     DISPATCH_STORAGE(dt, layernorm_backward, c, dinp, dw, db, dout, inp, w, mean, rstd, N, C,
                      scratch);
+}
+
+/* ---- RMSNorm: layernorm without the mean and the bias --------------------- */
+/* out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps); one warp per row, the
+ * row sums in double, dw through partial rows of scratch as layernorm's. */
+
+template <typename T>
+__global__ void rmsnorm_forward_kernel(T *out, float *rstd, const T *inp, const T *w, int N, int C,
+                                       float eps)
+{
+    int lane = threadIdx.x & 31;
+    int row = blockIdx.x * LN_WARPS + (threadIdx.x >> 5);
+    if (row >= N)
+        return;
+    const T *x = inp + (size_t)row * C;
+    double sq = 0.0;
+    for (int col = lane; col < C; col += 32) {
+        float v = to_f32(x[col]);
+        sq += (double)v * v;
+    }
+    sq = warp_sum_double(sq);
+    float s = (float)(1.0 / sqrt(sq / C + eps));
+    T *y = out + (size_t)row * C;
+    for (int col = lane; col < C; col += 32)
+        y[col] = from_f32<T>(to_f32(x[col]) * s * to_f32(w[col]));
+    if (lane == 0)
+        rstd[row] = s;
+}
+
+template <typename T>
+static void rmsnorm_forward(struct cuda_context *c, void *out, float *rstd, const void *inp,
+                            const void *w, int N, int C, float eps)
+{
+    unsigned blocks = (unsigned)((N + LN_WARPS - 1) / LN_WARPS);
+    rmsnorm_forward_kernel<T><<<blocks ? blocks : 1, LN_WARPS * 32, 0, c->compute>>>(
+        (T *)out, rstd, (const T *)inp, (const T *)w, N, C, eps);
+    LAUNCHED(c, "rmsnorm forward");
+}
+
+void cuda_rmsnorm_forward(struct cuda_context *c, int dt, void *out, float *rstd, const void *inp,
+                          const void *w, int N, int C, float eps)
+{
+    DISPATCH_STORAGE(dt, rmsnorm_forward, c, out, rstd, inp, w, N, C, eps);
+}
+
+size_t cuda_rmsnorm_scratch_floats(int N, int C)
+{
+    return (size_t)layernorm_partial_warps(N) * (size_t)C;
+}
+
+/* with xhat = x rstd and g = dout w:
+ *   dx = rstd (g - xhat mean(g xhat)),   dw = sum over rows of dout xhat */
+template <typename T>
+__global__ void rmsnorm_backward_kernel(float *dinp, float *partial_dw, const float *dout,
+                                        const T *inp, const T *w, const float *rstd, int N, int C)
+{
+    int lane = threadIdx.x & 31;
+    int warp = blockIdx.x * LN_WARPS + (threadIdx.x >> 5);
+    int warps = gridDim.x * LN_WARPS;
+    float *pdw = partial_dw ? partial_dw + (size_t)warp * C : NULL;
+    if (pdw)
+        for (int col = lane; col < C; col += 32)
+            pdw[col] = 0.0f;
+    for (int row = warp; row < N; row += warps) {
+        const T *x = inp + (size_t)row * C;
+        const float *dy = dout + (size_t)row * C;
+        float s = rstd[row];
+        if (dinp) {
+            double g_xhat_sum = 0.0;
+            for (int col = lane; col < C; col += 32)
+                g_xhat_sum += (double)(dy[col] * to_f32(w[col])) * (to_f32(x[col]) * s);
+            g_xhat_sum = warp_sum_double(g_xhat_sum);
+            float g_xhat_mean = (float)(g_xhat_sum / C);
+            float *dx = dinp + (size_t)row * C;
+            for (int col = lane; col < C; col += 32) {
+                float xhat = to_f32(x[col]) * s;
+                float g = dy[col] * to_f32(w[col]);
+                dx[col] += s * (g - xhat * g_xhat_mean);
+            }
+        }
+        if (pdw)
+            for (int col = lane; col < C; col += 32)
+                pdw[col] += dy[col] * (to_f32(x[col]) * s);
+    }
+}
+
+template <typename T>
+static void rmsnorm_backward(struct cuda_context *c, float *dinp, float *dw, const float *dout,
+                             const void *inp, const void *w, const float *rstd, int N, int C,
+                             float *scratch)
+{
+    int warps = layernorm_partial_warps(N);
+    float *pdw = dw ? scratch : NULL;
+    rmsnorm_backward_kernel<T><<<warps / LN_WARPS, LN_WARPS * 32, 0, c->compute>>>(
+        dinp, pdw, dout, (const T *)inp, (const T *)w, rstd, N, C);
+    LAUNCHED(c, "rmsnorm backward");
+    if (dw) {
+        column_sum_kernel<<<(unsigned)((C + THREADS - 1) / THREADS), THREADS, 0, c->compute>>>(
+            dw, pdw, warps, C);
+        LAUNCHED(c, "rmsnorm backward (weight)");
+    }
+}
+
+void cuda_rmsnorm_backward(struct cuda_context *c, int dt, float *dinp, float *dw,
+                           const float *dout, const void *inp, const void *w, const float *rstd,
+                           int N, int C, float *scratch)
+{
+    if (!dinp && !dw)
+        return;
+    DISPATCH_STORAGE(dt, rmsnorm_backward, c, dinp, dw, dout, inp, w, rstd, N, C, scratch);
+}
+
+/* ---- rotary position embedding, Hugging Face's rotate-half convention ----- */
+/* In each head of D channels, pair (i, i + D/2) at position t turns by
+ * t * theta^(-2i/D):
+ *   out[i] = x[i] cos - x[i+D/2] sin,   out[i+D/2] = x[i+D/2] cos + x[i] sin
+ * and backward turns dout back by the same angle.  The angles follow
+ * transformers' fp32 arithmetic: inv_freq = 1 / theta^(float(2i)/D) and the
+ * angle t * inv_freq rounded to fp32 (at t in the thousands that rounding
+ * moves the angle by ~1e-4, so computing it differently would disagree with
+ * the checkpoints' reference); cos and sin of it are exact to fp32.  One
+ * kernel fills a [T, D/2] table of each in scratch, shared by every batch row
+ * and head. */
+
+size_t cuda_rope_scratch_floats(int T, int D)
+{
+    return (size_t)T * (size_t)(D / 2) * 2;
+}
+
+__global__ void rope_table_kernel(float *cos_t, float *sin_t, int T_, int half, float theta)
+{
+    size_t total = (size_t)T_ * half;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        int t = (int)(i / half), k = (int)(i % half);
+        float exponent = (float)(2 * k) / (float)(2 * half);
+        float inv_freq = 1.0f / (float)pow((double)theta, (double)exponent);
+        double angle = (double)((float)t * inv_freq);
+        cos_t[i] = (float)cos(angle);
+        sin_t[i] = (float)sin(angle);
+    }
+}
+
+/* one thread per pair (i, i + D/2) of one head of one token */
+template <typename T>
+__global__ void rope_forward_kernel(T *out, const T *inp, const float *cos_t, const float *sin_t,
+                                    size_t pairs, int T_, int H, int half)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < pairs;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t k = i % half, head_row = i / half; /* (b * T + t) * H + h */
+        size_t t = (head_row / H) % T_;
+        size_t at = head_row * 2 * half + k;
+        float cs = cos_t[t * half + k], sn = sin_t[t * half + k];
+        float x1 = to_f32(inp[at]), x2 = to_f32(inp[at + half]);
+        out[at] = from_f32<T>(x1 * cs - x2 * sn);
+        out[at + half] = from_f32<T>(x2 * cs + x1 * sn);
+    }
+}
+
+__global__ void rope_backward_kernel(float *dinp, const float *dout, const float *cos_t,
+                                     const float *sin_t, size_t pairs, int T_, int H, int half)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < pairs;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t k = i % half, head_row = i / half;
+        size_t t = (head_row / H) % T_;
+        size_t at = head_row * 2 * half + k;
+        float cs = cos_t[t * half + k], sn = sin_t[t * half + k];
+        float d1 = dout[at], d2 = dout[at + half];
+        dinp[at] += d1 * cs + d2 * sn;
+        dinp[at + half] += d2 * cs - d1 * sn;
+    }
+}
+
+/* the table in scratch; 0 when the shape cannot be rotated (checked by the
+ * graph: this keeps a bad node from reading out of bounds) */
+static int rope_table(struct cuda_context *c, float *scratch, int T, int H, int D, float theta)
+{
+    if (T <= 0 || H <= 0 || D <= 0 || D % 2 != 0) {
+        cuda_note(c, cudaErrorInvalidValue, "rope: the head size must be even");
+        return 0;
+    }
+    size_t n = (size_t)T * (D / 2);
+    rope_table_kernel<<<grid_for(n, THREADS), THREADS, 0, c->compute>>>(scratch, scratch + n, T,
+                                                                        D / 2, theta);
+    LAUNCHED(c, "rope (angles)");
+    return 1;
+}
+
+template <typename T>
+static void rope_forward(struct cuda_context *c, void *out, const void *inp, const float *cos_t,
+                         const float *sin_t, size_t pairs, int T_, int H, int half)
+{
+    rope_forward_kernel<T><<<grid_for(pairs, THREADS), THREADS, 0, c->compute>>>(
+        (T *)out, (const T *)inp, cos_t, sin_t, pairs, T_, H, half);
+    LAUNCHED(c, "rope forward");
+}
+
+void cuda_rope_forward(struct cuda_context *c, int dt, void *out, const void *inp, int B, int T,
+                       int H, int D, float theta, float *scratch)
+{
+    if (B <= 0 || !rope_table(c, scratch, T, H, D, theta))
+        return;
+    size_t n = (size_t)T * (D / 2), pairs = (size_t)B * T * H * (D / 2);
+    DISPATCH_STORAGE(dt, rope_forward, c, out, inp, scratch, scratch + n, pairs, T, H, D / 2);
+}
+
+void cuda_rope_backward(struct cuda_context *c, float *dinp, const float *dout, int B, int T,
+                        int H, int D, float theta, float *scratch)
+{
+    if (!dinp || B <= 0 || !rope_table(c, scratch, T, H, D, theta))
+        return;
+    size_t n = (size_t)T * (D / 2), pairs = (size_t)B * T * H * (D / 2);
+    rope_backward_kernel<<<grid_for(pairs, THREADS), THREADS, 0, c->compute>>>(
+        dinp, dout, scratch, scratch + n, pairs, T, H, D / 2);
+    LAUNCHED(c, "rope backward");
 }
 
 /* ---- bias ------------------------------------------------------------------ */
