@@ -340,6 +340,62 @@ static void build_attention(struct tr_graph *g, enum tr_dtype dt, const int *d)
     dummy_loss(g);
 }
 
+/* dims: B, T, heads, kv_heads, head size: separate q, k, v (grouped-query
+ * attention; query head h reads key/value head h / (heads / kv_heads)) */
+static void build_attention_gqa(struct tr_graph *g, enum tr_dtype dt, const int *d)
+{
+    int B = d[0], T = d[1], H = d[2], KV = d[3], D = d[4];
+    int q = param(g, "q", dt, 3, shape(B, T, H * D));
+    int k = param(g, "k", dt, 3, shape(B, T, KV * D));
+    int v = param(g, "v", dt, 3, shape(B, T, KV * D));
+    int out = activation(g, dt, 3, shape(B, T, H * D));
+    add_node(g, (struct tr_node){.op = TR_OP_ATTENTION, .name = "attention", .in = {q, k, v},
+                                 .n_in = 3, .out = out, .heads = H, .kv_heads = KV});
+    dummy_loss(g);
+}
+
+/* dims: B, T, C, eps in units of 1e-7 */
+static void build_rmsnorm(struct tr_graph *g, enum tr_dtype dt, const int *d)
+{
+    int x = param(g, "x", dt, 3, shape(d[0], d[1], d[2]));
+    int w = param(g, "w", dt, 1, shape(d[2], 0, 0));
+    int out = activation(g, dt, 3, shape(d[0], d[1], d[2]));
+    add_node(g, (struct tr_node){.op = TR_OP_RMSNORM, .name = "rmsnorm", .in = {x, w}, .n_in = 2,
+                                 .out = out, .eps = (float)d[3] * 1e-7f});
+    dummy_loss(g);
+}
+
+/* dims: B, T, heads, head size, theta */
+static void build_rope(struct tr_graph *g, enum tr_dtype dt, const int *d)
+{
+    int x = param(g, "x", dt, 3, shape(d[0], d[1], d[2] * d[3]));
+    int out = activation(g, dt, 3, shape(d[0], d[1], d[2] * d[3]));
+    add_node(g, (struct tr_node){.op = TR_OP_ROPE, .name = "rope", .in = {x}, .n_in = 1,
+                                 .out = out, .heads = d[2], .theta = (float)d[4]});
+    dummy_loss(g);
+}
+
+/* dims: rows, cols, same input twice */
+static void build_swiglu(struct tr_graph *g, enum tr_dtype dt, const int *d)
+{
+    int gate = param(g, "gate", dt, 2, shape(d[0], d[1], 0));
+    int up = d[2] ? gate : param(g, "up", dt, 2, shape(d[0], d[1], 0));
+    int out = activation(g, dt, 2, shape(d[0], d[1], 0));
+    add_node(g, (struct tr_node){.op = TR_OP_SWIGLU, .name = "swiglu", .in = {gate, up},
+                                 .n_in = 2, .out = out});
+    dummy_loss(g);
+}
+
+/* dims: rows, cols, scale in thousandths */
+static void build_scale(struct tr_graph *g, enum tr_dtype dt, const int *d)
+{
+    int x = param(g, "x", dt, 2, shape(d[0], d[1], 0));
+    int out = activation(g, dt, 2, shape(d[0], d[1], 0));
+    add_node(g, (struct tr_node){.op = TR_OP_SCALE, .name = "scale", .in = {x}, .n_in = 1,
+                                 .out = out, .scale = (float)d[2] * 1e-3f});
+    dummy_loss(g);
+}
+
 /* dims: B, T, V */
 static void build_cross_entropy(struct tr_graph *g, enum tr_dtype dt, const int *d)
 {
@@ -423,7 +479,10 @@ static void fill(struct side *cpu, struct side *gpu, const struct op_case *oc, u
             continue;
         }
         float *v = malloc(tc->numel * sizeof *v);
-        float scale = n->op == TR_OP_CROSS_ENTROPY ? 4.0f : n->op == TR_OP_ATTENTION ? 2.0f : 1.0f;
+        /* logits and gates wide enough to saturate softmax and sigmoid */
+        float scale = n->op == TR_OP_CROSS_ENTROPY || n->op == TR_OP_SWIGLU ? 4.0f
+                      : n->op == TR_OP_ATTENTION                         ? 2.0f
+                                                                         : 1.0f;
         for (size_t j = 0; j < tc->numel; j++)
             v[j] = rng_value(&seed, scale);
         if (is_half(oc->storage))
@@ -456,6 +515,9 @@ static void compare(const char *label, const char *what, const struct tr_backend
     double error = tensor_error(got, want, n);
     free(want);
     free(got);
+    /* every error in the log, so a GPU run (contrib/gpu/validate.sh) shows
+     * the margins, not only the failures */
+    cr_log_info("%s: %s: relative error %.3g (tolerance %.3g)", label, what, error, tolerance);
     cr_assert_leq(error, tolerance, "%s: %s differs from the CPU: relative error %.3g > %.3g",
                   label, what, error, tolerance);
 }
@@ -569,6 +631,38 @@ static void run_case(const struct op_case *oc)
     X(attention_one_token_f32, build_attention, TR_F32, TR_F32, TOL_F32, 3, 1, 32, 2) \
     X(attention_bf16, build_attention, TR_BF16, TR_F32, TOL_BF16, 2, 37, 64, 2) \
     X(attention_f16, build_attention, TR_F16, TR_F32, TOL_F16, 2, 37, 64, 2) \
+    /* dims: B, T, heads, kv_heads, head size (heads / kv_heads = 1, 2, 4, 8; T not a \
+     * multiple of the 16-row blocks or the 32-key tiles) */ \
+    X(attention_gqa_group1_f32, build_attention_gqa, TR_F32, TR_F32, TOL_F32, 2, 37, 3, 3, 16) \
+    X(attention_gqa_group2_f32, build_attention_gqa, TR_F32, TR_F32, TOL_F32, 2, 45, 4, 2, 32) \
+    X(attention_gqa_group4_f32, build_attention_gqa, TR_F32, TR_F32, TOL_F32, 1, 70, 8, 2, 64) \
+    X(attention_gqa_group4_head128_f32, build_attention_gqa, TR_F32, TR_F32, TOL_F32, 1, 33, 4, 1, \
+      128) \
+    X(attention_gqa_multi_query_f32, build_attention_gqa, TR_F32, TR_F32, TOL_F32, 2, 20, 8, 1, 24) \
+    X(attention_gqa_one_token_f32, build_attention_gqa, TR_F32, TR_F32, TOL_F32, 3, 1, 4, 2, 32) \
+    X(attention_gqa_bf16, build_attention_gqa, TR_BF16, TR_F32, TOL_BF16, 2, 37, 4, 2, 32) \
+    X(attention_gqa_f16, build_attention_gqa, TR_F16, TR_F32, TOL_F16, 2, 37, 8, 2, 32) \
+    /* dims: B, T, C, eps in 1e-7 */ \
+    X(rmsnorm_f32, build_rmsnorm, TR_F32, TR_F32, TOL_F32, 2, 11, 48, 100) \
+    X(rmsnorm_wide_f32, build_rmsnorm, TR_F32, TR_F32, TOL_F32, 3, 100, 200, 10) \
+    X(rmsnorm_bf16, build_rmsnorm, TR_BF16, TR_F32, TOL_BF16, 2, 11, 48, 100) \
+    X(rmsnorm_f16, build_rmsnorm, TR_F16, TR_F32, TOL_F16, 2, 11, 50, 100) \
+    /* dims: B, T, heads, head size, theta */ \
+    X(rope_f32, build_rope, TR_F32, TR_F32, TOL_F32, 2, 37, 3, 16, 10000) \
+    X(rope_head128_theta500k_f32, build_rope, TR_F32, TR_F32, TOL_F32, 1, 300, 2, 128, 500000) \
+    X(rope_head2_f32, build_rope, TR_F32, TR_F32, TOL_F32, 2, 9, 5, 2, 10000) \
+    X(rope_bf16, build_rope, TR_BF16, TR_F32, TOL_BF16, 2, 37, 4, 32, 10000) \
+    X(rope_f16, build_rope, TR_F16, TR_F32, TOL_F16, 2, 37, 2, 64, 1000000) \
+    /* dims: rows, cols, same input twice */ \
+    X(swiglu_f32, build_swiglu, TR_F32, TR_F32, TOL_F32, 13, 77, 0) \
+    X(swiglu_same_input_f32, build_swiglu, TR_F32, TR_F32, TOL_F32, 4, 37, 1) \
+    X(swiglu_bf16, build_swiglu, TR_BF16, TR_F32, TOL_BF16, 13, 77, 0) \
+    X(swiglu_f16, build_swiglu, TR_F16, TR_F32, TOL_F16, 13, 77, 0) \
+    /* dims: rows, cols, scale in thousandths (sqrt(2048), as Gemma scales its embedding) */ \
+    X(scale_f32, build_scale, TR_F32, TR_F32, TOL_F32, 13, 77, 45255) \
+    X(scale_negative_f32, build_scale, TR_F32, TR_F32, TOL_F32, 5, 33, -125) \
+    X(scale_bf16, build_scale, TR_BF16, TR_F32, TOL_BF16, 13, 77, 45255) \
+    X(scale_f16, build_scale, TR_F16, TR_F32, TOL_F16, 13, 77, 45255) \
     /* dims: B, T, V */ \
     X(cross_entropy_f32, build_cross_entropy, TR_F32, TR_F32, TOL_F32, 2, 13, 67) \
     X(cross_entropy_wide_f32, build_cross_entropy, TR_F32, TR_F32, TOL_F32, 2, 5, 5000) \
