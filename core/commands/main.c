@@ -42,6 +42,9 @@ static void usage(FILE *out)
             "                                                    tokenise and shard once (see docs/data.md)\n"
             "       trainrun report RUN_DIR [-o OUTDIR]           plots of a run (PNG + index.html)\n"
             "       trainrun topo [--threads N] [--workers N] [--topology synthetic:DESC|xml:FILE]\n"
+            "       trainrun export CHECKPOINT --format hf [--dtype bf16|fp16|fp32] -o DIR\n"
+            "                                                    a Hugging Face model directory (config.json +\n"
+            "                                                    model.safetensors) of a llama or gpt run\n"
             "                     [procs=N|gpus=N]               where threads (of each rank) will run\n"
             "       trainrun doctor                              what this machine can run: CPU features,\n"
             "                                                    backends (and why one is unavailable), plugins\n"
@@ -347,14 +350,14 @@ static int cmd_sample(int argc, char **argv)
 
 static int cmd_export(int argc, char **argv)
 {
-    const char *out = NULL, *dtype_name = "bf16";
+    const char *out = NULL, *dtype_name = "bf16", *format = "safetensors";
     if (argc < 3) {
         usage(stderr);
         return TR_EXIT_USAGE;
     }
     for (int i = 3; i < argc; i++) {
         int takes_value = strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--output") == 0 ||
-                          strcmp(argv[i], "--dtype") == 0;
+                          strcmp(argv[i], "--dtype") == 0 || strcmp(argv[i], "--format") == 0;
         if (takes_value && i + 1 >= argc) {
             fprintf(stderr, "trainrun: error: %s needs a value (see trainrun help)\n", argv[i]);
             return TR_EXIT_USAGE;
@@ -368,6 +371,8 @@ static int cmd_export(int argc, char **argv)
             return TR_EXIT_USAGE;
         }
     }
+        else if (strcmp(argv[i], "--format") == 0)
+            format = argv[++i];
     enum tr_dtype dtype;
     if (strcmp(dtype_name, "bf16") == 0)
         dtype = TR_BF16;
@@ -380,23 +385,33 @@ static int cmd_export(int argc, char **argv)
         return TR_EXIT_USAGE;
     }
     if (!out) {
-        fprintf(stderr, "trainrun: error: export needs -o FILE.safetensors\n");
+        fprintf(stderr, "trainrun: error: export needs -o %s\n", hf ? "DIR" : "FILE.safetensors");
         return TR_EXIT_USAGE;
     }
     tr_err err = {{0}};
+    int hf = strcmp(format, "hf") == 0;
+    if (!hf && strcmp(format, "safetensors") != 0) {
+        fprintf(stderr, "trainrun: error: --format takes safetensors (one file of trainrun's "
+                "weights) or hf (a Hugging Face model directory), not '%s'\n", format);
+        return TR_EXIT_USAGE;
+    }
     char *dir = NULL, *name = NULL;
     int code = TR_EXIT_OK;
     if (tr_checkpoint_resolve(argv[2], &dir, &name, &err) != TR_OK) {
         code = TR_EXIT_ERROR;
     } else {
         char *path = tr_xasprintf("%s/%s", dir, name);
-        if (tr_export_weights(path, dtype, out, &err) != TR_OK)
+        if ((hf ? tr_export_hf(path, dtype, out, &err) : tr_export_weights(path, dtype, out, &err)) != TR_OK)
             code = TR_EXIT_ERROR;
         else
             fprintf(stderr, "trainrun: wrote %s (%s weights of %s)\n", out, dtype_name, path);
         free(path);
     }
     if (code != TR_EXIT_OK)
+        else if (hf)
+            fprintf(stderr, "trainrun: wrote %s/config.json and %s/model.safetensors (%s weights of "
+                    "%s); load it with transformers' from_pretrained, or model = { from = ... }\n",
+                    out, out, dtype_name, path);
         fprintf(stderr, "trainrun: error: %s\n", err.msg);
     free(dir);
     free(name);

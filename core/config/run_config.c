@@ -1,6 +1,7 @@
 #include "run_config.h"
 
 #include "hardware.h"
+#include "hf_config.h"
 #include "optimizers.h"
 #include "options.h"
 #include "../util/suggest.h"
@@ -370,6 +371,9 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
     if (!tr_value_child(root, "model"))
         return tr_fail(err, "%s: the recipe has no model (e.g. model = gpt { vocab = 256, ctx = 64, "
                        "layers = 2, heads = 4, dim = 64 })", recipe_path);
+    /* model = { from = "DIR" }: the architecture of a Hugging Face directory */
+    if (tr_hf_resolve_model(cfg->recipe, err) != TR_OK)
+        return TR_ERROR;
 
     /* micro_batch = "auto" is the one string the integer option takes */
     struct tr_value *mb = tr_value_get(root, "train.micro_batch");

@@ -5,6 +5,7 @@
 #include "checkpoint.h"
 
 #include "../../kernels/host.h"
+#include "hf_weights.h"
 #include "../util/json.h"
 #include "optim.h"
 #include "../util/safetensors.h"
@@ -167,6 +168,16 @@ static char *state_json(struct tr_checkpointer *c, const char *const *blobs,
             (unsigned long long)s->best_step);
     fprintf(f, "  \"weights_dtype\": \"%s\",\n",
             c->cfg.weights_dtype == TR_BF16 ? "bf16" : c->cfg.weights_dtype == TR_F16 ? "fp16" : "fp32");
+    if (c->cfg.hf_config) { /* what export --format hf writes as config.json */
+        fprintf(f, "  \"hf_config\": ");
+        tr_json_write_string(f, c->cfg.hf_config);
+        fprintf(f, ",\n");
+    }
+    if (c->cfg.weights_from) {
+        fprintf(f, "  \"weights_from\": ");
+        tr_json_write_string(f, c->cfg.weights_from);
+        fprintf(f, ",\n");
+    }
     write_vars(f, "precision", s->precision, s->n_precision);
     write_vars(f, "schedule", s->schedule, s->n_schedule);
     fprintf(f, "  \"checksums\": {");
@@ -380,6 +391,8 @@ struct tr_checkpointer *tr_checkpointer_open(const struct tr_checkpointer_config
     struct tr_checkpointer *c = tr_xcalloc(1, sizeof *c);
     c->cfg = *cfg;
     c->cfg.recipe = tr_xstrdup(cfg->recipe ? cfg->recipe : ""); /* the caller's may be a stack buffer */
+    c->cfg.hf_config = cfg->hf_config ? tr_xstrdup(cfg->hf_config) : NULL;
+    c->cfg.weights_from = cfg->weights_from ? tr_xstrdup(cfg->weights_from) : NULL;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->changed, NULL);
     if (cfg->async) {
@@ -489,6 +502,8 @@ void tr_checkpointer_close(struct tr_checkpointer *c)
     pthread_cond_destroy(&c->changed);
     free_blobs(c);
     free((char *)c->cfg.recipe);
+    free((char *)c->cfg.hf_config);
+    free((char *)c->cfg.weights_from);
     free(c);
 }
 
@@ -946,5 +961,41 @@ done:
     tr_safetensors_free(st);
     free(buf);
     free(path);
+    return rc;
+}
+
+int tr_export_hf(const char *checkpoint_dir, enum tr_dtype dtype, const char *out_dir, tr_err *err)
+{
+    char *what = tr_xasprintf("%s/model.safetensors", checkpoint_dir);
+    char *state_path = tr_xasprintf("%s/state.json", checkpoint_dir);
+    void *buf = NULL, *text = NULL;
+    size_t size = 0, text_size = 0, bad = 0;
+    struct tr_json *js = NULL;
+    struct tr_st_file *st = NULL;
+    int rc = TR_ERROR;
+    /* the weights exported are the ones state.json vouches for */
+    if (verify_dir(checkpoint_dir, &buf, &size, err) != TR_OK ||
+        read_whole(state_path, &text, &text_size, err) != TR_OK)
+        goto done;
+    js = tr_json_parse(text, text_size, &bad);
+    const char *config = tr_json_string(js, "hf_config");
+    struct tr_hf_arch a;
+    if (!config) {
+        tr_fail(err, "%s records no Hugging Face architecture: its model is not a llama or gpt "
+                "(or the run predates export --format hf); export --format safetensors writes "
+                "the weights alone", state_path);
+        goto done;
+    }
+    if (tr_hf_config_parse(config, strlen(config), state_path, &a, err) != TR_OK ||
+        !(st = tr_safetensors_read(buf, size, what, err)))
+        goto done;
+    rc = tr_hf_export(&a, st, what, out_dir, dtype, err);
+done:
+    tr_safetensors_free(st);
+    tr_json_free(js);
+    free(text);
+    free(buf);
+    free(state_path);
+    free(what);
     return rc;
 }

@@ -48,6 +48,11 @@ struct tr_checkpointer_config {
     int n_overrides;
     int64_t seed;
     uint64_t max_step;          /* resume skips checkpoints past it (train.steps); 0: no limit */
+    /* recorded in state.json for `export --format hf` (copied; NULL: none):
+     * the model as a Hugging Face config.json, and the directory its
+     * pretrained weights came from (model.from) */
+    const char *hf_config;
+    const char *weights_from;
 };
 
 struct tr_checkpointer;
@@ -99,3 +104,8 @@ int tr_export_weights(const char *checkpoint_dir, enum tr_dtype dtype, const cha
                       tr_err *err);
 
 #endif
+/* `trainrun export --format hf`: the checkpoint's weights as a Hugging Face
+ * directory (config.json + model.safetensors in dtype), from the model
+ * state.json records; refused unless the checkpoint verifies. */
+int tr_export_hf(const char *checkpoint_dir, enum tr_dtype dtype, const char *out_dir, tr_err *err);
+

@@ -209,6 +209,8 @@ static int start(struct run *r, const struct tr_run_flags *flags, tr_err *err)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    if (r->step == 0 && tr_run_load_pretrained(r, err) != TR_OK) /* not resumed */
+        return TR_ERROR;
     struct tr_loader_config lc = {TR_SPLIT_TRAIN, (int)cfg->train.micro_batch,
                                   (int)cfg->train.workers, (int)cfg->train.prefetch, 1,
                                   (uint64_t)cfg->train.seed, r->topo, r->rank, r->world,

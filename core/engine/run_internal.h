@@ -76,6 +76,9 @@ void tr_run_teardown(struct run *r);
 
 /* Memory the device offers a plan, in bytes, and the device in words. */
 double tr_run_device_memory(const struct tr_config *cfg, char *what, size_t what_size);
+/* model = { from = "DIR" }: DIR's weights into the parameters (a fresh
+ * run only: a resumed one has its checkpoint's); TR_OK when there is none. */
+int tr_run_load_pretrained(struct run *r, tr_err *err);
 
 /* smoke.c: save the run's checkpoint, load it into fresh buffers, compare. */
 int tr_smoke_round_trip(struct run *r, tr_err *err);

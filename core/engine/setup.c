@@ -9,10 +9,12 @@
 #include "checkpoint.h"
 #include "comm.h"
 #include "graph.h"
+#include "hf_weights.h"
 #include "loader.h"
 #include "model.h"
 #include "optim.h"
 #include "../config/hardware.h"
+#include "../config/hf_config.h"
 #include "../config/plugin.h"
 #include "../config/precision.h"
 #include "../config/recipe.h"
@@ -152,6 +154,58 @@ static void trial_step(struct run *r)
     tr_graph_forward(g, &r->be);
     tr_graph_backward(g, &r->be);
     r->be.iface->zero(r->be.context, g->grads, g->n_params * sizeof(float));
+}
+
+/* ---- pretrained weights (model = { from = "DIR" }) -------------------------- */
+
+/* The model as a Hugging Face config.json, for state.json (export --format
+ * hf), or NULL when it has no such form (an mlp, an inline builder). */
+static char *hf_config_text(struct run *r)
+{
+    const struct tr_value *model = tr_value_child(tr_recipe_root(r->cfg->recipe), "model");
+    const struct tr_value *type = tr_value_child(model, "type");
+    struct tr_hf_arch a;
+    tr_err why = {{0}};
+    if (!type || type->type != TR_V_STRING ||
+        (strcmp(type->string, "llama") != 0 && strcmp(type->string, "gpt") != 0))
+        return NULL;
+    if (tr_hf_describe(r->g, type->string, &a, &why) != TR_OK) {
+        tr_log(TR_LOG_DEBUG, NULL, "no Hugging Face form recorded: %s", why.msg);
+        return NULL;
+    }
+    /* a Llama from a directory keeps that directory's context length */
+    struct tr_hf_arch from;
+    const char *dir = tr_hf_from_dir(r->cfg->recipe);
+    if (dir && a.family == TR_HF_LLAMA && tr_hf_config_read(dir, &from, &why) == TR_OK &&
+        from.ctx > a.ctx)
+        a.ctx = from.ctx;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    tr_hf_config_write(&a, NULL, f);
+    fclose(f);
+    return text;
+}
+
+int tr_run_load_pretrained(struct run *r, tr_err *err)
+{
+    const char *dir = tr_hf_from_dir(r->cfg->recipe);
+    if (!dir)
+        return TR_OK;
+    struct tr_hf_arch a;
+    double t0 = tr_now();
+    if (tr_hf_config_read(dir, &a, err) != TR_OK || tr_hf_load(r->g, &r->be, dir, &a, err) != TR_OK) {
+        char where[600];
+        struct tr_origin o = {TR_FROM_RECIPE, tr_recipe_path(r->cfg->recipe), 0};
+        tr_recipe_origin(r->cfg->recipe, "model.from", &o);
+        tr_origin_format(&o, where, sizeof where);
+        tr_err_prefix(err, "%s: model.from", where);
+        return TR_ERROR;
+    }
+    if (r->rank == 0)
+        tr_log(TR_LOG_INFO, NULL, "weights from %s (%s, %zu parameters, %.1f s); the optimizer "
+               "starts fresh", dir, a.model_type, r->g->n_params, tr_now() - t0);
+    return TR_OK;
 }
 
 /* ---- setup and teardown --------------------------------------------------- */
@@ -306,7 +360,12 @@ int tr_run_setup(struct run *r, tr_err *err)
     r->ckpt = tr_checkpointer_open(&cc, err);
     if (!r->ckpt)
         return TR_ERROR;
+    char *hf_config = hf_config_text(r), weights_from[PATH_MAX];
+    const char *from = tr_hf_from_dir(cfg->recipe);
+    cc.hf_config = hf_config;
+    cc.weights_from = from ? (realpath(from, weights_from) ? weights_from : from) : NULL;
     return setup_cost(r, &r->policy, err);
+    free(hf_config);
 }
 
 void tr_run_teardown(struct run *r)

@@ -1,0 +1,54 @@
+/*
+ * Hugging Face weights in and out: the tensors of a model directory
+ * (model.safetensors or a sharded model.safetensors.index.json) loaded into
+ * a graph's parameters, and a checkpoint's weights written as a directory
+ * transformers' from_pretrained loads.  The config.json side is
+ * config/hf_config.c's.
+ *
+ * Names: Llama-family parameters are named as in transformers already.
+ * GPT-2's are too, but transformers stores the Conv1D weights (attn.c_attn,
+ * attn.c_proj, mlp.c_fc, mlp.c_proj) as [in, out] where trainrun's Linear
+ * is [out, in]: they are transposed on the way in and out.  GPT-2 files
+ * name tensors with or without the "transformer." prefix, and may carry the
+ * attention mask buffers (attn.bias, attn.masked_bias) and a tied
+ * lm_head.weight, which are ignored.
+ */
+#ifndef TR_HF_WEIGHTS_H
+#define TR_HF_WEIGHTS_H
+
+#include "graph.h"
+#include "../config/hf_config.h"
+#include "../util/safetensors.h"
+
+/* One tensor of an architecture: its name in transformers' files, its
+ * shape there, and whether trainrun stores it transposed. */
+struct tr_hf_tensor {
+    char *name;        /* as transformers saves it; trainrun's parameter has the same name */
+    int ndim;
+    int64_t shape[2];  /* in the file */
+    int transposed;    /* trainrun's is [shape[1], shape[0]] */
+    int64_t rows;      /* rows trainrun keeps (GPT-2's wpe: ctx of n_positions); else shape[0] */
+};
+
+/* The tensors of `a` with a context of ctx tokens; free with tr_hf_tensors_free. */
+size_t tr_hf_tensors(const struct tr_hf_arch *a, int64_t ctx, struct tr_hf_tensor **out);
+void tr_hf_tensors_free(struct tr_hf_tensor *t, size_t n);
+
+/* Load dir's weights into g's parameters (on be).  a is dir's config.json;
+ * the graph must be the model it describes.  Missing, unexpected or
+ * mis-shaped tensors are one error naming them and the file. */
+int tr_hf_load(struct tr_graph *g, const struct tr_backend *be, const char *dir,
+               const struct tr_hf_arch *a, tr_err *err);
+
+/* The architecture of a graph built by the llama or gpt builder (`type`),
+ * read off its parameters and nodes; TR_ERROR when it is not one. */
+int tr_hf_describe(const struct tr_graph *g, const char *type, struct tr_hf_arch *a, tr_err *err);
+
+/* Write out_dir/config.json and out_dir/model.safetensors (in dtype) from
+ * `weights`, a checkpoint's model.safetensors (`what` names it).  out_dir
+ * is created, or must be empty or an earlier export (it holds
+ * .trainrun-export); each file is replaced atomically. */
+int tr_hf_export(const struct tr_hf_arch *a, const struct tr_st_file *weights, const char *what,
+                 const char *out_dir, enum tr_dtype dtype, tr_err *err);
+
+#endif
