@@ -366,13 +366,13 @@ static int cmd_export(int argc, char **argv)
             out = argv[++i];
         else if (strcmp(argv[i], "--dtype") == 0)
             dtype_name = argv[++i];
+        else if (strcmp(argv[i], "--format") == 0)
+            format = argv[++i];
         else {
             fprintf(stderr, "trainrun: error: unknown argument '%s' for export\n", argv[i]);
             return TR_EXIT_USAGE;
         }
     }
-        else if (strcmp(argv[i], "--format") == 0)
-            format = argv[++i];
     enum tr_dtype dtype;
     if (strcmp(dtype_name, "bf16") == 0)
         dtype = TR_BF16;
@@ -384,17 +384,17 @@ static int cmd_export(int argc, char **argv)
         fprintf(stderr, "trainrun: error: --dtype takes bf16, fp16 or fp32, not '%s'\n", dtype_name);
         return TR_EXIT_USAGE;
     }
-    if (!out) {
-        fprintf(stderr, "trainrun: error: export needs -o %s\n", hf ? "DIR" : "FILE.safetensors");
-        return TR_EXIT_USAGE;
-    }
-    tr_err err = {{0}};
     int hf = strcmp(format, "hf") == 0;
     if (!hf && strcmp(format, "safetensors") != 0) {
         fprintf(stderr, "trainrun: error: --format takes safetensors (one file of trainrun's "
                 "weights) or hf (a Hugging Face model directory), not '%s'\n", format);
         return TR_EXIT_USAGE;
     }
+    if (!out) {
+        fprintf(stderr, "trainrun: error: export needs -o %s\n", hf ? "DIR" : "FILE.safetensors");
+        return TR_EXIT_USAGE;
+    }
+    tr_err err = {{0}};
     char *dir = NULL, *name = NULL;
     int code = TR_EXIT_OK;
     if (tr_checkpoint_resolve(argv[2], &dir, &name, &err) != TR_OK) {
@@ -403,15 +403,15 @@ static int cmd_export(int argc, char **argv)
         char *path = tr_xasprintf("%s/%s", dir, name);
         if ((hf ? tr_export_hf(path, dtype, out, &err) : tr_export_weights(path, dtype, out, &err)) != TR_OK)
             code = TR_EXIT_ERROR;
+        else if (hf)
+            fprintf(stderr, "trainrun: wrote %s/config.json and %s/model.safetensors (%s weights of "
+                    "%s); load it with transformers' from_pretrained, or model = { from = ... }\n",
+                    out, out, dtype_name, path);
         else
             fprintf(stderr, "trainrun: wrote %s (%s weights of %s)\n", out, dtype_name, path);
         free(path);
     }
     if (code != TR_EXIT_OK)
-        else if (hf)
-            fprintf(stderr, "trainrun: wrote %s/config.json and %s/model.safetensors (%s weights of "
-                    "%s); load it with transformers' from_pretrained, or model = { from = ... }\n",
-                    out, out, dtype_name, path);
         fprintf(stderr, "trainrun: error: %s\n", err.msg);
     free(dir);
     free(name);
