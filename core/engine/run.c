@@ -197,6 +197,8 @@ static int start(struct run *r, const struct tr_run_flags *flags, tr_err *err)
         tr_graph_print_memory(r->g, stderr);
     if (flags->resume && tr_run_resume(r, err) != TR_OK)
         return TR_ERROR;
+    if (r->step == 0 && tr_run_load_pretrained(r, err) != TR_OK) /* not resumed */
+        return TR_ERROR;
     if (r->position % (uint64_t)r->world != 0)
         return tr_fail(err, "the checkpoint stopped %llu micro-batches into the data, which %d "
                        "ranks cannot share; resume with a world size that divides the "
@@ -209,8 +211,6 @@ static int start(struct run *r, const struct tr_run_flags *flags, tr_err *err)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    if (r->step == 0 && tr_run_load_pretrained(r, err) != TR_OK) /* not resumed */
-        return TR_ERROR;
     struct tr_loader_config lc = {TR_SPLIT_TRAIN, (int)cfg->train.micro_batch,
                                   (int)cfg->train.workers, (int)cfg->train.prefetch, 1,
                                   (uint64_t)cfg->train.seed, r->topo, r->rank, r->world,
