@@ -121,10 +121,9 @@ static int check_vtable(const struct tr_plugin_info *info, tr_err *err)
     }
     case TR_KIND_COMM: {
         const struct tr_comm_vtable *v = info->vtable;
-        need = offsetof(struct tr_comm_vtable, barrier) + sizeof v->barrier;
+        need = offsetof(struct tr_comm_vtable, broadcast) + sizeof v->broadcast;
         present = TR_HAS_SLOT(v, struct tr_comm_vtable, allreduce_sum) &&
-                  TR_HAS_SLOT(v, struct tr_comm_vtable, broadcast) &&
-                  TR_HAS_SLOT(v, struct tr_comm_vtable, barrier);
+                  TR_HAS_SLOT(v, struct tr_comm_vtable, broadcast);
         break;
     }
     default:

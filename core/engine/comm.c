@@ -6,12 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum job_kind { JOB_ALLREDUCE, JOB_BROADCAST };
+enum job_kind { JOB_ALLREDUCE, JOB_BROADCAST, JOB_ALLGATHER };
 
 struct job {
     enum job_kind kind;
     void *buf;
-    size_t size; /* floats (all-reduce) or bytes (broadcast) */
+    size_t size; /* floats (all-reduce; all-gather: per rank) or bytes (broadcast) */
     int root;
 };
 
@@ -57,10 +57,14 @@ static void *comm_thread(void *arg)
         pthread_mutex_unlock(&c->lock);
         tr_err e = {{0}};
         int rc = TR_OK;
-        /* mandatory slots: the loader refused any vtable without them */
-        if (!skip)
-            rc = j.kind == JOB_ALLREDUCE ? c->vt->allreduce_sum(c->self, j.buf, j.size, &e)
-                                         : c->vt->broadcast(c->self, j.buf, j.size, j.root, &e);
+        /* mandatory slots: the loader refused any vtable without them;
+         * allgather is submitted only where tr_comm_has_allgather said so */
+        if (!skip && j.kind == JOB_ALLREDUCE)
+            rc = c->vt->allreduce_sum(c->self, j.buf, j.size, &e);
+        else if (!skip && j.kind == JOB_BROADCAST)
+            rc = c->vt->broadcast(c->self, j.buf, j.size, j.root, &e);
+        else if (!skip)
+            rc = c->vt->allgather(c->self, j.buf, j.size, &e);
         pthread_mutex_lock(&c->lock);
         if (rc != TR_OK && !c->failed) {
             c->failed = 1;
@@ -156,6 +160,17 @@ const char *tr_comm_describe(const struct tr_comm *c)
 int tr_comm_allreduce(struct tr_comm *c, float *buf, size_t count, tr_err *err)
 {
     submit(c, (struct job){JOB_ALLREDUCE, buf, count, 0});
+    return wait_all(c, err);
+}
+
+int tr_comm_has_allgather(const struct tr_comm *c)
+{
+    return TR_HAS_SLOT(c->vt, struct tr_comm_vtable, allgather);
+}
+
+int tr_comm_allgather(struct tr_comm *c, float *buf, size_t count, tr_err *err)
+{
+    submit(c, (struct job){JOB_ALLGATHER, buf, count, 0});
     return wait_all(c, err);
 }
 

@@ -25,6 +25,10 @@ const char *tr_comm_describe(const struct tr_comm *c);
 /* Blocking collectives (they wait for everything submitted before them). */
 int tr_comm_allreduce(struct tr_comm *c, float *buf, size_t count, tr_err *err);
 int tr_comm_broadcast(struct tr_comm *c, void *buf, size_t bytes, int root, tr_err *err);
+/* Rank r's count floats at buf + r*count to every rank; only when
+ * tr_comm_has_allgather (the plugin's slot is optional). */
+int tr_comm_allgather(struct tr_comm *c, float *buf, size_t count, tr_err *err);
+int tr_comm_has_allgather(const struct tr_comm *c);
 
 /* Gradient buckets over g's flat gradient buffer: about bucket_bytes each.
  * After tr_comm_arm(), the graph's backward submits each bucket's

@@ -74,12 +74,14 @@ _Static_assert(sizeof ((struct run *)0)->resume_full >= TR_OPTIMIZER_MAX_SLOTS *
 
 int tr_run_sharded(const struct run *r) { return r->opt.end - r->opt.begin < r->g->n_params; }
 
-/* Rank q's shard of the flat parameter buffer: equal parts, the last shorter. */
+/* Rank q's shard of the flat parameter buffer: world equal parts of
+ * n / world floats, the last rank's also holding the n % world left over,
+ * so that the equal parts are one allgather (tr_run_share_params). */
 void tr_run_shard_of(const struct run *r, int q, size_t *begin, size_t *end)
 {
-    size_t n = r->g->n_params, per = (n + (size_t)r->world - 1) / (size_t)r->world;
-    *begin = (size_t)q * per < n ? (size_t)q * per : n;
-    *end = *begin + per < n ? *begin + per : n;
+    size_t n = r->g->n_params, per = n / (size_t)r->world;
+    *begin = (size_t)q * per;
+    *end = q == r->world - 1 ? n : *begin + per;
 }
 
 /* Device-to-device through the host: only at checkpoint and resume time. */
@@ -92,16 +94,17 @@ static void copy_on_device(struct run *r, float *dst, const float *src, size_t f
     tr_free(host);
 }
 
-/* After each rank updated its shard: every rank gets every shard. */
+/* After each rank updated its shard: every rank gets every shard, the
+ * equal parts in one allgather, the last rank's few extra floats in a
+ * broadcast. */
 int tr_run_share_params(struct run *r, tr_err *err)
 {
-    for (int q = 0; q < r->world; q++) {
-        size_t b, e;
-        tr_run_shard_of(r, q, &b, &e);
-        if (e > b && tr_comm_broadcast(r->comm, r->g->params + b, (e - b) * sizeof(float), q,
-                                       err) != TR_OK)
-            return TR_ERROR;
-    }
+    size_t n = r->g->n_params, per = n / (size_t)r->world, rest = n - per * (size_t)r->world;
+    if (per && tr_comm_allgather(r->comm, r->g->params, per, err) != TR_OK)
+        return TR_ERROR;
+    if (rest && tr_comm_broadcast(r->comm, r->g->params + (n - rest), rest * sizeof(float),
+                                  r->world - 1, err) != TR_OK)
+        return TR_ERROR;
     return TR_OK;
 }
 
@@ -109,8 +112,9 @@ int tr_run_share_params(struct run *r, tr_err *err)
  * the other ranks send theirs.  full: n floats on rank 0, unused elsewhere. */
 static int gather_moments(struct run *r, const float *mine, float *full, tr_err *err)
 {
-    size_t per = r->opt.end - r->opt.begin;
-    float *scratch = r->rank == 0 ? NULL : r->be.iface->alloc(r->be.context, (per ? per : 1) * 4 + 64);
+    size_t lb, le; /* the last shard is the largest */
+    tr_run_shard_of(r, r->world - 1, &lb, &le);
+    float *scratch = r->rank == 0 ? NULL : r->be.iface->alloc(r->be.context, (le - lb + 1) * sizeof(float));
     int rc = TR_OK;
     for (int q = 0; q < r->world && rc == TR_OK; q++) {
         size_t b, e;

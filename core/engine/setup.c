@@ -301,8 +301,14 @@ int tr_run_setup(struct run *r, tr_err *err)
     if (tr_graph_plan(r->g, &r->be, slots, err) != TR_OK)
         return TR_ERROR;
     size_t begin = 0, end = r->g->n_params;
-    if (cfg->parallel.zero && r->world > 1) /* ZeRO-1: this rank's shard of the state */
+    if (cfg->parallel.zero && r->world > 1) { /* ZeRO-1: this rank's shard of the state */
+        if (r->comm && !tr_comm_has_allgather(r->comm))
+            return tr_fail(err, "parallel.zero: comm '%s' has no allgather, which ZeRO-1 needs to "
+                           "share the updated parameter shards; set parallel.zero = false or use "
+                           "a comm plugin that has one (tcp, mpi, nccl)",
+                           cfg->comm.plugin->info->name);
         tr_run_shard_of(r, r->rank, &begin, &end);
+    }
     if (tr_optimizer_init(&r->opt, &cfg->optimizer, r->g, &r->be, begin, end, err) != TR_OK)
         return TR_ERROR;
     r->g->memory.optimizer = (size_t)slots * (end - begin) * sizeof(float);

@@ -45,8 +45,9 @@ extern "C" {
 #endif
 
 /* 2.0: the vtables lost their unread leading `version` field (struct_size
- * alone says which slots a vtable has), and tr_host its `abi_major` (a
- * loaded plugin's major is the core's: the loader refuses any other). */
+ * alone says which slots a vtable has), tr_host its `abi_major` (a loaded
+ * plugin's major is the core's: the loader refuses any other), and the comm
+ * vtable its `barrier`, which the core never called. */
 #define TR_ABI_MAJOR 2
 #define TR_ABI_MINOR 0
 
@@ -296,10 +297,10 @@ struct tr_comm_vtable {
     int (*allreduce_sum)(void *self, float *buf, size_t count, tr_err *err);
     /* root's `bytes` bytes of buf copied to every rank */
     int (*broadcast)(void *self, void *buf, size_t bytes, int root, tr_err *err);
-    int (*barrier)(void *self, tr_err *err);
-    /* Optional: rank r contributes count floats at buf + r*count; afterwards
-     * every rank holds all world*count.  The core calls no allgather today
-     * (ZeRO-1 gathers shards with broadcast); tests/comm_check checks it. */
+    /* rank r contributes count floats at buf + r*count; afterwards every
+     * rank holds all world*count.  Optional, but ZeRO-1 (parallel.zero)
+     * shares the updated parameter shards with it and refuses a plugin
+     * without one. */
     int (*allgather)(void *self, float *buf, size_t count, tr_err *err);
     /* Optional: one line for logs ("tcp ring, 2 ranks via 127.0.0.1:29500") */
     const char *(*describe)(void *self);

@@ -148,23 +148,6 @@ static int mpi_broadcast(void *self, void *buf, size_t bytes, int root, tr_err *
     return TR_OK;
 }
 
-static int mpi_barrier(void *self, tr_err *err)
-{
-    struct mpi_comm *m = self;
-    if (usable(m, err) != TR_OK)
-        return TR_ERROR;
-    int rc;
-    if (m->timeout > 0) {
-        MPI_Request req;
-        rc = MPI_Ibarrier(m->comm, &req);
-        if (rc == MPI_SUCCESS && wait_request(m, &req, "barrier", err) != TR_OK)
-            return TR_ERROR;
-    } else {
-        rc = MPI_Barrier(m->comm);
-    }
-    return rc == MPI_SUCCESS ? TR_OK : mpi_error(err, "barrier", rc);
-}
-
 static int mpi_allgather(void *self, float *buf, size_t count, tr_err *err)
 {
     struct mpi_comm *m = self;
@@ -328,7 +311,6 @@ static const struct tr_comm_vtable mpi_vtable = {
     .struct_size = sizeof(struct tr_comm_vtable),
     .allreduce_sum = mpi_allreduce_sum,
     .broadcast = mpi_broadcast,
-    .barrier = mpi_barrier,
     .allgather = mpi_allgather,
     .describe = mpi_describe,
 };

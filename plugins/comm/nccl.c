@@ -50,7 +50,6 @@ struct nccl_comm {
     int own_stream;    /* created here, destroyed here */
     int device;        /* CUDA device of this rank */
     int rank, world;
-    float *scratch;    /* one float on the device, for barrier */
     double timeout;
     char description[512];
 };
@@ -177,16 +176,6 @@ static int nccl_broadcast(void *self, void *buf, size_t bytes, int root, tr_err 
         return TR_ERROR;
     return finish(c, "broadcast",
                   ncclBroadcast(buf, buf, bytes, ncclUint8, root, c->comm, c->stream), err);
-}
-
-static int nccl_barrier(void *self, tr_err *err)
-{
-    struct nccl_comm *c = self;
-    if (enter(c, err) != TR_OK)
-        return TR_ERROR;
-    return finish(c, "barrier",
-                  ncclAllReduce(c->scratch, c->scratch, 1, ncclFloat, ncclSum, c->comm, c->stream),
-                  err);
 }
 
 static int nccl_allgather(void *self, float *buf, size_t count, tr_err *err)
@@ -342,11 +331,6 @@ static int nccl_create(const struct tr_host *host, const void *config,
         }
         c->own_stream = 1;
     }
-    e = cudaMalloc((void **)&c->scratch, sizeof(float));
-    if (e != cudaSuccess) {
-        cuda_fail(err, "cudaMalloc", e);
-        goto fail;
-    }
 
     /* Nonblocking, so a rank that never joins costs a timeout, not a hang. */
     ncclConfig_t ncfg = NCCL_CONFIG_INITIALIZER;
@@ -392,8 +376,6 @@ static void nccl_destroy(void *self)
         if (c->comm)
             ncclCommDestroy(c->comm);
     }
-    if (c->scratch)
-        cudaFree(c->scratch);
     if (c->own_stream)
         cudaStreamDestroy(c->stream);
     free(c);
@@ -403,7 +385,6 @@ static const struct tr_comm_vtable nccl_vtable = {
     .struct_size = sizeof(struct tr_comm_vtable),
     .allreduce_sum = nccl_allreduce_sum,
     .broadcast = nccl_broadcast,
-    .barrier = nccl_barrier,
     .allgather = nccl_allgather,
     .describe = nccl_describe,
 };

@@ -264,12 +264,6 @@ static int tcp_broadcast(void *self, void *buf, size_t bytes, int root, tr_err *
     return TR_OK;
 }
 
-static int tcp_barrier(void *self, tr_err *err)
-{
-    float one = 1;
-    return tcp_allreduce_sum(self, &one, 1, err);
-}
-
 static const char *tcp_describe(void *self)
 {
     return ((struct tcp *)self)->describe;
@@ -421,7 +415,6 @@ static const struct tr_comm_vtable tcp_vtable = {
     .struct_size = sizeof(struct tr_comm_vtable),
     .allreduce_sum = tcp_allreduce_sum,
     .broadcast = tcp_broadcast,
-    .barrier = tcp_barrier,
     .allgather = tcp_allgather,
     .describe = tcp_describe,
 };

@@ -1,6 +1,6 @@
 #!/bin/sh
 # The mpi comm plugin on real MPI ranks, through the plugin ABI alone
-# (tests/comm_check: allreduce, broadcast, barrier and allgather checked
+# (tests/comm_check: allreduce, broadcast and allgather checked
 # against values every rank computes itself).  Skipped (77) without mpirun
 # or comm_mpi.so (install libopenmpi-dev openmpi-bin and re-run configure).
 #   a) 2 and 3 ranks pass, with blocking collectives and with a timeout

@@ -5,7 +5,9 @@
 #     (to fp32 rounding: the gradient sums are added in another order);
 #   - a 2-rank job killed with SIGKILL and resumed ends bit-identical to one
 #     never interrupted; SIGTERM makes it save and exit 75;
-#   - ZeRO-1 (parallel.zero) trains the same and resumes exactly;
+#   - ZeRO-1 (parallel.zero) trains the same and resumes exactly, also when
+#     the parameters do not divide by the ranks; a comm plugin without the
+#     allgather it shares the shards with is refused before training;
 #   - a checkpoint from 2 ranks resumes in 1 process (another world size);
 #   - a rank that dies ends the whole job promptly, naming the rank;
 #   - a batch the ranks cannot share is refused with the fix.
@@ -52,6 +54,22 @@ rm -rf zero-resumed/checkpoints/step-0000000040 zero-resumed/checkpoints/step-00
 echo step-0000000030 > zero-resumed/checkpoints/LATEST
 "$TRAINRUN" "$R" "$@" run_dir=zero-resumed procs=2 parallel.zero=true --resume auto --quiet
 cmp "$(weights zero)" "$(weights zero-resumed)" || fail "ZeRO-1 resumed: weights differ"
+# 1,885 parameters: an allgather of 942 per rank, and the last rank's one
+# left over broadcast after it
+O="$TR_SRCDIR/recipes/inline-model.lua"
+set -- model.width=33 train.steps=6 checkpoint.every=6
+"$TRAINRUN" "$O" "$@" run_dir=odd-one --quiet
+"$TRAINRUN" "$O" "$@" run_dir=odd-zero procs=2 parallel.zero=true 2> odd-zero.log
+grep -q "rank 0 keeps 942 of 1885 parameters" odd-zero.log || { cat odd-zero.log; fail "ZeRO-1 shards of 1885"; }
+python3 "$READ" close "$(weights odd-one)" "$(weights odd-zero)" 1e-5 ||
+  fail "ZeRO-1 with parameters that do not divide by the ranks changed the weights"
+if TRAINRUN_RANK=0 TRAINRUN_WORLD_SIZE=2 "$TRAINRUN" --plugin-path "$TR_TEST_PLUGIN_DIR" "$O" "$@" \
+     run_dir=no-allgather comm=no_allgather parallel.zero=true 2> no-allgather.log; then
+  fail "ZeRO-1 ran over a comm plugin without allgather"
+fi
+grep -q "comm 'no_allgather' has no allgather, which ZeRO-1 needs" no-allgather.log ||
+  { cat no-allgather.log; fail "unclear message for ZeRO-1 without allgather"; }
+set -- train.steps=40 train.batch=8 train.micro_batch=2 checkpoint.every=5 train.log_every=1
 
 # SIGKILL of the whole job (launcher and both ranks), then resume
 start_after 17 killed "$@"

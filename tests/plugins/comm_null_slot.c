@@ -1,6 +1,6 @@
-/* A comm plugin whose vtable reaches past barrier but leaves allreduce_sum
- * NULL: the core calls the mandatory comm slots without a NULL check, so
- * the loader must refuse it. */
+/* A comm plugin whose vtable reaches past broadcast but leaves
+ * allreduce_sum NULL: the core calls the mandatory comm slots without a
+ * NULL check, so the loader must refuse it. */
 #include <trainrun/plugin.h>
 
 static int create(const struct tr_host *h, const void *c, const struct tr_create_args *a,
@@ -15,13 +15,7 @@ static int broadcast(void *self, void *buf, size_t bytes, int root, tr_err *err)
     (void)self, (void)buf, (void)bytes, (void)root, (void)err;
     return TR_OK;
 }
-static int barrier(void *self, tr_err *err)
-{
-    (void)self, (void)err;
-    return TR_OK;
-}
-static const struct tr_comm_vtable vt = {
-    .struct_size = sizeof vt, .broadcast = broadcast, .barrier = barrier};
+static const struct tr_comm_vtable vt = {.struct_size = sizeof vt, .broadcast = broadcast};
 static const struct tr_plugin_info info = {
     .abi_major = TR_ABI_MAJOR, .struct_size = sizeof info, .kind = TR_KIND_COMM,
     .name = "null_slot", .version = "1", .description = "allreduce_sum missing",
