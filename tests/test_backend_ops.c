@@ -5,8 +5,8 @@
  * accumulates into gradients prefilled with random values on both sides.
  * Each device buffer is surrounded by guard bytes of a known pattern,
  * checked afterwards, so a kernel writing out of bounds fails its case.
- * Then the tiny GPT of tests/fixtures as a whole: loss, every gradient and a
- * few SGD steps.
+ * Then the tiny GPT of tests/fixtures and the tiny Llama of tests/config as
+ * wholes: loss, every gradient and a few SGD steps.
  *
  * Storage dtypes: the CUDA kernels are templated on fp32, bf16 and fp16
  * storage, so the bf16/fp16 cases store the node's tensors in that dtype on
@@ -817,7 +817,7 @@ Test(backend_ops, count_correct_ties_and_ignored_rows)
     pair_close(&p, "count_correct");
 }
 
-/* ---- the tiny GPT as a whole ------------------------------------------------------ */
+/* ---- the tiny GPT and the tiny Llama as wholes ------------------------------------ */
 
 static void environment(void)
 {
@@ -854,6 +854,8 @@ struct model_side {
     struct tr_optimizer opt;
 };
 
+/* The model of cfg on s->be, its parameters and tokens from f (the GPT
+ * fixture), or left for the caller when f is NULL. */
 static void model_open(struct model_side *s, struct tr_config *cfg, const struct tr_st_file *f,
                        enum tr_dtype compute)
 {
@@ -862,6 +864,10 @@ static void model_open(struct model_side *s, struct tr_config *cfg, const struct
     cr_assert_not_null(s->g, "%s", err.msg);
     s->g->compute = compute;
     cr_assert_eq(tr_graph_plan(s->g, s->be, 2, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(tr_optimizer_init(&s->opt, &cfg->optimizer, s->g, s->be, 0, s->g->n_params, &err),
+                 TR_OK, "%s", err.msg);
+    if (!f)
+        return;
     for (int i = 0; i < s->g->n_tensors; i++) {
         struct tr_tensor *t = &s->g->tensors[i];
         if (t->role != TR_ROLE_PARAM)
@@ -873,8 +879,6 @@ static void model_open(struct model_side *s, struct tr_config *cfg, const struct
     const struct tr_st_entry *tok = need_entry(f, "", "tokens"), *tgt = need_entry(f, "", "targets");
     s->be->iface->upload(s->be->context, s->g->tensors[s->g->inputs[0]].data, tok->data, tok->bytes);
     s->be->iface->upload(s->be->context, s->g->tensors[s->g->inputs[1]].data, tgt->data, tgt->bytes);
-    cr_assert_eq(tr_optimizer_init(&s->opt, &cfg->optimizer, s->g, s->be, 0, s->g->n_params, &err), TR_OK, "%s",
-                 err.msg);
 }
 
 static float model_step(struct model_side *s)
@@ -887,6 +891,41 @@ static float model_step(struct model_side *s)
     float loss;
     s->be->iface->download(s->be->context, &loss, g->tensors[g->loss].data, sizeof loss);
     return loss;
+}
+
+/* Three SGD steps of one model on both backends from the same parameters
+ * and tokens: the loss of each step, every gradient of the first, the
+ * parameters at the end. */
+static void train_both(struct model_side *cpu, struct model_side *gpu, const char *label,
+                       double tolerance)
+{
+    for (int step = 0; step < 3; step++) {
+        float want = model_step(cpu), got = model_step(gpu);
+        cr_assert(isfinite(got), "%s: step %d: loss %g on the GPU", label, step, (double)got);
+        cr_assert_leq(fabs((double)got - want), tolerance * fabs((double)want),
+                      "%s: step %d: loss %.7f on the GPU, %.7f on the CPU", label, step, (double)got,
+                      (double)want);
+        if (step == 0)
+            for (int i = 0; i < cpu->g->n_tensors; i++) {
+                const struct tr_tensor *tc = &cpu->g->tensors[i], *tg = &gpu->g->tensors[i];
+                if (tc->role != TR_ROLE_PARAM)
+                    continue;
+                char what[128];
+                snprintf(what, sizeof what, "gradient of %s", tc->name);
+                compare(label, what, cpu->be, tc->grad, TR_F32, gpu->be, tg->grad, TR_F32,
+                        tc->numel, tolerance);
+            }
+        tr_optimizer_step(&cpu->opt, cpu->g, cpu->be, 1.0, 1e-2);
+        tr_optimizer_step(&gpu->opt, gpu->g, gpu->be, 1.0, 1e-2);
+    }
+    compare(label, "parameters after 3 SGD steps", cpu->be, cpu->g->params, TR_F32, gpu->be,
+            gpu->g->params, TR_F32, cpu->g->n_params, tolerance);
+}
+
+static void model_close(struct model_side *s)
+{
+    tr_optimizer_free(&s->opt, s->be);
+    tr_graph_free(s->g, s->be);
 }
 
 static void whole_model(enum tr_dtype compute, double tolerance)
@@ -913,32 +952,10 @@ static void whole_model(enum tr_dtype compute, double tolerance)
     struct model_side cpu = {.be = &cpu_be}, gpu = {.be = &cuda};
     model_open(&cpu, &cfg, f, compute);
     model_open(&gpu, &cfg, f, compute);
-    const char *label = compute == TR_F32 ? "tiny GPT, fp32" : "tiny GPT, bf16 GEMM inputs";
-    for (int step = 0; step < 3; step++) {
-        float want = model_step(&cpu), got = model_step(&gpu);
-        cr_assert(isfinite(got), "%s: step %d: loss %g on the GPU", label, step, (double)got);
-        cr_assert_leq(fabs((double)got - want), tolerance * fabs((double)want),
-                      "%s: step %d: loss %.7f on the GPU, %.7f on the CPU", label, step, (double)got,
-                      (double)want);
-        if (step == 0)
-            for (int i = 0; i < cpu.g->n_tensors; i++) {
-                const struct tr_tensor *tc = &cpu.g->tensors[i], *tg = &gpu.g->tensors[i];
-                if (tc->role != TR_ROLE_PARAM)
-                    continue;
-                char what[128];
-                snprintf(what, sizeof what, "gradient of %s", tc->name);
-                compare(label, what, &cpu_be, tc->grad, TR_F32, &cuda, tg->grad, TR_F32,
-                        tc->numel, tolerance);
-            }
-        tr_optimizer_step(&cpu.opt, cpu.g, &cpu_be, 1.0, 1e-2);
-        tr_optimizer_step(&gpu.opt, gpu.g, &cuda, 1.0, 1e-2);
-    }
-    compare(label, "parameters after 3 SGD steps", &cpu_be, cpu.g->params, TR_F32, &cuda,
-            gpu.g->params, TR_F32, cpu.g->n_params, tolerance);
-    tr_optimizer_free(&cpu.opt, &cpu_be);
-    tr_optimizer_free(&gpu.opt, &cuda);
-    tr_graph_free(cpu.g, &cpu_be);
-    tr_graph_free(gpu.g, &cuda);
+    train_both(&cpu, &gpu, compute == TR_F32 ? "tiny GPT, fp32" : "tiny GPT, bf16 GEMM inputs",
+               tolerance);
+    model_close(&cpu);
+    model_close(&gpu);
     tr_config_free(&cfg);
     tr_safetensors_free(f);
     free(buf);
@@ -946,8 +963,54 @@ static void whole_model(enum tr_dtype compute, double tolerance)
     tr_backend_close(&cuda);
 }
 
+/* tests/config/tiny_llama.lua (grouped-query attention, RoPE, RMSNorm,
+ * SwiGLU, untied head) with parameters initialised on the CPU and copied,
+ * and random tokens: every new op inside a whole model, forward and
+ * backward, on the GPU as on the CPU. */
+static void whole_llama(enum tr_dtype compute, double tolerance)
+{
+    struct tr_backend cuda, cpu_be;
+    need_cuda(&cuda);
+    cr_assert_eq(tr_cpu_backend_init(&cpu_be, 0), 0);
+    tr_err err = {{0}};
+    const char *sgd[] = {"optimizer.type=sgd", "optimizer.momentum=0.9"};
+    struct tr_config cfg;
+    cr_assert_eq(tr_config_load(&cfg, TR_TEST_SRCDIR "/config/tiny_llama.lua", sgd, 2, &err),
+                 TR_OK, "%s", err.msg);
+    struct model_side cpu = {.be = &cpu_be}, gpu = {.be = &cuda};
+    model_open(&cpu, &cfg, NULL, compute);
+    model_open(&gpu, &cfg, NULL, compute);
+    cr_assert_eq(cpu.g->n_params, gpu.g->n_params);
+    tr_graph_init_params(cpu.g, &cpu_be, 77);
+    float *params = malloc(cpu.g->n_params * sizeof *params);
+    cpu_be.iface->download(cpu_be.context, params, cpu.g->params, cpu.g->n_params * sizeof *params);
+    cuda.iface->upload(cuda.context, gpu.g->params, params, gpu.g->n_params * sizeof *params);
+    free(params);
+    uint64_t seed = 21;
+    for (int k = 0; k < 2; k++) { /* tokens, targets */
+        const struct tr_tensor *t = &cpu.g->tensors[cpu.g->inputs[k]];
+        cr_assert_eq(t->dtype, TR_I32);
+        int32_t *ids = malloc(t->numel * sizeof *ids);
+        for (size_t j = 0; j < t->numel; j++)
+            ids[j] = (int32_t)(rng_next(&seed) % 37u); /* the recipe's vocab */
+        cpu_be.iface->upload(cpu_be.context, t->data, ids, t->numel * sizeof *ids);
+        cuda.iface->upload(cuda.context, gpu.g->tensors[gpu.g->inputs[k]].data, ids,
+                           t->numel * sizeof *ids);
+        free(ids);
+    }
+    train_both(&cpu, &gpu, compute == TR_F32 ? "tiny Llama, fp32" : "tiny Llama, bf16 GEMM inputs",
+               tolerance);
+    model_close(&cpu);
+    model_close(&gpu);
+    tr_config_free(&cfg);
+    tr_cpu_backend_free(&cpu_be);
+    tr_backend_close(&cuda);
+}
+
 Test(whole_model, tiny_gpt_fp32, .init = environment) { whole_model(TR_F32, 1e-4); }
 Test(whole_model, tiny_gpt_bf16_gemm_inputs, .init = environment) { whole_model(TR_BF16, 2e-3); }
+Test(whole_model, tiny_llama_fp32, .init = environment) { whole_llama(TR_F32, 1e-4); }
+Test(whole_model, tiny_llama_bf16_gemm_inputs, .init = environment) { whole_llama(TR_BF16, 2e-3); }
 
 /* ---- the harness itself, on the CPU (runs everywhere) ---------------------------------- */
 
