@@ -545,8 +545,17 @@ void tr_config_free(struct tr_config *cfg)
 void tr_config_help(FILE *out)
 {
     fprintf(out, "Recipe sections (a recipe returns a table with these keys):\n\n");
-    fprintf(out, "  model       = gpt { vocab, ctx, layers, heads, dim } | mlp { inputs, hidden, classes }\n"
-                 "                | { build = function(nn, spec, batch) ... end }\n");
+    fprintf(out, "  model       = gpt { vocab, ctx, layers, heads, dim, recompute }\n"
+                 "                | llama { vocab, ctx, layers, heads, kv_heads, dim, ffn_dim, rope_theta,\n"
+                 "                          norm_eps, tie_embeddings, qkv_bias, embed_scale, init_std,\n"
+                 "                          recompute }\n"
+                 "                | mlp { inputs, hidden, classes, activation }\n"
+                 "                | { from = \"DIR\" }  (a Hugging Face directory: config.json + safetensors)\n"
+                 "                | { build = function(nn, spec, batch) ... end }\n"
+                 "                llama's defaults: kv_heads = heads (grouped-query attention when fewer),\n"
+                 "                rope_theta 10000, norm_eps 1e-5, tie_embeddings false, qkv_bias false\n"
+                 "                (true for Qwen2), embed_scale 1, init_std 0.02; recompute 0 (k: every\n"
+                 "                k-th block's activations are recomputed in backward); README.md, Models\n");
     fprintf(out, "  data        = { plugin = \"text\", ... }        (trainrun plugins data)\n");
     fprintf(out, "  precision   = \"fp32\" | { plugin = ..., ... }  (default: $TRAINRUN_PRECISION or fp32)\n");
     fprintf(out, "  schedule    = { plugin = \"cosine\", ... }      (default: constant)\n");
