@@ -858,8 +858,9 @@ static void ref_rmsnorm(const void *vctx, double *out)
 Test(rmsnorm, forward_backward)
 {
     rng_t rng = {851};
-    /* odd widths, one row, and a Llama-like width */
-    const int shapes[][2] = {{1, 3}, {3, 5}, {7, 16}, {24, 40}, {10, 67}, {5, 130}, {3, 512}};
+    /* odd widths, one row, a Llama-like width, rows past two chunks of dw sums */
+    const int shapes[][2] = {{1, 3}, {3, 5}, {7, 16}, {24, 40}, {10, 67}, {5, 130}, {3, 512},
+                             {75, 9}};
     const float eps = 1e-5f;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int N = shapes[s][0], C = shapes[s][1];
@@ -879,26 +880,29 @@ Test(rmsnorm, forward_backward)
         free(ctx.rstd);
         ctx.rstd = NULL;
 
+        size_t n_scratch = tr_cpu_rmsnorm_scratch_floats(N, C);
+        float *scratch = fvec(n_scratch);
+        fill_f(scratch, n_scratch, NAN); /* scratch content must not matter */
         float *dinp = fvec(n_x), *dw = fvec(C);
-        tr_cpu_rmsnorm_backward(dinp, dw, R, inp, w, rstd, N, C);
+        tr_cpu_rmsnorm_backward(dinp, dw, scratch, R, inp, w, rstd, N, C);
         check_gradient("rmsnorm dinp", dinp, ref_rmsnorm, &ctx, ctx.inp, n_x, Rd, n_x);
         check_gradient("rmsnorm dw", dw, ref_rmsnorm, &ctx, ctx.w, C, Rd, n_x);
 
         float *pre_x = random_fvec(&rng, n_x, -1, 1), *pre_w = random_fvec(&rng, C, -1, 1);
         float *acc_x = copy_fvec(pre_x, n_x), *acc_w = copy_fvec(pre_w, C);
-        tr_cpu_rmsnorm_backward(acc_x, acc_w, R, inp, w, rstd, N, C);
+        tr_cpu_rmsnorm_backward(acc_x, acc_w, scratch, R, inp, w, rstd, N, C);
         expect_accumulated("rmsnorm dinp accumulates", acc_x, pre_x, dinp, n_x);
         expect_accumulated("rmsnorm dw accumulates", acc_w, pre_w, dw, C);
 
         float *only_w = fvec(C), *only_x = fvec(n_x);
-        tr_cpu_rmsnorm_backward(NULL, only_w, R, inp, w, rstd, N, C);
+        tr_cpu_rmsnorm_backward(NULL, only_w, scratch, R, inp, w, rstd, N, C);
         expect_close_ff("rmsnorm dw alone", only_w, dw, C, 0.0);
-        tr_cpu_rmsnorm_backward(only_x, NULL, R, inp, w, rstd, N, C);
+        tr_cpu_rmsnorm_backward(only_x, NULL, scratch, R, inp, w, rstd, N, C);
         expect_close_ff("rmsnorm dinp alone", only_x, dinp, n_x, 0.0);
 
         free(inp), free(w), free(R), free(ctx.inp), free(ctx.w), free(Rd), free(want);
         free(out), free(rstd), free(dinp), free(dw), free(pre_x), free(pre_w), free(acc_x);
-        free(acc_w), free(only_w), free(only_x);
+        free(acc_w), free(only_w), free(only_x), free(scratch);
     }
 }
 
@@ -912,7 +916,8 @@ Test(rmsnorm, zero_row_and_eps)
     cr_assert(fabsf(rstd[0] - 1000.0f) <= 1e-3f, "rstd of a zero row is 1/sqrt(eps): %g", rstd[0]);
     for (int i = 0; i < 8; i++)
         cr_assert(out[i] == 0.0f, "zero row stays zero");
-    tr_cpu_rmsnorm_backward(dx, dw, dy, x, w, rstd, 1, 8);
+    float scratch[8];
+    tr_cpu_rmsnorm_backward(dx, dw, scratch, dy, x, w, rstd, 1, 8);
     for (int i = 0; i < 8; i++) {
         cr_assert(fabsf(dx[i] - 1000.0f * dy[i]) <= 1e-3f * dy[i], "dx of a zero row is rstd * dy");
         cr_assert(dw[i] == 0.0f, "dw of a zero row is 0");
@@ -1769,13 +1774,14 @@ Test(backend_ops, rmsnorm_rope_swiglu_scale_from_nodes)
         one_node_run(&o);
         float *want = fvec(N), *want_rstd = fvec(B * T), *want_dx = fvec(N), *want_dw = fvec(C);
         tr_cpu_rmsnorm_forward(want, want_rstd, x, w, B * T, C, 0.25f);
-        tr_cpu_rmsnorm_backward(want_dx, want_dw, dout, x, w, want_rstd, B * T, C);
+        float *scratch = fvec(tr_cpu_rmsnorm_scratch_floats(B * T, C));
+        tr_cpu_rmsnorm_backward(want_dx, want_dw, scratch, dout, x, w, want_rstd, B * T, C);
         expect_bitwise("rmsnorm node out", out, want, N);
         expect_bitwise("rmsnorm node rstd", rstd, want_rstd, B * T);
         expect_bitwise("rmsnorm node dx", dx, want_dx, N);
         expect_bitwise("rmsnorm node dw", dw, want_dw, C);
         free(out), free(rstd), free(dx), free(dw), free(want), free(want_rstd), free(want_dx);
-        free(want_dw);
+        free(want_dw), free(scratch);
     }
     /* rope: heads and theta from the node */
     {
@@ -1892,7 +1898,7 @@ enum {
     XE_N = 40, XE_V = 500,
     SQ_N = 1000000,
     GELU_N = 50001, /* several threads' shares and a tail */
-    RMS_N = 50, RMS_C = 200,
+    RMS_N = 150, RMS_C = 200, /* several chunks of dw sums */
     ROPE_B = 3, ROPE_T = 40, ROPE_H = 4, ROPE_D = 18,
     GQ_B = 2, GQ_T = 130, GQ_H = 6, GQ_KV = 2, GQ_D = 8,
 };
@@ -1962,8 +1968,10 @@ static void run_with_threads(const thread_inputs *in, int threads, thread_result
     r->rms_out = fvec(RMS_N * RMS_C), r->rms_rstd = fvec(RMS_N);
     r->rms_dinp = fvec(RMS_N * RMS_C), r->rms_dw = fvec(RMS_C);
     tr_cpu_rmsnorm_forward(r->rms_out, r->rms_rstd, in->rms_inp, in->rms_w, RMS_N, RMS_C, 1e-5f);
-    tr_cpu_rmsnorm_backward(r->rms_dinp, r->rms_dw, in->rms_dout, in->rms_inp, in->rms_w,
+    scratch = fvec(tr_cpu_rmsnorm_scratch_floats(RMS_N, RMS_C));
+    tr_cpu_rmsnorm_backward(r->rms_dinp, r->rms_dw, scratch, in->rms_dout, in->rms_inp, in->rms_w,
                             r->rms_rstd, RMS_N, RMS_C);
+    free(scratch);
 
     size_t n_rope = (size_t)ROPE_B * ROPE_T * ROPE_H * ROPE_D;
     r->rope_out = fvec(n_rope), r->rope_dinp = fvec(n_rope);

@@ -84,6 +84,8 @@ static size_t cpu_scratch_floats(void *ctx, const struct tr_graph *g, const stru
         return T(0)->numel + T(1)->numel + OUT->numel;
     if (n->op == TR_OP_MATMUL && half_gemm(g))
         return T(0)->numel + T(1)->numel + OUT->numel;
+    if (n->op == TR_OP_RMSNORM) /* dw's partial sums */
+        return tr_cpu_rmsnorm_scratch_floats(rows(T(0)), cols(T(0)));
     if (n->op == TR_OP_ROPE) /* the cos/sin table */
         return tr_cpu_rope_scratch_floats((int)T(0)->shape[1], cols(T(0)) / n->heads);
     if (n->op != TR_OP_ATTENTION)
@@ -235,8 +237,8 @@ static void cpu_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
                                       (int)T(0)->shape[2] / 3, n->heads);
         break;
     case TR_OP_RMSNORM:
-        tr_cpu_rmsnorm_backward(T(0)->grad, T(1)->grad, dout, F(T(0)), F(T(1)), AUX(0),
-                                rows(T(0)), cols(T(0)));
+        tr_cpu_rmsnorm_backward(T(0)->grad, T(1)->grad, g->scratch, dout, F(T(0)), F(T(1)),
+                                AUX(0), rows(T(0)), cols(T(0)));
         break;
     case TR_OP_ROPE:
         tr_cpu_rope_backward(T(0)->grad, dout, g->scratch, (int)T(0)->shape[0],

@@ -70,11 +70,13 @@ void tr_cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *d
                                const float *rstd, int N, int C);
 
 /* ---- RMSNorm over the last dim C: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps);
- * saves rstd[N] for backward */
+ * saves rstd[N] for backward.  Backward scratch: the partial sums of dw
+ * (tr_cpu_rmsnorm_scratch_floats; its contents need not be initialised). */
 void tr_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N,
                             int C, float eps);
-void tr_cpu_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
-                             const float *w, const float *rstd, int N, int C);
+size_t tr_cpu_rmsnorm_scratch_floats(int N, int C);
+void tr_cpu_rmsnorm_backward(float *dinp, float *dw, float *scratch, const float *dout,
+                             const float *inp, const float *w, const float *rstd, int N, int C);
 
 /* ---- rotary position embedding, Hugging Face's rotate-half convention, on
  * x[B,T,H*D] (D even): in each head, pair (i, i+D/2) at position t turns by

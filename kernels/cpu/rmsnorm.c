@@ -7,14 +7,17 @@
  *
  * Row sums are accumulated in double, in a vectorised loop: its lane order is
  * fixed by the code, not by the threads (rows are split between threads,
- * never a row), so results do not depend on the thread count.
+ * never a row), so results do not depend on the thread count.  Backward
+ * reads x and dout once: dw is summed per chunk of rows into scratch, then
+ * over the chunks in order (the same sums whatever the thread count).
  */
 #include <math.h>
 
 #include "kernels.h"
 
-/* Columns per block in the dw column sums (as layernorm.c). */
-enum { COLUMN_BLOCK = 64 };
+/* Rows per partial sum of dw: the partials' count depends on N alone, never
+ * on the threads. */
+enum { ROW_CHUNK = 32, COLUMN_BLOCK = 64 };
 
 void tr_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N,
                             int C, float eps)
@@ -35,46 +38,65 @@ void tr_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const flo
     }
 }
 
-void tr_cpu_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
-                             const float *w, const float *rstd, int N, int C)
+size_t tr_cpu_rmsnorm_scratch_floats(int N, int C)
 {
-    if (dinp != NULL) {
+    return (size_t)((N + ROW_CHUNK - 1) / ROW_CHUNK) * (size_t)C;
+}
+
+/* One pass over x and dout: each chunk of ROW_CHUNK rows writes its dinp
+ * rows and its partial dw (rows in order) into scratch; the partials are
+ * then summed in chunk order. */
+void tr_cpu_rmsnorm_backward(float *dinp, float *dw, float *scratch, const float *dout,
+                             const float *inp, const float *w, const float *rstd, int N, int C)
+{
+    if (dinp == NULL && dw == NULL)
+        return;
+    int chunks = (N + ROW_CHUNK - 1) / ROW_CHUNK;
 #pragma omp parallel for schedule(static)
-        for (int n = 0; n < N; n++) {
+    for (int k = 0; k < chunks; k++) {
+        float *part = scratch + (size_t)k * C;
+        if (dw != NULL)
+            for (int c = 0; c < C; c++)
+                part[c] = 0.0f;
+        int n1 = (k + 1) * ROW_CHUNK < N ? (k + 1) * ROW_CHUNK : N;
+        for (int n = k * ROW_CHUNK; n < n1; n++) {
             const float *x = inp + (size_t)n * C;
             const float *dy = dout + (size_t)n * C;
             float s = rstd[n];
-            double gx = 0.0;
+            if (dinp != NULL) {
+                double gx = 0.0;
 #pragma omp simd reduction(+ : gx)
-            for (int c = 0; c < C; c++)
-                gx += (double)(dy[c] * w[c]) * x[c];
-            /* x's coefficient: rstd^3 * mean(g x) */
-            float k = (float)((double)s * s * s * (gx / C));
-            float *dx = dinp + (size_t)n * C;
+                for (int c = 0; c < C; c++)
+                    gx += (double)(dy[c] * w[c]) * x[c];
+                /* x's coefficient: rstd^3 * mean(g x) */
+                float q = (float)((double)s * s * s * (gx / C));
+                float *dx = dinp + (size_t)n * C;
 #pragma omp simd
-            for (int c = 0; c < C; c++)
-                dx[c] += s * (dy[c] * w[c]) - k * x[c];
+                for (int c = 0; c < C; c++)
+                    dx[c] += s * (dy[c] * w[c]) - q * x[c];
+            }
+            if (dw != NULL) {
+#pragma omp simd
+                for (int c = 0; c < C; c++)
+                    part[c] += dy[c] * (x[c] * s);
+            }
         }
     }
-    if (dw != NULL) {
-        /* Column sums over rows, split by column blocks so each sum runs over
-         * the rows in order whatever the thread count. */
-        int blocks = (C + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
+    if (dw == NULL)
+        return;
+    int blocks = (C + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
 #pragma omp parallel for schedule(static)
-        for (int blk = 0; blk < blocks; blk++) {
-            int c0 = blk * COLUMN_BLOCK;
-            int width = C - c0 < COLUMN_BLOCK ? C - c0 : COLUMN_BLOCK;
-            float dw_sum[COLUMN_BLOCK] = {0};
-            for (int n = 0; n < N; n++) {
-                const float *x = inp + (size_t)n * C + c0;
-                const float *dy = dout + (size_t)n * C + c0;
-                float s = rstd[n];
+    for (int blk = 0; blk < blocks; blk++) {
+        int c0 = blk * COLUMN_BLOCK;
+        int width = C - c0 < COLUMN_BLOCK ? C - c0 : COLUMN_BLOCK;
+        float sum[COLUMN_BLOCK] = {0};
+        for (int k = 0; k < chunks; k++) {
+            const float *part = scratch + (size_t)k * C + c0;
 #pragma omp simd
-                for (int j = 0; j < width; j++)
-                    dw_sum[j] += dy[j] * (x[j] * s);
-            }
             for (int j = 0; j < width; j++)
-                dw[c0 + j] += dw_sum[j];
+                sum[j] += part[j];
         }
+        for (int j = 0; j < width; j++)
+            dw[c0 + j] += sum[j];
     }
 }
