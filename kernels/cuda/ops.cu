@@ -667,9 +667,9 @@ void cuda_rmsnorm_backward(struct cuda_context *c, int dt, float *dinp, float *d
  * transformers' fp32 arithmetic: inv_freq = 1 / theta^(float(2i)/D) and the
  * angle t * inv_freq rounded to fp32 (at t in the thousands that rounding
  * moves the angle by ~1e-4, so computing it differently would disagree with
- * the checkpoints' reference); cos and sin of it are exact to fp32.  One
- * kernel fills a [T, D/2] table of each in scratch, shared by every batch row
- * and head. */
+ * the checkpoints' reference), then its cos and sin by sincosf (within 2
+ * ulp; the CPU's glibc sincosf is within 1).  One kernel fills a [T, D/2]
+ * table of each in scratch, shared by every batch row and head. */
 
 size_t cuda_rope_scratch_floats(int T, int D)
 {
@@ -683,10 +683,9 @@ __global__ void rope_table_kernel(float *cos_t, float *sin_t, int T_, int half, 
          i += (size_t)gridDim.x * blockDim.x) {
         int t = (int)(i / half), k = (int)(i % half);
         float exponent = (float)(2 * k) / (float)(2 * half);
+        /* powf rounded once from double: the correctly rounded fp32 power */
         float inv_freq = 1.0f / (float)pow((double)theta, (double)exponent);
-        double angle = (double)((float)t * inv_freq);
-        cos_t[i] = (float)cos(angle);
-        sin_t[i] = (float)sin(angle);
+        sincosf((float)t * inv_freq, &sin_t[i], &cos_t[i]);
     }
 }
 
