@@ -308,13 +308,13 @@ def check_one(name, expected=None):
 # --check-export: trainrun -> export --format hf -> from_pretrained
 # ---------------------------------------------------------------------------
 
-def run(cmd, **kw):
-    print("$ " + " ".join(cmd), flush=True)
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, **kw)
+def run(cmd, cwd):
+    p = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
-        sys.stdout.write(p.stdout)
-        raise SystemExit("check-export: %s exited %d" % (cmd[1], p.returncode))
+        sys.stdout.write(p.stdout + p.stderr)
+        raise SystemExit("check-export: `%s` exited %d"
+                         % (" ".join(cmd), p.returncode))
     return p.stdout
 
 
@@ -341,38 +341,53 @@ def hf_from_trainrun(tensors, fixture, cls):
     return model
 
 
+def write_shard(path, tokens):
+    """llm.c's token shard: 256 int32 header (magic, version 1, count),
+    then uint16 tokens (docs/data.md)."""
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = (20240520, 1, len(tokens))
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(tokens, dtype="<u2").tobytes())
+
+
 def check_export_one(trainrun, name, steps, work):
+    """Train `steps` steps from the fixture (0: one step at lr 0, the
+    weights as loaded), export --format hf, and compare with transformers:
+    trainrun's own validation loss (`trainrun eval`) against
+    from_pretrained(export)'s on the same windows, and the export's logits
+    against an HF model holding trainrun's checkpoint weights."""
     import torch
+    import torch.nn.functional as F
     _, cls, _, _ = MODELS[name]
     fixture = os.path.join(FIXTURES, name)
     with open(os.path.join(fixture, "config.json")) as f:
         config = json.load(f)
-    V = config["vocab_size"]
-    ctx = config.get("n_positions", config.get("max_position_embeddings"))
+    V, ctx, K = config["vocab_size"], 16, 4
     d = os.path.join(work, "%s-%d" % (name, steps))
     os.makedirs(d)
+    rng = np.random.default_rng(SEED + steps)
+    write_shard(os.path.join(d, "train.bin"), rng.integers(0, V, 64 * ctx + 1))
+    val = rng.integers(0, V, K * ctx + 1)
+    write_shard(os.path.join(d, "val.bin"), val)
     recipe = os.path.join(d, "recipe.lua")
     with open(recipe, "w") as f:
         f.write('return {\n'
-                '  model = { from = %s },\n'
-                '  data = { plugin = "synthetic", kind = "tokens", classes = %d },\n'
-                '  train = { steps = %d, batch = 4, seed = 7 },\n'
-                '  optimizer = { type = "adamw", lr = 1e-2 },\n'
-                '  checkpoint = { every = %d },\n'
-                '  run_dir = %s,\n'
-                '}\n' % (json.dumps(fixture), V, max(steps, 1), max(steps, 1),
-                         json.dumps(os.path.join(d, "run"))))
-    if steps > 0:
-        run([trainrun, "run", recipe, "--quiet"])
-        ckpt = os.path.join(d, "run")
-    else:
-        # no training: the untouched weights through a 1-step run at lr 0
-        run([trainrun, "run", recipe, "optimizer.lr=0", "--quiet"])
-        ckpt = os.path.join(d, "run")
+                '  model = { from = %s, ctx = %d },\n'
+                '  data = { plugin = "tokens", train = "train.bin", val = "val.bin", vocab = %d },\n'
+                '  train = { steps = %d, batch = %d, seed = 7 },\n'
+                '  optimizer = { type = "adamw", lr = %s },\n'
+                '  run_dir = "run",\n'
+                '}\n' % (json.dumps(fixture), ctx, V, max(steps, 1), K,
+                         "1e-2" if steps else "0"))
+    run([trainrun, "run", recipe, "--quiet"], d)
+    ckpt = os.path.join(d, "run")
     out = os.path.join(d, "hf")
     raw = os.path.join(d, "raw.safetensors")
-    run([trainrun, "export", ckpt, "--format", "hf", "-o", out])
-    run([trainrun, "export", ckpt, "--dtype", "fp32", "-o", raw])
+    run([trainrun, "export", ckpt, "--format", "hf", "--dtype", "fp32", "-o", out], d)
+    run([trainrun, "export", ckpt, "--dtype", "fp32", "-o", raw], d)
+    ev = json.loads(run([trainrun, "eval", recipe, "--checkpoint", ckpt,
+                         "--batches", "all", "--json"], d).strip().splitlines()[-1])
 
     with open(os.path.join(out, "config.json")) as f:
         exported = json.load(f)
@@ -380,8 +395,8 @@ def check_export_one(trainrun, name, steps, work):
         k for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                     "num_attention_heads", "num_key_value_heads",
                     "rope_theta", "rms_norm_eps", "tie_word_embeddings",
-                    "n_embd", "n_layer", "n_head", "layer_norm_epsilon",
-                    "activation_function") if k in config]
+                    "n_embd", "n_layer", "n_head", "n_positions",
+                    "layer_norm_epsilon", "activation_function") if k in config]
     for k in fields:
         if exported.get(k) != config[k]:
             raise SystemExit("check-export %s: config.json %s is %r, the "
@@ -390,34 +405,42 @@ def check_export_one(trainrun, name, steps, work):
     _, trained = read_safetensors(raw)
     mine = hf_from_trainrun(trained, fixture, cls)
     theirs = load64(out, cls)
-    _, ref = read_safetensors(fixture + ".ref.safetensors")
-    tokens = torch.from_numpy(ref["tokens"].astype(np.int64))
-    if "n_positions" in config:  # trainrun's wpe is ctx rows
-        pass
+    windows = torch.from_numpy(np.stack(
+        [val[i * ctx:(i + 1) * ctx + 1] for i in range(K)]).astype(np.int64))
+    tokens, targets = windows[:, :-1], windows[:, 1:]
     with torch.no_grad():
         a = mine(input_ids=tokens).logits
         b = theirs(input_ids=tokens).logits
         c = load64(fixture, cls)(input_ids=tokens).logits
+        loss = F.cross_entropy(b.reshape(-1, V), targets.reshape(-1)).item()
     diff = (a - b).abs().max().item()
-    moved = (a - c).abs().max().item()
-    print("check-export %-16s steps %d: %d tensors; max |logit diff| "
-          "exported vs trainrun's weights %.3g (logits moved %.3g by "
-          "training); config fields %s equal"
-          % (name, steps, len(trained), diff, moved, ",".join(fields)))
-    if diff > 1e-5 * max(1.0, a.abs().max().item()):
+    moved = (b - c).abs().max().item()
+    rel = abs(ev["loss"] / loss - 1)
+    print("check-export %-11s steps %d: from_pretrained(export) logits vs "
+          "trainrun's weights: max |diff| %.2g (of max |logit| %.2f); "
+          "val loss trainrun eval %.7f, transformers %.7f (rel %.1e); "
+          "logits moved %.3g from the fixture's"
+          % (name, steps, diff, b.abs().max().item(), ev["loss"], loss, rel,
+             moved))
+    if diff > 1e-5 * max(1.0, b.abs().max().item()):
         raise SystemExit("check-export %s: exported logits differ by %.3g"
                          % (name, diff))
-    if steps > 0 and moved < 1e-4:
-        raise SystemExit("check-export %s: training did not change the "
-                         "weights; the comparison would prove nothing" % name)
-    del ctx
+    if rel > 1e-5 or ev["tokens"] != K * ctx:
+        raise SystemExit("check-export %s: trainrun's loss %r on %r tokens, "
+                         "transformers' %r on %d" % (name, ev["loss"],
+                                                     ev["tokens"], loss,
+                                                     K * ctx))
+    if (steps > 0) != (moved > 1e-4):
+        raise SystemExit("check-export %s: after %d steps the logits moved "
+                         "%.3g from the fixture's" % (name, steps, moved))
 
 
 def check_export(trainrun):
     trainrun = os.path.abspath(trainrun)
     work = tempfile.mkdtemp(prefix="trainrun-hf-export-")
     try:
-        for name in ("tiny-llama", "tiny-qwen2", "tiny-gpt2"):
+        for name in ("tiny-llama", "tiny-llama-bf16", "tiny-qwen2",
+                     "tiny-gpt2"):
             for steps in (0, 3):
                 check_export_one(trainrun, name, steps, work)
     finally:
