@@ -1,7 +1,8 @@
 #!/bin/sh
 # device=cuda end to end, through the CUDA-on-CPU harness (tests/cudacpu,
 # docs/cuda.md), against device=cpu: the same short runs in fp32, bf16 and
-# fp16 (with loss-scale overflows), agreeing step by step; on the harness a
+# fp16 (with loss-scale overflows), and of a tiny Llama in fp32 and bf16,
+# agreeing step by step; on the harness a
 # resumed run and a recomputing run train bit-identical weights, and a
 # checkpoint written by device=cuda resumes on device=cpu.
 #
@@ -13,10 +14,11 @@
 : "${TR_CUDACPU_DIR:?run through make check}"
 C="$TR_SRCDIR/tests/config"
 steps=12
-run() { # run DIR DEVICE ARGS...: a short run of tests/config/tiny.lua
+recipe=$C/tiny.lua
+run() { # run DIR DEVICE ARGS...: a short run of $recipe (tests/config/tiny.lua)
   dir=$1 device=$2
   shift 2
-  TRAINRUN_BACKEND_PATH=$TR_CUDACPU_DIR "$TRAINRUN" "$C/tiny.lua" device="$device" \
+  TRAINRUN_BACKEND_PATH=$TR_CUDACPU_DIR "$TRAINRUN" "$recipe" device="$device" \
     train.steps=$steps train.log_every=1 train.eval_every=$steps checkpoint.every=6 checkpoint.keep=3 \
     run_dir="$dir" "$@" > "$dir.txt" 2>&1 || { cat "$dir.txt"; fail "$dir: trainrun failed"; }
 }
@@ -90,4 +92,16 @@ run fp16_cuda cuda precision.plugin=fp16 precision.init_scale=16777216
 skipped=$(last_metric fp16_cuda/metrics.jsonl skipped_steps)
 [ "$skipped" -ge 1 ] || fail "fp16 from 2^24 skipped no step: the overflow path was not run"
 agree fp16_cpu fp16_cuda 1e-3
+
+# the Llama family (grouped-query attention, RoPE, RMSNorm, SwiGLU, untied
+# head) through the run loop, in fp32 and bf16
+recipe=$C/tiny_llama.lua
+run llama_cpu cpu
+run llama_cuda cuda
+agree llama_cpu llama_cuda 1e-4
+run llama_recompute cuda model.recompute=1
+same_weights llama_cuda llama_recompute
+run llama_bf16_cpu cpu precision=bf16
+run llama_bf16_cuda cuda precision=bf16
+agree llama_bf16_cpu llama_bf16_cuda 1e-3
 echo "cudacpu: device=cuda through the harness agrees with device=cpu ($skipped fp16 steps skipped on both)"
