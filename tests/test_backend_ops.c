@@ -682,6 +682,46 @@ OP_CASES(OP_TEST)
     {#test_name, builder, {__VA_ARGS__}, storage_, compute_, tol},
 static const struct op_case all_cases[] = {OP_CASES(OP_ENTRY)};
 
+/* supports_op takes every op in every storage, and refuses attention whose
+ * head size the kernels do not take (above 256), in both forms, so such a
+ * model stops when the run starts, naming the op, not in its first step. */
+Test(backend_ops, supports_op_attention_head_sizes)
+{
+    struct tr_backend cuda;
+    need_cuda(&cuda);
+    const struct tr_backend_iface *f = cuda.iface;
+    cr_assert_not_null(f->supports_op);
+    const int head_sizes[] = {256, 264, 512};
+    for (int k = 0; k < 3; k++) {
+        int D = head_sizes[k], want = D <= 256;
+        int packed[6] = {1, 5, 2 * D, 2}, gqa[6] = {1, 5, 4, 2, D};
+        struct tr_graph *g = tr_graph_new(1);
+        build_attention(g, TR_BF16, packed);
+        tr_err err = {{0}};
+        cr_assert_eq(tr_graph_check(g, &err), TR_OK, "%s", err.msg);
+        cr_assert_eq(f->supports_op(cuda.context, g, &g->nodes[0]), want,
+                     "packed attention, head size %d: supports_op says %s", D, want ? "no" : "yes");
+        tr_graph_free(g, NULL);
+        g = tr_graph_new(1);
+        build_attention_gqa(g, TR_F16, gqa);
+        cr_assert_eq(tr_graph_check(g, &err), TR_OK, "%s", err.msg);
+        cr_assert_eq(f->supports_op(cuda.context, g, &g->nodes[0]), want,
+                     "grouped-query attention, head size %d: supports_op says %s", D,
+                     want ? "no" : "yes");
+        tr_graph_free(g, NULL);
+    }
+    for (size_t i = 0; i < sizeof all_cases / sizeof *all_cases; i++) {
+        struct tr_graph *g = tr_graph_new(1);
+        all_cases[i].build(g, all_cases[i].storage, all_cases[i].dims);
+        tr_err err = {{0}};
+        cr_assert_eq(tr_graph_check(g, &err), TR_OK, "%s", err.msg);
+        cr_assert(f->supports_op(cuda.context, g, &g->nodes[0]), "%s: refused by supports_op",
+                  all_cases[i].name);
+        tr_graph_free(g, NULL);
+    }
+    tr_backend_close(&cuda);
+}
+
 /* ---- optimizers and reductions, through the iface ---------------------------------- */
 
 struct flat {
