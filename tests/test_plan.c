@@ -61,7 +61,7 @@ Test(hardware, finds_entries_by_name)
 Test(hardware, lists_every_entry_and_describes_this_machine)
 {
     const char *want[] = {"h100-80gb", "h200-141gb", "a100-80gb", "a100-40gb",
-                          "l4-24gb",   "a10g-24gb",  "t4-16gb",   "cpu"};
+                          "l4-24gb",   "a10g-24gb",  "cpu"};
     size_t n = tr_hardware_count();
     cr_assert_eq(n, sizeof want / sizeof *want);
     for (size_t i = 0; i < n; i++) {
@@ -92,6 +92,42 @@ Test(hardware, suggests_a_close_name)
     cr_assert(strstr(err.msg, "unknown hardware 'tpu-v5e'; known: "), "%s", err.msg);
     cr_assert_eq(tr_hardware_lookup("l4-24gb", &h, &err), TR_OK);
     cr_assert_str_eq(h->name, "l4-24gb");
+}
+
+/* The cuda backend opens only on compute capability 8.0 and newer, so a
+ * T4 (7.5, and no bf16) runs nothing: a plan for it, bf16 or fp32, would
+ * price a run that cannot execute.  It is refused, saying why; every
+ * device the table lists is priced at its tensor-core peak in bf16 and
+ * fp16 and at its CUDA-core peak in fp32. */
+Test(plan, prices_only_devices_a_run_can_use, .init = environment)
+{
+    const char *precisions[] = {"precision=bf16", "precision=fp16", "precision=fp32"};
+    for (int k = 0; k < 3; k++) {
+        const char *o[] = {"cost.hardware=t4-16gb", precisions[k]};
+        struct tr_plan p;
+        tr_err err = {{0}};
+        cr_assert_eq(tr_plan_build(&p, RECIPE, o, 2, &err), TR_ERROR, "%s", precisions[k]);
+        cr_assert(strstr(err.msg, "unknown hardware 't4-16gb'"), "%s", err.msg);
+        cr_assert(strstr(err.msg, "compute capability 8.0 or newer, so a T4"), "%s", err.msg);
+        tr_plan_free(&p);
+    }
+    for (size_t i = 0; i < tr_hardware_count(); i++) {
+        const struct tr_hardware *hw = tr_hardware_at(i);
+        if (strcmp(hw->name, "cpu") == 0)
+            continue;
+        char name[64];
+        snprintf(name, sizeof name, "cost.hardware=%s", hw->name);
+        for (int k = 0; k < 3; k++) {
+            const char *o[] = {name, precisions[k]};
+            struct tr_plan p;
+            build(&p, o, 2);
+            double want = k < 2 ? hw->tflops_bf16 : hw->tflops_fp32;
+            cr_assert(want > 0, "%s has no %s peak", hw->name, precisions[k]);
+            cr_assert_eq(p.peak_flops, want * 1e12, "%s %s", hw->name, precisions[k]);
+            cr_assert_str_eq(p.peak_kind, k == 0 ? "bf16" : k == 1 ? "fp16" : "fp32");
+            tr_plan_free(&p);
+        }
+    }
 }
 
 /* ---- the plan ------------------------------------------------------------ */
@@ -214,7 +250,8 @@ Test(plan, prints_a_llama_report, .init = environment)
 Test(plan, fits_on_one_device_and_not_on_another, .init = environment)
 {
     /* ~1.2 B parameters: 16 bytes each with AdamW (weights, gradients, two
-     * moments) is about 18 GiB — under an H100's 72 GiB usable, over a T4's 14.4 */
+     * moments) is about 18 GiB — under an H100's 72 GiB usable; ~1.6 B
+     * (32 layers) is about 24 GiB, over an L4's 21.6 */
     const char *big[] = {"model.dim=2048", "model.layers=24", "model.heads=16", NULL};
     struct tr_plan p;
     build(&p, NULL, 0);
@@ -229,10 +266,11 @@ Test(plan, fits_on_one_device_and_not_on_another, .init = environment)
     cr_assert(p.max_micro_batch >= p.micro_batch);
     tr_plan_free(&p);
 
-    big[3] = "cost.hardware=t4-16gb";
+    big[1] = "model.layers=32";
+    big[3] = "cost.hardware=l4-24gb";
     build(&p, big, 4);
     cr_assert_not(p.fits);
-    cr_assert_eq(p.max_micro_batch, 0, "weights, gradients and moments alone overflow a T4");
+    cr_assert_eq(p.max_micro_batch, 0, "weights, gradients and moments alone overflow an L4");
     tr_plan_free(&p);
 }
 

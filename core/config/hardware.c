@@ -29,8 +29,15 @@
  * the NIC line rate per GPU on the instance usually rented with 8 of them:
  * one 400 Gb/s NIC per GPU on HGX H100/H200 (AWS p5/p5e: 3200 Gb/s EFA);
  * DGX A100's 200 Gb/s HDR per GPU for a100-80gb; AWS p4d's 400 Gb/s
- * for 8 A100-40GB (50 per GPU); 100 Gb/s for 8 L4, A10G or T4 (g6/g5/
- * g4dn.metal: 12.5 per GPU).
+ * for 8 A100-40GB (50 per GPU); 100 Gb/s for 8 L4 or A10G (g6/g5:
+ * 12.5 per GPU).
+ *
+ * Only devices a run can use are listed: the cuda backend is built for
+ * compute capability 8.0 and newer (Ampere, Ada, Hopper), every one of
+ * which has bf16 and fp16 tensor cores at the same peak, so the bf16
+ * column prices either.  An older GPU (T4, V100) opens no backend, and a
+ * plan for it would price a run that cannot execute: it is not in the
+ * table, and asking for one says why (TR_HARDWARE_ONLY).
  */
 static struct tr_hardware table[] = {
     {"h100-80gb", "NVIDIA H100 SXM, 80 GB HBM3", 80 * GIB,
@@ -46,9 +53,6 @@ static struct tr_hardware table[] = {
     /* AWS g5's A10G: the A10's GA102 with the A10 datasheet's peaks */
     {"a10g-24gb", "NVIDIA A10G, 24 GB GDDR6", 24 * GIB,
      31.2, 125.0, 0, 64, 1.00, 0.40, 12.5, 8},
-    /* Turing has no bf16: the bf16/fp16 column is fp16 tensor-core math */
-    {"t4-16gb", "NVIDIA T4, 16 GB GDDR6", 16 * GIB,
-     8.1, 65.0, 0, 32, 0.50, 0.20, 12.5, 8},
     /* this machine: memory filled in at first use, peak from cost.peak_tflops */
     {"cpu", "this machine's CPU and memory", 0,
      0, 0, 0, 0, 0, 0, 0, 0},
@@ -95,8 +99,8 @@ int tr_hardware_lookup(const char *name, const struct tr_hardware **out, tr_err 
     }
     const char *hint = tr_suggest(name, names, tr_hardware_count());
     if (hint)
-        return tr_fail(err, "unknown hardware '%s' (did you mean '%s'?); known: %s", name, hint,
-                       known);
+        return tr_fail(err, "unknown hardware '%s' (did you mean '%s'?); known: %s (%s)", name,
+                       hint, known, TR_HARDWARE_ONLY);
     /* "a100" is far from "a100-80gb" by edits but plainly meant one of the
      * entries it starts */
     char starts[256] = "";
@@ -108,9 +112,9 @@ int tr_hardware_lookup(const char *name, const struct tr_hardware **out, tr_err 
                      table[i].name);
         }
     if (n_starts)
-        return tr_fail(err, "unknown hardware '%s' (did you mean %s?); known: %s", name, starts,
-                       known);
-    return tr_fail(err, "unknown hardware '%s'; known: %s", name, known);
+        return tr_fail(err, "unknown hardware '%s' (did you mean %s?); known: %s (%s)", name,
+                       starts, known, TR_HARDWARE_ONLY);
+    return tr_fail(err, "unknown hardware '%s'; known: %s (%s)", name, known, TR_HARDWARE_ONLY);
 }
 
 /* ---- links ----------------------------------------------------------------- */

@@ -17,8 +17,9 @@ struct tr_hardware {
     const char *description; /* "NVIDIA H100 SXM 80 GB" */
     uint64_t memory_bytes;   /* device memory */
     /* Peak dense TFLOP/s (no structured sparsity).  fp32: CUDA cores;
-     * bf16 (bf16/fp16): tensor cores.  0: not known.  No tf32 column: no
-     * backend runs tf32 GEMMs, so no run is priced at that peak. */
+     * bf16 (bf16/fp16, the same peak on every listed device): tensor
+     * cores.  0: not known.  No tf32 column: no backend runs tf32 GEMMs,
+     * so no run is priced at that peak. */
     double tflops_fp32, tflops_bf16;
     /* GB/s per device, both directions together, as datasheets quote
      * them; nvlink 0: none. */
@@ -50,6 +51,12 @@ struct tr_link tr_hardware_ring_link(const struct tr_hardware *hw, int64_t devic
  *   2(n-1)/n * bytes / bandwidth + 2(n-1) * latency.
  * 0 for one device. */
 double tr_ring_allreduce_seconds(double bytes, int64_t devices, const struct tr_link *link);
+
+/* Why a GPU is missing from the table, as unknown-hardware errors say it:
+ * the table holds only devices a run can use (see hardware.c). */
+#define TR_HARDWARE_ONLY                                                                           \
+    "only devices trainrun runs on are listed: its cuda backend needs compute capability 8.0 "    \
+    "or newer, so a T4 or V100 runs nothing and is not priced"
 
 /* The entry named `name` (case-insensitive), or NULL.  "cpu" describes
  * this machine: its physical memory, no known peak, price 0. */

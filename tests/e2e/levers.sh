@@ -140,8 +140,8 @@ for f in loss throughput lr cost; do
   head -c 8 "bud/report/$f.png" | od -An -c | grep -q "P   N   G" || fail "bud/report/$f.png is not a PNG"
 done
 # the target device comes from cost.hardware when the recipe names one
-if "$TRAINRUN" --smoke "$C/tiny.lua" cost.hardware=t4-16gb train.batch=1000000 2> t4.txt; then
-  fail "smoke passed a model that does not fit a T4"
+if "$TRAINRUN" --smoke "$C/tiny.lua" cost.hardware=l4-24gb train.batch=2000000 2> l4.txt; then
+  fail "smoke passed a model that does not fit an L4"
 fi
-grep -q "won't fit: .* but t4-16gb has 16.00 GiB" t4.txt || { cat t4.txt; fail "smoke ignored cost.hardware"; }
+grep -q "won't fit: .* but l4-24gb has 24.00 GiB" l4.txt || { cat l4.txt; fail "smoke ignored cost.hardware"; }
 echo "levers: ok"
