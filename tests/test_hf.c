@@ -337,3 +337,27 @@ Test(hf_agreement, tiny_llama_bf16_weights, .init = environment)
     close_st(&ref);
     engine_close(&e);
 }
+
+/* The index and shards save_pretrained writes for a model over
+ * max_shard_size: the same parameters as the single file, bit for bit, and
+ * so the single file's reference loss and logits. */
+Test(hf_agreement, tiny_qwen2_from_shards, .init = environment)
+{
+    struct engine whole, shards;
+    engine_open(&whole, "tiny-qwen2");
+    engine_open(&shards, "tiny-qwen2-sharded");
+    cr_assert_eq(shards.g->n_params, whole.g->n_params);
+    for (int i = 0; i < whole.g->n_tensors; i++) {
+        const struct tr_tensor *a = &whole.g->tensors[i], *b = &shards.g->tensors[i];
+        if (a->role != TR_ROLE_PARAM)
+            continue;
+        cr_assert_str_eq(a->name, b->name);
+        cr_assert_eq(memcmp(a->data, b->data, a->numel * sizeof(float)), 0,
+                     "%s differs between the shards and the single file", a->name);
+    }
+    struct file ref = open_ref("tiny-qwen2");
+    check_forward(&shards, ref.st, 1e-4, "tiny-qwen2-sharded");
+    close_st(&ref);
+    engine_close(&shards);
+    engine_close(&whole);
+}

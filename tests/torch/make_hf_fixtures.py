@@ -13,6 +13,10 @@ loads that directory with `model = { from = DIR }`:
   tests/fixtures/hf/tiny-qwen2/       Qwen2ForCausalLM: q/k/v biases, GQA,
                                       tied embeddings, rope_theta 1e6
   tests/fixtures/hf/tiny-gpt2/        GPT2LMHeadModel (Conv1D layout [in,out])
+  tests/fixtures/hf/tiny-qwen2-sharded/  tiny-qwen2's weights as save_pretrained
+                                      shards them (max_shard_size 8KB: three
+                                      files and model.safetensors.index.json);
+                                      it has no reference of its own
 
 and next to each directory DIR a reference DIR.ref.safetensors holding
 
@@ -73,6 +77,9 @@ FIXTURES = os.path.normpath(os.path.join(HERE, "..", "fixtures", "hf"))
 B, T = 3, 8
 LR, BETA1, BETA2, EPS, WD, STEPS = 1e-2, 0.9, 0.95, 1e-8, 0.1, 10
 SEED = 1234
+
+# copies of a fixture's weights saved in shards: name -> (fixture, max_shard_size)
+SHARDED = {"tiny-qwen2-sharded": ("tiny-qwen2", "8KB")}
 
 # HF GPT-2 Conv1D weights are stored [in, out]
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight",
@@ -242,6 +249,44 @@ def build_one(name):
              os.path.getsize(os.path.join(out, "model.safetensors")),
              os.path.getsize(ref)))
     return tensors, metadata
+
+
+def build_sharded(name):
+    """The fixture's directory re-saved in shards; no reference (the
+    fixture's applies)."""
+    base, size = SHARDED[name]
+    _, cls, _, _ = MODELS[base]
+    model = model_class(cls).from_pretrained(os.path.join(FIXTURES, base))
+    out = os.path.join(FIXTURES, name)
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    model.save_pretrained(out, safe_serialization=True, max_shard_size=size)
+    gen = os.path.join(out, "generation_config.json")
+    if os.path.exists(gen):
+        os.remove(gen)
+    if os.path.exists(os.path.join(out, "model.safetensors")):
+        raise SystemExit("%s: save_pretrained wrote one file, not shards" % name)
+    print("%-16s %s in %d shards" % (name, base, len(
+        [f for f in os.listdir(out) if f.startswith("model-")])))
+
+
+def check_sharded(name):
+    """Same tensors as the fixture, and the fixture's reference loss."""
+    import torch
+    base, _ = SHARDED[name]
+    _, cls, _, _ = MODELS[base]
+    with open(os.path.join(FIXTURES, name,
+                           "model.safetensors.index.json")) as f:
+        index = json.load(f)
+    if len(set(index["weight_map"].values())) < 2:
+        raise SystemExit("check %s: not sharded" % name)
+    a = dict(load64(os.path.join(FIXTURES, name), cls).named_parameters())
+    b = dict(load64(os.path.join(FIXTURES, base), cls).named_parameters())
+    if sorted(a) != sorted(b) or any(not torch.equal(a[n], b[n]) for n in a):
+        raise SystemExit("check %s: the shards do not hold %s's weights"
+                         % (name, base))
+    print("check %-16s ok (%s's %d tensors in %d shards)"
+          % (name, base, len(a), len(set(index["weight_map"].values()))))
 
 
 def check_one(name, expected=None):
@@ -460,14 +505,20 @@ def main():
     for m in args.models:
         if m not in MODELS:
             ap.error("unknown fixture %s (have %s)" % (m, ", ".join(MODELS)))
+    sharded = [s for s, (base, _) in SHARDED.items() if base in args.models]
     if args.check_export:
         check_export(args.check_export)
     elif args.check:
         for m in args.models:
             check_one(m)
+        for m in sharded:
+            check_sharded(m)
     else:
         for m in args.models:
             check_one(m, build_one(m))
+        for m in sharded:
+            build_sharded(m)
+            check_sharded(m)
 
 
 if __name__ == "__main__":
