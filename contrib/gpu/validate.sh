@@ -6,7 +6,9 @@
 #   2. tests/test_backend_ops: every op, forward and backward, against the
 #      CPU backend, plus the tiny GPT as a whole (it must PASS here: a SKIP
 #      means the GPU was not usable, and fails this script);
-#   3. compute-sanitizer memcheck over a short training run on the GPU;
+#   3. compute-sanitizer memcheck over short training runs on the GPU, of a
+#      small GPT and a small Llama (grouped-query attention, RoPE, RMSNorm,
+#      SwiGLU);
 #   4. throughput of the GPT-2 124M shape (synthetic tokens) under fp32 and
 #      bf16: tokens/s and MFU in a markdown table.
 #
@@ -69,6 +71,16 @@ if test -x "$sanitizer"; then
     "$sanitizer" --tool memcheck --error-exitcode 99 \
         ./trainrun "$recipe" precision=bf16 run_dir="$build/runs/gpu-validate-small-bf16" ||
         fail "compute-sanitizer memcheck (bf16) reported errors"
+    llama=$build/gpu-validate-llama.lua
+    sed 's/model = gpt {[^}]*}/model = llama { vocab = 256, ctx = 64, layers = 2, heads = 8, kv_heads = 2, dim = 128, ffn_dim = 352 }/' \
+        "$recipe" > "$llama"
+    grep -q 'model = llama' "$llama" || fail "could not write $llama"
+    "$sanitizer" --tool memcheck --error-exitcode 99 --leak-check no \
+        ./trainrun "$llama" run_dir="$build/runs/gpu-validate-llama" ||
+        fail "compute-sanitizer memcheck (llama) reported errors"
+    "$sanitizer" --tool memcheck --error-exitcode 99 --leak-check no \
+        ./trainrun "$llama" precision=bf16 model.recompute=1 run_dir="$build/runs/gpu-validate-llama-bf16" ||
+        fail "compute-sanitizer memcheck (llama, bf16, recompute) reported errors"
 else
     fail "compute-sanitizer not found (it ships with the CUDA toolkit)"
 fi
