@@ -8,6 +8,7 @@
 #include "../engine/run.h"
 #include "launch.h"
 #include "doctor.h"
+#include "eval.h"
 #include "../engine/topo.h"
 #include "../util/suggest.h"
 #include "../util/util.h"
@@ -37,6 +38,9 @@ static void usage(FILE *out)
             "       trainrun plugins [KIND]                      installed plugins and their options\n"
             "       trainrun sample CHECKPOINT [--prompt TEXT] [--tokens N] [--temperature T]\n"
             "                       [--top-k K] [--seed N] [--recipe FILE]\n"
+            "       trainrun eval RECIPE [key=value ...] [--checkpoint PATH] [--split val|train]\n"
+            "                     [--batches N|all] [--json]     validation loss, perplexity and\n"
+            "                                                    accuracy, without training (help eval)\n"
             "       trainrun export CHECKPOINT --dtype bf16|fp16|fp32 -o FILE.safetensors\n"
             "       trainrun export CHECKPOINT --format hf [--dtype bf16|fp16|fp32] -o DIR\n"
             "                                                    a Hugging Face model directory (config.json +\n"
@@ -48,7 +52,8 @@ static void usage(FILE *out)
             "                     [procs=N|gpus=N]               where threads (of each rank) will run\n"
             "       trainrun doctor                              what this machine can run: CPU features,\n"
             "                                                    backends (and why one is unavailable), plugins\n"
-            "       trainrun help [recipe]                       this text, or the recipe reference\n"
+            "       trainrun help [recipe|eval]                  this text, the recipe reference, or a\n"
+            "                                                    command's own help\n"
             "       trainrun version\n"
             "\n"
             "Overrides are applied after the recipe and before validation, e.g.\n"
@@ -482,7 +487,7 @@ static int take_plugin_paths(int argc, char **argv)
 }
 
 static const char *const commands[] = {"run",    "show",   "plan",   "plugins", "sample",
-                                       "export", "prepare", "report", "topo",    "doctor",
+                                       "export", "eval", "prepare", "report", "topo",    "doctor",
                                        "help",   "version", NULL};
 
 /* `trainrun shwo x.lua` is a mistyped command, not a recipe named "shwo":
@@ -511,6 +516,8 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         if (argc > 2 && strcmp(argv[2], "recipe") == 0)
             tr_config_help(stdout);
+        else if (argc > 2 && strcmp(argv[2], "eval") == 0)
+            tr_eval_help(stdout);
         else
             usage(stdout);
         return TR_EXIT_OK;
@@ -534,6 +541,8 @@ int main(int argc, char **argv)
         return cmd_sample(argc, argv);
     if (strcmp(cmd, "export") == 0)
         return cmd_export(argc, argv);
+    if (strcmp(cmd, "eval") == 0)
+        return tr_eval_main(argc - 1, argv + 1);
     if (strcmp(cmd, "plan") == 0) {
         for (int i = 3; i < argc; i++) { /* plan parses the rest itself */
             long long gpus;

@@ -509,15 +509,25 @@ void tr_checkpointer_close(struct tr_checkpointer *c)
 
 /* ---- loading -------------------------------------------------------------- */
 
-/* expect: the dtype every tensor must have, or -1 for any float type. */
-static int load_tensors(struct tr_checkpointer *c, const void *blob, size_t size,
-                        const char *prefix, float *dst, int expect, const char *what, tr_err *err)
+/* "[256, 64]" */
+static void format_shape(const int64_t *shape, int ndim, char *buf, size_t size)
+{
+    size_t len = (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < ndim && len < size; i++)
+        len += (size_t)snprintf(buf + len, size - len, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (len < size)
+        snprintf(buf + len, size - len, "]");
+}
+
+/* g's parameters from blob into dst (backend memory, g's layout).
+ * expect: the dtype every tensor must have, or -1 for any float type. */
+static int load_tensors(const struct tr_graph *g, const struct tr_backend *be, const void *blob,
+                        size_t size, const char *prefix, float *dst, int expect, const char *what,
+                        tr_err *err)
 {
     struct tr_st_file *f = tr_safetensors_read(blob, size, what, err);
     if (!f)
         return TR_ERROR;
-    const struct tr_graph *g = c->cfg.g;
-    const struct tr_backend *be = c->cfg.be;
     int rc = TR_OK;
     float *tmp = NULL;
     for (int i = 0; i < g->n_tensors && rc == TR_OK; i++) {
@@ -530,7 +540,11 @@ static int load_tensors(struct tr_checkpointer *c, const void *blob, size_t size
         if (!e) {
             rc = tr_fail(err, "%s has no tensor '%s' (a checkpoint of another model?)", what, key);
         } else if (!ok_shape) {
-            rc = tr_fail(err, "%s: tensor '%s' has another shape than the model's", what, key);
+            char have[160], want[160];
+            format_shape(e->shape, e->ndim, have, sizeof have);
+            format_shape(t->shape, t->ndim, want, sizeof want);
+            rc = tr_fail(err, "%s: tensor '%s' is %s there but %s in the model", what, key, have,
+                         want);
         } else if (expect >= 0 && e->dtype != (enum tr_dtype)expect) {
             rc = tr_fail(err, "%s: tensor '%s' is not in the weights_dtype state.json names "
                          "(the weights and state.json do not belong together)", what, key);
@@ -700,10 +714,12 @@ int tr_checkpointer_load(struct tr_checkpointer *c, const char *name, float *par
     for (int i = 1; i < n; i++)
         if (check_blob(js, blobs[i], data[i], size[i], err) != TR_OK)
             goto done;
-    if (load_tensors(c, data[1], size[1], "", params, weights_dtype, "model.safetensors", err) != TR_OK)
+    const struct tr_graph *g = c->cfg.g;
+    const struct tr_backend *be = c->cfg.be;
+    if (load_tensors(g, be, data[1], size[1], "", params, weights_dtype, "model.safetensors", err) != TR_OK)
         goto done;
     for (int k = 0; k < od->state_slots; k++)
-        if (load_tensors(c, data[2 + k], size[2 + k], od->state_names[k], slots[k], -1,
+        if (load_tensors(g, be, data[2 + k], size[2 + k], od->state_names[k], slots[k], -1,
                          blobs[2 + k], err) != TR_OK)
             goto done;
     *state = st;
@@ -890,6 +906,72 @@ static int verify_dir(const char *checkpoint_dir, void **model, size_t *model_si
 int tr_checkpoint_verify(const char *checkpoint_dir, tr_err *err)
 {
     return verify_dir(checkpoint_dir, NULL, NULL, err);
+}
+
+/* ---- reading a checkpoint without a run ----------------------------------- */
+
+struct tr_json *tr_checkpoint_read_state(const char *checkpoint_dir, struct tr_run_state *state,
+                                         tr_err *err)
+{
+    char *copy = tr_xstrdup(checkpoint_dir);
+    size_t len = strlen(copy);
+    while (len > 1 && copy[len - 1] == '/')
+        copy[--len] = 0;
+    const char *slash = strrchr(copy, '/');
+    char *path = tr_xasprintf("%s/state.json", copy);
+    void *text = NULL;
+    size_t size = 0;
+    struct tr_json *js = NULL;
+    int wd;
+    if (read_whole(path, &text, &size, err) != TR_OK ||
+        parse_state(text, size, slash ? slash + 1 : copy, state, &wd, &js, err) != TR_OK) {
+        tr_err_prefix(err, "checkpoint %s is damaged or was edited, so it is not used", copy);
+        js = NULL;
+    }
+    free(text);
+    free(path);
+    free(copy);
+    return js;
+}
+
+int tr_checkpoint_load_weights(const char *checkpoint_dir, const struct tr_graph *g,
+                               const struct tr_backend *be, float *params, tr_err *err)
+{
+    void *buf = NULL;
+    size_t size = 0;
+    if (verify_dir(checkpoint_dir, &buf, &size, err) != TR_OK)
+        return TR_ERROR;
+    char *what = tr_xasprintf("%s/model.safetensors", checkpoint_dir);
+    int rc = load_tensors(g, be, buf, size, "", params, -1, what, err);
+    /* every parameter was there; a tensor more means another (larger) model,
+     * whose first layers alone would be evaluated */
+    struct tr_st_file *f = rc == TR_OK ? tr_safetensors_read(buf, size, what, err) : NULL;
+    if (rc == TR_OK && !f)
+        rc = TR_ERROR;
+    size_t n = f ? tr_safetensors_count(f) : 0, extra = 0;
+    const char *first = NULL;
+    for (size_t i = 0; i < n; i++) {
+        const char *name = tr_safetensors_at(f, i)->name;
+        int k = tr_graph_find(g, name);
+        if (k < 0 || g->tensors[k].role != TR_ROLE_PARAM) {
+            if (!first)
+                first = name;
+            extra++;
+        }
+    }
+    if (extra)
+        rc = tr_fail(err, "%s holds %zu tensor%s the model has not ('%s'%s)", what, extra,
+                     extra == 1 ? "" : "s", first, extra > 1 ? ", ..." : "");
+    if (rc != TR_OK) {
+        tr_err_prefix(err, "checkpoint %s does not fit the model", checkpoint_dir);
+        size_t len = strlen(err->msg);
+        snprintf(err->msg + len, sizeof err->msg - len, "; use the recipe and overrides its run "
+                 "trained with (its state.json names them)");
+    }
+    tr_safetensors_free(f);
+    free(what);
+    free(buf);
+    return rc;
 }
 
 /* ---- export ---------------------------------------------------------------- */

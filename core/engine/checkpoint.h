@@ -98,6 +98,19 @@ int tr_checkpoint_resolve(const char *path, char **dir, char **name, tr_err *err
  * fields, and every blob's checksum it lists.  err names what is wrong. */
 int tr_checkpoint_verify(const char *checkpoint_dir, tr_err *err);
 
+/* state.json of a local checkpoint directory, its own checksum and fields
+ * checked: *state filled, and the parsed document returned (the recipe and
+ * overrides the run recorded; free it with tr_json_free), or NULL. */
+struct tr_json;
+struct tr_json *tr_checkpoint_read_state(const char *checkpoint_dir, struct tr_run_state *state,
+                                         tr_err *err);
+
+/* The weights of a local checkpoint directory, verified like
+ * tr_checkpoint_verify, into params (backend memory laid out as g's): every
+ * parameter of g with its shape, and no tensor g has not.  Reads only. */
+int tr_checkpoint_load_weights(const char *checkpoint_dir, const struct tr_graph *g,
+                               const struct tr_backend *be, float *params, tr_err *err);
+
 /* `trainrun export`: model.safetensors of a checkpoint directory, in dtype,
  * refused unless the checkpoint verifies. */
 int tr_export_weights(const char *checkpoint_dir, enum tr_dtype dtype, const char *out_path,

@@ -123,17 +123,21 @@ static float read_loss(struct run *r)
     return loss;
 }
 
-int tr_run_evaluate(struct run *r, double *val_loss, double *val_accuracy, tr_err *err)
+/* The one evaluation: the first max_batches micro-batches of split, in
+ * order (no shuffle), forward only; the ranks share them.  The run calls it
+ * through tr_run_evaluate, `trainrun eval` (eval.c) directly. */
+int tr_run_evaluate_split(struct run *r, enum tr_split split, uint64_t max_batches,
+                          double *loss, double *accuracy, uint64_t *batches, tr_err *err)
 {
     double t0 = tr_now();
-    struct tr_loader_config lc = {TR_SPLIT_VAL, (int)r->cfg->train.micro_batch, 0, 1, 0,
+    struct tr_loader_config lc = {split, (int)r->cfg->train.micro_batch, 0, 1, 0,
                                   (uint64_t)r->cfg->train.seed, NULL, r->rank, r->world, NULL};
     struct tr_loader *val = tr_loader_open(&r->data, &lc, 0, err);
     if (!val)
         return TR_ERROR;
     uint64_t n = tr_loader_batches_per_epoch(val);
-    if (n > (uint64_t)r->cfg->train.eval_batches)
-        n = (uint64_t)r->cfg->train.eval_batches;
+    if (n > max_batches)
+        n = max_batches;
     /* rank r evaluates batches r, r + world, ... of the n */
     uint64_t mine = n / (uint64_t)r->world + ((uint64_t)r->rank < n % (uint64_t)r->world);
     double sum = 0;
@@ -164,10 +168,18 @@ int tr_run_evaluate(struct run *r, double *val_loss, double *val_accuracy, tr_er
         correct = (int64_t)totals[1];
         counted = (int64_t)totals[2];
     }
-    *val_loss = sum / (double)n;
-    *val_accuracy = counted ? (double)correct / (double)counted : NAN;
+    *loss = sum / (double)n;
+    *accuracy = counted ? (double)correct / (double)counted : NAN;
+    if (batches)
+        *batches = n;
     r->t_eval += tr_now() - t0;
     return TR_OK;
+}
+
+int tr_run_evaluate(struct run *r, double *val_loss, double *val_accuracy, tr_err *err)
+{
+    return tr_run_evaluate_split(r, TR_SPLIT_VAL, (uint64_t)r->cfg->train.eval_batches, val_loss,
+                                 val_accuracy, NULL, err);
 }
 
 /* Dollars this process has spent (elapsed time x device price x count). */

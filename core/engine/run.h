@@ -1,5 +1,6 @@
 /* The step loop and the things built on it: training (run.c, with its
- * policies in policies.c), smoke runs (smoke.c) and sampling (sample.c).
+ * policies in policies.c), smoke runs (smoke.c), sampling (sample.c) and
+ * evaluation (evaluate.c).
  * Their shared internals are in run_internal.h, which only they include. */
 #ifndef TR_RUN_H
 #define TR_RUN_H
@@ -37,5 +38,47 @@ struct tr_sample_flags {
     const char *recipe; /* override the recipe recorded in the checkpoint */
 };
 int tr_sample(const struct tr_sample_flags *flags);
+
+/* `trainrun eval`: the loss of the model a recipe describes on the first
+ * micro-batches of a split, through the run's own evaluation
+ * (tr_run_evaluate_split) and setup, without training or writing anything. */
+enum tr_eval_weights {
+    TR_EVAL_FRESH,      /* initialised from train.seed: an untrained model */
+    TR_EVAL_FROM,       /* the recipe's model = { from = DIR } */
+    TR_EVAL_CHECKPOINT, /* a checkpoint's */
+};
+
+struct tr_eval_flags {
+    const char *recipe;         /* NULL: the recipe the checkpoint recorded */
+    const char *const *overrides;
+    int n_overrides;
+    const char *checkpoint;     /* run dir, checkpoints dir or one checkpoint; NULL: none */
+    int train_split;            /* the training split instead of the validation one */
+    uint64_t batches;           /* micro-batches at most; 0: train.eval_batches; UINT64_MAX: all */
+};
+
+struct tr_eval_result {
+    char recipe[4096];          /* the recipe evaluated */
+    enum tr_eval_weights weights;
+    char source[4096];          /* the checkpoint directory, or model.from */
+    uint64_t step;              /* the checkpoint's step */
+    int recorded_overrides;     /* the run's overrides applied before the command line's */
+    int other_recipe;           /* the checkpoint's run used another recipe file */
+    uint64_t batches;           /* micro-batches evaluated */
+    uint64_t split_batches;     /* micro-batches the split holds */
+    int64_t micro_batch;        /* samples per micro-batch */
+    uint64_t samples;           /* samples evaluated */
+    uint64_t tokens;            /* predictions evaluated: tokens of a sequence model, else
+                                 * samples */
+    int sequence;               /* the model predicts every position of a token sequence */
+    uint32_t classes;           /* width of the logits (vocabulary or classes), 0: none */
+    int64_t seed;               /* train.seed (the fresh weights) */
+    double loss;                /* mean cross-entropy, nats per prediction */
+    double accuracy;            /* NaN when the backend does not count it */
+    double seconds;
+    char device[32], precision[32];
+};
+
+int tr_eval(const struct tr_eval_flags *flags, struct tr_eval_result *out, tr_err *err);
 
 #endif

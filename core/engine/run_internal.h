@@ -1,7 +1,7 @@
 /* The state of one training run, shared by the files that make up the run:
  * run.c (the phases and the step loop), sample.c (generation from a
- * checkpoint) and smoke.c (smoke runs).  Private to them: nothing else in
- * trainrun includes this header. */
+ * checkpoint), smoke.c (smoke runs) and evaluate.c (`trainrun eval`).
+ * Private to them: nothing else in trainrun includes this header. */
 #ifndef TR_RUN_INTERNAL_H
 #define TR_RUN_INTERNAL_H
 
@@ -67,6 +67,9 @@ struct run {
     double tokens;           /* tokens this process trained on */
     double lr, grad_norm;    /* of the last step */
     int quiet;               /* no progress lines: asked for, or not rank 0 */
+    /* `trainrun eval`: setup writes nothing (no run directory, checkpoint
+     * plugin or checkpointer) and keeps no optimizer state */
+    int eval_only;
 };
 
 /* Setup: backend, placement, model, plugins, optimizer and checkpointer,
@@ -92,6 +95,11 @@ int tr_run_over_budget(const struct run *r);
  * the background when checkpoint.async. */
 int tr_run_save(struct run *r, uint64_t loader_position, int now, tr_err *err);
 int tr_run_evaluate(struct run *r, double *val_loss, double *val_accuracy, tr_err *err);
+/* The evaluation itself: the mean loss (and accuracy, NaN when the backend
+ * cannot count it) over the first max_batches micro-batches of split in
+ * order, or all of them when fewer; *batches (when not NULL) gets how many. */
+int tr_run_evaluate_split(struct run *r, enum tr_split split, uint64_t max_batches,
+                          double *loss, double *accuracy, uint64_t *batches, tr_err *err);
 
 /* rundir.c: one writer per run directory (rank 0). */
 int tr_run_lock(struct run *r, tr_err *err);

@@ -208,6 +208,21 @@ int tr_run_load_pretrained(struct run *r, tr_err *err)
     return TR_OK;
 }
 
+/* The recipe's plugins.  An evaluation creates only those it reads through:
+ * no run directory and no checkpoint plugin, which would create (and tidy)
+ * a checkpoints directory. */
+static int create_plugins(struct run *r, uint32_t seq_len, tr_err *err)
+{
+    struct tr_config *cfg = r->cfg;
+    if (!r->eval_only)
+        return tr_config_create_plugins(cfg, seq_len, err);
+    struct tr_slot *slots[] = {&cfg->precision, &cfg->data, &cfg->schedule};
+    for (size_t i = 0; i < TR_ARRAY_LEN(slots); i++)
+        if (tr_config_create_slot(cfg, slots[i], seq_len, err) != TR_OK)
+            return TR_ERROR;
+    return TR_OK;
+}
+
 /* ---- setup and teardown --------------------------------------------------- */
 
 int tr_run_setup(struct run *r, tr_err *err)
@@ -262,7 +277,7 @@ int tr_run_setup(struct run *r, tr_err *err)
         return TR_ERROR;
     struct tr_tensor *in = &r->g->tensors[r->g->inputs[0]];
     uint32_t seq_len = in->dtype == TR_I32 && in->ndim == 2 ? (uint32_t)in->shape[1] : 0;
-    if (tr_config_create_plugins(cfg, seq_len, err) != TR_OK)
+    if (create_plugins(r, seq_len, err) != TR_OK)
         return TR_ERROR;
     struct tr_precision_policy pol = {.struct_size = sizeof pol};
     r->precision->policy(cfg->precision.self, &pol);
@@ -297,7 +312,8 @@ int tr_run_setup(struct run *r, tr_err *err)
                            where, r->data.name, di->classes, (long long)lg->shape[lg->ndim - 1]);
     }
 
-    int slots = tr_optimizer_find(cfg->optimizer.type)->state_slots;
+    /* an evaluation keeps no optimizer state */
+    int slots = r->eval_only ? 0 : tr_optimizer_find(cfg->optimizer.type)->state_slots;
     if (tr_graph_plan(r->g, &r->be, slots, err) != TR_OK)
         return TR_ERROR;
     size_t begin = 0, end = r->g->n_params;
@@ -309,7 +325,8 @@ int tr_run_setup(struct run *r, tr_err *err)
                            cfg->comm.plugin->info->name);
         tr_run_shard_of(r, r->rank, &begin, &end);
     }
-    if (tr_optimizer_init(&r->opt, &cfg->optimizer, r->g, &r->be, begin, end, err) != TR_OK)
+    if (!r->eval_only &&
+        tr_optimizer_init(&r->opt, &cfg->optimizer, r->g, &r->be, begin, end, err) != TR_OK)
         return TR_ERROR;
     r->g->memory.optimizer = (size_t)slots * (end - begin) * sizeof(float);
     if (end - begin < r->g->n_params && r->rank == 0)
@@ -361,7 +378,8 @@ int tr_run_setup(struct run *r, tr_err *err)
         .seed = cfg->train.seed,
         .max_step = (uint64_t)cfg->train.steps,
     };
-    if (r->rank != 0) /* rank 0 writes; the others get its state by broadcast */
+    /* rank 0 writes; the others get its state by broadcast; an evaluation writes nothing */
+    if (r->rank != 0 || r->eval_only)
         return setup_cost(r, &r->policy, err);
     r->ckpt = tr_checkpointer_open(&cc, err);
     if (!r->ckpt)

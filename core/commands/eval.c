@@ -1,0 +1,229 @@
+/* `trainrun eval`: the command line and the report of an evaluation; the
+ * evaluation itself is the engine's (tr_eval, core/engine/evaluate.c), the
+ * same code a run evaluates with. */
+#include "eval.h"
+
+#include "../engine/run.h"
+#include "../util/json.h"
+#include "../util/util.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void tr_eval_help(FILE *out)
+{
+    fprintf(out,
+            "usage: trainrun eval RECIPE [key.sub=value ...] [--checkpoint PATH]\n"
+            "                     [--split val|train] [--batches N|all] [--json]\n"
+            "       trainrun eval --checkpoint PATH [key.sub=value ...] [...]\n"
+            "                     (the recipe the checkpoint's run recorded)\n"
+            "\n"
+            "The loss (mean cross-entropy in nats per predicted token, or per sample for a\n"
+            "classifier), the perplexity exp(loss) and the accuracy of the model RECIPE\n"
+            "describes, on the first micro-batches of a split, without training and without\n"
+            "writing anything (no run directory, lock, metrics or checkpoint).\n"
+            "\n"
+            "The weights: a checkpoint's with --checkpoint; else the recipe's\n"
+            "model = { from = DIR }; else freshly initialised from train.seed, with a warning\n"
+            "(an untrained language model's loss is near ln(vocab)).\n"
+            "\n"
+            "  --checkpoint PATH  a run directory, its checkpoints directory (both through\n"
+            "                     LATEST) or one checkpoint, as sample and export take; it is\n"
+            "                     verified first.  With the recipe its run trained from, the\n"
+            "                     run's overrides (state.json) apply before the command line's,\n"
+            "                     so the model is the one saved\n"
+            "  --split val|train  the validation split (default) or the training split, read\n"
+            "                     in order from its start\n"
+            "  --batches N|all    micro-batches to evaluate (default: train.eval_batches, what\n"
+            "                     the run evaluates); all: the whole split\n"
+            "  --json             one JSON object on stdout: recipe, weights (fresh, from or\n"
+            "                     checkpoint), source, step, split, batches, split_batches,\n"
+            "                     micro_batch, samples, tokens (sequence models), loss,\n"
+            "                     perplexity, accuracy (null when not counted), device,\n"
+            "                     precision, seconds\n"
+            "\n"
+            "It evaluates as the run does (the same code): the micro-batches of\n"
+            "train.micro_batch samples, device, precision and train.threads of the recipe.\n"
+            "For a checkpoint of step S the loss is the validation loss the run logged at\n"
+            "step S (metrics.jsonl, \"val_loss\").\n"
+            "\n"
+            "Examples:\n"
+            "  trainrun eval recipes/kjv-char.lua --checkpoint runs/kjv-char\n"
+            "  trainrun eval recipes/kjv-char.lua --batches all --json\n"
+            "  trainrun eval finetune.lua precision=bf16     (model = { from = \"hf/model\" })\n"
+            "\n"
+            "Exit codes: 0 done, 1 error (no validation split, a checkpoint that is missing,\n"
+            "damaged or of another model), 2 usage.\n");
+}
+
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "trainrun: error: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (trainrun help eval)\n");
+    va_end(ap);
+    return TR_EXIT_USAGE;
+}
+
+/* --flag VALUE or --flag=VALUE: the value, and *i past it; NULL when absent. */
+static const char *flag_value(int argc, char **argv, int *i, const char *flag, int *missing)
+{
+    size_t n = strlen(flag);
+    if (strncmp(argv[*i], flag, n) != 0)
+        return NULL;
+    if (argv[*i][n] == '=')
+        return argv[*i] + n + 1;
+    if (argv[*i][n] != '\0')
+        return NULL;
+    if (*i + 1 >= argc) {
+        *missing = 1;
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+static void print_json(const struct tr_eval_result *e, int train_split)
+{
+    static const char *const weights[] = {"fresh", "from", "checkpoint"};
+    printf("{\"recipe\": ");
+    tr_json_write_string(stdout, e->recipe);
+    printf(", \"weights\": \"%s\", \"source\": ", weights[e->weights]);
+    if (e->weights == TR_EVAL_FRESH)
+        printf("null");
+    else
+        tr_json_write_string(stdout, e->source);
+    if (e->weights == TR_EVAL_CHECKPOINT)
+        printf(", \"step\": %llu", (unsigned long long)e->step);
+    printf(", \"split\": \"%s\", \"batches\": %llu, \"split_batches\": %llu, \"micro_batch\": %lld, "
+           "\"samples\": %llu",
+           train_split ? "train" : "val", (unsigned long long)e->batches,
+           (unsigned long long)e->split_batches, (long long)e->micro_batch,
+           (unsigned long long)e->samples);
+    if (e->sequence)
+        printf(", \"tokens\": %llu", (unsigned long long)e->tokens);
+    /* %.9g: a float's every digit, so scripts compare with what the run logged */
+    printf(", \"loss\": %.9g, \"perplexity\": %.9g, \"accuracy\": ", e->loss, exp(e->loss));
+    if (isnan(e->accuracy))
+        printf("null");
+    else
+        printf("%.9g", e->accuracy);
+    printf(", \"device\": ");
+    tr_json_write_string(stdout, e->device);
+    printf(", \"precision\": ");
+    tr_json_write_string(stdout, e->precision);
+    printf(", \"seconds\": %.3f}\n", e->seconds);
+}
+
+static void print_text(const struct tr_eval_result *e, int train_split)
+{
+    printf("eval %s", e->recipe);
+    if (e->weights == TR_EVAL_CHECKPOINT)
+        printf(", weights of %s (step %llu)\n", e->source, (unsigned long long)e->step);
+    else if (e->weights == TR_EVAL_FROM)
+        printf(", weights from %s\n", e->source);
+    else
+        printf(", fresh weights (train.seed = %lld)\n", (long long)e->seed);
+    printf("  %s split: %llu micro-batches of %lld samples (of its %llu): %llu samples",
+           train_split ? "training" : "validation", (unsigned long long)e->batches,
+           (long long)e->micro_batch, (unsigned long long)e->split_batches,
+           (unsigned long long)e->samples);
+    if (e->sequence)
+        printf(", %llu tokens", (unsigned long long)e->tokens);
+    printf(" (device %s, precision %s, %.1f s)\n", e->device, e->precision, e->seconds);
+    printf("  loss %.6g nats per %s, perplexity %.6g", e->loss, e->sequence ? "token" : "sample",
+           exp(e->loss));
+    if (!isnan(e->accuracy))
+        printf(", accuracy %.2f%%", 100 * e->accuracy);
+    printf("\n");
+}
+
+int tr_eval_main(int argc, char **argv)
+{
+    struct tr_eval_flags fl = {0};
+    int json = 0;
+    const char **overrides = tr_xcalloc((size_t)argc + 1, sizeof *overrides);
+    int code = TR_EXIT_USAGE;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        int missing = 0;
+        if ((v = flag_value(argc, argv, &i, "--checkpoint", &missing))) {
+            fl.checkpoint = v;
+        } else if ((v = flag_value(argc, argv, &i, "--split", &missing))) {
+            if (strcmp(v, "train") != 0 && strcmp(v, "val") != 0) {
+                code = usage_error("--split takes val or train, not '%s'", v);
+                goto out;
+            }
+            fl.train_split = strcmp(v, "train") == 0;
+        } else if ((v = flag_value(argc, argv, &i, "--batches", &missing))) {
+            char *end;
+            errno = 0;
+            unsigned long long b = strtoull(v, &end, 10);
+            if (strcmp(v, "all") == 0) {
+                fl.batches = UINT64_MAX;
+            } else if (v[0] < '0' || v[0] > '9' || *end || errno || b == 0) {
+                code = usage_error("--batches takes a number of micro-batches from 1, or all, "
+                                   "not '%s'", v);
+                goto out;
+            } else {
+                fl.batches = b;
+            }
+        } else if (missing) {
+            code = usage_error("%s needs a value", a);
+            goto out;
+        } else if (strcmp(a, "--json") == 0) {
+            json = 1;
+        } else if (a[0] == '-') {
+            code = usage_error("unknown flag '%s' for eval", a);
+            goto out;
+        } else if (strchr(a, '=')) {
+            if (a[0] == '=') {
+                code = usage_error("'%s' is not an override: the key before '=' is empty", a);
+                goto out;
+            }
+            overrides[fl.n_overrides++] = a;
+        } else if (!fl.recipe) {
+            fl.recipe = a;
+        } else {
+            code = usage_error("eval takes one recipe; '%s' is a second (overrides are "
+                               "key.sub=value)", a);
+            goto out;
+        }
+    }
+    if (!fl.recipe && !fl.checkpoint) {
+        code = usage_error("eval needs a recipe: trainrun eval RECIPE [--checkpoint PATH]");
+        goto out;
+    }
+    fl.overrides = overrides;
+    struct tr_eval_result e;
+    tr_err err = {{0}};
+    if (tr_eval(&fl, &e, &err) != TR_OK) {
+        fprintf(stderr, "trainrun: error: %s\n", err.msg);
+        code = TR_EXIT_ERROR;
+        goto out;
+    }
+    if (e.weights == TR_EVAL_FRESH) {
+        char hint[128] = "";
+        if (e.classes > 1)
+            snprintf(hint, sizeof hint, ": an untrained model's loss is near ln(%u) = %.4f",
+                     e.classes, log((double)e.classes));
+        tr_log(TR_LOG_WARN, NULL, "no trained weights: the model is freshly initialised from "
+               "train.seed = %lld%s (evaluate a checkpoint with --checkpoint PATH, or load "
+               "weights with model = { from = DIR })", (long long)e.seed, hint);
+    }
+    if (json)
+        print_json(&e, fl.train_split);
+    else
+        print_text(&e, fl.train_split);
+    code = TR_EXIT_OK;
+out:
+    free(overrides);
+    return code;
+}

@@ -1,0 +1,190 @@
+/* `trainrun eval`: the validation loss of the model a recipe describes,
+ * without training.  The run's own setup builds it (so every lever that
+ * changes numbers — device, precision, threads, micro_batch, a recipe's
+ * model = { from = DIR } — acts as it does in the run), a checkpoint's
+ * weights replace the initial ones when one is named, and the run's own
+ * evaluation (tr_run_evaluate_split) measures it: for the same weights and
+ * batches the number is the one the run logged.  Nothing is written: no run
+ * directory, checkpoint plugin, lock or metrics. */
+#include "run.h"
+#include "run_internal.h"
+
+#include "checkpoint.h"
+#include "../config/hf_config.h"
+#include "../util/json.h"
+#include "../util/util.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The checkpoint named on the command line: its directory, and the recipe
+ * and overrides its run recorded (state.json, checked before it is read). */
+struct eval_checkpoint {
+    char *path;              /* dir/name */
+    struct tr_json *state;
+    struct tr_run_state st;
+};
+
+static int open_checkpoint(const char *arg, struct eval_checkpoint *c, tr_err *err)
+{
+    char *dir = NULL, *name = NULL;
+    if (tr_checkpoint_resolve(arg, &dir, &name, err) != TR_OK)
+        return TR_ERROR;
+    c->path = tr_xasprintf("%s/%s", dir, name);
+    free(dir);
+    free(name);
+    c->state = tr_checkpoint_read_state(c->path, &c->st, err);
+    return c->state ? TR_OK : TR_ERROR;
+}
+
+/* Same file: the checkpoint records its recipe's absolute path. */
+static int same_file(const char *a, const char *b)
+{
+    char ra[PATH_MAX], rb[PATH_MAX];
+    return realpath(a, ra) && realpath(b, rb) && strcmp(ra, rb) == 0;
+}
+
+/* The overrides to load the recipe with: the checkpoint's run's (when the
+ * recipe is the one it trained from: the model it saved is the recipe's
+ * with them), then the command line's, which win. */
+static const char **overrides_for(const struct tr_eval_flags *fl, const struct eval_checkpoint *c,
+                                  const char *recipe, struct tr_eval_result *out, int *n)
+{
+    const struct tr_json *trained = c->state ? tr_json_get(c->state, "overrides") : NULL;
+    size_t n_trained = trained && trained->type == TR_JSON_ARRAY ? trained->n : 0;
+    const char *recorded = c->state ? tr_json_string(c->state, "recipe") : NULL;
+    if (n_trained && !(recorded && same_file(recipe, recorded))) {
+        tr_log(TR_LOG_WARN, NULL, "the checkpoint's run trained from %s with overrides of its "
+               "own (its state.json lists them), which are not applied to %s",
+               recorded ? recorded : "another recipe", recipe);
+        out->other_recipe = 1;
+        n_trained = 0;
+    }
+    const char **list = tr_xcalloc(n_trained + (size_t)fl->n_overrides + 1, sizeof *list);
+    char said[1024] = "";
+    size_t len = 0;
+    *n = 0;
+    for (size_t i = 0; i < n_trained; i++)
+        if (trained->items[i]->type == TR_JSON_STRING) {
+            list[(*n)++] = trained->items[i]->string;
+            if (len < sizeof said)
+                len += (size_t)snprintf(said + len, sizeof said - len, " %s",
+                                        trained->items[i]->string);
+        }
+    out->recorded_overrides = *n;
+    if (*n)
+        tr_log(TR_LOG_INFO, NULL, "the run's overrides apply first, then the command line's:%s",
+               said);
+    for (int i = 0; i < fl->n_overrides; i++)
+        list[(*n)++] = fl->overrides[i];
+    return list;
+}
+
+/* The split must hold one micro-batch at least: say which lever gives it one. */
+static int check_split(const struct run *r, enum tr_split split, tr_err *err)
+{
+    uint64_t have = r->data.info.samples[split];
+    int64_t mb = r->cfg->train.micro_batch;
+    if (have >= (uint64_t)mb)
+        return TR_OK;
+    char where[600];
+    tr_origin_format(&r->cfg->data.origin, where, sizeof where);
+    if (split == TR_SPLIT_VAL && have == 0)
+        return tr_fail(err, "%s: data '%s' has no validation split: give it one (data.val_fraction "
+                       "above 0, or the plugin's validation file: trainrun plugins data), or "
+                       "evaluate on the training split with --split train", where, r->data.name);
+    return tr_fail(err, "%s: data '%s' has %llu %s samples, fewer than one micro-batch of %lld: "
+                   "evaluate with a smaller train.micro_batch=N", where, r->data.name,
+                   (unsigned long long)have, split == TR_SPLIT_VAL ? "validation" : "training",
+                   (long long)mb);
+}
+
+int tr_eval(const struct tr_eval_flags *fl, struct tr_eval_result *out, tr_err *err)
+{
+    memset(out, 0, sizeof *out);
+    out->accuracy = NAN;
+    out->loss = NAN;
+    struct eval_checkpoint ck = {0};
+    struct tr_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    struct run run, *r = &run;
+    memset(r, 0, sizeof *r);
+    const char **overrides = NULL;
+    int n = 0, rc = TR_ERROR;
+    double t0 = tr_now();
+
+    if (fl->checkpoint && open_checkpoint(fl->checkpoint, &ck, err) != TR_OK)
+        goto done;
+    const char *recipe = fl->recipe;
+    if (!recipe && ck.state)
+        recipe = tr_json_string(ck.state, "recipe");
+    if (!recipe || !*recipe) {
+        tr_fail(err, "%s", fl->checkpoint ? "the checkpoint does not name its recipe: trainrun "
+                "eval RECIPE --checkpoint PATH" : "eval needs a recipe: trainrun eval RECIPE");
+        goto done;
+    }
+    snprintf(out->recipe, sizeof out->recipe, "%s", recipe);
+    overrides = overrides_for(fl, &ck, recipe, out, &n);
+    if (tr_config_load(&cfg, recipe, overrides, n, err) != TR_OK)
+        goto done;
+    /* one process: the ranks of a data-parallel run evaluate the same
+     * batches between them, so one alone gets the same loss */
+    cfg.rank = (struct tr_rank_info){0, 1, 0, 1, NULL};
+
+    r->cfg = &cfg;
+    r->eval_only = 1;
+    if (tr_run_setup(r, err) != TR_OK)
+        goto done;
+    /* the weights a fresh run would start from (the run loads them in
+     * start(), after setup); a checkpoint's replace them */
+    const char *from = tr_hf_from_dir(cfg.recipe);
+    if (from && !ck.path) {
+        if (tr_run_load_pretrained(r, err) != TR_OK)
+            goto done;
+        out->weights = TR_EVAL_FROM;
+        snprintf(out->source, sizeof out->source, "%s", from);
+    }
+    if (ck.path) {
+        if (tr_checkpoint_load_weights(ck.path, r->g, &r->be, r->g->params, err) != TR_OK)
+            goto done;
+        out->weights = TR_EVAL_CHECKPOINT;
+        out->step = ck.st.step;
+        snprintf(out->source, sizeof out->source, "%s", ck.path);
+    }
+
+    enum tr_split split = fl->train_split ? TR_SPLIT_TRAIN : TR_SPLIT_VAL;
+    if (check_split(r, split, err) != TR_OK)
+        goto done;
+    uint64_t batches = fl->batches ? fl->batches : (uint64_t)cfg.train.eval_batches;
+    double accuracy;
+    if (tr_run_evaluate_split(r, split, batches, &out->loss, &accuracy, &out->batches, err) != TR_OK)
+        goto done;
+    out->accuracy = accuracy;
+    const struct tr_data_info *di = &r->data.info;
+    out->split_batches = di->samples[split] / (uint64_t)cfg.train.micro_batch;
+    out->micro_batch = cfg.train.micro_batch;
+    out->samples = out->batches * (uint64_t)cfg.train.micro_batch;
+    out->sequence = di->input_dtype == TR_I32 && di->target_len == di->input_len &&
+                    di->target_len > 1;
+    out->tokens = out->samples * di->target_len;
+    if (r->g->logits >= 0) {
+        const struct tr_tensor *lg = &r->g->tensors[r->g->logits];
+        out->classes = (uint32_t)lg->shape[lg->ndim - 1];
+    }
+    out->seed = cfg.train.seed;
+    snprintf(out->device, sizeof out->device, "%s", cfg.device);
+    snprintf(out->precision, sizeof out->precision, "%s", cfg.precision.plugin->info->name);
+    rc = TR_OK;
+done:
+    tr_run_teardown(r);
+    if (cfg.recipe)
+        tr_config_free(&cfg);
+    free(overrides);
+    tr_json_free(ck.state);
+    free(ck.path);
+    out->seconds = tr_now() - t0;
+    return rc;
+}
