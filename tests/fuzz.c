@@ -43,6 +43,8 @@
 
 #include "util/json.h"
 #include "commands/prepare.h"
+#include "config/hf_config.h"
+#include "engine/hf_weights.h"
 #include "util/safetensors.h"
 #include "option_text.h"
 
@@ -407,6 +409,50 @@ static void target_json(const struct buf *in, uint64_t h)
     (void)tr_json_string(j, "recipe");
     (void)tr_json_get(tr_json_get(j, "checksums"), "model.safetensors");
     tr_json_free(j);
+}
+
+/* config.json of a Hugging Face directory (model = { from = DIR }): what is
+ * accepted is in range, and writing it back reads as the same model. */
+static void target_hf_config(const struct buf *in, uint64_t h)
+{
+    (void)h;
+    tr_err err = {{0}};
+    struct tr_hf_arch a, b;
+    if (tr_hf_config_parse((const char *)in->p, in->n, "config.json", &a, &err) != TR_OK) {
+        if (!err.msg[0])
+            broken("hf-config: rejected without a message");
+        return;
+    }
+    accepted("hf-config");
+    if (a.vocab < 2 || a.dim < 1 || a.layers < 1 || a.heads < 1 || a.kv_heads < 1 ||
+        a.dim % a.heads || a.heads % a.kv_heads || a.ffn_dim < 1 || a.ctx < 1 ||
+        !(a.norm_eps > 0 && a.norm_eps < 1))
+        broken("hf-config: accepted vocab %lld dim %lld layers %lld heads %lld/%lld ffn %lld ctx %lld",
+               (long long)a.vocab, (long long)a.dim, (long long)a.layers, (long long)a.heads,
+               (long long)a.kv_heads, (long long)a.ffn_dim, (long long)a.ctx);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    tr_hf_config_write(&a, "float32", f);
+    fclose(f);
+    if (tr_hf_config_parse(text, len, "written", &b, &err) != TR_OK)
+        broken("hf-config: what trainrun writes does not read back: %s", err.msg);
+    if (a.family != b.family || a.vocab != b.vocab || a.dim != b.dim || a.layers != b.layers ||
+        a.heads != b.heads || a.kv_heads != b.kv_heads || a.ffn_dim != b.ffn_dim ||
+        a.ctx != b.ctx || a.tie_embeddings != b.tie_embeddings || a.qkv_bias != b.qkv_bias ||
+        a.norm_eps != b.norm_eps || (a.family == TR_HF_LLAMA && a.rope_theta != b.rope_theta))
+        broken("hf-config: written and read back, the model differs:\n%s", text);
+    free(text);
+    /* the tensor list of a small enough model (the names of a huge one are
+     * only more of the same) */
+    if (a.layers <= 64) {
+        struct tr_hf_tensor *t = NULL;
+        size_t n = tr_hf_tensors(&a, a.ctx, &t);
+        for (size_t i = 0; i < n; i++)
+            if (t[i].shape[0] < 1 || (t[i].ndim == 2 && t[i].shape[1] < 1))
+                broken("hf-config: tensor %s has an empty shape", t[i].name);
+        tr_hf_tensors_free(t, n);
+    }
 }
 
 static void target_safetensors(const struct buf *in, uint64_t h)
@@ -874,6 +920,7 @@ static const char text_dict[] = "\n\1\n\n\1\r\n\1 \1\t\1\xff\1\xc3\xa9\1\0\1the\
 static struct target targets[] = {
     {"json", target_json, 10, 0, json_dict, NULL, 0},
     {"safetensors", target_safetensors, 10, 0, json_dict, NULL, 0},
+    {"hf-config", target_hf_config, 6, 0, json_dict, NULL, 0},
     {"tokens", target_tokens, 10, 0, NULL, NULL, 0},
     {"csv", target_csv, 10, 0, csv_dict, NULL, 0},
     {"idx-images", target_idx_images, 6, 0, NULL, NULL, 0},
