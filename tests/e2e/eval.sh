@@ -101,6 +101,14 @@ same6 "$(field bf16.json loss)" "$(logged bf16/metrics.jsonl 10 val_loss)" ||
 "$TRAINRUN" eval $KJV --checkpoint bf16 precision=fp32 --json > fp32.json
 [ "$(field fp32.json loss)" != "$(field bf16.json loss)" ] || fail "precision=fp32 did not change the evaluation"
 
+# ---- data parallel: one process evaluates what the ranks shared -------------
+# 5 micro-batches: rank 0 evaluated 3, rank 1 2, and the loss is their mean
+"$TRAINRUN" $KJV procs=2 train.batch=8 train.steps=4 train.eval_every=4 train.eval_batches=5 \
+  run_dir=dp --quiet 2> dp.txt || { cat dp.txt; fail "a run of 2 ranks"; }
+"$TRAINRUN" eval $KJV --checkpoint dp --json > dp.json
+same6 "$(field dp.json loss)" "$(logged dp/metrics.jsonl 4 val_loss)" ||
+  fail "procs=2: eval $(field dp.json loss), the ranks logged $(logged dp/metrics.jsonl 4 val_loss)"
+
 # ---- model = { from = DIR }: the weights a run starts from --------------------
 F="$TR_SRCDIR/tests/fixtures/hf"
 "$TRAINRUN" eval "$F/tiny-llama.lua" --json > from.json 2> from.txt || { cat from.txt; fail "eval of model = { from = DIR }"; }
