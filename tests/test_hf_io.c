@@ -482,6 +482,7 @@ Test(hf_errors, recipe_keys_that_contradict_config_json, .init = setup, .fini = 
     expect_error("layers = 4", 11, "model.layers is 4, but", "says 2 (\"num_hidden_layers\")");
     expect_error("ctx = 32", 11, "model.ctx is 32", "(16)");
     expect_error("type = \"gpt\"", 11, "is a \"llama\" model", NULL);
+    expect_error("embed_scale = 2", 11, "model.embed_scale is 2, but", NULL);
     /* agreeing keys are fine */
     struct engine e;
     tr_err err = {{0}};

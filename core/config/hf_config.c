@@ -391,6 +391,7 @@ static size_t arch_options(const struct tr_hf_arch *a, int64_t ctx, struct optio
         o[n++] = (struct option){"tie_embeddings", 1, a->tie_embeddings};
         if (a->qkv_bias)
             o[n++] = (struct option){"qkv_bias", 1, 1};
+        o[n++] = (struct option){"embed_scale", 0, 1}; /* none of these families scales */
     }
     return n;
 }
@@ -403,7 +404,7 @@ static const char *source_key(const struct tr_hf_arch *a, const char *opt)
         {"heads", "num_attention_heads"}, {"kv_heads", "num_key_value_heads"},
         {"ffn_dim", "intermediate_size"}, {"rope_theta", "rope_theta"}, {"norm_eps", "rms_norm_eps"},
         {"tie_embeddings", "tie_word_embeddings"}, {"qkv_bias", "model_type"},
-        {"ctx", "max_position_embeddings"}};
+        {"ctx", "max_position_embeddings"}, {"embed_scale", "model_type"}};
     static const char *const gpt[][2] = {{"vocab", "vocab_size"}, {"dim", "n_embd"}, {"layers", "n_layer"},
                                          {"heads", "n_head"}, {"ctx", "n_positions"}};
     if (a->family == TR_HF_GPT2) {
@@ -437,9 +438,11 @@ int tr_hf_resolve_model(struct tr_recipe *r, tr_err *err)
     if (from->type != TR_V_STRING || !from->string[0])
         return tr_fail(err, "%s: model.from must name a directory (a string): one holding a Hugging "
                        "Face config.json and model.safetensors", where);
-    /* relative to the recipe's directory, like the recipe's data paths */
+    /* relative to the directory of the recipe that names it, like extends and
+     * include (a recipe shared with its model directory works from anywhere);
+     * typed on the command line, relative to where the command runs */
     char *dir;
-    if (from->string[0] == '/') {
+    if (from->string[0] == '/' || from->origin.kind == TR_FROM_CLI) {
         dir = tr_xstrdup(from->string);
     } else {
         char *base = tr_dirname(tr_recipe_path(r));

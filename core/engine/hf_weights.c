@@ -512,6 +512,9 @@ int tr_hf_describe(const struct tr_graph *g, const char *type, struct tr_hf_arch
             a->norm_eps = nd->eps;
         } else if (nd->op == TR_OP_LAYERNORM && gpt && nd->eps != 1e-5f) {
             a->norm_eps = nd->eps;
+        } else if (nd->op == TR_OP_SCALE) {
+            return tr_fail(err, "the %s model scales its embeddings (embed_scale), which none of "
+                           "the Hugging Face families trainrun writes does", type);
         }
     }
     if (!gpt) {

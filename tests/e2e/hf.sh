@@ -39,6 +39,9 @@ EOF
 grep -q 'model.kv_heads = 2 *-- ft/../hf/config.json' show.txt || { cat show.txt; fail "show: kv_heads from config.json"; }
 grep -q 'model.type = "llama"' show.txt || { cat show.txt; fail "show: the type"; }
 grep -q 'model.recompute = 1 *-- ft/ft.lua:2' show.txt || { cat show.txt; fail "show: the recipe's own key"; }
+# typed on the command line, from is relative to the current directory
+"$TRAINRUN" show ft/ft.lua model.from=hf > cli.txt 2>&1 || { cat cli.txt; fail "model.from on the command line"; }
+grep -q 'model.kv_heads = 2 *-- hf/config.json' cli.txt || { cat cli.txt; fail "model.from=hf is not ./hf"; }
 "$TRAINRUN" plan ft/ft.lua > plan.txt 2>&1 || { cat plan.txt; fail "plan of a from recipe"; }
 grep -qi "param" plan.txt || { cat plan.txt; fail "plan shows no parameters"; }
 
