@@ -116,9 +116,9 @@ int tr_checkpoint_load_weights(const char *checkpoint_dir, const struct tr_graph
 int tr_export_weights(const char *checkpoint_dir, enum tr_dtype dtype, const char *out_path,
                       tr_err *err);
 
-#endif
 /* `trainrun export --format hf`: the checkpoint's weights as a Hugging Face
  * directory (config.json + model.safetensors in dtype), from the model
  * state.json records; refused unless the checkpoint verifies. */
 int tr_export_hf(const char *checkpoint_dir, enum tr_dtype dtype, const char *out_dir, tr_err *err);
 
+#endif

@@ -76,12 +76,12 @@ struct run {
  * everything a step needs; tr_run_teardown undoes whatever of it was done. */
 int tr_run_setup(struct run *r, tr_err *err);
 void tr_run_teardown(struct run *r);
-
-/* Memory the device offers a plan, in bytes, and the device in words. */
-double tr_run_device_memory(const struct tr_config *cfg, char *what, size_t what_size);
 /* model = { from = "DIR" }: DIR's weights into the parameters (a fresh
  * run only: a resumed one has its checkpoint's); TR_OK when there is none. */
 int tr_run_load_pretrained(struct run *r, tr_err *err);
+
+/* Memory the device offers a plan, in bytes, and the device in words. */
+double tr_run_device_memory(const struct tr_config *cfg, char *what, size_t what_size);
 
 /* smoke.c: save the run's checkpoint, load it into fresh buffers, compare. */
 int tr_smoke_round_trip(struct run *r, tr_err *err);

@@ -381,15 +381,15 @@ int tr_run_setup(struct run *r, tr_err *err)
     /* rank 0 writes; the others get its state by broadcast; an evaluation writes nothing */
     if (r->rank != 0 || r->eval_only)
         return setup_cost(r, &r->policy, err);
-    r->ckpt = tr_checkpointer_open(&cc, err);
-    if (!r->ckpt)
-        return TR_ERROR;
     char *hf_config = hf_config_text(r), weights_from[PATH_MAX];
     const char *from = tr_hf_from_dir(cfg->recipe);
     cc.hf_config = hf_config;
     cc.weights_from = from ? (realpath(from, weights_from) ? weights_from : from) : NULL;
-    return setup_cost(r, &r->policy, err);
+    r->ckpt = tr_checkpointer_open(&cc, err);
     free(hf_config);
+    if (!r->ckpt)
+        return TR_ERROR;
+    return setup_cost(r, &r->policy, err);
 }
 
 void tr_run_teardown(struct run *r)
