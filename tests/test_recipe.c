@@ -313,6 +313,40 @@ Test(recipe, scalars_and_tables_replace_each_other)
     tr_recipe_free(r);
 }
 
+/* A child that names another plugin for a slot than its base gets only its
+ * own options there: the base's options of the old plugin are dropped, the
+ * slot's core keys (checkpoint.every) and tables that keep their plugin
+ * merge as before. */
+Test(recipe, extends_switching_plugin_drops_the_old_plugins_options)
+{
+    static const struct tr_option every[] = {
+        {TR_OPT_INT, "every", "0", 0, 1e9, NULL, "", 0}, {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0}};
+    static const struct tr_recipe_slot slots[] = {
+        {"schedule", NULL}, {"checkpoint", every}, {"data", NULL}, {NULL, NULL}};
+    struct tr_recipe_paths paths = test_paths;
+    paths.slots = slots;
+    tr_err err = {{0}};
+    struct tr_recipe *r = tr_recipe_load("recipes/switch_child.lua", NULL, 0, &paths, &err);
+    cr_assert_not_null(r, "%s", err.msg);
+    expect_string(r, "schedule.plugin", "step");
+    expect_number(r, "schedule.step_size", 3);
+    cr_assert_null(tr_value_get(tr_recipe_root(r), "schedule.min_lr_ratio"), "cosine's option");
+    cr_assert_null(tr_value_get(tr_recipe_root(r), "schedule.warmup"), "cosine's option");
+    expect_string(r, "checkpoint.plugin", "s3");
+    expect_string(r, "checkpoint.bucket", "b");
+    expect_number(r, "checkpoint.every", 7); /* the core's, from the base */
+    expect_origin(get(r, "checkpoint.every"), "recipes/switch_base.lua:5");
+    cr_assert_null(tr_value_get(tr_recipe_root(r), "checkpoint.dir"), "local's option");
+    expect_string(r, "data.path", "a.txt"); /* the same plugin: merged */
+    expect_number(r, "data.val_fraction", 0.2);
+    expect_number(r, "optim.lr", 0.5); /* not a slot: merged */
+    tr_recipe_free(r);
+    /* without slots (a loader that knows none) the tables merge whole */
+    r = load("recipes/switch_child.lua");
+    expect_number(r, "schedule.min_lr_ratio", 0.1);
+    tr_recipe_free(r);
+}
+
 Test(recipe, extends_chain_of_three)
 {
     struct tr_recipe *r = load("recipes/grandchild.lua");

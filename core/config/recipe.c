@@ -425,6 +425,17 @@ static void push_config(lua_State *L, const char *path, const char *const *overr
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "overrides");
+    /* plugin_slots: slot name -> set of the core's keys there */
+    lua_newtable(L);
+    for (const struct tr_recipe_slot *s = paths->slots; s && s->name; s++) {
+        lua_newtable(L);
+        for (const struct tr_option *o = s->core; o && o->type != TR_OPT_END; o++) {
+            lua_pushboolean(L, 1);
+            lua_setfield(L, -2, o->name);
+        }
+        lua_setfield(L, -2, s->name);
+    }
+    lua_setfield(L, -2, "plugin_slots");
 }
 
 /* ---- conversion into the C tree ------------------------------------------- */

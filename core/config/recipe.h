@@ -23,11 +23,24 @@
 struct lua_State;
 struct tr_recipe;
 
+/* A plugin slot of a recipe: a top-level table whose `plugin` names the
+ * plugin its other keys configure, besides the core's own keys for the
+ * slot (`core`, e.g. checkpoint.every; NULL: none). */
+struct tr_recipe_slot {
+    const char *name;
+    const struct tr_option *core;
+};
+
 struct tr_recipe_paths {
     const char *lua_dir;     /* where lua/trainrun/<name>.lua live (for `require "trainrun.x"`) */
     const char *recipe_dir;  /* installed recipes directory, last on the search path */
     const char *extra_lua_dir; /* optional: searched before lua_dir by `require` (tests, development) */
     size_t memory_limit;     /* bytes of Lua heap recipe code may use; 0: the default, 1 GiB */
+    /* optional, ended by a NULL name: when a recipe that extends a base names
+     * another plugin for one of these than the base did, the base's keys
+     * there go (they were the old plugin's options), all but `plugin` and
+     * the slot's core keys */
+    const struct tr_recipe_slot *slots;
 };
 
 /* Recipe code (the recipe files, extends/include, the model builders, any

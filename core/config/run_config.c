@@ -348,7 +348,12 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
 {
     memset(cfg, 0, sizeof *cfg);
     const struct tr_install_paths *ip = tr_install_paths();
-    struct tr_recipe_paths rp = {.lua_dir = ip->lua_dir, .recipe_dir = ip->recipe_dir};
+    /* the slots configure_slot reads below, with the core's keys in each */
+    static const struct tr_recipe_slot slots[] = {
+        {"data", NULL}, {"precision", NULL}, {"schedule", NULL},
+        {"checkpoint", checkpoint_policy_options}, {"comm", NULL}, {NULL, NULL}};
+    struct tr_recipe_paths rp = {.lua_dir = ip->lua_dir, .recipe_dir = ip->recipe_dir,
+                                 .slots = slots};
     cfg->overrides = tr_xcalloc((size_t)n_overrides + 1, sizeof *cfg->overrides);
     for (int i = 0; i < n_overrides; i++)
         cfg->overrides[i] = tr_xstrdup(overrides[i]);

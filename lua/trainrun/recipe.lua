@@ -821,6 +821,28 @@ local function merges_into(b, c)
     return not is_nonempty_list(b) -- a map replaces a list
 end
 
+-- A plugin slot (data, schedule, checkpoint, ...) whose child table names
+-- another plugin than its base table did: the base's keys there were the
+-- old plugin's options, which the new one does not take, so they go before
+-- the merge; `plugin` and the slot's core keys (checkpoint.every, ...) stay.
+-- A base that names no plugin keeps its keys (they may be the default's).
+local function drop_other_plugins_options(ctx, name, b, c)
+    local core = ctx.plugin_slots[name]
+    local from, to = rawget(b, "plugin"), rawget(c, "plugin")
+    if not core or type(from) ~= "string" or type(to) ~= "string" or from == to then
+        return
+    end
+    local ob = ctx.origins[b]
+    for k in pairs(b) do -- assigning nil to a visited field is allowed in a pairs loop
+        if k ~= "plugin" and not core[k] then
+            b[k] = nil
+            if ob then
+                ob[k] = nil
+            end
+        end
+    end
+end
+
 -- Merge raw child table c over b (a fresh resolved table), in place.
 local function merge_into(ctx, b, c, path, at_root)
     local O = ctx.origins
@@ -844,6 +866,9 @@ local function merge_into(ctx, b, c, path, at_root)
                         where(o.file or "?", o.line), join_path(path, name), type(bv)), 0)
                 end
             elseif type(v) == "table" and type(bv) == "table" and merges_into(bv, v) then
+                if at_root then
+                    drop_other_plugins_options(ctx, k, bv, v)
+                end
                 merge_into(ctx, bv, v, join_path(path, name), false)
             else
                 b[k] = copy(ctx, v)
@@ -1135,6 +1160,7 @@ function M.load(host, cfg)
         models = {},
         lua_dirs = {},
         search_dirs = {},
+        plugin_slots = cfg.plugin_slots or {}, -- slot name -> set of its core keys
     }
     ctx.safe_pcall, ctx.safe_xpcall = make_protected_calls(host)
     ctx.env_mt = make_env_mt(host)
