@@ -1,25 +1,13 @@
 /*
- * `trainrun prepare` (see prepare.h).
- *
- * Text: every input is read whole (plain or gzip), split into documents
- * (blank-line separated paragraphs, or one per line), deduplicated, and
- * written as TRTOKENS shards (train_000000.bin ..., val_000000.bin ...) with
- * prepare.json describing what was done.  Each document is followed by the
- * separator it was split at ("\n\n" or "\n"), so the token stream reads like
- * the input with the duplicates taken out.  Validation is the smallest run
- * of whole documents at the end holding at least val_fraction of the tokens.
- *
- * Deduplication (exact, or near: MinHash with LSH banding) is in dedup.c;
- * this file reads, splits, reports what was removed and writes.  CSV inputs
- * are checked and cleaned by prepare_csv.c; this file parses the command
- * line and keeps the output directory (claim, publish) for both.
+ * `trainrun prepare` (see prepare.h): the command line, and the output
+ * directory both formats write into (claimed, stale shards removed, files
+ * published whole).  Text inputs become token shards in prepare_text.c
+ * (deduplicated by dedup.c), CSV inputs are checked and cleaned in
+ * prepare_csv.c; prepare_internal.h is what the three share.
  */
 #include "prepare.h"
 
-#include "dedup.h"
 #include "prepare_internal.h"
-
-#include <trainrun/tokens.h>
 
 #include "../util/json.h"
 #include "../engine/run.h"
@@ -35,9 +23,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
-#define TRTOKENS_HEADER TR_TOKENS_HEADER_BYTES
 
 static void usage(FILE *out)
 {
@@ -66,277 +52,23 @@ static void usage(FILE *out)
             "  --header                 CSV: the first line of each input names the columns\n");
 }
 
+void tr_prepare_vfail(const char *fmt, va_list ap)
+{
+    fputs("trainrun prepare: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
 int tr_prepare_fail(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fputs("trainrun prepare: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    tr_prepare_vfail(fmt, ap);
     va_end(ap);
     return -1;
 }
 
-/* ---- reading inputs ------------------------------------------------------ */
-
-struct input {
-    const char *path;
-    unsigned char *data;
-    size_t size;
-};
-
-/* The whole file, decompressed if it is gzip. */
-static int read_input(struct input *in)
-{
-    struct stat st;
-    if (stat(in->path, &st) != 0)
-        return tr_prepare_fail("cannot open %s: %s%s", in->path, strerror(errno),
-                    in->path[0] == '/' ? "" : " (relative to the current directory)");
-    if (!S_ISREG(st.st_mode))
-        return tr_prepare_fail("%s is not a regular file", in->path);
-    errno = 0;
-    gzFile f = gzopen(in->path, "rb");
-    if (!f)
-        return tr_prepare_fail("cannot open %s: %s", in->path, errno ? strerror(errno) : "out of memory");
-    /* st_size + 1: a plain file is read without growing; gzip grows */
-    size_t cap = (size_t)st.st_size + 1, len = 0;
-    unsigned char *buf = malloc(cap);
-    int rc = buf ? 0 : tr_prepare_fail("out of memory reading %s (%zu bytes)", in->path, cap);
-    while (rc == 0) {
-        if (len == cap) {
-            unsigned char *grown = realloc(buf, cap * 2);
-            if (!grown) {
-                rc = tr_prepare_fail("out of memory reading %s (%zu bytes so far)", in->path, len);
-                break;
-            }
-            buf = grown;
-            cap *= 2;
-        }
-        size_t want = cap - len > (1u << 30) ? (1u << 30) : cap - len;
-        int got = gzread(f, buf + len, (unsigned)want);
-        if (got < 0) {
-            int zerr;
-            const char *msg = gzerror(f, &zerr);
-            rc = tr_prepare_fail("cannot read %s: %s (is the .gz file complete?)", in->path,
-                      zerr == Z_ERRNO ? strerror(errno) : msg);
-        }
-        if (got <= 0)
-            break;
-        len += (size_t)got;
-    }
-    gzclose(f);
-    if (rc != 0) {
-        free(buf);
-        return rc;
-    }
-    in->data = buf;
-    in->size = len;
-    return 0;
-}
-
-/* ---- documents ------------------------------------------------------------ */
-
-static int add_doc(struct docs *d, const unsigned char *text, size_t len, int input, long line)
-{
-    if (d->n == d->cap) {
-        size_t grown = d->cap ? d->cap * 2 : 1024;
-        struct doc *v = realloc(d->v, grown * sizeof *v);
-        if (!v)
-            return tr_prepare_fail("out of memory (%zu documents so far)", d->n);
-        d->v = v;
-        d->cap = grown;
-    }
-    d->v[d->n++] = (struct doc){.text = text, .len = len, .input = input, .line = line};
-    return 0;
-}
-
-/* Split one input into documents: paragraphs separated by blank lines (only
- * whitespace), or every non-blank line.  Line ends are not part of a
- * document; neither is the "\r" of a "\r\n". */
-static int split_documents(struct docs *d, const struct input *in, int input, int by_line)
-{
-    const unsigned char *p = in->data, *end = in->data + in->size;
-    const unsigned char *doc_start = NULL, *doc_end = NULL;
-    long doc_line = 0;
-    for (long line = 1; p < end; line++) {
-        const unsigned char *nl = memchr(p, '\n', (size_t)(end - p));
-        const unsigned char *line_end = nl ? nl : end;
-        const unsigned char *content_end = line_end;
-        if (content_end > p && content_end[-1] == '\r')
-            content_end--;
-        int blank = 1;
-        for (const unsigned char *c = p; c < content_end && blank; c++)
-            blank = is_space(*c);
-        if (by_line) {
-            if (!blank && add_doc(d, p, (size_t)(content_end - p), input, line) != 0)
-                return -1;
-        } else if (blank) {
-            if (doc_start && add_doc(d, doc_start, (size_t)(doc_end - doc_start), input,
-                                     doc_line) != 0)
-                return -1;
-            doc_start = NULL;
-        } else {
-            if (!doc_start) {
-                doc_start = p;
-                doc_line = line;
-            }
-            doc_end = content_end;
-        }
-        p = nl ? nl + 1 : end;
-    }
-    if (doc_start && add_doc(d, doc_start, (size_t)(doc_end - doc_start), input, doc_line) != 0)
-        return -1;
-    return 0;
-}
-
-/* The first 60 bytes of a document on one line (whitespace runs shown as
- * one space), without cutting a UTF-8 character. */
-static void snippet(const struct doc *doc, char *out, size_t size)
-{
-    size_t o = 0, limit = 60 < size - 4 ? 60 : size - 4, i = 0;
-    int space = 0;
-    while (i < doc->len && o < limit) {
-        unsigned char c = doc->text[i];
-        if (is_space(c)) {
-            space = 1;
-            i++;
-            continue;
-        }
-        if (space && o > 0)
-            out[o++] = ' ';
-        space = 0;
-        if (o >= limit)
-            break;
-        size_t seq = c < 0x80 ? 1 : c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
-        if (o + seq > limit || i + seq > doc->len)
-            break;
-        memcpy(out + o, doc->text + i, seq);
-        o += seq;
-        i += seq;
-    }
-    while (i < doc->len && is_space(doc->text[i]))
-        i++;
-    int more = i < doc->len;
-    out[o] = '\0';
-    if (more)
-        strcpy(out + o, "...");
-}
-
-static void print_removed(const struct docs *d, const struct input *inputs, enum removal kind)
-{
-    int shown = 0;
-    for (size_t i = 0; i < d->n && shown < SAMPLES_SHOWN; i++) {
-        const struct doc *doc = &d->v[i];
-        if (doc->removed != kind)
-            continue;
-        const struct doc *orig = &d->v[doc->dup_of];
-        char a[80], b[80];
-        snippet(doc, a, sizeof a);
-        snippet(orig, b, sizeof b);
-        printf("  %s:%ld \"%s\"\n", inputs[doc->input].path, doc->line, a);
-        if (kind == NEAR_DUP)
-            printf("    is like %s:%ld (similarity %.2f) \"%s\"\n", inputs[orig->input].path,
-                   orig->line, doc->similarity, b);
-        else
-            printf("    repeats %s:%ld \"%s\"\n", inputs[orig->input].path, orig->line, b);
-        shown++;
-    }
-}
-
-/* ---- shards ---------------------------------------------------------------- */
-
-struct shard_writer {
-    const char *dir, *prefix; /* OUTDIR, "train" or "val" */
-    uint64_t limit;           /* tokens per shard */
-    uint32_t vocab;
-    FILE *f;
-    char path[4096], tmp[4200];
-    int shards;               /* finished so far */
-    uint64_t in_shard, total;
-    unsigned char buf[1 << 16];
-    size_t fill;
-};
-
-
-
-static void trtokens_header(unsigned char h[TRTOKENS_HEADER], uint64_t tokens, uint32_t vocab)
-{
-    /* uint16 tokens: byte and char vocabularies fit */
-    struct tr_tokens_header th = {TR_TOKENS_VERSION, 2, tokens, vocab};
-    tr_tokens_header_write(h, &th);
-}
-
-static int flush_buf(struct shard_writer *w)
-{
-    if (w->fill && fwrite(w->buf, 1, w->fill, w->f) != w->fill)
-        return tr_prepare_fail("cannot write %s: %s", w->path, strerror(errno));
-    w->fill = 0;
-    return 0;
-}
-
-/* Finish the open shard: its header gets the count, then it is published
- * under its name by rename. */
-static int close_shard(struct shard_writer *w)
-{
-    if (!w->f)
-        return 0;
-    unsigned char h[TRTOKENS_HEADER];
-    trtokens_header(h, w->in_shard, w->vocab);
-    int rc = flush_buf(w);
-    if (rc == 0 && (fseek(w->f, 0, SEEK_SET) != 0 || fwrite(h, 1, sizeof h, w->f) != sizeof h ||
-                    fflush(w->f) != 0 || fsync(fileno(w->f)) != 0))
-        rc = tr_prepare_fail("cannot write %s: %s", w->path, strerror(errno));
-    if (fclose(w->f) != 0 && rc == 0)
-        rc = tr_prepare_fail("cannot write %s: %s", w->path, strerror(errno));
-    w->f = NULL;
-    if (rc == 0 && rename(w->tmp, w->path) != 0)
-        rc = tr_prepare_fail("cannot rename %s to %s: %s", w->tmp, w->path, strerror(errno));
-    if (rc != 0) {
-        unlink(w->tmp);
-        return rc;
-    }
-    w->shards++;
-    return 0;
-}
-
-static int open_shard(struct shard_writer *w)
-{
-    snprintf(w->path, sizeof w->path, "%s/%s_%06d.bin", w->dir, w->prefix, w->shards);
-    snprintf(w->tmp, sizeof w->tmp, "%s.tmp-%ld", w->path, (long)getpid());
-    w->f = fopen(w->tmp, "wb");
-    if (!w->f)
-        return tr_prepare_fail("cannot create %s: %s", w->tmp, strerror(errno));
-    unsigned char h[TRTOKENS_HEADER];
-    trtokens_header(h, 0, w->vocab); /* rewritten with the count at the end */
-    if (fwrite(h, 1, sizeof h, w->f) != sizeof h)
-        return tr_prepare_fail("cannot write %s: %s", w->path, strerror(errno));
-    w->in_shard = 0;
-    return 0;
-}
-
-static int put_token(struct shard_writer *w, uint16_t id)
-{
-    if (w->f && w->in_shard == w->limit && close_shard(w) != 0)
-        return -1;
-    if (!w->f && open_shard(w) != 0)
-        return -1;
-    if (w->fill + 2 > sizeof w->buf && flush_buf(w) != 0)
-        return -1;
-    w->buf[w->fill++] = (unsigned char)(id & 0xff);
-    w->buf[w->fill++] = (unsigned char)(id >> 8);
-    w->in_shard++;
-    w->total++;
-    return 0;
-}
-
-static void abandon_shard(struct shard_writer *w)
-{
-    if (!w->f)
-        return;
-    fclose(w->f);
-    w->f = NULL;
-    unlink(w->tmp);
-}
+/* ---- the output directory ------------------------------------------------- */
 
 /* The shard number of "<prefix>_NNNNNN.bin", or -1 for any other name. */
 static long shard_index(const char *name, const char *prefix)
@@ -352,7 +84,7 @@ static long shard_index(const char *name, const char *prefix)
 /* Shards named like ours that this run did not write (a previous run made
  * more): remove them, or a glob would pick them up.  Only regular files
  * (a symlink is not followed), in a directory tr_prepare_claim_out_dir made ours. */
-static void remove_stale_shards(const char *dir, const char *prefix, int written)
+void tr_prepare_remove_stale_shards(const char *dir, const char *prefix, int written)
 {
     DIR *d = opendir(dir);
     if (!d)
@@ -436,14 +168,6 @@ int tr_prepare_publish(const char *tmp, const char *path, FILE *f)
     return rc;
 }
 
-static void json_shard_list(FILE *f, const char *prefix, int n)
-{
-    fputc('[', f);
-    for (int i = 0; i < n; i++)
-        fprintf(f, "%s\"%s_%06d.bin\"", i ? ", " : "", prefix, i);
-    fputc(']', f);
-}
-
 void tr_prepare_json_inputs(FILE *f, const struct prepare_opts *o)
 {
     fputs("  \"inputs\": [", f);
@@ -453,208 +177,6 @@ void tr_prepare_json_inputs(FILE *f, const struct prepare_opts *o)
         tr_json_write_string(f, o->inputs[i]);
     }
     fputs("],\n", f);
-}
-
-/* ---- text ------------------------------------------------------------------ */
-
-struct text_result {
-    size_t read, removed_exact, removed_near;
-    size_t docs[2];      /* train, val */
-    uint64_t tokens[2];
-    int shards[2];
-    uint32_t vocab;
-    unsigned char table[256]; /* char tokenizer: token id -> byte */
-};
-
-static int write_text_json(const struct prepare_opts *o, const struct text_result *r, int rows)
-{
-    char path[4096], tmp[4200];
-    snprintf(path, sizeof path, "%s/prepare.json", o->out_dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f)
-        return tr_prepare_fail("cannot create %s: %s", tmp, strerror(errno));
-    fputs("{\n  \"format\": \"text\",\n", f);
-    tr_prepare_json_inputs(f, o);
-    fprintf(f, "  \"tokenizer\": \"%s\",\n  \"vocab\": %u,\n  \"dtype\": \"uint16\",\n",
-            o->tokenizer, r->vocab);
-    fprintf(f, "  \"doc_separator\": \"%s\",\n  \"dedup\": \"%s\",\n", o->doc_separator,
-            o->dedup);
-    if (strcmp(o->dedup, "near") == 0)
-        fprintf(f, "  \"near_threshold\": %g,\n  \"minhash\": {\"functions\": %d, \"bands\": %d, "
-                   "\"rows\": %d, \"shingle\": %d},\n",
-                o->near_threshold, MINHASH_FUNCS, MINHASH_FUNCS / rows, rows, SHINGLE);
-    fprintf(f,
-            "  \"documents\": {\"read\": %zu, \"kept\": %zu, \"removed_exact\": %zu, "
-            "\"removed_near\": %zu},\n",
-            r->read, r->docs[0] + r->docs[1], r->removed_exact, r->removed_near);
-    fprintf(f, "  \"val_fraction\": %g,\n  \"shard_tokens\": %llu,\n", o->val_fraction,
-            (unsigned long long)o->shard_tokens);
-    static const char *const names[2] = {"train", "val"};
-    for (int s = 0; s < 2; s++) {
-        fprintf(f, "  \"%s\": {\"documents\": %zu, \"tokens\": %llu, \"shards\": ", names[s],
-                r->docs[s], (unsigned long long)r->tokens[s]);
-        json_shard_list(f, names[s], r->shards[s]);
-        fputs("},\n", f);
-    }
-    fputs("  \"chars\": ", f);
-    if (strcmp(o->tokenizer, "char") == 0) {
-        fputc('[', f);
-        for (uint32_t i = 0; i < r->vocab; i++)
-            fprintf(f, "%s%u", i ? ", " : "", r->table[i]);
-        fputs("]\n", f);
-    } else {
-        fputs("null\n", f);
-    }
-    fputs("}\n", f);
-    return tr_prepare_publish(tmp, path, f);
-}
-
-static int write_split(const struct prepare_opts *o, const struct docs *d, size_t from,
-                       size_t to, const uint16_t *ids, const char *sep, size_t sep_len,
-                       const char *prefix, struct text_result *r, int split)
-{
-    struct shard_writer *w = calloc(1, sizeof *w);
-    if (!w)
-        return tr_prepare_fail("out of memory");
-    w->dir = o->out_dir;
-    w->prefix = prefix;
-    w->limit = o->shard_tokens;
-    w->vocab = r->vocab;
-    int rc = 0;
-    for (size_t i = from; i < to && rc == 0; i++) {
-        const struct doc *doc = &d->v[i];
-        if (doc->removed)
-            continue;
-        r->docs[split]++;
-        for (size_t k = 0; k < doc->len && rc == 0; k++)
-            rc = put_token(w, ids[doc->text[k]]);
-        for (size_t k = 0; k < sep_len && rc == 0; k++)
-            rc = put_token(w, ids[(unsigned char)sep[k]]);
-    }
-    if (rc == 0)
-        rc = close_shard(w);
-    else
-        abandon_shard(w);
-    r->tokens[split] = w->total;
-    r->shards[split] = w->shards;
-    free(w);
-    if (rc == 0)
-        remove_stale_shards(o->out_dir, prefix, r->shards[split]);
-    return rc;
-}
-
-static int prepare_text(const struct prepare_opts *o, struct input *inputs)
-{
-    struct docs d = {0};
-    struct text_result r = {0};
-    int by_line = strcmp(o->doc_separator, "line") == 0;
-    const char *sep = by_line ? "\n" : "\n\n";
-    size_t sep_len = strlen(sep);
-    int rc = 0, rows = band_rows(o->near_threshold);
-    size_t bytes = 0;
-    for (int i = 0; i < o->n_inputs && rc == 0; i++) {
-        rc = split_documents(&d, &inputs[i], i, by_line);
-        bytes += inputs[i].size;
-    }
-    if (rc != 0)
-        goto out;
-    r.read = d.n;
-    printf("trainrun prepare: %d input%s, %zu bytes, %zu document%s (%s)\n", o->n_inputs,
-           o->n_inputs == 1 ? "" : "s", bytes, d.n, d.n == 1 ? "" : "s",
-           by_line ? "one per line" : "separated by blank lines");
-    if (d.n == 0) {
-        rc = tr_prepare_fail("no documents in the input%s (every line is blank); check the input files",
-                  o->n_inputs == 1 ? "" : "s");
-        goto out;
-    }
-
-    if (strcmp(o->dedup, "none") != 0) {
-        if ((rc = dedup_exact(&d, &r.removed_exact)) != 0)
-            goto out;
-        printf("trainrun prepare: exact dedup removed %zu document%s\n", r.removed_exact,
-               r.removed_exact == 1 ? "" : "s");
-        print_removed(&d, inputs, EXACT_DUP);
-    }
-    if (strcmp(o->dedup, "near") == 0) {
-        if ((rc = dedup_near(&d, o->near_threshold, rows, &r.removed_near)) != 0)
-            goto out;
-        printf("trainrun prepare: near dedup (MinHash, %d functions in %d bands of %d, "
-               "threshold %.2f) removed %zu document%s\n",
-               MINHASH_FUNCS, MINHASH_FUNCS / rows, rows, o->near_threshold, r.removed_near,
-               r.removed_near == 1 ? "" : "s");
-        print_removed(&d, inputs, NEAR_DUP);
-    }
-
-    /* The vocabulary and each byte's token id. */
-    uint16_t ids[256];
-    if (strcmp(o->tokenizer, "char") == 0) {
-        unsigned char seen[256] = {0};
-        for (size_t i = 0; i < d.n; i++)
-            if (!d.v[i].removed)
-                for (size_t k = 0; k < d.v[i].len; k++)
-                    seen[d.v[i].text[k]] = 1;
-        for (size_t k = 0; k < sep_len; k++)
-            seen[(unsigned char)sep[k]] = 1;
-        for (int c = 0; c < 256; c++) {
-            if (seen[c]) {
-                ids[c] = (uint16_t)r.vocab;
-                r.table[r.vocab++] = (unsigned char)c;
-            }
-        }
-    } else {
-        for (int c = 0; c < 256; c++)
-            ids[c] = (uint16_t)c;
-        r.vocab = 256;
-    }
-
-    /* Validation: whole documents from the end, at least val_fraction of the
-     * tokens, always leaving one training document. */
-    uint64_t total = 0;
-    size_t first_kept = d.n;
-    for (size_t i = 0; i < d.n; i++) {
-        if (d.v[i].removed)
-            continue;
-        total += d.v[i].len + sep_len;
-        if (first_kept == d.n)
-            first_kept = i;
-    }
-    uint64_t want = (uint64_t)((double)total * o->val_fraction), val_tokens = 0;
-    size_t val_from = d.n;
-    while (want > 0 && val_tokens < want && val_from > first_kept + 1) {
-        val_from--;
-        if (!d.v[val_from].removed)
-            val_tokens += d.v[val_from].len + sep_len;
-    }
-    while (val_from < d.n && d.v[val_from].removed)
-        val_from++; /* start the split at a kept document */
-    if (want > 0 && val_from == d.n)
-        fprintf(stderr, "trainrun prepare: warning: only one document is left, so there is no "
-                        "validation split; use data.val_fraction in the recipe instead\n");
-
-    if (tr_mkdir_p(o->out_dir) != 0) {
-        rc = tr_prepare_fail("cannot create the output directory %s: %s", o->out_dir, strerror(errno));
-        goto out;
-    }
-    if ((rc = tr_prepare_claim_out_dir(o->out_dir)) != 0)
-        goto out;
-    if ((rc = write_split(o, &d, 0, val_from, ids, sep, sep_len, "train", &r, 0)) != 0 ||
-        (rc = write_split(o, &d, val_from, d.n, ids, sep, sep_len, "val", &r, 1)) != 0 ||
-        (rc = write_text_json(o, &r, rows)) != 0)
-        goto out;
-    printf("trainrun prepare: %s tokens, vocabulary %u: train %llu tokens (%zu document%s) in "
-           "%d shard%s, val %llu tokens (%zu document%s) in %d shard%s\n",
-           o->tokenizer, r.vocab, (unsigned long long)r.tokens[0], r.docs[0],
-           r.docs[0] == 1 ? "" : "s", r.shards[0], r.shards[0] == 1 ? "" : "s",
-           (unsigned long long)r.tokens[1], r.docs[1], r.docs[1] == 1 ? "" : "s", r.shards[1],
-           r.shards[1] == 1 ? "" : "s");
-    printf("trainrun prepare: wrote %s/prepare.json; use\n"
-           "  data = { plugin = \"tokens\", train = \"%s/train_*.bin\"%s%s%s }\n",
-           o->out_dir, o->out_dir, r.shards[1] ? ", val = \"" : ", val_fraction = 0",
-           r.shards[1] ? o->out_dir : "", r.shards[1] ? "/val_*.bin\"" : "");
-out:
-    free(d.v);
-    return rc;
 }
 
 /* ---- the command ------------------------------------------------------------ */
@@ -815,17 +337,7 @@ int tr_prepare_main(int argc, char **argv)
         return code;
     }
 
-    struct input *inputs = calloc((size_t)o.n_inputs, sizeof *inputs);
-    int rc = inputs ? 0 : tr_prepare_fail("out of memory");
-    for (int i = 0; i < o.n_inputs && rc == 0; i++) {
-        inputs[i].path = o.inputs[i];
-        rc = read_input(&inputs[i]);
-    }
-    if (rc == 0)
-        rc = prepare_text(&o, inputs);
-    for (int i = 0; inputs && i < o.n_inputs; i++)
-        free(inputs[i].data);
-    free(inputs);
+    int rc = tr_prepare_text(&o);
     free(o.inputs);
     return rc == 0 ? TR_EXIT_OK : TR_EXIT_ERROR;
 }

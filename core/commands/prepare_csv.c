@@ -58,9 +58,7 @@ static int csv_error(struct csv_state *s, const char *fmt, ...)
     if (s->errors++ < CSV_ERRORS_SHOWN) {
         va_list ap;
         va_start(ap, fmt);
-        fputs("trainrun prepare: error: ", stderr);
-        vfprintf(stderr, fmt, ap);
-        fputc('\n', stderr);
+        tr_prepare_vfail(fmt, ap);
         va_end(ap);
     }
     return 0;

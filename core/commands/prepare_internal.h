@@ -1,9 +1,11 @@
-/* What prepare.c (the command, text) and prepare_csv.c (CSV) share: the
- * parsed options and the output directory's claim and publishing.  Private
- * to the commands room. */
+/* What prepare.c (the command line, the output directory), prepare_text.c
+ * and prepare_csv.c (the two formats) share: the parsed options, the output
+ * directory's claim, stale-shard removal and publishing, and each format's
+ * entry.  Private to the commands room. */
 #ifndef TR_PREPARE_INTERNAL_H
 #define TR_PREPARE_INTERNAL_H
 
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -33,6 +35,18 @@ int tr_prepare_publish(const char *tmp, const char *path, FILE *f);
 
 /* prepare.json's "inputs" line. */
 void tr_prepare_json_inputs(FILE *f, const struct prepare_opts *o);
+
+/* Remove <prefix>_NNNNNN.bin shards numbered `written` and up (left by an
+ * earlier, longer run) from a directory tr_prepare_claim_out_dir made ours;
+ * regular files only. */
+void tr_prepare_remove_stale_shards(const char *dir, const char *prefix, int written);
+
+/* "trainrun prepare: error: ..." from a va_list (tr_prepare_fail's body). */
+void tr_prepare_vfail(const char *fmt, va_list ap);
+
+/* The text path (prepare_text.c): read, split, deduplicate, write the
+ * shards and prepare.json.  0 or -1 (messages on stderr). */
+int tr_prepare_text(const struct prepare_opts *o);
 
 /* The CSV path (prepare_csv.c): check, dedup and write OUTDIR/data.csv and
  * prepare.json.  0 or -1 (messages on stderr). */
