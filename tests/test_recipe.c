@@ -784,6 +784,44 @@ Test(model_graph, llama_op_defects_are_refused)
     expect_llama_graph_error("swiglu_int", "swiglu 'act': input 'targets' must be floating point");
 }
 
+/* The same mistakes made through trainrun.nn are reported at the line of
+ * the builder that made them. */
+Test(model_graph, llama_op_shape_errors_name_the_builder_line)
+{
+    struct { const char *c, *want; } cases[] = {
+        {"kv_width", "recipes/limits/bad_llama_builder.lua:14: gqa_attention: k/v k [4,4,8] must be [4,4,4] "
+                     "(kv_heads 1 x head dim 4) to go with q q [4,4,16]"},
+        {"kv_heads", "recipes/limits/bad_llama_builder.lua:15: gqa_attention: 3 key/value heads do not divide the "
+                     "4 heads"},
+        {"rope_odd", "recipes/limits/bad_llama_builder.lua:16: rope: head dim 1 of q is odd; rotary embedding "
+                     "needs an even head dim"},
+        {"rope_theta", "recipes/limits/bad_llama_builder.lua:17: rope: theta must be a finite number above 0, got "
+                       "-1"},
+        {"rmsnorm_weight", "recipes/limits/bad_llama_builder.lua:18: rmsnorm: weight w [8] must be [16], the last "
+                           "dimension of embed [4,4,16]"},
+        {"swiglu", "recipes/limits/bad_llama_builder.lua:19: swiglu: gate q [4,4,16] and up k [4,4,8] differ in "
+                   "shape"},
+        {"scale", "recipes/limits/bad_llama_builder.lua:20: scale: the factor must be a finite number, got inf"},
+    };
+    for (size_t i = 0; i <= sizeof cases / sizeof *cases; i++) {
+        char ov[64];
+        snprintf(ov, sizeof ov, "model.case=%s", i < sizeof cases / sizeof *cases ? cases[i].c : "none");
+        const char *ovs[] = {ov};
+        tr_err err = {{0}};
+        struct tr_recipe *r = tr_recipe_load("recipes/limits/bad_llama_builder.lua", ovs, 1, &real_paths, &err);
+        cr_assert_not_null(r, "%s", err.msg);
+        struct tr_graph *g = tr_model_build(r, 4, &err);
+        if (i == sizeof cases / sizeof *cases) { /* without a mistake it builds */
+            cr_assert_not_null(g, "%s", err.msg);
+            tr_graph_free(g, NULL);
+        } else {
+            cr_assert_null(g, "%s was accepted", cases[i].c);
+            cr_assert_str_eq(err.msg, cases[i].want);
+        }
+        tr_recipe_free(r);
+    }
+}
+
 /* ---- the llama builder ---------------------------------------------------- */
 
 static struct tr_graph *build_llama(const char *const *overrides, int n, tr_err *err)

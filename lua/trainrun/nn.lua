@@ -151,7 +151,7 @@ function Graph:gqa_attention(q, k, v, heads, kv_heads, name)
   local D = math.floor(W / heads)
   for _, t in ipairs { k, v } do
     if t.shape[1] ~= q.shape[1] or t.shape[2] ~= q.shape[2] or t.shape[3] ~= kv_heads * D then
-      error(("gqa_attention: %s %s must be [%d,%d,%d] (%d key/value heads of head dim %d) for q %s %s"):format(
+      error(("gqa_attention: k/v %s %s must be [%d,%d,%d] (kv_heads %d x head dim %d) to go with q %s %s"):format(
         t.name, shape_str(t.shape), q.shape[1], q.shape[2], kv_heads * D, kv_heads, D, q.name, shape_str(q.shape)), 2)
     end
   end
