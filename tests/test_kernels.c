@@ -1461,7 +1461,8 @@ Test(attention_gqa, grouped_equals_repeated_heads)
             memcpy(kr + (r * H + h) * D, k + (r * KV + h / (H / KV)) * D, D * sizeof(float));
             memcpy(vr + (r * H + h) * D, v + (r * KV + h / (H / KV)) * D, D * sizeof(float));
         }
-    float *out_g = fvec(n_q), *out_r = fvec(n_q), *lse_g = fvec(B * H * T), *lse_r = fvec(B * H * T);
+    float *out_g = fvec(n_q), *out_r = fvec(n_q);
+    float *lse_g = fvec(B * H * T), *lse_r = fvec(B * H * T);
     tr_cpu_attention_gqa_forward(out_g, lse_g, q, k, v, B, T, H, KV, D);
     tr_cpu_attention_gqa_forward(out_r, lse_r, q, kr, vr, B, T, H, H, D);
     expect_bitwise("grouped out vs repeated", out_g, out_r, n_q);
