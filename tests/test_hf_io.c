@@ -361,6 +361,26 @@ Test(hf_in, sharded_index, .init = setup, .fini = teardown)
     free_dir(&m);
 }
 
+Test(hf_in, from_is_relative_to_the_file_that_names_it, .init = setup, .fini = teardown)
+{
+    struct model_dir m;
+    llama_tensors(&m);
+    write_dir(tmp_path("hf"), llama_config, &m, TR_F32);
+    /* recipes/base/ft.lua names ../../hf; recipes/child.lua extends it */
+    mkdir(tmp_path("recipes/base"), 0755);
+    write_text(tmp_path("recipes/base/ft.lua"),
+               "return {\n  model = { from = \"../../hf\" },\n"
+               "  data = { plugin = \"synthetic\", kind = \"tokens\", classes = 11 },\n}\n");
+    write_text(tmp_path("recipes/child.lua"), "return { extends = \"base/ft.lua\", train = { steps = 3 } }\n");
+    struct engine e;
+    tr_err err = {{0}};
+    cr_assert_eq(engine_open(&e, tmp_path("recipes/child.lua"), NULL, 0, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(engine_load(&e, &err), TR_OK, "%s", err.msg);
+    expect_loaded(&e, &m, "", 0);
+    engine_close(&e);
+    free_dir(&m);
+}
+
 static void load_gpt2(const char *prefix, int buffers)
 {
     struct model_dir m;

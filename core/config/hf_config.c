@@ -445,7 +445,11 @@ int tr_hf_resolve_model(struct tr_recipe *r, tr_err *err)
     if (from->string[0] == '/' || from->origin.kind == TR_FROM_CLI) {
         dir = tr_xstrdup(from->string);
     } else {
-        char *base = tr_dirname(tr_recipe_path(r));
+        /* the file that wrote it: a base recipe extended from elsewhere
+         * names a directory beside itself */
+        const char *file = from->origin.kind == TR_FROM_RECIPE && from->origin.file
+                               ? from->origin.file : tr_recipe_path(r);
+        char *base = tr_dirname(file);
         dir = strcmp(base, ".") == 0 ? tr_xstrdup(from->string)
                                      : tr_xasprintf("%s/%s", base, from->string);
         free(base);
