@@ -180,6 +180,10 @@ int tr_eval_main(int argc, char **argv)
             goto out;
         } else if (strcmp(a, "--json") == 0) {
             json = 1;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            tr_eval_help(stdout);
+            code = TR_EXIT_OK;
+            goto out;
         } else if (a[0] == '-') {
             code = usage_error("unknown flag '%s' for eval", a);
             goto out;

@@ -31,6 +31,7 @@ KJV="$R/kjv-char.lua data.path=$PWD/data/text.txt model.layers=1 model.dim=32 mo
 # ---- usage ---------------------------------------------------------------
 "$TRAINRUN" help eval > help.txt
 grep -q "trainrun eval RECIPE" help.txt || fail "trainrun help eval shows no usage"
+"$TRAINRUN" eval --help | cmp -s - help.txt || fail "trainrun eval --help is not trainrun help eval"
 grep -q "eval RECIPE" "$TR_SRCDIR/README.md" || fail "README lists no eval command"
 for bad in "--split test" "--batches 0" "--batches x" "--frobnicate" "--checkpoint"; do
   set +e; "$TRAINRUN" eval $KJV $bad > /dev/null 2> usage.txt; rc=$?; set -e
