@@ -1,8 +1,8 @@
 #!/bin/sh
 # trainrun eval: the loss it prints for a checkpoint is the validation loss
 # the run logged at that step (one evaluation, shared with the run), with
-# every lever that changes numbers (micro_batch, precision) as the run had
-# them; a fresh model is near ln(vocab), one from a Hugging Face directory
+# every lever that changes numbers (micro_batch, precision, device, ranks) as
+# the run had them; a fresh model is near ln(vocab), one from a Hugging Face directory
 # (model = { from = DIR }) has its weights; nothing is written; --split,
 # --batches and --json; clear errors for no validation split, a missing or
 # damaged checkpoint and a checkpoint of another shape.
@@ -101,6 +101,22 @@ same6 "$(field bf16.json loss)" "$(logged bf16/metrics.jsonl 10 val_loss)" ||
 [ "$(field bf16.json precision)" = '"bf16"' ] || fail "eval did not take the run's precision"
 "$TRAINRUN" eval $KJV --checkpoint bf16 precision=fp32 --json > fp32.json
 [ "$(field fp32.json loss)" != "$(field bf16.json loss)" ] || fail "precision=fp32 did not change the evaluation"
+
+# ---- device: the run's (device=cuda through the CUDA-on-CPU harness) --------
+if [ -n "${TR_CUDACPU_DIR:-}" ] && [ -f "$TR_CUDACPU_DIR/backend_cuda.so" ]; then
+  TRAINRUN_BACKEND_PATH=$TR_CUDACPU_DIR "$TRAINRUN" $KJV device=cuda train.batch=8 train.steps=4 \
+    train.eval_every=4 run_dir=cuda --quiet 2> cuda.txt || { cat cuda.txt; fail "a device=cuda run"; }
+  TRAINRUN_BACKEND_PATH=$TR_CUDACPU_DIR "$TRAINRUN" eval $KJV --checkpoint cuda --json > cuda.json
+  [ "$(field cuda.json device)" = '"cuda"' ] || fail "eval did not take the run's device"
+  same6 "$(field cuda.json loss)" "$(logged cuda/metrics.jsonl 4 val_loss)" ||
+    fail "device=cuda: eval $(field cuda.json loss), the run logged $(logged cuda/metrics.jsonl 4 val_loss)"
+  "$TRAINRUN" eval $KJV --checkpoint cuda device=cpu --json > cpu.json
+  [ "$(field cpu.json device)" = '"cpu"' ] || fail "device=cpu did not move the evaluation"
+  awk -v a="$(field cpu.json loss)" -v b="$(field cuda.json loss)" 'BEGIN { d = a - b; exit !(d < 1e-4 && -d < 1e-4) }' ||
+    fail "device=cpu evaluates the device=cuda checkpoint to $(field cpu.json loss), not about $(field cuda.json loss)"
+else
+  echo "eval: the CUDA-on-CPU harness is not built: the device part is skipped"
+fi
 
 # ---- data parallel: one process evaluates what the ranks shared -------------
 # 5 micro-batches: rank 0 evaluated 3, rank 1 2, and the loss is their mean
