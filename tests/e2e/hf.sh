@@ -54,6 +54,11 @@ grep -q "\"weights_from\": \"$PWD/hf\"" ft-run/checkpoints/step-0000000002/state
 cmp -s hf/model.safetensors hf2/model.safetensors || fail "llama weights changed on a round trip through from and export"
 cmp -s hf/config.json hf2/config.json || { diff hf/config.json hf2/config.json; fail "config.json changed on a round trip"; }
 
+# data parallel: every rank starts from the directory's weights
+"$TRAINRUN" ft/ft.lua procs=2 run_dir=ft-dp --quiet 2> dp.txt || { cat dp.txt; fail "fine-tuning from hf with procs=2"; }
+"$TRAINRUN" export ft-dp --format hf -o hf-dp 2> /dev/null || fail "export of the procs=2 run"
+cmp -s hf/model.safetensors hf-dp/model.safetensors || fail "procs=2 changed the weights at lr = 0"
+
 # a resumed run has its checkpoint's weights: only config.json is read
 mv hf/model.safetensors weights-away
 "$TRAINRUN" ft/ft.lua run_dir=ft-run train.steps=3 --resume auto 2> resume.txt || { cat resume.txt; fail "resume without the hf weights"; }
