@@ -1445,6 +1445,57 @@ Test(attention_gqa, kv_equal_heads_is_packed_bitwise)
     }
 }
 
+/* Half as many (batch, kv head) pairs as threads: backward splits into dq by
+ * query block and dk, dv by key block.  It must give the one-thread bits,
+ * for every subset of wanted gradients, in both input forms. */
+Test(attention_gqa, split_backward_same_bits)
+{
+    rng_t rng = {914};
+    /* B, T, H, KV, D: one sequence, one or two kv heads, T past two blocks */
+    const int shapes[][5] = {{1, 150, 4, 1, 8}, {1, 130, 6, 2, 5}, {1, 65, 2, 2, 16}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int B = shapes[s][0], T = shapes[s][1], H = shapes[s][2], KV = shapes[s][3];
+        int D = shapes[s][4];
+        size_t n_q = (size_t)B * T * H * D, n_kv = (size_t)B * T * KV * D;
+        float *q = random_fvec(&rng, n_q, -1.5, 1.5), *k = random_fvec(&rng, n_kv, -1.5, 1.5);
+        float *v = random_fvec(&rng, n_kv, -1.5, 1.5), *R = random_fvec(&rng, n_q, -1, 1);
+        float *out = fvec(n_q), *lse = fvec((size_t)B * H * T);
+        float *scratch = fvec(tr_cpu_attention_gqa_scratch_floats(B, T, H, KV, D));
+        tr_cpu_attention_gqa_forward(out, lse, q, k, v, B, T, H, KV, D);
+        for (int want = 1; want < 8; want++) { /* bits: dq, dk, dv */
+            float *g[2][3];
+            for (int run = 0; run < 2; run++) {
+                omp_set_num_threads(run == 0 ? 1 : 4);
+                g[run][0] = want & 1 ? fvec(n_q) : NULL;
+                g[run][1] = want & 2 ? fvec(n_kv) : NULL;
+                g[run][2] = want & 4 ? fvec(n_kv) : NULL;
+                tr_cpu_attention_gqa_backward(g[run][0], g[run][1], g[run][2], scratch, R, out, q,
+                                              k, v, lse, B, T, H, KV, D);
+            }
+            const char *names[3] = {"split dq", "split dk", "split dv"};
+            for (int i = 0; i < 3; i++) {
+                if (g[0][i] != NULL)
+                    expect_bitwise(names[i], g[1][i], g[0][i], i == 0 ? n_q : n_kv);
+                free(g[0][i]), free(g[1][i]);
+            }
+        }
+        /* the packed form, one sequence and H = KV */
+        if (H == KV) {
+            int C = H * D;
+            float *qkv = random_fvec(&rng, 3 * n_q, -1.5, 1.5), *dqkv[2];
+            tr_cpu_attention_forward(out, lse, qkv, B, T, C, H);
+            for (int run = 0; run < 2; run++) {
+                omp_set_num_threads(run == 0 ? 1 : 4);
+                dqkv[run] = fvec(3 * n_q);
+                tr_cpu_attention_backward(dqkv[run], scratch, R, out, qkv, lse, B, T, C, H);
+            }
+            expect_bitwise("split packed dqkv", dqkv[1], dqkv[0], 3 * n_q);
+            free(qkv), free(dqkv[0]), free(dqkv[1]);
+        }
+        free(q), free(k), free(v), free(R), free(out), free(lse), free(scratch);
+    }
+}
+
 /* Query heads that share a key/value head see the same keys: with their
  * queries equal, their outputs are equal, and dk, dv are the sum of what
  * each alone would give (checked against KV = H with the kv heads repeated). */

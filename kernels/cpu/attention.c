@@ -24,9 +24,12 @@
  * whatever the thread that runs it, so results do not depend on the thread
  * count.  In backward, the query heads that share a key/value head sum into
  * its dk and dv, so one thread takes a (batch, kv head) pair and runs its
- * query heads in order.  The score blocks live on the stack (16 KiB each).
+ * query heads in order; with few pairs for many threads, backward_split
+ * gives the same bits with more parallelism.  The score blocks live on the
+ * stack (16 KiB each).
  */
 #include <math.h>
+#include <omp.h>
 
 #include "kernels.h"
 
@@ -111,76 +114,197 @@ static void attention_forward(const struct att_layout *L, float *out, float *lse
     }
 }
 
-/* One query head's backward: dq of that head, and its share of dk and dv
- * (added to what the group's earlier heads left there). */
-static void attention_backward_head(const struct att_layout *L, int b, int h, float *D_bh,
-                                    const float *dout, const float *out, const float *lse)
-{
-    int T = L->T, NH = L->H, hs = L->D, group = L->H / L->KV;
-    int ldq = L->ldq, ldkv = L->ldkv, ldo = NH * hs;
-    float scale = 1.0f / sqrtf((float)hs);
-    size_t q_offset = (size_t)b * T * ldq + h * hs;
-    size_t kv_offset = (size_t)b * T * ldkv + (h / group) * hs;
-    const float *q = L->q + q_offset;
-    const float *k = L->k + kv_offset;
-    const float *v = L->v + kv_offset;
-    float *dq = L->dq ? L->dq + q_offset : NULL;
-    float *dk = L->dk ? L->dk + kv_offset : NULL;
-    float *dv = L->dv ? L->dv + kv_offset : NULL;
-    const float *dout_bh = dout + (size_t)b * T * ldo + h * hs; /* ld ldo */
-    const float *out_bh = out + (size_t)b * T * ldo + h * hs;
-    const float *lse_bh = lse + ((size_t)b * NH + h) * T;
-    float *D = D_bh;
-    float probs[Q_BLOCK * K_BLOCK], dscores[Q_BLOCK * K_BLOCK]; /* ld K_BLOCK */
+/* One head's pointers for backward: q, k, v, the gradients (NULL when not
+ * wanted), dout and out rows (ld H*D), lse and D = rowsum(dout * out). */
+struct att_head {
+    const float *q, *k, *v;
+    float *dq, *dk, *dv;
+    const float *dout, *out, *lse;
+    float *D;
+};
 
-    for (int t = 0; t < T; t++) {
-        const float *g = dout_bh + (size_t)t * ldo, *y = out_bh + (size_t)t * ldo;
+static struct att_head head_of(const struct att_layout *L, int b, int h, float *scratch,
+                               const float *dout, const float *out, const float *lse)
+{
+    int T = L->T, NH = L->H, hs = L->D, group = L->H / L->KV, ldo = NH * hs;
+    size_t q_offset = (size_t)b * T * L->ldq + h * hs;
+    size_t kv_offset = (size_t)b * T * L->ldkv + (h / group) * hs;
+    struct att_head a = {
+        .q = L->q + q_offset,
+        .k = L->k + kv_offset,
+        .v = L->v + kv_offset,
+        .dq = L->dq ? L->dq + q_offset : NULL,
+        .dk = L->dk ? L->dk + kv_offset : NULL,
+        .dv = L->dv ? L->dv + kv_offset : NULL,
+        .dout = dout + (size_t)b * T * ldo + h * hs,
+        .out = out + (size_t)b * T * ldo + h * hs,
+        .lse = lse + ((size_t)b * NH + h) * T,
+        .D = scratch + ((size_t)b * NH + h) * T,
+    };
+    return a;
+}
+
+static void head_rowsum(const struct att_layout *L, const struct att_head *a)
+{
+    int hs = L->D, ldo = L->H * L->D;
+    for (int t = 0; t < L->T; t++) {
+        const float *g = a->dout + (size_t)t * ldo, *y = a->out + (size_t)t * ldo;
         float dot = 0.0f;
         for (int d = 0; d < hs; d++)
             dot += g[d] * y[d];
-        D[t] = dot;
+        a->D[t] = dot;
     }
+}
 
+/* P = exp(scale q k^T - lse) of query rows [r0, r0+rows) against keys
+ * [k0, k0+cols), zero above the diagonal (ld K_BLOCK) */
+static void block_probs(const struct att_layout *L, const struct att_head *a, int r0, int rows,
+                        int k0, int cols, float *probs)
+{
+    float scale = 1.0f / sqrtf((float)L->D);
+    tr_cpu_sgemm_serial(0, 1, rows, cols, L->D, scale, a->q + (size_t)r0 * L->ldq, L->ldq,
+                        a->k + (size_t)k0 * L->ldkv, L->ldkv, 0.0f, probs, K_BLOCK);
+    for (int i = 0; i < rows; i++) {
+        float *p = probs + (size_t)i * K_BLOCK;
+        int valid = min_int(cols, r0 + i - k0 + 1);
+        tr_cpu_exp_shifted(p, valid, a->lse[r0 + i]);
+        for (int j = valid; j < cols; j++)
+            p[j] = 0.0f;
+    }
+}
+
+/* dP = dout v^T, then dS = scale P (dP - D) */
+static void block_dscores(const struct att_layout *L, const struct att_head *a, int r0, int rows,
+                          int k0, int cols, const float *probs, float *dscores)
+{
+    int ldo = L->H * L->D;
+    float scale = 1.0f / sqrtf((float)L->D);
+    tr_cpu_sgemm_serial(0, 1, rows, cols, L->D, 1.0f, a->dout + (size_t)r0 * ldo, ldo,
+                        a->v + (size_t)k0 * L->ldkv, L->ldkv, 0.0f, dscores, K_BLOCK);
+    for (int i = 0; i < rows; i++) {
+        const float *p = probs + (size_t)i * K_BLOCK;
+        float *ds = dscores + (size_t)i * K_BLOCK;
+        float Di = a->D[r0 + i];
+        for (int j = 0; j < cols; j++)
+            ds[j] = scale * p[j] * (ds[j] - Di);
+    }
+}
+
+/* dv[k0:] += P^T dout[r0:] */
+static void block_dv(const struct att_layout *L, const struct att_head *a, int r0, int rows,
+                     int k0, int cols, const float *probs)
+{
+    int ldo = L->H * L->D;
+    tr_cpu_sgemm_serial(1, 0, cols, L->D, rows, 1.0f, probs, K_BLOCK, a->dout + (size_t)r0 * ldo,
+                        ldo, 1.0f, a->dv + (size_t)k0 * L->ldkv, L->ldkv);
+}
+
+/* dq[r0:] += dS k[k0:] */
+static void block_dq(const struct att_layout *L, const struct att_head *a, int r0, int rows,
+                     int k0, int cols, const float *dscores)
+{
+    tr_cpu_sgemm_serial(0, 0, rows, L->D, cols, 1.0f, dscores, K_BLOCK,
+                        a->k + (size_t)k0 * L->ldkv, L->ldkv, 1.0f, a->dq + (size_t)r0 * L->ldq,
+                        L->ldq);
+}
+
+/* dk[k0:] += dS^T q[r0:] */
+static void block_dk(const struct att_layout *L, const struct att_head *a, int r0, int rows,
+                     int k0, int cols, const float *dscores)
+{
+    tr_cpu_sgemm_serial(1, 0, cols, L->D, rows, 1.0f, dscores, K_BLOCK,
+                        a->q + (size_t)r0 * L->ldq, L->ldq, 1.0f, a->dk + (size_t)k0 * L->ldkv,
+                        L->ldkv);
+}
+
+/* One query head's backward: dq of that head, and its share of dk and dv
+ * (added to what the group's earlier heads left there). */
+static void backward_head(const struct att_layout *L, const struct att_head *a)
+{
+    int T = L->T;
+    float probs[Q_BLOCK * K_BLOCK], dscores[Q_BLOCK * K_BLOCK]; /* ld K_BLOCK */
+    head_rowsum(L, a);
     for (int r0 = 0; r0 < T; r0 += Q_BLOCK) {
         int r1 = min_int(r0 + Q_BLOCK, T);
         int rows = r1 - r0;
-        const float *q_blk = q + (size_t)r0 * ldq;
-        const float *dout_blk = dout_bh + (size_t)r0 * ldo;
         for (int k0 = 0; k0 < r1; k0 += K_BLOCK) {
             int cols = min_int(K_BLOCK, r1 - k0);
-            /* P = exp(scale q k^T - lse), zero above the diagonal */
-            tr_cpu_sgemm_serial(0, 1, rows, cols, hs, scale, q_blk, ldq, k + (size_t)k0 * ldkv,
-                                ldkv, 0.0f, probs, K_BLOCK);
-            for (int i = 0; i < rows; i++) {
-                float *p = probs + (size_t)i * K_BLOCK;
-                int valid = min_int(cols, r0 + i - k0 + 1);
-                tr_cpu_exp_shifted(p, valid, lse_bh[r0 + i]);
-                for (int j = valid; j < cols; j++)
-                    p[j] = 0.0f;
-            }
-            /* dv[k0:] += P^T dout */
-            if (dv != NULL)
-                tr_cpu_sgemm_serial(1, 0, cols, hs, rows, 1.0f, probs, K_BLOCK, dout_blk, ldo,
-                                    1.0f, dv + (size_t)k0 * ldkv, ldkv);
-            if (dq == NULL && dk == NULL)
+            block_probs(L, a, r0, rows, k0, cols, probs);
+            if (a->dv != NULL)
+                block_dv(L, a, r0, rows, k0, cols, probs);
+            if (a->dq == NULL && a->dk == NULL)
                 continue;
-            /* dP = dout v^T, then dS = scale P (dP - D) in place */
-            tr_cpu_sgemm_serial(0, 1, rows, cols, hs, 1.0f, dout_blk, ldo, v + (size_t)k0 * ldkv,
-                                ldkv, 0.0f, dscores, K_BLOCK);
-            for (int i = 0; i < rows; i++) {
-                const float *p = probs + (size_t)i * K_BLOCK;
-                float *ds = dscores + (size_t)i * K_BLOCK;
-                float Di = D[r0 + i];
-                for (int j = 0; j < cols; j++)
-                    ds[j] = scale * p[j] * (ds[j] - Di);
+            block_dscores(L, a, r0, rows, k0, cols, probs, dscores);
+            if (a->dq != NULL)
+                block_dq(L, a, r0, rows, k0, cols, dscores);
+            if (a->dk != NULL)
+                block_dk(L, a, r0, rows, k0, cols, dscores);
+        }
+    }
+}
+
+/*
+ * Backward, split for parallelism when there are at most half as many
+ * (batch, kv head) pairs as threads (one sequence of a model with few kv
+ * heads, on many cores): dq by
+ * (batch, head, query block), then dk and dv by (batch, kv head, key
+ * block).  Every block recomputes P and dS as backward_head does (the same
+ * serial GEMMs on the same numbers), and every gradient block receives its
+ * additions in backward_head's order (dq[r0] over key blocks ascending; dk
+ * and dv [k0] over the group's heads, then query blocks ascending), so the
+ * two ways give the same bits: the choice may depend on the thread count.
+ * The price is P and dS computed twice where dq and dk are both wanted.
+ */
+static void backward_split(const struct att_layout *L, float *scratch, const float *dout,
+                           const float *out, const float *lse)
+{
+    int B = L->B, T = L->T, NH = L->H, KV = L->KV, group = L->H / L->KV;
+    int blocks = (T + Q_BLOCK - 1) / Q_BLOCK;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            struct att_head a = head_of(L, b, h, scratch, dout, out, lse);
+            head_rowsum(L, &a);
+        }
+    if (L->dq != NULL) {
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int item = 0; item < B * NH * blocks; item++) {
+            int r0 = (item % blocks) * Q_BLOCK;
+            int h = (item / blocks) % NH;
+            int b = item / (blocks * NH);
+            struct att_head a = head_of(L, b, h, scratch, dout, out, lse);
+            float probs[Q_BLOCK * K_BLOCK], dscores[Q_BLOCK * K_BLOCK];
+            int r1 = min_int(r0 + Q_BLOCK, T);
+            for (int k0 = 0; k0 < r1; k0 += K_BLOCK) {
+                int cols = min_int(K_BLOCK, r1 - k0);
+                block_probs(L, &a, r0, r1 - r0, k0, cols, probs);
+                block_dscores(L, &a, r0, r1 - r0, k0, cols, probs, dscores);
+                block_dq(L, &a, r0, r1 - r0, k0, cols, dscores);
             }
-            /* dq[r0:r1] += dS k[k0:],  dk[k0:] += dS^T q[r0:r1] */
-            if (dq != NULL)
-                tr_cpu_sgemm_serial(0, 0, rows, hs, cols, 1.0f, dscores, K_BLOCK,
-                                    k + (size_t)k0 * ldkv, ldkv, 1.0f, dq + (size_t)r0 * ldq, ldq);
-            if (dk != NULL)
-                tr_cpu_sgemm_serial(1, 0, cols, hs, rows, 1.0f, dscores, K_BLOCK, q_blk, ldq,
-                                    1.0f, dk + (size_t)k0 * ldkv, ldkv);
+        }
+    }
+    if (L->dk == NULL && L->dv == NULL)
+        return;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int item = 0; item < B * KV * blocks; item++) {
+        int k0 = (item % blocks) * K_BLOCK;
+        int kvh = (item / blocks) % KV;
+        int b = item / (blocks * KV);
+        float probs[Q_BLOCK * K_BLOCK], dscores[Q_BLOCK * K_BLOCK];
+        for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+            struct att_head a = head_of(L, b, h, scratch, dout, out, lse);
+            /* query blocks whose rows reach key k0 (blocks are aligned) */
+            for (int r0 = k0; r0 < T; r0 += Q_BLOCK) {
+                int r1 = min_int(r0 + Q_BLOCK, T);
+                int cols = min_int(K_BLOCK, r1 - k0);
+                block_probs(L, &a, r0, r1 - r0, k0, cols, probs);
+                if (a.dv != NULL)
+                    block_dv(L, &a, r0, r1 - r0, k0, cols, probs);
+                if (a.dk != NULL) {
+                    block_dscores(L, &a, r0, r1 - r0, k0, cols, probs, dscores);
+                    block_dk(L, &a, r0, r1 - r0, k0, cols, dscores);
+                }
+            }
         }
     }
 }
@@ -190,15 +314,22 @@ static void attention_backward(const struct att_layout *L, float *scratch, const
 {
     if (L->dq == NULL && L->dk == NULL && L->dv == NULL)
         return;
-    int B = L->B, T = L->T, NH = L->H, KV = L->KV, group = L->H / L->KV;
+    int B = L->B, KV = L->KV, group = L->H / L->KV;
+    /* split where it at least halves the longest thread's share: it costs
+     * about 1.35x the work on one thread (P and dS twice) */
+    if (2 * B * KV <= omp_get_max_threads() && L->T > Q_BLOCK) {
+        backward_split(L, scratch, dout, out, lse);
+        return;
+    }
     /* dk and dv sum over all query blocks and over the group's query heads,
      * so one (batch, kv head) pair is one thread's work, run in order */
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int b = 0; b < B; b++) {
         for (int kvh = 0; kvh < KV; kvh++) {
-            for (int h = kvh * group; h < (kvh + 1) * group; h++)
-                attention_backward_head(L, b, h, scratch + ((size_t)b * NH + h) * T, dout, out,
-                                        lse);
+            for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+                struct att_head a = head_of(L, b, h, scratch, dout, out, lse);
+                backward_head(L, &a);
+            }
         }
     }
 }
