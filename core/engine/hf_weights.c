@@ -606,36 +606,80 @@ static int prepare_dir(const char *out_dir, tr_err *err)
     return ok ? TR_OK : tr_fail(err, "cannot write in %s: %s", out_dir, strerror(errno));
 }
 
-/* data to out_dir/name through a fresh temporary name and rename. */
-static int write_atomic(const char *out_dir, const char *name, const void *data, size_t size,
-                        tr_err *err)
+/* A file written under a fresh temporary name beside its final one, renamed
+ * into place only once whole: an interrupted export leaves the previous one. */
+struct atomic_file {
+    char *path, *tmp;
+    FILE *f;
+};
+
+static int atomic_open(struct atomic_file *af, const char *out_dir, const char *name, tr_err *err)
 {
-    char *path = tr_xasprintf("%s/%s", out_dir, name);
-    char *tmp = tr_xasprintf("%s.XXXXXX", path);
-    int fd = mkstemp(tmp), rc = TR_ERROR;
+    af->path = tr_xasprintf("%s/%s", out_dir, name);
+    af->tmp = tr_xasprintf("%s.XXXXXX", af->path);
+    af->f = NULL;
+    int fd = mkstemp(af->tmp);
     if (fd >= 0) { /* mkstemp makes it 0600; an export is as readable as any new file */
         mode_t mask = umask(0);
         umask(mask);
         fchmod(fd, 0666 & ~mask);
+        if (!(af->f = fdopen(fd, "wb"))) {
+            close(fd);
+            remove(af->tmp);
+        }
     }
-    FILE *o = fd >= 0 ? fdopen(fd, "wb") : NULL;
-    if (fd >= 0 && !o)
-        close(fd);
-    if (!o || fwrite(data, 1, size, o) != size || fflush(o) != 0) {
-        tr_fail(err, "cannot write %s: %s", path, strerror(errno));
-        if (o)
-            fclose(o);
-        if (fd >= 0)
-            remove(tmp);
-    } else if (fclose(o) != 0 || rename(tmp, path) != 0) {
-        tr_fail(err, "cannot write %s: %s", path, strerror(errno));
-        remove(tmp);
-    } else {
-        rc = TR_OK;
+    if (!af->f) {
+        tr_fail(err, "cannot write %s: %s", af->path, strerror(errno));
+        free(af->path);
+        free(af->tmp);
+        return TR_ERROR;
     }
-    free(tmp);
-    free(path);
-    return rc;
+    return TR_OK;
+}
+
+/* ok: everything was written; else the temporary file is removed. */
+static int atomic_close(struct atomic_file *af, int ok, tr_err *err)
+{
+    int rc = TR_OK;
+    if (!ok || ferror(af->f) || fflush(af->f) != 0) {
+        if (ok)
+            rc = tr_fail(err, "cannot write %s: %s", af->path, strerror(errno));
+        fclose(af->f);
+        remove(af->tmp);
+    } else if (fclose(af->f) != 0 || rename(af->tmp, af->path) != 0) {
+        rc = tr_fail(err, "cannot write %s: %s", af->path, strerror(errno));
+        remove(af->tmp);
+    }
+    free(af->path);
+    free(af->tmp);
+    return ok ? rc : TR_ERROR;
+}
+
+/* The safetensors header of tensors t[0..n) in dtype, padded so the data
+ * starts 8-byte aligned (as tr_safetensors_write lays it out). */
+static char *st_header(const struct tr_hf_tensor *t, size_t n, enum tr_dtype dtype, size_t *size)
+{
+    char *h = NULL;
+    size_t len = 0, offset = 0, esize = dtype == TR_F32 ? 4 : 2;
+    FILE *f = open_memstream(&h, &len);
+    fputs("{\"__metadata__\":{\"format\":\"pt\",\"producer\":\"trainrun export\"}", f);
+    for (size_t i = 0; i < n; i++) {
+        size_t bytes = (size_t)t[i].shape[0] * (size_t)(t[i].ndim > 1 ? t[i].shape[1] : 1) * esize;
+        fputc(',', f);
+        tr_json_write_string(f, t[i].name);
+        fprintf(f, ":{\"dtype\":\"%s\",\"shape\":[%lld", dtype == TR_F32 ? "F32" : dtype == TR_BF16 ? "BF16" : "F16",
+                (long long)t[i].shape[0]);
+        if (t[i].ndim > 1)
+            fprintf(f, ",%lld", (long long)t[i].shape[1]);
+        fprintf(f, "],\"data_offsets\":[%zu,%zu]}", offset, offset + bytes);
+        offset += bytes;
+    }
+    fputc('}', f);
+    while ((ftell(f) % 8) != 0)
+        fputc(' ', f);
+    fclose(f);
+    *size = len;
+    return h;
 }
 
 int tr_hf_export(const struct tr_hf_arch *a, const struct tr_st_file *weights, const char *what,
@@ -643,9 +687,9 @@ int tr_hf_export(const struct tr_hf_arch *a, const struct tr_st_file *weights, c
 {
     struct tr_hf_tensor *want = NULL;
     size_t n = tr_hf_tensors(a, a->ctx, &want);
-    struct tr_st_entry *out = tr_xcalloc(n, sizeof *out);
-    void **bufs = tr_xcalloc(n, sizeof *bufs);
+    const struct tr_st_entry **src = tr_xcalloc(n, sizeof *src);
     int rc = TR_ERROR;
+    /* every tensor there before anything is written */
     for (size_t i = 0; i < n; i++) {
         const struct tr_st_entry *e = tr_safetensors_find(weights, want[i].name);
         size_t numel = (size_t)want[i].shape[0] * (size_t)(want[i].ndim > 1 ? want[i].shape[1] : 1);
@@ -657,69 +701,63 @@ int tr_hf_export(const struct tr_hf_arch *a, const struct tr_st_file *weights, c
                     what, want[i].name, numel);
             goto done;
         }
-        float *f32 = malloc(numel * sizeof(float)), *flip = NULL;
-        if (!f32) {
-            tr_fail(err, "out of memory exporting '%s'", want[i].name);
-            goto done;
-        }
-        to_f32(e, f32, numel);
-        if (want[i].transposed) { /* back to Conv1D's [in, out] */
-            flip = malloc(numel * sizeof(float));
-            if (!flip) {
-                free(f32);
-                tr_fail(err, "out of memory exporting '%s'", want[i].name);
-                goto done;
-            }
-            transpose(flip, f32, want[i].shape[1], want[i].shape[0]);
-            free(f32);
-            f32 = flip;
-        }
-        out[i].name = want[i].name;
-        out[i].ndim = want[i].ndim;
-        out[i].shape[0] = want[i].shape[0];
-        out[i].shape[1] = want[i].shape[1];
-        out[i].dtype = dtype;
-        if (dtype == TR_F32) {
-            bufs[i] = f32;
-            out[i].bytes = numel * sizeof(float);
-        } else {
-            uint16_t *half = malloc(numel * sizeof(uint16_t) + 1);
-            if (!half) {
-                free(f32);
-                tr_fail(err, "out of memory exporting '%s'", want[i].name);
-                goto done;
-            }
-            tr_cpu_to_half(half, f32, numel, dtype == TR_BF16);
-            free(f32);
-            bufs[i] = half;
-            out[i].bytes = numel * sizeof(uint16_t);
-        }
-        out[i].data = bufs[i];
+        src[i] = e;
     }
     if (prepare_dir(out_dir, err) != TR_OK)
         goto done;
-    size_t size = 0;
-    void *blob = tr_safetensors_write(out, n, "{\"format\":\"pt\",\"producer\":\"trainrun export\"}", &size);
-    if (!blob) {
-        tr_fail(err, "out of memory serialising %s/model.safetensors", out_dir);
+    /* model.safetensors streamed tensor by tensor: the host holds the
+     * checkpoint and one tensor's conversion, not a second copy of the model */
+    struct atomic_file af;
+    if (atomic_open(&af, out_dir, "model.safetensors", err) != TR_OK)
+        goto done;
+    size_t hlen = 0;
+    char *header = st_header(want, n, dtype, &hlen);
+    unsigned char len8[8];
+    for (int k = 0; k < 8; k++)
+        len8[k] = (unsigned char)((uint64_t)hlen >> (8 * k));
+    int ok = fwrite(len8, 1, 8, af.f) == 8 && fwrite(header, 1, hlen, af.f) == hlen;
+    free(header);
+    for (size_t i = 0; i < n && ok; i++) {
+        size_t numel = (size_t)want[i].shape[0] * (size_t)(want[i].ndim > 1 ? want[i].shape[1] : 1);
+        float *f32 = malloc(numel * sizeof(float) + 1);
+        float *flip = want[i].transposed ? malloc(numel * sizeof(float) + 1) : NULL;
+        uint16_t *half = dtype != TR_F32 ? malloc(numel * sizeof(uint16_t) + 1) : NULL;
+        if (!f32 || (want[i].transposed && !flip) || (dtype != TR_F32 && !half)) {
+            tr_fail(err, "out of memory exporting '%s'", want[i].name);
+            ok = -1;
+        } else {
+            to_f32(src[i], f32, numel);
+            const float *v = f32;
+            if (flip) { /* back to Conv1D's [in, out] */
+                transpose(flip, f32, want[i].shape[1], want[i].shape[0]);
+                v = flip;
+            }
+            if (half) {
+                tr_cpu_to_half(half, v, numel, dtype == TR_BF16);
+                ok = fwrite(half, sizeof *half, numel, af.f) == numel;
+            } else {
+                ok = fwrite(v, sizeof *v, numel, af.f) == numel;
+            }
+        }
+        free(f32);
+        free(flip);
+        free(half);
+    }
+    if (ok <= 0) { /* out of memory (err says so) or a short write */
+        int errnum = errno;
+        atomic_close(&af, 0, err);
+        if (ok == 0)
+            tr_fail(err, "cannot write %s/model.safetensors: %s", out_dir, strerror(errnum));
         goto done;
     }
-    rc = write_atomic(out_dir, "model.safetensors", blob, size, err);
-    free(blob);
-    if (rc != TR_OK)
+    if (atomic_close(&af, 1, err) != TR_OK)
         goto done;
-    char *text = NULL;
-    size_t len = 0;
-    FILE *m = open_memstream(&text, &len);
-    tr_hf_config_write(a, dtype == TR_BF16 ? "bfloat16" : dtype == TR_F16 ? "float16" : "float32", m);
-    fclose(m);
-    rc = write_atomic(out_dir, "config.json", text, len, err);
-    free(text);
+    if (atomic_open(&af, out_dir, "config.json", err) != TR_OK)
+        goto done;
+    tr_hf_config_write(a, dtype == TR_BF16 ? "bfloat16" : dtype == TR_F16 ? "float16" : "float32", af.f);
+    rc = atomic_close(&af, 1, err);
 done:
-    for (size_t i = 0; i < n; i++)
-        free(bufs[i]);
-    free(bufs);
-    free(out);
+    free(src);
     tr_hf_tensors_free(want, n);
     return rc;
 }
