@@ -97,6 +97,35 @@ EOF
 "$TRAINRUN" export gpt-ft --format hf --dtype fp32 -o hf-gpt2 2> /dev/null || fail "second gpt export"
 cmp -s hf-gpt/model.safetensors hf-gpt2/model.safetensors || fail "gpt weights changed on a round trip"
 
+# --- the published configs: recipes/finetune-smollm.lua with SmolLM-135M's
+# config.json, and GPT-2 124M's, count the parameters transformers does (plan
+# needs no weights)
+mkdir -p sm/recipes sm/models/smollm-135m sm/models/gpt2
+cp "$TR_SRCDIR/recipes/finetune-smollm.lua" sm/recipes/
+cat > sm/models/smollm-135m/config.json <<'EOF'
+{"architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+ "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "silu", "hidden_size": 576,
+ "initializer_range": 0.02, "intermediate_size": 1536, "max_position_embeddings": 2048,
+ "model_type": "llama", "num_attention_heads": 9, "num_hidden_layers": 30,
+ "num_key_value_heads": 3, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": null,
+ "rope_theta": 10000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+ "transformers_version": "4.40.1", "use_cache": true, "vocab_size": 49152}
+EOF
+"$TRAINRUN" plan sm/recipes/finetune-smollm.lua > smollm.txt 2>&1 || { cat smollm.txt; fail "plan of finetune-smollm.lua"; }
+grep -q "parameters P *134,515,008 " smollm.txt || { cat smollm.txt; fail "SmolLM-135M is not 134,515,008 parameters"; }
+cat > sm/models/gpt2/config.json <<'EOF'
+{"activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+ "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+ "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12,
+ "n_layer": 12, "n_positions": 1024, "resid_pdrop": 0.1, "summary_activation": null,
+ "summary_first_dropout": 0.1, "summary_proj_to_labels": true, "summary_type": "cls_index",
+ "summary_use_proj": true, "vocab_size": 50257}
+EOF
+sed -e 's|"../models/smollm-135m", ctx = 512|"../models/gpt2"|' -e 's|vocab = 49152|vocab = 50257|' \
+  sm/recipes/finetune-smollm.lua > sm/recipes/gpt2.lua
+"$TRAINRUN" plan sm/recipes/gpt2.lua > gpt2.txt 2>&1 || { cat gpt2.txt; fail "plan of GPT-2 124M from its config"; }
+grep -q "parameters P *124,439,808 " gpt2.txt || { cat gpt2.txt; fail "GPT-2 124M is not 124,439,808 parameters"; }
+
 # --- errors -------------------------------------------------------------------------
 # an architecture key that contradicts config.json
 if "$TRAINRUN" show ft/ft.lua model.layers=3 > layers.txt 2>&1; then fail "a contradicting model.layers"; fi
