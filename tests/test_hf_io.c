@@ -333,6 +333,21 @@ Test(hf_in, recipe_shows_the_resolved_model_from_config_json, .init = setup, .fi
     free_dir(&m);
 }
 
+Test(hf_in, llama_buffers_older_files_carry_are_ignored, .init = setup, .fini = teardown)
+{
+    struct model_dir m;
+    llama_tensors(&m);
+    add_tensor(&m, "model.layers.0.self_attn.rotary_emb.inv_freq", 1, 2, 0);
+    add_tensor(&m, "model.layers.1.self_attn.rotary_emb.inv_freq", 1, 2, 0);
+    write_dir(tmp_path("hf"), llama_config, &m, TR_F32);
+    struct engine e;
+    tr_err err = {{0}};
+    cr_assert_eq(engine_open(&e, write_recipe(NULL, 11), NULL, 0, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(engine_load(&e, &err), TR_OK, "%s", err.msg);
+    engine_close(&e);
+    free_dir(&m);
+}
+
 Test(hf_in, sharded_index, .init = setup, .fini = teardown)
 {
     struct model_dir m;

@@ -271,16 +271,20 @@ static const struct tr_st_entry *source_find(const struct source *s, const char 
     return found;
 }
 
-/* GPT-2's buffers and tied head, which are no parameters */
+/* Tensors files carry that are no parameters: a tied head saved anyway (transformers
+ * ties it on load too), GPT-2's attention mask buffers, and the rotary
+ * frequencies older Llama checkpoints saved (trainrun computes them from
+ * rope_theta, as transformers does now). */
 static int ignorable(const struct tr_hf_arch *a, const char *name)
 {
-    if (a->family != TR_HF_GPT2)
-        return 0;
-    if (strcmp(name, "lm_head.weight") == 0)
+    if (a->tie_embeddings && strcmp(name, "lm_head.weight") == 0)
         return 1;
-    static const char *const buffers[] = {".attn.bias", ".attn.masked_bias"};
+    static const char *const gpt2[] = {".attn.bias", ".attn.masked_bias"};
+    static const char *const llama[] = {".self_attn.rotary_emb.inv_freq"};
+    const char *const *buffers = a->family == TR_HF_GPT2 ? gpt2 : llama;
+    int n_buffers = a->family == TR_HF_GPT2 ? 2 : 1;
     size_t len = strlen(name);
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < n_buffers; k++) {
         size_t b = strlen(buffers[k]);
         if (len > b && strcmp(name + len - b, buffers[k]) == 0)
             return 1;
@@ -290,7 +294,6 @@ static int ignorable(const struct tr_hf_arch *a, const char *name)
 
 /* Problems, collected so that one message names all of them. */
 struct problems {
-    char text[1200];
     size_t count[3]; /* missing, mis-shaped, unexpected */
     char list[3][600];
 };
@@ -388,7 +391,7 @@ int tr_hf_load(struct tr_graph *g, const struct tr_backend *be, const char *dir,
             tr_fail(err, "%s: tensor '%s' is in two shards", s.what, want[i].name);
             goto done;
         }
-        char have[64], expect[64];
+        char have[128], expect[128];
         shape_text(want[i].shape, want[i].ndim, expect, sizeof expect);
         if (!found[i]) {
             note(&p, 0, "%s", want[i].name);

@@ -10,8 +10,9 @@
  * attn.c_proj, mlp.c_fc, mlp.c_proj) as [in, out] where trainrun's Linear
  * is [out, in]: they are transposed on the way in and out.  GPT-2 files
  * name tensors with or without the "transformer." prefix, and may carry the
- * attention mask buffers (attn.bias, attn.masked_bias) and a tied
- * lm_head.weight, which are ignored.
+ * attention mask buffers (attn.bias, attn.masked_bias); older Llama files
+ * carry rotary_emb.inv_freq; a tied model's file may hold lm_head.weight
+ * anyway: all of these are ignored, as transformers ignores them.
  */
 #ifndef TR_HF_WEIGHTS_H
 #define TR_HF_WEIGHTS_H
