@@ -639,6 +639,7 @@ static void run_case(const struct op_case *oc)
     X(attention_gqa_group4_head128_f32, build_attention_gqa, TR_F32, TR_F32, TOL_F32, 1, 33, 4, 1, \
       128) \
     X(attention_gqa_multi_query_f32, build_attention_gqa, TR_F32, TR_F32, TOL_F32, 2, 20, 8, 1, 24) \
+    X(attention_gqa_head80_f32, build_attention_gqa, TR_F32, TR_F32, TOL_F32, 1, 40, 6, 3, 80) \
     X(attention_gqa_one_token_f32, build_attention_gqa, TR_F32, TR_F32, TOL_F32, 3, 1, 4, 2, 32) \
     X(attention_gqa_bf16, build_attention_gqa, TR_BF16, TR_F32, TOL_BF16, 2, 37, 4, 2, 32) \
     X(attention_gqa_f16, build_attention_gqa, TR_F16, TR_F32, TOL_F16, 2, 37, 8, 2, 32) \
