@@ -518,6 +518,7 @@ Test(hf_errors, recipe_keys_that_contradict_config_json, .init = setup, .fini = 
     expect_error("ctx = 32", 11, "model.ctx is 32", "(16)");
     expect_error("type = \"gpt\"", 11, "is a \"llama\" model", NULL);
     expect_error("embed_scale = 2", 11, "model.embed_scale is 2, but", NULL);
+    expect_error("qkv_bias = true", 11, "model.qkv_bias is true, but", "says false");
     /* agreeing keys are fine */
     struct engine e;
     tr_err err = {{0}};

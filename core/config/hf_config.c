@@ -389,8 +389,7 @@ static size_t arch_options(const struct tr_hf_arch *a, int64_t ctx, struct optio
         o[n++] = (struct option){"rope_theta", 0, a->rope_theta};
         o[n++] = (struct option){"norm_eps", 0, a->norm_eps};
         o[n++] = (struct option){"tie_embeddings", 1, a->tie_embeddings};
-        if (a->qkv_bias)
-            o[n++] = (struct option){"qkv_bias", 1, 1};
+        o[n++] = (struct option){"qkv_bias", 1, a->qkv_bias};
         o[n++] = (struct option){"embed_scale", 0, 1}; /* none of these families scales */
     }
     return n;
