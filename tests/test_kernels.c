@@ -1445,7 +1445,7 @@ Test(attention_gqa, kv_equal_heads_is_packed_bitwise)
     }
 }
 
-/* Half as many (batch, kv head) pairs as threads: backward splits into dq by
+/* A quarter as many (batch, kv head) pairs as threads: backward splits into dq by
  * query block and dk, dv by key block.  It must give the one-thread bits,
  * for every subset of wanted gradients, in both input forms. */
 Test(attention_gqa, split_backward_same_bits)
@@ -1465,7 +1465,7 @@ Test(attention_gqa, split_backward_same_bits)
         for (int want = 1; want < 8; want++) { /* bits: dq, dk, dv */
             float *g[2][3];
             for (int run = 0; run < 2; run++) {
-                omp_set_num_threads(run == 0 ? 1 : 4);
+                omp_set_num_threads(run == 0 ? 1 : 8);
                 g[run][0] = want & 1 ? fvec(n_q) : NULL;
                 g[run][1] = want & 2 ? fvec(n_kv) : NULL;
                 g[run][2] = want & 4 ? fvec(n_kv) : NULL;
@@ -1485,7 +1485,7 @@ Test(attention_gqa, split_backward_same_bits)
             float *qkv = random_fvec(&rng, 3 * n_q, -1.5, 1.5), *dqkv[2];
             tr_cpu_attention_forward(out, lse, qkv, B, T, C, H);
             for (int run = 0; run < 2; run++) {
-                omp_set_num_threads(run == 0 ? 1 : 4);
+                omp_set_num_threads(run == 0 ? 1 : 8);
                 dqkv[run] = fvec(3 * n_q);
                 tr_cpu_attention_backward(dqkv[run], scratch, R, out, qkv, lse, B, T, C, H);
             }
