@@ -36,8 +36,11 @@ static void usage(FILE *out)
             "       trainrun plan RECIPE.lua [key=value ...] [gpus=N]  memory, FLOPs, time and cost,\n"
             "                                                    without running\n"
             "       trainrun plugins [KIND]                      installed plugins and their options\n"
-            "       trainrun sample CHECKPOINT [--prompt TEXT] [--tokens N] [--temperature T]\n"
-            "                       [--top-k K] [--seed N] [--recipe FILE]\n"
+            "       trainrun sample CHECKPOINT|RECIPE [key=value ...] [--prompt TEXT] [--tokens N]\n"
+            "                       [--temperature T] [--top-k K] [--seed N] [--recipe FILE]\n"
+            "                                                    text from a run's checkpoint (read-only,\n"
+            "                                                    also of a running run) or a recipe's\n"
+            "                                                    model = { from = DIR } weights\n"
             "       trainrun eval RECIPE [key=value ...] [--checkpoint PATH] [--split val|train]\n"
             "                     [--batches N|all] [--json]     validation loss, perplexity and\n"
             "                                                    accuracy, without training (help eval)\n"
@@ -314,16 +317,31 @@ static int cmd_plugins(int argc, char **argv)
     return TR_EXIT_OK;
 }
 
+/* trainrun sample CHECKPOINT|RECIPE [key=value ...] [flags]: a checkpoint is
+ * a directory (a run's, its checkpoints', or one checkpoint), a recipe a
+ * file, whose model = { from = DIR } gives the weights. */
 static int cmd_sample(int argc, char **argv)
 {
     struct tr_sample_flags f = {.prompt = "\n", .tokens = 200, .temperature = 0.8, .top_k = 0, .seed = 1};
-    if (argc < 3) {
+    if (argc < 3 || argv[2][0] == '-') {
         usage(stderr);
         return TR_EXIT_USAGE;
     }
-    f.checkpoint = argv[2];
+    struct stat st;
+    const char *recipe = stat(argv[2], &st) == 0 && S_ISREG(st.st_mode) ? argv[2] : NULL;
+    if (!recipe)
+        f.checkpoint = argv[2];
+    const char **overrides = tr_xcalloc((size_t)argc, sizeof *overrides);
+    f.overrides = overrides;
+    int rc = TR_EXIT_USAGE;
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (a[0] != '-' && strchr(a, '=')) {
+            if (!override_syntax_ok(a, "sample: "))
+                goto done;
+            overrides[f.n_overrides++] = a;
+            continue;
+        }
         if (!v) {
             fprintf(stderr, "trainrun: error: %s needs a value\n", a);
             return TR_EXIT_USAGE;
@@ -340,17 +358,26 @@ static int cmd_sample(int argc, char **argv)
             bad = flag_int(a, v, 0, 1 << 24, &n), f.top_k = (int)n;
         else if (strcmp(a, "--seed") == 0)
             bad = flag_u64(a, v, &f.seed);
-        else if (strcmp(a, "--recipe") == 0)
+        else if (strcmp(a, "--recipe") == 0 && !recipe)
             f.recipe = v;
-        else {
+        else if (strcmp(a, "--recipe") == 0) {
+            fprintf(stderr, "trainrun: error: sample: --recipe goes with a checkpoint, and %s is a "
+                    "recipe already\n", recipe);
+            goto done;
+        } else {
             fprintf(stderr, "trainrun: error: unknown flag '%s' for sample\n", a);
-            return TR_EXIT_USAGE;
+            goto done;
         }
         if (bad)
-            return TR_EXIT_USAGE;
+            goto done;
         i++;
     }
-    return tr_sample(&f);
+    if (recipe)
+        f.recipe = recipe;
+    rc = tr_sample(&f);
+done:
+    free(overrides);
+    return rc;
 }
 
 static int cmd_export(int argc, char **argv)

@@ -29,14 +29,19 @@ int tr_smoke(const char *recipe, const char *const *overrides, int n_overrides, 
 int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags);
 
 struct tr_sample_flags {
-    const char *checkpoint; /* run dir, checkpoints dir, or one checkpoint */
+    const char *checkpoint; /* run dir, checkpoints dir, or one checkpoint; NULL: the
+                             * recipe's model = { from = DIR } weights */
     const char *prompt;
     int tokens;
     double temperature;
     int top_k;
     uint64_t seed;
     const char *recipe; /* override the recipe recorded in the checkpoint */
+    const char *const *overrides; /* key=value, after those the checkpoint's run recorded */
+    int n_overrides;
 };
+/* Text from a model's weights, read-only: the run's setup in its read-only
+ * mode (struct run's eval_only, as `trainrun eval`), nothing written. */
 int tr_sample(const struct tr_sample_flags *flags);
 
 /* `trainrun eval`: the loss of the model a recipe describes on the first

@@ -67,8 +67,9 @@ struct run {
     double tokens;           /* tokens this process trained on */
     double lr, grad_norm;    /* of the last step */
     int quiet;               /* no progress lines: asked for, or not rank 0 */
-    /* `trainrun eval`: setup writes nothing (no run directory, checkpoint
-     * plugin or checkpointer) and keeps no optimizer state */
+    /* `trainrun eval` and `trainrun sample`: setup writes nothing (no run
+     * directory, checkpoint plugin or checkpointer) and keeps no optimizer
+     * state */
     int eval_only;
 };
 

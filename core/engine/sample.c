@@ -1,13 +1,16 @@
-/* `trainrun sample`: text from a checkpoint of a language model, one token
- * at a time through the training graph (top-k, temperature, a seeded
- * generator, so the same flags give the same text). */
+/* `trainrun sample`: text from a checkpoint of a language model (or from a
+ * recipe's model = { from = DIR } weights), one token at a time through the
+ * training graph (top-k, temperature, a seeded generator, so the same flags
+ * give the same text).  It only reads: the run's setup in the read-only mode
+ * `trainrun eval` uses, and the weights through tr_checkpoint_load_weights,
+ * so a running run's checkpoints directory is left as it is. */
 #include "run.h"
 #include "run_internal.h"
 
+#include "../config/hf_config.h"
 #include "../util/json.h"
 #include "../../kernels/host.h"
 
-#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,69 +40,61 @@ static void keep_top_k(float *logits, int n, int k)
 int tr_sample(const struct tr_sample_flags *fl)
 {
     tr_err err = {{0}};
-    char *dir = NULL, *name = NULL;
-    void *state_blob = NULL;
-    size_t state_size = 0;
+    char *dir = NULL, *name = NULL, *ckpt = NULL;
     struct tr_json *state = NULL;
+    struct tr_run_state st;
+    const char **overrides = NULL;
     struct tr_config cfg;
     memset(&cfg, 0, sizeof cfg);
     struct run run, *r = &run;
     memset(r, 0, sizeof *r);
     int code = TR_EXIT_ERROR;
-    if (tr_checkpoint_resolve(fl->checkpoint, &dir, &name, &err) != TR_OK)
-        goto fail;
-    /* the recipe and overrides below come from state.json: only a verified one */
-    char *ckpt_path = tr_xasprintf("%s/%s", dir, name);
-    int verified = tr_checkpoint_verify(ckpt_path, &err);
-    free(ckpt_path);
-    if (verified != TR_OK)
-        goto fail;
-    char *state_path = tr_xasprintf("%s/%s/state.json", dir, name);
-    FILE *f = fopen(state_path, "rb");
-    if (f) {
-        fseek(f, 0, SEEK_END);
-        state_size = (size_t)ftell(f);
-        fseek(f, 0, SEEK_SET);
-        state_blob = tr_xcalloc(state_size + 1, 1);
-        if (fread(state_blob, 1, state_size, f) != state_size)
-            state_size = 0;
-        fclose(f);
+    if (fl->checkpoint) {
+        if (tr_checkpoint_resolve(fl->checkpoint, &dir, &name, &err) != TR_OK)
+            goto fail;
+        /* the recipe and overrides below come from state.json: only one
+         * whose own checksum and fields hold (its blobs are verified when
+         * the weights are read) */
+        ckpt = tr_xasprintf("%s/%s", dir, name);
+        if (!(state = tr_checkpoint_read_state(ckpt, &st, &err)))
+            goto fail;
     }
-    if (!state_size || !(state = tr_json_parse(state_blob, state_size, NULL))) {
-        tr_fail(&err, "cannot read %s", state_path);
-        free(state_path);
-        goto fail;
-    }
-    free(state_path);
-    const char *recipe = fl->recipe ? fl->recipe : tr_json_string(state, "recipe");
+    const char *recipe = fl->recipe ? fl->recipe : state ? tr_json_string(state, "recipe") : NULL;
     if (!recipe) {
         tr_fail(&err, "the checkpoint does not name its recipe; pass --recipe FILE");
         goto fail;
     }
-    /* one sequence at a time; the checkpoint is read through the local backend */
-    char absdir[PATH_MAX];
-    char *ckdir = tr_xasprintf("checkpoint.dir=%s", realpath(dir, absdir) ? absdir : dir);
-    /* the training run's overrides, then one sequence at a time */
-    const struct tr_json *trained = tr_json_get(state, "overrides");
+    /* the training run's overrides, the command line's, then one sequence
+     * at a time */
+    const struct tr_json *trained = state ? tr_json_get(state, "overrides") : NULL;
     size_t n_trained = trained && trained->type == TR_JSON_ARRAY ? trained->n : 0;
-    const char **overrides = tr_xcalloc(n_trained + 4, sizeof *overrides);
+    overrides = tr_xcalloc(n_trained + (size_t)fl->n_overrides + 2, sizeof *overrides);
     int n_over = 0;
     for (size_t i = 0; i < n_trained; i++)
         if (trained->items[i]->type == TR_JSON_STRING)
             overrides[n_over++] = trained->items[i]->string;
+    for (int i = 0; i < fl->n_overrides; i++)
+        overrides[n_over++] = fl->overrides[i];
     overrides[n_over++] = "train.micro_batch=1";
     overrides[n_over++] = "train.batch=1";
-    overrides[n_over++] = ckdir;
-    int rc = tr_config_load(&cfg, recipe, overrides, n_over, &err);
-    free(overrides);
-    free(ckdir);
-    if (rc != TR_OK)
+    if (tr_config_load(&cfg, recipe, overrides, n_over, &err) != TR_OK)
         goto fail;
+    if (!ckpt && !tr_hf_from_dir(cfg.recipe)) {
+        tr_fail(&err, "%s: the model has no weights to sample from: name a checkpoint (trainrun "
+                "sample RUN_DIR) or load them with model = { from = DIR }", recipe);
+        goto fail;
+    }
+    /* one process, and the run's setup in its read-only mode: no run
+     * directory, checkpoint plugin or checkpointer, whose start tidies the
+     * checkpoints directory (and would make run_dir where sample runs) */
+    cfg.rank = (struct tr_rank_info){0, 1, 0, 1, NULL};
     r->cfg = &cfg;
+    r->eval_only = 1;
     if (tr_run_setup(r, &err) != TR_OK)
         goto fail;
-    struct tr_run_state st;
-    if (tr_checkpointer_load(r->ckpt, name, r->g->params, r->opt.state, &st, &err) != TR_OK)
+    int loaded = ckpt ? tr_checkpoint_load_weights(ckpt, r->g, &r->be, r->g->params, &err)
+                      : tr_run_load_pretrained(r, &err);
+    if (loaded != TR_OK)
         goto fail;
     struct tr_graph *g = r->g;
     struct tr_tensor *in = &g->tensors[g->inputs[0]];
@@ -159,8 +154,9 @@ out:
     tr_run_teardown(r);
     if (cfg.recipe)
         tr_config_free(&cfg);
+    free(overrides);
     tr_json_free(state);
-    free(state_blob);
+    free(ckpt);
     free(dir);
     free(name);
     return code;
