@@ -30,35 +30,14 @@
 # time's maximum resident set for trainrun, getrusage for PyTorch.
 set -euo pipefail
 
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-THREADS=${THREADS:-2}
-TRAINRUN=${TRAINRUN:-$root/build/trainrun}
-WARMUP=${WARMUP:-3}
-SMALL_STEPS=${SMALL_STEPS:-20}
-LARGE_STEPS=${LARGE_STEPS:-5}
-OUT=${OUT:-}
-export OMP_NUM_THREADS=$THREADS
-
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-say() { echo "$*" >&2; }
-die() { say "cpu_gpt.sh: $*"; exit 1; }
-
-[ -x "$TRAINRUN" ] || die "no trainrun binary at $TRAINRUN (build it, or set TRAINRUN=)"
+name=cpu_gpt.sh
+# shellcheck source=contrib/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 
 # ---------------------------------------------------------------- the peer
-if [ -z "${PYTHON:-}" ]; then
-    for py in python3 /usr/bin/python3; do
-        if command -v "$py" >/dev/null && "$py" -c "import torch" 2>/dev/null; then
-            PYTHON=$py
-            break
-        fi
-    done
-fi
+find_python torch
 torch_info="not importable: PyTorch rows skipped (apt-get install python3-torch, or pip install torch; set PYTHON=)"
-if [ -n "${PYTHON:-}" ] && "$PYTHON" -c "import torch" 2>/dev/null; then
+if [ -n "$PYTHON" ]; then
     # the BLAS matters: Debian's python3-torch uses the reference BLAS for fp32
     torch_info=$("$PYTHON" -c '
 import torch

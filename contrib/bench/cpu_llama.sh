@@ -19,33 +19,13 @@
 # LARGE_STEPS (5).
 set -euo pipefail
 
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-THREADS=${THREADS:-2}
-TRAINRUN=${TRAINRUN:-$root/build/trainrun}
-WARMUP=${WARMUP:-3}
-SMALL_STEPS=${SMALL_STEPS:-20}
-LARGE_STEPS=${LARGE_STEPS:-5}
-OUT=${OUT:-}
-export OMP_NUM_THREADS=$THREADS
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-say() { echo "$*" >&2; }
-die() { say "cpu_llama.sh: $*"; exit 1; }
-[ -x "$TRAINRUN" ] || die "no trainrun binary at $TRAINRUN (build it, or set TRAINRUN=)"
-
-if [ -z "${PYTHON:-}" ]; then
-    for py in python3 /usr/bin/python3; do
-        if command -v "$py" >/dev/null && "$py" -c "import torch, transformers" 2>/dev/null; then
-            PYTHON=$py; break
-        fi
-    done
-fi
+name=cpu_llama.sh
+# shellcheck source=contrib/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+find_python "torch, transformers"
 torch_info="not importable: PyTorch rows skipped (pip install torch transformers; set PYTHON=)"
-if [ -n "${PYTHON:-}" ] && "$PYTHON" -c "import torch, transformers" 2>/dev/null; then
+if [ -n "$PYTHON" ]; then
     torch_info=$("$PYTHON" -c 'import torch, transformers; print("torch %s, transformers %s, CPU capability %s" % (torch.__version__, transformers.__version__, torch.backends.cpu.get_cpu_capability()))')
-else
-    PYTHON=
 fi
 say "load average before starting: $(cut -d' ' -f1-3 /proc/loadavg) (should be near 0)"
 

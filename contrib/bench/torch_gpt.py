@@ -16,16 +16,14 @@ Prints one line that cpu_gpt.sh reads:
   python3 torch_gpt.py ... --bf16        # torch.autocast("cpu", bfloat16)
 """
 
-import argparse
 import math
-import resource
 import sys
-import time
 
 try:
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
+    import torch_common
 except ImportError as e:
     sys.exit("torch_gpt.py: PyTorch is not importable (%s)" % e)
 
@@ -76,73 +74,19 @@ class GPT(nn.Module):
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
 
-    def forward(self, tokens, targets):
+    def forward(self, tokens):
         t = self.transformer
         x = t.wte(tokens) + t.wpe.weight[: tokens.shape[1]]
         for block in t.h:
             x = block(x)
-        logits = t.ln_f(x) @ t.wte.weight.t()  # tied head
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), targets.view(-1))
+        return t.ln_f(x) @ t.wte.weight.t()  # tied head
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--vocab", type=int, default=256)
-    ap.add_argument("--ctx", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
-    ap.add_argument("--steps", type=int, default=10, help="timed steps")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--bf16", action="store_true",
-                    help='forward under torch.autocast("cpu", dtype=torch.bfloat16)')
-    # trainrun's recipes/base/gpt-char.lua
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--clip", type=float, default=1.0)
-    a = ap.parse_args()
-
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(1)
+    a = torch_common.parser(__doc__).parse_args()
+    torch_common.setup(a)
     model = GPT(a.vocab, a.ctx, a.layers, a.heads, a.dim)
-    params = list(model.parameters())
-    n_params = sum(p.numel() for p in params)
-    opt = torch.optim.AdamW(
-        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": a.weight_decay},
-         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-        lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
-
-    # a few batches made up front: data is not what is being timed (trainrun's
-    # loader prepares its batches in a thread of its own)
-    g = torch.Generator().manual_seed(0)
-    batches = [(torch.randint(0, a.vocab, (a.batch, a.ctx), generator=g),
-                torch.randint(0, a.vocab, (a.batch, a.ctx), generator=g)) for _ in range(4)]
-
-    def step(i):
-        tokens, targets = batches[i % len(batches)]
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
-            loss = model(tokens, targets)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, a.clip)
-        opt.step()
-        return loss.item()
-
-    for i in range(a.warmup):
-        step(i)
-    t0 = time.perf_counter()
-    for i in range(a.steps):
-        loss = step(a.warmup + i)
-    seconds = time.perf_counter() - t0
-
-    ms = 1e3 * seconds / a.steps
-    tokens_per_s = a.batch * a.ctx * a.steps / seconds
-    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    print("loss after %d steps: %.4f" % (a.warmup + a.steps, loss), file=sys.stderr)
-    print("RESULT ms_per_step=%.1f tokens_per_s=%.1f peak_rss_mib=%.0f params=%d torch=%s"
-          % (ms, tokens_per_s, rss_mib, n_params, torch.__version__.split("+")[0]))
+    torch_common.train(a, model, lambda m, tokens: m(tokens))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,37 @@
+# What the CPU benchmark scripts share (sourced by cpu_gpt.sh, cpu_llama.sh):
+# their defaults, a scratch directory removed on exit, messages, and finding
+# the peer's Python.  Set `name` before sourcing, for messages.
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+THREADS=${THREADS:-2}
+TRAINRUN=${TRAINRUN:-$root/build/trainrun}
+WARMUP=${WARMUP:-3}
+SMALL_STEPS=${SMALL_STEPS:-20}
+LARGE_STEPS=${LARGE_STEPS:-5}
+OUT=${OUT:-}
+export OMP_NUM_THREADS=$THREADS
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+say() { echo "$*" >&2; }
+die() { say "$name: $*"; exit 1; }
+
+[ -x "$TRAINRUN" ] || die "no trainrun binary at $TRAINRUN (build it, or set TRAINRUN=)"
+
+# find_python "MODULE, ...": PYTHON as given, or the first of python3 and
+# /usr/bin/python3 that imports the modules; empty when none does.
+find_python() {
+    if [ -z "${PYTHON:-}" ]; then
+        for py in python3 /usr/bin/python3; do
+            if command -v "$py" >/dev/null && "$py" -c "import $1" 2>/dev/null; then
+                PYTHON=$py
+                break
+            fi
+        done
+    fi
+    if [ -n "${PYTHON:-}" ] && ! "$PYTHON" -c "import $1" 2>/dev/null; then
+        PYTHON=
+    fi
+    PYTHON=${PYTHON:-}
+}
