@@ -37,10 +37,11 @@ static void usage(FILE *out)
             "                                                    without running\n"
             "       trainrun plugins [KIND]                      installed plugins and their options\n"
             "       trainrun sample CHECKPOINT|RECIPE [key=value ...] [--prompt TEXT] [--tokens N]\n"
-            "                       [--temperature T] [--top-k K] [--seed N] [--recipe FILE]\n"
+            "                       [--temperature T] [--top-k K] [--seed N] [--recipe FILE] [--ids]\n"
             "                                                    text from a run's checkpoint (read-only,\n"
             "                                                    also of a running run) or a recipe's\n"
-            "                                                    model = { from = DIR } weights\n"
+            "                                                    model = { from = DIR } weights; bytes,\n"
+            "                                                    or token ids with --ids\n"
             "       trainrun eval RECIPE [key=value ...] [--checkpoint PATH] [--split val|train]\n"
             "                     [--batches N|all] [--json]     validation loss, perplexity and\n"
             "                                                    accuracy, without training (help eval)\n"
@@ -340,6 +341,10 @@ static int cmd_sample(int argc, char **argv)
             if (!override_syntax_ok(a, "sample: "))
                 goto done;
             overrides[f.n_overrides++] = a;
+            continue;
+        }
+        if (strcmp(a, "--ids") == 0) {
+            f.ids = 1;
             continue;
         }
         if (!v) {

@@ -11,6 +11,7 @@
 #include "../util/json.h"
 #include "../../kernels/host.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +36,67 @@ static void keep_top_k(float *logits, int n, int k)
         if (logits[i] < threshold)
             logits[i] = -INFINITY;
     free(sorted);
+}
+
+/* The prompt as token ids: its bytes, or with --ids the decimal ids it
+ * lists (separated by spaces or commas).  Each must be below vocab: the
+ * embedding would read a row past its table.  NULL with err set. */
+static int32_t *prompt_tokens(const struct tr_sample_flags *fl, int64_t vocab, size_t *n,
+                              tr_err *err)
+{
+    const char *p = fl->prompt;
+    int32_t *ids = tr_xcalloc(strlen(p) + 1, sizeof *ids);
+    *n = 0;
+    while (*p) {
+        long long id;
+        if (!fl->ids) {
+            id = (unsigned char)*p++;
+        } else {
+            if (*p == ' ' || *p == ',' || *p == '\t' || *p == '\n') {
+                p++;
+                continue;
+            }
+            char *end;
+            errno = 0;
+            id = *p >= '0' && *p <= '9' ? strtoll(p, &end, 10) : -1;
+            if (id < 0 || errno || (*end && !strchr(" ,\t\n", *end))) {
+                free(ids);
+                tr_fail(err, "--prompt: '%.40s' is not a token id: with --ids the prompt lists "
+                        "token ids, e.g. --prompt \"1 2 3\"", p);
+                return NULL;
+            }
+            p = end;
+        }
+        if (id >= vocab) {
+            free(ids);
+            if (fl->ids)
+                tr_fail(err, "--prompt: token id %lld is not in the model's vocabulary of %lld",
+                        id, (long long)vocab);
+            else
+                tr_fail(err, "--prompt: byte %lld (%s%c%s) is not in the model's vocabulary of "
+                        "%lld tokens (the prompt's bytes are its token ids): use bytes below "
+                        "%lld, or token ids with --ids", id, id >= 32 && id < 127 ? "'" : "",
+                        id >= 32 && id < 127 ? (int)id : '?', id >= 32 && id < 127 ? "'" : "",
+                        (long long)vocab, (long long)vocab);
+            return NULL;
+        }
+        ids[(*n)++] = (int32_t)id;
+    }
+    if (fl->ids && *n == 0) {
+        free(ids);
+        tr_fail(err, "--ids needs a --prompt of one token id at least, e.g. --prompt \"1\"");
+        return NULL;
+    }
+    return ids;
+}
+
+/* A token to stdout: its byte, or with --ids its id after a space. */
+static void put_token(const struct tr_sample_flags *fl, int32_t id, size_t n)
+{
+    if (fl->ids)
+        printf("%s%d", n ? " " : "", (int)id);
+    else
+        fputc(id, stdout);
 }
 
 int tr_sample(const struct tr_sample_flags *fl)
@@ -105,14 +167,27 @@ int tr_sample(const struct tr_sample_flags *fl)
     int T = (int)in->shape[1];
     const struct tr_tensor *lg = &g->tensors[g->logits];
     int V = (int)lg->shape[lg->ndim - 1];
+    /* the embedding reads a row per id: an id past its table is no token */
+    int64_t vocab = r->vocab < (uint32_t)V ? (int64_t)r->vocab : V;
+    if (!fl->ids && V > 256) {
+        tr_fail(&err, "%s: the model predicts %d token ids, more than the 256 bytes sample "
+                "prints as text; pass --ids to give the prompt and get the text as token ids "
+                "(the tokenizer that made the data turns them into text)", recipe, V);
+        goto fail;
+    }
+    size_t plen = 0;
+    int32_t *prompt = prompt_tokens(fl, vocab, &plen, &err);
+    if (!prompt)
+        goto fail;
+    size_t total = plen + (size_t)fl->tokens;
+    int32_t *text = tr_xcalloc(total + 1, sizeof *text);
+    memcpy(text, prompt, plen * sizeof *text);
+    free(prompt);
     int32_t *ctx = tr_xcalloc((size_t)T, sizeof *ctx);
     float *logits = tr_xcalloc((size_t)V, sizeof *logits), *probs = tr_xcalloc((size_t)V, sizeof *probs);
-    size_t plen = strlen(fl->prompt);
-    size_t total = plen + (size_t)fl->tokens;
-    unsigned char *text = tr_xcalloc(total + 1, 1);
-    memcpy(text, fl->prompt, plen);
     uint64_t rng = fl->seed * 0x9e3779b97f4a7c15ULL + 1;
-    fputs(fl->prompt, stdout);
+    for (size_t n = 0; n < plen; n++)
+        put_token(fl, text[n], n);
     for (size_t n = plen; n < total; n++) {
         size_t start = n > (size_t)T ? n - (size_t)T : 0;
         int len = (int)(n - start);
@@ -137,8 +212,8 @@ int tr_sample(const struct tr_sample_flags *fl)
                 break;
             }
         }
-        text[n] = (unsigned char)pick;
-        fputc(pick, stdout);
+        text[n] = pick;
+        put_token(fl, pick, n);
         fflush(stdout);
     }
     fputc('\n', stdout);

@@ -134,7 +134,7 @@ if "$TRAINRUN" export z -o z.safetensors 2> err.txt; then fail "export followed 
 grep -q "names no checkpoint" err.txt || { cat err.txt; fail "export: no reason for LATEST"; }
 # and the untouched ones still export and sample
 "$TRAINRUN" export base -o ok.safetensors --dtype fp32 2> err.txt || { cat err.txt; fail "export"; }
-"$TRAINRUN" sample base --tokens 4 --prompt ab > out.txt 2> err.txt || { cat err.txt; fail "sample"; }
+"$TRAINRUN" sample base --tokens 4 --prompt 12 > out.txt 2> err.txt || { cat err.txt; fail "sample"; }
 
 # --- report, prepare and export write into directories of the user's safely ----
 mkdir rep && echo mine > rep/index.html

@@ -5,7 +5,9 @@
 # behind the newest checkpoint — changes no byte, name or modification time
 # in it, and creates no run directory where it is started.  The text is the
 # checkpoint's, whichever way the checkpoint is named, and a recipe whose
-# model = { from = DIR } samples DIR's weights without a checkpoint.
+# model = { from = DIR } samples DIR's weights without a checkpoint.  A
+# prompt token past the vocabulary is refused; --ids gives and prints token
+# ids, which a vocabulary of more than 256 needs.
 . "$(dirname "$0")/lib.sh"
 R="$TR_SRCDIR/tests/config/tiny.lua"
 ck() { echo "run/checkpoints/step-$(printf %010d "$1")"; }
@@ -35,12 +37,12 @@ snapshot run > before.txt
 
 # sampled from another directory: the run's run_dir=run names no directory there
 mkdir elsewhere
-(cd elsewhere && "$TRAINRUN" sample ../run --tokens 30 --prompt ab --seed 5 > ../latest.txt 2> ../latest.err) \
+(cd elsewhere && "$TRAINRUN" sample ../run --tokens 30 --prompt 12 --seed 5 > ../latest.txt 2> ../latest.err) \
   || { cat latest.err; fail "sample of the run directory"; }
 [ -z "$(ls -A elsewhere)" ] || { ls -A elsewhere; fail "sample created $(ls -A elsewhere) where it was started"; }
-"$TRAINRUN" sample run/checkpoints --tokens 30 --prompt ab --seed 5 > dir.txt 2> dir.err \
+"$TRAINRUN" sample run/checkpoints --tokens 30 --prompt 12 --seed 5 > dir.txt 2> dir.err \
   || { cat dir.err; fail "sample of the checkpoints directory"; }
-"$TRAINRUN" sample "$(ck 8)" --tokens 30 --prompt ab --seed 5 --top-k 5 --temperature 1.3 \
+"$TRAINRUN" sample "$(ck 8)" --tokens 30 --prompt 12 --seed 5 --top-k 5 --temperature 1.3 \
   > step8.txt 2> step8.err || { cat step8.err; fail "sample of one checkpoint"; }
 snapshot run > after.txt
 diff before.txt after.txt || fail "sample changed the run directory"
@@ -49,16 +51,44 @@ for e in latest.err dir.err step8.err; do
 done
 
 # LATEST is what a run directory means, even one behind: step 4's text
-"$TRAINRUN" sample "$(ck 4)" --tokens 30 --prompt ab --seed 5 > step4.txt 2> step4.err \
+"$TRAINRUN" sample "$(ck 4)" --tokens 30 --prompt 12 --seed 5 > step4.txt 2> step4.err \
   || { cat step4.err; fail "sample of step 4"; }
 cmp -s latest.txt step4.txt || fail "sample of the run is not the text of step 4, which LATEST names"
 cmp -s dir.txt step4.txt || fail "sample of run/checkpoints is not the text of step 4"
 cmp -s step8.txt step4.txt && fail "steps 4 and 8 gave the same text: the weights were not read"
-head -c 2 latest.txt | grep -q '^ab$' || fail "the text does not start with the prompt"
+head -c 2 latest.txt | grep -q '^12$' || fail "the text does not start with the prompt"
 [ "$(wc -c < latest.txt)" -eq 33 ] || fail "30 tokens after a 2-byte prompt are not 33 bytes with the newline"
 # the same flags give the same text
-"$TRAINRUN" sample "$(ck 8)" --tokens 30 --prompt ab --seed 5 --top-k 5 --temperature 1.3 > again.txt 2> /dev/null
+"$TRAINRUN" sample "$(ck 8)" --tokens 30 --prompt 12 --seed 5 --top-k 5 --temperature 1.3 > again.txt 2> /dev/null
 cmp -s step8.txt again.txt || fail "the same flags gave another text"
+
+# a prompt is token ids: a byte past the vocabulary of 64 would be read past the
+# embedding table, so it is refused; --ids lists ids
+refused() { # message, then sample's arguments
+  want=$1
+  shift
+  set +e
+  "$TRAINRUN" sample "$@" > refused.txt 2> refused.err
+  code=$?
+  set -e
+  [ $code -eq 1 ] || { cat refused.err; fail "sample $*: exit $code, not 1"; }
+  grep -qF -e "$want" refused.err || { cat refused.err; fail "sample $*: no message '$want'"; }
+  [ ! -s refused.txt ] || fail "sample $* printed text"
+}
+refused "--prompt: byte 97 ('a') is not in the model's vocabulary of 64 tokens" run --prompt ab
+refused "--prompt: token id 64 is not in the model's vocabulary of 64" run --ids --prompt "1 64"
+refused "--prompt: 'x' is not a token id" run --ids --prompt "1 x"
+refused "--ids needs a --prompt of one token id at least" run --ids
+"$TRAINRUN" sample run --tokens 30 --ids --prompt "49, 50" --seed 5 > ids.txt 2> ids.err \
+  || { cat ids.err; fail "sample --ids"; }
+# the same tokens as the bytes "12" gave, written as ids
+[ "$(od -An -v -tu1 latest.txt | xargs)" = "$(xargs < ids.txt) 10" ] \
+  || { od -An -v -tu1 latest.txt; cat ids.txt; fail "--ids gave other tokens than the bytes"; }
+# more ids than bytes: text would lose them, so it takes --ids
+"$TRAINRUN" "$R" model.vocab=300 train.steps=1 run_dir=wide --quiet 2> wide.txt || { cat wide.txt; fail "training vocab 300"; }
+refused "the model predicts 300 token ids, more than the 256 bytes sample prints as text; pass --ids" wide --prompt 12
+"$TRAINRUN" sample wide --ids --prompt 299 --tokens 50 > wide-ids.txt 2> wide.err || { cat wide.err; fail "--ids of vocab 300"; }
+[ "$(wc -w < wide-ids.txt)" -eq 51 ] || fail "--ids printed $(wc -w < wide-ids.txt) ids, not 51"
 
 # --- a recipe's model = { from = DIR }, no checkpoint ------------------------------
 cat > base.lua <<'EOF'
@@ -78,9 +108,9 @@ return {
 }
 EOF
 snapshot hf > hf-before.txt
-"$TRAINRUN" sample base --tokens 20 --prompt ab --seed 2 > trained.txt 2> trained.err \
+"$TRAINRUN" sample base --tokens 20 --ids --prompt "1 39" --seed 2 > trained.txt 2> trained.err \
   || { cat trained.err; fail "sample of the llama run"; }
-"$TRAINRUN" sample ft.lua --tokens 20 --prompt ab --seed 2 > from.txt 2> from.err \
+"$TRAINRUN" sample ft.lua --tokens 20 --ids --prompt "1 39" --seed 2 > from.txt 2> from.err \
   || { cat from.err; fail "sample of a recipe with model.from"; }
 cmp -s trained.txt from.txt || fail "the recipe's from weights did not give the text of the checkpoint they came from"
 grep -q "weights from hf (llama" from.err || { cat from.err; fail "sample does not say where the weights came from"; }
@@ -89,7 +119,7 @@ snapshot hf > hf-after.txt
 diff hf-before.txt hf-after.txt || fail "sample changed the from directory"
 # overrides as a run takes them; model.from typed here is relative to this directory
 cp -r hf hf2
-"$TRAINRUN" sample ft.lua model.from=hf2 --tokens 20 --prompt ab --seed 2 > over.txt 2> over.err \
+"$TRAINRUN" sample ft.lua model.from=hf2 --tokens 20 --ids --prompt "1 39" --seed 2 > over.txt 2> over.err \
   || { cat over.err; fail "sample with an override"; }
 cmp -s trained.txt over.txt || fail "model.from=hf2 gave another text"
 grep -q "weights from hf2 (llama" over.err || { cat over.err; fail "the override was not applied"; }
