@@ -250,9 +250,39 @@ float tr_cpu_exp_shifted(float *x, int n, float shift)
     return sum;
 }
 
-/* n elements, n a multiple of GELU_VEC */
-static void gelu_forward_blocks(float *out, const float *inp, size_t n, int avx2)
+/*
+ * The driver every vectorised elementwise op shares: the arrays of one call,
+ * and a kernel that runs a span of them, n elements from i0 (n a multiple of
+ * GELU_VEC) on the path chosen once per call.
+ */
+struct ew_arrays {
+    float *out, *out2;
+    const float *in, *in2, *in3;
+};
+typedef void ew_blocks_fn(const struct ew_arrays *a, size_t i0, size_t n, int avx2);
+
+/* Work is split in whole blocks of this many elements (a multiple of
+ * GELU_VEC), so every thread's share starts on a vector boundary. */
+enum { GELU_CHUNK = 4096 };
+
+/* Runs the first `full` elements (a multiple of GELU_VEC) in parallel; the
+ * caller pads and runs the tail, which each op treats its own way. */
+static void ew_run_blocks(ew_blocks_fn *blocks, const struct ew_arrays *a, size_t full, int avx2)
 {
+    size_t chunks = (full + GELU_CHUNK - 1) / GELU_CHUNK;
+#pragma omp parallel for schedule(static)
+    for (size_t c = 0; c < chunks; c++) {
+        size_t i0 = c * GELU_CHUNK;
+        size_t len = full - i0 < GELU_CHUNK ? full - i0 : GELU_CHUNK;
+        blocks(a, i0, len, avx2);
+    }
+}
+
+/* out = gelu(in) */
+static void gelu_forward_blocks(const struct ew_arrays *a, size_t i0, size_t n, int avx2)
+{
+    float *out = a->out + i0;
+    const float *inp = a->in + i0;
 #ifdef GELU_HAVE_AVX2
     if (avx2) {
         gelu_forward_avx2(out, inp, n);
@@ -264,9 +294,11 @@ static void gelu_forward_blocks(float *out, const float *inp, size_t n, int avx2
         gelu_forward_block_portable(out + i, inp + i);
 }
 
-static void gelu_backward_blocks(float *dinp, const float *inp, const float *dout, size_t n,
-                                 int avx2)
+/* out += gelu'(in) * in2 */
+static void gelu_backward_blocks(const struct ew_arrays *a, size_t i0, size_t n, int avx2)
 {
+    float *dinp = a->out + i0;
+    const float *inp = a->in + i0, *dout = a->in2 + i0;
 #ifdef GELU_HAVE_AVX2
     if (avx2) {
         gelu_backward_avx2(dinp, inp, dout, n);
@@ -278,26 +310,16 @@ static void gelu_backward_blocks(float *dinp, const float *inp, const float *dou
         gelu_backward_block_portable(dinp + i, inp + i, dout + i);
 }
 
-/* Work is split in whole blocks of this many elements (a multiple of
- * GELU_VEC), so every thread's share starts on a vector boundary. */
-enum { GELU_CHUNK = 4096 };
-
 void tr_cpu_gelu_forward(float *out, const float *inp, size_t n)
 {
     int avx2 = gelu_use_avx2();
     size_t full = n / GELU_VEC * GELU_VEC;
-    size_t chunks = (full + GELU_CHUNK - 1) / GELU_CHUNK;
-#pragma omp parallel for schedule(static)
-    for (size_t c = 0; c < chunks; c++) {
-        size_t i0 = c * GELU_CHUNK;
-        size_t len = full - i0 < GELU_CHUNK ? full - i0 : GELU_CHUNK;
-        gelu_forward_blocks(out + i0, inp + i0, len, avx2);
-    }
+    ew_run_blocks(gelu_forward_blocks, &(struct ew_arrays){.out = out, .in = inp}, full, avx2);
     if (full < n) { /* the tail, padded to one block */
         float x[GELU_VEC] = {0}, y[GELU_VEC];
         for (size_t i = full; i < n; i++)
             x[i - full] = inp[i];
-        gelu_forward_blocks(y, x, GELU_VEC, avx2);
+        gelu_forward_blocks(&(struct ew_arrays){.out = y, .in = x}, 0, GELU_VEC, avx2);
         for (size_t i = full; i < n; i++)
             out[i] = y[i - full];
     }
@@ -309,13 +331,8 @@ void tr_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size
         return;
     int avx2 = gelu_use_avx2();
     size_t full = n / GELU_VEC * GELU_VEC;
-    size_t chunks = (full + GELU_CHUNK - 1) / GELU_CHUNK;
-#pragma omp parallel for schedule(static)
-    for (size_t c = 0; c < chunks; c++) {
-        size_t i0 = c * GELU_CHUNK;
-        size_t len = full - i0 < GELU_CHUNK ? full - i0 : GELU_CHUNK;
-        gelu_backward_blocks(dinp + i0, inp + i0, dout + i0, len, avx2);
-    }
+    ew_run_blocks(gelu_backward_blocks, &(struct ew_arrays){.out = dinp, .in = inp, .in2 = dout},
+                  full, avx2);
     if (full < n) {
         float x[GELU_VEC] = {0}, g[GELU_VEC] = {0}, d[GELU_VEC] = {0};
         for (size_t i = full; i < n; i++) {
@@ -323,7 +340,7 @@ void tr_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size
             g[i - full] = dout[i];
             d[i - full] = dinp[i];
         }
-        gelu_backward_blocks(d, x, g, GELU_VEC, avx2);
+        gelu_backward_blocks(&(struct ew_arrays){.out = d, .in = x, .in2 = g}, 0, GELU_VEC, avx2);
         for (size_t i = full; i < n; i++)
             dinp[i] = d[i - full];
     }
@@ -408,10 +425,11 @@ static AVX2 void swiglu_backward_avx2(float *dgate, float *dup, const float *gat
 }
 #endif
 
-/* n elements, n a multiple of GELU_VEC */
-static void swiglu_forward_blocks(float *out, const float *gate, const float *up, size_t n,
-                                  int avx2)
+/* out = silu(in) * in2 */
+static void swiglu_forward_blocks(const struct ew_arrays *a, size_t i0, size_t n, int avx2)
 {
+    float *out = a->out + i0;
+    const float *gate = a->in + i0, *up = a->in2 + i0;
 #ifdef GELU_HAVE_AVX2
     if (avx2) {
         swiglu_forward_avx2(out, gate, up, n);
@@ -423,9 +441,11 @@ static void swiglu_forward_blocks(float *out, const float *gate, const float *up
         swiglu_forward_block_portable(out + i, gate + i, up + i);
 }
 
-static void swiglu_backward_blocks(float *dgate, float *dup, const float *gate, const float *up,
-                                   const float *dout, size_t n, int avx2)
+/* out (dgate) and out2 (dup), either NULL; in gate, in2 up, in3 dout */
+static void swiglu_backward_blocks(const struct ew_arrays *a, size_t i0, size_t n, int avx2)
 {
+    float *dgate = a->out ? a->out + i0 : NULL, *dup = a->out2 ? a->out2 + i0 : NULL;
+    const float *gate = a->in + i0, *up = a->in2 + i0, *dout = a->in3 + i0;
 #ifdef GELU_HAVE_AVX2
     if (avx2) {
         swiglu_backward_avx2(dgate, dup, gate, up, dout, n);
@@ -442,20 +462,15 @@ void tr_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_
 {
     int avx2 = gelu_use_avx2();
     size_t full = n / GELU_VEC * GELU_VEC;
-    size_t chunks = (full + GELU_CHUNK - 1) / GELU_CHUNK;
-#pragma omp parallel for schedule(static)
-    for (size_t c = 0; c < chunks; c++) {
-        size_t i0 = c * GELU_CHUNK;
-        size_t len = full - i0 < GELU_CHUNK ? full - i0 : GELU_CHUNK;
-        swiglu_forward_blocks(out + i0, gate + i0, up + i0, len, avx2);
-    }
+    ew_run_blocks(swiglu_forward_blocks, &(struct ew_arrays){.out = out, .in = gate, .in2 = up},
+                  full, avx2);
     if (full < n) { /* the tail, padded to one block */
         float g[GELU_VEC] = {0}, u[GELU_VEC] = {0}, y[GELU_VEC];
         for (size_t i = full; i < n; i++) {
             g[i - full] = gate[i];
             u[i - full] = up[i];
         }
-        swiglu_forward_blocks(y, g, u, GELU_VEC, avx2);
+        swiglu_forward_blocks(&(struct ew_arrays){.out = y, .in = g, .in2 = u}, 0, GELU_VEC, avx2);
         for (size_t i = full; i < n; i++)
             out[i] = y[i - full];
     }
@@ -468,14 +483,8 @@ void tr_cpu_swiglu_backward(float *dgate, float *dup, const float *gate, const f
         return;
     int avx2 = gelu_use_avx2();
     size_t full = n / GELU_VEC * GELU_VEC;
-    size_t chunks = (full + GELU_CHUNK - 1) / GELU_CHUNK;
-#pragma omp parallel for schedule(static)
-    for (size_t c = 0; c < chunks; c++) {
-        size_t i0 = c * GELU_CHUNK;
-        size_t len = full - i0 < GELU_CHUNK ? full - i0 : GELU_CHUNK;
-        swiglu_backward_blocks(dgate ? dgate + i0 : NULL, dup ? dup + i0 : NULL, gate + i0,
-                               up + i0, dout + i0, len, avx2);
-    }
+    struct ew_arrays all = {.out = dgate, .out2 = dup, .in = gate, .in2 = up, .in3 = dout};
+    ew_run_blocks(swiglu_backward_blocks, &all, full, avx2);
     if (full < n) {
         /* the tail's contributions, added one gradient after the other, so
          * they both land when dgate and dup are one buffer (silu(x) * x) */
@@ -486,7 +495,9 @@ void tr_cpu_swiglu_backward(float *dgate, float *dup, const float *gate, const f
             u[i - full] = up[i];
             dy[i - full] = dout[i];
         }
-        swiglu_backward_blocks(dgate ? dg : NULL, dup ? du : NULL, g, u, dy, GELU_VEC, avx2);
+        struct ew_arrays tail = {.out = dgate ? dg : NULL, .out2 = dup ? du : NULL,
+                                 .in = g, .in2 = u, .in3 = dy};
+        swiglu_backward_blocks(&tail, 0, GELU_VEC, avx2);
         for (size_t i = full; i < n; i++) {
             if (dgate != NULL)
                 dgate[i] += dg[i - full];
