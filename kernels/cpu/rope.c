@@ -36,8 +36,14 @@ static void rope_table(float *table, int T, int D, float theta)
             sincosf((float)t * freq[i], &sin_t[(size_t)t * half + i], &cos_t[(size_t)t * half + i]);
 }
 
-void tr_cpu_rope_forward(float *out, const float *inp, float *scratch, int B, int T, int H, int D,
-                         float theta)
+/*
+ * Turns every head of in by its position's angles into out, forward
+ * (sign 1) or back (sign -1: the same turn with sin negated, exact in float),
+ * writing out or adding to it.  Inlined with constant sign and add, so each
+ * caller gets its own loop with no branch in it.
+ */
+static inline void rope_turn(float *out, const float *inp, float *scratch, int B, int T, int H,
+                             int D, float theta, float sign, int add)
 {
     int half = D / 2;
     rope_table(scratch, T, D, theta);
@@ -51,12 +57,24 @@ void tr_cpu_rope_forward(float *out, const float *inp, float *scratch, int B, in
             float *y = out + ((size_t)r * H + h) * D;
 #pragma omp simd
             for (int i = 0; i < half; i++) {
-                float a = x[i], b = x[i + half];
-                y[i] = a * c[i] - b * s[i];
-                y[i + half] = b * c[i] + a * s[i];
+                float a = x[i], b = x[i + half], sn = sign * s[i];
+                float lo = a * c[i] - b * sn, hi = b * c[i] + a * sn;
+                if (add) {
+                    y[i] += lo;
+                    y[i + half] += hi;
+                } else {
+                    y[i] = lo;
+                    y[i + half] = hi;
+                }
             }
         }
     }
+}
+
+void tr_cpu_rope_forward(float *out, const float *inp, float *scratch, int B, int T, int H, int D,
+                         float theta)
+{
+    rope_turn(out, inp, scratch, B, T, H, D, theta, 1.0f, 0);
 }
 
 void tr_cpu_rope_backward(float *dinp, const float *dout, float *scratch, int B, int T, int H,
@@ -64,22 +82,5 @@ void tr_cpu_rope_backward(float *dinp, const float *dout, float *scratch, int B,
 {
     if (dinp == NULL)
         return;
-    int half = D / 2;
-    rope_table(scratch, T, D, theta);
-    const float *cos_t = scratch, *sin_t = scratch + (size_t)T * half;
-    int rows = B * T;
-#pragma omp parallel for schedule(static)
-    for (int r = 0; r < rows; r++) {
-        const float *c = cos_t + (size_t)(r % T) * half, *s = sin_t + (size_t)(r % T) * half;
-        for (int h = 0; h < H; h++) {
-            const float *dy = dout + ((size_t)r * H + h) * D;
-            float *dx = dinp + ((size_t)r * H + h) * D;
-#pragma omp simd
-            for (int i = 0; i < half; i++) {
-                float a = dy[i], b = dy[i + half];
-                dx[i] += a * c[i] + b * s[i];
-                dx[i + half] += b * c[i] - a * s[i];
-            }
-        }
-    }
+    rope_turn(dinp, dout, scratch, B, T, H, D, theta, -1.0f, 1);
 }
