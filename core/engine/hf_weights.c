@@ -1,7 +1,7 @@
-/* Hugging Face weights in (tr_hf_load) and out (tr_hf_export); hf_weights.h
- * says how names and layouts map.  The files are mmap'd: a 1B model is
- * gigabytes, and each tensor is converted to fp32 and uploaded on its own,
- * so the host holds one tensor's fp32 copy at a time. */
+/* Hugging Face weights in (tr_hf_load); hf_weights.h says how names and
+ * layouts map, hf_export.c writes them out.  The files are mmap'd: a 1B
+ * model is gigabytes, and each tensor is converted to fp32 and uploaded on
+ * its own, so the host holds one tensor's fp32 copy at a time. */
 #define _XOPEN_SOURCE 700
 #include "hf_weights.h"
 
@@ -9,7 +9,6 @@
 #include "../util/json.h"
 #include "../util/util.h"
 
-#include <dirent.h>
 #include <stdarg.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -339,8 +338,7 @@ static void shape_text(const int64_t *shape, int ndim, char *buf, size_t size)
     snprintf(buf + strlen(buf), size - strlen(buf), "]");
 }
 
-/* fp32 values of entry e: numel floats into out. */
-static void to_f32(const struct tr_st_entry *e, float *out, size_t numel)
+void tr_hf_to_f32(const struct tr_st_entry *e, float *out, size_t numel)
 {
     if (e->dtype == TR_F32)
         memcpy(out, e->data, numel * sizeof(float));
@@ -348,8 +346,7 @@ static void to_f32(const struct tr_st_entry *e, float *out, size_t numel)
         tr_cpu_from_half(out, e->data, numel, e->dtype == TR_BF16);
 }
 
-/* [r, c] -> [c, r] */
-static void transpose(float *out, const float *in, int64_t r, int64_t c)
+void tr_hf_transpose(float *out, const float *in, int64_t r, int64_t c)
 {
     for (int64_t i = 0; i < r; i++)
         for (int64_t j = 0; j < c; j++)
@@ -453,9 +450,9 @@ int tr_hf_load(struct tr_graph *g, const struct tr_backend *be, const char *dir,
             tr_fail(err, "out of memory converting tensor '%s' of %s", want[i].name, s.what);
             goto done;
         }
-        to_f32(found[i], host, file_numel);
+        tr_hf_to_f32(found[i], host, file_numel);
         if (flip)
-            transpose(flip, host, want[i].shape[0], want[i].shape[1]);
+            tr_hf_transpose(flip, host, want[i].shape[0], want[i].shape[1]);
         /* rows beyond trainrun's (GPT-2's positions past ctx) are not kept */
         be->iface->upload(be->context, t->data, flip ? flip : host, t->numel * sizeof(float));
         free(host);
@@ -467,300 +464,5 @@ done:
     free(param);
     tr_hf_tensors_free(want, n);
     source_close(&s);
-    return rc;
-}
-
-/* ---- the architecture of a built graph ------------------------------------ */
-
-static const struct tr_tensor *param_named(const struct tr_graph *g, const char *name)
-{
-    int i = tr_graph_find(g, name);
-    return i >= 0 && g->tensors[i].role == TR_ROLE_PARAM ? &g->tensors[i] : NULL;
-}
-
-int tr_hf_describe(const struct tr_graph *g, const char *type, struct tr_hf_arch *a, tr_err *err)
-{
-    memset(a, 0, sizeof *a);
-    int gpt = type && strcmp(type, "gpt") == 0;
-    if (!type || (!gpt && strcmp(type, "llama") != 0))
-        return tr_fail(err, "the model is %s%s%s; only llama and gpt models have a Hugging Face form",
-                       type ? "\"" : "", type ? type : "built by the recipe's own function",
-                       type ? "\"" : "");
-    const struct tr_tensor *emb = param_named(g, gpt ? "transformer.wte.weight" : "model.embed_tokens.weight");
-    const struct tr_tensor *in = &g->tensors[g->inputs[0]];
-    if (!emb || emb->ndim != 2 || in->ndim != 2)
-        return tr_fail(err, "the %s model has no token embedding", type);
-    a->family = gpt ? TR_HF_GPT2 : TR_HF_LLAMA;
-    snprintf(a->model_type, sizeof a->model_type, "%s", gpt ? "gpt2" : "llama");
-    a->vocab = emb->shape[0];
-    a->dim = emb->shape[1];
-    a->ctx = in->shape[1];
-    char name[96];
-    for (;;) {
-        snprintf(name, sizeof name, gpt ? "transformer.h.%lld.ln_1.weight" : "model.layers.%lld.input_layernorm.weight",
-                 (long long)a->layers);
-        if (!param_named(g, name))
-            break;
-        a->layers++;
-    }
-    a->norm_eps = gpt ? 1e-5 : 0;
-    for (int i = 0; i < g->n_nodes; i++) {
-        const struct tr_node *nd = &g->nodes[i];
-        if (nd->op == TR_OP_ATTENTION && !a->heads) {
-            a->heads = nd->heads;
-            a->kv_heads = nd->n_in == 3 ? nd->kv_heads : nd->heads;
-        } else if (nd->op == TR_OP_ROPE && a->rope_theta == 0) {
-            a->rope_theta = nd->theta;
-        } else if (nd->op == TR_OP_RMSNORM && a->norm_eps == 0) {
-            a->norm_eps = nd->eps;
-        } else if (nd->op == TR_OP_LAYERNORM && gpt && nd->eps != 1e-5f) {
-            a->norm_eps = nd->eps;
-        } else if (nd->op == TR_OP_SCALE) {
-            return tr_fail(err, "the %s model scales its embeddings (embed_scale), which none of "
-                           "the Hugging Face families trainrun writes does", type);
-        }
-    }
-    if (!gpt) {
-        /* the graph holds floats: the shortest decimal that is the same float */
-        double vals[2] = {a->rope_theta, a->norm_eps};
-        for (int k = 0; k < 2; k++) {
-            char buf[40];
-            for (int p = 1; p <= 9; p++) {
-                snprintf(buf, sizeof buf, "%.*g", p, vals[k]);
-                if ((float)strtod(buf, NULL) == (float)vals[k])
-                    break;
-            }
-            vals[k] = strtod(buf, NULL);
-        }
-        a->rope_theta = vals[0];
-        a->norm_eps = vals[1];
-    }
-    if (a->layers == 0 || a->heads <= 0 || a->dim % a->heads != 0 || (!gpt && (a->kv_heads <= 0 || a->rope_theta <= 0 || a->norm_eps <= 0)))
-        return tr_fail(err, "the %s model's graph does not have the shape of one", type);
-    if (gpt) {
-        a->kv_heads = a->heads;
-        a->ffn_dim = 4 * a->dim;
-        a->tie_embeddings = 1;
-    } else {
-        const struct tr_tensor *gate = param_named(g, "model.layers.0.mlp.gate_proj.weight");
-        if (!gate)
-            return tr_fail(err, "the llama model has no model.layers.0.mlp.gate_proj.weight");
-        a->ffn_dim = gate->shape[0];
-        a->tie_embeddings = !param_named(g, "lm_head.weight");
-        a->qkv_bias = param_named(g, "model.layers.0.self_attn.q_proj.bias") != NULL;
-    }
-    /* every parameter must be one the Hugging Face form names */
-    struct tr_hf_tensor *t = NULL;
-    size_t n = tr_hf_tensors(a, a->ctx, &t), params = 0;
-    int rc = TR_OK;
-    for (size_t i = 0; i < n && rc == TR_OK; i++)
-        if (!param_named(g, t[i].name))
-            rc = tr_fail(err, "the %s model has no parameter '%s'", type, t[i].name);
-    for (int i = 0; i < g->n_tensors; i++)
-        params += g->tensors[i].role == TR_ROLE_PARAM;
-    if (rc == TR_OK && params != n)
-        rc = tr_fail(err, "the %s model has %zu parameters; its Hugging Face form names %zu", type,
-                     params, n);
-    tr_hf_tensors_free(t, n);
-    return rc;
-}
-
-/* ---- export -------------------------------------------------------------------- */
-
-#define EXPORT_MARK ".trainrun-export"
-
-/* out_dir new, empty, or an earlier export. */
-static int prepare_dir(const char *out_dir, tr_err *err)
-{
-    struct stat st;
-    if (stat(out_dir, &st) != 0) {
-        if (tr_mkdir_p(out_dir) != 0)
-            return tr_fail(err, "cannot create %s: %s", out_dir, strerror(errno));
-    } else if (!S_ISDIR(st.st_mode)) {
-        return tr_fail(err, "%s exists and is not a directory; export --format hf writes a "
-                       "directory", out_dir);
-    } else {
-        char *mark = tr_xasprintf("%s/" EXPORT_MARK, out_dir);
-        int earlier = stat(mark, &st) == 0;
-        free(mark);
-        if (!earlier) {
-            DIR *d = opendir(out_dir);
-            if (!d)
-                return tr_fail(err, "cannot read %s: %s", out_dir, strerror(errno));
-            struct dirent *e;
-            int empty = 1;
-            while ((e = readdir(d)))
-                if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
-                    empty = 0;
-            closedir(d);
-            if (!empty)
-                return tr_fail(err, "%s is not empty and is not an earlier trainrun export; "
-                               "export into a new or empty directory (nothing there was changed)",
-                               out_dir);
-        }
-    }
-    char *mark = tr_xasprintf("%s/" EXPORT_MARK, out_dir);
-    FILE *f = fopen(mark, "w");
-    int ok = f && fputs("written by trainrun export --format hf; a later export may replace "
-                        "config.json and model.safetensors here\n", f) >= 0;
-    if (f && fclose(f) != 0)
-        ok = 0;
-    free(mark);
-    return ok ? TR_OK : tr_fail(err, "cannot write in %s: %s", out_dir, strerror(errno));
-}
-
-/* A file written under a fresh temporary name beside its final one, renamed
- * into place only once whole: an interrupted export leaves the previous one. */
-struct atomic_file {
-    char *path, *tmp;
-    FILE *f;
-};
-
-static int atomic_open(struct atomic_file *af, const char *out_dir, const char *name, tr_err *err)
-{
-    af->path = tr_xasprintf("%s/%s", out_dir, name);
-    af->tmp = tr_xasprintf("%s.XXXXXX", af->path);
-    af->f = NULL;
-    int fd = mkstemp(af->tmp);
-    if (fd >= 0) { /* mkstemp makes it 0600; an export is as readable as any new file */
-        mode_t mask = umask(0);
-        umask(mask);
-        fchmod(fd, 0666 & ~mask);
-        if (!(af->f = fdopen(fd, "wb"))) {
-            close(fd);
-            remove(af->tmp);
-        }
-    }
-    if (!af->f) {
-        tr_fail(err, "cannot write %s: %s", af->path, strerror(errno));
-        free(af->path);
-        free(af->tmp);
-        return TR_ERROR;
-    }
-    return TR_OK;
-}
-
-/* ok: everything was written; else the temporary file is removed. */
-static int atomic_close(struct atomic_file *af, int ok, tr_err *err)
-{
-    int rc = TR_OK;
-    if (!ok || ferror(af->f) || fflush(af->f) != 0) {
-        if (ok)
-            rc = tr_fail(err, "cannot write %s: %s", af->path, strerror(errno));
-        fclose(af->f);
-        remove(af->tmp);
-    } else if (fclose(af->f) != 0 || rename(af->tmp, af->path) != 0) {
-        rc = tr_fail(err, "cannot write %s: %s", af->path, strerror(errno));
-        remove(af->tmp);
-    }
-    free(af->path);
-    free(af->tmp);
-    return ok ? rc : TR_ERROR;
-}
-
-/* The safetensors header of tensors t[0..n) in dtype, padded so the data
- * starts 8-byte aligned (as tr_safetensors_write lays it out). */
-static char *st_header(const struct tr_hf_tensor *t, size_t n, enum tr_dtype dtype, size_t *size)
-{
-    char *h = NULL;
-    size_t len = 0, offset = 0, esize = dtype == TR_F32 ? 4 : 2;
-    FILE *f = open_memstream(&h, &len);
-    fputs("{\"__metadata__\":{\"format\":\"pt\",\"producer\":\"trainrun export\"}", f);
-    for (size_t i = 0; i < n; i++) {
-        size_t bytes = (size_t)t[i].shape[0] * (size_t)(t[i].ndim > 1 ? t[i].shape[1] : 1) * esize;
-        fputc(',', f);
-        tr_json_write_string(f, t[i].name);
-        fprintf(f, ":{\"dtype\":\"%s\",\"shape\":[%lld", dtype == TR_F32 ? "F32" : dtype == TR_BF16 ? "BF16" : "F16",
-                (long long)t[i].shape[0]);
-        if (t[i].ndim > 1)
-            fprintf(f, ",%lld", (long long)t[i].shape[1]);
-        fprintf(f, "],\"data_offsets\":[%zu,%zu]}", offset, offset + bytes);
-        offset += bytes;
-    }
-    fputc('}', f);
-    while ((ftell(f) % 8) != 0)
-        fputc(' ', f);
-    fclose(f);
-    *size = len;
-    return h;
-}
-
-int tr_hf_export(const struct tr_hf_arch *a, const struct tr_st_file *weights, const char *what,
-                 const char *out_dir, enum tr_dtype dtype, tr_err *err)
-{
-    struct tr_hf_tensor *want = NULL;
-    size_t n = tr_hf_tensors(a, a->ctx, &want);
-    const struct tr_st_entry **src = tr_xcalloc(n, sizeof *src);
-    int rc = TR_ERROR;
-    /* every tensor there before anything is written */
-    for (size_t i = 0; i < n; i++) {
-        const struct tr_st_entry *e = tr_safetensors_find(weights, want[i].name);
-        size_t numel = (size_t)want[i].shape[0] * (size_t)(want[i].ndim > 1 ? want[i].shape[1] : 1);
-        size_t have = 1;
-        for (int d = 0; e && d < e->ndim; d++)
-            have *= (size_t)e->shape[d];
-        if (!e || e->dtype == TR_I32 || have != numel) {
-            tr_fail(err, "%s has no tensor '%s' of %zu values (a checkpoint of another model?)",
-                    what, want[i].name, numel);
-            goto done;
-        }
-        src[i] = e;
-    }
-    if (prepare_dir(out_dir, err) != TR_OK)
-        goto done;
-    /* model.safetensors streamed tensor by tensor: the host holds the
-     * checkpoint and one tensor's conversion, not a second copy of the model */
-    struct atomic_file af;
-    if (atomic_open(&af, out_dir, "model.safetensors", err) != TR_OK)
-        goto done;
-    size_t hlen = 0;
-    char *header = st_header(want, n, dtype, &hlen);
-    unsigned char len8[8];
-    for (int k = 0; k < 8; k++)
-        len8[k] = (unsigned char)((uint64_t)hlen >> (8 * k));
-    int ok = fwrite(len8, 1, 8, af.f) == 8 && fwrite(header, 1, hlen, af.f) == hlen;
-    free(header);
-    for (size_t i = 0; i < n && ok; i++) {
-        size_t numel = (size_t)want[i].shape[0] * (size_t)(want[i].ndim > 1 ? want[i].shape[1] : 1);
-        float *f32 = malloc(numel * sizeof(float) + 1);
-        float *flip = want[i].transposed ? malloc(numel * sizeof(float) + 1) : NULL;
-        uint16_t *half = dtype != TR_F32 ? malloc(numel * sizeof(uint16_t) + 1) : NULL;
-        if (!f32 || (want[i].transposed && !flip) || (dtype != TR_F32 && !half)) {
-            tr_fail(err, "out of memory exporting '%s'", want[i].name);
-            ok = -1;
-        } else {
-            to_f32(src[i], f32, numel);
-            const float *v = f32;
-            if (flip) { /* back to Conv1D's [in, out] */
-                transpose(flip, f32, want[i].shape[1], want[i].shape[0]);
-                v = flip;
-            }
-            if (half) {
-                tr_cpu_to_half(half, v, numel, dtype == TR_BF16);
-                ok = fwrite(half, sizeof *half, numel, af.f) == numel;
-            } else {
-                ok = fwrite(v, sizeof *v, numel, af.f) == numel;
-            }
-        }
-        free(f32);
-        free(flip);
-        free(half);
-    }
-    if (ok <= 0) { /* out of memory (err says so) or a short write */
-        int errnum = errno;
-        atomic_close(&af, 0, err);
-        if (ok == 0)
-            tr_fail(err, "cannot write %s/model.safetensors: %s", out_dir, strerror(errnum));
-        goto done;
-    }
-    if (atomic_close(&af, 1, err) != TR_OK)
-        goto done;
-    if (atomic_open(&af, out_dir, "config.json", err) != TR_OK)
-        goto done;
-    tr_hf_config_write(a, dtype == TR_BF16 ? "bfloat16" : dtype == TR_F16 ? "float16" : "float32", af.f);
-    rc = atomic_close(&af, 1, err);
-done:
-    free(src);
-    tr_hf_tensors_free(want, n);
     return rc;
 }

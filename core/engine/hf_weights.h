@@ -41,7 +41,12 @@ void tr_hf_tensors_free(struct tr_hf_tensor *t, size_t n);
 int tr_hf_load(struct tr_graph *g, const struct tr_backend *be, const char *dir,
                const struct tr_hf_arch *a, tr_err *err);
 
-/* The architecture of a graph built by the llama or gpt builder (`type`),
+/* Shared by the way in (hf_weights.c) and out (hf_export.c): the fp32
+ * values of entry e (numel floats into out), and [r, c] -> [c, r]. */
+void tr_hf_to_f32(const struct tr_st_entry *e, float *out, size_t numel);
+void tr_hf_transpose(float *out, const float *in, int64_t r, int64_t c);
+
+/* hf_export.c: the architecture of a graph built by the llama or gpt builder (`type`),
  * read off its parameters and nodes; TR_ERROR when it is not one. */
 int tr_hf_describe(const struct tr_graph *g, const char *type, struct tr_hf_arch *a, tr_err *err);
 
