@@ -112,7 +112,7 @@ static inline unsigned grid_for(size_t n, unsigned threads)
     return blocks ? (unsigned)blocks : 1u;
 }
 
-/* ---- ops.cu: elementwise, norms, rope, embedding, loss, optimizers ------ */
+/* ---- ops.cu (elementwise, rope, embedding, bias), norms.cu, step.cu (loss, optimizers) */
 /* ids outside [0,V) read as zero rows and are skipped in backward (the
  * core checks them; this keeps a bad id from faulting the device) */
 void cuda_embedding_forward(struct cuda_context *c, int dt, void *out, const int32_t *idx,
@@ -141,6 +141,9 @@ void cuda_scale_forward(struct cuda_context *c, int dt, void *out, const void *i
                         size_t n);
 void cuda_scale_backward(struct cuda_context *c, float *dinp, const float *dout, float scale,
                          size_t n);
+/* norms.cu: dst[c] += sum over k < parts of partial[k * C + c], in k order
+ * (the norms' weight gradients and the bias gradient) */
+void cuda_column_sum(struct cuda_context *c, float *dst, const float *partial, int parts, int C);
 void cuda_layernorm_forward(struct cuda_context *c, int dt, void *out, float *mean, float *rstd,
                             const void *inp, const void *w, const void *b, int N, int C, float eps);
 size_t cuda_layernorm_scratch_floats(int N, int C);

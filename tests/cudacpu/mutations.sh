@@ -17,7 +17,9 @@
 : "${TR_CXX:?run through make check}" "${TR_PERL:?run through make check}"
 gen=$TR_BUILDDIR/tests/cudacpu/gen
 objects=$(ls "$gen"/.libs/*.o "$TR_BUILDDIR"/tests/cudacpu/.libs/*runtime.o)
-[ "$(echo "$objects" | wc -l)" -eq 5 ] || fail "harness objects not found in $gen/.libs: build first"
+# one object a kernels/cuda/*.cu (gemm.cu's is gemm_ref.cu's), and the runtime
+count=$(($(ls "$TR_SRCDIR"/kernels/cuda/*.cu | wc -l) + 1))
+[ "$(echo "$objects" | wc -l)" -eq "$count" ] || fail "harness objects not found in $gen/.libs: build first"
 
 # mutate NAME FILE PERL-SUBSTITUTION TEST-FILTER EXPECTED-REGEX
 # (FILE: one of kernels/cuda/*.cu, replacing its object among the others)
@@ -25,7 +27,7 @@ mutate() {
   name=$1 file=$2
   src=$TR_SRCDIR/kernels/cuda/$file
   others=$(echo "$objects" | grep -v -- "-$file\.o\$")
-  [ "$(echo "$others" | wc -l)" -eq 4 ] || fail "$name: no harness object of $file in $gen/.libs"
+  [ "$(echo "$others" | wc -l)" -eq $((count - 1)) ] || fail "$name: no harness object of $file in $gen/.libs"
   mkdir "$name"
   "$TR_PERL" -0pe "$3" "$src" > "$name/$file"
   cmp -s "$src" "$name/$file" && fail "$name: the mutation does not apply to $src any more"
