@@ -131,4 +131,19 @@ set -e
 [ $code -eq 1 ] || { cat none.err; fail "sample of a recipe without weights: exit $code, not 1"; }
 grep -q "base.lua: the model has no weights to sample from" none.err || { cat none.err; fail "no message for a recipe without weights"; }
 [ ! -s none.txt ] || fail "sample printed text from untrained weights"
+# usage mistakes are exit 2
+usage_error() { # message, then sample's arguments
+  want=$1
+  shift
+  set +e
+  "$TRAINRUN" sample "$@" > usage.txt 2> usage.err
+  code=$?
+  set -e
+  [ $code -eq 2 ] || { cat usage.err; fail "sample $*: exit $code, not 2"; }
+  grep -qF -e "$want" usage.err || { cat usage.err; fail "sample $*: no message '$want'"; }
+}
+usage_error "--recipe goes with a checkpoint, and ft.lua is a recipe already" ft.lua --recipe base.lua
+usage_error "'model..from=hf' is not an override" ft.lua model..from=hf
+usage_error "unknown flag '--frobnicate' for sample" run --frobnicate 1
+usage_error "usage: trainrun" --ids
 echo "sample: ok"
