@@ -112,6 +112,12 @@ static inline unsigned grid_for(size_t n, unsigned threads)
     return blocks ? (unsigned)blocks : 1u;
 }
 
+/* ---- nodes.cu: a graph node as kernel launches (backend.cu's iface) ------ */
+size_t cuda_scratch_floats(void *ctx, const struct tr_graph *g, const struct tr_node *n);
+void cuda_forward(void *ctx, struct tr_graph *g, const struct tr_node *n);
+void cuda_backward(void *ctx, struct tr_graph *g, const struct tr_node *n);
+int cuda_supports_op(void *ctx, const struct tr_graph *g, const struct tr_node *n);
+
 /* ---- ops.cu (elementwise, rope, embedding, bias), norms.cu, step.cu (loss, optimizers) */
 /* ids outside [0,V) read as zero rows and are skipped in backward (the
  * core checks them; this keeps a bad id from faulting the device) */

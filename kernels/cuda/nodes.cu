@@ -1,0 +1,366 @@
+/*
+ * The CUDA backend's nodes: each graph node's forward and backward as launches
+ * of the kernels in ops.cu, norms.cu, step.cu, attention.cu and gemm.cu (the
+ * storage and GEMM dtypes a node runs in, its scratch layout), and which
+ * nodes the backend supports.  backend.cu puts them in the module's iface.
+ */
+#include "common.cuh"
+
+#include <string.h>
+
+/* ---- nodes ------------------------------------------------------------------- */
+
+#define T(i) (&g->tensors[n->in[i]])
+#define OUT (&g->tensors[n->out])
+#define AUX(i) ((float *)g->tensors[n->aux[i]].data)
+#define IDS(t) ((const int32_t *)(t)->data)
+
+static int rows(const struct tr_tensor *t) { return (int)(t->numel / (size_t)t->shape[t->ndim - 1]); }
+static int cols(const struct tr_tensor *t) { return (int)t->shape[t->ndim - 1]; }
+
+static int is_half(int dt) { return dt == DT_BF16 || dt == DT_F16; }
+
+/* The node's storage dtype: that of its first input (every float input and
+ * output of a node shares it; saved tensors and gradients are fp32). */
+static int storage(const struct tr_graph *g, const struct tr_node *n) { return (int)T(0)->dtype; }
+
+/* The GEMM input dtype: the precision policy's when it asks for 16 bits,
+ * else the storage dtype. */
+static int gemm_dtype(const struct tr_graph *g, const struct tr_node *n)
+{
+    int compute = (int)g->compute;
+    return is_half(compute) ? compute : storage(g, n);
+}
+
+static size_t dt_bytes(int dt) { return is_half(dt) ? 2 : 4; }
+
+/* floats of scratch for `numel` elements of dtype dt, in 256-byte units */
+static size_t floats_for(size_t numel, int dt)
+{
+    size_t floats = (numel * dt_bytes(dt) + 3) / 4;
+    return (floats + 63) & ~(size_t)63;
+}
+
+/* An attention node's tensors for the kernels (common.cuh): the packed
+ * qkv[B,T,3C] form, or q[B,T,H*D], k and v[B,T,KV*D] with kv_heads KV. */
+static struct attention_args attention_of(const struct tr_graph *g, const struct tr_node *n)
+{
+    struct attention_args a;
+    const struct tr_tensor *q = T(0);
+    a.B = (int)q->shape[0];
+    a.T = (int)q->shape[1];
+    a.NH = n->heads;
+    if (n->n_in == 1) {
+        int C = (int)(q->shape[2] / 3);
+        size_t bytes = dt_bytes(storage(g, n));
+        a.KV = a.NH;
+        a.D = a.NH > 0 ? C / a.NH : 0;
+        a.q_stride = a.kv_stride = 3 * (size_t)C;
+        a.q = q->data;
+        a.k = (const char *)q->data + (size_t)C * bytes;
+        a.v = (const char *)q->data + 2 * (size_t)C * bytes;
+        a.dq = q->grad;
+        a.dk = q->grad ? q->grad + C : NULL;
+        a.dv = q->grad ? q->grad + 2 * (size_t)C : NULL;
+        return a;
+    }
+    a.KV = n->kv_heads;
+    a.D = a.NH > 0 ? (int)(q->shape[2] / a.NH) : 0;
+    a.q_stride = (size_t)q->shape[2];
+    a.kv_stride = (size_t)T(1)->shape[2];
+    a.q = q->data;
+    a.k = T(1)->data;
+    a.v = T(2)->data;
+    a.dq = q->grad;
+    a.dk = T(1)->grad;
+    a.dv = T(2)->grad;
+    return a;
+}
+
+/* rope's head size: the last dimension over the node's heads */
+static int rope_head(const struct tr_graph *g, const struct tr_node *n)
+{
+    return n->heads > 0 ? cols(T(0)) / n->heads : 0;
+}
+
+struct gemm_geometry {
+    int batch, M, K, N; /* out[b] = a[b] (M x K) @ op(b[b]) (K x N) */
+};
+
+static struct gemm_geometry geometry(const struct tr_graph *g, const struct tr_node *n)
+{
+    struct gemm_geometry s;
+    const struct tr_tensor *a = T(0), *b = T(1);
+    if (n->op == TR_OP_LINEAR) {
+        s.batch = 1;
+        s.M = rows(a);
+        s.K = cols(a);
+        s.N = (int)b->shape[0];
+        return s;
+    }
+    int nd = a->ndim;
+    s.batch = nd == 3 ? (int)a->shape[0] : 1;
+    s.M = (int)a->shape[nd - 2];
+    s.K = (int)a->shape[nd - 1];
+    s.N = n->trans_b ? (int)b->shape[nd - 2] : (int)b->shape[nd - 1];
+    return s;
+}
+
+/* Scratch of a GEMM node: its two inputs and dout converted to the GEMM
+ * dtype where they are not in it, then the bias-gradient partial sums. */
+struct gemm_scratch {
+    size_t a, b, dout, bias, total; /* float offsets */
+};
+
+static struct gemm_scratch gemm_scratch_layout(const struct tr_graph *g, const struct tr_node *n)
+{
+    struct gemm_scratch s;
+    int dt = storage(g, n), gdt = gemm_dtype(g, n);
+    size_t at = 0;
+    s.a = at;
+    if (dt != gdt)
+        at += floats_for(T(0)->numel, gdt);
+    s.b = at;
+    if (dt != gdt)
+        at += floats_for(T(1)->numel, gdt);
+    s.dout = at;
+    if (gdt != DT_F32) /* gradients are fp32 */
+        at += floats_for(OUT->numel, gdt);
+    s.bias = at;
+    if (n->op == TR_OP_LINEAR && n->n_in == 3) {
+        struct gemm_geometry geo = geometry(g, n);
+        at += (cuda_bias_scratch_floats(geo.M, geo.N) + 63) & ~(size_t)63;
+    }
+    s.total = at;
+    return s;
+}
+
+size_t cuda_scratch_floats(void *ctx, const struct tr_graph *g, const struct tr_node *n)
+{
+    (void)ctx;
+    switch (n->op) {
+    case TR_OP_LINEAR:
+    case TR_OP_MATMUL:
+        return gemm_scratch_layout(g, n).total;
+    case TR_OP_LAYERNORM:
+        return cuda_layernorm_scratch_floats(rows(T(0)), cols(T(0)));
+    case TR_OP_ATTENTION:
+        return cuda_attention_scratch_floats((int)T(0)->shape[0], (int)T(0)->shape[1], n->heads);
+    case TR_OP_CROSS_ENTROPY:
+        return cuda_cross_entropy_scratch_floats(rows(T(0)));
+    case TR_OP_RMSNORM:
+        return cuda_rmsnorm_scratch_floats(rows(T(0)), cols(T(0)));
+    case TR_OP_ROPE:
+        return cuda_rope_scratch_floats((int)T(0)->shape[1], rope_head(g, n));
+    default:
+        return 0;
+    }
+}
+
+/* x in the GEMM dtype: itself, or converted into scratch */
+static const void *as_gemm_input(struct cuda_context *c, const void *x, int from, int to,
+                                 size_t numel, float *scratch_at)
+{
+    if (from == to)
+        return x;
+    cuda_convert(c, scratch_at, to, x, from, numel);
+    return scratch_at;
+}
+
+static void gemm_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n), gdt = gemm_dtype(g, n);
+    struct gemm_geometry s = geometry(g, n);
+    struct gemm_scratch sl = gemm_scratch_layout(g, n);
+    const void *a = as_gemm_input(c, T(0)->data, dt, gdt, T(0)->numel, g->scratch + sl.a);
+    const void *b = as_gemm_input(c, T(1)->data, dt, gdt, T(1)->numel, g->scratch + sl.b);
+    if (n->op == TR_OP_LINEAR) /* out[M,N] = x[M,K] @ w[N,K]^T + bias */
+        cuda_gemm(c, 0, 1, s.M, s.N, s.K, 1.0f, a, s.K, 0, b, s.K, 0, 0.0f, OUT->data, s.N, 0, 1,
+                  gdt, dt, n->n_in == 3 ? T(2)->data : NULL);
+    else
+        cuda_gemm(c, 0, n->trans_b, s.M, s.N, s.K, 1.0f, a, s.K, (long long)s.M * s.K, b,
+                  n->trans_b ? s.K : s.N, (long long)s.K * s.N, 0.0f, OUT->data, s.N,
+                  (long long)s.M * s.N, s.batch, gdt, dt, NULL);
+}
+
+static void gemm_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n), gdt = gemm_dtype(g, n);
+    struct gemm_geometry s = geometry(g, n);
+    struct gemm_scratch sl = gemm_scratch_layout(g, n);
+    float *da = T(0)->grad, *db = T(1)->grad;
+    float *dbias = n->op == TR_OP_LINEAR && n->n_in == 3 ? T(2)->grad : NULL;
+    const float *dout = OUT->grad;
+    if (!da && !db && !dbias)
+        return;
+    if (dbias)
+        cuda_bias_backward(c, dbias, dout, s.M, s.N, g->scratch + sl.bias);
+    if (!da && !db)
+        return;
+    const void *a = as_gemm_input(c, T(0)->data, dt, gdt, T(0)->numel, g->scratch + sl.a);
+    const void *b = as_gemm_input(c, T(1)->data, dt, gdt, T(1)->numel, g->scratch + sl.b);
+    const void *d = as_gemm_input(c, dout, DT_F32, gdt, OUT->numel, g->scratch + sl.dout);
+    long long sa = (long long)s.M * s.K, sb = (long long)s.K * s.N, so = (long long)s.M * s.N;
+    if (n->op == TR_OP_LINEAR) {
+        /* dx[M,K] += dout[M,N] @ w[N,K];  dw[N,K] += dout^T[N,M] @ x[M,K] */
+        if (da)
+            cuda_gemm(c, 0, 0, s.M, s.K, s.N, 1.0f, d, s.N, 0, b, s.K, 0, 1.0f, da, s.K, 0, 1, gdt,
+                      DT_F32, NULL);
+        if (db)
+            cuda_gemm(c, 1, 0, s.N, s.K, s.M, 1.0f, d, s.N, 0, a, s.K, 0, 1.0f, db, s.K, 0, 1, gdt,
+                      DT_F32, NULL);
+    } else if (n->trans_b) {
+        /* b stored [N,K]: da += dout @ b;  db[N,K] += dout^T @ a */
+        if (da)
+            cuda_gemm(c, 0, 0, s.M, s.K, s.N, 1.0f, d, s.N, so, b, s.K, sb, 1.0f, da, s.K, sa,
+                      s.batch, gdt, DT_F32, NULL);
+        if (db)
+            cuda_gemm(c, 1, 0, s.N, s.K, s.M, 1.0f, d, s.N, so, a, s.K, sa, 1.0f, db, s.K, sb,
+                      s.batch, gdt, DT_F32, NULL);
+    } else {
+        /* b stored [K,N]: da += dout @ b^T;  db[K,N] += a^T @ dout */
+        if (da)
+            cuda_gemm(c, 0, 1, s.M, s.K, s.N, 1.0f, d, s.N, so, b, s.N, sb, 1.0f, da, s.K, sa,
+                      s.batch, gdt, DT_F32, NULL);
+        if (db)
+            cuda_gemm(c, 1, 0, s.K, s.N, s.M, 1.0f, a, s.K, sa, d, s.N, so, 1.0f, db, s.N, sb,
+                      s.batch, gdt, DT_F32, NULL);
+    }
+}
+
+void cuda_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
+{
+    struct cuda_context *c = (struct cuda_context *)ctx;
+    int dt = storage(g, n);
+    switch (n->op) {
+    case TR_OP_EMBEDDING:
+        cuda_embedding_forward(c, dt, OUT->data, IDS(T(1)), T(0)->data, (int)T(1)->numel,
+                               cols(T(0)), (int)T(0)->shape[0]);
+        break;
+    case TR_OP_ADD_ROWS:
+        cuda_add_rows_forward(c, dt, OUT->data, T(0)->data, T(1)->data, (int)T(0)->shape[0],
+                              (int)T(0)->shape[1], (int)T(0)->shape[2]);
+        break;
+    case TR_OP_ADD:
+        cuda_add_forward(c, dt, OUT->data, T(0)->data, T(1)->data, OUT->numel);
+        break;
+    case TR_OP_LINEAR:
+    case TR_OP_MATMUL:
+        gemm_forward(c, g, n);
+        break;
+    case TR_OP_LAYERNORM:
+        cuda_layernorm_forward(c, dt, OUT->data, AUX(0), AUX(1), T(0)->data, T(1)->data,
+                               T(2)->data, rows(T(0)), cols(T(0)), n->eps);
+        break;
+    case TR_OP_GELU:
+        cuda_gelu_forward(c, dt, OUT->data, T(0)->data, OUT->numel);
+        break;
+    case TR_OP_RELU:
+        cuda_relu_forward(c, dt, OUT->data, T(0)->data, OUT->numel);
+        break;
+    case TR_OP_ATTENTION: {
+        struct attention_args a = attention_of(g, n);
+        cuda_attention_forward(c, dt, &a, OUT->data, AUX(0));
+        break;
+    }
+    case TR_OP_CROSS_ENTROPY:
+        cuda_cross_entropy_forward(c, dt, OUT->data, AUX(0), T(0)->data, IDS(T(1)), rows(T(0)),
+                                   cols(T(0)), n->ignore_index, g->scratch);
+        break;
+    case TR_OP_RMSNORM:
+        cuda_rmsnorm_forward(c, dt, OUT->data, AUX(0), T(0)->data, T(1)->data, rows(T(0)),
+                             cols(T(0)), n->eps);
+        break;
+    case TR_OP_ROPE:
+        cuda_rope_forward(c, dt, OUT->data, T(0)->data, (int)T(0)->shape[0], (int)T(0)->shape[1],
+                          n->heads, rope_head(g, n), n->theta, g->scratch);
+        break;
+    case TR_OP_SWIGLU:
+        cuda_swiglu_forward(c, dt, OUT->data, T(0)->data, T(1)->data, OUT->numel);
+        break;
+    case TR_OP_SCALE:
+        cuda_scale_forward(c, dt, OUT->data, T(0)->data, n->scale, OUT->numel);
+        break;
+    default:
+        break;
+    }
+}
+
+void cuda_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
+{
+    struct cuda_context *c = (struct cuda_context *)ctx;
+    int dt = storage(g, n);
+    const float *dout = n->out == g->loss ? NULL : OUT->grad;
+    switch (n->op) {
+    case TR_OP_EMBEDDING:
+        cuda_embedding_backward(c, T(0)->grad, dout, IDS(T(1)), (int)T(1)->numel, cols(T(0)),
+                                (int)T(0)->shape[0]);
+        break;
+    case TR_OP_ADD_ROWS:
+        cuda_add_rows_backward(c, T(0)->grad, T(1)->grad, dout, (int)T(0)->shape[0],
+                               (int)T(0)->shape[1], (int)T(0)->shape[2]);
+        break;
+    case TR_OP_ADD:
+        cuda_add_backward(c, T(0)->grad, T(1)->grad, dout, OUT->numel);
+        break;
+    case TR_OP_LINEAR:
+    case TR_OP_MATMUL:
+        gemm_backward(c, g, n);
+        break;
+    case TR_OP_LAYERNORM:
+        cuda_layernorm_backward(c, dt, T(0)->grad, T(1)->grad, T(2)->grad, dout, T(0)->data,
+                                T(1)->data, AUX(0), AUX(1), rows(T(0)), cols(T(0)), g->scratch);
+        break;
+    case TR_OP_GELU:
+        cuda_gelu_backward(c, dt, T(0)->grad, T(0)->data, dout, OUT->numel);
+        break;
+    case TR_OP_RELU:
+        cuda_relu_backward(c, dt, T(0)->grad, T(0)->data, dout, OUT->numel);
+        break;
+    case TR_OP_ATTENTION: {
+        struct attention_args a = attention_of(g, n);
+        cuda_attention_backward(c, dt, &a, dout, OUT->data, AUX(0), g->scratch);
+        break;
+    }
+    case TR_OP_CROSS_ENTROPY:
+        cuda_cross_entropy_backward(c, dt, T(0)->grad, T(0)->data, AUX(0), IDS(T(1)), g->loss_grad,
+                                    rows(T(0)), cols(T(0)), n->ignore_index, g->scratch);
+        break;
+    case TR_OP_RMSNORM:
+        cuda_rmsnorm_backward(c, dt, T(0)->grad, T(1)->grad, dout, T(0)->data, T(1)->data, AUX(0),
+                              rows(T(0)), cols(T(0)), g->scratch);
+        break;
+    case TR_OP_ROPE:
+        cuda_rope_backward(c, T(0)->grad, dout, (int)T(0)->shape[0], (int)T(0)->shape[1],
+                           n->heads, rope_head(g, n), n->theta, g->scratch);
+        break;
+    case TR_OP_SWIGLU:
+        cuda_swiglu_backward(c, dt, T(0)->grad, T(1)->grad, T(0)->data, T(1)->data, dout,
+                             OUT->numel);
+        break;
+    case TR_OP_SCALE:
+        cuda_scale_backward(c, T(0)->grad, dout, n->scale, OUT->numel);
+        break;
+    default:
+        break;
+    }
+}
+
+/* Every op of the vocabulary, its float tensors stored in fp32, bf16 or
+ * fp16 (the storage dtype is that of the first input, see storage()), with
+ * attention's head size up to ATTENTION_MAX_HEAD: a larger one is refused
+ * when the run starts rather than failing in its first step. */
+int cuda_supports_op(void *ctx, const struct tr_graph *g, const struct tr_node *n)
+{
+    (void)ctx;
+    if ((unsigned)n->op >= TR_OP_COUNT)
+        return 0;
+    int dt = storage(g, n);
+    if (dt != DT_F32 && !is_half(dt))
+        return 0;
+    if (n->op == TR_OP_ATTENTION) {
+        struct attention_args a = attention_of(g, n);
+        return cuda_attention_head_ok(a.D) && a.KV > 0 && a.NH % a.KV == 0;
+    }
+    return 1;
+}
