@@ -41,6 +41,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compare.h"
+
 #define GUARD 256 /* bytes of pattern before and after each buffer */
 
 /* ---- opening the backends ---------------------------------------------- */
@@ -187,17 +189,6 @@ static float *download_as_f32(const struct tr_backend *be, const void *src, size
     tr_cpu_from_half(out, tmp, n, dt == TR_BF16);
     free(tmp);
     return out;
-}
-
-/* max |got - want| / max |want|: robust where single elements are tiny */
-static double tensor_error(const float *got, const float *want, size_t n)
-{
-    double diff = 0, scale = 1e-30;
-    for (size_t i = 0; i < n; i++) {
-        diff = fmax(diff, fabs((double)got[i] - (double)want[i]));
-        scale = fmax(scale, fabs((double)want[i]));
-    }
-    return diff / scale;
 }
 
 static void expect_finite(const float *x, size_t n, const char *label, const char *what)

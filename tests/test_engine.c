@@ -2,12 +2,8 @@
  * PyTorch fixtures, gradient accumulation, and the memory plan. */
 #include <criterion/criterion.h>
 
-#include "config/run_config.h"
-#include "engine/graph.h"
-#include "kernels.h" /* tr_cpu_backend_init */
-#include "engine/model.h"
 #include "engine/optim.h"
-#include "util/safetensors.h"
+#include "engine_harness.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -16,72 +12,16 @@
 
 #define CONFIG_DIR TR_TEST_SRCDIR "/config/"
 
-static void environment(void)
-{
-    setenv("TRAINRUN_PLUGIN_PATH", getenv("TR_PLUGIN_BUILD_DIR"), 1);
-    setenv("TRAINRUN_LUA_DIR", TR_TEST_SRCDIR "/../lua", 1);
-}
-
-struct engine {
-    struct tr_config cfg;
-    struct tr_backend be;
-    struct tr_graph *g;
-};
-
 static void engine_open_with(struct engine *e, const char *recipe, int batch,
                              const char *const *overrides, int n)
 {
     tr_err err = {{0}};
-    cr_assert_eq(tr_config_load(&e->cfg, recipe, overrides, n, &err), TR_OK, "%s", err.msg);
-    cr_assert_eq(tr_cpu_backend_init(&e->be, 0), 0);
-    e->g = tr_model_build(e->cfg.recipe, batch, &err);
-    cr_assert_not_null(e->g, "%s", err.msg);
-    cr_assert_eq(tr_graph_plan(e->g, &e->be, 2, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(engine_build(e, recipe, overrides, n, batch, 0, &err), TR_OK, "%s", err.msg);
 }
 
 static void engine_open(struct engine *e, const char *recipe, int batch)
 {
     engine_open_with(e, recipe, batch, NULL, 0);
-}
-
-static void engine_close(struct engine *e)
-{
-    tr_graph_free(e->g, &e->be);
-    tr_cpu_backend_free(&e->be);
-    tr_config_free(&e->cfg);
-}
-
-static void *read_file(const char *path, size_t *size)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    *size = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *buf = malloc(*size);
-    cr_assert_eq(fread(buf, 1, *size, f), *size);
-    fclose(f);
-    return buf;
-}
-
-static const struct tr_st_entry *need(const struct tr_st_file *f, const char *prefix, const char *name)
-{
-    char key[256];
-    snprintf(key, sizeof key, "%s%s", prefix, name);
-    const struct tr_st_entry *e = tr_safetensors_find(f, key);
-    cr_assert_not_null(e, "fixture has no %s", key);
-    return e;
-}
-
-/* max |a - b| / max |b| over a tensor: robust where single elements are tiny */
-static double tensor_error(const float *a, const float *b, size_t n, size_t from, size_t to)
-{
-    double diff = 0, scale = 1e-30;
-    for (size_t i = from; i < to && i < n; i++) {
-        diff = fmax(diff, fabs((double)a[i] - (double)b[i]));
-        scale = fmax(scale, fabs((double)b[i]));
-    }
-    return diff / scale;
 }
 
 static void set_inputs(struct tr_graph *g, const struct tr_st_file *f)
@@ -96,11 +36,9 @@ static float loss_of(struct tr_graph *g) { return *(float *)g->tensors[g->loss].
 
 Test(pytorch_agreement, loss_gradients_and_ten_adamw_steps, .init = environment)
 {
-    size_t size;
-    void *buf = read_file(TR_TEST_SRCDIR "/fixtures/tiny_gpt.safetensors", &size);
+    struct st_file fixture = st_open(TR_TEST_SRCDIR "/fixtures/tiny_gpt.safetensors");
+    const struct tr_st_file *f = fixture.st;
     tr_err err = {{0}};
-    struct tr_st_file *f = tr_safetensors_read(buf, size, "tiny_gpt.safetensors", &err);
-    cr_assert_not_null(f, "%s", err.msg);
     struct engine e;
     engine_open(&e, CONFIG_DIR "tiny_gpt.lua", 3);
     struct tr_graph *g = e.g;
@@ -129,7 +67,7 @@ Test(pytorch_agreement, loss_gradients_and_ten_adamw_steps, .init = environment)
         if (t->role != TR_ROLE_PARAM)
             continue;
         const struct tr_st_entry *r = need(f, "grad.", t->name);
-        double error = tensor_error(t->grad, r->data, t->numel, 0, t->numel);
+        double error = tensor_error(t->grad, r->data, t->numel);
         cr_assert_leq(error, 1e-4, "gradient of %s: relative error %.3g", t->name, error);
     }
 
@@ -155,17 +93,17 @@ Test(pytorch_agreement, loss_gradients_and_ten_adamw_steps, .init = environment)
             /* the key bias has an exactly-zero gradient: fp32 noise moves it
              * under AdamW in any implementation, so only q and v are compared */
             size_t C = n / 3;
-            double eq = tensor_error(t->data, r, n, 0, C), ev = tensor_error(t->data, r, n, 2 * C, n);
+            const float *got = t->data;
+            double eq = tensor_error(got, r, C), ev = tensor_error(got + 2 * C, r + 2 * C, C);
             cr_assert_leq(fmax(eq, ev), 1e-4, "%s after 10 steps: relative error %.3g", t->name, fmax(eq, ev));
             continue;
         }
-        double error = tensor_error(t->data, r, n, 0, n);
+        double error = tensor_error(t->data, r, n);
         cr_assert_leq(error, 1e-4, "%s after 10 steps: relative error %.3g", t->name, error);
     }
     tr_optimizer_free(&opt, &e.be);
     engine_close(&e);
-    tr_safetensors_free(f);
-    free(buf);
+    st_close(&fixture);
 }
 
 /* N micro-batches of b give the same gradients (and update) as one batch of
@@ -202,7 +140,7 @@ Test(accumulation, micro_batches_match_one_big_batch, .init = environment)
         tr_graph_backward(small.g, &small.be);
     }
     cr_assert_float_eq(loss_sum / N, loss_of(big.g), 1e-5, "mean loss %.7f vs %.7f", loss_sum / N, loss_of(big.g));
-    double error = tensor_error(small.g->grads, big.g->grads, big.g->n_params, 0, big.g->n_params);
+    double error = tensor_error(small.g->grads, big.g->grads, big.g->n_params);
     cr_assert_leq(error, 1e-5, "accumulated gradients differ: relative error %.3g", error);
 
     /* and the AdamW update that follows */
@@ -212,7 +150,7 @@ Test(accumulation, micro_batches_match_one_big_batch, .init = environment)
     tr_optimizer_init(&os, &small.cfg.optimizer, small.g, &small.be, 0, small.g->n_params, &err);
     tr_optimizer_step(&ob, big.g, &big.be, 1.0, 1e-2);
     tr_optimizer_step(&os, small.g, &small.be, 1.0, 1e-2);
-    error = tensor_error(small.g->params, big.g->params, big.g->n_params, 0, big.g->n_params);
+    error = tensor_error(small.g->params, big.g->params, big.g->n_params);
     cr_assert_leq(error, 1e-5, "updated weights differ: relative error %.3g", error);
     tr_optimizer_free(&ob, &big.be);
     tr_optimizer_free(&os, &small.be);
@@ -245,6 +183,23 @@ Test(memory_plan, counts_every_class_and_shares_gradient_buffers, .init = enviro
     engine_close(&e);
 }
 
+
+/* The gradients of fixed tokens (n of them, in a vocabulary of V) from
+ * parameters initialised with seed 11: the same in every engine given. */
+static void fixed_token_gradients(struct engine *e, int n, int V)
+{
+    struct tr_graph *g = e->g;
+    int32_t *tokens = g->tensors[g->inputs[0]].data, *targets = g->tensors[g->inputs[1]].data;
+    tr_graph_init_params(g, &e->be, 11);
+    memset(g->grads, 0, g->n_params * sizeof(float));
+    for (int i = 0; i < n; i++) {
+        tokens[i] = (i * 5 + 1) % V;
+        targets[i] = (i * 13 + 2) % V;
+    }
+    tr_graph_forward(g, &e->be);
+    g->loss_grad = 1.0f;
+    tr_graph_backward(g, &e->be);
+}
 /* Recomputing every block's activations in backward changes memory, never
  * the gradients: they are bitwise identical. */
 Test(recompute, gradients_are_bitwise_identical_and_memory_falls, .init = environment)
@@ -256,22 +211,9 @@ Test(recompute, gradients_are_bitwise_identical_and_memory_falls, .init = enviro
     engine_open(&plain, CONFIG_DIR "tiny_gpt.lua", B);
     engine_open_with(&all, CONFIG_DIR "tiny_gpt.lua", B, every_block, 1);
     engine_open_with(&half, CONFIG_DIR "tiny_gpt.lua", B, every_other, 1);
-    int32_t tokens[B * T], targets[B * T];
-    for (int i = 0; i < B * T; i++) {
-        tokens[i] = (i * 5 + 1) % V;
-        targets[i] = (i * 13 + 2) % V;
-    }
     struct engine *runs[] = {&plain, &all, &half};
-    for (int r = 0; r < 3; r++) {
-        struct tr_graph *g = runs[r]->g;
-        tr_graph_init_params(g, &runs[r]->be, 11);
-        memset(g->grads, 0, g->n_params * sizeof(float));
-        memcpy(g->tensors[g->inputs[0]].data, tokens, sizeof tokens);
-        memcpy(g->tensors[g->inputs[1]].data, targets, sizeof targets);
-        tr_graph_forward(g, &runs[r]->be);
-        g->loss_grad = 1.0f;
-        tr_graph_backward(g, &runs[r]->be);
-    }
+    for (int r = 0; r < 3; r++)
+        fixed_token_gradients(runs[r], B * T, V);
     cr_assert_arr_eq(all.g->grads, plain.g->grads, plain.g->n_params * sizeof(float),
                      "gradients with every block recomputed differ");
     cr_assert_arr_eq(half.g->grads, plain.g->grads, plain.g->n_params * sizeof(float),
@@ -298,22 +240,9 @@ Test(recompute, llama_gradients_are_bitwise_identical_and_memory_falls, .init = 
     struct engine plain, all;
     engine_open(&plain, CONFIG_DIR "tiny_llama.lua", B);
     engine_open_with(&all, CONFIG_DIR "tiny_llama.lua", B, every_block, 1);
-    int32_t tokens[B * T], targets[B * T];
-    for (int i = 0; i < B * T; i++) {
-        tokens[i] = (i * 5 + 1) % V;
-        targets[i] = (i * 13 + 2) % V;
-    }
     struct engine *runs[] = {&plain, &all};
-    for (int r = 0; r < 2; r++) {
-        struct tr_graph *g = runs[r]->g;
-        tr_graph_init_params(g, &runs[r]->be, 11);
-        memset(g->grads, 0, g->n_params * sizeof(float));
-        memcpy(g->tensors[g->inputs[0]].data, tokens, sizeof tokens);
-        memcpy(g->tensors[g->inputs[1]].data, targets, sizeof targets);
-        tr_graph_forward(g, &runs[r]->be);
-        g->loss_grad = 1.0f;
-        tr_graph_backward(g, &runs[r]->be);
-    }
+    for (int r = 0; r < 2; r++)
+        fixed_token_gradients(runs[r], B * T, V);
     double norm = 0;
     for (size_t i = 0; i < plain.g->n_params; i++)
         norm += (double)plain.g->grads[i] * plain.g->grads[i];

@@ -5,13 +5,9 @@
  * with what transformers computed in float64 from the same directory. */
 #include <criterion/criterion.h>
 
-#include "config/run_config.h"
-#include "engine/graph.h"
 #include "engine/hf_weights.h"
-#include "engine/model.h"
 #include "engine/optim.h"
-#include "kernels.h" /* tr_cpu_backend_init */
-#include "util/safetensors.h"
+#include "engine_harness.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -22,18 +18,6 @@
 
 enum { B = 3, T = 8, STEPS = 10 };
 
-static void environment(void)
-{
-    setenv("TRAINRUN_PLUGIN_PATH", getenv("TR_PLUGIN_BUILD_DIR"), 1);
-    setenv("TRAINRUN_LUA_DIR", TR_TEST_SRCDIR "/../lua", 1);
-}
-
-struct engine {
-    struct tr_config cfg;
-    struct tr_backend be;
-    struct tr_graph *g;
-};
-
 /* tests/fixtures/hf/NAME.lua: `model = { from = "NAME", ctx = 8 }` and the
  * fixtures' optimizer; the weights come in as a run's would. */
 static void engine_open(struct engine *e, const char *name)
@@ -41,11 +25,7 @@ static void engine_open(struct engine *e, const char *name)
     char recipe[512];
     snprintf(recipe, sizeof recipe, HF_DIR "%s.lua", name);
     tr_err err = {{0}};
-    cr_assert_eq(tr_config_load(&e->cfg, recipe, NULL, 0, &err), TR_OK, "%s", err.msg);
-    cr_assert_eq(tr_cpu_backend_init(&e->be, 0), 0);
-    e->g = tr_model_build(e->cfg.recipe, B, &err);
-    cr_assert_not_null(e->g, "%s", err.msg);
-    cr_assert_eq(tr_graph_plan(e->g, &e->be, 2, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(engine_build(e, recipe, NULL, 0, B, 0, &err), TR_OK, "%s", err.msg);
     /* random init first, so a tensor the loader skipped would show */
     tr_graph_init_params(e->g, &e->be, 99);
     /* what a run's setup does with model.from (engine/setup.c) */
@@ -56,66 +36,11 @@ static void engine_open(struct engine *e, const char *name)
     cr_assert_eq(tr_hf_load(e->g, &e->be, dir, &a, &err), TR_OK, "%s", err.msg);
 }
 
-static void engine_close(struct engine *e)
-{
-    tr_graph_free(e->g, &e->be);
-    tr_cpu_backend_free(&e->be);
-    tr_config_free(&e->cfg);
-}
-
-struct file {
-    void *buf;
-    struct tr_st_file *st;
-};
-
-static struct file open_st(const char *path)
-{
-    struct file f;
-    FILE *fp = fopen(path, "rb");
-    cr_assert_not_null(fp, "cannot open %s", path);
-    fseek(fp, 0, SEEK_END);
-    size_t size = (size_t)ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    f.buf = malloc(size);
-    cr_assert_eq(fread(f.buf, 1, size, fp), size);
-    fclose(fp);
-    tr_err err = {{0}};
-    f.st = tr_safetensors_read(f.buf, size, path, &err);
-    cr_assert_not_null(f.st, "%s", err.msg);
-    return f;
-}
-
-static void close_st(struct file *f)
-{
-    tr_safetensors_free(f->st);
-    free(f->buf);
-}
-
-static struct file open_ref(const char *name)
+static struct st_file open_ref(const char *name)
 {
     char path[512];
     snprintf(path, sizeof path, HF_DIR "%s.ref.safetensors", name);
-    return open_st(path);
-}
-
-static const struct tr_st_entry *need(const struct tr_st_file *f, const char *prefix, const char *name)
-{
-    char key[256];
-    snprintf(key, sizeof key, "%s%s", prefix, name);
-    const struct tr_st_entry *e = tr_safetensors_find(f, key);
-    cr_assert_not_null(e, "the reference has no %s", key);
-    return e;
-}
-
-/* max |a - b| / max |b|: robust where single elements are tiny */
-static double tensor_error(const float *a, const float *b, size_t n)
-{
-    double diff = 0, scale = 1e-30;
-    for (size_t i = 0; i < n; i++) {
-        diff = fmax(diff, fabs((double)a[i] - (double)b[i]));
-        scale = fmax(scale, fabs((double)b[i]));
-    }
-    return diff / scale;
+    return st_open(path);
 }
 
 static int is_conv1d(const char *name)
@@ -205,7 +130,7 @@ static void agreement(const char *name)
 {
     struct engine e;
     engine_open(&e, name);
-    struct file ref = open_ref(name);
+    struct st_file ref = open_ref(name);
     struct tr_graph *g = e.g;
 
     /* every parameter of the reference is one of trainrun's, and back */
@@ -274,7 +199,7 @@ static void agreement(const char *name)
                 worst_grad, worst_step, worst_final);
     free(want);
     tr_optimizer_free(&opt, &e.be);
-    close_st(&ref);
+    st_close(&ref);
     engine_close(&e);
 }
 
@@ -290,7 +215,7 @@ Test(hf_agreement, tiny_llama_bf16_weights, .init = environment)
 {
     struct engine e;
     engine_open(&e, "tiny-llama-bf16");
-    struct file ref = open_ref("tiny-llama-bf16"), fp32 = open_ref("tiny-llama");
+    struct st_file ref = open_ref("tiny-llama-bf16"), fp32 = open_ref("tiny-llama");
     float rounded = *(const float *)need(ref.st, "", "loss")->data;
     float unrounded = *(const float *)need(fp32.st, "", "loss")->data;
     cr_assert_gt(fabsf(rounded - unrounded), 2e-5f * rounded,
@@ -298,7 +223,7 @@ Test(hf_agreement, tiny_llama_bf16_weights, .init = environment)
     check_forward(&e, ref.st, 1e-5, "tiny-llama-bf16");
 
     /* the parameters are the file's bf16 values, exactly */
-    struct file w = open_st(HF_DIR "tiny-llama-bf16/model.safetensors");
+    struct st_file w = st_open(HF_DIR "tiny-llama-bf16/model.safetensors");
     for (int i = 0; i < e.g->n_tensors; i++) {
         const struct tr_tensor *t = &e.g->tensors[i];
         if (t->role != TR_ROLE_PARAM)
@@ -331,9 +256,9 @@ Test(hf_agreement, tiny_llama_bf16_weights, .init = environment)
         tr_optimizer_step(&opt, e.g, &e.be, 1.0, e.cfg.optimizer.lr);
     }
     tr_optimizer_free(&opt, &e.be);
-    close_st(&w);
-    close_st(&fp32);
-    close_st(&ref);
+    st_close(&w);
+    st_close(&fp32);
+    st_close(&ref);
     engine_close(&e);
 }
 
@@ -354,9 +279,9 @@ Test(hf_agreement, tiny_qwen2_from_shards, .init = environment)
         cr_assert_eq(memcmp(a->data, b->data, a->numel * sizeof(float)), 0,
                      "%s differs between the shards and the single file", a->name);
     }
-    struct file ref = open_ref("tiny-qwen2");
+    struct st_file ref = open_ref("tiny-qwen2");
     check_forward(&shards, ref.st, 1e-4, "tiny-qwen2-sharded");
-    close_st(&ref);
+    st_close(&ref);
     engine_close(&shards);
     engine_close(&whole);
 }

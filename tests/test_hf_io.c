@@ -6,12 +6,8 @@
 #include <criterion/criterion.h>
 
 #include "config/hf_config.h"
-#include "config/run_config.h"
-#include "engine/graph.h"
 #include "engine/hf_weights.h"
-#include "engine/model.h"
-#include "kernels.h" /* tr_cpu_backend_init */
-#include "util/safetensors.h"
+#include "engine_harness.h"
 #include "../kernels/host.h"
 
 #include <math.h>
@@ -26,8 +22,7 @@
 static void setup(void)
 {
     (void)test_alloc; /* scratch.h's, for the plugin tests */
-    setenv("TRAINRUN_PLUGIN_PATH", getenv("TR_PLUGIN_BUILD_DIR"), 1);
-    setenv("TRAINRUN_LUA_DIR", TR_TEST_SRCDIR "/../lua", 1);
+    environment();
     tmp_create("trainrun-hf");
     mkdir(tmp_path("hf"), 0755);
     mkdir(tmp_path("recipes"), 0755);
@@ -220,23 +215,12 @@ static const char *write_recipe(const char *extra, int vocab)
 
 /* ---- loading ------------------------------------------------------------------ */
 
-struct engine {
-    struct tr_config cfg;
-    struct tr_backend be;
-    struct tr_graph *g;
-};
-
 /* Load recipe and build its model; TR_OK or the error in err. */
 static int engine_open(struct engine *e, const char *recipe, const char *const *overrides, int n,
                        tr_err *err)
 {
-    memset(e, 0, sizeof *e);
-    if (tr_config_load(&e->cfg, recipe, overrides, n, err) != TR_OK)
+    if (engine_build(e, recipe, overrides, n, 1, 1, err) != TR_OK)
         return TR_ERROR;
-    cr_assert_eq(tr_cpu_backend_init(&e->be, 1), 0);
-    e->g = tr_model_build(e->cfg.recipe, 1, err);
-    cr_assert_not_null(e->g, "%s", err->msg);
-    cr_assert_eq(tr_graph_plan(e->g, &e->be, 2, err), TR_OK, "%s", err->msg);
     tr_graph_init_params(e->g, &e->be, 1);
     return TR_OK;
 }
@@ -249,15 +233,6 @@ static int engine_load(struct engine *e, tr_err *err)
     if (tr_hf_config_read(dir, &a, err) != TR_OK)
         return TR_ERROR;
     return tr_hf_load(e->g, &e->be, dir, &a, err);
-}
-
-static void engine_close(struct engine *e)
-{
-    if (e->g)
-        tr_graph_free(e->g, &e->be);
-    if (e->be.iface)
-        tr_cpu_backend_free(&e->be);
-    tr_config_free(&e->cfg);
 }
 
 static const float *param(struct engine *e, const char *name)
@@ -581,19 +556,6 @@ static struct tr_st_file *weights_of(struct engine *e, void **blob)
     return f;
 }
 
-static void *read_all(const char *path, size_t *size)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    *size = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *buf = malloc(*size + 1);
-    cr_assert_eq(fread(buf, 1, *size, f), *size);
-    fclose(f);
-    return buf;
-}
-
 Test(hf_out, gpt2_weights_loaded_then_exported_are_the_same_bytes, .init = setup, .fini = teardown)
 {
     struct model_dir m;
@@ -610,7 +572,7 @@ Test(hf_out, gpt2_weights_loaded_then_exported_are_the_same_bytes, .init = setup
     struct tr_st_file *w = weights_of(&e, &blob);
     cr_assert_eq(tr_hf_export(&a, w, "weights", tmp_path("out"), TR_F32, &err), TR_OK, "%s", err.msg);
     size_t size;
-    void *out = read_all(tmp_path("out/model.safetensors"), &size);
+    void *out = read_file(tmp_path("out/model.safetensors"), &size);
     struct tr_st_file *back = tr_safetensors_read(out, size, "export", &err);
     cr_assert_not_null(back, "%s", err.msg);
     cr_assert_eq(tr_safetensors_count(back), m.n);
@@ -628,7 +590,7 @@ Test(hf_out, gpt2_weights_loaded_then_exported_are_the_same_bytes, .init = setup
     cr_assert_eq(b.vocab, 13);
     cr_assert_eq(b.ctx, 12);
     cr_assert_eq(b.layers, 1);
-    char *cfg_text = read_all(tmp_path("out/config.json"), &size);
+    char *cfg_text = read_file(tmp_path("out/config.json"), &size);
     cfg_text[size] = 0;
     cr_assert(strstr(cfg_text, "\"architectures\": [\"GPT2LMHeadModel\"]"));
     cr_assert(strstr(cfg_text, "\"torch_dtype\": \"float32\""));
@@ -693,14 +655,14 @@ Test(hf_out, refuses_a_directory_of_other_files_and_replaces_an_earlier_export, 
     cr_assert_eq(tr_hf_export(&a, w, "weights", tmp_path("hf"), TR_F32, &err), TR_ERROR);
     cr_assert(strstr(err.msg, "is not empty and is not an earlier trainrun export"), "%s", err.msg);
     size_t size;
-    void *kept = read_all(tmp_path("hf/config.json"), &size);
+    void *kept = read_file(tmp_path("hf/config.json"), &size);
     cr_assert_eq(size, strlen(llama_config));
     free(kept);
     /* twice into the same new directory: the second replaces the first */
     cr_assert_eq(tr_hf_export(&a, w, "weights", tmp_path("out"), TR_F32, &err), TR_OK, "%s", err.msg);
     write_text(tmp_path("out/tokenizer.json"), "{}");
     cr_assert_eq(tr_hf_export(&a, w, "weights", tmp_path("out"), TR_F16, &err), TR_OK, "%s", err.msg);
-    char *cfg = read_all(tmp_path("out/config.json"), &size);
+    char *cfg = read_file(tmp_path("out/config.json"), &size);
     cfg[size] = 0;
     cr_assert(strstr(cfg, "\"float16\""), "%s", cfg);
     free(cfg);
