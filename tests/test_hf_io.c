@@ -200,6 +200,13 @@ static void write_dir(const char *dir, const char *config, const struct model_di
     write_safetensors(m, 0, m->n, dtype, path);
 }
 
+/* hf/: llama_config and llama_tensors in fp32 */
+static void write_llama_dir(struct model_dir *m)
+{
+    llama_tensors(m);
+    write_dir(tmp_path("hf"), llama_config, m, TR_F32);
+}
+
 /* recipes/r.lua: model = { from = "../hf", <extra> } */
 static const char *write_recipe(const char *extra, int vocab)
 {
@@ -233,6 +240,14 @@ static int engine_load(struct engine *e, tr_err *err)
     if (tr_hf_config_read(dir, &a, err) != TR_OK)
         return TR_ERROR;
     return tr_hf_load(e->g, &e->be, dir, &a, err);
+}
+
+/* engine_open and engine_load, both of which must succeed */
+static void open_loaded(struct engine *e, const char *recipe)
+{
+    tr_err err = {{0}};
+    cr_assert_eq(engine_open(e, recipe, NULL, 0, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(engine_load(e, &err), TR_OK, "%s", err.msg);
 }
 
 static const float *param(struct engine *e, const char *name)
@@ -275,9 +290,7 @@ static void load_llama_in(enum tr_dtype dtype)
     llama_tensors(&m);
     write_dir(tmp_path("hf"), llama_config, &m, dtype);
     struct engine e;
-    tr_err err = {{0}};
-    cr_assert_eq(engine_open(&e, write_recipe("ctx = 8", 11), NULL, 0, &err), TR_OK, "%s", err.msg);
-    cr_assert_eq(engine_load(&e, &err), TR_OK, "%s", err.msg);
+    open_loaded(&e, write_recipe("ctx = 8", 11));
     expect_loaded(&e, &m, "", 0);
     engine_close(&e);
     free_dir(&m);
@@ -290,8 +303,7 @@ Test(hf_in, llama_f16, .init = setup, .fini = teardown) { load_llama_in(TR_F16);
 Test(hf_in, recipe_shows_the_resolved_model_from_config_json, .init = setup, .fini = teardown)
 {
     struct model_dir m;
-    llama_tensors(&m);
-    write_dir(tmp_path("hf"), llama_config, &m, TR_F32);
+    write_llama_dir(&m);
     struct tr_config cfg;
     tr_err err = {{0}};
     cr_assert_eq(tr_config_load(&cfg, write_recipe("recompute = 1", 11), NULL, 0, &err), TR_OK, "%s",
@@ -316,9 +328,7 @@ Test(hf_in, llama_buffers_older_files_carry_are_ignored, .init = setup, .fini = 
     add_tensor(&m, "model.layers.1.self_attn.rotary_emb.inv_freq", 1, 2, 0);
     write_dir(tmp_path("hf"), llama_config, &m, TR_F32);
     struct engine e;
-    tr_err err = {{0}};
-    cr_assert_eq(engine_open(&e, write_recipe(NULL, 11), NULL, 0, &err), TR_OK, "%s", err.msg);
-    cr_assert_eq(engine_load(&e, &err), TR_OK, "%s", err.msg);
+    open_loaded(&e, write_recipe(NULL, 11));
     engine_close(&e);
     free_dir(&m);
 }
@@ -343,9 +353,7 @@ Test(hf_in, sharded_index, .init = setup, .fini = teardown)
     write_text(tmp_path("hf/model.safetensors.index.json"), index);
     free(index);
     struct engine e;
-    tr_err err = {{0}};
-    cr_assert_eq(engine_open(&e, write_recipe(NULL, 11), NULL, 0, &err), TR_OK, "%s", err.msg);
-    cr_assert_eq(engine_load(&e, &err), TR_OK, "%s", err.msg);
+    open_loaded(&e, write_recipe(NULL, 11));
     expect_loaded(&e, &m, "", 0);
     engine_close(&e);
     free_dir(&m);
@@ -354,8 +362,7 @@ Test(hf_in, sharded_index, .init = setup, .fini = teardown)
 Test(hf_in, from_is_relative_to_the_file_that_names_it, .init = setup, .fini = teardown)
 {
     struct model_dir m;
-    llama_tensors(&m);
-    write_dir(tmp_path("hf"), llama_config, &m, TR_F32);
+    write_llama_dir(&m);
     /* recipes/base/ft.lua names ../../hf; recipes/child.lua extends it */
     mkdir(tmp_path("recipes/base"), 0755);
     write_text(tmp_path("recipes/base/ft.lua"),
@@ -363,9 +370,7 @@ Test(hf_in, from_is_relative_to_the_file_that_names_it, .init = setup, .fini = t
                "  data = { plugin = \"synthetic\", kind = \"tokens\", classes = 11 },\n}\n");
     write_text(tmp_path("recipes/child.lua"), "return { extends = \"base/ft.lua\", train = { steps = 3 } }\n");
     struct engine e;
-    tr_err err = {{0}};
-    cr_assert_eq(engine_open(&e, tmp_path("recipes/child.lua"), NULL, 0, &err), TR_OK, "%s", err.msg);
-    cr_assert_eq(engine_load(&e, &err), TR_OK, "%s", err.msg);
+    open_loaded(&e, tmp_path("recipes/child.lua"));
     expect_loaded(&e, &m, "", 0);
     engine_close(&e);
     free_dir(&m);
@@ -377,9 +382,7 @@ static void load_gpt2(const char *prefix, int buffers)
     gpt2_tensors(&m, prefix, buffers);
     write_dir(tmp_path("hf"), gpt2_config, &m, TR_F32);
     struct engine e;
-    tr_err err = {{0}};
-    cr_assert_eq(engine_open(&e, write_recipe("ctx = 6", 13), NULL, 0, &err), TR_OK, "%s", err.msg);
-    cr_assert_eq(engine_load(&e, &err), TR_OK, "%s", err.msg);
+    open_loaded(&e, write_recipe("ctx = 6", 13));
     expect_loaded(&e, &m, prefix, 1);
     /* the Conv1D transpose, spelled out once: trainrun's c_attn [3C, C]
      * holds at [o][i] what the file's [C, 3C] holds at [i][o] */
@@ -443,8 +446,7 @@ Test(hf_errors, missing_extra_and_misshaped_tensors_in_one_message, .init = setu
 Test(hf_errors, unsupported_configs_name_the_key, .init = setup, .fini = teardown)
 {
     struct model_dir m;
-    llama_tensors(&m);
-    write_dir(tmp_path("hf"), llama_config, &m, TR_F32);
+    write_llama_dir(&m);
     write_llama_config_with("\"rope_scaling\": null",
                             "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}");
     expect_error(NULL, 11, "\"rope_scaling\" is an object of type \"llama3\"", "recipes/r.lua:2");
@@ -487,8 +489,7 @@ Test(hf_errors, gpt2_activation_and_epsilon, .init = setup, .fini = teardown)
 Test(hf_errors, recipe_keys_that_contradict_config_json, .init = setup, .fini = teardown)
 {
     struct model_dir m;
-    llama_tensors(&m);
-    write_dir(tmp_path("hf"), llama_config, &m, TR_F32);
+    write_llama_dir(&m);
     expect_error("layers = 4", 11, "model.layers is 4, but", "says 2 (\"num_hidden_layers\")");
     expect_error("ctx = 32", 11, "model.ctx is 32", "(16)");
     expect_error("type = \"gpt\"", 11, "is a \"llama\" model", NULL);
@@ -511,8 +512,7 @@ Test(hf_errors, recipe_keys_that_contradict_config_json, .init = setup, .fini = 
 Test(hf_errors, damaged_files, .init = setup, .fini = teardown)
 {
     struct model_dir m;
-    llama_tensors(&m);
-    write_dir(tmp_path("hf"), llama_config, &m, TR_F32);
+    write_llama_dir(&m);
     /* truncated: the header promises more data than there is */
     struct stat st;
     cr_assert_eq(stat(tmp_path("hf/model.safetensors"), &st), 0);
@@ -564,8 +564,7 @@ Test(hf_out, gpt2_weights_loaded_then_exported_are_the_same_bytes, .init = setup
     struct engine e;
     tr_err err = {{0}};
     /* the full context, so wpe goes out as it came in */
-    cr_assert_eq(engine_open(&e, write_recipe(NULL, 13), NULL, 0, &err), TR_OK, "%s", err.msg);
-    cr_assert_eq(engine_load(&e, &err), TR_OK, "%s", err.msg);
+    open_loaded(&e, write_recipe(NULL, 13));
     struct tr_hf_arch a;
     cr_assert_eq(tr_hf_describe(e.g, "gpt", &a, &err), TR_OK, "%s", err.msg);
     void *blob;
@@ -606,12 +605,10 @@ Test(hf_out, gpt2_weights_loaded_then_exported_are_the_same_bytes, .init = setup
 Test(hf_out, llama_export_then_from_gives_identical_parameters, .init = setup, .fini = teardown)
 {
     struct model_dir m;
-    llama_tensors(&m);
-    write_dir(tmp_path("hf"), llama_config, &m, TR_F32);
+    write_llama_dir(&m);
     struct engine e;
     tr_err err = {{0}};
-    cr_assert_eq(engine_open(&e, write_recipe(NULL, 11), NULL, 0, &err), TR_OK, "%s", err.msg);
-    cr_assert_eq(engine_load(&e, &err), TR_OK, "%s", err.msg);
+    open_loaded(&e, write_recipe(NULL, 11));
     struct tr_hf_arch a;
     cr_assert_eq(tr_hf_describe(e.g, "llama", &a, &err), TR_OK, "%s", err.msg);
     cr_assert_eq(a.kv_heads, 1);
@@ -626,8 +623,7 @@ Test(hf_out, llama_export_then_from_gives_identical_parameters, .init = setup, .
     cr_assert_eq(rename(tmp_path("hf"), tmp_path("old")), 0);
     cr_assert_eq(rename(tmp_path("out"), tmp_path("hf")), 0);
     struct engine e2;
-    cr_assert_eq(engine_open(&e2, write_recipe(NULL, 11), NULL, 0, &err), TR_OK, "%s", err.msg);
-    cr_assert_eq(engine_load(&e2, &err), TR_OK, "%s", err.msg);
+    open_loaded(&e2, write_recipe(NULL, 11));
     cr_assert_eq(e2.g->n_params, e.g->n_params);
     /* the values are k/64, exact in bf16 */
     cr_assert_eq(memcmp(e2.g->params, e.g->params, e.g->n_params * 4), 0);
@@ -642,8 +638,7 @@ Test(hf_out, refuses_a_directory_of_other_files_and_replaces_an_earlier_export, 
      .fini = teardown)
 {
     struct model_dir m;
-    llama_tensors(&m);
-    write_dir(tmp_path("hf"), llama_config, &m, TR_F32);
+    write_llama_dir(&m);
     struct engine e;
     tr_err err = {{0}};
     cr_assert_eq(engine_open(&e, write_recipe(NULL, 11), NULL, 0, &err), TR_OK, "%s", err.msg);
