@@ -57,6 +57,20 @@ local gpt_schema = {
                 help = "recompute the activations of every k-th block in backward (0: none)" },
 }
 
+-- x through the model's o.layers blocks, block(l, x) for l = 0, 1, ...;
+-- with recompute = k > 0 every k-th block keeps only its input and is
+-- recomputed in backward (the gpt and llama builders share it).
+local function blocks(g, o, block, x)
+  for l = 0, o.layers - 1 do
+    if o.recompute > 0 and l % o.recompute == 0 then
+      x = g:recompute(block, l, x)
+    else
+      x = block(l, x)
+    end
+  end
+  return x
+end
+
 -- GPT-2: learned positions, pre-norm blocks, GELU MLP of 4x width, tied
 -- embedding and output head; init std 0.02, residual projections scaled
 -- by 1/sqrt(2 * layers).
@@ -82,13 +96,7 @@ function builders.gpt(nn, o, B)
     h = g:gelu(g:Linear(p .. ".mlp.c_fc", h, 4 * C), p .. ".mlp.gelu")
     return g:add(x, g:Linear(p .. ".mlp.c_proj", h, C, { std = proj_std }), p .. ".res_2")
   end
-  for l = 0, L - 1 do
-    if o.recompute > 0 and l % o.recompute == 0 then
-      x = g:recompute(block, l, x)
-    else
-      x = block(l, x)
-    end
-  end
+  x = blocks(g, o, block, x)
   x = g:LayerNorm("transformer.ln_f", x)
   local logits = g:linear(x, wte, nil, "lm_head")
   return g:finish { loss = g:cross_entropy(logits, targets), logits = logits }
@@ -133,7 +141,7 @@ function builders.llama(nn, o, B)
   if (o.dim / o.heads) % 2 ~= 0 then
     error(("llama: the head dim dim/heads = %d must be even for rotary embeddings"):format(o.dim / o.heads), 0)
   end
-  local V, T, L, H, KV, C, F = o.vocab, o.ctx, o.layers, o.heads, o.kv_heads, o.dim, o.ffn_dim
+  local V, T, H, KV, C, F = o.vocab, o.ctx, o.heads, o.kv_heads, o.dim, o.ffn_dim
   local D, std, eps, theta = C / H, o.init_std, o.norm_eps, o.rope_theta
   local g = nn.graph(B)
   local tokens = g:input("tokens", { B, T }, "i32")
@@ -158,13 +166,7 @@ function builders.llama(nn, o, B)
     h = g:swiglu(proj(p .. ".mlp.gate_proj", h, F), proj(p .. ".mlp.up_proj", h, F), p .. ".mlp.act")
     return g:add(x, proj(p .. ".mlp.down_proj", h, C), p .. ".res_2")
   end
-  for l = 0, L - 1 do
-    if o.recompute > 0 and l % o.recompute == 0 then
-      x = g:recompute(block, l, x)
-    else
-      x = block(l, x)
-    end
-  end
+  x = blocks(g, o, block, x)
   x = g:RMSNorm("model.norm", x, eps)
   local logits
   if o.tie_embeddings then
