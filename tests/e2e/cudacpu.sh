@@ -62,6 +62,15 @@ same_weights() { # same_weights RUN_A RUN_B: bit-identical final checkpoints
   echo "$1 and $2: bit-identical weights after $steps steps"
 }
 
+# NAME_cpu and NAME_cuda: the same run on each device, agreeing within TOLERANCE
+on_both() { # on_both NAME TOLERANCE ARGS...
+  name=$1 tol=$2
+  shift 2
+  run "${name}_cpu" cpu "$@"
+  run "${name}_cuda" cuda "$@"
+  agree "${name}_cpu" "${name}_cuda" "$tol"
+}
+
 run cpu cpu
 run cuda cuda
 agree cpu cuda 1e-4
@@ -82,26 +91,18 @@ agree cuda cross 1e-4
 run recompute cuda model.recompute=1
 same_weights cuda recompute
 
-run bf16_cpu cpu precision=bf16
-run bf16_cuda cuda precision=bf16
-agree bf16_cpu bf16_cuda 1e-3
+on_both bf16 1e-3 precision=bf16
 # fp16 from a loss scale of 2^24: gradients overflow, steps are skipped and
 # the scale backs off, in the same steps on both
-run fp16_cpu cpu precision.plugin=fp16 precision.init_scale=16777216
-run fp16_cuda cuda precision.plugin=fp16 precision.init_scale=16777216
+on_both fp16 1e-3 precision.plugin=fp16 precision.init_scale=16777216
 skipped=$(last_metric fp16_cuda/metrics.jsonl skipped_steps)
 [ "$skipped" -ge 1 ] || fail "fp16 from 2^24 skipped no step: the overflow path was not run"
-agree fp16_cpu fp16_cuda 1e-3
 
 # the Llama family (grouped-query attention, RoPE, RMSNorm, SwiGLU, untied
 # head) through the run loop, in fp32 and bf16
 recipe=$C/tiny_llama.lua
-run llama_cpu cpu
-run llama_cuda cuda
-agree llama_cpu llama_cuda 1e-4
+on_both llama 1e-4
 run llama_recompute cuda model.recompute=1
 same_weights llama_cuda llama_recompute
-run llama_bf16_cpu cpu precision=bf16
-run llama_bf16_cuda cuda precision=bf16
-agree llama_bf16_cpu llama_bf16_cuda 1e-3
+on_both llama_bf16 1e-3 precision=bf16
 echo "cudacpu: device=cuda through the harness agrees with device=cpu ($skipped fp16 steps skipped on both)"
