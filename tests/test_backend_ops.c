@@ -41,7 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "compare.h"
+#include "engine_harness.h" /* the fixtures of the whole-model cases; compare.h */
 
 #define GUARD 256 /* bytes of pattern before and after each buffer */
 
@@ -851,35 +851,6 @@ Test(backend_ops, count_correct_ties_and_ignored_rows)
 
 /* ---- the tiny GPT and the tiny Llama as wholes ------------------------------------ */
 
-static void environment(void)
-{
-    setenv("TRAINRUN_PLUGIN_PATH", getenv("TR_PLUGIN_BUILD_DIR"), 1);
-    setenv("TRAINRUN_LUA_DIR", TR_TEST_SRCDIR "/../lua", 1);
-}
-
-static void *read_all(const char *path, size_t *size)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    *size = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *buf = malloc(*size);
-    cr_assert_eq(fread(buf, 1, *size, f), *size);
-    fclose(f);
-    return buf;
-}
-
-static const struct tr_st_entry *need_entry(const struct tr_st_file *f, const char *prefix,
-                                            const char *name)
-{
-    char key[256];
-    snprintf(key, sizeof key, "%s%s", prefix, name);
-    const struct tr_st_entry *e = tr_safetensors_find(f, key);
-    cr_assert_not_null(e, "fixture has no %s", key);
-    return e;
-}
-
 struct model_side {
     const struct tr_backend *be;
     struct tr_graph *g;
@@ -904,11 +875,11 @@ static void model_open(struct model_side *s, struct tr_config *cfg, const struct
         struct tr_tensor *t = &s->g->tensors[i];
         if (t->role != TR_ROLE_PARAM)
             continue;
-        const struct tr_st_entry *e = need_entry(f, "param.", t->name);
+        const struct tr_st_entry *e = need(f, "param.", t->name);
         cr_assert_eq(e->bytes, t->numel * sizeof(float));
         s->be->iface->upload(s->be->context, t->data, e->data, e->bytes);
     }
-    const struct tr_st_entry *tok = need_entry(f, "", "tokens"), *tgt = need_entry(f, "", "targets");
+    const struct tr_st_entry *tok = need(f, "", "tokens"), *tgt = need(f, "", "targets");
     s->be->iface->upload(s->be->context, s->g->tensors[s->g->inputs[0]].data, tok->data, tok->bytes);
     s->be->iface->upload(s->be->context, s->g->tensors[s->g->inputs[1]].data, tgt->data, tgt->bytes);
 }
@@ -965,11 +936,9 @@ static void whole_model(enum tr_dtype compute, double tolerance)
     struct tr_backend cuda, cpu_be;
     need_cuda(&cuda);
     cr_assert_eq(tr_cpu_backend_init(&cpu_be, 0), 0);
-    size_t size;
-    void *buf = read_all(TR_TEST_SRCDIR "/fixtures/tiny_gpt.safetensors", &size);
+    struct st_file fixture = st_open(TR_TEST_SRCDIR "/fixtures/tiny_gpt.safetensors");
+    const struct tr_st_file *f = fixture.st;
     tr_err err = {{0}};
-    struct tr_st_file *f = tr_safetensors_read(buf, size, "tiny_gpt.safetensors", &err);
-    cr_assert_not_null(f, "%s", err.msg);
     /* SGD, not the recipe's AdamW: the key part of c_attn.bias has a
      * gradient of exactly zero in exact arithmetic (softmax ignores a shift
      * shared by all keys), so each backend gets rounding noise there, of
@@ -989,8 +958,7 @@ static void whole_model(enum tr_dtype compute, double tolerance)
     model_close(&cpu);
     model_close(&gpu);
     tr_config_free(&cfg);
-    tr_safetensors_free(f);
-    free(buf);
+    st_close(&fixture);
     tr_cpu_backend_free(&cpu_be);
     tr_backend_close(&cuda);
 }
