@@ -38,7 +38,8 @@ void tr_cpu_linear_forward(float *out, const float *inp, const float *w, const f
 /* dinp += dout @ w;  dw += dout^T @ inp;  dbias += sum over rows of dout */
 void tr_cpu_linear_backward(float *dinp, float *dw, float *dbias, const float *dout,
                             const float *inp, const float *w, int N, int IC, int OC);
-/* dbias[OC] += sum over the N rows of dout[N,OC].  The bias gradient is a
+/* dbias[OC] += sum over the N rows of dout[N,OC], in row order whatever the
+ * threads (rmsnorm sums its partial weight gradients with it too).  The bias gradient is a
  * sum, not a product: every backend takes it from the fp32 dout, also when
  * the GEMMs get 16-bit inputs (the CUDA backend's cuda_bias_backward too). */
 void tr_cpu_linear_bias_backward(float *dbias, const float *dout, int N, int OC);

@@ -17,7 +17,7 @@
 
 /* Rows per partial sum of dw: the partials' count depends on N alone, never
  * on the threads. */
-enum { ROW_CHUNK = 32, COLUMN_BLOCK = 64 };
+enum { ROW_CHUNK = 32 };
 
 void tr_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N,
                             int C, float eps)
@@ -82,21 +82,8 @@ void tr_cpu_rmsnorm_backward(float *dinp, float *dw, float *scratch, const float
             }
         }
     }
-    if (dw == NULL)
-        return;
-    int blocks = (C + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
-#pragma omp parallel for schedule(static)
-    for (int blk = 0; blk < blocks; blk++) {
-        int c0 = blk * COLUMN_BLOCK;
-        int width = C - c0 < COLUMN_BLOCK ? C - c0 : COLUMN_BLOCK;
-        float sum[COLUMN_BLOCK] = {0};
-        for (int k = 0; k < chunks; k++) {
-            const float *part = scratch + (size_t)k * C + c0;
-#pragma omp simd
-            for (int j = 0; j < width; j++)
-                sum[j] += part[j];
-        }
-        for (int j = 0; j < width; j++)
-            dw[c0 + j] += sum[j];
-    }
+    /* the chunks' partials, summed column by column in chunk order: the
+     * bias gradient's column sum */
+    if (dw != NULL)
+        tr_cpu_linear_bias_backward(dw, scratch, chunks, C);
 }
