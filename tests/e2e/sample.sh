@@ -64,17 +64,19 @@ cmp -s step8.txt again.txt || fail "the same flags gave another text"
 
 # a prompt is token ids: a byte past the vocabulary of 64 would be read past the
 # embedding table, so it is refused; --ids lists ids
-refused() { # message, then sample's arguments
-  want=$1
-  shift
+# sample with the arguments given exits with CODE, says MESSAGE and prints no text
+sample_fails() { # code, message, then sample's arguments
+  want_code=$1 want=$2
+  shift 2
   set +e
   "$TRAINRUN" sample "$@" > refused.txt 2> refused.err
   code=$?
   set -e
-  [ $code -eq 1 ] || { cat refused.err; fail "sample $*: exit $code, not 1"; }
+  [ $code -eq "$want_code" ] || { cat refused.err; fail "sample $*: exit $code, not $want_code"; }
   grep -qF -e "$want" refused.err || { cat refused.err; fail "sample $*: no message '$want'"; }
   [ ! -s refused.txt ] || fail "sample $* printed text"
 }
+refused() { sample_fails 1 "$@"; } # message, then sample's arguments
 refused "--prompt: byte 97 ('a') is not in the model's vocabulary of 64 tokens" run --prompt ab
 refused "--prompt: token id 64 is not in the model's vocabulary of 64" run --ids --prompt "1 64"
 refused "--prompt: 'x' is not a token id" run --ids --prompt "1 x"
@@ -132,16 +134,7 @@ set -e
 grep -q "base.lua: the model has no weights to sample from" none.err || { cat none.err; fail "no message for a recipe without weights"; }
 [ ! -s none.txt ] || fail "sample printed text from untrained weights"
 # usage mistakes are exit 2
-usage_error() { # message, then sample's arguments
-  want=$1
-  shift
-  set +e
-  "$TRAINRUN" sample "$@" > usage.txt 2> usage.err
-  code=$?
-  set -e
-  [ $code -eq 2 ] || { cat usage.err; fail "sample $*: exit $code, not 2"; }
-  grep -qF -e "$want" usage.err || { cat usage.err; fail "sample $*: no message '$want'"; }
-}
+usage_error() { sample_fails 2 "$@"; } # message, then sample's arguments
 usage_error "--recipe goes with a checkpoint, and ft.lua is a recipe already" ft.lua --recipe base.lua
 usage_error "'model..from=hf' is not an override" ft.lua model..from=hf
 usage_error "unknown flag '--frobnicate' for sample" run --frobnicate 1
