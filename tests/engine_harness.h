@@ -1,7 +1,8 @@
 /*
  * What the engine tests (test_engine, test_hf, test_hf_io) share to drive the
  * engine below the run loop: a recipe's configuration, the CPU backend and
- * the model's planned graph, and the reading of safetensors fixtures.  The
+ * the model's planned graph, the reading of safetensors fixtures into it,
+ * and training steps checked against a reference's losses.  The
  * comparison of tensors is tests/compare.h's, included here.  Everything is
  * static inline: a test uses what it needs without unused-function warnings.
  */
@@ -13,9 +14,11 @@
 #include "config/run_config.h"
 #include "engine/graph.h"
 #include "engine/model.h"
+#include "engine/optim.h"
 #include "kernels.h" /* tr_cpu_backend_init */
 #include "util/safetensors.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,6 +112,49 @@ static inline const struct tr_st_entry *need(const struct tr_st_file *f, const c
     const struct tr_st_entry *e = tr_safetensors_find(f, key);
     cr_assert_not_null(e, "the fixture has no %s", key);
     return e;
+}
+
+/* The fixture's tokens and targets as the batch of g (a model of two
+ * inputs, the fixture's batch the graph's shape). */
+static inline void set_inputs(struct tr_graph *g, const struct tr_st_file *f)
+{
+    const struct tr_st_entry *tok = need(f, "", "tokens"), *tgt = need(f, "", "targets");
+    cr_assert_eq(g->n_inputs, 2);
+    cr_assert_eq(tok->bytes, g->tensors[g->inputs[0]].numel * 4,
+                 "the fixture's batch is not the graph's [%lld,%lld]",
+                 (long long)g->tensors[g->inputs[0]].shape[0],
+                 (long long)g->tensors[g->inputs[0]].shape[1]);
+    cr_assert_eq(tgt->bytes, tok->bytes);
+    memcpy(g->tensors[g->inputs[0]].data, tok->data, tok->bytes);
+    memcpy(g->tensors[g->inputs[1]].data, tgt->data, tgt->bytes);
+}
+
+/* The loss of the last forward. */
+static inline float loss_of(const struct tr_graph *g)
+{
+    return *(const float *)g->tensors[g->loss].data;
+}
+
+/* `steps` optimizer steps on the batch in the graph's inputs, at the
+ * recipe's constant lr, each step's loss within 1e-4 relative of the
+ * reference's want[step] (`who` names the test and the reference in a
+ * failure); the worst relative difference. */
+static inline double engine_steps_agree(struct engine *e, struct tr_optimizer *opt, const float *want,
+                                        int steps, const char *who)
+{
+    struct tr_graph *g = e->g;
+    double worst = 0;
+    for (int step = 0; step < steps; step++) {
+        memset(g->grads, 0, g->n_params * sizeof(float));
+        tr_graph_forward(g, &e->be);
+        cr_assert_float_eq(loss_of(g), want[step], 1e-4 * fabsf(want[step]),
+                           "%s: step %d: loss %.7f, reference %.7f", who, step, loss_of(g),
+                           want[step]);
+        worst = fmax(worst, fabs(loss_of(g) / want[step] - 1));
+        tr_graph_backward(g, &e->be);
+        tr_optimizer_step(opt, g, &e->be, 1.0, e->cfg.optimizer.lr);
+    }
+    return worst;
 }
 
 #endif

@@ -24,16 +24,6 @@ static void engine_open(struct engine *e, const char *recipe, int batch)
     engine_open_with(e, recipe, batch, NULL, 0);
 }
 
-static void set_inputs(struct tr_graph *g, const struct tr_st_file *f)
-{
-    const struct tr_st_entry *tok = need(f, "", "tokens"), *tgt = need(f, "", "targets");
-    cr_assert_eq(tok->bytes, g->tensors[g->inputs[0]].numel * 4);
-    memcpy(g->tensors[g->inputs[0]].data, tok->data, tok->bytes);
-    memcpy(g->tensors[g->inputs[1]].data, tgt->data, tgt->bytes);
-}
-
-static float loss_of(struct tr_graph *g) { return *(float *)g->tensors[g->loss].data; }
-
 Test(pytorch_agreement, loss_gradients_and_ten_adamw_steps, .init = environment)
 {
     struct st_file fixture = st_open(TR_TEST_SRCDIR "/fixtures/tiny_gpt.safetensors");
@@ -74,15 +64,7 @@ Test(pytorch_agreement, loss_gradients_and_ten_adamw_steps, .init = environment)
     /* ten AdamW steps on the same batch, constant lr */
     struct tr_optimizer opt;
     cr_assert_eq(tr_optimizer_init(&opt, &e.cfg.optimizer, g, &e.be, 0, g->n_params, &err), TR_OK, "%s", err.msg);
-    const float *losses = need(f, "", "adamw_losses")->data;
-    for (int step = 0; step < 10; step++) {
-        memset(g->grads, 0, g->n_params * sizeof(float));
-        tr_graph_forward(g, &e.be);
-        cr_assert_float_eq(loss_of(g), losses[step], 1e-4 * fabsf(losses[step]),
-                           "step %d: loss %.7f vs PyTorch %.7f", step, loss_of(g), losses[step]);
-        tr_graph_backward(g, &e.be);
-        tr_optimizer_step(&opt, g, &e.be, 1.0, e.cfg.optimizer.lr);
-    }
+    engine_steps_agree(&e, &opt, need(f, "", "adamw_losses")->data, 10, "tiny_gpt (reference: PyTorch)");
     for (int i = 0; i < g->n_tensors; i++) {
         struct tr_tensor *t = &g->tensors[i];
         if (t->role != TR_ROLE_PARAM)

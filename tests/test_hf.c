@@ -82,17 +82,6 @@ static void as_trainrun(const struct tr_st_entry *r, const struct tr_tensor *t, 
     memcpy(out, src, t->numel * sizeof(float));
 }
 
-static float loss_of(const struct tr_graph *g) { return *(const float *)g->tensors[g->loss].data; }
-
-static void set_inputs(struct tr_graph *g, const struct tr_st_file *ref)
-{
-    const struct tr_st_entry *tok = need(ref, "", "tokens"), *tgt = need(ref, "", "targets");
-    cr_assert_eq(g->n_inputs, 2);
-    cr_assert_eq(tok->bytes, g->tensors[g->inputs[0]].numel * 4, "the batch is not [%d,%d]", B, T);
-    memcpy(g->tensors[g->inputs[0]].data, tok->data, tok->bytes);
-    memcpy(g->tensors[g->inputs[1]].data, tgt->data, tgt->bytes);
-}
-
 static int count_params(const struct tr_graph *g)
 {
     int n = 0;
@@ -163,17 +152,9 @@ static void agreement(const char *name)
     tr_err err = {{0}};
     cr_assert_eq(tr_optimizer_init(&opt, &e.cfg.optimizer, g, &e.be, 0, g->n_params, &err), TR_OK,
                  "%s", err.msg);
-    const float *losses = need(ref.st, "", "adamw_losses")->data;
-    for (int step = 0; step < STEPS; step++) {
-        memset(g->grads, 0, g->n_params * sizeof(float));
-        tr_graph_forward(g, &e.be);
-        cr_assert_float_eq(loss_of(g), losses[step], 1e-4 * fabsf(losses[step]),
-                           "%s: step %d: loss %.7f, transformers %.7f", name, step, loss_of(g),
-                           losses[step]);
-        worst_step = fmax(worst_step, fabs(loss_of(g) / losses[step] - 1));
-        tr_graph_backward(g, &e.be);
-        tr_optimizer_step(&opt, g, &e.be, 1.0, e.cfg.optimizer.lr);
-    }
+    char who[128];
+    snprintf(who, sizeof who, "%s (reference: transformers)", name);
+    worst_step = engine_steps_agree(&e, &opt, need(ref.st, "", "adamw_losses")->data, STEPS, who);
     for (int i = 0; i < g->n_tensors; i++) {
         struct tr_tensor *t = &g->tensors[i];
         if (t->role != TR_ROLE_PARAM)
