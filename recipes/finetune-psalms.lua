@@ -14,9 +14,10 @@ return {
   model = { from = "../models/llama-kjv" },
   data = { plugin = "text", path = "data/psalms.txt", val_fraction = 0.1 },
   -- the weights are trained: a tenth of the pretraining rate, a short warm-up
-  -- and no weight decay; the optimizer starts fresh
+  -- and no weight decay; the optimizer starts fresh.  150 steps: the Psalms
+  -- are small (245 kB), and longer runs overfit them (docs/results.md)
   optimizer = { type = "adamw", lr = 2e-4, weight_decay = 0.0, beta1 = 0.9, beta2 = 0.95, clip = 1.0 },
   schedule = { plugin = "cosine", warmup = 20, min_lr_ratio = 0.1 },
-  train = { steps = 300, batch = 32, seed = 1, eval_every = 50, eval_batches = 16, log_every = 25 },
-  checkpoint = { plugin = "local", every = 100, keep = 2 },
+  train = { steps = 150, batch = 32, seed = 1, eval_every = 25, eval_batches = 16, log_every = 25 },
+  checkpoint = { plugin = "local", every = 50, keep = 2 },
 }

@@ -4,5 +4,5 @@
 return {
   extends = "gpt-bench.lua",
   model = llama { vocab = 256, ctx = 128, layers = 4, heads = 4, kv_heads = 2, dim = 128,
-                  ffn_dim = 344 },
+                  ffn_dim = 400 },
 }

@@ -7,7 +7,7 @@ with attention through scaled_dot_product_attention ("sdpa"), as a PyTorch
 user fine-tuning a Llama would run it.  The training step and the timing
 are torch_common.py's, shared with torch_gpt.py.
 
-  python3 torch_llama.py --layers 4 --dim 128 --heads 4 --kv-heads 2 --ffn 344 --ctx 128 --batch 32
+  python3 torch_llama.py --layers 4 --dim 128 --heads 4 --kv-heads 2 --ffn 400 --ctx 128 --batch 32
   python3 torch_llama.py ... --bf16        # torch.autocast("cpu", bfloat16)
 """
 
@@ -23,7 +23,7 @@ except ImportError as e:
 def main():
     ap = torch_common.parser(__doc__)
     ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--ffn", type=int, default=344)
+    ap.add_argument("--ffn", type=int, default=400)
     a = ap.parse_args()
     torch_common.setup(a)
     cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.dim, intermediate_size=a.ffn,
