@@ -1,5 +1,6 @@
 /*
- * What the engine tests (test_engine, test_hf, test_hf_io) share to drive the
+ * What the engine tests (test_engine, test_hf, test_hf_io, and
+ * test_backend_ops's whole-model cases) share to drive the
  * engine below the run loop: a recipe's configuration, the CPU backend and
  * the model's planned graph, the reading of safetensors fixtures into it,
  * and training steps checked against a reference's losses.  The
