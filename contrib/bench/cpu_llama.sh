@@ -131,8 +131,8 @@ rev=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "?")
             print ""
             for (i = 1; i <= n; i++) {
                 split(lines[i], f, " ")
-                printf "%s: vocab %d, ctx %d, %d layers, %d heads (%d kv heads), dim %d, ffn %d, batch %d; GFLOP per token: gpt %.3f, llama %.3f\n",
-                    f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], flops[f[1] ",gpt"] / 1e9, flops[f[1] ",llama"] / 1e9
+                printf "%s: vocab %d, ctx %d, %d layers, %d heads (%d kv heads), dim %d, ffn %d, batch %d; MFLOP per token: gpt %.2f, llama %.2f\n",
+                    f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], flops[f[1] ",gpt"] / 1e6, flops[f[1] ",llama"] / 1e6
             }
         }' "$rows"
 } >"$tmp/table"
