@@ -1,6 +1,7 @@
 /*
  * What the checkpoint backends share (plugins link nothing from the core, so
- * it lives here as static functions): the rules for checkpoint and blob
+ * it lives here as static inline functions, which a file using only some of
+ * them compiles without unused-function warnings): the rules for checkpoint and blob
  * names and the newest-first order of listings; write everything, write a
  * whole file durably, fsync a directory, create and remove directories
  * trainrun owns (a marker file inside), create parents, and read the name
@@ -22,7 +23,7 @@
 /* Blob names become a plain file name in a checkpoint directory (and, in
  * s3, the last component of a key and a line of the MANIFEST): not empty,
  * no '/', no control characters, not . or .. */
-static int valid_blob(const char *s)
+static inline int valid_blob(const char *s)
 {
     if (!s || !s[0] || strcmp(s, ".") == 0 || strcmp(s, "..") == 0)
         return 0;
@@ -34,20 +35,20 @@ static int valid_blob(const char *s)
 
 /* Checkpoint names additionally must not collide with LATEST or with the
  * staging entries, which start with '.'. */
-static int valid_name(const char *s)
+static inline int valid_name(const char *s)
 {
     return valid_blob(s) && s[0] != '.' && strcmp(s, "LATEST") != 0;
 }
 
 /* qsort order of checkpoint names: newest (largest) first. */
-static int newest_first(const void *a, const void *b)
+static inline int newest_first(const void *a, const void *b)
 {
     return strcmp(*(char *const *)b, *(char *const *)a);
 }
 
 /* The checkpoint name inside a staging entry "<prefix><name>-<pid>", newly
  * allocated; NULL when out of memory or the entry has no "-<pid>". */
-static char *staged_name(const char *entry, const char *prefix)
+static inline char *staged_name(const char *entry, const char *prefix)
 {
     char *name = strdup(entry + strlen(prefix));
     char *dash = name ? strrchr(name, '-') : NULL;
@@ -68,7 +69,7 @@ static char *staged_name(const char *entry, const char *prefix)
          ? " (make it writable, or point " option " elsewhere)"                                  \
          : "")
 
-static int write_all(int fd, const void *data, size_t size)
+static inline int write_all(int fd, const void *data, size_t size)
 {
     const char *p = data;
     while (size > 0) {
@@ -87,7 +88,8 @@ static int write_all(int fd, const void *data, size_t size)
 /* A whole file: created (exclusive: it must not exist yet; else replaced),
  * written, fsync'd when sync, closed.  -1: it could not be created; -2: it
  * was, but writing failed, and it is removed again; errno says why. */
-static int write_file(const char *path, const void *data, size_t size, int exclusive, int sync)
+static inline int write_file(const char *path, const void *data, size_t size, int exclusive,
+                             int sync)
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | (exclusive ? O_EXCL : O_TRUNC), 0644);
     if (fd < 0)
@@ -108,7 +110,7 @@ static int write_file(const char *path, const void *data, size_t size, int exclu
 }
 
 /* Some filesystems cannot fsync directories (EINVAL); that is not an error. */
-static int fsync_dir(const char *path)
+static inline int fsync_dir(const char *path)
 {
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
@@ -131,7 +133,7 @@ static int fsync_dir(const char *path)
 #define TR_OWNER_MARK ".trainrun-checkpoint"
 
 /* mkdir, then the marker inside: a directory trainrun may later remove. */
-static int make_owned_dir(const char *path)
+static inline int make_owned_dir(const char *path)
 {
     if (mkdir(path, 0755) != 0)
         return -1;
@@ -154,7 +156,7 @@ static int make_owned_dir(const char *path)
 /* An open descriptor of path when it is a directory trainrun created (not
  * a symlink, holding the marker as a regular file); else -1 with errno
  * EPERM (not ours) or open()'s errno. */
-static int open_owned_dir(const char *path)
+static inline int open_owned_dir(const char *path)
 {
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0)
@@ -168,7 +170,7 @@ static int open_owned_dir(const char *path)
     return fd;
 }
 
-static int is_owned_dir(const char *path)
+static inline int is_owned_dir(const char *path)
 {
     int fd = open_owned_dir(path);
     if (fd < 0)
@@ -182,7 +184,7 @@ static int is_owned_dir(const char *path)
  * itself.  A directory without the marker is left alone (errno EPERM); a
  * subdirectory inside is not trainrun's and makes the removal stop short
  * (errno ENOTEMPTY), the marker kept so a later attempt still knows it. */
-static int remove_tree(const char *path)
+static inline int remove_tree(const char *path)
 {
     int fd = open_owned_dir(path);
     if (fd < 0)
@@ -227,7 +229,7 @@ static int remove_tree(const char *path)
     return rc;
 }
 
-static int mkdir_p(char *path)
+static inline int mkdir_p(char *path)
 {
     for (char *p = path + 1; *p; p++) {
         if (*p != '/')

@@ -16,6 +16,14 @@
  * home directory): only directories with the marker are ever removed or
  * replaced, whatever the names of the others, and symlinks are never
  * followed, so nothing trainrun did not create is deleted.
+ *
+ * One file, over the usual ~700 lines, because it is one thing: the vtable
+ * of one backend whose parts all serve the same rename-and-marker protocol
+ * (staging, LATEST's write, read and repair, crash recovery, ownership
+ * checks on remove), each a few dozen lines that read each other's names.
+ * What is generic (names, durable writes, owned directories) is already
+ * shared with the s3 backend in files.h; splitting the rest would only
+ * scatter the protocol across files.
  */
 #define _POSIX_C_SOURCE 200809L /* POSIX file APIs under strict C11 */
 
