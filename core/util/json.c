@@ -52,17 +52,54 @@ static char *parse_string(struct parser *p)
             case 'r': c = '\r'; break;
             case 'b': c = '\b'; break;
             case 'f': c = '\f'; break;
-            case 'u': { /* keep ASCII; others become '?' (names here are ASCII) */
+            case 'u': { /* UTF-8, surrogate pairs joined (tokenizer.json vocabularies) */
                 unsigned v = 0;
                 for (int k = 0; k < 4; k++) {
                     int d = p->pos < p->len ? hex_digit(p->s[p->pos++]) : -1;
                     if (d < 0) { free(out); return NULL; }
                     v = v << 4 | (unsigned)d;
                 }
+                if (v >= 0xD800 && v < 0xDC00) {
+                    unsigned lo = 0;
+                    if (p->pos + 6 > p->len || p->s[p->pos] != '\\' || p->s[p->pos + 1] != 'u') {
+                        free(out);
+                        return NULL;
+                    }
+                    p->pos += 2;
+                    for (int k = 0; k < 4; k++) {
+                        int d = hex_digit(p->s[p->pos++]);
+                        if (d < 0) { free(out); return NULL; }
+                        lo = lo << 4 | (unsigned)d;
+                    }
+                    if (lo < 0xDC00 || lo > 0xDFFF) { free(out); return NULL; }
+                    v = 0x10000 + ((v - 0xD800) << 10) + (lo - 0xDC00);
+                } else if (v >= 0xDC00 && v <= 0xDFFF) {
+                    free(out);
+                    return NULL;
+                }
                 /* a NUL would cut the C string short: "a\u0000b" must not
                  * read as "a" */
                 if (v == 0) { free(out); return NULL; }
-                c = v < 128 ? (char)v : '?';
+                if (v < 0x80) {
+                    c = (char)v;
+                    break;
+                }
+                char u[4];
+                int m;
+                if (v < 0x800) {
+                    u[0] = (char)(0xC0 | v >> 6); u[1] = (char)(0x80 | (v & 0x3F)); m = 2;
+                } else if (v < 0x10000) {
+                    u[0] = (char)(0xE0 | v >> 12); u[1] = (char)(0x80 | (v >> 6 & 0x3F));
+                    u[2] = (char)(0x80 | (v & 0x3F)); m = 3;
+                } else {
+                    u[0] = (char)(0xF0 | v >> 18); u[1] = (char)(0x80 | (v >> 12 & 0x3F));
+                    u[2] = (char)(0x80 | (v >> 6 & 0x3F)); u[3] = (char)(0x80 | (v & 0x3F)); m = 4;
+                }
+                if (n + (size_t)m + 1 > cap)
+                    out = tr_xrealloc(out, cap = 2 * cap + (size_t)m);
+                for (int k = 0; k < m - 1; k++)
+                    out[n++] = u[k];
+                c = u[m - 1];
                 break;
             }
             default: c = e; break;

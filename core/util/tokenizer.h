@@ -1,0 +1,30 @@
+/* Tokenizers read from a Hugging Face tokenizer.json: byte-level BPE (GPT-2, Llama 3,
+ * Qwen, SmolLM style).  Ids agree with the `tokenizers` library for the same file;
+ * decode(encode(x)) == x.  Other models are refused with a "not supported yet" error. */
+#ifndef TR_TOKENIZER_H
+#define TR_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <trainrun/plugin.h>
+
+struct tr_tokenizer;
+
+/* Load a tokenizer.json; NULL with err filled on any problem (the file is untrusted). */
+struct tr_tokenizer *tr_tokenizer_load(const char *path, tr_err *err);
+/* The same from text[0..len); name is used in messages. */
+struct tr_tokenizer *tr_tokenizer_parse(const char *text, size_t len, const char *name, tr_err *err);
+void tr_tokenizer_free(struct tr_tokenizer *t);
+
+/* One more than the largest id. */
+size_t tr_tokenizer_vocab_size(const struct tr_tokenizer *t);
+
+/* text (UTF-8) -> ids, newly allocated in *ids (free()), without a BOS/EOS template;
+ * special tokens written in the text are recognised.  TR_OK or TR_ERROR. */
+int tr_tokenizer_encode(struct tr_tokenizer *t, const char *text, size_t len, int32_t **ids,
+                        size_t *n, tr_err *err);
+/* ids -> bytes, newly allocated and NUL-terminated in *out (free()); special tokens kept. */
+int tr_tokenizer_decode(const struct tr_tokenizer *t, const int32_t *ids, size_t n, char **out,
+                        size_t *len, tr_err *err);
+
+#endif
