@@ -1,0 +1,211 @@
+/* The byte-level BPE tokenizer against the `tokenizers` library: the ids of
+ * tests/fixtures/tokenizer/ids.json were made by tests/torch/make_tokenizer_fixtures.py
+ * from bpe.json and corpus.txt. */
+#include <criterion/criterion.h>
+
+#include "util/json.h"
+#include "util/tokenizer.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FIX TR_TEST_SRCDIR "/fixtures/tokenizer/"
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    cr_assert_eq(fread(s, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    s[n] = 0;
+    *len = (size_t)n;
+    return s;
+}
+
+static struct tr_json *expected(void)
+{
+    size_t len;
+    char *text = slurp(FIX "ids.json", &len);
+    size_t off;
+    struct tr_json *j = tr_json_parse(text, len, &off);
+    free(text);
+    cr_assert(j, "ids.json does not parse");
+    return j;
+}
+
+static void check_ids(struct tr_tokenizer *t, const char *text, size_t len, const struct tr_json *want,
+                      const char *what)
+{
+    int32_t *ids;
+    size_t n;
+    tr_err err = { { 0 } };
+    cr_assert_eq(tr_tokenizer_encode(t, text, len, &ids, &n, &err), 0, "%s", err.msg);
+    cr_assert(want && want->type == TR_JSON_ARRAY);
+    for (size_t i = 0; i < n && i < want->n; i++)
+        cr_assert_eq(ids[i], (int32_t)want->items[i]->number, "%s: id %zu is %d, tokenizers says %d",
+                     what, i, ids[i], (int)want->items[i]->number);
+    cr_assert_eq(n, want->n, "%s: %zu ids, tokenizers gives %zu", what, n, want->n);
+    char *back;
+    size_t blen;
+    cr_assert_eq(tr_tokenizer_decode(t, ids, n, &back, &blen, &err), 0, "%s", err.msg);
+    cr_assert_eq(blen, len, "%s: decode(encode(x)) has %zu bytes, not %zu", what, blen, len);
+    cr_assert(memcmp(back, text, len) == 0, "%s: decode(encode(x)) != x", what);
+    free(back);
+    free(ids);
+}
+
+static void check_file(const char *file)
+{
+    tr_err err = { { 0 } };
+    struct tr_tokenizer *t = tr_tokenizer_load(file, &err);
+    cr_assert(t, "%s", err.msg);
+    size_t len;
+    char *corpus = slurp(FIX "corpus.txt", &len);
+    struct tr_json *want = expected();
+    check_ids(t, corpus, len, tr_json_get(want, "corpus"), "corpus");
+    /* again: now every word comes from the cache */
+    check_ids(t, corpus, len, tr_json_get(want, "corpus"), "corpus, cached");
+    const char *sp = tr_json_string(want, "with_specials_text");
+    cr_assert(sp);
+    check_ids(t, sp, strlen(sp), tr_json_get(want, "with_specials"), "special tokens");
+    tr_json_free(want);
+    free(corpus);
+    tr_tokenizer_free(t);
+}
+
+Test(tokenizer, ids_equal_tokenizers) { check_file(FIX "bpe.json"); }
+
+Test(tokenizer, merges_as_strings) { check_file(FIX "bpe_string_merges.json"); }
+
+/* random valid UTF-8: ASCII (spaces, tabs, newlines, digits, quotes), 2-, 3- and 4-byte chars */
+static size_t put_char(char *s, uint64_t *rng)
+{
+    *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+    uint32_t r = (uint32_t)(*rng >> 33);
+    static const char ascii[] = "  \t\n\r'sdltmve0123456789aZ.,!?-_";
+    unsigned cp;
+    switch (r % 6) {
+    case 0: case 1: s[0] = ascii[(r >> 3) % (sizeof ascii - 1)]; return 1;
+    case 2: cp = 0x20 + (r >> 3) % 0x5F; s[0] = (char)cp; return 1;
+    case 3: cp = 0x80 + (r >> 3) % (0x800 - 0x80); break;
+    case 4: cp = 0x800 + (r >> 3) % (0x10000 - 0x800); if (cp >= 0xD800 && cp <= 0xDFFF) cp = 0x4E00; break;
+    default: cp = 0x10000 + (r >> 3) % (0x110000 - 0x10000); break;
+    }
+    if (cp < 0x800) { s[0] = (char)(0xC0 | cp >> 6); s[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
+    if (cp < 0x10000) {
+        s[0] = (char)(0xE0 | cp >> 12); s[1] = (char)(0x80 | (cp >> 6 & 0x3F)); s[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    s[0] = (char)(0xF0 | cp >> 18); s[1] = (char)(0x80 | (cp >> 12 & 0x3F));
+    s[2] = (char)(0x80 | (cp >> 6 & 0x3F)); s[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+Test(tokenizer, round_trip_random_utf8)
+{
+    tr_err err = { { 0 } };
+    struct tr_tokenizer *t = tr_tokenizer_load(FIX "bpe.json", &err);
+    cr_assert(t, "%s", err.msg);
+    uint64_t rng = 12345;
+    char buf[4 * 400 + 1];
+    for (int round = 0; round < 500; round++) {
+        size_t len = 0, nch = (size_t)(round % 400);
+        for (size_t i = 0; i < nch; i++)
+            len += put_char(buf + len, &rng);
+        int32_t *ids;
+        size_t n;
+        cr_assert_eq(tr_tokenizer_encode(t, buf, len, &ids, &n, &err), 0, "%s", err.msg);
+        for (size_t i = 0; i < n; i++)
+            cr_assert(ids[i] >= 0 && (size_t)ids[i] < tr_tokenizer_vocab_size(t));
+        char *back;
+        size_t blen;
+        cr_assert_eq(tr_tokenizer_decode(t, ids, n, &back, &blen, &err), 0, "%s", err.msg);
+        cr_assert(blen == len && memcmp(back, buf, len) == 0, "round %d: decode(encode(x)) != x", round);
+        free(back);
+        free(ids);
+    }
+    /* invalid UTF-8 is refused, not mangled */
+    int32_t *ids;
+    size_t n;
+    cr_assert_neq(tr_tokenizer_encode(t, "ab\xff", 3, &ids, &n, &err), 0);
+    cr_assert(strstr(err.msg, "UTF-8"), "%s", err.msg);
+    int32_t bad = (int32_t)tr_tokenizer_vocab_size(t);
+    char *back;
+    size_t blen;
+    cr_assert_neq(tr_tokenizer_decode(t, &bad, 1, &back, &blen, &err), 0);
+    tr_tokenizer_free(t);
+}
+
+static void refused(const char *json, const char *want)
+{
+    tr_err err = { { 0 } };
+    struct tr_tokenizer *t = tr_tokenizer_parse(json, strlen(json), "test.json", &err);
+    cr_assert_null(t, "accepted: %s", json);
+    cr_assert(strstr(err.msg, want), "for %s: message \"%s\" lacks \"%s\"", json, err.msg, want);
+}
+
+Test(tokenizer, unsupported_models)
+{
+    refused("{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}",
+            "not supported yet: model type WordPiece in test.json");
+    refused("{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}", "not supported yet: model type Unigram");
+    refused("{\"normalizer\": null, \"pre_tokenizer\": {\"type\": \"Metaspace\"}, \"model\": {\"type\": "
+            "\"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
+            "not supported yet: pre-tokenizer type Metaspace");
+    refused("{\"model\": {\"type\": \"BPE\", \"byte_fallback\": true, \"vocab\": {\"a\": 0}, \"merges\": []}}",
+            "not supported yet: model type BPE with byte_fallback");
+    refused("{\"normalizer\": {\"type\": \"NFC\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, "
+            "\"merges\": []}}",
+            "not supported yet: normalizer NFC");
+}
+
+Test(tokenizer, damaged_files_refused)
+{
+    static const char *const bad[] = {
+        "",
+        "[]",
+        "{",
+        "{\"model\": 3}",
+        "{\"model\": {\"type\": \"BPE\"}}",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -1}, \"merges\": []}}",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 1.5}, \"merges\": []}}",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 1e12}, \"merges\": []}}",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": \"x\"}, \"merges\": []}}",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 0}, \"merges\": []}}",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"a b\"]}}",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [\"a\"]}}",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [[\"a\"]]}}",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [3]}}",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": {}}}",
+        "{\"added_tokens\": [{\"id\": 5}], \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
+        "{\"added_tokens\": [{\"id\": -5, \"content\": \"x\"}], \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
+        "{\"added_tokens\": 7, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
+        "{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}, \"behavior\": \"Isolated\"}, "
+        "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
+        "{\"pre_tokenizer\": null, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tr_err err = { { 0 } };
+        struct tr_tokenizer *t = tr_tokenizer_parse(bad[i], strlen(bad[i]), "bad.json", &err);
+        cr_assert_null(t, "accepted: %s", bad[i]);
+        cr_assert(err.msg[0], "no message for %s", bad[i]);
+    }
+    /* every prefix of the real file: refused or loaded, never a crash */
+    size_t len;
+    char *text = slurp(FIX "bpe_string_merges.json", &len);
+    for (size_t cut = 0; cut < len; cut += 97) {
+        tr_err err = { { 0 } };
+        struct tr_tokenizer *t = tr_tokenizer_parse(text, cut, "cut.json", &err);
+        cr_assert_null(t, "a file cut at %zu loads", cut);
+    }
+    free(text);
+    tr_err err = { { 0 } };
+    cr_assert_null(tr_tokenizer_load(FIX "no-such-file.json", &err));
+    cr_assert(strstr(err.msg, "no-such-file.json"));
+}
