@@ -60,7 +60,7 @@ static void check_ids(struct tr_tokenizer *t, const char *text, size_t len, cons
     free(ids);
 }
 
-static void check_file(const char *file)
+static void check_file_key(const char *file, const char *key)
 {
     tr_err err = { { 0 } };
     struct tr_tokenizer *t = tr_tokenizer_load(file, &err);
@@ -68,9 +68,9 @@ static void check_file(const char *file)
     size_t len;
     char *corpus = slurp(FIX "corpus.txt", &len);
     struct tr_json *want = expected();
-    check_ids(t, corpus, len, tr_json_get(want, "corpus"), "corpus");
+    check_ids(t, corpus, len, tr_json_get(want, key), key);
     /* again: now every word comes from the cache */
-    check_ids(t, corpus, len, tr_json_get(want, "corpus"), "corpus, cached");
+    check_ids(t, corpus, len, tr_json_get(want, key), "cached");
     const char *sp = tr_json_string(want, "with_specials_text");
     cr_assert(sp);
     check_ids(t, sp, strlen(sp), tr_json_get(want, "with_specials"), "special tokens");
@@ -79,9 +79,17 @@ static void check_file(const char *file)
     tr_tokenizer_free(t);
 }
 
+static void check_file(const char *file) { check_file_key(file, "corpus"); }
+
 Test(tokenizer, ids_equal_tokenizers) { check_file(FIX "bpe.json"); }
 
 Test(tokenizer, merges_as_strings) { check_file(FIX "bpe_string_merges.json"); }
+
+/* the same vocabulary behind GPT-2's lone ByteLevel (its built-in regex), and behind
+ * Llama 3's and Qwen2's patterns ((?i:...), \p{N}{1,3}, [\r\n]; Llama 3 with ignore_merges) */
+Test(tokenizer, gpt2_byte_level_regex) { check_file_key(FIX "bpe_gpt2.json", "corpus_gpt2"); }
+Test(tokenizer, llama3_pattern) { check_file_key(FIX "bpe_llama3.json", "corpus_llama3"); }
+Test(tokenizer, qwen2_pattern) { check_file_key(FIX "bpe_qwen2.json", "corpus_qwen2"); }
 
 /* random valid UTF-8: ASCII (spaces, tabs, newlines, digits, quotes), 2-, 3- and 4-byte chars */
 static size_t put_char(char *s, uint64_t *rng)

@@ -20,7 +20,17 @@ OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "..", "fixtures",
 # GPT-2's pre-tokenizer pattern, as Llama 3 and Qwen write theirs: a Split step, then
 # ByteLevel without its own regex.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+LLAMA3_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"""
+                  r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"""
+                 r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def split_then_byte_level(pattern):
+    return {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
 
 
 def main():
@@ -50,12 +60,31 @@ def main():
     with open(os.path.join(OUT, "bpe_string_merges.json"), "w", encoding="utf-8") as f:
         json.dump(doc, f, ensure_ascii=False)
 
+    # the same vocabulary and merges behind other pre-tokenizers: GPT-2's own layout (a lone
+    # ByteLevel with its built-in regex), Llama 3's and Qwen2's patterns (with ignore_merges,
+    # as Llama 3 sets it)
+    variants = {
+        "gpt2": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "llama3": split_then_byte_level(LLAMA3_PATTERN),
+        "qwen2": split_then_byte_level(QWEN2_PATTERN),
+    }
+    for name, pre in variants.items():
+        v = json.loads(json.dumps(doc))
+        v["pre_tokenizer"] = pre
+        if name == "llama3":
+            v["model"]["ignore_merges"] = True
+        with open(os.path.join(OUT, f"bpe_{name}.json"), "w", encoding="utf-8") as f:
+            json.dump(v, f, ensure_ascii=False)
+
     with_specials = "<|im_start|>user\nHi there<|im_end|>\n<|endoftext|>x<|endoftext|><|im_start|> y"
     expected = {
         "corpus": tok.encode(corpus, add_special_tokens=False).ids,
         "with_specials_text": with_specials,
         "with_specials": tok.encode(with_specials, add_special_tokens=False).ids,
     }
+    for name in variants:
+        vt = Tokenizer.from_file(os.path.join(OUT, f"bpe_{name}.json"))
+        expected["corpus_" + name] = vt.encode(corpus, add_special_tokens=False).ids
     assert tok.decode(expected["corpus"], skip_special_tokens=False) == corpus
     with open(os.path.join(OUT, "ids.json"), "w", encoding="utf-8") as f:
         json.dump(expected, f, ensure_ascii=False)
