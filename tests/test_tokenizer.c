@@ -90,6 +90,8 @@ Test(tokenizer, merges_as_strings) { check_file(FIX "bpe_string_merges.json"); }
 Test(tokenizer, gpt2_byte_level_regex) { check_file_key(FIX "bpe_gpt2.json", "corpus_gpt2"); }
 Test(tokenizer, llama3_pattern) { check_file_key(FIX "bpe_llama3.json", "corpus_llama3"); }
 Test(tokenizer, qwen2_pattern) { check_file_key(FIX "bpe_qwen2.json", "corpus_qwen2"); }
+/* SmolLM's: Digits (each digit alone), then ByteLevel with its regex */
+Test(tokenizer, smollm_digits) { check_file_key(FIX "bpe_smollm.json", "corpus_smollm"); }
 
 /* random valid UTF-8: ASCII (spaces, tabs, newlines, digits, quotes), 2-, 3- and 4-byte chars */
 static size_t put_char(char *s, uint64_t *rng)

@@ -1,8 +1,8 @@
 /* Byte-level BPE from a Hugging Face tokenizer.json.
  *
  * encode: added (special) tokens are cut out first, leftmost-longest; each stretch between
- * them goes through the pre-tokenizer chain (Split with a regex, "Isolated"; ByteLevel, with
- * or without GPT-2's regex), compiled with PCRE2 (UTF + UCP, JIT when there is one); each
+ * them goes through the pre-tokenizer chain (Split with a regex, "Isolated"; Digits; ByteLevel,
+ * with or without GPT-2's regex), compiled with PCRE2 (UTF + UCP, JIT when there is one); each
  * piece's bytes become byte-level symbols and the merges apply lowest rank first, leftmost
  * first, as the `tokenizers` library does.  Words are cached.
  * decode: each id's bytes (byte-level characters mapped back), concatenated.
@@ -344,6 +344,8 @@ static int pretok_one(struct tr_tokenizer *t, const struct tr_json *p, int *byte
             return add_regex(t, lit, 1, err);
         return tr_fail(err, "%s: Split pre-tokenizer without a Regex or String pattern", t->name);
     }
+    if (strcmp(type, "Digits") == 0) /* Rust's char::is_numeric is \p{N}: Nd, Nl, No */
+        return add_regex(t, is_true(p, "individual_digits") ? "\\p{N}" : "\\p{N}+", 0, err);
     return tr_fail(err, "not supported yet: pre-tokenizer type %s in %s", type, t->name);
 }
 

@@ -67,6 +67,10 @@ def main():
         "gpt2": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
         "llama3": split_then_byte_level(LLAMA3_PATTERN),
         "qwen2": split_then_byte_level(QWEN2_PATTERN),
+        # SmolLM's layout: every digit alone, then ByteLevel with its regex
+        "smollm": {"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": True},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]},
     }
     for name, pre in variants.items():
         v = json.loads(json.dumps(doc))
