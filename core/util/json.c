@@ -85,16 +85,7 @@ static char *parse_string(struct parser *p)
                     break;
                 }
                 char u[4];
-                int m;
-                if (v < 0x800) {
-                    u[0] = (char)(0xC0 | v >> 6); u[1] = (char)(0x80 | (v & 0x3F)); m = 2;
-                } else if (v < 0x10000) {
-                    u[0] = (char)(0xE0 | v >> 12); u[1] = (char)(0x80 | (v >> 6 & 0x3F));
-                    u[2] = (char)(0x80 | (v & 0x3F)); m = 3;
-                } else {
-                    u[0] = (char)(0xF0 | v >> 18); u[1] = (char)(0x80 | (v >> 12 & 0x3F));
-                    u[2] = (char)(0x80 | (v >> 6 & 0x3F)); u[3] = (char)(0x80 | (v & 0x3F)); m = 4;
-                }
+                int m = tr_utf8_encode((uint32_t)v, u);
                 if (n + (size_t)m + 1 > cap)
                     out = tr_xrealloc(out, cap = 2 * cap + (size_t)m);
                 for (int k = 0; k < m - 1; k++)

@@ -150,14 +150,7 @@ static void byte_level_map(struct tr_tokenizer *t)
             cp = b;
         else
             cp = 256 + extra++;
-        if (cp < 0x80) {
-            t->byte_char[b][0] = (char)cp;
-            t->byte_char_len[b] = 1;
-        } else {
-            t->byte_char[b][0] = (char)(0xC0 | cp >> 6);
-            t->byte_char[b][1] = (char)(0x80 | (cp & 0x3F));
-            t->byte_char_len[b] = 2;
-        }
+        t->byte_char_len[b] = (unsigned char)tr_utf8_encode(cp, t->byte_char[b]);
     }
 }
 

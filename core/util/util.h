@@ -47,4 +47,8 @@ char *tr_dirname(const char *path);
 /* Create a directory and its parents; 0 or -1 with errno. */
 int tr_mkdir_p(const char *path);
 
+/* The UTF-8 bytes of code point cp (< 0x110000) into out (room for the 1 to 4
+ * it returns: 2 below 0x800). */
+int tr_utf8_encode(uint32_t cp, char *out);
+
 #endif
