@@ -260,6 +260,18 @@ void tr_tokenizer_free(struct tr_tokenizer *t)
 
 size_t tr_tokenizer_vocab_size(const struct tr_tokenizer *t) { return t->vocab_size; }
 
+int32_t tr_tokenizer_token_id(const struct tr_tokenizer *t, const char *text)
+{
+    size_t n = strlen(text);
+    for (size_t i = 0; i < t->nadded; i++)
+        if (t->added[i].n == n && memcmp(t->added[i].s, text, n) == 0)
+            return t->added[i].id;
+    for (size_t id = 0; id < t->vocab_size; id++)
+        if (t->bytes[id] && t->nbytes[id] == n && memcmp(t->bytes[id], text, n) == 0)
+            return (int32_t)id;
+    return -1;
+}
+
 static int get_id(const struct tr_json *v, int32_t *id)
 {
     if (!v || v->type != TR_JSON_NUMBER || !(v->number >= 0) || v->number >= MAX_ID ||

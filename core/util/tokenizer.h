@@ -18,6 +18,9 @@ void tr_tokenizer_free(struct tr_tokenizer *t);
 
 /* One more than the largest id. */
 size_t tr_tokenizer_vocab_size(const struct tr_tokenizer *t);
+/* The id of the token whose text is exactly `text` (an added/special token such as
+ * "<|endoftext|>" first, then the vocabulary's decoded bytes), or -1. */
+int32_t tr_tokenizer_token_id(const struct tr_tokenizer *t, const char *text);
 
 /* text (UTF-8) -> ids, newly allocated in *ids (free()), without a BOS/EOS template;
  * special tokens written in the text are recognised.  TR_OK or TR_ERROR. */
