@@ -1003,7 +1003,7 @@ static void make_shard_seeds(void)
     unsigned char b[64 + 4 * 300];
     for (int width = 2; width <= 4; width += 2) {
         struct tr_tokens_header th = {TR_TOKENS_VERSION, (uint32_t)width, 300,
-                                      width == 2 ? 50 : 1000, 0};
+                                      width == 2 ? 50 : 1000, 0, 0};
         tr_tokens_header_write(b, &th);
         for (int i = 0; i < 300; i++)
             for (int k = 0; k < width; k++)

@@ -218,7 +218,7 @@ struct shard_writer {
 static void trtokens_header(unsigned char h[TRTOKENS_HEADER], uint64_t tokens, uint32_t vocab)
 {
     /* uint16 tokens: byte and char vocabularies fit */
-    struct tr_tokens_header th = {TR_TOKENS_VERSION, 2, tokens, vocab, 0};
+    struct tr_tokens_header th = {TR_TOKENS_VERSION, 2, tokens, vocab, 0, 0};
     tr_tokens_header_write(h, &th);
 }
 

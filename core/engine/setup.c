@@ -292,6 +292,7 @@ int tr_run_setup(struct run *r, tr_err *err)
     r->data.vt = cfg->data.plugin->info->vtable;
     r->data.self = cfg->data.self;
     r->data.name = cfg->data.plugin->info->name;
+    memset(&r->data.info, 0, sizeof r->data.info); /* fields an older plugin leaves out read 0 */
     r->data.info.struct_size = sizeof r->data.info;
     if (r->data.vt->info(r->data.self, &r->data.info, err) != TR_OK)
         return TR_ERROR;

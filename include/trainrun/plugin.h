@@ -238,6 +238,13 @@ struct tr_data_info {
     uint32_t input_len;               /* elements of one sample's input */
     uint32_t target_len;              /* int32 targets per sample (T for LM, 1 for classes) */
     uint32_t classes;                 /* vocabulary size, or number of classes */
+    /* Fields below are read only when struct_size covers them (the core
+     * zeroes the struct before info() fills it). */
+    const char *tokenizer;            /* the tokenizer.json that made the tokens, or NULL;
+                                       * the core copies it into the run directory */
+    double bytes_per_token[TR_SPLIT_COUNT]; /* text bytes per token in each split, 0: not
+                                       * text or unknown; loss / bytes_per_token is the
+                                       * loss in nats per byte */
 };
 
 struct tr_data_vtable {

@@ -6,9 +6,15 @@
  *   byte  0  magic "TRTOKENS"            byte 16  u64 number of tokens
  *   byte  8  u32 version (1 or 2)        byte 24  u32 vocabulary size (0: unknown)
  *   byte 12  u32 bytes per token (2, 4)  byte 28  u32 flags (version 2; 0 in version 1)
- *                                        bytes 32..63  zero
+ *                                        byte 32  u64 text bytes (0: unknown)
+ *                                        bytes 40..63  zero
  *
  * All little-endian; the tokens follow the 64-byte header.
+ *
+ * Text bytes: how many bytes of text (UTF-8, document separators included)
+ * the tokens encode, so a reader can report the loss per byte, which
+ * compares across tokenizers.  Readers of either version that predate it
+ * see zero padding there and ignore it.
  *
  * Version 2 adds flags.  TR_TOKENS_LOSS_MASK: after the tokens comes a loss
  * mask of ceil(count / 8) bytes; bit (i % 8) of byte i / 8 is 1 when token i
@@ -35,6 +41,7 @@
 #define TR_TOKENS_AT_COUNT 16
 #define TR_TOKENS_AT_VOCAB 24
 #define TR_TOKENS_AT_FLAGS 28
+#define TR_TOKENS_AT_TEXT_BYTES 32
 
 struct tr_tokens_header {
     uint32_t version;     /* TR_TOKENS_VERSION */
@@ -42,6 +49,7 @@ struct tr_tokens_header {
     uint64_t count;       /* tokens after the header */
     uint32_t vocab;       /* 0: unknown */
     uint32_t flags;       /* TR_TOKENS_LOSS_MASK; 0 in version 1 */
+    uint64_t text_bytes;  /* bytes of text the tokens encode; 0: unknown */
 };
 
 /* Bytes of the loss mask that follows `count` tokens when TR_TOKENS_LOSS_MASK is set. */
@@ -61,8 +69,10 @@ static inline void tr_tokens_header_write(unsigned char out[TR_TOKENS_HEADER_BYT
         out[TR_TOKENS_AT_VOCAB + i] = (unsigned char)(h->vocab >> (8 * i));
         out[TR_TOKENS_AT_FLAGS + i] = (unsigned char)(h->flags >> (8 * i));
     }
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < 8; i++) {
         out[TR_TOKENS_AT_COUNT + i] = (unsigned char)(h->count >> (8 * i));
+        out[TR_TOKENS_AT_TEXT_BYTES + i] = (unsigned char)(h->text_bytes >> (8 * i));
+    }
 }
 
 /* Decode a header of at least TR_TOKENS_HEADER_BYTES; returns 0 when the
@@ -81,8 +91,11 @@ static inline int tr_tokens_header_read(const unsigned char *in, struct tr_token
     h->vocab = f[2];
     h->flags = f[3];
     h->count = 0;
-    for (int i = 0; i < 8; i++)
+    h->text_bytes = 0;
+    for (int i = 0; i < 8; i++) {
         h->count |= (uint64_t)in[TR_TOKENS_AT_COUNT + i] << (8 * i);
+        h->text_bytes |= (uint64_t)in[TR_TOKENS_AT_TEXT_BYTES + i] << (8 * i);
+    }
     return memcmp(in, TR_TOKENS_MAGIC, 8) == 0 ? 0 : -1;
 }
 

@@ -181,7 +181,7 @@ static unsigned char *tokenise_chars(const unsigned char *text, size_t n,
     unsigned char *out = malloc(TRTOKENS_HEADER + 2 * n);
     if (!out)
         return NULL;
-    struct tr_tokens_header h = {TR_TOKENS_VERSION, 2, n, vocab, 0}; /* uint16 ids */
+    struct tr_tokens_header h = {TR_TOKENS_VERSION, 2, n, vocab, 0, 0}; /* uint16 ids */
     tr_tokens_header_write(out, &h);
     uint16_t id[256] = {0};
     for (uint32_t i = 0; i < vocab; i++)
