@@ -93,6 +93,121 @@ Test(tokenizer, qwen2_pattern) { check_file_key(FIX "bpe_qwen2.json", "corpus_qw
 /* SmolLM's: Digits (each digit alone), then ByteLevel with its regex */
 Test(tokenizer, smollm_digits) { check_file_key(FIX "bpe_smollm.json", "corpus_smollm"); }
 
+static void refused(const char *json, const char *want)
+{
+    tr_err err = { { 0 } };
+    struct tr_tokenizer *t = tr_tokenizer_parse(json, strlen(json), "test.json", &err);
+    cr_assert_null(t, "accepted: %s", json);
+    cr_assert(strstr(err.msg, want), "for %s: message \"%s\" lacks \"%s\"", json, err.msg, want);
+}
+
+static void encode_ex_ids(struct tr_tokenizer *t, const char *text, int add_special, const struct tr_json *want,
+                          const char *what)
+{
+    int32_t *ids;
+    size_t n;
+    tr_err err = { { 0 } };
+    cr_assert_eq(tr_tokenizer_encode_ex(t, text, strlen(text), add_special, &ids, &n, &err), 0, "%s", err.msg);
+    cr_assert(want && want->type == TR_JSON_ARRAY);
+    cr_assert_eq(n, want->n, "%s: %zu ids, tokenizers gives %zu", what, n, want->n);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(ids[i], (int32_t)want->items[i]->number, "%s: id %zu is %d, tokenizers says %d", what, i,
+                     ids[i], (int)want->items[i]->number);
+    free(ids);
+}
+
+/* Llama 3's post-processor: Sequence[ByteLevel, TemplateProcessing "<|begin_of_text|> $A"] */
+Test(tokenizer, template_adds_bos)
+{
+    tr_err err = { { 0 } };
+    struct tr_tokenizer *t = tr_tokenizer_load(FIX "bpe_llama3_bos.json", &err);
+    cr_assert(t, "%s", err.msg);
+    struct tr_json *want = expected();
+    cr_assert_eq(tr_tokenizer_bos_id(t), (int32_t)tr_json_number(want, "bos_llama3_bos", -2));
+    cr_assert_eq(tr_tokenizer_eos_id(t), -1);
+    size_t len;
+    char *corpus = slurp(FIX "corpus.txt", &len);
+    encode_ex_ids(t, corpus, 1, tr_json_get(want, "corpus_llama3_bos"), "with BOS");
+    encode_ex_ids(t, corpus, 0, tr_json_get(want, "corpus_llama3"), "without BOS");
+    check_ids(t, corpus, len, tr_json_get(want, "corpus_llama3"), "plain encode adds nothing");
+    free(corpus);
+    tr_json_free(want);
+    tr_tokenizer_free(t);
+
+    /* files without a post-processor add nothing */
+    t = tr_tokenizer_load(FIX "bpe.json", &err);
+    cr_assert(t, "%s", err.msg);
+    cr_assert_eq(tr_tokenizer_bos_id(t), -1);
+    cr_assert_eq(tr_tokenizer_eos_id(t), -1);
+    int32_t *ids;
+    size_t n;
+    cr_assert_eq(tr_tokenizer_encode_ex(t, "", 0, 1, &ids, &n, &err), 0, "%s", err.msg);
+    cr_assert_eq(n, 0);
+    free(ids);
+    tr_tokenizer_free(t);
+}
+
+#define TINY_MODEL "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [\"a b\"]}, " \
+                   "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"added_tokens\": [" \
+                   "{\"id\": 3, \"content\": \"<s>\", \"special\": true}, {\"id\": 4, \"content\": \"</s>\", \"special\": true}]"
+
+static void check_post(const char *post, const int32_t *want, size_t nwant, int32_t bos, int32_t eos)
+{
+    char json[2048];
+    snprintf(json, sizeof json, "{" TINY_MODEL ", \"post_processor\": %s}", post);
+    tr_err err = { { 0 } };
+    struct tr_tokenizer *t = tr_tokenizer_parse(json, strlen(json), "post.json", &err);
+    cr_assert(t, "%s: %s", post, err.msg);
+    cr_assert_eq(tr_tokenizer_bos_id(t), bos, "%s: BOS %d", post, tr_tokenizer_bos_id(t));
+    cr_assert_eq(tr_tokenizer_eos_id(t), eos, "%s: EOS %d", post, tr_tokenizer_eos_id(t));
+    int32_t *ids;
+    size_t n;
+    cr_assert_eq(tr_tokenizer_encode_ex(t, "abb", 3, 1, &ids, &n, &err), 0, "%s", err.msg);
+    cr_assert_eq(n, nwant, "%s: %zu ids", post, n);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(ids[i], want[i], "%s: id %zu is %d", post, i, ids[i]);
+    free(ids);
+    tr_tokenizer_free(t);
+}
+
+#define SPECIAL(name, id) "\"" name "\": {\"id\": \"" name "\", \"ids\": [" #id "], \"tokens\": [\"" name "\"]}"
+#define PIECE_S(name) "{\"SpecialToken\": {\"id\": \"" name "\", \"type_id\": 0}}"
+#define PIECE_A "{\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}"
+
+/* "abb" is [ab, b]; the post-processors put their tokens around it (what the tokenizers
+ * library does with these files: BOS first, EOS last) */
+Test(tokenizer, post_processors)
+{
+    check_post("{\"type\": \"TemplateProcessing\", \"single\": [" PIECE_A ", " PIECE_S("</s>") "], "
+               "\"pair\": [], \"special_tokens\": {" SPECIAL("</s>", 4) "}}",
+               (int32_t[]){ 2, 1, 4 }, 3, -1, 4);
+    check_post("{\"type\": \"TemplateProcessing\", \"single\": [" PIECE_S("<s>") ", " PIECE_A ", " PIECE_S("</s>") "], "
+               "\"special_tokens\": {" SPECIAL("<s>", 3) ", " SPECIAL("</s>", 4) "}}",
+               (int32_t[]){ 3, 2, 1, 4 }, 4, 3, 4);
+    check_post("{\"type\": \"RobertaProcessing\", \"sep\": [\"</s>\", 4], \"cls\": [\"<s>\", 3], "
+               "\"trim_offsets\": true, \"add_prefix_space\": false}",
+               (int32_t[]){ 3, 2, 1, 4 }, 4, 3, 4);
+    check_post("{\"type\": \"BertProcessing\", \"sep\": [\"</s>\", 4], \"cls\": [\"<s>\", 3]}",
+               (int32_t[]){ 3, 2, 1, 4 }, 4, 3, 4);
+    check_post("{\"type\": \"ByteLevel\", \"trim_offsets\": true}", (int32_t[]){ 2, 1 }, 2, -1, -1);
+    check_post("null", (int32_t[]){ 2, 1 }, 2, -1, -1);
+
+    refused("{" TINY_MODEL ", \"post_processor\": {\"type\": \"Whatever\"}}",
+            "not supported yet: post-processor Whatever in test.json");
+    refused("{" TINY_MODEL ", \"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": ["
+            PIECE_A ", {\"Sequence\": {\"id\": \"B\", \"type_id\": 1}}], \"special_tokens\": {}}}",
+            "not supported yet: a single template with sequence B");
+    refused("{" TINY_MODEL ", \"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": ["
+            PIECE_S("<x>") ", " PIECE_A "], \"special_tokens\": {}}}",
+            "names special token <x>");
+    refused("{" TINY_MODEL ", \"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": ["
+            PIECE_S("<s>") ", " PIECE_A "], \"special_tokens\": {" SPECIAL("<s>", 99) "}}}",
+            "outside the vocabulary");
+    refused("{" TINY_MODEL ", \"post_processor\": {\"type\": \"RobertaProcessing\", \"sep\": [\"</s>\", 40], "
+            "\"cls\": [\"<s>\", 3]}}",
+            "RobertaProcessing needs \"sep\"");
+}
+
 /* random valid UTF-8: ASCII (spaces, tabs, newlines, digits, quotes), 2-, 3- and 4-byte chars */
 static size_t put_char(char *s, uint64_t *rng)
 {
@@ -152,13 +267,6 @@ Test(tokenizer, round_trip_random_utf8)
     tr_tokenizer_free(t);
 }
 
-static void refused(const char *json, const char *want)
-{
-    tr_err err = { { 0 } };
-    struct tr_tokenizer *t = tr_tokenizer_parse(json, strlen(json), "test.json", &err);
-    cr_assert_null(t, "accepted: %s", json);
-    cr_assert(strstr(err.msg, want), "for %s: message \"%s\" lacks \"%s\"", json, err.msg, want);
-}
 
 Test(tokenizer, unsupported_models)
 {

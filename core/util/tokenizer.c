@@ -126,6 +126,8 @@ struct tr_tokenizer {
     uint8_t byte_char_len[256];
     struct added *added;
     size_t nadded;
+    int32_t *before, *after;    /* the post-processor's ids around the text */
+    size_t nbefore, nafter;
     uint8_t added_first[256];
     pcre2_code *step[MAX_STEPS];
     pcre2_match_data *md[MAX_STEPS];
@@ -241,6 +243,8 @@ void tr_tokenizer_free(struct tr_tokenizer *t)
     for (size_t i = 0; i < t->nadded; i++)
         free(t->added[i].s);
     free(t->added);
+    free(t->before);
+    free(t->after);
     for (int i = 0; i < t->nsteps; i++) {
         pcre2_match_data_free(t->md[i]);
         pcre2_code_free(t->step[i]);
@@ -528,6 +532,113 @@ static int load_rest(struct tr_tokenizer *t, const struct tr_json *root, tr_err 
     return TR_OK;
 }
 
+static void push_id(int32_t **list, size_t *n, int32_t id)
+{
+    *list = tr_xrealloc(*list, (*n + 1) * sizeof **list);
+    (*list)[(*n)++] = id;
+}
+
+/* A [token, id] pair of RobertaProcessing / BertProcessing; the id must be the vocabulary's
+ * (or an added token's) id for that token. */
+static int cls_sep(struct tr_tokenizer *t, const struct tr_json *p, const char *key, const char *type,
+                   int32_t *id, tr_err *err)
+{
+    const struct tr_json *v = tr_json_get(p, key);
+    if (!v || v->type != TR_JSON_ARRAY || v->n != 2 || v->items[0]->type != TR_JSON_STRING ||
+        get_id(v->items[1], id) || (size_t)*id >= t->vocab_size || !t->bytes[*id])
+        return tr_fail(err, "%s: post-processor %s needs \"%s\": [token, id] with an id of the vocabulary",
+                       t->name, type, key);
+    return TR_OK;
+}
+
+/* TemplateProcessing's single template: [{"SpecialToken": {"id": NAME}} | {"Sequence":
+ * {"id": "A"}}, ...], each NAME's ids from "special_tokens". */
+static int template_single(struct tr_tokenizer *t, const struct tr_json *p, tr_err *err)
+{
+    const struct tr_json *single = tr_json_get(p, "single");
+    const struct tr_json *specials = tr_json_get(p, "special_tokens");
+    if (!single || single->type != TR_JSON_ARRAY)
+        return tr_fail(err, "%s: TemplateProcessing post-processor without a \"single\" template", t->name);
+    int seen_a = 0;
+    for (size_t i = 0; i < single->n; i++) {
+        const struct tr_json *piece = single->items[i];
+        const struct tr_json *seq = piece->type == TR_JSON_OBJECT ? tr_json_get(piece, "Sequence") : NULL;
+        const struct tr_json *sp = piece->type == TR_JSON_OBJECT ? tr_json_get(piece, "SpecialToken") : NULL;
+        const char *id = seq ? tr_json_string(seq, "id") : sp ? tr_json_string(sp, "id") : NULL;
+        if (!id)
+            return tr_fail(err, "%s: post-processor template piece %zu is neither a Sequence nor a "
+                           "SpecialToken with an \"id\"", t->name, i);
+        if (seq) {
+            if (strcmp(id, "A") != 0 || seen_a)
+                return tr_fail(err, "not supported yet: a single template with sequence %s%s in %s "
+                               "(only one $A is)", id, seen_a ? " twice" : "", t->name);
+            seen_a = 1;
+            continue;
+        }
+        const struct tr_json *st = specials && specials->type == TR_JSON_OBJECT ? tr_json_get(specials, id) : NULL;
+        const struct tr_json *ids = st && st->type == TR_JSON_OBJECT ? tr_json_get(st, "ids") : NULL;
+        if (!ids || ids->type != TR_JSON_ARRAY || !ids->n)
+            return tr_fail(err, "%s: post-processor template names special token %s, which its "
+                           "\"special_tokens\" does not give ids", t->name, id);
+        for (size_t k = 0; k < ids->n; k++) {
+            int32_t v;
+            if (get_id(ids->items[k], &v) || (size_t)v >= t->vocab_size || !t->bytes[v])
+                return tr_fail(err, "%s: post-processor special token %s has an id outside the vocabulary",
+                               t->name, id);
+            if (seen_a)
+                push_id(&t->after, &t->nafter, v);
+            else
+                push_id(&t->before, &t->nbefore, v);
+        }
+    }
+    if (!seen_a)
+        return tr_fail(err, "%s: the post-processor's single template has no $A (the text)", t->name);
+    return TR_OK;
+}
+
+/* One post-processor (a Sequence's items too); *templates counts those that add tokens. */
+static int postproc_one(struct tr_tokenizer *t, const struct tr_json *p, int depth, int *templates,
+                        tr_err *err)
+{
+    const char *type = p && p->type == TR_JSON_OBJECT ? tr_json_string(p, "type") : NULL;
+    if (!type)
+        return tr_fail(err, "%s: a post_processor without a \"type\"", t->name);
+    if (strcmp(type, "ByteLevel") == 0) /* it trims offsets only: the ids are left as they are */
+        return TR_OK;
+    if (strcmp(type, "Sequence") == 0) {
+        const struct tr_json *list = tr_json_get(p, "processors");
+        if (!list || list->type != TR_JSON_ARRAY || depth > 4)
+            return tr_fail(err, "%s: a Sequence post-processor without a \"processors\" list", t->name);
+        for (size_t i = 0; i < list->n; i++)
+            if (postproc_one(t, list->items[i], depth + 1, templates, err))
+                return TR_ERROR;
+        return TR_OK;
+    }
+    int adds = strcmp(type, "TemplateProcessing") == 0 || strcmp(type, "RobertaProcessing") == 0 ||
+               strcmp(type, "BertProcessing") == 0;
+    if (!adds)
+        return tr_fail(err, "not supported yet: post-processor %s in %s", type, t->name);
+    if (++*templates > 1)
+        return tr_fail(err, "not supported yet: two post-processors that add special tokens in %s", t->name);
+    if (type[0] == 'T')
+        return template_single(t, p, err);
+    int32_t cls, sep; /* single: cls $A sep */
+    if (cls_sep(t, p, "cls", type, &cls, err) || cls_sep(t, p, "sep", type, &sep, err))
+        return TR_ERROR;
+    push_id(&t->before, &t->nbefore, cls);
+    push_id(&t->after, &t->nafter, sep);
+    return TR_OK;
+}
+
+static int load_post(struct tr_tokenizer *t, const struct tr_json *root, tr_err *err)
+{
+    const struct tr_json *p = tr_json_get(root, "post_processor");
+    int templates = 0;
+    if (!p || p->type == TR_JSON_NULL)
+        return TR_OK;
+    return postproc_one(t, p, 0, &templates, err);
+}
+
 struct tr_tokenizer *tr_tokenizer_parse(const char *text, size_t len, const char *name, tr_err *err)
 {
     size_t off = 0;
@@ -542,6 +653,8 @@ struct tr_tokenizer *tr_tokenizer_parse(const char *text, size_t len, const char
                                           : load_model(t, root, err);
     if (rc == TR_OK)
         rc = load_rest(t, root, err);
+    if (rc == TR_OK)
+        rc = load_post(t, root, err);
     tr_json_free(root);
     if (rc != TR_OK) {
         tr_tokenizer_free(t);
@@ -746,6 +859,30 @@ int tr_tokenizer_encode(struct tr_tokenizer *t, const char *text, size_t len, in
     }
     *ids = o.ids ? o.ids : tr_xcalloc(1, sizeof **ids);
     *n = o.n;
+    return TR_OK;
+}
+
+int32_t tr_tokenizer_bos_id(const struct tr_tokenizer *t) { return t->nbefore ? t->before[0] : -1; }
+
+int32_t tr_tokenizer_eos_id(const struct tr_tokenizer *t) { return t->nafter ? t->after[t->nafter - 1] : -1; }
+
+int tr_tokenizer_encode_ex(struct tr_tokenizer *t, const char *text, size_t len, int add_special,
+                           int32_t **ids, size_t *n, tr_err *err)
+{
+    if (tr_tokenizer_encode(t, text, len, ids, n, err))
+        return TR_ERROR;
+    if (!add_special || (!t->nbefore && !t->nafter))
+        return TR_OK;
+    int32_t *all = tr_xcalloc(t->nbefore + *n + t->nafter, sizeof *all);
+    if (t->nbefore)
+        memcpy(all, t->before, t->nbefore * sizeof *all);
+    if (*n)
+        memcpy(all + t->nbefore, *ids, *n * sizeof *all);
+    if (t->nafter)
+        memcpy(all + t->nbefore + *n, t->after, t->nafter * sizeof *all);
+    free(*ids);
+    *ids = all;
+    *n += t->nbefore + t->nafter;
     return TR_OK;
 }
 

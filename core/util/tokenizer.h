@@ -26,6 +26,16 @@ int32_t tr_tokenizer_token_id(const struct tr_tokenizer *t, const char *text);
  * special tokens written in the text are recognised.  TR_OK or TR_ERROR. */
 int tr_tokenizer_encode(struct tr_tokenizer *t, const char *text, size_t len, int32_t **ids,
                         size_t *n, tr_err *err);
+/* The post-processor's special tokens: BOS is the first id its template puts before the
+ * text ($A), EOS the last id it puts after; -1 when the file has no
+ * post-processor or it adds none there. */
+int32_t tr_tokenizer_bos_id(const struct tr_tokenizer *t);
+int32_t tr_tokenizer_eos_id(const struct tr_tokenizer *t);
+/* Like tr_tokenizer_encode, plus the post-processor's special tokens around the text
+ * (TemplateProcessing's single template, RobertaProcessing's / BertProcessing's cls and
+ * sep) when add_special is nonzero, as `encode(text, add_special_tokens=True)`. */
+int tr_tokenizer_encode_ex(struct tr_tokenizer *t, const char *text, size_t len, int add_special,
+                           int32_t **ids, size_t *n, tr_err *err);
 /* ids -> bytes, newly allocated and NUL-terminated in *out (free()); special tokens kept. */
 int tr_tokenizer_decode(const struct tr_tokenizer *t, const int32_t *ids, size_t n, char **out,
                         size_t *len, tr_err *err);

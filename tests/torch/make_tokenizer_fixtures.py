@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "..", "fixtures", "tokenizer")
@@ -80,6 +80,17 @@ def main():
         with open(os.path.join(OUT, f"bpe_{name}.json"), "w", encoding="utf-8") as f:
             json.dump(v, f, ensure_ascii=False)
 
+    # Llama 3's post-processor: ByteLevel (offsets only), then a template putting
+    # <|begin_of_text|> (an added token beyond the trained vocabulary) before the text
+    bos = Tokenizer.from_file(os.path.join(OUT, "bpe_llama3.json"))
+    bos.add_special_tokens(["<|begin_of_text|>"])
+    bos.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(
+            single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+            special_tokens=[("<|begin_of_text|>", bos.token_to_id("<|begin_of_text|>"))])])
+    bos.save(os.path.join(OUT, "bpe_llama3_bos.json"))
+
     with_specials = "<|im_start|>user\nHi there<|im_end|>\n<|endoftext|>x<|endoftext|><|im_start|> y"
     expected = {
         "corpus": tok.encode(corpus, add_special_tokens=False).ids,
@@ -89,6 +100,10 @@ def main():
     for name in variants:
         vt = Tokenizer.from_file(os.path.join(OUT, f"bpe_{name}.json"))
         expected["corpus_" + name] = vt.encode(corpus, add_special_tokens=False).ids
+    bos = Tokenizer.from_file(os.path.join(OUT, "bpe_llama3_bos.json"))
+    expected["corpus_llama3_bos"] = bos.encode(corpus).ids
+    expected["bos_llama3_bos"] = bos.token_to_id("<|begin_of_text|>")
+    assert bos.encode(corpus, add_special_tokens=False).ids == expected["corpus_llama3"]
     assert tok.decode(expected["corpus"], skip_special_tokens=False) == corpus
     with open(os.path.join(OUT, "ids.json"), "w", encoding="utf-8") as f:
         json.dump(expected, f, ensure_ascii=False)
