@@ -1,13 +1,17 @@
 /* What prepare.c (the command line, the output directory), prepare_text.c
  * and prepare_csv.c (the two formats) share: the parsed options, the output
  * directory's claim, stale-shard removal and publishing, and each format's
- * entry.  Private to the commands room. */
+ * entry; reading inputs and JSONL records (prepare_input.c) and writing
+ * TRTOKENS shards (prepare_shards.c), which every path that makes token
+ * shards uses.  Private to the commands room. */
 #ifndef TR_PREPARE_INTERNAL_H
 #define TR_PREPARE_INTERNAL_H
 
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+
+struct tr_json;
 
 #define SAMPLES_SHOWN 5 /* duplicates shown per kind */
 
@@ -43,6 +47,73 @@ void tr_prepare_remove_stale_shards(const char *dir, const char *prefix, int wri
 
 /* "trainrun prepare: error: ..." from a va_list (tr_prepare_fail's body). */
 void tr_prepare_vfail(const char *fmt, va_list ap);
+
+/* ---- inputs (prepare_input.c) ------------------------------------------------ */
+
+/* Read the file at path whole into *data (malloc'd, NUL-terminated one past
+ * *size, free() it): plain, gzip or zstd, told by the file's first bytes,
+ * not its name.  0 or -1 (message on stderr naming the file). */
+int tr_prepare_read_input(const char *path, unsigned char **data, size_t *size);
+
+/* 1 when path names a JSONL file (.jsonl, .jsonl.gz or .jsonl.zst): one
+ * JSON object per line. */
+int tr_prepare_is_jsonl(const char *path);
+
+/* Records of a JSONL file already in memory, one JSON object per line;
+ * blank lines are skipped, so are a UTF-8 byte order mark and the "\r" of
+ * "\r\n". */
+struct tr_jsonl {
+    const char *path;                /* for messages */
+    const unsigned char *at, *end;
+    long line;                       /* the line of the record last returned, from 1 */
+    char error[512];                 /* why the last tr_jsonl_next returned -1 */
+};
+
+void tr_jsonl_init(struct tr_jsonl *it, const char *path, const unsigned char *data, size_t size);
+
+/* The next record: 1 with *rec set (an object; tr_json_free it), 0 after
+ * the last, -1 when the line it->line is not JSON or not an object: it->error
+ * then says so as "PATH:LINE: ...", and the iterator has moved past that
+ * line, so a caller that skips bad records simply calls again. */
+int tr_jsonl_next(struct tr_jsonl *it, struct tr_json **rec);
+
+/* ---- token shards (prepare_shards.c) ----------------------------------------- */
+
+/* Writes DIR/PREFIX_000000.bin, DIR/PREFIX_000001.bin, ... of at most
+ * shard_tokens tokens each (see include/trainrun/tokens.h).  Tokens are
+ * uint16 when vocab <= 65536, else uint32.  With a loss mask each shard is
+ * TRTOKENS version 2 with TR_TOKENS_LOSS_MASK; without, version 1.  Shards
+ * are written to a temporary name and renamed when finished, so a reader
+ * never sees half a shard.  Errors go to stderr ("trainrun prepare: error:"). */
+struct tr_shard_writer;
+
+/* NULL (message on stderr) when out of memory or vocab is 0. */
+struct tr_shard_writer *tr_shard_writer_open(const char *dir, const char *prefix,
+                                             uint64_t shard_tokens, uint32_t vocab,
+                                             int with_mask);
+
+/* Append token id (< vocab, else -1) with its mask bit: trained = 1 when
+ * the token is a target the loss is taken on (ignored without a mask).  The
+ * first put after a full shard finishes that shard and opens the next. */
+int tr_shard_writer_put(struct tr_shard_writer *w, uint32_t id, int trained);
+
+/* Count n more bytes of text (UTF-8) as encoded by the shard holding the
+ * token put last (the next shard before any put): its header's text_bytes.
+ * Callers add each token's bytes right after putting it, so that every
+ * shard's count is its own. */
+void tr_shard_writer_add_text_bytes(struct tr_shard_writer *w, uint64_t n);
+
+/* Finish the open shard (published under its name): 0, or -1 when it could
+ * not be written (it is removed).  The counts below are then final. */
+int tr_shard_writer_finish(struct tr_shard_writer *w);
+/* Free w; a shard still unfinished (after an error) is removed, finished
+ * ones stay.  NULL is fine. */
+void tr_shard_writer_free(struct tr_shard_writer *w);
+
+int tr_shard_writer_shards(const struct tr_shard_writer *w);        /* finished so far */
+uint64_t tr_shard_writer_tokens(const struct tr_shard_writer *w);   /* put so far */
+uint64_t tr_shard_writer_text_bytes(const struct tr_shard_writer *w);
+int tr_shard_writer_token_bytes(const struct tr_shard_writer *w);   /* 2 or 4 */
 
 /* The text path (prepare_text.c): read, split, deduplicate, write the
  * shards and prepare.json.  0 or -1 (messages on stderr). */

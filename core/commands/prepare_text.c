@@ -1,6 +1,6 @@
 /*
  * `trainrun prepare` of text (see prepare.h): every input is read whole
- * (plain or gzip), split into documents (blank-line separated paragraphs,
+ * (plain, gzip or zstd: prepare_input.c), split into documents (blank-line separated paragraphs,
  * or one per line), deduplicated, and written as TRTOKENS shards
  * (train_000000.bin ..., val_000000.bin ...) with prepare.json describing
  * what was done.  Each document is followed by the separator it was split
@@ -9,7 +9,8 @@
  * at the end holding at least val_fraction of the tokens.
  *
  * Deduplication (exact, or near: MinHash with LSH banding) is in dedup.c;
- * this file reads, splits, reports what was removed and writes.  The
+ * this file splits, reports what was removed and writes (through the shard
+ * writer of prepare_shards.c).  The
  * command line and the output directory are prepare.c's.
  */
 #include "prepare.h"
@@ -17,78 +18,20 @@
 #include "dedup.h"
 #include "prepare_internal.h"
 
-#include <trainrun/tokens.h>
-
 #include "../util/json.h"
 #include "../util/util.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
-
-#define TRTOKENS_HEADER TR_TOKENS_HEADER_BYTES
-
-/* ---- reading inputs ------------------------------------------------------ */
 
 struct input {
     const char *path;
     unsigned char *data;
     size_t size;
 };
-
-/* The whole file, decompressed if it is gzip. */
-static int read_input(struct input *in)
-{
-    struct stat st;
-    if (stat(in->path, &st) != 0)
-        return tr_prepare_fail("cannot open %s: %s%s", in->path, strerror(errno),
-                    in->path[0] == '/' ? "" : " (relative to the current directory)");
-    if (!S_ISREG(st.st_mode))
-        return tr_prepare_fail("%s is not a regular file", in->path);
-    errno = 0;
-    gzFile f = gzopen(in->path, "rb");
-    if (!f)
-        return tr_prepare_fail("cannot open %s: %s", in->path, errno ? strerror(errno) : "out of memory");
-    /* st_size + 1: a plain file is read without growing; gzip grows */
-    size_t cap = (size_t)st.st_size + 1, len = 0;
-    unsigned char *buf = malloc(cap);
-    int rc = buf ? 0 : tr_prepare_fail("out of memory reading %s (%zu bytes)", in->path, cap);
-    while (rc == 0) {
-        if (len == cap) {
-            unsigned char *grown = realloc(buf, cap * 2);
-            if (!grown) {
-                rc = tr_prepare_fail("out of memory reading %s (%zu bytes so far)", in->path, len);
-                break;
-            }
-            buf = grown;
-            cap *= 2;
-        }
-        size_t want = cap - len > (1u << 30) ? (1u << 30) : cap - len;
-        int got = gzread(f, buf + len, (unsigned)want);
-        if (got < 0) {
-            int zerr;
-            const char *msg = gzerror(f, &zerr);
-            rc = tr_prepare_fail("cannot read %s: %s (is the .gz file complete?)", in->path,
-                      zerr == Z_ERRNO ? strerror(errno) : msg);
-        }
-        if (got <= 0)
-            break;
-        len += (size_t)got;
-    }
-    gzclose(f);
-    if (rc != 0) {
-        free(buf);
-        return rc;
-    }
-    in->data = buf;
-    in->size = len;
-    return 0;
-}
 
 /* ---- documents ------------------------------------------------------------ */
 
@@ -201,99 +144,6 @@ static void print_removed(const struct docs *d, const struct input *inputs, enum
 
 /* ---- shards ---------------------------------------------------------------- */
 
-struct shard_writer {
-    const char *dir, *prefix; /* OUTDIR, "train" or "val" */
-    uint64_t limit;           /* tokens per shard */
-    uint32_t vocab;
-    FILE *f;
-    char path[4096], tmp[4200];
-    int shards;               /* finished so far */
-    uint64_t in_shard, total;
-    unsigned char buf[1 << 16];
-    size_t fill;
-};
-
-
-
-static void trtokens_header(unsigned char h[TRTOKENS_HEADER], uint64_t tokens, uint32_t vocab)
-{
-    /* uint16 tokens: byte and char vocabularies fit */
-    struct tr_tokens_header th = {TR_TOKENS_VERSION, 2, tokens, vocab, 0, 0};
-    tr_tokens_header_write(h, &th);
-}
-
-static int flush_buf(struct shard_writer *w)
-{
-    if (w->fill && fwrite(w->buf, 1, w->fill, w->f) != w->fill)
-        return tr_prepare_fail("cannot write %s: %s", w->path, strerror(errno));
-    w->fill = 0;
-    return 0;
-}
-
-/* Finish the open shard: its header gets the count, then it is published
- * under its name by rename. */
-static int close_shard(struct shard_writer *w)
-{
-    if (!w->f)
-        return 0;
-    unsigned char h[TRTOKENS_HEADER];
-    trtokens_header(h, w->in_shard, w->vocab);
-    int rc = flush_buf(w);
-    if (rc == 0 && (fseek(w->f, 0, SEEK_SET) != 0 || fwrite(h, 1, sizeof h, w->f) != sizeof h ||
-                    fflush(w->f) != 0 || fsync(fileno(w->f)) != 0))
-        rc = tr_prepare_fail("cannot write %s: %s", w->path, strerror(errno));
-    if (fclose(w->f) != 0 && rc == 0)
-        rc = tr_prepare_fail("cannot write %s: %s", w->path, strerror(errno));
-    w->f = NULL;
-    if (rc == 0 && rename(w->tmp, w->path) != 0)
-        rc = tr_prepare_fail("cannot rename %s to %s: %s", w->tmp, w->path, strerror(errno));
-    if (rc != 0) {
-        unlink(w->tmp);
-        return rc;
-    }
-    w->shards++;
-    return 0;
-}
-
-static int open_shard(struct shard_writer *w)
-{
-    snprintf(w->path, sizeof w->path, "%s/%s_%06d.bin", w->dir, w->prefix, w->shards);
-    snprintf(w->tmp, sizeof w->tmp, "%s.tmp-%ld", w->path, (long)getpid());
-    w->f = fopen(w->tmp, "wb");
-    if (!w->f)
-        return tr_prepare_fail("cannot create %s: %s", w->tmp, strerror(errno));
-    unsigned char h[TRTOKENS_HEADER];
-    trtokens_header(h, 0, w->vocab); /* rewritten with the count at the end */
-    if (fwrite(h, 1, sizeof h, w->f) != sizeof h)
-        return tr_prepare_fail("cannot write %s: %s", w->path, strerror(errno));
-    w->in_shard = 0;
-    return 0;
-}
-
-static int put_token(struct shard_writer *w, uint16_t id)
-{
-    if (w->f && w->in_shard == w->limit && close_shard(w) != 0)
-        return -1;
-    if (!w->f && open_shard(w) != 0)
-        return -1;
-    if (w->fill + 2 > sizeof w->buf && flush_buf(w) != 0)
-        return -1;
-    w->buf[w->fill++] = (unsigned char)(id & 0xff);
-    w->buf[w->fill++] = (unsigned char)(id >> 8);
-    w->in_shard++;
-    w->total++;
-    return 0;
-}
-
-static void abandon_shard(struct shard_writer *w)
-{
-    if (!w->f)
-        return;
-    fclose(w->f);
-    w->f = NULL;
-    unlink(w->tmp);
-}
-
 static void json_shard_list(FILE *f, const char *prefix, int n)
 {
     fputc('[', f);
@@ -361,31 +211,30 @@ static int write_split(const struct prepare_opts *o, const struct docs *d, size_
                        size_t to, const uint16_t *ids, const char *sep, size_t sep_len,
                        const char *prefix, struct text_result *r, int split)
 {
-    struct shard_writer *w = calloc(1, sizeof *w);
+    struct tr_shard_writer *w = tr_shard_writer_open(o->out_dir, prefix, o->shard_tokens,
+                                                     r->vocab, 0);
     if (!w)
-        return tr_prepare_fail("out of memory");
-    w->dir = o->out_dir;
-    w->prefix = prefix;
-    w->limit = o->shard_tokens;
-    w->vocab = r->vocab;
+        return -1;
     int rc = 0;
     for (size_t i = from; i < to && rc == 0; i++) {
         const struct doc *doc = &d->v[i];
         if (doc->removed)
             continue;
         r->docs[split]++;
-        for (size_t k = 0; k < doc->len && rc == 0; k++)
-            rc = put_token(w, ids[doc->text[k]]);
-        for (size_t k = 0; k < sep_len && rc == 0; k++)
-            rc = put_token(w, ids[(unsigned char)sep[k]]);
+        for (size_t k = 0; k < doc->len && rc == 0; k++) {
+            rc = tr_shard_writer_put(w, ids[doc->text[k]], 1);
+            tr_shard_writer_add_text_bytes(w, 1);
+        }
+        for (size_t k = 0; k < sep_len && rc == 0; k++) {
+            rc = tr_shard_writer_put(w, ids[(unsigned char)sep[k]], 1);
+            tr_shard_writer_add_text_bytes(w, 1);
+        }
     }
     if (rc == 0)
-        rc = close_shard(w);
-    else
-        abandon_shard(w);
-    r->tokens[split] = w->total;
-    r->shards[split] = w->shards;
-    free(w);
+        rc = tr_shard_writer_finish(w);
+    r->tokens[split] = tr_shard_writer_tokens(w);
+    r->shards[split] = tr_shard_writer_shards(w);
+    tr_shard_writer_free(w);
     if (rc == 0)
         tr_prepare_remove_stale_shards(o->out_dir, prefix, r->shards[split]);
     return rc;
@@ -510,7 +359,7 @@ int tr_prepare_text(const struct prepare_opts *o)
     int rc = inputs ? 0 : tr_prepare_fail("out of memory");
     for (int i = 0; i < o->n_inputs && rc == 0; i++) {
         inputs[i].path = o->inputs[i];
-        rc = read_input(&inputs[i]);
+        rc = tr_prepare_read_input(inputs[i].path, &inputs[i].data, &inputs[i].size);
     }
     if (rc == 0)
         rc = prepare_text(o, inputs);
