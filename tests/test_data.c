@@ -11,6 +11,7 @@
 #include <criterion/criterion.h>
 #include "scratch.h"
 #include <trainrun/plugin.h>
+#include <trainrun/tokens.h>
 
 #include "util/json.h"
 #include "commands/prepare.h"
@@ -141,6 +142,30 @@ static void write_shard(const char *path, uint32_t width, const uint32_t *ids, s
                         uint32_t vocab)
 {
     write_shard_as(path, "TRTOKENS", 1, width, ids, count, count, vocab);
+}
+
+/* A TRTOKENS version 2 shard with `flags` at byte 28 and, after the
+ * uint16 tokens, `mask_bytes` bytes of the loss mask built from trained[]
+ * (bit i = trained[i]; bytes beyond the tokens' ceil(count / 8) are zero). */
+static void write_masked_shard(const char *path, const uint32_t *ids, const int *trained,
+                               size_t count, uint32_t vocab, uint32_t flags, size_t mask_bytes)
+{
+    size_t size = 64 + count * 2 + mask_bytes;
+    unsigned char *buf = calloc(1, size);
+    memcpy(buf, "TRTOKENS", 8);
+    le32(buf + 8, 2);
+    le32(buf + 12, 2);
+    le64(buf + 16, count);
+    le32(buf + 24, vocab);
+    le32(buf + 28, flags);
+    for (size_t i = 0; i < count; i++) {
+        buf[64 + 2 * i] = (unsigned char)ids[i];
+        buf[64 + 2 * i + 1] = (unsigned char)(ids[i] >> 8);
+        if (trained[i] && i / 8 < mask_bytes)
+            buf[64 + 2 * count + i / 8] |= (unsigned char)(1u << (i % 8));
+    }
+    write_file(path, buf, size);
+    free(buf);
 }
 
 /* llm.c's format: 256 int32 header (magic, version, count), uint16 tokens. */
@@ -350,9 +375,9 @@ Test(tokens, bad_shards_are_errors_naming_file_and_offset)
     create_fails(&p, 4, "TRTOKENZ", "expected the magic \"TRTOKENS\"");
 
     const char *version = tmp_path("version.bin");
-    write_shard_as(version, "TRTOKENS", 2, 2, ids, 20, 20, 256);
+    write_shard_as(version, "TRTOKENS", 3, 2, ids, 20, 20, 256);
     set(&p, "train", version);
-    create_fails(&p, 4, version, "byte offset 8: unsupported version 2");
+    create_fails(&p, 4, version, "byte offset 8: unsupported version 3");
 
     const char *dtype = tmp_path("dtype.bin");
     write_shard_as(dtype, "TRTOKENS", 1, 3, ids, 20, 20, 256);
@@ -389,6 +414,113 @@ Test(tokens, bad_shards_are_errors_naming_file_and_offset)
     create_fails(&p, 4, "declares vocabulary 256", "set data.vocab");
     set(&p, "vocab", "300");
     destroy(&p, create_ok(&p, 4));
+}
+
+/* ---- tokens: loss masks (instruction data) -------------------------------------- */
+
+/* Every sample's inputs are the tokens, and each target is the next token
+ * when the mask trains on it, else exactly -1 (the cross-entropy's
+ * ignore_index); shards without a mask in the same split train on all. */
+Test(tokens, masked_targets_read_as_minus_one)
+{
+    enum { N = 43, T = 6 };
+    uint32_t ids[N];
+    int trained[N];
+    for (int i = 0; i < N; i++) {
+        ids[i] = (uint32_t)(i * 5 % 97);
+        /* uneven runs of prompt (0) and response (1), across byte boundaries */
+        trained[i] = (i % 11) >= 4;
+    }
+    write_masked_shard(tmp_path("m_0.bin"), ids, trained, N, 97, TR_TOKENS_LOSS_MASK,
+                       N / 8 + 1);
+    write_shard(tmp_path("m_1.bin"), 2, ids, N, 97); /* version 1, no mask */
+    struct plugin p = load("data_tokens");
+    set(&p, "train", tmp_path("m_*.bin"));
+    set(&p, "val_fraction", "0");
+    void *self = create_ok(&p, T);
+    uint64_t per_shard = (N - 1) / T;
+    cr_assert_eq(info_of(&p, self).samples[TR_SPLIT_TRAIN], 2 * per_shard);
+    cr_assert_null(strstr(log_text, "ignoring"), "a complete mask is not extra bytes: %s",
+                   log_text);
+    int masked = 0, kept = 0;
+    for (uint64_t j = 0; j < 2 * per_shard; j++) {
+        int32_t in[T], tgt[T];
+        read_one(&p, self, TR_SPLIT_TRAIN, j, in, tgt);
+        size_t first = (size_t)(j % per_shard) * T;
+        for (size_t k = 0; k < T; k++) {
+            cr_assert_eq((uint32_t)in[k], ids[first + k], "sample %llu input %zu",
+                         (unsigned long long)j, k);
+            int mask_applies = j < per_shard; /* m_0 is masked, m_1 is not */
+            int32_t want = mask_applies && !trained[first + k + 1] ? -1
+                                                                   : (int32_t)ids[first + k + 1];
+            cr_assert_eq(tgt[k], want, "sample %llu target %zu: %d, want %d",
+                         (unsigned long long)j, k, tgt[k], want);
+            masked += tgt[k] == -1;
+            kept += tgt[k] != -1;
+        }
+    }
+    cr_assert_gt(masked, 0);
+    cr_assert_gt(kept, masked);
+    destroy(&p, self);
+
+    /* version 1 never has a mask, whatever byte 28 holds */
+    unsigned char *v1 = NULL;
+    size_t size;
+    write_shard(tmp_path("v1.bin"), 2, ids, N, 97);
+    v1 = (unsigned char *)read_all(tmp_path("v1.bin"), &size);
+    le32(v1 + 28, TR_TOKENS_LOSS_MASK);
+    write_file(tmp_path("v1.bin"), v1, size);
+    free(v1);
+    set(&p, "train", tmp_path("v1.bin"));
+    self = create_ok(&p, T);
+    expect_window(&p, self, TR_SPLIT_TRAIN, 2, ids, 2 * T, T);
+    destroy(&p, self);
+}
+
+Test(tokens, damaged_masks_are_errors_naming_file_and_offset)
+{
+    enum { N = 40 };
+    uint32_t ids[N];
+    int trained[N];
+    for (int i = 0; i < N; i++) {
+        ids[i] = (uint32_t)i;
+        trained[i] = i % 2;
+    }
+    struct plugin p = load("data_tokens");
+    set(&p, "val_fraction", "0");
+
+    const char *short_mask = tmp_path("short_mask.bin");
+    write_masked_shard(short_mask, ids, trained, N, 256, TR_TOKENS_LOSS_MASK, N / 8 - 1);
+    set(&p, "train", short_mask);
+    create_fails(&p, 4, short_mask, "a loss mask of 5 bytes follows the 40 tokens");
+    create_fails(&p, 4, "the file ends at byte offset 148", "re-create the shard");
+
+    const char *no_mask = tmp_path("no_mask.bin");
+    write_masked_shard(no_mask, ids, trained, N, 256, TR_TOKENS_LOSS_MASK, 0);
+    set(&p, "train", no_mask);
+    create_fails(&p, 4, no_mask, "loss mask of 5 bytes");
+
+    const char *flags = tmp_path("flags.bin");
+    write_masked_shard(flags, ids, trained, N, 256, TR_TOKENS_LOSS_MASK | 0x40, N / 8);
+    set(&p, "train", flags);
+    create_fails(&p, 4, flags, "byte offset 28: unknown flags 0x40");
+
+    /* version 2 without the flag: no mask, every target trained on */
+    const char *plain = tmp_path("plain_v2.bin");
+    write_masked_shard(plain, ids, trained, N, 256, 0, 0);
+    set(&p, "train", plain);
+    void *self = create_ok(&p, 4);
+    expect_window(&p, self, TR_SPLIT_TRAIN, 1, ids, 4, 4);
+    destroy(&p, self);
+
+    /* a mask longer than the tokens need: warned about, not an error */
+    const char *longer = tmp_path("longer.bin");
+    write_masked_shard(longer, ids, trained, N, 256, TR_TOKENS_LOSS_MASK, N / 8 + 3);
+    set(&p, "train", longer);
+    self = create_ok(&p, 4);
+    cr_assert(strstr(log_text, "ignoring 3 bytes after the 40 tokens and loss mask"), "%s",
+              log_text);
+    destroy(&p, self);
 }
 
 Test(tokens, token_beyond_vocab_is_reported_lazily_or_at_open)

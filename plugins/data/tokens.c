@@ -6,10 +6,15 @@
  *
  *   trainrun's own ("TRTOKENS"), a 64-byte little-endian header
  *       0  magic "TRTOKENS"        24  u32 vocabulary size (0: unknown)
- *       8  u32 version (1)         28  zero padding up to byte 64
- *      12  u32 token dtype (2 = uint16, 4 = uint32)
+ *       8  u32 version (1 or 2)    28  u32 flags (version 2), then zero
+ *      12  u32 token dtype (2 = uint16, 4 = uint32)   padding to byte 64
  *      16  u64 token count
- *   then the tokens, little-endian;
+ *   then the tokens, little-endian, and with the flag TR_TOKENS_LOSS_MASK
+ *   a loss mask of one bit per token (include/trainrun/tokens.h).  A
+ *   target whose mask bit is 0 (a prompt token of instruction data) is
+ *   read as -1, the index the cross-entropy ignores: it stays an input but
+ *   is never predicted.  Shards without a mask train on every target, so
+ *   masked and unmasked shards mix in one split;
  *
  *   llm.c's shard format: 256 int32 (1024 bytes), header[0] = 20240520,
  *   header[1] = 1 (uint16 tokens), header[2] = token count; then the tokens.
@@ -83,6 +88,7 @@ struct shard {
     uint32_t width;           /* bytes per token: 2 or 4 */
     uint32_t vocab;           /* declared by the header; 0: none */
     uint64_t tokens;
+    const unsigned char *mask; /* the loss mask (bit i: token i is a target); NULL: none */
 };
 
 /* Tokens [first, first + count) of one shard, serving samples
@@ -126,11 +132,19 @@ static uint32_t token_at(const struct shard *s, uint64_t i)
     return s->width == 2 ? (uint32_t)p[0] | (uint32_t)p[1] << 8 : data_le32(p);
 }
 
+/* Whether token i of s is a target the loss is taken on: its mask bit, or
+ * always without a mask. */
+static int trained(const struct shard *s, uint64_t i)
+{
+    return !s->mask || (s->mask[i / 8] >> (i % 8) & 1);
+}
+
 /* Check the header of a mapped shard and fill in where its tokens are. */
 static int parse_header(struct shard *s, tr_err *err)
 {
     const unsigned char *h = s->map;
     const char *path = s->path;
+    int has_mask = 0;
     if (s->size >= 4 && data_le32(h) == LLMC_MAGIC) {
         if (s->size < LLMC_HEADER)
             return tr_fail(err,
@@ -169,12 +183,23 @@ static int parse_header(struct shard *s, tr_err *err)
                            "header needs %d; re-create the shard",
                            path, s->size, TRTOKENS_HEADER);
         tr_tokens_header_read(h, &th);
-        if (th.version != TR_TOKENS_VERSION)
+        if (th.version != TR_TOKENS_VERSION && th.version != TR_TOKENS_VERSION_FLAGS)
             return tr_fail(err,
                            "tokens data: %s: byte offset %d: unsupported version %u (this "
-                           "trainrun reads version %d); re-create the shard with this "
+                           "trainrun reads versions %d and %d); re-create the shard with this "
                            "trainrun's `prepare`",
-                           path, TR_TOKENS_AT_VERSION, th.version, TR_TOKENS_VERSION);
+                           path, TR_TOKENS_AT_VERSION, th.version, TR_TOKENS_VERSION,
+                           TR_TOKENS_VERSION_FLAGS);
+        /* version 1 predates the flags word: whatever sits there is padding */
+        if (th.version == TR_TOKENS_VERSION)
+            th.flags = 0;
+        if (th.flags & ~TR_TOKENS_LOSS_MASK)
+            return tr_fail(err,
+                           "tokens data: %s: byte offset %d: unknown flags 0x%x (this trainrun "
+                           "knows 0x%x, the loss mask); the shard is damaged or from a newer "
+                           "trainrun",
+                           path, TR_TOKENS_AT_FLAGS, th.flags & ~TR_TOKENS_LOSS_MASK,
+                           TR_TOKENS_LOSS_MASK);
         if (th.token_bytes != 2 && th.token_bytes != 4)
             return tr_fail(err,
                            "tokens data: %s: byte offset %d: unsupported token dtype %u "
@@ -191,6 +216,7 @@ static int parse_header(struct shard *s, tr_err *err)
         s->tokens = th.count;
         s->vocab = th.vocab;
         s->data_offset = TRTOKENS_HEADER;
+        has_mask = (th.flags & TR_TOKENS_LOSS_MASK) != 0;
     }
 
     uint64_t room = (s->size - s->data_offset) / s->width;
@@ -201,6 +227,20 @@ static int parse_header(struct shard *s, tr_err *err)
                        "whole tokens; re-create the shard (was it copied completely?)",
                        path, (unsigned long long)s->tokens, s->width, s->data_offset, s->size,
                        (unsigned long long)room);
+    if (has_mask) {
+        /* the tokens fit (above), so this subtraction cannot wrap */
+        size_t mask_at = s->data_offset + (size_t)s->tokens * s->width;
+        uint64_t need = tr_tokens_mask_bytes(s->tokens);
+        if (need > s->size - mask_at)
+            return tr_fail(err,
+                           "tokens data: %s is truncated: the header (flags at byte offset %d) "
+                           "says a loss mask of %llu bytes follows the %llu tokens from byte "
+                           "offset %zu, but the file ends at byte offset %zu; re-create the "
+                           "shard (was it copied completely?)",
+                           path, TR_TOKENS_AT_FLAGS, (unsigned long long)need,
+                           (unsigned long long)s->tokens, mask_at, s->size);
+        s->mask = s->map + mask_at;
+    }
     return TR_OK;
 }
 
@@ -230,12 +270,14 @@ static int map_shard(struct shard *s, const char *option, const struct tr_host *
     s->map = map;
     if (parse_header(s, err) != TR_OK)
         return TR_ERROR;
-    size_t used = s->data_offset + s->tokens * s->width;
+    size_t used = s->data_offset + s->tokens * s->width +
+                  (s->mask ? (size_t)tr_tokens_mask_bytes(s->tokens) : 0);
     if (used < s->size && host && host->log)
         host->log(TR_LOG_WARN, "tokens",
-                  "%s: ignoring %zu bytes after the %llu tokens the header declares (from "
+                  "%s: ignoring %zu bytes after the %llu tokens %sthe header declares (from "
                   "byte offset %zu)",
-                  s->path, s->size - used, (unsigned long long)s->tokens, used);
+                  s->path, s->size - used, (unsigned long long)s->tokens,
+                  s->mask ? "and loss mask " : "", used);
     return TR_OK;
 }
 
@@ -502,7 +544,7 @@ static int tokens_read(void *self, enum tr_split split, const uint64_t *indices,
             if (next >= t->vocab)
                 return check_range(s, first + k + 1, 1, t->vocab, err);
             in[i * T + k] = (int32_t)prev;
-            targets[i * T + k] = (int32_t)next;
+            targets[i * T + k] = trained(s, first + k + 1) ? (int32_t)next : -1;
             prev = next;
         }
     }
