@@ -135,6 +135,9 @@ struct tr_tokenizer {
     int nsteps;
     struct cached *cache;       /* open addressing, CACHE_MAX_ENTRIES * 2 slots */
     size_t cache_used;
+    /* tr_tokenizer_pretokenize: each word goes here instead of to BPE */
+    void (*word_fn)(void *ctx, const char *w, size_t n);
+    void *word_ctx;
     /* scratch */
     int32_t *sym;
     size_t sym_cap;
@@ -787,7 +790,10 @@ static int piece(struct tr_tokenizer *t, int k, const char *s, size_t n, struct 
         return TR_OK;
     if (k + 1 < t->nsteps)
         return split(t, k + 1, s, n, o, err);
-    bpe_word(t, s, n, o);
+    if (t->word_fn)
+        t->word_fn(t->word_ctx, s, n);
+    else
+        bpe_word(t, s, n, o);
     return TR_OK;
 }
 
@@ -884,6 +890,23 @@ int tr_tokenizer_encode_ex(struct tr_tokenizer *t, const char *text, size_t len,
     *ids = all;
     *n += t->nbefore + t->nafter;
     return TR_OK;
+}
+
+int tr_tokenizer_pretokenize(struct tr_tokenizer *t, const char *text, size_t len,
+                             void (*word)(void *ctx, const char *w, size_t n), void *ctx,
+                             tr_err *err)
+{
+    /* encode's own path, with the words handed out instead of merged: the same
+     * special-token cuts and pre-tokenizer chain by construction */
+    t->word_fn = word;
+    t->word_ctx = ctx;
+    int32_t *ids;
+    size_t n;
+    int rc = tr_tokenizer_encode(t, text, len, &ids, &n, err);
+    free(ids);
+    t->word_fn = NULL;
+    t->word_ctx = NULL;
+    return rc;
 }
 
 int tr_tokenizer_decode(const struct tr_tokenizer *t, const int32_t *ids, size_t n, char **out,

@@ -36,6 +36,12 @@ int32_t tr_tokenizer_eos_id(const struct tr_tokenizer *t);
  * sep) when add_special is nonzero, as `encode(text, add_special_tokens=True)`. */
 int tr_tokenizer_encode_ex(struct tr_tokenizer *t, const char *text, size_t len, int add_special,
                            int32_t **ids, size_t *n, tr_err *err);
+/* The pre-tokenizer alone, for training a BPE (bpe_train.h): word(ctx, bytes, n) for each
+ * piece the file's pre-tokenizer chain cuts text into, in order, as encode would merge them;
+ * special tokens written in the text are cut out and not passed.  TR_OK or TR_ERROR. */
+int tr_tokenizer_pretokenize(struct tr_tokenizer *t, const char *text, size_t len,
+                             void (*word)(void *ctx, const char *w, size_t n), void *ctx,
+                             tr_err *err);
 /* ids -> bytes, newly allocated and NUL-terminated in *out (free()); special tokens kept. */
 int tr_tokenizer_decode(const struct tr_tokenizer *t, const int32_t *ids, size_t n, char **out,
                         size_t *len, tr_err *err);
