@@ -668,6 +668,119 @@ Test(text_char, cache_is_created_reused_and_rebuilt_when_the_file_changes)
     cr_assert_eq(after.st_size, 64 + 2 * (sizeof corpus - 1));
 }
 
+/* ---- windows = "random": a training sample at every start position ------------------- */
+
+TestSuite(windows, .init = make_tmp, .fini = remove_tmp);
+
+/* Training sample j starts at token j of its segment (a shard, or the part of
+ * one before the validation cut), and never crosses into the next shard;
+ * validation keeps its aligned windows. */
+Test(windows, tokens_random_starts_a_training_sample_at_every_token)
+{
+    uint32_t ids[101];
+    for (int i = 0; i < 101; i++)
+        ids[i] = (uint32_t)(i * 37 % 251);
+    write_shard(tmp_path("train.bin"), 2, ids, 101, 256);
+    struct plugin p = load("data_tokens");
+    set(&p, "train", tmp_path("train.bin"));
+    set(&p, "val_fraction", "0.2"); /* tokens 81..100 validate */
+    set(&p, "windows", "random");
+    void *self = create_ok(&p, 4);
+    struct tr_data_info info = info_of(&p, self);
+    cr_assert_eq(info.samples[TR_SPLIT_TRAIN], 77, "81 - 4 start positions, got %llu",
+                 (unsigned long long)info.samples[TR_SPLIT_TRAIN]);
+    cr_assert_eq(info.samples[TR_SPLIT_VAL], 4, "validation stays aligned: (20 - 1) / 4");
+    for (uint64_t j = 0; j < 77; j++)
+        expect_window(&p, self, TR_SPLIT_TRAIN, j, ids, j, 4);
+    expect_window(&p, self, TR_SPLIT_VAL, 0, ids, 81, 4);
+    expect_window(&p, self, TR_SPLIT_VAL, 3, ids, 93, 4);
+    uint64_t beyond = 77;
+    int32_t in[4], tgt[4];
+    tr_err err = {{0}};
+    cr_assert_eq(data(&p)->read(self, TR_SPLIT_TRAIN, &beyond, 1, in, tgt, &err), TR_ERROR,
+                 "sample 77 would read the first validation token as a target");
+    destroy(&p, self);
+
+    /* aligned, the default, is unchanged */
+    set(&p, "windows", "aligned");
+    self = create_ok(&p, 4);
+    cr_assert_eq(info_of(&p, self).samples[TR_SPLIT_TRAIN], 20);
+    expect_window(&p, self, TR_SPLIT_TRAIN, 19, ids, 76, 4);
+    destroy(&p, self);
+
+    /* shards: 13 tokens give 9 starts, 10 give 6, 4 (too short) none */
+    uint32_t a[13], b[10], c[4] = {1, 2, 3, 4};
+    for (int i = 0; i < 13; i++)
+        a[i] = (uint32_t)i;
+    for (int i = 0; i < 10; i++)
+        b[i] = (uint32_t)(100 + i);
+    write_shard(tmp_path("shard_0.bin"), 2, a, 13, 256);
+    write_shard(tmp_path("shard_1.bin"), 2, c, 4, 256);
+    write_shard(tmp_path("shard_2.bin"), 4, b, 10, 256);
+    set(&p, "train", tmp_path("shard_*.bin"));
+    set(&p, "val_fraction", "0");
+    set(&p, "windows", "random");
+    self = create_ok(&p, 4);
+    cr_assert_eq(info_of(&p, self).samples[TR_SPLIT_TRAIN], 15);
+    expect_window(&p, self, TR_SPLIT_TRAIN, 0, a, 0, 4);
+    expect_window(&p, self, TR_SPLIT_TRAIN, 8, a, 8, 4); /* a's last window */
+    expect_window(&p, self, TR_SPLIT_TRAIN, 9, b, 0, 4); /* not a's tail + b's head */
+    expect_window(&p, self, TR_SPLIT_TRAIN, 14, b, 5, 4);
+    destroy(&p, self);
+}
+
+/* The text plugin's byte and char tokens, the same way: training sample j is
+ * the window at byte j, validation keeps the windows at multiples of seq_len. */
+Test(windows, text_random_starts_a_training_sample_at_every_byte)
+{
+    const char *path = tmp_path("corpus.txt");
+    write_text(path, corpus);
+    const uint64_t size = sizeof corpus - 1;
+    const uint64_t train_len = size - (uint64_t)((double)size * 0.25);
+    const char *tokenizers[] = {"byte", "char"};
+    for (int t = 0; t < 2; t++) {
+        struct plugin p = load("data_text");
+        set(&p, "path", path);
+        set(&p, "val_fraction", "0.25");
+        set(&p, "tokenizer", tokenizers[t]);
+        set(&p, "cache_dir", "");
+        void *self = create_ok(&p, 8);
+        struct tr_data_info aligned = info_of(&p, self);
+        destroy(&p, self);
+
+        set(&p, "windows", "random");
+        self = create_ok(&p, 8);
+        struct tr_data_info info = info_of(&p, self);
+        cr_assert_eq(info.samples[TR_SPLIT_TRAIN], train_len - 8, "%s: %llu samples",
+                     tokenizers[t], (unsigned long long)info.samples[TR_SPLIT_TRAIN]);
+        cr_assert_eq(aligned.samples[TR_SPLIT_TRAIN], (train_len - 1) / 8);
+        cr_assert_eq(info.samples[TR_SPLIT_VAL], aligned.samples[TR_SPLIT_VAL]);
+        cr_assert_eq(info.classes, aligned.classes);
+
+        /* the byte each token stands for: itself, or the char table's */
+        char table[256];
+        int n = 0;
+        for (int c = 0; c < 256; c++)
+            if (t == 0 || (c && strchr(corpus, c)))
+                table[n++] = (char)c;
+        int32_t in[8], tgt[8];
+        for (uint64_t j = 0; j < train_len - 8; j += 7) {
+            read_one(&p, self, TR_SPLIT_TRAIN, j, in, tgt);
+            for (int k = 0; k < 8; k++) {
+                cr_assert_eq(table[in[k]], corpus[j + k], "%s: sample %llu input %d",
+                             tokenizers[t], (unsigned long long)j, k);
+                cr_assert_eq(table[tgt[k]], corpus[j + k + 1]);
+            }
+        }
+        read_one(&p, self, TR_SPLIT_TRAIN, train_len - 9, in, tgt);
+        cr_assert_eq(table[tgt[7]], corpus[train_len - 1], "the last training window");
+        read_one(&p, self, TR_SPLIT_VAL, 1, in, tgt);
+        for (int k = 0; k < 8; k++)
+            cr_assert_eq(table[in[k]], corpus[train_len + 8 + k], "validation stays aligned");
+        destroy(&p, self);
+    }
+}
+
 /* ---- prepare ------------------------------------------------------------------------ */
 
 static char out_text[16384], err_text[8192];

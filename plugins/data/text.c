@@ -14,9 +14,14 @@
  *
  * The tokens are split by position: the first (1 - val_fraction) train, the
  * rest validate.  Sample j of a split is the window of seq_len tokens
- * starting at j * seq_len inside that split; its targets are the same window
- * shifted by one token.  Tokens are mapped read-only (or held in memory when
- * caching is off), so concurrent reads need no locking.
+ * starting at j * seq_len inside that split (windows = "aligned"; always for
+ * validation), or, with windows = "random", sample j of the training split
+ * starts at token j: every start position is a sample, so the loader's
+ * seeded permutation of the samples draws random-offset windows without
+ * replacement, and an epoch is every start position once.  A sample's
+ * targets are its window shifted by one token.  Tokens are mapped read-only
+ * (or held in memory when caching is off), so concurrent reads need no
+ * locking.
  */
 #define _POSIX_C_SOURCE 200809L /* POSIX file APIs under strict C11 */
 
@@ -42,9 +47,11 @@ struct text_config {
     double val_fraction;
     const char *tokenizer;
     const char *cache_dir;
+    const char *windows;
 };
 
 static const char *const tokenizer_choices[] = {"byte", "char", NULL};
+static const char *const window_choices[] = {"aligned", "random", NULL};
 
 static const struct tr_option text_options[] = {
     {TR_OPT_STRING, "path", NULL, 0, 0, NULL,
@@ -62,6 +69,12 @@ static const struct tr_option text_options[] = {
      "tokenizer = \"char\": directory of the tokenised copies, keyed by the file's contents "
      "(relative to the current directory; \"\": tokenise in memory on every start)",
      offsetof(struct text_config, cache_dir)},
+    {TR_OPT_ENUM, "windows", "aligned", 0, 0, window_choices,
+     "training samples: \"aligned\": the windows of seq_len tokens starting at multiples of "
+     "seq_len; \"random\": a window starting at every token, so the shuffled order draws "
+     "random-offset windows without repeats (an epoch is then every start position once, "
+     "about seq_len times as many samples). Validation is always aligned",
+     offsetof(struct text_config, windows)},
     {.type = TR_OPT_END},
 };
 
@@ -75,6 +88,7 @@ struct text {
     uint32_t seq_len;
     uint64_t start[TR_SPLIT_COUNT];   /* first token of each split */
     uint64_t samples[TR_SPLIT_COUNT];
+    uint64_t stride[TR_SPLIT_COUNT];  /* tokens between the starts of samples j and j + 1 */
 };
 
 static void text_destroy(void *self)
@@ -460,7 +474,13 @@ static int text_create(const struct tr_host *host, const void *config,
     t->seq_len = args->seq_len;
     t->start[TR_SPLIT_TRAIN] = 0;
     t->start[TR_SPLIT_VAL] = train_len;
-    t->samples[TR_SPLIT_TRAIN] = (train_len - 1) / args->seq_len;
+    /* a window reads seq_len + 1 tokens: n tokens hold n - seq_len of them
+     * at every start, (n - 1) / seq_len side by side */
+    int random = strcmp(cfg->windows, "random") == 0;
+    t->stride[TR_SPLIT_TRAIN] = random ? 1 : args->seq_len;
+    t->stride[TR_SPLIT_VAL] = args->seq_len;
+    t->samples[TR_SPLIT_TRAIN] =
+        random ? train_len - args->seq_len : (train_len - 1) / args->seq_len;
     t->samples[TR_SPLIT_VAL] = val_len > 0 ? (val_len - 1) / args->seq_len : 0;
     *self = t;
     return TR_OK;
@@ -482,7 +502,7 @@ static int text_read(void *self, enum tr_split split, const uint64_t *indices, s
     int32_t *in = inputs;
     const size_t T = t->seq_len;
     for (size_t i = 0; i < n; i++) {
-        uint64_t first = t->start[split] + indices[i] * T;
+        uint64_t first = t->start[split] + indices[i] * t->stride[split];
         if (t->bytes) {
             const unsigned char *w = t->bytes + first;
             for (size_t k = 0; k < T; k++) {

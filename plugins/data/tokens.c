@@ -21,9 +21,13 @@
  *
  * A split is a list of segments (a shard, or part of one when the
  * validation tokens are cut from the end of the training shards).  Sample j
- * is the window of seq_len + 1 tokens starting at seq_len * (j - first
+ * is the window of seq_len + 1 tokens starting at stride * (j - first
  * sample of its segment), so a sample never crosses a shard boundary.  The
- * shards stay mapped read-only, so concurrent reads need no locking.
+ * stride is seq_len (windows = "aligned", and always for validation) or 1
+ * for the training split with windows = "random": every start position is a
+ * sample, so the loader's seeded permutation draws random-offset windows
+ * without replacement.  The shards stay mapped read-only, so concurrent
+ * reads need no locking.
  */
 #define _POSIX_C_SOURCE 200809L /* POSIX file APIs (mmap, glob) under strict C11 */
 
@@ -52,7 +56,10 @@ struct tokens_config {
     double val_fraction;
     int64_t vocab;
     int check;
+    const char *windows;
 };
+
+static const char *const window_choices[] = {"aligned", "random", NULL};
 
 static const struct tr_option tokens_options[] = {
     {TR_OPT_STRING, "train", NULL, 0, 0, NULL,
@@ -77,6 +84,12 @@ static const struct tr_option tokens_options[] = {
      "scan every token against vocab when the data is opened (reads all shards once); "
      "otherwise tokens are checked as samples are read",
      offsetof(struct tokens_config, check)},
+    {TR_OPT_ENUM, "windows", "aligned", 0, 0, window_choices,
+     "training samples: \"aligned\": the windows of seq_len tokens starting at multiples of "
+     "seq_len in each shard; \"random\": a window starting at every token, so the shuffled "
+     "order draws random-offset windows without repeats (an epoch is then every start "
+     "position once, about seq_len times as many samples). Validation is always aligned",
+     offsetof(struct tokens_config, windows)},
     {.type = TR_OPT_END},
 };
 
@@ -105,6 +118,7 @@ struct tokens {
     struct segment *segments[TR_SPLIT_COUNT];
     size_t n_segments[TR_SPLIT_COUNT];
     uint64_t samples[TR_SPLIT_COUNT];
+    uint64_t stride[TR_SPLIT_COUNT]; /* tokens between the starts of samples j and j + 1 */
     uint32_t seq_len;
     uint32_t vocab;
 };
@@ -352,7 +366,11 @@ static int add_segment(struct tokens *t, enum tr_split split, const struct shard
     g->first = first;
     g->count = count;
     g->first_sample = t->samples[split];
-    g->samples = count > t->seq_len ? (count - 1) / t->seq_len : 0;
+    /* a window reads seq_len + 1 tokens: count tokens hold count - seq_len
+     * of them at every start, (count - 1) / seq_len side by side */
+    g->samples = count <= t->seq_len ? 0
+                 : t->stride[split] == 1 ? count - t->seq_len
+                                         : (count - 1) / t->seq_len;
     t->samples[split] += g->samples;
     return TR_OK;
 }
@@ -435,6 +453,8 @@ static int tokens_create(const struct tr_host *host, const void *config,
     if (!t)
         return tr_fail(err, "tokens data: out of memory");
     t->seq_len = args->seq_len;
+    t->stride[TR_SPLIT_TRAIN] = strcmp(cfg->windows, "random") == 0 ? 1 : args->seq_len;
+    t->stride[TR_SPLIT_VAL] = args->seq_len;
 
     size_t train_first, train_n, val_first = 0, val_n = 0;
     int own_val = cfg->val[0] != '\0';
@@ -535,7 +555,7 @@ static int tokens_read(void *self, enum tr_split split, const uint64_t *indices,
     for (size_t i = 0; i < n; i++) {
         const struct segment *g = find_segment(t, split, indices[i]);
         const struct shard *s = g->shard;
-        uint64_t first = g->first + (indices[i] - g->first_sample) * T;
+        uint64_t first = g->first + (indices[i] - g->first_sample) * t->stride[split];
         uint32_t prev = token_at(s, first);
         if (prev >= t->vocab)
             return check_range(s, first, 1, t->vocab, err);
