@@ -332,6 +332,66 @@ Test(tokens, validation_from_the_end_or_from_its_own_shards)
     create_fails(&p, 4, "validation split", "needs 5 tokens");
 }
 
+/* Set a shard's text bytes (header byte 32), as prepare writes them. */
+static void set_text_bytes(const char *path, uint64_t bytes)
+{
+    size_t size;
+    unsigned char *b = (unsigned char *)read_all(path, &size);
+    le64(b + 32, bytes);
+    write_file(path, b, size);
+    free(b);
+}
+
+/* bytes_per_token (the loss per byte) from the headers' text bytes: a split cut from the
+ * end of a shard gets the shard's bytes in proportion to its tokens; one shard that does
+ * not know its bytes leaves its split unknown (0). */
+Test(tokens, bytes_per_token_from_the_shards_text_bytes)
+{
+    uint32_t ids[101];
+    for (int i = 0; i < 101; i++)
+        ids[i] = (uint32_t)(i % 256);
+    write_shard(tmp_path("a.bin"), 2, ids, 100, 256);
+    struct plugin p = load("data_tokens");
+    set(&p, "train", tmp_path("a.bin"));
+    set(&p, "val_fraction", "0.2");
+    void *self = create_ok(&p, 4);
+    struct tr_data_info info = info_of(&p, self);
+    cr_assert_eq(info.bytes_per_token[TR_SPLIT_TRAIN], 0, "a shard without text bytes: unknown");
+    cr_assert_eq(info.bytes_per_token[TR_SPLIT_VAL], 0);
+    destroy(&p, self);
+
+    set_text_bytes(tmp_path("a.bin"), 350);
+    self = create_ok(&p, 4);
+    info = info_of(&p, self);
+    cr_assert_float_eq(info.bytes_per_token[TR_SPLIT_TRAIN], 3.5, 1e-12, "%g",
+                       info.bytes_per_token[TR_SPLIT_TRAIN]);
+    cr_assert_float_eq(info.bytes_per_token[TR_SPLIT_VAL], 3.5, 1e-12, "%g",
+                       info.bytes_per_token[TR_SPLIT_VAL]);
+    destroy(&p, self);
+
+    /* two training shards (100 tokens of 350 bytes, 50 of 50) and a validation shard */
+    write_shard(tmp_path("b.bin"), 2, ids, 50, 256);
+    set_text_bytes(tmp_path("b.bin"), 50);
+    write_shard(tmp_path("v.bin"), 2, ids, 20, 256);
+    set_text_bytes(tmp_path("v.bin"), 45);
+    set(&p, "train", tmp_path("[ab].bin"));
+    set(&p, "val", tmp_path("v.bin"));
+    self = create_ok(&p, 4);
+    info = info_of(&p, self);
+    cr_assert_float_eq(info.bytes_per_token[TR_SPLIT_TRAIN], 400.0 / 150, 1e-12, "%g",
+                       info.bytes_per_token[TR_SPLIT_TRAIN]);
+    cr_assert_float_eq(info.bytes_per_token[TR_SPLIT_VAL], 2.25, 1e-12, "%g",
+                       info.bytes_per_token[TR_SPLIT_VAL]);
+    destroy(&p, self);
+
+    set_text_bytes(tmp_path("b.bin"), 0);
+    self = create_ok(&p, 4);
+    info = info_of(&p, self);
+    cr_assert_eq(info.bytes_per_token[TR_SPLIT_TRAIN], 0, "one shard of the split is unknown");
+    cr_assert_float_eq(info.bytes_per_token[TR_SPLIT_VAL], 2.25, 1e-12);
+    destroy(&p, self);
+}
+
 Test(tokens, reads_llmc_shards)
 {
     uint32_t ids[33];
@@ -573,6 +633,9 @@ Test(text_char, vocabulary_is_the_sorted_distinct_bytes)
     struct tr_data_info info = info_of(&p, self);
     cr_assert_eq(info.classes, (uint32_t)n, "vocabulary %u, distinct bytes %d", info.classes, n);
     cr_assert_eq(info.samples[TR_SPLIT_TRAIN], (sizeof corpus - 2) / 8);
+    /* a char is a byte of the file: the loss per token is the loss per byte */
+    cr_assert_eq(info.bytes_per_token[TR_SPLIT_TRAIN], 1.0);
+    cr_assert_eq(info.bytes_per_token[TR_SPLIT_VAL], 1.0);
 
     int32_t in[8], tgt[8];
     read_one(&p, self, TR_SPLIT_TRAIN, 1, in, tgt);
@@ -589,6 +652,7 @@ Test(text_char, vocabulary_is_the_sorted_distinct_bytes)
     set(&p, "cache_dir", tmp_path("cache"));
     self = create_ok(&p, 8);
     cr_assert_eq(info_of(&p, self).classes, 256);
+    cr_assert_eq(info_of(&p, self).bytes_per_token[TR_SPLIT_VAL], 1.0);
     destroy(&p, self);
     cr_assert_eq(count_files(tmp_path("cache"), ".tokens"), 0);
 }
@@ -690,6 +754,8 @@ Test(windows, tokens_random_starts_a_training_sample_at_every_token)
     cr_assert_eq(info.samples[TR_SPLIT_TRAIN], 77, "81 - 4 start positions, got %llu",
                  (unsigned long long)info.samples[TR_SPLIT_TRAIN]);
     cr_assert_eq(info.samples[TR_SPLIT_VAL], 4, "validation stays aligned: (20 - 1) / 4");
+    cr_assert_eq(info.eval_stride[TR_SPLIT_TRAIN], 4, "an evaluation reads every 4th window");
+    cr_assert_eq(info.eval_stride[TR_SPLIT_VAL], 0);
     for (uint64_t j = 0; j < 77; j++)
         expect_window(&p, self, TR_SPLIT_TRAIN, j, ids, j, 4);
     expect_window(&p, self, TR_SPLIT_VAL, 0, ids, 81, 4);
@@ -704,7 +770,9 @@ Test(windows, tokens_random_starts_a_training_sample_at_every_token)
     /* aligned, the default, is unchanged */
     set(&p, "windows", "aligned");
     self = create_ok(&p, 4);
-    cr_assert_eq(info_of(&p, self).samples[TR_SPLIT_TRAIN], 20);
+    info = info_of(&p, self);
+    cr_assert_eq(info.samples[TR_SPLIT_TRAIN], 20);
+    cr_assert_eq(info.eval_stride[TR_SPLIT_TRAIN], 0, "aligned windows do not overlap");
     expect_window(&p, self, TR_SPLIT_TRAIN, 19, ids, 76, 4);
     destroy(&p, self);
 
@@ -756,6 +824,9 @@ Test(windows, text_random_starts_a_training_sample_at_every_byte)
         cr_assert_eq(aligned.samples[TR_SPLIT_TRAIN], (train_len - 1) / 8);
         cr_assert_eq(info.samples[TR_SPLIT_VAL], aligned.samples[TR_SPLIT_VAL]);
         cr_assert_eq(info.classes, aligned.classes);
+        cr_assert_eq(info.eval_stride[TR_SPLIT_TRAIN], 8);
+        cr_assert_eq(info.eval_stride[TR_SPLIT_VAL], 0);
+        cr_assert_eq(aligned.eval_stride[TR_SPLIT_TRAIN], 0);
 
         /* the byte each token stands for: itself, or the char table's */
         char table[256];

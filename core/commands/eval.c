@@ -26,7 +26,9 @@ void tr_eval_help(FILE *out)
             "The loss (mean cross-entropy in nats per predicted token, or per sample for a\n"
             "classifier), the perplexity exp(loss) and the accuracy of the model RECIPE\n"
             "describes, on the first micro-batches of a split, without training and without\n"
-            "writing anything (no run directory, lock, metrics or checkpoint).\n"
+            "writing anything (no run directory, lock, metrics or checkpoint).  For text data\n"
+            "whose bytes per token are known (the text plugin, shards from trainrun prepare)\n"
+            "also the loss in nats per byte, which compares models with different tokenizers.\n"
             "\n"
             "The weights: a checkpoint's with --checkpoint; else the recipe's\n"
             "model = { from = DIR }; else freshly initialised from train.seed, with a warning\n"
@@ -44,7 +46,8 @@ void tr_eval_help(FILE *out)
             "  --json             one JSON object on stdout: recipe, weights (fresh, from or\n"
             "                     checkpoint), source, step, split, batches, split_batches,\n"
             "                     micro_batch, samples, tokens (sequence models), loss,\n"
-            "                     perplexity, accuracy (null when not counted), device,\n"
+            "                     perplexity, loss_per_byte (null when not known),\n"
+            "                     accuracy (null when not counted), device,\n"
             "                     precision, seconds\n"
             "\n"
             "It evaluates as the run does (the same code): the micro-batches of\n"
@@ -110,7 +113,12 @@ static void print_json(const struct tr_eval_result *e, int train_split)
     if (e->sequence)
         printf(", \"tokens\": %llu", (unsigned long long)e->tokens);
     /* %.9g: a float's every digit, so scripts compare with what the run logged */
-    printf(", \"loss\": %.9g, \"perplexity\": %.9g, \"accuracy\": ", e->loss, exp(e->loss));
+    printf(", \"loss\": %.9g, \"perplexity\": %.9g, \"loss_per_byte\": ", e->loss, exp(e->loss));
+    if (e->bytes_per_token > 0)
+        printf("%.9g", e->loss / e->bytes_per_token);
+    else
+        printf("null");
+    printf(", \"accuracy\": ");
     if (isnan(e->accuracy))
         printf("null");
     else
@@ -138,8 +146,11 @@ static void print_text(const struct tr_eval_result *e, int train_split)
     if (e->sequence)
         printf(", %llu tokens", (unsigned long long)e->tokens);
     printf(" (device %s, precision %s, %.1f s)\n", e->device, e->precision, e->seconds);
-    printf("  loss %.6g nats per %s, perplexity %.6g", e->loss, e->sequence ? "token" : "sample",
-           exp(e->loss));
+    printf("  loss %.6g nats per %s", e->loss, e->sequence ? "token" : "sample");
+    if (e->bytes_per_token > 0) /* text: comparable across tokenizers */
+        printf(" (%.6g nats per byte, %.4g bytes per token)", e->loss / e->bytes_per_token,
+               e->bytes_per_token);
+    printf(", perplexity %.6g", exp(e->loss));
     if (!isnan(e->accuracy))
         printf(", accuracy %.2f%%", 100 * e->accuracy);
     printf("\n");

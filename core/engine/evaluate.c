@@ -170,6 +170,7 @@ int tr_eval(const struct tr_eval_flags *fl, struct tr_eval_result *out, tr_err *
     out->sequence = di->input_dtype == TR_I32 && di->target_len == di->input_len &&
                     di->target_len > 1;
     out->tokens = out->samples * di->target_len;
+    out->bytes_per_token = out->sequence ? di->bytes_per_token[split] : 0;
     if (r->g->logits >= 0) {
         const struct tr_tensor *lg = &r->g->tensors[r->g->logits];
         out->classes = (uint32_t)lg->shape[lg->ndim - 1];

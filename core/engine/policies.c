@@ -348,12 +348,20 @@ int tr_policy_evaluate(struct run *r, int *improved, tr_err *err)
         return TR_ERROR;
     tr_trace_phase(r->trace, "evaluation", r->step, te, tr_now());
     r->last_accuracy = accuracy;
+    /* text data: the loss per byte too, which compares across tokenizers (a token of a
+     * larger vocabulary holds more text, so its loss per token is higher) */
+    double bpt = r->data.info.bytes_per_token[TR_SPLIT_VAL];
+    char per_byte[64] = "", per_byte_json[64] = "";
+    if (bpt > 0) {
+        snprintf(per_byte, sizeof per_byte, " nats/token (%.4f nats/byte)", r->last_val / bpt);
+        snprintf(per_byte_json, sizeof per_byte_json, ", \"val_loss_per_byte\": %.6g", r->last_val / bpt);
+    }
     if (!r->quiet)
-        fprintf(stderr, "step %6llu | validation loss %.4f | accuracy %.2f%%\n",
-                (unsigned long long)r->step, r->last_val, 100 * accuracy);
-    if (metrics_line(r, err, "{\"step\": %llu, \"val_loss\": %.6g, \"val_accuracy\": %.6g}\n",
+        fprintf(stderr, "step %6llu | validation loss %.4f%s | accuracy %.2f%%\n",
+                (unsigned long long)r->step, r->last_val, per_byte, 100 * accuracy);
+    if (metrics_line(r, err, "{\"step\": %llu, \"val_loss\": %.6g, \"val_accuracy\": %.6g%s}\n",
                      (unsigned long long)r->step, r->last_val,
-                     isnan(accuracy) ? -1.0 : accuracy) != TR_OK)
+                     isnan(accuracy) ? -1.0 : accuracy, per_byte_json) != TR_OK)
         return TR_ERROR;
     if (TR_HAS_SLOT(r->schedule, struct tr_schedule_vtable, observe))
         r->schedule->observe(cfg->schedule.self, r->step, r->last_val);

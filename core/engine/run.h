@@ -83,6 +83,8 @@ struct tr_eval_result {
     double accuracy;            /* NaN when the backend does not count it */
     double seconds;
     char device[32], precision[32];
+    double bytes_per_token;     /* text bytes per token of the split evaluated (the data's
+                                 * tr_data_info); 0: not text or unknown */
 };
 
 int tr_eval(const struct tr_eval_flags *flags, struct tr_eval_result *out, tr_err *err);

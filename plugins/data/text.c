@@ -490,7 +490,10 @@ static int text_info(void *self, struct tr_data_info *out, tr_err *err)
 {
     (void)err;
     const struct text *t = self;
-    return data_info(out, t->samples, TR_I32, t->seq_len, t->seq_len, t->vocab);
+    data_info(out, t->samples, TR_I32, t->seq_len, t->seq_len, t->vocab);
+    /* byte and char tokens are one byte of the file each: the loss per token is per byte */
+    out->bytes_per_token[TR_SPLIT_TRAIN] = out->bytes_per_token[TR_SPLIT_VAL] = 1.0;
+    return TR_OK;
 }
 
 static int text_read(void *self, enum tr_split split, const uint64_t *indices, size_t n,

@@ -102,6 +102,7 @@ struct shard {
     uint32_t vocab;           /* declared by the header; 0: none */
     uint64_t tokens;
     const unsigned char *mask; /* the loss mask (bit i: token i is a target); NULL: none */
+    uint64_t text_bytes;      /* bytes of text the tokens encode; 0: unknown */
 };
 
 /* Tokens [first, first + count) of one shard, serving samples
@@ -229,6 +230,7 @@ static int parse_header(struct shard *s, tr_err *err)
         s->width = th.token_bytes;
         s->tokens = th.count;
         s->vocab = th.vocab;
+        s->text_bytes = th.text_bytes;
         s->data_offset = TRTOKENS_HEADER;
         has_mask = (th.flags & TR_TOKENS_LOSS_MASK) != 0;
     }
@@ -525,7 +527,24 @@ static int tokens_info(void *self, struct tr_data_info *out, tr_err *err)
 {
     (void)err;
     const struct tokens *t = self;
-    return data_info(out, t->samples, TR_I32, t->seq_len, t->seq_len, t->vocab);
+    data_info(out, t->samples, TR_I32, t->seq_len, t->seq_len, t->vocab);
+    /* text bytes per token of each split, for the loss per byte: a segment cut from a
+     * shard gets its share of the shard's bytes by tokens; one shard that does not know
+     * its bytes (older shards, llm.c's) leaves the split unknown */
+    for (int split = 0; split < TR_SPLIT_COUNT; split++) {
+        double bytes = 0, tokens = 0;
+        for (size_t i = 0; i < t->n_segments[split]; i++) {
+            const struct segment *g = &t->segments[split][i];
+            if (!g->shard->text_bytes || !g->shard->tokens) {
+                tokens = 0;
+                break;
+            }
+            bytes += (double)g->shard->text_bytes * ((double)g->count / (double)g->shard->tokens);
+            tokens += (double)g->count;
+        }
+        out->bytes_per_token[split] = tokens > 0 ? bytes / tokens : 0;
+    }
+    return TR_OK;
 }
 
 /* The segment holding sample `index` of a split (binary search). */

@@ -69,6 +69,11 @@ for step in 10 20; do
   [ "$(field e$step.json step)" = $step ] || fail "step $step: JSON step $(field e$step.json step)"
   [ "$(field e$step.json batches)" = 3 ] && [ "$(field e$step.json micro_batch)" = 4 ] &&
     [ "$(field e$step.json tokens)" = 384 ] || { cat e$step.json; fail "step $step: not 3 micro-batches of 4 x 32 tokens"; }
+  # byte tokens: the loss per byte is the loss per token, in the log and in eval
+  same6 "$(logged run/metrics.jsonl $step val_loss_per_byte)" "$(logged run/metrics.jsonl $step val_loss)" ||
+    fail "step $step: val_loss_per_byte $(logged run/metrics.jsonl $step val_loss_per_byte) is not val_loss"
+  same6 "$(field e$step.json loss_per_byte)" "$(field e$step.json loss)" ||
+    fail "step $step: eval's loss_per_byte $(field e$step.json loss_per_byte) is not its loss"
 done
 # the run directory (through LATEST), with the recipe its checkpoint recorded
 "$TRAINRUN" eval --checkpoint run --json > latest.json 2> latest.txt || { cat latest.txt; fail "eval --checkpoint run"; }
