@@ -5,6 +5,10 @@
 #include "engine/optim.h"
 #include "engine_harness.h"
 
+#include <trainrun/tokens.h>
+
+#include <errno.h>
+#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -366,4 +370,147 @@ Test(engine, optimizer_step_updates_the_descriptors_slots)
         tr_optimizer_free(&o, &be);
     }
     tr_cpu_backend_free(&be);
+}
+
+/* ---- loss masks (instruction data) ----------------------------------------- */
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+/* B one-sample shards DIR/NAME_b.bin of T + 1 tokens each (tokens b*T ..
+ * b*T + T - 1, then `last`, which a window of T reads only as a target),
+ * TRTOKENS version 2 with the loss mask trained[] or version 1 without. */
+static void write_sample_shards(const char *dir, const char *name, int B, int T,
+                                const int32_t *tokens, const int *trained, int32_t last,
+                                int masked)
+{
+    for (int b = 0; b < B; b++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s_%d.bin", dir, name, b);
+        unsigned char h[TR_TOKENS_HEADER_BYTES], mask[16] = {0};
+        struct tr_tokens_header th = {masked ? TR_TOKENS_VERSION_FLAGS : TR_TOKENS_VERSION, 2,
+                                      (uint64_t)T + 1, 37, masked ? TR_TOKENS_LOSS_MASK : 0, 0};
+        tr_tokens_header_write(h, &th);
+        FILE *f = fopen(path, "wb");
+        cr_assert_not_null(f, "cannot write %s", path);
+        cr_assert_eq(fwrite(h, 1, sizeof h, f), sizeof h);
+        for (int i = 0; i <= T; i++) {
+            int32_t id = i == T ? last : tokens[b * T + i];
+            unsigned char le[2] = {(unsigned char)(id & 0xff), (unsigned char)(id >> 8)};
+            cr_assert_eq(fwrite(le, 1, 2, f), 2);
+            if (trained[b * (T + 1) + i])
+                mask[i / 8] |= (unsigned char)(1u << (i % 8));
+        }
+        if (masked)
+            cr_assert_eq(fwrite(mask, 1, tr_tokens_mask_bytes((uint64_t)T + 1), f),
+                         tr_tokens_mask_bytes((uint64_t)T + 1));
+        fclose(f);
+    }
+}
+
+/* tiny_gpt's model reading DIR/NAME_*.bin through the tokens data plugin:
+ * one batch of all B samples, forward and backward; the gradients (n_params
+ * floats, malloc'd) and the targets the plugin gave. */
+static float *masked_batch_gradients(const char *dir, const char *name, int B, int T,
+                                     int32_t *targets, float *loss)
+{
+    char recipe[512], text[1024];
+    snprintf(recipe, sizeof recipe, "%s/%s.lua", dir, name);
+    snprintf(text, sizeof text,
+             "return {\n"
+             "  model = gpt { vocab = 37, ctx = %d, layers = 2, heads = 2, dim = 16 },\n"
+             "  data = { plugin = \"tokens\", train = \"%s/%s_*.bin\", val_fraction = 0 },\n"
+             "}\n", T, dir, name);
+    FILE *f = fopen(recipe, "w");
+    cr_assert_not_null(f);
+    fputs(text, f);
+    fclose(f);
+    struct engine e;
+    tr_err err = {{0}};
+    cr_assert_eq(engine_build(&e, recipe, NULL, 0, B, 1, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(tr_config_create_slot(&e.cfg, &e.cfg.data, (uint32_t)T, &err), TR_OK, "%s",
+                 err.msg);
+    const struct tr_data_vtable *vt = e.cfg.data.plugin->info->vtable;
+    uint64_t indices[16];
+    cr_assert_leq(B, 16);
+    for (int b = 0; b < B; b++)
+        indices[b] = (uint64_t)b;
+    struct tr_graph *g = e.g;
+    cr_assert_eq(vt->read(e.cfg.data.self, TR_SPLIT_TRAIN, indices, (size_t)B,
+                          g->tensors[g->inputs[0]].data, g->tensors[g->inputs[1]].data, &err),
+                 TR_OK, "%s", err.msg);
+    memcpy(targets, g->tensors[g->inputs[1]].data, sizeof(int32_t) * (size_t)(B * T));
+    tr_graph_init_params(g, &e.be, 11);
+    memset(g->grads, 0, g->n_params * sizeof(float));
+    tr_graph_forward(g, &e.be);
+    *loss = loss_of(g);
+    g->loss_grad = 1.0f;
+    tr_graph_backward(g, &e.be);
+    float *grads = malloc(g->n_params * sizeof(float));
+    memcpy(grads, g->grads, g->n_params * sizeof(float));
+    engine_close(&e);
+    return grads;
+}
+
+/* A target the loss mask does not train on contributes nothing to the
+ * gradient: through the tokens plugin (which reads it as -1) and the
+ * cross-entropy (which ignores -1), the gradients with token A or token B
+ * there are bitwise identical.  Unmasked, A and B give different gradients,
+ * and so does the mask itself. */
+Test(loss_mask, masked_targets_contribute_nothing_to_the_gradient, .init = environment)
+{
+    enum { B = 3, T = 8, V = 37, A = 5, Bt = 29 };
+    const char *base = getenv("TMPDIR");
+    char dirbuf[512];
+    snprintf(dirbuf, sizeof dirbuf, "%s/trmask-XXXXXX", base ? base : "/tmp");
+    cr_assert_not_null(mkdtemp(dirbuf), "mkdtemp: %s", strerror(errno));
+    int32_t tokens[B * T];
+    int trained[B * (T + 1)];
+    for (int i = 0; i < B * T; i++)
+        tokens[i] = (i * 7 + 3) % V;
+    for (int i = 0; i < B * (T + 1); i++)
+        trained[i] = i % (T + 1) >= 2 + i / (T + 1); /* a prompt of 2, 3, 4 tokens */
+    for (int b = 0; b < B; b++)
+        trained[b * (T + 1) + T] = 0; /* the last target of every sample: masked */
+
+    write_sample_shards(dirbuf, "ma", B, T, tokens, trained, A, 1);
+    write_sample_shards(dirbuf, "mb", B, T, tokens, trained, Bt, 1);
+    write_sample_shards(dirbuf, "ua", B, T, tokens, trained, A, 0);
+    write_sample_shards(dirbuf, "ub", B, T, tokens, trained, Bt, 0);
+    int32_t tma[B * T], tmb[B * T], tua[B * T], tub[B * T];
+    float lma, lmb, lua, lub;
+    float *gma = masked_batch_gradients(dirbuf, "ma", B, T, tma, &lma);
+    float *gmb = masked_batch_gradients(dirbuf, "mb", B, T, tmb, &lmb);
+    float *gua = masked_batch_gradients(dirbuf, "ua", B, T, tua, &lua);
+    float *gub = masked_batch_gradients(dirbuf, "ub", B, T, tub, &lub);
+
+    /* the plugin's targets: -1 exactly where the mask says, else the next token */
+    for (int b = 0; b < B; b++)
+        for (int k = 0; k < T; k++) {
+            int i = b * T + k;
+            int32_t next = k + 1 < T ? tokens[i + 1] : A;
+            cr_assert_eq(tma[i], trained[b * (T + 1) + k + 1] ? next : -1, "target %d", i);
+            cr_assert_eq(tua[i], next, "unmasked target %d", i);
+        }
+    struct engine probe;
+    engine_open(&probe, CONFIG_DIR "tiny_gpt.lua", B);
+    size_t n = probe.g->n_params;
+    engine_close(&probe);
+
+    cr_assert_eq(lma, lmb, "the masked token changed the loss: %.9g vs %.9g", lma, lmb);
+    cr_assert_arr_eq(gma, gmb, n * sizeof(float),
+                     "the masked target token changed the gradient");
+    cr_assert_neq(lua, lub, "unmasked, the last target counts");
+    cr_assert_gt(tensor_error(gua, gub, n), 1e-3, "unmasked, A and B give other gradients");
+    cr_assert_gt(tensor_error(gma, gua, n), 1e-3, "the mask changes the gradient");
+    free(gma);
+    free(gmb);
+    free(gua);
+    free(gub);
+    nftw(dirbuf, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }

@@ -246,6 +246,9 @@ void tr_run_summary(struct run *r, double elapsed, double tokens)
                 r->cost_before + tr_run_cost(r));
     if (r->skipped)
         fprintf(stderr, "  %llu steps skipped for non-finite gradients\n", (unsigned long long)r->skipped);
+    if (r->empty_steps)
+        fprintf(stderr, "  %llu steps without an update: every target of their batch was masked\n",
+                (unsigned long long)r->empty_steps);
     if (r->best[0])
         fprintf(stderr, "  best validation loss %.4f at step %llu (checkpoint %s)\n", r->best_val,
                 (unsigned long long)r->best_step, r->best);

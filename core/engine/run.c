@@ -116,6 +116,32 @@ static int load_micro_batch(struct run *r, struct tr_loader *loader, double *wai
     return TR_OK;
 }
 
+/* Targets of the micro-batch on the host that the loss averages over: all
+ * but those equal to the cross-entropy's ignore_index (the masked targets
+ * of instruction data); all of them when the loss is not a cross-entropy. */
+static double loss_targets(const struct run *r)
+{
+    const struct tr_graph *g = r->g;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct tr_node *n = &g->nodes[i];
+        if (n->op != TR_OP_CROSS_ENTROPY || n->out != g->loss)
+            continue;
+        size_t valid = 0;
+        for (size_t k = 0; k < r->target_count; k++)
+            valid += r->host_targets[k] != n->ignore_index;
+        return (double)valid;
+    }
+    return (double)r->target_count;
+}
+
+/* A micro-batch's share relative to one whose every target counts: 1.0
+ * exactly for unmasked data, so its numbers stay what they were. */
+static double micro_batch_weight(const struct run *r, double targets)
+{
+    double full = (double)r->target_count;
+    return targets == full ? 1.0 : targets / full;
+}
+
 static float read_loss(struct run *r)
 {
     float loss;
@@ -140,7 +166,7 @@ int tr_run_evaluate_split(struct run *r, enum tr_split split, uint64_t max_batch
         n = max_batches;
     /* rank r evaluates batches r, r + world, ... of the n */
     uint64_t mine = n / (uint64_t)r->world + ((uint64_t)r->rank < n % (uint64_t)r->world);
-    double sum = 0;
+    double sum = 0, weights = 0; /* the loss as the mean over every counted target */
     int64_t correct = 0, counted = 0;
     for (uint64_t i = 0; i < mine; i++) {
         if (load_micro_batch(r, val, NULL, err) != TR_OK) {
@@ -148,7 +174,9 @@ int tr_run_evaluate_split(struct run *r, enum tr_split split, uint64_t max_batch
             return TR_ERROR;
         }
         tr_graph_forward(r->g, &r->be);
-        sum += read_loss(r);
+        double w = micro_batch_weight(r, loss_targets(r));
+        sum += read_loss(r) * w;
+        weights += w;
         if (r->g->logits >= 0 && r->be.iface->count_correct) {
             const struct tr_tensor *lg = &r->g->tensors[r->g->logits];
             int V = (int)lg->shape[lg->ndim - 1];
@@ -161,14 +189,16 @@ int tr_run_evaluate_split(struct run *r, enum tr_split split, uint64_t max_batch
     }
     tr_loader_close(val);
     if (r->comm) {
-        float totals[3] = {(float)sum, (float)correct, (float)counted};
-        if (tr_comm_allreduce(r->comm, totals, 3, err) != TR_OK)
+        float totals[4] = {(float)sum, (float)correct, (float)counted, (float)weights};
+        if (tr_comm_allreduce(r->comm, totals, 4, err) != TR_OK)
             return TR_ERROR;
         sum = totals[0];
         correct = (int64_t)totals[1];
         counted = (int64_t)totals[2];
+        weights = totals[3];
     }
-    *loss = sum / (double)n;
+    /* weights == n unless targets were masked: then sum / n exactly as before */
+    *loss = weights == (double)n ? sum / (double)n : weights > 0 ? sum / weights : NAN;
     *accuracy = counted ? (double)correct / (double)counted : NAN;
     if (batches)
         *batches = n;
@@ -250,13 +280,25 @@ static int start(struct run *r, const struct tr_run_flags *flags, tr_err *err)
 #define STEP_ABANDONED 1 /* a signal came mid-step: the step is dropped, not finished */
 
 /* Forward and backward over the micro-batches of one step, the loss summed
- * into *loss_sum.  Alone, a signal abandons the step (STEP_ABANDONED): the
- * checkpoint written next predates it.  With ranks, every rank finishes it. */
-static int forward_backward(struct run *r, double scale, double *loss_sum, tr_err *err)
+ * into *loss_sum and the targets it was taken on into *targets.  Alone, a
+ * signal abandons the step (STEP_ABANDONED): the checkpoint written next
+ * predates it.  With ranks, every rank finishes it.
+ *
+ * The step's loss and gradient are the mean over every target trained on in
+ * the step (all micro-batches, all ranks), not the mean of the micro-batches'
+ * means: with masked targets a micro-batch of 3 response tokens must not
+ * count as much as one of 300.  The cross-entropy averages over its own
+ * micro-batch's n_k targets, so micro-batch k's loss gradient is scaled by
+ * w_k = n_k / (targets of a full micro-batch); what remains, full targets
+ * of the step / the step's total, needs the other ranks' counts and is
+ * applied once at the update (r->loss_norm).  Unmasked, every w_k and the
+ * remaining factor are exactly 1: the numbers are those of a plain mean. */
+static int forward_backward(struct run *r, double scale, double *loss_sum, double *targets,
+                            tr_err *err)
 {
     r->be.iface->zero(r->be.context, r->g->grads, r->g->n_params * sizeof(float));
-    /* the mean over the micro-batches of every rank */
-    r->g->loss_grad = (float)(scale / (r->accum * r->world));
+    /* the mean over the micro-batches of every rank, each weighted below */
+    double mean = scale / (r->accum * r->world);
     int sampled = r->trace && r->step % (uint64_t)r->cfg->train.trace_every == 0;
     for (int k = 0; k < r->accum; k++) {
         if (k > 0 && r->world == 1 && stop_signal)
@@ -266,9 +308,12 @@ static int forward_backward(struct run *r, double scale, double *loss_sum, tr_er
             /* signalled while the loader was blocked: abandon the step too */
             return r->world == 1 && tr_loader_cancelled(r->loader) ? STEP_ABANDONED : TR_ERROR;
         double t0 = tr_now();
+        double n = loss_targets(r), w = micro_batch_weight(r, n);
+        r->g->loss_grad = (float)(mean * w);
+        *targets += n;
         r->g->profile = sampled && k == 0; /* per-op timings of one micro-batch */
         tr_graph_forward(r->g, &r->be);
-        *loss_sum += read_loss(r);
+        *loss_sum += read_loss(r) * w;
         if (r->comm && k == r->accum - 1) /* all-reduce buckets as backward finishes them */
             tr_comm_arm(r->comm, r->g);
         tr_graph_backward(r->g, &r->be);
@@ -284,18 +329,22 @@ static int forward_backward(struct run *r, double scale, double *loss_sum, tr_er
 }
 
 /* With ranks: the last gradient buckets, then one small agreement: the
- * loss, whether any rank was signalled, and rank 0's budget verdict. */
-static int agree(struct run *r, double *loss_sum, tr_err *err)
+ * loss, the targets it was taken on, whether any rank was signalled, and
+ * rank 0's budget verdict.  The count travels as two floats, n / 4096 and
+ * n % 4096, each summed exactly (below 2^24) up to 2^36 targets a step. */
+static int agree(struct run *r, double *loss_sum, double *targets, tr_err *err)
 {
     double tw = tr_now();
-    float agree[3] = {(float)*loss_sum, stop_signal ? 1.0f : 0.0f,
-                      r->rank == 0 && tr_run_over_budget(r) ? 1.0f : 0.0f};
+    float agree[5] = {(float)*loss_sum, stop_signal ? 1.0f : 0.0f,
+                      r->rank == 0 && tr_run_over_budget(r) ? 1.0f : 0.0f,
+                      (float)floor(*targets / 4096), (float)fmod(*targets, 4096)};
     if (tr_comm_finish(r->comm, r->g, err) != TR_OK ||
-        tr_comm_allreduce(r->comm, agree, 3, err) != TR_OK)
+        tr_comm_allreduce(r->comm, agree, 5, err) != TR_OK)
         return TR_ERROR;
     *loss_sum = agree[0];
     r->agreed_stop = agree[1] > 0;
     r->budget_stop = agree[2] > 0;
+    *targets = (double)agree[3] * 4096 + (double)agree[4];
     r->t_comm += tr_now() - tw;
     tr_trace_phase(r->trace, "gradient all-reduce wait", r->step, tw, tr_now());
     return TR_OK;
@@ -307,9 +356,22 @@ static int update(struct run *r, double scale, tr_err *err)
 {
     struct tr_config *cfg = r->cfg;
     double t0 = tr_now();
+    if (r->step_targets == 0) {
+        /* every target of the step was masked: no gradient, nothing to learn */
+        if (r->empty_steps++ == 0)
+            tr_log(TR_LOG_WARN, NULL, "step %llu: every target of the step's batch is masked "
+                   "(windows of prompt tokens only, no response): no update is applied; "
+                   "such steps are counted in the summary (longer sequences or shorter "
+                   "prompts avoid them)", (unsigned long long)r->step + 1);
+        r->grad_norm = 0;
+        r->lr = r->schedule->lr(cfg->schedule.self, r->step, (uint64_t)cfg->train.steps,
+                                cfg->optimizer.lr);
+        r->t_optimizer += tr_now() - t0;
+        return TR_OK;
+    }
     double sumsq = r->be.iface->sum_squares(r->be.context, r->g->grads, r->g->n_params);
     int finite = isfinite(sumsq) && isfinite(r->last_loss);
-    r->grad_norm = sqrt(sumsq) / scale;
+    r->grad_norm = sqrt(sumsq) / scale * r->loss_norm;
     int apply = finite;
     if (TR_HAS_SLOT(r->precision, struct tr_precision_vtable, update)) {
         apply = r->precision->update(cfg->precision.self, finite, err);
@@ -327,7 +389,7 @@ static int update(struct run *r, double scale, tr_err *err)
     if (apply) {
         double clip = cfg->optimizer.clip > 0 && r->grad_norm > cfg->optimizer.clip
                           ? cfg->optimizer.clip / r->grad_norm : 1.0;
-        tr_optimizer_step(&r->opt, r->g, &r->be, clip / scale, r->lr);
+        tr_optimizer_step(&r->opt, r->g, &r->be, clip * r->loss_norm / scale, r->lr);
         if (r->comm && tr_run_sharded(r) && tr_run_share_params(r, err) != TR_OK)
             return TR_ERROR;
     } else {
@@ -342,15 +404,18 @@ static int update(struct run *r, double scale, tr_err *err)
 static int train_step(struct run *r, tr_err *err)
 {
     uint64_t step_start = tr_loader_position(r->loader) * (uint64_t)r->world;
-    double scale = tr_run_loss_scale(r), loss_sum = 0;
-    int rc = forward_backward(r, scale, &loss_sum, err);
+    double scale = tr_run_loss_scale(r), loss_sum = 0, targets = 0;
+    int rc = forward_backward(r, scale, &loss_sum, &targets, err);
     if (rc == STEP_ABANDONED)
         r->position = step_start; /* the preemption checkpoint resumes at the step's start */
     if (rc != TR_OK)
         return rc;
-    if (r->comm && agree(r, &loss_sum, err) != TR_OK)
+    if (r->comm && agree(r, &loss_sum, &targets, err) != TR_OK)
         return TR_ERROR;
-    r->last_loss = loss_sum / (r->accum * r->world);
+    double full = (double)r->target_count * r->accum * r->world;
+    r->step_targets = targets;
+    r->loss_norm = targets == full ? 1.0 : targets > 0 ? full / targets : 0.0;
+    r->last_loss = loss_sum / (r->accum * r->world) * r->loss_norm;
     if (update(r, scale, err) != TR_OK)
         return TR_ERROR;
     r->step++;

@@ -32,6 +32,12 @@ struct run {
     uint32_t vocab;          /* token ids must be below this */
     uint64_t step;           /* optimizer steps done */
     uint64_t skipped;        /* steps skipped for non-finite gradients */
+    /* token-weighted accumulation (run.c, forward_backward): the last step's
+     * targets the loss was taken on (all ranks), and the factor that makes
+     * its accumulated gradients and loss the mean over them; 1 when every
+     * target counted (unmasked data), so those numbers are unchanged */
+    double step_targets, loss_norm;
+    uint64_t empty_steps;    /* steps whose every target was masked: no update */
     double last_loss, last_val, last_accuracy;
     char best[64];           /* checkpoint of the best validation loss */
     double best_val;
