@@ -215,5 +215,9 @@ typedef const struct tr_backend_module *(*tr_backend_entry_fn)(void);
 /* The CPU backend, built in (kernels/cpu/backend.c); `threads` 0 at open
  * means one per core. */
 extern const struct tr_backend_module tr_cpu_backend_module;
+/* How the CPU backend runs GEMMs whose inputs are `compute` on this
+ * machine, in one line for doctor, plan and the run's first line: "bf16
+ * GEMMs: native (AVX512-BF16, oneDNN)", or emulated and slower than fp32. */
+const char *tr_cpu_gemm_path(enum tr_dtype compute);
 
 #endif

@@ -332,6 +332,287 @@ Test(sgemm, beta_zero_ignores_c_and_k_zero)
 }
 
 /* ======================================================================== */
+/* bf16 GEMMs                                                                */
+/* ======================================================================== */
+
+/* Where oneDNN has no bf16 matmul (CPUs without AVX-512) the backend never
+ * calls these GEMMs: precision bf16 is emulated there. */
+static void need_gemm_bf16(void)
+{
+    if (!tr_cpu_gemm_bf16_available())
+        cr_skip_test("oneDNN has no bf16 matmul for this CPU (no AVX-512): the backend emulates "
+                     "bf16 here, and tests that path elsewhere");
+}
+
+static uint16_t *to_bf16_vec(const float *x, size_t n)
+{
+    uint16_t *h = malloc((n ? n : 1) * sizeof *h);
+    cr_assert(h != NULL, "out of memory");
+    for (size_t i = 0; i < n; i++)
+        h[i] = tr_f32_to_bf16(x[i]);
+    return h;
+}
+
+/* x rounded to bf16, as fp32: what the emulated path multiplies */
+static float *bf16_rounded_vec(const float *x, size_t n)
+{
+    float *r = fvec(n);
+    for (size_t i = 0; i < n; i++)
+        r[i] = tr_bf16_to_f32(tr_f32_to_bf16(x[i]));
+    return r;
+}
+
+static float float_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* The vectorised conversions give tr_f32_to_bf16's bits for every kind of
+ * input, at every position of a 16-lane vector and in the scalar tail. */
+Test(bf16, vectorised_conversion_matches_scalar)
+{
+    rng_t rng = {111};
+    const uint32_t special[] = {
+        0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x00008000u, 0x00018000u, /* subnormals, ties */
+        0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u,
+        0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffffffffu, 0x7fbf0000u, 0x3f7fffffu};
+    enum { N = 16 * 37 + 11 };
+    float *in = fvec(N), *rounded = fvec(N);
+    for (size_t i = 0; i < N; i++)
+        in[i] = i % 3 == 0 ? float_bits(special[(i / 3) % (sizeof special / sizeof *special)])
+                : i % 3 == 1 ? float_bits((uint32_t)rng_next(&rng))
+                             : (float)rng_uniform(&rng, -3, 3);
+    uint16_t *got = malloc(N * sizeof *got);
+    for (size_t len = 0; len <= N; len += len < 40 ? 1 : 97) {
+        memset(got, 0xa5, N * sizeof *got);
+        tr_cpu_to_bf16(got, in, len);
+        for (size_t i = 0; i < len; i++)
+            cr_assert_eq(got[i], tr_f32_to_bf16(in[i]), "n=%zu: [%zu] = %a gives 0x%04x, want 0x%04x",
+                         len, i, (double)in[i], got[i], tr_f32_to_bf16(in[i]));
+        for (size_t i = len; i < N; i++)
+            cr_assert_eq(got[i], 0xa5a5, "n=%zu: wrote past the end at [%zu]", len, i);
+    }
+    tr_cpu_round_to_half(rounded, in, N, 1);
+    for (size_t i = 0; i < N; i++) {
+        float want = tr_bf16_to_f32(tr_f32_to_bf16(in[i]));
+        cr_assert(memcmp(&rounded[i], &want, sizeof want) == 0, "round_to_half bf16 [%zu]", i);
+    }
+    /* more than one block: the threaded split */
+    size_t big = 100003;
+    float *x = random_fvec(&rng, big, -100, 100);
+    uint16_t *h = malloc(big * sizeof *h);
+    tr_cpu_to_bf16(h, x, big);
+    for (size_t i = 0; i < big; i++)
+        cr_assert_eq(h[i], tr_f32_to_bf16(x[i]), "large array [%zu]", i);
+    free(in), free(rounded), free(got), free(x), free(h);
+}
+
+/* The bf16 GEMM against the emulated one (tr_cpu_sgemm on the same numbers
+ * rounded to bf16) and a double reference, every transpose, padded leading
+ * dimensions, beta 0 and 1.  Products of bf16 numbers are exact in fp32, so
+ * only the order of the fp32 sums differs: a tolerance of fp32 rounding,
+ * far below bf16's (2^-8), which truncated products would exceed. */
+Test(gemm_bf16, vs_emulated_all_transposes)
+{
+    need_gemm_bf16();
+    rng_t rng = {112};
+    const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {17, 9, 24}, {24, 40, 13}, {150, 70, 33},
+                             {3, 300, 5}, {200, 130, 260}};
+    const int n_shapes = sizeof shapes / sizeof shapes[0];
+    for (int s = 0; s < n_shapes; s++) {
+        int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        for (int variant = 0; variant < 8; variant++) {
+            int ta = variant & 1, tb = (variant >> 1) & 1;
+            float beta = variant >> 2 ? 1.0f : 0.0f;
+            int a_rows = ta ? K : M, a_cols = ta ? M : K;
+            int b_rows = tb ? N : K, b_cols = tb ? K : N;
+            int lda = a_cols + 3, ldb = b_cols + 2, ldc = N + 1;
+            size_t a_size = (size_t)a_rows * lda, b_size = (size_t)b_rows * ldb;
+            size_t c_size = (size_t)M * ldc;
+            float *A = random_fvec(&rng, a_size, -1, 1), *B = random_fvec(&rng, b_size, -1, 1);
+            uint16_t *Ah = to_bf16_vec(A, a_size), *Bh = to_bf16_vec(B, b_size);
+            float *Ar = bf16_rounded_vec(A, a_size), *Br = bf16_rounded_vec(B, b_size);
+            float *C = random_fvec(&rng, c_size, -1, 1);
+            float *C_emulated = copy_fvec(C, c_size), *C_serial = copy_fvec(C, c_size);
+            double *want = dvec(c_size);
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < ldc; j++) {
+                    if (j >= N) { /* padding must stay untouched */
+                        want[i * ldc + j] = C[i * ldc + j];
+                        continue;
+                    }
+                    double sum = 0.0;
+                    for (int k = 0; k < K; k++)
+                        sum += (double)(ta ? Ar[k * lda + i] : Ar[i * lda + k]) *
+                               (tb ? Br[j * ldb + k] : Br[k * ldb + j]);
+                    want[i * ldc + j] = sum + beta * (double)C[i * ldc + j];
+                }
+            tr_cpu_gemm_bf16(ta, tb, M, N, K, Ah, lda, Bh, ldb, beta, C, ldc);
+            tr_cpu_sgemm(ta, tb, M, N, K, 1.0f, Ar, lda, Br, ldb, beta, C_emulated, ldc);
+            char what[96];
+            snprintf(what, sizeof what, "gemm_bf16 %dx%dx%d trans %d%d beta %g", M, N, K, ta, tb,
+                     beta);
+            expect_close(what, C, want, c_size, FWD_TOL);
+            expect_close_ff(what, C, C_emulated, c_size, FWD_TOL);
+            tr_cpu_gemm_bf16_serial(ta, tb, M, N, K, Ah, lda, Bh, ldb, beta, C_serial, ldc);
+            expect_bitwise("gemm_bf16_serial vs gemm_bf16", C, C_serial, c_size);
+            free(A), free(B), free(Ah), free(Bh), free(Ar), free(Br);
+            free(C), free(C_emulated), free(C_serial), free(want);
+        }
+    }
+}
+
+/* Tiles of several hundred rows and columns, one product cut into more
+ * tiles than the grid's 4, K long: the same bits for 1, 2 and 3 threads and
+ * serially, for every transpose, accumulating as weight gradients do. */
+Test(gemm_bf16, large_tiles_same_bits_for_any_thread_count)
+{
+    need_gemm_bf16();
+    rng_t rng = {113};
+    const int shapes[][3] = {{1300, 1100, 700}, {3100, 400, 300}};
+    const int n_shapes = sizeof shapes / sizeof shapes[0];
+    int saved_threads = omp_get_max_threads();
+    for (int s = 0; s < n_shapes; s++) {
+        int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        for (int trans = 0; trans < 4; trans++) {
+            int ta = trans & 1, tb = trans >> 1;
+            int a_rows = ta ? K : M, a_cols = ta ? M : K;
+            int b_rows = tb ? N : K, b_cols = tb ? K : N;
+            int lda = a_cols, ldb = b_cols + 3, ldc = N;
+            size_t a_size = (size_t)a_rows * lda, b_size = (size_t)b_rows * ldb;
+            size_t c_size = (size_t)M * ldc;
+            float *A = random_fvec(&rng, a_size, -1, 1), *B = random_fvec(&rng, b_size, -1, 1);
+            uint16_t *Ah = to_bf16_vec(A, a_size), *Bh = to_bf16_vec(B, b_size);
+            float *C0 = random_fvec(&rng, c_size, -1, 1);
+            float *C[3];
+            for (int t = 0; t < 3; t++) {
+                C[t] = copy_fvec(C0, c_size);
+                omp_set_num_threads(t + 1);
+                tr_cpu_gemm_bf16(ta, tb, M, N, K, Ah, lda, Bh, ldb, 1.0f, C[t], ldc);
+            }
+            omp_set_num_threads(saved_threads);
+            expect_bitwise("gemm_bf16 2 threads vs 1", C[1], C[0], c_size);
+            expect_bitwise("gemm_bf16 3 threads vs 1", C[2], C[0], c_size);
+            float *C_serial = copy_fvec(C0, c_size);
+            tr_cpu_gemm_bf16_serial(ta, tb, M, N, K, Ah, lda, Bh, ldb, 1.0f, C_serial, ldc);
+            expect_bitwise("gemm_bf16_serial vs gemm_bf16", C_serial, C[0], c_size);
+            /* and against the emulation, on a band of rows */
+            float *Ar = bf16_rounded_vec(A, a_size), *Br = bf16_rounded_vec(B, b_size);
+            float *C_emulated = copy_fvec(C0, c_size);
+            tr_cpu_sgemm(ta, tb, M, N, K, 1.0f, Ar, lda, Br, ldb, 1.0f, C_emulated, ldc);
+            expect_close_ff("gemm_bf16 vs emulated, large tiles", C[0], C_emulated, c_size,
+                            FWD_TOL);
+            for (int t = 0; t < 3; t++)
+                free(C[t]);
+            free(A), free(B), free(Ah), free(Bh), free(Ar), free(Br), free(C0), free(C_serial);
+            free(C_emulated);
+        }
+    }
+}
+
+Test(gemm_bf16, beta_zero_ignores_c_and_k_zero)
+{
+    need_gemm_bf16();
+    rng_t rng = {114};
+    int M = 70, N = 9, K = 5;
+    float *A = random_fvec(&rng, (size_t)M * K, -1, 1), *B = random_fvec(&rng, (size_t)K * N, -1, 1);
+    uint16_t *Ah = to_bf16_vec(A, (size_t)M * K), *Bh = to_bf16_vec(B, (size_t)K * N);
+    float *C = fvec((size_t)M * N);
+    fill_f(C, (size_t)M * N, NAN); /* beta = 0: C is write-only */
+    tr_cpu_gemm_bf16(0, 0, M, N, K, Ah, K, Bh, N, 0.0f, C, N);
+    for (int i = 0; i < M * N; i++)
+        cr_assert(isfinite(C[i]), "beta = 0 read C");
+    float *C2 = random_fvec(&rng, (size_t)M * N, -1, 1);
+    float *C2_orig = copy_fvec(C2, (size_t)M * N);
+    tr_cpu_gemm_bf16(0, 0, M, N, 0, Ah, 1, Bh, N, 1.0f, C2, N);
+    expect_bitwise("K = 0, beta = 1 keeps C", C2, C2_orig, (size_t)M * N);
+    tr_cpu_gemm_bf16(0, 0, M, N, 0, Ah, 1, Bh, N, 0.0f, C2, N);
+    for (int i = 0; i < M * N; i++)
+        cr_assert(C2[i] == 0.0f, "K = 0, beta = 0 must zero C");
+    free(A), free(B), free(Ah), free(Bh), free(C), free(C2), free(C2_orig);
+}
+
+/* A linear layer with bf16 inputs: forward and both gradients within bf16
+ * tolerance of fp32 on the unrounded numbers, within fp32 rounding of the
+ * emulation, accumulating, and the same bits for 1 and 2 threads. */
+Test(gemm_bf16, linear_forward_backward_vs_fp32_and_emulated)
+{
+    need_gemm_bf16();
+    rng_t rng = {115};
+    const double BF16_TOL = 2e-2; /* inputs carry 2^-9 relative error each */
+    int N = 300, IC = 96, OC = 200;
+    size_t n_in = (size_t)N * IC, n_w = (size_t)OC * IC, n_out = (size_t)N * OC;
+    float *inp = random_fvec(&rng, n_in, -1, 1), *w = random_fvec(&rng, n_w, -1, 1);
+    float *bias = random_fvec(&rng, OC, -1, 1), *R = random_fvec(&rng, n_out, -1, 1);
+    uint16_t *inp_h = to_bf16_vec(inp, n_in), *w_h = to_bf16_vec(w, n_w), *R_h = to_bf16_vec(R, n_out);
+    float *inp_r = bf16_rounded_vec(inp, n_in), *w_r = bf16_rounded_vec(w, n_w);
+    float *R_r = bf16_rounded_vec(R, n_out);
+    int saved_threads = omp_get_max_threads();
+
+    float *out = fvec(n_out), *out32 = fvec(n_out), *out_emulated = fvec(n_out);
+    fill_f(out, n_out, NAN);
+    tr_cpu_linear_forward_bf16(out, inp_h, w_h, bias, N, IC, OC);
+    tr_cpu_linear_forward(out32, inp, w, bias, N, IC, OC);
+    tr_cpu_linear_forward(out_emulated, inp_r, w_r, bias, N, IC, OC);
+    expect_close_ff("linear bf16 forward vs fp32", out, out32, n_out, BF16_TOL);
+    expect_close_ff("linear bf16 forward vs emulated", out, out_emulated, n_out, FWD_TOL);
+
+    float *pre_inp = random_fvec(&rng, n_in, -1, 1), *pre_w = random_fvec(&rng, n_w, -1, 1);
+    float *dinp[2], *dw[2];
+    for (int t = 0; t < 2; t++) {
+        dinp[t] = copy_fvec(pre_inp, n_in);
+        dw[t] = copy_fvec(pre_w, n_w);
+        omp_set_num_threads(t + 1);
+        tr_cpu_linear_backward_bf16(dinp[t], dw[t], R_h, inp_h, w_h, N, IC, OC);
+    }
+    omp_set_num_threads(saved_threads);
+    expect_bitwise("linear bf16 dinp, 2 threads vs 1", dinp[1], dinp[0], n_in);
+    expect_bitwise("linear bf16 dw, 2 threads vs 1", dw[1], dw[0], n_w);
+    float *dinp32 = copy_fvec(pre_inp, n_in), *dw32 = copy_fvec(pre_w, n_w);
+    tr_cpu_linear_backward(dinp32, dw32, NULL, R, inp, w, N, IC, OC);
+    float *dinp_e = copy_fvec(pre_inp, n_in), *dw_e = copy_fvec(pre_w, n_w);
+    tr_cpu_linear_backward(dinp_e, dw_e, NULL, R_r, inp_r, w_r, N, IC, OC);
+    /* compare the gradients themselves, not the prefill they were added to */
+    for (size_t i = 0; i < n_in; i++)
+        dinp[0][i] -= pre_inp[i], dinp32[i] -= pre_inp[i], dinp_e[i] -= pre_inp[i];
+    for (size_t i = 0; i < n_w; i++)
+        dw[0][i] -= pre_w[i], dw32[i] -= pre_w[i], dw_e[i] -= pre_w[i];
+    expect_close_ff("linear bf16 dinp vs fp32", dinp[0], dinp32, n_in, BF16_TOL);
+    expect_close_ff("linear bf16 dw vs fp32", dw[0], dw32, n_w, BF16_TOL);
+    expect_close_ff("linear bf16 dinp vs emulated", dinp[0], dinp_e, n_in, 1e-5 * 4);
+    expect_close_ff("linear bf16 dw vs emulated", dw[0], dw_e, n_w, 1e-5 * 4);
+
+    /* batched matmul, both forms of b: the emulation's numbers */
+    for (int trans_b = 0; trans_b < 2; trans_b++) {
+        int batch = 3, M = 40, K = 24, Nm = 56;
+        size_t a_n = (size_t)batch * M * K, b_n = (size_t)batch * K * Nm, o_n = (size_t)batch * M * Nm;
+        float *a = random_fvec(&rng, a_n, -1, 1), *bm = random_fvec(&rng, b_n, -1, 1);
+        float *dout = random_fvec(&rng, o_n, -1, 1);
+        uint16_t *a_h = to_bf16_vec(a, a_n), *b_h = to_bf16_vec(bm, b_n), *d_h = to_bf16_vec(dout, o_n);
+        float *a_r = bf16_rounded_vec(a, a_n), *b_r = bf16_rounded_vec(bm, b_n);
+        float *d_r = bf16_rounded_vec(dout, o_n);
+        float *o = fvec(o_n), *o_e = fvec(o_n);
+        tr_cpu_matmul_forward_bf16(o, a_h, b_h, batch, M, K, Nm, trans_b);
+        tr_cpu_matmul_forward(o_e, a_r, b_r, batch, M, K, Nm, trans_b);
+        expect_close_ff("matmul bf16 forward vs emulated", o, o_e, o_n, FWD_TOL);
+        float *da = fvec(a_n), *db = fvec(b_n), *da_e = fvec(a_n), *db_e = fvec(b_n);
+        tr_cpu_matmul_backward_bf16(da, db, d_h, a_h, b_h, batch, M, K, Nm, trans_b);
+        tr_cpu_matmul_backward(da_e, db_e, d_r, a_r, b_r, batch, M, K, Nm, trans_b);
+        expect_close_ff("matmul bf16 da vs emulated", da, da_e, a_n, FWD_TOL);
+        expect_close_ff("matmul bf16 db vs emulated", db, db_e, b_n, FWD_TOL);
+        free(a), free(bm), free(dout), free(a_h), free(b_h), free(d_h), free(a_r), free(b_r);
+        free(d_r), free(o), free(o_e), free(da), free(db), free(da_e), free(db_e);
+    }
+
+    free(inp), free(w), free(bias), free(R), free(inp_h), free(w_h), free(R_h);
+    free(inp_r), free(w_r), free(R_r), free(out), free(out32), free(out_emulated);
+    free(pre_inp), free(pre_w), free(dinp[0]), free(dinp[1]), free(dw[0]), free(dw[1]);
+    free(dinp32), free(dw32), free(dinp_e), free(dw_e);
+}
+
+/* ======================================================================== */
 /* linear                                                                    */
 /* ======================================================================== */
 

@@ -142,7 +142,10 @@ static int probe_backend(FILE *out, const char *path, const char *name)
 
 static int print_backends(FILE *out, const struct tr_plugin_path *search)
 {
-    fprintf(out, "Backends\n  cpu (built in)\n    device=cpu: available\n");
+    /* which GEMMs precision bf16 and fp16 run here (ONEDNN_MAX_CPU_ISA can
+     * force the emulation on a CPU that has the instructions) */
+    fprintf(out, "Backends\n  cpu (built in)\n    %s\n    %s\n    device=cpu: available\n",
+            tr_cpu_gemm_path(TR_BF16), tr_cpu_gemm_path(TR_F16));
     int problems = 0;
     char **seen = NULL;
     int n_seen = 0;

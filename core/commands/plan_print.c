@@ -205,9 +205,11 @@ static void print_memory(const struct tr_plan *p, FILE *out)
     row(out, "total", "%12s", fmt_bytes(p->memory_total, a, sizeof a));
     row(out, "grows as", "%s + %s per sample of micro-batch", fmt_bytes(p->fixed_bytes, a, sizeof a),
         fmt_bytes(p->bytes_per_sample, b, sizeof b));
-    if (p->compute != TR_F32)
+    if (p->compute != TR_F32) {
         row(out, "", "(precision %s: GEMM inputs rounded to %s in scratch; every backend "
             "stores activations in fp32)", p->precision, tr_dtype_name(p->compute));
+        row(out, "", "(device=cpu on this machine: %s)", tr_cpu_gemm_path(p->compute));
+    }
     if (p->cost.count > 1)
         row(out, "", "(data parallel: each of the %lld devices holds all of this)",
             (long long)p->cost.count);

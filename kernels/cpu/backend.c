@@ -63,7 +63,8 @@ static void matmul_dims(const struct tr_graph *g, const struct tr_node *n, int *
     *N = n->trans_b ? (int)b->shape[nd - 2] : (int)b->shape[nd - 1];
 }
 
-/* Half-precision GEMMs on a CPU without half-precision units: the inputs
+/* Half-precision GEMMs emulated (fp16 always; bf16 on a CPU without bf16
+ * GEMM instructions, see native_bf16 below): the inputs
  * are rounded to bf16/fp16 into scratch and multiplied in fp32, which is
  * what the hardware computes (exact products of half inputs, fp32 sums). */
 static int half_gemm(const struct tr_graph *g) { return g->compute == TR_BF16 || g->compute == TR_F16; }
@@ -74,15 +75,52 @@ static float *rounded(const struct tr_graph *g, float *dst, const float *src, si
     return dst;
 }
 
+/* bf16 on a CPU with bf16 GEMM instructions (tr_cpu_bf16_native_isa): the
+ * inputs are converted to bf16 into scratch, half the bytes of the rounded
+ * fp32 copies above, and oneDNN multiplies them natively.  The same numbers
+ * go in as in the emulation; only the order of the fp32 sums differs. */
+static int native_bf16(const struct tr_graph *g)
+{
+    return g->compute == TR_BF16 && tr_cpu_bf16_native_isa() != NULL;
+}
+
+/* floats of scratch that hold n bf16 values, in whole 64-byte lines */
+static size_t bf16_floats(size_t n) { return ((n + 31) & ~(size_t)31) / 2; }
+
+static const uint16_t *to_bf16(float *dst, const float *src, size_t n)
+{
+    tr_cpu_to_bf16((uint16_t *)(void *)dst, src, n);
+    return (const uint16_t *)(const void *)dst;
+}
+
+/* The three GEMM operands of a linear or matmul node (in[0], in[1], the
+ * output's gradient), converted to bf16 one after another in scratch. */
+struct bf16_operands {
+    const uint16_t *a, *b, *dout;
+};
+
+static struct bf16_operands bf16_inputs(const struct tr_graph *g, const struct tr_node *n,
+                                        const float *dout)
+{
+    struct bf16_operands o;
+    float *at = g->scratch;
+    o.a = to_bf16(at, F(T(0)), T(0)->numel);
+    at += bf16_floats(T(0)->numel);
+    o.b = to_bf16(at, F(T(1)), T(1)->numel);
+    at += bf16_floats(T(1)->numel);
+    o.dout = dout ? to_bf16(at, dout, OUT->numel) : NULL;
+    return o;
+}
+
 /* attention with q, k, v inputs: key/value heads (0, as a packed node's, means heads) */
 static int kv_heads(const struct tr_node *n) { return n->kv_heads > 0 ? n->kv_heads : n->heads; }
 
 static size_t cpu_scratch_floats(void *ctx, const struct tr_graph *g, const struct tr_node *n)
 {
     (void)ctx;
-    if (n->op == TR_OP_LINEAR && half_gemm(g)) /* x, w and dout, rounded */
-        return T(0)->numel + T(1)->numel + OUT->numel;
-    if (n->op == TR_OP_MATMUL && half_gemm(g))
+    if ((n->op == TR_OP_LINEAR || n->op == TR_OP_MATMUL) && native_bf16(g)) /* in bf16 */
+        return bf16_floats(T(0)->numel) + bf16_floats(T(1)->numel) + bf16_floats(OUT->numel);
+    if ((n->op == TR_OP_LINEAR || n->op == TR_OP_MATMUL) && half_gemm(g)) /* x, w, dout rounded */
         return T(0)->numel + T(1)->numel + OUT->numel;
     if (n->op == TR_OP_RMSNORM) /* dw's partial sums */
         return tr_cpu_rmsnorm_scratch_floats(rows(T(0)), cols(T(0)));
@@ -113,6 +151,12 @@ static void cpu_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
         tr_cpu_add_forward(F(OUT), F(T(0)), F(T(1)), OUT->numel);
         break;
     case TR_OP_LINEAR: {
+        if (native_bf16(g)) {
+            struct bf16_operands o = bf16_inputs(g, n, NULL);
+            tr_cpu_linear_forward_bf16(F(OUT), o.a, o.b, n->n_in == 3 ? F(T(2)) : NULL,
+                                       rows(T(0)), cols(T(0)), (int)T(1)->shape[0]);
+            break;
+        }
         const float *x = F(T(0)), *w = F(T(1));
         if (half_gemm(g)) {
             x = rounded(g, g->scratch, x, T(0)->numel);
@@ -125,6 +169,11 @@ static void cpu_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
     case TR_OP_MATMUL: {
         int batch, M, K, N;
         matmul_dims(g, n, &batch, &M, &K, &N);
+        if (native_bf16(g)) {
+            struct bf16_operands o = bf16_inputs(g, n, NULL);
+            tr_cpu_matmul_forward_bf16(F(OUT), o.a, o.b, batch, M, K, N, n->trans_b);
+            break;
+        }
         const float *a = F(T(0)), *b = F(T(1));
         if (half_gemm(g)) {
             a = rounded(g, g->scratch, a, T(0)->numel);
@@ -190,6 +239,14 @@ static void cpu_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
         tr_cpu_add_backward(T(0)->grad, T(1)->grad, dout, OUT->numel);
         break;
     case TR_OP_LINEAR: {
+        if (native_bf16(g)) {
+            struct bf16_operands o = bf16_inputs(g, n, dout);
+            tr_cpu_linear_backward_bf16(T(0)->grad, T(1)->grad, o.dout, o.a, o.b, rows(T(0)),
+                                        cols(T(0)), (int)T(1)->shape[0]);
+            if (n->n_in == 3 && T(2)->grad)
+                tr_cpu_linear_bias_backward(T(2)->grad, dout, rows(T(0)), (int)T(1)->shape[0]);
+            break;
+        }
         const float *x = F(T(0)), *w = F(T(1)), *gemm_dout = dout;
         if (half_gemm(g)) {
             x = rounded(g, g->scratch, x, T(0)->numel);
@@ -206,6 +263,12 @@ static void cpu_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
     case TR_OP_MATMUL: {
         int batch, M, K, N;
         matmul_dims(g, n, &batch, &M, &K, &N);
+        if (native_bf16(g)) {
+            struct bf16_operands o = bf16_inputs(g, n, dout);
+            tr_cpu_matmul_backward_bf16(T(0)->grad, T(1)->grad, o.dout, o.a, o.b, batch, M, K, N,
+                                        n->trans_b);
+            break;
+        }
         const float *a = F(T(0)), *b = F(T(1));
         if (half_gemm(g)) {
             a = rounded(g, g->scratch, a, T(0)->numel);

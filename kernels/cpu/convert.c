@@ -76,11 +76,96 @@ float tr_f16_to_f32(uint16_t h)
     return float_of(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
+/*
+ * fp32 -> bf16 over arrays: the GEMM inputs of every bf16 step pass through
+ * here, so it runs 16 lanes at a time where the CPU has AVX-512, with the
+ * same integer rounding as tr_f32_to_bf16 (round to nearest even, NaN kept
+ * quiet), bit for bit.  Not VCVTNEPS2BF16: that one flushes subnormal
+ * inputs to zero, and the emulated path rounds them.
+ */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define BF16_HAVE_AVX512 1
+#define AVX512 __attribute__((target("avx512f")))
+
+/* the bf16 bits of 16 floats, in the low half of each 32-bit lane */
+static inline AVX512 __m512i bf16_bits16(const float *in)
+{
+    __m512i u = _mm512_loadu_si512((const void *)in);
+    __m512i high = _mm512_srli_epi32(u, 16);
+    __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
+}
+
+static AVX512 void to_bf16_avx512(uint16_t *out, const float *in, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(void *)(out + i), _mm512_cvtepi32_epi16(bf16_bits16(in + i)));
+    for (; i < n; i++)
+        out[i] = tr_f32_to_bf16(in[i]);
+}
+
+static AVX512 void round_bf16_avx512(float *out, const float *in, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_si512((void *)(out + i), _mm512_slli_epi32(bf16_bits16(in + i), 16));
+    for (; i < n; i++)
+        out[i] = tr_bf16_to_f32(tr_f32_to_bf16(in[i]));
+}
+#endif
+
+static int use_avx512(void)
+{
+#ifdef BF16_HAVE_AVX512
+    static int cached = -1;
+    int use = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (use < 0) {
+        __builtin_cpu_init();
+        use = __builtin_cpu_supports("avx512f");
+        __atomic_store_n(&cached, use, __ATOMIC_RELAXED);
+    }
+    return use;
+#else
+    return 0;
+#endif
+}
+
+/* Blocks of whole cache lines, spread over the threads. */
+enum { CONVERT_BLOCK = 16384 };
+
+void tr_cpu_to_bf16(uint16_t *out, const float *in, size_t n)
+{
+    size_t blocks = (n + CONVERT_BLOCK - 1) / CONVERT_BLOCK;
+    int vector = use_avx512();
+#pragma omp parallel for schedule(static) if (blocks > 1)
+    for (size_t b = 0; b < blocks; b++) {
+        size_t i0 = b * CONVERT_BLOCK, len = n - i0 < CONVERT_BLOCK ? n - i0 : CONVERT_BLOCK;
+#ifdef BF16_HAVE_AVX512
+        if (vector) {
+            to_bf16_avx512(out + i0, in + i0, len);
+            continue;
+        }
+#endif
+        for (size_t i = i0; i < i0 + len; i++)
+            out[i] = tr_f32_to_bf16(in[i]);
+    }
+    (void)vector;
+}
+
 void tr_cpu_to_half(uint16_t *out, const float *in, size_t n, int bf16)
 {
+    if (bf16) {
+        tr_cpu_to_bf16(out, in, n);
+        return;
+    }
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++)
-        out[i] = bf16 ? tr_f32_to_bf16(in[i]) : tr_f32_to_f16(in[i]);
+        out[i] = tr_f32_to_f16(in[i]);
 }
 
 void tr_cpu_from_half(float *out, const uint16_t *in, size_t n, int bf16)
@@ -92,6 +177,17 @@ void tr_cpu_from_half(float *out, const uint16_t *in, size_t n, int bf16)
 
 void tr_cpu_round_to_half(float *out, const float *in, size_t n, int bf16)
 {
+#ifdef BF16_HAVE_AVX512
+    if (bf16 && use_avx512()) {
+        size_t blocks = (n + CONVERT_BLOCK - 1) / CONVERT_BLOCK;
+#pragma omp parallel for schedule(static) if (blocks > 1)
+        for (size_t b = 0; b < blocks; b++) {
+            size_t i0 = b * CONVERT_BLOCK;
+            round_bf16_avx512(out + i0, in + i0, n - i0 < CONVERT_BLOCK ? n - i0 : CONVERT_BLOCK);
+        }
+        return;
+    }
+#endif
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++)
         out[i] = bf16 ? tr_bf16_to_f32(tr_f32_to_bf16(in[i])) : tr_f16_to_f32(tr_f32_to_f16(in[i]));

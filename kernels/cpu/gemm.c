@@ -10,8 +10,10 @@
  */
 #include <dnnl.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels.h"
 
@@ -159,4 +161,354 @@ void tr_cpu_sgemm_serial(int trans_a, int trans_b, int M, int N, int K, float al
     for (int t = 0; t < tiles; t++)
         sgemm_tile(t, grid, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     omp_set_num_threads(saved_threads);
+}
+
+/*
+ * ---- GEMMs with bf16 inputs and fp32 products, sums and output ----------
+ *
+ * oneDNN 2.x's C API has no bf16 GEMM function, so these run oneDNN matmul
+ * primitives (src and weights bf16, dst f32).  The determinism argument is
+ * the sgemm one: the same tile grid of C (gemm_tile_grid, a function of the
+ * shape only), one single-threaded primitive execution per tile over the
+ * full K.  A primitive decides its blocking from the thread count it sees
+ * when it is created, so every primitive is created with one OpenMP thread
+ * and only ever executed on one.
+ *
+ * Creating a primitive takes from a millisecond to tens of them, so each
+ * tile shape (dimensions, transposes, leading dimensions, whether C
+ * accumulates) gets one, created on first use and kept for the life of the
+ * process in a table behind a mutex; a graph's shapes are fixed, so the
+ * table stops growing after the first step.  oneDNN picks its kernel per
+ * shape: its brgemm kernels for dense operands, its bf16 GEMM kernels for
+ * the strided tiles of larger matrices; on AVX512-BF16 both multiply with
+ * the bf16 dot-product instructions.
+ *
+ * Primitives run with user-managed scratchpads: by default oneDNN gives a
+ * primitive the scratchpad of the thread that created it, and two threads
+ * executing it at once would share that memory.  Each thread here keeps its
+ * own scratchpad and its own stream, allocated on first use and kept for
+ * the thread's life (OpenMP's worker threads live as long as the process).
+ */
+struct bf16_key {
+    int trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate;
+};
+
+struct bf16_prim {
+    struct bf16_key key;
+    dnnl_primitive_t prim;
+    dnnl_memory_desc_t a, b, c, scratch;
+    size_t scratch_bytes;
+    struct bf16_prim *next;
+};
+
+enum { BF16_BUCKETS = 512 };
+
+static pthread_mutex_t bf16_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct bf16_prim *bf16_table[BF16_BUCKETS];
+static dnnl_engine_t bf16_engine;
+static _Thread_local dnnl_stream_t bf16_stream;
+static _Thread_local void *bf16_scratch;
+static _Thread_local size_t bf16_scratch_size;
+
+static void bf16_fail(const char *what, dnnl_status_t status, const struct bf16_key *k)
+{
+    /* reachable only through inconsistent dimensions, or a CPU oneDNN has no
+     * bf16 matmul for, which callers check first (tr_cpu_gemm_bf16_available) */
+    fprintf(stderr,
+            "tr_cpu_gemm_bf16: %s failed (status %d): trans %d%d M=%d N=%d K=%d lda=%d ldb=%d "
+            "ldc=%d accumulate=%d\n",
+            what, (int)status, k->trans_a, k->trans_b, k->M, k->N, k->K, k->lda, k->ldb, k->ldc,
+            k->accumulate);
+    abort();
+}
+
+static unsigned bf16_hash(const struct bf16_key *k)
+{
+    const int *v = &k->trans_a;
+    unsigned h = 2166136261u;
+    for (size_t i = 0; i < sizeof *k / sizeof(int); i++)
+        h = (h ^ (unsigned)v[i]) * 16777619u;
+    return h % BF16_BUCKETS;
+}
+
+/* The engine; with bf16_lock held. */
+static dnnl_status_t bf16_engine_locked(void)
+{
+    if (bf16_engine != NULL)
+        return dnnl_success;
+    return dnnl_engine_create(&bf16_engine, dnnl_cpu, 0);
+}
+
+/* A new primitive for k, or NULL with *status set; with bf16_lock held. */
+static struct bf16_prim *bf16_create(const struct bf16_key *k, dnnl_status_t *status)
+{
+    dnnl_status_t s = bf16_engine_locked();
+    struct bf16_prim *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        s = dnnl_out_of_memory;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t post_ops = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    /* op(A) is M x K: rows of A, or columns when A is stored transposed */
+    dnnl_dims_t a_dims = {k->M, k->K}, a_strides = {k->trans_a ? 1 : k->lda, k->trans_a ? k->lda : 1};
+    dnnl_dims_t b_dims = {k->K, k->N}, b_strides = {k->trans_b ? 1 : k->ldb, k->trans_b ? k->ldb : 1};
+    dnnl_dims_t c_dims = {k->M, k->N}, c_strides = {k->ldc, 1};
+    if (s == dnnl_success)
+        s = dnnl_memory_desc_init_by_strides(&p->a, 2, a_dims, dnnl_bf16, a_strides);
+    if (s == dnnl_success)
+        s = dnnl_memory_desc_init_by_strides(&p->b, 2, b_dims, dnnl_bf16, b_strides);
+    if (s == dnnl_success)
+        s = dnnl_memory_desc_init_by_strides(&p->c, 2, c_dims, dnnl_f32, c_strides);
+    dnnl_matmul_desc_t desc;
+    if (s == dnnl_success)
+        s = dnnl_matmul_desc_init(&desc, &p->a, &p->b, NULL, &p->c);
+    if (s == dnnl_success)
+        s = dnnl_primitive_attr_create(&attr);
+    if (s == dnnl_success)
+        s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (s == dnnl_success && k->accumulate) { /* C += op(A) op(B): the sum post-op */
+        s = dnnl_post_ops_create(&post_ops);
+        if (s == dnnl_success)
+            s = dnnl_post_ops_append_sum(post_ops, 1.0f);
+        if (s == dnnl_success)
+            s = dnnl_primitive_attr_set_post_ops(attr, post_ops);
+    }
+    /* the blocking is chosen for the threads oneDNN sees now: one */
+    int saved_threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    if (s == dnnl_success)
+        s = dnnl_primitive_desc_create(&pd, &desc, attr, bf16_engine, NULL);
+    if (s == dnnl_success)
+        s = dnnl_primitive_create(&p->prim, pd);
+    omp_set_num_threads(saved_threads);
+    if (s == dnnl_success) {
+        const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        if (md != NULL) {
+            p->scratch = *md;
+            p->scratch_bytes = dnnl_memory_desc_get_size(md);
+        }
+        p->key = *k;
+    }
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    if (post_ops)
+        dnnl_post_ops_destroy(post_ops);
+    if (attr)
+        dnnl_primitive_attr_destroy(attr);
+    if (s != dnnl_success) {
+        free(p);
+        *status = s;
+        return NULL;
+    }
+    return p;
+}
+
+/* The primitive for k, created on first use. */
+static struct bf16_prim *bf16_get(const struct bf16_key *k)
+{
+    unsigned h = bf16_hash(k);
+    pthread_mutex_lock(&bf16_lock);
+    struct bf16_prim *p = bf16_table[h];
+    while (p != NULL && memcmp(&p->key, k, sizeof *k) != 0)
+        p = p->next;
+    dnnl_status_t status = dnnl_success;
+    if (p == NULL && (p = bf16_create(k, &status)) != NULL) {
+        p->next = bf16_table[h];
+        bf16_table[h] = p;
+    }
+    pthread_mutex_unlock(&bf16_lock);
+    if (p == NULL)
+        bf16_fail("creating the matmul primitive", status, k);
+    return p;
+}
+
+/* This thread's stream and a scratchpad of at least `bytes`. */
+static dnnl_stream_t bf16_thread_stream(const struct bf16_key *k)
+{
+    if (bf16_stream == NULL) {
+        pthread_mutex_lock(&bf16_lock);
+        dnnl_status_t s = bf16_engine_locked();
+        pthread_mutex_unlock(&bf16_lock);
+        if (s == dnnl_success)
+            s = dnnl_stream_create(&bf16_stream, bf16_engine, dnnl_stream_default_flags);
+        if (s != dnnl_success)
+            bf16_fail("creating a stream", s, k);
+    }
+    return bf16_stream;
+}
+
+static void *bf16_thread_scratch(size_t bytes, const struct bf16_key *k)
+{
+    if (bytes > bf16_scratch_size) {
+        free(bf16_scratch);
+        bf16_scratch = NULL;
+        bf16_scratch_size = 0;
+        size_t rounded = (bytes + 4095) & ~(size_t)4095;
+        if (posix_memalign(&bf16_scratch, 64, rounded) != 0) {
+            bf16_scratch = NULL;
+            bf16_fail("allocating the scratchpad", dnnl_out_of_memory, k);
+        }
+        bf16_scratch_size = rounded;
+    }
+    return bf16_scratch;
+}
+
+/* One primitive execution on the calling thread: C (+)= op(A) op(B). */
+static void bf16_call(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A, int lda,
+                      const uint16_t *B, int ldb, int accumulate, float *C, int ldc)
+{
+    struct bf16_key k = {trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate};
+    struct bf16_prim *p = bf16_get(&k);
+    dnnl_stream_t stream = bf16_thread_stream(&k);
+    dnnl_memory_t mem[4] = {NULL, NULL, NULL, NULL};
+    dnnl_status_t s = dnnl_memory_create(&mem[0], &p->a, bf16_engine, (void *)A);
+    if (s == dnnl_success)
+        s = dnnl_memory_create(&mem[1], &p->b, bf16_engine, (void *)B);
+    if (s == dnnl_success)
+        s = dnnl_memory_create(&mem[2], &p->c, bf16_engine, C);
+    int n_args = 3;
+    if (s == dnnl_success && p->scratch_bytes > 0) {
+        s = dnnl_memory_create(&mem[3], &p->scratch, bf16_engine,
+                               bf16_thread_scratch(p->scratch_bytes, &k));
+        n_args = 4;
+    }
+    if (s == dnnl_success) {
+        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem[0]},
+                                   {DNNL_ARG_WEIGHTS, mem[1]},
+                                   {DNNL_ARG_DST, mem[2]},
+                                   {DNNL_ARG_SCRATCHPAD, mem[3]}};
+        s = dnnl_primitive_execute(p->prim, stream, n_args, args);
+    }
+    if (s == dnnl_success)
+        s = dnnl_stream_wait(stream);
+    for (int i = 0; i < 4; i++)
+        if (mem[i] != NULL)
+            dnnl_memory_destroy(mem[i]);
+    if (s != dnnl_success)
+        bf16_fail("executing the matmul primitive", s, &k);
+}
+
+static void bf16_tile(int tile_index, struct tile_grid grid, int trans_a, int trans_b, int M, int N,
+                      int K, const uint16_t *A, int lda, const uint16_t *B, int ldb, int accumulate,
+                      float *C, int ldc)
+{
+    int i0 = (tile_index / grid.tiles_n) * grid.rows;
+    int j0 = (tile_index % grid.tiles_n) * grid.cols;
+    int rows = M - i0 < grid.rows ? M - i0 : grid.rows;
+    int cols = N - j0 < grid.cols ? N - j0 : grid.cols;
+    const uint16_t *A_tile = trans_a ? A + i0 : A + (size_t)i0 * lda;
+    const uint16_t *B_tile = trans_b ? B + (size_t)j0 * ldb : B + j0;
+    bf16_call(trans_a, trans_b, rows, cols, K, A_tile, lda, B_tile, ldb, accumulate,
+              C + (size_t)i0 * ldc + j0, ldc);
+}
+
+static int bf16_accumulate(float beta)
+{
+    if (beta != 0.0f && beta != 1.0f) {
+        fprintf(stderr, "tr_cpu_gemm_bf16: beta %g: only 0 and 1 are supported\n", beta);
+        abort();
+    }
+    return beta == 1.0f;
+}
+
+void tr_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A, int lda,
+                      const uint16_t *B, int ldb, float beta, float *C, int ldc)
+{
+    int accumulate = bf16_accumulate(beta);
+    if (M <= 0 || N <= 0)
+        return;
+    if (K <= 0) {
+        scale_c(M, N, beta, C, ldc);
+        return;
+    }
+    struct tile_grid grid = gemm_tile_grid(M, N);
+    int tiles = grid.tiles_m * grid.tiles_n;
+#pragma omp parallel
+    {
+        omp_set_num_threads(1); /* this task's oneDNN calls run on this thread alone */
+#pragma omp for schedule(dynamic, 1)
+        for (int t = 0; t < tiles; t++)
+            bf16_tile(t, grid, trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+    }
+}
+
+void tr_cpu_gemm_bf16_serial(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A,
+                             int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc)
+{
+    int accumulate = bf16_accumulate(beta);
+    if (M <= 0 || N <= 0)
+        return;
+    if (K <= 0) {
+        scale_c(M, N, beta, C, ldc);
+        return;
+    }
+    struct tile_grid grid = gemm_tile_grid(M, N);
+    int tiles = grid.tiles_m * grid.tiles_n;
+    int saved_threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    for (int t = 0; t < tiles; t++)
+        bf16_tile(t, grid, trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+    omp_set_num_threads(saved_threads);
+}
+
+/* ---- which path: decided once per process ---- */
+
+static pthread_once_t bf16_once = PTHREAD_ONCE_INIT;
+static int bf16_available;      /* oneDNN runs bf16 matmuls here (maybe emulating bf16) */
+static const char *bf16_native; /* the instructions that make them native, or NULL */
+
+static void bf16_probe(void)
+{
+    /* A tiny primitive tells whether oneDNN has a bf16 matmul for this CPU at
+     * all (none without AVX-512); it stays in the table, like any other. */
+    struct bf16_key k = {0, 0, 16, 16, 16, 16, 16, 16, 0};
+    dnnl_status_t status;
+    pthread_mutex_lock(&bf16_lock);
+    struct bf16_prim *p = bf16_create(&k, &status);
+    if (p != NULL) {
+        unsigned h = bf16_hash(&k);
+        p->next = bf16_table[h];
+        bf16_table[h] = p;
+    }
+    pthread_mutex_unlock(&bf16_lock);
+    bf16_available = p != NULL;
+    /* oneDNN's ISA after ONEDNN_MAX_CPU_ISA, which can so force the
+     * emulated path on a CPU that has the instructions */
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    if (!bf16_available)
+        bf16_native = NULL;
+    else if (((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_amx) ==
+             (unsigned)dnnl_cpu_isa_avx512_core_amx)
+        bf16_native = "AMX-BF16";
+    else if (((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) ==
+             (unsigned)dnnl_cpu_isa_avx512_core_bf16)
+        bf16_native = "AVX512-BF16";
+}
+
+int tr_cpu_gemm_bf16_available(void)
+{
+    pthread_once(&bf16_once, bf16_probe);
+    return bf16_available;
+}
+
+const char *tr_cpu_bf16_native_isa(void)
+{
+    pthread_once(&bf16_once, bf16_probe);
+    return bf16_native;
+}
+
+const char *tr_cpu_gemm_path(enum tr_dtype compute)
+{
+    if (compute == TR_BF16) {
+        const char *isa = tr_cpu_bf16_native_isa();
+        if (isa != NULL)
+            return strcmp(isa, "AMX-BF16") == 0 ? "bf16 GEMMs: native (AMX-BF16, oneDNN)"
+                                                : "bf16 GEMMs: native (AVX512-BF16, oneDNN)";
+        return "bf16 GEMMs: emulated on this CPU (no AVX512-BF16 or AMX-BF16 for oneDNN): inputs "
+               "rounded to bf16 and multiplied in fp32, slower than fp32";
+    }
+    if (compute == TR_F16) /* oneDNN 2.x has no fp16 matmul for CPUs, and AMD has no fp16 units */
+        return "fp16 GEMMs: emulated (the CPU backend has no native fp16 GEMM): inputs rounded to "
+               "fp16 and multiplied in fp32, slower than fp32";
+    return "fp32 GEMMs: oneDNN sgemm";
 }

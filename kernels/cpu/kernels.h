@@ -32,6 +32,29 @@ void tr_cpu_sgemm_serial(int trans_a, int trans_b, int M, int N, int K, float al
                          const float *A, int lda, const float *B, int ldb, float beta, float *C,
                          int ldc);
 
+/* The same products with bf16 inputs (bit patterns, as tr_f32_to_bf16 makes
+ * them), fp32 products, sums and C; alpha 1, beta 0 or 1.  oneDNN matmul
+ * primitives run them, one per tile of the sgemm's grid, so results do not
+ * depend on the thread count either (gemm.c).  Products of bf16 numbers are
+ * exact in fp32, so they differ from tr_cpu_sgemm on the same numbers
+ * rounded to bf16 only in the order of the sums.  Callers check
+ * tr_cpu_gemm_bf16_available() first: oneDNN has no bf16 matmul for CPUs
+ * without AVX-512. */
+void tr_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A, int lda,
+                      const uint16_t *B, int ldb, float beta, float *C, int ldc);
+void tr_cpu_gemm_bf16_serial(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A,
+                             int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc);
+/* Nonzero when oneDNN runs bf16 matmuls on this CPU, natively or not. */
+int tr_cpu_gemm_bf16_available(void);
+/* "AVX512-BF16" or "AMX-BF16" when oneDNN multiplies bf16 with those
+ * instructions here (after ONEDNN_MAX_CPU_ISA, which can turn them off), so
+ * precision bf16 runs tr_cpu_gemm_bf16; NULL: the backend emulates bf16
+ * (inputs rounded to bf16, fp32 GEMMs).  Decided once per process. */
+const char *tr_cpu_bf16_native_isa(void);
+
+/* fp32 -> bf16 bits, as tr_f32_to_bf16 (bit for bit), vectorised and threaded */
+void tr_cpu_to_bf16(uint16_t *out, const float *in, size_t n);
+
 /* ---- linear: out[N,OC] = inp[N,IC] @ w[OC,IC]^T + bias[OC] (bias may be NULL) */
 void tr_cpu_linear_forward(float *out, const float *inp, const float *w, const float *bias, int N,
                            int IC, int OC);
@@ -44,12 +67,24 @@ void tr_cpu_linear_backward(float *dinp, float *dw, float *dbias, const float *d
  * the GEMMs get 16-bit inputs (the CUDA backend's cuda_bias_backward too). */
 void tr_cpu_linear_bias_backward(float *dbias, const float *dout, int N, int OC);
 
+/* The same with bf16 inputs (tr_cpu_gemm_bf16); bias and gradients fp32.
+ * The bias gradient is not taken here: callers sum the fp32 dout. */
+void tr_cpu_linear_forward_bf16(float *out, const uint16_t *inp, const uint16_t *w,
+                                const float *bias, int N, int IC, int OC);
+void tr_cpu_linear_backward_bf16(float *dinp, float *dw, const uint16_t *dout,
+                                 const uint16_t *inp, const uint16_t *w, int N, int IC, int OC);
+
 /* ---- batched matmul: out[b] = a[b] @ op(bm[b]); a[b]: M x K; op(bm[b]): K x N;
  * trans_b: bm[b] is stored N x K.  `batch` independent products. */
 void tr_cpu_matmul_forward(float *out, const float *a, const float *bm, int batch, int M, int K,
                            int N, int trans_b);
 void tr_cpu_matmul_backward(float *da, float *dbm, const float *dout, const float *a,
                             const float *bm, int batch, int M, int K, int N, int trans_b);
+
+void tr_cpu_matmul_forward_bf16(float *out, const uint16_t *a, const uint16_t *bm, int batch,
+                                int M, int K, int N, int trans_b);
+void tr_cpu_matmul_backward_bf16(float *da, float *dbm, const uint16_t *dout, const uint16_t *a,
+                                 const uint16_t *bm, int batch, int M, int K, int N, int trans_b);
 
 /* ---- embedding: out[n,:] = table[idx[n],:]; idx in [0,V) (checked by the caller) */
 void tr_cpu_embedding_forward(float *out, const int32_t *idx, const float *table, int N, int C);

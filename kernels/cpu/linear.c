@@ -1,5 +1,8 @@
 /*
- * Linear layer and batched matmul, both as GEMMs.
+ * Linear layer and batched matmul, both as GEMMs: fp32 inputs through
+ * tr_cpu_sgemm, or bf16 inputs through tr_cpu_gemm_bf16 (fp32 products,
+ * sums and outputs either way).  One body serves both: `struct gemm_kind`
+ * says which GEMM and how wide an input element is.
  */
 #include <omp.h>
 
@@ -8,8 +11,51 @@
 /* Columns per block in the bias-gradient column sums. */
 enum { COLUMN_BLOCK = 64 };
 
-void tr_cpu_linear_forward(float *out, const float *inp, const float *w, const float *bias, int N,
-                           int IC, int OC)
+/* C (+)= op(A) op(B), beta 0 or 1; A and B in the kind's element type. */
+typedef void (*gemm_fn)(int trans_a, int trans_b, int M, int N, int K, const void *A, int lda,
+                        const void *B, int ldb, float beta, float *C, int ldc);
+
+struct gemm_kind {
+    size_t elem;     /* bytes per input element */
+    gemm_fn threaded; /* threaded over tiles of C */
+    gemm_fn serial;   /* the same bits, on the calling thread */
+};
+
+static void sgemm_threaded(int ta, int tb, int M, int N, int K, const void *A, int lda,
+                           const void *B, int ldb, float beta, float *C, int ldc)
+{
+    tr_cpu_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
+
+static void sgemm_serial(int ta, int tb, int M, int N, int K, const void *A, int lda,
+                         const void *B, int ldb, float beta, float *C, int ldc)
+{
+    tr_cpu_sgemm_serial(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
+
+static void bf16_threaded(int ta, int tb, int M, int N, int K, const void *A, int lda,
+                          const void *B, int ldb, float beta, float *C, int ldc)
+{
+    tr_cpu_gemm_bf16(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+}
+
+static void bf16_serial(int ta, int tb, int M, int N, int K, const void *A, int lda,
+                        const void *B, int ldb, float beta, float *C, int ldc)
+{
+    tr_cpu_gemm_bf16_serial(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+}
+
+static const struct gemm_kind F32 = {sizeof(float), sgemm_threaded, sgemm_serial};
+static const struct gemm_kind BF16 = {sizeof(uint16_t), bf16_threaded, bf16_serial};
+
+/* element i of an input array of the kind */
+static const void *at(const struct gemm_kind *k, const void *base, size_t i)
+{
+    return (const char *)base + i * k->elem;
+}
+
+static void linear_forward(const struct gemm_kind *k, float *out, const void *inp, const void *w,
+                           const float *bias, int N, int IC, int OC)
 {
     float beta = 0.0f;
     if (bias != NULL) {
@@ -21,20 +67,44 @@ void tr_cpu_linear_forward(float *out, const float *inp, const float *w, const f
         beta = 1.0f;
     }
     /* out[N,OC] (+)= inp[N,IC] @ w[OC,IC]^T */
-    tr_cpu_sgemm(0, 1, N, OC, IC, 1.0f, inp, IC, w, IC, beta, out, OC);
+    k->threaded(0, 1, N, OC, IC, inp, IC, w, IC, beta, out, OC);
+}
+
+static void linear_backward(const struct gemm_kind *k, float *dinp, float *dw, const void *dout,
+                            const void *inp, const void *w, int N, int IC, int OC)
+{
+    /* dinp[N,IC] += dout[N,OC] @ w[OC,IC] */
+    if (dinp != NULL)
+        k->threaded(0, 0, N, IC, OC, dout, OC, w, IC, 1.0f, dinp, IC);
+    /* dw[OC,IC] += dout[N,OC]^T @ inp[N,IC] */
+    if (dw != NULL)
+        k->threaded(1, 0, OC, IC, N, dout, OC, inp, IC, 1.0f, dw, IC);
+}
+
+void tr_cpu_linear_forward(float *out, const float *inp, const float *w, const float *bias, int N,
+                           int IC, int OC)
+{
+    linear_forward(&F32, out, inp, w, bias, N, IC, OC);
 }
 
 void tr_cpu_linear_backward(float *dinp, float *dw, float *dbias, const float *dout,
                             const float *inp, const float *w, int N, int IC, int OC)
 {
-    /* dinp[N,IC] += dout[N,OC] @ w[OC,IC] */
-    if (dinp != NULL)
-        tr_cpu_sgemm(0, 0, N, IC, OC, 1.0f, dout, OC, w, IC, 1.0f, dinp, IC);
-    /* dw[OC,IC] += dout[N,OC]^T @ inp[N,IC] */
-    if (dw != NULL)
-        tr_cpu_sgemm(1, 0, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
+    linear_backward(&F32, dinp, dw, dout, inp, w, N, IC, OC);
     if (dbias != NULL)
         tr_cpu_linear_bias_backward(dbias, dout, N, OC);
+}
+
+void tr_cpu_linear_forward_bf16(float *out, const uint16_t *inp, const uint16_t *w,
+                                const float *bias, int N, int IC, int OC)
+{
+    linear_forward(&BF16, out, inp, w, bias, N, IC, OC);
+}
+
+void tr_cpu_linear_backward_bf16(float *dinp, float *dw, const uint16_t *dout,
+                                 const uint16_t *inp, const uint16_t *w, int N, int IC, int OC)
+{
+    linear_backward(&BF16, dinp, dw, dout, inp, w, N, IC, OC);
 }
 
 void tr_cpu_linear_bias_backward(float *dbias, const float *dout, int N, int OC)
@@ -66,60 +136,83 @@ static int spread_over_batch(int batch)
     return batch > 1 && batch >= omp_get_max_threads();
 }
 
-void tr_cpu_matmul_forward(float *out, const float *a, const float *bm, int batch, int M, int K,
-                           int N, int trans_b)
+static void matmul_forward(const struct gemm_kind *k, float *out, const void *a, const void *bm,
+                           int batch, int M, int K, int N, int trans_b)
 {
     size_t a_size = (size_t)M * K, b_size = (size_t)K * N, out_size = (size_t)M * N;
     int ldb = trans_b ? K : N;
     if (spread_over_batch(batch)) {
 #pragma omp parallel for schedule(static)
         for (int i = 0; i < batch; i++)
-            tr_cpu_sgemm_serial(0, trans_b, M, N, K, 1.0f, a + i * a_size, K, bm + i * b_size, ldb,
-                                0.0f, out + i * out_size, N);
+            k->serial(0, trans_b, M, N, K, at(k, a, i * a_size), K, at(k, bm, i * b_size), ldb,
+                      0.0f, out + i * out_size, N);
     } else {
         for (int i = 0; i < batch; i++)
-            tr_cpu_sgemm(0, trans_b, M, N, K, 1.0f, a + i * a_size, K, bm + i * b_size, ldb, 0.0f,
-                         out + i * out_size, N);
+            k->threaded(0, trans_b, M, N, K, at(k, a, i * a_size), K, at(k, bm, i * b_size), ldb,
+                        0.0f, out + i * out_size, N);
     }
 }
 
-/* Gradients of one product out = a @ op(bm); `gemm` is the serial or the
+/* Gradients of one product out = a @ op(bm); `gemm` is the kind's serial or
  * threaded GEMM (bitwise the same results). */
-typedef void (*gemm_fn)(int, int, int, int, int, float, const float *, int, const float *, int,
-                        float, float *, int);
-
-static void matmul_backward_one(gemm_fn gemm, float *da, float *dbm, const float *dout,
-                                const float *a, const float *bm, int M, int K, int N, int trans_b)
+static void matmul_backward_one(gemm_fn gemm, float *da, float *dbm, const void *dout,
+                                const void *a, const void *bm, int M, int K, int N, int trans_b)
 {
     if (trans_b) {
         /* bm stored [N,K]: out = a @ bm^T */
         if (da != NULL) /* da[M,K] += dout[M,N] @ bm[N,K] */
-            gemm(0, 0, M, K, N, 1.0f, dout, N, bm, K, 1.0f, da, K);
+            gemm(0, 0, M, K, N, dout, N, bm, K, 1.0f, da, K);
         if (dbm != NULL) /* dbm[N,K] += dout^T[N,M] @ a[M,K] */
-            gemm(1, 0, N, K, M, 1.0f, dout, N, a, K, 1.0f, dbm, K);
+            gemm(1, 0, N, K, M, dout, N, a, K, 1.0f, dbm, K);
     } else {
         /* bm stored [K,N]: out = a @ bm */
         if (da != NULL) /* da[M,K] += dout[M,N] @ bm^T[N,K] */
-            gemm(0, 1, M, K, N, 1.0f, dout, N, bm, N, 1.0f, da, K);
+            gemm(0, 1, M, K, N, dout, N, bm, N, 1.0f, da, K);
         if (dbm != NULL) /* dbm[K,N] += a^T[K,M] @ dout[M,N] */
-            gemm(1, 0, K, N, M, 1.0f, a, K, dout, N, 1.0f, dbm, N);
+            gemm(1, 0, K, N, M, a, K, dout, N, 1.0f, dbm, N);
     }
 }
 
-void tr_cpu_matmul_backward(float *da, float *dbm, const float *dout, const float *a,
-                            const float *bm, int batch, int M, int K, int N, int trans_b)
+static void matmul_backward(const struct gemm_kind *k, float *da, float *dbm, const void *dout,
+                            const void *a, const void *bm, int batch, int M, int K, int N,
+                            int trans_b)
 {
     size_t a_size = (size_t)M * K, b_size = (size_t)K * N, out_size = (size_t)M * N;
     if (spread_over_batch(batch)) {
 #pragma omp parallel for schedule(static)
         for (int i = 0; i < batch; i++)
-            matmul_backward_one(tr_cpu_sgemm_serial, da ? da + i * a_size : NULL,
-                                dbm ? dbm + i * b_size : NULL, dout + i * out_size, a + i * a_size,
-                                bm + i * b_size, M, K, N, trans_b);
+            matmul_backward_one(k->serial, da ? da + i * a_size : NULL,
+                                dbm ? dbm + i * b_size : NULL, at(k, dout, i * out_size),
+                                at(k, a, i * a_size), at(k, bm, i * b_size), M, K, N, trans_b);
     } else {
+        /* outside any parallel region: each GEMM spreads its own tiles */
         for (int i = 0; i < batch; i++)
-            matmul_backward_one(tr_cpu_sgemm, da ? da + i * a_size : NULL,
-                                dbm ? dbm + i * b_size : NULL, dout + i * out_size, a + i * a_size,
-                                bm + i * b_size, M, K, N, trans_b);
+            matmul_backward_one(k->threaded, da ? da + i * a_size : NULL,
+                                dbm ? dbm + i * b_size : NULL, at(k, dout, i * out_size),
+                                at(k, a, i * a_size), at(k, bm, i * b_size), M, K, N, trans_b);
     }
+}
+
+void tr_cpu_matmul_forward(float *out, const float *a, const float *bm, int batch, int M, int K,
+                           int N, int trans_b)
+{
+    matmul_forward(&F32, out, a, bm, batch, M, K, N, trans_b);
+}
+
+void tr_cpu_matmul_backward(float *da, float *dbm, const float *dout, const float *a,
+                            const float *bm, int batch, int M, int K, int N, int trans_b)
+{
+    matmul_backward(&F32, da, dbm, dout, a, bm, batch, M, K, N, trans_b);
+}
+
+void tr_cpu_matmul_forward_bf16(float *out, const uint16_t *a, const uint16_t *bm, int batch,
+                                int M, int K, int N, int trans_b)
+{
+    matmul_forward(&BF16, out, a, bm, batch, M, K, N, trans_b);
+}
+
+void tr_cpu_matmul_backward_bf16(float *da, float *dbm, const uint16_t *dout, const uint16_t *a,
+                                 const uint16_t *bm, int batch, int M, int K, int N, int trans_b)
+{
+    matmul_backward(&BF16, da, dbm, dout, a, bm, batch, M, K, N, trans_b);
 }
