@@ -375,6 +375,67 @@ Test(loader, order_does_not_depend_on_workers_and_resumes_exactly, .init = envir
     tr_plugin_close(plugin);
 }
 
+/* A data source that records the sample indices it is asked for. */
+static uint64_t asked[64];
+static size_t n_asked;
+static int counting_info(void *self, struct tr_data_info *out, tr_err *err)
+{
+    (void)self, (void)err;
+    out->samples[TR_SPLIT_TRAIN] = out->samples[TR_SPLIT_VAL] = 50;
+    out->input_dtype = TR_F32;
+    out->input_len = out->target_len = 1;
+    out->classes = 2;
+    return TR_OK;
+}
+static int counting_read(void *self, enum tr_split split, const uint64_t *idx, size_t n,
+                         void *inputs, int32_t *targets, tr_err *err)
+{
+    (void)self, (void)split, (void)err;
+    for (size_t i = 0; i < n; i++) {
+        if (n_asked < 64)
+            asked[n_asked++] = idx[i];
+        ((float *)inputs)[i] = 0;
+        targets[i] = 0;
+    }
+    return TR_OK;
+}
+
+/* An in-order pass with a step (an evaluation of windows that start at every
+ * token) reads samples 0, step, 2 * step, ...: ceil(50 / 4) = 13 of them, 4
+ * micro-batches of 3; a shuffled one draws from all samples. */
+Test(loader, an_unshuffled_step_reads_every_step_th_sample)
+{
+    static const struct tr_data_vtable vt = {sizeof vt, counting_info, counting_read};
+    struct tr_data_source src = {.vt = &vt, .name = "counting"};
+    tr_err err = {{0}};
+    cr_assert_eq(counting_info(NULL, &src.info, &err), TR_OK);
+    struct tr_loader_config lc = {.split = TR_SPLIT_VAL, .batch = 3, .prefetch = 1, .step = 4};
+    struct tr_loader *l = tr_loader_open(&src, &lc, 0, &err);
+    cr_assert_not_null(l, "%s", err.msg);
+    cr_assert_eq(tr_loader_batches_per_epoch(l), 4);
+    float in[3];
+    int32_t tg[3];
+    n_asked = 0;
+    for (int b = 0; b < 5; b++)
+        cr_assert_eq(tr_loader_next(l, in, tg, NULL, &err), TR_OK, "%s", err.msg);
+    tr_loader_close(l);
+    for (size_t i = 0; i < 12; i++)
+        cr_assert_eq(asked[i], 4 * i, "sample %zu read is %llu", i, (unsigned long long)asked[i]);
+    cr_assert_eq(asked[12], 0, "the second pass starts again at sample 0");
+
+    lc.shuffle = 1;
+    l = tr_loader_open(&src, &lc, 0, &err);
+    cr_assert_eq(tr_loader_batches_per_epoch(l), 16, "training ignores the step");
+    tr_loader_close(l);
+
+    /* fewer samples that do not overlap than a micro-batch */
+    lc.shuffle = 0;
+    lc.step = 20;
+    lc.batch = 4;
+    cr_assert_null(tr_loader_open(&src, &lc, 0, &err));
+    cr_assert(strstr(err.msg, "3 validation samples that do not overlap"), "%s", err.msg);
+}
+
 /* A data source whose reads block until released: a hung file system. */
 static volatile int blocked_release;
 static int blocked_info(void *self, struct tr_data_info *out, tr_err *err)
@@ -403,7 +464,7 @@ Test(loader, a_signal_ends_a_wait_for_a_stuck_worker_and_bad_positions_fail)
     src.info.struct_size = sizeof src.info;
     blocked_info(NULL, &src.info, &err);
     volatile sig_atomic_t cancel = 0;
-    struct tr_loader_config lc = {TR_SPLIT_TRAIN, 4, 2, 2, 1, 9, NULL, 0, 1, &cancel};
+    struct tr_loader_config lc = {TR_SPLIT_TRAIN, 4, 2, 2, 1, 9, NULL, 0, 1, &cancel, 0};
     /* a damaged resume position that would wrap the batch numbers */
     cr_assert_null(tr_loader_open(&src, &lc, UINT64_MAX - 1, &err));
     cr_assert(strstr(err.msg, "out of range"), "%s", err.msg);

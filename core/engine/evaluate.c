@@ -83,10 +83,18 @@ static const char **overrides_for(const struct tr_eval_flags *fl, const struct e
     return list;
 }
 
+/* The samples an evaluation reads: those that do not overlap (every
+ * eval_stride-th of a source whose windows start at every token). */
+static uint64_t eval_samples(const struct tr_data_info *di, enum tr_split split)
+{
+    uint64_t step = di->eval_stride[split] > 1 ? di->eval_stride[split] : 1;
+    return di->samples[split] / step + (di->samples[split] % step != 0);
+}
+
 /* The split must hold one micro-batch at least: say which lever gives it one. */
 static int check_split(const struct run *r, enum tr_split split, tr_err *err)
 {
-    uint64_t have = r->data.info.samples[split];
+    uint64_t have = eval_samples(&r->data.info, split);
     int64_t mb = r->cfg->train.micro_batch;
     if (have >= (uint64_t)mb)
         return TR_OK;
@@ -164,7 +172,7 @@ int tr_eval(const struct tr_eval_flags *fl, struct tr_eval_result *out, tr_err *
         goto done;
     out->accuracy = accuracy;
     const struct tr_data_info *di = &r->data.info;
-    out->split_batches = di->samples[split] / (uint64_t)cfg.train.micro_batch;
+    out->split_batches = eval_samples(di, split) / (uint64_t)cfg.train.micro_batch;
     out->micro_batch = cfg.train.micro_batch;
     out->samples = out->batches * (uint64_t)cfg.train.micro_batch;
     out->sequence = di->input_dtype == TR_I32 && di->target_len == di->input_len &&

@@ -51,6 +51,8 @@ struct tr_loader {
     struct tr_loader_config cfg;
     size_t input_bytes, target_count;
     uint64_t per_epoch;
+    uint64_t n;          /* samples an epoch draws from */
+    uint64_t step;       /* sample index = drawn index * step */
     uint64_t next;       /* next micro-batch the consumer takes */
     uint64_t next_fill;  /* next micro-batch a worker will fill */
     struct slot *slots;
@@ -99,12 +101,13 @@ static int wait_changed(struct tr_loader *l)
 static int fill(struct tr_loader *l, uint64_t id, void *inputs, int32_t *targets, uint64_t *idx,
                 tr_err *err)
 {
-    uint64_t n = l->src.info.samples[l->cfg.split];
+    uint64_t n = l->n;
     if (l->cfg.stride > 1)
         id = id * (uint64_t)l->cfg.stride + (uint64_t)l->cfg.rank;
     uint64_t epoch = id / l->per_epoch, first = (id % l->per_epoch) * (uint64_t)l->cfg.batch;
     for (int b = 0; b < l->cfg.batch; b++)
-        idx[b] = tr_loader_sample(l->cfg.seed, epoch, first + (uint64_t)b, n, l->cfg.shuffle);
+        idx[b] = tr_loader_sample(l->cfg.seed, epoch, first + (uint64_t)b, n, l->cfg.shuffle) *
+                 l->step;
     return l->src.vt->read(l->src.self, l->cfg.split, idx, (size_t)l->cfg.batch, inputs, targets,
                            err);
 }
@@ -146,11 +149,13 @@ static void *worker(void *arg)
 struct tr_loader *tr_loader_open(const struct tr_data_source *src,
                                  const struct tr_loader_config *cfg, uint64_t start, tr_err *err)
 {
-    uint64_t n = src->info.samples[cfg->split];
+    uint64_t step = !cfg->shuffle && cfg->step > 1 ? cfg->step : 1;
+    /* samples 0, step, ... below the count: as many as the aligned windows */
+    uint64_t n = src->info.samples[cfg->split] / step + (src->info.samples[cfg->split] % step != 0);
     if (n < (uint64_t)cfg->batch) {
-        tr_fail(err, "data source '%s' has %llu %s samples, fewer than one micro-batch of %d",
+        tr_fail(err, "data source '%s' has %llu %s samples%s, fewer than one micro-batch of %d",
                 src->name, (unsigned long long)n, cfg->split == TR_SPLIT_TRAIN ? "training" : "validation",
-                cfg->batch);
+                step > 1 ? " that do not overlap" : "", cfg->batch);
         return NULL;
     }
     /* micro-batch numbers must not wrap (a damaged resume position): the
@@ -169,6 +174,8 @@ struct tr_loader *tr_loader_open(const struct tr_data_source *src,
     size_t elem = src->info.input_dtype == TR_I32 || src->info.input_dtype == TR_F32 ? 4 : 2;
     l->input_bytes = (size_t)cfg->batch * src->info.input_len * elem;
     l->target_count = (size_t)cfg->batch * src->info.target_len;
+    l->n = n;
+    l->step = step;
     l->per_epoch = n / (uint64_t)cfg->batch;
     l->next = l->next_fill = start;
     int nslots = cfg->workers > 0 ? l->cfg.prefetch : 1;

@@ -39,6 +39,10 @@ struct tr_loader_config {
      * wait for workers ends with an error instead of blocking, and close
      * stops waiting for a worker stuck in a read after a grace period */
     volatile sig_atomic_t *cancel;
+    /* unshuffled: read samples 0, step, 2 * step, ... (0 or 1: every one), so
+     * an in-order pass over windows that overlap (tr_data_info.eval_stride)
+     * sees each token once; an epoch is then samples / step of them */
+    uint64_t step;
 };
 
 struct tr_loader *tr_loader_open(const struct tr_data_source *src,

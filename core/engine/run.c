@@ -157,7 +157,9 @@ int tr_run_evaluate_split(struct run *r, enum tr_split split, uint64_t max_batch
 {
     double t0 = tr_now();
     struct tr_loader_config lc = {split, (int)r->cfg->train.micro_batch, 0, 1, 0,
-                                  (uint64_t)r->cfg->train.seed, NULL, r->rank, r->world, NULL};
+                                  (uint64_t)r->cfg->train.seed, NULL, r->rank, r->world, NULL,
+                                  /* each token once, with random windows too */
+                                  r->data.info.eval_stride[split]};
     struct tr_loader *val = tr_loader_open(&r->data, &lc, 0, err);
     if (!val)
         return TR_ERROR;
@@ -256,7 +258,7 @@ static int start(struct run *r, const struct tr_run_flags *flags, tr_err *err)
     struct tr_loader_config lc = {TR_SPLIT_TRAIN, (int)cfg->train.micro_batch,
                                   (int)cfg->train.workers, (int)cfg->train.prefetch, 1,
                                   (uint64_t)cfg->train.seed, r->topo, r->rank, r->world,
-                                  &stop_signal}; /* a signal ends a wait for data */
+                                  &stop_signal, 0}; /* a signal ends a wait for data */
     r->loader = tr_loader_open(&r->data, &lc, r->position / (uint64_t)r->world, err);
     if (!r->loader)
         return TR_ERROR;

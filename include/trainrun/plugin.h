@@ -245,6 +245,11 @@ struct tr_data_info {
     double bytes_per_token[TR_SPLIT_COUNT]; /* text bytes per token in each split, 0: not
                                        * text or unknown; loss / bytes_per_token is the
                                        * loss in nats per byte */
+    uint64_t eval_stride[TR_SPLIT_COUNT]; /* samples j and j + eval_stride are the nearest
+                                       * that do not overlap (windows that start at every
+                                       * token: seq_len); an in-order pass, an evaluation,
+                                       * reads samples 0, s, 2s, ... of the split so that
+                                       * it sees each token once.  0 or 1: every sample */
 };
 
 struct tr_data_vtable {

@@ -490,6 +490,11 @@ static int text_info(void *self, struct tr_data_info *out, tr_err *err)
 {
     (void)err;
     const struct text *t = self;
+    /* random windows overlap: an in-order pass takes every seq_len-th (checked
+     * before data_info() writes this plugin's struct_size over the core's) */
+    if (TR_HAS_FIELD(out, struct tr_data_info, eval_stride))
+        for (int s = 0; s < TR_SPLIT_COUNT; s++)
+            out->eval_stride[s] = t->stride[s] == 1 ? t->seq_len : 0;
     data_info(out, t->samples, TR_I32, t->seq_len, t->seq_len, t->vocab);
     /* byte and char tokens are one byte of the file each: the loss per token is per byte */
     out->bytes_per_token[TR_SPLIT_TRAIN] = out->bytes_per_token[TR_SPLIT_VAL] = 1.0;

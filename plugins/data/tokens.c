@@ -527,6 +527,11 @@ static int tokens_info(void *self, struct tr_data_info *out, tr_err *err)
 {
     (void)err;
     const struct tokens *t = self;
+    /* random windows overlap: an in-order pass takes every seq_len-th (checked
+     * before data_info() writes this plugin's struct_size over the core's) */
+    if (TR_HAS_FIELD(out, struct tr_data_info, eval_stride))
+        for (int s = 0; s < TR_SPLIT_COUNT; s++)
+            out->eval_stride[s] = t->stride[s] == 1 ? t->seq_len : 0;
     data_info(out, t->samples, TR_I32, t->seq_len, t->seq_len, t->vocab);
     /* text bytes per token of each split, for the loss per byte: a segment cut from a
      * shard gets its share of the shard's bytes by tokens; one shard that does not know

@@ -45,6 +45,18 @@ awk '$1 > 10' straight.txt > straight-after-10.txt
 cmp straight-after-10.txt resumed.txt || { diff straight-after-10.txt resumed.txt; fail "the resumed run's losses differ"; }
 cmp "$(weights straight)" "$(weights resumed)" || fail "the resumed run ended with other weights"
 
+# evaluating the training split reads windows that do not overlap: every
+# seq_len-th of the random ones, which are the aligned ones
+for w in random aligned; do
+  "$TRAINRUN" eval w.lua data.windows=$w --checkpoint straight/checkpoints/step-0000000030 \
+    --split train --batches 4 --json > eval-$w.json 2> err.txt || { cat err.txt; fail "eval $w"; }
+  sed -n -e 's/.*"loss": *\([-0-9.e+]*\).*/\1/p' eval-$w.json > loss-$w.txt
+  sed -n -e 's/.*"split_batches": *\([0-9]*\).*/\1/p' eval-$w.json > batches-$w.txt
+done
+[ -s loss-random.txt ] || { cat eval-random.json; fail "no loss in eval --json"; }
+cmp loss-random.txt loss-aligned.txt || { cat eval-random.json eval-aligned.json; fail "eval --split train of random windows read overlapping windows"; }
+cmp batches-random.txt batches-aligned.txt || { cat eval-random.json eval-aligned.json; fail "split_batches counts overlapping windows"; }
+
 # aligned windows: other samples, other losses; validation (always aligned) starts equal
 "$TRAINRUN" w.lua data.windows=aligned train.workers=0 run_dir=aligned --quiet
 losses aligned/metrics.jsonl > aligned.txt
