@@ -123,4 +123,12 @@ int tr_prepare_text(const struct prepare_opts *o);
  * prepare.json.  0 or -1 (messages on stderr). */
 int tr_prepare_csv(const struct prepare_opts *o);
 
+/* --train-tokenizer (prepare_train.c): a byte-level BPE of `vocab` tokens trained on the kept
+ * documents of d->v[0, to) (the training split), written as OUTDIR/tokenizer.json (a stale
+ * tokenizer_config.json there is removed); inputs names the files for messages.  OUTDIR must
+ * be claimed.  0 or -1 (message on stderr). */
+struct docs;
+int tr_prepare_train_tokenizer(const char *out_dir, uint64_t vocab, const struct docs *d,
+                               size_t to, const char *const *inputs);
+
 #endif
