@@ -38,10 +38,10 @@ static void usage(FILE *out)
             "       trainrun plugins [KIND]                      installed plugins and their options\n"
             "       trainrun sample CHECKPOINT|RECIPE [key=value ...] [--prompt TEXT] [--tokens N]\n"
             "                       [--temperature T] [--top-k K] [--seed N] [--recipe FILE] [--ids]\n"
-            "                                                    text from a run's checkpoint (read-only,\n"
+            "                       [--ignore-eos]               text from a run's checkpoint (read-only,\n"
             "                                                    also of a running run) or a recipe's\n"
-            "                                                    model = { from = DIR } weights; bytes,\n"
-            "                                                    or token ids with --ids\n"
+            "                                                    model = { from = DIR } weights, through\n"
+            "                                                    the run's tokenizer (help sample)\n"
             "       trainrun eval RECIPE [key=value ...] [--checkpoint PATH] [--split val|train]\n"
             "                     [--batches N|all] [--json]     validation loss, perplexity and\n"
             "                                                    accuracy, without training (help eval)\n"
@@ -56,7 +56,7 @@ static void usage(FILE *out)
             "                     [procs=N|gpus=N]               where threads (of each rank) will run\n"
             "       trainrun doctor                              what this machine can run: CPU features,\n"
             "                                                    backends (and why one is unavailable), plugins\n"
-            "       trainrun help [recipe|eval]                  this text, the recipe reference, or a\n"
+            "       trainrun help [recipe|eval|sample]           this text, the recipe reference, or a\n"
             "                                                    command's own help\n"
             "       trainrun version\n"
             "\n"
@@ -318,12 +318,50 @@ static int cmd_plugins(int argc, char **argv)
     return TR_EXIT_OK;
 }
 
+static void sample_help(FILE *out)
+{
+    fprintf(out,
+            "usage: trainrun sample CHECKPOINT [key.sub=value ...] [flags]\n"
+            "       trainrun sample RECIPE [key.sub=value ...] [flags]\n"
+            "\n"
+            "Text from a language model, one token at a time, read-only (it can open a running\n"
+            "run).  CHECKPOINT is a run directory, its checkpoints directory (both through\n"
+            "LATEST) or one checkpoint; RECIPE a recipe whose model = { from = DIR } gives\n"
+            "the weights.\n"
+            "\n"
+            "Text goes through the tokenizer the model learnt, the first found of: the run\n"
+            "directory's tokenizer.json (a run records its data's tokenizer there when it\n"
+            "starts; a char-tokenized text run records its character table as one), DIR's\n"
+            "tokenizer.json of model = { from = DIR }, the tokenizer the data reports.  The\n"
+            "prompt is encoded with it (after the tokenizer's BOS, if it has one) and each\n"
+            "token is printed as its bytes as it is sampled, until the tokenizer's EOS.\n"
+            "Without a tokenizer (byte-tokenized runs) every token is one byte.  stderr\n"
+            "names the tokenizer used.\n"
+            "\n"
+            "  --prompt TEXT      the text to continue (default: a newline; empty: from the\n"
+            "                     tokenizer's BOS, else its EOS, as a new document starts)\n"
+            "  --tokens N         tokens to sample at most (default 200)\n"
+            "  --temperature T    softmax temperature (default 0.8)\n"
+            "  --top-k K          sample among the K likeliest tokens (default 0: all)\n"
+            "  --seed N           the generator's seed: the same flags give the same text\n"
+            "  --ids              the prompt is token ids (\"15496 11 995\") and the output too,\n"
+            "                     the EOS included when sampled\n"
+            "  --ignore-eos       sample all N tokens, past the EOS\n"
+            "  --recipe FILE      with a CHECKPOINT: the recipe to build the model from,\n"
+            "                     instead of the one the checkpoint recorded\n");
+}
+
 /* trainrun sample CHECKPOINT|RECIPE [key=value ...] [flags]: a checkpoint is
  * a directory (a run's, its checkpoints', or one checkpoint), a recipe a
  * file, whose model = { from = DIR } gives the weights. */
 static int cmd_sample(int argc, char **argv)
 {
     struct tr_sample_flags f = {.prompt = "\n", .tokens = 200, .temperature = 0.8, .top_k = 0, .seed = 1};
+    for (int i = 2; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            sample_help(stdout);
+            return TR_EXIT_OK;
+        }
     if (argc < 3 || argv[2][0] == '-') {
         usage(stderr);
         return TR_EXIT_USAGE;
@@ -345,6 +383,10 @@ static int cmd_sample(int argc, char **argv)
         }
         if (strcmp(a, "--ids") == 0) {
             f.ids = 1;
+            continue;
+        }
+        if (strcmp(a, "--ignore-eos") == 0) {
+            f.ignore_eos = 1;
             continue;
         }
         if (!v) {
@@ -550,6 +592,8 @@ int main(int argc, char **argv)
             tr_config_help(stdout);
         else if (argc > 2 && strcmp(argv[2], "eval") == 0)
             tr_eval_help(stdout);
+        else if (argc > 2 && strcmp(argv[2], "sample") == 0)
+            sample_help(stdout);
         else
             usage(stdout);
         return TR_EXIT_OK;

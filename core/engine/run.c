@@ -237,9 +237,17 @@ static int start(struct run *r, const struct tr_run_flags *flags, tr_err *err)
         return TR_ERROR;
     if (tr_run_setup(r, err) != TR_OK)
         return TR_ERROR;
-    if (!flags->quiet && r->rank == 0)
+    if (!flags->quiet && r->rank == 0) {
+        /* first: whether half precision is native here or an emulation
+         * slower than fp32 (the CPU backend's choice, kernels/cpu/gemm.c) */
+        if (strcmp(cfg->device, "cpu") == 0 && r->g->compute != TR_F32)
+            fprintf(stderr, "device cpu: %s\n", tr_cpu_gemm_path(r->g->compute));
         tr_graph_print_memory(r->g, stderr);
+    }
     if (flags->resume && tr_run_resume(r, err) != TR_OK)
+        return TR_ERROR;
+    /* resumed from a checkpoint: its weights learnt the recorded tokenizer's ids */
+    if (r->rank == 0 && tr_run_record_tokenizer(r, r->step > 0, err) != TR_OK)
         return TR_ERROR;
     if (r->step == 0 && tr_run_load_pretrained(r, err) != TR_OK) /* not resumed */
         return TR_ERROR;

@@ -39,7 +39,8 @@ struct tr_sample_flags {
     const char *recipe; /* override the recipe recorded in the checkpoint */
     const char *const *overrides; /* key=value, after those the checkpoint's run recorded */
     int n_overrides;
-    int ids; /* the prompt and the text as token ids, not bytes */
+    int ids; /* the prompt and the text as token ids, not text */
+    int ignore_eos; /* sample all `tokens`, past the tokenizer's EOS */
 };
 /* Text from a model's weights, read-only: the run's setup in its read-only
  * mode (struct run's eval_only, as `trainrun eval`), nothing written. */

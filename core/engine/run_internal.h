@@ -112,6 +112,12 @@ int tr_run_evaluate_split(struct run *r, enum tr_split split, uint64_t max_batch
 int tr_run_lock(struct run *r, tr_err *err);
 int tr_run_refuse_earlier(const struct run *r, tr_err *err); /* a fresh run in a used dir */
 void tr_run_unlock(struct run *r);
+/* rundir.c: the tokenizer that made the run's data (tr_data_info.tokenizer).
+ * Setup: the model has a row for each of its ids, and model = { from = DIR }
+ * with a DIR/tokenizer.json was trained with the same one (by content).
+ * Start (rank 0, fresh or resumed): copied into run_dir/tokenizer.json. */
+int tr_run_check_tokenizer(struct run *r, tr_err *err);
+int tr_run_record_tokenizer(struct run *r, int resume, tr_err *err);
 
 /* run_state.c: the run's state in checkpoints, and ZeRO-1 shards. */
 int tr_run_resume(struct run *r, tr_err *err); /* from the newest good checkpoint, if any */

@@ -1,10 +1,19 @@
 /* One writer per run directory: rank 0 holds run_dir/trainrun.lock for as
  * long as it runs, and a fresh run refuses a directory that holds an
- * earlier one instead of mixing their metrics and checkpoints. */
+ * earlier one instead of mixing their metrics and checkpoints.  The run
+ * directory also keeps the tokenizer that made the run's data
+ * (run_dir/tokenizer.json, where it came from in tokenizer.origin.json), so
+ * `trainrun sample` turns the model's ids back into text long after the
+ * data directory is gone. */
 #include "run_internal.h"
+
+#include "../config/hf_config.h"
+#include "../config/recipe.h"
+#include "../util/tokenizer.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,4 +127,242 @@ void tr_run_unlock(struct run *r)
         return;
     close(r->lock_fd); /* releases the lock */
     r->have_lock = 0;
+}
+
+/* ---- the run's tokenizer ---------------------------------------------------- */
+
+/* A whole file into memory (NUL-terminated); NULL with errno set. */
+static char *read_whole(const char *path, size_t *size)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (cap - n < 65536) {
+            cap = cap ? 2 * cap : 65536;
+            buf = tr_xrealloc(buf, cap + 1);
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0)
+            break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        errno = EIO;
+        return NULL;
+    }
+    buf[n] = 0;
+    *size = n;
+    return buf;
+}
+
+/* The 64-bit FNV-1a of the bytes, as `prepare` records a tokenizer's hash. */
+static uint64_t fnv1a64(const char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)p[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+/* Write bytes to path so that readers see all of them or none: a temporary
+ * file beside it, synced, then renamed over it.  0 or -1 with errno. */
+static int write_atomically(const char *path, const char *data, size_t size)
+{
+    char *tmp = tr_xasprintf("%s.tmp-%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        free(tmp);
+        return -1;
+    }
+    size_t done = 0;
+    while (done < size) {
+        ssize_t w = write(fd, data + done, size - done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            break;
+        done += (size_t)w;
+    }
+    int e = done < size ? (errno ? errno : EIO) : 0;
+    if (!e && fsync(fd) != 0)
+        e = errno;
+    if (close(fd) != 0 && !e)
+        e = errno;
+    if (!e && rename(tmp, path) != 0)
+        e = errno;
+    if (e)
+        unlink(tmp);
+    free(tmp);
+    errno = e;
+    return e ? -1 : 0;
+}
+
+/* s as the inside of a JSON string, newly allocated. */
+static char *json_escape(const char *s)
+{
+    char *out = tr_xcalloc(6 * strlen(s) + 1, 1), *w = out;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            w += sprintf(w, "\\%c", *p);
+        else if (*p < 0x20)
+            w += sprintf(w, "\\u%04x", *p);
+        else
+            *w++ = (char)*p;
+    }
+    *w = 0;
+    return out;
+}
+
+/* The tokenizer the data reports, else model.from's DIR/tokenizer.json,
+ * else NULL; newly allocated.  *from_model says which. */
+static char *data_or_model_tokenizer(struct run *r, int *from_model)
+{
+    *from_model = 0;
+    if (r->data.info.tokenizer && *r->data.info.tokenizer)
+        return tr_xstrdup(r->data.info.tokenizer);
+    const char *dir = tr_hf_from_dir(r->cfg->recipe);
+    if (!dir)
+        return NULL;
+    char *path = tr_xasprintf("%s/tokenizer.json", dir);
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+        *from_model = 1;
+        return path;
+    }
+    free(path);
+    return NULL;
+}
+
+/* Setup's checks of the tokenizer against the model: the model must have a
+ * row for every id the tokenizer can produce, and a model = { from = DIR }
+ * whose DIR has a tokenizer.json must be trained on data made with that
+ * same tokenizer (compared by content: a copy elsewhere is the same). */
+int tr_run_check_tokenizer(struct run *r, tr_err *err)
+{
+    const char *path = r->data.info.tokenizer;
+    if (!path || !*path)
+        return TR_OK;
+    size_t size = 0;
+    char *text = read_whole(path, &size);
+    if (!text)
+        return tr_fail(err, "data '%s': cannot read its tokenizer %s: %s", r->data.name, path,
+                       strerror(errno));
+    tr_err why = {{0}};
+    struct tr_tokenizer *tok = tr_tokenizer_parse(text, size, path, &why);
+    if (tok) {
+        size_t tv = tr_tokenizer_vocab_size(tok);
+        tr_tokenizer_free(tok);
+        uint64_t model = r->vocab;
+        if (r->g->logits >= 0) {
+            const struct tr_tensor *lg = &r->g->tensors[r->g->logits];
+            if ((uint64_t)lg->shape[lg->ndim - 1] < model)
+                model = (uint64_t)lg->shape[lg->ndim - 1];
+        }
+        if (model < tv) {
+            free(text);
+            char where[600];
+            struct tr_origin o = {TR_FROM_RECIPE, tr_recipe_path(r->cfg->recipe), 0};
+            tr_recipe_origin(r->cfg->recipe, "model.vocab", &o);
+            tr_origin_format(&o, where, sizeof where);
+            return tr_fail(err, "%s: the model's vocabulary of %llu tokens is smaller than the "
+                           "%zu ids of the tokenizer that made the data (%s): ids it produces "
+                           "would index past the token embedding; set model.vocab=%zu (or more)",
+                           where, (unsigned long long)model, tv, path, tv);
+        }
+    } else if (r->rank == 0) {
+        /* training needs only the ids; sample will say the same when it decodes */
+        tr_log(TR_LOG_WARN, NULL, "the data's tokenizer %s cannot be read here (%s); its vocabulary "
+               "is not checked against the model's", path, why.msg);
+    }
+    const char *dir = tr_hf_from_dir(r->cfg->recipe);
+    char *theirs_path = dir ? tr_xasprintf("%s/tokenizer.json", dir) : NULL;
+    size_t theirs_size = 0;
+    char *theirs = theirs_path ? read_whole(theirs_path, &theirs_size) : NULL;
+    int differ = theirs && (theirs_size != size || memcmp(theirs, text, size) != 0);
+    int rc = TR_OK;
+    if (differ) {
+        char where[600];
+        struct tr_origin o = {TR_FROM_RECIPE, tr_recipe_path(r->cfg->recipe), 0};
+        tr_recipe_origin(r->cfg->recipe, "model.from", &o);
+        tr_origin_format(&o, where, sizeof where);
+        rc = tr_fail(err, "%s: model.from: the weights in %s were trained with the tokenizer %s "
+                     "(hash %016llx), but data '%s' was made with another one, %s (hash %016llx): "
+                     "the model would read the data's ids as other tokens; re-prepare the data "
+                     "with `trainrun prepare ... --tokenizer %s`", where, dir, theirs_path,
+                     (unsigned long long)fnv1a64(theirs, theirs_size), r->data.name, path,
+                     (unsigned long long)fnv1a64(text, size), theirs_path);
+    }
+    free(theirs);
+    free(theirs_path);
+    free(text);
+    return rc;
+}
+
+/* Rank 0 at the start of a run (also a resumed one): the tokenizer the data
+ * was made with (else model.from's) into run_dir/tokenizer.json, atomically,
+ * and where it came from into run_dir/tokenizer.origin.json.  A resumed run
+ * whose tokenizer.json differs from its data's is refused: its checkpoints
+ * learnt the other tokenizer's ids.  A fresh run with no tokenizer removes
+ * one an earlier attempt in the directory left, so sample never decodes
+ * with a tokenizer the model did not learn. */
+int tr_run_record_tokenizer(struct run *r, int resume, tr_err *err)
+{
+    const char *dir = r->cfg->run_dir;
+    char *dst = tr_xasprintf("%s/tokenizer.json", dir);
+    char *origin = tr_xasprintf("%s/tokenizer.origin.json", dir);
+    int from_model = 0, rc = TR_OK;
+    char *src = data_or_model_tokenizer(r, &from_model);
+    size_t size = 0, had_size = 0;
+    char *text = NULL, *had = read_whole(dst, &had_size);
+    if (!src) {
+        if (had && !resume && (unlink(dst) != 0 || (unlink(origin) != 0 && errno != ENOENT)))
+            rc = tr_fail(err, "cannot remove %s, which an earlier run left: %s; remove it (this "
+                         "run's data has no tokenizer)", dst, strerror(errno));
+        goto out;
+    }
+    if (!(text = read_whole(src, &size))) {
+        rc = tr_fail(err, "cannot read the tokenizer %s: %s", src, strerror(errno));
+        goto out;
+    }
+    if (had && resume && (had_size != size || memcmp(had, text, size) != 0)) {
+        rc = tr_fail(err, "%s (hash %016llx) is not the tokenizer this run's %s was made with, %s "
+                     "(hash %016llx): the checkpoints learnt the ids of the first; resume with "
+                     "the data made by %s, or start a new run (run_dir=...)", dst,
+                     (unsigned long long)fnv1a64(had, had_size),
+                     from_model ? "model.from" : "data", src,
+                     (unsigned long long)fnv1a64(text, size), dst);
+        goto out;
+    }
+    char real[PATH_MAX];
+    const char *shown = realpath(src, real) ? real : src;
+    char *escaped = json_escape(shown);
+    char *note = tr_xasprintf("{\"file\": \"tokenizer.json\", \"source\": \"%s\", \"hash\": "
+                              "\"%016llx\", \"bytes\": %zu, \"from\": \"%s\"}\n", escaped,
+                              (unsigned long long)fnv1a64(text, size), size,
+                              from_model ? "model.from" : "data");
+    free(escaped);
+    if ((!had || had_size != size || memcmp(had, text, size) != 0) &&
+        write_atomically(dst, text, size) != 0)
+        rc = tr_fail(err, "cannot write %s: %s; check the permissions of %s or set run_dir=", dst,
+                     strerror(errno), dir);
+    else if (write_atomically(origin, note, strlen(note)) != 0)
+        rc = tr_fail(err, "cannot write %s: %s; check the permissions of %s or set run_dir=",
+                     origin, strerror(errno), dir);
+    else
+        tr_log(TR_LOG_INFO, NULL, "tokenizer %s (from the %s) recorded as %s", shown,
+               from_model ? "model.from directory" : "data", dst);
+    free(note);
+out:
+    free(src);
+    free(text);
+    free(had);
+    free(dst);
+    free(origin);
+    return rc;
 }

@@ -3,12 +3,21 @@
  * training graph (top-k, temperature, a seeded generator, so the same flags
  * give the same text).  It only reads: the run's setup in the read-only mode
  * `trainrun eval` uses, and the weights through tr_checkpoint_load_weights,
- * so a running run's checkpoints directory is left as it is. */
+ * so a running run's checkpoints directory is left as it is.
+ *
+ * Text in and out goes through the tokenizer the model learnt: the run
+ * directory's tokenizer.json (recorded at the run's start), else model =
+ * { from = DIR }'s DIR/tokenizer.json, else the one the data reports (a
+ * char table is one too).  The prompt is encoded with it (after its BOS)
+ * and each sampled id is printed as its bytes as it comes, up to the
+ * tokenizer's EOS.  Without any tokenizer a token is a byte, as for the
+ * byte tokenizer's runs.  --ids gives and prints ids either way. */
 #include "run.h"
 #include "run_internal.h"
 
 #include "../config/hf_config.h"
 #include "../util/json.h"
+#include "../util/tokenizer.h"
 #include "../../kernels/host.h"
 
 #include <errno.h>
@@ -16,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static int compare_desc(const void *a, const void *b)
 {
@@ -90,19 +100,126 @@ static int32_t *prompt_tokens(const struct tr_sample_flags *fl, int64_t vocab, s
     return ids;
 }
 
-/* A token to stdout: its byte, or with --ids its id after a space. */
-static void put_token(const struct tr_sample_flags *fl, int32_t id, size_t n)
+/* A token to stdout: with --ids its id after a space, else its bytes: the
+ * tokenizer's (a byte-level token may end inside a UTF-8 character; the
+ * next one's bytes complete it on the terminal), or the id as a byte. */
+static void put_token(const struct tr_sample_flags *fl, const struct tr_tokenizer *tok,
+                      int32_t id, size_t n)
 {
-    if (fl->ids)
+    if (fl->ids) {
         printf("%s%d", n ? " " : "", (int)id);
-    else
+    } else if (tok) {
+        char *bytes = NULL;
+        size_t len = 0;
+        tr_err ignored = {{0}};
+        if (tr_tokenizer_decode(tok, &id, 1, &bytes, &len, &ignored) == TR_OK)
+            fwrite(bytes, 1, len, stdout);
+        free(bytes);
+    } else {
         fputc(id, stdout);
+    }
+}
+
+/* The tokenizer of the weights sampled: the run directory's (beside the
+ * checkpoints directory, or the recipe's run_dir), model.from's, or the
+ * data's; NULL when there is none.  Newly allocated. */
+static char *find_tokenizer(const char *ckpt_dir, const struct tr_config *cfg,
+                            const struct tr_data_info *data)
+{
+    char *candidates[3] = {NULL, NULL, NULL};
+    if (ckpt_dir) {
+        char *run_dir = tr_dirname(ckpt_dir);
+        candidates[0] = tr_xasprintf("%s/tokenizer.json", run_dir);
+        candidates[1] = tr_xasprintf("%s/tokenizer.json", cfg->run_dir);
+        free(run_dir);
+    }
+    const char *from = tr_hf_from_dir(cfg->recipe);
+    if (from)
+        candidates[2] = tr_xasprintf("%s/tokenizer.json", from);
+    char *found = NULL;
+    for (int i = 0; i < 3; i++) {
+        struct stat st;
+        if (!found && candidates[i] && stat(candidates[i], &st) == 0 && S_ISREG(st.st_mode))
+            found = candidates[i];
+        else
+            free(candidates[i]);
+    }
+    if (!found && data->tokenizer && *data->tokenizer)
+        found = tr_xstrdup(data->tokenizer);
+    return found;
+}
+
+/* The id generation stops at: the post-processor's EOS, else the end-of-text
+ * token of the usual vocabularies; -1 when there is none. */
+static int32_t find_eos(const struct tr_tokenizer *tok)
+{
+    int32_t id = tr_tokenizer_eos_id(tok);
+    static const char *const names[] = {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"};
+    for (size_t i = 0; id < 0 && i < TR_ARRAY_LEN(names); i++)
+        id = tr_tokenizer_token_id(tok, names[i]);
+    return id;
+}
+
+/* The prompt through the tokenizer, after its BOS when it has one; an empty
+ * prompt starts a document (BOS, else EOS, which separates documents).
+ * Text the tokenizer cannot encode (a character a char table lacks) is
+ * refused rather than dropped.  NULL with err set. */
+static int32_t *encode_prompt(struct tr_tokenizer *tok, const char *prompt, int32_t eos,
+                              int64_t vocab, const char *tok_path, size_t *n, tr_err *err)
+{
+    int32_t *ids = NULL, bos = tr_tokenizer_bos_id(tok);
+    size_t len = strlen(prompt), count = 0;
+    if (tr_tokenizer_encode(tok, prompt, len, &ids, &count, err) != TR_OK)
+        return NULL;
+    char *back = NULL;
+    size_t back_len = 0;
+    if (tr_tokenizer_decode(tok, ids, count, &back, &back_len, err) != TR_OK) {
+        free(ids);
+        return NULL;
+    }
+    size_t same = 0;
+    while (same < len && same < back_len && back[same] == prompt[same])
+        same++;
+    free(back);
+    if (same < len || back_len != len) {
+        free(ids);
+        unsigned char c = (unsigned char)prompt[same < len ? same : len - 1];
+        tr_fail(err, "--prompt: byte %zu (%s%c%s, 0x%02x) has no token in %s: write the prompt "
+                "with characters the model's data had", same < len ? same : len - 1,
+                c >= 32 && c < 127 ? "'" : "", c >= 32 && c < 127 ? c : '?',
+                c >= 32 && c < 127 ? "'" : "", c, tok_path);
+        return NULL;
+    }
+    int32_t start = bos >= 0 ? bos : count == 0 ? eos : -1;
+    if (count == 0 && start < 0) {
+        free(ids);
+        tr_fail(err, "--prompt is empty and %s has no BOS or EOS token to start from: give a "
+                "prompt", tok_path);
+        return NULL;
+    }
+    if (start >= 0) {
+        ids = tr_xrealloc(ids, (count + 1) * sizeof *ids);
+        memmove(ids + 1, ids, count * sizeof *ids);
+        ids[0] = start;
+        count++;
+    }
+    for (size_t i = 0; i < count; i++)
+        if (ids[i] >= vocab) {
+            tr_fail(err, "--prompt: its token %d (from %s) is not in the model's vocabulary of "
+                    "%lld: was the model trained with another tokenizer?", (int)ids[i], tok_path,
+                    (long long)vocab);
+            free(ids);
+            return NULL;
+        }
+    *n = count;
+    return ids;
 }
 
 int tr_sample(const struct tr_sample_flags *fl)
 {
     tr_err err = {{0}};
-    char *dir = NULL, *name = NULL, *ckpt = NULL;
+    char *dir = NULL, *name = NULL, *ckpt = NULL, *tok_path = NULL;
+    struct tr_tokenizer *tok = NULL;
     struct tr_json *state = NULL;
     struct tr_run_state st;
     const char **overrides = NULL;
@@ -169,14 +286,37 @@ int tr_sample(const struct tr_sample_flags *fl)
     int V = (int)lg->shape[lg->ndim - 1];
     /* the embedding reads a row per id: an id past its table is no token */
     int64_t vocab = r->vocab < (uint32_t)V ? (int64_t)r->vocab : V;
-    if (!fl->ids && V > 256) {
+    tok_path = find_tokenizer(dir, &cfg, &r->data.info);
+    if (tok_path && !(tok = tr_tokenizer_load(tok_path, &err))) {
+        tr_err_prefix(&err, "the model's tokenizer");
+        goto fail;
+    }
+    int32_t eos = tok ? find_eos(tok) : -1;
+    int stop_at = fl->ignore_eos ? -1 : eos;
+    /* ids past the tokenizer's are no text (a vocabulary padded to a round
+     * size): never sampled */
+    int allowed = tok && tr_tokenizer_vocab_size(tok) < (size_t)V ? (int)tr_tokenizer_vocab_size(tok) : V;
+    if (tok) {
+        char eos_text[64] = "none";
+        char *bytes = NULL;
+        size_t blen = 0;
+        tr_err ignored = {{0}};
+        if (eos >= 0 && tr_tokenizer_decode(tok, &eos, 1, &bytes, &blen, &ignored) == TR_OK)
+            snprintf(eos_text, sizeof eos_text, "%d %.40s", (int)eos, bytes);
+        free(bytes);
+        tr_log(TR_LOG_INFO, "sample", "tokenizer %s (%zu ids; EOS: %s%s)", tok_path,
+               tr_tokenizer_vocab_size(tok), eos_text,
+               eos >= 0 && fl->ignore_eos ? ", ignored" : "");
+    } else if (!fl->ids && V > 256) {
         tr_fail(&err, "%s: the model predicts %d token ids, more than the 256 bytes sample "
-                "prints as text; pass --ids to give the prompt and get the text as token ids "
-                "(the tokenizer that made the data turns them into text)", recipe, V);
+                "prints as text; pass --ids to give the prompt and get the text as token ids, "
+                "or put the tokenizer.json that made the data in the run directory (none is in "
+                "it, in model.from's directory or beside the data)", recipe, V);
         goto fail;
     }
     size_t plen = 0;
-    int32_t *prompt = prompt_tokens(fl, vocab, &plen, &err);
+    int32_t *prompt = tok && !fl->ids ? encode_prompt(tok, fl->prompt, eos, vocab, tok_path, &plen, &err)
+                                      : prompt_tokens(fl, vocab, &plen, &err);
     if (!prompt)
         goto fail;
     size_t total = plen + (size_t)fl->tokens;
@@ -186,8 +326,12 @@ int tr_sample(const struct tr_sample_flags *fl)
     int32_t *ctx = tr_xcalloc((size_t)T, sizeof *ctx);
     float *logits = tr_xcalloc((size_t)V, sizeof *logits), *probs = tr_xcalloc((size_t)V, sizeof *probs);
     uint64_t rng = fl->seed * 0x9e3779b97f4a7c15ULL + 1;
-    for (size_t n = 0; n < plen; n++)
-        put_token(fl, text[n], n);
+    if (fl->ids || !tok)
+        for (size_t n = 0; n < plen; n++)
+            put_token(fl, NULL, text[n], n);
+    else
+        fputs(fl->prompt, stdout); /* as given: the BOS is no text */
+    size_t stopped = 0;
     for (size_t n = plen; n < total; n++) {
         size_t start = n > (size_t)T ? n - (size_t)T : 0;
         int len = (int)(n - start);
@@ -198,6 +342,8 @@ int tr_sample(const struct tr_sample_flags *fl)
         int at = len > 0 ? len - 1 : 0;
         r->be.iface->download(r->be.context, logits, (float *)lg->data + (size_t)at * (size_t)V,
                               (size_t)V * sizeof(float));
+        for (int k = allowed; k < V; k++)
+            logits[k] = -INFINITY;
         keep_top_k(logits, V, fl->top_k);
         tr_cpu_softmax(probs, logits, V, (float)fl->temperature);
         rng ^= rng << 13;
@@ -213,10 +359,18 @@ int tr_sample(const struct tr_sample_flags *fl)
             }
         }
         text[n] = pick;
-        put_token(fl, pick, n);
+        if (pick != stop_at || fl->ids)
+            put_token(fl, tok, pick, n);
         fflush(stdout);
+        if (pick == stop_at) {
+            stopped = n + 1 - plen;
+            break;
+        }
     }
     fputc('\n', stdout);
+    if (stopped)
+        tr_log(TR_LOG_INFO, "sample", "stopped at the EOS token after %zu tokens (--ignore-eos "
+               "samples on)", stopped);
     free(ctx);
     free(logits);
     free(probs);
@@ -231,6 +385,8 @@ out:
         tr_config_free(&cfg);
     free(overrides);
     tr_json_free(state);
+    tr_tokenizer_free(tok);
+    free(tok_path);
     free(ckpt);
     free(dir);
     free(name);

@@ -355,6 +355,8 @@ int tr_run_setup(struct run *r, tr_err *err)
     for (int i = 0; i < r->g->n_nodes; i++) /* the token embedding's table size */
         if (r->g->nodes[i].op == TR_OP_EMBEDDING && r->g->nodes[i].in[1] == r->g->inputs[0])
             r->vocab = (uint32_t)r->g->tensors[r->g->nodes[i].in[0]].shape[0];
+    if (tr_run_check_tokenizer(r, err) != TR_OK)
+        return TR_ERROR;
     r->last_val = NAN;
     r->best_val = NAN;
     r->stop_best = NAN;

@@ -10,7 +10,13 @@
  *       once into <cache_dir>/<hash>.tokens (trainrun's TRTOKENS format,
  *       uint16 tokens) with the character table beside it in <hash>.chars;
  *       the hash covers the file's contents and the tokenizer, so an edited
- *       file gets a new cache and an unchanged one reuses it.
+ *       file gets a new cache and an unchanged one reuses it.  The table is
+ *       also written as a tokenizer.json (<hash>.tokenizer.json: a byte-level
+ *       BPE without merges whose vocabulary is the table, which the
+ *       `tokenizers` library reads too), reported as the data's tokenizer:
+ *       the run keeps a copy, and `trainrun sample` prints characters, not
+ *       ids.  With caching off it goes to a temporary directory, removed
+ *       when the source is destroyed (the run has copied it by then).
  *
  * The tokens are split by position: the first (1 - val_fraction) train, the
  * rest validate.  Sample j of a split is the window of seq_len tokens
@@ -89,6 +95,8 @@ struct text {
     uint64_t start[TR_SPLIT_COUNT];   /* first token of each split */
     uint64_t samples[TR_SPLIT_COUNT];
     uint64_t stride[TR_SPLIT_COUNT];  /* tokens between the starts of samples j and j + 1 */
+    char *tokenizer;            /* char tokenizer: its table as a tokenizer.json, or NULL */
+    char *tokenizer_tmpdir;     /* the temporary directory holding it (no cache), or NULL */
 };
 
 static void text_destroy(void *self)
@@ -99,6 +107,12 @@ static void text_destroy(void *self)
     if (t->map)
         munmap(t->map, t->map_size);
     free(t->owned);
+    if (t->tokenizer_tmpdir && t->tokenizer) {
+        unlink(t->tokenizer);
+        rmdir(t->tokenizer_tmpdir);
+    }
+    free(t->tokenizer);
+    free(t->tokenizer_tmpdir);
     free(t);
 }
 
@@ -414,6 +428,100 @@ static int load_char_tokens(struct text *t, const unsigned char *text, size_t n,
     return TR_OK;
 }
 
+/* The character of GPT-2's byte-level alphabet that stands for byte b in a
+ * tokenizer.json: printable bytes stand for themselves, the others for
+ * U+0100 onwards in byte order. */
+static uint32_t byte_level_char(unsigned b)
+{
+    int printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    if (printable)
+        return b;
+    uint32_t n = 0;
+    for (unsigned c = 0; c < b; c++)
+        n += !((c >= 33 && c <= 126) || (c >= 161 && c <= 172) || c >= 174);
+    return 256 + n;
+}
+
+/* The character table as a tokenizer.json: a byte-level BPE without merges
+ * whose vocabulary maps byte table[i] to id i, so encoding text gives the
+ * char tokens and decoding ids gives the bytes back.  The text is a
+ * function of the table alone (the same table, the same file). */
+static char *char_tokenizer_json(const unsigned char *table, uint32_t vocab, size_t *len)
+{
+    char *out = NULL;
+    FILE *f = open_memstream(&out, len);
+    if (!f)
+        return NULL;
+    fputs("{\"version\": \"1.0\", \"truncation\": null, \"padding\": null, "
+          "\"added_tokens\": [], \"normalizer\": null,\n"
+          " \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false, "
+          "\"trim_offsets\": true, \"use_regex\": false},\n"
+          " \"post_processor\": null,\n"
+          " \"decoder\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false, "
+          "\"trim_offsets\": true, \"use_regex\": false},\n"
+          " \"model\": {\"type\": \"BPE\", \"dropout\": null, \"unk_token\": null, "
+          "\"continuing_subword_prefix\": null, \"end_of_word_suffix\": null, "
+          "\"fuse_unk\": false, \"byte_fallback\": false, \"ignore_merges\": false,\n"
+          "  \"vocab\": {", f);
+    for (uint32_t i = 0; i < vocab; i++) {
+        uint32_t c = byte_level_char(table[i]);
+        fputs(i ? ", \"" : "\"", f);
+        if (c == '"' || c == '\\')
+            fputc('\\', f);
+        if (c < 0x80) {
+            fputc((int)c, f);
+        } else { /* below U+0800: two bytes of UTF-8 */
+            fputc((int)(0xc0 | c >> 6), f);
+            fputc((int)(0x80 | (c & 0x3f)), f);
+        }
+        fprintf(f, "\": %u", i);
+    }
+    fputs("},\n  \"merges\": []}}\n", f);
+    if (fclose(f) != 0) {
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* Writes the char tokenizer of `text` beside its cached tokens
+ * (<cache_dir>/<hash>.tokenizer.json), or in a temporary directory when
+ * caching is off, and keeps its path in t->tokenizer.  A failure is only a
+ * warning: training needs the tokens, not the table. */
+static void record_char_tokenizer(struct text *t, const unsigned char *text, size_t n,
+                                  const struct text_config *cfg, const struct tr_host *host)
+{
+    unsigned char table[256];
+    uint32_t vocab = char_table(text, n, table);
+    size_t len = 0;
+    char *json = char_tokenizer_json(table, vocab, &len);
+    char path[PATH_MAX];
+    int fits = 0;
+    if (cfg->cache_dir[0]) {
+        fits = snprintf(path, sizeof path, "%s/%016llx.tokenizer.json", cfg->cache_dir,
+                        (unsigned long long)content_hash(cfg->tokenizer, text, n)) < (int)sizeof path;
+    } else {
+        const char *tmp = getenv("TMPDIR");
+        char dir[PATH_MAX];
+        if (snprintf(dir, sizeof dir, "%s/trainrun-chars-XXXXXX", tmp && *tmp ? tmp : "/tmp") <
+                (int)sizeof dir && mkdtemp(dir)) {
+            t->tokenizer_tmpdir = strdup(dir);
+            fits = snprintf(path, sizeof path, "%s/tokenizer.json", dir) < (int)sizeof path;
+        }
+    }
+    errno = 0;
+    if (json && fits && write_atomically(path, json, len, NULL, 0) == 0) {
+        t->tokenizer = strdup(path);
+    } else {
+        log_to(host, TR_LOG_WARN, "cannot write the character table of %s as a tokenizer (%s); "
+               "the run records no tokenizer, and `trainrun sample` prints its ids as bytes",
+               cfg->path, errno ? strerror(errno) : "out of memory");
+        if (t->tokenizer_tmpdir)
+            rmdir(t->tokenizer_tmpdir);
+    }
+    free(json);
+}
+
 /* ---- the plugin ----------------------------------------------------------- */
 
 static int text_create(const struct tr_host *host, const void *config,
@@ -460,6 +568,8 @@ static int text_create(const struct tr_host *host, const void *config,
     }
     if (strcmp(cfg->tokenizer, "char") == 0) {
         int rc = load_char_tokens(t, map, size, cfg, host, err);
+        if (rc == TR_OK)
+            record_char_tokenizer(t, map, size, cfg, host);
         munmap(map, size); /* the tokens are cached or in memory now */
         if (rc != TR_OK) {
             text_destroy(t);
@@ -496,6 +606,7 @@ static int text_info(void *self, struct tr_data_info *out, tr_err *err)
         for (int s = 0; s < TR_SPLIT_COUNT; s++)
             out->eval_stride[s] = t->stride[s] == 1 ? t->seq_len : 0;
     data_info(out, t->samples, TR_I32, t->seq_len, t->seq_len, t->vocab);
+    out->tokenizer = t->tokenizer; /* char: the table as a tokenizer.json */
     /* byte and char tokens are one byte of the file each: the loss per token is per byte */
     out->bytes_per_token[TR_SPLIT_TRAIN] = out->bytes_per_token[TR_SPLIT_VAL] = 1.0;
     return TR_OK;

@@ -122,6 +122,7 @@ struct tokens {
     uint64_t stride[TR_SPLIT_COUNT]; /* tokens between the starts of samples j and j + 1 */
     uint32_t seq_len;
     uint32_t vocab;
+    char *tokenizer; /* tokenizer.json beside the first training shard, or NULL */
 };
 
 static void tokens_destroy(void *self)
@@ -137,7 +138,26 @@ static void tokens_destroy(void *self)
     free(t->shards);
     for (int s = 0; s < TR_SPLIT_COUNT; s++)
         free(t->segments[s]);
+    free(t->tokenizer);
     free(t);
+}
+
+/* `trainrun prepare --tokenizer` leaves the tokenizer beside the shards as
+ * tokenizer.json: the data's tokenizer, which the run records. */
+static char *tokenizer_beside(const char *shard)
+{
+    const char *slash = strrchr(shard, '/');
+    size_t dir = slash ? (size_t)(slash - shard) + 1 : 0;
+    char *path = malloc(dir + sizeof "tokenizer.json");
+    if (!path)
+        return NULL;
+    memcpy(path, shard, dir);
+    memcpy(path + dir, "tokenizer.json", sizeof "tokenizer.json");
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode))
+        return path;
+    free(path);
+    return NULL;
 }
 
 
@@ -503,6 +523,7 @@ static int tokens_create(const struct tr_host *host, const void *config,
         goto fail;
     }
 
+    t->tokenizer = tokenizer_beside(t->shards[train_first].path);
     if (cfg->check) {
         for (size_t i = 0; i < t->n_shards; i++)
             if (check_range(&t->shards[i], 0, t->shards[i].tokens, t->vocab, err) != TR_OK)
@@ -533,6 +554,7 @@ static int tokens_info(void *self, struct tr_data_info *out, tr_err *err)
         for (int s = 0; s < TR_SPLIT_COUNT; s++)
             out->eval_stride[s] = t->stride[s] == 1 ? t->seq_len : 0;
     data_info(out, t->samples, TR_I32, t->seq_len, t->seq_len, t->vocab);
+    out->tokenizer = t->tokenizer;
     /* text bytes per token of each split, for the loss per byte: a segment cut from a
      * shard gets its share of the shard's bytes by tokens; one shard that does not know
      * its bytes (older shards, llm.c's) leaves the split unknown */
