@@ -2,8 +2,15 @@
  * Every GEMM of the Linear layers of one training step of cpu_gpt.sh's GPT,
  * timed through trainrun's kernels and, for comparison, through one threaded
  * oneDNN call on the same shape.  Large shape (default): 12 layers, dim 768,
- * ctx 256, batch 8 (2048 tokens), vocab 256; small: 4 layers, dim 128,
- * ctx 128, batch 32 (4096 tokens), vocab 256.
+ * ctx 256, batch 8 (2048 tokens), vocab 256; medium: 6 layers, dim 384,
+ * ctx 256, batch 8, vocab 256; small: 4 layers, dim 128, ctx 128, batch 32
+ * (4096 tokens), vocab 256.
+ *
+ * With `bf16` as the fourth argument the trainrun column is the native bf16
+ * path instead (tr_cpu_linear_forward_bf16 / _backward_bf16, the operands'
+ * conversion to bf16 included, as the CPU backend runs it under precision
+ * bf16), next to trainrun's fp32 on the same shape; the ceiling is then the
+ * bf16 one (gemm_ceiling's second number; "n/a" without it).
  *
  * For each Linear (out = x @ W^T + b) three products: the forward, the input
  * gradient dx = dout @ W and the weight gradient dW += dout^T @ x, each as
@@ -17,15 +24,16 @@
  * head) and gives the Linear GEMM time of one step, both ways.
  *
  * Build against a build directory's kernels (from the repository root):
- *   cc -O2 -fopenmp -Ikernels/cpu contrib/bench/gemm_shapes.c \
+ *   cc -O2 -fopenmp -Iinclude -Ikernels/cpu contrib/bench/gemm_shapes.c \
  *      BUILD/.libs/libtrkernels.a -o gemm_shapes -ldnnl -lm
- *   OMP_NUM_THREADS=2 ./gemm_shapes [large|small] [reps] [ceiling GFLOP/s]
+ *   OMP_NUM_THREADS=2 ./gemm_shapes [large|medium|small] [reps] [ceiling GFLOP/s] [fp32|bf16]
  *
- * Without a ceiling it measures one, dnnl_sgemm at 2048^3 as gemm_ceiling.c
- * does (5 repetitions by default).
+ * Without a ceiling (or with 0) fp32 measures one, dnnl_sgemm at 2048^3 as
+ * gemm_ceiling.c does (5 repetitions by default).
  */
 #include <dnnl.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +48,7 @@ struct model {
 
 static const struct model models[] = {
     {"large", 8 * 256, 768, 12, 256},
+    {"medium", 8 * 256, 384, 6, 256},
     {"small", 32 * 128, 128, 4, 256},
 };
 
@@ -94,6 +103,7 @@ enum pass { FORWARD, INPUT_GRAD, WEIGHT_GRAD };
 struct buffers {
     int tokens;
     float *x, *w, *b, *out, *dout, *dx, *dw;
+    uint16_t *x16, *w16, *dout16; /* bf16 copies, converted in each timed call */
 };
 
 /* One product of one Linear, as trainrun runs it. */
@@ -108,6 +118,35 @@ static void run_trainrun(enum pass pass, const struct linear_shape *s, struct bu
         break;
     case WEIGHT_GRAD:
         tr_cpu_linear_backward(NULL, m->dw, NULL, m->dout, m->x, m->w, m->tokens, s->in, s->out);
+        break;
+    }
+}
+
+/* One product of one Linear on the native bf16 path, converting its two
+ * operands first (the backend converts x, w and dout once for both
+ * gradients; here each gradient pays for its own two). */
+static void run_trainrun_bf16(enum pass pass, const struct linear_shape *s, struct buffers *m)
+{
+    size_t x_n = (size_t)m->tokens * s->in, w_n = (size_t)s->in * s->out;
+    size_t out_n = (size_t)m->tokens * s->out;
+    switch (pass) {
+    case FORWARD:
+        tr_cpu_to_bf16(m->x16, m->x, x_n);
+        tr_cpu_to_bf16(m->w16, m->w, w_n);
+        tr_cpu_linear_forward_bf16(m->out, m->x16, m->w16, s->bias ? m->b : NULL, m->tokens,
+                                   s->in, s->out);
+        break;
+    case INPUT_GRAD:
+        tr_cpu_to_bf16(m->dout16, m->dout, out_n);
+        tr_cpu_to_bf16(m->w16, m->w, w_n);
+        tr_cpu_linear_backward_bf16(m->dx, NULL, m->dout16, m->x16, m->w16, m->tokens, s->in,
+                                    s->out);
+        break;
+    case WEIGHT_GRAD:
+        tr_cpu_to_bf16(m->dout16, m->dout, out_n);
+        tr_cpu_to_bf16(m->x16, m->x, x_n);
+        tr_cpu_linear_backward_bf16(NULL, m->dw, m->dout16, m->x16, m->w16, m->tokens, s->in,
+                                    s->out);
         break;
     }
 }
@@ -171,14 +210,22 @@ int main(int argc, char **argv)
             if (strcmp(argv[1], models[i].name) == 0)
                 g = &models[i];
         if (g == NULL) {
-            fprintf(stderr, "usage: gemm_shapes [large|small] [reps] [ceiling GFLOP/s]\n");
+            fprintf(stderr, "usage: gemm_shapes [large|medium|small] [reps] [ceiling GFLOP/s] "
+                            "[fp32|bf16]\n");
             return 2;
         }
     }
     int reps = argc > 2 ? atoi(argv[2]) : 5;
     if (reps < 1)
         reps = 1;
-    double ceiling = argc > 3 ? atof(argv[3]) : measure_ceiling(5);
+    int bf16 = argc > 4 && strcmp(argv[4], "bf16") == 0;
+    if (bf16 && !tr_cpu_gemm_bf16_available()) {
+        fprintf(stderr, "gemm_shapes: oneDNN has no bf16 matmul for this CPU\n");
+        return 1;
+    }
+    double ceiling = argc > 3 ? atof(argv[3]) : 0;
+    if (ceiling <= 0 && !bf16)
+        ceiling = measure_ceiling(5);
 
     struct linear_shape linears[LINEARS];
     linear_shapes(g, linears);
@@ -199,16 +246,33 @@ int main(int argc, char **argv)
         .dout = random_floats(T * max_out),
         .dx = random_floats(T * max_in),
         .dw = random_floats(max_in * max_out),
+        .x16 = malloc(T * max_in * sizeof(uint16_t)),
+        .w16 = malloc(max_in * max_out * sizeof(uint16_t)),
+        .dout16 = malloc(T * max_out * sizeof(uint16_t)),
     };
+    if (!m.x16 || !m.w16 || !m.dout16) {
+        fprintf(stderr, "gemm_shapes: out of memory\n");
+        return 1;
+    }
+    tr_cpu_to_bf16(m.x16, m.x, T * max_in);
+    tr_cpu_to_bf16(m.w16, m.w, max_in * max_out);
 
+    char ceiling_text[32] = "n/a";
+    if (ceiling > 0)
+        snprintf(ceiling_text, sizeof ceiling_text, "%.1f GFLOP/s", ceiling);
     printf("Linear GEMMs of one %s-shape step (%d tokens, dim %d), %d threads, best of %d; "
-           "ceiling %.1f GFLOP/s\n\n",
-           g->name, g->tokens, g->dim, omp_get_max_threads(), reps, ceiling);
-    printf("| linear | product | M x N x K | trainrun GFLOP/s | of ceiling "
-           "| oneDNN threaded GFLOP/s | of ceiling |\n");
+           "%s ceiling %s\n\n",
+           g->name, g->tokens, g->dim, omp_get_max_threads(), reps, bf16 ? "bf16" : "fp32",
+           ceiling_text);
+    if (bf16)
+        printf("| linear | product | M x N x K | trainrun bf16 GFLOP/s | of ceiling "
+               "| trainrun fp32 GFLOP/s | bf16 / fp32 |\n");
+    else
+        printf("| linear | product | M x N x K | trainrun GFLOP/s | of ceiling "
+               "| oneDNN threaded GFLOP/s | of ceiling |\n");
     printf("|---|---|---|---:|---:|---:|---:|\n");
     static const char *pass_names[] = {"forward", "dx", "dW"};
-    double step_trainrun = 0, step_dnnl = 0;
+    double step_trainrun = 0, step_other = 0;
     for (int i = 0; i < LINEARS; i++) {
         const struct linear_shape *s = &linears[i];
         for (int p = FORWARD; p <= WEIGHT_GRAD; p++) {
@@ -217,20 +281,34 @@ int main(int argc, char **argv)
             int N = p == FORWARD ? s->out : s->in;
             int K = p == FORWARD ? s->in : p == INPUT_GRAD ? s->out : g->tokens;
             double flop = 2.0 * M * N * K;
-            double t_ours = best_seconds(run_trainrun, (enum pass)p, s, &m, reps);
-            double t_dnnl = best_seconds(run_dnnl, (enum pass)p, s, &m, reps);
+            double t_ours = best_seconds(bf16 ? run_trainrun_bf16 : run_trainrun, (enum pass)p,
+                                         s, &m, reps);
+            double t_other = best_seconds(bf16 ? run_trainrun : run_dnnl, (enum pass)p, s, &m,
+                                          reps);
             step_trainrun += s->per_step * t_ours;
-            step_dnnl += s->per_step * t_dnnl;
-            double g_ours = flop / t_ours / 1e9, g_dnnl = flop / t_dnnl / 1e9;
-            printf("| %s | %s | %d x %d x %d | %.1f | %.0f%% | %.1f | %.0f%% |\n", s->name,
-                   pass_names[p], M, N, K, g_ours, 100 * g_ours / ceiling, g_dnnl,
-                   100 * g_dnnl / ceiling);
+            step_other += s->per_step * t_other;
+            double g_ours = flop / t_ours / 1e9, g_other = flop / t_other / 1e9;
+            char share[16] = "n/a";
+            if (ceiling > 0)
+                snprintf(share, sizeof share, "%.0f%%", 100 * g_ours / ceiling);
+            if (bf16)
+                printf("| %s | %s | %d x %d x %d | %.1f | %s | %.1f | %.2fx |\n", s->name,
+                       pass_names[p], M, N, K, g_ours, share, g_other, g_ours / g_other);
+            else
+                printf("| %s | %s | %d x %d x %d | %.1f | %s | %.1f | %.0f%% |\n", s->name,
+                       pass_names[p], M, N, K, g_ours, share, g_other, 100 * g_other / ceiling);
             fflush(stdout);
         }
     }
-    printf("\nLinear GEMMs of one step (each product times its count per step): "
-           "trainrun %.1f ms, oneDNN threaded %.1f ms\n",
-           1e3 * step_trainrun, 1e3 * step_dnnl);
+    if (bf16)
+        printf("\nLinear GEMMs of one step (each product times its count per step): "
+               "trainrun bf16 %.1f ms, trainrun fp32 %.1f ms (%.2fx)\n",
+               1e3 * step_trainrun, 1e3 * step_other, step_other / step_trainrun);
+    else
+        printf("\nLinear GEMMs of one step (each product times its count per step): "
+               "trainrun %.1f ms, oneDNN threaded %.1f ms\n",
+               1e3 * step_trainrun, 1e3 * step_other);
     free(m.x), free(m.w), free(m.b), free(m.out), free(m.dout), free(m.dx), free(m.dw);
+    free(m.x16), free(m.w16), free(m.dout16);
     return 0;
 }
