@@ -2,8 +2,9 @@
 # Precision policies: fp16 gradients that overflow are skipped, the loss
 # scale backs off and training recovers; a scale that collapses stops the
 # run with a diagnosis; the scale is checkpointed; bf16 and fp16 reach the
-# fp32 validation loss within 2%; a policy field no backend honours
-# (allow_tf32) is refused when the run or plan starts.
+# fp32 validation loss within 2%, bf16 natively or emulated alike; doctor,
+# plan and the run say which bf16 GEMMs run; a policy field no backend
+# honours (allow_tf32) is refused when the run or plan starts.
 . "$(dirname "$0")/lib.sh"
 C="$TR_SRCDIR/tests/config"
 
@@ -44,6 +45,36 @@ for p in bf16 fp16; do
   b=$p/checkpoints/$(cat $p/checkpoints/LATEST)/model.safetensors
   cmp -s "$a" "$b" && fail "$p trained bit-identical weights to fp32: the policy was not applied"
 done
+# bf16 GEMMs run natively where oneDNN has AVX512-BF16 or AMX-BF16, emulated
+# elsewhere and where ONEDNN_MAX_CPU_ISA turns those off (AVX2: on any x86
+# CPU); doctor, plan and the run's first line say which.  The emulation
+# multiplies the same bf16 numbers, so it trains to the same loss.
+if grep -qw -e avx512_bf16 -e amx_bf16 /proc/cpuinfo 2>/dev/null; then
+  path="bf16 GEMMs: native ("
+else
+  path="bf16 GEMMs: emulated on this CPU"
+fi
+"$TRAINRUN" doctor > doctor.txt 2>&1 || true
+grep -qF "$path" doctor.txt || { cat doctor.txt; fail "doctor does not say '$path'"; }
+grep -q "fp16 GEMMs: emulated .*slower than fp32" doctor.txt || { cat doctor.txt; fail "doctor: fp16 path"; }
+ONEDNN_MAX_CPU_ISA=AVX2 "$TRAINRUN" doctor > doctor-avx2.txt 2>&1 || true
+grep -q "bf16 GEMMs: emulated on this CPU .*slower than fp32" doctor-avx2.txt \
+  || { cat doctor-avx2.txt; fail "doctor under ONEDNN_MAX_CPU_ISA=AVX2 does not say bf16 is emulated"; }
+"$TRAINRUN" plan "$C/tiny.lua" precision=bf16 > plan.txt
+grep -qF "(device=cpu on this machine: $path" plan.txt || { cat plan.txt; fail "plan does not say '$path'"; }
+"$TRAINRUN" plan "$C/tiny.lua" precision=fp32 > plan32.txt
+! grep -q "GEMMs:" plan32.txt || fail "an fp32 plan speaks of half-precision GEMMs"
+"$TRAINRUN" "$C/tiny.lua" precision=bf16 train.steps=2 run_dir=first 2> first.txt
+head -n 1 first.txt | grep -qF "$path" || { cat first.txt; fail "the run's first line does not say '$path'"; }
+ONEDNN_MAX_CPU_ISA=AVX2 "$TRAINRUN" "$C/tiny.lua" precision=bf16 train.steps=100 \
+  train.eval_batches=16 run_dir=bf16-emulated 2> emulated.txt
+head -n 1 emulated.txt | grep -q "bf16 GEMMs: emulated on this CPU" \
+  || { cat emulated.txt; fail "the emulated run's first line does not say so"; }
+v=$(last_metric bf16/metrics.jsonl val_loss)
+e=$(last_metric bf16-emulated/metrics.jsonl val_loss)
+echo "validation loss: bf16 $v, bf16 emulated $e"
+awk -v a="$v" -v b="$e" 'BEGIN { d = (a - b) / b; exit !(d < 0.002 && d > -0.002) }' \
+  || fail "bf16 ($v) and emulated bf16 ($e) validation losses differ by 0.2% or more"
 # a checkpoint written under bf16 resumes under fp32: the format holds fp32 master weights
 "$TRAINRUN" "$C/tiny.lua" precision=fp32 train.steps=120 train.eval_batches=16 run_dir=bf16 \
   --resume auto 2> mixed.txt || { cat mixed.txt; fail "fp32 resume of a bf16 checkpoint"; }
