@@ -149,7 +149,8 @@ static char *synthetic_run(int with_cost)
             fprintf(f, ", \"cost_usd\": %g, \"mfu\": 0.4", step * 0.01);
         fprintf(f, ", \"later_key\": {\"nested\": [1, 2]}}\n");
         if (step % 50 == 0)
-            fprintf(f, "{\"step\": %d, \"val_loss\": %g, \"val_accuracy\": 0.5}\n", step, loss + 0.2);
+            fprintf(f, "{\"step\": %d, \"val_loss\": %g, \"val_accuracy\": 0.5, \"val_loss_per_byte\": %g}\n",
+                    step, loss + 0.2, (loss + 0.2) / 4);
     }
     fclose(f);
     free(metrics);
@@ -283,6 +284,11 @@ Test(report, draws_loss_throughput_lr_and_cost)
 
     cr_assert(strstr(o.out, "400"), "the summary names the last step:\n%s", o.out);
     cr_assert(strstr(o.out, "train loss") && strstr(o.out, "val loss"), "summary:\n%s", o.out);
+    /* the loss per byte of text data: step 400's val_loss / 4 */
+    char per_byte[64];
+    snprintf(per_byte, sizeof per_byte, "val per byte final %.4g (step 400)",
+             (1.0 + 3.0 / (1 + 400 / 40.0) + 0.05 * ((400 / 10) % 3) + 0.2) / 4);
+    cr_assert(strstr(o.out, per_byte), "the summary has no \"%s\":\n%s", per_byte, o.out);
     cr_assert(strstr(o.out, "$4.00"), "the summary gives the cost:\n%s", o.out);
     cr_assert(strstr(o.out, "3m 20s"), "the summary gives the time:\n%s", o.out);
     free(html);

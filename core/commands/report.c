@@ -23,6 +23,7 @@
 
 struct metrics {
     struct series loss, val_loss, val_accuracy, lr, tokens_per_s, data_wait, cost, mfu;
+    struct series val_loss_per_byte; /* text data: nats per byte, across tokenizers */
     double last_step;   /* the highest step logged */
     double time_s;      /* wall time over all segments of a resumed run */
     int has_time;
@@ -62,12 +63,13 @@ static void series_settle(struct series *s)
     s->n = kept;
 }
 
-#define METRICS_SERIES 8
+#define METRICS_SERIES 9
 
 static void metrics_series(struct metrics *m, struct series *all[METRICS_SERIES])
 {
     struct series *list[METRICS_SERIES] = {&m->loss, &m->val_loss, &m->val_accuracy, &m->lr,
-                                           &m->tokens_per_s, &m->data_wait, &m->cost, &m->mfu};
+                                           &m->tokens_per_s, &m->data_wait, &m->cost, &m->mfu,
+                                           &m->val_loss_per_byte};
     memcpy(all, list, sizeof list);
 }
 
@@ -149,6 +151,8 @@ static int metrics_read(const char *path, struct metrics *m)
             series_add(&m->mfu, step, v, order);
         if (number_at(obj, "val_loss", &v))
             series_add(&m->val_loss, step, v, order);
+        if (number_at(obj, "val_loss_per_byte", &v))
+            series_add(&m->val_loss_per_byte, step, v, order);
         if (number_at(obj, "val_accuracy", &v) && v >= 0) /* -1: no accuracy */
             series_add(&m->val_accuracy, step, v, order);
         /* elapsed_s restarts with each process: a drop starts a new segment */
@@ -475,6 +479,7 @@ static char *summary_text(const struct metrics *m, const char *run)
             m->val_loss.n);
     summary_loss(out, "train loss", &m->loss);
     summary_loss(out, "val loss", &m->val_loss);
+    summary_loss(out, "val per byte", &m->val_loss_per_byte);
     if (m->val_accuracy.n)
         fprintf(out, "%-12s final %.2f%%\n", "val accuracy", 100 * m->val_accuracy.p[m->val_accuracy.n - 1].y);
     if (m->tokens_per_s.n)
