@@ -32,24 +32,47 @@ static void usage(FILE *out)
             "\n"
             "Text inputs become token shards for data = { plugin = \"tokens\", ... }:\n"
             "  OUTDIR/train_000000.bin ..., OUTDIR/val_000000.bin ..., OUTDIR/prepare.json\n"
+            "  (and OUTDIR/tokenizer.json when --tokenizer names one)\n"
+            "Text inputs are .txt (documents split by --doc-separator) or .jsonl (one JSON\n"
+            "object per line, one document per record: its --text-field string); either may\n"
+            "be gzip- or zstd-compressed (.gz, .zst).\n"
             "CSV inputs are checked and cleaned into OUTDIR/data.csv for the csv plugin.\n"
-            "Inputs may be gzip-compressed.\n"
             "\n"
             "  -o, --out DIR            output directory (created if missing)\n"
             "  --format text|csv        default: csv when every input ends in .csv or\n"
             "                           .csv.gz, else text\n"
-            "  --tokenizer byte|char    byte: vocabulary 256 (default); char: the distinct\n"
-            "                           bytes of the kept documents, sorted\n"
+            "  --tokenizer byte|char|FILE\n"
+            "                           byte: vocabulary 256 (default); char: the distinct\n"
+            "                           bytes of the kept documents, sorted; FILE: a Hugging\n"
+            "                           Face tokenizer.json (byte-level BPE), copied into\n"
+            "                           OUTDIR with the tokenizer_config.json beside it\n"
+            "  --eos TOKEN|none         tokenizer.json: the token after each document\n"
+            "                           (default: tokenizer_config.json's eos_token, else\n"
+            "                           <|endoftext|>, <|end_of_text|> or </s>)\n"
+            "  --workers N              tokenizer.json: threads that encode documents\n"
+            "                           (default: the online CPUs); the shards are the\n"
+            "                           same for every N\n"
+            "  --text-field NAME        JSONL: the string field of each record that holds\n"
+            "                           the document (default text)\n"
+            "  --skip-bad-records       JSONL: skip records that are not JSON objects or lack\n"
+            "                           a string text field (counted, the first %d shown)\n"
+            "                           instead of stopping at the first with its file:line\n"
             "  --shard-tokens N         tokens per shard (default 100000000)\n"
-            "  --val-fraction F         share of tokens for validation, whole documents\n"
-            "                           from the end (default 0.05; 0: none)\n"
+            "  --val-fraction F         share for validation, whole documents from the end:\n"
+            "                           of the tokens (byte, char) or of the text bytes\n"
+            "                           (tokenizer.json) (default 0.05; 0: none)\n"
             "  --dedup exact|near|none  exact: same text up to case and whitespace;\n"
             "                           near: also MinHash-similar documents (default exact)\n"
             "  --near-threshold T       near: drop a document whose estimated Jaccard\n"
             "                           similarity to an earlier one is >= T (default 0.8)\n"
             "  --doc-separator blank-line|line\n"
-            "                           documents are paragraphs (default) or lines\n"
-            "  --header                 CSV: the first line of each input names the columns\n");
+            "                           .txt documents are paragraphs (default) or lines;\n"
+            "                           byte and char put the separator after each document\n"
+            "  --header                 CSV: the first line of each input names the columns\n"
+            "\n"
+            "A progress bar (MB/s, ETA) is drawn on stderr when it is a terminal.\n"
+            "See docs/data.md.\n",
+            SAMPLES_SHOWN);
 }
 
 void tr_prepare_vfail(const char *fmt, va_list ap)
@@ -106,7 +129,8 @@ void tr_prepare_remove_stale_shards(const char *dir, const char *prefix, int wri
 }
 
 /* OUTDIR may be any directory: what prepare replaces or removes there
- * (prepare.json, data.csv, train_/val_NNNNNN.bin) it touches only where an
+ * (prepare.json, data.csv, train_/val_NNNNNN.bin, tokenizer.json,
+ * tokenizer_config.json) it touches only where an
  * earlier prepare wrote them (its marker, or for older versions its
  * prepare.json).  A directory holding the user's files of those names is
  * refused, so nothing of theirs is overwritten or deleted. */
@@ -134,6 +158,8 @@ int tr_prepare_claim_out_dir(const char *dir)
     const char *theirs = NULL;
     while (d && !theirs && (e = readdir(d)))
         if (strcmp(e->d_name, "prepare.json") == 0 || strcmp(e->d_name, "data.csv") == 0 ||
+            strcmp(e->d_name, "tokenizer.json") == 0 ||
+            strcmp(e->d_name, "tokenizer_config.json") == 0 ||
             shard_index(e->d_name, "train") >= 0 || shard_index(e->d_name, "val") >= 0)
             theirs = e->d_name;
     if (theirs) {
@@ -214,10 +240,15 @@ static int parse_args(int argc, char **argv, struct prepare_opts *o, int *help)
             o->header = 1;
             continue;
         }
+        if (strcmp(a, "--skip-bad-records") == 0) {
+            o->skip_bad_records = 1;
+            continue;
+        }
         /* --flag value or --flag=value */
         static const char *const known[] = {"-o", "--out", "--format", "--tokenizer", "--dedup",
                                             "--doc-separator", "--shard-tokens",
-                                            "--val-fraction", "--near-threshold"};
+                                            "--val-fraction", "--near-threshold",
+                                            "--text-field", "--eos", "--workers"};
         char name[64];
         const char *value;
         const char *eq = strchr(a, '=');
@@ -247,9 +278,32 @@ static int parse_args(int argc, char **argv, struct prepare_opts *o, int *help)
                 return TR_EXIT_USAGE;
             o->format = value;
         } else if (strcmp(name, "--tokenizer") == 0) {
-            if (!one_of(name, value, "byte", "char", NULL))
+            if (!*value) {
+                fprintf(stderr, "trainrun prepare: error: --tokenizer must be byte, char or the "
+                                "path of a tokenizer.json\n");
                 return TR_EXIT_USAGE;
+            }
             o->tokenizer = value;
+        } else if (strcmp(name, "--text-field") == 0) {
+            if (!*value) {
+                fprintf(stderr, "trainrun prepare: error: --text-field needs a field name\n");
+                return TR_EXIT_USAGE;
+            }
+            o->text_field = value;
+        } else if (strcmp(name, "--eos") == 0) {
+            if (!*value) {
+                fprintf(stderr, "trainrun prepare: error: --eos needs a token (or none)\n");
+                return TR_EXIT_USAGE;
+            }
+            o->eos = value;
+        } else if (strcmp(name, "--workers") == 0) {
+            long v = strtol(value, &end, 10);
+            if (end == value || *end || v < 1 || v > 256) {
+                fprintf(stderr, "trainrun prepare: error: --workers must be an integer from 1 "
+                                "to 256, not '%s'\n", value);
+                return TR_EXIT_USAGE;
+            }
+            o->workers = (int)v;
         } else if (strcmp(name, "--dedup") == 0) {
             if (!one_of(name, value, "exact", "near", "none"))
                 return TR_EXIT_USAGE;
@@ -297,6 +351,7 @@ int tr_prepare_main(int argc, char **argv)
         .dedup = "exact",
         .near_threshold = 0.8,
         .doc_separator = "blank-line",
+        .text_field = "text",
     };
     o.inputs = calloc((size_t)(argc > 0 ? argc : 1), sizeof *o.inputs);
     if (!o.inputs) {
@@ -329,6 +384,15 @@ int tr_prepare_main(int argc, char **argv)
         for (int i = 0; i < o.n_inputs; i++)
             all_csv &= ends_with(o.inputs[i], ".csv") || ends_with(o.inputs[i], ".csv.gz");
         o.format = all_csv ? "csv" : "text";
+    }
+
+    if (o.eos && (strcmp(o.format, "csv") == 0 || strcmp(o.tokenizer, "byte") == 0 ||
+                  strcmp(o.tokenizer, "char") == 0)) {
+        fprintf(stderr, "trainrun prepare: error: --eos goes with --tokenizer FILE (a "
+                        "tokenizer.json); byte and char tokens put the document separator "
+                        "after each document\n");
+        free(o.inputs);
+        return TR_EXIT_USAGE;
     }
 
     if (strcmp(o.format, "csv") == 0) {

@@ -20,7 +20,12 @@ struct prepare_opts {
     int n_inputs;
     const char *out_dir;
     const char *format;        /* "text", "csv", or NULL: from the inputs' names */
-    const char *tokenizer;     /* "byte" or "char" */
+    const char *tokenizer;     /* "byte", "char" or the path of a tokenizer.json */
+    const char *text_field;    /* JSONL: the string field holding a document */
+    const char *eos;           /* tokenizer.json: the token after each document,
+                                  "none", or NULL (found in the files) */
+    int workers;               /* tokenizing threads; 0: the online CPUs */
+    int skip_bad_records;      /* JSONL: skip (and count) bad records instead of failing */
     uint64_t shard_tokens;
     double val_fraction;
     const char *dedup;         /* "exact", "near" or "none" */
@@ -114,6 +119,54 @@ int tr_shard_writer_shards(const struct tr_shard_writer *w);        /* finished 
 uint64_t tr_shard_writer_tokens(const struct tr_shard_writer *w);   /* put so far */
 uint64_t tr_shard_writer_text_bytes(const struct tr_shard_writer *w);
 int tr_shard_writer_token_bytes(const struct tr_shard_writer *w);   /* 2 or 4 */
+
+/* ---- tokenizing documents (prepare_tokenize.c) ------------------------------ */
+
+struct docs;
+struct prepare_progress;
+
+/* A tokenizer.json, loaded once per worker thread (a tr_tokenizer is not
+ * thread-safe), with what prepare records about it. */
+struct prepare_tokenizer {
+    const char *path;
+    unsigned char *file;        /* the file's bytes (copied into OUTDIR) */
+    size_t file_size;
+    uint64_t hash;              /* 64-bit FNV-1a of the file */
+    char *config_path;          /* tokenizer_config.json beside it, or NULL */
+    unsigned char *config;
+    size_t config_size;
+    struct tr_tokenizer **tok;  /* one per worker */
+    int workers;
+    uint32_t vocab;
+    int32_t eos;                /* after each document; -1: none */
+    char *eos_text;             /* its text (NULL when out of memory) */
+    const char *eos_from;       /* where the EOS was found, for the report */
+    unsigned char *token_len;   /* bytes of text each id decodes to (capped at 255);
+                                   0 for the post-processor's and the EOS token */
+};
+
+/* Load o->tokenizer for `workers` threads and find the EOS (--eos, else
+ * tokenizer_config.json's eos_token, else <|endoftext|>, <|end_of_text|>
+ * or </s>).  0 or -1 (message on stderr). */
+int tr_prepare_tokenizer_load(struct prepare_tokenizer *pt, const struct prepare_opts *o,
+                              int workers);
+void tr_prepare_tokenizer_free(struct prepare_tokenizer *pt);
+
+/* Encode the kept documents of d->v[from, to) on pt->workers threads
+ * (each document with the post-processor's special tokens, then the EOS)
+ * and put them into w in document order, so the shards are the same for
+ * every worker count.  inputs names the files for messages.  0 or -1. */
+int tr_prepare_encode_docs(struct prepare_tokenizer *pt, const struct docs *d, size_t from,
+                           size_t to, const char *const *inputs, struct tr_shard_writer *w,
+                           struct prepare_progress *progress);
+
+/* Progress over `total` bytes of text: a bar on stderr redrawn at most ten
+ * times a second when stderr is a terminal; at the end (ok) a summary line
+ * with MB/s on stdout.  end frees p (NULL is fine). */
+struct prepare_progress *tr_prepare_progress_start(uint64_t total, int workers);
+void tr_prepare_progress_add(struct prepare_progress *p, uint64_t bytes);
+void tr_prepare_progress_draw(struct prepare_progress *p, int force);
+void tr_prepare_progress_end(struct prepare_progress *p, int ok);
 
 /* The text path (prepare_text.c): read, split, deduplicate, write the
  * shards and prepare.json.  0 or -1 (messages on stderr). */

@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 struct input {
@@ -86,6 +87,117 @@ static int split_documents(struct docs *d, const struct input *in, int input, in
     if (doc_start && add_doc(d, doc_start, (size_t)(doc_end - doc_start), input, doc_line) != 0)
         return -1;
     return 0;
+}
+
+/* ---- JSONL -------------------------------------------------------------------- */
+
+/* The documents of JSONL inputs are the text fields' decoded strings,
+ * copied into chunks that live as long as the documents. */
+struct arena {
+    struct chunk {
+        struct chunk *next;
+        size_t used, cap;
+        unsigned char data[];
+    } *head;
+};
+
+static const unsigned char *arena_copy(struct arena *a, const char *s, size_t n)
+{
+    if (!a->head || a->head->cap - a->head->used < n) {
+        size_t cap = n > (4u << 20) ? n : (4u << 20);
+        struct chunk *c = malloc(sizeof *c + cap);
+        if (!c)
+            return NULL;
+        *c = (struct chunk){.next = a->head, .cap = cap};
+        a->head = c;
+    }
+    unsigned char *at = a->head->data + a->head->used;
+    memcpy(at, s, n);
+    a->head->used += n;
+    return at;
+}
+
+static void arena_free(struct arena *a)
+{
+    while (a->head) {
+        struct chunk *next = a->head->next;
+        free(a->head);
+        a->head = next;
+    }
+}
+
+struct jsonl_counts {
+    size_t bad, empty; /* records skipped (--skip-bad-records), empty texts */
+};
+
+static const char *json_type_name(enum tr_json_type t)
+{
+    static const char *const names[] = {"null", "a boolean", "a number", "a string",
+                                        "an array", "an object"};
+    return (unsigned)t < sizeof names / sizeof *names ? names[t] : "a value";
+}
+
+/* A record that cannot be a document: an error, or with --skip-bad-records
+ * a warning (the first few) and a count. */
+static int bad_record(const struct prepare_opts *o, struct jsonl_counts *c, const char *msg)
+{
+    if (!o->skip_bad_records)
+        return tr_prepare_fail("%s (or pass --skip-bad-records to skip such records)", msg);
+    if (++c->bad <= SAMPLES_SHOWN)
+        fprintf(stderr, "trainrun prepare: warning: %s; skipped\n", msg);
+    return 0;
+}
+
+/* One document per record of a JSONL input: the string field o->text_field. */
+static int split_jsonl(struct docs *d, struct arena *a, const struct input *in, int input,
+                       const struct prepare_opts *o, struct jsonl_counts *c)
+{
+    struct tr_jsonl it;
+    tr_jsonl_init(&it, in->path, in->data, in->size);
+    for (;;) {
+        struct tr_json *rec;
+        int got = tr_jsonl_next(&it, &rec);
+        if (got == 0)
+            return 0;
+        if (got < 0) {
+            if (bad_record(o, c, it.error) != 0)
+                return -1;
+            continue;
+        }
+        const struct tr_json *field = tr_json_get(rec, o->text_field);
+        char msg[1024];
+        int rc = 0;
+        if (!field || field->type != TR_JSON_STRING) {
+            int n = snprintf(msg, sizeof msg, "%s:%ld: ", in->path, it.line);
+            if (field)
+                snprintf(msg + n, sizeof msg - (size_t)n,
+                         "field \"%s\" is %s, not a string", o->text_field,
+                         json_type_name(field->type));
+            else {
+                n += snprintf(msg + n, sizeof msg - (size_t)n,
+                              "the record has no field \"%s\" (its fields:", o->text_field);
+                for (size_t k = 0; k < rec->n && n < (int)sizeof msg - 80; k++)
+                    n += snprintf(msg + n, sizeof msg - (size_t)n, "%s \"%.40s\"", k ? "," : "",
+                                  rec->keys[k]);
+                snprintf(msg + n, sizeof msg - (size_t)n, "%s); name the text field with "
+                         "--text-field NAME", rec->n ? "" : " none");
+            }
+            rc = bad_record(o, c, msg);
+        } else {
+            size_t len = strlen(field->string);
+            const unsigned char *text = len ? arena_copy(a, field->string, len) : NULL;
+            if (len == 0)
+                c->empty++;
+            else if (!text)
+                rc = tr_prepare_fail("out of memory reading %s (%zu documents so far)", in->path,
+                                     d->n);
+            else
+                rc = add_doc(d, text, len, input, it.line);
+        }
+        tr_json_free(rec);
+        if (rc != 0)
+            return -1;
+    }
 }
 
 /* The first 60 bytes of a document on one line (whitespace runs shown as
@@ -156,14 +268,37 @@ static void json_shard_list(FILE *f, const char *prefix, int n)
 
 struct text_result {
     size_t read, removed_exact, removed_near;
+    struct jsonl_counts jsonl;
+    int any_jsonl;
     size_t docs[2];      /* train, val */
-    uint64_t tokens[2];
+    uint64_t tokens[2], bytes[2];
     int shards[2];
+    int token_bytes;
     uint32_t vocab;
     unsigned char table[256]; /* char tokenizer: token id -> byte */
 };
 
-static int write_text_json(const struct prepare_opts *o, const struct text_result *r, int rows)
+/* prepare.json's "tokenizer": "byte" or "char", or for a tokenizer.json
+ * what it is and where it came from. */
+static void json_tokenizer(FILE *f, const struct prepare_opts *o, const struct prepare_tokenizer *pt)
+{
+    if (!pt) {
+        fprintf(f, "  \"tokenizer\": \"%s\",\n", o->tokenizer);
+        return;
+    }
+    fputs("  \"tokenizer\": {\"file\": \"tokenizer.json\", \"source\": ", f);
+    tr_json_write_string(f, pt->path);
+    fprintf(f, ", \"hash\": \"%016llx\", \"vocab\": %u, \"eos\": ", (unsigned long long)pt->hash,
+            pt->vocab);
+    if (pt->eos >= 0)
+        fprintf(f, "%d", (int)pt->eos);
+    else
+        fputs("null", f);
+    fprintf(f, "%s},\n", pt->config ? ", \"config\": \"tokenizer_config.json\"" : "");
+}
+
+static int write_text_json(const struct prepare_opts *o, const struct text_result *r, int rows,
+                           const struct prepare_tokenizer *pt)
 {
     char path[4096], tmp[4200];
     snprintf(path, sizeof path, "%s/prepare.json", o->out_dir);
@@ -173,8 +308,14 @@ static int write_text_json(const struct prepare_opts *o, const struct text_resul
         return tr_prepare_fail("cannot create %s: %s", tmp, strerror(errno));
     fputs("{\n  \"format\": \"text\",\n", f);
     tr_prepare_json_inputs(f, o);
-    fprintf(f, "  \"tokenizer\": \"%s\",\n  \"vocab\": %u,\n  \"dtype\": \"uint16\",\n",
-            o->tokenizer, r->vocab);
+    json_tokenizer(f, o, pt);
+    fprintf(f, "  \"vocab\": %u,\n  \"dtype\": \"%s\",\n", r->vocab,
+            r->token_bytes == 4 ? "uint32" : "uint16");
+    if (r->any_jsonl) {
+        fputs("  \"text_field\": ", f);
+        tr_json_write_string(f, o->text_field);
+        fputs(",\n", f);
+    }
     fprintf(f, "  \"doc_separator\": \"%s\",\n  \"dedup\": \"%s\",\n", o->doc_separator,
             o->dedup);
     if (strcmp(o->dedup, "near") == 0)
@@ -183,14 +324,16 @@ static int write_text_json(const struct prepare_opts *o, const struct text_resul
                 o->near_threshold, MINHASH_FUNCS, MINHASH_FUNCS / rows, rows, SHINGLE);
     fprintf(f,
             "  \"documents\": {\"read\": %zu, \"kept\": %zu, \"removed_exact\": %zu, "
-            "\"removed_near\": %zu},\n",
-            r->read, r->docs[0] + r->docs[1], r->removed_exact, r->removed_near);
+            "\"removed_near\": %zu, \"skipped_bad\": %zu, \"skipped_empty\": %zu},\n",
+            r->read, r->docs[0] + r->docs[1], r->removed_exact, r->removed_near, r->jsonl.bad,
+            r->jsonl.empty);
     fprintf(f, "  \"val_fraction\": %g,\n  \"shard_tokens\": %llu,\n", o->val_fraction,
             (unsigned long long)o->shard_tokens);
     static const char *const names[2] = {"train", "val"};
     for (int s = 0; s < 2; s++) {
-        fprintf(f, "  \"%s\": {\"documents\": %zu, \"tokens\": %llu, \"shards\": ", names[s],
-                r->docs[s], (unsigned long long)r->tokens[s]);
+        fprintf(f, "  \"%s\": {\"documents\": %zu, \"tokens\": %llu, \"bytes\": %llu, \"shards\": ",
+                names[s], r->docs[s], (unsigned long long)r->tokens[s],
+                (unsigned long long)r->bytes[s]);
         json_shard_list(f, names[s], r->shards[s]);
         fputs("},\n", f);
     }
@@ -207,8 +350,22 @@ static int write_text_json(const struct prepare_opts *o, const struct text_resul
     return tr_prepare_publish(tmp, path, f);
 }
 
+/* byte and char: every byte is a token, and each document is followed by
+ * its separator. */
+static int put_bytes(struct tr_shard_writer *w, const uint16_t *ids, const unsigned char *text,
+                     size_t len)
+{
+    for (size_t k = 0; k < len; k++) {
+        if (tr_shard_writer_put(w, ids[text[k]], 1) != 0)
+            return -1;
+        tr_shard_writer_add_text_bytes(w, 1);
+    }
+    return 0;
+}
+
 static int write_split(const struct prepare_opts *o, const struct docs *d, size_t from,
                        size_t to, const uint16_t *ids, const char *sep, size_t sep_len,
+                       struct prepare_tokenizer *pt, struct prepare_progress *progress,
                        const char *prefix, struct text_result *r, int split)
 {
     struct tr_shard_writer *w = tr_shard_writer_open(o->out_dir, prefix, o->shard_tokens,
@@ -216,52 +373,113 @@ static int write_split(const struct prepare_opts *o, const struct docs *d, size_
     if (!w)
         return -1;
     int rc = 0;
-    for (size_t i = from; i < to && rc == 0; i++) {
-        const struct doc *doc = &d->v[i];
-        if (doc->removed)
-            continue;
-        r->docs[split]++;
-        for (size_t k = 0; k < doc->len && rc == 0; k++) {
-            rc = tr_shard_writer_put(w, ids[doc->text[k]], 1);
-            tr_shard_writer_add_text_bytes(w, 1);
-        }
-        for (size_t k = 0; k < sep_len && rc == 0; k++) {
-            rc = tr_shard_writer_put(w, ids[(unsigned char)sep[k]], 1);
-            tr_shard_writer_add_text_bytes(w, 1);
+    for (size_t i = from; i < to; i++)
+        r->docs[split] += !d->v[i].removed;
+    if (pt) {
+        rc = tr_prepare_encode_docs(pt, d, from, to, o->inputs, w, progress);
+    } else {
+        for (size_t i = from; i < to && rc == 0; i++) {
+            const struct doc *doc = &d->v[i];
+            if (doc->removed)
+                continue;
+            rc = put_bytes(w, ids, doc->text, doc->len);
+            if (rc == 0)
+                rc = put_bytes(w, ids, (const unsigned char *)sep, sep_len);
+            tr_prepare_progress_add(progress, doc->len);
+            tr_prepare_progress_draw(progress, 0);
         }
     }
     if (rc == 0)
         rc = tr_shard_writer_finish(w);
     r->tokens[split] = tr_shard_writer_tokens(w);
+    r->bytes[split] = tr_shard_writer_text_bytes(w);
     r->shards[split] = tr_shard_writer_shards(w);
+    r->token_bytes = tr_shard_writer_token_bytes(w);
     tr_shard_writer_free(w);
     if (rc == 0)
         tr_prepare_remove_stale_shards(o->out_dir, prefix, r->shards[split]);
     return rc;
 }
 
+/* Write OUTDIR/NAME from memory (published whole). */
+static int write_copy(const char *dir, const char *name, const unsigned char *data, size_t size)
+{
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f)
+        return tr_prepare_fail("cannot create %s: %s", tmp, strerror(errno));
+    if (size && fwrite(data, 1, size, f) != size) {
+        fclose(f);
+        unlink(tmp);
+        return tr_prepare_fail("cannot write %s: %s", path, strerror(errno));
+    }
+    return tr_prepare_publish(tmp, path, f);
+}
+
+/* OUTDIR/NAME, left by an earlier run (a tokenizer this run does not use):
+ * removed, so nothing reports a tokenizer that did not make these shards.
+ * Only in a directory tr_prepare_claim_out_dir made ours; regular files only. */
+static void remove_stale_file(const char *dir, const char *name)
+{
+    char path[4096];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (lstat(path, &st) == 0 && S_ISREG(st.st_mode) && unlink(path) == 0)
+        printf("trainrun prepare: removed %s, left by an earlier run\n", path);
+}
+
+static int online_cpus(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 256 ? 256 : (int)n;
+}
+
 static int prepare_text(const struct prepare_opts *o, struct input *inputs)
 {
     struct docs d = {0};
     struct text_result r = {0};
+    struct arena arena = {0};
+    struct prepare_tokenizer tokenizer, *pt = NULL;
+    struct prepare_progress *progress = NULL;
     int by_line = strcmp(o->doc_separator, "line") == 0;
+    int is_file = strcmp(o->tokenizer, "byte") != 0 && strcmp(o->tokenizer, "char") != 0;
     const char *sep = by_line ? "\n" : "\n\n";
-    size_t sep_len = strlen(sep);
+    size_t sep_len = is_file ? 0 : strlen(sep);
     int rc = 0, rows = band_rows(o->near_threshold);
     size_t bytes = 0;
     for (int i = 0; i < o->n_inputs && rc == 0; i++) {
-        rc = split_documents(&d, &inputs[i], i, by_line);
+        if (tr_prepare_is_jsonl(inputs[i].path)) {
+            r.any_jsonl = 1;
+            rc = split_jsonl(&d, &arena, &inputs[i], i, o, &r.jsonl);
+        } else {
+            rc = split_documents(&d, &inputs[i], i, by_line);
+        }
         bytes += inputs[i].size;
     }
     if (rc != 0)
         goto out;
     r.read = d.n;
-    printf("trainrun prepare: %d input%s, %zu bytes, %zu document%s (%s)\n", o->n_inputs,
+    int all_jsonl = 1;
+    for (int i = 0; i < o->n_inputs; i++)
+        all_jsonl &= tr_prepare_is_jsonl(inputs[i].path);
+    const char *txt = by_line ? "one per line" : "separated by blank lines";
+    printf("trainrun prepare: %d input%s, %zu bytes, %zu document%s (%s%s%s)\n", o->n_inputs,
            o->n_inputs == 1 ? "" : "s", bytes, d.n, d.n == 1 ? "" : "s",
-           by_line ? "one per line" : "separated by blank lines");
+           r.any_jsonl ? "one per JSONL record" : txt, r.any_jsonl && !all_jsonl ? "; text: " : "",
+           r.any_jsonl && !all_jsonl ? txt : "");
+    if (r.jsonl.bad)
+        fprintf(stderr, "trainrun prepare: warning: skipped %zu bad record%s (--skip-bad-records)\n",
+                r.jsonl.bad, r.jsonl.bad == 1 ? "" : "s");
+    if (r.jsonl.empty)
+        printf("trainrun prepare: %zu record%s with an empty \"%s\" skipped\n", r.jsonl.empty,
+               r.jsonl.empty == 1 ? "" : "s", o->text_field);
     if (d.n == 0) {
-        rc = tr_prepare_fail("no documents in the input%s (every line is blank); check the input files",
-                  o->n_inputs == 1 ? "" : "s");
+        rc = tr_prepare_fail("no documents in the input%s (%s); check the input files",
+                             o->n_inputs == 1 ? "" : "s",
+                             r.any_jsonl ? "no record with a non-empty text field, no non-blank line"
+                                         : "every line is blank");
         goto out;
     }
 
@@ -282,30 +500,18 @@ static int prepare_text(const struct prepare_opts *o, struct input *inputs)
         print_removed(&d, inputs, NEAR_DUP);
     }
 
-    /* The vocabulary and each byte's token id. */
-    uint16_t ids[256];
-    if (strcmp(o->tokenizer, "char") == 0) {
-        unsigned char seen[256] = {0};
-        for (size_t i = 0; i < d.n; i++)
-            if (!d.v[i].removed)
-                for (size_t k = 0; k < d.v[i].len; k++)
-                    seen[d.v[i].text[k]] = 1;
-        for (size_t k = 0; k < sep_len; k++)
-            seen[(unsigned char)sep[k]] = 1;
-        for (int c = 0; c < 256; c++) {
-            if (seen[c]) {
-                ids[c] = (uint16_t)r.vocab;
-                r.table[r.vocab++] = (unsigned char)c;
-            }
+    size_t kept = 0;
+    uint64_t kept_bytes = 0;
+    for (size_t i = 0; i < d.n; i++)
+        if (!d.v[i].removed) {
+            kept++;
+            kept_bytes += d.v[i].len;
         }
-    } else {
-        for (int c = 0; c < 256; c++)
-            ids[c] = (uint16_t)c;
-        r.vocab = 256;
-    }
 
     /* Validation: whole documents from the end, at least val_fraction of the
-     * tokens, always leaving one training document. */
+     * tokens (byte, char) or of the text's bytes (a tokenizer.json, whose
+     * token counts are known only once encoded), always leaving one
+     * training document. */
     uint64_t total = 0;
     size_t first_kept = d.n;
     for (size_t i = 0; i < d.n; i++) {
@@ -328,28 +534,94 @@ static int prepare_text(const struct prepare_opts *o, struct input *inputs)
         fprintf(stderr, "trainrun prepare: warning: only one document is left, so there is no "
                         "validation split; use data.val_fraction in the recipe instead\n");
 
+    /* The vocabulary and each byte's token id, or the tokenizer.json. */
+    uint16_t ids[256];
+    int workers = 1;
+    if (is_file) {
+        workers = o->workers ? o->workers : online_cpus();
+        if ((size_t)workers > kept)
+            workers = (int)kept;
+        if ((rc = tr_prepare_tokenizer_load(&tokenizer, o, workers)) != 0) {
+            tr_prepare_tokenizer_free(&tokenizer);
+            goto out;
+        }
+        pt = &tokenizer;
+        r.vocab = pt->vocab;
+        char eos[200];
+        if (pt->eos >= 0)
+            snprintf(eos, sizeof eos, "EOS %.80s (id %d, from %s) after each document",
+                     pt->eos_text ? pt->eos_text : "?", (int)pt->eos, pt->eos_from);
+        else
+            snprintf(eos, sizeof eos, "no EOS between documents (%s)", pt->eos_from);
+        printf("trainrun prepare: tokenizer %s: vocabulary %u, %s\n", pt->path, pt->vocab, eos);
+    } else if (strcmp(o->tokenizer, "char") == 0) {
+        unsigned char seen[256] = {0};
+        for (size_t i = 0; i < d.n; i++)
+            if (!d.v[i].removed)
+                for (size_t k = 0; k < d.v[i].len; k++)
+                    seen[d.v[i].text[k]] = 1;
+        for (size_t k = 0; k < sep_len; k++)
+            seen[(unsigned char)sep[k]] = 1;
+        for (int c = 0; c < 256; c++) {
+            if (seen[c]) {
+                ids[c] = (uint16_t)r.vocab;
+                r.table[r.vocab++] = (unsigned char)c;
+            }
+        }
+    } else {
+        for (int c = 0; c < 256; c++)
+            ids[c] = (uint16_t)c;
+        r.vocab = 256;
+    }
+
     if (tr_mkdir_p(o->out_dir) != 0) {
         rc = tr_prepare_fail("cannot create the output directory %s: %s", o->out_dir, strerror(errno));
         goto out;
     }
     if ((rc = tr_prepare_claim_out_dir(o->out_dir)) != 0)
         goto out;
-    if ((rc = write_split(o, &d, 0, val_from, ids, sep, sep_len, "train", &r, 0)) != 0 ||
-        (rc = write_split(o, &d, val_from, d.n, ids, sep, sep_len, "val", &r, 1)) != 0 ||
-        (rc = write_text_json(o, &r, rows)) != 0)
+    if (!(progress = tr_prepare_progress_start(kept_bytes, workers))) {
+        rc = tr_prepare_fail("out of memory");
+        goto out;
+    }
+    if ((rc = write_split(o, &d, 0, val_from, ids, sep, sep_len, pt, progress, "train", &r, 0)) != 0 ||
+        (rc = write_split(o, &d, val_from, d.n, ids, sep, sep_len, pt, progress, "val", &r, 1)) != 0)
+        goto out;
+    tr_prepare_progress_end(progress, 1);
+    progress = NULL;
+    /* the tokenizer beside the shards, where the tokens plugin finds it */
+    if (pt) {
+        if ((rc = write_copy(o->out_dir, "tokenizer.json", pt->file, pt->file_size)) != 0 ||
+            (pt->config && (rc = write_copy(o->out_dir, "tokenizer_config.json", pt->config,
+                                            pt->config_size)) != 0))
+            goto out;
+        if (!pt->config)
+            remove_stale_file(o->out_dir, "tokenizer_config.json");
+    } else {
+        remove_stale_file(o->out_dir, "tokenizer.json");
+        remove_stale_file(o->out_dir, "tokenizer_config.json");
+    }
+    if ((rc = write_text_json(o, &r, rows, pt)) != 0)
         goto out;
     printf("trainrun prepare: %s tokens, vocabulary %u: train %llu tokens (%zu document%s) in "
            "%d shard%s, val %llu tokens (%zu document%s) in %d shard%s\n",
-           o->tokenizer, r.vocab, (unsigned long long)r.tokens[0], r.docs[0],
+           pt ? "tokenizer.json" : o->tokenizer, r.vocab, (unsigned long long)r.tokens[0], r.docs[0],
            r.docs[0] == 1 ? "" : "s", r.shards[0], r.shards[0] == 1 ? "" : "s",
            (unsigned long long)r.tokens[1], r.docs[1], r.docs[1] == 1 ? "" : "s", r.shards[1],
            r.shards[1] == 1 ? "" : "s");
+    if (pt && r.tokens[0] + r.tokens[1])
+        printf("trainrun prepare: %.3f bytes of text per token\n",
+               (double)(r.bytes[0] + r.bytes[1]) / (double)(r.tokens[0] + r.tokens[1]));
     printf("trainrun prepare: wrote %s/prepare.json; use\n"
            "  data = { plugin = \"tokens\", train = \"%s/train_*.bin\"%s%s%s }\n",
            o->out_dir, o->out_dir, r.shards[1] ? ", val = \"" : ", val_fraction = 0",
            r.shards[1] ? o->out_dir : "", r.shards[1] ? "/val_*.bin\"" : "");
 out:
+    tr_prepare_progress_end(progress, 0);
+    if (pt)
+        tr_prepare_tokenizer_free(pt);
     free(d.v);
+    arena_free(&arena);
     return rc;
 }
 
