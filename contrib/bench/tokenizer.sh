@@ -13,7 +13,7 @@ trap 'rm -rf "$work"' EXIT
 bible -f "Gen1:1-Rev22:21" > "$work/kjv.txt"
 ${CC:-cc} -O2 -I"$src/core" -I"$src/include" -I"$build" "$src/contrib/bench/tokenizer_bench.c" \
   -o "$work/bench" "$build/.libs/libtrcore.a" "$build/.libs/libtrkernels.a" \
-  $(pkg-config --libs libpcre2-8 luajit hwloc) -lz -ldnnl -lm -fopenmp -ldl -lpthread
+  $(pkg-config --libs libpcre2-8 libutf8proc luajit hwloc) -lz -ldnnl -lm -fopenmp -ldl -lpthread
 echo "$(wc -c < "$work/kjv.txt") bytes, $(basename "$tok")"
 taskset -c 0 "$work/bench" "$tok" "$work/kjv.txt" "$work/ids.bin"
 RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false taskset -c 0 "$py" "$src/contrib/bench/tokenizer_hf.py" \

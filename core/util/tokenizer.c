@@ -1,11 +1,21 @@
-/* Byte-level BPE from a Hugging Face tokenizer.json.
+/* BPE tokenizers from a Hugging Face tokenizer.json: byte-level (GPT-2, Llama 3, Qwen) and
+ * on Unicode characters with byte fallback (SentencePiece style: Llama 2, Mistral).
  *
- * encode: added (special) tokens are cut out first, leftmost-longest; each stretch between
- * them goes through the pre-tokenizer chain (Split with a regex, "Isolated"; Digits; ByteLevel,
- * with or without GPT-2's regex), compiled with PCRE2 (UTF + UCP, JIT when there is one); each
- * piece's bytes become byte-level symbols and the merges apply lowest rank first, leftmost
- * first, as the `tokenizers` library does.  Words are cached.
- * decode: each id's bytes (byte-level characters mapped back), concatenated.
+ * encode, as the `tokenizers` library does it:
+ *  1. added tokens that are not "normalized" are cut out of the text, leftmost-longest;
+ *  2. each stretch between them goes through the normalizers (NFC/NFD/NFKC/NFKD with
+ *     utf8proc, Lowercase, Strip, Replace, Prepend), then the "normalized" added tokens are
+ *     cut out of the result;
+ *  3. each remaining stretch goes through the pre-tokenizer: byte-level files through the
+ *     chain of Split (a PCRE2 regex, UTF + UCP, JIT when there is one, "Isolated"), Digits and
+ *     ByteLevel; character-level files through Metaspace (spaces become "▁", one is
+ *     prepended, the text is cut before each "▁") or nothing;
+ *  4. each word becomes symbols (byte-level: one per byte; otherwise one per character, a
+ *     character missing from the vocabulary becoming its <0xNN> byte tokens or the unknown
+ *     token) and the merges apply lowest rank first, leftmost first, with the library's
+ *     priority queue.  Words of up to 64 bytes are cached.
+ * decode: byte-level files concatenate each id's bytes; the others run the file's decoder
+ * chain (Replace, ByteFallback, Fuse, Strip, Metaspace) over the token strings.
  *
  * The file is untrusted: every id, size and string is checked before use. */
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -19,11 +29,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #define MAX_ID (1 << 24)          /* ids beyond 16M are refused */
 #define MAX_STEPS 8               /* pre-tokenizer steps */
+#define MAX_NORMS 16              /* normalizer steps */
+#define MAX_DECS 16               /* decoder steps */
+#define MAX_DEPTH 4               /* Sequences inside Sequences */
 #define CACHE_MAX_WORD 64         /* bytes; longer words are not cached */
 #define CACHE_MAX_ENTRIES (1 << 18)
+
+#define SPACE_MARK "\xe2\x96\x81" /* U+2581, SentencePiece's space */
 
 static const char GPT2_PATTERN[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
@@ -108,41 +124,94 @@ static struct ment *mmap_slot(const struct mmap *m, uint64_t key)
 
 /* ---- the tokenizer --------------------------------------------------------- */
 
-struct added { char *s; size_t n; int32_t id; };
+/* An added token: s as written; ns the normalizers' output for it when it is "normalized"
+ * (matched after normalization), else s. */
+struct added { char *s; size_t n; int32_t id; int normalized; char *ns; size_t nn; };
 
 struct cached { char *word; uint32_t n, nids; int32_t *ids; };
+
+struct buf { char *p; size_t n, cap; };
+
+enum { N_NFC, N_NFD, N_NFKC, N_NFKD, N_LOWER, N_STRIP, N_REPLACE, N_PREPEND };
+
+struct norm {
+    int kind;
+    int left, right;            /* Strip */
+    pcre2_code *re;             /* Replace */
+    pcre2_match_data *md;
+    char *text;                 /* Replace's content, Prepend's prefix */
+    size_t ntext;
+};
+
+enum { D_REPLACE, D_BYTE_FALLBACK, D_FUSE, D_STRIP, D_METASPACE };
+
+struct dec {
+    int kind;
+    pcre2_code *re;             /* Replace */
+    char *text;                 /* Replace's content */
+    size_t ntext;
+    uint32_t ch;                /* Strip's content, Metaspace's replacement */
+    size_t start, stop;         /* Strip */
+    int never;                  /* Metaspace with prepend_scheme "never" */
+};
+
+enum { PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER };
+
+/* a symbol of a word being merged, and a candidate merge (the library's Word and Merge) */
+struct sym { int32_t id, prev, next, alive; };
+struct merge { int32_t rank, pos, id; };
 
 struct tr_tokenizer {
     char *name;
     size_t vocab_size;          /* max id + 1 */
-    char **token;               /* [vocab_size] byte-level form (vocab only), or NULL */
-    char **bytes;               /* [vocab_size] decoded bytes, or NULL for a hole */
+    char **token;               /* [vocab_size] the vocabulary's key (vocab only), or NULL */
+    char **bytes;               /* [vocab_size] decoded bytes (byte-level) or the token's text, NULL for a hole */
     uint32_t *nbytes;
-    struct smap vocab;          /* byte-level form -> id */
+    struct smap vocab;          /* key -> id */
     struct mmap merges;
     int ignore_merges;
+    int byte_level;             /* symbols are bytes (ByteLevel), else Unicode characters */
+    int byte_fallback, fuse_unk;
+    int32_t unk_id;             /* -1: none */
+    char *unk_missing;          /* an unk_token the vocabulary lacks (an error only when needed) */
+    int32_t fallback_id[256];   /* id of <0xNN>, -1 if none */
     int32_t byte_id[256];       /* id of each single byte's symbol, -1 if none */
     char byte_char[256][3];     /* its byte-level character (UTF-8) */
     uint8_t byte_char_len[256];
     struct added *added;
-    size_t nadded;
+    size_t nadded, nadded_norm;
+    uint8_t first_raw[256], first_norm[256]; /* first bytes of the two kinds of added tokens */
     int32_t *before, *after;    /* the post-processor's ids around the text */
     size_t nbefore, nafter;
-    uint8_t added_first[256];
+    struct norm norm[MAX_NORMS];
+    int nnorms;
     pcre2_code *step[MAX_STEPS];
     pcre2_match_data *md[MAX_STEPS];
     int jit[MAX_STEPS];
     int nsteps;
+    /* Long words on characters are merged in chunks, each starting at a "▁" whose left
+     * neighbour is a vocabulary character that no merge ever joins to a "▁..." token:
+     * then no token can span the cut, and the chunks merge exactly as the whole word. */
+    int chunks;
+    struct smap no_cut;         /* those left neighbours that a merge does join */
+    int metaspace, ms_scheme, ms_split; /* the Metaspace pre-tokenizer */
+    char ms_repl[5];
+    size_t ms_len;
+    struct dec dec[MAX_DECS];
+    int ndecs;
     struct cached *cache;       /* open addressing, CACHE_MAX_ENTRIES * 2 slots */
     size_t cache_used;
     /* tr_tokenizer_pretokenize: each word goes here instead of to BPE */
     void (*word_fn)(void *ctx, const char *w, size_t n);
     void *word_ctx;
     /* scratch */
-    int32_t *sym;
+    struct sym *sym;
     size_t sym_cap;
+    struct merge *heap;
+    size_t heap_cap;
     char *bl;
     size_t bl_cap;
+    struct buf nb[2], ms;
 };
 
 /* GPT-2's bytes_to_unicode */
@@ -228,6 +297,150 @@ static char *byte_level_decode(const char *s, uint32_t *len)
     return out;
 }
 
+/* ---- small helpers ------------------------------------------------------- */
+
+static void buf_reserve(struct buf *b, size_t more)
+{
+    if (b->n + more + 1 > b->cap) {
+        b->cap = 2 * (b->n + more + 1);
+        b->p = tr_xrealloc(b->p, b->cap);
+    }
+}
+
+static void buf_add(struct buf *b, const char *s, size_t n)
+{
+    buf_reserve(b, n);
+    if (n)
+        memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+static void buf_char(struct buf *b, uint32_t cp)
+{
+    char u[4];
+    buf_add(b, u, (size_t)tr_utf8_encode(cp, u));
+}
+
+/* The character at s[i] (i < n) and its length; a malformed sequence reads as one byte
+ * U+FFFD (token strings from the file are not checked as UTF-8). */
+static size_t utf8_at(const char *s, size_t n, size_t i, uint32_t *cp)
+{
+    const unsigned char *u = (const unsigned char *)s + i;
+    size_t left = n - i, k;
+    if (u[0] < 0x80) {
+        *cp = u[0];
+        return 1;
+    }
+    if ((u[0] & 0xE0) == 0xC0) { k = 2; *cp = u[0] & 0x1F; }
+    else if ((u[0] & 0xF0) == 0xE0) { k = 3; *cp = u[0] & 0x0F; }
+    else if ((u[0] & 0xF8) == 0xF0) { k = 4; *cp = u[0] & 0x07; }
+    else k = 0;
+    if (!k || k > left) {
+        *cp = 0xFFFD;
+        return 1;
+    }
+    for (size_t j = 1; j < k; j++) {
+        if ((u[j] & 0xC0) != 0x80) {
+            *cp = 0xFFFD;
+            return 1;
+        }
+        *cp = *cp << 6 | (u[j] & 0x3F);
+    }
+    return k;
+}
+
+/* Rust's char::is_whitespace (the White_Space property), which Strip uses */
+static int is_white(uint32_t c)
+{
+    return (c >= 9 && c <= 13) || c == ' ' || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+           c == 0x3000;
+}
+
+/* Regexes as the library's Oniguruma (Ruby syntax) reads them: Unicode classes, and ^ and $
+ * at every line's start and end. */
+static pcre2_code *compile(struct tr_tokenizer *t, const char *what, const char *pattern, int literal,
+                           tr_err *err)
+{
+    int code;
+    PCRE2_SIZE off;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
+                                   literal ? PCRE2_LITERAL | PCRE2_UTF : PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE,
+                                   &code, &off, NULL);
+    if (!re) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(code, msg, sizeof msg);
+        tr_fail(err, "%s: %s regex does not compile at offset %zu: %s", t->name, what, (size_t)off,
+                (const char *)msg);
+        return NULL;
+    }
+    pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* pcre2_match uses it when it works */
+    return re;
+}
+
+/* A Replace pattern, {"String": s} or {"Regex": r}.  The library makes a String an Oniguruma
+ * regex too, so an empty one matches at every character boundary. */
+static int replace_pattern(struct tr_tokenizer *t, const struct tr_json *p, const char *what,
+                           pcre2_code **re, char **text, size_t *ntext, tr_err *err)
+{
+    const struct tr_json *pat = tr_json_get(p, "pattern");
+    const char *rx = pat && pat->type == TR_JSON_OBJECT ? tr_json_string(pat, "Regex") : NULL;
+    const char *lit = pat && pat->type == TR_JSON_OBJECT ? tr_json_string(pat, "String") : NULL;
+    const char *content = tr_json_string(p, "content");
+    if ((!rx && !lit) || !content)
+        return tr_fail(err, "%s: a Replace %s needs a \"pattern\" ({\"String\": ...} or {\"Regex\": ...}) "
+                       "and a \"content\"", t->name, what);
+    if (!(*re = compile(t, what, rx ? rx : lit, !rx, err)))
+        return TR_ERROR;
+    *text = tr_xstrdup(content);
+    *ntext = strlen(content);
+    return TR_OK;
+}
+
+/* s[0..n) with every match of re replaced by with[0..nwith), into out.  Matches as the
+ * library's (Oniguruma's) find_iter: left to right, not overlapping, an empty match right
+ * where the previous match ended skipped. */
+static int replace_all(const struct tr_tokenizer *t, const pcre2_code *re, pcre2_match_data *md,
+                       const char *s, size_t n, const char *with, size_t nwith, struct buf *out, tr_err *err)
+{
+    out->n = 0;
+    buf_reserve(out, n);
+    size_t pos = 0, copied = 0;
+    int matched = 0;
+    size_t last_end = 0;
+    while (pos <= n) {
+        int rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md, NULL);
+        if (rc == PCRE2_ERROR_NOMATCH)
+            break;
+        if (rc < 0) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            return tr_fail(err, "%s: Replace regex failed: %s", t->name, (const char *)msg);
+        }
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        size_t a = ov[0], b = ov[1];
+        if (a > n || b > n || b < a || a < copied)
+            return tr_fail(err, "%s: Replace regex gave a bad match", t->name);
+        if (a == b && matched && last_end == b) {
+            if (pos >= n)
+                break;
+            pos++;
+            while (pos < n && ((unsigned char)s[pos] & 0xC0) == 0x80)
+                pos++;
+            continue;
+        }
+        buf_add(out, s + copied, a - copied);
+        buf_add(out, with, nwith);
+        copied = pos = last_end = b;
+        matched = 1;
+    }
+    buf_add(out, s + copied, n - copied);
+    return TR_OK;
+}
+
+/* ---- loading ------------------------------------------------------------- */
+
 void tr_tokenizer_free(struct tr_tokenizer *t)
 {
     if (!t)
@@ -243,14 +456,28 @@ void tr_tokenizer_free(struct tr_tokenizer *t)
     free(t->nbytes);
     free(t->vocab.e);
     free(t->merges.e);
-    for (size_t i = 0; i < t->nadded; i++)
+    free(t->no_cut.e);
+    free(t->unk_missing);
+    for (size_t i = 0; i < t->nadded; i++) {
+        if (t->added[i].ns != t->added[i].s)
+            free(t->added[i].ns);
         free(t->added[i].s);
+    }
     free(t->added);
     free(t->before);
     free(t->after);
+    for (int i = 0; i < t->nnorms; i++) {
+        pcre2_match_data_free(t->norm[i].md);
+        pcre2_code_free(t->norm[i].re);
+        free(t->norm[i].text);
+    }
     for (int i = 0; i < t->nsteps; i++) {
         pcre2_match_data_free(t->md[i]);
         pcre2_code_free(t->step[i]);
+    }
+    for (int i = 0; i < t->ndecs; i++) {
+        pcre2_code_free(t->dec[i].re);
+        free(t->dec[i].text);
     }
     if (t->cache) {
         for (size_t i = 0; i < 2 * CACHE_MAX_ENTRIES; i++) {
@@ -260,7 +487,11 @@ void tr_tokenizer_free(struct tr_tokenizer *t)
         free(t->cache);
     }
     free(t->sym);
+    free(t->heap);
     free(t->bl);
+    free(t->nb[0].p);
+    free(t->nb[1].p);
+    free(t->ms.p);
     free(t->name);
     free(t);
 }
@@ -300,22 +531,214 @@ static int is_null(const struct tr_json *o, const char *key)
     return !v || v->type == TR_JSON_NULL;
 }
 
+/* A string of exactly one character (Metaspace's replacement, Strip's content). */
+static int one_char(const char *s, uint32_t *cp)
+{
+    if (!s || !*s)
+        return -1;
+    size_t n = strlen(s);
+    return utf8_at(s, n, 0, cp) == n && *cp != 0xFFFD ? 0 : -1;
+}
+
+/* Metaspace's prepend_scheme ("always", "first", "never"); older files have only
+ * add_prefix_space (true: "always"). */
+static int prepend_scheme(struct tr_tokenizer *t, const struct tr_json *p, const char *what, int *scheme,
+                          tr_err *err)
+{
+    const char *s = tr_json_string(p, "prepend_scheme");
+    if (!s) {
+        const struct tr_json *a = tr_json_get(p, "add_prefix_space");
+        *scheme = a && a->type == TR_JSON_BOOL && !a->boolean ? PREPEND_NEVER : PREPEND_ALWAYS;
+        return TR_OK;
+    }
+    if (strcmp(s, "always") == 0)
+        *scheme = PREPEND_ALWAYS;
+    else if (strcmp(s, "first") == 0)
+        *scheme = PREPEND_FIRST;
+    else if (strcmp(s, "never") == 0)
+        *scheme = PREPEND_NEVER;
+    else
+        return tr_fail(err, "%s: Metaspace %s with prepend_scheme \"%s\" (always, first or never)", t->name,
+                       what, s);
+    return TR_OK;
+}
+
+/* ---- normalizers ----------------------------------------------------------- */
+
+static int norm_one(struct tr_tokenizer *t, const struct tr_json *p, int depth, tr_err *err)
+{
+    const char *type = p && p->type == TR_JSON_OBJECT ? tr_json_string(p, "type") : NULL;
+    if (!type)
+        return tr_fail(err, "%s: a normalizer without a \"type\"", t->name);
+    if (strcmp(type, "Sequence") == 0) {
+        const struct tr_json *list = tr_json_get(p, "normalizers");
+        if (!list || list->type != TR_JSON_ARRAY)
+            return tr_fail(err, "%s: a Sequence normalizer without a \"normalizers\" list", t->name);
+        if (depth >= MAX_DEPTH)
+            return tr_fail(err, "%s: normalizer Sequences nested more than %d deep", t->name, MAX_DEPTH);
+        for (size_t i = 0; i < list->n; i++)
+            if (norm_one(t, list->items[i], depth + 1, err))
+                return TR_ERROR;
+        return TR_OK;
+    }
+    if (t->nnorms >= MAX_NORMS)
+        return tr_fail(err, "%s: more than %d normalizers", t->name, MAX_NORMS);
+    struct norm *nm = &t->norm[t->nnorms];
+    static const char *const unicode[] = { "NFC", "NFD", "NFKC", "NFKD" };
+    int kind = -1;
+    for (int i = 0; i < 4; i++)
+        if (strcmp(type, unicode[i]) == 0)
+            kind = N_NFC + i;
+    if (kind >= 0) {
+        nm->kind = kind;
+    } else if (strcmp(type, "Lowercase") == 0) {
+        nm->kind = N_LOWER;
+    } else if (strcmp(type, "Strip") == 0) {
+        nm->kind = N_STRIP;
+        nm->left = is_true(p, "strip_left");
+        nm->right = is_true(p, "strip_right");
+    } else if (strcmp(type, "Replace") == 0) {
+        nm->kind = N_REPLACE;
+        if (replace_pattern(t, p, "normalizer", &nm->re, &nm->text, &nm->ntext, err))
+            return TR_ERROR;
+        nm->md = pcre2_match_data_create_from_pattern(nm->re, NULL);
+    } else if (strcmp(type, "Prepend") == 0) {
+        const char *s = tr_json_string(p, "prepend");
+        if (!s)
+            return tr_fail(err, "%s: a Prepend normalizer without a \"prepend\" string", t->name);
+        nm->kind = N_PREPEND;
+        nm->text = tr_xstrdup(s);
+        nm->ntext = strlen(s);
+    } else {
+        return tr_fail(err, "not supported yet: normalizer %s in %s (NFC, NFD, NFKC, NFKD, Lowercase, "
+                       "Strip, Replace, Prepend and Sequence are)", type, t->name);
+    }
+    t->nnorms++;
+    return TR_OK;
+}
+
+/* One normalizer on s[0..n) (valid UTF-8) into out: 1 when it changed the text (out
+ * holds it), 0 when not (out untouched), TR_ERROR. */
+static int norm_apply(struct tr_tokenizer *t, struct norm *nm, const char *s, size_t n, struct buf *out,
+                      tr_err *err)
+{
+    size_t i;
+    switch (nm->kind) {
+    case N_NFC: case N_NFD: case N_NFKC: case N_NFKD: {
+        for (i = 0; i < n && (unsigned char)s[i] < 0x80; i++)
+            ;
+        if (i == n) /* ASCII is in every normal form */
+            return 0;
+        static const utf8proc_option_t opt[] = {
+            UTF8PROC_STABLE | UTF8PROC_COMPOSE, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE,
+            UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT,
+            UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT,
+        };
+        utf8proc_uint8_t *res = NULL;
+        utf8proc_ssize_t m = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &res,
+                                          opt[nm->kind - N_NFC]);
+        if (m < 0) {
+            free(res);
+            return tr_fail(err, "%s: Unicode normalization failed: %s", t->name, utf8proc_errmsg(m));
+        }
+        out->n = 0;
+        buf_add(out, (const char *)res, (size_t)m);
+        free(res);
+        return 1;
+    }
+    case N_LOWER: {
+        /* Rust's char::to_lowercase, character by character as the library does (so no
+         * final-sigma rule): the simple mapping, and U+0130 to "i" + U+0307 */
+        for (i = 0; i < n && (unsigned char)s[i] < 0x80 && !(s[i] >= 'A' && s[i] <= 'Z'); i++)
+            ;
+        if (i == n)
+            return 0;
+        out->n = 0;
+        buf_reserve(out, n + 16);
+        buf_add(out, s, i);
+        while (i < n) {
+            uint32_t cp;
+            size_t k = utf8_at(s, n, i, &cp);
+            if (cp == 0x130)
+                buf_add(out, "i\xcc\x87", 3);
+            else if (cp < 0x80)
+                buf_add(out, &(char){ (char)(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp) }, 1);
+            else
+                buf_char(out, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp));
+            i += k;
+        }
+        return 1;
+    }
+    case N_STRIP: {
+        size_t a = 0, b = n;
+        while (nm->left && a < b) {
+            uint32_t cp;
+            size_t k = utf8_at(s, n, a, &cp);
+            if (!is_white(cp))
+                break;
+            a += k;
+        }
+        while (nm->right && b > a) {
+            size_t j = b - 1;
+            while (j > a && ((unsigned char)s[j] & 0xC0) == 0x80)
+                j--;
+            uint32_t cp;
+            utf8_at(s, n, j, &cp);
+            if (!is_white(cp))
+                break;
+            b = j;
+        }
+        if (a == 0 && b == n)
+            return 0;
+        out->n = 0;
+        buf_add(out, s + a, b - a);
+        return 1;
+    }
+    case N_REPLACE:
+        return replace_all(t, nm->re, nm->md, s, n, nm->text, nm->ntext, out, err) ? TR_ERROR : 1;
+    case N_PREPEND:
+        if (!n)
+            return 0;
+        out->n = 0;
+        buf_add(out, nm->text, nm->ntext);
+        buf_add(out, s, n);
+        return 1;
+    }
+    return 0;
+}
+
+/* s[0..n) through every normalizer: the result in *out (t->nb[0 or 1], or s itself when
+ * nothing changed it). */
+static int normalize(struct tr_tokenizer *t, const char *s, size_t n, const char **out, size_t *nout,
+                     tr_err *err)
+{
+    const char *cur = s;
+    size_t len = n;
+    int which = 0;
+    for (int k = 0; k < t->nnorms; k++) {
+        int rc = norm_apply(t, &t->norm[k], cur, len, &t->nb[which], err);
+        if (rc < 0)
+            return TR_ERROR;
+        if (rc) {
+            cur = t->nb[which].p;
+            len = t->nb[which].n;
+            which ^= 1;
+        }
+    }
+    *out = cur;
+    *nout = len;
+    return TR_OK;
+}
+
+/* ---- pre-tokenizers ---------------------------------------------------------- */
+
 static int add_regex(struct tr_tokenizer *t, const char *pattern, int literal, tr_err *err)
 {
     if (t->nsteps >= MAX_STEPS)
         return tr_fail(err, "%s: more than %d pre-tokenizer steps", t->name, MAX_STEPS);
-    int code;
-    PCRE2_SIZE off;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
-                                   literal ? PCRE2_LITERAL | PCRE2_UTF
-                                           : PCRE2_UTF | PCRE2_UCP,
-                                   &code, &off, NULL);
-    if (!re) {
-        PCRE2_UCHAR msg[256];
-        pcre2_get_error_message(code, msg, sizeof msg);
-        return tr_fail(err, "%s: pre-tokenizer regex does not compile at offset %zu: %s", t->name,
-                       (size_t)off, (const char *)msg);
-    }
+    pcre2_code *re = compile(t, "pre-tokenizer", pattern, literal, err);
+    if (!re)
+        return TR_ERROR;
     int i = t->nsteps++;
     t->step[i] = re;
     t->jit[i] = pcre2_jit_compile(re, PCRE2_JIT_COMPLETE) == 0;
@@ -323,7 +746,7 @@ static int add_regex(struct tr_tokenizer *t, const char *pattern, int literal, t
     return TR_OK;
 }
 
-/* One pre-tokenizer (not a Sequence); sets *byte_level when it is ByteLevel. */
+/* One pre-tokenizer of a byte-level file (not a Sequence); sets *byte_level at ByteLevel. */
 static int pretok_one(struct tr_tokenizer *t, const struct tr_json *p, int *byte_level, tr_err *err)
 {
     const char *type = p && p->type == TR_JSON_OBJECT ? tr_json_string(p, "type") : NULL;
@@ -361,6 +784,150 @@ static int pretok_one(struct tr_tokenizer *t, const struct tr_json *p, int *byte
     return tr_fail(err, "not supported yet: pre-tokenizer type %s in %s", type, t->name);
 }
 
+/* The pre-tokenizer as a list (a Sequence's items, or the one, kept in *one). */
+static const struct tr_json *const *pretok_list(const struct tr_json *pre, const struct tr_json **one, size_t *n)
+{
+    *n = 0;
+    if (!pre || pre->type == TR_JSON_NULL)
+        return NULL;
+    const char *type = pre->type == TR_JSON_OBJECT ? tr_json_string(pre, "type") : NULL;
+    if (type && strcmp(type, "Sequence") == 0) {
+        const struct tr_json *list = tr_json_get(pre, "pretokenizers");
+        if (list && list->type == TR_JSON_ARRAY) {
+            *n = list->n;
+            return (const struct tr_json *const *)list->items;
+        }
+        return NULL;
+    }
+    *n = 1;
+    *one = pre;
+    return one;
+}
+
+/* Byte-level when the pre-tokenizer is or contains ByteLevel: the symbols are then bytes. */
+static int is_byte_level(const struct tr_json *root)
+{
+    const struct tr_json *pre = tr_json_get(root, "pre_tokenizer");
+    size_t n;
+    const struct tr_json *one;
+    const struct tr_json *const *list = pretok_list(pre, &one, &n);
+    for (size_t i = 0; i < n; i++) {
+        const char *type = list[i] && list[i]->type == TR_JSON_OBJECT ? tr_json_string(list[i], "type") : NULL;
+        if (type && strcmp(type, "ByteLevel") == 0)
+            return 1;
+    }
+    return 0;
+}
+
+static int load_pretok(struct tr_tokenizer *t, const struct tr_json *root, tr_err *err)
+{
+    const struct tr_json *pre = tr_json_get(root, "pre_tokenizer");
+    const char *type = pre && pre->type == TR_JSON_OBJECT ? tr_json_string(pre, "type") : NULL;
+    size_t n;
+    const struct tr_json *one;
+    const struct tr_json *const *list = pretok_list(pre, &one, &n);
+    if (type && strcmp(type, "Sequence") == 0 && !list)
+        return tr_fail(err, "%s: a Sequence pre-tokenizer without \"pretokenizers\"", t->name);
+    if (pre && pre->type != TR_JSON_NULL && !type)
+        return tr_fail(err, "%s: a pre_tokenizer without a \"type\"", t->name);
+    if (t->byte_level) {
+        int byte_level = 0;
+        for (size_t i = 0; i < n; i++)
+            if (pretok_one(t, list[i], &byte_level, err))
+                return TR_ERROR;
+        return TR_OK;
+    }
+    /* on characters: no pre-tokenizer (Llama 2), or Metaspace alone (Mistral) */
+    if (n == 0)
+        return TR_OK;
+    const char *first = list[0] && list[0]->type == TR_JSON_OBJECT ? tr_json_string(list[0], "type") : NULL;
+    if (n > 1 || !first || strcmp(first, "Metaspace") != 0)
+        return tr_fail(err, "not supported yet: pre-tokenizer %s%s in %s (a BPE without ByteLevel takes "
+                       "Metaspace alone or none)", first ? first : "(no type)", n > 1 ? " in a Sequence" : "",
+                       t->name);
+    uint32_t cp;
+    const char *repl = tr_json_string(list[0], "replacement");
+    if (one_char(repl, &cp))
+        return tr_fail(err, "%s: the Metaspace pre-tokenizer needs a one-character \"replacement\"", t->name);
+    if (prepend_scheme(t, list[0], "pre-tokenizer", &t->ms_scheme, err))
+        return TR_ERROR;
+    const struct tr_json *split = tr_json_get(list[0], "split");
+    t->ms_split = !split || split->type != TR_JSON_BOOL || split->boolean; /* default true */
+    t->ms_len = strlen(repl);
+    memcpy(t->ms_repl, repl, t->ms_len);
+    t->metaspace = 1;
+    return TR_OK;
+}
+
+/* ---- decoders ---------------------------------------------------------------- */
+
+static int dec_one(struct tr_tokenizer *t, const struct tr_json *p, int depth, tr_err *err)
+{
+    const char *type = p && p->type == TR_JSON_OBJECT ? tr_json_string(p, "type") : NULL;
+    if (!type)
+        return tr_fail(err, "%s: a decoder without a \"type\"", t->name);
+    if (t->byte_level) { /* bytes are concatenated: ByteLevel is the only decoder that fits */
+        if (strcmp(type, "ByteLevel") != 0)
+            return tr_fail(err, "not supported yet: decoder %s with a ByteLevel pre-tokenizer in %s", type,
+                           t->name);
+        return TR_OK;
+    }
+    if (strcmp(type, "Sequence") == 0) {
+        const struct tr_json *list = tr_json_get(p, "decoders");
+        if (!list || list->type != TR_JSON_ARRAY)
+            return tr_fail(err, "%s: a Sequence decoder without a \"decoders\" list", t->name);
+        if (depth >= MAX_DEPTH)
+            return tr_fail(err, "%s: decoder Sequences nested more than %d deep", t->name, MAX_DEPTH);
+        for (size_t i = 0; i < list->n; i++)
+            if (dec_one(t, list->items[i], depth + 1, err))
+                return TR_ERROR;
+        return TR_OK;
+    }
+    if (t->ndecs >= MAX_DECS)
+        return tr_fail(err, "%s: more than %d decoders", t->name, MAX_DECS);
+    struct dec *d = &t->dec[t->ndecs];
+    if (strcmp(type, "Replace") == 0) {
+        d->kind = D_REPLACE;
+        if (replace_pattern(t, p, "decoder", &d->re, &d->text, &d->ntext, err))
+            return TR_ERROR;
+    } else if (strcmp(type, "ByteFallback") == 0) {
+        d->kind = D_BYTE_FALLBACK;
+    } else if (strcmp(type, "Fuse") == 0) {
+        d->kind = D_FUSE;
+    } else if (strcmp(type, "Strip") == 0) {
+        d->kind = D_STRIP;
+        const struct tr_json *a = tr_json_get(p, "start"), *b = tr_json_get(p, "stop");
+        if (one_char(tr_json_string(p, "content"), &d->ch) || !a || a->type != TR_JSON_NUMBER ||
+            !b || b->type != TR_JSON_NUMBER || !(a->number >= 0 && a->number <= 1e6) ||
+            !(b->number >= 0 && b->number <= 1e6))
+            return tr_fail(err, "%s: a Strip decoder needs a one-character \"content\" and counts "
+                           "\"start\" and \"stop\"", t->name);
+        d->start = (size_t)a->number;
+        d->stop = (size_t)b->number;
+    } else if (strcmp(type, "Metaspace") == 0) {
+        int scheme;
+        d->kind = D_METASPACE;
+        if (one_char(tr_json_string(p, "replacement"), &d->ch))
+            return tr_fail(err, "%s: the Metaspace decoder needs a one-character \"replacement\"", t->name);
+        if (prepend_scheme(t, p, "decoder", &scheme, err))
+            return TR_ERROR;
+        d->never = scheme == PREPEND_NEVER;
+    } else {
+        return tr_fail(err, "not supported yet: decoder %s in %s (Replace, ByteFallback, Fuse, Strip, "
+                       "Metaspace and Sequence are, without ByteLevel)", type, t->name);
+    }
+    t->ndecs++;
+    return TR_OK;
+}
+
+static int load_decoder(struct tr_tokenizer *t, const struct tr_json *root, tr_err *err)
+{
+    const struct tr_json *dec = tr_json_get(root, "decoder");
+    if (!dec || dec->type == TR_JSON_NULL)
+        return TR_OK;
+    return dec_one(t, dec, 0, err);
+}
+
 static int load_model(struct tr_tokenizer *t, const struct tr_json *root, tr_err *err)
 {
     const struct tr_json *model = tr_json_get(root, "model");
@@ -373,11 +940,15 @@ static int load_model(struct tr_tokenizer *t, const struct tr_json *root, tr_err
     if (!type)
         return tr_fail(err, "%s: the model has no \"type\"", t->name);
     if (strcmp(type, "BPE") != 0)
-        return tr_fail(err, "not supported yet: model type %s in %s (only byte-level BPE is)", type,
+        return tr_fail(err, "not supported yet: model type %s in %s (only BPE is)", type, t->name);
+    t->byte_fallback = is_true(model, "byte_fallback");
+    if (t->byte_fallback && t->byte_level)
+        return tr_fail(err, "not supported yet: BPE with byte_fallback and a ByteLevel pre-tokenizer in %s",
                        t->name);
-    if (is_true(model, "byte_fallback"))
-        return tr_fail(err, "not supported yet: model type BPE with byte_fallback (SentencePiece style) in %s",
-                       t->name);
+    t->fuse_unk = is_true(model, "fuse_unk");
+    const struct tr_json *unk = tr_json_get(model, "unk_token");
+    if (unk && unk->type != TR_JSON_NULL && unk->type != TR_JSON_STRING)
+        return tr_fail(err, "%s: the model's \"unk_token\" is not a string", t->name);
     if (!is_null(model, "continuing_subword_prefix") || !is_null(model, "end_of_word_suffix"))
         return tr_fail(err, "not supported yet: BPE with a subword prefix or suffix in %s", t->name);
     const struct tr_json *dropout = tr_json_get(model, "dropout");
@@ -402,6 +973,9 @@ static int load_model(struct tr_tokenizer *t, const struct tr_json *root, tr_err
     for (size_t i = 0; i < nadded; i++) {
         const struct tr_json *a = added->items[i];
         const char *content = a && a->type == TR_JSON_OBJECT ? tr_json_string(a, "content") : NULL;
+        const struct tr_json *nz = a && a->type == TR_JSON_OBJECT ? tr_json_get(a, "normalized") : NULL;
+        if (nz && nz->type != TR_JSON_BOOL)
+            return tr_fail(err, "%s: added_tokens[%zu]: \"normalized\" is not true or false", t->name, i);
         if (!content || !*content || get_id(tr_json_get(a, "id"), &id))
             return tr_fail(err, "%s: added_tokens[%zu] needs a non-empty \"content\" and a valid \"id\"",
                            t->name, i);
@@ -427,7 +1001,12 @@ static int load_model(struct tr_tokenizer *t, const struct tr_json *root, tr_err
         t->token[id] = tr_xstrdup(k);
         if (smap_put(&t->vocab, t->token[id], strlen(k), id))
             return tr_fail(err, "%s: \"%s\" is in the vocab twice", t->name, k);
-        t->bytes[id] = byte_level_decode(k, &t->nbytes[id]);
+        if (t->byte_level) {
+            t->bytes[id] = byte_level_decode(k, &t->nbytes[id]);
+        } else {
+            t->bytes[id] = tr_xstrdup(k);
+            t->nbytes[id] = (uint32_t)strlen(k);
+        }
     }
     t->added = tr_xcalloc(nadded ? nadded : 1, sizeof *t->added);
     for (size_t i = 0; i < nadded; i++) {
@@ -442,13 +1021,23 @@ static int load_model(struct tr_tokenizer *t, const struct tr_json *root, tr_err
         free(t->bytes[id]);
         t->bytes[id] = tr_xstrdup(content);
         t->nbytes[id] = (uint32_t)strlen(content);
-        t->added[t->nadded++] = (struct added){ tr_xstrdup(content), strlen(content), id };
-        t->added_first[(unsigned char)content[0]] = 1;
+        /* "normalized" left out: the library's default, true unless the token is special */
+        const struct tr_json *nz = tr_json_get(a, "normalized");
+        int normalized = nz ? nz->boolean : !is_true(a, "special");
+        char *s = tr_xstrdup(content);
+        t->added[t->nadded++] = (struct added){ s, strlen(s), id, normalized, s, strlen(s) };
     }
 
     byte_level_map(t);
-    for (int b = 0; b < 256; b++)
+    for (int b = 0; b < 256; b++) {
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", b);
         t->byte_id[b] = smap_get(&t->vocab, t->byte_char[b], t->byte_char_len[b]);
+        t->fallback_id[b] = smap_get(&t->vocab, name, strlen(name));
+    }
+    t->unk_id = -1;
+    if (unk && unk->type == TR_JSON_STRING && (t->unk_id = smap_get(&t->vocab, unk->string, strlen(unk->string))) < 0)
+        t->unk_missing = tr_xstrdup(unk->string);
 
     const struct tr_json *merges = tr_json_get(model, "merges");
     if (!merges || merges->type != TR_JSON_ARRAY)
@@ -459,6 +1048,7 @@ static int load_model(struct tr_tokenizer *t, const struct tr_json *root, tr_err
     while (t->merges.cap < merges->n * 2)
         t->merges.cap *= 2;
     t->merges.e = tr_xcalloc(t->merges.cap, sizeof *t->merges.e);
+    smap_init(&t->no_cut, 16);
     char *buf = NULL;
     size_t bufcap = 0;
     for (size_t i = 0; i < merges->n; i++) {
@@ -495,42 +1085,40 @@ static int load_model(struct tr_tokenizer *t, const struct tr_json *root, tr_err
             free(buf);
             return tr_fail(err, "%s", e2.msg);
         }
+        if (!t->byte_level && nb >= 3 && memcmp(b, SPACE_MARK, 3) == 0) {
+            size_t j = na - 1; /* a's last character, which a merge joins to a "▁..." */
+            while (j > 0 && ((unsigned char)a[j] & 0xC0) == 0x80)
+                j--;
+            smap_put(&t->no_cut, t->token[ia] + j, na - j, 1);
+        }
         struct ment *e = mmap_slot(&t->merges, pair_key(ia, ib));
         *e = (struct ment){ pair_key(ia, ib), (int32_t)i, iab }; /* a repeated pair: the last wins */
     }
     free(buf);
+    t->chunks = !t->byte_level && !t->ignore_merges && smap_get(&t->vocab, SPACE_MARK, 3) >= 0;
     return TR_OK;
 }
-
-static int load_rest(struct tr_tokenizer *t, const struct tr_json *root, tr_err *err)
+/* The "normalized" added tokens are looked for in normalized text, so their content goes
+ * through the normalizers too (the library's normalized trie). */
+static int added_prepare(struct tr_tokenizer *t, tr_err *err)
 {
-    const struct tr_json *norm = tr_json_get(root, "normalizer");
-    if (norm && norm->type != TR_JSON_NULL) {
-        const char *type = norm->type == TR_JSON_OBJECT ? tr_json_string(norm, "type") : NULL;
-        return tr_fail(err, "not supported yet: normalizer %s in %s", type ? type : "(no type)", t->name);
-    }
-    const struct tr_json *pre = tr_json_get(root, "pre_tokenizer");
-    int byte_level = 0;
-    if (!pre || pre->type == TR_JSON_NULL)
-        return tr_fail(err, "not supported yet: BPE without a ByteLevel pre-tokenizer in %s", t->name);
-    const char *type = pre->type == TR_JSON_OBJECT ? tr_json_string(pre, "type") : NULL;
-    if (type && strcmp(type, "Sequence") == 0) {
-        const struct tr_json *list = tr_json_get(pre, "pretokenizers");
-        if (!list || list->type != TR_JSON_ARRAY)
-            return tr_fail(err, "%s: a Sequence pre-tokenizer without \"pretokenizers\"", t->name);
-        for (size_t i = 0; i < list->n; i++)
-            if (pretok_one(t, list->items[i], &byte_level, err))
+    for (size_t i = 0; i < t->nadded; i++) {
+        struct added *a = &t->added[i];
+        if (utf8_valid(a->s, a->n) != a->n)
+            return tr_fail(err, "%s: added token %zu is not valid UTF-8", t->name, i);
+        if (a->normalized && t->nnorms) {
+            const char *ns;
+            size_t nn;
+            if (normalize(t, a->s, a->n, &ns, &nn, err))
                 return TR_ERROR;
-    } else if (pretok_one(t, pre, &byte_level, err)) {
-        return TR_ERROR;
-    }
-    if (!byte_level)
-        return tr_fail(err, "not supported yet: BPE without a ByteLevel pre-tokenizer in %s", t->name);
-    const struct tr_json *dec = tr_json_get(root, "decoder");
-    if (dec && dec->type != TR_JSON_NULL) {
-        const char *dt = dec->type == TR_JSON_OBJECT ? tr_json_string(dec, "type") : NULL;
-        if (!dt || strcmp(dt, "ByteLevel") != 0)
-            return tr_fail(err, "not supported yet: decoder %s in %s", dt ? dt : "(no type)", t->name);
+            a->ns = tr_xcalloc(nn + 1, 1);
+            memcpy(a->ns, ns, nn);
+            a->nn = nn;
+        }
+        if (!a->nn)
+            continue;
+        (a->normalized ? t->first_norm : t->first_raw)[(unsigned char)a->ns[0]] = 1;
+        t->nadded_norm += a->normalized;
     }
     return TR_OK;
 }
@@ -652,12 +1240,24 @@ struct tr_tokenizer *tr_tokenizer_parse(const char *text, size_t len, const char
     }
     struct tr_tokenizer *t = tr_xcalloc(1, sizeof *t);
     t->name = tr_xstrdup(name);
-    int rc = root->type != TR_JSON_OBJECT ? tr_fail(err, "%s: not a JSON object", name)
-                                          : load_model(t, root, err);
-    if (rc == TR_OK)
-        rc = load_rest(t, root, err);
-    if (rc == TR_OK)
-        rc = load_post(t, root, err);
+    int rc = TR_OK;
+    if (root->type != TR_JSON_OBJECT) {
+        rc = tr_fail(err, "%s: not a JSON object", name);
+    } else {
+        t->byte_level = is_byte_level(root);
+        const struct tr_json *norm = tr_json_get(root, "normalizer");
+        rc = load_model(t, root, err);
+        if (rc == TR_OK && norm && norm->type != TR_JSON_NULL)
+            rc = norm_one(t, norm, 0, err);
+        if (rc == TR_OK)
+            rc = added_prepare(t, err);
+        if (rc == TR_OK)
+            rc = load_pretok(t, root, err);
+        if (rc == TR_OK)
+            rc = load_decoder(t, root, err);
+        if (rc == TR_OK)
+            rc = load_post(t, root, err);
+    }
     tr_json_free(root);
     if (rc != TR_OK) {
         tr_tokenizer_free(t);
@@ -705,7 +1305,145 @@ static void out_push(struct out *o, int32_t id)
     o->ids[o->n++] = id;
 }
 
-static void bpe_word(struct tr_tokenizer *t, const char *w, size_t n, struct out *o)
+static void heap_push(struct tr_tokenizer *t, size_t *n, struct merge m)
+{
+    if (*n == t->heap_cap)
+        t->heap = tr_xrealloc(t->heap, (t->heap_cap = t->heap_cap ? 2 * t->heap_cap : 256) * sizeof *t->heap);
+    struct merge *h = t->heap;
+    size_t i = (*n)++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (h[p].rank < m.rank || (h[p].rank == m.rank && h[p].pos <= m.pos))
+            break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = m;
+}
+
+static struct merge heap_pop(struct tr_tokenizer *t, size_t *n)
+{
+    struct merge *h = t->heap, top = h[0], last = h[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n)
+            break;
+        if (c + 1 < *n && (h[c + 1].rank < h[c].rank || (h[c + 1].rank == h[c].rank && h[c + 1].pos < h[c].pos)))
+            c++;
+        if (last.rank < h[c].rank || (last.rank == h[c].rank && last.pos <= h[c].pos))
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n)
+        h[i] = last;
+    return top;
+}
+
+static const struct ment *merge_of(const struct tr_tokenizer *t, int32_t a, int32_t b)
+{
+    const struct ment *e = mmap_slot(&t->merges, pair_key(a, b));
+    return e->key ? e : NULL;
+}
+
+/* The library's Word::merge_all: the candidate merge of lowest rank, leftmost among equal
+ * ranks, is applied first; a candidate whose symbols changed since it was queued is skipped. */
+static void merge_all(struct tr_tokenizer *t, size_t m, struct out *o)
+{
+    struct sym *s = t->sym;
+    size_t nheap = 0;
+    for (size_t i = 0; i < m; i++) {
+        s[i].prev = (int32_t)i - 1;
+        s[i].next = i + 1 < m ? (int32_t)i + 1 : -1;
+        s[i].alive = 1;
+    }
+    for (size_t i = 0; i + 1 < m; i++) {
+        const struct ment *e = merge_of(t, s[i].id, s[i + 1].id);
+        if (e)
+            heap_push(t, &nheap, (struct merge){ e->rank, (int32_t)i, e->id });
+    }
+    while (nheap) {
+        struct merge top = heap_pop(t, &nheap);
+        struct sym *cur = &s[top.pos];
+        if (!cur->alive || cur->next < 0)
+            continue;
+        struct sym *right = &s[cur->next];
+        const struct ment *e = merge_of(t, cur->id, right->id);
+        if (!e || e->id != top.id)
+            continue;
+        cur->id = top.id;
+        right->alive = 0;
+        cur->next = right->next;
+        if (right->next >= 0)
+            s[right->next].prev = top.pos;
+        if (cur->prev >= 0 && (e = merge_of(t, s[cur->prev].id, cur->id)))
+            heap_push(t, &nheap, (struct merge){ e->rank, cur->prev, e->id });
+        if (cur->next >= 0 && (e = merge_of(t, cur->id, s[cur->next].id)))
+            heap_push(t, &nheap, (struct merge){ e->rank, top.pos, e->id });
+    }
+    for (int32_t i = m ? 0 : -1; i >= 0; i = s[i].next)
+        out_push(o, s[i].id);
+}
+
+/* The symbols of a word, as the library's BPE::merge_word makes them: each character (each
+ * byte's character for byte-level files) that is in the vocabulary is a symbol; one that is
+ * not becomes its <0xNN> byte tokens (byte_fallback, when all are there), else the unknown
+ * token (runs of them fused into one with fuse_unk; a pending unknown is added at the next
+ * known character, after any byte tokens, as the library does), else nothing. */
+static int symbols(struct tr_tokenizer *t, const char *w, size_t n, size_t *count, tr_err *err)
+{
+    if (n + 1 > t->sym_cap)
+        t->sym = tr_xrealloc(t->sym, (t->sym_cap = 2 * n + 64) * sizeof *t->sym);
+    struct sym *s = t->sym;
+    size_t m = 0;
+    int unk = 0;
+    for (size_t i = 0; i < n;) {
+        size_t k = 1;
+        int32_t id;
+        if (t->byte_level) {
+            id = t->byte_id[(unsigned char)w[i]];
+        } else {
+            uint32_t cp;
+            k = utf8_at(w, n, i, &cp);
+            id = smap_get(&t->vocab, w + i, k);
+        }
+        if (id >= 0) {
+            if (unk)
+                s[m++].id = t->unk_id;
+            unk = 0;
+            s[m++].id = id;
+            i += k;
+            continue;
+        }
+        if (t->byte_fallback) {
+            size_t j = 0;
+            while (j < k && t->fallback_id[(unsigned char)w[i + j]] >= 0)
+                j++;
+            if (j == k) {
+                for (j = 0; j < k; j++)
+                    s[m++].id = t->fallback_id[(unsigned char)w[i + j]];
+                i += k;
+                continue;
+            }
+        }
+        if (t->unk_missing)
+            return tr_fail(err, "%s: the text has a character the vocabulary lacks, and the unknown token "
+                           "\"%s\" the file names is not in the vocabulary either", t->name, t->unk_missing);
+        if (t->unk_id >= 0) {
+            if (unk && !t->fuse_unk)
+                s[m++].id = t->unk_id;
+            unk = 1;
+        }
+        i += k;
+    }
+    if (unk)
+        s[m++].id = t->unk_id;
+    *count = m;
+    return TR_OK;
+}
+
+static int model_chunk(struct tr_tokenizer *t, const char *w, size_t n, struct out *o, tr_err *err)
 {
     int cacheable = n <= CACHE_MAX_WORD;
     struct cached *slot = NULL;
@@ -716,61 +1454,36 @@ static void bpe_word(struct tr_tokenizer *t, const char *w, size_t n, struct out
         if (t->cache[i].word) {
             for (uint32_t k = 0; k < t->cache[i].nids; k++)
                 out_push(o, t->cache[i].ids[k]);
-            return;
+            return TR_OK;
         }
         if (t->cache_used < CACHE_MAX_ENTRIES)
             slot = &t->cache[i];
     }
     size_t start = o->n;
-    if (t->ignore_merges) {
-        if (2 * n > t->bl_cap)
-            t->bl = tr_xrealloc(t->bl, t->bl_cap = 2 * n + 64);
+    int32_t whole = -1;
+    if (t->ignore_merges) { /* a word that is a token is that token */
+        if (t->byte_level) {
+            if (2 * n > t->bl_cap)
+                t->bl = tr_xrealloc(t->bl, t->bl_cap = 2 * n + 64);
+            size_t m = 0;
+            for (size_t i = 0; i < n; i++) {
+                unsigned char b = (unsigned char)w[i];
+                memcpy(t->bl + m, t->byte_char[b], t->byte_char_len[b]);
+                m += t->byte_char_len[b];
+            }
+            whole = smap_get(&t->vocab, t->bl, m);
+        } else {
+            whole = smap_get(&t->vocab, w, n);
+        }
+    }
+    if (whole >= 0) {
+        out_push(o, whole);
+    } else {
         size_t m = 0;
-        for (size_t i = 0; i < n; i++) {
-            unsigned char b = (unsigned char)w[i];
-            memcpy(t->bl + m, t->byte_char[b], t->byte_char_len[b]);
-            m += t->byte_char_len[b];
-        }
-        int32_t id = smap_get(&t->vocab, t->bl, m);
-        if (id >= 0) {
-            out_push(o, id);
-            goto done;
-        }
+        if (symbols(t, w, n, &m, err))
+            return TR_ERROR;
+        merge_all(t, m, o);
     }
-    if (n > t->sym_cap)
-        t->sym = tr_xrealloc(t->sym, (t->sym_cap = n + 64) * sizeof *t->sym);
-    int32_t *s = t->sym;
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++)
-        if (t->byte_id[(unsigned char)w[i]] >= 0) /* no symbol: dropped, as with no unk token */
-            s[m++] = t->byte_id[(unsigned char)w[i]];
-    while (m > 1) {
-        int32_t best = INT32_MAX, best_id = -1;
-        uint64_t best_key = 0;
-        for (size_t i = 0; i + 1 < m; i++) {
-            struct ment *e = mmap_slot(&t->merges, pair_key(s[i], s[i + 1]));
-            if (e->key && e->rank < best) {
-                best = e->rank;
-                best_id = e->id;
-                best_key = e->key;
-            }
-        }
-        if (best_id < 0)
-            break;
-        size_t j = 0;
-        for (size_t i = 0; i < m;) {
-            if (i + 1 < m && pair_key(s[i], s[i + 1]) == best_key) {
-                s[j++] = best_id;
-                i += 2;
-            } else {
-                s[j++] = s[i++];
-            }
-        }
-        m = j;
-    }
-    for (size_t i = 0; i < m; i++)
-        out_push(o, s[i]);
-done:
     if (slot) {
         slot->word = tr_xcalloc(n + 1, 1);
         memcpy(slot->word, w, n);
@@ -780,6 +1493,40 @@ done:
         memcpy(slot->ids, o->ids + start, slot->nids * sizeof *slot->ids);
         t->cache_used++;
     }
+    return TR_OK;
+}
+
+/* A word; a long one on characters in chunks (see tr_tokenizer.chunks): Llama 2's files have
+ * no pre-tokenizer, so a whole document would otherwise be one word. */
+static int model_word(struct tr_tokenizer *t, const char *w, size_t n, struct out *o, tr_err *err)
+{
+    if (!t->chunks || n <= CACHE_MAX_WORD)
+        return model_chunk(t, w, n, o, err);
+    size_t from = 0, prev = 0; /* prev: where the character before i starts */
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t k = utf8_at(w, n, i, &cp);
+        if (i > from && k == 3 && memcmp(w + i, SPACE_MARK, 3) == 0 &&
+            smap_get(&t->vocab, w + prev, i - prev) >= 0 && smap_get(&t->no_cut, w + prev, i - prev) < 0) {
+            if (model_chunk(t, w + from, i - from, o, err))
+                return TR_ERROR;
+            from = i;
+        }
+        prev = i;
+        i += k;
+    }
+    return model_chunk(t, w + from, n - from, o, err);
+}
+
+static int word(struct tr_tokenizer *t, const char *w, size_t n, struct out *o, tr_err *err)
+{
+    if (!n)
+        return TR_OK;
+    if (t->word_fn) {
+        t->word_fn(t->word_ctx, w, n);
+        return TR_OK;
+    }
+    return model_word(t, w, n, o, err);
 }
 
 static int split(struct tr_tokenizer *t, int k, const char *s, size_t n, struct out *o, tr_err *err);
@@ -790,11 +1537,7 @@ static int piece(struct tr_tokenizer *t, int k, const char *s, size_t n, struct 
         return TR_OK;
     if (k + 1 < t->nsteps)
         return split(t, k + 1, s, n, o, err);
-    if (t->word_fn)
-        t->word_fn(t->word_ctx, s, n);
-    else
-        bpe_word(t, s, n, o);
-    return TR_OK;
+    return word(t, s, n, o, err);
 }
 
 /* Step k: matches and the stretches between them are pieces ("Isolated"). */
@@ -830,6 +1573,96 @@ static int split(struct tr_tokenizer *t, int k, const char *s, size_t n, struct 
     return piece(t, k, s + last, n - last, o, err);
 }
 
+/* The Metaspace pre-tokenizer: spaces become the replacement; one is prepended unless the
+ * text starts with it ("always"; "first" only for the stretch at the start of the input);
+ * with split, each replacement starts a new word. */
+static int metaspace(struct tr_tokenizer *t, const char *s, size_t n, int first, struct out *o, tr_err *err)
+{
+    struct buf *b = &t->ms;
+    const char *r = t->ms_repl;
+    size_t rn = t->ms_len;
+    b->n = 0;
+    buf_reserve(b, n + n / 2 + rn);
+    int starts = s[0] == ' ' || (n >= rn && memcmp(s, r, rn) == 0);
+    if (!starts && (t->ms_scheme == PREPEND_ALWAYS || (t->ms_scheme == PREPEND_FIRST && first)))
+        buf_add(b, r, rn);
+    size_t last = 0;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] == ' ') {
+            buf_add(b, s + last, i - last);
+            buf_add(b, r, rn);
+            last = i + 1;
+        }
+    buf_add(b, s + last, n - last);
+    if (!t->ms_split)
+        return word(t, b->p, b->n, o, err);
+    size_t from = 0;
+    for (size_t i = 1; i + rn <= b->n; i++)
+        if ((unsigned char)b->p[i] == (unsigned char)r[0] && memcmp(b->p + i, r, rn) == 0) {
+            if (word(t, b->p + from, i - from, o, err))
+                return TR_ERROR;
+            from = i;
+        }
+    return word(t, b->p + from, b->n - from, o, err);
+}
+
+/* A stretch after normalization and the normalized added tokens: pre-tokenizer, then BPE.
+ * first: it starts the input (Metaspace's "first"). */
+static int pretok(struct tr_tokenizer *t, const char *s, size_t n, int first, struct out *o, tr_err *err)
+{
+    if (!n)
+        return TR_OK;
+    if (t->byte_level)
+        return split(t, 0, s, n, o, err);
+    if (t->metaspace)
+        return metaspace(t, s, n, first, o, err);
+    return word(t, s, n, o, err);
+}
+
+/* The leftmost-longest added token of one kind (normalized or not) in s[from..n); NULL if none. */
+static const struct added *next_added(const struct tr_tokenizer *t, int normalized, const char *s, size_t n,
+                                      size_t from, size_t *at)
+{
+    const uint8_t *first = normalized ? t->first_norm : t->first_raw;
+    for (size_t i = from; i < n; i++) {
+        if (!first[(unsigned char)s[i]])
+            continue;
+        const struct added *best = NULL;
+        for (size_t k = 0; k < t->nadded; k++) {
+            const struct added *a = &t->added[k];
+            if (a->normalized == normalized && a->nn && a->nn <= n - i && memcmp(s + i, a->ns, a->nn) == 0 &&
+                (!best || a->nn > best->nn))
+                best = a;
+        }
+        if (best) {
+            *at = i;
+            return best;
+        }
+    }
+    return NULL;
+}
+
+/* A stretch of the input between added tokens that are not normalized. */
+static int encode_piece(struct tr_tokenizer *t, const char *s, size_t n, int at_start, struct out *o,
+                        tr_err *err)
+{
+    const char *p = s;
+    size_t m = n;
+    if (t->nnorms && normalize(t, s, n, &p, &m, err))
+        return TR_ERROR;
+    size_t pos = 0;
+    for (;;) {
+        size_t at = m;
+        const struct added *a = t->nadded_norm ? next_added(t, 1, p, m, pos, &at) : NULL;
+        if (pretok(t, p + pos, at - pos, at_start && pos == 0, o, err))
+            return TR_ERROR;
+        if (!a)
+            return TR_OK;
+        out_push(o, a->id);
+        pos = at + a->nn;
+    }
+}
+
 int tr_tokenizer_encode(struct tr_tokenizer *t, const char *text, size_t len, int32_t **ids,
                         size_t *n, tr_err *err)
 {
@@ -839,33 +1672,39 @@ int tr_tokenizer_encode(struct tr_tokenizer *t, const char *text, size_t len, in
     if (ok != len)
         return tr_fail(err, "text to encode is not valid UTF-8 at byte %zu", ok);
     struct out o = { 0 };
-    size_t last = 0;
-    for (size_t i = 0; i < len; i++) {
-        if (!t->added_first[(unsigned char)text[i]])
-            continue;
-        const struct added *best = NULL;
-        for (size_t k = 0; k < t->nadded; k++) {
-            const struct added *a = &t->added[k];
-            if (a->n <= len - i && memcmp(text + i, a->s, a->n) == 0 && (!best || a->n > best->n))
-                best = a;
-        }
-        if (!best)
-            continue;
-        if (split(t, 0, text + last, i - last, &o, err)) {
+    size_t pos = 0;
+    for (;;) {
+        size_t at = len;
+        const struct added *a = next_added(t, 0, text, len, pos, &at);
+        if (at > pos && encode_piece(t, text + pos, at - pos, pos == 0, &o, err)) {
             free(o.ids);
             return TR_ERROR;
         }
-        out_push(&o, best->id);
-        i += best->n - 1;
-        last = i + 1;
-    }
-    if (split(t, 0, text + last, len - last, &o, err)) {
-        free(o.ids);
-        return TR_ERROR;
+        if (!a)
+            break;
+        out_push(&o, a->id);
+        pos = at + a->nn;
     }
     *ids = o.ids ? o.ids : tr_xcalloc(1, sizeof **ids);
     *n = o.n;
     return TR_OK;
+}
+
+int tr_tokenizer_pretokenize(struct tr_tokenizer *t, const char *text, size_t len,
+                             void (*word)(void *ctx, const char *w, size_t n), void *ctx,
+                             tr_err *err)
+{
+    /* encode's own path, with the words handed out instead of merged: the same
+     * special-token cuts and pre-tokenizer chain by construction */
+    t->word_fn = word;
+    t->word_ctx = ctx;
+    int32_t *ids;
+    size_t n;
+    int rc = tr_tokenizer_encode(t, text, len, &ids, &n, err);
+    free(ids);
+    t->word_fn = NULL;
+    t->word_ctx = NULL;
+    return rc;
 }
 
 int32_t tr_tokenizer_bos_id(const struct tr_tokenizer *t) { return t->nbefore ? t->before[0] : -1; }
@@ -892,21 +1731,175 @@ int tr_tokenizer_encode_ex(struct tr_tokenizer *t, const char *text, size_t len,
     return TR_OK;
 }
 
-int tr_tokenizer_pretokenize(struct tr_tokenizer *t, const char *text, size_t len,
-                             void (*word)(void *ctx, const char *w, size_t n), void *ctx,
-                             tr_err *err)
+
+/* ---- decode ------------------------------------------------------------ */
+
+struct strs { struct buf *s; size_t n; };
+
+static void strs_free(struct strs *l)
 {
-    /* encode's own path, with the words handed out instead of merged: the same
-     * special-token cuts and pre-tokenizer chain by construction */
-    t->word_fn = word;
-    t->word_ctx = ctx;
-    int32_t *ids;
-    size_t n;
-    int rc = tr_tokenizer_encode(t, text, len, &ids, &n, err);
-    free(ids);
-    t->word_fn = NULL;
-    t->word_ctx = NULL;
-    return rc;
+    for (size_t i = 0; i < l->n; i++)
+        free(l->s[i].p);
+    free(l->s);
+    l->s = NULL;
+    l->n = 0;
+}
+
+/* moves b in */
+static void strs_push(struct strs *l, struct buf b)
+{
+    l->s = tr_xrealloc(l->s, (l->n + 1) * sizeof *l->s);
+    l->s[l->n++] = b;
+}
+
+/* a new empty string */
+static struct buf *strs_add(struct strs *l)
+{
+    l->s = tr_xrealloc(l->s, (l->n + 1) * sizeof *l->s);
+    l->s[l->n] = (struct buf){ 0 };
+    buf_reserve(&l->s[l->n], 0);
+    l->s[l->n].p[0] = 0;
+    return &l->s[l->n++];
+}
+
+static int hex(int c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* "<0xNN>" -> NN as Rust's u8::from_str_radix(NN, 16) reads it (which takes "+F" too); -1 if not */
+static int byte_token(const struct buf *b)
+{
+    const char *p = b->p;
+    if (b->n != 6 || memcmp(p, "<0x", 3) != 0 || p[5] != '>')
+        return -1;
+    if (p[3] == '+')
+        return hex(p[4]);
+    return hex(p[3]) < 0 || hex(p[4]) < 0 ? -1 : hex(p[3]) * 16 + hex(p[4]);
+}
+
+/* ByteFallback: runs of <0xNN> tokens become their bytes when those are valid UTF-8, else one
+ * U+FFFD per byte. */
+static void byte_fallback(struct strs *l)
+{
+    struct strs r = { 0 };
+    struct buf run = { 0 };
+    size_t nrun = 0;
+    for (size_t i = 0; i <= l->n; i++) {
+        int b = i < l->n ? byte_token(&l->s[i]) : -1;
+        if (b >= 0) {
+            char c = (char)b;
+            buf_add(&run, &c, 1);
+            nrun++;
+            continue;
+        }
+        if (nrun) {
+            if (utf8_valid(run.p, run.n) == run.n)
+                buf_add(strs_add(&r), run.p, run.n);
+            else
+                for (size_t k = 0; k < nrun; k++)
+                    buf_add(strs_add(&r), "\xef\xbf\xbd", 3);
+            run.n = nrun = 0;
+        }
+        if (i < l->n) {
+            strs_push(&r, l->s[i]);
+            l->s[i] = (struct buf){ 0 };
+        }
+    }
+    free(run.p);
+    strs_free(l);
+    *l = r;
+}
+
+/* The decoder chain over the token strings, as the library's decode_chain; then joined. */
+static int decode_chain(const struct tr_tokenizer *t, const int32_t *ids, size_t n, char **out, size_t *len,
+                        tr_err *err)
+{
+    struct strs l = { 0 };
+    for (size_t i = 0; i < n; i++)
+        buf_add(strs_add(&l), t->bytes[ids[i]], t->nbytes[ids[i]]);
+    struct buf tmp = { 0 };
+    for (int k = 0; k < t->ndecs; k++) {
+        const struct dec *d = &t->dec[k];
+        if (d->kind == D_BYTE_FALLBACK) {
+            byte_fallback(&l);
+        } else if (d->kind == D_FUSE) {
+            struct buf all = { 0 };
+            buf_reserve(&all, 0);
+            all.p[0] = 0;
+            for (size_t i = 0; i < l.n; i++)
+                buf_add(&all, l.s[i].p, l.s[i].n);
+            strs_free(&l);
+            strs_push(&l, all);
+        } else if (d->kind == D_REPLACE) {
+            pcre2_match_data *md = pcre2_match_data_create_from_pattern(d->re, NULL);
+            for (size_t i = 0; i < l.n; i++) {
+                /* token strings from the file may not be valid UTF-8: PCRE2 must check */
+                if (utf8_valid(l.s[i].p, l.s[i].n) != l.s[i].n)
+                    continue;
+                if (replace_all(t, d->re, md, l.s[i].p, l.s[i].n, d->text, d->ntext, &tmp, err)) {
+                    pcre2_match_data_free(md);
+                    free(tmp.p);
+                    strs_free(&l);
+                    return TR_ERROR;
+                }
+                struct buf swap = l.s[i];
+                l.s[i] = tmp;
+                tmp = swap;
+            }
+            pcre2_match_data_free(md);
+        } else { /* Strip and Metaspace: character by character */
+            for (size_t i = 0; i < l.n; i++) {
+                const char *s = l.s[i].p;
+                size_t m = l.s[i].n, a = 0, b = m;
+                uint32_t cp;
+                tmp.n = 0;
+                buf_reserve(&tmp, m);
+                if (d->kind == D_STRIP) {
+                    for (size_t c = 0; c < d->start && a < m; c++) {
+                        size_t kk = utf8_at(s, m, a, &cp);
+                        if (cp != d->ch)
+                            break;
+                        a += kk;
+                    }
+                    for (size_t c = 0; c < d->stop && b > a; c++) {
+                        size_t j = b - 1;
+                        while (j > a && ((unsigned char)s[j] & 0xC0) == 0x80)
+                            j--;
+                        utf8_at(s, m, j, &cp);
+                        if (cp != d->ch)
+                            break;
+                        b = j;
+                    }
+                    buf_add(&tmp, s + a, b - a);
+                } else {
+                    /* the replacement is a space again; in the first token it is dropped
+                     * (it was prepended) unless the scheme is "never" */
+                    for (size_t j = 0; j < m;) {
+                        size_t kk = utf8_at(s, m, j, &cp);
+                        if (cp != d->ch)
+                            buf_add(&tmp, s + j, kk);
+                        else if (i != 0 || d->never)
+                            buf_add(&tmp, " ", 1);
+                        j += kk;
+                    }
+                }
+                struct buf swap = l.s[i];
+                l.s[i] = tmp;
+                tmp = swap;
+            }
+        }
+    }
+    free(tmp.p);
+    struct buf all = { 0 };
+    buf_reserve(&all, 0);
+    all.p[0] = 0;
+    for (size_t i = 0; i < l.n; i++)
+        buf_add(&all, l.s[i].p, l.s[i].n);
+    strs_free(&l);
+    *out = all.p;
+    *len = all.n;
+    return TR_OK;
 }
 
 int tr_tokenizer_decode(const struct tr_tokenizer *t, const int32_t *ids, size_t n, char **out,
@@ -920,6 +1913,8 @@ int tr_tokenizer_decode(const struct tr_tokenizer *t, const int32_t *ids, size_t
             return tr_fail(err, "id %d (at %zu) is not in %s's vocabulary", (int)ids[i], i, t->name);
         total += t->nbytes[ids[i]];
     }
+    if (!t->byte_level)
+        return decode_chain(t, ids, n, out, len, err);
     char *s = tr_xcalloc(total + 1, 1);
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {

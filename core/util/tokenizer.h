@@ -1,6 +1,8 @@
-/* Tokenizers read from a Hugging Face tokenizer.json: byte-level BPE (GPT-2, Llama 3,
- * Qwen, SmolLM style).  Ids agree with the `tokenizers` library for the same file;
- * decode(encode(x)) == x.  Other models are refused with a "not supported yet" error. */
+/* Tokenizers read from a Hugging Face tokenizer.json: BPE, byte-level (GPT-2, Llama 3, Qwen,
+ * SmolLM style) or on characters with <0xNN> byte fallback (SentencePiece style: Llama 2,
+ * Mistral), with the file's normalizers, pre-tokenizer, post-processor and decoder.  Ids
+ * and decodes agree with the `tokenizers` library for the same file (docs/tokenizers.md);
+ * anything else is refused with a "not supported yet: ..." error naming it and the file. */
 #ifndef TR_TOKENIZER_H
 #define TR_TOKENIZER_H
 
@@ -42,7 +44,11 @@ int tr_tokenizer_encode_ex(struct tr_tokenizer *t, const char *text, size_t len,
 int tr_tokenizer_pretokenize(struct tr_tokenizer *t, const char *text, size_t len,
                              void (*word)(void *ctx, const char *w, size_t n), void *ctx,
                              tr_err *err);
-/* ids -> bytes, newly allocated and NUL-terminated in *out (free()); special tokens kept. */
+/* ids -> text, newly allocated and NUL-terminated in *out (free()); special tokens kept, as
+ * `decode(ids, skip_special_tokens=False)`.  Byte-level files give each id's bytes,
+ * concatenated (so a prefix of the ids gives a prefix of the bytes); the others run the
+ * file's decoder over the whole sequence, which may differ from decoding piece by piece
+ * (Llama 2's strips one leading space of the whole text). */
 int tr_tokenizer_decode(const struct tr_tokenizer *t, const int32_t *ids, size_t n, char **out,
                         size_t *len, tr_err *err);
 
