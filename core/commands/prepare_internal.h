@@ -21,6 +21,8 @@ struct prepare_opts {
     const char *out_dir;
     const char *format;        /* "text", "csv", or NULL: from the inputs' names */
     const char *tokenizer;     /* "byte", "char" or the path of a tokenizer.json */
+    uint64_t train_tokenizer;  /* --train-tokenizer N: a BPE of N tokens trained into
+                                  OUTDIR/tokenizer.json, which tokenizer then names; 0: none */
     const char *text_field;    /* JSONL: the string field holding a document */
     const char *eos;           /* tokenizer.json: the token after each document,
                                   "none", or NULL (found in the files) */

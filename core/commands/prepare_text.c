@@ -541,6 +541,18 @@ static int prepare_text(const struct prepare_opts *o, struct input *inputs)
         workers = o->workers ? o->workers : online_cpus();
         if ((size_t)workers > kept)
             workers = (int)kept;
+        /* --train-tokenizer: the tokenizer.json comes from the training documents */
+        if (o->train_tokenizer) {
+            if (tr_mkdir_p(o->out_dir) != 0) {
+                rc = tr_prepare_fail("cannot create the output directory %s: %s", o->out_dir,
+                                     strerror(errno));
+                goto out;
+            }
+            if ((rc = tr_prepare_claim_out_dir(o->out_dir)) != 0 ||
+                (rc = tr_prepare_train_tokenizer(o->out_dir, o->train_tokenizer, &d, val_from,
+                                                 (const char *const *)o->inputs)) != 0)
+                goto out;
+        }
         if ((rc = tr_prepare_tokenizer_load(&tokenizer, o, workers)) != 0) {
             tr_prepare_tokenizer_free(&tokenizer);
             goto out;
