@@ -49,14 +49,16 @@ static void usage(FILE *out)
             "       trainrun export CHECKPOINT --format hf [--dtype bf16|fp16|fp32] -o DIR\n"
             "                                                    a Hugging Face model directory (config.json +\n"
             "                                                    model.safetensors) of a llama or gpt run\n"
-            "       trainrun prepare INPUT... -o OUTDIR [--dedup exact|near|none] ...\n"
-            "                                                    tokenise and shard once (see docs/data.md)\n"
+            "       trainrun prepare INPUT... -o OUTDIR [--tokenizer byte|char|tokenizer.json]\n"
+            "                        [--workers N] [--dedup exact|near|none] ...\n"
+            "                                                    .txt or .jsonl (.gz, .zst) to token\n"
+            "                                                    shards, once (help prepare)\n"
             "       trainrun report RUN_DIR [-o OUTDIR]           plots of a run (PNG + index.html)\n"
             "       trainrun topo [--threads N] [--workers N] [--topology synthetic:DESC|xml:FILE]\n"
             "                     [procs=N|gpus=N]               where threads (of each rank) will run\n"
             "       trainrun doctor                              what this machine can run: CPU features,\n"
             "                                                    backends (and why one is unavailable), plugins\n"
-            "       trainrun help [recipe|eval|sample]           this text, the recipe reference, or a\n"
+            "       trainrun help [recipe|eval|sample|prepare]   this text, the recipe reference, or a\n"
             "                                                    command's own help\n"
             "       trainrun version\n"
             "\n"
@@ -594,6 +596,8 @@ int main(int argc, char **argv)
             tr_eval_help(stdout);
         else if (argc > 2 && strcmp(argv[2], "sample") == 0)
             sample_help(stdout);
+        else if (argc > 2 && strcmp(argv[2], "prepare") == 0)
+            tr_prepare_help(stdout);
         else
             usage(stdout);
         return TR_EXIT_OK;

@@ -102,6 +102,9 @@ same_shards() {
 for w in "--tokenizer byte|char|FILE" "--text-field" "--eos" "--workers" "--skip-bad-records" ".jsonl" "zstd"; do
   grep -q -- "$w" help.txt || fail "prepare --help does not mention $w"
 done
+"$TRAINRUN" help prepare | cmp -s - help.txt || fail "trainrun help prepare is not prepare --help"
+"$TRAINRUN" help | grep -q "help \[.*prepare" || fail "trainrun help does not offer help prepare"
+grep -q -- "--tokenizer PATH/tokenizer.json" "$TR_SRCDIR/docs/data.md" || fail "docs/data.md does not describe --tokenizer FILE"
 
 # ---- .txt, .jsonl, .jsonl.gz and .jsonl.zst: the same shards ---------------------
 cp "$DOCS/docs.txt" "$DOCS/docs.jsonl" "$DOCS/docs.jsonl.zst" .
