@@ -46,6 +46,11 @@ void tr_prepare_help(FILE *out)
             "                           bytes of the kept documents, sorted; FILE: a Hugging\n"
             "                           Face tokenizer.json (byte-level BPE), copied into\n"
             "                           OUTDIR with the tokenizer_config.json beside it\n"
+            "  --train-tokenizer N      train a byte-level BPE of N tokens (<|endoftext|>,\n"
+            "                           the 256 bytes, merges; at least 257) on the training\n"
+            "                           documents (after dedup, without the validation ones),\n"
+            "                           write it as OUTDIR/tokenizer.json and encode with it\n"
+            "                           (as the tokenizers library's BpeTrainer would)\n"
             "  --eos TOKEN|none         tokenizer.json: the token after each document\n"
             "                           (default: tokenizer_config.json's eos_token, else\n"
             "                           <|endoftext|>, <|end_of_text|> or </s>)\n"
@@ -248,7 +253,8 @@ static int parse_args(int argc, char **argv, struct prepare_opts *o, int *help)
         static const char *const known[] = {"-o", "--out", "--format", "--tokenizer", "--dedup",
                                             "--doc-separator", "--shard-tokens",
                                             "--val-fraction", "--near-threshold",
-                                            "--text-field", "--eos", "--workers"};
+                                            "--text-field", "--eos", "--workers",
+                                            "--train-tokenizer"};
         char name[64];
         const char *value;
         const char *eq = strchr(a, '=');
@@ -284,6 +290,16 @@ static int parse_args(int argc, char **argv, struct prepare_opts *o, int *help)
                 return TR_EXIT_USAGE;
             }
             o->tokenizer = value;
+        } else if (strcmp(name, "--train-tokenizer") == 0) {
+            errno = 0;
+            unsigned long long v = strtoull(value, &end, 10);
+            if (end == value || *end || errno || value[0] == '-' || v < 257 || v > (1u << 24)) {
+                fprintf(stderr, "trainrun prepare: error: --train-tokenizer must be a vocabulary "
+                                "size from 257 (<|endoftext|> and the 256 bytes) to %u, not '%s'\n",
+                        1u << 24, value);
+                return TR_EXIT_USAGE;
+            }
+            o->train_tokenizer = v;
         } else if (strcmp(name, "--text-field") == 0) {
             if (!*value) {
                 fprintf(stderr, "trainrun prepare: error: --text-field needs a field name\n");
@@ -386,6 +402,19 @@ int tr_prepare_main(int argc, char **argv)
         o.format = all_csv ? "csv" : "text";
     }
 
+    char *trained = NULL;
+    if (o.train_tokenizer) {
+        if (strcmp(o.format, "csv") == 0 || strcmp(o.tokenizer, "byte") != 0) {
+            fprintf(stderr, "trainrun prepare: error: --train-tokenizer makes the tokenizer of "
+                            "text inputs: leave out %s\n",
+                    strcmp(o.format, "csv") == 0 ? "--format csv (or the .csv inputs)" : "--tokenizer");
+            free(o.inputs);
+            return TR_EXIT_USAGE;
+        }
+        /* the trained file, then the tokenizer.json path as for --tokenizer FILE */
+        o.tokenizer = trained = tr_xasprintf("%s/tokenizer.json", o.out_dir);
+    }
+
     if (o.eos && (strcmp(o.format, "csv") == 0 || strcmp(o.tokenizer, "byte") == 0 ||
                   strcmp(o.tokenizer, "char") == 0)) {
         fprintf(stderr, "trainrun prepare: error: --eos goes with --tokenizer FILE (a "
@@ -402,6 +431,7 @@ int tr_prepare_main(int argc, char **argv)
     }
 
     int rc = tr_prepare_text(&o);
+    free(trained);
     free(o.inputs);
     return rc == 0 ? TR_EXIT_OK : TR_EXIT_ERROR;
 }
