@@ -287,6 +287,64 @@ static void check_fixture(const char *file, const char *name)
     tr_tokenizer_free(t);
 }
 
+/* Streaming: the pieces decode_next gives, one id at a time, add up to decode of them all
+ * (the Llama 2 layout strips the first space, byte tokens come as bytes until complete). */
+static void check_stream(const char *file)
+{
+    tr_err err = { { 0 } };
+    struct tr_tokenizer *t = tr_tokenizer_load(file, &err);
+    cr_assert(t, "%s", err.msg);
+    size_t len;
+    char *text = text_all(&len);
+    int32_t *ids;
+    size_t n;
+    cr_assert_eq(tr_tokenizer_encode_ex(t, text, len, 1, &ids, &n, &err), 0, "%s", err.msg);
+    char *whole;
+    size_t nwhole;
+    cr_assert_eq(tr_tokenizer_decode(t, ids, n, &whole, &nwhole, &err), 0, "%s", err.msg);
+    char *joined = calloc(nwhole + 1, 1);
+    size_t at = 0;
+    for (size_t i = 1; i <= n; i++) {
+        char *piece;
+        size_t np;
+        cr_assert_eq(tr_tokenizer_decode_next(t, ids, i, &piece, &np, &err), 0, "%s", err.msg);
+        cr_assert_leq(at + np, nwhole, "%s: the pieces run past the decode at id %zu", file, i);
+        memcpy(joined + at, piece, np);
+        at += np;
+        free(piece);
+    }
+    cr_assert(at == nwhole && memcmp(joined, whole, nwhole) == 0, "%s: the pieces are not the decode", file);
+    free(joined);
+    free(whole);
+    free(ids);
+    free(text);
+    tr_tokenizer_free(t);
+}
+
+Test(tokenizer, decode_next_streams)
+{
+    check_stream(FIX "sp_llama2.json");
+    check_stream(FIX "sp_split_unk.json");
+    check_stream(FIX "bpe_llama3_bos.json");
+    tr_err err = { { 0 } };
+    struct tr_tokenizer *t = tr_tokenizer_load(FIX "sp_llama2.json", &err);
+    cr_assert(t, "%s", err.msg);
+    /* "中" is not in the vocabulary: three byte tokens, given as bytes one by one */
+    int32_t *ids;
+    size_t n;
+    cr_assert_eq(tr_tokenizer_encode(t, "\xe4\xb8\xad", 3, &ids, &n, &err), 0, "%s", err.msg);
+    cr_assert_eq(n, 4); /* "▁" and the three bytes */
+    for (size_t i = 2; i <= 4; i++) {
+        char *piece;
+        size_t np;
+        cr_assert_eq(tr_tokenizer_decode_next(t, ids, i, &piece, &np, &err), 0, "%s", err.msg);
+        cr_assert(np == 1 && (unsigned char)piece[0] == (unsigned char)"\xe4\xb8\xad"[i - 2]);
+        free(piece);
+    }
+    free(ids);
+    tr_tokenizer_free(t);
+}
+
 /* Qwen2's layout: NFC first (corpus_norm.txt has decomposed accents and Hangul jamo) */
 Test(tokenizer, qwen2_nfc) { check_fixture(FIX "bpe_qwen2_nfc.json", "bpe_qwen2_nfc"); }
 /* NFKD, Lowercase, Replace (regex and string), Strip, NFC, Prepend in one chain, with an

@@ -1,6 +1,8 @@
 #!/bin/sh
-# Encode speed of trainrun's byte-level BPE against the tokenizers library on the KJV,
-# one core each, and a check that the ids are identical.
+# Encode speed of trainrun's tokenizer against the tokenizers library on the KJV,
+# one core each (wall and CPU time: the CPU time moves less on a shared machine), and a
+# check that the ids are identical.  The default tokenizer.json is the byte-level test one;
+# tests/fixtures/tokenizer/sp_llama2.json measures the SentencePiece-style path.
 #   contrib/bench/tokenizer.sh PYTHON [build dir, default build/] [tokenizer.json]
 # PYTHON: an interpreter with tokenizers and numpy (tests/torch/requirements-hf.txt).
 set -e

@@ -126,7 +126,7 @@ static struct ment *mmap_slot(const struct mmap *m, uint64_t key)
 
 /* An added token: s as written; ns the normalizers' output for it when it is "normalized"
  * (matched after normalization), else s. */
-struct added { char *s; size_t n; int32_t id; int normalized; char *ns; size_t nn; };
+struct added { char *s; size_t n; int32_t id; int normalized; char *ns; size_t nn; int lstrip, rstrip; };
 
 struct cached { char *word; uint32_t n, nids; int32_t *ids; };
 
@@ -979,9 +979,8 @@ static int load_model(struct tr_tokenizer *t, const struct tr_json *root, tr_err
         if (!content || !*content || get_id(tr_json_get(a, "id"), &id))
             return tr_fail(err, "%s: added_tokens[%zu] needs a non-empty \"content\" and a valid \"id\"",
                            t->name, i);
-        if (is_true(a, "lstrip") || is_true(a, "rstrip") || is_true(a, "single_word"))
-            return tr_fail(err, "not supported yet: added token %s with lstrip, rstrip or single_word in %s",
-                           content, t->name);
+        if (is_true(a, "single_word"))
+            return tr_fail(err, "not supported yet: added token %s with single_word in %s", content, t->name);
         if (id > max)
             max = id;
     }
@@ -1025,7 +1024,8 @@ static int load_model(struct tr_tokenizer *t, const struct tr_json *root, tr_err
         const struct tr_json *nz = tr_json_get(a, "normalized");
         int normalized = nz ? nz->boolean : !is_true(a, "special");
         char *s = tr_xstrdup(content);
-        t->added[t->nadded++] = (struct added){ s, strlen(s), id, normalized, s, strlen(s) };
+        t->added[t->nadded++] = (struct added){ s, strlen(s), id, normalized, s, strlen(s),
+                                                is_true(a, "lstrip"), is_true(a, "rstrip") };
     }
 
     byte_level_map(t);
@@ -1642,6 +1642,28 @@ static const struct added *next_added(const struct tr_tokenizer *t, int normaliz
     return NULL;
 }
 
+/* An added token found at s[*start..*stop) takes in the whitespace before it (lstrip, back to
+ * from: not what an earlier token took) and after it (rstrip), as the library does. */
+static void widen(const struct added *a, const char *s, size_t n, size_t from, size_t *start, size_t *stop)
+{
+    uint32_t cp;
+    while (a->lstrip && *start > from) {
+        size_t j = *start - 1;
+        while (j > from && ((unsigned char)s[j] & 0xC0) == 0x80)
+            j--;
+        utf8_at(s, n, j, &cp);
+        if (!is_white(cp))
+            break;
+        *start = j;
+    }
+    while (a->rstrip && *stop < n) {
+        size_t k = utf8_at(s, n, *stop, &cp);
+        if (!is_white(cp))
+            break;
+        *stop += k;
+    }
+}
+
 /* A stretch of the input between added tokens that are not normalized. */
 static int encode_piece(struct tr_tokenizer *t, const char *s, size_t n, int at_start, struct out *o,
                         tr_err *err)
@@ -1654,12 +1676,15 @@ static int encode_piece(struct tr_tokenizer *t, const char *s, size_t n, int at_
     for (;;) {
         size_t at = m;
         const struct added *a = t->nadded_norm ? next_added(t, 1, p, m, pos, &at) : NULL;
+        size_t stop = a ? at + a->nn : m;
+        if (a)
+            widen(a, p, m, pos, &at, &stop);
         if (pretok(t, p + pos, at - pos, at_start && pos == 0, o, err))
             return TR_ERROR;
         if (!a)
             return TR_OK;
         out_push(o, a->id);
-        pos = at + a->nn;
+        pos = stop;
     }
 }
 
@@ -1676,6 +1701,9 @@ int tr_tokenizer_encode(struct tr_tokenizer *t, const char *text, size_t len, in
     for (;;) {
         size_t at = len;
         const struct added *a = next_added(t, 0, text, len, pos, &at);
+        size_t stop = a ? at + a->nn : len;
+        if (a)
+            widen(a, text, len, pos, &at, &stop);
         if (at > pos && encode_piece(t, text + pos, at - pos, pos == 0, &o, err)) {
             free(o.ids);
             return TR_ERROR;
@@ -1683,7 +1711,7 @@ int tr_tokenizer_encode(struct tr_tokenizer *t, const char *text, size_t len, in
         if (!a)
             break;
         out_push(&o, a->id);
-        pos = at + a->nn;
+        pos = stop;
     }
     *ids = o.ids ? o.ids : tr_xcalloc(1, sizeof **ids);
     *n = o.n;
@@ -1779,8 +1807,8 @@ static int byte_token(const struct buf *b)
 }
 
 /* ByteFallback: runs of <0xNN> tokens become their bytes when those are valid UTF-8, else one
- * U+FFFD per byte. */
-static void byte_fallback(struct strs *l)
+ * U+FFFD per byte (raw: the bytes all the same, for decode_next). */
+static void byte_fallback(struct strs *l, int raw)
 {
     struct strs r = { 0 };
     struct buf run = { 0 };
@@ -1794,7 +1822,7 @@ static void byte_fallback(struct strs *l)
             continue;
         }
         if (nrun) {
-            if (utf8_valid(run.p, run.n) == run.n)
+            if (raw || utf8_valid(run.p, run.n) == run.n)
                 buf_add(strs_add(&r), run.p, run.n);
             else
                 for (size_t k = 0; k < nrun; k++)
@@ -1812,8 +1840,8 @@ static void byte_fallback(struct strs *l)
 }
 
 /* The decoder chain over the token strings, as the library's decode_chain; then joined. */
-static int decode_chain(const struct tr_tokenizer *t, const int32_t *ids, size_t n, char **out, size_t *len,
-                        tr_err *err)
+static int decode_chain(const struct tr_tokenizer *t, const int32_t *ids, size_t n, int raw, char **out,
+                        size_t *len, tr_err *err)
 {
     struct strs l = { 0 };
     for (size_t i = 0; i < n; i++)
@@ -1822,7 +1850,7 @@ static int decode_chain(const struct tr_tokenizer *t, const int32_t *ids, size_t
     for (int k = 0; k < t->ndecs; k++) {
         const struct dec *d = &t->dec[k];
         if (d->kind == D_BYTE_FALLBACK) {
-            byte_fallback(&l);
+            byte_fallback(&l, raw);
         } else if (d->kind == D_FUSE) {
             struct buf all = { 0 };
             buf_reserve(&all, 0);
@@ -1914,7 +1942,7 @@ int tr_tokenizer_decode(const struct tr_tokenizer *t, const int32_t *ids, size_t
         total += t->nbytes[ids[i]];
     }
     if (!t->byte_level)
-        return decode_chain(t, ids, n, out, len, err);
+        return decode_chain(t, ids, n, 0, out, len, err);
     char *s = tr_xcalloc(total + 1, 1);
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
@@ -1923,5 +1951,37 @@ int tr_tokenizer_decode(const struct tr_tokenizer *t, const int32_t *ids, size_t
     }
     *out = s;
     *len = o;
+    return TR_OK;
+}
+
+int tr_tokenizer_decode_next(const struct tr_tokenizer *t, const int32_t *ids, size_t n, char **out,
+                             size_t *len, tr_err *err)
+{
+    *out = NULL;
+    *len = 0;
+    if (!n)
+        return tr_fail(err, "tr_tokenizer_decode_next needs at least one id");
+    if (t->byte_level)
+        return tr_tokenizer_decode(t, ids + n - 1, 1, out, len, err);
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || (size_t)ids[i] >= t->vocab_size || !t->bytes[ids[i]])
+            return tr_fail(err, "id %d (at %zu) is not in %s's vocabulary", (int)ids[i], i, t->name);
+    /* the decoders here (Replace, raw ByteFallback, Fuse, Strip at the start, Metaspace) only
+     * ever extend the text of a prefix, so the new text is what follows it */
+    char *all, *before;
+    size_t nall, nbefore;
+    if (decode_chain(t, ids, n, 1, &all, &nall, err))
+        return TR_ERROR;
+    if (decode_chain(t, ids, n - 1, 1, &before, &nbefore, err)) {
+        free(all);
+        return TR_ERROR;
+    }
+    size_t same = 0;
+    while (same < nbefore && same < nall && before[same] == all[same])
+        same++;
+    free(before);
+    memmove(all, all + same, nall - same + 1);
+    *out = all;
+    *len = nall - same;
     return TR_OK;
 }

@@ -52,4 +52,12 @@ int tr_tokenizer_pretokenize(struct tr_tokenizer *t, const char *text, size_t le
 int tr_tokenizer_decode(const struct tr_tokenizer *t, const int32_t *ids, size_t n, char **out,
                         size_t *len, tr_err *err);
 
+/* For printing tokens as they come: the text ids[n-1] adds after ids[0..n-1), newly
+ * allocated and NUL-terminated in *out (free()).  Concatenated, these pieces are
+ * decode(ids[0..n)), except that <0xNN> byte tokens that do not (yet) form valid UTF-8 are
+ * given as their bytes rather than as U+FFFD (the next pieces complete the character).
+ * Byte-level files: ids[n-1]'s bytes; others decode the prefix (O(n) per call). */
+int tr_tokenizer_decode_next(const struct tr_tokenizer *t, const int32_t *ids, size_t n, char **out,
+                             size_t *len, tr_err *err);
+
 #endif

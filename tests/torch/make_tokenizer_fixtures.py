@@ -46,7 +46,8 @@ def split_then_byte_level(pattern):
 CASES = ["", " ", "  ", "x", " x", "  x", "x ", "x  y", "\n", " \n x", "\t", "▁", "▁x", " ▁x", "a▁▁b",
          "<s>", "<s>x", "x<s>", "x</s>y", " <s> x", "<s> x</s>", "<unk>", "[MASK] x", " [mask]",
          "😀", " 中", "e\u0301", "İ", "ΣΑΣ", "ﬁ①", "\u00a0x\u00a0", "\u3000", "x\u2028",
-         "Hello World", "HELLO  WORLD  "]
+         "Hello World", "HELLO  WORLD  ", "x <L> y", "x  <R>  y", " [BOTH] ", "\t<L>\n<R>\n", "<R> <L>",
+         "a [both]b", "x\u3000<L>"]
 
 LLAMA2_NORMALIZER = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
 LLAMA2_DECODER = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
@@ -242,7 +243,10 @@ def main():
         normalizers.NFKD(), normalizers.Lowercase(), normalizers.Replace(Regex(r"\s+"), " "),
         normalizers.Replace(Regex(r"[0-9]+"), "#"), normalizers.Strip(left=True, right=True),
         normalizers.Replace("ss", "ß"), normalizers.NFC(), normalizers.Prepend("^")])
-    norms.add_tokens([AddedToken("[MASK]", normalized=True), AddedToken("<s>", normalized=False)])
+    norms.add_tokens([AddedToken("[MASK]", normalized=True), AddedToken("<s>", normalized=False),
+                      AddedToken("<L>", lstrip=True, normalized=False),
+                      AddedToken("[BOTH]", lstrip=True, rstrip=True, normalized=True)])
+    norms.add_special_tokens([AddedToken("<R>", rstrip=True, normalized=False)])
     save_compact(norms, os.path.join(OUT, "bpe_norms.json"))
     expect(expected, "bpe_norms", Tokenizer.from_file(os.path.join(OUT, "bpe_norms.json")), text)
 
