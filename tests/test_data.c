@@ -184,6 +184,23 @@ static void write_llmc(const char *path, uint32_t version, const uint32_t *ids, 
     free(buf);
 }
 
+/* The token count of a TRTOKENS version 2 shard with a loss mask, whose
+ * size must be the header, the uint16 tokens and the mask. */
+static uint64_t shard_count_masked(const char *path)
+{
+    size_t size;
+    unsigned char *b = (unsigned char *)read_all(path, &size);
+    struct tr_tokens_header h;
+    cr_assert_geq(size, TR_TOKENS_HEADER_BYTES);
+    cr_assert_eq(tr_tokens_header_read(b, &h), 0, "%s: bad magic", path);
+    cr_assert_eq(h.version, TR_TOKENS_VERSION_FLAGS, "%s", path);
+    cr_assert_eq(h.flags, TR_TOKENS_LOSS_MASK, "%s", path);
+    cr_assert_eq(size, TR_TOKENS_HEADER_BYTES + 2 * h.count + tr_tokens_mask_bytes(h.count),
+                 "%s: size, count and mask disagree", path);
+    free(b);
+    return h.count;
+}
+
 /* The declared token count of a TRTOKENS shard. */
 static uint64_t shard_count(const char *path)
 {
@@ -1113,4 +1130,71 @@ Test(prepare, errors_and_csv)
     cr_assert_eq(json_at(j, "rows", "duplicates_removed"), 1);
     cr_assert_eq(tr_json_number(j, "columns", 0), 3);
     tr_json_free(j);
+}
+
+/* --format instruct reads untrusted JSONL: the records cut at every few
+ * bytes, and bytes changed at random, are refused with a message or
+ * prepared, never a crash; what is prepared always counts every token as
+ * trained on or masked, and the shards hold exactly the tokens counted. */
+Test(prepare, instruct_records_refused_or_prepared_never_crash)
+{
+    const char *dir = tmp_path("tok");
+    mkdir(dir, 0755);
+    size_t size;
+    char *tok = read_all(TR_TEST_SRCDIR "/fixtures/tokenizer/bpe.json", &size);
+    write_file(tmp_path("tok/tokenizer.json"), tok, size);
+    free(tok);
+    write_text(tmp_path("tok/tokenizer_config.json"),
+               "{\"eos_token\": \"<|im_end|>\", \"chat_template\": \"{{'<|im_start|>' + "
+               "message['role'] + '\\\\n' + message['content'] + '<|im_end|>'}}\"}");
+    static const char records[] =
+        "{\"prompt\": \"In the beginning\", \"response\": \" God created\"}\n"
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"And?\"}, "
+        "{\"role\": \"assistant\", \"content\": \"The earth.\"}]}\n"
+        "{\"prompt\": \"And God said,\", \"response\": \" Let there be light.\"}\n";
+    /* tmp_path's buffers are reused: keep copies */
+    char in[512], out[512], tokenizer[512], json[512], shard[512];
+    snprintf(in, sizeof in, "%s", tmp_path("in.jsonl"));
+    snprintf(out, sizeof out, "%s", tmp_path("out"));
+    snprintf(tokenizer, sizeof tokenizer, "%s", tmp_path("tok/tokenizer.json"));
+    snprintf(json, sizeof json, "%s", tmp_path("out/prepare.json"));
+    snprintf(shard, sizeof shard, "%s", tmp_path("out/train_000000.bin"));
+    unsigned rng = 12345;
+    int prepared = 0, refused = 0;
+    for (size_t round = 0; round < 2 * sizeof records; round += 3) {
+        char text[sizeof records];
+        size_t len = sizeof records - 1;
+        memcpy(text, records, len);
+        if (round < sizeof records) {
+            len = round; /* cut */
+        } else {
+            for (int k = 0; k < 3; k++) { /* three bytes changed */
+                rng = rng * 1103515245u + 12345u;
+                text[(rng >> 8) % len] = (char)(rng >> 20);
+            }
+        }
+        write_file(in, text, len);
+        int skip = round % 2;
+        int code = prepare(in, "-o", out, "--format", "instruct", "--tokenizer", tokenizer,
+                           "--val-fraction", "0",
+                           skip ? "--skip-bad-records" : NULL, NULL);
+        cr_assert(code == 0 || code == 1, "round %zu: exit %d: %s", round, code, err_text);
+        if (code == 1) {
+            cr_assert(strstr(err_text, "trainrun prepare: error: "), "round %zu: %s", round,
+                      err_text);
+            refused++;
+            continue;
+        }
+        prepared++;
+        struct tr_json *j = read_json(json);
+        double trained = tr_json_number(j, "trained_tokens", -1);
+        double masked = tr_json_number(j, "masked_tokens", -1);
+        double tokens = json_at(j, "train", "tokens");
+        cr_assert_gt(trained, 0, "round %zu", round);
+        cr_assert_eq(trained + masked, tokens, "round %zu", round);
+        cr_assert_eq(shard_count_masked(shard), (uint64_t)tokens, "round %zu", round);
+        tr_json_free(j);
+    }
+    cr_assert_gt(prepared, 5);
+    cr_assert_gt(refused, 5);
 }

@@ -39,8 +39,16 @@ void tr_prepare_help(FILE *out)
             "CSV inputs are checked and cleaned into OUTDIR/data.csv for the csv plugin.\n"
             "\n"
             "  -o, --out DIR            output directory (created if missing)\n"
-            "  --format text|csv        default: csv when every input ends in .csv or\n"
-            "                           .csv.gz, else text\n"
+            "  --format text|csv|instruct\n"
+            "                           default: csv when every input ends in .csv or\n"
+            "                           .csv.gz, else text; instruct is never guessed:\n"
+            "                           JSONL of {\"prompt\", \"response\"} or chat\n"
+            "                           {\"messages\": [{\"role\", \"content\"}, ...]} records\n"
+            "                           into shards with a loss mask that trains on the\n"
+            "                           responses (and assistant turns) only; needs\n"
+            "                           --tokenizer FILE, and for messages the ChatML or\n"
+            "                           Llama 3 chat_template of the tokenizer_config.json\n"
+            "                           beside it (see docs/data.md, Instruction data)\n"
             "  --tokenizer byte|char|FILE\n"
             "                           byte: vocabulary 256 (default); char: the distinct\n"
             "                           bytes of the kept documents, sorted; FILE: a Hugging\n"
@@ -280,7 +288,7 @@ static int parse_args(int argc, char **argv, struct prepare_opts *o, int *help)
         if (strcmp(name, "-o") == 0 || strcmp(name, "--out") == 0) {
             o->out_dir = value;
         } else if (strcmp(name, "--format") == 0) {
-            if (!one_of(name, value, "text", "csv", NULL))
+            if (!one_of(name, value, "text", "csv", "instruct"))
                 return TR_EXIT_USAGE;
             o->format = value;
         } else if (strcmp(name, "--tokenizer") == 0) {
@@ -426,6 +434,11 @@ int tr_prepare_main(int argc, char **argv)
 
     if (strcmp(o.format, "csv") == 0) {
         code = tr_prepare_csv(&o) == 0 ? TR_EXIT_OK : TR_EXIT_ERROR;
+        free(o.inputs);
+        return code;
+    }
+    if (strcmp(o.format, "instruct") == 0) { /* never guessed from the inputs */
+        code = tr_prepare_instruct(&o) == 0 ? TR_EXIT_OK : TR_EXIT_ERROR;
         free(o.inputs);
         return code;
     }

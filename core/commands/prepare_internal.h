@@ -178,6 +178,12 @@ int tr_prepare_text(const struct prepare_opts *o);
  * prepare.json.  0 or -1 (messages on stderr). */
 int tr_prepare_csv(const struct prepare_opts *o);
 
+/* --format instruct (prepare_chat.c): prompt/response or chat messages
+ * JSONL records, encoded with o->tokenizer (a tokenizer.json), into shards
+ * with a loss mask that trains on the responses only, and prepare.json.
+ * 0 or -1 (messages on stderr). */
+int tr_prepare_instruct(const struct prepare_opts *o);
+
 /* --train-tokenizer (prepare_train.c): a byte-level BPE of `vocab` tokens trained on the kept
  * documents of d->v[0, to) (the training split), written as OUTDIR/tokenizer.json (a stale
  * tokenizer_config.json there is removed); inputs names the files for messages.  OUTDIR must
