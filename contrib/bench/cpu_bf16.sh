@@ -14,6 +14,14 @@
 #   ROUNDS   fp32/bf16 pairs (default 3)
 #   ISA      run bf16 with ONEDNN_MAX_CPU_ISA=$ISA too (e.g. AVX2: the
 #            emulated path on the same machine); default: not
+#   CLOCK    wall (default) or cpu: CPU seconds per step instead, for a
+#            machine others are loading: each precision runs WARMUP steps
+#            and WARMUP + STEPS steps, and the difference of the processes'
+#            user + system time (GNU time) is divided by STEPS; OpenMP threads
+#            sleep instead of spinning while they wait (OMP_WAIT_POLICY=
+#            passive), so the figure counts work, not waiting.  Divide by
+#            THREADS for a step's time on an idle machine (roughly: memory
+#            and cache contention still count).
 #
 # ms/step is elapsed_s at the last step minus elapsed_s at the last warm-up
 # step, over the steps between (runs/<name>/metrics.jsonl), as cpu_gpt.sh
@@ -39,8 +47,31 @@ read -r ceil_fp32 ceil_bf16 < <("$tmp/gemm_ceiling" "$THREADS" 2>"$tmp/ceiling.t
 echo "GEMM ceiling (oneDNN, 2048^3): fp32 $ceil_fp32 GFLOP/s, bf16 $ceil_bf16 GFLOP/s ($(cat "$tmp/ceiling.txt"))"
 echo "shape: vocab $V, ctx $T, $L layers, $H heads, dim $C, batch $B; $WARMUP warm-up + $STEPS timed steps"
 
+# CPU ms/step: PRECISION [ONEDNN_MAX_CPU_ISA]
+cpu_ms_per_step() {
+    local prec=$1 isa=${2:-} n t0 t1
+    for n in "$WARMUP" $((WARMUP + STEPS)); do
+        rm -rf "$tmp/run"
+        if ! env ${isa:+ONEDNN_MAX_CPU_ISA=$isa} OMP_WAIT_POLICY=passive /usr/bin/time -f "%U %S" \
+            -o "$tmp/time" "$TRAINRUN" "$here/gpt-bench.lua" \
+            model.vocab="$V" model.ctx="$T" model.layers="$L" model.heads="$H" model.dim="$C" \
+            train.batch="$B" train.steps="$n" train.threads="$THREADS" \
+            precision="$prec" run_dir="$tmp/run" >"$tmp/log" 2>&1; then
+            cat "$tmp/log" >&2
+            die "trainrun $prec failed"
+        fi
+        if [ "$n" = "$WARMUP" ]; then t0=$(awk '{ print $1 + $2 }' "$tmp/time"); else t1=$(awk '{ print $1 + $2 }' "$tmp/time"); fi
+    done
+    head -n 1 "$tmp/log" >"$tmp/first-$prec$isa"
+    awk -v a="$t0" -v b="$t1" -v s="$STEPS" 'BEGIN { printf "%.1f", 1000 * (b - a) / s }'
+}
+
 # ms/step of one run: PRECISION [ONEDNN_MAX_CPU_ISA]
 ms_per_step() {
+    if [ "${CLOCK:-wall}" = cpu ]; then
+        cpu_ms_per_step "$@"
+        return
+    fi
     local prec=$1 isa=${2:-} dir=$tmp/run
     rm -rf "$dir"
     if ! env ${isa:+ONEDNN_MAX_CPU_ISA=$isa} "$TRAINRUN" "$here/gpt-bench.lua" \
@@ -65,7 +96,9 @@ median() { tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{ v[NR] = $1 } END { print
 
 all32="" all16="" allem=""
 echo
-echo "| round | fp32 ms/step | bf16 ms/step | bf16 speed-up |${ISA:+ bf16 ($ISA) ms/step |}"
+unit="ms/step"
+[ "${CLOCK:-wall}" != cpu ] || unit="CPU ms/step"
+echo "| round | fp32 $unit | bf16 $unit | bf16 speed-up |${ISA:+ bf16 ($ISA) $unit |}"
 echo "|---:|---:|---:|---:|${ISA:+---:|}"
 for r in $(seq 1 "$ROUNDS"); do
     a=$(ms_per_step fp32)
