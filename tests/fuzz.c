@@ -1,6 +1,6 @@
 /*
  * A mutation fuzzer for everything trainrun reads from files a user may have
- * been handed: recipes, token shards, CSV, IDX and text files, the text
+ * been handed: recipes, token shards, CSV, IDX, text and JSONL files, the text
  * plugin's token cache, safetensors files and headers, and checkpoints
  * (state.json and model.safetensors).  docs/testing.md says how to run it
  * for longer and how to reproduce a failure.
@@ -718,6 +718,28 @@ static void target_prepare_text(const struct buf *in, uint64_t h)
         read_prepared();
 }
 
+/* JSONL records through prepare: byte, char or the fixture tokenizer.json,
+ * bad records refused or skipped, one or two workers. */
+static void target_prepare_jsonl(const struct buf *in, uint64_t h)
+{
+    write_file("in.jsonl", in->p, in->n);
+    char tokenizer[4200];
+    snprintf(tokenizer, sizeof tokenizer, "--tokenizer=%s/tests/fixtures/tokenizer/bpe.json",
+             srcdir);
+    char *argv[] = {"prepare", "in.jsonl", "-o", "out",
+                    below(&h, 3) ? tokenizer : (char *)CHOOSE(&h, "--tokenizer=byte",
+                                                              "--tokenizer=char"),
+                    (char *)CHOOSE(&h, "--skip-bad-records", "--dedup=exact"),
+                    (char *)CHOOSE(&h, "--workers=1", "--workers=2"),
+                    (char *)CHOOSE(&h, "--val-fraction=0.05", "--val-fraction=0.5"),
+                    (char *)CHOOSE(&h, "--shard-tokens=1000000", "--shard-tokens=64"), NULL};
+    int rc = tr_prepare_main(9, argv);
+    if (rc != 0 && rc != 1)
+        broken("prepare: exit code %d", rc);
+    if (rc == 0)
+        read_prepared();
+}
+
 static void target_prepare_csv(const struct buf *in, uint64_t h)
 {
     write_file("in.csv", in->p, in->n);
@@ -930,6 +952,7 @@ static struct target targets[] = {
     {"textcache-chars", target_textcache_chars, 3, 0, NULL, NULL, 0},
     {"prepare-text", target_prepare_text, 6, 0, text_dict, NULL, 0},
     {"prepare-csv", target_prepare_csv, 5, 0, csv_dict, NULL, 0},
+    {"prepare-jsonl", target_prepare_jsonl, 4, 0, json_dict, NULL, 0},
     {"recipe", target_recipe, 3, 1, lua_dict, NULL, 0},
     {"state", target_state, 1, 1, json_dict, NULL, 0},
     {"checkpoint", target_checkpoint, 1, 1, json_dict, NULL, 0},
@@ -1094,6 +1117,12 @@ static void make_text_seeds(void)
         "A line of its own.\nAnother line, \xc3\xa9t\xc3\xa9 and tabs\there.\n";
     add_seed("text", text, sizeof text - 1);
     add_seed("prepare-text", text, sizeof text - 1);
+    static const char jsonl[] =
+        "{\"text\": \"It was the best of times,\\nit was the worst of times.\"}\n"
+        "{\"id\": 2, \"text\": \"It was the age of wisdom \\u00e9t\\u00e9 <|endoftext|>\"}\n"
+        "\n{\"text\": \"It was the best of times,\\nit was the worst of times.\"}\r\n"
+        "{\"text\": \"A record of its own, \xc3\xa9t\xc3\xa9 and\\ttabs.\"}\n";
+    add_seed("prepare-jsonl", jsonl, sizeof jsonl - 1);
 }
 
 /* The text plugin's own cache files for cache_text, made in dir. */

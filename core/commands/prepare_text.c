@@ -558,6 +558,7 @@ static int prepare_text(const struct prepare_opts *o, struct input *inputs)
             goto out;
         }
         pt = &tokenizer;
+        workers = pt->workers; /* fewer when a copy could not be made */
         r.vocab = pt->vocab;
         char eos[200];
         if (pt->eos >= 0)

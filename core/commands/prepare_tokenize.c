@@ -216,6 +216,22 @@ static int token_lengths(struct prepare_tokenizer *pt)
     return 0;
 }
 
+struct parse_job {
+    struct prepare_tokenizer *pt;
+    int index, started;
+    pthread_t thread;
+};
+
+/* Another worker's copy of the tokenizer, from the bytes the first parsed. */
+static void *parse_copy(void *arg)
+{
+    struct parse_job *job = arg;
+    tr_err err;
+    job->pt->tok[job->index] = tr_tokenizer_parse((const char *)job->pt->file,
+                                                  job->pt->file_size, job->pt->path, &err);
+    return NULL;
+}
+
 int tr_prepare_tokenizer_load(struct prepare_tokenizer *pt, const struct prepare_opts *o,
                               int workers)
 {
@@ -255,16 +271,35 @@ int tr_prepare_tokenizer_load(struct prepare_tokenizer *pt, const struct prepare
         pt->config_path = NULL;
     }
 
+    /* the first copy here (its error is the one reported), the others on
+     * threads: a large vocabulary takes a while to parse */
     pt->tok = calloc((size_t)workers, sizeof *pt->tok);
-    int rc = pt->tok ? 0 : tr_prepare_fail("out of memory");
-    for (int i = 0; i < workers && rc == 0; i++) {
-        tr_err err;
-        pt->tok[i] = tr_tokenizer_parse((const char *)pt->file, pt->file_size, pt->path, &err);
-        if (!pt->tok[i])
-            rc = tr_prepare_fail("cannot use the tokenizer %s: %s", pt->path, err.msg);
-        else
+    struct parse_job *jobs = calloc((size_t)workers, sizeof *jobs);
+    int rc = pt->tok && jobs ? 0 : tr_prepare_fail("out of memory");
+    tr_err err;
+    if (rc == 0 && !(pt->tok[0] = tr_tokenizer_parse((const char *)pt->file, pt->file_size,
+                                                     pt->path, &err)))
+        rc = tr_prepare_fail("cannot use the tokenizer %s: %s", pt->path, err.msg);
+    if (rc == 0) {
+        for (int i = 1; i < workers; i++) {
+            jobs[i].pt = pt;
+            jobs[i].index = i;
+            jobs[i].started = pthread_create(&jobs[i].thread, NULL, parse_copy, &jobs[i]) == 0;
+            if (!jobs[i].started)
+                parse_copy(&jobs[i]);
+        }
+        for (int i = 1; i < workers; i++)
+            if (jobs[i].started)
+                pthread_join(jobs[i].thread, NULL);
+        pt->workers = 1;
+        for (int i = 1; i < workers && pt->tok[i]; i++)
             pt->workers = i + 1;
+        for (int i = pt->workers; i < workers; i++) { /* out of memory: fewer workers */
+            tr_tokenizer_free(pt->tok[i]);
+            pt->tok[i] = NULL;
+        }
     }
+    free(jobs);
     if (rc == 0) {
         size_t vocab = tr_tokenizer_vocab_size(pt->tok[0]);
         pt->vocab = (uint32_t)vocab;
