@@ -188,14 +188,25 @@ j = json.load(open(sys.argv[1], encoding="utf-8"))
 j["added_tokens"].append({"id": 70000, "content": "<|big|>", "single_word": False, "lstrip": False,
                           "rstrip": False, "normalized": False, "special": True})
 json.dump(j, open("big.json", "w", encoding="utf-8"))' "$TOK"
-printf 'In the beginning <|big|> God\n\nAnd the earth\n' > big.txt
-prep big.txt -o big --tokenizer big.json --val-fraction 0
+awk 'BEGIN { for (i = 0; i < 200; i++) printf "In the beginning %d <|big|> God created\n\n", i }' > big.txt
+prep big.txt -o big --tokenizer big.json --val-fraction 0.1
 python3 tokens.py --headers big train > heads.txt
 read -r count width vocab text < heads.txt
 [ "$width" = 4 ] && [ "$vocab" = 70001 ] || { cat heads.txt; fail "vocab 70001: not uint32 shards of vocab 70001"; }
 python3 tokens.py big train > got-big.txt
 grep -qx 70000 got-big.txt || fail "id 70000 is not in the uint32 shard"
 grep -q '"dtype": "uint32"' big/prepare.json || fail "prepare.json: not uint32"
+# the tokens plugin trains on uint32 shards
+cat > big.lua <<'EOF'
+return {
+  model = gpt { vocab = 70001, ctx = 8, layers = 1, heads = 2, dim = 16 },
+  data = { plugin = "tokens", train = "big/train_*.bin", val = "big/val_*.bin" },
+  optimizer = { lr = 3e-3 },
+  train = { steps = 4, batch = 4, log_every = 2, eval_every = 4 },
+}
+EOF
+"$TRAINRUN" big.lua run_dir=bigrun --quiet 2> train.err || { cat train.err; fail "training on uint32 shards"; }
+grep -q '"val_loss"' bigrun/metrics.jsonl || fail "no validation loss from the uint32 shards"
 
 # ---- the EOS: tokenizer_config.json, --eos, none found ---------------------------------
 mkdir hf
