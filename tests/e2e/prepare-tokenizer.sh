@@ -158,6 +158,22 @@ prep corpus.jsonl -o corpus-noeos --tokenizer "$TOK" --val-fraction 0 --eos none
 python3 tokens.py corpus-noeos train | cmp -s want-ids.txt - || fail "--eos none: the ids are not the corpus's alone"
 grep -q '"eos": null' corpus-noeos/prepare.json || fail "--eos none: prepare.json's eos is not null"
 
+# SentencePiece style (Llama 2: normalizer, byte fallback, a post-processor adding <s>): the
+# ids of encode(text) (add_special_tokens=True, so <s> first), then the EOS </s>; the
+# text bytes are the document's, though its tokens decode to other bytes (the prepended ▁)
+python3 -c 'import json, sys
+text = "".join(open(p, encoding="utf-8", newline="").read() for p in sys.argv[1:])
+print(json.dumps({"text": text}))
+print(len(text.encode()), file=sys.stderr)' "$FIX/tokenizer/corpus.txt" "$FIX/tokenizer/corpus_norm.txt" \
+  > sp.jsonl 2> sp-bytes.txt
+prep sp.jsonl -o sp --tokenizer "$FIX/tokenizer/sp_llama2.json" --val-fraction 0
+grep -q "EOS </s> (id 2," out.txt || { cat out.txt; fail "sp_llama2: the EOS is not </s>"; }
+python3 -c 'import json, sys; print("\n".join(map(str, json.load(open(sys.argv[1]))["special_sp_llama2"] + [2])))' \
+  "$FIX/tokenizer/ids.json" > want-sp.txt
+python3 tokens.py sp train | cmp -s want-sp.txt - || fail "sp_llama2: the ids are not encode(text) of the tokenizers library, then </s>"
+grep -q "\"train\": {\"documents\": 1, \"tokens\": $(wc -l < want-sp.txt), \"bytes\": $(cat sp-bytes.txt)," sp/prepare.json \
+  || { cat sp/prepare.json; fail "sp_llama2: the text bytes are not the document's"; }
+
 # ---- workers: identical bytes for 1, 2 and 3 -----------------------------------------
 # many documents of different lengths (one per line), several shards
 awk 'BEGIN { srand(3); for (i = 0; i < 3000; i++) { n = 1 + int(rand() * 30); s = "doc " i ":"
