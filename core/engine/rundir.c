@@ -2,7 +2,8 @@
  * long as it runs, and a fresh run refuses a directory that holds an
  * earlier one instead of mixing their metrics and checkpoints.  The run
  * directory also keeps the tokenizer that made the run's data
- * (run_dir/tokenizer.json, where it came from in tokenizer.origin.json), so
+ * (run_dir/tokenizer.json, with the tokenizer_config.json beside it when
+ * there is one, and where it came from in tokenizer.origin.json), so
  * `trainrun sample` turns the model's ids back into text long after the
  * data directory is gone. */
 #include "run_internal.h"
@@ -304,9 +305,28 @@ int tr_run_check_tokenizer(struct run *r, tr_err *err)
     return rc;
 }
 
+/* tokenizer_config.json beside the tokenizer src (its eos_token and chat
+ * template) into run_dir, or none there when src has none.  0 or -1 with
+ * errno. */
+static int record_config(const char *src, const char *dir)
+{
+    char *src_dir = tr_dirname(src);
+    char *from = tr_xasprintf("%s/tokenizer_config.json", src_dir);
+    char *to = tr_xasprintf("%s/tokenizer_config.json", dir);
+    size_t size = 0;
+    char *text = read_whole(from, &size);
+    int rc = text ? write_atomically(to, text, size) : unlink(to) == 0 || errno == ENOENT ? 0 : -1;
+    free(text);
+    free(src_dir);
+    free(from);
+    free(to);
+    return rc;
+}
+
 /* Rank 0 at the start of a run (also a resumed one): the tokenizer the data
  * was made with (else model.from's) into run_dir/tokenizer.json, atomically,
- * and where it came from into run_dir/tokenizer.origin.json.  A resumed run
+ * with the tokenizer_config.json beside it when there is one, and where it
+ * came from into run_dir/tokenizer.origin.json.  A resumed run
  * whose tokenizer.json differs from its data's is refused: its checkpoints
  * learnt the other tokenizer's ids.  A fresh run with no tokenizer removes
  * one an earlier attempt in the directory left, so sample never decodes
@@ -321,9 +341,12 @@ int tr_run_record_tokenizer(struct run *r, int resume, tr_err *err)
     size_t size = 0, had_size = 0;
     char *text = NULL, *had = read_whole(dst, &had_size);
     if (!src) {
-        if (had && !resume && (unlink(dst) != 0 || (unlink(origin) != 0 && errno != ENOENT)))
+        char *config = tr_xasprintf("%s/tokenizer_config.json", dir);
+        if (had && !resume && (unlink(dst) != 0 || (unlink(origin) != 0 && errno != ENOENT) ||
+                               (unlink(config) != 0 && errno != ENOENT)))
             rc = tr_fail(err, "cannot remove %s, which an earlier run left: %s; remove it (this "
                          "run's data has no tokenizer)", dst, strerror(errno));
+        free(config);
         goto out;
     }
     if (!(text = read_whole(src, &size))) {
@@ -354,6 +377,9 @@ int tr_run_record_tokenizer(struct run *r, int resume, tr_err *err)
     else if (write_atomically(origin, note, strlen(note)) != 0)
         rc = tr_fail(err, "cannot write %s: %s; check the permissions of %s or set run_dir=",
                      origin, strerror(errno), dir);
+    else if (record_config(src, dir) != 0)
+        rc = tr_fail(err, "cannot write %s/tokenizer_config.json: %s; check the permissions of "
+                     "%s or set run_dir=", dir, strerror(errno), dir);
     else
         tr_log(TR_LOG_INFO, NULL, "tokenizer %s (from the %s) recorded as %s", shown,
                from_model ? "model.from directory" : "data", dst);

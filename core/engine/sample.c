@@ -100,19 +100,22 @@ static int32_t *prompt_tokens(const struct tr_sample_flags *fl, int64_t vocab, s
     return ids;
 }
 
-/* A token to stdout: with --ids its id after a space, else its bytes: the
- * tokenizer's (a byte-level token may end inside a UTF-8 character; the
- * next one's bytes complete it on the terminal), or the id as a byte. */
+/* Token text[n] to stdout: with --ids its id after a space, else its text:
+ * what it adds to the tokenizer's decode of text[0..n) (a byte-level token's
+ * bytes; a SentencePiece-style token's "▁" as a space, except where the
+ * decoder strips it; a token may end inside a UTF-8 character and the next
+ * one's bytes complete it on the terminal), or the id as a byte. */
 static void put_token(const struct tr_sample_flags *fl, const struct tr_tokenizer *tok,
-                      int32_t id, size_t n)
+                      const int32_t *text, size_t n)
 {
+    int32_t id = text[n];
     if (fl->ids) {
         printf("%s%d", n ? " " : "", (int)id);
     } else if (tok) {
         char *bytes = NULL;
         size_t len = 0;
         tr_err ignored = {{0}};
-        if (tr_tokenizer_decode(tok, &id, 1, &bytes, &len, &ignored) == TR_OK)
+        if (tr_tokenizer_decode_next(tok, text, n + 1, &bytes, &len, &ignored) == TR_OK)
             fwrite(bytes, 1, len, stdout);
         free(bytes);
     } else {
@@ -149,11 +152,47 @@ static char *find_tokenizer(const char *ckpt_dir, const struct tr_config *cfg,
     return found;
 }
 
-/* The id generation stops at: the post-processor's EOS, else the end-of-text
- * token of the usual vocabularies; -1 when there is none. */
-static int32_t find_eos(const struct tr_tokenizer *tok)
+/* eos_token of the tokenizer_config.json beside the tokenizer (a string, or
+ * {"content": ...}) as an id of tok; -1 when there is none. */
+static int32_t config_eos(const struct tr_tokenizer *tok, const char *tok_path)
 {
-    int32_t id = tr_tokenizer_eos_id(tok);
+    char *dir = tr_dirname(tok_path);
+    char *path = tr_xasprintf("%s/tokenizer_config.json", dir);
+    free(dir);
+    FILE *f = fopen(path, "rb");
+    free(path);
+    if (!f)
+        return -1;
+    char *text = NULL;
+    size_t len = 0, got;
+    char buf[65536];
+    while ((got = fread(buf, 1, sizeof buf, f)) > 0 && len < ((size_t)64 << 20)) {
+        text = tr_xrealloc(text, len + got + 1);
+        memcpy(text + len, buf, got);
+        len += got;
+    }
+    fclose(f);
+    struct tr_json *config = text ? tr_json_parse(text, len, NULL) : NULL;
+    free(text);
+    const struct tr_json *e = config && config->type == TR_JSON_OBJECT
+                                  ? tr_json_get(config, "eos_token") : NULL;
+    const char *name = !e ? NULL
+                       : e->type == TR_JSON_STRING ? e->string
+                       : e->type == TR_JSON_OBJECT ? tr_json_string(e, "content") : NULL;
+    int32_t id = name ? tr_tokenizer_token_id(tok, name) : -1;
+    tr_json_free(config);
+    return id;
+}
+
+/* The id generation stops at, as `prepare` puts it after each document: the
+ * eos_token of tokenizer_config.json beside the tokenizer, else the
+ * post-processor's EOS, else the end-of-text token of the usual
+ * vocabularies; -1 when there is none. */
+static int32_t find_eos(const struct tr_tokenizer *tok, const char *tok_path)
+{
+    int32_t id = config_eos(tok, tok_path);
+    if (id < 0)
+        id = tr_tokenizer_eos_id(tok);
     static const char *const names[] = {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"};
     for (size_t i = 0; id < 0 && i < TR_ARRAY_LEN(names); i++)
         id = tr_tokenizer_token_id(tok, names[i]);
@@ -291,7 +330,7 @@ int tr_sample(const struct tr_sample_flags *fl)
         tr_err_prefix(&err, "the model's tokenizer");
         goto fail;
     }
-    int32_t eos = tok ? find_eos(tok) : -1;
+    int32_t eos = tok ? find_eos(tok, tok_path) : -1;
     int stop_at = fl->ignore_eos ? -1 : eos;
     /* ids past the tokenizer's are no text (a vocabulary padded to a round
      * size): never sampled */
@@ -328,7 +367,7 @@ int tr_sample(const struct tr_sample_flags *fl)
     uint64_t rng = fl->seed * 0x9e3779b97f4a7c15ULL + 1;
     if (fl->ids || !tok)
         for (size_t n = 0; n < plen; n++)
-            put_token(fl, NULL, text[n], n);
+            put_token(fl, NULL, text, n);
     else
         fputs(fl->prompt, stdout); /* as given: the BOS is no text */
     size_t stopped = 0;
@@ -360,7 +399,7 @@ int tr_sample(const struct tr_sample_flags *fl)
         }
         text[n] = pick;
         if (pick != stop_at || fl->ids)
-            put_token(fl, tok, pick, n);
+            put_token(fl, tok, text, n);
         fflush(stdout);
         if (pick == stop_at) {
             stopped = n + 1 - plen;

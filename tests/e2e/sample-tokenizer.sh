@@ -7,8 +7,8 @@
 # prints for the same prompt's ids and seed.  A char-tokenized text run
 # records its character table as a tokenizer.json and samples characters; a
 # recipe with model = { from = DIR } samples through DIR/tokenizer.json; data
-# made with another tokenizer than DIR's, and a model smaller than its
-# tokenizer, are refused.
+# made with another tokenizer than DIR's, resuming on such data, and a model
+# smaller than its tokenizer are refused.
 . "$(dirname "$0")/lib.sh"
 command -v python3 > /dev/null || skip "python3 decodes the ids independently"
 FIX="$TR_SRCDIR/tests/fixtures"
@@ -88,6 +88,19 @@ cmp -s text.txt decoded.txt || { od -c text.txt | head; od -c decoded.txt | head
 head -c ${#prompt} text.txt | grep -qF "$prompt" || fail "the text does not start with the prompt"
 cmp -s text.txt ids.txt && fail "sample printed ids without --ids"
 
+# resuming on data made with another tokenizer: the checkpoints learnt the first one's ids
+mkdir other
+cp bpe/train_000000.bin other/
+cp "$FIX/tokenizer/bpe_gpt2.json" other/tokenizer.json
+"$TRAINRUN" bpe.lua run_dir=run data.train=other/train_000000.bin train.steps=40 --resume auto \
+  --quiet 2> resume.err && fail "a run resumed on data of another tokenizer"
+grep -q "run/tokenizer.json (hash [0-9a-f]\{16\}) is not the tokenizer this run's data was made with, .*other/tokenizer.json" resume.err \
+  || { cat resume.err; fail "no clear message for resuming with another tokenizer"; }
+cmp -s run/tokenizer.json "$FIX/tokenizer/bpe.json" || fail "the refused resume changed run/tokenizer.json"
+# the same tokenizer resumes
+"$TRAINRUN" bpe.lua run_dir=run train.steps=40 --resume auto --quiet 2> resumed.err \
+  || { cat resumed.err; fail "resuming with the same tokenizer"; }
+
 # a model smaller than the tokenizer: ids it produces would index past the embedding
 "$TRAINRUN" bpe.lua run_dir=small model.vocab=500 data.vocab=500 --quiet 2> small.err \
   && fail "a model of 500 ids trained on a tokenizer of 1000"
@@ -100,7 +113,7 @@ grep -q "model's vocabulary of 500 tokens is smaller than the 1000 ids of the to
 mkdir eos
 cp "$FIX/tokenizer/bpe.json" eos/tokenizer.json
 python3 shard.py eos/train_000000.bin 1000 $(i=0; while [ $i -lt 3000 ]; do printf "0 5 "; i=$((i + 1)); done)
-"$TRAINRUN" bpe.lua run_dir=erun data.train=eos/train_000000.bin train.steps=60 optimizer.lr=1e-2 \
+"$TRAINRUN" bpe.lua run_dir=erun data.train=eos/train_000000.bin train.steps=100 optimizer.lr=3e-2 \
   --quiet 2> eos.err || { cat eos.err; fail "training the EOS run"; }
 "$TRAINRUN" sample erun --ids --prompt "0 5" --top-k 1 --tokens 10 > stop.txt 2> stop.err \
   || { cat stop.err; fail "sample up to the EOS"; }
@@ -116,6 +129,26 @@ cmp -s stoptext.txt expect.txt || { od -c stoptext.txt; fail "an empty prompt di
 "$TRAINRUN" sample erun --ids --prompt "0 5" --top-k 1 --tokens 10 --ignore-eos > all.txt 2> /dev/null \
   || fail "sample --ignore-eos"
 [ "$(wc -w < all.txt)" -eq 12 ] || { cat all.txt; fail "--ignore-eos did not sample all 10 tokens"; }
+
+# the EOS a tokenizer_config.json beside the tokenizer names (as prepare puts
+# it after each document) goes with the run and is where sampling stops
+mkdir eos2
+cp "$FIX/tokenizer/bpe.json" eos2/tokenizer.json
+echo '{"eos_token": {"content": "<|im_end|>", "special": true}}' > eos2/tokenizer_config.json
+python3 shard.py eos2/train_000000.bin 1000 $(i=0; while [ $i -lt 3000 ]; do printf "2 5 "; i=$((i + 1)); done)
+"$TRAINRUN" bpe.lua run_dir=erun2 data.train=eos2/train_000000.bin train.steps=100 optimizer.lr=3e-2 \
+  --quiet 2> eos2.err || { cat eos2.err; fail "training the run with a tokenizer_config.json"; }
+cmp -s erun2/tokenizer_config.json eos2/tokenizer_config.json || fail "the run did not keep tokenizer_config.json"
+"$TRAINRUN" sample erun2 --ids --prompt "2 5" --top-k 1 --tokens 10 > stop2.txt 2> stop2.err \
+  || { cat stop2.err; fail "sample up to tokenizer_config.json's EOS"; }
+[ "$(cat stop2.txt)" = "2 5 2" ] || { cat stop2.txt stop2.err; fail "sample did not stop at tokenizer_config.json's eos_token"; }
+grep -q "EOS: 2 <|im_end|>" stop2.err || { cat stop2.err; fail "sample does not name the EOS it stops at"; }
+# a fresh run in that directory whose data has no tokenizer leaves none behind
+rm -r erun2/checkpoints erun2/metrics.jsonl
+"$TRAINRUN" "$TR_SRCDIR/tests/config/tiny.lua" run_dir=erun2 train.steps=2 --quiet 2> none.err \
+  || { cat none.err; fail "a run on synthetic tokens"; }
+[ ! -e erun2/tokenizer.json ] && [ ! -e erun2/tokenizer_config.json ] && [ ! -e erun2/tokenizer.origin.json ] \
+  || { ls erun2; fail "a run without a tokenizer kept the one an earlier run left"; }
 
 # ---- a char-tokenized text run samples characters ---------------------------------
 i=0
@@ -158,6 +191,18 @@ grep -q "tokenizer gpt2/tokenizer.json" from.err || { cat from.err; fail "sample
 [ -z "$(tr -d 'a-z \n' < from.out)" ] || { od -c from.out; fail "model.from sampled no text of its tokenizer"; }
 "$TRAINRUN" from.lua run_dir=frun --quiet 2> fine.err || { cat fine.err; fail "fine-tuning on data of DIR's tokenizer"; }
 cmp -s frun/tokenizer.json gpt2/tokenizer.json || fail "the fine-tuning run did not record the tokenizer"
+
+# data without a tokenizer: the run records model.from's
+cat > syn.lua <<'EOF'
+return {
+  model = { from = "gpt2", ctx = 8 },
+  data = { plugin = "synthetic", kind = "tokens", classes = 37, samples = 64 },
+  train = { steps = 2, batch = 2 },
+}
+EOF
+"$TRAINRUN" syn.lua run_dir=srun --quiet 2> syn.err || { cat syn.err; fail "fine-tuning on synthetic tokens"; }
+cmp -s srun/tokenizer.json gpt2/tokenizer.json || fail "a run whose data has no tokenizer did not record model.from's"
+grep -q '"from": "model.from"' srun/tokenizer.origin.json || { cat srun/tokenizer.origin.json; fail "tokenizer.origin.json does not say it came from model.from"; }
 
 # data whose characters differ: another tokenizer than the weights learnt
 i=0
