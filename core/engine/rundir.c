@@ -10,6 +10,7 @@
 
 #include "../config/hf_config.h"
 #include "../config/recipe.h"
+#include "../util/json.h"
 #include "../util/tokenizer.h"
 
 #include <errno.h>
@@ -204,20 +205,26 @@ static int write_atomically(const char *path, const char *data, size_t size)
     return e ? -1 : 0;
 }
 
-/* s as the inside of a JSON string, newly allocated. */
-static char *json_escape(const char *s)
+/* The EOS `prepare` put after each document with the tokenizer src: the
+ * "eos" of the "tokenizer" in the prepare.json beside it (--eos, or its
+ * own choice); -1 when it is not known or there was none. */
+static int32_t prepared_eos(const char *src)
 {
-    char *out = tr_xcalloc(6 * strlen(s) + 1, 1), *w = out;
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            w += sprintf(w, "\\%c", *p);
-        else if (*p < 0x20)
-            w += sprintf(w, "\\u%04x", *p);
-        else
-            *w++ = (char)*p;
-    }
-    *w = 0;
-    return out;
+    char *src_dir = tr_dirname(src);
+    char *path = tr_xasprintf("%s/prepare.json", src_dir);
+    size_t size = 0;
+    char *text = read_whole(path, &size);
+    struct tr_json *j = text ? tr_json_parse(text, size, NULL) : NULL;
+    const struct tr_json *tok = j && j->type == TR_JSON_OBJECT ? tr_json_get(j, "tokenizer") : NULL;
+    const struct tr_json *eos = tok && tok->type == TR_JSON_OBJECT ? tr_json_get(tok, "eos") : NULL;
+    int32_t id = eos && eos->type == TR_JSON_NUMBER && eos->number >= 0 && eos->number < INT32_MAX &&
+                         eos->number == (double)(int32_t)eos->number
+                     ? (int32_t)eos->number : -1;
+    tr_json_free(j);
+    free(text);
+    free(path);
+    free(src_dir);
+    return id;
 }
 
 /* The tokenizer the data reports, else model.from's DIR/tokenizer.json,
@@ -364,17 +371,27 @@ int tr_run_record_tokenizer(struct run *r, int resume, tr_err *err)
     }
     char real[PATH_MAX];
     const char *shown = realpath(src, real) ? real : src;
-    char *escaped = json_escape(shown);
-    char *note = tr_xasprintf("{\"file\": \"tokenizer.json\", \"source\": \"%s\", \"hash\": "
-                              "\"%016llx\", \"bytes\": %zu, \"from\": \"%s\"}\n", escaped,
-                              (unsigned long long)fnv1a64(text, size), size,
-                              from_model ? "model.from" : "data");
-    free(escaped);
+    char *note = NULL;
+    size_t note_len = 0;
+    FILE *f = open_memstream(&note, &note_len);
+    if (!f) {
+        rc = tr_fail(err, "out of memory");
+        goto out;
+    }
+    fputs("{\"file\": \"tokenizer.json\", \"source\": ", f);
+    tr_json_write_string(f, shown);
+    fprintf(f, ", \"hash\": \"%016llx\", \"bytes\": %zu, \"from\": \"%s\"",
+            (unsigned long long)fnv1a64(text, size), size, from_model ? "model.from" : "data");
+    int32_t eos = prepared_eos(src);
+    if (eos >= 0) /* sample stops there */
+        fprintf(f, ", \"eos\": %d", (int)eos);
+    fputs("}\n", f);
+    fclose(f);
     if ((!had || had_size != size || memcmp(had, text, size) != 0) &&
         write_atomically(dst, text, size) != 0)
         rc = tr_fail(err, "cannot write %s: %s; check the permissions of %s or set run_dir=", dst,
                      strerror(errno), dir);
-    else if (write_atomically(origin, note, strlen(note)) != 0)
+    else if (write_atomically(origin, note, note_len) != 0)
         rc = tr_fail(err, "cannot write %s: %s; check the permissions of %s or set run_dir=",
                      origin, strerror(errno), dir);
     else if (record_config(src, dir) != 0)

@@ -152,17 +152,16 @@ static char *find_tokenizer(const char *ckpt_dir, const struct tr_config *cfg,
     return found;
 }
 
-/* eos_token of the tokenizer_config.json beside the tokenizer (a string, or
- * {"content": ...}) as an id of tok; -1 when there is none. */
-static int32_t config_eos(const struct tr_tokenizer *tok, const char *tok_path)
+/* The JSON object in file `name` beside the tokenizer, or NULL. */
+static struct tr_json *json_beside(const char *tok_path, const char *name)
 {
     char *dir = tr_dirname(tok_path);
-    char *path = tr_xasprintf("%s/tokenizer_config.json", dir);
+    char *path = tr_xasprintf("%s/%s", dir, name);
     free(dir);
     FILE *f = fopen(path, "rb");
     free(path);
     if (!f)
-        return -1;
+        return NULL;
     char *text = NULL;
     size_t len = 0, got;
     char buf[65536];
@@ -172,25 +171,56 @@ static int32_t config_eos(const struct tr_tokenizer *tok, const char *tok_path)
         len += got;
     }
     fclose(f);
-    struct tr_json *config = text ? tr_json_parse(text, len, NULL) : NULL;
+    struct tr_json *j = text ? tr_json_parse(text, len, NULL) : NULL;
     free(text);
-    const struct tr_json *e = config && config->type == TR_JSON_OBJECT
-                                  ? tr_json_get(config, "eos_token") : NULL;
+    if (j && j->type != TR_JSON_OBJECT) {
+        tr_json_free(j);
+        j = NULL;
+    }
+    return j;
+}
+
+/* A JSON number that is a token id of tok, or -1. */
+static int32_t json_id(const struct tr_tokenizer *tok, const struct tr_json *v)
+{
+    if (!v || v->type != TR_JSON_NUMBER || v->number < 0 ||
+        v->number >= (double)tr_tokenizer_vocab_size(tok) || v->number != (double)(int32_t)v->number)
+        return -1;
+    return (int32_t)v->number;
+}
+
+/* The EOS recorded with the tokenizer: the run's tokenizer.origin.json
+ * (from the prepare.json of its data), or the prepare.json of a data
+ * directory; else the eos_token of its tokenizer_config.json (a string, or
+ * {"content": ...}); -1 when none says. */
+static int32_t recorded_eos(const struct tr_tokenizer *tok, const char *tok_path)
+{
+    struct tr_json *origin = json_beside(tok_path, "tokenizer.origin.json");
+    int32_t id = origin ? json_id(tok, tr_json_get(origin, "eos")) : -1;
+    tr_json_free(origin);
+    struct tr_json *prepared = id < 0 ? json_beside(tok_path, "prepare.json") : NULL;
+    const struct tr_json *pt = prepared ? tr_json_get(prepared, "tokenizer") : NULL;
+    if (pt && pt->type == TR_JSON_OBJECT)
+        id = json_id(tok, tr_json_get(pt, "eos"));
+    tr_json_free(prepared);
+    struct tr_json *config = id < 0 ? json_beside(tok_path, "tokenizer_config.json") : NULL;
+    const struct tr_json *e = config ? tr_json_get(config, "eos_token") : NULL;
     const char *name = !e ? NULL
                        : e->type == TR_JSON_STRING ? e->string
                        : e->type == TR_JSON_OBJECT ? tr_json_string(e, "content") : NULL;
-    int32_t id = name ? tr_tokenizer_token_id(tok, name) : -1;
+    if (name)
+        id = tr_tokenizer_token_id(tok, name);
     tr_json_free(config);
     return id;
 }
 
-/* The id generation stops at, as `prepare` puts it after each document: the
- * eos_token of tokenizer_config.json beside the tokenizer, else the
+/* The id generation stops at, the one `prepare` put after each document:
+ * the EOS recorded with the tokenizer (recorded_eos), else the
  * post-processor's EOS, else the end-of-text token of the usual
  * vocabularies; -1 when there is none. */
 static int32_t find_eos(const struct tr_tokenizer *tok, const char *tok_path)
 {
-    int32_t id = config_eos(tok, tok_path);
+    int32_t id = recorded_eos(tok, tok_path);
     if (id < 0)
         id = tr_tokenizer_eos_id(tok);
     static const char *const names[] = {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"};

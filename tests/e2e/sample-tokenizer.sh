@@ -150,6 +150,25 @@ rm -r erun2/checkpoints erun2/metrics.jsonl
 [ ! -e erun2/tokenizer.json ] && [ ! -e erun2/tokenizer_config.json ] && [ ! -e erun2/tokenizer.origin.json ] \
   || { ls erun2; fail "a run without a tokenizer kept the one an earlier run left"; }
 
+# data from `trainrun prepare --tokenizer`: the run records the tokenizer it
+# copied beside the shards (the same hash prepare.json gives it) and the EOS
+# it put after each document (--eos), which sample stops at
+cp "$FIX/tokenizer/corpus.txt" corpus.txt
+i=0
+while [ $i -lt 8 ]; do printf '\n' >> corpus.txt; cat "$FIX/tokenizer/corpus.txt" >> corpus.txt; i=$((i + 1)); done
+"$TRAINRUN" prepare corpus.txt -o prep --tokenizer "$FIX/tokenizer/bpe.json" --eos "<|im_end|>" \
+  --dedup none > prep.out 2>&1 || { cat prep.out; fail "prepare --tokenizer"; }
+"$TRAINRUN" bpe.lua run_dir=prun 'data.train=prep/train_*.bin' 'data.val=prep/val_*.bin' train.steps=5 \
+  --quiet 2> prun.err || { cat prun.err; fail "training on prepared shards"; }
+cmp -s prun/tokenizer.json "$FIX/tokenizer/bpe.json" || fail "the run did not record the tokenizer prepare used"
+hash=$(sed -n 's/.*"hash": "\([0-9a-f]*\)".*/\1/p' prep/prepare.json)
+grep -q "\"hash\": \"$hash\"" prun/tokenizer.origin.json && grep -q '"eos": 2' prun/tokenizer.origin.json \
+  || { cat prep/prepare.json prun/tokenizer.origin.json; fail "tokenizer.origin.json lacks prepare's hash or EOS"; }
+"$TRAINRUN" sample prun --prompt "Hello" --tokens 5 > prun.txt 2> prun-sample.err \
+  || { cat prun-sample.err; fail "sample of a run on prepared shards"; }
+grep -q "EOS: 2 <|im_end|>" prun-sample.err || { cat prun-sample.err; fail "sample does not stop at prepare's --eos"; }
+grep -q "^Hello" prun.txt || fail "the text does not start with the prompt"
+
 # ---- a char-tokenized text run samples characters ---------------------------------
 i=0
 while [ $i -lt 300 ]; do echo "the quick brown fox jumps over the lazy dog"; i=$((i + 1)); done > fox.txt
