@@ -1490,7 +1490,8 @@ static int model_chunk(struct tr_tokenizer *t, const char *w, size_t n, struct o
         slot->n = (uint32_t)n;
         slot->nids = (uint32_t)(o->n - start);
         slot->ids = tr_xcalloc(slot->nids ? slot->nids : 1, sizeof *slot->ids);
-        memcpy(slot->ids, o->ids + start, slot->nids * sizeof *slot->ids);
+        if (slot->nids) /* a word of symbols the vocabulary lacks has none, and o->ids may be NULL */
+            memcpy(slot->ids, o->ids + start, slot->nids * sizeof *slot->ids);
         t->cache_used++;
     }
     return TR_OK;
