@@ -412,10 +412,14 @@ int tr_prepare_main(int argc, char **argv)
 
     char *trained = NULL;
     if (o.train_tokenizer) {
-        if (strcmp(o.format, "csv") == 0 || strcmp(o.tokenizer, "byte") != 0) {
+        if (strcmp(o.format, "text") != 0 || strcmp(o.tokenizer, "byte") != 0) {
             fprintf(stderr, "trainrun prepare: error: --train-tokenizer makes the tokenizer of "
                             "text inputs: leave out %s\n",
-                    strcmp(o.format, "csv") == 0 ? "--format csv (or the .csv inputs)" : "--tokenizer");
+                    strcmp(o.format, "csv") == 0 ? "--format csv (or the .csv inputs)"
+                    : strcmp(o.format, "instruct") == 0
+                        ? "--format instruct (instruction data is encoded with the model's own "
+                          "tokenizer: train one on text first, then pass it with --tokenizer)"
+                        : "--tokenizer");
             free(o.inputs);
             return TR_EXIT_USAGE;
         }

@@ -263,6 +263,10 @@ if "$TRAINRUN" prepare noasst.jsonl -o o7 --format instruct --tokenizer chatml/t
   > noasst.err 2>&1; then fail "a conversation without an assistant turn was accepted"; fi
 refused noasst "noasst.jsonl:1: no assistant message"
 
+"$TRAINRUN" prepare pr.jsonl -o o8 --format instruct --train-tokenizer 300 > train.err 2>&1 \
+  && fail "--train-tokenizer with instruct data was accepted"
+refused train "leave out --format instruct" "pass it with --tokenizer"
+
 # --format instruct is never guessed: a .jsonl is text by default
 "$TRAINRUN" prepare --help | grep -q "instruct is never guessed" || fail "--help does not name instruct"
 echo ok
