@@ -75,6 +75,15 @@ e=$(last_metric bf16-emulated/metrics.jsonl val_loss)
 echo "validation loss: bf16 $v, bf16 emulated $e"
 awk -v a="$v" -v b="$e" 'BEGIN { d = (a - b) / b; exit !(d < 0.002 && d > -0.002) }' \
   || fail "bf16 ($v) and emulated bf16 ($e) validation losses differ by 0.2% or more"
+# bf16 GEMMs, native or not, are cut into a fixed grid of tiles: the same
+# weights for any thread count (512 rows of activations: several tiles)
+for t in 1 3; do
+  "$TRAINRUN" "$C/tiny.lua" precision=bf16 model.dim=128 model.ctx=64 model.heads=4 \
+    train.batch=8 train.steps=5 train.threads=$t run_dir=threads$t --quiet
+done
+cmp -s threads1/checkpoints/step-0000000005/model.safetensors \
+  threads3/checkpoints/step-0000000005/model.safetensors \
+  || fail "bf16 training gave other weights on 3 threads than on 1"
 # a checkpoint written under bf16 resumes under fp32: the format holds fp32 master weights
 "$TRAINRUN" "$C/tiny.lua" precision=fp32 train.steps=120 train.eval_batches=16 run_dir=bf16 \
   --resume auto 2> mixed.txt || { cat mixed.txt; fail "fp32 resume of a bf16 checkpoint"; }
