@@ -557,12 +557,14 @@ static int tokens_info(void *self, struct tr_data_info *out, tr_err *err)
     out->tokenizer = t->tokenizer;
     /* text bytes per token of each split, for the loss per byte: a segment cut from a
      * shard gets its share of the shard's bytes by tokens; one shard that does not know
-     * its bytes (older shards, llm.c's) leaves the split unknown */
+     * its bytes (older shards, llm.c's) leaves the split unknown, and so does a shard
+     * with a loss mask: its loss is over the trained-on tokens alone, whose share of
+     * the bytes the header does not say */
     for (int split = 0; split < TR_SPLIT_COUNT; split++) {
         double bytes = 0, tokens = 0;
         for (size_t i = 0; i < t->n_segments[split]; i++) {
             const struct segment *g = &t->segments[split][i];
-            if (!g->shard->text_bytes || !g->shard->tokens) {
+            if (!g->shard->text_bytes || !g->shard->tokens || g->shard->mask) {
                 tokens = 0;
                 break;
             }

@@ -166,6 +166,8 @@ loss=$(last_metric run/metrics.jsonl loss)
 val=$(last_metric run/metrics.jsonl val_loss)
 less_than "$loss" 100 && less_than 0 "$loss" || fail "the training loss is not finite: $loss"
 less_than "$val" 100 && less_than 0 "$val" || fail "the validation loss is not finite: $val"
+# a loss over the trained-on tokens alone has no loss per byte to report
+grep -q val_loss_per_byte run/metrics.jsonl && fail "a loss per byte is reported for masked shards"
 
 # --- token-weighted accumulation -----------------------------------------------------------
 # Long prompts and short responses and the other way round give windows with
