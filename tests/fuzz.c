@@ -316,10 +316,11 @@ static void read_samples(const struct plugin *p, void *self, uint64_t most, stru
         void *in = xmalloc(count * info.input_len * in_size);
         int32_t *tg = xmalloc(count * info.target_len * sizeof *tg);
         if (vt->read(self, (enum tr_split)split, idx, count, in, tg, &err) == TR_OK) {
+            /* -1: a target the loss skips (the tokens plugin's masked tokens) */
             for (uint64_t i = 0; i < count * info.target_len; i++)
-                if (tg[i] < 0 || (uint32_t)tg[i] >= info.classes)
-                    broken("%s: target %d of split %d is not in [0, %u)", p->info->name, tg[i],
-                           split, info.classes);
+                if (tg[i] < -1 || (tg[i] >= 0 && (uint32_t)tg[i] >= info.classes))
+                    broken("%s: target %d of split %d is neither -1 nor in [0, %u)",
+                           p->info->name, tg[i], split, info.classes);
             for (uint64_t i = 0; i < count * info.input_len; i++) {
                 if (info.input_dtype == TR_I32) {
                     int32_t v = ((int32_t *)in)[i];
@@ -1033,6 +1034,17 @@ static void make_shard_seeds(void)
                 b[64 + i * width + k] = (unsigned char)((uint32_t)(i * 7 % (width == 2 ? 50 : 1000)) >> (8 * k));
         add_seed("tokens", b, 64 + (size_t)width * 300);
     }
+    /* version 2 with a loss mask (instruction data): 300 uint16 tokens, then
+     * 38 mask bytes training on runs of them */
+    struct tr_tokens_header masked = {TR_TOKENS_VERSION_FLAGS, 2, 300, 50, TR_TOKENS_LOSS_MASK, 0};
+    tr_tokens_header_write(b, &masked);
+    for (int i = 0; i < 300; i++) {
+        b[64 + 2 * i] = (unsigned char)(i * 7 % 50);
+        b[64 + 2 * i + 1] = 0;
+    }
+    for (int i = 0; i < 38; i++)
+        b[64 + 600 + i] = (unsigned char)(i % 3 ? 0xf0 : 0x0f);
+    add_seed("tokens", b, 64 + 600 + 38);
     /* llm.c: 256 int32 header, uint16 tokens */
     unsigned char *l = calloc(1, 1024 + 2 * 200);
     le32(l, 20240520);
