@@ -132,6 +132,10 @@ struct tr_graph {
      * all-reducing the gradients that node finished) */
     void (*on_backward)(void *ctx, int node);
     void *on_backward_ctx;
+    /* appended: fp32 GEMMs may round their inputs to tf32 (the precision
+     * policy's allow_tf32 with compute fp32).  Only a backend with tf32
+     * GEMMs sees 1: the engine refuses the policy for any other device. */
+    int allow_tf32;
 };
 
 /* ---- The device interface */

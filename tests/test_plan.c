@@ -344,8 +344,8 @@ Test(plan, projects_hours_and_dollars, .init = environment)
 
 /* ---- the precision policy: what runs is what is priced ------------------ */
 
-/* No backend runs tf32 GEMMs, so a plan (like a run) refuses the flag
- * instead of pricing the tf32 peak. */
+/* The cpu backend runs no tf32 GEMMs, so a plan for device=cpu (like a
+ * run) refuses the flag instead of pricing a tf32 peak. */
 Test(plan, refuses_tf32_rather_than_price_it, .init = environment)
 {
     struct tr_plan p;
@@ -355,6 +355,28 @@ Test(plan, refuses_tf32_rather_than_price_it, .init = environment)
     cr_assert(strstr(err.msg, "command line: precision 'fp32' asks for allow_tf32 = true, which "
                               "device 'cpu' cannot honour"), "%s", err.msg);
     cr_assert(strstr(err.msg, "remove allow_tf32"), "%s", err.msg);
+}
+
+/* device=cuda runs fp32 GEMMs in tf32 when the policy allows it: the plan
+ * prices the tf32 tensor-core peak, not the CUDA-core fp32 one. */
+Test(plan, prices_the_tf32_peak_on_cuda, .init = environment)
+{
+    const struct tr_hardware *h = tr_hardware_find("h100-80gb");
+    cr_assert(h->tflops_tf32 > h->tflops_fp32 && h->tflops_tf32 < h->tflops_bf16);
+    struct tr_plan p;
+    const char *o[] = {"device=cuda", "precision.plugin=fp32", "precision.tf32=true"};
+    build(&p, o, 3);
+    cr_assert_str_eq(p.peak_kind, "tf32");
+    cr_assert_eq(p.peak_flops, h->tflops_tf32 * 1e12);
+    double compute = p.flops_per_step / (h->tflops_tf32 * 1e12 * 0.4 * 2);
+    cr_assert_float_eq(p.scale[0].compute_seconds, compute, 1e-12 * compute);
+    tr_plan_free(&p);
+    /* tf32 = false (the default) on cuda: the fp32 peak */
+    const char *f[] = {"device=cuda", "precision.plugin=fp32"};
+    build(&p, f, 2);
+    cr_assert_str_eq(p.peak_kind, "fp32");
+    cr_assert_eq(p.peak_flops, h->tflops_fp32 * 1e12);
+    tr_plan_free(&p);
 }
 
 /* Half GEMMs round their inputs into scratch: the plan counts it, as the
@@ -390,8 +412,6 @@ Test(precision, refuses_each_field_no_backend_honours)
          "r.lua:3: precision 'mine' asks for grad = fp16, which device 'cuda' cannot honour"},
         {{sizeof ok, TR_F32, TR_I32, TR_F32, 0},
          "r.lua:3: precision 'mine' asks for compute = i32, which device 'cuda' cannot honour"},
-        {{sizeof ok, TR_F32, TR_F32, TR_F32, 1},
-         "r.lua:3: precision 'mine' asks for allow_tf32 = true, which device 'cuda' cannot honour"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         memset(&err, 0, sizeof err);
@@ -399,6 +419,14 @@ Test(precision, refuses_each_field_no_backend_honours)
                      "case %zu accepted", i);
         cr_assert(strstr(err.msg, bad[i].says), "case %zu: %s", i, err.msg);
     }
+    /* tf32: the cuda backend runs it, the cpu backend has none */
+    struct tr_precision_policy tf32 = {sizeof tf32, TR_F32, TR_F32, TR_F32, 1};
+    memset(&err, 0, sizeof err);
+    cr_assert_eq(tr_precision_check(&tf32, "fp32", "r.lua:3", "cuda", &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(tr_precision_check(&tf32, "mine", "r.lua:3", "cpu", &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "r.lua:3: precision 'mine' asks for allow_tf32 = true, which device "
+                              "'cpu' cannot honour: only the cuda backend runs GEMMs in tf32"),
+              "%s", err.msg);
 }
 
 Test(precision, the_peak_is_that_of_the_gemms_that_run)
@@ -414,6 +442,14 @@ Test(precision, the_peak_is_that_of_the_gemms_that_run)
     pol.compute = TR_BF16;
     cr_assert_eq(tr_precision_peak_tflops(h, &pol, &kind), h->tflops_bf16);
     cr_assert_str_eq(kind, "bf16");
+    /* allow_tf32 does not change 16-bit GEMMs; fp32 ones run at the tf32 peak */
+    pol.allow_tf32 = 1;
+    cr_assert_eq(tr_precision_peak_tflops(h, &pol, &kind), h->tflops_bf16);
+    cr_assert_str_eq(kind, "bf16");
+    pol.compute = TR_F32;
+    cr_assert_eq(tr_precision_peak_tflops(h, &pol, &kind), h->tflops_tf32);
+    cr_assert_str_eq(kind, "tf32");
+    cr_assert_eq(h->tflops_tf32, 156.0, "A100: 156 dense tf32 TFLOP/s");
     cr_assert_eq(tr_precision_peak_tflops(NULL, &pol, NULL), 0);
 }
 

@@ -197,6 +197,15 @@ Test(precision, fp32_policy)
     precision(&p)->policy(self, &pol);
     cr_assert_eq(pol.allow_tf32, 1);
     destroy(&p, self);
+
+    /* tf32 = true is the recipe's name for the same switch */
+    set(&p, "allow_tf32", "false");
+    set(&p, "tf32", "true");
+    self = create_ok(&p, 0);
+    precision(&p)->policy(self, &pol);
+    cr_assert_eq(pol.allow_tf32, 1);
+    cr_assert_eq(pol.compute, TR_F32);
+    destroy(&p, self);
 }
 
 Test(precision, bf16_policy)

@@ -304,7 +304,7 @@ static int cmd_plugins(int argc, char **argv)
                 printf("  Every backend keeps master weights, optimizer state, gradients and "
                        "activations in\n  fp32; a policy picks the GEMM input dtype (fp32, bf16 "
                        "or fp16) and the loss scale.\n  A policy asking for more (master or grad "
-                       "other than fp32, tf32) is refused\n  when the run or plan starts.\n");
+                       "other than fp32, tf32 off\n  device=cuda) is refused when the run or plan starts.\n");
             last_kind = (int)info->kind;
         }
         printf("\n  %s %s — %s\n    %s\n", info->name, info->version ? info->version : "",

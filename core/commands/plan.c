@@ -107,7 +107,8 @@ static int find_hardware(struct tr_plan *p, struct tr_config *cfg, const char *n
 /* Peak FLOP/s of one device for the GEMM dtype the backends will run. */
 static void choose_peak(struct tr_plan *p)
 {
-    struct tr_precision_policy pol = {.struct_size = sizeof pol, .compute = p->compute};
+    struct tr_precision_policy pol = {.struct_size = sizeof pol, .compute = p->compute,
+                                      .allow_tf32 = p->tf32};
     double tflops = tr_precision_peak_tflops(p->hardware, &pol, &p->peak_kind);
     if (p->cost.peak_tflops > 0)
         tflops = p->cost.peak_tflops;
@@ -245,6 +246,7 @@ int tr_plan_build(struct tr_plan *p, const char *recipe, const char *const *over
         goto out;
     p->compute = pol.compute;
     p->grad = pol.grad;
+    p->tf32 = pol.allow_tf32 && pol.compute == TR_F32;
     if (pol.compute != TR_F32) {
         tr_graph_free(g, NULL);
         g = NULL;

@@ -50,6 +50,7 @@ struct tr_plan {
     struct tr_cost_config cost;       /* strings not owned: hardware is the table's name */
     const struct tr_hardware *hardware;
     enum tr_dtype compute, grad;      /* the policy's, checked (core/config/precision.h) */
+    int tf32;                         /* the policy's allow_tf32 (fp32 GEMMs in tf32) */
     const char *peak_kind;            /* the GEMMs that run: "bf16", "fp16", "fp32" */
     double peak_flops;                /* per device, FLOP/s; 0: unknown */
     double usable_bytes;              /* 90% of device memory */

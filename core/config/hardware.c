@@ -38,24 +38,28 @@
  * column prices either.  An older GPU (T4, V100) opens no backend, and a
  * plan for it would price a run that cannot execute: it is not in the
  * table, and asking for one says why (TR_HARDWARE_ONLY).
+ *
+ * The last column is the dense tf32 tensor-core peak (half the datasheets'
+ * "with sparsity" figure): H100/H200 SXM 494.7, A100 156, L4 60, A10 62.5.
+ * A run or plan with allow_tf32 on device=cuda is priced at it.
  */
 static struct tr_hardware table[] = {
     {"h100-80gb", "NVIDIA H100 SXM, 80 GB HBM3", 80 * GIB,
-     67.0, 989.4, 900, 128, 3.00, 2.00, 400, 8},
+     67.0, 989.4, 900, 128, 3.00, 2.00, 400, 8, 494.7},
     {"h200-141gb", "NVIDIA H200 SXM, 141 GB HBM3e", 141 * GIB,
-     67.0, 989.4, 900, 128, 3.80, 2.50, 400, 8},
+     67.0, 989.4, 900, 128, 3.80, 2.50, 400, 8, 494.7},
     {"a100-80gb", "NVIDIA A100 SXM, 80 GB HBM2e", 80 * GIB,
-     19.5, 312.0, 600, 64, 1.80, 1.10, 200, 8},
+     19.5, 312.0, 600, 64, 1.80, 1.10, 200, 8, 156.0},
     {"a100-40gb", "NVIDIA A100 SXM, 40 GB HBM2", 40 * GIB,
-     19.5, 312.0, 600, 64, 1.30, 0.80, 50, 8},
+     19.5, 312.0, 600, 64, 1.30, 0.80, 50, 8, 156.0},
     {"l4-24gb", "NVIDIA L4, 24 GB GDDR6", 24 * GIB,
-     30.3, 121.0, 0, 64, 0.80, 0.30, 12.5, 8},
+     30.3, 121.0, 0, 64, 0.80, 0.30, 12.5, 8, 60.0},
     /* AWS g5's A10G: the A10's GA102 with the A10 datasheet's peaks */
     {"a10g-24gb", "NVIDIA A10G, 24 GB GDDR6", 24 * GIB,
-     31.2, 125.0, 0, 64, 1.00, 0.40, 12.5, 8},
+     31.2, 125.0, 0, 64, 1.00, 0.40, 12.5, 8, 62.5},
     /* this machine: memory filled in at first use, peak from cost.peak_tflops */
     {"cpu", "this machine's CPU and memory", 0,
-     0, 0, 0, 0, 0, 0, 0, 0},
+     0, 0, 0, 0, 0, 0, 0, 0, 0},
 };
 
 static void describe_this_machine(struct tr_hardware *hw)

@@ -18,8 +18,8 @@ struct tr_hardware {
     uint64_t memory_bytes;   /* device memory */
     /* Peak dense TFLOP/s (no structured sparsity).  fp32: CUDA cores;
      * bf16 (bf16/fp16, the same peak on every listed device): tensor
-     * cores.  0: not known.  No tf32 column: no backend runs tf32 GEMMs,
-     * so no run is priced at that peak. */
+     * cores.  0: not known.  The tf32 tensor-core peak is tflops_tf32,
+     * at the end. */
     double tflops_fp32, tflops_bf16;
     /* GB/s per device, both directions together, as datasheets quote
      * them; nvlink 0: none. */
@@ -30,6 +30,10 @@ struct tr_hardware {
      * are quoted), and devices per node of the usual instance; 0: unknown. */
     double network_gbits;
     int devices_per_node;
+    /* Peak dense TFLOP/s of tf32 tensor-core GEMMs: what fp32 GEMMs run at
+     * on the cuda backend under allow_tf32 (cuBLASLt's fast-TF32 compute).
+     * 0: not known, or no tf32 (the cpu). */
+    double tflops_tf32;
 };
 
 /* What bounds a ring all-reduce: the slowest link on the ring. */

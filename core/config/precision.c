@@ -2,6 +2,8 @@
 
 #include "../util/util.h"
 
+#include <string.h>
+
 const char *tr_dtype_name(enum tr_dtype d)
 {
     switch (d) {
@@ -36,15 +38,16 @@ int tr_precision_check(const struct tr_precision_policy *pol, const char *plugin
                        "%s: precision '%s' asks for compute = %s, which device '%s' cannot "
                        "honour: GEMMs run in fp32, bf16 or fp16; fix the plugin's policy",
                        where, plugin, tr_dtype_name(pol->compute), device);
-    /* the cpu backend has no tf32 and the cuda backend's GEMMs use
-     * CUBLAS_COMPUTE_32F: accepting the flag would price and promise a
-     * speed no run gets */
-    if (pol->allow_tf32)
+    /* tf32 is a tensor-core format: the cuda backend runs fp32 GEMMs in it
+     * (cuBLASLt's fast-TF32 compute), the cpu backend has no such GEMM.
+     * Accepting the flag there would price and promise a speed no run gets,
+     * so it is refused rather than ignored. */
+    if (pol->allow_tf32 && strcmp(device, "cuda") != 0)
         return tr_fail(err,
                        "%s: precision '%s' asks for allow_tf32 = true, which device '%s' "
-                       "cannot honour: no backend runs GEMMs in tf32 (the cuda backend's fp32 "
-                       "GEMMs are full fp32); remove allow_tf32 (fp32 GEMMs stay fp32), or use "
-                       "precision = \"bf16\" for tensor-core speed",
+                       "cannot honour: only the cuda backend runs GEMMs in tf32 (CPUs have no "
+                       "tf32 arithmetic); remove allow_tf32 (fp32 GEMMs stay fp32), or use "
+                       "precision = \"bf16\" for half-precision speed",
                        where, plugin, device);
     return TR_OK;
 }
@@ -54,9 +57,11 @@ double tr_precision_peak_tflops(const struct tr_hardware *hw, const struct tr_pr
 {
     /* the table's bf16 column is the 16-bit tensor-core peak, fp16's too */
     int half = pol->compute == TR_BF16 || pol->compute == TR_F16;
+    /* fp32 GEMMs under allow_tf32 run on the tf32 tensor cores */
+    int tf32 = !half && pol->allow_tf32;
     if (kind)
-        *kind = tr_dtype_name(half ? pol->compute : TR_F32);
+        *kind = tf32 ? "tf32" : tr_dtype_name(half ? pol->compute : TR_F32);
     if (!hw)
         return 0;
-    return half ? hw->tflops_bf16 : hw->tflops_fp32;
+    return half ? hw->tflops_bf16 : tf32 ? hw->tflops_tf32 : hw->tflops_fp32;
 }

@@ -6,7 +6,8 @@
  *   compute fp32, bf16 or fp16: the dtype GEMM inputs are rounded to
  *           (accumulation is fp32); every stored tensor, activations
  *           included, stays fp32;
- *   allow_tf32  no backend runs GEMMs in tf32, so it must be 0.
+ *   allow_tf32  fp32 GEMMs may run in tf32 (10-bit mantissa inputs, fp32
+ *           accumulation): the cuda backend only; elsewhere it must be 0.
  * A run and a plan check the policy before anything else uses it, so a
  * policy no backend honours stops at the start with the field named, and
  * a plan prices only what will execute.
@@ -25,7 +26,7 @@ int tr_precision_check(const struct tr_precision_policy *pol, const char *plugin
                        const char *where, const char *device, tr_err *err);
 
 /* Peak dense TFLOP/s of `hw` for the GEMMs `pol` runs (checked), and their
- * kind ("bf16", "fp16", "fp32") in *kind when kind is not NULL; 0 when the
+ * kind ("bf16", "fp16", "tf32", "fp32") in *kind when kind is not NULL; 0 when the
  * table does not know. */
 double tr_precision_peak_tflops(const struct tr_hardware *hw, const struct tr_precision_policy *pol,
                                 const char **kind);

@@ -287,6 +287,7 @@ int tr_run_setup(struct run *r, tr_err *err)
         return TR_ERROR;
     r->policy = pol;
     r->g->compute = pol.compute; /* before the plan: scratch depends on it */
+    r->g->allow_tf32 = pol.allow_tf32 && pol.compute == TR_F32;
 
     /* the data source must fit the model */
     r->data.vt = cfg->data.plugin->info->vtable;

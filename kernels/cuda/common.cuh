@@ -46,6 +46,7 @@ struct cuda_context {
     unsigned long long *counts_host;     /* pinned host, 2 */
     void *lt_workspace;                  /* device, LT_WORKSPACE_BYTES */
     struct gemm_cache *gemm;
+    int allow_tf32;                      /* the graph's: fp32 GEMMs in tf32 (gemm.cu) */
     cudaError_t first_error;             /* sticky: reported once, turns sum_squares into NaN */
 };
 

@@ -1,6 +1,9 @@
 /*
- * GEMMs through cuBLASLt, fp32 accumulation (CUBLAS_COMPUTE_32F: no tf32),
- * inputs fp32, bf16 or fp16.
+ * GEMMs through cuBLASLt, fp32 accumulation, inputs fp32, bf16 or fp16.
+ * The compute type is CUBLAS_COMPUTE_32F, or CUBLAS_COMPUTE_32F_FAST_TF32
+ * for fp32 inputs when the graph allows tf32 (the precision policy's
+ * allow_tf32): tensor cores then round the inputs to tf32.  16-bit inputs
+ * always use CUBLAS_COMPUTE_32F (it already runs on tensor cores).
  *
  * cuBLASLt is opened with dlopen when the backend opens, not linked: the
  * module then loads (and `trainrun doctor` describes the machine) where the
@@ -46,7 +49,7 @@ struct lt_api {
 struct gemm_key {
     int op_a, op_b, m, n, k, lda, ldb, ldc, batch;
     long long stride_a, stride_b, stride_c;
-    int ab_dt, c_dt, bias;
+    int ab_dt, c_dt, bias, tf32;
     int align_a, align_b, align_c, align_bias;
 };
 
@@ -205,7 +208,8 @@ static void plan_build(struct gemm_cache *g, struct gemm_plan *p)
     struct lt_api *a = &g->api;
     const struct gemm_key *k = &p->key;
     int ok = 1;
-    ok &= a->desc_create(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS;
+    cublasComputeType_t compute = k->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    ok &= a->desc_create(&p->desc, compute, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS;
     if (!ok)
         return;
     int32_t op_a = k->op_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* A' = B */
@@ -297,6 +301,7 @@ void cuda_gemm(struct cuda_context *c, int trans_a, int trans_b, int M, int N, i
     key.stride_c = batch > 1 ? stride_c : 0;
     key.ab_dt = ab_dt;
     key.c_dt = c_dt;
+    key.tf32 = c->allow_tf32 && ab_dt == DT_F32;
     key.align_a = alignment(A, key.stride_a * (long long)dt_size(ab_dt));
     key.align_b = alignment(B, key.stride_b * (long long)dt_size(ab_dt));
     key.align_c = alignment(C, key.stride_c * (long long)dt_size(c_dt));

@@ -231,6 +231,7 @@ static void gemm_backward(struct cuda_context *c, struct tr_graph *g, const stru
 void cuda_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
 {
     struct cuda_context *c = (struct cuda_context *)ctx;
+    c->allow_tf32 = g->allow_tf32; /* cuda_gemm's compute type */
     int dt = storage(g, n);
     switch (n->op) {
     case TR_OP_EMBEDDING:
@@ -289,6 +290,7 @@ void cuda_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
 void cuda_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
 {
     struct cuda_context *c = (struct cuda_context *)ctx;
+    c->allow_tf32 = g->allow_tf32;
     int dt = storage(g, n);
     const float *dout = n->out == g->loss ? NULL : OUT->grad;
     switch (n->op) {

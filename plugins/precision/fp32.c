@@ -2,23 +2,29 @@
  * precision = "fp32": everything in single precision, no loss scaling.
  * The reference policy: slowest, but numerically the safest choice.
  *
- * allow_tf32 is an option so that a recipe asking for tf32 hears why it
- * cannot have it: no backend runs GEMMs in tf32 (the cuda backend's use
- * CUBLAS_COMPUTE_32F), so the engine refuses true when the run or plan
- * starts rather than price or promise a speed nothing delivers.
+ * tf32 = true lets the GEMMs round their fp32 inputs to tf32 (8-bit
+ * exponent, 10-bit mantissa) and accumulate in fp32: the cuda backend then
+ * runs them on tensor cores (cuBLASLt's CUBLAS_COMPUTE_32F_FAST_TF32), and
+ * plan and MFU price the tf32 peak.  The cpu backend has no tf32, so the
+ * engine refuses it there when the run or plan starts rather than promise
+ * a speed nothing delivers.  allow_tf32 is the same switch under the
+ * policy field's name.
  */
 #include <trainrun/plugin.h>
 
 #include <stdlib.h>
 
 struct fp32_config {
-    int allow_tf32;
+    int tf32, allow_tf32;
 };
 
 static const struct tr_option fp32_options[] = {
+    {TR_OPT_BOOL, "tf32", "false", 0, 0, NULL,
+     "fp32 GEMMs in tf32 on tensor cores (10-bit mantissa inputs, fp32 accumulation): "
+     "device = \"cuda\" only, refused on the cpu",
+     offsetof(struct fp32_config, tf32)},
     {TR_OPT_BOOL, "allow_tf32", "false", 0, 0, NULL,
-     "tf32 tensor-core GEMMs; no backend runs them (cuda GEMMs are full fp32), so "
-     "true is refused when a run or plan starts; leave it false",
+     "the same as tf32 (the precision policy's name for it)",
      offsetof(struct fp32_config, allow_tf32)},
     {.type = TR_OPT_END},
 };
@@ -41,7 +47,7 @@ static void fp32_policy(void *self, struct tr_precision_policy *out)
     out->master = TR_F32;
     out->compute = TR_F32;
     out->grad = TR_F32;
-    out->allow_tf32 = cfg->allow_tf32;
+    out->allow_tf32 = cfg->tf32 || cfg->allow_tf32;
 }
 
 static const struct tr_precision_vtable fp32_vtable = {

@@ -9,14 +9,31 @@
  * when beta != 0, the bias added in fp32 before the one rounding to c_dt
  * (the BIAS epilogue).  The sum runs over k in order: cuBLASLt's order is its
  * own, so results agree with a GPU's to rounding, not bit for bit.
+ * When the graph allows tf32 (c->allow_tf32) fp32 inputs are rounded to
+ * tf32 first, as CUBLAS_COMPUTE_32F_FAST_TF32 does on tensor cores: a run
+ * with tf32 on differs from one without, as it would on a GPU.
  */
 #include "common.cuh"
+
+#include <string.h>
+
+/* fp32 to tf32 (8-bit exponent, 10-bit mantissa), round to nearest with
+ * ties away from zero as the tensor cores' cvt.rna.tf32.f32; kept in fp32 */
+__device__ __forceinline__ float to_tf32(float x)
+{
+    unsigned u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7f800000u) != 0x7f800000u) /* inf and NaN stay as they are */
+        u = (u + 0x1000u) & 0xffffe000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
 
 template <typename AB, typename CT>
 __global__ void reference_gemm_kernel(int trans_a, int trans_b, int M, int N, int K, float alpha,
                                       const AB *A, int lda, long long stride_a, const AB *B,
                                       int ldb, long long stride_b, float beta, CT *C, int ldc,
-                                      long long stride_c, int batch, const CT *bias)
+                                      long long stride_c, int batch, const CT *bias, int tf32)
 {
     size_t total = (size_t)batch * M * N;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
@@ -27,6 +44,10 @@ __global__ void reference_gemm_kernel(int trans_a, int trans_b, int M, int N, in
         for (int k = 0; k < K; k++) {
             float x = to_f32(trans_a ? a[(size_t)k * lda + m] : a[(size_t)m * lda + k]);
             float y = to_f32(trans_b ? bm[(size_t)n * ldb + k] : bm[(size_t)k * ldb + n]);
+            if (tf32) {
+                x = to_tf32(x);
+                y = to_tf32(y);
+            }
             acc += x * y;
         }
         CT *c = C + b * stride_c + (size_t)m * ldc + n;
@@ -57,7 +78,8 @@ static void gemm_typed(struct cuda_context *c, int trans_a, int trans_b, int M, 
     size_t total = (size_t)batch * M * N;
     reference_gemm_kernel<AB, CT><<<grid_for(total, 256), 256, 0, c->compute>>>(
         trans_a, trans_b, M, N, K, alpha, (const AB *)A, lda, stride_a, (const AB *)B, ldb,
-        stride_b, beta, (CT *)C, ldc, stride_c, batch, (const CT *)bias);
+        stride_b, beta, (CT *)C, ldc, stride_c, batch, (const CT *)bias,
+        c->allow_tf32 && sizeof(AB) == sizeof(float));
     LAUNCHED(c, "gemm (reference)");
 }
 

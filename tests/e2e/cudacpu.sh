@@ -98,6 +98,15 @@ on_both fp16 1e-3 precision.plugin=fp16 precision.init_scale=16777216
 skipped=$(last_metric fp16_cuda/metrics.jsonl skipped_steps)
 [ "$skipped" -ge 1 ] || fail "fp16 from 2^24 skipped no step: the overflow path was not run"
 
+# tf32: device=cuda's fp32 GEMMs round their inputs to tf32 when the policy
+# allows it (the reference GEMM as the tensor cores do): the run trains other
+# weights than the fp32 one, within tf32's rounding of it
+run tf32 cuda precision.tf32=true
+agree cuda tf32 1e-2
+a=cuda/checkpoints/step-$(printf %010d $steps)/model.safetensors
+! cmp -s "$a" "tf32/checkpoints/step-$(printf %010d $steps)/model.safetensors" ||
+  fail "precision.tf32=true trained the fp32 weights: the flag did not reach the GEMMs"
+
 # the Llama family (grouped-query attention, RoPE, RMSNorm, SwiGLU, untied
 # head) through the run loop, in fp32 and bf16
 recipe=$C/tiny_llama.lua

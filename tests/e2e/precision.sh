@@ -3,8 +3,9 @@
 # scale backs off and training recovers; a scale that collapses stops the
 # run with a diagnosis; the scale is checkpointed; bf16 and fp16 reach the
 # fp32 validation loss within 2%, bf16 natively or emulated alike; doctor,
-# plan and the run say which bf16 GEMMs run; a policy field no backend
-# honours (allow_tf32) is refused when the run or plan starts.
+# plan and the run say which bf16 GEMMs run; a policy field the device does
+# not honour (tf32 on the cpu) is refused when the run or plan starts, and a
+# plan for device=cuda prices tf32 at the tf32 tensor-core peak.
 . "$(dirname "$0")/lib.sh"
 C="$TR_SRCDIR/tests/config"
 
@@ -88,13 +89,13 @@ cmp -s threads1/checkpoints/step-0000000005/model.safetensors \
 "$TRAINRUN" "$C/tiny.lua" precision=fp32 train.steps=120 train.eval_batches=16 run_dir=bf16 \
   --resume auto 2> mixed.txt || { cat mixed.txt; fail "fp32 resume of a bf16 checkpoint"; }
 grep -q "resumed from checkpoint step-0000000100" mixed.txt || { cat mixed.txt; fail "did not resume"; }
-# allow_tf32: no backend runs tf32 GEMMs, so a run and a plan refuse it at the
-# start, naming the recipe line, the field, the device and what to do
+# tf32: the cpu backend runs no tf32 GEMMs, so a run and a plan refuse it at
+# the start, naming the recipe line, the field, the device and what to do
 cat > tf32.lua <<'EOF2'
 return {
   model = gpt { vocab = 64, ctx = 8, layers = 1, heads = 2, dim = 16 },
   data = { plugin = "synthetic", kind = "tokens", classes = 64, samples = 512 },
-  precision = { plugin = "fp32", allow_tf32 = true },
+  precision = { plugin = "fp32", tf32 = true },
   train = { steps = 4, batch = 4 },
 }
 EOF2
@@ -107,6 +108,10 @@ for cmd in "" plan; do
   grep -q "remove allow_tf32" tf32.txt || { cat tf32.txt; fail "the tf32 refusal says not what to do"; }
 done
 [ ! -e tf32/metrics.jsonl ] || fail "a refused policy trained"
+# on device=cuda the same recipe plans (no GPU needed) at the tf32 peak
+"$TRAINRUN" plan tf32.lua device=cuda cost.hardware=a100-80gb > tf32-plan.txt 2>&1 ||
+  { cat tf32-plan.txt; fail "plan refused tf32 on device=cuda"; }
+grep -q "tf32 peak 156" tf32-plan.txt || { cat tf32-plan.txt; fail "the cuda plan did not price the tf32 peak"; }
 # and the plugin list says what every policy gets
 "$TRAINRUN" plugins precision > list.txt
 grep -q "Every backend keeps master weights, optimizer state, gradients and activations in" \
