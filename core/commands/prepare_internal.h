@@ -130,7 +130,8 @@ struct prepare_progress;
 /* A tokenizer.json, loaded once per worker thread (a tr_tokenizer is not
  * thread-safe), with what prepare records about it. */
 struct prepare_tokenizer {
-    const char *path;
+    const char *path;           /* the tokenizer.json (in a directory --tokenizer named) */
+    char *owned_path;
     unsigned char *file;        /* the file's bytes (copied into OUTDIR) */
     size_t file_size;
     uint64_t hash;              /* 64-bit FNV-1a of the file */

@@ -242,6 +242,20 @@ int tr_prepare_tokenizer_load(struct prepare_tokenizer *pt, const struct prepare
     if (stat(pt->path, &st) != 0)
         return tr_prepare_fail("cannot read the tokenizer %s: %s (--tokenizer takes byte, char "
                                "or the path of a tokenizer.json)", pt->path, strerror(errno));
+    if (S_ISDIR(st.st_mode)) {
+        /* a model directory, as from_pretrained takes it: its tokenizer.json */
+        size_t n = strlen(o->tokenizer);
+        pt->owned_path = malloc(n + sizeof "/tokenizer.json");
+        if (!pt->owned_path)
+            return tr_prepare_fail("out of memory");
+        snprintf(pt->owned_path, n + sizeof "/tokenizer.json", "%s%stokenizer.json",
+                 o->tokenizer, n && o->tokenizer[n - 1] == '/' ? "" : "/");
+        pt->path = pt->owned_path;
+        if (stat(pt->path, &st) != 0)
+            return tr_prepare_fail("%s is a directory without a tokenizer.json (%s); --tokenizer "
+                                   "takes byte, char, a tokenizer.json or a model directory "
+                                   "holding one", o->tokenizer, strerror(errno));
+    }
     if (tr_prepare_read_input(pt->path, &pt->file, &pt->file_size) != 0)
         return -1;
     pt->hash = fnv1a(FNV_OFFSET, pt->file, pt->file_size);
@@ -321,6 +335,7 @@ void tr_prepare_tokenizer_free(struct prepare_tokenizer *pt)
     free(pt->config_path);
     free(pt->token_len);
     free(pt->eos_text);
+    free(pt->owned_path);
     memset(pt, 0, sizeof *pt);
 }
 

@@ -91,8 +91,8 @@ prep_fails() {
   [ "$rc" != 0 ] || { cat out.txt err.txt; fail "prepare $* succeeded"; }
 }
 same_shards() {
-  for f in "$1"/train_*.bin "$1"/val_*.bin; do
-    cmp "$f" "$2/$(basename "$f")" || fail "$2/$(basename "$f") differs from $f"
+  for f in $(ls "$1" | grep '\.bin$'); do
+    cmp "$1/$f" "$2/$f" || fail "$2/$f differs from $1/$f"
   done
   [ "$(ls "$1" | grep -c '\.bin$')" = "$(ls "$2" | grep -c '\.bin$')" ] || fail "$2 has other shards than $1"
 }
@@ -232,6 +232,13 @@ prep docs.jsonl -o cfg --tokenizer hf/tokenizer.json --val-fraction 0
 grep -q "EOS <|im_end|> (id 2, from tokenizer_config.json)" out.txt || { cat out.txt; fail "the EOS is not tokenizer_config.json's"; }
 cmp cfg/tokenizer_config.json hf/tokenizer_config.json || fail "tokenizer_config.json was not copied"
 [ "$(python3 tokens.py cfg train | grep -cx 2)" = 29 ] || fail "not one EOS 2 per document"
+# a model directory stands for its tokenizer.json
+prep docs.jsonl -o cfg-dir --tokenizer hf --val-fraction 0
+same_shards cfg cfg-dir
+grep -q '"source": "hf/tokenizer.json"' cfg-dir/prepare.json || fail "--tokenizer DIR: not DIR/tokenizer.json"
+mkdir notok
+prep_fails docs.jsonl -o bad --tokenizer notok
+grep -q "notok is a directory without a tokenizer.json" err.txt || { cat err.txt; fail "a directory without tokenizer.json: no reason"; }
 prep docs.jsonl -o cfg --tokenizer hf/tokenizer.json --val-fraction 0 --eos "<|im_start|>"
 grep -q '"eos": 1[,}]' cfg/prepare.json || { cat cfg/prepare.json; fail "--eos <|im_start|> is not id 1"; }
 prep_fails docs.jsonl -o bad --tokenizer "$TOK" --eos "<|nope|>"
