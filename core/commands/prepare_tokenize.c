@@ -16,6 +16,7 @@
 #include "prepare_internal.h"
 
 #include "../util/json.h"
+#include "../util/progress.h"
 #include "../util/tokenizer.h"
 
 #include <errno.h>
@@ -37,30 +38,23 @@ static double clock_s(clockid_t clock)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static double now(void)
-{
-    return clock_s(CLOCK_MONOTONIC);
-}
-
 /* ---- progress ------------------------------------------------------------------ */
 
+/* The bar is core/util's; prepare adds the summary with CPU seconds. */
 struct prepare_progress {
-    uint64_t total;
-    uint64_t done; /* added to by every worker (atomically) */
-    double start, last_draw;
+    struct tr_progress *bar;
     double cpu_start; /* CPU time of the process (all threads) */
-    int tty, drawn, workers;
+    int workers;
 };
 
 struct prepare_progress *tr_prepare_progress_start(uint64_t total, int workers)
 {
     struct prepare_progress *p = calloc(1, sizeof *p);
-    if (!p)
+    if (!p || !(p->bar = tr_progress_start("tokenizing", total))) {
+        free(p);
         return NULL;
-    p->total = total;
+    }
     p->workers = workers;
-    p->tty = isatty(STDERR_FILENO);
-    p->start = p->last_draw = now();
     p->cpu_start = clock_s(CLOCK_PROCESS_CPUTIME_ID);
     return p;
 }
@@ -68,54 +62,22 @@ struct prepare_progress *tr_prepare_progress_start(uint64_t total, int workers)
 void tr_prepare_progress_add(struct prepare_progress *p, uint64_t bytes)
 {
     if (p)
-        __atomic_fetch_add(&p->done, bytes, __ATOMIC_RELAXED);
+        tr_progress_add(p->bar, bytes);
 }
 
-static void hms(double seconds, char *out, size_t size)
-{
-    long s = seconds < 0 ? 0 : seconds > 359999 ? 359999 : (long)(seconds + 0.5);
-    snprintf(out, size, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
-}
-
-/* One line, redrawn in place: "  41% [########            ] 1.8/4.4 MB  21.0 MB/s  ETA 0:00:01". */
 void tr_prepare_progress_draw(struct prepare_progress *p, int force)
 {
-    if (!p || !p->tty)
-        return;
-    double t = now();
-    if (!force && t - p->last_draw < 0.1)
-        return;
-    p->last_draw = t;
-    uint64_t done = __atomic_load_n(&p->done, __ATOMIC_RELAXED);
-    double frac = p->total ? (double)done / (double)p->total : 1;
-    if (frac > 1)
-        frac = 1;
-    double elapsed = t - p->start, rate = elapsed > 0 ? (double)done / elapsed : 0;
-    char bar[25], eta[32];
-    int filled = (int)(frac * 24);
-    for (int i = 0; i < 24; i++)
-        bar[i] = i < filled ? '#' : ' ';
-    bar[24] = '\0';
-    if (rate > 0 && done < p->total)
-        hms((double)(p->total - done) / rate, eta, sizeof eta);
-    else
-        snprintf(eta, sizeof eta, "%s", done >= p->total ? "0:00:00" : "?");
-    fprintf(stderr, "\rtokenizing %3d%% [%s] %.1f/%.1f MB  %.1f MB/s  ETA %s ", (int)(frac * 100),
-            bar, (double)done / 1e6, (double)p->total / 1e6, rate / 1e6, eta);
-    fflush(stderr);
-    p->drawn = 1;
+    if (p)
+        tr_progress_draw(p->bar, force);
 }
 
 void tr_prepare_progress_end(struct prepare_progress *p, int ok)
 {
     if (!p)
         return;
-    if (ok)
-        tr_prepare_progress_draw(p, 1);
-    if (p->drawn)
-        fputc('\n', stderr);
-    double elapsed = now() - p->start;
-    uint64_t done = __atomic_load_n(&p->done, __ATOMIC_RELAXED);
+    double elapsed = tr_progress_elapsed(p->bar);
+    uint64_t done = tr_progress_done(p->bar);
+    tr_progress_end(p->bar, ok, 0);
     /* CPU seconds too: on a shared machine they say what a core does */
     double cpu = clock_s(CLOCK_PROCESS_CPUTIME_ID) - p->cpu_start;
     if (ok)

@@ -8,6 +8,7 @@
 #include "hf_weights.h"
 #include "../util/json.h"
 #include "optim.h"
+#include "../util/progress.h"
 #include "../util/safetensors.h"
 #include "../util/util.h"
 
@@ -1021,7 +1022,19 @@ int tr_export_weights(const char *checkpoint_dir, enum tr_dtype dtype, const cha
     FILE *o = fd >= 0 ? fdopen(fd, "wb") : NULL;
     if (fd >= 0 && !o)
         close(fd);
-    if (!blob || !o || fwrite(blob, 1, out_size, o) != out_size || fflush(o) != 0) {
+    /* in 16 MiB pieces, each counted on the progress bar */
+    struct tr_progress *bar = o && blob ? tr_progress_start("exporting", out_size) : NULL;
+    size_t written = 0;
+    while (o && blob && written < out_size) {
+        size_t piece = out_size - written < (16u << 20) ? out_size - written : (16u << 20);
+        if (fwrite((char *)blob + written, 1, piece, o) != piece)
+            break;
+        written += piece;
+        tr_progress_add(bar, piece);
+        tr_progress_draw(bar, 0);
+    }
+    tr_progress_end(bar, written == out_size, 1);
+    if (!blob || !o || written != out_size || fflush(o) != 0) {
         tr_fail(err, "cannot write %s: %s", out_path, strerror(errno));
         if (o)
             fclose(o);

@@ -7,6 +7,7 @@
 
 #include "../../kernels/host.h"
 #include "../util/json.h"
+#include "../util/progress.h"
 #include "../util/util.h"
 
 #include <dirent.h>
@@ -267,6 +268,12 @@ int tr_hf_export(const struct tr_hf_arch *a, const struct tr_st_file *weights, c
         len8[k] = (unsigned char)((uint64_t)hlen >> (8 * k));
     int ok = fwrite(len8, 1, 8, af.f) == 8 && fwrite(header, 1, hlen, af.f) == hlen;
     free(header);
+    uint64_t total = 8 + hlen;
+    for (size_t i = 0; i < n; i++)
+        total += (uint64_t)want[i].shape[0] * (uint64_t)(want[i].ndim > 1 ? want[i].shape[1] : 1) *
+                 (dtype == TR_F32 ? 4 : 2);
+    struct tr_progress *bar = tr_progress_start("exporting", total);
+    tr_progress_add(bar, 8 + hlen);
     for (size_t i = 0; i < n && ok; i++) {
         size_t numel = (size_t)want[i].shape[0] * (size_t)(want[i].ndim > 1 ? want[i].shape[1] : 1);
         float *f32 = malloc(numel * sizeof(float) + 1);
@@ -292,7 +299,10 @@ int tr_hf_export(const struct tr_hf_arch *a, const struct tr_st_file *weights, c
         free(f32);
         free(flip);
         free(half);
+        tr_progress_add(bar, (uint64_t)numel * (dtype == TR_F32 ? 4 : 2)); /* written */
+        tr_progress_draw(bar, 0);
     }
+    tr_progress_end(bar, ok > 0, 1);
     if (ok <= 0) { /* out of memory (err says so) or a short write */
         int errnum = errno;
         atomic_close(&af, 0, err);
