@@ -262,6 +262,28 @@ int tr_plan_build(struct tr_plan *p, const char *recipe, const char *const *over
     p->fixed_bytes = p->memory_total - p->bytes_per_sample * (double)p->micro_batch;
 
     p->flops_per_token = tr_graph_flops_per_token(g);
+    /* train.tokens / train.epochs: the steps they come to (epochs read the
+     * training split's sample count from the data plugin) */
+    p->length_from = cfg.train.length_from;
+    p->length_value = p->length_from == TR_LENGTH_TOKENS ? cfg.train.tokens : cfg.train.epochs;
+    p->time_limit = cfg.train.time;
+    if (p->length_from == TR_LENGTH_EPOCHS) {
+        struct tr_data_info di = {.struct_size = sizeof di};
+        const struct tr_data_vtable *dv;
+        if (tr_config_create_slot(&cfg, &cfg.data, (uint32_t)(p->sequence_model ?
+                                  p->tokens_per_sample : 0), err) != TR_OK)
+            goto out;
+        dv = cfg.data.plugin->info->vtable;
+        if (dv->info(cfg.data.self, &di, err) != TR_OK)
+            goto out;
+        if (tr_train_resolve_steps(&cfg, 0, di.samples[TR_SPLIT_TRAIN],
+                                   (uint64_t)p->micro_batch, err) != TR_OK)
+            goto out;
+    } else if (tr_train_resolve_steps(&cfg, p->sequence_model ? (uint64_t)p->tokens_per_sample : 0,
+                                      0, 0, err) != TR_OK) {
+        goto out;
+    }
+    p->steps = p->length_from == TR_LENGTH_TIME ? 0 : cfg.train.steps;
     p->tokens_per_step = (double)p->batch * (double)p->tokens_per_sample;
     p->flops_per_step = p->flops_per_token * p->tokens_per_step;
     p->tokens = (double)p->steps * p->tokens_per_step;
@@ -274,6 +296,14 @@ int tr_plan_build(struct tr_plan *p, const char *recipe, const char *const *over
     p->bucket_bytes = cfg.parallel.bucket_mb * 1024 * 1024;
     if (p->hardware)
         project(p);
+    if (p->hardware && p->length_from == TR_LENGTH_TIME && p->scale[0].step_seconds > 0) {
+        /* train.time alone: the steps that fit in it at the estimated step time */
+        p->steps = (int64_t)floor(p->time_limit / p->scale[0].step_seconds);
+        p->tokens = (double)p->steps * p->tokens_per_step;
+        p->flops = (double)p->steps * p->flops_per_step;
+        p->trained_factor = p->tokens / p->optimal_tokens;
+        project(p);
+    }
     rc = TR_OK;
 out:
     tr_graph_free(g, NULL);

@@ -38,6 +38,9 @@ struct tr_plan {
     int sequence_model;
     /* the recipe's run */
     int64_t batch, micro_batch, steps;
+    int length_from;         /* tr_train_config's: steps, tokens, epochs or time alone */
+    double length_value;     /* train.tokens or train.epochs as given */
+    double time_limit;       /* train.time in seconds; 0: none */
     double tokens_per_step, flops_per_step, tokens, flops;
     double lr;
     /* memory per device at the micro-batch */

@@ -4,6 +4,7 @@
 #include "plan.h"
 
 #include "../config/precision.h"
+#include "../config/run_config.h"
 #include "../util/util.h"
 
 #include <math.h>
@@ -184,8 +185,29 @@ static void print_model(const struct tr_plan *p, FILE *out)
     else
         row(out, label, "%s  (train.batch)", fmt_int(p->tokens_per_step, a, sizeof a));
     row(out, "FLOPs per step", "%s", fmt_flops(p->flops_per_step, "FLOP", a, sizeof a));
-    row(out, "the recipe's run", "%s steps = %s %ss, %s", fmt_int((double)p->steps, a, sizeof a),
-        fmt_count(p->tokens, b, sizeof b), per, fmt_flops(p->flops, "FLOP", c, sizeof c));
+    if (p->length_from == TR_LENGTH_TIME && p->steps == 0)
+        row(out, "the recipe's run", "train.time alone: the steps in it need a step time "
+            "(cost.hardware, or cost.peak_tflops for cpu)");
+    else
+        row(out, "the recipe's run", "%s steps = %s %ss, %s", fmt_int((double)p->steps, a, sizeof a),
+            fmt_count(p->tokens, b, sizeof b), per, fmt_flops(p->flops, "FLOP", c, sizeof c));
+    if (p->length_from == TR_LENGTH_TOKENS)
+        row(out, "", "from train.tokens = %s: ceil(tokens / %s %ss per step)",
+            fmt_count(p->length_value, a, sizeof a), fmt_int(p->tokens_per_step, b, sizeof b), per);
+    else if (p->length_from == TR_LENGTH_EPOCHS)
+        row(out, "", "from train.epochs = %g of the training split", p->length_value);
+    else if (p->length_from == TR_LENGTH_TIME && p->steps > 0)
+        row(out, "", "from train.time = %s at the estimated step time (the schedule sees no end)",
+            fmt_hours(p->time_limit / 3600.0, a, sizeof a));
+    if (p->time_limit > 0 && p->length_from != TR_LENGTH_TIME) {
+        if (p->hours > 0 && p->hours * 3600.0 > p->time_limit)
+            row(out, "", "train.time = %s stops it first: about %s steps at the estimated step time",
+                fmt_hours(p->time_limit / 3600.0, a, sizeof a),
+                fmt_int(floor(p->time_limit / (p->hours * 3600.0 / (double)p->steps)), b, sizeof b));
+        else
+            row(out, "", "train.time = %s: a limit%s", fmt_hours(p->time_limit / 3600.0, a, sizeof a),
+                p->hours > 0 ? " the estimate stays within" : " (no step time to compare it with)");
+    }
     if (p->memory.recompute_saved) {
         row(out, "", "activation recomputation adds up to one more forward (2·P) of the");
         row(out, "", "recomputed blocks, not counted above (MFU counts model FLOPs only)");

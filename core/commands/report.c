@@ -147,7 +147,7 @@ static int metrics_read(const char *path, struct metrics *m)
             series_add(&m->data_wait, step, v, order);
         if (number_at(obj, "cost_usd", &v))
             series_add(&m->cost, step, v, order);
-        if (number_at(obj, "mfu", &v))
+        if (number_at(obj, "mfu", &v) && v >= 0) /* -1: no peak FLOP/s was known */
             series_add(&m->mfu, step, v, order);
         if (number_at(obj, "val_loss", &v))
             series_add(&m->val_loss, step, v, order);
@@ -409,6 +409,10 @@ static int cost_image(struct report *r)
         skip_image(r, "cost.png", "no cost_usd logged");
         return 0;
     }
+    if (r->m->cost.p[r->m->cost.n - 1].y <= 0) { /* 0 throughout: no price */
+        skip_image(r, "cost.png", "no price known (cost_usd is 0)");
+        return 0;
+    }
     struct chart ch = chart_base(r, "Cost", "dollars");
     ch.y_prefix = "$";
     ch.y_from_zero = 1;
@@ -489,13 +493,18 @@ static char *summary_text(const struct metrics *m, const char *run)
     if (m->mfu.n) {
         double mfu = series_mean(&m->mfu);
         fprintf(out, "%-12s mean %.1f%%\n", "mfu", mfu <= 1.5 ? 100 * mfu : mfu); /* a fraction or a percentage */
+    } else if (m->tokens_per_s.n) { /* logged as -1, or left out, when no peak is known */
+        fprintf(out, "%-12s n/a (no peak FLOP/s known: set cost.hardware, or cost.peak_tflops "
+                "for cpu)\n", "mfu");
     }
     if (m->has_time) {
         format_duration(buf, sizeof buf, m->time_s);
         fprintf(out, "%-12s %s\n", "time", buf);
     }
-    if (m->cost.n)
+    if (m->cost.n && m->cost.p[m->cost.n - 1].y > 0)
         fprintf(out, "%-12s $%.2f\n", "cost", m->cost.p[m->cost.n - 1].y);
+    else if (m->cost.n) /* 0 throughout: the run knew no price */
+        fprintf(out, "%-12s n/a (no price known: set cost.hardware or cost.price)\n", "cost");
     else
         fprintf(out, "%-12s not logged\n", "cost");
     fclose(out);

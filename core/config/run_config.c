@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -74,10 +75,24 @@ const struct tr_install_paths *tr_install_paths(void)
  * typo or an attack, and gets an error naming the key, never a wrap. */
 #define STEPS_MAX 1e12        /* steps and every step interval */
 #define BATCH_MAX 16777216.0  /* 2^24 samples in a batch or micro-batch */
-#define SEED_MAX 9007199254740991.0 /* 2^53 - 1: every seed a recipe number holds exactly */
+#define SEED_MAX 9007199254740991.0
+#define TOKENS_MAX 1e18       /* train.tokens: a quintillion */
+#define TIME_MAX 31536000.0   /* train.time: a year of seconds */ /* 2^53 - 1: every seed a recipe number holds exactly */
 
 static const struct tr_option train_options[] = {
-    OPT(TR_OPT_INT, "steps", "1000", 1, STEPS_MAX, "optimizer steps to run", struct tr_train_config, steps),
+    OPT(TR_OPT_INT, "steps", "1000", 1, STEPS_MAX,
+        "optimizer steps to run (or set one of tokens and epochs instead)", struct tr_train_config, steps),
+    OPT(TR_OPT_FLOAT, "tokens", "0", 0, TOKENS_MAX,
+        "train on this many tokens instead: steps = ceil(tokens / (batch x sequence length)); "
+        "\"2B\", \"500M\", \"12k\", \"1T\" or a number (0: not set)", struct tr_train_config, tokens),
+    OPT(TR_OPT_FLOAT, "epochs", "0", 0, 1000000,
+        "passes over the training split instead of steps (fractions allowed): steps = "
+        "ceil(epochs x micro-batches per epoch / micro-batches per step) (0: not set)",
+        struct tr_train_config, epochs),
+    OPT(TR_OPT_FLOAT, "time", "0", 0, TIME_MAX,
+        "wall-clock limit of this process's training, \"90s\", \"45m\", \"1.5h\", \"2d\" or "
+        "seconds: the run stops with a checkpoint when it is reached (0: none); alone, it sets "
+        "the length and the schedule sees no end", struct tr_train_config, time),
     OPT(TR_OPT_INT, "batch", "16", 1, BATCH_MAX,
         "global batch in samples per optimizer step", struct tr_train_config, batch),
     OPT(TR_OPT_INT, "micro_batch", "0", 0, BATCH_MAX,
@@ -343,6 +358,137 @@ static int configure_slot(struct tr_config *cfg, struct tr_slot *slot, const cha
     return TR_OK;
 }
 
+/* ---- the run's length ----------------------------------------------------- */
+
+double tr_parse_count(const char *text)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(text, &end);
+    if (end == text || errno || !(x >= 0))
+        return -1;
+    static const char suffix[] = "kMBT";
+    if (*end) {
+        const char *at = strchr(suffix, end[0]);
+        if (end[0] == 'K')
+            at = suffix;
+        if (!at || end[1])
+            return -1;
+        for (long i = 0; i <= at - suffix; i++)
+            x *= 1000;
+    }
+    return x;
+}
+
+double tr_parse_duration(const char *text)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(text, &end);
+    if (end == text || errno || !(x >= 0))
+        return -1;
+    double unit = !*end ? 1 : strcmp(end, "s") == 0 ? 1 : strcmp(end, "m") == 0 ? 60
+                : strcmp(end, "h") == 0 ? 3600 : strcmp(end, "d") == 0 ? 86400 : -1;
+    return unit < 0 ? -1 : x * unit;
+}
+
+/* train.tokens = "2B" and train.time = "6h" are read here into numbers
+ * (the option table checks their ranges); exactly one of steps, tokens and
+ * epochs may set the length, else an error names both places. */
+static int train_length(struct tr_config *cfg, struct tr_value *root, tr_err *err)
+{
+    static const char *const keys[] = {"train.steps", "train.tokens", "train.epochs"};
+    char where[600], other[600];
+    struct tr_value *set = NULL;
+    const char *set_key = NULL;
+    for (int i = 0; i < 3; i++) {
+        struct tr_value *v = tr_value_get(root, keys[i]);
+        if (!v)
+            continue;
+        if (i == 1 && v->type == TR_V_STRING) {
+            double n = tr_parse_count(v->string);
+            tr_value_where(v, where, sizeof where);
+            if (n < 0)
+                return tr_fail(err, "%strain.tokens: '%s' is not a token count; write e.g. "
+                               "\"2B\", \"500M\", \"12k\" or 2e9", where, v->string);
+            v->type = TR_V_NUMBER;
+            v->number = n;
+            tr_value_set_text(v, NULL); /* the options read a number now */
+        }
+        if (v->type == TR_V_NUMBER && v->number == 0 && i > 0)
+            continue; /* tokens = 0, epochs = 0: not set */
+        if (set) {
+            tr_value_where(set, other, sizeof other);
+            tr_value_where(v, where, sizeof where);
+            return tr_fail(err, "%s%s and %s (%.*s) both set the run's length; keep one of "
+                           "train.steps, train.tokens and train.epochs (train.time may go "
+                           "with any)", where, keys[i], set_key,
+                           (int)(strlen(other) > 2 ? strlen(other) - 2 : 0), other);
+        }
+        set = v;
+        set_key = keys[i];
+        cfg->train.length_from = i == 0 ? TR_LENGTH_STEPS : i == 1 ? TR_LENGTH_TOKENS
+                                                                    : TR_LENGTH_EPOCHS;
+    }
+    struct tr_value *t = tr_value_get(root, "train.time");
+    if (t && t->type == TR_V_STRING) {
+        double s = tr_parse_duration(t->string);
+        tr_value_where(t, where, sizeof where);
+        if (s < 0)
+            return tr_fail(err, "%strain.time: '%s' is not a duration; write e.g. \"90s\", "
+                           "\"45m\", \"1.5h\", \"2d\" or seconds", where, t->string);
+        t->type = TR_V_NUMBER;
+        t->number = s;
+        tr_value_set_text(t, NULL);
+    }
+    if (!set && t && t->type == TR_V_NUMBER && t->number > 0)
+        cfg->train.length_from = TR_LENGTH_TIME;
+    return TR_OK;
+}
+
+int tr_train_resolve_steps(struct tr_config *cfg, uint64_t tokens_per_sample, uint64_t samples,
+                           uint64_t micro_batch, tr_err *err)
+{
+    struct tr_train_config *t = &cfg->train;
+    char where[600];
+    double steps;
+    switch (t->length_from) {
+    case TR_LENGTH_STEPS:
+        return TR_OK;
+    case TR_LENGTH_TIME:
+        t->steps = (int64_t)STEPS_MAX; /* the clock ends it */
+        return TR_OK;
+    case TR_LENGTH_TOKENS:
+        where_of(cfg, "train.tokens", where, sizeof where);
+        if (!tokens_per_sample)
+            return tr_fail(err, "%strain.tokens: the model reads no token sequence; give "
+                           "train.steps or train.epochs", where);
+        steps = ceil(t->tokens / ((double)t->batch * (double)tokens_per_sample));
+        break;
+    default: { /* epochs */
+        where_of(cfg, "train.epochs", where, sizeof where);
+        uint64_t per_epoch = micro_batch ? samples / micro_batch : 0;
+        uint64_t per_step = micro_batch ? (uint64_t)t->batch / micro_batch : 0;
+        if (!per_epoch || !per_step)
+            return tr_fail(err, "%strain.epochs: the training split has %llu samples, fewer than "
+                           "a micro-batch of %llu; give train.steps", where,
+                           (unsigned long long)samples, (unsigned long long)micro_batch);
+        steps = ceil(t->epochs * (double)per_epoch / (double)per_step);
+        break;
+    }
+    }
+    if (!(steps <= STEPS_MAX))
+        return tr_fail(err, "%s%s gives %.3g steps, more than %.0g; is it a typo?", where,
+                       t->length_from == TR_LENGTH_TOKENS ? "train.tokens" : "train.epochs",
+                       steps, STEPS_MAX);
+    t->steps = steps < 1 ? 1 : (int64_t)steps;
+    /* show and the checkpoints see the steps in effect */
+    struct tr_value *sv = tr_value_get(tr_recipe_root(cfg->recipe), "train.steps");
+    if (sv && sv->type == TR_V_NUMBER)
+        sv->number = (double)t->steps;
+    return TR_OK;
+}
+
 int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *const *overrides,
                    int n_overrides, tr_err *err)
 {
@@ -389,6 +535,8 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
         mb->number = 0;
         tr_value_set_text(mb, NULL);
     }
+    if (train_length(cfg, root, err) != TR_OK)
+        return TR_ERROR;
     struct tr_schema_use tu = {train_options, &cfg->train};
     struct tr_schema_use ou = {optimizer_options, &cfg->optimizer};
     struct tr_schema_use eu = {early_stop_options, &cfg->early_stop};

@@ -19,6 +19,12 @@ struct tr_train_config {
     int64_t eval_every, eval_batches, log_every;
     int64_t threads, workers, prefetch;
     int64_t trace_every;
+    /* The run's length: steps, or one of tokens and epochs (the step count
+     * is then derived by tr_train_resolve_steps once the sequence length and
+     * the training split are known); time: a wall-clock limit in seconds
+     * that stops the run with a checkpoint, with any of them or alone. */
+    double tokens, epochs, time;
+    enum { TR_LENGTH_STEPS, TR_LENGTH_TOKENS, TR_LENGTH_EPOCHS, TR_LENGTH_TIME } length_from;
 };
 
 struct tr_optimizer_config {
@@ -84,6 +90,19 @@ struct tr_config {
     char **overrides; /* as given on the command line (checkpoints record them) */
     int n_overrides;
 };
+
+/* train.tokens / train.epochs -> train.steps: tokens_per_sample is the
+ * sequence length (0 for a model without one), samples and micro_batch
+ * those of the training split as the loader reads it (an epoch is
+ * samples / micro_batch whole micro-batches).  With time alone, steps is
+ * unbounded and the clock ends the run.  Checks every size; TR_OK or an
+ * error naming the key. */
+int tr_train_resolve_steps(struct tr_config *cfg, uint64_t tokens_per_sample, uint64_t samples,
+                           uint64_t micro_batch, tr_err *err);
+/* "2B", "500M", "12k", "3e9" -> a count; "90s", "45m", "1.5h", "2d" -> seconds.
+ * -1 when the text is not one. */
+double tr_parse_count(const char *text);
+double tr_parse_duration(const char *text);
 
 struct tr_install_paths {
     const char *plugin_dir; /* built-in plugins */

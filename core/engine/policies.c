@@ -199,6 +199,8 @@ static int progress(struct run *r, double lr, double grad_norm, double elapsed, 
     uint64_t steps = (uint64_t)r->cfg->train.steps;
     double per_step = elapsed / (double)(steps_this_run ? steps_this_run : 1);
     double eta = per_step * (double)(steps - r->step);
+    if (r->cfg->train.time > 0 && r->cfg->train.time - elapsed < eta) /* the clock ends it first */
+        eta = r->cfg->train.time - elapsed > 0 ? r->cfg->train.time - elapsed : 0;
     double total = r->t_data + r->t_compute + r->t_optimizer;
     double wait = total > 0 ? 100.0 * r->t_data / total : 0;
     double tok_s = tokens / (elapsed > 0 ? elapsed : 1);
@@ -213,8 +215,11 @@ static int progress(struct run *r, double lr, double grad_norm, double elapsed, 
             size_t len = strlen(extra);
             snprintf(extra + len, sizeof extra - len, " | $%.2f of ~$%.2f", dollars, projected);
         }
-        fprintf(stderr, "step %6llu/%llu | loss %.4f | lr %.3g | norm %.3f | %.0f tok/s%s | data wait %.1f%% | ETA %.0fs\n",
-                (unsigned long long)r->step, (unsigned long long)steps, r->last_loss, lr, grad_norm,
+        char of[32] = ""; /* no total when train.time alone sets the length */
+        if (r->cfg->train.length_from != TR_LENGTH_TIME)
+            snprintf(of, sizeof of, "/%llu", (unsigned long long)steps);
+        fprintf(stderr, "step %6llu%s | loss %.4f | lr %.3g | norm %.3f | %.0f tok/s%s | data wait %.1f%% | ETA %.0fs\n",
+                (unsigned long long)r->step, of, r->last_loss, lr, grad_norm,
                 tok_s, extra, wait, eta);
     }
     return metrics_line(r, err,
@@ -293,14 +298,15 @@ int tr_policy_log(struct run *r, tr_err *err)
                     r->step - r->first_step, r->quiet, err);
 }
 
-/* Budget: warn at cost.warn_at of cost.budget, stop (with a checkpoint) at it. */
+/* Budget: warn at cost.warn_at of cost.budget, stop (with a checkpoint) at it
+ * or at train.time. */
 void tr_policy_budget(struct run *r)
 {
     const struct tr_cost_config *c = &r->cfg->cost;
-    if (c->budget <= 0)
+    if (c->budget <= 0 && r->cfg->train.time <= 0)
         return;
     double dollars = r->cost_before + tr_run_cost(r);
-    if (!r->budget_warned && r->rank == 0 && dollars >= c->warn_at * c->budget) {
+    if (c->budget > 0 && !r->budget_warned && r->rank == 0 && dollars >= c->warn_at * c->budget) {
         r->budget_warned = 1;
         tr_log(TR_LOG_WARN, "budget", "$%.2f spent, %.0f%% of the $%.2f budget (cost.budget)",
                dollars, 100 * dollars / c->budget, c->budget);
@@ -401,6 +407,13 @@ int tr_policy_checkpoint(struct run *r, int improved, tr_err *err)
 int tr_policy_stop(struct run *r)
 {
     const struct tr_config *cfg = r->cfg;
+    if (r->budget_stop && tr_run_over_time(r)) {
+        if (r->rank == 0)
+            tr_log(TR_LOG_WARN, NULL, "stopping at step %llu: train.time (%.0f s) reached; "
+                   "checkpoint saved (--resume auto goes on, with the time again)",
+                   (unsigned long long)r->step, cfg->train.time);
+        return 1;
+    }
     if (r->budget_stop) {
         if (r->rank == 0)
             tr_log(TR_LOG_WARN, "budget", "stopping at step %llu: $%.2f spent reaches the $%.2f "

@@ -217,10 +217,18 @@ int tr_run_evaluate(struct run *r, double *val_loss, double *val_accuracy, tr_er
 /* Dollars this process has spent (elapsed time x device price x count). */
 double tr_run_cost(const struct run *r) { return (tr_now() - r->t_start) * r->usd_per_second; }
 
-/* cost.budget reached (this process's view of the dollars spent) */
+/* train.time reached (this process's wall clock since the run started) */
+int tr_run_over_time(const struct run *r)
+{
+    return r->cfg->train.time > 0 && tr_now() - r->t_start >= r->cfg->train.time;
+}
+
+/* cost.budget or train.time reached (this process's view of the dollars
+ * spent): both stop the run the same way, with a checkpoint */
 int tr_run_over_budget(const struct run *r)
 {
-    return r->cfg->cost.budget > 0 && r->cost_before + tr_run_cost(r) >= r->cfg->cost.budget;
+    return (r->cfg->cost.budget > 0 && r->cost_before + tr_run_cost(r) >= r->cfg->cost.budget) ||
+           tr_run_over_time(r);
 }
 
 /* ---- the phases of a run ------------------------------------------------ */

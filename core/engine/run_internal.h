@@ -98,6 +98,7 @@ int tr_run_stopping(const struct run *r);  /* a signal asked the run to stop */
 double tr_run_loss_scale(struct run *r);
 double tr_run_cost(const struct run *r);   /* dollars this process has spent */
 int tr_run_over_budget(const struct run *r);
+int tr_run_over_time(const struct run *r); /* train.time reached */
 /* A checkpoint at loader_position; now: written before returning, else in
  * the background when checkpoint.async. */
 int tr_run_save(struct run *r, uint64_t loader_position, int now, tr_err *err);

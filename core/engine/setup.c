@@ -314,6 +314,12 @@ int tr_run_setup(struct run *r, tr_err *err)
                            where, r->data.name, di->classes, (long long)lg->shape[lg->ndim - 1]);
     }
 
+    /* train.tokens / train.epochs: the step count, now that the sequence
+     * length and the training split are known */
+    if (!r->eval_only && tr_train_resolve_steps(cfg, seq_len, di->samples[TR_SPLIT_TRAIN],
+                                                (uint64_t)cfg->train.micro_batch, err) != TR_OK)
+        return TR_ERROR;
+
     /* an evaluation keeps no optimizer state */
     int slots = r->eval_only ? 0 : tr_optimizer_find(cfg->optimizer.type)->state_slots;
     if (tr_graph_plan(r->g, &r->be, slots, err) != TR_OK)
