@@ -250,12 +250,18 @@ static int start(struct run *r, const struct tr_run_flags *flags, tr_err *err)
          * slower than fp32 (the CPU backend's choice, kernels/cpu/gemm.c) */
         if (strcmp(cfg->device, "cpu") == 0 && r->g->compute != TR_F32)
             fprintf(stderr, "device cpu: %s\n", tr_cpu_gemm_path(r->g->compute));
+        if (r->g->allow_tf32) /* only device=cuda gets here (tr_precision_check) */
+            fprintf(stderr, "device %s: fp32 GEMMs in tf32 on tensor cores (cuBLASLt "
+                            "CUBLAS_COMPUTE_32F_FAST_TF32, fp32 accumulation)\n", cfg->device);
         tr_graph_print_memory(r->g, stderr);
     }
     if (flags->resume && tr_run_resume(r, err) != TR_OK)
         return TR_ERROR;
     /* resumed from a checkpoint: its weights learnt the recorded tokenizer's ids */
     if (r->rank == 0 && tr_run_record_tokenizer(r, r->step > 0, err) != TR_OK)
+        return TR_ERROR;
+    /* the recipe it runs, compared with the recorded one when it continues one */
+    if (r->rank == 0 && tr_run_record_recipe(r, r->step > 0, flags->allow_changes, err) != TR_OK)
         return TR_ERROR;
     if (r->step == 0 && tr_run_load_pretrained(r, err) != TR_OK) /* not resumed */
         return TR_ERROR;

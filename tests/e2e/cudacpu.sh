@@ -101,8 +101,16 @@ skipped=$(last_metric fp16_cuda/metrics.jsonl skipped_steps)
 # tf32: device=cuda's fp32 GEMMs round their inputs to tf32 when the policy
 # allows it (the reference GEMM as the tensor cores do): the run trains other
 # weights than the fp32 one, within tf32's rounding of it
-run tf32 cuda precision.tf32=true
+run tf32 cuda precision.tf32=true cost.hardware=a100-80gb
 agree cuda tf32 1e-2
+# its MFU is against the A100's dense tf32 peak (156 TFLOP/s), not fp32's 19.5:
+# peak = tokens/s x the plan's FLOPs/token / MFU
+fpt=$("$TRAINRUN" plan "$recipe" | awk '/training FLOPs\/token/ { sub(/ *\(.*/, ""); n = $NF; gsub(",", "", n); print n }')
+awk -v t="$(last_metric tf32/metrics.jsonl tokens_per_s)" -v m="$(last_metric tf32/metrics.jsonl mfu)" \
+  -v f="$fpt" 'BEGIN { p = t * f / m / 1e12; printf "tf32 run: MFU against a %.4g TFLOP/s peak\n", p
+                       exit !(p > 155 && p < 157) }' || fail "the tf32 run's MFU is not against the tf32 peak"
+grep -q "device cuda: fp32 GEMMs in tf32 on tensor cores" tf32.txt ||
+  { cat tf32.txt; fail "the tf32 run did not say its GEMMs run in tf32"; }
 a=cuda/checkpoints/step-$(printf %010d $steps)/model.safetensors
 ! cmp -s "$a" "tf32/checkpoints/step-$(printf %010d $steps)/model.safetensors" ||
   fail "precision.tf32=true trained the fp32 weights: the flag did not reach the GEMMs"
