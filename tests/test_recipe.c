@@ -313,37 +313,85 @@ Test(recipe, scalars_and_tables_replace_each_other)
     tr_recipe_free(r);
 }
 
-/* A child that names another plugin for a slot than its base gets only its
- * own options there: the base's options of the old plugin are dropped, the
- * slot's core keys (checkpoint.every) and tables that keep their plugin
- * merge as before. */
-Test(recipe, extends_switching_plugin_drops_the_old_plugins_options)
+/* A child that names another plugin for a slot than its base: the loader
+ * lists the base's keys there that were the old plugin's options (not the
+ * slot's core keys, checkpoint.every, nor keys the child sets again), for
+ * the host to drop those the new plugin lacks; tables that keep their
+ * plugin, and tables that are not slots, merge as before. */
+static const struct tr_option every_option[] = {
+    {TR_OPT_INT, "every", "0", 0, 1e9, NULL, "", 0}, {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0}};
+static const struct tr_recipe_slot switch_slots[] = {
+    {"schedule", NULL}, {"checkpoint", every_option}, {"data", NULL}, {NULL, NULL}};
+
+static const struct tr_recipe_switch *find_switch(struct tr_recipe *r, const char *slot)
 {
-    static const struct tr_option every[] = {
-        {TR_OPT_INT, "every", "0", 0, 1e9, NULL, "", 0}, {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0}};
-    static const struct tr_recipe_slot slots[] = {
-        {"schedule", NULL}, {"checkpoint", every}, {"data", NULL}, {NULL, NULL}};
+    const struct tr_recipe_switch *sw;
+    int n = tr_recipe_switches(r, &sw);
+    for (int i = 0; i < n; i++)
+        if (strcmp(sw[i].slot, slot) == 0)
+            return &sw[i];
+    return NULL;
+}
+
+Test(recipe, extends_switching_plugin_lists_the_old_plugins_options)
+{
     struct tr_recipe_paths paths = test_paths;
-    paths.slots = slots;
+    paths.slots = switch_slots;
     tr_err err = {{0}};
     struct tr_recipe *r = tr_recipe_load("recipes/switch_child.lua", NULL, 0, &paths, &err);
     cr_assert_not_null(r, "%s", err.msg);
     expect_string(r, "schedule.plugin", "step");
     expect_number(r, "schedule.step_size", 3);
-    cr_assert_null(tr_value_get(tr_recipe_root(r), "schedule.min_lr_ratio"), "cosine's option");
-    cr_assert_null(tr_value_get(tr_recipe_root(r), "schedule.warmup"), "cosine's option");
-    expect_string(r, "checkpoint.plugin", "s3");
-    expect_string(r, "checkpoint.bucket", "b");
+    const struct tr_recipe_switch *s = find_switch(r, "schedule");
+    cr_assert_not_null(s);
+    cr_assert_str_eq(s->from, "cosine");
+    cr_assert_str_eq(s->to, "step");
+    cr_assert(strstr(s->to_where, "recipes/switch_child.lua:4") != NULL, "%s", s->to_where);
+    cr_assert_eq(s->n_keys, 2);
+    cr_assert_str_eq(s->keys[0], "min_lr_ratio");
+    cr_assert_str_eq(s->keys[1], "warmup");
+    s = find_switch(r, "checkpoint");
+    cr_assert_not_null(s);
+    cr_assert_eq(s->n_keys, 1, "only dir: every is the core's");
+    cr_assert_str_eq(s->keys[0], "dir");
     expect_number(r, "checkpoint.every", 7); /* the core's, from the base */
     expect_origin(get(r, "checkpoint.every"), "recipes/switch_base.lua:5");
-    cr_assert_null(tr_value_get(tr_recipe_root(r), "checkpoint.dir"), "local's option");
+    cr_assert_null(find_switch(r, "data"), "the same plugin is no switch");
     expect_string(r, "data.path", "a.txt"); /* the same plugin: merged */
     expect_number(r, "data.val_fraction", 0.2);
     expect_number(r, "optim.lr", 0.5); /* not a slot: merged */
     tr_recipe_free(r);
-    /* without slots (a loader that knows none) the tables merge whole */
+    /* without slots (a loader that knows none) the tables merge whole, and
+     * nothing is a switch */
     r = load("recipes/switch_child.lua");
     expect_number(r, "schedule.min_lr_ratio", 0.1);
+    cr_assert_null(find_switch(r, "schedule"));
+    tr_recipe_free(r);
+}
+
+/* schedule.plugin=NAME on the command line is a switch too; a key the
+ * command line sets beside it is not listed (it is checked against the new
+ * plugin), nor is one when the plugin stays the same. */
+Test(recipe, override_switching_plugin_lists_the_old_plugins_options)
+{
+    struct tr_recipe_paths paths = test_paths;
+    paths.slots = switch_slots;
+    tr_err err = {{0}};
+    const char *ov[] = {"schedule.plugin=constant", "schedule.warmup=1"};
+    struct tr_recipe *r = tr_recipe_load("recipes/switch_base.lua", ov, 2, &paths, &err);
+    cr_assert_not_null(r, "%s", err.msg);
+    const struct tr_recipe_switch *s = find_switch(r, "schedule");
+    cr_assert_not_null(s);
+    cr_assert_str_eq(s->from, "cosine");
+    cr_assert_str_eq(s->to, "constant");
+    cr_assert_str_eq(s->to_where, "the command line (schedule.plugin=constant)");
+    cr_assert_eq(s->n_keys, 1);
+    cr_assert_str_eq(s->keys[0], "min_lr_ratio");
+    tr_recipe_free(r);
+    const char *same[] = {"schedule.plugin=cosine"};
+    r = tr_recipe_load("recipes/switch_base.lua", same, 1, &paths, &err);
+    cr_assert_not_null(r, "%s", err.msg);
+    cr_assert_null(find_switch(r, "schedule"));
     tr_recipe_free(r);
 }
 
@@ -941,7 +989,12 @@ Test(llama, bad_options_are_named, .init = enter_test_dir)
         cr_assert_null(g, "%s was accepted", cases[i].override);
         cr_assert(strstr(err.msg, cases[i].want), "%s:\ngot:  %s\nwant: %s", cases[i].override, err.msg,
                   cases[i].want);
-        cr_assert(strncmp(err.msg, "config/plan_llama.lua:", 22) == 0, "names the recipe: %s", err.msg);
+        /* an error about one option points where it was set (here the
+         * command line); a rule between options, at the model's line */
+        if (strstr(cases[i].want, "option '"))
+            cr_assert(strncmp(err.msg, "command line: ", 14) == 0, "names the override: %s", err.msg);
+        else
+            cr_assert(strncmp(err.msg, "config/plan_llama.lua:", 22) == 0, "names the recipe: %s", err.msg);
     }
 }
 

@@ -1,6 +1,10 @@
 /* trainrun: the command line. */
 #include "../config/run_config.h"
 #include "../config/options.h"
+#include "../config/precision.h"
+#include "../config/record.h"
+#include "../engine/graph.h"
+#include "../engine/model.h"
 #include "plan.h"
 #include "prepare.h"
 #include "report.h"
@@ -176,7 +180,7 @@ static char **original_argv;
 static int cmd_run(int argc, char **argv, int first)
 {
     const char *recipe = argv[first];
-    struct tr_run_flags flags = {0, 0, 0};
+    struct tr_run_flags flags = {0, 0, 0, 0};
     for (int i = first + 1; i < argc; i++) {
         if (strcmp(argv[i], "--resume") == 0 || strncmp(argv[i], "--resume=", 9) == 0) {
             int joined = argv[i][8] == '='; /* --resume=auto */
@@ -197,6 +201,9 @@ static int cmd_run(int argc, char **argv, int first)
                 argv[++i] = "-";
         } else if (strcmp(argv[i], "--quiet") == 0) {
             flags.quiet = 1;
+            argv[i] = "-";
+        } else if (strcmp(argv[i], "--allow-changes") == 0) {
+            flags.allow_changes = 1;
             argv[i] = "-";
         } else if (strcmp(argv[i], "--smoke") == 0) {
             flags.smoke = 1;
@@ -235,6 +242,76 @@ static int cmd_run(int argc, char **argv, int first)
     return code;
 }
 
+/* What show learns by checking the recipe as a run would. */
+struct show_derived {
+    int64_t seq_len;  /* tokens per sample; 0: not a sequence model */
+    int64_t params;
+};
+
+/* The checks a run makes before its first step that need no data, device
+ * or run directory: the model is built by its builder (unknown or bad model
+ * options fail here, at their file:line), and the precision and schedule
+ * plugins are created (their cross-option rules) and the precision policy
+ * refused where a run refuses it.  The data and checkpoint plugins are not
+ * created: they open files. */
+static int show_check(struct tr_config *cfg, struct show_derived *d, tr_err *err)
+{
+    memset(d, 0, sizeof *d);
+    struct tr_graph *g = tr_model_build(cfg->recipe, (int)cfg->train.micro_batch, err);
+    if (!g)
+        return TR_ERROR;
+    const struct tr_tensor *in = &g->tensors[g->inputs[0]];
+    d->seq_len = in->dtype == TR_I32 && in->ndim == 2 ? in->shape[1] : 0;
+    struct tr_flops f;
+    tr_graph_count_flops(g, &f);
+    d->params = (int64_t)f.params;
+    tr_graph_free(g, NULL);
+    uint32_t seq = (uint32_t)d->seq_len;
+    if (tr_config_create_slot(cfg, &cfg->precision, seq, err) != TR_OK ||
+        tr_config_create_slot(cfg, &cfg->schedule, seq, err) != TR_OK)
+        return TR_ERROR;
+    const struct tr_precision_vtable *vt = cfg->precision.plugin->info->vtable;
+    struct tr_precision_policy pol = {.struct_size = sizeof pol};
+    vt->policy(cfg->precision.self, &pol);
+    char where[600];
+    tr_origin_format(&cfg->precision.origin, where, sizeof where);
+    return tr_precision_check(&pol, cfg->precision.plugin->info->name, where, cfg->device, err);
+}
+
+/* The values a run derives from the recipe's, which the tree above does not
+ * show. */
+static void show_print_derived(const struct tr_config *cfg, const struct show_derived *d)
+{
+    const struct tr_train_config *t = &cfg->train;
+    const struct tr_optimizer_config *o = &cfg->optimizer;
+    int64_t ranks = cfg->rank.world > 1 ? cfg->rank.world
+                    : cfg->parallel.gpus > 0 ? cfg->parallel.gpus : cfg->parallel.procs;
+    if (ranks < 1)
+        ranks = 1;
+    printf("-- derived (what the run computes from the values above)\n");
+    if (d->params > 0)
+        printf("parameters      = %lld\n", (long long)d->params);
+    if (o->reference_batch > 0)
+        printf("lr (scaled)     = %g   -- optimizer.lr x batch %lld / reference_batch %lld\n",
+               o->lr, (long long)t->batch, (long long)o->reference_batch);
+    else
+        printf("lr              = %g   -- optimizer.lr (no reference_batch: not scaled)\n", o->lr);
+    if (t->auto_micro_batch)
+        printf("micro_batch     = auto -- the largest that fits the device, chosen when the run "
+               "starts (trainrun plan shows the memory per sample)\n");
+    else
+        printf("accumulation    = %lld micro-batch(es) of %lld per step%s\n",
+               (long long)(t->batch / t->micro_batch / ranks), (long long)t->micro_batch,
+               ranks > 1 ? " on each rank" : "");
+    if (d->seq_len > 0) {
+        double per_step = (double)t->batch * (double)d->seq_len;
+        printf("tokens/step     = %.0f   -- batch %lld x %lld tokens\n", per_step,
+               (long long)t->batch, (long long)d->seq_len);
+        printf("tokens in all   = %.0f   -- %lld steps\n", per_step * (double)t->steps,
+               (long long)t->steps);
+    }
+}
+
 static int cmd_show(int argc, char **argv)
 {
     if (argc < 3) {
@@ -250,17 +327,14 @@ static int cmd_show(int argc, char **argv)
     struct tr_config cfg;
     tr_err err = {{0}};
     int code = TR_EXIT_OK;
-    if (tr_config_load(&cfg, argv[2], overrides, n, &err) != TR_OK) {
+    struct show_derived d;
+    if (tr_config_load(&cfg, argv[2], overrides, n, &err) != TR_OK ||
+        show_check(&cfg, &d, &err) != TR_OK) {
         fprintf(stderr, "trainrun: error: %s\n", err.msg);
         code = TR_EXIT_ERROR;
     } else {
-        printf("-- %s, resolved (each value with where it came from)\n", argv[2]);
-        tr_value_dump(tr_recipe_root(cfg.recipe), stdout);
-        struct tr_slot *slots[] = {&cfg.precision, &cfg.data, &cfg.schedule, &cfg.checkpoint};
-        printf("-- plugins\n");
-        for (size_t i = 0; i < TR_ARRAY_LEN(slots); i++)
-            printf("%-10s = %-10s -- %s\n", slots[i]->key, slots[i]->plugin->info->name,
-                   slots[i]->plugin->path);
+        tr_record_print(&cfg, stdout);
+        show_print_derived(&cfg, &d);
     }
     tr_config_free(&cfg);
     free(overrides);

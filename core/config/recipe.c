@@ -10,6 +10,7 @@
 #define _XOPEN_SOURCE 700 /* strdup, realpath */
 #include "recipe.h"
 #include "../util/suggest.h"
+#include "../util/util.h"
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -71,6 +72,8 @@ struct tr_recipe {
     int resolved_ref; /* registry reference to the resolved Lua table */
     int require_ref;  /* registry reference to the loader's require for the host */
     int locate_ref;   /* registry reference to the error locator (below) */
+    struct tr_recipe_switch *switches; /* slots given another plugin than their base's */
+    int n_switches;
     struct sandbox sb;
 };
 
@@ -783,6 +786,48 @@ static int panic(lua_State *L)
     return 0;
 }
 
+static char *string_field(lua_State *L, int t, const char *key)
+{
+    lua_getfield(L, t, key);
+    char *s = tr_xstrdup(lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "?");
+    lua_pop(L, 1);
+    return s;
+}
+
+/* The loader's list of plugin switches (lua/trainrun/recipe.lua
+ * note_plugin_switch) on top of the stack, made by trainrun's own Lua from
+ * the recipe's slot names and keys: strings, read as such. */
+static void read_switches(lua_State *L, struct tr_recipe *r)
+{
+    if (!lua_istable(L, -1))
+        return;
+    int t = lua_gettop(L);
+    size_t n = lua_objlen(L, t);
+    r->switches = tr_xcalloc(n + 1, sizeof *r->switches);
+    for (size_t i = 1; i <= n; i++) {
+        lua_rawgeti(L, t, (int)i);
+        int e = lua_gettop(L);
+        if (lua_istable(L, e)) {
+            struct tr_recipe_switch *w = &r->switches[r->n_switches++];
+            w->slot = string_field(L, e, "slot");
+            w->from = string_field(L, e, "from");
+            w->to = string_field(L, e, "to");
+            w->to_where = string_field(L, e, "to_where");
+            lua_getfield(L, e, "keys");
+            size_t nk = lua_istable(L, -1) ? lua_objlen(L, -1) : 0;
+            w->keys = tr_xcalloc(nk + 1, sizeof *w->keys);
+            for (size_t k = 1; k <= nk; k++) {
+                lua_rawgeti(L, -1, (int)k);
+                if (lua_type(L, -1) == LUA_TSTRING)
+                    w->keys[w->n_keys++] = tr_xstrdup(lua_tostring(L, -1));
+                lua_pop(L, 1);
+            }
+            lua_pop(L, 1);
+        }
+        lua_pop(L, 1);
+    }
+}
+
 struct tr_recipe *tr_recipe_load(const char *path, const char *const *overrides, int n_overrides,
                                  const struct tr_recipe_paths *paths, tr_err *err)
 {
@@ -833,10 +878,12 @@ struct tr_recipe *tr_recipe_load(const char *path, const char *const *overrides,
     lua_remove(L, -2);
     push_host(L);
     push_config(L, path, overrides, n_overrides, paths);
-    if (sandbox_pcall(r, 2, 3, err) != TR_OK) {
+    if (sandbox_pcall(r, 2, 4, err) != TR_OK) {
         tr_recipe_free(r);
         return NULL;
     }
+    read_switches(L, r);
+    lua_pop(L, 1);
 
     struct convert c = {.L = L, .err = err, .top_file = r->path};
     r->require_ref = luaL_ref(L, LUA_REGISTRYINDEX);
@@ -867,6 +914,17 @@ void tr_recipe_free(struct tr_recipe *r)
     if (r->L)
         lua_close(r->L);
     tr_value_free(r->root);
+    for (int i = 0; i < r->n_switches; i++) {
+        struct tr_recipe_switch *w = &r->switches[i];
+        free(w->slot);
+        free(w->from);
+        free(w->to);
+        free(w->to_where);
+        for (int k = 0; k < w->n_keys; k++)
+            free(w->keys[k]);
+        free(w->keys);
+    }
+    free(r->switches);
     free(r->path);
     free(r->sb.lua_dir);
     free(r);
@@ -875,6 +933,12 @@ void tr_recipe_free(struct tr_recipe *r)
 struct tr_value *tr_recipe_root(struct tr_recipe *r)
 {
     return r ? r->root : NULL;
+}
+
+int tr_recipe_switches(const struct tr_recipe *r, const struct tr_recipe_switch **out)
+{
+    *out = r->switches;
+    return r->n_switches;
 }
 
 const char *tr_recipe_path(const struct tr_recipe *r)

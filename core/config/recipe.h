@@ -60,6 +60,20 @@ void tr_recipe_free(struct tr_recipe *r);
 struct tr_value *tr_recipe_root(struct tr_recipe *r);
 const char *tr_recipe_path(const struct tr_recipe *r);
 
+/* A plugin slot that a child recipe or slot.plugin=NAME on the command line
+ * gave another plugin than its base named: `keys` are the base's keys there
+ * that were the old plugin's options (not `plugin`, the slot's core keys, or
+ * keys set again beside the new name).  The loader leaves them in the tree;
+ * the caller, which knows the new plugin's options, drops those it lacks
+ * (run_config.c, with a note). */
+struct tr_recipe_switch {
+    char *slot, *from, *to;
+    char *to_where; /* "file:line" or "the command line (schedule.plugin=constant)" */
+    char **keys;
+    int n_keys;
+};
+int tr_recipe_switches(const struct tr_recipe *r, const struct tr_recipe_switch **out);
+
 /* The Lua state that evaluated the recipe, and a way to push the resolved
  * table (as merged and overridden) onto its stack: used to run model builders. */
 struct lua_State *tr_recipe_lua(struct tr_recipe *r);

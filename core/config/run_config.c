@@ -288,6 +288,67 @@ static void where_of(struct tr_config *cfg, const char *path, char *buf, size_t 
     tr_origin_format(&o, buf, size);
 }
 
+static int takes_option(const struct tr_option *options, const char *name)
+{
+    for (const struct tr_option *o = options; o && o->type != TR_OPT_END; o++)
+        if (strcmp(o->name, name) == 0)
+            return 1;
+    return 0;
+}
+
+/* A recipe that extends a base and names another plugin for a slot, or
+ * slot.plugin=NAME on the command line, replaces the plugin: the base's
+ * options of the old plugin that the new one does not take go, with a note
+ * naming them ("schedule: dropped min_lr_ratio (set for cosine at
+ * base.lua:6; constant, named at child.lua:3, has no such option)"); those
+ * it also takes (warmup) stay, and the note says so.  Options set beside the
+ * new plugin's name were never listed: they are checked against it. */
+static void drop_replaced_options(struct tr_config *cfg, struct tr_value *table,
+                                  const char *key, const struct tr_plugin_info *info,
+                                  const struct tr_schema_use *extra)
+{
+    const struct tr_recipe_switch *sw;
+    int n = tr_recipe_switches(cfg->recipe, &sw);
+    for (int i = 0; i < n; i++) {
+        if (strcmp(sw[i].slot, key) != 0)
+            continue;
+        char dropped[512] = "", kept[512] = "", at[600] = "";
+        for (int k = 0; k < sw[i].n_keys; k++) {
+            const char *name = sw[i].keys[k];
+            struct tr_value *v = tr_value_child(table, name);
+            if (!v)
+                continue; /* dropped by an earlier switch */
+            int takes = takes_option(info->options, name) ||
+                        (extra && takes_option(extra->options, name));
+            char *list = takes ? kept : dropped;
+            size_t len = strlen(list);
+            snprintf(list + len, sizeof dropped - len, "%s%s", len ? ", " : "", name);
+            if (takes)
+                continue;
+            if (!*at)
+                tr_origin_format(&v->origin, at, sizeof at);
+            for (size_t j = 0; j < table->n_items; j++)
+                if (table->items[j] == v) {
+                    tr_value_free(v);
+                    memmove(table->items + j, table->items + j + 1,
+                            (table->n_items - j - 1) * sizeof *table->items);
+                    table->n_items--;
+                    break;
+                }
+        }
+        if (cfg->rank.rank != 0 || (!*dropped && !*kept))
+            continue;
+        if (*dropped)
+            tr_log(TR_LOG_INFO, NULL, "note: %s: dropped %s (set for %s at %s; %s, named at %s, "
+                   "has no such option)%s%s%s", key, dropped, sw[i].from, at, sw[i].to,
+                   sw[i].to_where, *kept ? "; kept " : "", kept,
+                   *kept ? ", which it takes too" : "");
+        else
+            tr_log(TR_LOG_INFO, NULL, "note: %s: kept %s (set for %s) for %s, named at %s, "
+                   "which takes it too", key, kept, sw[i].from, sw[i].to, sw[i].to_where);
+    }
+}
+
 static int configure_slot(struct tr_config *cfg, struct tr_slot *slot, const char *key,
                           enum tr_plugin_kind kind, const char *default_name,
                           struct tr_origin default_origin, const struct tr_schema_use *extra,
@@ -341,6 +402,7 @@ static int configure_slot(struct tr_config *cfg, struct tr_slot *slot, const cha
         return TR_ERROR;
     }
     const struct tr_plugin_info *info = slot->plugin->info;
+    drop_replaced_options(cfg, v, key, info, extra);
     slot->config = tr_xcalloc(1, info->config_size ? info->config_size : 1);
     struct slot_keys keys;
     struct tr_schema_use uses[3] = {{slot_options, &keys}, {info->options, slot->config}};
@@ -513,6 +575,9 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
     struct tr_value *root = tr_recipe_root(cfg->recipe);
     if (root->type != TR_V_TABLE)
         return tr_fail(err, "%s: a recipe must return a table", recipe_path);
+    /* the rank first: only rank 0 prints notes (configure_slot's) */
+    if (tr_rank_from_env(&cfg->rank, err) != TR_OK)
+        return TR_ERROR;
 
     /* root: scalars by schema, sections checked below */
     struct root_config rc;
@@ -583,8 +648,6 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
                        err) != TR_OK ||
         configure_slot(cfg, &cfg->checkpoint, "checkpoint", TR_KIND_CHECKPOINT, "local", def, &cu,
                        err) != TR_OK)
-        return TR_ERROR;
-    if (tr_rank_from_env(&cfg->rank, err) != TR_OK)
         return TR_ERROR;
     if ((cfg->rank.world > 1 || tr_value_child(root, "comm")) &&
         configure_slot(cfg, &cfg->comm, "comm", TR_KIND_COMM, default_comm(cfg), def, NULL,

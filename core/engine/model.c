@@ -406,6 +406,39 @@ static int has_location(const char *msg)
            memchr(msg, ' ', (size_t)(end - msg)) == NULL;
 }
 
+/* A builder's error about one of its options ("gpt: unknown option 'x'")
+ * came out at the model's line; the option may have been set elsewhere (a
+ * child recipe, the command line: model.x=1), so point at where it was. */
+static void locate_option(struct tr_recipe *r, const char *loc, tr_err *err)
+{
+    size_t n = strlen(loc);
+    const char *q = strstr(err->msg, "option '");
+    if (strncmp(err->msg, loc, n) != 0 || strncmp(err->msg + n, ": ", 2) != 0 || !q)
+        return;
+    q += 8;
+    const char *e = strchr(q, '\'');
+    if (!e || e - q > 200)
+        return;
+    char path[256];
+    snprintf(path, sizeof path, "model.%.*s", (int)(e - q), q);
+    struct tr_value *v = tr_value_get(tr_recipe_root(r), path);
+    struct tr_origin o;
+    if (!v || !tr_recipe_origin(r, path, &o))
+        return;
+    char at[600];
+    tr_origin_format(&o, at, sizeof at);
+    if (strcmp(at, loc) == 0)
+        return;
+    char msg[sizeof err->msg];
+    size_t a = strlen(at), rest = strlen(err->msg + n + 2);
+    if (a + 2 + rest >= sizeof msg)
+        return;
+    memcpy(msg, at, a);
+    memcpy(msg + a, ": ", 2);
+    memcpy(msg + a + 2, err->msg + n + 2, rest + 1);
+    memcpy(err->msg, msg, a + 2 + rest + 1);
+}
+
 struct tr_graph *tr_model_build(struct tr_recipe *r, int batch, tr_err *err)
 {
     lua_State *L = tr_recipe_lua(r);
@@ -431,6 +464,7 @@ struct tr_graph *tr_model_build(struct tr_recipe *r, int batch, tr_err *err)
     if (tr_recipe_pcall(r, 2, 1, loc, err) != TR_OK) {
         if (!has_location(err->msg)) /* the builder's own file:line is the precise one */
             tr_err_prefix(err, "%s", loc);
+        locate_option(r, loc, err);
         goto done;
     }
     if (!lua_istable(L, -1)) {

@@ -17,6 +17,7 @@ struct tr_run_flags {
     int resume;   /* continue from the newest good checkpoint if any */
     int quiet;    /* no progress lines */
     int smoke;    /* a smoke run: end with a checkpoint save+load round trip */
+    int allow_changes; /* a resume may change what the recorded recipe trains */
 };
 
 /* `trainrun --smoke`: the recipe's memory at its full micro-batch against the

@@ -119,6 +119,8 @@ void tr_run_unlock(struct run *r);
  * Start (rank 0, fresh or resumed): copied into run_dir/tokenizer.json. */
 int tr_run_check_tokenizer(struct run *r, tr_err *err);
 int tr_run_record_tokenizer(struct run *r, int resume, tr_err *err);
+/* the resolved recipe into run_dir/recipe.resolved(.json); a resume compares first */
+int tr_run_record_recipe(struct run *r, int resumed, int allow_changes, tr_err *err);
 
 /* run_state.c: the run's state in checkpoints, and ZeRO-1 shards. */
 int tr_run_resume(struct run *r, tr_err *err); /* from the newest good checkpoint, if any */

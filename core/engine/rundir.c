@@ -10,6 +10,7 @@
 
 #include "../config/hf_config.h"
 #include "../config/recipe.h"
+#include "../config/record.h"
 #include "../util/json.h"
 #include "../util/tokenizer.h"
 
@@ -407,5 +408,115 @@ out:
     free(had);
     free(dst);
     free(origin);
+    return rc;
+}
+
+/* ---- the run's record of its recipe ------------------------------------------ */
+
+/* One of the run's record files, whole, or NULL (errno ENOENT: none). */
+static char *memstream_of(const struct tr_config *cfg, int json, size_t *size)
+{
+    char *text = NULL;
+    FILE *f = open_memstream(&text, size);
+    if (!f)
+        return NULL;
+    if (json)
+        tr_record_write_json(cfg, f);
+    else
+        tr_record_print(cfg, f);
+    fclose(f);
+    return text;
+}
+
+/* Keep the record a changed resume replaces: recipe.resolved.N.json and
+ * recipe.resolved.N, N the first number free, so the run directory says what
+ * ran when (each record's steps are in metrics.jsonl between the resumes). */
+static int keep_earlier_record(const char *dir, tr_err *err)
+{
+    for (int n = 1; n < 100000; n++) {
+        char *json = tr_xasprintf("%s/recipe.resolved.%d.json", dir, n);
+        struct stat st;
+        if (stat(json, &st) == 0) {
+            free(json);
+            continue;
+        }
+        char *from_json = tr_xasprintf("%s/recipe.resolved.json", dir);
+        char *from_text = tr_xasprintf("%s/recipe.resolved", dir);
+        char *text = tr_xasprintf("%s/recipe.resolved.%d", dir, n);
+        int rc = TR_OK;
+        if (rename(from_json, json) != 0 || (rename(from_text, text) != 0 && errno != ENOENT))
+            rc = tr_fail(err, "cannot keep the earlier recipe record %s as %s: %s", from_json,
+                         json, strerror(errno));
+        free(from_json);
+        free(from_text);
+        free(text);
+        free(json);
+        return rc;
+    }
+    return tr_fail(err, "%s: too many earlier recipe records (recipe.resolved.N.json)", dir);
+}
+
+/* Rank 0 at the start of a run, after resuming (`resumed`: from a
+ * checkpoint): the resolved recipe into run_dir/recipe.resolved and
+ * recipe.resolved.json (record.h), atomically.  A resumed run compares its
+ * recipe with the recorded one first: a change that alters training is
+ * refused, listing each, unless allow_changes; harmless changes are noted.
+ * When the record changes, the earlier one is kept as recipe.resolved.N. */
+int tr_run_record_recipe(struct run *r, int resumed, int allow_changes, tr_err *err)
+{
+    const struct tr_config *cfg = r->cfg;
+    const char *dir = cfg->run_dir;
+    char *json_path = tr_xasprintf("%s/recipe.resolved.json", dir);
+    char *text_path = tr_xasprintf("%s/recipe.resolved", dir);
+    size_t json_size = 0, text_size = 0, old_size = 0;
+    char *json = memstream_of(cfg, 1, &json_size);
+    char *text = memstream_of(cfg, 0, &text_size);
+    char *old = read_whole(json_path, &old_size);
+    char *altering = NULL, *harmless = NULL;
+    int rc = TR_ERROR;
+    if (!json || !text) {
+        tr_fail(err, "out of memory writing %s", json_path);
+        goto out;
+    }
+    if (old && resumed) {
+        if (tr_record_compare(cfg, old, old_size, json_path, &altering, &harmless, err) != TR_OK)
+            goto out;
+        if (altering && !allow_changes) {
+            tr_fail(err, "the recipe differs from the one this run was trained with (%s) in what "
+                    "it trains:\n%s"
+                    "resume with the recorded values, or add --allow-changes to continue with "
+                    "these (both records are kept), or start a new run (run_dir=...)",
+                    json_path, altering);
+            goto out;
+        }
+        /* the lists end in a newline that the log line adds itself */
+        if (altering)
+            tr_log(TR_LOG_WARN, NULL, "resuming with changes that alter training "
+                   "(--allow-changes; the earlier record is kept beside %s):\n%.*s", json_path,
+                   (int)strlen(altering) - 1, altering);
+        if (harmless)
+            tr_log(TR_LOG_INFO, NULL, "note: resuming with changes that do not alter "
+                   "training:\n%.*s", (int)strlen(harmless) - 1, harmless);
+        if (old_size != json_size || memcmp(old, json, json_size) != 0)
+            if (keep_earlier_record(dir, err) != TR_OK)
+                goto out;
+    } else if (!old && resumed) {
+        tr_log(TR_LOG_INFO, NULL, "note: %s has no recipe record (a run of an older trainrun): "
+               "recording this one, nothing to compare with", dir);
+    }
+    if (write_atomically(json_path, json, json_size) != 0 ||
+        write_atomically(text_path, text, text_size) != 0) {
+        tr_fail(err, "cannot write %s: %s", json_path, strerror(errno));
+        goto out;
+    }
+    rc = TR_OK;
+out:
+    free(altering);
+    free(harmless);
+    free(old);
+    free(json);
+    free(text);
+    free(json_path);
+    free(text_path);
     return rc;
 }

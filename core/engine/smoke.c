@@ -198,7 +198,7 @@ int tr_smoke(const char *recipe, const char *const *overrides, int n_overrides, 
         fprintf(stderr, "smoke: FAILED: %s\n", err.msg);
         code = TR_EXIT_ERROR;
     } else {
-        struct tr_run_flags flags = {0, 1, 1};
+        struct tr_run_flags flags = {0, 1, 1, 0};
         code = tr_train(&cfg, &flags);
     }
     tr_config_free(&cfg);

@@ -14,7 +14,10 @@ host: primitives from C that plain Lua lacks
 cfg: { path, overrides = {"k.s=v", ...}, lua_dir, extra_lua_dir, recipe_dir, recipe_path }
 
 origins[t][k] = { file, line, cli, text } for every key of every table in the result;
-core/config/recipe.c copies it into the C tree.
+core/config/recipe.c copies it into the C tree.  switches: a list of { slot, from, to,
+to_where, keys }, each a plugin slot a child recipe or slot.plugin=NAME gave another
+plugin than its base, with the base's keys there that were the old plugin's options;
+the host drops those the new plugin does not take, with a note.
 
 This file runs with the full standard library; recipes and trainrun.* modules run in
 sandbox environments built here and never see it.
@@ -287,24 +290,27 @@ end
 
 -- A plugin slot (data, schedule, checkpoint, ...) whose child table names
 -- another plugin than its base table did: the base's keys there were the
--- old plugin's options, which the new one does not take, so they go before
--- the merge; `plugin` and the slot's core keys (checkpoint.every, ...) stay.
+-- old plugin's options.  Which of them the new plugin also takes only its
+-- schema says, so they are listed here (ctx.switches) and the host drops
+-- the others with a note (core/config/run_config.c); `plugin`, the slot's
+-- core keys (checkpoint.every, ...) and the keys in `keep` (set again
+-- beside the new plugin's name, so checked against it) are not listed.
 -- A base that names no plugin keeps its keys (they may be the default's).
-local function drop_other_plugins_options(ctx, name, b, c)
+local function note_plugin_switch(ctx, name, b, to, to_where, keep)
     local core = ctx.plugin_slots[name]
-    local from, to = rawget(b, "plugin"), rawget(c, "plugin")
+    local from = rawget(b, "plugin")
     if not core or type(from) ~= "string" or type(to) ~= "string" or from == to then
         return
     end
-    local ob = ctx.origins[b]
-    for k in pairs(b) do -- assigning nil to a visited field is allowed in a pairs loop
-        if k ~= "plugin" and not core[k] then
-            b[k] = nil
-            if ob then
-                ob[k] = nil
-            end
+    local keys = {}
+    for k in pairs(b) do
+        if type(k) == "string" and k ~= "plugin" and not core[k] and rawget(keep, k) == nil then
+            keys[#keys + 1] = k
         end
     end
+    sort(keys)
+    ctx.switches[#ctx.switches + 1] = { slot = name, from = from, to = to, to_where = to_where,
+        keys = keys }
 end
 
 -- Merge raw child table c over b (a fresh resolved table), in place.
@@ -331,7 +337,9 @@ local function merge_into(ctx, b, c, path, at_root)
                 end
             elseif type(v) == "table" and type(bv) == "table" and merges_into(bv, v) then
                 if at_root then
-                    drop_other_plugins_options(ctx, k, bv, v)
+                    local oc_k = oc[k] or {}
+                    local to_at = oc_k.file and gsub(where(oc_k.file, oc_k.line), ": $", "") or "the recipe"
+                    note_plugin_switch(ctx, k, bv, rawget(v, "plugin"), to_at, v)
                 end
                 merge_into(ctx, bv, v, join_path(path, name), false)
             else
@@ -625,6 +633,7 @@ function M.load(host, cfg)
         lua_dirs = {},
         search_dirs = {},
         plugin_slots = cfg.plugin_slots or {}, -- slot name -> set of its core keys
+        switches = {},  -- plugin slots a recipe or override gave another plugin
     }
     ctx.safe_pcall, ctx.safe_xpcall = make_protected_calls(host)
     ctx.env_mt = make_env_mt(host)
@@ -664,6 +673,23 @@ function M.load(host, cfg)
     end
 
     local result = resolve(ctx, cfg.path, "extends", { file = cfg.path })
+    -- slot.plugin=NAME on the command line switches the slot's plugin as a
+    -- child recipe would: the recipe's options of the old plugin that the
+    -- new one lacks go, except those the command line sets (slot.key=value)
+    for _, o in ipairs(overrides) do
+        local slot = o.parts[1]
+        if #o.parts == 2 and o.parts[2] == "plugin" and ctx.plugin_slots[slot]
+            and type(rawget(result, slot)) == "table" then
+            local keep = {}
+            for _, other in ipairs(overrides) do
+                if other.parts[1] == slot and #other.parts >= 2 then
+                    keep[other.parts[2]] = true
+                end
+            end
+            note_plugin_switch(ctx, slot, result[slot], o.value,
+                "the command line (" .. o.spec .. ")", keep)
+        end
+    end
     for _, o in ipairs(overrides) do
         apply_override(ctx, result, o)
     end
@@ -680,7 +706,7 @@ function M.load(host, cfg)
         end
         return module
     end
-    return result, origins, require_for_host
+    return result, origins, require_for_host, ctx.switches
 end
 
 return M

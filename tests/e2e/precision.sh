@@ -86,8 +86,10 @@ cmp -s threads1/checkpoints/step-0000000005/model.safetensors \
   threads3/checkpoints/step-0000000005/model.safetensors \
   || fail "bf16 training gave other weights on 3 threads than on 1"
 # a checkpoint written under bf16 resumes under fp32: the format holds fp32 master weights
+# (another precision alters training: the resume names it and needs --allow-changes)
 "$TRAINRUN" "$C/tiny.lua" precision=fp32 train.steps=120 train.eval_batches=16 run_dir=bf16 \
-  --resume auto 2> mixed.txt || { cat mixed.txt; fail "fp32 resume of a bf16 checkpoint"; }
+  --resume auto --allow-changes 2> mixed.txt || { cat mixed.txt; fail "fp32 resume of a bf16 checkpoint"; }
+grep -q 'precision.plugin: "bf16" -> "fp32"' mixed.txt || { cat mixed.txt; fail "the precision change was not named"; }
 grep -q "resumed from checkpoint step-0000000100" mixed.txt || { cat mixed.txt; fail "did not resume"; }
 # tf32: the cpu backend runs no tf32 GEMMs, so a run and a plan refuse it at
 # the start, naming the recipe line, the field, the device and what to do

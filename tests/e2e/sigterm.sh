@@ -30,10 +30,11 @@ ended_within() {
     sleep 0.05
   done
 }
-# run_dir: the checkpoint LATEST names loads and resumes (reads no longer stall)
+# run_dir: the checkpoint LATEST names loads and resumes (reads no longer stall;
+# the recorded recipe had data.stall_after set, hence --allow-changes)
 resumes() {
   recipe ok.lua "stall_after = 0"
-  "$TRAINRUN" ok.lua train.steps="$2" run_dir="$1" --resume auto --quiet 2> err.txt \
+  "$TRAINRUN" ok.lua train.steps="$2" run_dir="$1" --resume auto --allow-changes --quiet 2> err.txt \
     || { cat err.txt; fail "$1: resuming after SIGTERM failed"; }
   grep -q "resumed from checkpoint" err.txt || { cat err.txt; fail "$1: nothing to resume"; }
 }
