@@ -266,6 +266,12 @@ static int show_check(struct tr_config *cfg, struct show_derived *d, tr_err *err
     tr_graph_count_flops(g, &f);
     d->params = (int64_t)f.params;
     tr_graph_free(g, NULL);
+    /* train.tokens gives the steps once the sequence length is known, as in
+     * the run; train.epochs needs the data, which show does not read */
+    if (cfg->train.length_from == TR_LENGTH_TOKENS &&
+        tr_train_resolve_steps(cfg, (uint64_t)d->seq_len, 0, (uint64_t)cfg->train.micro_batch,
+                               err) != TR_OK)
+        return TR_ERROR;
     uint32_t seq = (uint32_t)d->seq_len;
     if (tr_config_create_slot(cfg, &cfg->precision, seq, err) != TR_OK ||
         tr_config_create_slot(cfg, &cfg->schedule, seq, err) != TR_OK)
@@ -303,12 +309,20 @@ static void show_print_derived(const struct tr_config *cfg, const struct show_de
         printf("accumulation    = %lld micro-batch(es) of %lld per step%s\n",
                (long long)(t->batch / t->micro_batch / ranks), (long long)t->micro_batch,
                ranks > 1 ? " on each rank" : "");
+    if (t->length_from == TR_LENGTH_TOKENS)
+        printf("steps           = %lld   -- from train.tokens\n", (long long)t->steps);
+    else if (t->length_from == TR_LENGTH_EPOCHS)
+        printf("steps           = from train.epochs, counted when the run reads the data "
+               "(trainrun plan counts them)\n");
+    else if (t->length_from == TR_LENGTH_TIME)
+        printf("steps           = until train.time ends the run\n");
     if (d->seq_len > 0) {
         double per_step = (double)t->batch * (double)d->seq_len;
         printf("tokens/step     = %.0f   -- batch %lld x %lld tokens\n", per_step,
                (long long)t->batch, (long long)d->seq_len);
-        printf("tokens in all   = %.0f   -- %lld steps\n", per_step * (double)t->steps,
-               (long long)t->steps);
+        if (t->length_from == TR_LENGTH_STEPS || t->length_from == TR_LENGTH_TOKENS)
+            printf("tokens in all   = %.0f   -- %lld steps\n", per_step * (double)t->steps,
+                   (long long)t->steps);
     }
 }
 

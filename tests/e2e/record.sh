@@ -98,6 +98,18 @@ grep -q "^accumulation    = 4 micro-batch(es) of 2 per step" derived.txt || { ca
 grep -q "^tokens/step     = 64 " derived.txt || { cat derived.txt; fail "no tokens per step"; }
 grep -q "^tokens in all   = 256 " derived.txt || { cat derived.txt; fail "no total tokens"; }
 
+# train.tokens: the steps it gives, as the run derives them
+cat > tok.lua <<'EOF2'
+return {
+  model = gpt { vocab = 64, ctx = 8, layers = 1, heads = 2, dim = 16 },
+  data = { plugin = "synthetic", kind = "tokens", classes = 64, samples = 512 },
+  train = { tokens = "10k", batch = 4 },
+}
+EOF2
+"$TRAINRUN" show tok.lua > tok.txt || fail "show with train.tokens"
+grep -q "^steps           = 313 " tok.txt || { cat tok.txt; fail "no steps from train.tokens (ceil(10000 / 32))"; }
+grep -q "^tokens in all   = 10016 " tok.txt || { cat tok.txt; fail "no total tokens from train.tokens"; }
+
 # --- replacing a plugin -----------------------------------------------------------------
 sed 's/schedule = { plugin = "cosine", warmup = 2 }/schedule = { plugin = "cosine", warmup = 2, min_lr_ratio = 0.2 }/' \
   "$R" > base.lua
