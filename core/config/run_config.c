@@ -1,5 +1,6 @@
 #include "run_config.h"
 
+#include "config_help.h"
 #include "hardware.h"
 #include "hf_config.h"
 #include "optimizers.h"
@@ -761,19 +762,12 @@ void tr_config_free(struct tr_config *cfg)
 void tr_config_help(FILE *out)
 {
     fprintf(out, "Recipe sections (a recipe returns a table with these keys):\n\n");
-    fprintf(out, "  model       = gpt { vocab, ctx, layers, heads, dim, recompute }\n"
-                 "                | llama { vocab, ctx, layers, heads, kv_heads, dim, ffn_dim, rope_theta,\n"
-                 "                          norm_eps, tie_embeddings, qkv_bias, embed_scale, init_std,\n"
-                 "                          recompute }\n"
-                 "                | mlp { inputs, hidden, classes, activation }\n"
+    fprintf(out, "  model       = gpt { ... } | llama { ... } | mlp { ... }  (the builders' options below)\n"
                  "                | { from = \"DIR\" }  (a Hugging Face directory: config.json + safetensors;\n"
                  "                  llama, mistral, qwen2 or gpt2; DIR relative to the recipe; ctx and\n"
                  "                  recompute may sit beside it; docs/models.md)\n"
-                 "                | { build = function(nn, spec, batch) ... end }\n"
-                 "                llama's defaults: kv_heads = heads (grouped-query attention when fewer),\n"
-                 "                rope_theta 10000, norm_eps 1e-5, tie_embeddings false, qkv_bias false\n"
-                 "                (true for Qwen2), embed_scale 1, init_std 0.02; recompute 0 (k: every\n"
-                 "                k-th block's activations are recomputed in backward); README.md, Models\n");
+                 "                | { build = function(nn, spec, batch) ... end }  (README.md, Models)\n");
+    tr_model_help(out);
     fprintf(out, "  data        = { plugin = \"text\", ... }        (trainrun plugins data)\n");
     fprintf(out, "  precision   = \"fp32\" | { plugin = ..., ... }  (default: $TRAINRUN_PRECISION or fp32)\n");
     fprintf(out, "  schedule    = { plugin = \"cosine\", ... }      (default: constant)\n");
@@ -792,6 +786,8 @@ void tr_config_help(FILE *out)
     tr_options_help(tr_cost_options, out, "    ");
     fprintf(out, "\n  parallel = { ... }  (data parallelism across procs/gpus ranks; docs/scale-out.md)\n");
     tr_options_help(parallel_options, out, "    ");
+    fprintf(out, "\nPlugins by slot, with their options (trainrun plugins KIND: defaults and meaning):\n");
+    tr_plugins_help(out);
     fprintf(out, "\nRecipes are sandboxed data: each time recipe code runs (loading with extends/include,\n"
                  "each model build) it may use 50 million Lua instructions and 5 s of CPU, 1 GiB of Lua\n"
                  "heap and 1 MiB of C stack; a source file has at most 4 MiB.  Past a limit the recipe\n"

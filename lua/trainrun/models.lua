@@ -221,4 +221,7 @@ function M.build(spec, batch)
   return builder(nn, copy, batch)
 end
 
+-- the builders' option tables, for `trainrun help recipe` (read, never changed)
+M.schemas = { gpt = gpt_schema, llama = llama_schema, mlp = mlp_schema }
+
 return M

@@ -103,4 +103,27 @@ if command -v script > /dev/null; then
     /dev/null > tty.txt || { cat tty.txt; fail "prepare on a tty"; }
   grep -q "tokenizing 100% \[#*\]" tty.txt || { cat tty.txt; fail "no prepare bar on a terminal"; }
 fi
+# --- help recipe lists every key: the core's tables, every plugin's options, the builders' ---
+"$TRAINRUN" help recipe > help.txt
+has() { grep -Eq "(^|[ ,{])$1( |,|$)" help.txt || fail "help recipe does not list $2 '$1'"; }
+# everything show resolves (the core's options, the chosen plugins' options, model keys)
+for r in "$TR_SRCDIR/recipes/kjv-char.lua" "$TR_SRCDIR/recipes/llama-kjv.lua" d.lua; do
+  "$TRAINRUN" show "$r" > show.txt || fail "show $r"
+  for k in $(sed -n 's/^\([a-z_0-9.]*\) = .*/\1/p' show.txt | grep -v '^logger\.' | sed 's/.*\.//' | sort -u); do
+    [ "$k" = type ] || has "$k" "the key"
+  done
+done
+# every option of every plugin on the search path
+"$TRAINRUN" plugins > plugins.txt
+for k in $(sed -n 's/^    \([a-z_0-9]*\)  *= .*/\1/p' plugins.txt | sort -u); do has "$k" "the plugin option"; done
+for slot in precision data checkpoint schedule comm logger; do
+  grep -q "^  $slot = {" help.txt || fail "help recipe has no $slot section"
+done
+grep -q "^    windows\|, windows" help.txt || fail "help recipe does not list data.windows"
+# every builder option models.lua declares (recompute, activation, ...)
+for k in $(grep -E '^  [a-z_]+ *= *(\{ *(int|num|bool|default)|gpt_schema\.)' "$TR_SRCDIR/lua/trainrun/models.lua" \
+           | sed 's/^  \([a-z_]*\).*/\1/' | sort -u); do
+  grep -Eq "^      $k  *= " help.txt || fail "help recipe does not list the model option '$k'"
+done
+grep -Eq "^      recompute  *= 0 " help.txt || fail "help recipe: recompute's default"
 echo "durations: ok"
