@@ -31,12 +31,14 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: trainrun [run] RECIPE.lua [key.sub=value ...] [--resume auto|never] [--quiet]\n"
+            "usage: trainrun [run] RECIPE.lua [key.sub=value ...] [--resume auto|never]\n"
+            "                [--allow-changes] [--quiet]\n"
             "       trainrun RECIPE.lua procs=N | gpus=N         N data-parallel ranks on this machine\n"
             "                                                    (docs/scale-out.md for clusters)\n"
             "       trainrun --smoke RECIPE.lua [key=value ...]  2 CPU steps, a checkpoint round trip\n"
             "                                                    (in a scratch dir), whether the batch fits\n"
-            "       trainrun show RECIPE.lua [key=value ...]   resolved recipe, with where each value came from\n"
+            "       trainrun show RECIPE.lua [key=value ...]   resolved recipe, with where each value came from,\n"
+            "                                                    checked as a run checks it, and derived values\n"
             "       trainrun plan RECIPE.lua [key=value ...] [gpus=N]  memory, FLOPs, time and cost,\n"
             "                                                    without running\n"
             "       trainrun plugins [KIND]                      installed plugins and their options\n"
@@ -77,6 +79,11 @@ static void usage(FILE *out)
             "TRAINRUN_BACKEND_PATH (dirs searched first for device=X's backend_X.so).\n"
             "A run locks its run_dir (run_dir/trainrun.lock): a second run there refuses and\n"
             "names the first; the lock ends with the process, however it ends.\n"
+            "A run records its resolved recipe, trainrun's and its plugins' versions in\n"
+            "run_dir/recipe.resolved(.json); --resume auto refuses a recipe that trains\n"
+            "differently (lr, batch, model, data, ...), listing each change, unless\n"
+            "--allow-changes; changes to logging, evaluation, checkpoints, budget or length\n"
+            "pass with a note (README: What a run records).\n"
             "Checkpoints are checked (CRC-32 of each file, state.json's fields) before --resume,\n"
             "sample or export use one; a damaged one is skipped or refused, naming why.\n"
             "checkpoint.dir may hold other files: trainrun removes only what it created there\n"
