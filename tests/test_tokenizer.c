@@ -645,3 +645,50 @@ Test(tokenizer, damaged_files_refused)
     cr_assert_null(tr_tokenizer_load(FIX "no-such-file.json", &err));
     cr_assert(strstr(err.msg, "no-such-file.json"));
 }
+
+/* tr_tokenizer_unknown_at (sample's prompt check): only a character with no token counts,
+ * at its byte offset; normalizers and decoders that do not give the text back do not. */
+static size_t unknown_at(const char *file, const char *text)
+{
+    tr_err err = { { 0 } };
+    struct tr_tokenizer *t = tr_tokenizer_load(file, &err);
+    cr_assert(t, "%s", err.msg);
+    size_t at = 0, again = 0;
+    cr_assert_eq(tr_tokenizer_unknown_at(t, text, strlen(text), &at, &err), 0, "%s", err.msg);
+    /* a second time: words with unknowns are not answered from the cache uncounted */
+    cr_assert_eq(tr_tokenizer_unknown_at(t, text, strlen(text), &again, &err), 0, "%s", err.msg);
+    cr_assert_eq(at, again, "%s: '%s' at %zu, then at %zu", file, text, at, again);
+    tr_tokenizer_free(t);
+    return at;
+}
+
+Test(tokenizer, unknown_at)
+{
+    /* no byte fallback, no K in the vocabulary: <unk> */
+    cr_assert_eq(unknown_at(FIX "sp_split_unk.json", "the King"), 4);
+    cr_assert_eq(unknown_at(FIX "sp_split_unk.json", "the caf\xc3\xa9 King"), 10);
+    cr_assert_eq(unknown_at(FIX "sp_split_unk.json", "KQ"), 0);
+    cr_assert_eq(unknown_at(FIX "sp_split_unk.json", "the king"), 8);
+    /* lowercased by the normalizer before the vocabulary is asked */
+    cr_assert_eq(unknown_at(FIX "sp_never.json", "the King"), 8);
+    /* NFC composes e + U+0301; byte fallback covers any character; Mistral's decode drops
+     * the leading space */
+    cr_assert_eq(unknown_at(FIX "bpe_qwen2_nfc.json", "cafe\xcc\x81"), 6);
+    cr_assert_eq(unknown_at(FIX "sp_llama2.json", "K\xe2\x82\xac <s>Hi"), 10);
+    cr_assert_eq(unknown_at(FIX "sp_mistral.json", " two  spaces"), 12);
+
+    /* a byte-level alphabet with holes (only a and b), no unknown token: c is dropped */
+    static const char json[] =
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []},"
+        " \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": false},"
+        " \"decoder\": {\"type\": \"ByteLevel\"}}";
+    tr_err err = { { 0 } };
+    struct tr_tokenizer *t = tr_tokenizer_parse(json, strlen(json), "holes.json", &err);
+    cr_assert(t, "%s", err.msg);
+    size_t at = 0;
+    cr_assert_eq(tr_tokenizer_unknown_at(t, "abab", 4, &at, &err), 0, "%s", err.msg);
+    cr_assert_eq(at, 4);
+    cr_assert_eq(tr_tokenizer_unknown_at(t, "ab\xc3\xa9" "a", 5, &at, &err), 0, "%s", err.msg);
+    cr_assert_eq(at, 2);
+    tr_tokenizer_free(t);
+}

@@ -238,27 +238,28 @@ static int32_t *encode_prompt(struct tr_tokenizer *tok, const char *prompt, int3
 {
     int32_t *ids = NULL, bos = tr_tokenizer_bos_id(tok);
     size_t len = strlen(prompt), count = 0;
+    /* Refused only when a character cannot be encoded (the unknown token, or dropped):
+     * not when decode does not give the prompt back byte for byte, as after an NFC
+     * normalizer or Llama 2's decoder, which strips the space its normalizer prepends. */
+    size_t at = len;
+    if (tr_tokenizer_unknown_at(tok, prompt, len, &at, err) != TR_OK)
+        return NULL;
+    if (at < len) {
+        /* the character at `at` (encode took the prompt, so it is valid UTF-8) */
+        const unsigned char *u = (const unsigned char *)prompt + at;
+        size_t k = u[0] < 0x80 ? 1 : u[0] < 0xE0 ? 2 : u[0] < 0xF0 ? 3 : 4;
+        uint32_t cp = k == 1 ? u[0] : u[0] & (0x7F >> k);
+        for (size_t j = 1; j < k && at + j < len; j++)
+            cp = cp << 6 | (u[j] & 0x3F);
+        int show = cp >= 32 && cp != 127 && !(cp >= 0x80 && cp < 0xA0);
+        tr_fail(err, "--prompt: the character %s%.*s%sU+%04X at byte %zu has no token in %s (neither "
+                "in its vocabulary nor as byte fallback): write the prompt with characters the "
+                "model's data had", show ? "'" : "", show ? (int)k : 0, prompt + at,
+                show ? "' " : "", (unsigned)cp, at, tok_path);
+        return NULL;
+    }
     if (tr_tokenizer_encode(tok, prompt, len, &ids, &count, err) != TR_OK)
         return NULL;
-    char *back = NULL;
-    size_t back_len = 0;
-    if (tr_tokenizer_decode(tok, ids, count, &back, &back_len, err) != TR_OK) {
-        free(ids);
-        return NULL;
-    }
-    size_t same = 0;
-    while (same < len && same < back_len && back[same] == prompt[same])
-        same++;
-    free(back);
-    if (same < len || back_len != len) {
-        free(ids);
-        unsigned char c = (unsigned char)prompt[same < len ? same : len - 1];
-        tr_fail(err, "--prompt: byte %zu (%s%c%s, 0x%02x) has no token in %s: write the prompt "
-                "with characters the model's data had", same < len ? same : len - 1,
-                c >= 32 && c < 127 ? "'" : "", c >= 32 && c < 127 ? c : '?',
-                c >= 32 && c < 127 ? "'" : "", c, tok_path);
-        return NULL;
-    }
     int32_t start = bos >= 0 ? bos : count == 0 ? eos : -1;
     if (count == 0 && start < 0) {
         free(ids);

@@ -204,6 +204,9 @@ struct tr_tokenizer {
     /* tr_tokenizer_pretokenize: each word goes here instead of to BPE */
     void (*word_fn)(void *ctx, const char *w, size_t n);
     void *word_ctx;
+    /* characters (bytes, byte-level) the current encode could not represent: given the unknown
+     * token or, without one, dropped (tr_tokenizer_unknown_at) */
+    size_t unknown;
     /* scratch */
     struct sym *sym;
     size_t sym_cap;
@@ -1427,6 +1430,7 @@ static int symbols(struct tr_tokenizer *t, const char *w, size_t n, size_t *coun
                 continue;
             }
         }
+        t->unknown++;
         if (t->unk_missing)
             return tr_fail(err, "%s: the text has a character the vocabulary lacks, and the unknown token "
                            "\"%s\" the file names is not in the vocabulary either", t->name, t->unk_missing);
@@ -1459,7 +1463,7 @@ static int model_chunk(struct tr_tokenizer *t, const char *w, size_t n, struct o
         if (t->cache_used < CACHE_MAX_ENTRIES)
             slot = &t->cache[i];
     }
-    size_t start = o->n;
+    size_t start = o->n, unknown = t->unknown;
     int32_t whole = -1;
     if (t->ignore_merges) { /* a word that is a token is that token */
         if (t->byte_level) {
@@ -1484,7 +1488,7 @@ static int model_chunk(struct tr_tokenizer *t, const char *w, size_t n, struct o
             return TR_ERROR;
         merge_all(t, m, o);
     }
-    if (slot) {
+    if (slot && t->unknown == unknown) { /* a word with unknowns is not cached: they are counted */
         slot->word = tr_xcalloc(n + 1, 1);
         memcpy(slot->word, w, n);
         slot->n = (uint32_t)n;
@@ -1694,6 +1698,7 @@ int tr_tokenizer_encode(struct tr_tokenizer *t, const char *text, size_t len, in
 {
     *ids = NULL;
     *n = 0;
+    t->unknown = 0;
     size_t ok = utf8_valid(text, len);
     if (ok != len)
         return tr_fail(err, "text to encode is not valid UTF-8 at byte %zu", ok);
@@ -1734,6 +1739,56 @@ int tr_tokenizer_pretokenize(struct tr_tokenizer *t, const char *text, size_t le
     t->word_fn = NULL;
     t->word_ctx = NULL;
     return rc;
+}
+
+/* Does text[0..len) have a character encode cannot represent?  An encode that failed only
+ * because the unknown token the file names is missing counts as yes. */
+static int has_unknown(struct tr_tokenizer *t, const char *text, size_t len, int *yes, tr_err *err)
+{
+    int32_t *ids;
+    size_t n;
+    tr_err e = {{0}};
+    int rc = tr_tokenizer_encode(t, text, len, &ids, &n, &e);
+    free(ids);
+    *yes = t->unknown > 0;
+    if (rc != TR_OK && !*yes) {
+        *err = e;
+        return TR_ERROR;
+    }
+    return TR_OK;
+}
+
+int tr_tokenizer_unknown_at(struct tr_tokenizer *t, const char *text, size_t len, size_t *at,
+                            tr_err *err)
+{
+    *at = len;
+    int yes;
+    if (has_unknown(t, text, len, &yes, err))
+        return TR_ERROR;
+    if (!yes)
+        return TR_OK;
+    /* the shortest prefix, cut between characters, that has one ends with it: a binary
+     * search over the character boundaries (each step one encode of a prefix) */
+    size_t nb = 0, *b = tr_xcalloc(len + 1, sizeof *b);
+    for (size_t i = 0; i < len; i++)
+        if (((unsigned char)text[i] & 0xC0) != 0x80)
+            b[nb++] = i;
+    b[nb++] = len;
+    size_t lo = 0, hi = nb - 1; /* b[lo]'s prefix has none, b[hi]'s has one */
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (has_unknown(t, text, b[mid], &yes, err)) {
+            free(b);
+            return TR_ERROR;
+        }
+        if (yes)
+            hi = mid;
+        else
+            lo = mid;
+    }
+    *at = b[lo];
+    free(b);
+    return TR_OK;
 }
 
 int32_t tr_tokenizer_bos_id(const struct tr_tokenizer *t) { return t->nbefore ? t->before[0] : -1; }

@@ -28,6 +28,16 @@ int32_t tr_tokenizer_token_id(const struct tr_tokenizer *t, const char *text);
  * special tokens written in the text are recognised.  TR_OK or TR_ERROR. */
 int tr_tokenizer_encode(struct tr_tokenizer *t, const char *text, size_t len, int32_t **ids,
                         size_t *n, tr_err *err);
+/* Where text[0..len) has the first character the tokenizer cannot represent: one its
+ * vocabulary lacks (after the file's normalizers) without <0xNN> byte fallback for it, which
+ * encode gives as the unknown token or, without one, drops; in a byte-level file, a character
+ * with a byte its alphabet lacks.  *at is the character's byte offset in text, len when every
+ * character is represented.  What the normalizers change or remove is no loss (the model was
+ * trained on their output), nor is a decoder that does not give the text back byte for byte.
+ * Costs one encode, and about log2(len) more of prefixes when there is such a character.
+ * TR_OK or TR_ERROR (text that is not UTF-8). */
+int tr_tokenizer_unknown_at(struct tr_tokenizer *t, const char *text, size_t len, size_t *at,
+                            tr_err *err);
 /* The post-processor's special tokens: BOS is the first id its template puts before the
  * text ($A), EOS the last id it puts after; -1 when the file has no
  * post-processor or it adds none there. */

@@ -169,6 +169,43 @@ grep -q "\"hash\": \"$hash\"" prun/tokenizer.origin.json && grep -q '"eos": 2' p
 grep -q "EOS: 2 <|im_end|>" prun-sample.err || { cat prun-sample.err; fail "sample does not stop at prepare's --eos"; }
 grep -q "^Hello" prun.txt || fail "the text does not start with the prompt"
 
+# ---- the prompt check: refused only for a character that has no token ------------
+# sample encodes the prompt as prepare encoded the data: what a normalizer
+# changes (NFC composes a decomposed e + U+0301) or a decoder does not give
+# back (Mistral's strips a leading space) is no reason to
+# refuse; a character outside a vocabulary without byte fallback is, named
+# with its byte offset
+prompt_run() { # DIR FIXTURE VOCAB: a 2-step run on ids 3..12 with FIXTURE as its tokenizer
+  mkdir "$1"
+  cp "$FIX/tokenizer/$2" "$1/tokenizer.json"
+  python3 shard.py "$1/train_000000.bin" "$3" $(i=0; while [ $i -lt 100 ]; do printf "3 4 5 6 7 8 9 10 11 12 "; i=$((i + 1)); done)
+  "$TRAINRUN" bpe.lua run_dir="$1/run" model.vocab="$3" data.vocab="$3" "data.train=$1/train_*.bin" \
+    train.steps=2 train.batch=2 --quiet 2> "$1.err" || { cat "$1.err"; fail "training on $2's ids"; }
+}
+prompt_run nfc bpe_qwen2_nfc.json 1000
+decomposed=$(printf 'caf\145\314\201 au lait')
+"$TRAINRUN" sample nfc/run --prompt "$decomposed" --tokens 3 > nfc.out 2> nfc.err \
+  || { cat nfc.err; fail "a prompt the NFC normalizer changes was refused"; }
+head -c ${#decomposed} nfc.out | grep -qF "$decomposed" || { od -c nfc.out | head; fail "the NFC prompt is not printed as given"; }
+# Llama 2 and Mistral layouts: decode gives "<s> Hi" for "<s>Hi", and Mistral's
+# drops a leading space; sp_never.json lowercases (its vocabulary has no K)
+prompt_run llama2 sp_llama2.json 800
+prompt_run mistral sp_mistral.json 800
+prompt_run never sp_never.json 800
+for p in "llama2:Hello world" "llama2:<s>Hi there" "mistral: two  spaces" "mistral:  x" "never:the King"; do
+  "$TRAINRUN" sample "${p%%:*}/run" --prompt "${p#*:}" --tokens 3 > sp.out 2> sp.err \
+    || { cat sp.err; fail "${p%%:*}'s tokenizer refused the prompt '${p#*:}'"; }
+  grep -qF "${p#*:}" sp.out || { cat sp.out; fail "${p%%:*}'s prompt '${p#*:}' is not printed"; }
+done
+# no byte fallback: sp_split_unk.json has no K (nor Q, V, X)
+prompt_run unk sp_split_unk.json 800
+"$TRAINRUN" sample unk/run --prompt "the caf$(printf '\303\251') King" --tokens 3 > /dev/null 2> unk.err \
+  && fail "a prompt with a character outside a vocabulary without byte fallback was sampled"
+grep -qF "the character 'K' U+004B at byte 10 has no token in unk/run/tokenizer.json" unk.err \
+  || { cat unk.err; fail "no clear message naming the character a vocabulary lacks and its byte"; }
+"$TRAINRUN" sample unk/run --prompt "the caf$(printf '\303\251') king" --tokens 3 > /dev/null 2> unk2.err \
+  || { cat unk2.err; fail "a prompt of the vocabulary's characters was refused"; }
+
 # ---- a char-tokenized text run samples characters ---------------------------------
 i=0
 while [ $i -lt 300 ]; do echo "the quick brown fox jumps over the lazy dog"; i=$((i + 1)); done > fox.txt
@@ -191,7 +228,7 @@ grep -q "^the quick.* .*[a-z][a-z]" fox.out || { cat fox.out; fail "a char run's
 "$TRAINRUN" sample crun --prompt "the quick" --top-k 1 --tokens 40 --ids > /dev/null 2>&1 \
   && fail "--ids took text"
 "$TRAINRUN" sample crun --prompt "THE" --tokens 5 > /dev/null 2> upper.err && fail "a prompt with characters the corpus lacks was sampled"
-grep -q "byte 0 ('T', 0x54) has no token in crun/tokenizer.json" upper.err \
+grep -qF "the character 'T' U+0054 at byte 0 has no token in crun/tokenizer.json" upper.err \
   || { cat upper.err; fail "no clear message for a prompt character the corpus lacks"; }
 
 # ---- model = { from = DIR }: DIR's tokenizer.json, and data made with another -------
