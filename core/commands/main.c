@@ -392,6 +392,12 @@ static int cmd_plugins(int argc, char **argv)
         const struct tr_plugin_info *info = list[i]->info;
         if (only && info->kind != only)
             continue;
+        if ((int)info->kind != last_kind && info->kind == TR_KIND_LOGGER) { /* a list */
+            printf("\nlogger plugins  (recipe: logger = { \"jsonl\", \"NAME\", { plugin = \"NAME\", "
+                   "option = value, ... } })\n  \"jsonl\" is the run's metrics.jsonl, built in and "
+                   "always written; docs/logging.md\n");
+            last_kind = (int)info->kind;
+        }
         if ((int)info->kind != last_kind) {
             printf("\n%s plugins  (recipe: %s = { plugin = \"NAME\", option = value, ... })\n",
                    tr_kind_name(info->kind), tr_kind_name(info->kind));

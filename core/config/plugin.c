@@ -12,7 +12,7 @@
 static const char *const kind_names[] = {
     [TR_KIND_PRECISION] = "precision", [TR_KIND_DATA] = "data",
     [TR_KIND_CHECKPOINT] = "checkpoint", [TR_KIND_SCHEDULE] = "schedule",
-    [TR_KIND_COMM] = "comm",
+    [TR_KIND_COMM] = "comm", [TR_KIND_LOGGER] = "logger",
 };
 
 const char *tr_kind_name(enum tr_plugin_kind kind)
@@ -124,6 +124,13 @@ static int check_vtable(const struct tr_plugin_info *info, tr_err *err)
         need = offsetof(struct tr_comm_vtable, broadcast) + sizeof v->broadcast;
         present = TR_HAS_SLOT(v, struct tr_comm_vtable, allreduce_sum) &&
                   TR_HAS_SLOT(v, struct tr_comm_vtable, broadcast);
+        break;
+    }
+    case TR_KIND_LOGGER: {
+        const struct tr_logger_vtable *v = info->vtable;
+        need = offsetof(struct tr_logger_vtable, scalars) + sizeof v->scalars;
+        present = TR_HAS_SLOT(v, struct tr_logger_vtable, open) &&
+                  TR_HAS_SLOT(v, struct tr_logger_vtable, scalars);
         break;
     }
     default:

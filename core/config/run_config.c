@@ -221,7 +221,7 @@ static const struct tr_option slot_options[] = {
 
 static const char *const sections[] = {"model",     "data",  "precision",  "schedule",
                                        "checkpoint", "optimizer", "train", "early_stop",
-                                       "cost",      "parallel", "comm", NULL};
+                                       "cost",      "parallel", "comm", "logger", NULL};
 
 /* ---- ranks ----------------------------------------------------------------- */
 
@@ -417,6 +417,104 @@ static int configure_slot(struct tr_config *cfg, struct tr_slot *slot, const cha
         size_t len = strlen(err->msg);
         snprintf(err->msg + len, sizeof err->msg - len, " [plugin %s]", slot->plugin->path);
         return TR_ERROR;
+    }
+    return TR_OK;
+}
+
+/* logger = { "jsonl", "csv", { plugin = "tensorboard", dir = "tb" } }: a list
+ * of names or tables, each a logger plugin; "jsonl" is metrics.jsonl, which
+ * the run always writes (report, plot and --resume read it), so it takes no
+ * plugin.  Absent: { "jsonl" }, which show prints. */
+static int configure_loggers(struct tr_config *cfg, tr_err *err)
+{
+    struct tr_value *root = tr_recipe_root(cfg->recipe);
+    struct tr_value *list = tr_value_child(root, "logger");
+    struct tr_origin def = {TR_FROM_DEFAULT, NULL, 0};
+    char where[600];
+    if (list && list->type == TR_V_STRING) { /* logger = "csv", logger=jsonl,csv on the CLI */
+        struct tr_value *table = tr_value_new(TR_V_TABLE, "logger", list->origin);
+        const char *p = list->string;
+        for (int n = 1;; n++) {
+            size_t len = strcspn(p, ",");
+            char pos[16];
+            snprintf(pos, sizeof pos, "%d", n);
+            struct tr_value *one = tr_value_new(TR_V_STRING, pos, list->origin);
+            one->is_list_item = 1;
+            one->string = tr_xasprintf("%.*s", (int)len, p);
+            tr_value_put(table, one);
+            if (!p[len])
+                break;
+            p += len + 1;
+        }
+        tr_value_put(root, table); /* replaces (and frees) the string */
+        list = table;
+    }
+    if (!list) {
+        list = tr_value_new(TR_V_TABLE, "logger", def);
+        struct tr_value *one = tr_value_new(TR_V_STRING, "1", def);
+        one->is_list_item = 1;
+        tr_value_set_string(one, "jsonl");
+        tr_value_put(list, one);
+        tr_value_put(root, list);
+        return TR_OK;
+    }
+    tr_value_where(list, where, sizeof where);
+    if (list->type != TR_V_TABLE)
+        return tr_fail(err, "%slogger must be a list of logger plugins, e.g. logger = { \"jsonl\", "
+                       "\"csv\", \"tensorboard\" }", where);
+    for (size_t i = 0; i < list->n_items; i++) {
+        struct tr_value *item = list->items[i];
+        tr_value_where(item, where, sizeof where);
+        if (!item->is_list_item)
+            return tr_fail(err, "%slogger: '%s' is not a list entry; write logger = { \"jsonl\", "
+                           "{ plugin = \"csv\", file = \"m.csv\" } }", where, item->key);
+        if (item->type == TR_V_STRING) { /* "csv" -> { plugin = "csv" } */
+            struct tr_value *table = tr_value_new(TR_V_TABLE, item->key, item->origin);
+            table->is_list_item = 1;
+            struct tr_value *name = tr_value_new(TR_V_STRING, "plugin", item->origin);
+            tr_value_set_string(name, item->string);
+            tr_value_put(table, name);
+            tr_value_put(list, table); /* replaces (and frees) the string */
+            item = list->items[i];
+        }
+        struct tr_value *pv = item->type == TR_V_TABLE ? tr_value_child(item, "plugin") : NULL;
+        if (!pv || pv->type != TR_V_STRING)
+            return tr_fail(err, "%slogger entry %s: write a logger's name (\"csv\") or a table "
+                           "{ plugin = \"csv\", ... }", where, item->key);
+        if (strcmp(pv->string, "jsonl") == 0) { /* the built-in metrics.jsonl */
+            if (item->n_items > 1)
+                return tr_fail(err, "%slogger \"jsonl\" (metrics.jsonl) takes no options", where);
+            continue;
+        }
+        for (int k = 0; k < cfg->n_loggers; k++)
+            if (strcmp(cfg->loggers[k].plugin->info->name, pv->string) == 0) {
+                tr_value_where(pv, where, sizeof where);
+                return tr_fail(err, "%slogger \"%s\" is listed twice", where, pv->string);
+            }
+        if (cfg->n_loggers == TR_MAX_LOGGERS)
+            return tr_fail(err, "%slogger: more than %d loggers", where, TR_MAX_LOGGERS);
+        struct tr_slot *slot = &cfg->loggers[cfg->n_loggers];
+        slot->key = "logger";
+        slot->kind = TR_KIND_LOGGER;
+        slot->origin = pv->origin;
+        tr_value_where(pv, where, sizeof where);
+        slot->plugin = tr_plugin_find(&cfg->plugin_path, TR_KIND_LOGGER, pv->string, err);
+        if (!slot->plugin) {
+            tr_err_prefix(err, "%.*s", (int)(strlen(where) - 2), where);
+            return TR_ERROR;
+        }
+        cfg->n_loggers++;
+        const struct tr_plugin_info *info = slot->plugin->info;
+        slot->config = tr_xcalloc(1, info->config_size ? info->config_size : 1);
+        struct slot_keys keys;
+        struct tr_schema_use uses[2] = {{slot_options, &keys}, {info->options, slot->config}};
+        char what[128];
+        snprintf(what, sizeof what, "logger '%s'", info->name);
+        if (tr_options_apply(list, item->key, what, uses, 2, err) != TR_OK) {
+            size_t len = strlen(err->msg);
+            snprintf(err->msg + len, sizeof err->msg - len, " [plugin %s]", slot->plugin->path);
+            return TR_ERROR;
+        }
     }
     return TR_OK;
 }
@@ -650,6 +748,8 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
         configure_slot(cfg, &cfg->checkpoint, "checkpoint", TR_KIND_CHECKPOINT, "local", def, &cu,
                        err) != TR_OK)
         return TR_ERROR;
+    if (configure_loggers(cfg, err) != TR_OK)
+        return TR_ERROR;
     if ((cfg->rank.world > 1 || tr_value_child(root, "comm")) &&
         configure_slot(cfg, &cfg->comm, "comm", TR_KIND_COMM, default_comm(cfg), def, NULL,
                        err) != TR_OK)
@@ -744,6 +844,13 @@ void tr_config_free(struct tr_config *cfg)
         if (!s->plugin)
             continue;
         if (s->plugin && s->self && s->plugin->info->destroy)
+            s->plugin->info->destroy(s->self);
+        free(s->config);
+        tr_plugin_close(s->plugin);
+    }
+    for (int i = 0; i < cfg->n_loggers; i++) {
+        struct tr_slot *s = &cfg->loggers[i];
+        if (s->self && s->plugin->info->destroy)
             s->plugin->info->destroy(s->self);
         free(s->config);
         tr_plugin_close(s->plugin);

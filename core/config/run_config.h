@@ -73,6 +73,8 @@ struct tr_slot {
     struct tr_origin origin;    /* where the recipe chose it */
 };
 
+#define TR_MAX_LOGGERS 8
+
 struct tr_config {
     struct tr_recipe *recipe;
     const char *name, *run_dir, *device;
@@ -85,6 +87,10 @@ struct tr_config {
     struct tr_rank_info rank;
     struct tr_slot precision, data, schedule, checkpoint;
     struct tr_slot comm;        /* configured when world > 1 or the recipe names one */
+    /* logger = { "jsonl", "csv", ... }: the logger plugins beside metrics.jsonl
+     * (the built-in "jsonl", written always), created by rank 0 alone */
+    struct tr_slot loggers[TR_MAX_LOGGERS];
+    int n_loggers;
     void *device_stream;        /* the backend's stream, for the comm plugin */
     struct tr_plugin_path plugin_path;
     char **overrides; /* as given on the command line (checkpoints record them) */

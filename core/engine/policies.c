@@ -2,7 +2,8 @@
  * writes about itself.  tr_train (run.c) calls them in this order after
  * every optimizer step:
  *
- *   tr_policy_log         progress line and metrics.jsonl, every train.log_every
+ *   tr_policy_log         progress line, metrics.jsonl and the logger plugins,
+ *                         every train.log_every
  *   tr_policy_budget      cost.budget: warn at cost.warn_at, stop at the budget
  *   tr_policy_evaluate    validation every train.eval_every, then the schedule's
  *                         observe, early stopping and keep-best
@@ -10,8 +11,9 @@
  *   tr_policy_stop        the budget or early stopping ends the run here
  *
  * Preemption (a signal) and the end of the run are phases of run.c.  The
- * files a run writes: metrics.jsonl (whole lines or a stop), trace.json and
- * the summary on stderr. */
+ * files a run writes: metrics.jsonl (whole lines or a stop), what the logger
+ * plugins write (logger = { "csv", "tensorboard" }: the same numbers, named
+ * as in metrics.jsonl), trace.json and the summary on stderr. */
 #include "run.h"
 #include "run_internal.h"
 
@@ -24,6 +26,10 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#ifndef PACKAGE_VERSION
+#define PACKAGE_VERSION "unknown"
+#endif
 
 /* ---- metrics.jsonl: whole lines or a stop ---------------------------------- */
 
@@ -131,8 +137,100 @@ static int end_line(struct run *r, tr_err *err)
     return TR_OK;
 }
 
-/* rank 0: metrics.jsonl, appended to when resuming, else started afresh */
+static int open_jsonl(struct run *r, int resume, tr_err *err);
+
+/* ---- the logger plugins ---------------------------------------------------- */
+
+/* A logger's error names it and the recipe line that chose it; the run
+ * stops, as it does when metrics.jsonl cannot be written. */
+static int logger_failed(const struct run *r, const struct tr_slot *slot, tr_err *err)
+{
+    char where[600];
+    tr_origin_format(&slot->origin, where, sizeof where);
+    tr_err_prefix(err, "%s: logger '%s'", where, slot->plugin->info->name);
+    size_t len = strlen(err->msg);
+    snprintf(err->msg + len, sizeof err->msg - len, " (the run stops at step %llu; its last "
+             "checkpoint is kept)", (unsigned long long)r->step);
+    return TR_ERROR;
+}
+
+/* rank 0: create and open each logger of the recipe's logger list */
+static int open_loggers(struct run *r, int resume, tr_err *err)
+{
+    for (int i = 0; i < r->cfg->n_loggers; i++) {
+        struct tr_slot *slot = &r->cfg->loggers[i];
+        if (tr_config_create_slot(r->cfg, slot, 0, err) != TR_OK)
+            return TR_ERROR;
+        const struct tr_logger_vtable *vt = slot->plugin->info->vtable;
+        if (vt->open(slot->self, resume, err) != TR_OK) {
+            r->loggers_open = i + 1; /* closed with the others */
+            return logger_failed(r, slot, err);
+        }
+        r->loggers_open = i + 1;
+        /* what ran, for loggers that keep run metadata beside the numbers */
+        const char *meta[][2] = {{"trainrun_version", PACKAGE_VERSION},
+                                 {"run", r->cfg->name},
+                                 {"recipe", tr_recipe_path(r->cfg->recipe)}};
+        for (size_t k = 0; k < TR_ARRAY_LEN(meta); k++)
+            if (TR_HAS_SLOT(vt, struct tr_logger_vtable, text) &&
+                vt->text(slot->self, r->step, meta[k][0], meta[k][1], err) != TR_OK)
+                return logger_failed(r, slot, err);
+    }
+    return TR_OK;
+}
+
+/* The same numbers metrics.jsonl's line holds, to every logger. */
+static int log_scalars(struct run *r, const struct tr_scalar *v, size_t n, tr_err *err)
+{
+    for (int i = 0; i < r->loggers_open; i++) {
+        struct tr_slot *slot = &r->cfg->loggers[i];
+        const struct tr_logger_vtable *vt = slot->plugin->info->vtable;
+        if (vt->scalars(slot->self, r->step, v, n, err) != TR_OK)
+            return logger_failed(r, slot, err);
+    }
+    return TR_OK;
+}
+
+static int flush_loggers(struct run *r, tr_err *err)
+{
+    for (int i = 0; i < r->loggers_open; i++) {
+        struct tr_slot *slot = &r->cfg->loggers[i];
+        const struct tr_logger_vtable *vt = slot->plugin->info->vtable;
+        if (TR_HAS_SLOT(vt, struct tr_logger_vtable, flush) && vt->flush(slot->self, err) != TR_OK)
+            return logger_failed(r, slot, err);
+    }
+    return TR_OK;
+}
+
+/* The end of the run: each logger's close, all of them even after an error
+ * (the first error is the one reported). */
+static int close_loggers(struct run *r, tr_err *err)
+{
+    int rc = TR_OK;
+    for (int i = 0; i < r->loggers_open; i++) {
+        struct tr_slot *slot = &r->cfg->loggers[i];
+        const struct tr_logger_vtable *vt = slot->plugin->info->vtable;
+        tr_err e = {{0}};
+        if (TR_HAS_SLOT(vt, struct tr_logger_vtable, close) && vt->close(slot->self, &e) != TR_OK &&
+            rc == TR_OK) {
+            rc = logger_failed(r, slot, &e);
+            *err = e;
+        }
+    }
+    r->loggers_open = 0;
+    return rc;
+}
+
+/* rank 0: metrics.jsonl, appended to when resuming, else started afresh;
+ * then the logger plugins */
 int tr_run_open_metrics(struct run *r, int resume, tr_err *err)
+{
+    if (open_jsonl(r, resume, err) != TR_OK)
+        return TR_ERROR;
+    return open_loggers(r, resume, err);
+}
+
+static int open_jsonl(struct run *r, int resume, tr_err *err)
 {
     r->metrics_path = tr_xasprintf("%s/metrics.jsonl", r->cfg->run_dir);
     /* read too: a resumed run checks how the file ends */
@@ -187,6 +285,11 @@ int tr_run_close_outputs(struct run *r, tr_err *err)
     struct tr_trace *trace = r->trace;
     r->trace = NULL;
     int rc = metrics_close(r, err);
+    tr_err lerr = {{0}};
+    if (close_loggers(r, &lerr) != TR_OK && rc == TR_OK) {
+        *err = lerr;
+        rc = TR_ERROR;
+    }
     int e = tr_trace_close(trace);
     if (e && rc == TR_OK)
         rc = tr_run_trace_failed(r, e, err);
@@ -222,6 +325,26 @@ static int progress(struct run *r, double lr, double grad_norm, double elapsed, 
                 (unsigned long long)r->step, of, r->last_loss, lr, grad_norm,
                 tok_s, extra, wait, eta);
     }
+    /* the loggers get what is known: no MFU without a peak (metrics.jsonl's
+     * -1), no dollars without a price (its 0) */
+    struct tr_scalar v[12];
+    size_t nv = 0;
+    v[nv++] = (struct tr_scalar){"loss", r->last_loss};
+    v[nv++] = (struct tr_scalar){"lr", lr};
+    v[nv++] = (struct tr_scalar){"grad_norm", grad_norm};
+    v[nv++] = (struct tr_scalar){"tokens_per_s", tok_s};
+    if (!isnan(mfu))
+        v[nv++] = (struct tr_scalar){"mfu", mfu};
+    v[nv++] = (struct tr_scalar){"data_wait_pct", wait};
+    v[nv++] = (struct tr_scalar){"loss_scale", tr_run_loss_scale(r)};
+    v[nv++] = (struct tr_scalar){"skipped_steps", (double)r->skipped};
+    if (r->usd_per_second > 0) {
+        v[nv++] = (struct tr_scalar){"cost_usd", dollars};
+        v[nv++] = (struct tr_scalar){"cost_projected_usd", projected};
+    }
+    v[nv++] = (struct tr_scalar){"elapsed_s", elapsed};
+    if (log_scalars(r, v, nv, err) != TR_OK)
+        return TR_ERROR;
     return metrics_line(r, err,
                 "{\"step\": %llu, \"loss\": %.6g, \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens_per_s\": %.1f, "
                 "\"mfu\": %.4g, \"data_wait_pct\": %.2f, \"loss_scale\": %.6g, \"skipped_steps\": %llu, "
@@ -368,6 +491,14 @@ int tr_policy_evaluate(struct run *r, int *improved, tr_err *err)
     if (!r->quiet)
         fprintf(stderr, "step %6llu | validation loss %.4f%s | accuracy %.2f%%\n",
                 (unsigned long long)r->step, r->last_val, per_byte, 100 * accuracy);
+    struct tr_scalar v[3] = {{"val_loss", r->last_val}};
+    size_t nv = 1;
+    if (!isnan(accuracy))
+        v[nv++] = (struct tr_scalar){"val_accuracy", accuracy};
+    if (bpt > 0)
+        v[nv++] = (struct tr_scalar){"val_loss_per_byte", r->last_val / bpt};
+    if (log_scalars(r, v, nv, err) != TR_OK || flush_loggers(r, err) != TR_OK)
+        return TR_ERROR;
     if (metrics_line(r, err, "{\"step\": %llu, \"val_loss\": %.6g, \"val_accuracy\": %.6g%s}\n",
                      (unsigned long long)r->step, r->last_val,
                      isnan(accuracy) ? -1.0 : accuracy, per_byte_json) != TR_OK)

@@ -50,6 +50,7 @@ struct run {
     int metrics_open, metrics_fd; /* metrics.jsonl, rank 0 only */
     char *metrics_path;
     off_t metrics_good;      /* metrics.jsonl up to here holds whole lines */
+    int loggers_open;        /* cfg->loggers[0..loggers_open) created and opened, rank 0 */
     int have_lock, lock_fd;  /* run_dir/trainrun.lock, held while this process writes */
     const struct tr_precision_vtable *precision;
     const struct tr_schedule_vtable *schedule;

@@ -109,7 +109,8 @@ enum tr_plugin_kind {
     TR_KIND_DATA = 2,
     TR_KIND_CHECKPOINT = 3,
     TR_KIND_SCHEDULE = 4,
-    TR_KIND_COMM = 5
+    TR_KIND_COMM = 5,
+    TR_KIND_LOGGER = 6
 };
 
 /* ---- options (declared once: validation, help and parsing) ------------ */
@@ -316,6 +317,41 @@ struct tr_comm_vtable {
     int (*allgather)(void *self, float *buf, size_t count, tr_err *err);
     /* Optional: one line for logs ("tcp ring, 2 ranks via 127.0.0.1:29500") */
     const char *(*describe)(void *self);
+};
+
+/* ---- logger ----------------------------------------------------------- */
+
+/* One named number of a step: "loss", "lr", "grad_norm", "tokens_per_s",
+ * "mfu", "data_wait_pct", "loss_scale", "skipped_steps", "cost_usd",
+ * "cost_projected_usd", "elapsed_s" every train.log_every steps; "val_loss",
+ * "val_accuracy", "val_loss_per_byte" after each evaluation.  A value the
+ * run does not know is left out, never sent as NaN. */
+struct tr_scalar {
+    const char *name;
+    double value;
+};
+
+/* Where a run's numbers go besides metrics.jsonl (the run's own record,
+ * which report, plot and --resume read and which is always written).
+ * Only rank 0 creates loggers.  create() receives the run directory in
+ * args->run_dir; open() follows it once the run knows whether it resumes
+ * (then a logger appends to, or sits beside, what the earlier run wrote).
+ * Every slot returning int returns TR_OK or TR_ERROR with tr_fail(): a
+ * logger that cannot write stops the run with its message, as a full disk
+ * under metrics.jsonl does, rather than leave a silent gap. */
+struct tr_logger_vtable {
+    uint32_t struct_size; /* sizeof(struct tr_logger_vtable) */
+    int (*open)(void *self, int resume, tr_err *err);
+    /* n values of optimizer step `step`; the pointers are valid during the call */
+    int (*scalars)(void *self, uint64_t step, const struct tr_scalar *v, size_t n, tr_err *err);
+    /* Optional: run metadata once at the start ("trainrun_version", "recipe"). */
+    int (*text)(void *self, uint64_t step, const char *key, const char *value, tr_err *err);
+    /* Optional: make what was logged readable by others now (called after
+     * each evaluation and before a checkpoint). */
+    int (*flush)(void *self, tr_err *err);
+    /* Optional: the end of the run: everything on disk, or an error.
+     * destroy() follows, also after an error. */
+    int (*close)(void *self, tr_err *err);
 };
 
 #ifdef __cplusplus
