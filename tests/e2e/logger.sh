@@ -68,6 +68,18 @@ grep -q "^recipe = $R\$" mine.out && grep -q '^trainrun_version = ' mine.out && 
   fail "the stdout logger got no metadata: $(cat mine.out)"
 [ "$(grep -c '^step [0-9]* loss ' mine.out)" -eq 6 ] || fail "the stdout logger got $(grep -c '^step' mine.out) losses, not 6"
 grep '^step 6 loss ' mine.out | grep -q " $(last_metric mine/metrics.jsonl loss)\$" || fail "step 6's loss differs: $(grep '^step 6' mine.out)"
+# a logger that cannot write stops the run, naming its recipe line and the file
+cat > full.lua <<'LUA'
+return {
+  model = gpt { vocab = 64, ctx = 8, layers = 1, heads = 2, dim = 16 },
+  data = { plugin = "synthetic", kind = "tokens", classes = 64, samples = 512 },
+  train = { steps = 4, batch = 4 },
+  logger = { "jsonl", { plugin = "csv", file = "/dev/full" } },
+}
+LUA
+out=$("$TRAINRUN" full.lua run_dir=full --quiet 2>&1) && fail "a run whose logger cannot write went on"
+echo "$out" | grep -q "full.lua:5: logger 'csv'" && echo "$out" | grep -q "cannot write /dev/full" ||
+  fail "the logger's error does not name its line and file: $out"
 "$TRAINRUN" plugins | grep -q '^logger plugins' || fail "trainrun plugins lists no loggers"
 "$TRAINRUN" plugins | grep -q '^  tensorboard ' || fail "trainrun plugins lists no tensorboard"
 echo "logger: ok"
