@@ -250,6 +250,9 @@ static int start(struct run *r, const struct tr_run_flags *flags, tr_err *err)
          * slower than fp32 (the CPU backend's choice, kernels/cpu/gemm.c) */
         if (strcmp(cfg->device, "cpu") == 0 && r->g->compute != TR_F32)
             fprintf(stderr, "device cpu: %s\n", tr_cpu_gemm_path(r->g->compute));
+        if (r->g->allow_tf32) /* only device=cuda gets here (tr_precision_check) */
+            fprintf(stderr, "device %s: fp32 GEMMs in tf32 on tensor cores (cuBLASLt "
+                            "CUBLAS_COMPUTE_32F_FAST_TF32, fp32 accumulation)\n", cfg->device);
         tr_graph_print_memory(r->g, stderr);
     }
     if (flags->resume && tr_run_resume(r, err) != TR_OK)
