@@ -17,29 +17,16 @@
  * decode: byte-level files concatenate each id's bytes; the others run the file's decoder
  * chain (Replace, ByteFallback, Fuse, Strip, Metaspace) over the token strings.
  *
+ * This file loads tokenizer.json and holds the model, the pre-tokenizers and encode; the
+ * normalizers are in tokenizer_normalize.c, the post-processors, decoders and decode in
+ * tokenizer_post.c (tokenizer_internal.h is what they share).
+ *
  * The file is untrusted: every id, size and string is checked before use. */
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include "tokenizer.h"
-
-#include "json.h"
-#include "util.h"
+#include "tokenizer_internal.h"
 
 #include <errno.h>
-#include <pcre2.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <utf8proc.h>
-
-#define MAX_ID (1 << 24)          /* ids beyond 16M are refused */
-#define MAX_STEPS 8               /* pre-tokenizer steps */
-#define MAX_NORMS 16              /* normalizer steps */
-#define MAX_DECS 16               /* decoder steps */
-#define MAX_DEPTH 4               /* Sequences inside Sequences */
-#define CACHE_MAX_WORD 64         /* bytes; longer words are not cached */
-#define CACHE_MAX_ENTRIES (1 << 18)
-
-#define SPACE_MARK "\xe2\x96\x81" /* U+2581, SentencePiece's space */
 
 static const char GPT2_PATTERN[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
@@ -53,12 +40,6 @@ static uint64_t hash_bytes(const char *s, size_t n)
         h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
     return h ^ h >> 29;
 }
-
-/* string -> id; keys point into storage owned elsewhere */
-struct smap {
-    struct sent { const char *k; uint32_t n; int32_t v; } *e;
-    size_t cap, used;
-};
 
 static void smap_init(struct smap *m, size_t want)
 {
@@ -105,12 +86,6 @@ static int smap_put(struct smap *m, const char *k, size_t n, int32_t v)
     return 0;
 }
 
-/* (left id, right id) -> (rank, merged id) */
-struct mmap {
-    struct ment { uint64_t key; int32_t rank, id; } *e; /* key 0 = empty (ids + 1) */
-    size_t cap;
-};
-
 static uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t)(uint32_t)(a + 1) << 32 | (uint32_t)(b + 1); }
 
 static struct ment *mmap_slot(const struct mmap *m, uint64_t key)
@@ -121,101 +96,6 @@ static struct ment *mmap_slot(const struct mmap *m, uint64_t key)
         i = (i + 1) & (m->cap - 1);
     return &m->e[i];
 }
-
-/* ---- the tokenizer --------------------------------------------------------- */
-
-/* An added token: s as written; ns the normalizers' output for it when it is "normalized"
- * (matched after normalization), else s. */
-struct added { char *s; size_t n; int32_t id; int normalized; char *ns; size_t nn; int lstrip, rstrip; };
-
-struct cached { char *word; uint32_t n, nids; int32_t *ids; };
-
-struct buf { char *p; size_t n, cap; };
-
-enum { N_NFC, N_NFD, N_NFKC, N_NFKD, N_LOWER, N_STRIP, N_REPLACE, N_PREPEND };
-
-struct norm {
-    int kind;
-    int left, right;            /* Strip */
-    pcre2_code *re;             /* Replace */
-    pcre2_match_data *md;
-    char *text;                 /* Replace's content, Prepend's prefix */
-    size_t ntext;
-};
-
-enum { D_REPLACE, D_BYTE_FALLBACK, D_FUSE, D_STRIP, D_METASPACE };
-
-struct dec {
-    int kind;
-    pcre2_code *re;             /* Replace */
-    char *text;                 /* Replace's content */
-    size_t ntext;
-    uint32_t ch;                /* Strip's content, Metaspace's replacement */
-    size_t start, stop;         /* Strip */
-    int never;                  /* Metaspace with prepend_scheme "never" */
-};
-
-enum { PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER };
-
-/* a symbol of a word being merged, and a candidate merge (the library's Word and Merge) */
-struct sym { int32_t id, prev, next, alive; };
-struct merge { int32_t rank, pos, id; };
-
-struct tr_tokenizer {
-    char *name;
-    size_t vocab_size;          /* max id + 1 */
-    char **token;               /* [vocab_size] the vocabulary's key (vocab only), or NULL */
-    char **bytes;               /* [vocab_size] decoded bytes (byte-level) or the token's text, NULL for a hole */
-    uint32_t *nbytes;
-    struct smap vocab;          /* key -> id */
-    struct mmap merges;
-    int ignore_merges;
-    int byte_level;             /* symbols are bytes (ByteLevel), else Unicode characters */
-    int byte_fallback, fuse_unk;
-    int32_t unk_id;             /* -1: none */
-    char *unk_missing;          /* an unk_token the vocabulary lacks (an error only when needed) */
-    int32_t fallback_id[256];   /* id of <0xNN>, -1 if none */
-    int32_t byte_id[256];       /* id of each single byte's symbol, -1 if none */
-    char byte_char[256][3];     /* its byte-level character (UTF-8) */
-    uint8_t byte_char_len[256];
-    struct added *added;
-    size_t nadded, nadded_norm;
-    uint8_t first_raw[256], first_norm[256]; /* first bytes of the two kinds of added tokens */
-    int32_t *before, *after;    /* the post-processor's ids around the text */
-    size_t nbefore, nafter;
-    struct norm norm[MAX_NORMS];
-    int nnorms;
-    pcre2_code *step[MAX_STEPS];
-    pcre2_match_data *md[MAX_STEPS];
-    int jit[MAX_STEPS];
-    int nsteps;
-    /* Long words on characters are merged in chunks, each starting at a "▁" whose left
-     * neighbour is a vocabulary character that no merge ever joins to a "▁..." token:
-     * then no token can span the cut, and the chunks merge exactly as the whole word. */
-    int chunks;
-    struct smap no_cut;         /* those left neighbours that a merge does join */
-    int metaspace, ms_scheme, ms_split; /* the Metaspace pre-tokenizer */
-    char ms_repl[5];
-    size_t ms_len;
-    struct dec dec[MAX_DECS];
-    int ndecs;
-    struct cached *cache;       /* open addressing, CACHE_MAX_ENTRIES * 2 slots */
-    size_t cache_used;
-    /* tr_tokenizer_pretokenize: each word goes here instead of to BPE */
-    void (*word_fn)(void *ctx, const char *w, size_t n);
-    void *word_ctx;
-    /* characters (bytes, byte-level) the current encode could not represent: given the unknown
-     * token or, without one, dropped (tr_tokenizer_unknown_at) */
-    size_t unknown;
-    /* scratch */
-    struct sym *sym;
-    size_t sym_cap;
-    struct merge *heap;
-    size_t heap_cap;
-    char *bl;
-    size_t bl_cap;
-    struct buf nb[2], ms;
-};
 
 /* GPT-2's bytes_to_unicode */
 static void byte_level_map(struct tr_tokenizer *t)
@@ -250,7 +130,7 @@ static int char_byte(unsigned cp)
 }
 
 /* Length of the valid UTF-8 prefix of s[0..n). */
-static size_t utf8_valid(const char *s, size_t n)
+size_t tr_tok_utf8_valid(const char *s, size_t n)
 {
     const unsigned char *u = (const unsigned char *)s;
     size_t i = 0;
@@ -302,65 +182,6 @@ static char *byte_level_decode(const char *s, uint32_t *len)
 
 /* ---- small helpers ------------------------------------------------------- */
 
-static void buf_reserve(struct buf *b, size_t more)
-{
-    if (b->n + more + 1 > b->cap) {
-        b->cap = 2 * (b->n + more + 1);
-        b->p = tr_xrealloc(b->p, b->cap);
-    }
-}
-
-static void buf_add(struct buf *b, const char *s, size_t n)
-{
-    buf_reserve(b, n);
-    if (n)
-        memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void buf_char(struct buf *b, uint32_t cp)
-{
-    char u[4];
-    buf_add(b, u, (size_t)tr_utf8_encode(cp, u));
-}
-
-/* The character at s[i] (i < n) and its length; a malformed sequence reads as one byte
- * U+FFFD (token strings from the file are not checked as UTF-8). */
-static size_t utf8_at(const char *s, size_t n, size_t i, uint32_t *cp)
-{
-    const unsigned char *u = (const unsigned char *)s + i;
-    size_t left = n - i, k;
-    if (u[0] < 0x80) {
-        *cp = u[0];
-        return 1;
-    }
-    if ((u[0] & 0xE0) == 0xC0) { k = 2; *cp = u[0] & 0x1F; }
-    else if ((u[0] & 0xF0) == 0xE0) { k = 3; *cp = u[0] & 0x0F; }
-    else if ((u[0] & 0xF8) == 0xF0) { k = 4; *cp = u[0] & 0x07; }
-    else k = 0;
-    if (!k || k > left) {
-        *cp = 0xFFFD;
-        return 1;
-    }
-    for (size_t j = 1; j < k; j++) {
-        if ((u[j] & 0xC0) != 0x80) {
-            *cp = 0xFFFD;
-            return 1;
-        }
-        *cp = *cp << 6 | (u[j] & 0x3F);
-    }
-    return k;
-}
-
-/* Rust's char::is_whitespace (the White_Space property), which Strip uses */
-static int is_white(uint32_t c)
-{
-    return (c >= 9 && c <= 13) || c == ' ' || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
-           c == 0x3000;
-}
-
 /* Regexes as the library's Oniguruma (Ruby syntax) reads them: Unicode classes, and ^ and $
  * at every line's start and end. */
 static pcre2_code *compile(struct tr_tokenizer *t, const char *what, const char *pattern, int literal,
@@ -384,7 +205,7 @@ static pcre2_code *compile(struct tr_tokenizer *t, const char *what, const char 
 
 /* A Replace pattern, {"String": s} or {"Regex": r}.  The library makes a String an Oniguruma
  * regex too, so an empty one matches at every character boundary. */
-static int replace_pattern(struct tr_tokenizer *t, const struct tr_json *p, const char *what,
+int tr_tok_replace_pattern(struct tr_tokenizer *t, const struct tr_json *p, const char *what,
                            pcre2_code **re, char **text, size_t *ntext, tr_err *err)
 {
     const struct tr_json *pat = tr_json_get(p, "pattern");
@@ -404,7 +225,7 @@ static int replace_pattern(struct tr_tokenizer *t, const struct tr_json *p, cons
 /* s[0..n) with every match of re replaced by with[0..nwith), into out.  Matches as the
  * library's (Oniguruma's) find_iter: left to right, not overlapping, an empty match right
  * where the previous match ended skipped. */
-static int replace_all(const struct tr_tokenizer *t, const pcre2_code *re, pcre2_match_data *md,
+int tr_tok_replace_all(const struct tr_tokenizer *t, const pcre2_code *re, pcre2_match_data *md,
                        const char *s, size_t n, const char *with, size_t nwith, struct buf *out, tr_err *err)
 {
     out->n = 0;
@@ -513,39 +334,9 @@ int32_t tr_tokenizer_token_id(const struct tr_tokenizer *t, const char *text)
     return -1;
 }
 
-static int get_id(const struct tr_json *v, int32_t *id)
-{
-    if (!v || v->type != TR_JSON_NUMBER || !(v->number >= 0) || v->number >= MAX_ID ||
-        v->number != (double)(int32_t)v->number)
-        return -1;
-    *id = (int32_t)v->number;
-    return 0;
-}
-
-static int is_true(const struct tr_json *o, const char *key)
-{
-    const struct tr_json *v = tr_json_get(o, key);
-    return v && v->type == TR_JSON_BOOL && v->boolean;
-}
-
-static int is_null(const struct tr_json *o, const char *key)
-{
-    const struct tr_json *v = tr_json_get(o, key);
-    return !v || v->type == TR_JSON_NULL;
-}
-
-/* A string of exactly one character (Metaspace's replacement, Strip's content). */
-static int one_char(const char *s, uint32_t *cp)
-{
-    if (!s || !*s)
-        return -1;
-    size_t n = strlen(s);
-    return utf8_at(s, n, 0, cp) == n && *cp != 0xFFFD ? 0 : -1;
-}
-
-/* Metaspace's prepend_scheme ("always", "first", "never"); older files have only
+/* Metaspace's tr_tok_prepend_scheme ("always", "first", "never"); older files have only
  * add_prefix_space (true: "always"). */
-static int prepend_scheme(struct tr_tokenizer *t, const struct tr_json *p, const char *what, int *scheme,
+int tr_tok_prepend_scheme(struct tr_tokenizer *t, const struct tr_json *p, const char *what, int *scheme,
                           tr_err *err)
 {
     const char *s = tr_json_string(p, "prepend_scheme");
@@ -563,173 +354,6 @@ static int prepend_scheme(struct tr_tokenizer *t, const struct tr_json *p, const
     else
         return tr_fail(err, "%s: Metaspace %s with prepend_scheme \"%s\" (always, first or never)", t->name,
                        what, s);
-    return TR_OK;
-}
-
-/* ---- normalizers ----------------------------------------------------------- */
-
-static int norm_one(struct tr_tokenizer *t, const struct tr_json *p, int depth, tr_err *err)
-{
-    const char *type = p && p->type == TR_JSON_OBJECT ? tr_json_string(p, "type") : NULL;
-    if (!type)
-        return tr_fail(err, "%s: a normalizer without a \"type\"", t->name);
-    if (strcmp(type, "Sequence") == 0) {
-        const struct tr_json *list = tr_json_get(p, "normalizers");
-        if (!list || list->type != TR_JSON_ARRAY)
-            return tr_fail(err, "%s: a Sequence normalizer without a \"normalizers\" list", t->name);
-        if (depth >= MAX_DEPTH)
-            return tr_fail(err, "%s: normalizer Sequences nested more than %d deep", t->name, MAX_DEPTH);
-        for (size_t i = 0; i < list->n; i++)
-            if (norm_one(t, list->items[i], depth + 1, err))
-                return TR_ERROR;
-        return TR_OK;
-    }
-    if (t->nnorms >= MAX_NORMS)
-        return tr_fail(err, "%s: more than %d normalizers", t->name, MAX_NORMS);
-    struct norm *nm = &t->norm[t->nnorms];
-    static const char *const unicode[] = { "NFC", "NFD", "NFKC", "NFKD" };
-    int kind = -1;
-    for (int i = 0; i < 4; i++)
-        if (strcmp(type, unicode[i]) == 0)
-            kind = N_NFC + i;
-    if (kind >= 0) {
-        nm->kind = kind;
-    } else if (strcmp(type, "Lowercase") == 0) {
-        nm->kind = N_LOWER;
-    } else if (strcmp(type, "Strip") == 0) {
-        nm->kind = N_STRIP;
-        nm->left = is_true(p, "strip_left");
-        nm->right = is_true(p, "strip_right");
-    } else if (strcmp(type, "Replace") == 0) {
-        nm->kind = N_REPLACE;
-        if (replace_pattern(t, p, "normalizer", &nm->re, &nm->text, &nm->ntext, err))
-            return TR_ERROR;
-        nm->md = pcre2_match_data_create_from_pattern(nm->re, NULL);
-    } else if (strcmp(type, "Prepend") == 0) {
-        const char *s = tr_json_string(p, "prepend");
-        if (!s)
-            return tr_fail(err, "%s: a Prepend normalizer without a \"prepend\" string", t->name);
-        nm->kind = N_PREPEND;
-        nm->text = tr_xstrdup(s);
-        nm->ntext = strlen(s);
-    } else {
-        return tr_fail(err, "not supported yet: normalizer %s in %s (NFC, NFD, NFKC, NFKD, Lowercase, "
-                       "Strip, Replace, Prepend and Sequence are)", type, t->name);
-    }
-    t->nnorms++;
-    return TR_OK;
-}
-
-/* One normalizer on s[0..n) (valid UTF-8) into out: 1 when it changed the text (out
- * holds it), 0 when not (out untouched), TR_ERROR. */
-static int norm_apply(struct tr_tokenizer *t, struct norm *nm, const char *s, size_t n, struct buf *out,
-                      tr_err *err)
-{
-    size_t i;
-    switch (nm->kind) {
-    case N_NFC: case N_NFD: case N_NFKC: case N_NFKD: {
-        for (i = 0; i < n && (unsigned char)s[i] < 0x80; i++)
-            ;
-        if (i == n) /* ASCII is in every normal form */
-            return 0;
-        static const utf8proc_option_t opt[] = {
-            UTF8PROC_STABLE | UTF8PROC_COMPOSE, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE,
-            UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT,
-            UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT,
-        };
-        utf8proc_uint8_t *res = NULL;
-        utf8proc_ssize_t m = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &res,
-                                          opt[nm->kind - N_NFC]);
-        if (m < 0) {
-            free(res);
-            return tr_fail(err, "%s: Unicode normalization failed: %s", t->name, utf8proc_errmsg(m));
-        }
-        out->n = 0;
-        buf_add(out, (const char *)res, (size_t)m);
-        free(res);
-        return 1;
-    }
-    case N_LOWER: {
-        /* Rust's char::to_lowercase, character by character as the library does (so no
-         * final-sigma rule): the simple mapping, and U+0130 to "i" + U+0307 */
-        for (i = 0; i < n && (unsigned char)s[i] < 0x80 && !(s[i] >= 'A' && s[i] <= 'Z'); i++)
-            ;
-        if (i == n)
-            return 0;
-        out->n = 0;
-        buf_reserve(out, n + 16);
-        buf_add(out, s, i);
-        while (i < n) {
-            uint32_t cp;
-            size_t k = utf8_at(s, n, i, &cp);
-            if (cp == 0x130)
-                buf_add(out, "i\xcc\x87", 3);
-            else if (cp < 0x80)
-                buf_add(out, &(char){ (char)(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp) }, 1);
-            else
-                buf_char(out, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp));
-            i += k;
-        }
-        return 1;
-    }
-    case N_STRIP: {
-        size_t a = 0, b = n;
-        while (nm->left && a < b) {
-            uint32_t cp;
-            size_t k = utf8_at(s, n, a, &cp);
-            if (!is_white(cp))
-                break;
-            a += k;
-        }
-        while (nm->right && b > a) {
-            size_t j = b - 1;
-            while (j > a && ((unsigned char)s[j] & 0xC0) == 0x80)
-                j--;
-            uint32_t cp;
-            utf8_at(s, n, j, &cp);
-            if (!is_white(cp))
-                break;
-            b = j;
-        }
-        if (a == 0 && b == n)
-            return 0;
-        out->n = 0;
-        buf_add(out, s + a, b - a);
-        return 1;
-    }
-    case N_REPLACE:
-        return replace_all(t, nm->re, nm->md, s, n, nm->text, nm->ntext, out, err) ? TR_ERROR : 1;
-    case N_PREPEND:
-        if (!n)
-            return 0;
-        out->n = 0;
-        buf_add(out, nm->text, nm->ntext);
-        buf_add(out, s, n);
-        return 1;
-    }
-    return 0;
-}
-
-/* s[0..n) through every normalizer: the result in *out (t->nb[0 or 1], or s itself when
- * nothing changed it). */
-static int normalize(struct tr_tokenizer *t, const char *s, size_t n, const char **out, size_t *nout,
-                     tr_err *err)
-{
-    const char *cur = s;
-    size_t len = n;
-    int which = 0;
-    for (int k = 0; k < t->nnorms; k++) {
-        int rc = norm_apply(t, &t->norm[k], cur, len, &t->nb[which], err);
-        if (rc < 0)
-            return TR_ERROR;
-        if (rc) {
-            cur = t->nb[which].p;
-            len = t->nb[which].n;
-            which ^= 1;
-        }
-    }
-    *out = cur;
-    *nout = len;
     return TR_OK;
 }
 
@@ -852,7 +476,7 @@ static int load_pretok(struct tr_tokenizer *t, const struct tr_json *root, tr_er
     const char *repl = tr_json_string(list[0], "replacement");
     if (one_char(repl, &cp))
         return tr_fail(err, "%s: the Metaspace pre-tokenizer needs a one-character \"replacement\"", t->name);
-    if (prepend_scheme(t, list[0], "pre-tokenizer", &t->ms_scheme, err))
+    if (tr_tok_prepend_scheme(t, list[0], "pre-tokenizer", &t->ms_scheme, err))
         return TR_ERROR;
     const struct tr_json *split = tr_json_get(list[0], "split");
     t->ms_split = !split || split->type != TR_JSON_BOOL || split->boolean; /* default true */
@@ -860,75 +484,6 @@ static int load_pretok(struct tr_tokenizer *t, const struct tr_json *root, tr_er
     memcpy(t->ms_repl, repl, t->ms_len);
     t->metaspace = 1;
     return TR_OK;
-}
-
-/* ---- decoders ---------------------------------------------------------------- */
-
-static int dec_one(struct tr_tokenizer *t, const struct tr_json *p, int depth, tr_err *err)
-{
-    const char *type = p && p->type == TR_JSON_OBJECT ? tr_json_string(p, "type") : NULL;
-    if (!type)
-        return tr_fail(err, "%s: a decoder without a \"type\"", t->name);
-    if (t->byte_level) { /* bytes are concatenated: ByteLevel is the only decoder that fits */
-        if (strcmp(type, "ByteLevel") != 0)
-            return tr_fail(err, "not supported yet: decoder %s with a ByteLevel pre-tokenizer in %s", type,
-                           t->name);
-        return TR_OK;
-    }
-    if (strcmp(type, "Sequence") == 0) {
-        const struct tr_json *list = tr_json_get(p, "decoders");
-        if (!list || list->type != TR_JSON_ARRAY)
-            return tr_fail(err, "%s: a Sequence decoder without a \"decoders\" list", t->name);
-        if (depth >= MAX_DEPTH)
-            return tr_fail(err, "%s: decoder Sequences nested more than %d deep", t->name, MAX_DEPTH);
-        for (size_t i = 0; i < list->n; i++)
-            if (dec_one(t, list->items[i], depth + 1, err))
-                return TR_ERROR;
-        return TR_OK;
-    }
-    if (t->ndecs >= MAX_DECS)
-        return tr_fail(err, "%s: more than %d decoders", t->name, MAX_DECS);
-    struct dec *d = &t->dec[t->ndecs];
-    if (strcmp(type, "Replace") == 0) {
-        d->kind = D_REPLACE;
-        if (replace_pattern(t, p, "decoder", &d->re, &d->text, &d->ntext, err))
-            return TR_ERROR;
-    } else if (strcmp(type, "ByteFallback") == 0) {
-        d->kind = D_BYTE_FALLBACK;
-    } else if (strcmp(type, "Fuse") == 0) {
-        d->kind = D_FUSE;
-    } else if (strcmp(type, "Strip") == 0) {
-        d->kind = D_STRIP;
-        const struct tr_json *a = tr_json_get(p, "start"), *b = tr_json_get(p, "stop");
-        if (one_char(tr_json_string(p, "content"), &d->ch) || !a || a->type != TR_JSON_NUMBER ||
-            !b || b->type != TR_JSON_NUMBER || !(a->number >= 0 && a->number <= 1e6) ||
-            !(b->number >= 0 && b->number <= 1e6))
-            return tr_fail(err, "%s: a Strip decoder needs a one-character \"content\" and counts "
-                           "\"start\" and \"stop\"", t->name);
-        d->start = (size_t)a->number;
-        d->stop = (size_t)b->number;
-    } else if (strcmp(type, "Metaspace") == 0) {
-        int scheme;
-        d->kind = D_METASPACE;
-        if (one_char(tr_json_string(p, "replacement"), &d->ch))
-            return tr_fail(err, "%s: the Metaspace decoder needs a one-character \"replacement\"", t->name);
-        if (prepend_scheme(t, p, "decoder", &scheme, err))
-            return TR_ERROR;
-        d->never = scheme == PREPEND_NEVER;
-    } else {
-        return tr_fail(err, "not supported yet: decoder %s in %s (Replace, ByteFallback, Fuse, Strip, "
-                       "Metaspace and Sequence are, without ByteLevel)", type, t->name);
-    }
-    t->ndecs++;
-    return TR_OK;
-}
-
-static int load_decoder(struct tr_tokenizer *t, const struct tr_json *root, tr_err *err)
-{
-    const struct tr_json *dec = tr_json_get(root, "decoder");
-    if (!dec || dec->type == TR_JSON_NULL)
-        return TR_OK;
-    return dec_one(t, dec, 0, err);
 }
 
 static int load_model(struct tr_tokenizer *t, const struct tr_json *root, tr_err *err)
@@ -1107,12 +662,12 @@ static int added_prepare(struct tr_tokenizer *t, tr_err *err)
 {
     for (size_t i = 0; i < t->nadded; i++) {
         struct added *a = &t->added[i];
-        if (utf8_valid(a->s, a->n) != a->n)
+        if (tr_tok_utf8_valid(a->s, a->n) != a->n)
             return tr_fail(err, "%s: added token %zu is not valid UTF-8", t->name, i);
         if (a->normalized && t->nnorms) {
             const char *ns;
             size_t nn;
-            if (normalize(t, a->s, a->n, &ns, &nn, err))
+            if (tr_tok_normalize(t, a->s, a->n, &ns, &nn, err))
                 return TR_ERROR;
             a->ns = tr_xcalloc(nn + 1, 1);
             memcpy(a->ns, ns, nn);
@@ -1124,113 +679,6 @@ static int added_prepare(struct tr_tokenizer *t, tr_err *err)
         t->nadded_norm += a->normalized;
     }
     return TR_OK;
-}
-
-static void push_id(int32_t **list, size_t *n, int32_t id)
-{
-    *list = tr_xrealloc(*list, (*n + 1) * sizeof **list);
-    (*list)[(*n)++] = id;
-}
-
-/* A [token, id] pair of RobertaProcessing / BertProcessing; the id must be the vocabulary's
- * (or an added token's) id for that token. */
-static int cls_sep(struct tr_tokenizer *t, const struct tr_json *p, const char *key, const char *type,
-                   int32_t *id, tr_err *err)
-{
-    const struct tr_json *v = tr_json_get(p, key);
-    if (!v || v->type != TR_JSON_ARRAY || v->n != 2 || v->items[0]->type != TR_JSON_STRING ||
-        get_id(v->items[1], id) || (size_t)*id >= t->vocab_size || !t->bytes[*id])
-        return tr_fail(err, "%s: post-processor %s needs \"%s\": [token, id] with an id of the vocabulary",
-                       t->name, type, key);
-    return TR_OK;
-}
-
-/* TemplateProcessing's single template: [{"SpecialToken": {"id": NAME}} | {"Sequence":
- * {"id": "A"}}, ...], each NAME's ids from "special_tokens". */
-static int template_single(struct tr_tokenizer *t, const struct tr_json *p, tr_err *err)
-{
-    const struct tr_json *single = tr_json_get(p, "single");
-    const struct tr_json *specials = tr_json_get(p, "special_tokens");
-    if (!single || single->type != TR_JSON_ARRAY)
-        return tr_fail(err, "%s: TemplateProcessing post-processor without a \"single\" template", t->name);
-    int seen_a = 0;
-    for (size_t i = 0; i < single->n; i++) {
-        const struct tr_json *piece = single->items[i];
-        const struct tr_json *seq = piece->type == TR_JSON_OBJECT ? tr_json_get(piece, "Sequence") : NULL;
-        const struct tr_json *sp = piece->type == TR_JSON_OBJECT ? tr_json_get(piece, "SpecialToken") : NULL;
-        const char *id = seq ? tr_json_string(seq, "id") : sp ? tr_json_string(sp, "id") : NULL;
-        if (!id)
-            return tr_fail(err, "%s: post-processor template piece %zu is neither a Sequence nor a "
-                           "SpecialToken with an \"id\"", t->name, i);
-        if (seq) {
-            if (strcmp(id, "A") != 0 || seen_a)
-                return tr_fail(err, "not supported yet: a single template with sequence %s%s in %s "
-                               "(only one $A is)", id, seen_a ? " twice" : "", t->name);
-            seen_a = 1;
-            continue;
-        }
-        const struct tr_json *st = specials && specials->type == TR_JSON_OBJECT ? tr_json_get(specials, id) : NULL;
-        const struct tr_json *ids = st && st->type == TR_JSON_OBJECT ? tr_json_get(st, "ids") : NULL;
-        if (!ids || ids->type != TR_JSON_ARRAY || !ids->n)
-            return tr_fail(err, "%s: post-processor template names special token %s, which its "
-                           "\"special_tokens\" does not give ids", t->name, id);
-        for (size_t k = 0; k < ids->n; k++) {
-            int32_t v;
-            if (get_id(ids->items[k], &v) || (size_t)v >= t->vocab_size || !t->bytes[v])
-                return tr_fail(err, "%s: post-processor special token %s has an id outside the vocabulary",
-                               t->name, id);
-            if (seen_a)
-                push_id(&t->after, &t->nafter, v);
-            else
-                push_id(&t->before, &t->nbefore, v);
-        }
-    }
-    if (!seen_a)
-        return tr_fail(err, "%s: the post-processor's single template has no $A (the text)", t->name);
-    return TR_OK;
-}
-
-/* One post-processor (a Sequence's items too); *templates counts those that add tokens. */
-static int postproc_one(struct tr_tokenizer *t, const struct tr_json *p, int depth, int *templates,
-                        tr_err *err)
-{
-    const char *type = p && p->type == TR_JSON_OBJECT ? tr_json_string(p, "type") : NULL;
-    if (!type)
-        return tr_fail(err, "%s: a post_processor without a \"type\"", t->name);
-    if (strcmp(type, "ByteLevel") == 0) /* it trims offsets only: the ids are left as they are */
-        return TR_OK;
-    if (strcmp(type, "Sequence") == 0) {
-        const struct tr_json *list = tr_json_get(p, "processors");
-        if (!list || list->type != TR_JSON_ARRAY || depth > 4)
-            return tr_fail(err, "%s: a Sequence post-processor without a \"processors\" list", t->name);
-        for (size_t i = 0; i < list->n; i++)
-            if (postproc_one(t, list->items[i], depth + 1, templates, err))
-                return TR_ERROR;
-        return TR_OK;
-    }
-    int adds = strcmp(type, "TemplateProcessing") == 0 || strcmp(type, "RobertaProcessing") == 0 ||
-               strcmp(type, "BertProcessing") == 0;
-    if (!adds)
-        return tr_fail(err, "not supported yet: post-processor %s in %s", type, t->name);
-    if (++*templates > 1)
-        return tr_fail(err, "not supported yet: two post-processors that add special tokens in %s", t->name);
-    if (type[0] == 'T')
-        return template_single(t, p, err);
-    int32_t cls, sep; /* single: cls $A sep */
-    if (cls_sep(t, p, "cls", type, &cls, err) || cls_sep(t, p, "sep", type, &sep, err))
-        return TR_ERROR;
-    push_id(&t->before, &t->nbefore, cls);
-    push_id(&t->after, &t->nafter, sep);
-    return TR_OK;
-}
-
-static int load_post(struct tr_tokenizer *t, const struct tr_json *root, tr_err *err)
-{
-    const struct tr_json *p = tr_json_get(root, "post_processor");
-    int templates = 0;
-    if (!p || p->type == TR_JSON_NULL)
-        return TR_OK;
-    return postproc_one(t, p, 0, &templates, err);
 }
 
 struct tr_tokenizer *tr_tokenizer_parse(const char *text, size_t len, const char *name, tr_err *err)
@@ -1251,15 +699,15 @@ struct tr_tokenizer *tr_tokenizer_parse(const char *text, size_t len, const char
         const struct tr_json *norm = tr_json_get(root, "normalizer");
         rc = load_model(t, root, err);
         if (rc == TR_OK && norm && norm->type != TR_JSON_NULL)
-            rc = norm_one(t, norm, 0, err);
+            rc = tr_tok_norm_one(t, norm, 0, err);
         if (rc == TR_OK)
             rc = added_prepare(t, err);
         if (rc == TR_OK)
             rc = load_pretok(t, root, err);
         if (rc == TR_OK)
-            rc = load_decoder(t, root, err);
+            rc = tr_tok_load_decoder(t, root, err);
         if (rc == TR_OK)
-            rc = load_post(t, root, err);
+            rc = tr_tok_load_post(t, root, err);
     }
     tr_json_free(root);
     if (rc != TR_OK) {
@@ -1675,7 +1123,7 @@ static int encode_piece(struct tr_tokenizer *t, const char *s, size_t n, int at_
 {
     const char *p = s;
     size_t m = n;
-    if (t->nnorms && normalize(t, s, n, &p, &m, err))
+    if (t->nnorms && tr_tok_normalize(t, s, n, &p, &m, err))
         return TR_ERROR;
     size_t pos = 0;
     for (;;) {
@@ -1699,7 +1147,7 @@ int tr_tokenizer_encode(struct tr_tokenizer *t, const char *text, size_t len, in
     *ids = NULL;
     *n = 0;
     t->unknown = 0;
-    size_t ok = utf8_valid(text, len);
+    size_t ok = tr_tok_utf8_valid(text, len);
     if (ok != len)
         return tr_fail(err, "text to encode is not valid UTF-8 at byte %zu", ok);
     struct out o = { 0 };
@@ -1815,229 +1263,3 @@ int tr_tokenizer_encode_ex(struct tr_tokenizer *t, const char *text, size_t len,
     return TR_OK;
 }
 
-
-/* ---- decode ------------------------------------------------------------ */
-
-struct strs { struct buf *s; size_t n; };
-
-static void strs_free(struct strs *l)
-{
-    for (size_t i = 0; i < l->n; i++)
-        free(l->s[i].p);
-    free(l->s);
-    l->s = NULL;
-    l->n = 0;
-}
-
-/* moves b in */
-static void strs_push(struct strs *l, struct buf b)
-{
-    l->s = tr_xrealloc(l->s, (l->n + 1) * sizeof *l->s);
-    l->s[l->n++] = b;
-}
-
-/* a new empty string */
-static struct buf *strs_add(struct strs *l)
-{
-    l->s = tr_xrealloc(l->s, (l->n + 1) * sizeof *l->s);
-    l->s[l->n] = (struct buf){ 0 };
-    buf_reserve(&l->s[l->n], 0);
-    l->s[l->n].p[0] = 0;
-    return &l->s[l->n++];
-}
-
-static int hex(int c)
-{
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
-
-/* "<0xNN>" -> NN as Rust's u8::from_str_radix(NN, 16) reads it (which takes "+F" too); -1 if not */
-static int byte_token(const struct buf *b)
-{
-    const char *p = b->p;
-    if (b->n != 6 || memcmp(p, "<0x", 3) != 0 || p[5] != '>')
-        return -1;
-    if (p[3] == '+')
-        return hex(p[4]);
-    return hex(p[3]) < 0 || hex(p[4]) < 0 ? -1 : hex(p[3]) * 16 + hex(p[4]);
-}
-
-/* ByteFallback: runs of <0xNN> tokens become their bytes when those are valid UTF-8, else one
- * U+FFFD per byte (raw: the bytes all the same, for decode_next). */
-static void byte_fallback(struct strs *l, int raw)
-{
-    struct strs r = { 0 };
-    struct buf run = { 0 };
-    size_t nrun = 0;
-    for (size_t i = 0; i <= l->n; i++) {
-        int b = i < l->n ? byte_token(&l->s[i]) : -1;
-        if (b >= 0) {
-            char c = (char)b;
-            buf_add(&run, &c, 1);
-            nrun++;
-            continue;
-        }
-        if (nrun) {
-            if (raw || utf8_valid(run.p, run.n) == run.n)
-                buf_add(strs_add(&r), run.p, run.n);
-            else
-                for (size_t k = 0; k < nrun; k++)
-                    buf_add(strs_add(&r), "\xef\xbf\xbd", 3);
-            run.n = nrun = 0;
-        }
-        if (i < l->n) {
-            strs_push(&r, l->s[i]);
-            l->s[i] = (struct buf){ 0 };
-        }
-    }
-    free(run.p);
-    strs_free(l);
-    *l = r;
-}
-
-/* The decoder chain over the token strings, as the library's decode_chain; then joined. */
-static int decode_chain(const struct tr_tokenizer *t, const int32_t *ids, size_t n, int raw, char **out,
-                        size_t *len, tr_err *err)
-{
-    struct strs l = { 0 };
-    for (size_t i = 0; i < n; i++)
-        buf_add(strs_add(&l), t->bytes[ids[i]], t->nbytes[ids[i]]);
-    struct buf tmp = { 0 };
-    for (int k = 0; k < t->ndecs; k++) {
-        const struct dec *d = &t->dec[k];
-        if (d->kind == D_BYTE_FALLBACK) {
-            byte_fallback(&l, raw);
-        } else if (d->kind == D_FUSE) {
-            struct buf all = { 0 };
-            buf_reserve(&all, 0);
-            all.p[0] = 0;
-            for (size_t i = 0; i < l.n; i++)
-                buf_add(&all, l.s[i].p, l.s[i].n);
-            strs_free(&l);
-            strs_push(&l, all);
-        } else if (d->kind == D_REPLACE) {
-            pcre2_match_data *md = pcre2_match_data_create_from_pattern(d->re, NULL);
-            for (size_t i = 0; i < l.n; i++) {
-                /* token strings from the file may not be valid UTF-8: PCRE2 must check */
-                if (utf8_valid(l.s[i].p, l.s[i].n) != l.s[i].n)
-                    continue;
-                if (replace_all(t, d->re, md, l.s[i].p, l.s[i].n, d->text, d->ntext, &tmp, err)) {
-                    pcre2_match_data_free(md);
-                    free(tmp.p);
-                    strs_free(&l);
-                    return TR_ERROR;
-                }
-                struct buf swap = l.s[i];
-                l.s[i] = tmp;
-                tmp = swap;
-            }
-            pcre2_match_data_free(md);
-        } else { /* Strip and Metaspace: character by character */
-            for (size_t i = 0; i < l.n; i++) {
-                const char *s = l.s[i].p;
-                size_t m = l.s[i].n, a = 0, b = m;
-                uint32_t cp;
-                tmp.n = 0;
-                buf_reserve(&tmp, m);
-                if (d->kind == D_STRIP) {
-                    for (size_t c = 0; c < d->start && a < m; c++) {
-                        size_t kk = utf8_at(s, m, a, &cp);
-                        if (cp != d->ch)
-                            break;
-                        a += kk;
-                    }
-                    for (size_t c = 0; c < d->stop && b > a; c++) {
-                        size_t j = b - 1;
-                        while (j > a && ((unsigned char)s[j] & 0xC0) == 0x80)
-                            j--;
-                        utf8_at(s, m, j, &cp);
-                        if (cp != d->ch)
-                            break;
-                        b = j;
-                    }
-                    buf_add(&tmp, s + a, b - a);
-                } else {
-                    /* the replacement is a space again; in the first token it is dropped
-                     * (it was prepended) unless the scheme is "never" */
-                    for (size_t j = 0; j < m;) {
-                        size_t kk = utf8_at(s, m, j, &cp);
-                        if (cp != d->ch)
-                            buf_add(&tmp, s + j, kk);
-                        else if (i != 0 || d->never)
-                            buf_add(&tmp, " ", 1);
-                        j += kk;
-                    }
-                }
-                struct buf swap = l.s[i];
-                l.s[i] = tmp;
-                tmp = swap;
-            }
-        }
-    }
-    free(tmp.p);
-    struct buf all = { 0 };
-    buf_reserve(&all, 0);
-    all.p[0] = 0;
-    for (size_t i = 0; i < l.n; i++)
-        buf_add(&all, l.s[i].p, l.s[i].n);
-    strs_free(&l);
-    *out = all.p;
-    *len = all.n;
-    return TR_OK;
-}
-
-int tr_tokenizer_decode(const struct tr_tokenizer *t, const int32_t *ids, size_t n, char **out,
-                        size_t *len, tr_err *err)
-{
-    *out = NULL;
-    *len = 0;
-    size_t total = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (ids[i] < 0 || (size_t)ids[i] >= t->vocab_size || !t->bytes[ids[i]])
-            return tr_fail(err, "id %d (at %zu) is not in %s's vocabulary", (int)ids[i], i, t->name);
-        total += t->nbytes[ids[i]];
-    }
-    if (!t->byte_level)
-        return decode_chain(t, ids, n, 0, out, len, err);
-    char *s = tr_xcalloc(total + 1, 1);
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        memcpy(s + o, t->bytes[ids[i]], t->nbytes[ids[i]]);
-        o += t->nbytes[ids[i]];
-    }
-    *out = s;
-    *len = o;
-    return TR_OK;
-}
-
-int tr_tokenizer_decode_next(const struct tr_tokenizer *t, const int32_t *ids, size_t n, char **out,
-                             size_t *len, tr_err *err)
-{
-    *out = NULL;
-    *len = 0;
-    if (!n)
-        return tr_fail(err, "tr_tokenizer_decode_next needs at least one id");
-    if (t->byte_level)
-        return tr_tokenizer_decode(t, ids + n - 1, 1, out, len, err);
-    for (size_t i = 0; i < n; i++)
-        if (ids[i] < 0 || (size_t)ids[i] >= t->vocab_size || !t->bytes[ids[i]])
-            return tr_fail(err, "id %d (at %zu) is not in %s's vocabulary", (int)ids[i], i, t->name);
-    /* the decoders here (Replace, raw ByteFallback, Fuse, Strip at the start, Metaspace) only
-     * ever extend the text of a prefix, so the new text is what follows it */
-    char *all, *before;
-    size_t nall, nbefore;
-    if (decode_chain(t, ids, n, 1, &all, &nall, err))
-        return TR_ERROR;
-    if (decode_chain(t, ids, n - 1, 1, &before, &nbefore, err)) {
-        free(all);
-        return TR_ERROR;
-    }
-    size_t same = 0;
-    while (same < nbefore && same < nall && before[same] == all[same])
-        same++;
-    free(before);
-    memmove(all, all + same, nall - same + 1);
-    *out = all;
-    *len = nall - same;
-    return TR_OK;
-}
