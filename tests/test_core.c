@@ -598,3 +598,30 @@ Test(mixers, give_the_numbers_runs_were_seeded_with)
                          "epoch %llu, position %llu", (unsigned long long)epoch,
                          (unsigned long long)i);
 }
+
+/* train.tokens = "2B" and train.time = "6h": the suffixes, and what is refused */
+Test(durations, counts_with_suffixes)
+{
+    cr_assert_float_eq(tr_parse_count("2B"), 2e9, 1e-3);
+    cr_assert_float_eq(tr_parse_count("500M"), 5e8, 1e-3);
+    cr_assert_float_eq(tr_parse_count("12k"), 12e3, 1e-9);
+    cr_assert_float_eq(tr_parse_count("12K"), 12e3, 1e-9);
+    cr_assert_float_eq(tr_parse_count("1.5T"), 1.5e12, 1);
+    cr_assert_float_eq(tr_parse_count("3e9"), 3e9, 1e-3);
+    cr_assert_float_eq(tr_parse_count("64"), 64, 1e-12);
+    const char *bad[] = {"", "B", "2X", "2BB", "2 B", "-1k", "nan", "2b"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        cr_assert_lt(tr_parse_count(bad[i]), 0, "'%s' was read as a count", bad[i]);
+}
+
+Test(durations, durations_with_units)
+{
+    cr_assert_float_eq(tr_parse_duration("90s"), 90, 1e-9);
+    cr_assert_float_eq(tr_parse_duration("45m"), 2700, 1e-9);
+    cr_assert_float_eq(tr_parse_duration("1.5h"), 5400, 1e-9);
+    cr_assert_float_eq(tr_parse_duration("2d"), 172800, 1e-9);
+    cr_assert_float_eq(tr_parse_duration("30"), 30, 1e-9);
+    const char *bad[] = {"", "h", "6y", "6hh", "-1h", "1 h", "nan"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        cr_assert_lt(tr_parse_duration(bad[i]), 0, "'%s' was read as a duration", bad[i]);
+}

@@ -35,7 +35,8 @@ grep -q "parameters P              5,104 " plan.txt || { cat plan.txt; fail "lla
 grep -q "6·(P - E) + 12·L·T·C = 27,072 + 3,072 = 30,144" plan.txt ||
   { cat plan.txt; fail "llama FLOPs per token"; }
 
-"$TRAINRUN" help recipe | grep -q "| llama { vocab, ctx, layers, heads, kv_heads, dim, ffn_dim" ||
+"$TRAINRUN" help recipe > help.txt
+grep -q "^    llama {" help.txt && grep -Eq "^      kv_heads  *= " help.txt && grep -Eq "^      ffn_dim  *= " help.txt ||
   fail "help recipe does not show the llama builder"
 
 # --- recompute: the same weights, bit for bit -------------------------------------------
