@@ -133,7 +133,8 @@ static int write_all(int fd, const char *buf, size_t len)
 static int failed(struct csv *c, tr_err *err)
 {
     int e = errno;
-    if (c->fd >= 0 && ftruncate(c->fd, c->good) != 0)
+    /* cut what landed of the row (EINVAL: not a regular file, nothing to cut) */
+    if (c->fd >= 0 && ftruncate(c->fd, c->good) != 0 && errno != EINVAL)
         c->host->log(TR_LOG_WARN, "csv", "%s may end in a torn row", c->path);
     return tr_fail(err, "cannot write %s: %s; free space on its disk, or drop \"csv\" from logger",
                    c->path, strerror(e));
