@@ -553,15 +553,29 @@ double tr_parse_duration(const char *text)
     return unit < 0 ? -1 : x * unit;
 }
 
+/* How specific a length's place is: the command line 3, the recipe named
+ * on it 2, a file it extends or includes 1. */
+static int length_rank(struct tr_config *cfg, const struct tr_value *v)
+{
+    if (v->origin.kind != TR_FROM_RECIPE)
+        return v->origin.kind == TR_FROM_DEFAULT ? 0 : 3;
+    char a[PATH_MAX], b[PATH_MAX];
+    const char *recipe = tr_recipe_path(cfg->recipe);
+    if (v->origin.file && realpath(v->origin.file, a) && realpath(recipe, b))
+        return strcmp(a, b) == 0 ? 2 : 1;
+    return v->origin.file && strcmp(v->origin.file, recipe) == 0 ? 2 : 1;
+}
+
 /* train.tokens = "2B" and train.time = "6h" are read here into numbers
- * (the option table checks their ranges); exactly one of steps, tokens and
- * epochs may set the length, else an error names both places. */
+ * (the option table checks their ranges); one of steps, tokens and epochs
+ * sets the length: the one in the most specific place, with a note, and
+ * two in one place are an error naming both. */
 static int train_length(struct tr_config *cfg, struct tr_value *root, tr_err *err)
 {
     static const char *const keys[] = {"train.steps", "train.tokens", "train.epochs"};
     char where[600], other[600];
-    struct tr_value *set = NULL;
-    const char *set_key = NULL;
+    struct tr_value *vals[3] = {NULL, NULL, NULL};
+    int rank[3] = {0, 0, 0}, best = -1;
     for (int i = 0; i < 3; i++) {
         struct tr_value *v = tr_value_get(root, keys[i]);
         if (!v)
@@ -578,19 +592,35 @@ static int train_length(struct tr_config *cfg, struct tr_value *root, tr_err *er
         }
         if (v->type == TR_V_NUMBER && v->number == 0 && i > 0)
             continue; /* tokens = 0, epochs = 0: not set */
-        if (set) {
-            tr_value_where(set, other, sizeof other);
-            tr_value_where(v, where, sizeof where);
+        vals[i] = v;
+        rank[i] = length_rank(cfg, v);
+        if (best < 0 || rank[i] > rank[best])
+            best = i;
+    }
+    /* The most specific place wins, as with any key: the command line over
+     * the recipe, the recipe over a base it extends (train.tokens=2B on the
+     * command line replaces a base's train.steps); two lengths in one place
+     * are a contradiction. */
+    for (int i = 0; i < 3 && best >= 0; i++) {
+        if (!vals[i] || i == best)
+            continue;
+        tr_value_where(vals[i], where, sizeof where);
+        tr_value_where(vals[best], other, sizeof other);
+        if (rank[i] == rank[best])
             return tr_fail(err, "%s%s and %s (%.*s) both set the run's length; keep one of "
                            "train.steps, train.tokens and train.epochs (train.time may go "
-                           "with any)", where, keys[i], set_key,
+                           "with any)", where, keys[i], keys[best],
                            (int)(strlen(other) > 2 ? strlen(other) - 2 : 0), other);
-        }
-        set = v;
-        set_key = keys[i];
-        cfg->train.length_from = i == 0 ? TR_LENGTH_STEPS : i == 1 ? TR_LENGTH_TOKENS
-                                                                    : TR_LENGTH_EPOCHS;
+        if (cfg->rank.rank == 0)
+            tr_log(TR_LOG_INFO, NULL, "note: %s (%.*s) sets the run's length; %s (%.*s) is "
+                   "not used", keys[best], (int)(strlen(other) > 2 ? strlen(other) - 2 : 0),
+                   other, keys[i], (int)(strlen(where) > 2 ? strlen(where) - 2 : 0), where);
+        if (i > 0)
+            vals[i]->number = 0; /* show prints it as not set */
     }
+    if (best >= 0)
+        cfg->train.length_from = best == 0 ? TR_LENGTH_STEPS : best == 1 ? TR_LENGTH_TOKENS
+                                                                          : TR_LENGTH_EPOCHS;
     struct tr_value *t = tr_value_get(root, "train.time");
     if (t && t->type == TR_V_STRING) {
         double s = tr_parse_duration(t->string);
@@ -602,7 +632,7 @@ static int train_length(struct tr_config *cfg, struct tr_value *root, tr_err *er
         t->number = s;
         tr_value_set_text(t, NULL);
     }
-    if (!set && t && t->type == TR_V_NUMBER && t->number > 0)
+    if (best < 0 && t && t->type == TR_V_NUMBER && t->number > 0)
         cfg->train.length_from = TR_LENGTH_TIME;
     return TR_OK;
 }

@@ -181,7 +181,9 @@ int tr_smoke(const char *recipe, const char *const *overrides, int n_overrides, 
         return TR_EXIT_ERROR;
     }
     char *run_dir = tr_xasprintf("run_dir=%s", dir);
-    const char *smoke[] = {"device=cpu", "train.steps=2", "train.batch=2", "train.micro_batch=1",
+    /* two steps whatever length the recipe asks for (tokens and epochs 0: not set) */
+    const char *smoke[] = {"device=cpu", "train.steps=2", "train.tokens=0", "train.epochs=0",
+                           "train.time=0", "train.batch=2", "train.micro_batch=1",
                            "train.eval_every=0", "train.eval_batches=1", "train.log_every=1",
                            "checkpoint.every=0", "checkpoint.keep=1",
                            "checkpoint.async=false", "early_stop.patience=0", run_dir};

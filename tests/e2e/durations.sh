@@ -34,11 +34,26 @@ less_than "$(last_metric lin/metrics.jsonl lr)" 1e-9 || fail "the schedule did n
   || { cat ep2.txt; fail "half an epoch"; }
 [ "$(steps_of ep2)" = 7 ] || { cat ep2.txt; fail "half of 50 micro-batches in steps of 4 is 7 steps, got $(steps_of ep2)"; }
 
-# --- exactly one length; bad text named ------------------------------------------------------
+# --- one length; two in one place, or bad text, are named --------------------------------------
 sed 's/log_every = 1 }/log_every = 1, steps = 5,\n    epochs = 2 }/' d.lua > both.lua
 if "$TRAINRUN" both.lua run_dir=both 2> both.txt; then fail "steps and epochs together must fail"; fi
 grep -q "both.lua:5: train.epochs and train.steps (.*both.lua:4) both set the run's length" both.txt \
   || { cat both.txt; fail "both lengths: message"; }
+# the most specific place wins, with a note: the command line over the recipe, the recipe
+# over the base it extends
+sed 's/log_every = 1 }/log_every = 1, steps = 5 }/' d.lua > steps5.lua
+"$TRAINRUN" steps5.lua train.tokens=320 run_dir=cli --quiet 2> cli.txt || { cat cli.txt; fail "cli over recipe"; }
+[ "$(steps_of cli)" = 10 ] || { cat cli.txt; fail "train.tokens on the command line did not replace the recipe's steps"; }
+grep -q "note: train.tokens (command line) sets the run's length; train.steps (.*steps5.lua:4) is not used" cli.txt \
+  || { cat cli.txt; fail "no note on the replaced steps"; }
+printf 'return {\n  extends = "steps5.lua",\n  train = { epochs = 1 },\n}\n' > child.lua
+"$TRAINRUN" child.lua run_dir=child --quiet 2> child.txt || { cat child.txt; fail "child over base"; }
+[ "$(steps_of child)" = 25 ] || { cat child.txt; fail "the child's epochs did not replace the base's steps"; }
+grep -q "note: train.epochs (.*child.lua:3) sets the run's length; train.steps (.*steps5.lua:4) is not used" child.txt \
+  || { cat child.txt; fail "no note on the base's steps"; }
+# --smoke runs 2 steps whatever the length
+sed 's/log_every = 1 }/log_every = 1, tokens = "1k", time = "1h" }/' d.lua > dt.lua
+"$TRAINRUN" --smoke dt.lua > smoke.txt 2>&1 || { cat smoke.txt; fail "smoke with train.tokens"; }
 if "$TRAINRUN" d.lua train.tokens=1k train.epochs=1 run_dir=both 2> both2.txt; then fail "tokens and epochs"; fi
 grep -q "train.epochs and train.tokens (command line) both set" both2.txt || { cat both2.txt; fail "tokens and epochs: message"; }
 if "$TRAINRUN" d.lua train.tokens=2X 2> bad.txt; then fail "a bad count must fail"; fi
@@ -55,11 +70,12 @@ grep -q "stopping at step [0-9]*: train.time (2 s) reached; checkpoint saved" t1
 stop=$(sed -n 's/.*stopping at step \([0-9]*\): train.time.*/\1/p' t1.txt)
 [ "$(cat t1/checkpoints/LATEST)" = "step-$(printf %010d "$stop")" ] || fail "no checkpoint at the time stop"
 grep -q "^step  *[0-9]* | loss" t1.txt || { cat t1.txt; fail "time alone: the progress line has no total"; }
-"$TRAINRUN" d.lua train.steps=100000000 train.time=1s train.log_every=20 run_dir=t2 2> t2.txt \
+"$TRAINRUN" d.lua train.steps=100000000 train.time=1s run_dir=t2 2> t2.txt \
   || { cat t2.txt; fail "time with steps"; }
 grep -q "train.time (1 s) reached" t2.txt || { cat t2.txt; fail "time with steps did not stop"; }
 # the ETA is the time left, not the 100 million steps'
-eta=$(grep "^step .*ETA" t2.txt | head -n 1 | sed 's/.*ETA \([0-9]*\)s/\1/')
+grep -q "^step .*ETA" t2.txt || { cat t2.txt; fail "time with steps: no progress line"; }
+eta=$(grep "^step .*ETA" t2.txt | sed 's/.*ETA \([0-9]*\)s/\1/' | sort -n | tail -n 1)
 [ "$eta" -le 1 ] || { cat t2.txt; fail "the ETA ($eta s) does not follow train.time"; }
 "$TRAINRUN" d.lua train.steps=3 train.time=1h run_dir=t3 --quiet 2> t3.txt || { cat t3.txt; fail "far time"; }
 [ "$(steps_of t3)" = 3 ] || { cat t3.txt; fail "a far time limit changed the steps"; }
