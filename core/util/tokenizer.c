@@ -906,6 +906,7 @@ static int model_chunk(struct tr_tokenizer *t, const char *w, size_t n, struct o
         if (t->cache[i].word) {
             for (uint32_t k = 0; k < t->cache[i].nids; k++)
                 out_push(o, t->cache[i].ids[k]);
+            t->unknown += t->cache[i].unknown;
             return TR_OK;
         }
         if (t->cache_used < CACHE_MAX_ENTRIES)
@@ -936,10 +937,11 @@ static int model_chunk(struct tr_tokenizer *t, const char *w, size_t n, struct o
             return TR_ERROR;
         merge_all(t, m, o);
     }
-    if (slot && t->unknown == unknown) { /* a word with unknowns is not cached: they are counted */
+    if (slot) {
         slot->word = tr_xcalloc(n + 1, 1);
         memcpy(slot->word, w, n);
         slot->n = (uint32_t)n;
+        slot->unknown = (uint32_t)(t->unknown - unknown);
         slot->nids = (uint32_t)(o->n - start);
         slot->ids = tr_xcalloc(slot->nids ? slot->nids : 1, sizeof *slot->ids);
         if (slot->nids) /* a word of symbols the vocabulary lacks has none, and o->ids may be NULL */

@@ -47,7 +47,8 @@ struct mmap {
  * (matched after normalization), else s. */
 struct added { char *s; size_t n; int32_t id; int normalized; char *ns; size_t nn; int lstrip, rstrip; };
 
-struct cached { char *word; uint32_t n, nids; int32_t *ids; };
+/* a cached word: its ids, and how many of its characters had no token (tr_tokenizer.unknown) */
+struct cached { char *word; uint32_t n, nids, unknown; int32_t *ids; };
 
 struct buf { char *p; size_t n, cap; };
 
