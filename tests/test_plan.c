@@ -814,7 +814,6 @@ ParameterizedTest(int *row, limits, every_integer_option, .init = limits_environ
     char *recipe = tr_xasprintf("%s/limit.lua", dir);
     char *line7 = tr_xasprintf("%s:7", recipe);
     double lo = strtod(r->min, NULL), hi = strtod(r->max, NULL);
-    int model = strcmp(r->checked, "model") == 0;
     for (size_t i = 0; i < sizeof limit_values / sizeof *limit_values; i++) {
         double v = limit_values[i].value;
         int integral = v == floor(v), legal = integral && v >= lo && v <= hi;
@@ -822,11 +821,10 @@ ParameterizedTest(int *row, limits, every_integer_option, .init = limits_environ
         write_limit_recipe(recipe, r, limit_values[i].lua);
         expect_limit(r, recipe, NULL, legal, integral, line7, limit_values[i].lua);
         /* on the command line, over a legal value in the recipe; a model's
-         * options are checked against the model's line */
+         * options too are named where they were set, the command line */
         write_limit_recipe(recipe, r, r->fallback);
         char *override = tr_xasprintf("%s=%s", r->key, limit_values[i].cli);
-        expect_limit(r, recipe, override, legal, integral, model ? line7 : "command line",
-                     limit_values[i].cli);
+        expect_limit(r, recipe, override, legal, integral, "command line", limit_values[i].cli);
         free(override);
     }
     unlink(recipe);
