@@ -13,7 +13,9 @@
 #define PACKAGE_VERSION "unknown"
 #endif
 
-/* The slots a configuration fills, in show's order; comm only when used. */
+/* The slots a configuration fills, in show's order; comm only when used,
+ * then the logger plugins (metrics.jsonl is built in: no plugin). */
+#define MAX_SLOTS (5 + TR_MAX_LOGGERS)
 static int loaded_slots(const struct tr_config *cfg, const struct tr_slot **out)
 {
     int n = 0;
@@ -22,6 +24,9 @@ static int loaded_slots(const struct tr_config *cfg, const struct tr_slot **out)
     for (size_t i = 0; i < TR_ARRAY_LEN(all); i++)
         if (all[i]->plugin)
             out[n++] = all[i];
+    for (int i = 0; i < cfg->n_loggers && i < TR_MAX_LOGGERS; i++)
+        if (cfg->loggers[i].plugin)
+            out[n++] = &cfg->loggers[i];
     return n;
 }
 
@@ -30,7 +35,7 @@ void tr_record_print(const struct tr_config *cfg, FILE *out)
     fprintf(out, "-- %s, resolved (each value with where it came from)\n",
             tr_recipe_path(cfg->recipe));
     tr_value_dump(tr_recipe_root(cfg->recipe), out);
-    const struct tr_slot *slots[8];
+    const struct tr_slot *slots[MAX_SLOTS];
     int n = loaded_slots(cfg, slots);
     fprintf(out, "-- plugins\n");
     for (int i = 0; i < n; i++)
@@ -83,7 +88,7 @@ void tr_record_write_json(const struct tr_config *cfg, FILE *out)
     int first = 1;
     write_values(tr_recipe_root(cfg->recipe), "", out, &first);
     fprintf(out, "\n  },\n  \"plugins\": [");
-    const struct tr_slot *slots[8];
+    const struct tr_slot *slots[MAX_SLOTS];
     int n = loaded_slots(cfg, slots);
     for (int i = 0; i < n; i++) {
         const struct tr_plugin_info *info = slots[i]->plugin->info;

@@ -32,6 +32,12 @@ grep -q '"train.steps": {"value": "10", "origin": "command line"}' a/recipe.reso
   || fail "no command-line origin in the record"
 grep -q '{"slot": "schedule", "name": "cosine", "version": "[^"]*", "path": "[^"]*schedule_cosine[^"]*"}' \
   a/recipe.resolved.json || fail "no schedule plugin with version and path in the record"
+# a logger plugin is one of the run's plugins too
+printf 'return {\n  extends = "%s",\n  logger = { "jsonl", "csv" },\n}\n' "$R" > lg.lua
+"$TRAINRUN" lg.lua "$@" run_dir=lg --quiet || fail "a run with the csv logger"
+grep -q '{"slot": "logger", "name": "csv", "version": "[^"]*", "path": "[^"]*logger_csv[^"]*"}' \
+  lg/recipe.resolved.json || { cat lg/recipe.resolved.json; fail "no csv logger plugin in the record"; }
+grep -q "^logger     = csv " lg/recipe.resolved || fail "no csv logger in recipe.resolved"
 python3 -c 'import json,sys; json.load(open(sys.argv[1]))' a/recipe.resolved.json 2>/dev/null \
   || { command -v python3 >/dev/null && fail "recipe.resolved.json is not JSON"; }
 
