@@ -8,9 +8,11 @@
 #
 # Prints "step efficiency: X% of the fp32 GEMM ceiling (Y of Z GFLOP/s, CPU
 # ...)" into the log, and fails only below a generous floor: half the figure
-# tests/e2e/step-efficiency.tsv records for this CPU's ISA level.  To show
-# it can fail, the same measurement of a forced slow path (oneDNN's SSE4.1
-# kernels on one thread, set for trainrun alone) must land below the floor.
+# tests/e2e/step-efficiency.tsv records for this CPU's ISA level (measured
+# up to three times when below it: other tests run beside this one).  To
+# show it can tell a slow path, the same measurement of a forced slow path
+# (oneDNN's SSE4.1 kernels on one thread, set for trainrun alone) must come
+# out under 60% of the normal path's efficiency.
 #
 # Environment: STEP_EFFICIENCY_FLOOR=PCT replaces the floor (a one-off:
 # STEP_EFFICIENCY_FLOOR=99 fails on any machine).
@@ -81,25 +83,44 @@ step_gflops() {
   awk -v f="$flops" -v s="$secs" 'BEGIN { printf "%.1f\n", f / s / 1e9 }'
 }
 
-c1=$(ceil)
-step=$(step_gflops step 2 5 8 "$threads")
-c2=$(ceil)
-# the better ceiling: the machine at its best during the check
-top=$(awk -v a="$c1" -v b="$c2" 'BEGIN { print (a > b ? a : b) }')
-pct=$(awk -v s="$step" -v c="$top" 'BEGIN { printf "%.1f", 100 * s / c }')
-echo "step efficiency: $pct% of the fp32 GEMM ceiling ($step of $top GFLOP/s, CPU $isa: $cpu, $threads threads; ceiling before/after the steps $c1/$c2); floor $floor% ($why)"
-echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+# measure: one step-efficiency measurement into $pct ($step of $top GFLOP/s).
+# make check runs other tests beside this one, so a measurement can fall on
+# a busy moment: a result below the floor is measured again, up to three
+# times in all, and the best counts (a real regression fails every time).
+measure() {
+  c1=$(ceil)
+  step=$(step_gflops "step$1" 2 5 8 "$threads")
+  c2=$(ceil)
+  # the better ceiling: the machine at its best during the measurement
+  top=$(awk -v a="$c1" -v b="$c2" 'BEGIN { print (a > b ? a : b) }')
+  pct=$(awk -v s="$step" -v c="$top" 'BEGIN { printf "%.1f", 100 * s / c }')
+  echo "step efficiency: $pct% of the fp32 GEMM ceiling ($step of $top GFLOP/s, CPU $isa: $cpu, $threads threads; ceiling before/after the steps $c1/$c2); floor $floor% ($why); load average $(cut -d' ' -f1-3 /proc/loadavg)"
+}
+best=
+for attempt in 1 2 3; do
+  measure "$attempt"
+  if [ -z "$best" ] || less_than "$best" "$pct"; then best=$pct; fi
+  less_than "$best" "$floor" || break
+done
+pct=$best
 
-# ---- it can fail: a forced slow path, measured the same way, lands below
-# the floor (not on a CPU without AVX, where SSE4.1 is no slower path)
+# ---- it can fail: a forced slow path (oneDNN's SSE4.1 kernels on one
+# thread), measured the same way, must come out well below the normal path
+# (under 60% of its efficiency; on this test's CPUs it is a fraction of
+# that), so a slowdown of that size is visible to the check.  Not on a CPU
+# without AVX, where SSE4.1 is no slower path.
 if [ "$isa" != default ] && [ -z "${STEP_EFFICIENCY_FLOOR:-}" ]; then
-  slow=$(step_gflops slow 1 2 2 1 ONEDNN_MAX_CPU_ISA=SSE41)
-  slow_pct=$(awk -v s="$slow" -v c="$top" 'BEGIN { printf "%.1f", 100 * s / c }')
-  echo "forced slow path (oneDNN SSE4.1 kernels, 1 thread, batch 2): $slow_pct% of the ceiling ($slow GFLOP/s)"
-  less_than "$slow_pct" "$floor" ||
-    fail "the forced slow path reached $slow_pct%, not below the $floor% floor: the check could not catch it"
+  limit=$(awk -v p="$pct" 'BEGIN { printf "%.1f", 0.6 * p }')
+  for attempt in 1 2 3; do
+    slow=$(step_gflops "slow$attempt" 1 2 2 1 ONEDNN_MAX_CPU_ISA=SSE41)
+    slow_pct=$(awk -v s="$slow" -v c="$top" 'BEGIN { printf "%.1f", 100 * s / c }')
+    echo "forced slow path (oneDNN SSE4.1 kernels, 1 thread, batch 2): $slow_pct% of the ceiling ($slow GFLOP/s); must be below $limit%"
+    less_than "$slow_pct" "$limit" && break
+    [ "$attempt" = 3 ] &&
+      fail "the forced slow path reached $slow_pct%, not below $limit% (60% of the normal path's $pct%): the check could not tell them apart"
+  done
 fi
 
 less_than "$pct" "$floor" &&
-  fail "step efficiency $pct% is below the floor of $floor% ($why): a throughput regression, or a machine too loaded to measure (load average $(cut -d' ' -f1 /proc/loadavg))"
+  fail "step efficiency $pct% (best of three) is below the floor of $floor% ($why): a throughput regression, or a machine too loaded to measure (load average $(cut -d' ' -f1 /proc/loadavg))"
 echo "step efficiency: $pct% >= floor $floor%"
