@@ -208,6 +208,22 @@ int tr_prepare_publish(const char *tmp, const char *path, FILE *f)
     return rc;
 }
 
+int tr_prepare_write_copy(const char *dir, const char *name, const unsigned char *data, size_t size)
+{
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f)
+        return tr_prepare_fail("cannot create %s: %s", tmp, strerror(errno));
+    if (size && fwrite(data, 1, size, f) != size) {
+        fclose(f);
+        unlink(tmp);
+        return tr_prepare_fail("cannot write %s: %s", path, strerror(errno));
+    }
+    return tr_prepare_publish(tmp, path, f);
+}
+
 void tr_prepare_json_inputs(FILE *f, const struct prepare_opts *o)
 {
     fputs("  \"inputs\": [", f);

@@ -353,22 +353,6 @@ static int write_split(struct chat *c, size_t from, size_t to, const char *prefi
     return rc;
 }
 
-static int write_copy(const char *dir, const char *name, const unsigned char *data, size_t size)
-{
-    char path[4096], tmp[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        return tr_prepare_fail("cannot create %s: %s", tmp, strerror(errno));
-    if (size && fwrite(data, 1, size, f) != size) {
-        fclose(f);
-        unlink(tmp);
-        return tr_prepare_fail("cannot write %s: %s", path, strerror(errno));
-    }
-    return tr_prepare_publish(tmp, path, f);
-}
-
 static const char *family_name(enum chat_family f)
 {
     return f == CHAT_CHATML ? "chatml" : f == CHAT_LLAMA3 ? "llama3" : NULL;
@@ -472,9 +456,9 @@ static int prepare_instruct(struct chat *c)
                                strerror(errno));
     struct split_result s[2] = {{0}, {0}};
     if (tr_prepare_claim_out_dir(o->out_dir) != 0 ||
-        write_copy(o->out_dir, "tokenizer.json", c->pt.file, c->pt.file_size) != 0 ||
-        (c->pt.config && write_copy(o->out_dir, "tokenizer_config.json", c->pt.config,
-                                    c->pt.config_size) != 0) ||
+        tr_prepare_write_copy(o->out_dir, "tokenizer.json", c->pt.file, c->pt.file_size) != 0 ||
+        (c->pt.config && tr_prepare_write_copy(o->out_dir, "tokenizer_config.json",
+                                               c->pt.config, c->pt.config_size) != 0) ||
         write_split(c, 0, val_from, "train", &s[0]) != 0 ||
         write_split(c, val_from, r->count, "val", &s[1]) != 0 || write_json(c, s) != 0)
         return -1;

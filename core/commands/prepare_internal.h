@@ -44,6 +44,11 @@ int tr_prepare_claim_out_dir(const char *dir);
  * failure tmp is removed.  0 or -1 (message on stderr). */
 int tr_prepare_publish(const char *tmp, const char *path, FILE *f);
 
+/* Write DIR/NAME from memory, published whole (tmp + rename): the
+ * tokenizer.json and tokenizer_config.json copied into OUTDIR.  0 or -1. */
+int tr_prepare_write_copy(const char *dir, const char *name, const unsigned char *data,
+                          size_t size);
+
 /* prepare.json's "inputs" line. */
 void tr_prepare_json_inputs(FILE *f, const struct prepare_opts *o);
 

@@ -401,23 +401,6 @@ static int write_split(const struct prepare_opts *o, const struct docs *d, size_
     return rc;
 }
 
-/* Write OUTDIR/NAME from memory (published whole). */
-static int write_copy(const char *dir, const char *name, const unsigned char *data, size_t size)
-{
-    char path[4096], tmp[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        return tr_prepare_fail("cannot create %s: %s", tmp, strerror(errno));
-    if (size && fwrite(data, 1, size, f) != size) {
-        fclose(f);
-        unlink(tmp);
-        return tr_prepare_fail("cannot write %s: %s", path, strerror(errno));
-    }
-    return tr_prepare_publish(tmp, path, f);
-}
-
 /* OUTDIR/NAME, left by an earlier run (a tokenizer this run does not use):
  * removed, so nothing reports a tokenizer that did not make these shards.
  * Only in a directory tr_prepare_claim_out_dir made ours; regular files only. */
@@ -604,9 +587,11 @@ static int prepare_text(const struct prepare_opts *o, struct input *inputs)
     progress = NULL;
     /* the tokenizer beside the shards, where the tokens plugin finds it */
     if (pt) {
-        if ((rc = write_copy(o->out_dir, "tokenizer.json", pt->file, pt->file_size)) != 0 ||
-            (pt->config && (rc = write_copy(o->out_dir, "tokenizer_config.json", pt->config,
-                                            pt->config_size)) != 0))
+        rc = tr_prepare_write_copy(o->out_dir, "tokenizer.json", pt->file, pt->file_size);
+        if (rc == 0 && pt->config)
+            rc = tr_prepare_write_copy(o->out_dir, "tokenizer_config.json", pt->config,
+                                       pt->config_size);
+        if (rc != 0)
             goto out;
         if (!pt->config)
             remove_stale_file(o->out_dir, "tokenizer_config.json");
