@@ -121,6 +121,9 @@ if [ "$isa" != default ] && [ -z "${STEP_EFFICIENCY_FLOOR:-}" ]; then
   done
 fi
 
+# to_ci TEXT: into the CI log too (make check's stderr, fd 9: AM_TESTS_FD_REDIRECT), pass or fail
+to_ci() { { echo "step-efficiency.sh: $1" >&9; } 2> /dev/null || true; }
+to_ci "step efficiency $pct% of the fp32 GEMM ceiling (floor $floor%; $top GFLOP/s ceiling, CPU $isa: $cpu)"
 less_than "$pct" "$floor" &&
   fail "step efficiency $pct% (best of three) is below the floor of $floor% ($why): a throughput regression, or a machine too loaded to measure (load average $(cut -d' ' -f1 /proc/loadavg))"
 echo "step efficiency: $pct% >= floor $floor%"
