@@ -175,29 +175,16 @@ static int messages(struct chat *c, const char *where, const struct tr_json *lis
             return tr_prepare_fail("%s: message %zu has role \"%s\"; roles are system, user "
                                    "and assistant", where, i + 1, role);
         assistant |= is_assistant;
-        if (c->family == CHAT_CHATML) {
-            rc = put_str(c, where, "<|im_start|>", 0);
-            if (rc == 0)
-                rc = put_str(c, where, role, 0);
-            if (rc == 0)
-                rc = put_str(c, where, "\n", 0);
-            if (rc == 0)
-                rc = put_str(c, where, content, is_assistant);
-            if (rc == 0)
-                rc = put_str(c, where, "<|im_end|>", is_assistant);
-            if (rc == 0)
-                rc = put_str(c, where, "\n", 0);
-        } else {
-            rc = put_str(c, where, "<|start_header_id|>", 0);
-            if (rc == 0)
-                rc = put_str(c, where, role, 0);
-            if (rc == 0)
-                rc = put_str(c, where, "<|end_header_id|>\n\n", 0);
-            if (rc == 0)
-                rc = put_str(c, where, content, is_assistant);
-            if (rc == 0)
-                rc = put_str(c, where, "<|eot_id|>", is_assistant);
-        }
+        /* a turn: OPEN role CLOSE content END AFTER; content and END trained on
+         * in assistant turns */
+        static const char *const turn[][4] = {
+            [CHAT_CHATML] = {"<|im_start|>", "\n", "<|im_end|>", "\n"},
+            [CHAT_LLAMA3] = {"<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>", ""},
+        };
+        const char *const *t = turn[c->family];
+        const char *piece[6] = {t[0], role, t[1], content, t[2], t[3]};
+        for (int k = 0; k < 6 && rc == 0; k++)
+            rc = put_str(c, where, piece[k], is_assistant && (k == 3 || k == 4));
     }
     if (rc == 0 && !assistant)
         return tr_prepare_fail("%s: no assistant message: nothing to train on", where);
