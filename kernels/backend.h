@@ -46,6 +46,35 @@ enum tr_op {
     TR_OP_ROPE,
     TR_OP_SWIGLU,        /* in: gate, up (same shape)  out: silu(gate) * up          */
     TR_OP_SCALE,         /* in: x  attr scale          out: scale * x                */
+    /* ---- appended with ABI 3 (convolutional models).  Images are stored
+     * channel-last, x[B,H,W,C]: the layout oneDNN's and cuDNN's fastest
+     * convolutions take (no reorder per call), the one image decoders
+     * produce, and the one where a per-channel op (batch norm, bias) is an
+     * op over the last dimension like every other normalisation here.
+     * Spatial attributes are (h, w) pairs: kernel, stride, pad, dilation.
+     * Output size per spatial dim: (in + 2 pad - dilation (k - 1) - 1) / stride + 1. */
+    /* in: x[B,H,W,IC], w[OC,KH,KW,IC/groups], (b[OC])  attr stride, pad,
+     * dilation, groups (dividing IC and OC; groups = IC is depthwise)
+     * out: [B,OH,OW,OC].  Under a 16-bit compute dtype x and w are rounded to
+     * it and products accumulate in fp32, as in linear. */
+    TR_OP_CONV2D,
+    /* in: x[B,H,W,C]  attr kernel, stride, pad (padding never wins: -inf)
+     * out: [B,OH,OW,C].  Backward routes each output's gradient to the first
+     * maximum of its window in row-major order. */
+    TR_OP_MAXPOOL,
+    /* in: x[B,H,W,C]  attr kernel, stride, pad  out: [B,OH,OW,C]; each output
+     * is the window's sum over kernel_h x kernel_w (padding counts as zeros). */
+    TR_OP_AVGPOOL,
+    TR_OP_GLOBAL_AVGPOOL, /* in: x[B,H,W,C]                         out: [B,C] mean over H,W */
+    /* batch normalisation over every dimension but the last (channels):
+     * in: x[...,C], w[C], b[C]  attr eps, momentum, buffer (running[2,C]: the
+     * running mean, then the running unbiased variance)  aux: mean[C], rstd[C]
+     * out: same as x.  Training forward (g->training) normalises with the
+     * batch's mean and biased variance, saves them as aux, and, unless
+     * g->recomputing, updates running = (1 - momentum) running + momentum
+     * batch (variance unbiased: n/(n-1)); eval forward normalises with the
+     * running statistics. */
+    TR_OP_BATCHNORM,
     TR_OP_COUNT
 };
 
@@ -53,7 +82,11 @@ enum tr_role {
     TR_ROLE_INPUT = 0, /* filled from the data source each micro-batch */
     TR_ROLE_PARAM,     /* learned; lives in the flat parameter buffer   */
     TR_ROLE_ACTIVATION,/* produced by a node in forward                 */
-    TR_ROLE_SAVED      /* produced by a node for its own backward (mean, rstd, att, lse) */
+    TR_ROLE_SAVED,     /* produced by a node for its own backward (mean, rstd, att, lse) */
+    /* appended with ABI 3: state a node updates while training and reads in
+     * eval (batch norm's running statistics): fp32, never trained, saved in
+     * checkpoints beside the parameters; lives in g->buffers */
+    TR_ROLE_BUFFER
 };
 
 enum tr_init { TR_INIT_ZEROS = 0, TR_INIT_ONES, TR_INIT_NORMAL };
@@ -95,6 +128,15 @@ struct tr_node {
     int kv_heads;     /* attention with q, k, v inputs: key/value heads (divides heads) */
     float theta;      /* rope: base of the rotation frequencies (10000 in Llama 2) */
     float scale;      /* scale: the factor */
+    /* attributes appended with ABI 3 (convolutions, pooling, batch norm);
+     * spatial pairs are (h, w) */
+    int kernel[2];    /* pooling window */
+    int stride[2];    /* conv: 1; pooling: the window */
+    int pad[2];       /* zero (conv, avgpool) or -inf (maxpool) rows/columns on each side */
+    int dilation[2];  /* conv: 1 */
+    int groups;       /* conv: 1 */
+    float momentum;   /* batchnorm: weight of the batch in the running statistics (0.1) */
+    int buffer;       /* batchnorm: index of its TR_ROLE_BUFFER tensor running[2,C] (others: unused) */
 };
 
 struct tr_memory_report {
@@ -136,6 +178,13 @@ struct tr_graph {
      * policy's allow_tf32 with compute fp32).  Only a backend with tf32
      * GEMMs sees 1: the engine refuses the policy for any other device. */
     int allow_tf32;
+    /* appended with ABI 3 */
+    float *buffers;    /* planned: every TR_ROLE_BUFFER tensor's data, fp32 */
+    size_t n_buffers;  /* floats */
+    int training;      /* 1 (tr_graph_new): forward in training mode; 0: eval (batch norm
+                        * normalises with its running statistics and updates nothing) */
+    int recomputing;   /* 1 while backward re-runs a recomputed segment's forward:
+                        * nodes then must not update buffers a second time */
 };
 
 /* ---- The device interface */
@@ -199,7 +248,7 @@ struct tr_backend {
  * search path and exporting TR_BACKEND_ENTRY_NAME, so a trainrun built with
  * a device backend still starts where that device (or its driver) is
  * missing, and says why device=<name> is unavailable. */
-#define TR_BACKEND_ABI 2 /* 2: the Llama-family ops and node attributes */
+#define TR_BACKEND_ABI 3 /* 2: the Llama-family ops and node attributes; 3: convolutions */
 #define TR_BACKEND_ENTRY_NAME "trainrun_backend_entry"
 
 struct tr_backend_module {

@@ -15,7 +15,9 @@ static const char *const op_names[TR_OP_COUNT] = {
     [TR_OP_LINEAR] = "linear",       [TR_OP_MATMUL] = "matmul",     [TR_OP_LAYERNORM] = "layernorm",
     [TR_OP_GELU] = "gelu",           [TR_OP_RELU] = "relu",         [TR_OP_ATTENTION] = "attention",
     [TR_OP_CROSS_ENTROPY] = "cross_entropy", [TR_OP_RMSNORM] = "rmsnorm", [TR_OP_ROPE] = "rope",
-    [TR_OP_SWIGLU] = "swiglu",       [TR_OP_SCALE] = "scale",
+    [TR_OP_SWIGLU] = "swiglu",       [TR_OP_SCALE] = "scale",        [TR_OP_CONV2D] = "conv2d",
+    [TR_OP_MAXPOOL] = "maxpool",     [TR_OP_AVGPOOL] = "avgpool",
+    [TR_OP_GLOBAL_AVGPOOL] = "global_avgpool", [TR_OP_BATCHNORM] = "batchnorm",
 };
 
 const char *tr_op_name(enum tr_op op) { return (unsigned)op < TR_OP_COUNT ? op_names[op] : "?"; }
@@ -56,6 +58,7 @@ struct tr_graph *tr_graph_new(int batch)
 {
     struct tr_graph *g = tr_xcalloc(1, sizeof *g);
     g->batch = batch;
+    g->training = 1;
     g->loss = -1;
     g->logits = -1;
     return g;
