@@ -710,7 +710,7 @@ Test(model_graph, unexpected_tables_and_values_are_refused)
 {
     expect_graph_error("role_unknown",
                        "tensor 1 ('features'): 'role' is the string \"weights\"; expected one of \"input\", "
-                       "\"param\", \"activation\"");
+                       "\"param\", \"activation\", \"buffer\"");
     expect_graph_error("same_name", "two tensors are named 'head.weight'; names must be unique");
     expect_graph_error("feeds_param",
                        "input 1 is tensor 'head.weight', which is not an input (declare it with g:input)");

@@ -43,6 +43,9 @@ static void count_model(struct tr_plan *p, const struct tr_graph *g)
     p->width = f.width;
     p->attention_flops = f.attention;
     p->lookup_params = (int64_t)f.lookup_params;
+    p->convs = f.convs;
+    p->conv_flops = f.conv;
+    p->dense_flops = f.dense;
     for (int i = 0; i < g->n_tensors; i++) {
         const struct tr_tensor *t = &g->tensors[i];
         if (t->role != TR_ROLE_PARAM)
@@ -276,7 +279,8 @@ int tr_plan_build(struct tr_plan *p, const char *recipe, const char *const *over
         dv = cfg.data.plugin->info->vtable;
         if (dv->info(cfg.data.self, &di, err) != TR_OK)
             goto out;
-        if (tr_train_resolve_steps(&cfg, 0, di.samples[TR_SPLIT_TRAIN],
+        if (tr_train_resolve_steps(&cfg, 0, di.samples[TR_SPLIT_TRAIN] /
+                                   (di.train_views > 1 ? di.train_views : 1),
                                    (uint64_t)p->micro_batch, err) != TR_OK)
             goto out;
     } else if (tr_train_resolve_steps(&cfg, p->sequence_model ? (uint64_t)p->tokens_per_sample : 0,

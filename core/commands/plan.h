@@ -34,6 +34,8 @@ struct tr_plan {
     int64_t lookup_params;   /* read only by embedding lookups (untied input embeddings) */
     double attention_flops;  /* 12 * sum over attention nodes of T * C */
     double flops_per_token;  /* 6 * (params - lookup_params) + attention_flops */
+    int64_t convs;           /* conv2d nodes: > 0, an image model counted per sample */
+    double conv_flops, dense_flops; /* 6 x the convs' and linears' multiply-adds per sample */
     int64_t tokens_per_sample; /* T for sequence models, else 1 (a sample) */
     int sequence_model;
     /* the recipe's run */

@@ -160,7 +160,14 @@ static void print_model(const struct tr_plan *p, FILE *out)
         row(out, "shape", "L = %lld attention layers, T = %lld tokens, C = %lld wide",
             (long long)p->layers, (long long)p->seq_len, (long long)p->width);
     snprintf(label, sizeof label, "training FLOPs/%s", per);
-    if (p->layers && p->lookup_params) {
+    if (p->convs) {
+        /* a conv's weights multiply at every output position: from the shapes */
+        row(out, label, "6·(conv + linear multiply-adds) = %s + %s = %s  (%s)",
+            fmt_int(p->conv_flops, a, sizeof a), fmt_int(p->dense_flops, b, sizeof b),
+            fmt_int(p->flops_per_token, c, sizeof c), fmt_flops(p->flops_per_token, "FLOP", d, sizeof d));
+        row(out, "", "(%lld convolutions, OH·OW·OC·KH·KW·IC/groups each; 2 forward + 4 backward "
+            "per multiply-add; norms and pooling not counted)", (long long)p->convs);
+    } else if (p->layers && p->lookup_params) {
         /* an untied input embedding is gathered, not multiplied */
         row(out, label, "6·(P - E) + 12·L·T·C = %s + %s = %s  (%s)",
             fmt_int(6.0 * (double)(p->params - p->lookup_params), a, sizeof a),
@@ -218,8 +225,10 @@ static void print_memory(const struct tr_plan *p, FILE *out)
 {
     const struct tr_memory_report *m = &p->memory;
     char a[64], b[64], c[64], label[64];
-    fprintf(out, "\nmemory per device  (micro-batch %lld; the cpu backend's plan, fp32 storage)\n",
-            (long long)p->micro_batch);
+    /* the planner stores activations in a 16-bit compute dtype (graph.c) */
+    fprintf(out, "\nmemory per device  (micro-batch %lld; the cpu backend's plan, activations in "
+            "%s storage)\n", (long long)p->micro_batch,
+            tr_dtype_name(p->compute));
     struct tr_memory_row rows[9];
     size_t n_rows = tr_memory_rows(m, rows);
     for (size_t i = 0; i < n_rows; i++)
@@ -228,8 +237,10 @@ static void print_memory(const struct tr_plan *p, FILE *out)
     row(out, "grows as", "%s + %s per sample of micro-batch", fmt_bytes(p->fixed_bytes, a, sizeof a),
         fmt_bytes(p->bytes_per_sample, b, sizeof b));
     if (p->compute != TR_F32) {
-        row(out, "", "(precision %s: GEMM inputs rounded to %s in scratch; every backend "
-            "stores activations in fp32)", p->precision, tr_dtype_name(p->compute));
+        row(out, "", "(precision %s: activations in %s storage on every backend, half the "
+            "bytes;", p->precision, tr_dtype_name(p->compute));
+        row(out, "", " the logits, gradients and saved statistics stay fp32; GEMM inputs "
+            "in %s)", tr_dtype_name(p->compute));
         row(out, "", "(device=cpu on this machine: %s)", tr_cpu_gemm_path(p->compute));
     }
     if (p->cost.count > 1)

@@ -44,7 +44,17 @@ static void print_schema(lua_State *L, const char *builder, FILE *out)
             snprintf(def, sizeof def, "\"%s\"", lua_tostring(L, -1));
         else if (lua_type(L, -1) == LUA_TNUMBER)
             snprintf(def, sizeof def, "%g", lua_tonumber(L, -1));
-        else
+        else if (lua_istable(L, -1) && lua_objlen(L, -1) > 0) { /* a list of numbers: { 32, 64 } */
+            size_t len = (size_t)snprintf(def, sizeof def, "{");
+            for (int k = 1; k <= (int)lua_objlen(L, -1) && len < sizeof def; k++) {
+                lua_rawgeti(L, -1, k);
+                len += (size_t)snprintf(def + len, sizeof def - len, "%s%g", k > 1 ? "," : "",
+                                        lua_tonumber(L, -1));
+                lua_pop(L, 1);
+            }
+            if (len < sizeof def)
+                snprintf(def + len, sizeof def - len, "}");
+        } else
             snprintf(def, sizeof def, "{}");
         lua_pop(L, 1);
         lua_getfield(L, -1, "help");
@@ -77,7 +87,7 @@ void tr_model_help(FILE *out)
         return;
     }
     lua_getfield(L, -1, "schemas");
-    static const char *const builders[] = {"gpt", "llama", "mlp"};
+    static const char *const builders[] = {"gpt", "llama", "mlp", "cnn", "resnet"};
     for (size_t i = 0; i < TR_ARRAY_LEN(builders) && lua_istable(L, -1); i++) {
         lua_getfield(L, -1, builders[i]);
         if (lua_istable(L, -1))

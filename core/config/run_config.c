@@ -900,6 +900,7 @@ void tr_config_help(FILE *out)
 {
     fprintf(out, "Recipe sections (a recipe returns a table with these keys):\n\n");
     fprintf(out, "  model       = gpt { ... } | llama { ... } | mlp { ... }  (the builders' options below)\n"
+                 "                | cnn { ... } | resnet { ... }  (images x[B,H,W,C]; docs/vision.md)\n"
                  "                | { from = \"DIR\" }  (a Hugging Face directory: config.json + safetensors;\n"
                  "                  llama, mistral, qwen2 or gpt2; DIR relative to the recipe; ctx and\n"
                  "                  recompute may sit beside it; docs/models.md)\n"

@@ -71,8 +71,11 @@ struct tr_checkpointer {
  * bits through a one-tensor staging buffer) straight into its place.  So a
  * blob costs its own size and one tensor more, never a second copy of the
  * whole array. */
+/* With `buffers` the blob also holds every buffer tensor (batch norm's
+ * running statistics, g->buffers), always in fp32: they are not trained
+ * and a resume must continue them bit for bit. */
 static void *tensors_blob(struct tr_checkpointer *c, const float *base, enum tr_dtype dtype,
-                          const char *prefix, size_t *size)
+                          const char *prefix, int buffers, size_t *size)
 {
     const struct tr_graph *g = c->cfg.g;
     const struct tr_backend *be = c->cfg.be;
@@ -83,13 +86,15 @@ static void *tensors_blob(struct tr_checkpointer *c, const float *base, enum tr_
     size_t n = 0, max_numel = 1;
     for (int i = 0; i < g->n_tensors; i++) {
         const struct tr_tensor *t = &g->tensors[i];
-        if (t->role != TR_ROLE_PARAM)
+        int buffer = t->role == TR_ROLE_BUFFER;
+        if (t->role != TR_ROLE_PARAM && !(buffers && buffer))
             continue;
         if (t->numel > max_numel)
             max_numel = t->numel;
         tensors[n] = t;
         names[n] = tr_xasprintf("%s%s", prefix, t->name);
-        e[n] = (struct tr_st_entry){names[n], dtype, t->ndim, {0}, NULL, t->numel * esize};
+        e[n] = (struct tr_st_entry){names[n], buffer ? TR_F32 : dtype, t->ndim, {0}, NULL,
+                                    t->numel * (buffer ? 4 : esize)};
         memcpy(e[n].shape, t->shape, sizeof t->shape);
         n++;
     }
@@ -110,7 +115,9 @@ static void *tensors_blob(struct tr_checkpointer *c, const float *base, enum tr_
         unsigned char *at = blob + 8 + header;
         for (size_t i = 0; i < n; i++) {
             const struct tr_tensor *t = tensors[i];
-            if (dtype == TR_F32) {
+            if (t->role == TR_ROLE_BUFFER) {
+                be->iface->download(be->context, at, g->buffers + t->offset, e[i].bytes);
+            } else if (dtype == TR_F32) {
                 be->iface->download(be->context, at, base + t->offset, e[i].bytes);
             } else {
                 be->iface->download(be->context, staging, base + t->offset,
@@ -301,8 +308,8 @@ static void *build_blob(struct tr_checkpointer *c, int i, const float *params,
                         float *const *slots, size_t *size)
 {
     if (i == 0)
-        return tensors_blob(c, params, c->cfg.weights_dtype, "", size);
-    return tensors_blob(c, slots[i - 1], TR_F32, c->cfg.optimizer->state_names[i - 1], size);
+        return tensors_blob(c, params, c->cfg.weights_dtype, "", 1, size);
+    return tensors_blob(c, slots[i - 1], TR_F32, c->cfg.optimizer->state_names[i - 1], 0, size);
 }
 
 static void free_blobs(struct tr_checkpointer *c)
@@ -520,11 +527,12 @@ static void format_shape(const int64_t *shape, int ndim, char *buf, size_t size)
         snprintf(buf + len, size - len, "]");
 }
 
-/* g's parameters from blob into dst (backend memory, g's layout).
- * expect: the dtype every tensor must have, or -1 for any float type. */
+/* g's parameters from blob into dst (backend memory, g's layout), and with
+ * `buffers` g's buffers into g->buffers (a buffer in any float dtype).
+ * expect: the dtype every parameter must have, or -1 for any float type. */
 static int load_tensors(const struct tr_graph *g, const struct tr_backend *be, const void *blob,
-                        size_t size, const char *prefix, float *dst, int expect, const char *what,
-                        tr_err *err)
+                        size_t size, const char *prefix, float *dst, int buffers, int expect,
+                        const char *what, tr_err *err)
 {
     struct tr_st_file *f = tr_safetensors_read(blob, size, what, err);
     if (!f)
@@ -533,8 +541,10 @@ static int load_tensors(const struct tr_graph *g, const struct tr_backend *be, c
     float *tmp = NULL;
     for (int i = 0; i < g->n_tensors && rc == TR_OK; i++) {
         const struct tr_tensor *t = &g->tensors[i];
-        if (t->role != TR_ROLE_PARAM)
+        int buffer = t->role == TR_ROLE_BUFFER;
+        if (t->role != TR_ROLE_PARAM && !(buffers && buffer))
             continue;
+        float *to = buffer ? g->buffers + t->offset : dst + t->offset;
         char *key = tr_xasprintf("%s%s", prefix, t->name);
         const struct tr_st_entry *e = tr_safetensors_find(f, key);
         int ok_shape = e && e->ndim == t->ndim && !memcmp(e->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
@@ -546,15 +556,15 @@ static int load_tensors(const struct tr_graph *g, const struct tr_backend *be, c
             format_shape(t->shape, t->ndim, want, sizeof want);
             rc = tr_fail(err, "%s: tensor '%s' is %s there but %s in the model", what, key, have,
                          want);
-        } else if (expect >= 0 && e->dtype != (enum tr_dtype)expect) {
+        } else if (!buffer && expect >= 0 && e->dtype != (enum tr_dtype)expect) {
             rc = tr_fail(err, "%s: tensor '%s' is not in the weights_dtype state.json names "
                          "(the weights and state.json do not belong together)", what, key);
         } else if (e->dtype == TR_F32) {
-            be->iface->upload(be->context, dst + t->offset, e->data, e->bytes);
+            be->iface->upload(be->context, to, e->data, e->bytes);
         } else if (e->dtype == TR_BF16 || e->dtype == TR_F16) {
             tmp = tr_xrealloc(tmp, t->numel * sizeof(float));
             tr_cpu_from_half(tmp, e->data, t->numel, e->dtype == TR_BF16);
-            be->iface->upload(be->context, dst + t->offset, tmp, t->numel * sizeof(float));
+            be->iface->upload(be->context, to, tmp, t->numel * sizeof(float));
         } else {
             rc = tr_fail(err, "%s: tensor '%s' is not a floating-point tensor", what, key);
         }
@@ -717,10 +727,11 @@ int tr_checkpointer_load(struct tr_checkpointer *c, const char *name, float *par
             goto done;
     const struct tr_graph *g = c->cfg.g;
     const struct tr_backend *be = c->cfg.be;
-    if (load_tensors(g, be, data[1], size[1], "", params, weights_dtype, "model.safetensors", err) != TR_OK)
+    if (load_tensors(g, be, data[1], size[1], "", params, 1, weights_dtype, "model.safetensors",
+                     err) != TR_OK)
         goto done;
     for (int k = 0; k < od->state_slots; k++)
-        if (load_tensors(g, be, data[2 + k], size[2 + k], od->state_names[k], slots[k], -1,
+        if (load_tensors(g, be, data[2 + k], size[2 + k], od->state_names[k], slots[k], 0, -1,
                          blobs[2 + k], err) != TR_OK)
             goto done;
     *state = st;
@@ -943,7 +954,7 @@ int tr_checkpoint_load_weights(const char *checkpoint_dir, const struct tr_graph
     if (verify_dir(checkpoint_dir, &buf, &size, err) != TR_OK)
         return TR_ERROR;
     char *what = tr_xasprintf("%s/model.safetensors", checkpoint_dir);
-    int rc = load_tensors(g, be, buf, size, "", params, -1, what, err);
+    int rc = load_tensors(g, be, buf, size, "", params, 1, -1, what, err);
     /* every parameter was there; a tensor more means another (larger) model,
      * whose first layers alone would be evaluated */
     struct tr_st_file *f = rc == TR_OK ? tr_safetensors_read(buf, size, what, err) : NULL;
@@ -954,7 +965,7 @@ int tr_checkpoint_load_weights(const char *checkpoint_dir, const struct tr_graph
     for (size_t i = 0; i < n; i++) {
         const char *name = tr_safetensors_at(f, i)->name;
         int k = tr_graph_find(g, name);
-        if (k < 0 || g->tensors[k].role != TR_ROLE_PARAM) {
+        if (k < 0 || (g->tensors[k].role != TR_ROLE_PARAM && g->tensors[k].role != TR_ROLE_BUFFER)) {
             if (!first)
                 first = name;
             extra++;

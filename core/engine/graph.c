@@ -192,6 +192,130 @@ static int check_gqa(struct tr_graph *g, struct tr_node *n, struct tr_tensor *co
     return TR_OK;
 }
 
+/* A spatial attribute pair as "3x3", for messages. */
+#define PAIR(p) (p)[0], (p)[1]
+
+/* Output size of one spatial dimension (the contract's formula), or 0 when
+ * the window does not fit in the padded input. */
+static int64_t window_out(int64_t in, int k, int stride, int pad, int dilation)
+{
+    int64_t span = (int64_t)dilation * (k - 1) + 1, padded = in + 2 * (int64_t)pad;
+    return padded < span ? 0 : (padded - span) / stride + 1;
+}
+
+/* conv2d, maxpool and avgpool: channel-last x[B,H,W,C] under a window.
+ * Defaults (an attribute left 0): stride 1 for a convolution and the
+ * window for pooling (non-overlapping, as PyTorch), dilation 1, groups 1.
+ * Pooling padding is at most half the window (as PyTorch), so no max
+ * window is all padding. */
+static int check_window(struct tr_graph *g, struct tr_node *n, struct tr_tensor *const in[3],
+                        tr_err *err)
+{
+    char a[64], b[64];
+    int conv = n->op == TR_OP_CONV2D;
+    shape_text(in[0], a, sizeof a);
+    if (in[0]->ndim != 4)
+        SHAPE_FAIL("input '%s' %s must be an image batch x[B,H,W,C] (channel-last)", in[0]->name, a);
+    int64_t C = in[0]->shape[3], OC = C;
+    if (conv) {
+        shape_text(in[1], b, sizeof b);
+        if (in[1]->ndim != 4)
+            SHAPE_FAIL("weight '%s' %s must be w[OC,KH,KW,IC/groups]", in[1]->name, b);
+        if (n->groups == 0)
+            n->groups = 1;
+        if (n->groups < 0 || C % n->groups != 0 || in[1]->shape[0] % n->groups != 0)
+            SHAPE_FAIL("%d groups must divide the %lld input channels of '%s' and the %lld output "
+                       "channels of '%s'", n->groups, (long long)C, in[0]->name,
+                       (long long)in[1]->shape[0], in[1]->name);
+        if (in[1]->shape[3] != C / n->groups)
+            SHAPE_FAIL("weight '%s' %s must have %lld input channels (the %lld of '%s' over %d "
+                       "groups) in its last dimension", in[1]->name, b, (long long)(C / n->groups),
+                       (long long)C, in[0]->name, n->groups);
+        OC = in[1]->shape[0];
+        if (n->n_in == 3 && (in[2]->ndim != 1 || in[2]->shape[0] != OC))
+            SHAPE_FAIL("bias '%s' must be [%lld]", in[2]->name, (long long)OC);
+        for (int d = 0; d < 2; d++) {
+            if (in[1]->shape[1 + d] > INT32_MAX)
+                SHAPE_FAIL("weight '%s' %s: a window of more than %d", in[1]->name, b, INT32_MAX);
+            if (n->kernel[d] != 0 && n->kernel[d] != in[1]->shape[1 + d])
+                SHAPE_FAIL("kernel %dx%d differs from the window of weight '%s' %s", PAIR(n->kernel),
+                           in[1]->name, b);
+            n->kernel[d] = (int)in[1]->shape[1 + d]; /* the weight's window */
+            if (n->stride[d] == 0)
+                n->stride[d] = 1;
+            if (n->dilation[d] == 0)
+                n->dilation[d] = 1;
+        }
+    } else {
+        for (int d = 0; d < 2; d++) {
+            if (n->kernel[d] < 1)
+                SHAPE_FAIL("needs a window: kernel %dx%d (1 or more on each side)", PAIR(n->kernel));
+            if (n->stride[d] == 0)
+                n->stride[d] = n->kernel[d];
+            n->dilation[d] = 1;
+            if (n->pad[d] > n->kernel[d] / 2)
+                SHAPE_FAIL("padding %dx%d is more than half the window %dx%d", PAIR(n->pad),
+                           PAIR(n->kernel));
+        }
+        n->groups = 1;
+    }
+    int64_t out[2];
+    for (int d = 0; d < 2; d++) {
+        if (n->stride[d] < 1 || n->pad[d] < 0 || n->dilation[d] < 1)
+            SHAPE_FAIL("stride %dx%d, padding %dx%d and dilation %dx%d: strides and dilations are "
+                       "1 or more, padding 0 or more", PAIR(n->stride), PAIR(n->pad),
+                       PAIR(n->dilation));
+        out[d] = window_out(in[0]->shape[1 + d], n->kernel[d], n->stride[d], n->pad[d],
+                            n->dilation[d]);
+        if (out[d] < 1)
+            SHAPE_FAIL("the window %dx%d (dilation %dx%d) does not fit input '%s' %s padded by "
+                       "%dx%d; use a smaller window or more padding", PAIR(n->kernel),
+                       PAIR(n->dilation), in[0]->name, a, PAIR(n->pad));
+    }
+    int64_t s[4] = {in[0]->shape[0], out[0], out[1], OC};
+    return expect_shape(g, n, s, 4, err);
+}
+
+/* batchnorm: x[...,C], w[C], b[C], and its running statistics, a buffer
+ * running[2,C] (mean, then variance) that no other node updates. */
+static int check_batchnorm(struct tr_graph *g, struct tr_node *n, struct tr_tensor *const in[3],
+                           tr_err *err)
+{
+    char a[64];
+    int64_t C = last_dim(in[0]);
+    shape_text(in[0], a, sizeof a);
+    if (in[0]->ndim < 2)
+        SHAPE_FAIL("input '%s' %s must have a batch dimension and channels last", in[0]->name, a);
+    if (in[1]->numel != (size_t)C || in[2]->numel != (size_t)C)
+        SHAPE_FAIL("weight '%s' and bias '%s' must have %lld elements (the channels of '%s' %s)",
+                   in[1]->name, in[2]->name, (long long)C, in[0]->name, a);
+    if (n->buffer < 0 || n->buffer >= g->n_tensors || g->tensors[n->buffer].role != TR_ROLE_BUFFER)
+        SHAPE_FAIL("needs its running statistics: a buffer tensor running[2,%lld] (the buffer "
+                   "attribute)", (long long)C);
+    const struct tr_tensor *buf = &g->tensors[n->buffer];
+    if (buf->ndim != 2 || buf->shape[0] != 2 || buf->shape[1] != C) {
+        shape_text(buf, a, sizeof a);
+        SHAPE_FAIL("buffer '%s' %s must be [2,%lld]: the running mean and variance of each "
+                   "channel", buf->name, a, (long long)C);
+    }
+    for (const struct tr_node *o = g->nodes; o < n; o++)
+        if (o->op == TR_OP_BATCHNORM && o->buffer == n->buffer)
+            SHAPE_FAIL("buffer '%s' is already the running statistics of '%s'; each batchnorm "
+                       "needs its own", buf->name, o->name);
+    if (!(n->eps > 0)) /* NaN too */
+        n->eps = 1e-5f;
+    if (n->momentum == 0)
+        n->momentum = 0.1f;
+    if (!(n->momentum > 0 && n->momentum <= 1))
+        SHAPE_FAIL("momentum %g must be above 0 and at most 1 (the weight of each batch in the "
+                   "running statistics; 0.1 in PyTorch)", (double)n->momentum);
+    if (expect_shape(g, n, in[0]->shape, in[0]->ndim, err) != TR_OK)
+        return TR_ERROR;
+    add_aux(g, n, "mean", 1, &C);
+    add_aux(g, n, "rstd", 1, &C);
+    return TR_OK;
+}
+
 static int check_node(struct tr_graph *g, struct tr_node *n, tr_err *err)
 {
     struct tr_tensor *in[3] = {NULL, NULL, NULL};
@@ -205,7 +329,9 @@ static int check_node(struct tr_graph *g, struct tr_node *n, tr_err *err)
         [TR_OP_LINEAR] = {2, 3},    [TR_OP_MATMUL] = {2, 2},   [TR_OP_LAYERNORM] = {3, 3},
         [TR_OP_GELU] = {1, 1},      [TR_OP_RELU] = {1, 1},     [TR_OP_ATTENTION] = {1, 3},
         [TR_OP_CROSS_ENTROPY] = {2, 2}, [TR_OP_RMSNORM] = {2, 2}, [TR_OP_ROPE] = {1, 1},
-        [TR_OP_SWIGLU] = {2, 2},    [TR_OP_SCALE] = {1, 1},
+        [TR_OP_SWIGLU] = {2, 2},    [TR_OP_SCALE] = {1, 1},    [TR_OP_CONV2D] = {2, 3},
+        [TR_OP_MAXPOOL] = {1, 1},   [TR_OP_AVGPOOL] = {1, 1},  [TR_OP_GLOBAL_AVGPOOL] = {1, 1},
+        [TR_OP_BATCHNORM] = {3, 3},
     };
     if ((unsigned)n->op >= TR_OP_COUNT)
         SHAPE_FAIL("unknown op");
@@ -378,6 +504,20 @@ static int check_node(struct tr_graph *g, struct tr_node *n, tr_err *err)
         if (!isfinite(n->scale))
             SHAPE_FAIL("scale %g is not a finite number", (double)n->scale);
         return expect_shape(g, n, in[0]->shape, in[0]->ndim, err);
+    case TR_OP_CONV2D:
+    case TR_OP_MAXPOOL:
+    case TR_OP_AVGPOOL:
+        return check_window(g, n, in, err);
+    case TR_OP_GLOBAL_AVGPOOL:
+        if (in[0]->ndim != 4) {
+            shape_text(in[0], a, sizeof a);
+            SHAPE_FAIL("input '%s' %s must be an image batch x[B,H,W,C]", in[0]->name, a);
+        }
+        s[0] = in[0]->shape[0];
+        s[1] = in[0]->shape[3];
+        return expect_shape(g, n, s, 2, err);
+    case TR_OP_BATCHNORM:
+        return check_batchnorm(g, n, in, err);
     default:
         SHAPE_FAIL("unknown op");
     }
@@ -437,6 +577,12 @@ int tr_graph_check(struct tr_graph *g, tr_err *err)
             if (t >= 0 && t < g->n_tensors && g->tensors[t].role == TR_ROLE_ACTIVATION &&
                 g->tensors[t].producer < 0)
                 return tr_fail(err, "%s '%s': input '%s' is used before any op produces it",
+                               tr_op_name(n->op), n->name, g->tensors[t].name);
+            /* a buffer is state its own batchnorm reads and updates; as an
+             * input it would be read while that node changes it */
+            if (t >= 0 && t < g->n_tensors && g->tensors[t].role == TR_ROLE_BUFFER)
+                return tr_fail(err, "%s '%s': input '%s' is a buffer (running statistics); only "
+                               "batchnorm reads it, through its buffer attribute",
                                tr_op_name(n->op), n->name, g->tensors[t].name);
         }
         n->n_aux = 0;
@@ -521,8 +667,32 @@ static size_t pack_intervals(struct interval *iv, int n)
     return total;
 }
 
+/* Where activations are stored: in the compute dtype when the precision
+ * policy's is 16-bit (bf16, fp16), so what forward keeps for backward takes
+ * half the bytes; in fp32 otherwise.  Three kinds stay fp32 whatever the
+ * policy: the loss (a scalar the run reads), the logits (the run's accuracy,
+ * sampling and evaluation read them as fp32, the loss's gradient for them
+ * is fp32 of the same size anyway, and a loss over rounded logits would be
+ * coarser: PyTorch's autocast upcasts them inside the loss, holding an fp32
+ * copy too) and whatever else a cross-entropy reads.  Gradients, saved aux
+ * (mean, rstd, lse), parameters and inputs keep their dtypes.  Rerun at each
+ * plan, so the same graph planned under fp32 goes back to fp32. */
+static void plan_storage(struct tr_graph *g)
+{
+    enum tr_dtype half = g->compute == TR_BF16 || g->compute == TR_F16 ? g->compute : TR_F32;
+    for (int i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i].role == TR_ROLE_ACTIVATION)
+            g->tensors[i].dtype = i == g->loss || i == g->logits ? TR_F32 : half;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].op == TR_OP_CROSS_ENTROPY && g->nodes[i].n_in > 0 &&
+            g->nodes[i].in[0] >= 0 && g->nodes[i].in[0] < g->n_tensors &&
+            g->tensors[g->nodes[i].in[0]].role == TR_ROLE_ACTIVATION)
+            g->tensors[g->nodes[i].in[0]].dtype = TR_F32;
+}
+
 int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots, tr_err *err)
 {
+    plan_storage(g);
     /* a node the device cannot run is refused before anything is allocated */
     if (TR_HAS_SLOT(be->iface, struct tr_backend_iface, supports_op))
         for (int i = 0; i < g->n_nodes; i++)
@@ -537,6 +707,7 @@ int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer
 void tr_graph_measure(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots)
 {
     tr_err ignored;
+    plan_storage(g);
     plan(g, be, optimizer_slots, 0, &ignored);
 }
 
@@ -571,9 +742,18 @@ static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_s
             if (pass == 0)
                 g->n_decay = g->n_params;
         }
-    m->params = g->n_params * sizeof(float);
-    m->grads = m->params;
-    m->optimizer = sat_mul((size_t)optimizer_slots, m->params);
+    m->grads = g->n_params * sizeof(float);
+    m->optimizer = sat_mul((size_t)optimizer_slots, m->grads);
+    /* buffers (batch norm's running statistics): fp32 state beside the
+     * parameters, in their own array; counted in the parameters row, as
+     * they are model state a checkpoint holds, never trained */
+    g->n_buffers = 0;
+    for (int i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i].role == TR_ROLE_BUFFER) {
+            g->tensors[i].offset = g->n_buffers;
+            g->n_buffers += g->tensors[i].numel;
+        }
+    m->params = (g->n_params + g->n_buffers) * sizeof(float);
 
     /* activations and saved tensors: each its own slot (all live until
      * backward), except the internals of recomputed segments, which share
@@ -675,7 +855,9 @@ static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_s
     g->input_arena = bi->alloc(be->context, in_bytes);
     g->scratch = g->scratch_floats ? bi->alloc(be->context, m->scratch) : NULL;
     g->recompute_arena = m->recompute ? bi->alloc(be->context, m->recompute) : NULL;
+    g->buffers = g->n_buffers ? bi->alloc(be->context, g->n_buffers * sizeof(float)) : NULL;
     if (!g->params || !g->grads || !g->activation_arena || (grad_arena && !g->grad_arena) ||
+        (g->n_buffers && !g->buffers) ||
         !g->input_arena || (g->scratch_floats && !g->scratch) || (m->recompute && !g->recompute_arena)) {
         char need[32];
         tr_format_bytes((double)m->params + (double)m->grads + (double)act_bytes +
@@ -695,6 +877,9 @@ static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_s
             break;
         case TR_ROLE_INPUT:
             t->data = (char *)g->input_arena + slot[i];
+            break;
+        case TR_ROLE_BUFFER:
+            t->data = g->buffers + t->offset;
             break;
         default:
             t->data = (char *)(shared[i] ? g->recompute_arena : g->activation_arena) + slot[i];
@@ -722,10 +907,25 @@ static uint64_t hash_name(const char *s)
     return h;
 }
 
+/* A buffer's starting values: batch norm's running[2,C] starts at mean 0
+ * and variance 1 (as PyTorch), so eval before any training step
+ * normalises nothing. */
+static void init_buffer(const struct tr_tensor *t, const struct tr_backend *be)
+{
+    float *host = tr_xcalloc(t->numel, sizeof *host);
+    int64_t C = t->shape[t->ndim - 1];
+    for (size_t j = (size_t)C; t->ndim == 2 && t->shape[0] == 2 && j < t->numel; j++)
+        host[j] = 1.0f;
+    be->iface->upload(be->context, t->data, host, t->numel * sizeof(float));
+    free(host);
+}
+
 void tr_graph_init_params(struct tr_graph *g, const struct tr_backend *be, uint64_t seed)
 {
     for (int i = 0; i < g->n_tensors; i++) {
         struct tr_tensor *t = &g->tensors[i];
+        if (t->role == TR_ROLE_BUFFER)
+            init_buffer(t, be);
         if (t->role != TR_ROLE_PARAM)
             continue;
         float *host = tr_xcalloc(t->numel, sizeof *host);
@@ -796,8 +996,12 @@ void tr_graph_backward(struct tr_graph *g, const struct tr_backend *be)
             int first = i;
             while (first > 0 && g->nodes[first - 1].segment == n->segment)
                 first--;
+            /* the segment's forward ran once already: its batch norms must
+             * not move their running statistics a second time */
+            g->recomputing = 1;
             for (int j = first; j <= i; j++)
                 be->iface->forward(be->context, g, &g->nodes[j]);
+            g->recomputing = 0;
         }
         int any = n->out == g->loss;
         for (int k = 0; k < n->n_in; k++)
@@ -828,7 +1032,7 @@ void tr_graph_free(struct tr_graph *g, const struct tr_backend *be)
         return;
     if (be) {
         void *bufs[] = {g->params, g->grads, g->activation_arena, g->grad_arena, g->input_arena,
-                        g->scratch, g->recompute_arena};
+                        g->scratch, g->recompute_arena, g->buffers};
         for (size_t i = 0; i < TR_ARRAY_LEN(bufs); i++)
             if (bufs[i])
                 be->iface->free(be->context, bufs[i]);
@@ -864,7 +1068,11 @@ void tr_graph_print_memory(const struct tr_graph *g, FILE *out)
     struct tr_memory_row rows[9];
     size_t n = tr_memory_rows(m, rows);
     char buf[32];
-    fprintf(out, "memory plan (micro-batch %d, %zu parameters):\n", g->batch, g->n_params);
+    if (g->n_buffers) /* the parameters row holds them too */
+        fprintf(out, "memory plan (micro-batch %d, %zu parameters, %zu buffer floats):\n",
+                g->batch, g->n_params, g->n_buffers);
+    else
+        fprintf(out, "memory plan (micro-batch %d, %zu parameters):\n", g->batch, g->n_params);
     for (size_t i = 0; i < n; i++) {
         tr_format_bytes((double)rows[i].bytes, buf, sizeof buf);
         fprintf(out, "  %-22s %12s  (%zu bytes)\n", rows[i].what, buf, rows[i].bytes);
@@ -923,6 +1131,28 @@ void tr_graph_count_flops(const struct tr_graph *g, struct tr_flops *f)
         }
     free(multiplied);
     f->per_token = 6.0 * (f->params - f->lookup_params) + f->attention;
+    /* an image model: multiply-adds per sample from the shapes (a conv's
+     * weights multiply at every output position) */
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct tr_node *n = &g->nodes[i];
+        if (n->op != TR_OP_CONV2D)
+            continue;
+        const struct tr_tensor *w = &g->tensors[n->in[1]], *y = &g->tensors[n->out];
+        /* per output element: KH x KW x IC/groups, the weight's row */
+        f->conv += 6.0 * (double)(y->numel / (size_t)y->shape[0]) * (double)(w->numel / (size_t)w->shape[0]);
+        f->convs++;
+    }
+    if (!f->convs)
+        return;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct tr_node *n = &g->nodes[i];
+        if (n->op != TR_OP_LINEAR && n->op != TR_OP_MATMUL)
+            continue;
+        const struct tr_tensor *x = &g->tensors[n->in[0]], *y = &g->tensors[n->out];
+        /* rows of the output per sample x the inner dimension x the outputs */
+        f->dense += 6.0 * (double)(y->numel / (size_t)y->shape[0]) * (double)last_dim(x);
+    }
+    f->per_token = f->conv + f->dense;
 }
 
 double tr_graph_flops_per_token(const struct tr_graph *g)

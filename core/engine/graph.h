@@ -58,14 +58,25 @@ void tr_graph_print_memory(const struct tr_graph *g, FILE *out);
  * 6 x the parameters that multiply (2 forward, 4 backward; a table only
  * embedding lookups read, as an untied input embedding, multiplies
  * nothing) plus 12 x T x W per attention layer for the scores and the
- * mixing, W the query width heads x D (grouped-query attention included). */
+ * mixing, W the query width heads x D (grouped-query attention included).
+ * A model with convolutions (an image model) is counted per sample from
+ * its shapes instead, since a convolution's weights multiply once per
+ * output position: 6 x the multiply-adds of its convolutions
+ * (OH x OW x OC x KH x KW x IC/groups each) and linear layers (their
+ * weight's elements x rows per sample); batch norm, pooling and
+ * activations, a few FLOPs per element, are left out as norms and
+ * activations are from the transformers' count. */
 struct tr_flops {
     double params;          /* every parameter */
     double lookup_params;   /* read only by embedding lookups: no FLOPs */
     double attention;       /* 12 x sum over attention nodes of T x W */
     int64_t layers;         /* attention nodes */
     int64_t seq_len, width; /* T and W of the first attention node */
-    double per_token;       /* 6 x (params - lookup_params) + attention */
+    double per_token;       /* 6 x (params - lookup_params) + attention; image models:
+                             * conv + dense (per sample) */
+    int64_t convs;          /* conv2d nodes; > 0: an image model, counted per sample */
+    double conv;            /* 6 x the convolutions' multiply-adds per sample */
+    double dense;           /* 6 x the linear layers' multiply-adds per sample (image models) */
 };
 void tr_graph_count_flops(const struct tr_graph *g, struct tr_flops *f);
 double tr_graph_flops_per_token(const struct tr_graph *g);

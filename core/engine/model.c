@@ -152,6 +152,43 @@ static int real_field(struct reader *rd, int t, const char *key, double fallback
     return TR_OK;
 }
 
+/* An optional spatial attribute: a whole number n (n on both sides) or a
+ * pair {h, w}, each in [lo, hi]; both 0 when absent (the core's default). */
+static int pair_field(struct reader *rd, int t, const char *key, int lo, int hi, const char *owner,
+                      int out[2])
+{
+    lua_State *L = rd->L;
+    int type = raw_field(L, t, key);
+    int64_t v[2] = {0, 0};
+    int ok = type == LUA_TNIL;
+    if (type == LUA_TNUMBER) {
+        ok = whole_number(L, -1, lo, hi, &v[0]);
+        v[1] = v[0];
+    } else if (type == LUA_TTABLE && lua_objlen(L, -1) == 2) {
+        ok = 1;
+        for (int d = 0; d < 2 && ok; d++) {
+            lua_rawgeti(L, -1, d + 1);
+            ok = whole_number(L, -1, lo, hi, &v[d]);
+            lua_pop(L, 1);
+        }
+    }
+    if (!ok) {
+        char got[96];
+        if (type == LUA_TTABLE)
+            snprintf(got, sizeof got, "a table that is not {h, w} within range");
+        else
+            describe(L, -1, got, sizeof got);
+        tr_fail(rd->err, "model: %s: '%s' is %s; it must be a whole number from %d to %d, or a "
+                "pair {h, w} of them", owner, key, got, lo, hi);
+        lua_pop(L, 1);
+        return TR_ERROR;
+    }
+    lua_pop(L, 1);
+    out[0] = (int)v[0];
+    out[1] = (int)v[1];
+    return TR_OK;
+}
+
 static int by_name(const void *a, const void *b)
 {
     const struct tr_tensor *const *x = a, *const *y = b;
@@ -172,8 +209,9 @@ static int read_tensors(struct reader *rd, int gi)
         lua_pop(L, 1);
         return tr_fail(rd->err, "model: the graph has %zu tensors; a model has 1 to %d", nt, MAX_TENSORS);
     }
-    static const char *const roles[] = {"input", "param", "activation", NULL};
-    static const enum tr_role role_of[] = {TR_ROLE_INPUT, TR_ROLE_PARAM, TR_ROLE_ACTIVATION};
+    static const char *const roles[] = {"input", "param", "activation", "buffer", NULL};
+    static const enum tr_role role_of[] = {TR_ROLE_INPUT, TR_ROLE_PARAM, TR_ROLE_ACTIVATION,
+                                           TR_ROLE_BUFFER};
     static const char *const dtypes[] = {"f32", "i32", NULL};
     static const char *const inits[] = {"normal", "ones", "zeros", NULL};
     static const enum tr_init init_of[] = {TR_INIT_NORMAL, TR_INIT_ONES, TR_INIT_ZEROS};
@@ -322,6 +360,28 @@ static int read_nodes(struct reader *rd, int gi)
             real_field(rd, e, "theta", 10000.0, 1, owner, &n.theta) != TR_OK ||
             real_field(rd, e, "scale", 1.0, 0, owner, &n.scale) != TR_OK)
             return TR_ERROR;
+        /* convolutions, pooling, batch norm: 0 (absent) takes the core's
+         * default (stride 1 or the window, dilation 1, groups 1) */
+        if (pair_field(rd, e, "kernel", 1, 65536, owner, n.kernel) != TR_OK ||
+            pair_field(rd, e, "stride", 1, 65536, owner, n.stride) != TR_OK ||
+            pair_field(rd, e, "pad", 0, 65536, owner, n.pad) != TR_OK ||
+            pair_field(rd, e, "dilation", 1, 65536, owner, n.dilation) != TR_OK ||
+            int_field(rd, e, "groups", 1, INT32_MAX, 0, owner, &n.groups) != TR_OK)
+            return TR_ERROR;
+        int mtype = raw_field(L, e, "momentum");
+        double momentum = mtype == LUA_TNIL ? 0.1 : lua_tonumber(L, -1);
+        lua_pop(L, 1);
+        if (mtype != LUA_TNIL && (mtype != LUA_TNUMBER || !(momentum <= 1 && (float)momentum > 0)))
+            return tr_fail(rd->err, "model: %s: 'momentum' must be a number above 0 and at most 1 "
+                           "(the weight of each batch in the running statistics)", owner);
+        n.momentum = (float)momentum;
+        n.buffer = -1;
+        if (raw_field(L, e, "buffer") != LUA_TNIL) {
+            snprintf(what, sizeof what, "%s: the buffer", owner);
+            if (tensor_id(rd, -1, what, &n.buffer) != TR_OK)
+                return TR_ERROR;
+        }
+        lua_pop(L, 1);
         tr_graph_add_node(g, &n);
         lua_pop(L, 1); /* the node */
     }

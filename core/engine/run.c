@@ -170,8 +170,12 @@ int tr_run_evaluate_split(struct run *r, enum tr_split split, uint64_t max_batch
     uint64_t mine = n / (uint64_t)r->world + ((uint64_t)r->rank < n % (uint64_t)r->world);
     double sum = 0, weights = 0; /* the loss as the mean over every counted target */
     int64_t correct = 0, counted = 0;
+    /* eval mode: batch norm normalises with its running statistics and
+     * updates nothing (training resumes in training mode) */
+    r->g->training = 0;
     for (uint64_t i = 0; i < mine; i++) {
         if (load_micro_batch(r, val, NULL, err) != TR_OK) {
+            r->g->training = 1;
             tr_loader_close(val);
             return TR_ERROR;
         }
@@ -189,6 +193,7 @@ int tr_run_evaluate_split(struct run *r, enum tr_split split, uint64_t max_batch
             counted += valid;
         }
     }
+    r->g->training = 1;
     tr_loader_close(val);
     if (r->comm) {
         float totals[4] = {(float)sum, (float)correct, (float)counted, (float)weights};

@@ -185,6 +185,11 @@ static int share_resume(struct run *r, int *rc, struct tr_run_state *st, char *n
         tr_comm_broadcast(r->comm, name, name_size, 0, err) != TR_OK ||
         tr_comm_broadcast(r->comm, r->g->params, bytes, 0, err) != TR_OK)
         return TR_ERROR;
+    /* buffers (batch norm's running statistics) are rank 0's too: the
+     * checkpoint holds rank 0's, the ranks then move them apart again */
+    if (r->g->n_buffers && tr_comm_broadcast(r->comm, r->g->buffers,
+                                             r->g->n_buffers * sizeof(float), 0, err) != TR_OK)
+        return TR_ERROR;
     for (int k = 0; k < r->opt.desc->state_slots; k++) {
         if (!tr_run_sharded(r)) {
             if (tr_comm_broadcast(r->comm, r->opt.state[k], bytes, 0, err) != TR_OK)

@@ -346,6 +346,7 @@ int tr_sample(const struct tr_sample_flags *fl)
     if (loaded != TR_OK)
         goto fail;
     struct tr_graph *g = r->g;
+    g->training = 0; /* generation is evaluation: no running statistics move */
     struct tr_tensor *in = &g->tensors[g->inputs[0]];
     if (in->dtype != TR_I32 || g->logits < 0) {
         tr_fail(&err, "sample needs a language model (token inputs and logits)");

@@ -204,6 +204,137 @@ function Graph:scale(x, s, name)
   return node(self, "scale", { x }, x.shape, { scale = s }, name)
 end
 
+-- ---- Convolutional ops.  Images are channel-last, x [B,H,W,C] (the layout
+-- oneDNN's and cuDNN's fastest convolutions take); conv weights are
+-- [OC,KH,KW,IC/groups].  Spatial options are a number n (n x n) or a pair
+-- {h, w}.  Per spatial dimension the output is
+-- floor((in + 2 pad - dilation (k - 1) - 1) / stride) + 1.
+
+-- {h, w} from a number or a pair of whole numbers >= lo
+local function pair(op, key, v, lo)
+  local p = type(v) == "number" and { v, v } or v
+  if type(p) ~= "table" or #p ~= 2 then
+    error(("%s: %s must be a number or a pair {h, w}, got %s"):format(op, key, tostring(v)), 3)
+  end
+  for i = 1, 2 do
+    local d = p[i]
+    if type(d) ~= "number" or d ~= math.floor(d) or d < lo or d > 65536 then
+      error(("%s: %s must be whole numbers from %d to 65536, got %s"):format(op, key, lo, tostring(d)), 3)
+    end
+  end
+  return { p[1], p[2] }
+end
+
+local function image(op, x)
+  if type(x) ~= "table" or not x.shape or #x.shape ~= 4 then
+    error(("%s: the input must be an image batch [B,H,W,C] (channel-last), got %s"):format(
+      op, x and x.shape and shape_str(x.shape) or tostring(x)), 3)
+  end
+end
+
+-- output size of one spatial dimension, or an error naming the op
+local function window_out(op, x, d, k, stride, pad, dilation)
+  local span = dilation * (k - 1) + 1
+  local n = x.shape[1 + d] + 2 * pad - span
+  if n < 0 then
+    error(("%s: the window %d (dilation %d) does not fit %s %s padded by %d"):format(
+      op, k, dilation, x.name, shape_str(x.shape), pad), 3)
+  end
+  return math.floor(n / stride) + 1
+end
+
+-- y = conv(x, w) (+ b): x [B,H,W,IC], w [OC,KH,KW,IC/groups], b [OC].
+-- opts: stride (1), pad (0), dilation (1), groups (1; IC for depthwise)
+function Graph:conv2d(x, w, b, opts, name)
+  image("conv2d", x)
+  opts = opts or {}
+  local stride, pad = pair("conv2d", "stride", opts.stride or 1, 1), pair("conv2d", "pad", opts.pad or 0, 0)
+  local dilation = pair("conv2d", "dilation", opts.dilation or 1, 1)
+  local groups = opts.groups or 1
+  local IC = x.shape[4]
+  if #w.shape ~= 4 then
+    error(("conv2d: weight %s %s must be [OC,KH,KW,IC/groups]"):format(w.name, shape_str(w.shape)), 2)
+  end
+  if type(groups) ~= "number" or groups < 1 or groups ~= math.floor(groups) or IC % groups ~= 0
+     or w.shape[1] % groups ~= 0 then
+    error(("conv2d: groups %s must divide the %d input and %d output channels"):format(
+      tostring(groups), IC, w.shape[1]), 2)
+  end
+  if w.shape[4] ~= IC / groups then
+    error(("conv2d: weight %s %s needs %d input channels (%s %s over %d groups)"):format(
+      w.name, shape_str(w.shape), IC / groups, x.name, shape_str(x.shape), groups), 2)
+  end
+  if b and (#b.shape ~= 1 or b.shape[1] ~= w.shape[1]) then
+    error(("conv2d: bias %s %s must be [%d]"):format(b.name, shape_str(b.shape), w.shape[1]), 2)
+  end
+  local s = { x.shape[1], window_out("conv2d", x, 1, w.shape[2], stride[1], pad[1], dilation[1]),
+              window_out("conv2d", x, 2, w.shape[3], stride[2], pad[2], dilation[2]), w.shape[1] }
+  return node(self, "conv2d", b and { x, w, b } or { x, w }, s,
+              { stride = stride, pad = pad, dilation = dilation, groups = groups }, name)
+end
+
+local function pool(g, op, x, kernel, opts, name)
+  image(op, x)
+  opts = opts or {}
+  local k = pair(op, "kernel", kernel, 1)
+  local stride = pair(op, "stride", opts.stride or k, 1)
+  local pad = pair(op, "pad", opts.pad or 0, 0)
+  for i = 1, 2 do
+    if pad[i] > math.floor(k[i] / 2) then
+      error(("%s: padding %d is more than half the window %d"):format(op, pad[i], k[i]), 3)
+    end
+  end
+  local s = { x.shape[1], window_out(op, x, 1, k[1], stride[1], pad[1], 1),
+              window_out(op, x, 2, k[2], stride[2], pad[2], 1), x.shape[4] }
+  return node(g, op, { x }, s, { kernel = k, stride = stride, pad = pad }, name)
+end
+
+-- max over each kernel window (padding never wins); opts: stride (the window), pad (0)
+function Graph:maxpool(x, kernel, opts, name) return pool(self, "maxpool", x, kernel, opts, name) end
+-- mean over each kernel window, padding counted as zeros; opts as maxpool
+function Graph:avgpool(x, kernel, opts, name) return pool(self, "avgpool", x, kernel, opts, name) end
+
+-- x [B,H,W,C] -> [B,C], the mean over H and W
+function Graph:global_avgpool(x, name)
+  image("global_avgpool", x)
+  return node(self, "global_avgpool", { x }, { x.shape[1], x.shape[4] }, nil, name)
+end
+
+-- A buffer: state a node updates in training and reads in eval (batch
+-- norm's running statistics), fp32, never trained, saved in checkpoints
+-- beside the parameters.
+function Graph:buffer(name, shape)
+  return new_tensor(self, name, "buffer", shape, "f32")
+end
+
+-- Batch normalisation over every dimension but the last (channels):
+-- x [...,C], w [C], b [C], running [2,C] (a buffer: running mean, then
+-- running unbiased variance).  Training normalises with the batch's
+-- statistics and moves running by momentum; eval uses running.
+function Graph:batchnorm(x, w, b, running, opts, name)
+  opts = opts or {}
+  local C = last(x.shape)
+  if #x.shape < 2 then
+    error(("batchnorm: %s %s needs a batch dimension and channels last"):format(x.name, shape_str(x.shape)), 2)
+  end
+  if w.shape[1] ~= C or b.shape[1] ~= C or #w.shape ~= 1 or #b.shape ~= 1 then
+    error(("batchnorm: weight %s and bias %s must be [%d], the channels of %s %s"):format(
+      w.name, b.name, C, x.name, shape_str(x.shape)), 2)
+  end
+  if type(running) ~= "table" or running.role ~= "buffer" or shape_str(running.shape) ~= shape_str { 2, C } then
+    error(("batchnorm: running must be a buffer [2,%d] (g:buffer)"):format(C), 2)
+  end
+  local momentum, eps = opts.momentum or 0.1, opts.eps or 1e-5
+  if type(momentum) ~= "number" or not (momentum > 0 and momentum <= 1) then
+    error(("batchnorm: momentum must be above 0 and at most 1, got %s"):format(tostring(momentum)), 2)
+  end
+  if type(eps) ~= "number" or not (eps > 0 and eps < 1) then
+    error(("batchnorm: eps must be between 0 and 1, got %s"):format(tostring(eps)), 2)
+  end
+  return node(self, "batchnorm", { x, w, b }, x.shape,
+              { eps = eps, momentum = momentum, buffer = running.id }, name)
+end
+
 function Graph:cross_entropy(logits, targets, ignore_index, name)
   return node(self, "cross_entropy", { logits, targets }, { 1 }, { ignore_index = ignore_index or -1 }, name or "loss")
 end
@@ -227,6 +358,32 @@ end
 function Graph:RMSNorm(prefix, x, eps)
   local w = self:param(prefix .. ".weight", { last(x.shape) }, { init = "ones", decay = false })
   return self:rmsnorm(x, w, eps, prefix)
+end
+
+-- A convolution layer named prefix.weight [OC,KH,KW,IC/groups] (He init,
+-- std sqrt(2 / fan_in)) and prefix.bias unless opts.bias == false.
+-- kernel: a number or {KH, KW}; opts as conv2d, plus std.
+function Graph:Conv2d(prefix, x, out_channels, kernel, opts)
+  opts = opts or {}
+  image("Conv2d", x)
+  local k = pair("Conv2d", "kernel", kernel, 1)
+  local groups = opts.groups or 1
+  local fan_in = k[1] * k[2] * x.shape[4] / groups
+  local w = self:param(prefix .. ".weight", { out_channels, k[1], k[2], x.shape[4] / groups },
+                       { std = opts.std or math.sqrt(2 / fan_in) })
+  local b = opts.bias ~= false and self:param(prefix .. ".bias", { out_channels }, { init = "zeros" }) or nil
+  return self:conv2d(x, w, b, opts, prefix)
+end
+
+-- Batch norm with a learned scale (ones, or zeros with opts.zero_init)
+-- and shift (zeros), neither weight-decayed, and running statistics in
+-- the buffer prefix.running [2,C].  opts: momentum, eps, zero_init.
+function Graph:BatchNorm(prefix, x, opts)
+  opts = opts or {}
+  local C = last(x.shape)
+  local w = self:param(prefix .. ".weight", { C }, { init = opts.zero_init and "zeros" or "ones", decay = false })
+  local b = self:param(prefix .. ".bias", { C }, { init = "zeros", decay = false })
+  return self:batchnorm(x, w, b, self:buffer(prefix .. ".running", { 2, C }), opts, prefix)
 end
 
 -- The graph as plain tables for the core.  loss is required; logits lets
