@@ -115,6 +115,45 @@ static struct bf16_operands bf16_inputs(const struct tr_graph *g, const struct t
 /* attention with q, k, v inputs: key/value heads (0, as a packed node's, means heads) */
 static int kv_heads(const struct tr_node *n) { return n->kv_heads > 0 ? n->kv_heads : n->heads; }
 
+/* ---- convolutional ops: geometry from the node's tensors and attributes */
+static struct tr_cpu_conv_shape conv_shape(const struct tr_graph *g, const struct tr_node *n)
+{
+    const struct tr_tensor *x = T(0), *w = T(1), *o = OUT;
+    struct tr_cpu_conv_shape s = {
+        .B = (int)x->shape[0], .H = (int)x->shape[1], .W = (int)x->shape[2],
+        .IC = (int)x->shape[3], .OC = (int)w->shape[0], .KH = (int)w->shape[1],
+        .KW = (int)w->shape[2], .OH = (int)o->shape[1], .OW = (int)o->shape[2],
+        .groups = n->groups > 0 ? n->groups : 1,
+    };
+    for (int d = 0; d < 2; d++) {
+        s.stride[d] = n->stride[d] > 0 ? n->stride[d] : 1;
+        s.pad[d] = n->pad[d];
+        s.dilation[d] = n->dilation[d] > 0 ? n->dilation[d] : 1;
+    }
+    return s;
+}
+
+static struct tr_cpu_pool_shape pool_shape(const struct tr_graph *g, const struct tr_node *n)
+{
+    const struct tr_tensor *x = T(0), *o = OUT;
+    struct tr_cpu_pool_shape s = {
+        .B = (int)x->shape[0], .H = (int)x->shape[1], .W = (int)x->shape[2],
+        .C = (int)x->shape[3], .KH = n->kernel[0], .KW = n->kernel[1],
+        .OH = (int)o->shape[1], .OW = (int)o->shape[2],
+    };
+    for (int d = 0; d < 2; d++) {
+        s.stride[d] = n->stride[d] > 0 ? n->stride[d] : n->kernel[d];
+        s.pad[d] = n->pad[d];
+    }
+    return s;
+}
+
+/* batch norm's running[2,C] (its TR_ROLE_BUFFER tensor) */
+static float *bn_running(const struct tr_graph *g, const struct tr_node *n)
+{
+    return n->buffer >= 0 && n->buffer < g->n_tensors ? F(&g->tensors[n->buffer]) : NULL;
+}
+
 static size_t cpu_scratch_floats(void *ctx, const struct tr_graph *g, const struct tr_node *n)
 {
     (void)ctx;
@@ -122,6 +161,12 @@ static size_t cpu_scratch_floats(void *ctx, const struct tr_graph *g, const stru
         return bf16_floats(T(0)->numel) + bf16_floats(T(1)->numel) + bf16_floats(OUT->numel);
     if ((n->op == TR_OP_LINEAR || n->op == TR_OP_MATMUL) && half_gemm(g)) /* x, w, dout rounded */
         return T(0)->numel + T(1)->numel + OUT->numel;
+    if (n->op == TR_OP_CONV2D) { /* 16-bit copies, reordered weights, oneDNN's scratchpads */
+        struct tr_cpu_conv_shape s = conv_shape(g, n);
+        return tr_cpu_conv2d_scratch_floats(&s, n->n_in == 3, g->compute);
+    }
+    if (n->op == TR_OP_BATCHNORM) /* ordered partial sums */
+        return tr_cpu_batchnorm_scratch_floats(rows(T(0)), cols(T(0)));
     if (n->op == TR_OP_RMSNORM) /* dw's partial sums */
         return tr_cpu_rmsnorm_scratch_floats(rows(T(0)), cols(T(0)));
     if (n->op == TR_OP_ROPE) /* the cos/sin table */
@@ -213,6 +258,37 @@ static void cpu_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
         break;
     case TR_OP_SCALE:
         tr_cpu_scale_forward(F(OUT), F(T(0)), n->scale, OUT->numel);
+        break;
+    case TR_OP_CONV2D: {
+        struct tr_cpu_conv_shape s = conv_shape(g, n);
+        tr_cpu_conv2d_forward(F(OUT), F(T(0)), F(T(1)), n->n_in == 3 ? F(T(2)) : NULL, g->scratch,
+                              &s, g->compute);
+        break;
+    }
+    case TR_OP_MAXPOOL: {
+        struct tr_cpu_pool_shape s = pool_shape(g, n);
+        tr_cpu_maxpool_forward(F(OUT), F(T(0)), &s);
+        break;
+    }
+    case TR_OP_AVGPOOL: {
+        struct tr_cpu_pool_shape s = pool_shape(g, n);
+        tr_cpu_avgpool_forward(F(OUT), F(T(0)), &s);
+        break;
+    }
+    case TR_OP_GLOBAL_AVGPOOL:
+        tr_cpu_global_avgpool_forward(F(OUT), F(T(0)), (int)T(0)->shape[0],
+                                      (int)(T(0)->shape[1] * T(0)->shape[2]), cols(T(0)));
+        break;
+    case TR_OP_BATCHNORM:
+        if (g->training) /* a recomputed forward must not move the running statistics again */
+            tr_cpu_batchnorm_forward_train(F(OUT), AUX(0), AUX(1),
+                                           g->recomputing ? NULL : bn_running(g, n), g->scratch,
+                                           F(T(0)), F(T(1)), F(T(2)), rows(T(0)), cols(T(0)),
+                                           n->eps, n->momentum);
+        else
+            tr_cpu_batchnorm_forward_eval(F(OUT), AUX(0), AUX(1), g->scratch, F(T(0)), F(T(1)),
+                                          F(T(2)), bn_running(g, n), rows(T(0)), cols(T(0)),
+                                          n->eps);
         break;
     case TR_OP_CROSS_ENTROPY:
         tr_cpu_cross_entropy_forward(F(OUT), AUX(0), F(T(0)), I(T(1)), rows(T(0)), cols(T(0)),
@@ -312,6 +388,34 @@ static void cpu_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
         break;
     case TR_OP_SCALE:
         tr_cpu_scale_backward(T(0)->grad, dout, n->scale, OUT->numel);
+        break;
+    case TR_OP_CONV2D: {
+        struct tr_cpu_conv_shape s = conv_shape(g, n);
+        tr_cpu_conv2d_backward(T(0)->grad, T(1)->grad, n->n_in == 3 ? T(2)->grad : NULL,
+                               g->scratch, dout, F(T(0)), F(T(1)), (n->zero_grad_mask & 1u) != 0,
+                               &s, g->compute);
+        break;
+    }
+    case TR_OP_MAXPOOL: {
+        struct tr_cpu_pool_shape s = pool_shape(g, n);
+        if (T(0)->grad)
+            tr_cpu_maxpool_backward(T(0)->grad, dout, F(T(0)), &s);
+        break;
+    }
+    case TR_OP_AVGPOOL: {
+        struct tr_cpu_pool_shape s = pool_shape(g, n);
+        if (T(0)->grad)
+            tr_cpu_avgpool_backward(T(0)->grad, dout, &s);
+        break;
+    }
+    case TR_OP_GLOBAL_AVGPOOL:
+        if (T(0)->grad)
+            tr_cpu_global_avgpool_backward(T(0)->grad, dout, (int)T(0)->shape[0],
+                                           (int)(T(0)->shape[1] * T(0)->shape[2]), cols(T(0)));
+        break;
+    case TR_OP_BATCHNORM:
+        tr_cpu_batchnorm_backward(T(0)->grad, T(1)->grad, T(2)->grad, g->scratch, dout, F(T(0)),
+                                  F(T(1)), AUX(0), AUX(1), rows(T(0)), cols(T(0)), g->training);
         break;
     case TR_OP_CROSS_ENTROPY:
         tr_cpu_cross_entropy_backward(T(0)->grad, F(T(0)), AUX(0), I(T(1)), g->loss_grad,

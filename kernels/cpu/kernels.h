@@ -198,6 +198,90 @@ double tr_cpu_sum_squares(const float *x, size_t n);
 int64_t tr_cpu_count_correct(const float *logits, const int32_t *targets, int N, int V,
                              int ignore_index, int64_t *n_valid);
 
+/* ---- convolutional models: images are channel-last, x[B,H,W,C] ---------- */
+
+/* ---- 2-D convolution (conv.c, on oneDNN's convolution primitives):
+ * x[B,H,W,IC], w[OC,KH,KW,IC/groups], bias[OC] (may be NULL) -> out[B,OH,OW,OC];
+ * output size per dim (in + 2 pad - dilation (k - 1) - 1) / stride + 1, which
+ * the caller computes and checks (OH, OW >= 1, groups dividing IC and OC).
+ * Primitives are created on first use of a shape and kept for the process.
+ * `compute` TR_BF16/TR_F16 rounds x, w (and dout) to that type first: native
+ * bf16 convolutions where tr_cpu_bf16_native_isa() says so, fp32 ones on
+ * rounded copies otherwise; results are fp32.
+ * Scratch: tr_cpu_conv2d_scratch_floats (forward and backward share it; its
+ * contents need not be initialised), which creates the primitives.
+ * Determinism: the forward and dx do not depend on the thread count; dw's
+ * sums are split over oneDNN's threads, so its bits depend on the thread
+ * count (bitwise repeatable for a given count).  db is an ordered row sum. */
+struct tr_cpu_conv_shape {
+    int B, H, W, IC, OC, KH, KW, OH, OW;
+    int stride[2], pad[2], dilation[2], groups;
+};
+size_t tr_cpu_conv2d_scratch_floats(const struct tr_cpu_conv_shape *s, int bias,
+                                    enum tr_dtype compute);
+void tr_cpu_conv2d_forward(float *out, const float *x, const float *w, const float *bias,
+                           float *scratch, const struct tr_cpu_conv_shape *s,
+                           enum tr_dtype compute);
+/* dx += dout conv^T w;  dw += x corr dout;  db += rows' sum of dout (any may
+ * be NULL).  dx_zeroed: dx holds zeros (the graph zeroed it for its first
+ * writer), so the data gradient is written straight into it rather than
+ * through scratch. */
+void tr_cpu_conv2d_backward(float *dx, float *dw, float *db, float *scratch, const float *dout,
+                            const float *x, const float *w, int dx_zeroed,
+                            const struct tr_cpu_conv_shape *s, enum tr_dtype compute);
+
+/* ---- pooling (pool.c, by hand): x[B,H,W,C] -> out[B,OH,OW,C], windows KH x KW
+ * at stride, pad rows/columns on each side (-inf for max, zeros for average,
+ * whose divisor is always KH*KW).  Max backward routes each output's
+ * gradient to its window's first maximum in row-major order, found again
+ * from x (no workspace). */
+struct tr_cpu_pool_shape {
+    int B, H, W, C, KH, KW, OH, OW;
+    int stride[2], pad[2];
+};
+void tr_cpu_maxpool_forward(float *out, const float *x, const struct tr_cpu_pool_shape *s);
+void tr_cpu_maxpool_backward(float *dx, const float *dout, const float *x,
+                             const struct tr_cpu_pool_shape *s);
+void tr_cpu_avgpool_forward(float *out, const float *x, const struct tr_cpu_pool_shape *s);
+void tr_cpu_avgpool_backward(float *dx, const float *dout, const struct tr_cpu_pool_shape *s);
+/* out[B,C] = mean over the HW positions of x[B,HW,C];  dx += dout / HW */
+void tr_cpu_global_avgpool_forward(float *out, const float *x, int B, int HW, int C);
+void tr_cpu_global_avgpool_backward(float *dx, const float *dout, int B, int HW, int C);
+
+/* ---- batch normalisation over the N rows of x[N,C], per channel (batchnorm.c).
+ * Training: mean and biased variance of the batch -> mean[C], rstd[C]
+ * (1/sqrt(var + eps)); running[2,C] (running mean, then unbiased variance,
+ * n/(n-1); NULL: not updated) moves by momentum toward the batch's.
+ * Eval: normalises with running[2,C] and writes its mean and rstd to
+ * mean[C], rstd[C], so backward reads the statistics from the same place.
+ * Backward (training: through the batch statistics; eval: constants):
+ * dx += ..., dw += sum dy xhat, db += sum dy (any may be NULL).
+ * Scratch: tr_cpu_batchnorm_scratch_floats (not initialised).  Sums are
+ * ordered over fixed chunks of rows: bits do not depend on the threads. */
+size_t tr_cpu_batchnorm_scratch_floats(int N, int C);
+void tr_cpu_batchnorm_forward_train(float *out, float *mean, float *rstd, float *running,
+                                    float *scratch, const float *x, const float *w,
+                                    const float *b, int N, int C, float eps, float momentum);
+void tr_cpu_batchnorm_forward_eval(float *out, float *mean, float *rstd, float *scratch,
+                                   const float *x, const float *w, const float *b,
+                                   const float *running, int N, int C, float eps);
+void tr_cpu_batchnorm_backward(float *dx, float *dw, float *db, float *scratch, const float *dout,
+                               const float *x, const float *w, const float *mean,
+                               const float *rstd, int N, int C, int training);
+
+/* ---- bf16 copies of the parameters (param16.c), for the native bf16 GEMMs.
+ * tr_cpu_param16: the bf16 bits of parameter tensor t of g, from a copy of
+ * g's flat parameter buffer made on first use and brought up to date here;
+ * NULL when t is not in g's buffer (the caller converts it itself).  The
+ * backend reports every other write into its memory: tr_cpu_param16_updated
+ * when an optimizer is about to update [p, p+n) (returns where that run's
+ * bf16 copy goes, or NULL), tr_cpu_param16_written for any other write,
+ * tr_cpu_param16_forget when memory is freed. */
+const uint16_t *tr_cpu_param16(const struct tr_graph *g, const struct tr_tensor *t);
+uint16_t *tr_cpu_param16_updated(const float *p, size_t n);
+void tr_cpu_param16_written(const void *p, size_t bytes);
+void tr_cpu_param16_forget(const void *p);
+
 /* ---- The CPU backend (backend.c).  The core opens it by name, "cpu",
  * through tr_cpu_backend_module (kernels/backend.h); tests call these. */
 int tr_cpu_backend_init(struct tr_backend *be, int threads); /* threads 0: one per core */
