@@ -203,7 +203,7 @@ struct op_case {
     const char *name;
     /* adds the node's tensors and node to g (float tensors in dtype dt) */
     void (*build)(struct tr_graph *g, enum tr_dtype dt, const int *dims);
-    int dims[6];
+    int dims[16];
     enum tr_dtype storage; /* of the node's float tensors on the GPU */
     enum tr_dtype compute; /* g->compute on both */
     double tolerance;
@@ -400,6 +400,81 @@ static void build_cross_entropy(struct tr_graph *g, enum tr_dtype dt, const int 
     g->loss = loss;
 }
 
+/* ---- the convolutional ops (channel-last images x[B,H,W,C]) */
+
+static const int64_t *shape4(int64_t a, int64_t b, int64_t c, int64_t d)
+{
+    shape_buf[0] = a;
+    shape_buf[1] = b;
+    shape_buf[2] = c;
+    shape_buf[3] = d;
+    return shape_buf;
+}
+
+static int out_size(int in, int k, int stride, int pad, int dilation)
+{
+    return (in + 2 * pad - dilation * (k - 1) - 1) / stride + 1;
+}
+
+/* dims: B, H, W, IC, OC, KH, KW, SH, SW, PH, PW, DH, DW, groups, bias, x an input (no gradient) */
+static void build_conv2d(struct tr_graph *g, enum tr_dtype dt, const int *d)
+{
+    int B = d[0], H = d[1], W = d[2], IC = d[3], OC = d[4], KH = d[5], KW = d[6];
+    int OH = out_size(H, KH, d[7], d[9], d[11]), OW = out_size(W, KW, d[8], d[10], d[12]);
+    int x = d[15] ? tr_graph_add_tensor(g, "x", TR_ROLE_INPUT, dt, 4, shape4(B, H, W, IC))
+                  : param(g, "x", dt, 4, shape4(B, H, W, IC));
+    int w = param(g, "w", dt, 4, shape4(OC, KH, KW, IC / d[13]));
+    int b = d[14] ? param(g, "b", dt, 1, shape(OC, 0, 0)) : -1;
+    int out = activation(g, dt, 4, shape4(B, OH, OW, OC));
+    add_node(g, (struct tr_node){.op = TR_OP_CONV2D, .name = "conv2d", .in = {x, w, b},
+                                 .n_in = d[14] ? 3 : 2, .out = out, .stride = {d[7], d[8]},
+                                 .pad = {d[9], d[10]}, .dilation = {d[11], d[12]},
+                                 .groups = d[13]});
+    dummy_loss(g);
+}
+
+/* dims: B, H, W, C, KH, KW, SH, SW, PH, PW */
+static void build_pool(struct tr_graph *g, enum tr_dtype dt, const int *d, enum tr_op op)
+{
+    int B = d[0], H = d[1], W = d[2], C = d[3];
+    int OH = out_size(H, d[4], d[6], d[8], 1), OW = out_size(W, d[5], d[7], d[9], 1);
+    int x = param(g, "x", dt, 4, shape4(B, H, W, C));
+    int out = activation(g, dt, 4, shape4(B, OH, OW, C));
+    add_node(g, (struct tr_node){.op = op, .name = (char *)tr_op_name(op), .in = {x}, .n_in = 1,
+                                 .out = out, .kernel = {d[4], d[5]}, .stride = {d[6], d[7]},
+                                 .pad = {d[8], d[9]}, .dilation = {1, 1}, .groups = 1});
+    dummy_loss(g);
+}
+static void build_maxpool(struct tr_graph *g, enum tr_dtype dt, const int *d) { build_pool(g, dt, d, TR_OP_MAXPOOL); }
+static void build_avgpool(struct tr_graph *g, enum tr_dtype dt, const int *d) { build_pool(g, dt, d, TR_OP_AVGPOOL); }
+
+/* dims: B, H, W, C */
+static void build_global_avgpool(struct tr_graph *g, enum tr_dtype dt, const int *d)
+{
+    int x = param(g, "x", dt, 4, shape4(d[0], d[1], d[2], d[3]));
+    int out = activation(g, dt, 2, shape(d[0], d[3], 0));
+    add_node(g, (struct tr_node){.op = TR_OP_GLOBAL_AVGPOOL, .name = "global_avgpool",
+                                 .in = {x}, .n_in = 1, .out = out});
+    dummy_loss(g);
+}
+
+/* dims: B, H, W, C, eval (normalise with the running statistics),
+ * recomputing (a recomputed forward: the running statistics stay) */
+static void build_batchnorm(struct tr_graph *g, enum tr_dtype dt, const int *d)
+{
+    int x = param(g, "x", dt, 4, shape4(d[0], d[1], d[2], d[3]));
+    int w = param(g, "w", dt, 1, shape(d[3], 0, 0));
+    int b = param(g, "b", dt, 1, shape(d[3], 0, 0));
+    int running = tr_graph_add_tensor(g, "running", TR_ROLE_BUFFER, TR_F32, 2, shape(2, d[3], 0));
+    int out = activation(g, dt, 4, shape4(d[0], d[1], d[2], d[3]));
+    add_node(g, (struct tr_node){.op = TR_OP_BATCHNORM, .name = "batchnorm", .in = {x, w, b},
+                                 .n_in = 3, .out = out, .eps = 1e-5f, .momentum = 0.1f,
+                                 .buffer = running});
+    g->training = !d[4];
+    g->recomputing = d[5];
+    dummy_loss(g);
+}
+
 /* One side of a case: the graph, its buffers, on one backend. */
 struct side {
     const struct tr_backend *be;
@@ -476,6 +551,9 @@ static void fill(struct side *cpu, struct side *gpu, const struct op_case *oc, u
                                                                          : 1.0f;
         for (size_t j = 0; j < tc->numel; j++)
             v[j] = rng_value(&seed, scale);
+        if (tc->role == TR_ROLE_BUFFER) /* running statistics: the variances positive */
+            for (size_t j = 0; j < tc->numel; j++)
+                v[j] = 0.25f + fabsf(v[j]);
         if (is_half(oc->storage))
             tr_cpu_round_to_half(v, v, tc->numel, oc->storage == TR_BF16);
         upload_as(cpu->be, tc->data, v, tc->numel, TR_F32);
@@ -528,8 +606,24 @@ static void run_case(const struct op_case *oc)
     struct tr_graph *gc = cpu.g, *gg = gpu.g;
     const struct tr_node *nc = &gc->nodes[0], *ng = &gg->nodes[0];
 
+    /* buffers a forward must leave alone: in eval and when recomputing */
+    float *kept[TR_MAX_DIMS] = {NULL};
+    int n_kept = 0;
+    for (int i = 0; i < gg->n_tensors && n_kept < TR_MAX_DIMS; i++)
+        if (gg->tensors[i].role == TR_ROLE_BUFFER && (!gg->training || gg->recomputing))
+            kept[n_kept++] = download_as_f32(&cuda, gg->tensors[i].data, gg->tensors[i].numel,
+                                             TR_F32);
     cpu_be.iface->forward(cpu_be.context, gc, nc);
     cuda.iface->forward(cuda.context, gg, ng);
+    for (int i = 0, k = 0; i < gg->n_tensors && k < n_kept; i++)
+        if (gg->tensors[i].role == TR_ROLE_BUFFER) {
+            float *now = download_as_f32(&cuda, gg->tensors[i].data, gg->tensors[i].numel, TR_F32);
+            cr_assert(memcmp(now, kept[k], gg->tensors[i].numel * sizeof(float)) == 0,
+                      "%s: forward %s changed buffer '%s' on the GPU", label,
+                      gg->recomputing ? "while recomputing" : "in eval", gg->tensors[i].name);
+            free(now);
+            free(kept[k++]);
+        }
     const struct tr_tensor *oc_out = &gc->tensors[nc->out], *og_out = &gg->tensors[ng->out];
     compare(label, "forward output", &cpu_be, oc_out->data, TR_F32, &cuda, og_out->data,
             og_out->dtype, oc_out->numel, oc->tolerance);
@@ -538,6 +632,10 @@ static void run_case(const struct op_case *oc)
         compare(label, ac->name, &cpu_be, ac->data, TR_F32, &cuda, ag->data, TR_F32, ac->numel,
                 oc->tolerance);
     }
+    for (int i = 0; i < gc->n_tensors; i++) /* state the node updates (batch norm's running) */
+        if (gc->tensors[i].role == TR_ROLE_BUFFER)
+            compare(label, gc->tensors[i].name, &cpu_be, gc->tensors[i].data, TR_F32, &cuda,
+                    gg->tensors[i].data, TR_F32, gc->tensors[i].numel, oc->tolerance);
     arena_check(&cpu.arena, label);
     arena_check(&gpu.arena, label);
 
@@ -659,7 +757,52 @@ static void run_case(const struct op_case *oc)
     X(cross_entropy_f32, build_cross_entropy, TR_F32, TR_F32, TOL_F32, 2, 13, 67) \
     X(cross_entropy_wide_f32, build_cross_entropy, TR_F32, TR_F32, TOL_F32, 2, 5, 5000) \
     X(cross_entropy_bf16, build_cross_entropy, TR_BF16, TR_F32, TOL_BF16, 2, 13, 67) \
-    X(cross_entropy_f16, build_cross_entropy, TR_F16, TR_F32, TOL_F16, 2, 13, 67)
+    X(cross_entropy_f16, build_cross_entropy, TR_F16, TR_F32, TOL_F16, 2, 13, 67) \
+    /* dims: B, H, W, IC, OC, KH, KW, SH, SW, PH, PW, DH, DW, groups, bias, x an input \
+     * (conv2d runs on cuDNN: tests/cudacpu/cudnn.cpp through the harness) */ \
+    X(conv2d_3x3_f32, build_conv2d, TR_F32, TR_F32, TOL_F32, 2, 9, 7, 5, 6, 3, 3, 1, 1, 1, 1, 1, 1, \
+      1, 1, 0) \
+    X(conv2d_strided_asymmetric_f32, build_conv2d, TR_F32, TR_F32, TOL_F32, 2, 10, 8, 4, 6, 3, 2, \
+      2, 1, 1, 0, 1, 1, 1, 0, 0) \
+    X(conv2d_dilated_f32, build_conv2d, TR_F32, TR_F32, TOL_F32, 1, 11, 9, 3, 4, 3, 3, 1, 1, 2, 1, \
+      2, 1, 1, 1, 0) \
+    X(conv2d_grouped_f32, build_conv2d, TR_F32, TR_F32, TOL_F32, 2, 6, 6, 8, 12, 3, 3, 1, 1, 1, 1, \
+      1, 1, 4, 1, 0) \
+    X(conv2d_depthwise_f32, build_conv2d, TR_F32, TR_F32, TOL_F32, 2, 7, 7, 6, 6, 3, 3, 2, 2, 1, 1, \
+      1, 1, 6, 1, 0) \
+    X(conv2d_1x1_input_f32, build_conv2d, TR_F32, TR_F32, TOL_F32, 2, 5, 5, 16, 8, 1, 1, 1, 1, 0, 0, \
+      1, 1, 1, 0, 1) \
+    X(conv2d_bf16_inputs, build_conv2d, TR_F32, TR_BF16, TOL_HALF_GEMM, 2, 9, 7, 5, 6, 3, 3, 1, 1, \
+      1, 1, 1, 1, 1, 1, 0) \
+    X(conv2d_f16_inputs, build_conv2d, TR_F32, TR_F16, TOL_HALF_GEMM, 2, 9, 7, 5, 6, 3, 3, 1, 1, 1, \
+      1, 1, 1, 1, 1, 0) \
+    X(conv2d_bf16, build_conv2d, TR_BF16, TR_BF16, TOL_BF16, 2, 9, 7, 6, 8, 3, 3, 1, 1, 1, 1, 1, 1, \
+      2, 1, 0) \
+    X(conv2d_f16, build_conv2d, TR_F16, TR_F16, TOL_F16, 2, 9, 7, 5, 6, 3, 3, 2, 1, 1, 1, 1, 1, 1, \
+      1, 0) \
+    /* dims: B, H, W, C, KH, KW, SH, SW, PH, PW */ \
+    X(maxpool_2x2_f32, build_maxpool, TR_F32, TR_F32, TOL_F32, 2, 8, 6, 5, 2, 2, 2, 2, 0, 0) \
+    X(maxpool_3x3_overlapping_f32, build_maxpool, TR_F32, TR_F32, TOL_F32, 2, 9, 7, 4, 3, 3, 2, 2, \
+      1, 1) \
+    X(maxpool_asymmetric_f32, build_maxpool, TR_F32, TR_F32, TOL_F32, 1, 7, 8, 3, 3, 2, 1, 2, 1, 0) \
+    X(maxpool_bf16, build_maxpool, TR_BF16, TR_F32, TOL_BF16, 2, 9, 7, 4, 3, 3, 2, 2, 1, 1) \
+    X(maxpool_f16, build_maxpool, TR_F16, TR_F32, TOL_F16, 2, 9, 7, 4, 3, 3, 2, 2, 1, 1) \
+    X(avgpool_2x2_f32, build_avgpool, TR_F32, TR_F32, TOL_F32, 2, 8, 6, 5, 2, 2, 2, 2, 0, 0) \
+    X(avgpool_3x3_padded_f32, build_avgpool, TR_F32, TR_F32, TOL_F32, 2, 9, 7, 4, 3, 3, 2, 2, 1, 1) \
+    X(avgpool_asymmetric_f32, build_avgpool, TR_F32, TR_F32, TOL_F32, 1, 7, 8, 3, 3, 2, 1, 2, 1, 0) \
+    X(avgpool_bf16, build_avgpool, TR_BF16, TR_F32, TOL_BF16, 2, 9, 7, 4, 3, 3, 2, 2, 1, 1) \
+    X(avgpool_f16, build_avgpool, TR_F16, TR_F32, TOL_F16, 2, 9, 7, 4, 3, 3, 2, 2, 1, 1) \
+    /* dims: B, H, W, C */ \
+    X(global_avgpool_f32, build_global_avgpool, TR_F32, TR_F32, TOL_F32, 3, 5, 7, 9) \
+    X(global_avgpool_bf16, build_global_avgpool, TR_BF16, TR_F32, TOL_BF16, 3, 5, 7, 9) \
+    X(global_avgpool_f16, build_global_avgpool, TR_F16, TR_F32, TOL_F16, 3, 5, 7, 9) \
+    /* dims: B, H, W, C, eval, recomputing */ \
+    X(batchnorm_train_f32, build_batchnorm, TR_F32, TR_F32, TOL_F32, 2, 5, 3, 7, 0, 0) \
+    X(batchnorm_train_many_rows_f32, build_batchnorm, TR_F32, TR_F32, TOL_F32, 4, 20, 20, 10, 0, 0) \
+    X(batchnorm_eval_f32, build_batchnorm, TR_F32, TR_F32, TOL_F32, 2, 5, 3, 7, 1, 0) \
+    X(batchnorm_recomputing_f32, build_batchnorm, TR_F32, TR_F32, TOL_F32, 2, 5, 3, 7, 0, 1) \
+    X(batchnorm_bf16, build_batchnorm, TR_BF16, TR_F32, TOL_BF16, 2, 5, 3, 40, 0, 0) \
+    X(batchnorm_f16, build_batchnorm, TR_F16, TR_F32, TOL_F16, 2, 5, 3, 40, 0, 0)
 
 #define OP_TEST(test_name, builder, storage_, compute_, tol, ...)                                  \
     Test(backend_ops, test_name)                                                                    \
@@ -711,6 +854,44 @@ Test(backend_ops, supports_op_attention_head_sizes)
                   all_cases[i].name);
         tr_graph_free(g, NULL);
     }
+    tr_backend_close(&cuda);
+}
+
+/* conv2d's backward gives the same bits every time: the algorithms chosen
+ * are cuDNN's deterministic ones (the harness's fake cuDNN adds the terms
+ * of its non-deterministic algorithms in a different order on each call,
+ * as atomics would). */
+Test(backend_ops, conv2d_backward_bitwise_deterministic)
+{
+    struct tr_backend cuda;
+    need_cuda(&cuda);
+    static const struct op_case oc = {"conv2d_deterministic", build_conv2d,
+                                      {2, 9, 7, 5, 6, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 0}, TR_F32,
+                                      TR_F32, TOL_F32};
+    struct side a = {.be = &cuda}, b = {.be = &cuda};
+    side_build(&a, &oc, TR_F32);
+    side_build(&b, &oc, TR_F32);
+    fill(&a, &b, &oc, 5);
+    for (int run = 0; run < 2; run++) {
+        struct side *s = run ? &b : &a;
+        cuda.iface->forward(cuda.context, s->g, &s->g->nodes[0]);
+        cuda.iface->backward(cuda.context, s->g, &s->g->nodes[0]);
+    }
+    const struct tr_node *n = &a.g->nodes[0];
+    for (int k = 0; k < n->n_in; k++) {
+        const struct tr_tensor *ta = &a.g->tensors[n->in[k]], *tb = &b.g->tensors[n->in[k]];
+        float *ga = download_as_f32(&cuda, ta->grad, ta->numel, TR_F32);
+        float *gb = download_as_f32(&cuda, tb->grad, tb->numel, TR_F32);
+        cr_assert(memcmp(ga, gb, ta->numel * sizeof(float)) == 0,
+                  "conv2d: two backwards of the same inputs give different bits in the gradient "
+                  "of %s", ta->name);
+        free(ga);
+        free(gb);
+    }
+    arena_check(&a.arena, "conv2d determinism");
+    arena_check(&b.arena, "conv2d determinism");
+    side_free(&a);
+    side_free(&b);
     tr_backend_close(&cuda);
 }
 
@@ -867,6 +1048,12 @@ static void model_open(struct model_side *s, struct tr_config *cfg, const struct
     cr_assert_not_null(s->g, "%s", err.msg);
     s->g->compute = compute;
     cr_assert_eq(tr_graph_plan(s->g, s->be, 2, &err), TR_OK, "%s", err.msg);
+    /* a 16-bit compute dtype stores the activations in it (graph.c), on
+     * both backends: the whole model runs with 16-bit activation storage */
+    int halves = 0;
+    for (int i = 0; i < s->g->n_tensors; i++)
+        halves += s->g->tensors[i].role == TR_ROLE_ACTIVATION && s->g->tensors[i].dtype == compute;
+    cr_assert(compute == TR_F32 || halves > 0, "no activation is stored in the compute dtype");
     cr_assert_eq(tr_optimizer_init(&s->opt, &cfg->optimizer, s->g, s->be, 0, s->g->n_params, &err),
                  TR_OK, "%s", err.msg);
     if (!f)
@@ -953,7 +1140,8 @@ static void whole_model(enum tr_dtype compute, double tolerance)
     struct model_side cpu = {.be = &cpu_be}, gpu = {.be = &cuda};
     model_open(&cpu, &cfg, f, compute);
     model_open(&gpu, &cfg, f, compute);
-    train_both(&cpu, &gpu, compute == TR_F32 ? "tiny GPT, fp32" : "tiny GPT, bf16 GEMM inputs",
+    train_both(&cpu, &gpu,
+               compute == TR_F32 ? "tiny GPT, fp32" : "tiny GPT, bf16 GEMM inputs and activations",
                tolerance);
     model_close(&cpu);
     model_close(&gpu);
@@ -998,7 +1186,8 @@ static void whole_llama(enum tr_dtype compute, double tolerance)
                            t->numel * sizeof *ids);
         free(ids);
     }
-    train_both(&cpu, &gpu, compute == TR_F32 ? "tiny Llama, fp32" : "tiny Llama, bf16 GEMM inputs",
+    train_both(&cpu, &gpu,
+               compute == TR_F32 ? "tiny Llama, fp32" : "tiny Llama, bf16 GEMM inputs and activations",
                tolerance);
     model_close(&cpu);
     model_close(&gpu);

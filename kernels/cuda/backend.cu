@@ -19,7 +19,8 @@
  * returns NaN, so the run loop sees a non-finite step instead of training on.
  *
  * This file holds the module's memory, streams, open/close and describe;
- * nodes.cu turns each graph node into kernel launches.
+ * nodes.cu turns each graph node into kernel launches (conv2d into cuDNN
+ * calls, conv.cu).
  */
 #include "common.cuh"
 
@@ -202,6 +203,7 @@ static void context_free(struct cuda_context *c)
     if (c->copy)
         cudaStreamSynchronize(c->copy);
     cuda_gemm_close(c);
+    cuda_dnn_close(c);
     for (int i = 0; i < STAGE_SLOTS; i++) {
         if (c->stage[i])
             cudaFreeHost(c->stage[i]);
@@ -355,6 +357,8 @@ static int cuda_open(struct tr_backend *be, int threads, char *why, size_t why_s
         context_free(c);
         return -1;
     }
+    /* optional: without cuDNN every op but conv2d runs (supports_op says why not) */
+    cuda_dnn_open(c);
     be->iface = &cuda_iface;
     be->context = c;
     return 0;
@@ -411,23 +415,9 @@ static int cuda_describe(char *buf, size_t size)
     if (h)
         dlclose(h);
 
-    const char *dnn_names[] = {"libcudnn.so.9", "libcudnn.so.8", TR_CUDA_HOME "/lib64/libcudnn.so",
-                               "libcudnn.so"};
-    h = open_library(dnn_names, sizeof dnn_names / sizeof *dnn_names);
-    size_t (*dnn_version)(void) = h ? (size_t(*)(void))dlsym(h, "cudnnGetVersion") : NULL;
-    if (dnn_version) {
-        size_t v = dnn_version(); /* 9.x: major*10000 + minor*100 + patch */
-        if (v >= 90000)
-            ADD("cuDNN: %zu.%zu.%zu (not used by this backend)\n", v / 10000, v / 100 % 100,
-                v % 100);
-        else
-            ADD("cuDNN: %zu.%zu.%zu (not used by this backend)\n", v / 1000, v / 100 % 10,
-                v % 100);
-    } else {
-        ADD("cuDNN: not found\n");
-    }
-    if (h)
-        dlclose(h);
+    char dnn_line[400];
+    cuda_dnn_describe(dnn_line, sizeof dnn_line);
+    ADD("%s", dnn_line);
 
     const char *nccl_names[] = {"libnccl.so.2", TR_CUDA_HOME "/lib64/libnccl.so.2", "libnccl.so"};
     h = open_library(nccl_names, sizeof nccl_names / sizeof *nccl_names);

@@ -31,6 +31,7 @@ enum { STAGE_SLOTS = 2 };
 enum { SUM_BLOCKS = 256, SUM_THREADS = 256 }; /* fixed: the sum's order depends on n only */
 
 struct gemm_cache; /* gemm.cu */
+struct dnn_state;  /* conv.cu */
 
 struct cuda_context {
     int device;
@@ -47,6 +48,10 @@ struct cuda_context {
     void *lt_workspace;                  /* device, LT_WORKSPACE_BYTES */
     struct gemm_cache *gemm;
     int allow_tf32;                      /* the graph's: fp32 GEMMs in tf32 (gemm.cu) */
+    struct dnn_state *dnn;               /* cuDNN, NULL when it did not load (conv.cu) */
+    size_t dnn_version;
+    char dnn_why[320];                   /* why dnn is NULL */
+    int dnn_refusal_said;                /* a conv2d refused for want of cuDNN was reported */
     cudaError_t first_error;             /* sticky: reported once, turns sum_squares into NaN */
 };
 
@@ -226,5 +231,59 @@ void cuda_gemm(struct cuda_context *c, int trans_a, int trans_b, int M, int N, i
                const void *A, int lda, long long stride_a, const void *B, int ldb,
                long long stride_b, float beta, void *C, int ldc, long long stride_c, int batch,
                int ab_dt, int c_dt, const void *bias);
+
+
+/* ---- pool.cu: pooling and batch norm on channel-last x[B,H,W,C] ------------ */
+struct pool_args {
+    int B, H, W, C, OH, OW, KH, KW, SH, SW, PH, PW;
+};
+void cuda_maxpool_forward(struct cuda_context *c, int dt, void *out, const void *x,
+                          const struct pool_args *p);
+void cuda_maxpool_backward(struct cuda_context *c, int dt, float *dx, const void *x,
+                           const float *dout, const struct pool_args *p);
+void cuda_avgpool_forward(struct cuda_context *c, int dt, void *out, const void *x,
+                          const struct pool_args *p);
+void cuda_avgpool_backward(struct cuda_context *c, float *dx, const float *dout,
+                           const struct pool_args *p);
+void cuda_global_avgpool_forward(struct cuda_context *c, int dt, void *out, const void *x, int B,
+                                 int HW, int C);
+void cuda_global_avgpool_backward(struct cuda_context *c, float *dx, const float *dout, int B,
+                                  int HW, int C);
+/* x[N,C]; running[2,C] (mean, unbiased variance) is updated when `update` */
+size_t cuda_batchnorm_scratch_floats(int N, int C);
+void cuda_batchnorm_forward(struct cuda_context *c, int dt, void *out, float *mean, float *rstd,
+                            float *running, const void *x, const void *w, const void *b, int N,
+                            int C, float eps, float momentum, int training, int update,
+                            float *scratch);
+void cuda_batchnorm_backward(struct cuda_context *c, int dt, float *dx, float *dw, float *db,
+                             const float *dout, const void *x, const void *w, const float *mean,
+                             const float *rstd, int N, int C, int training, float *scratch);
+
+/* ---- conv.cu: convolutions through cuDNN, loaded at open() ------------------ */
+/* One conv2d node: x[B,H,W,IC], w[OC,KH,KW,IC/groups], (b[OC]) and out
+ * [B,OH,OW,OC] in storage dtype dt; gradients fp32 (NULL: not wanted). */
+struct conv_args {
+    int B, H, W, IC, OC, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, groups;
+    int dt;       /* storage */
+    int compute;  /* 16-bit: x, w and dy are rounded to it first */
+    int tf32;     /* fp32 may run in tf32 (the policy's allow_tf32) */
+    int has_bias;
+    const void *x, *w, *b;
+    void *out;
+    const float *dout;
+    float *dx, *dw, *db;
+};
+/* Loads cuDNN into c->dnn, or says why not in c->dnn_why (the backend opens either way). */
+void cuda_dnn_open(struct cuda_context *c);
+void cuda_dnn_close(struct cuda_context *c);
+/* doctor's line: the cuDNN this build would load, and what for */
+int cuda_dnn_describe(char *buf, size_t size);
+/* NULL when cuDNN runs this convolution, else why not */
+const char *cuda_conv_check(struct cuda_context *c, const struct conv_args *a);
+size_t cuda_conv_scratch_floats(struct cuda_context *c, const struct conv_args *a);
+void cuda_conv_forward(struct cuda_context *c, const struct conv_args *a, float *scratch,
+                       size_t scratch_floats);
+void cuda_conv_backward(struct cuda_context *c, const struct conv_args *a, float *scratch,
+                        size_t scratch_floats);
 
 #endif

@@ -1,11 +1,13 @@
 /*
  * The CUDA backend's nodes: each graph node's forward and backward as launches
- * of the kernels in ops.cu, norms.cu, step.cu, attention.cu and gemm.cu (the
+ * of the kernels in ops.cu, norms.cu, step.cu, attention.cu, pool.cu, gemm.cu
+ * and conv.cu (the
  * storage and GEMM dtypes a node runs in, its scratch layout), and which
  * nodes the backend supports.  backend.cu puts them in the module's iface.
  */
 #include "common.cuh"
 
+#include <stdio.h>
 #include <string.h>
 
 /* ---- nodes ------------------------------------------------------------------- */
@@ -21,7 +23,8 @@ static int cols(const struct tr_tensor *t) { return (int)t->shape[t->ndim - 1]; 
 static int is_half(int dt) { return dt == DT_BF16 || dt == DT_F16; }
 
 /* The node's storage dtype: that of its first input (every float input and
- * output of a node shares it; saved tensors and gradients are fp32). */
+ * output of a node shares it, or the node runs on fp32 copies, see
+ * run_node; saved tensors and gradients are fp32). */
 static int storage(const struct tr_graph *g, const struct tr_node *n) { return (int)T(0)->dtype; }
 
 /* The GEMM input dtype: the precision policy's when it asks for 16 bits,
@@ -83,6 +86,69 @@ static int rope_head(const struct tr_graph *g, const struct tr_node *n)
     return n->heads > 0 ? cols(T(0)) / n->heads : 0;
 }
 
+/* A conv2d node as conv.cu takes it (the gradients are filled for backward) */
+static struct conv_args conv_of(const struct tr_graph *g, const struct tr_node *n)
+{
+    struct conv_args a;
+    memset(&a, 0, sizeof a);
+    const struct tr_tensor *x = T(0), *w = T(1), *y = OUT;
+    a.B = (int)x->shape[0];
+    a.H = (int)x->shape[1];
+    a.W = (int)x->shape[2];
+    a.IC = (int)x->shape[3];
+    a.OC = (int)w->shape[0];
+    a.KH = (int)w->shape[1];
+    a.KW = (int)w->shape[2];
+    a.OH = (int)y->shape[1];
+    a.OW = (int)y->shape[2];
+    a.SH = n->stride[0];
+    a.SW = n->stride[1];
+    a.PH = n->pad[0];
+    a.PW = n->pad[1];
+    a.DH = n->dilation[0];
+    a.DW = n->dilation[1];
+    a.groups = n->groups;
+    a.dt = (int)x->dtype;
+    a.compute = (int)g->compute;
+    a.tf32 = g->allow_tf32;
+    a.has_bias = n->n_in == 3;
+    a.x = x->data;
+    a.w = w->data;
+    a.b = n->n_in == 3 ? T(2)->data : NULL;
+    a.out = y->data;
+    a.dout = y->grad;
+    a.dx = x->grad;
+    a.dw = w->grad;
+    a.db = n->n_in == 3 ? T(2)->grad : NULL;
+    return a;
+}
+
+/* A pooling node's geometry: x[B,H,W,C] to out[B,OH,OW,C] */
+static struct pool_args pool_of(const struct tr_graph *g, const struct tr_node *n)
+{
+    struct pool_args p;
+    const struct tr_tensor *x = T(0), *y = OUT;
+    p.B = (int)x->shape[0];
+    p.H = (int)x->shape[1];
+    p.W = (int)x->shape[2];
+    p.C = (int)x->shape[3];
+    p.OH = (int)y->shape[1];
+    p.OW = (int)y->shape[2];
+    p.KH = n->kernel[0];
+    p.KW = n->kernel[1];
+    p.SH = n->stride[0];
+    p.SW = n->stride[1];
+    p.PH = n->pad[0];
+    p.PW = n->pad[1];
+    return p;
+}
+
+/* batch norm's running[2,C] buffer (fp32, in g->buffers) */
+static float *running_of(const struct tr_graph *g, const struct tr_node *n)
+{
+    return n->buffer >= 0 && n->buffer < g->n_tensors ? (float *)g->tensors[n->buffer].data : NULL;
+}
+
 struct gemm_geometry {
     int batch, M, K, N; /* out[b] = a[b] (M x K) @ op(b[b]) (K x N) */
 };
@@ -135,10 +201,15 @@ static struct gemm_scratch gemm_scratch_layout(const struct tr_graph *g, const s
     return s;
 }
 
-size_t cuda_scratch_floats(void *ctx, const struct tr_graph *g, const struct tr_node *n)
+static size_t node_scratch_floats(void *ctx, const struct tr_graph *g, const struct tr_node *n)
 {
-    (void)ctx;
     switch (n->op) {
+    case TR_OP_CONV2D: {
+        struct conv_args a = conv_of(g, n);
+        return cuda_conv_scratch_floats((struct cuda_context *)ctx, &a);
+    }
+    case TR_OP_BATCHNORM:
+        return cuda_batchnorm_scratch_floats(rows(T(0)), cols(T(0)));
     case TR_OP_LINEAR:
     case TR_OP_MATMUL:
         return gemm_scratch_layout(g, n).total;
@@ -228,7 +299,7 @@ static void gemm_backward(struct cuda_context *c, struct tr_graph *g, const stru
     }
 }
 
-void cuda_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
+static void node_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
 {
     struct cuda_context *c = (struct cuda_context *)ctx;
     c->allow_tf32 = g->allow_tf32; /* cuda_gemm's compute type */
@@ -282,12 +353,39 @@ void cuda_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
     case TR_OP_SCALE:
         cuda_scale_forward(c, dt, OUT->data, T(0)->data, n->scale, OUT->numel);
         break;
+    case TR_OP_CONV2D: {
+        struct conv_args a = conv_of(g, n);
+        cuda_conv_forward(c, &a, g->scratch, g->scratch_floats);
+        break;
+    }
+    case TR_OP_MAXPOOL: {
+        struct pool_args p = pool_of(g, n);
+        cuda_maxpool_forward(c, dt, OUT->data, T(0)->data, &p);
+        break;
+    }
+    case TR_OP_AVGPOOL: {
+        struct pool_args p = pool_of(g, n);
+        cuda_avgpool_forward(c, dt, OUT->data, T(0)->data, &p);
+        break;
+    }
+    case TR_OP_GLOBAL_AVGPOOL:
+        cuda_global_avgpool_forward(c, dt, OUT->data, T(0)->data, (int)T(0)->shape[0],
+                                    (int)(T(0)->shape[1] * T(0)->shape[2]), cols(T(0)));
+        break;
+    case TR_OP_BATCHNORM:
+        /* training: batch statistics, and the running ones updated once per
+         * step (not again when a recomputed segment re-runs forward) */
+        cuda_batchnorm_forward(c, dt, OUT->data, AUX(0), AUX(1), running_of(g, n), T(0)->data,
+                               T(1)->data, T(2)->data, rows(T(0)), cols(T(0)), n->eps,
+                               n->momentum, g->training, g->training && !g->recomputing,
+                               g->scratch);
+        break;
     default:
         break;
     }
 }
 
-void cuda_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
+static void node_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
 {
     struct cuda_context *c = (struct cuda_context *)ctx;
     c->allow_tf32 = g->allow_tf32;
@@ -343,18 +441,185 @@ void cuda_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
     case TR_OP_SCALE:
         cuda_scale_backward(c, T(0)->grad, dout, n->scale, OUT->numel);
         break;
+    case TR_OP_CONV2D: {
+        struct conv_args a = conv_of(g, n);
+        cuda_conv_backward(c, &a, g->scratch, g->scratch_floats);
+        break;
+    }
+    case TR_OP_MAXPOOL: {
+        struct pool_args p = pool_of(g, n);
+        cuda_maxpool_backward(c, dt, T(0)->grad, T(0)->data, dout, &p);
+        break;
+    }
+    case TR_OP_AVGPOOL: {
+        struct pool_args p = pool_of(g, n);
+        cuda_avgpool_backward(c, T(0)->grad, dout, &p);
+        break;
+    }
+    case TR_OP_GLOBAL_AVGPOOL:
+        cuda_global_avgpool_backward(c, T(0)->grad, dout, (int)T(0)->shape[0],
+                                     (int)(T(0)->shape[1] * T(0)->shape[2]), cols(T(0)));
+        break;
+    case TR_OP_BATCHNORM:
+        cuda_batchnorm_backward(c, dt, T(0)->grad, T(1)->grad, T(2)->grad, dout, T(0)->data,
+                                T(1)->data, AUX(0), AUX(1), rows(T(0)), cols(T(0)), g->training,
+                                g->scratch);
+        break;
     default:
         break;
     }
 }
 
+/* ---- 16-bit activation storage -----------------------------------------------
+ * Under a 16-bit compute dtype the planner stores activations in it
+ * (core/engine/graph.c, plan_storage), beside fp32 parameters, gradients,
+ * saved statistics and logits.  The kernels take one storage dtype per node,
+ * so a node whose float tensors share one runs as it is (a GELU, an
+ * attention, a residual add of bf16 activations: in bf16), and a node that
+ * mixes them (a layer norm of a bf16 x with fp32 weights, a linear of a bf16
+ * x and an fp32 weight) runs in fp32 on copies of its 16-bit tensors at the
+ * start of scratch, the kernel's own scratch after them, and forward rounds
+ * the fp32 output into its storage: the fp32 result rounded once, as the
+ * CPU backend stores it. */
+
+static int mixed_storage(const struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = -1;
+    for (int k = 0; k <= n->n_in; k++) {
+        const struct tr_tensor *t = k == n->n_in ? OUT : T(k);
+        if (t->dtype == TR_I32)
+            continue;
+        if (dt < 0)
+            dt = (int)t->dtype;
+        else if (dt != (int)t->dtype)
+            return 1;
+    }
+    return 0;
+}
+
+/* The 16-bit tensors of a mixed node that get fp32 copies, each once;
+ * widen[i]: the copy starts as the stored values (not forward's output). */
+struct fp32_copies {
+    int n, tensor[4], widen[4];
+};
+
+static void fp32_copies(const struct tr_graph *g, const struct tr_node *n, int backward,
+                        struct fp32_copies *cp)
+{
+    cp->n = 0;
+    for (int k = 0; k <= n->n_in && k < 4; k++) {
+        int out = k == n->n_in, id = out ? n->out : n->in[k];
+        if (!is_half((int)g->tensors[id].dtype))
+            continue;
+        int seen = 0;
+        for (int i = 0; i < cp->n; i++)
+            seen |= cp->tensor[i] == id;
+        if (seen)
+            continue;
+        cp->tensor[cp->n] = id;
+        cp->widen[cp->n++] = !out || backward;
+    }
+}
+
+/* Runs node n of g (forward, or backward), on fp32 copies where it mixes
+ * storage dtypes.  scratch_of: the kernel's scratch is asked of the fp32
+ * view too, so the view is set up for it as for a run. */
+struct fp32_view {
+    struct fp32_copies cp;
+    void *data[4];
+    int dtype[4];
+    float *scratch;
+    size_t scratch_floats;
+};
+
+static void view_enter(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n,
+                       int backward, struct fp32_view *v)
+{
+    fp32_copies(g, n, backward, &v->cp);
+    v->scratch = g->scratch;
+    v->scratch_floats = g->scratch_floats;
+    float *at = g->scratch;
+    for (int i = 0; i < v->cp.n; i++) {
+        struct tr_tensor *t = &g->tensors[v->cp.tensor[i]];
+        v->data[i] = t->data;
+        v->dtype[i] = (int)t->dtype;
+        if (c && v->cp.widen[i])
+            cuda_convert(c, at, DT_F32, t->data, (int)t->dtype, t->numel);
+        t->data = at;
+        t->dtype = TR_F32;
+        at = at ? at + floats_for(t->numel, DT_F32) : NULL;
+    }
+    if (g->scratch) {
+        g->scratch = at;
+        g->scratch_floats -= (size_t)(at - v->scratch);
+    }
+}
+
+static void view_leave(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n,
+                       int backward, struct fp32_view *v)
+{
+    g->scratch = v->scratch;
+    g->scratch_floats = v->scratch_floats;
+    for (int i = 0; i < v->cp.n; i++) {
+        struct tr_tensor *t = &g->tensors[v->cp.tensor[i]];
+        if (c && !backward && v->cp.tensor[i] == n->out)
+            cuda_convert(c, v->data[i], v->dtype[i], t->data, DT_F32, t->numel);
+        t->data = v->data[i];
+        t->dtype = (enum tr_dtype)v->dtype[i];
+    }
+}
+
+static size_t copies_floats(const struct tr_graph *g, const struct tr_node *n, int backward)
+{
+    struct fp32_copies cp;
+    fp32_copies(g, n, backward, &cp);
+    size_t floats = 0;
+    for (int i = 0; i < cp.n; i++)
+        floats += floats_for(g->tensors[cp.tensor[i]].numel, DT_F32);
+    return floats;
+}
+
+size_t cuda_scratch_floats(void *ctx, const struct tr_graph *g, const struct tr_node *n)
+{
+    if (!mixed_storage(g, n))
+        return node_scratch_floats(ctx, g, n);
+    size_t fwd = copies_floats(g, n, 0), bwd = copies_floats(g, n, 1);
+    /* the kernel's own scratch, asked of the fp32 view it will run on (the
+     * tensors' dtypes are switched and restored; nothing else is touched) */
+    struct tr_graph *view = (struct tr_graph *)g;
+    struct fp32_view v;
+    view_enter(NULL, view, n, 1, &v);
+    size_t own = node_scratch_floats(ctx, view, n);
+    view_leave(NULL, view, n, 1, &v);
+    return (fwd > bwd ? fwd : bwd) + own;
+}
+
+static void run_node(void *ctx, struct tr_graph *g, const struct tr_node *n, int backward)
+{
+    struct cuda_context *c = (struct cuda_context *)ctx;
+    struct fp32_view v;
+    int mixed = mixed_storage(g, n);
+    if (mixed)
+        view_enter(c, g, n, backward, &v);
+    if (backward)
+        node_backward(ctx, g, n);
+    else
+        node_forward(ctx, g, n);
+    if (mixed)
+        view_leave(c, g, n, backward, &v);
+}
+
+void cuda_forward(void *ctx, struct tr_graph *g, const struct tr_node *n) { run_node(ctx, g, n, 0); }
+
+void cuda_backward(void *ctx, struct tr_graph *g, const struct tr_node *n) { run_node(ctx, g, n, 1); }
+
 /* Every op of the vocabulary, its float tensors stored in fp32, bf16 or
  * fp16 (the storage dtype is that of the first input, see storage()), with
  * attention's head size up to ATTENTION_MAX_HEAD: a larger one is refused
- * when the run starts rather than failing in its first step. */
+ * when the run starts rather than failing in its first step.  conv2d needs
+ * cuDNN (loaded at open) and a shape it has a deterministic algorithm for. */
 int cuda_supports_op(void *ctx, const struct tr_graph *g, const struct tr_node *n)
 {
-    (void)ctx;
     if ((unsigned)n->op >= TR_OP_COUNT)
         return 0;
     int dt = storage(g, n);
@@ -363,6 +628,18 @@ int cuda_supports_op(void *ctx, const struct tr_graph *g, const struct tr_node *
     if (n->op == TR_OP_ATTENTION) {
         struct attention_args a = attention_of(g, n);
         return cuda_attention_head_ok(a.D) && a.KV > 0 && a.NH % a.KV == 0;
+    }
+    if (n->op == TR_OP_CONV2D) {
+        /* cuDNN runs it, when it loaded and takes this shape; the core's
+         * refusal names the op and the device, this says why */
+        struct cuda_context *c = (struct cuda_context *)ctx;
+        struct conv_args a = conv_of(g, n);
+        const char *why = cuda_conv_check(c, &a);
+        if (why && !c->dnn_refusal_said) {
+            c->dnn_refusal_said = 1;
+            fprintf(stderr, "trainrun: cuda: conv2d '%s' cannot run: %s\n", n->name, why);
+        }
+        return why == NULL;
     }
     return 1;
 }

@@ -33,7 +33,8 @@ mutate() {
   cmp -s "$src" "$name/$file" && fail "$name: the mutation does not apply to $src any more"
   "$TR_PERL" "$TR_SRCDIR/tests/cudacpu/cu2cpp.pl" "$name/$file" "$name/$file.cpp"
   "$TR_CXX" -std=c++17 -O1 -fPIC -fvisibility=hidden -I"$TR_SRCDIR/tests/cudacpu/include" \
-    -I"$TR_SRCDIR/include" -I"$TR_BUILDDIR" -I"$gen" -c "$name/$file.cpp" -o "$name/mutated.o"
+    -I"$TR_SRCDIR/include" -I"$TR_BUILDDIR" -I"$gen" -DTR_CUDNN_HOME="\"$TR_BUILDDIR/tests/cudacpu/dnn\"" \
+    -c "$name/$file.cpp" -o "$name/mutated.o"
   # shellcheck disable=SC2086 # $others is a list of paths without spaces
   "$TR_CXX" -shared -o "$name/backend_cuda.so" "$name/mutated.o" $others -ldl -lpthread
   if TR_CUDACPU_DIR=$PWD/$name "$TR_BUILDDIR/tests/test_backend_ops" --filter "$4" \
