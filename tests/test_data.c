@@ -1198,3 +1198,583 @@ Test(prepare, instruct_records_refused_or_prepared_never_crash)
     cr_assert_gt(prepared, 5);
     cr_assert_gt(refused, 5);
 }
+
+/* ---- images: decoders, resize, TRIMAGES shards, augmentation, prepare, plugin ------ */
+
+#include <math.h>
+#include <png.h>
+#include <trainrun/images.h>
+
+#include "commands/image_codec.h"
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+static unsigned char *fixture(const char *name, size_t *size)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/fixtures/images/%s", TR_TEST_SRCDIR, name);
+    return (unsigned char *)read_all(path, size);
+}
+
+static struct tr_image decode_ok(const char *name, int channels)
+{
+    size_t size;
+    unsigned char *data = fixture(name, &size);
+    struct tr_image img;
+    char why[512] = "";
+    cr_assert_eq(tr_image_decode(data, size, channels, &img, why, sizeof why), 0, "%s: %s",
+                 name, why);
+    free(data);
+    return img;
+}
+
+/* make-fixtures.py: pixel (x, y) of the 6x4 RGB images is (40x, 60y, 200 - 10x) */
+static void expect_rgb_pattern(const struct tr_image *img, int tolerance, const char *name)
+{
+    cr_assert_eq(img->width, 6, "%s", name);
+    cr_assert_eq(img->height, 4, "%s", name);
+    cr_assert_eq(img->channels, 3, "%s", name);
+    for (int y = 0; y < 4; y++)
+        for (int x = 0; x < 6; x++) {
+            const unsigned char *p = img->pixels + (y * 6 + x) * 3;
+            int want[3] = {40 * x, 60 * y, 200 - 10 * x};
+            for (int c = 0; c < 3; c++)
+                cr_assert_leq(abs(p[c] - want[c]), tolerance, "%s: pixel (%d,%d) channel %d is %d, "
+                              "not %d", name, x, y, c, p[c], want[c]);
+        }
+}
+
+TestSuite(images, .init = make_tmp, .fini = remove_tmp);
+
+Test(images, png_jpeg_webp_decode_to_the_same_pixels)
+{
+    static const struct {
+        const char *name;
+        int tolerance;
+    } cases[] = {{"rgb.png", 0}, {"rgb.webp", 0}, {"rgb.jpg", 6}, {"palette.png", 0}};
+    for (size_t i = 0; i < N_OF(cases); i++) {
+        struct tr_image img = decode_ok(cases[i].name, 3);
+        expect_rgb_pattern(&img, cases[i].tolerance, cases[i].name);
+        tr_image_free(&img);
+    }
+    /* grey: a grey PNG as stored; RGB files as BT.601 luma */
+    struct tr_image g = decode_ok("grey.png", 1);
+    cr_assert_eq(g.width, 5);
+    cr_assert_eq(g.height, 3);
+    for (int y = 0; y < 3; y++)
+        for (int x = 0; x < 5; x++)
+            cr_assert_eq(g.pixels[y * 5 + x], 50 * x + 20 * y);
+    tr_image_free(&g);
+    const char *rgb_files[] = {"rgb.png", "rgb.webp"};
+    for (int f = 0; f < 2; f++) {
+        g = decode_ok(rgb_files[f], 1);
+        for (int y = 0; y < 4; y++)
+            for (int x = 0; x < 6; x++) {
+                double luma = 0.299 * 40 * x + 0.587 * 60 * y + 0.114 * (200 - 10 * x);
+                cr_assert_leq(fabs(g.pixels[y * 6 + x] - luma), 1.01, "%s (%d,%d): %d vs %.1f",
+                              rgb_files[f], x, y, g.pixels[y * 6 + x], luma);
+            }
+        tr_image_free(&g);
+    }
+    /* a grey file asked for RGB: the grey in every channel */
+    g = decode_ok("grey.png", 3);
+    cr_assert_eq(g.pixels[3 * 7], g.pixels[3 * 7 + 1]);
+    cr_assert_eq(g.pixels[3 * 7], 50 * 2 + 20 * 1);
+    tr_image_free(&g);
+}
+
+Test(images, alpha_is_composited_onto_black)
+{
+    const char *files[] = {"rgba.png", "rgba.webp"};
+    for (int f = 0; f < 2; f++) {
+        struct tr_image img = decode_ok(files[f], 3);
+        const unsigned char *p = img.pixels;
+        cr_assert(p[0] == 255 && p[1] == 0 && p[2] == 0, "%s: opaque red", files[f]);
+        /* white at alpha 128: 128, composited in the stored values as PIL does */
+        cr_assert(p[3] == 128 && p[4] == 128 && p[5] == 128, "%s: %d %d %d", files[f], p[3],
+                  p[4], p[5]);
+        cr_assert(p[6] == 0 && p[7] == 0 && p[8] == 0, "%s: transparent green is black",
+                  files[f]);
+        cr_assert(p[9] == 0 && p[10] == 0 && p[11] == 255, "%s: opaque blue", files[f]);
+        tr_image_free(&img);
+    }
+}
+
+Test(images, damaged_files_are_errors_never_crashes)
+{
+    const char *files[] = {"rgb.png", "rgb.jpg", "rgb.webp", "palette.png"};
+    for (int f = 0; f < 4; f++) {
+        size_t size;
+        unsigned char *data = fixture(files[f], &size);
+        /* every cut, and every single-byte change of the first 64 bytes */
+        for (size_t cut = 0; cut < size; cut++) {
+            struct tr_image img;
+            char why[512] = "";
+            int rc = tr_image_decode(data, cut, 3, &img, why, sizeof why);
+            if (rc == 0) { /* only a cut after the last pixel data may still decode */
+                cr_assert_gt(cut, size / 2, "%s cut at %zu decoded", files[f], cut);
+                tr_image_free(&img);
+            } else {
+                cr_assert(why[0], "%s cut at %zu: no reason given", files[f], cut);
+            }
+        }
+        for (size_t at = 0; at < size && at < 64; at++) {
+            unsigned char keep = data[at];
+            data[at] ^= 0x5A;
+            struct tr_image img;
+            char why[512];
+            if (tr_image_decode(data, size, 3, &img, why, sizeof why) == 0)
+                tr_image_free(&img);
+            data[at] = keep;
+        }
+        free(data);
+    }
+    struct tr_image img;
+    char why[512];
+    cr_assert_eq(tr_image_decode((const unsigned char *)"GIF89a......", 12, 3, &img, why,
+                                 sizeof why), -1);
+    cr_assert(strstr(why, "not a PNG, JPEG or WebP"), "%s", why);
+    size_t size;
+    unsigned char *jpg = fixture("rgb.jpg", &size);
+    cr_assert_eq(tr_image_decode(jpg, size - 8, 3, &img, why, sizeof why), -1);
+    cr_assert(strstr(why, "truncated"), "%s", why);
+    free(jpg);
+    unsigned char *cmyk = fixture("cmyk.jpg", &size);
+    cr_assert_eq(tr_image_decode(cmyk, size, 3, &img, why, sizeof why), -1, "CMYK: no conversion");
+    cr_assert(strstr(why, "JPEG: "), "%s", why);
+    free(cmyk);
+    /* a header claiming a huge image is refused before any allocation */
+    unsigned char *png = fixture("rgb.png", &size);
+    png[16] = 0x7f; /* IHDR width's top byte (the CRC no longer matches either) */
+    cr_assert_eq(tr_image_decode(png, size, 3, &img, why, sizeof why), -1);
+    free(png);
+}
+
+Test(images, resize_shorter_side_then_centre_crop)
+{
+    /* a uniform image stays uniform at every ratio, up and down */
+    unsigned char flat[7 * 5 * 3];
+    memset(flat, 77, sizeof flat);
+    struct tr_image in = {.width = 7, .height = 5, .channels = 3, .pixels = flat};
+    unsigned char out[64 * 64 * 3];
+    int sizes[] = {1, 2, 3, 5, 8, 31, 64};
+    for (size_t s = 0; s < N_OF(sizes); s++) {
+        tr_image_resize_crop(&in, sizes[s], out);
+        for (int i = 0; i < sizes[s] * sizes[s] * 3; i++)
+            cr_assert_eq(out[i], 77, "size %d byte %d", sizes[s], i);
+    }
+    /* the same size: the image itself */
+    unsigned char ramp[4 * 4];
+    for (int i = 0; i < 16; i++)
+        ramp[i] = (unsigned char)(i * 16);
+    struct tr_image r = {.width = 4, .height = 4, .channels = 1, .pixels = ramp};
+    tr_image_resize_crop(&r, 4, out);
+    cr_assert_eq(memcmp(out, ramp, 16), 0);
+    /* halving averages each 2x2 block (area resampling) */
+    tr_image_resize_crop(&r, 2, out);
+    cr_assert_eq(out[0], (0 + 16 + 64 + 80) / 4);
+    cr_assert_eq(out[3], (10 * 16 + 11 * 16 + 14 * 16 + 15 * 16) / 4);
+    /* a 2x2 checkerboard of 0 and 255 shrunk to 1 pixel: their mean, no aliasing */
+    unsigned char four[4] = {0, 255, 255, 0};
+    struct tr_image q = {.width = 2, .height = 2, .channels = 1, .pixels = four};
+    tr_image_resize_crop(&q, 1, out);
+    cr_assert_eq(out[0], 128);
+    unsigned char two[2] = {0, 255};
+    struct tr_image t = {.width = 2, .height = 1, .channels = 1, .pixels = two};
+    /* a wide image keeps its centre: 9x3 columns 0..8 of value 10 x column, size 3 */
+    unsigned char wide[9 * 3];
+    for (int y = 0; y < 3; y++)
+        for (int x = 0; x < 9; x++)
+            wide[y * 9 + x] = (unsigned char)(10 * x);
+    struct tr_image w = {.width = 9, .height = 3, .channels = 1, .pixels = wide};
+    tr_image_resize_crop(&w, 3, out);
+    cr_assert(out[0] == 30 && out[1] == 40 && out[2] == 50, "%d %d %d", out[0], out[1], out[2]);
+    /* doubling interpolates between neighbours: values stay inside the input's range */
+    tr_image_resize_crop(&t, 4, out);
+    for (int i = 0; i < 16; i++)
+        cr_assert(out[i] <= 255);
+    cr_assert_lt(out[0], out[3]);
+}
+
+static void header_rejected(const unsigned char *p, uint64_t size, const char *want)
+{
+    struct tr_images_header h;
+    char why[256] = "";
+    cr_assert_eq(tr_images_header_read(p, size, &h, why, sizeof why), -1, "accepted, wanted %s",
+                 want);
+    cr_assert(strstr(why, want), "\"%s\" lacks \"%s\"", why, want);
+}
+
+Test(images, shard_header_checks_and_checksum)
+{
+    struct tr_images_header h = {.version = TR_IMAGES_VERSION, .height = 2, .width = 3,
+                                 .channels = 1, .count = 2, .classes = 5};
+    size_t size = TR_IMAGES_HEADER_BYTES + 2 * 6 + 2 * 4;
+    unsigned char file[128] = {0};
+    for (int i = 0; i < 12; i++)
+        file[TR_IMAGES_HEADER_BYTES + i] = (unsigned char)i;
+    h.checksum = tr_images_checksum(file + TR_IMAGES_HEADER_BYTES, size - TR_IMAGES_HEADER_BYTES);
+    tr_images_header_write(file, &h);
+    struct tr_images_header back;
+    char why[256] = "";
+    cr_assert_eq(tr_images_header_read(file, size, &back, why, sizeof why), 0, "%s", why);
+    cr_assert(back.height == 2 && back.width == 3 && back.channels == 1 && back.count == 2 &&
+              back.classes == 5 && back.checksum == h.checksum);
+    header_rejected(file, size - 1, "truncated");
+    header_rejected(file, size + 4, "take");
+    header_rejected(file, 10, "shorter than the 64-byte header");
+    unsigned char bad[128];
+    memcpy(bad, file, sizeof bad);
+    bad[0] = 'X';
+    header_rejected(bad, size, "magic");
+    memcpy(bad, file, sizeof bad);
+    bad[8] = 9;
+    header_rejected(bad, size, "version 9");
+    memcpy(bad, file, sizeof bad);
+    bad[20] = 4;
+    header_rejected(bad, size, "channels 1 or 3");
+    memcpy(bad, file, sizeof bad);
+    memset(bad + 24, 0xff, 8); /* count 2^64 - 1: no overflow into a small size */
+    header_rejected(bad, size, "truncated");
+    memcpy(bad, file, sizeof bad);
+    memset(bad + 32, 0, 4);
+    header_rejected(bad, size, "number of classes 0");
+    /* the checksum fed in pieces of any length is the checksum of the whole */
+    unsigned char body[1000];
+    for (int i = 0; i < 1000; i++)
+        body[i] = (unsigned char)(i * 7 + i / 13);
+    uint64_t whole = tr_images_checksum(body, sizeof body);
+    size_t pieces[] = {1, 3, 31, 32, 33, 100, 999};
+    for (size_t k = 0; k < N_OF(pieces); k++) {
+        struct tr_images_sum s;
+        tr_images_sum_init(&s);
+        for (size_t at = 0; at < sizeof body; at += pieces[k])
+            tr_images_sum_update(&s, body + at,
+                                 at + pieces[k] > sizeof body ? sizeof body - at : pieces[k]);
+        cr_assert_eq(tr_images_sum_final(&s), whole, "pieces of %zu", pieces[k]);
+    }
+    body[500] ^= 1;
+    cr_assert_neq(tr_images_checksum(body, sizeof body), whole, "one bit changes it");
+}
+
+Test(images, crop_and_flip_are_deterministic_and_in_bounds)
+{
+    int seen_dx[9] = {0}, mirrored = 0;
+    for (uint64_t i = 0; i < 2000; i++) {
+        uint64_t key = tr_images_key(7, i, i % 5);
+        struct tr_images_view v = tr_images_draw(key, 4, 1), again = tr_images_draw(key, 4, 1);
+        cr_assert(v.dy == again.dy && v.dx == again.dx && v.mirror == again.mirror);
+        cr_assert(v.dy >= 0 && v.dy <= 8 && v.dx >= 0 && v.dx <= 8, "%d %d", v.dy, v.dx);
+        seen_dx[v.dx]++;
+        mirrored += v.mirror;
+        struct tr_images_view none = tr_images_draw(key, 4, 0);
+        cr_assert_eq(none.mirror, 0, "flip off never mirrors");
+        struct tr_images_view still = tr_images_draw(key, 0, 0);
+        cr_assert(still.dx == 0 && still.dy == 0, "pad 0: no shift");
+    }
+    for (int k = 0; k < 9; k++)
+        cr_assert_gt(seen_dx[k], 2000 / 9 / 2, "offset %d drawn %d times", k, seen_dx[k]);
+    cr_assert(mirrored > 800 && mirrored < 1200, "%d of 2000 mirrored", mirrored);
+    cr_assert_neq(tr_images_key(1, 5, 0), tr_images_key(2, 5, 0), "the seed matters");
+    cr_assert_neq(tr_images_key(1, 5, 0), tr_images_key(1, 5, 1), "so does the view");
+
+    /* the view's pixels: a 4x4 ramp shifted by (dy, dx) - pad, zeros outside */
+    unsigned char src[16], dst[16];
+    for (int i = 0; i < 16; i++)
+        src[i] = (unsigned char)(i + 1);
+    struct tr_images_view v = {.dy = 0, .dx = 2, .mirror = 0}; /* pad 1: down 1, left 1 */
+    tr_images_apply_u8(src, dst, 4, 4, 1, 1, &v);
+    cr_assert_eq(dst[0], 0, "row 0 is padding");
+    cr_assert_eq(dst[4], src[1], "row 1 col 0 reads source (0, 1)");
+    cr_assert_eq(dst[4 + 3], 0, "column 3 reads source column 4: padding");
+    v = (struct tr_images_view){.dy = 1, .dx = 1, .mirror = 1}; /* centred, mirrored */
+    tr_images_apply_u8(src, dst, 4, 4, 1, 1, &v);
+    for (int y = 0; y < 4; y++)
+        for (int x = 0; x < 4; x++)
+            cr_assert_eq(dst[y * 4 + x], src[y * 4 + 3 - x]);
+}
+
+/* Write a w x h PNG of one grey level with libpng (the decoder's own library). */
+static void write_png(const char *path, int w, int h, unsigned char level)
+{
+    png_image im;
+    memset(&im, 0, sizeof im);
+    im.version = PNG_IMAGE_VERSION;
+    im.width = (png_uint_32)w;
+    im.height = (png_uint_32)h;
+    im.format = PNG_FORMAT_GRAY;
+    unsigned char *px = malloc((size_t)w * h);
+    for (int i = 0; i < w * h; i++)
+        px[i] = level;
+    cr_assert(png_image_write_to_file(&im, path, 0, px, 0, NULL), "%s", im.message);
+    free(px);
+}
+
+/* An ImageFolder: root/<class>/<n>.png, n images per class, class c of grey level 40 c + n. */
+static void make_folder(const char *root, const char *const *classes, int n_classes, int n)
+{
+    mkdir(root, 0755);
+    for (int c = 0; c < n_classes; c++) {
+        char dir[1024];
+        snprintf(dir, sizeof dir, "%s/%s", root, classes[c]);
+        mkdir(dir, 0755);
+        for (int k = 0; k < n; k++) {
+            char path[1100];
+            snprintf(path, sizeof path, "%s/%02d.png", dir, k);
+            write_png(path, 6 + k, 5, (unsigned char)(40 * c + k));
+        }
+    }
+}
+
+static struct tr_data_info images_info(struct plugin *p, void *self)
+{
+    struct tr_data_info info = {.struct_size = sizeof info};
+    tr_err err = {{0}};
+    cr_assert_eq(data(p)->info(self, &info, &err), TR_OK, "%s", err.msg);
+    return info;
+}
+
+static void images_read(struct plugin *p, void *self, enum tr_split split, uint64_t index,
+                        float *x, int32_t *label)
+{
+    tr_err err = {{0}};
+    cr_assert_eq(data(p)->read(self, split, &index, 1, x, label, &err), TR_OK, "%s", err.msg);
+}
+
+Test(images, prepare_folder_to_shards_the_plugin_reads)
+{
+    /* classes are the sorted subdirectory names, as ImageFolder's */
+    const char *classes[] = {"zebra", "ant", "moth"};
+    make_folder(tmp_path("train"), classes, 3, 4);
+    const char *val_classes[] = {"moth", "ant"};
+    make_folder(tmp_path("val"), val_classes, 2, 2);
+    write_text(tmp_path("train/notes.txt"), "not a class");
+    write_text(tmp_path("train/ant/readme.md"), "not an image");
+    const char *out = tmp_path("out");
+    cr_assert_eq(prepare(tmp_path("train"), "--val", tmp_path("val"), "--size", "4",
+                         "--channels", "1", "-o", out, NULL), 0, "%s", err_text);
+    cr_assert(strstr(out_text, "16 images in 3 classes -> 12 training and 4 validation"), "%s",
+              out_text);
+    cr_assert(strstr(out_text, "ignored 2 files"), "%s", out_text);
+    char *names = read_all(tmp_path("out/classes.txt"), NULL);
+    cr_assert_str_eq(names, "ant\nmoth\nzebra\n");
+    free(names);
+    struct tr_json *j = read_json(tmp_path("out/prepare.json"));
+    cr_assert_eq(tr_json_number(j, "classes", 0), 3);
+    cr_assert_eq(tr_json_number(j, "train_images", 0), 12);
+    tr_json_free(j);
+
+    struct plugin p = load("data_images");
+    set(&p, "dir", out);
+    set(&p, "mean", "0");
+    set(&p, "std", "1");
+    void *self = create_ok(&p, 0);
+    struct tr_data_info info = images_info(&p, self);
+    cr_assert_eq(info.samples[TR_SPLIT_TRAIN], 12);
+    cr_assert_eq(info.samples[TR_SPLIT_VAL], 4);
+    cr_assert_eq(info.input_len, 16);
+    cr_assert_eq(info.input_dtype, TR_F32);
+    cr_assert_eq(info.classes, 3);
+    cr_assert_leq(info.train_views, 1, "no augmentation: one view");
+    /* sample k of class c (sorted: ant 0, moth 1, zebra 2) is uniform grey 40 c' + k,
+     * c' its index in the list it was made from */
+    const int made[3] = {1, 2, 0}; /* ant, moth, zebra in `classes` */
+    for (uint64_t i = 0; i < 12; i++) {
+        float x[16];
+        int32_t label;
+        images_read(&p, self, TR_SPLIT_TRAIN, i, x, &label);
+        cr_assert_eq(label, (int32_t)(i / 4));
+        float want = (float)(40 * made[label] + i % 4) / 255.0f;
+        for (int k = 0; k < 16; k++)
+            cr_assert_float_eq(x[k], want, 1e-6, "sample %llu pixel %d", (unsigned long long)i, k);
+    }
+    float x[16];
+    int32_t label;
+    images_read(&p, self, TR_SPLIT_VAL, 0, x, &label);
+    cr_assert_eq(label, 0, "the validation folder's ant is class 0 too");
+    destroy(&p, self);
+
+    /* a validation class the training folders lack is an error naming it */
+    const char *extra[] = {"wasp"};
+    make_folder(tmp_path("val2"), extra, 1, 1);
+    cr_assert_eq(prepare(tmp_path("train"), "--val", tmp_path("val2"), "--size", "4", "-o",
+                         tmp_path("out2"), NULL), 1);
+    cr_assert(strstr(err_text, "'wasp'"), "%s", err_text);
+    /* --size is required; an empty class folder is refused */
+    cr_assert_eq(prepare(tmp_path("train"), "-o", tmp_path("out3"), NULL), 1);
+    cr_assert(strstr(err_text, "--size"), "%s", err_text);
+    mkdir(tmp_path("train/empty"), 0755);
+    cr_assert_eq(prepare(tmp_path("train"), "--size", "4", "-o", tmp_path("out4"), NULL), 1);
+    cr_assert(strstr(err_text, "holds no .png"), "%s", err_text);
+}
+
+Test(images, val_fraction_and_offline_copies_are_deterministic)
+{
+    const char *classes[] = {"a", "b"};
+    make_folder(tmp_path("in"), classes, 2, 20);
+    const char *outs[] = {tmp_path("o1"), tmp_path("o2"), tmp_path("o3")};
+    const char *seeds[] = {"5", "5", "6"};
+    for (int r = 0; r < 3; r++)
+        cr_assert_eq(prepare(tmp_path("in"), "--size", "8", "--val-fraction", "0.25",
+                             "--augment-copies", "2", "--augment-pad", "2", "--augment-flip",
+                             "--seed", seeds[r], "-o", outs[r], NULL), 0, "%s", err_text);
+    struct tr_json *j = read_json(tmp_path("o1/prepare.json"));
+    double originals = tr_json_number(j, "train_originals", 0);
+    double val = tr_json_number(j, "val_images", 0);
+    cr_assert_eq(originals + val, 40);
+    cr_assert(val >= 4 && val <= 18, "about a quarter validates: %g", val);
+    cr_assert_eq(tr_json_number(j, "train_images", 0), originals * 3, "two copies each");
+    tr_json_free(j);
+    size_t n1, n2, n3;
+    char *s1 = read_all(tmp_path("o1/train_000000.bin"), &n1);
+    char *s2 = read_all(tmp_path("o2/train_000000.bin"), &n2);
+    char *s3 = read_all(tmp_path("o3/train_000000.bin"), &n3);
+    cr_assert(n1 == n2 && memcmp(s1, s2, n1) == 0, "the same seed, the same shard");
+    cr_assert(n1 != n3 || memcmp(s1, s3, n1) != 0, "another seed, other copies or split");
+    /* the copies are views of the image before them: a crop of a uniform image is the
+     * image with some rows or columns of zeros */
+    struct tr_images_header h;
+    char why[256];
+    cr_assert_eq(tr_images_header_read((unsigned char *)s1, n1, &h, why, sizeof why), 0, "%s", why);
+    const unsigned char *px = (unsigned char *)s1 + TR_IMAGES_HEADER_BYTES;
+    size_t per = 8 * 8 * 3;
+    for (uint64_t i = 0; i < h.count; i += 3) {
+        unsigned char level = px[i * per];
+        for (int c = 1; c <= 2; c++)
+            for (size_t k = 0; k < per; k++) {
+                unsigned char v = px[(i + c) * per + k];
+                cr_assert(v == 0 || v == level, "copy %d of image %llu: %d", c,
+                          (unsigned long long)i, v);
+            }
+    }
+    free(s1);
+    free(s2);
+    free(s3);
+}
+
+Test(images, webdataset_tars_and_bad_records)
+{
+    char shard[1024], bad[1024];
+    snprintf(shard, sizeof shard, "%s/fixtures/images/shard-000.tar", TR_TEST_SRCDIR);
+    snprintf(bad, sizeof bad, "%s/fixtures/images/bad.tar", TR_TEST_SRCDIR);
+    const char *out = tmp_path("out");
+    cr_assert_eq(prepare(shard, "--val", shard, "--size", "4", "-o", out, NULL), 0, "%s",
+                 err_text);
+    cr_assert(strstr(out_text, "6 images in 3 classes -> 3 training and 3 validation"), "%s",
+              out_text);
+    struct plugin p = load("data_images");
+    set(&p, "dir", out);
+    set(&p, "mean", "0");
+    set(&p, "std", "1");
+    void *self = create_ok(&p, 0);
+    const int32_t want[3] = {2, 0, 1};
+    float png[48], x[48];
+    int32_t label;
+    images_read(&p, self, TR_SPLIT_TRAIN, 0, png, &label);
+    cr_assert_eq(label, 2);
+    for (uint64_t i = 1; i < 3; i++) {
+        images_read(&p, self, TR_SPLIT_TRAIN, i, x, &label);
+        cr_assert_eq(label, want[i], "sample %llu", (unsigned long long)i);
+        for (int k = 0; k < 48; k++) /* the same picture as PNG, JPEG and WebP */
+            cr_assert_float_eq(x[k], png[k], 8 / 255.0, "sample %llu value %d", (unsigned long long)i, k);
+    }
+    destroy(&p, self);
+
+    /* a sample without .cls stops prepare naming it, unless --skip-bad-records */
+    cr_assert_eq(prepare(bad, "--size", "4", "--val-fraction", "0", "-o", tmp_path("b1"), NULL), 1);
+    cr_assert(strstr(err_text, "bad.tar: sample b: no .cls member"), "%s", err_text);
+    cr_assert(strstr(err_text, "--skip-bad-records"), "%s", err_text);
+    cr_assert_eq(prepare(bad, "--size", "4", "--val-fraction", "0", "--skip-bad-records", "-o",
+                         tmp_path("b2"), NULL), 0, "%s", err_text);
+    cr_assert(strstr(out_text, "1 images in 2 classes -> 1 training"), "%s", out_text);
+    cr_assert(strstr(out_text, "skipped 2 samples"), "%s", out_text);
+    cr_assert(strstr(err_text, "c.png: PNG: "), "the cut image is named: %s", err_text);
+    /* a tar cut in the middle of a member is an error, not a crash */
+    size_t size;
+    char *t = read_all(shard, &size);
+    write_file(tmp_path("cut.tar"), t, 1200);
+    free(t);
+    cr_assert_eq(prepare(tmp_path("cut.tar"), "--size", "4", "-o", tmp_path("b3"), NULL), 1);
+    cr_assert(strstr(err_text, "cut.tar"), "%s", err_text);
+}
+
+Test(images, plugin_augments_training_only_and_checks_its_shards)
+{
+    const char *classes[] = {"a", "b"};
+    make_folder(tmp_path("in"), classes, 2, 8);
+    const char *out = tmp_path("out");
+    cr_assert_eq(prepare(tmp_path("in"), "--size", "8", "--channels", "1", "--val-fraction",
+                         "0.25", "-o", out, NULL), 0, "%s", err_text);
+    struct plugin p = load("data_images");
+    set(&p, "dir", out);
+    set(&p, "pad", "3");
+    set(&p, "flip", "true");
+    void *self = create_ok(&p, 0);
+    struct tr_data_info info = images_info(&p, self);
+    uint64_t n = info.samples[TR_SPLIT_TRAIN] / info.train_views;
+    cr_assert_eq(info.train_views, 16, "pad set: 16 views by default");
+    cr_assert_eq(info.samples[TR_SPLIT_TRAIN] % n, 0);
+    /* defaults: mean 0.5, std 0.5: pixel 0 (padding) is -1 */
+    float a[64], b[64];
+    int32_t la, lb;
+    int differ = 0, padded = 0;
+    for (uint64_t v = 0; v < 16; v++) {
+        images_read(&p, self, TR_SPLIT_TRAIN, v * n + 1, a, &la);
+        images_read(&p, self, TR_SPLIT_TRAIN, v * n + 1, b, &lb);
+        cr_assert(la == lb && memcmp(a, b, sizeof a) == 0, "the same index, the same sample");
+        float level = NAN;
+        for (int k = 0; k < 64; k++) {
+            cr_assert(a[k] >= -1.0f && a[k] <= 1.0f);
+            if (a[k] == -1.0f)
+                padded = 1;
+            else if (isnan(level))
+                level = a[k];
+            else
+                cr_assert_float_eq(a[k], level, 1e-6, "a uniform image stays uniform");
+        }
+        if (v > 0) {
+            float first[64];
+            images_read(&p, self, TR_SPLIT_TRAIN, 1, first, &la);
+            differ |= memcmp(first, a, sizeof a) != 0;
+        }
+    }
+    cr_assert(differ && padded, "views differ, and some show the padding");
+    /* validation: never augmented */
+    images_read(&p, self, TR_SPLIT_VAL, 0, a, &la);
+    for (int k = 1; k < 64; k++)
+        cr_assert_eq(a[k], a[0]);
+    destroy(&p, self);
+
+    /* options */
+    set(&p, "mean", "0.485,0.456,0.406");
+    create_fails(&p, 0, "3 values", "1 channel");
+    set(&p, "mean", "0.5");
+    set(&p, "std", "0");
+    create_fails(&p, 0, "std must be positive", NULL);
+    set(&p, "std", "0.5,x");
+    create_fails(&p, 0, "std", "one number");
+    set(&p, "std", "0.5");
+    set(&p, "pad", "8");
+    create_fails(&p, 0, "pad = 8", NULL);
+    set(&p, "pad", "0");
+    set(&p, "dir", tmp_path("nowhere"));
+    create_fails(&p, 0, "nowhere", "data.dir");
+
+    /* a changed byte is caught by the checksum, a cut file by the header */
+    set(&p, "dir", out);
+    size_t size;
+    char *shard = read_all(tmp_path("out/train_000000.bin"), &size);
+    shard[TR_IMAGES_HEADER_BYTES + 5] ^= 1;
+    write_file(tmp_path("out/train_000000.bin"), shard, size);
+    create_fails(&p, 0, "train_000000.bin", "checksum");
+    set(&p, "verify", "false");
+    destroy(&p, create_ok(&p, 0));
+    write_file(tmp_path("out/train_000000.bin"), shard, size - 3);
+    create_fails(&p, 0, "train_000000.bin", "truncated");
+    /* a label beyond the classes */
+    shard[TR_IMAGES_HEADER_BYTES + 5] ^= 1;
+    shard[size - 4] = 9;
+    write_file(tmp_path("out/train_000000.bin"), shard, size);
+    create_fails(&p, 0, "class 9", NULL);
+    free(shard);
+}

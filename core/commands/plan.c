@@ -279,7 +279,8 @@ int tr_plan_build(struct tr_plan *p, const char *recipe, const char *const *over
         dv = cfg.data.plugin->info->vtable;
         if (dv->info(cfg.data.self, &di, err) != TR_OK)
             goto out;
-        if (tr_train_resolve_steps(&cfg, 0, di.samples[TR_SPLIT_TRAIN],
+        if (tr_train_resolve_steps(&cfg, 0, di.samples[TR_SPLIT_TRAIN] /
+                                   (di.train_views > 1 ? di.train_views : 1),
                                    (uint64_t)p->micro_batch, err) != TR_OK)
             goto out;
     } else if (tr_train_resolve_steps(&cfg, p->sequence_model ? (uint64_t)p->tokens_per_sample : 0,

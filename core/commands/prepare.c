@@ -37,11 +37,15 @@ void tr_prepare_help(FILE *out)
             "object per line, one document per record: its --text-field string); either may\n"
             "be gzip- or zstd-compressed (.gz, .zst).\n"
             "CSV inputs are checked and cleaned into OUTDIR/data.csv for the csv plugin.\n"
+            "Image folders (one subdirectory per class) and WebDataset tar shards become\n"
+            "image shards for data = { plugin = \"images\", ... }: OUTDIR/train_000000.bin,\n"
+            "OUTDIR/val_000000.bin, OUTDIR/classes.txt, OUTDIR/prepare.json.\n"
             "\n"
             "  -o, --out DIR            output directory (created if missing)\n"
-            "  --format text|csv|instruct\n"
+            "  --format text|csv|instruct|images\n"
             "                           default: csv when every input ends in .csv or\n"
-            "                           .csv.gz, else text; instruct is never guessed:\n"
+            "                           .csv.gz, images when every input is a folder or a\n"
+            "                           .tar, else text; instruct is never guessed:\n"
             "                           JSONL of {\"prompt\", \"response\"} or chat\n"
             "                           {\"messages\": [{\"role\", \"content\"}, ...]} records\n"
             "                           into shards with a loss mask that trains on the\n"
@@ -84,9 +88,25 @@ void tr_prepare_help(FILE *out)
             "                           byte and char put the separator after each document\n"
             "  --header                 CSV: the first line of each input names the columns\n"
             "\n"
+            "Images (--format images; see docs/data.md, Images):\n"
+            "  --size N                 required: every image is resized so that its shorter\n"
+            "                           side is N, then its centre N x N kept\n"
+            "  --channels 3|1           RGB (default) or grey\n"
+            "  --val DIR|TAR            validation images (repeatable), instead of a\n"
+            "                           --val-fraction of the inputs (chosen by a hash of\n"
+            "                           each file's name)\n"
+            "  --augment-copies N       offline augmentation: N extra copies of each\n"
+            "                           training image, randomly cropped from it padded by\n"
+            "                           --augment-pad zeros (default N/8 of --size)\n"
+            "  --augment-flip           the copies are also mirrored at random\n"
+            "  --seed N                 the copies' draws and the split's hash (default 0)\n"
+            "  --shard-images N         images per shard (default: about 1 GiB of pixels)\n"
+            "  --skip-bad-records       also: skip images that do not decode (counted, the\n"
+            "                           first %d named) instead of stopping at the first\n"
+            "\n"
             "A progress bar (MB/s, ETA) is drawn on stderr when it is a terminal.\n"
             "See docs/data.md.\n",
-            SAMPLES_SHOWN);
+            SAMPLES_SHOWN, SAMPLES_SHOWN);
 }
 
 void tr_prepare_vfail(const char *fmt, va_list ap)
@@ -174,6 +194,7 @@ int tr_prepare_claim_out_dir(const char *dir)
         if (strcmp(e->d_name, "prepare.json") == 0 || strcmp(e->d_name, "data.csv") == 0 ||
             strcmp(e->d_name, "tokenizer.json") == 0 ||
             strcmp(e->d_name, "tokenizer_config.json") == 0 ||
+            strcmp(e->d_name, "classes.txt") == 0 ||
             shard_index(e->d_name, "train") >= 0 || shard_index(e->d_name, "val") >= 0)
             theirs = e->d_name;
     if (theirs) {
@@ -274,12 +295,18 @@ static int parse_args(int argc, char **argv, struct prepare_opts *o, int *help)
             o->skip_bad_records = 1;
             continue;
         }
+        if (strcmp(a, "--augment-flip") == 0) {
+            o->augment_flip = 1;
+            continue;
+        }
         /* --flag value or --flag=value */
         static const char *const known[] = {"-o", "--out", "--format", "--tokenizer", "--dedup",
                                             "--doc-separator", "--shard-tokens",
                                             "--val-fraction", "--near-threshold",
                                             "--text-field", "--eos", "--workers",
-                                            "--train-tokenizer"};
+                                            "--train-tokenizer", "--val", "--size",
+                                            "--channels", "--augment-copies", "--augment-pad",
+                                            "--seed", "--shard-images"};
         char name[64];
         const char *value;
         const char *eq = strchr(a, '=');
@@ -305,9 +332,38 @@ static int parse_args(int argc, char **argv, struct prepare_opts *o, int *help)
         if (strcmp(name, "-o") == 0 || strcmp(name, "--out") == 0) {
             o->out_dir = value;
         } else if (strcmp(name, "--format") == 0) {
-            if (!one_of(name, value, "text", "csv", "instruct"))
+            if (strcmp(value, "images") != 0 && !one_of(name, value, "text", "csv", "instruct"))
                 return TR_EXIT_USAGE;
             o->format = value;
+        } else if (strcmp(name, "--val") == 0) {
+            o->val_inputs[o->n_val_inputs++] = value;
+        } else if (strcmp(name, "--size") == 0 || strcmp(name, "--augment-copies") == 0 ||
+                   strcmp(name, "--augment-pad") == 0 || strcmp(name, "--channels") == 0) {
+            long v = strtol(value, &end, 10);
+            int size = strcmp(name, "--size") == 0, copies = strcmp(name, "--augment-copies") == 0;
+            int channels = strcmp(name, "--channels") == 0;
+            long lo = size ? 1 : 0, hi = size ? 4096 : copies ? 1000 : 1024;
+            if (end == value || *end || v < lo || v > hi || (channels && v != 1 && v != 3)) {
+                if (channels)
+                    fprintf(stderr, "trainrun prepare: error: --channels must be 3 (RGB) or 1 "
+                                    "(grey), not '%s'\n", value);
+                else
+                    fprintf(stderr, "trainrun prepare: error: %s must be an integer from %ld to "
+                                    "%ld, not '%s'\n", name, lo, hi, value);
+                return TR_EXIT_USAGE;
+            }
+            *(size ? &o->image_size : copies ? &o->augment_copies
+              : channels ? &o->channels : &o->augment_pad) = (int)v;
+        } else if (strcmp(name, "--seed") == 0 || strcmp(name, "--shard-images") == 0) {
+            errno = 0;
+            unsigned long long v = strtoull(value, &end, 10);
+            int shard = strcmp(name, "--shard-images") == 0;
+            if (end == value || *end || errno || value[0] == '-' || (shard && v < 1)) {
+                fprintf(stderr, "trainrun prepare: error: %s must be an integer of at least "
+                                "%d, not '%s'\n", name, shard, value);
+                return TR_EXIT_USAGE;
+            }
+            *(shard ? &o->shard_images : &o->seed) = v;
         } else if (strcmp(name, "--tokenizer") == 0) {
             if (!*value) {
                 fprintf(stderr, "trainrun prepare: error: --tokenizer must be byte, char or the "
@@ -370,6 +426,7 @@ static int parse_args(int argc, char **argv, struct prepare_opts *o, int *help)
                 return TR_EXIT_USAGE;
             }
             o->val_fraction = v;
+            o->val_fraction_set = 1;
         } else { /* --near-threshold */
             double v = strtod(value, &end);
             if (end == value || *end || !(v > 0 && v <= 1)) {
@@ -393,9 +450,13 @@ int tr_prepare_main(int argc, char **argv)
         .near_threshold = 0.8,
         .doc_separator = "blank-line",
         .text_field = "text",
+        .channels = 3,
+        .augment_pad = -1,
     };
     o.inputs = calloc((size_t)(argc > 0 ? argc : 1), sizeof *o.inputs);
-    if (!o.inputs) {
+    o.val_inputs = calloc((size_t)(argc > 0 ? argc : 1), sizeof *o.val_inputs);
+    if (!o.inputs || !o.val_inputs) {
+        free(o.val_inputs);
         tr_prepare_fail("out of memory");
         return TR_EXIT_ERROR;
     }
@@ -405,6 +466,7 @@ int tr_prepare_main(int argc, char **argv)
         if (help)
             tr_prepare_help(stdout);
         free(o.inputs);
+        free(o.val_inputs);
         return code;
     }
     if (o.n_inputs == 0 || !o.out_dir) {
@@ -413,18 +475,46 @@ int tr_prepare_main(int argc, char **argv)
                                                                    "with -o OUTDIR");
         tr_prepare_help(stderr);
         free(o.inputs);
+        free(o.val_inputs);
         return TR_EXIT_USAGE;
     }
     if (strlen(o.out_dir) > 3000) {
         fprintf(stderr, "trainrun prepare: error: the output directory's path is too long\n");
         free(o.inputs);
+        free(o.val_inputs);
         return TR_EXIT_USAGE;
     }
     if (!o.format) {
-        int all_csv = 1;
-        for (int i = 0; i < o.n_inputs; i++)
+        int all_csv = 1, all_images = 1;
+        for (int i = 0; i < o.n_inputs; i++) {
             all_csv &= ends_with(o.inputs[i], ".csv") || ends_with(o.inputs[i], ".csv.gz");
-        o.format = all_csv ? "csv" : "text";
+            all_images &= tr_prepare_is_image_input(o.inputs[i]);
+        }
+        o.format = all_csv ? "csv" : all_images ? "images" : "text";
+    }
+    int images = strcmp(o.format, "images") == 0;
+    if (!images && (o.image_size || o.n_val_inputs || o.augment_copies || o.augment_flip ||
+                    o.augment_pad >= 0 || o.channels != 3 || o.seed || o.shard_images)) {
+        fprintf(stderr, "trainrun prepare: error: --size, --channels, --val, --augment-*, --seed "
+                        "and --shard-images go with --format images (image folders or tar "
+                        "shards), not --format %s\n", o.format);
+        free(o.inputs);
+        free(o.val_inputs);
+        return TR_EXIT_USAGE;
+    }
+    if (images) {
+        if (o.n_val_inputs && o.val_fraction_set) {
+            fprintf(stderr, "trainrun prepare: error: --val names the validation images: leave "
+                            "out --val-fraction\n");
+            code = TR_EXIT_USAGE;
+        } else {
+            if (o.augment_pad < 0)
+                o.augment_pad = o.image_size / 8;
+            code = tr_prepare_images(&o) == 0 ? TR_EXIT_OK : TR_EXIT_ERROR;
+        }
+        free(o.inputs);
+        free(o.val_inputs);
+        return code;
     }
 
     char *trained = NULL;
@@ -438,6 +528,7 @@ int tr_prepare_main(int argc, char **argv)
                           "tokenizer: train one on text first, then pass it with --tokenizer)"
                         : "--tokenizer");
             free(o.inputs);
+            free(o.val_inputs);
             return TR_EXIT_USAGE;
         }
         /* the trained file, then the tokenizer.json path as for --tokenizer FILE */
@@ -450,22 +541,26 @@ int tr_prepare_main(int argc, char **argv)
                         "tokenizer.json); byte and char tokens put the document separator "
                         "after each document\n");
         free(o.inputs);
+        free(o.val_inputs);
         return TR_EXIT_USAGE;
     }
 
     if (strcmp(o.format, "csv") == 0) {
         code = tr_prepare_csv(&o) == 0 ? TR_EXIT_OK : TR_EXIT_ERROR;
         free(o.inputs);
+        free(o.val_inputs);
         return code;
     }
     if (strcmp(o.format, "instruct") == 0) { /* never guessed from the inputs */
         code = tr_prepare_instruct(&o) == 0 ? TR_EXIT_OK : TR_EXIT_ERROR;
         free(o.inputs);
+        free(o.val_inputs);
         return code;
     }
 
     int rc = tr_prepare_text(&o);
     free(trained);
     free(o.inputs);
+    free(o.val_inputs);
     return rc == 0 ? TR_EXIT_OK : TR_EXIT_ERROR;
 }

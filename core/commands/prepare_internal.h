@@ -34,6 +34,17 @@ struct prepare_opts {
     double near_threshold;
     const char *doc_separator; /* "blank-line" or "line" */
     int header;                /* CSV: the first line of each input names the columns */
+    /* --format images (prepare_images.c) */
+    const char **val_inputs;   /* --val: validation folders or tars (then no val_fraction) */
+    int n_val_inputs;
+    int val_fraction_set;      /* --val-fraction was given */
+    int image_size;            /* --size: the side of the square images (0: not given) */
+    int channels;              /* --channels: 3 (RGB) or 1 (grey) */
+    int augment_copies;        /* --augment-copies: extra cropped/flipped training copies */
+    int augment_pad;           /* --augment-pad: their crop's padding (-1: size / 8) */
+    int augment_flip;          /* --augment-flip: copies may be mirrored */
+    uint64_t seed;             /* --seed: the copies' draws and the split's hash */
+    uint64_t shard_images;     /* --shard-images: images per shard (0: about 1 GiB) */
 };
 
 /* Make OUTDIR ours (created by the caller): refused, with a message, when it
@@ -189,6 +200,14 @@ int tr_prepare_csv(const struct prepare_opts *o);
  * with a loss mask that trains on the responses only, and prepare.json.
  * 0 or -1 (messages on stderr). */
 int tr_prepare_instruct(const struct prepare_opts *o);
+
+/* --format images (prepare_images.c): image folders and WebDataset tars
+ * decoded, resized and written as TRIMAGES shards, classes.txt and
+ * prepare.json.  0 or -1 (messages on stderr). */
+int tr_prepare_images(const struct prepare_opts *o);
+/* 1 when path is a folder or a tar shard (.tar, .tar.gz, ...): what
+ * --format images reads, and what makes prepare guess that format. */
+int tr_prepare_is_image_input(const char *path);
 
 /* --train-tokenizer (prepare_train.c): a byte-level BPE of `vocab` tokens trained on the kept
  * documents of d->v[0, to) (the training split), written as OUTDIR/tokenizer.json (a stale

@@ -316,7 +316,8 @@ int tr_run_setup(struct run *r, tr_err *err)
 
     /* train.tokens / train.epochs: the step count, now that the sequence
      * length and the training split are known */
-    if (!r->eval_only && tr_train_resolve_steps(cfg, seq_len, di->samples[TR_SPLIT_TRAIN],
+    if (!r->eval_only && tr_train_resolve_steps(cfg, seq_len, di->samples[TR_SPLIT_TRAIN] /
+                                                (di->train_views > 1 ? di->train_views : 1),
                                                 (uint64_t)cfg->train.micro_batch, err) != TR_OK)
         return TR_ERROR;
 

@@ -251,6 +251,10 @@ struct tr_data_info {
                                        * token: seq_len); an in-order pass, an evaluation,
                                        * reads samples 0, s, 2s, ... of the split so that
                                        * it sees each token once.  0 or 1: every sample */
+    uint64_t train_views;             /* the training split offers each example as this many
+                                       * samples (augmented views of an image: the images
+                                       * source); train.epochs counts examples, samples /
+                                       * train_views.  0 or 1: a sample is an example */
 };
 
 struct tr_data_vtable {
