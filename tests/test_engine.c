@@ -514,3 +514,125 @@ Test(loss_mask, masked_targets_contribute_nothing_to_the_gradient, .init = envir
     free(gub);
     nftw(dirbuf, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
+
+/* ---- batch norm's running statistics (tests/config/tiny_cnn.lua) ------------ */
+
+/* Fixed images and labels in the graph's inputs. */
+static void cnn_inputs(struct tr_graph *g, int salt)
+{
+    struct tr_tensor *x = &g->tensors[g->inputs[0]], *y = &g->tensors[g->inputs[1]];
+    float *px = x->data;
+    int32_t *py = y->data;
+    for (size_t i = 0; i < x->numel; i++)
+        px[i] = (float)(((i * 37 + (size_t)salt * 11) % 29) / 7.0 - 2.0);
+    for (size_t i = 0; i < y->numel; i++)
+        py[i] = (int32_t)((i + (size_t)salt) % 3);
+}
+
+static const struct tr_node *first_batchnorm(const struct tr_graph *g)
+{
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].op == TR_OP_BATCHNORM)
+            return &g->nodes[i];
+    cr_assert_fail("the tiny CNN has no batch norm");
+    return NULL;
+}
+
+/* Training forward moves running[2,C] by momentum toward the batch's mean
+ * and unbiased variance (PyTorch's rule); an eval forward normalises with
+ * running and changes nothing; a second training forward moves it again
+ * (each micro-batch of an accumulated step counts, as in PyTorch). */
+Test(batchnorm, running_statistics_train_and_eval, .init = environment)
+{
+    struct engine e;
+    engine_open(&e, CONFIG_DIR "tiny_cnn.lua", 4);
+    struct tr_graph *g = e.g;
+    cr_assert_eq(g->n_buffers, 2 * (3 + 5), "running[2,C] of both batch norms");
+    tr_graph_init_params(g, &e.be, 3);
+    const struct tr_node *bn = first_batchnorm(g);
+    const struct tr_tensor *x = &g->tensors[bn->in[0]], *out = &g->tensors[bn->out];
+    float *running = g->tensors[bn->buffer].data;
+    int C = 3;
+    for (int c = 0; c < C; c++)
+        cr_assert(running[c] == 0.0f && running[C + c] == 1.0f, "running starts at mean 0, variance 1");
+    cnn_inputs(g, 0);
+    cr_assert_eq(g->training, 1, "a graph starts in training mode");
+    tr_graph_forward(g, &e.be);
+
+    /* the batch's statistics by hand, over B x H x W rows */
+    size_t rows = x->numel / (size_t)C;
+    const float *px = x->data;
+    double mean[3] = {0}, var[3] = {0};
+    for (size_t r = 0; r < rows; r++)
+        for (int c = 0; c < C; c++)
+            mean[c] += px[r * (size_t)C + (size_t)c] / (double)rows;
+    for (size_t r = 0; r < rows; r++)
+        for (int c = 0; c < C; c++) {
+            double d = px[r * (size_t)C + (size_t)c] - mean[c];
+            var[c] += d * d;
+        }
+    float after_one[6];
+    for (int c = 0; c < C; c++) {
+        double m = 0.1 * mean[c], v = 0.9 + 0.1 * var[c] / (double)(rows - 1);
+        cr_assert_float_eq(running[c], m, 1e-5 + 1e-5 * fabs(m), "running mean %d: %g, by hand %g", c,
+                           running[c], m);
+        cr_assert_float_eq(running[C + c], v, 1e-5 * v, "running variance %d: %g, by hand %g (unbiased)", c,
+                           running[C + c], v);
+    }
+    memcpy(after_one, running, sizeof after_one);
+
+    /* eval: normalised with running, which does not move */
+    g->training = 0;
+    tr_graph_forward(g, &e.be);
+    cr_assert_arr_eq(running, after_one, sizeof after_one, "an eval forward changed the running statistics");
+    const float *w = g->tensors[bn->in[1]].data, *b = g->tensors[bn->in[2]].data;
+    const float *py = out->data;
+    for (size_t r = 0; r < rows; r += 5)
+        for (int c = 0; c < C; c++) {
+            size_t i = r * (size_t)C + (size_t)c;
+            double want = (px[i] - after_one[c]) / sqrt(after_one[C + c] + bn->eps) * w[c] + b[c];
+            cr_assert_float_eq(py[i], want, 1e-5 + 1e-5 * fabs(want), "eval output %zu: %g, by hand %g", i,
+                               py[i], want);
+        }
+
+    /* training again: a second update on the same batch */
+    g->training = 1;
+    tr_graph_forward(g, &e.be);
+    for (int c = 0; c < C; c++) {
+        double m = 0.9 * after_one[c] + 0.1 * mean[c];
+        cr_assert_float_eq(running[c], m, 1e-5 + 1e-5 * fabs(m), "second update of mean %d", c);
+    }
+    engine_close(&e);
+}
+
+/* Backward re-runs a recomputed segment's forward with g->recomputing set:
+ * the running statistics move once per forward, exactly as without
+ * recomputation, and the gradients are the same bits. */
+Test(batchnorm, recompute_updates_the_running_statistics_once, .init = environment)
+{
+    const char *every_stage[] = {"model.recompute=1"};
+    struct engine plain, again;
+    engine_open(&plain, CONFIG_DIR "tiny_cnn.lua", 4);
+    engine_open_with(&again, CONFIG_DIR "tiny_cnn.lua", 4, every_stage, 1);
+    cr_assert_gt(again.g->memory.recompute, 0, "the stages are recomputed");
+    struct engine *both[] = {&plain, &again};
+    for (int k = 0; k < 2; k++) {
+        struct tr_graph *g = both[k]->g;
+        tr_graph_init_params(g, &both[k]->be, 9);
+        for (int step = 0; step < 2; step++) {
+            memset(g->grads, 0, g->n_params * sizeof(float));
+            cnn_inputs(g, step);
+            tr_graph_forward(g, &both[k]->be);
+            g->loss_grad = 1.0f;
+            tr_graph_backward(g, &both[k]->be);
+            cr_assert_eq(g->recomputing, 0, "recomputing is cleared after the segment");
+        }
+    }
+    cr_assert_eq(plain.g->n_buffers, again.g->n_buffers);
+    cr_assert_arr_eq(again.g->buffers, plain.g->buffers, plain.g->n_buffers * sizeof(float),
+                     "recomputation moved the running statistics a second time");
+    cr_assert_arr_eq(again.g->grads, plain.g->grads, plain.g->n_params * sizeof(float),
+                     "recomputation changed the gradients");
+    engine_close(&plain);
+    engine_close(&again);
+}

@@ -894,3 +894,63 @@ Test(limits, the_graph_refuses_sizes_past_its_limits)
               err.msg);
     tr_graph_free(g, NULL);
 }
+
+/* ---- image models: FLOPs per sample from the shapes ------------------------ */
+
+#define CNN TR_TEST_SRCDIR "/config/plan_cnn.lua"
+
+/* A convolution's weights multiply at every output position: the count is
+ * 6 x the multiply-adds per sample, OH x OW x OC x KH x KW x IC/groups per
+ * convolution and rows x IC x OC per linear layer, not 6 x the parameters. */
+Test(plan, counts_conv_flops_per_sample_from_the_shapes, .init = environment)
+{
+    struct tr_plan p;
+    tr_err err = {{0}};
+    cr_assert_eq(tr_plan_build(&p, CNN, NULL, 0, &err), TR_OK, "%s", err.msg);
+    /* 6x6 at 4 channels: 2->4 and 4->4; after the pool 3x3 at 8: 4->8, 8->8 */
+    double macs = 36.0 * 4 * 9 * 2 + 36.0 * 4 * 9 * 4 + 9.0 * 8 * 9 * 4 + 9.0 * 8 * 9 * 8;
+    double head = 8.0 * 5;
+    cr_assert_eq(p.convs, 4);
+    cr_assert_eq(p.conv_flops, 6 * macs, "conv FLOPs %.0f, by hand %.0f", p.conv_flops, 6 * macs);
+    cr_assert_eq(p.dense_flops, 6 * head);
+    cr_assert_eq(p.flops_per_token, 6 * (macs + head), "per sample");
+    cr_assert_eq(p.sequence_model, 0);
+    cr_assert_eq(p.tokens_per_step, 16.0, "a sample is the unit: train.batch of them per step");
+    /* parameters: convs without bias, batch norm scale and shift, the head */
+    int64_t P = (4 * 9 * 2 + 4 * 9 * 4 + 8 * 9 * 4 + 8 * 9 * 8) + 2 * (4 + 4 + 8 + 8) + 8 * 5 + 5;
+    cr_assert_eq(p.params, P, "params %lld, by hand %lld", (long long)p.params, (long long)P);
+    /* the running statistics (2 x C floats per batch norm) ride in the
+     * parameters row; gradients and optimizer state have none */
+    size_t buffers = 2 * (4 + 4 + 8 + 8);
+    cr_assert_eq(p.memory.params, ((size_t)P + buffers) * 4);
+    cr_assert_eq(p.memory.grads, (size_t)P * 4);
+    cr_assert_eq(p.memory.optimizer, 2 * (size_t)P * 4);
+    tr_plan_free(&p);
+
+    /* strides and groups change the count as the shapes do */
+    const char *ov[] = {"model.kernel=5"};
+    cr_assert_eq(tr_plan_build(&p, CNN, ov, 1, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(p.conv_flops, 6 * macs * 25 / 9);
+    tr_plan_free(&p);
+}
+
+/* ResNet-18 and -50 at 224x224: the multiply-adds every paper quotes
+ * (1.814 G and 4.09 G forward), and torchvision's parameter counts. */
+Test(plan, resnet_flops_and_parameters_match_the_published_counts, .init = environment)
+{
+    struct { const char *depth; double conv_macs, fc_macs; int64_t params; } cases[] = {
+        {"model.depth=18", 1813561344.0, 512000.0, 11689512},
+        {"model.depth=50", 4087136256.0, 2048000.0, 25557032},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const char *ov[] = {cases[i].depth};
+        struct tr_plan p;
+        tr_err err = {{0}};
+        cr_assert_eq(tr_plan_build(&p, TR_TEST_SRCDIR "/config/plan_resnet.lua", ov, 1, &err), TR_OK,
+                     "%s", err.msg);
+        cr_assert_eq(p.params, cases[i].params, "%s: %lld parameters", cases[i].depth, (long long)p.params);
+        cr_assert_eq(p.conv_flops, 6 * cases[i].conv_macs, "%s: %.0f", cases[i].depth, p.conv_flops / 6);
+        cr_assert_eq(p.dense_flops, 6 * cases[i].fc_macs);
+        tr_plan_free(&p);
+    }
+}

@@ -1134,3 +1134,281 @@ Test(value, tables_strings_and_origins_format)
     cr_assert_eq(tr_value_child(t, "b"), b2);
     tr_value_free(t);
 }
+
+/* ---- convolutional models --------------------------------------------------- */
+
+/* A conv graph's defect, put in after g:finish, refused at the model's line. */
+static void expect_conv_error(const char *defect, const char *want)
+{
+    char ov[64];
+    snprintf(ov, sizeof ov, "model.case=%s", defect);
+    const char *ovs[] = {ov};
+    tr_err err = {{0}};
+    struct tr_recipe *r = tr_recipe_load("recipes/limits/bad_conv.lua", ovs, 1, &real_paths, &err);
+    cr_assert_not_null(r, "%s", err.msg);
+    struct tr_graph *g = tr_model_build(r, 4, &err);
+    cr_assert_null(g, "the %s graph was accepted", defect);
+    char full[1024];
+    snprintf(full, sizeof full, "recipes/limits/bad_conv.lua:29: model: %s", want);
+    cr_assert_str_eq(err.msg, full, "defect %s:\ngot:  %s\nwant: %s", defect, err.msg, full);
+    tr_recipe_free(r);
+}
+
+static const struct tr_node *conv_node(const struct tr_graph *g, const char *name)
+{
+    for (int i = 0; i < g->n_nodes; i++)
+        if (strcmp(g->nodes[i].name, name) == 0)
+            return &g->nodes[i];
+    cr_assert_fail("no node '%s'", name);
+    return NULL;
+}
+
+Test(model_graph, conv_ops_build_with_their_attributes_defaults_and_buffers)
+{
+    tr_err err = {{0}};
+    const char *ovs[] = {"model.case=none"};
+    struct tr_recipe *r = tr_recipe_load("recipes/limits/bad_conv.lua", ovs, 1, &real_paths, &err);
+    cr_assert_not_null(r, "%s", err.msg);
+    struct tr_graph *g = tr_model_build(r, 4, &err);
+    cr_assert_not_null(g, "%s", err.msg);
+    const struct tr_node *conv = conv_node(g, "conv");
+    cr_assert(conv->op == TR_OP_CONV2D && conv->kernel[0] == 3 && conv->kernel[1] == 3,
+              "the kernel is the weight's window");
+    cr_assert(conv->stride[0] == 1 && conv->stride[1] == 1 && conv->pad[0] == 1 && conv->pad[1] == 1);
+    cr_assert(conv->dilation[0] == 1 && conv->dilation[1] == 1 && conv->groups == 1);
+    const struct tr_tensor *y = &g->tensors[conv->out];
+    cr_assert(y->ndim == 4 && y->shape[0] == 4 && y->shape[1] == 6 && y->shape[2] == 6 && y->shape[3] == 4);
+    const struct tr_node *bn = conv_node(g, "bn");
+    cr_assert(bn->op == TR_OP_BATCHNORM && bn->eps == 1e-5f && bn->momentum == 0.1f);
+    const struct tr_tensor *running = &g->tensors[bn->buffer];
+    cr_assert_str_eq(running->name, "bn.running");
+    cr_assert(running->role == TR_ROLE_BUFFER && running->ndim == 2 && running->shape[0] == 2 &&
+              running->shape[1] == 4);
+    cr_assert_eq(bn->n_aux, 2, "batch mean and rstd saved for backward");
+    cr_assert(g->tensors[bn->aux[0]].numel == 4 && g->tensors[bn->aux[1]].numel == 4);
+    const struct tr_node *pool = conv_node(g, "pool");
+    cr_assert(pool->op == TR_OP_MAXPOOL && pool->kernel[0] == 2 && pool->stride[0] == 2 &&
+              pool->stride[1] == 2 && pool->pad[0] == 0, "pooling strides by its window");
+    cr_assert_eq(g->tensors[pool->out].shape[1], 3);
+    const struct tr_node *gap = conv_node(g, "gap");
+    cr_assert(g->tensors[gap->out].ndim == 2 && g->tensors[gap->out].shape[1] == 4);
+    tr_graph_free(g, NULL);
+    tr_recipe_free(r);
+}
+
+Test(model_graph, conv_attribute_defects_are_refused)
+{
+    expect_conv_error("stride_zero", "node 1 (conv2d 'conv'): 'stride' is 0; it must be a whole number from 1 "
+                      "to 65536, or a pair {h, w} of them");
+    expect_conv_error("stride_fraction", "node 1 (conv2d 'conv'): 'stride' is a table that is not {h, w} "
+                      "within range; it must be a whole number from 1 to 65536, or a pair {h, w} of them");
+    expect_conv_error("stride_triple", "node 1 (conv2d 'conv'): 'stride' is a table that is not {h, w} "
+                      "within range; it must be a whole number from 1 to 65536, or a pair {h, w} of them");
+    expect_conv_error("pad_negative", "node 1 (conv2d 'conv'): 'pad' is -1; it must be a whole number from 0 "
+                      "to 65536, or a pair {h, w} of them");
+    expect_conv_error("dilation_huge", "node 1 (conv2d 'conv'): 'dilation' is 1099511627776; it must be a whole "
+                      "number from 1 to 65536, or a pair {h, w} of them");
+    expect_conv_error("groups_zero", "node 1 (conv2d 'conv'): 'groups' is 0; it must be a whole number from 1 "
+                      "to 2147483647");
+    expect_conv_error("groups_not_dividing", "conv2d 'conv': 3 groups must divide the 2 input channels of "
+                      "'images' and the 4 output channels of 'conv.weight'");
+    expect_conv_error("window_too_big", "conv2d 'conv': the window 3x3 (dilation 5x5) does not fit input "
+                      "'images' [4,6,6,2] padded by 1x1; use a smaller window or more padding");
+    expect_conv_error("kernel_not_weight", "conv2d 'conv': kernel 5x5 differs from the window of weight "
+                      "'conv.weight' [4,3,3,2]");
+    expect_conv_error("image_flat", "conv2d 'conv': input 'images' [4,36] must be an image batch x[B,H,W,C] "
+                      "(channel-last)");
+    expect_conv_error("pool_pad", "maxpool 'pool': padding 2x2 is more than half the window 2x2");
+    expect_conv_error("pool_no_kernel", "maxpool 'pool': needs a window: kernel 0x0 (1 or more on each side)");
+}
+
+Test(model_graph, batchnorm_buffer_defects_are_refused)
+{
+    const char *momentum = "node 2 (batchnorm 'bn'): 'momentum' must be a number above 0 and at most 1 (the "
+                           "weight of each batch in the running statistics)";
+    expect_conv_error("momentum_zero", momentum);
+    expect_conv_error("momentum_big", momentum);
+    const char *missing = "batchnorm 'bn': needs its running statistics: a buffer tensor running[2,4] (the "
+                          "buffer attribute)";
+    expect_conv_error("buffer_missing", missing);
+    expect_conv_error("buffer_not_buffer", missing);
+    expect_conv_error("buffer_past_end", "node 2 (batchnorm 'bn'): the buffer is 2147483648; it must be a "
+                      "tensor id, a whole number from 1 to 19");
+    expect_conv_error("buffer_shape", "batchnorm 'bn': buffer 'bn.running' [4] must be [2,4]: the running mean "
+                      "and variance of each channel");
+    expect_conv_error("buffer_as_input", "maxpool 'pool': input 'bn.running' is a buffer (running statistics); "
+                      "only batchnorm reads it, through its buffer attribute");
+    expect_conv_error("buffer_shared", "batchnorm 'bn2': buffer 'bn.running' is already the running statistics "
+                      "of 'bn'; each batchnorm needs its own");
+}
+
+Test(model_graph, conv_op_mistakes_name_the_builder_line)
+{
+    struct { const char *c, *want; } cases[] = {
+        {"window", "recipes/limits/bad_conv_builder.lua:12: conv2d: the window 7 (dilation 1) does not fit "
+                   "images [4,6,6,2] padded by 0"},
+        {"groups", "recipes/limits/bad_conv_builder.lua:13: conv2d: weight w [4,3,3,2] needs 1 input channels "
+                   "(images [4,6,6,2] over 2 groups)"},
+        {"stride", "recipes/limits/bad_conv_builder.lua:14: conv2d: stride must be whole numbers from 1 to "
+                   "65536, got 0"},
+        {"flat", "recipes/limits/bad_conv_builder.lua:15: maxpool: the input must be an image batch [B,H,W,C] "
+                 "(channel-last), got [4,36]"},
+        {"pool_pad", "recipes/limits/bad_conv_builder.lua:16: avgpool: padding 2 is more than half the window 3"},
+        {"running", "recipes/limits/bad_conv_builder.lua:17: batchnorm: running must be a buffer [2,2] "
+                    "(g:buffer)"},
+        {"momentum", "recipes/limits/bad_conv_builder.lua:18: batchnorm: momentum must be above 0 and at most 1, "
+                     "got 0"},
+    };
+    size_t n = sizeof cases / sizeof *cases;
+    for (size_t i = 0; i <= n; i++) {
+        char ov[64];
+        snprintf(ov, sizeof ov, "model.case=%s", i < n ? cases[i].c : "none");
+        const char *ovs[] = {ov};
+        tr_err err = {{0}};
+        struct tr_recipe *r = tr_recipe_load("recipes/limits/bad_conv_builder.lua", ovs, 1, &real_paths, &err);
+        cr_assert_not_null(r, "%s", err.msg);
+        struct tr_graph *g = tr_model_build(r, 4, &err);
+        if (i == n) { /* without a mistake it builds: conv, pools, batch norm */
+            cr_assert_not_null(g, "%s", err.msg);
+            const struct tr_node *avg = conv_node(g, "avg");
+            cr_assert(avg->op == TR_OP_AVGPOOL && avg->kernel[0] == 3 && avg->stride[0] == 1 && avg->pad[1] == 1);
+            tr_graph_free(g, NULL);
+        } else {
+            cr_assert_null(g, "%s was accepted", cases[i].c);
+            cr_assert_str_eq(err.msg, cases[i].want);
+        }
+        tr_recipe_free(r);
+    }
+}
+
+static struct tr_graph *build_recipe(const char *path, const char *const *overrides, int n, tr_err *err)
+{
+    struct tr_recipe *r = tr_recipe_load(path, overrides, n, &real_paths, err);
+    cr_assert_not_null(r, "%s", err->msg);
+    struct tr_graph *g = tr_model_build(r, 2, err);
+    tr_recipe_free(r);
+    return g;
+}
+
+static const struct tr_tensor *image_tensor(const struct tr_graph *g, const char *name, enum tr_role role,
+                                            int ndim, const int64_t *shape)
+{
+    int i = tr_graph_find(g, name);
+    cr_assert(i >= 0, "no tensor '%s'", name);
+    const struct tr_tensor *t = &g->tensors[i];
+    cr_assert_eq(t->role, role, "'%s' role %d", name, (int)t->role);
+    cr_assert_eq(t->ndim, ndim, "'%s' has %d dimensions", name, t->ndim);
+    for (int d = 0; d < ndim; d++)
+        cr_assert_eq(t->shape[d], shape[d], "'%s' dimension %d is %lld", name, d + 1, (long long)t->shape[d]);
+    return t;
+}
+
+Test(cnn, builds_stages_of_conv_batchnorm_relu_and_a_head, .init = enter_test_dir)
+{
+    tr_err err = {{0}};
+    struct tr_graph *g = build_recipe("recipes/limits/cnn_options.lua", NULL, 0, &err);
+    cr_assert_not_null(g, "%s", err.msg);
+    image_tensor(g, "images", TR_ROLE_INPUT, 4, (int64_t[]){2, 8, 8, 1});
+    const struct tr_tensor *w = image_tensor(g, "stages.0.0.conv.weight", TR_ROLE_PARAM, 4, (int64_t[]){4, 3, 3, 1});
+    cr_assert(w->init == TR_INIT_NORMAL && w->decay && fabs(w->init_std - sqrt(2.0 / 9)) < 1e-12,
+              "He init from the fan-in, weight-decayed");
+    image_tensor(g, "stages.1.1.conv.weight", TR_ROLE_PARAM, 4, (int64_t[]){8, 3, 3, 8});
+    cr_assert_eq(tr_graph_find(g, "stages.0.0.conv.bias"), -1, "batch norm follows: no conv bias");
+    const struct tr_tensor *s = image_tensor(g, "stages.1.0.bn.weight", TR_ROLE_PARAM, 1, (int64_t[]){8});
+    cr_assert(s->init == TR_INIT_ONES && !s->decay);
+    image_tensor(g, "stages.1.0.bn.running", TR_ROLE_BUFFER, 2, (int64_t[]){2, 8});
+    image_tensor(g, "head.weight", TR_ROLE_PARAM, 2, (int64_t[]){10, 8});
+    cr_assert_eq(conv_node(g, "stages.1.pool")->op, TR_OP_MAXPOOL);
+    cr_assert_eq(g->tensors[conv_node(g, "stages.1.pool")->out].shape[1], 4, "8x8 pooled to 4x4");
+    tr_graph_free(g, NULL);
+
+    const char *ov[] = {"model.batchnorm=false", "model.pool=avg", "model.recompute=1"};
+    g = build_recipe("recipes/limits/cnn_options.lua", ov, 3, &err);
+    cr_assert_not_null(g, "%s", err.msg);
+    cr_assert_eq(tr_graph_find(g, "stages.0.0.bn.running"), -1);
+    image_tensor(g, "stages.0.0.conv.bias", TR_ROLE_PARAM, 1, (int64_t[]){4});
+    cr_assert_eq(conv_node(g, "stages.1.pool")->op, TR_OP_AVGPOOL);
+    cr_assert(conv_node(g, "stages.0.1.relu")->segment > 0 && conv_node(g, "stages.1.1.relu")->segment > 0,
+              "recompute=1: every stage");
+    tr_graph_free(g, NULL);
+}
+
+Test(cnn, bad_options_are_named, .init = enter_test_dir)
+{
+    struct { const char *override, *want; } cases[] = {
+        {"model.pool=min", "cnn: option 'pool' must be \"max\", \"avg\" or \"none\", got min"},
+        {"model.kernel=4", "cnn: option 'kernel' must be odd (same-size convolutions), got 4"},
+        {"model.convs=0", "cnn: option 'convs' must be an integer between 1 and 64, got 0"},
+        {"model.input=8", "cnn: option 'input' must be { H, W, C } (height, width, channels), got 8"},
+        {"model.width=3", "cnn: unknown option 'width'; options: batchnorm, channels, classes, convs, hidden, "
+                          "input, kernel, pool, recompute"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        tr_err err = {{0}};
+        const char *ov[] = {cases[i].override};
+        struct tr_graph *g = build_recipe("recipes/limits/cnn_options.lua", ov, 1, &err);
+        cr_assert_null(g, "%s was accepted", cases[i].override);
+        cr_assert(strstr(err.msg, cases[i].want), "%s:\ngot:  %s\nwant: %s", cases[i].override, err.msg,
+                  cases[i].want);
+    }
+}
+
+Test(resnet, carries_torchvision_names_and_shapes, .init = enter_test_dir)
+{
+    tr_err err = {{0}};
+    struct tr_graph *g = build_recipe("recipes/limits/resnet_options.lua", NULL, 0, &err);
+    cr_assert_not_null(g, "%s", err.msg);
+    image_tensor(g, "conv1.weight", TR_ROLE_PARAM, 4, (int64_t[]){8, 3, 3, 3});
+    image_tensor(g, "bn1.running", TR_ROLE_BUFFER, 2, (int64_t[]){2, 8});
+    image_tensor(g, "layer1.1.conv2.weight", TR_ROLE_PARAM, 4, (int64_t[]){8, 3, 3, 8});
+    cr_assert_eq(tr_graph_find(g, "layer1.0.downsample.0.weight"), -1, "stage 1 keeps the width and size");
+    image_tensor(g, "layer2.0.conv1.weight", TR_ROLE_PARAM, 4, (int64_t[]){16, 3, 3, 8});
+    image_tensor(g, "layer2.0.downsample.0.weight", TR_ROLE_PARAM, 4, (int64_t[]){16, 1, 1, 8});
+    image_tensor(g, "layer2.0.downsample.1.running", TR_ROLE_BUFFER, 2, (int64_t[]){2, 16});
+    cr_assert_eq(conv_node(g, "layer2.0.conv1")->stride[0], 2);
+    cr_assert_eq(conv_node(g, "layer2.0.downsample.0")->stride[1], 2);
+    image_tensor(g, "layer4.1.bn2.running", TR_ROLE_BUFFER, 2, (int64_t[]){2, 64});
+    image_tensor(g, "fc.weight", TR_ROLE_PARAM, 2, (int64_t[]){10, 64});
+    /* the small stem: 32x32 stays 32x32 into layer1, 4x4 into the pool */
+    cr_assert_eq(g->tensors[conv_node(g, "layer1.0.conv1")->in[0]].shape[1], 32);
+    cr_assert_eq(g->tensors[conv_node(g, "avgpool")->in[0]].shape[1], 4);
+    cr_assert_eq(tr_graph_find(g, "maxpool"), -1, "no max pool in the small stem");
+    cr_assert_eq(g->tensors[tr_graph_find(g, "layer3.1.bn2.weight")].init, TR_INIT_ONES);
+    tr_graph_free(g, NULL);
+
+    const char *ov[] = {"model.depth=50", "model.stem=imagenet", "model.zero_init_residual=true",
+                        "model.recompute=2", "model.momentum=0.01"};
+    g = build_recipe("recipes/limits/resnet_options.lua", ov, 5, &err);
+    cr_assert_not_null(g, "%s", err.msg);
+    image_tensor(g, "conv1.weight", TR_ROLE_PARAM, 4, (int64_t[]){8, 7, 7, 3});
+    cr_assert_eq(conv_node(g, "conv1")->stride[0], 2);
+    cr_assert_eq(conv_node(g, "maxpool")->op, TR_OP_MAXPOOL);
+    image_tensor(g, "layer1.0.conv3.weight", TR_ROLE_PARAM, 4, (int64_t[]){32, 1, 1, 8});
+    image_tensor(g, "layer1.0.downsample.0.weight", TR_ROLE_PARAM, 4, (int64_t[]){32, 1, 1, 8});
+    image_tensor(g, "fc.weight", TR_ROLE_PARAM, 2, (int64_t[]){10, 256});
+    cr_assert_eq(g->tensors[tr_graph_find(g, "layer3.1.bn3.weight")].init, TR_INIT_ZEROS,
+                 "zero_init_residual: each block's last batch norm starts at scale 0");
+    cr_assert_eq(g->tensors[tr_graph_find(g, "layer3.1.bn2.weight")].init, TR_INIT_ONES);
+    cr_assert_eq(conv_node(g, "layer2.3.bn1")->momentum, 0.01f);
+    cr_assert(conv_node(g, "layer1.0.relu")->segment > 0 && conv_node(g, "layer1.1.relu")->segment == 0 &&
+              conv_node(g, "layer1.2.relu")->segment > 0, "recompute=2: every other block");
+    tr_graph_free(g, NULL);
+}
+
+Test(resnet, bad_options_are_named, .init = enter_test_dir)
+{
+    struct { const char *override, *want; } cases[] = {
+        {"model.depth=20", "resnet: option 'depth' must be 18, 34 or 50, got 20"},
+        {"model.stem=big", "resnet: option 'stem' must be \"imagenet\" or \"small\", got big"},
+        {"model.momentum=0", "resnet: option 'momentum' must be a number above 0 and at most 1, got 0"},
+        {"model.zero_init_residual=1", "resnet: option 'zero_init_residual' must be true or false, got 1"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        tr_err err = {{0}};
+        const char *ov[] = {cases[i].override};
+        struct tr_graph *g = build_recipe("recipes/limits/resnet_options.lua", ov, 1, &err);
+        cr_assert_null(g, "%s was accepted", cases[i].override);
+        cr_assert(strstr(err.msg, cases[i].want), "%s:\ngot:  %s\nwant: %s", cases[i].override, err.msg,
+                  cases[i].want);
+    }
+}

@@ -210,35 +210,37 @@ end
 -- {h, w}.  Per spatial dimension the output is
 -- floor((in + 2 pad - dilation (k - 1) - 1) / stride) + 1.
 
--- {h, w} from a number or a pair of whole numbers >= lo
-local function pair(op, key, v, lo)
+-- {h, w} from a number or a pair of whole numbers >= lo; errors at `level`
+-- (default 3: the builder line that called the op calling this)
+local function pair(op, key, v, lo, level)
+  level = level or 3
   local p = type(v) == "number" and { v, v } or v
   if type(p) ~= "table" or #p ~= 2 then
-    error(("%s: %s must be a number or a pair {h, w}, got %s"):format(op, key, tostring(v)), 3)
+    error(("%s: %s must be a number or a pair {h, w}, got %s"):format(op, key, tostring(v)), level)
   end
   for i = 1, 2 do
     local d = p[i]
     if type(d) ~= "number" or d ~= math.floor(d) or d < lo or d > 65536 then
-      error(("%s: %s must be whole numbers from %d to 65536, got %s"):format(op, key, lo, tostring(d)), 3)
+      error(("%s: %s must be whole numbers from %d to 65536, got %s"):format(op, key, lo, tostring(d)), level)
     end
   end
   return { p[1], p[2] }
 end
 
-local function image(op, x)
+local function image(op, x, level)
   if type(x) ~= "table" or not x.shape or #x.shape ~= 4 then
     error(("%s: the input must be an image batch [B,H,W,C] (channel-last), got %s"):format(
-      op, x and x.shape and shape_str(x.shape) or tostring(x)), 3)
+      op, x and x.shape and shape_str(x.shape) or tostring(x)), level or 3)
   end
 end
 
 -- output size of one spatial dimension, or an error naming the op
-local function window_out(op, x, d, k, stride, pad, dilation)
+local function window_out(op, x, d, k, stride, pad, dilation, level)
   local span = dilation * (k - 1) + 1
   local n = x.shape[1 + d] + 2 * pad - span
   if n < 0 then
     error(("%s: the window %d (dilation %d) does not fit %s %s padded by %d"):format(
-      op, k, dilation, x.name, shape_str(x.shape), pad), 3)
+      op, k, dilation, x.name, shape_str(x.shape), pad), level or 3)
   end
   return math.floor(n / stride) + 1
 end
@@ -273,26 +275,34 @@ function Graph:conv2d(x, w, b, opts, name)
               { stride = stride, pad = pad, dilation = dilation, groups = groups }, name)
 end
 
+-- called by maxpool and avgpool (not as a tail call): errors at level 4
+-- are the builder's line
 local function pool(g, op, x, kernel, opts, name)
-  image(op, x)
+  image(op, x, 4)
   opts = opts or {}
-  local k = pair(op, "kernel", kernel, 1)
-  local stride = pair(op, "stride", opts.stride or k, 1)
-  local pad = pair(op, "pad", opts.pad or 0, 0)
+  local k = pair(op, "kernel", kernel, 1, 4)
+  local stride = pair(op, "stride", opts.stride or k, 1, 4)
+  local pad = pair(op, "pad", opts.pad or 0, 0, 4)
   for i = 1, 2 do
     if pad[i] > math.floor(k[i] / 2) then
       error(("%s: padding %d is more than half the window %d"):format(op, pad[i], k[i]), 3)
     end
   end
-  local s = { x.shape[1], window_out(op, x, 1, k[1], stride[1], pad[1], 1),
-              window_out(op, x, 2, k[2], stride[2], pad[2], 1), x.shape[4] }
+  local s = { x.shape[1], window_out(op, x, 1, k[1], stride[1], pad[1], 1, 4),
+              window_out(op, x, 2, k[2], stride[2], pad[2], 1, 4), x.shape[4] }
   return node(g, op, { x }, s, { kernel = k, stride = stride, pad = pad }, name)
 end
 
 -- max over each kernel window (padding never wins); opts: stride (the window), pad (0)
-function Graph:maxpool(x, kernel, opts, name) return pool(self, "maxpool", x, kernel, opts, name) end
+function Graph:maxpool(x, kernel, opts, name)
+  local y = pool(self, "maxpool", x, kernel, opts, name)
+  return y
+end
 -- mean over each kernel window, padding counted as zeros; opts as maxpool
-function Graph:avgpool(x, kernel, opts, name) return pool(self, "avgpool", x, kernel, opts, name) end
+function Graph:avgpool(x, kernel, opts, name)
+  local y = pool(self, "avgpool", x, kernel, opts, name)
+  return y
+end
 
 -- x [B,H,W,C] -> [B,C], the mean over H and W
 function Graph:global_avgpool(x, name)
