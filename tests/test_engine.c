@@ -13,6 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define CONFIG_DIR TR_TEST_SRCDIR "/config/"
 
@@ -273,11 +276,13 @@ Test(engine, plan_refuses_an_op_the_backend_does_not_support, .init = environmen
     cr_assert_null(g->params, "nothing is allocated for a refused graph");
     tr_graph_free(g, NULL);
 
-    /* the CPU kernels read fp32: a node stored in bf16 is refused, not misread */
+    /* the CPU kernels read fp32 parameters (activations may be 16-bit, the
+     * planner decides): a parameter stored in bf16 is refused, not misread */
     g = tr_model_build(cfg.recipe, 2, &err);
     cr_assert_not_null(g, "%s", err.msg);
     be.iface = cpu;
-    g->tensors[g->nodes[0].out].dtype = TR_BF16;
+    cr_assert_eq(g->tensors[g->nodes[0].in[0]].role, TR_ROLE_PARAM);
+    g->tensors[g->nodes[0].in[0]].dtype = TR_BF16;
     cr_assert_eq(tr_graph_plan(g, &be, 2, &err), TR_ERROR);
     cr_assert_not_null(strstr(err.msg, "device \"cpu\" cannot run "), "%s", err.msg);
     tr_graph_free(g, NULL);
@@ -513,6 +518,215 @@ Test(loss_mask, masked_targets_contribute_nothing_to_the_gradient, .init = envir
     free(gua);
     free(gub);
     nftw(dirbuf, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* ---- 16-bit activation storage ------------------------------------------------- */
+
+/* recipe's model planned with `compute` as the precision policy's GEMM
+ * dtype: a 16-bit one stores the activations in it (graph.c) */
+static void engine_open_compute(struct engine *e, const char *recipe, int batch,
+                                enum tr_dtype compute)
+{
+    tr_err err = {{0}};
+    memset(e, 0, sizeof *e);
+    cr_assert_eq(tr_config_load(&e->cfg, recipe, NULL, 0, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(tr_cpu_backend_init(&e->be, 0), 0);
+    e->g = tr_model_build(e->cfg.recipe, batch, &err);
+    cr_assert_not_null(e->g, "%s", err.msg);
+    e->g->compute = compute;
+    cr_assert_eq(tr_graph_plan(e->g, &e->be, 2, &err), TR_OK, "%s", err.msg);
+}
+
+/* the tensor cross-entropy reads (the logits) */
+static int loss_input(const struct tr_graph *g)
+{
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].op == TR_OP_CROSS_ENTROPY)
+            return g->nodes[i].in[0];
+    return -1;
+}
+
+/* Every activation but the logits and the loss is stored in `half`, the
+ * rest keeps its dtype, and the plan counts 2 bytes for each. */
+static void expect_half_storage(const struct engine *e16, const struct engine *e32,
+                                enum tr_dtype half, const char *who)
+{
+    const struct tr_graph *g = e16->g;
+    size_t bytes16 = 0, bytes32 = 0;
+    int halves = 0;
+    for (int i = 0; i < g->n_tensors; i++) {
+        const struct tr_tensor *t = &g->tensors[i], *t32 = &e32->g->tensors[i];
+        cr_assert_eq(t32->dtype, t->role == TR_ROLE_INPUT ? t32->dtype : TR_F32,
+                     "%s: fp32 plan stores %s in 16 bits", who, t->name);
+        if (t->role != TR_ROLE_ACTIVATION) {
+            cr_assert_eq(t->dtype, t32->dtype, "%s: %s changed dtype", who, t->name);
+            continue;
+        }
+        int fp32 = i == g->loss || i == g->logits || i == loss_input(g);
+        cr_assert_eq(t->dtype, fp32 ? TR_F32 : half, "%s: activation %s stored as dtype %d", who,
+                     t->name, (int)t->dtype);
+        halves += !fp32;
+        bytes16 += (t->numel * (fp32 ? 4 : 2) + 63) & ~(size_t)63;
+        bytes32 += (t->numel * 4 + 63) & ~(size_t)63;
+    }
+    cr_assert_gt(halves, 10, "%s: only %d activations in 16 bits", who, halves);
+    cr_assert_eq(g->memory.activations, bytes16, "%s: plan counts %zu activation bytes, not %zu",
+                 who, g->memory.activations, bytes16);
+    cr_assert_eq(e32->g->memory.activations, bytes32);
+    /* gradients stay fp32: their arena does not shrink */
+    cr_assert_eq(g->memory.activation_grads, e32->g->memory.activation_grads, "%s", who);
+}
+
+/* Gradients of the tiny GPT and the tiny Llama with activations stored in
+ * bf16 (and fp16), against the same models in fp32: within what rounding
+ * every stored activation to 8 (11) significant bits allows, and not equal
+ * (the rounding happened). */
+static void half_gradients(const char *recipe, enum tr_dtype half, double tolerance, const char *who)
+{
+    enum { B = 3, T = 8, V = 37 };
+    struct engine e32, e16;
+    engine_open_compute(&e32, recipe, B, TR_F32);
+    engine_open_compute(&e16, recipe, B, half);
+    expect_half_storage(&e16, &e32, half, who);
+    fixed_token_gradients(&e32, B * T, V);
+    fixed_token_gradients(&e16, B * T, V);
+    float l32 = *(float *)e32.g->tensors[e32.g->loss].data;
+    float l16 = *(float *)e16.g->tensors[e16.g->loss].data;
+    cr_assert(fabsf(l16 - l32) <= tolerance * fabsf(l32), "%s: loss %.6f, fp32 %.6f", who,
+              (double)l16, (double)l32);
+    double worst = 0;
+    for (int i = 0; i < e32.g->n_tensors; i++) {
+        const struct tr_tensor *t = &e32.g->tensors[i];
+        if (t->role != TR_ROLE_PARAM)
+            continue;
+        double err = tensor_error(e16.g->tensors[i].grad, t->grad, t->numel);
+        cr_assert_leq(err, tolerance, "%s: gradient of %s: relative error %.3g > %.3g", who,
+                      t->name, err, tolerance);
+        worst = fmax(worst, err);
+    }
+    cr_log_info("%s: worst relative gradient error %.3g (tolerance %.3g)", who, worst, tolerance);
+    cr_assert_gt(worst, 0, "%s: gradients bitwise fp32's: nothing was rounded", who);
+    engine_close(&e32);
+    engine_close(&e16);
+}
+
+Test(half_activations, gpt_gradients_within_bf16_of_fp32, .init = environment)
+{
+    half_gradients(CONFIG_DIR "tiny_gpt.lua", TR_BF16, 3e-2, "tiny GPT, bf16");
+}
+
+Test(half_activations, llama_gradients_within_bf16_of_fp32, .init = environment)
+{
+    half_gradients(CONFIG_DIR "tiny_llama.lua", TR_BF16, 3e-2, "tiny Llama, bf16");
+}
+
+Test(half_activations, gpt_gradients_within_fp16_of_fp32, .init = environment)
+{
+    half_gradients(CONFIG_DIR "tiny_gpt.lua", TR_F16, 5e-3, "tiny GPT, fp16");
+}
+
+/* What a stored activation holds: the fp32 result of its op on the stored
+ * (16-bit) inputs, rounded once.  The embedding's rows and the first layer
+ * norm's output, recomputed by hand with the fp32 kernel, bit for bit. */
+Test(half_activations, stores_the_fp32_result_rounded_once, .init = environment)
+{
+    enum { B = 3, T = 8, V = 37 };
+    struct engine e;
+    engine_open_compute(&e, CONFIG_DIR "tiny_gpt.lua", B, TR_BF16);
+    fixed_token_gradients(&e, B * T, V);
+    struct tr_graph *g = e.g;
+    int checked = 0;
+    for (int i = 0; i < g->n_nodes && checked < 2; i++) {
+        const struct tr_node *n = &g->nodes[i];
+        const struct tr_tensor *out = &g->tensors[n->out];
+        if (n->op != TR_OP_EMBEDDING && n->op != TR_OP_LAYERNORM)
+            continue;
+        if (n->op == TR_OP_EMBEDDING && i > 0)
+            continue;
+        cr_assert_eq(out->dtype, TR_BF16, "%s stored as dtype %d", out->name, (int)out->dtype);
+        size_t C = (size_t)out->shape[out->ndim - 1], rows = out->numel / C;
+        float *want = calloc(out->numel, sizeof *want);
+        if (n->op == TR_OP_EMBEDDING) {
+            const float *table = g->tensors[n->in[0]].data;
+            const int32_t *ids = g->tensors[n->in[1]].data;
+            for (size_t r = 0; r < rows; r++)
+                memcpy(want + r * C, table + (size_t)ids[r] * C, C * sizeof *want);
+        } else {
+            const struct tr_tensor *x = &g->tensors[n->in[0]];
+            cr_assert_eq(x->dtype, TR_BF16);
+            float *x32 = calloc(x->numel, sizeof *x32), *stats = calloc(2 * rows, sizeof *stats);
+            tr_cpu_from_half(x32, x->data, x->numel, 1);
+            tr_cpu_layernorm_forward(want, stats, stats + rows, x32, g->tensors[n->in[1]].data,
+                                     g->tensors[n->in[2]].data, (int)rows, (int)C, n->eps);
+            free(x32);
+            free(stats);
+        }
+        uint16_t *rounded = calloc(out->numel, sizeof *rounded);
+        tr_cpu_to_half(rounded, want, out->numel, 1);
+        cr_assert_arr_eq(rounded, out->data, out->numel * 2,
+                         "%s: the stored values are not the fp32 result rounded to bf16",
+                         out->name);
+        free(rounded);
+        free(want);
+        checked++;
+    }
+    cr_assert_eq(checked, 2, "found no embedding and layer norm to check");
+    engine_close(&e);
+}
+
+/* The native bf16 GEMMs (oneDNN on AVX512-BF16 or AMX) read bf16
+ * activations as stored; the emulation (ONEDNN_MAX_CPU_ISA=AVX2) widens
+ * them and multiplies in fp32.  Same numbers in, so the same gradients but
+ * for the order of the sums.  The emulated side runs in a child forked
+ * before anything here asked oneDNN which path runs (it decides once per
+ * process). */
+Test(half_activations, emulated_bf16_gemms_agree_with_native, .init = environment)
+{
+    enum { B = 3, T = 8, V = 37, MAX_PARAMS = 1 << 16 };
+    float *shared = mmap(NULL, (MAX_PARAMS + 1) * sizeof(float), PROT_READ | PROT_WRITE,
+                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(shared, MAP_FAILED);
+    shared[0] = -1;
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
+        struct engine e;
+        engine_open_compute(&e, CONFIG_DIR "tiny_gpt.lua", B, TR_BF16);
+        if (tr_cpu_bf16_native_isa() == NULL && e.g->n_params <= MAX_PARAMS) {
+            fixed_token_gradients(&e, B * T, V);
+            memcpy(shared + 1, e.g->grads, e.g->n_params * sizeof(float));
+            shared[0] = (float)e.g->n_params;
+        }
+        engine_close(&e);
+        _exit(0);
+    }
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the emulated side failed");
+    cr_assert_geq(shared[0], 0, "ONEDNN_MAX_CPU_ISA=AVX2 did not turn the emulation on");
+    if (tr_cpu_bf16_native_isa() == NULL) {
+        munmap(shared, (MAX_PARAMS + 1) * sizeof(float));
+        cr_skip_test("this CPU has no native bf16 GEMMs to compare the emulation with");
+    }
+    struct engine e;
+    engine_open_compute(&e, CONFIG_DIR "tiny_gpt.lua", B, TR_BF16);
+    cr_assert_eq((size_t)shared[0], e.g->n_params);
+    fixed_token_gradients(&e, B * T, V);
+    double worst = 0;
+    for (int i = 0; i < e.g->n_tensors; i++) {
+        const struct tr_tensor *t = &e.g->tensors[i];
+        if (t->role != TR_ROLE_PARAM)
+            continue;
+        double err = tensor_error(shared + 1 + t->offset, t->grad, t->numel);
+        cr_assert_leq(err, 1e-2, "gradient of %s: emulated and native differ by %.3g", t->name,
+                      err);
+        worst = fmax(worst, err);
+    }
+    cr_log_info("bf16 storage: emulated against native GEMMs: worst relative gradient error %.3g",
+                worst);
+    engine_close(&e);
+    munmap(shared, (MAX_PARAMS + 1) * sizeof(float));
 }
 
 /* ---- batch norm's running statistics (tests/config/tiny_cnn.lua) ------------ */

@@ -379,19 +379,32 @@ Test(plan, prices_the_tf32_peak_on_cuda, .init = environment)
     tr_plan_free(&p);
 }
 
-/* Half GEMMs round their inputs into scratch: the plan counts it, as the
- * run's memory plan does. */
-Test(plan, half_precision_counts_the_gemm_scratch, .init = environment)
+/* Half GEMMs round their inputs into scratch, and a 16-bit compute dtype
+ * stores the activations in it: every activation but the logits (fp32, the
+ * loss reads them) takes half the bytes.  The plan counts both, as the
+ * run's memory plan does; gradients and parameters stay fp32. */
+Test(plan, half_precision_halves_the_activations, .init = environment)
 {
-    struct tr_plan f32, b16;
+    struct tr_plan f32, b16, f16;
     build(&f32, NULL, 0);
-    const char *o[] = {"precision=bf16"};
+    const char *o[] = {"precision=bf16"}, *o16[] = {"precision=fp16"};
     build(&b16, o, 1);
+    build(&f16, o16, 1);
     cr_assert_gt(b16.memory.scratch, f32.memory.scratch);
-    cr_assert_eq(b16.memory.activations, f32.memory.activations, "activations are fp32 in both");
+    double logits = 8.0 * 16 * 64 * 4; /* micro-batch x ctx x vocab, fp32 */
+    double want = (double)(f32.memory.activations - (size_t)logits) / 2 + logits;
+    /* each tensor starts on a 64-byte line: a few lines of slack */
+    cr_assert_float_eq((double)b16.memory.activations, want, 4 * 64.0,
+                       "bf16 activations %zu bytes, fp32 %zu: not half but the logits",
+                       b16.memory.activations, f32.memory.activations);
+    cr_assert_eq(f16.memory.activations, b16.memory.activations);
+    cr_assert_eq(b16.memory.activation_grads, f32.memory.activation_grads, "gradients stay fp32");
+    cr_assert_eq(b16.memory.saved, f32.memory.saved, "saved statistics stay fp32");
     cr_assert_eq(b16.memory.params, f32.memory.params);
+    cr_assert_lt(b16.memory_total, f32.memory_total);
     tr_plan_free(&f32);
     tr_plan_free(&b16);
+    tr_plan_free(&f16);
 }
 
 Test(precision, refuses_each_field_no_backend_honours)
@@ -474,6 +487,8 @@ Test(plan, prints_the_report, .init = environment)
 
     const char *want[] = {
         "  parameters P              28,032  (28.0 K; 25.5 K without embeddings)\n",
+        "the cpu backend's plan, activations in bf16 storage)",
+        "(precision bf16: activations in bf16 storage on every backend, half the bytes;",
         "L = 2 attention layers, T = 16 tokens, C = 32 wide",
         "6·P + 12·L·T·C = 168,192 + 12,288 = 180,480  (180 kFLOP)",
         "  tokens per step           512  (batch 32 × 16 tokens)\n",

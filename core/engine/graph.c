@@ -667,8 +667,32 @@ static size_t pack_intervals(struct interval *iv, int n)
     return total;
 }
 
+/* Where activations are stored: in the compute dtype when the precision
+ * policy's is 16-bit (bf16, fp16), so what forward keeps for backward takes
+ * half the bytes; in fp32 otherwise.  Three kinds stay fp32 whatever the
+ * policy: the loss (a scalar the run reads), the logits (the run's accuracy,
+ * sampling and evaluation read them as fp32, the loss's gradient for them
+ * is fp32 of the same size anyway, and a loss over rounded logits would be
+ * coarser: PyTorch's autocast upcasts them inside the loss, holding an fp32
+ * copy too) and whatever else a cross-entropy reads.  Gradients, saved aux
+ * (mean, rstd, lse), parameters and inputs keep their dtypes.  Rerun at each
+ * plan, so the same graph planned under fp32 goes back to fp32. */
+static void plan_storage(struct tr_graph *g)
+{
+    enum tr_dtype half = g->compute == TR_BF16 || g->compute == TR_F16 ? g->compute : TR_F32;
+    for (int i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i].role == TR_ROLE_ACTIVATION)
+            g->tensors[i].dtype = i == g->loss || i == g->logits ? TR_F32 : half;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].op == TR_OP_CROSS_ENTROPY && g->nodes[i].n_in > 0 &&
+            g->nodes[i].in[0] >= 0 && g->nodes[i].in[0] < g->n_tensors &&
+            g->tensors[g->nodes[i].in[0]].role == TR_ROLE_ACTIVATION)
+            g->tensors[g->nodes[i].in[0]].dtype = TR_F32;
+}
+
 int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots, tr_err *err)
 {
+    plan_storage(g);
     /* a node the device cannot run is refused before anything is allocated */
     if (TR_HAS_SLOT(be->iface, struct tr_backend_iface, supports_op))
         for (int i = 0; i < g->n_nodes; i++)
@@ -683,6 +707,7 @@ int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer
 void tr_graph_measure(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots)
 {
     tr_err ignored;
+    plan_storage(g);
     plan(g, be, optimizer_slots, 0, &ignored);
 }
 

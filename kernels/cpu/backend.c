@@ -93,6 +93,15 @@ static const uint16_t *to_bf16(float *dst, const float *src, size_t n)
     return (const uint16_t *)(const void *)dst;
 }
 
+/* A GEMM operand in bf16: an activation stored in bf16 as it is (no second
+ * copy), anything else converted into dst */
+static const uint16_t *bf16_of(float *dst, const struct tr_tensor *t)
+{
+    if (t->dtype == TR_BF16)
+        return (const uint16_t *)t->data;
+    return to_bf16(dst, (const float *)t->data, t->numel);
+}
+
 /* The three GEMM operands of a linear or matmul node (in[0], in[1], the
  * output's gradient), converted to bf16 one after another in scratch. */
 struct bf16_operands {
@@ -104,9 +113,9 @@ static struct bf16_operands bf16_inputs(const struct tr_graph *g, const struct t
 {
     struct bf16_operands o;
     float *at = g->scratch;
-    o.a = to_bf16(at, F(T(0)), T(0)->numel);
+    o.a = bf16_of(at, T(0));
     at += bf16_floats(T(0)->numel);
-    o.b = to_bf16(at, F(T(1)), T(1)->numel);
+    o.b = bf16_of(at, T(1));
     at += bf16_floats(T(1)->numel);
     o.dout = dout ? to_bf16(at, dout, OUT->numel) : NULL;
     return o;
@@ -454,8 +463,146 @@ static int64_t cpu_count_correct(void *ctx, const float *logits, const int32_t *
     return tr_cpu_count_correct(logits, targets, N, V, ignore_index, n_valid);
 }
 
+/* ---- 16-bit activation storage ---------------------------------------------
+ * Under a 16-bit compute dtype the planner stores activations in it
+ * (core/engine/graph.c, plan_storage).  The kernels above compute in fp32,
+ * so a node with 16-bit tensors runs on fp32 copies: its 16-bit inputs (and,
+ * in backward, its output where the op's backward reads it) are widened into
+ * the start of scratch, the node's tensors point at the copies for the call
+ * (their dtype saying fp32 meanwhile) and the kernel sees the scratch after
+ * them, and forward rounds the fp32 result into the output's 16-bit storage.
+ * Every op runs so, whatever it is (the convolutional ones too): a stored
+ * activation is its fp32 result rounded once to the storage dtype, on the
+ * native and the emulated GEMM paths alike.  Only linear and matmul on the
+ * native bf16 path read bf16 inputs as they are (bf16_of): they would
+ * convert them to bf16 anyway.  Gradients and saved aux stay fp32. */
+
+static int is_half(enum tr_dtype d) { return d == TR_BF16 || d == TR_F16; }
+
+/* in[k] is read in its 16-bit storage by the op itself */
+static int reads_half(const struct tr_graph *g, const struct tr_node *n, int k)
+{
+    return (n->op == TR_OP_LINEAR || n->op == TR_OP_MATMUL) && k < 2 && native_bf16(g) &&
+           T(k)->dtype == TR_BF16;
+}
+
+/* Ops whose backward does not read their output (attention's does: the
+ * rows' sums of dout x out); an op not listed gets it, so an op added later
+ * is safe before anyone lists it. */
+static int backward_skips_output(enum tr_op op)
+{
+    switch (op) {
+    case TR_OP_EMBEDDING: case TR_OP_ADD_ROWS: case TR_OP_ADD: case TR_OP_LINEAR:
+    case TR_OP_MATMUL: case TR_OP_LAYERNORM: case TR_OP_GELU: case TR_OP_RELU:
+    case TR_OP_CROSS_ENTROPY: case TR_OP_RMSNORM: case TR_OP_ROPE: case TR_OP_SWIGLU:
+    case TR_OP_SCALE: case TR_OP_CONV2D: case TR_OP_MAXPOOL: case TR_OP_AVGPOOL:
+    case TR_OP_GLOBAL_AVGPOOL: case TR_OP_BATCHNORM:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* The node's 16-bit tensors that need an fp32 copy in forward or backward,
+ * each once (add(x, x) reads one tensor twice); widen[i]: the copy starts
+ * as the stored values (forward's output needs none, it is written). */
+struct fp32_copies {
+    int n, tensor[4], widen[4];
+};
+
+static void fp32_copies(const struct tr_graph *g, const struct tr_node *n, int backward,
+                        struct fp32_copies *c)
+{
+    c->n = 0;
+    for (int k = 0; k <= n->n_in && k < 4; k++) {
+        int out = k == n->n_in, id = out ? n->out : n->in[k];
+        if (!is_half(g->tensors[id].dtype) || (!out && reads_half(g, n, k)) ||
+            (out && backward && backward_skips_output(n->op)))
+            continue;
+        int seen = 0;
+        for (int i = 0; i < c->n; i++)
+            seen |= c->tensor[i] == id;
+        if (seen)
+            continue;
+        c->tensor[c->n] = id;
+        c->widen[c->n++] = !out || backward;
+    }
+}
+
+/* fp32 copies start on whole 64-byte lines */
+static size_t line_floats(size_t n) { return (n + 15) & ~(size_t)15; }
+
+static size_t copies_floats(const struct tr_graph *g, const struct tr_node *n, int backward)
+{
+    struct fp32_copies c;
+    fp32_copies(g, n, backward, &c);
+    size_t floats = 0;
+    for (int i = 0; i < c.n; i++)
+        floats += line_floats(g->tensors[c.tensor[i]].numel);
+    return floats;
+}
+
+static size_t cpu_node_scratch_floats(void *ctx, const struct tr_graph *g, const struct tr_node *n)
+{
+    size_t fwd = copies_floats(g, n, 0), bwd = copies_floats(g, n, 1);
+    return cpu_scratch_floats(ctx, g, n) + (fwd > bwd ? fwd : bwd);
+}
+
+static void run_node(void *ctx, struct tr_graph *g, const struct tr_node *n, int backward)
+{
+    struct fp32_copies c;
+    fp32_copies(g, n, backward, &c);
+    if (c.n == 0) { /* all fp32, or read as stored */
+        if (backward)
+            cpu_backward(ctx, g, n);
+        else
+            cpu_forward(ctx, g, n);
+        return;
+    }
+    void *stored[4];
+    enum tr_dtype dtype[4];
+    float *scratch = g->scratch, *at = g->scratch;
+    size_t scratch_floats = g->scratch_floats;
+    for (int i = 0; i < c.n; i++) {
+        struct tr_tensor *t = &g->tensors[c.tensor[i]];
+        stored[i] = t->data;
+        dtype[i] = t->dtype;
+        if (c.widen[i])
+            tr_cpu_from_half(at, (const uint16_t *)t->data, t->numel, t->dtype == TR_BF16);
+        t->data = at;
+        t->dtype = TR_F32;
+        at += line_floats(t->numel);
+    }
+    g->scratch = at; /* the kernel's own scratch follows the copies */
+    g->scratch_floats -= (size_t)(at - scratch);
+    if (backward)
+        cpu_backward(ctx, g, n);
+    else
+        cpu_forward(ctx, g, n);
+    g->scratch = scratch;
+    g->scratch_floats = scratch_floats;
+    for (int i = 0; i < c.n; i++) {
+        struct tr_tensor *t = &g->tensors[c.tensor[i]];
+        if (!backward && c.tensor[i] == n->out)
+            tr_cpu_to_half((uint16_t *)stored[i], (const float *)t->data, t->numel,
+                           dtype[i] == TR_BF16);
+        t->data = stored[i];
+        t->dtype = dtype[i];
+    }
+}
+
+static void cpu_node_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
+{
+    run_node(ctx, g, n, 0);
+}
+
+static void cpu_node_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
+{
+    run_node(ctx, g, n, 1);
+}
+
 /* Every op of the vocabulary, on fp32 tensors (int32 for indices and
- * targets): the kernels here read and write nothing else. */
+ * targets), activations also in bf16 or fp16 (run on fp32 copies, above). */
 static int cpu_supports_op(void *ctx, const struct tr_graph *g, const struct tr_node *n)
 {
     (void)ctx;
@@ -467,9 +614,12 @@ static int cpu_supports_op(void *ctx, const struct tr_graph *g, const struct tr_
     for (int i = 0; i < n->n_aux; i++)
         t[k++] = n->aux[i];
     t[k++] = n->out;
-    for (int i = 0; i < k; i++)
-        if (g->tensors[t[i]].dtype != TR_F32 && g->tensors[t[i]].dtype != TR_I32)
+    for (int i = 0; i < k; i++) {
+        const struct tr_tensor *x = &g->tensors[t[i]];
+        if (x->dtype != TR_F32 && x->dtype != TR_I32 &&
+            !(is_half(x->dtype) && x->role == TR_ROLE_ACTIVATION))
             return 0;
+    }
     return 1;
 }
 
@@ -481,9 +631,9 @@ static const struct tr_backend_iface cpu_iface = {
     .zero = cpu_zero,
     .upload = cpu_copy,
     .download = cpu_copy,
-    .scratch_floats = cpu_scratch_floats,
-    .forward = cpu_forward,
-    .backward = cpu_backward,
+    .scratch_floats = cpu_node_scratch_floats,
+    .forward = cpu_node_forward,
+    .backward = cpu_node_backward,
     .sum_squares = cpu_sum_squares,
     .adamw = cpu_adamw,
     .sgd = cpu_sgd,
