@@ -1,6 +1,7 @@
 /*
  * A mutation fuzzer for everything trainrun reads from files a user may have
- * been handed: recipes, token shards, CSV, IDX, text and JSONL files, the text
+ * been handed: recipes, token shards, CSV, IDX, images (PNG, JPEG, WebP) and image
+ * shards, text and JSONL files, the text
  * plugin's token cache, safetensors files and headers, and checkpoints
  * (state.json and model.safetensors).  docs/testing.md says how to run it
  * for longer and how to reproduce a failure.
@@ -43,6 +44,8 @@
 
 #include "util/json.h"
 #include "commands/prepare.h"
+#include "commands/image_codec.h"
+#include <trainrun/images.h>
 #include "config/hf_config.h"
 #include "engine/hf_weights.h"
 #include "util/safetensors.h"
@@ -219,8 +222,9 @@ struct plugin {
 
 static struct plugin plugins[] = {
     {"data_tokens", NULL}, {"data_csv", NULL}, {"data_idx", NULL}, {"data_text", NULL},
+    {"data_images", NULL},
 };
-enum { P_TOKENS, P_CSV, P_IDX, P_TEXT };
+enum { P_TOKENS, P_CSV, P_IDX, P_TEXT, P_IMAGES };
 
 static void load_plugins(void)
 {
@@ -586,6 +590,66 @@ static void target_idx_labels(const struct buf *in, uint64_t h)
     run_idx("images.idx", "labels.idx", h);
 }
 
+/* A PNG, JPEG or WebP file through the decoders, then the resize: a clean
+ * error or an image of the size asked for. */
+static void target_image(const struct buf *in, uint64_t h)
+{
+    int channels = below(&h, 2) ? 3 : 1;
+    struct tr_image img;
+    char why[512] = "";
+    if (tr_image_decode(in->p, in->n, channels, &img, why, sizeof why) != 0) {
+        if (!why[0])
+            broken("image: refused without a reason");
+        return;
+    }
+    if (img.width < 1 || img.height < 1 || img.channels != channels || !img.pixels)
+        broken("image: decoded to %dx%dx%d", img.width, img.height, img.channels);
+    int size = 1 + (int)below(&h, 40);
+    unsigned char *out = xmalloc((size_t)size * size * channels);
+    tr_image_resize_crop(&img, size, out);
+    free(out);
+    tr_image_free(&img);
+}
+
+/* A TRIMAGES shard as the images plugin's training (or also validation)
+ * shard, with augmentation on or off. */
+static void target_images_shard(const struct buf *in, uint64_t h)
+{
+    mkdir("shards", 0755);
+    write_file("shards/train_000000.bin", in->p, in->n);
+    if (below(&h, 2))
+        write_file("shards/val_000000.bin", in->p, in->n);
+    else
+        unlink("shards/val_000000.bin");
+    struct config c;
+    config_init(&plugins[P_IMAGES], &c);
+    set_option(&plugins[P_IMAGES], &c, "dir", "shards");
+    set_option(&plugins[P_IMAGES], &c, "pad", CHOOSE(&h, "0", "1", "4"));
+    set_option(&plugins[P_IMAGES], &c, "flip", CHOOSE(&h, "false", "true"));
+    set_option(&plugins[P_IMAGES], &c, "verify", CHOOSE(&h, "true", "false", "false"));
+    create_and_read(&plugins[P_IMAGES], &c, 0, 64, NULL);
+}
+
+/* A WebDataset tar through prepare --format images, and its shards through
+ * the images plugin. */
+static void target_prepare_tar(const struct buf *in, uint64_t h)
+{
+    write_file("in.tar", in->p, in->n);
+    char *argv[] = {"prepare", "in.tar", "-o", "out", "--size",
+                    (char *)CHOOSE(&h, "1", "3", "8"), "--val-fraction",
+                    (char *)CHOOSE(&h, "0", "0.5"), "--skip-bad-records", NULL};
+    int argc = below(&h, 2) ? 9 : 8;
+    int rc = tr_prepare_main(argc, argv);
+    if (rc != 0 && rc != 1)
+        broken("prepare: exit code %d", rc);
+    if (rc != 0)
+        return;
+    struct config c;
+    config_init(&plugins[P_IMAGES], &c);
+    set_option(&plugins[P_IMAGES], &c, "dir", "out");
+    create_and_read(&plugins[P_IMAGES], &c, 0, 64, NULL);
+}
+
 /* The text plugin over text.txt; the samples read are appended to *out. */
 static int run_text(const char *tokenizer, const char *cache_dir, uint32_t seq_len,
                     const char *val_fraction, struct buf *out)
@@ -948,6 +1012,9 @@ static struct target targets[] = {
     {"csv", target_csv, 10, 0, csv_dict, NULL, 0},
     {"idx-images", target_idx_images, 6, 0, NULL, NULL, 0},
     {"idx-labels", target_idx_labels, 5, 0, NULL, NULL, 0},
+    {"image", target_image, 6, 0, NULL, NULL, 0},
+    {"images-shard", target_images_shard, 5, 0, NULL, NULL, 0},
+    {"prepare-tar", target_prepare_tar, 3, 0, NULL, NULL, 0},
     {"text", target_text, 8, 0, text_dict, NULL, 0},
     {"textcache-tokens", target_textcache_tokens, 4, 0, NULL, NULL, 0},
     {"textcache-chars", target_textcache_chars, 3, 0, NULL, NULL, 0},
@@ -1205,9 +1272,34 @@ static void make_template(const char *work)
         die("cannot go back to %s", old);
 }
 
+/* A valid TRIMAGES shard of three 3x4 RGB images of 2 classes, and the
+ * fixture images. */
+static void make_image_seeds(void)
+{
+    enum { N = 3, BYTES = 3 * 4 * 3 };
+    unsigned char b[TR_IMAGES_HEADER_BYTES + N * BYTES + N * 4];
+    unsigned char *body = b + TR_IMAGES_HEADER_BYTES;
+    for (int i = 0; i < N * BYTES; i++)
+        body[i] = (unsigned char)(i * 29);
+    for (int i = 0; i < N; i++)
+        tr_images_put32(body + N * BYTES + 4 * i, (uint32_t)(i % 2));
+    struct tr_images_header hd = {.version = TR_IMAGES_VERSION, .height = 3, .width = 4,
+                                  .channels = 3, .count = N, .classes = 2};
+    hd.checksum = tr_images_checksum(body, sizeof b - TR_IMAGES_HEADER_BYTES);
+    tr_images_header_write(b, &hd);
+    add_seed("images-shard", b, sizeof b);
+    char path[4400];
+    snprintf(path, sizeof path, "%s/tests/fixtures/images", srcdir);
+    each_file(path, ".png", seed_from, "image");
+    each_file(path, ".jpg", seed_from, "image");
+    each_file(path, ".webp", seed_from, "image");
+    each_file(path, ".tar", seed_from, "prepare-tar");
+}
+
 static void gather_seeds(const char *work)
 {
     char path[4400];
+    make_image_seeds();
     make_shard_seeds();
     make_csv_seeds();
     make_idx_seeds();

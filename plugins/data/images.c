@@ -325,9 +325,13 @@ static int images_info(void *self, struct tr_data_info *out, tr_err *err)
 {
     (void)err;
     const struct images *d = self;
+    /* before data_info sets struct_size to ours: a core without the field
+     * counts train.epochs in views */
+    int has_views = TR_HAS_FIELD(out, struct tr_data_info, train_views);
     data_info(out, d->samples, TR_F32,
               (uint32_t)(tr_images_image_bytes(&d->head)), 1, d->head.classes);
-    out->train_views = d->views;
+    if (has_views)
+        out->train_views = d->views;
     return TR_OK;
 }
 
