@@ -904,3 +904,194 @@ Test(batchnorm, same_bits_for_any_thread_count)
     free(b);
     free(dout);
 }
+
+/* ======================================================================== */
+/* PyTorch fixtures (tests/torch/make_conv_fixtures.py)                      */
+/* ======================================================================== */
+
+#define CONV_FIXTURES TR_TEST_SRCDIR "/fixtures/conv/"
+#define TORCH_TOL 1e-5 /* fp32 kernels against PyTorch in float64 */
+
+struct fixture {
+    int n;
+    char name[16][17];
+    int ndim[16];
+    int64_t dims[16][4];
+    size_t numel[16];
+    float *data[16];
+};
+
+/* Reads NAME.bin (format in make_conv_fixtures.py), checking every size
+ * against the file's length. */
+static void fixture_load(struct fixture *f, const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof path, CONV_FIXTURES "%s.bin", name);
+    FILE *fp = fopen(path, "rb");
+    cr_assert(fp != NULL, "cannot open %s (made by tests/torch/make_conv_fixtures.py)", path);
+    memset(f, 0, sizeof *f);
+    int32_t n = 0;
+    cr_assert(fread(&n, 4, 1, fp) == 1 && n > 0 && n <= 16, "%s: bad array count", path);
+    f->n = n;
+    for (int i = 0; i < n; i++) {
+        int32_t nd = 0;
+        cr_assert(fread(f->name[i], 1, 16, fp) == 16, "%s: truncated header", path);
+        cr_assert(fread(&nd, 4, 1, fp) == 1 && nd >= 1 && nd <= 4, "%s: bad ndim", path);
+        f->ndim[i] = nd;
+        f->numel[i] = 1;
+        for (int d = 0; d < nd; d++) {
+            int32_t v = 0;
+            cr_assert(fread(&v, 4, 1, fp) == 1 && v > 0 && v < 4096, "%s: bad dim", path);
+            f->dims[i][d] = v;
+            f->numel[i] *= (size_t)v;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        f->data[i] = fvec(f->numel[i]);
+        cr_assert(fread(f->data[i], sizeof(float), f->numel[i], fp) == f->numel[i],
+                  "%s: truncated data of %s", path, f->name[i]);
+    }
+    cr_assert(fgetc(fp) == EOF, "%s: bytes after the data", path);
+    fclose(fp);
+}
+
+/* the array `name`, which must have `numel` elements (0: any) */
+static float *fixture_get(const struct fixture *f, const char *name, size_t numel)
+{
+    for (int i = 0; i < f->n; i++)
+        if (strcmp(f->name[i], name) == 0) {
+            cr_assert(numel == 0 || f->numel[i] == numel, "fixture %s: %zu elements, want %zu",
+                      name, f->numel[i], numel);
+            return f->data[i];
+        }
+    return NULL;
+}
+
+static void fixture_free(struct fixture *f)
+{
+    for (int i = 0; i < f->n; i++)
+        free(f->data[i]);
+}
+
+Test(torch_fixtures, conv)
+{
+    /* the cases of make_conv_fixtures.py's CONVS */
+    static const struct conv_case cases[] = {
+        {"conv_3x3_bias", 2, 6, 5, 4, 6, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, 1},
+        {"conv_stride2_groups2", 2, 7, 6, 4, 6, 3, 3, {2, 2}, {1, 1}, {1, 1}, 2, 0},
+        {"conv_depthwise_dilation2", 2, 6, 6, 4, 4, 3, 3, {1, 1}, {2, 2}, {2, 2}, 4, 1},
+        {"conv_1x1_stride2", 2, 6, 6, 4, 8, 1, 1, {2, 2}, {0, 0}, {1, 1}, 1, 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        const struct conv_case *c = &cases[k];
+        int OH = out_size(c->H, c->KH, c->stride[0], c->pad[0], c->dilation[0]);
+        int OW = out_size(c->W, c->KW, c->stride[1], c->pad[1], c->dilation[1]);
+        size_t nx = (size_t)c->B * c->H * c->W * c->IC;
+        size_t nw = (size_t)c->OC * c->KH * c->KW * (c->IC / c->groups);
+        size_t no = (size_t)c->B * OH * OW * c->OC;
+        struct fixture f;
+        fixture_load(&f, c->name);
+        struct conv_run r =
+            run_conv(c, fixture_get(&f, "x", nx), fixture_get(&f, "w", nw),
+                     c->bias ? fixture_get(&f, "b", c->OC) : NULL, fixture_get(&f, "dout", no),
+                     TR_F32, 2, NULL, NULL, NULL);
+        char what[96];
+        snprintf(what, sizeof what, "%s: out", c->name);
+        expect_close_ff(what, r.out, fixture_get(&f, "out", no), no, TORCH_TOL);
+        snprintf(what, sizeof what, "%s: dx", c->name);
+        expect_close_ff(what, r.dx, fixture_get(&f, "dx", nx), nx, TORCH_TOL);
+        snprintf(what, sizeof what, "%s: dw", c->name);
+        expect_close_ff(what, r.dw, fixture_get(&f, "dw", nw), nw, TORCH_TOL);
+        if (c->bias) {
+            snprintf(what, sizeof what, "%s: db", c->name);
+            expect_close_ff(what, r.db, fixture_get(&f, "db", c->OC), c->OC, TORCH_TOL);
+        }
+        free_run(&r);
+        fixture_free(&f);
+    }
+}
+
+Test(torch_fixtures, pooling)
+{
+    static const struct {
+        const char *file;
+        enum tr_op op;
+        struct pool_case c;
+    } cases[] = {
+        {"maxpool_3x3_s2_p1", TR_OP_MAXPOOL, {"max", 2, 7, 6, 3, 3, 3, {2, 2}, {1, 1}}},
+        {"avgpool_3x3_s2_p1", TR_OP_AVGPOOL, {"avg", 2, 7, 6, 3, 3, 3, {2, 2}, {1, 1}}},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        const struct pool_case *c = &cases[k].c;
+        int OH = out_size(c->H, c->KH, c->stride[0], c->pad[0], 1);
+        int OW = out_size(c->W, c->KW, c->stride[1], c->pad[1], 1);
+        size_t nx = (size_t)c->B * c->H * c->W * c->C, no = (size_t)c->B * OH * OW * c->C;
+        struct fixture f;
+        fixture_load(&f, cases[k].file);
+        float *out = fvec(no), *dx = fvec(nx);
+        run_pool(cases[k].op, c, OH, OW, fixture_get(&f, "x", nx), fixture_get(&f, "dout", no),
+                 out, dx, 2);
+        char what[96];
+        snprintf(what, sizeof what, "%s: out", cases[k].file);
+        expect_close_ff(what, out, fixture_get(&f, "out", no), no, TORCH_TOL);
+        snprintf(what, sizeof what, "%s: dx", cases[k].file);
+        expect_close_ff(what, dx, fixture_get(&f, "dx", nx), nx, TORCH_TOL);
+        free(out);
+        free(dx);
+        fixture_free(&f);
+    }
+
+    /* global average pooling: x[2,4,3,5] -> [2,5] */
+    enum { B = 2, H = 4, W = 3, C = 5 };
+    struct fixture f;
+    fixture_load(&f, "global_avgpool");
+    float out[B * C], *dx = fvec(B * H * W * C);
+    float *dout = copy_fvec(fixture_get(&f, "dout", B * C), B * C);
+    one_node o = {0};
+    int64_t xs[4] = {B, H, W, C}, os[2] = {B, C};
+    tensor_init(&o.t[0], 4, xs, fixture_get(&f, "x", B * H * W * C), dx);
+    tensor_init(&o.t[1], 2, os, out, dout);
+    o.n.op = TR_OP_GLOBAL_AVGPOOL;
+    o.n.n_in = 1;
+    o.n.out = 1;
+    node_open(&o, 2, TR_F32, 2);
+    node_forward(&o);
+    node_backward(&o);
+    node_close(&o);
+    expect_close_ff("global_avgpool: out", out, fixture_get(&f, "out", B * C), B * C, TORCH_TOL);
+    expect_close_ff("global_avgpool: dx", dx, fixture_get(&f, "dx", B * H * W * C), B * H * W * C,
+                    TORCH_TOL);
+    free(dx);
+    free(dout);
+    fixture_free(&f);
+}
+
+Test(torch_fixtures, batchnorm)
+{
+    enum { B = 2, H = 3, W = 4, C = 5 };
+    size_t nx = (size_t)B * H * W * C;
+    for (int training = 1; training >= 0; training--) {
+        struct fixture f;
+        fixture_load(&f, training ? "batchnorm_train" : "batchnorm_eval");
+        struct bn_run r = run_bn(B, H, W, C, fixture_get(&f, "x", nx), fixture_get(&f, "w", C),
+                                 fixture_get(&f, "b", C), fixture_get(&f, "dout", nx),
+                                 fixture_get(&f, "running", 2 * C), training, 0, 2, 0.1f);
+        const char *mode = training ? "batchnorm training" : "batchnorm eval";
+        char what[96];
+        snprintf(what, sizeof what, "%s: out", mode);
+        expect_close_ff(what, r.out, fixture_get(&f, "out", nx), nx, TORCH_TOL);
+        snprintf(what, sizeof what, "%s: dx", mode);
+        expect_close_ff(what, r.dx, fixture_get(&f, "dx", nx), nx, TORCH_TOL);
+        snprintf(what, sizeof what, "%s: dw", mode);
+        expect_close_ff(what, r.dw, fixture_get(&f, "dw", C), C, TORCH_TOL);
+        snprintf(what, sizeof what, "%s: db", mode);
+        expect_close_ff(what, r.db, fixture_get(&f, "db", C), C, TORCH_TOL);
+        const float *after = training ? fixture_get(&f, "running_after", 2 * C)
+                                      : fixture_get(&f, "running", 2 * C);
+        cr_assert(after != NULL);
+        snprintf(what, sizeof what, "%s: running statistics", mode);
+        expect_close_ff(what, r.running, after, 2 * C, TORCH_TOL);
+        free_bn(&r);
+        fixture_free(&f);
+    }
+}
