@@ -7,8 +7,8 @@
 #      CPU backend, plus the tiny GPT as a whole (it must PASS here: a SKIP
 #      means the GPU was not usable, and fails this script);
 #   3. compute-sanitizer memcheck over short training runs on the GPU, of a
-#      small GPT and a small Llama (grouped-query attention, RoPE, RMSNorm,
-#      SwiGLU);
+#      small GPT, a small Llama (grouped-query attention, RoPE, RMSNorm,
+#      SwiGLU) and a small CNN (conv2d on cuDNN, batch norm, pooling);
 #   4. throughput of the GPT-2 124M shape (synthetic tokens) under fp32 and
 #      bf16: tokens/s and MFU in a markdown table.
 #
@@ -81,6 +81,18 @@ if test -x "$sanitizer"; then
     "$sanitizer" --tool memcheck --error-exitcode 99 --leak-check no \
         ./trainrun "$llama" precision=bf16 model.recompute=1 run_dir="$build/runs/gpu-validate-llama-bf16" ||
         fail "compute-sanitizer memcheck (llama, bf16, recompute) reported errors"
+    # a small CNN: conv2d on cuDNN, batch norm, pooling
+    cnn=$build/gpu-validate-cnn.lua
+    sed -e 's/model = gpt {[^}]*}/model = cnn { input = { 16, 16, 3 }, channels = { 16, 32 }, classes = 10 }/' \
+        -e 's/kind = "tokens", classes = 256/kind = "features", features = 768, classes = 10/' \
+        "$recipe" > "$cnn"
+    grep -q 'model = cnn' "$cnn" && grep -q 'features = 768' "$cnn" || fail "could not write $cnn"
+    "$sanitizer" --tool memcheck --error-exitcode 99 --leak-check no \
+        ./trainrun "$cnn" run_dir="$build/runs/gpu-validate-cnn" ||
+        fail "compute-sanitizer memcheck (cnn) reported errors"
+    "$sanitizer" --tool memcheck --error-exitcode 99 --leak-check no \
+        ./trainrun "$cnn" precision=bf16 model.recompute=1 run_dir="$build/runs/gpu-validate-cnn-bf16" ||
+        fail "compute-sanitizer memcheck (cnn, bf16, recompute) reported errors"
 else
     fail "compute-sanitizer not found (it ships with the CUDA toolkit)"
 fi

@@ -13,6 +13,11 @@
 #   rope_sin_sign     rope turns the wrong way (ops.cu)
 #   gqa_head_map      query head h reads key/value head h % KV, not h / (H/KV)
 #   gqa_one_head      dk, dv add only the first query head of each group
+#   conv_pad_swapped  conv2d hands cuDNN its padding as (w, h) (conv.cu; the fake
+#                     cuDNN, tests/cudacpu/cudnn.cpp, refuses the shapes)
+#   conv_dx_overwrite backward data with beta 0: dx overwritten, not accumulated
+#   conv_any_algo     backward filter takes a non-deterministic algorithm
+#   bn_biased_running batch norm's running variance left biased (pool.cu)
 . "$TR_SRCDIR/tests/e2e/lib.sh"
 : "${TR_CXX:?run through make check}" "${TR_PERL:?run through make check}"
 gen=$TR_BUILDDIR/tests/cudacpu/gen
@@ -70,4 +75,16 @@ mutate gqa_head_map attention.cu \
 mutate gqa_one_head attention.cu \
   's/for \(int h = kvh \* group; h < \(kvh \+ 1\) \* group; h\+\+\)/for (int h = kvh * group; h < kvh * group + 1; h++)/' \
   'backend_ops/attention_gqa_group2_f32' 'group2_f32.*gradient of (k|v) differs from the CPU'
-echo "mutations: all 8 caught"
+mutate conv_pad_swapped conv.cu \
+  's/a->conv_set\(p->conv, k->PH, k->PW,/a->conv_set(p->conv, k->PW, k->PH,/' \
+  'backend_ops/conv2d_strided_asymmetric_f32' 'strided_asymmetric_f32.*forward output'
+mutate conv_dx_overwrite conv.cu \
+  's/const float one = 1.0f;\n(    if \(a->dx\) \{)/const float one = 1.0f, overwrite = 0.0f;\n$1/; s/p->workspace, &one, p->x, a->dx\)/p->workspace, &overwrite, p->x, a->dx)/' \
+  'backend_ops/conv2d_3x3_f32' 'conv2d_3x3_f32.*gradient of x differs from the CPU'
+mutate conv_any_algo conv.cu \
+  's/filter\[i\]\.determinism == CUDNN_DETERMINISTIC && //' \
+  'backend_ops/conv2d_backward_bitwise_deterministic' 'different bits in the gradient of w'
+mutate bn_biased_running pool.cu \
+  's/double unbiased = N > 1 \? var \* N \/ \(N - 1\) : var;/double unbiased = var;/' \
+  'backend_ops/batchnorm_train_f32' 'batchnorm_train_f32.*running differs from the CPU'
+echo "mutations: all 12 caught"
