@@ -4,7 +4,8 @@
 # statistics in the checkpoint (fp32, beside the parameters), a resume and a
 # recomputed run that end bit-identical to a straight run (so neither loses
 # nor double-counts a running-statistics update), bf16, eval of the
-# checkpoint, two data-parallel ranks, and export.
+# checkpoint, accumulation, the automatic micro-batch, two data-parallel
+# ranks, and export.
 . "$(dirname "$0")/lib.sh"
 digits=/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz
 [ -f "$digits" ] || skip "python3-sklearn is not installed (it ships the digits data)"
@@ -69,6 +70,13 @@ cmp "$w" recomputed/checkpoints/step-0000000040/model.safetensors \
 acc=$(last_metric bf16/metrics.jsonl val_accuracy)
 echo "cnn: bf16, 60 steps, validation accuracy $acc"
 less_than 0.5 "$acc" || fail "bf16 validation accuracy $acc after 60 steps"
+
+# --- accumulation and the automatic micro-batch: each micro-batch its own statistics ---
+"$TRAINRUN" "$R" train.steps=20 train.micro_batch=16 train.eval_every=20 run_dir=accum --quiet 2> accum.txt \
+  || { cat accum.txt; fail "4 micro-batches per step"; }
+"$TRAINRUN" "$R" train.steps=10 train.micro_batch=auto train.memory_budget=0.003 train.eval_every=10 \
+  run_dir=auto 2> auto.txt || { cat auto.txt; fail "micro_batch = auto"; }
+grep -Eq "auto micro-batch: (4|8|16|32) " auto.txt || { cat auto.txt; fail "auto micro-batch did not fit the budget"; }
 
 # --- two data-parallel ranks: gradients averaged, running statistics per rank ------------
 "$TRAINRUN" "$R" train.steps=20 checkpoint.every=10 train.eval_every=20 procs=2 run_dir=two --quiet 2> two.txt \
