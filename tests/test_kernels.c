@@ -1983,6 +1983,119 @@ Test(optim, adamw_three_steps)
     free(param), free(m), free(v), free(p_ref), free(m_ref), free(v_ref);
 }
 
+/* The vectorised update covers whole blocks, a block's masked last vector
+ * and the split over threads: the parameters and moments come out bit for
+ * bit the same for 1 and 2 threads (and close to the double reference above),
+ * and the bf16 copy written in the same pass is tr_f32_to_bf16 of each
+ * updated parameter. */
+Test(optim, adamw_blocks_threads_and_bf16_copy)
+{
+    rng_t rng = {1211};
+    const size_t n = 2 * 16384 + 37;
+    float *p1 = random_fvec(&rng, n, -1, 1), *p2 = copy_fvec(p1, n);
+    float *m1 = fvec(n), *v1 = fvec(n), *m2 = fvec(n), *v2 = fvec(n);
+    uint16_t *h = calloc(n, sizeof *h);
+    double *p_ref = to_double(p1, n), *m_ref = dvec(n), *v_ref = dvec(n);
+    int threads = omp_get_max_threads();
+    for (int64_t t = 1; t <= 2; t++) {
+        float *grad = random_fvec(&rng, n, -2, 2);
+        omp_set_num_threads(1);
+        tr_cpu_adamw_update(p1, grad, m1, v1, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+        omp_set_num_threads(2);
+        tr_cpu_adamw_update_bf16(p2, h, grad, m2, v2, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+        for (size_t i = 0; i < n; i++) {
+            double g = (double)grad[i] * 0.5;
+            m_ref[i] = 0.9 * m_ref[i] + 0.1 * g;
+            v_ref[i] = 0.95 * v_ref[i] + 0.05 * g * g;
+            double m_hat = m_ref[i] / (1.0 - pow(0.9, (double)t));
+            double v_hat = v_ref[i] / (1.0 - pow(0.95, (double)t));
+            p_ref[i] -= 1e-2 * (m_hat / (sqrt(v_hat) + 1e-8) + 0.1 * p_ref[i]);
+        }
+        cr_assert(memcmp(p1, p2, n * sizeof *p1) == 0, "params differ between 1 and 2 threads");
+        cr_assert(memcmp(m1, m2, n * sizeof *m1) == 0 && memcmp(v1, v2, n * sizeof *v1) == 0,
+                  "moments differ between 1 and 2 threads");
+        expect_close("adamw param", p1, p_ref, n, FWD_TOL);
+        for (size_t i = 0; i < n; i++)
+            cr_assert_eq(h[i], tr_f32_to_bf16(p2[i]), "bf16 copy [%zu]", i);
+        free(grad);
+    }
+    omp_set_num_threads(threads);
+    free(p1), free(p2), free(m1), free(v1), free(m2), free(v2), free(h);
+    free(p_ref), free(m_ref), free(v_ref);
+}
+
+/* The parameters' bf16 copy (param16.c) follows every write the backend
+ * reports: it starts as the parameters converted; a reported write (an
+ * upload) is seen at the next read; an optimizer burst that refreshed only
+ * a shard of the buffer (a sharded optimizer, the other shards gathered
+ * straight into memory) has the rest converted at the next read; freeing
+ * the buffer drops the copy.  Without the tracking, each check reads stale
+ * bits. */
+static void expect_param16(const struct tr_graph *g, const struct tr_tensor *t, const char *when)
+{
+    const uint16_t *h = tr_cpu_param16(g, t);
+    cr_assert_not_null(h, "%s: no bf16 copy of a parameter in the buffer", when);
+    const float *x = t->data;
+    for (size_t i = 0; i < t->numel; i++)
+        cr_assert_eq(h[i], tr_f32_to_bf16(x[i]), "%s: [%zu] is 0x%04x, want 0x%04x", when, i,
+                     h[i], tr_f32_to_bf16(x[i]));
+}
+
+Test(param16, follows_every_reported_write)
+{
+    rng_t rng = {1221};
+    const size_t n = 1000;
+    float *params = NULL;
+    cr_assert(posix_memalign((void **)&params, 64, n * sizeof(float)) == 0);
+    float *init = random_fvec(&rng, n, -1, 1);
+    memcpy(params, init, n * sizeof(float));
+    struct tr_graph g;
+    memset(&g, 0, sizeof g);
+    g.params = params;
+    g.n_params = n;
+    struct tr_tensor whole = {.role = TR_ROLE_PARAM, .dtype = TR_F32, .data = params, .numel = n};
+    struct tr_tensor part = whole;
+    part.data = params + 600;
+    part.numel = 400;
+    expect_param16(&g, &part, "first read");
+    expect_param16(&g, &whole, "first read, whole buffer");
+
+    /* a reported write anywhere in the buffer */
+    params[3] = 1234.5f;
+    tr_cpu_param16_written(params + 3, sizeof(float));
+    expect_param16(&g, &whole, "after an upload");
+
+    /* the optimizer updates [0, 500) and writes that run's copy; [500, n)
+     * then changes behind the backend's back, as a gather would write it */
+    uint16_t *run = tr_cpu_param16_updated(params, 500);
+    cr_assert_not_null(run, "no place for the optimizer's bf16 copy");
+    for (size_t i = 0; i < 500; i++) {
+        params[i] *= -0.5f;
+        run[i] = tr_f32_to_bf16(params[i]);
+    }
+    for (size_t i = 500; i < n; i++)
+        params[i] += 1.0f;
+    expect_param16(&g, &part, "after a sharded optimizer step");
+    expect_param16(&g, &whole, "after a sharded optimizer step, whole buffer");
+
+    /* not a parameter of this buffer: the caller converts it itself */
+    struct tr_tensor act = whole;
+    act.role = TR_ROLE_ACTIVATION;
+    cr_assert_null(tr_cpu_param16(&g, &act));
+    struct tr_tensor outside = whole;
+    outside.data = init;
+    cr_assert_null(tr_cpu_param16(&g, &outside));
+
+    /* freed and allocated again at the same address: a fresh copy */
+    tr_cpu_param16_forget(params);
+    for (size_t i = 0; i < n; i++)
+        params[i] = (float)i;
+    expect_param16(&g, &whole, "after the buffer was freed and reused");
+    tr_cpu_param16_forget(params);
+    free(params);
+    free(init);
+}
+
 Test(optim, sgd_momentum_three_steps)
 {
     rng_t rng = {1301};

@@ -27,18 +27,21 @@ static void *cpu_alloc(void *ctx, size_t bytes)
 static void cpu_free(void *ctx, void *p)
 {
     (void)ctx;
+    tr_cpu_param16_forget(p);
     free(p);
 }
 
 static void cpu_zero(void *ctx, void *p, size_t bytes)
 {
     (void)ctx;
+    tr_cpu_param16_written(p, bytes);
     memset(p, 0, bytes);
 }
 
 static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes)
 {
     (void)ctx;
+    tr_cpu_param16_written(dst, bytes);
     memcpy(dst, src, bytes);
 }
 
@@ -115,7 +118,9 @@ static struct bf16_operands bf16_inputs(const struct tr_graph *g, const struct t
     float *at = g->scratch;
     o.a = bf16_of(at, T(0));
     at += bf16_floats(T(0)->numel);
-    o.b = bf16_of(at, T(1));
+    /* a weight: its bf16 copy, kept up to date by the optimizer (param16.c) */
+    const uint16_t *w16 = tr_cpu_param16(g, T(1));
+    o.b = w16 ? w16 : bf16_of(at, T(1));
     at += bf16_floats(T(1)->numel);
     o.dout = dout ? to_bf16(at, dout, OUT->numel) : NULL;
     return o;
@@ -445,8 +450,9 @@ static void cpu_adamw(void *ctx, float *p, const float *grad, float *m, float *v
                       const struct tr_adamw_args *a)
 {
     (void)ctx;
-    tr_cpu_adamw_update(p, grad, m, v, n, a->lr, a->beta1, a->beta2, a->eps, a->weight_decay,
-                        a->grad_scale, a->t);
+    /* the parameters' bf16 copy, where the GEMMs read one, in the same pass */
+    tr_cpu_adamw_update_bf16(p, tr_cpu_param16_updated(p, n), grad, m, v, n, a->lr, a->beta1,
+                             a->beta2, a->eps, a->weight_decay, a->grad_scale, a->t);
 }
 
 static void cpu_sgd(void *ctx, float *p, const float *grad, float *buf, size_t n,
@@ -454,6 +460,7 @@ static void cpu_sgd(void *ctx, float *p, const float *grad, float *buf, size_t n
 {
     (void)ctx;
     tr_cpu_sgd_update(p, grad, buf, n, a->lr, a->momentum, a->weight_decay, a->grad_scale);
+    tr_cpu_param16_written(p, n * sizeof(float));
 }
 
 static int64_t cpu_count_correct(void *ctx, const float *logits, const int32_t *targets, int N,

@@ -186,6 +186,12 @@ void tr_cpu_cross_entropy_backward(float *dlogits, const float *logits, const fl
 void tr_cpu_adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr,
                          float beta1, float beta2, float eps, float weight_decay,
                          float grad_scale, int64_t t);
+/* The same update, also writing each updated parameter as bf16 bits
+ * (tr_cpu_to_bf16's rounding) into param_bf16[0..n) when it is not NULL:
+ * the bf16 copy the native bf16 GEMMs read, refreshed in the same pass. */
+void tr_cpu_adamw_update_bf16(float *param, uint16_t *param_bf16, const float *grad, float *m,
+                              float *v, size_t n, float lr, float beta1, float beta2, float eps,
+                              float weight_decay, float grad_scale, int64_t t);
 /* SGD with momentum (PyTorch form): g += wd*p; buf = mu*buf + g; p -= lr*buf
  * (momentum_buf may be NULL for plain SGD) */
 void tr_cpu_sgd_update(float *param, const float *grad, float *momentum_buf, size_t n, float lr,

@@ -5,25 +5,126 @@
 
 #include "kernels.h"
 
+/*
+ * AdamW runs over every parameter once a step, reading the parameter, its
+ * gradient and both moments and writing three of them back: memory-bound
+ * when vectorised, but the scalar loop (three divisions and a square root an
+ * element, which the compiler keeps scalar because sqrtf may set errno) ran
+ * at a third of that (GPT-2 124M: 0.4-0.6 s of a 1.3-2.7 s step on 2 cores).
+ * So it runs 16 lanes at a time where the CPU has AVX-512 (checked once, at
+ * run time), the same operations in the same order as the scalar path, with
+ * a masked last vector instead of a scalar tail: every element of a call goes
+ * through one path, so no element depends on where the threads split.
+ *
+ * With param_bf16, each block also writes its updated parameters rounded to
+ * bf16 (tr_cpu_to_bf16, while they are in cache): the copy the native bf16
+ * GEMMs read (param16.c), refreshed in the same pass instead of converted
+ * again by every GEMM.
+ */
+struct adamw_consts {
+    float lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, grad_scale;
+    float correction1, correction2;
+};
+
+/* Elements per block: a thread's share is whole blocks; 64 KiB of each array. */
+enum { OPTIM_BLOCK = 16384 };
+
+static void adamw_scalar(float *param, const float *grad, float *m, float *v, size_t n,
+                         const struct adamw_consts *c)
+{
+    for (size_t i = 0; i < n; i++) {
+        float g = grad[i] * c->grad_scale;
+        float m_new = c->beta1 * m[i] + c->one_minus_beta1 * g;
+        float v_new = c->beta2 * v[i] + c->one_minus_beta2 * g * g;
+        m[i] = m_new;
+        v[i] = v_new;
+        float m_hat = m_new / c->correction1;
+        float v_hat = v_new / c->correction2;
+        float p = param[i];
+        param[i] = p - c->lr * (m_hat / (sqrtf(v_hat) + c->eps) + c->weight_decay * p);
+    }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define OPTIM_HAVE_AVX512 1
+
+static __attribute__((target("avx512f"))) void adamw_avx512(float *param, const float *grad,
+                                                              float *m, float *v, size_t n,
+                                                              const struct adamw_consts *c)
+{
+    const __m512 lr = _mm512_set1_ps(c->lr), beta1 = _mm512_set1_ps(c->beta1);
+    const __m512 beta2 = _mm512_set1_ps(c->beta2), omb1 = _mm512_set1_ps(c->one_minus_beta1);
+    const __m512 omb2 = _mm512_set1_ps(c->one_minus_beta2), eps = _mm512_set1_ps(c->eps);
+    const __m512 wd = _mm512_set1_ps(c->weight_decay), scale = _mm512_set1_ps(c->grad_scale);
+    const __m512 c1 = _mm512_set1_ps(c->correction1), c2 = _mm512_set1_ps(c->correction2);
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, grad + i), scale);
+        __m512 m_new = _mm512_add_ps(_mm512_mul_ps(beta1, _mm512_maskz_loadu_ps(k, m + i)),
+                                     _mm512_mul_ps(omb1, g));
+        __m512 v_new = _mm512_add_ps(_mm512_mul_ps(beta2, _mm512_maskz_loadu_ps(k, v + i)),
+                                     _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
+        _mm512_mask_storeu_ps(m + i, k, m_new);
+        _mm512_mask_storeu_ps(v + i, k, v_new);
+        __m512 m_hat = _mm512_div_ps(m_new, c1);
+        /* masked-off lanes hold 0: sqrt(0) + eps, no fault, never stored */
+        __m512 v_hat = _mm512_div_ps(v_new, c2);
+        __m512 p = _mm512_maskz_loadu_ps(k, param + i);
+        __m512 step = _mm512_add_ps(_mm512_div_ps(m_hat, _mm512_add_ps(_mm512_sqrt_ps(v_hat), eps)),
+                                    _mm512_mul_ps(wd, p));
+        _mm512_mask_storeu_ps(param + i, k, _mm512_sub_ps(p, _mm512_mul_ps(lr, step)));
+    }
+}
+#endif
+
+static int optim_avx512(void)
+{
+#ifdef OPTIM_HAVE_AVX512
+    static int cached = -1;
+    int use = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (use < 0) {
+        __builtin_cpu_init();
+        use = __builtin_cpu_supports("avx512f");
+        __atomic_store_n(&cached, use, __ATOMIC_RELAXED);
+    }
+    return use;
+#else
+    return 0;
+#endif
+}
+
+void tr_cpu_adamw_update_bf16(float *param, uint16_t *param_bf16, const float *grad, float *m,
+                              float *v, size_t n, float lr, float beta1, float beta2, float eps,
+                              float weight_decay, float grad_scale, int64_t t)
+{
+    /* bias corrections in double: beta2^t is close to 1 for small t */
+    struct adamw_consts c = {lr, beta1, beta2, 1.0f - beta1, 1.0f - beta2, eps, weight_decay,
+                             grad_scale, (float)(1.0 - pow((double)beta1, (double)t)),
+                             (float)(1.0 - pow((double)beta2, (double)t))};
+    size_t blocks = (n + OPTIM_BLOCK - 1) / OPTIM_BLOCK;
+    int vector = optim_avx512();
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < blocks; b++) {
+        size_t i0 = b * OPTIM_BLOCK, len = n - i0 < OPTIM_BLOCK ? n - i0 : OPTIM_BLOCK;
+#ifdef OPTIM_HAVE_AVX512
+        if (vector)
+            adamw_avx512(param + i0, grad + i0, m + i0, v + i0, len, &c);
+        else
+#endif
+            adamw_scalar(param + i0, grad + i0, m + i0, v + i0, len, &c);
+        if (param_bf16 != NULL) /* one block: converted on this thread */
+            tr_cpu_to_bf16(param_bf16 + i0, param + i0, len);
+    }
+    (void)vector;
+}
+
 void tr_cpu_adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr,
                          float beta1, float beta2, float eps, float weight_decay,
                          float grad_scale, int64_t t)
 {
-    /* bias corrections in double: beta2^t is close to 1 for small t */
-    float correction1 = (float)(1.0 - pow((double)beta1, (double)t));
-    float correction2 = (float)(1.0 - pow((double)beta2, (double)t));
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float g = grad[i] * grad_scale;
-        float m_new = beta1 * m[i] + (1.0f - beta1) * g;
-        float v_new = beta2 * v[i] + (1.0f - beta2) * g * g;
-        m[i] = m_new;
-        v[i] = v_new;
-        float m_hat = m_new / correction1;
-        float v_hat = v_new / correction2;
-        float p = param[i];
-        param[i] = p - lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * p);
-    }
+    tr_cpu_adamw_update_bf16(param, NULL, grad, m, v, n, lr, beta1, beta2, eps, weight_decay,
+                             grad_scale, t);
 }
 
 /* momentum_buf may be NULL when momentum == 0 (plain SGD). */
