@@ -33,9 +33,11 @@
  */
 #include "common.cuh"
 
+#include <stdio.h>
+
+#ifndef TR_CUDA_NO_CUDNN
 #include <cudnn.h>
 #include <dlfcn.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -552,3 +554,46 @@ void cuda_conv_backward(struct cuda_context *c, const struct conv_args *a, float
                  "cudnnConvolutionBackwardFilter");
     }
 }
+
+#else /* TR_CUDA_NO_CUDNN: configure found no cudnn.h; every op but conv2d runs */
+
+static const char no_cudnn[] = "this trainrun was built without cuDNN (configure found no cudnn.h "
+                               "beside the CUDA toolkit): install cuDNN 9 and rebuild";
+
+void cuda_dnn_open(struct cuda_context *c) { snprintf(c->dnn_why, sizeof c->dnn_why, "%s", no_cudnn); }
+
+void cuda_dnn_close(struct cuda_context *c) { (void)c; }
+
+int cuda_dnn_describe(char *buf, size_t size)
+{
+    return snprintf(buf, size, "cuDNN: not used (%s)\n", no_cudnn);
+}
+
+const char *cuda_conv_check(struct cuda_context *c, const struct conv_args *a)
+{
+    (void)a;
+    return c->dnn_why;
+}
+
+size_t cuda_conv_scratch_floats(struct cuda_context *c, const struct conv_args *a)
+{
+    (void)c;
+    (void)a;
+    return 0;
+}
+
+void cuda_conv_forward(struct cuda_context *c, const struct conv_args *a, float *scratch,
+                       size_t scratch_floats)
+{
+    (void)a;
+    (void)scratch;
+    (void)scratch_floats;
+    cuda_note(c, cudaErrorNotSupported, "conv2d without cuDNN");
+}
+
+void cuda_conv_backward(struct cuda_context *c, const struct conv_args *a, float *scratch,
+                        size_t scratch_floats)
+{
+    cuda_conv_forward(c, a, scratch, scratch_floats);
+}
+#endif
