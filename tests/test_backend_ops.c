@@ -1196,10 +1196,66 @@ static void whole_llama(enum tr_dtype compute, double tolerance)
     tr_backend_close(&cuda);
 }
 
+/* tests/config/tiny_cnn.lua (conv2d on cuDNN, batch norm, max and global
+ * average pooling, linear head) with parameters and running statistics
+ * initialised on the CPU and copied, and random images and labels: the
+ * loss, every gradient, the parameters after three SGD steps and the
+ * running statistics they moved. */
+static void whole_cnn(enum tr_dtype compute, double tolerance)
+{
+    struct tr_backend cuda, cpu_be;
+    need_cuda(&cuda);
+    cr_assert_eq(tr_cpu_backend_init(&cpu_be, 0), 0);
+    tr_err err = {{0}};
+    const char *sgd[] = {"optimizer.type=sgd", "optimizer.momentum=0.9"};
+    struct tr_config cfg;
+    cr_assert_eq(tr_config_load(&cfg, TR_TEST_SRCDIR "/config/tiny_cnn.lua", sgd, 2, &err), TR_OK,
+                 "%s", err.msg);
+    struct model_side cpu = {.be = &cpu_be}, gpu = {.be = &cuda};
+    model_open(&cpu, &cfg, NULL, compute);
+    model_open(&gpu, &cfg, NULL, compute);
+    cr_assert_eq(cpu.g->n_params, gpu.g->n_params);
+    cr_assert(cpu.g->n_buffers > 0 && cpu.g->n_buffers == gpu.g->n_buffers,
+              "the tiny CNN has no batch-norm buffers");
+    tr_graph_init_params(cpu.g, &cpu_be, 78);
+    size_t n = cpu.g->n_params > cpu.g->n_buffers ? cpu.g->n_params : cpu.g->n_buffers;
+    float *host = malloc(n * sizeof *host);
+    cpu_be.iface->download(cpu_be.context, host, cpu.g->params, cpu.g->n_params * sizeof *host);
+    cuda.iface->upload(cuda.context, gpu.g->params, host, gpu.g->n_params * sizeof *host);
+    cpu_be.iface->download(cpu_be.context, host, cpu.g->buffers, cpu.g->n_buffers * sizeof *host);
+    cuda.iface->upload(cuda.context, gpu.g->buffers, host, gpu.g->n_buffers * sizeof *host);
+    free(host);
+    uint64_t seed = 22;
+    for (int k = 0; k < 2; k++) { /* images, labels */
+        const struct tr_tensor *t = &cpu.g->tensors[cpu.g->inputs[k]];
+        void *v = malloc(t->numel * 4);
+        for (size_t j = 0; j < t->numel; j++) {
+            if (t->dtype == TR_I32)
+                ((int32_t *)v)[j] = (int32_t)(rng_next(&seed) % 3u); /* the recipe's classes */
+            else
+                ((float *)v)[j] = rng_value(&seed, 1.0f);
+        }
+        cpu_be.iface->upload(cpu_be.context, t->data, v, t->numel * 4);
+        cuda.iface->upload(cuda.context, gpu.g->tensors[gpu.g->inputs[k]].data, v, t->numel * 4);
+        free(v);
+    }
+    const char *label = compute == TR_F32 ? "tiny CNN, fp32" : "tiny CNN, bf16 GEMM inputs";
+    train_both(&cpu, &gpu, label, tolerance);
+    compare(label, "running statistics after 3 steps", &cpu_be, cpu.g->buffers, TR_F32, &cuda,
+            gpu.g->buffers, TR_F32, cpu.g->n_buffers, tolerance);
+    model_close(&cpu);
+    model_close(&gpu);
+    tr_config_free(&cfg);
+    tr_cpu_backend_free(&cpu_be);
+    tr_backend_close(&cuda);
+}
+
 Test(whole_model, tiny_gpt_fp32, .init = environment) { whole_model(TR_F32, 1e-4); }
 Test(whole_model, tiny_gpt_bf16_gemm_inputs, .init = environment) { whole_model(TR_BF16, 2e-3); }
 Test(whole_model, tiny_llama_fp32, .init = environment) { whole_llama(TR_F32, 1e-4); }
 Test(whole_model, tiny_llama_bf16_gemm_inputs, .init = environment) { whole_llama(TR_BF16, 2e-3); }
+Test(whole_model, tiny_cnn_fp32, .init = environment) { whole_cnn(TR_F32, 1e-4); }
+Test(whole_model, tiny_cnn_bf16_gemm_inputs, .init = environment) { whole_cnn(TR_BF16, 2e-3); }
 
 /* ---- the harness itself, on the CPU (runs everywhere) ---------------------------------- */
 
