@@ -24,7 +24,8 @@
  * convolutions multiply them with fp32 accumulation and fp32 results.
  * Otherwise (fp16 always, bf16 without the instructions) x, w and dout are
  * rounded to the 16-bit type into scratch and the fp32 primitives run on
- * them: the same products, fp32 sums.
+ * them: the same products, fp32 sums.  (On small images the bf16 weight
+ * gradient is the latter too: see create_prims.)
  *
  * Determinism.  The forward and the data gradient reduce each output over
  * its whole window on one thread.  The weight gradient sums over batch and
@@ -45,6 +46,10 @@
 
 enum conv_mode { MODE_F32 = 0, MODE_BF16 = 1 };
 
+/* bf16 weight gradients natively from this many output pixels per image up
+ * (create_prims says why) */
+enum { BF16_WGRAD_MIN_PIXELS = 256 };
+
 struct conv_key {
     struct tr_cpu_conv_shape s;
     int bias, mode, threads;
@@ -64,6 +69,7 @@ struct conv_prims {
     struct conv_key key;
     dnnl_memory_desc_t src, dst, diff_src, user_wei, bias;
     struct conv_prim fwd, bwd_data, bwd_weights;
+    int bwd_weights_f32; /* bf16 mode, but the weight gradient on rounded fp32 copies */
     struct conv_prims *next;
 };
 
@@ -257,13 +263,33 @@ static dnnl_status_t create_prims(struct conv_prims *c)
     if (s == dnnl_success)
         s = make_reorder(&c->bwd_data.reorder, &c->user_wei, &c->bwd_data.wei, 0);
 
-    /* the weight gradient in fp32 whatever the inputs; no bias (summed here) */
+    /* The weight gradient in fp32 whatever the inputs; no bias (summed
+     * here).  oneDNN 2.x's bf16 weight gradient (jit_bf16) is slower than
+     * its fp32 one on small images (at 8x8, 512 channels, batch 32: 2.2x
+     * the CPU time on AVX512-BF16; break-even near 16x16), so below
+     * BF16_WGRAD_MIN_PIXELS output pixels it runs in fp32 on the inputs
+     * rounded to bf16: the same products (exact in fp32), another order of
+     * sums.  The choice depends on the shape only, so runs repeat. */
+    dnnl_primitive_desc_t hint = fpd, f32_fpd = NULL;
+    c->bwd_weights_f32 =
+        c->key.mode == MODE_BF16 && (long)sh->OH * sh->OW < BF16_WGRAD_MIN_PIXELS;
+    if (s == dnnl_success && c->bwd_weights_f32) {
+        dnnl_convolution_desc_t f32_fd;
+        s = dnnl_dilated_convolution_forward_desc_init(
+            &f32_fd, dnnl_forward_training, dnnl_convolution_direct, &c->src, &wei_any_f32, NULL,
+            &c->dst, strides, dilates, pad_l, pad_r);
+        if (s == dnnl_success)
+            s = dnnl_primitive_desc_create(&f32_fpd, &f32_fd, attr, conv_engine, NULL);
+        hint = f32_fpd;
+    }
     if (s == dnnl_success)
         s = dnnl_dilated_convolution_backward_weights_desc_init(
-            &wd, dnnl_convolution_direct, &src_in, &wei_any_f32, NULL, &dst_in, strides, dilates,
-            pad_l, pad_r);
+            &wd, dnnl_convolution_direct, c->bwd_weights_f32 ? &c->src : &src_in, &wei_any_f32,
+            NULL, c->bwd_weights_f32 ? &c->dst : &dst_in, strides, dilates, pad_l, pad_r);
     if (s == dnnl_success)
-        s = dnnl_primitive_desc_create(&wpd, &wd, attr, conv_engine, fpd);
+        s = dnnl_primitive_desc_create(&wpd, &wd, attr, conv_engine, hint);
+    if (f32_fpd)
+        dnnl_primitive_desc_destroy(f32_fpd);
     if (s == dnnl_success)
         s = finish_prim(&c->bwd_weights, wpd, dnnl_query_diff_weights_md);
     if (s == dnnl_success)
@@ -477,6 +503,10 @@ static size_t backward_floats(const struct conv_prims *c, const struct tr_cpu_co
     take(&d, c->bwd_data.scratch_bytes);
     /* the weight gradient in the primitive's layout, its scratchpad */
     struct carve w = {NULL, 0};
+    if (c->bwd_weights_f32) { /* x and dout rounded, in fp32 */
+        take(&w, numel_x(s) * sizeof(float));
+        take(&w, numel_out(s) * sizeof(float));
+    }
     take(&w, c->bwd_weights.wei_bytes);
     take(&w, c->bwd_weights.scratch_bytes);
     return shared + max_z(d.used, w.used);
@@ -524,7 +554,8 @@ void tr_cpu_conv2d_backward(float *dx, float *dw, float *db, float *scratch, con
     if (!dx && !dw)
         return;
     struct carve sc = {scratch, 0};
-    struct conv_inputs in = prepare_inputs(&sc, dw ? x : NULL, w, dout, s, compute);
+    struct conv_inputs in =
+        prepare_inputs(&sc, dw && !c->bwd_weights_f32 ? x : NULL, w, dout, s, compute);
     size_t shared = sc.used;
     dnnl_memory_desc_t src_in = c->src, dst_in = c->dst;
     if (conv_native_bf16(compute)) {
@@ -557,6 +588,16 @@ void tr_cpu_conv2d_backward(float *dx, float *dw, float *db, float *scratch, con
     }
     if (dw) {
         sc.used = shared;
+        if (c->bwd_weights_f32) { /* bf16 values, fp32 storage (create_prims) */
+            float *xr = take(&sc, numel_x(s) * sizeof(float));
+            float *dr = take(&sc, numel_out(s) * sizeof(float));
+            tr_cpu_round_to_half(xr, x, numel_x(s), 1);
+            tr_cpu_round_to_half(dr, dout, numel_out(s), 1);
+            in.x = xr;
+            in.dout = dr;
+            src_in = c->src;
+            dst_in = c->dst;
+        }
         void *dwre = take(&sc, c->bwd_weights.wei_bytes);
         void *pad = c->bwd_weights.scratch_bytes ? take(&sc, c->bwd_weights.scratch_bytes) : NULL;
         struct arg a[4] = {{DNNL_ARG_SRC, &src_in, in.x},
