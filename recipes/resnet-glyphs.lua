@@ -3,7 +3,9 @@
 -- ships, validated on font families it never trains on.  Make the data
 -- once, in the build directory:
 --
---   make data/glyphs          # contrib/data/make-glyphs.py (python3-pil)
+--   apt-get install python3-pil fonts-dejavu-core fonts-liberation fonts-freefont-ttf \
+--       fonts-urw-base35 fonts-noto-core fonts-crosextra-carlito fonts-crosextra-caladea
+--   make data/glyphs          # contrib/data/make-glyphs.py
 --   trainrun prepare data/glyphs/train --val data/glyphs/val --size 32 \
 --       --channels 1 -o data/glyphs-32
 --   trainrun ../recipes/resnet-glyphs.lua
