@@ -405,9 +405,10 @@ static int cmd_plugins(int argc, char **argv)
             printf("\n%s plugins  (recipe: %s = { plugin = \"NAME\", option = value, ... })\n",
                    tr_kind_name(info->kind), tr_kind_name(info->kind));
             if (info->kind == TR_KIND_PRECISION) /* the part of a policy no option shows */
-                printf("  Every backend keeps master weights, optimizer state, gradients and "
-                       "activations in\n  fp32; a policy picks the GEMM input dtype (fp32, bf16 "
-                       "or fp16) and the loss scale.\n  A policy asking for more (master or grad "
+                printf("  Every backend keeps master weights, optimizer state and gradients "
+                       "in fp32; a\n  policy picks the GEMM input dtype (fp32, bf16 or fp16), "
+                       "which 16-bit ones also\n  store the activations in (the logits stay "
+                       "fp32), and the loss scale.\n  A policy asking for more (master or grad "
                        "other than fp32, tf32 off\n  device=cuda) is refused when the run or plan starts.\n");
             last_kind = (int)info->kind;
         }

@@ -1085,6 +1085,9 @@ void tr_graph_print_memory(const struct tr_graph *g, FILE *out)
         fprintf(out, "  activation recomputation saves %s (%zu bytes)\n", buf,
                 m->recompute_saved - m->recompute);
     }
+    if (g->compute == TR_BF16 || g->compute == TR_F16) /* plan_storage's choice */
+        fprintf(out, "  activations in %s storage (the logits, gradients and saved statistics "
+                "in fp32)\n", g->compute == TR_BF16 ? "bf16" : "fp16");
 }
 
 size_t tr_graph_memory_total(const struct tr_memory_report *m)

@@ -204,13 +204,14 @@ typedef const struct tr_plugin_info *(*tr_plugin_entry_fn)(void);
 /* Where each class of tensor lives and what GEMMs compute in.
  * Accumulation is always fp32.  What the backends honour (the engine
  * refuses the rest when a run or plan starts, naming the field): master
- * and grad fp32 only; compute fp32, bf16 or fp16, and only GEMM inputs are
- * rounded to it: activations are stored in fp32; allow_tf32 0 only (no
+ * and grad fp32 only; compute fp32, bf16 or fp16: GEMM inputs are rounded to
+ * it and, when it is 16-bit, activations are stored in it (all but the
+ * logits; gradients and saved statistics stay fp32); allow_tf32 0 only (no
  * backend runs tf32 GEMMs). */
 struct tr_precision_policy {
     uint32_t struct_size;
     enum tr_dtype master;     /* weights the optimizer updates, and its state */
-    enum tr_dtype compute;    /* inputs of GEMMs (activations stay fp32) */
+    enum tr_dtype compute;    /* inputs of GEMMs; activation storage when 16-bit */
     enum tr_dtype grad;       /* gradients of parameters */
     int allow_tf32;           /* fp32 GEMMs may use tf32: must be 0, see above */
 };

@@ -1,6 +1,7 @@
 /*
  * precision = "bf16": fp32 master weights and gradients, bf16 GEMM inputs
- * (fp32 accumulation; activations are stored in fp32 on every backend).
+ * (fp32 accumulation) and bf16 activation storage on every backend (the
+ * logits stay fp32).
  * bf16 has fp32's exponent range, so gradients cannot overflow where fp32
  * would not and no loss scaling is needed.
  */

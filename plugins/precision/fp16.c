@@ -1,7 +1,9 @@
 /*
  * precision = "fp16": fp32 master weights and gradients, fp16 GEMM inputs
- * (fp32 accumulation; activations are stored in fp32 on every backend), with
- * dynamic loss scaling.
+ * (fp32 accumulation) and fp16 activation storage on every backend (the
+ * logits stay fp32; an activation past 65504 is stored as inf, and the
+ * step's non-finite gradients are skipped as an overflow), with dynamic loss
+ * scaling.
  *
  * fp16 tops out at 65504 and loses small gradients below ~6e-8, so the loss
  * is multiplied by a scale before backward.  The scale backs off whenever the

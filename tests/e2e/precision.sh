@@ -116,6 +116,15 @@ done
 grep -q "tf32 peak 156" tf32-plan.txt || { cat tf32-plan.txt; fail "the cuda plan did not price the tf32 peak"; }
 # and the plugin list says what every policy gets
 "$TRAINRUN" plugins precision > list.txt
-grep -q "Every backend keeps master weights, optimizer state, gradients and activations in" \
+grep -q "Every backend keeps master weights, optimizer state and gradients in fp32" \
   list.txt || { cat list.txt; fail "'trainrun plugins precision' does not say what runs in fp32"; }
+grep -q "store the activations in" list.txt \
+  || { cat list.txt; fail "'trainrun plugins precision' does not say where activations are stored"; }
+# 16-bit policies store the activations in 16 bits: plan and the run say so
+grep -q "the cpu backend's plan, activations in bf16 storage)" plan.txt \
+  || { cat plan.txt; fail "the bf16 plan does not say it counts bf16 activations"; }
+grep -q "the cpu backend's plan, activations in fp32 storage)" plan32.txt \
+  || { cat plan32.txt; fail "the fp32 plan does not say it counts fp32 activations"; }
+grep -q "activations in bf16 storage (the logits" first.txt \
+  || { cat first.txt; fail "the bf16 run's memory plan does not say activations are in bf16"; }
 echo "precision: ok"
