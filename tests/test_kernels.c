@@ -406,7 +406,22 @@ Test(bf16, vectorised_conversion_matches_scalar)
     tr_cpu_to_bf16(h, x, big);
     for (size_t i = 0; i < big; i++)
         cr_assert_eq(h[i], tr_f32_to_bf16(x[i]), "large array [%zu]", i);
-    free(in), free(rounded), free(got), free(x), free(h);
+    /* and back: tr_bf16_to_f32's bits for every pattern (NaNs, infinities,
+     * subnormals), every length up to two vectors and a threaded one */
+    uint16_t *all = malloc(65536 * sizeof *all);
+    float *wide = malloc((65536 + 1) * sizeof *wide);
+    for (uint32_t i = 0; i < 65536; i++)
+        all[i] = (uint16_t)i;
+    for (size_t len = 0; len <= 65536; len += len < 40 ? 1 : 65536 - 40) {
+        wide[len] = 7.0f;
+        tr_cpu_from_half(wide, all, len, 1);
+        for (size_t i = 0; i < len; i++) {
+            float want = tr_bf16_to_f32(all[i]);
+            cr_assert(memcmp(&wide[i], &want, sizeof want) == 0, "from_half bf16 n=%zu [%zu]", len, i);
+        }
+        cr_assert_eq(wide[len], 7.0f, "from_half wrote past the end (n=%zu)", len);
+    }
+    free(in), free(rounded), free(got), free(x), free(h), free(all), free(wide);
 }
 
 /* The bf16 GEMM against the emulated one (tr_cpu_sgemm on the same numbers

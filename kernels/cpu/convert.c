@@ -109,6 +109,18 @@ static AVX512 void to_bf16_avx512(uint16_t *out, const float *in, size_t n)
         out[i] = tr_f32_to_bf16(in[i]);
 }
 
+/* bf16 -> fp32 is exact: the bits, 16 places up */
+static AVX512 void from_bf16_avx512(float *out, const uint16_t *in, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)(in + i));
+        _mm512_storeu_si512((void *)(out + i), _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    for (; i < n; i++)
+        out[i] = tr_bf16_to_f32(in[i]);
+}
+
 static AVX512 void round_bf16_avx512(float *out, const float *in, size_t n)
 {
     size_t i = 0;
@@ -170,9 +182,30 @@ void tr_cpu_to_half(uint16_t *out, const float *in, size_t n, int bf16)
 
 void tr_cpu_from_half(float *out, const uint16_t *in, size_t n, int bf16)
 {
+    /* 16-bit activations are widened here before every op that reads them
+     * (backend.c): per element through tr_bf16_to_f32 this took a sixth of a
+     * bf16 step's CPU time */
+    if (bf16) {
+        size_t blocks = (n + CONVERT_BLOCK - 1) / CONVERT_BLOCK;
+        int vector = use_avx512();
+#pragma omp parallel for schedule(static) if (blocks > 1)
+        for (size_t b = 0; b < blocks; b++) {
+            size_t i0 = b * CONVERT_BLOCK, len = n - i0 < CONVERT_BLOCK ? n - i0 : CONVERT_BLOCK;
+#ifdef BF16_HAVE_AVX512
+            if (vector) {
+                from_bf16_avx512(out + i0, in + i0, len);
+                continue;
+            }
+#endif
+            for (size_t i = i0; i < i0 + len; i++)
+                out[i] = tr_bf16_to_f32(in[i]);
+        }
+        (void)vector;
+        return;
+    }
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++)
-        out[i] = bf16 ? tr_bf16_to_f32(in[i]) : tr_f16_to_f32(in[i]);
+        out[i] = tr_f16_to_f32(in[i]);
 }
 
 void tr_cpu_round_to_half(float *out, const float *in, size_t n, int bf16)
