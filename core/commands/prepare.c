@@ -101,6 +101,8 @@ void tr_prepare_help(FILE *out)
             "  --augment-flip           the copies are also mirrored at random\n"
             "  --seed N                 the copies' draws and the split's hash (default 0)\n"
             "  --shard-images N         images per shard (default: about 1 GiB of pixels)\n"
+            "  --workers N              threads that decode (default: the online CPUs); the\n"
+            "                           shards are the same for every N\n"
             "  --skip-bad-records       also: skip images that do not decode (counted, the\n"
             "                           first %d named) instead of stopping at the first\n"
             "\n"

@@ -28,6 +28,7 @@
 #include <archive_entry.h>
 #include <ctype.h>
 #include <dirent.h>
+#include <pthread.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,8 +169,28 @@ struct classes {
     size_t n, cap;
 };
 
+/* A sample read but not yet decoded: samples are decoded a batch at a time
+ * on the worker threads, then written in the order they were read, so the
+ * shards are the same for any number of workers. */
+struct pending {
+    unsigned char *data;   /* the encoded file (owned) */
+    size_t size;
+    char *where;           /* for messages: the file, or tar: member */
+    char *split_name;      /* for the --val-fraction hash */
+    uint32_t label;
+    int val;
+    int ok;                /* decoded into pixels */
+    char why[512];
+    unsigned char *pixels; /* size x size x channels */
+};
+
+#define BATCH 256
+
 struct run {
     const struct prepare_opts *o;
+    struct pending *batch;      /* BATCH of them */
+    int n_batch;
+    int workers;
     struct writer train, val;
     struct classes cls;
     uint32_t max_label;         /* largest label seen, +1 (0: none) */
@@ -237,17 +258,10 @@ static int bad_record(struct run *r, const char *where, const char *why)
     return 0;
 }
 
-/* Decode, resize and write one sample (and its copies when training). */
-static int put_sample(struct run *r, const char *where, const char *split_name,
-                      const unsigned char *data, size_t size, uint32_t label, int val)
+/* Write one decoded sample (and its copies when training). */
+static int emit_sample(struct run *r, const char *split_name, uint32_t label, int val)
 {
     const struct prepare_opts *o = r->o;
-    struct tr_image img;
-    char why[512];
-    if (tr_image_decode(data, size, o->channels, &img, why, sizeof why) != 0)
-        return bad_record(r, where, why);
-    tr_image_resize_crop(&img, o->image_size, r->square);
-    tr_image_free(&img);
     if (label + 1 > r->max_label)
         r->max_label = label + 1;
     int is_val = val || goes_to_val(o, split_name);
@@ -266,6 +280,87 @@ static int put_sample(struct run *r, const char *where, const char *split_name,
             return -1;
     }
     return 0;
+}
+
+struct decode_job {
+    struct run *r;
+    int first, step;
+};
+
+static void *decode_some(void *arg)
+{
+    struct decode_job *j = arg;
+    const struct prepare_opts *o = j->r->o;
+    for (int i = j->first; i < j->r->n_batch; i += j->step) {
+        struct pending *p = &j->r->batch[i];
+        struct tr_image img;
+        p->ok = tr_image_decode(p->data, p->size, o->channels, &img, p->why, sizeof p->why) == 0;
+        if (!p->ok)
+            continue;
+        tr_image_resize_crop(&img, o->image_size, p->pixels);
+        tr_image_free(&img);
+    }
+    return NULL;
+}
+
+/* Decode the batch (on r->workers threads) and write it in order. */
+static int flush_batch(struct run *r)
+{
+    int n = r->n_batch, workers = r->workers < n ? r->workers : n;
+    struct decode_job jobs[64];
+    pthread_t threads[64];
+    int started = 0;
+    for (int k = 0; k < workers; k++)
+        jobs[k] = (struct decode_job){.r = r, .first = k, .step = workers};
+    for (int k = 1; k < workers; k++)
+        if (pthread_create(&threads[k], NULL, decode_some, &jobs[k]) == 0)
+            started = k;
+        else
+            break;
+    if (started + 1 < workers) /* fewer threads than asked: the rest here */
+        for (int k = started + 1; k < workers; k++)
+            decode_some(&jobs[k]);
+    if (workers > 0)
+        decode_some(&jobs[0]);
+    for (int k = 1; k <= started; k++)
+        pthread_join(threads[k], NULL);
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        struct pending *p = &r->batch[i];
+        if (rc == 0) {
+            if (!p->ok) {
+                rc = bad_record(r, p->where, p->why);
+            } else {
+                memcpy(r->square, p->pixels,
+                       (size_t)r->o->image_size * r->o->image_size * r->o->channels);
+                rc = emit_sample(r, p->split_name, p->label, p->val);
+            }
+        }
+        free(p->data);
+        free(p->where);
+        free(p->split_name);
+        p->data = NULL;
+        p->where = p->split_name = NULL;
+    }
+    r->n_batch = 0;
+    return rc;
+}
+
+/* Queue one encoded sample (data becomes the batch's); a full batch is
+ * decoded and written. */
+static int put_sample(struct run *r, const char *where, const char *split_name,
+                      unsigned char *data, size_t size, uint32_t label, int val)
+{
+    struct pending *p = &r->batch[r->n_batch++];
+    p->data = data;
+    p->size = size;
+    p->where = tr_xasprintf("%s", where);
+    p->split_name = tr_xasprintf("%s", split_name);
+    p->label = label;
+    p->val = val;
+    p->ok = 0;
+    p->why[0] = '\0';
+    return r->n_batch == BATCH ? flush_batch(r) : 0;
 }
 
 static int read_file(const char *path, unsigned char **data, size_t *size)
@@ -388,7 +483,6 @@ static int walk(struct run *r, const char *dir, const char *rel, uint32_t label,
             if (rc == 0) {
                 tr_progress_add(r->progress, size);
                 rc = put_sample(r, path, sub, data, size, label, val);
-                free(data);
                 (*found)++;
             }
         }
@@ -458,14 +552,17 @@ static int flush_sample(struct run *r, const char *tar, struct sample *s, int va
     snprintf(where, sizeof where, "%s: sample %s", tar, s->key);
     if (!s->key[0])
         return 0;
-    if (!s->image) {
-        rc = bad_record(r, where, "no .png, .jpg, .jpeg or .webp member");
-    } else if (s->label < 0) {
-        rc = bad_record(r, where, s->cls_problem[0] ? s->cls_problem
-                                                    : "no .cls member (the class number)");
+    if (!s->image || s->label < 0) {
+        /* the samples before it first, so that errors come in input order */
+        rc = flush_batch(r);
+        if (rc == 0)
+            rc = bad_record(r, where, !s->image ? "no .png, .jpg, .jpeg or .webp member"
+                                      : s->cls_problem[0] ? s->cls_problem
+                                                          : "no .cls member (the class number)");
     } else {
         snprintf(where, sizeof where, "%s: %s", tar, s->image_member);
         rc = put_sample(r, where, s->key, s->image, s->image_size, (uint32_t)s->label, val);
+        s->image = NULL; /* the batch's now */
     }
     free(s->image);
     memset(s, 0, sizeof *s);
@@ -704,6 +801,13 @@ int tr_prepare_images(const struct prepare_opts *o)
     r.val.prefix = "val";
     r.square = tr_xcalloc(bytes, 1);
     r.copy = tr_xcalloc(bytes, 1);
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    r.workers = o->workers > 0 ? o->workers : online > 0 ? (int)online : 1;
+    if (r.workers > 64)
+        r.workers = 64;
+    r.batch = tr_xcalloc(BATCH, sizeof *r.batch);
+    for (int i = 0; i < BATCH; i++)
+        r.batch[i].pixels = tr_xcalloc(bytes, 1);
 
     int rc = 0;
     /* the classes: every training folder's subdirectories, sorted */
@@ -722,6 +826,8 @@ int tr_prepare_images(const struct prepare_opts *o)
         for (int i = 0; i < n && rc == 0; i++)
             rc = is_tar(v[i]) ? prepare_tar(&r, v[i], k) : prepare_folder(&r, v[i], k);
     }
+    if (rc == 0)
+        rc = flush_batch(&r);
     if (r.progress)
         tr_progress_end(r.progress, rc == 0, 0);
     uint32_t classes = r.max_label;
@@ -773,6 +879,13 @@ int tr_prepare_images(const struct prepare_opts *o)
     for (size_t i = 0; i < r.cls.n; i++)
         free(r.cls.name[i]);
     free(r.cls.name);
+    for (int i = 0; i < BATCH; i++) {
+        free(r.batch[i].pixels);
+        free(r.batch[i].data); /* queued when an error stopped prepare */
+        free(r.batch[i].where);
+        free(r.batch[i].split_name);
+    }
+    free(r.batch);
     free(r.square);
     free(r.copy);
     return rc;
