@@ -1561,6 +1561,8 @@ Test(images, prepare_folder_to_shards_the_plugin_reads)
     free(names);
     struct tr_json *j = read_json(tmp_path("out/prepare.json"));
     cr_assert_eq(tr_json_number(j, "classes", 0), 3);
+    const struct tr_json *cn = tr_json_get(j, "class_names");
+    cr_assert(cn && cn->n == 3 && strcmp(cn->items[2]->string, "zebra") == 0);
     cr_assert_eq(tr_json_number(j, "train_images", 0), 12);
     tr_json_free(j);
 

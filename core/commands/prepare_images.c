@@ -733,6 +733,16 @@ static int write_json(struct run *r, uint32_t classes, double seconds)
         tr_json_write_string(f, o->val_inputs[i]);
     }
     fputs("],\n", f);
+    fputs("  \"class_names\": [", f);
+    for (uint32_t i = 0; i < classes; i++) {
+        if (i)
+            fputs(", ", f);
+        if (i < r->cls.n)
+            tr_json_write_string(f, r->cls.name[i]);
+        else
+            fprintf(f, "\"%u\"", i);
+    }
+    fputs("],\n", f);
     fprintf(f,
             "  \"height\": %d,\n  \"width\": %d,\n  \"channels\": %d,\n  \"classes\": %u,\n"
             "  \"train_images\": %llu,\n  \"train_originals\": %llu,\n"
