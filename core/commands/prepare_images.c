@@ -185,10 +185,12 @@ struct pending {
 };
 
 #define BATCH 256
+#define BATCH_PIXEL_BYTES (256u << 20) /* fewer than BATCH when images are large */
 
 struct run {
     const struct prepare_opts *o;
-    struct pending *batch;      /* BATCH of them */
+    struct pending *batch;      /* batch_cap of them */
+    int batch_cap;
     int n_batch;
     int workers;
     struct writer train, val;
@@ -360,7 +362,7 @@ static int put_sample(struct run *r, const char *where, const char *split_name,
     p->val = val;
     p->ok = 0;
     p->why[0] = '\0';
-    return r->n_batch == BATCH ? flush_batch(r) : 0;
+    return r->n_batch == r->batch_cap ? flush_batch(r) : 0;
 }
 
 static int read_file(const char *path, unsigned char **data, size_t *size)
@@ -815,8 +817,11 @@ int tr_prepare_images(const struct prepare_opts *o)
     r.workers = o->workers > 0 ? o->workers : online > 0 ? (int)online : 1;
     if (r.workers > 64)
         r.workers = 64;
-    r.batch = tr_xcalloc(BATCH, sizeof *r.batch);
-    for (int i = 0; i < BATCH; i++)
+    r.batch_cap = bytes * BATCH <= BATCH_PIXEL_BYTES ? BATCH : (int)(BATCH_PIXEL_BYTES / bytes);
+    if (r.batch_cap < r.workers)
+        r.batch_cap = r.workers;
+    r.batch = tr_xcalloc((size_t)r.batch_cap, sizeof *r.batch);
+    for (int i = 0; i < r.batch_cap; i++)
         r.batch[i].pixels = tr_xcalloc(bytes, 1);
 
     int rc = 0;
@@ -889,7 +894,7 @@ int tr_prepare_images(const struct prepare_opts *o)
     for (size_t i = 0; i < r.cls.n; i++)
         free(r.cls.name[i]);
     free(r.cls.name);
-    for (int i = 0; i < BATCH; i++) {
+    for (int i = 0; i < r.batch_cap; i++) {
         free(r.batch[i].pixels);
         free(r.batch[i].data); /* queued when an error stopped prepare */
         free(r.batch[i].where);
