@@ -1,120 +1,199 @@
 #!/usr/bin/env bash
-# bf16 against fp32 on this CPU, in trainrun alone: the GEMM ceiling, then
-# training steps of one GPT shape with precision fp32 and bf16, alternating,
-# ROUNDS times, so that load from anything else running on the machine falls
-# on both alike; each round's ms/step and the medians.
+# bf16 against fp32 on this CPU, trainrun against PyTorch: the figures of the
+# CPU half-precision targets in one run.  For each shape (default the 6 x 384
+# GPT and GPT-2 124M at T 64, batch 4), ROUNDS rounds of four arms one after
+# the other -- trainrun fp32, trainrun bf16, PyTorch fp32, PyTorch bf16
+# autocast -- so that load from anything else on the machine falls on every
+# arm alike; each arm's wall ms/step, CPU ms/step and peak RSS, the medians,
+# and the ratios the targets name.
 #
-#   contrib/bench/cpu_bf16.sh                    # needs build/trainrun
-#   ROUNDS=5 SHAPE="256 256 6 6 384 8" TRAINRUN=build/trainrun contrib/bench/cpu_bf16.sh
+#   contrib/bench/cpu_bf16.sh                          # needs build/trainrun
+#   PYTHON=venv/bin/python ROUNDS=3 contrib/bench/cpu_bf16.sh
+#   SHAPES="6x384:256,256,6,6,384,8" ARMS="trainrun-fp32 trainrun-bf16" contrib/bench/cpu_bf16.sh
 #
-# Environment (and lib.sh's: THREADS, TRAINRUN, WARMUP):
-#   SHAPE    "vocab ctx layers heads dim batch" (default the 6 x 384 GPT:
-#            "256 256 6 6 384 8")
-#   STEPS    timed steps per run (default 5), after WARMUP untimed ones
-#   ROUNDS   fp32/bf16 pairs (default 3)
-#   ISA      run bf16 with ONEDNN_MAX_CPU_ISA=$ISA too (e.g. AVX2: the
-#            emulated path on the same machine); default: not
-#   CLOCK    wall (default) or cpu: CPU seconds per step instead, for a
-#            machine others are loading: each precision runs WARMUP steps
-#            and WARMUP + STEPS steps, and the difference of the processes'
-#            user + system time (GNU time) is divided by STEPS; OpenMP threads
-#            sleep instead of spinning while they wait (OMP_WAIT_POLICY=
-#            passive), so the figure counts work, not waiting.  Divide by
-#            THREADS for a step's time on an idle machine (roughly: memory
-#            and cache contention still count).
+# Environment (and lib.sh's: THREADS, TRAINRUN, PYTHON):
+#   SHAPES   "name:vocab,ctx,layers,heads,dim,batch ..." (default
+#            "6x384:256,256,6,6,384,8 gpt2-124m-t64:50257,64,12,12,768,4")
+#   ARMS     any of trainrun-fp32 trainrun-bf16 torch-fp32 torch-bf16 (default
+#            all four; the torch arms are skipped, saying so, without PyTorch)
+#   WARMUP   untimed steps first (default 1), STEPS timed steps (default 3)
+#   ROUNDS   rounds of the arms (default 2)
+#   ISA      also run trainrun bf16 with ONEDNN_MAX_CPU_ISA=$ISA (e.g. AVX2:
+#            the emulated path on the same machine); default: not
 #
-# ms/step is elapsed_s at the last step minus elapsed_s at the last warm-up
-# step, over the steps between (runs/<name>/metrics.jsonl), as cpu_gpt.sh
-# computes it.  The first line is what the run printed first: which bf16
-# GEMMs ran.
+# What each figure is:
+#   wall ms/step  trainrun: elapsed_s in metrics.jsonl at the last step minus
+#                 at the last warm-up step, over STEPS; PyTorch: torch_gpt.py's
+#                 clock around its timed steps.
+#   CPU ms/step   user + system time per timed step, what a step costs the
+#                 cores it gets rather than how long it waited for them: the
+#                 figure to read on a loaded machine.  trainrun: GNU time of a
+#                 run of WARMUP steps and one of WARMUP + STEPS, the difference
+#                 over STEPS (start-up and the end-of-run checkpoint cancel);
+#                 PyTorch: process_time() around its timed steps.  Every arm
+#                 runs with OMP_WAIT_POLICY=passive (threads sleep rather than
+#                 spin while they wait), so waiting is not counted as work.
+#                 On an idle machine, wall ~ CPU / THREADS.
+#   peak RSS      GNU time's maximum resident set of trainrun's longer run
+#                 (its end-of-run checkpoint included: gpt-bench.lua saves
+#                 synchronously, one blob of the weights in memory at a time),
+#                 getrusage of the Python process for PyTorch (the interpreter
+#                 and torch's libraries included).
+#   of ceiling    fp32: FLOPs per step (trainrun plan) over the step's time,
+#                 against the fp32 GEMM ceiling (gemm_ceiling.c, 2048^3,
+#                 THREADS threads): in CPU time, FLOPs / (CPU s / THREADS)
+#                 against the ceiling timed by CPU time the same way
+#                 (GEMM_CEILING_CLOCK=cpu), and in wall time against the
+#                 wall-time ceiling.
 set -euo pipefail
 
 name=cpu_bf16.sh
+WARMUP=${WARMUP:-1}
 # shellcheck source=contrib/bench/lib.sh
 . "$(dirname "$0")/lib.sh"
-read -r V T L H C B <<<"${SHAPE:-256 256 6 6 384 8}"
-STEPS=${STEPS:-5}
-ROUNDS=${ROUNDS:-3}
+SHAPES=${SHAPES:-"6x384:256,256,6,6,384,8 gpt2-124m-t64:50257,64,12,12,768,4"}
+ARMS=${ARMS:-"trainrun-fp32 trainrun-bf16 torch-fp32 torch-bf16"}
+STEPS=${STEPS:-3}
+ROUNDS=${ROUNDS:-2}
 ISA=${ISA:-}
+[ -z "$ISA" ] || ARMS="$ARMS trainrun-bf16-$ISA"
+export OMP_WAIT_POLICY=passive
+
+case " $ARMS " in
+*" torch-"*)
+    find_python torch
+    [ -n "$PYTHON" ] || say "$name: PyTorch is not importable (set PYTHON=): its arms are skipped"
+    ;;
+*) PYTHON= ;;
+esac
 
 gcc -O2 -fopenmp "$here/gemm_ceiling.c" -o "$tmp/gemm_ceiling" -ldnnl ||
     die "cannot build gemm_ceiling.c (needs gcc and libdnnl-dev)"
 
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores online;" \
      "threads: $THREADS; load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "trainrun: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo "trainrun: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')${PYTHON:+; PyTorch: $("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null)}"
 read -r ceil_fp32 ceil_bf16 < <("$tmp/gemm_ceiling" "$THREADS" 2>"$tmp/ceiling.txt")
-echo "GEMM ceiling (oneDNN, 2048^3): fp32 $ceil_fp32 GFLOP/s, bf16 $ceil_bf16 GFLOP/s ($(cat "$tmp/ceiling.txt"))"
-echo "shape: vocab $V, ctx $T, $L layers, $H heads, dim $C, batch $B; $WARMUP warm-up + $STEPS timed steps"
+echo "GEMM ceiling (oneDNN, 2048^3, $THREADS threads), wall time: fp32 $ceil_fp32 GFLOP/s, bf16 $ceil_bf16 GFLOP/s ($(cat "$tmp/ceiling.txt"))"
+read -r cpu_ceil_fp32 cpu_ceil_bf16 < <(GEMM_CEILING_CLOCK=cpu "$tmp/gemm_ceiling" "$THREADS" 2>/dev/null)
+echo "GEMM ceiling, CPU time over $THREADS threads: fp32 $cpu_ceil_fp32 GFLOP/s, bf16 $cpu_ceil_bf16 GFLOP/s"
+echo "$WARMUP warm-up + $STEPS timed steps an arm, $ROUNDS rounds; every arm with OMP_WAIT_POLICY=passive"
 
-# CPU ms/step: PRECISION [ONEDNN_MAX_CPU_ISA]
-cpu_ms_per_step() {
-    local prec=$1 isa=${2:-} n t0 t1
+# trainrun_arm PRECISION ISA V T L H C B: "wall_ms cpu_ms rss_mib"
+trainrun_arm() {
+    local prec=$1 isa=$2 V=$3 T=$4 L=$5 H=$6 C=$7 B=$8 n cpu0=0 cpu1=0
     for n in "$WARMUP" $((WARMUP + STEPS)); do
         rm -rf "$tmp/run"
-        if ! env ${isa:+ONEDNN_MAX_CPU_ISA=$isa} OMP_WAIT_POLICY=passive /usr/bin/time -f "%U %S" \
-            -o "$tmp/time" "$TRAINRUN" "$here/gpt-bench.lua" \
+        if ! env ${isa:+ONEDNN_MAX_CPU_ISA=$isa} /usr/bin/time -f "%U %S %M" -o "$tmp/time" \
+            "$TRAINRUN" "$here/gpt-bench.lua" \
             model.vocab="$V" model.ctx="$T" model.layers="$L" model.heads="$H" model.dim="$C" \
             train.batch="$B" train.steps="$n" train.threads="$THREADS" \
             precision="$prec" run_dir="$tmp/run" >"$tmp/log" 2>&1; then
             cat "$tmp/log" >&2
             die "trainrun $prec failed"
         fi
-        if [ "$n" = "$WARMUP" ]; then t0=$(awk '{ print $1 + $2 }' "$tmp/time"); else t1=$(awk '{ print $1 + $2 }' "$tmp/time"); fi
+        if [ "$n" = "$WARMUP" ]; then cpu0=$(awk '{ print $1 + $2 }' "$tmp/time"); fi
     done
+    cpu1=$(awk '{ print $1 + $2 }' "$tmp/time")
     head -n 1 "$tmp/log" >"$tmp/first-$prec$isa"
-    awk -v a="$t0" -v b="$t1" -v s="$STEPS" 'BEGIN { printf "%.1f", 1000 * (b - a) / s }'
-}
-
-# ms/step of one run: PRECISION [ONEDNN_MAX_CPU_ISA]
-ms_per_step() {
-    if [ "${CLOCK:-wall}" = cpu ]; then
-        cpu_ms_per_step "$@"
-        return
-    fi
-    local prec=$1 isa=${2:-} dir=$tmp/run
-    rm -rf "$dir"
-    if ! env ${isa:+ONEDNN_MAX_CPU_ISA=$isa} "$TRAINRUN" "$here/gpt-bench.lua" \
-        model.vocab="$V" model.ctx="$T" model.layers="$L" model.heads="$H" model.dim="$C" \
-        train.batch="$B" train.steps=$((WARMUP + STEPS)) train.threads="$THREADS" \
-        precision="$prec" run_dir="$dir" >"$tmp/log" 2>&1; then
-        cat "$tmp/log" >&2
-        die "trainrun $prec failed"
-    fi
-    head -n 1 "$tmp/log" >"$tmp/first-$prec$isa"
-    awk -v w="$WARMUP" -v last=$((WARMUP + STEPS)) '
+    awk -v w="$WARMUP" -v last=$((WARMUP + STEPS)) -v c0="$cpu0" -v c1="$cpu1" -v s="$STEPS" \
+        -v rss="$(awk '{ print $3 }' "$tmp/time")" '
         /"loss"/ && /"elapsed_s"/ {
-            match($0, /"step": [0-9]+/); s = substr($0, RSTART + 8, RLENGTH - 8) + 0
+            match($0, /"step": [0-9]+/); st = substr($0, RSTART + 8, RLENGTH - 8) + 0
             match($0, /"elapsed_s": [0-9.]+/); e = substr($0, RSTART + 13, RLENGTH - 13) + 0
-            if (s == w) e0 = e
-            if (s == last) e1 = e
+            if (st == w) e0 = e
+            if (st == last) e1 = e
         }
-        END { printf "%.1f", 1000 * (e1 - e0) / (last - w) }' "$dir/metrics.jsonl"
+        END { printf "%.1f %.1f %.0f\n", 1000 * (e1 - e0) / s, 1000 * (c1 - c0) / s, rss / 1024 }' \
+        "$tmp/run/metrics.jsonl"
 }
 
-median() { tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-
-all32="" all16="" allem=""
-echo
-unit="ms/step"
-[ "${CLOCK:-wall}" != cpu ] || unit="CPU ms/step"
-echo "| round | fp32 $unit | bf16 $unit | bf16 speed-up |${ISA:+ bf16 ($ISA) $unit |}"
-echo "|---:|---:|---:|---:|${ISA:+---:|}"
-for r in $(seq 1 "$ROUNDS"); do
-    a=$(ms_per_step fp32)
-    b=$(ms_per_step bf16)
-    all32="$all32 $a" all16="$all16 $b"
-    em=""
-    if [ -n "$ISA" ]; then
-        em=$(ms_per_step bf16 "$ISA")
-        allem="$allem $em"
+# torch_arm FLAG V T L H C B (FLAG: --bf16 or empty): "wall_ms cpu_ms rss_mib"
+torch_arm() {
+    local flag=$1 V=$2 T=$3 L=$4 H=$5 C=$6 B=$7
+    if ! "$PYTHON" "$here/torch_gpt.py" --vocab "$V" --ctx "$T" --layers "$L" --heads "$H" \
+        --dim "$C" --batch "$B" --warmup "$WARMUP" --steps "$STEPS" --threads "$THREADS" \
+        ${flag:+"$flag"} >"$tmp/torch.out" 2>"$tmp/torch.err"; then
+        cat "$tmp/torch.err" >&2
+        die "torch_gpt.py ${flag:-(fp32)} failed"
     fi
-    awk -v r="$r" -v a="$a" -v b="$b" -v e="$em" 'BEGIN { printf "| %d | %s | %s | %.2fx |%s\n", r, a, b, a / b, e != "" ? " " e " |" : "" }'
+    sed -n 's/^RESULT ms_per_step=\([^ ]*\) .*peak_rss_mib=\([^ ]*\) .*cpu_ms_per_step=\([^ ]*\).*/\1 \3 \2/p' \
+        "$tmp/torch.out"
+}
+
+median() { tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+for shape in $SHAPES; do
+    sname=${shape%%:*}
+    IFS=, read -r V T L H C B <<<"${shape#*:}"
+    # FLOPs per step and the memory plan, as trainrun plan counts them
+    "$TRAINRUN" plan "$here/gpt-bench.lua" model.vocab="$V" model.ctx="$T" model.layers="$L" \
+        model.heads="$H" model.dim="$C" train.batch="$B" precision=bf16 >"$tmp/plan" 2>&1 ||
+        { cat "$tmp/plan" >&2; die "trainrun plan failed"; }
+    flops_token=$(awk '/training FLOPs\/token/ { n = split($0, w, "= "); v = w[n]; sub(/ .*/, "", v); gsub(/,/, "", v); print v }' "$tmp/plan")
+    plan_bf16=$(awk '$1 == "total" { print $2, $3; exit }' "$tmp/plan")
+    "$TRAINRUN" plan "$here/gpt-bench.lua" model.vocab="$V" model.ctx="$T" model.layers="$L" \
+        model.heads="$H" model.dim="$C" train.batch="$B" precision=fp32 >"$tmp/plan" 2>&1 ||
+        { cat "$tmp/plan" >&2; die "trainrun plan failed"; }
+    plan_fp32=$(awk '$1 == "total" { print $2, $3; exit }' "$tmp/plan")
+    flops_step=$(awk -v f="$flops_token" -v t=$((B * T)) 'BEGIN { printf "%.0f", f * t }')
+
+    echo
+    echo "## $sname: vocab $V, ctx $T, $L layers, $H heads, dim $C, batch $B" \
+         "($(awk -v f="$flops_step" 'BEGIN { printf "%.1f", f / 1e9 }') GFLOP a step;" \
+         "trainrun's memory plan: fp32 $plan_fp32, bf16 $plan_bf16)"
+    echo
+    echo "| round | arm | wall ms/step | CPU ms/step | peak RSS MiB |"
+    echo "|---:|---|---:|---:|---:|"
+    : >"$tmp/rows"
+    for r in $(seq 1 "$ROUNDS"); do
+        for arm in $ARMS; do
+            case $arm in
+            trainrun-fp32) res=$(trainrun_arm fp32 "" "$V" "$T" "$L" "$H" "$C" "$B") ;;
+            trainrun-bf16) res=$(trainrun_arm bf16 "" "$V" "$T" "$L" "$H" "$C" "$B") ;;
+            trainrun-bf16-*) res=$(trainrun_arm bf16 "${arm#trainrun-bf16-}" "$V" "$T" "$L" "$H" "$C" "$B") ;;
+            torch-fp32 | torch-bf16)
+                [ -n "$PYTHON" ] || continue
+                flag=
+                [ "$arm" = torch-fp32 ] || flag=--bf16
+                res=$(torch_arm "$flag" "$V" "$T" "$L" "$H" "$C" "$B")
+                ;;
+            *) die "unknown arm $arm (trainrun-fp32 trainrun-bf16 torch-fp32 torch-bf16)" ;;
+            esac
+            read -r wall cpu rss <<<"$res"
+            echo "$arm $wall $cpu $rss" >>"$tmp/rows"
+            echo "| $r | $arm | $wall | $cpu | $rss |"
+        done
+    done
+    echo
+    echo "| median | wall ms/step | CPU ms/step | peak RSS MiB |"
+    echo "|---|---:|---:|---:|"
+    for arm in $ARMS; do
+        grep -q "^$arm " "$tmp/rows" || continue
+        for k in 2 3 4; do
+            eval "m_${k}=$(awk -v a="$arm" -v k="$k" '$1 == a { printf "%s ", $k }' "$tmp/rows" | median)"
+        done
+        key=${arm//-/_}
+        eval "wall_$key=$m_2 cpu_$key=$m_3 rss_$key=$m_4"
+        echo "| $arm | $m_2 | $m_3 | $m_4 |"
+    done
+    echo
+    ratio() { awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a != "" && b != "" && b > 0) printf "%.2fx", a / b; else printf "n/a" }'; }
+    echo "- trainrun bf16 speed-up over trainrun fp32 (target >= 1.7x): CPU $(ratio "${cpu_trainrun_fp32:-}" "${cpu_trainrun_bf16:-}"), wall $(ratio "${wall_trainrun_fp32:-}" "${wall_trainrun_bf16:-}")"
+    echo "- trainrun bf16 over PyTorch bf16 autocast (target >= 1.4x): CPU $(ratio "${cpu_torch_bf16:-}" "${cpu_trainrun_bf16:-}"), wall $(ratio "${wall_torch_bf16:-}" "${wall_trainrun_bf16:-}")"
+    echo "- trainrun fp32 over PyTorch fp32: CPU $(ratio "${cpu_torch_fp32:-}" "${cpu_trainrun_fp32:-}"), wall $(ratio "${wall_torch_fp32:-}" "${wall_trainrun_fp32:-}")"
+    echo "- peak RSS under bf16 (target: trainrun <= PyTorch): trainrun ${rss_trainrun_bf16:-n/a} MiB, PyTorch ${rss_torch_bf16:-n/a} MiB"
+    awk -v f="$flops_step" -v c="${cpu_trainrun_fp32:-}" -v w="${wall_trainrun_fp32:-}" -v th="$THREADS" \
+        -v ceil="$ceil_fp32" -v cceil="$cpu_ceil_fp32" 'BEGIN {
+            if (c == "" || cceil + 0 <= 0) { print "- trainrun fp32 of the fp32 GEMM ceiling: n/a"; exit }
+            printf "- trainrun fp32 of the fp32 GEMM ceiling: %.1f%% in CPU time (%.1f of %.1f GFLOP/s over %d threads), %.1f%% in wall time (%.1f of %.1f GFLOP/s)\n",
+                100 * f / (c / 1000 / th) / 1e9 / cceil, f / (c / 1000 / th) / 1e9, cceil, th,
+                100 * f / (w / 1000) / 1e9 / ceil, f / (w / 1000) / 1e9, ceil }'
+    unset wall_trainrun_fp32 wall_trainrun_bf16 wall_torch_fp32 wall_torch_bf16 \
+          cpu_trainrun_fp32 cpu_trainrun_bf16 cpu_torch_fp32 cpu_torch_bf16 rss_trainrun_bf16 rss_torch_bf16
 done
-m32=$(echo "$all32" | median) m16=$(echo "$all16" | median)
-awk -v a="$m32" -v b="$m16" -v e="$( [ -n "$ISA" ] && echo "$allem" | median)" \
-    'BEGIN { printf "| median | %s | %s | %.2fx |%s\n", a, b, a / b, e != "" ? " " e " |" : "" }'
 echo
-echo "bf16 run's first line: $(cat "$tmp/first-bf16")"
-[ -z "$ISA" ] || echo "bf16 ($ISA) run's first line: $(cat "$tmp/first-bf16$ISA")"
+for f in "$tmp"/first-bf16*; do
+    [ -e "$f" ] && echo "trainrun ${f#"$tmp/first-"} run's first line: $(cat "$f")"
+done
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -12,6 +12,10 @@
  *   ./gemm_ceiling 2                          # same, thread count as argument
  *   ./gemm_ceiling 2 fp32                     # fp32 only: prints <fp32 GFLOP/s>
  *                                             (tests/e2e/step-efficiency.sh)
+ *   GEMM_CEILING_CLOCK=cpu OMP_WAIT_POLICY=passive ./gemm_ceiling 2
+ *       times each call by the process's CPU time instead, divided by the
+ *       thread count: what the threads reach while they run, for a machine
+ *       others are loading (cpu_bf16.sh divides CPU-time step rates by it)
  *
  * oneDNN has no bf16 GEMM for CPUs without AVX512 (e.g. AVX2-only ones);
  * there the second number is "n/a".  On AVX-512 CPUs without bf16
@@ -35,11 +39,14 @@ dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t M, dnnl
 
 enum { N = 2048, REPS = 5 };
 
+/* GEMM_CEILING_CLOCK=cpu: process CPU time over the threads, not wall time */
+static int cpu_clock, threads = 1;
+
 static double now(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
+    clock_gettime(cpu_clock ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
+    return (ts.tv_sec + ts.tv_nsec * 1e-9) / (cpu_clock ? threads : 1);
 }
 
 /* round to nearest even: the same conversion trainrun's kernels use */
@@ -103,6 +110,8 @@ int main(int argc, char **argv)
 {
     if (argc > 1)
         omp_set_num_threads(atoi(argv[1]));
+    threads = omp_get_max_threads();
+    cpu_clock = getenv("GEMM_CEILING_CLOCK") && strcmp(getenv("GEMM_CEILING_CLOCK"), "cpu") == 0;
     size_t n2 = (size_t)N * N;
     float *a = malloc(n2 * sizeof *a), *b = malloc(n2 * sizeof *b), *c = malloc(n2 * sizeof *c);
     uint16_t *ah = malloc(n2 * sizeof *ah), *bh = malloc(n2 * sizeof *bh);

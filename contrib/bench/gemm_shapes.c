@@ -4,7 +4,8 @@
  * oneDNN call on the same shape.  Large shape (default): 12 layers, dim 768,
  * ctx 256, batch 8 (2048 tokens), vocab 256; medium: 6 layers, dim 384,
  * ctx 256, batch 8, vocab 256; small: 4 layers, dim 128, ctx 128, batch 32
- * (4096 tokens), vocab 256.
+ * (4096 tokens), vocab 256; gpt2-t64: GPT-2 124M (12 layers, dim 768, vocab
+ * 50257) at ctx 64, batch 4 (256 tokens).
  *
  * With `bf16` as the fourth argument the trainrun column is the native bf16
  * path instead (tr_cpu_linear_forward_bf16 / _backward_bf16, the operands'
@@ -26,7 +27,7 @@
  * Build against a build directory's kernels (from the repository root):
  *   cc -O2 -fopenmp -Iinclude -Ikernels/cpu contrib/bench/gemm_shapes.c \
  *      BUILD/.libs/libtrkernels.a -o gemm_shapes -ldnnl -lm
- *   OMP_NUM_THREADS=2 ./gemm_shapes [large|medium|small] [reps] [ceiling GFLOP/s] [fp32|bf16]
+ *   OMP_NUM_THREADS=2 ./gemm_shapes [large|medium|small|gpt2-t64] [reps] [ceiling GFLOP/s] [fp32|bf16]
  *   GEMM_SHAPES_CLOCK=cpu OMP_NUM_THREADS=1 ./gemm_shapes medium 5 0 bf16   # on a loaded machine
  *
  * Without a ceiling (or with 0) fp32 measures one, dnnl_sgemm at 2048^3 as
@@ -51,6 +52,7 @@ static const struct model models[] = {
     {"large", 8 * 256, 768, 12, 256},
     {"medium", 8 * 256, 384, 6, 256},
     {"small", 32 * 128, 128, 4, 256},
+    {"gpt2-t64", 4 * 64, 768, 12, 50257}, /* GPT-2 124M at ctx 64, batch 4 (cpu_bf16.sh) */
 };
 
 struct linear_shape {
@@ -216,7 +218,7 @@ int main(int argc, char **argv)
             if (strcmp(argv[1], models[i].name) == 0)
                 g = &models[i];
         if (g == NULL) {
-            fprintf(stderr, "usage: gemm_shapes [large|medium|small] [reps] [ceiling GFLOP/s] "
+            fprintf(stderr, "usage: gemm_shapes [large|medium|small|gpt2-t64] [reps] [ceiling GFLOP/s] "
                             "[fp32|bf16]\n");
             return 2;
         }

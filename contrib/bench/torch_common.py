@@ -7,7 +7,7 @@ targets, AdamW with weight decay on matrices and embeddings only, gradient
 clipping to a global L2 norm.  Random tokens made up front (data is not
 what is timed: trainrun's loader prepares batches in a thread of its own).
 Prints the line the shell scripts read:
-  RESULT ms_per_step=.. tokens_per_s=.. peak_rss_mib=.. params=.. torch=..
+  RESULT ms_per_step=.. tokens_per_s=.. peak_rss_mib=.. params=.. torch=.. cpu_ms_per_step=..
 """
 
 import argparse
@@ -71,14 +71,17 @@ def train(a, model, logits_of):
 
     for i in range(a.warmup):
         step(i)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for i in range(a.steps):
         loss = step(a.warmup + i)
     seconds = time.perf_counter() - t0
+    cpu_seconds = time.process_time() - c0  # user + system, all threads
 
     ms = 1e3 * seconds / a.steps
     tokens_per_s = a.batch * a.ctx * a.steps / seconds
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     print("loss after %d steps: %.4f" % (a.warmup + a.steps, loss), file=sys.stderr)
-    print("RESULT ms_per_step=%.1f tokens_per_s=%.1f peak_rss_mib=%.0f params=%d torch=%s"
-          % (ms, tokens_per_s, rss_mib, n_params, torch.__version__.split("+")[0]))
+    print("RESULT ms_per_step=%.1f tokens_per_s=%.1f peak_rss_mib=%.0f params=%d torch=%s "
+          "cpu_ms_per_step=%.1f"
+          % (ms, tokens_per_s, rss_mib, n_params, torch.__version__.split("+")[0],
+             1e3 * cpu_seconds / a.steps))
