@@ -409,6 +409,43 @@ Test(conv, forward_backward_every_attribute)
         check_conv(&conv_cases[i]);
 }
 
+/* A convolution oneDNN cannot make (here groups not dividing the input
+ * channels, which the graph checks refuse before this) is refused by
+ * supports_op, so the engine reports it instead of aborting in a step. */
+Test(conv, unsupported_shape_refused)
+{
+    one_node o = {0};
+    float x[2 * 4 * 4 * 5] = {0}, w[4 * 3 * 3 * 2] = {0}, out[2 * 4 * 4 * 4];
+    int64_t xs[4] = {2, 4, 4, 5}, ws[4] = {4, 3, 3, 2}, os[4] = {2, 4, 4, 4};
+    tensor_init(&o.t[0], 4, xs, x, NULL);
+    tensor_init(&o.t[1], 4, ws, w, NULL);
+    tensor_init(&o.t[2], 4, os, out, NULL);
+    o.n.op = TR_OP_CONV2D;
+    o.n.n_in = 2;
+    o.n.in[0] = 0;
+    o.n.in[1] = 1;
+    o.n.out = 2;
+    o.n.groups = 2;
+    for (int d = 0; d < 2; d++) {
+        o.n.stride[d] = o.n.dilation[d] = 1;
+        o.n.pad[d] = 1;
+    }
+    o.g.tensors = o.t;
+    o.g.n_tensors = 3;
+    o.g.nodes = &o.n;
+    o.g.n_nodes = 1;
+    o.g.compute = TR_F32;
+    cr_assert(tr_cpu_backend_init(&o.be, 2) == 0);
+    cr_assert(!o.be.iface->supports_op(o.be.context, &o.g, &o.n),
+              "IC 5 in 2 groups: refused by supports_op");
+    o.n.groups = 1; /* the same node with one group (w then [4,3,3,5]) */
+    o.t[1].shape[3] = 5;
+    float w5[4 * 3 * 3 * 5] = {0};
+    o.t[1].data = w5;
+    cr_assert(o.be.iface->supports_op(o.be.context, &o.g, &o.n), "one group: runs");
+    tr_cpu_backend_free(&o.be);
+}
+
 /* compute bf16/fp16: the same numbers rounded to 16 bits, fp32 sums.  The
  * result must equal (to fp32 rounding of the sums) the fp32 convolution of
  * the rounded inputs, and stay within the 16-bit tolerance of fp32. */

@@ -627,6 +627,12 @@ static int cpu_supports_op(void *ctx, const struct tr_graph *g, const struct tr_
             !(is_half(x->dtype) && x->role == TR_ROLE_ACTIVATION))
             return 0;
     }
+    /* a convolution oneDNN has no primitive for (a shape the graph checks
+     * let through) is refused here, before planning, not at the first step */
+    if (n->op == TR_OP_CONV2D) {
+        struct tr_cpu_conv_shape s = conv_shape(g, n);
+        return tr_cpu_conv2d_supported(&s, n->n_in == 3, g->compute);
+    }
     return 1;
 }
 

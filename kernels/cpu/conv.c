@@ -306,9 +306,10 @@ static dnnl_status_t create_prims(struct conv_prims *c)
     return s;
 }
 
-/* The primitives for this shape, created on first use. */
-static struct conv_prims *conv_get(const struct tr_cpu_conv_shape *s, int bias,
-                                   enum tr_dtype compute)
+/* The primitives for this shape, created on first use; NULL with *status
+ * when oneDNN cannot make them. */
+static struct conv_prims *conv_find(const struct tr_cpu_conv_shape *s, int bias,
+                                    enum tr_dtype compute, dnnl_status_t *status)
 {
     struct conv_key k;
     memset(&k, 0, sizeof k);
@@ -321,18 +322,18 @@ static struct conv_prims *conv_get(const struct tr_cpu_conv_shape *s, int bias,
     struct conv_prims *c = conv_table[h];
     while (c != NULL && memcmp(&c->key, &k, sizeof k) != 0)
         c = c->next;
-    dnnl_status_t status = dnnl_success;
+    *status = dnnl_success;
     if (c == NULL) {
         if (conv_engine == NULL)
-            status = dnnl_engine_create(&conv_engine, dnnl_cpu, 0);
+            *status = dnnl_engine_create(&conv_engine, dnnl_cpu, 0);
         c = calloc(1, sizeof *c);
         if (c == NULL)
-            status = dnnl_out_of_memory;
-        if (status == dnnl_success) {
+            *status = dnnl_out_of_memory;
+        if (*status == dnnl_success) {
             c->key = k;
-            status = create_prims(c);
+            *status = create_prims(c);
         }
-        if (status == dnnl_success) {
+        if (*status == dnnl_success) {
             c->next = conv_table[h];
             conv_table[h] = c;
         } else if (c != NULL) {
@@ -344,6 +345,15 @@ static struct conv_prims *conv_get(const struct tr_cpu_conv_shape *s, int bias,
         }
     }
     pthread_mutex_unlock(&conv_lock);
+    return c;
+}
+
+/* The primitives for this shape (tr_cpu_conv2d_supported said yes). */
+static struct conv_prims *conv_get(const struct tr_cpu_conv_shape *s, int bias,
+                                   enum tr_dtype compute)
+{
+    dnnl_status_t status;
+    struct conv_prims *c = conv_find(s, bias, compute, &status);
     if (c == NULL)
         conv_fail("creating the convolution primitives", status, s);
     return c;
@@ -608,4 +618,10 @@ void tr_cpu_conv2d_backward(float *dx, float *dw, float *db, float *scratch, con
         /* dw += the gradient, back in [OC,KH,KW,IC/groups] (a sum post-op) */
         reorder(c->bwd_weights.reorder, &c->bwd_weights.wei, dwre, &c->user_wei, dw, s);
     }
+}
+
+int tr_cpu_conv2d_supported(const struct tr_cpu_conv_shape *s, int bias, enum tr_dtype compute)
+{
+    dnnl_status_t status;
+    return conv_find(s, bias, compute, &status) != NULL;
 }

@@ -223,6 +223,9 @@ struct tr_cpu_conv_shape {
     int B, H, W, IC, OC, KH, KW, OH, OW;
     int stride[2], pad[2], dilation[2], groups;
 };
+/* Nonzero when oneDNN makes the primitives for this shape (made and kept,
+ * so the scratch query and the first step find them). */
+int tr_cpu_conv2d_supported(const struct tr_cpu_conv_shape *s, int bias, enum tr_dtype compute);
 size_t tr_cpu_conv2d_scratch_floats(const struct tr_cpu_conv_shape *s, int bias,
                                     enum tr_dtype compute);
 void tr_cpu_conv2d_forward(float *out, const float *x, const float *w, const float *bias,
