@@ -56,7 +56,15 @@ struct cudacpu_dnn_conv {
 
 static unsigned long long calls; /* reorders the non-deterministic algorithms' sums */
 
-API size_t cudnnGetVersion(void) { return CUDNN_MAJOR * 10000 + CUDNN_MINOR * 100 + CUDNN_PATCHLEVEL; }
+/* CUDACPU_CUDNN_VERSION=N makes it report version N, so that the tests see
+ * the backend refuse a cuDNN of another major version (tests/e2e/cudacpu.sh) */
+API size_t cudnnGetVersion(void)
+{
+    const char *v = getenv("CUDACPU_CUDNN_VERSION");
+    if (v && *v)
+        return (size_t)strtoul(v, NULL, 10);
+    return CUDNN_MAJOR * 10000 + CUDNN_MINOR * 100 + CUDNN_PATCHLEVEL;
+}
 
 API const char *cudnnGetErrorString(cudnnStatus_t s)
 {

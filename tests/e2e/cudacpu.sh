@@ -2,7 +2,8 @@
 # device=cuda end to end, through the CUDA-on-CPU harness (tests/cudacpu,
 # docs/cuda.md), against device=cpu: the same short runs in fp32, bf16 and
 # fp16 (with loss-scale overflows), of a tiny Llama in fp32 and bf16 and of
-# a small CNN in fp32 and bf16, agreeing step by step; on the harness a
+# a small CNN in fp32 and bf16, agreeing step by step (and the CNN refused,
+# saying why, when cuDNN is unusable); on the harness a
 # resumed run and a recomputing run train bit-identical weights, and a
 # checkpoint written by device=cuda resumes on device=cpu.
 #
@@ -139,4 +140,19 @@ on_both cnn 1e-4
 run cnn_recompute cuda model.recompute=1
 same_weights cnn_cuda cnn_recompute
 on_both cnn_bf16 1e-3 precision=bf16
+# with a cuDNN of another major version (the fake says 8.9.7) the module
+# still opens and a GPT trains, and the CNN is refused when its run starts,
+# saying which op and why
+cnn=$recipe
+recipe=$C/tiny.lua
+export CUDACPU_CUDNN_VERSION=80907
+run nodnn_gpt cuda
+if TRAINRUN_BACKEND_PATH=$TR_CUDACPU_DIR "$TRAINRUN" "$cnn" device=cuda train.steps=2 \
+     run_dir=nodnn_cnn > nodnn_cnn.txt 2>&1; then
+  cat nodnn_cnn.txt; fail "a conv model ran on device=cuda with an unusable cuDNN"
+fi
+unset CUDACPU_CUDNN_VERSION
+grep -q "conv2d '.*' cannot run: cuDNN 80907 is loaded but this build needs major version" nodnn_cnn.txt &&
+  grep -q 'device "cuda" cannot run conv2d' nodnn_cnn.txt ||
+  { cat nodnn_cnn.txt; fail "the refused conv model does not say why"; }
 echo "cudacpu: device=cuda through the harness agrees with device=cpu ($skipped fp16 steps skipped on both)"
