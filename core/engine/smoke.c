@@ -26,16 +26,24 @@ int tr_smoke_round_trip(struct run *r, tr_err *err)
     for (int k = 0; k < slots; k++)
         have_slots &= (s[k] = bi->alloc(r->be.context, bytes)) != NULL;
     float *a = tr_alloc(bytes), *b = tr_alloc(bytes);
+    /* buffers (batch norm's running statistics) load back into the graph's
+     * own: the values before the load must be those read back */
+    size_t buffer_bytes = r->g->n_buffers * sizeof(float);
+    float *kept = tr_alloc(buffer_bytes + 1), *back = tr_alloc(buffer_bytes + 1);
     int rc = TR_ERROR;
     struct tr_run_state st;
     char name[64];
     snprintf(name, sizeof name, "step-%010llu", (unsigned long long)r->step);
-    if (!p || !have_slots || !a || !b) {
+    if (buffer_bytes && kept)
+        bi->download(r->be.context, kept, r->g->buffers, buffer_bytes);
+    if (!p || !have_slots || !a || !b || !kept || !back) {
         tr_fail(err, "smoke: out of memory for the checkpoint round trip");
     } else if (tr_checkpointer_load(r->ckpt, name, p, s, &st, err) == TR_OK) {
         bi->download(r->be.context, a, r->g->params, bytes);
         bi->download(r->be.context, b, p, bytes);
-        if (memcmp(a, b, bytes) != 0 || st.step != r->step)
+        if (buffer_bytes)
+            bi->download(r->be.context, back, r->g->buffers, buffer_bytes);
+        if (memcmp(a, b, bytes) != 0 || memcmp(kept, back, buffer_bytes) != 0 || st.step != r->step)
             tr_fail(err, "smoke: checkpoint %s does not read back what was saved", name);
         else
             rc = TR_OK;
@@ -49,6 +57,8 @@ int tr_smoke_round_trip(struct run *r, tr_err *err)
             bi->free(r->be.context, s[k]);
     tr_free(a);
     tr_free(b);
+    tr_free(kept);
+    tr_free(back);
     return rc;
 }
 
