@@ -1602,6 +1602,17 @@ Test(images, prepare_folder_to_shards_the_plugin_reads)
     cr_assert_eq(prepare(tmp_path("train"), "--val", tmp_path("val2"), "--size", "4", "-o",
                          tmp_path("out2"), NULL), 1);
     cr_assert(strstr(err_text, "'wasp'"), "%s", err_text);
+    /* usage errors: --val with --val-fraction, a channel count other than 1 or 3, image
+     * options with text inputs */
+    cr_assert_eq(prepare(tmp_path("train"), "--val", tmp_path("val"), "--val-fraction", "0.1",
+                         "--size", "4", "-o", tmp_path("out5"), NULL), 2);
+    cr_assert(strstr(err_text, "leave out --val-fraction"), "%s", err_text);
+    cr_assert_eq(prepare(tmp_path("train"), "--channels", "2", "--size", "4", "-o",
+                         tmp_path("out5"), NULL), 2);
+    cr_assert(strstr(err_text, "--channels must be 3 (RGB) or 1 (grey)"), "%s", err_text);
+    write_text(tmp_path("t.txt"), "text\n");
+    cr_assert_eq(prepare(tmp_path("t.txt"), "--size", "4", "-o", tmp_path("out5"), NULL), 2);
+    cr_assert(strstr(err_text, "go with --format images"), "%s", err_text);
     /* --size is required; an empty class folder is refused */
     cr_assert_eq(prepare(tmp_path("train"), "-o", tmp_path("out3"), NULL), 1);
     cr_assert(strstr(err_text, "--size"), "%s", err_text);
