@@ -23,7 +23,8 @@ static int cols(const struct tr_tensor *t) { return (int)t->shape[t->ndim - 1]; 
 static int is_half(int dt) { return dt == DT_BF16 || dt == DT_F16; }
 
 /* The node's storage dtype: that of its first input (every float input and
- * output of a node shares it; saved tensors and gradients are fp32). */
+ * output of a node shares it, or the node runs on fp32 copies, see
+ * run_node; saved tensors and gradients are fp32). */
 static int storage(const struct tr_graph *g, const struct tr_node *n) { return (int)T(0)->dtype; }
 
 /* The GEMM input dtype: the precision policy's when it asks for 16 bits,
@@ -200,7 +201,7 @@ static struct gemm_scratch gemm_scratch_layout(const struct tr_graph *g, const s
     return s;
 }
 
-size_t cuda_scratch_floats(void *ctx, const struct tr_graph *g, const struct tr_node *n)
+static size_t node_scratch_floats(void *ctx, const struct tr_graph *g, const struct tr_node *n)
 {
     switch (n->op) {
     case TR_OP_CONV2D: {
@@ -298,7 +299,7 @@ static void gemm_backward(struct cuda_context *c, struct tr_graph *g, const stru
     }
 }
 
-void cuda_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
+static void node_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
 {
     struct cuda_context *c = (struct cuda_context *)ctx;
     c->allow_tf32 = g->allow_tf32; /* cuda_gemm's compute type */
@@ -384,7 +385,7 @@ void cuda_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
     }
 }
 
-void cuda_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
+static void node_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
 {
     struct cuda_context *c = (struct cuda_context *)ctx;
     c->allow_tf32 = g->allow_tf32;
@@ -468,6 +469,149 @@ void cuda_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
         break;
     }
 }
+
+/* ---- 16-bit activation storage -----------------------------------------------
+ * Under a 16-bit compute dtype the planner stores activations in it
+ * (core/engine/graph.c, plan_storage), beside fp32 parameters, gradients,
+ * saved statistics and logits.  The kernels take one storage dtype per node,
+ * so a node whose float tensors share one runs as it is (a GELU, an
+ * attention, a residual add of bf16 activations: in bf16), and a node that
+ * mixes them (a layer norm of a bf16 x with fp32 weights, a linear of a bf16
+ * x and an fp32 weight) runs in fp32 on copies of its 16-bit tensors at the
+ * start of scratch, the kernel's own scratch after them, and forward rounds
+ * the fp32 output into its storage: the fp32 result rounded once, as the
+ * CPU backend stores it. */
+
+static int mixed_storage(const struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = -1;
+    for (int k = 0; k <= n->n_in; k++) {
+        const struct tr_tensor *t = k == n->n_in ? OUT : T(k);
+        if (t->dtype == TR_I32)
+            continue;
+        if (dt < 0)
+            dt = (int)t->dtype;
+        else if (dt != (int)t->dtype)
+            return 1;
+    }
+    return 0;
+}
+
+/* The 16-bit tensors of a mixed node that get fp32 copies, each once;
+ * widen[i]: the copy starts as the stored values (not forward's output). */
+struct fp32_copies {
+    int n, tensor[4], widen[4];
+};
+
+static void fp32_copies(const struct tr_graph *g, const struct tr_node *n, int backward,
+                        struct fp32_copies *cp)
+{
+    cp->n = 0;
+    for (int k = 0; k <= n->n_in && k < 4; k++) {
+        int out = k == n->n_in, id = out ? n->out : n->in[k];
+        if (!is_half((int)g->tensors[id].dtype))
+            continue;
+        int seen = 0;
+        for (int i = 0; i < cp->n; i++)
+            seen |= cp->tensor[i] == id;
+        if (seen)
+            continue;
+        cp->tensor[cp->n] = id;
+        cp->widen[cp->n++] = !out || backward;
+    }
+}
+
+/* Runs node n of g (forward, or backward), on fp32 copies where it mixes
+ * storage dtypes.  scratch_of: the kernel's scratch is asked of the fp32
+ * view too, so the view is set up for it as for a run. */
+struct fp32_view {
+    struct fp32_copies cp;
+    void *data[4];
+    int dtype[4];
+    float *scratch;
+    size_t scratch_floats;
+};
+
+static void view_enter(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n,
+                       int backward, struct fp32_view *v)
+{
+    fp32_copies(g, n, backward, &v->cp);
+    v->scratch = g->scratch;
+    v->scratch_floats = g->scratch_floats;
+    float *at = g->scratch;
+    for (int i = 0; i < v->cp.n; i++) {
+        struct tr_tensor *t = &g->tensors[v->cp.tensor[i]];
+        v->data[i] = t->data;
+        v->dtype[i] = (int)t->dtype;
+        if (c && v->cp.widen[i])
+            cuda_convert(c, at, DT_F32, t->data, (int)t->dtype, t->numel);
+        t->data = at;
+        t->dtype = TR_F32;
+        at = at ? at + floats_for(t->numel, DT_F32) : NULL;
+    }
+    if (g->scratch) {
+        g->scratch = at;
+        g->scratch_floats -= (size_t)(at - v->scratch);
+    }
+}
+
+static void view_leave(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n,
+                       int backward, struct fp32_view *v)
+{
+    g->scratch = v->scratch;
+    g->scratch_floats = v->scratch_floats;
+    for (int i = 0; i < v->cp.n; i++) {
+        struct tr_tensor *t = &g->tensors[v->cp.tensor[i]];
+        if (c && !backward && v->cp.tensor[i] == n->out)
+            cuda_convert(c, v->data[i], v->dtype[i], t->data, DT_F32, t->numel);
+        t->data = v->data[i];
+        t->dtype = (enum tr_dtype)v->dtype[i];
+    }
+}
+
+static size_t copies_floats(const struct tr_graph *g, const struct tr_node *n, int backward)
+{
+    struct fp32_copies cp;
+    fp32_copies(g, n, backward, &cp);
+    size_t floats = 0;
+    for (int i = 0; i < cp.n; i++)
+        floats += floats_for(g->tensors[cp.tensor[i]].numel, DT_F32);
+    return floats;
+}
+
+size_t cuda_scratch_floats(void *ctx, const struct tr_graph *g, const struct tr_node *n)
+{
+    if (!mixed_storage(g, n))
+        return node_scratch_floats(ctx, g, n);
+    size_t fwd = copies_floats(g, n, 0), bwd = copies_floats(g, n, 1);
+    /* the kernel's own scratch, asked of the fp32 view it will run on (the
+     * tensors' dtypes are switched and restored; nothing else is touched) */
+    struct tr_graph *view = (struct tr_graph *)g;
+    struct fp32_view v;
+    view_enter(NULL, view, n, 1, &v);
+    size_t own = node_scratch_floats(ctx, view, n);
+    view_leave(NULL, view, n, 1, &v);
+    return (fwd > bwd ? fwd : bwd) + own;
+}
+
+static void run_node(void *ctx, struct tr_graph *g, const struct tr_node *n, int backward)
+{
+    struct cuda_context *c = (struct cuda_context *)ctx;
+    struct fp32_view v;
+    int mixed = mixed_storage(g, n);
+    if (mixed)
+        view_enter(c, g, n, backward, &v);
+    if (backward)
+        node_backward(ctx, g, n);
+    else
+        node_forward(ctx, g, n);
+    if (mixed)
+        view_leave(c, g, n, backward, &v);
+}
+
+void cuda_forward(void *ctx, struct tr_graph *g, const struct tr_node *n) { run_node(ctx, g, n, 0); }
+
+void cuda_backward(void *ctx, struct tr_graph *g, const struct tr_node *n) { run_node(ctx, g, n, 1); }
 
 /* Every op of the vocabulary, its float tensors stored in fp32, bf16 or
  * fp16 (the storage dtype is that of the first input, see storage()), with
