@@ -524,17 +524,23 @@ Test(loss_mask, masked_targets_contribute_nothing_to_the_gradient, .init = envir
 
 /* recipe's model planned with `compute` as the precision policy's GEMM
  * dtype: a 16-bit one stores the activations in it (graph.c) */
-static void engine_open_compute(struct engine *e, const char *recipe, int batch,
-                                enum tr_dtype compute)
+static void engine_open_compute_with(struct engine *e, const char *recipe, int batch,
+                                     enum tr_dtype compute, const char *const *overrides, int n)
 {
     tr_err err = {{0}};
     memset(e, 0, sizeof *e);
-    cr_assert_eq(tr_config_load(&e->cfg, recipe, NULL, 0, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(tr_config_load(&e->cfg, recipe, overrides, n, &err), TR_OK, "%s", err.msg);
     cr_assert_eq(tr_cpu_backend_init(&e->be, 0), 0);
     e->g = tr_model_build(e->cfg.recipe, batch, &err);
     cr_assert_not_null(e->g, "%s", err.msg);
     e->g->compute = compute;
     cr_assert_eq(tr_graph_plan(e->g, &e->be, 2, &err), TR_OK, "%s", err.msg);
+}
+
+static void engine_open_compute(struct engine *e, const char *recipe, int batch,
+                                enum tr_dtype compute)
+{
+    engine_open_compute_with(e, recipe, batch, compute, NULL, 0);
 }
 
 /* the tensor cross-entropy reads (the logits) */
@@ -849,4 +855,28 @@ Test(batchnorm, recompute_updates_the_running_statistics_once, .init = environme
                      "recomputation changed the gradients");
     engine_close(&plain);
     engine_close(&again);
+}
+
+/* Recomputed blocks rebuild their 16-bit activations in backward from the
+ * same stored inputs, rounded the same way: the gradients are bitwise those
+ * of the plain bf16 graph, and the plan smaller. */
+Test(half_activations, recomputed_bf16_gradients_are_bitwise_identical, .init = environment)
+{
+    enum { B = 3, T = 8, V = 37 };
+    const char *every_block[] = {"model.recompute=1"};
+    const char *recipes[] = {CONFIG_DIR "tiny_gpt.lua", CONFIG_DIR "tiny_llama.lua"};
+    for (int r = 0; r < 2; r++) {
+        struct engine plain, again;
+        engine_open_compute(&plain, recipes[r], B, TR_BF16);
+        engine_open_compute_with(&again, recipes[r], B, TR_BF16, every_block, 1);
+        cr_assert_gt(again.g->memory.recompute, 0, "%s: nothing recomputed", recipes[r]);
+        fixed_token_gradients(&plain, B * T, V);
+        fixed_token_gradients(&again, B * T, V);
+        cr_assert_arr_eq(again.g->grads, plain.g->grads, plain.g->n_params * sizeof(float),
+                         "%s: bf16 gradients with every block recomputed differ", recipes[r]);
+        cr_assert_lt(tr_graph_memory_total(&again.g->memory),
+                     tr_graph_memory_total(&plain.g->memory));
+        engine_close(&plain);
+        engine_close(&again);
+    }
 }
