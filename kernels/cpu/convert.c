@@ -131,9 +131,9 @@ static AVX512 void round_bf16_avx512(float *out, const float *in, size_t n)
 }
 #endif
 
-static int use_avx512(void)
+int tr_cpu_avx512f(void)
 {
-#ifdef BF16_HAVE_AVX512
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     static int cached = -1;
     int use = __atomic_load_n(&cached, __ATOMIC_RELAXED);
     if (use < 0) {
@@ -153,7 +153,7 @@ enum { CONVERT_BLOCK = 16384 };
 void tr_cpu_to_bf16(uint16_t *out, const float *in, size_t n)
 {
     size_t blocks = (n + CONVERT_BLOCK - 1) / CONVERT_BLOCK;
-    int vector = use_avx512();
+    int vector = tr_cpu_avx512f();
 #pragma omp parallel for schedule(static) if (blocks > 1)
     for (size_t b = 0; b < blocks; b++) {
         size_t i0 = b * CONVERT_BLOCK, len = n - i0 < CONVERT_BLOCK ? n - i0 : CONVERT_BLOCK;
@@ -187,7 +187,7 @@ void tr_cpu_from_half(float *out, const uint16_t *in, size_t n, int bf16)
      * bf16 step's CPU time */
     if (bf16) {
         size_t blocks = (n + CONVERT_BLOCK - 1) / CONVERT_BLOCK;
-        int vector = use_avx512();
+        int vector = tr_cpu_avx512f();
 #pragma omp parallel for schedule(static) if (blocks > 1)
         for (size_t b = 0; b < blocks; b++) {
             size_t i0 = b * CONVERT_BLOCK, len = n - i0 < CONVERT_BLOCK ? n - i0 : CONVERT_BLOCK;
@@ -211,7 +211,7 @@ void tr_cpu_from_half(float *out, const uint16_t *in, size_t n, int bf16)
 void tr_cpu_round_to_half(float *out, const float *in, size_t n, int bf16)
 {
 #ifdef BF16_HAVE_AVX512
-    if (bf16 && use_avx512()) {
+    if (bf16 && tr_cpu_avx512f()) {
         size_t blocks = (n + CONVERT_BLOCK - 1) / CONVERT_BLOCK;
 #pragma omp parallel for schedule(static) if (blocks > 1)
         for (size_t b = 0; b < blocks; b++) {

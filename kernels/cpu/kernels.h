@@ -52,6 +52,10 @@ int tr_cpu_gemm_bf16_available(void);
  * (inputs rounded to bf16, fp32 GEMMs).  Decided once per process. */
 const char *tr_cpu_bf16_native_isa(void);
 
+/* Nonzero when this CPU runs AVX-512F (checked once): the kernels built
+ * with AVX-512 paths (conversions, AdamW) take them only then. */
+int tr_cpu_avx512f(void);
+
 /* fp32 -> bf16 bits, as tr_f32_to_bf16 (bit for bit), vectorised and threaded */
 void tr_cpu_to_bf16(uint16_t *out, const float *in, size_t n);
 

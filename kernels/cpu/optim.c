@@ -78,22 +78,6 @@ static __attribute__((target("avx512f"))) void adamw_avx512(float *param, const 
 }
 #endif
 
-static int optim_avx512(void)
-{
-#ifdef OPTIM_HAVE_AVX512
-    static int cached = -1;
-    int use = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-    if (use < 0) {
-        __builtin_cpu_init();
-        use = __builtin_cpu_supports("avx512f");
-        __atomic_store_n(&cached, use, __ATOMIC_RELAXED);
-    }
-    return use;
-#else
-    return 0;
-#endif
-}
-
 void tr_cpu_adamw_update_bf16(float *param, uint16_t *param_bf16, const float *grad, float *m,
                               float *v, size_t n, float lr, float beta1, float beta2, float eps,
                               float weight_decay, float grad_scale, int64_t t)
@@ -103,7 +87,7 @@ void tr_cpu_adamw_update_bf16(float *param, uint16_t *param_bf16, const float *g
                              grad_scale, (float)(1.0 - pow((double)beta1, (double)t)),
                              (float)(1.0 - pow((double)beta2, (double)t))};
     size_t blocks = (n + OPTIM_BLOCK - 1) / OPTIM_BLOCK;
-    int vector = optim_avx512();
+    int vector = tr_cpu_avx512f();
 #pragma omp parallel for schedule(static)
     for (size_t b = 0; b < blocks; b++) {
         size_t i0 = b * OPTIM_BLOCK, len = n - i0 < OPTIM_BLOCK ? n - i0 : OPTIM_BLOCK;
