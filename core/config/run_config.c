@@ -859,8 +859,8 @@ int tr_config_create_plugins(struct tr_config *cfg, uint32_t seq_len, tr_err *er
         return tr_fail(err, "cannot create the run directory %s: %s", cfg->run_dir,
                        strerror(errno));
     struct tr_slot *slots[] = {&cfg->precision, &cfg->data, &cfg->schedule, &cfg->checkpoint};
-    for (size_t i = 0; i < TR_ARRAY_LEN(slots); i++)
-        if (tr_config_create_slot(cfg, slots[i], seq_len, err) != TR_OK)
+    for (size_t i = 0; i < TR_ARRAY_LEN(slots); i++) /* one created already is kept */
+        if (!slots[i]->self && tr_config_create_slot(cfg, slots[i], seq_len, err) != TR_OK)
             return TR_ERROR;
     return TR_OK;
 }

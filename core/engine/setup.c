@@ -110,12 +110,17 @@ static int choose_micro_batch(struct run *r, tr_err *err)
     int64_t batch = cfg->train.batch;
     size_t smallest = 0;
     int recomputing = 0;
+    /* a 16-bit compute dtype stores the activations in 16 bits: each
+     * candidate's plan counts them as the run will */
+    struct tr_precision_policy pol = {.struct_size = sizeof pol};
+    r->precision->policy(cfg->precision.self, &pol);
     for (int64_t m = batch; m >= 1; m--) {
         if (batch % m != 0)
             continue;
         struct tr_graph *g = tr_model_build(cfg->recipe, (int)m, err);
         if (!g)
             return TR_ERROR;
+        g->compute = pol.compute;
         tr_graph_measure(g, &r->be, slots);
         size_t total = tr_graph_memory_total(&g->memory);
         recomputing = g->memory.recompute > 0;
@@ -218,7 +223,7 @@ static int create_plugins(struct run *r, uint32_t seq_len, tr_err *err)
         return tr_config_create_plugins(cfg, seq_len, err);
     struct tr_slot *slots[] = {&cfg->precision, &cfg->data, &cfg->schedule};
     for (size_t i = 0; i < TR_ARRAY_LEN(slots); i++)
-        if (tr_config_create_slot(cfg, slots[i], seq_len, err) != TR_OK)
+        if (!slots[i]->self && tr_config_create_slot(cfg, slots[i], seq_len, err) != TR_OK)
             return TR_ERROR;
     return TR_OK;
 }
@@ -270,6 +275,10 @@ int tr_run_setup(struct run *r, tr_err *err)
     r->precision = cfg->precision.plugin->info->vtable;
     r->schedule = cfg->schedule.plugin->info->vtable;
 
+    /* the precision plugin first (it needs no sequence length): the
+     * micro-batch choice plans with its compute dtype */
+    if (!cfg->precision.self && tr_config_create_slot(cfg, &cfg->precision, 0, err) != TR_OK)
+        return TR_ERROR;
     if (cfg->train.auto_micro_batch && choose_micro_batch(r, err) != TR_OK)
         return TR_ERROR;
     r->g = tr_model_build(cfg->recipe, (int)cfg->train.micro_batch, err);

@@ -94,6 +94,16 @@ grep -q "lower optimizer.lr" huge.txt && fail "lowering the lr cannot help at st
 grep -q "auto micro-batch: 8 (plan 217.06 KiB of 283.12 KiB usable on train.memory_budget); 8 micro-batches per step" auto.txt \
   || { cat auto.txt; fail "auto micro-batch did not pick 8"; }
 grep -q "memory plan (micro-batch 8" auto.txt || fail "the run did not use the picked size"
+# bf16 stores activations in 16 bits, and auto plans each candidate that way:
+# at micro-batch 16 the plan is 343 KiB under bf16, 364 KiB in fp32, so a
+# budget with 354 KiB usable takes 16 under bf16 and 8 in fp32
+for p in fp32:8 bf16:16; do
+  "$TRAINRUN" "$C/tiny.lua" train.batch=64 train.micro_batch=auto train.memory_budget=0.000375 \
+    train.steps=1 run_dir=auto-${p%%:*} precision=${p%%:*} 2> auto16.txt \
+    || { cat auto16.txt; fail "auto micro-batch under ${p%%:*}"; }
+  grep -q "auto micro-batch: ${p##*:} (plan" auto16.txt \
+    || { cat auto16.txt; fail "auto micro-batch under ${p%%:*} did not pick ${p##*:}"; }
+done
 if "$TRAINRUN" "$C/tiny.lua" train.micro_batch=auto train.memory_budget=0.00001 train.steps=1 2> none.txt; then
   fail "a budget nothing fits must fail"
 fi
