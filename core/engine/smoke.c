@@ -126,6 +126,17 @@ static int smoke_memory(const char *recipe, const char *const *overrides, int n_
         in->micro_batch = in->is_auto ? 1 : cfg.train.micro_batch;
         in->budget = cfg.train.memory_budget > 0;
         struct tr_graph *g = tr_model_build(cfg.recipe, (int)in->micro_batch, err);
+        /* the precision policy's compute dtype: 16-bit ones store the
+         * activations in 16 bits, which the run's plan counts too */
+        struct tr_precision_policy pol = {.struct_size = sizeof pol};
+        if (g && tr_config_create_slot(&cfg, &cfg.precision, 0, err) == TR_OK) {
+            const struct tr_precision_vtable *pv = cfg.precision.plugin->info->vtable;
+            pv->policy(cfg.precision.self, &pol);
+            g->compute = pol.compute;
+        } else if (g) {
+            tr_graph_free(g, NULL);
+            g = NULL;
+        }
         if (!g || tr_backend_open(&be, "cpu", 1, NULL, err) != TR_OK) {
             rc = TR_ERROR;
         } else {

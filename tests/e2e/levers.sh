@@ -104,6 +104,13 @@ for p in fp32:8 bf16:16; do
   grep -q "auto micro-batch: ${p##*:} (plan" auto16.txt \
     || { cat auto16.txt; fail "auto micro-batch under ${p%%:*} did not pick ${p##*:}"; }
 done
+# --smoke's fit check counts the same storage: micro-batch 16 fits that budget under bf16 only
+"$TRAINRUN" --smoke "$C/tiny.lua" train.batch=64 train.micro_batch=16 train.memory_budget=0.000375 \
+  precision=bf16 2> fit16.txt || { cat fit16.txt; fail "smoke of micro-batch 16 under bf16"; }
+grep -q "smoke: fits train.memory_budget (343.31 KiB" fit16.txt || { cat fit16.txt; fail "bf16 smoke fit"; }
+if "$TRAINRUN" --smoke "$C/tiny.lua" train.batch=64 train.micro_batch=16 train.memory_budget=0.000375 \
+  2> fit32.txt; then fail "smoke of micro-batch 16 in fp32 must not fit that budget"; fi
+grep -q "won't fit: the recipe needs 364.31 KiB" fit32.txt || { cat fit32.txt; fail "fp32 smoke fit"; }
 if "$TRAINRUN" "$C/tiny.lua" train.micro_batch=auto train.memory_budget=0.00001 train.steps=1 2> none.txt; then
   fail "a budget nothing fits must fail"
 fi
