@@ -20,6 +20,7 @@
 #include <trainrun/mix.h>
 
 #include "kernels.h"
+#include "tensor_init.h"
 
 #define FD_EPS 1e-6
 #define FWD_TOL 1e-5
@@ -144,22 +145,6 @@ typedef struct {
     struct tr_backend be;
     int threads;
 } one_node;
-
-static void tensor_init(struct tr_tensor *t, int ndim, const int64_t *shape, float *data,
-                        float *grad)
-{
-    memset(t, 0, sizeof *t);
-    t->dtype = TR_F32;
-    t->ndim = ndim;
-    t->numel = 1;
-    for (int d = 0; d < ndim; d++) {
-        t->shape[d] = shape[d];
-        t->numel *= (size_t)shape[d];
-    }
-    t->data = data;
-    t->grad = grad;
-    t->producer = -1;
-}
 
 static void node_open(one_node *o, int n_tensors, enum tr_dtype compute, int threads)
 {

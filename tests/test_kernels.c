@@ -19,6 +19,7 @@
 #include <trainrun/mix.h>
 
 #include "kernels.h"
+#include "tensor_init.h"
 
 #define FD_EPS 1e-6    /* finite-difference step on the double reference */
 #define FWD_TOL 1e-5   /* forward error, relative to the largest reference value */
@@ -2177,22 +2178,6 @@ typedef struct {
     struct tr_node n;
     struct tr_backend be;
 } one_node;
-
-static void tensor_init(struct tr_tensor *t, int ndim, const int64_t *shape, float *data,
-                        float *grad)
-{
-    memset(t, 0, sizeof *t);
-    t->dtype = TR_F32;
-    t->ndim = ndim;
-    t->numel = 1;
-    for (int d = 0; d < ndim; d++) {
-        t->shape[d] = shape[d];
-        t->numel *= (size_t)shape[d];
-    }
-    t->data = data;
-    t->grad = grad;
-    t->producer = -1;
-}
 
 /* forward, then backward of the node (dout in the output's grad) */
 static void one_node_run(one_node *o)
