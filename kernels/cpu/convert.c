@@ -169,6 +169,18 @@ void tr_cpu_to_bf16(uint16_t *out, const float *in, size_t n)
     (void)vector;
 }
 
+void tr_cpu_to_bf16_serial(uint16_t *out, const float *in, size_t n)
+{
+#ifdef BF16_HAVE_AVX512
+    if (tr_cpu_avx512f()) {
+        to_bf16_avx512(out, in, n);
+        return;
+    }
+#endif
+    for (size_t i = 0; i < n; i++)
+        out[i] = tr_f32_to_bf16(in[i]);
+}
+
 void tr_cpu_to_half(uint16_t *out, const float *in, size_t n, int bf16)
 {
     if (bf16) {

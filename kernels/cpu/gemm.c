@@ -451,6 +451,52 @@ void tr_cpu_gemm_bf16_serial(int trans_a, int trans_b, int M, int N, int K, cons
     omp_set_num_threads(saved_threads);
 }
 
+/*
+ * ---- small bf16 products on the calling thread --------------------------
+ *
+ * Attention multiplies 64-row blocks, one block a thread: there the matmul
+ * primitives above cost about as much per call (the table's lock, four
+ * memory objects, a stream wait) as the product itself.  oneDNN's GEMM
+ * function for bf16 inputs has no per-call set-up; libdnnl exports it
+ * (DNNL_API in its source) but the 2.x headers Debian ships do not declare
+ * it, so it is declared here, weak: where a libdnnl lacks it the primitive
+ * path runs the same product instead (the same exact bf16 products, summed
+ * in fp32, perhaps in another order).  One call over the whole block, no
+ * tiling: the block is already one thread's share, and its shape alone
+ * decides the order of the sums.
+ */
+extern dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t M, dnnl_dim_t N,
+                                           dnnl_dim_t K, float alpha, const uint16_t *A,
+                                           dnnl_dim_t lda, const uint16_t *B, dnnl_dim_t ldb,
+                                           float beta, float *C, dnnl_dim_t ldc)
+    __attribute__((weak));
+
+void tr_cpu_gemm_bf16_block(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A,
+                            int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc)
+{
+    int accumulate = bf16_accumulate(beta);
+    if (M <= 0 || N <= 0)
+        return;
+    if (K <= 0) {
+        scale_c(M, N, beta, C, ldc);
+        return;
+    }
+    int saved_threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    if (dnnl_gemm_bf16bf16f32 != NULL) {
+        dnnl_status_t s = dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K,
+                                                1.0f, A, lda, B, ldb, accumulate ? 1.0f : 0.0f, C,
+                                                ldc);
+        if (s != dnnl_success) {
+            struct bf16_key k = {trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate};
+            bf16_fail("dnnl_gemm_bf16bf16f32", s, &k);
+        }
+    } else {
+        bf16_call(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+    }
+    omp_set_num_threads(saved_threads);
+}
+
 /* ---- which path: decided once per process ---- */
 
 static pthread_once_t bf16_once = PTHREAD_ONCE_INIT;

@@ -44,6 +44,12 @@ void tr_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const uint1
                       const uint16_t *B, int ldb, float beta, float *C, int ldc);
 void tr_cpu_gemm_bf16_serial(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A,
                              int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc);
+/* One small product (a block that is one thread's share, e.g. attention's
+ * 64-row blocks) on the calling thread, in one call without the tile grid:
+ * the same bf16 products summed in fp32, for blocks too small for the
+ * primitives' per-call cost.  beta 0 or 1. */
+void tr_cpu_gemm_bf16_block(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A,
+                            int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc);
 /* Nonzero when oneDNN runs bf16 matmuls on this CPU, natively or not. */
 int tr_cpu_gemm_bf16_available(void);
 /* "AVX512-BF16" or "AMX-BF16" when oneDNN multiplies bf16 with those
@@ -58,6 +64,9 @@ int tr_cpu_avx512f(void);
 
 /* fp32 -> bf16 bits, as tr_f32_to_bf16 (bit for bit), vectorised and threaded */
 void tr_cpu_to_bf16(uint16_t *out, const float *in, size_t n);
+/* The same on the calling thread alone, for small arrays inside a parallel
+ * region (attention's probability blocks) */
+void tr_cpu_to_bf16_serial(uint16_t *out, const float *in, size_t n);
 
 /* ---- linear: out[N,OC] = inp[N,IC] @ w[OC,IC]^T + bias[OC] (bias may be NULL) */
 void tr_cpu_linear_forward(float *out, const float *inp, const float *w, const float *bias, int N,
