@@ -26,10 +26,20 @@
  * its dk and dv, so one thread takes a (batch, kv head) pair and runs its
  * query heads in order; with few pairs for many threads, backward_split
  * gives the same bits with more parallelism.  The score blocks live on the
- * stack (16 KiB each).
+ * stack (16 KiB each, and 8 KiB for each bf16 rounding).
+ *
+ * Under native bf16 (tr_cpu_attention_*_bf16) q, k and v are read as stored
+ * in bf16 and every product is a bf16 one with fp32 sums
+ * (tr_cpu_gemm_bf16_block): the probabilities and dS are rounded to bf16 for
+ * the products that take them, and dout once for the whole backward, while
+ * the softmax, its running maximum and sum, lse, D and the output and the
+ * gradients accumulate in fp32 -- the division of labour of bf16 flash
+ * attention kernels, and what a bf16 step spends its attention time on (the
+ * products run about twice as fast as fp32 ones on AVX512-BF16).
  */
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 
 #include "kernels.h"
 
@@ -45,9 +55,37 @@ static int min_int(int a, int b) { return a < b ? a : b; }
 struct att_layout {
     int B, T, H, KV, D;
     int ldq, ldkv;
-    const float *q, *k, *v;
+    const float *q, *k, *v;          /* fp32 inputs, or NULL on the bf16 path */
+    const uint16_t *q16, *k16, *v16; /* bf16 inputs (the bf16 path), else NULL */
     float *dq, *dk, *dv;
+    const uint16_t *dout16; /* backward on the bf16 path: dout rounded to bf16 */
 };
+
+/* Scores S = q k^T of query rows [r0, r0+rows) against keys [k0, k0+cols)
+ * (ld K_BLOCK), times scale: in the GEMM in fp32, after it in bf16 (the
+ * bf16 GEMM takes no alpha). */
+static void block_scores(const struct att_layout *L, size_t q_at, size_t kv_at, int r0, int rows,
+                         int k0, int cols, float scale, float *scores)
+{
+    if (L->q16 != NULL) {
+        tr_cpu_gemm_bf16_block(0, 1, rows, cols, L->D, L->q16 + q_at + (size_t)r0 * L->ldq,
+                               L->ldq, L->k16 + kv_at + (size_t)k0 * L->ldkv, L->ldkv, 0.0f,
+                               scores, K_BLOCK);
+        for (int i = 0; i < rows; i++)
+            for (int j = 0; j < cols; j++)
+                scores[(size_t)i * K_BLOCK + j] *= scale;
+        return;
+    }
+    tr_cpu_sgemm_serial(0, 1, rows, cols, L->D, scale, L->q + q_at + (size_t)r0 * L->ldq, L->ldq,
+                        L->k + kv_at + (size_t)k0 * L->ldkv, L->ldkv, 0.0f, scores, K_BLOCK);
+}
+
+/* rows x cols of a block (ld K_BLOCK) rounded to bf16, for a bf16 product */
+static void block_to_bf16(uint16_t *dst, const float *src, int rows, int cols)
+{
+    for (int i = 0; i < rows; i++)
+        tr_cpu_to_bf16_serial(dst + (size_t)i * K_BLOCK, src + (size_t)i * K_BLOCK, (size_t)cols);
+}
 
 static void attention_forward(const struct att_layout *L, float *out, float *lse)
 {
@@ -65,18 +103,16 @@ static void attention_forward(const struct att_layout *L, float *out, float *lse
         int r0 = blk * Q_BLOCK;
         int r1 = min_int(r0 + Q_BLOCK, T);
         int rows = r1 - r0;
-        const float *q = L->q + (size_t)b * T * ldq + h * hs;
-        const float *k = L->k + (size_t)b * T * ldkv + (h / group) * hs;
-        const float *v = L->v + (size_t)b * T * ldkv + (h / group) * hs;
+        size_t q_at = (size_t)b * T * ldq + h * hs, kv_at = (size_t)b * T * ldkv + (h / group) * hs;
         float *o = out + ((size_t)b * T + r0) * ldo + h * hs; /* rows x hs, ld ldo */
         float *lse_rows = lse + ((size_t)b * NH + h) * T + r0;
         float scores[Q_BLOCK * K_BLOCK]; /* rows x cols, ld K_BLOCK */
+        uint16_t probs16[Q_BLOCK * K_BLOCK];
         float row_max[Q_BLOCK], row_sum[Q_BLOCK];
 
         for (int k0 = 0; k0 < r1; k0 += K_BLOCK) {
             int cols = min_int(K_BLOCK, r1 - k0);
-            tr_cpu_sgemm_serial(0, 1, rows, cols, hs, scale, q + (size_t)r0 * ldq, ldq,
-                                k + (size_t)k0 * ldkv, ldkv, 0.0f, scores, K_BLOCK);
+            block_scores(L, q_at, kv_at, r0, rows, k0, cols, scale, scores);
             for (int i = 0; i < rows; i++) {
                 float *s = scores + (size_t)i * K_BLOCK;
                 int valid = min_int(cols, r0 + i - k0 + 1); /* causal: keys <= query */
@@ -101,8 +137,16 @@ static void attention_forward(const struct att_layout *L, float *out, float *lse
                 row_max[i] = m;
             }
             /* o (+)= exp(S - m) @ v[k0:k0+cols] */
-            tr_cpu_sgemm_serial(0, 0, rows, hs, cols, 1.0f, scores, K_BLOCK,
-                                v + (size_t)k0 * ldkv, ldkv, k0 == 0 ? 0.0f : 1.0f, o, ldo);
+            if (L->v16 != NULL) {
+                block_to_bf16(probs16, scores, rows, cols);
+                tr_cpu_gemm_bf16_block(0, 0, rows, hs, cols, probs16, K_BLOCK,
+                                       L->v16 + kv_at + (size_t)k0 * ldkv, ldkv,
+                                       k0 == 0 ? 0.0f : 1.0f, o, ldo);
+            } else {
+                tr_cpu_sgemm_serial(0, 0, rows, hs, cols, 1.0f, scores, K_BLOCK,
+                                    L->v + kv_at + (size_t)k0 * ldkv, ldkv, k0 == 0 ? 0.0f : 1.0f,
+                                    o, ldo);
+            }
         }
         for (int i = 0; i < rows; i++) {
             float inv = 1.0f / row_sum[i];
@@ -114,10 +158,11 @@ static void attention_forward(const struct att_layout *L, float *out, float *lse
     }
 }
 
-/* One head's pointers for backward: q, k, v, the gradients (NULL when not
- * wanted), dout and out rows (ld H*D), lse and D = rowsum(dout * out). */
+/* One head's place for backward: the offsets of its rows in q and in k/v,
+ * the gradients (NULL when not wanted), dout and out rows (ld H*D), lse and
+ * D = rowsum(dout * out). */
 struct att_head {
-    const float *q, *k, *v;
+    size_t q_at, kv_at, o_at;
     float *dq, *dk, *dv;
     const float *dout, *out, *lse;
     float *D;
@@ -129,15 +174,16 @@ static struct att_head head_of(const struct att_layout *L, int b, int h, float *
     int T = L->T, NH = L->H, hs = L->D, group = L->H / L->KV, ldo = NH * hs;
     size_t q_offset = (size_t)b * T * L->ldq + h * hs;
     size_t kv_offset = (size_t)b * T * L->ldkv + (h / group) * hs;
+    size_t o_offset = (size_t)b * T * ldo + h * hs;
     struct att_head a = {
-        .q = L->q + q_offset,
-        .k = L->k + kv_offset,
-        .v = L->v + kv_offset,
+        .q_at = q_offset,
+        .kv_at = kv_offset,
+        .o_at = o_offset,
         .dq = L->dq ? L->dq + q_offset : NULL,
         .dk = L->dk ? L->dk + kv_offset : NULL,
         .dv = L->dv ? L->dv + kv_offset : NULL,
-        .dout = dout + (size_t)b * T * ldo + h * hs,
-        .out = out + (size_t)b * T * ldo + h * hs,
+        .dout = dout + o_offset,
+        .out = out + o_offset,
         .lse = lse + ((size_t)b * NH + h) * T,
         .D = scratch + ((size_t)b * NH + h) * T,
     };
@@ -156,65 +202,96 @@ static void head_rowsum(const struct att_layout *L, const struct att_head *a)
     }
 }
 
+/* A block's probabilities and dS (ld K_BLOCK), and on the bf16 path their
+ * bf16 roundings, which the products take. */
+struct att_block {
+    float probs[Q_BLOCK * K_BLOCK], dscores[Q_BLOCK * K_BLOCK];
+    uint16_t probs16[Q_BLOCK * K_BLOCK], dscores16[Q_BLOCK * K_BLOCK];
+};
+
 /* P = exp(scale q k^T - lse) of query rows [r0, r0+rows) against keys
- * [k0, k0+cols), zero above the diagonal (ld K_BLOCK) */
+ * [k0, k0+cols), zero above the diagonal */
 static void block_probs(const struct att_layout *L, const struct att_head *a, int r0, int rows,
-                        int k0, int cols, float *probs)
+                        int k0, int cols, struct att_block *blk)
 {
     float scale = 1.0f / sqrtf((float)L->D);
-    tr_cpu_sgemm_serial(0, 1, rows, cols, L->D, scale, a->q + (size_t)r0 * L->ldq, L->ldq,
-                        a->k + (size_t)k0 * L->ldkv, L->ldkv, 0.0f, probs, K_BLOCK);
+    block_scores(L, a->q_at, a->kv_at, r0, rows, k0, cols, scale, blk->probs);
     for (int i = 0; i < rows; i++) {
-        float *p = probs + (size_t)i * K_BLOCK;
+        float *p = blk->probs + (size_t)i * K_BLOCK;
         int valid = min_int(cols, r0 + i - k0 + 1);
         tr_cpu_exp_shifted(p, valid, a->lse[r0 + i]);
         for (int j = valid; j < cols; j++)
             p[j] = 0.0f;
     }
+    if (L->q16 != NULL)
+        block_to_bf16(blk->probs16, blk->probs, rows, cols);
 }
 
 /* dP = dout v^T, then dS = scale P (dP - D) */
 static void block_dscores(const struct att_layout *L, const struct att_head *a, int r0, int rows,
-                          int k0, int cols, const float *probs, float *dscores)
+                          int k0, int cols, struct att_block *blk)
 {
     int ldo = L->H * L->D;
     float scale = 1.0f / sqrtf((float)L->D);
-    tr_cpu_sgemm_serial(0, 1, rows, cols, L->D, 1.0f, a->dout + (size_t)r0 * ldo, ldo,
-                        a->v + (size_t)k0 * L->ldkv, L->ldkv, 0.0f, dscores, K_BLOCK);
+    if (L->v16 != NULL)
+        tr_cpu_gemm_bf16_block(0, 1, rows, cols, L->D, L->dout16 + a->o_at + (size_t)r0 * ldo,
+                               ldo, L->v16 + a->kv_at + (size_t)k0 * L->ldkv, L->ldkv, 0.0f,
+                               blk->dscores, K_BLOCK);
+    else
+        tr_cpu_sgemm_serial(0, 1, rows, cols, L->D, 1.0f, a->dout + (size_t)r0 * ldo, ldo,
+                            L->v + a->kv_at + (size_t)k0 * L->ldkv, L->ldkv, 0.0f, blk->dscores,
+                            K_BLOCK);
     for (int i = 0; i < rows; i++) {
-        const float *p = probs + (size_t)i * K_BLOCK;
-        float *ds = dscores + (size_t)i * K_BLOCK;
+        const float *p = blk->probs + (size_t)i * K_BLOCK;
+        float *ds = blk->dscores + (size_t)i * K_BLOCK;
         float Di = a->D[r0 + i];
         for (int j = 0; j < cols; j++)
             ds[j] = scale * p[j] * (ds[j] - Di);
     }
+    if (L->q16 != NULL)
+        block_to_bf16(blk->dscores16, blk->dscores, rows, cols);
 }
 
 /* dv[k0:] += P^T dout[r0:] */
 static void block_dv(const struct att_layout *L, const struct att_head *a, int r0, int rows,
-                     int k0, int cols, const float *probs)
+                     int k0, int cols, const struct att_block *blk)
 {
     int ldo = L->H * L->D;
-    tr_cpu_sgemm_serial(1, 0, cols, L->D, rows, 1.0f, probs, K_BLOCK, a->dout + (size_t)r0 * ldo,
-                        ldo, 1.0f, a->dv + (size_t)k0 * L->ldkv, L->ldkv);
+    float *dv = a->dv + (size_t)k0 * L->ldkv;
+    if (L->q16 != NULL)
+        tr_cpu_gemm_bf16_block(1, 0, cols, L->D, rows, blk->probs16, K_BLOCK,
+                               L->dout16 + a->o_at + (size_t)r0 * ldo, ldo, 1.0f, dv, L->ldkv);
+    else
+        tr_cpu_sgemm_serial(1, 0, cols, L->D, rows, 1.0f, blk->probs, K_BLOCK,
+                            a->dout + (size_t)r0 * ldo, ldo, 1.0f, dv, L->ldkv);
 }
 
 /* dq[r0:] += dS k[k0:] */
 static void block_dq(const struct att_layout *L, const struct att_head *a, int r0, int rows,
-                     int k0, int cols, const float *dscores)
+                     int k0, int cols, const struct att_block *blk)
 {
-    tr_cpu_sgemm_serial(0, 0, rows, L->D, cols, 1.0f, dscores, K_BLOCK,
-                        a->k + (size_t)k0 * L->ldkv, L->ldkv, 1.0f, a->dq + (size_t)r0 * L->ldq,
-                        L->ldq);
+    float *dq = a->dq + (size_t)r0 * L->ldq;
+    size_t k_at = a->kv_at + (size_t)k0 * L->ldkv;
+    if (L->k16 != NULL)
+        tr_cpu_gemm_bf16_block(0, 0, rows, L->D, cols, blk->dscores16, K_BLOCK, L->k16 + k_at,
+                               L->ldkv, 1.0f, dq, L->ldq);
+    else
+        tr_cpu_sgemm_serial(0, 0, rows, L->D, cols, 1.0f, blk->dscores, K_BLOCK, L->k + k_at,
+                            L->ldkv, 1.0f, dq, L->ldq);
 }
 
 /* dk[k0:] += dS^T q[r0:] */
 static void block_dk(const struct att_layout *L, const struct att_head *a, int r0, int rows,
-                     int k0, int cols, const float *dscores)
+                     int k0, int cols, const struct att_block *blk)
 {
-    tr_cpu_sgemm_serial(1, 0, cols, L->D, rows, 1.0f, dscores, K_BLOCK,
-                        a->q + (size_t)r0 * L->ldq, L->ldq, 1.0f, a->dk + (size_t)k0 * L->ldkv,
-                        L->ldkv);
+    float *dk = a->dk + (size_t)k0 * L->ldkv;
+    size_t q_at = a->q_at + (size_t)r0 * L->ldq;
+    if (L->q16 != NULL)
+        tr_cpu_gemm_bf16_block(1, 0, cols, L->D, rows, blk->dscores16, K_BLOCK, L->q16 + q_at,
+                               L->ldq, 1.0f, dk, L->ldkv);
+    else
+        tr_cpu_sgemm_serial(1, 0, cols, L->D, rows, 1.0f, blk->dscores, K_BLOCK, L->q + q_at,
+                            L->ldq, 1.0f, dk, L->ldkv);
 }
 
 /* One query head's backward: dq of that head, and its share of dk and dv
@@ -222,23 +299,23 @@ static void block_dk(const struct att_layout *L, const struct att_head *a, int r
 static void backward_head(const struct att_layout *L, const struct att_head *a)
 {
     int T = L->T;
-    float probs[Q_BLOCK * K_BLOCK], dscores[Q_BLOCK * K_BLOCK]; /* ld K_BLOCK */
+    struct att_block blk;
     head_rowsum(L, a);
     for (int r0 = 0; r0 < T; r0 += Q_BLOCK) {
         int r1 = min_int(r0 + Q_BLOCK, T);
         int rows = r1 - r0;
         for (int k0 = 0; k0 < r1; k0 += K_BLOCK) {
             int cols = min_int(K_BLOCK, r1 - k0);
-            block_probs(L, a, r0, rows, k0, cols, probs);
+            block_probs(L, a, r0, rows, k0, cols, &blk);
             if (a->dv != NULL)
-                block_dv(L, a, r0, rows, k0, cols, probs);
+                block_dv(L, a, r0, rows, k0, cols, &blk);
             if (a->dq == NULL && a->dk == NULL)
                 continue;
-            block_dscores(L, a, r0, rows, k0, cols, probs, dscores);
+            block_dscores(L, a, r0, rows, k0, cols, &blk);
             if (a->dq != NULL)
-                block_dq(L, a, r0, rows, k0, cols, dscores);
+                block_dq(L, a, r0, rows, k0, cols, &blk);
             if (a->dk != NULL)
-                block_dk(L, a, r0, rows, k0, cols, dscores);
+                block_dk(L, a, r0, rows, k0, cols, &blk);
         }
     }
 }
@@ -273,13 +350,13 @@ static void backward_split(const struct att_layout *L, float *scratch, const flo
             int h = (item / blocks) % NH;
             int b = item / (blocks * NH);
             struct att_head a = head_of(L, b, h, scratch, dout, out, lse);
-            float probs[Q_BLOCK * K_BLOCK], dscores[Q_BLOCK * K_BLOCK];
+            struct att_block blk;
             int r1 = min_int(r0 + Q_BLOCK, T);
             for (int k0 = 0; k0 < r1; k0 += K_BLOCK) {
                 int cols = min_int(K_BLOCK, r1 - k0);
-                block_probs(L, &a, r0, r1 - r0, k0, cols, probs);
-                block_dscores(L, &a, r0, r1 - r0, k0, cols, probs, dscores);
-                block_dq(L, &a, r0, r1 - r0, k0, cols, dscores);
+                block_probs(L, &a, r0, r1 - r0, k0, cols, &blk);
+                block_dscores(L, &a, r0, r1 - r0, k0, cols, &blk);
+                block_dq(L, &a, r0, r1 - r0, k0, cols, &blk);
             }
         }
     }
@@ -290,19 +367,19 @@ static void backward_split(const struct att_layout *L, float *scratch, const flo
         int k0 = (item % blocks) * K_BLOCK;
         int kvh = (item / blocks) % KV;
         int b = item / (blocks * KV);
-        float probs[Q_BLOCK * K_BLOCK], dscores[Q_BLOCK * K_BLOCK];
+        struct att_block blk;
         for (int h = kvh * group; h < (kvh + 1) * group; h++) {
             struct att_head a = head_of(L, b, h, scratch, dout, out, lse);
             /* query blocks whose rows reach key k0 (blocks are aligned) */
             for (int r0 = k0; r0 < T; r0 += Q_BLOCK) {
                 int r1 = min_int(r0 + Q_BLOCK, T);
                 int cols = min_int(K_BLOCK, r1 - k0);
-                block_probs(L, &a, r0, r1 - r0, k0, cols, probs);
+                block_probs(L, &a, r0, r1 - r0, k0, cols, &blk);
                 if (a.dv != NULL)
-                    block_dv(L, &a, r0, r1 - r0, k0, cols, probs);
+                    block_dv(L, &a, r0, r1 - r0, k0, cols, &blk);
                 if (a.dk != NULL) {
-                    block_dscores(L, &a, r0, r1 - r0, k0, cols, probs, dscores);
-                    block_dk(L, &a, r0, r1 - r0, k0, cols, dscores);
+                    block_dscores(L, &a, r0, r1 - r0, k0, cols, &blk);
+                    block_dk(L, &a, r0, r1 - r0, k0, cols, &blk);
                 }
             }
         }
@@ -397,4 +474,88 @@ void tr_cpu_attention_gqa_backward(float *dq, float *dk, float *dv, float *scrat
 {
     struct att_layout L = gqa_layout(q, k, v, dq, dk, dv, B, T, H, KV, D);
     attention_backward(&L, scratch, dout, out, lse);
+}
+
+/* ---- native bf16: q, k, v as stored in bf16, bf16 products ---- */
+
+/* Backward scratch on the bf16 path: D (B*H*T floats), then dout rounded to
+ * bf16 (B*T*H*D values), on a whole 64-byte line. */
+static size_t d_floats(int B, int T, int H) { return ((size_t)B * H * T + 15) & ~(size_t)15; }
+
+static size_t bf16_scratch_floats(int B, int T, int H, int D)
+{
+    return d_floats(B, T, H) + ((size_t)B * T * H * D + 1) / 2;
+}
+
+/* dout in bf16 into the scratch after D, then the backward */
+static void backward_bf16(struct att_layout *L, float *scratch, const float *dout,
+                          const float *out, const float *lse)
+{
+    uint16_t *dout16 = (uint16_t *)(void *)(scratch + d_floats(L->B, L->T, L->H));
+    tr_cpu_to_bf16(dout16, dout, (size_t)L->B * L->T * L->H * L->D);
+    L->dout16 = dout16;
+    attention_backward(L, scratch, dout, out, lse);
+}
+
+static struct att_layout packed_layout_bf16(const uint16_t *qkv, float *dqkv, int B, int T, int C,
+                                            int NH)
+{
+    struct att_layout L = {.B = B, .T = T, .H = NH, .KV = NH, .D = C / NH, .ldq = 3 * C,
+                           .ldkv = 3 * C, .q16 = qkv, .k16 = qkv + C, .v16 = qkv + 2 * C};
+    if (dqkv != NULL) {
+        L.dq = dqkv;
+        L.dk = dqkv + C;
+        L.dv = dqkv + 2 * C;
+    }
+    return L;
+}
+
+void tr_cpu_attention_forward_bf16(float *out, float *lse, const uint16_t *qkv, int B, int T,
+                                   int C, int NH)
+{
+    struct att_layout L = packed_layout_bf16(qkv, NULL, B, T, C, NH);
+    attention_forward(&L, out, lse);
+}
+
+size_t tr_cpu_attention_bf16_scratch_floats(int B, int T, int C, int NH)
+{
+    return bf16_scratch_floats(B, T, NH, C / NH);
+}
+
+void tr_cpu_attention_backward_bf16(float *dqkv, float *scratch, const float *dout,
+                                    const float *out, const uint16_t *qkv, const float *lse, int B,
+                                    int T, int C, int NH)
+{
+    if (dqkv == NULL)
+        return;
+    struct att_layout L = packed_layout_bf16(qkv, dqkv, B, T, C, NH);
+    backward_bf16(&L, scratch, dout, out, lse);
+}
+
+void tr_cpu_attention_gqa_forward_bf16(float *out, float *lse, const uint16_t *q,
+                                       const uint16_t *k, const uint16_t *v, int B, int T, int H,
+                                       int KV, int D)
+{
+    struct att_layout L = {.B = B, .T = T, .H = H, .KV = KV, .D = D, .ldq = H * D,
+                           .ldkv = KV * D, .q16 = q, .k16 = k, .v16 = v};
+    attention_forward(&L, out, lse);
+}
+
+size_t tr_cpu_attention_gqa_bf16_scratch_floats(int B, int T, int H, int KV, int D)
+{
+    (void)KV;
+    return bf16_scratch_floats(B, T, H, D);
+}
+
+void tr_cpu_attention_gqa_backward_bf16(float *dq, float *dk, float *dv, float *scratch,
+                                        const float *dout, const float *out, const uint16_t *q,
+                                        const uint16_t *k, const uint16_t *v, const float *lse,
+                                        int B, int T, int H, int KV, int D)
+{
+    if (dq == NULL && dk == NULL && dv == NULL)
+        return;
+    struct att_layout L = {.B = B, .T = T, .H = H, .KV = KV, .D = D, .ldq = H * D,
+                           .ldkv = KV * D, .q16 = q, .k16 = k, .v16 = v,
+                           .dq = dq, .dk = dk, .dv = dv};
+    backward_bf16(&L, scratch, dout, out, lse);
 }

@@ -129,6 +129,20 @@ static struct bf16_operands bf16_inputs(const struct tr_graph *g, const struct t
 /* attention with q, k, v inputs: key/value heads (0, as a packed node's, means heads) */
 static int kv_heads(const struct tr_node *n) { return n->kv_heads > 0 ? n->kv_heads : n->heads; }
 
+/* Attention on the native bf16 path: its inputs stored in bf16 are read as
+ * they are and multiplied in bf16 (attention.c); otherwise fp32 (on fp32
+ * copies of 16-bit inputs, run_node). */
+static int attention_bf16(const struct tr_graph *g, const struct tr_node *n)
+{
+    if (n->op != TR_OP_ATTENTION || !native_bf16(g))
+        return 0;
+    for (int i = 0; i < n->n_in; i++)
+        if (T(i)->dtype != TR_BF16)
+            return 0;
+    return 1;
+}
+#define U16(t) ((const uint16_t *)(t)->data)
+
 /* ---- convolutional ops: geometry from the node's tensors and attributes */
 static struct tr_cpu_conv_shape conv_shape(const struct tr_graph *g, const struct tr_node *n)
 {
@@ -188,6 +202,13 @@ static size_t cpu_scratch_floats(void *ctx, const struct tr_graph *g, const stru
     if (n->op != TR_OP_ATTENTION)
         return 0;
     const struct tr_tensor *qkv = T(0);
+    if (attention_bf16(g, n))
+        return n->n_in == 3 ? tr_cpu_attention_gqa_bf16_scratch_floats(
+                                  (int)qkv->shape[0], (int)qkv->shape[1], n->heads, kv_heads(n),
+                                  cols(qkv) / n->heads)
+                            : tr_cpu_attention_bf16_scratch_floats(
+                                  (int)qkv->shape[0], (int)qkv->shape[1],
+                                  (int)qkv->shape[2] / 3, n->heads);
     if (n->n_in == 3)
         return tr_cpu_attention_gqa_scratch_floats((int)qkv->shape[0], (int)qkv->shape[1],
                                                    n->heads, kv_heads(n), cols(qkv) / n->heads);
@@ -252,7 +273,14 @@ static void cpu_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
         tr_cpu_relu_forward(F(OUT), F(T(0)), OUT->numel);
         break;
     case TR_OP_ATTENTION:
-        if (n->n_in == 3)
+        if (attention_bf16(g, n) && n->n_in == 3)
+            tr_cpu_attention_gqa_forward_bf16(F(OUT), AUX(0), U16(T(0)), U16(T(1)), U16(T(2)),
+                                              (int)T(0)->shape[0], (int)T(0)->shape[1], n->heads,
+                                              kv_heads(n), cols(T(0)) / n->heads);
+        else if (attention_bf16(g, n))
+            tr_cpu_attention_forward_bf16(F(OUT), AUX(0), U16(T(0)), (int)T(0)->shape[0],
+                                          (int)T(0)->shape[1], (int)T(0)->shape[2] / 3, n->heads);
+        else if (n->n_in == 3)
             tr_cpu_attention_gqa_forward(F(OUT), AUX(0), F(T(0)), F(T(1)), F(T(2)),
                                          (int)T(0)->shape[0], (int)T(0)->shape[1], n->heads,
                                          kv_heads(n), cols(T(0)) / n->heads);
@@ -379,7 +407,16 @@ static void cpu_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
         tr_cpu_relu_backward(T(0)->grad, F(T(0)), dout, OUT->numel);
         break;
     case TR_OP_ATTENTION:
-        if (n->n_in == 3)
+        if (attention_bf16(g, n) && n->n_in == 3)
+            tr_cpu_attention_gqa_backward_bf16(T(0)->grad, T(1)->grad, T(2)->grad, g->scratch,
+                                               dout, F(OUT), U16(T(0)), U16(T(1)), U16(T(2)),
+                                               AUX(0), (int)T(0)->shape[0], (int)T(0)->shape[1],
+                                               n->heads, kv_heads(n), cols(T(0)) / n->heads);
+        else if (attention_bf16(g, n))
+            tr_cpu_attention_backward_bf16(T(0)->grad, g->scratch, dout, F(OUT), U16(T(0)),
+                                           AUX(0), (int)T(0)->shape[0], (int)T(0)->shape[1],
+                                           (int)T(0)->shape[2] / 3, n->heads);
+        else if (n->n_in == 3)
             tr_cpu_attention_gqa_backward(T(0)->grad, T(1)->grad, T(2)->grad, g->scratch, dout,
                                           F(OUT), F(T(0)), F(T(1)), F(T(2)), AUX(0),
                                           (int)T(0)->shape[0], (int)T(0)->shape[1], n->heads,
@@ -482,13 +519,16 @@ static int64_t cpu_count_correct(void *ctx, const float *logits, const int32_t *
  * activation is its fp32 result rounded once to the storage dtype, on the
  * native and the emulated GEMM paths alike.  Only linear and matmul on the
  * native bf16 path read bf16 inputs as they are (bf16_of): they would
- * convert them to bf16 anyway.  Gradients and saved aux stay fp32. */
+ * convert them to bf16 anyway; so does attention there (q, k and v into
+ * bf16 products, attention_bf16).  Gradients and saved aux stay fp32. */
 
 static int is_half(enum tr_dtype d) { return d == TR_BF16 || d == TR_F16; }
 
 /* in[k] is read in its 16-bit storage by the op itself */
 static int reads_half(const struct tr_graph *g, const struct tr_node *n, int k)
 {
+    if (n->op == TR_OP_ATTENTION) /* q, k, v; its output still goes through a copy */
+        return k < n->n_in && attention_bf16(g, n);
     return (n->op == TR_OP_LINEAR || n->op == TR_OP_MATMUL) && k < 2 && native_bf16(g) &&
            T(k)->dtype == TR_BF16;
 }

@@ -180,6 +180,26 @@ void tr_cpu_attention_gqa_backward(float *dq, float *dk, float *dv, float *scrat
                                    const float *dout, const float *out, const float *q,
                                    const float *k, const float *v, const float *lse, int B, int T,
                                    int H, int KV, int D);
+/* Both forms under native bf16: q, k, v read as stored in bf16, every
+ * product a bf16 one summed in fp32 (tr_cpu_gemm_bf16_block; the
+ * probabilities, dS and dout rounded to bf16 for the products), softmax,
+ * out, lse and the gradients in fp32.  Results do not depend on the thread
+ * count.  Callers check tr_cpu_bf16_native_isa() first.  Backward scratch:
+ * the *_bf16_scratch_floats, not initialised (D, and dout in bf16). */
+void tr_cpu_attention_forward_bf16(float *out, float *lse, const uint16_t *qkv, int B, int T,
+                                   int C, int NH);
+size_t tr_cpu_attention_bf16_scratch_floats(int B, int T, int C, int NH);
+void tr_cpu_attention_backward_bf16(float *dqkv, float *scratch, const float *dout,
+                                    const float *out, const uint16_t *qkv, const float *lse, int B,
+                                    int T, int C, int NH);
+void tr_cpu_attention_gqa_forward_bf16(float *out, float *lse, const uint16_t *q,
+                                       const uint16_t *k, const uint16_t *v, int B, int T, int H,
+                                       int KV, int D);
+size_t tr_cpu_attention_gqa_bf16_scratch_floats(int B, int T, int H, int KV, int D);
+void tr_cpu_attention_gqa_backward_bf16(float *dq, float *dk, float *dv, float *scratch,
+                                        const float *dout, const float *out, const uint16_t *q,
+                                        const uint16_t *k, const uint16_t *v, const float *lse,
+                                        int B, int T, int H, int KV, int D);
 
 /* ---- softmax cross-entropy, mean over rows whose target != ignore_index.
  * Forward writes the mean loss to *loss and the per-row log-sum-exp to lse[N]
