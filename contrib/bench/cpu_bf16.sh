@@ -20,6 +20,15 @@
 #   ROUNDS   rounds of the arms (default 2)
 #   ISA      also run trainrun bf16 with ONEDNN_MAX_CPU_ISA=$ISA (e.g. AVX2:
 #            the emulated path on the same machine); default: not
+#   WAIT_POLICY  OMP_WAIT_POLICY for every arm (default: unset, what a user
+#            gets: OpenMP threads spin a while between parallel regions,
+#            then sleep).  "passive" makes them sleep at once, so waiting is
+#            not counted as CPU time -- the setting for CPU-time figures on a
+#            loaded machine; it also costs every parallel region a wake-up
+#            (a futex and, in a VM, an inter-processor interrupt), which
+#            slows wall time: GPT-2 124M fp32 steps at ctx 64 took 0.70-1.70 s
+#            passive against 0.59-0.77 s unset (two runs of five steps each,
+#            2-core Zen 5 VM).
 #
 # What each figure is:
 #   wall ms/step  trainrun: elapsed_s in metrics.jsonl at the last step minus
@@ -27,14 +36,13 @@
 #                 clock around its timed steps.
 #   CPU ms/step   user + system time per timed step, what a step costs the
 #                 cores it gets rather than how long it waited for them: the
-#                 figure to read on a loaded machine.  trainrun: GNU time of a
-#                 run of WARMUP steps and one of WARMUP + STEPS, the difference
-#                 over STEPS (start-up and the end-of-run checkpoint cancel);
-#                 PyTorch: process_time() around its timed steps.  Every arm
-#                 runs with OMP_WAIT_POLICY=passive (threads sleep rather than
-#                 spin while they wait), so waiting is not counted as work.
-#                 On an idle machine, wall ~ CPU / THREADS.
-#   peak RSS      GNU time's maximum resident set of trainrun's longer run
+#                 figure to read on a loaded machine (with WAIT_POLICY=passive;
+#                 unset, threads spinning between regions count too).
+#                 trainrun: cpu_s in metrics.jsonl (the process's CPU time) at
+#                 the same two steps as the wall time; PyTorch: process_time()
+#                 around its timed steps.  On an idle machine, wall ~ CPU /
+#                 THREADS.
+#   peak RSS      GNU time's maximum resident set of trainrun's run
 #                 (its end-of-run checkpoint included: gpt-bench.lua saves
 #                 synchronously, one blob of the weights in memory at a time),
 #                 getrusage of the Python process for PyTorch (the interpreter
@@ -57,7 +65,8 @@ STEPS=${STEPS:-3}
 ROUNDS=${ROUNDS:-2}
 ISA=${ISA:-}
 [ -z "$ISA" ] || ARMS="$ARMS trainrun-bf16-$ISA"
-export OMP_WAIT_POLICY=passive
+WAIT_POLICY=${WAIT_POLICY:-}
+if [ -n "$WAIT_POLICY" ]; then export OMP_WAIT_POLICY=$WAIT_POLICY; else unset OMP_WAIT_POLICY; fi
 
 case " $ARMS " in
 *" torch-"*)
@@ -77,32 +86,30 @@ read -r ceil_fp32 ceil_bf16 < <("$tmp/gemm_ceiling" "$THREADS" 2>"$tmp/ceiling.t
 echo "GEMM ceiling (oneDNN, 2048^3, $THREADS threads), wall time: fp32 $ceil_fp32 GFLOP/s, bf16 $ceil_bf16 GFLOP/s ($(cat "$tmp/ceiling.txt"))"
 read -r cpu_ceil_fp32 cpu_ceil_bf16 < <(GEMM_CEILING_CLOCK=cpu "$tmp/gemm_ceiling" "$THREADS" 2>/dev/null)
 echo "GEMM ceiling, CPU time over $THREADS threads: fp32 $cpu_ceil_fp32 GFLOP/s, bf16 $cpu_ceil_bf16 GFLOP/s"
-echo "$WARMUP warm-up + $STEPS timed steps an arm, $ROUNDS rounds; every arm with OMP_WAIT_POLICY=passive"
+echo "$WARMUP warm-up + $STEPS timed steps an arm, $ROUNDS rounds; OMP_WAIT_POLICY: ${WAIT_POLICY:-unset}"
 
 # trainrun_arm PRECISION ISA V T L H C B: "wall_ms cpu_ms rss_mib"
 trainrun_arm() {
-    local prec=$1 isa=$2 V=$3 T=$4 L=$5 H=$6 C=$7 B=$8 n cpu0=0 cpu1=0
-    for n in "$WARMUP" $((WARMUP + STEPS)); do
-        rm -rf "$tmp/run"
-        if ! env ${isa:+ONEDNN_MAX_CPU_ISA=$isa} /usr/bin/time -f "%U %S %M" -o "$tmp/time" \
-            "$TRAINRUN" "$here/gpt-bench.lua" \
-            model.vocab="$V" model.ctx="$T" model.layers="$L" model.heads="$H" model.dim="$C" \
-            train.batch="$B" train.steps="$n" train.threads="$THREADS" \
-            precision="$prec" run_dir="$tmp/run" >"$tmp/log" 2>&1; then
-            cat "$tmp/log" >&2
-            die "trainrun $prec failed"
-        fi
-        if [ "$n" = "$WARMUP" ]; then cpu0=$(awk '{ print $1 + $2 }' "$tmp/time"); fi
-    done
-    cpu1=$(awk '{ print $1 + $2 }' "$tmp/time")
+    local prec=$1 isa=$2 V=$3 T=$4 L=$5 H=$6 C=$7 B=$8
+    rm -rf "$tmp/run"
+    if ! env ${isa:+ONEDNN_MAX_CPU_ISA=$isa} /usr/bin/time -f "%M" -o "$tmp/time" \
+        "$TRAINRUN" "$here/gpt-bench.lua" \
+        model.vocab="$V" model.ctx="$T" model.layers="$L" model.heads="$H" model.dim="$C" \
+        train.batch="$B" train.steps=$((WARMUP + STEPS)) train.threads="$THREADS" \
+        precision="$prec" run_dir="$tmp/run" >"$tmp/log" 2>&1; then
+        cat "$tmp/log" >&2
+        die "trainrun $prec failed"
+    fi
     head -n 1 "$tmp/log" >"$tmp/first-$prec$isa"
-    awk -v w="$WARMUP" -v last=$((WARMUP + STEPS)) -v c0="$cpu0" -v c1="$cpu1" -v s="$STEPS" \
-        -v rss="$(awk '{ print $3 }' "$tmp/time")" '
+    awk -v w="$WARMUP" -v last=$((WARMUP + STEPS)) -v s="$STEPS" -v rss="$(cat "$tmp/time")" '
+        function field(key,   v) {
+            if (!match($0, "\"" key "\": -?[0-9.]+")) return ""
+            v = substr($0, RSTART, RLENGTH); sub(/.*: /, "", v); return v + 0
+        }
         /"loss"/ && /"elapsed_s"/ {
-            match($0, /"step": [0-9]+/); st = substr($0, RSTART + 8, RLENGTH - 8) + 0
-            match($0, /"elapsed_s": [0-9.]+/); e = substr($0, RSTART + 13, RLENGTH - 13) + 0
-            if (st == w) e0 = e
-            if (st == last) e1 = e
+            st = field("step")
+            if (st == w) { e0 = field("elapsed_s"); c0 = field("cpu_s") }
+            if (st == last) { e1 = field("elapsed_s"); c1 = field("cpu_s") }
         }
         END { printf "%.1f %.1f %.0f\n", 1000 * (e1 - e0) / s, 1000 * (c1 - c0) / s, rss / 1024 }' \
         "$tmp/run/metrics.jsonl"

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef PACKAGE_VERSION
@@ -345,13 +346,20 @@ static int progress(struct run *r, double lr, double grad_norm, double elapsed, 
     v[nv++] = (struct tr_scalar){"elapsed_s", elapsed};
     if (log_scalars(r, v, nv, err) != TR_OK)
         return TR_ERROR;
+    /* the process's CPU time, every thread's, beside the wall clock: what a
+     * step costs the cores rather than how long it waited for them (the
+     * figure to compare on a shared machine) */
+    struct timespec cpu;
+    double cpu_s = clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu) == 0
+                       ? (double)cpu.tv_sec + 1e-9 * (double)cpu.tv_nsec
+                       : -1;
     return metrics_line(r, err,
                 "{\"step\": %llu, \"loss\": %.6g, \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens_per_s\": %.1f, "
                 "\"mfu\": %.4g, \"data_wait_pct\": %.2f, \"loss_scale\": %.6g, \"skipped_steps\": %llu, "
-                "\"cost_usd\": %.6g, \"cost_projected_usd\": %.6g, \"elapsed_s\": %.3f}\n",
+                "\"cost_usd\": %.6g, \"cost_projected_usd\": %.6g, \"elapsed_s\": %.3f, \"cpu_s\": %.3f}\n",
                 (unsigned long long)r->step, r->last_loss, lr, grad_norm, tok_s, isnan(mfu) ? -1.0 : mfu,
                 wait, tr_run_loss_scale(r), (unsigned long long)r->skipped, dollars, projected,
-                elapsed);
+                elapsed, cpu_s);
 }
 
 void tr_run_summary(struct run *r, double elapsed, double tokens)
