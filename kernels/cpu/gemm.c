@@ -191,12 +191,13 @@ void tr_cpu_sgemm_serial(int trans_a, int trans_b, int M, int N, int K, float al
  */
 struct bf16_key {
     int trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate;
+    int bias; /* an fp32 bias row added to every row of C, in the primitive */
 };
 
 struct bf16_prim {
     struct bf16_key key;
     dnnl_primitive_t prim;
-    dnnl_memory_desc_t a, b, c, scratch;
+    dnnl_memory_desc_t a, b, c, bias, scratch;
     size_t scratch_bytes;
     struct bf16_prim *next;
 };
@@ -216,9 +217,9 @@ static void bf16_fail(const char *what, dnnl_status_t status, const struct bf16_
      * bf16 matmul for, which callers check first (tr_cpu_gemm_bf16_available) */
     fprintf(stderr,
             "tr_cpu_gemm_bf16: %s failed (status %d): trans %d%d M=%d N=%d K=%d lda=%d ldb=%d "
-            "ldc=%d accumulate=%d\n",
+            "ldc=%d accumulate=%d bias=%d\n",
             what, (int)status, k->trans_a, k->trans_b, k->M, k->N, k->K, k->lda, k->ldb, k->ldc,
-            k->accumulate);
+            k->accumulate, k->bias);
     abort();
 }
 
@@ -253,15 +254,18 @@ static struct bf16_prim *bf16_create(const struct bf16_key *k, dnnl_status_t *st
     dnnl_dims_t a_dims = {k->M, k->K}, a_strides = {k->trans_a ? 1 : k->lda, k->trans_a ? k->lda : 1};
     dnnl_dims_t b_dims = {k->K, k->N}, b_strides = {k->trans_b ? 1 : k->ldb, k->trans_b ? k->ldb : 1};
     dnnl_dims_t c_dims = {k->M, k->N}, c_strides = {k->ldc, 1};
+    dnnl_dims_t bias_dims = {1, k->N}, bias_strides = {k->N, 1};
     if (s == dnnl_success)
         s = dnnl_memory_desc_init_by_strides(&p->a, 2, a_dims, dnnl_bf16, a_strides);
     if (s == dnnl_success)
         s = dnnl_memory_desc_init_by_strides(&p->b, 2, b_dims, dnnl_bf16, b_strides);
     if (s == dnnl_success)
         s = dnnl_memory_desc_init_by_strides(&p->c, 2, c_dims, dnnl_f32, c_strides);
+    if (s == dnnl_success && k->bias)
+        s = dnnl_memory_desc_init_by_strides(&p->bias, 2, bias_dims, dnnl_f32, bias_strides);
     dnnl_matmul_desc_t desc;
     if (s == dnnl_success)
-        s = dnnl_matmul_desc_init(&desc, &p->a, &p->b, NULL, &p->c);
+        s = dnnl_matmul_desc_init(&desc, &p->a, &p->b, k->bias ? &p->bias : NULL, &p->c);
     if (s == dnnl_success)
         s = dnnl_primitive_attr_create(&attr);
     if (s == dnnl_success)
@@ -353,44 +357,52 @@ static void *bf16_thread_scratch(size_t bytes, const struct bf16_key *k)
     return bf16_scratch;
 }
 
-/* One primitive execution on the calling thread: C (+)= op(A) op(B). */
+/* One primitive execution on the calling thread: C (+)= op(A) op(B)
+ * (+ the bias row, when bias is not NULL). */
 static void bf16_call(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A, int lda,
-                      const uint16_t *B, int ldb, int accumulate, float *C, int ldc)
+                      const uint16_t *B, int ldb, const float *bias, int accumulate, float *C,
+                      int ldc)
 {
-    struct bf16_key k = {trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate};
+    struct bf16_key k = {trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, bias != NULL};
     struct bf16_prim *p = bf16_get(&k);
     dnnl_stream_t stream = bf16_thread_stream(&k);
-    dnnl_memory_t mem[4] = {NULL, NULL, NULL, NULL};
+    dnnl_memory_t mem[5] = {NULL, NULL, NULL, NULL, NULL};
+    dnnl_exec_arg_t args[5];
+    int n_args = 0;
     dnnl_status_t s = dnnl_memory_create(&mem[0], &p->a, bf16_engine, (void *)A);
+    args[n_args++] = (dnnl_exec_arg_t){DNNL_ARG_SRC, mem[0]};
     if (s == dnnl_success)
         s = dnnl_memory_create(&mem[1], &p->b, bf16_engine, (void *)B);
+    args[n_args++] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, mem[1]};
     if (s == dnnl_success)
         s = dnnl_memory_create(&mem[2], &p->c, bf16_engine, C);
-    int n_args = 3;
+    args[n_args++] = (dnnl_exec_arg_t){DNNL_ARG_DST, mem[2]};
     if (s == dnnl_success && p->scratch_bytes > 0) {
         s = dnnl_memory_create(&mem[3], &p->scratch, bf16_engine,
                                bf16_thread_scratch(p->scratch_bytes, &k));
-        n_args = 4;
+        args[n_args++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, mem[3]};
     }
-    if (s == dnnl_success) {
-        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem[0]},
-                                   {DNNL_ARG_WEIGHTS, mem[1]},
-                                   {DNNL_ARG_DST, mem[2]},
-                                   {DNNL_ARG_SCRATCHPAD, mem[3]}};
-        s = dnnl_primitive_execute(p->prim, stream, n_args, args);
+    if (s == dnnl_success && bias != NULL) {
+        s = dnnl_memory_create(&mem[4], &p->bias, bf16_engine, (void *)bias);
+        args[n_args++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, mem[4]};
     }
     if (s == dnnl_success)
+        s = dnnl_primitive_execute(p->prim, stream, n_args, args);
+    if (s == dnnl_success)
         s = dnnl_stream_wait(stream);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         if (mem[i] != NULL)
             dnnl_memory_destroy(mem[i]);
     if (s != dnnl_success)
         bf16_fail("executing the matmul primitive", s, &k);
 }
 
+/* Tile number tile_index of C (+)= op(A) op(B) (+ bias); with C16, the
+ * tile's results then rounded to bf16 into C16 (ld ldc) while they are
+ * fresh in cache. */
 static void bf16_tile(int tile_index, struct tile_grid grid, int trans_a, int trans_b, int M, int N,
-                      int K, const uint16_t *A, int lda, const uint16_t *B, int ldb, int accumulate,
-                      float *C, int ldc)
+                      int K, const uint16_t *A, int lda, const uint16_t *B, int ldb,
+                      const float *bias, int accumulate, float *C, int ldc, uint16_t *C16)
 {
     int i0 = (tile_index / grid.tiles_n) * grid.rows;
     int j0 = (tile_index % grid.tiles_n) * grid.cols;
@@ -398,8 +410,13 @@ static void bf16_tile(int tile_index, struct tile_grid grid, int trans_a, int tr
     int cols = N - j0 < grid.cols ? N - j0 : grid.cols;
     const uint16_t *A_tile = trans_a ? A + i0 : A + (size_t)i0 * lda;
     const uint16_t *B_tile = trans_b ? B + (size_t)j0 * ldb : B + j0;
-    bf16_call(trans_a, trans_b, rows, cols, K, A_tile, lda, B_tile, ldb, accumulate,
-              C + (size_t)i0 * ldc + j0, ldc);
+    float *C_tile = C + (size_t)i0 * ldc + j0;
+    bf16_call(trans_a, trans_b, rows, cols, K, A_tile, lda, B_tile, ldb,
+              bias != NULL ? bias + j0 : NULL, accumulate, C_tile, ldc);
+    if (C16 != NULL)
+        for (int i = 0; i < rows; i++)
+            tr_cpu_to_bf16_serial(C16 + (size_t)(i0 + i) * ldc + j0, C_tile + (size_t)i * ldc,
+                                  (size_t)cols);
 }
 
 static int bf16_accumulate(float beta)
@@ -428,7 +445,34 @@ void tr_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const uint1
         omp_set_num_threads(1); /* this task's oneDNN calls run on this thread alone */
 #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < tiles; t++)
-            bf16_tile(t, grid, trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+            bf16_tile(t, grid, trans_a, trans_b, M, N, K, A, lda, B, ldb, NULL, accumulate, C, ldc,
+                      NULL);
+    }
+}
+
+void tr_cpu_gemm_bf16_bias(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A,
+                           int lda, const uint16_t *B, int ldb, const float *bias, float *C,
+                           int ldc, uint16_t *C16)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    if (K <= 0) { /* C = the bias rows (or zeros), rounded as a tile would be */
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++)
+                C[(size_t)i * ldc + j] = bias != NULL ? bias[j] : 0.0f;
+        if (C16 != NULL)
+            for (int i = 0; i < M; i++)
+                tr_cpu_to_bf16_serial(C16 + (size_t)i * ldc, C + (size_t)i * ldc, (size_t)N);
+        return;
+    }
+    struct tile_grid grid = gemm_tile_grid(M, N);
+    int tiles = grid.tiles_m * grid.tiles_n;
+#pragma omp parallel
+    {
+        omp_set_num_threads(1);
+#pragma omp for schedule(dynamic, 1)
+        for (int t = 0; t < tiles; t++)
+            bf16_tile(t, grid, trans_a, trans_b, M, N, K, A, lda, B, ldb, bias, 0, C, ldc, C16);
     }
 }
 
@@ -447,7 +491,8 @@ void tr_cpu_gemm_bf16_serial(int trans_a, int trans_b, int M, int N, int K, cons
     int saved_threads = omp_get_max_threads();
     omp_set_num_threads(1);
     for (int t = 0; t < tiles; t++)
-        bf16_tile(t, grid, trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+        bf16_tile(t, grid, trans_a, trans_b, M, N, K, A, lda, B, ldb, NULL, accumulate, C, ldc,
+                  NULL);
     omp_set_num_threads(saved_threads);
 }
 
@@ -488,11 +533,11 @@ void tr_cpu_gemm_bf16_block(int trans_a, int trans_b, int M, int N, int K, const
                                                 1.0f, A, lda, B, ldb, accumulate ? 1.0f : 0.0f, C,
                                                 ldc);
         if (s != dnnl_success) {
-            struct bf16_key k = {trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate};
+            struct bf16_key k = {trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, 0};
             bf16_fail("dnnl_gemm_bf16bf16f32", s, &k);
         }
     } else {
-        bf16_call(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+        bf16_call(trans_a, trans_b, M, N, K, A, lda, B, ldb, NULL, accumulate, C, ldc);
     }
     omp_set_num_threads(saved_threads);
 }
@@ -507,7 +552,7 @@ static void bf16_probe(void)
 {
     /* A tiny primitive tells whether oneDNN has a bf16 matmul for this CPU at
      * all (none without AVX-512); it stays in the table, like any other. */
-    struct bf16_key k = {0, 0, 16, 16, 16, 16, 16, 16, 0};
+    struct bf16_key k = {0, 0, 16, 16, 16, 16, 16, 16, 0, 0};
     dnnl_status_t status;
     pthread_mutex_lock(&bf16_lock);
     struct bf16_prim *p = bf16_create(&k, &status);

@@ -44,6 +44,13 @@ void tr_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const uint1
                       const uint16_t *B, int ldb, float beta, float *C, int ldc);
 void tr_cpu_gemm_bf16_serial(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A,
                              int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc);
+/* C = op(A) op(B) + bias (a row added to every row of C; NULL: none), with
+ * bf16 A and B as tr_cpu_gemm_bf16 multiplies them and the bias added in
+ * the primitive as each tile is stored; when C16 is not NULL each tile of C
+ * is then also rounded to bf16 into C16 (ld ldc) while it is in cache. */
+void tr_cpu_gemm_bf16_bias(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A,
+                           int lda, const uint16_t *B, int ldb, const float *bias, float *C,
+                           int ldc, uint16_t *C16);
 /* One small product (a block that is one thread's share, e.g. attention's
  * 64-row blocks) on the calling thread, in one call without the tile grid:
  * the same bf16 products summed in fp32, for blocks too small for the
@@ -84,6 +91,11 @@ void tr_cpu_linear_bias_backward(float *dbias, const float *dout, int N, int OC)
  * The bias gradient is not taken here: callers sum the fp32 dout. */
 void tr_cpu_linear_forward_bf16(float *out, const uint16_t *inp, const uint16_t *w,
                                 const float *bias, int N, int IC, int OC);
+/* The same forward with its output rounded to bf16 into out (as
+ * tr_cpu_to_bf16 rounds, each tile as soon as it is computed); the fp32
+ * results pass through scratch, N*OC floats. */
+void tr_cpu_linear_forward_bf16_out16(uint16_t *out, float *scratch, const uint16_t *inp,
+                                      const uint16_t *w, const float *bias, int N, int IC, int OC);
 void tr_cpu_linear_backward_bf16(float *dinp, float *dw, const uint16_t *dout,
                                  const uint16_t *inp, const uint16_t *w, int N, int IC, int OC);
 

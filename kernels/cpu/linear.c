@@ -95,10 +95,19 @@ void tr_cpu_linear_backward(float *dinp, float *dw, float *dbias, const float *d
         tr_cpu_linear_bias_backward(dbias, dout, N, OC);
 }
 
+/* The bias goes into the primitives (added to each tile's sums as they are
+ * stored, the same fp32 sum as starting C from the bias), not a pass of its
+ * own over out. */
 void tr_cpu_linear_forward_bf16(float *out, const uint16_t *inp, const uint16_t *w,
                                 const float *bias, int N, int IC, int OC)
 {
-    linear_forward(&BF16, out, inp, w, bias, N, IC, OC);
+    tr_cpu_gemm_bf16_bias(0, 1, N, OC, IC, inp, IC, w, IC, bias, out, OC, NULL);
+}
+
+void tr_cpu_linear_forward_bf16_out16(uint16_t *out, float *scratch, const uint16_t *inp,
+                                      const uint16_t *w, const float *bias, int N, int IC, int OC)
+{
+    tr_cpu_gemm_bf16_bias(0, 1, N, OC, IC, inp, IC, w, IC, bias, scratch, OC, out);
 }
 
 void tr_cpu_linear_backward_bf16(float *dinp, float *dw, const uint16_t *dout,
