@@ -1126,6 +1126,226 @@ Test(layernorm, forward_backward)
 }
 
 /* ======================================================================== */
+/* 16-bit activations as stored (the *_act kernels)                          */
+/* ======================================================================== */
+
+/* Each against what the backend ran before these kernels: the 16-bit inputs
+ * widened (tr_cpu_from_half), the fp32 kernel, the output rounded once
+ * (tr_cpu_to_half), compared bit for bit, in bf16 and fp16, with 1 and 2
+ * threads, at sizes that leave tails on the 16-lane conversions, on GELU's
+ * 8-wide blocks and on the kernels' tiles. */
+
+static const size_t act_sizes[] = {1, 7, 37, 4096 + 13};
+
+static const char *half_name(int bf16) { return bf16 ? "bf16" : "fp16"; }
+
+static uint16_t *hvec(size_t n)
+{
+    uint16_t *h = calloc(n ? n : 1, sizeof *h);
+    cr_assert(h != NULL, "out of memory");
+    return h;
+}
+
+/* random values in [lo, hi) rounded to the 16-bit type; with `specials`,
+ * every 11th one a value at an edge of the type (zeros, subnormals, the
+ * largest finite, infinities, NaN), so sums overflow and round to subnormal */
+static uint16_t *random_hvec(rng_t *rng, size_t n, double lo, double hi, int bf16, int specials)
+{
+    static const uint16_t edge_bf16[] = {0x0000, 0x8000, 0x0001, 0x807f, 0x7f7f, 0xff7f,
+                                         0x7f80, 0xff80, 0x7fc0, 0x0080, 0x3f81};
+    static const uint16_t edge_f16[] = {0x0000, 0x8000, 0x0001, 0x83ff, 0x7bff, 0xfbff,
+                                        0x7c00, 0xfc00, 0x7e00, 0x0400, 0x3c01};
+    float *x = random_fvec(rng, n, lo, hi);
+    uint16_t *h = hvec(n);
+    tr_cpu_to_half(h, x, n, bf16);
+    for (size_t i = 5; specials && i < n; i += 11)
+        h[i] = bf16 ? edge_bf16[(i / 11) % 11] : edge_f16[(i / 11) % 11];
+    free(x);
+    return h;
+}
+
+static float *widened(const uint16_t *h, size_t n, int bf16)
+{
+    float *x = fvec(n);
+    tr_cpu_from_half(x, h, n, bf16);
+    return x;
+}
+
+static void expect_same_halves(const char *what, const uint16_t *got, const uint16_t *want,
+                               size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        cr_assert(got[i] == want[i], "%s: [%zu] of %zu is 0x%04x, want 0x%04x", what, i, n,
+                  got[i], want[i]);
+}
+
+static struct tr_cpu_act act_half(uint16_t *h, int bf16)
+{
+    return (struct tr_cpu_act){h, bf16 ? TR_BF16 : TR_F16};
+}
+
+static struct tr_cpu_act act_f32(float *x) { return (struct tr_cpu_act){x, TR_F32}; }
+
+Test(activations_16bit, add_forward_bitwise)
+{
+    rng_t rng = {1501};
+    int saved_threads = omp_get_max_threads();
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (size_t s = 0; s < sizeof act_sizes / sizeof *act_sizes; s++) {
+            size_t n = act_sizes[s];
+            /* large values in fp16's range, so some sums overflow to inf */
+            double range = bf16 ? 4 : 40000;
+            uint16_t *a = random_hvec(&rng, n, -range, range, bf16, 1);
+            uint16_t *b = random_hvec(&rng, n, -range, range, bf16, 1);
+            float *a32 = widened(a, n, bf16), *b32 = widened(b, n, bf16), *b_f32 = fvec(n);
+            for (size_t i = 0; i < n; i++) /* an fp32 operand next to a 16-bit one */
+                b_f32[i] = (float)rng_uniform(&rng, -range, range);
+            float *sum = fvec(n), *twice = fvec(n), *mixed = fvec(n);
+            tr_cpu_add_forward(sum, a32, b32, n);
+            tr_cpu_add_forward(twice, a32, a32, n); /* x + x reads one tensor twice */
+            tr_cpu_add_forward(mixed, a32, b_f32, n);
+            uint16_t *want = hvec(n), *want_twice = hvec(n), *want_mixed = hvec(n);
+            tr_cpu_to_half(want, sum, n, bf16);
+            tr_cpu_to_half(want_twice, twice, n, bf16);
+            tr_cpu_to_half(want_mixed, mixed, n, bf16);
+            for (int threads = 1; threads <= 2; threads++) {
+                omp_set_num_threads(threads);
+                char what[96];
+                uint16_t *out = hvec(n);
+                float *out32 = fvec(n);
+                tr_cpu_add_forward_act(act_half(out, bf16), act_half(a, bf16), act_half(b, bf16),
+                                       n);
+                snprintf(what, sizeof what, "add %s n=%zu threads=%d", half_name(bf16), n,
+                         threads);
+                expect_same_halves(what, out, want, n);
+                tr_cpu_add_forward_act(act_half(out, bf16), act_half(a, bf16), act_half(a, bf16),
+                                       n);
+                snprintf(what, sizeof what, "add %s x + x n=%zu threads=%d", half_name(bf16), n,
+                         threads);
+                expect_same_halves(what, out, want_twice, n);
+                tr_cpu_add_forward_act(act_half(out, bf16), act_half(a, bf16), act_f32(b_f32), n);
+                snprintf(what, sizeof what, "add %s + fp32 n=%zu threads=%d", half_name(bf16), n,
+                         threads);
+                expect_same_halves(what, out, want_mixed, n);
+                tr_cpu_add_forward_act(act_f32(out32), act_half(a, bf16), act_half(b, bf16), n);
+                snprintf(what, sizeof what, "add %s into fp32 n=%zu threads=%d", half_name(bf16),
+                         n, threads);
+                expect_bitwise(what, out32, sum, n);
+                free(out), free(out32);
+            }
+            omp_set_num_threads(saved_threads);
+            free(a), free(b), free(a32), free(b32), free(b_f32), free(sum), free(twice);
+            free(mixed), free(want), free(want_twice), free(want_mixed);
+        }
+}
+
+Test(activations_16bit, gelu_forward_backward_bitwise)
+{
+    rng_t rng = {1502};
+    int saved_threads = omp_get_max_threads();
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (size_t s = 0; s < sizeof act_sizes / sizeof *act_sizes; s++) {
+            size_t n = act_sizes[s];
+            uint16_t *x = random_hvec(&rng, n, -6, 6, bf16, 1);
+            float *x32 = widened(x, n, bf16), *y32 = fvec(n);
+            float *dout = random_fvec(&rng, n, -1, 1), *pre = random_fvec(&rng, n, -1, 1);
+            tr_cpu_gelu_forward(y32, x32, n);
+            uint16_t *want = hvec(n);
+            tr_cpu_to_half(want, y32, n, bf16);
+            float *dwant = copy_fvec(pre, n); /* accumulated into nonzero gradients */
+            tr_cpu_gelu_backward(dwant, x32, dout, n);
+            for (int threads = 1; threads <= 2; threads++) {
+                omp_set_num_threads(threads);
+                char what[96];
+                uint16_t *y = hvec(n);
+                float *y_f32 = fvec(n), *dinp = copy_fvec(pre, n);
+                tr_cpu_gelu_forward_act(act_half(y, bf16), act_half(x, bf16), n);
+                snprintf(what, sizeof what, "gelu %s n=%zu threads=%d", half_name(bf16), n,
+                         threads);
+                expect_same_halves(what, y, want, n);
+                tr_cpu_gelu_forward_act(act_f32(y_f32), act_half(x, bf16), n);
+                snprintf(what, sizeof what, "gelu %s into fp32 n=%zu threads=%d",
+                         half_name(bf16), n, threads);
+                expect_bitwise(what, y_f32, y32, n);
+                tr_cpu_gelu_backward_act(dinp, act_half(x, bf16), dout, n);
+                snprintf(what, sizeof what, "gelu %s dinp n=%zu threads=%d", half_name(bf16), n,
+                         threads);
+                expect_bitwise(what, dinp, dwant, n);
+                tr_cpu_gelu_backward_act(NULL, act_half(x, bf16), dout, n); /* no gradient */
+                free(y), free(y_f32), free(dinp);
+            }
+            omp_set_num_threads(saved_threads);
+            free(x), free(x32), free(y32), free(dout), free(pre), free(want), free(dwant);
+        }
+}
+
+Test(activations_16bit, layernorm_forward_backward_bitwise)
+{
+    rng_t rng = {1503};
+    int saved_threads = omp_get_max_threads();
+    /* model widths, and one past the kernel's 1024-column row tile */
+    const int shapes[][2] = {{1, 48}, {7, 100}, {13, 384}, {5, 2048 + 37}};
+    const float eps = 1e-5f;
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            int N = shapes[s][0], C = shapes[s][1];
+            size_t n_x = (size_t)N * C;
+            uint16_t *x = random_hvec(&rng, n_x, -2, 3, bf16, 0); /* nonzero mean */
+            float *x32 = widened(x, n_x, bf16);
+            float *w = random_fvec(&rng, C, 0.5, 1.5), *b = random_fvec(&rng, C, -1, 1);
+            float *dout = random_fvec(&rng, n_x, -1, 1);
+            float *pre_x = random_fvec(&rng, n_x, -1, 1), *pre_w = random_fvec(&rng, C, -1, 1);
+            float *pre_b = random_fvec(&rng, C, -1, 1);
+            float *y32 = fvec(n_x), *mean = fvec(N), *rstd = fvec(N);
+            tr_cpu_layernorm_forward(y32, mean, rstd, x32, w, b, N, C, eps);
+            uint16_t *want = hvec(n_x);
+            tr_cpu_to_half(want, y32, n_x, bf16);
+            float *dx_want = copy_fvec(pre_x, n_x), *dw_want = copy_fvec(pre_w, C);
+            float *db_want = copy_fvec(pre_b, C);
+            tr_cpu_layernorm_backward(dx_want, dw_want, db_want, dout, x32, w, mean, rstd, N, C);
+            for (int threads = 1; threads <= 2; threads++) {
+                omp_set_num_threads(threads);
+                char what[96];
+                uint16_t *y = hvec(n_x);
+                float *y_f32 = fvec(n_x), *m = fvec(N), *r = fvec(N);
+                tr_cpu_layernorm_forward_act(act_half(y, bf16), m, r, act_half(x, bf16), w, b, N,
+                                             C, eps);
+                snprintf(what, sizeof what, "layernorm %s %dx%d threads=%d", half_name(bf16), N,
+                         C, threads);
+                expect_same_halves(what, y, want, n_x);
+                expect_bitwise(what, m, mean, N);
+                expect_bitwise(what, r, rstd, N);
+                tr_cpu_layernorm_forward_act(act_f32(y_f32), m, r, act_half(x, bf16), w, b, N, C,
+                                             eps);
+                snprintf(what, sizeof what, "layernorm %s into fp32 %dx%d threads=%d",
+                         half_name(bf16), N, C, threads);
+                expect_bitwise(what, y_f32, y32, n_x);
+
+                float *dx = copy_fvec(pre_x, n_x), *dw = copy_fvec(pre_w, C);
+                float *db = copy_fvec(pre_b, C);
+                tr_cpu_layernorm_backward_act(dx, dw, db, dout, act_half(x, bf16), w, mean, rstd,
+                                              N, C);
+                snprintf(what, sizeof what, "layernorm %s backward %dx%d threads=%d",
+                         half_name(bf16), N, C, threads);
+                expect_bitwise(what, dx, dx_want, n_x);
+                expect_bitwise(what, dw, dw_want, C);
+                expect_bitwise(what, db, db_want, C);
+                /* the weights' gradients alone (an input that needs none) */
+                float *only_w = copy_fvec(pre_w, C);
+                tr_cpu_layernorm_backward_act(NULL, only_w, NULL, dout, act_half(x, bf16), w, mean,
+                                              rstd, N, C);
+                expect_bitwise(what, only_w, dw_want, C);
+                free(y), free(y_f32), free(m), free(r), free(dx), free(dw), free(db);
+                free(only_w);
+            }
+            omp_set_num_threads(saved_threads);
+            free(x), free(x32), free(w), free(b), free(dout), free(pre_x), free(pre_w);
+            free(pre_b), free(y32), free(mean), free(rstd), free(want), free(dx_want);
+            free(dw_want), free(db_want);
+        }
+}
+
+/* ======================================================================== */
 /* RMSNorm                                                                   */
 /* ======================================================================== */
 

@@ -153,20 +153,11 @@ enum { CONVERT_BLOCK = 16384 };
 void tr_cpu_to_bf16(uint16_t *out, const float *in, size_t n)
 {
     size_t blocks = (n + CONVERT_BLOCK - 1) / CONVERT_BLOCK;
-    int vector = tr_cpu_avx512f();
 #pragma omp parallel for schedule(static) if (blocks > 1)
     for (size_t b = 0; b < blocks; b++) {
         size_t i0 = b * CONVERT_BLOCK, len = n - i0 < CONVERT_BLOCK ? n - i0 : CONVERT_BLOCK;
-#ifdef BF16_HAVE_AVX512
-        if (vector) {
-            to_bf16_avx512(out + i0, in + i0, len);
-            continue;
-        }
-#endif
-        for (size_t i = i0; i < i0 + len; i++)
-            out[i] = tr_f32_to_bf16(in[i]);
+        tr_cpu_to_bf16_serial(out + i0, in + i0, len);
     }
-    (void)vector;
 }
 
 void tr_cpu_to_bf16_serial(uint16_t *out, const float *in, size_t n)
@@ -179,6 +170,36 @@ void tr_cpu_to_bf16_serial(uint16_t *out, const float *in, size_t n)
 #endif
     for (size_t i = 0; i < n; i++)
         out[i] = tr_f32_to_bf16(in[i]);
+}
+
+/* One span on the calling thread, both ways: tr_cpu_from_half runs these on
+ * its blocks, and the kernels that read and write 16-bit activations on the
+ * tiles of their own parallel loops (kernels.h). */
+void tr_cpu_to_half_serial(uint16_t *out, const float *in, size_t n, int bf16)
+{
+    if (bf16) {
+        tr_cpu_to_bf16_serial(out, in, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        out[i] = tr_f32_to_f16(in[i]);
+}
+
+void tr_cpu_from_half_serial(float *out, const uint16_t *in, size_t n, int bf16)
+{
+    if (!bf16) {
+        for (size_t i = 0; i < n; i++)
+            out[i] = tr_f16_to_f32(in[i]);
+        return;
+    }
+#ifdef BF16_HAVE_AVX512
+    if (tr_cpu_avx512f()) {
+        from_bf16_avx512(out, in, n);
+        return;
+    }
+#endif
+    for (size_t i = 0; i < n; i++)
+        out[i] = tr_bf16_to_f32(in[i]);
 }
 
 void tr_cpu_to_half(uint16_t *out, const float *in, size_t n, int bf16)
@@ -194,25 +215,16 @@ void tr_cpu_to_half(uint16_t *out, const float *in, size_t n, int bf16)
 
 void tr_cpu_from_half(float *out, const uint16_t *in, size_t n, int bf16)
 {
-    /* 16-bit activations are widened here before every op that reads them
-     * (backend.c): per element through tr_bf16_to_f32 this took a sixth of a
-     * bf16 step's CPU time */
+    /* 16-bit activations are widened here before the ops that do not read
+     * them as stored (backend.c): per element through tr_bf16_to_f32 this
+     * took a sixth of a bf16 step's CPU time */
     if (bf16) {
         size_t blocks = (n + CONVERT_BLOCK - 1) / CONVERT_BLOCK;
-        int vector = tr_cpu_avx512f();
 #pragma omp parallel for schedule(static) if (blocks > 1)
         for (size_t b = 0; b < blocks; b++) {
             size_t i0 = b * CONVERT_BLOCK, len = n - i0 < CONVERT_BLOCK ? n - i0 : CONVERT_BLOCK;
-#ifdef BF16_HAVE_AVX512
-            if (vector) {
-                from_bf16_avx512(out + i0, in + i0, len);
-                continue;
-            }
-#endif
-            for (size_t i = i0; i < i0 + len; i++)
-                out[i] = tr_bf16_to_f32(in[i]);
+            tr_cpu_from_half_serial(out + i0, in + i0, len, 1);
         }
-        (void)vector;
         return;
     }
 #pragma omp parallel for schedule(static)

@@ -18,6 +18,30 @@ void tr_cpu_add_forward(float *out, const float *a, const float *b, size_t n)
         out[i] = a[i] + b[i];
 }
 
+/* Elements of a 16-bit operand widened at a time, on the stack (the *_act
+ * kernels); a multiple of GELU_VEC, so a tile of GELU's blocks stays whole. */
+enum { ACT_TILE = 512 };
+
+void tr_cpu_add_forward_act(struct tr_cpu_act out, struct tr_cpu_act a, struct tr_cpu_act b,
+                            size_t n)
+{
+    if (out.dtype == TR_F32 && a.dtype == TR_F32 && b.dtype == TR_F32) {
+        tr_cpu_add_forward(out.data, a.data, b.data, n);
+        return;
+    }
+    size_t tiles = (n + ACT_TILE - 1) / ACT_TILE;
+#pragma omp parallel for schedule(static)
+    for (size_t t = 0; t < tiles; t++) {
+        float abuf[ACT_TILE], bbuf[ACT_TILE], ybuf[ACT_TILE];
+        size_t i0 = t * ACT_TILE, len = n - i0 < ACT_TILE ? n - i0 : ACT_TILE;
+        const float *x = tr_cpu_act_read(a, i0, len, abuf), *z = tr_cpu_act_read(b, i0, len, bbuf);
+        float *y = tr_cpu_act_dst(out, i0, ybuf);
+        for (size_t i = 0; i < len; i++)
+            y[i] = x[i] + z[i];
+        tr_cpu_act_write(out, i0, len, y);
+    }
+}
+
 /* da and db may be the same buffer (x + x): both updates then land in it. */
 void tr_cpu_add_backward(float *da, float *db, const float *dout, size_t n)
 {
@@ -258,6 +282,7 @@ float tr_cpu_exp_shifted(float *x, int n, float shift)
 struct ew_arrays {
     float *out, *out2;
     const float *in, *in2, *in3;
+    struct tr_cpu_act act_out, act_in; /* the *_act kernels' operands as stored */
 };
 typedef void ew_blocks_fn(const struct ew_arrays *a, size_t i0, size_t n, int avx2);
 
@@ -337,6 +362,80 @@ void tr_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size
         float x[GELU_VEC] = {0}, g[GELU_VEC] = {0}, d[GELU_VEC] = {0};
         for (size_t i = full; i < n; i++) {
             x[i - full] = inp[i];
+            g[i - full] = dout[i];
+            d[i - full] = dinp[i];
+        }
+        gelu_backward_blocks(&(struct ew_arrays){.out = d, .in = x, .in2 = g}, 0, GELU_VEC, avx2);
+        for (size_t i = full; i < n; i++)
+            dinp[i] = d[i - full];
+    }
+}
+
+/* GELU on activations as stored: each span of the fp32 driver runs in
+ * tiles, the 16-bit input widened into a stack buffer and a 16-bit output
+ * narrowed from one, through the same blocks (the same vector path, and the
+ * tail padded the same way), so every value is the fp32 kernel's. */
+static void gelu_forward_act_blocks(const struct ew_arrays *a, size_t i0, size_t n, int avx2)
+{
+    float x[ACT_TILE], y[ACT_TILE];
+    for (size_t i = i0; i < i0 + n; i += ACT_TILE) {
+        size_t len = i0 + n - i < ACT_TILE ? i0 + n - i : ACT_TILE;
+        struct ew_arrays t = {.out = tr_cpu_act_dst(a->act_out, i, y),
+                              .in = tr_cpu_act_read(a->act_in, i, len, x)};
+        gelu_forward_blocks(&t, 0, len, avx2);
+        tr_cpu_act_write(a->act_out, i, len, t.out);
+    }
+}
+
+static void gelu_backward_act_blocks(const struct ew_arrays *a, size_t i0, size_t n, int avx2)
+{
+    float x[ACT_TILE];
+    for (size_t i = i0; i < i0 + n; i += ACT_TILE) {
+        size_t len = i0 + n - i < ACT_TILE ? i0 + n - i : ACT_TILE;
+        struct ew_arrays t = {.out = a->out + i, .in = tr_cpu_act_read(a->act_in, i, len, x),
+                              .in2 = a->in2 + i};
+        gelu_backward_blocks(&t, 0, len, avx2);
+    }
+}
+
+void tr_cpu_gelu_forward_act(struct tr_cpu_act out, struct tr_cpu_act inp, size_t n)
+{
+    if (out.dtype == TR_F32 && inp.dtype == TR_F32) {
+        tr_cpu_gelu_forward(out.data, inp.data, n);
+        return;
+    }
+    int avx2 = gelu_use_avx2();
+    size_t full = n / GELU_VEC * GELU_VEC;
+    ew_run_blocks(gelu_forward_act_blocks, &(struct ew_arrays){.act_out = out, .act_in = inp},
+                  full, avx2);
+    if (full < n) { /* the tail, padded to one block as tr_cpu_gelu_forward pads it */
+        float x[GELU_VEC] = {0}, y[GELU_VEC];
+        const float *tail = tr_cpu_act_read(inp, full, n - full, y);
+        for (size_t i = full; i < n; i++)
+            x[i - full] = tail[i - full];
+        gelu_forward_blocks(&(struct ew_arrays){.out = y, .in = x}, 0, GELU_VEC, avx2);
+        tr_cpu_act_write(out, full, n - full, y);
+    }
+}
+
+void tr_cpu_gelu_backward_act(float *dinp, struct tr_cpu_act inp, const float *dout, size_t n)
+{
+    if (inp.dtype == TR_F32) {
+        tr_cpu_gelu_backward(dinp, inp.data, dout, n);
+        return;
+    }
+    if (dinp == NULL)
+        return;
+    int avx2 = gelu_use_avx2();
+    size_t full = n / GELU_VEC * GELU_VEC;
+    ew_run_blocks(gelu_backward_act_blocks,
+                  &(struct ew_arrays){.out = dinp, .in2 = dout, .act_in = inp}, full, avx2);
+    if (full < n) {
+        float x[GELU_VEC] = {0}, g[GELU_VEC] = {0}, d[GELU_VEC] = {0};
+        const float *tail = tr_cpu_act_read(inp, full, n - full, d);
+        for (size_t i = full; i < n; i++)
+            x[i - full] = tail[i - full];
+        for (size_t i = full; i < n; i++) {
             g[i - full] = dout[i];
             d[i - full] = dinp[i];
         }

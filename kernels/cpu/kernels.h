@@ -74,6 +74,53 @@ void tr_cpu_to_bf16(uint16_t *out, const float *in, size_t n);
 /* The same on the calling thread alone, for small arrays inside a parallel
  * region (attention's probability blocks) */
 void tr_cpu_to_bf16_serial(uint16_t *out, const float *in, size_t n);
+/* tr_cpu_to_half and tr_cpu_from_half (host.h) on the calling thread alone,
+ * for the tiles of a kernel's own parallel loop; the same bits (bf16 16
+ * lanes at a time where tr_cpu_avx512f(), fp16 per element). */
+void tr_cpu_to_half_serial(uint16_t *out, const float *in, size_t n, int bf16);
+void tr_cpu_from_half_serial(float *out, const uint16_t *in, size_t n, int bf16);
+
+/* ---- activations as stored.  Under a 16-bit compute dtype the planner
+ * stores activations in bf16 or fp16 (backend.c).  The *_act kernels take
+ * such an operand as it is: its data with its dtype, TR_F32, or TR_BF16 /
+ * TR_F16 bit patterns as tr_f32_to_bf16 / tr_f32_to_f16 make them.  They
+ * widen 16-bit inputs tile by tile as they go, compute exactly as the fp32
+ * kernel does on those values, and round a 16-bit output once as
+ * tr_cpu_to_half does: bit for bit the fp32 kernel run between
+ * tr_cpu_from_half and tr_cpu_to_half, without those two passes over
+ * memory.  Gradients, weights and saved statistics stay fp32 pointers. */
+struct tr_cpu_act {
+    void *data; /* only read, where the operand is an input */
+    enum tr_dtype dtype;
+};
+
+/* For those kernels: the fp32 values of elements [i, i+n) of a, the stored
+ * floats themselves or widened into buf (n floats) */
+static inline const float *tr_cpu_act_read(struct tr_cpu_act a, size_t i, size_t n, float *buf)
+{
+    if (a.dtype == TR_F32)
+        return (const float *)a.data + i;
+    tr_cpu_from_half_serial(buf, (const uint16_t *)a.data + i, n, a.dtype == TR_BF16);
+    return buf;
+}
+
+/* where fp32 results for elements i... of a go: a's own floats, or buf
+ * (then stored by tr_cpu_act_write) */
+static inline float *tr_cpu_act_dst(struct tr_cpu_act a, size_t i, float *buf)
+{
+    return a.dtype == TR_F32 ? (float *)a.data + i : buf;
+}
+
+/* stores the fp32 results y of elements [i, i+n) into a: rounded where a is
+ * 16-bit, copied unless y already is a's own floats */
+static inline void tr_cpu_act_write(struct tr_cpu_act a, size_t i, size_t n, const float *y)
+{
+    if (a.dtype != TR_F32)
+        tr_cpu_to_half_serial((uint16_t *)a.data + i, y, n, a.dtype == TR_BF16);
+    else if (y != (float *)a.data + i)
+        for (size_t k = 0; k < n; k++)
+            ((float *)a.data)[i + k] = y[k];
+}
 
 /* ---- linear: out[N,OC] = inp[N,IC] @ w[OC,IC]^T + bias[OC] (bias may be NULL) */
 void tr_cpu_linear_forward(float *out, const float *inp, const float *w, const float *bias, int N,
@@ -122,6 +169,9 @@ void tr_cpu_add_rows_backward(float *dx, float *dp, const float *dout, int B, in
 /* ---- elementwise add: out = a + b */
 void tr_cpu_add_forward(float *out, const float *a, const float *b, size_t n);
 void tr_cpu_add_backward(float *da, float *db, const float *dout, size_t n);
+/* the same forward on activations as stored (any mix of dtypes) */
+void tr_cpu_add_forward_act(struct tr_cpu_act out, struct tr_cpu_act a, struct tr_cpu_act b,
+                            size_t n);
 
 /* ---- layernorm over the last dim C; saves mean[N] and rstd[N] for backward */
 void tr_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
@@ -129,6 +179,14 @@ void tr_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float 
 void tr_cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
                                const float *inp, const float *w, const float *mean,
                                const float *rstd, int N, int C);
+/* the same with the input and the output as stored (w, b, the statistics and
+ * the gradients fp32) */
+void tr_cpu_layernorm_forward_act(struct tr_cpu_act out, float *mean, float *rstd,
+                                  struct tr_cpu_act inp, const float *w, const float *b, int N,
+                                  int C, float eps);
+void tr_cpu_layernorm_backward_act(float *dinp, float *dw, float *db, const float *dout,
+                                   struct tr_cpu_act inp, const float *w, const float *mean,
+                                   const float *rstd, int N, int C);
 
 /* ---- RMSNorm over the last dim C: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps);
  * saves rstd[N] for backward.  Backward scratch: the partial sums of dw
@@ -153,6 +211,9 @@ void tr_cpu_rope_backward(float *dinp, const float *dout, float *scratch, int B,
 /* ---- activations */
 void tr_cpu_gelu_forward(float *out, const float *inp, size_t n); /* tanh form */
 void tr_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+/* the same with the input (and forward's output) as stored */
+void tr_cpu_gelu_forward_act(struct tr_cpu_act out, struct tr_cpu_act inp, size_t n);
+void tr_cpu_gelu_backward_act(float *dinp, struct tr_cpu_act inp, const float *dout, size_t n);
 void tr_cpu_relu_forward(float *out, const float *inp, size_t n);
 /* x[i] = exp(x[i] - shift) for i < n, returning their sum (softmax rows).
  * Vectorised like GELU; about 1 ulp; arguments below -87 give ~1e-38, not 0. */
