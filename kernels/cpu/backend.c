@@ -51,6 +51,12 @@ static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes)
 #define OUT (&g->tensors[n->out])
 #define AUX(i) ((float *)g->tensors[n->aux[i]].data)
 
+/* a tensor as the *_act kernels take it: its data as stored, with its dtype */
+static struct tr_cpu_act act(const struct tr_tensor *t)
+{
+    return (struct tr_cpu_act){t->data, t->dtype};
+}
+
 static int rows(const struct tr_tensor *t) { return (int)(t->numel / (size_t)t->shape[t->ndim - 1]); }
 static int cols(const struct tr_tensor *t) { return (int)t->shape[t->ndim - 1]; }
 
@@ -228,7 +234,7 @@ static void cpu_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
                                 (int)T(0)->shape[2]);
         break;
     case TR_OP_ADD:
-        tr_cpu_add_forward(F(OUT), F(T(0)), F(T(1)), OUT->numel);
+        tr_cpu_add_forward_act(act(OUT), act(T(0)), act(T(1)), OUT->numel);
         break;
     case TR_OP_LINEAR: {
         if (native_bf16(g)) {
@@ -263,11 +269,11 @@ static void cpu_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
         break;
     }
     case TR_OP_LAYERNORM:
-        tr_cpu_layernorm_forward(F(OUT), AUX(0), AUX(1), F(T(0)), F(T(1)), F(T(2)), rows(T(0)),
-                                 cols(T(0)), n->eps);
+        tr_cpu_layernorm_forward_act(act(OUT), AUX(0), AUX(1), act(T(0)), F(T(1)), F(T(2)),
+                                     rows(T(0)), cols(T(0)), n->eps);
         break;
     case TR_OP_GELU:
-        tr_cpu_gelu_forward(F(OUT), F(T(0)), OUT->numel);
+        tr_cpu_gelu_forward_act(act(OUT), act(T(0)), OUT->numel);
         break;
     case TR_OP_RELU:
         tr_cpu_relu_forward(F(OUT), F(T(0)), OUT->numel);
@@ -397,11 +403,11 @@ static void cpu_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
         break;
     }
     case TR_OP_LAYERNORM:
-        tr_cpu_layernorm_backward(T(0)->grad, T(1)->grad, T(2)->grad, dout, F(T(0)), F(T(1)),
-                                  AUX(0), AUX(1), rows(T(0)), cols(T(0)));
+        tr_cpu_layernorm_backward_act(T(0)->grad, T(1)->grad, T(2)->grad, dout, act(T(0)),
+                                      F(T(1)), AUX(0), AUX(1), rows(T(0)), cols(T(0)));
         break;
     case TR_OP_GELU:
-        tr_cpu_gelu_backward(T(0)->grad, F(T(0)), dout, OUT->numel);
+        tr_cpu_gelu_backward_act(T(0)->grad, act(T(0)), dout, OUT->numel);
         break;
     case TR_OP_RELU:
         tr_cpu_relu_backward(T(0)->grad, F(T(0)), dout, OUT->numel);
@@ -509,28 +515,66 @@ static int64_t cpu_count_correct(void *ctx, const float *logits, const int32_t *
 
 /* ---- 16-bit activation storage ---------------------------------------------
  * Under a 16-bit compute dtype the planner stores activations in it
- * (core/engine/graph.c, plan_storage).  The kernels above compute in fp32,
- * so a node with 16-bit tensors runs on fp32 copies: its 16-bit inputs (and,
- * in backward, its output where the op's backward reads it) are widened into
- * the start of scratch, the node's tensors point at the copies for the call
- * (their dtype saying fp32 meanwhile) and the kernel sees the scratch after
- * them, and forward rounds the fp32 result into the output's 16-bit storage.
- * Every op runs so, whatever it is (the convolutional ones too): a stored
- * activation is its fp32 result rounded once to the storage dtype, on the
- * native and the emulated GEMM paths alike.  Only linear and matmul on the
- * native bf16 path read bf16 inputs as they are (bf16_of): they would
- * convert them to bf16 anyway; so does attention there (q, k and v into
- * bf16 products, attention_bf16).  Gradients and saved aux stay fp32. */
+ * (core/engine/graph.c, plan_storage).  Gradients and saved aux stay fp32.
+ * A stored activation is always its op's fp32 result rounded once to the
+ * storage dtype, on the native and the emulated GEMM paths alike.
+ *
+ * Some ops take their 16-bit tensors as stored (native_half):
+ *  - add, GELU and layer norm read their 16-bit activations and write their
+ *    16-bit output themselves, in bf16 and fp16 (the *_act kernels,
+ *    kernels.h: fp32 arithmetic on values widened tile by tile in cache,
+ *    the result rounded once).  Cheap ops over whole activations: separate
+ *    passes to widen and round would cost more than the op;
+ *  - on the native bf16 path, linear and matmul read bf16 inputs as they
+ *    are (bf16_of): they would convert them to bf16 anyway; so does
+ *    attention (q, k and v into bf16 products, attention_bf16).
+ * Every other op (the convolutional ones too), and linear, matmul and
+ * attention off the native bf16 path, runs on fp32 copies: its 16-bit
+ * inputs (and, in backward, its output where the op's backward reads it)
+ * are widened into the start of scratch, the node's tensors point at the
+ * copies for the call (their dtype saying fp32 meanwhile) and the kernel
+ * sees the scratch after them, and forward rounds the fp32 result into the
+ * output's 16-bit storage.  Backward copies only what it reads: not the
+ * output where the op's backward needs none (backward_skips_output), nor
+ * the inputs of an op whose gradients need only dout
+ * (backward_skips_inputs). */
 
 static int is_half(enum tr_dtype d) { return d == TR_BF16 || d == TR_F16; }
 
-/* in[k] is read in its 16-bit storage by the op itself */
-static int reads_half(const struct tr_graph *g, const struct tr_node *n, int k)
+/* The op's kernels read in[k] (k < n_in), or write and read its output
+ * (k == n_in), in its 16-bit storage themselves, forward and backward: no
+ * fp32 copy.  Asked only of 16-bit tensors; an operand the op's kernels
+ * take as fp32 (layer norm's weight and bias) must not be listed. */
+static int native_half(const struct tr_graph *g, const struct tr_node *n, int k)
 {
-    if (n->op == TR_OP_ATTENTION) /* q, k, v; its output still goes through a copy */
+    switch (n->op) {
+    case TR_OP_ADD:
+    case TR_OP_GELU: /* every operand, any mix of dtypes */
+        return 1;
+    case TR_OP_LAYERNORM: /* the input and the output */
+        return k == 0 || k == n->n_in;
+    case TR_OP_LINEAR:
+    case TR_OP_MATMUL: /* the two GEMM operands; the GEMM's output is fp32 */
+        return k < 2 && k < n->n_in && native_bf16(g) && T(k)->dtype == TR_BF16;
+    case TR_OP_ATTENTION: /* q, k, v; its output still goes through a copy */
         return k < n->n_in && attention_bf16(g, n);
-    return (n->op == TR_OP_LINEAR || n->op == TR_OP_MATMUL) && k < 2 && native_bf16(g) &&
-           T(k)->dtype == TR_BF16;
+    default:
+        return 0;
+    }
+}
+
+/* Ops whose backward reads none of its inputs' values, only dout (and
+ * shapes): their 16-bit inputs get no fp32 copy there.  An op not listed
+ * gets them.  (Embedding's backward reads its int32 indices.) */
+static int backward_skips_inputs(enum tr_op op)
+{
+    switch (op) {
+    case TR_OP_ADD: case TR_OP_ADD_ROWS: case TR_OP_SCALE: case TR_OP_ROPE: case TR_OP_AVGPOOL:
+    case TR_OP_GLOBAL_AVGPOOL:
+        return 1;
+    default:
+        return 0;
+    }
 }
 
 /* Ops whose backward does not read their output (attention's does: the
@@ -563,8 +607,9 @@ static void fp32_copies(const struct tr_graph *g, const struct tr_node *n, int b
     c->n = 0;
     for (int k = 0; k <= n->n_in && k < 4; k++) {
         int out = k == n->n_in, id = out ? n->out : n->in[k];
-        if (!is_half(g->tensors[id].dtype) || (!out && reads_half(g, n, k)) ||
-            (out && backward && backward_skips_output(n->op)))
+        if (!is_half(g->tensors[id].dtype) || native_half(g, n, k))
+            continue;
+        if (backward && (out ? backward_skips_output(n->op) : backward_skips_inputs(n->op)))
             continue;
         int seen = 0;
         for (int i = 0; i < c->n; i++)
@@ -599,7 +644,7 @@ static void run_node(void *ctx, struct tr_graph *g, const struct tr_node *n, int
 {
     struct fp32_copies c;
     fp32_copies(g, n, backward, &c);
-    if (c.n == 0) { /* all fp32, or read as stored */
+    if (c.n == 0) { /* all fp32, or taken as stored */
         if (backward)
             cpu_backward(ctx, g, n);
         else
@@ -649,7 +694,8 @@ static void cpu_node_backward(void *ctx, struct tr_graph *g, const struct tr_nod
 }
 
 /* Every op of the vocabulary, on fp32 tensors (int32 for indices and
- * targets), activations also in bf16 or fp16 (run on fp32 copies, above). */
+ * targets), activations also in bf16 or fp16 (taken as stored or run on
+ * fp32 copies, above). */
 static int cpu_supports_op(void *ctx, const struct tr_graph *g, const struct tr_node *n)
 {
     (void)ctx;
