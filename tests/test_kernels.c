@@ -2058,6 +2058,99 @@ Test(attention_gqa, grouped_equals_repeated_heads)
     free(dk_r), free(dv_r), free(dk_sum), free(dv_sum);
 }
 
+/* ---- attention under native bf16 ------------------------------------------ */
+
+/* The bf16 form reads q, k, v as bf16 bits and multiplies in bf16 (P, dS and
+ * dout rounded for the products, fp32 sums): against fp32 attention on the
+ * same bf16-rounded inputs within what those roundings allow, every wanted
+ * gradient, for the packed and the grouped form; the same bits for 1, 2, 3
+ * and 8 threads (8 takes the split backward for one sequence), and the
+ * grouped form with KV = H gives the packed form's bits. */
+static void check_attention_bf16(rng_t *rng, int B, int T, int H, int KV, int D)
+{
+    size_t n_q = (size_t)B * T * H * D, n_kv = (size_t)B * T * KV * D, n_lse = (size_t)B * H * T;
+    float *q = random_fvec(rng, n_q, -1.5, 1.5), *k = random_fvec(rng, n_kv, -1.5, 1.5);
+    float *v = random_fvec(rng, n_kv, -1.5, 1.5), *R = random_fvec(rng, n_q, -1, 1);
+    float *qr = bf16_rounded_vec(q, n_q), *kr = bf16_rounded_vec(k, n_kv);
+    float *vr = bf16_rounded_vec(v, n_kv);
+    uint16_t *q16 = to_bf16_vec(q, n_q), *k16 = to_bf16_vec(k, n_kv), *v16 = to_bf16_vec(v, n_kv);
+    /* fp32 on the rounded numbers */
+    float *want = fvec(n_q), *want_lse = fvec(n_lse);
+    float *scratch = fvec(tr_cpu_attention_gqa_bf16_scratch_floats(B, T, H, KV, D) +
+                          tr_cpu_attention_gqa_scratch_floats(B, T, H, KV, D));
+    float *wdq = fvec(n_q), *wdk = fvec(n_kv), *wdv = fvec(n_kv);
+    tr_cpu_attention_gqa_forward(want, want_lse, qr, kr, vr, B, T, H, KV, D);
+    tr_cpu_attention_gqa_backward(wdq, wdk, wdv, scratch, R, want, qr, kr, vr, want_lse, B, T, H,
+                                  KV, D);
+    int saved = omp_get_max_threads();
+    const int threads[] = {1, 2, 3, 8};
+    float *out[4], *lse[4], *dq[4], *dk[4], *dv[4];
+    for (int t = 0; t < 4; t++) {
+        omp_set_num_threads(threads[t]);
+        out[t] = fvec(n_q), lse[t] = fvec(n_lse), dq[t] = fvec(n_q), dk[t] = fvec(n_kv);
+        dv[t] = fvec(n_kv);
+        tr_cpu_attention_gqa_forward_bf16(out[t], lse[t], q16, k16, v16, B, T, H, KV, D);
+        tr_cpu_attention_gqa_backward_bf16(dq[t], dk[t], dv[t], scratch, R, out[t], q16, k16, v16,
+                                           lse[t], B, T, H, KV, D);
+    }
+    omp_set_num_threads(saved);
+    /* P rounded to 8 bits before it meets v: out and lse to about 1e-2 of
+     * their scale, the gradients (dS and dout rounded too) to 2e-2 */
+    expect_close_ff("bf16 attention out vs fp32", out[0], want, n_q, 1e-2);
+    expect_close_ff("bf16 attention lse vs fp32", lse[0], want_lse, n_lse, 1e-2);
+    expect_close_ff("bf16 attention dq vs fp32", dq[0], wdq, n_q, 2e-2);
+    expect_close_ff("bf16 attention dk vs fp32", dk[0], wdk, n_kv, 2e-2);
+    expect_close_ff("bf16 attention dv vs fp32", dv[0], wdv, n_kv, 2e-2);
+    for (int t = 1; t < 4; t++) {
+        expect_bitwise("bf16 attention out, threads", out[t], out[0], n_q);
+        expect_bitwise("bf16 attention lse, threads", lse[t], lse[0], n_lse);
+        expect_bitwise("bf16 attention dq, threads", dq[t], dq[0], n_q);
+        expect_bitwise("bf16 attention dk, threads", dk[t], dk[0], n_kv);
+        expect_bitwise("bf16 attention dv, threads", dv[t], dv[0], n_kv);
+    }
+    /* the packed form on the same numbers, where KV = H */
+    if (KV == H) {
+        int C = H * D;
+        size_t rows = (size_t)B * T;
+        uint16_t *qkv = malloc(3 * n_q * sizeof *qkv);
+        cr_assert(qkv != NULL, "out of memory");
+        for (size_t r = 0; r < rows; r++) {
+            memcpy(qkv + r * 3 * C, q16 + r * C, C * sizeof *qkv);
+            memcpy(qkv + r * 3 * C + C, k16 + r * C, C * sizeof *qkv);
+            memcpy(qkv + r * 3 * C + 2 * C, v16 + r * C, C * sizeof *qkv);
+        }
+        float *po = fvec(n_q), *plse = fvec(n_lse), *dqkv = fvec(3 * n_q);
+        float *pscratch = fvec(tr_cpu_attention_bf16_scratch_floats(B, T, C, H));
+        tr_cpu_attention_forward_bf16(po, plse, qkv, B, T, C, H);
+        tr_cpu_attention_backward_bf16(dqkv, pscratch, R, po, qkv, plse, B, T, C, H);
+        expect_bitwise("bf16 packed out vs grouped", po, out[0], n_q);
+        expect_bitwise("bf16 packed lse vs grouped", plse, lse[0], n_lse);
+        for (size_t r = 0; r < rows; r++) {
+            expect_bitwise("bf16 packed dq vs grouped", dqkv + r * 3 * C, dq[0] + r * C, C);
+            expect_bitwise("bf16 packed dk vs grouped", dqkv + r * 3 * C + C, dk[0] + r * C, C);
+            expect_bitwise("bf16 packed dv vs grouped", dqkv + r * 3 * C + 2 * C, dv[0] + r * C, C);
+        }
+        free(qkv), free(po), free(plse), free(dqkv), free(pscratch);
+    }
+    for (int t = 0; t < 4; t++)
+        free(out[t]), free(lse[t]), free(dq[t]), free(dk[t]), free(dv[t]);
+    free(q), free(k), free(v), free(R), free(qr), free(kr), free(vr), free(q16), free(k16);
+    free(v16), free(want), free(want_lse), free(scratch), free(wdq), free(wdk), free(wdv);
+}
+
+Test(attention_bf16, vs_fp32_on_rounded_inputs_any_thread_count)
+{
+    need_gemm_bf16();
+    rng_t rng = {915};
+    /* B, T, H, KV, D: one row, one block, past one and two blocks; grouped
+     * and multi-query; D odd and not a multiple of 16 */
+    const int shapes[][5] = {{1, 1, 2, 2, 8},   {2, 9, 4, 4, 6},   {2, 70, 3, 3, 16},
+                             {1, 150, 4, 1, 8}, {1, 130, 6, 2, 5}, {2, 64, 4, 2, 32}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        check_attention_bf16(&rng, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3],
+                             shapes[s][4]);
+}
+
 /* ======================================================================== */
 /* cross-entropy and softmax                                                 */
 /* ======================================================================== */
