@@ -628,6 +628,46 @@ Test(gemm_bf16, linear_forward_backward_vs_fp32_and_emulated)
     free(dinp32), free(dw32), free(dinp_e), free(dw_e);
 }
 
+/* The forward that rounds its output to bf16 tile by tile gives, for any
+ * thread count, the bits of the fp32 forward rounded afterwards (what the
+ * backend stored before), and leaves those fp32 results in its scratch;
+ * with and without a bias, over one tile and over a grid of them. */
+Test(gemm_bf16, linear_forward_out16_is_the_rounded_forward)
+{
+    need_gemm_bf16();
+    rng_t rng = {116};
+    const int shapes[][3] = {{1, 8, 3}, {37, 96, 200}, {1300, 64, 700}};
+    int saved_threads = omp_get_max_threads();
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int N = shapes[s][0], IC = shapes[s][1], OC = shapes[s][2];
+        size_t n_in = (size_t)N * IC, n_w = (size_t)OC * IC, n_out = (size_t)N * OC;
+        float *inp = random_fvec(&rng, n_in, -1, 1), *w = random_fvec(&rng, n_w, -1, 1);
+        float *bias = random_fvec(&rng, OC, -1, 1);
+        uint16_t *inp_h = to_bf16_vec(inp, n_in), *w_h = to_bf16_vec(w, n_w);
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            float *out = fvec(n_out);
+            tr_cpu_linear_forward_bf16(out, inp_h, w_h, with_bias ? bias : NULL, N, IC, OC);
+            uint16_t *want = to_bf16_vec(out, n_out);
+            for (int t = 1; t <= 3; t++) {
+                omp_set_num_threads(t);
+                uint16_t *got = malloc(n_out * sizeof *got);
+                float *scratch = fvec(n_out);
+                cr_assert(got != NULL, "out of memory");
+                tr_cpu_linear_forward_bf16_out16(got, scratch, inp_h, w_h,
+                                                 with_bias ? bias : NULL, N, IC, OC);
+                cr_assert(memcmp(got, want, n_out * sizeof *got) == 0,
+                          "%dx%dx%d bias %d, %d threads: the bf16 output is not the forward "
+                          "rounded", N, IC, OC, with_bias, t);
+                expect_bitwise("out16's fp32 results", scratch, out, n_out);
+                free(got), free(scratch);
+            }
+            omp_set_num_threads(saved_threads);
+            free(out), free(want);
+        }
+        free(inp), free(w), free(bias), free(inp_h), free(w_h);
+    }
+}
+
 /* ======================================================================== */
 /* linear                                                                    */
 /* ======================================================================== */

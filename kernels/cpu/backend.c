@@ -93,6 +93,15 @@ static int native_bf16(const struct tr_graph *g)
     return g->compute == TR_BF16 && tr_cpu_bf16_native_isa() != NULL;
 }
 
+/* A linear node on the native bf16 path whose output is stored in bf16:
+ * its forward rounds each tile of the output into storage as the tile is
+ * computed (tr_cpu_linear_forward_bf16_out16) instead of run_node rounding
+ * the whole fp32 output in a pass of its own. */
+static int linear_out16(const struct tr_graph *g, const struct tr_node *n)
+{
+    return n->op == TR_OP_LINEAR && native_bf16(g) && g->tensors[n->out].dtype == TR_BF16;
+}
+
 /* floats of scratch that hold n bf16 values, in whole 64-byte lines */
 static size_t bf16_floats(size_t n) { return ((n + 31) & ~(size_t)31) / 2; }
 
@@ -192,7 +201,8 @@ static size_t cpu_scratch_floats(void *ctx, const struct tr_graph *g, const stru
 {
     (void)ctx;
     if ((n->op == TR_OP_LINEAR || n->op == TR_OP_MATMUL) && native_bf16(g)) /* in bf16 */
-        return bf16_floats(T(0)->numel) + bf16_floats(T(1)->numel) + bf16_floats(OUT->numel);
+        return bf16_floats(T(0)->numel) + bf16_floats(T(1)->numel) + bf16_floats(OUT->numel) +
+               (linear_out16(g, n) ? OUT->numel : 0); /* the fp32 results on their way */
     if ((n->op == TR_OP_LINEAR || n->op == TR_OP_MATMUL) && half_gemm(g)) /* x, w, dout rounded */
         return T(0)->numel + T(1)->numel + OUT->numel;
     if (n->op == TR_OP_CONV2D) { /* 16-bit copies, reordered weights, oneDNN's scratchpads */
@@ -239,8 +249,16 @@ static void cpu_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
     case TR_OP_LINEAR: {
         if (native_bf16(g)) {
             struct bf16_operands o = bf16_inputs(g, n, NULL);
-            tr_cpu_linear_forward_bf16(F(OUT), o.a, o.b, n->n_in == 3 ? F(T(2)) : NULL,
-                                       rows(T(0)), cols(T(0)), (int)T(1)->shape[0]);
+            const float *bias = n->n_in == 3 ? F(T(2)) : NULL;
+            if (linear_out16(g, n)) /* rounded into storage tile by tile */
+                tr_cpu_linear_forward_bf16_out16(
+                    (uint16_t *)OUT->data,
+                    g->scratch + bf16_floats(T(0)->numel) + bf16_floats(T(1)->numel) +
+                        bf16_floats(OUT->numel),
+                    o.a, o.b, bias, rows(T(0)), cols(T(0)), (int)T(1)->shape[0]);
+            else
+                tr_cpu_linear_forward_bf16(F(OUT), o.a, o.b, bias, rows(T(0)), cols(T(0)),
+                                           (int)T(1)->shape[0]);
             break;
         }
         const float *x = F(T(0)), *w = F(T(1));
@@ -527,7 +545,9 @@ static int64_t cpu_count_correct(void *ctx, const float *logits, const int32_t *
  *    passes to widen and round would cost more than the op;
  *  - on the native bf16 path, linear and matmul read bf16 inputs as they
  *    are (bf16_of): they would convert them to bf16 anyway; so does
- *    attention (q, k and v into bf16 products, attention_bf16).
+ *    attention (q, k and v into bf16 products, attention_bf16).  Linear
+ *    there also rounds its bf16 output into storage itself, tile by tile
+ *    (linear_out16).
  * Every other op (the convolutional ones too), and linear, matmul and
  * attention off the native bf16 path, runs on fp32 copies: its 16-bit
  * inputs (and, in backward, its output where the op's backward reads it)
@@ -553,7 +573,10 @@ static int native_half(const struct tr_graph *g, const struct tr_node *n, int k)
         return 1;
     case TR_OP_LAYERNORM: /* the input and the output */
         return k == 0 || k == n->n_in;
-    case TR_OP_LINEAR:
+    case TR_OP_LINEAR: /* the two GEMM operands, and a bf16 output (linear_out16) */
+        if (k == n->n_in)
+            return linear_out16(g, n);
+        return k < 2 && native_bf16(g) && T(k)->dtype == TR_BF16;
     case TR_OP_MATMUL: /* the two GEMM operands; the GEMM's output is fp32 */
         return k < 2 && k < n->n_in && native_bf16(g) && T(k)->dtype == TR_BF16;
     case TR_OP_ATTENTION: /* q, k, v; its output still goes through a copy */
