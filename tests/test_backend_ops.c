@@ -1250,10 +1250,18 @@ static void whole_cnn(enum tr_dtype compute, double tolerance)
     tr_backend_close(&cuda);
 }
 
+/* bf16 models with attention: 1e-2, five bf16 roundings (2^-9 each).  On a
+ * CPU with native bf16 the CPU's attention multiplies in bf16 (P, dS and
+ * dout rounded for its products, as bf16 flash-attention kernels do) where
+ * the CUDA kernel keeps them fp32, and the gradients differ by up to
+ * 7.1e-3 (GPT, h.0.mlp.c_fc.weight) and 8.7e-3 (Llama,
+ * layers.0.input_layernorm.weight) of their scale; before, with both in
+ * fp32, 2e-3 held.  A wrong kernel is off by O(1).  The CNN has no
+ * attention and keeps 2e-3. */
 Test(whole_model, tiny_gpt_fp32, .init = environment) { whole_model(TR_F32, 1e-4); }
-Test(whole_model, tiny_gpt_bf16_gemm_inputs, .init = environment) { whole_model(TR_BF16, 2e-3); }
+Test(whole_model, tiny_gpt_bf16_gemm_inputs, .init = environment) { whole_model(TR_BF16, 1e-2); }
 Test(whole_model, tiny_llama_fp32, .init = environment) { whole_llama(TR_F32, 1e-4); }
-Test(whole_model, tiny_llama_bf16_gemm_inputs, .init = environment) { whole_llama(TR_BF16, 2e-3); }
+Test(whole_model, tiny_llama_bf16_gemm_inputs, .init = environment) { whole_llama(TR_BF16, 1e-2); }
 Test(whole_model, tiny_cnn_fp32, .init = environment) { whole_cnn(TR_F32, 1e-4); }
 Test(whole_model, tiny_cnn_bf16_gemm_inputs, .init = environment) { whole_cnn(TR_BF16, 2e-3); }
 
