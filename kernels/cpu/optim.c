@@ -98,7 +98,7 @@ void tr_cpu_adamw_update_bf16(float *param, uint16_t *param_bf16, const float *g
 #endif
             adamw_scalar(param + i0, grad + i0, m + i0, v + i0, len, &c);
         if (param_bf16 != NULL) /* one block: converted on this thread */
-            tr_cpu_to_bf16(param_bf16 + i0, param + i0, len);
+            tr_cpu_to_bf16_serial(param_bf16 + i0, param + i0, len);
     }
     (void)vector;
 }
