@@ -382,11 +382,14 @@ static void cpu_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
         break;
     case TR_OP_LINEAR: {
         if (native_bf16(g)) {
-            struct bf16_operands o = bf16_inputs(g, n, dout);
-            tr_cpu_linear_backward_bf16(T(0)->grad, T(1)->grad, o.dout, o.a, o.b, rows(T(0)),
+            /* dout to bf16 and the bias gradient (from the fp32 dout) in one pass */
+            struct bf16_operands o = bf16_inputs(g, n, NULL);
+            uint16_t *dout16 = (uint16_t *)(void *)(g->scratch + bf16_floats(T(0)->numel) +
+                                                    bf16_floats(T(1)->numel));
+            tr_cpu_linear_dout_bf16(dout16, n->n_in == 3 ? T(2)->grad : NULL, dout, rows(T(0)),
+                                    (int)T(1)->shape[0]);
+            tr_cpu_linear_backward_bf16(T(0)->grad, T(1)->grad, dout16, o.a, o.b, rows(T(0)),
                                         cols(T(0)), (int)T(1)->shape[0]);
-            if (n->n_in == 3 && T(2)->grad)
-                tr_cpu_linear_bias_backward(T(2)->grad, dout, rows(T(0)), (int)T(1)->shape[0]);
             break;
         }
         const float *x = F(T(0)), *w = F(T(1)), *gemm_dout = dout;

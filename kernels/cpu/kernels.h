@@ -145,6 +145,10 @@ void tr_cpu_linear_forward_bf16_out16(uint16_t *out, float *scratch, const uint1
                                       const uint16_t *w, const float *bias, int N, int IC, int OC);
 void tr_cpu_linear_backward_bf16(float *dinp, float *dw, const uint16_t *dout,
                                  const uint16_t *inp, const uint16_t *w, int N, int IC, int OC);
+/* dout[N,OC] rounded to bf16 into dout16 (tr_cpu_to_bf16's bits) and, when
+ * dbias is not NULL, dbias += its column sums (tr_cpu_linear_bias_backward's
+ * bits), in one pass over dout. */
+void tr_cpu_linear_dout_bf16(uint16_t *dout16, float *dbias, const float *dout, int N, int OC);
 
 /* ---- batched matmul: out[b] = a[b] @ op(bm[b]); a[b]: M x K; op(bm[b]): K x N;
  * trans_b: bm[b] is stored N x K.  `batch` independent products. */

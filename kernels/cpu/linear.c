@@ -137,6 +137,31 @@ void tr_cpu_linear_bias_backward(float *dbias, const float *dout, int N, int OC)
     }
 }
 
+void tr_cpu_linear_dout_bf16(uint16_t *dout16, float *dbias, const float *dout, int N, int OC)
+{
+    if (dbias == NULL) {
+        tr_cpu_to_bf16(dout16, dout, (size_t)N * OC);
+        return;
+    }
+    /* tr_cpu_linear_bias_backward's blocks and order, each row segment also
+     * rounded while it is read */
+    int blocks = (OC + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (int blk = 0; blk < blocks; blk++) {
+        int o0 = blk * COLUMN_BLOCK;
+        int width = OC - o0 < COLUMN_BLOCK ? OC - o0 : COLUMN_BLOCK;
+        float sum[COLUMN_BLOCK] = {0};
+        for (int n = 0; n < N; n++) {
+            const float *row = dout + (size_t)n * OC + o0;
+            tr_cpu_to_bf16_serial(dout16 + (size_t)n * OC + o0, row, (size_t)width);
+            for (int j = 0; j < width; j++)
+                sum[j] += row[j];
+        }
+        for (int j = 0; j < width; j++)
+            dbias[o0 + j] += sum[j];
+    }
+}
+
 /* Many small products are better spread one per thread; few large ones are
  * better left to the GEMM's own threading.  Either way each product is
  * computed the same way, so the choice never changes the result. */
