@@ -1,15 +1,19 @@
 /* The engine end to end below the run loop: trainrun's tiny GPT against
- * PyTorch fixtures, gradient accumulation, and the memory plan. */
+ * PyTorch fixtures, gradient accumulation, the memory plan, and the bytes
+ * of a checkpoint. */
 #include <criterion/criterion.h>
 
+#include "engine/checkpoint.h"
 #include "engine/optim.h"
 #include "engine_harness.h"
+#include "../kernels/host.h" /* tr_cpu_to_half */
 
 #include <trainrun/tokens.h>
 
 #include <errno.h>
 #include <ftw.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -879,4 +883,292 @@ Test(half_activations, recomputed_bf16_gradients_are_bitwise_identical, .init = 
         engine_close(&plain);
         engine_close(&again);
     }
+}
+
+/* ---- checkpoints: the same bytes through put and put_stream ---------------- */
+
+/* A checkpoint plugin in memory: the blobs of one save.  piece: the buffer
+ * put_stream fills (0: the plugin has no put_stream: its vtable ends before
+ * the slot, as one built before the slot existed).  put_stream's write
+ * fails past byte fail_at (0: never); it stops short_by bytes early, or
+ * asks for `over` bytes past the end. */
+struct mem_ckpt {
+    size_t piece, fail_at, short_by, over;
+    int puts, streams, committed, aborted;
+    int n;
+    char names[8][64];
+    unsigned char *data[8];
+    size_t size[8];
+};
+
+static void mem_keep(struct mem_ckpt *m, const char *blob, unsigned char *data, size_t size)
+{
+    cr_assert_lt(m->n, 8);
+    snprintf(m->names[m->n], sizeof m->names[0], "%s", blob);
+    m->data[m->n] = data;
+    m->size[m->n++] = size;
+}
+
+static void mem_free(struct mem_ckpt *m)
+{
+    for (int i = 0; i < m->n; i++)
+        free(m->data[i]);
+    m->n = 0;
+}
+
+static int mem_begin(void *self, const char *name, tr_err *err)
+{
+    (void)self, (void)name, (void)err;
+    return TR_OK;
+}
+
+static int mem_put(void *self, const char *blob, const void *data, size_t size, tr_err *err)
+{
+    (void)err;
+    struct mem_ckpt *m = self;
+    unsigned char *copy = malloc(size ? size : 1);
+    memcpy(copy, data, size);
+    mem_keep(m, blob, copy, size);
+    m->puts++;
+    return TR_OK;
+}
+
+static int mem_put_stream(void *self, const char *blob, size_t size, tr_blob_fill_fn fill,
+                          void *ud, tr_err *err)
+{
+    struct mem_ckpt *m = self;
+    cr_assert_neq(m->piece, 0, "put_stream called beyond the vtable's struct_size");
+    m->streams++;
+    unsigned char *out = malloc(size + m->over + 1), *buf = malloc(m->piece);
+    size_t done = 0, end = size - m->short_by + m->over;
+    int rc = TR_OK;
+    while (rc == TR_OK && done < end) {
+        size_t want = end - done < m->piece ? end - done : m->piece, got = 0;
+        rc = fill(ud, buf, want, &got, err);
+        if (rc != TR_OK)
+            break;
+        cr_assert_eq(got, size - done < want ? size - done : want, "fill gave %zu of %zu at %zu",
+                     got, want, done);
+        if (m->fail_at && done + got > m->fail_at)
+            rc = tr_fail(err, "memory checkpoint: cannot write %s: disk full", blob);
+        else
+            memcpy(out + done, buf, got);
+        done += got;
+    }
+    free(buf);
+    if (rc == TR_OK)
+        mem_keep(m, blob, out, done);
+    else
+        free(out);
+    return rc;
+}
+
+static int mem_commit(void *self, tr_err *err)
+{
+    (void)err;
+    ((struct mem_ckpt *)self)->committed = 1;
+    return TR_OK;
+}
+
+static void mem_abort(void *self)
+{
+    struct mem_ckpt *m = self;
+    m->aborted = 1;
+    mem_free(m);
+}
+
+static int mem_list(void *self, void (*each)(void *ud, const char *name), void *ud, tr_err *err)
+{
+    (void)self, (void)each, (void)ud, (void)err;
+    return TR_OK;
+}
+
+static int mem_get(void *self, const char *name, const char *blob, void **data, size_t *size,
+                   tr_err *err)
+{
+    (void)self, (void)name, (void)blob, (void)data, (void)size;
+    return tr_fail(err, "not kept");
+}
+
+static int mem_remove(void *self, const char *name, tr_err *err)
+{
+    (void)self, (void)name, (void)err;
+    return TR_OK;
+}
+
+static const struct tr_checkpoint_vtable mem_put_only = {
+    .struct_size = offsetof(struct tr_checkpoint_vtable, put_stream),
+    .begin = mem_begin, .put = mem_put, .commit = mem_commit, .abort = mem_abort,
+    .list = mem_list, .get = mem_get, .remove = mem_remove,
+    .put_stream = mem_put_stream, /* beyond struct_size: absent */
+};
+
+static const struct tr_checkpoint_vtable mem_streaming = {
+    .struct_size = sizeof(struct tr_checkpoint_vtable),
+    .begin = mem_begin, .put = mem_put, .commit = mem_commit, .abort = mem_abort,
+    .list = mem_list, .get = mem_get, .remove = mem_remove, .put_stream = mem_put_stream,
+};
+
+/* A synchronous save of e's parameters, buffers and the AdamW slots into m */
+static int mem_save(struct engine *e, enum tr_dtype weights, float *const *slots,
+                    struct mem_ckpt *m, tr_err *err)
+{
+    struct tr_checkpointer_config cc = {
+        .vt = m->piece ? &mem_streaming : &mem_put_only, .self = m, .g = e->g, .be = &e->be,
+        .optimizer = tr_optimizer_find("adamw"), .keep = 2, .weights_dtype = weights,
+        .recipe = "/recipes/tiny.lua", .seed = 5,
+    };
+    struct tr_checkpointer *c = tr_checkpointer_open(&cc, err);
+    cr_assert_not_null(c, "%s", err->msg);
+    struct tr_run_state st = {.step = 3, .applied = 3, .loader_position = 6, .loss = 2.5,
+                              .val_loss = NAN, .best_val_loss = NAN};
+    int rc = tr_checkpointer_save_now(c, e->g->params, slots, &st, err);
+    tr_checkpointer_close(c);
+    return rc;
+}
+
+static const unsigned char *mem_blob(const struct mem_ckpt *m, const char *name, size_t *size)
+{
+    for (int i = 0; i < m->n; i++)
+        if (strcmp(m->names[i], name) == 0) {
+            *size = m->size[i];
+            return m->data[i];
+        }
+    cr_assert_fail("no blob %s", name);
+    return NULL;
+}
+
+/* The blob of g's parameters (and buffers) in base as tr_safetensors_write
+ * lays it out, made here from host memory */
+static void *expected_blob(const struct tr_graph *g, const float *base, enum tr_dtype dtype,
+                           const char *prefix, int buffers, size_t *size)
+{
+    struct tr_st_entry *e = calloc((size_t)g->n_tensors, sizeof *e);
+    char (*names)[128] = calloc((size_t)g->n_tensors, sizeof *names);
+    uint16_t **halves = calloc((size_t)g->n_tensors, sizeof *halves);
+    size_t n = 0;
+    for (int i = 0; i < g->n_tensors; i++) {
+        const struct tr_tensor *t = &g->tensors[i];
+        int buffer = t->role == TR_ROLE_BUFFER;
+        if (t->role != TR_ROLE_PARAM && !(buffers && buffer))
+            continue;
+        snprintf(names[n], sizeof names[0], "%s%s", prefix, t->name);
+        const float *data = (buffer ? g->buffers : base) + t->offset;
+        e[n] = (struct tr_st_entry){names[n], TR_F32, t->ndim, {0}, data, t->numel * 4};
+        memcpy(e[n].shape, t->shape, sizeof t->shape);
+        if (!buffer && dtype != TR_F32) {
+            halves[n] = malloc(t->numel * 2 + 2);
+            tr_cpu_to_half(halves[n], data, t->numel, dtype == TR_BF16);
+            e[n].dtype = dtype;
+            e[n].data = halves[n];
+            e[n].bytes = t->numel * 2;
+        }
+        n++;
+    }
+    void *blob = tr_safetensors_write(e, n, "{\"format\":\"pt\",\"producer\":\"trainrun\"}", size);
+    for (size_t i = 0; i < n; i++)
+        free(halves[i]);
+    free(halves);
+    free(names);
+    free(e);
+    return blob;
+}
+
+/* A synchronous save streamed to put_stream, in pieces of 4 KiB or of 3
+ * bytes (16-bit weights split across pieces), is byte for byte the save
+ * put() receives whole, for weights in fp32, bf16 and fp16 and a model
+ * with buffers; and the weights and moments are tr_safetensors_write's
+ * layout of what the backend holds. */
+Test(checkpoint, streamed_blobs_are_the_bytes_put_gets, .init = environment)
+{
+    const char *recipes[] = {CONFIG_DIR "tiny_gpt.lua", CONFIG_DIR "tiny_cnn.lua"};
+    const enum tr_dtype weights[] = {TR_F32, TR_BF16, TR_F16};
+    const char *blobs[] = {"model.safetensors", "optimizer.safetensors",
+                           "optimizer2.safetensors", "state.json"};
+    const struct tr_optimizer_desc *adamw = tr_optimizer_find("adamw");
+    for (int r = 0; r < 2; r++) {
+        struct engine e;
+        engine_open(&e, recipes[r], 2);
+        struct tr_graph *g = e.g;
+        tr_graph_init_params(g, &e.be, 11);
+        cr_assert_eq(g->n_buffers > 0, r == 1, "the CNN, and only it, has buffers");
+        for (size_t i = 0; i < g->n_buffers; i++)
+            g->buffers[i] = 0.25f + 0.001f * (float)i;
+        float *slots[2];
+        for (int k = 0; k < 2; k++) {
+            slots[k] = malloc(g->n_params * sizeof(float));
+            for (size_t i = 0; i < g->n_params; i++)
+                slots[k][i] = (float)(k + 1) * 1e-3f * (float)((i * 7919) % 1000) - 0.3f;
+        }
+        for (int w = 0; w < 3; w++) {
+            struct mem_ckpt whole = {0}, pieces = {.piece = 4096}, bytes = {.piece = 3};
+            struct mem_ckpt *streamed[] = {&pieces, &bytes};
+            tr_err err = {{0}};
+            cr_assert_eq(mem_save(&e, weights[w], slots, &whole, &err), TR_OK, "%s", err.msg);
+            cr_assert(whole.committed && whole.puts == 4 && whole.streams == 0);
+            for (int s = 0; s < 2; s++) {
+                cr_assert_eq(mem_save(&e, weights[w], slots, streamed[s], &err), TR_OK, "%s",
+                             err.msg);
+                cr_assert(streamed[s]->committed && streamed[s]->streams == 3 &&
+                          streamed[s]->puts == 1, "the three blobs streamed, state.json put");
+                for (int b = 0; b < 4; b++) {
+                    size_t want_size, got_size;
+                    const unsigned char *want = mem_blob(&whole, blobs[b], &want_size);
+                    const unsigned char *got = mem_blob(streamed[s], blobs[b], &got_size);
+                    cr_assert_eq(got_size, want_size, "%s %s", recipes[r], blobs[b]);
+                    cr_assert(memcmp(got, want, want_size) == 0, "%s: %s (weights %d, pieces "
+                              "of %zu) streamed differs from put's", recipes[r], blobs[b], w,
+                              streamed[s]->piece);
+                }
+            }
+            for (int b = 0; b < 3; b++) {
+                size_t want_size, got_size;
+                void *want = b == 0 ? expected_blob(g, g->params, weights[w], "", 1, &want_size)
+                                    : expected_blob(g, slots[b - 1], TR_F32,
+                                                    adamw->state_names[b - 1], 0, &want_size);
+                const unsigned char *got = mem_blob(&whole, blobs[b], &got_size);
+                cr_assert_eq(got_size, want_size, "%s %s", recipes[r], blobs[b]);
+                cr_assert(memcmp(got, want, want_size) == 0, "%s: %s is not the safetensors "
+                          "of the backend's tensors", recipes[r], blobs[b]);
+                free(want);
+            }
+            mem_free(&whole);
+            mem_free(&pieces);
+            mem_free(&bytes);
+        }
+        for (int k = 0; k < 2; k++)
+            free(slots[k]);
+        engine_close(&e);
+    }
+}
+
+/* A streamed save whose write fails, that stops early or reads past a
+ * blob's end is not committed: aborted, with the plugin's or the core's
+ * reason. */
+Test(checkpoint, a_failed_stream_publishes_nothing, .init = environment)
+{
+    struct engine e;
+    engine_open(&e, CONFIG_DIR "tiny_gpt.lua", 2);
+    tr_graph_init_params(e.g, &e.be, 11);
+    float *slots[2] = {calloc(e.g->n_params, sizeof(float)), calloc(e.g->n_params, sizeof(float))};
+    struct {
+        struct mem_ckpt m;
+        const char *why;
+    } cases[] = {
+        {{.piece = 4096, .fail_at = 5000}, "memory checkpoint: cannot write model.safetensors: disk full"},
+        {{.piece = 4096, .short_by = 1}, "the checkpoint plugin stored model.safetensors after "},
+        {{.piece = 4096, .over = 1}, "the checkpoint plugin asked for more than the blob's "},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tr_err err = {{0}};
+        struct mem_ckpt *m = &cases[i].m;
+        cr_assert_eq(mem_save(&e, TR_F32, slots, m, &err), TR_ERROR, "case %zu", i);
+        cr_assert(strstr(err.msg, cases[i].why), "%s", err.msg);
+        cr_assert(strstr(err.msg, "checkpoint step-0000000003 not saved (the previous one is "
+                                  "still the latest)"), "%s", err.msg);
+        cr_assert(!m->committed && m->aborted && m->n == 0, "case %zu", i);
+    }
+    free(slots[0]);
+    free(slots[1]);
+    engine_close(&e);
 }

@@ -19,6 +19,8 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -991,6 +993,140 @@ Test(checkpoint, abort_leaves_nothing)
     /* and the instance is usable again */
     save(&p, self, "step-0000000002", "ok");
     cr_assert_eq(list_of(&p, self).n, 1);
+    destroy(&p, self);
+}
+
+/* put_stream's bytes: byte i of a blob of `size`, handed out in order by
+ * pattern_fill, which fails instead of giving byte `fail_at` or beyond. */
+struct pattern {
+    size_t size, pos, fail_at;
+    size_t calls, largest; /* fill calls, and the most bytes one asked for */
+};
+
+static unsigned char pattern_byte(size_t i) { return (unsigned char)(i * 131u + (i >> 11)); }
+
+static int pattern_fill(void *ud, void *buf, size_t cap, size_t *got, tr_err *err)
+{
+    struct pattern *s = ud;
+    size_t n = s->size - s->pos < cap ? s->size - s->pos : cap;
+    cr_assert(cap > 0 && n > 0, "fill asked for %zu bytes at %zu of %zu", cap, s->pos, s->size);
+    s->calls++;
+    s->largest = cap > s->largest ? cap : s->largest;
+    if (s->pos + n > s->fail_at)
+        return tr_fail(err, "the test's fill fails at byte %zu", s->fail_at);
+    for (size_t i = 0; i < n; i++)
+        ((unsigned char *)buf)[i] = pattern_byte(s->pos + i);
+    s->pos += n;
+    *got = n;
+    return TR_OK;
+}
+
+static void *read_whole(const char *path, size_t *size)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "%s missing", path);
+    fseek(f, 0, SEEK_END);
+    *size = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *buf = malloc(*size ? *size : 1);
+    cr_assert_eq(fread(buf, 1, *size, f), *size);
+    fclose(f);
+    return buf;
+}
+
+/* The staging directory of checkpoint `name` being saved by this process */
+static const char *staging_path(const char *name)
+{
+    char rel[256];
+    snprintf(rel, sizeof rel, "checkpoints/.trainrun-tmp-%s-%ld", name, (long)getpid());
+    return tmp_path(rel);
+}
+
+/* put_stream writes the file put writes, pulling it in bounded pieces */
+Test(checkpoint, put_stream_writes_what_put_writes)
+{
+    struct plugin p = load("checkpoint_local");
+    void *self = create_ok(&p, 0); /* fsync on */
+    const struct tr_checkpoint_vtable *vt = p.info->vtable;
+    cr_assert(TR_HAS_SLOT(vt, struct tr_checkpoint_vtable, put_stream));
+    tr_err err = {{0}};
+    size_t size = (9u << 20) + 3; /* pieces of 4 MiB, and an odd last one */
+    unsigned char *whole = malloc(size);
+    for (size_t i = 0; i < size; i++)
+        whole[i] = pattern_byte(i);
+    struct pattern s = {.size = size, .fail_at = SIZE_MAX}, none = {.fail_at = SIZE_MAX};
+    cr_assert_eq(vt->begin(self, "step-0000000001", &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(vt->put_stream(self, "streamed", size, pattern_fill, &s, &err), TR_OK, "%s",
+                 err.msg);
+    cr_assert_eq(s.pos, size);
+    cr_assert(s.calls >= 3 && s.largest <= (4u << 20), "%zu calls, the largest %zu bytes",
+              s.calls, s.largest);
+    cr_assert_eq(vt->put(self, "whole", whole, size, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(vt->put_stream(self, "empty", 0, pattern_fill, &none, &err), TR_OK, "%s",
+                 err.msg);
+    cr_assert_eq(none.calls, 0);
+    /* put's errors, file named */
+    struct pattern again = {.size = 1, .fail_at = SIZE_MAX};
+    cr_assert_eq(vt->put_stream(self, "whole", 1, pattern_fill, &again, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "/whole") && strstr(err.msg, "blob written twice"), "%s", err.msg);
+    cr_assert_eq(vt->put_stream(self, "a/b", 1, pattern_fill, &again, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "invalid blob name"), "%s", err.msg);
+    cr_assert_eq(vt->commit(self, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(vt->put_stream(self, "late", 1, pattern_fill, &again, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "put_stream(\"late\") without begin()"), "%s", err.msg);
+
+    size_t a_size, b_size;
+    void *a = read_whole(tmp_path("checkpoints/step-0000000001/streamed"), &a_size);
+    void *b = read_whole(tmp_path("checkpoints/step-0000000001/whole"), &b_size);
+    cr_assert_eq(a_size, size);
+    cr_assert_eq(b_size, size);
+    cr_assert(memcmp(a, b, size) == 0, "the streamed blob differs from the one put wrote");
+    void *data;
+    cr_assert_eq(vt->get(self, "step-0000000001", "empty", &data, &a_size, &err), TR_OK, "%s",
+                 err.msg);
+    cr_assert_eq(a_size, 0);
+    host.free(data);
+    free(a);
+    free(b);
+    free(whole);
+    destroy(&p, self);
+}
+
+/* A fill or a write that fails midway leaves no file behind, and the
+ * checkpoint, aborted, is never published. */
+Test(checkpoint, failed_put_stream_leaves_nothing)
+{
+    struct plugin p = load("checkpoint_local");
+    set(&p, "fsync", "false");
+    void *self = create_ok(&p, 0);
+    const struct tr_checkpoint_vtable *vt = p.info->vtable;
+    tr_err err = {{0}};
+
+    struct pattern s = {.size = 9u << 20, .fail_at = 5u << 20};
+    cr_assert_eq(vt->begin(self, "step-0000000001", &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(vt->put_stream(self, "model", s.size, pattern_fill, &s, &err), TR_ERROR);
+    cr_assert_str_eq(err.msg, "the test's fill fails at byte 5242880", "fill's message as it is");
+    cr_assert(exists(staging_path("step-0000000001")));
+    char model[512];
+    snprintf(model, sizeof model, "%s/model", staging_path("step-0000000001"));
+    cr_assert(!exists(model), "the partial blob was left behind");
+    vt->abort(self);
+    cr_assert_eq(dir_entries(tmp_path("checkpoints")), 0);
+
+    /* a disk that takes 1 MiB of a file (EFBIG, as ENOSPC would) */
+    struct rlimit small = {1u << 20, 1u << 20};
+    signal(SIGXFSZ, SIG_IGN);
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &small), 0);
+    struct pattern big = {.size = 3u << 20, .fail_at = SIZE_MAX};
+    cr_assert_eq(vt->begin(self, "step-0000000002", &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(vt->put_stream(self, "model", big.size, pattern_fill, &big, &err), TR_ERROR);
+    snprintf(model, sizeof model, "%s/model", staging_path("step-0000000002"));
+    cr_assert(strstr(err.msg, "cannot write ") && strstr(err.msg, model) &&
+              strstr(err.msg, "the previous checkpoint is untouched"), "%s", err.msg);
+    cr_assert(!exists(model), "the partial blob was left behind");
+    vt->abort(self);
+    cr_assert_eq(dir_entries(tmp_path("checkpoints")), 0);
+    cr_assert_eq(list_of(&p, self).n, 0);
     destroy(&p, self);
 }
 

@@ -23,19 +23,24 @@
 #include <unistd.h>
 #include <zlib.h>
 
-/* CRC-32 of all of data: zlib takes at most 4 GiB a call, and a blob (the
- * weights of a 1.5B model) can be larger. */
-static unsigned long crc_of(const void *data, size_t size)
+/* crc, the CRC-32 of some bytes, continued over data: zlib takes at most
+ * 4 GiB a call, and a blob (the weights of a 1.5B model) can be larger. */
+static unsigned long crc_more(unsigned long crc, const void *data, size_t size)
 {
     const unsigned char *p = data;
-    uLong crc = crc32(0L, Z_NULL, 0);
     while (size > 0) {
         size_t n = size > (1u << 30) ? (1u << 30) : size;
-        crc = crc32(crc, p, (uInt)n);
+        crc = crc32((uLong)crc, p, (uInt)n);
         p += n;
         size -= n;
     }
     return crc;
+}
+
+/* CRC-32 of all of data */
+static unsigned long crc_of(const void *data, size_t size)
+{
+    return crc_more(crc32(0L, Z_NULL, 0), data, size);
 }
 
 /* The last member of state.json: the CRC-32 of the bytes before it. */
@@ -46,7 +51,8 @@ struct tr_checkpointer {
     /* The snapshot of an asynchronous save: the serialised blobs themselves,
      * taken by save() and freed by the writer as each is written, so nothing
      * is held between saves and no second copy is made.  A synchronous save
-     * builds, writes and frees one blob at a time instead. */
+     * streams each blob to the plugin instead (or, for a plugin without
+     * put_stream, builds, writes and frees one blob at a time). */
     void *blob[3];
     size_t blob_size[3];
     struct tr_run_state state;
@@ -65,75 +71,146 @@ struct tr_checkpointer {
 
 /* ---- serialisation ------------------------------------------------------- */
 
-/* The blob of every parameter tensor of the flat array `base` (backend
- * memory, fp32), stored as `dtype`.  tr_safetensors_write lays the blob out
- * over placeholder data; each tensor is then downloaded (or converted to 16
- * bits through a one-tensor staging buffer) straight into its place.  So a
- * blob costs its own size and one tensor more, never a second copy of the
- * whole array. */
-/* With `buffers` the blob also holds every buffer tensor (batch norm's
- * running statistics, g->buffers), always in fp32: they are not trained
- * and a resume must continue them bit for bit. */
-static void *tensors_blob(struct tr_checkpointer *c, const float *base, enum tr_dtype dtype,
-                          const char *prefix, int buffers, size_t *size)
+/* Floats converted to 16 bits at a time (the staging buffer: 4 MiB of
+ * floats and their 2 MiB of halves) */
+#define STAGING_FLOATS ((size_t)1 << 20)
+
+/* The bytes of a blob of tensors, produced in order on demand: the blob
+ * of every parameter tensor of the flat array `base` (backend memory,
+ * fp32), stored as `dtype`, laid out as tr_safetensors_write lays it out:
+ * the header, then each tensor downloaded straight into the caller's
+ * buffer, or, stored in 16 bits, downloaded and converted through a
+ * bounded staging buffer.  So neither the whole blob nor a whole tensor is
+ * ever held besides what the caller asks for.  With `buffers` the blob
+ * also holds every buffer tensor (batch norm's running statistics,
+ * g->buffers), always in fp32: they are not trained and a resume must
+ * continue them bit for bit. */
+struct blob_source {
+    const struct tr_backend *be;
+    const float *base;
+    const float *buffers;
+    enum tr_dtype dtype;
+    size_t n;                          /* tensors */
+    const struct tr_tensor **tensors;
+    size_t *bytes;                     /* each tensor's bytes in the blob */
+    unsigned char *header;             /* the 8-byte length and the header */
+    size_t header_size, size;          /* the header's bytes; the blob's */
+    size_t pos;                        /* bytes given so far */
+    size_t at, offset;                 /* the tensor being given, its bytes given */
+    float *staging;                    /* 16-bit blobs: STAGING_FLOATS floats */
+    uint16_t *halves;                  /* and as many halves */
+    unsigned long crc;                 /* of the bytes given so far */
+};
+
+static void blob_source_close(struct blob_source *s)
+{
+    free(s->tensors);
+    free(s->bytes);
+    free(s->header);
+    free(s->staging);
+    free(s->halves);
+    memset(s, 0, sizeof *s);
+}
+
+/* TR_ERROR when out of memory */
+static int blob_source_open(struct blob_source *s, struct tr_checkpointer *c, const float *base,
+                            enum tr_dtype dtype, const char *prefix, int buffers)
 {
     const struct tr_graph *g = c->cfg.g;
-    const struct tr_backend *be = c->cfg.be;
     size_t esize = dtype == TR_F32 ? 4 : 2;
-    struct tr_st_entry *e = tr_xcalloc((size_t)g->n_tensors, sizeof *e);
-    char **names = tr_xcalloc((size_t)g->n_tensors, sizeof *names);
-    const struct tr_tensor **tensors = tr_xcalloc((size_t)g->n_tensors, sizeof *tensors);
-    size_t n = 0, max_numel = 1;
+    memset(s, 0, sizeof *s);
+    s->be = c->cfg.be;
+    s->base = base;
+    s->buffers = g->buffers;
+    s->dtype = dtype;
+    s->crc = crc32(0L, Z_NULL, 0);
+    struct tr_st_entry *e = tr_xcalloc((size_t)g->n_tensors + 1, sizeof *e);
+    char **names = tr_xcalloc((size_t)g->n_tensors + 1, sizeof *names);
+    s->tensors = tr_xcalloc((size_t)g->n_tensors + 1, sizeof *s->tensors);
+    s->bytes = tr_xcalloc((size_t)g->n_tensors + 1, sizeof *s->bytes);
     for (int i = 0; i < g->n_tensors; i++) {
         const struct tr_tensor *t = &g->tensors[i];
         int buffer = t->role == TR_ROLE_BUFFER;
         if (t->role != TR_ROLE_PARAM && !(buffers && buffer))
             continue;
-        if (t->numel > max_numel)
-            max_numel = t->numel;
-        tensors[n] = t;
+        size_t n = s->n++;
+        s->tensors[n] = t;
+        s->bytes[n] = t->numel * (buffer ? 4 : esize);
         names[n] = tr_xasprintf("%s%s", prefix, t->name);
         e[n] = (struct tr_st_entry){names[n], buffer ? TR_F32 : dtype, t->ndim, {0}, NULL,
-                                    t->numel * (buffer ? 4 : esize)};
+                                    s->bytes[n]};
         memcpy(e[n].shape, t->shape, sizeof t->shape);
-        n++;
     }
-    /* zeros as every tensor's placeholder data; later the staging buffer */
-    float *staging = calloc(max_numel, sizeof(float));
-    unsigned char *blob = NULL;
-    if (staging) {
-        for (size_t i = 0; i < n; i++)
-            e[i].data = staging;
-        blob = tr_safetensors_write(e, n, "{\"format\":\"pt\",\"producer\":\"trainrun\"}", size);
+    s->header = tr_safetensors_header(e, s->n, "{\"format\":\"pt\",\"producer\":\"trainrun\"}",
+                                      &s->header_size, &s->size);
+    if (dtype != TR_F32) {
+        s->staging = malloc(STAGING_FLOATS * sizeof *s->staging);
+        s->halves = malloc(STAGING_FLOATS * sizeof *s->halves);
     }
-    if (blob) {
-        /* safetensors: 8-byte little-endian header length, the header, then
-         * the tensors' data back to back in the entries' order */
-        uint64_t header = 0;
-        for (int b = 0; b < 8; b++)
-            header |= (uint64_t)blob[b] << (8 * b);
-        unsigned char *at = blob + 8 + header;
-        for (size_t i = 0; i < n; i++) {
-            const struct tr_tensor *t = tensors[i];
-            if (t->role == TR_ROLE_BUFFER) {
-                be->iface->download(be->context, at, g->buffers + t->offset, e[i].bytes);
-            } else if (dtype == TR_F32) {
-                be->iface->download(be->context, at, base + t->offset, e[i].bytes);
-            } else {
-                be->iface->download(be->context, staging, base + t->offset,
-                                    t->numel * sizeof(float));
-                tr_cpu_to_half((uint16_t *)(void *)at, staging, t->numel, dtype == TR_BF16);
-            }
-            at += e[i].bytes;
-        }
-    }
-    free(staging);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < s->n; i++)
         free(names[i]);
     free(names);
-    free(tensors);
     free(e);
-    return blob;
+    if (!s->header || (dtype != TR_F32 && (!s->staging || !s->halves))) {
+        blob_source_close(s);
+        return TR_ERROR;
+    }
+    return TR_OK;
+}
+
+/* Up to cap bytes of the tensors' data into out, from where the source
+ * stands (inside the data, not at its end); how many. */
+static size_t tensor_bytes(struct blob_source *s, unsigned char *out, size_t cap)
+{
+    while (s->offset == s->bytes[s->at]) { /* done, or empty */
+        s->at++;
+        s->offset = 0;
+    }
+    const struct tr_tensor *t = s->tensors[s->at];
+    size_t n = s->bytes[s->at] - s->offset < cap ? s->bytes[s->at] - s->offset : cap;
+    const struct tr_backend *be = s->be;
+    if (t->role == TR_ROLE_BUFFER || s->dtype == TR_F32) {
+        const float *from = t->role == TR_ROLE_BUFFER ? s->buffers : s->base;
+        be->iface->download(be->context, out, (const char *)(from + t->offset) + s->offset, n);
+    } else {
+        /* whole elements through the staging buffer, then their bytes asked
+         * for (an odd cap can split an element between two calls) */
+        size_t first = s->offset / 2, skip = s->offset % 2;
+        size_t count = (skip + n + 1) / 2;
+        if (count > STAGING_FLOATS) {
+            count = STAGING_FLOATS;
+            n = 2 * count - skip;
+        }
+        be->iface->download(be->context, s->staging, s->base + t->offset + first,
+                            count * sizeof(float));
+        tr_cpu_to_half(s->halves, s->staging, count, s->dtype == TR_BF16);
+        memcpy(out, (const unsigned char *)s->halves + skip, n);
+    }
+    s->offset += n;
+    return n;
+}
+
+/* tr_blob_fill_fn over a blob_source */
+static int blob_fill(void *ud, void *buf, size_t cap, size_t *got, tr_err *err)
+{
+    struct blob_source *s = ud;
+    *got = 0;
+    if (cap > 0 && s->pos == s->size)
+        return tr_fail(err, "the checkpoint plugin asked for more than the blob's %zu bytes",
+                       s->size);
+    size_t want = s->size - s->pos < cap ? s->size - s->pos : cap;
+    unsigned char *out = buf;
+    for (size_t done = 0, n; done < want; done += n, s->pos += n) {
+        if (s->pos < s->header_size) {
+            n = s->header_size - s->pos < want - done ? s->header_size - s->pos : want - done;
+            memcpy(out + done, s->header + s->pos, n);
+        } else {
+            n = tensor_bytes(s, out + done, want - done);
+        }
+    }
+    s->crc = crc_more(s->crc, buf, want);
+    *got = want;
+    return TR_OK;
 }
 
 static void write_vars(FILE *f, const char *key, const struct tr_state_var *vars, size_t n)
@@ -302,14 +379,45 @@ _Static_assert(sizeof blob_names / sizeof blob_names[0] == 1 + TR_OPTIMIZER_MAX_
 /* the weights, then one blob per optimizer state slot */
 static int blob_count(const struct tr_checkpointer *c) { return 1 + c->cfg.optimizer->state_slots; }
 
-/* Blob i of a checkpoint: the weights (in weights_dtype), then the state
- * slots. */
+/* The source of blob i of a checkpoint: the weights (in weights_dtype),
+ * then the state slots.  TR_ERROR when out of memory. */
+static int open_blob(struct tr_checkpointer *c, int i, const float *params, float *const *slots,
+                     struct blob_source *s)
+{
+    if (i == 0)
+        return blob_source_open(s, c, params, c->cfg.weights_dtype, "", 1);
+    return blob_source_open(s, c, slots[i - 1], TR_F32, c->cfg.optimizer->state_names[i - 1], 0);
+}
+
+/* Blob i whole in one malloc'd buffer (NULL when out of memory): the
+ * asynchronous save's snapshot, and what a plugin without put_stream gets. */
 static void *build_blob(struct tr_checkpointer *c, int i, const float *params,
                         float *const *slots, size_t *size)
 {
-    if (i == 0)
-        return tensors_blob(c, params, c->cfg.weights_dtype, "", 1, size);
-    return tensors_blob(c, slots[i - 1], TR_F32, c->cfg.optimizer->state_names[i - 1], 0, size);
+    struct blob_source s;
+    void *blob = NULL;
+    size_t got = 0;
+    if (open_blob(c, i, params, slots, &s) == TR_OK && (blob = malloc(s.size)) != NULL)
+        blob_fill(&s, blob, s.size, &got, NULL);
+    *size = got;
+    blob_source_close(&s);
+    return blob;
+}
+
+/* Blob i streamed to the plugin's put_stream, its CRC-32 in *checksum. */
+static int stream_blob(struct tr_checkpointer *c, int i, const float *params, float *const *slots,
+                       const char *name, unsigned long *checksum, tr_err *err)
+{
+    struct blob_source s;
+    if (open_blob(c, i, params, slots, &s) != TR_OK)
+        return tr_fail(err, "out of memory serialising checkpoint %s", name);
+    int rc = c->cfg.vt->put_stream(c->cfg.self, blob_names[i], s.size, blob_fill, &s, err);
+    if (rc == TR_OK && s.pos != s.size)
+        rc = tr_fail(err, "the checkpoint plugin stored %s after %zu of its %zu bytes",
+                     blob_names[i], s.pos, s.size);
+    *checksum = s.crc;
+    blob_source_close(&s);
+    return rc;
 }
 
 static void free_blobs(struct tr_checkpointer *c)
@@ -321,9 +429,11 @@ static void free_blobs(struct tr_checkpointer *c)
 }
 
 /* Writes checkpoint "step-<c->state.step>": the blobs the snapshot holds
- * (asynchronous save), or, where it holds none, blobs built one at a time
- * from params and the state slots (synchronous save).  Each blob is freed
- * once put() has it, so memory falls as the write goes on. */
+ * (asynchronous save), or, where it holds none, blobs made from params and
+ * the state slots (synchronous save): streamed to put_stream a piece at a
+ * time where the plugin has it, else built whole one at a time for put().
+ * Each blob is freed once put() has it, so memory falls as the write goes
+ * on. */
 static int write_checkpoint(struct tr_checkpointer *c, const float *params, float *const *slots,
                             tr_err *err)
 {
@@ -336,10 +446,16 @@ static int write_checkpoint(struct tr_checkpointer *c, const float *params, floa
     const struct tr_checkpoint_vtable *vt = c->cfg.vt;
     if (vt->begin(c->cfg.self, name, err) != TR_OK)
         goto failed;
+    int stream = TR_HAS_SLOT(vt, struct tr_checkpoint_vtable, put_stream);
     for (int i = 0; i < n; i++) {
         size_t size = c->blob_size[i];
         void *data = c->blob[i];
         c->blob[i] = NULL;
+        if (!data && stream) {
+            if (stream_blob(c, i, params, slots, name, &checksums[i], err) != TR_OK)
+                goto failed;
+            continue;
+        }
         if (!data)
             data = build_blob(c, i, params, slots, &size);
         if (!data) {

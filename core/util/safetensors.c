@@ -29,12 +29,14 @@ static int dtype_from_tag(const char *s, enum tr_dtype *t)
     return 0;
 }
 
-void *tr_safetensors_write(const struct tr_st_entry *e, size_t n, const char *metadata_json,
-                           size_t *size)
+void *tr_safetensors_header(const struct tr_st_entry *e, size_t n, const char *metadata_json,
+                            size_t *header_size, size_t *size)
 {
     char *header = NULL;
     size_t hlen = 0;
     FILE *h = open_memstream(&header, &hlen);
+    if (!h)
+        return NULL;
     fputc('{', h);
     if (metadata_json)
         fprintf(h, "\"__metadata__\":%s", metadata_json);
@@ -50,10 +52,12 @@ void *tr_safetensors_write(const struct tr_st_entry *e, size_t n, const char *me
         offset += e[i].bytes;
     }
     fputc('}', h);
-    fclose(h);
+    if (fclose(h) != 0) {
+        free(header);
+        return NULL;
+    }
     size_t padded = (hlen + 7) & ~(size_t)7; /* data starts 8-byte aligned */
-    *size = 8 + padded + offset;
-    unsigned char *buf = malloc(*size);
+    unsigned char *buf = malloc(8 + padded);
     if (!buf) {
         free(header);
         return NULL;
@@ -62,12 +66,28 @@ void *tr_safetensors_write(const struct tr_st_entry *e, size_t n, const char *me
         buf[b] = (unsigned char)((uint64_t)padded >> (8 * b));
     memcpy(buf + 8, header, hlen);
     memset(buf + 8 + hlen, ' ', padded - hlen);
-    size_t at = 8 + padded;
+    free(header);
+    *header_size = 8 + padded;
+    *size = 8 + padded + offset;
+    return buf;
+}
+
+void *tr_safetensors_write(const struct tr_st_entry *e, size_t n, const char *metadata_json,
+                           size_t *size)
+{
+    size_t at = 0;
+    unsigned char *header = tr_safetensors_header(e, n, metadata_json, &at, size);
+    unsigned char *buf = header ? malloc(*size) : NULL;
+    if (!buf) {
+        free(header);
+        return NULL;
+    }
+    memcpy(buf, header, at);
+    free(header);
     for (size_t i = 0; i < n; i++) {
         memcpy(buf + at, e[i].data, e[i].bytes);
         at += e[i].bytes;
     }
-    free(header);
     return buf;
 }
 

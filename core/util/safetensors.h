@@ -20,6 +20,14 @@ struct tr_st_entry {
 /* Serialise entries into one malloc'd buffer. */
 void *tr_safetensors_write(const struct tr_st_entry *entries, size_t n, const char *metadata_json,
                            size_t *size);
+/* What tr_safetensors_write's buffer starts with, for writers that produce
+ * the data themselves (a checkpoint streamed to its plugin): the 8-byte
+ * length and the padded header, malloc'd, *header_size bytes.  The entries'
+ * data is not read, only their bytes.  The data follows the header: every
+ * entry's bytes back to back in the entries' order, *size bytes in all with
+ * the header.  NULL when out of memory. */
+void *tr_safetensors_header(const struct tr_st_entry *entries, size_t n, const char *metadata_json,
+                            size_t *header_size, size_t *size);
 
 struct tr_st_file; /* a parsed buffer; entries point into it */
 struct tr_st_file *tr_safetensors_read(const void *buf, size_t size, const char *what, tr_err *err);

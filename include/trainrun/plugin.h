@@ -49,7 +49,8 @@ extern "C" {
  * plugin's major is the core's: the loader refuses any other), and the comm
  * vtable its `barrier`, which the core never called. */
 #define TR_ABI_MAJOR 2
-#define TR_ABI_MINOR 0
+/* 2.1: the checkpoint vtable's optional put_stream. */
+#define TR_ABI_MINOR 1
 
 /* The one symbol every plugin exports. */
 #define TR_PLUGIN_ENTRY trainrun_plugin_entry
@@ -271,6 +272,12 @@ struct tr_data_vtable {
 
 /* ---- checkpoint -------------------------------------------------------- */
 
+/* The bytes of a blob put_stream stores, on demand: writes the next
+ * min(cap, bytes still to come) bytes of the blob into buf, sets *got to
+ * that count and returns TR_OK, or returns TR_ERROR with err filled (asked
+ * for bytes past the blob's end, among others). */
+typedef int (*tr_blob_fill_fn)(void *ud, void *buf, size_t cap, size_t *got, tr_err *err);
+
 /* A checkpoint is a set of named blobs published atomically.  Between
  * begin() and commit() nothing is visible; a crash leaves the previous
  * checkpoints untouched. */
@@ -286,6 +293,18 @@ struct tr_checkpoint_vtable {
     int (*get)(void *self, const char *name, const char *blob, void **data, size_t *size,
                tr_err *err);
     int (*remove)(void *self, const char *name, tr_err *err);
+    /* Optional: put() without the blob whole in memory (a model's weights
+     * are as large as the model).  The plugin pulls the blob's `size` bytes
+     * in order, calling fill(ud, buf, cap, &got, err) with a buffer of its
+     * own of cap > 0 bytes, until it has all of them; each call gives
+     * min(cap, what is left).  When fill fails, put_stream leaves no trace
+     * of the blob and returns TR_ERROR with fill's message in err as it is.
+     * Otherwise the contract is put's: the same blob names, the same
+     * errors, nothing visible before commit().  Without it (NULL, or
+     * beyond struct_size) the core calls put() with the whole blob; put()
+     * stays required, and the core may still use it for any blob. */
+    int (*put_stream)(void *self, const char *blob, size_t size, tr_blob_fill_fn fill, void *ud,
+                      tr_err *err);
 };
 
 /* ---- schedule ---------------------------------------------------------- */

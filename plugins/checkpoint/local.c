@@ -300,39 +300,116 @@ static int local_begin(void *self, const char *name, tr_err *err)
     return TR_OK;
 }
 
+/* "<staging>/<blob>" for a blob of the open checkpoint, or NULL with err
+ * (`what` names the call: "put"). */
+static char *blob_path(struct local *l, const char *what, const char *blob, tr_err *err)
+{
+    if (!l->staging) {
+        tr_fail(err, "local checkpoint: %s(\"%s\") without begin()", what, blob ? blob : "");
+        return NULL;
+    }
+    if (!valid_blob(blob) || strcmp(blob, TR_OWNER_MARK) == 0) {
+        tr_fail(err,
+                "local checkpoint: invalid blob name \"%s\": blob names are plain file "
+                "names (not empty, no '/' or control characters, not . or .., not "
+                TR_OWNER_MARK ")",
+                blob ? blob : "(null)");
+        return NULL;
+    }
+    char *path = path_join(l->staging, blob, NULL);
+    if (!path)
+        tr_fail(err, "local checkpoint: out of memory");
+    return path;
+}
+
+/* The error of a blob file that could not be created (rc -1) or written
+ * (-2) with errno e; TR_ERROR. */
+static int blob_file_error(const char *path, int rc, int e, tr_err *err)
+{
+    if (rc == -1)
+        return tr_fail(err, "local checkpoint: cannot create %s: %s%s; the previous checkpoint "
+                            "is untouched%s",
+                       path, strerror(e), e == EEXIST ? " (blob written twice)" : "",
+                       hint_for(e));
+    return tr_fail(err, "local checkpoint: cannot write %s: %s; the previous checkpoint is "
+                        "untouched%s",
+                   path, strerror(e), hint_for(e));
+}
+
 static int local_put(void *self, const char *blob, const void *data, size_t size, tr_err *err)
 {
     struct local *l = self;
-    if (!l->staging)
-        return tr_fail(err, "local checkpoint: put(\"%s\") without begin()", blob ? blob : "");
-    if (!valid_blob(blob) || strcmp(blob, TR_OWNER_MARK) == 0)
-        return tr_fail(err,
-                       "local checkpoint: invalid blob name \"%s\": blob names are plain file "
-                       "names (not empty, no '/' or control characters, not . or .., not "
-                       TR_OWNER_MARK ")",
-                       blob ? blob : "(null)");
-    char *path = path_join(l->staging, blob, NULL);
+    char *path = blob_path(l, "put", blob, err);
     if (!path)
-        return tr_fail(err, "local checkpoint: out of memory");
-
+        return TR_ERROR;
     int rc = write_file(path, data, size, 1, l->fsync);
-    int e = errno;
-    if (rc == -1) {
-        tr_fail(err, "local checkpoint: cannot create %s: %s%s; the previous checkpoint is "
-                     "untouched%s",
-                path, strerror(e), e == EEXIST ? " (blob written twice)" : "", hint_for(e));
-        free(path);
-        return TR_ERROR;
-    }
-    if (rc != 0) {
-        tr_fail(err, "local checkpoint: cannot write %s: %s; the previous checkpoint is "
-                     "untouched%s",
-                path, strerror(e), hint_for(e));
-        free(path);
-        return TR_ERROR;
-    }
+    if (rc != 0)
+        blob_file_error(path, rc, errno, err);
     free(path);
-    return TR_OK;
+    return rc == 0 ? TR_OK : TR_ERROR;
+}
+
+/* The piece of a streamed blob read and written at a time */
+#define STREAM_PIECE ((size_t)4 << 20)
+
+/* put() with the bytes pulled from fill a piece at a time: the same file,
+ * created exclusively, fsync'd and closed as write_file does, and removed
+ * again when anything fails, fill included. */
+static int local_put_stream(void *self, const char *blob, size_t size, tr_blob_fill_fn fill,
+                            void *ud, tr_err *err)
+{
+    struct local *l = self;
+    char *path = blob_path(l, "put_stream", blob, err);
+    if (!path)
+        return TR_ERROR;
+    size_t cap = size < STREAM_PIECE ? (size ? size : 1) : STREAM_PIECE;
+    unsigned char *buf = malloc(cap);
+    if (!buf) {
+        free(path);
+        return tr_fail(err, "local checkpoint: out of memory writing %s", blob);
+    }
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        blob_file_error(path, -1, errno, err);
+        free(buf);
+        free(path);
+        return TR_ERROR;
+    }
+    int failed = 0, filled = 1, e = 0; /* filled: every fill succeeded */
+    for (size_t done = 0; done < size && !failed;) {
+        size_t want = size - done < cap ? size - done : cap, got = 0;
+        if (fill(ud, buf, want, &got, err) != TR_OK) {
+            failed = 1;
+            filled = 0;
+        } else if (got == 0 || got > want) {
+            failed = 1;
+            filled = 0;
+            tr_fail(err, "local checkpoint: writing %s, the core gave %zu bytes for a piece of "
+                         "%zu",
+                    path, got, want);
+        } else if (write_all(fd, buf, got) != 0) {
+            failed = 1;
+            e = errno;
+        }
+        done += got;
+    }
+    if (!failed && l->fsync && fsync(fd) != 0) {
+        failed = 1;
+        e = errno;
+    }
+    /* close() reports delayed write errors on some filesystems (NFS) */
+    if (close(fd) != 0 && !failed) {
+        failed = 1;
+        e = errno;
+    }
+    if (failed) {
+        unlink(path);
+        if (filled)
+            blob_file_error(path, -2, e, err);
+    }
+    free(buf);
+    free(path);
+    return failed ? TR_ERROR : TR_OK;
 }
 
 /* LATEST as this plugin writes it: a regular file holding one checkpoint
@@ -747,6 +824,7 @@ static const struct tr_checkpoint_vtable local_vtable = {
     .list = local_list,
     .get = local_get,
     .remove = local_remove,
+    .put_stream = local_put_stream,
 };
 
 static const struct tr_plugin_info local_info = {
