@@ -143,6 +143,9 @@ struct tr_memory_report {
     size_t params, grads, optimizer, activations, saved, activation_grads, inputs, scratch;
     size_t recompute;       /* one shared arena for the internals of recomputed segments */
     size_t recompute_saved; /* bytes those internals would take if all were kept */
+    /* ABI 4: what the backend keeps of its own beside the plan's arenas for
+     * the graph's parameters (param_copy_bytes: the CPU's bf16 copy) */
+    size_t param_copies;
 };
 
 struct tr_graph {
@@ -233,6 +236,12 @@ struct tr_backend_iface {
      * core asks for every node before it plans a graph on the backend, and
      * refuses one the device cannot run, naming the op and the device. */
     int (*supports_op)(void *ctx, const struct tr_graph *g, const struct tr_node *n);
+    /* Optional (ABI 4): bytes of memory the backend will hold for g's
+     * parameters in another form while g runs (the CPU backend's bf16 copy,
+     * which its native bf16 GEMMs read), beyond what the plan allocates
+     * through alloc.  Asked once g's storage types are set; the memory plan
+     * counts it (tr_memory_report.param_copies). */
+    size_t (*param_copy_bytes)(void *ctx, const struct tr_graph *g);
 };
 
 struct tr_backend {
@@ -248,7 +257,8 @@ struct tr_backend {
  * search path and exporting TR_BACKEND_ENTRY_NAME, so a trainrun built with
  * a device backend still starts where that device (or its driver) is
  * missing, and says why device=<name> is unavailable. */
-#define TR_BACKEND_ABI 3 /* 2: the Llama-family ops and node attributes; 3: convolutions */
+#define TR_BACKEND_ABI 4 /* 2: the Llama-family ops and node attributes; 3: convolutions;
+                          * 4: the memory plan counts the backend's parameter copies */
 #define TR_BACKEND_ENTRY_NAME "trainrun_backend_entry"
 
 struct tr_backend_module {

@@ -585,6 +585,15 @@ static void expect_half_storage(const struct engine *e16, const struct engine *e
     cr_assert_eq(e32->g->memory.activations, bytes32);
     /* gradients stay fp32: their arena does not shrink */
     cr_assert_eq(g->memory.activation_grads, e32->g->memory.activation_grads, "%s", who);
+    /* the CPU backend's bf16 copy of the parameters, which its native bf16
+     * GEMMs read, is counted where it will exist (2 bytes a parameter, whole
+     * 64-byte lines) and nowhere else */
+    size_t copy = half == TR_BF16 && tr_cpu_bf16_native_isa() != NULL
+                      ? (g->n_params * 2 + 63) & ~(size_t)63
+                      : 0;
+    cr_assert_eq(g->memory.param_copies, copy, "%s: plan counts %zu bytes of parameter copies, "
+                 "not %zu", who, g->memory.param_copies, copy);
+    cr_assert_eq(e32->g->memory.param_copies, 0, "%s: an fp32 plan counts parameter copies", who);
 }
 
 /* Gradients of the tiny GPT and the tiny Llama with activations stored in

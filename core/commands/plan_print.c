@@ -229,7 +229,7 @@ static void print_memory(const struct tr_plan *p, FILE *out)
     fprintf(out, "\nmemory per device  (micro-batch %lld; the cpu backend's plan, activations in "
             "%s storage)\n", (long long)p->micro_batch,
             tr_dtype_name(p->compute));
-    struct tr_memory_row rows[9];
+    struct tr_memory_row rows[TR_MEMORY_ROWS];
     size_t n_rows = tr_memory_rows(m, rows);
     for (size_t i = 0; i < n_rows; i++)
         row(out, rows[i].what, "%12s", fmt_bytes((double)rows[i].bytes, a, sizeof a));

@@ -844,6 +844,9 @@ static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_s
             g->scratch_floats = s;
     }
     m->scratch = sat_mul(g->scratch_floats, sizeof(float));
+    m->param_copies = TR_HAS_SLOT(bi, struct tr_backend_iface, param_copy_bytes)
+                          ? bi->param_copy_bytes(be->context, g)
+                          : 0;
 
     int rc = TR_OK;
     if (!allocate)
@@ -1048,24 +1051,26 @@ void tr_graph_free(struct tr_graph *g, const struct tr_backend *be)
     free(g);
 }
 
-size_t tr_memory_rows(const struct tr_memory_report *m, struct tr_memory_row rows[9])
+size_t tr_memory_rows(const struct tr_memory_report *m, struct tr_memory_row rows[TR_MEMORY_ROWS])
 {
-    const struct tr_memory_row all[9] = {
+    const struct tr_memory_row all[TR_MEMORY_ROWS] = {
         {"parameters", m->params},        {"gradients", m->grads},
         {"optimizer state", m->optimizer}, {"activations", m->activations},
         {"saved for backward", m->saved}, {"activation gradients", m->activation_grads},
         {"inputs", m->inputs},            {"scratch", m->scratch},
-        {"recompute arena", m->recompute},
+        {"recompute arena", m->recompute}, {"parameter copies", m->param_copies},
     };
-    size_t n = m->recompute ? 9 : 8;
-    memcpy(rows, all, n * sizeof *rows);
+    size_t n = 0; /* the last two only where there is any */
+    for (size_t i = 0; i < TR_MEMORY_ROWS; i++)
+        if (i < 8 || all[i].bytes)
+            rows[n++] = all[i];
     return n;
 }
 
 void tr_graph_print_memory(const struct tr_graph *g, FILE *out)
 {
     const struct tr_memory_report *m = &g->memory;
-    struct tr_memory_row rows[9];
+    struct tr_memory_row rows[TR_MEMORY_ROWS];
     size_t n = tr_memory_rows(m, rows);
     char buf[32];
     if (g->n_buffers) /* the parameters row holds them too */
@@ -1092,8 +1097,9 @@ void tr_graph_print_memory(const struct tr_graph *g, FILE *out)
 
 size_t tr_graph_memory_total(const struct tr_memory_report *m)
 {
-    const size_t parts[] = {m->params, m->grads, m->optimizer, m->activations, m->saved,
-                            m->activation_grads, m->inputs, m->scratch, m->recompute};
+    const size_t parts[] = {m->params,           m->grads,  m->optimizer, m->activations,
+                            m->saved,            m->activation_grads, m->inputs,
+                            m->scratch,          m->recompute,        m->param_copies};
     size_t total = 0;
     for (size_t i = 0; i < TR_ARRAY_LEN(parts); i++)
         total = sat_add(total, parts[i]); /* SIZE_MAX: more than any device */

@@ -43,13 +43,15 @@ void tr_graph_forward(struct tr_graph *g, const struct tr_backend *be);
 void tr_graph_backward(struct tr_graph *g, const struct tr_backend *be);
 void tr_graph_free(struct tr_graph *g, const struct tr_backend *be);
 
-/* The report's classes in print order (the recompute arena only when
- * used); returns how many of the 9 rows were filled. */
+/* The report's classes in print order (the recompute arena and the
+ * backend's parameter copies only where there are any); returns how many of
+ * the TR_MEMORY_ROWS rows were filled. */
+#define TR_MEMORY_ROWS 10
 struct tr_memory_row {
     const char *what;
     size_t bytes;
 };
-size_t tr_memory_rows(const struct tr_memory_report *m, struct tr_memory_row rows[9]);
+size_t tr_memory_rows(const struct tr_memory_report *m, struct tr_memory_row rows[TR_MEMORY_ROWS]);
 
 /* The memory plan, by class, as a few lines of text. */
 void tr_graph_print_memory(const struct tr_graph *g, FILE *out);

@@ -719,6 +719,23 @@ static void cpu_node_backward(void *ctx, struct tr_graph *g, const struct tr_nod
     run_node(ctx, g, n, 1);
 }
 
+/* The bf16 copy of the parameters (param16.c) that the native bf16 GEMMs
+ * read a weight from: 2 bytes a parameter, in whole 64-byte lines, where
+ * some linear or matmul multiplies a parameter. */
+static size_t cpu_param_copy_bytes(void *ctx, const struct tr_graph *g)
+{
+    (void)ctx;
+    if (!native_bf16(g))
+        return 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct tr_node *n = &g->nodes[i];
+        if ((n->op == TR_OP_LINEAR || n->op == TR_OP_MATMUL) && n->n_in > 1 &&
+            T(1)->role == TR_ROLE_PARAM)
+            return (g->n_params * sizeof(uint16_t) + 63) & ~(size_t)63;
+    }
+    return 0;
+}
+
 /* Every op of the vocabulary, on fp32 tensors (int32 for indices and
  * targets), activations also in bf16 or fp16 (taken as stored or run on
  * fp32 copies, above). */
@@ -765,6 +782,7 @@ static const struct tr_backend_iface cpu_iface = {
     .synchronize = NULL,
     .count_correct = cpu_count_correct,
     .supports_op = cpu_supports_op,
+    .param_copy_bytes = cpu_param_copy_bytes,
 };
 
 int tr_cpu_backend_init(struct tr_backend *be, int threads)

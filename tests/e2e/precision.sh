@@ -127,4 +127,17 @@ grep -q "the cpu backend's plan, activations in fp32 storage)" plan32.txt \
   || { cat plan32.txt; fail "the fp32 plan does not say it counts fp32 activations"; }
 grep -q "activations in bf16 storage (the logits" first.txt \
   || { cat first.txt; fail "the bf16 run's memory plan does not say activations are in bf16"; }
+# the native bf16 GEMMs read the weights from a bf16 copy of the parameters:
+# plan counts it where it will exist (a row of its own), not in fp32, not
+# emulated, and not for another device
+copies() { grep -c "parameter copies" "$1" || true; }
+want=0
+[ "$path" = "bf16 GEMMs: native (" ] && want=1
+[ "$(copies plan.txt)" = "$want" ] || { cat plan.txt; fail "the bf16 plan's parameter copies row: want $want"; }
+[ "$(copies plan32.txt)" = 0 ] || { cat plan32.txt; fail "an fp32 plan counts parameter copies"; }
+ONEDNN_MAX_CPU_ISA=AVX2 "$TRAINRUN" plan "$C/tiny.lua" precision=bf16 > plan-avx2.txt
+[ "$(copies plan-avx2.txt)" = 0 ] || { cat plan-avx2.txt; fail "the emulated bf16 plan counts parameter copies"; }
+"$TRAINRUN" plan "$C/tiny.lua" precision=bf16 device=cuda cost.hardware=a100-80gb > plan-cuda.txt 2>&1 ||
+  { cat plan-cuda.txt; fail "plan refused bf16 on device=cuda"; }
+[ "$(copies plan-cuda.txt)" = 0 ] || { cat plan-cuda.txt; fail "a cuda plan counts the cpu's parameter copies"; }
 echo "precision: ok"
