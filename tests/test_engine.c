@@ -695,8 +695,12 @@ Test(half_activations, stores_the_fp32_result_rounded_once, .init = environment)
 
 /* The native bf16 GEMMs (oneDNN on AVX512-BF16 or AMX) read bf16
  * activations as stored; the emulation (ONEDNN_MAX_CPU_ISA=AVX2) widens
- * them and multiplies in fp32.  Same numbers in, so the same gradients but
- * for the order of the sums.  The emulated side runs in a child forked
+ * them and multiplies in fp32.  Same numbers in, so the linears' products
+ * differ only in the order of the sums; but the native path's attention
+ * also multiplies in bf16 (P, dS and dout rounded for its products), where
+ * the emulation keeps them fp32.  The gradients differ by 7.9e-3 of their
+ * scale (2e-7 while attention was fp32 on both): 2e-2, inside the 3e-2 that
+ * bf16 gradients keep to fp32's.  The emulated side runs in a child forked
  * before anything here asked oneDNN which path runs (it decides once per
  * process). */
 Test(half_activations, emulated_bf16_gemms_agree_with_native, .init = environment)
@@ -738,7 +742,7 @@ Test(half_activations, emulated_bf16_gemms_agree_with_native, .init = environmen
         if (t->role != TR_ROLE_PARAM)
             continue;
         double err = tensor_error(shared + 1 + t->offset, t->grad, t->numel);
-        cr_assert_leq(err, 1e-2, "gradient of %s: emulated and native differ by %.3g", t->name,
+        cr_assert_leq(err, 2e-2, "gradient of %s: emulated and native differ by %.3g", t->name,
                       err);
         worst = fmax(worst, err);
     }
