@@ -428,6 +428,24 @@ static int bf16_accumulate(float beta)
     return beta == 1.0f;
 }
 
+/* C (+)= op(A) op(B) (+ bias), tile by tile over the threads; with C16 each
+ * tile also rounded into it (bf16_tile).  K > 0. */
+static void bf16_threaded(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A,
+                          int lda, const uint16_t *B, int ldb, const float *bias, int accumulate,
+                          float *C, int ldc, uint16_t *C16)
+{
+    struct tile_grid grid = gemm_tile_grid(M, N);
+    int tiles = grid.tiles_m * grid.tiles_n;
+#pragma omp parallel
+    {
+        omp_set_num_threads(1); /* this task's oneDNN calls run on this thread alone */
+#pragma omp for schedule(dynamic, 1)
+        for (int t = 0; t < tiles; t++)
+            bf16_tile(t, grid, trans_a, trans_b, M, N, K, A, lda, B, ldb, bias, accumulate, C, ldc,
+                      C16);
+    }
+}
+
 void tr_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A, int lda,
                       const uint16_t *B, int ldb, float beta, float *C, int ldc)
 {
@@ -438,16 +456,7 @@ void tr_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const uint1
         scale_c(M, N, beta, C, ldc);
         return;
     }
-    struct tile_grid grid = gemm_tile_grid(M, N);
-    int tiles = grid.tiles_m * grid.tiles_n;
-#pragma omp parallel
-    {
-        omp_set_num_threads(1); /* this task's oneDNN calls run on this thread alone */
-#pragma omp for schedule(dynamic, 1)
-        for (int t = 0; t < tiles; t++)
-            bf16_tile(t, grid, trans_a, trans_b, M, N, K, A, lda, B, ldb, NULL, accumulate, C, ldc,
-                      NULL);
-    }
+    bf16_threaded(trans_a, trans_b, M, N, K, A, lda, B, ldb, NULL, accumulate, C, ldc, NULL);
 }
 
 void tr_cpu_gemm_bf16_bias(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A,
@@ -465,15 +474,7 @@ void tr_cpu_gemm_bf16_bias(int trans_a, int trans_b, int M, int N, int K, const 
                 tr_cpu_to_bf16_serial(C16 + (size_t)i * ldc, C + (size_t)i * ldc, (size_t)N);
         return;
     }
-    struct tile_grid grid = gemm_tile_grid(M, N);
-    int tiles = grid.tiles_m * grid.tiles_n;
-#pragma omp parallel
-    {
-        omp_set_num_threads(1);
-#pragma omp for schedule(dynamic, 1)
-        for (int t = 0; t < tiles; t++)
-            bf16_tile(t, grid, trans_a, trans_b, M, N, K, A, lda, B, ldb, bias, 0, C, ldc, C16);
-    }
+    bf16_threaded(trans_a, trans_b, M, N, K, A, lda, B, ldb, bias, 0, C, ldc, C16);
 }
 
 void tr_cpu_gemm_bf16_serial(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A,

@@ -116,11 +116,12 @@ void tr_cpu_linear_backward_bf16(float *dinp, float *dw, const uint16_t *dout,
     linear_backward(&BF16, dinp, dw, dout, inp, w, N, IC, OC);
 }
 
-void tr_cpu_linear_bias_backward(float *dbias, const float *dout, int N, int OC)
+/* dbias += the column sums of dout[N,OC]; with dout16, each row segment
+ * also rounded to bf16 into dout16 as it is read.  Each block of columns
+ * belongs to one thread and sums the rows in order, so the result does not
+ * depend on the thread count; the inner loop runs along a contiguous row. */
+static void bias_sums(float *dbias, uint16_t *dout16, const float *dout, int N, int OC)
 {
-    /* Column sums over rows.  Each block of columns belongs to one thread and
-     * sums the rows in order, so the result does not depend on the thread
-     * count; the inner loop runs along a contiguous row. */
     int blocks = (OC + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
 #pragma omp parallel for schedule(static)
     for (int blk = 0; blk < blocks; blk++) {
@@ -129,6 +130,8 @@ void tr_cpu_linear_bias_backward(float *dbias, const float *dout, int N, int OC)
         float sum[COLUMN_BLOCK] = {0};
         for (int n = 0; n < N; n++) {
             const float *row = dout + (size_t)n * OC + o0;
+            if (dout16 != NULL)
+                tr_cpu_to_bf16_serial(dout16 + (size_t)n * OC + o0, row, (size_t)width);
             for (int j = 0; j < width; j++)
                 sum[j] += row[j];
         }
@@ -137,29 +140,17 @@ void tr_cpu_linear_bias_backward(float *dbias, const float *dout, int N, int OC)
     }
 }
 
+void tr_cpu_linear_bias_backward(float *dbias, const float *dout, int N, int OC)
+{
+    bias_sums(dbias, NULL, dout, N, OC);
+}
+
 void tr_cpu_linear_dout_bf16(uint16_t *dout16, float *dbias, const float *dout, int N, int OC)
 {
-    if (dbias == NULL) {
+    if (dbias == NULL)
         tr_cpu_to_bf16(dout16, dout, (size_t)N * OC);
-        return;
-    }
-    /* tr_cpu_linear_bias_backward's blocks and order, each row segment also
-     * rounded while it is read */
-    int blocks = (OC + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
-#pragma omp parallel for schedule(static)
-    for (int blk = 0; blk < blocks; blk++) {
-        int o0 = blk * COLUMN_BLOCK;
-        int width = OC - o0 < COLUMN_BLOCK ? OC - o0 : COLUMN_BLOCK;
-        float sum[COLUMN_BLOCK] = {0};
-        for (int n = 0; n < N; n++) {
-            const float *row = dout + (size_t)n * OC + o0;
-            tr_cpu_to_bf16_serial(dout16 + (size_t)n * OC + o0, row, (size_t)width);
-            for (int j = 0; j < width; j++)
-                sum[j] += row[j];
-        }
-        for (int j = 0; j < width; j++)
-            dbias[o0 + j] += sum[j];
-    }
+    else /* the same sums, in the same pass as the rounding */
+        bias_sums(dbias, dout16, dout, N, OC);
 }
 
 /* Many small products are better spread one per thread; few large ones are
