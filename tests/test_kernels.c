@@ -1751,6 +1751,197 @@ Test(swiglu, wide_range_and_tails)
     }
 }
 
+/* ======================================================================== */
+/* GELU, SwiGLU and exp: the AVX-512 path against the AVX2 path            */
+/* ======================================================================== */
+
+/* The elementwise kernels' 16-lane path must give the 8-lane path's bits
+ * for every element, whatever its position in the call and the thread
+ * count: each op runs on a multi-chunk array with the AVX2 path (the
+ * reference), then on that array and on slices of every length 0..40 (at
+ * shifting offsets, so each tail length starts at other positions) with
+ * both paths, 1 and 2 threads.  SwiGLU's backward is compared slice against
+ * slice only: it adds a padded tail's gradients, computed from zero, to
+ * dgate and dup afterwards, where the body updates them in one (fused)
+ * step, so its last n % 8 elements can round differently from the same
+ * element in the body, on either path alike. */
+
+enum { EW_BIG = 3 * 4096 + 8 + 5 }; /* GELU's chunks, an odd 8-block and a tail */
+
+/* every fifth input from the edges of the float range (and of GELU's and
+ * exp's clamps), every fifth a large |x|, the rest in [-12, 12] */
+static float *ew_path_inputs(rng_t *rng, size_t n)
+{
+    static const float edge[] = {0.0f,    -0.0f,   1e-45f,  -1e-45f,  1.1754944e-38f, -3e-39f,
+                                 1e-20f,  -1e-8f,  9.0f,    -9.0f,    10.0f,          -10.0f,
+                                 43.5f,   -43.5f,  87.0f,   -87.0f,   88.0f,          -88.0f,
+                                 89.0f,   -89.0f,  1e4f,    -1e4f,    3.4028235e38f,  -3.4028235e38f,
+                                 INFINITY, -INFINITY, NAN};
+    float *x = fvec(n);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t r = rng_next(rng);
+        if (r % 5 == 0)
+            x[i] = edge[(r >> 8) % (sizeof edge / sizeof *edge)];
+        else if (r % 5 == 1) /* |x| from 12 to 1e13, either sign */
+            x[i] = (float)((r & 256 ? -1 : 1) * 12.0 * exp(rng_uniform(rng, 0, 27)));
+        else
+            x[i] = (float)rng_uniform(rng, -12, 12);
+    }
+    return x;
+}
+
+struct ew_in {
+    float *x, *up, *dout, *pre, *pre2; /* pre, pre2: gradients' prior contents */
+    float *ex;                         /* exp_shifted's, with shift 2.5: finite sums */
+    uint16_t *x16[2];                  /* x as fp16, bf16 */
+};
+
+struct ew_out {
+    float *gelu, *dgelu, *silu, *dgate, *dup, *dgate_only, *dup_only, *dsame, *exp;
+    float exp_sum;
+    uint16_t *gelu16[2];
+    float *gelu16_f32[2], *dgelu16[2];
+};
+
+static void ew_out_alloc(struct ew_out *o, size_t n)
+{
+    float **f[] = {&o->gelu,       &o->dgelu,    &o->silu,  &o->dgate,         &o->dup,
+                   &o->dgate_only, &o->dup_only, &o->dsame, &o->exp,           &o->gelu16_f32[0],
+                   &o->gelu16_f32[1], &o->dgelu16[0], &o->dgelu16[1]};
+    for (size_t k = 0; k < sizeof f / sizeof *f; k++)
+        *f[k] = fvec(n);
+    o->gelu16[0] = hvec(n), o->gelu16[1] = hvec(n);
+}
+
+static void ew_out_free(struct ew_out *o)
+{
+    free(o->gelu), free(o->dgelu), free(o->silu), free(o->dgate), free(o->dup);
+    free(o->dgate_only), free(o->dup_only), free(o->dsame), free(o->exp);
+    for (int b = 0; b < 2; b++)
+        free(o->gelu16[b]), free(o->gelu16_f32[b]), free(o->dgelu16[b]);
+}
+
+/* every op on elements [off, off+n) of in, into the same elements of o */
+static void ew_run_all(struct ew_out *o, const struct ew_in *in, size_t off, size_t n, int path,
+                       int threads)
+{
+    size_t bytes = n * sizeof(float);
+    int saved_cap = tr_cpu_elementwise_cap(path), saved_threads = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    const float *x = in->x + off, *up = in->up + off, *dout = in->dout + off;
+    memset(o->gelu + off, 0xa5, bytes); /* outputs not written show */
+    memset(o->silu + off, 0xa5, bytes);
+    for (int b = 0; b < 2; b++) {
+        memset(o->gelu16[b] + off, 0xa5, n * sizeof(uint16_t));
+        memset(o->gelu16_f32[b] + off, 0xa5, bytes);
+    }
+    tr_cpu_gelu_forward(o->gelu + off, x, n);
+    memcpy(o->dgelu + off, in->pre + off, bytes);
+    tr_cpu_gelu_backward(o->dgelu + off, x, dout, n);
+    tr_cpu_swiglu_forward(o->silu + off, x, up, n);
+    memcpy(o->dgate + off, in->pre + off, bytes);
+    memcpy(o->dup + off, in->pre2 + off, bytes);
+    tr_cpu_swiglu_backward(o->dgate + off, o->dup + off, x, up, dout, n);
+    memcpy(o->dgate_only + off, in->pre + off, bytes);
+    tr_cpu_swiglu_backward(o->dgate_only + off, NULL, x, up, dout, n);
+    memcpy(o->dup_only + off, in->pre2 + off, bytes);
+    tr_cpu_swiglu_backward(NULL, o->dup_only + off, x, up, dout, n);
+    memcpy(o->dsame + off, in->pre + off, bytes); /* silu(x) * x: one tensor, one gradient */
+    tr_cpu_swiglu_backward(o->dsame + off, o->dsame + off, x, x, dout, n);
+    memcpy(o->exp + off, in->ex + off, bytes);
+    o->exp_sum = tr_cpu_exp_shifted(o->exp + off, (int)n, 2.5f);
+    for (int b = 0; b < 2; b++) {
+        struct tr_cpu_act x16 = act_half(in->x16[b] + off, b);
+        tr_cpu_gelu_forward_act(act_half(o->gelu16[b] + off, b), x16, n);
+        tr_cpu_gelu_forward_act(act_f32(o->gelu16_f32[b] + off), x16, n);
+        memcpy(o->dgelu16[b] + off, in->pre + off, bytes);
+        tr_cpu_gelu_backward_act(o->dgelu16[b] + off, x16, dout, n);
+    }
+    tr_cpu_elementwise_cap(saved_cap);
+    omp_set_num_threads(saved_threads);
+}
+
+/* b's elements [off, off+n) against a's; swiglu's gradients only where
+ * swiglu_grads */
+static void ew_expect_same(const char *what, const struct ew_out *a, const struct ew_out *b,
+                           size_t off, size_t n, int swiglu_grads)
+{
+    const struct {
+        const char *name;
+        const float *a, *b;
+    } f[] = {{"gelu", a->gelu, b->gelu},
+             {"gelu dinp", a->dgelu, b->dgelu},
+             {"swiglu out", a->silu, b->silu},
+             {"swiglu dgate", a->dgate, b->dgate},
+             {"swiglu dup", a->dup, b->dup},
+             {"swiglu dgate alone", a->dgate_only, b->dgate_only},
+             {"swiglu dup alone", a->dup_only, b->dup_only},
+             {"swiglu dx of silu(x) * x", a->dsame, b->dsame},
+             {"exp_shifted", a->exp, b->exp},
+             {"gelu fp16 into fp32", a->gelu16_f32[0], b->gelu16_f32[0]},
+             {"gelu bf16 into fp32", a->gelu16_f32[1], b->gelu16_f32[1]},
+             {"gelu fp16 dinp", a->dgelu16[0], b->dgelu16[0]},
+             {"gelu bf16 dinp", a->dgelu16[1], b->dgelu16[1]}};
+    for (size_t k = 0; k < sizeof f / sizeof *f; k++)
+        for (size_t i = off; i < off + n && (swiglu_grads || strncmp(f[k].name, "swiglu d", 8)); i++)
+            cr_assert(memcmp(&f[k].a[i], &f[k].b[i], sizeof(float)) == 0,
+                      "%s: %s [%zu]: %a, want %a", what, f[k].name, i, (double)f[k].b[i],
+                      (double)f[k].a[i]);
+    for (int b16 = 0; b16 < 2; b16++)
+        for (size_t i = off; i < off + n; i++)
+            cr_assert(a->gelu16[b16][i] == b->gelu16[b16][i], "%s: gelu %s [%zu]: 0x%04x, want 0x%04x",
+                      what, half_name(b16), i, b->gelu16[b16][i], a->gelu16[b16][i]);
+}
+
+Test(elementwise_paths, avx512_same_bits_as_avx2)
+{
+    if (!tr_cpu_avx512f() || tr_cpu_elementwise_path() != TR_CPU_EW_AVX512)
+        cr_skip_test("no AVX-512F on this CPU: the elementwise kernels run the AVX2 path");
+    rng_t rng = {1901};
+    struct ew_in in = {.x = ew_path_inputs(&rng, EW_BIG),
+                       .up = random_fvec(&rng, EW_BIG, -2, 2),
+                       .dout = random_fvec(&rng, EW_BIG, -1, 1),
+                       .pre = random_fvec(&rng, EW_BIG, -1, 1),
+                       .pre2 = random_fvec(&rng, EW_BIG, -1, 1),
+                       .x16 = {hvec(EW_BIG), hvec(EW_BIG)}};
+    for (size_t i = 0; i < EW_BIG; i += 7) /* large and special up operands too */
+        in.up[i] = in.x[(i * 31) % EW_BIG];
+    in.ex = random_fvec(&rng, EW_BIG, -30, 2.5);
+    for (size_t i = 0; i < EW_BIG; i += 5) /* below exp's clamp, down to -inf, and +-0 */
+        in.ex[i] = isfinite(in.x[i]) ? -fabsf(in.x[i]) : -INFINITY;
+    for (int b = 0; b < 2; b++)
+        tr_cpu_to_half(in.x16[b], in.x, EW_BIG, b);
+    struct ew_out ref, avx2, avx512;
+    ew_out_alloc(&ref, EW_BIG), ew_out_alloc(&avx2, EW_BIG), ew_out_alloc(&avx512, EW_BIG);
+    ew_run_all(&ref, &in, 0, EW_BIG, TR_CPU_EW_AVX2, 2);
+    char what[96];
+    for (int threads = 1; threads <= 2; threads++) {
+        ew_run_all(&avx512, &in, 0, EW_BIG, TR_CPU_EW_AVX512, threads);
+        snprintf(what, sizeof what, "n=%d threads=%d", (int)EW_BIG, threads);
+        ew_expect_same(what, &ref, &avx512, 0, EW_BIG, 1);
+        cr_assert(memcmp(&ref.exp_sum, &avx512.exp_sum, sizeof(float)) == 0,
+                  "%s: exp_shifted sum %a, want %a", what, (double)avx512.exp_sum,
+                  (double)ref.exp_sum);
+    }
+    for (size_t n = 0; n <= 40; n++)
+        for (int threads = 1; threads <= 2; threads++) {
+            size_t off = (n * 13 + (size_t)threads * 5) % 64;
+            ew_run_all(&avx2, &in, off, n, TR_CPU_EW_AVX2, threads);
+            ew_run_all(&avx512, &in, off, n, TR_CPU_EW_AVX512, threads);
+            snprintf(what, sizeof what, "AVX-512 n=%zu at %zu threads=%d", n, off, threads);
+            ew_expect_same(what, &avx2, &avx512, off, n, 1);
+            snprintf(what, sizeof what, "AVX2 n=%zu at %zu threads=%d, against n=%d", n, off,
+                     threads, (int)EW_BIG);
+            ew_expect_same(what, &ref, &avx2, off, n, 0);
+            cr_assert(memcmp(&avx2.exp_sum, &avx512.exp_sum, sizeof(float)) == 0,
+                      "%s: exp_shifted sum %a, want %a", what, (double)avx512.exp_sum,
+                      (double)avx2.exp_sum);
+        }
+    ew_out_free(&ref), ew_out_free(&avx2), ew_out_free(&avx512);
+    free(in.x), free(in.up), free(in.dout), free(in.pre), free(in.pre2), free(in.ex);
+    free(in.x16[0]), free(in.x16[1]);
+}
+
 Test(scale, forward_backward)
 {
     rng_t rng = {881};

@@ -8,6 +8,9 @@
 #include <immintrin.h>
 #define GELU_HAVE_AVX2 1
 #endif
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define GELU_HAVE_AVX512 1 /* where convert.c's tr_cpu_avx512f() asks cpuid */
+#endif
 
 #include "kernels.h"
 
@@ -67,11 +70,14 @@ void tr_cpu_add_backward(float *da, float *db, const float *dout, size_t n)
  *   u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
  *
  * exp is a Cephes-style polynomial (about 1 ulp on the reduced range), written
- * once for 8 floats with AVX2+FMA and once in portable C.  The AVX2 path is
- * chosen at run time (cpuid), so a binary built for plain x86-64 still uses it
- * where the CPU has it, and still runs where it does not.  Every element of a
- * call goes through the same path (a short tail is padded to a full vector),
- * so the result never depends on how the threads split the array.
+ * for 16 floats with AVX-512F, for 8 with AVX2+FMA and once in portable C.
+ * The vector paths are chosen at run time (cpuid), so a binary built for
+ * plain x86-64 still uses them where the CPU has them, and still runs where
+ * it does not.  The AVX-512 path is the AVX2 path's arithmetic lane for lane
+ * (the same operations in the same order, FMA in the same places), so the
+ * two give the same bits for every element.  Every element of a call goes
+ * through the same path (a short tail is padded to a full block), so the
+ * result never depends on how the threads split the array.
  */
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_CUBIC 0.044715f
@@ -91,7 +97,8 @@ void tr_cpu_add_backward(float *da, float *db, const float *dout, size_t n)
 #define EXP_P4 1.6666665459e-1f
 #define EXP_P5 5.0000001201e-1f
 
-/* Elements per vector block: the unit both paths work in. */
+/* Elements per vector block: the unit every path works in (the AVX-512 path
+ * runs two at a time, and a last odd one masked). */
 enum { GELU_VEC = 8 };
 
 /* ---- portable path ---- */
@@ -194,6 +201,87 @@ static AVX2 void gelu_backward_avx2(float *dinp, const float *inp, const float *
 }
 #endif
 
+/* ---- AVX-512F path: the AVX2 path's operations, 16 lanes wide ----
+ * Each function below mirrors the 8-lane one above it statement for
+ * statement; keep them in step.  n is a multiple of GELU_VEC: the blocks go
+ * 16 at a time and a last odd block with the upper 8 lanes masked off (their
+ * zeros are computed and dropped). */
+
+#ifdef GELU_HAVE_AVX512
+
+#define AVX512 __attribute__((target("avx512f")))
+
+static inline AVX512 __m512 exp_poly16(__m512 a)
+{
+    a = _mm512_min_ps(_mm512_max_ps(a, _mm512_set1_ps(EXP_ARG_MIN)), _mm512_set1_ps(EXP_ARG_MAX));
+    __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(a, _mm512_set1_ps(LOG2E), _mm512_set1_ps(0.5f)),
+                                    _MM_FROUND_FLOOR);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), a);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+    __m512 p = _mm512_set1_ps(EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+static inline AVX512 __m512 gelu_u16(__m512 x, __m512 x2)
+{
+    return _mm512_mul_ps(x, _mm512_fmadd_ps(_mm512_set1_ps(GELU_SCALE_CUBIC), x2,
+                                            _mm512_set1_ps(GELU_SCALE)));
+}
+
+/* the mask of a last odd block's 8 lanes */
+#define LOW8 ((__mmask16)0x00ff)
+
+static inline AVX512 __m512 gelu_forward16(__m512 x)
+{
+    __m512 u = gelu_u16(x, _mm512_mul_ps(x, x));
+    __m512 e = exp_poly16(_mm512_mul_ps(u, _mm512_set1_ps(-2.0f)));
+    return _mm512_div_ps(x, _mm512_add_ps(e, _mm512_set1_ps(1.0f)));
+}
+
+static AVX512 void gelu_forward_avx512(float *out, const float *inp, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(out + i, gelu_forward16(_mm512_loadu_ps(inp + i)));
+    if (i < n)
+        _mm512_mask_storeu_ps(out + i, LOW8, gelu_forward16(_mm512_maskz_loadu_ps(LOW8, inp + i)));
+}
+
+/* dinp + gelu'(x) dout */
+static inline AVX512 __m512 gelu_backward16(__m512 x, __m512 dout, __m512 dinp)
+{
+    __m512 x2 = _mm512_mul_ps(x, x);
+    __m512 u = gelu_u16(x, x2);
+    __m512 e = exp_poly16(_mm512_mul_ps(u, _mm512_set1_ps(-2.0f)));
+    __m512 s = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f)));
+    __m512 du = _mm512_fmadd_ps(_mm512_set1_ps(GELU_SCALE_CUBIC3), x2, _mm512_set1_ps(GELU_SCALE));
+    __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_add_ps(x, x), du), _mm512_mul_ps(e, s));
+    __m512 local = _mm512_fmadd_ps(t, s, s);
+    return _mm512_fmadd_ps(local, dout, dinp);
+}
+
+static AVX512 void gelu_backward_avx512(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dinp + i, gelu_backward16(_mm512_loadu_ps(inp + i),
+                                                   _mm512_loadu_ps(dout + i),
+                                                   _mm512_loadu_ps(dinp + i)));
+    if (i < n)
+        _mm512_mask_storeu_ps(dinp + i, LOW8,
+                              gelu_backward16(_mm512_maskz_loadu_ps(LOW8, inp + i),
+                                              _mm512_maskz_loadu_ps(LOW8, dout + i),
+                                              _mm512_maskz_loadu_ps(LOW8, dinp + i)));
+}
+#endif
+
 /* Whether this CPU runs the AVX2 path; decided once. */
 static int gelu_use_avx2(void)
 {
@@ -211,6 +299,31 @@ static int gelu_use_avx2(void)
 #endif
 }
 
+/* The path the kernels of a call take: the widest the CPU runs, at most the
+ * cap tests set (tr_cpu_elementwise_cap). */
+static int ew_cap = TR_CPU_EW_AVX512;
+
+int tr_cpu_elementwise_path(void)
+{
+    int path = TR_CPU_EW_PORTABLE;
+    if (gelu_use_avx2()) {
+        path = TR_CPU_EW_AVX2;
+#ifdef GELU_HAVE_AVX512
+        if (tr_cpu_avx512f())
+            path = TR_CPU_EW_AVX512;
+#endif
+    }
+    int cap = __atomic_load_n(&ew_cap, __ATOMIC_RELAXED);
+    return path < cap ? path : cap;
+}
+
+int tr_cpu_elementwise_cap(int path)
+{
+    if (path < TR_CPU_EW_PORTABLE || path > TR_CPU_EW_AVX512)
+        path = TR_CPU_EW_AVX512;
+    return __atomic_exchange_n(&ew_cap, path, __ATOMIC_RELAXED);
+}
+
 /* ---- exp of a short row (softmax) ---- */
 
 #ifdef GELU_HAVE_AVX2
@@ -221,6 +334,32 @@ static AVX2 float exp_shifted_avx2(float *x, int n, float shift)
         __m256 e = exp_poly8(_mm256_sub_ps(_mm256_loadu_ps(x + i), sh));
         _mm256_storeu_ps(x + i, e);
         sum = _mm256_add_ps(sum, e);
+    }
+    float lanes[GELU_VEC];
+    _mm256_storeu_ps(lanes, sum);
+    return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+           ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+}
+#endif
+
+#ifdef GELU_HAVE_AVX512
+/* exp 16 lanes at a time, and the AVX2 path's 8-lane sums in its order: the
+ * low half of each 16 (the earlier block), then the high half */
+static AVX512 float exp_shifted_avx512(float *x, int n, float shift)
+{
+    __m256 sum = _mm256_setzero_ps();
+    __m512 sh = _mm512_set1_ps(shift);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 e = exp_poly16(_mm512_sub_ps(_mm512_loadu_ps(x + i), sh));
+        _mm512_storeu_ps(x + i, e);
+        sum = _mm256_add_ps(sum, _mm512_castps512_ps256(e));
+        sum = _mm256_add_ps(sum, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+    }
+    if (i < n) {
+        __m512 e = exp_poly16(_mm512_sub_ps(_mm512_maskz_loadu_ps(LOW8, x + i), sh));
+        _mm512_mask_storeu_ps(x + i, LOW8, e);
+        sum = _mm256_add_ps(sum, _mm512_castps512_ps256(e));
     }
     float lanes[GELU_VEC];
     _mm256_storeu_ps(lanes, sum);
@@ -242,29 +381,33 @@ static float exp_shifted_portable(float *x, int n, float shift)
            ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 
+/* x[0..n) for n a multiple of GELU_VEC, on the given path */
+static float exp_shifted_blocks(float *x, int n, float shift, int path)
+{
+#ifdef GELU_HAVE_AVX512
+    if (path == TR_CPU_EW_AVX512)
+        return exp_shifted_avx512(x, n, shift);
+#endif
+#ifdef GELU_HAVE_AVX2
+    if (path >= TR_CPU_EW_AVX2)
+        return exp_shifted_avx2(x, n, shift);
+#endif
+    (void)path;
+    return exp_shifted_portable(x, n, shift);
+}
+
 float tr_cpu_exp_shifted(float *x, int n, float shift)
 {
+    int path = tr_cpu_elementwise_path();
     int full = n / GELU_VEC * GELU_VEC;
     float sum = 0.0f;
-    if (full > 0) {
-#ifdef GELU_HAVE_AVX2
-        if (gelu_use_avx2())
-            sum = exp_shifted_avx2(x, full, shift);
-        else
-#endif
-            sum = exp_shifted_portable(x, full, shift);
-    }
+    if (full > 0)
+        sum = exp_shifted_blocks(x, full, shift, path);
     if (full < n) { /* the tail, padded with -inf-like values that give exp 0 */
         float tail[GELU_VEC];
         for (int i = 0; i < GELU_VEC; i++)
             tail[i] = full + i < n ? x[full + i] : shift + 2.0f * EXP_ARG_MIN;
-        float tail_sum;
-#ifdef GELU_HAVE_AVX2
-        if (gelu_use_avx2())
-            tail_sum = exp_shifted_avx2(tail, GELU_VEC, shift);
-        else
-#endif
-            tail_sum = exp_shifted_portable(tail, GELU_VEC, shift);
+        float tail_sum = exp_shifted_blocks(tail, GELU_VEC, shift, path);
         for (int i = full; i < n; i++)
             x[i] = tail[i - full];
         /* the padding's exp is the clamp's 1.6e-38 each: nothing next to
@@ -284,7 +427,7 @@ struct ew_arrays {
     const float *in, *in2, *in3;
     struct tr_cpu_act act_out, act_in; /* the *_act kernels' operands as stored */
 };
-typedef void ew_blocks_fn(const struct ew_arrays *a, size_t i0, size_t n, int avx2);
+typedef void ew_blocks_fn(const struct ew_arrays *a, size_t i0, size_t n, int path);
 
 /* Work is split in whole blocks of this many elements (a multiple of
  * GELU_VEC), so every thread's share starts on a vector boundary. */
@@ -292,59 +435,71 @@ enum { GELU_CHUNK = 4096 };
 
 /* Runs the first `full` elements (a multiple of GELU_VEC) in parallel; the
  * caller pads and runs the tail, which each op treats its own way. */
-static void ew_run_blocks(ew_blocks_fn *blocks, const struct ew_arrays *a, size_t full, int avx2)
+static void ew_run_blocks(ew_blocks_fn *blocks, const struct ew_arrays *a, size_t full, int path)
 {
     size_t chunks = (full + GELU_CHUNK - 1) / GELU_CHUNK;
 #pragma omp parallel for schedule(static)
     for (size_t c = 0; c < chunks; c++) {
         size_t i0 = c * GELU_CHUNK;
         size_t len = full - i0 < GELU_CHUNK ? full - i0 : GELU_CHUNK;
-        blocks(a, i0, len, avx2);
+        blocks(a, i0, len, path);
     }
 }
 
 /* out = gelu(in) */
-static void gelu_forward_blocks(const struct ew_arrays *a, size_t i0, size_t n, int avx2)
+static void gelu_forward_blocks(const struct ew_arrays *a, size_t i0, size_t n, int path)
 {
     float *out = a->out + i0;
     const float *inp = a->in + i0;
+#ifdef GELU_HAVE_AVX512
+    if (path == TR_CPU_EW_AVX512) {
+        gelu_forward_avx512(out, inp, n);
+        return;
+    }
+#endif
 #ifdef GELU_HAVE_AVX2
-    if (avx2) {
+    if (path >= TR_CPU_EW_AVX2) {
         gelu_forward_avx2(out, inp, n);
         return;
     }
 #endif
-    (void)avx2;
+    (void)path;
     for (size_t i = 0; i < n; i += GELU_VEC)
         gelu_forward_block_portable(out + i, inp + i);
 }
 
 /* out += gelu'(in) * in2 */
-static void gelu_backward_blocks(const struct ew_arrays *a, size_t i0, size_t n, int avx2)
+static void gelu_backward_blocks(const struct ew_arrays *a, size_t i0, size_t n, int path)
 {
     float *dinp = a->out + i0;
     const float *inp = a->in + i0, *dout = a->in2 + i0;
+#ifdef GELU_HAVE_AVX512
+    if (path == TR_CPU_EW_AVX512) {
+        gelu_backward_avx512(dinp, inp, dout, n);
+        return;
+    }
+#endif
 #ifdef GELU_HAVE_AVX2
-    if (avx2) {
+    if (path >= TR_CPU_EW_AVX2) {
         gelu_backward_avx2(dinp, inp, dout, n);
         return;
     }
 #endif
-    (void)avx2;
+    (void)path;
     for (size_t i = 0; i < n; i += GELU_VEC)
         gelu_backward_block_portable(dinp + i, inp + i, dout + i);
 }
 
 void tr_cpu_gelu_forward(float *out, const float *inp, size_t n)
 {
-    int avx2 = gelu_use_avx2();
+    int path = tr_cpu_elementwise_path();
     size_t full = n / GELU_VEC * GELU_VEC;
-    ew_run_blocks(gelu_forward_blocks, &(struct ew_arrays){.out = out, .in = inp}, full, avx2);
+    ew_run_blocks(gelu_forward_blocks, &(struct ew_arrays){.out = out, .in = inp}, full, path);
     if (full < n) { /* the tail, padded to one block */
         float x[GELU_VEC] = {0}, y[GELU_VEC];
         for (size_t i = full; i < n; i++)
             x[i - full] = inp[i];
-        gelu_forward_blocks(&(struct ew_arrays){.out = y, .in = x}, 0, GELU_VEC, avx2);
+        gelu_forward_blocks(&(struct ew_arrays){.out = y, .in = x}, 0, GELU_VEC, path);
         for (size_t i = full; i < n; i++)
             out[i] = y[i - full];
     }
@@ -354,10 +509,10 @@ void tr_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size
 {
     if (dinp == NULL)
         return;
-    int avx2 = gelu_use_avx2();
+    int path = tr_cpu_elementwise_path();
     size_t full = n / GELU_VEC * GELU_VEC;
     ew_run_blocks(gelu_backward_blocks, &(struct ew_arrays){.out = dinp, .in = inp, .in2 = dout},
-                  full, avx2);
+                  full, path);
     if (full < n) {
         float x[GELU_VEC] = {0}, g[GELU_VEC] = {0}, d[GELU_VEC] = {0};
         for (size_t i = full; i < n; i++) {
@@ -365,7 +520,7 @@ void tr_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size
             g[i - full] = dout[i];
             d[i - full] = dinp[i];
         }
-        gelu_backward_blocks(&(struct ew_arrays){.out = d, .in = x, .in2 = g}, 0, GELU_VEC, avx2);
+        gelu_backward_blocks(&(struct ew_arrays){.out = d, .in = x, .in2 = g}, 0, GELU_VEC, path);
         for (size_t i = full; i < n; i++)
             dinp[i] = d[i - full];
     }
@@ -375,26 +530,26 @@ void tr_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size
  * tiles, the 16-bit input widened into a stack buffer and a 16-bit output
  * narrowed from one, through the same blocks (the same vector path, and the
  * tail padded the same way), so every value is the fp32 kernel's. */
-static void gelu_forward_act_blocks(const struct ew_arrays *a, size_t i0, size_t n, int avx2)
+static void gelu_forward_act_blocks(const struct ew_arrays *a, size_t i0, size_t n, int path)
 {
     float x[ACT_TILE], y[ACT_TILE];
     for (size_t i = i0; i < i0 + n; i += ACT_TILE) {
         size_t len = i0 + n - i < ACT_TILE ? i0 + n - i : ACT_TILE;
         struct ew_arrays t = {.out = tr_cpu_act_dst(a->act_out, i, y),
                               .in = tr_cpu_act_read(a->act_in, i, len, x)};
-        gelu_forward_blocks(&t, 0, len, avx2);
+        gelu_forward_blocks(&t, 0, len, path);
         tr_cpu_act_write(a->act_out, i, len, t.out);
     }
 }
 
-static void gelu_backward_act_blocks(const struct ew_arrays *a, size_t i0, size_t n, int avx2)
+static void gelu_backward_act_blocks(const struct ew_arrays *a, size_t i0, size_t n, int path)
 {
     float x[ACT_TILE];
     for (size_t i = i0; i < i0 + n; i += ACT_TILE) {
         size_t len = i0 + n - i < ACT_TILE ? i0 + n - i : ACT_TILE;
         struct ew_arrays t = {.out = a->out + i, .in = tr_cpu_act_read(a->act_in, i, len, x),
                               .in2 = a->in2 + i};
-        gelu_backward_blocks(&t, 0, len, avx2);
+        gelu_backward_blocks(&t, 0, len, path);
     }
 }
 
@@ -404,16 +559,16 @@ void tr_cpu_gelu_forward_act(struct tr_cpu_act out, struct tr_cpu_act inp, size_
         tr_cpu_gelu_forward(out.data, inp.data, n);
         return;
     }
-    int avx2 = gelu_use_avx2();
+    int path = tr_cpu_elementwise_path();
     size_t full = n / GELU_VEC * GELU_VEC;
     ew_run_blocks(gelu_forward_act_blocks, &(struct ew_arrays){.act_out = out, .act_in = inp},
-                  full, avx2);
+                  full, path);
     if (full < n) { /* the tail, padded to one block as tr_cpu_gelu_forward pads it */
         float x[GELU_VEC] = {0}, y[GELU_VEC];
         const float *tail = tr_cpu_act_read(inp, full, n - full, y);
         for (size_t i = full; i < n; i++)
             x[i - full] = tail[i - full];
-        gelu_forward_blocks(&(struct ew_arrays){.out = y, .in = x}, 0, GELU_VEC, avx2);
+        gelu_forward_blocks(&(struct ew_arrays){.out = y, .in = x}, 0, GELU_VEC, path);
         tr_cpu_act_write(out, full, n - full, y);
     }
 }
@@ -426,10 +581,10 @@ void tr_cpu_gelu_backward_act(float *dinp, struct tr_cpu_act inp, const float *d
     }
     if (dinp == NULL)
         return;
-    int avx2 = gelu_use_avx2();
+    int path = tr_cpu_elementwise_path();
     size_t full = n / GELU_VEC * GELU_VEC;
     ew_run_blocks(gelu_backward_act_blocks,
-                  &(struct ew_arrays){.out = dinp, .in2 = dout, .act_in = inp}, full, avx2);
+                  &(struct ew_arrays){.out = dinp, .in2 = dout, .act_in = inp}, full, path);
     if (full < n) {
         float x[GELU_VEC] = {0}, g[GELU_VEC] = {0}, d[GELU_VEC] = {0};
         const float *tail = tr_cpu_act_read(inp, full, n - full, d);
@@ -439,7 +594,7 @@ void tr_cpu_gelu_backward_act(float *dinp, struct tr_cpu_act inp, const float *d
             g[i - full] = dout[i];
             d[i - full] = dinp[i];
         }
-        gelu_backward_blocks(&(struct ew_arrays){.out = d, .in = x, .in2 = g}, 0, GELU_VEC, avx2);
+        gelu_backward_blocks(&(struct ew_arrays){.out = d, .in = x, .in2 = g}, 0, GELU_VEC, path);
         for (size_t i = full; i < n; i++)
             dinp[i] = d[i - full];
     }
@@ -466,7 +621,7 @@ void tr_cpu_relu_backward(float *dinp, const float *inp, const float *dout, size
  * 1 / (1 + exp(-g)).  Backward, with the same sig:
  *   dgate += dout * up * sig (1 + g (1 - sig)),   dup += dout * g * sig.
  * Built like GELU: the same exp polynomial (its clamp keeps sig exact at
- * the ends), the same run-time AVX2 choice, the same padded tail.
+ * the ends), the same run-time choice of path, the same padded tail.
  */
 static void swiglu_forward_block_portable(float *out, const float *gate, const float *up)
 {
@@ -524,34 +679,99 @@ static AVX2 void swiglu_backward_avx2(float *dgate, float *dup, const float *gat
 }
 #endif
 
+#ifdef GELU_HAVE_AVX512
+/* 16 lanes of swiglu_forward_avx2's loop */
+static inline AVX512 __m512 swiglu_forward16(__m512 g, __m512 up)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    __m512 e = exp_poly16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    __m512 silu = _mm512_div_ps(g, _mm512_add_ps(e, one));
+    return _mm512_mul_ps(silu, up);
+}
+
+static AVX512 void swiglu_forward_avx512(float *out, const float *gate, const float *up, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(out + i, swiglu_forward16(_mm512_loadu_ps(gate + i), _mm512_loadu_ps(up + i)));
+    if (i < n)
+        _mm512_mask_storeu_ps(out + i, LOW8,
+                              swiglu_forward16(_mm512_maskz_loadu_ps(LOW8, gate + i),
+                                               _mm512_maskz_loadu_ps(LOW8, up + i)));
+}
+
+/* 16 lanes (m: which) of swiglu_backward_avx2's loop */
+static inline AVX512 void swiglu_backward16(float *dgate, float *dup, const float *gate,
+                                            const float *up, const float *dout, __mmask16 m)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    __m512 g = _mm512_maskz_loadu_ps(m, gate);
+    __m512 e = exp_poly16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    __m512 sig = _mm512_div_ps(one, _mm512_add_ps(e, one));
+    __m512 silu = _mm512_mul_ps(g, sig);
+    __m512 dy = _mm512_maskz_loadu_ps(m, dout);
+    if (dgate != NULL) {
+        __m512 local = _mm512_fmadd_ps(silu, _mm512_sub_ps(one, sig), sig);
+        __m512 t = _mm512_mul_ps(_mm512_mul_ps(dy, _mm512_maskz_loadu_ps(m, up)), local);
+        _mm512_mask_storeu_ps(dgate, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, dgate), t));
+    }
+    if (dup != NULL)
+        _mm512_mask_storeu_ps(dup, m, _mm512_fmadd_ps(dy, silu, _mm512_maskz_loadu_ps(m, dup)));
+}
+
+static AVX512 void swiglu_backward_avx512(float *dgate, float *dup, const float *gate,
+                                         const float *up, const float *dout, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        swiglu_backward16(dgate ? dgate + i : NULL, dup ? dup + i : NULL, gate + i, up + i,
+                          dout + i, (__mmask16)0xffff);
+    if (i < n)
+        swiglu_backward16(dgate ? dgate + i : NULL, dup ? dup + i : NULL, gate + i, up + i,
+                          dout + i, LOW8);
+}
+#endif
+
 /* out = silu(in) * in2 */
-static void swiglu_forward_blocks(const struct ew_arrays *a, size_t i0, size_t n, int avx2)
+static void swiglu_forward_blocks(const struct ew_arrays *a, size_t i0, size_t n, int path)
 {
     float *out = a->out + i0;
     const float *gate = a->in + i0, *up = a->in2 + i0;
+#ifdef GELU_HAVE_AVX512
+    if (path == TR_CPU_EW_AVX512) {
+        swiglu_forward_avx512(out, gate, up, n);
+        return;
+    }
+#endif
 #ifdef GELU_HAVE_AVX2
-    if (avx2) {
+    if (path >= TR_CPU_EW_AVX2) {
         swiglu_forward_avx2(out, gate, up, n);
         return;
     }
 #endif
-    (void)avx2;
+    (void)path;
     for (size_t i = 0; i < n; i += GELU_VEC)
         swiglu_forward_block_portable(out + i, gate + i, up + i);
 }
 
 /* out (dgate) and out2 (dup), either NULL; in gate, in2 up, in3 dout */
-static void swiglu_backward_blocks(const struct ew_arrays *a, size_t i0, size_t n, int avx2)
+static void swiglu_backward_blocks(const struct ew_arrays *a, size_t i0, size_t n, int path)
 {
     float *dgate = a->out ? a->out + i0 : NULL, *dup = a->out2 ? a->out2 + i0 : NULL;
     const float *gate = a->in + i0, *up = a->in2 + i0, *dout = a->in3 + i0;
+#ifdef GELU_HAVE_AVX512
+    if (path == TR_CPU_EW_AVX512) {
+        swiglu_backward_avx512(dgate, dup, gate, up, dout, n);
+        return;
+    }
+#endif
 #ifdef GELU_HAVE_AVX2
-    if (avx2) {
+    if (path >= TR_CPU_EW_AVX2) {
         swiglu_backward_avx2(dgate, dup, gate, up, dout, n);
         return;
     }
 #endif
-    (void)avx2;
+    (void)path;
     for (size_t i = 0; i < n; i += GELU_VEC)
         swiglu_backward_block_portable(dgate ? dgate + i : NULL, dup ? dup + i : NULL, gate + i,
                                        up + i, dout + i);
@@ -559,17 +779,17 @@ static void swiglu_backward_blocks(const struct ew_arrays *a, size_t i0, size_t 
 
 void tr_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n)
 {
-    int avx2 = gelu_use_avx2();
+    int path = tr_cpu_elementwise_path();
     size_t full = n / GELU_VEC * GELU_VEC;
     ew_run_blocks(swiglu_forward_blocks, &(struct ew_arrays){.out = out, .in = gate, .in2 = up},
-                  full, avx2);
+                  full, path);
     if (full < n) { /* the tail, padded to one block */
         float g[GELU_VEC] = {0}, u[GELU_VEC] = {0}, y[GELU_VEC];
         for (size_t i = full; i < n; i++) {
             g[i - full] = gate[i];
             u[i - full] = up[i];
         }
-        swiglu_forward_blocks(&(struct ew_arrays){.out = y, .in = g, .in2 = u}, 0, GELU_VEC, avx2);
+        swiglu_forward_blocks(&(struct ew_arrays){.out = y, .in = g, .in2 = u}, 0, GELU_VEC, path);
         for (size_t i = full; i < n; i++)
             out[i] = y[i - full];
     }
@@ -580,10 +800,10 @@ void tr_cpu_swiglu_backward(float *dgate, float *dup, const float *gate, const f
 {
     if (dgate == NULL && dup == NULL)
         return;
-    int avx2 = gelu_use_avx2();
+    int path = tr_cpu_elementwise_path();
     size_t full = n / GELU_VEC * GELU_VEC;
     struct ew_arrays all = {.out = dgate, .out2 = dup, .in = gate, .in2 = up, .in3 = dout};
-    ew_run_blocks(swiglu_backward_blocks, &all, full, avx2);
+    ew_run_blocks(swiglu_backward_blocks, &all, full, path);
     if (full < n) {
         /* the tail's contributions, added one gradient after the other, so
          * they both land when dgate and dup are one buffer (silu(x) * x) */
@@ -596,7 +816,7 @@ void tr_cpu_swiglu_backward(float *dgate, float *dup, const float *gate, const f
         }
         struct ew_arrays tail = {.out = dgate ? dg : NULL, .out2 = dup ? du : NULL,
                                  .in = g, .in2 = u, .in3 = dy};
-        swiglu_backward_blocks(&tail, 0, GELU_VEC, avx2);
+        swiglu_backward_blocks(&tail, 0, GELU_VEC, path);
         for (size_t i = full; i < n; i++) {
             if (dgate != NULL)
                 dgate[i] += dg[i - full];

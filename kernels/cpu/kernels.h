@@ -215,6 +215,15 @@ void tr_cpu_rope_backward(float *dinp, const float *dout, float *scratch, int B,
 /* ---- activations */
 void tr_cpu_gelu_forward(float *out, const float *inp, size_t n); /* tanh form */
 void tr_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+/* The vector path of GELU, SwiGLU and tr_cpu_exp_shifted: the widest this
+ * CPU runs.  The AVX-512 and AVX2 paths give the same bits for every element
+ * (and exp_shifted the same sum).  tr_cpu_elementwise_cap(p) keeps the calls
+ * that follow to paths up to p (TR_CPU_EW_AVX512: no cap) and returns the
+ * previous cap: tests compare the paths with it; not to be changed while
+ * those kernels run. */
+enum { TR_CPU_EW_PORTABLE, TR_CPU_EW_AVX2, TR_CPU_EW_AVX512 };
+int tr_cpu_elementwise_path(void);
+int tr_cpu_elementwise_cap(int path);
 /* the same with the input (and forward's output) as stored */
 void tr_cpu_gelu_forward_act(struct tr_cpu_act out, struct tr_cpu_act inp, size_t n);
 void tr_cpu_gelu_backward_act(float *dinp, struct tr_cpu_act inp, const float *dout, size_t n);
