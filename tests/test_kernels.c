@@ -370,8 +370,18 @@ static float float_bits(uint32_t u)
     return f;
 }
 
+static uint32_t bits_of_float(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
 /* The vectorised conversions give tr_f32_to_bf16's bits for every kind of
- * input, at every position of a 16-lane vector and in the scalar tail. */
+ * input, at every position of a 16-lane vector and in the scalar tail;
+ * and, where VCVTNE2PS2BF16 converts 32 at a time, for whole vectors of
+ * subnormals (which it would flush to zero), of NaNs (which it quiets) and
+ * of ordinary values, and one subnormal at each of the 32 lanes. */
 Test(bf16, vectorised_conversion_matches_scalar)
 {
     rng_t rng = {111};
@@ -422,7 +432,48 @@ Test(bf16, vectorised_conversion_matches_scalar)
         }
         cr_assert_eq(wide[len], 7.0f, "from_half wrote past the end (n=%zu)", len);
     }
-    free(in), free(rounded), free(got), free(x), free(h), free(all), free(wide);
+    /* blocks of 32 */
+    enum { BLOCKS = 3 + 32 + 1, M = 32 * BLOCKS + 16 + 7 };
+    float *v = fvec(M);
+    uint16_t *vh = malloc(M * sizeof *vh);
+    const uint32_t edge[] = {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0xff7fffffu,
+                             0x7f800000u, 0xff800000u, 0x00000000u, 0x80000000u, 0x00800000u,
+                             0x80808000u, 0x00818000u, 0x3f7fffffu, 0x7f7f8000u};
+    for (size_t i = 0; i < M; i++) {
+        uint32_t r = (uint32_t)rng_next(&rng), sign = r & 0x80000000u, b = i / 32;
+        uint32_t subnormal = sign | ((r >> 8) % 0x7fffffu + 1), nan = sign | 0x7f800000u | ((r >> 8) % 0x7fffffu + 1);
+        uint32_t normal = sign | ((r >> 8) % 254u + 1) << 23 | (r & 0x7fffffu);
+        if (i >= 32 * BLOCKS) /* a 16-lane vector of NaNs and a tail of subnormals */
+            v[i] = float_bits(i < 32 * BLOCKS + 16 ? nan : subnormal);
+        else if (b == 0) /* subnormals, ties of them among them */
+            v[i] = float_bits(i % 4 == 0 ? sign | ((r >> 8) & 0x7f0000u) | 0x8000u : subnormal);
+        else if (b == 1) /* NaNs, signalling and quiet, all payloads */
+            v[i] = float_bits(i == 32 ? 0x7f800001u : i == 33 ? 0xffffffffu : nan);
+        else if (b == 2) /* ties, overflow to inf, zeros, the smallest normals */
+            v[i] = float_bits(i % 2 ? edge[(i / 2) % (sizeof edge / sizeof *edge)] : normal);
+        else if (b < 3 + 32) /* ordinary values and one subnormal, at lane b - 3 */
+            v[i] = float_bits(i % 32 == b - 3 ? subnormal : normal);
+        else /* NaNs and infinities among ordinary values */
+            v[i] = float_bits(i % 3 == 0 ? nan : i % 3 == 1 ? edge[5 + i % 2] : normal);
+    }
+    const size_t offsets[] = {0, 1, 16, 31};
+    for (size_t o = 0; o < sizeof offsets / sizeof *offsets; o++)
+        for (int how = 0; how < 3; how++) {
+            size_t off = offsets[o], len = M - off;
+            memset(vh, 0xa5, M * sizeof *vh);
+            if (how == 0)
+                tr_cpu_to_bf16(vh, v + off, len);
+            else if (how == 1)
+                tr_cpu_to_bf16_serial(vh, v + off, len);
+            else
+                tr_cpu_to_half_serial(vh, v + off, len, 1);
+            for (size_t i = 0; i < len; i++)
+                cr_assert_eq(vh[i], tr_f32_to_bf16(v[off + i]),
+                             "blocks at offset %zu (%d): [%zu] = 0x%08x gives 0x%04x, want 0x%04x",
+                             off, how, off + i, (unsigned)bits_of_float(v[off + i]), vh[i],
+                             tr_f32_to_bf16(v[off + i]));
+        }
+    free(in), free(rounded), free(got), free(x), free(h), free(all), free(wide), free(v), free(vh);
 }
 
 /* The bf16 GEMM against the emulated one (tr_cpu_sgemm on the same numbers
