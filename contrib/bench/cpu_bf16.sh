@@ -20,15 +20,14 @@
 #   ROUNDS   rounds of the arms (default 2)
 #   ISA      also run trainrun bf16 with ONEDNN_MAX_CPU_ISA=$ISA (e.g. AVX2:
 #            the emulated path on the same machine); default: not
-#   WAIT_POLICY  OMP_WAIT_POLICY for every arm (default: unset, what a user
-#            gets: OpenMP threads spin a while between parallel regions,
-#            then sleep).  "passive" makes them sleep at once, so waiting is
-#            not counted as CPU time -- the setting for CPU-time figures on a
-#            loaded machine; it also costs every parallel region a wake-up
-#            (a futex and, in a VM, an inter-processor interrupt), which
-#            slows wall time: GPT-2 124M fp32 steps at ctx 64 took 0.70-1.70 s
-#            passive against 0.59-0.77 s unset (two runs of five steps each,
-#            2-core Zen 5 VM).
+#   WAIT_POLICY  OMP_WAIT_POLICY for every arm (default: unset, each program
+#            as a user runs it: trainrun sets passive itself unless
+#            OMP_WAIT_POLICY or GOMP_SPINCOUNT is set -- its threads sleep at
+#            once between parallel regions -- and PyTorch's OpenMP spins a
+#            while before it sleeps).  "passive" for every arm makes waiting
+#            cost no CPU time in PyTorch either: the setting for CPU-time
+#            figures on a loaded machine, where spinning threads of one
+#            process steal the cores the others work on.
 #
 # What each figure is:
 #   wall ms/step  trainrun: elapsed_s in metrics.jsonl at the last step minus
