@@ -99,6 +99,8 @@ struct blob_source {
     size_t at, offset;                 /* the tensor being given, its bytes given */
     float *staging;                    /* 16-bit blobs: STAGING_FLOATS floats */
     uint16_t *halves;                  /* and as many halves */
+    int checksum;                      /* keep crc: a streamed blob's (a whole blob's
+                                        * is taken by the writer, off the step loop) */
     unsigned long crc;                 /* of the bytes given so far */
 };
 
@@ -208,7 +210,8 @@ static int blob_fill(void *ud, void *buf, size_t cap, size_t *got, tr_err *err)
             n = tensor_bytes(s, out + done, want - done);
         }
     }
-    s->crc = crc_more(s->crc, buf, want);
+    if (s->checksum)
+        s->crc = crc_more(s->crc, buf, want);
     *got = want;
     return TR_OK;
 }
@@ -411,6 +414,7 @@ static int stream_blob(struct tr_checkpointer *c, int i, const float *params, fl
     struct blob_source s;
     if (open_blob(c, i, params, slots, &s) != TR_OK)
         return tr_fail(err, "out of memory serialising checkpoint %s", name);
+    s.checksum = 1;
     int rc = c->cfg.vt->put_stream(c->cfg.self, blob_names[i], s.size, blob_fill, &s, err);
     if (rc == TR_OK && s.pos != s.size)
         rc = tr_fail(err, "the checkpoint plugin stored %s after %zu of its %zu bytes",
