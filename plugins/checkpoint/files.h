@@ -88,14 +88,15 @@ static inline int write_all(int fd, const void *data, size_t size)
 /* A whole file: created (exclusive: it must not exist yet; else replaced),
  * written, fsync'd when sync, closed.  -1: it could not be created; -2: it
  * was, but writing failed, and it is removed again; errno says why. */
-static inline int write_file(const char *path, const void *data, size_t size, int exclusive,
-                             int sync)
+/* The end of writing file path through fd (failed: a write already failed,
+ * with errno e): fsync'd when sync and nothing failed, closed, and removed
+ * when anything failed.  0, or -2 with errno set. */
+static inline int finish_file(int fd, const char *path, int failed, int e, int sync)
 {
-    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | (exclusive ? O_EXCL : O_TRUNC), 0644);
-    if (fd < 0)
-        return -1;
-    int failed = write_all(fd, data, size) != 0 || (sync && fsync(fd) != 0);
-    int e = errno;
+    if (!failed && sync && fsync(fd) != 0) {
+        failed = 1;
+        e = errno;
+    }
     /* close() reports delayed write errors on some filesystems (NFS) */
     if (close(fd) != 0 && !failed) {
         failed = 1;
@@ -107,6 +108,16 @@ static inline int write_file(const char *path, const void *data, size_t size, in
         return -2;
     }
     return 0;
+}
+
+static inline int write_file(const char *path, const void *data, size_t size, int exclusive,
+                             int sync)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | (exclusive ? O_EXCL : O_TRUNC), 0644);
+    if (fd < 0)
+        return -1;
+    int failed = write_all(fd, data, size) != 0;
+    return finish_file(fd, path, failed, errno, sync);
 }
 
 /* Some filesystems cannot fsync directories (EINVAL); that is not an error. */

@@ -353,8 +353,8 @@ static int local_put(void *self, const char *blob, const void *data, size_t size
 #define STREAM_PIECE ((size_t)4 << 20)
 
 /* put() with the bytes pulled from fill a piece at a time: the same file,
- * created exclusively, fsync'd and closed as write_file does, and removed
- * again when anything fails, fill included. */
+ * created exclusively and finished as write_file finishes it (finish_file:
+ * fsync'd, closed, removed again when anything failed, fill included). */
 static int local_put_stream(void *self, const char *blob, size_t size, tr_blob_fill_fn fill,
                             void *ud, tr_err *err)
 {
@@ -393,23 +393,12 @@ static int local_put_stream(void *self, const char *blob, size_t size, tr_blob_f
         }
         done += got;
     }
-    if (!failed && l->fsync && fsync(fd) != 0) {
-        failed = 1;
-        e = errno;
-    }
-    /* close() reports delayed write errors on some filesystems (NFS) */
-    if (close(fd) != 0 && !failed) {
-        failed = 1;
-        e = errno;
-    }
-    if (failed) {
-        unlink(path);
-        if (filled)
-            blob_file_error(path, -2, e, err);
-    }
+    int rc = finish_file(fd, path, failed, e, l->fsync);
+    if (rc != 0 && filled) /* a failed fill has said why */
+        blob_file_error(path, rc, errno, err);
     free(buf);
     free(path);
-    return failed ? TR_ERROR : TR_OK;
+    return rc == 0 ? TR_OK : TR_ERROR;
 }
 
 /* LATEST as this plugin writes it: a regular file holding one checkpoint
