@@ -120,14 +120,17 @@ static const uint16_t *bf16_of(float *dst, const struct tr_tensor *t)
     return to_bf16(dst, (const float *)t->data, t->numel);
 }
 
-/* The three GEMM operands of a linear or matmul node (in[0], in[1], the
- * output's gradient), converted to bf16 one after another in scratch. */
+/* The three GEMM operands of a linear or matmul node in bf16, one after
+ * another in scratch: in[0] and in[1] (converted where they are not bf16
+ * already), room for the output's gradient (dout, which backward fills),
+ * and the scratch after the three (rest). */
 struct bf16_operands {
-    const uint16_t *a, *b, *dout;
+    const uint16_t *a, *b;
+    uint16_t *dout;
+    float *rest;
 };
 
-static struct bf16_operands bf16_inputs(const struct tr_graph *g, const struct tr_node *n,
-                                        const float *dout)
+static struct bf16_operands bf16_inputs(const struct tr_graph *g, const struct tr_node *n)
 {
     struct bf16_operands o;
     float *at = g->scratch;
@@ -137,7 +140,8 @@ static struct bf16_operands bf16_inputs(const struct tr_graph *g, const struct t
     const uint16_t *w16 = tr_cpu_param16(g, T(1));
     o.b = w16 ? w16 : bf16_of(at, T(1));
     at += bf16_floats(T(1)->numel);
-    o.dout = dout ? to_bf16(at, dout, OUT->numel) : NULL;
+    o.dout = (uint16_t *)(void *)at;
+    o.rest = at + bf16_floats(OUT->numel);
     return o;
 }
 
@@ -248,14 +252,11 @@ static void cpu_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
         break;
     case TR_OP_LINEAR: {
         if (native_bf16(g)) {
-            struct bf16_operands o = bf16_inputs(g, n, NULL);
+            struct bf16_operands o = bf16_inputs(g, n);
             const float *bias = n->n_in == 3 ? F(T(2)) : NULL;
             if (linear_out16(g, n)) /* rounded into storage tile by tile */
-                tr_cpu_linear_forward_bf16_out16(
-                    (uint16_t *)OUT->data,
-                    g->scratch + bf16_floats(T(0)->numel) + bf16_floats(T(1)->numel) +
-                        bf16_floats(OUT->numel),
-                    o.a, o.b, bias, rows(T(0)), cols(T(0)), (int)T(1)->shape[0]);
+                tr_cpu_linear_forward_bf16_out16((uint16_t *)OUT->data, o.rest, o.a, o.b, bias,
+                                                 rows(T(0)), cols(T(0)), (int)T(1)->shape[0]);
             else
                 tr_cpu_linear_forward_bf16(F(OUT), o.a, o.b, bias, rows(T(0)), cols(T(0)),
                                            (int)T(1)->shape[0]);
@@ -274,7 +275,7 @@ static void cpu_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
         int batch, M, K, N;
         matmul_dims(g, n, &batch, &M, &K, &N);
         if (native_bf16(g)) {
-            struct bf16_operands o = bf16_inputs(g, n, NULL);
+            struct bf16_operands o = bf16_inputs(g, n);
             tr_cpu_matmul_forward_bf16(F(OUT), o.a, o.b, batch, M, K, N, n->trans_b);
             break;
         }
@@ -383,12 +384,10 @@ static void cpu_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
     case TR_OP_LINEAR: {
         if (native_bf16(g)) {
             /* dout to bf16 and the bias gradient (from the fp32 dout) in one pass */
-            struct bf16_operands o = bf16_inputs(g, n, NULL);
-            uint16_t *dout16 = (uint16_t *)(void *)(g->scratch + bf16_floats(T(0)->numel) +
-                                                    bf16_floats(T(1)->numel));
-            tr_cpu_linear_dout_bf16(dout16, n->n_in == 3 ? T(2)->grad : NULL, dout, rows(T(0)),
+            struct bf16_operands o = bf16_inputs(g, n);
+            tr_cpu_linear_dout_bf16(o.dout, n->n_in == 3 ? T(2)->grad : NULL, dout, rows(T(0)),
                                     (int)T(1)->shape[0]);
-            tr_cpu_linear_backward_bf16(T(0)->grad, T(1)->grad, dout16, o.a, o.b, rows(T(0)),
+            tr_cpu_linear_backward_bf16(T(0)->grad, T(1)->grad, o.dout, o.a, o.b, rows(T(0)),
                                         cols(T(0)), (int)T(1)->shape[0]);
             break;
         }
@@ -409,7 +408,8 @@ static void cpu_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
         int batch, M, K, N;
         matmul_dims(g, n, &batch, &M, &K, &N);
         if (native_bf16(g)) {
-            struct bf16_operands o = bf16_inputs(g, n, dout);
+            struct bf16_operands o = bf16_inputs(g, n);
+            tr_cpu_to_bf16(o.dout, dout, OUT->numel);
             tr_cpu_matmul_backward_bf16(T(0)->grad, T(1)->grad, o.dout, o.a, o.b, batch, M, K, N,
                                         n->trans_b);
             break;
@@ -720,8 +720,8 @@ static void cpu_node_backward(void *ctx, struct tr_graph *g, const struct tr_nod
 }
 
 /* The bf16 copy of the parameters (param16.c) that the native bf16 GEMMs
- * read a weight from: 2 bytes a parameter, in whole 64-byte lines, where
- * some linear or matmul multiplies a parameter. */
+ * read a weight from, where some linear or matmul multiplies a parameter
+ * (bf16_inputs). */
 static size_t cpu_param_copy_bytes(void *ctx, const struct tr_graph *g)
 {
     (void)ctx;
@@ -731,7 +731,7 @@ static size_t cpu_param_copy_bytes(void *ctx, const struct tr_graph *g)
         const struct tr_node *n = &g->nodes[i];
         if ((n->op == TR_OP_LINEAR || n->op == TR_OP_MATMUL) && n->n_in > 1 &&
             T(1)->role == TR_ROLE_PARAM)
-            return (g->n_params * sizeof(uint16_t) + 63) & ~(size_t)63;
+            return tr_cpu_param16_bytes(g->n_params);
     }
     return 0;
 }

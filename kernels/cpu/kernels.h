@@ -409,6 +409,8 @@ const uint16_t *tr_cpu_param16(const struct tr_graph *g, const struct tr_tensor 
 uint16_t *tr_cpu_param16_updated(const float *p, size_t n);
 void tr_cpu_param16_written(const void *p, size_t bytes);
 void tr_cpu_param16_forget(const void *p);
+/* The bytes a copy of n_params parameters takes (what the memory plan counts). */
+size_t tr_cpu_param16_bytes(size_t n_params);
 
 /* ---- The CPU backend (backend.c).  The core opens it by name, "cpu",
  * through tr_cpu_backend_module (kernels/backend.h); tests call these. */

@@ -102,6 +102,13 @@ static void refresh(struct mirror *m)
     }
 }
 
+/* whole 64-byte lines, so the bf16 rows the GEMMs read start aligned when
+ * their fp32 rows do */
+size_t tr_cpu_param16_bytes(size_t n_params)
+{
+    return (n_params * sizeof(uint16_t) + 63) & ~(size_t)63;
+}
+
 const uint16_t *tr_cpu_param16(const struct tr_graph *g, const struct tr_tensor *t)
 {
     if (t->role != TR_ROLE_PARAM || t->dtype != TR_F32 || g->params == NULL ||
@@ -117,9 +124,7 @@ const uint16_t *tr_cpu_param16(const struct tr_graph *g, const struct tr_tensor 
             if (mirrors[i].bf16 == NULL)
                 m = &mirrors[i];
         if (m != NULL) {
-            /* whole 64-byte lines, so the bf16 rows the GEMMs read start aligned
-             * when their fp32 rows do */
-            size_t bytes = (g->n_params * sizeof(uint16_t) + 63) & ~(size_t)63;
+            size_t bytes = tr_cpu_param16_bytes(g->n_params);
             void *p = NULL;
             if (posix_memalign(&p, 64, bytes) != 0) {
                 m = NULL; /* out of memory: the caller converts per call, as before */
