@@ -190,28 +190,27 @@ static struct att_head head_of(const struct att_layout *L, int b, int h, float *
     return a;
 }
 
-static inline float bf16_value(uint16_t h)
-{
-    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
-    return v.f;
-}
-
 /* D = rowsum(dout * out); on the bf16 path from the rounded dout that dP
  * is made of, so that rowsum(P * dP) = D holds as it does in fp32 (with one
- * key, dS is then zero rather than dout's rounding error) */
+ * key, dS is then zero rather than dout's rounding error).  Widened a block
+ * of a row at a time; the sum runs along the row either way. */
 static void head_rowsum(const struct att_layout *L, const struct att_head *a)
 {
     int hs = L->D, ldo = L->H * L->D;
+    float wide[K_BLOCK];
     for (int t = 0; t < L->T; t++) {
         const float *g = a->dout + (size_t)t * ldo, *y = a->out + (size_t)t * ldo;
         float dot = 0.0f;
-        if (L->dout16 != NULL) {
-            const uint16_t *g16 = L->dout16 + a->o_at + (size_t)t * ldo;
-            for (int d = 0; d < hs; d++)
-                dot += bf16_value(g16[d]) * y[d];
-        } else {
-            for (int d = 0; d < hs; d++)
-                dot += g[d] * y[d];
+        for (int d0 = 0; d0 < hs; d0 += K_BLOCK) {
+            int n = min_int(K_BLOCK, hs - d0);
+            const float *gd = g + d0;
+            if (L->dout16 != NULL) {
+                tr_cpu_from_half_serial(wide, L->dout16 + a->o_at + (size_t)t * ldo + d0,
+                                        (size_t)n, 1);
+                gd = wide;
+            }
+            for (int d = 0; d < n; d++)
+                dot += gd[d] * y[d0 + d];
         }
         a->D[t] = dot;
     }
