@@ -258,7 +258,9 @@ int tr_plan_build(struct tr_plan *p, const char *recipe, const char *const *over
     }
     if (measure(&cfg, &be, 2 * p->micro_batch, pol.compute, slots, &g2, err) != TR_OK)
         goto out;
-    if (strcmp(cfg.device, "cpu") != 0) /* the CPU backend's own copy: no other device's */
+    /* the CPU backend's own copy of the weights: not on another device, nor
+     * in a plan priced for other hardware (cost.hardware, gpus=N) */
+    if (strcmp(cfg.device, "cpu") != 0 || (p->hardware && strcmp(p->hardware->name, "cpu") != 0))
         g->memory.param_copies = g2->memory.param_copies = 0;
     p->memory = g->memory;
     p->memory_total = (double)tr_graph_memory_total(&g->memory);

@@ -140,4 +140,10 @@ ONEDNN_MAX_CPU_ISA=AVX2 "$TRAINRUN" plan "$C/tiny.lua" precision=bf16 > plan-avx
 "$TRAINRUN" plan "$C/tiny.lua" precision=bf16 device=cuda cost.hardware=a100-80gb > plan-cuda.txt 2>&1 ||
   { cat plan-cuda.txt; fail "plan refused bf16 on device=cuda"; }
 [ "$(copies plan-cuda.txt)" = 0 ] || { cat plan-cuda.txt; fail "a cuda plan counts the cpu's parameter copies"; }
+"$TRAINRUN" plan "$C/tiny.lua" precision=bf16 cost.hardware=h100-80gb > plan-h100.txt 2>&1 ||
+  { cat plan-h100.txt; fail "plan refused cost.hardware=h100-80gb"; }
+[ "$(copies plan-h100.txt)" = 0 ] || { cat plan-h100.txt; fail "a plan for GPUs counts the cpu's parameter copies"; }
+"$TRAINRUN" plan "$C/tiny.lua" precision=bf16 cost.hardware=cpu > plan-cpuhw.txt 2>&1 ||
+  { cat plan-cpuhw.txt; fail "plan refused cost.hardware=cpu"; }
+[ "$(copies plan-cpuhw.txt)" = "$want" ] || { cat plan-cpuhw.txt; fail "a plan for the cpu hardware: parameter copies row, want $want"; }
 echo "precision: ok"
