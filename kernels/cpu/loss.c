@@ -16,7 +16,10 @@ enum { CE_CHUNK = 1024 };
  * chunks' sums are added in double, in order. */
 static float row_logsumexp(const float *x, int V)
 {
+    /* the maximum in lanes (a serial compare chain was most of the forward
+     * pass); which of equal maxima wins does not change the value */
     float max = x[0];
+#pragma omp simd reduction(max : max)
     for (int i = 1; i < V; i++)
         max = x[i] > max ? x[i] : max;
     double sum = 0.0;
