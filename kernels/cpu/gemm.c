@@ -166,13 +166,15 @@ void tr_cpu_sgemm_serial(int trans_a, int trans_b, int M, int N, int K, float al
 /*
  * ---- GEMMs with bf16 inputs and fp32 products, sums and output ----------
  *
- * oneDNN 2.x's C API has no bf16 GEMM function, so these run oneDNN matmul
- * primitives (src and weights bf16, dst f32).  The determinism argument is
- * the sgemm one: the same tile grid of C (gemm_tile_grid, a function of the
- * shape only), one single-threaded primitive execution per tile over the
- * full K.  A primitive decides its blocking from the thread count it sees
- * when it is created, so every primitive is created with one OpenMP thread
- * and only ever executed on one.
+ * Each tile is one oneDNN call on one thread: its bf16 GEMM function
+ * (bf16_single, below: exported by libdnnl, undeclared in Debian's 2.x
+ * headers) or, for tiles that add a bias and where libdnnl lacks the
+ * function, a matmul primitive (src and weights bf16, dst f32).  The
+ * determinism argument is the sgemm one: the same tile grid of C
+ * (gemm_tile_grid, a function of the shape only), one single-threaded call
+ * per tile over the full K.  A primitive decides its blocking from the
+ * thread count it sees when it is created, so every primitive is created
+ * with one OpenMP thread and only ever executed on one.
  *
  * Creating a primitive takes from a millisecond to tens of them, so each
  * tile shape (dimensions, transposes, leading dimensions, whether C
@@ -397,9 +399,49 @@ static void bf16_call(int trans_a, int trans_b, int M, int N, int K, const uint1
         bf16_fail("executing the matmul primitive", s, &k);
 }
 
+/*
+ * oneDNN's GEMM function for bf16 inputs: no per-call set-up (a matmul
+ * primitive costs a table lookup under a lock, four memory objects and a
+ * stream wait a call: as much as the product itself for attention's 64-row
+ * blocks), and 6-12% faster than the primitive on the tiles of this file's
+ * grid (one core of a Zen 5: 1024 x 768 x 384, 431 against 385 GFLOP/s;
+ * 384 x 384 x 2048 transposed, 406 against 372).  libdnnl exports it
+ * (DNNL_API in its source) but the 2.x headers Debian ships do not declare
+ * it, so it is declared here, weak: where a libdnnl lacks it the primitive
+ * runs the same product instead (the same exact bf16 products, summed in
+ * fp32, perhaps in another order).
+ */
+extern dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t M, dnnl_dim_t N,
+                                           dnnl_dim_t K, float alpha, const uint16_t *A,
+                                           dnnl_dim_t lda, const uint16_t *B, dnnl_dim_t ldb,
+                                           float beta, float *C, dnnl_dim_t ldc)
+    __attribute__((weak));
+
+/* C (+)= op(A) op(B) in one oneDNN call on the calling thread, which the
+ * caller has made oneDNN's only one: the GEMM function where libdnnl has
+ * it, else a primitive. */
+static void bf16_single(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A, int lda,
+                        const uint16_t *B, int ldb, int accumulate, float *C, int ldc)
+{
+    if (dnnl_gemm_bf16bf16f32 == NULL) {
+        bf16_call(trans_a, trans_b, M, N, K, A, lda, B, ldb, NULL, accumulate, C, ldc);
+        return;
+    }
+    dnnl_status_t s = dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K,
+                                            1.0f, A, lda, B, ldb, accumulate ? 1.0f : 0.0f, C,
+                                            ldc);
+    if (s != dnnl_success) {
+        struct bf16_key k = {trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, 0};
+        bf16_fail("dnnl_gemm_bf16bf16f32", s, &k);
+    }
+}
+
 /* Tile number tile_index of C (+)= op(A) op(B) (+ bias); with C16, the
  * tile's results then rounded to bf16 into C16 (ld ldc) while they are
- * fresh in cache. */
+ * fresh in cache.  A tile with a bias runs the primitive, which adds it as
+ * it stores the sums (faster than starting the tile from the bias rows for
+ * the GEMM function to add onto: 410 against 368 GFLOP/s for the 6 x 384
+ * GPT's 2048 x 1152 x 384 on one core); the others the GEMM function. */
 static void bf16_tile(int tile_index, struct tile_grid grid, int trans_a, int trans_b, int M, int N,
                       int K, const uint16_t *A, int lda, const uint16_t *B, int ldb,
                       const float *bias, int accumulate, float *C, int ldc, uint16_t *C16)
@@ -411,8 +453,12 @@ static void bf16_tile(int tile_index, struct tile_grid grid, int trans_a, int tr
     const uint16_t *A_tile = trans_a ? A + i0 : A + (size_t)i0 * lda;
     const uint16_t *B_tile = trans_b ? B + (size_t)j0 * ldb : B + j0;
     float *C_tile = C + (size_t)i0 * ldc + j0;
-    bf16_call(trans_a, trans_b, rows, cols, K, A_tile, lda, B_tile, ldb,
-              bias != NULL ? bias + j0 : NULL, accumulate, C_tile, ldc);
+    if (bias != NULL)
+        bf16_call(trans_a, trans_b, rows, cols, K, A_tile, lda, B_tile, ldb, bias + j0,
+                  accumulate, C_tile, ldc);
+    else
+        bf16_single(trans_a, trans_b, rows, cols, K, A_tile, lda, B_tile, ldb, accumulate, C_tile,
+                    ldc);
     if (C16 != NULL)
         for (int i = 0; i < rows; i++)
             tr_cpu_to_bf16_serial(C16 + (size_t)(i0 + i) * ldc + j0, C_tile + (size_t)i * ldc,
@@ -500,23 +546,11 @@ void tr_cpu_gemm_bf16_serial(int trans_a, int trans_b, int M, int N, int K, cons
 /*
  * ---- small bf16 products on the calling thread --------------------------
  *
- * Attention multiplies 64-row blocks, one block a thread: there the matmul
- * primitives above cost about as much per call (the table's lock, four
- * memory objects, a stream wait) as the product itself.  oneDNN's GEMM
- * function for bf16 inputs has no per-call set-up; libdnnl exports it
- * (DNNL_API in its source) but the 2.x headers Debian ships do not declare
- * it, so it is declared here, weak: where a libdnnl lacks it the primitive
- * path runs the same product instead (the same exact bf16 products, summed
- * in fp32, perhaps in another order).  One call over the whole block, no
- * tiling: the block is already one thread's share, and its shape alone
- * decides the order of the sums.
+ * Attention multiplies 64-row blocks, one block a thread: one call over the
+ * whole block, no tiling (the block is already one thread's share, and its
+ * shape alone decides the order of the sums), through the GEMM function
+ * where libdnnl has it (bf16_single).
  */
-extern dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t M, dnnl_dim_t N,
-                                           dnnl_dim_t K, float alpha, const uint16_t *A,
-                                           dnnl_dim_t lda, const uint16_t *B, dnnl_dim_t ldb,
-                                           float beta, float *C, dnnl_dim_t ldc)
-    __attribute__((weak));
-
 void tr_cpu_gemm_bf16_block(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A,
                             int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc)
 {
@@ -529,17 +563,7 @@ void tr_cpu_gemm_bf16_block(int trans_a, int trans_b, int M, int N, int K, const
     }
     int saved_threads = omp_get_max_threads();
     omp_set_num_threads(1);
-    if (dnnl_gemm_bf16bf16f32 != NULL) {
-        dnnl_status_t s = dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K,
-                                                1.0f, A, lda, B, ldb, accumulate ? 1.0f : 0.0f, C,
-                                                ldc);
-        if (s != dnnl_success) {
-            struct bf16_key k = {trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, 0};
-            bf16_fail("dnnl_gemm_bf16bf16f32", s, &k);
-        }
-    } else {
-        bf16_call(trans_a, trans_b, M, N, K, A, lda, B, ldb, NULL, accumulate, C, ldc);
-    }
+    bf16_single(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
     omp_set_num_threads(saved_threads);
 }
 
