@@ -1203,7 +1203,8 @@ Test(layernorm, forward_backward)
 {
     rng_t rng = {801};
     /* (C = 2 is left out: its input gradient is zero up to eps, all rounding noise) */
-    const int shapes[][2] = {{1, 3}, {3, 5}, {7, 16}, {24, 40}, {10, 67}, {5, 130}};
+    /* (70 rows: three chunks of dw's and db's partial sums, the last short) */
+    const int shapes[][2] = {{1, 3}, {3, 5}, {7, 16}, {24, 40}, {10, 67}, {5, 130}, {70, 9}};
     const float eps = 1e-5f;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int N = shapes[s][0], C = shapes[s][1];
@@ -1224,7 +1225,8 @@ Test(layernorm, forward_backward)
         ctx.mean = ctx.rstd = NULL;
 
         float *dinp = fvec(n_x), *dw = fvec(C), *db = fvec(C);
-        tr_cpu_layernorm_backward(dinp, dw, db, R, inp, w, mean, rstd, N, C);
+        float *scratch = fvec(tr_cpu_layernorm_scratch_floats(N, C));
+        tr_cpu_layernorm_backward(dinp, dw, db, scratch, R, inp, w, mean, rstd, N, C);
         check_gradient("layernorm dinp", dinp, ref_layernorm, &ctx, ctx.inp, n_x, Rd, n_x);
         check_gradient("layernorm dw", dw, ref_layernorm, &ctx, ctx.w, C, Rd, n_x);
         check_gradient("layernorm db", db, ref_layernorm, &ctx, ctx.b, C, Rd, n_x);
@@ -1233,14 +1235,15 @@ Test(layernorm, forward_backward)
         float *pre_b = random_fvec(&rng, C, -1, 1);
         float *acc_x = copy_fvec(pre_x, n_x), *acc_w = copy_fvec(pre_w, C);
         float *acc_b = copy_fvec(pre_b, C);
-        tr_cpu_layernorm_backward(acc_x, acc_w, acc_b, R, inp, w, mean, rstd, N, C);
+        tr_cpu_layernorm_backward(acc_x, acc_w, acc_b, scratch, R, inp, w, mean, rstd, N, C);
         expect_accumulated("layernorm dinp accumulates", acc_x, pre_x, dinp, n_x);
         expect_accumulated("layernorm dw accumulates", acc_w, pre_w, dw, C);
         expect_accumulated("layernorm db accumulates", acc_b, pre_b, db, C);
 
         float *only_w = fvec(C);
-        tr_cpu_layernorm_backward(NULL, only_w, NULL, R, inp, w, mean, rstd, N, C);
+        tr_cpu_layernorm_backward(NULL, only_w, NULL, scratch, R, inp, w, mean, rstd, N, C);
         expect_close_ff("layernorm dw alone", only_w, dw, C, 0.0);
+        free(scratch);
 
         free(inp), free(w), free(b), free(R), free(ctx.inp), free(ctx.w), free(ctx.b), free(Rd);
         free(want), free(out), free(mean), free(rstd), free(dinp), free(dw), free(db);
@@ -1407,8 +1410,9 @@ Test(activations_16bit, layernorm_forward_backward_bitwise)
 {
     rng_t rng = {1503};
     int saved_threads = omp_get_max_threads();
-    /* model widths, and one past the kernel's 1024-column row tile */
-    const int shapes[][2] = {{1, 48}, {7, 100}, {13, 384}, {5, 2048 + 37}};
+    /* model widths, one past the kernel's 1024-column row tile, and rows
+     * for three chunks of the backward's partial sums */
+    const int shapes[][2] = {{1, 48}, {7, 100}, {13, 384}, {5, 2048 + 37}, {77, 64}};
     const float eps = 1e-5f;
     for (int bf16 = 0; bf16 < 2; bf16++)
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
@@ -1426,7 +1430,9 @@ Test(activations_16bit, layernorm_forward_backward_bitwise)
             tr_cpu_to_half(want, y32, n_x, bf16);
             float *dx_want = copy_fvec(pre_x, n_x), *dw_want = copy_fvec(pre_w, C);
             float *db_want = copy_fvec(pre_b, C);
-            tr_cpu_layernorm_backward(dx_want, dw_want, db_want, dout, x32, w, mean, rstd, N, C);
+            float *scratch = fvec(tr_cpu_layernorm_scratch_floats(N, C));
+            tr_cpu_layernorm_backward(dx_want, dw_want, db_want, scratch, dout, x32, w, mean,
+                                      rstd, N, C);
             for (int threads = 1; threads <= 2; threads++) {
                 omp_set_num_threads(threads);
                 char what[96];
@@ -1447,8 +1453,8 @@ Test(activations_16bit, layernorm_forward_backward_bitwise)
 
                 float *dx = copy_fvec(pre_x, n_x), *dw = copy_fvec(pre_w, C);
                 float *db = copy_fvec(pre_b, C);
-                tr_cpu_layernorm_backward_act(dx, dw, db, dout, act_half(x, bf16), w, mean, rstd,
-                                              N, C);
+                tr_cpu_layernorm_backward_act(dx, dw, db, scratch, dout, act_half(x, bf16), w,
+                                              mean, rstd, N, C);
                 snprintf(what, sizeof what, "layernorm %s backward %dx%d threads=%d",
                          half_name(bf16), N, C, threads);
                 expect_bitwise(what, dx, dx_want, n_x);
@@ -1456,8 +1462,8 @@ Test(activations_16bit, layernorm_forward_backward_bitwise)
                 expect_bitwise(what, db, db_want, C);
                 /* the weights' gradients alone (an input that needs none) */
                 float *only_w = copy_fvec(pre_w, C);
-                tr_cpu_layernorm_backward_act(NULL, only_w, NULL, dout, act_half(x, bf16), w, mean,
-                                              rstd, N, C);
+                tr_cpu_layernorm_backward_act(NULL, only_w, NULL, scratch, dout, act_half(x, bf16),
+                                              w, mean, rstd, N, C);
                 expect_bitwise(what, only_w, dw_want, C);
                 free(y), free(y_f32), free(m), free(r), free(dx), free(dw), free(db);
                 free(only_w);
@@ -1465,7 +1471,7 @@ Test(activations_16bit, layernorm_forward_backward_bitwise)
             omp_set_num_threads(saved_threads);
             free(x), free(x32), free(w), free(b), free(dout), free(pre_x), free(pre_w);
             free(pre_b), free(y32), free(mean), free(rstd), free(want), free(dx_want);
-            free(dw_want), free(db_want);
+            free(dw_want), free(db_want), free(scratch);
         }
 }
 
@@ -3007,8 +3013,10 @@ static void run_with_threads(const thread_inputs *in, int threads, thread_result
     r->ln_dinp = fvec(LN_N * LN_C), r->ln_dw = fvec(LN_C), r->ln_db = fvec(LN_C);
     tr_cpu_layernorm_forward(r->ln_out, r->ln_mean, r->ln_rstd, in->ln_inp, in->ln_w, in->ln_b,
                              LN_N, LN_C, 1e-5f);
-    tr_cpu_layernorm_backward(r->ln_dinp, r->ln_dw, r->ln_db, in->ln_dout, in->ln_inp, in->ln_w,
-                              r->ln_mean, r->ln_rstd, LN_N, LN_C);
+    float *ln_scratch = fvec(tr_cpu_layernorm_scratch_floats(LN_N, LN_C));
+    tr_cpu_layernorm_backward(r->ln_dinp, r->ln_dw, r->ln_db, ln_scratch, in->ln_dout, in->ln_inp,
+                              in->ln_w, r->ln_mean, r->ln_rstd, LN_N, LN_C);
+    free(ln_scratch);
 
     r->att_out = fvec(AT_B * AT_T * AT_C), r->att_lse = fvec(AT_B * AT_NH * AT_T);
     r->att_dqkv = fvec(AT_B * AT_T * 3 * AT_C);

@@ -217,6 +217,8 @@ static size_t cpu_scratch_floats(void *ctx, const struct tr_graph *g, const stru
         return tr_cpu_batchnorm_scratch_floats(rows(T(0)), cols(T(0)));
     if (n->op == TR_OP_RMSNORM) /* dw's partial sums */
         return tr_cpu_rmsnorm_scratch_floats(rows(T(0)), cols(T(0)));
+    if (n->op == TR_OP_LAYERNORM) /* dw's and db's partial sums */
+        return tr_cpu_layernorm_scratch_floats(rows(T(0)), cols(T(0)));
     if (n->op == TR_OP_ROPE) /* the cos/sin table */
         return tr_cpu_rope_scratch_floats((int)T(0)->shape[1], cols(T(0)) / n->heads);
     if (n->op != TR_OP_ATTENTION)
@@ -424,8 +426,8 @@ static void cpu_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
         break;
     }
     case TR_OP_LAYERNORM:
-        tr_cpu_layernorm_backward_act(T(0)->grad, T(1)->grad, T(2)->grad, dout, act(T(0)),
-                                      F(T(1)), AUX(0), AUX(1), rows(T(0)), cols(T(0)));
+        tr_cpu_layernorm_backward_act(T(0)->grad, T(1)->grad, T(2)->grad, g->scratch, dout,
+                                      act(T(0)), F(T(1)), AUX(0), AUX(1), rows(T(0)), cols(T(0)));
         break;
     case TR_OP_GELU:
         tr_cpu_gelu_backward_act(T(0)->grad, act(T(0)), dout, OUT->numel);

@@ -177,20 +177,23 @@ void tr_cpu_add_backward(float *da, float *db, const float *dout, size_t n);
 void tr_cpu_add_forward_act(struct tr_cpu_act out, struct tr_cpu_act a, struct tr_cpu_act b,
                             size_t n);
 
-/* ---- layernorm over the last dim C; saves mean[N] and rstd[N] for backward */
+/* ---- layernorm over the last dim C; saves mean[N] and rstd[N] for backward.
+ * Backward scratch: the partial sums of dw and db
+ * (tr_cpu_layernorm_scratch_floats; its contents need not be initialised). */
 void tr_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                               const float *w, const float *b, int N, int C, float eps);
-void tr_cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                               const float *inp, const float *w, const float *mean,
-                               const float *rstd, int N, int C);
+size_t tr_cpu_layernorm_scratch_floats(int N, int C);
+void tr_cpu_layernorm_backward(float *dinp, float *dw, float *db, float *scratch,
+                               const float *dout, const float *inp, const float *w,
+                               const float *mean, const float *rstd, int N, int C);
 /* the same with the input and the output as stored (w, b, the statistics and
  * the gradients fp32) */
 void tr_cpu_layernorm_forward_act(struct tr_cpu_act out, float *mean, float *rstd,
                                   struct tr_cpu_act inp, const float *w, const float *b, int N,
                                   int C, float eps);
-void tr_cpu_layernorm_backward_act(float *dinp, float *dw, float *db, const float *dout,
-                                   struct tr_cpu_act inp, const float *w, const float *mean,
-                                   const float *rstd, int N, int C);
+void tr_cpu_layernorm_backward_act(float *dinp, float *dw, float *db, float *scratch,
+                                   const float *dout, struct tr_cpu_act inp, const float *w,
+                                   const float *mean, const float *rstd, int N, int C);
 
 /* ---- RMSNorm over the last dim C: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps);
  * saves rstd[N] for backward.  Backward scratch: the partial sums of dw

@@ -18,8 +18,13 @@
 
 #include "kernels.h"
 
-/* Columns per block in the dw/db column sums. */
+/* Columns per block in the sums of dw/db's partials. */
 enum { COLUMN_BLOCK = 64 };
+
+/* Rows per partial sum of dw and db: the partials' count depends on N
+ * alone, never on the threads, so results do not depend on the thread
+ * count. */
+enum { ROW_CHUNK = 32 };
 
 /* Columns of a 16-bit row widened at a time (on the stack).  A row that
  * fits in one tile, as model widths do, is widened once for all the passes
@@ -90,78 +95,106 @@ void tr_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float 
                                  (struct tr_cpu_act){(void *)inp, TR_F32}, w, b, N, C, eps);
 }
 
-void tr_cpu_layernorm_backward_act(float *dinp, float *dw, float *db, const float *dout,
-                                   struct tr_cpu_act inp, const float *w, const float *mean,
-                                   const float *rstd, int N, int C)
+size_t tr_cpu_layernorm_scratch_floats(int N, int C)
 {
-    if (dinp != NULL) {
-        /* dinp = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dout * w */
+    return (size_t)((N + ROW_CHUNK - 1) / ROW_CHUNK) * 2 * (size_t)C;
+}
+
+/* One pass over x and dout, as in RMSNorm: each chunk of ROW_CHUNK rows
+ * writes its dinp rows and its partial dw and db (rows in order) into
+ * scratch; the partials are then summed in chunk order, column blocks
+ * spread over the threads.  (The column sums were a second pass over x and
+ * dout in column blocks, a widening call per 64 elements of a 16-bit x.) */
+void tr_cpu_layernorm_backward_act(float *dinp, float *dw, float *db, float *scratch,
+                                   const float *dout, struct tr_cpu_act inp, const float *w,
+                                   const float *mean, const float *rstd, int N, int C)
+{
+    if (dinp == NULL && dw == NULL && db == NULL)
+        return;
+    int chunks = (N + ROW_CHUNK - 1) / ROW_CHUNK;
+    int sums = dw != NULL || db != NULL;
 #pragma omp parallel for schedule(static)
-        for (int n = 0; n < N; n++) {
+    for (int k = 0; k < chunks; k++) {
+        float *pw = scratch + (size_t)k * 2 * C, *pb = pw + C;
+        if (sums)
+            for (int c = 0; c < 2 * C; c++)
+                pw[c] = 0.0f;
+        int n1 = (k + 1) * ROW_CHUNK < N ? (k + 1) * ROW_CHUNK : N;
+        for (int n = k * ROW_CHUNK; n < n1; n++) {
             float xbuf[ROW_TILE];
             size_t row = (size_t)n * C;
             const float *whole = row_whole(inp, row, C, xbuf);
             float m = mean[n], s = rstd[n];
-            double g_sum = 0.0, g_xhat_sum = 0.0;
-            for (int c0 = 0; c0 < C; c0 += ROW_TILE) {
-                int len = C - c0 < ROW_TILE ? C - c0 : ROW_TILE;
-                const float *x = row_tile(inp, whole, row, c0, len, xbuf);
-                const float *dy = dout + row + c0, *wt = w + c0;
+            float g_mean = 0.0f, g_xhat_mean = 0.0f;
+            if (dinp != NULL) {
+                /* dinp = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dout * w */
+                double g_sum = 0.0, g_xhat_sum = 0.0;
+                for (int c0 = 0; c0 < C; c0 += ROW_TILE) {
+                    int len = C - c0 < ROW_TILE ? C - c0 : ROW_TILE;
+                    const float *x = row_tile(inp, whole, row, c0, len, xbuf);
+                    const float *dy = dout + row + c0, *wt = w + c0;
 #pragma omp simd reduction(+ : g_sum, g_xhat_sum)
-                for (int c = 0; c < len; c++) {
-                    float g = dy[c] * wt[c];
-                    g_sum += g;
-                    g_xhat_sum += (double)g * ((x[c] - m) * s);
+                    for (int c = 0; c < len; c++) {
+                        float g = dy[c] * wt[c];
+                        g_sum += g;
+                        g_xhat_sum += (double)g * ((x[c] - m) * s);
+                    }
                 }
+                g_mean = (float)(g_sum / C);
+                g_xhat_mean = (float)(g_xhat_sum / C);
             }
-            float g_mean = (float)(g_sum / C);
-            float g_xhat_mean = (float)(g_xhat_sum / C);
             for (int c0 = 0; c0 < C; c0 += ROW_TILE) {
                 int len = C - c0 < ROW_TILE ? C - c0 : ROW_TILE;
                 const float *x = row_tile(inp, whole, row, c0, len, xbuf);
                 const float *dy = dout + row + c0, *wt = w + c0;
-                float *dx = dinp + row + c0;
-                for (int c = 0; c < len; c++) {
-                    float xhat = (x[c] - m) * s;
-                    float g = dy[c] * wt[c];
-                    dx[c] += s * (g - g_mean - xhat * g_xhat_mean);
+                if (dinp != NULL) {
+                    float *dx = dinp + row + c0;
+#pragma omp simd
+                    for (int c = 0; c < len; c++) {
+                        float xhat = (x[c] - m) * s;
+                        float g = dy[c] * wt[c];
+                        dx[c] += s * (g - g_mean - xhat * g_xhat_mean);
+                    }
+                }
+                if (sums) {
+                    float *pwt = pw + c0, *pbt = pb + c0;
+#pragma omp simd
+                    for (int c = 0; c < len; c++) {
+                        pwt[c] += dy[c] * ((x[c] - m) * s);
+                        pbt[c] += dy[c];
+                    }
                 }
             }
         }
     }
-    if (dw != NULL || db != NULL) {
-        /* Column sums over rows, split by column blocks so each sum runs over
-         * the rows in order whatever the thread count. */
-        int blocks = (C + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
+    if (!sums)
+        return;
+    int blocks = (C + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
 #pragma omp parallel for schedule(static)
-        for (int blk = 0; blk < blocks; blk++) {
-            int c0 = blk * COLUMN_BLOCK;
-            int width = C - c0 < COLUMN_BLOCK ? C - c0 : COLUMN_BLOCK;
-            float dw_sum[COLUMN_BLOCK] = {0}, db_sum[COLUMN_BLOCK] = {0};
-            float xbuf[COLUMN_BLOCK];
-            for (int n = 0; n < N; n++) {
-                const float *x = tr_cpu_act_read(inp, (size_t)n * C + c0, (size_t)width, xbuf);
-                const float *dy = dout + (size_t)n * C + c0;
-                float m = mean[n], s = rstd[n];
-                for (int j = 0; j < width; j++) {
-                    dw_sum[j] += dy[j] * ((x[j] - m) * s);
-                    db_sum[j] += dy[j];
-                }
-            }
+    for (int blk = 0; blk < blocks; blk++) {
+        int c0 = blk * COLUMN_BLOCK;
+        int width = C - c0 < COLUMN_BLOCK ? C - c0 : COLUMN_BLOCK;
+        float dw_sum[COLUMN_BLOCK] = {0}, db_sum[COLUMN_BLOCK] = {0};
+        for (int k = 0; k < chunks; k++) {
+            const float *pw = scratch + (size_t)k * 2 * C + c0, *pb = pw + C;
             for (int j = 0; j < width; j++) {
-                if (dw != NULL)
-                    dw[c0 + j] += dw_sum[j];
-                if (db != NULL)
-                    db[c0 + j] += db_sum[j];
+                dw_sum[j] += pw[j];
+                db_sum[j] += pb[j];
             }
+        }
+        for (int j = 0; j < width; j++) {
+            if (dw != NULL)
+                dw[c0 + j] += dw_sum[j];
+            if (db != NULL)
+                db[c0 + j] += db_sum[j];
         }
     }
 }
 
-void tr_cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                               const float *inp, const float *w, const float *mean,
-                               const float *rstd, int N, int C)
+void tr_cpu_layernorm_backward(float *dinp, float *dw, float *db, float *scratch,
+                               const float *dout, const float *inp, const float *w,
+                               const float *mean, const float *rstd, int N, int C)
 {
-    tr_cpu_layernorm_backward_act(dinp, dw, db, dout, (struct tr_cpu_act){(void *)inp, TR_F32}, w,
-                                  mean, rstd, N, C);
+    tr_cpu_layernorm_backward_act(dinp, dw, db, scratch, dout,
+                                  (struct tr_cpu_act){(void *)inp, TR_F32}, w, mean, rstd, N, C);
 }
