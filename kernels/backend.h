@@ -137,6 +137,18 @@ struct tr_node {
     int groups;       /* conv: 1 */
     float momentum;   /* batchnorm: weight of the batch in the running statistics (0.1) */
     int buffer;       /* batchnorm: index of its TR_ROLE_BUFFER tensor running[2,C] (others: unused) */
+    /* appended with ABI 5: each gradient's first writer in backward (the
+     * last node in forward order that reads the tensor and runs backward)
+     * either writes it (where the backend's writes_grad allows) or has it
+     * zeroed by the core right before (zero_grad_mask above, and
+     * param_zero_mask); bit k of each mask names in[k].  Planned: */
+    unsigned act_write_mask;   /* activation gradients this backward writes */
+    unsigned param_zero_mask;  /* parameter gradients zeroed first, at a fresh step */
+    unsigned param_write_mask; /* parameter gradients this backward writes, at a fresh step */
+    /* set by the core before each backward: the gradients to write (=, their
+     * old contents ignored), not add to (+=): act_write_mask, and
+     * param_write_mask when g->grads_fresh */
+    unsigned write_grad_mask;
 };
 
 struct tr_memory_report {
@@ -188,6 +200,13 @@ struct tr_graph {
                         * normalises with its running statistics and updates nothing) */
     int recomputing;   /* 1 while backward re-runs a recomputed segment's forward:
                         * nodes then must not update buffers a second time */
+    /* appended with ABI 5: set by the caller before backward.  1: the
+     * parameter gradients start from nothing (a step's first micro-batch):
+     * each one's first writer writes it, or the core zeroes it first, and a
+     * gradient no node writes keeps the zeros it was allocated with.  0 (the
+     * default): backward adds to what they hold (the caller zeroed them, or
+     * accumulates micro-batches). */
+    int grads_fresh;
 };
 
 /* ---- The device interface */
@@ -242,6 +261,14 @@ struct tr_backend_iface {
      * through alloc.  Asked once g's storage types are set; the memory plan
      * counts it (tr_memory_report.param_copies). */
     size_t (*param_copy_bytes)(void *ctx, const struct tr_graph *g);
+    /* Optional (ABI 5; NULL: never): nonzero when the backward of node n
+     * can write in[k]'s gradient instead of adding to it -- overwrite
+     * whatever the buffer holds -- which it then does for the bits of
+     * n->write_grad_mask.  The core asks for each gradient's first writer
+     * once, when it plans g; where the answer is 0 it zeroes the gradient
+     * before that node, as for a backend without the slot.  Saves a pass
+     * over each such gradient (and its zeros read back). */
+    int (*writes_grad)(void *ctx, const struct tr_graph *g, const struct tr_node *n, int k);
 };
 
 struct tr_backend {
@@ -257,8 +284,9 @@ struct tr_backend {
  * search path and exporting TR_BACKEND_ENTRY_NAME, so a trainrun built with
  * a device backend still starts where that device (or its driver) is
  * missing, and says why device=<name> is unavailable. */
-#define TR_BACKEND_ABI 4 /* 2: the Llama-family ops and node attributes; 3: convolutions;
-                          * 4: the memory plan counts the backend's parameter copies */
+#define TR_BACKEND_ABI 5 /* 2: the Llama-family ops and node attributes; 3: convolutions;
+                          * 4: the memory plan counts the backend's parameter copies;
+                          * 5: gradients written by their first writer (writes_grad) */
 #define TR_BACKEND_ENTRY_NAME "trainrun_backend_entry"
 
 struct tr_backend_module {

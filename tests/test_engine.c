@@ -1185,3 +1185,67 @@ Test(checkpoint, a_failed_stream_publishes_nothing, .init = environment)
     free(slots[1]);
     engine_close(&e);
 }
+
+/* ---- gradients written by their first writer (g->grads_fresh) -------------
+ * A step's first micro-batch starts its parameter gradients fresh: each
+ * one's first writer in backward writes it (or the core zeroes it first),
+ * and every activation gradient's first writer writes it too, so neither
+ * the parameter gradients nor the activation-gradient arena are cleared
+ * beforehand.  Filled with NaN first, they must come out as the zeroed-and-
+ * accumulated gradients do, and a second micro-batch must add onto them. */
+static void two_micro_batches(struct engine *e, int fresh, const char *recipe)
+{
+    struct tr_graph *g = e->g;
+    tr_graph_init_params(g, &e->be, 17);
+    if (fresh) {
+        memset(g->grads, 0xff, g->n_params * sizeof(float)); /* NaN */
+        memset(g->grad_arena, 0xff, g->memory.activation_grads);
+    } else {
+        memset(g->grads, 0, g->n_params * sizeof(float));
+    }
+    for (int k = 0; k < 2; k++) {
+        if (strstr(recipe, "cnn")) {
+            cnn_inputs(g, k);
+        } else {
+            int32_t *tokens = g->tensors[g->inputs[0]].data, *targets = g->tensors[g->inputs[1]].data;
+            size_t n = g->tensors[g->inputs[0]].numel;
+            for (size_t i = 0; i < n; i++) {
+                tokens[i] = (int32_t)((i * 5 + 1 + (size_t)k) % 37);
+                targets[i] = (int32_t)((i * 13 + 2 + 3 * (size_t)k) % 37);
+            }
+        }
+        tr_graph_forward(g, &e->be);
+        g->loss_grad = 0.5f;
+        g->grads_fresh = fresh && k == 0;
+        tr_graph_backward(g, &e->be);
+    }
+}
+
+Test(fresh_gradients, first_writers_write_what_zeroed_buffers_accumulate, .init = environment)
+{
+    const char *recipes[] = {CONFIG_DIR "tiny_gpt.lua", CONFIG_DIR "tiny_llama.lua",
+                             CONFIG_DIR "tiny_cnn.lua"};
+    const enum tr_dtype computes[] = {TR_F32, TR_BF16};
+    int written = 0;
+    for (size_t r = 0; r < sizeof recipes / sizeof *recipes; r++)
+        for (size_t c = 0; c < sizeof computes / sizeof *computes; c++) {
+            struct engine zeroed, fresh;
+            int batch = strstr(recipes[r], "cnn") ? 4 : 3;
+            engine_open_compute(&zeroed, recipes[r], batch, computes[c]);
+            engine_open_compute(&fresh, recipes[r], batch, computes[c]);
+            for (int i = 0; i < fresh.g->n_nodes; i++)
+                written += fresh.g->nodes[i].act_write_mask != 0 ||
+                           fresh.g->nodes[i].param_write_mask != 0;
+            two_micro_batches(&zeroed, 0, recipes[r]);
+            two_micro_batches(&fresh, 1, recipes[r]);
+            for (size_t i = 0; i < zeroed.g->n_params; i++)
+                cr_assert(fresh.g->grads[i] == zeroed.g->grads[i],
+                          "%s, %s: gradient %zu is %.9g written fresh, %.9g zeroed first",
+                          recipes[r], computes[c] == TR_F32 ? "fp32" : "bf16", i,
+                          (double)fresh.g->grads[i],
+                          (double)zeroed.g->grads[i]);
+            engine_close(&zeroed);
+            engine_close(&fresh);
+        }
+    cr_assert_gt(written, 0, "no node writes a gradient: the CPU backend's writes_grad is unused");
+}

@@ -632,15 +632,15 @@ Test(gemm_bf16, linear_forward_backward_vs_fp32_and_emulated)
         dinp[t] = copy_fvec(pre_inp, n_in);
         dw[t] = copy_fvec(pre_w, n_w);
         omp_set_num_threads(t + 1);
-        tr_cpu_linear_backward_bf16(dinp[t], dw[t], R_h, inp_h, w_h, N, IC, OC);
+        tr_cpu_linear_backward_bf16(dinp[t], dw[t], R_h, inp_h, w_h, N, IC, OC, 0);
     }
     omp_set_num_threads(saved_threads);
     expect_bitwise("linear bf16 dinp, 2 threads vs 1", dinp[1], dinp[0], n_in);
     expect_bitwise("linear bf16 dw, 2 threads vs 1", dw[1], dw[0], n_w);
     float *dinp32 = copy_fvec(pre_inp, n_in), *dw32 = copy_fvec(pre_w, n_w);
-    tr_cpu_linear_backward(dinp32, dw32, NULL, R, inp, w, N, IC, OC);
+    tr_cpu_linear_backward(dinp32, dw32, NULL, R, inp, w, N, IC, OC, 0);
     float *dinp_e = copy_fvec(pre_inp, n_in), *dw_e = copy_fvec(pre_w, n_w);
-    tr_cpu_linear_backward(dinp_e, dw_e, NULL, R_r, inp_r, w_r, N, IC, OC);
+    tr_cpu_linear_backward(dinp_e, dw_e, NULL, R_r, inp_r, w_r, N, IC, OC, 0);
     /* compare the gradients themselves, not the prefill they were added to */
     for (size_t i = 0; i < n_in; i++)
         dinp[0][i] -= pre_inp[i], dinp32[i] -= pre_inp[i], dinp_e[i] -= pre_inp[i];
@@ -734,13 +734,13 @@ Test(gemm_bf16, linear_dout_bf16_is_conversion_and_bias_sums)
         uint16_t *want16 = to_bf16_vec(dout, n), *got16 = malloc(n * sizeof *got16);
         cr_assert(got16 != NULL, "out of memory");
         float *want_db = copy_fvec(prefill, OC);
-        tr_cpu_linear_bias_backward(want_db, dout, N, OC);
+        tr_cpu_linear_bias_backward(want_db, dout, N, OC, 0);
         for (int t = 1; t <= 3; t++) {
             omp_set_num_threads(t);
             for (int with_bias = 0; with_bias < 2; with_bias++) {
                 float *db = copy_fvec(prefill, OC);
                 memset(got16, 0xa5, n * sizeof *got16);
-                tr_cpu_linear_dout_bf16(got16, with_bias ? db : NULL, dout, N, OC);
+                tr_cpu_linear_dout_bf16(got16, with_bias ? db : NULL, dout, N, OC, 0);
                 cr_assert(memcmp(got16, want16, n * sizeof *got16) == 0,
                           "%dx%d, %d threads, bias %d: dout in bf16 differs", N, OC, t, with_bias);
                 expect_bitwise("fused bias gradient", db, with_bias ? want_db : prefill, OC);
@@ -792,7 +792,7 @@ static void check_linear(rng_t *rng, int N, int IC, int OC, int with_bias)
     expect_close("linear forward", out, want, n_out, FWD_TOL);
 
     float *dinp = fvec(n_in), *dw = fvec(n_w), *dbias = fvec(OC);
-    tr_cpu_linear_backward(dinp, dw, with_bias ? dbias : NULL, R, inp, w, N, IC, OC);
+    tr_cpu_linear_backward(dinp, dw, with_bias ? dbias : NULL, R, inp, w, N, IC, OC, 0);
     check_gradient("linear dinp", dinp, ref_linear, &ctx, ctx.inp, n_in, Rd, n_out);
     check_gradient("linear dw", dw, ref_linear, &ctx, ctx.w, n_w, Rd, n_out);
     if (with_bias)
@@ -802,7 +802,7 @@ static void check_linear(rng_t *rng, int N, int IC, int OC, int with_bias)
     float *pre_b = random_fvec(rng, OC, -1, 1);
     float *acc_inp = copy_fvec(pre_inp, n_in), *acc_w = copy_fvec(pre_w, n_w);
     float *acc_b = copy_fvec(pre_b, OC);
-    tr_cpu_linear_backward(acc_inp, acc_w, with_bias ? acc_b : NULL, R, inp, w, N, IC, OC);
+    tr_cpu_linear_backward(acc_inp, acc_w, with_bias ? acc_b : NULL, R, inp, w, N, IC, OC, 0);
     expect_accumulated("linear dinp accumulates", acc_inp, pre_inp, dinp, n_in);
     expect_accumulated("linear dw accumulates", acc_w, pre_w, dw, n_w);
     if (with_bias)
@@ -810,7 +810,7 @@ static void check_linear(rng_t *rng, int N, int IC, int OC, int with_bias)
 
     /* NULL gradients are skipped, the others still computed */
     float *only_w = fvec(n_w);
-    tr_cpu_linear_backward(NULL, only_w, NULL, R, inp, w, N, IC, OC);
+    tr_cpu_linear_backward(NULL, only_w, NULL, R, inp, w, N, IC, OC, 0);
     expect_close_ff("linear dw alone", only_w, dw, n_w, 0.0);
 
     free(inp), free(w), free(bias), free(R), free(out), free(want), free(Rd);
@@ -1027,17 +1027,17 @@ Test(add, forward_backward)
         expect_close("add forward", out, want, n, FWD_TOL);
 
         float *da = fvec(n), *db = fvec(n);
-        tr_cpu_add_backward(da, db, R, n);
+        tr_cpu_add_backward(da, db, R, n, 0);
         check_gradient("add da", da, ref_add, &ctx, ctx.a, n, Rd, n);
         check_gradient("add db", db, ref_add, &ctx, ctx.b, n, Rd, n);
 
         float *pre = random_fvec(&rng, n, -1, 1), *acc = copy_fvec(pre, n);
-        tr_cpu_add_backward(acc, NULL, R, n);
+        tr_cpu_add_backward(acc, NULL, R, n, 0);
         expect_accumulated("add da accumulates", acc, pre, da, n);
 
         /* out = x + x: both gradients land in the same buffer */
         float *dx = fvec(n);
-        tr_cpu_add_backward(dx, dx, R, n);
+        tr_cpu_add_backward(dx, dx, R, n, 0);
         for (size_t i = 0; i < n; i++)
             cr_assert(dx[i] == 2.0f * R[i], "add with da == db");
 
@@ -1103,12 +1103,18 @@ static void check_unary(rng_t *rng, const char *name, unary_forward_fn forward,
     free(acc);
 }
 
+/* GELU's backward adding to dinp (check_unary's form) */
+static void gelu_backward_add(float *dinp, const float *x, const float *dout, size_t n)
+{
+    tr_cpu_gelu_backward(dinp, x, dout, n, 0);
+}
+
 Test(gelu, forward_backward)
 {
     rng_t rng = {701};
     const size_t sizes[] = {1, 7, 64, 333, 1000};
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
-        check_unary(&rng, "gelu", tr_cpu_gelu_forward, tr_cpu_gelu_backward, ref_gelu, sizes[s],
+        check_unary(&rng, "gelu", tr_cpu_gelu_forward, gelu_backward_add, ref_gelu, sizes[s],
                     5.0);
 }
 
@@ -1128,7 +1134,7 @@ Test(gelu, wide_range_and_tails)
             ones[i] = 1.0f;
         }
         tr_cpu_gelu_forward(out, x, n);
-        tr_cpu_gelu_backward(dx, x, ones, n);
+        tr_cpu_gelu_backward(dx, x, ones, n, 0);
         for (size_t i = 0; i < n; i++) {
             /* 0.5 (1 + tanh u) as 1 / (1 + exp(-2u)): no cancellation for x << 0 */
             double X = x[i], u = k * (X + 0.044715 * X * X * X), e = exp(-2.0 * u);
@@ -1226,7 +1232,7 @@ Test(layernorm, forward_backward)
 
         float *dinp = fvec(n_x), *dw = fvec(C), *db = fvec(C);
         float *scratch = fvec(tr_cpu_layernorm_scratch_floats(N, C));
-        tr_cpu_layernorm_backward(dinp, dw, db, scratch, R, inp, w, mean, rstd, N, C);
+        tr_cpu_layernorm_backward(dinp, dw, db, scratch, R, inp, w, mean, rstd, N, C, 0);
         check_gradient("layernorm dinp", dinp, ref_layernorm, &ctx, ctx.inp, n_x, Rd, n_x);
         check_gradient("layernorm dw", dw, ref_layernorm, &ctx, ctx.w, C, Rd, n_x);
         check_gradient("layernorm db", db, ref_layernorm, &ctx, ctx.b, C, Rd, n_x);
@@ -1235,13 +1241,13 @@ Test(layernorm, forward_backward)
         float *pre_b = random_fvec(&rng, C, -1, 1);
         float *acc_x = copy_fvec(pre_x, n_x), *acc_w = copy_fvec(pre_w, C);
         float *acc_b = copy_fvec(pre_b, C);
-        tr_cpu_layernorm_backward(acc_x, acc_w, acc_b, scratch, R, inp, w, mean, rstd, N, C);
+        tr_cpu_layernorm_backward(acc_x, acc_w, acc_b, scratch, R, inp, w, mean, rstd, N, C, 0);
         expect_accumulated("layernorm dinp accumulates", acc_x, pre_x, dinp, n_x);
         expect_accumulated("layernorm dw accumulates", acc_w, pre_w, dw, C);
         expect_accumulated("layernorm db accumulates", acc_b, pre_b, db, C);
 
         float *only_w = fvec(C);
-        tr_cpu_layernorm_backward(NULL, only_w, NULL, scratch, R, inp, w, mean, rstd, N, C);
+        tr_cpu_layernorm_backward(NULL, only_w, NULL, scratch, R, inp, w, mean, rstd, N, C, 0);
         expect_close_ff("layernorm dw alone", only_w, dw, C, 0.0);
         free(scratch);
 
@@ -1380,7 +1386,7 @@ Test(activations_16bit, gelu_forward_backward_bitwise)
             uint16_t *want = hvec(n);
             tr_cpu_to_half(want, y32, n, bf16);
             float *dwant = copy_fvec(pre, n); /* accumulated into nonzero gradients */
-            tr_cpu_gelu_backward(dwant, x32, dout, n);
+            tr_cpu_gelu_backward(dwant, x32, dout, n, 0);
             for (int threads = 1; threads <= 2; threads++) {
                 omp_set_num_threads(threads);
                 char what[96];
@@ -1394,11 +1400,11 @@ Test(activations_16bit, gelu_forward_backward_bitwise)
                 snprintf(what, sizeof what, "gelu %s into fp32 n=%zu threads=%d",
                          half_name(bf16), n, threads);
                 expect_bitwise(what, y_f32, y32, n);
-                tr_cpu_gelu_backward_act(dinp, act_half(x, bf16), dout, n);
+                tr_cpu_gelu_backward_act(dinp, act_half(x, bf16), dout, n, 0);
                 snprintf(what, sizeof what, "gelu %s dinp n=%zu threads=%d", half_name(bf16), n,
                          threads);
                 expect_bitwise(what, dinp, dwant, n);
-                tr_cpu_gelu_backward_act(NULL, act_half(x, bf16), dout, n); /* no gradient */
+                tr_cpu_gelu_backward_act(NULL, act_half(x, bf16), dout, n, 0); /* no gradient */
                 free(y), free(y_f32), free(dinp);
             }
             omp_set_num_threads(saved_threads);
@@ -1432,7 +1438,7 @@ Test(activations_16bit, layernorm_forward_backward_bitwise)
             float *db_want = copy_fvec(pre_b, C);
             float *scratch = fvec(tr_cpu_layernorm_scratch_floats(N, C));
             tr_cpu_layernorm_backward(dx_want, dw_want, db_want, scratch, dout, x32, w, mean,
-                                      rstd, N, C);
+                                      rstd, N, C, 0);
             for (int threads = 1; threads <= 2; threads++) {
                 omp_set_num_threads(threads);
                 char what[96];
@@ -1454,7 +1460,7 @@ Test(activations_16bit, layernorm_forward_backward_bitwise)
                 float *dx = copy_fvec(pre_x, n_x), *dw = copy_fvec(pre_w, C);
                 float *db = copy_fvec(pre_b, C);
                 tr_cpu_layernorm_backward_act(dx, dw, db, scratch, dout, act_half(x, bf16), w,
-                                              mean, rstd, N, C);
+                                              mean, rstd, N, C, 0);
                 snprintf(what, sizeof what, "layernorm %s backward %dx%d threads=%d",
                          half_name(bf16), N, C, threads);
                 expect_bitwise(what, dx, dx_want, n_x);
@@ -1463,7 +1469,7 @@ Test(activations_16bit, layernorm_forward_backward_bitwise)
                 /* the weights' gradients alone (an input that needs none) */
                 float *only_w = copy_fvec(pre_w, C);
                 tr_cpu_layernorm_backward_act(NULL, only_w, NULL, scratch, dout, act_half(x, bf16),
-                                              w, mean, rstd, N, C);
+                                              w, mean, rstd, N, C, 0);
                 expect_bitwise(what, only_w, dw_want, C);
                 free(y), free(y_f32), free(m), free(r), free(dx), free(dw), free(db);
                 free(only_w);
@@ -1894,7 +1900,7 @@ static void ew_run_all(struct ew_out *o, const struct ew_in *in, size_t off, siz
     }
     tr_cpu_gelu_forward(o->gelu + off, x, n);
     memcpy(o->dgelu + off, in->pre + off, bytes);
-    tr_cpu_gelu_backward(o->dgelu + off, x, dout, n);
+    tr_cpu_gelu_backward(o->dgelu + off, x, dout, n, 0);
     tr_cpu_swiglu_forward(o->silu + off, x, up, n);
     memcpy(o->dgate + off, in->pre + off, bytes);
     memcpy(o->dup + off, in->pre2 + off, bytes);
@@ -1912,7 +1918,7 @@ static void ew_run_all(struct ew_out *o, const struct ew_in *in, size_t off, siz
         tr_cpu_gelu_forward_act(act_half(o->gelu16[b] + off, b), x16, n);
         tr_cpu_gelu_forward_act(act_f32(o->gelu16_f32[b] + off), x16, n);
         memcpy(o->dgelu16[b] + off, in->pre + off, bytes);
-        tr_cpu_gelu_backward_act(o->dgelu16[b] + off, x16, dout, n);
+        tr_cpu_gelu_backward_act(o->dgelu16[b] + off, x16, dout, n, 0);
     }
     tr_cpu_elementwise_cap(saved_cap);
     omp_set_num_threads(saved_threads);
@@ -2544,7 +2550,7 @@ Test(cross_entropy, forward_backward_ignore_index)
         double dloss = rng_uniform(&rng, 0.5, 2.0);
         float *dlogits = fvec(n_logits);
         tr_cpu_cross_entropy_backward(dlogits, logits, lse, targets, (float)dloss, N, V,
-                                      IGNORE_INDEX);
+                                      IGNORE_INDEX, 0);
         check_gradient("cross-entropy dlogits", dlogits, ref_cross_entropy, &ctx, ctx.logits,
                        n_logits, &dloss, 1);
         for (int n = 0; n < N; n++)
@@ -2554,7 +2560,7 @@ Test(cross_entropy, forward_backward_ignore_index)
 
         float *pre = random_fvec(&rng, n_logits, -1, 1), *acc = copy_fvec(pre, n_logits);
         tr_cpu_cross_entropy_backward(acc, logits, lse, targets, (float)dloss, N, V,
-                                      IGNORE_INDEX);
+                                      IGNORE_INDEX, 0);
         expect_accumulated("cross-entropy dlogits accumulates", acc, pre, dlogits, n_logits);
 
         free(targets), free(logits), free(ctx.logits), free(lse), free(dlogits), free(pre);
@@ -2570,7 +2576,7 @@ Test(cross_entropy, all_rows_ignored)
     int n_valid = tr_cpu_cross_entropy_forward(&loss, lse, logits, targets, N, V, IGNORE_INDEX);
     cr_assert(n_valid == 0 && loss == 0.0f, "no counted rows: n_valid 0, loss 0");
     float dlogits[12] = {0};
-    tr_cpu_cross_entropy_backward(dlogits, logits, lse, targets, 1.0f, N, V, IGNORE_INDEX);
+    tr_cpu_cross_entropy_backward(dlogits, logits, lse, targets, 1.0f, N, V, IGNORE_INDEX, 0);
     for (int i = 0; i < N * V; i++)
         cr_assert(dlogits[i] == 0.0f, "no counted rows: no gradient");
 }
@@ -3007,7 +3013,7 @@ static void run_with_threads(const thread_inputs *in, int threads, thread_result
     r->lin_dw = fvec(LIN_OC * LIN_IC), r->lin_db = fvec(LIN_OC);
     tr_cpu_linear_forward(r->lin_out, in->lin_inp, in->lin_w, in->lin_b, LIN_N, LIN_IC, LIN_OC);
     tr_cpu_linear_backward(r->lin_dinp, r->lin_dw, r->lin_db, in->lin_dout, in->lin_inp,
-                           in->lin_w, LIN_N, LIN_IC, LIN_OC);
+                           in->lin_w, LIN_N, LIN_IC, LIN_OC, 0);
 
     r->ln_out = fvec(LN_N * LN_C), r->ln_mean = fvec(LN_N), r->ln_rstd = fvec(LN_N);
     r->ln_dinp = fvec(LN_N * LN_C), r->ln_dw = fvec(LN_C), r->ln_db = fvec(LN_C);
@@ -3015,7 +3021,7 @@ static void run_with_threads(const thread_inputs *in, int threads, thread_result
                              LN_N, LN_C, 1e-5f);
     float *ln_scratch = fvec(tr_cpu_layernorm_scratch_floats(LN_N, LN_C));
     tr_cpu_layernorm_backward(r->ln_dinp, r->ln_dw, r->ln_db, ln_scratch, in->ln_dout, in->ln_inp,
-                              in->ln_w, r->ln_mean, r->ln_rstd, LN_N, LN_C);
+                              in->ln_w, r->ln_mean, r->ln_rstd, LN_N, LN_C, 0);
     free(ln_scratch);
 
     r->att_out = fvec(AT_B * AT_T * AT_C), r->att_lse = fvec(AT_B * AT_NH * AT_T);
@@ -3040,13 +3046,13 @@ static void run_with_threads(const thread_inputs *in, int threads, thread_result
     tr_cpu_cross_entropy_forward(&r->xent_loss, lse, in->xe_logits, in->xe_targets, XE_N, XE_V,
                                  IGNORE_INDEX);
     tr_cpu_cross_entropy_backward(r->xent_dlogits, in->xe_logits, lse, in->xe_targets, 1.0f, XE_N,
-                                  XE_V, IGNORE_INDEX);
+                                  XE_V, IGNORE_INDEX, 0);
 
     r->sumsq = tr_cpu_sum_squares(in->sq_x, SQ_N);
 
     r->gelu_out = fvec(GELU_N), r->gelu_dinp = fvec(GELU_N);
     tr_cpu_gelu_forward(r->gelu_out, in->gelu_x, GELU_N);
-    tr_cpu_gelu_backward(r->gelu_dinp, in->gelu_x, in->gelu_dout, GELU_N);
+    tr_cpu_gelu_backward(r->gelu_dinp, in->gelu_x, in->gelu_dout, GELU_N, 0);
 
     r->rms_out = fvec(RMS_N * RMS_C), r->rms_rstd = fvec(RMS_N);
     r->rms_dinp = fvec(RMS_N * RMS_C), r->rms_dw = fvec(RMS_C);
@@ -3191,4 +3197,147 @@ Test(determinism, same_bits_for_1_2_3_threads)
                        in.gqa_v,   in.gqa_dout};
     for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
         free(inputs[i]);
+}
+
+/* ======================================================================== */
+/* Written gradients (`write`): the first writer of a gradient overwrites    */
+/* whatever the buffer holds, with the values an accumulation onto zeros     */
+/* gives (the core then skips zeroing it: kernels.h)                         */
+/* ======================================================================== */
+
+/* n floats of garbage (NaN among them: a written gradient must not read it) */
+static float *garbage(size_t n)
+{
+    float *x = fvec(n);
+    for (size_t i = 0; i < n; i++)
+        x[i] = i % 3 == 0 ? NAN : (float)(1e6 + (double)i);
+    return x;
+}
+
+/* written over garbage == accumulated onto zeros (-0 and +0 alike) */
+static void expect_written(const char *what, const float *written, const float *from_zeros,
+                           size_t n)
+{
+    expect_close_ff(what, written, from_zeros, n, 0.0);
+}
+
+Test(grad_write, linear_add_layernorm_gelu_cross_entropy)
+{
+    rng_t rng = {2601};
+    /* linear: every subset of dinp, dw, dbias written, fp32 and native bf16 */
+    const int N = 37, IC = 24, OC = 40;
+    float *x = random_fvec(&rng, (size_t)N * IC, -1, 1), *w = random_fvec(&rng, (size_t)OC * IC, -1, 1);
+    float *dout = random_fvec(&rng, (size_t)N * OC, -1, 1);
+    uint16_t *x16 = hvec((size_t)N * IC), *w16 = hvec((size_t)OC * IC), *d16 = hvec((size_t)N * OC);
+    tr_cpu_to_bf16(x16, x, (size_t)N * IC), tr_cpu_to_bf16(w16, w, (size_t)OC * IC);
+    int native = tr_cpu_gemm_bf16_available() && tr_cpu_bf16_native_isa() != NULL;
+    for (int bf16 = 0; bf16 <= native; bf16++)
+        for (unsigned write = 0; write < 8; write++) {
+            float *zx = fvec((size_t)N * IC), *zw = fvec((size_t)OC * IC), *zb = fvec(OC);
+            float *gx = garbage((size_t)N * IC), *gw = garbage((size_t)OC * IC), *gb = garbage(OC);
+            float *px = write & 1u ? gx : zx, *pw = write & 2u ? gw : zw, *pb = write & 4u ? gb : zb;
+            if (bf16) {
+                float *zb2 = fvec(OC);
+                tr_cpu_linear_dout_bf16(d16, zb2, dout, N, OC, 0);
+                tr_cpu_linear_backward_bf16(zx, zw, d16, x16, w16, N, IC, OC, 0);
+                tr_cpu_linear_dout_bf16(d16, pb, dout, N, OC, (write & 4u) != 0);
+                tr_cpu_linear_backward_bf16(write & 1u ? gx : NULL, write & 2u ? gw : NULL, d16,
+                                            x16, w16, N, IC, OC, write);
+                memcpy(zb, zb2, OC * sizeof(float));
+                free(zb2);
+            } else {
+                float *ax = fvec((size_t)N * IC), *aw = fvec((size_t)OC * IC), *ab = fvec(OC);
+                tr_cpu_linear_backward(ax, aw, ab, dout, x, w, N, IC, OC, 0);
+                tr_cpu_linear_backward(write & 1u ? gx : NULL, write & 2u ? gw : NULL,
+                                       write & 4u ? gb : NULL, dout, x, w, N, IC, OC, write);
+                memcpy(zx, ax, (size_t)N * IC * sizeof(float));
+                memcpy(zw, aw, (size_t)OC * IC * sizeof(float));
+                memcpy(zb, ab, OC * sizeof(float));
+                free(ax), free(aw), free(ab);
+            }
+            char what[64];
+            snprintf(what, sizeof what, "linear %s write %u: dinp", bf16 ? "bf16" : "fp32", write);
+            if (write & 1u)
+                expect_written(what, gx, zx, (size_t)N * IC);
+            snprintf(what, sizeof what, "linear %s write %u: dw", bf16 ? "bf16" : "fp32", write);
+            if (write & 2u)
+                expect_written(what, gw, zw, (size_t)OC * IC);
+            snprintf(what, sizeof what, "linear %s write %u: dbias", bf16 ? "bf16" : "fp32", write);
+            if (write & 4u)
+                expect_written(what, gb, zb, OC);
+            (void)px, (void)pw;
+            free(zx), free(zw), free(zb), free(gx), free(gw), free(gb);
+        }
+    free(x), free(w), free(dout), free(x16), free(w16), free(d16);
+
+    /* add: da, db, each written or added */
+    const size_t n = 1003;
+    float *g = random_fvec(&rng, n, -1, 1);
+    for (unsigned write = 1; write < 4; write++) {
+        float *za = fvec(n), *zb = fvec(n), *ga = garbage(n), *gb = garbage(n);
+        tr_cpu_add_backward(za, zb, g, n, 0);
+        tr_cpu_add_backward(write & 1u ? ga : za, write & 2u ? gb : zb, g, n, write);
+        if (write & 1u)
+            expect_written("add da", ga, za, n);
+        if (write & 2u)
+            expect_written("add db", gb, zb, n);
+        free(za), free(zb), free(ga), free(gb);
+    }
+
+    /* GELU: fp32 and bf16 input, lengths with a tail */
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (size_t len = 5; len < 20000; len = len * 7 + 3) {
+            float *xs = random_fvec(&rng, len, -5, 5), *d = random_fvec(&rng, len, -1, 1);
+            uint16_t *xh = hvec(len);
+            tr_cpu_to_bf16(xh, xs, len);
+            struct tr_cpu_act in = bf16 ? act_half(xh, 1) : act_f32(xs);
+            float *z = fvec(len), *gw2 = garbage(len);
+            tr_cpu_gelu_backward_act(z, in, d, len, 0);
+            tr_cpu_gelu_backward_act(gw2, in, d, len, 1);
+            expect_written(bf16 ? "gelu bf16 dinp" : "gelu dinp", gw2, z, len);
+            free(xs), free(d), free(xh), free(z), free(gw2);
+        }
+
+    /* layer norm: every subset of dinp, dw, db written, rows over several chunks */
+    const int LN = 70, C = 33;
+    float *lx = random_fvec(&rng, (size_t)LN * C, -2, 3), *lw = random_fvec(&rng, C, 0.5, 1.5);
+    float *lb = random_fvec(&rng, C, -1, 1), *ld = random_fvec(&rng, (size_t)LN * C, -1, 1);
+    float *y = fvec((size_t)LN * C), *mean = fvec(LN), *rstd = fvec(LN);
+    float *scratch = fvec(tr_cpu_layernorm_scratch_floats(LN, C));
+    tr_cpu_layernorm_forward(y, mean, rstd, lx, lw, lb, LN, C, 1e-5f);
+    float *zx = fvec((size_t)LN * C), *zw = fvec(C), *zb = fvec(C);
+    tr_cpu_layernorm_backward(zx, zw, zb, scratch, ld, lx, lw, mean, rstd, LN, C, 0);
+    for (unsigned write = 1; write < 8; write++) {
+        float *gx = garbage((size_t)LN * C), *gw = garbage(C), *gb = garbage(C);
+        float *ax = copy_fvec(zx, (size_t)LN * C), *aw = copy_fvec(zw, C), *ab = copy_fvec(zb, C);
+        memset(ax, 0, (size_t)LN * C * sizeof(float)), memset(aw, 0, C * sizeof(float));
+        memset(ab, 0, C * sizeof(float));
+        tr_cpu_layernorm_backward(write & 1u ? gx : ax, write & 2u ? gw : aw,
+                                  write & 4u ? gb : ab, scratch, ld, lx, lw, mean, rstd, LN, C,
+                                  write);
+        if (write & 1u)
+            expect_written("layernorm dinp", gx, zx, (size_t)LN * C);
+        if (write & 2u)
+            expect_written("layernorm dw", gw, zw, C);
+        if (write & 4u)
+            expect_written("layernorm db", gb, zb, C);
+        free(gx), free(gw), free(gb), free(ax), free(aw), free(ab);
+    }
+    free(lx), free(lw), free(lb), free(ld), free(y), free(mean), free(rstd), free(scratch);
+    free(zx), free(zw), free(zb);
+
+    /* cross-entropy: a row that does not count is written with zeros */
+    const int XN = 6, V = 1031;
+    float *logits = random_fvec(&rng, (size_t)XN * V, -3, 3), *lse = fvec(XN), loss;
+    int32_t targets[6] = {5, -100, 1030, 0, -100, 77};
+    tr_cpu_cross_entropy_forward(&loss, lse, logits, targets, XN, V, -100);
+    float *z = fvec((size_t)XN * V), *gl = garbage((size_t)XN * V);
+    tr_cpu_cross_entropy_backward(z, logits, lse, targets, 0.5f, XN, V, -100, 0);
+    tr_cpu_cross_entropy_backward(gl, logits, lse, targets, 0.5f, XN, V, -100, 1);
+    expect_written("cross-entropy dlogits", gl, z, (size_t)XN * V);
+    int32_t none[6] = {-100, -100, -100, -100, -100, -100};
+    float *gn = garbage((size_t)XN * V), *zn = fvec((size_t)XN * V);
+    tr_cpu_cross_entropy_backward(gn, logits, lse, none, 0.5f, XN, V, -100, 1);
+    expect_written("cross-entropy, no row counts", gn, zn, (size_t)XN * V);
+    free(logits), free(lse), free(z), free(gl), free(gn), free(zn), free(g);
 }

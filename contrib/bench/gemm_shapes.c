@@ -122,10 +122,10 @@ static void run_trainrun(enum pass pass, const struct linear_shape *s, struct bu
         tr_cpu_linear_forward(m->out, m->x, m->w, s->bias ? m->b : NULL, m->tokens, s->in, s->out);
         break;
     case INPUT_GRAD:
-        tr_cpu_linear_backward(m->dx, NULL, NULL, m->dout, m->x, m->w, m->tokens, s->in, s->out);
+        tr_cpu_linear_backward(m->dx, NULL, NULL, m->dout, m->x, m->w, m->tokens, s->in, s->out, 0);
         break;
     case WEIGHT_GRAD:
-        tr_cpu_linear_backward(NULL, m->dw, NULL, m->dout, m->x, m->w, m->tokens, s->in, s->out);
+        tr_cpu_linear_backward(NULL, m->dw, NULL, m->dout, m->x, m->w, m->tokens, s->in, s->out, 0);
         break;
     }
 }
@@ -148,13 +148,13 @@ static void run_trainrun_bf16(enum pass pass, const struct linear_shape *s, stru
         tr_cpu_to_bf16(m->dout16, m->dout, out_n);
         tr_cpu_to_bf16(m->w16, m->w, w_n);
         tr_cpu_linear_backward_bf16(m->dx, NULL, m->dout16, m->x16, m->w16, m->tokens, s->in,
-                                    s->out);
+                                    s->out, 0);
         break;
     case WEIGHT_GRAD:
         tr_cpu_to_bf16(m->dout16, m->dout, out_n);
         tr_cpu_to_bf16(m->x16, m->x, x_n);
         tr_cpu_linear_backward_bf16(NULL, m->dw, m->dout16, m->x16, m->w16, m->tokens, s->in,
-                                    s->out);
+                                    s->out, 0);
         break;
     }
 }

@@ -182,15 +182,6 @@ int tr_comm_broadcast(struct tr_comm *c, void *buf, size_t bytes, int root, tr_e
 
 /* ---- gradient buckets ------------------------------------------------------ */
 
-/* Does backward run node n at all (the same test tr_graph_backward makes)? */
-static int runs_backward(const struct tr_graph *g, const struct tr_node *n)
-{
-    int any = n->out == g->loss;
-    for (int k = 0; k < n->n_in; k++)
-        any |= g->tensors[n->in[k]].grad != NULL;
-    return any && (n->out == g->loss || g->tensors[n->out].grad);
-}
-
 int tr_comm_plan_buckets(struct tr_comm *c, struct tr_graph *g, size_t bucket_bytes, tr_err *err)
 {
     size_t per = bucket_bytes / sizeof(float);
@@ -210,7 +201,7 @@ int tr_comm_plan_buckets(struct tr_comm *c, struct tr_graph *g, size_t bucket_by
         final_node[t] = -1;
     for (int i = g->n_nodes - 1; i >= 0; i--) {
         const struct tr_node *n = &g->nodes[i];
-        if (!runs_backward(g, n))
+        if (!tr_graph_runs_backward(g, n))
             continue;
         for (int k = 0; k < n->n_in; k++) {
             const struct tr_tensor *t = &g->tensors[n->in[k]];

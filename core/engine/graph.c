@@ -622,6 +622,56 @@ static int segment_internal(const struct tr_graph *g, int t)
 static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots, int allocate,
                 tr_err *err);
 
+int tr_graph_runs_backward(const struct tr_graph *g, const struct tr_node *n)
+{
+    int any = n->out == g->loss;
+    for (int k = 0; k < n->n_in; k++)
+        any |= g->tensors[n->in[k]].grad != NULL;
+    return any && (n->out == g->loss || g->tensors[n->out].grad);
+}
+
+/* Each gradient's first writer in backward: the last node in forward order
+ * that reads the tensor and runs backward.  It writes the gradient where
+ * the backend says it can (writes_grad), else the core zeroes the gradient
+ * right before it: activation gradients in every backward, parameter
+ * gradients when the step starts them fresh (g->grads_fresh).  A tensor an
+ * op reads twice (x + x) is zeroed, never written: the op's two updates
+ * both land in it. */
+static void plan_first_writers(struct tr_graph *g, const struct tr_backend *be)
+{
+    const struct tr_backend_iface *bi = be->iface;
+    int ask = TR_HAS_SLOT(bi, struct tr_backend_iface, writes_grad) && bi->writes_grad != NULL;
+    for (int i = 0; i < g->n_nodes; i++) {
+        struct tr_node *n = &g->nodes[i];
+        n->zero_grad_mask = n->act_write_mask = n->param_zero_mask = n->param_write_mask = 0;
+        n->write_grad_mask = 0;
+    }
+    unsigned char *seen = tr_xcalloc((size_t)g->n_tensors, 1);
+    for (int j = g->n_nodes - 1; j >= 0; j--) {
+        struct tr_node *n = &g->nodes[j];
+        if (!tr_graph_runs_backward(g, n))
+            continue;
+        for (int k = 0; k < n->n_in; k++) {
+            int t = n->in[k];
+            const struct tr_tensor *x = &g->tensors[t];
+            if (x->grad == NULL || seen[t] ||
+                (x->role != TR_ROLE_ACTIVATION && x->role != TR_ROLE_PARAM))
+                continue;
+            seen[t] = 1;
+            int twice = 0;
+            for (int k2 = 0; k2 < n->n_in; k2++)
+                twice |= k2 != k && n->in[k2] == t;
+            int write = ask && !twice && bi->writes_grad(be->context, g, n, k);
+            unsigned bit = 1u << k;
+            if (x->role == TR_ROLE_ACTIVATION)
+                *(write ? &n->act_write_mask : &n->zero_grad_mask) |= bit;
+            else
+                *(write ? &n->param_write_mask : &n->param_zero_mask) |= bit;
+        }
+    }
+    free(seen);
+}
+
 /* ---- memory plan ------------------------------------------------------- */
 
 static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
@@ -821,21 +871,6 @@ static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_s
     size_t grad_arena = pack_intervals(iv, n_iv);
     m->activation_grads = grad_arena;
 
-    /* zero each activation gradient right before its first writer */
-    for (int i = 0; i < g->n_nodes; i++)
-        g->nodes[i].zero_grad_mask = 0;
-    int *seen = tr_xcalloc((size_t)g->n_tensors, sizeof *seen);
-    for (int j = g->n_nodes - 1; j >= 0; j--) {
-        struct tr_node *n = &g->nodes[j];
-        for (int k = 0; k < n->n_in; k++) {
-            int t = n->in[k];
-            if (needs[t] && g->tensors[t].role == TR_ROLE_ACTIVATION && !seen[t]) {
-                seen[t] = 1;
-                n->zero_grad_mask |= 1u << k;
-            }
-        }
-    }
-
     /* scratch: the largest any node asks for */
     g->scratch_floats = 0;
     for (int i = 0; i < g->n_nodes; i++) {
@@ -891,12 +926,12 @@ static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_s
     }
     for (int i = 0; i < n_iv; i++)
         g->tensors[iv[i].tensor].grad = (float *)((char *)g->grad_arena + iv[i].offset);
+    plan_first_writers(g, be);
 done:
     free(needs);
     free(slot);
     free(shared);
     free(iv);
-    free(seen);
     return rc;
 }
 
@@ -1006,13 +1041,12 @@ void tr_graph_backward(struct tr_graph *g, const struct tr_backend *be)
                 be->iface->forward(be->context, g, &g->nodes[j]);
             g->recomputing = 0;
         }
-        int any = n->out == g->loss;
-        for (int k = 0; k < n->n_in; k++)
-            any |= g->tensors[n->in[k]].grad != NULL;
-        if (!any || (n->out != g->loss && !g->tensors[n->out].grad))
+        if (!tr_graph_runs_backward(g, n))
             continue;
+        unsigned zero = n->zero_grad_mask | (g->grads_fresh ? n->param_zero_mask : 0);
+        n->write_grad_mask = n->act_write_mask | (g->grads_fresh ? n->param_write_mask : 0);
         for (int k = 0; k < n->n_in; k++)
-            if (n->zero_grad_mask & (1u << k)) {
+            if (zero & (1u << k)) {
                 struct tr_tensor *t = &g->tensors[n->in[k]];
                 be->iface->zero(be->context, t->grad, t->numel * sizeof(float));
             }

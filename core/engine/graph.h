@@ -41,6 +41,10 @@ void tr_graph_init_params(struct tr_graph *g, const struct tr_backend *be, uint6
 
 void tr_graph_forward(struct tr_graph *g, const struct tr_backend *be);
 void tr_graph_backward(struct tr_graph *g, const struct tr_backend *be);
+/* Whether backward runs node n at all: a gradient arrives (n makes the
+ * loss, or its output has one) and one leaves (some input has one).  Once
+ * the graph is planned (gradients assigned). */
+int tr_graph_runs_backward(const struct tr_graph *g, const struct tr_node *n);
 void tr_graph_free(struct tr_graph *g, const struct tr_backend *be);
 
 /* The report's classes in print order (the recompute arena and the

@@ -325,7 +325,8 @@ static int start(struct run *r, const struct tr_run_flags *flags, tr_err *err)
 static int forward_backward(struct run *r, double scale, double *loss_sum, double *targets,
                             tr_err *err)
 {
-    r->be.iface->zero(r->be.context, r->g->grads, r->g->n_params * sizeof(float));
+    /* no pass zeroing the parameter gradients: the first micro-batch's
+     * backward writes each (or zeroes it right before its first writer) */
     /* the mean over the micro-batches of every rank, each weighted below */
     double mean = scale / (r->accum * r->world);
     int sampled = r->trace && r->step % (uint64_t)r->cfg->train.trace_every == 0;
@@ -341,6 +342,7 @@ static int forward_backward(struct run *r, double scale, double *loss_sum, doubl
         r->g->loss_grad = (float)(mean * w);
         *targets += n;
         r->g->profile = sampled && k == 0; /* per-op timings of one micro-batch */
+        r->g->grads_fresh = k == 0;
         tr_graph_forward(r->g, &r->be);
         *loss_sum += read_loss(r) * w;
         if (r->comm && k == r->accum - 1) /* all-reduce buckets as backward finishes them */

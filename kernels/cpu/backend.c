@@ -381,16 +381,16 @@ static void cpu_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
                                  (int)T(0)->shape[1], (int)T(0)->shape[2]);
         break;
     case TR_OP_ADD:
-        tr_cpu_add_backward(T(0)->grad, T(1)->grad, dout, OUT->numel);
+        tr_cpu_add_backward(T(0)->grad, T(1)->grad, dout, OUT->numel, n->write_grad_mask);
         break;
     case TR_OP_LINEAR: {
         if (native_bf16(g)) {
             /* dout to bf16 and the bias gradient (from the fp32 dout) in one pass */
             struct bf16_operands o = bf16_inputs(g, n);
             tr_cpu_linear_dout_bf16(o.dout, n->n_in == 3 ? T(2)->grad : NULL, dout, rows(T(0)),
-                                    (int)T(1)->shape[0]);
+                                    (int)T(1)->shape[0], (n->write_grad_mask & 4u) != 0);
             tr_cpu_linear_backward_bf16(T(0)->grad, T(1)->grad, o.dout, o.a, o.b, rows(T(0)),
-                                        cols(T(0)), (int)T(1)->shape[0]);
+                                        cols(T(0)), (int)T(1)->shape[0], n->write_grad_mask);
             break;
         }
         const float *x = F(T(0)), *w = F(T(1)), *gemm_dout = dout;
@@ -400,10 +400,11 @@ static void cpu_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
             gemm_dout = rounded(g, g->scratch + T(0)->numel + T(1)->numel, dout, OUT->numel);
         }
         tr_cpu_linear_backward(T(0)->grad, T(1)->grad, NULL, gemm_dout, x, w, rows(T(0)),
-                               cols(T(0)), (int)T(1)->shape[0]);
+                               cols(T(0)), (int)T(1)->shape[0], n->write_grad_mask);
         /* from the fp32 dout, whatever the GEMM inputs (kernels.h) */
         if (n->n_in == 3 && T(2)->grad)
-            tr_cpu_linear_bias_backward(T(2)->grad, dout, rows(T(0)), (int)T(1)->shape[0]);
+            tr_cpu_linear_bias_backward(T(2)->grad, dout, rows(T(0)), (int)T(1)->shape[0],
+                                        (n->write_grad_mask & 4u) != 0);
         break;
     }
     case TR_OP_MATMUL: {
@@ -427,10 +428,12 @@ static void cpu_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
     }
     case TR_OP_LAYERNORM:
         tr_cpu_layernorm_backward_act(T(0)->grad, T(1)->grad, T(2)->grad, g->scratch, dout,
-                                      act(T(0)), F(T(1)), AUX(0), AUX(1), rows(T(0)), cols(T(0)));
+                                      act(T(0)), F(T(1)), AUX(0), AUX(1), rows(T(0)), cols(T(0)),
+                                      n->write_grad_mask);
         break;
     case TR_OP_GELU:
-        tr_cpu_gelu_backward_act(T(0)->grad, act(T(0)), dout, OUT->numel);
+        tr_cpu_gelu_backward_act(T(0)->grad, act(T(0)), dout, OUT->numel,
+                                 (n->write_grad_mask & 1u) != 0);
         break;
     case TR_OP_RELU:
         tr_cpu_relu_backward(T(0)->grad, F(T(0)), dout, OUT->numel);
@@ -472,7 +475,7 @@ static void cpu_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
     case TR_OP_CONV2D: {
         struct tr_cpu_conv_shape s = conv_shape(g, n);
         tr_cpu_conv2d_backward(T(0)->grad, T(1)->grad, n->n_in == 3 ? T(2)->grad : NULL,
-                               g->scratch, dout, F(T(0)), F(T(1)), (n->zero_grad_mask & 1u) != 0,
+                               g->scratch, dout, F(T(0)), F(T(1)), (n->write_grad_mask & 1u) != 0,
                                &s, g->compute);
         break;
     }
@@ -499,7 +502,8 @@ static void cpu_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
         break;
     case TR_OP_CROSS_ENTROPY:
         tr_cpu_cross_entropy_backward(T(0)->grad, F(T(0)), AUX(0), I(T(1)), g->loss_grad,
-                                      rows(T(0)), cols(T(0)), n->ignore_index);
+                                      rows(T(0)), cols(T(0)), n->ignore_index,
+                                      (n->write_grad_mask & 1u) != 0);
         break;
     default:
         break;
@@ -767,6 +771,23 @@ static int cpu_supports_op(void *ctx, const struct tr_graph *g, const struct tr_
     return 1;
 }
 
+/* The backward kernels that can write their gradients (kernels.h's
+ * `write`): linear (all three: GEMMs with beta 0, the bias sums stored),
+ * add, layer norm, GELU, the cross-entropy's logits and the convolution's
+ * data gradient.  The others add to what the core zeroed. */
+static int cpu_writes_grad(void *ctx, const struct tr_graph *g, const struct tr_node *n, int k)
+{
+    (void)ctx, (void)g;
+    switch (n->op) {
+    case TR_OP_LINEAR: case TR_OP_ADD: case TR_OP_LAYERNORM:
+        return 1;
+    case TR_OP_GELU: case TR_OP_CROSS_ENTROPY: case TR_OP_CONV2D:
+        return k == 0;
+    default:
+        return 0;
+    }
+}
+
 static const struct tr_backend_iface cpu_iface = {
     .struct_size = sizeof(struct tr_backend_iface),
     .name = "cpu",
@@ -785,6 +806,7 @@ static const struct tr_backend_iface cpu_iface = {
     .count_correct = cpu_count_correct,
     .supports_op = cpu_supports_op,
     .param_copy_bytes = cpu_param_copy_bytes,
+    .writes_grad = cpu_writes_grad,
 };
 
 int tr_cpu_backend_init(struct tr_backend *be, int threads)

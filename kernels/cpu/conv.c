@@ -554,13 +554,13 @@ void tr_cpu_conv2d_forward(float *out, const float *x, const float *w, const flo
 }
 
 void tr_cpu_conv2d_backward(float *dx, float *dw, float *db, float *scratch, const float *dout,
-                            const float *x, const float *w, int dx_zeroed,
+                            const float *x, const float *w, int dx_write,
                             const struct tr_cpu_conv_shape *s, enum tr_dtype compute)
 {
     struct conv_prims *c = conv_get(s, db != NULL, compute);
     /* the bias gradient is a sum of the fp32 dout, in row order (kernels.h) */
     if (db)
-        tr_cpu_linear_bias_backward(db, dout, s->B * s->OH * s->OW, s->OC);
+        tr_cpu_linear_bias_backward(db, dout, s->B * s->OH * s->OW, s->OC, 0);
     if (!dx && !dw)
         return;
     struct carve sc = {scratch, 0};
@@ -579,17 +579,17 @@ void tr_cpu_conv2d_backward(float *dx, float *dw, float *db, float *scratch, con
             reorder(c->bwd_data.reorder, &c->user_wei, in.w, &c->bwd_data.wei, wre, s);
             wei = wre;
         }
-        /* oneDNN overwrites diff_src: straight into dx when it holds zeros
-         * (the graph zeroed it for its first writer), else through scratch */
+        /* oneDNN overwrites diff_src: straight into dx when dx is written
+         * (its first writer), else through scratch and added */
         float *tmp = take(&sc, numel_x(s) * sizeof(float));
-        float *target = dx_zeroed ? dx : tmp;
+        float *target = dx_write ? dx : tmp;
         void *pad = c->bwd_data.scratch_bytes ? take(&sc, c->bwd_data.scratch_bytes) : NULL;
         struct arg a[4] = {{DNNL_ARG_DIFF_DST, &dst_in, in.dout},
                            {DNNL_ARG_WEIGHTS, &c->bwd_data.wei, wei},
                            {DNNL_ARG_DIFF_SRC, &c->diff_src, target},
                            {DNNL_ARG_SCRATCHPAD, &c->bwd_data.scratch, pad}};
         run(c->bwd_data.prim, a, 4, s);
-        if (!dx_zeroed) {
+        if (!dx_write) {
             size_t n = numel_x(s);
 #pragma omp parallel for schedule(static)
             for (size_t i = 0; i < n; i++)

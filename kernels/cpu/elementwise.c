@@ -3,6 +3,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -45,18 +46,21 @@ void tr_cpu_add_forward_act(struct tr_cpu_act out, struct tr_cpu_act a, struct t
     }
 }
 
-/* da and db may be the same buffer (x + x): both updates then land in it. */
-void tr_cpu_add_backward(float *da, float *db, const float *dout, size_t n)
+/* da and db may be the same buffer (x + x): both updates then land in it
+ * (the core never asks to write a gradient that an op reads twice). */
+void tr_cpu_add_backward(float *da, float *db, const float *dout, size_t n, unsigned write)
 {
     if (da != NULL) {
+        int w = (write & 1u) != 0;
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < n; i++)
-            da[i] += dout[i];
+            da[i] = w ? dout[i] : da[i] + dout[i];
     }
     if (db != NULL) {
+        int w = (write & 2u) != 0;
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < n; i++)
-            db[i] += dout[i];
+            db[i] = w ? dout[i] : db[i] + dout[i];
     }
 }
 
@@ -423,6 +427,7 @@ float tr_cpu_exp_shifted(float *x, int n, float shift)
  * GELU_VEC) on the path chosen once per call.
  */
 struct ew_arrays {
+    int write; /* backward: the gradient outputs are written (=), not added to */
     float *out, *out2;
     const float *in, *in2, *in3;
     struct tr_cpu_act act_out, act_in; /* the *_act kernels' operands as stored */
@@ -468,11 +473,14 @@ static void gelu_forward_blocks(const struct ew_arrays *a, size_t i0, size_t n, 
         gelu_forward_block_portable(out + i, inp + i);
 }
 
-/* out += gelu'(in) * in2 */
+/* out += gelu'(in) * in2; with a->write, out = (the block zeroed first, in
+ * cache: the same sums onto zeros, without a pass of its own) */
 static void gelu_backward_blocks(const struct ew_arrays *a, size_t i0, size_t n, int path)
 {
     float *dinp = a->out + i0;
     const float *inp = a->in + i0, *dout = a->in2 + i0;
+    if (a->write)
+        memset(dinp, 0, n * sizeof(float));
 #ifdef GELU_HAVE_AVX512
     if (path == TR_CPU_EW_AVX512) {
         gelu_backward_avx512(dinp, inp, dout, n);
@@ -505,20 +513,21 @@ void tr_cpu_gelu_forward(float *out, const float *inp, size_t n)
     }
 }
 
-void tr_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+void tr_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n, int write)
 {
     if (dinp == NULL)
         return;
     int path = tr_cpu_elementwise_path();
     size_t full = n / GELU_VEC * GELU_VEC;
-    ew_run_blocks(gelu_backward_blocks, &(struct ew_arrays){.out = dinp, .in = inp, .in2 = dout},
-                  full, path);
+    ew_run_blocks(gelu_backward_blocks,
+                  &(struct ew_arrays){.write = write, .out = dinp, .in = inp, .in2 = dout}, full,
+                  path);
     if (full < n) {
         float x[GELU_VEC] = {0}, g[GELU_VEC] = {0}, d[GELU_VEC] = {0};
         for (size_t i = full; i < n; i++) {
             x[i - full] = inp[i];
             g[i - full] = dout[i];
-            d[i - full] = dinp[i];
+            d[i - full] = write ? 0.0f : dinp[i];
         }
         gelu_backward_blocks(&(struct ew_arrays){.out = d, .in = x, .in2 = g}, 0, GELU_VEC, path);
         for (size_t i = full; i < n; i++)
@@ -547,8 +556,8 @@ static void gelu_backward_act_blocks(const struct ew_arrays *a, size_t i0, size_
     float x[ACT_TILE];
     for (size_t i = i0; i < i0 + n; i += ACT_TILE) {
         size_t len = i0 + n - i < ACT_TILE ? i0 + n - i : ACT_TILE;
-        struct ew_arrays t = {.out = a->out + i, .in = tr_cpu_act_read(a->act_in, i, len, x),
-                              .in2 = a->in2 + i};
+        struct ew_arrays t = {.write = a->write, .out = a->out + i,
+                              .in = tr_cpu_act_read(a->act_in, i, len, x), .in2 = a->in2 + i};
         gelu_backward_blocks(&t, 0, len, path);
     }
 }
@@ -573,10 +582,11 @@ void tr_cpu_gelu_forward_act(struct tr_cpu_act out, struct tr_cpu_act inp, size_
     }
 }
 
-void tr_cpu_gelu_backward_act(float *dinp, struct tr_cpu_act inp, const float *dout, size_t n)
+void tr_cpu_gelu_backward_act(float *dinp, struct tr_cpu_act inp, const float *dout, size_t n,
+                              int write)
 {
     if (inp.dtype == TR_F32) {
-        tr_cpu_gelu_backward(dinp, inp.data, dout, n);
+        tr_cpu_gelu_backward(dinp, inp.data, dout, n, write);
         return;
     }
     if (dinp == NULL)
@@ -584,7 +594,8 @@ void tr_cpu_gelu_backward_act(float *dinp, struct tr_cpu_act inp, const float *d
     int path = tr_cpu_elementwise_path();
     size_t full = n / GELU_VEC * GELU_VEC;
     ew_run_blocks(gelu_backward_act_blocks,
-                  &(struct ew_arrays){.out = dinp, .in2 = dout, .act_in = inp}, full, path);
+                  &(struct ew_arrays){.write = write, .out = dinp, .in2 = dout, .act_in = inp},
+                  full, path);
     if (full < n) {
         float x[GELU_VEC] = {0}, g[GELU_VEC] = {0}, d[GELU_VEC] = {0};
         const float *tail = tr_cpu_act_read(inp, full, n - full, d);
@@ -592,7 +603,7 @@ void tr_cpu_gelu_backward_act(float *dinp, struct tr_cpu_act inp, const float *d
             x[i - full] = tail[i - full];
         for (size_t i = full; i < n; i++) {
             g[i - full] = dout[i];
-            d[i - full] = dinp[i];
+            d[i - full] = write ? 0.0f : dinp[i];
         }
         gelu_backward_blocks(&(struct ew_arrays){.out = d, .in = x, .in2 = g}, 0, GELU_VEC, path);
         for (size_t i = full; i < n; i++)

@@ -3,10 +3,14 @@
  *
  * Conventions (every function below):
  *   - row-major, contiguous float arrays; N is the number of rows (B*T);
- *   - backward functions ACCUMULATE into gradient outputs (+=), never
- *     overwrite, so one tensor feeding several ops gets the sum of their
- *     gradients.  The caller zeroes a gradient before its first writer.
- *     A NULL gradient pointer means "not needed" and is skipped;
+ *   - backward functions ACCUMULATE into gradient outputs (+=), so one
+ *     tensor feeding several ops gets the sum of their gradients.  Those
+ *     that take `write` (bit k: the gradient of the op's k-th input, in the
+ *     graph node's order) WRITE the gradients it names instead (=, their old
+ *     contents ignored): the first writer of a gradient in backward, which
+ *     then need not be zeroed first (the core's writes_grad contract,
+ *     kernels/backend.h).  A written gradient has the bits of one accumulated
+ *     onto zeros.  A NULL gradient pointer means "not needed" and is skipped;
  *   - no allocation: an op that needs scratch says how much through a
  *     *_scratch_floats() function and takes it as an argument;
  *   - threads: OpenMP inside each kernel; results do not depend on the
@@ -125,14 +129,16 @@ static inline void tr_cpu_act_write(struct tr_cpu_act a, size_t i, size_t n, con
 /* ---- linear: out[N,OC] = inp[N,IC] @ w[OC,IC]^T + bias[OC] (bias may be NULL) */
 void tr_cpu_linear_forward(float *out, const float *inp, const float *w, const float *bias, int N,
                            int IC, int OC);
-/* dinp += dout @ w;  dw += dout^T @ inp;  dbias += sum over rows of dout */
+/* dinp += dout @ w;  dw += dout^T @ inp;  dbias += sum over rows of dout
+ * (write: bits 0, 1, 2 for dinp, dw, dbias) */
 void tr_cpu_linear_backward(float *dinp, float *dw, float *dbias, const float *dout,
-                            const float *inp, const float *w, int N, int IC, int OC);
+                            const float *inp, const float *w, int N, int IC, int OC,
+                            unsigned write);
 /* dbias[OC] += sum over the N rows of dout[N,OC], in row order whatever the
  * threads (rmsnorm sums its partial weight gradients with it too).  The bias gradient is a
  * sum, not a product: every backend takes it from the fp32 dout, also when
  * the GEMMs get 16-bit inputs (the CUDA backend's cuda_bias_backward too). */
-void tr_cpu_linear_bias_backward(float *dbias, const float *dout, int N, int OC);
+void tr_cpu_linear_bias_backward(float *dbias, const float *dout, int N, int OC, int write);
 
 /* The same with bf16 inputs (tr_cpu_gemm_bf16); bias and gradients fp32.
  * The bias gradient is not taken here: callers sum the fp32 dout. */
@@ -144,11 +150,13 @@ void tr_cpu_linear_forward_bf16(float *out, const uint16_t *inp, const uint16_t 
 void tr_cpu_linear_forward_bf16_out16(uint16_t *out, float *scratch, const uint16_t *inp,
                                       const uint16_t *w, const float *bias, int N, int IC, int OC);
 void tr_cpu_linear_backward_bf16(float *dinp, float *dw, const uint16_t *dout,
-                                 const uint16_t *inp, const uint16_t *w, int N, int IC, int OC);
+                                 const uint16_t *inp, const uint16_t *w, int N, int IC, int OC,
+                                 unsigned write);
 /* dout[N,OC] rounded to bf16 into dout16 (tr_cpu_to_bf16's bits) and, when
- * dbias is not NULL, dbias += its column sums (tr_cpu_linear_bias_backward's
+ * dbias is not NULL, dbias (+)= its column sums (tr_cpu_linear_bias_backward's
  * bits), in one pass over dout. */
-void tr_cpu_linear_dout_bf16(uint16_t *dout16, float *dbias, const float *dout, int N, int OC);
+void tr_cpu_linear_dout_bf16(uint16_t *dout16, float *dbias, const float *dout, int N, int OC,
+                             int write_bias);
 
 /* ---- batched matmul: out[b] = a[b] @ op(bm[b]); a[b]: M x K; op(bm[b]): K x N;
  * trans_b: bm[b] is stored N x K.  `batch` independent products. */
@@ -172,7 +180,8 @@ void tr_cpu_add_rows_backward(float *dx, float *dp, const float *dout, int B, in
 
 /* ---- elementwise add: out = a + b */
 void tr_cpu_add_forward(float *out, const float *a, const float *b, size_t n);
-void tr_cpu_add_backward(float *da, float *db, const float *dout, size_t n);
+/* da += dout, db += dout (write: bits 0 and 1 for da and db) */
+void tr_cpu_add_backward(float *da, float *db, const float *dout, size_t n, unsigned write);
 /* the same forward on activations as stored (any mix of dtypes) */
 void tr_cpu_add_forward_act(struct tr_cpu_act out, struct tr_cpu_act a, struct tr_cpu_act b,
                             size_t n);
@@ -185,7 +194,8 @@ void tr_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float 
 size_t tr_cpu_layernorm_scratch_floats(int N, int C);
 void tr_cpu_layernorm_backward(float *dinp, float *dw, float *db, float *scratch,
                                const float *dout, const float *inp, const float *w,
-                               const float *mean, const float *rstd, int N, int C);
+                               const float *mean, const float *rstd, int N, int C,
+                               unsigned write);
 /* the same with the input and the output as stored (w, b, the statistics and
  * the gradients fp32) */
 void tr_cpu_layernorm_forward_act(struct tr_cpu_act out, float *mean, float *rstd,
@@ -193,7 +203,8 @@ void tr_cpu_layernorm_forward_act(struct tr_cpu_act out, float *mean, float *rst
                                   int C, float eps);
 void tr_cpu_layernorm_backward_act(float *dinp, float *dw, float *db, float *scratch,
                                    const float *dout, struct tr_cpu_act inp, const float *w,
-                                   const float *mean, const float *rstd, int N, int C);
+                                   const float *mean, const float *rstd, int N, int C,
+                                   unsigned write);
 
 /* ---- RMSNorm over the last dim C: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps);
  * saves rstd[N] for backward.  Backward scratch: the partial sums of dw
@@ -217,7 +228,7 @@ void tr_cpu_rope_backward(float *dinp, const float *dout, float *scratch, int B,
 
 /* ---- activations */
 void tr_cpu_gelu_forward(float *out, const float *inp, size_t n); /* tanh form */
-void tr_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+void tr_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n, int write);
 /* The vector path of GELU, SwiGLU and tr_cpu_exp_shifted: the widest this
  * CPU runs.  The AVX-512 and AVX2 paths give the same bits for every element
  * (and exp_shifted the same sum).  tr_cpu_elementwise_cap(p) keeps the calls
@@ -229,7 +240,8 @@ int tr_cpu_elementwise_path(void);
 int tr_cpu_elementwise_cap(int path);
 /* the same with the input (and forward's output) as stored */
 void tr_cpu_gelu_forward_act(struct tr_cpu_act out, struct tr_cpu_act inp, size_t n);
-void tr_cpu_gelu_backward_act(float *dinp, struct tr_cpu_act inp, const float *dout, size_t n);
+void tr_cpu_gelu_backward_act(float *dinp, struct tr_cpu_act inp, const float *dout, size_t n,
+                              int write);
 void tr_cpu_relu_forward(float *out, const float *inp, size_t n);
 /* x[i] = exp(x[i] - shift) for i < n, returning their sum (softmax rows).
  * Vectorised like GELU; about 1 ulp; arguments below -87 give ~1e-38, not 0. */
@@ -296,10 +308,11 @@ void tr_cpu_attention_gqa_backward_bf16(float *dq, float *dk, float *dv, float *
  * stored; ignored rows get lse 0).  Returns the number of rows that count. */
 int tr_cpu_cross_entropy_forward(float *loss, float *lse, const float *logits,
                                  const int32_t *targets, int N, int V, int ignore_index);
-/* dlogits += dloss * (softmax - onehot) / n_valid for rows that count */
+/* dlogits += dloss * (softmax - onehot) / n_valid for rows that count
+ * (write: every row written, those that do not count with zeros) */
 void tr_cpu_cross_entropy_backward(float *dlogits, const float *logits, const float *lse,
                                    const int32_t *targets, float dloss, int N, int V,
-                                   int ignore_index);
+                                   int ignore_index, int write);
 
 /* ---- optimizers, over flat arrays.  grad_scale multiplies every gradient
  * first (loss-scale undo and global-norm clipping folded into one factor). */
@@ -354,11 +367,10 @@ void tr_cpu_conv2d_forward(float *out, const float *x, const float *w, const flo
                            float *scratch, const struct tr_cpu_conv_shape *s,
                            enum tr_dtype compute);
 /* dx += dout conv^T w;  dw += x corr dout;  db += rows' sum of dout (any may
- * be NULL).  dx_zeroed: dx holds zeros (the graph zeroed it for its first
- * writer), so the data gradient is written straight into it rather than
- * through scratch. */
+ * be NULL).  dx_write: dx is written, not added to (its first writer), so
+ * the data gradient goes straight into it rather than through scratch. */
 void tr_cpu_conv2d_backward(float *dx, float *dw, float *db, float *scratch, const float *dout,
-                            const float *x, const float *w, int dx_zeroed,
+                            const float *x, const float *w, int dx_write,
                             const struct tr_cpu_conv_shape *s, enum tr_dtype compute);
 
 /* ---- pooling (pool.c, by hand): x[B,H,W,C] -> out[B,OH,OW,C], windows KH x KW

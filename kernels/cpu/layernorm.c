@@ -107,8 +107,10 @@ size_t tr_cpu_layernorm_scratch_floats(int N, int C)
  * dout in column blocks, a widening call per 64 elements of a 16-bit x.) */
 void tr_cpu_layernorm_backward_act(float *dinp, float *dw, float *db, float *scratch,
                                    const float *dout, struct tr_cpu_act inp, const float *w,
-                                   const float *mean, const float *rstd, int N, int C)
+                                   const float *mean, const float *rstd, int N, int C,
+                                   unsigned write)
 {
+    int write_x = (write & 1u) != 0, write_w = (write & 2u) != 0, write_b = (write & 4u) != 0;
     if (dinp == NULL && dw == NULL && db == NULL)
         return;
     int chunks = (N + ROW_CHUNK - 1) / ROW_CHUNK;
@@ -153,7 +155,8 @@ void tr_cpu_layernorm_backward_act(float *dinp, float *dw, float *db, float *scr
                     for (int c = 0; c < len; c++) {
                         float xhat = (x[c] - m) * s;
                         float g = dy[c] * wt[c];
-                        dx[c] += s * (g - g_mean - xhat * g_xhat_mean);
+                        float d = s * (g - g_mean - xhat * g_xhat_mean);
+                        dx[c] = write_x ? d : dx[c] + d;
                     }
                 }
                 if (sums) {
@@ -184,17 +187,19 @@ void tr_cpu_layernorm_backward_act(float *dinp, float *dw, float *db, float *scr
         }
         for (int j = 0; j < width; j++) {
             if (dw != NULL)
-                dw[c0 + j] += dw_sum[j];
+                dw[c0 + j] = write_w ? dw_sum[j] : dw[c0 + j] + dw_sum[j];
             if (db != NULL)
-                db[c0 + j] += db_sum[j];
+                db[c0 + j] = write_b ? db_sum[j] : db[c0 + j] + db_sum[j];
         }
     }
 }
 
 void tr_cpu_layernorm_backward(float *dinp, float *dw, float *db, float *scratch,
                                const float *dout, const float *inp, const float *w,
-                               const float *mean, const float *rstd, int N, int C)
+                               const float *mean, const float *rstd, int N, int C,
+                               unsigned write)
 {
     tr_cpu_layernorm_backward_act(dinp, dw, db, scratch, dout,
-                                  (struct tr_cpu_act){(void *)inp, TR_F32}, w, mean, rstd, N, C);
+                                  (struct tr_cpu_act){(void *)inp, TR_F32}, w, mean, rstd, N, C,
+                                  write);
 }

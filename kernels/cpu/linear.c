@@ -70,15 +70,16 @@ static void linear_forward(const struct gemm_kind *k, float *out, const void *in
     k->threaded(0, 1, N, OC, IC, inp, IC, w, IC, beta, out, OC);
 }
 
+/* write: bit 0 dinp, bit 1 dw are written (GEMMs with beta 0) */
 static void linear_backward(const struct gemm_kind *k, float *dinp, float *dw, const void *dout,
-                            const void *inp, const void *w, int N, int IC, int OC)
+                            const void *inp, const void *w, int N, int IC, int OC, unsigned write)
 {
-    /* dinp[N,IC] += dout[N,OC] @ w[OC,IC] */
+    /* dinp[N,IC] (+)= dout[N,OC] @ w[OC,IC] */
     if (dinp != NULL)
-        k->threaded(0, 0, N, IC, OC, dout, OC, w, IC, 1.0f, dinp, IC);
-    /* dw[OC,IC] += dout[N,OC]^T @ inp[N,IC] */
+        k->threaded(0, 0, N, IC, OC, dout, OC, w, IC, write & 1u ? 0.0f : 1.0f, dinp, IC);
+    /* dw[OC,IC] (+)= dout[N,OC]^T @ inp[N,IC] */
     if (dw != NULL)
-        k->threaded(1, 0, OC, IC, N, dout, OC, inp, IC, 1.0f, dw, IC);
+        k->threaded(1, 0, OC, IC, N, dout, OC, inp, IC, write & 2u ? 0.0f : 1.0f, dw, IC);
 }
 
 void tr_cpu_linear_forward(float *out, const float *inp, const float *w, const float *bias, int N,
@@ -88,11 +89,12 @@ void tr_cpu_linear_forward(float *out, const float *inp, const float *w, const f
 }
 
 void tr_cpu_linear_backward(float *dinp, float *dw, float *dbias, const float *dout,
-                            const float *inp, const float *w, int N, int IC, int OC)
+                            const float *inp, const float *w, int N, int IC, int OC,
+                            unsigned write)
 {
-    linear_backward(&F32, dinp, dw, dout, inp, w, N, IC, OC);
+    linear_backward(&F32, dinp, dw, dout, inp, w, N, IC, OC, write);
     if (dbias != NULL)
-        tr_cpu_linear_bias_backward(dbias, dout, N, OC);
+        tr_cpu_linear_bias_backward(dbias, dout, N, OC, (write & 4u) != 0);
 }
 
 /* The bias goes into the primitives (added to each tile's sums as they are
@@ -111,16 +113,18 @@ void tr_cpu_linear_forward_bf16_out16(uint16_t *out, float *scratch, const uint1
 }
 
 void tr_cpu_linear_backward_bf16(float *dinp, float *dw, const uint16_t *dout,
-                                 const uint16_t *inp, const uint16_t *w, int N, int IC, int OC)
+                                 const uint16_t *inp, const uint16_t *w, int N, int IC, int OC,
+                                 unsigned write)
 {
-    linear_backward(&BF16, dinp, dw, dout, inp, w, N, IC, OC);
+    linear_backward(&BF16, dinp, dw, dout, inp, w, N, IC, OC, write);
 }
 
-/* dbias += the column sums of dout[N,OC]; with dout16, each row segment
+/* dbias (+)= the column sums of dout[N,OC]; with dout16, each row segment
  * also rounded to bf16 into dout16 as it is read.  Each block of columns
  * belongs to one thread and sums the rows in order, so the result does not
  * depend on the thread count; the inner loop runs along a contiguous row. */
-static void bias_sums(float *dbias, uint16_t *dout16, const float *dout, int N, int OC)
+static void bias_sums(float *dbias, uint16_t *dout16, const float *dout, int N, int OC,
+                      int write)
 {
     int blocks = (OC + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
 #pragma omp parallel for schedule(static)
@@ -136,21 +140,22 @@ static void bias_sums(float *dbias, uint16_t *dout16, const float *dout, int N, 
                 sum[j] += row[j];
         }
         for (int j = 0; j < width; j++)
-            dbias[o0 + j] += sum[j];
+            dbias[o0 + j] = write ? sum[j] : dbias[o0 + j] + sum[j];
     }
 }
 
-void tr_cpu_linear_bias_backward(float *dbias, const float *dout, int N, int OC)
+void tr_cpu_linear_bias_backward(float *dbias, const float *dout, int N, int OC, int write)
 {
-    bias_sums(dbias, NULL, dout, N, OC);
+    bias_sums(dbias, NULL, dout, N, OC, write);
 }
 
-void tr_cpu_linear_dout_bf16(uint16_t *dout16, float *dbias, const float *dout, int N, int OC)
+void tr_cpu_linear_dout_bf16(uint16_t *dout16, float *dbias, const float *dout, int N, int OC,
+                             int write_bias)
 {
     if (dbias == NULL)
         tr_cpu_to_bf16(dout16, dout, (size_t)N * OC);
     else /* the same sums, in the same pass as the rounding */
-        bias_sums(dbias, dout16, dout, N, OC);
+        bias_sums(dbias, dout16, dout, N, OC, write_bias);
 }
 
 /* Many small products are better spread one per thread; few large ones are

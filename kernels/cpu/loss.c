@@ -3,6 +3,7 @@
  * softmax with temperature.
  */
 #include <math.h>
+#include <string.h>
 
 #include "kernels.h"
 
@@ -55,20 +56,21 @@ int tr_cpu_cross_entropy_forward(float *loss, float *lse, const float *logits,
 
 void tr_cpu_cross_entropy_backward(float *dlogits, const float *logits, const float *lse,
                                    const int32_t *targets, float dloss, int N, int V,
-                                   int ignore_index)
+                                   int ignore_index, int write)
 {
     if (dlogits == NULL)
         return;
     int n_valid = 0;
     for (int n = 0; n < N; n++)
         n_valid += targets[n] != ignore_index;
-    if (n_valid == 0)
-        return;
-    float row_scale = dloss / (float)n_valid;
+    float row_scale = n_valid > 0 ? dloss / (float)n_valid : 0.0f;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        if (targets[n] == ignore_index)
+        if (targets[n] == ignore_index) {
+            if (write) /* a row that does not count: no gradient */
+                memset(dlogits + (size_t)n * V, 0, (size_t)V * sizeof(float));
             continue;
+        }
         const float *x = logits + (size_t)n * V;
         float *dx = dlogits + (size_t)n * V;
         float row_lse = lse[n];
@@ -81,7 +83,8 @@ void tr_cpu_cross_entropy_backward(float *dlogits, const float *logits, const fl
             tr_cpu_exp_shifted(prob, len, row_lse);
             for (int i = 0; i < len; i++) {
                 float indicator = i0 + i == target ? 1.0f : 0.0f;
-                dx[i0 + i] += row_scale * (prob[i] - indicator);
+                float d = row_scale * (prob[i] - indicator);
+                dx[i0 + i] = write ? d : dx[i0 + i] + d;
             }
         }
     }

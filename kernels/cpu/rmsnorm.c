@@ -85,5 +85,5 @@ void tr_cpu_rmsnorm_backward(float *dinp, float *dw, float *scratch, const float
     /* the chunks' partials, summed column by column in chunk order: the
      * bias gradient's column sum */
     if (dw != NULL)
-        tr_cpu_linear_bias_backward(dw, scratch, chunks, C);
+        tr_cpu_linear_bias_backward(dw, scratch, chunks, C, 0);
 }
