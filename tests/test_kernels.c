@@ -2100,13 +2100,13 @@ static void check_attention(rng_t *rng, int B, int T, int C, int NH)
     float *scratch = fvec(n_scratch);
     fill_f(scratch, n_scratch, NAN); /* scratch content must not matter */
     float *dqkv = fvec(n_qkv);
-    tr_cpu_attention_backward(dqkv, scratch, R, out, qkv, lse, B, T, C, NH);
+    tr_cpu_attention_backward(dqkv, scratch, R, out, qkv, lse, B, T, C, NH, 0);
     check_gradient("attention dqkv", dqkv, ref_attention, &ctx, ctx.qkv, n_qkv, Rd, n_out);
 
     float *pre = random_fvec(rng, n_qkv, -1, 1), *acc = copy_fvec(pre, n_qkv);
-    tr_cpu_attention_backward(acc, scratch, R, out, qkv, lse, B, T, C, NH);
+    tr_cpu_attention_backward(acc, scratch, R, out, qkv, lse, B, T, C, NH, 0);
     expect_accumulated("attention dqkv accumulates", acc, pre, dqkv, n_qkv);
-    tr_cpu_attention_backward(NULL, scratch, R, out, qkv, lse, B, T, C, NH);
+    tr_cpu_attention_backward(NULL, scratch, R, out, qkv, lse, B, T, C, NH, 0);
 
     free(qkv), free(R), free(ctx.qkv), free(Rd), free(want), free(out), free(lse);
     free(scratch), free(dqkv), free(pre), free(acc);
@@ -2203,7 +2203,7 @@ static void check_gqa(rng_t *rng, int B, int T, int H, int KV, int D)
     float *scratch = fvec(n_scratch);
     fill_f(scratch, n_scratch, NAN); /* scratch content must not matter */
     float *dq = fvec(n_q), *dk = fvec(n_kv), *dv = fvec(n_kv);
-    tr_cpu_attention_gqa_backward(dq, dk, dv, scratch, R, out, q, k, v, lse, B, T, H, KV, D);
+    tr_cpu_attention_gqa_backward(dq, dk, dv, scratch, R, out, q, k, v, lse, B, T, H, KV, D, 0);
     snprintf(what, sizeof what, "gqa dq B%d T%d H%d KV%d D%d", B, T, H, KV, D);
     check_gradient(what, dq, ref_gqa, &ctx, ctx.q, n_q, Rd, n_q);
     snprintf(what, sizeof what, "gqa dk B%d T%d H%d KV%d D%d", B, T, H, KV, D);
@@ -2215,7 +2215,7 @@ static void check_gqa(rng_t *rng, int B, int T, int H, int KV, int D)
     float *pre_k = random_fvec(rng, n_kv, -1, 1), *acc_k = copy_fvec(pre_k, n_kv);
     float *pre_v = random_fvec(rng, n_kv, -1, 1), *acc_v = copy_fvec(pre_v, n_kv);
     tr_cpu_attention_gqa_backward(acc_q, acc_k, acc_v, scratch, R, out, q, k, v, lse, B, T, H,
-                                  KV, D);
+                                  KV, D, 0);
     expect_accumulated("gqa dq accumulates", acc_q, pre_q, dq, n_q);
     expect_accumulated("gqa dk accumulates", acc_k, pre_k, dk, n_kv);
     expect_accumulated("gqa dv accumulates", acc_v, pre_v, dv, n_kv);
@@ -2223,13 +2223,13 @@ static void check_gqa(rng_t *rng, int B, int T, int H, int KV, int D)
     /* each gradient alone is the same as with the others */
     float *only_q = fvec(n_q), *only_k = fvec(n_kv), *only_v = fvec(n_kv);
     tr_cpu_attention_gqa_backward(only_q, NULL, NULL, scratch, R, out, q, k, v, lse, B, T, H, KV,
-                                  D);
+                                  D, 0);
     tr_cpu_attention_gqa_backward(NULL, only_k, NULL, scratch, R, out, q, k, v, lse, B, T, H, KV,
-                                  D);
+                                  D, 0);
     tr_cpu_attention_gqa_backward(NULL, NULL, only_v, scratch, R, out, q, k, v, lse, B, T, H, KV,
-                                  D);
+                                  D, 0);
     tr_cpu_attention_gqa_backward(NULL, NULL, NULL, scratch, R, out, q, k, v, lse, B, T, H, KV,
-                                  D);
+                                  D, 0);
     expect_bitwise("gqa dq alone", only_q, dq, n_q);
     expect_bitwise("gqa dk alone", only_k, dk, n_kv);
     expect_bitwise("gqa dv alone", only_v, dv, n_kv);
@@ -2276,9 +2276,9 @@ Test(attention_gqa, kv_equal_heads_is_packed_bitwise)
 
         float *scratch = fvec(tr_cpu_attention_scratch_floats(B, T, C, NH));
         float *dqkv = fvec(n_qkv), *dq = fvec(n), *dk = fvec(n), *dv = fvec(n);
-        tr_cpu_attention_backward(dqkv, scratch, R, out_p, qkv, lse_p, B, T, C, NH);
+        tr_cpu_attention_backward(dqkv, scratch, R, out_p, qkv, lse_p, B, T, C, NH, 0);
         tr_cpu_attention_gqa_backward(dq, dk, dv, scratch, R, out_g, q, k, v, lse_g, B, T, NH, NH,
-                                      C / NH);
+                                      C / NH, 0);
         for (size_t r = 0; r < (size_t)B * T; r++) {
             expect_bitwise("gqa dq vs packed", dq + r * C, dqkv + r * 3 * C, C);
             expect_bitwise("gqa dk vs packed", dk + r * C, dqkv + r * 3 * C + C, C);
@@ -2314,7 +2314,7 @@ Test(attention_gqa, split_backward_same_bits)
                 g[run][1] = want & 2 ? fvec(n_kv) : NULL;
                 g[run][2] = want & 4 ? fvec(n_kv) : NULL;
                 tr_cpu_attention_gqa_backward(g[run][0], g[run][1], g[run][2], scratch, R, out, q,
-                                              k, v, lse, B, T, H, KV, D);
+                                              k, v, lse, B, T, H, KV, D, 0);
             }
             const char *names[3] = {"split dq", "split dk", "split dv"};
             for (int i = 0; i < 3; i++) {
@@ -2331,7 +2331,7 @@ Test(attention_gqa, split_backward_same_bits)
             for (int run = 0; run < 2; run++) {
                 omp_set_num_threads(run == 0 ? 1 : 8);
                 dqkv[run] = fvec(3 * n_q);
-                tr_cpu_attention_backward(dqkv[run], scratch, R, out, qkv, lse, B, T, C, H);
+                tr_cpu_attention_backward(dqkv[run], scratch, R, out, qkv, lse, B, T, C, H, 0);
             }
             expect_bitwise("split packed dqkv", dqkv[1], dqkv[0], 3 * n_q);
             free(qkv), free(dqkv[0]), free(dqkv[1]);
@@ -2367,9 +2367,9 @@ Test(attention_gqa, grouped_equals_repeated_heads)
     float *dq_g = fvec(n_q), *dk_g = fvec(n_kv), *dv_g = fvec(n_kv);
     float *dq_r = fvec(n_q), *dk_r = fvec(n_q), *dv_r = fvec(n_q);
     tr_cpu_attention_gqa_backward(dq_g, dk_g, dv_g, scratch, R, out_g, q, k, v, lse_g, B, T, H,
-                                  KV, D);
+                                  KV, D, 0);
     tr_cpu_attention_gqa_backward(dq_r, dk_r, dv_r, scratch, R, out_r, q, kr, vr, lse_r, B, T, H,
-                                  H, D);
+                                  H, D, 0);
     expect_bitwise("grouped dq vs repeated", dq_g, dq_r, n_q);
     double *dk_sum = dvec(n_kv), *dv_sum = dvec(n_kv);
     for (size_t r = 0; r < (size_t)B * T; r++)
@@ -2408,7 +2408,7 @@ static void check_attention_bf16(rng_t *rng, int B, int T, int H, int KV, int D)
     float *wdq = fvec(n_q), *wdk = fvec(n_kv), *wdv = fvec(n_kv);
     tr_cpu_attention_gqa_forward(want, want_lse, qr, kr, vr, B, T, H, KV, D);
     tr_cpu_attention_gqa_backward(wdq, wdk, wdv, scratch, R, want, qr, kr, vr, want_lse, B, T, H,
-                                  KV, D);
+                                  KV, D, 0);
     int saved = omp_get_max_threads();
     const int threads[] = {1, 2, 3, 8};
     float *out[4], *lse[4], *dq[4], *dk[4], *dv[4];
@@ -2418,7 +2418,7 @@ static void check_attention_bf16(rng_t *rng, int B, int T, int H, int KV, int D)
         dv[t] = fvec(n_kv);
         tr_cpu_attention_gqa_forward_bf16(out[t], lse[t], q16, k16, v16, B, T, H, KV, D);
         tr_cpu_attention_gqa_backward_bf16(dq[t], dk[t], dv[t], scratch, R, out[t], q16, k16, v16,
-                                           lse[t], B, T, H, KV, D);
+                                           lse[t], B, T, H, KV, D, 0);
     }
     omp_set_num_threads(saved);
     /* P rounded to 8 bits before it meets v: out and lse to about 1e-2 of
@@ -2449,7 +2449,7 @@ static void check_attention_bf16(rng_t *rng, int B, int T, int H, int KV, int D)
         float *po = fvec(n_q), *plse = fvec(n_lse), *dqkv = fvec(3 * n_q);
         float *pscratch = fvec(tr_cpu_attention_bf16_scratch_floats(B, T, C, H));
         tr_cpu_attention_forward_bf16(po, plse, qkv, B, T, C, H);
-        tr_cpu_attention_backward_bf16(dqkv, pscratch, R, po, qkv, plse, B, T, C, H);
+        tr_cpu_attention_backward_bf16(dqkv, pscratch, R, po, qkv, plse, B, T, C, H, 0);
         expect_bitwise("bf16 packed out vs grouped", po, out[0], n_q);
         expect_bitwise("bf16 packed lse vs grouped", plse, lse[0], n_lse);
         for (size_t r = 0; r < rows; r++) {
@@ -2947,7 +2947,7 @@ Test(backend_ops, grouped_query_attention_from_nodes)
     float *scratch = fvec(tr_cpu_attention_gqa_scratch_floats(B, T, H, KV, D));
     tr_cpu_attention_gqa_forward(want, want_lse, q, k, v, B, T, H, KV, D);
     tr_cpu_attention_gqa_backward(want_dq, want_dk, want_dv, scratch, dout, want, q, k, v,
-                                  want_lse, B, T, H, KV, D);
+                                  want_lse, B, T, H, KV, D, 0);
     expect_bitwise("gqa node out", out, want, n_q);
     expect_bitwise("gqa node lse", lse, want_lse, (size_t)B * H * T);
     expect_bitwise("gqa node dq", dq, want_dq, n_q);
@@ -3029,7 +3029,7 @@ static void run_with_threads(const thread_inputs *in, int threads, thread_result
     float *scratch = fvec(tr_cpu_attention_scratch_floats(AT_B, AT_T, AT_C, AT_NH));
     tr_cpu_attention_forward(r->att_out, r->att_lse, in->att_qkv, AT_B, AT_T, AT_C, AT_NH);
     tr_cpu_attention_backward(r->att_dqkv, scratch, in->att_dout, r->att_out, in->att_qkv,
-                              r->att_lse, AT_B, AT_T, AT_C, AT_NH);
+                              r->att_lse, AT_B, AT_T, AT_C, AT_NH, 0);
     free(scratch);
 
     r->mm_out = fvec(MM_BATCH * MM_M * MM_N), r->mm_da = fvec(MM_BATCH * MM_M * MM_K);
@@ -3084,7 +3084,7 @@ static void run_with_threads(const thread_inputs *in, int threads, thread_result
                                  GQ_T, GQ_H, GQ_KV, GQ_D);
     tr_cpu_attention_gqa_backward(r->gqa_dq, r->gqa_dk, r->gqa_dv, scratch, in->gqa_dout,
                                   r->gqa_out, in->gqa_q, in->gqa_k, in->gqa_v, r->gqa_lse, GQ_B,
-                                  GQ_T, GQ_H, GQ_KV, GQ_D);
+                                  GQ_T, GQ_H, GQ_KV, GQ_D, 0);
     free(scratch);
 }
 
@@ -3340,4 +3340,78 @@ Test(grad_write, linear_add_layernorm_gelu_cross_entropy)
     tr_cpu_cross_entropy_backward(gn, logits, lse, none, 0.5f, XN, V, -100, 1);
     expect_written("cross-entropy, no row counts", gn, zn, (size_t)XN * V);
     free(logits), free(lse), free(z), free(gl), free(gn), free(zn), free(g);
+}
+
+/* attention: dq, dk, dv written by each block's first product -- packed and
+ * grouped-query, fp32 and native bf16, per-head and split backward (the
+ * split runs when a few (batch, kv head) pairs meet many threads) */
+Test(grad_write, attention)
+{
+    rng_t rng = {2602};
+    int saved_threads = omp_get_max_threads();
+    int native = tr_cpu_gemm_bf16_available() && tr_cpu_bf16_native_isa() != NULL;
+    const int B = 1, T = 150, H = 4, KV = 2, D = 16;
+    size_t nq = (size_t)B * T * H * D, nkv = (size_t)B * T * KV * D;
+    float *q = random_fvec(&rng, nq, -1, 1), *k = random_fvec(&rng, nkv, -1, 1);
+    float *v = random_fvec(&rng, nkv, -1, 1), *dout = random_fvec(&rng, nq, -1, 1);
+    uint16_t *q16 = hvec(nq), *k16 = hvec(nkv), *v16 = hvec(nkv);
+    tr_cpu_to_bf16(q16, q, nq), tr_cpu_to_bf16(k16, k, nkv), tr_cpu_to_bf16(v16, v, nkv);
+    float *out = fvec(nq), *lse = fvec((size_t)B * H * T);
+    float *scratch = fvec(tr_cpu_attention_gqa_bf16_scratch_floats(B, T, H, KV, D) +
+                          tr_cpu_attention_gqa_scratch_floats(B, T, H, KV, D));
+    for (int threads = 1; threads <= 8; threads *= 8) /* 8: the split backward */
+        for (int bf16 = 0; bf16 <= native; bf16++)
+            for (unsigned write = 1; write < 8; write++) {
+                omp_set_num_threads(threads);
+                float *zq = fvec(nq), *zk = fvec(nkv), *zv = fvec(nkv);
+                float *gq = garbage(nq), *gk = garbage(nkv), *gv = garbage(nkv);
+                float *wq = write & 1u ? gq : fvec(nq), *wk = write & 2u ? gk : fvec(nkv);
+                float *wv = write & 4u ? gv : fvec(nkv);
+                if (bf16) {
+                    tr_cpu_attention_gqa_forward_bf16(out, lse, q16, k16, v16, B, T, H, KV, D);
+                    tr_cpu_attention_gqa_backward_bf16(zq, zk, zv, scratch, dout, out, q16, k16,
+                                                       v16, lse, B, T, H, KV, D, 0);
+                    tr_cpu_attention_gqa_backward_bf16(wq, wk, wv, scratch, dout, out, q16, k16,
+                                                       v16, lse, B, T, H, KV, D, write);
+                } else {
+                    tr_cpu_attention_gqa_forward(out, lse, q, k, v, B, T, H, KV, D);
+                    tr_cpu_attention_gqa_backward(zq, zk, zv, scratch, dout, out, q, k, v, lse, B,
+                                                  T, H, KV, D, 0);
+                    tr_cpu_attention_gqa_backward(wq, wk, wv, scratch, dout, out, q, k, v, lse, B,
+                                                  T, H, KV, D, write);
+                }
+                char what[96];
+                snprintf(what, sizeof what, "attention %s threads %d write %u: dq",
+                         bf16 ? "bf16" : "fp32", threads, write);
+                expect_written(what, wq, zq, nq);
+                what[strlen(what) - 1] = 'k';
+                expect_written(what, wk, zk, nkv);
+                what[strlen(what) - 1] = 'v';
+                expect_written(what, wv, zv, nkv);
+                free(zq), free(zk), free(zv), free(wq), free(wk), free(wv);
+            }
+    omp_set_num_threads(saved_threads);
+
+    /* packed q, k, v (one gradient, written whole) */
+    const int C = H * D;
+    size_t n3 = (size_t)B * T * 3 * C;
+    float *qkv = random_fvec(&rng, n3, -1, 1);
+    uint16_t *qkv16 = hvec(n3);
+    tr_cpu_to_bf16(qkv16, qkv, n3);
+    for (int bf16 = 0; bf16 <= native; bf16++) {
+        float *z = fvec(n3), *gw = garbage(n3);
+        if (bf16) {
+            tr_cpu_attention_forward_bf16(out, lse, qkv16, B, T, C, H);
+            tr_cpu_attention_backward_bf16(z, scratch, dout, out, qkv16, lse, B, T, C, H, 0);
+            tr_cpu_attention_backward_bf16(gw, scratch, dout, out, qkv16, lse, B, T, C, H, 1);
+        } else {
+            tr_cpu_attention_forward(out, lse, qkv, B, T, C, H);
+            tr_cpu_attention_backward(z, scratch, dout, out, qkv, lse, B, T, C, H, 0);
+            tr_cpu_attention_backward(gw, scratch, dout, out, qkv, lse, B, T, C, H, 1);
+        }
+        expect_written(bf16 ? "attention packed bf16 dqkv" : "attention packed dqkv", gw, z, n3);
+        free(z), free(gw);
+    }
+    free(q), free(k), free(v), free(dout), free(q16), free(k16), free(v16), free(out), free(lse);
+    free(scratch), free(qkv), free(qkv16);
 }

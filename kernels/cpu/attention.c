@@ -59,7 +59,17 @@ struct att_layout {
     const uint16_t *q16, *k16, *v16; /* bf16 inputs (the bf16 path), else NULL */
     float *dq, *dk, *dv;
     const uint16_t *dout16; /* backward on the bf16 path: dout rounded to bf16 */
+    unsigned write; /* bits 0, 1, 2: dq, dk, dv are written (their first blocks with beta 0) */
 };
+
+/* beta of a gradient block's product: 0 for its first contribution when the
+ * gradient is written (every row of dq, dk and dv has one: a query block's
+ * first key block is 0, a key block's first query block is itself, in the
+ * group's first head), else 1 */
+static float block_beta(const struct att_layout *L, unsigned bit, int first)
+{
+    return first && (L->write & bit) ? 0.0f : 1.0f;
+}
 
 /* Scores S = q k^T of query rows [r0, r0+rows) against keys [k0, k0+cols)
  * (ld K_BLOCK), times scale: in the GEMM in fp32, after it in bf16 (the
@@ -274,51 +284,55 @@ static void block_dscores(const struct att_layout *L, const struct att_head *a, 
         block_to_bf16(blk->dscores16, blk->dscores, rows, cols);
 }
 
-/* dv[k0:] += P^T dout[r0:] */
+/* dv[k0:] (+)= P^T dout[r0:]; first: dv's first contribution to this block */
 static void block_dv(const struct att_layout *L, const struct att_head *a, int r0, int rows,
-                     int k0, int cols, const struct att_block *blk)
+                     int k0, int cols, const struct att_block *blk, int first)
 {
     int ldo = L->H * L->D;
     float *dv = a->dv + (size_t)k0 * L->ldkv;
+    float beta = block_beta(L, 4u, first);
     if (L->q16 != NULL)
         tr_cpu_gemm_bf16_block(1, 0, cols, L->D, rows, blk->probs16, K_BLOCK,
-                               L->dout16 + a->o_at + (size_t)r0 * ldo, ldo, 1.0f, dv, L->ldkv);
+                               L->dout16 + a->o_at + (size_t)r0 * ldo, ldo, beta, dv, L->ldkv);
     else
         tr_cpu_sgemm_serial(1, 0, cols, L->D, rows, 1.0f, blk->probs, K_BLOCK,
-                            a->dout + (size_t)r0 * ldo, ldo, 1.0f, dv, L->ldkv);
+                            a->dout + (size_t)r0 * ldo, ldo, beta, dv, L->ldkv);
 }
 
-/* dq[r0:] += dS k[k0:] */
+/* dq[r0:] (+)= dS k[k0:] */
 static void block_dq(const struct att_layout *L, const struct att_head *a, int r0, int rows,
                      int k0, int cols, const struct att_block *blk)
 {
     float *dq = a->dq + (size_t)r0 * L->ldq;
     size_t k_at = a->kv_at + (size_t)k0 * L->ldkv;
+    float beta = block_beta(L, 1u, k0 == 0);
     if (L->k16 != NULL)
         tr_cpu_gemm_bf16_block(0, 0, rows, L->D, cols, blk->dscores16, K_BLOCK, L->k16 + k_at,
-                               L->ldkv, 1.0f, dq, L->ldq);
+                               L->ldkv, beta, dq, L->ldq);
     else
         tr_cpu_sgemm_serial(0, 0, rows, L->D, cols, 1.0f, blk->dscores, K_BLOCK, L->k + k_at,
-                            L->ldkv, 1.0f, dq, L->ldq);
+                            L->ldkv, beta, dq, L->ldq);
 }
 
-/* dk[k0:] += dS^T q[r0:] */
+/* dk[k0:] (+)= dS^T q[r0:]; first: dk's first contribution to this block */
 static void block_dk(const struct att_layout *L, const struct att_head *a, int r0, int rows,
-                     int k0, int cols, const struct att_block *blk)
+                     int k0, int cols, const struct att_block *blk, int first)
 {
     float *dk = a->dk + (size_t)k0 * L->ldkv;
     size_t q_at = a->q_at + (size_t)r0 * L->ldq;
+    float beta = block_beta(L, 2u, first);
     if (L->q16 != NULL)
         tr_cpu_gemm_bf16_block(1, 0, cols, L->D, rows, blk->dscores16, K_BLOCK, L->q16 + q_at,
-                               L->ldq, 1.0f, dk, L->ldkv);
+                               L->ldq, beta, dk, L->ldkv);
     else
         tr_cpu_sgemm_serial(1, 0, cols, L->D, rows, 1.0f, blk->dscores, K_BLOCK, L->q + q_at,
-                            L->ldq, 1.0f, dk, L->ldkv);
+                            L->ldq, beta, dk, L->ldkv);
 }
 
 /* One query head's backward: dq of that head, and its share of dk and dv
- * (added to what the group's earlier heads left there). */
-static void backward_head(const struct att_layout *L, const struct att_head *a)
+ * (added to what the group's earlier heads left there; first_in_group: no
+ * earlier head did). */
+static void backward_head(const struct att_layout *L, const struct att_head *a, int first_in_group)
 {
     int T = L->T;
     struct att_block blk;
@@ -328,16 +342,17 @@ static void backward_head(const struct att_layout *L, const struct att_head *a)
         int rows = r1 - r0;
         for (int k0 = 0; k0 < r1; k0 += K_BLOCK) {
             int cols = min_int(K_BLOCK, r1 - k0);
+            int first = first_in_group && r0 == k0; /* key block k0's first query block */
             block_probs(L, a, r0, rows, k0, cols, &blk);
             if (a->dv != NULL)
-                block_dv(L, a, r0, rows, k0, cols, &blk);
+                block_dv(L, a, r0, rows, k0, cols, &blk, first);
             if (a->dq == NULL && a->dk == NULL)
                 continue;
             block_dscores(L, a, r0, rows, k0, cols, &blk);
             if (a->dq != NULL)
                 block_dq(L, a, r0, rows, k0, cols, &blk);
             if (a->dk != NULL)
-                block_dk(L, a, r0, rows, k0, cols, &blk);
+                block_dk(L, a, r0, rows, k0, cols, &blk, first);
         }
     }
 }
@@ -396,12 +411,13 @@ static void backward_split(const struct att_layout *L, float *scratch, const flo
             for (int r0 = k0; r0 < T; r0 += Q_BLOCK) {
                 int r1 = min_int(r0 + Q_BLOCK, T);
                 int cols = min_int(K_BLOCK, r1 - k0);
+                int first = h == kvh * group && r0 == k0;
                 block_probs(L, &a, r0, r1 - r0, k0, cols, &blk);
                 if (a.dv != NULL)
-                    block_dv(L, &a, r0, r1 - r0, k0, cols, &blk);
+                    block_dv(L, &a, r0, r1 - r0, k0, cols, &blk, first);
                 if (a.dk != NULL) {
                     block_dscores(L, &a, r0, r1 - r0, k0, cols, &blk);
-                    block_dk(L, &a, r0, r1 - r0, k0, cols, &blk);
+                    block_dk(L, &a, r0, r1 - r0, k0, cols, &blk, first);
                 }
             }
         }
@@ -428,7 +444,7 @@ static void attention_backward(const struct att_layout *L, float *scratch, const
         for (int kvh = 0; kvh < KV; kvh++) {
             for (int h = kvh * group; h < (kvh + 1) * group; h++) {
                 struct att_head a = head_of(L, b, h, scratch, dout, out, lse);
-                backward_head(L, &a);
+                backward_head(L, &a, h == kvh * group);
             }
         }
     }
@@ -460,11 +476,13 @@ size_t tr_cpu_attention_scratch_floats(int B, int T, int C, int NH)
 }
 
 void tr_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *out,
-                               const float *qkv, const float *lse, int B, int T, int C, int NH)
+                               const float *qkv, const float *lse, int B, int T, int C, int NH,
+                               int write)
 {
     if (dqkv == NULL)
         return;
     struct att_layout L = packed_layout(qkv, dqkv, B, T, C, NH);
+    L.write = write ? 7u : 0u;
     attention_backward(&L, scratch, dout, out, lse);
 }
 
@@ -492,9 +510,10 @@ size_t tr_cpu_attention_gqa_scratch_floats(int B, int T, int H, int KV, int D)
 void tr_cpu_attention_gqa_backward(float *dq, float *dk, float *dv, float *scratch,
                                    const float *dout, const float *out, const float *q,
                                    const float *k, const float *v, const float *lse, int B, int T,
-                                   int H, int KV, int D)
+                                   int H, int KV, int D, unsigned write)
 {
     struct att_layout L = gqa_layout(q, k, v, dq, dk, dv, B, T, H, KV, D);
+    L.write = write;
     attention_backward(&L, scratch, dout, out, lse);
 }
 
@@ -546,11 +565,12 @@ size_t tr_cpu_attention_bf16_scratch_floats(int B, int T, int C, int NH)
 
 void tr_cpu_attention_backward_bf16(float *dqkv, float *scratch, const float *dout,
                                     const float *out, const uint16_t *qkv, const float *lse, int B,
-                                    int T, int C, int NH)
+                                    int T, int C, int NH, int write)
 {
     if (dqkv == NULL)
         return;
     struct att_layout L = packed_layout_bf16(qkv, dqkv, B, T, C, NH);
+    L.write = write ? 7u : 0u;
     backward_bf16(&L, scratch, dout, out, lse);
 }
 
@@ -572,12 +592,12 @@ size_t tr_cpu_attention_gqa_bf16_scratch_floats(int B, int T, int H, int KV, int
 void tr_cpu_attention_gqa_backward_bf16(float *dq, float *dk, float *dv, float *scratch,
                                         const float *dout, const float *out, const uint16_t *q,
                                         const uint16_t *k, const uint16_t *v, const float *lse,
-                                        int B, int T, int H, int KV, int D)
+                                        int B, int T, int H, int KV, int D, unsigned write)
 {
     if (dq == NULL && dk == NULL && dv == NULL)
         return;
     struct att_layout L = {.B = B, .T = T, .H = H, .KV = KV, .D = D, .ldq = H * D,
                            .ldkv = KV * D, .q16 = q, .k16 = k, .v16 = v,
-                           .dq = dq, .dk = dk, .dv = dv};
+                           .dq = dq, .dk = dk, .dv = dv, .write = write};
     backward_bf16(&L, scratch, dout, out, lse);
 }

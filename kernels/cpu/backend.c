@@ -443,20 +443,23 @@ static void cpu_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
             tr_cpu_attention_gqa_backward_bf16(T(0)->grad, T(1)->grad, T(2)->grad, g->scratch,
                                                dout, F(OUT), U16(T(0)), U16(T(1)), U16(T(2)),
                                                AUX(0), (int)T(0)->shape[0], (int)T(0)->shape[1],
-                                               n->heads, kv_heads(n), cols(T(0)) / n->heads);
+                                               n->heads, kv_heads(n), cols(T(0)) / n->heads,
+                                               n->write_grad_mask);
         else if (attention_bf16(g, n))
             tr_cpu_attention_backward_bf16(T(0)->grad, g->scratch, dout, F(OUT), U16(T(0)),
                                            AUX(0), (int)T(0)->shape[0], (int)T(0)->shape[1],
-                                           (int)T(0)->shape[2] / 3, n->heads);
+                                           (int)T(0)->shape[2] / 3, n->heads,
+                                           (n->write_grad_mask & 1u) != 0);
         else if (n->n_in == 3)
             tr_cpu_attention_gqa_backward(T(0)->grad, T(1)->grad, T(2)->grad, g->scratch, dout,
                                           F(OUT), F(T(0)), F(T(1)), F(T(2)), AUX(0),
                                           (int)T(0)->shape[0], (int)T(0)->shape[1], n->heads,
-                                          kv_heads(n), cols(T(0)) / n->heads);
+                                          kv_heads(n), cols(T(0)) / n->heads, n->write_grad_mask);
         else
             tr_cpu_attention_backward(T(0)->grad, g->scratch, dout, F(OUT), F(T(0)), AUX(0),
                                       (int)T(0)->shape[0], (int)T(0)->shape[1],
-                                      (int)T(0)->shape[2] / 3, n->heads);
+                                      (int)T(0)->shape[2] / 3, n->heads,
+                                      (n->write_grad_mask & 1u) != 0);
         break;
     case TR_OP_RMSNORM:
         tr_cpu_rmsnorm_backward(T(0)->grad, T(1)->grad, g->scratch, dout, F(T(0)), F(T(1)),
@@ -773,13 +776,14 @@ static int cpu_supports_op(void *ctx, const struct tr_graph *g, const struct tr_
 
 /* The backward kernels that can write their gradients (kernels.h's
  * `write`): linear (all three: GEMMs with beta 0, the bias sums stored),
- * add, layer norm, GELU, the cross-entropy's logits and the convolution's
- * data gradient.  The others add to what the core zeroed. */
+ * add, layer norm, attention (q, k and v: each block's first product with
+ * beta 0), GELU, the cross-entropy's logits and the convolution's data
+ * gradient.  The others add to what the core zeroed. */
 static int cpu_writes_grad(void *ctx, const struct tr_graph *g, const struct tr_node *n, int k)
 {
     (void)ctx, (void)g;
     switch (n->op) {
-    case TR_OP_LINEAR: case TR_OP_ADD: case TR_OP_LAYERNORM:
+    case TR_OP_LINEAR: case TR_OP_ADD: case TR_OP_LAYERNORM: case TR_OP_ATTENTION:
         return 1;
     case TR_OP_GELU: case TR_OP_CROSS_ENTROPY: case TR_OP_CONV2D:
         return k == 0;

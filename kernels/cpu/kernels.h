@@ -267,8 +267,10 @@ void tr_cpu_attention_forward(float *out, float *lse, const float *qkv, int B, i
 /* Backward scratch: D = rowsum(dout * out), B*NH*T floats; its contents
  * need not be initialised. */
 size_t tr_cpu_attention_scratch_floats(int B, int T, int C, int NH);
+/* write: dqkv is written (=), not added to */
 void tr_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, const float *out,
-                               const float *qkv, const float *lse, int B, int T, int C, int NH);
+                               const float *qkv, const float *lse, int B, int T, int C, int NH,
+                               int write);
 /* The same attention from separate q[B,T,H*D], k[B,T,KV*D], v[B,T,KV*D]
  * (KV divides H; query head h reads key/value head h / (H/KV): grouped-query
  * attention), out[B,T,H*D], lse[B,H,T], scale 1/sqrt(D).  With KV = H and the
@@ -277,10 +279,11 @@ void tr_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, c
 void tr_cpu_attention_gqa_forward(float *out, float *lse, const float *q, const float *k,
                                   const float *v, int B, int T, int H, int KV, int D);
 size_t tr_cpu_attention_gqa_scratch_floats(int B, int T, int H, int KV, int D);
+/* write: bits 0, 1, 2 for dq, dk, dv */
 void tr_cpu_attention_gqa_backward(float *dq, float *dk, float *dv, float *scratch,
                                    const float *dout, const float *out, const float *q,
                                    const float *k, const float *v, const float *lse, int B, int T,
-                                   int H, int KV, int D);
+                                   int H, int KV, int D, unsigned write);
 /* Both forms under native bf16: q, k, v read as stored in bf16, every
  * product a bf16 one summed in fp32 (tr_cpu_gemm_bf16_block; the
  * probabilities, dS and dout rounded to bf16 for the products), softmax,
@@ -292,7 +295,7 @@ void tr_cpu_attention_forward_bf16(float *out, float *lse, const uint16_t *qkv, 
 size_t tr_cpu_attention_bf16_scratch_floats(int B, int T, int C, int NH);
 void tr_cpu_attention_backward_bf16(float *dqkv, float *scratch, const float *dout,
                                     const float *out, const uint16_t *qkv, const float *lse, int B,
-                                    int T, int C, int NH);
+                                    int T, int C, int NH, int write);
 void tr_cpu_attention_gqa_forward_bf16(float *out, float *lse, const uint16_t *q,
                                        const uint16_t *k, const uint16_t *v, int B, int T, int H,
                                        int KV, int D);
@@ -300,7 +303,7 @@ size_t tr_cpu_attention_gqa_bf16_scratch_floats(int B, int T, int H, int KV, int
 void tr_cpu_attention_gqa_backward_bf16(float *dq, float *dk, float *dv, float *scratch,
                                         const float *dout, const float *out, const uint16_t *q,
                                         const uint16_t *k, const uint16_t *v, const float *lse,
-                                        int B, int T, int H, int KV, int D);
+                                        int B, int T, int H, int KV, int D, unsigned write);
 
 /* ---- softmax cross-entropy, mean over rows whose target != ignore_index.
  * Forward writes the mean loss to *loss and the per-row log-sum-exp to lse[N]
