@@ -3,9 +3,7 @@
  * removes.  For P parameters, trainrun's CPU kernels as the engine runs
  * them once a step, each timed alone (best of REPS after one warm-up):
  *
- *   zero        the gradients cleared before the first micro-batch (memset,
- *               what the CPU backend's zero does)
- *   sum of sq.  their sum of squares, for the global-norm clip
+ *   sum of sq.  the gradients' sum of squares, for the global-norm clip
  *               (tr_cpu_sum_squares)
  *   AdamW       the update (tr_cpu_adamw_update): reads parameter, gradient
  *               and both moments, writes three back, 28 bytes a parameter
@@ -25,13 +23,13 @@
  *   OMP_NUM_THREADS=2 ./step_floor [parameters] [reps]
  * Parameters default to GPT-2 124M's 123,702,528 (trainrun plan's "parameters
  * P" line gives any recipe's).  Prints a table, then one line:
- *   floor <zero ms> <sum of squares ms> <adamw ms> <adamw bf16 ms>
+ *   floor <sum of squares ms> <adamw ms> <adamw bf16 ms>
+ * (No pass clears the gradients: a step's first backward writes them.)
  */
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 #include "kernels.h"
@@ -53,7 +51,7 @@ static void *xalloc(size_t bytes)
     return p;
 }
 
-enum { PASS_ZERO, PASS_SUMSQ, PASS_ADAMW, PASS_ADAMW_BF16, PASSES };
+enum { PASS_SUMSQ, PASS_ADAMW, PASS_ADAMW_BF16, PASSES };
 
 int main(int argc, char **argv)
 {
@@ -75,9 +73,8 @@ int main(int argc, char **argv)
         v[i] = 1e-6f;
         p16[i] = 0;
     }
-    static const char *names[PASSES] = {"zero gradients", "sum of squares", "AdamW",
-                                        "AdamW + bf16 copy"};
-    static const double bytes_per[PASSES] = {4, 4, 28, 30};
+    static const char *names[PASSES] = {"sum of squares", "AdamW", "AdamW + bf16 copy"};
+    static const double bytes_per[PASSES] = {4, 28, 30};
     double best[PASSES];
     volatile double sink = 0;
     for (int k = 0; k < PASSES; k++) {
@@ -85,9 +82,6 @@ int main(int argc, char **argv)
         for (int r = 0; r <= reps; r++) { /* r == 0: the warm-up */
             double t0 = now();
             switch (k) {
-            case PASS_ZERO:
-                memset(g, 0, n * sizeof(float));
-                break;
             case PASS_SUMSQ:
                 sink += tr_cpu_sum_squares(g, n);
                 break;
@@ -110,11 +104,11 @@ int main(int argc, char **argv)
     for (int k = 0; k < PASSES; k++)
         printf("| %s | %.0f | %.1f | %.1f |\n", names[k], bytes_per[k], best[k] * 1e3,
                bytes_per[k] * (double)n / best[k] / 1e9);
-    double f32 = best[PASS_ZERO] + best[PASS_SUMSQ] + best[PASS_ADAMW];
-    double f16 = best[PASS_ZERO] + best[PASS_SUMSQ] + best[PASS_ADAMW_BF16];
+    double f32 = best[PASS_SUMSQ] + best[PASS_ADAMW];
+    double f16 = best[PASS_SUMSQ] + best[PASS_ADAMW_BF16];
     printf("\nA step's passes: fp32 %.1f ms, bf16 %.1f ms\n", f32 * 1e3, f16 * 1e3);
-    printf("floor %.2f %.2f %.2f %.2f\n", best[PASS_ZERO] * 1e3, best[PASS_SUMSQ] * 1e3,
-           best[PASS_ADAMW] * 1e3, best[PASS_ADAMW_BF16] * 1e3);
+    printf("floor %.2f %.2f %.2f\n", best[PASS_SUMSQ] * 1e3, best[PASS_ADAMW] * 1e3,
+           best[PASS_ADAMW_BF16] * 1e3);
     free(p);
     free(g);
     free(m);
