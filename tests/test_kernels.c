@@ -1537,20 +1537,20 @@ Test(rmsnorm, forward_backward)
         float *scratch = fvec(n_scratch);
         fill_f(scratch, n_scratch, NAN); /* scratch content must not matter */
         float *dinp = fvec(n_x), *dw = fvec(C);
-        tr_cpu_rmsnorm_backward(dinp, dw, scratch, R, inp, w, rstd, N, C);
+        tr_cpu_rmsnorm_backward(dinp, dw, scratch, R, inp, w, rstd, N, C, 0);
         check_gradient("rmsnorm dinp", dinp, ref_rmsnorm, &ctx, ctx.inp, n_x, Rd, n_x);
         check_gradient("rmsnorm dw", dw, ref_rmsnorm, &ctx, ctx.w, C, Rd, n_x);
 
         float *pre_x = random_fvec(&rng, n_x, -1, 1), *pre_w = random_fvec(&rng, C, -1, 1);
         float *acc_x = copy_fvec(pre_x, n_x), *acc_w = copy_fvec(pre_w, C);
-        tr_cpu_rmsnorm_backward(acc_x, acc_w, scratch, R, inp, w, rstd, N, C);
+        tr_cpu_rmsnorm_backward(acc_x, acc_w, scratch, R, inp, w, rstd, N, C, 0);
         expect_accumulated("rmsnorm dinp accumulates", acc_x, pre_x, dinp, n_x);
         expect_accumulated("rmsnorm dw accumulates", acc_w, pre_w, dw, C);
 
         float *only_w = fvec(C), *only_x = fvec(n_x);
-        tr_cpu_rmsnorm_backward(NULL, only_w, scratch, R, inp, w, rstd, N, C);
+        tr_cpu_rmsnorm_backward(NULL, only_w, scratch, R, inp, w, rstd, N, C, 0);
         expect_close_ff("rmsnorm dw alone", only_w, dw, C, 0.0);
-        tr_cpu_rmsnorm_backward(only_x, NULL, scratch, R, inp, w, rstd, N, C);
+        tr_cpu_rmsnorm_backward(only_x, NULL, scratch, R, inp, w, rstd, N, C, 0);
         expect_close_ff("rmsnorm dinp alone", only_x, dinp, n_x, 0.0);
 
         free(inp), free(w), free(R), free(ctx.inp), free(ctx.w), free(Rd), free(want);
@@ -1570,7 +1570,7 @@ Test(rmsnorm, zero_row_and_eps)
     for (int i = 0; i < 8; i++)
         cr_assert(out[i] == 0.0f, "zero row stays zero");
     float scratch[8];
-    tr_cpu_rmsnorm_backward(dx, dw, scratch, dy, x, w, rstd, 1, 8);
+    tr_cpu_rmsnorm_backward(dx, dw, scratch, dy, x, w, rstd, 1, 8, 0);
     for (int i = 0; i < 8; i++) {
         cr_assert(fabsf(dx[i] - 1000.0f * dy[i]) <= 1e-3f * dy[i], "dx of a zero row is rstd * dy");
         cr_assert(dw[i] == 0.0f, "dw of a zero row is 0");
@@ -1633,13 +1633,13 @@ Test(rope, forward_backward)
 
         float *dx = fvec(n);
         fill_f(scratch, n_scratch, NAN);
-        tr_cpu_rope_backward(dx, R, scratch, B, T, H, D, theta);
+        tr_cpu_rope_backward(dx, R, scratch, B, T, H, D, theta, 0);
         check_gradient("rope dinp", dx, ref_rope, &ctx, ctx.x, n, Rd, n);
 
         float *pre = random_fvec(&rng, n, -1, 1), *acc = copy_fvec(pre, n);
-        tr_cpu_rope_backward(acc, R, scratch, B, T, H, D, theta);
+        tr_cpu_rope_backward(acc, R, scratch, B, T, H, D, theta, 0);
         expect_accumulated("rope dinp accumulates", acc, pre, dx, n);
-        tr_cpu_rope_backward(NULL, R, scratch, B, T, H, D, theta);
+        tr_cpu_rope_backward(NULL, R, scratch, B, T, H, D, theta, 0);
 
         /* position 0 is the identity; every pair keeps its length */
         int half = D / 2;
@@ -1663,7 +1663,7 @@ Test(rope, forward_backward)
 
         /* backward turns back: rope^-1(rope(x)) = x */
         float *back = fvec(n);
-        tr_cpu_rope_backward(back, out, scratch, B, T, H, D, theta);
+        tr_cpu_rope_backward(back, out, scratch, B, T, H, D, theta, 0);
         expect_close_ff("rope backward inverts forward", back, x, n, 1e-6);
 
         free(x), free(R), free(ctx.x), free(Rd), free(want), free(scratch), free(out), free(dx);
@@ -1738,22 +1738,22 @@ Test(swiglu, forward_backward)
         expect_close("swiglu forward", out, want, n, FWD_TOL);
 
         float *dg = fvec(n), *du = fvec(n);
-        tr_cpu_swiglu_backward(dg, du, gate, up, R, n);
+        tr_cpu_swiglu_backward(dg, du, gate, up, R, n, 0);
         check_gradient("swiglu dgate", dg, ref_swiglu, &ctx, ctx.gate, n, Rd, n);
         check_gradient("swiglu dup", du, ref_swiglu, &ctx, ctx.up, n, Rd, n);
 
         float *pre_g = random_fvec(&rng, n, -1, 1), *pre_u = random_fvec(&rng, n, -1, 1);
         float *acc_g = copy_fvec(pre_g, n), *acc_u = copy_fvec(pre_u, n);
-        tr_cpu_swiglu_backward(acc_g, acc_u, gate, up, R, n);
+        tr_cpu_swiglu_backward(acc_g, acc_u, gate, up, R, n, 0);
         expect_accumulated("swiglu dgate accumulates", acc_g, pre_g, dg, n);
         expect_accumulated("swiglu dup accumulates", acc_u, pre_u, du, n);
 
         float *only_g = fvec(n), *only_u = fvec(n);
-        tr_cpu_swiglu_backward(only_g, NULL, gate, up, R, n);
-        tr_cpu_swiglu_backward(NULL, only_u, gate, up, R, n);
+        tr_cpu_swiglu_backward(only_g, NULL, gate, up, R, n, 0);
+        tr_cpu_swiglu_backward(NULL, only_u, gate, up, R, n, 0);
         expect_close_ff("swiglu dgate alone", only_g, dg, n, 0.0);
         expect_close_ff("swiglu dup alone", only_u, du, n, 0.0);
-        tr_cpu_swiglu_backward(NULL, NULL, gate, up, R, n);
+        tr_cpu_swiglu_backward(NULL, NULL, gate, up, R, n, 0);
 
         free(gate), free(up), free(R), free(ctx.gate), free(ctx.up), free(Rd), free(want);
         free(out), free(dg), free(du), free(pre_g), free(pre_u), free(acc_g), free(acc_u);
@@ -1772,8 +1772,8 @@ Test(swiglu, same_tensor_for_gate_and_up)
         float *x = random_fvec(&rng, n, -4, 4), *R = random_fvec(&rng, n, -1, 1);
         float *pre = random_fvec(&rng, n, -1, 1), *dx = copy_fvec(pre, n);
         float *dg = fvec(n), *du = fvec(n);
-        tr_cpu_swiglu_backward(dx, dx, x, x, R, n);
-        tr_cpu_swiglu_backward(dg, du, x, x, R, n);
+        tr_cpu_swiglu_backward(dx, dx, x, x, R, n, 0);
+        tr_cpu_swiglu_backward(dg, du, x, x, R, n, 0);
         double *want = dvec(n);
         for (size_t i = 0; i < n; i++)
             want[i] = (double)pre[i] + dg[i] + du[i];
@@ -1797,7 +1797,7 @@ Test(swiglu, wide_range_and_tails)
             ones[i] = 1.0f;
         }
         tr_cpu_swiglu_forward(out, g, up, n);
-        tr_cpu_swiglu_backward(dg, du, g, up, ones, n);
+        tr_cpu_swiglu_backward(dg, du, g, up, ones, n, 0);
         for (size_t i = 0; i < n; i++) {
             double G = g[i], sig = 1.0 / (1.0 + exp(-G)), want = G * sig;
             double dwant = sig * (1.0 + G * (1.0 - sig));
@@ -1904,13 +1904,13 @@ static void ew_run_all(struct ew_out *o, const struct ew_in *in, size_t off, siz
     tr_cpu_swiglu_forward(o->silu + off, x, up, n);
     memcpy(o->dgate + off, in->pre + off, bytes);
     memcpy(o->dup + off, in->pre2 + off, bytes);
-    tr_cpu_swiglu_backward(o->dgate + off, o->dup + off, x, up, dout, n);
+    tr_cpu_swiglu_backward(o->dgate + off, o->dup + off, x, up, dout, n, 0);
     memcpy(o->dgate_only + off, in->pre + off, bytes);
-    tr_cpu_swiglu_backward(o->dgate_only + off, NULL, x, up, dout, n);
+    tr_cpu_swiglu_backward(o->dgate_only + off, NULL, x, up, dout, n, 0);
     memcpy(o->dup_only + off, in->pre2 + off, bytes);
-    tr_cpu_swiglu_backward(NULL, o->dup_only + off, x, up, dout, n);
+    tr_cpu_swiglu_backward(NULL, o->dup_only + off, x, up, dout, n, 0);
     memcpy(o->dsame + off, in->pre + off, bytes); /* silu(x) * x: one tensor, one gradient */
-    tr_cpu_swiglu_backward(o->dsame + off, o->dsame + off, x, x, dout, n);
+    tr_cpu_swiglu_backward(o->dsame + off, o->dsame + off, x, x, dout, n, 0);
     memcpy(o->exp + off, in->ex + off, bytes);
     o->exp_sum = tr_cpu_exp_shifted(o->exp + off, (int)n, 2.5f);
     for (int b = 0; b < 2; b++) {
@@ -2017,8 +2017,8 @@ Test(scale, forward_backward)
             float *x = random_fvec(&rng, n, -2, 2), *R = random_fvec(&rng, n, -1, 1);
             float *out = fvec(n), *pre = random_fvec(&rng, n, -1, 1), *acc = copy_fvec(pre, n);
             tr_cpu_scale_forward(out, x, sc, n);
-            tr_cpu_scale_backward(acc, R, sc, n);
-            tr_cpu_scale_backward(NULL, R, sc, n);
+            tr_cpu_scale_backward(acc, R, sc, n, 0);
+            tr_cpu_scale_backward(NULL, R, sc, n, 0);
             for (size_t i = 0; i < n; i++) {
                 cr_assert(out[i] == sc * x[i], "scale forward [%zu]", i);
                 double want = (double)pre[i] + (double)sc * R[i]; /* one rounding, or two */
@@ -2862,7 +2862,7 @@ Test(backend_ops, rmsnorm_rope_swiglu_scale_from_nodes)
         float *want = fvec(N), *want_rstd = fvec(B * T), *want_dx = fvec(N), *want_dw = fvec(C);
         tr_cpu_rmsnorm_forward(want, want_rstd, x, w, B * T, C, 0.25f);
         float *scratch = fvec(tr_cpu_rmsnorm_scratch_floats(B * T, C));
-        tr_cpu_rmsnorm_backward(want_dx, want_dw, scratch, dout, x, w, want_rstd, B * T, C);
+        tr_cpu_rmsnorm_backward(want_dx, want_dw, scratch, dout, x, w, want_rstd, B * T, C, 0);
         expect_bitwise("rmsnorm node out", out, want, N);
         expect_bitwise("rmsnorm node rstd", rstd, want_rstd, B * T);
         expect_bitwise("rmsnorm node dx", dx, want_dx, N);
@@ -2883,7 +2883,7 @@ Test(backend_ops, rmsnorm_rope_swiglu_scale_from_nodes)
         float *want = fvec(N), *want_dx = fvec(N);
         float *scratch = fvec(tr_cpu_rope_scratch_floats(T, D));
         tr_cpu_rope_forward(want, x, scratch, B, T, H, D, 500.0f);
-        tr_cpu_rope_backward(want_dx, dout, scratch, B, T, H, D, 500.0f);
+        tr_cpu_rope_backward(want_dx, dout, scratch, B, T, H, D, 500.0f, 0);
         expect_bitwise("rope node out", out, want, N);
         expect_bitwise("rope node dx", dx, want_dx, N);
         free(out), free(dx), free(want), free(want_dx), free(scratch);
@@ -2900,7 +2900,7 @@ Test(backend_ops, rmsnorm_rope_swiglu_scale_from_nodes)
         one_node_run(&o);
         float *want = fvec(N), *want_dg = fvec(N), *want_du = fvec(N);
         tr_cpu_swiglu_forward(want, x, x2, N);
-        tr_cpu_swiglu_backward(want_dg, want_du, x, x2, dout, N);
+        tr_cpu_swiglu_backward(want_dg, want_du, x, x2, dout, N, 0);
         expect_bitwise("swiglu node out", out, want, N);
         expect_bitwise("swiglu node dgate", dg, want_dg, N);
         expect_bitwise("swiglu node dup", du, want_du, N);
@@ -3059,7 +3059,7 @@ static void run_with_threads(const thread_inputs *in, int threads, thread_result
     tr_cpu_rmsnorm_forward(r->rms_out, r->rms_rstd, in->rms_inp, in->rms_w, RMS_N, RMS_C, 1e-5f);
     scratch = fvec(tr_cpu_rmsnorm_scratch_floats(RMS_N, RMS_C));
     tr_cpu_rmsnorm_backward(r->rms_dinp, r->rms_dw, scratch, in->rms_dout, in->rms_inp, in->rms_w,
-                            r->rms_rstd, RMS_N, RMS_C);
+                            r->rms_rstd, RMS_N, RMS_C, 0);
     free(scratch);
 
     size_t n_rope = (size_t)ROPE_B * ROPE_T * ROPE_H * ROPE_D;
@@ -3067,14 +3067,14 @@ static void run_with_threads(const thread_inputs *in, int threads, thread_result
     scratch = fvec(tr_cpu_rope_scratch_floats(ROPE_T, ROPE_D));
     tr_cpu_rope_forward(r->rope_out, in->rope_x, scratch, ROPE_B, ROPE_T, ROPE_H, ROPE_D, 1e4f);
     tr_cpu_rope_backward(r->rope_dinp, in->rope_dout, scratch, ROPE_B, ROPE_T, ROPE_H, ROPE_D,
-                         1e4f);
+                         1e4f, 0);
     free(scratch);
 
     /* SwiGLU on GELU's inputs: several threads' shares and a tail */
     r->swiglu_out = fvec(GELU_N), r->swiglu_dgate = fvec(GELU_N), r->swiglu_dup = fvec(GELU_N);
     tr_cpu_swiglu_forward(r->swiglu_out, in->gelu_x, in->gelu_dout, GELU_N);
     tr_cpu_swiglu_backward(r->swiglu_dgate, r->swiglu_dup, in->gelu_x, in->gelu_dout,
-                           in->gelu_x, GELU_N);
+                           in->gelu_x, GELU_N, 0);
 
     size_t n_q = (size_t)GQ_B * GQ_T * GQ_H * GQ_D, n_kv = (size_t)GQ_B * GQ_T * GQ_KV * GQ_D;
     r->gqa_out = fvec(n_q), r->gqa_lse = fvec(GQ_B * GQ_H * GQ_T);
@@ -3340,6 +3340,59 @@ Test(grad_write, linear_add_layernorm_gelu_cross_entropy)
     tr_cpu_cross_entropy_backward(gn, logits, lse, none, 0.5f, XN, V, -100, 1);
     expect_written("cross-entropy, no row counts", gn, zn, (size_t)XN * V);
     free(logits), free(lse), free(z), free(gl), free(gn), free(zn), free(g);
+}
+
+/* Llama's ops: RMSNorm (dinp, dw), SwiGLU (dgate, dup), rope, scale */
+Test(grad_write, rmsnorm_swiglu_rope_scale)
+{
+    rng_t rng = {2603};
+    const int N = 70, C = 24; /* rows over three chunks of dw's partial sums */
+    size_t nx = (size_t)N * C;
+    float *x = random_fvec(&rng, nx, -2, 2), *w = random_fvec(&rng, C, 0.5, 1.5);
+    float *dy = random_fvec(&rng, nx, -1, 1), *y = fvec(nx), *rstd = fvec(N);
+    float *scratch = fvec(tr_cpu_rmsnorm_scratch_floats(N, C));
+    tr_cpu_rmsnorm_forward(y, rstd, x, w, N, C, 1e-6f);
+    float *zx = fvec(nx), *zw = fvec(C);
+    tr_cpu_rmsnorm_backward(zx, zw, scratch, dy, x, w, rstd, N, C, 0);
+    for (unsigned write = 1; write < 4; write++) {
+        float *gx = write & 1u ? garbage(nx) : fvec(nx), *gw = write & 2u ? garbage(C) : fvec(C);
+        tr_cpu_rmsnorm_backward(gx, gw, scratch, dy, x, w, rstd, N, C, write);
+        if (write & 1u)
+            expect_written("rmsnorm dinp", gx, zx, nx);
+        if (write & 2u)
+            expect_written("rmsnorm dw", gw, zw, C);
+        free(gx), free(gw);
+    }
+    free(x), free(w), free(dy), free(y), free(rstd), free(scratch), free(zx), free(zw);
+
+    for (size_t n = 5; n < 20000; n = n * 9 + 4) { /* with and without a tail */
+        float *gate = random_fvec(&rng, n, -4, 4), *up = random_fvec(&rng, n, -2, 2);
+        float *d = random_fvec(&rng, n, -1, 1), *zg = fvec(n), *zu = fvec(n);
+        tr_cpu_swiglu_backward(zg, zu, gate, up, d, n, 0);
+        for (unsigned write = 1; write < 4; write++) {
+            float *gg = write & 1u ? garbage(n) : fvec(n), *gu = write & 2u ? garbage(n) : fvec(n);
+            tr_cpu_swiglu_backward(gg, gu, gate, up, d, n, write);
+            if (write & 1u)
+                expect_written("swiglu dgate", gg, zg, n);
+            if (write & 2u)
+                expect_written("swiglu dup", gu, zu, n);
+            free(gg), free(gu);
+        }
+        float *zs = fvec(n), *gs = garbage(n);
+        tr_cpu_scale_backward(zs, d, 0.37f, n, 0);
+        tr_cpu_scale_backward(gs, d, 0.37f, n, 1);
+        expect_written("scale dinp", gs, zs, n);
+        free(gate), free(up), free(d), free(zg), free(zu), free(zs), free(gs);
+    }
+
+    const int B = 2, T = 5, H = 3, D = 8;
+    size_t nr = (size_t)B * T * H * D;
+    float *rd = random_fvec(&rng, nr, -1, 1), *zr = fvec(nr), *gr = garbage(nr);
+    float *rs = fvec(tr_cpu_rope_scratch_floats(T, D));
+    tr_cpu_rope_backward(zr, rd, rs, B, T, H, D, 10000.0f, 0);
+    tr_cpu_rope_backward(gr, rd, rs, B, T, H, D, 10000.0f, 1);
+    expect_written("rope dinp", gr, zr, nr);
+    free(rd), free(zr), free(gr), free(rs);
 }
 
 /* attention: dq, dk, dv written by each block's first product -- packed and

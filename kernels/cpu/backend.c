@@ -463,17 +463,20 @@ static void cpu_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
         break;
     case TR_OP_RMSNORM:
         tr_cpu_rmsnorm_backward(T(0)->grad, T(1)->grad, g->scratch, dout, F(T(0)), F(T(1)),
-                                AUX(0), rows(T(0)), cols(T(0)));
+                                AUX(0), rows(T(0)), cols(T(0)), n->write_grad_mask);
         break;
     case TR_OP_ROPE:
         tr_cpu_rope_backward(T(0)->grad, dout, g->scratch, (int)T(0)->shape[0],
-                             (int)T(0)->shape[1], n->heads, cols(T(0)) / n->heads, n->theta);
+                             (int)T(0)->shape[1], n->heads, cols(T(0)) / n->heads, n->theta,
+                             (n->write_grad_mask & 1u) != 0);
         break;
     case TR_OP_SWIGLU:
-        tr_cpu_swiglu_backward(T(0)->grad, T(1)->grad, F(T(0)), F(T(1)), dout, OUT->numel);
+        tr_cpu_swiglu_backward(T(0)->grad, T(1)->grad, F(T(0)), F(T(1)), dout, OUT->numel,
+                               n->write_grad_mask);
         break;
     case TR_OP_SCALE:
-        tr_cpu_scale_backward(T(0)->grad, dout, n->scale, OUT->numel);
+        tr_cpu_scale_backward(T(0)->grad, dout, n->scale, OUT->numel,
+                              (n->write_grad_mask & 1u) != 0);
         break;
     case TR_OP_CONV2D: {
         struct tr_cpu_conv_shape s = conv_shape(g, n);
@@ -776,16 +779,19 @@ static int cpu_supports_op(void *ctx, const struct tr_graph *g, const struct tr_
 
 /* The backward kernels that can write their gradients (kernels.h's
  * `write`): linear (all three: GEMMs with beta 0, the bias sums stored),
- * add, layer norm, attention (q, k and v: each block's first product with
- * beta 0), GELU, the cross-entropy's logits and the convolution's data
- * gradient.  The others add to what the core zeroed. */
+ * add, layer norm, RMSNorm, SwiGLU, attention (q, k and v: each block's
+ * first product with beta 0), GELU, rope, scale, the cross-entropy's logits
+ * and the convolution's data gradient.  The others (embeddings, batched
+ * matmul, pooling, batch norm, ReLU) add to what the core zeroed. */
 static int cpu_writes_grad(void *ctx, const struct tr_graph *g, const struct tr_node *n, int k)
 {
     (void)ctx, (void)g;
     switch (n->op) {
     case TR_OP_LINEAR: case TR_OP_ADD: case TR_OP_LAYERNORM: case TR_OP_ATTENTION:
+    case TR_OP_RMSNORM: case TR_OP_SWIGLU:
         return 1;
-    case TR_OP_GELU: case TR_OP_CROSS_ENTROPY: case TR_OP_CONV2D:
+    case TR_OP_GELU: case TR_OP_CROSS_ENTROPY: case TR_OP_CONV2D: case TR_OP_ROPE:
+    case TR_OP_SCALE:
         return k == 0;
     default:
         return 0;

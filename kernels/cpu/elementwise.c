@@ -766,10 +766,15 @@ static void swiglu_forward_blocks(const struct ew_arrays *a, size_t i0, size_t n
 }
 
 /* out (dgate) and out2 (dup), either NULL; in gate, in2 up, in3 dout */
+/* with a->write (bits 0, 1: dgate, dup), those blocks zeroed first, in cache */
 static void swiglu_backward_blocks(const struct ew_arrays *a, size_t i0, size_t n, int path)
 {
     float *dgate = a->out ? a->out + i0 : NULL, *dup = a->out2 ? a->out2 + i0 : NULL;
     const float *gate = a->in + i0, *up = a->in2 + i0, *dout = a->in3 + i0;
+    if (dgate != NULL && (a->write & 1))
+        memset(dgate, 0, n * sizeof(float));
+    if (dup != NULL && (a->write & 2))
+        memset(dup, 0, n * sizeof(float));
 #ifdef GELU_HAVE_AVX512
     if (path == TR_CPU_EW_AVX512) {
         swiglu_backward_avx512(dgate, dup, gate, up, dout, n);
@@ -807,13 +812,14 @@ void tr_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_
 }
 
 void tr_cpu_swiglu_backward(float *dgate, float *dup, const float *gate, const float *up,
-                            const float *dout, size_t n)
+                            const float *dout, size_t n, unsigned write)
 {
     if (dgate == NULL && dup == NULL)
         return;
     int path = tr_cpu_elementwise_path();
     size_t full = n / GELU_VEC * GELU_VEC;
-    struct ew_arrays all = {.out = dgate, .out2 = dup, .in = gate, .in2 = up, .in3 = dout};
+    struct ew_arrays all = {.write = (int)write, .out = dgate, .out2 = dup, .in = gate, .in2 = up,
+                            .in3 = dout};
     ew_run_blocks(swiglu_backward_blocks, &all, full, path);
     if (full < n) {
         /* the tail's contributions, added one gradient after the other, so
@@ -830,9 +836,9 @@ void tr_cpu_swiglu_backward(float *dgate, float *dup, const float *gate, const f
         swiglu_backward_blocks(&tail, 0, GELU_VEC, path);
         for (size_t i = full; i < n; i++) {
             if (dgate != NULL)
-                dgate[i] += dg[i - full];
+                dgate[i] = write & 1u ? dg[i - full] : dgate[i] + dg[i - full];
             if (dup != NULL)
-                dup[i] += du[i - full];
+                dup[i] = write & 2u ? du[i - full] : dup[i] + du[i - full];
         }
     }
 }
@@ -844,11 +850,11 @@ void tr_cpu_scale_forward(float *out, const float *inp, float scale, size_t n)
         out[i] = scale * inp[i];
 }
 
-void tr_cpu_scale_backward(float *dinp, const float *dout, float scale, size_t n)
+void tr_cpu_scale_backward(float *dinp, const float *dout, float scale, size_t n, int write)
 {
     if (dinp == NULL)
         return;
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++)
-        dinp[i] += scale * dout[i];
+        dinp[i] = write ? scale * dout[i] : dinp[i] + scale * dout[i];
 }

@@ -212,8 +212,10 @@ void tr_cpu_layernorm_backward_act(float *dinp, float *dw, float *db, float *scr
 void tr_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N,
                             int C, float eps);
 size_t tr_cpu_rmsnorm_scratch_floats(int N, int C);
+/* (write: bits 0, 1 for dinp, dw) */
 void tr_cpu_rmsnorm_backward(float *dinp, float *dw, float *scratch, const float *dout,
-                             const float *inp, const float *w, const float *rstd, int N, int C);
+                             const float *inp, const float *w, const float *rstd, int N, int C,
+                             unsigned write);
 
 /* ---- rotary position embedding, Hugging Face's rotate-half convention, on
  * x[B,T,H*D] (D even): in each head, pair (i, i+D/2) at position t turns by
@@ -224,7 +226,7 @@ size_t tr_cpu_rope_scratch_floats(int T, int D);
 void tr_cpu_rope_forward(float *out, const float *inp, float *scratch, int B, int T, int H, int D,
                          float theta);
 void tr_cpu_rope_backward(float *dinp, const float *dout, float *scratch, int B, int T, int H,
-                          int D, float theta);
+                          int D, float theta, int write);
 
 /* ---- activations */
 void tr_cpu_gelu_forward(float *out, const float *inp, size_t n); /* tanh form */
@@ -251,11 +253,12 @@ void tr_cpu_relu_backward(float *dinp, const float *inp, const float *dout, size
  * like GELU.  Either gradient may be NULL, and both may be one buffer (gate
  * and up the same tensor: both contributions land). */
 void tr_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+/* (write: bits 0, 1 for dgate, dup; never both when they are one buffer) */
 void tr_cpu_swiglu_backward(float *dgate, float *dup, const float *gate, const float *up,
-                            const float *dout, size_t n);
+                            const float *dout, size_t n, unsigned write);
 /* out = scale * x;  dinp += scale * dout */
 void tr_cpu_scale_forward(float *out, const float *inp, float scale, size_t n);
-void tr_cpu_scale_backward(float *dinp, const float *dout, float scale, size_t n);
+void tr_cpu_scale_backward(float *dinp, const float *dout, float scale, size_t n, int write);
 
 /* ---- causal multi-head self-attention, flash style (no T x T matrix)
  * qkv[B,T,3C] holds q, k, v side by side (each C = NH heads of C/NH);

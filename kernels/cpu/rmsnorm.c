@@ -47,8 +47,10 @@ size_t tr_cpu_rmsnorm_scratch_floats(int N, int C)
  * rows and its partial dw (rows in order) into scratch; the partials are
  * then summed in chunk order. */
 void tr_cpu_rmsnorm_backward(float *dinp, float *dw, float *scratch, const float *dout,
-                             const float *inp, const float *w, const float *rstd, int N, int C)
+                             const float *inp, const float *w, const float *rstd, int N, int C,
+                             unsigned write)
 {
+    int write_x = (write & 1u) != 0;
     if (dinp == NULL && dw == NULL)
         return;
     int chunks = (N + ROW_CHUNK - 1) / ROW_CHUNK;
@@ -72,8 +74,10 @@ void tr_cpu_rmsnorm_backward(float *dinp, float *dw, float *scratch, const float
                 float q = (float)((double)s * s * s * (gx / C));
                 float *dx = dinp + (size_t)n * C;
 #pragma omp simd
-                for (int c = 0; c < C; c++)
-                    dx[c] += s * (dy[c] * w[c]) - q * x[c];
+                for (int c = 0; c < C; c++) {
+                    float d = s * (dy[c] * w[c]) - q * x[c];
+                    dx[c] = write_x ? d : dx[c] + d;
+                }
             }
             if (dw != NULL) {
 #pragma omp simd
@@ -85,5 +89,5 @@ void tr_cpu_rmsnorm_backward(float *dinp, float *dw, float *scratch, const float
     /* the chunks' partials, summed column by column in chunk order: the
      * bias gradient's column sum */
     if (dw != NULL)
-        tr_cpu_linear_bias_backward(dw, scratch, chunks, C, 0);
+        tr_cpu_linear_bias_backward(dw, scratch, chunks, C, (write & 2u) != 0);
 }

@@ -78,9 +78,12 @@ void tr_cpu_rope_forward(float *out, const float *inp, float *scratch, int B, in
 }
 
 void tr_cpu_rope_backward(float *dinp, const float *dout, float *scratch, int B, int T, int H,
-                          int D, float theta)
+                          int D, float theta, int write)
 {
     if (dinp == NULL)
         return;
-    rope_turn(dinp, dout, scratch, B, T, H, D, theta, -1.0f, 1);
+    if (write)
+        rope_turn(dinp, dout, scratch, B, T, H, D, theta, -1.0f, 0);
+    else
+        rope_turn(dinp, dout, scratch, B, T, H, D, theta, -1.0f, 1);
 }
