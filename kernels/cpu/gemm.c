@@ -168,8 +168,8 @@ void tr_cpu_sgemm_serial(int trans_a, int trans_b, int M, int N, int K, float al
  *
  * Each tile is one oneDNN call on one thread: its bf16 GEMM function
  * (bf16_single, below: exported by libdnnl, undeclared in Debian's 2.x
- * headers) or, for tiles that add a bias and where libdnnl lacks the
- * function, a matmul primitive (src and weights bf16, dst f32).  The
+ * headers), or a matmul primitive (src and weights bf16, dst f32) for the
+ * tiles that add a bias and wherever libdnnl lacks the function.  The
  * determinism argument is the sgemm one: the same tile grid of C
  * (gemm_tile_grid, a function of the shape only), one single-threaded call
  * per tile over the full K.  A primitive decides its blocking from the

@@ -85,9 +85,6 @@ static inline int write_all(int fd, const void *data, size_t size)
     return 0;
 }
 
-/* A whole file: created (exclusive: it must not exist yet; else replaced),
- * written, fsync'd when sync, closed.  -1: it could not be created; -2: it
- * was, but writing failed, and it is removed again; errno says why. */
 /* The end of writing file path through fd (failed: a write already failed,
  * with errno e): fsync'd when sync and nothing failed, closed, and removed
  * when anything failed.  0, or -2 with errno set. */
@@ -110,6 +107,9 @@ static inline int finish_file(int fd, const char *path, int failed, int e, int s
     return 0;
 }
 
+/* A whole file: created (exclusive: it must not exist yet; else replaced),
+ * written, fsync'd when sync, closed.  -1: it could not be created; -2: it
+ * was, but writing failed, and it is removed again; errno says why. */
 static inline int write_file(const char *path, const void *data, size_t size, int exclusive,
                              int sync)
 {
