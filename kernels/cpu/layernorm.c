@@ -18,9 +18,6 @@
 
 #include "kernels.h"
 
-/* Columns per block in the sums of dw/db's partials. */
-enum { COLUMN_BLOCK = 64 };
-
 /* Rows per partial sum of dw and db: the partials' count depends on N
  * alone, never on the threads, so results do not depend on the thread
  * count. */
@@ -102,8 +99,8 @@ size_t tr_cpu_layernorm_scratch_floats(int N, int C)
 
 /* One pass over x and dout, as in RMSNorm: each chunk of ROW_CHUNK rows
  * writes its dinp rows and its partial dw and db (rows in order) into
- * scratch; the partials are then summed in chunk order, column blocks
- * spread over the threads.  (The column sums were a second pass over x and
+ * scratch; the partials are then summed in chunk order
+ * (tr_cpu_linear_bias_backward's column sums).  (The column sums were a second pass over x and
  * dout in column blocks, a widening call per 64 elements of a 16-bit x.) */
 void tr_cpu_layernorm_backward_act(float *dinp, float *dw, float *db, float *scratch,
                                    const float *dout, struct tr_cpu_act inp, const float *w,
@@ -117,10 +114,11 @@ void tr_cpu_layernorm_backward_act(float *dinp, float *dw, float *db, float *scr
     int sums = dw != NULL || db != NULL;
 #pragma omp parallel for schedule(static)
     for (int k = 0; k < chunks; k++) {
-        float *pw = scratch + (size_t)k * 2 * C, *pb = pw + C;
+        /* dw's partials [chunks][C], then db's */
+        float *pw = scratch + (size_t)k * C, *pb = scratch + ((size_t)chunks + k) * C;
         if (sums)
-            for (int c = 0; c < 2 * C; c++)
-                pw[c] = 0.0f;
+            for (int c = 0; c < C; c++)
+                pw[c] = pb[c] = 0.0f;
         int n1 = (k + 1) * ROW_CHUNK < N ? (k + 1) * ROW_CHUNK : N;
         for (int n = k * ROW_CHUNK; n < n1; n++) {
             float xbuf[ROW_TILE];
@@ -170,28 +168,12 @@ void tr_cpu_layernorm_backward_act(float *dinp, float *dw, float *db, float *scr
             }
         }
     }
-    if (!sums)
-        return;
-    int blocks = (C + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
-#pragma omp parallel for schedule(static)
-    for (int blk = 0; blk < blocks; blk++) {
-        int c0 = blk * COLUMN_BLOCK;
-        int width = C - c0 < COLUMN_BLOCK ? C - c0 : COLUMN_BLOCK;
-        float dw_sum[COLUMN_BLOCK] = {0}, db_sum[COLUMN_BLOCK] = {0};
-        for (int k = 0; k < chunks; k++) {
-            const float *pw = scratch + (size_t)k * 2 * C + c0, *pb = pw + C;
-            for (int j = 0; j < width; j++) {
-                dw_sum[j] += pw[j];
-                db_sum[j] += pb[j];
-            }
-        }
-        for (int j = 0; j < width; j++) {
-            if (dw != NULL)
-                dw[c0 + j] = write_w ? dw_sum[j] : dw[c0 + j] + dw_sum[j];
-            if (db != NULL)
-                db[c0 + j] = write_b ? db_sum[j] : db[c0 + j] + db_sum[j];
-        }
-    }
+    /* the chunks' partials, summed column by column in chunk order: the
+     * bias gradient's column sum, as RMSNorm sums its own */
+    if (dw != NULL)
+        tr_cpu_linear_bias_backward(dw, scratch, chunks, C, write_w);
+    if (db != NULL)
+        tr_cpu_linear_bias_backward(db, scratch + (size_t)chunks * C, chunks, C, write_b);
 }
 
 void tr_cpu_layernorm_backward(float *dinp, float *dw, float *db, float *scratch,
