@@ -427,7 +427,7 @@ float tr_cpu_exp_shifted(float *x, int n, float shift)
  * GELU_VEC) on the path chosen once per call.
  */
 struct ew_arrays {
-    int write; /* backward: the gradient outputs are written (=), not added to */
+    unsigned write; /* backward: bits 0, 1 for out, out2 written (=), not added to */
     float *out, *out2;
     const float *in, *in2, *in3;
     struct tr_cpu_act act_out, act_in; /* the *_act kernels' operands as stored */
@@ -479,7 +479,7 @@ static void gelu_backward_blocks(const struct ew_arrays *a, size_t i0, size_t n,
 {
     float *dinp = a->out + i0;
     const float *inp = a->in + i0, *dout = a->in2 + i0;
-    if (a->write)
+    if (a->write & 1u)
         memset(dinp, 0, n * sizeof(float));
 #ifdef GELU_HAVE_AVX512
     if (path == TR_CPU_EW_AVX512) {
@@ -519,9 +519,8 @@ void tr_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size
         return;
     int path = tr_cpu_elementwise_path();
     size_t full = n / GELU_VEC * GELU_VEC;
-    ew_run_blocks(gelu_backward_blocks,
-                  &(struct ew_arrays){.write = write, .out = dinp, .in = inp, .in2 = dout}, full,
-                  path);
+    struct ew_arrays all = {.write = write ? 1u : 0u, .out = dinp, .in = inp, .in2 = dout};
+    ew_run_blocks(gelu_backward_blocks, &all, full, path);
     if (full < n) {
         float x[GELU_VEC] = {0}, g[GELU_VEC] = {0}, d[GELU_VEC] = {0};
         for (size_t i = full; i < n; i++) {
@@ -593,9 +592,8 @@ void tr_cpu_gelu_backward_act(float *dinp, struct tr_cpu_act inp, const float *d
         return;
     int path = tr_cpu_elementwise_path();
     size_t full = n / GELU_VEC * GELU_VEC;
-    ew_run_blocks(gelu_backward_act_blocks,
-                  &(struct ew_arrays){.write = write, .out = dinp, .in2 = dout, .act_in = inp},
-                  full, path);
+    struct ew_arrays all = {.write = write ? 1u : 0u, .out = dinp, .in2 = dout, .act_in = inp};
+    ew_run_blocks(gelu_backward_act_blocks, &all, full, path);
     if (full < n) {
         float x[GELU_VEC] = {0}, g[GELU_VEC] = {0}, d[GELU_VEC] = {0};
         const float *tail = tr_cpu_act_read(inp, full, n - full, d);
@@ -771,9 +769,9 @@ static void swiglu_backward_blocks(const struct ew_arrays *a, size_t i0, size_t 
 {
     float *dgate = a->out ? a->out + i0 : NULL, *dup = a->out2 ? a->out2 + i0 : NULL;
     const float *gate = a->in + i0, *up = a->in2 + i0, *dout = a->in3 + i0;
-    if (dgate != NULL && (a->write & 1))
+    if (dgate != NULL && (a->write & 1u))
         memset(dgate, 0, n * sizeof(float));
-    if (dup != NULL && (a->write & 2))
+    if (dup != NULL && (a->write & 2u))
         memset(dup, 0, n * sizeof(float));
 #ifdef GELU_HAVE_AVX512
     if (path == TR_CPU_EW_AVX512) {
@@ -818,7 +816,7 @@ void tr_cpu_swiglu_backward(float *dgate, float *dup, const float *gate, const f
         return;
     int path = tr_cpu_elementwise_path();
     size_t full = n / GELU_VEC * GELU_VEC;
-    struct ew_arrays all = {.write = (int)write, .out = dgate, .out2 = dup, .in = gate, .in2 = up,
+    struct ew_arrays all = {.write = write, .out = dgate, .out2 = dup, .in = gate, .in2 = up,
                             .in3 = dout};
     ew_run_blocks(swiglu_backward_blocks, &all, full, path);
     if (full < n) {
