@@ -450,10 +450,21 @@ static void attention_backward(const struct att_layout *L, float *scratch, const
     }
 }
 
-static struct att_layout packed_layout(const float *qkv, float *dqkv, int B, int T, int C, int NH)
+/* q, k, v side by side in qkv (fp32) or qkv16 (bf16: the other is NULL) */
+static struct att_layout packed_layout(const float *qkv, const uint16_t *qkv16, float *dqkv, int B,
+                                       int T, int C, int NH)
 {
     struct att_layout L = {.B = B, .T = T, .H = NH, .KV = NH, .D = C / NH, .ldq = 3 * C,
-                           .ldkv = 3 * C, .q = qkv, .k = qkv + C, .v = qkv + 2 * C};
+                           .ldkv = 3 * C};
+    if (qkv != NULL) {
+        L.q = qkv;
+        L.k = qkv + C;
+        L.v = qkv + 2 * C;
+    } else {
+        L.q16 = qkv16;
+        L.k16 = qkv16 + C;
+        L.v16 = qkv16 + 2 * C;
+    }
     if (dqkv != NULL) {
         L.dq = dqkv;
         L.dk = dqkv + C;
@@ -465,7 +476,7 @@ static struct att_layout packed_layout(const float *qkv, float *dqkv, int B, int
 void tr_cpu_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
                               int NH)
 {
-    struct att_layout L = packed_layout(qkv, NULL, B, T, C, NH);
+    struct att_layout L = packed_layout(qkv, NULL, NULL, B, T, C, NH);
     attention_forward(&L, out, lse);
 }
 
@@ -481,7 +492,7 @@ void tr_cpu_attention_backward(float *dqkv, float *scratch, const float *dout, c
 {
     if (dqkv == NULL)
         return;
-    struct att_layout L = packed_layout(qkv, dqkv, B, T, C, NH);
+    struct att_layout L = packed_layout(qkv, NULL, dqkv, B, T, C, NH);
     L.write = write ? 7u : 0u;
     attention_backward(&L, scratch, dout, out, lse);
 }
@@ -538,23 +549,10 @@ static void backward_bf16(struct att_layout *L, float *scratch, const float *dou
     attention_backward(L, scratch, dout, out, lse);
 }
 
-static struct att_layout packed_layout_bf16(const uint16_t *qkv, float *dqkv, int B, int T, int C,
-                                            int NH)
-{
-    struct att_layout L = {.B = B, .T = T, .H = NH, .KV = NH, .D = C / NH, .ldq = 3 * C,
-                           .ldkv = 3 * C, .q16 = qkv, .k16 = qkv + C, .v16 = qkv + 2 * C};
-    if (dqkv != NULL) {
-        L.dq = dqkv;
-        L.dk = dqkv + C;
-        L.dv = dqkv + 2 * C;
-    }
-    return L;
-}
-
 void tr_cpu_attention_forward_bf16(float *out, float *lse, const uint16_t *qkv, int B, int T,
                                    int C, int NH)
 {
-    struct att_layout L = packed_layout_bf16(qkv, NULL, B, T, C, NH);
+    struct att_layout L = packed_layout(NULL, qkv, NULL, B, T, C, NH);
     attention_forward(&L, out, lse);
 }
 
@@ -569,7 +567,7 @@ void tr_cpu_attention_backward_bf16(float *dqkv, float *scratch, const float *do
 {
     if (dqkv == NULL)
         return;
-    struct att_layout L = packed_layout_bf16(qkv, dqkv, B, T, C, NH);
+    struct att_layout L = packed_layout(NULL, qkv, dqkv, B, T, C, NH);
     L.write = write ? 7u : 0u;
     backward_bf16(&L, scratch, dout, out, lse);
 }
@@ -578,8 +576,8 @@ void tr_cpu_attention_gqa_forward_bf16(float *out, float *lse, const uint16_t *q
                                        const uint16_t *k, const uint16_t *v, int B, int T, int H,
                                        int KV, int D)
 {
-    struct att_layout L = {.B = B, .T = T, .H = H, .KV = KV, .D = D, .ldq = H * D,
-                           .ldkv = KV * D, .q16 = q, .k16 = k, .v16 = v};
+    struct att_layout L = gqa_layout(NULL, NULL, NULL, NULL, NULL, NULL, B, T, H, KV, D);
+    L.q16 = q, L.k16 = k, L.v16 = v;
     attention_forward(&L, out, lse);
 }
 
@@ -596,8 +594,8 @@ void tr_cpu_attention_gqa_backward_bf16(float *dq, float *dk, float *dv, float *
 {
     if (dq == NULL && dk == NULL && dv == NULL)
         return;
-    struct att_layout L = {.B = B, .T = T, .H = H, .KV = KV, .D = D, .ldq = H * D,
-                           .ldkv = KV * D, .q16 = q, .k16 = k, .v16 = v,
-                           .dq = dq, .dk = dk, .dv = dv, .write = write};
+    struct att_layout L = gqa_layout(NULL, NULL, NULL, dq, dk, dv, B, T, H, KV, D);
+    L.q16 = q, L.k16 = k, L.v16 = v;
+    L.write = write;
     backward_bf16(&L, scratch, dout, out, lse);
 }
