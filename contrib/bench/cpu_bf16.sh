@@ -127,8 +127,6 @@ torch_arm() {
         "$tmp/torch.out"
 }
 
-median() { tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-
 for shape in $SHAPES; do
     sname=${shape%%:*}
     IFS=, read -r V T L H C B <<<"${shape#*:}"

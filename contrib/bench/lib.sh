@@ -1,6 +1,7 @@
-# What the CPU benchmark scripts share (sourced by cpu_gpt.sh, cpu_llama.sh):
-# their defaults, a scratch directory removed on exit, messages, and finding
-# the peer's Python.  Set `name` before sourcing, for messages.
+# What the CPU benchmark scripts share (sourced by cpu_gpt.sh, cpu_llama.sh,
+# cpu_resnet.sh, cpu_bf16.sh and llmc.sh): their defaults, a scratch
+# directory removed on exit, messages, a median, and finding the peer's
+# Python.  Set `name` before sourcing, for messages.
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 THREADS=${THREADS:-2}
@@ -15,6 +16,14 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 say() { echo "$*" >&2; }
+# median [FORMAT]: the median of the numbers on standard input (any
+# whitespace between them), as awk prints a number or in a printf FORMAT
+# ("%.1f"); nothing for none
+median() {
+    tr ' ' '\n' | sed '/^$/d' | sort -g | awk -v f="${1:-}" '{ v[NR] = $1 }
+        END { if (!NR) exit; m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+              if (f == "") print m; else printf f "\n", m }'
+}
 die() { say "$name: $*"; exit 1; }
 
 [ -x "$TRAINRUN" ] || die "no trainrun binary at $TRAINRUN (build it, or set TRAINRUN=)"

@@ -114,8 +114,6 @@ echo "llm.c built with: ${build_cmd:-?}"
 echo "llm.c's inputs: $(cat "$tmp/inputs.txt"), tokens from $(basename "$TEXT")"
 echo "GPT-2 124M, batch 4 x 64 tokens, fp32; $WARMUP warm-up + $STEPS timed steps a run, $ROUNDS rounds"
 
-median() { tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{ v[NR] = $1 } END { if (NR) printf "%.1f\n", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-
 # llmc_arm: "ms_per_step rss_mib"
 llmc_arm() {
     if ! (cd "$tmp/in" && OMP_NUM_THREADS=$THREADS /usr/bin/time -f "%M" -o "$tmp/time" \
@@ -127,7 +125,7 @@ llmc_arm() {
     ms=$(awk -v w="$WARMUP" '/^step [0-9]+: train loss .*took [0-9.]+ ms/ {
             s = $2; sub(/:/, "", s)
             if (s + 0 >= w) { match($0, /took [0-9.]+/); printf "%s ", substr($0, RSTART + 5, RLENGTH - 5) }
-        }' "$tmp/llmc.log" | median)
+        }' "$tmp/llmc.log" | median %.1f)
     [ -n "$ms" ] || { cat "$tmp/llmc.log" >&2; die "no timed steps in llm.c's output"; }
     echo "$ms $(awk '{ printf "%.0f", $1 / 1024 }' "$tmp/time")"
 }
@@ -169,7 +167,7 @@ trainrun_arm() {
         }
         /"loss"/ && /"elapsed_s"/ { e[field("step")] = field("elapsed_s") }
         END { for (s = w + 1; s <= last; s++) if ((s in e) && ((s - 1) in e)) printf "%.1f ", 1000 * (e[s] - e[s - 1]) }' \
-        "$dir/metrics.jsonl" | median | tr -d '\n'
+        "$dir/metrics.jsonl" | median %.1f | tr -d '\n'
     awk -v h="$hwm" '{ printf " %.0f %s\n", $1 / 1024, (h ~ /^[0-9]+$/) ? sprintf("%.0f", h / 1024) : "n/a" }' "$tmp/time"
 }
 
@@ -189,7 +187,7 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 
 # col ARM K: the median of column K of ARM's rows
-col() { awk -v a="$1" -v k="$2" '$1 == a && $k != "n/a" { printf "%s ", $k }' "$tmp/rows" | median; }
+col() { awk -v a="$1" -v k="$2" '$1 == a && $k != "n/a" { printf "%s ", $k }' "$tmp/rows" | median %.1f; }
 ms_llmc=$(col llm.c 2) rss_llmc=$(col llm.c 3)
 ms_trainrun=$(col trainrun 2) rss_trainrun=$(col trainrun 3) steps_trainrun=$(col trainrun 4)
 echo
