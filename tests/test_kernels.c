@@ -2641,25 +2641,28 @@ Test(optim, adamw_three_steps)
 }
 
 /* The vectorised update covers whole blocks, a block's masked last vector
- * and the split over threads: the parameters and moments come out bit for
- * bit the same for 1 and 2 threads (and close to the double reference above),
- * and the bf16 copy written in the same pass is tr_f32_to_bf16 of each
- * updated parameter. */
-Test(optim, adamw_blocks_threads_and_bf16_copy)
+ * and the split over threads, on every path this CPU runs (portable, AVX2,
+ * AVX-512): the parameters and moments come out bit for bit the same for 1
+ * and 2 threads (and close to the double reference above), the bf16 copy
+ * written in the same pass is tr_f32_to_bf16 of each updated parameter, and
+ * the AVX-512 path gives the AVX2 path's bits. */
+static void adamw_on_path(int path, size_t n, float *param[2], float *m[2], float *v[2])
 {
     rng_t rng = {1211};
-    const size_t n = 2 * 16384 + 37;
-    float *p1 = random_fvec(&rng, n, -1, 1), *p2 = copy_fvec(p1, n);
-    float *m1 = fvec(n), *v1 = fvec(n), *m2 = fvec(n), *v2 = fvec(n);
+    param[0] = random_fvec(&rng, n, -1, 1), param[1] = copy_fvec(param[0], n);
+    m[0] = fvec(n), v[0] = fvec(n), m[1] = fvec(n), v[1] = fvec(n);
     uint16_t *h = calloc(n, sizeof *h);
-    double *p_ref = to_double(p1, n), *m_ref = dvec(n), *v_ref = dvec(n);
-    int threads = omp_get_max_threads();
+    double *p_ref = to_double(param[0], n), *m_ref = dvec(n), *v_ref = dvec(n);
+    int threads = omp_get_max_threads(), cap = tr_cpu_elementwise_cap(path);
+    cr_assert_eq(tr_cpu_elementwise_path(), path);
     for (int64_t t = 1; t <= 2; t++) {
         float *grad = random_fvec(&rng, n, -2, 2);
         omp_set_num_threads(1);
-        tr_cpu_adamw_update(p1, grad, m1, v1, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+        tr_cpu_adamw_update(param[0], grad, m[0], v[0], n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f,
+                            t);
         omp_set_num_threads(2);
-        tr_cpu_adamw_update_bf16(p2, h, grad, m2, v2, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+        tr_cpu_adamw_update_bf16(param[1], h, grad, m[1], v[1], n, 1e-2f, 0.9f, 0.95f, 1e-8f,
+                                 0.1f, 0.5f, t);
         for (size_t i = 0; i < n; i++) {
             double g = (double)grad[i] * 0.5;
             m_ref[i] = 0.9 * m_ref[i] + 0.1 * g;
@@ -2668,17 +2671,42 @@ Test(optim, adamw_blocks_threads_and_bf16_copy)
             double v_hat = v_ref[i] / (1.0 - pow(0.95, (double)t));
             p_ref[i] -= 1e-2 * (m_hat / (sqrt(v_hat) + 1e-8) + 0.1 * p_ref[i]);
         }
-        cr_assert(memcmp(p1, p2, n * sizeof *p1) == 0, "params differ between 1 and 2 threads");
-        cr_assert(memcmp(m1, m2, n * sizeof *m1) == 0 && memcmp(v1, v2, n * sizeof *v1) == 0,
-                  "moments differ between 1 and 2 threads");
-        expect_close("adamw param", p1, p_ref, n, FWD_TOL);
+        cr_assert(memcmp(param[0], param[1], n * sizeof(float)) == 0,
+                  "path %d: params differ between 1 and 2 threads", path);
+        cr_assert(memcmp(m[0], m[1], n * sizeof(float)) == 0 &&
+                      memcmp(v[0], v[1], n * sizeof(float)) == 0,
+                  "path %d: moments differ between 1 and 2 threads", path);
+        expect_close("adamw param", param[0], p_ref, n, FWD_TOL);
+        expect_close("adamw m", m[0], m_ref, n, FWD_TOL);
+        expect_close("adamw v", v[0], v_ref, n, FWD_TOL);
         for (size_t i = 0; i < n; i++)
-            cr_assert_eq(h[i], tr_f32_to_bf16(p2[i]), "bf16 copy [%zu]", i);
+            cr_assert_eq(h[i], tr_f32_to_bf16(param[1][i]), "path %d: bf16 copy [%zu]", path, i);
         free(grad);
     }
     omp_set_num_threads(threads);
-    free(p1), free(p2), free(m1), free(v1), free(m2), free(v2), free(h);
-    free(p_ref), free(m_ref), free(v_ref);
+    tr_cpu_elementwise_cap(cap);
+    free(param[1]), free(m[1]), free(v[1]), free(h), free(p_ref), free(m_ref), free(v_ref);
+}
+
+Test(optim, adamw_blocks_threads_paths_and_bf16_copy)
+{
+    const size_t n = 2 * 16384 + 37;
+    int widest = tr_cpu_elementwise_path();
+    float *param[TR_CPU_EW_AVX512 + 1][2], *m[TR_CPU_EW_AVX512 + 1][2], *v[TR_CPU_EW_AVX512 + 1][2];
+    for (int path = TR_CPU_EW_PORTABLE; path <= widest; path++)
+        adamw_on_path(path, n, param[path], m[path], v[path]);
+    if (widest == TR_CPU_EW_AVX512) {
+        const float *a[3] = {param[TR_CPU_EW_AVX2][0], m[TR_CPU_EW_AVX2][0], v[TR_CPU_EW_AVX2][0]};
+        const float *b[3] = {param[TR_CPU_EW_AVX512][0], m[TR_CPU_EW_AVX512][0],
+                             v[TR_CPU_EW_AVX512][0]};
+        for (int k = 0; k < 3; k++)
+            for (size_t i = 0; i < n; i++)
+                cr_assert(memcmp(&a[k][i], &b[k][i], sizeof(float)) == 0,
+                          "AdamW %s [%zu]: AVX-512 %a, AVX2 %a", k == 0 ? "param" : k == 1 ? "m" : "v",
+                          i, (double)b[k][i], (double)a[k][i]);
+    }
+    for (int path = TR_CPU_EW_PORTABLE; path <= widest; path++)
+        free(param[path][0]), free(m[path][0]), free(v[path][0]);
 }
 
 /* The parameters' bf16 copy (param16.c) follows every write the backend
