@@ -193,6 +193,53 @@ static dnnl_status_t finish_prim(struct conv_prim *p, dnnl_primitive_desc_t pd,
     return dnnl_success;
 }
 
+/*
+ * oneDNN 2.x's AVX2 1x1 weight gradient (jit_1x1:avx2) with a stride, on
+ * nhwc data with fewer input channels per group than its block of 8, writes
+ * past the buffer it gathers the strided input into (its "rtus" workspace):
+ * wrong weight gradients from run to run with 2 threads, a hang or a crash
+ * elsewhere (oneDNN GitHub issue 6035, open; seen here as the test conv.
+ * forward_backward_every_attribute failing 1 run in 3 on a Zen 3).  Such a
+ * shape takes oneDNN's next implementation for the weight gradient instead.
+ */
+static int wgrad_impl_avoided(const struct tr_cpu_conv_shape *sh, const char *impl)
+{
+    int strided = sh->stride[0] > 1 || sh->stride[1] > 1;
+    return strided && sh->KH == 1 && sh->KW == 1 && (sh->IC / sh->groups) % 8 != 0 &&
+           impl != NULL && strncmp(impl, "jit_1x1:", 8) == 0 && strstr(impl, "avx512") == NULL;
+}
+
+/* The first implementation oneDNN offers for `desc` that wgrad_impl_avoided
+ * does not rule out (all of them ruled out: the first). */
+static dnnl_status_t wgrad_pd_create(dnnl_primitive_desc_t *pd, const_dnnl_op_desc_t desc,
+                                     const_dnnl_primitive_attr_t attr,
+                                     const_dnnl_primitive_desc_t hint,
+                                     const struct tr_cpu_conv_shape *sh)
+{
+    dnnl_primitive_desc_iterator_t it = NULL;
+    dnnl_status_t s = dnnl_primitive_desc_iterator_create(&it, desc, attr, conv_engine, hint);
+    if (s != dnnl_success)
+        return s;
+    *pd = NULL;
+    do {
+        dnnl_primitive_desc_t candidate = dnnl_primitive_desc_iterator_fetch(it);
+        if (candidate == NULL)
+            break;
+        const char *impl = NULL;
+        if (dnnl_primitive_desc_query(candidate, dnnl_query_impl_info_str, 0, &impl) !=
+                dnnl_success ||
+            !wgrad_impl_avoided(sh, impl)) {
+            *pd = candidate;
+            break;
+        }
+        dnnl_primitive_desc_destroy(candidate);
+    } while (dnnl_primitive_desc_iterator_next(it) == dnnl_success);
+    dnnl_primitive_desc_iterator_destroy(it);
+    if (*pd == NULL) /* every implementation ruled out, or none fetched */
+        return dnnl_primitive_desc_create(pd, desc, attr, conv_engine, hint);
+    return dnnl_success;
+}
+
 static dnnl_status_t create_prims(struct conv_prims *c)
 {
     const struct tr_cpu_conv_shape *sh = &c->key.s;
@@ -287,7 +334,7 @@ static dnnl_status_t create_prims(struct conv_prims *c)
             &wd, dnnl_convolution_direct, c->bwd_weights_f32 ? &c->src : &src_in, &wei_any_f32,
             NULL, c->bwd_weights_f32 ? &c->dst : &dst_in, strides, dilates, pad_l, pad_r);
     if (s == dnnl_success)
-        s = dnnl_primitive_desc_create(&wpd, &wd, attr, conv_engine, hint);
+        s = wgrad_pd_create(&wpd, &wd, attr, hint, sh);
     if (f32_fpd)
         dnnl_primitive_desc_destroy(f32_fpd);
     if (s == dnnl_success)
