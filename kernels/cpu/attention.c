@@ -8,7 +8,8 @@
  * attention; KV = H is plain multi-head).  Each head reads its rows straight
  * out of the inputs through a leading dimension, so nothing is gathered or
  * repeated.  Queries go in blocks of Q_BLOCK rows, keys in
- * blocks of K_BLOCK; a query block [r0, r1) only visits keys 0..r1-1.
+ * blocks of FWD_K_BLOCK (forward) or K_BLOCK (backward); a query block
+ * [r0, r1) only visits keys 0..r1-1.
  *
  * Forward: for each key block, scores S = scale q k^T (a small GEMM), then an
  * online softmax: the running row maximum m and sum l are updated, the output
@@ -26,7 +27,8 @@
  * its dk and dv, so one thread takes a (batch, kv head) pair and runs its
  * query heads in order; with few pairs for many threads, backward_split
  * gives the same bits with more parallelism.  The score blocks live on the
- * stack (16 KiB each, and 8 KiB for each bf16 rounding).
+ * stack (backward: 16 KiB each, and 8 KiB for each bf16 rounding; forward:
+ * 64 and 32 KiB).
  *
  * Under native bf16 (tr_cpu_attention_*_bf16) q, k and v are read as stored
  * in bf16 and every product is a bf16 one with fp32 sums
@@ -43,9 +45,16 @@
 
 #include "kernels.h"
 
-/* K_BLOCK == Q_BLOCK: a key block starts at or before its query block, so
- * every query row sees at least one key of every block it visits. */
-enum { Q_BLOCK = 64, K_BLOCK = 64 };
+/* Backward's key blocks are as wide as its query blocks; forward's are
+ * wider (a multiple of Q_BLOCK): each key block is one scores product and
+ * one probabilities-times-v product, and each one after a row's first
+ * rescales that row's output so far, so at T <= FWD_K_BLOCK a row takes one
+ * of each and no rescaling (one layer of the 6 x 384 GPT, T 256, batch 8,
+ * one thread on a Zen 3: forward 9.7-10.1 -> 8.4-9.2 ms; T 1024, batch 2,
+ * 2 threads: 19.2 -> 16.4 ms).  Key blocks start at multiples of a multiple of Q_BLOCK, so
+ * a key block starts at or before the query block that visits it and every
+ * query row sees at least one key of every block it visits. */
+enum { Q_BLOCK = 64, K_BLOCK = 64, FWD_K_BLOCK = 256 };
 
 static int min_int(int a, int b) { return a < b ? a : b; }
 
@@ -72,34 +81,34 @@ static float block_beta(const struct att_layout *L, unsigned bit, int first)
 }
 
 /* Scores S = q k^T of query rows [r0, r0+rows) against keys [k0, k0+cols)
- * (ld K_BLOCK), times scale: in the GEMM in fp32, after it in bf16 (the
+ * (ld ld), times scale: in the GEMM in fp32, after it in bf16 (the
  * bf16 GEMM takes no alpha). */
 static void block_scores(const struct att_layout *L, size_t q_at, size_t kv_at, int r0, int rows,
-                         int k0, int cols, float scale, float *scores)
+                         int k0, int cols, float scale, float *scores, int ld)
 {
     if (L->q16 != NULL) {
         tr_cpu_gemm_bf16_block(0, 1, rows, cols, L->D, L->q16 + q_at + (size_t)r0 * L->ldq,
                                L->ldq, L->k16 + kv_at + (size_t)k0 * L->ldkv, L->ldkv, 0.0f,
-                               scores, K_BLOCK);
+                               scores, ld);
         for (int i = 0; i < rows; i++)
             for (int j = 0; j < cols; j++)
-                scores[(size_t)i * K_BLOCK + j] *= scale;
+                scores[(size_t)i * ld + j] *= scale;
         return;
     }
     tr_cpu_sgemm_serial(0, 1, rows, cols, L->D, scale, L->q + q_at + (size_t)r0 * L->ldq, L->ldq,
-                        L->k + kv_at + (size_t)k0 * L->ldkv, L->ldkv, 0.0f, scores, K_BLOCK);
+                        L->k + kv_at + (size_t)k0 * L->ldkv, L->ldkv, 0.0f, scores, ld);
 }
 
-/* rows x cols of a block (ld K_BLOCK) rounded to bf16, for a bf16 product:
+/* rows x cols of a block (ld ld) rounded to bf16, for a bf16 product:
  * a full-width block is one contiguous span, converted in one call */
-static void block_to_bf16(uint16_t *dst, const float *src, int rows, int cols)
+static void block_to_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld)
 {
-    if (cols == K_BLOCK) {
-        tr_cpu_to_bf16_serial(dst, src, (size_t)rows * K_BLOCK);
+    if (cols == ld) {
+        tr_cpu_to_bf16_serial(dst, src, (size_t)rows * ld);
         return;
     }
     for (int i = 0; i < rows; i++)
-        tr_cpu_to_bf16_serial(dst + (size_t)i * K_BLOCK, src + (size_t)i * K_BLOCK, (size_t)cols);
+        tr_cpu_to_bf16_serial(dst + (size_t)i * ld, src + (size_t)i * ld, (size_t)cols);
 }
 
 static void attention_forward(const struct att_layout *L, float *out, float *lse)
@@ -121,15 +130,15 @@ static void attention_forward(const struct att_layout *L, float *out, float *lse
         size_t q_at = (size_t)b * T * ldq + h * hs, kv_at = (size_t)b * T * ldkv + (h / group) * hs;
         float *o = out + ((size_t)b * T + r0) * ldo + h * hs; /* rows x hs, ld ldo */
         float *lse_rows = lse + ((size_t)b * NH + h) * T + r0;
-        float scores[Q_BLOCK * K_BLOCK]; /* rows x cols, ld K_BLOCK */
-        uint16_t probs16[Q_BLOCK * K_BLOCK];
+        float scores[Q_BLOCK * FWD_K_BLOCK]; /* rows x cols, ld FWD_K_BLOCK */
+        uint16_t probs16[Q_BLOCK * FWD_K_BLOCK];
         float row_max[Q_BLOCK], row_sum[Q_BLOCK];
 
-        for (int k0 = 0; k0 < r1; k0 += K_BLOCK) {
-            int cols = min_int(K_BLOCK, r1 - k0);
-            block_scores(L, q_at, kv_at, r0, rows, k0, cols, scale, scores);
+        for (int k0 = 0; k0 < r1; k0 += FWD_K_BLOCK) {
+            int cols = min_int(FWD_K_BLOCK, r1 - k0);
+            block_scores(L, q_at, kv_at, r0, rows, k0, cols, scale, scores, FWD_K_BLOCK);
             for (int i = 0; i < rows; i++) {
-                float *s = scores + (size_t)i * K_BLOCK;
+                float *s = scores + (size_t)i * FWD_K_BLOCK;
                 int valid = min_int(cols, r0 + i - k0 + 1); /* causal: keys <= query */
                 float m = s[0];
 #pragma omp simd reduction(max : m)
@@ -154,12 +163,12 @@ static void attention_forward(const struct att_layout *L, float *out, float *lse
             }
             /* o (+)= exp(S - m) @ v[k0:k0+cols] */
             if (L->v16 != NULL) {
-                block_to_bf16(probs16, scores, rows, cols);
-                tr_cpu_gemm_bf16_block(0, 0, rows, hs, cols, probs16, K_BLOCK,
+                block_to_bf16(probs16, scores, rows, cols, FWD_K_BLOCK);
+                tr_cpu_gemm_bf16_block(0, 0, rows, hs, cols, probs16, FWD_K_BLOCK,
                                        L->v16 + kv_at + (size_t)k0 * ldkv, ldkv,
                                        k0 == 0 ? 0.0f : 1.0f, o, ldo);
             } else {
-                tr_cpu_sgemm_serial(0, 0, rows, hs, cols, 1.0f, scores, K_BLOCK,
+                tr_cpu_sgemm_serial(0, 0, rows, hs, cols, 1.0f, scores, FWD_K_BLOCK,
                                     L->v + kv_at + (size_t)k0 * ldkv, ldkv, k0 == 0 ? 0.0f : 1.0f,
                                     o, ldo);
             }
@@ -247,7 +256,7 @@ static void block_probs(const struct att_layout *L, const struct att_head *a, in
                         int k0, int cols, struct att_block *blk)
 {
     float scale = 1.0f / sqrtf((float)L->D);
-    block_scores(L, a->q_at, a->kv_at, r0, rows, k0, cols, scale, blk->probs);
+    block_scores(L, a->q_at, a->kv_at, r0, rows, k0, cols, scale, blk->probs, K_BLOCK);
     for (int i = 0; i < rows; i++) {
         float *p = blk->probs + (size_t)i * K_BLOCK;
         int valid = min_int(cols, r0 + i - k0 + 1);
@@ -256,7 +265,7 @@ static void block_probs(const struct att_layout *L, const struct att_head *a, in
             p[j] = 0.0f;
     }
     if (L->q16 != NULL)
-        block_to_bf16(blk->probs16, blk->probs, rows, cols);
+        block_to_bf16(blk->probs16, blk->probs, rows, cols, K_BLOCK);
 }
 
 /* dP = dout v^T, then dS = scale P (dP - D) */
@@ -281,7 +290,7 @@ static void block_dscores(const struct att_layout *L, const struct att_head *a, 
             ds[j] = scale * p[j] * (ds[j] - Di);
     }
     if (L->q16 != NULL)
-        block_to_bf16(blk->dscores16, blk->dscores, rows, cols);
+        block_to_bf16(blk->dscores16, blk->dscores, rows, cols, K_BLOCK);
 }
 
 /* dv[k0:] (+)= P^T dout[r0:]; first: dv's first contribution to this block */
