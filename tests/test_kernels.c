@@ -202,9 +202,11 @@ static void check_gradient(const char *what, const float *got, ref_forward_fn fo
 Test(sgemm, all_transposes_vs_naive)
 {
     rng_t rng = {101};
-    /* M, N, K: small ones, and ones that cut C into several tiles */
-    const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {17, 9, 24}, {24, 40, 13}, {150, 70, 33},
-                             {3, 300, 5}};
+    /* M, N, K: small ones, ones that cut C into several tiles, and one whose
+     * transposed-A tiles are narrow slices of long rows (gemm.c copies those
+     * on CPUs without AVX-512) */
+    const int shapes[][3] = {{1, 1, 1},     {5, 7, 3},     {17, 9, 24}, {24, 40, 13},
+                             {150, 70, 33}, {3, 300, 5},   {300, 40, 300}};
     const int n_shapes = sizeof shapes / sizeof shapes[0];
     const float alpha = 0.7f, beta = -0.3f;
     for (int s = 0; s < n_shapes; s++) {

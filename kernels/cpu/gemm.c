@@ -94,6 +94,32 @@ static void sgemm_call(int trans_a, int trans_b, int M, int N, int K, float alph
     }
 }
 
+/*
+ * A transposed A read as a narrow slice of wide rows -- the weight
+ * gradient dW = dout^T x, whose tiles take `rows` columns of each of dout's
+ * K rows, lda apart -- runs oneDNN's no-copy kernel 10-25% slower than the
+ * same product from contiguous rows: the strided columns fall into the same
+ * cache sets (AVX2 Zen 3, one thread, 384 x 384 x 2048: lda 1536 64 GFLOP/s,
+ * lda 1552 81, lda 400 85; 288 x 384 x 2048: lda 1152 71, lda 288 81).  So
+ * on CPUs without AVX-512 such a tile's slice of A is first copied into rows
+ * of its own width, padded off a multiple of 128 floats (a few percent of
+ * the product's time; same arithmetic, same bits).  AVX-512 CPUs run oneDNN's
+ * other kernels and keep the direct call until this is measured there.
+ * Where the copy cannot be allocated the tile runs directly.
+ */
+enum { GEMM_COPY_MIN_K = 256 }; /* below this the copy does not pay for itself */
+
+static int copy_a_slice(int trans_a, int rows, int K, int lda)
+{
+    return trans_a && K >= GEMM_COPY_MIN_K && lda >= 2 * rows && !tr_cpu_avx512f();
+}
+
+static int padded_ld(int rows)
+{
+    int ld = (rows + 15) / 16 * 16;
+    return ld % 128 == 0 ? ld + 16 : ld;
+}
+
 /* Tile number `tile_index` of the grid, counted along rows of tiles. */
 static void sgemm_tile(int tile_index, struct tile_grid grid, int trans_a, int trans_b, int M,
                        int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
@@ -107,8 +133,23 @@ static void sgemm_tile(int tile_index, struct tile_grid grid, int trans_a, int t
     const float *A_tile = trans_a ? A + i0 : A + (size_t)i0 * lda;
     /* columns of op(B) are columns of B, or rows when B is stored transposed */
     const float *B_tile = trans_b ? B + (size_t)j0 * ldb : B + j0;
-    sgemm_call(trans_a, trans_b, rows, cols, K, alpha, A_tile, lda, B_tile, ldb, beta,
+    float *copy = NULL;
+    int ld_tile = lda;
+    if (copy_a_slice(trans_a, rows, K, lda)) {
+        ld_tile = padded_ld(rows);
+        copy = malloc((size_t)K * ld_tile * sizeof *copy);
+        if (copy != NULL) {
+            for (int k = 0; k < K; k++)
+                memcpy(copy + (size_t)k * ld_tile, A_tile + (size_t)k * lda,
+                       (size_t)rows * sizeof *copy);
+            A_tile = copy;
+        } else {
+            ld_tile = lda;
+        }
+    }
+    sgemm_call(trans_a, trans_b, rows, cols, K, alpha, A_tile, ld_tile, B_tile, ldb, beta,
                C + (size_t)i0 * ldc + j0, ldc);
+    free(copy);
 }
 
 /* K == 0: op(A) op(B) is all zeros (BLAS leading-dimension checks would
