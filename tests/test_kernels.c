@@ -383,8 +383,9 @@ static uint32_t bits_of_float(float f)
  * input, at every position of a 16-lane vector and in the scalar tail;
  * and, where VCVTNE2PS2BF16 converts 32 at a time, for whole vectors of
  * subnormals (which it would flush to zero), of NaNs (which it quiets) and
- * of ordinary values, and one subnormal at each of the 32 lanes. */
-Test(bf16, vectorised_conversion_matches_scalar)
+ * of ordinary values, and one subnormal at each of the 32 lanes.  Run on
+ * every path this CPU has (portable, AVX2, AVX-512: the elementwise cap). */
+static void check_bf16_conversions(void)
 {
     rng_t rng = {111};
     const uint32_t special[] = {
@@ -476,6 +477,17 @@ Test(bf16, vectorised_conversion_matches_scalar)
                              tr_f32_to_bf16(v[off + i]));
         }
     free(in), free(rounded), free(got), free(x), free(h), free(all), free(wide), free(v), free(vh);
+}
+
+Test(bf16, vectorised_conversion_matches_scalar)
+{
+    int widest = tr_cpu_elementwise_path();
+    for (int path = TR_CPU_EW_PORTABLE; path <= widest; path++) {
+        int cap = tr_cpu_elementwise_cap(path);
+        cr_assert_eq(tr_cpu_elementwise_path(), path);
+        check_bf16_conversions();
+        tr_cpu_elementwise_cap(cap);
+    }
 }
 
 /* The bf16 GEMM against the emulated one (tr_cpu_sgemm on the same numbers
