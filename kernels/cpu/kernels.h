@@ -231,9 +231,10 @@ void tr_cpu_rope_backward(float *dinp, const float *dout, float *scratch, int B,
 /* ---- activations */
 void tr_cpu_gelu_forward(float *out, const float *inp, size_t n); /* tanh form */
 void tr_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n, int write);
-/* The vector path of GELU, SwiGLU, tr_cpu_exp_shifted and AdamW: the widest
- * this CPU runs.  The AVX-512 and AVX2 paths give the same bits for every element
- * (and exp_shifted the same sum).  tr_cpu_elementwise_cap(p) keeps the calls
+/* The vector path of GELU, SwiGLU, tr_cpu_exp_shifted, AdamW and the bf16
+ * conversions: the widest this CPU runs.  The AVX-512 and AVX2 paths give the
+ * same bits for every element (and exp_shifted the same sum; the conversions
+ * also the portable path's).  tr_cpu_elementwise_cap(p) keeps the calls
  * that follow to paths up to p (TR_CPU_EW_AVX512: no cap) and returns the
  * previous cap: tests compare the paths with it; not to be changed while
  * those kernels run. */
