@@ -51,8 +51,8 @@
  * rescales that row's output so far, so at T <= FWD_K_BLOCK a row takes one
  * of each and no rescaling (one layer of the 6 x 384 GPT, T 256, batch 8,
  * one thread on a Zen 3: forward 9.7-10.1 -> 8.4-9.2 ms; T 1024, batch 2,
- * 2 threads: 19.2 -> 16.4 ms).  Key blocks start at multiples of a multiple of Q_BLOCK, so
- * a key block starts at or before the query block that visits it and every
+ * 2 threads: 19.2 -> 16.4 ms).  Both widths are multiples of Q_BLOCK, so a
+ * key block starts at or before the query block that visits it and every
  * query row sees at least one key of every block it visits. */
 enum { Q_BLOCK = 64, K_BLOCK = 64, FWD_K_BLOCK = 256 };
 

@@ -89,7 +89,7 @@ float tr_f16_to_f32(uint16_t h)
  */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
-#define BF16_HAVE_AVX512 1
+#define BF16_HAVE_X86 1 /* the AVX-512 and AVX2 paths below, picked at run time */
 #define AVX512 __attribute__((target("avx512f")))
 
 /* the bf16 bits of 16 floats, in the low half of each 32-bit lane */
@@ -261,7 +261,7 @@ void tr_cpu_to_bf16(uint16_t *out, const float *in, size_t n)
 
 void tr_cpu_to_bf16_serial(uint16_t *out, const float *in, size_t n)
 {
-#ifdef BF16_HAVE_AVX512
+#ifdef BF16_HAVE_X86
     int path = tr_cpu_elementwise_path();
 #ifdef BF16_HAVE_NATIVE
     if (path == TR_CPU_EW_AVX512 && bf16_convert_native()) {
@@ -302,7 +302,7 @@ void tr_cpu_from_half_serial(float *out, const uint16_t *in, size_t n, int bf16)
             out[i] = tr_f16_to_f32(in[i]);
         return;
     }
-#ifdef BF16_HAVE_AVX512
+#ifdef BF16_HAVE_X86
     int path = tr_cpu_elementwise_path();
     if (path == TR_CPU_EW_AVX512) {
         from_bf16_avx512(out, in, n);
@@ -349,7 +349,7 @@ void tr_cpu_from_half(float *out, const uint16_t *in, size_t n, int bf16)
 
 void tr_cpu_round_to_half(float *out, const float *in, size_t n, int bf16)
 {
-#ifdef BF16_HAVE_AVX512
+#ifdef BF16_HAVE_X86
     int path = bf16 ? tr_cpu_elementwise_path() : TR_CPU_EW_PORTABLE;
     if (path != TR_CPU_EW_PORTABLE) {
         size_t blocks = (n + CONVERT_BLOCK - 1) / CONVERT_BLOCK;
