@@ -89,19 +89,15 @@ float tr_f16_to_f32(uint16_t h)
  */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
+
+#include "bf16_lanes.h"
 #define BF16_HAVE_X86 1 /* the AVX-512 and AVX2 paths below, picked at run time */
 #define AVX512 __attribute__((target("avx512f")))
 
 /* the bf16 bits of 16 floats, in the low half of each 32-bit lane */
 static inline AVX512 __m512i bf16_bits16(const float *in)
 {
-    __m512i u = _mm512_loadu_si512((const void *)in);
-    __m512i high = _mm512_srli_epi32(u, 16);
-    __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
-    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                            _mm512_set1_epi32(0x7f800000));
-    return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
+    return tr_bf16_lanes16(_mm512_loadu_si512((const void *)in));
 }
 
 static AVX512 void to_bf16_avx512(uint16_t *out, const float *in, size_t n)
@@ -180,19 +176,12 @@ static AVX512 void round_bf16_avx512(float *out, const float *in, size_t n)
 
 /* The same three, 8 lanes at a time, where the CPU has AVX2 but not AVX-512
  * (per element they took about 2 ns each on a Zen 3, a third of an emulated
- * bf16 step's extra time over fp32).  The NaN test compares as signed: both
- * sides are below 2^31. */
+ * bf16 step's extra time over fp32). */
 #define AVX2 __attribute__((target("avx2")))
 
 static inline AVX2 __m256i bf16_bits8(const float *in)
 {
-    __m256i u = _mm256_loadu_si256((const __m256i *)(const void *)in);
-    __m256i high = _mm256_srli_epi32(u, 16);
-    __m256i lsb = _mm256_and_si256(high, _mm256_set1_epi32(1));
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
-    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                     _mm256_set1_epi32(0x7f800000));
-    return _mm256_blendv_epi8(r, _mm256_or_si256(high, _mm256_set1_epi32(0x40)), nan);
+    return tr_bf16_lanes8(_mm256_loadu_si256((const __m256i *)(const void *)in));
 }
 
 static AVX2 void to_bf16_avx2(uint16_t *out, const float *in, size_t n)

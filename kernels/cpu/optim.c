@@ -21,10 +21,16 @@
  * The two vector paths are one expression lane for lane, so they give the
  * same bits (tested).
  *
- * With param_bf16, each block also writes its updated parameters rounded to
- * bf16 (tr_cpu_to_bf16, while they are in cache): the copy the native bf16
- * GEMMs read (param16.c), refreshed in the same pass instead of converted
- * again by every GEMM.
+ * With param_bf16, the update also writes its new parameters rounded to bf16
+ * (tr_cpu_to_bf16's bits): the copy the native bf16 GEMMs read (param16.c),
+ * refreshed in the same pass instead of converted again by every GEMM.  The
+ * vector paths round each vector in registers as they store it: converting
+ * each block again after its update, even from cache, made the bf16 update
+ * about 28% slower than fp32's on a Zen 4 (GPT-2 124M, 2 threads,
+ * contrib/bench/step_floor.c), and rounding in registers about 16%, near
+ * what the copy's bytes cost a memory-bound pass (2 bytes written a
+ * parameter, which the cache reads first: 4 more on fp32's 28).  The scalar
+ * path converts each block after updating it.
  */
 struct adamw_consts {
     float lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, grad_scale;
@@ -52,10 +58,13 @@ static void adamw_scalar(float *param, const float *grad, float *m, float *v, si
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
+
+#include "bf16_lanes.h"
 #define OPTIM_HAVE_VECTOR 1
 
-static __attribute__((target("avx512f"))) void adamw_avx512(float *param, const float *grad,
-                                                              float *m, float *v, size_t n,
+static __attribute__((target("avx512f"))) void adamw_avx512(float *param, uint16_t *param16,
+                                                              const float *grad, float *m,
+                                                              float *v, size_t n,
                                                               const struct adamw_consts *c)
 {
     const __m512 lr = _mm512_set1_ps(c->lr), beta1 = _mm512_set1_ps(c->beta1);
@@ -78,15 +87,24 @@ static __attribute__((target("avx512f"))) void adamw_avx512(float *param, const 
         __m512 p = _mm512_maskz_loadu_ps(k, param + i);
         __m512 step = _mm512_add_ps(_mm512_div_ps(m_hat, _mm512_add_ps(_mm512_sqrt_ps(v_hat), eps)),
                                     _mm512_mul_ps(wd, p));
-        _mm512_mask_storeu_ps(param + i, k, _mm512_sub_ps(p, _mm512_mul_ps(lr, step)));
+        __m512 p_new = _mm512_sub_ps(p, _mm512_mul_ps(lr, step));
+        _mm512_mask_storeu_ps(param + i, k, p_new);
+        if (param16 != NULL) {
+            __m512i h = tr_bf16_lanes16(_mm512_castps_si512(p_new));
+            if (k == (__mmask16)0xffff)
+                _mm256_storeu_si256((__m256i *)(void *)(param16 + i), _mm512_cvtepi32_epi16(h));
+            else
+                _mm512_mask_cvtepi32_storeu_epi16(param16 + i, k, h);
+        }
     }
 }
 
 #define AVX2 __attribute__((target("avx2,fma")))
 
-/* adamw_avx512's operations, 8 lanes wide, on 8 elements at p, g, m, v */
-static inline AVX2 void adamw8(float *param, const float *grad, float *m, float *v,
-                               const struct adamw_consts *c)
+/* adamw_avx512's operations, 8 lanes wide, on 8 elements at p, g, m, v
+ * (and the parameters' bf16 copy, unless param16 is NULL) */
+static inline AVX2 void adamw8(float *param, uint16_t *param16, const float *grad, float *m,
+                               float *v, const struct adamw_consts *c)
 {
     const __m256 lr = _mm256_set1_ps(c->lr), beta1 = _mm256_set1_ps(c->beta1);
     const __m256 beta2 = _mm256_set1_ps(c->beta2), omb1 = _mm256_set1_ps(c->one_minus_beta1);
@@ -104,28 +122,38 @@ static inline AVX2 void adamw8(float *param, const float *grad, float *m, float 
     __m256 p = _mm256_loadu_ps(param);
     __m256 step = _mm256_add_ps(_mm256_div_ps(m_hat, _mm256_add_ps(_mm256_sqrt_ps(v_hat), eps)),
                                 _mm256_mul_ps(wd, p));
-    _mm256_storeu_ps(param, _mm256_sub_ps(p, _mm256_mul_ps(lr, step)));
+    __m256 p_new = _mm256_sub_ps(p, _mm256_mul_ps(lr, step));
+    _mm256_storeu_ps(param, p_new);
+    if (param16 != NULL) {
+        /* lanes hold at most 0xffff: the unsigned saturating pack is exact */
+        __m256i h = tr_bf16_lanes8(_mm256_castps_si256(p_new));
+        _mm_storeu_si128((__m128i *)(void *)param16,
+                         _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+    }
 }
 
 /* Whole vectors in place; the last part-vector through zero-padded copies
  * (the padding's sqrt(0) + eps: no fault, never stored).  No masked loads
  * or stores: AVX2's (VMASKMOVPS) are microcoded on AMD Zen, and three masked
  * stores a vector made this loop compute-bound (Zen 3: 6 GB/s on one core). */
-static AVX2 void adamw_avx2(float *param, const float *grad, float *m, float *v, size_t n,
-                            const struct adamw_consts *c)
+static AVX2 void adamw_avx2(float *param, uint16_t *param16, const float *grad, float *m,
+                            float *v, size_t n, const struct adamw_consts *c)
 {
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
-        adamw8(param + i, grad + i, m + i, v + i, c);
+        adamw8(param + i, param16 != NULL ? param16 + i : NULL, grad + i, m + i, v + i, c);
     if (i < n) {
         float tp[8] = {0}, tg[8] = {0}, tm[8] = {0}, tv[8] = {0};
+        uint16_t t16[8];
         size_t left = n - i;
         memcpy(tp, param + i, left * sizeof *tp);
         memcpy(tg, grad + i, left * sizeof *tg);
         memcpy(tm, m + i, left * sizeof *tm);
         memcpy(tv, v + i, left * sizeof *tv);
-        adamw8(tp, tg, tm, tv, c);
+        adamw8(tp, param16 != NULL ? t16 : NULL, tg, tm, tv, c);
         memcpy(param + i, tp, left * sizeof *tp);
+        if (param16 != NULL)
+            memcpy(param16 + i, t16, left * sizeof *t16);
         memcpy(m + i, tm, left * sizeof *tm);
         memcpy(v + i, tv, left * sizeof *tv);
     }
@@ -145,16 +173,20 @@ void tr_cpu_adamw_update_bf16(float *param, uint16_t *param_bf16, const float *g
 #pragma omp parallel for schedule(static)
     for (size_t b = 0; b < blocks; b++) {
         size_t i0 = b * OPTIM_BLOCK, len = n - i0 < OPTIM_BLOCK ? n - i0 : OPTIM_BLOCK;
+        uint16_t *p16 = param_bf16 != NULL ? param_bf16 + i0 : NULL;
 #ifdef OPTIM_HAVE_VECTOR
-        if (path == TR_CPU_EW_AVX512)
-            adamw_avx512(param + i0, grad + i0, m + i0, v + i0, len, &c);
-        else if (path == TR_CPU_EW_AVX2)
-            adamw_avx2(param + i0, grad + i0, m + i0, v + i0, len, &c);
-        else
+        if (path == TR_CPU_EW_AVX512) {
+            adamw_avx512(param + i0, p16, grad + i0, m + i0, v + i0, len, &c);
+            continue;
+        }
+        if (path == TR_CPU_EW_AVX2) {
+            adamw_avx2(param + i0, p16, grad + i0, m + i0, v + i0, len, &c);
+            continue;
+        }
 #endif
-            adamw_scalar(param + i0, grad + i0, m + i0, v + i0, len, &c);
-        if (param_bf16 != NULL) /* one block: converted on this thread */
-            tr_cpu_to_bf16_serial(param_bf16 + i0, param + i0, len);
+        adamw_scalar(param + i0, grad + i0, m + i0, v + i0, len, &c);
+        if (p16 != NULL) /* one block: converted on this thread */
+            tr_cpu_to_bf16_serial(p16, param + i0, len);
     }
     (void)path;
 }

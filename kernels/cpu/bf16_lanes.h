@@ -1,0 +1,37 @@
+/*
+ * fp32 -> bf16 rounding on values in vector registers, for the kernels that
+ * produce a float vector and store it as bf16 without a second pass over
+ * memory (convert.c's array conversions, AdamW's bf16 parameter copy).
+ * Round to nearest even on the bits, NaN kept NaN and quiet
+ * ((bits >> 16) | 0x40): tr_f32_to_bf16, lane for lane, subnormals included.
+ * Each returns the bf16 bits in the low half of each 32-bit lane.
+ */
+#ifndef TR_CPU_BF16_LANES_H
+#define TR_CPU_BF16_LANES_H
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+static inline __attribute__((target("avx512f"))) __m512i tr_bf16_lanes16(__m512i u)
+{
+    __m512i high = _mm512_srli_epi32(u, 16);
+    __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
+}
+
+/* 8 lanes; the NaN test compares as signed: both sides are below 2^31 */
+static inline __attribute__((target("avx2"))) __m256i tr_bf16_lanes8(__m256i u)
+{
+    __m256i high = _mm256_srli_epi32(u, 16);
+    __m256i lsb = _mm256_and_si256(high, _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                     _mm256_set1_epi32(0x7f800000));
+    return _mm256_blendv_epi8(r, _mm256_or_si256(high, _mm256_set1_epi32(0x40)), nan);
+}
+#endif
+
+#endif
