@@ -51,7 +51,16 @@
 #                 THREADS threads): in CPU time, FLOPs / (CPU s / THREADS)
 #                 against the ceiling timed by CPU time the same way
 #                 (GEMM_CEILING_CLOCK=cpu), and in wall time against the
-#                 wall-time ceiling.
+#                 wall-time ceiling.  The ceiling is measured again in every
+#                 round, just before its arms (a virtual machine's speed can
+#                 change by half from one minute to the next, and a ceiling
+#                 taken once at the start then says nothing about a step
+#                 timed later), and each round's fp32 step is set against its
+#                 own round's ceiling; the figure is the median over rounds.
+#   ratios        each target ratio is given two ways: of the arms' medians,
+#                 and the median of the per-round ratios (arms of one round
+#                 ran within a minute of each other: the steadier figure on a
+#                 machine whose speed drifts).
 set -euo pipefail
 
 name=cpu_bf16.sh
@@ -81,10 +90,17 @@ gcc -O2 -fopenmp "$here/gemm_ceiling.c" -o "$tmp/gemm_ceiling" -ldnnl ||
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores online;" \
      "threads: $THREADS; load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "trainrun: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')${PYTHON:+; PyTorch: $("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null)}"
-read -r ceil_fp32 ceil_bf16 < <("$tmp/gemm_ceiling" "$THREADS" 2>"$tmp/ceiling.txt")
+# ceiling: "wall_fp32 wall_bf16 cpu_fp32 cpu_bf16" (GFLOP/s), the bf16 detail in $tmp/ceiling.txt
+ceiling() {
+    local w c
+    w=$("$tmp/gemm_ceiling" "$THREADS" 2>"$tmp/ceiling.txt") || die "gemm_ceiling failed"
+    c=$(GEMM_CEILING_CLOCK=cpu "$tmp/gemm_ceiling" "$THREADS" 2>/dev/null) || die "gemm_ceiling failed"
+    echo "$w $c"
+}
+read -r ceil_fp32 ceil_bf16 cpu_ceil_fp32 cpu_ceil_bf16 < <(ceiling)
 echo "GEMM ceiling (oneDNN, 2048^3, $THREADS threads), wall time: fp32 $ceil_fp32 GFLOP/s, bf16 $ceil_bf16 GFLOP/s ($(cat "$tmp/ceiling.txt"))"
-read -r cpu_ceil_fp32 cpu_ceil_bf16 < <(GEMM_CEILING_CLOCK=cpu "$tmp/gemm_ceiling" "$THREADS" 2>/dev/null)
 echo "GEMM ceiling, CPU time over $THREADS threads: fp32 $cpu_ceil_fp32 GFLOP/s, bf16 $cpu_ceil_bf16 GFLOP/s"
+echo "(measured again in every round, before its arms: the rows 'gemm-ceiling', in GFLOP/s)"
 echo "$WARMUP warm-up + $STEPS timed steps an arm, $ROUNDS rounds; OMP_WAIT_POLICY: ${WAIT_POLICY:-unset}"
 
 # trainrun_arm PRECISION ISA V T L H C B: "wall_ms cpu_ms rss_mib"
@@ -151,6 +167,9 @@ for shape in $SHAPES; do
     echo "|---:|---|---:|---:|---:|"
     : >"$tmp/rows"
     for r in $(seq 1 "$ROUNDS"); do
+        read -r cw32 cw16 cc32 cc16 < <(ceiling)
+        echo "gemm-ceiling $cw32 $cc32 - $r" >>"$tmp/rows"
+        echo "| $r | gemm-ceiling fp32 (GFLOP/s; bf16 $cw16 wall, $cc16 CPU) | $cw32 | $cc32 | |"
         for arm in $ARMS; do
             case $arm in
             trainrun-fp32) res=$(trainrun_arm fp32 "" "$V" "$T" "$L" "$H" "$C" "$B") ;;
@@ -165,7 +184,7 @@ for shape in $SHAPES; do
             *) die "unknown arm $arm (trainrun-fp32 trainrun-bf16 torch-fp32 torch-bf16)" ;;
             esac
             read -r wall cpu rss <<<"$res"
-            echo "$arm $wall $cpu $rss" >>"$tmp/rows"
+            echo "$arm $wall $cpu $rss $r" >>"$tmp/rows"
             echo "| $r | $arm | $wall | $cpu | $rss |"
         done
     done
@@ -183,16 +202,35 @@ for shape in $SHAPES; do
     done
     echo
     ratio() { awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a != "" && b != "" && b > 0) printf "%.2fx", a / b; else printf "n/a" }'; }
-    echo "- trainrun bf16 speed-up over trainrun fp32 (target >= 1.7x): CPU $(ratio "${cpu_trainrun_fp32:-}" "${cpu_trainrun_bf16:-}"), wall $(ratio "${wall_trainrun_fp32:-}" "${wall_trainrun_bf16:-}")"
-    echo "- trainrun bf16 over PyTorch bf16 autocast (target >= 1.4x): CPU $(ratio "${cpu_torch_bf16:-}" "${cpu_trainrun_bf16:-}"), wall $(ratio "${wall_torch_bf16:-}" "${wall_trainrun_bf16:-}")"
-    echo "- trainrun fp32 over PyTorch fp32: CPU $(ratio "${cpu_torch_fp32:-}" "${cpu_trainrun_fp32:-}"), wall $(ratio "${wall_torch_fp32:-}" "${wall_trainrun_fp32:-}")"
+    # round_ratio SLOW FAST COLUMN: the median over rounds of SLOW / FAST
+    # (column 2 wall, 3 CPU), each round's two arms against each other
+    round_ratio() {
+        awk -v a="$1" -v b="$2" -v k="$3" '$1 == a { x[$5] = $k } $1 == b { y[$5] = $k }
+            END { for (r in x) if ((r in y) && y[r] > 0) printf "%s ", x[r] / y[r] }' "$tmp/rows" |
+            median "%.2fx" | grep . || echo n/a
+    }
+    both() { echo "CPU $(ratio "${3:-}" "${4:-}"), wall $(ratio "${5:-}" "${6:-}") (median of rounds: CPU $(round_ratio "$1" "$2" 3), wall $(round_ratio "$1" "$2" 2))"; }
+    echo "- trainrun bf16 speed-up over trainrun fp32 (target >= 1.7x): $(both trainrun-fp32 trainrun-bf16 "${cpu_trainrun_fp32:-}" "${cpu_trainrun_bf16:-}" "${wall_trainrun_fp32:-}" "${wall_trainrun_bf16:-}")"
+    echo "- trainrun bf16 over PyTorch bf16 autocast (target >= 1.4x): $(both torch-bf16 trainrun-bf16 "${cpu_torch_bf16:-}" "${cpu_trainrun_bf16:-}" "${wall_torch_bf16:-}" "${wall_trainrun_bf16:-}")"
+    echo "- trainrun fp32 over PyTorch fp32: $(both torch-fp32 trainrun-fp32 "${cpu_torch_fp32:-}" "${cpu_trainrun_fp32:-}" "${wall_torch_fp32:-}" "${wall_trainrun_fp32:-}")"
     echo "- peak RSS under bf16 (target: trainrun <= PyTorch): trainrun ${rss_trainrun_bf16:-n/a} MiB, PyTorch ${rss_torch_bf16:-n/a} MiB"
-    awk -v f="$flops_step" -v c="${cpu_trainrun_fp32:-}" -v w="${wall_trainrun_fp32:-}" -v th="$THREADS" \
-        -v ceil="$ceil_fp32" -v cceil="$cpu_ceil_fp32" 'BEGIN {
-            if (c == "" || cceil + 0 <= 0) { print "- trainrun fp32 of the fp32 GEMM ceiling: n/a"; exit }
-            printf "- trainrun fp32 of the fp32 GEMM ceiling: %.1f%% in CPU time (%.1f of %.1f GFLOP/s over %d threads), %.1f%% in wall time (%.1f of %.1f GFLOP/s)\n",
-                100 * f / (c / 1000 / th) / 1e9 / cceil, f / (c / 1000 / th) / 1e9, cceil, th,
-                100 * f / (w / 1000) / 1e9 / ceil, f / (w / 1000) / 1e9, ceil }'
+    # each round's fp32 step against that round's ceiling: "cpu% wall%" a round
+    awk -v f="$flops_step" -v th="$THREADS" '
+        $1 == "gemm-ceiling" { cw[$5] = $2; cc[$5] = $3 }
+        $1 == "trainrun-fp32" { w[$5] = $2; c[$5] = $3 }
+        END { for (r in c) if ((r in cc) && cc[r] > 0 && cw[r] > 0)
+                  printf "%.1f %.1f\n", 100 * f / (c[r] / 1000 / th) / 1e9 / cc[r],
+                                        100 * f / (w[r] / 1000) / 1e9 / cw[r] }' "$tmp/rows" >"$tmp/of_ceiling"
+    if [ -s "$tmp/of_ceiling" ]; then
+        c_med=$(cut -d' ' -f1 "$tmp/of_ceiling" | tr '\n' ' ' | median "%.1f")
+        w_med=$(cut -d' ' -f2 "$tmp/of_ceiling" | tr '\n' ' ' | median "%.1f")
+        c_all=$(cut -d' ' -f1 "$tmp/of_ceiling" | sort -g | tr '\n' ' ')
+        cc_med=$(awk '$1 == "gemm-ceiling" { printf "%s ", $3 }' "$tmp/rows" | median "%.1f")
+        cw_med=$(awk '$1 == "gemm-ceiling" { printf "%s ", $2 }' "$tmp/rows" | median "%.1f")
+        echo "- trainrun fp32 of the fp32 GEMM ceiling of its own round (median of rounds): $c_med% in CPU time, $w_med% in wall time (rounds, CPU time: ${c_all% }; the ceiling's medians: $cc_med GFLOP/s CPU over $THREADS threads, $cw_med wall)"
+    else
+        echo "- trainrun fp32 of the fp32 GEMM ceiling: n/a"
+    fi
     unset wall_trainrun_fp32 wall_trainrun_bf16 wall_torch_fp32 wall_torch_bf16 \
           cpu_trainrun_fp32 cpu_trainrun_bf16 cpu_torch_fp32 cpu_torch_bf16 rss_trainrun_bf16 rss_torch_bf16
 done
