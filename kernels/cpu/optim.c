@@ -24,13 +24,11 @@
  * With param_bf16, the update also writes its new parameters rounded to bf16
  * (tr_cpu_to_bf16's bits): the copy the native bf16 GEMMs read (param16.c),
  * refreshed in the same pass instead of converted again by every GEMM.  The
- * vector paths round each vector in registers as they store it: converting
- * each block again after its update, even from cache, made the bf16 update
- * about 28% slower than fp32's on a Zen 4 (GPT-2 124M, 2 threads,
- * contrib/bench/step_floor.c), and rounding in registers about 16%, near
- * what the copy's bytes cost a memory-bound pass (2 bytes written a
- * parameter, which the cache reads first: 4 more on fp32's 28).  The scalar
- * path converts each block after updating it.
+ * vector paths round each vector in registers as they store it, so the
+ * copy costs only its bytes in this memory-bound pass (2 written a
+ * parameter, which the cache reads first: 4 more on fp32's 28), not a second
+ * pass over each block (docs/results.md has step_floor's figures).  The
+ * scalar path converts each block after updating it.
  */
 struct adamw_consts {
     float lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, grad_scale;
