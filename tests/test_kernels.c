@@ -734,35 +734,58 @@ Test(gemm_bf16, linear_forward_out16_is_the_rounded_forward)
 }
 
 /* dout to bf16 and the bias gradient in one pass: the bits of
- * tr_cpu_to_bf16 and of tr_cpu_linear_bias_backward, for any thread count,
- * OC a multiple of the column block and not, and without a bias. */
+ * tr_cpu_to_bf16 and of the column sums taken row by row in float, on every
+ * elementwise path this CPU runs (portable, AVX2, AVX-512: the vector paths
+ * keep whole column blocks' sums in registers), for any thread count, OC a
+ * multiple of the column block and not, without a bias, and for the fp32
+ * bias gradient (tr_cpu_linear_bias_backward, the same sums), written and
+ * accumulated. */
 Test(gemm_bf16, linear_dout_bf16_is_conversion_and_bias_sums)
 {
     rng_t rng = {117};
-    const int shapes[][2] = {{1, 3}, {37, 64}, {300, 200}, {129, 1100}};
-    int saved_threads = omp_get_max_threads();
+    const int shapes[][2] = {{1, 3}, {37, 64}, {300, 200}, {129, 1100}, {5, 128}};
+    int saved_threads = omp_get_max_threads(), widest = tr_cpu_elementwise_path();
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int N = shapes[s][0], OC = shapes[s][1];
         size_t n = (size_t)N * OC;
         float *dout = random_fvec(&rng, n, -2, 2), *prefill = random_fvec(&rng, OC, -1, 1);
+        if (s == 0)
+            dout[1] = 1e-40f; /* a subnormal: rounded, not flushed */
         uint16_t *want16 = to_bf16_vec(dout, n), *got16 = malloc(n * sizeof *got16);
         cr_assert(got16 != NULL, "out of memory");
-        float *want_db = copy_fvec(prefill, OC);
-        tr_cpu_linear_bias_backward(want_db, dout, N, OC, 0);
-        for (int t = 1; t <= 3; t++) {
-            omp_set_num_threads(t);
-            for (int with_bias = 0; with_bias < 2; with_bias++) {
+        float *want_db = copy_fvec(prefill, OC), *want_sum = fvec(OC);
+        for (int o = 0; o < OC; o++) {
+            float sum = 0.0f;
+            for (int r = 0; r < N; r++)
+                sum += dout[(size_t)r * OC + o];
+            want_sum[o] = sum;
+            want_db[o] = prefill[o] + sum;
+        }
+        for (int path = TR_CPU_EW_PORTABLE; path <= widest; path++) {
+            int cap = tr_cpu_elementwise_cap(path);
+            for (int t = 1; t <= 3; t++) {
+                omp_set_num_threads(t);
+                for (int with_bias = 0; with_bias < 2; with_bias++) {
+                    float *db = copy_fvec(prefill, OC);
+                    memset(got16, 0xa5, n * sizeof *got16);
+                    tr_cpu_linear_dout_bf16(got16, with_bias ? db : NULL, dout, N, OC, 0);
+                    cr_assert(memcmp(got16, want16, n * sizeof *got16) == 0,
+                              "%dx%d, path %d, %d threads, bias %d: dout in bf16 differs", N, OC,
+                              path, t, with_bias);
+                    expect_bitwise("fused bias gradient", db, with_bias ? want_db : prefill, OC);
+                    free(db);
+                }
                 float *db = copy_fvec(prefill, OC);
-                memset(got16, 0xa5, n * sizeof *got16);
-                tr_cpu_linear_dout_bf16(got16, with_bias ? db : NULL, dout, N, OC, 0);
-                cr_assert(memcmp(got16, want16, n * sizeof *got16) == 0,
-                          "%dx%d, %d threads, bias %d: dout in bf16 differs", N, OC, t, with_bias);
-                expect_bitwise("fused bias gradient", db, with_bias ? want_db : prefill, OC);
+                tr_cpu_linear_bias_backward(db, dout, N, OC, 0);
+                expect_bitwise("fp32 bias gradient, accumulated", db, want_db, OC);
+                tr_cpu_linear_bias_backward(db, dout, N, OC, 1);
+                expect_bitwise("fp32 bias gradient, written", db, want_sum, OC);
                 free(db);
             }
+            tr_cpu_elementwise_cap(cap);
         }
         omp_set_num_threads(saved_threads);
-        free(dout), free(prefill), free(want16), free(got16), free(want_db);
+        free(dout), free(prefill), free(want16), free(got16), free(want_db), free(want_sum);
     }
 }
 
