@@ -4,13 +4,15 @@
  * memory (convert.c's array conversions, AdamW's bf16 parameter copy).
  * Round to nearest even on the bits, NaN kept NaN and quiet
  * ((bits >> 16) | 0x40): tr_f32_to_bf16, lane for lane, subnormals included.
- * Each returns the bf16 bits in the low half of each 32-bit lane.
+ * The lanes functions return the bf16 bits in the low half of each 32-bit
+ * lane; the store functions round a float vector and store it as bf16.
  */
 #ifndef TR_CPU_BF16_LANES_H
 #define TR_CPU_BF16_LANES_H
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
+#include <stdint.h>
 
 static inline __attribute__((target("avx512f"))) __m512i tr_bf16_lanes16(__m512i u)
 {
@@ -31,6 +33,22 @@ static inline __attribute__((target("avx2"))) __m256i tr_bf16_lanes8(__m256i u)
     __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
                                      _mm256_set1_epi32(0x7f800000));
     return _mm256_blendv_epi8(r, _mm256_or_si256(high, _mm256_set1_epi32(0x40)), nan);
+}
+
+/* 16 floats rounded and stored as 16 bf16 at dst */
+static inline __attribute__((target("avx512f"))) void tr_bf16_store16(uint16_t *dst, __m512 x)
+{
+    _mm256_storeu_si256((__m256i *)(void *)dst,
+                        _mm512_cvtepi32_epi16(tr_bf16_lanes16(_mm512_castps_si512(x))));
+}
+
+/* 8 floats rounded and stored as 8 bf16 at dst (lanes hold at most 0xffff:
+ * the unsigned saturating pack is exact) */
+static inline __attribute__((target("avx2"))) void tr_bf16_store8(uint16_t *dst, __m256 x)
+{
+    __m256i h = tr_bf16_lanes8(_mm256_castps_si256(x));
+    _mm_storeu_si128((__m128i *)(void *)dst,
+                     _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
 }
 #endif
 

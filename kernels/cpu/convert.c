@@ -104,7 +104,7 @@ static AVX512 void to_bf16_avx512(uint16_t *out, const float *in, size_t n)
 {
     size_t i = 0;
     for (; i + 16 <= n; i += 16)
-        _mm256_storeu_si256((__m256i *)(void *)(out + i), _mm512_cvtepi32_epi16(bf16_bits16(in + i)));
+        tr_bf16_store16(out + i, _mm512_loadu_ps(in + i));
     for (; i < n; i++)
         out[i] = tr_f32_to_bf16(in[i]);
 }
@@ -131,9 +131,8 @@ static AVX512BF16 void to_bf16_avx512bf16(uint16_t *out, const float *in, size_t
             __m512bh h = _mm512_cvtne2ps_pbh(_mm512_castsi512_ps(hi), _mm512_castsi512_ps(lo));
             _mm512_storeu_si512((void *)(out + i), (__m512i)h);
         } else {
-            _mm256_storeu_si256((__m256i *)(void *)(out + i), _mm512_cvtepi32_epi16(bf16_bits16(in + i)));
-            _mm256_storeu_si256((__m256i *)(void *)(out + i + 16),
-                                _mm512_cvtepi32_epi16(bf16_bits16(in + i + 16)));
+            tr_bf16_store16(out + i, _mm512_castsi512_ps(lo));
+            tr_bf16_store16(out + i + 16, _mm512_castsi512_ps(hi));
         }
     }
     to_bf16_avx512(out + i, in + i, n - i); /* 16 at a time, then one by one */

@@ -150,14 +150,8 @@ static __attribute__((target("avx512f"))) void bias_block_avx512(float *sum, uin
         s2 = _mm512_add_ps(s2, x2), s3 = _mm512_add_ps(s3, x3);
         if (dout16 != NULL) {
             uint16_t *h = dout16 + (size_t)n * OC;
-            _mm256_storeu_si256((__m256i *)(void *)h,
-                                _mm512_cvtepi32_epi16(tr_bf16_lanes16(_mm512_castps_si512(x0))));
-            _mm256_storeu_si256((__m256i *)(void *)(h + 16),
-                                _mm512_cvtepi32_epi16(tr_bf16_lanes16(_mm512_castps_si512(x1))));
-            _mm256_storeu_si256((__m256i *)(void *)(h + 32),
-                                _mm512_cvtepi32_epi16(tr_bf16_lanes16(_mm512_castps_si512(x2))));
-            _mm256_storeu_si256((__m256i *)(void *)(h + 48),
-                                _mm512_cvtepi32_epi16(tr_bf16_lanes16(_mm512_castps_si512(x3))));
+            tr_bf16_store16(h, x0), tr_bf16_store16(h + 16, x1);
+            tr_bf16_store16(h + 32, x2), tr_bf16_store16(h + 48, x3);
         }
     }
     _mm512_storeu_ps(sum, s0), _mm512_storeu_ps(sum + 16, s1);
@@ -176,13 +170,8 @@ static __attribute__((target("avx2"))) void bias_block_avx2(float *sum, uint16_t
         for (int k = 0; k < 8; k++) {
             __m256 x = _mm256_loadu_ps(row + 8 * k);
             s[k] = _mm256_add_ps(s[k], x);
-            if (dout16 != NULL) {
-                /* lanes hold at most 0xffff: the unsigned saturating pack is exact */
-                __m256i h = tr_bf16_lanes8(_mm256_castps_si256(x));
-                _mm_storeu_si128((__m128i *)(void *)(dout16 + (size_t)n * OC + 8 * k),
-                                 _mm_packus_epi32(_mm256_castsi256_si128(h),
-                                                  _mm256_extracti128_si256(h, 1)));
-            }
+            if (dout16 != NULL)
+                tr_bf16_store8(dout16 + (size_t)n * OC + 8 * k, x);
         }
     }
     for (int k = 0; k < 8; k++)

@@ -87,13 +87,11 @@ static __attribute__((target("avx512f"))) void adamw_avx512(float *param, uint16
                                     _mm512_mul_ps(wd, p));
         __m512 p_new = _mm512_sub_ps(p, _mm512_mul_ps(lr, step));
         _mm512_mask_storeu_ps(param + i, k, p_new);
-        if (param16 != NULL) {
-            __m512i h = tr_bf16_lanes16(_mm512_castps_si512(p_new));
-            if (k == (__mmask16)0xffff)
-                _mm256_storeu_si256((__m256i *)(void *)(param16 + i), _mm512_cvtepi32_epi16(h));
-            else
-                _mm512_mask_cvtepi32_storeu_epi16(param16 + i, k, h);
-        }
+        if (param16 != NULL && k == (__mmask16)0xffff)
+            tr_bf16_store16(param16 + i, p_new);
+        else if (param16 != NULL)
+            _mm512_mask_cvtepi32_storeu_epi16(param16 + i, k,
+                                              tr_bf16_lanes16(_mm512_castps_si512(p_new)));
     }
 }
 
@@ -122,12 +120,8 @@ static inline AVX2 void adamw8(float *param, uint16_t *param16, const float *gra
                                 _mm256_mul_ps(wd, p));
     __m256 p_new = _mm256_sub_ps(p, _mm256_mul_ps(lr, step));
     _mm256_storeu_ps(param, p_new);
-    if (param16 != NULL) {
-        /* lanes hold at most 0xffff: the unsigned saturating pack is exact */
-        __m256i h = tr_bf16_lanes8(_mm256_castps_si256(p_new));
-        _mm_storeu_si128((__m128i *)(void *)param16,
-                         _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
-    }
+    if (param16 != NULL)
+        tr_bf16_store8(param16, p_new);
 }
 
 /* Whole vectors in place; the last part-vector through zero-padded copies
