@@ -253,7 +253,9 @@ Test(sgemm, all_transposes_vs_naive)
  * oneDNN packs its inputs), one of them cut into more tiles than the 4 the
  * grid starts from, with K long enough that oneDNN's order of summation
  * differs between tile shapes: the same bits for 1, 2 and 3 threads and
- * serially, and the right values (every 7th row), for every transpose. */
+ * serially, and the right values (every 7th row), for every transpose.
+ * Both have over 1024 rows, so with B transposed on an AVX-512 CPU they run
+ * gemm.c's copy of B into plain rows. */
 Test(sgemm, large_tiles_same_bits_for_any_thread_count)
 {
     rng_t rng = {103};

@@ -161,6 +161,43 @@ static void scale_c(int M, int N, float beta, float *C, int ldc)
             C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
 }
 
+/*
+ * B stored transposed (op(B) = B^T: a Linear layer's forward, x W^T with W
+ * as [out, in]) runs oneDNN 2.6's AVX-512 sgemm kernels 10-16% slower than
+ * the same product with B in plain rows (one thread, Zen 4: 1024 x 576 x
+ * 384 with ldc 1152, 91-95 against 106-108 GFLOP/s; 1024 x 768 x 384, 89
+ * against 104; at 2048^3 the two are within 2%); its AVX2 kernels run both
+ * alike.  So on AVX-512 a product with B transposed and enough rows of C to
+ * pay for it first copies B into plain rows (K x N, padded like the A copy
+ * above), once for all its tiles: the copy is K x N stores against 2 x M x
+ * K x N FLOPs.  Only for a B of at most GEMM_COPY_B_MAX floats (a vocabulary
+ * projection's would be a large transient allocation).  The decision
+ * depends on the shape only, and the serial path makes the same one, so
+ * the bits are the same for any thread count.
+ */
+enum {
+    GEMM_COPY_B_MIN_M = 1024,
+    GEMM_COPY_B_MAX = 4 << 20, /* floats: 16 MiB */
+};
+
+static int copy_b_whole(int trans_b, int M, int N, int K)
+{
+    return trans_b && M >= GEMM_COPY_B_MIN_M && (size_t)N * K <= GEMM_COPY_B_MAX &&
+           tr_cpu_avx512f();
+}
+
+/* dst[k * ld + n] = B[n * ldb + k] for columns n of blocks [c0, c1) of 16 */
+static void transpose_b(float *dst, int ld, const float *B, int ldb, int n0, int n1, int K)
+{
+    enum { BK = 64 };
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        int k1 = k0 + BK < K ? k0 + BK : K;
+        for (int k = k0; k < k1; k++)
+            for (int n = n0; n < n1; n++)
+                dst[(size_t)k * ld + n] = B[(size_t)n * ldb + k];
+    }
+}
+
 void tr_cpu_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
                   int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
@@ -172,15 +209,28 @@ void tr_cpu_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, co
     }
     struct tile_grid grid = gemm_tile_grid(M, N);
     int tiles = grid.tiles_m * grid.tiles_n;
+    float *copy = NULL;
+    int ld = padded_ld(N);
+    if (copy_b_whole(trans_b, M, N, K))
+        copy = malloc((size_t)K * ld * sizeof *copy);
+    const float *B_use = copy != NULL ? copy : B;
+    int ldb_use = copy != NULL ? ld : ldb, trans_b_use = copy != NULL ? 0 : trans_b;
 #pragma omp parallel
     {
+        if (copy != NULL) {
+#pragma omp for schedule(static)
+            for (int n0 = 0; n0 < N; n0 += 16)
+                transpose_b(copy, ld, B, ldb, n0, n0 + 16 < N ? n0 + 16 : N, K);
+        }
         /* Affects only this region's implicit task: oneDNN, called from here,
          * then runs on this thread alone. */
         omp_set_num_threads(1);
 #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < tiles; t++)
-            sgemm_tile(t, grid, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+            sgemm_tile(t, grid, trans_a, trans_b_use, M, N, K, alpha, A, lda, B_use, ldb_use, beta,
+                       C, ldc);
     }
+    free(copy);
 }
 
 void tr_cpu_sgemm_serial(int trans_a, int trans_b, int M, int N, int K, float alpha,
@@ -195,6 +245,14 @@ void tr_cpu_sgemm_serial(int trans_a, int trans_b, int M, int N, int K, float al
     }
     struct tile_grid grid = gemm_tile_grid(M, N);
     int tiles = grid.tiles_m * grid.tiles_n;
+    float *copy = NULL;
+    int ld = padded_ld(N);
+    if (copy_b_whole(trans_b, M, N, K) && (copy = malloc((size_t)K * ld * sizeof *copy)) != NULL) {
+        transpose_b(copy, ld, B, ldb, 0, N, K);
+        B = copy;
+        ldb = ld;
+        trans_b = 0;
+    }
     /* Inside a parallel region this changes only the calling task's setting,
      * and it is restored before returning. */
     int saved_threads = omp_get_max_threads();
@@ -202,6 +260,7 @@ void tr_cpu_sgemm_serial(int trans_a, int trans_b, int M, int N, int K, float al
     for (int t = 0; t < tiles; t++)
         sgemm_tile(t, grid, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     omp_set_num_threads(saved_threads);
+    free(copy);
 }
 
 /*
