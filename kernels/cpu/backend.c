@@ -94,9 +94,9 @@ static int native_bf16(const struct tr_graph *g)
 }
 
 /* A linear node on the native bf16 path whose output is stored in bf16:
- * its forward rounds each tile of the output into storage as the tile is
- * computed (tr_cpu_linear_forward_bf16_out16) instead of run_node rounding
- * the whole fp32 output in a pass of its own. */
+ * its GEMM rounds each tile of the output into storage as it stores it
+ * (tr_cpu_linear_forward_bf16_out16) instead of run_node rounding the whole
+ * fp32 output in a pass of its own. */
 static int linear_out16(const struct tr_graph *g, const struct tr_node *n)
 {
     return n->op == TR_OP_LINEAR && native_bf16(g) && g->tensors[n->out].dtype == TR_BF16;
@@ -122,12 +122,10 @@ static const uint16_t *bf16_of(float *dst, const struct tr_tensor *t)
 
 /* The three GEMM operands of a linear or matmul node in bf16, one after
  * another in scratch: in[0] and in[1] (converted where they are not bf16
- * already), room for the output's gradient (dout, which backward fills),
- * and the scratch after the three (rest). */
+ * already) and room for the output's gradient (dout, which backward fills). */
 struct bf16_operands {
     const uint16_t *a, *b;
     uint16_t *dout;
-    float *rest;
 };
 
 static struct bf16_operands bf16_inputs(const struct tr_graph *g, const struct tr_node *n)
@@ -141,7 +139,6 @@ static struct bf16_operands bf16_inputs(const struct tr_graph *g, const struct t
     o.b = w16 ? w16 : bf16_of(at, T(1));
     at += bf16_floats(T(1)->numel);
     o.dout = (uint16_t *)(void *)at;
-    o.rest = at + bf16_floats(OUT->numel);
     return o;
 }
 
@@ -205,8 +202,7 @@ static size_t cpu_scratch_floats(void *ctx, const struct tr_graph *g, const stru
 {
     (void)ctx;
     if ((n->op == TR_OP_LINEAR || n->op == TR_OP_MATMUL) && native_bf16(g)) /* in bf16 */
-        return bf16_floats(T(0)->numel) + bf16_floats(T(1)->numel) + bf16_floats(OUT->numel) +
-               (linear_out16(g, n) ? OUT->numel : 0); /* the fp32 results on their way */
+        return bf16_floats(T(0)->numel) + bf16_floats(T(1)->numel) + bf16_floats(OUT->numel);
     if ((n->op == TR_OP_LINEAR || n->op == TR_OP_MATMUL) && half_gemm(g)) /* x, w, dout rounded */
         return T(0)->numel + T(1)->numel + OUT->numel;
     if (n->op == TR_OP_CONV2D) { /* 16-bit copies, reordered weights, oneDNN's scratchpads */
@@ -257,7 +253,7 @@ static void cpu_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
             struct bf16_operands o = bf16_inputs(g, n);
             const float *bias = n->n_in == 3 ? F(T(2)) : NULL;
             if (linear_out16(g, n)) /* rounded into storage tile by tile */
-                tr_cpu_linear_forward_bf16_out16((uint16_t *)OUT->data, o.rest, o.a, o.b, bias,
+                tr_cpu_linear_forward_bf16_out16((uint16_t *)OUT->data, o.a, o.b, bias,
                                                  rows(T(0)), cols(T(0)), (int)T(1)->shape[0]);
             else
                 tr_cpu_linear_forward_bf16(F(OUT), o.a, o.b, bias, rows(T(0)), cols(T(0)),

@@ -294,6 +294,7 @@ void tr_cpu_sgemm_serial(int trans_a, int trans_b, int M, int N, int K, float al
 struct bf16_key {
     int trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate;
     int bias; /* an fp32 bias row added to every row of C, in the primitive */
+    int c16;  /* C is bf16: the fp32 sums (+ bias) rounded as the primitive stores them */
 };
 
 struct bf16_prim {
@@ -362,7 +363,8 @@ static struct bf16_prim *bf16_create(const struct bf16_key *k, dnnl_status_t *st
     if (s == dnnl_success)
         s = dnnl_memory_desc_init_by_strides(&p->b, 2, b_dims, dnnl_bf16, b_strides);
     if (s == dnnl_success)
-        s = dnnl_memory_desc_init_by_strides(&p->c, 2, c_dims, dnnl_f32, c_strides);
+        s = dnnl_memory_desc_init_by_strides(&p->c, 2, c_dims, k->c16 ? dnnl_bf16 : dnnl_f32,
+                                             c_strides);
     if (s == dnnl_success && k->bias)
         s = dnnl_memory_desc_init_by_strides(&p->bias, 2, bias_dims, dnnl_f32, bias_strides);
     dnnl_matmul_desc_t desc;
@@ -462,10 +464,10 @@ static void *bf16_thread_scratch(size_t bytes, const struct bf16_key *k)
 /* One primitive execution on the calling thread: C (+)= op(A) op(B)
  * (+ the bias row, when bias is not NULL). */
 static void bf16_call(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A, int lda,
-                      const uint16_t *B, int ldb, const float *bias, int accumulate, float *C,
-                      int ldc)
+                      const uint16_t *B, int ldb, const float *bias, int accumulate, void *C,
+                      int c16, int ldc)
 {
-    struct bf16_key k = {trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, bias != NULL};
+    struct bf16_key k = {trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, bias != NULL, c16};
     struct bf16_prim *p = bf16_get(&k);
     dnnl_stream_t stream = bf16_thread_stream(&k);
     dnnl_memory_t mem[5] = {NULL, NULL, NULL, NULL, NULL};
@@ -524,24 +526,27 @@ static void bf16_single(int trans_a, int trans_b, int M, int N, int K, const uin
                         const uint16_t *B, int ldb, int accumulate, float *C, int ldc)
 {
     if (dnnl_gemm_bf16bf16f32 == NULL) {
-        bf16_call(trans_a, trans_b, M, N, K, A, lda, B, ldb, NULL, accumulate, C, ldc);
+        bf16_call(trans_a, trans_b, M, N, K, A, lda, B, ldb, NULL, accumulate, C, 0, ldc);
         return;
     }
     dnnl_status_t s = dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K,
                                             1.0f, A, lda, B, ldb, accumulate ? 1.0f : 0.0f, C,
                                             ldc);
     if (s != dnnl_success) {
-        struct bf16_key k = {trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, 0};
+        struct bf16_key k = {trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, 0, 0};
         bf16_fail("dnnl_gemm_bf16bf16f32", s, &k);
     }
 }
 
-/* Tile number tile_index of C (+)= op(A) op(B) (+ bias); with C16, the
- * tile's results then rounded to bf16 into C16 (ld ldc) while they are
- * fresh in cache.  A tile with a bias runs the primitive, which adds it as
- * it stores the sums (faster than starting the tile from the bias rows for
- * the GEMM function to add onto: 410 against 368 GFLOP/s for the 6 x 384
- * GPT's 2048 x 1152 x 384 on one core); the others the GEMM function. */
+/* Tile number tile_index of C (+)= op(A) op(B) (+ bias), into fp32 C or,
+ * when C is NULL, into bf16 C16.  A tile with a bias runs the primitive,
+ * which adds it as it stores the sums (faster than starting the tile from
+ * the bias rows for the GEMM function to add onto: 410 against 368 GFLOP/s
+ * for the 6 x 384 GPT's 2048 x 1152 x 384 on one core); the others the GEMM
+ * function.  A bf16 C16 is always the primitive's: it rounds the fp32 sums
+ * (+ bias) as it stores them, where rounding each fp32 tile afterwards cost
+ * wide forwards 15-25% (2 threads, Zen 4, 2048 x 1536 x 384: 279-297
+ * against 343-365 GFLOP/s). */
 static void bf16_tile(int tile_index, struct tile_grid grid, int trans_a, int trans_b, int M, int N,
                       int K, const uint16_t *A, int lda, const uint16_t *B, int ldb,
                       const float *bias, int accumulate, float *C, int ldc, uint16_t *C16)
@@ -552,17 +557,16 @@ static void bf16_tile(int tile_index, struct tile_grid grid, int trans_a, int tr
     int cols = N - j0 < grid.cols ? N - j0 : grid.cols;
     const uint16_t *A_tile = trans_a ? A + i0 : A + (size_t)i0 * lda;
     const uint16_t *B_tile = trans_b ? B + (size_t)j0 * ldb : B + j0;
-    float *C_tile = C + (size_t)i0 * ldc + j0;
-    if (bias != NULL)
-        bf16_call(trans_a, trans_b, rows, cols, K, A_tile, lda, B_tile, ldb, bias + j0,
-                  accumulate, C_tile, ldc);
+    const float *bias_tile = bias != NULL ? bias + j0 : NULL;
+    if (C == NULL)
+        bf16_call(trans_a, trans_b, rows, cols, K, A_tile, lda, B_tile, ldb, bias_tile, accumulate,
+                  C16 + (size_t)i0 * ldc + j0, 1, ldc);
+    else if (bias != NULL)
+        bf16_call(trans_a, trans_b, rows, cols, K, A_tile, lda, B_tile, ldb, bias_tile, accumulate,
+                  C + (size_t)i0 * ldc + j0, 0, ldc);
     else
-        bf16_single(trans_a, trans_b, rows, cols, K, A_tile, lda, B_tile, ldb, accumulate, C_tile,
-                    ldc);
-    if (C16 != NULL)
-        for (int i = 0; i < rows; i++)
-            tr_cpu_to_bf16_serial(C16 + (size_t)(i0 + i) * ldc + j0, C_tile + (size_t)i * ldc,
-                                  (size_t)cols);
+        bf16_single(trans_a, trans_b, rows, cols, K, A_tile, lda, B_tile, ldb, accumulate,
+                    C + (size_t)i0 * ldc + j0, ldc);
 }
 
 static int bf16_accumulate(float beta)
@@ -613,11 +617,13 @@ void tr_cpu_gemm_bf16_bias(int trans_a, int trans_b, int M, int N, int K, const 
         return;
     if (K <= 0) { /* C = the bias rows (or zeros), rounded as a tile would be */
         for (int i = 0; i < M; i++)
-            for (int j = 0; j < N; j++)
-                C[(size_t)i * ldc + j] = bias != NULL ? bias[j] : 0.0f;
-        if (C16 != NULL)
-            for (int i = 0; i < M; i++)
-                tr_cpu_to_bf16_serial(C16 + (size_t)i * ldc, C + (size_t)i * ldc, (size_t)N);
+            for (int j = 0; j < N; j++) {
+                float v = bias != NULL ? bias[j] : 0.0f;
+                if (C != NULL)
+                    C[(size_t)i * ldc + j] = v;
+                else
+                    C16[(size_t)i * ldc + j] = tr_f32_to_bf16(v);
+            }
         return;
     }
     bf16_threaded(trans_a, trans_b, M, N, K, A, lda, B, ldb, bias, 0, C, ldc, C16);
@@ -677,7 +683,7 @@ static void bf16_probe(void)
 {
     /* A tiny primitive tells whether oneDNN has a bf16 matmul for this CPU at
      * all (none without AVX-512); it stays in the table, like any other. */
-    struct bf16_key k = {0, 0, 16, 16, 16, 16, 16, 16, 0, 0};
+    struct bf16_key k = {0, 0, 16, 16, 16, 16, 16, 16, 0, 0, 0};
     dnnl_status_t status;
     pthread_mutex_lock(&bf16_lock);
     struct bf16_prim *p = bf16_create(&k, &status);

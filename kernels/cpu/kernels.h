@@ -50,8 +50,12 @@ void tr_cpu_gemm_bf16_serial(int trans_a, int trans_b, int M, int N, int K, cons
                              int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc);
 /* C = op(A) op(B) + bias (a row added to every row of C; NULL: none), with
  * bf16 A and B as tr_cpu_gemm_bf16 multiplies them and the bias added in
- * the primitive as each tile is stored; when C16 is not NULL each tile of C
- * is then also rounded to bf16 into C16 (ld ldc) while it is in cache. */
+ * the primitive as each tile is stored.  With C NULL the results go to bf16
+ * C16 instead (ld ldc), rounded by the primitive as it stores them: the bits
+ * of tr_f32_to_bf16 on the fp32 results, except that where the CPU rounds
+ * with AVX512-BF16's conversion, fp32 results below 2^-126 in magnitude
+ * become zero (the instruction flushes them; the bf16 GEMMs that read the
+ * output treat such inputs as zero too). */
 void tr_cpu_gemm_bf16_bias(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A,
                            int lda, const uint16_t *B, int ldb, const float *bias, float *C,
                            int ldc, uint16_t *C16);
@@ -144,11 +148,11 @@ void tr_cpu_linear_bias_backward(float *dbias, const float *dout, int N, int OC,
  * The bias gradient is not taken here: callers sum the fp32 dout. */
 void tr_cpu_linear_forward_bf16(float *out, const uint16_t *inp, const uint16_t *w,
                                 const float *bias, int N, int IC, int OC);
-/* The same forward with its output rounded to bf16 into out (as
- * tr_cpu_to_bf16 rounds, each tile as soon as it is computed); the fp32
- * results pass through scratch, N*OC floats. */
-void tr_cpu_linear_forward_bf16_out16(uint16_t *out, float *scratch, const uint16_t *inp,
-                                      const uint16_t *w, const float *bias, int N, int IC, int OC);
+/* The same forward with its output rounded to bf16 into out by the GEMM as
+ * it stores each tile (tr_cpu_gemm_bf16_bias: the bits of tr_cpu_to_bf16 on
+ * the fp32 forward, subnormal results aside). */
+void tr_cpu_linear_forward_bf16_out16(uint16_t *out, const uint16_t *inp, const uint16_t *w,
+                                      const float *bias, int N, int IC, int OC);
 void tr_cpu_linear_backward_bf16(float *dinp, float *dw, const uint16_t *dout,
                                  const uint16_t *inp, const uint16_t *w, int N, int IC, int OC,
                                  unsigned write);

@@ -106,10 +106,10 @@ void tr_cpu_linear_forward_bf16(float *out, const uint16_t *inp, const uint16_t 
     tr_cpu_gemm_bf16_bias(0, 1, N, OC, IC, inp, IC, w, IC, bias, out, OC, NULL);
 }
 
-void tr_cpu_linear_forward_bf16_out16(uint16_t *out, float *scratch, const uint16_t *inp,
-                                      const uint16_t *w, const float *bias, int N, int IC, int OC)
+void tr_cpu_linear_forward_bf16_out16(uint16_t *out, const uint16_t *inp, const uint16_t *w,
+                                      const float *bias, int N, int IC, int OC)
 {
-    tr_cpu_gemm_bf16_bias(0, 1, N, OC, IC, inp, IC, w, IC, bias, scratch, OC, out);
+    tr_cpu_gemm_bf16_bias(0, 1, N, OC, IC, inp, IC, w, IC, bias, NULL, OC, out);
 }
 
 void tr_cpu_linear_backward_bf16(float *dinp, float *dw, const uint16_t *dout,
