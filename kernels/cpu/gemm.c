@@ -186,7 +186,16 @@ static int copy_b_whole(int trans_b, int M, int N, int K)
            tr_cpu_avx512f();
 }
 
-/* dst[k * ld + n] = B[n * ldb + k] for columns n of blocks [c0, c1) of 16 */
+/* Room for the plain-row copy of B that copy_b_whole asks for, ld *ld; NULL
+ * where none is wanted or it cannot be allocated (the tiles then read B as
+ * it is stored). */
+static float *b_copy_room(int trans_b, int M, int N, int K, int *ld)
+{
+    *ld = padded_ld(N);
+    return copy_b_whole(trans_b, M, N, K) ? malloc((size_t)K * *ld * sizeof(float)) : NULL;
+}
+
+/* dst[k * ld + n] = B[n * ldb + k] for the columns n0 <= n < n1 of op(B) */
 static void transpose_b(float *dst, int ld, const float *B, int ldb, int n0, int n1, int K)
 {
     enum { BK = 64 };
@@ -209,10 +218,8 @@ void tr_cpu_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, co
     }
     struct tile_grid grid = gemm_tile_grid(M, N);
     int tiles = grid.tiles_m * grid.tiles_n;
-    float *copy = NULL;
-    int ld = padded_ld(N);
-    if (copy_b_whole(trans_b, M, N, K))
-        copy = malloc((size_t)K * ld * sizeof *copy);
+    int ld;
+    float *copy = b_copy_room(trans_b, M, N, K, &ld);
     const float *B_use = copy != NULL ? copy : B;
     int ldb_use = copy != NULL ? ld : ldb, trans_b_use = copy != NULL ? 0 : trans_b;
 #pragma omp parallel
@@ -245,9 +252,9 @@ void tr_cpu_sgemm_serial(int trans_a, int trans_b, int M, int N, int K, float al
     }
     struct tile_grid grid = gemm_tile_grid(M, N);
     int tiles = grid.tiles_m * grid.tiles_n;
-    float *copy = NULL;
-    int ld = padded_ld(N);
-    if (copy_b_whole(trans_b, M, N, K) && (copy = malloc((size_t)K * ld * sizeof *copy)) != NULL) {
+    int ld;
+    float *copy = b_copy_room(trans_b, M, N, K, &ld);
+    if (copy != NULL) {
         transpose_b(copy, ld, B, ldb, 0, N, K);
         B = copy;
         ldb = ld;
@@ -462,7 +469,7 @@ static void *bf16_thread_scratch(size_t bytes, const struct bf16_key *k)
 }
 
 /* One primitive execution on the calling thread: C (+)= op(A) op(B)
- * (+ the bias row, when bias is not NULL). */
+ * (+ the bias row, when bias is not NULL); C is fp32, or bf16 with c16. */
 static void bf16_call(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A, int lda,
                       const uint16_t *B, int ldb, const float *bias, int accumulate, void *C,
                       int c16, int ldc)
