@@ -94,6 +94,18 @@ static void print_cpu(FILE *out)
         fprintf(out, "  cores / threads  unknown (%s); %ld online\n", err.msg,
                 sysconf(_SC_NPROCESSORS_ONLN));
     }
+    /* main.c (prefer_short_spin_openmp) sets the spin unless the user did */
+    static const char *const waits[] = {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME"};
+    fprintf(out, "  OpenMP waiting  ");
+    int any = 0;
+    for (size_t i = 0; i < sizeof waits / sizeof *waits; i++) {
+        const char *v = getenv(waits[i]);
+        if (v != NULL)
+            fprintf(out, " %s=%s", waits[i], v), any = 1;
+    }
+    fprintf(out, "%s (trainrun's default: a short spin, GOMP_SPINCOUNT=10000 KMP_BLOCKTIME=1, "
+                 "unless one of the three is set)\n",
+            any ? "" : " the OpenMP runtime's default");
 }
 
 /* ---- device backends ------------------------------------------------------ */

@@ -604,22 +604,33 @@ static int cmd_export(int argc, char **argv)
     return code;
 }
 
-/* OpenMP threads that spin while waiting steal one of few cores from the
- * threads doing work (the loader, the checkpoint writer, other processes):
- * measured on 2 cores, passive waiting ran the KJV recipe 1.8x faster under
- * load and a smoke run in 0.24 s instead of 3.3 s.  libgomp reads the policy
- * before main(), so set it and start again, once, unless the user chose
- * (OMP_WAIT_POLICY, or libgomp's GOMP_SPINCOUNT).  On an idle machine it
- * costs little: GPT-2 124M steps at ctx 64 took 588-709 ms (fp32) and
- * 426-466 ms (bf16) passive against 575-638 and 393-458 with
- * OMP_WAIT_POLICY=active, two rounds on the 2-core Zen 5. */
-static void prefer_passive_openmp(char **argv)
+/*
+ * How OpenMP's idle threads wait between parallel regions.  A step runs
+ * hundreds of short regions (every GEMM, every elementwise op), and a thread
+ * that sleeps at once between them (OMP_WAIT_POLICY=passive) costs 60-90 us
+ * to wake for the next one on a virtual machine: 2 threads, an empty region
+ * of 20 us of work took 70 us passive and 20-27 us with a short spin (Zen 4).
+ * Spinning long (libgomp's default spins some 300000 iterations, about 12 ms
+ * on that CPU, then sleeps; OMP_WAIT_POLICY=active never sleeps) steals the
+ * cores from the threads doing work -- the loader, the checkpoint writer,
+ * other processes.  So trainrun asks for a short spin, about 0.2-0.5 ms
+ * (libgomp: GOMP_SPINCOUNT=10000; LLVM's libomp: KMP_BLOCKTIME=1, in ms),
+ * then sleep.  Measured on the 2-core Zen 4 (docs/results.md, "How idle
+ * threads wait"): the KJV recipe's 100 steps 16.1-16.7 s passive against
+ * 15.0-15.2 s; its 60 steps with two busy loops on both cores 26.3-26.4 s
+ * passive, 19.3-22.1 s with the short spin, 30.7-34.8 s with libgomp's
+ * default spin.  libgomp reads the settings before main(), so set them and
+ * start again, once, unless the user chose (OMP_WAIT_POLICY, GOMP_SPINCOUNT
+ * or KMP_BLOCKTIME in the environment).
+ */
+static void prefer_short_spin_openmp(char **argv)
 {
-    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT"))
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("KMP_BLOCKTIME"))
         return;
-    setenv("OMP_WAIT_POLICY", "passive", 1);
+    setenv("GOMP_SPINCOUNT", "10000", 1);
+    setenv("KMP_BLOCKTIME", "1", 1);
     execv("/proc/self/exe", argv);
-    /* exec failed: carry on with the default policy */
+    /* exec failed: carry on with the runtime's default policy */
 }
 
 /* --plugin-path DIR (or --plugin-path=DIR), anywhere on the command line and
@@ -686,7 +697,7 @@ static int looks_like_recipe(const char *arg)
 
 int main(int argc, char **argv)
 {
-    prefer_passive_openmp(argv);
+    prefer_short_spin_openmp(argv);
     argc = take_plugin_paths(argc, argv);
     if (argc < 0)
         return TR_EXIT_USAGE;

@@ -7,6 +7,13 @@ R="$TR_SRCDIR/recipes"
 "$TRAINRUN" help recipe | grep -q "micro_batch" || fail "help recipe lists train options"
 "$TRAINRUN" version | grep -q "plugin ABI 2" || fail "version"
 
+# OpenMP's idle threads: trainrun asks for a short spin unless the user chose
+# (main.c, prefer_short_spin_openmp); doctor shows what the run got
+env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT -u KMP_BLOCKTIME "$TRAINRUN" doctor > wait.txt 2>&1
+grep -q '^  OpenMP waiting  *GOMP_SPINCOUNT=10000 KMP_BLOCKTIME=1 ' wait.txt || fail "doctor: the default short spin"
+OMP_WAIT_POLICY=passive "$TRAINRUN" doctor 2>&1 | grep -q '^  OpenMP waiting  *OMP_WAIT_POLICY=passive (' \
+  || fail "doctor: a wait policy from the environment is kept, and nothing added to it"
+
 # plugins: every kind, options with defaults and help
 "$TRAINRUN" plugins > plugins.txt
 for k in precision data checkpoint schedule; do
