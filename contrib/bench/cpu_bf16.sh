@@ -21,13 +21,15 @@
 #   ISA      also run trainrun bf16 with ONEDNN_MAX_CPU_ISA=$ISA (e.g. AVX2:
 #            the emulated path on the same machine); default: not
 #   WAIT_POLICY  OMP_WAIT_POLICY for every arm (default: unset, each program
-#            as a user runs it: trainrun sets passive itself unless
-#            OMP_WAIT_POLICY or GOMP_SPINCOUNT is set -- its threads sleep at
-#            once between parallel regions -- and PyTorch's OpenMP spins a
-#            while before it sleeps).  "passive" for every arm makes waiting
-#            cost no CPU time in PyTorch either: the setting for CPU-time
-#            figures on a loaded machine, where spinning threads of one
-#            process steal the cores the others work on.
+#            as a user runs it: trainrun asks its OpenMP for a short spin
+#            between parallel regions, GOMP_SPINCOUNT=10000 KMP_BLOCKTIME=1,
+#            about 0.2-0.5 ms, unless OMP_WAIT_POLICY, GOMP_SPINCOUNT or
+#            KMP_BLOCKTIME is set; PyTorch's OpenMP spins longer, some ms,
+#            before it sleeps).  "passive" for every arm makes waiting cost
+#            no CPU time in either: the setting for CPU-time figures on a
+#            loaded machine, where spinning threads of one process steal the
+#            cores the others work on (it slows both down; docs/results.md,
+#            "How idle threads wait").
 #
 # What each figure is:
 #   wall ms/step  trainrun: elapsed_s in metrics.jsonl at the last step minus
