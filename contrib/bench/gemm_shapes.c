@@ -11,7 +11,11 @@
  * path instead (tr_cpu_linear_forward_bf16 / _backward_bf16, the operands'
  * conversion to bf16 included, as the CPU backend runs it under precision
  * bf16), next to trainrun's fp32 on the same shape; the ceiling is then the
- * bf16 one (gemm_ceiling's second number; "n/a" without it).
+ * bf16 one (gemm_ceiling's second number; "n/a" without it).  With
+ * `bf16-stored` instead, the bf16 operands are converted once before the
+ * timing, as a training step holds them (activations stored in bf16 under the
+ * policy, weights from AdamW's bf16 copy; only the output gradient is
+ * converted in a step, once for both gradients): the GEMMs alone.
  *
  * For each Linear (out = x @ W^T + b) three products: the forward, the input
  * gradient dx = dout @ W and the weight gradient dW += dout^T @ x, each as
@@ -27,7 +31,7 @@
  * Build against a build directory's kernels (from the repository root):
  *   cc -O2 -fopenmp -Iinclude -Ikernels/cpu contrib/bench/gemm_shapes.c \
  *      BUILD/.libs/libtrkernels.a -o gemm_shapes -ldnnl -lm
- *   OMP_NUM_THREADS=2 ./gemm_shapes [large|medium|small|gpt2-t64] [reps] [ceiling GFLOP/s] [fp32|bf16]
+ *   OMP_NUM_THREADS=2 ./gemm_shapes [large|medium|small|gpt2-t64] [reps] [ceiling GFLOP/s] [fp32|bf16|bf16-stored]
  *   GEMM_SHAPES_CLOCK=cpu OMP_NUM_THREADS=1 ./gemm_shapes medium 5 0 bf16   # on a loaded machine
  *
  * Without a ceiling (or with 0) fp32 measures one, dnnl_sgemm at 2048^3 as
@@ -111,7 +115,8 @@ enum pass { FORWARD, INPUT_GRAD, WEIGHT_GRAD };
 struct buffers {
     int tokens;
     float *x, *w, *b, *out, *dout, *dx, *dw;
-    uint16_t *x16, *w16, *dout16; /* bf16 copies, converted in each timed call */
+    uint16_t *x16, *w16, *dout16; /* bf16 copies, converted in each timed call unless stored */
+    int stored;
 };
 
 /* One product of one Linear, as trainrun runs it. */
@@ -131,7 +136,7 @@ static void run_trainrun(enum pass pass, const struct linear_shape *s, struct bu
 }
 
 /* One product of one Linear on the native bf16 path, converting its two
- * operands first (the backend converts x, w and dout once for both
+ * operands first unless m->stored (the backend converts dout once for both
  * gradients; here each gradient pays for its own two). */
 static void run_trainrun_bf16(enum pass pass, const struct linear_shape *s, struct buffers *m)
 {
@@ -139,20 +144,26 @@ static void run_trainrun_bf16(enum pass pass, const struct linear_shape *s, stru
     size_t out_n = (size_t)m->tokens * s->out;
     switch (pass) {
     case FORWARD:
-        tr_cpu_to_bf16(m->x16, m->x, x_n);
-        tr_cpu_to_bf16(m->w16, m->w, w_n);
+        if (!m->stored) {
+            tr_cpu_to_bf16(m->x16, m->x, x_n);
+            tr_cpu_to_bf16(m->w16, m->w, w_n);
+        }
         tr_cpu_linear_forward_bf16(m->out, m->x16, m->w16, s->bias ? m->b : NULL, m->tokens,
                                    s->in, s->out);
         break;
     case INPUT_GRAD:
-        tr_cpu_to_bf16(m->dout16, m->dout, out_n);
-        tr_cpu_to_bf16(m->w16, m->w, w_n);
+        if (!m->stored) {
+            tr_cpu_to_bf16(m->dout16, m->dout, out_n);
+            tr_cpu_to_bf16(m->w16, m->w, w_n);
+        }
         tr_cpu_linear_backward_bf16(m->dx, NULL, m->dout16, m->x16, m->w16, m->tokens, s->in,
                                     s->out, 0);
         break;
     case WEIGHT_GRAD:
-        tr_cpu_to_bf16(m->dout16, m->dout, out_n);
-        tr_cpu_to_bf16(m->x16, m->x, x_n);
+        if (!m->stored) {
+            tr_cpu_to_bf16(m->dout16, m->dout, out_n);
+            tr_cpu_to_bf16(m->x16, m->x, x_n);
+        }
         tr_cpu_linear_backward_bf16(NULL, m->dw, m->dout16, m->x16, m->w16, m->tokens, s->in,
                                     s->out, 0);
         break;
@@ -219,7 +230,7 @@ int main(int argc, char **argv)
                 g = &models[i];
         if (g == NULL) {
             fprintf(stderr, "usage: gemm_shapes [large|medium|small|gpt2-t64] [reps] [ceiling GFLOP/s] "
-                            "[fp32|bf16]\n");
+                            "[fp32|bf16|bf16-stored]\n");
             return 2;
         }
     }
@@ -234,7 +245,8 @@ int main(int argc, char **argv)
         }
         clock_id = CLOCK_THREAD_CPUTIME_ID;
     }
-    int bf16 = argc > 4 && strcmp(argv[4], "bf16") == 0;
+    int stored = argc > 4 && strcmp(argv[4], "bf16-stored") == 0;
+    int bf16 = stored || (argc > 4 && strcmp(argv[4], "bf16") == 0);
     if (bf16 && !tr_cpu_gemm_bf16_available()) {
         fprintf(stderr, "gemm_shapes: oneDNN has no bf16 matmul for this CPU\n");
         return 1;
@@ -265,6 +277,7 @@ int main(int argc, char **argv)
         .x16 = malloc(T * max_in * sizeof(uint16_t)),
         .w16 = malloc(max_in * max_out * sizeof(uint16_t)),
         .dout16 = malloc(T * max_out * sizeof(uint16_t)),
+        .stored = stored,
     };
     if (!m.x16 || !m.w16 || !m.dout16) {
         fprintf(stderr, "gemm_shapes: out of memory\n");
@@ -272,14 +285,17 @@ int main(int argc, char **argv)
     }
     tr_cpu_to_bf16(m.x16, m.x, T * max_in);
     tr_cpu_to_bf16(m.w16, m.w, max_in * max_out);
+    tr_cpu_to_bf16(m.dout16, m.dout, T * max_out);
 
     char ceiling_text[32] = "n/a";
     if (ceiling > 0)
         snprintf(ceiling_text, sizeof ceiling_text, "%.1f GFLOP/s", ceiling);
     printf("Linear GEMMs of one %s-shape step (%d tokens, dim %d), %d threads, best of %d; "
-           "%s ceiling %s%s\n\n",
+           "%s ceiling %s%s%s\n\n",
            g->name, g->tokens, g->dim, omp_get_max_threads(), reps, bf16 ? "bf16" : "fp32",
-           ceiling_text, clock_id == CLOCK_MONOTONIC ? "" : "; thread CPU time");
+           ceiling_text, clock_id == CLOCK_MONOTONIC ? "" : "; thread CPU time",
+           !bf16 ? "" : stored ? "; bf16 operands as stored (no conversion timed)"
+                               : "; bf16 conversion of the operands timed");
     if (bf16)
         printf("| linear | product | M x N x K | trainrun bf16 GFLOP/s | of ceiling "
                "| trainrun fp32 GFLOP/s | bf16 / fp32 |\n");
