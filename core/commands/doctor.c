@@ -67,6 +67,12 @@ static void cpu_probe(struct cpu_features *f)
 
 static const char *yes_no(int have, int os) { return !have ? "no" : os ? "yes" : "in the CPU, off in the OS"; }
 
+const struct tr_openmp_wait tr_openmp_waits[TR_OPENMP_WAITS] = {
+    {"OMP_WAIT_POLICY", NULL},
+    {"GOMP_SPINCOUNT", "10000"}, /* libgomp: iterations, about 0.2-0.5 ms */
+    {"KMP_BLOCKTIME", "1"},      /* LLVM's libomp: ms */
+};
+
 static void print_cpu(FILE *out)
 {
     struct cpu_features f;
@@ -95,17 +101,18 @@ static void print_cpu(FILE *out)
                 sysconf(_SC_NPROCESSORS_ONLN));
     }
     /* main.c (prefer_short_spin_openmp) sets the spin unless the user did */
-    static const char *const waits[] = {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME"};
     fprintf(out, "  OpenMP waiting  ");
     int any = 0;
-    for (size_t i = 0; i < sizeof waits / sizeof *waits; i++) {
-        const char *v = getenv(waits[i]);
+    for (int i = 0; i < TR_OPENMP_WAITS; i++) {
+        const char *v = getenv(tr_openmp_waits[i].name);
         if (v != NULL)
-            fprintf(out, " %s=%s", waits[i], v), any = 1;
+            fprintf(out, " %s=%s", tr_openmp_waits[i].name, v), any = 1;
     }
-    fprintf(out, "%s (trainrun's default: a short spin, GOMP_SPINCOUNT=10000 KMP_BLOCKTIME=1, "
-                 "unless one of the three is set)\n",
-            any ? "" : " the OpenMP runtime's default");
+    fprintf(out, "%s (trainrun's default: a short spin,", any ? "" : " the OpenMP runtime's default");
+    for (int i = 0; i < TR_OPENMP_WAITS; i++)
+        if (tr_openmp_waits[i].short_spin != NULL)
+            fprintf(out, " %s=%s", tr_openmp_waits[i].name, tr_openmp_waits[i].short_spin);
+    fprintf(out, ", unless one of the three is set)\n");
 }
 
 /* ---- device backends ------------------------------------------------------ */

@@ -620,15 +620,17 @@ static int cmd_export(int argc, char **argv)
  * 15.0-15.2 s; its 60 steps with two busy loops on both cores 26.3-26.4 s
  * passive, 19.3-22.1 s with the short spin, 30.7-34.8 s with libgomp's
  * default spin.  libgomp reads the settings before main(), so set them and
- * start again, once, unless the user chose (OMP_WAIT_POLICY, GOMP_SPINCOUNT
- * or KMP_BLOCKTIME in the environment).
+ * start again, once, unless the user chose (any of tr_openmp_waits, in
+ * doctor.c with the values, set in the environment).
  */
 static void prefer_short_spin_openmp(char **argv)
 {
-    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("KMP_BLOCKTIME"))
-        return;
-    setenv("GOMP_SPINCOUNT", "10000", 1);
-    setenv("KMP_BLOCKTIME", "1", 1);
+    for (int i = 0; i < TR_OPENMP_WAITS; i++)
+        if (getenv(tr_openmp_waits[i].name) != NULL)
+            return;
+    for (int i = 0; i < TR_OPENMP_WAITS; i++)
+        if (tr_openmp_waits[i].short_spin != NULL)
+            setenv(tr_openmp_waits[i].name, tr_openmp_waits[i].short_spin, 1);
     execv("/proc/self/exe", argv);
     /* exec failed: carry on with the runtime's default policy */
 }
