@@ -274,7 +274,7 @@ Test(plan, fits_on_one_device_and_not_on_another, .init = environment)
     tr_plan_free(&p);
 }
 
-Test(plan, the_largest_micro_batch_estimate_fits, .init = environment)
+Test(plan, the_largest_micro_batch_is_measured_as_auto_picks_it, .init = environment)
 {
     /* long sequences, a wider model and a large micro-batch: the activations
      * saved for backward overflow an L4 */
@@ -286,24 +286,30 @@ Test(plan, the_largest_micro_batch_estimate_fits, .init = environment)
     cr_assert(p.bytes_per_sample > 0);
     cr_assert_eq(p.memory_total, p.fixed_bytes + 512 * p.bytes_per_sample);
     /* 2 devices share the batch of 1024: micro-batches divide 512 */
-    int64_t mb = p.max_micro_batch_dividing;
-    cr_assert(mb > 0 && mb < 512 && 512 % mb == 0 && mb <= p.max_micro_batch, "%lld", (long long)mb);
+    int64_t mb = p.max_micro_batch;
+    cr_assert(mb > 0 && mb < 512 && 512 % mb == 0, "%lld", (long long)mb);
     tr_plan_free(&p);
 
     char at[64], twice[64];
     snprintf(at, sizeof at, "train.micro_batch=%lld", (long long)mb);
     o[3] = at;
     build(&p, o, 6);
-    cr_assert(p.fits, "micro-batch %lld was estimated to fit", (long long)mb);
+    cr_assert(p.fits, "micro-batch %lld was measured to fit", (long long)mb);
+    cr_assert_eq(p.max_micro_batch, mb, "the search does not depend on the recipe's micro-batch");
     tr_plan_free(&p);
-    if (2 * mb <= 512) {
-        snprintf(twice, sizeof twice, "train.micro_batch=%lld", (long long)(2 * mb));
-        o[3] = twice;
-        build(&p, o, 6);
-        cr_assert_not(p.fits, "the largest dividing micro-batch was %lld, yet twice it fits",
-                      (long long)mb);
-        tr_plan_free(&p);
-    }
+    /* the next divisor of 512 up does not fit */
+    snprintf(twice, sizeof twice, "train.micro_batch=%lld", (long long)(2 * mb));
+    o[3] = twice;
+    build(&p, o, 6);
+    cr_assert_not(p.fits, "the largest micro-batch was %lld, yet twice it fits", (long long)mb);
+    tr_plan_free(&p);
+    /* micro_batch = "auto" picks it by the same search: one algorithm */
+    o[3] = "train.micro_batch=auto";
+    build(&p, o, 6);
+    cr_assert_eq(p.micro_batch, mb, "auto picked %lld, the plan's search %lld",
+                 (long long)p.micro_batch, (long long)mb);
+    cr_assert(p.fits);
+    tr_plan_free(&p);
 }
 
 Test(plan, projects_hours_and_dollars, .init = environment)

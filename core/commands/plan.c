@@ -2,9 +2,8 @@
  * plan's printed report is in plan_print.c. */
 #include "plan.h"
 
-#include "../engine/backend.h"
-#include "../engine/optim.h"
-#include "../engine/model.h"
+#include "../engine/fit.h"
+#include "../engine/session.h"
 #include "../config/options.h"
 #include "../config/precision.h"
 #include "../engine/run.h"
@@ -58,39 +57,6 @@ static void count_model(struct tr_plan *p, const struct tr_graph *g)
     const struct tr_tensor *in = &g->tensors[g->inputs[0]];
     p->sequence_model = in->dtype == TR_I32 && in->ndim == 2;
     p->tokens_per_sample = p->sequence_model ? in->shape[1] : 1;
-}
-
-/* The memory plan of the model at `batch` samples, measured only, with the
- * policy's GEMM dtype (half GEMMs need scratch for their rounded inputs). */
-static int measure(struct tr_config *cfg, const struct tr_backend *be, int64_t batch,
-                   enum tr_dtype compute, int optimizer_slots, struct tr_graph **out, tr_err *err)
-{
-    struct tr_graph *g = tr_model_build(cfg->recipe, (int)batch, err);
-    if (!g)
-        return TR_ERROR;
-    g->compute = compute;
-    tr_graph_measure(g, be, optimizer_slots);
-    *out = g;
-    return TR_OK;
-}
-
-/* The precision policy in effect, refused as a run would refuse it: only
- * the precision plugin is created (data is never opened, no run directory
- * is made). */
-static int precision_policy(struct tr_config *cfg, uint32_t seq_len,
-                            struct tr_precision_policy *pol, tr_err *err)
-{
-    struct tr_slot *slot = &cfg->precision;
-    const struct tr_plugin_info *info = slot->plugin->info;
-    if (tr_config_create_slot(cfg, slot, seq_len, err) != TR_OK)
-        return TR_ERROR;
-    const struct tr_precision_vtable *vt = info->vtable;
-    memset(pol, 0, sizeof *pol);
-    pol->struct_size = sizeof *pol;
-    vt->policy(slot->self, pol);
-    char where[600];
-    tr_origin_format(&slot->origin, where, sizeof where);
-    return tr_precision_check(pol, info->name, where, cfg->device, err);
 }
 
 static int find_hardware(struct tr_plan *p, struct tr_config *cfg, const char *name, tr_err *err)
@@ -169,18 +135,6 @@ static void project(struct tr_plan *p)
 {
     const struct tr_hardware *hw = p->hardware;
     double count = (double)p->cost.count;
-    p->usable_bytes = (double)hw->memory_bytes * (1.0 - MEMORY_MARGIN);
-    p->fits = p->memory_total <= p->usable_bytes;
-    if (p->bytes_per_sample > 0 && p->usable_bytes > p->fixed_bytes)
-        p->max_micro_batch = (int64_t)floor((p->usable_bytes - p->fixed_bytes) / p->bytes_per_sample);
-    /* micro_batch must divide the samples each device sees per step */
-    int64_t per_device = p->batch % p->cost.count == 0 ? p->batch / p->cost.count : p->batch;
-    for (int64_t b = p->max_micro_batch < per_device ? p->max_micro_batch : per_device; b > 0; b--)
-        if (per_device % b == 0) {
-            p->max_micro_batch_dividing = b;
-            break;
-        }
-
     choose_peak(p);
     p->price = p->cost.price >= 0 ? p->cost.price : hw->price_hour;
     p->spot_price = p->cost.spot_price >= 0 ? p->cost.spot_price : hw->spot_price_hour;
@@ -198,100 +152,64 @@ static void project(struct tr_plan *p)
     p->optimal_spot_dollars = count * p->optimal_hours * p->spot_price;
 }
 
-int tr_plan_build(struct tr_plan *p, const char *recipe, const char *const *overrides,
-                  int n_overrides, tr_err *err)
+/* cost: the recipe's cost section as the plan reads it (the hardware
+ * named, a peak that is 0 or usable). */
+static int plan_cost(struct tr_plan *p, struct tr_config *cfg, tr_err *err)
 {
-    memset(p, 0, sizeof *p);
-    struct tr_config cfg;
-    struct tr_backend be = {0};
-    struct tr_graph *g = NULL, *g2 = NULL;
-    int rc = TR_ERROR;
-    if (tr_config_load(&cfg, recipe, overrides, n_overrides, err) != TR_OK)
-        goto out;
     struct tr_schema_use cost_use = {tr_cost_options, &p->cost};
-    if (tr_options_apply(tr_recipe_root(cfg.recipe), "cost", "cost", &cost_use, 1, err) != TR_OK ||
-        find_hardware(p, &cfg, p->cost.hardware, err) != TR_OK)
-        goto out;
+    if (tr_options_apply(tr_recipe_root(cfg->recipe), "cost", "cost", &cost_use, 1, err) != TR_OK ||
+        find_hardware(p, cfg, p->cost.hardware, err) != TR_OK)
+        return TR_ERROR;
     if (p->cost.peak_tflops > 0 && p->cost.peak_tflops < 1e-3) {
         /* 0 means "the hardware table's"; a tiny peak only makes every time infinite */
-        struct tr_origin o = {TR_FROM_RECIPE, tr_recipe_path(cfg.recipe), 0};
-        tr_recipe_origin(cfg.recipe, "cost.peak_tflops", &o);
+        struct tr_origin o = {TR_FROM_RECIPE, tr_recipe_path(cfg->recipe), 0};
+        tr_recipe_origin(cfg->recipe, "cost.peak_tflops", &o);
         char where[600];
         tr_origin_format(&o, where, sizeof where);
-        tr_fail(err, "%s: cost: option 'peak_tflops' is %g, must be 0 (the hardware table's) or "
-                "at least 0.001", where, p->cost.peak_tflops);
-        goto out;
+        return tr_fail(err, "%s: cost: option 'peak_tflops' is %g, must be 0 (the hardware "
+                       "table's) or at least 0.001", where, p->cost.peak_tflops);
     }
     p->cost.hardware = p->hardware ? p->hardware->name : ""; /* the tree's string goes with cfg */
-    p->recipe = tr_xstrdup(recipe);
-    p->name = tr_xstrdup(cfg.name);
-    p->precision = tr_xstrdup(cfg.precision.plugin->info->name);
-    p->batch = cfg.train.batch;
-    p->micro_batch = cfg.train.micro_batch;
-    p->steps = cfg.train.steps;
-    p->lr = cfg.optimizer.lr;
+    return TR_OK;
+}
 
-    /* The CPU backend only answers how much scratch a node needs; nothing is
-     * allocated.  Measuring at two micro-batches gives memory's growth per
-     * sample (activations are linear in it, the rest is fixed). */
-    if (tr_backend_open(&be, "cpu", 1, NULL, err) != TR_OK)
-        goto out;
-    int slots = tr_optimizer_find(cfg.optimizer.type)->state_slots;
-    if (measure(&cfg, &be, p->micro_batch, TR_F32, slots, &g, err) != TR_OK)
-        goto out;
-    count_model(p, g);
-
-    /* the policy wants the sequence length, and the memory plan the policy:
-     * half GEMMs need scratch for their rounded inputs, as in a run */
-    struct tr_precision_policy pol;
-    if (precision_policy(&cfg, (uint32_t)(p->sequence_model ? p->tokens_per_sample : 0), &pol,
-                         err) != TR_OK)
-        goto out;
-    p->compute = pol.compute;
-    p->grad = pol.grad;
-    p->tf32 = pol.allow_tf32 && pol.compute == TR_F32;
-    if (pol.compute != TR_F32) {
-        tr_graph_free(g, NULL);
-        g = NULL;
-        if (measure(&cfg, &be, p->micro_batch, pol.compute, slots, &g, err) != TR_OK)
-            goto out;
-    }
-    if (measure(&cfg, &be, 2 * p->micro_batch, pol.compute, slots, &g2, err) != TR_OK)
-        goto out;
-    /* the CPU backend's own copy of the weights: not on another device, nor
-     * in a plan priced for other hardware (cost.hardware, gpus=N) */
-    if (strcmp(cfg.device, "cpu") != 0 || (p->hardware && strcmp(p->hardware->name, "cpu") != 0))
-        g->memory.param_copies = g2->memory.param_copies = 0;
-    p->memory = g->memory;
-    p->memory_total = (double)tr_graph_memory_total(&g->memory);
-    double total2 = (double)tr_graph_memory_total(&g2->memory);
-    p->bytes_per_sample = (total2 - p->memory_total) / (double)p->micro_batch;
+/* Memory: the session's measured plan at the micro-batch, its growth per
+ * sample (measured again at twice the micro-batch: activations are linear
+ * in it, the rest is fixed), and whether and at which micro-batch it fits
+ * the device (fit.h: the same search micro_batch = "auto" makes). */
+static int plan_memory(struct tr_plan *p, const struct tr_session *s, tr_err *err)
+{
+    struct tr_fit_model fm = tr_session_fit_model(s);
+    struct tr_memory_report twice;
+    size_t total2, fit_bytes;
+    p->memory = s->g->memory;
+    p->memory_total = (double)tr_graph_memory_total(&s->g->memory);
+    if (tr_fit_measure(&fm, 2 * p->micro_batch, &twice, &total2, err) != TR_OK)
+        return TR_ERROR;
+    p->bytes_per_sample = ((double)total2 - p->memory_total) / (double)p->micro_batch;
     p->fixed_bytes = p->memory_total - p->bytes_per_sample * (double)p->micro_batch;
-
-    p->flops_per_token = tr_graph_flops_per_token(g);
-    /* train.tokens / train.epochs: the steps they come to (epochs read the
-     * training split's sample count from the data plugin) */
-    p->length_from = cfg.train.length_from;
-    p->length_value = p->length_from == TR_LENGTH_TOKENS ? cfg.train.tokens : cfg.train.epochs;
-    p->time_limit = cfg.train.time;
-    if (p->length_from == TR_LENGTH_EPOCHS) {
-        struct tr_data_info di = {.struct_size = sizeof di};
-        const struct tr_data_vtable *dv;
-        if (tr_config_create_slot(&cfg, &cfg.data, (uint32_t)(p->sequence_model ?
-                                  p->tokens_per_sample : 0), err) != TR_OK)
-            goto out;
-        dv = cfg.data.plugin->info->vtable;
-        if (dv->info(cfg.data.self, &di, err) != TR_OK)
-            goto out;
-        if (tr_train_resolve_steps(&cfg, 0, di.samples[TR_SPLIT_TRAIN] /
-                                   (di.train_views > 1 ? di.train_views : 1),
-                                   (uint64_t)p->micro_batch, err) != TR_OK)
-            goto out;
-    } else if (tr_train_resolve_steps(&cfg, p->sequence_model ? (uint64_t)p->tokens_per_sample : 0,
-                                      0, 0, err) != TR_OK) {
-        goto out;
+    p->device_bytes = s->device.bytes;
+    snprintf(p->device, sizeof p->device, "%s", s->device.what);
+    p->usable_bytes = s->device.usable;
+    p->fits = p->memory_total <= p->usable_bytes;
+    if (s->cfg->train.auto_micro_batch) { /* the session searched already */
+        p->max_micro_batch = p->fits ? p->micro_batch : 0;
+        return TR_OK;
     }
-    p->steps = p->length_from == TR_LENGTH_TIME ? 0 : cfg.train.steps;
+    struct tr_memory_report at;
+    return tr_fit_largest(&fm, tr_fit_per_device(p->batch, p->cost.count), p->usable_bytes,
+                          &p->max_micro_batch, &at, &fit_bytes, err);
+}
+
+/* Steps, tokens and FLOPs of the recipe's run, and the compute-optimal ones. */
+static void plan_length(struct tr_plan *p, const struct tr_session *s)
+{
+    const struct tr_config *cfg = s->cfg;
+    p->flops_per_token = tr_graph_flops_per_token(s->g);
+    p->length_from = cfg->train.length_from;
+    p->length_value = p->length_from == TR_LENGTH_TOKENS ? cfg->train.tokens : cfg->train.epochs;
+    p->time_limit = cfg->train.time;
+    p->steps = p->length_from == TR_LENGTH_TIME ? 0 : cfg->train.steps;
     p->tokens_per_step = (double)p->batch * (double)p->tokens_per_sample;
     p->flops_per_step = p->flops_per_token * p->tokens_per_step;
     p->tokens = (double)p->steps * p->tokens_per_step;
@@ -301,7 +219,39 @@ int tr_plan_build(struct tr_plan *p, const char *recipe, const char *const *over
     p->optimal_steps = p->optimal_tokens / p->tokens_per_step;
     p->trained_factor = p->tokens / p->optimal_tokens;
     p->gradient_bytes = (double)p->params * (double)dtype_bytes(p->grad);
-    p->bucket_bytes = cfg.parallel.bucket_mb * 1024 * 1024;
+    p->bucket_bytes = cfg->parallel.bucket_mb * 1024 * 1024;
+}
+
+/* The plan is a client of the session (session.h) in plan mode: the
+ * recipe's graph measured on the CPU backend, nothing allocated, only the
+ * precision plugin created (and the data source when train.epochs needs
+ * its sample count). */
+int tr_plan_build(struct tr_plan *p, const char *recipe, const char *const *overrides,
+                  int n_overrides, tr_err *err)
+{
+    memset(p, 0, sizeof *p);
+    struct tr_config cfg;
+    struct tr_session s;
+    memset(&s, 0, sizeof s);
+    int rc = TR_ERROR;
+    if (tr_config_load(&cfg, recipe, overrides, n_overrides, err) != TR_OK ||
+        plan_cost(p, &cfg, err) != TR_OK)
+        goto out;
+    p->recipe = tr_xstrdup(recipe);
+    p->name = tr_xstrdup(cfg.name);
+    p->precision = tr_xstrdup(cfg.precision.plugin->info->name);
+    p->batch = cfg.train.batch;
+    p->lr = cfg.optimizer.lr;
+    if (tr_session_open(&s, &cfg, TR_SESSION_PLAN, err) != TR_OK)
+        goto out;
+    p->micro_batch = s.micro_batch;
+    count_model(p, s.g);
+    p->compute = s.policy.compute;
+    p->grad = s.policy.grad;
+    p->tf32 = s.policy.allow_tf32 && s.policy.compute == TR_F32;
+    if (plan_memory(p, &s, err) != TR_OK)
+        goto out;
+    plan_length(p, &s);
     if (p->hardware)
         project(p);
     if (p->hardware && p->length_from == TR_LENGTH_TIME && p->scale[0].step_seconds > 0) {
@@ -314,9 +264,7 @@ int tr_plan_build(struct tr_plan *p, const char *recipe, const char *const *over
     }
     rc = TR_OK;
 out:
-    tr_graph_free(g, NULL);
-    tr_graph_free(g2, NULL);
-    tr_backend_close(&be);
+    tr_session_close(&s);
     tr_config_free(&cfg);
     if (rc != TR_OK)
         tr_plan_free(p);

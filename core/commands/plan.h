@@ -17,9 +17,6 @@
 /* Chinchilla (Hoffmann et al. 2022): compute-optimal training uses about
  * 20 tokens per parameter. */
 #define TOKENS_PER_PARAM 20.0
-/* Device memory kept free for the driver, fragmentation and whatever the
- * plan does not see. */
-#define MEMORY_MARGIN 0.10
 /* Fewer devices are suggested when they cost at most this much more than
  * the cheapest count: among those, the fastest. */
 #define CHEAP_ENOUGH 1.05
@@ -58,10 +55,15 @@ struct tr_plan {
     int tf32;                         /* the policy's allow_tf32 (fp32 GEMMs in tf32) */
     const char *peak_kind;            /* the GEMMs that run: "bf16", "fp16", "fp32" */
     double peak_flops;                /* per device, FLOP/s; 0: unknown */
-    double usable_bytes;              /* 90% of device memory */
+    /* the device the plan must fit (engine/fit.h: train.memory_budget, else
+     * cost.hardware's memory, else 80 GiB for an unnamed accelerator, else
+     * this machine's), less its margin */
+    char device[128];
+    double device_bytes, usable_bytes;
     int fits;
-    int64_t max_micro_batch;          /* estimate; 0: not even one sample */
-    int64_t max_micro_batch_dividing; /* the largest of those that divides the per-device batch */
+    /* the largest micro-batch that divides the samples per device per step
+     * and fits, measured (what micro_batch = "auto" picks); 0: not even one */
+    int64_t max_micro_batch;
     double price, spot_price;         /* USD per device-hour in effect */
     double hours, dollars, spot_dollars;                         /* the recipe's steps */
     double optimal_hours, optimal_dollars, optimal_spot_dollars; /* compute-optimal tokens */

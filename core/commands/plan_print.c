@@ -3,6 +3,8 @@
  * rate and warnings, in aligned rows. The plan itself is built in plan.c. */
 #include "plan.h"
 
+#include "../engine/fit.h"
+
 #include "../config/precision.h"
 #include "../config/run_config.h"
 #include "../util/util.h"
@@ -224,7 +226,7 @@ static void print_model(const struct tr_plan *p, FILE *out)
 static void print_memory(const struct tr_plan *p, FILE *out)
 {
     const struct tr_memory_report *m = &p->memory;
-    char a[64], b[64], c[64], label[64];
+    char a[64], b[64], c[64], label[160];
     /* the planner stores activations in a 16-bit compute dtype (graph.c) */
     fprintf(out, "\nmemory per device  (micro-batch %lld; the cpu backend's plan, activations in "
             "%s storage)\n", (long long)p->micro_batch,
@@ -246,22 +248,17 @@ static void print_memory(const struct tr_plan *p, FILE *out)
     if (p->cost.count > 1)
         row(out, "", "(data parallel: each of the %lld devices holds all of this)",
             (long long)p->cost.count);
-    if (!p->hardware)
-        return;
-    const struct tr_hardware *hw = p->hardware;
-    snprintf(label, sizeof label, "on %s", hw->name);
+    snprintf(label, sizeof label, "on %s", p->device);
     row(out, label, "%s: %s of %s usable (%s less a %.0f%% margin)",
         p->fits ? "fits" : "DOES NOT FIT", fmt_bytes(p->memory_total, a, sizeof a),
-        fmt_bytes(p->usable_bytes, b, sizeof b), fmt_bytes((double)hw->memory_bytes, c, sizeof c),
-        MEMORY_MARGIN * 100);
-    if (p->max_micro_batch > 0) {
-        row(out, "largest micro-batch", "≈ %s (an estimate: memory taken as linear in it);",
-            fmt_int((double)p->max_micro_batch, a, sizeof a));
-        row(out, "", "%lld is the largest dividing the %lld samples per device per step",
-            (long long)p->max_micro_batch_dividing, (long long)samples_per_device(p));
-    } else {
+        fmt_bytes(p->usable_bytes, b, sizeof b), fmt_bytes(p->device_bytes, c, sizeof c),
+        TR_MEMORY_MARGIN * 100);
+    if (p->max_micro_batch > 0)
+        row(out, "largest micro-batch", "%lld: the largest dividing the %lld samples per device "
+            "per step that fits (measured, as micro_batch = \"auto\" picks)",
+            (long long)p->max_micro_batch, (long long)samples_per_device(p));
+    else
         row(out, "largest micro-batch", "none: even one sample does not fit");
-    }
 }
 
 static void print_optimal(const struct tr_plan *p, FILE *out)
@@ -432,13 +429,13 @@ static void print_learning_rate(const struct tr_plan *p, FILE *out)
 static void print_warnings(const struct tr_plan *p, FILE *out)
 {
     char a[64], b[64];
-    if (p->hardware && !p->fits) {
+    if (!p->fits) {
         fprintf(out, "\nwarning: the model does not fit on %s: %s needed per device, %s usable.\n",
-                p->hardware->name, fmt_bytes(p->memory_total, a, sizeof a),
+                p->device, fmt_bytes(p->memory_total, a, sizeof a),
                 fmt_bytes(p->usable_bytes, b, sizeof b));
         if (p->max_micro_batch > 0)
             fprintf(out, "  Lower train.micro_batch (%lld fits and divides the batch), ",
-                    (long long)p->max_micro_batch_dividing);
+                    (long long)p->max_micro_batch);
         else
             fprintf(out, "  Parameters, gradients and optimizer state alone need %s: ",
                     fmt_bytes(p->fixed_bytes, a, sizeof a));

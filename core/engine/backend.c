@@ -108,3 +108,22 @@ void tr_backend_close(struct tr_backend *be)
         be->module->close(be);
     memset(be, 0, sizeof *be);
 }
+
+/* Host buffers the loader fills and the backend uploads: page-locked when
+ * the backend offers it (faster copies), else ordinary memory. */
+void *tr_be_host_alloc(const struct tr_backend *be, size_t bytes)
+{
+    if (TR_HAS_SLOT(be->iface, struct tr_backend_iface, host_alloc))
+        return be->iface->host_alloc(be->context, bytes);
+    return tr_alloc(bytes);
+}
+
+void tr_be_host_free(const struct tr_backend *be, void *p)
+{
+    if (!p)
+        return;
+    if (be->iface && TR_HAS_SLOT(be->iface, struct tr_backend_iface, host_free))
+        be->iface->host_free(be->context, p);
+    else
+        tr_free(p);
+}

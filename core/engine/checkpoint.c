@@ -4,6 +4,8 @@
  * the reader and the verifier must agree byte for byte on its layout. */
 #include "checkpoint.h"
 
+#include "backend.h"
+
 #include "../../kernels/host.h"
 #include "hf_weights.h"
 #include "../util/json.h"
@@ -173,7 +175,7 @@ static size_t tensor_bytes(struct blob_source *s, unsigned char *out, size_t cap
     const struct tr_backend *be = s->be;
     if (t->role == TR_ROLE_BUFFER || s->dtype == TR_F32) {
         const float *from = t->role == TR_ROLE_BUFFER ? s->buffers : s->base;
-        be->iface->download(be->context, out, (const char *)(from + t->offset) + s->offset, n);
+        tr_be_download(be, out, (const char *)(from + t->offset) + s->offset, n);
     } else {
         /* whole elements through the staging buffer, then their bytes asked
          * for (an odd cap can split an element between two calls) */
@@ -183,7 +185,7 @@ static size_t tensor_bytes(struct blob_source *s, unsigned char *out, size_t cap
             count = STAGING_FLOATS;
             n = 2 * count - skip;
         }
-        be->iface->download(be->context, s->staging, s->base + t->offset + first,
+        tr_be_download(be, s->staging, s->base + t->offset + first,
                             count * sizeof(float));
         tr_cpu_to_half(s->halves, s->staging, count, s->dtype == TR_BF16);
         memcpy(out, (const unsigned char *)s->halves + skip, n);
@@ -680,11 +682,11 @@ static int load_tensors(const struct tr_graph *g, const struct tr_backend *be, c
             rc = tr_fail(err, "%s: tensor '%s' is not in the weights_dtype state.json names "
                          "(the weights and state.json do not belong together)", what, key);
         } else if (e->dtype == TR_F32) {
-            be->iface->upload(be->context, to, e->data, e->bytes);
+            tr_be_upload(be, to, e->data, e->bytes);
         } else if (e->dtype == TR_BF16 || e->dtype == TR_F16) {
             tmp = tr_xrealloc(tmp, t->numel * sizeof(float));
             tr_cpu_from_half(tmp, e->data, t->numel, e->dtype == TR_BF16);
-            be->iface->upload(be->context, to, tmp, t->numel * sizeof(float));
+            tr_be_upload(be, to, tmp, t->numel * sizeof(float));
         } else {
             rc = tr_fail(err, "%s: tensor '%s' is not a floating-point tensor", what, key);
         }

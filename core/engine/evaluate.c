@@ -3,11 +3,11 @@
  * changes numbers — device, precision, threads, micro_batch, a recipe's
  * model = { from = DIR } — acts as it does in the run), a checkpoint's
  * weights replace the initial ones when one is named, and the run's own
- * evaluation (tr_run_evaluate_split) measures it: for the same weights and
+ * evaluation (tr_session_evaluate, below: the one evaluation) measures it: for the same weights and
  * batches the number is the one the run logged.  Nothing is written: no run
  * directory, checkpoint plugin, lock or metrics. */
 #include "run.h"
-#include "run_internal.h"
+#include "session.h"
 
 #include "checkpoint.h"
 #include "../config/hf_config.h"
@@ -92,10 +92,10 @@ static uint64_t eval_samples(const struct tr_data_info *di, enum tr_split split)
 }
 
 /* The split must hold one micro-batch at least: say which lever gives it one. */
-static int check_split(const struct run *r, enum tr_split split, tr_err *err)
+static int check_split(const struct tr_session *r, enum tr_split split, tr_err *err)
 {
     uint64_t have = eval_samples(&r->data.info, split);
-    int64_t mb = r->cfg->train.micro_batch;
+    int64_t mb = r->micro_batch;
     if (have >= (uint64_t)mb)
         return TR_OK;
     char where[600];
@@ -110,6 +110,70 @@ static int check_split(const struct run *r, enum tr_split split, tr_err *err)
                    (long long)mb);
 }
 
+/* ---- the one evaluation ------------------------------------------------------ */
+
+/* The first max_batches micro-batches of split, in order (no shuffle),
+ * forward only; rank r evaluates batches r, r + world, ... and the ranks
+ * sum what they saw. */
+int tr_session_evaluate(struct tr_session *s, enum tr_split split, uint64_t max_batches,
+                        double *loss, double *accuracy, uint64_t *batches, tr_err *err)
+{
+    struct tr_loader_config lc = {split, (int)s->micro_batch, 0, 1, 0,
+                                  (uint64_t)s->cfg->train.seed, NULL, s->rank, s->world, NULL,
+                                  /* each token once, with random windows too */
+                                  s->data.info.eval_stride[split]};
+    struct tr_loader *val = tr_loader_open(&s->data, &lc, 0, err);
+    if (!val)
+        return TR_ERROR;
+    uint64_t n = tr_loader_batches_per_epoch(val);
+    if (n > max_batches)
+        n = max_batches;
+    uint64_t mine = n / (uint64_t)s->world + ((uint64_t)s->rank < n % (uint64_t)s->world);
+    double sum = 0, weights = 0; /* the loss as the mean over every counted target */
+    int64_t correct = 0, counted = 0;
+    /* eval mode: batch norm normalises with its running statistics and
+     * updates nothing (training resumes in training mode) */
+    s->g->training = 0;
+    for (uint64_t i = 0; i < mine; i++) {
+        if (tr_session_load_batch(s, val, NULL, err) != TR_OK) {
+            s->g->training = 1;
+            tr_loader_close(val);
+            return TR_ERROR;
+        }
+        tr_graph_forward(s->g, &s->be);
+        double w = tr_session_batch_weight(s, tr_session_loss_targets(s));
+        sum += tr_session_read_loss(s) * w;
+        weights += w;
+        if (s->g->logits >= 0 && tr_be_counts_correct(&s->be)) {
+            const struct tr_tensor *lg = &s->g->tensors[s->g->logits];
+            int V = (int)lg->shape[lg->ndim - 1];
+            int64_t valid = 0;
+            correct += tr_be_count_correct(&s->be, lg->data, s->g->tensors[s->g->inputs[1]].data,
+                                           (int)(lg->numel / (size_t)V), V, -1, &valid);
+            counted += valid;
+        }
+    }
+    s->g->training = 1;
+    tr_loader_close(val);
+    if (s->comm) {
+        float totals[4] = {(float)sum, (float)correct, (float)counted, (float)weights};
+        if (tr_comm_allreduce(s->comm, totals, 4, err) != TR_OK)
+            return TR_ERROR;
+        sum = totals[0];
+        correct = (int64_t)totals[1];
+        counted = (int64_t)totals[2];
+        weights = totals[3];
+    }
+    /* weights == n unless targets were masked: then sum / n exactly as before */
+    *loss = weights == (double)n ? sum / (double)n : weights > 0 ? sum / weights : NAN;
+    *accuracy = counted ? (double)correct / (double)counted : NAN;
+    if (batches)
+        *batches = n;
+    return TR_OK;
+}
+
+/* ---- `trainrun eval` ------------------------------------------------------------ */
+
 int tr_eval(const struct tr_eval_flags *fl, struct tr_eval_result *out, tr_err *err)
 {
     memset(out, 0, sizeof *out);
@@ -118,7 +182,7 @@ int tr_eval(const struct tr_eval_flags *fl, struct tr_eval_result *out, tr_err *
     struct eval_checkpoint ck = {0};
     struct tr_config cfg;
     memset(&cfg, 0, sizeof cfg);
-    struct run run, *r = &run;
+    struct tr_session session, *r = &session;
     memset(r, 0, sizeof *r);
     const char **overrides = NULL;
     int n = 0, rc = TR_ERROR;
@@ -142,15 +206,13 @@ int tr_eval(const struct tr_eval_flags *fl, struct tr_eval_result *out, tr_err *
      * batches between them, so one alone gets the same loss */
     cfg.rank = (struct tr_rank_info){0, 1, 0, 1, NULL};
 
-    r->cfg = &cfg;
-    r->eval_only = 1;
-    if (tr_run_setup(r, err) != TR_OK)
+    if (tr_session_open(r, &cfg, TR_SESSION_EVAL, err) != TR_OK)
         goto done;
     /* the weights a fresh run would start from (the run loads them in
-     * start(), after setup); a checkpoint's replace them */
+     * start(), after the session opens); a checkpoint's replace them */
     const char *from = tr_hf_from_dir(cfg.recipe);
     if (from && !ck.path) {
-        if (tr_run_load_pretrained(r, err) != TR_OK)
+        if (tr_session_load_pretrained(r, err) != TR_OK)
             goto done;
         out->weights = TR_EVAL_FROM;
         snprintf(out->source, sizeof out->source, "%s", from);
@@ -168,13 +230,13 @@ int tr_eval(const struct tr_eval_flags *fl, struct tr_eval_result *out, tr_err *
         goto done;
     uint64_t batches = fl->batches ? fl->batches : (uint64_t)cfg.train.eval_batches;
     double accuracy;
-    if (tr_run_evaluate_split(r, split, batches, &out->loss, &accuracy, &out->batches, err) != TR_OK)
+    if (tr_session_evaluate(r, split, batches, &out->loss, &accuracy, &out->batches, err) != TR_OK)
         goto done;
     out->accuracy = accuracy;
     const struct tr_data_info *di = &r->data.info;
-    out->split_batches = eval_samples(di, split) / (uint64_t)cfg.train.micro_batch;
-    out->micro_batch = cfg.train.micro_batch;
-    out->samples = out->batches * (uint64_t)cfg.train.micro_batch;
+    out->split_batches = eval_samples(di, split) / (uint64_t)r->micro_batch;
+    out->micro_batch = r->micro_batch;
+    out->samples = out->batches * (uint64_t)r->micro_batch;
     out->sequence = di->input_dtype == TR_I32 && di->target_len == di->input_len &&
                     di->target_len > 1;
     out->tokens = out->samples * di->target_len;
@@ -188,7 +250,7 @@ int tr_eval(const struct tr_eval_flags *fl, struct tr_eval_result *out, tr_err *
     snprintf(out->precision, sizeof out->precision, "%s", cfg.precision.plugin->info->name);
     rc = TR_OK;
 done:
-    tr_run_teardown(r);
+    tr_session_close(r);
     if (cfg.recipe)
         tr_config_free(&cfg);
     free(overrides);

@@ -5,6 +5,8 @@
 #define _XOPEN_SOURCE 700
 #include "hf_weights.h"
 
+#include "backend.h"
+
 #include "../../kernels/host.h"
 #include "../util/json.h"
 #include "../util/util.h"
@@ -454,7 +456,7 @@ int tr_hf_load(struct tr_graph *g, const struct tr_backend *be, const char *dir,
         if (flip)
             tr_hf_transpose(flip, host, want[i].shape[0], want[i].shape[1]);
         /* rows beyond trainrun's (GPT-2's positions past ctx) are not kept */
-        be->iface->upload(be->context, t->data, flip ? flip : host, t->numel * sizeof(float));
+        tr_be_upload(be, t->data, flip ? flip : host, t->numel * sizeof(float));
         free(host);
         free(flip);
     }

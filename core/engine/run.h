@@ -1,7 +1,7 @@
-/* The step loop and the things built on it: training (run.c, with its
- * policies in policies.c), smoke runs (smoke.c), sampling (sample.c) and
- * evaluation (evaluate.c).
- * Their shared internals are in run_internal.h, which only they include. */
+/* The commands that run a recipe's model, each a client of the session
+ * (session.h): training (run.c, with its policies in policies.c and its
+ * files in journal.c), smoke runs (smoke.c), sampling (sample.c) and
+ * evaluation (evaluate.c).  `trainrun plan` (commands/plan.c) is one too. */
 #ifndef TR_RUN_H
 #define TR_RUN_H
 
@@ -43,13 +43,14 @@ struct tr_sample_flags {
     int ids; /* the prompt and the text as token ids, not text */
     int ignore_eos; /* sample all `tokens`, past the tokenizer's EOS */
 };
-/* Text from a model's weights, read-only: the run's setup in its read-only
- * mode (struct run's eval_only, as `trainrun eval`), nothing written. */
+/* Text from a model's weights, read-only: a session in sample mode (no run
+ * directory, checkpoints or optimizer state), nothing written. */
 int tr_sample(const struct tr_sample_flags *flags);
 
 /* `trainrun eval`: the loss of the model a recipe describes on the first
  * micro-batches of a split, through the run's own evaluation
- * (tr_run_evaluate_split) and setup, without training or writing anything. */
+ * (tr_session_evaluate) in an eval session, without training or writing
+ * anything. */
 enum tr_eval_weights {
     TR_EVAL_FRESH,      /* initialised from train.seed: an untrained model */
     TR_EVAL_FROM,       /* the recipe's model = { from = DIR } */

@@ -6,7 +6,7 @@
  * there is one, and where it came from in tokenizer.origin.json), so
  * `trainrun sample` turns the model's ids back into text long after the
  * data directory is gone. */
-#include "run_internal.h"
+#include "rundir.h"
 
 #include "../config/hf_config.h"
 #include "../config/recipe.h"
@@ -45,9 +45,9 @@ static void command_line(char *buf, size_t size)
  * ends, however it ends, so a crash or a SIGKILL leaves nothing stuck; the
  * file's text only names the holder for the message a second process gets.
  * Readers (report, export, sample) take no lock. */
-int tr_run_lock(struct run *r, tr_err *err)
+int tr_rundir_lock(const struct tr_config *cfg, struct tr_rundir_lock *lock, tr_err *err)
 {
-    const char *dir = r->cfg->run_dir;
+    const char *dir = cfg->run_dir;
     if (tr_mkdir_p(dir) != 0)
         return tr_fail(err, "cannot create the run directory %s: %s", dir, strerror(errno));
     char *path = tr_xasprintf("%s/trainrun.lock", dir);
@@ -101,8 +101,8 @@ int tr_run_lock(struct run *r, tr_err *err)
         tr_log(TR_LOG_WARN, NULL, "cannot write %s: %s", path, strerror(errno));
     free(note);
     free(path);
-    r->lock_fd = fd;
-    r->have_lock = 1;
+    lock->fd = fd;
+    lock->held = 1;
     return TR_OK;
 }
 
@@ -110,26 +110,26 @@ int tr_run_lock(struct run *r, tr_err *err)
  * metrics.jsonl and write new checkpoints among its old ones (a later
  * --resume auto would then pick the newest of either run): refuse, and say
  * how to continue it or where else to start. */
-int tr_run_refuse_earlier(const struct run *r, tr_err *err)
+int tr_rundir_refuse_earlier(const struct tr_config *cfg, tr_err *err)
 {
-    char *path = tr_xasprintf("%s/metrics.jsonl", r->cfg->run_dir);
+    char *path = tr_xasprintf("%s/metrics.jsonl", cfg->run_dir);
     struct stat st;
     int used = stat(path, &st) == 0 && st.st_size > 0;
     free(path);
     if (!used)
         return TR_OK;
-    const char *dir = r->cfg->run_dir;
+    const char *dir = cfg->run_dir;
     return tr_fail(err, "%s holds an earlier run (%s/metrics.jsonl and its checkpoints): continue "
                    "it with --resume auto, or start this one in a directory of its own "
                    "(run_dir=...); to start over here, remove %s first", dir, dir, dir);
 }
 
-void tr_run_unlock(struct run *r)
+void tr_rundir_unlock(struct tr_rundir_lock *lock)
 {
-    if (!r->have_lock)
+    if (!lock->held)
         return;
-    close(r->lock_fd); /* releases the lock */
-    r->have_lock = 0;
+    close(lock->fd); /* releases the lock */
+    lock->held = 0;
 }
 
 /* ---- the run's tokenizer ---------------------------------------------------- */
@@ -230,12 +230,12 @@ static int32_t prepared_eos(const char *src)
 
 /* The tokenizer the data reports, else model.from's DIR/tokenizer.json,
  * else NULL; newly allocated.  *from_model says which. */
-static char *data_or_model_tokenizer(struct run *r, int *from_model)
+static char *data_or_model_tokenizer(const struct tr_session *s, int *from_model)
 {
     *from_model = 0;
-    if (r->data.info.tokenizer && *r->data.info.tokenizer)
-        return tr_xstrdup(r->data.info.tokenizer);
-    const char *dir = tr_hf_from_dir(r->cfg->recipe);
+    if (s->data.info.tokenizer && *s->data.info.tokenizer)
+        return tr_xstrdup(s->data.info.tokenizer);
+    const char *dir = tr_hf_from_dir(s->cfg->recipe);
     if (!dir)
         return NULL;
     char *path = tr_xasprintf("%s/tokenizer.json", dir);
@@ -252,44 +252,44 @@ static char *data_or_model_tokenizer(struct run *r, int *from_model)
  * row for every id the tokenizer can produce, and a model = { from = DIR }
  * whose DIR has a tokenizer.json must be trained on data made with that
  * same tokenizer (compared by content: a copy elsewhere is the same). */
-int tr_run_check_tokenizer(struct run *r, tr_err *err)
+int tr_rundir_check_tokenizer(const struct tr_session *s, tr_err *err)
 {
-    const char *path = r->data.info.tokenizer;
+    const char *path = s->data.info.tokenizer;
     if (!path || !*path)
         return TR_OK;
     size_t size = 0;
     char *text = read_whole(path, &size);
     if (!text)
-        return tr_fail(err, "data '%s': cannot read its tokenizer %s: %s", r->data.name, path,
+        return tr_fail(err, "data '%s': cannot read its tokenizer %s: %s", s->data.name, path,
                        strerror(errno));
     tr_err why = {{0}};
     struct tr_tokenizer *tok = tr_tokenizer_parse(text, size, path, &why);
     if (tok) {
         size_t tv = tr_tokenizer_vocab_size(tok);
         tr_tokenizer_free(tok);
-        uint64_t model = r->vocab;
-        if (r->g->logits >= 0) {
-            const struct tr_tensor *lg = &r->g->tensors[r->g->logits];
+        uint64_t model = s->vocab;
+        if (s->g->logits >= 0) {
+            const struct tr_tensor *lg = &s->g->tensors[s->g->logits];
             if ((uint64_t)lg->shape[lg->ndim - 1] < model)
                 model = (uint64_t)lg->shape[lg->ndim - 1];
         }
         if (model < tv) {
             free(text);
             char where[600];
-            struct tr_origin o = {TR_FROM_RECIPE, tr_recipe_path(r->cfg->recipe), 0};
-            tr_recipe_origin(r->cfg->recipe, "model.vocab", &o);
+            struct tr_origin o = {TR_FROM_RECIPE, tr_recipe_path(s->cfg->recipe), 0};
+            tr_recipe_origin(s->cfg->recipe, "model.vocab", &o);
             tr_origin_format(&o, where, sizeof where);
             return tr_fail(err, "%s: the model's vocabulary of %llu tokens is smaller than the "
                            "%zu ids of the tokenizer that made the data (%s): ids it produces "
                            "would index past the token embedding; set model.vocab=%zu (or more)",
                            where, (unsigned long long)model, tv, path, tv);
         }
-    } else if (r->rank == 0) {
+    } else if (s->rank == 0) {
         /* training needs only the ids; sample will say the same when it decodes */
         tr_log(TR_LOG_WARN, NULL, "the data's tokenizer %s cannot be read here (%s); its vocabulary "
                "is not checked against the model's", path, why.msg);
     }
-    const char *dir = tr_hf_from_dir(r->cfg->recipe);
+    const char *dir = tr_hf_from_dir(s->cfg->recipe);
     char *theirs_path = dir ? tr_xasprintf("%s/tokenizer.json", dir) : NULL;
     size_t theirs_size = 0;
     char *theirs = theirs_path ? read_whole(theirs_path, &theirs_size) : NULL;
@@ -297,14 +297,14 @@ int tr_run_check_tokenizer(struct run *r, tr_err *err)
     int rc = TR_OK;
     if (differ) {
         char where[600];
-        struct tr_origin o = {TR_FROM_RECIPE, tr_recipe_path(r->cfg->recipe), 0};
-        tr_recipe_origin(r->cfg->recipe, "model.from", &o);
+        struct tr_origin o = {TR_FROM_RECIPE, tr_recipe_path(s->cfg->recipe), 0};
+        tr_recipe_origin(s->cfg->recipe, "model.from", &o);
         tr_origin_format(&o, where, sizeof where);
         rc = tr_fail(err, "%s: model.from: the weights in %s were trained with the tokenizer %s "
                      "(hash %016llx), but data '%s' was made with another one, %s (hash %016llx): "
                      "the model would read the data's ids as other tokens; re-prepare the data "
                      "with `trainrun prepare ... --tokenizer %s`", where, dir, theirs_path,
-                     (unsigned long long)fnv1a64(theirs, theirs_size), r->data.name, path,
+                     (unsigned long long)fnv1a64(theirs, theirs_size), s->data.name, path,
                      (unsigned long long)fnv1a64(text, size), theirs_path);
     }
     free(theirs);
@@ -339,13 +339,13 @@ static int record_config(const char *src, const char *dir)
  * learnt the other tokenizer's ids.  A fresh run with no tokenizer removes
  * one an earlier attempt in the directory left, so sample never decodes
  * with a tokenizer the model did not learn. */
-int tr_run_record_tokenizer(struct run *r, int resume, tr_err *err)
+int tr_rundir_record_tokenizer(const struct tr_session *s, int resume, tr_err *err)
 {
-    const char *dir = r->cfg->run_dir;
+    const char *dir = s->cfg->run_dir;
     char *dst = tr_xasprintf("%s/tokenizer.json", dir);
     char *origin = tr_xasprintf("%s/tokenizer.origin.json", dir);
     int from_model = 0, rc = TR_OK;
-    char *src = data_or_model_tokenizer(r, &from_model);
+    char *src = data_or_model_tokenizer(s, &from_model);
     size_t size = 0, had_size = 0;
     char *text = NULL, *had = read_whole(dst, &had_size);
     if (!src) {
@@ -462,9 +462,9 @@ static int keep_earlier_record(const char *dir, tr_err *err)
  * recipe with the recorded one first: a change that alters training is
  * refused, listing each, unless allow_changes; harmless changes are noted.
  * When the record changes, the earlier one is kept as recipe.resolved.N. */
-int tr_run_record_recipe(struct run *r, int resumed, int allow_changes, tr_err *err)
+int tr_rundir_record_recipe(const struct tr_config *cfg, int resumed, int allow_changes,
+                            tr_err *err)
 {
-    const struct tr_config *cfg = r->cfg;
     const char *dir = cfg->run_dir;
     char *json_path = tr_xasprintf("%s/recipe.resolved.json", dir);
     char *text_path = tr_xasprintf("%s/recipe.resolved", dir);

@@ -1,8 +1,8 @@
 /* `trainrun sample`: text from a checkpoint of a language model (or from a
  * recipe's model = { from = DIR } weights), one token at a time through the
  * training graph (top-k, temperature, a seeded generator, so the same flags
- * give the same text).  It only reads: the run's setup in the read-only mode
- * `trainrun eval` uses, and the weights through tr_checkpoint_load_weights,
+ * give the same text).  It only reads: a session in sample mode (no run
+ * directory, checkpoint plugin or optimizer state), and the weights through tr_checkpoint_load_weights,
  * so a running run's checkpoints directory is left as it is.
  *
  * Text in and out goes through the tokenizer the model learnt: the run
@@ -13,7 +13,7 @@
  * tokenizer's EOS.  Without any tokenizer a token is a byte, as for the
  * byte tokenizer's runs.  --ids gives and prints ids either way. */
 #include "run.h"
-#include "run_internal.h"
+#include "session.h"
 
 #include "../config/hf_config.h"
 #include "../util/json.h"
@@ -285,181 +285,220 @@ static int32_t *encode_prompt(struct tr_tokenizer *tok, const char *prompt, int3
     return ids;
 }
 
-int tr_sample(const struct tr_sample_flags *fl)
-{
-    tr_err err = {{0}};
-    char *dir = NULL, *name = NULL, *ckpt = NULL, *tok_path = NULL;
-    struct tr_tokenizer *tok = NULL;
-    struct tr_json *state = NULL;
-    struct tr_run_state st;
-    const char **overrides = NULL;
+/* What sampling holds: the checkpoint read, the config, the session. */
+struct sampler {
+    char *dir, *name, *ckpt;        /* the checkpoint, when one is named */
+    struct tr_json *state;          /* its state.json */
+    const char **overrides;
+    const char *recipe;
     struct tr_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    struct run run, *r = &run;
-    memset(r, 0, sizeof *r);
-    int code = TR_EXIT_ERROR;
+    struct tr_session s;
+    struct tr_tokenizer *tok;
+    char *tok_path;
+    int32_t eos;
+    int T, V, allowed;              /* context, logits, ids that may be sampled */
+    int64_t vocab;                  /* ids the embedding has rows for */
+};
+
+/* The recipe (--recipe, else the checkpoint's) loaded with the training
+ * run's overrides, the command line's, then one sequence at a time. */
+static int load_config(struct sampler *sp, const struct tr_sample_flags *fl, tr_err *err)
+{
+    struct tr_run_state st;
     if (fl->checkpoint) {
-        if (tr_checkpoint_resolve(fl->checkpoint, &dir, &name, &err) != TR_OK)
-            goto fail;
+        if (tr_checkpoint_resolve(fl->checkpoint, &sp->dir, &sp->name, err) != TR_OK)
+            return TR_ERROR;
         /* the recipe and overrides below come from state.json: only one
          * whose own checksum and fields hold (its blobs are verified when
          * the weights are read) */
-        ckpt = tr_xasprintf("%s/%s", dir, name);
-        if (!(state = tr_checkpoint_read_state(ckpt, &st, &err)))
-            goto fail;
+        sp->ckpt = tr_xasprintf("%s/%s", sp->dir, sp->name);
+        if (!(sp->state = tr_checkpoint_read_state(sp->ckpt, &st, err)))
+            return TR_ERROR;
     }
-    const char *recipe = fl->recipe ? fl->recipe : state ? tr_json_string(state, "recipe") : NULL;
-    if (!recipe) {
-        tr_fail(&err, "the checkpoint does not name its recipe; pass --recipe FILE");
-        goto fail;
-    }
-    /* the training run's overrides, the command line's, then one sequence
-     * at a time */
-    const struct tr_json *trained = state ? tr_json_get(state, "overrides") : NULL;
+    sp->recipe = fl->recipe ? fl->recipe : sp->state ? tr_json_string(sp->state, "recipe") : NULL;
+    if (!sp->recipe)
+        return tr_fail(err, "the checkpoint does not name its recipe; pass --recipe FILE");
+    const struct tr_json *trained = sp->state ? tr_json_get(sp->state, "overrides") : NULL;
     size_t n_trained = trained && trained->type == TR_JSON_ARRAY ? trained->n : 0;
-    overrides = tr_xcalloc(n_trained + (size_t)fl->n_overrides + 2, sizeof *overrides);
+    sp->overrides = tr_xcalloc(n_trained + (size_t)fl->n_overrides + 2, sizeof *sp->overrides);
     int n_over = 0;
     for (size_t i = 0; i < n_trained; i++)
         if (trained->items[i]->type == TR_JSON_STRING)
-            overrides[n_over++] = trained->items[i]->string;
+            sp->overrides[n_over++] = trained->items[i]->string;
     for (int i = 0; i < fl->n_overrides; i++)
-        overrides[n_over++] = fl->overrides[i];
-    overrides[n_over++] = "train.micro_batch=1";
-    overrides[n_over++] = "train.batch=1";
-    if (tr_config_load(&cfg, recipe, overrides, n_over, &err) != TR_OK)
-        goto fail;
-    if (!ckpt && !tr_hf_from_dir(cfg.recipe)) {
-        tr_fail(&err, "%s: the model has no weights to sample from: name a checkpoint (trainrun "
-                "sample RUN_DIR) or load them with model = { from = DIR }", recipe);
-        goto fail;
-    }
-    /* one process, and the run's setup in its read-only mode: no run
-     * directory, checkpoint plugin or checkpointer, whose start tidies the
-     * checkpoints directory (and would make run_dir where sample runs) */
-    cfg.rank = (struct tr_rank_info){0, 1, 0, 1, NULL};
-    r->cfg = &cfg;
-    r->eval_only = 1;
-    if (tr_run_setup(r, &err) != TR_OK)
-        goto fail;
-    int loaded = ckpt ? tr_checkpoint_load_weights(ckpt, r->g, &r->be, r->g->params, &err)
-                      : tr_run_load_pretrained(r, &err);
+        sp->overrides[n_over++] = fl->overrides[i];
+    sp->overrides[n_over++] = "train.micro_batch=1";
+    sp->overrides[n_over++] = "train.batch=1";
+    if (tr_config_load(&sp->cfg, sp->recipe, sp->overrides, n_over, err) != TR_OK)
+        return TR_ERROR;
+    if (!sp->ckpt && !tr_hf_from_dir(sp->cfg.recipe))
+        return tr_fail(err, "%s: the model has no weights to sample from: name a checkpoint "
+                       "(trainrun sample RUN_DIR) or load them with model = { from = DIR }",
+                       sp->recipe);
+    return TR_OK;
+}
+
+/* One process, a session in sample mode (no run directory, checkpoint
+ * plugin or checkpointer, whose start tidies the checkpoints directory and
+ * would make run_dir where sample runs), and the weights. */
+static int open_model(struct sampler *sp, tr_err *err)
+{
+    sp->cfg.rank = (struct tr_rank_info){0, 1, 0, 1, NULL};
+    if (tr_session_open(&sp->s, &sp->cfg, TR_SESSION_SAMPLE, err) != TR_OK)
+        return TR_ERROR;
+    struct tr_session *s = &sp->s;
+    int loaded = sp->ckpt ? tr_checkpoint_load_weights(sp->ckpt, s->g, &s->be, s->g->params, err)
+                          : tr_session_load_pretrained(s, err);
     if (loaded != TR_OK)
-        goto fail;
-    struct tr_graph *g = r->g;
-    g->training = 0; /* generation is evaluation: no running statistics move */
-    struct tr_tensor *in = &g->tensors[g->inputs[0]];
-    if (in->dtype != TR_I32 || g->logits < 0) {
-        tr_fail(&err, "sample needs a language model (token inputs and logits)");
-        goto fail;
-    }
-    int T = (int)in->shape[1];
-    const struct tr_tensor *lg = &g->tensors[g->logits];
-    int V = (int)lg->shape[lg->ndim - 1];
+        return TR_ERROR;
+    s->g->training = 0; /* generation is evaluation: no running statistics move */
+    const struct tr_tensor *in = &s->g->tensors[s->g->inputs[0]];
+    if (in->dtype != TR_I32 || s->g->logits < 0)
+        return tr_fail(err, "sample needs a language model (token inputs and logits)");
+    sp->T = (int)in->shape[1];
+    const struct tr_tensor *lg = &s->g->tensors[s->g->logits];
+    sp->V = (int)lg->shape[lg->ndim - 1];
     /* the embedding reads a row per id: an id past its table is no token */
-    int64_t vocab = r->vocab < (uint32_t)V ? (int64_t)r->vocab : V;
-    tok_path = find_tokenizer(dir, &cfg, &r->data.info);
-    if (tok_path && !(tok = tr_tokenizer_load(tok_path, &err))) {
-        tr_err_prefix(&err, "the model's tokenizer");
-        goto fail;
+    sp->vocab = s->vocab < (uint32_t)sp->V ? (int64_t)s->vocab : sp->V;
+    return TR_OK;
+}
+
+/* The model's tokenizer and its EOS; without one a token is a byte. */
+static int open_tokenizer(struct sampler *sp, const struct tr_sample_flags *fl, tr_err *err)
+{
+    sp->tok_path = find_tokenizer(sp->dir, &sp->cfg, &sp->s.data.info);
+    if (sp->tok_path && !(sp->tok = tr_tokenizer_load(sp->tok_path, err))) {
+        tr_err_prefix(err, "the model's tokenizer");
+        return TR_ERROR;
     }
-    int32_t eos = tok ? find_eos(tok, tok_path) : -1;
-    int stop_at = fl->ignore_eos ? -1 : eos;
+    sp->eos = sp->tok ? find_eos(sp->tok, sp->tok_path) : -1;
     /* ids past the tokenizer's are no text (a vocabulary padded to a round
      * size): never sampled */
-    int allowed = tok && tr_tokenizer_vocab_size(tok) < (size_t)V ? (int)tr_tokenizer_vocab_size(tok) : V;
-    if (tok) {
+    sp->allowed = sp->tok && tr_tokenizer_vocab_size(sp->tok) < (size_t)sp->V
+                      ? (int)tr_tokenizer_vocab_size(sp->tok) : sp->V;
+    if (sp->tok) {
         char eos_text[64] = "none";
         char *bytes = NULL;
         size_t blen = 0;
         tr_err ignored = {{0}};
-        if (eos >= 0 && tr_tokenizer_decode(tok, &eos, 1, &bytes, &blen, &ignored) == TR_OK)
-            snprintf(eos_text, sizeof eos_text, "%d %.40s", (int)eos, bytes);
+        if (sp->eos >= 0 && tr_tokenizer_decode(sp->tok, &sp->eos, 1, &bytes, &blen, &ignored) == TR_OK)
+            snprintf(eos_text, sizeof eos_text, "%d %.40s", (int)sp->eos, bytes);
         free(bytes);
-        tr_log(TR_LOG_INFO, "sample", "tokenizer %s (%zu ids; EOS: %s%s)", tok_path,
-               tr_tokenizer_vocab_size(tok), eos_text,
-               eos >= 0 && fl->ignore_eos ? ", ignored" : "");
-    } else if (!fl->ids && V > 256) {
-        tr_fail(&err, "%s: the model predicts %d token ids, more than the 256 bytes sample "
-                "prints as text; pass --ids to give the prompt and get the text as token ids, "
-                "or put the tokenizer.json that made the data in the run directory (none is in "
-                "it, in model.from's directory or beside the data)", recipe, V);
-        goto fail;
+        tr_log(TR_LOG_INFO, "sample", "tokenizer %s (%zu ids; EOS: %s%s)", sp->tok_path,
+               tr_tokenizer_vocab_size(sp->tok), eos_text,
+               sp->eos >= 0 && fl->ignore_eos ? ", ignored" : "");
+    } else if (!fl->ids && sp->V > 256) {
+        return tr_fail(err, "%s: the model predicts %d token ids, more than the 256 bytes sample "
+                       "prints as text; pass --ids to give the prompt and get the text as token "
+                       "ids, or put the tokenizer.json that made the data in the run directory "
+                       "(none is in it, in model.from's directory or beside the data)",
+                       sp->recipe, sp->V);
     }
-    size_t plen = 0;
-    int32_t *prompt = tok && !fl->ids ? encode_prompt(tok, fl->prompt, eos, vocab, tok_path, &plen, &err)
-                                      : prompt_tokens(fl, vocab, &plen, &err);
-    if (!prompt)
-        goto fail;
-    size_t total = plen + (size_t)fl->tokens;
-    int32_t *text = tr_xcalloc(total + 1, sizeof *text);
-    memcpy(text, prompt, plen * sizeof *text);
-    free(prompt);
+    return TR_OK;
+}
+
+/* One id drawn from probs[0..V) by the seeded generator. */
+static int draw(const float *probs, int V, uint64_t *rng)
+{
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    double u = (double)(*rng >> 11) * 0x1.0p-53, acc = 0;
+    for (int k = 0; k < V; k++) {
+        acc += probs[k];
+        if (u < acc)
+            return k;
+    }
+    return V - 1;
+}
+
+/* The prompt's tokens, then up to fl->tokens more, each printed as it
+ * comes; stops at the EOS unless --ignore-eos.  The tokens sampled before
+ * an EOS, 0 when none came. */
+static size_t generate(struct sampler *sp, const struct tr_sample_flags *fl, int32_t *text,
+                       size_t plen)
+{
+    struct tr_session *s = &sp->s;
+    struct tr_graph *g = s->g;
+    const struct tr_tensor *in = &g->tensors[g->inputs[0]], *lg = &g->tensors[g->logits];
+    int T = sp->T, V = sp->V, stop_at = fl->ignore_eos ? -1 : sp->eos;
+    size_t total = plen + (size_t)fl->tokens, stopped = 0;
     int32_t *ctx = tr_xcalloc((size_t)T, sizeof *ctx);
     float *logits = tr_xcalloc((size_t)V, sizeof *logits), *probs = tr_xcalloc((size_t)V, sizeof *probs);
     uint64_t rng = fl->seed * 0x9e3779b97f4a7c15ULL + 1;
-    if (fl->ids || !tok)
-        for (size_t n = 0; n < plen; n++)
-            put_token(fl, NULL, text, n);
-    else
-        fputs(fl->prompt, stdout); /* as given: the BOS is no text */
-    size_t stopped = 0;
     for (size_t n = plen; n < total; n++) {
         size_t start = n > (size_t)T ? n - (size_t)T : 0;
         int len = (int)(n - start);
         for (int t = 0; t < T; t++)
             ctx[t] = t < len ? text[start + (size_t)t] : 0;
-        r->be.iface->upload(r->be.context, in->data, ctx, (size_t)T * sizeof(int32_t));
-        tr_graph_forward(g, &r->be);
+        tr_be_upload(&s->be, in->data, ctx, (size_t)T * sizeof(int32_t));
+        tr_graph_forward(g, &s->be);
         int at = len > 0 ? len - 1 : 0;
-        r->be.iface->download(r->be.context, logits, (float *)lg->data + (size_t)at * (size_t)V,
-                              (size_t)V * sizeof(float));
-        for (int k = allowed; k < V; k++)
+        tr_be_download(&s->be, logits, (float *)lg->data + (size_t)at * (size_t)V,
+                       (size_t)V * sizeof(float));
+        for (int k = sp->allowed; k < V; k++)
             logits[k] = -INFINITY;
         keep_top_k(logits, V, fl->top_k);
         tr_cpu_softmax(probs, logits, V, (float)fl->temperature);
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        double u = (double)(rng >> 11) * 0x1.0p-53, acc = 0;
-        int pick = V - 1;
-        for (int k = 0; k < V; k++) {
-            acc += probs[k];
-            if (u < acc) {
-                pick = k;
-                break;
-            }
-        }
+        int pick = draw(probs, V, &rng);
         text[n] = pick;
         if (pick != stop_at || fl->ids)
-            put_token(fl, tok, text, n);
+            put_token(fl, sp->tok, text, n);
         fflush(stdout);
         if (pick == stop_at) {
             stopped = n + 1 - plen;
             break;
         }
     }
+    free(ctx);
+    free(logits);
+    free(probs);
+    return stopped;
+}
+
+int tr_sample(const struct tr_sample_flags *fl)
+{
+    tr_err err = {{0}};
+    struct sampler sp;
+    memset(&sp, 0, sizeof sp);
+    int code = TR_EXIT_ERROR;
+    if (load_config(&sp, fl, &err) != TR_OK || open_model(&sp, &err) != TR_OK ||
+        open_tokenizer(&sp, fl, &err) != TR_OK)
+        goto fail;
+    size_t plen = 0;
+    int32_t *prompt = sp.tok && !fl->ids
+                          ? encode_prompt(sp.tok, fl->prompt, sp.eos, sp.vocab, sp.tok_path, &plen, &err)
+                          : prompt_tokens(fl, sp.vocab, &plen, &err);
+    if (!prompt)
+        goto fail;
+    int32_t *text = tr_xcalloc(plen + (size_t)fl->tokens + 1, sizeof *text);
+    memcpy(text, prompt, plen * sizeof *text);
+    free(prompt);
+    if (fl->ids || !sp.tok)
+        for (size_t n = 0; n < plen; n++)
+            put_token(fl, NULL, text, n);
+    else
+        fputs(fl->prompt, stdout); /* as given: the BOS is no text */
+    size_t stopped = generate(&sp, fl, text, plen);
     fputc('\n', stdout);
     if (stopped)
         tr_log(TR_LOG_INFO, "sample", "stopped at the EOS token after %zu tokens (--ignore-eos "
                "samples on)", stopped);
-    free(ctx);
-    free(logits);
-    free(probs);
     free(text);
     code = TR_EXIT_OK;
     goto out;
 fail:
     tr_log(TR_LOG_ERROR, NULL, "%s", err.msg);
 out:
-    tr_run_teardown(r);
-    if (cfg.recipe)
-        tr_config_free(&cfg);
-    free(overrides);
-    tr_json_free(state);
-    tr_tokenizer_free(tok);
-    free(tok_path);
-    free(ckpt);
-    free(dir);
-    free(name);
+    tr_session_close(&sp.s);
+    if (sp.cfg.recipe)
+        tr_config_free(&sp.cfg);
+    free(sp.overrides);
+    tr_json_free(sp.state);
+    tr_tokenizer_free(sp.tok);
+    free(sp.tok_path);
+    free(sp.ckpt);
+    free(sp.dir);
+    free(sp.name);
     return code;
 }

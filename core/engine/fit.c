@@ -1,0 +1,76 @@
+/* Does it fit (fit.h): the device's memory, one measured plan, and the
+ * search for the largest micro-batch that fits. */
+#include "fit.h"
+
+#include "backend.h"
+#include "model.h"
+#include "../config/hardware.h"
+#include "../util/util.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+void tr_fit_device_of(const struct tr_config *cfg, struct tr_fit_device *d)
+{
+    memset(d, 0, sizeof *d);
+    const struct tr_hardware *hw = *cfg->cost.hardware ? tr_hardware_find(cfg->cost.hardware) : NULL;
+    if (cfg->train.memory_budget > 0) {
+        snprintf(d->what, sizeof d->what, "train.memory_budget");
+        d->bytes = cfg->train.memory_budget * 1024.0 * 1024.0 * 1024.0;
+    } else if (hw && strcmp(hw->name, "cpu") != 0) {
+        snprintf(d->what, sizeof d->what, "%s", hw->name);
+        d->bytes = (double)hw->memory_bytes;
+    } else if (strcmp(cfg->device, "cpu") != 0) {
+        snprintf(d->what, sizeof d->what, "an 80 GiB %s device (set cost.hardware)", cfg->device);
+        d->bytes = 80.0 * 1024 * 1024 * 1024;
+    } else {
+        snprintf(d->what, sizeof d->what, "this machine's memory");
+        d->bytes = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    }
+    d->usable = (1.0 - TR_MEMORY_MARGIN) * d->bytes;
+}
+
+void tr_fit_adjust(const struct tr_fit_model *fm, struct tr_memory_report *report)
+{
+    if (fm->other_device)
+        report->param_copies = 0;
+}
+
+int tr_fit_measure(const struct tr_fit_model *fm, int64_t m, struct tr_memory_report *report,
+                   size_t *bytes, tr_err *err)
+{
+    struct tr_graph *g = tr_model_build(fm->cfg->recipe, (int)m, err);
+    if (!g)
+        return TR_ERROR;
+    g->compute = fm->compute; /* 16-bit compute stores activations in 16 bits */
+    tr_graph_measure(g, fm->be, fm->optimizer_slots);
+    *report = g->memory;
+    tr_fit_adjust(fm, report);
+    *bytes = tr_graph_memory_total(report);
+    tr_graph_free(g, NULL);
+    return TR_OK;
+}
+
+int64_t tr_fit_per_device(int64_t batch, int64_t devices)
+{
+    return devices > 1 && batch % devices == 0 ? batch / devices : batch;
+}
+
+int tr_fit_largest(const struct tr_fit_model *fm, int64_t per_device, double usable, int64_t *m,
+                   struct tr_memory_report *report, size_t *bytes, tr_err *err)
+{
+    *m = 0;
+    *bytes = 0;
+    for (int64_t c = per_device; c >= 1; c--) {
+        if (per_device % c != 0)
+            continue;
+        if (tr_fit_measure(fm, c, report, bytes, err) != TR_OK)
+            return TR_ERROR;
+        if ((double)*bytes <= usable) {
+            *m = c;
+            return TR_OK;
+        }
+    }
+    return TR_OK;
+}

@@ -1,0 +1,59 @@
+/* Does it fit?  The one answer to how much memory a recipe needs on its
+ * device, and the largest micro-batch that fits: `micro_batch = "auto"`
+ * (session.c), `trainrun plan`, `--smoke` and setup's own check all ask
+ * here, so they print the same numbers for the same recipe.
+ *
+ * The method: the model's graph is built at a micro-batch and its memory
+ * plan measured, allocating nothing (tr_graph_measure, with the precision
+ * policy's compute dtype and the optimizer's state slots).  The largest
+ * micro-batch is searched by measuring each candidate (the divisors of the
+ * samples one device takes per step, largest first): no extrapolation. */
+#ifndef TR_FIT_H
+#define TR_FIT_H
+
+#include "graph.h"
+#include "../config/run_config.h"
+
+/* The one margin: a plan may use the device's memory less this share,
+ * which the allocator and the runtime keep. */
+#define TR_MEMORY_MARGIN 0.10
+
+/* What one measurement needs: the recipe's model and how it is stored. */
+struct tr_fit_model {
+    const struct tr_config *cfg;
+    const struct tr_backend *be;   /* answers each node's scratch; nothing is allocated */
+    enum tr_dtype compute;         /* the precision policy's GEMM dtype */
+    int optimizer_slots;           /* 0: no optimizer state (eval, sample) */
+    /* 1: measured on the CPU backend for another device (plan, smoke): the
+     * CPU's own copy of the weights (its bf16 GEMMs') is no memory there */
+    int other_device;
+};
+
+/* A measured plan as the target device holds it (other_device). */
+void tr_fit_adjust(const struct tr_fit_model *fm, struct tr_memory_report *report);
+
+/* The device a plan must fit: train.memory_budget, else cost.hardware's
+ * memory, else 80 GiB for an unnamed accelerator, else this machine's. */
+struct tr_fit_device {
+    double bytes;                  /* the device's memory */
+    double usable;                 /* bytes less TR_MEMORY_MARGIN */
+    char what[128];                /* the device in words, for messages */
+};
+void tr_fit_device_of(const struct tr_config *cfg, struct tr_fit_device *d);
+
+/* The model's plan at micro-batch m, measured: *report filled, the total
+ * returned in *bytes.  TR_ERROR when the model does not build at m. */
+int tr_fit_measure(const struct tr_fit_model *fm, int64_t m, struct tr_memory_report *report,
+                   size_t *bytes, tr_err *err);
+
+/* The samples each device takes per step: the batch shared by the ranks
+ * (the whole batch when they cannot share it evenly). */
+int64_t tr_fit_per_device(int64_t batch, int64_t devices);
+
+/* The largest micro-batch that divides per_device and whose plan fits
+ * `usable` bytes: *m, its plan's *report and total *bytes; *m = 0 when not
+ * even 1 fits (*report and *bytes are then the plan at 1). */
+int tr_fit_largest(const struct tr_fit_model *fm, int64_t per_device, double usable, int64_t *m,
+                   struct tr_memory_report *report, size_t *bytes, tr_err *err);
+
+#endif

@@ -1,0 +1,541 @@
+/* The session (session.h): what a command needs to run a recipe's model,
+ * built in one place for training, smoke runs, eval, sample and plan, and
+ * undone by tr_session_close.  The steps of tr_session_open are in its
+ * order below; which of them a mode takes is said at each. */
+#include "session.h"
+
+#include "backend.h"
+#include "checkpoint.h"
+#include "comm.h"
+#include "fit.h"
+#include "graph.h"
+#include "hf_weights.h"
+#include "loader.h"
+#include "model.h"
+#include "optim.h"
+#include "plugin_calls.h"
+#include "rundir.h"
+#include "../config/hardware.h"
+#include "../config/hf_config.h"
+#include "../config/plugin.h"
+#include "../config/precision.h"
+#include "../config/recipe.h"
+#include "topo.h"
+#include "../util/util.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int training(const struct tr_session *s)
+{
+    return s->mode == TR_SESSION_TRAIN || s->mode == TR_SESSION_SMOKE;
+}
+
+/* ---- placement and the backend ------------------------------------------------ */
+
+/* Compute threads one per core, loader workers beside them; ranks sharing
+ * this node each get their own cores (near their GPU).  The thread count
+ * the backend opens with. */
+static int place_threads(struct tr_session *s, int *placed)
+{
+    struct tr_config *cfg = s->cfg;
+    int threads = (int)cfg->train.threads;
+    tr_err why = {{0}};
+    *placed = 0;
+    s->topo = tr_topo_open(NULL, &why);
+    if (!s->topo)
+        tr_log(TR_LOG_WARN, "topology", "%s; threads are not pinned", why.msg);
+    if (s->topo && cfg->rank.local_world > 1) {
+        struct tr_topo_rank place;
+        enum tr_topo_device kind = strcmp(cfg->device, "cuda") == 0 ? TR_TOPO_CUDA : TR_TOPO_CPU;
+        if (tr_topo_place(s->topo, kind, cfg->rank.local_world, cfg->rank.local_rank, &place,
+                          &why) == TR_OK) {
+            *placed = tr_topo_use(s->topo, &place);
+            if (threads == 0 && kind == TR_TOPO_CPU)
+                threads = place.compute_cores;
+            tr_topo_rank_free(&place);
+        } else {
+            tr_log(TR_LOG_WARN, "topology", "%s; threads are not pinned", why.msg);
+        }
+    }
+    if (threads == 0 && cfg->rank.local_world > 1) { /* unplaced ranks share the cores */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = cores > cfg->rank.local_world ? (int)(cores / cfg->rank.local_world) : 1;
+    }
+    return threads;
+}
+
+/* The backend (plan: the CPU's, one thread, which only answers how much
+ * scratch a node needs), and with ranks the comm plugin. */
+static int open_backend(struct tr_session *s, tr_err *err)
+{
+    struct tr_config *cfg = s->cfg;
+    if (s->mode == TR_SESSION_PLAN)
+        return tr_backend_open(&s->be, "cpu", 1, NULL, err);
+    int placed, threads = place_threads(s, &placed);
+    if (tr_backend_open(&s->be, cfg->device, threads, &cfg->plugin_path, err) != TR_OK)
+        return TR_ERROR;
+    if (s->topo && strcmp(cfg->device, "cpu") == 0 && (cfg->rank.local_world == 1 || placed))
+        tr_topo_bind_compute(s->topo, threads);
+    if (s->world == 1)
+        return TR_OK;
+    cfg->device_stream = tr_be_stream(&s->be); /* device comms queue behind the compute */
+    if (!(s->comm = tr_comm_open(cfg, err)))
+        return TR_ERROR;
+    if (s->rank == 0)
+        tr_log(TR_LOG_INFO, NULL, "rank 0 of %d (%s); %s", s->world, cfg->rank.source,
+               tr_comm_describe(s->comm));
+    return TR_OK;
+}
+
+/* ---- precision and the micro-batch ------------------------------------------ */
+
+/* The precision plugin first (it needs no sequence length): the
+ * micro-batch choice plans with its compute dtype. */
+static int open_precision(struct tr_session *s, tr_err *err)
+{
+    struct tr_config *cfg = s->cfg;
+    if (!cfg->precision.self && tr_config_create_slot(cfg, &cfg->precision, 0, err) != TR_OK)
+        return TR_ERROR;
+    tr_precision_policy_of(&cfg->precision, &s->policy);
+    char where[600];
+    tr_origin_format(&cfg->precision.origin, where, sizeof where);
+    return tr_precision_check(&s->policy, cfg->precision.plugin->info->name, where, cfg->device,
+                              err);
+}
+
+struct tr_fit_model tr_session_fit_model(const struct tr_session *s)
+{
+    /* eval and sample keep no optimizer state */
+    const struct tr_config *cfg = s->cfg;
+    int slots = training(s) || s->mode == TR_SESSION_PLAN
+                    ? tr_optimizer_find(cfg->optimizer.type)->state_slots : 0;
+    /* a plan measures on the CPU backend whatever the device it plans for */
+    int other = s->mode == TR_SESSION_PLAN &&
+                (strcmp(cfg->device, "cpu") != 0 ||
+                 (*cfg->cost.hardware && strcmp(cfg->cost.hardware, "cpu") != 0));
+    return (struct tr_fit_model){cfg, &s->be, s->policy.compute, slots, other};
+}
+
+/* micro_batch = "auto": the largest that fits (fit.h).  A plan whose every
+ * micro-batch is too large measures at 1 and says it does not fit; a run
+ * stops here. */
+static int choose_micro_batch(struct tr_session *s, tr_err *err)
+{
+    const struct tr_config *cfg = s->cfg;
+    s->micro_batch = cfg->train.micro_batch;
+    if (!cfg->train.auto_micro_batch)
+        return TR_OK;
+    struct tr_fit_model fm = tr_session_fit_model(s);
+    /* a plan shares the batch among the devices it plans for (gpus=N) */
+    int64_t devices = s->mode == TR_SESSION_PLAN ? cfg->cost.count : s->world;
+    int64_t batch = cfg->train.batch, per_device = tr_fit_per_device(batch, devices), m;
+    struct tr_memory_report report;
+    size_t total;
+    if (tr_fit_largest(&fm, per_device, s->device.usable, &m, &report, &total, err) != TR_OK)
+        return TR_ERROR;
+    char a[32], b[32];
+    tr_format_bytes((double)total, a, sizeof a);
+    tr_format_bytes(s->device.usable, b, sizeof b);
+    if (m == 0 && s->mode == TR_SESSION_PLAN) {
+        s->micro_batch = 1;
+        return TR_OK;
+    }
+    if (m == 0)
+        return tr_fail(err, "auto micro-batch: even a micro-batch of 1 needs %s, more than the %s "
+                       "usable on %s; %s%suse a smaller model", a, b, s->device.what,
+                       report.recompute > 0 ? "" : "recompute activations (model.recompute) or ",
+                       cfg->train.memory_budget > 0 ? "raise train.memory_budget or " : "");
+    if (s->rank == 0)
+        tr_log(TR_LOG_INFO, NULL, "auto micro-batch: %lld (plan %s of %s usable on %s); %lld "
+               "micro-batches per step keep the batch of %lld", (long long)m, a, b,
+               s->device.what, (long long)(batch / m), (long long)batch);
+    s->micro_batch = m;
+    return TR_OK;
+}
+
+/* ---- the plugins and the data ---------------------------------------------- */
+
+/* The recipe's plugins.  An evaluation creates only those it reads through:
+ * no run directory and no checkpoint plugin, which would create (and tidy)
+ * a checkpoints directory. */
+static int create_plugins(struct tr_session *s, uint32_t seq_len, tr_err *err)
+{
+    struct tr_config *cfg = s->cfg;
+    if (training(s))
+        return tr_config_create_plugins(cfg, seq_len, err);
+    struct tr_slot *slots[] = {&cfg->precision, &cfg->data, &cfg->schedule};
+    for (size_t i = 0; i < TR_ARRAY_LEN(slots); i++)
+        if (!slots[i]->self && tr_config_create_slot(cfg, slots[i], seq_len, err) != TR_OK)
+            return TR_ERROR;
+    return TR_OK;
+}
+
+/* The sequence length of a token model's input, else 0. */
+static uint32_t seq_len_of(const struct tr_graph *g)
+{
+    const struct tr_tensor *in = &g->tensors[g->inputs[0]];
+    return in->dtype == TR_I32 && in->ndim == 2 ? (uint32_t)in->shape[1] : 0;
+}
+
+/* The data source must fit the model: its samples' shape, and no more
+ * classes than the model predicts. */
+static int open_data(struct tr_session *s, tr_err *err)
+{
+    struct tr_config *cfg = s->cfg;
+    const struct tr_graph *g = s->g;
+    s->data.vt = cfg->data.plugin->info->vtable;
+    s->data.self = cfg->data.self;
+    s->data.name = cfg->data.plugin->info->name;
+    if (tr_data_info_of(&cfg->data, &s->data.info, err) != TR_OK)
+        return TR_ERROR;
+    const struct tr_tensor *in = &g->tensors[g->inputs[0]], *tg = &g->tensors[g->inputs[1]];
+    size_t per_in = in->numel / (size_t)g->batch, per_tg = tg->numel / (size_t)g->batch;
+    const struct tr_data_info *di = &s->data.info;
+    char where[600];
+    tr_origin_format(&cfg->data.origin, where, sizeof where);
+    if (di->input_dtype != in->dtype || di->input_len != per_in || di->target_len != per_tg)
+        return tr_fail(err, "%s: data '%s' gives samples of %u %s and %u targets, but the model "
+                       "takes %zu %s and %zu targets per sample", where, s->data.name,
+                       di->input_len, di->input_dtype == TR_I32 ? "token ids" : "features",
+                       di->target_len, per_in, in->dtype == TR_I32 ? "token ids" : "features", per_tg);
+    if (g->logits >= 0) {
+        const struct tr_tensor *lg = &g->tensors[g->logits];
+        if (di->classes > (uint32_t)lg->shape[lg->ndim - 1])
+            return tr_fail(err, "%s: data '%s' has %u classes/symbols but the model predicts only %lld",
+                           where, s->data.name, di->classes, (long long)lg->shape[lg->ndim - 1]);
+    }
+    return TR_OK;
+}
+
+/* train.tokens / train.epochs: the step count, now that the sequence
+ * length (and, for epochs, the training split) is known.  A plan opens the
+ * data only when epochs need its sample count. */
+static int resolve_steps(struct tr_session *s, tr_err *err)
+{
+    struct tr_config *cfg = s->cfg;
+    uint32_t seq_len = seq_len_of(s->g);
+    if (s->mode == TR_SESSION_PLAN && cfg->train.length_from != TR_LENGTH_EPOCHS)
+        return tr_train_resolve_steps(cfg, seq_len, 0, 0, err);
+    if (s->mode == TR_SESSION_PLAN) {
+        struct tr_data_info di;
+        if (tr_config_create_slot(cfg, &cfg->data, seq_len, err) != TR_OK ||
+            tr_data_info_of(&cfg->data, &di, err) != TR_OK)
+            return TR_ERROR;
+        return tr_train_resolve_steps(cfg, 0, di.samples[TR_SPLIT_TRAIN] /
+                                      (di.train_views > 1 ? di.train_views : 1),
+                                      (uint64_t)s->micro_batch, err);
+    }
+    const struct tr_data_info *di = &s->data.info;
+    return tr_train_resolve_steps(cfg, seq_len, di->samples[TR_SPLIT_TRAIN] /
+                                  (di->train_views > 1 ? di->train_views : 1),
+                                  (uint64_t)s->micro_batch, err);
+}
+
+/* ---- memory: the plan, the optimizer, the inputs ------------------------------ */
+
+/* Rank q's shard of the flat parameter buffer under ZeRO-1 (run_state.c
+ * shares and gathers by the same rule): world equal parts of n / world
+ * floats, the last rank's also holding the n % world left over. */
+void tr_session_shard_of(const struct tr_session *s, int q, size_t *begin, size_t *end)
+{
+    size_t n = s->g->n_params, per = n / (size_t)s->world;
+    *begin = (size_t)q * per;
+    *end = q == s->world - 1 ? n : *begin + per;
+}
+
+/* The graph's memory planned and allocated, the optimizer state (this
+ * rank's shard under ZeRO-1), and the gradient buckets of data parallelism. */
+static int plan_memory(struct tr_session *s, tr_err *err)
+{
+    struct tr_config *cfg = s->cfg;
+    struct tr_fit_model fm = tr_session_fit_model(s);
+    if (tr_graph_plan(s->g, &s->be, fm.optimizer_slots, err) != TR_OK)
+        return TR_ERROR;
+    size_t begin = 0, end = s->g->n_params;
+    if (cfg->parallel.zero && s->world > 1) { /* ZeRO-1: this rank's shard of the state */
+        if (s->comm && !tr_comm_has_allgather(s->comm))
+            return tr_fail(err, "parallel.zero: comm '%s' has no allgather, which ZeRO-1 needs to "
+                           "share the updated parameter shards; set parallel.zero = false or use "
+                           "a comm plugin that has one (tcp, mpi, nccl)",
+                           cfg->comm.plugin->info->name);
+        tr_session_shard_of(s, s->rank, &begin, &end);
+    }
+    if (training(s) &&
+        tr_optimizer_init(&s->opt, &cfg->optimizer, s->g, &s->be, begin, end, err) != TR_OK)
+        return TR_ERROR;
+    s->g->memory.optimizer = (size_t)fm.optimizer_slots * (end - begin) * sizeof(float);
+    if (end - begin < s->g->n_params && s->rank == 0)
+        tr_log(TR_LOG_INFO, NULL, "optimizer state sharded: rank 0 keeps %zu of %zu parameters' "
+               "state (parallel.zero)", end - begin, s->g->n_params);
+    if (s->comm && tr_comm_plan_buckets(s->comm, s->g,
+                                        (size_t)(cfg->parallel.bucket_mb * 1024 * 1024), err) != TR_OK)
+        return TR_ERROR;
+    return TR_OK;
+}
+
+/* One forward and backward at the chosen size before training: a plan that
+ * does not fit fails here, not hours in. */
+static void trial_step(struct tr_session *s)
+{
+    struct tr_graph *g = s->g;
+    for (int k = 0; k < g->n_inputs; k++) {
+        struct tr_tensor *t = &g->tensors[g->inputs[k]];
+        tr_be_zero(&s->be, t->data, t->numel * 4);
+    }
+    g->loss_grad = 1.0f;
+    tr_graph_forward(g, &s->be);
+    tr_graph_backward(g, &s->be);
+    tr_be_zero(&s->be, g->grads, g->n_params * sizeof(float));
+}
+
+/* The host buffers the loader fills, the trial step of an "auto" size, the
+ * initial weights, the accumulation, and the vocabulary the data must keep to. */
+static int open_inputs(struct tr_session *s, tr_err *err)
+{
+    struct tr_config *cfg = s->cfg;
+    struct tr_graph *g = s->g;
+    const struct tr_tensor *in = &g->tensors[g->inputs[0]], *tg = &g->tensors[g->inputs[1]];
+    s->input_bytes = in->numel * 4;
+    s->target_count = tg->numel;
+    s->host_inputs = tr_be_host_alloc(&s->be, s->input_bytes);
+    s->host_targets = tr_be_host_alloc(&s->be, s->target_count * sizeof(int32_t));
+    if (!s->host_inputs || !s->host_targets)
+        return tr_fail(err, "out of memory for the input buffers");
+    if (cfg->train.auto_micro_batch)
+        trial_step(s);
+    tr_graph_init_params(g, &s->be, (uint64_t)cfg->train.seed);
+    /* micro-batches per optimizer step on this rank (the config checked that
+     * the ranks share them evenly) */
+    s->accum = (int)(cfg->train.batch / s->micro_batch / s->world);
+    if (s->accum < 1)
+        return tr_fail(err, "train: batch %lld cannot be shared by %d ranks in micro-batches of %lld",
+                       (long long)cfg->train.batch, s->world, (long long)s->micro_batch);
+    s->vocab = UINT32_MAX;
+    for (int i = 0; i < g->n_nodes; i++) /* the token embedding's table size */
+        if (g->nodes[i].op == TR_OP_EMBEDDING && g->nodes[i].in[1] == g->inputs[0])
+            s->vocab = (uint32_t)g->tensors[g->nodes[i].in[0]].shape[0];
+    return TR_OK;
+}
+
+/* ---- checkpoints and prices -------------------------------------------------- */
+
+/* The model as a Hugging Face config.json, for state.json (export --format
+ * hf), or NULL when it has no such form (an mlp, an inline builder). */
+static char *hf_config_text(const struct tr_session *s)
+{
+    const struct tr_value *model = tr_value_child(tr_recipe_root(s->cfg->recipe), "model");
+    const struct tr_value *type = tr_value_child(model, "type");
+    struct tr_hf_arch a;
+    tr_err why = {{0}};
+    if (!type || type->type != TR_V_STRING ||
+        (strcmp(type->string, "llama") != 0 && strcmp(type->string, "gpt") != 0))
+        return NULL;
+    if (tr_hf_describe(s->g, type->string, &a, &why) != TR_OK) {
+        tr_log(TR_LOG_DEBUG, NULL, "no Hugging Face form recorded: %s", why.msg);
+        return NULL;
+    }
+    /* a Llama from a directory keeps that directory's context length */
+    struct tr_hf_arch from;
+    const char *dir = tr_hf_from_dir(s->cfg->recipe);
+    if (dir && a.family == TR_HF_LLAMA && tr_hf_config_read(dir, &from, &why) == TR_OK &&
+        from.ctx > a.ctx)
+        a.ctx = from.ctx;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    tr_hf_config_write(&a, NULL, f);
+    fclose(f);
+    return text;
+}
+
+/* Rank 0 of a training session writes checkpoints; the other ranks get its
+ * state by broadcast. */
+static int open_checkpointer(struct tr_session *s, tr_err *err)
+{
+    struct tr_config *cfg = s->cfg;
+    char recipe[PATH_MAX], weights_from[PATH_MAX];
+    const struct tr_checkpoint_policy *cp = &cfg->checkpoint_policy;
+    struct tr_checkpointer_config cc = {
+        .vt = cfg->checkpoint.plugin->info->vtable,
+        .self = cfg->checkpoint.self,
+        .g = s->g,
+        .be = &s->be,
+        .optimizer = s->opt.desc,
+        .keep = cp->keep,
+        .weights_dtype = strcmp(cp->weights_dtype, "bf16") == 0   ? TR_BF16
+                         : strcmp(cp->weights_dtype, "fp16") == 0 ? TR_F16
+                                                                  : TR_F32,
+        .async = cp->async,
+        .recipe = realpath(tr_recipe_path(cfg->recipe), recipe) ? recipe : tr_recipe_path(cfg->recipe),
+        .overrides = cfg->overrides,
+        .n_overrides = cfg->n_overrides,
+        .seed = cfg->train.seed,
+        .max_step = (uint64_t)cfg->train.steps,
+    };
+    char *hf_config = hf_config_text(s);
+    const char *from = tr_hf_from_dir(cfg->recipe);
+    cc.hf_config = hf_config;
+    cc.weights_from = from ? (realpath(from, weights_from) ? weights_from : from) : NULL;
+    s->ckpt = tr_checkpointer_open(&cc, err);
+    free(hf_config);
+    return s->ckpt ? TR_OK : TR_ERROR;
+}
+
+/* Prices and peaks from the recipe's cost section and the hardware table. */
+static int open_prices(struct tr_session *s, tr_err *err)
+{
+    const struct tr_cost_config *c = &s->cfg->cost;
+    const struct tr_hardware *hw = NULL;
+    if (*c->hardware && tr_hardware_lookup(c->hardware, &hw, err) != TR_OK) {
+        char where[600];
+        struct tr_origin o;
+        tr_recipe_origin(s->cfg->recipe, "cost.hardware", &o);
+        tr_origin_format(&o, where, sizeof where);
+        tr_err_prefix(err, "%s: cost", where);
+        return TR_ERROR;
+    }
+    double price = c->spot ? c->spot_price : c->price;
+    if (price < 0 && hw)
+        price = c->spot ? hw->spot_price_hour : hw->price_hour;
+    /* a job of several ranks pays for all of them (cost.count, if larger, also
+     * counts devices this job's ranks do not see, e.g. an idle spare) */
+    double devices = (double)(c->count > s->world ? c->count : s->world);
+    s->usd_per_second = price > 0 ? price * devices / 3600.0 : 0;
+    double peak = c->peak_tflops;
+    if (peak <= 0 && hw)
+        peak = tr_precision_peak_tflops(hw, &s->policy, NULL);
+    s->peak_flops = peak > 0 ? peak * 1e12 * devices : 0;
+    s->flops_per_token = tr_graph_flops_per_token(s->g);
+    return TR_OK;
+}
+
+/* ---- open and close ---------------------------------------------------------- */
+
+/* A plan: the graph at the micro-batch, measured; the steps resolved. */
+static int open_plan(struct tr_session *s, tr_err *err)
+{
+    struct tr_fit_model fm = tr_session_fit_model(s);
+    tr_graph_measure(s->g, &s->be, fm.optimizer_slots);
+    tr_fit_adjust(&fm, &s->g->memory);
+    return resolve_steps(s, err);
+}
+
+int tr_session_open(struct tr_session *s, struct tr_config *cfg, enum tr_session_mode mode,
+                    tr_err *err)
+{
+    memset(s, 0, sizeof *s);
+    s->cfg = cfg;
+    s->mode = mode;
+    s->rank = cfg->rank.rank;
+    s->world = cfg->rank.world;
+    tr_fit_device_of(cfg, &s->device);
+    if (open_backend(s, err) != TR_OK || open_precision(s, err) != TR_OK ||
+        choose_micro_batch(s, err) != TR_OK)
+        return TR_ERROR;
+    if (!(s->g = tr_model_build(cfg->recipe, (int)s->micro_batch, err)))
+        return TR_ERROR;
+    s->g->compute = s->policy.compute; /* before the plan: scratch depends on it */
+    s->g->allow_tf32 = s->policy.allow_tf32 && s->policy.compute == TR_F32;
+    if (mode == TR_SESSION_PLAN)
+        return open_plan(s, err);
+    if (create_plugins(s, seq_len_of(s->g), err) != TR_OK || open_data(s, err) != TR_OK ||
+        (training(s) && resolve_steps(s, err) != TR_OK) || plan_memory(s, err) != TR_OK ||
+        open_inputs(s, err) != TR_OK || tr_rundir_check_tokenizer(s, err) != TR_OK)
+        return TR_ERROR;
+    if (training(s) && s->rank == 0 && open_checkpointer(s, err) != TR_OK)
+        return TR_ERROR;
+    return open_prices(s, err);
+}
+
+void tr_session_close(struct tr_session *s)
+{
+    tr_checkpointer_close(s->ckpt);
+    tr_comm_close(s->comm);
+    tr_topo_close(s->topo);
+    if (s->be.iface) {
+        tr_optimizer_free(&s->opt, &s->be);
+        tr_graph_free(s->g, &s->be);
+        tr_be_host_free(&s->be, s->host_inputs);
+        tr_be_host_free(&s->be, s->host_targets);
+        tr_backend_close(&s->be);
+    }
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- pretrained weights (model = { from = "DIR" }) -------------------------- */
+
+int tr_session_load_pretrained(struct tr_session *s, tr_err *err)
+{
+    const char *dir = tr_hf_from_dir(s->cfg->recipe);
+    if (!dir)
+        return TR_OK;
+    struct tr_hf_arch a;
+    double t0 = tr_now();
+    if (tr_hf_config_read(dir, &a, err) != TR_OK || tr_hf_load(s->g, &s->be, dir, &a, err) != TR_OK) {
+        char where[600];
+        struct tr_origin o = {TR_FROM_RECIPE, tr_recipe_path(s->cfg->recipe), 0};
+        tr_recipe_origin(s->cfg->recipe, "model.from", &o);
+        tr_origin_format(&o, where, sizeof where);
+        tr_err_prefix(err, "%s: model.from", where);
+        return TR_ERROR;
+    }
+    if (s->rank == 0)
+        tr_log(TR_LOG_INFO, NULL, "weights from %s (%s, %zu parameters, %.1f s); the optimizer "
+               "starts fresh", dir, a.model_type, s->g->n_params, tr_now() - t0);
+    return TR_OK;
+}
+
+/* ---- micro-batches on the device ------------------------------------------- */
+
+int tr_session_load_batch(struct tr_session *s, struct tr_loader *loader, double *wait,
+                          tr_err *err)
+{
+    if (tr_loader_next(loader, s->host_inputs, s->host_targets, wait, err) != TR_OK)
+        return TR_ERROR;
+    struct tr_tensor *in = &s->g->tensors[s->g->inputs[0]];
+    struct tr_tensor *tg = &s->g->tensors[s->g->inputs[1]];
+    if (s->data.info.input_dtype == TR_I32) {
+        /* an id past the embedding table would read out of bounds */
+        const int32_t *ids = s->host_inputs;
+        for (size_t i = 0; i < in->numel; i++)
+            if ((uint32_t)ids[i] >= s->vocab)
+                return tr_fail(err, "data '%s': token id %d is outside the model's vocabulary of %u",
+                               s->data.name, ids[i], s->vocab);
+    }
+    tr_be_upload(&s->be, in->data, s->host_inputs, s->input_bytes);
+    tr_be_upload(&s->be, tg->data, s->host_targets, s->target_count * sizeof(int32_t));
+    return TR_OK;
+}
+
+double tr_session_loss_targets(const struct tr_session *s)
+{
+    const struct tr_graph *g = s->g;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct tr_node *n = &g->nodes[i];
+        if (n->op != TR_OP_CROSS_ENTROPY || n->out != g->loss)
+            continue;
+        size_t valid = 0;
+        for (size_t k = 0; k < s->target_count; k++)
+            valid += s->host_targets[k] != n->ignore_index;
+        return (double)valid;
+    }
+    return (double)s->target_count;
+}
+
+double tr_session_batch_weight(const struct tr_session *s, double targets)
+{
+    double full = (double)s->target_count;
+    return targets == full ? 1.0 : targets / full;
+}
+
+float tr_session_read_loss(const struct tr_session *s)
+{
+    float loss;
+    tr_be_download(&s->be, &loss, s->g->tensors[s->g->loss].data, sizeof loss);
+    return loss;
+}

@@ -1,0 +1,108 @@
+/* A session: everything a command needs to run a recipe's model, built in
+ * one place (session.c) for every command that runs one: training, smoke
+ * runs, `trainrun eval`, `trainrun sample` and `trainrun plan`.
+ *
+ *   tr_session_open(s, cfg, mode)
+ *       placement (hwloc)           threads pinned, ranks apart        train, smoke
+ *       backend                     device=, threads                   all (plan: cpu, measured)
+ *       comm                        procs=N / gpus=N                   train, smoke
+ *       precision policy            the compute dtype, checked         all
+ *       micro-batch                 the recipe's, or "auto" (fit.h)    all
+ *       graph + memory plan         allocated (plan: measured only)    all
+ *       data source                 checked against the model          all but plan
+ *       steps                       train.tokens / train.epochs        train, smoke (plan: its own)
+ *       optimizer state, ZeRO-1     this rank's shard                  train, smoke
+ *       host input buffers, checkpointer (rank 0), prices              train, smoke
+ *   tr_session_close(s)             undoes whatever of it was done
+ *
+ * The session holds no loop state (step, timers, best: run.c) and calls
+ * nothing back; the files that use it read it. */
+#ifndef TR_SESSION_H
+#define TR_SESSION_H
+
+#include "backend.h"
+#include "checkpoint.h"
+#include "comm.h"
+#include "fit.h"
+#include "graph.h"
+#include "loader.h"
+#include "optim.h"
+#include "../config/run_config.h"
+#include "topo.h"
+#include "../util/util.h"
+
+enum tr_session_mode {
+    TR_SESSION_TRAIN,  /* everything a training run needs */
+    TR_SESSION_SMOKE,  /* a training session of a smoke run (the caller made it small) */
+    TR_SESSION_EVAL,   /* forward only: no optimizer state, no run directory or checkpoints */
+    TR_SESSION_SAMPLE, /* as eval */
+    TR_SESSION_PLAN,   /* the memory plan measured on the CPU backend, nothing allocated,
+                        * no data opened, no plugin but the precision policy's */
+};
+
+struct tr_session {
+    struct tr_config *cfg;
+    enum tr_session_mode mode;
+    int rank, world;                    /* this rank of `world` (1 and 0 alone) */
+    struct tr_topo *topo;               /* NULL: threads not pinned */
+    struct tr_backend be;
+    struct tr_comm *comm;               /* NULL when alone */
+    struct tr_precision_policy policy;
+    int64_t micro_batch;                /* samples per forward: the recipe's or "auto"'s */
+    struct tr_fit_device device;        /* the memory the plan must fit */
+    struct tr_graph *g;                 /* at micro_batch; planned (plan mode: measured) */
+    struct tr_data_source data;         /* not in plan mode */
+    struct tr_optimizer opt;            /* train and smoke only */
+    int accum;                          /* micro-batches per optimizer step on this rank */
+    uint32_t vocab;                     /* token ids must be below this */
+    void *host_inputs;                  /* one micro-batch from the loader */
+    int32_t *host_targets;
+    size_t input_bytes, target_count;
+    struct tr_checkpointer *ckpt;       /* rank 0 of a train or smoke session */
+    /* cost: dollars per second of the job, the FLOP/s its devices peak at */
+    double usd_per_second, peak_flops, flops_per_token;
+};
+
+/* Build what `mode` needs for cfg's recipe (the rank comes from cfg->rank).
+ * On failure err says why; tr_session_close undoes whatever was done. */
+int tr_session_open(struct tr_session *s, struct tr_config *cfg, enum tr_session_mode mode,
+                    tr_err *err);
+void tr_session_close(struct tr_session *s);
+
+/* How the session's model is measured for fit.h: its compute dtype, its
+ * optimizer's state (none for eval and sample), the device it plans for. */
+struct tr_fit_model tr_session_fit_model(const struct tr_session *s);
+
+/* Rank q's shard [*begin, *end) of the flat parameters under ZeRO-1: world
+ * equal parts of n / world floats, the last rank's also holding the rest. */
+void tr_session_shard_of(const struct tr_session *s, int q, size_t *begin, size_t *end);
+
+/* model = { from = "DIR" }: DIR's weights into the parameters (a fresh run
+ * only: a resumed one has its checkpoint's); TR_OK when there is none. */
+int tr_session_load_pretrained(struct tr_session *s, tr_err *err);
+
+/* ---- micro-batches on the device (session.c) ------------------------------ */
+
+/* The loader's next micro-batch, checked (token ids inside the vocabulary)
+ * and uploaded into the graph's inputs; *wait (when not NULL) adds the
+ * seconds spent waiting for it. */
+int tr_session_load_batch(struct tr_session *s, struct tr_loader *loader, double *wait,
+                          tr_err *err);
+/* Targets of the loaded micro-batch the loss averages over: all but the
+ * cross-entropy's ignore_index (masked instruction data). */
+double tr_session_loss_targets(const struct tr_session *s);
+/* A micro-batch's share relative to one whose every target counts: 1.0
+ * exactly for unmasked data. */
+double tr_session_batch_weight(const struct tr_session *s, double targets);
+float tr_session_read_loss(const struct tr_session *s);
+
+/* ---- evaluation (evaluate.c) --------------------------------------------- */
+
+/* The one evaluation: the mean loss (and accuracy, NaN when the backend
+ * cannot count it) over the first max_batches micro-batches of split in
+ * order, or all of them when fewer, the ranks sharing them; *batches (when
+ * not NULL) gets how many.  The run, `trainrun eval` and smoke runs call it. */
+int tr_session_evaluate(struct tr_session *s, enum tr_split split, uint64_t max_batches,
+                        double *loss, double *accuracy, uint64_t *batches, tr_err *err);
+
+#endif
