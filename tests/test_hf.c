@@ -28,7 +28,7 @@ static void engine_open(struct engine *e, const char *name)
     cr_assert_eq(engine_build(e, recipe, NULL, 0, B, 0, &err), TR_OK, "%s", err.msg);
     /* random init first, so a tensor the loader skipped would show */
     tr_graph_init_params(e->g, &e->be, 99);
-    /* what a run's setup does with model.from (engine/setup.c) */
+    /* what a run's session does with model.from (engine/session.c) */
     const char *dir = tr_hf_from_dir(e->cfg.recipe);
     cr_assert_not_null(dir, "%s: model.from did not resolve", recipe);
     struct tr_hf_arch a;

@@ -253,11 +253,12 @@ static void print_memory(const struct tr_plan *p, FILE *out)
         p->fits ? "fits" : "DOES NOT FIT", fmt_bytes(p->memory_total, a, sizeof a),
         fmt_bytes(p->usable_bytes, b, sizeof b), fmt_bytes(p->device_bytes, c, sizeof c),
         TR_MEMORY_MARGIN * 100);
-    if (p->max_micro_batch > 0)
-        row(out, "largest micro-batch", "%lld: the largest dividing the %lld samples per device "
-            "per step that fits (measured, as micro_batch = \"auto\" picks)",
-            (long long)p->max_micro_batch, (long long)samples_per_device(p));
-    else
+    if (p->max_micro_batch > 0) {
+        row(out, "largest micro-batch", "%lld (measured; what micro_batch = \"auto\" picks):",
+            (long long)p->max_micro_batch);
+        row(out, "", "the largest dividing the %lld samples per device per step that fits",
+            (long long)samples_per_device(p));
+    } else
         row(out, "largest micro-batch", "none: even one sample does not fit");
 }
 

@@ -150,7 +150,13 @@ static int choose_micro_batch(struct tr_session *s, tr_err *err)
                        "usable on %s; %s%suse a smaller model", a, b, s->device.what,
                        report.recompute > 0 ? "" : "recompute activations (model.recompute) or ",
                        cfg->train.memory_budget > 0 ? "raise train.memory_budget or " : "");
-    if (s->rank == 0)
+    /* a plan reports its pick itself */
+    if (s->rank == 0 && s->mode != TR_SESSION_PLAN && devices > 1)
+        tr_log(TR_LOG_INFO, NULL, "auto micro-batch: %lld (plan %s of %s usable on %s); %lld "
+               "micro-batches per step on each of %lld ranks keep the batch of %lld",
+               (long long)m, a, b, s->device.what, (long long)(per_device / m),
+               (long long)devices, (long long)batch);
+    else if (s->rank == 0 && s->mode != TR_SESSION_PLAN)
         tr_log(TR_LOG_INFO, NULL, "auto micro-batch: %lld (plan %s of %s usable on %s); %lld "
                "micro-batches per step keep the batch of %lld", (long long)m, a, b,
                s->device.what, (long long)(batch / m), (long long)batch);
