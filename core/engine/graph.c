@@ -10,22 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const op_names[TR_OP_COUNT] = {
-    [TR_OP_EMBEDDING] = "embedding", [TR_OP_ADD_ROWS] = "add_rows", [TR_OP_ADD] = "add",
-    [TR_OP_LINEAR] = "linear",       [TR_OP_MATMUL] = "matmul",     [TR_OP_LAYERNORM] = "layernorm",
-    [TR_OP_GELU] = "gelu",           [TR_OP_RELU] = "relu",         [TR_OP_ATTENTION] = "attention",
-    [TR_OP_CROSS_ENTROPY] = "cross_entropy", [TR_OP_RMSNORM] = "rmsnorm", [TR_OP_ROPE] = "rope",
-    [TR_OP_SWIGLU] = "swiglu",       [TR_OP_SCALE] = "scale",        [TR_OP_CONV2D] = "conv2d",
-    [TR_OP_MAXPOOL] = "maxpool",     [TR_OP_AVGPOOL] = "avgpool",
-    [TR_OP_GLOBAL_AVGPOOL] = "global_avgpool", [TR_OP_BATCHNORM] = "batchnorm",
-};
-
-const char *tr_op_name(enum tr_op op) { return (unsigned)op < TR_OP_COUNT ? op_names[op] : "?"; }
+/* The op table (kernels/ops.h) names every op. */
+const char *tr_op_name(enum tr_op op) { return (unsigned)op < TR_OP_COUNT ? tr_ops[op].name : "?"; }
 
 int tr_op_from_name(const char *name, enum tr_op *out)
 {
     for (int i = 0; i < TR_OP_COUNT; i++)
-        if (strcmp(op_names[i], name) == 0) {
+        if (strcmp(tr_ops[i].name, name) == 0) {
             *out = (enum tr_op)i;
             return 1;
         }
@@ -155,167 +146,9 @@ static int expect_shape(struct tr_graph *g, struct tr_node *n, const int64_t *sh
     return TR_OK;
 }
 
-/* Attention with separate q[B,T,H*D], k[B,T,KV*D], v[B,T,KV*D]: query head h
- * reads key/value head h / (H/KV) (grouped-query; KV = H is multi-head,
- * KV = 1 multi-query).  kv_heads 0 means as many as heads. */
-static int check_gqa(struct tr_graph *g, struct tr_node *n, struct tr_tensor *const in[3],
-                     tr_err *err)
-{
-    char a[64], b[64], c[64];
-    shape_text(in[0], a, sizeof a);
-    shape_text(in[1], b, sizeof b);
-    shape_text(in[2], c, sizeof c);
-    if (in[0]->ndim != 3 || in[1]->ndim != 3 || in[2]->ndim != 3)
-        SHAPE_FAIL("q '%s' %s, k '%s' %s and v '%s' %s must each be [B,T,heads*D]", in[0]->name,
-                   a, in[1]->name, b, in[2]->name, c);
-    for (int d = 0; d < 2; d++)
-        if (in[1]->shape[d] != in[0]->shape[d] || in[2]->shape[d] != in[0]->shape[d])
-            SHAPE_FAIL("q '%s' %s, k '%s' %s and v '%s' %s differ in batch or sequence length",
-                       in[0]->name, a, in[1]->name, b, in[2]->name, c);
-    int64_t W = in[0]->shape[2];
-    if (n->heads <= 0 || W % n->heads != 0)
-        SHAPE_FAIL("%d heads do not divide the width %lld of q '%s'", n->heads, (long long)W,
-                   in[0]->name);
-    if (n->kv_heads == 0)
-        n->kv_heads = n->heads;
-    if (n->kv_heads < 0 || n->heads % n->kv_heads != 0)
-        SHAPE_FAIL("%d key/value heads do not divide the %d heads; each key/value head serves "
-                   "a whole group of query heads", n->kv_heads, n->heads);
-    int64_t D = W / n->heads, KVW = (int64_t)n->kv_heads * D;
-    if (in[1]->shape[2] != KVW || in[2]->shape[2] != KVW)
-        SHAPE_FAIL("k '%s' %s and v '%s' %s must be %lld wide (kv_heads %d x head dim %lld)",
-                   in[1]->name, b, in[2]->name, c, (long long)KVW, n->kv_heads, (long long)D);
-    if (expect_shape(g, n, in[0]->shape, 3, err) != TR_OK)
-        return TR_ERROR;
-    int64_t lse[3] = {in[0]->shape[0], n->heads, in[0]->shape[1]};
-    add_aux(g, n, "lse", 3, lse);
-    return TR_OK;
-}
-
-/* A spatial attribute pair as "3x3", for messages. */
-#define PAIR(p) (p)[0], (p)[1]
-
-/* Output size of one spatial dimension (the contract's formula), or 0 when
- * the window does not fit in the padded input. */
-static int64_t window_out(int64_t in, int k, int stride, int pad, int dilation)
-{
-    int64_t span = (int64_t)dilation * (k - 1) + 1, padded = in + 2 * (int64_t)pad;
-    return padded < span ? 0 : (padded - span) / stride + 1;
-}
-
-/* conv2d, maxpool and avgpool: channel-last x[B,H,W,C] under a window.
- * Defaults (an attribute left 0): stride 1 for a convolution and the
- * window for pooling (non-overlapping, as PyTorch), dilation 1, groups 1.
- * Pooling padding is at most half the window (as PyTorch), so no max
- * window is all padding. */
-static int check_window(struct tr_graph *g, struct tr_node *n, struct tr_tensor *const in[3],
-                        tr_err *err)
-{
-    char a[64], b[64];
-    int conv = n->op == TR_OP_CONV2D;
-    shape_text(in[0], a, sizeof a);
-    if (in[0]->ndim != 4)
-        SHAPE_FAIL("input '%s' %s must be an image batch x[B,H,W,C] (channel-last)", in[0]->name, a);
-    int64_t C = in[0]->shape[3], OC = C;
-    if (conv) {
-        shape_text(in[1], b, sizeof b);
-        if (in[1]->ndim != 4)
-            SHAPE_FAIL("weight '%s' %s must be w[OC,KH,KW,IC/groups]", in[1]->name, b);
-        if (n->groups == 0)
-            n->groups = 1;
-        if (n->groups < 0 || C % n->groups != 0 || in[1]->shape[0] % n->groups != 0)
-            SHAPE_FAIL("%d groups must divide the %lld input channels of '%s' and the %lld output "
-                       "channels of '%s'", n->groups, (long long)C, in[0]->name,
-                       (long long)in[1]->shape[0], in[1]->name);
-        if (in[1]->shape[3] != C / n->groups)
-            SHAPE_FAIL("weight '%s' %s must have %lld input channels (the %lld of '%s' over %d "
-                       "groups) in its last dimension", in[1]->name, b, (long long)(C / n->groups),
-                       (long long)C, in[0]->name, n->groups);
-        OC = in[1]->shape[0];
-        if (n->n_in == 3 && (in[2]->ndim != 1 || in[2]->shape[0] != OC))
-            SHAPE_FAIL("bias '%s' must be [%lld]", in[2]->name, (long long)OC);
-        for (int d = 0; d < 2; d++) {
-            if (in[1]->shape[1 + d] > INT32_MAX)
-                SHAPE_FAIL("weight '%s' %s: a window of more than %d", in[1]->name, b, INT32_MAX);
-            if (n->kernel[d] != 0 && n->kernel[d] != in[1]->shape[1 + d])
-                SHAPE_FAIL("kernel %dx%d differs from the window of weight '%s' %s", PAIR(n->kernel),
-                           in[1]->name, b);
-            n->kernel[d] = (int)in[1]->shape[1 + d]; /* the weight's window */
-            if (n->stride[d] == 0)
-                n->stride[d] = 1;
-            if (n->dilation[d] == 0)
-                n->dilation[d] = 1;
-        }
-    } else {
-        for (int d = 0; d < 2; d++) {
-            if (n->kernel[d] < 1)
-                SHAPE_FAIL("needs a window: kernel %dx%d (1 or more on each side)", PAIR(n->kernel));
-            if (n->stride[d] == 0)
-                n->stride[d] = n->kernel[d];
-            n->dilation[d] = 1;
-            if (n->pad[d] > n->kernel[d] / 2)
-                SHAPE_FAIL("padding %dx%d is more than half the window %dx%d", PAIR(n->pad),
-                           PAIR(n->kernel));
-        }
-        n->groups = 1;
-    }
-    int64_t out[2];
-    for (int d = 0; d < 2; d++) {
-        if (n->stride[d] < 1 || n->pad[d] < 0 || n->dilation[d] < 1)
-            SHAPE_FAIL("stride %dx%d, padding %dx%d and dilation %dx%d: strides and dilations are "
-                       "1 or more, padding 0 or more", PAIR(n->stride), PAIR(n->pad),
-                       PAIR(n->dilation));
-        out[d] = window_out(in[0]->shape[1 + d], n->kernel[d], n->stride[d], n->pad[d],
-                            n->dilation[d]);
-        if (out[d] < 1)
-            SHAPE_FAIL("the window %dx%d (dilation %dx%d) does not fit input '%s' %s padded by "
-                       "%dx%d; use a smaller window or more padding", PAIR(n->kernel),
-                       PAIR(n->dilation), in[0]->name, a, PAIR(n->pad));
-    }
-    int64_t s[4] = {in[0]->shape[0], out[0], out[1], OC};
-    return expect_shape(g, n, s, 4, err);
-}
-
-/* batchnorm: x[...,C], w[C], b[C], and its running statistics, a buffer
- * running[2,C] (mean, then variance) that no other node updates. */
-static int check_batchnorm(struct tr_graph *g, struct tr_node *n, struct tr_tensor *const in[3],
-                           tr_err *err)
-{
-    char a[64];
-    int64_t C = last_dim(in[0]);
-    shape_text(in[0], a, sizeof a);
-    if (in[0]->ndim < 2)
-        SHAPE_FAIL("input '%s' %s must have a batch dimension and channels last", in[0]->name, a);
-    if (in[1]->numel != (size_t)C || in[2]->numel != (size_t)C)
-        SHAPE_FAIL("weight '%s' and bias '%s' must have %lld elements (the channels of '%s' %s)",
-                   in[1]->name, in[2]->name, (long long)C, in[0]->name, a);
-    if (n->buffer < 0 || n->buffer >= g->n_tensors || g->tensors[n->buffer].role != TR_ROLE_BUFFER)
-        SHAPE_FAIL("needs its running statistics: a buffer tensor running[2,%lld] (the buffer "
-                   "attribute)", (long long)C);
-    const struct tr_tensor *buf = &g->tensors[n->buffer];
-    if (buf->ndim != 2 || buf->shape[0] != 2 || buf->shape[1] != C) {
-        shape_text(buf, a, sizeof a);
-        SHAPE_FAIL("buffer '%s' %s must be [2,%lld]: the running mean and variance of each "
-                   "channel", buf->name, a, (long long)C);
-    }
-    for (const struct tr_node *o = g->nodes; o < n; o++)
-        if (o->op == TR_OP_BATCHNORM && o->buffer == n->buffer)
-            SHAPE_FAIL("buffer '%s' is already the running statistics of '%s'; each batchnorm "
-                       "needs its own", buf->name, o->name);
-    if (!(n->eps > 0)) /* NaN too */
-        n->eps = 1e-5f;
-    if (n->momentum == 0)
-        n->momentum = 0.1f;
-    if (!(n->momentum > 0 && n->momentum <= 1))
-        SHAPE_FAIL("momentum %g must be above 0 and at most 1 (the weight of each batch in the "
-                   "running statistics; 0.1 in PyTorch)", (double)n->momentum);
-    if (expect_shape(g, n, in[0]->shape, in[0]->ndim, err) != TR_OK)
-        return TR_ERROR;
-    add_aux(g, n, "mean", 1, &C);
-    add_aux(g, n, "rstd", 1, &C);
-    return TR_OK;
-}
-
+/* A node against its op's description (kernels/ops.h): the number and
+ * kinds of its inputs, then the op's shape rule, whose output must be the
+ * one the node declares; the rule's saved tensors are added here. */
 static int check_node(struct tr_graph *g, struct tr_node *n, tr_err *err)
 {
     struct tr_tensor *in[3] = {NULL, NULL, NULL};
@@ -324,203 +157,28 @@ static int check_node(struct tr_graph *g, struct tr_node *n, tr_err *err)
             SHAPE_FAIL("input %d is not a tensor of this graph", k + 1);
         in[k] = &g->tensors[n->in[k]];
     }
-    static const int arity[TR_OP_COUNT][2] = {
-        [TR_OP_EMBEDDING] = {2, 2}, [TR_OP_ADD_ROWS] = {2, 2}, [TR_OP_ADD] = {2, 2},
-        [TR_OP_LINEAR] = {2, 3},    [TR_OP_MATMUL] = {2, 2},   [TR_OP_LAYERNORM] = {3, 3},
-        [TR_OP_GELU] = {1, 1},      [TR_OP_RELU] = {1, 1},     [TR_OP_ATTENTION] = {1, 3},
-        [TR_OP_CROSS_ENTROPY] = {2, 2}, [TR_OP_RMSNORM] = {2, 2}, [TR_OP_ROPE] = {1, 1},
-        [TR_OP_SWIGLU] = {2, 2},    [TR_OP_SCALE] = {1, 1},    [TR_OP_CONV2D] = {2, 3},
-        [TR_OP_MAXPOOL] = {1, 1},   [TR_OP_AVGPOOL] = {1, 1},  [TR_OP_GLOBAL_AVGPOOL] = {1, 1},
-        [TR_OP_BATCHNORM] = {3, 3},
-    };
-    if ((unsigned)n->op >= TR_OP_COUNT)
+    const struct tr_op_desc *op = tr_op_desc(n->op);
+    if (!op)
         SHAPE_FAIL("unknown op");
-    if (n->op == TR_OP_ATTENTION && n->n_in == 2)
-        SHAPE_FAIL("takes 1 input (packed qkv) or 3 (q, k, v), got 2");
-    if (n->n_in < arity[n->op][0] || n->n_in > arity[n->op][1])
-        SHAPE_FAIL("takes %d input(s), got %d", arity[n->op][0], n->n_in);
+    if (n->n_in < op->min_in || n->n_in > op->max_in)
+        SHAPE_FAIL("takes %d input(s), got %d", op->min_in, n->n_in);
+    if (op->arity && !(op->in_counts & (1u << n->n_in)))
+        SHAPE_FAIL("%s, got %d", op->arity, n->n_in);
     for (int k = 0; k < n->n_in; k++) {
-        int wants_int = (n->op == TR_OP_EMBEDDING && k == 1) || (n->op == TR_OP_CROSS_ENTROPY && k == 1);
+        int wants_int = (op->int_inputs >> k) & 1u;
         if (wants_int != (in[k]->dtype == TR_I32))
             SHAPE_FAIL("input '%s' must be %s", in[k]->name, wants_int ? "integer ids" : "floating point");
     }
-    int64_t s[TR_MAX_DIMS];
-    char a[64], b[64];
-    switch (n->op) {
-    case TR_OP_EMBEDDING: {
-        if (in[0]->ndim != 2)
-            SHAPE_FAIL("table '%s' must be [vocab, dim]", in[0]->name);
-        if (in[1]->ndim + 1 > TR_MAX_DIMS)
-            SHAPE_FAIL("too many dimensions");
-        memcpy(s, in[1]->shape, sizeof(int64_t) * (size_t)in[1]->ndim);
-        s[in[1]->ndim] = in[0]->shape[1];
-        return expect_shape(g, n, s, in[1]->ndim + 1, err);
-    }
-    case TR_OP_ADD_ROWS:
-        if (in[0]->ndim != 3 || in[1]->ndim != 2 || in[1]->shape[1] != in[0]->shape[2] ||
-            in[1]->shape[0] < in[0]->shape[1]) {
-            shape_text(in[0], a, sizeof a);
-            shape_text(in[1], b, sizeof b);
-            SHAPE_FAIL("'%s' %s and '%s' %s: need x[B,T,C] and p[>=T,C]", in[0]->name, a,
-                       in[1]->name, b);
-        }
-        return expect_shape(g, n, in[0]->shape, 3, err);
-    case TR_OP_ADD:
-        if (in[0]->numel != in[1]->numel || in[0]->ndim != in[1]->ndim) {
-            shape_text(in[0], a, sizeof a);
-            shape_text(in[1], b, sizeof b);
-            SHAPE_FAIL("'%s' %s and '%s' %s differ in shape", in[0]->name, a, in[1]->name, b);
-        }
-        return expect_shape(g, n, in[0]->shape, in[0]->ndim, err);
-    case TR_OP_LINEAR:
-        if (in[1]->ndim != 2 || in[1]->shape[1] != last_dim(in[0])) {
-            shape_text(in[0], a, sizeof a);
-            shape_text(in[1], b, sizeof b);
-            SHAPE_FAIL("input '%s' %s has %lld features but weight '%s' %s expects %lld",
-                       in[0]->name, a, (long long)last_dim(in[0]), in[1]->name, b,
-                       (long long)(in[1]->ndim == 2 ? in[1]->shape[1] : -1));
-        }
-        if (n->n_in == 3 && (in[2]->ndim != 1 || in[2]->shape[0] != in[1]->shape[0]))
-            SHAPE_FAIL("bias '%s' must be [%lld]", in[2]->name, (long long)in[1]->shape[0]);
-        memcpy(s, in[0]->shape, sizeof(int64_t) * (size_t)in[0]->ndim);
-        s[in[0]->ndim - 1] = in[1]->shape[0];
-        return expect_shape(g, n, s, in[0]->ndim, err);
-    case TR_OP_MATMUL: {
-        int nd = in[0]->ndim;
-        if ((nd != 2 && nd != 3) || in[1]->ndim != nd || (nd == 3 && in[0]->shape[0] != in[1]->shape[0]))
-            SHAPE_FAIL("needs a[M,K] b[K,N] or a[batch,M,K] b[batch,K,N]");
-        int64_t K = in[0]->shape[nd - 1];
-        int64_t bk = n->trans_b ? in[1]->shape[nd - 1] : in[1]->shape[nd - 2];
-        int64_t N = n->trans_b ? in[1]->shape[nd - 2] : in[1]->shape[nd - 1];
-        if (bk != K) {
-            shape_text(in[0], a, sizeof a);
-            shape_text(in[1], b, sizeof b);
-            SHAPE_FAIL("inner dimensions differ: '%s' %s and '%s' %s%s", in[0]->name, a,
-                       in[1]->name, b, n->trans_b ? " (b transposed)" : "");
-        }
-        memcpy(s, in[0]->shape, sizeof(int64_t) * (size_t)nd);
-        s[nd - 1] = N;
-        return expect_shape(g, n, s, nd, err);
-    }
-    case TR_OP_LAYERNORM: {
-        int64_t C = last_dim(in[0]);
-        if (in[1]->numel != (size_t)C || in[2]->numel != (size_t)C)
-            SHAPE_FAIL("weight and bias must have %lld elements", (long long)C);
-        int64_t rows = rows_of(in[0]);
-        if (n->eps <= 0)
-            n->eps = 1e-5f;
-        if (expect_shape(g, n, in[0]->shape, in[0]->ndim, err) != TR_OK)
-            return TR_ERROR;
-        add_aux(g, n, "mean", 1, &rows);
-        add_aux(g, n, "rstd", 1, &rows);
-        return TR_OK;
-    }
-    case TR_OP_GELU:
-    case TR_OP_RELU:
-        return expect_shape(g, n, in[0]->shape, in[0]->ndim, err);
-    case TR_OP_ATTENTION: {
-        if (n->n_in == 3)
-            return check_gqa(g, n, in, err);
-        if (n->kv_heads != 0 && n->kv_heads != n->heads)
-            SHAPE_FAIL("packed qkv attention has as many key/value heads as heads (%d), not %d; "
-                       "give q, k and v separately for grouped-query attention",
-                       n->heads, n->kv_heads);
-        n->kv_heads = n->heads;
-        if (in[0]->ndim != 3 || in[0]->shape[2] % 3 != 0)
-            SHAPE_FAIL("input '%s' must be qkv[B,T,3C]", in[0]->name);
-        int64_t C = in[0]->shape[2] / 3;
-        if (n->heads <= 0 || C % n->heads != 0)
-            SHAPE_FAIL("%d heads do not divide the width %lld", n->heads, (long long)C);
-        s[0] = in[0]->shape[0];
-        s[1] = in[0]->shape[1];
-        s[2] = C;
-        if (expect_shape(g, n, s, 3, err) != TR_OK)
-            return TR_ERROR;
-        /* log-sum-exp of each query row's scaled causal scores: the
-         * backward recomputes the probabilities from q, k and it */
-        int64_t lse[3] = {in[0]->shape[0], n->heads, in[0]->shape[1]};
-        add_aux(g, n, "lse", 3, lse);
-        return TR_OK;
-    }
-    case TR_OP_CROSS_ENTROPY: {
-        int64_t rows = rows_of(in[0]);
-        if ((int64_t)in[1]->numel != rows) {
-            shape_text(in[0], a, sizeof a);
-            shape_text(in[1], b, sizeof b);
-            SHAPE_FAIL("logits '%s' %s have %lld rows but targets '%s' %s have %zu", in[0]->name,
-                       a, (long long)rows, in[1]->name, b, in[1]->numel);
-        }
-        int64_t one = 1;
-        if (expect_shape(g, n, &one, 1, err) != TR_OK)
-            return TR_ERROR;
-        add_aux(g, n, "lse", 1, &rows);
-        return TR_OK;
-    }
-    case TR_OP_RMSNORM: {
-        int64_t C = last_dim(in[0]);
-        if (in[1]->numel != (size_t)C) {
-            shape_text(in[1], a, sizeof a);
-            SHAPE_FAIL("weight '%s' %s must have %lld elements (the last dimension of '%s')",
-                       in[1]->name, a, (long long)C, in[0]->name);
-        }
-        int64_t rows = rows_of(in[0]);
-        if (!(n->eps > 0)) /* NaN too */
-            n->eps = 1e-5f;
-        if (expect_shape(g, n, in[0]->shape, in[0]->ndim, err) != TR_OK)
-            return TR_ERROR;
-        add_aux(g, n, "rstd", 1, &rows);
-        return TR_OK;
-    }
-    case TR_OP_ROPE: {
-        if (in[0]->ndim != 3) {
-            shape_text(in[0], a, sizeof a);
-            SHAPE_FAIL("input '%s' %s must be x[B,T,heads*D]", in[0]->name, a);
-        }
-        int64_t W = in[0]->shape[2];
-        if (n->heads <= 0 || W % n->heads != 0)
-            SHAPE_FAIL("%d heads do not divide the width %lld of '%s'", n->heads, (long long)W,
-                       in[0]->name);
-        if ((W / n->heads) % 2 != 0)
-            SHAPE_FAIL("head dim %lld is odd; rotary embedding turns pairs of channels (i, i+D/2), "
-                       "so it needs an even head dim", (long long)(W / n->heads));
-        if (!(n->theta > 0) || !isfinite(n->theta))
-            SHAPE_FAIL("theta %g must be a finite number above 0 (10000 in Llama 2)",
-                       (double)n->theta);
-        return expect_shape(g, n, in[0]->shape, 3, err);
-    }
-    case TR_OP_SWIGLU: {
-        int same = in[0]->ndim == in[1]->ndim;
-        for (int d = 0; same && d < in[0]->ndim; d++)
-            same = in[0]->shape[d] == in[1]->shape[d];
-        if (!same) {
-            shape_text(in[0], a, sizeof a);
-            shape_text(in[1], b, sizeof b);
-            SHAPE_FAIL("gate '%s' %s and up '%s' %s differ in shape", in[0]->name, a, in[1]->name,
-                       b);
-        }
-        return expect_shape(g, n, in[0]->shape, in[0]->ndim, err);
-    }
-    case TR_OP_SCALE:
-        if (!isfinite(n->scale))
-            SHAPE_FAIL("scale %g is not a finite number", (double)n->scale);
-        return expect_shape(g, n, in[0]->shape, in[0]->ndim, err);
-    case TR_OP_CONV2D:
-    case TR_OP_MAXPOOL:
-    case TR_OP_AVGPOOL:
-        return check_window(g, n, in, err);
-    case TR_OP_GLOBAL_AVGPOOL:
-        if (in[0]->ndim != 4) {
-            shape_text(in[0], a, sizeof a);
-            SHAPE_FAIL("input '%s' %s must be an image batch x[B,H,W,C]", in[0]->name, a);
-        }
-        s[0] = in[0]->shape[0];
-        s[1] = in[0]->shape[3];
-        return expect_shape(g, n, s, 2, err);
-    case TR_OP_BATCHNORM:
-        return check_batchnorm(g, n, in, err);
-    default:
-        SHAPE_FAIL("unknown op");
-    }
+    struct tr_op_shape s;
+    memset(&s, 0, sizeof s);
+    char why[TR_OP_WHY_SIZE];
+    if (op->shape(g, n, (const struct tr_tensor *const *)in, &s, why) != 0)
+        SHAPE_FAIL("%s", why);
+    if (expect_shape(g, n, s.shape, s.ndim, err) != TR_OK)
+        return TR_ERROR;
+    for (int i = 0; i < s.n_aux; i++) /* may grow g->tensors */
+        add_aux(g, n, s.aux[i].suffix, s.aux[i].ndim, s.aux[i].shape);
+    return TR_OK;
 }
 
 /* Every tensor's dimensions, elements and rows within what the kernels and
