@@ -1,9 +1,11 @@
 /*
- * The CUDA backend's nodes: each graph node's forward and backward as launches
- * of the kernels in ops.cu, norms.cu, step.cu, attention.cu, pool.cu, gemm.cu
- * and conv.cu (the
- * storage and GEMM dtypes a node runs in, its scratch layout), and which
- * nodes the backend supports.  backend.cu puts them in the module's iface.
+ * The CUDA backend's nodes: each op's forward and backward as launches of
+ * the kernels in ops.cu, norms.cu, step.cu, attention.cu, pool.cu, gemm.cu
+ * and conv.cu, one function each in a per-op table indexed by enum tr_op
+ * (cuda_ops); the storage and GEMM dtypes a node runs in, its scratch
+ * layout, and which nodes the backend supports.  backend.cu puts them in
+ * the module's iface.  Adding an op: its functions and its row in
+ * build_ops (docs/ops.md).
  */
 #include "common.cuh"
 
@@ -299,175 +301,305 @@ static void gemm_backward(struct cuda_context *c, struct tr_graph *g, const stru
     }
 }
 
+/* the output's gradient: none for the loss (g->loss_grad seeds it) */
+static const float *dout_of(const struct tr_graph *g, const struct tr_node *n)
+{
+    return n->out == g->loss ? NULL : OUT->grad;
+}
+
+/* Each op's forward and backward, in enum order: launches of the kernels
+ * with the node's tensors, in its storage dtype. */
+
+static void embedding_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_embedding_forward(c, dt, OUT->data, IDS(T(1)), T(0)->data, (int)T(1)->numel,
+                           cols(T(0)), (int)T(0)->shape[0]);
+}
+
+static void embedding_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    const float *dout = dout_of(g, n);
+    cuda_embedding_backward(c, T(0)->grad, dout, IDS(T(1)), (int)T(1)->numel, cols(T(0)),
+                            (int)T(0)->shape[0]);
+}
+
+static void add_rows_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_add_rows_forward(c, dt, OUT->data, T(0)->data, T(1)->data, (int)T(0)->shape[0],
+                          (int)T(0)->shape[1], (int)T(0)->shape[2]);
+}
+
+static void add_rows_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    const float *dout = dout_of(g, n);
+    cuda_add_rows_backward(c, T(0)->grad, T(1)->grad, dout, (int)T(0)->shape[0],
+                           (int)T(0)->shape[1], (int)T(0)->shape[2]);
+}
+
+static void add_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_add_forward(c, dt, OUT->data, T(0)->data, T(1)->data, OUT->numel);
+}
+
+static void add_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    const float *dout = dout_of(g, n);
+    cuda_add_backward(c, T(0)->grad, T(1)->grad, dout, OUT->numel);
+}
+
+static void layernorm_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_layernorm_forward(c, dt, OUT->data, AUX(0), AUX(1), T(0)->data, T(1)->data,
+                           T(2)->data, rows(T(0)), cols(T(0)), n->eps);
+}
+
+static void layernorm_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    const float *dout = dout_of(g, n);
+    cuda_layernorm_backward(c, dt, T(0)->grad, T(1)->grad, T(2)->grad, dout, T(0)->data,
+                            T(1)->data, AUX(0), AUX(1), rows(T(0)), cols(T(0)), g->scratch);
+}
+
+static void gelu_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_gelu_forward(c, dt, OUT->data, T(0)->data, OUT->numel);
+}
+
+static void gelu_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    const float *dout = dout_of(g, n);
+    cuda_gelu_backward(c, dt, T(0)->grad, T(0)->data, dout, OUT->numel);
+}
+
+static void relu_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_relu_forward(c, dt, OUT->data, T(0)->data, OUT->numel);
+}
+
+static void relu_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    const float *dout = dout_of(g, n);
+    cuda_relu_backward(c, dt, T(0)->grad, T(0)->data, dout, OUT->numel);
+}
+
+static void attention_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    struct attention_args a = attention_of(g, n);
+    cuda_attention_forward(c, dt, &a, OUT->data, AUX(0));
+}
+
+static void attention_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    const float *dout = dout_of(g, n);
+    struct attention_args a = attention_of(g, n);
+    cuda_attention_backward(c, dt, &a, dout, OUT->data, AUX(0), g->scratch);
+}
+
+static void cross_entropy_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_cross_entropy_forward(c, dt, OUT->data, AUX(0), T(0)->data, IDS(T(1)), rows(T(0)),
+                               cols(T(0)), n->ignore_index, g->scratch);
+}
+
+static void cross_entropy_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_cross_entropy_backward(c, dt, T(0)->grad, T(0)->data, AUX(0), IDS(T(1)), g->loss_grad,
+                                rows(T(0)), cols(T(0)), n->ignore_index, g->scratch);
+}
+
+static void rmsnorm_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_rmsnorm_forward(c, dt, OUT->data, AUX(0), T(0)->data, T(1)->data, rows(T(0)),
+                         cols(T(0)), n->eps);
+}
+
+static void rmsnorm_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    const float *dout = dout_of(g, n);
+    cuda_rmsnorm_backward(c, dt, T(0)->grad, T(1)->grad, dout, T(0)->data, T(1)->data, AUX(0),
+                          rows(T(0)), cols(T(0)), g->scratch);
+}
+
+static void rope_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_rope_forward(c, dt, OUT->data, T(0)->data, (int)T(0)->shape[0], (int)T(0)->shape[1],
+                      n->heads, rope_head(g, n), n->theta, g->scratch);
+}
+
+static void rope_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    const float *dout = dout_of(g, n);
+    cuda_rope_backward(c, T(0)->grad, dout, (int)T(0)->shape[0], (int)T(0)->shape[1],
+                       n->heads, rope_head(g, n), n->theta, g->scratch);
+}
+
+static void swiglu_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_swiglu_forward(c, dt, OUT->data, T(0)->data, T(1)->data, OUT->numel);
+}
+
+static void swiglu_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    const float *dout = dout_of(g, n);
+    cuda_swiglu_backward(c, dt, T(0)->grad, T(1)->grad, T(0)->data, T(1)->data, dout,
+                         OUT->numel);
+}
+
+static void scale_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_scale_forward(c, dt, OUT->data, T(0)->data, n->scale, OUT->numel);
+}
+
+static void scale_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    const float *dout = dout_of(g, n);
+    cuda_scale_backward(c, T(0)->grad, dout, n->scale, OUT->numel);
+}
+
+static void conv2d_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    struct conv_args a = conv_of(g, n);
+    cuda_conv_forward(c, &a, g->scratch, g->scratch_floats);
+}
+
+static void conv2d_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    struct conv_args a = conv_of(g, n);
+    cuda_conv_backward(c, &a, g->scratch, g->scratch_floats);
+}
+
+static void maxpool_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    struct pool_args p = pool_of(g, n);
+    cuda_maxpool_forward(c, dt, OUT->data, T(0)->data, &p);
+}
+
+static void maxpool_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    const float *dout = dout_of(g, n);
+    struct pool_args p = pool_of(g, n);
+    cuda_maxpool_backward(c, dt, T(0)->grad, T(0)->data, dout, &p);
+}
+
+static void avgpool_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    struct pool_args p = pool_of(g, n);
+    cuda_avgpool_forward(c, dt, OUT->data, T(0)->data, &p);
+}
+
+static void avgpool_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    const float *dout = dout_of(g, n);
+    struct pool_args p = pool_of(g, n);
+    cuda_avgpool_backward(c, T(0)->grad, dout, &p);
+}
+
+static void global_avgpool_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_global_avgpool_forward(c, dt, OUT->data, T(0)->data, (int)T(0)->shape[0],
+                                (int)(T(0)->shape[1] * T(0)->shape[2]), cols(T(0)));
+}
+
+static void global_avgpool_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    const float *dout = dout_of(g, n);
+    cuda_global_avgpool_backward(c, T(0)->grad, dout, (int)T(0)->shape[0],
+                                 (int)(T(0)->shape[1] * T(0)->shape[2]), cols(T(0)));
+}
+
+static void batchnorm_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    /* training: batch statistics, and the running ones updated once per
+     * step (not again when a recomputed segment re-runs forward) */
+    cuda_batchnorm_forward(c, dt, OUT->data, AUX(0), AUX(1), running_of(g, n), T(0)->data,
+                           T(1)->data, T(2)->data, rows(T(0)), cols(T(0)), n->eps,
+                           n->momentum, g->training, g->training && !g->recomputing,
+                           g->scratch);
+}
+
+static void batchnorm_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    const float *dout = dout_of(g, n);
+    cuda_batchnorm_backward(c, dt, T(0)->grad, T(1)->grad, T(2)->grad, dout, T(0)->data,
+                            T(1)->data, AUX(0), AUX(1), rows(T(0)), cols(T(0)), g->training,
+                            g->scratch);
+}
+
+/* ---- the per-op table, indexed by enum tr_op (built at compile time, so
+ * each row names its op); an op without functions is not run */
+typedef void (*node_fn)(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n);
+struct cuda_op {
+    node_fn forward, backward;
+};
+struct cuda_op_table {
+    struct cuda_op op[TR_OP_COUNT];
+};
+
+static constexpr struct cuda_op_table build_ops()
+{
+    struct cuda_op_table t{};
+    t.op[TR_OP_EMBEDDING] = {embedding_forward, embedding_backward};
+    t.op[TR_OP_ADD_ROWS] = {add_rows_forward, add_rows_backward};
+    t.op[TR_OP_ADD] = {add_forward, add_backward};
+    t.op[TR_OP_LINEAR] = {gemm_forward, gemm_backward};
+    t.op[TR_OP_MATMUL] = {gemm_forward, gemm_backward};
+    t.op[TR_OP_LAYERNORM] = {layernorm_forward, layernorm_backward};
+    t.op[TR_OP_GELU] = {gelu_forward, gelu_backward};
+    t.op[TR_OP_RELU] = {relu_forward, relu_backward};
+    t.op[TR_OP_ATTENTION] = {attention_forward, attention_backward};
+    t.op[TR_OP_CROSS_ENTROPY] = {cross_entropy_forward, cross_entropy_backward};
+    t.op[TR_OP_RMSNORM] = {rmsnorm_forward, rmsnorm_backward};
+    t.op[TR_OP_ROPE] = {rope_forward, rope_backward};
+    t.op[TR_OP_SWIGLU] = {swiglu_forward, swiglu_backward};
+    t.op[TR_OP_SCALE] = {scale_forward, scale_backward};
+    t.op[TR_OP_CONV2D] = {conv2d_forward, conv2d_backward};
+    t.op[TR_OP_MAXPOOL] = {maxpool_forward, maxpool_backward};
+    t.op[TR_OP_AVGPOOL] = {avgpool_forward, avgpool_backward};
+    t.op[TR_OP_GLOBAL_AVGPOOL] = {global_avgpool_forward, global_avgpool_backward};
+    t.op[TR_OP_BATCHNORM] = {batchnorm_forward, batchnorm_backward};
+    return t;
+}
+static constexpr struct cuda_op_table cuda_ops = build_ops();
+
 static void node_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
 {
     struct cuda_context *c = (struct cuda_context *)ctx;
     c->allow_tf32 = g->allow_tf32; /* cuda_gemm's compute type */
-    int dt = storage(g, n);
-    switch (n->op) {
-    case TR_OP_EMBEDDING:
-        cuda_embedding_forward(c, dt, OUT->data, IDS(T(1)), T(0)->data, (int)T(1)->numel,
-                               cols(T(0)), (int)T(0)->shape[0]);
-        break;
-    case TR_OP_ADD_ROWS:
-        cuda_add_rows_forward(c, dt, OUT->data, T(0)->data, T(1)->data, (int)T(0)->shape[0],
-                              (int)T(0)->shape[1], (int)T(0)->shape[2]);
-        break;
-    case TR_OP_ADD:
-        cuda_add_forward(c, dt, OUT->data, T(0)->data, T(1)->data, OUT->numel);
-        break;
-    case TR_OP_LINEAR:
-    case TR_OP_MATMUL:
-        gemm_forward(c, g, n);
-        break;
-    case TR_OP_LAYERNORM:
-        cuda_layernorm_forward(c, dt, OUT->data, AUX(0), AUX(1), T(0)->data, T(1)->data,
-                               T(2)->data, rows(T(0)), cols(T(0)), n->eps);
-        break;
-    case TR_OP_GELU:
-        cuda_gelu_forward(c, dt, OUT->data, T(0)->data, OUT->numel);
-        break;
-    case TR_OP_RELU:
-        cuda_relu_forward(c, dt, OUT->data, T(0)->data, OUT->numel);
-        break;
-    case TR_OP_ATTENTION: {
-        struct attention_args a = attention_of(g, n);
-        cuda_attention_forward(c, dt, &a, OUT->data, AUX(0));
-        break;
-    }
-    case TR_OP_CROSS_ENTROPY:
-        cuda_cross_entropy_forward(c, dt, OUT->data, AUX(0), T(0)->data, IDS(T(1)), rows(T(0)),
-                                   cols(T(0)), n->ignore_index, g->scratch);
-        break;
-    case TR_OP_RMSNORM:
-        cuda_rmsnorm_forward(c, dt, OUT->data, AUX(0), T(0)->data, T(1)->data, rows(T(0)),
-                             cols(T(0)), n->eps);
-        break;
-    case TR_OP_ROPE:
-        cuda_rope_forward(c, dt, OUT->data, T(0)->data, (int)T(0)->shape[0], (int)T(0)->shape[1],
-                          n->heads, rope_head(g, n), n->theta, g->scratch);
-        break;
-    case TR_OP_SWIGLU:
-        cuda_swiglu_forward(c, dt, OUT->data, T(0)->data, T(1)->data, OUT->numel);
-        break;
-    case TR_OP_SCALE:
-        cuda_scale_forward(c, dt, OUT->data, T(0)->data, n->scale, OUT->numel);
-        break;
-    case TR_OP_CONV2D: {
-        struct conv_args a = conv_of(g, n);
-        cuda_conv_forward(c, &a, g->scratch, g->scratch_floats);
-        break;
-    }
-    case TR_OP_MAXPOOL: {
-        struct pool_args p = pool_of(g, n);
-        cuda_maxpool_forward(c, dt, OUT->data, T(0)->data, &p);
-        break;
-    }
-    case TR_OP_AVGPOOL: {
-        struct pool_args p = pool_of(g, n);
-        cuda_avgpool_forward(c, dt, OUT->data, T(0)->data, &p);
-        break;
-    }
-    case TR_OP_GLOBAL_AVGPOOL:
-        cuda_global_avgpool_forward(c, dt, OUT->data, T(0)->data, (int)T(0)->shape[0],
-                                    (int)(T(0)->shape[1] * T(0)->shape[2]), cols(T(0)));
-        break;
-    case TR_OP_BATCHNORM:
-        /* training: batch statistics, and the running ones updated once per
-         * step (not again when a recomputed segment re-runs forward) */
-        cuda_batchnorm_forward(c, dt, OUT->data, AUX(0), AUX(1), running_of(g, n), T(0)->data,
-                               T(1)->data, T(2)->data, rows(T(0)), cols(T(0)), n->eps,
-                               n->momentum, g->training, g->training && !g->recomputing,
-                               g->scratch);
-        break;
-    default:
-        break;
-    }
+    if ((unsigned)n->op < TR_OP_COUNT && cuda_ops.op[n->op].forward)
+        cuda_ops.op[n->op].forward(c, g, n);
 }
 
 static void node_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
 {
     struct cuda_context *c = (struct cuda_context *)ctx;
     c->allow_tf32 = g->allow_tf32;
-    int dt = storage(g, n);
-    const float *dout = n->out == g->loss ? NULL : OUT->grad;
-    switch (n->op) {
-    case TR_OP_EMBEDDING:
-        cuda_embedding_backward(c, T(0)->grad, dout, IDS(T(1)), (int)T(1)->numel, cols(T(0)),
-                                (int)T(0)->shape[0]);
-        break;
-    case TR_OP_ADD_ROWS:
-        cuda_add_rows_backward(c, T(0)->grad, T(1)->grad, dout, (int)T(0)->shape[0],
-                               (int)T(0)->shape[1], (int)T(0)->shape[2]);
-        break;
-    case TR_OP_ADD:
-        cuda_add_backward(c, T(0)->grad, T(1)->grad, dout, OUT->numel);
-        break;
-    case TR_OP_LINEAR:
-    case TR_OP_MATMUL:
-        gemm_backward(c, g, n);
-        break;
-    case TR_OP_LAYERNORM:
-        cuda_layernorm_backward(c, dt, T(0)->grad, T(1)->grad, T(2)->grad, dout, T(0)->data,
-                                T(1)->data, AUX(0), AUX(1), rows(T(0)), cols(T(0)), g->scratch);
-        break;
-    case TR_OP_GELU:
-        cuda_gelu_backward(c, dt, T(0)->grad, T(0)->data, dout, OUT->numel);
-        break;
-    case TR_OP_RELU:
-        cuda_relu_backward(c, dt, T(0)->grad, T(0)->data, dout, OUT->numel);
-        break;
-    case TR_OP_ATTENTION: {
-        struct attention_args a = attention_of(g, n);
-        cuda_attention_backward(c, dt, &a, dout, OUT->data, AUX(0), g->scratch);
-        break;
-    }
-    case TR_OP_CROSS_ENTROPY:
-        cuda_cross_entropy_backward(c, dt, T(0)->grad, T(0)->data, AUX(0), IDS(T(1)), g->loss_grad,
-                                    rows(T(0)), cols(T(0)), n->ignore_index, g->scratch);
-        break;
-    case TR_OP_RMSNORM:
-        cuda_rmsnorm_backward(c, dt, T(0)->grad, T(1)->grad, dout, T(0)->data, T(1)->data, AUX(0),
-                              rows(T(0)), cols(T(0)), g->scratch);
-        break;
-    case TR_OP_ROPE:
-        cuda_rope_backward(c, T(0)->grad, dout, (int)T(0)->shape[0], (int)T(0)->shape[1],
-                           n->heads, rope_head(g, n), n->theta, g->scratch);
-        break;
-    case TR_OP_SWIGLU:
-        cuda_swiglu_backward(c, dt, T(0)->grad, T(1)->grad, T(0)->data, T(1)->data, dout,
-                             OUT->numel);
-        break;
-    case TR_OP_SCALE:
-        cuda_scale_backward(c, T(0)->grad, dout, n->scale, OUT->numel);
-        break;
-    case TR_OP_CONV2D: {
-        struct conv_args a = conv_of(g, n);
-        cuda_conv_backward(c, &a, g->scratch, g->scratch_floats);
-        break;
-    }
-    case TR_OP_MAXPOOL: {
-        struct pool_args p = pool_of(g, n);
-        cuda_maxpool_backward(c, dt, T(0)->grad, T(0)->data, dout, &p);
-        break;
-    }
-    case TR_OP_AVGPOOL: {
-        struct pool_args p = pool_of(g, n);
-        cuda_avgpool_backward(c, T(0)->grad, dout, &p);
-        break;
-    }
-    case TR_OP_GLOBAL_AVGPOOL:
-        cuda_global_avgpool_backward(c, T(0)->grad, dout, (int)T(0)->shape[0],
-                                     (int)(T(0)->shape[1] * T(0)->shape[2]), cols(T(0)));
-        break;
-    case TR_OP_BATCHNORM:
-        cuda_batchnorm_backward(c, dt, T(0)->grad, T(1)->grad, T(2)->grad, dout, T(0)->data,
-                                T(1)->data, AUX(0), AUX(1), rows(T(0)), cols(T(0)), g->training,
-                                g->scratch);
-        break;
-    default:
-        break;
-    }
+    if ((unsigned)n->op < TR_OP_COUNT && cuda_ops.op[n->op].backward)
+        cuda_ops.op[n->op].backward(c, g, n);
 }
 
 /* ---- 16-bit activation storage -----------------------------------------------
