@@ -536,3 +536,15 @@ const struct tr_op_desc *tr_op_desc(enum tr_op op)
 {
     return (unsigned)op < TR_OP_COUNT ? &tr_ops[op] : NULL;
 }
+
+unsigned tr_op_backend_bit(const char *name)
+{
+    static const struct {
+        const char *name;
+        unsigned bit;
+    } known[] = {{"cpu", TR_ON_CPU}, {"cuda", TR_ON_CUDA}};
+    for (size_t i = 0; name && i < sizeof known / sizeof known[0]; i++)
+        if (strcmp(known[i].name, name) == 0)
+            return known[i].bit;
+    return 0;
+}

@@ -96,8 +96,16 @@ typedef int (*tr_shape_rule)(const struct tr_graph *g, struct tr_node *n,
                              const struct tr_tensor *const in[3], struct tr_op_shape *s,
                              char *why);
 
-/* Backends that run an op (backends' supports_op start from this bit). */
+/* The backends the table knows, as bits of an op's backends.  The core
+ * refuses a node whose op's bit for the device is clear before it asks the
+ * backend's supports_op, which then only adds what depends on the node (its
+ * tensors' types, a shape the device's library lacks). */
 enum { TR_ON_CPU = 1u << 0, TR_ON_CUDA = 1u << 1 };
+
+/* The bit of the backend named `name` (its iface's name: "cpu", "cuda");
+ * 0 for a backend the table does not know, which supports_op alone answers
+ * for. */
+unsigned tr_op_backend_bit(const char *name);
 
 struct tr_op_desc {
     const char *name;          /* in recipes, messages, profiles: "linear" */

@@ -745,8 +745,9 @@ void cuda_forward(void *ctx, struct tr_graph *g, const struct tr_node *n) { run_
 
 void cuda_backward(void *ctx, struct tr_graph *g, const struct tr_node *n) { run_node(ctx, g, n, 1); }
 
-/* Every op of the vocabulary, its float tensors stored in fp32, bf16 or
- * fp16 (the storage dtype is that of the first input, see storage()), with
+/* The ops the op table (kernels/ops.h) gives to cuda -- every op of the
+ * vocabulary; the core checks the table's bit before asking here -- its
+ * float tensors stored in fp32, bf16 or fp16 (the storage dtype is that of the first input, see storage()), with
  * attention's head size up to ATTENTION_MAX_HEAD: a larger one is refused
  * when the run starts rather than failing in its first step.  conv2d needs
  * cuDNN (loaded at open) and a shape it has a deterministic algorithm for. */
