@@ -1,13 +1,15 @@
 /* The op table (kernels/ops.h) is complete, and the Lua builders
  * (lua/trainrun/nn.lua) emit only what it describes: every op has a node
  * from some builder, each node's op, input count and attributes are the
- * table's, and each builder the table names exists. */
+ * table's, and each builder the table names exists.  The optimizer table
+ * (core/config/optimizers.c) is complete too. */
 #include <criterion/criterion.h>
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
 #include <string.h>
 
+#include "config/optimizers.h"
 #include "engine/graph.h"
 
 Test(ops, table_complete)
@@ -119,4 +121,20 @@ Test(ops, nn_lua_agrees)
     cr_assert_eq(lua_pcall(L, 2, 1, 0), 0, "%s", lua_tostring(L, -1));
     cr_assert(lua_isnil(L, -1), "%s", lua_tostring(L, -1));
     lua_close(L);
+}
+
+Test(ops, optimizer_table_complete)
+{
+    int n = 0;
+    for (; tr_optimizers[n]; n++) {
+        const struct tr_optimizer_desc *d = tr_optimizers[n];
+        cr_assert_str_eq(tr_optimizer_names[n], d->name, "the names list follows the table");
+        cr_assert_eq(tr_optimizer_find(d->name), d);
+        cr_assert(d->state_slots >= 0 && d->state_slots <= TR_OPTIMIZER_MAX_SLOTS, "%s", d->name);
+        for (int k = 0; k < d->state_slots; k++)
+            cr_assert(d->state_names[k] && tr_optimizer_state_files[k], "%s: slot %d", d->name, k);
+        cr_assert(d->options && d->options[0], "%s: the options its update reads", d->name);
+    }
+    cr_assert_null(tr_optimizer_names[n]);
+    cr_assert_null(tr_optimizer_find("adam"));
 }
