@@ -105,7 +105,7 @@ static int64_t cpu_count_correct(void *ctx, const float *logits, const int32_t *
 
 /* ---- 16-bit activation storage ---------------------------------------------
  * Under a 16-bit compute dtype the planner stores activations in it
- * (core/engine/graph.c, plan_storage).  Gradients and saved aux stay fp32.
+ * (core/engine/graph_plan.c, plan_storage).  Gradients and saved aux stay fp32.
  * A stored activation is always its op's fp32 result rounded once to the
  * storage dtype, on the native and the emulated GEMM paths alike.
  *

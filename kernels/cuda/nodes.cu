@@ -604,7 +604,7 @@ static void node_backward(void *ctx, struct tr_graph *g, const struct tr_node *n
 
 /* ---- 16-bit activation storage -----------------------------------------------
  * Under a 16-bit compute dtype the planner stores activations in it
- * (core/engine/graph.c, plan_storage), beside fp32 parameters, gradients,
+ * (core/engine/graph_plan.c, plan_storage), beside fp32 parameters, gradients,
  * saved statistics and logits.  The kernels take one storage dtype per node,
  * so a node whose float tensors share one runs as it is (a GELU, an
  * attention, a residual add of bf16 activations: in bf16), and a node that
