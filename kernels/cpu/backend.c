@@ -309,25 +309,12 @@ static int cpu_supports_op(void *ctx, const struct tr_graph *g, const struct tr_
     return 1;
 }
 
-/* The backward kernels that can write their gradients (kernels.h's
- * `write`): linear (all three: GEMMs with beta 0, the bias sums stored),
- * add, layer norm, RMSNorm, SwiGLU, attention (q, k and v: each block's
- * first product with beta 0), GELU, rope, scale, the cross-entropy's logits
- * and the convolution's data gradient.  The others (embeddings, batched
- * matmul, pooling, batch norm, ReLU) add to what the core zeroed. */
+/* Whether node n's backward can write in[k]'s gradient: its op's
+ * writes_grads in the per-op table (nodes.c says which do). */
 static int cpu_writes_grad(void *ctx, const struct tr_graph *g, const struct tr_node *n, int k)
 {
     (void)ctx, (void)g;
-    switch (n->op) {
-    case TR_OP_LINEAR: case TR_OP_ADD: case TR_OP_LAYERNORM: case TR_OP_ATTENTION:
-    case TR_OP_RMSNORM: case TR_OP_SWIGLU:
-        return 1;
-    case TR_OP_GELU: case TR_OP_CROSS_ENTROPY: case TR_OP_CONV2D: case TR_OP_ROPE:
-    case TR_OP_SCALE:
-        return k == 0;
-    default:
-        return 0;
-    }
+    return (unsigned)n->op < TR_OP_COUNT && ((tr_cpu_ops[n->op].writes_grads >> k) & 1u);
 }
 
 static const struct tr_backend_iface cpu_iface = {

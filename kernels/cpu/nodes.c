@@ -571,25 +571,31 @@ static void batchnorm_backward(struct tr_graph *g, const struct tr_node *n)
 }
 
 /* ---- the table ------------------------------------------------------------
- * forward, backward, scratch, backward_skips_inputs, backward_skips_output */
+ * forward, backward, scratch, backward_skips_inputs, backward_skips_output,
+ * writes_grads.  Gradients written, not added: linear (all three: GEMMs
+ * with beta 0, the bias sums stored), add, layer norm, RMSNorm, SwiGLU,
+ * attention (q, k and v: each block's first product with beta 0), GELU,
+ * rope, scale, the cross-entropy's logits and the convolution's data
+ * gradient.  The others (embeddings, batched matmul, pooling, batch norm,
+ * ReLU) add to what the core zeroed. */
 const struct tr_cpu_op tr_cpu_ops[TR_OP_COUNT] = {
-    [TR_OP_EMBEDDING] = {embedding_forward, embedding_backward, NULL, 0, 1},
-    [TR_OP_ADD_ROWS] = {add_rows_forward, add_rows_backward, NULL, 1, 1},
-    [TR_OP_ADD] = {add_forward, add_backward, NULL, 1, 1},
-    [TR_OP_LINEAR] = {linear_forward, linear_backward, gemm_scratch, 0, 1},
-    [TR_OP_MATMUL] = {matmul_forward, matmul_backward, gemm_scratch, 0, 1},
-    [TR_OP_LAYERNORM] = {layernorm_forward, layernorm_backward, layernorm_scratch, 0, 1},
-    [TR_OP_GELU] = {gelu_forward, gelu_backward, NULL, 0, 1},
-    [TR_OP_RELU] = {relu_forward, relu_backward, NULL, 0, 1},
-    [TR_OP_ATTENTION] = {attention_forward, attention_backward, attention_scratch, 0, 0},
-    [TR_OP_CROSS_ENTROPY] = {cross_entropy_forward, cross_entropy_backward, NULL, 0, 1},
-    [TR_OP_RMSNORM] = {rmsnorm_forward, rmsnorm_backward, rmsnorm_scratch, 0, 1},
-    [TR_OP_ROPE] = {rope_forward, rope_backward, rope_scratch, 1, 1},
-    [TR_OP_SWIGLU] = {swiglu_forward, swiglu_backward, NULL, 0, 1},
-    [TR_OP_SCALE] = {scale_forward, scale_backward, NULL, 1, 1},
-    [TR_OP_CONV2D] = {conv2d_forward, conv2d_backward, conv2d_scratch, 0, 1},
-    [TR_OP_MAXPOOL] = {maxpool_forward, maxpool_backward, NULL, 0, 1},
-    [TR_OP_AVGPOOL] = {avgpool_forward, avgpool_backward, NULL, 1, 1},
-    [TR_OP_GLOBAL_AVGPOOL] = {global_avgpool_forward, global_avgpool_backward, NULL, 1, 1},
-    [TR_OP_BATCHNORM] = {batchnorm_forward, batchnorm_backward, batchnorm_scratch, 0, 1},
+    [TR_OP_EMBEDDING] = {embedding_forward, embedding_backward, NULL, 0, 1, 0},
+    [TR_OP_ADD_ROWS] = {add_rows_forward, add_rows_backward, NULL, 1, 1, 0},
+    [TR_OP_ADD] = {add_forward, add_backward, NULL, 1, 1, ~0u},
+    [TR_OP_LINEAR] = {linear_forward, linear_backward, gemm_scratch, 0, 1, ~0u},
+    [TR_OP_MATMUL] = {matmul_forward, matmul_backward, gemm_scratch, 0, 1, 0},
+    [TR_OP_LAYERNORM] = {layernorm_forward, layernorm_backward, layernorm_scratch, 0, 1, ~0u},
+    [TR_OP_GELU] = {gelu_forward, gelu_backward, NULL, 0, 1, 1u},
+    [TR_OP_RELU] = {relu_forward, relu_backward, NULL, 0, 1, 0},
+    [TR_OP_ATTENTION] = {attention_forward, attention_backward, attention_scratch, 0, 0, ~0u},
+    [TR_OP_CROSS_ENTROPY] = {cross_entropy_forward, cross_entropy_backward, NULL, 0, 1, 1u},
+    [TR_OP_RMSNORM] = {rmsnorm_forward, rmsnorm_backward, rmsnorm_scratch, 0, 1, ~0u},
+    [TR_OP_ROPE] = {rope_forward, rope_backward, rope_scratch, 1, 1, 1u},
+    [TR_OP_SWIGLU] = {swiglu_forward, swiglu_backward, NULL, 0, 1, ~0u},
+    [TR_OP_SCALE] = {scale_forward, scale_backward, NULL, 1, 1, 1u},
+    [TR_OP_CONV2D] = {conv2d_forward, conv2d_backward, conv2d_scratch, 0, 1, 1u},
+    [TR_OP_MAXPOOL] = {maxpool_forward, maxpool_backward, NULL, 0, 1, 0},
+    [TR_OP_AVGPOOL] = {avgpool_forward, avgpool_backward, NULL, 1, 1, 0},
+    [TR_OP_GLOBAL_AVGPOOL] = {global_avgpool_forward, global_avgpool_backward, NULL, 1, 1, 0},
+    [TR_OP_BATCHNORM] = {batchnorm_forward, batchnorm_backward, batchnorm_scratch, 0, 1, 0},
 };

@@ -22,6 +22,10 @@ struct tr_cpu_op {
      * sums of dout x out); an op without the bit gets it, so an op added
      * later is safe before anyone sets the bit */
     unsigned backward_skips_output : 1;
+    /* bit k: the backward can write in[k]'s gradient (=, kernels.h's
+     * `write`) instead of adding to it, when the core sets the bit in
+     * n->write_grad_mask (writes_grad, kernels/backend.h); ~0u: every input */
+    unsigned writes_grads;
 };
 
 /* Every op, indexed by enum tr_op; an op without a forward is not run. */
