@@ -203,31 +203,61 @@ static struct gemm_scratch gemm_scratch_layout(const struct tr_graph *g, const s
     return s;
 }
 
-static size_t node_scratch_floats(void *ctx, const struct tr_graph *g, const struct tr_node *n)
+/* Floats of scratch each op's kernels need (forward and backward share it). */
+static size_t conv2d_scratch(struct cuda_context *c, const struct tr_graph *g,
+                             const struct tr_node *n)
 {
-    switch (n->op) {
-    case TR_OP_CONV2D: {
-        struct conv_args a = conv_of(g, n);
-        return cuda_conv_scratch_floats((struct cuda_context *)ctx, &a);
-    }
-    case TR_OP_BATCHNORM:
-        return cuda_batchnorm_scratch_floats(rows(T(0)), cols(T(0)));
-    case TR_OP_LINEAR:
-    case TR_OP_MATMUL:
-        return gemm_scratch_layout(g, n).total;
-    case TR_OP_LAYERNORM:
-        return cuda_layernorm_scratch_floats(rows(T(0)), cols(T(0)));
-    case TR_OP_ATTENTION:
-        return cuda_attention_scratch_floats((int)T(0)->shape[0], (int)T(0)->shape[1], n->heads);
-    case TR_OP_CROSS_ENTROPY:
-        return cuda_cross_entropy_scratch_floats(rows(T(0)));
-    case TR_OP_RMSNORM:
-        return cuda_rmsnorm_scratch_floats(rows(T(0)), cols(T(0)));
-    case TR_OP_ROPE:
-        return cuda_rope_scratch_floats((int)T(0)->shape[1], rope_head(g, n));
-    default:
-        return 0;
-    }
+    struct conv_args a = conv_of(g, n);
+    return cuda_conv_scratch_floats(c, &a);
+}
+
+static size_t batchnorm_scratch(struct cuda_context *c, const struct tr_graph *g,
+                                const struct tr_node *n)
+{
+    (void)c;
+    return cuda_batchnorm_scratch_floats(rows(T(0)), cols(T(0)));
+}
+
+static size_t gemm_scratch(struct cuda_context *c, const struct tr_graph *g,
+                           const struct tr_node *n)
+{
+    (void)c;
+    return gemm_scratch_layout(g, n).total;
+}
+
+static size_t layernorm_scratch(struct cuda_context *c, const struct tr_graph *g,
+                                const struct tr_node *n)
+{
+    (void)c;
+    return cuda_layernorm_scratch_floats(rows(T(0)), cols(T(0)));
+}
+
+static size_t attention_scratch(struct cuda_context *c, const struct tr_graph *g,
+                                const struct tr_node *n)
+{
+    (void)c;
+    return cuda_attention_scratch_floats((int)T(0)->shape[0], (int)T(0)->shape[1], n->heads);
+}
+
+static size_t cross_entropy_scratch(struct cuda_context *c, const struct tr_graph *g,
+                                    const struct tr_node *n)
+{
+    (void)c;
+    return cuda_cross_entropy_scratch_floats(rows(T(0)));
+}
+
+static size_t rmsnorm_scratch(struct cuda_context *c, const struct tr_graph *g,
+                              const struct tr_node *n)
+{
+    (void)c;
+    return cuda_rmsnorm_scratch_floats(rows(T(0)), cols(T(0)));
+}
+
+static size_t rope_scratch(struct cuda_context *c, const struct tr_graph *g,
+                           const struct tr_node *n)
+{
+    (void)c;
+    return cuda_rope_scratch_floats((int)T(0)->shape[1], rope_head(g, n));
 }
 
 /* x in the GEMM dtype: itself, or converted into scratch */
@@ -406,14 +436,16 @@ static void attention_backward(struct cuda_context *c, struct tr_graph *g, const
     cuda_attention_backward(c, dt, &a, dout, OUT->data, AUX(0), g->scratch);
 }
 
-static void cross_entropy_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+static void cross_entropy_forward(struct cuda_context *c, struct tr_graph *g,
+                                  const struct tr_node *n)
 {
     int dt = storage(g, n);
     cuda_cross_entropy_forward(c, dt, OUT->data, AUX(0), T(0)->data, IDS(T(1)), rows(T(0)),
                                cols(T(0)), n->ignore_index, g->scratch);
 }
 
-static void cross_entropy_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+static void cross_entropy_backward(struct cuda_context *c, struct tr_graph *g,
+                                   const struct tr_node *n)
 {
     int dt = storage(g, n);
     cuda_cross_entropy_backward(c, dt, T(0)->grad, T(0)->data, AUX(0), IDS(T(1)), g->loss_grad,
@@ -516,14 +548,16 @@ static void avgpool_backward(struct cuda_context *c, struct tr_graph *g, const s
     cuda_avgpool_backward(c, T(0)->grad, dout, &p);
 }
 
-static void global_avgpool_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+static void global_avgpool_forward(struct cuda_context *c, struct tr_graph *g,
+                                   const struct tr_node *n)
 {
     int dt = storage(g, n);
     cuda_global_avgpool_forward(c, dt, OUT->data, T(0)->data, (int)T(0)->shape[0],
                                 (int)(T(0)->shape[1] * T(0)->shape[2]), cols(T(0)));
 }
 
-static void global_avgpool_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+static void global_avgpool_backward(struct cuda_context *c, struct tr_graph *g,
+                                    const struct tr_node *n)
 {
     const float *dout = dout_of(g, n);
     cuda_global_avgpool_backward(c, T(0)->grad, dout, (int)T(0)->shape[0],
@@ -551,10 +585,14 @@ static void batchnorm_backward(struct cuda_context *c, struct tr_graph *g, const
 }
 
 /* ---- the per-op table, indexed by enum tr_op (built at compile time, so
- * each row names its op); an op without functions is not run */
+ * each row names its op): forward, backward, scratch; an op without
+ * functions is not run */
 typedef void (*node_fn)(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n);
+typedef size_t (*scratch_fn)(struct cuda_context *c, const struct tr_graph *g,
+                             const struct tr_node *n);
 struct cuda_op {
     node_fn forward, backward;
+    scratch_fn scratch; /* NULL: none */
 };
 struct cuda_op_table {
     struct cuda_op op[TR_OP_COUNT];
@@ -563,28 +601,36 @@ struct cuda_op_table {
 static constexpr struct cuda_op_table build_ops()
 {
     struct cuda_op_table t{};
-    t.op[TR_OP_EMBEDDING] = {embedding_forward, embedding_backward};
-    t.op[TR_OP_ADD_ROWS] = {add_rows_forward, add_rows_backward};
-    t.op[TR_OP_ADD] = {add_forward, add_backward};
-    t.op[TR_OP_LINEAR] = {gemm_forward, gemm_backward};
-    t.op[TR_OP_MATMUL] = {gemm_forward, gemm_backward};
-    t.op[TR_OP_LAYERNORM] = {layernorm_forward, layernorm_backward};
-    t.op[TR_OP_GELU] = {gelu_forward, gelu_backward};
-    t.op[TR_OP_RELU] = {relu_forward, relu_backward};
-    t.op[TR_OP_ATTENTION] = {attention_forward, attention_backward};
-    t.op[TR_OP_CROSS_ENTROPY] = {cross_entropy_forward, cross_entropy_backward};
-    t.op[TR_OP_RMSNORM] = {rmsnorm_forward, rmsnorm_backward};
-    t.op[TR_OP_ROPE] = {rope_forward, rope_backward};
-    t.op[TR_OP_SWIGLU] = {swiglu_forward, swiglu_backward};
-    t.op[TR_OP_SCALE] = {scale_forward, scale_backward};
-    t.op[TR_OP_CONV2D] = {conv2d_forward, conv2d_backward};
-    t.op[TR_OP_MAXPOOL] = {maxpool_forward, maxpool_backward};
-    t.op[TR_OP_AVGPOOL] = {avgpool_forward, avgpool_backward};
-    t.op[TR_OP_GLOBAL_AVGPOOL] = {global_avgpool_forward, global_avgpool_backward};
-    t.op[TR_OP_BATCHNORM] = {batchnorm_forward, batchnorm_backward};
+    t.op[TR_OP_EMBEDDING] = {embedding_forward, embedding_backward, NULL};
+    t.op[TR_OP_ADD_ROWS] = {add_rows_forward, add_rows_backward, NULL};
+    t.op[TR_OP_ADD] = {add_forward, add_backward, NULL};
+    t.op[TR_OP_LINEAR] = {gemm_forward, gemm_backward, gemm_scratch};
+    t.op[TR_OP_MATMUL] = {gemm_forward, gemm_backward, gemm_scratch};
+    t.op[TR_OP_LAYERNORM] = {layernorm_forward, layernorm_backward, layernorm_scratch};
+    t.op[TR_OP_GELU] = {gelu_forward, gelu_backward, NULL};
+    t.op[TR_OP_RELU] = {relu_forward, relu_backward, NULL};
+    t.op[TR_OP_ATTENTION] = {attention_forward, attention_backward, attention_scratch};
+    t.op[TR_OP_CROSS_ENTROPY] = {cross_entropy_forward, cross_entropy_backward,
+                                 cross_entropy_scratch};
+    t.op[TR_OP_RMSNORM] = {rmsnorm_forward, rmsnorm_backward, rmsnorm_scratch};
+    t.op[TR_OP_ROPE] = {rope_forward, rope_backward, rope_scratch};
+    t.op[TR_OP_SWIGLU] = {swiglu_forward, swiglu_backward, NULL};
+    t.op[TR_OP_SCALE] = {scale_forward, scale_backward, NULL};
+    t.op[TR_OP_CONV2D] = {conv2d_forward, conv2d_backward, conv2d_scratch};
+    t.op[TR_OP_MAXPOOL] = {maxpool_forward, maxpool_backward, NULL};
+    t.op[TR_OP_AVGPOOL] = {avgpool_forward, avgpool_backward, NULL};
+    t.op[TR_OP_GLOBAL_AVGPOOL] = {global_avgpool_forward, global_avgpool_backward, NULL};
+    t.op[TR_OP_BATCHNORM] = {batchnorm_forward, batchnorm_backward, batchnorm_scratch};
     return t;
 }
 static constexpr struct cuda_op_table cuda_ops = build_ops();
+
+static size_t node_scratch_floats(void *ctx, const struct tr_graph *g, const struct tr_node *n)
+{
+    if ((unsigned)n->op >= TR_OP_COUNT || !cuda_ops.op[n->op].scratch)
+        return 0;
+    return cuda_ops.op[n->op].scratch((struct cuda_context *)ctx, g, n);
+}
 
 static void node_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
 {
@@ -746,11 +792,12 @@ void cuda_forward(void *ctx, struct tr_graph *g, const struct tr_node *n) { run_
 void cuda_backward(void *ctx, struct tr_graph *g, const struct tr_node *n) { run_node(ctx, g, n, 1); }
 
 /* The ops the op table (kernels/ops.h) gives to cuda -- every op of the
- * vocabulary; the core checks the table's bit before asking here -- its
- * float tensors stored in fp32, bf16 or fp16 (the storage dtype is that of the first input, see storage()), with
- * attention's head size up to ATTENTION_MAX_HEAD: a larger one is refused
- * when the run starts rather than failing in its first step.  conv2d needs
- * cuDNN (loaded at open) and a shape it has a deterministic algorithm for. */
+ * vocabulary; the core checks the table's bit before asking here -- their
+ * float tensors stored in fp32, bf16 or fp16 (the storage dtype is that of
+ * the first input, see storage()), with attention's head size up to
+ * ATTENTION_MAX_HEAD: a larger one is refused when the run starts rather
+ * than failing in its first step.  conv2d needs cuDNN (loaded at open) and
+ * a shape it has a deterministic algorithm for. */
 int cuda_supports_op(void *ctx, const struct tr_graph *g, const struct tr_node *n)
 {
     if ((unsigned)n->op >= TR_OP_COUNT)
