@@ -489,6 +489,8 @@ static int batchnorm_shape(const struct tr_graph *g, struct tr_node *n,
 #define BOTH (TR_ON_CPU | TR_ON_CUDA)
 #define A(x) TR_ATTR(TR_ATTR_##x)
 
+/* name, min_in, max_in, arity, in_counts, inputs, int_inputs, grad_inputs,
+ * attrs, shape, backends, lua (kernels/ops.h says what each means) */
 const struct tr_op_desc tr_ops[TR_OP_COUNT] = {
     [TR_OP_EMBEDDING] = {"embedding", 2, 2, NULL, 0, {"table", "idx"}, 1u << 1, 1u << 0, 0,
                          embedding_shape, BOTH, "Graph:embedding"},
