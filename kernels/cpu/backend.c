@@ -117,9 +117,9 @@ static int64_t cpu_count_correct(void *ctx, const float *logits, const int32_t *
  *    passes to widen and round would cost more than the op;
  *  - on the native bf16 path, linear and matmul read bf16 inputs as they
  *    are (bf16_of): they would convert them to bf16 anyway; so does
- *    attention (q, k and v into bf16 products, attention_bf16).  Linear
- *    there also rounds its bf16 output into storage itself, tile by tile
- *    (linear_out16).
+ *    attention (q, k and v into bf16 products, tr_cpu_node_attention_bf16
+ *    in nodes.c).  Linear there also rounds its bf16 output into storage
+ *    itself, tile by tile (tr_cpu_node_linear_out16).
  * Every other op (the convolutional ones too), and linear, matmul and
  * attention off the native bf16 path, runs on fp32 copies: its 16-bit
  * inputs (and, in backward, its output where the op's backward reads it)
@@ -263,7 +263,7 @@ static void cpu_node_backward(void *ctx, struct tr_graph *g, const struct tr_nod
 
 /* The bf16 copy of the parameters (param16.c) that the native bf16 GEMMs
  * read a weight from, where some linear or matmul multiplies a parameter
- * (bf16_inputs). */
+ * (nodes.c, bf16_inputs). */
 static size_t cpu_param_copy_bytes(void *ctx, const struct tr_graph *g)
 {
     (void)ctx;

@@ -35,7 +35,7 @@ static void matmul_dims(const struct tr_graph *g, const struct tr_node *n, int *
 }
 
 /* Half-precision GEMMs emulated (fp16 always; bf16 on a CPU without bf16
- * GEMM instructions, see native_bf16 below): the inputs
+ * GEMM instructions, see tr_cpu_node_native_bf16 below): the inputs
  * are rounded to bf16/fp16 into scratch and multiplied in fp32, which is
  * what the hardware computes (exact products of half inputs, fp32 sums). */
 static int half_gemm(const struct tr_graph *g) { return g->compute == TR_BF16 || g->compute == TR_F16; }
@@ -57,8 +57,8 @@ int tr_cpu_node_native_bf16(const struct tr_graph *g)
 
 /* A linear node on the native bf16 path whose output is stored in bf16:
  * its GEMM rounds each tile of the output into storage as it stores it
- * (tr_cpu_linear_forward_bf16_out16) instead of run_node rounding the whole
- * fp32 output in a pass of its own. */
+ * (tr_cpu_linear_forward_bf16_out16) instead of backend.c's run_node
+ * rounding the whole fp32 output in a pass of its own. */
 int tr_cpu_node_linear_out16(const struct tr_graph *g, const struct tr_node *n)
 {
     return n->op == TR_OP_LINEAR && tr_cpu_node_native_bf16(g) && g->tensors[n->out].dtype == TR_BF16;
@@ -109,7 +109,7 @@ static int kv_heads(const struct tr_node *n) { return n->kv_heads > 0 ? n->kv_he
 
 /* Attention on the native bf16 path: its inputs stored in bf16 are read as
  * they are and multiplied in bf16 (attention.c); otherwise fp32 (on fp32
- * copies of 16-bit inputs, run_node). */
+ * copies of 16-bit inputs, backend.c's run_node). */
 int tr_cpu_node_attention_bf16(const struct tr_graph *g, const struct tr_node *n)
 {
     if (n->op != TR_OP_ATTENTION || !tr_cpu_node_native_bf16(g))
