@@ -3,7 +3,9 @@
  * its name in recipes, its inputs and their roles, the attributes it reads,
  * its shape rule, which inputs a gradient flows to, and which backends run
  * it.  The core's graph check, the model reader's attribute names and the
- * backends' supports_op all read it; nothing else lists ops.
+ * device check before a plan (with the CPU's supports_op) all read it;
+ * nothing else says what an op is.  Each backend keeps a per-op table of
+ * its own for how it runs one (kernels/cpu/nodes.c, kernels/cuda/nodes.cu).
  *
  * It lives in kernels/ beside backend.h, not in core/, because both sides
  * read it and the contract runs one way: kernels include nothing of core
