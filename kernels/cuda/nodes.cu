@@ -5,7 +5,9 @@
  * (cuda_ops); the storage and GEMM dtypes a node runs in, its scratch
  * layout, and which nodes the backend supports.  backend.cu puts them in
  * the module's iface.  Adding an op: its functions and its row in
- * build_ops (docs/ops.md).
+ * build_ops (docs/ops.md).  One file past 800 lines because the table
+ * holds the node functions, which are static and read the node through the
+ * same macros and storage rules as the 16-bit views around them.
  */
 #include "common.cuh"
 
