@@ -18,11 +18,17 @@ struct tr_optimizer_desc {
     const char *name;  /* optimizer.type in recipes */
     enum tr_optimizer_update update;
     int state_slots;   /* floats of state per parameter, each slot one buffer */
-    /* the prefix of each slot's tensors in optimizer.safetensors (slot 0)
-     * and optimizer2.safetensors (slot 1): PyTorch's names */
+    /* the prefix of each slot's tensors in its checkpoint file
+     * (tr_optimizer_state_files): PyTorch's names */
     const char *state_names[TR_OPTIMIZER_MAX_SLOTS];
-    const char *hyper; /* the optimizer.* fields its update reads */
+    /* the optimizer.* fields its update reads, NULL-terminated (the run
+     * configuration defines them, with their ranges and defaults) */
+    const char *const *options;
 };
+
+/* The checkpoint file of each state slot, whatever the optimizer: slot k's
+ * tensors are state_names[k] + the parameter's name in file k. */
+extern const char *const tr_optimizer_state_files[TR_OPTIMIZER_MAX_SLOTS];
 
 /* Every optimizer, NULL-terminated. */
 extern const struct tr_optimizer_desc *const tr_optimizers[];

@@ -1,8 +1,10 @@
-/* The static graph: shape checking, the one-time memory plan,
- * initialisation and execution (forward, backward). It stays one file over
- * ~700 lines because all four walk the same node list and tensor table with
- * the same rules, and the plan decides where execution finds each buffer. */
+/* The static graph: building it, checking every node against the op
+ * table (kernels/ops.h), initialising its parameters, its FLOPs, freeing
+ * it.  Autodiff and the one-time memory plan are in graph_plan.c, running
+ * it (forward, backward) in graph_exec.c; graph_internal.h holds what they
+ * share. */
 #include "graph.h"
+#include "graph_internal.h"
 
 #include "../util/util.h"
 
@@ -10,29 +12,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const op_names[TR_OP_COUNT] = {
-    [TR_OP_EMBEDDING] = "embedding", [TR_OP_ADD_ROWS] = "add_rows", [TR_OP_ADD] = "add",
-    [TR_OP_LINEAR] = "linear",       [TR_OP_MATMUL] = "matmul",     [TR_OP_LAYERNORM] = "layernorm",
-    [TR_OP_GELU] = "gelu",           [TR_OP_RELU] = "relu",         [TR_OP_ATTENTION] = "attention",
-    [TR_OP_CROSS_ENTROPY] = "cross_entropy", [TR_OP_RMSNORM] = "rmsnorm", [TR_OP_ROPE] = "rope",
-    [TR_OP_SWIGLU] = "swiglu",       [TR_OP_SCALE] = "scale",        [TR_OP_CONV2D] = "conv2d",
-    [TR_OP_MAXPOOL] = "maxpool",     [TR_OP_AVGPOOL] = "avgpool",
-    [TR_OP_GLOBAL_AVGPOOL] = "global_avgpool", [TR_OP_BATCHNORM] = "batchnorm",
-};
-
-const char *tr_op_name(enum tr_op op) { return (unsigned)op < TR_OP_COUNT ? op_names[op] : "?"; }
+/* The op table (kernels/ops.h) names every op. */
+const char *tr_op_name(enum tr_op op) { return (unsigned)op < TR_OP_COUNT ? tr_ops[op].name : "?"; }
 
 int tr_op_from_name(const char *name, enum tr_op *out)
 {
     for (int i = 0; i < TR_OP_COUNT; i++)
-        if (strcmp(op_names[i], name) == 0) {
+        if (strcmp(tr_ops[i].name, name) == 0) {
             *out = (enum tr_op)i;
             return 1;
         }
     return 0;
 }
-
-static size_t dtype_size(enum tr_dtype t) { return (t == TR_BF16 || t == TR_F16) ? 2 : 4; }
 
 /* Sizes a model may reach.  The kernels take dimensions and row counts as
  * int; a tensor of 2^40 elements (4 TiB in fp32) and 2^44 parameters are far
@@ -40,19 +31,6 @@ static size_t dtype_size(enum tr_dtype t) { return (t == TR_BF16 || t == TR_F16)
 #define DIM_MAX 2147483647LL
 #define TENSOR_MAX_NUMEL ((size_t)1 << 40)
 #define PARAMS_MAX ((size_t)1 << 44)
-
-/* a + b, or SIZE_MAX when it does not fit: a plan's sums never wrap. */
-static size_t sat_add(size_t a, size_t b)
-{
-    size_t r;
-    return __builtin_add_overflow(a, b, &r) ? SIZE_MAX : r;
-}
-
-static size_t sat_mul(size_t a, size_t b)
-{
-    size_t r;
-    return __builtin_mul_overflow(a, b, &r) ? SIZE_MAX : r;
-}
 
 struct tr_graph *tr_graph_new(int batch)
 {
@@ -78,7 +56,7 @@ int tr_graph_add_tensor(struct tr_graph *g, const char *name, enum tr_role role,
     for (int i = 0; i < ndim && i < TR_MAX_DIMS; i++) {
         t->shape[i] = shape[i];
         /* saturates on overflow (or a negative dim): tr_graph_check refuses it */
-        t->numel = shape[i] < 0 ? SIZE_MAX : sat_mul(t->numel, (size_t)shape[i]);
+        t->numel = shape[i] < 0 ? SIZE_MAX : tr_sat_mul(t->numel, (size_t)shape[i]);
     }
     t->producer = -1;
     t->decay = role == TR_ROLE_PARAM && ndim >= 2;
@@ -155,167 +133,9 @@ static int expect_shape(struct tr_graph *g, struct tr_node *n, const int64_t *sh
     return TR_OK;
 }
 
-/* Attention with separate q[B,T,H*D], k[B,T,KV*D], v[B,T,KV*D]: query head h
- * reads key/value head h / (H/KV) (grouped-query; KV = H is multi-head,
- * KV = 1 multi-query).  kv_heads 0 means as many as heads. */
-static int check_gqa(struct tr_graph *g, struct tr_node *n, struct tr_tensor *const in[3],
-                     tr_err *err)
-{
-    char a[64], b[64], c[64];
-    shape_text(in[0], a, sizeof a);
-    shape_text(in[1], b, sizeof b);
-    shape_text(in[2], c, sizeof c);
-    if (in[0]->ndim != 3 || in[1]->ndim != 3 || in[2]->ndim != 3)
-        SHAPE_FAIL("q '%s' %s, k '%s' %s and v '%s' %s must each be [B,T,heads*D]", in[0]->name,
-                   a, in[1]->name, b, in[2]->name, c);
-    for (int d = 0; d < 2; d++)
-        if (in[1]->shape[d] != in[0]->shape[d] || in[2]->shape[d] != in[0]->shape[d])
-            SHAPE_FAIL("q '%s' %s, k '%s' %s and v '%s' %s differ in batch or sequence length",
-                       in[0]->name, a, in[1]->name, b, in[2]->name, c);
-    int64_t W = in[0]->shape[2];
-    if (n->heads <= 0 || W % n->heads != 0)
-        SHAPE_FAIL("%d heads do not divide the width %lld of q '%s'", n->heads, (long long)W,
-                   in[0]->name);
-    if (n->kv_heads == 0)
-        n->kv_heads = n->heads;
-    if (n->kv_heads < 0 || n->heads % n->kv_heads != 0)
-        SHAPE_FAIL("%d key/value heads do not divide the %d heads; each key/value head serves "
-                   "a whole group of query heads", n->kv_heads, n->heads);
-    int64_t D = W / n->heads, KVW = (int64_t)n->kv_heads * D;
-    if (in[1]->shape[2] != KVW || in[2]->shape[2] != KVW)
-        SHAPE_FAIL("k '%s' %s and v '%s' %s must be %lld wide (kv_heads %d x head dim %lld)",
-                   in[1]->name, b, in[2]->name, c, (long long)KVW, n->kv_heads, (long long)D);
-    if (expect_shape(g, n, in[0]->shape, 3, err) != TR_OK)
-        return TR_ERROR;
-    int64_t lse[3] = {in[0]->shape[0], n->heads, in[0]->shape[1]};
-    add_aux(g, n, "lse", 3, lse);
-    return TR_OK;
-}
-
-/* A spatial attribute pair as "3x3", for messages. */
-#define PAIR(p) (p)[0], (p)[1]
-
-/* Output size of one spatial dimension (the contract's formula), or 0 when
- * the window does not fit in the padded input. */
-static int64_t window_out(int64_t in, int k, int stride, int pad, int dilation)
-{
-    int64_t span = (int64_t)dilation * (k - 1) + 1, padded = in + 2 * (int64_t)pad;
-    return padded < span ? 0 : (padded - span) / stride + 1;
-}
-
-/* conv2d, maxpool and avgpool: channel-last x[B,H,W,C] under a window.
- * Defaults (an attribute left 0): stride 1 for a convolution and the
- * window for pooling (non-overlapping, as PyTorch), dilation 1, groups 1.
- * Pooling padding is at most half the window (as PyTorch), so no max
- * window is all padding. */
-static int check_window(struct tr_graph *g, struct tr_node *n, struct tr_tensor *const in[3],
-                        tr_err *err)
-{
-    char a[64], b[64];
-    int conv = n->op == TR_OP_CONV2D;
-    shape_text(in[0], a, sizeof a);
-    if (in[0]->ndim != 4)
-        SHAPE_FAIL("input '%s' %s must be an image batch x[B,H,W,C] (channel-last)", in[0]->name, a);
-    int64_t C = in[0]->shape[3], OC = C;
-    if (conv) {
-        shape_text(in[1], b, sizeof b);
-        if (in[1]->ndim != 4)
-            SHAPE_FAIL("weight '%s' %s must be w[OC,KH,KW,IC/groups]", in[1]->name, b);
-        if (n->groups == 0)
-            n->groups = 1;
-        if (n->groups < 0 || C % n->groups != 0 || in[1]->shape[0] % n->groups != 0)
-            SHAPE_FAIL("%d groups must divide the %lld input channels of '%s' and the %lld output "
-                       "channels of '%s'", n->groups, (long long)C, in[0]->name,
-                       (long long)in[1]->shape[0], in[1]->name);
-        if (in[1]->shape[3] != C / n->groups)
-            SHAPE_FAIL("weight '%s' %s must have %lld input channels (the %lld of '%s' over %d "
-                       "groups) in its last dimension", in[1]->name, b, (long long)(C / n->groups),
-                       (long long)C, in[0]->name, n->groups);
-        OC = in[1]->shape[0];
-        if (n->n_in == 3 && (in[2]->ndim != 1 || in[2]->shape[0] != OC))
-            SHAPE_FAIL("bias '%s' must be [%lld]", in[2]->name, (long long)OC);
-        for (int d = 0; d < 2; d++) {
-            if (in[1]->shape[1 + d] > INT32_MAX)
-                SHAPE_FAIL("weight '%s' %s: a window of more than %d", in[1]->name, b, INT32_MAX);
-            if (n->kernel[d] != 0 && n->kernel[d] != in[1]->shape[1 + d])
-                SHAPE_FAIL("kernel %dx%d differs from the window of weight '%s' %s", PAIR(n->kernel),
-                           in[1]->name, b);
-            n->kernel[d] = (int)in[1]->shape[1 + d]; /* the weight's window */
-            if (n->stride[d] == 0)
-                n->stride[d] = 1;
-            if (n->dilation[d] == 0)
-                n->dilation[d] = 1;
-        }
-    } else {
-        for (int d = 0; d < 2; d++) {
-            if (n->kernel[d] < 1)
-                SHAPE_FAIL("needs a window: kernel %dx%d (1 or more on each side)", PAIR(n->kernel));
-            if (n->stride[d] == 0)
-                n->stride[d] = n->kernel[d];
-            n->dilation[d] = 1;
-            if (n->pad[d] > n->kernel[d] / 2)
-                SHAPE_FAIL("padding %dx%d is more than half the window %dx%d", PAIR(n->pad),
-                           PAIR(n->kernel));
-        }
-        n->groups = 1;
-    }
-    int64_t out[2];
-    for (int d = 0; d < 2; d++) {
-        if (n->stride[d] < 1 || n->pad[d] < 0 || n->dilation[d] < 1)
-            SHAPE_FAIL("stride %dx%d, padding %dx%d and dilation %dx%d: strides and dilations are "
-                       "1 or more, padding 0 or more", PAIR(n->stride), PAIR(n->pad),
-                       PAIR(n->dilation));
-        out[d] = window_out(in[0]->shape[1 + d], n->kernel[d], n->stride[d], n->pad[d],
-                            n->dilation[d]);
-        if (out[d] < 1)
-            SHAPE_FAIL("the window %dx%d (dilation %dx%d) does not fit input '%s' %s padded by "
-                       "%dx%d; use a smaller window or more padding", PAIR(n->kernel),
-                       PAIR(n->dilation), in[0]->name, a, PAIR(n->pad));
-    }
-    int64_t s[4] = {in[0]->shape[0], out[0], out[1], OC};
-    return expect_shape(g, n, s, 4, err);
-}
-
-/* batchnorm: x[...,C], w[C], b[C], and its running statistics, a buffer
- * running[2,C] (mean, then variance) that no other node updates. */
-static int check_batchnorm(struct tr_graph *g, struct tr_node *n, struct tr_tensor *const in[3],
-                           tr_err *err)
-{
-    char a[64];
-    int64_t C = last_dim(in[0]);
-    shape_text(in[0], a, sizeof a);
-    if (in[0]->ndim < 2)
-        SHAPE_FAIL("input '%s' %s must have a batch dimension and channels last", in[0]->name, a);
-    if (in[1]->numel != (size_t)C || in[2]->numel != (size_t)C)
-        SHAPE_FAIL("weight '%s' and bias '%s' must have %lld elements (the channels of '%s' %s)",
-                   in[1]->name, in[2]->name, (long long)C, in[0]->name, a);
-    if (n->buffer < 0 || n->buffer >= g->n_tensors || g->tensors[n->buffer].role != TR_ROLE_BUFFER)
-        SHAPE_FAIL("needs its running statistics: a buffer tensor running[2,%lld] (the buffer "
-                   "attribute)", (long long)C);
-    const struct tr_tensor *buf = &g->tensors[n->buffer];
-    if (buf->ndim != 2 || buf->shape[0] != 2 || buf->shape[1] != C) {
-        shape_text(buf, a, sizeof a);
-        SHAPE_FAIL("buffer '%s' %s must be [2,%lld]: the running mean and variance of each "
-                   "channel", buf->name, a, (long long)C);
-    }
-    for (const struct tr_node *o = g->nodes; o < n; o++)
-        if (o->op == TR_OP_BATCHNORM && o->buffer == n->buffer)
-            SHAPE_FAIL("buffer '%s' is already the running statistics of '%s'; each batchnorm "
-                       "needs its own", buf->name, o->name);
-    if (!(n->eps > 0)) /* NaN too */
-        n->eps = 1e-5f;
-    if (n->momentum == 0)
-        n->momentum = 0.1f;
-    if (!(n->momentum > 0 && n->momentum <= 1))
-        SHAPE_FAIL("momentum %g must be above 0 and at most 1 (the weight of each batch in the "
-                   "running statistics; 0.1 in PyTorch)", (double)n->momentum);
-    if (expect_shape(g, n, in[0]->shape, in[0]->ndim, err) != TR_OK)
-        return TR_ERROR;
-    add_aux(g, n, "mean", 1, &C);
-    add_aux(g, n, "rstd", 1, &C);
-    return TR_OK;
-}
-
+/* A node against its op's description (kernels/ops.h): the number and
+ * kinds of its inputs, then the op's shape rule, whose output must be the
+ * one the node declares; the rule's saved tensors are added here. */
 static int check_node(struct tr_graph *g, struct tr_node *n, tr_err *err)
 {
     struct tr_tensor *in[3] = {NULL, NULL, NULL};
@@ -324,203 +144,28 @@ static int check_node(struct tr_graph *g, struct tr_node *n, tr_err *err)
             SHAPE_FAIL("input %d is not a tensor of this graph", k + 1);
         in[k] = &g->tensors[n->in[k]];
     }
-    static const int arity[TR_OP_COUNT][2] = {
-        [TR_OP_EMBEDDING] = {2, 2}, [TR_OP_ADD_ROWS] = {2, 2}, [TR_OP_ADD] = {2, 2},
-        [TR_OP_LINEAR] = {2, 3},    [TR_OP_MATMUL] = {2, 2},   [TR_OP_LAYERNORM] = {3, 3},
-        [TR_OP_GELU] = {1, 1},      [TR_OP_RELU] = {1, 1},     [TR_OP_ATTENTION] = {1, 3},
-        [TR_OP_CROSS_ENTROPY] = {2, 2}, [TR_OP_RMSNORM] = {2, 2}, [TR_OP_ROPE] = {1, 1},
-        [TR_OP_SWIGLU] = {2, 2},    [TR_OP_SCALE] = {1, 1},    [TR_OP_CONV2D] = {2, 3},
-        [TR_OP_MAXPOOL] = {1, 1},   [TR_OP_AVGPOOL] = {1, 1},  [TR_OP_GLOBAL_AVGPOOL] = {1, 1},
-        [TR_OP_BATCHNORM] = {3, 3},
-    };
-    if ((unsigned)n->op >= TR_OP_COUNT)
+    const struct tr_op_desc *op = tr_op_desc(n->op);
+    if (!op)
         SHAPE_FAIL("unknown op");
-    if (n->op == TR_OP_ATTENTION && n->n_in == 2)
-        SHAPE_FAIL("takes 1 input (packed qkv) or 3 (q, k, v), got 2");
-    if (n->n_in < arity[n->op][0] || n->n_in > arity[n->op][1])
-        SHAPE_FAIL("takes %d input(s), got %d", arity[n->op][0], n->n_in);
+    if (n->n_in < op->min_in || n->n_in > op->max_in)
+        SHAPE_FAIL("takes %d input(s), got %d", op->min_in, n->n_in);
+    if (op->arity && !(op->in_counts & (1u << n->n_in)))
+        SHAPE_FAIL("%s, got %d", op->arity, n->n_in);
     for (int k = 0; k < n->n_in; k++) {
-        int wants_int = (n->op == TR_OP_EMBEDDING && k == 1) || (n->op == TR_OP_CROSS_ENTROPY && k == 1);
+        int wants_int = (op->int_inputs >> k) & 1u;
         if (wants_int != (in[k]->dtype == TR_I32))
             SHAPE_FAIL("input '%s' must be %s", in[k]->name, wants_int ? "integer ids" : "floating point");
     }
-    int64_t s[TR_MAX_DIMS];
-    char a[64], b[64];
-    switch (n->op) {
-    case TR_OP_EMBEDDING: {
-        if (in[0]->ndim != 2)
-            SHAPE_FAIL("table '%s' must be [vocab, dim]", in[0]->name);
-        if (in[1]->ndim + 1 > TR_MAX_DIMS)
-            SHAPE_FAIL("too many dimensions");
-        memcpy(s, in[1]->shape, sizeof(int64_t) * (size_t)in[1]->ndim);
-        s[in[1]->ndim] = in[0]->shape[1];
-        return expect_shape(g, n, s, in[1]->ndim + 1, err);
-    }
-    case TR_OP_ADD_ROWS:
-        if (in[0]->ndim != 3 || in[1]->ndim != 2 || in[1]->shape[1] != in[0]->shape[2] ||
-            in[1]->shape[0] < in[0]->shape[1]) {
-            shape_text(in[0], a, sizeof a);
-            shape_text(in[1], b, sizeof b);
-            SHAPE_FAIL("'%s' %s and '%s' %s: need x[B,T,C] and p[>=T,C]", in[0]->name, a,
-                       in[1]->name, b);
-        }
-        return expect_shape(g, n, in[0]->shape, 3, err);
-    case TR_OP_ADD:
-        if (in[0]->numel != in[1]->numel || in[0]->ndim != in[1]->ndim) {
-            shape_text(in[0], a, sizeof a);
-            shape_text(in[1], b, sizeof b);
-            SHAPE_FAIL("'%s' %s and '%s' %s differ in shape", in[0]->name, a, in[1]->name, b);
-        }
-        return expect_shape(g, n, in[0]->shape, in[0]->ndim, err);
-    case TR_OP_LINEAR:
-        if (in[1]->ndim != 2 || in[1]->shape[1] != last_dim(in[0])) {
-            shape_text(in[0], a, sizeof a);
-            shape_text(in[1], b, sizeof b);
-            SHAPE_FAIL("input '%s' %s has %lld features but weight '%s' %s expects %lld",
-                       in[0]->name, a, (long long)last_dim(in[0]), in[1]->name, b,
-                       (long long)(in[1]->ndim == 2 ? in[1]->shape[1] : -1));
-        }
-        if (n->n_in == 3 && (in[2]->ndim != 1 || in[2]->shape[0] != in[1]->shape[0]))
-            SHAPE_FAIL("bias '%s' must be [%lld]", in[2]->name, (long long)in[1]->shape[0]);
-        memcpy(s, in[0]->shape, sizeof(int64_t) * (size_t)in[0]->ndim);
-        s[in[0]->ndim - 1] = in[1]->shape[0];
-        return expect_shape(g, n, s, in[0]->ndim, err);
-    case TR_OP_MATMUL: {
-        int nd = in[0]->ndim;
-        if ((nd != 2 && nd != 3) || in[1]->ndim != nd || (nd == 3 && in[0]->shape[0] != in[1]->shape[0]))
-            SHAPE_FAIL("needs a[M,K] b[K,N] or a[batch,M,K] b[batch,K,N]");
-        int64_t K = in[0]->shape[nd - 1];
-        int64_t bk = n->trans_b ? in[1]->shape[nd - 1] : in[1]->shape[nd - 2];
-        int64_t N = n->trans_b ? in[1]->shape[nd - 2] : in[1]->shape[nd - 1];
-        if (bk != K) {
-            shape_text(in[0], a, sizeof a);
-            shape_text(in[1], b, sizeof b);
-            SHAPE_FAIL("inner dimensions differ: '%s' %s and '%s' %s%s", in[0]->name, a,
-                       in[1]->name, b, n->trans_b ? " (b transposed)" : "");
-        }
-        memcpy(s, in[0]->shape, sizeof(int64_t) * (size_t)nd);
-        s[nd - 1] = N;
-        return expect_shape(g, n, s, nd, err);
-    }
-    case TR_OP_LAYERNORM: {
-        int64_t C = last_dim(in[0]);
-        if (in[1]->numel != (size_t)C || in[2]->numel != (size_t)C)
-            SHAPE_FAIL("weight and bias must have %lld elements", (long long)C);
-        int64_t rows = rows_of(in[0]);
-        if (n->eps <= 0)
-            n->eps = 1e-5f;
-        if (expect_shape(g, n, in[0]->shape, in[0]->ndim, err) != TR_OK)
-            return TR_ERROR;
-        add_aux(g, n, "mean", 1, &rows);
-        add_aux(g, n, "rstd", 1, &rows);
-        return TR_OK;
-    }
-    case TR_OP_GELU:
-    case TR_OP_RELU:
-        return expect_shape(g, n, in[0]->shape, in[0]->ndim, err);
-    case TR_OP_ATTENTION: {
-        if (n->n_in == 3)
-            return check_gqa(g, n, in, err);
-        if (n->kv_heads != 0 && n->kv_heads != n->heads)
-            SHAPE_FAIL("packed qkv attention has as many key/value heads as heads (%d), not %d; "
-                       "give q, k and v separately for grouped-query attention",
-                       n->heads, n->kv_heads);
-        n->kv_heads = n->heads;
-        if (in[0]->ndim != 3 || in[0]->shape[2] % 3 != 0)
-            SHAPE_FAIL("input '%s' must be qkv[B,T,3C]", in[0]->name);
-        int64_t C = in[0]->shape[2] / 3;
-        if (n->heads <= 0 || C % n->heads != 0)
-            SHAPE_FAIL("%d heads do not divide the width %lld", n->heads, (long long)C);
-        s[0] = in[0]->shape[0];
-        s[1] = in[0]->shape[1];
-        s[2] = C;
-        if (expect_shape(g, n, s, 3, err) != TR_OK)
-            return TR_ERROR;
-        /* log-sum-exp of each query row's scaled causal scores: the
-         * backward recomputes the probabilities from q, k and it */
-        int64_t lse[3] = {in[0]->shape[0], n->heads, in[0]->shape[1]};
-        add_aux(g, n, "lse", 3, lse);
-        return TR_OK;
-    }
-    case TR_OP_CROSS_ENTROPY: {
-        int64_t rows = rows_of(in[0]);
-        if ((int64_t)in[1]->numel != rows) {
-            shape_text(in[0], a, sizeof a);
-            shape_text(in[1], b, sizeof b);
-            SHAPE_FAIL("logits '%s' %s have %lld rows but targets '%s' %s have %zu", in[0]->name,
-                       a, (long long)rows, in[1]->name, b, in[1]->numel);
-        }
-        int64_t one = 1;
-        if (expect_shape(g, n, &one, 1, err) != TR_OK)
-            return TR_ERROR;
-        add_aux(g, n, "lse", 1, &rows);
-        return TR_OK;
-    }
-    case TR_OP_RMSNORM: {
-        int64_t C = last_dim(in[0]);
-        if (in[1]->numel != (size_t)C) {
-            shape_text(in[1], a, sizeof a);
-            SHAPE_FAIL("weight '%s' %s must have %lld elements (the last dimension of '%s')",
-                       in[1]->name, a, (long long)C, in[0]->name);
-        }
-        int64_t rows = rows_of(in[0]);
-        if (!(n->eps > 0)) /* NaN too */
-            n->eps = 1e-5f;
-        if (expect_shape(g, n, in[0]->shape, in[0]->ndim, err) != TR_OK)
-            return TR_ERROR;
-        add_aux(g, n, "rstd", 1, &rows);
-        return TR_OK;
-    }
-    case TR_OP_ROPE: {
-        if (in[0]->ndim != 3) {
-            shape_text(in[0], a, sizeof a);
-            SHAPE_FAIL("input '%s' %s must be x[B,T,heads*D]", in[0]->name, a);
-        }
-        int64_t W = in[0]->shape[2];
-        if (n->heads <= 0 || W % n->heads != 0)
-            SHAPE_FAIL("%d heads do not divide the width %lld of '%s'", n->heads, (long long)W,
-                       in[0]->name);
-        if ((W / n->heads) % 2 != 0)
-            SHAPE_FAIL("head dim %lld is odd; rotary embedding turns pairs of channels (i, i+D/2), "
-                       "so it needs an even head dim", (long long)(W / n->heads));
-        if (!(n->theta > 0) || !isfinite(n->theta))
-            SHAPE_FAIL("theta %g must be a finite number above 0 (10000 in Llama 2)",
-                       (double)n->theta);
-        return expect_shape(g, n, in[0]->shape, 3, err);
-    }
-    case TR_OP_SWIGLU: {
-        int same = in[0]->ndim == in[1]->ndim;
-        for (int d = 0; same && d < in[0]->ndim; d++)
-            same = in[0]->shape[d] == in[1]->shape[d];
-        if (!same) {
-            shape_text(in[0], a, sizeof a);
-            shape_text(in[1], b, sizeof b);
-            SHAPE_FAIL("gate '%s' %s and up '%s' %s differ in shape", in[0]->name, a, in[1]->name,
-                       b);
-        }
-        return expect_shape(g, n, in[0]->shape, in[0]->ndim, err);
-    }
-    case TR_OP_SCALE:
-        if (!isfinite(n->scale))
-            SHAPE_FAIL("scale %g is not a finite number", (double)n->scale);
-        return expect_shape(g, n, in[0]->shape, in[0]->ndim, err);
-    case TR_OP_CONV2D:
-    case TR_OP_MAXPOOL:
-    case TR_OP_AVGPOOL:
-        return check_window(g, n, in, err);
-    case TR_OP_GLOBAL_AVGPOOL:
-        if (in[0]->ndim != 4) {
-            shape_text(in[0], a, sizeof a);
-            SHAPE_FAIL("input '%s' %s must be an image batch x[B,H,W,C]", in[0]->name, a);
-        }
-        s[0] = in[0]->shape[0];
-        s[1] = in[0]->shape[3];
-        return expect_shape(g, n, s, 2, err);
-    case TR_OP_BATCHNORM:
-        return check_batchnorm(g, n, in, err);
-    default:
-        SHAPE_FAIL("unknown op");
-    }
+    struct tr_op_shape s;
+    memset(&s, 0, sizeof s);
+    char why[TR_OP_WHY_SIZE];
+    if (op->shape(g, n, (const struct tr_tensor *const *)in, &s, why) != 0)
+        SHAPE_FAIL("%s", why);
+    if (expect_shape(g, n, s.shape, s.ndim, err) != TR_OK)
+        return TR_ERROR;
+    for (int i = 0; i < s.n_aux; i++) /* may grow g->tensors */
+        add_aux(g, n, s.aux[i].suffix, s.aux[i].ndim, s.aux[i].shape);
+    return TR_OK;
 }
 
 /* Every tensor's dimensions, elements and rows within what the kernels and
@@ -604,337 +249,6 @@ int tr_graph_check(struct tr_graph *g, tr_err *err)
     return TR_OK;
 }
 
-/* A tensor produced inside recompute segment s that nothing outside s reads:
- * it can be dropped after forward and rebuilt before backward. */
-static int segment_internal(const struct tr_graph *g, int t)
-{
-    int p = g->tensors[t].producer;
-    if (p < 0 || g->nodes[p].segment <= 0 || t == g->loss || t == g->logits)
-        return 0;
-    int s = g->nodes[p].segment;
-    for (int j = 0; j < g->n_nodes; j++)
-        for (int k = 0; k < g->nodes[j].n_in; k++)
-            if (g->nodes[j].in[k] == t && g->nodes[j].segment != s)
-                return 0;
-    return 1;
-}
-
-static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots, int allocate,
-                tr_err *err);
-
-int tr_graph_runs_backward(const struct tr_graph *g, const struct tr_node *n)
-{
-    int any = n->out == g->loss;
-    for (int k = 0; k < n->n_in; k++)
-        any |= g->tensors[n->in[k]].grad != NULL;
-    return any && (n->out == g->loss || g->tensors[n->out].grad);
-}
-
-/* Each gradient's first writer in backward: the last node in forward order
- * that reads the tensor and runs backward.  It writes the gradient where
- * the backend says it can (writes_grad), else the core zeroes the gradient
- * right before it: activation gradients in every backward, parameter
- * gradients when the step starts them fresh (g->grads_fresh).  A tensor an
- * op reads twice (x + x) is zeroed, never written: the op's two updates
- * both land in it. */
-static void plan_first_writers(struct tr_graph *g, const struct tr_backend *be)
-{
-    const struct tr_backend_iface *bi = be->iface;
-    int ask = TR_HAS_SLOT(bi, struct tr_backend_iface, writes_grad) && bi->writes_grad != NULL;
-    for (int i = 0; i < g->n_nodes; i++) {
-        struct tr_node *n = &g->nodes[i];
-        n->zero_grad_mask = n->act_write_mask = n->param_zero_mask = n->param_write_mask = 0;
-        n->write_grad_mask = 0;
-    }
-    unsigned char *seen = tr_xcalloc((size_t)g->n_tensors, 1);
-    for (int j = g->n_nodes - 1; j >= 0; j--) {
-        struct tr_node *n = &g->nodes[j];
-        if (!tr_graph_runs_backward(g, n))
-            continue;
-        for (int k = 0; k < n->n_in; k++) {
-            int t = n->in[k];
-            const struct tr_tensor *x = &g->tensors[t];
-            if (x->grad == NULL || seen[t] ||
-                (x->role != TR_ROLE_ACTIVATION && x->role != TR_ROLE_PARAM))
-                continue;
-            seen[t] = 1;
-            int twice = 0;
-            for (int k2 = 0; k2 < n->n_in; k2++)
-                twice |= k2 != k && n->in[k2] == t;
-            int write = ask && !twice && bi->writes_grad(be->context, g, n, k);
-            unsigned bit = 1u << k;
-            if (x->role == TR_ROLE_ACTIVATION)
-                *(write ? &n->act_write_mask : &n->zero_grad_mask) |= bit;
-            else
-                *(write ? &n->param_write_mask : &n->param_zero_mask) |= bit;
-        }
-    }
-    free(seen);
-}
-
-/* ---- memory plan ------------------------------------------------------- */
-
-static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
-
-struct interval {
-    int tensor;
-    int start, end; /* inclusive, in backward order */
-    size_t bytes, offset;
-};
-
-static int by_start(const void *a, const void *b)
-{
-    const struct interval *x = a, *y = b;
-    if (x->start != y->start)
-        return x->start - y->start;
-    return x->tensor - y->tensor;
-}
-
-/* Greedy first-fit packing of gradient buffers whose backward lifetimes do
- * not overlap. Returns the arena size. */
-static size_t pack_intervals(struct interval *iv, int n)
-{
-    qsort(iv, (size_t)n, sizeof *iv, by_start);
-    size_t total = 0;
-    for (int i = 0; i < n; i++) {
-        size_t offset = 0;
-        for (int moved = 1; moved;) {
-            moved = 0;
-            for (int j = 0; j < i; j++) {
-                if (iv[j].end < iv[i].start || iv[j].start > iv[i].end)
-                    continue;
-                if (offset < sat_add(iv[j].offset, iv[j].bytes) &&
-                    iv[j].offset < sat_add(offset, iv[i].bytes)) {
-                    offset = sat_add(iv[j].offset, iv[j].bytes);
-                    moved = 1;
-                }
-            }
-        }
-        iv[i].offset = offset;
-        if (sat_add(offset, iv[i].bytes) > total)
-            total = sat_add(offset, iv[i].bytes);
-    }
-    return total;
-}
-
-/* Where activations are stored: in the compute dtype when the precision
- * policy's is 16-bit (bf16, fp16), so what forward keeps for backward takes
- * half the bytes; in fp32 otherwise.  Three kinds stay fp32 whatever the
- * policy: the loss (a scalar the run reads), the logits (the run's accuracy,
- * sampling and evaluation read them as fp32, the loss's gradient for them
- * is fp32 of the same size anyway, and a loss over rounded logits would be
- * coarser: PyTorch's autocast upcasts them inside the loss, holding an fp32
- * copy too) and whatever else a cross-entropy reads.  Gradients, saved aux
- * (mean, rstd, lse), parameters and inputs keep their dtypes.  Rerun at each
- * plan, so the same graph planned under fp32 goes back to fp32. */
-static void plan_storage(struct tr_graph *g)
-{
-    enum tr_dtype half = g->compute == TR_BF16 || g->compute == TR_F16 ? g->compute : TR_F32;
-    for (int i = 0; i < g->n_tensors; i++)
-        if (g->tensors[i].role == TR_ROLE_ACTIVATION)
-            g->tensors[i].dtype = i == g->loss || i == g->logits ? TR_F32 : half;
-    for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i].op == TR_OP_CROSS_ENTROPY && g->nodes[i].n_in > 0 &&
-            g->nodes[i].in[0] >= 0 && g->nodes[i].in[0] < g->n_tensors &&
-            g->tensors[g->nodes[i].in[0]].role == TR_ROLE_ACTIVATION)
-            g->tensors[g->nodes[i].in[0]].dtype = TR_F32;
-}
-
-int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots, tr_err *err)
-{
-    plan_storage(g);
-    /* a node the device cannot run is refused before anything is allocated */
-    if (TR_HAS_SLOT(be->iface, struct tr_backend_iface, supports_op))
-        for (int i = 0; i < g->n_nodes; i++)
-            if (!be->iface->supports_op(be->context, g, &g->nodes[i]))
-                return tr_fail(err, "device \"%s\" cannot run %s '%s': its backend does not "
-                               "support op %s on these tensor types; choose another device",
-                               be->iface->name, tr_op_name(g->nodes[i].op), g->nodes[i].name,
-                               tr_op_name(g->nodes[i].op));
-    return plan(g, be, optimizer_slots, 1, err);
-}
-
-void tr_graph_measure(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots)
-{
-    tr_err ignored;
-    plan_storage(g);
-    plan(g, be, optimizer_slots, 0, &ignored);
-}
-
-static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots, int allocate,
-                tr_err *err)
-{
-    const struct tr_backend_iface *bi = be->iface;
-    struct tr_memory_report *m = &g->memory;
-    memset(m, 0, sizeof *m);
-
-    /* which tensors carry gradients: params, and anything computed from them */
-    int *needs = tr_xcalloc((size_t)g->n_tensors, sizeof *needs);
-    for (int i = 0; i < g->n_tensors; i++)
-        needs[i] = g->tensors[i].role == TR_ROLE_PARAM;
-    for (int i = 0; i < g->n_nodes; i++) {
-        struct tr_node *n = &g->nodes[i];
-        for (int k = 0; k < n->n_in; k++)
-            if (needs[n->in[k]])
-                needs[n->out] = 1;
-    }
-    needs[g->loss] = 0; /* the loss gradient is the scalar g->loss_grad */
-
-    /* parameters: one flat buffer, weight-decayed tensors first */
-    g->n_params = 0;
-    for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < g->n_tensors; i++) {
-            struct tr_tensor *t = &g->tensors[i];
-            if (t->role != TR_ROLE_PARAM || t->decay != (pass == 0))
-                continue;
-            t->offset = g->n_params;
-            g->n_params += t->numel;
-            if (pass == 0)
-                g->n_decay = g->n_params;
-        }
-    m->grads = g->n_params * sizeof(float);
-    m->optimizer = sat_mul((size_t)optimizer_slots, m->grads);
-    /* buffers (batch norm's running statistics): fp32 state beside the
-     * parameters, in their own array; counted in the parameters row, as
-     * they are model state a checkpoint holds, never trained */
-    g->n_buffers = 0;
-    for (int i = 0; i < g->n_tensors; i++)
-        if (g->tensors[i].role == TR_ROLE_BUFFER) {
-            g->tensors[i].offset = g->n_buffers;
-            g->n_buffers += g->tensors[i].numel;
-        }
-    m->params = (g->n_params + g->n_buffers) * sizeof(float);
-
-    /* activations and saved tensors: each its own slot (all live until
-     * backward), except the internals of recomputed segments, which share
-     * one arena sized for the largest segment */
-    size_t act_bytes = 0, in_bytes = 0;
-    size_t *slot = tr_xcalloc((size_t)g->n_tensors, sizeof *slot);
-    int *shared = tr_xcalloc((size_t)g->n_tensors, sizeof *shared);
-    int max_segment = 0;
-    for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i].segment > max_segment)
-            max_segment = g->nodes[i].segment;
-    size_t *segment_bytes = tr_xcalloc((size_t)max_segment + 1, sizeof *segment_bytes);
-    for (int i = 0; i < g->n_tensors; i++) {
-        struct tr_tensor *t = &g->tensors[i];
-        size_t bytes = align64(t->numel * dtype_size(t->dtype));
-        if ((t->role == TR_ROLE_ACTIVATION || t->role == TR_ROLE_SAVED) && segment_internal(g, i)) {
-            int seg = g->nodes[t->producer].segment;
-            shared[i] = 1;
-            slot[i] = segment_bytes[seg];
-            segment_bytes[seg] = sat_add(segment_bytes[seg], bytes);
-            m->recompute_saved = sat_add(m->recompute_saved, bytes);
-        } else if (t->role == TR_ROLE_ACTIVATION || t->role == TR_ROLE_SAVED) {
-            slot[i] = act_bytes;
-            act_bytes = sat_add(act_bytes, bytes);
-            if (t->role == TR_ROLE_ACTIVATION)
-                m->activations = sat_add(m->activations, bytes);
-            else
-                m->saved = sat_add(m->saved, bytes);
-        } else if (t->role == TR_ROLE_INPUT) {
-            slot[i] = in_bytes;
-            in_bytes = sat_add(in_bytes, bytes);
-        }
-    }
-    m->inputs = in_bytes;
-    for (int sgm = 1; sgm <= max_segment; sgm++)
-        if (segment_bytes[sgm] > m->recompute)
-            m->recompute = segment_bytes[sgm];
-    free(segment_bytes);
-
-    /* activation gradients: live from their first writer (the last consumer,
-     * first in backward) to their producer's backward; buffers with disjoint
-     * lifetimes share memory. */
-    struct interval *iv = tr_xcalloc((size_t)g->n_tensors, sizeof *iv);
-    int n_iv = 0;
-    int last = g->n_nodes - 1;
-    for (int i = 0; i < g->n_tensors; i++) {
-        struct tr_tensor *t = &g->tensors[i];
-        if (!needs[i] || t->role != TR_ROLE_ACTIVATION)
-            continue;
-        int last_consumer = -1;
-        for (int j = 0; j < g->n_nodes; j++)
-            for (int k = 0; k < g->nodes[j].n_in; k++)
-                if (g->nodes[j].in[k] == i)
-                    last_consumer = j;
-        if (last_consumer < 0) {
-            needs[i] = 0; /* feeds nothing: no gradient arrives */
-            continue;
-        }
-        iv[n_iv].tensor = i;
-        iv[n_iv].start = last - last_consumer;
-        iv[n_iv].end = last - t->producer;
-        iv[n_iv].bytes = align64(t->numel * sizeof(float));
-        n_iv++;
-    }
-    size_t grad_arena = pack_intervals(iv, n_iv);
-    m->activation_grads = grad_arena;
-
-    /* scratch: the largest any node asks for */
-    g->scratch_floats = 0;
-    for (int i = 0; i < g->n_nodes; i++) {
-        size_t s = bi->scratch_floats ? bi->scratch_floats(be->context, g, &g->nodes[i]) : 0;
-        if (s > g->scratch_floats)
-            g->scratch_floats = s;
-    }
-    m->scratch = sat_mul(g->scratch_floats, sizeof(float));
-    m->param_copies = TR_HAS_SLOT(bi, struct tr_backend_iface, param_copy_bytes)
-                          ? bi->param_copy_bytes(be->context, g)
-                          : 0;
-
-    int rc = TR_OK;
-    if (!allocate)
-        goto done;
-    g->params = bi->alloc(be->context, m->params);
-    g->grads = bi->alloc(be->context, m->grads);
-    g->activation_arena = bi->alloc(be->context, act_bytes);
-    g->grad_arena = grad_arena ? bi->alloc(be->context, grad_arena) : NULL;
-    g->input_arena = bi->alloc(be->context, in_bytes);
-    g->scratch = g->scratch_floats ? bi->alloc(be->context, m->scratch) : NULL;
-    g->recompute_arena = m->recompute ? bi->alloc(be->context, m->recompute) : NULL;
-    g->buffers = g->n_buffers ? bi->alloc(be->context, g->n_buffers * sizeof(float)) : NULL;
-    if (!g->params || !g->grads || !g->activation_arena || (grad_arena && !g->grad_arena) ||
-        (g->n_buffers && !g->buffers) ||
-        !g->input_arena || (g->scratch_floats && !g->scratch) || (m->recompute && !g->recompute_arena)) {
-        char need[32];
-        tr_format_bytes((double)m->params + (double)m->grads + (double)act_bytes +
-                            (double)grad_arena + (double)in_bytes + (double)m->scratch,
-                        need, sizeof need);
-        rc = tr_fail(err, "out of %s memory: the plan needs %s at micro-batch %d; lower the "
-                     "micro-batch (train.micro_batch) or use micro_batch = \"auto\"",
-                     bi->name, need, g->batch);
-        goto done;
-    }
-    for (int i = 0; i < g->n_tensors; i++) {
-        struct tr_tensor *t = &g->tensors[i];
-        switch (t->role) {
-        case TR_ROLE_PARAM:
-            t->data = g->params + t->offset;
-            t->grad = g->grads + t->offset;
-            break;
-        case TR_ROLE_INPUT:
-            t->data = (char *)g->input_arena + slot[i];
-            break;
-        case TR_ROLE_BUFFER:
-            t->data = g->buffers + t->offset;
-            break;
-        default:
-            t->data = (char *)(shared[i] ? g->recompute_arena : g->activation_arena) + slot[i];
-            break;
-        }
-    }
-    for (int i = 0; i < n_iv; i++)
-        g->tensors[iv[i].tensor].grad = (float *)((char *)g->grad_arena + iv[i].offset);
-    plan_first_writers(g, be);
-done:
-    free(needs);
-    free(slot);
-    free(shared);
-    free(iv);
-    return rc;
-}
-
 /* ---- initialisation ---------------------------------------------------- */
 
 static uint64_t hash_name(const char *s)
@@ -985,84 +299,6 @@ void tr_graph_init_params(struct tr_graph *g, const struct tr_backend *be, uint6
     }
 }
 
-/* ---- execution --------------------------------------------------------- */
-
-/* Profiling needs the device idle before and after each node. */
-static double op_begin(struct tr_graph *g, const struct tr_backend *be)
-{
-    if (be->iface->synchronize)
-        be->iface->synchronize(be->context);
-    return g->profile ? tr_now() : 0;
-}
-
-static void op_end(struct tr_graph *g, const struct tr_backend *be, int slot, double t0)
-{
-    if (be->iface->synchronize)
-        be->iface->synchronize(be->context);
-    g->op_start[slot] = t0;
-    g->op_seconds[slot] = tr_now() - t0;
-}
-
-static void ensure_profile(struct tr_graph *g)
-{
-    if (g->profile && !g->op_start) {
-        g->op_start = tr_xcalloc(2 * (size_t)g->n_nodes, sizeof *g->op_start);
-        g->op_seconds = tr_xcalloc(2 * (size_t)g->n_nodes, sizeof *g->op_seconds);
-    }
-}
-
-void tr_graph_forward(struct tr_graph *g, const struct tr_backend *be)
-{
-    ensure_profile(g);
-    for (int i = 0; i < g->n_nodes; i++) {
-        if (!g->profile) {
-            be->iface->forward(be->context, g, &g->nodes[i]);
-            continue;
-        }
-        double t0 = op_begin(g, be);
-        be->iface->forward(be->context, g, &g->nodes[i]);
-        op_end(g, be, i, t0);
-    }
-}
-
-void tr_graph_backward(struct tr_graph *g, const struct tr_backend *be)
-{
-    for (int i = g->n_nodes - 1; i >= 0; i--) {
-        struct tr_node *n = &g->nodes[i];
-        if (n->segment > 0 && (i == g->n_nodes - 1 || g->nodes[i + 1].segment != n->segment)) {
-            /* entering a recomputed segment from its end: rebuild its internals */
-            int first = i;
-            while (first > 0 && g->nodes[first - 1].segment == n->segment)
-                first--;
-            /* the segment's forward ran once already: its batch norms must
-             * not move their running statistics a second time */
-            g->recomputing = 1;
-            for (int j = first; j <= i; j++)
-                be->iface->forward(be->context, g, &g->nodes[j]);
-            g->recomputing = 0;
-        }
-        if (!tr_graph_runs_backward(g, n))
-            continue;
-        unsigned zero = n->zero_grad_mask | (g->grads_fresh ? n->param_zero_mask : 0);
-        n->write_grad_mask = n->act_write_mask | (g->grads_fresh ? n->param_write_mask : 0);
-        for (int k = 0; k < n->n_in; k++)
-            if (zero & (1u << k)) {
-                struct tr_tensor *t = &g->tensors[n->in[k]];
-                be->iface->zero(be->context, t->grad, t->numel * sizeof(float));
-            }
-        if (!g->profile) {
-            be->iface->backward(be->context, g, n);
-        } else {
-            ensure_profile(g);
-            double t0 = op_begin(g, be);
-            be->iface->backward(be->context, g, n);
-            op_end(g, be, g->n_nodes + i, t0);
-        }
-        if (g->on_backward)
-            g->on_backward(g->on_backward_ctx, i);
-    }
-}
-
 void tr_graph_free(struct tr_graph *g, const struct tr_backend *be)
 {
     if (!g)
@@ -1083,61 +319,6 @@ void tr_graph_free(struct tr_graph *g, const struct tr_backend *be)
     free(g->op_start);
     free(g->op_seconds);
     free(g);
-}
-
-size_t tr_memory_rows(const struct tr_memory_report *m, struct tr_memory_row rows[TR_MEMORY_ROWS])
-{
-    const struct tr_memory_row all[TR_MEMORY_ROWS] = {
-        {"parameters", m->params},        {"gradients", m->grads},
-        {"optimizer state", m->optimizer}, {"activations", m->activations},
-        {"saved for backward", m->saved}, {"activation gradients", m->activation_grads},
-        {"inputs", m->inputs},            {"scratch", m->scratch},
-        {"recompute arena", m->recompute}, {"parameter copies", m->param_copies},
-    };
-    size_t n = 0; /* the last two only where there is any */
-    for (size_t i = 0; i < TR_MEMORY_ROWS; i++)
-        if (i < 8 || all[i].bytes)
-            rows[n++] = all[i];
-    return n;
-}
-
-void tr_graph_print_memory(const struct tr_graph *g, FILE *out)
-{
-    const struct tr_memory_report *m = &g->memory;
-    struct tr_memory_row rows[TR_MEMORY_ROWS];
-    size_t n = tr_memory_rows(m, rows);
-    char buf[32];
-    if (g->n_buffers) /* the parameters row holds them too */
-        fprintf(out, "memory plan (micro-batch %d, %zu parameters, %zu buffer floats):\n",
-                g->batch, g->n_params, g->n_buffers);
-    else
-        fprintf(out, "memory plan (micro-batch %d, %zu parameters):\n", g->batch, g->n_params);
-    for (size_t i = 0; i < n; i++) {
-        tr_format_bytes((double)rows[i].bytes, buf, sizeof buf);
-        fprintf(out, "  %-22s %12s  (%zu bytes)\n", rows[i].what, buf, rows[i].bytes);
-    }
-    size_t total = tr_graph_memory_total(m);
-    tr_format_bytes((double)total, buf, sizeof buf);
-    fprintf(out, "  %-22s %12s  (%zu bytes)\n", "total", buf, total);
-    if (m->recompute_saved) {
-        tr_format_bytes((double)(m->recompute_saved - m->recompute), buf, sizeof buf);
-        fprintf(out, "  activation recomputation saves %s (%zu bytes)\n", buf,
-                m->recompute_saved - m->recompute);
-    }
-    if (g->compute == TR_BF16 || g->compute == TR_F16) /* plan_storage's choice */
-        fprintf(out, "  activations in %s storage (the logits, gradients and saved statistics "
-                "in fp32)\n", g->compute == TR_BF16 ? "bf16" : "fp16");
-}
-
-size_t tr_graph_memory_total(const struct tr_memory_report *m)
-{
-    const size_t parts[] = {m->params,           m->grads,  m->optimizer, m->activations,
-                            m->saved,            m->activation_grads, m->inputs,
-                            m->scratch,          m->recompute,        m->param_copies};
-    size_t total = 0;
-    for (size_t i = 0; i < TR_ARRAY_LEN(parts); i++)
-        total = sat_add(total, parts[i]); /* SIZE_MAX: more than any device */
-    return total;
 }
 
 void tr_graph_count_flops(const struct tr_graph *g, struct tr_flops *f)

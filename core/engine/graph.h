@@ -8,11 +8,12 @@
 #define TR_GRAPH_H
 
 #include "../../kernels/backend.h"
+#include "../../kernels/ops.h" /* the op table */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdint.h>
 
-/* The op's name in recipes and messages ("linear"), and back. */
+/* The op's name in recipes and messages ("linear"), and back (tr_ops[op].name). */
 const char *tr_op_name(enum tr_op op);
 int tr_op_from_name(const char *name, enum tr_op *out);
 

@@ -195,91 +195,101 @@ static int by_name(const void *a, const void *b)
     return strcmp((*x)->name, (*y)->name);
 }
 
-static int read_tensors(struct reader *rd, int gi)
+/* A parameter's initialisation and weight decay (tensor table at e). */
+static int read_param_init(struct reader *rd, int e, const char *owner, struct tr_tensor *t)
 {
     lua_State *L = rd->L;
-    struct tr_graph *g = rd->g;
-    if (raw_field(L, gi, "tensors") != LUA_TTABLE) {
-        lua_pop(L, 1);
-        return tr_fail(rd->err, "model: the graph has no list of tensors (return g:finish{...} from the builder)");
+    static const char *const inits[] = {"normal", "ones", "zeros", NULL};
+    static const enum tr_init init_of[] = {TR_INIT_NORMAL, TR_INIT_ONES, TR_INIT_ZEROS};
+    int init;
+    if (choice_field(rd, e, "init", inits, 0, owner, &init) != TR_OK)
+        return TR_ERROR;
+    t->init = init_of[init];
+    t->init_std = 0.02;
+    int type = raw_field(L, e, "std");
+    if (type != LUA_TNIL) {
+        double std = lua_tonumber(L, -1);
+        if (type != LUA_TNUMBER || !(std >= 0 && std <= 1e6))
+            return tr_fail(rd->err, "model: %s: 'std' must be a number from 0 to 1e6", owner);
+        t->init_std = std;
     }
-    int ti = lua_gettop(L);
-    size_t nt = lua_objlen(L, ti);
-    if (nt < 1 || nt > MAX_TENSORS) {
+    lua_pop(L, 1);
+    raw_field(L, e, "decay");
+    t->decay = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return TR_OK;
+}
+
+/* A tensor's shape (tensor table at e) into shape[], its length in *ndim. */
+static int read_shape(struct reader *rd, int e, const char *owner, int64_t shape[TR_MAX_DIMS],
+                      size_t *ndim)
+{
+    lua_State *L = rd->L;
+    if (raw_field(L, e, "shape") != LUA_TTABLE)
+        return tr_fail(rd->err, "model: %s has no shape (a list of 1 to %d dimensions)", owner, TR_MAX_DIMS);
+    *ndim = lua_objlen(L, -1);
+    if (*ndim < 1 || *ndim > TR_MAX_DIMS)
+        return tr_fail(rd->err, "model: %s has %zu dimensions; tensors have 1 to %d", owner, *ndim, TR_MAX_DIMS);
+    int64_t numel = 1;
+    for (int d = 0; d < (int)*ndim; d++) {
+        lua_rawgeti(L, -1, d + 1);
+        if (!whole_number(L, -1, 1, MAX_DIM, &shape[d])) {
+            char got[96];
+            return tr_fail(rd->err, "model: %s: dimension %d is %s; dimensions are whole numbers from 1 to %d",
+                           owner, d + 1, describe(L, -1, got, sizeof got), MAX_DIM);
+        }
         lua_pop(L, 1);
-        return tr_fail(rd->err, "model: the graph has %zu tensors; a model has 1 to %d", nt, MAX_TENSORS);
+        if (__builtin_mul_overflow(numel, shape[d], &numel) || numel > MAX_NUMEL)
+            return tr_fail(rd->err, "model: %s has more than 2^40 elements; no device holds that", owner);
     }
+    lua_pop(L, 1); /* shape */
+    return TR_OK;
+}
+
+/* Tensor i (1-based) of the list at ti: its table is pushed, read into a
+ * new tensor of the graph, and popped. */
+static int read_tensor(struct reader *rd, int ti, int i)
+{
+    lua_State *L = rd->L;
     static const char *const roles[] = {"input", "param", "activation", "buffer", NULL};
     static const enum tr_role role_of[] = {TR_ROLE_INPUT, TR_ROLE_PARAM, TR_ROLE_ACTIVATION,
                                            TR_ROLE_BUFFER};
     static const char *const dtypes[] = {"f32", "i32", NULL};
-    static const char *const inits[] = {"normal", "ones", "zeros", NULL};
-    static const enum tr_init init_of[] = {TR_INIT_NORMAL, TR_INIT_ONES, TR_INIT_ZEROS};
-    for (int i = 1; i <= (int)nt; i++) {
-        lua_rawgeti(L, ti, i);
-        int e = lua_gettop(L);
-        char owner[160];
-        snprintf(owner, sizeof owner, "tensor %d", i);
-        if (lua_type(L, e) != LUA_TTABLE)
-            return tr_fail(rd->err, "model: %s is a %s, not a tensor table", owner, lua_typename(L, lua_type(L, e)));
-        if (raw_field(L, e, "name") != LUA_TSTRING || lua_objlen(L, -1) == 0 || lua_objlen(L, -1) > 255 ||
-            strlen(lua_tostring(L, -1)) != lua_objlen(L, -1))
-            return tr_fail(rd->err, "model: %s has no name (a string of 1 to 255 characters)", owner);
-        const char *name = lua_tostring(L, -1); /* the tensor table keeps it alive */
-        lua_pop(L, 1);
-        snprintf(owner, sizeof owner, "tensor %d ('%s')", i, name);
-        int role, dtype;
-        if (choice_field(rd, e, "role", roles, -1, owner, &role) != TR_OK ||
-            choice_field(rd, e, "dtype", dtypes, 0, owner, &dtype) != TR_OK)
-            return TR_ERROR;
-        if (role_of[role] != TR_ROLE_INPUT && dtype != 0)
-            return tr_fail(rd->err, "model: %s: only inputs may be \"i32\"; a %s is \"f32\"", owner, roles[role]);
+    lua_rawgeti(L, ti, i);
+    int e = lua_gettop(L);
+    char owner[160];
+    snprintf(owner, sizeof owner, "tensor %d", i);
+    if (lua_type(L, e) != LUA_TTABLE)
+        return tr_fail(rd->err, "model: %s is a %s, not a tensor table", owner, lua_typename(L, lua_type(L, e)));
+    if (raw_field(L, e, "name") != LUA_TSTRING || lua_objlen(L, -1) == 0 || lua_objlen(L, -1) > 255 ||
+        strlen(lua_tostring(L, -1)) != lua_objlen(L, -1))
+        return tr_fail(rd->err, "model: %s has no name (a string of 1 to 255 characters)", owner);
+    const char *name = lua_tostring(L, -1); /* the tensor table keeps it alive */
+    lua_pop(L, 1);
+    snprintf(owner, sizeof owner, "tensor %d ('%s')", i, name);
+    int role, dtype;
+    if (choice_field(rd, e, "role", roles, -1, owner, &role) != TR_OK ||
+        choice_field(rd, e, "dtype", dtypes, 0, owner, &dtype) != TR_OK)
+        return TR_ERROR;
+    if (role_of[role] != TR_ROLE_INPUT && dtype != 0)
+        return tr_fail(rd->err, "model: %s: only inputs may be \"i32\"; a %s is \"f32\"", owner, roles[role]);
+    int64_t shape[TR_MAX_DIMS];
+    size_t ndim = 0;
+    if (read_shape(rd, e, owner, shape, &ndim) != TR_OK)
+        return TR_ERROR;
+    int id = tr_graph_add_tensor(rd->g, name, role_of[role], dtype == 1 ? TR_I32 : TR_F32, (int)ndim, shape);
+    struct tr_tensor *t = &rd->g->tensors[id];
+    if (t->role == TR_ROLE_PARAM && read_param_init(rd, e, owner, t) != TR_OK)
+        return TR_ERROR;
+    lua_pop(L, 1); /* the tensor */
+    return TR_OK;
+}
 
-        if (raw_field(L, e, "shape") != LUA_TTABLE)
-            return tr_fail(rd->err, "model: %s has no shape (a list of 1 to %d dimensions)", owner, TR_MAX_DIMS);
-        size_t ndim = lua_objlen(L, -1);
-        if (ndim < 1 || ndim > TR_MAX_DIMS)
-            return tr_fail(rd->err, "model: %s has %zu dimensions; tensors have 1 to %d", owner, ndim, TR_MAX_DIMS);
-        int64_t shape[TR_MAX_DIMS], numel = 1;
-        for (int d = 0; d < (int)ndim; d++) {
-            lua_rawgeti(L, -1, d + 1);
-            if (!whole_number(L, -1, 1, MAX_DIM, &shape[d])) {
-                char got[96];
-                return tr_fail(rd->err, "model: %s: dimension %d is %s; dimensions are whole numbers from 1 to %d",
-                               owner, d + 1, describe(L, -1, got, sizeof got), MAX_DIM);
-            }
-            lua_pop(L, 1);
-            if (__builtin_mul_overflow(numel, shape[d], &numel) || numel > MAX_NUMEL)
-                return tr_fail(rd->err, "model: %s has more than 2^40 elements; no device holds that", owner);
-        }
-        lua_pop(L, 1); /* shape */
-
-        int id = tr_graph_add_tensor(g, name, role_of[role], dtype == 1 ? TR_I32 : TR_F32, (int)ndim, shape);
-        struct tr_tensor *t = &g->tensors[id];
-        if (t->role == TR_ROLE_PARAM) {
-            int init;
-            if (choice_field(rd, e, "init", inits, 0, owner, &init) != TR_OK)
-                return TR_ERROR;
-            t->init = init_of[init];
-            t->init_std = 0.02;
-            int type = raw_field(L, e, "std");
-            if (type != LUA_TNIL) {
-                double std = lua_tonumber(L, -1);
-                if (type != LUA_TNUMBER || !(std >= 0 && std <= 1e6))
-                    return tr_fail(rd->err, "model: %s: 'std' must be a number from 0 to 1e6", owner);
-                t->init_std = std;
-            }
-            lua_pop(L, 1);
-            raw_field(L, e, "decay");
-            t->decay = lua_toboolean(L, -1);
-            lua_pop(L, 1);
-        }
-        lua_pop(L, 1); /* the tensor */
-    }
-    lua_pop(L, 1); /* tensors */
-
-    /* checkpoints and exports find parameters by name: two with one name
-     * would load one tensor's values into the other */
+/* checkpoints and exports find parameters by name: two with one name would
+ * load one tensor's values into the other */
+static int unique_names(struct reader *rd)
+{
+    const struct tr_graph *g = rd->g;
     const struct tr_tensor **sorted = tr_xcalloc((size_t)g->n_tensors, sizeof *sorted);
     for (int i = 0; i < g->n_tensors; i++)
         sorted[i] = &g->tensors[i];
@@ -294,10 +304,131 @@ static int read_tensors(struct reader *rd, int gi)
     return TR_OK;
 }
 
+static int read_tensors(struct reader *rd, int gi)
+{
+    lua_State *L = rd->L;
+    if (raw_field(L, gi, "tensors") != LUA_TTABLE) {
+        lua_pop(L, 1);
+        return tr_fail(rd->err, "model: the graph has no list of tensors (return g:finish{...} from the builder)");
+    }
+    int ti = lua_gettop(L);
+    size_t nt = lua_objlen(L, ti);
+    if (nt < 1 || nt > MAX_TENSORS) {
+        lua_pop(L, 1);
+        return tr_fail(rd->err, "model: the graph has %zu tensors; a model has 1 to %d", nt, MAX_TENSORS);
+    }
+    for (int i = 1; i <= (int)nt; i++)
+        if (read_tensor(rd, ti, i) != TR_OK)
+            return TR_ERROR;
+    lua_pop(L, 1); /* tensors */
+    return unique_names(rd);
+}
+
+/* An attribute that must be a number in (0, 1) (OPEN_UNIT) or (0, 1]
+ * (HALF_UNIT, above 0 as a float); the fallback when absent. */
+static int unit_field(struct reader *rd, int t, const struct tr_attr_desc *d, const char *owner,
+                      float *out)
+{
+    lua_State *L = rd->L;
+    int type = raw_field(L, t, d->name);
+    double v = type == LUA_TNIL ? d->fallback : lua_tonumber(L, -1);
+    lua_pop(L, 1);
+    int ok = d->kind == TR_ATTR_OPEN_UNIT ? v > 0 && v < 1 : v <= 1 && (float)v > 0;
+    if (type != LUA_TNIL && (type != LUA_TNUMBER || !ok))
+        return tr_fail(rd->err, "model: %s: '%s' must be a number %s", owner, d->name, d->rule);
+    *out = (float)v;
+    return TR_OK;
+}
+
+/* An optional tensor id; fallback (-1) when absent. */
+static int tensor_field(struct reader *rd, int t, const struct tr_attr_desc *d, const char *owner,
+                        int *out)
+{
+    lua_State *L = rd->L;
+    *out = (int)d->fallback;
+    if (raw_field(L, t, d->name) != LUA_TNIL) {
+        char what[200];
+        snprintf(what, sizeof what, "%s: the %s", owner, d->name);
+        if (tensor_id(rd, -1, what, out) != TR_OK)
+            return TR_ERROR;
+    }
+    lua_pop(L, 1);
+    return TR_OK;
+}
+
+/* Every node attribute the op table lists (kernels/ops.h, tr_attrs), in
+ * its order, each checked by its kind; an attribute the node's op does not
+ * read is checked all the same. */
+static int read_attrs(struct reader *rd, int e, const char *owner, struct tr_node *n)
+{
+    for (int a = 0; a < TR_ATTR_COUNT; a++) {
+        const struct tr_attr_desc *d = &tr_attrs[a];
+        void *field = (char *)n + d->offset;
+        int rc = TR_OK;
+        switch (d->kind) {
+        case TR_ATTR_INT:
+            rc = int_field(rd, e, d->name, d->lo, d->hi, (int)d->fallback, owner, field);
+            break;
+        case TR_ATTR_REAL:
+            rc = real_field(rd, e, d->name, d->fallback, d->lo > 0, owner, field);
+            break;
+        case TR_ATTR_PAIR:
+            rc = pair_field(rd, e, d->name, (int)d->lo, (int)d->hi, owner, field);
+            break;
+        case TR_ATTR_OPEN_UNIT:
+        case TR_ATTR_HALF_UNIT:
+            rc = unit_field(rd, e, d, owner, field);
+            break;
+        case TR_ATTR_TENSOR:
+            rc = tensor_field(rd, e, d, owner, field);
+            break;
+        }
+        if (rc != TR_OK)
+            return TR_ERROR;
+    }
+    return TR_OK;
+}
+
+/* A node's op, name, output and inputs (node table at e, node i). */
+static int read_node_io(struct reader *rd, int e, int i, char *owner, size_t owner_size,
+                        struct tr_node *n)
+{
+    lua_State *L = rd->L;
+    const char *op = raw_field(L, e, "op") == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    lua_pop(L, 1);
+    if (!op || !tr_op_from_name(op, &n->op))
+        return tr_fail(rd->err, "model: node %d has an unknown op '%s'", i, op ? op : "?");
+    n->name = raw_field(L, e, "name") == LUA_TSTRING ? (char *)lua_tostring(L, -1) : NULL;
+    lua_pop(L, 1);
+    snprintf(owner, owner_size, "node %d (%s '%s')", i, op, n->name ? n->name : op);
+
+    raw_field(L, e, "output");
+    char what[200];
+    snprintf(what, sizeof what, "%s: the output", owner);
+    if (tensor_id(rd, -1, what, &n->out) != TR_OK)
+        return TR_ERROR;
+    lua_pop(L, 1);
+
+    if (raw_field(L, e, "inputs") != LUA_TTABLE)
+        return tr_fail(rd->err, "model: %s has no list of inputs", owner);
+    size_t n_in = lua_objlen(L, -1);
+    if (n_in < 1 || n_in > 3)
+        return tr_fail(rd->err, "model: %s has %zu inputs; ops take 1 to 3", owner, n_in);
+    n->n_in = (int)n_in;
+    for (int k = 0; k < n->n_in; k++) {
+        lua_rawgeti(L, -1, k + 1);
+        snprintf(what, sizeof what, "%s: input %d", owner, k + 1);
+        if (tensor_id(rd, -1, what, &n->in[k]) != TR_OK)
+            return TR_ERROR;
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1); /* inputs */
+    return TR_OK;
+}
+
 static int read_nodes(struct reader *rd, int gi)
 {
     lua_State *L = rd->L;
-    struct tr_graph *g = rd->g;
     if (raw_field(L, gi, "nodes") != LUA_TTABLE) {
         lua_pop(L, 1);
         return tr_fail(rd->err, "model: the graph has no list of nodes (return g:finish{...} from the builder)");
@@ -315,74 +446,10 @@ static int read_nodes(struct reader *rd, int gi)
             return tr_fail(rd->err, "model: %s is a %s, not a node table", owner, lua_typename(L, lua_type(L, e)));
         struct tr_node n;
         memset(&n, 0, sizeof n);
-        const char *op = raw_field(L, e, "op") == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-        lua_pop(L, 1);
-        if (!op || !tr_op_from_name(op, &n.op))
-            return tr_fail(rd->err, "model: node %d has an unknown op '%s'", i, op ? op : "?");
-        n.name = raw_field(L, e, "name") == LUA_TSTRING ? (char *)lua_tostring(L, -1) : NULL;
-        lua_pop(L, 1);
-        snprintf(owner, sizeof owner, "node %d (%s '%s')", i, op, n.name ? n.name : op);
-
-        raw_field(L, e, "output");
-        char what[200];
-        snprintf(what, sizeof what, "%s: the output", owner);
-        if (tensor_id(rd, -1, what, &n.out) != TR_OK)
+        if (read_node_io(rd, e, i, owner, sizeof owner, &n) != TR_OK ||
+            read_attrs(rd, e, owner, &n) != TR_OK)
             return TR_ERROR;
-        lua_pop(L, 1);
-
-        if (raw_field(L, e, "inputs") != LUA_TTABLE)
-            return tr_fail(rd->err, "model: %s has no list of inputs", owner);
-        size_t n_in = lua_objlen(L, -1);
-        if (n_in < 1 || n_in > 3)
-            return tr_fail(rd->err, "model: %s has %zu inputs; ops take 1 to 3", owner, n_in);
-        n.n_in = (int)n_in;
-        for (int k = 0; k < n.n_in; k++) {
-            lua_rawgeti(L, -1, k + 1);
-            snprintf(what, sizeof what, "%s: input %d", owner, k + 1);
-            if (tensor_id(rd, -1, what, &n.in[k]) != TR_OK)
-                return TR_ERROR;
-            lua_pop(L, 1);
-        }
-        lua_pop(L, 1); /* inputs */
-
-        int eps_type = raw_field(L, e, "eps");
-        double eps = eps_type == LUA_TNIL ? 1e-5 : lua_tonumber(L, -1);
-        lua_pop(L, 1);
-        if (eps_type != LUA_TNIL && (eps_type != LUA_TNUMBER || !(eps > 0 && eps < 1)))
-            return tr_fail(rd->err, "model: %s: 'eps' must be a number between 0 and 1", owner);
-        n.eps = (float)eps;
-        if (int_field(rd, e, "heads", 0, INT32_MAX, 0, owner, &n.heads) != TR_OK ||
-            int_field(rd, e, "ignore_index", INT32_MIN, INT32_MAX, -1, owner, &n.ignore_index) != TR_OK ||
-            int_field(rd, e, "trans_b", 0, 1, 0, owner, &n.trans_b) != TR_OK ||
-            int_field(rd, e, "segment", 0, INT32_MAX, 0, owner, &n.segment) != TR_OK ||
-            /* grouped-query attention: 0 (absent) means as many as heads */
-            int_field(rd, e, "kv_heads", 0, INT32_MAX, 0, owner, &n.kv_heads) != TR_OK ||
-            real_field(rd, e, "theta", 10000.0, 1, owner, &n.theta) != TR_OK ||
-            real_field(rd, e, "scale", 1.0, 0, owner, &n.scale) != TR_OK)
-            return TR_ERROR;
-        /* convolutions, pooling, batch norm: 0 (absent) takes the core's
-         * default (stride 1 or the window, dilation 1, groups 1) */
-        if (pair_field(rd, e, "kernel", 1, 65536, owner, n.kernel) != TR_OK ||
-            pair_field(rd, e, "stride", 1, 65536, owner, n.stride) != TR_OK ||
-            pair_field(rd, e, "pad", 0, 65536, owner, n.pad) != TR_OK ||
-            pair_field(rd, e, "dilation", 1, 65536, owner, n.dilation) != TR_OK ||
-            int_field(rd, e, "groups", 1, INT32_MAX, 0, owner, &n.groups) != TR_OK)
-            return TR_ERROR;
-        int mtype = raw_field(L, e, "momentum");
-        double momentum = mtype == LUA_TNIL ? 0.1 : lua_tonumber(L, -1);
-        lua_pop(L, 1);
-        if (mtype != LUA_TNIL && (mtype != LUA_TNUMBER || !(momentum <= 1 && (float)momentum > 0)))
-            return tr_fail(rd->err, "model: %s: 'momentum' must be a number above 0 and at most 1 "
-                           "(the weight of each batch in the running statistics)", owner);
-        n.momentum = (float)momentum;
-        n.buffer = -1;
-        if (raw_field(L, e, "buffer") != LUA_TNIL) {
-            snprintf(what, sizeof what, "%s: the buffer", owner);
-            if (tensor_id(rd, -1, what, &n.buffer) != TR_OK)
-                return TR_ERROR;
-        }
-        lua_pop(L, 1);
-        tr_graph_add_node(g, &n);
+        tr_graph_add_node(rd->g, &n);
         lua_pop(L, 1); /* the node */
     }
     lua_pop(L, 1); /* nodes */

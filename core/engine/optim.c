@@ -37,7 +37,9 @@ static void sgd_update(const struct tr_optimizer *o, const struct tr_backend *be
     be->iface->sgd(be->context, u->p, u->grad, u->slot[0], u->n, &a);
 }
 
-/* by enum tr_optimizer_update, the descriptor's `update` */
+/* by enum tr_optimizer_update, the descriptor's `update`: each calls its
+ * backend slot (iface->adamw, iface->sgd) with the fields the descriptor's
+ * `options` name */
 static void (*const updates[])(const struct tr_optimizer *, const struct tr_backend *,
                                const struct update_run *) = {
     [TR_UPDATE_ADAMW] = adamw_update,

@@ -25,7 +25,7 @@
  * Otherwise (fp16 always, bf16 without the instructions) x, w and dout are
  * rounded to the 16-bit type into scratch and the fp32 primitives run on
  * them: the same products, fp32 sums.  (On small images the bf16 weight
- * gradient is the latter too: see create_prims.)
+ * gradient is the latter too: see create_wgrad.)
  *
  * Determinism.  The forward and the data gradient reduce each output over
  * its whole window on one thread.  The weight gradient sums over batch and
@@ -47,7 +47,7 @@
 enum conv_mode { MODE_F32 = 0, MODE_BF16 = 1 };
 
 /* bf16 weight gradients natively from this many output pixels per image up
- * (create_prims says why) */
+ * (create_wgrad says why) */
 enum { BF16_WGRAD_MIN_PIXELS = 256 };
 
 struct conv_key {
@@ -240,7 +240,14 @@ static dnnl_status_t wgrad_pd_create(dnnl_primitive_desc_t *pd, const_dnnl_op_de
     return dnnl_success;
 }
 
-static dnnl_status_t create_prims(struct conv_prims *c)
+/* The memory descriptors and geometry the three convolutions share. */
+struct conv_descs {
+    dnnl_memory_desc_t src_in, dst_in, wei_any, wei_any_f32;
+    dnnl_dims_t strides, dilates, pad_l, pad_r;
+};
+
+/* c's own memory descriptors (src, dst, diff_src, bias, user_wei) and d's */
+static dnnl_status_t conv_descs_init(struct conv_prims *c, struct conv_descs *d)
 {
     const struct tr_cpu_conv_shape *sh = &c->key.s;
     dnnl_data_type_t in_type = c->key.mode == MODE_BF16 ? dnnl_bf16 : dnnl_f32;
@@ -250,18 +257,16 @@ static dnnl_status_t create_prims(struct conv_prims *c)
     dnnl_dims_t bias_dims = {sh->OC};
     dnnl_dims_t wei_dims = {sh->OC, sh->IC, sh->KH, sh->KW};
     dnnl_dims_t gwei_dims = {G, sh->OC / G, sh->IC / G, sh->KH, sh->KW};
-    dnnl_dims_t strides, dilates, pad_l, pad_r;
-    conv_geometry(sh, strides, dilates, pad_l, pad_r);
+    conv_geometry(sh, d->strides, d->dilates, d->pad_l, d->pad_r);
 
     /* src / diff_dst in the input precision; dst and diff_src always fp32 */
-    dnnl_memory_desc_t src_in, dst_in, wei_any, wei_any_f32;
     dnnl_status_t s = dnnl_memory_desc_init_by_tag(&c->src, 4, src_dims, dnnl_f32, dnnl_nhwc);
     if (s == dnnl_success)
-        s = dnnl_memory_desc_init_by_tag(&src_in, 4, src_dims, in_type, dnnl_nhwc);
+        s = dnnl_memory_desc_init_by_tag(&d->src_in, 4, src_dims, in_type, dnnl_nhwc);
     if (s == dnnl_success)
         s = dnnl_memory_desc_init_by_tag(&c->dst, 4, dst_dims, dnnl_f32, dnnl_nhwc);
     if (s == dnnl_success)
-        s = dnnl_memory_desc_init_by_tag(&dst_in, 4, dst_dims, in_type, dnnl_nhwc);
+        s = dnnl_memory_desc_init_by_tag(&d->dst_in, 4, dst_dims, in_type, dnnl_nhwc);
     c->diff_src = c->src;
     if (s == dnnl_success)
         s = dnnl_memory_desc_init_by_tag(&c->bias, 1, bias_dims, dnnl_f32, dnnl_a);
@@ -270,14 +275,93 @@ static dnnl_status_t create_prims(struct conv_prims *c)
                    : dnnl_memory_desc_init_by_tag(&c->user_wei, 5, gwei_dims, dnnl_f32, dnnl_gohwi);
     if (s == dnnl_success)
         s = G == 1
-                ? dnnl_memory_desc_init_by_tag(&wei_any, 4, wei_dims, in_type, dnnl_format_tag_any)
-                : dnnl_memory_desc_init_by_tag(&wei_any, 5, gwei_dims, in_type,
+                ? dnnl_memory_desc_init_by_tag(&d->wei_any, 4, wei_dims, in_type, dnnl_format_tag_any)
+                : dnnl_memory_desc_init_by_tag(&d->wei_any, 5, gwei_dims, in_type,
                                                dnnl_format_tag_any);
     if (s == dnnl_success)
-        s = G == 1 ? dnnl_memory_desc_init_by_tag(&wei_any_f32, 4, wei_dims, dnnl_f32,
+        s = G == 1 ? dnnl_memory_desc_init_by_tag(&d->wei_any_f32, 4, wei_dims, dnnl_f32,
                                                   dnnl_format_tag_any)
-                   : dnnl_memory_desc_init_by_tag(&wei_any_f32, 5, gwei_dims, dnnl_f32,
+                   : dnnl_memory_desc_init_by_tag(&d->wei_any_f32, 5, gwei_dims, dnnl_f32,
                                                   dnnl_format_tag_any);
+    return s;
+}
+
+/* forward_training (*fpd: the hint the backward primitives are made from),
+ * then backward data (*bpd) */
+static dnnl_status_t create_fwd_and_data(struct conv_prims *c, struct conv_descs *d,
+                                         dnnl_primitive_attr_t attr, dnnl_primitive_desc_t *fpd,
+                                         dnnl_primitive_desc_t *bpd)
+{
+    dnnl_convolution_desc_t fd, bd;
+    dnnl_status_t s = dnnl_dilated_convolution_forward_desc_init(
+        &fd, dnnl_forward_training, dnnl_convolution_direct, &d->src_in, &d->wei_any,
+        c->key.bias ? &c->bias : NULL, &c->dst, d->strides, d->dilates, d->pad_l, d->pad_r);
+    if (s == dnnl_success)
+        s = dnnl_primitive_desc_create(fpd, &fd, attr, conv_engine, NULL);
+    if (s == dnnl_success)
+        s = finish_prim(&c->fwd, *fpd, dnnl_query_weights_md);
+    if (s == dnnl_success)
+        s = make_reorder(&c->fwd.reorder, &c->user_wei, &c->fwd.wei, 0);
+
+    if (s == dnnl_success)
+        s = dnnl_dilated_convolution_backward_data_desc_init(&bd, dnnl_convolution_direct,
+                                                             &c->diff_src, &d->wei_any, &d->dst_in,
+                                                             d->strides, d->dilates, d->pad_l,
+                                                             d->pad_r);
+    if (s == dnnl_success)
+        s = dnnl_primitive_desc_create(bpd, &bd, attr, conv_engine, *fpd);
+    if (s == dnnl_success)
+        s = finish_prim(&c->bwd_data, *bpd, dnnl_query_weights_md);
+    if (s == dnnl_success)
+        s = make_reorder(&c->bwd_data.reorder, &c->user_wei, &c->bwd_data.wei, 0);
+    return s;
+}
+
+/* The weight gradient in fp32 whatever the inputs; no bias (summed here).
+ * oneDNN 2.x's bf16 weight gradient (jit_bf16) is slower than its fp32 one
+ * on small images (at 8x8, 512 channels, batch 32: 2.2x the CPU time on
+ * AVX512-BF16; break-even near 16x16), so below BF16_WGRAD_MIN_PIXELS output
+ * pixels (c->bwd_weights_f32) it runs in fp32 on the inputs rounded to
+ * bf16: the same products (exact in fp32), another order of sums.  The
+ * choice depends on the shape only, so runs repeat. */
+static dnnl_status_t create_wgrad(struct conv_prims *c, struct conv_descs *d,
+                                  dnnl_primitive_attr_t attr, dnnl_primitive_desc_t fpd,
+                                  dnnl_primitive_desc_t *wpd)
+{
+    dnnl_convolution_desc_t wd;
+    dnnl_primitive_desc_t hint = fpd, f32_fpd = NULL;
+    dnnl_status_t s = dnnl_success;
+    if (c->bwd_weights_f32) {
+        dnnl_convolution_desc_t f32_fd;
+        s = dnnl_dilated_convolution_forward_desc_init(
+            &f32_fd, dnnl_forward_training, dnnl_convolution_direct, &c->src, &d->wei_any_f32,
+            NULL, &c->dst, d->strides, d->dilates, d->pad_l, d->pad_r);
+        if (s == dnnl_success)
+            s = dnnl_primitive_desc_create(&f32_fpd, &f32_fd, attr, conv_engine, NULL);
+        hint = f32_fpd;
+    }
+    if (s == dnnl_success)
+        s = dnnl_dilated_convolution_backward_weights_desc_init(
+            &wd, dnnl_convolution_direct, c->bwd_weights_f32 ? &c->src : &d->src_in,
+            &d->wei_any_f32, NULL, c->bwd_weights_f32 ? &c->dst : &d->dst_in, d->strides,
+            d->dilates, d->pad_l, d->pad_r);
+    if (s == dnnl_success)
+        s = wgrad_pd_create(wpd, &wd, attr, hint, &c->key.s);
+    if (f32_fpd)
+        dnnl_primitive_desc_destroy(f32_fpd);
+    if (s == dnnl_success)
+        s = finish_prim(&c->bwd_weights, *wpd, dnnl_query_diff_weights_md);
+    if (s == dnnl_success)
+        s = make_reorder(&c->bwd_weights.reorder, &c->bwd_weights.wei, &c->user_wei, 1);
+    return s;
+}
+
+/* The forward, backward-data and weight-gradient primitives of c's shape,
+ * with the reorders between the user's weights and each one's layout. */
+static dnnl_status_t create_prims(struct conv_prims *c)
+{
+    struct conv_descs d;
+    dnnl_status_t s = conv_descs_init(c, &d);
     if (s != dnnl_success)
         return s;
 
@@ -285,62 +369,13 @@ static dnnl_status_t create_prims(struct conv_prims *c)
     s = dnnl_primitive_attr_create(&attr);
     if (s == dnnl_success)
         s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
-    dnnl_convolution_desc_t fd, bd, wd;
     dnnl_primitive_desc_t fpd = NULL, bpd = NULL, wpd = NULL;
-    /* forward_training: the hint the backward primitives are made from */
     if (s == dnnl_success)
-        s = dnnl_dilated_convolution_forward_desc_init(
-            &fd, dnnl_forward_training, dnnl_convolution_direct, &src_in, &wei_any,
-            c->key.bias ? &c->bias : NULL, &c->dst, strides, dilates, pad_l, pad_r);
-    if (s == dnnl_success)
-        s = dnnl_primitive_desc_create(&fpd, &fd, attr, conv_engine, NULL);
-    if (s == dnnl_success)
-        s = finish_prim(&c->fwd, fpd, dnnl_query_weights_md);
-    if (s == dnnl_success)
-        s = make_reorder(&c->fwd.reorder, &c->user_wei, &c->fwd.wei, 0);
-
-    if (s == dnnl_success)
-        s = dnnl_dilated_convolution_backward_data_desc_init(&bd, dnnl_convolution_direct,
-                                                             &c->diff_src, &wei_any, &dst_in,
-                                                             strides, dilates, pad_l, pad_r);
-    if (s == dnnl_success)
-        s = dnnl_primitive_desc_create(&bpd, &bd, attr, conv_engine, fpd);
-    if (s == dnnl_success)
-        s = finish_prim(&c->bwd_data, bpd, dnnl_query_weights_md);
-    if (s == dnnl_success)
-        s = make_reorder(&c->bwd_data.reorder, &c->user_wei, &c->bwd_data.wei, 0);
-
-    /* The weight gradient in fp32 whatever the inputs; no bias (summed
-     * here).  oneDNN 2.x's bf16 weight gradient (jit_bf16) is slower than
-     * its fp32 one on small images (at 8x8, 512 channels, batch 32: 2.2x
-     * the CPU time on AVX512-BF16; break-even near 16x16), so below
-     * BF16_WGRAD_MIN_PIXELS output pixels it runs in fp32 on the inputs
-     * rounded to bf16: the same products (exact in fp32), another order of
-     * sums.  The choice depends on the shape only, so runs repeat. */
-    dnnl_primitive_desc_t hint = fpd, f32_fpd = NULL;
+        s = create_fwd_and_data(c, &d, attr, &fpd, &bpd);
     c->bwd_weights_f32 =
-        c->key.mode == MODE_BF16 && (long)sh->OH * sh->OW < BF16_WGRAD_MIN_PIXELS;
-    if (s == dnnl_success && c->bwd_weights_f32) {
-        dnnl_convolution_desc_t f32_fd;
-        s = dnnl_dilated_convolution_forward_desc_init(
-            &f32_fd, dnnl_forward_training, dnnl_convolution_direct, &c->src, &wei_any_f32, NULL,
-            &c->dst, strides, dilates, pad_l, pad_r);
-        if (s == dnnl_success)
-            s = dnnl_primitive_desc_create(&f32_fpd, &f32_fd, attr, conv_engine, NULL);
-        hint = f32_fpd;
-    }
+        c->key.mode == MODE_BF16 && (long)c->key.s.OH * c->key.s.OW < BF16_WGRAD_MIN_PIXELS;
     if (s == dnnl_success)
-        s = dnnl_dilated_convolution_backward_weights_desc_init(
-            &wd, dnnl_convolution_direct, c->bwd_weights_f32 ? &c->src : &src_in, &wei_any_f32,
-            NULL, c->bwd_weights_f32 ? &c->dst : &dst_in, strides, dilates, pad_l, pad_r);
-    if (s == dnnl_success)
-        s = wgrad_pd_create(&wpd, &wd, attr, hint, sh);
-    if (f32_fpd)
-        dnnl_primitive_desc_destroy(f32_fpd);
-    if (s == dnnl_success)
-        s = finish_prim(&c->bwd_weights, wpd, dnnl_query_diff_weights_md);
-    if (s == dnnl_success)
-        s = make_reorder(&c->bwd_weights.reorder, &c->bwd_weights.wei, &c->user_wei, 1);
+        s = create_wgrad(c, &d, attr, fpd, &wpd);
 
     if (fpd)
         dnnl_primitive_desc_destroy(fpd);
@@ -645,7 +680,7 @@ void tr_cpu_conv2d_backward(float *dx, float *dw, float *db, float *scratch, con
     }
     if (dw) {
         sc.used = shared;
-        if (c->bwd_weights_f32) { /* bf16 values, fp32 storage (create_prims) */
+        if (c->bwd_weights_f32) { /* bf16 values, fp32 storage (create_wgrad) */
             float *xr = take(&sc, numel_x(s) * sizeof(float));
             float *dr = take(&sc, numel_out(s) * sizeof(float));
             tr_cpu_round_to_half(xr, x, numel_x(s), 1);

@@ -50,6 +50,7 @@ __device__ __forceinline__ float load_or_zero(const T *base, size_t index, bool 
 
 /* ---- forward ---------------------------------------------------------------- */
 
+/* Past 80 lines as one kernel: its tile loads, barriers and accumulators share one loop nest. */
 template <typename T, int DMAX>
 __global__ void __launch_bounds__(WARPS * 32)
 attention_forward_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int T_, int NH,
@@ -177,6 +178,7 @@ __global__ void attention_dvec_kernel(float *dvec, const float *dout, const T *o
 
 /* dk and dv of BLOCK_ROWS keys of one key/value head, over the query tiles
  * that can see them, of each query head that reads this key/value head */
+/* Past 80 lines as one kernel: its tile loads, barriers and accumulators share one loop nest. */
 template <typename T, int DMAX>
 __global__ void __launch_bounds__(WARPS * 32)
 attention_dkdv_kernel(float *dk, float *dv, const float *dout, const T *q, const T *k, const T *v,
@@ -288,6 +290,7 @@ attention_dkdv_kernel(float *dk, float *dv, const float *dout, const T *q, const
 }
 
 /* dq of BLOCK_ROWS queries, over the key tiles they see */
+/* Past 80 lines as one kernel: its tile loads, barriers and accumulators share one loop nest. */
 template <typename T, int DMAX>
 __global__ void __launch_bounds__(WARPS * 32)
 attention_dq_kernel(float *dq, const float *dout, const T *q, const T *k, const T *v,

@@ -1,9 +1,13 @@
 /*
- * The CUDA backend's nodes: each graph node's forward and backward as launches
- * of the kernels in ops.cu, norms.cu, step.cu, attention.cu, pool.cu, gemm.cu
- * and conv.cu (the
- * storage and GEMM dtypes a node runs in, its scratch layout), and which
- * nodes the backend supports.  backend.cu puts them in the module's iface.
+ * The CUDA backend's nodes: each op's forward and backward as launches of
+ * the kernels in ops.cu, norms.cu, step.cu, attention.cu, pool.cu, gemm.cu
+ * and conv.cu, one function each in a per-op table indexed by enum tr_op
+ * (cuda_ops); the storage and GEMM dtypes a node runs in, its scratch
+ * layout, and which nodes the backend supports.  backend.cu puts them in
+ * the module's iface.  Adding an op: its functions and its row in
+ * build_ops (docs/ops.md).  One file past 800 lines because the table
+ * holds the node functions, which are static and read the node through the
+ * same macros and storage rules as the 16-bit views around them.
  */
 #include "common.cuh"
 
@@ -201,31 +205,61 @@ static struct gemm_scratch gemm_scratch_layout(const struct tr_graph *g, const s
     return s;
 }
 
-static size_t node_scratch_floats(void *ctx, const struct tr_graph *g, const struct tr_node *n)
+/* Floats of scratch each op's kernels need (forward and backward share it). */
+static size_t conv2d_scratch(struct cuda_context *c, const struct tr_graph *g,
+                             const struct tr_node *n)
 {
-    switch (n->op) {
-    case TR_OP_CONV2D: {
-        struct conv_args a = conv_of(g, n);
-        return cuda_conv_scratch_floats((struct cuda_context *)ctx, &a);
-    }
-    case TR_OP_BATCHNORM:
-        return cuda_batchnorm_scratch_floats(rows(T(0)), cols(T(0)));
-    case TR_OP_LINEAR:
-    case TR_OP_MATMUL:
-        return gemm_scratch_layout(g, n).total;
-    case TR_OP_LAYERNORM:
-        return cuda_layernorm_scratch_floats(rows(T(0)), cols(T(0)));
-    case TR_OP_ATTENTION:
-        return cuda_attention_scratch_floats((int)T(0)->shape[0], (int)T(0)->shape[1], n->heads);
-    case TR_OP_CROSS_ENTROPY:
-        return cuda_cross_entropy_scratch_floats(rows(T(0)));
-    case TR_OP_RMSNORM:
-        return cuda_rmsnorm_scratch_floats(rows(T(0)), cols(T(0)));
-    case TR_OP_ROPE:
-        return cuda_rope_scratch_floats((int)T(0)->shape[1], rope_head(g, n));
-    default:
-        return 0;
-    }
+    struct conv_args a = conv_of(g, n);
+    return cuda_conv_scratch_floats(c, &a);
+}
+
+static size_t batchnorm_scratch(struct cuda_context *c, const struct tr_graph *g,
+                                const struct tr_node *n)
+{
+    (void)c;
+    return cuda_batchnorm_scratch_floats(rows(T(0)), cols(T(0)));
+}
+
+static size_t gemm_scratch(struct cuda_context *c, const struct tr_graph *g,
+                           const struct tr_node *n)
+{
+    (void)c;
+    return gemm_scratch_layout(g, n).total;
+}
+
+static size_t layernorm_scratch(struct cuda_context *c, const struct tr_graph *g,
+                                const struct tr_node *n)
+{
+    (void)c;
+    return cuda_layernorm_scratch_floats(rows(T(0)), cols(T(0)));
+}
+
+static size_t attention_scratch(struct cuda_context *c, const struct tr_graph *g,
+                                const struct tr_node *n)
+{
+    (void)c;
+    return cuda_attention_scratch_floats((int)T(0)->shape[0], (int)T(0)->shape[1], n->heads);
+}
+
+static size_t cross_entropy_scratch(struct cuda_context *c, const struct tr_graph *g,
+                                    const struct tr_node *n)
+{
+    (void)c;
+    return cuda_cross_entropy_scratch_floats(rows(T(0)));
+}
+
+static size_t rmsnorm_scratch(struct cuda_context *c, const struct tr_graph *g,
+                              const struct tr_node *n)
+{
+    (void)c;
+    return cuda_rmsnorm_scratch_floats(rows(T(0)), cols(T(0)));
+}
+
+static size_t rope_scratch(struct cuda_context *c, const struct tr_graph *g,
+                           const struct tr_node *n)
+{
+    (void)c;
+    return cuda_rope_scratch_floats((int)T(0)->shape[1], rope_head(g, n));
 }
 
 /* x in the GEMM dtype: itself, or converted into scratch */
@@ -299,180 +333,326 @@ static void gemm_backward(struct cuda_context *c, struct tr_graph *g, const stru
     }
 }
 
+/* the output's gradient: none for the loss (g->loss_grad seeds it) */
+static const float *dout_of(const struct tr_graph *g, const struct tr_node *n)
+{
+    return n->out == g->loss ? NULL : OUT->grad;
+}
+
+/* Each op's forward and backward, in enum order: launches of the kernels
+ * with the node's tensors, in its storage dtype. */
+
+static void embedding_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_embedding_forward(c, dt, OUT->data, IDS(T(1)), T(0)->data, (int)T(1)->numel,
+                           cols(T(0)), (int)T(0)->shape[0]);
+}
+
+static void embedding_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    const float *dout = dout_of(g, n);
+    cuda_embedding_backward(c, T(0)->grad, dout, IDS(T(1)), (int)T(1)->numel, cols(T(0)),
+                            (int)T(0)->shape[0]);
+}
+
+static void add_rows_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_add_rows_forward(c, dt, OUT->data, T(0)->data, T(1)->data, (int)T(0)->shape[0],
+                          (int)T(0)->shape[1], (int)T(0)->shape[2]);
+}
+
+static void add_rows_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    const float *dout = dout_of(g, n);
+    cuda_add_rows_backward(c, T(0)->grad, T(1)->grad, dout, (int)T(0)->shape[0],
+                           (int)T(0)->shape[1], (int)T(0)->shape[2]);
+}
+
+static void add_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_add_forward(c, dt, OUT->data, T(0)->data, T(1)->data, OUT->numel);
+}
+
+static void add_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    const float *dout = dout_of(g, n);
+    cuda_add_backward(c, T(0)->grad, T(1)->grad, dout, OUT->numel);
+}
+
+static void layernorm_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_layernorm_forward(c, dt, OUT->data, AUX(0), AUX(1), T(0)->data, T(1)->data,
+                           T(2)->data, rows(T(0)), cols(T(0)), n->eps);
+}
+
+static void layernorm_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    const float *dout = dout_of(g, n);
+    cuda_layernorm_backward(c, dt, T(0)->grad, T(1)->grad, T(2)->grad, dout, T(0)->data,
+                            T(1)->data, AUX(0), AUX(1), rows(T(0)), cols(T(0)), g->scratch);
+}
+
+static void gelu_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_gelu_forward(c, dt, OUT->data, T(0)->data, OUT->numel);
+}
+
+static void gelu_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    const float *dout = dout_of(g, n);
+    cuda_gelu_backward(c, dt, T(0)->grad, T(0)->data, dout, OUT->numel);
+}
+
+static void relu_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_relu_forward(c, dt, OUT->data, T(0)->data, OUT->numel);
+}
+
+static void relu_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    const float *dout = dout_of(g, n);
+    cuda_relu_backward(c, dt, T(0)->grad, T(0)->data, dout, OUT->numel);
+}
+
+static void attention_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    struct attention_args a = attention_of(g, n);
+    cuda_attention_forward(c, dt, &a, OUT->data, AUX(0));
+}
+
+static void attention_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    const float *dout = dout_of(g, n);
+    struct attention_args a = attention_of(g, n);
+    cuda_attention_backward(c, dt, &a, dout, OUT->data, AUX(0), g->scratch);
+}
+
+static void cross_entropy_forward(struct cuda_context *c, struct tr_graph *g,
+                                  const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_cross_entropy_forward(c, dt, OUT->data, AUX(0), T(0)->data, IDS(T(1)), rows(T(0)),
+                               cols(T(0)), n->ignore_index, g->scratch);
+}
+
+static void cross_entropy_backward(struct cuda_context *c, struct tr_graph *g,
+                                   const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_cross_entropy_backward(c, dt, T(0)->grad, T(0)->data, AUX(0), IDS(T(1)), g->loss_grad,
+                                rows(T(0)), cols(T(0)), n->ignore_index, g->scratch);
+}
+
+static void rmsnorm_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_rmsnorm_forward(c, dt, OUT->data, AUX(0), T(0)->data, T(1)->data, rows(T(0)),
+                         cols(T(0)), n->eps);
+}
+
+static void rmsnorm_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    const float *dout = dout_of(g, n);
+    cuda_rmsnorm_backward(c, dt, T(0)->grad, T(1)->grad, dout, T(0)->data, T(1)->data, AUX(0),
+                          rows(T(0)), cols(T(0)), g->scratch);
+}
+
+static void rope_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_rope_forward(c, dt, OUT->data, T(0)->data, (int)T(0)->shape[0], (int)T(0)->shape[1],
+                      n->heads, rope_head(g, n), n->theta, g->scratch);
+}
+
+static void rope_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    const float *dout = dout_of(g, n);
+    cuda_rope_backward(c, T(0)->grad, dout, (int)T(0)->shape[0], (int)T(0)->shape[1],
+                       n->heads, rope_head(g, n), n->theta, g->scratch);
+}
+
+static void swiglu_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_swiglu_forward(c, dt, OUT->data, T(0)->data, T(1)->data, OUT->numel);
+}
+
+static void swiglu_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    const float *dout = dout_of(g, n);
+    cuda_swiglu_backward(c, dt, T(0)->grad, T(1)->grad, T(0)->data, T(1)->data, dout,
+                         OUT->numel);
+}
+
+static void scale_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_scale_forward(c, dt, OUT->data, T(0)->data, n->scale, OUT->numel);
+}
+
+static void scale_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    const float *dout = dout_of(g, n);
+    cuda_scale_backward(c, T(0)->grad, dout, n->scale, OUT->numel);
+}
+
+static void conv2d_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    struct conv_args a = conv_of(g, n);
+    cuda_conv_forward(c, &a, g->scratch, g->scratch_floats);
+}
+
+static void conv2d_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    struct conv_args a = conv_of(g, n);
+    cuda_conv_backward(c, &a, g->scratch, g->scratch_floats);
+}
+
+static void maxpool_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    struct pool_args p = pool_of(g, n);
+    cuda_maxpool_forward(c, dt, OUT->data, T(0)->data, &p);
+}
+
+static void maxpool_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    const float *dout = dout_of(g, n);
+    struct pool_args p = pool_of(g, n);
+    cuda_maxpool_backward(c, dt, T(0)->grad, T(0)->data, dout, &p);
+}
+
+static void avgpool_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    struct pool_args p = pool_of(g, n);
+    cuda_avgpool_forward(c, dt, OUT->data, T(0)->data, &p);
+}
+
+static void avgpool_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    const float *dout = dout_of(g, n);
+    struct pool_args p = pool_of(g, n);
+    cuda_avgpool_backward(c, T(0)->grad, dout, &p);
+}
+
+static void global_avgpool_forward(struct cuda_context *c, struct tr_graph *g,
+                                   const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    cuda_global_avgpool_forward(c, dt, OUT->data, T(0)->data, (int)T(0)->shape[0],
+                                (int)(T(0)->shape[1] * T(0)->shape[2]), cols(T(0)));
+}
+
+static void global_avgpool_backward(struct cuda_context *c, struct tr_graph *g,
+                                    const struct tr_node *n)
+{
+    const float *dout = dout_of(g, n);
+    cuda_global_avgpool_backward(c, T(0)->grad, dout, (int)T(0)->shape[0],
+                                 (int)(T(0)->shape[1] * T(0)->shape[2]), cols(T(0)));
+}
+
+static void batchnorm_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    /* training: batch statistics, and the running ones updated once per
+     * step (not again when a recomputed segment re-runs forward) */
+    cuda_batchnorm_forward(c, dt, OUT->data, AUX(0), AUX(1), running_of(g, n), T(0)->data,
+                           T(1)->data, T(2)->data, rows(T(0)), cols(T(0)), n->eps,
+                           n->momentum, g->training, g->training && !g->recomputing,
+                           g->scratch);
+}
+
+static void batchnorm_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    const float *dout = dout_of(g, n);
+    cuda_batchnorm_backward(c, dt, T(0)->grad, T(1)->grad, T(2)->grad, dout, T(0)->data,
+                            T(1)->data, AUX(0), AUX(1), rows(T(0)), cols(T(0)), g->training,
+                            g->scratch);
+}
+
+/* ---- the per-op table, indexed by enum tr_op (built at compile time, so
+ * each row names its op): forward, backward, scratch; an op without
+ * functions is not run */
+typedef void (*node_fn)(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n);
+typedef size_t (*scratch_fn)(struct cuda_context *c, const struct tr_graph *g,
+                             const struct tr_node *n);
+struct cuda_op {
+    node_fn forward, backward;
+    scratch_fn scratch; /* NULL: none */
+};
+struct cuda_op_table {
+    struct cuda_op op[TR_OP_COUNT];
+};
+
+static constexpr struct cuda_op_table build_ops()
+{
+    struct cuda_op_table t{};
+    t.op[TR_OP_EMBEDDING] = {embedding_forward, embedding_backward, NULL};
+    t.op[TR_OP_ADD_ROWS] = {add_rows_forward, add_rows_backward, NULL};
+    t.op[TR_OP_ADD] = {add_forward, add_backward, NULL};
+    t.op[TR_OP_LINEAR] = {gemm_forward, gemm_backward, gemm_scratch};
+    t.op[TR_OP_MATMUL] = {gemm_forward, gemm_backward, gemm_scratch};
+    t.op[TR_OP_LAYERNORM] = {layernorm_forward, layernorm_backward, layernorm_scratch};
+    t.op[TR_OP_GELU] = {gelu_forward, gelu_backward, NULL};
+    t.op[TR_OP_RELU] = {relu_forward, relu_backward, NULL};
+    t.op[TR_OP_ATTENTION] = {attention_forward, attention_backward, attention_scratch};
+    t.op[TR_OP_CROSS_ENTROPY] = {cross_entropy_forward, cross_entropy_backward,
+                                 cross_entropy_scratch};
+    t.op[TR_OP_RMSNORM] = {rmsnorm_forward, rmsnorm_backward, rmsnorm_scratch};
+    t.op[TR_OP_ROPE] = {rope_forward, rope_backward, rope_scratch};
+    t.op[TR_OP_SWIGLU] = {swiglu_forward, swiglu_backward, NULL};
+    t.op[TR_OP_SCALE] = {scale_forward, scale_backward, NULL};
+    t.op[TR_OP_CONV2D] = {conv2d_forward, conv2d_backward, conv2d_scratch};
+    t.op[TR_OP_MAXPOOL] = {maxpool_forward, maxpool_backward, NULL};
+    t.op[TR_OP_AVGPOOL] = {avgpool_forward, avgpool_backward, NULL};
+    t.op[TR_OP_GLOBAL_AVGPOOL] = {global_avgpool_forward, global_avgpool_backward, NULL};
+    t.op[TR_OP_BATCHNORM] = {batchnorm_forward, batchnorm_backward, batchnorm_scratch};
+    return t;
+}
+static constexpr struct cuda_op_table cuda_ops = build_ops();
+
+static size_t node_scratch_floats(void *ctx, const struct tr_graph *g, const struct tr_node *n)
+{
+    if ((unsigned)n->op >= TR_OP_COUNT || !cuda_ops.op[n->op].scratch)
+        return 0;
+    return cuda_ops.op[n->op].scratch((struct cuda_context *)ctx, g, n);
+}
+
 static void node_forward(void *ctx, struct tr_graph *g, const struct tr_node *n)
 {
     struct cuda_context *c = (struct cuda_context *)ctx;
     c->allow_tf32 = g->allow_tf32; /* cuda_gemm's compute type */
-    int dt = storage(g, n);
-    switch (n->op) {
-    case TR_OP_EMBEDDING:
-        cuda_embedding_forward(c, dt, OUT->data, IDS(T(1)), T(0)->data, (int)T(1)->numel,
-                               cols(T(0)), (int)T(0)->shape[0]);
-        break;
-    case TR_OP_ADD_ROWS:
-        cuda_add_rows_forward(c, dt, OUT->data, T(0)->data, T(1)->data, (int)T(0)->shape[0],
-                              (int)T(0)->shape[1], (int)T(0)->shape[2]);
-        break;
-    case TR_OP_ADD:
-        cuda_add_forward(c, dt, OUT->data, T(0)->data, T(1)->data, OUT->numel);
-        break;
-    case TR_OP_LINEAR:
-    case TR_OP_MATMUL:
-        gemm_forward(c, g, n);
-        break;
-    case TR_OP_LAYERNORM:
-        cuda_layernorm_forward(c, dt, OUT->data, AUX(0), AUX(1), T(0)->data, T(1)->data,
-                               T(2)->data, rows(T(0)), cols(T(0)), n->eps);
-        break;
-    case TR_OP_GELU:
-        cuda_gelu_forward(c, dt, OUT->data, T(0)->data, OUT->numel);
-        break;
-    case TR_OP_RELU:
-        cuda_relu_forward(c, dt, OUT->data, T(0)->data, OUT->numel);
-        break;
-    case TR_OP_ATTENTION: {
-        struct attention_args a = attention_of(g, n);
-        cuda_attention_forward(c, dt, &a, OUT->data, AUX(0));
-        break;
-    }
-    case TR_OP_CROSS_ENTROPY:
-        cuda_cross_entropy_forward(c, dt, OUT->data, AUX(0), T(0)->data, IDS(T(1)), rows(T(0)),
-                                   cols(T(0)), n->ignore_index, g->scratch);
-        break;
-    case TR_OP_RMSNORM:
-        cuda_rmsnorm_forward(c, dt, OUT->data, AUX(0), T(0)->data, T(1)->data, rows(T(0)),
-                             cols(T(0)), n->eps);
-        break;
-    case TR_OP_ROPE:
-        cuda_rope_forward(c, dt, OUT->data, T(0)->data, (int)T(0)->shape[0], (int)T(0)->shape[1],
-                          n->heads, rope_head(g, n), n->theta, g->scratch);
-        break;
-    case TR_OP_SWIGLU:
-        cuda_swiglu_forward(c, dt, OUT->data, T(0)->data, T(1)->data, OUT->numel);
-        break;
-    case TR_OP_SCALE:
-        cuda_scale_forward(c, dt, OUT->data, T(0)->data, n->scale, OUT->numel);
-        break;
-    case TR_OP_CONV2D: {
-        struct conv_args a = conv_of(g, n);
-        cuda_conv_forward(c, &a, g->scratch, g->scratch_floats);
-        break;
-    }
-    case TR_OP_MAXPOOL: {
-        struct pool_args p = pool_of(g, n);
-        cuda_maxpool_forward(c, dt, OUT->data, T(0)->data, &p);
-        break;
-    }
-    case TR_OP_AVGPOOL: {
-        struct pool_args p = pool_of(g, n);
-        cuda_avgpool_forward(c, dt, OUT->data, T(0)->data, &p);
-        break;
-    }
-    case TR_OP_GLOBAL_AVGPOOL:
-        cuda_global_avgpool_forward(c, dt, OUT->data, T(0)->data, (int)T(0)->shape[0],
-                                    (int)(T(0)->shape[1] * T(0)->shape[2]), cols(T(0)));
-        break;
-    case TR_OP_BATCHNORM:
-        /* training: batch statistics, and the running ones updated once per
-         * step (not again when a recomputed segment re-runs forward) */
-        cuda_batchnorm_forward(c, dt, OUT->data, AUX(0), AUX(1), running_of(g, n), T(0)->data,
-                               T(1)->data, T(2)->data, rows(T(0)), cols(T(0)), n->eps,
-                               n->momentum, g->training, g->training && !g->recomputing,
-                               g->scratch);
-        break;
-    default:
-        break;
-    }
+    if ((unsigned)n->op < TR_OP_COUNT && cuda_ops.op[n->op].forward)
+        cuda_ops.op[n->op].forward(c, g, n);
 }
 
 static void node_backward(void *ctx, struct tr_graph *g, const struct tr_node *n)
 {
     struct cuda_context *c = (struct cuda_context *)ctx;
     c->allow_tf32 = g->allow_tf32;
-    int dt = storage(g, n);
-    const float *dout = n->out == g->loss ? NULL : OUT->grad;
-    switch (n->op) {
-    case TR_OP_EMBEDDING:
-        cuda_embedding_backward(c, T(0)->grad, dout, IDS(T(1)), (int)T(1)->numel, cols(T(0)),
-                                (int)T(0)->shape[0]);
-        break;
-    case TR_OP_ADD_ROWS:
-        cuda_add_rows_backward(c, T(0)->grad, T(1)->grad, dout, (int)T(0)->shape[0],
-                               (int)T(0)->shape[1], (int)T(0)->shape[2]);
-        break;
-    case TR_OP_ADD:
-        cuda_add_backward(c, T(0)->grad, T(1)->grad, dout, OUT->numel);
-        break;
-    case TR_OP_LINEAR:
-    case TR_OP_MATMUL:
-        gemm_backward(c, g, n);
-        break;
-    case TR_OP_LAYERNORM:
-        cuda_layernorm_backward(c, dt, T(0)->grad, T(1)->grad, T(2)->grad, dout, T(0)->data,
-                                T(1)->data, AUX(0), AUX(1), rows(T(0)), cols(T(0)), g->scratch);
-        break;
-    case TR_OP_GELU:
-        cuda_gelu_backward(c, dt, T(0)->grad, T(0)->data, dout, OUT->numel);
-        break;
-    case TR_OP_RELU:
-        cuda_relu_backward(c, dt, T(0)->grad, T(0)->data, dout, OUT->numel);
-        break;
-    case TR_OP_ATTENTION: {
-        struct attention_args a = attention_of(g, n);
-        cuda_attention_backward(c, dt, &a, dout, OUT->data, AUX(0), g->scratch);
-        break;
-    }
-    case TR_OP_CROSS_ENTROPY:
-        cuda_cross_entropy_backward(c, dt, T(0)->grad, T(0)->data, AUX(0), IDS(T(1)), g->loss_grad,
-                                    rows(T(0)), cols(T(0)), n->ignore_index, g->scratch);
-        break;
-    case TR_OP_RMSNORM:
-        cuda_rmsnorm_backward(c, dt, T(0)->grad, T(1)->grad, dout, T(0)->data, T(1)->data, AUX(0),
-                              rows(T(0)), cols(T(0)), g->scratch);
-        break;
-    case TR_OP_ROPE:
-        cuda_rope_backward(c, T(0)->grad, dout, (int)T(0)->shape[0], (int)T(0)->shape[1],
-                           n->heads, rope_head(g, n), n->theta, g->scratch);
-        break;
-    case TR_OP_SWIGLU:
-        cuda_swiglu_backward(c, dt, T(0)->grad, T(1)->grad, T(0)->data, T(1)->data, dout,
-                             OUT->numel);
-        break;
-    case TR_OP_SCALE:
-        cuda_scale_backward(c, T(0)->grad, dout, n->scale, OUT->numel);
-        break;
-    case TR_OP_CONV2D: {
-        struct conv_args a = conv_of(g, n);
-        cuda_conv_backward(c, &a, g->scratch, g->scratch_floats);
-        break;
-    }
-    case TR_OP_MAXPOOL: {
-        struct pool_args p = pool_of(g, n);
-        cuda_maxpool_backward(c, dt, T(0)->grad, T(0)->data, dout, &p);
-        break;
-    }
-    case TR_OP_AVGPOOL: {
-        struct pool_args p = pool_of(g, n);
-        cuda_avgpool_backward(c, T(0)->grad, dout, &p);
-        break;
-    }
-    case TR_OP_GLOBAL_AVGPOOL:
-        cuda_global_avgpool_backward(c, T(0)->grad, dout, (int)T(0)->shape[0],
-                                     (int)(T(0)->shape[1] * T(0)->shape[2]), cols(T(0)));
-        break;
-    case TR_OP_BATCHNORM:
-        cuda_batchnorm_backward(c, dt, T(0)->grad, T(1)->grad, T(2)->grad, dout, T(0)->data,
-                                T(1)->data, AUX(0), AUX(1), rows(T(0)), cols(T(0)), g->training,
-                                g->scratch);
-        break;
-    default:
-        break;
-    }
+    if ((unsigned)n->op < TR_OP_COUNT && cuda_ops.op[n->op].backward)
+        cuda_ops.op[n->op].backward(c, g, n);
 }
 
 /* ---- 16-bit activation storage -----------------------------------------------
  * Under a 16-bit compute dtype the planner stores activations in it
- * (core/engine/graph.c, plan_storage), beside fp32 parameters, gradients,
+ * (core/engine/graph_plan.c, plan_storage), beside fp32 parameters, gradients,
  * saved statistics and logits.  The kernels take one storage dtype per node,
  * so a node whose float tensors share one runs as it is (a GELU, an
  * attention, a residual add of bf16 activations: in bf16), and a node that
@@ -613,11 +793,13 @@ void cuda_forward(void *ctx, struct tr_graph *g, const struct tr_node *n) { run_
 
 void cuda_backward(void *ctx, struct tr_graph *g, const struct tr_node *n) { run_node(ctx, g, n, 1); }
 
-/* Every op of the vocabulary, its float tensors stored in fp32, bf16 or
- * fp16 (the storage dtype is that of the first input, see storage()), with
- * attention's head size up to ATTENTION_MAX_HEAD: a larger one is refused
- * when the run starts rather than failing in its first step.  conv2d needs
- * cuDNN (loaded at open) and a shape it has a deterministic algorithm for. */
+/* The ops the op table (kernels/ops.h) gives to cuda -- every op of the
+ * vocabulary; the core checks the table's bit before asking here -- their
+ * float tensors stored in fp32, bf16 or fp16 (the storage dtype is that of
+ * the first input, see storage()), with attention's head size up to
+ * ATTENTION_MAX_HEAD: a larger one is refused when the run starts rather
+ * than failing in its first step.  conv2d needs cuDNN (loaded at open) and
+ * a shape it has a deterministic algorithm for. */
 int cuda_supports_op(void *ctx, const struct tr_graph *g, const struct tr_node *n)
 {
     if ((unsigned)n->op >= TR_OP_COUNT)

@@ -3,7 +3,9 @@
 -- A model builder receives (nn, spec, batch) and returns g:finish{...}.
 -- Tensors are handles {id, shape, dtype}; shapes are checked here so that a
 -- mistake is reported at the line of the builder that made it, and checked
--- again by the core before any memory is planned.
+-- again by the core before any memory is planned.  The ops, their inputs and
+-- their attributes are those of the op table (kernels/ops.h); tests/test_ops
+-- runs every builder here and checks what it emits against that table.
 local nn = {}
 
 local Graph = {}

@@ -1,0 +1,82 @@
+/* Running a planned graph: forward in node order, backward in reverse with
+ * recomputed segments rebuilt and each gradient zeroed or written by its
+ * first writer (graph_plan.c), optionally timing each node for the trace. */
+#include "graph.h"
+
+#include "../util/util.h"
+
+/* Profiling needs the device idle before and after each node. */
+static double op_begin(struct tr_graph *g, const struct tr_backend *be)
+{
+    if (be->iface->synchronize)
+        be->iface->synchronize(be->context);
+    return g->profile ? tr_now() : 0;
+}
+
+static void op_end(struct tr_graph *g, const struct tr_backend *be, int slot, double t0)
+{
+    if (be->iface->synchronize)
+        be->iface->synchronize(be->context);
+    g->op_start[slot] = t0;
+    g->op_seconds[slot] = tr_now() - t0;
+}
+
+static void ensure_profile(struct tr_graph *g)
+{
+    if (g->profile && !g->op_start) {
+        g->op_start = tr_xcalloc(2 * (size_t)g->n_nodes, sizeof *g->op_start);
+        g->op_seconds = tr_xcalloc(2 * (size_t)g->n_nodes, sizeof *g->op_seconds);
+    }
+}
+
+void tr_graph_forward(struct tr_graph *g, const struct tr_backend *be)
+{
+    ensure_profile(g);
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (!g->profile) {
+            be->iface->forward(be->context, g, &g->nodes[i]);
+            continue;
+        }
+        double t0 = op_begin(g, be);
+        be->iface->forward(be->context, g, &g->nodes[i]);
+        op_end(g, be, i, t0);
+    }
+}
+
+void tr_graph_backward(struct tr_graph *g, const struct tr_backend *be)
+{
+    for (int i = g->n_nodes - 1; i >= 0; i--) {
+        struct tr_node *n = &g->nodes[i];
+        if (n->segment > 0 && (i == g->n_nodes - 1 || g->nodes[i + 1].segment != n->segment)) {
+            /* entering a recomputed segment from its end: rebuild its internals */
+            int first = i;
+            while (first > 0 && g->nodes[first - 1].segment == n->segment)
+                first--;
+            /* the segment's forward ran once already: its batch norms must
+             * not move their running statistics a second time */
+            g->recomputing = 1;
+            for (int j = first; j <= i; j++)
+                be->iface->forward(be->context, g, &g->nodes[j]);
+            g->recomputing = 0;
+        }
+        if (!tr_graph_runs_backward(g, n))
+            continue;
+        unsigned zero = n->zero_grad_mask | (g->grads_fresh ? n->param_zero_mask : 0);
+        n->write_grad_mask = n->act_write_mask | (g->grads_fresh ? n->param_write_mask : 0);
+        for (int k = 0; k < n->n_in; k++)
+            if (zero & (1u << k)) {
+                struct tr_tensor *t = &g->tensors[n->in[k]];
+                be->iface->zero(be->context, t->grad, t->numel * sizeof(float));
+            }
+        if (!g->profile) {
+            be->iface->backward(be->context, g, n);
+        } else {
+            ensure_profile(g);
+            double t0 = op_begin(g, be);
+            be->iface->backward(be->context, g, n);
+            op_end(g, be, g->n_nodes + i, t0);
+        }
+        if (g->on_backward)
+            g->on_backward(g->on_backward_ctx, i);
+    }
+}
