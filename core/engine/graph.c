@@ -4,6 +4,7 @@
  * it (forward, backward) in graph_exec.c; graph_internal.h holds what they
  * share. */
 #include "graph.h"
+#include "backend.h"
 #include "graph_internal.h"
 
 #include "../util/util.h"
@@ -268,7 +269,7 @@ static void init_buffer(const struct tr_tensor *t, const struct tr_backend *be)
     int64_t C = t->shape[t->ndim - 1];
     for (size_t j = (size_t)C; t->ndim == 2 && t->shape[0] == 2 && j < t->numel; j++)
         host[j] = 1.0f;
-    be->iface->upload(be->context, t->data, host, t->numel * sizeof(float));
+    tr_be_upload(be, t->data, host, t->numel * sizeof(float));
     free(host);
 }
 
@@ -294,7 +295,7 @@ void tr_graph_init_params(struct tr_graph *g, const struct tr_backend *be, uint6
                 host[j] = (float)(t->init_std * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
             }
         }
-        be->iface->upload(be->context, t->data, host, t->numel * sizeof(float));
+        tr_be_upload(be, t->data, host, t->numel * sizeof(float));
         free(host);
     }
 }
@@ -308,7 +309,7 @@ void tr_graph_free(struct tr_graph *g, const struct tr_backend *be)
                         g->scratch, g->recompute_arena, g->buffers};
         for (size_t i = 0; i < TR_ARRAY_LEN(bufs); i++)
             if (bufs[i])
-                be->iface->free(be->context, bufs[i]);
+                tr_be_free(be, bufs[i]);
     }
     for (int i = 0; i < g->n_tensors; i++)
         free(g->tensors[i].name);

@@ -2,21 +2,20 @@
  * recomputed segments rebuilt and each gradient zeroed or written by its
  * first writer (graph_plan.c), optionally timing each node for the trace. */
 #include "graph.h"
+#include "backend.h"
 
 #include "../util/util.h"
 
 /* Profiling needs the device idle before and after each node. */
 static double op_begin(struct tr_graph *g, const struct tr_backend *be)
 {
-    if (be->iface->synchronize)
-        be->iface->synchronize(be->context);
+    tr_be_synchronize(be);
     return g->profile ? tr_now() : 0;
 }
 
 static void op_end(struct tr_graph *g, const struct tr_backend *be, int slot, double t0)
 {
-    if (be->iface->synchronize)
-        be->iface->synchronize(be->context);
+    tr_be_synchronize(be);
     g->op_start[slot] = t0;
     g->op_seconds[slot] = tr_now() - t0;
 }
@@ -34,11 +33,11 @@ void tr_graph_forward(struct tr_graph *g, const struct tr_backend *be)
     ensure_profile(g);
     for (int i = 0; i < g->n_nodes; i++) {
         if (!g->profile) {
-            be->iface->forward(be->context, g, &g->nodes[i]);
+            tr_be_forward(be, g, &g->nodes[i]);
             continue;
         }
         double t0 = op_begin(g, be);
-        be->iface->forward(be->context, g, &g->nodes[i]);
+        tr_be_forward(be, g, &g->nodes[i]);
         op_end(g, be, i, t0);
     }
 }
@@ -56,7 +55,7 @@ void tr_graph_backward(struct tr_graph *g, const struct tr_backend *be)
              * not move their running statistics a second time */
             g->recomputing = 1;
             for (int j = first; j <= i; j++)
-                be->iface->forward(be->context, g, &g->nodes[j]);
+                tr_be_forward(be, g, &g->nodes[j]);
             g->recomputing = 0;
         }
         if (!tr_graph_runs_backward(g, n))
@@ -66,14 +65,14 @@ void tr_graph_backward(struct tr_graph *g, const struct tr_backend *be)
         for (int k = 0; k < n->n_in; k++)
             if (zero & (1u << k)) {
                 struct tr_tensor *t = &g->tensors[n->in[k]];
-                be->iface->zero(be->context, t->grad, t->numel * sizeof(float));
+                tr_be_zero(be, t->grad, t->numel * sizeof(float));
             }
         if (!g->profile) {
-            be->iface->backward(be->context, g, n);
+            tr_be_backward(be, g, n);
         } else {
             ensure_profile(g);
             double t0 = op_begin(g, be);
-            be->iface->backward(be->context, g, n);
+            tr_be_backward(be, g, n);
             op_end(g, be, g->n_nodes + i, t0);
         }
         if (g->on_backward)

@@ -3,6 +3,7 @@
  * activation gradients packed by lifetime), each gradient's first writer in
  * backward, and the memory report by class. */
 #include "graph.h"
+#include "backend.h"
 #include "graph_internal.h"
 
 #include "../util/util.h"
@@ -42,8 +43,6 @@ int tr_graph_runs_backward(const struct tr_graph *g, const struct tr_node *n)
  * both land in it. */
 static void plan_first_writers(struct tr_graph *g, const struct tr_backend *be)
 {
-    const struct tr_backend_iface *bi = be->iface;
-    int ask = TR_HAS_SLOT(bi, struct tr_backend_iface, writes_grad) && bi->writes_grad != NULL;
     for (int i = 0; i < g->n_nodes; i++) {
         struct tr_node *n = &g->nodes[i];
         n->zero_grad_mask = n->act_write_mask = n->param_zero_mask = n->param_write_mask = 0;
@@ -64,7 +63,7 @@ static void plan_first_writers(struct tr_graph *g, const struct tr_backend *be)
             int twice = 0;
             for (int k2 = 0; k2 < n->n_in; k2++)
                 twice |= k2 != k && n->in[k2] == t;
-            int write = ask && !twice && bi->writes_grad(be->context, g, n, k);
+            int write = !twice && tr_be_writes_grad(be, g, n, k); /* 0 without the slot */
             unsigned bit = 1u << k;
             if (x->role == TR_ROLE_ACTIVATION)
                 *(write ? &n->act_write_mask : &n->zero_grad_mask) |= bit;
@@ -274,33 +273,29 @@ static void place_activation_grads(const struct tr_graph *g, struct layout *l,
 static void size_scratch(struct tr_graph *g, const struct tr_backend *be,
                          struct tr_memory_report *m)
 {
-    const struct tr_backend_iface *bi = be->iface;
     g->scratch_floats = 0;
     for (int i = 0; i < g->n_nodes; i++) {
-        size_t s = bi->scratch_floats ? bi->scratch_floats(be->context, g, &g->nodes[i]) : 0;
+        size_t s = tr_be_scratch_floats(be, g, &g->nodes[i]);
         if (s > g->scratch_floats)
             g->scratch_floats = s;
     }
     m->scratch = tr_sat_mul(g->scratch_floats, sizeof(float));
-    m->param_copies = TR_HAS_SLOT(bi, struct tr_backend_iface, param_copy_bytes)
-                          ? bi->param_copy_bytes(be->context, g)
-                          : 0;
+    m->param_copies = tr_be_param_copy_bytes(be, g);
 }
 
 /* Every arena on the backend, or an out-of-memory error. */
 static int allocate_arenas(struct tr_graph *g, const struct tr_backend *be, const struct layout *l,
                            tr_err *err)
 {
-    const struct tr_backend_iface *bi = be->iface;
     const struct tr_memory_report *m = &g->memory;
-    g->params = bi->alloc(be->context, m->params);
-    g->grads = bi->alloc(be->context, m->grads);
-    g->activation_arena = bi->alloc(be->context, l->act_bytes);
-    g->grad_arena = l->grad_arena ? bi->alloc(be->context, l->grad_arena) : NULL;
-    g->input_arena = bi->alloc(be->context, l->in_bytes);
-    g->scratch = g->scratch_floats ? bi->alloc(be->context, m->scratch) : NULL;
-    g->recompute_arena = m->recompute ? bi->alloc(be->context, m->recompute) : NULL;
-    g->buffers = g->n_buffers ? bi->alloc(be->context, g->n_buffers * sizeof(float)) : NULL;
+    g->params = tr_be_alloc(be, m->params);
+    g->grads = tr_be_alloc(be, m->grads);
+    g->activation_arena = tr_be_alloc(be, l->act_bytes);
+    g->grad_arena = l->grad_arena ? tr_be_alloc(be, l->grad_arena) : NULL;
+    g->input_arena = tr_be_alloc(be, l->in_bytes);
+    g->scratch = g->scratch_floats ? tr_be_alloc(be, m->scratch) : NULL;
+    g->recompute_arena = m->recompute ? tr_be_alloc(be, m->recompute) : NULL;
+    g->buffers = g->n_buffers ? tr_be_alloc(be, g->n_buffers * sizeof(float)) : NULL;
     if (!g->params || !g->grads || !g->activation_arena || (l->grad_arena && !g->grad_arena) ||
         (g->n_buffers && !g->buffers) ||
         !g->input_arena || (g->scratch_floats && !g->scratch) || (m->recompute && !g->recompute_arena)) {
@@ -310,7 +305,7 @@ static int allocate_arenas(struct tr_graph *g, const struct tr_backend *be, cons
                         need, sizeof need);
         return tr_fail(err, "out of %s memory: the plan needs %s at micro-batch %d; lower the "
                        "micro-batch (train.micro_batch) or use micro_batch = \"auto\"",
-                       bi->name, need, g->batch);
+                       tr_be_name(be), need, g->batch);
     }
     return TR_OK;
 }
@@ -373,12 +368,11 @@ static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_s
  * the table knows the device), then the backend's supports_op. */
 static int runs_on(const struct tr_graph *g, const struct tr_node *n, const struct tr_backend *be)
 {
-    unsigned bit = tr_op_backend_bit(be->iface->name);
+    unsigned bit = tr_op_backend_bit(tr_be_name(be));
     const struct tr_op_desc *op = tr_op_desc(n->op);
     if (bit && (!op || !(op->backends & bit)))
         return 0;
-    return !TR_HAS_SLOT(be->iface, struct tr_backend_iface, supports_op) ||
-           be->iface->supports_op(be->context, g, n);
+    return tr_be_supports_op(be, g, n);
 }
 
 int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots, tr_err *err)
@@ -389,7 +383,7 @@ int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer
         if (!runs_on(g, &g->nodes[i], be))
             return tr_fail(err, "device \"%s\" cannot run %s '%s': its backend does not "
                            "support op %s on these tensor types; choose another device",
-                           be->iface->name, tr_op_name(g->nodes[i].op), g->nodes[i].name,
+                           tr_be_name(be), tr_op_name(g->nodes[i].op), g->nodes[i].name,
                            tr_op_name(g->nodes[i].op));
     return plan(g, be, optimizer_slots, 1, err);
 }

@@ -1,4 +1,5 @@
 #include "optim.h"
+#include "backend.h"
 
 #include "../util/suggest.h"
 
@@ -25,7 +26,7 @@ static void adamw_update(const struct tr_optimizer *o, const struct tr_backend *
     const struct tr_optimizer_config *c = o->cfg;
     struct tr_adamw_args a = {(float)u->lr, (float)c->beta1, (float)c->beta2, (float)c->eps,
                               (float)u->weight_decay, (float)u->grad_scale, o->applied};
-    be->iface->adamw(be->context, u->p, u->grad, u->slot[0], u->slot[1], u->n, &a);
+    tr_be_adamw(be, u->p, u->grad, u->slot[0], u->slot[1], u->n, &a);
 }
 
 static void sgd_update(const struct tr_optimizer *o, const struct tr_backend *be,
@@ -34,7 +35,7 @@ static void sgd_update(const struct tr_optimizer *o, const struct tr_backend *be
     const struct tr_optimizer_config *c = o->cfg;
     struct tr_sgd_args a = {(float)u->lr, (float)c->momentum, (float)u->weight_decay,
                             (float)u->grad_scale};
-    be->iface->sgd(be->context, u->p, u->grad, u->slot[0], u->n, &a);
+    tr_be_sgd(be, u->p, u->grad, u->slot[0], u->n, &a);
 }
 
 /* by enum tr_optimizer_update, the descriptor's `update`: each calls its
@@ -79,8 +80,8 @@ int tr_optimizer_init(struct tr_optimizer *o, const struct tr_optimizer_config *
     o->end = end;
     size_t bytes = (end - begin) * sizeof(float);
     for (int k = 0; k < o->desc->state_slots; k++)
-        if (!(o->state[k] = be->iface->alloc(be->context, bytes)))
-            return tr_fail(err, "out of %s memory for the optimizer state", be->iface->name);
+        if (!(o->state[k] = tr_be_alloc(be, bytes)))
+            return tr_fail(err, "out of %s memory for the optimizer state", tr_be_name(be));
     return TR_OK;
 }
 
@@ -108,6 +109,6 @@ void tr_optimizer_free(struct tr_optimizer *o, const struct tr_backend *be)
 {
     for (int k = 0; k < TR_OPTIMIZER_MAX_SLOTS; k++)
         if (o->state[k])
-            be->iface->free(be->context, o->state[k]);
+            tr_be_free(be, o->state[k]);
     memset(o, 0, sizeof *o);
 }
