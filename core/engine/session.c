@@ -112,8 +112,10 @@ struct tr_fit_model tr_session_fit_model(const struct tr_session *s)
 {
     /* eval and sample keep no optimizer state */
     const struct tr_config *cfg = s->cfg;
-    int slots = training(s) || s->mode == TR_SESSION_PLAN
-                    ? tr_optimizer_find(cfg->optimizer.type)->state_slots : 0;
+    /* the training run's plan, optimizer state included, in every mode: an
+     * eval or a sample of an "auto" recipe runs at the micro-batch its
+     * training run chose */
+    int slots = tr_optimizer_find(cfg->optimizer.type)->state_slots;
     /* a plan measures on the CPU backend whatever the device it plans for */
     int other = s->mode == TR_SESSION_PLAN &&
                 (strcmp(cfg->device, "cpu") != 0 ||
@@ -259,8 +261,9 @@ void tr_session_shard_of(const struct tr_session *s, int q, size_t *begin, size_
 static int plan_memory(struct tr_session *s, tr_err *err)
 {
     struct tr_config *cfg = s->cfg;
-    struct tr_fit_model fm = tr_session_fit_model(s);
-    if (tr_graph_plan(s->g, &s->be, fm.optimizer_slots, err) != TR_OK)
+    /* an evaluation keeps no optimizer state */
+    int slots = training(s) ? tr_session_fit_model(s).optimizer_slots : 0;
+    if (tr_graph_plan(s->g, &s->be, slots, err) != TR_OK)
         return TR_ERROR;
     size_t begin = 0, end = s->g->n_params;
     if (cfg->parallel.zero && s->world > 1) { /* ZeRO-1: this rank's shard of the state */
@@ -274,7 +277,7 @@ static int plan_memory(struct tr_session *s, tr_err *err)
     if (training(s) &&
         tr_optimizer_init(&s->opt, &cfg->optimizer, s->g, &s->be, begin, end, err) != TR_OK)
         return TR_ERROR;
-    s->g->memory.optimizer = (size_t)fm.optimizer_slots * (end - begin) * sizeof(float);
+    s->g->memory.optimizer = (size_t)slots * (end - begin) * sizeof(float);
     if (end - begin < s->g->n_params && s->rank == 0)
         tr_log(TR_LOG_INFO, NULL, "optimizer state sharded: rank 0 keeps %zu of %zu parameters' "
                "state (parallel.zero)", end - begin, s->g->n_params);

@@ -69,8 +69,9 @@ int tr_session_open(struct tr_session *s, struct tr_config *cfg, enum tr_session
                     tr_err *err);
 void tr_session_close(struct tr_session *s);
 
-/* How the session's model is measured for fit.h: its compute dtype, its
- * optimizer's state (none for eval and sample), the device it plans for. */
+/* How the session's model is measured for fit.h: its compute dtype, the
+ * training run's optimizer state (in every mode: the micro-batch is the
+ * run's decision), the device it plans for. */
 struct tr_fit_model tr_session_fit_model(const struct tr_session *s);
 
 /* Rank q's shard [*begin, *end) of the flat parameters under ZeRO-1: world
