@@ -4,7 +4,7 @@
 #include <criterion/criterion.h>
 
 #include "util/json.h"
-#include "util/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #include <stdint.h>
 #include <stdio.h>

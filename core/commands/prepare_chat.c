@@ -32,7 +32,7 @@
 #include "prepare_internal.h"
 
 #include "../util/json.h"
-#include "../util/tokenizer.h"
+#include "../tokenizer/tokenizer.h"
 #include "../util/util.h"
 
 #include <errno.h>

@@ -17,7 +17,7 @@
 
 #include "../util/json.h"
 #include "../util/progress.h"
-#include "../util/tokenizer.h"
+#include "../tokenizer/tokenizer.h"
 
 #include <errno.h>
 #include <pthread.h>

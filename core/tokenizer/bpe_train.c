@@ -18,7 +18,7 @@
 #include "bpe_train.h"
 
 #include "tokenizer.h"
-#include "util.h"
+#include "../util/util.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* The tokenizer's insides, shared by its files (nothing outside core/util/tokenizer*.c
+/* The tokenizer's insides, shared by its files (nothing outside core/tokenizer/tokenizer*.c
  * includes this):
  *   tokenizer.c            loading tokenizer.json, the BPE model, pre-tokenizers, encode;
  *   tokenizer_normalize.c  the normalizers (NFC/NFD/NFKC/NFKD, Lowercase, Strip, Replace,
@@ -11,8 +11,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokenizer.h"
 
-#include "json.h"
-#include "util.h"
+#include "../util/json.h"
+#include "../util/util.h"
 
 #include <pcre2.h>
 #include <stdint.h>
