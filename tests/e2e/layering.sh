@@ -71,8 +71,8 @@ rm -rf tree
 
 # The core's rooms (core/README.md) and what each may include besides itself;
 # the includes point one way, so no room reaches one that reaches it back:
-#   util <- tokenizer, config;  tokenizer, config <- engine;  everything <- commands.
-ROOMS="util tokenizer config engine commands"
+#   util <- tokenizer, plot, config;  tokenizer, config <- engine;  everything <- commands.
+ROOMS="util tokenizer plot config engine commands"
 room_of() {
   case $1 in
     core/*/*) r=${1#core/}; r=${r%%/*} ;;
@@ -83,9 +83,9 @@ room_of() {
 may_include() {
   case $1 in
     util) echo "" ;;
-    tokenizer|config) echo "util" ;;
+    tokenizer|plot|config) echo "util" ;;
     engine) echo "util tokenizer config" ;;
-    commands) echo "util tokenizer config engine" ;;
+    commands) echo "util tokenizer plot config engine" ;;
   esac
 }
 check_rooms() {
@@ -113,7 +113,8 @@ check_rooms() {
 }
 for case in "core/util/util.c ../config/options.h" "core/util/json.c ../tokenizer/tokenizer.h" \
             "core/tokenizer/bpe_train.c ../config/options.h" "core/config/recipe.c ../engine/graph.h" \
-            "core/config/recipe.c ../tokenizer/tokenizer.h" "core/engine/run.c ../commands/plan.h"; do
+            "core/config/recipe.c ../tokenizer/tokenizer.h" "core/engine/run.c ../commands/plan.h" \
+            "core/plot/plot.c ../config/options.h" "core/engine/run.c ../plot/plot.h"; do
   set -- $case
   rm -rf tree && mkdir tree
   cp -R "$TR_SRCDIR/core" tree/
