@@ -1205,7 +1205,7 @@ Test(prepare, instruct_records_refused_or_prepared_never_crash)
 #include <png.h>
 #include <trainrun/images.h>
 
-#include "commands/image_codec.h"
+#include "dataset/image_codec.h"
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -56,7 +56,7 @@ why() {
 # the check can fail: a copy with one bad include of each kind
 for case in "kernels/cpu/gemm.c ../../core/util/util.h" "kernels/cuda/ops.cu ../../core/engine/graph.h" \
             "core/engine/graph.c ../kernels/cpu/kernels.h" "plugins/data/csv.c ../../kernels/cuda/common.cuh" \
-            "core/commands/prepare_csv.c ../../plugins/data/common.h" "plugins/data/csv.c ../../core/util/util.h"; do
+            "core/dataset/prepare_csv.c ../../plugins/data/common.h" "plugins/data/csv.c ../../core/util/util.h"; do
   set -- $case
   rm -rf tree && mkdir tree
   cp -R "$TR_SRCDIR/kernels" "$TR_SRCDIR/core" "$TR_SRCDIR/plugins" tree/
@@ -70,9 +70,8 @@ done
 rm -rf tree
 
 # The core's rooms (core/README.md) and what each may include besides itself;
-# the includes point one way, so no room reaches one that reaches it back:
-#   util <- tokenizer, plot, config;  tokenizer, config <- engine;  everything <- commands.
-ROOMS="util tokenizer plot config engine commands"
+# the lists point one way, so no room reaches one that reaches it back.
+ROOMS="util tokenizer plot config dataset engine commands"
 room_of() {
   case $1 in
     core/*/*) r=${1#core/}; r=${r%%/*} ;;
@@ -84,8 +83,9 @@ may_include() {
   case $1 in
     util) echo "" ;;
     tokenizer|plot|config) echo "util" ;;
+    dataset) echo "util tokenizer" ;;
     engine) echo "util tokenizer config" ;;
-    commands) echo "util tokenizer plot config engine" ;;
+    commands) echo "util tokenizer plot config dataset engine" ;;
   esac
 }
 check_rooms() {
@@ -114,7 +114,9 @@ check_rooms() {
 for case in "core/util/util.c ../config/options.h" "core/util/json.c ../tokenizer/tokenizer.h" \
             "core/tokenizer/bpe_train.c ../config/options.h" "core/config/recipe.c ../engine/graph.h" \
             "core/config/recipe.c ../tokenizer/tokenizer.h" "core/engine/run.c ../commands/plan.h" \
-            "core/plot/plot.c ../config/options.h" "core/engine/run.c ../plot/plot.h"; do
+            "core/plot/plot.c ../config/options.h" "core/engine/run.c ../plot/plot.h" \
+            "core/dataset/prepare_text.c ../engine/run.h" "core/dataset/dedup.c ../commands/prepare.h" \
+            "core/engine/run.c ../dataset/dataset.h"; do
   set -- $case
   rm -rf tree && mkdir tree
   cp -R "$TR_SRCDIR/core" tree/

@@ -1,12 +1,12 @@
 /*
- * `trainrun prepare --format csv` (see prepare.h): the rows are checked as
+ * `trainrun prepare --format csv` (see dataset.h): the rows are checked as
  * the csv data plugin checks them (the same number of fields everywhere,
  * every field a number), exact duplicate rows are dropped unless
  * --dedup none, and a cleaned copy (fields trimmed, no blank lines, "\n"
  * line ends) is written as OUTDIR/data.csv, with prepare.json beside it.
- * The command line and the output directory are prepare.c's.
+ * The command line is commands/prepare.c's, the output directory prepare_output.c's.
  */
-#include "prepare.h"
+#include "dataset.h"
 
 #include "dedup.h"
 #include "prepare_internal.h"

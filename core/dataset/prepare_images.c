@@ -1,5 +1,5 @@
 /*
- * `trainrun prepare --format images` (see prepare.h): image folders (one
+ * `trainrun prepare --format images` (see dataset.h): image folders (one
  * subdirectory per class, as torchvision's ImageFolder) and WebDataset tar
  * shards (samples grouped by key: an image member .png/.jpg/.jpeg/.webp and
  * a .cls label) decoded once (image_codec.c), converted to RGB or grey,
@@ -12,7 +12,7 @@
  * the loader applies on the fly (tr_images_apply_u8), deterministic per
  * --seed.
  */
-#include "prepare.h"
+#include "dataset.h"
 
 #include "image_codec.h"
 #include "prepare_internal.h"

@@ -1,5 +1,5 @@
 /*
- * `trainrun prepare` of text (see prepare.h): every input is read whole
+ * `trainrun prepare` of text (see dataset.h): every input is read whole
  * (plain, gzip or zstd: prepare_input.c), split into documents (blank-line separated paragraphs,
  * or one per line), deduplicated, and written as TRTOKENS shards
  * (train_000000.bin ..., val_000000.bin ...) with prepare.json describing
@@ -11,9 +11,9 @@
  * Deduplication (exact, or near: MinHash with LSH banding) is in dedup.c;
  * this file splits, reports what was removed and writes (through the shard
  * writer of prepare_shards.c).  The
- * command line and the output directory are prepare.c's.
+ * command line is commands/prepare.c's, the output directory prepare_output.c's.
  */
-#include "prepare.h"
+#include "dataset.h"
 
 #include "dedup.h"
 #include "prepare_internal.h"

@@ -27,7 +27,7 @@
  * mask falls on token boundaries.  Records are not deduplicated (instruction
  * sets are curated); validation is whole records from the end, as for text.
  */
-#include "prepare.h"
+#include "dataset.h"
 
 #include "prepare_internal.h"
 

@@ -10,7 +10,7 @@
  * do not depend on the number of workers.  The calling thread is worker 0
  * and redraws the progress bar between its documents.
  */
-#include "prepare.h"
+#include "dataset.h"
 
 #include "dedup.h"
 #include "prepare_internal.h"
