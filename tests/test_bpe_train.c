@@ -3,7 +3,11 @@
  *   library.json  the library's training on train.txt: our vocabulary and merges must equal it
  *   trained.json  our own output (checked to be what the trainer writes now)
  *   ids.json      the library's ids for encode.txt with trained.json: tokenizer.c loading
- *                 our file must give the same ids, and decode them back to the text */
+ *                 our file must give the same ids, and decode them back to the text
+ *
+ * Covers: core/tokenizer/bpe_train.c, and the room's loading (tokenizer_load.c) and
+ * encode of what it writes.
+ */
 #include <criterion/criterion.h>
 
 #include "tokenizer/bpe_train.h"
