@@ -36,6 +36,10 @@ void tr_prepare_json_inputs(FILE *f, const struct prepare_opts *o);
  * regular files only. */
 void tr_prepare_remove_stale_shards(const char *dir, const char *prefix, int written);
 
+/* Remove DIR/NAME, a regular file left by an earlier run (a tokenizer this run does not
+ * use), saying so; only in a directory tr_prepare_claim_out_dir made ours. */
+void tr_prepare_remove_stale_file(const char *dir, const char *name);
+
 /* "trainrun prepare: error: ..." from a va_list (tr_prepare_fail's body). */
 void tr_prepare_vfail(const char *fmt, va_list ap);
 

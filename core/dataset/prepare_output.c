@@ -74,6 +74,18 @@ void tr_prepare_remove_stale_shards(const char *dir, const char *prefix, int wri
     closedir(d);
 }
 
+/* OUTDIR/NAME, left by an earlier run (a tokenizer this run does not use):
+ * removed, so nothing reports a tokenizer that did not make these shards.
+ * Only in a directory tr_prepare_claim_out_dir made ours; regular files only. */
+void tr_prepare_remove_stale_file(const char *dir, const char *name)
+{
+    char path[4096];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (lstat(path, &st) == 0 && S_ISREG(st.st_mode) && unlink(path) == 0)
+        printf("trainrun prepare: removed %s, left by an earlier run\n", path);
+}
+
 /* OUTDIR may be any directory: what prepare replaces or removes there
  * (prepare.json, data.csv, train_/val_NNNNNN.bin, tokenizer.json,
  * tokenizer_config.json) it touches only where an

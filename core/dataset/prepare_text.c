@@ -25,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 struct input {
@@ -401,18 +400,6 @@ static int write_split(const struct prepare_opts *o, const struct docs *d, size_
     return rc;
 }
 
-/* OUTDIR/NAME, left by an earlier run (a tokenizer this run does not use):
- * removed, so nothing reports a tokenizer that did not make these shards.
- * Only in a directory tr_prepare_claim_out_dir made ours; regular files only. */
-static void remove_stale_file(const char *dir, const char *name)
-{
-    char path[4096];
-    struct stat st;
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    if (lstat(path, &st) == 0 && S_ISREG(st.st_mode) && unlink(path) == 0)
-        printf("trainrun prepare: removed %s, left by an earlier run\n", path);
-}
-
 static int online_cpus(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -605,8 +592,8 @@ static int write_tokenizer_files(const struct text_run *t)
     const char *dir = t->o->out_dir;
     const struct prepare_tokenizer *pt = t->pt;
     if (!pt) {
-        remove_stale_file(dir, "tokenizer.json");
-        remove_stale_file(dir, "tokenizer_config.json");
+        tr_prepare_remove_stale_file(dir, "tokenizer.json");
+        tr_prepare_remove_stale_file(dir, "tokenizer_config.json");
         return 0;
     }
     int rc = tr_prepare_write_copy(dir, "tokenizer.json", pt->file, pt->file_size);
@@ -615,7 +602,7 @@ static int write_tokenizer_files(const struct text_run *t)
     if (rc != 0)
         return rc;
     if (!pt->config)
-        remove_stale_file(dir, "tokenizer_config.json");
+        tr_prepare_remove_stale_file(dir, "tokenizer_config.json");
     return 0;
 }
 
