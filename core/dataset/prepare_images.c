@@ -11,31 +11,12 @@
  * mirrored) copies of each training image, made once here with the crop
  * the loader applies on the fly (tr_images_apply_u8), deterministic per
  * --seed.
+ *
+ * This file holds the command and the run: samples are queued as the inputs
+ * are read (prepare_images_read.c), decoded a batch at a time on worker
+ * threads and written in input order (prepare_images_writer.c), so the
+ * shards are the same for any number of workers.
  */
-#include "dataset.h"
-
-#include "image_codec.h"
-#include "prepare_internal.h"
-
-#include "../util/json.h"
-#include "../util/progress.h"
-#include "../util/util.h"
-
-#include <trainrun/images.h>
-#include <trainrun/mix.h>
-
-#include <archive.h>
-#include <archive_entry.h>
-#include <ctype.h>
-#include <dirent.h>
-#include <pthread.h>
-#include <errno.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include "dataset.h"
 
 #include "image_codec.h"
