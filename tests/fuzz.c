@@ -44,7 +44,7 @@
 
 #include "util/json.h"
 #include "commands/prepare.h"
-#include "commands/image_codec.h"
+#include "dataset/image_codec.h"
 #include <trainrun/images.h>
 #include "config/hf_config.h"
 #include "engine/hf_weights.h"

@@ -22,6 +22,10 @@
  * skipped with the reason, and the program exits 77 so `make check` would
  * list it as SKIP.  The harness's own checks (guards, accumulation) run on
  * the CPU backend in the `harness` tests.
+ *
+ * Covers: every op of kernels/backend.h on kernels/cpu/ against kernels/cuda/ (the
+ * GPU's, or tests/cudacpu's stand-in), on graphs built by core/engine/graph.c and
+ * model.c and stepped by optim.c.
  */
 #include <criterion/criterion.h>
 

@@ -1,14 +1,18 @@
-/* The BPE trainer (core/util/bpe_train.c) against the `tokenizers` library's BpeTrainer:
+/* The BPE trainer (core/tokenizer/bpe_train.c) against the `tokenizers` library's BpeTrainer:
  * tests/fixtures/bpe_train/ was made by tests/torch/make_bpe_train_fixtures.py.
  *   library.json  the library's training on train.txt: our vocabulary and merges must equal it
  *   trained.json  our own output (checked to be what the trainer writes now)
  *   ids.json      the library's ids for encode.txt with trained.json: tokenizer.c loading
- *                 our file must give the same ids, and decode them back to the text */
+ *                 our file must give the same ids, and decode them back to the text
+ *
+ * Covers: core/tokenizer/bpe_train.c, and the room's loading (tokenizer_load.c) and
+ * encode of what it writes.
+ */
 #include <criterion/criterion.h>
 
-#include "util/bpe_train.h"
+#include "tokenizer/bpe_train.h"
 #include "util/json.h"
-#include "util/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #include <stdint.h>
 #include <stdio.h>

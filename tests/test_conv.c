@@ -9,6 +9,8 @@
  *  - PyTorch 2.5.1 (tests/fixtures/conv/, made by tests/torch/make_conv_fixtures.py);
  *  - bf16/fp16 compute within the 16-bit tolerance of fp32;
  *  - thread counts: what the kernels promise to keep the same bits.
+ *
+ * Covers: kernels/cpu/conv.c, pool.c and batchnorm.c, through kernels/cpu/backend.c.
  */
 #include <criterion/criterion.h>
 #include <math.h>

@@ -1,5 +1,8 @@
 /* fp32 <-> bf16/fp16 conversions: fp16 against the CPU's own F16C
- * instructions (an independent reference), bf16 against its definition. */
+ * instructions (an independent reference), bf16 against its definition.
+ *
+ * Covers: kernels/cpu/convert.c.
+ */
 #include <criterion/criterion.h>
 
 #include "kernels.h"

@@ -1,6 +1,12 @@
 /* The core's contracts: plugin loader refusals, recipe errors with their
  * file:line, overrides typed by the schema, the precision default, the
- * loader's order, and the checkpoint formats. */
+ * loader's order, and the checkpoint formats.
+ *
+ * Covers: core/config/ (plugin.c: the loader; recipe.c, options.c, run_config.c,
+ * value.c: recipe errors, overrides and the precision default), core/engine/loader.c and
+ * topo.c, core/util/ (safetensors.c, json.c, suggest.c, util.c's durations),
+ * include/trainrun/mix.h.
+ */
 #include <criterion/criterion.h>
 
 #include "config/run_config.h"

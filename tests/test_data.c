@@ -4,6 +4,10 @@
  * `trainrun prepare`, whose shards the tokens plugin must read back.
  * Plugins are dlopen'ed from $TR_PLUGIN_BUILD_DIR as the core loads them;
  * prepare is called in-process through tr_prepare_main.
+ *
+ * Covers: plugins/data/tokens.c, text.c and images.c; core/dataset/ (every prepare_*.c,
+ * dedup.c, image_codec.c) through core/commands/prepare.c; include/trainrun/tokens.h and
+ * images.h.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -1205,7 +1209,7 @@ Test(prepare, instruct_records_refused_or_prepared_never_crash)
 #include <png.h>
 #include <trainrun/images.h>
 
-#include "commands/image_codec.h"
+#include "dataset/image_codec.h"
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -1,6 +1,14 @@
 /* The engine end to end below the run loop: trainrun's tiny GPT against
  * PyTorch fixtures, gradient accumulation, the memory plan, and the bytes
- * of a checkpoint. */
+ * of a checkpoint.
+ *
+ * Covers: core/engine/graph.c (forward, backward, the memory plan, recompute, half
+ * activations, loss masks, first-writer gradients, batch norm's buffers), model.c (the
+ * GPT, Llama and CNN graphs), optim.c (optimizer state and step) and checkpoint.c
+ * (streamed blobs), configured through core/config/run_config.c and optimizers.c, on
+ * kernels/cpu/.  The run loop (core/engine/run.c, setup.c, policies.c) is covered end to
+ * end by tests/e2e/.
+ */
 #include <criterion/criterion.h>
 
 #include "engine/checkpoint.h"

@@ -2,7 +2,11 @@
  * transformers (tests/fixtures/hf/, made by tests/torch/make_hf_fixtures.py)
  * are loaded the way a user loads one, `model = { from = DIR }`, and
  * trainrun's loss, logits, every gradient and ten AdamW steps are compared
- * with what transformers computed in float64 from the same directory. */
+ * with what transformers computed in float64 from the same directory.
+ *
+ * Covers: core/engine/hf_weights.c and core/config/hf_config.c against transformers,
+ * through core/engine/graph.c and optim.c.
+ */
 #include <criterion/criterion.h>
 
 #include "engine/hf_weights.h"

@@ -2,7 +2,11 @@
  * core/engine/hf_weights.c): each test writes a tiny directory itself
  * (config.json + safetensors through tr_safetensors_write), loads it through
  * a recipe's model = { from = ... } and checks every parameter, or checks the
- * error a broken one gives.  No PyTorch: tests/test_hf.c compares with it. */
+ * error a broken one gives.  No PyTorch: tests/test_hf.c compares with it.
+ *
+ * Covers: core/config/hf_config.c, core/engine/hf_weights.c and hf_export.c,
+ * core/util/safetensors.c.
+ */
 #include <criterion/criterion.h>
 
 #include "config/hf_config.h"

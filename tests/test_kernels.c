@@ -8,6 +8,10 @@
  *    reference;
  *  - accumulation: backward adds to gradient buffers that already hold values.
  * Shapes and data come from a seeded generator, so failures reproduce.
+ *
+ * Covers: kernels/cpu/'s op files elementwise.c, attention.c, linear.c, gemm.c,
+ * layernorm.c, rmsnorm.c, rope.c, embedding.c, loss.c, optim.c, param16.c and convert.c,
+ * through backend.c; conv.c, pool.c and batchnorm.c are test_conv.c's.
  */
 #include <criterion/criterion.h>
 #include <math.h>

@@ -5,6 +5,8 @@
  * damaged file, and which must read the committed fixture exactly as
  * TensorBoard did (tests/fixtures/tensorboard/make_fixture.py); csv's
  * header, rows, resume and refusals.
+ *
+ * Covers: plugins/logger/tensorboard.c and csv.c.
  */
 #include "scratch.h"
 

@@ -1,6 +1,10 @@
 /* `trainrun plan` and the hardware table: lookups with did-you-mean, the
  * GPT parameter and FLOP counts, the Chinchilla token count, memory fit on
- * two devices, and time and dollars from the cost section. */
+ * two devices, and time and dollars from the cost section.
+ *
+ * Covers: core/commands/plan.c, core/config/hardware.c and precision.c, with
+ * core/engine/graph.c's counts.
+ */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 #include "capture.h"

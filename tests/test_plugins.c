@@ -3,6 +3,9 @@
  * them: dlopen the built .so from $TR_PLUGIN_BUILD_DIR, call the entry
  * symbol, fill the config struct from the option schema, create, and drive
  * the kind's vtable.
+ *
+ * Covers: plugins/precision/, plugins/schedule/, plugins/data/ (text.c, csv.c, idx.c,
+ * synthetic.c) and plugins/checkpoint/local.c, through include/trainrun/plugin.h.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE

@@ -1,4 +1,8 @@
-/* Recipes: loading, sandbox, sharing, overrides, origins, and the C tree. */
+/* Recipes: loading, sandbox, sharing, overrides, origins, and the C tree.
+ *
+ * Covers: core/config/recipe.c and value.c with lua/trainrun/ (the sandbox, nn.lua,
+ * models.lua), and the graphs core/engine/model.c builds from recipes.
+ */
 #define _XOPEN_SOURCE 700 /* mkstemp, open_memstream, setenv, fdopen */
 #include "engine/model.h"
 #include "config/recipe.h"

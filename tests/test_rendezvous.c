@@ -4,6 +4,8 @@
  * over TRAINRUN_MASTER (TCP) and TRAINRUN_RENDEZVOUS_FILE, with a stale
  * file of another job ignored and bad settings refused.  No GPU needed: the
  * blob is any 128 bytes.
+ *
+ * Covers: plugins/comm/rendezvous.h.
  */
 #include <criterion/criterion.h>
 

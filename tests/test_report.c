@@ -1,6 +1,9 @@
 /* `trainrun report`: the PNG files decode (signature, chunk CRCs, IHDR, the
  * zlib stream) and show the curves in their colours; errors name the file
- * and line. */
+ * and line.
+ *
+ * Covers: core/commands/report.c and core/plot/ (plot.c, font.h).
+ */
 #include <criterion/criterion.h>
 
 #include "commands/report.h"

@@ -7,6 +7,8 @@
  *
  * The plugin is included as source so that its static functions can be
  * called directly.
+ *
+ * Covers: plugins/checkpoint/s3.c and its s3_*.c files.
  */
 #include "../plugins/checkpoint/s3.c"
 

@@ -1,10 +1,14 @@
 /* The tokenizer against the `tokenizers` library: the ids and decodes of
  * tests/fixtures/tokenizer/ids.json were made by tests/torch/make_tokenizer_fixtures.py
- * from the bpe*.json and sp_*.json files there, corpus.txt and corpus_norm.txt. */
+ * from the bpe*.json and sp_*.json files there, corpus.txt and corpus_norm.txt.
+ *
+ * Covers: core/tokenizer/ (tokenizer_load.c, tokenizer.c, tokenizer_bpe.c,
+ * tokenizer_normalize.c, tokenizer_post.c).
+ */
 #include <criterion/criterion.h>
 
 #include "util/json.h"
-#include "util/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #include <stdint.h>
 #include <stdio.h>

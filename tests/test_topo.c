@@ -3,7 +3,10 @@
  * two-socket, 8-GPU server (tests/topologies/make-gpu-servers.py) for GPU
  * ranks.  Expected sets are written out in PU (OS) indices; in the XML
  * servers socket s holds cores 16s..16s+15, and core c's two hardware
- * threads are PUs c and c+32. */
+ * threads are PUs c and c+32.
+ *
+ * Covers: core/engine/topo.c.
+ */
 #include <criterion/criterion.h>
 #include "capture.h"
 

@@ -1,7 +1,7 @@
-/* Encode speed of the tokenizer (core/util/tokenizer.h), single-threaded:
+/* Encode speed of the tokenizer (core/tokenizer/tokenizer.h), single-threaded:
  * tokenizer_bench TOKENIZER.json TEXT [IDS.bin]; the first run starts with an empty word
  * cache, the next two reuse it; the last run's ids are written as int32 for comparison. */
-#include "util/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>

@@ -1,31 +1,24 @@
 /*
- * `trainrun prepare` (see prepare.h): the command line, and the output
- * directory both formats write into (claimed, stale shards removed, files
- * published whole).  Text inputs become token shards in prepare_text.c
- * (deduplicated by dedup.c), CSV inputs are checked and cleaned in
- * prepare_csv.c; prepare_internal.h is what the three share.
+ * `trainrun prepare` (see prepare.h): its help, its command line, and the
+ * choice of format, each of which the dataset room carries out
+ * (core/dataset/dataset.h): text inputs become token shards, CSV inputs are
+ * checked and cleaned, instruction data becomes masked shards, image
+ * folders and tars become image shards.
  */
 #include "prepare.h"
 
-#include "prepare_internal.h"
-
-#include "../util/json.h"
+#include "../dataset/dataset.h"
 #include "../engine/run.h"
 #include "../util/util.h"
 
-#include <ctype.h>
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 
-void tr_prepare_help(FILE *out)
+/* The help up to the image options: the formats, and the options of text and CSV. */
+static void help_text(FILE *out)
 {
     fprintf(out,
             "usage: trainrun prepare INPUT... -o OUTDIR [options]\n"
@@ -87,7 +80,14 @@ void tr_prepare_help(FILE *out)
             "                           .txt documents are paragraphs (default) or lines;\n"
             "                           byte and char put the separator after each document\n"
             "  --header                 CSV: the first line of each input names the columns\n"
-            "\n"
+            "\n",
+            SAMPLES_SHOWN);
+}
+
+/* The options of --format images, and the help's last lines. */
+static void help_images(FILE *out)
+{
+    fprintf(out,
             "Images (--format images; see docs/data.md, Images):\n"
             "  --size N                 required: every image is resized so that its shorter\n"
             "                           side is N, then its centre N x N kept\n"
@@ -108,154 +108,13 @@ void tr_prepare_help(FILE *out)
             "\n"
             "A progress bar (MB/s, ETA) is drawn on stderr when it is a terminal.\n"
             "See docs/data.md.\n",
-            SAMPLES_SHOWN, SAMPLES_SHOWN);
+            SAMPLES_SHOWN);
 }
 
-void tr_prepare_vfail(const char *fmt, va_list ap)
+void tr_prepare_help(FILE *out)
 {
-    fputs("trainrun prepare: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-}
-
-int tr_prepare_fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    tr_prepare_vfail(fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
-/* ---- the output directory ------------------------------------------------- */
-
-/* The shard number of "<prefix>_NNNNNN.bin", or -1 for any other name. */
-static long shard_index(const char *name, const char *prefix)
-{
-    size_t plen = strlen(prefix);
-    if (strncmp(name, prefix, plen) != 0 || name[plen] != '_' || !isdigit((unsigned char)name[plen + 1]))
-        return -1;
-    char *end;
-    long index = strtol(name + plen + 1, &end, 10);
-    return end == name + plen + 7 && strcmp(end, ".bin") == 0 ? index : -1;
-}
-
-/* Shards named like ours that this run did not write (a previous run made
- * more): remove them, or a glob would pick them up.  Only regular files
- * (a symlink is not followed), in a directory tr_prepare_claim_out_dir made ours. */
-void tr_prepare_remove_stale_shards(const char *dir, const char *prefix, int written)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        const char *name = e->d_name;
-        long index = shard_index(name, prefix);
-        struct stat st;
-        if (index < written || fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
-            !S_ISREG(st.st_mode))
-            continue;
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, name);
-        if (unlinkat(dirfd(d), name, 0) == 0)
-            printf("trainrun prepare: removed %s, left by an earlier run\n", path);
-    }
-    closedir(d);
-}
-
-/* OUTDIR may be any directory: what prepare replaces or removes there
- * (prepare.json, data.csv, train_/val_NNNNNN.bin, tokenizer.json,
- * tokenizer_config.json) it touches only where an
- * earlier prepare wrote them (its marker, or for older versions its
- * prepare.json).  A directory holding the user's files of those names is
- * refused, so nothing of theirs is overwritten or deleted. */
-#define PREPARE_MARK ".trainrun-prepare"
-
-int tr_prepare_claim_out_dir(const char *dir)
-{
-    char path[4200];
-    struct stat st;
-    snprintf(path, sizeof path, "%s/" PREPARE_MARK, dir);
-    int ours = lstat(path, &st) == 0 && S_ISREG(st.st_mode);
-    if (!ours) {
-        snprintf(path, sizeof path, "%s/prepare.json", dir);
-        FILE *f = lstat(path, &st) == 0 && S_ISREG(st.st_mode) ? fopen(path, "r") : NULL;
-        char head[64] = "";
-        size_t n = f ? fread(head, 1, sizeof head - 1, f) : 0;
-        if (f)
-            fclose(f);
-        head[n] = '\0';
-        static const char text[] = "{\n  \"format\": \"text\",", csv[] = "{\n  \"format\": \"csv\",";
-        ours = strncmp(head, text, sizeof text - 1) == 0 || strncmp(head, csv, sizeof csv - 1) == 0;
-    }
-    DIR *d = ours ? NULL : opendir(dir);
-    struct dirent *e;
-    const char *theirs = NULL;
-    while (d && !theirs && (e = readdir(d)))
-        if (strcmp(e->d_name, "prepare.json") == 0 || strcmp(e->d_name, "data.csv") == 0 ||
-            strcmp(e->d_name, "tokenizer.json") == 0 ||
-            strcmp(e->d_name, "tokenizer_config.json") == 0 ||
-            strcmp(e->d_name, "classes.txt") == 0 ||
-            shard_index(e->d_name, "train") >= 0 || shard_index(e->d_name, "val") >= 0)
-            theirs = e->d_name;
-    if (theirs) {
-        tr_prepare_fail("%s/%s exists and was not written by trainrun prepare; it is left untouched: "
-             "pass -o with a new or empty directory", dir, theirs);
-        closedir(d);
-        return -1;
-    }
-    if (d)
-        closedir(d);
-    snprintf(path, sizeof path, "%s/" PREPARE_MARK, dir);
-    int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return tr_prepare_fail("cannot write %s: %s", path, strerror(errno));
-    close(fd);
-    return 0;
-}
-
-/* ---- writing prepare.json ------------------------------------------------- */
-
-int tr_prepare_publish(const char *tmp, const char *path, FILE *f)
-{
-    int rc = 0;
-    if (fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0)
-        rc = tr_prepare_fail("cannot write %s: %s", path, strerror(errno));
-    if (fclose(f) != 0 && rc == 0)
-        rc = tr_prepare_fail("cannot write %s: %s", path, strerror(errno));
-    if (rc == 0 && rename(tmp, path) != 0)
-        rc = tr_prepare_fail("cannot rename %s to %s: %s", tmp, path, strerror(errno));
-    if (rc != 0)
-        unlink(tmp);
-    return rc;
-}
-
-int tr_prepare_write_copy(const char *dir, const char *name, const unsigned char *data, size_t size)
-{
-    char path[4096], tmp[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        return tr_prepare_fail("cannot create %s: %s", tmp, strerror(errno));
-    if (size && fwrite(data, 1, size, f) != size) {
-        fclose(f);
-        unlink(tmp);
-        return tr_prepare_fail("cannot write %s: %s", path, strerror(errno));
-    }
-    return tr_prepare_publish(tmp, path, f);
-}
-
-void tr_prepare_json_inputs(FILE *f, const struct prepare_opts *o)
-{
-    fputs("  \"inputs\": [", f);
-    for (int i = 0; i < o->n_inputs; i++) {
-        if (i)
-            fputs(", ", f);
-        tr_json_write_string(f, o->inputs[i]);
-    }
-    fputs("],\n", f);
+    help_text(out);
+    help_images(out);
 }
 
 /* ---- the command ------------------------------------------------------------ */
@@ -276,6 +135,198 @@ static int one_of(const char *flag, const char *value, const char *a, const char
     return 0;
 }
 
+/* The flags that take no value: 1 when a is one (and set), else 0. */
+static int switch_flag(struct prepare_opts *o, const char *a)
+{
+    if (strcmp(a, "--header") == 0)
+        o->header = 1;
+    else if (strcmp(a, "--skip-bad-records") == 0)
+        o->skip_bad_records = 1;
+    else if (strcmp(a, "--augment-flip") == 0)
+        o->augment_flip = 1;
+    else
+        return 0;
+    return 1;
+}
+
+/* argv[*i] as a known --flag value or --flag=value: its name (in name[64]) and *value;
+ * *i moves past a value given apart.  TR_EXIT_OK, or TR_EXIT_USAGE with the message. */
+static int flag_and_value(int argc, char **argv, int *i, char name[64], const char **value)
+{
+    static const char *const known[] = {"-o", "--out", "--format", "--tokenizer", "--dedup",
+                                        "--doc-separator", "--shard-tokens",
+                                        "--val-fraction", "--near-threshold",
+                                        "--text-field", "--eos", "--workers",
+                                        "--train-tokenizer", "--val", "--size",
+                                        "--channels", "--augment-copies", "--augment-pad",
+                                        "--seed", "--shard-images"};
+    const char *a = argv[*i];
+    const char *eq = strchr(a, '=');
+    snprintf(name, 64, "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
+    int is_known = 0;
+    for (size_t k = 0; k < TR_ARRAY_LEN(known); k++)
+        is_known |= strcmp(name, known[k]) == 0;
+    if (!is_known) {
+        fprintf(stderr, "trainrun prepare: error: unknown option '%s' (see trainrun "
+                        "prepare --help)\n", name);
+        return TR_EXIT_USAGE;
+    }
+    if (eq) {
+        *value = eq + 1;
+    } else {
+        if (*i + 1 >= argc) {
+            fprintf(stderr, "trainrun prepare: error: %s needs a value\n", a);
+            return TR_EXIT_USAGE;
+        }
+        *value = argv[++*i];
+    }
+    return TR_EXIT_OK;
+}
+
+/* --val, --size, --augment-copies, --augment-pad, --channels, --seed, --shard-images. */
+static int is_image_flag(const char *name)
+{
+    static const char *const image[] = {"--val", "--size", "--augment-copies", "--augment-pad",
+                                        "--channels", "--seed", "--shard-images"};
+    for (size_t k = 0; k < TR_ARRAY_LEN(image); k++)
+        if (strcmp(name, image[k]) == 0)
+            return 1;
+    return 0;
+}
+
+/* One of is_image_flag's flags and its value into o: TR_EXIT_OK or TR_EXIT_USAGE. */
+static int image_flag(struct prepare_opts *o, const char *name, const char *value)
+{
+    char *end;
+    if (strcmp(name, "--val") == 0) {
+        o->val_inputs[o->n_val_inputs++] = value;
+    } else if (strcmp(name, "--seed") == 0 || strcmp(name, "--shard-images") == 0) {
+        errno = 0;
+        unsigned long long v = strtoull(value, &end, 10);
+        int shard = strcmp(name, "--shard-images") == 0;
+        if (end == value || *end || errno || value[0] == '-' || (shard && v < 1)) {
+            fprintf(stderr, "trainrun prepare: error: %s must be an integer of at least "
+                            "%d, not '%s'\n", name, shard, value);
+            return TR_EXIT_USAGE;
+        }
+        *(shard ? &o->shard_images : &o->seed) = v;
+    } else { /* --size, --augment-copies, --augment-pad, --channels */
+        long v = strtol(value, &end, 10);
+        int size = strcmp(name, "--size") == 0, copies = strcmp(name, "--augment-copies") == 0;
+        int channels = strcmp(name, "--channels") == 0;
+        long lo = size ? 1 : 0, hi = size ? 4096 : copies ? 1000 : 1024;
+        if (end == value || *end || v < lo || v > hi || (channels && v != 1 && v != 3)) {
+            if (channels)
+                fprintf(stderr, "trainrun prepare: error: --channels must be 3 (RGB) or 1 "
+                                "(grey), not '%s'\n", value);
+            else
+                fprintf(stderr, "trainrun prepare: error: %s must be an integer from %ld to "
+                                "%ld, not '%s'\n", name, lo, hi, value);
+            return TR_EXIT_USAGE;
+        }
+        *(size ? &o->image_size : copies ? &o->augment_copies
+          : channels ? &o->channels : &o->augment_pad) = (int)v;
+    }
+    return TR_EXIT_OK;
+}
+
+/* --train-tokenizer, --workers, --shard-tokens, --val-fraction, --near-threshold: their
+ * number into o.  TR_EXIT_OK or TR_EXIT_USAGE. */
+static int number_flag(struct prepare_opts *o, const char *name, const char *value)
+{
+    char *end;
+    if (strcmp(name, "--train-tokenizer") == 0) {
+        errno = 0;
+        unsigned long long v = strtoull(value, &end, 10);
+        if (end == value || *end || errno || value[0] == '-' || v < 257 || v > (1u << 24)) {
+            fprintf(stderr, "trainrun prepare: error: --train-tokenizer must be a vocabulary "
+                            "size from 257 (<|endoftext|> and the 256 bytes) to %u, not '%s'\n",
+                    1u << 24, value);
+            return TR_EXIT_USAGE;
+        }
+        o->train_tokenizer = v;
+    } else if (strcmp(name, "--workers") == 0) {
+        long v = strtol(value, &end, 10);
+        if (end == value || *end || v < 1 || v > 256) {
+            fprintf(stderr, "trainrun prepare: error: --workers must be an integer from 1 "
+                            "to 256, not '%s'\n", value);
+            return TR_EXIT_USAGE;
+        }
+        o->workers = (int)v;
+    } else if (strcmp(name, "--shard-tokens") == 0) {
+        errno = 0;
+        unsigned long long v = strtoull(value, &end, 10);
+        if (end == value || *end || errno || v < 2 || value[0] == '-') {
+            fprintf(stderr, "trainrun prepare: error: --shard-tokens must be an integer "
+                            "of at least 2, not '%s'\n", value);
+            return TR_EXIT_USAGE;
+        }
+        o->shard_tokens = v;
+    } else if (strcmp(name, "--val-fraction") == 0) {
+        double v = strtod(value, &end);
+        if (end == value || *end || !(v >= 0 && v < 1)) {
+            fprintf(stderr, "trainrun prepare: error: --val-fraction must be a number in "
+                            "[0, 1), not '%s'\n", value);
+            return TR_EXIT_USAGE;
+        }
+        o->val_fraction = v;
+        o->val_fraction_set = 1;
+    } else { /* --near-threshold */
+        double v = strtod(value, &end);
+        if (end == value || *end || !(v > 0 && v <= 1)) {
+            fprintf(stderr, "trainrun prepare: error: --near-threshold must be a number in "
+                            "(0, 1], not '%s'\n", value);
+            return TR_EXIT_USAGE;
+        }
+        o->near_threshold = v;
+    }
+    return TR_EXIT_OK;
+}
+
+/* A known flag and its value into o: TR_EXIT_OK or TR_EXIT_USAGE. */
+static int flag_value(struct prepare_opts *o, const char *name, const char *value)
+{
+    if (strcmp(name, "-o") == 0 || strcmp(name, "--out") == 0) {
+        o->out_dir = value;
+    } else if (strcmp(name, "--format") == 0) {
+        if (strcmp(value, "images") != 0 && !one_of(name, value, "text", "csv", "instruct"))
+            return TR_EXIT_USAGE;
+        o->format = value;
+    } else if (is_image_flag(name)) {
+        return image_flag(o, name, value);
+    } else if (strcmp(name, "--tokenizer") == 0) {
+        if (!*value) {
+            fprintf(stderr, "trainrun prepare: error: --tokenizer must be byte, char or the "
+                            "path of a tokenizer.json\n");
+            return TR_EXIT_USAGE;
+        }
+        o->tokenizer = value;
+    } else if (strcmp(name, "--text-field") == 0) {
+        if (!*value) {
+            fprintf(stderr, "trainrun prepare: error: --text-field needs a field name\n");
+            return TR_EXIT_USAGE;
+        }
+        o->text_field = value;
+    } else if (strcmp(name, "--eos") == 0) {
+        if (!*value) {
+            fprintf(stderr, "trainrun prepare: error: --eos needs a token (or none)\n");
+            return TR_EXIT_USAGE;
+        }
+        o->eos = value;
+    } else if (strcmp(name, "--dedup") == 0) {
+        if (!one_of(name, value, "exact", "near", "none"))
+            return TR_EXIT_USAGE;
+        o->dedup = value;
+    } else if (strcmp(name, "--doc-separator") == 0) {
+        if (!one_of(name, value, "blank-line", "line", NULL))
+            return TR_EXIT_USAGE;
+        o->doc_separator = value;
+    } else {
+        return number_flag(o, name, value);
+    }
+    return TR_EXIT_OK;
+}
+
 /* Parse the command line; TR_EXIT_OK to go on, else the exit code. */
 static int parse_args(int argc, char **argv, struct prepare_opts *o, int *help)
 {
@@ -289,157 +340,127 @@ static int parse_args(int argc, char **argv, struct prepare_opts *o, int *help)
             o->inputs[o->n_inputs++] = a;
             continue;
         }
-        if (strcmp(a, "--header") == 0) {
-            o->header = 1;
+        if (switch_flag(o, a))
             continue;
-        }
-        if (strcmp(a, "--skip-bad-records") == 0) {
-            o->skip_bad_records = 1;
-            continue;
-        }
-        if (strcmp(a, "--augment-flip") == 0) {
-            o->augment_flip = 1;
-            continue;
-        }
-        /* --flag value or --flag=value */
-        static const char *const known[] = {"-o", "--out", "--format", "--tokenizer", "--dedup",
-                                            "--doc-separator", "--shard-tokens",
-                                            "--val-fraction", "--near-threshold",
-                                            "--text-field", "--eos", "--workers",
-                                            "--train-tokenizer", "--val", "--size",
-                                            "--channels", "--augment-copies", "--augment-pad",
-                                            "--seed", "--shard-images"};
         char name[64];
         const char *value;
-        const char *eq = strchr(a, '=');
-        snprintf(name, sizeof name, "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
-        int is_known = 0;
-        for (size_t k = 0; k < TR_ARRAY_LEN(known); k++)
-            is_known |= strcmp(name, known[k]) == 0;
-        if (!is_known) {
-            fprintf(stderr, "trainrun prepare: error: unknown option '%s' (see trainrun "
-                            "prepare --help)\n", name);
-            return TR_EXIT_USAGE;
-        }
-        if (eq) {
-            value = eq + 1;
-        } else {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "trainrun prepare: error: %s needs a value\n", a);
-                return TR_EXIT_USAGE;
-            }
-            value = argv[++i];
-        }
-        char *end;
-        if (strcmp(name, "-o") == 0 || strcmp(name, "--out") == 0) {
-            o->out_dir = value;
-        } else if (strcmp(name, "--format") == 0) {
-            if (strcmp(value, "images") != 0 && !one_of(name, value, "text", "csv", "instruct"))
-                return TR_EXIT_USAGE;
-            o->format = value;
-        } else if (strcmp(name, "--val") == 0) {
-            o->val_inputs[o->n_val_inputs++] = value;
-        } else if (strcmp(name, "--size") == 0 || strcmp(name, "--augment-copies") == 0 ||
-                   strcmp(name, "--augment-pad") == 0 || strcmp(name, "--channels") == 0) {
-            long v = strtol(value, &end, 10);
-            int size = strcmp(name, "--size") == 0, copies = strcmp(name, "--augment-copies") == 0;
-            int channels = strcmp(name, "--channels") == 0;
-            long lo = size ? 1 : 0, hi = size ? 4096 : copies ? 1000 : 1024;
-            if (end == value || *end || v < lo || v > hi || (channels && v != 1 && v != 3)) {
-                if (channels)
-                    fprintf(stderr, "trainrun prepare: error: --channels must be 3 (RGB) or 1 "
-                                    "(grey), not '%s'\n", value);
-                else
-                    fprintf(stderr, "trainrun prepare: error: %s must be an integer from %ld to "
-                                    "%ld, not '%s'\n", name, lo, hi, value);
-                return TR_EXIT_USAGE;
-            }
-            *(size ? &o->image_size : copies ? &o->augment_copies
-              : channels ? &o->channels : &o->augment_pad) = (int)v;
-        } else if (strcmp(name, "--seed") == 0 || strcmp(name, "--shard-images") == 0) {
-            errno = 0;
-            unsigned long long v = strtoull(value, &end, 10);
-            int shard = strcmp(name, "--shard-images") == 0;
-            if (end == value || *end || errno || value[0] == '-' || (shard && v < 1)) {
-                fprintf(stderr, "trainrun prepare: error: %s must be an integer of at least "
-                                "%d, not '%s'\n", name, shard, value);
-                return TR_EXIT_USAGE;
-            }
-            *(shard ? &o->shard_images : &o->seed) = v;
-        } else if (strcmp(name, "--tokenizer") == 0) {
-            if (!*value) {
-                fprintf(stderr, "trainrun prepare: error: --tokenizer must be byte, char or the "
-                                "path of a tokenizer.json\n");
-                return TR_EXIT_USAGE;
-            }
-            o->tokenizer = value;
-        } else if (strcmp(name, "--train-tokenizer") == 0) {
-            errno = 0;
-            unsigned long long v = strtoull(value, &end, 10);
-            if (end == value || *end || errno || value[0] == '-' || v < 257 || v > (1u << 24)) {
-                fprintf(stderr, "trainrun prepare: error: --train-tokenizer must be a vocabulary "
-                                "size from 257 (<|endoftext|> and the 256 bytes) to %u, not '%s'\n",
-                        1u << 24, value);
-                return TR_EXIT_USAGE;
-            }
-            o->train_tokenizer = v;
-        } else if (strcmp(name, "--text-field") == 0) {
-            if (!*value) {
-                fprintf(stderr, "trainrun prepare: error: --text-field needs a field name\n");
-                return TR_EXIT_USAGE;
-            }
-            o->text_field = value;
-        } else if (strcmp(name, "--eos") == 0) {
-            if (!*value) {
-                fprintf(stderr, "trainrun prepare: error: --eos needs a token (or none)\n");
-                return TR_EXIT_USAGE;
-            }
-            o->eos = value;
-        } else if (strcmp(name, "--workers") == 0) {
-            long v = strtol(value, &end, 10);
-            if (end == value || *end || v < 1 || v > 256) {
-                fprintf(stderr, "trainrun prepare: error: --workers must be an integer from 1 "
-                                "to 256, not '%s'\n", value);
-                return TR_EXIT_USAGE;
-            }
-            o->workers = (int)v;
-        } else if (strcmp(name, "--dedup") == 0) {
-            if (!one_of(name, value, "exact", "near", "none"))
-                return TR_EXIT_USAGE;
-            o->dedup = value;
-        } else if (strcmp(name, "--doc-separator") == 0) {
-            if (!one_of(name, value, "blank-line", "line", NULL))
-                return TR_EXIT_USAGE;
-            o->doc_separator = value;
-        } else if (strcmp(name, "--shard-tokens") == 0) {
-            errno = 0;
-            unsigned long long v = strtoull(value, &end, 10);
-            if (end == value || *end || errno || v < 2 || value[0] == '-') {
-                fprintf(stderr, "trainrun prepare: error: --shard-tokens must be an integer "
-                                "of at least 2, not '%s'\n", value);
-                return TR_EXIT_USAGE;
-            }
-            o->shard_tokens = v;
-        } else if (strcmp(name, "--val-fraction") == 0) {
-            double v = strtod(value, &end);
-            if (end == value || *end || !(v >= 0 && v < 1)) {
-                fprintf(stderr, "trainrun prepare: error: --val-fraction must be a number in "
-                                "[0, 1), not '%s'\n", value);
-                return TR_EXIT_USAGE;
-            }
-            o->val_fraction = v;
-            o->val_fraction_set = 1;
-        } else { /* --near-threshold */
-            double v = strtod(value, &end);
-            if (end == value || *end || !(v > 0 && v <= 1)) {
-                fprintf(stderr, "trainrun prepare: error: --near-threshold must be a number in "
-                                "(0, 1], not '%s'\n", value);
-                return TR_EXIT_USAGE;
-            }
-            o->near_threshold = v;
-        }
+        int code = flag_and_value(argc, argv, &i, name, &value);
+        if (code == TR_EXIT_OK)
+            code = flag_value(o, name, value);
+        if (code != TR_EXIT_OK)
+            return code;
     }
     return TR_EXIT_OK;
+}
+
+#define GO_ON (-1) /* not an exit code: the command goes on */
+
+/* The command line read and checked as a whole: GO_ON, or the exit code (after --help). */
+static int read_command_line(int argc, char **argv, struct prepare_opts *o)
+{
+    int help = 0;
+    int code = parse_args(argc, argv, o, &help);
+    if (code != TR_EXIT_OK || help) {
+        if (help)
+            tr_prepare_help(stdout);
+        return code;
+    }
+    if (o->n_inputs == 0 || !o->out_dir) {
+        fprintf(stderr, "trainrun prepare: error: %s\n",
+                o->n_inputs == 0 ? "name at least one input file" : "name the output directory "
+                                                                    "with -o OUTDIR");
+        tr_prepare_help(stderr);
+        return TR_EXIT_USAGE;
+    }
+    if (strlen(o->out_dir) > 3000) {
+        fprintf(stderr, "trainrun prepare: error: the output directory's path is too long\n");
+        return TR_EXIT_USAGE;
+    }
+    return GO_ON;
+}
+
+/* --format left out: csv when every input is a CSV file, images when every input is a
+ * folder or a tar, else text. */
+static void guess_format(struct prepare_opts *o)
+{
+    int all_csv = 1, all_images = 1;
+    for (int i = 0; i < o->n_inputs; i++) {
+        all_csv &= ends_with(o->inputs[i], ".csv") || ends_with(o->inputs[i], ".csv.gz");
+        all_images &= tr_prepare_is_image_input(o->inputs[i]);
+    }
+    o->format = all_csv ? "csv" : all_images ? "images" : "text";
+}
+
+/* --format images, or the image flags refused with another format: an exit code, or GO_ON
+ * for the other formats. */
+static int images_or_go_on(struct prepare_opts *o)
+{
+    int images = strcmp(o->format, "images") == 0;
+    if (!images && (o->image_size || o->n_val_inputs || o->augment_copies || o->augment_flip ||
+                    o->augment_pad >= 0 || o->channels != 3 || o->seed || o->shard_images)) {
+        fprintf(stderr, "trainrun prepare: error: --size, --channels, --val, --augment-*, --seed "
+                        "and --shard-images go with --format images (image folders or tar "
+                        "shards), not --format %s\n", o->format);
+        return TR_EXIT_USAGE;
+    }
+    if (!images)
+        return GO_ON;
+    if (o->n_val_inputs && o->val_fraction_set) {
+        fprintf(stderr, "trainrun prepare: error: --val names the validation images: leave "
+                        "out --val-fraction\n");
+        return TR_EXIT_USAGE;
+    }
+    if (o->augment_pad < 0)
+        o->augment_pad = o->image_size / 8;
+    return tr_prepare_images(o) == 0 ? TR_EXIT_OK : TR_EXIT_ERROR;
+}
+
+/* --train-tokenizer (text only: then o->tokenizer is the file it will write, *trained, to
+ * free) and --eos (with a tokenizer.json only): GO_ON or TR_EXIT_USAGE. */
+static int check_tokenizer_flags(struct prepare_opts *o, char **trained)
+{
+    if (o->train_tokenizer) {
+        if (strcmp(o->format, "text") != 0 || strcmp(o->tokenizer, "byte") != 0) {
+            fprintf(stderr, "trainrun prepare: error: --train-tokenizer makes the tokenizer of "
+                            "text inputs: leave out %s\n",
+                    strcmp(o->format, "csv") == 0 ? "--format csv (or the .csv inputs)"
+                    : strcmp(o->format, "instruct") == 0
+                        ? "--format instruct (instruction data is encoded with the model's own "
+                          "tokenizer: train one on text first, then pass it with --tokenizer)"
+                        : "--tokenizer");
+            return TR_EXIT_USAGE;
+        }
+        /* the trained file, then the tokenizer.json path as for --tokenizer FILE */
+        o->tokenizer = *trained = tr_xasprintf("%s/tokenizer.json", o->out_dir);
+    }
+    if (o->eos && (strcmp(o->format, "csv") == 0 || strcmp(o->tokenizer, "byte") == 0 ||
+                   strcmp(o->tokenizer, "char") == 0)) {
+        fprintf(stderr, "trainrun prepare: error: --eos goes with --tokenizer FILE (a "
+                        "tokenizer.json); byte and char tokens put the document separator "
+                        "after each document\n");
+        return TR_EXIT_USAGE;
+    }
+    return GO_ON;
+}
+
+/* The command line, then the format's pipeline (core/dataset/). */
+static int prepare(int argc, char **argv, struct prepare_opts *o, char **trained)
+{
+    int code = read_command_line(argc, argv, o);
+    if (code != GO_ON)
+        return code;
+    if (!o->format)
+        guess_format(o);
+    if ((code = images_or_go_on(o)) != GO_ON || (code = check_tokenizer_flags(o, trained)) != GO_ON)
+        return code;
+    int rc;
+    if (strcmp(o->format, "csv") == 0)
+        rc = tr_prepare_csv(o);
+    else if (strcmp(o->format, "instruct") == 0) /* never guessed from the inputs */
+        rc = tr_prepare_instruct(o);
+    else
+        rc = tr_prepare_text(o);
+    return rc == 0 ? TR_EXIT_OK : TR_EXIT_ERROR;
 }
 
 int tr_prepare_main(int argc, char **argv)
@@ -462,107 +483,10 @@ int tr_prepare_main(int argc, char **argv)
         tr_prepare_fail("out of memory");
         return TR_EXIT_ERROR;
     }
-    int help = 0;
-    int code = parse_args(argc, argv, &o, &help);
-    if (code != TR_EXIT_OK || help) {
-        if (help)
-            tr_prepare_help(stdout);
-        free(o.inputs);
-        free(o.val_inputs);
-        return code;
-    }
-    if (o.n_inputs == 0 || !o.out_dir) {
-        fprintf(stderr, "trainrun prepare: error: %s\n",
-                o.n_inputs == 0 ? "name at least one input file" : "name the output directory "
-                                                                   "with -o OUTDIR");
-        tr_prepare_help(stderr);
-        free(o.inputs);
-        free(o.val_inputs);
-        return TR_EXIT_USAGE;
-    }
-    if (strlen(o.out_dir) > 3000) {
-        fprintf(stderr, "trainrun prepare: error: the output directory's path is too long\n");
-        free(o.inputs);
-        free(o.val_inputs);
-        return TR_EXIT_USAGE;
-    }
-    if (!o.format) {
-        int all_csv = 1, all_images = 1;
-        for (int i = 0; i < o.n_inputs; i++) {
-            all_csv &= ends_with(o.inputs[i], ".csv") || ends_with(o.inputs[i], ".csv.gz");
-            all_images &= tr_prepare_is_image_input(o.inputs[i]);
-        }
-        o.format = all_csv ? "csv" : all_images ? "images" : "text";
-    }
-    int images = strcmp(o.format, "images") == 0;
-    if (!images && (o.image_size || o.n_val_inputs || o.augment_copies || o.augment_flip ||
-                    o.augment_pad >= 0 || o.channels != 3 || o.seed || o.shard_images)) {
-        fprintf(stderr, "trainrun prepare: error: --size, --channels, --val, --augment-*, --seed "
-                        "and --shard-images go with --format images (image folders or tar "
-                        "shards), not --format %s\n", o.format);
-        free(o.inputs);
-        free(o.val_inputs);
-        return TR_EXIT_USAGE;
-    }
-    if (images) {
-        if (o.n_val_inputs && o.val_fraction_set) {
-            fprintf(stderr, "trainrun prepare: error: --val names the validation images: leave "
-                            "out --val-fraction\n");
-            code = TR_EXIT_USAGE;
-        } else {
-            if (o.augment_pad < 0)
-                o.augment_pad = o.image_size / 8;
-            code = tr_prepare_images(&o) == 0 ? TR_EXIT_OK : TR_EXIT_ERROR;
-        }
-        free(o.inputs);
-        free(o.val_inputs);
-        return code;
-    }
-
     char *trained = NULL;
-    if (o.train_tokenizer) {
-        if (strcmp(o.format, "text") != 0 || strcmp(o.tokenizer, "byte") != 0) {
-            fprintf(stderr, "trainrun prepare: error: --train-tokenizer makes the tokenizer of "
-                            "text inputs: leave out %s\n",
-                    strcmp(o.format, "csv") == 0 ? "--format csv (or the .csv inputs)"
-                    : strcmp(o.format, "instruct") == 0
-                        ? "--format instruct (instruction data is encoded with the model's own "
-                          "tokenizer: train one on text first, then pass it with --tokenizer)"
-                        : "--tokenizer");
-            free(o.inputs);
-            free(o.val_inputs);
-            return TR_EXIT_USAGE;
-        }
-        /* the trained file, then the tokenizer.json path as for --tokenizer FILE */
-        o.tokenizer = trained = tr_xasprintf("%s/tokenizer.json", o.out_dir);
-    }
-
-    if (o.eos && (strcmp(o.format, "csv") == 0 || strcmp(o.tokenizer, "byte") == 0 ||
-                  strcmp(o.tokenizer, "char") == 0)) {
-        fprintf(stderr, "trainrun prepare: error: --eos goes with --tokenizer FILE (a "
-                        "tokenizer.json); byte and char tokens put the document separator "
-                        "after each document\n");
-        free(o.inputs);
-        free(o.val_inputs);
-        return TR_EXIT_USAGE;
-    }
-
-    if (strcmp(o.format, "csv") == 0) {
-        code = tr_prepare_csv(&o) == 0 ? TR_EXIT_OK : TR_EXIT_ERROR;
-        free(o.inputs);
-        free(o.val_inputs);
-        return code;
-    }
-    if (strcmp(o.format, "instruct") == 0) { /* never guessed from the inputs */
-        code = tr_prepare_instruct(&o) == 0 ? TR_EXIT_OK : TR_EXIT_ERROR;
-        free(o.inputs);
-        free(o.val_inputs);
-        return code;
-    }
-
-    int rc = tr_prepare_text(&o);
+    int code = prepare(argc, argv, &o, &trained);
     free(trained);
     free(o.inputs);
     free(o.val_inputs);
-    return rc == 0 ? TR_EXIT_OK : TR_EXIT_ERROR;
+    return code;
 }

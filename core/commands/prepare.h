@@ -20,7 +20,4 @@ int tr_prepare_main(int argc, char **argv);
 /* The usage text of `trainrun prepare --help` (and `trainrun help prepare`). */
 void tr_prepare_help(FILE *out);
 
-/* "trainrun prepare: error: ..." on stderr; returns -1.  prepare.c and dedup.c share it. */
-int tr_prepare_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
 #endif

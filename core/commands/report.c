@@ -3,7 +3,7 @@
  * write them as PNG files, plus an index.html and a summary. */
 #include "report.h"
 
-#include "plot.h"
+#include "../plot/plot.h"
 #include "../util/json.h"
 #include "../engine/run.h"
 #include "../util/util.h"

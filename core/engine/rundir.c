@@ -12,7 +12,7 @@
 #include "../config/recipe.h"
 #include "../config/record.h"
 #include "../util/json.h"
-#include "../util/tokenizer.h"
+#include "../tokenizer/tokenizer.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -17,7 +17,7 @@
 
 #include "../config/hf_config.h"
 #include "../util/json.h"
-#include "../util/tokenizer.h"
+#include "../tokenizer/tokenizer.h"
 #include "../../kernels/host.h"
 
 #include <errno.h>

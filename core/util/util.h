@@ -6,6 +6,11 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <trainrun/mix.h> /* the 64-bit mixers, shared with the plugins */
+/* The core's error type (tr_err, TR_OK, TR_ERROR, tr_fail) and its dtypes (enum tr_dtype)
+ * are the plugin ABI's: plugins return errors and declare dtypes through them, so they are
+ * defined once, in the installed <trainrun/plugin.h>, and the core uses them from there.
+ * A header of their own would be one more installed file to keep byte for byte in step
+ * with the ABI, and every file of the core that reports an error also reaches plugin.h. */
 #include <trainrun/plugin.h>
 
 /* TR_HAS_SLOT / TR_HAS_FIELD (optional slots of structs that carry their

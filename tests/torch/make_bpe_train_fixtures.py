@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Make tests/fixtures/bpe_train: what tests/test_bpe_train.c checks trainrun's BPE trainer
-(core/util/bpe_train.c) against, made offline with the `tokenizers` library.
+(core/tokenizer/bpe_train.c) against, made offline with the `tokenizers` library.
 
     python3 tests/torch/make_bpe_train_fixtures.py [TRAINED_JSON]
 

@@ -260,6 +260,76 @@ static void byte_fallback(struct strs *l, int raw)
     *l = r;
 }
 
+/* The strings of l joined into one buffer (never NULL). */
+static struct buf join(const struct strs *l)
+{
+    struct buf all = { 0 };
+    buf_reserve(&all, 0);
+    all.p[0] = 0;
+    for (size_t i = 0; i < l->n; i++)
+        buf_add(&all, l->s[i].p, l->s[i].n);
+    return all;
+}
+
+/* Replace over each token string, through *tmp (scratch). */
+static int decode_replace(const struct tr_tokenizer *t, const struct dec *d, struct strs *l,
+                          struct buf *tmp, tr_err *err)
+{
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(d->re, NULL);
+    for (size_t i = 0; i < l->n; i++) {
+        /* token strings from the file may not be valid UTF-8: PCRE2 must check */
+        if (tr_tok_utf8_valid(l->s[i].p, l->s[i].n) != l->s[i].n)
+            continue;
+        if (tr_tok_replace_all(t, d->re, md, l->s[i].p, l->s[i].n, d->text, d->ntext, tmp, err)) {
+            pcre2_match_data_free(md);
+            return TR_ERROR;
+        }
+        struct buf swap = l->s[i];
+        l->s[i] = *tmp;
+        *tmp = swap;
+    }
+    pcre2_match_data_free(md);
+    return TR_OK;
+}
+
+/* Strip: up to d->start of d->ch taken off the front of s[0..m), d->stop off its end. */
+static void decode_strip(const struct dec *d, const char *s, size_t m, struct buf *out)
+{
+    size_t a = 0, b = m;
+    uint32_t cp;
+    for (size_t c = 0; c < d->start && a < m; c++) {
+        size_t kk = utf8_at(s, m, a, &cp);
+        if (cp != d->ch)
+            break;
+        a += kk;
+    }
+    for (size_t c = 0; c < d->stop && b > a; c++) {
+        size_t j = b - 1;
+        while (j > a && ((unsigned char)s[j] & 0xC0) == 0x80)
+            j--;
+        utf8_at(s, m, j, &cp);
+        if (cp != d->ch)
+            break;
+        b = j;
+    }
+    buf_add(out, s + a, b - a);
+}
+
+/* Metaspace: the replacement is a space again; in the first token it is dropped (it was
+ * prepended) unless the scheme is "never". */
+static void decode_metaspace(const struct dec *d, const char *s, size_t m, int first, struct buf *out)
+{
+    uint32_t cp;
+    for (size_t j = 0; j < m;) {
+        size_t kk = utf8_at(s, m, j, &cp);
+        if (cp != d->ch)
+            buf_add(out, s + j, kk);
+        else if (!first || d->never)
+            buf_add(out, " ", 1);
+        j += kk;
+    }
+}
+
 /* The decoder chain over the token strings, as the library's decode_chain; then joined. */
 static int decode_chain(const struct tr_tokenizer *t, const int32_t *ids, size_t n, int raw, char **out,
                         size_t *len, tr_err *err)
@@ -273,66 +343,23 @@ static int decode_chain(const struct tr_tokenizer *t, const int32_t *ids, size_t
         if (d->kind == D_BYTE_FALLBACK) {
             byte_fallback(&l, raw);
         } else if (d->kind == D_FUSE) {
-            struct buf all = { 0 };
-            buf_reserve(&all, 0);
-            all.p[0] = 0;
-            for (size_t i = 0; i < l.n; i++)
-                buf_add(&all, l.s[i].p, l.s[i].n);
+            struct buf all = join(&l);
             strs_free(&l);
             strs_push(&l, all);
         } else if (d->kind == D_REPLACE) {
-            pcre2_match_data *md = pcre2_match_data_create_from_pattern(d->re, NULL);
-            for (size_t i = 0; i < l.n; i++) {
-                /* token strings from the file may not be valid UTF-8: PCRE2 must check */
-                if (tr_tok_utf8_valid(l.s[i].p, l.s[i].n) != l.s[i].n)
-                    continue;
-                if (tr_tok_replace_all(t, d->re, md, l.s[i].p, l.s[i].n, d->text, d->ntext, &tmp, err)) {
-                    pcre2_match_data_free(md);
-                    free(tmp.p);
-                    strs_free(&l);
-                    return TR_ERROR;
-                }
-                struct buf swap = l.s[i];
-                l.s[i] = tmp;
-                tmp = swap;
+            if (decode_replace(t, d, &l, &tmp, err)) {
+                free(tmp.p);
+                strs_free(&l);
+                return TR_ERROR;
             }
-            pcre2_match_data_free(md);
         } else { /* Strip and Metaspace: character by character */
             for (size_t i = 0; i < l.n; i++) {
-                const char *s = l.s[i].p;
-                size_t m = l.s[i].n, a = 0, b = m;
-                uint32_t cp;
                 tmp.n = 0;
-                buf_reserve(&tmp, m);
-                if (d->kind == D_STRIP) {
-                    for (size_t c = 0; c < d->start && a < m; c++) {
-                        size_t kk = utf8_at(s, m, a, &cp);
-                        if (cp != d->ch)
-                            break;
-                        a += kk;
-                    }
-                    for (size_t c = 0; c < d->stop && b > a; c++) {
-                        size_t j = b - 1;
-                        while (j > a && ((unsigned char)s[j] & 0xC0) == 0x80)
-                            j--;
-                        utf8_at(s, m, j, &cp);
-                        if (cp != d->ch)
-                            break;
-                        b = j;
-                    }
-                    buf_add(&tmp, s + a, b - a);
-                } else {
-                    /* the replacement is a space again; in the first token it is dropped
-                     * (it was prepended) unless the scheme is "never" */
-                    for (size_t j = 0; j < m;) {
-                        size_t kk = utf8_at(s, m, j, &cp);
-                        if (cp != d->ch)
-                            buf_add(&tmp, s + j, kk);
-                        else if (i != 0 || d->never)
-                            buf_add(&tmp, " ", 1);
-                        j += kk;
-                    }
-                }
+                buf_reserve(&tmp, l.s[i].n);
+                if (d->kind == D_STRIP)
+                    decode_strip(d, l.s[i].p, l.s[i].n, &tmp);
+                else
+                    decode_metaspace(d, l.s[i].p, l.s[i].n, i == 0, &tmp);
                 struct buf swap = l.s[i];
                 l.s[i] = tmp;
                 tmp = swap;
@@ -340,11 +367,7 @@ static int decode_chain(const struct tr_tokenizer *t, const int32_t *ids, size_t
         }
     }
     free(tmp.p);
-    struct buf all = { 0 };
-    buf_reserve(&all, 0);
-    all.p[0] = 0;
-    for (size_t i = 0; i < l.n; i++)
-        buf_add(&all, l.s[i].p, l.s[i].n);
+    struct buf all = join(&l);
     strs_free(&l);
     *out = all.p;
     *len = all.n;

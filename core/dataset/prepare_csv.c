@@ -1,12 +1,12 @@
 /*
- * `trainrun prepare --format csv` (see prepare.h): the rows are checked as
+ * `trainrun prepare --format csv` (see dataset.h): the rows are checked as
  * the csv data plugin checks them (the same number of fields everywhere,
  * every field a number), exact duplicate rows are dropped unless
  * --dedup none, and a cleaned copy (fields trimmed, no blank lines, "\n"
  * line ends) is written as OUTDIR/data.csv, with prepare.json beside it.
- * The command line and the output directory are prepare.c's.
+ * The command line is commands/prepare.c's, the output directory prepare_output.c's.
  */
-#include "prepare.h"
+#include "dataset.h"
 
 #include "dedup.h"
 #include "prepare_internal.h"
@@ -209,6 +209,62 @@ static int csv_line(struct csv_state *s, char *line, const char *file, long line
     return rc;
 }
 
+/* Input i, line by line into csv_line (the first input's header kept, the others'
+ * dropped); *line and *cap are the line buffer, kept across inputs.  0 or -1. */
+static int read_csv_input(struct csv_state *s, int i, char **line, size_t *cap)
+{
+    const struct prepare_opts *o = s->o;
+    const char *file = o->inputs[i];
+    errno = 0;
+    gzFile f = gzopen(file, "rb");
+    if (!f)
+        return tr_prepare_fail("cannot open %s: %s", file, errno ? strerror(errno) : "out of memory");
+    int rc = 0;
+    int header_pending = o->header;
+    for (long lineno = 1; rc == 0; lineno++) {
+        int got = tr_csv_read_line(f, line, cap);
+        if (got < 0)
+            rc = tr_prepare_fail("out of memory reading %s", file);
+        if (got <= 0)
+            break;
+        int is_header = header_pending && (*line)[strspn(*line, " \t\r\n")] != '\0';
+        if (is_header)
+            header_pending = 0;
+        if (is_header && i > 0)
+            continue; /* the first input's header names the columns */
+        rc = csv_line(s, *line, file, lineno, is_header);
+    }
+    int zerr;
+    const char *msg = gzerror(f, &zerr);
+    if (rc == 0 && zerr != Z_OK && zerr != Z_STREAM_END)
+        rc = tr_prepare_fail("cannot read %s: %s (is the .gz file complete?)", file,
+                  zerr == Z_ERRNO ? strerror(errno) : msg);
+    gzclose(f);
+    return rc;
+}
+
+/* OUTDIR/prepare.json of a CSV prepare.  0 or -1. */
+static int write_csv_json(const struct csv_state *s)
+{
+    const struct prepare_opts *o = s->o;
+    char path[4096], jtmp[4200];
+    snprintf(path, sizeof path, "%s/prepare.json", o->out_dir);
+    snprintf(jtmp, sizeof jtmp, "%s.tmp-%ld", path, (long)getpid());
+    FILE *f = fopen(jtmp, "w");
+    if (!f)
+        return tr_prepare_fail("cannot create %s: %s", jtmp, strerror(errno));
+    fputs("{\n  \"format\": \"csv\",\n", f);
+    tr_prepare_json_inputs(f, o);
+    fprintf(f,
+            "  \"output\": \"data.csv\",\n  \"header\": %s,\n  \"columns\": %zu,\n"
+            "  \"dedup\": \"%s\",\n  \"rows\": {\"read\": %zu, \"written\": %zu, "
+            "\"duplicates_removed\": %zu, \"blank_lines\": %zu}\n}\n",
+            o->header ? "true" : "false", s->fields,
+            strcmp(o->dedup, "none") ? "exact" : "none", s->rows_read, s->rows_written,
+            s->duplicates, s->blank);
+    return tr_prepare_publish(jtmp, path, f);
+}
+
 int tr_prepare_csv(const struct prepare_opts *o)
 {
     struct csv_state s = {.o = o};
@@ -228,35 +284,8 @@ int tr_prepare_csv(const struct prepare_opts *o)
     int rc = 0;
     char *line = NULL;
     size_t cap = 0;
-    for (int i = 0; i < o->n_inputs && rc == 0; i++) {
-        const char *file = o->inputs[i];
-        errno = 0;
-        gzFile f = gzopen(file, "rb");
-        if (!f) {
-            rc = tr_prepare_fail("cannot open %s: %s", file, errno ? strerror(errno) : "out of memory");
-            break;
-        }
-        int header_pending = o->header;
-        for (long lineno = 1; rc == 0; lineno++) {
-            int got = tr_csv_read_line(f, &line, &cap);
-            if (got < 0)
-                rc = tr_prepare_fail("out of memory reading %s", file);
-            if (got <= 0)
-                break;
-            int is_header = header_pending && line[strspn(line, " \t\r\n")] != '\0';
-            if (is_header)
-                header_pending = 0;
-            if (is_header && i > 0)
-                continue; /* the first input's header names the columns */
-            rc = csv_line(&s, line, file, lineno, is_header);
-        }
-        int zerr;
-        const char *msg = gzerror(f, &zerr);
-        if (rc == 0 && zerr != Z_OK && zerr != Z_STREAM_END)
-            rc = tr_prepare_fail("cannot read %s: %s (is the .gz file complete?)", file,
-                      zerr == Z_ERRNO ? strerror(errno) : msg);
-        gzclose(f);
-    }
+    for (int i = 0; i < o->n_inputs && rc == 0; i++)
+        rc = read_csv_input(&s, i, &line, &cap);
     free(line);
     if (rc == 0 && s.errors > 0)
         rc = tr_prepare_fail("%zu row%s of the input%s cannot be used%s; nothing was written", s.errors,
@@ -270,26 +299,8 @@ int tr_prepare_csv(const struct prepare_opts *o)
     } else {
         rc = tr_prepare_publish(tmp, s.out_path, s.out);
     }
-    if (rc == 0) {
-        char path[4096], jtmp[4200];
-        snprintf(path, sizeof path, "%s/prepare.json", o->out_dir);
-        snprintf(jtmp, sizeof jtmp, "%s.tmp-%ld", path, (long)getpid());
-        FILE *f = fopen(jtmp, "w");
-        if (!f) {
-            rc = tr_prepare_fail("cannot create %s: %s", jtmp, strerror(errno));
-        } else {
-            fputs("{\n  \"format\": \"csv\",\n", f);
-            tr_prepare_json_inputs(f, o);
-            fprintf(f,
-                    "  \"output\": \"data.csv\",\n  \"header\": %s,\n  \"columns\": %zu,\n"
-                    "  \"dedup\": \"%s\",\n  \"rows\": {\"read\": %zu, \"written\": %zu, "
-                    "\"duplicates_removed\": %zu, \"blank_lines\": %zu}\n}\n",
-                    o->header ? "true" : "false", s.fields,
-                    strcmp(o->dedup, "none") ? "exact" : "none", s.rows_read, s.rows_written,
-                    s.duplicates, s.blank);
-            rc = tr_prepare_publish(jtmp, path, f);
-        }
-    }
+    if (rc == 0)
+        rc = write_csv_json(&s);
     if (rc == 0)
         printf("trainrun prepare: %zu rows of %zu columns read, %zu duplicate%s removed, %zu "
                "written to %s (and prepare.json)\n",

@@ -1,5 +1,5 @@
 /*
- * `trainrun prepare` of text (see prepare.h): every input is read whole
+ * `trainrun prepare` of text (see dataset.h): every input is read whole
  * (plain, gzip or zstd: prepare_input.c), split into documents (blank-line separated paragraphs,
  * or one per line), deduplicated, and written as TRTOKENS shards
  * (train_000000.bin ..., val_000000.bin ...) with prepare.json describing
@@ -11,9 +11,9 @@
  * Deduplication (exact, or near: MinHash with LSH banding) is in dedup.c;
  * this file splits, reports what was removed and writes (through the shard
  * writer of prepare_shards.c).  The
- * command line and the output directory are prepare.c's.
+ * command line is commands/prepare.c's, the output directory prepare_output.c's.
  */
-#include "prepare.h"
+#include "dataset.h"
 
 #include "dedup.h"
 #include "prepare_internal.h"
@@ -25,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 struct input {
@@ -401,225 +400,284 @@ static int write_split(const struct prepare_opts *o, const struct docs *d, size_
     return rc;
 }
 
-/* OUTDIR/NAME, left by an earlier run (a tokenizer this run does not use):
- * removed, so nothing reports a tokenizer that did not make these shards.
- * Only in a directory tr_prepare_claim_out_dir made ours; regular files only. */
-static void remove_stale_file(const char *dir, const char *name)
-{
-    char path[4096];
-    struct stat st;
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    if (lstat(path, &st) == 0 && S_ISREG(st.st_mode) && unlink(path) == 0)
-        printf("trainrun prepare: removed %s, left by an earlier run\n", path);
-}
-
 static int online_cpus(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n < 1 ? 1 : n > 256 ? 256 : (int)n;
 }
 
-static int prepare_text(const struct prepare_opts *o, struct input *inputs)
+/* One text prepare: the documents and what is learned about them on the way. */
+struct text_run {
+    const struct prepare_opts *o;
+    const struct input *inputs;
+    struct docs d;
+    struct arena arena;
+    struct text_result r;
+    int by_line, is_file, rows;
+    const char *sep;              /* the separator put after each document (byte, char) */
+    size_t sep_len;               /* 0 with a tokenizer.json */
+    size_t kept, val_from;        /* validation: the documents from val_from on */
+    uint64_t kept_bytes;
+    uint16_t ids[256];            /* byte and char: each byte's token id */
+    struct prepare_tokenizer tokenizer, *pt; /* pt: &tokenizer once loaded */
+    int workers;
+};
+
+/* Every input split into documents, and what was read said. */
+static int read_documents(struct text_run *t)
 {
-    struct docs d = {0};
-    struct text_result r = {0};
-    struct arena arena = {0};
-    struct prepare_tokenizer tokenizer, *pt = NULL;
-    struct prepare_progress *progress = NULL;
-    int by_line = strcmp(o->doc_separator, "line") == 0;
-    int is_file = strcmp(o->tokenizer, "byte") != 0 && strcmp(o->tokenizer, "char") != 0;
-    const char *sep = by_line ? "\n" : "\n\n";
-    size_t sep_len = is_file ? 0 : strlen(sep);
-    int rc = 0, rows = band_rows(o->near_threshold);
+    const struct prepare_opts *o = t->o;
+    struct text_result *r = &t->r;
+    int rc = 0;
     size_t bytes = 0;
     for (int i = 0; i < o->n_inputs && rc == 0; i++) {
-        if (tr_prepare_is_jsonl(inputs[i].path)) {
-            r.any_jsonl = 1;
-            rc = split_jsonl(&d, &arena, &inputs[i], i, o, &r.jsonl);
+        if (tr_prepare_is_jsonl(t->inputs[i].path)) {
+            r->any_jsonl = 1;
+            rc = split_jsonl(&t->d, &t->arena, &t->inputs[i], i, o, &r->jsonl);
         } else {
-            rc = split_documents(&d, &inputs[i], i, by_line);
+            rc = split_documents(&t->d, &t->inputs[i], i, t->by_line);
         }
-        bytes += inputs[i].size;
+        bytes += t->inputs[i].size;
     }
     if (rc != 0)
-        goto out;
-    r.read = d.n;
+        return rc;
+    r->read = t->d.n;
     int all_jsonl = 1;
     for (int i = 0; i < o->n_inputs; i++)
-        all_jsonl &= tr_prepare_is_jsonl(inputs[i].path);
-    const char *txt = by_line ? "one per line" : "separated by blank lines";
+        all_jsonl &= tr_prepare_is_jsonl(t->inputs[i].path);
+    const char *txt = t->by_line ? "one per line" : "separated by blank lines";
     printf("trainrun prepare: %d input%s, %zu bytes, %zu document%s (%s%s%s)\n", o->n_inputs,
-           o->n_inputs == 1 ? "" : "s", bytes, d.n, d.n == 1 ? "" : "s",
-           r.any_jsonl ? "one per JSONL record" : txt, r.any_jsonl && !all_jsonl ? "; text: " : "",
-           r.any_jsonl && !all_jsonl ? txt : "");
-    if (r.jsonl.bad)
+           o->n_inputs == 1 ? "" : "s", bytes, t->d.n, t->d.n == 1 ? "" : "s",
+           r->any_jsonl ? "one per JSONL record" : txt, r->any_jsonl && !all_jsonl ? "; text: " : "",
+           r->any_jsonl && !all_jsonl ? txt : "");
+    if (r->jsonl.bad)
         fprintf(stderr, "trainrun prepare: warning: skipped %zu bad record%s (--skip-bad-records)\n",
-                r.jsonl.bad, r.jsonl.bad == 1 ? "" : "s");
-    if (r.jsonl.empty)
-        printf("trainrun prepare: %zu record%s with an empty \"%s\" skipped\n", r.jsonl.empty,
-               r.jsonl.empty == 1 ? "" : "s", o->text_field);
-    if (d.n == 0) {
-        rc = tr_prepare_fail("no documents in the input%s (%s); check the input files",
-                             o->n_inputs == 1 ? "" : "s",
-                             r.any_jsonl ? "no record with a non-empty text field, no non-blank line"
-                                         : "every line is blank");
-        goto out;
-    }
+                r->jsonl.bad, r->jsonl.bad == 1 ? "" : "s");
+    if (r->jsonl.empty)
+        printf("trainrun prepare: %zu record%s with an empty \"%s\" skipped\n", r->jsonl.empty,
+               r->jsonl.empty == 1 ? "" : "s", o->text_field);
+    if (t->d.n == 0)
+        return tr_prepare_fail("no documents in the input%s (%s); check the input files",
+                               o->n_inputs == 1 ? "" : "s",
+                               r->any_jsonl ? "no record with a non-empty text field, no non-blank line"
+                                            : "every line is blank");
+    return 0;
+}
 
+/* --dedup exact and near, each pass's removals said and shown. */
+static int deduplicate(struct text_run *t)
+{
+    const struct prepare_opts *o = t->o;
+    struct text_result *r = &t->r;
+    int rc;
     if (strcmp(o->dedup, "none") != 0) {
-        if ((rc = dedup_exact(&d, &r.removed_exact)) != 0)
-            goto out;
-        printf("trainrun prepare: exact dedup removed %zu document%s\n", r.removed_exact,
-               r.removed_exact == 1 ? "" : "s");
-        print_removed(&d, inputs, EXACT_DUP);
+        if ((rc = dedup_exact(&t->d, &r->removed_exact)) != 0)
+            return rc;
+        printf("trainrun prepare: exact dedup removed %zu document%s\n", r->removed_exact,
+               r->removed_exact == 1 ? "" : "s");
+        print_removed(&t->d, t->inputs, EXACT_DUP);
     }
     if (strcmp(o->dedup, "near") == 0) {
-        if ((rc = dedup_near(&d, o->near_threshold, rows, &r.removed_near)) != 0)
-            goto out;
+        if ((rc = dedup_near(&t->d, o->near_threshold, t->rows, &r->removed_near)) != 0)
+            return rc;
         printf("trainrun prepare: near dedup (MinHash, %d functions in %d bands of %d, "
                "threshold %.2f) removed %zu document%s\n",
-               MINHASH_FUNCS, MINHASH_FUNCS / rows, rows, o->near_threshold, r.removed_near,
-               r.removed_near == 1 ? "" : "s");
-        print_removed(&d, inputs, NEAR_DUP);
+               MINHASH_FUNCS, MINHASH_FUNCS / t->rows, t->rows, o->near_threshold, r->removed_near,
+               r->removed_near == 1 ? "" : "s");
+        print_removed(&t->d, t->inputs, NEAR_DUP);
     }
+    return 0;
+}
 
-    size_t kept = 0;
-    uint64_t kept_bytes = 0;
-    for (size_t i = 0; i < d.n; i++)
-        if (!d.v[i].removed) {
-            kept++;
-            kept_bytes += d.v[i].len;
+/* The kept documents, counted; and the validation split: whole documents from the end, at
+ * least val_fraction of the tokens (byte, char) or of the text's bytes (a tokenizer.json,
+ * whose token counts are known only once encoded), always leaving one training document. */
+static void split_validation(struct text_run *t)
+{
+    const struct docs *d = &t->d;
+    for (size_t i = 0; i < d->n; i++)
+        if (!d->v[i].removed) {
+            t->kept++;
+            t->kept_bytes += d->v[i].len;
         }
-
-    /* Validation: whole documents from the end, at least val_fraction of the
-     * tokens (byte, char) or of the text's bytes (a tokenizer.json, whose
-     * token counts are known only once encoded), always leaving one
-     * training document. */
     uint64_t total = 0;
-    size_t first_kept = d.n;
-    for (size_t i = 0; i < d.n; i++) {
-        if (d.v[i].removed)
+    size_t first_kept = d->n;
+    for (size_t i = 0; i < d->n; i++) {
+        if (d->v[i].removed)
             continue;
-        total += d.v[i].len + sep_len;
-        if (first_kept == d.n)
+        total += d->v[i].len + t->sep_len;
+        if (first_kept == d->n)
             first_kept = i;
     }
-    uint64_t want = (uint64_t)((double)total * o->val_fraction), val_tokens = 0;
-    size_t val_from = d.n;
+    uint64_t want = (uint64_t)((double)total * t->o->val_fraction), val_tokens = 0;
+    size_t val_from = d->n;
     while (want > 0 && val_tokens < want && val_from > first_kept + 1) {
         val_from--;
-        if (!d.v[val_from].removed)
-            val_tokens += d.v[val_from].len + sep_len;
+        if (!d->v[val_from].removed)
+            val_tokens += d->v[val_from].len + t->sep_len;
     }
-    while (val_from < d.n && d.v[val_from].removed)
+    while (val_from < d->n && d->v[val_from].removed)
         val_from++; /* start the split at a kept document */
-    if (want > 0 && val_from == d.n)
+    if (want > 0 && val_from == d->n)
         fprintf(stderr, "trainrun prepare: warning: only one document is left, so there is no "
                         "validation split; use data.val_fraction in the recipe instead\n");
+    t->val_from = val_from;
+}
 
-    /* The vocabulary and each byte's token id, or the tokenizer.json. */
-    uint16_t ids[256];
-    int workers = 1;
-    if (is_file) {
-        workers = o->workers ? o->workers : online_cpus();
-        if ((size_t)workers > kept)
-            workers = (int)kept;
-        /* --train-tokenizer: the tokenizer.json comes from the training documents */
-        if (o->train_tokenizer) {
-            if (tr_mkdir_p(o->out_dir) != 0) {
-                rc = tr_prepare_fail("cannot create the output directory %s: %s", o->out_dir,
-                                     strerror(errno));
-                goto out;
-            }
-            if ((rc = tr_prepare_claim_out_dir(o->out_dir)) != 0 ||
-                (rc = tr_prepare_train_tokenizer(o->out_dir, o->train_tokenizer, &d, val_from,
-                                                 (const char *const *)o->inputs)) != 0)
-                goto out;
-        }
-        if ((rc = tr_prepare_tokenizer_load(&tokenizer, o, workers)) != 0) {
-            tr_prepare_tokenizer_free(&tokenizer);
-            goto out;
-        }
-        pt = &tokenizer;
-        workers = pt->workers; /* fewer when a copy could not be made */
-        r.vocab = pt->vocab;
-        char eos[200];
-        if (pt->eos >= 0)
-            snprintf(eos, sizeof eos, "EOS %.80s (id %d, from %s) after each document",
-                     pt->eos_text ? pt->eos_text : "?", (int)pt->eos, pt->eos_from);
-        else
-            snprintf(eos, sizeof eos, "no EOS between documents (%s)", pt->eos_from);
-        printf("trainrun prepare: tokenizer %s: vocabulary %u, %s\n", pt->path, pt->vocab, eos);
-    } else if (strcmp(o->tokenizer, "char") == 0) {
-        unsigned char seen[256] = {0};
-        for (size_t i = 0; i < d.n; i++)
-            if (!d.v[i].removed)
-                for (size_t k = 0; k < d.v[i].len; k++)
-                    seen[d.v[i].text[k]] = 1;
-        for (size_t k = 0; k < sep_len; k++)
-            seen[(unsigned char)sep[k]] = 1;
-        for (int c = 0; c < 256; c++) {
-            if (seen[c]) {
-                ids[c] = (uint16_t)r.vocab;
-                r.table[r.vocab++] = (unsigned char)c;
-            }
-        }
-    } else {
+/* A tokenizer.json (trained first with --train-tokenizer), loaded for the workers. */
+static int open_tokenizer(struct text_run *t)
+{
+    const struct prepare_opts *o = t->o;
+    int rc;
+    t->workers = o->workers ? o->workers : online_cpus();
+    if ((size_t)t->workers > t->kept)
+        t->workers = (int)t->kept;
+    /* --train-tokenizer: the tokenizer.json comes from the training documents */
+    if (o->train_tokenizer) {
+        if (tr_mkdir_p(o->out_dir) != 0)
+            return tr_prepare_fail("cannot create the output directory %s: %s", o->out_dir,
+                                   strerror(errno));
+        if ((rc = tr_prepare_claim_out_dir(o->out_dir)) != 0 ||
+            (rc = tr_prepare_train_tokenizer(o->out_dir, o->train_tokenizer, &t->d, t->val_from,
+                                             (const char *const *)o->inputs)) != 0)
+            return rc;
+    }
+    if ((rc = tr_prepare_tokenizer_load(&t->tokenizer, o, t->workers)) != 0) {
+        tr_prepare_tokenizer_free(&t->tokenizer);
+        return rc;
+    }
+    struct prepare_tokenizer *pt = t->pt = &t->tokenizer;
+    t->workers = pt->workers; /* fewer when a copy could not be made */
+    t->r.vocab = pt->vocab;
+    char eos[200];
+    if (pt->eos >= 0)
+        snprintf(eos, sizeof eos, "EOS %.80s (id %d, from %s) after each document",
+                 pt->eos_text ? pt->eos_text : "?", (int)pt->eos, pt->eos_from);
+    else
+        snprintf(eos, sizeof eos, "no EOS between documents (%s)", pt->eos_from);
+    printf("trainrun prepare: tokenizer %s: vocabulary %u, %s\n", pt->path, pt->vocab, eos);
+    return 0;
+}
+
+/* char: the distinct bytes of the kept documents and the separator, sorted, are the
+ * vocabulary; byte: all 256. */
+static void byte_tokens(struct text_run *t, int chars)
+{
+    struct text_result *r = &t->r;
+    if (!chars) {
         for (int c = 0; c < 256; c++)
-            ids[c] = (uint16_t)c;
-        r.vocab = 256;
+            t->ids[c] = (uint16_t)c;
+        r->vocab = 256;
+        return;
     }
+    unsigned char seen[256] = {0};
+    for (size_t i = 0; i < t->d.n; i++)
+        if (!t->d.v[i].removed)
+            for (size_t k = 0; k < t->d.v[i].len; k++)
+                seen[t->d.v[i].text[k]] = 1;
+    for (size_t k = 0; k < t->sep_len; k++)
+        seen[(unsigned char)t->sep[k]] = 1;
+    for (int c = 0; c < 256; c++) {
+        if (seen[c]) {
+            t->ids[c] = (uint16_t)r->vocab;
+            r->table[r->vocab++] = (unsigned char)c;
+        }
+    }
+}
 
-    if (tr_mkdir_p(o->out_dir) != 0) {
-        rc = tr_prepare_fail("cannot create the output directory %s: %s", o->out_dir, strerror(errno));
-        goto out;
+/* The tokenizer beside the shards, where the tokens plugin finds it (or, for byte and char,
+ * no stale one). */
+static int write_tokenizer_files(const struct text_run *t)
+{
+    const char *dir = t->o->out_dir;
+    const struct prepare_tokenizer *pt = t->pt;
+    if (!pt) {
+        tr_prepare_remove_stale_file(dir, "tokenizer.json");
+        tr_prepare_remove_stale_file(dir, "tokenizer_config.json");
+        return 0;
     }
+    int rc = tr_prepare_write_copy(dir, "tokenizer.json", pt->file, pt->file_size);
+    if (rc == 0 && pt->config)
+        rc = tr_prepare_write_copy(dir, "tokenizer_config.json", pt->config, pt->config_size);
+    if (rc != 0)
+        return rc;
+    if (!pt->config)
+        tr_prepare_remove_stale_file(dir, "tokenizer_config.json");
+    return 0;
+}
+
+/* OUTDIR: the train and val shards, the tokenizer files and prepare.json. */
+static int write_outputs(struct text_run *t)
+{
+    const struct prepare_opts *o = t->o;
+    struct prepare_progress *progress = NULL;
+    int rc;
+    if (tr_mkdir_p(o->out_dir) != 0)
+        return tr_prepare_fail("cannot create the output directory %s: %s", o->out_dir, strerror(errno));
     if ((rc = tr_prepare_claim_out_dir(o->out_dir)) != 0)
-        goto out;
-    if (!(progress = tr_prepare_progress_start(kept_bytes, workers))) {
-        rc = tr_prepare_fail("out of memory");
-        goto out;
+        return rc;
+    if (!(progress = tr_prepare_progress_start(t->kept_bytes, t->workers)))
+        return tr_prepare_fail("out of memory");
+    if ((rc = write_split(o, &t->d, 0, t->val_from, t->ids, t->sep, t->sep_len, t->pt, progress,
+                          "train", &t->r, 0)) != 0 ||
+        (rc = write_split(o, &t->d, t->val_from, t->d.n, t->ids, t->sep, t->sep_len, t->pt,
+                          progress, "val", &t->r, 1)) != 0) {
+        tr_prepare_progress_end(progress, 0);
+        return rc;
     }
-    if ((rc = write_split(o, &d, 0, val_from, ids, sep, sep_len, pt, progress, "train", &r, 0)) != 0 ||
-        (rc = write_split(o, &d, val_from, d.n, ids, sep, sep_len, pt, progress, "val", &r, 1)) != 0)
-        goto out;
     tr_prepare_progress_end(progress, 1);
-    progress = NULL;
-    /* the tokenizer beside the shards, where the tokens plugin finds it */
-    if (pt) {
-        rc = tr_prepare_write_copy(o->out_dir, "tokenizer.json", pt->file, pt->file_size);
-        if (rc == 0 && pt->config)
-            rc = tr_prepare_write_copy(o->out_dir, "tokenizer_config.json", pt->config,
-                                       pt->config_size);
-        if (rc != 0)
-            goto out;
-        if (!pt->config)
-            remove_stale_file(o->out_dir, "tokenizer_config.json");
-    } else {
-        remove_stale_file(o->out_dir, "tokenizer.json");
-        remove_stale_file(o->out_dir, "tokenizer_config.json");
-    }
-    if ((rc = write_text_json(o, &r, rows, pt)) != 0)
-        goto out;
+    if ((rc = write_tokenizer_files(t)) != 0)
+        return rc;
+    return write_text_json(o, &t->r, t->rows, t->pt);
+}
+
+/* What was written, and the data table that reads it. */
+static void print_summary(const struct text_run *t)
+{
+    const struct prepare_opts *o = t->o;
+    const struct text_result *r = &t->r;
     printf("trainrun prepare: %s tokens, vocabulary %u: train %llu tokens (%zu document%s) in "
            "%d shard%s, val %llu tokens (%zu document%s) in %d shard%s\n",
-           pt ? "tokenizer.json" : o->tokenizer, r.vocab, (unsigned long long)r.tokens[0], r.docs[0],
-           r.docs[0] == 1 ? "" : "s", r.shards[0], r.shards[0] == 1 ? "" : "s",
-           (unsigned long long)r.tokens[1], r.docs[1], r.docs[1] == 1 ? "" : "s", r.shards[1],
-           r.shards[1] == 1 ? "" : "s");
-    if (pt && r.tokens[0] + r.tokens[1])
+           t->pt ? "tokenizer.json" : o->tokenizer, r->vocab, (unsigned long long)r->tokens[0],
+           r->docs[0], r->docs[0] == 1 ? "" : "s", r->shards[0], r->shards[0] == 1 ? "" : "s",
+           (unsigned long long)r->tokens[1], r->docs[1], r->docs[1] == 1 ? "" : "s", r->shards[1],
+           r->shards[1] == 1 ? "" : "s");
+    if (t->pt && r->tokens[0] + r->tokens[1])
         printf("trainrun prepare: %.3f bytes of text per token\n",
-               (double)(r.bytes[0] + r.bytes[1]) / (double)(r.tokens[0] + r.tokens[1]));
+               (double)(r->bytes[0] + r->bytes[1]) / (double)(r->tokens[0] + r->tokens[1]));
     printf("trainrun prepare: wrote %s/prepare.json; use\n"
            "  data = { plugin = \"tokens\", train = \"%s/train_*.bin\"%s%s%s }\n",
-           o->out_dir, o->out_dir, r.shards[1] ? ", val = \"" : ", val_fraction = 0",
-           r.shards[1] ? o->out_dir : "", r.shards[1] ? "/val_*.bin\"" : "");
-out:
-    tr_prepare_progress_end(progress, 0);
-    if (pt)
-        tr_prepare_tokenizer_free(pt);
-    free(d.v);
-    arena_free(&arena);
+           o->out_dir, o->out_dir, r->shards[1] ? ", val = \"" : ", val_fraction = 0",
+           r->shards[1] ? o->out_dir : "", r->shards[1] ? "/val_*.bin\"" : "");
+}
+
+/* Read, split, deduplicate, pick validation, tokenise and write. */
+static int prepare_text(const struct prepare_opts *o, struct input *inputs)
+{
+    struct text_run t = {.o = o, .inputs = inputs, .workers = 1};
+    t.by_line = strcmp(o->doc_separator, "line") == 0;
+    t.is_file = strcmp(o->tokenizer, "byte") != 0 && strcmp(o->tokenizer, "char") != 0;
+    t.sep = t.by_line ? "\n" : "\n\n";
+    t.sep_len = t.is_file ? 0 : strlen(t.sep);
+    t.rows = band_rows(o->near_threshold);
+    int rc = read_documents(&t);
+    if (rc == 0)
+        rc = deduplicate(&t);
+    if (rc == 0) {
+        split_validation(&t);
+        if (t.is_file)
+            rc = open_tokenizer(&t);
+        else
+            byte_tokens(&t, strcmp(o->tokenizer, "char") == 0);
+    }
+    if (rc == 0)
+        rc = write_outputs(&t);
+    if (rc == 0)
+        print_summary(&t);
+    if (t.pt)
+        tr_prepare_tokenizer_free(t.pt);
+    free(t.d.v);
+    arena_free(&t.arena);
     return rc;
 }
 

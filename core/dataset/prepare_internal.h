@@ -1,51 +1,19 @@
-/* What prepare.c (the command line, the output directory), prepare_text.c
- * and prepare_csv.c (the two formats) share: the parsed options, the output
- * directory's claim, stale-shard removal and publishing, and each format's
- * entry; reading inputs and JSONL records (prepare_input.c) and writing
- * TRTOKENS shards (prepare_shards.c), which every path that makes token
- * shards uses.  Private to the commands room. */
+/* What the dataset room's files share beyond dataset.h: the output
+ * directory's claim, stale-shard removal and publishing (prepare_output.c);
+ * reading inputs and JSONL records (prepare_input.c) and writing TRTOKENS
+ * shards (prepare_shards.c), which every path that makes token shards uses;
+ * tokenizing documents (prepare_tokenize.c) and training a tokenizer
+ * (prepare_train.c).  Private to the dataset room. */
 #ifndef TR_PREPARE_INTERNAL_H
 #define TR_PREPARE_INTERNAL_H
+
+#include "dataset.h"
 
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 
 struct tr_json;
-
-#define SAMPLES_SHOWN 5 /* duplicates shown per kind */
-
-struct prepare_opts {
-    const char **inputs;
-    int n_inputs;
-    const char *out_dir;
-    const char *format;        /* "text", "csv", or NULL: from the inputs' names */
-    const char *tokenizer;     /* "byte", "char" or the path of a tokenizer.json */
-    uint64_t train_tokenizer;  /* --train-tokenizer N: a BPE of N tokens trained into
-                                  OUTDIR/tokenizer.json, which tokenizer then names; 0: none */
-    const char *text_field;    /* JSONL: the string field holding a document */
-    const char *eos;           /* tokenizer.json: the token after each document,
-                                  "none", or NULL (found in the files) */
-    int workers;               /* tokenizing threads; 0: the online CPUs */
-    int skip_bad_records;      /* JSONL: skip (and count) bad records instead of failing */
-    uint64_t shard_tokens;
-    double val_fraction;
-    const char *dedup;         /* "exact", "near" or "none" */
-    double near_threshold;
-    const char *doc_separator; /* "blank-line" or "line" */
-    int header;                /* CSV: the first line of each input names the columns */
-    /* --format images (prepare_images.c) */
-    const char **val_inputs;   /* --val: validation folders or tars (then no val_fraction) */
-    int n_val_inputs;
-    int val_fraction_set;      /* --val-fraction was given */
-    int image_size;            /* --size: the side of the square images (0: not given) */
-    int channels;              /* --channels: 3 (RGB) or 1 (grey) */
-    int augment_copies;        /* --augment-copies: extra cropped/flipped training copies */
-    int augment_pad;           /* --augment-pad: their crop's padding (-1: size / 8) */
-    int augment_flip;          /* --augment-flip: copies may be mirrored */
-    uint64_t seed;             /* --seed: the copies' draws and the split's hash */
-    uint64_t shard_images;     /* --shard-images: images per shard (0: about 1 GiB) */
-};
 
 /* Make OUTDIR ours (created by the caller): refused, with a message, when it
  * holds prepare's file names that no prepare wrote.  0 or -1. */
@@ -67,6 +35,10 @@ void tr_prepare_json_inputs(FILE *f, const struct prepare_opts *o);
  * earlier, longer run) from a directory tr_prepare_claim_out_dir made ours;
  * regular files only. */
 void tr_prepare_remove_stale_shards(const char *dir, const char *prefix, int written);
+
+/* Remove DIR/NAME, a regular file left by an earlier run (a tokenizer this run does not
+ * use), saying so; only in a directory tr_prepare_claim_out_dir made ours. */
+void tr_prepare_remove_stale_file(const char *dir, const char *name);
 
 /* "trainrun prepare: error: ..." from a va_list (tr_prepare_fail's body). */
 void tr_prepare_vfail(const char *fmt, va_list ap);
@@ -186,28 +158,6 @@ struct prepare_progress *tr_prepare_progress_start(uint64_t total, int workers);
 void tr_prepare_progress_add(struct prepare_progress *p, uint64_t bytes);
 void tr_prepare_progress_draw(struct prepare_progress *p, int force);
 void tr_prepare_progress_end(struct prepare_progress *p, int ok);
-
-/* The text path (prepare_text.c): read, split, deduplicate, write the
- * shards and prepare.json.  0 or -1 (messages on stderr). */
-int tr_prepare_text(const struct prepare_opts *o);
-
-/* The CSV path (prepare_csv.c): check, dedup and write OUTDIR/data.csv and
- * prepare.json.  0 or -1 (messages on stderr). */
-int tr_prepare_csv(const struct prepare_opts *o);
-
-/* --format instruct (prepare_chat.c): prompt/response or chat messages
- * JSONL records, encoded with o->tokenizer (a tokenizer.json), into shards
- * with a loss mask that trains on the responses only, and prepare.json.
- * 0 or -1 (messages on stderr). */
-int tr_prepare_instruct(const struct prepare_opts *o);
-
-/* --format images (prepare_images.c): image folders and WebDataset tars
- * decoded, resized and written as TRIMAGES shards, classes.txt and
- * prepare.json.  0 or -1 (messages on stderr). */
-int tr_prepare_images(const struct prepare_opts *o);
-/* 1 when path is a folder or a tar shard (.tar, .tar.gz, ...): what
- * --format images reads, and what makes prepare guess that format. */
-int tr_prepare_is_image_input(const char *path);
 
 /* --train-tokenizer (prepare_train.c): a byte-level BPE of `vocab` tokens trained on the kept
  * documents of d->v[0, to) (the training split), written as OUTDIR/tokenizer.json (a stale

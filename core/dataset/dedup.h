@@ -1,6 +1,6 @@
 /* Deduplication for `trainrun prepare` (dedup.c): documents, and the
  * exact and near (MinHash with LSH banding) passes that mark the later of
- * two duplicates as removed. Private to the commands room. */
+ * two duplicates as removed. Private to the dataset room. */
 #ifndef TR_DEDUP_H
 #define TR_DEDUP_H
 

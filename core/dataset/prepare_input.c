@@ -3,7 +3,7 @@
  * decompressed when it is gzip (zlib) or zstd (libzstd), and the records of
  * a JSONL file, one JSON object per line, with the line each came from.
  */
-#include "prepare.h"
+#include "dataset.h"
 
 #include "prepare_internal.h"
 

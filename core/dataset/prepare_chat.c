@@ -27,12 +27,12 @@
  * mask falls on token boundaries.  Records are not deduplicated (instruction
  * sets are curated); validation is whole records from the end, as for text.
  */
-#include "prepare.h"
+#include "dataset.h"
 
 #include "prepare_internal.h"
 
 #include "../util/json.h"
-#include "../util/tokenizer.h"
+#include "../tokenizer/tokenizer.h"
 #include "../util/util.h"
 
 #include <errno.h>

@@ -18,7 +18,7 @@
 #include "bpe_train.h"
 
 #include "tokenizer.h"
-#include "util.h"
+#include "../util/util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -441,6 +441,124 @@ static char *write_json(const struct state *s, size_t nspecials, size_t *out_len
     return buf;
 }
 
+/* 1. The special tokens first (none empty, none twice)... */
+static int add_specials(struct state *s, const char *const *specials, size_t nspecials, tr_err *err)
+{
+    for (size_t i = 0; i < nspecials; i++) {
+        if (!specials[i] || !*specials[i])
+            return tr_fail(err, "special token %zu is empty", i);
+        struct strent *e = strmap_slot(&s->tokmap, specials[i], strlen(specials[i]));
+        if (e->k)
+            return tr_fail(err, "special token %s is given twice", specials[i]);
+        add_token(s, tr_xstrdup(specials[i]));
+    }
+    return TR_OK;
+}
+
+/* ...then the 256 byte symbols, by code point; byte_id: each byte's id. */
+static void add_bytes(struct state *s, uint32_t byte_id[256])
+{
+    unsigned order[256], cps[256];
+    for (unsigned c = 0; c < 256; c++)
+        cps[c] = byte_cp(c);
+    for (unsigned c = 0; c < 256; c++) { /* insertion sort by code point */
+        unsigned k = c;
+        while (k > 0 && cps[order[k - 1]] > cps[c]) {
+            order[k] = order[k - 1];
+            k--;
+        }
+        order[k] = c;
+    }
+    for (unsigned k = 0; k < 256; k++) {
+        char ch[5] = { 0 };
+        tr_utf8_encode(cps[order[k]], ch);
+        struct strent *e = strmap_slot(&s->tokmap, ch, strlen(ch));
+        byte_id[order[k]] = e->k ? e->v /* a special token spelled like a byte symbol */
+                                 : add_token(s, tr_xstrdup(ch));
+    }
+}
+
+/* 2. The words as symbol lists, and the pairs in them. */
+static void add_words(struct state *s, const struct tr_bpe_trainer *b, const uint32_t byte_id[256])
+{
+    size_t total = 0;
+    for (size_t w = 0; w < b->n; w++)
+        total += b->word_len[w];
+    s->sym = tr_xcalloc(total ? total : 1, sizeof *s->sym);
+    s->off = tr_xcalloc(b->n ? b->n : 1, sizeof *s->off);
+    s->len = tr_xcalloc(b->n ? b->n : 1, sizeof *s->len);
+    size_t at = 0;
+    for (size_t w = 0; w < b->n; w++) {
+        s->off[w] = at;
+        s->len[w] = b->word_len[w];
+        for (uint32_t i = 0; i < b->word_len[w]; i++)
+            s->sym[at + i] = byte_id[(unsigned char)b->word[w][i]];
+        for (uint32_t i = 0; i + 1 < b->word_len[w]; i++)
+            change(s, s->sym[at + i], s->sym[at + i + 1], +1, (uint32_t)w);
+        at += b->word_len[w];
+    }
+    push_touched(s);
+}
+
+/* 3. The merges: the most frequent pair first (a stale heap entry is pushed again with its
+ * count now), until the vocabulary is full or no pair is frequent enough. */
+static void merge_pairs(struct state *s, size_t vocab_size, uint64_t min_frequency)
+{
+    char *joined = NULL;
+    size_t joined_cap = 0;
+    while (s->ntok < vocab_size && s->nheap) {
+        struct heap_entry top = heap_pop(s);
+        struct pair *p = pair_of(s, top.a, top.b);
+        if ((int64_t)top.count != p->count) {
+            top.count = p->count > 0 ? (uint64_t)p->count : 0;
+            heap_push(s, top);
+            continue;
+        }
+        if (top.count < 1 || top.count < min_frequency) {
+            free(top.pos);
+            break;
+        }
+        size_t na = strlen(s->tok[top.a]), nb = strlen(s->tok[top.b]);
+        if (na + nb + 1 > joined_cap)
+            joined = tr_xrealloc(joined, joined_cap = 2 * (na + nb + 1));
+        memcpy(joined, s->tok[top.a], na);
+        memcpy(joined + na, s->tok[top.b], nb + 1);
+        struct strent *e = strmap_slot(&s->tokmap, joined, na + nb);
+        uint32_t id = e->k ? e->v : add_token(s, tr_xstrdup(joined));
+        if (s->nmerges == s->mergecap)
+            s->merges = tr_xrealloc(s->merges, (s->mergecap = s->mergecap ? 2 * s->mergecap : 1024) * sizeof *s->merges);
+        s->merges[s->nmerges][0] = top.a;
+        s->merges[s->nmerges][1] = top.b;
+        s->merges[s->nmerges][2] = id;
+        s->nmerges++;
+        for (size_t k = 0; k < top.npos; k++)
+            merge_word(s, top.pos[k], top.a, top.b, id);
+        free(top.pos);
+        push_touched(s);
+    }
+    free(joined);
+}
+
+static void state_free(struct state *s)
+{
+    for (size_t i = 0; i < s->ntok; i++)
+        free(s->tok[i]);
+    free(s->tok);
+    free(s->tokmap.e);
+    free(s->sym);
+    free(s->off);
+    free(s->len);
+    for (size_t i = 0; i < s->npairs; i++)
+        free(s->pairs[i].pos);
+    free(s->pairs);
+    free(s->pmap.e);
+    free(s->touched);
+    for (size_t i = 0; i < s->nheap; i++)
+        free(s->heap[i].pos);
+    free(s->heap);
+    free(s->merges);
+}
+
 int tr_bpe_trainer_train(struct tr_bpe_trainer *b, size_t vocab_size, uint64_t min_frequency,
                          const char *const *specials, size_t nspecials, char **json, size_t *len,
                          struct tr_bpe_stats *stats, tr_err *err)
@@ -453,114 +571,16 @@ int tr_bpe_trainer_train(struct tr_bpe_trainer *b, size_t vocab_size, uint64_t m
                        vocab_size, nspecials + 256, nspecials, nspecials == 1 ? "" : "s",
                        TR_BPE_MAX_VOCAB);
     struct state s = { .count = b->count };
-    int rc = TR_OK;
-
-    /* 1. special tokens, then the 256 byte symbols by code point */
-    for (size_t i = 0; i < nspecials; i++) {
-        if (!specials[i] || !*specials[i]) {
-            rc = tr_fail(err, "special token %zu is empty", i);
-            goto out;
-        }
-        struct strent *e = strmap_slot(&s.tokmap, specials[i], strlen(specials[i]));
-        if (e->k) {
-            rc = tr_fail(err, "special token %s is given twice", specials[i]);
-            goto out;
-        }
-        add_token(&s, tr_xstrdup(specials[i]));
+    int rc = add_specials(&s, specials, nspecials, err);
+    if (rc == TR_OK) {
+        uint32_t byte_id[256];
+        add_bytes(&s, byte_id);
+        add_words(&s, b, byte_id);
+        merge_pairs(&s, vocab_size, min_frequency);
+        *json = write_json(&s, nspecials, len);
+        if (stats)
+            *stats = (struct tr_bpe_stats){ b->documents, b->bytes, b->total_words, b->n, s.nmerges, s.ntok };
     }
-    unsigned order[256], cps[256];
-    for (unsigned c = 0; c < 256; c++)
-        cps[c] = byte_cp(c);
-    for (unsigned c = 0; c < 256; c++) { /* insertion sort by code point */
-        unsigned k = c;
-        while (k > 0 && cps[order[k - 1]] > cps[c]) {
-            order[k] = order[k - 1];
-            k--;
-        }
-        order[k] = c;
-    }
-    uint32_t byte_id[256];
-    for (unsigned k = 0; k < 256; k++) {
-        char ch[5] = { 0 };
-        tr_utf8_encode(cps[order[k]], ch);
-        struct strent *e = strmap_slot(&s.tokmap, ch, strlen(ch));
-        byte_id[order[k]] = e->k ? e->v /* a special token spelled like a byte symbol */
-                                 : add_token(&s, tr_xstrdup(ch));
-    }
-
-    /* 2. words as symbol lists, and the pairs in them */
-    size_t total = 0;
-    for (size_t w = 0; w < b->n; w++)
-        total += b->word_len[w];
-    s.sym = tr_xcalloc(total ? total : 1, sizeof *s.sym);
-    s.off = tr_xcalloc(b->n ? b->n : 1, sizeof *s.off);
-    s.len = tr_xcalloc(b->n ? b->n : 1, sizeof *s.len);
-    size_t at = 0;
-    for (size_t w = 0; w < b->n; w++) {
-        s.off[w] = at;
-        s.len[w] = b->word_len[w];
-        for (uint32_t i = 0; i < b->word_len[w]; i++)
-            s.sym[at + i] = byte_id[(unsigned char)b->word[w][i]];
-        for (uint32_t i = 0; i + 1 < b->word_len[w]; i++)
-            change(&s, s.sym[at + i], s.sym[at + i + 1], +1, (uint32_t)w);
-        at += b->word_len[w];
-    }
-    push_touched(&s);
-
-    /* 3. merges */
-    char *joined = NULL;
-    size_t joined_cap = 0;
-    while (s.ntok < vocab_size && s.nheap) {
-        struct heap_entry top = heap_pop(&s);
-        struct pair *p = pair_of(&s, top.a, top.b);
-        if ((int64_t)top.count != p->count) {
-            top.count = p->count > 0 ? (uint64_t)p->count : 0;
-            heap_push(&s, top);
-            continue;
-        }
-        if (top.count < 1 || top.count < min_frequency) {
-            free(top.pos);
-            break;
-        }
-        size_t na = strlen(s.tok[top.a]), nb = strlen(s.tok[top.b]);
-        if (na + nb + 1 > joined_cap)
-            joined = tr_xrealloc(joined, joined_cap = 2 * (na + nb + 1));
-        memcpy(joined, s.tok[top.a], na);
-        memcpy(joined + na, s.tok[top.b], nb + 1);
-        struct strent *e = strmap_slot(&s.tokmap, joined, na + nb);
-        uint32_t id = e->k ? e->v : add_token(&s, tr_xstrdup(joined));
-        if (s.nmerges == s.mergecap)
-            s.merges = tr_xrealloc(s.merges, (s.mergecap = s.mergecap ? 2 * s.mergecap : 1024) * sizeof *s.merges);
-        s.merges[s.nmerges][0] = top.a;
-        s.merges[s.nmerges][1] = top.b;
-        s.merges[s.nmerges][2] = id;
-        s.nmerges++;
-        for (size_t k = 0; k < top.npos; k++)
-            merge_word(&s, top.pos[k], top.a, top.b, id);
-        free(top.pos);
-        push_touched(&s);
-    }
-    free(joined);
-
-    *json = write_json(&s, nspecials, len);
-    if (stats)
-        *stats = (struct tr_bpe_stats){ b->documents, b->bytes, b->total_words, b->n, s.nmerges, s.ntok };
-out:
-    for (size_t i = 0; i < s.ntok; i++)
-        free(s.tok[i]);
-    free(s.tok);
-    free(s.tokmap.e);
-    free(s.sym);
-    free(s.off);
-    free(s.len);
-    for (size_t i = 0; i < s.npairs; i++)
-        free(s.pairs[i].pos);
-    free(s.pairs);
-    free(s.pmap.e);
-    free(s.touched);
-    for (size_t i = 0; i < s.nheap; i++)
-        free(s.heap[i].pos);
-    free(s.heap);
-    free(s.merges);
+    state_free(&s);
     return rc;
 }

@@ -10,14 +10,14 @@
  * do not depend on the number of workers.  The calling thread is worker 0
  * and redraws the progress bar between its documents.
  */
-#include "prepare.h"
+#include "dataset.h"
 
 #include "dedup.h"
 #include "prepare_internal.h"
 
 #include "../util/json.h"
 #include "../util/progress.h"
-#include "../util/tokenizer.h"
+#include "../tokenizer/tokenizer.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -194,12 +194,9 @@ static void *parse_copy(void *arg)
     return NULL;
 }
 
-int tr_prepare_tokenizer_load(struct prepare_tokenizer *pt, const struct prepare_opts *o,
-                              int workers)
+/* --tokenizer's file (a model directory's tokenizer.json), read whole and hashed.  0 or -1. */
+static int read_tokenizer_file(struct prepare_tokenizer *pt, const struct prepare_opts *o)
 {
-    memset(pt, 0, sizeof *pt);
-    pt->path = o->tokenizer;
-    pt->eos = -1;
     struct stat st;
     if (stat(pt->path, &st) != 0)
         return tr_prepare_fail("cannot read the tokenizer %s: %s (--tokenizer takes byte, char "
@@ -221,24 +218,31 @@ int tr_prepare_tokenizer_load(struct prepare_tokenizer *pt, const struct prepare
     if (tr_prepare_read_input(pt->path, &pt->file, &pt->file_size) != 0)
         return -1;
     pt->hash = fnv1a(FNV_OFFSET, pt->file, pt->file_size);
+    return 0;
+}
 
-    /* tokenizer_config.json beside it: copied with it, and its eos_token */
+/* tokenizer_config.json beside it: copied with it, and its eos_token (*config, parsed; NULL
+ * when there is none).  0 or -1. */
+static int read_tokenizer_config(struct prepare_tokenizer *pt, struct tr_json **config)
+{
+    struct stat st;
     const char *slash = strrchr(pt->path, '/');
     size_t dir_len = slash ? (size_t)(slash - pt->path) + 1 : 0;
     static const char config_name[] = "tokenizer_config.json";
+    *config = NULL;
     pt->config_path = malloc(dir_len + sizeof config_name);
     if (!pt->config_path)
         return tr_prepare_fail("out of memory");
     memcpy(pt->config_path, pt->path, dir_len);
     memcpy(pt->config_path + dir_len, config_name, sizeof config_name);
-    struct tr_json *config = NULL;
     if (stat(pt->config_path, &st) == 0 && S_ISREG(st.st_mode)) {
         if (tr_prepare_read_input(pt->config_path, &pt->config, &pt->config_size) != 0)
             return -1;
         size_t at = 0;
-        config = tr_json_parse((const char *)pt->config, pt->config_size, &at);
-        if (!config || config->type != TR_JSON_OBJECT) {
-            tr_json_free(config);
+        *config = tr_json_parse((const char *)pt->config, pt->config_size, &at);
+        if (!*config || (*config)->type != TR_JSON_OBJECT) {
+            tr_json_free(*config);
+            *config = NULL;
             return tr_prepare_fail("%s is not a JSON object (byte %zu); fix it, or move it away "
                                    "from %s", pt->config_path, at, pt->path);
         }
@@ -246,9 +250,14 @@ int tr_prepare_tokenizer_load(struct prepare_tokenizer *pt, const struct prepare
         free(pt->config_path);
         pt->config_path = NULL;
     }
+    return 0;
+}
 
-    /* the first copy here (its error is the one reported), the others on
-     * threads: a large vocabulary takes a while to parse */
+/* One tokenizer per worker: the first copy here (its error is the one reported), the others
+ * on threads, as a large vocabulary takes a while to parse; pt->workers is how many could be
+ * made.  0 or -1. */
+static int parse_copies(struct prepare_tokenizer *pt, int workers)
+{
     pt->tok = calloc((size_t)workers, sizeof *pt->tok);
     struct parse_job *jobs = calloc((size_t)workers, sizeof *jobs);
     int rc = pt->tok && jobs ? 0 : tr_prepare_fail("out of memory");
@@ -276,6 +285,21 @@ int tr_prepare_tokenizer_load(struct prepare_tokenizer *pt, const struct prepare
         }
     }
     free(jobs);
+    return rc;
+}
+
+int tr_prepare_tokenizer_load(struct prepare_tokenizer *pt, const struct prepare_opts *o,
+                              int workers)
+{
+    memset(pt, 0, sizeof *pt);
+    pt->path = o->tokenizer;
+    pt->eos = -1;
+    struct tr_json *config = NULL;
+    int rc = read_tokenizer_file(pt, o);
+    if (rc == 0)
+        rc = read_tokenizer_config(pt, &config);
+    if (rc == 0)
+        rc = parse_copies(pt, workers);
     if (rc == 0) {
         size_t vocab = tr_tokenizer_vocab_size(pt->tok[0]);
         pt->vocab = (uint32_t)vocab;

@@ -6,7 +6,7 @@
  * token) is appended then.  A shard lives under PATH.tmp-PID until it is
  * finished, fsynced and renamed, so no reader sees a partial shard.
  */
-#include "prepare.h"
+#include "dataset.h"
 
 #include "prepare_internal.h"
 

@@ -1,6 +1,6 @@
 /* Decoding PNG, JPEG and WebP images (libpng, libjpeg-turbo, libwebp) into
  * 8-bit RGB or grey, and the resize to a fixed square that `trainrun prepare`
- * applies to each (prepare_images.c).  Private to the commands room; the
+ * applies to each (prepare_images.c).  Private to the dataset room; the
  * tests call it directly. */
 #ifndef TR_IMAGE_CODEC_H
 #define TR_IMAGE_CODEC_H

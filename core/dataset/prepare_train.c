@@ -1,16 +1,16 @@
 /*
- * `trainrun prepare --train-tokenizer N` (see prepare.h): a byte-level BPE of
- * N tokens (core/util/bpe_train.h) trained on the kept training documents,
+ * `trainrun prepare --train-tokenizer N` (see dataset.h): a byte-level BPE of
+ * N tokens (core/tokenizer/bpe_train.h) trained on the kept training documents,
  * never on the validation ones, written as OUTDIR/tokenizer.json; the
  * tokenizer.json path of prepare_text.c then encodes every document with it,
  * as with --tokenizer FILE.
  */
-#include "prepare.h"
+#include "dataset.h"
 
 #include "dedup.h"
 #include "prepare_internal.h"
 
-#include "../util/bpe_train.h"
+#include "../tokenizer/bpe_train.h"
 #include "../util/util.h"
 
 #include <errno.h>

@@ -8,11 +8,11 @@
  *          (64 hash functions) with LSH banding to find candidates; a later
  *          document whose estimated Jaccard similarity with a kept one is at
  *          least the threshold goes.
- * Documents are only marked (removed, dup_of, similarity): prepare.c reports
+ * Documents are only marked (removed, dup_of, similarity): prepare_text.c reports
  * them and leaves them out of the shards.
  */
 #include "dedup.h"
-#include "prepare.h"
+#include "dataset.h"
 
 #include "../util/util.h"
 

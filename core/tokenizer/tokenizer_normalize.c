@@ -60,83 +60,99 @@ int tr_tok_norm_one(struct tr_tokenizer *t, const struct tr_json *p, int depth, 
     return TR_OK;
 }
 
+/* NFC, NFD, NFKC or NFKD (utf8proc) of s[0..n): as norm_apply. */
+static int norm_unicode(struct tr_tokenizer *t, const struct norm *nm, const char *s, size_t n,
+                        struct buf *out, tr_err *err)
+{
+    size_t i;
+    for (i = 0; i < n && (unsigned char)s[i] < 0x80; i++)
+        ;
+    if (i == n) /* ASCII is in every normal form */
+        return 0;
+    static const utf8proc_option_t opt[] = {
+        UTF8PROC_STABLE | UTF8PROC_COMPOSE, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE,
+        UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT,
+        UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT,
+    };
+    utf8proc_uint8_t *res = NULL;
+    utf8proc_ssize_t m = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &res,
+                                      opt[nm->kind - N_NFC]);
+    if (m < 0) {
+        free(res);
+        return tr_fail(err, "%s: Unicode normalization failed: %s", t->name, utf8proc_errmsg(m));
+    }
+    out->n = 0;
+    buf_add(out, (const char *)res, (size_t)m);
+    free(res);
+    return 1;
+}
+
+/* Lowercase: Rust's char::to_lowercase, character by character as the library does (so no
+ * final-sigma rule): the simple mapping, and U+0130 to "i" + U+0307.  As norm_apply. */
+static int norm_lower(const char *s, size_t n, struct buf *out)
+{
+    size_t i;
+    for (i = 0; i < n && (unsigned char)s[i] < 0x80 && !(s[i] >= 'A' && s[i] <= 'Z'); i++)
+        ;
+    if (i == n)
+        return 0;
+    out->n = 0;
+    buf_reserve(out, n + 16);
+    buf_add(out, s, i);
+    while (i < n) {
+        uint32_t cp;
+        size_t k = utf8_at(s, n, i, &cp);
+        if (cp == 0x130)
+            buf_add(out, "i\xcc\x87", 3);
+        else if (cp < 0x80)
+            buf_add(out, &(char){ (char)(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp) }, 1);
+        else
+            buf_char(out, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp));
+        i += k;
+    }
+    return 1;
+}
+
+/* Strip: white space off the left and/or right of s[0..n).  As norm_apply. */
+static int norm_strip(const struct norm *nm, const char *s, size_t n, struct buf *out)
+{
+    size_t a = 0, b = n;
+    while (nm->left && a < b) {
+        uint32_t cp;
+        size_t k = utf8_at(s, n, a, &cp);
+        if (!is_white(cp))
+            break;
+        a += k;
+    }
+    while (nm->right && b > a) {
+        size_t j = b - 1;
+        while (j > a && ((unsigned char)s[j] & 0xC0) == 0x80)
+            j--;
+        uint32_t cp;
+        utf8_at(s, n, j, &cp);
+        if (!is_white(cp))
+            break;
+        b = j;
+    }
+    if (a == 0 && b == n)
+        return 0;
+    out->n = 0;
+    buf_add(out, s + a, b - a);
+    return 1;
+}
+
 /* One normalizer on s[0..n) (valid UTF-8) into out: 1 when it changed the text (out
  * holds it), 0 when not (out untouched), TR_ERROR. */
 static int norm_apply(struct tr_tokenizer *t, struct norm *nm, const char *s, size_t n, struct buf *out,
                       tr_err *err)
 {
-    size_t i;
     switch (nm->kind) {
-    case N_NFC: case N_NFD: case N_NFKC: case N_NFKD: {
-        for (i = 0; i < n && (unsigned char)s[i] < 0x80; i++)
-            ;
-        if (i == n) /* ASCII is in every normal form */
-            return 0;
-        static const utf8proc_option_t opt[] = {
-            UTF8PROC_STABLE | UTF8PROC_COMPOSE, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE,
-            UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT,
-            UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT,
-        };
-        utf8proc_uint8_t *res = NULL;
-        utf8proc_ssize_t m = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &res,
-                                          opt[nm->kind - N_NFC]);
-        if (m < 0) {
-            free(res);
-            return tr_fail(err, "%s: Unicode normalization failed: %s", t->name, utf8proc_errmsg(m));
-        }
-        out->n = 0;
-        buf_add(out, (const char *)res, (size_t)m);
-        free(res);
-        return 1;
-    }
-    case N_LOWER: {
-        /* Rust's char::to_lowercase, character by character as the library does (so no
-         * final-sigma rule): the simple mapping, and U+0130 to "i" + U+0307 */
-        for (i = 0; i < n && (unsigned char)s[i] < 0x80 && !(s[i] >= 'A' && s[i] <= 'Z'); i++)
-            ;
-        if (i == n)
-            return 0;
-        out->n = 0;
-        buf_reserve(out, n + 16);
-        buf_add(out, s, i);
-        while (i < n) {
-            uint32_t cp;
-            size_t k = utf8_at(s, n, i, &cp);
-            if (cp == 0x130)
-                buf_add(out, "i\xcc\x87", 3);
-            else if (cp < 0x80)
-                buf_add(out, &(char){ (char)(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp) }, 1);
-            else
-                buf_char(out, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp));
-            i += k;
-        }
-        return 1;
-    }
-    case N_STRIP: {
-        size_t a = 0, b = n;
-        while (nm->left && a < b) {
-            uint32_t cp;
-            size_t k = utf8_at(s, n, a, &cp);
-            if (!is_white(cp))
-                break;
-            a += k;
-        }
-        while (nm->right && b > a) {
-            size_t j = b - 1;
-            while (j > a && ((unsigned char)s[j] & 0xC0) == 0x80)
-                j--;
-            uint32_t cp;
-            utf8_at(s, n, j, &cp);
-            if (!is_white(cp))
-                break;
-            b = j;
-        }
-        if (a == 0 && b == n)
-            return 0;
-        out->n = 0;
-        buf_add(out, s + a, b - a);
-        return 1;
-    }
+    case N_NFC: case N_NFD: case N_NFKC: case N_NFKD:
+        return norm_unicode(t, nm, s, n, out, err);
+    case N_LOWER:
+        return norm_lower(s, n, out);
+    case N_STRIP:
+        return norm_strip(nm, s, n, out);
     case N_REPLACE:
         return tr_tok_replace_all(t, nm->re, nm->md, s, n, nm->text, nm->ntext, out, err) ? TR_ERROR : 1;
     case N_PREPEND:

@@ -1,6 +1,6 @@
 /* The raster plotter behind `trainrun report` (plot.c): charts of series
- * drawn on an RGB canvas, and the canvas encoded as a PNG. Private to the
- * commands room. */
+ * drawn on an RGB canvas, and the canvas encoded as a PNG. report.c (the
+ * commands room) is its one user. */
 #ifndef TR_PLOT_H
 #define TR_PLOT_H
 

@@ -1,6 +1,9 @@
-/* The tokenizer's insides, shared by its files (nothing outside core/util/tokenizer*.c
+/* The tokenizer's insides, shared by its files (nothing outside core/tokenizer/tokenizer*.c
  * includes this):
- *   tokenizer.c            loading tokenizer.json, the BPE model, pre-tokenizers, encode;
+ *   tokenizer.c            encode: the added tokens and the pre-tokenizers; the accessors;
+ *   tokenizer_load.c       loading tokenizer.json: the model, the pre-tokenizers, the rest
+ *                          through the two files below;
+ *   tokenizer_bpe.c        the BPE model: symbols, merges, the word cache;
  *   tokenizer_normalize.c  the normalizers (NFC/NFD/NFKC/NFKD, Lowercase, Strip, Replace,
  *                          Prepend);
  *   tokenizer_post.c       the post-processors (special tokens around the text), the
@@ -11,8 +14,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokenizer.h"
 
-#include "json.h"
-#include "util.h"
+#include "../util/json.h"
+#include "../util/util.h"
 
 #include <pcre2.h>
 #include <stdint.h>
@@ -228,16 +231,65 @@ static inline int one_char(const char *s, uint32_t *cp)
     return utf8_at(s, n, 0, cp) == n && *cp != 0xFFFD ? 0 : -1;
 }
 
+/* The maps' lookups, which encode and loading both use. */
+static inline uint64_t hash_bytes(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h ^ h >> 29;
+}
+
+static inline struct sent *smap_slot(const struct smap *m, const char *k, size_t n)
+{
+    size_t i = hash_bytes(k, n) & (m->cap - 1);
+    while (m->e[i].k && !(m->e[i].n == n && memcmp(m->e[i].k, k, n) == 0))
+        i = (i + 1) & (m->cap - 1);
+    return &m->e[i];
+}
+
+static inline int32_t smap_get(const struct smap *m, const char *k, size_t n)
+{
+    if (!m->cap)
+        return -1;
+    struct sent *e = smap_slot(m, k, n);
+    return e->k ? e->v : -1;
+}
+
+static inline uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t)(uint32_t)(a + 1) << 32 | (uint32_t)(b + 1); }
+
+static inline struct ment *mmap_slot(const struct mmap *m, uint64_t key)
+{
+    uint64_t h = key * 0x9E3779B97F4A7C15ull;
+    size_t i = (size_t)(h >> 20) & (m->cap - 1);
+    while (m->e[i].key && m->e[i].key != key)
+        i = (i + 1) & (m->cap - 1);
+    return &m->e[i];
+}
+
+/* The ids encode puts out. */
+struct out { int32_t *ids; size_t n, cap; };
+
+static inline void out_push(struct out *o, int32_t id)
+{
+    if (o->n == o->cap)
+        o->ids = tr_xrealloc(o->ids, (o->cap = o->cap ? 2 * o->cap : 256) * sizeof *o->ids);
+    o->ids[o->n++] = id;
+}
+
 /* ---- between the files ------------------------------------------------------ */
 
 /* tokenizer.c */
 size_t tr_tok_utf8_valid(const char *s, size_t n);
-int tr_tok_replace_pattern(struct tr_tokenizer *t, const struct tr_json *p, const char *what,
-                           pcre2_code **re, char **text, size_t *ntext, tr_err *err);
 int tr_tok_replace_all(const struct tr_tokenizer *t, const pcre2_code *re, pcre2_match_data *md,
                        const char *s, size_t n, const char *with, size_t nwith, struct buf *out, tr_err *err);
+/* tokenizer_load.c */
+int tr_tok_replace_pattern(struct tr_tokenizer *t, const struct tr_json *p, const char *what,
+                           pcre2_code **re, char **text, size_t *ntext, tr_err *err);
 int tr_tok_prepend_scheme(struct tr_tokenizer *t, const struct tr_json *p, const char *what, int *scheme,
                           tr_err *err);
+/* tokenizer_bpe.c: a word's ids, appended to o */
+int tr_tok_bpe_word(struct tr_tokenizer *t, const char *w, size_t n, struct out *o, tr_err *err);
 /* tokenizer_normalize.c */
 int tr_tok_norm_one(struct tr_tokenizer *t, const struct tr_json *p, int depth, tr_err *err);
 int tr_tok_normalize(struct tr_tokenizer *t, const char *s, size_t n, const char **out, size_t *nout,
