@@ -720,15 +720,13 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
     if (tr_hf_resolve_model(cfg->recipe, err) != TR_OK)
         return TR_ERROR;
 
-    /* micro_batch = "auto" is the one string the integer option takes */
-    struct tr_value *mb = tr_value_get(root, "train.micro_batch");
+    /* micro_batch = "auto" is the one string the integer option takes: it
+     * is read here, and the options leave it (and its node) alone */
+    const struct tr_value *mb = tr_value_get(root, "train.micro_batch");
     if (mb && ((mb->type == TR_V_STRING && strcmp(mb->string, "auto") == 0) ||
-               (mb->text && strcmp(mb->text, "auto") == 0))) {
+               (mb->text && strcmp(mb->text, "auto") == 0)))
         cfg->train.auto_micro_batch = 1;
-        mb->type = TR_V_NUMBER;
-        mb->number = 0;
-        tr_value_set_text(mb, NULL);
-    }
+    static const char *const auto_read[] = {"micro_batch", NULL};
     if (train_length(cfg, root, err) != TR_OK)
         return TR_ERROR;
     struct tr_schema_use tu = {train_options, &cfg->train};
@@ -736,7 +734,8 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
     struct tr_schema_use eu = {early_stop_options, &cfg->early_stop};
     struct tr_schema_use cost_use = {tr_cost_options, &cfg->cost};
     struct tr_schema_use pu = {parallel_options, &cfg->parallel};
-    if (tr_options_apply(root, "train", "train", &tu, 1, err) != TR_OK ||
+    if (tr_options_apply_except(root, "train", "train", &tu, 1,
+                                cfg->train.auto_micro_batch ? auto_read : NULL, err) != TR_OK ||
         tr_options_apply(root, "parallel", "parallel", &pu, 1, err) != TR_OK ||
         tr_options_apply(root, "cost", "cost", &cost_use, 1, err) != TR_OK ||
         tr_options_apply(root, "optimizer", "optimizer", &ou, 1, err) != TR_OK ||
@@ -792,16 +791,9 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
     if (t->micro_batch == 0 && !t->auto_micro_batch) {
         /* unset: the whole batch, split evenly among the ranks when they can */
         t->micro_batch = ranks > 1 && t->batch % ranks == 0 ? t->batch / ranks : t->batch;
-        if (mb)
-            mb->number = (double)t->micro_batch;
     }
-    if (t->auto_micro_batch) { /* chosen at run time; show says so */
+    if (t->auto_micro_batch) /* chosen at run time; show says so */
         t->micro_batch = t->batch;
-        if (mb) {
-            mb->type = TR_V_STRING;
-            tr_value_set_string(mb, "auto");
-        }
-    }
     if (cfg->optimizer.reference_batch > 0)
         cfg->optimizer.lr *= (double)t->batch / (double)cfg->optimizer.reference_batch;
     if (t->batch % t->micro_batch != 0) {
