@@ -197,30 +197,7 @@ static int check_options(const struct s3_config *cfg, tr_err *err)
                             "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN, or "
                             "~/.aws/credentials (AWS_SHARED_CREDENTIALS_FILE, AWS_PROFILE): "
                             "delete checkpoint.%s from the recipe", removed, removed);
-    if (!valid_bucket(cfg->bucket, cfg->path_style))
-        return tr_fail(err, "s3 checkpoint: invalid bucket \"%s\": give the bucket's name "
-                            "alone (letters, digits, '.', '-'; no s3://, no '/'); put a path "
-                            "into checkpoint.prefix", cfg->bucket);
-    if (!cfg->region[0] || strspn(cfg->region, "abcdefghijklmnopqrstuvwxyz0123456789-") !=
-                               strlen(cfg->region))
-        return tr_fail(err, "s3 checkpoint: invalid region \"%s\"", cfg->region);
-    return TR_OK;
-}
-
-/* The credentials from the standard places, with no ':' in the key (it
- * joins key and secret) and no line break in the token (a header). */
-static int checked_credentials(struct credentials *creds, tr_err *err)
-{
-    if (load_credentials(creds, err) != TR_OK)
-        return TR_ERROR;
-    if (strchr(creds->access, ':') || strpbrk(creds->token ? creds->token : "", "\r\n")) {
-        tr_fail(err, "s3 checkpoint: the %s from %s contains '%s'; check it",
-                strchr(creds->access, ':') ? "access key" : "session token", creds->source,
-                strchr(creds->access, ':') ? ":" : "a line break");
-        credentials_free(creds);
-        return TR_ERROR;
-    }
-    return TR_OK;
+    return check_bucket_region(cfg->bucket, cfg->path_style, cfg->region, err);
 }
 
 /* s's settings from the options, the endpoint (s owns it now) and the
@@ -303,7 +280,7 @@ static int s3_create(const struct tr_host *host, const void *config,
     if (choose_endpoint(cfg->endpoint, &endpoint, err) != TR_OK)
         return TR_ERROR;
     struct credentials creds;
-    if (checked_credentials(&creds, err) != TR_OK) {
+    if (load_checked_credentials(&creds, err) != TR_OK) {
         free(endpoint);
         return TR_ERROR;
     }
