@@ -220,23 +220,31 @@ static double measure_ceiling(int reps)
     return 2.0 * SIZE * SIZE * SIZE / best / 1e9;
 }
 
-int main(int argc, char **argv)
+/* What the command line asks for. */
+struct options {
+    const struct model *g;
+    int reps, bf16, stored;
+    double ceiling; /* GFLOP/s; 0: none */
+};
+
+/* argv into o; -1 to go on, else the exit status. */
+static int parse_args(int argc, char **argv, struct options *o)
 {
-    const struct model *g = &models[0];
+    o->g = &models[0];
     if (argc > 1) {
-        g = NULL;
+        o->g = NULL;
         for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
             if (strcmp(argv[1], models[i].name) == 0)
-                g = &models[i];
-        if (g == NULL) {
+                o->g = &models[i];
+        if (o->g == NULL) {
             fprintf(stderr, "usage: gemm_shapes [large|medium|small|gpt2-t64] [reps] [ceiling GFLOP/s] "
                             "[fp32|bf16|bf16-stored]\n");
             return 2;
         }
     }
-    int reps = argc > 2 ? atoi(argv[2]) : 5;
-    if (reps < 1)
-        reps = 1;
+    o->reps = argc > 2 ? atoi(argv[2]) : 5;
+    if (o->reps < 1)
+        o->reps = 1;
     const char *clock_name = getenv("GEMM_SHAPES_CLOCK");
     if (clock_name != NULL && strcmp(clock_name, "cpu") == 0) {
         if (omp_get_max_threads() != 1) {
@@ -245,18 +253,23 @@ int main(int argc, char **argv)
         }
         clock_id = CLOCK_THREAD_CPUTIME_ID;
     }
-    int stored = argc > 4 && strcmp(argv[4], "bf16-stored") == 0;
-    int bf16 = stored || (argc > 4 && strcmp(argv[4], "bf16") == 0);
-    if (bf16 && !tr_cpu_gemm_bf16_available()) {
+    o->stored = argc > 4 && strcmp(argv[4], "bf16-stored") == 0;
+    o->bf16 = o->stored || (argc > 4 && strcmp(argv[4], "bf16") == 0);
+    if (o->bf16 && !tr_cpu_gemm_bf16_available()) {
         fprintf(stderr, "gemm_shapes: oneDNN has no bf16 matmul for this CPU\n");
         return 1;
     }
-    double ceiling = argc > 3 ? atof(argv[3]) : 0;
-    if (ceiling <= 0 && !bf16)
-        ceiling = measure_ceiling(5);
+    o->ceiling = argc > 3 ? atof(argv[3]) : 0;
+    if (o->ceiling <= 0 && !o->bf16)
+        o->ceiling = measure_ceiling(5);
+    return -1;
+}
 
-    struct linear_shape linears[LINEARS];
-    linear_shapes(g, linears);
+/* Operands for the largest of the linears, random, with bf16 copies; -1
+ * when out of memory. */
+static int alloc_buffers(const struct model *g, const struct linear_shape *linears, int stored,
+                         struct buffers *m)
+{
     size_t max_in = 0, max_out = 0;
     for (int i = 0; i < LINEARS; i++) {
         if ((size_t)linears[i].in > max_in)
@@ -265,7 +278,7 @@ int main(int argc, char **argv)
             max_out = linears[i].out;
     }
     size_t T = g->tokens;
-    struct buffers m = {
+    *m = (struct buffers){
         .tokens = g->tokens,
         .x = random_floats(T * max_in),
         .w = random_floats(max_in * max_out),
@@ -279,60 +292,84 @@ int main(int argc, char **argv)
         .dout16 = malloc(T * max_out * sizeof(uint16_t)),
         .stored = stored,
     };
-    if (!m.x16 || !m.w16 || !m.dout16) {
+    if (!m->x16 || !m->w16 || !m->dout16) {
         fprintf(stderr, "gemm_shapes: out of memory\n");
-        return 1;
+        return -1;
     }
-    tr_cpu_to_bf16(m.x16, m.x, T * max_in);
-    tr_cpu_to_bf16(m.w16, m.w, max_in * max_out);
-    tr_cpu_to_bf16(m.dout16, m.dout, T * max_out);
+    tr_cpu_to_bf16(m->x16, m->x, T * max_in);
+    tr_cpu_to_bf16(m->w16, m->w, max_in * max_out);
+    tr_cpu_to_bf16(m->dout16, m->dout, T * max_out);
+    return 0;
+}
 
+static void print_header(const struct options *o)
+{
     char ceiling_text[32] = "n/a";
-    if (ceiling > 0)
-        snprintf(ceiling_text, sizeof ceiling_text, "%.1f GFLOP/s", ceiling);
+    if (o->ceiling > 0)
+        snprintf(ceiling_text, sizeof ceiling_text, "%.1f GFLOP/s", o->ceiling);
     printf("Linear GEMMs of one %s-shape step (%d tokens, dim %d), %d threads, best of %d; "
            "%s ceiling %s%s%s\n\n",
-           g->name, g->tokens, g->dim, omp_get_max_threads(), reps, bf16 ? "bf16" : "fp32",
-           ceiling_text, clock_id == CLOCK_MONOTONIC ? "" : "; thread CPU time",
-           !bf16 ? "" : stored ? "; bf16 operands as stored (no conversion timed)"
-                               : "; bf16 conversion of the operands timed");
-    if (bf16)
+           o->g->name, o->g->tokens, o->g->dim, omp_get_max_threads(), o->reps,
+           o->bf16 ? "bf16" : "fp32", ceiling_text,
+           clock_id == CLOCK_MONOTONIC ? "" : "; thread CPU time",
+           !o->bf16 ? "" : o->stored ? "; bf16 operands as stored (no conversion timed)"
+                                     : "; bf16 conversion of the operands timed");
+    if (o->bf16)
         printf("| linear | product | M x N x K | trainrun bf16 GFLOP/s | of ceiling "
                "| trainrun fp32 GFLOP/s | bf16 / fp32 |\n");
     else
         printf("| linear | product | M x N x K | trainrun GFLOP/s | of ceiling "
                "| oneDNN threaded GFLOP/s | of ceiling |\n");
     printf("|---|---|---|---:|---:|---:|---:|\n");
+}
+
+/* One row: pass p of linear s timed both ways; the step's totals grow by
+ * its count per step. */
+static void time_row(const struct options *o, const struct linear_shape *s, enum pass p,
+                     struct buffers *m, double *step_trainrun, double *step_other)
+{
     static const char *pass_names[] = {"forward", "dx", "dW"};
+    const struct model *g = o->g;
+    /* C is M x N, the reduction K long */
+    int M = p == WEIGHT_GRAD ? s->out : g->tokens;
+    int N = p == FORWARD ? s->out : s->in;
+    int K = p == FORWARD ? s->in : p == INPUT_GRAD ? s->out : g->tokens;
+    double flop = 2.0 * M * N * K;
+    double t_ours = best_seconds(o->bf16 ? run_trainrun_bf16 : run_trainrun, p, s, m, o->reps);
+    double t_other = best_seconds(o->bf16 ? run_trainrun : run_dnnl, p, s, m, o->reps);
+    *step_trainrun += s->per_step * t_ours;
+    *step_other += s->per_step * t_other;
+    double g_ours = flop / t_ours / 1e9, g_other = flop / t_other / 1e9;
+    char share[16] = "n/a";
+    if (o->ceiling > 0)
+        snprintf(share, sizeof share, "%.0f%%", 100 * g_ours / o->ceiling);
+    if (o->bf16)
+        printf("| %s | %s | %d x %d x %d | %.1f | %s | %.1f | %.2fx |\n", s->name,
+               pass_names[p], M, N, K, g_ours, share, g_other, g_ours / g_other);
+    else
+        printf("| %s | %s | %d x %d x %d | %.1f | %s | %.1f | %.0f%% |\n", s->name,
+               pass_names[p], M, N, K, g_ours, share, g_other, 100 * g_other / o->ceiling);
+    fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+    struct options o;
+    int code = parse_args(argc, argv, &o);
+    if (code >= 0)
+        return code;
+    struct linear_shape linears[LINEARS];
+    linear_shapes(o.g, linears);
+    struct buffers m;
+    if (alloc_buffers(o.g, linears, o.stored, &m) != 0)
+        return 1;
+
+    print_header(&o);
     double step_trainrun = 0, step_other = 0;
-    for (int i = 0; i < LINEARS; i++) {
-        const struct linear_shape *s = &linears[i];
-        for (int p = FORWARD; p <= WEIGHT_GRAD; p++) {
-            /* C is M x N, the reduction K long */
-            int M = p == WEIGHT_GRAD ? s->out : g->tokens;
-            int N = p == FORWARD ? s->out : s->in;
-            int K = p == FORWARD ? s->in : p == INPUT_GRAD ? s->out : g->tokens;
-            double flop = 2.0 * M * N * K;
-            double t_ours = best_seconds(bf16 ? run_trainrun_bf16 : run_trainrun, (enum pass)p,
-                                         s, &m, reps);
-            double t_other = best_seconds(bf16 ? run_trainrun : run_dnnl, (enum pass)p, s, &m,
-                                          reps);
-            step_trainrun += s->per_step * t_ours;
-            step_other += s->per_step * t_other;
-            double g_ours = flop / t_ours / 1e9, g_other = flop / t_other / 1e9;
-            char share[16] = "n/a";
-            if (ceiling > 0)
-                snprintf(share, sizeof share, "%.0f%%", 100 * g_ours / ceiling);
-            if (bf16)
-                printf("| %s | %s | %d x %d x %d | %.1f | %s | %.1f | %.2fx |\n", s->name,
-                       pass_names[p], M, N, K, g_ours, share, g_other, g_ours / g_other);
-            else
-                printf("| %s | %s | %d x %d x %d | %.1f | %s | %.1f | %.0f%% |\n", s->name,
-                       pass_names[p], M, N, K, g_ours, share, g_other, 100 * g_other / ceiling);
-            fflush(stdout);
-        }
-    }
-    if (bf16)
+    for (int i = 0; i < LINEARS; i++)
+        for (int p = FORWARD; p <= WEIGHT_GRAD; p++)
+            time_row(&o, &linears[i], (enum pass)p, &m, &step_trainrun, &step_other);
+    if (o.bf16)
         printf("\nLinear GEMMs of one step (each product times its count per step): "
                "trainrun bf16 %.1f ms, trainrun fp32 %.1f ms (%.2fx)\n",
                1e3 * step_trainrun, 1e3 * step_other, step_other / step_trainrun);

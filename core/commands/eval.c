@@ -156,89 +156,111 @@ static void print_text(const struct tr_eval_result *e, int train_split)
     printf("\n");
 }
 
+/* --batches N|all; -1 when read, else the usage exit. */
+static int parse_batches(const char *v, uint64_t *batches)
+{
+    char *end;
+    errno = 0;
+    unsigned long long b = strtoull(v, &end, 10);
+    if (strcmp(v, "all") == 0) {
+        *batches = UINT64_MAX;
+    } else if (v[0] < '0' || v[0] > '9' || *end || errno || b == 0) {
+        return usage_error("--batches takes a number of micro-batches from 1, or all, "
+                           "not '%s'", v);
+    } else {
+        *batches = b;
+    }
+    return -1;
+}
+
+/* An argument that is not a flag: an override or the recipe; -1
+ * when taken, else the usage exit. */
+static int take_operand(const char *a, struct tr_eval_flags *fl, const char **overrides)
+{
+    if (strchr(a, '=')) {
+        if (a[0] == '=')
+            return usage_error("'%s' is not an override: the key before '=' is empty", a);
+        overrides[fl->n_overrides++] = a;
+    } else if (!fl->recipe) {
+        fl->recipe = a;
+    } else {
+        return usage_error("eval takes one recipe; '%s' is a second (overrides are "
+                           "key.sub=value)", a);
+    }
+    return -1;
+}
+
+/* eval's arguments into fl and *json; -1 when the evaluation is to run,
+ * else the exit status (--help, or a usage error). */
+static int parse_args(int argc, char **argv, struct tr_eval_flags *fl, int *json,
+                      const char **overrides)
+{
+    int code = -1;
+    for (int i = 1; i < argc && code < 0; i++) {
+        const char *a = argv[i], *v;
+        int missing = 0;
+        if ((v = flag_value(argc, argv, &i, "--checkpoint", &missing))) {
+            fl->checkpoint = v;
+        } else if ((v = flag_value(argc, argv, &i, "--split", &missing))) {
+            if (strcmp(v, "train") != 0 && strcmp(v, "val") != 0)
+                return usage_error("--split takes val or train, not '%s'", v);
+            fl->train_split = strcmp(v, "train") == 0;
+        } else if ((v = flag_value(argc, argv, &i, "--batches", &missing))) {
+            code = parse_batches(v, &fl->batches);
+        } else if (missing) {
+            return usage_error("%s needs a value", a);
+        } else if (strcmp(a, "--json") == 0) {
+            *json = 1;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            tr_eval_help(stdout);
+            return TR_EXIT_OK;
+        } else if (a[0] == '-') {
+            return usage_error("unknown flag '%s' for eval", a);
+        } else {
+            code = take_operand(a, fl, overrides);
+        }
+    }
+    if (code < 0 && !fl->recipe && !fl->checkpoint)
+        return usage_error("eval needs a recipe: trainrun eval RECIPE [--checkpoint PATH]");
+    return code;
+}
+
+/* Evaluating fresh weights is allowed, and said: with the loss to expect. */
+static void warn_fresh(const struct tr_eval_result *e)
+{
+    char hint[128] = "";
+    if (e->classes > 1)
+        snprintf(hint, sizeof hint, ": an untrained model's loss is near ln(%u) = %.4f",
+                 e->classes, log((double)e->classes));
+    tr_log(TR_LOG_WARN, NULL, "no trained weights: the model is freshly initialised from "
+           "train.seed = %lld%s (evaluate a checkpoint with --checkpoint PATH, or load "
+           "weights with model = { from = DIR })", (long long)e->seed, hint);
+}
+
 int tr_eval_main(int argc, char **argv)
 {
     struct tr_eval_flags fl = {0};
     int json = 0;
     const char **overrides = tr_xcalloc((size_t)argc + 1, sizeof *overrides);
-    int code = TR_EXIT_USAGE;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        int missing = 0;
-        if ((v = flag_value(argc, argv, &i, "--checkpoint", &missing))) {
-            fl.checkpoint = v;
-        } else if ((v = flag_value(argc, argv, &i, "--split", &missing))) {
-            if (strcmp(v, "train") != 0 && strcmp(v, "val") != 0) {
-                code = usage_error("--split takes val or train, not '%s'", v);
-                goto out;
-            }
-            fl.train_split = strcmp(v, "train") == 0;
-        } else if ((v = flag_value(argc, argv, &i, "--batches", &missing))) {
-            char *end;
-            errno = 0;
-            unsigned long long b = strtoull(v, &end, 10);
-            if (strcmp(v, "all") == 0) {
-                fl.batches = UINT64_MAX;
-            } else if (v[0] < '0' || v[0] > '9' || *end || errno || b == 0) {
-                code = usage_error("--batches takes a number of micro-batches from 1, or all, "
-                                   "not '%s'", v);
-                goto out;
-            } else {
-                fl.batches = b;
-            }
-        } else if (missing) {
-            code = usage_error("%s needs a value", a);
-            goto out;
-        } else if (strcmp(a, "--json") == 0) {
-            json = 1;
-        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            tr_eval_help(stdout);
-            code = TR_EXIT_OK;
-            goto out;
-        } else if (a[0] == '-') {
-            code = usage_error("unknown flag '%s' for eval", a);
-            goto out;
-        } else if (strchr(a, '=')) {
-            if (a[0] == '=') {
-                code = usage_error("'%s' is not an override: the key before '=' is empty", a);
-                goto out;
-            }
-            overrides[fl.n_overrides++] = a;
-        } else if (!fl.recipe) {
-            fl.recipe = a;
-        } else {
-            code = usage_error("eval takes one recipe; '%s' is a second (overrides are "
-                               "key.sub=value)", a);
-            goto out;
-        }
-    }
-    if (!fl.recipe && !fl.checkpoint) {
-        code = usage_error("eval needs a recipe: trainrun eval RECIPE [--checkpoint PATH]");
-        goto out;
+    int code = parse_args(argc, argv, &fl, &json, overrides);
+    if (code >= 0) {
+        free(overrides);
+        return code;
     }
     fl.overrides = overrides;
     struct tr_eval_result e;
     tr_err err = {{0}};
     if (tr_eval(&fl, &e, &err) != TR_OK) {
         fprintf(stderr, "trainrun: error: %s\n", err.msg);
-        code = TR_EXIT_ERROR;
-        goto out;
+        free(overrides);
+        return TR_EXIT_ERROR;
     }
-    if (e.weights == TR_EVAL_FRESH) {
-        char hint[128] = "";
-        if (e.classes > 1)
-            snprintf(hint, sizeof hint, ": an untrained model's loss is near ln(%u) = %.4f",
-                     e.classes, log((double)e.classes));
-        tr_log(TR_LOG_WARN, NULL, "no trained weights: the model is freshly initialised from "
-               "train.seed = %lld%s (evaluate a checkpoint with --checkpoint PATH, or load "
-               "weights with model = { from = DIR })", (long long)e.seed, hint);
-    }
+    if (e.weights == TR_EVAL_FRESH)
+        warn_fresh(&e);
     if (json)
         print_json(&e, fl.train_split);
     else
         print_text(&e, fl.train_split);
-    code = TR_EXIT_OK;
-out:
     free(overrides);
-    return code;
+    return TR_EXIT_OK;
 }

@@ -53,21 +53,130 @@ static void describe_status(int status, char *buf, size_t size)
         snprintf(buf, size, "exited with code %d", WEXITSTATUS(status));
 }
 
+/* Where the ranks meet: $TRAINRUN_MASTER, else a free local port. */
+static int choose_master(char *master, size_t size)
+{
+    const char *given = getenv("TRAINRUN_MASTER");
+    if (given && *given) {
+        snprintf(master, size, "%s", given);
+        return 0;
+    }
+    int port = free_port();
+    if (port < 0) {
+        tr_log(TR_LOG_ERROR, "launch", "cannot find a free local port for the ranks to meet "
+               "on (%s); set TRAINRUN_MASTER=127.0.0.1:<port>", strerror(errno));
+        return -1;
+    }
+    snprintf(master, size, "127.0.0.1:%d", port);
+    return 0;
+}
+
+/* In the child: rank i of `ranks` becomes this command again, with its
+ * rank in the environment. */
+static void exec_rank(int i, int ranks, const char *master, char *const *argv)
+{
+    char v[32];
+    snprintf(v, sizeof v, "%d", i);
+    setenv("TRAINRUN_RANK", v, 1);
+    setenv("TRAINRUN_LOCAL_RANK", v, 1);
+    snprintf(v, sizeof v, "%d", ranks);
+    setenv("TRAINRUN_WORLD_SIZE", v, 1);
+    setenv("TRAINRUN_LOCAL_WORLD_SIZE", v, 1);
+    setenv("TRAINRUN_MASTER", master, 1);
+    /* CUDA's GPU r is then the r-th in PCI order, the one placement chose */
+    setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 0);
+    execv("/proc/self/exe", argv);
+    fprintf(stderr, "trainrun: error: rank %d: cannot start %s: %s\n", i, argv[0],
+            strerror(errno));
+    _exit(TR_EXIT_ERROR);
+}
+
+/* The job's state while its ranks run. */
+struct job {
+    int ranks, left, preempted;
+    int culprit, culprit_status, announced; /* the rank whose failure is the cause */
+    double failed_at, kill_at;
+};
+
+/* A moment after the first failure: name the cause, stop the others. */
+static void announce_failure(struct job *j)
+{
+    char how[96];
+    describe_status(j->culprit_status, how, sizeof how);
+    tr_log(TR_LOG_ERROR, "launch", "rank %d %s; stopping the job (%d other rank%s still "
+           "running)", j->culprit, how, j->left, j->left == 1 ? "" : "s");
+    j->announced = 1;
+    forward(SIGTERM);
+    j->kill_at = tr_now() + GRACE_SECONDS;
+}
+
+/* Child pid ended with status: a preemption, or a failure that may be the
+ * cause (a rank killed by a signal before one that merely lost its peer). */
+static void rank_ended(struct job *j, pid_t pid, int status)
+{
+    int rank = -1;
+    for (int i = 0; i < j->ranks; i++)
+        if (children[i] == pid)
+            rank = i;
+    if (rank < 0)
+        return;
+    children[rank] = -1;
+    j->left--;
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    if (code == TR_EXIT_OK)
+        return;
+    if (code == TR_EXIT_PREEMPTED) {
+        j->preempted = 1;
+        return;
+    }
+    if (!j->announced &&
+        (j->culprit < 0 || (WIFSIGNALED(status) && !WIFSIGNALED(j->culprit_status)))) {
+        if (j->culprit < 0)
+            j->failed_at = tr_now();
+        j->culprit = rank;
+        j->culprit_status = status;
+    }
+}
+
+/* When a rank fails, the others soon fail too (their collectives lose it):
+ * gather exits for a moment so the message names the cause. */
+static void wait_ranks(struct job *j)
+{
+    for (int i = 0; i < j->ranks; i++)
+        j->left += children[i] > 0;
+    while (j->left > 0) {
+        if (j->culprit >= 0 && !j->announced && tr_now() - j->failed_at >= 0.5)
+            announce_failure(j);
+        int status;
+        pid_t pid = waitpid(-1, &status, j->culprit >= 0 ? WNOHANG : 0);
+        if (pid < 0 && errno == EINTR)
+            continue;
+        if (pid < 0)
+            break;
+        if (pid == 0) { /* after a failure: escalate when the others linger */
+            if (j->announced && tr_now() >= j->kill_at) {
+                tr_log(TR_LOG_WARN, "launch", "ranks still running %d s after the failure: "
+                       "killing them", GRACE_SECONDS);
+                forward(SIGKILL);
+                j->kill_at = tr_now() + 3600;
+            }
+            usleep(20 * 1000);
+            continue;
+        }
+        rank_ended(j, pid, status);
+    }
+    if (j->culprit >= 0 && !j->announced) { /* every rank ended within the moment */
+        char how[96];
+        describe_status(j->culprit_status, how, sizeof how);
+        tr_log(TR_LOG_ERROR, "launch", "rank %d %s; the job failed", j->culprit, how);
+    }
+}
+
 int tr_launch(int ranks, char *const *argv)
 {
     char master[64];
-    const char *given = getenv("TRAINRUN_MASTER");
-    if (given && *given) {
-        snprintf(master, sizeof master, "%s", given);
-    } else {
-        int port = free_port();
-        if (port < 0) {
-            tr_log(TR_LOG_ERROR, "launch", "cannot find a free local port for the ranks to meet "
-                   "on (%s); set TRAINRUN_MASTER=127.0.0.1:<port>", strerror(errno));
-            return TR_EXIT_ERROR;
-        }
-        snprintf(master, sizeof master, "127.0.0.1:%d", port);
-    }
+    if (choose_master(master, sizeof master) != 0)
+        return TR_EXIT_ERROR;
     children = tr_xcalloc((size_t)ranks, sizeof *children);
     n_children = ranks;
     struct sigaction sa;
@@ -85,90 +194,18 @@ int tr_launch(int ranks, char *const *argv)
             forward(SIGKILL);
             break;
         }
-        if (pid == 0) {
-            char v[32];
-            snprintf(v, sizeof v, "%d", i);
-            setenv("TRAINRUN_RANK", v, 1);
-            setenv("TRAINRUN_LOCAL_RANK", v, 1);
-            snprintf(v, sizeof v, "%d", ranks);
-            setenv("TRAINRUN_WORLD_SIZE", v, 1);
-            setenv("TRAINRUN_LOCAL_WORLD_SIZE", v, 1);
-            setenv("TRAINRUN_MASTER", master, 1);
-            /* CUDA's GPU r is then the r-th in PCI order, the one placement chose */
-            setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 0);
-            execv("/proc/self/exe", argv);
-            fprintf(stderr, "trainrun: error: rank %d: cannot start %s: %s\n", i, argv[0],
-                    strerror(errno));
-            _exit(TR_EXIT_ERROR);
-        }
+        if (pid == 0)
+            exec_rank(i, ranks, master, argv);
         children[i] = pid;
     }
     tr_log(TR_LOG_INFO, "launch", "%d ranks on this machine, meeting at %s", ranks, master);
 
-    /* When a rank fails, the others soon fail too (their collectives lose
-     * it): gather exits for a moment so the message names the cause, a rank
-     * killed by a signal before one that merely lost its peer. */
-    int preempted = 0, left = 0, culprit = -1, culprit_status = 0, announced = 0;
-    double failed_at = 0, kill_at = 0;
-    for (int i = 0; i < ranks; i++)
-        left += children[i] > 0;
-    while (left > 0) {
-        if (culprit >= 0 && !announced && tr_now() - failed_at >= 0.5) {
-            char how[96];
-            describe_status(culprit_status, how, sizeof how);
-            tr_log(TR_LOG_ERROR, "launch", "rank %d %s; stopping the job (%d other rank%s still "
-                   "running)", culprit, how, left, left == 1 ? "" : "s");
-            announced = 1;
-            forward(SIGTERM);
-            kill_at = tr_now() + GRACE_SECONDS;
-        }
-        int status;
-        pid_t pid = waitpid(-1, &status, culprit >= 0 ? WNOHANG : 0);
-        if (pid < 0 && errno == EINTR)
-            continue;
-        if (pid < 0)
-            break;
-        if (pid == 0) { /* after a failure: escalate when the others linger */
-            if (announced && tr_now() >= kill_at) {
-                tr_log(TR_LOG_WARN, "launch", "ranks still running %d s after the failure: "
-                       "killing them", GRACE_SECONDS);
-                forward(SIGKILL);
-                kill_at = tr_now() + 3600;
-            }
-            usleep(20 * 1000);
-            continue;
-        }
-        int rank = -1;
-        for (int i = 0; i < ranks; i++)
-            if (children[i] == pid)
-                rank = i;
-        if (rank < 0)
-            continue;
-        children[rank] = -1;
-        left--;
-        int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-        if (code == TR_EXIT_OK)
-            continue;
-        if (code == TR_EXIT_PREEMPTED) {
-            preempted = 1;
-            continue;
-        }
-        if (!announced && (culprit < 0 || (WIFSIGNALED(status) && !WIFSIGNALED(culprit_status)))) {
-            if (culprit < 0)
-                failed_at = tr_now();
-            culprit = rank;
-            culprit_status = status;
-        }
-    }
-    if (culprit >= 0 && !announced) { /* every rank ended within the moment */
-        char how[96];
-        describe_status(culprit_status, how, sizeof how);
-        tr_log(TR_LOG_ERROR, "launch", "rank %d %s; the job failed", culprit, how);
-    }
+    struct job j = {.ranks = ranks, .culprit = -1};
+    wait_ranks(&j);
     free(children);
     children = NULL;
     n_children = 0;
-    if (culprit >= 0)
+    if (j.culprit >= 0)
         return TR_EXIT_ERROR;
-    return preempted ? TR_EXIT_PREEMPTED : TR_EXIT_OK;
+    return j.preempted ? TR_EXIT_PREEMPTED : TR_EXIT_OK;
 }

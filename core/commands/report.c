@@ -91,6 +91,45 @@ static int number_at(const struct tr_json *obj, const char *key, double *out)
     return 1;
 }
 
+/* elapsed_s restarts with each process: a drop starts a new segment. */
+struct elapsed {
+    double segment_start_time, previous_elapsed;
+};
+
+/* One line with a step, the order-th: each metric it has into its series. */
+static void add_record(struct metrics *m, const struct tr_json *obj, double step, size_t order,
+                       struct elapsed *e)
+{
+    double v;
+    if (step > m->last_step)
+        m->last_step = step;
+    if (number_at(obj, "loss", &v))
+        series_add(&m->loss, step, v, order);
+    if (number_at(obj, "lr", &v))
+        series_add(&m->lr, step, v, order);
+    if (number_at(obj, "tokens_per_s", &v))
+        series_add(&m->tokens_per_s, step, v, order);
+    if (number_at(obj, "data_wait_pct", &v))
+        series_add(&m->data_wait, step, v, order);
+    if (number_at(obj, "cost_usd", &v))
+        series_add(&m->cost, step, v, order);
+    if (number_at(obj, "mfu", &v) && v >= 0) /* -1: no peak FLOP/s was known */
+        series_add(&m->mfu, step, v, order);
+    if (number_at(obj, "val_loss", &v))
+        series_add(&m->val_loss, step, v, order);
+    if (number_at(obj, "val_loss_per_byte", &v))
+        series_add(&m->val_loss_per_byte, step, v, order);
+    if (number_at(obj, "val_accuracy", &v) && v >= 0) /* -1: no accuracy */
+        series_add(&m->val_accuracy, step, v, order);
+    if (number_at(obj, "elapsed_s", &v)) {
+        if (v < e->previous_elapsed)
+            e->segment_start_time += e->previous_elapsed;
+        e->previous_elapsed = v;
+        m->time_s = e->segment_start_time + v;
+        m->has_time = 1;
+    }
+}
+
 /* Read path into m; 0, or -1 after printing an error naming path:line. */
 static int metrics_read(const char *path, struct metrics *m)
 {
@@ -102,7 +141,7 @@ static int metrics_read(const char *path, struct metrics *m)
     char *line = NULL;
     size_t cap = 0, lineno = 0, order = 0;
     ssize_t len;
-    double segment_start_time = 0, previous_elapsed = -1;
+    struct elapsed elapsed = {0, -1};
     int status = 0;
     while ((len = getline(&line, &cap, f)) >= 0) {
         lineno++;
@@ -128,41 +167,14 @@ static int metrics_read(const char *path, struct metrics *m)
             status = -1;
             break;
         }
-        double step, v;
+        double step;
         if (!number_at(obj, "step", &step)) {
             /* lines of other kinds may come later; they carry no step */
             tr_json_free(obj);
             continue;
         }
         order++;
-        if (step > m->last_step)
-            m->last_step = step;
-        if (number_at(obj, "loss", &v))
-            series_add(&m->loss, step, v, order);
-        if (number_at(obj, "lr", &v))
-            series_add(&m->lr, step, v, order);
-        if (number_at(obj, "tokens_per_s", &v))
-            series_add(&m->tokens_per_s, step, v, order);
-        if (number_at(obj, "data_wait_pct", &v))
-            series_add(&m->data_wait, step, v, order);
-        if (number_at(obj, "cost_usd", &v))
-            series_add(&m->cost, step, v, order);
-        if (number_at(obj, "mfu", &v) && v >= 0) /* -1: no peak FLOP/s was known */
-            series_add(&m->mfu, step, v, order);
-        if (number_at(obj, "val_loss", &v))
-            series_add(&m->val_loss, step, v, order);
-        if (number_at(obj, "val_loss_per_byte", &v))
-            series_add(&m->val_loss_per_byte, step, v, order);
-        if (number_at(obj, "val_accuracy", &v) && v >= 0) /* -1: no accuracy */
-            series_add(&m->val_accuracy, step, v, order);
-        /* elapsed_s restarts with each process: a drop starts a new segment */
-        if (number_at(obj, "elapsed_s", &v)) {
-            if (v < previous_elapsed)
-                segment_start_time += previous_elapsed;
-            previous_elapsed = v;
-            m->time_s = segment_start_time + v;
-            m->has_time = 1;
-        }
+        add_record(m, obj, step, order, &elapsed);
         tr_json_free(obj);
     }
     if (status == 0 && ferror(f)) {

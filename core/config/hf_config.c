@@ -426,105 +426,110 @@ static void format_option(const struct option *o, char *buf, size_t size)
         snprintf(buf, size, "%.17g", o->value);
 }
 
-int tr_hf_resolve_model(struct tr_recipe *r, tr_err *err)
+/* model.from's directory: relative to the directory of the recipe that
+ * names it, like extends and include (a recipe shared with its model
+ * directory works from anywhere); typed on the command line, relative to
+ * where the command runs. */
+static char *from_dir(struct tr_recipe *r, const struct tr_value *from)
 {
-    struct tr_value *model = tr_value_child(tr_recipe_root(r), "model");
-    struct tr_value *from = model && model->type == TR_V_TABLE ? tr_value_child(model, "from") : NULL;
-    if (!from)
-        return TR_OK;
-    char where[600];
-    tr_origin_format(&from->origin, where, sizeof where);
-    if (from->type != TR_V_STRING || !from->string[0])
-        return tr_fail(err, "%s: model.from must name a directory (a string): one holding a Hugging "
-                       "Face config.json and model.safetensors", where);
-    /* relative to the directory of the recipe that names it, like extends and
-     * include (a recipe shared with its model directory works from anywhere);
-     * typed on the command line, relative to where the command runs */
-    char *dir;
-    if (from->string[0] == '/' || from->origin.kind == TR_FROM_CLI) {
-        dir = tr_xstrdup(from->string);
-    } else {
-        /* the file that wrote it: a base recipe extended from elsewhere
-         * names a directory beside itself */
-        const char *file = from->origin.kind == TR_FROM_RECIPE && from->origin.file
-                               ? from->origin.file : tr_recipe_path(r);
-        char *base = tr_dirname(file);
-        dir = strcmp(base, ".") == 0 ? tr_xstrdup(from->string)
-                                     : tr_xasprintf("%s/%s", base, from->string);
-        free(base);
-    }
-    struct tr_hf_arch a;
-    if (tr_hf_config_read(dir, &a, err) != TR_OK) {
-        tr_err_prefix(err, "%s: model.from", where);
-        free(dir);
-        return TR_ERROR;
-    }
-    char *config_path = tr_xasprintf("%s/config.json", dir);
-    const char *builder = a.family == TR_HF_GPT2 ? "gpt" : "llama";
-    int rc = TR_ERROR;
+    if (from->string[0] == '/' || from->origin.kind == TR_FROM_CLI)
+        return tr_xstrdup(from->string);
+    /* the file that wrote it: a base recipe extended from elsewhere names a
+     * directory beside itself */
+    const char *file = from->origin.kind == TR_FROM_RECIPE && from->origin.file
+                           ? from->origin.file : tr_recipe_path(r);
+    char *base = tr_dirname(file);
+    char *dir = strcmp(base, ".") == 0 ? tr_xstrdup(from->string)
+                                       : tr_xasprintf("%s/%s", base, from->string);
+    free(base);
+    return dir;
+}
 
-    /* the recipe's own model keys next to `from` */
-    struct tr_value *type = tr_value_child(model, "type");
-    struct tr_value *ctx_v = tr_value_child(model, "ctx");
-    struct tr_value *build = tr_value_child(model, "build");
-    int64_t ctx = a.ctx;
-    struct option opts[16];
-    size_t n = arch_options(&a, a.ctx, opts);
+/* A resolution in progress: config.json's architecture and the recipe's
+ * model table beside model.from. */
+struct hf_model {
+    struct tr_value *model, *from;
+    struct tr_hf_arch a;
+    const char *config_path, *builder;
+};
+
+/* The recipe's own model keys next to `from`: no build, a type that is
+ * config.json's builder, a ctx that only shortens the context, and no
+ * sliding window shorter than it.  *ctx: the context in effect. */
+static int check_model_keys(const struct hf_model *m, int64_t *ctx, tr_err *err)
+{
+    const struct tr_hf_arch *a = &m->a;
+    struct tr_value *type = tr_value_child(m->model, "type");
+    struct tr_value *ctx_v = tr_value_child(m->model, "ctx");
+    struct tr_value *build = tr_value_child(m->model, "build");
+    char where[600];
+    *ctx = a->ctx;
     if (build) {
         tr_origin_format(&build->origin, where, sizeof where);
-        tr_fail(err, "%s: model.build cannot go with model.from: the architecture is config.json's "
-                "(%s)", where, config_path);
-        goto done;
+        return tr_fail(err, "%s: model.build cannot go with model.from: the architecture is "
+                       "config.json's (%s)", where, m->config_path);
     }
-    if (type && (type->type != TR_V_STRING || strcmp(type->string, builder) != 0)) {
+    if (type && (type->type != TR_V_STRING || strcmp(type->string, m->builder) != 0)) {
         char got[80];
         tr_value_format(type, got, sizeof got);
         tr_origin_format(&type->origin, where, sizeof where);
-        tr_fail(err, "%s: the model is %s, but %s is a \"%s\" model (a %s); write model = { from = "
-                "... } or %s { from = ... }", where, got, config_path, a.model_type, builder, builder);
-        goto done;
+        return tr_fail(err, "%s: the model is %s, but %s is a \"%s\" model (a %s); write model = "
+                       "{ from = ... } or %s { from = ... }", where, got, m->config_path,
+                       a->model_type, m->builder, m->builder);
     }
     if (ctx_v) {
         tr_origin_format(&ctx_v->origin, where, sizeof where);
-        if (ctx_v->type != TR_V_NUMBER || !(ctx_v->number >= 1 && ctx_v->number <= (double)a.ctx) ||
+        if (ctx_v->type != TR_V_NUMBER || !(ctx_v->number >= 1 && ctx_v->number <= (double)a->ctx) ||
             ctx_v->number != floor(ctx_v->number)) {
             char got[80];
             tr_value_format(ctx_v, got, sizeof got);
-            tr_fail(err, "%s: model.ctx is %s; with model.from it may shorten the context to a "
-                    "whole number from 1 to %s's \"%s\" (%lld)", where, got, config_path,
-                    source_key(&a, "ctx"), (long long)a.ctx);
-            goto done;
+            return tr_fail(err, "%s: model.ctx is %s; with model.from it may shorten the context "
+                           "to a whole number from 1 to %s's \"%s\" (%lld)", where, got,
+                           m->config_path, source_key(a, "ctx"), (long long)a->ctx);
         }
-        ctx = (int64_t)ctx_v->number;
+        *ctx = (int64_t)ctx_v->number;
     }
-    if (a.sliding_window > 0 && a.sliding_window < ctx) {
-        tr_origin_format(ctx_v ? &ctx_v->origin : &from->origin, where, sizeof where);
-        tr_fail(err, "%s: %s has \"sliding_window\": %lld, shorter than the context of %lld tokens; "
-                "trainrun's attention sees the whole context, so it would compute another model: "
-                "set model.ctx = %lld or less", where, config_path, (long long)a.sliding_window,
-                (long long)ctx, (long long)a.sliding_window);
-        goto done;
+    if (a->sliding_window > 0 && a->sliding_window < *ctx) {
+        tr_origin_format(ctx_v ? &ctx_v->origin : &m->from->origin, where, sizeof where);
+        return tr_fail(err, "%s: %s has \"sliding_window\": %lld, shorter than the context of "
+                       "%lld tokens; trainrun's attention sees the whole context, so it would "
+                       "compute another model: set model.ctx = %lld or less", where,
+                       m->config_path, (long long)a->sliding_window, (long long)*ctx,
+                       (long long)a->sliding_window);
     }
-    n = arch_options(&a, ctx, opts);
+    return TR_OK;
+}
+
+/* Architecture keys the recipe gives beside model.from must be what
+ * config.json says (ctx aside, checked above). */
+static int check_arch_keys(const struct hf_model *m, const struct option *opts, size_t n,
+                           tr_err *err)
+{
     for (size_t i = 0; i < n; i++) {
-        struct tr_value *v = tr_value_child(model, opts[i].key);
+        struct tr_value *v = tr_value_child(m->model, opts[i].key);
         if (!v || strcmp(opts[i].key, "ctx") == 0)
             continue;
         int same = opts[i].is_bool ? v->type == TR_V_BOOL && v->boolean == (opts[i].value != 0)
                                    : v->type == TR_V_NUMBER && v->number == opts[i].value;
         if (!same) {
-            char got[80], want[40];
+            char got[80], want[40], where[600];
             tr_value_format(v, got, sizeof got);
             format_option(&opts[i], want, sizeof want);
             tr_origin_format(&v->origin, where, sizeof where);
-            tr_fail(err, "%s: model.%s is %s, but %s says %s (\"%s\"); the architecture comes "
-                    "from model.from: remove model.%s", where, opts[i].key, got, config_path, want,
-                    source_key(&a, opts[i].key), opts[i].key);
-            goto done;
+            return tr_fail(err, "%s: model.%s is %s, but %s says %s (\"%s\"); the architecture "
+                           "comes from model.from: remove model.%s", where, opts[i].key, got,
+                           m->config_path, want, source_key(&m->a, opts[i].key), opts[i].key);
         }
     }
+    return TR_OK;
+}
 
-    /* rewrite: the value tree (show, plan) and the table the builder runs on */
+/* Rewrite the value tree (show, plan) and the table the builder runs on:
+ * config.json's options and the builder's type; the builder knows no
+ * `from`, and the tree's from is the directory resolved. */
+static int rewrite_model(struct tr_recipe *r, const struct hf_model *m, const struct option *opts,
+                         size_t n, const char *dir, tr_err *err)
+{
     lua_State *L = tr_recipe_lua(r);
     int top = lua_gettop(L);
     tr_recipe_push_resolved(r);
@@ -532,11 +537,10 @@ int tr_hf_resolve_model(struct tr_recipe *r, tr_err *err)
     lua_rawget(L, -2);
     if (!lua_istable(L, -1)) {
         lua_settop(L, top);
-        tr_fail(err, "%s: the model is not a table", tr_recipe_path(r));
-        goto done;
+        return tr_fail(err, "%s: the model is not a table", tr_recipe_path(r));
     }
     int t = lua_gettop(L);
-    struct tr_origin o = {TR_FROM_RECIPE, config_path, 0};
+    struct tr_origin o = {TR_FROM_RECIPE, m->config_path, 0};
     for (size_t i = 0; i < n; i++) {
         lua_pushstring(L, opts[i].key);
         if (opts[i].is_bool)
@@ -544,30 +548,60 @@ int tr_hf_resolve_model(struct tr_recipe *r, tr_err *err)
         else
             lua_pushnumber(L, opts[i].value);
         lua_rawset(L, t);
-        struct tr_value *v = tr_value_child(model, opts[i].key);
+        struct tr_value *v = tr_value_child(m->model, opts[i].key);
         if (v && strcmp(opts[i].key, "ctx") == 0)
             continue; /* the recipe's shorter context, with its origin */
         v = tr_value_new(opts[i].is_bool ? TR_V_BOOL : TR_V_NUMBER, opts[i].key, o);
         v->boolean = opts[i].is_bool && opts[i].value != 0;
         v->number = opts[i].value;
-        tr_value_put(model, v);
+        tr_value_put(m->model, v);
     }
     lua_pushstring(L, "type");
-    lua_pushstring(L, builder);
+    lua_pushstring(L, m->builder);
     lua_rawset(L, t);
     /* the builder knows no `from`; the weights are the run's business */
     lua_pushstring(L, "from");
     lua_pushnil(L);
     lua_rawset(L, t);
     lua_settop(L, top);
-    if (!type) {
+    if (!tr_value_child(m->model, "type")) {
         struct tr_value *tv = tr_value_new(TR_V_STRING, "type", o);
-        tr_value_set_string(tv, builder);
-        tr_value_put(model, tv);
+        tr_value_set_string(tv, m->builder);
+        tr_value_put(m->model, tv);
     }
-    tr_value_set_string(from, dir);
-    rc = TR_OK;
-done:
+    tr_value_set_string(m->from, dir);
+    return TR_OK;
+}
+
+int tr_hf_resolve_model(struct tr_recipe *r, tr_err *err)
+{
+    struct hf_model m = {0};
+    m.model = tr_value_child(tr_recipe_root(r), "model");
+    m.from = m.model && m.model->type == TR_V_TABLE ? tr_value_child(m.model, "from") : NULL;
+    if (!m.from)
+        return TR_OK;
+    char where[600];
+    tr_origin_format(&m.from->origin, where, sizeof where);
+    if (m.from->type != TR_V_STRING || !m.from->string[0])
+        return tr_fail(err, "%s: model.from must name a directory (a string): one holding a Hugging "
+                       "Face config.json and model.safetensors", where);
+    char *dir = from_dir(r, m.from);
+    if (tr_hf_config_read(dir, &m.a, err) != TR_OK) {
+        tr_err_prefix(err, "%s: model.from", where);
+        free(dir);
+        return TR_ERROR;
+    }
+    char *config_path = tr_xasprintf("%s/config.json", dir);
+    m.config_path = config_path;
+    m.builder = m.a.family == TR_HF_GPT2 ? "gpt" : "llama";
+    int64_t ctx;
+    struct option opts[16];
+    int rc = check_model_keys(&m, &ctx, err);
+    size_t n = rc == TR_OK ? arch_options(&m.a, ctx, opts) : 0;
+    if (rc == TR_OK)
+        rc = check_arch_keys(&m, opts, n, err);
+    if (rc == TR_OK)
+        rc = rewrite_model(r, &m, opts, n, dir, err);
     free(config_path);
     free(dir);
     return rc;

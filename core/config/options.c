@@ -176,6 +176,63 @@ static int parse_text(const struct tr_option *o, const char *text, struct tr_val
     }
 }
 
+/* An integer or number option: in range, an integer where it must be, finite. */
+static int take_number(const struct tr_option *o, struct tr_value *v, char *slot,
+                       const char *where, const char *what, tr_err *err)
+{
+    if (v->type != TR_V_NUMBER)
+        return tr_fail(err, "%s%s: option '%s' expects %s, got %s", where, what, o->name,
+                       type_word(o->type), value_word(v));
+    double x = v->number;
+    char shown[64];
+    shown_number(v, shown, sizeof shown);
+    double lo, hi;
+    effective_range(o, &lo, &hi);
+    /* the range first: 1e18 steps is an integer, just too many */
+    if (isnan(x) || x < lo || x > hi) {
+        char range[128];
+        format_range(o, lo, hi, range, sizeof range);
+        return tr_fail(err, "%s%s: option '%s' is %s, must be %s", where, what, o->name, shown,
+                       range);
+    }
+    if (o->type == TR_OPT_INT && x != floor(x))
+        return tr_fail(err, "%s%s: option '%s' expects an integer, got %s", where, what,
+                       o->name, shown);
+    if (!isfinite(x))
+        return tr_fail(err, "%s%s: option '%s' is %s, must be finite", where, what, o->name,
+                       shown);
+    if (o->type == TR_OPT_INT)
+        *(int64_t *)slot = (int64_t)x;
+    else
+        *(double *)slot = x;
+    return TR_OK;
+}
+
+/* A choice option: one of its choices, with a did-you-mean when close. */
+static int take_enum(const struct tr_option *o, struct tr_value *v, char *slot,
+                     const char *where, const char *what, tr_err *err)
+{
+    if (v->type != TR_V_STRING)
+        return tr_fail(err, "%s%s: option '%s' expects a string, got %s", where, what,
+                       o->name, value_word(v));
+    size_t n = 0;
+    while (o->choices && o->choices[n])
+        n++;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(o->choices[i], v->string) == 0) {
+            *(const char **)slot = o->choices[i];
+            return TR_OK;
+        }
+    char list[512];
+    format_choices(o, list, sizeof list);
+    const char *hint = tr_suggest(v->string, (const char *const *)o->choices, n);
+    if (hint)
+        return tr_fail(err, "%s%s: option '%s' is \"%s\" (did you mean \"%s\"?); choices: %s",
+                       where, what, o->name, v->string, hint, list);
+    return tr_fail(err, "%s%s: option '%s' is \"%s\"; choices: %s", where, what, o->name,
+                   v->string, list);
+}
+
 /* Check one value against its option and store it in config. */
 static int take(const struct tr_option *o, struct tr_value *v, void *config, const char *what,
                 tr_err *err)
@@ -191,34 +248,8 @@ static int take(const struct tr_option *o, struct tr_value *v, void *config, con
     char *slot = (char *)config + o->offset;
     switch (o->type) {
     case TR_OPT_INT:
-    case TR_OPT_FLOAT: {
-        if (v->type != TR_V_NUMBER)
-            return tr_fail(err, "%s%s: option '%s' expects %s, got %s", where, what, o->name,
-                           type_word(o->type), value_word(v));
-        double x = v->number;
-        char shown[64];
-        shown_number(v, shown, sizeof shown);
-        double lo, hi;
-        effective_range(o, &lo, &hi);
-        /* the range first: 1e18 steps is an integer, just too many */
-        if (isnan(x) || x < lo || x > hi) {
-            char range[128];
-            format_range(o, lo, hi, range, sizeof range);
-            return tr_fail(err, "%s%s: option '%s' is %s, must be %s", where, what, o->name, shown,
-                           range);
-        }
-        if (o->type == TR_OPT_INT && x != floor(x))
-            return tr_fail(err, "%s%s: option '%s' expects an integer, got %s", where, what,
-                           o->name, shown);
-        if (!isfinite(x))
-            return tr_fail(err, "%s%s: option '%s' is %s, must be finite", where, what, o->name,
-                           shown);
-        if (o->type == TR_OPT_INT)
-            *(int64_t *)slot = (int64_t)x;
-        else
-            *(double *)slot = x;
-        return TR_OK;
-    }
+    case TR_OPT_FLOAT:
+        return take_number(o, v, slot, where, what, err);
     case TR_OPT_BOOL:
         if (v->type != TR_V_BOOL)
             return tr_fail(err, "%s%s: option '%s' expects true or false, got %s", where, what,
@@ -235,27 +266,8 @@ static int take(const struct tr_option *o, struct tr_value *v, void *config, con
                            o->name, value_word(v));
         *(const char **)slot = v->string;
         return TR_OK;
-    case TR_OPT_ENUM: {
-        if (v->type != TR_V_STRING)
-            return tr_fail(err, "%s%s: option '%s' expects a string, got %s", where, what,
-                           o->name, value_word(v));
-        size_t n = 0;
-        while (o->choices && o->choices[n])
-            n++;
-        for (size_t i = 0; i < n; i++)
-            if (strcmp(o->choices[i], v->string) == 0) {
-                *(const char **)slot = o->choices[i];
-                return TR_OK;
-            }
-        char list[512];
-        format_choices(o, list, sizeof list);
-        const char *hint = tr_suggest(v->string, (const char *const *)o->choices, n);
-        if (hint)
-            return tr_fail(err, "%s%s: option '%s' is \"%s\" (did you mean \"%s\"?); choices: %s",
-                           where, what, o->name, v->string, hint, list);
-        return tr_fail(err, "%s%s: option '%s' is \"%s\"; choices: %s", where, what, o->name,
-                       v->string, list);
-    }
+    case TR_OPT_ENUM:
+        return take_enum(o, v, slot, where, what, err);
     default:
         return tr_fail(err, "%s%s: option '%s' has an invalid type in its schema", where, what,
                        o->name);
@@ -274,23 +286,82 @@ static const struct tr_option *find_option(const struct tr_schema_use *uses, int
     return NULL;
 }
 
-static int skipped(const char *const *skip, const char *key)
+static int listed(const char *const *names, const char *key)
 {
-    for (; skip && *skip; skip++)
-        if (strcmp(*skip, key) == 0)
+    for (; names && *names; names++)
+        if (strcmp(*names, key) == 0)
             return 1;
     return 0;
 }
 
-int tr_options_apply(struct tr_value *parent, const char *key, const char *what,
-                     const struct tr_schema_use *uses, int n_uses, tr_err *err)
+/* A key no schema names: an error with a did-you-mean over every name the
+ * table takes (the skipped keys first, then each schema's options). */
+static int unknown_key(const struct tr_value *v, const char *what,
+                       const struct tr_schema_use *uses, int n_uses, const char *const *skip,
+                       tr_err *err)
 {
-    return tr_options_apply_skip(parent, key, what, uses, n_uses, NULL, err);
+    const char *names[256];
+    size_t n = 0;
+    for (const char *const *s = skip; s && *s && n < 256; s++)
+        names[n++] = *s;
+    for (int u = 0; u < n_uses; u++)
+        for (const struct tr_option *o = uses[u].options; o && o->type != TR_OPT_END && n < 256; o++)
+            names[n++] = o->name;
+    char where[600];
+    tr_value_where(v, where, sizeof where);
+    const char *hint = v->is_list_item ? NULL : tr_suggest(v->key, names, n);
+    if (v->is_list_item)
+        return tr_fail(err, "%s%s: unexpected list item %s (options are written name = value)",
+                       where, what, v->key);
+    if (hint)
+        return tr_fail(err, "%s%s: unknown option '%s' (did you mean '%s'?)", where, what,
+                       v->key, hint);
+    if (n == 0)
+        return tr_fail(err, "%s%s: unknown option '%s' (it takes no options)", where, what,
+                       v->key);
+    char list[1024] = "";
+    for (size_t j = 0; j < n; j++) {
+        size_t len = strlen(list);
+        snprintf(list + len, sizeof list - len, "%s%s", j ? ", " : "", names[j]);
+    }
+    return tr_fail(err, "%s%s: unknown option '%s'; options: %s", where, what, v->key, list);
 }
 
-int tr_options_apply_skip(struct tr_value *parent, const char *key, const char *what,
-                          const struct tr_schema_use *uses, int n_uses,
-                          const char *const *skip, tr_err *err)
+/* An option the table does not give: its default, added to the tree (and
+ * the table too, when there was none) so that show prints it. */
+static int take_default(struct tr_value *parent, const char *key, struct tr_value **table,
+                        const struct tr_option *o, void *config, const char *what, tr_err *err)
+{
+    if (!o->default_value) {
+        char where[600] = "";
+        if (*table)
+            tr_value_where(*table, where, sizeof where);
+        return tr_fail(err, "%s%s: option '%s' is required (%s)", where, what, o->name,
+                       o->help ? o->help : "");
+    }
+    if (!*table && parent) {
+        struct tr_origin d = {TR_FROM_DEFAULT, NULL, 0};
+        *table = tr_value_new(TR_V_TABLE, key, d);
+        tr_value_put(parent, *table);
+    }
+    struct tr_origin d = {TR_FROM_DEFAULT, NULL, 0};
+    struct tr_value *v = tr_value_new(TR_V_NIL, o->name, d);
+    if (parse_text(o, o->default_value, v) != 0) {
+        tr_value_free(v);
+        return tr_fail(err, "%s: the default of option '%s' (\"%s\") is not %s "
+                       "(a bug in the plugin's schema)", what, o->name, o->default_value,
+                       type_word(o->type));
+    }
+    if (*table)
+        tr_value_put(*table, v);
+    /* Without a tree (parent == NULL) v is not freed: string options point
+     * into it for the life of the process. */
+    return take(o, v, config, what, err);
+}
+
+static int apply(struct tr_value *parent, const char *key, const char *what,
+                 const struct tr_schema_use *uses, int n_uses, const char *const *skip,
+                 const char *const *read_by_caller, tr_err *err)
 {
     struct tr_value *table = !parent ? NULL : key ? tr_value_child(parent, key) : parent;
     if (table && table->type != TR_V_TABLE) {
@@ -302,72 +373,42 @@ int tr_options_apply_skip(struct tr_value *parent, const char *key, const char *
     for (size_t i = 0; table && i < table->n_items; i++) {
         struct tr_value *v = table->items[i];
         int which;
-        if (find_option(uses, n_uses, v->key, &which) || skipped(skip, v->key))
-            continue;
-        const char *names[256];
-        size_t n = 0;
-        for (const char *const *s = skip; s && *s && n < 256; s++)
-            names[n++] = *s;
-        for (int u = 0; u < n_uses; u++)
-            for (const struct tr_option *o = uses[u].options; o && o->type != TR_OPT_END && n < 256; o++)
-                names[n++] = o->name;
-        char where[600];
-        tr_value_where(v, where, sizeof where);
-        const char *hint = v->is_list_item ? NULL : tr_suggest(v->key, names, n);
-        if (v->is_list_item)
-            return tr_fail(err, "%s%s: unexpected list item %s (options are written name = value)",
-                           where, what, v->key);
-        if (hint)
-            return tr_fail(err, "%s%s: unknown option '%s' (did you mean '%s'?)", where, what,
-                           v->key, hint);
-        if (n == 0)
-            return tr_fail(err, "%s%s: unknown option '%s' (it takes no options)", where, what,
-                           v->key);
-        char list[1024] = "";
-        for (size_t j = 0; j < n; j++) {
-            size_t len = strlen(list);
-            snprintf(list + len, sizeof list - len, "%s%s", j ? ", " : "", names[j]);
-        }
-        return tr_fail(err, "%s%s: unknown option '%s'; options: %s", where, what, v->key, list);
+        if (!find_option(uses, n_uses, v->key, &which) && !listed(skip, v->key))
+            return unknown_key(v, what, uses, n_uses, skip, err);
     }
     /* 2. every option: the given value, or its default */
     for (int u = 0; u < n_uses; u++) {
         for (const struct tr_option *o = uses[u].options; o && o->type != TR_OPT_END; o++) {
             struct tr_value *v = table ? tr_value_child(table, o->name) : NULL;
-            if (!v) {
-                if (!o->default_value) {
-                    char where[600] = "";
-                    if (table)
-                        tr_value_where(table, where, sizeof where);
-                    return tr_fail(err, "%s%s: option '%s' is required (%s)", where, what,
-                                   o->name, o->help ? o->help : "");
-                }
-                if (!table && parent) {
-                    struct tr_origin d = {TR_FROM_DEFAULT, NULL, 0};
-                    table = tr_value_new(TR_V_TABLE, key, d);
-                    tr_value_put(parent, table);
-                }
-                struct tr_origin d = {TR_FROM_DEFAULT, NULL, 0};
-                v = tr_value_new(TR_V_NIL, o->name, d);
-                if (parse_text(o, o->default_value, v) != 0) {
-                    tr_value_free(v);
-                    return tr_fail(err, "%s: the default of option '%s' (\"%s\") is not %s "
-                                   "(a bug in the plugin's schema)", what, o->name,
-                                   o->default_value, type_word(o->type));
-                }
-                if (table)
-                    tr_value_put(table, v);
-                /* Without a tree (parent == NULL) v is not freed: string
-                 * options point into it for the life of the process. */
-                if (take(o, v, uses[u].config, what, err) != TR_OK)
-                    return TR_ERROR;
+            if (v && listed(read_by_caller, o->name))
                 continue;
-            }
-            if (take(o, v, uses[u].config, what, err) != TR_OK)
+            int rc = v ? take(o, v, uses[u].config, what, err)
+                       : take_default(parent, key, &table, o, uses[u].config, what, err);
+            if (rc != TR_OK)
                 return TR_ERROR;
         }
     }
     return TR_OK;
+}
+
+int tr_options_apply(struct tr_value *parent, const char *key, const char *what,
+                     const struct tr_schema_use *uses, int n_uses, tr_err *err)
+{
+    return apply(parent, key, what, uses, n_uses, NULL, NULL, err);
+}
+
+int tr_options_apply_skip(struct tr_value *parent, const char *key, const char *what,
+                          const struct tr_schema_use *uses, int n_uses,
+                          const char *const *skip, tr_err *err)
+{
+    return apply(parent, key, what, uses, n_uses, skip, NULL, err);
+}
+
+int tr_options_apply_except(struct tr_value *parent, const char *key, const char *what,
+                            const struct tr_schema_use *uses, int n_uses,
+                            const char *const *read_by_caller, tr_err *err)
+{
+    return apply(parent, key, what, uses, n_uses, NULL, read_by_caller, err);
 }
 
 void tr_options_help(const struct tr_option *options, FILE *out, const char *indent)

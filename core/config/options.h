@@ -35,6 +35,14 @@ int tr_options_apply_skip(struct tr_value *parent, const char *key, const char *
                           const struct tr_schema_use *uses, int n_uses,
                           const char *const *skip, tr_err *err);
 
+/* The same, except that the options named in `read_by_caller`
+ * (NULL-terminated) are neither parsed nor checked when the table gives
+ * them: the caller reads those values itself (train.micro_batch = "auto",
+ * the one string an integer option takes).  The tree is left as given. */
+int tr_options_apply_except(struct tr_value *parent, const char *key, const char *what,
+                            const struct tr_schema_use *uses, int n_uses,
+                            const char *const *read_by_caller, tr_err *err);
+
 /* One option per line: name, type, default, range/choices, help. */
 void tr_options_help(const struct tr_option *options, FILE *out, const char *indent);
 

@@ -2,13 +2,15 @@
  * Recipes: the C side.  Most of the loader (sandbox, extends/include, deep
  * merge, overrides, origin scanning) lives in lua/trainrun/recipe.lua; this
  * file gives it the few primitives plain Lua lacks (text-only loading,
- * realpath, the limits recipe code runs under), then converts the resolved
- * table into the C tree of value.h.  It stays one file over ~700 lines
- * because it is one bridge: the limits, the primitives and the conversion
- * all act on the same Lua state on behalf of recipe.lua.
+ * realpath, the limits recipe code runs under), loads the recipe, and has
+ * recipe_convert.c convert the resolved table into the C tree of value.h.
+ * It stays one file a little over ~700 lines because it is one bridge: the
+ * sandbox's limits, the primitives and the loading all act on the same Lua
+ * state, through the one struct tr_recipe, on behalf of recipe.lua.
  */
 #define _XOPEN_SOURCE 700 /* strdup, realpath */
 #include "recipe.h"
+#include "recipe_convert.h"
 #include "../util/suggest.h"
 #include "../util/util.h"
 
@@ -43,10 +45,6 @@
  * comparator sorting) may use below the call into it; the main thread has
  * 8 MiB, and LuaJIT itself has no limit here: without this, a crash. */
 #define TR_RECIPE_C_STACK ((size_t)1 << 20)
-/* Deeper nesting than this in a recipe table is a mistake, not a config. */
-#define TR_RECIPE_MAX_DEPTH 200
-/* A recipe's C tree holds at most this many values (a config, not a data set). */
-#define TR_RECIPE_MAX_VALUES 1000000L
 
 enum stop { STOP_NONE = 0, STOP_TIME, STOP_MEMORY, STOP_DEPTH };
 
@@ -441,271 +439,6 @@ static void push_config(lua_State *L, const char *path, const char *const *overr
     lua_setfield(L, -2, "plugin_slots");
 }
 
-/* ---- conversion into the C tree ------------------------------------------- */
-
-struct convert {
-    lua_State *L;
-    tr_err *err;
-    int failed;
-    int origins_ref;
-    int result_ref;
-    const char *top_file;
-    struct tr_value *root;
-    long values;
-    const void *tables[TR_RECIPE_MAX_DEPTH]; /* tables on the current path, for cycles */
-};
-
-struct key {
-    int is_index;
-    lua_Number index;
-    char *name;
-};
-
-static int compare_keys(const void *pa, const void *pb)
-{
-    const struct key *a = pa, *b = pb;
-    if (a->is_index != b->is_index)
-        return a->is_index ? -1 : 1;
-    if (a->is_index)
-        return (a->index > b->index) - (a->index < b->index);
-    return strcmp(a->name, b->name);
-}
-
-static void push_key(lua_State *L, const struct key *k)
-{
-    if (k->is_index)
-        lua_pushnumber(L, k->index);
-    else
-        lua_pushstring(L, k->name);
-}
-
-static void fail_at(struct convert *c, const struct tr_origin *o, const char *path, const char *what)
-{
-    char where[1024];
-    tr_origin_format(o, where, sizeof where);
-    if (path[0])
-        tr_fail(c->err, "%s: \"%s\" %s", where, path, what);
-    else
-        tr_fail(c->err, "%s: the recipe table %s", where, what);
-    c->failed = 1;
-}
-
-/* Origin of key k of the table at index t, from the origins table at index
- * origins; strings stay owned by Lua (tr_value_new copies them). */
-static struct tr_origin read_origin(lua_State *L, int origins, int t, const struct key *k,
-                                    const struct tr_origin *parent, const char **text)
-{
-    struct tr_origin o = *parent;
-    *text = NULL;
-    lua_pushvalue(L, t);
-    lua_rawget(L, origins);
-    if (lua_istable(L, -1)) {
-        push_key(L, k);
-        lua_rawget(L, -2);
-        if (lua_istable(L, -1)) {
-            lua_getfield(L, -1, "cli");
-            int cli = lua_toboolean(L, -1);
-            lua_pop(L, 1);
-            if (cli) {
-                o.kind = TR_FROM_CLI;
-                o.file = NULL;
-                o.line = 0;
-                lua_getfield(L, -1, "text");
-                *text = lua_tostring(L, -1); /* kept alive by the origins table */
-                lua_pop(L, 1);
-            } else {
-                o.kind = TR_FROM_RECIPE;
-                lua_getfield(L, -1, "file");
-                if (lua_isstring(L, -1))
-                    o.file = lua_tostring(L, -1);
-                lua_pop(L, 1);
-                lua_getfield(L, -1, "line");
-                o.line = (int)lua_tointeger(L, -1);
-                lua_pop(L, 1);
-            }
-        }
-        lua_pop(L, 1);
-    }
-    lua_pop(L, 1);
-    return o;
-}
-
-static void append_path(char *buf, size_t size, const char *parent, const char *key)
-{
-    if (parent[0])
-        snprintf(buf, size, "%s.%s", parent, key);
-    else
-        snprintf(buf, size, "%s", key);
-}
-
-static const char *type_word(int t)
-{
-    switch (t) {
-    case LUA_TUSERDATA:
-    case LUA_TLIGHTUSERDATA: return "userdata";
-    case LUA_TTHREAD: return "coroutine";
-    default: return "value of an unsupported type";
-    }
-}
-
-/* Fill `node` (a TR_V_TABLE) from the Lua table at index t. */
-static void convert_table(struct convert *c, int t, struct tr_value *node, const char *path, int depth)
-{
-    lua_State *L = c->L;
-    const void *self = lua_topointer(L, t);
-    if (depth >= TR_RECIPE_MAX_DEPTH) {
-        fail_at(c, &node->origin, path, "is nested too deeply (more than 200 levels)");
-        return;
-    }
-    for (int i = 0; i < depth; i++) {
-        if (c->tables[i] == self) {
-            fail_at(c, &node->origin, path, "contains itself (a table cycle); recipes must be trees");
-            return;
-        }
-    }
-    c->tables[depth] = self;
-
-    size_t n = 0, cap = 16;
-    struct key *keys = malloc(cap * sizeof *keys);
-    if (!keys) {
-        tr_fail(c->err, "out of memory converting the recipe");
-        c->failed = 1;
-        return;
-    }
-    lua_pushnil(L);
-    while (!c->failed && lua_next(L, t)) {
-        struct key k = {0};
-        int kt = lua_type(L, -2);
-        if (kt == LUA_TNUMBER) {
-            lua_Number d = lua_tonumber(L, -2);
-            if (d >= 1 && d <= INT_MAX && d == floor(d)) {
-                k.is_index = 1;
-                k.index = d;
-            } else {
-                char what[128];
-                snprintf(what, sizeof what, "has the key %.17g; keys must be names or list positions 1, 2, ...", d);
-                fail_at(c, &node->origin, path, what);
-            }
-        } else if (kt == LUA_TSTRING) {
-            k.name = strdup(lua_tostring(L, -2));
-            if (!k.name) {
-                tr_fail(c->err, "out of memory converting the recipe");
-                c->failed = 1;
-            }
-        } else {
-            char what[128];
-            snprintf(what, sizeof what, "has a key that is a %s; keys must be names or list positions 1, 2, ...",
-                     lua_typename(L, kt));
-            fail_at(c, &node->origin, path, what);
-        }
-        lua_pop(L, 1);
-        if (c->failed) {
-            lua_pop(L, 1);
-            free(k.name);
-            break;
-        }
-        if (n == cap) {
-            struct key *grown = realloc(keys, 2 * cap * sizeof *keys);
-            if (!grown) {
-                free(k.name);
-                lua_pop(L, 1);
-                tr_fail(c->err, "out of memory converting the recipe");
-                c->failed = 1;
-                break;
-            }
-            keys = grown;
-            cap *= 2;
-        }
-        keys[n++] = k;
-    }
-    if (!c->failed)
-        qsort(keys, n, sizeof *keys, compare_keys);
-
-    lua_rawgeti(L, LUA_REGISTRYINDEX, c->origins_ref);
-    int origins = lua_gettop(L);
-    for (size_t i = 0; i < n && !c->failed; i++) {
-        char name[32];
-        const char *key = keys[i].name;
-        if (keys[i].is_index) {
-            snprintf(name, sizeof name, "%d", (int)keys[i].index);
-            key = name;
-        }
-        char child_path[1024];
-        append_path(child_path, sizeof child_path, path, key);
-
-        const char *text;
-        struct tr_origin o = read_origin(L, origins, t, &keys[i], &node->origin, &text);
-        push_key(L, &keys[i]);
-        lua_rawget(L, t);
-        int vt = lua_type(L, -1);
-        enum tr_value_type type;
-        switch (vt) {
-        case LUA_TBOOLEAN: type = TR_V_BOOL; break;
-        case LUA_TNUMBER: type = TR_V_NUMBER; break;
-        case LUA_TSTRING: type = TR_V_STRING; break;
-        case LUA_TTABLE: type = TR_V_TABLE; break;
-        case LUA_TFUNCTION: type = TR_V_FUNCTION; break;
-        default: {
-            char what[160];
-            snprintf(what, sizeof what,
-                     "is a %s; recipe values must be numbers, strings, booleans, tables or functions",
-                     type_word(vt));
-            fail_at(c, &o, child_path, what);
-            lua_pop(L, 1);
-            continue;
-        }
-        }
-        if (++c->values > TR_RECIPE_MAX_VALUES) {
-            fail_at(c, &o, child_path, "is one value too many: a recipe holds at most 1000000 values "
-                                       "(it is a configuration; read data through a data plugin)");
-            lua_pop(L, 1);
-            break;
-        }
-        struct tr_value *child = tr_value_new(type, key, o);
-        if (!child) {
-            tr_fail(c->err, "out of memory converting the recipe");
-            c->failed = 1;
-            lua_pop(L, 1);
-            break;
-        }
-        child->is_list_item = keys[i].is_index;
-        tr_value_put(node, child);
-        if (text)
-            tr_value_set_text(child, text);
-        if (type == TR_V_BOOL)
-            child->boolean = lua_toboolean(L, -1);
-        else if (type == TR_V_NUMBER)
-            child->number = lua_tonumber(L, -1);
-        else if (type == TR_V_STRING)
-            tr_value_set_string(child, lua_tostring(L, -1));
-        else if (type == TR_V_TABLE)
-            convert_table(c, lua_gettop(L), child, child_path, depth + 1);
-        lua_pop(L, 1);
-    }
-    lua_pop(L, 1); /* origins */
-    for (size_t i = 0; i < n; i++)
-        free(keys[i].name);
-    free(keys);
-}
-
-/* Runs under lua_cpcall so that running out of memory inside the Lua API is
- * an error, not a panic. */
-static int convert_protected(lua_State *L)
-{
-    struct convert *c = lua_touserdata(L, 1);
-    struct tr_origin root_origin = {TR_FROM_RECIPE, c->top_file, 0};
-    c->root = tr_value_new(TR_V_TABLE, NULL, root_origin);
-    if (!c->root) {
-        tr_fail(c->err, "out of memory converting the recipe");
-        c->failed = 1;
-        return 0;
-    }
-    lua_rawgeti(L, LUA_REGISTRYINDEX, c->result_ref);
-    convert_table(c, lua_gettop(L), c->root, "", 0);
-    lua_pop(L, 1);
-    return 0;
-}
-
 /* ---- loading ---------------------------------------------------------------- */
 
 static char *read_file(const char *path, size_t *len)
@@ -885,12 +618,12 @@ struct tr_recipe *tr_recipe_load(const char *path, const char *const *overrides,
     read_switches(L, r);
     lua_pop(L, 1);
 
-    struct convert c = {.L = L, .err = err, .top_file = r->path};
+    struct tr_convert c = {.L = L, .err = err, .top_file = r->path};
     r->require_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     c.origins_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     r->resolved_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     c.result_ref = r->resolved_ref;
-    int rc = lua_cpcall(L, convert_protected, &c);
+    int rc = lua_cpcall(L, tr_recipe_convert_protected, &c);
     luaL_unref(L, LUA_REGISTRYINDEX, c.origins_ref);
     if (rc != 0) {
         copy_lua_error(L, rc, err);

@@ -30,11 +30,43 @@ static int loaded_slots(const struct tr_config *cfg, const struct tr_slot **out)
     return n;
 }
 
+/* The tree keeps what the recipe said; where the configuration derived a
+ * value the recipe left open, the record prints the derived one in its
+ * key's place.  train.micro_batch = "auto" prints as "auto" (the run
+ * chooses it when it starts), one given as 0 as the micro-batch in effect;
+ * one not given at all prints its default, 0. */
+struct shown {
+    const struct tr_config *cfg;
+    struct tr_value derived; /* a copy of the leaf (key, origin) with the derived value */
+};
+
+static const struct tr_value *shown_value(void *ctx, const char *path,
+                                          const struct tr_value *leaf)
+{
+    struct shown *s = ctx;
+    const struct tr_train_config *t = &s->cfg->train;
+    if (strcmp(path, "train.micro_batch") != 0)
+        return leaf;
+    s->derived = *leaf;
+    s->derived.text = NULL;
+    if (t->auto_micro_batch) {
+        s->derived.type = TR_V_STRING;
+        s->derived.string = (char *)"auto";
+        return &s->derived;
+    }
+    if (leaf->type == TR_V_NUMBER && leaf->number == 0 && leaf->origin.kind != TR_FROM_DEFAULT) {
+        s->derived.number = (double)t->micro_batch;
+        return &s->derived;
+    }
+    return leaf;
+}
+
 void tr_record_print(const struct tr_config *cfg, FILE *out)
 {
     fprintf(out, "-- %s, resolved (each value with where it came from)\n",
             tr_recipe_path(cfg->recipe));
-    tr_value_dump(tr_recipe_root(cfg->recipe), out);
+    struct shown shown = {cfg, {0}};
+    tr_value_dump_shown(tr_recipe_root(cfg->recipe), out, shown_value, &shown);
     const struct tr_slot *slots[MAX_SLOTS];
     int n = loaded_slots(cfg, slots);
     fprintf(out, "-- plugins\n");
@@ -44,19 +76,21 @@ void tr_record_print(const struct tr_config *cfg, FILE *out)
 }
 
 /* Every leaf of the tree as "dotted.key" (an empty table is a leaf too). */
-static void write_values(const struct tr_value *v, const char *path, FILE *out, int *first)
+static void write_values(const struct tr_value *v, const char *path, FILE *out, int *first,
+                         struct shown *shown)
 {
     if (v->type == TR_V_TABLE && v->n_items > 0) {
         for (size_t i = 0; i < v->n_items; i++) {
             char *child = *path ? tr_xasprintf("%s.%s", path, v->items[i]->key)
                                 : tr_xstrdup(v->items[i]->key);
-            write_values(v->items[i], child, out, first);
+            write_values(v->items[i], child, out, first, shown);
             free(child);
         }
         return;
     }
     if (!*path)
         return;
+    v = shown_value(shown, path, v);
     char value[4096], origin[1024];
     if (v->type == TR_V_TABLE)
         snprintf(value, sizeof value, "{}");
@@ -86,7 +120,8 @@ void tr_record_write_json(const struct tr_config *cfg, FILE *out)
     }
     fprintf(out, "],\n  \"values\": {");
     int first = 1;
-    write_values(tr_recipe_root(cfg->recipe), "", out, &first);
+    struct shown shown = {cfg, {0}};
+    write_values(tr_recipe_root(cfg->recipe), "", out, &first, &shown);
     fprintf(out, "\n  },\n  \"plugins\": [");
     const struct tr_slot *slots[MAX_SLOTS];
     int n = loaded_slots(cfg, slots);

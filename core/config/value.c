@@ -338,6 +338,8 @@ struct dump_line {
 struct dump {
     struct dump_line *lines;
     size_t n, cap;
+    tr_value_shown_fn shown; /* NULL: each leaf as the tree holds it */
+    void *ctx;
 };
 
 static void dump_add(struct dump *d, const char *path, const struct tr_value *v)
@@ -350,6 +352,8 @@ static void dump_add(struct dump *d, const char *path, const struct tr_value *v)
         d->lines = grown;
         d->cap = cap;
     }
+    if (d->shown)
+        v = d->shown(d->ctx, path, v);
     char value[1024], origin[512];
     tr_value_format(v, value, sizeof value);
     tr_origin_format(&v->origin, origin, sizeof origin);
@@ -396,9 +400,15 @@ static void dump_collect(struct dump *d, const struct tr_value *v, const char *p
 
 void tr_value_dump(const struct tr_value *root, FILE *out)
 {
+    tr_value_dump_shown(root, out, NULL, NULL);
+}
+
+void tr_value_dump_shown(const struct tr_value *root, FILE *out, tr_value_shown_fn shown,
+                         void *ctx)
+{
     if (!root || !out)
         return;
-    struct dump d = {0};
+    struct dump d = {.shown = shown, .ctx = ctx};
     dump_collect(&d, root, "");
     size_t width = 0;
     for (size_t i = 0; i < d.n; i++) {

@@ -65,6 +65,12 @@ void tr_value_format(const struct tr_value *v, char *buf, size_t size);
 
 /* `trainrun show`: one line per leaf, "path = value   -- origin", sorted as stored. */
 void tr_value_dump(const struct tr_value *root, FILE *out);
+/* The same, printing for each leaf the value `shown` gives for it: the leaf
+ * itself, or one its reader derived from it (the tree stays as loaded). */
+typedef const struct tr_value *(*tr_value_shown_fn)(void *ctx, const char *path,
+                                                    const struct tr_value *leaf);
+void tr_value_dump_shown(const struct tr_value *root, FILE *out, tr_value_shown_fn shown,
+                         void *ctx);
 
 /* The tree owns every string it points to, origin.file included (it is
  * copied by tr_value_new); set them through these, which copy too. */

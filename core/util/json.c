@@ -112,6 +112,90 @@ static char *parse_string(struct parser *p)
     return out;
 }
 
+/* Append v (and, in an object, its key) to j. */
+static void append_item(struct tr_json *j, char *key, struct tr_json *v)
+{
+    /* grow by doubling: a header of a million small items must not take a
+     * million reallocations */
+    if ((j->n & (j->n - 1)) == 0) {
+        size_t cap = j->n ? 2 * j->n : 1;
+        j->items = tr_xrealloc(j->items, cap * sizeof *j->items);
+        if (j->type == TR_JSON_OBJECT)
+            j->keys = tr_xrealloc(j->keys, cap * sizeof *j->keys);
+    }
+    if (j->type == TR_JSON_OBJECT)
+        j->keys[j->n] = key;
+    j->items[j->n++] = v;
+}
+
+/* The items of an object or array after its opening bracket, through its
+ * closing one, into j; -1 when malformed. */
+static int parse_items(struct parser *p, struct tr_json *j)
+{
+    int obj = j->type == TR_JSON_OBJECT;
+    skip_ws(p);
+    if (peek(p) == (obj ? '}' : ']')) {
+        p->pos++;
+        return 0;
+    }
+    for (;;) {
+        char *key = NULL;
+        if (obj) {
+            skip_ws(p);
+            if (!(key = parse_string(p)))
+                return -1;
+            skip_ws(p);
+            if (peek(p) != ':') {
+                free(key);
+                return -1;
+            }
+            p->pos++;
+        }
+        struct tr_json *v = parse_value(p);
+        if (!v) {
+            free(key);
+            return -1;
+        }
+        append_item(j, key, v);
+        skip_ws(p);
+        if (peek(p) == ',') {
+            p->pos++;
+            continue;
+        }
+        if (peek(p) == (obj ? '}' : ']')) {
+            p->pos++;
+            return 0;
+        }
+        return -1;
+    }
+}
+
+/* A number's characters, read by strtod; -1 when it does not read whole. */
+static int parse_number(struct parser *p, struct tr_json *j)
+{
+    char buf[64];
+    size_t k = 0;
+    /* (strchr finds a NUL byte too: it is no part of a number) */
+    while (p->pos < p->len && k < sizeof buf - 1 && p->s[p->pos] &&
+           strchr("+-0123456789.eE", p->s[p->pos]))
+        buf[k++] = p->s[p->pos++];
+    buf[k] = 0;
+    char *end;
+    j->type = TR_JSON_NUMBER;
+    j->number = strtod(buf, &end);
+    return *end ? -1 : 0;
+}
+
+/* The literal `word` at the parser's position: consumed, 1; else 0. */
+static int take_word(struct parser *p, const char *word)
+{
+    size_t n = strlen(word);
+    if (p->len - p->pos < n || memcmp(p->s + p->pos, word, n) != 0)
+        return 0;
+    p->pos += n;
+    return 1;
+}
+
 static struct tr_json *parse_value(struct parser *p)
 {
     if (++p->depth > 64)
@@ -119,91 +203,32 @@ static struct tr_json *parse_value(struct parser *p)
     skip_ws(p);
     struct tr_json *j = tr_xcalloc(1, sizeof *j);
     int c = peek(p);
+    int bad = 0;
     if (c == '{' || c == '[') {
-        int obj = c == '{';
-        j->type = obj ? TR_JSON_OBJECT : TR_JSON_ARRAY;
+        j->type = c == '{' ? TR_JSON_OBJECT : TR_JSON_ARRAY;
         p->pos++;
-        skip_ws(p);
-        if (peek(p) == (obj ? '}' : ']')) {
-            p->pos++;
-            p->depth--;
-            return j;
-        }
-        for (;;) {
-            char *key = NULL;
-            if (obj) {
-                skip_ws(p);
-                if (!(key = parse_string(p)))
-                    goto fail;
-                skip_ws(p);
-                if (peek(p) != ':') {
-                    free(key);
-                    goto fail;
-                }
-                p->pos++;
-            }
-            struct tr_json *v = parse_value(p);
-            if (!v) {
-                free(key);
-                goto fail;
-            }
-            /* grow by doubling: a header of a million small items must not
-             * take a million reallocations */
-            if ((j->n & (j->n - 1)) == 0) {
-                size_t cap = j->n ? 2 * j->n : 1;
-                j->items = tr_xrealloc(j->items, cap * sizeof *j->items);
-                if (obj)
-                    j->keys = tr_xrealloc(j->keys, cap * sizeof *j->keys);
-            }
-            if (obj)
-                j->keys[j->n] = key;
-            j->items[j->n++] = v;
-            skip_ws(p);
-            if (peek(p) == ',') {
-                p->pos++;
-                continue;
-            }
-            if (peek(p) == (obj ? '}' : ']')) {
-                p->pos++;
-                break;
-            }
-            goto fail;
-        }
+        bad = parse_items(p, j);
     } else if (c == '"') {
         j->type = TR_JSON_STRING;
-        if (!(j->string = parse_string(p)))
-            goto fail;
-    } else if (c == 't' && p->len - p->pos >= 4 && !memcmp(p->s + p->pos, "true", 4)) {
+        bad = !(j->string = parse_string(p));
+    } else if (c == 't' && take_word(p, "true")) {
         j->type = TR_JSON_BOOL;
         j->boolean = 1;
-        p->pos += 4;
-    } else if (c == 'f' && p->len - p->pos >= 5 && !memcmp(p->s + p->pos, "false", 5)) {
+    } else if (c == 'f' && take_word(p, "false")) {
         j->type = TR_JSON_BOOL;
-        p->pos += 5;
-    } else if (c == 'n' && p->len - p->pos >= 4 && !memcmp(p->s + p->pos, "null", 4)) {
+    } else if (c == 'n' && take_word(p, "null")) {
         j->type = TR_JSON_NULL;
-        p->pos += 4;
     } else if (c == '-' || (c >= '0' && c <= '9')) {
-        char buf[64];
-        size_t k = 0;
-        /* (strchr finds a NUL byte too: it is no part of a number) */
-        while (p->pos < p->len && k < sizeof buf - 1 && p->s[p->pos] &&
-               strchr("+-0123456789.eE", p->s[p->pos]))
-            buf[k++] = p->s[p->pos++];
-        buf[k] = 0;
-        char *end;
-        j->type = TR_JSON_NUMBER;
-        j->number = strtod(buf, &end);
-        if (*end)
-            goto fail;
+        bad = parse_number(p, j);
     } else {
-        goto fail;
+        bad = 1;
+    }
+    if (bad) {
+        tr_json_free(j);
+        return NULL;
     }
     p->depth--;
     return j;
-fail:
-    tr_json_free(j);
-    return NULL;
 }
 
 struct tr_json *tr_json_parse(const char *text, size_t len, size_t *error_offset)

@@ -128,6 +128,88 @@ static int json_size(const struct tr_json *v, uint64_t *out)
     return 1;
 }
 
+/* The shape's dimensions and the data offsets of entry t: whole numbers
+ * whose product does not overflow; 0 when not. */
+static int read_sizes(const struct tr_json *shape, const struct tr_json *off,
+                      struct tr_st_entry *e, uint64_t *begin, uint64_t *end, uint64_t *numel)
+{
+    uint64_t dim = 0;
+    *begin = *end = 0;
+    *numel = 1;
+    int sizes_ok = json_size(off->items[0], begin) && json_size(off->items[1], end);
+    e->ndim = (int)shape->n;
+    for (size_t d = 0; d < shape->n; d++) {
+        /* every dimension a whole number, and their product without
+         * overflow: a wrapped product could match a few bytes of data
+         * while the shape promises far more */
+        sizes_ok &= json_size(shape->items[d], &dim);
+        e->shape[d] = sizes_ok ? (int64_t)dim : 0;
+        if (!sizes_ok || (dim && *numel > UINT64_MAX / dim)) {
+            sizes_ok = 0;
+            break;
+        }
+        *numel *= dim;
+    }
+    return sizes_ok;
+}
+
+/* Header entry `name` (t) checked against the data it points into and
+ * added to f as its next entry. */
+static int read_entry(struct tr_st_file *f, const char *name, const struct tr_json *t,
+                      const unsigned char *data, size_t data_size, const char *what, tr_err *err)
+{
+    /* t not an object: no dtype below */
+    const char *dt = tr_json_string(t, "dtype");
+    const struct tr_json *shape = tr_json_get(t, "shape");
+    const struct tr_json *off = tr_json_get(t, "data_offsets");
+    struct tr_st_entry *e = &f->entries[f->n];
+    if (!dt || !dtype_from_tag(dt, &e->dtype) || !shape || shape->type != TR_JSON_ARRAY ||
+        shape->n > 4 || !off || off->type != TR_JSON_ARRAY || off->n != 2)
+        return tr_fail(err, "%s: tensor '%s' has a malformed or unsupported entry", what, name);
+    uint64_t begin, end, numel;
+    if (!read_sizes(shape, off, e, &begin, &end, &numel))
+        return tr_fail(err, "%s: tensor '%s' has a shape or data offsets that are not whole "
+                       "numbers from 0 to 2^53", what, name);
+    uint64_t esize = e->dtype == TR_BF16 || e->dtype == TR_F16 ? 2 : 4;
+    if (begin > end || end > data_size || numel > UINT64_MAX / esize ||
+        end - begin != numel * esize)
+        return tr_fail(err, "%s: tensor '%s' has data offsets [%llu, %llu) that do not match its "
+                       "shape or the file size (truncated?)", what, name,
+                       (unsigned long long)begin, (unsigned long long)end);
+    f->names[f->n] = tr_xstrdup(name);
+    e->name = f->names[f->n];
+    e->data = data + begin;
+    e->bytes = end - begin;
+    /* Readers take the data as float/uint16 arrays.  The format does not
+     * promise alignment (a header of odd length, or a writer that does not
+     * order tensors by dtype), so such a tensor is copied. */
+    if ((uintptr_t)e->data % esize != 0) {
+        f->copies[f->n] = tr_xcalloc(1, e->bytes ? e->bytes : 1);
+        memcpy(f->copies[f->n], e->data, e->bytes);
+        e->data = f->copies[f->n];
+    }
+    f->n++;
+    return TR_OK;
+}
+
+/* A name twice would let two readers see different tensors under it. */
+static int check_names_unique(const struct tr_st_file *f, const char *what, tr_err *err)
+{
+    if (f->n <= 1)
+        return TR_OK;
+    char **sorted = tr_xcalloc(f->n, sizeof *sorted);
+    memcpy(sorted, f->names, f->n * sizeof *sorted);
+    qsort(sorted, f->n, sizeof *sorted, compare_names);
+    const char *twice = NULL;
+    for (size_t i = 1; i < f->n && !twice; i++)
+        if (strcmp(sorted[i - 1], sorted[i]) == 0)
+            twice = sorted[i];
+    if (twice)
+        tr_fail(err, "%s: tensor '%s' appears twice", what, twice);
+    free(sorted);
+    return twice ? TR_ERROR : TR_OK;
+}
+
 struct tr_st_file *tr_safetensors_read(const void *buf, size_t size, const char *what, tr_err *err)
 {
     const unsigned char *b = buf;
@@ -156,82 +238,18 @@ struct tr_st_file *tr_safetensors_read(const void *buf, size_t size, const char 
     f->entries = tr_xcalloc(j->n ? j->n : 1, sizeof *f->entries);
     f->names = tr_xcalloc(j->n ? j->n : 1, sizeof *f->names);
     f->copies = tr_xcalloc(j->n ? j->n : 1, sizeof *f->copies);
-    for (size_t i = 0; i < j->n; i++) {
-        if (strcmp(j->keys[i], "__metadata__") == 0)
-            continue;
-        const struct tr_json *t = j->items[i]; /* not an object: no dtype below */
-        const char *dt = tr_json_string(t, "dtype");
-        const struct tr_json *shape = tr_json_get(t, "shape");
-        const struct tr_json *off = tr_json_get(t, "data_offsets");
-        struct tr_st_entry *e = &f->entries[f->n];
-        if (!dt || !dtype_from_tag(dt, &e->dtype) || !shape || shape->type != TR_JSON_ARRAY ||
-            shape->n > 4 || !off || off->type != TR_JSON_ARRAY || off->n != 2) {
-            tr_fail(err, "%s: tensor '%s' has a malformed or unsupported entry", what, j->keys[i]);
-            goto fail;
-        }
-        uint64_t begin = 0, end = 0, dim = 0, numel = 1;
-        int sizes_ok = json_size(off->items[0], &begin) && json_size(off->items[1], &end);
-        e->ndim = (int)shape->n;
-        for (size_t d = 0; d < shape->n; d++) {
-            /* every dimension a whole number, and their product without
-             * overflow: a wrapped product could match a few bytes of data
-             * while the shape promises far more */
-            sizes_ok &= json_size(shape->items[d], &dim);
-            e->shape[d] = sizes_ok ? (int64_t)dim : 0;
-            if (!sizes_ok || (dim && numel > UINT64_MAX / dim)) {
-                sizes_ok = 0;
-                break;
-            }
-            numel *= dim;
-        }
-        if (!sizes_ok) {
-            tr_fail(err, "%s: tensor '%s' has a shape or data offsets that are not whole "
-                    "numbers from 0 to 2^53", what, j->keys[i]);
-            goto fail;
-        }
-        uint64_t esize = e->dtype == TR_BF16 || e->dtype == TR_F16 ? 2 : 4;
-        if (begin > end || end > data_size || numel > UINT64_MAX / esize ||
-            end - begin != numel * esize) {
-            tr_fail(err, "%s: tensor '%s' has data offsets [%llu, %llu) that do not match its "
-                    "shape or the file size (truncated?)", what, j->keys[i],
-                    (unsigned long long)begin, (unsigned long long)end);
-            goto fail;
-        }
-        f->names[f->n] = tr_xstrdup(j->keys[i]);
-        e->name = f->names[f->n];
-        e->data = data + begin;
-        e->bytes = end - begin;
-        /* Readers take the data as float/uint16 arrays.  The format does not
-         * promise alignment (a header of odd length, or a writer that does
-         * not order tensors by dtype), so such a tensor is copied. */
-        if ((uintptr_t)e->data % esize != 0) {
-            f->copies[f->n] = tr_xcalloc(1, e->bytes ? e->bytes : 1);
-            memcpy(f->copies[f->n], e->data, e->bytes);
-            e->data = f->copies[f->n];
-        }
-        f->n++;
-    }
-    /* a name twice would let two readers see different tensors under it */
-    if (f->n > 1) {
-        char **sorted = tr_xcalloc(f->n, sizeof *sorted);
-        memcpy(sorted, f->names, f->n * sizeof *sorted);
-        qsort(sorted, f->n, sizeof *sorted, compare_names);
-        const char *twice = NULL;
-        for (size_t i = 1; i < f->n && !twice; i++)
-            if (strcmp(sorted[i - 1], sorted[i]) == 0)
-                twice = sorted[i];
-        if (twice)
-            tr_fail(err, "%s: tensor '%s' appears twice", what, twice);
-        free(sorted);
-        if (twice)
-            goto fail;
-    }
+    int rc = TR_OK;
+    for (size_t i = 0; i < j->n && rc == TR_OK; i++)
+        if (strcmp(j->keys[i], "__metadata__") != 0)
+            rc = read_entry(f, j->keys[i], j->items[i], data, data_size, what, err);
+    if (rc == TR_OK)
+        rc = check_names_unique(f, what, err);
     tr_json_free(j);
+    if (rc != TR_OK) {
+        tr_safetensors_free(f);
+        return NULL;
+    }
     return f;
-fail:
-    tr_json_free(j);
-    tr_safetensors_free(f);
-    return NULL;
 }
 
 const struct tr_st_entry *tr_safetensors_find(const struct tr_st_file *f, const char *name)

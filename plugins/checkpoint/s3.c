@@ -183,12 +183,10 @@ static void s3_destroy(void *self)
     free(s);
 }
 
-static int s3_create(const struct tr_host *host, const void *config,
-                     const struct tr_create_args *args, void **self, tr_err *err)
+/* The recipe's options: no removed credential keys, a bare bucket name, a
+ * region of letters, digits and dashes. */
+static int check_options(const struct s3_config *cfg, tr_err *err)
 {
-    const struct s3_config *cfg = config;
-    if (!host || !host->alloc || !host->free)
-        return tr_fail(err, "s3 checkpoint: the host provides no allocator");
     const char *removed = cfg->access_key_env[0]    ? "access_key_env"
                           : cfg->secret_key_env[0]    ? "secret_key_env"
                           : cfg->session_token_env[0] ? "session_token_env"
@@ -199,26 +197,90 @@ static int s3_create(const struct tr_host *host, const void *config,
                             "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN, or "
                             "~/.aws/credentials (AWS_SHARED_CREDENTIALS_FILE, AWS_PROFILE): "
                             "delete checkpoint.%s from the recipe", removed, removed);
-    if (!valid_bucket(cfg->bucket, cfg->path_style))
-        return tr_fail(err, "s3 checkpoint: invalid bucket \"%s\": give the bucket's name "
-                            "alone (letters, digits, '.', '-'; no s3://, no '/'); put a path "
-                            "into checkpoint.prefix", cfg->bucket);
-    if (!cfg->region[0] || strspn(cfg->region, "abcdefghijklmnopqrstuvwxyz0123456789-") !=
-                               strlen(cfg->region))
-        return tr_fail(err, "s3 checkpoint: invalid region \"%s\"", cfg->region);
+    return check_bucket_region(cfg->bucket, cfg->path_style, cfg->region, err);
+}
+
+/* s's settings from the options, the endpoint (s owns it now) and the
+ * credentials (freed here); -1 when out of memory. */
+static int fill_settings(struct s3 *s, const struct s3_config *cfg, char *endpoint,
+                         struct credentials *creds, const char *run_dir)
+{
+    s->path_style = cfg->path_style;
+    s->background = cfg->background;
+    s->timeout = (long)cfg->timeout;
+    s->retries = (int)cfg->retries;
+    s->bucket = strdup(cfg->bucket);
+    s->prefix = strdup(cfg->prefix);
+    s->endpoint = endpoint;
+    s->sigv4 = str_printf("aws:amz:%s:s3", cfg->region);
+    s->credentials = str_printf("%s:%s", creds->access, creds->secret);
+    int want_token = creds->token && creds->token[0];
+    if (want_token)
+        s->token_header = str_printf("x-amz-security-token: %s", creds->token);
+    s->creds_source = creds->source;
+    creds->source = NULL;
+    credentials_free(creds);
+    if (!cfg->cache_dir[0])
+        s->cache_dir = path_join(run_dir, "s3-staging");
+    else if (cfg->cache_dir[0] == '/')
+        s->cache_dir = strdup(cfg->cache_dir);
+    else
+        s->cache_dir = path_join(run_dir, cfg->cache_dir);
+    if (!s->bucket || !s->prefix || !s->endpoint || !s->sigv4 ||
+        !s->credentials || (want_token && !s->token_header) || !s->cache_dir)
+        return -1;
+    /* "https://host/" would make every URL "https://host//bucket" */
+    for (size_t n = strlen(s->endpoint); n > 8 && s->endpoint[n - 1] == '/'; n--)
+        s->endpoint[n - 1] = '\0';
+    for (size_t n = strlen(s->cache_dir); n > 1 && s->cache_dir[n - 1] == '/'; n--)
+        s->cache_dir[n - 1] = '\0';
+    return 0;
+}
+
+/* curl ready and the staging directory made. */
+static int start_client(struct s3 *s, tr_err *err)
+{
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+        return tr_fail(err, "s3 checkpoint: curl_global_init failed");
+    s->curl_ready = 1;
+    if (!(s->curl = curl_easy_init()))
+        return tr_fail(err, "s3 checkpoint: curl_easy_init failed (out of memory?)");
+    if (mkdir_p(s->cache_dir) != 0) {
+        int e = errno;
+        return tr_fail(err, "s3 checkpoint: cannot create the staging directory %s: %s%s",
+                       s->cache_dir, strerror(e), disk_hint(e));
+    }
+    return TR_OK;
+}
+
+/* Fail now, not after the first save, when the bucket cannot be used. */
+static int probe_bucket(struct s3 *s, tr_err *err)
+{
+    struct buf query = {0};
+    if (buf_printf(&query, "list-type=2&max-keys=1&prefix=") || uri_encode(&query, s->prefix, 0)) {
+        buf_free(&query);
+        return tr_fail(err, "s3 checkpoint: out of memory");
+    }
+    struct request probe = {.method = "GET", .query = query.data, .listing = s->prefix};
+    int rc = s3_request(s, s->curl, &probe, 0, err);
+    buf_free(&query);
+    buf_free(&probe.response);
+    return rc;
+}
+
+static int s3_create(const struct tr_host *host, const void *config,
+                     const struct tr_create_args *args, void **self, tr_err *err)
+{
+    const struct s3_config *cfg = config;
+    if (!host || !host->alloc || !host->free)
+        return tr_fail(err, "s3 checkpoint: the host provides no allocator");
+    if (check_options(cfg, err) != TR_OK)
+        return TR_ERROR;
     char *endpoint = NULL;
     if (choose_endpoint(cfg->endpoint, &endpoint, err) != TR_OK)
         return TR_ERROR;
     struct credentials creds;
-    if (load_credentials(&creds, err) != TR_OK) {
-        free(endpoint);
-        return TR_ERROR;
-    }
-    if (strchr(creds.access, ':') || strpbrk(creds.token ? creds.token : "", "\r\n")) {
-        tr_fail(err, "s3 checkpoint: the %s from %s contains '%s'; check it",
-                strchr(creds.access, ':') ? "access key" : "session token", creds.source,
-                strchr(creds.access, ':') ? ":" : "a line break");
-        credentials_free(&creds);
+    if (load_checked_credentials(&creds, err) != TR_OK) {
         free(endpoint);
         return TR_ERROR;
     }
@@ -237,70 +299,14 @@ static int s3_create(const struct tr_host *host, const void *config,
     s->host = host;
     pthread_mutex_init(&s->latest_lock, NULL);
     pthread_mutex_init(&s->call_lock, NULL);
-    s->path_style = cfg->path_style;
-    s->background = cfg->background;
-    s->timeout = (long)cfg->timeout;
-    s->retries = (int)cfg->retries;
-    s->bucket = strdup(cfg->bucket);
-    s->prefix = strdup(cfg->prefix);
-    s->endpoint = endpoint;
-    s->sigv4 = str_printf("aws:amz:%s:s3", cfg->region);
-    s->credentials = str_printf("%s:%s", creds.access, creds.secret);
-    int want_token = creds.token && creds.token[0];
-    if (want_token)
-        s->token_header = str_printf("x-amz-security-token: %s", creds.token);
-    s->creds_source = creds.source;
-    creds.source = NULL;
-    credentials_free(&creds);
-    if (!cfg->cache_dir[0])
-        s->cache_dir = path_join(run_dir, "s3-staging");
-    else if (cfg->cache_dir[0] == '/')
-        s->cache_dir = strdup(cfg->cache_dir);
-    else
-        s->cache_dir = path_join(run_dir, cfg->cache_dir);
-    if (!s->bucket || !s->prefix || !s->endpoint || !s->sigv4 ||
-        !s->credentials || (want_token && !s->token_header) || !s->cache_dir) {
+    if (fill_settings(s, cfg, endpoint, &creds, run_dir) != 0) {
         s3_destroy(s);
         return tr_fail(err, "s3 checkpoint: out of memory");
     }
-    /* "https://host/" would make every URL "https://host//bucket" */
-    for (size_t n = strlen(s->endpoint); n > 8 && s->endpoint[n - 1] == '/'; n--)
-        s->endpoint[n - 1] = '\0';
-    for (size_t n = strlen(s->cache_dir); n > 1 && s->cache_dir[n - 1] == '/'; n--)
-        s->cache_dir[n - 1] = '\0';
     if (!s->path_style && strchr(s->bucket, '.') && strncmp(s->endpoint, "https://", 8) == 0)
         log_msg(s, TR_LOG_WARN, "bucket \"%s\" has dots: virtual-hosted https URLs will fail "
                                 "certificate checks; use path_style = true", s->bucket);
-
-    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
-        s3_destroy(s);
-        return tr_fail(err, "s3 checkpoint: curl_global_init failed");
-    }
-    s->curl_ready = 1;
-    if (!(s->curl = curl_easy_init())) {
-        s3_destroy(s);
-        return tr_fail(err, "s3 checkpoint: curl_easy_init failed (out of memory?)");
-    }
-    if (mkdir_p(s->cache_dir) != 0) {
-        int e = errno;
-        tr_fail(err, "s3 checkpoint: cannot create the staging directory %s: %s%s",
-                s->cache_dir, strerror(e), disk_hint(e));
-        s3_destroy(s);
-        return TR_ERROR;
-    }
-
-    /* Fail now, not after the first save, when the bucket cannot be used. */
-    struct buf query = {0};
-    if (buf_printf(&query, "list-type=2&max-keys=1&prefix=") || uri_encode(&query, s->prefix, 0)) {
-        buf_free(&query);
-        s3_destroy(s);
-        return tr_fail(err, "s3 checkpoint: out of memory");
-    }
-    struct request probe = {.method = "GET", .query = query.data, .listing = s->prefix};
-    int rc = s3_request(s, s->curl, &probe, 0, err);
-    buf_free(&query);
-    buf_free(&probe.response);
-    if (rc != TR_OK) {
+    if (start_client(s, err) != TR_OK || probe_bucket(s, err) != TR_OK) {
         s3_destroy(s);
         return TR_ERROR;
     }

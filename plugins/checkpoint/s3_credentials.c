@@ -311,3 +311,31 @@ int valid_bucket(const char *b, int path_style)
     }
     return path_style || (n >= 3 && n <= 63 && b[0] != '.' && b[0] != '-' && !strstr(b, ".."));
 }
+
+/* The recipe's bucket and region (s3.c's check of its options). */
+int check_bucket_region(const char *bucket, int path_style, const char *region, tr_err *err)
+{
+    if (!valid_bucket(bucket, path_style))
+        return tr_fail(err, "s3 checkpoint: invalid bucket \"%s\": give the bucket's name "
+                            "alone (letters, digits, '.', '-'; no s3://, no '/'); put a path "
+                            "into checkpoint.prefix", bucket);
+    if (!region[0] || strspn(region, "abcdefghijklmnopqrstuvwxyz0123456789-") != strlen(region))
+        return tr_fail(err, "s3 checkpoint: invalid region \"%s\"", region);
+    return TR_OK;
+}
+
+/* The credentials from the standard places, with no ':' in the key (it
+ * joins key and secret) and no line break in the token (a header). */
+int load_checked_credentials(struct credentials *creds, tr_err *err)
+{
+    if (load_credentials(creds, err) != TR_OK)
+        return TR_ERROR;
+    if (strchr(creds->access, ':') || strpbrk(creds->token ? creds->token : "", "\r\n")) {
+        tr_fail(err, "s3 checkpoint: the %s from %s contains '%s'; check it",
+                strchr(creds->access, ':') ? "access key" : "session token", creds->source,
+                strchr(creds->access, ':') ? ":" : "a line break");
+        credentials_free(creds);
+        return TR_ERROR;
+    }
+    return TR_OK;
+}

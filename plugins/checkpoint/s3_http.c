@@ -194,6 +194,79 @@ int retryable(CURLcode rc, long status, const char *code)
                     strcmp(code, "InternalError") == 0);
 }
 
+/* The request's headers: the body's SHA-256, its type, the session token.
+ * The buffers hold the first two; NULL when out of memory. */
+static struct curl_slist *request_headers(const struct s3 *s, const struct request *r,
+                                          char sha_header[128], char type_header[128])
+{
+    struct curl_slist *headers = NULL;
+    snprintf(sha_header, 128, "x-amz-content-sha256: %s",
+             r->body_sha256 ? r->body_sha256 : EMPTY_SHA256);
+    headers = curl_slist_append(headers, sha_header);
+    if (r->content_type) {
+        snprintf(type_header, 128, "Content-Type: %s", r->content_type);
+        headers = curl_slist_append(headers, type_header);
+    }
+    if (s->token_header)
+        headers = curl_slist_append(headers, s->token_header);
+    /* No "Expect:" override here: curl 7.88 signs an emptied header and the
+     * signature then fails.  100-continue also lets a server refuse a large
+     * upload before it is sent. */
+    return headers;
+}
+
+/* One attempt's options on a reset handle: signed with SigV4, timed out on
+ * a stalled transfer, the body read from and the answer written to r. */
+static void set_options(const struct s3 *s, CURL *curl, const struct request *r, const char *url,
+                        struct curl_slist *headers, char *curl_error, struct read_cursor *cursor,
+                        struct write_context *wctx)
+{
+    curl_easy_setopt(curl, CURLOPT_URL, url);
+    curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L); /* threads: no SIGALRM */
+    curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, curl_error);
+    curl_easy_setopt(curl, CURLOPT_USERAGENT, "trainrun-s3/0.1");
+    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+    curl_easy_setopt(curl, CURLOPT_AWS_SIGV4, s->sigv4);
+    curl_easy_setopt(curl, CURLOPT_USERPWD, s->credentials);
+    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, s->timeout);
+    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, s->timeout);
+    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, write_body);
+    curl_easy_setopt(curl, CURLOPT_WRITEDATA, wctx);
+    if (strcmp(r->method, "PUT") == 0) {
+        curl_easy_setopt(curl, CURLOPT_UPLOAD, 1L);
+        curl_easy_setopt(curl, CURLOPT_READFUNCTION, read_body);
+        curl_easy_setopt(curl, CURLOPT_READDATA, cursor);
+        curl_easy_setopt(curl, CURLOPT_INFILESIZE_LARGE, (curl_off_t)r->body_size);
+    } else if (strcmp(r->method, "HEAD") == 0) {
+        curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
+    } else if (strcmp(r->method, "GET") != 0) {
+        curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, r->method);
+    }
+}
+
+/* The last attempt failed: say how (curl's error, or the server's code and
+ * message with a hint), after how many attempts. */
+static int request_failed(const struct s3 *s, const struct request *r, const char *what,
+                          int attempt, CURLcode crc, const char *code, const char *curl_error,
+                          tr_err *err)
+{
+    char tries[64] = "";
+    if (attempt > 0)
+        snprintf(tries, sizeof tries, " (%d attempts)", attempt + 1);
+    if (crc != CURLE_OK)
+        return tr_fail(err, "s3 checkpoint: %s %s at %s failed%s: %s%s%s; check that the server "
+                            "is up and reachable and that checkpoint.endpoint is right",
+                       r->method, what, s->endpoint, tries, curl_easy_strerror(crc),
+                       curl_error[0] ? ": " : "", curl_error);
+    char *message = xml_first(r->response.data, "Message");
+    tr_fail(err, "s3 checkpoint: %s %s at %s failed%s: HTTP %ld%s%s%s%s; %s", r->method,
+            what, s->endpoint, tries, r->status, code ? " " : "", code ? code : "",
+            message ? ": " : "", message ? message : "", hint_for(s, code, r->status));
+    free(message);
+    return TR_ERROR;
+}
+
 /* One S3 request with retries.  Returns TR_OK for a 2xx answer.  Otherwise
  * TR_ERROR with err describing the failure (the HTTP status is in r->status,
  * 0 when no answer came), except that with quiet_404 a missing object is
@@ -208,21 +281,8 @@ int s3_request(const struct s3 *s, CURL *curl, struct request *r, int quiet_404,
         return tr_fail(err, "s3 checkpoint: out of memory");
     if (!r->response_limit)
         r->response_limit = MAX_LIST_RESPONSE;
-
-    struct curl_slist *headers = NULL;
     char sha_header[128], type_header[128];
-    snprintf(sha_header, sizeof sha_header, "x-amz-content-sha256: %s",
-             r->body_sha256 ? r->body_sha256 : EMPTY_SHA256);
-    headers = curl_slist_append(headers, sha_header);
-    if (r->content_type) {
-        snprintf(type_header, sizeof type_header, "Content-Type: %s", r->content_type);
-        headers = curl_slist_append(headers, type_header);
-    }
-    if (s->token_header)
-        headers = curl_slist_append(headers, s->token_header);
-    /* No "Expect:" override here: curl 7.88 signs an emptied header and the
-     * signature then fails.  100-continue also lets a server refuse a large
-     * upload before it is sent. */
+    struct curl_slist *headers = request_headers(s, r, sha_header, type_header);
     if (!headers) {
         free(url);
         return tr_fail(err, "s3 checkpoint: out of memory");
@@ -244,29 +304,7 @@ int s3_request(const struct s3 *s, CURL *curl, struct request *r, int quiet_404,
                     strerror(errno));
             break;
         }
-        curl_easy_setopt(curl, CURLOPT_URL, url);
-        curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L); /* threads: no SIGALRM */
-        curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, curl_error);
-        curl_easy_setopt(curl, CURLOPT_USERAGENT, "trainrun-s3/0.1");
-        curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-        curl_easy_setopt(curl, CURLOPT_AWS_SIGV4, s->sigv4);
-        curl_easy_setopt(curl, CURLOPT_USERPWD, s->credentials);
-        curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, s->timeout);
-        curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
-        curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, s->timeout);
-        curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, write_body);
-        curl_easy_setopt(curl, CURLOPT_WRITEDATA, &wctx);
-        if (strcmp(r->method, "PUT") == 0) {
-            curl_easy_setopt(curl, CURLOPT_UPLOAD, 1L);
-            curl_easy_setopt(curl, CURLOPT_READFUNCTION, read_body);
-            curl_easy_setopt(curl, CURLOPT_READDATA, &cursor);
-            curl_easy_setopt(curl, CURLOPT_INFILESIZE_LARGE, (curl_off_t)r->body_size);
-        } else if (strcmp(r->method, "HEAD") == 0) {
-            curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
-        } else if (strcmp(r->method, "GET") != 0) {
-            curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, r->method);
-        }
-
+        set_options(s, curl, r, url, headers, curl_error, &cursor, &wctx);
         CURLcode crc = curl_easy_perform(curl);
         curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &r->status);
         if (crc == CURLE_OK && r->status >= 200 && r->status < 300) {
@@ -299,21 +337,7 @@ int s3_request(const struct s3 *s, CURL *curl, struct request *r, int quiet_404,
             sleep_seconds(delay);
             continue;
         }
-        char tries[64] = "";
-        if (attempt > 0)
-            snprintf(tries, sizeof tries, " (%d attempts)", attempt + 1);
-        if (crc != CURLE_OK) {
-            tr_fail(err, "s3 checkpoint: %s %s at %s failed%s: %s%s%s; check that the server "
-                         "is up and reachable and that checkpoint.endpoint is right",
-                    r->method, what, s->endpoint, tries, curl_easy_strerror(crc),
-                    curl_error[0] ? ": " : "", curl_error);
-        } else {
-            char *message = xml_first(r->response.data, "Message");
-            tr_fail(err, "s3 checkpoint: %s %s at %s failed%s: HTTP %ld%s%s%s%s; %s", r->method,
-                    what, s->endpoint, tries, r->status, code ? " " : "", code ? code : "",
-                    message ? ": " : "", message ? message : "", hint_for(s, code, r->status));
-            free(message);
-        }
+        request_failed(s, r, what, attempt, crc, code, curl_error, err);
         free(code);
         break;
     }

@@ -211,6 +211,12 @@ int load_credentials(struct credentials *c, tr_err *err);
 int aws_endpoint(const char *url);
 int choose_endpoint(const char *configured, char **endpoint, tr_err *err);
 int valid_bucket(const char *b, int path_style);
+/* checkpoint.bucket a bare bucket name (valid_bucket) and checkpoint.region
+ * letters, digits and dashes; else err names which. */
+int check_bucket_region(const char *bucket, int path_style, const char *region, tr_err *err);
+/* load_credentials, with no ':' in the key (it joins key and secret) and no
+ * line break in the token (a header); freed on failure. */
+int load_checked_credentials(struct credentials *creds, tr_err *err);
 
 #pragma GCC visibility pop
 

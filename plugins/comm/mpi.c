@@ -200,17 +200,10 @@ static void describe_library(char *out, size_t cap)
 
 static void mpi_destroy(void *self);
 
-static int mpi_create(const struct tr_host *host, const void *config,
-                      const struct tr_create_args *args, void **self, tr_err *err)
+/* MPI started here at MPI_THREAD_SERIALIZED, or already started by someone
+ * else at that level at least; never after it was finalised. */
+static int start_mpi(tr_err *err)
 {
-    (void)host;
-    const struct mpi_config *cfg = config;
-    if (TR_HAS_SLOT(args, struct tr_create_args, device) && strcmp(args->device, "cpu") != 0)
-        return tr_fail(err,
-                       "comm mpi: buffers on device '%s' need comm = \"nccl\"; mpi moves host "
-                       "memory only",
-                       args->device);
-
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized)
@@ -240,6 +233,40 @@ static int mpi_create(const struct tr_host *host, const void *config,
                            "below the MPI_THREAD_SERIALIZED the core's communication thread needs",
                            provided);
     }
+    return TR_OK;
+}
+
+/* m's own communicator, a duplicate of the world's returning errors, and
+ * the ranks on this node. */
+static int dup_communicator(struct mpi_comm *m, tr_err *err)
+{
+    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+    MPI_Comm node = MPI_COMM_NULL;
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Comm_split_type(m->comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    if (rc == MPI_SUCCESS) {
+        MPI_Comm_size(node, &m->local_world);
+        MPI_Comm_free(&node);
+    }
+    if (rc != MPI_SUCCESS)
+        return mpi_error(err, "creating the communicator", rc);
+    return TR_OK;
+}
+
+static int mpi_create(const struct tr_host *host, const void *config,
+                      const struct tr_create_args *args, void **self, tr_err *err)
+{
+    (void)host;
+    const struct mpi_config *cfg = config;
+    if (TR_HAS_SLOT(args, struct tr_create_args, device) && strcmp(args->device, "cpu") != 0)
+        return tr_fail(err,
+                       "comm mpi: buffers on device '%s' need comm = \"nccl\"; mpi moves host "
+                       "memory only",
+                       args->device);
+    if (start_mpi(err) != TR_OK)
+        return TR_ERROR;
 
     int mpi_rank = -1, mpi_world = -1;
     MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
@@ -262,18 +289,7 @@ static int mpi_create(const struct tr_host *host, const void *config,
     m->timeout = cfg->timeout;
     m->comm = MPI_COMM_NULL;
     live_instances++;
-    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
-    if (rc == MPI_SUCCESS)
-        rc = MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
-    MPI_Comm node = MPI_COMM_NULL;
-    if (rc == MPI_SUCCESS)
-        rc = MPI_Comm_split_type(m->comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-    if (rc == MPI_SUCCESS) {
-        MPI_Comm_size(node, &m->local_world);
-        MPI_Comm_free(&node);
-    }
-    if (rc != MPI_SUCCESS) {
-        mpi_error(err, "creating the communicator", rc);
+    if (dup_communicator(m, err) != TR_OK) {
         m->broken = 1; /* the other ranks may be elsewhere: do not wait in MPI_Finalize */
         mpi_destroy(m);
         return TR_ERROR;

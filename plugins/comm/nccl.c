@@ -263,11 +263,11 @@ static int share_via_mpi(ncclUniqueId *id, int rank, int world, char *via, size_
 
 static void nccl_destroy(void *self);
 
-static int nccl_create(const struct tr_host *host, const void *config,
-                       const struct tr_create_args *args, void **self, tr_err *err)
+/* The GPU of this rank: one per rank on the node, or the one a rank sees
+ * when each sees a single GPU (CUDA_VISIBLE_DEVICES set per rank, as Slurm
+ * does); made current. */
+static int choose_device(const struct tr_create_args *args, int *device, tr_err *err)
 {
-    (void)host;
-    const struct nccl_config *cfg = config;
     if (!TR_HAS_FIELD(args, struct tr_create_args, device_stream))
         return tr_fail(err, "comm nccl: this trainrun is too old for GPU ranks (it passes no "
                             "device stream)");
@@ -276,7 +276,6 @@ static int nccl_create(const struct tr_host *host, const void *config,
                        "comm nccl: buffers live on '%s', but nccl moves GPU memory: run on "
                        "GPUs, or use comm = \"mpi\" for CPU ranks",
                        args->device ? args->device : "(none)");
-
     int gpus = 0;
     cudaError_t e = cudaGetDeviceCount(&gpus);
     if (e != cudaSuccess || gpus == 0)
@@ -284,19 +283,71 @@ static int nccl_create(const struct tr_host *host, const void *config,
                        "comm nccl: no usable GPU on this host (%s): run on a GPU node, or use "
                        "comm = \"mpi\" for CPU ranks",
                        e != cudaSuccess ? cudaGetErrorString(e) : "0 CUDA devices");
-    /* One GPU per rank on the node; when each rank sees a single GPU
-     * (CUDA_VISIBLE_DEVICES set per rank, as Slurm does), that one. */
-    int device = args->local_rank;
+    *device = args->local_rank;
     if (gpus == 1)
-        device = 0;
-    else if (device < 0 || device >= gpus)
+        *device = 0;
+    else if (*device < 0 || *device >= gpus)
         return tr_fail(err,
                        "comm nccl: local rank %d needs GPU %d, but this host shows %d GPUs: "
                        "start at most one rank per GPU",
                        args->local_rank, args->local_rank, gpus);
-    e = cudaSetDevice(device);
+    e = cudaSetDevice(*device);
     if (e != cudaSuccess)
         return cuda_fail(err, "cudaSetDevice", e);
+    return TR_OK;
+}
+
+/* Rank 0's unique id shared with every rank, through MPI when the ranks
+ * were started by it, else the rendezvous; `via` says which. */
+static int share_id(struct nccl_comm *c, const struct nccl_config *cfg, ncclUniqueId *id,
+                    char *via, size_t via_size, tr_err *err)
+{
+    memset(id, 0, sizeof *id);
+    ncclResult_t r = ncclSuccess;
+    if (c->rank == 0 && (r = ncclGetUniqueId(id)) != ncclSuccess)
+        return nccl_fail(c, err, "ncclGetUniqueId", r);
+    int mpi = share_via_mpi(id, c->rank, c->world, via, via_size, err);
+    if (mpi == TR_ERROR)
+        return TR_ERROR;
+    if (mpi == 0 && rdv_share("comm nccl", id, sizeof *id, c->rank, c->world,
+                              cfg->rendezvous_timeout, via, via_size, err) != TR_OK)
+        return TR_ERROR;
+    return TR_OK;
+}
+
+/* The engine's stream when it gives one, else a stream of our own. */
+static int choose_stream(struct nccl_comm *c, const struct tr_create_args *args, tr_err *err)
+{
+    if (args->device_stream) {
+        c->stream = (cudaStream_t)args->device_stream;
+        return TR_OK;
+    }
+    cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess)
+        return cuda_fail(err, "cudaStreamCreate", e);
+    c->own_stream = 1;
+    return TR_OK;
+}
+
+/* Nonblocking, so a rank that never joins costs a timeout, not a hang. */
+static int init_communicator(struct nccl_comm *c, ncclUniqueId id, tr_err *err)
+{
+    ncclConfig_t ncfg = NCCL_CONFIG_INITIALIZER;
+    ncfg.blocking = 0;
+    ncclResult_t r = ncclCommInitRankConfig(&c->comm, c->world, id, c->rank, &ncfg);
+    if (r != ncclSuccess && r != ncclInProgress)
+        return nccl_fail(c, err, "ncclCommInitRankConfig", r);
+    return settle(c, "setting up the communicator", deadline_after(c->timeout), err);
+}
+
+static int nccl_create(const struct tr_host *host, const void *config,
+                       const struct tr_create_args *args, void **self, tr_err *err)
+{
+    (void)host;
+    const struct nccl_config *cfg = config;
+    int device = 0;
+    if (choose_device(args, &device, err) != TR_OK)
+        return TR_ERROR;
 
     struct nccl_comm *c = calloc(1, sizeof *c);
     if (!c)
@@ -307,41 +358,12 @@ static int nccl_create(const struct tr_host *host, const void *config,
     c->timeout = cfg->timeout;
 
     ncclUniqueId id;
-    memset(&id, 0, sizeof id);
-    ncclResult_t r = ncclSuccess;
-    if (c->rank == 0 && (r = ncclGetUniqueId(&id)) != ncclSuccess) {
-        nccl_fail(c, err, "ncclGetUniqueId", r);
-        goto fail;
-    }
     char via[200];
-    int mpi = share_via_mpi(&id, c->rank, c->world, via, sizeof via, err);
-    if (mpi == TR_ERROR)
-        goto fail;
-    if (mpi == 0 && rdv_share("comm nccl", &id, sizeof id, c->rank, c->world,
-                              cfg->rendezvous_timeout, via, sizeof via, err) != TR_OK)
-        goto fail;
-
-    if (args->device_stream) {
-        c->stream = (cudaStream_t)args->device_stream;
-    } else {
-        e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
-        if (e != cudaSuccess) {
-            cuda_fail(err, "cudaStreamCreate", e);
-            goto fail;
-        }
-        c->own_stream = 1;
+    if (share_id(c, cfg, &id, via, sizeof via, err) != TR_OK ||
+        choose_stream(c, args, err) != TR_OK || init_communicator(c, id, err) != TR_OK) {
+        nccl_destroy(c);
+        return TR_ERROR;
     }
-
-    /* Nonblocking, so a rank that never joins costs a timeout, not a hang. */
-    ncclConfig_t ncfg = NCCL_CONFIG_INITIALIZER;
-    ncfg.blocking = 0;
-    r = ncclCommInitRankConfig(&c->comm, c->world, id, c->rank, &ncfg);
-    if (r != ncclSuccess && r != ncclInProgress) {
-        nccl_fail(c, err, "ncclCommInitRankConfig", r);
-        goto fail;
-    }
-    if (settle(c, "setting up the communicator", deadline_after(c->timeout), err) != TR_OK)
-        goto fail;
 
     int version = 0;
     ncclGetVersion(&version);
@@ -353,10 +375,6 @@ static int nccl_create(const struct tr_host *host, const void *config,
              version / 100 % 100, version % 100, c->rank, c->world, device, prop.name, via);
     *self = c;
     return TR_OK;
-
-fail:
-    nccl_destroy(c);
-    return TR_ERROR;
 }
 
 static void nccl_destroy(void *self)

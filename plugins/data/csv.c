@@ -104,6 +104,129 @@ static int grow_rows(struct csv *c, uint64_t *row_cap)
     return 1;
 }
 
+/* What loading has learnt so far: the columns from the first data line,
+ * the largest label. */
+struct load_state {
+    const struct csv_config *cfg;
+    size_t expected;       /* fields per line, from the first data line */
+    size_t label_col;
+    long first_data_line;
+    int64_t max_label;
+    uint64_t row_cap;
+};
+
+/* A data line's field count: the first fixes the columns, the others must
+ * match it. */
+static int check_columns(struct csv *c, struct load_state *st, size_t n, long lineno,
+                         tr_err *err)
+{
+    const char *path = st->cfg->path;
+    if (st->expected != 0) {
+        if (n != st->expected)
+            return tr_fail(err,
+                           "csv data: %s:%ld: expected %zu fields (as on line %ld), got %zu; every "
+                           "row needs the same number of comma-separated values",
+                           path, lineno, st->expected, st->first_data_line, n);
+        return TR_OK;
+    }
+    if (n < 2)
+        return tr_fail(err,
+                       "csv data: %s:%ld: found 1 field; each line needs at least one feature "
+                       "and a label, separated by commas",
+                       path, lineno);
+    st->label_col = st->cfg->label_column < 0 ? n - 1 : (size_t)st->cfg->label_column;
+    if (st->label_col >= n)
+        return tr_fail(err,
+                       "csv data: label_column = %lld but %s:%ld has only %zu columns "
+                       "(numbered from 0; -1 means the last)",
+                       (long long)st->cfg->label_column, path, lineno, n);
+    if (n - 1 > UINT32_MAX)
+        return tr_fail(err, "csv data: %s:%ld: too many columns (%zu)", path, lineno, n);
+    st->expected = n;
+    st->first_data_line = lineno;
+    c->features = (uint32_t)(n - 1);
+    return TR_OK;
+}
+
+/* The label column's value v: a class index, below classes when given. */
+static int check_label(const struct load_state *st, const char *field, double v, long lineno,
+                       tr_err *err)
+{
+    const char *path = st->cfg->path;
+    if (v < 0)
+        return tr_fail(err,
+                       "csv data: %s:%ld: label \"%s\" is negative; labels are class "
+                       "indices 0, 1, 2, ... (is label_column right?)",
+                       path, lineno, field);
+    if (v != floor(v) || v > INT32_MAX)
+        return tr_fail(err,
+                       "csv data: %s:%ld: label \"%s\" is not an integer class index "
+                       "(is label_column right?)",
+                       path, lineno, field);
+    if (st->cfg->classes > 0 && v >= (double)st->cfg->classes)
+        return tr_fail(err,
+                       "csv data: %s:%ld: label %s is not below classes = %lld; raise "
+                       "classes or fix the label",
+                       path, lineno, field, (long long)st->cfg->classes);
+    return TR_OK;
+}
+
+/* One data line's fields into the next row: the features scaled, the label
+ * checked. */
+static int store_row(struct csv *c, struct load_state *st, char **fields, size_t n, long lineno,
+                     tr_err *err)
+{
+    const char *path = st->cfg->path;
+    double scale = st->cfg->scale;
+    float *x = c->x + c->rows * c->features;
+    for (size_t k = 0; k < n; k++) {
+        double v;
+        if (!tr_csv_number(fields[k], &v))
+            return tr_fail(err, "csv data: %s:%ld: column %zu%s \"%s\" is not a number", path,
+                           lineno, k, k == st->label_col ? " (the label)" : "", fields[k]);
+        if (k != st->label_col) {
+            /* features are floats: 1e39, or 1e30 with scale = 1e10, would
+             * train on infinity */
+            float feature = (float)(v * scale);
+            if (!isfinite(feature))
+                return tr_fail(err,
+                               "csv data: %s:%ld: column %zu \"%s\" times scale = %g is beyond "
+                               "what a float holds (|x| <= 3.4e38); fix the value or data.scale",
+                               path, lineno, k, fields[k], scale);
+            *x++ = feature;
+            continue;
+        }
+        if (check_label(st, fields[k], v, lineno, err) != TR_OK)
+            return TR_ERROR;
+        c->y[c->rows] = (int32_t)v;
+        if ((int64_t)v > st->max_label)
+            st->max_label = (int64_t)v;
+    }
+    c->rows++;
+    return TR_OK;
+}
+
+/* After the last line: the file read whole, some rows, the classes. */
+static int finish_load(struct csv *c, const struct load_state *st, const struct tr_host *host,
+                       gzFile f, tr_err *err)
+{
+    const char *path = st->cfg->path;
+    int zerr;
+    const char *zmsg = data_gz_message(f, path, &zerr);
+    if (zerr != Z_OK)
+        return tr_fail(err, "csv data: cannot read %s: %s (is the .gz file complete?)", path,
+                       zerr == Z_ERRNO ? strerror(errno) : zmsg);
+    if (c->rows == 0)
+        return tr_fail(err, "csv data: %s has no data rows%s; point data.path at a CSV file",
+                       path, st->cfg->header ? " (only a header, or nothing)" : "");
+    c->classes = st->cfg->classes > 0 ? (uint32_t)st->cfg->classes
+                                      : (uint32_t)(st->max_label + 1);
+    if (c->classes < 2 && host && host->log)
+        host->log(TR_LOG_WARN, "csv", "%s: every label is 0, so there is only one class",
+                  path);
+    return TR_OK;
+}
+
 /* Parse the whole file into c.  Returns TR_OK or fills err. */
 static int load(struct csv *c, const struct csv_config *cfg, const struct tr_host *host,
                 gzFile f, tr_err *err)
@@ -111,11 +234,7 @@ static int load(struct csv *c, const struct csv_config *cfg, const struct tr_hos
     const char *path = cfg->path;
     char *line = NULL, **fields = NULL;
     size_t line_cap = 0, fields_cap = 0;
-    uint64_t row_cap = 0;
-    size_t expected = 0;      /* fields per line, from the first data line */
-    size_t label_col = 0;
-    long first_data_line = 0;
-    int64_t max_label = -1;
+    struct load_state st = {.cfg = cfg, .max_label = -1};
     int header_pending = cfg->header;
     int rc = TR_ERROR;
 
@@ -138,110 +257,17 @@ static int load(struct csv *c, const struct csv_config *cfg, const struct tr_hos
             tr_fail(err, "csv data: out of memory reading %s", path);
             goto out;
         }
-
-        if (expected == 0) {
-            if (n < 2) {
-                tr_fail(err,
-                        "csv data: %s:%ld: found 1 field; each line needs at least one feature "
-                        "and a label, separated by commas",
-                        path, lineno);
-                goto out;
-            }
-            label_col = cfg->label_column < 0 ? n - 1 : (size_t)cfg->label_column;
-            if (label_col >= n) {
-                tr_fail(err,
-                        "csv data: label_column = %lld but %s:%ld has only %zu columns "
-                        "(numbered from 0; -1 means the last)",
-                        (long long)cfg->label_column, path, lineno, n);
-                goto out;
-            }
-            if (n - 1 > UINT32_MAX) {
-                tr_fail(err, "csv data: %s:%ld: too many columns (%zu)", path, lineno, n);
-                goto out;
-            }
-            expected = n;
-            first_data_line = lineno;
-            c->features = (uint32_t)(n - 1);
-        } else if (n != expected) {
-            tr_fail(err,
-                    "csv data: %s:%ld: expected %zu fields (as on line %ld), got %zu; every "
-                    "row needs the same number of comma-separated values",
-                    path, lineno, expected, first_data_line, n);
+        if (check_columns(c, &st, n, lineno, err) != TR_OK)
             goto out;
-        }
-
-        if (!grow_rows(c, &row_cap)) {
+        if (!grow_rows(c, &st.row_cap)) {
             tr_fail(err, "csv data: out of memory loading %s (%llu rows so far)", path,
                     (unsigned long long)c->rows);
             goto out;
         }
-        float *x = c->x + c->rows * c->features;
-        for (size_t k = 0; k < n; k++) {
-            double v;
-            if (!tr_csv_number(fields[k], &v)) {
-                tr_fail(err, "csv data: %s:%ld: column %zu%s \"%s\" is not a number", path,
-                        lineno, k, k == label_col ? " (the label)" : "", fields[k]);
-                goto out;
-            }
-            if (k != label_col) {
-                /* features are floats: 1e39, or 1e30 with scale = 1e10, would
-                 * train on infinity */
-                float feature = (float)(v * cfg->scale);
-                if (!isfinite(feature)) {
-                    tr_fail(err,
-                            "csv data: %s:%ld: column %zu \"%s\" times scale = %g is beyond "
-                            "what a float holds (|x| <= 3.4e38); fix the value or data.scale",
-                            path, lineno, k, fields[k], cfg->scale);
-                    goto out;
-                }
-                *x++ = feature;
-                continue;
-            }
-            if (v < 0) {
-                tr_fail(err,
-                        "csv data: %s:%ld: label \"%s\" is negative; labels are class "
-                        "indices 0, 1, 2, ... (is label_column right?)",
-                        path, lineno, fields[k]);
-                goto out;
-            }
-            if (v != floor(v) || v > INT32_MAX) {
-                tr_fail(err,
-                        "csv data: %s:%ld: label \"%s\" is not an integer class index "
-                        "(is label_column right?)",
-                        path, lineno, fields[k]);
-                goto out;
-            }
-            if (cfg->classes > 0 && v >= (double)cfg->classes) {
-                tr_fail(err,
-                        "csv data: %s:%ld: label %s is not below classes = %lld; raise "
-                        "classes or fix the label",
-                        path, lineno, fields[k], (long long)cfg->classes);
-                goto out;
-            }
-            c->y[c->rows] = (int32_t)v;
-            if ((int64_t)v > max_label)
-                max_label = (int64_t)v;
-        }
-        c->rows++;
+        if (store_row(c, &st, fields, n, lineno, err) != TR_OK)
+            goto out;
     }
-
-    int zerr;
-    const char *zmsg = data_gz_message(f, path, &zerr);
-    if (zerr != Z_OK) {
-        tr_fail(err, "csv data: cannot read %s: %s (is the .gz file complete?)", path,
-                zerr == Z_ERRNO ? strerror(errno) : zmsg);
-        goto out;
-    }
-    if (c->rows == 0) {
-        tr_fail(err, "csv data: %s has no data rows%s; point data.path at a CSV file", path,
-                cfg->header ? " (only a header, or nothing)" : "");
-        goto out;
-    }
-    c->classes = cfg->classes > 0 ? (uint32_t)cfg->classes : (uint32_t)(max_label + 1);
-    if (c->classes < 2 && host && host->log)
-        host->log(TR_LOG_WARN, "csv", "%s: every label is 0, so there is only one class",
-                  path);
-    rc = TR_OK;
+    rc = finish_load(c, &st, host, f, err);
 out:
     free(line);
     free(fields);

@@ -214,79 +214,83 @@ static void free_set(struct idx_set *s)
 
 /* Load one images+labels pair; *features is set by the first call and
  * checked by later ones. */
-static int load_set(struct idx_set *s, const char *img_option, const char *img_path,
-                    const char *lbl_option, const char *lbl_path, uint32_t *features,
-                    uint32_t *max_label, tr_err *err)
+/* The images of a set: the file read, its items' size matching the
+ * training images', float elements finite (their largest magnitude kept). */
+static int load_images(struct idx_set *s, const char *img_option, const char *img_path,
+                       const char *lbl_option, uint32_t *features, struct idx_header *ih,
+                       tr_err *err)
 {
-    size_t img_size, lbl_size;
-    struct idx_header ih, lh;
-    unsigned char *lbl_file = NULL;
-
+    size_t img_size;
     if (read_all(img_option, img_path, &s->file, &img_size, err) ||
-        parse_header(img_path, s->file, img_size, &ih, err))
-        goto fail;
-    if (ih.ndims < 2) {
-        tr_fail(err,
-                "idx data: %s has one dimension, like a labels file; check that data.%s and "
-                "data.%s are not swapped",
-                img_path, img_option, lbl_option);
-        goto fail;
-    }
-    if (ih.per_item == 0 || ih.per_item > UINT32_MAX) {
-        tr_fail(err, "idx data: %s: %llu elements per item is not supported", img_path,
-                (unsigned long long)ih.per_item);
-        goto fail;
-    }
-    if (*features && ih.per_item != *features) {
-        tr_fail(err,
-                "idx data: %s has %llu elements per item but the training images have %u; "
-                "use matching files",
-                img_path, (unsigned long long)ih.per_item, *features);
-        goto fail;
-    }
-    *features = (uint32_t)ih.per_item;
-    s->dtype = ih.dtype;
-    s->elems = s->file + ih.header_size;
-    s->count = ih.count;
+        parse_header(img_path, s->file, img_size, ih, err))
+        return TR_ERROR;
+    if (ih->ndims < 2)
+        return tr_fail(err,
+                       "idx data: %s has one dimension, like a labels file; check that data.%s "
+                       "and data.%s are not swapped",
+                       img_path, img_option, lbl_option);
+    if (ih->per_item == 0 || ih->per_item > UINT32_MAX)
+        return tr_fail(err, "idx data: %s: %llu elements per item is not supported", img_path,
+                       (unsigned long long)ih->per_item);
+    if (*features && ih->per_item != *features)
+        return tr_fail(err,
+                       "idx data: %s has %llu elements per item but the training images have "
+                       "%u; use matching files",
+                       img_path, (unsigned long long)ih->per_item, *features);
+    *features = (uint32_t)ih->per_item;
+    s->dtype = ih->dtype;
+    s->elems = s->file + ih->header_size;
+    s->count = ih->count;
     /* NaN or infinity in the inputs would train on garbage without a word;
      * the largest magnitude also bounds what `scale` may multiply */
     s->max_abs = 255;
     if (s->dtype == IDX_FLOAT32) {
         s->max_abs = 0;
-        for (uint64_t i = 0; i < ih.count * ih.per_item; i++) {
+        for (uint64_t i = 0; i < ih->count * ih->per_item; i++) {
             float v = be_float(s->elems + 4 * i);
-            if (!isfinite(v)) {
-                tr_fail(err, "idx data: %s: element %llu of item %llu is %g; inputs must be "
-                        "finite numbers", img_path, (unsigned long long)(i % ih.per_item),
-                        (unsigned long long)(i / ih.per_item), v);
-                goto fail;
-            }
+            if (!isfinite(v))
+                return tr_fail(err, "idx data: %s: element %llu of item %llu is %g; inputs "
+                               "must be finite numbers", img_path,
+                               (unsigned long long)(i % ih->per_item),
+                               (unsigned long long)(i / ih->per_item), v);
             if (fabsf(v) > s->max_abs)
                 s->max_abs = fabsf(v);
         }
     }
+    return TR_OK;
+}
 
+/* The labels of a set, one per image, each a class index; *max_label
+ * raised to the largest. */
+static int load_labels(struct idx_set *s, const char *img_option, const char *img_path,
+                       const char *lbl_option, const char *lbl_path, const struct idx_header *ih,
+                       uint32_t *max_label, tr_err *err)
+{
+    size_t lbl_size;
+    struct idx_header lh;
+    unsigned char *lbl_file = NULL;
+    int rc = TR_ERROR;
     if (read_all(lbl_option, lbl_path, &lbl_file, &lbl_size, err) ||
         parse_header(lbl_path, lbl_file, lbl_size, &lh, err))
-        goto fail;
+        goto out;
     if (lh.ndims != 1) {
         tr_fail(err,
                 "idx data: %s has %u dimensions, but labels have one; check that data.%s and "
                 "data.%s are not swapped",
                 lbl_path, lh.ndims, img_option, lbl_option);
-        goto fail;
+        goto out;
     }
-    if (lh.count != ih.count) {
+    if (lh.count != ih->count) {
         tr_fail(err,
                 "idx data: %s holds %llu images but %s holds %llu labels; the counts must "
                 "match (are they from the same set?)",
-                img_path, (unsigned long long)ih.count, lbl_path, (unsigned long long)lh.count);
-        goto fail;
+                img_path, (unsigned long long)ih->count, lbl_path, (unsigned long long)lh.count);
+        goto out;
     }
     s->labels = malloc((lh.count ? lh.count : 1) * sizeof *s->labels);
     if (!s->labels) {
         tr_fail(err, "idx data: out of memory loading %s", lbl_path);
-        goto fail;
+        goto out;
     }
     const unsigned char *p = lbl_file + lh.header_size;
     for (uint64_t i = 0; i < lh.count; i++) {
@@ -294,18 +298,29 @@ static int load_set(struct idx_set *s, const char *img_option, const char *img_p
         if (!(v >= 0 && v == floor(v) && v <= INT32_MAX)) {
             tr_fail(err, "idx data: %s: label %llu is %g, not a class index 0, 1, 2, ...",
                     lbl_path, (unsigned long long)i, v);
-            goto fail;
+            goto out;
         }
         s->labels[i] = (int32_t)v;
         if ((uint32_t)v > *max_label)
             *max_label = (uint32_t)v;
     }
+    rc = TR_OK;
+out:
     free(lbl_file);
+    return rc;
+}
+
+static int load_set(struct idx_set *s, const char *img_option, const char *img_path,
+                    const char *lbl_option, const char *lbl_path, uint32_t *features,
+                    uint32_t *max_label, tr_err *err)
+{
+    struct idx_header ih;
+    if (load_images(s, img_option, img_path, lbl_option, features, &ih, err) != TR_OK ||
+        load_labels(s, img_option, img_path, lbl_option, lbl_path, &ih, max_label, err) != TR_OK) {
+        free_set(s);
+        return TR_ERROR;
+    }
     return TR_OK;
-fail:
-    free(lbl_file);
-    free_set(s);
-    return TR_ERROR;
 }
 
 static void idx_destroy(void *self)

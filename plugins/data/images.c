@@ -119,12 +119,11 @@ static int is_shard_name(const char *name, const char *prefix)
     return 1;
 }
 
-static int map_split(struct images *d, const struct images_config *cfg, enum tr_split which,
-                     const char *prefix, tr_err *err)
+/* The names of dir's shards of one split, "<prefix>_NNNNNN.bin", sorted,
+ * in *names (the caller frees them, even on failure); dir is closed. */
+static int list_shards(DIR *dir, const char *prefix, char ***names_out, size_t *n_out,
+                       tr_err *err)
 {
-    DIR *dir = opendir(cfg->dir);
-    if (!dir)
-        return data_fail_open(err, "images", "dir", cfg->dir, errno);
     char **names = NULL;
     size_t n = 0, cap = 0;
     struct dirent *e;
@@ -150,69 +149,87 @@ static int map_split(struct images *d, const struct images_config *cfg, enum tr_
     closedir(dir);
     if (n)
         qsort(names, n, sizeof *names, cmp_str);
+    *names_out = names;
+    *n_out = n;
+    return rc;
+}
+
+/* A mapped shard's content: the same image shape as the first, its
+ * checksum when verified, every label below its classes. */
+static int check_shard(struct images *d, const struct images_config *cfg, struct split *s,
+                       struct shard *sh, const char *path, tr_err *err)
+{
+    struct tr_images_header h;
+    char why[256];
+    if (tr_images_header_read(sh->map, sh->size, &h, why, sizeof why) != 0)
+        return tr_fail(err, "images data: %s: %s; run trainrun prepare --format images "
+                       "again", path, why);
+    if (d->head.version == 0) {
+        d->head = h;
+    } else if (h.height != d->head.height || h.width != d->head.width ||
+               h.channels != d->head.channels || h.classes != d->head.classes) {
+        return tr_fail(err, "images data: %s holds %ux%ux%u images of %u classes, but the "
+                       "first shard %ux%ux%u of %u; shards of one directory come from one "
+                       "prepare", path, h.height, h.width, h.channels, h.classes,
+                       d->head.height, d->head.width, d->head.channels, d->head.classes);
+    }
+    uint64_t bytes = tr_images_image_bytes(&h);
+    sh->pixels = (const unsigned char *)sh->map + TR_IMAGES_HEADER_BYTES;
+    sh->labels = sh->pixels + h.count * bytes;
+    sh->count = h.count;
+    sh->first = s->count;
+    s->count += h.count;
+    if (cfg->verify) {
+        uint64_t sum = tr_images_checksum(sh->pixels, sh->size - TR_IMAGES_HEADER_BYTES);
+        if (sum != h.checksum)
+            return tr_fail(err, "images data: %s: the checksum does not match its content "
+                           "(the file was damaged or changed after prepare wrote it); run "
+                           "trainrun prepare --format images again", path);
+    }
+    for (uint64_t k = 0; k < h.count; k++) {
+        uint32_t label = tr_images_le32(sh->labels + 4 * k);
+        if (label >= h.classes)
+            return tr_fail(err, "images data: %s: image %llu has class %u, but the shard "
+                           "has %u classes", path, (unsigned long long)k, label, h.classes);
+    }
+    return TR_OK;
+}
+
+/* Shard `name` of dir mapped as the split's next shard, and checked. */
+static int map_shard(struct images *d, const struct images_config *cfg, struct split *s,
+                     const char *name, tr_err *err)
+{
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/%s", cfg->dir, name);
+    struct shard *sh = &s->v[s->n];
+    int errnum = 0;
+    enum data_map_result m = data_map_file(path, &sh->map, &sh->size, &errnum);
+    if (m == DATA_CANNOT_OPEN)
+        return data_fail_open(err, "images", "dir", path, errnum);
+    if (m != DATA_MAPPED)
+        return tr_fail(err, "images data: %s: %s; run trainrun prepare --format images "
+                       "again", path,
+                       m == DATA_EMPTY ? "empty file" : m == DATA_NOT_REGULAR
+                           ? "not a regular file" : strerror(errnum));
+    s->n++;
+    return check_shard(d, cfg, s, sh, path, err);
+}
+
+static int map_split(struct images *d, const struct images_config *cfg, enum tr_split which,
+                     const char *prefix, tr_err *err)
+{
+    DIR *dir = opendir(cfg->dir);
+    if (!dir)
+        return data_fail_open(err, "images", "dir", cfg->dir, errno);
+    char **names;
+    size_t n;
+    int rc = list_shards(dir, prefix, &names, &n, err);
     struct split *s = &d->split[which];
     s->v = calloc(n ? n : 1, sizeof *s->v);
     if (!s->v && rc == TR_OK)
         rc = tr_fail(err, "images data: out of memory");
-    for (size_t i = 0; i < n && rc == TR_OK; i++) {
-        char path[PATH_MAX + 32];
-        snprintf(path, sizeof path, "%s/%s", cfg->dir, names[i]);
-        struct shard *sh = &s->v[s->n];
-        int errnum = 0;
-        enum data_map_result m = data_map_file(path, &sh->map, &sh->size, &errnum);
-        if (m == DATA_CANNOT_OPEN) {
-            rc = data_fail_open(err, "images", "dir", path, errnum);
-            break;
-        }
-        if (m != DATA_MAPPED) {
-            rc = tr_fail(err, "images data: %s: %s; run trainrun prepare --format images "
-                         "again", path,
-                         m == DATA_EMPTY ? "empty file" : m == DATA_NOT_REGULAR
-                             ? "not a regular file" : strerror(errnum));
-            break;
-        }
-        s->n++;
-        struct tr_images_header h;
-        char why[256];
-        if (tr_images_header_read(sh->map, sh->size, &h, why, sizeof why) != 0) {
-            rc = tr_fail(err, "images data: %s: %s; run trainrun prepare --format images "
-                         "again", path, why);
-            break;
-        }
-        if (d->head.version == 0) {
-            d->head = h;
-        } else if (h.height != d->head.height || h.width != d->head.width ||
-                   h.channels != d->head.channels || h.classes != d->head.classes) {
-            rc = tr_fail(err, "images data: %s holds %ux%ux%u images of %u classes, but the "
-                         "first shard %ux%ux%u of %u; shards of one directory come from one "
-                         "prepare", path, h.height, h.width, h.channels, h.classes,
-                         d->head.height, d->head.width, d->head.channels, d->head.classes);
-            break;
-        }
-        uint64_t bytes = tr_images_image_bytes(&h);
-        sh->pixels = (const unsigned char *)sh->map + TR_IMAGES_HEADER_BYTES;
-        sh->labels = sh->pixels + h.count * bytes;
-        sh->count = h.count;
-        sh->first = s->count;
-        s->count += h.count;
-        if (cfg->verify) {
-            uint64_t sum = tr_images_checksum(sh->pixels, sh->size - TR_IMAGES_HEADER_BYTES);
-            if (sum != h.checksum) {
-                rc = tr_fail(err, "images data: %s: the checksum does not match its content "
-                             "(the file was damaged or changed after prepare wrote it); run "
-                             "trainrun prepare --format images again", path);
-                break;
-            }
-        }
-        for (uint64_t k = 0; k < h.count; k++) {
-            uint32_t label = tr_images_le32(sh->labels + 4 * k);
-            if (label >= h.classes) {
-                rc = tr_fail(err, "images data: %s: image %llu has class %u, but the shard "
-                             "has %u classes", path, (unsigned long long)k, label, h.classes);
-                break;
-            }
-        }
-    }
+    for (size_t i = 0; i < n && rc == TR_OK; i++)
+        rc = map_shard(d, cfg, s, names[i], err);
     for (size_t i = 0; i < n; i++)
         free(names[i]);
     free(names);

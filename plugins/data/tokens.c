@@ -174,86 +174,110 @@ static int trained(const struct shard *s, uint64_t i)
     return !s->mask || (s->mask[i / 8] >> (i % 8) & 1);
 }
 
-/* Check the header of a mapped shard and fill in where its tokens are. */
-static int parse_header(struct shard *s, tr_err *err)
+/* A file that is no shard: its first bytes shown, escaped, in the error. */
+static int not_a_shard(const struct shard *s, tr_err *err)
 {
     const unsigned char *h = s->map;
     const char *path = s->path;
-    int has_mask = 0;
-    if (s->size >= 4 && data_le32(h) == LLMC_MAGIC) {
-        if (s->size < LLMC_HEADER)
-            return tr_fail(err,
-                           "tokens data: %s: truncated header: the file has %zu bytes but an "
-                           "llm.c shard header needs %d; re-create the shard",
-                           path, s->size, LLMC_HEADER);
-        uint32_t version = data_le32(h + 4);
-        if (version != 1)
-            return tr_fail(err,
-                           "tokens data: %s: byte offset 4: unsupported llm.c shard version %u "
-                           "(only version 1, uint16 tokens, is read)",
-                           path, version);
-        s->width = 2;
-        s->vocab = 0;
-        s->tokens = data_le32(h + 8);
-        s->data_offset = LLMC_HEADER;
-    } else {
-        struct tr_tokens_header th;
-        if (s->size < 8 || memcmp(h, TR_TOKENS_MAGIC, 8) != 0) {
-            char shown[8 * 4 + 1] = "";
-            size_t n = s->size < 8 ? s->size : 8, at = 0;
-            for (size_t i = 0; i < n; i++) {
-                int printable = h[i] >= 0x20 && h[i] < 0x7f && h[i] != '"' && h[i] != '\\';
-                at += (size_t)snprintf(shown + at, sizeof shown - at,
-                                       printable ? "%c" : "\\x%02x", h[i]);
-            }
-            return tr_fail(err,
-                           "tokens data: %s: byte offset 0: not a token shard: the file starts "
-                           "with \"%s\", expected the magic \"TRTOKENS\" or llm.c's %d; "
-                           "make shards with `trainrun prepare`",
-                           path, shown, LLMC_MAGIC);
-        }
-        if (s->size < TRTOKENS_HEADER)
-            return tr_fail(err,
-                           "tokens data: %s: truncated header: the file has %zu bytes but the "
-                           "header needs %d; re-create the shard",
-                           path, s->size, TRTOKENS_HEADER);
-        tr_tokens_header_read(h, &th);
-        if (th.version != TR_TOKENS_VERSION && th.version != TR_TOKENS_VERSION_FLAGS)
-            return tr_fail(err,
-                           "tokens data: %s: byte offset %d: unsupported version %u (this "
-                           "trainrun reads versions %d and %d); re-create the shard with this "
-                           "trainrun's `prepare`",
-                           path, TR_TOKENS_AT_VERSION, th.version, TR_TOKENS_VERSION,
-                           TR_TOKENS_VERSION_FLAGS);
-        /* version 1 predates the flags word: whatever sits there is padding */
-        if (th.version == TR_TOKENS_VERSION)
-            th.flags = 0;
-        if (th.flags & ~TR_TOKENS_LOSS_MASK)
-            return tr_fail(err,
-                           "tokens data: %s: byte offset %d: unknown flags 0x%x (this trainrun "
-                           "knows 0x%x, the loss mask); the shard is damaged or from a newer "
-                           "trainrun",
-                           path, TR_TOKENS_AT_FLAGS, th.flags & ~TR_TOKENS_LOSS_MASK,
-                           TR_TOKENS_LOSS_MASK);
-        if (th.token_bytes != 2 && th.token_bytes != 4)
-            return tr_fail(err,
-                           "tokens data: %s: byte offset %d: unsupported token dtype %u "
-                           "(2 = uint16, 4 = uint32)",
-                           path, TR_TOKENS_AT_DTYPE, th.token_bytes);
-        /* token ids travel as int32: a vocabulary beyond that would let
-         * id 2^31 pass the check below it and reach the model negative */
-        if (th.vocab > INT32_MAX)
-            return tr_fail(err,
-                           "tokens data: %s: byte offset %d: vocabulary size %u is beyond "
-                           "2^31 - 1: the header is damaged; re-create the shard",
-                           path, TR_TOKENS_AT_VOCAB, th.vocab);
-        s->width = th.token_bytes;
-        s->tokens = th.count;
-        s->vocab = th.vocab;
-        s->text_bytes = th.text_bytes;
-        s->data_offset = TRTOKENS_HEADER;
-        has_mask = (th.flags & TR_TOKENS_LOSS_MASK) != 0;
+    char shown[8 * 4 + 1] = "";
+    size_t n = s->size < 8 ? s->size : 8, at = 0;
+    for (size_t i = 0; i < n; i++) {
+        int printable = h[i] >= 0x20 && h[i] < 0x7f && h[i] != '"' && h[i] != '\\';
+        at += (size_t)snprintf(shown + at, sizeof shown - at,
+                               printable ? "%c" : "\\x%02x", h[i]);
     }
+    return tr_fail(err,
+                   "tokens data: %s: byte offset 0: not a token shard: the file starts "
+                   "with \"%s\", expected the magic \"TRTOKENS\" or llm.c's %d; "
+                   "make shards with `trainrun prepare`",
+                   path, shown, LLMC_MAGIC);
+}
+
+/* An llm.c shard's header (magic, version 1, uint16 tokens). */
+static int parse_llmc_header(struct shard *s, tr_err *err)
+{
+    const unsigned char *h = s->map;
+    const char *path = s->path;
+    if (s->size < LLMC_HEADER)
+        return tr_fail(err,
+                       "tokens data: %s: truncated header: the file has %zu bytes but an "
+                       "llm.c shard header needs %d; re-create the shard",
+                       path, s->size, LLMC_HEADER);
+    uint32_t version = data_le32(h + 4);
+    if (version != 1)
+        return tr_fail(err,
+                       "tokens data: %s: byte offset 4: unsupported llm.c shard version %u "
+                       "(only version 1, uint16 tokens, is read)",
+                       path, version);
+    s->width = 2;
+    s->vocab = 0;
+    s->tokens = data_le32(h + 8);
+    s->data_offset = LLMC_HEADER;
+    return TR_OK;
+}
+
+/* A TRTOKENS header: version, flags, token dtype and vocabulary checked;
+ * *has_mask: a loss mask follows the tokens. */
+static int parse_trtokens_header(struct shard *s, int *has_mask, tr_err *err)
+{
+    const unsigned char *h = s->map;
+    const char *path = s->path;
+    struct tr_tokens_header th;
+    if (s->size < 8 || memcmp(h, TR_TOKENS_MAGIC, 8) != 0)
+        return not_a_shard(s, err);
+    if (s->size < TRTOKENS_HEADER)
+        return tr_fail(err,
+                       "tokens data: %s: truncated header: the file has %zu bytes but the "
+                       "header needs %d; re-create the shard",
+                       path, s->size, TRTOKENS_HEADER);
+    tr_tokens_header_read(h, &th);
+    if (th.version != TR_TOKENS_VERSION && th.version != TR_TOKENS_VERSION_FLAGS)
+        return tr_fail(err,
+                       "tokens data: %s: byte offset %d: unsupported version %u (this "
+                       "trainrun reads versions %d and %d); re-create the shard with this "
+                       "trainrun's `prepare`",
+                       path, TR_TOKENS_AT_VERSION, th.version, TR_TOKENS_VERSION,
+                       TR_TOKENS_VERSION_FLAGS);
+    /* version 1 predates the flags word: whatever sits there is padding */
+    if (th.version == TR_TOKENS_VERSION)
+        th.flags = 0;
+    if (th.flags & ~TR_TOKENS_LOSS_MASK)
+        return tr_fail(err,
+                       "tokens data: %s: byte offset %d: unknown flags 0x%x (this trainrun "
+                       "knows 0x%x, the loss mask); the shard is damaged or from a newer "
+                       "trainrun",
+                       path, TR_TOKENS_AT_FLAGS, th.flags & ~TR_TOKENS_LOSS_MASK,
+                       TR_TOKENS_LOSS_MASK);
+    if (th.token_bytes != 2 && th.token_bytes != 4)
+        return tr_fail(err,
+                       "tokens data: %s: byte offset %d: unsupported token dtype %u "
+                       "(2 = uint16, 4 = uint32)",
+                       path, TR_TOKENS_AT_DTYPE, th.token_bytes);
+    /* token ids travel as int32: a vocabulary beyond that would let
+     * id 2^31 pass the check below it and reach the model negative */
+    if (th.vocab > INT32_MAX)
+        return tr_fail(err,
+                       "tokens data: %s: byte offset %d: vocabulary size %u is beyond "
+                       "2^31 - 1: the header is damaged; re-create the shard",
+                       path, TR_TOKENS_AT_VOCAB, th.vocab);
+    s->width = th.token_bytes;
+    s->tokens = th.count;
+    s->vocab = th.vocab;
+    s->text_bytes = th.text_bytes;
+    s->data_offset = TRTOKENS_HEADER;
+    *has_mask = (th.flags & TR_TOKENS_LOSS_MASK) != 0;
+    return TR_OK;
+}
+
+/* Check the header of a mapped shard and fill in where its tokens are. */
+static int parse_header(struct shard *s, tr_err *err)
+{
+    const char *path = s->path;
+    int has_mask = 0;
+    int rc = s->size >= 4 && data_le32(s->map) == LLMC_MAGIC
+                 ? parse_llmc_header(s, err) : parse_trtokens_header(s, &has_mask, err);
+    if (rc != TR_OK)
+        return rc;
 
     uint64_t room = (s->size - s->data_offset) / s->width;
     if (s->tokens > room)
@@ -459,6 +483,44 @@ static int fail_split(tr_err *err, const char *split, const char *pattern, uint6
                    seq_len, seq_len + 1, advice);
 }
 
+/* The training shards [first, first + n) as segments: all but the last
+ * val_fraction of their tokens train, that tail (the last shards, or the
+ * end of one) validates.  *keep: the tokens that train, *val_cut: the
+ * tail's. */
+static int split_segments(struct tokens *t, size_t first, size_t n, double val_fraction,
+                          uint64_t *keep, uint64_t *val_cut, tr_err *err)
+{
+    uint64_t train_tokens = 0;
+    for (size_t i = first; i < first + n; i++)
+        train_tokens += t->shards[i].tokens;
+    *val_cut = (uint64_t)((double)train_tokens * val_fraction);
+    uint64_t seen = 0;
+    *keep = train_tokens - *val_cut;
+    for (size_t i = first; i < first + n; i++) {
+        const struct shard *s = &t->shards[i];
+        uint64_t in_train = seen >= *keep ? 0 : *keep - seen < s->tokens ? *keep - seen : s->tokens;
+        if (in_train > 0 && add_segment(t, TR_SPLIT_TRAIN, s, 0, in_train, err) != TR_OK)
+            return TR_ERROR;
+        if (in_train < s->tokens &&
+            add_segment(t, TR_SPLIT_VAL, s, in_train, s->tokens - in_train, err) != TR_OK)
+            return TR_ERROR;
+        seen += s->tokens;
+    }
+    return TR_OK;
+}
+
+/* data.val's shards [first, first + n), whole, as validation segments;
+ * their tokens are added to *tokens. */
+static int val_segments(struct tokens *t, size_t first, size_t n, uint64_t *tokens, tr_err *err)
+{
+    for (size_t i = first; i < first + n; i++) {
+        if (add_segment(t, TR_SPLIT_VAL, &t->shards[i], 0, t->shards[i].tokens, err) != TR_OK)
+            return TR_ERROR;
+        *tokens += t->shards[i].tokens;
+    }
+    return TR_OK;
+}
+
 static int tokens_create(const struct tr_host *host, const void *config,
                          const struct tr_create_args *args, void **self, tr_err *err)
 {
@@ -485,30 +547,12 @@ static int tokens_create(const struct tr_host *host, const void *config,
         choose_vocab(t, cfg->vocab, err) != TR_OK)
         goto fail;
 
-    uint64_t train_tokens = 0;
-    for (size_t i = train_first; i < train_first + train_n; i++)
-        train_tokens += t->shards[i].tokens;
-
-    /* Validation cut from the end of the training tokens: the last shards
-     * (or the tail of one) become validation segments. */
-    uint64_t val_cut = own_val ? 0 : (uint64_t)((double)train_tokens * cfg->val_fraction);
-    uint64_t keep = train_tokens - val_cut, seen = 0;
-    for (size_t i = train_first; i < train_first + train_n; i++) {
-        const struct shard *s = &t->shards[i];
-        uint64_t in_train = seen >= keep ? 0 : keep - seen < s->tokens ? keep - seen : s->tokens;
-        if (in_train > 0 && add_segment(t, TR_SPLIT_TRAIN, s, 0, in_train, err) != TR_OK)
-            goto fail;
-        if (in_train < s->tokens &&
-            add_segment(t, TR_SPLIT_VAL, s, in_train, s->tokens - in_train, err) != TR_OK)
-            goto fail;
-        seen += s->tokens;
-    }
-    uint64_t val_tokens = val_cut;
-    for (size_t i = val_first; i < val_first + val_n; i++) {
-        if (add_segment(t, TR_SPLIT_VAL, &t->shards[i], 0, t->shards[i].tokens, err) != TR_OK)
-            goto fail;
-        val_tokens += t->shards[i].tokens;
-    }
+    /* validation cut from the end of the training tokens, or data.val's */
+    uint64_t keep, val_tokens;
+    if (split_segments(t, train_first, train_n, own_val ? 0 : cfg->val_fraction, &keep,
+                       &val_tokens, err) != TR_OK ||
+        val_segments(t, val_first, val_n, &val_tokens, err) != TR_OK)
+        goto fail;
 
     if (t->samples[TR_SPLIT_TRAIN] == 0) {
         fail_split(err, "training", cfg->train, keep, train_n, t->seq_len,
