@@ -17,9 +17,9 @@
  * error naming the key, never a wrap. */
 #define STEPS_MAX 1e12        /* steps and every step interval */
 #define BATCH_MAX 16777216.0  /* 2^24 samples in a batch or micro-batch */
-#define SEED_MAX 9007199254740991.0
+#define SEED_MAX 9007199254740991.0 /* 2^53 - 1: every seed a recipe number holds exactly */
 #define TOKENS_MAX 1e18       /* train.tokens: a quintillion */
-#define TIME_MAX 31536000.0   /* train.time: a year of seconds */ /* 2^53 - 1: every seed a recipe number holds exactly */
+#define TIME_MAX 31536000.0   /* train.time: a year of seconds */
 
 /* "recipe.lua:14" for a dotted key of the recipe (its file when unknown). */
 void tr_config_where(struct tr_config *cfg, const char *path, char *buf, size_t size);
