@@ -32,7 +32,8 @@ static int loaded_slots(const struct tr_config *cfg, const struct tr_slot **out)
 
 /* The tree keeps what the recipe said; where the configuration derived a
  * value the recipe left open, the record prints the derived one in its
- * key's place.  train.micro_batch = "auto" prints as "auto" (the run
+ * key's place: train.steps the steps train.tokens or train.epochs come to;
+ * train.micro_batch = "auto" prints as "auto" (the run
  * chooses it when it starts), one given as 0 as the micro-batch in effect;
  * one not given at all prints its default, 0. */
 struct shown {
@@ -45,6 +46,15 @@ static const struct tr_value *shown_value(void *ctx, const char *path,
 {
     struct shown *s = ctx;
     const struct tr_train_config *t = &s->cfg->train;
+    if (strcmp(path, "train.steps") == 0 && leaf->type == TR_V_NUMBER &&
+        (t->length_from == TR_LENGTH_TOKENS || t->length_from == TR_LENGTH_EPOCHS)) {
+        /* train.tokens / train.epochs: the steps they come to once resolved
+         * (tr_train_resolve_steps; until then the recipe's own) */
+        s->derived = *leaf;
+        s->derived.text = NULL;
+        s->derived.number = (double)t->steps;
+        return &s->derived;
+    }
     if (strcmp(path, "train.micro_batch") != 0)
         return leaf;
     s->derived = *leaf;

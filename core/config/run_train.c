@@ -165,11 +165,9 @@ int tr_train_resolve_steps(struct tr_config *cfg, uint64_t tokens_per_sample, ui
         return tr_fail(err, "%s%s gives %.3g steps, more than %.0g; is it a typo?", where,
                        t->length_from == TR_LENGTH_TOKENS ? "train.tokens" : "train.epochs",
                        steps, STEPS_MAX);
+    /* only here: the recipe's tree is not written after load (show and
+     * the record print the steps in effect from the config, record.c) */
     t->steps = steps < 1 ? 1 : (int64_t)steps;
-    /* show and the checkpoints see the steps in effect */
-    struct tr_value *sv = tr_value_get(tr_recipe_root(cfg->recipe), "train.steps");
-    if (sv && sv->type == TR_V_NUMBER)
-        sv->number = (double)t->steps;
     return TR_OK;
 }
 
