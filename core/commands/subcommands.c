@@ -7,6 +7,7 @@
 #include "../config/record.h"
 #include "../engine/graph.h"
 #include "../engine/model.h"
+#include "../engine/plugin_calls.h"
 #include "plan.h"
 #include "prepare.h"
 #include "report.h"
@@ -64,9 +65,8 @@ static int show_check(struct tr_config *cfg, struct show_derived *d, tr_err *err
     if (tr_config_create_slot(cfg, &cfg->precision, seq, err) != TR_OK ||
         tr_config_create_slot(cfg, &cfg->schedule, seq, err) != TR_OK)
         return TR_ERROR;
-    const struct tr_precision_vtable *vt = cfg->precision.plugin->info->vtable;
-    struct tr_precision_policy pol = {.struct_size = sizeof pol};
-    vt->policy(cfg->precision.self, &pol);
+    struct tr_precision_policy pol;
+    tr_precision_policy_of(&cfg->precision, &pol);
     char where[600];
     tr_origin_format(&cfg->precision.origin, where, sizeof where);
     return tr_precision_check(&pol, cfg->precision.plugin->info->name, where, cfg->device, err);
