@@ -1,5 +1,8 @@
 --[[
-Recipe loader, driven by core/config/recipe.c.
+Recipe loader, driven by core/config/recipe.c.  One file a little past 700
+lines: the sandbox, extends/include, the deep merge and the overrides act on
+the same environment and origins table, and a recipe's trust depends on all
+of them being read together.
 
   M.load(host, cfg) -> resolved_table, origins, require_for_host
 
