@@ -2,12 +2,13 @@
  * PyTorch fixtures, gradient accumulation, the memory plan, and the bytes
  * of a checkpoint.
  *
- * Covers: core/engine/graph.c (forward, backward, the memory plan, recompute, half
+ * Covers: core/engine/graph.c, graph_plan.c, graph_exec.c (forward, backward, the memory plan, recompute, half
  * activations, loss masks, first-writer gradients, batch norm's buffers), model.c (the
  * GPT, Llama and CNN graphs), optim.c (optimizer state and step) and checkpoint.c
  * (streamed blobs), configured through core/config/run_config.c and optimizers.c, on
- * kernels/cpu/.  The run loop (core/engine/run.c, setup.c, policies.c) is covered end to
- * end by tests/e2e/.
+ * kernels/cpu/.  The session, the fit and the policies are tests/test_session.c's; the
+ * run loop (core/engine/run.c, journal.c, run_state.c) is covered end to end by
+ * tests/e2e/.
  */
 #include <criterion/criterion.h>
 
