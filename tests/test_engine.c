@@ -2,8 +2,8 @@
  * PyTorch fixtures, gradient accumulation, the memory plan, and the bytes
  * of a checkpoint.
  *
- * Covers: core/engine/graph.c, graph_plan.c, graph_exec.c (forward, backward, the memory plan, recompute, half
- * activations, loss masks, first-writer gradients, batch norm's buffers), model.c (the
+ * Covers: core/engine/graph.c, graph_plan.c and graph_exec.c (forward, backward, the
+ * memory plan, recompute, half activations, loss masks, first-writer gradients, batch norm's buffers), model.c (the
  * GPT, Llama and CNN graphs), optim.c (optimizer state and step) and checkpoint.c
  * (streamed blobs), configured through core/config/run_config.c and optimizers.c, on
  * kernels/cpu/.  The session, the fit and the policies are tests/test_session.c's; the
