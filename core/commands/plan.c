@@ -4,7 +4,6 @@
 
 #include "../engine/fit.h"
 #include "../engine/session.h"
-#include "../config/options.h"
 #include "../config/precision.h"
 #include "../engine/run.h"
 #include "../config/run_config.h"
@@ -152,13 +151,12 @@ static void project(struct tr_plan *p)
     p->optimal_spot_dollars = count * p->optimal_hours * p->spot_price;
 }
 
-/* cost: the recipe's cost section as the plan reads it (the hardware
- * named, a peak that is 0 or usable). */
+/* cost: the recipe's cost section as the configuration parsed it (the
+ * hardware named, a peak that is 0 or usable); the tree is not read again. */
 static int plan_cost(struct tr_plan *p, struct tr_config *cfg, tr_err *err)
 {
-    struct tr_schema_use cost_use = {tr_cost_options, &p->cost};
-    if (tr_options_apply(tr_recipe_root(cfg->recipe), "cost", "cost", &cost_use, 1, err) != TR_OK ||
-        find_hardware(p, cfg, p->cost.hardware, err) != TR_OK)
+    p->cost = cfg->cost;
+    if (find_hardware(p, cfg, p->cost.hardware, err) != TR_OK)
         return TR_ERROR;
     if (p->cost.peak_tflops > 0 && p->cost.peak_tflops < 1e-3) {
         /* 0 means "the hardware table's"; a tiny peak only makes every time infinite */
