@@ -18,25 +18,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-int tr_export_weights(const char *checkpoint_dir, enum tr_dtype dtype, const char *out_path,
-                      tr_err *err)
+/* The tensors of st as they are exported: fp32 ones converted to dtype
+ * into halves[i] (the caller frees them), the rest as stored. */
+static struct tr_st_entry *export_entries(const struct tr_st_file *st, size_t n,
+                                          enum tr_dtype dtype, uint16_t **halves)
 {
-    char *path = tr_xasprintf("%s/model.safetensors", checkpoint_dir);
-    void *buf = NULL;
-    size_t size = 0;
-    int rc = TR_ERROR;
-    struct tr_st_file *st = NULL;
-    struct tr_st_entry *out = NULL;
-    uint16_t **halves = NULL;
-    size_t n = 0;
-    /* the weights exported are the ones state.json vouches for */
-    if (tr_ckpt_verify_dir(checkpoint_dir, &buf, &size, err) != TR_OK)
-        goto done;
-    if (!(st = tr_safetensors_read(buf, size, path, err)))
-        goto done;
-    n = tr_safetensors_count(st);
-    out = tr_xcalloc(n ? n : 1, sizeof *out);
-    halves = tr_xcalloc(n ? n : 1, sizeof *halves);
+    struct tr_st_entry *out = tr_xcalloc(n ? n : 1, sizeof *out);
     for (size_t i = 0; i < n; i++) {
         const struct tr_st_entry *e = tr_safetensors_at(st, i);
         out[i] = *e;
@@ -49,8 +36,13 @@ int tr_export_weights(const char *checkpoint_dir, enum tr_dtype dtype, const cha
             out[i].bytes = count * 2;
         }
     }
-    size_t out_size = 0;
-    void *blob = tr_safetensors_write(out, n, "{\"format\":\"pt\",\"producer\":\"trainrun export\"}", &out_size);
+    return out;
+}
+
+/* blob (out_size bytes; NULL when it could not be made) as out_path. */
+static int write_export(const char *out_path, const void *blob, size_t out_size, tr_err *err)
+{
+    int rc = TR_ERROR;
     /* a fresh name beside the output: no file of the user's is overwritten
      * but out_path itself, and that only once the export is complete */
     char *tmp = tr_xasprintf("%s.XXXXXX", out_path);
@@ -68,7 +60,7 @@ int tr_export_weights(const char *checkpoint_dir, enum tr_dtype dtype, const cha
     size_t written = 0;
     while (o && blob && written < out_size) {
         size_t piece = out_size - written < (16u << 20) ? out_size - written : (16u << 20);
-        if (fwrite((char *)blob + written, 1, piece, o) != piece)
+        if (fwrite((const char *)blob + written, 1, piece, o) != piece)
             break;
         written += piece;
         tr_progress_add(bar, piece);
@@ -88,6 +80,31 @@ int tr_export_weights(const char *checkpoint_dir, enum tr_dtype dtype, const cha
         rc = TR_OK;
     }
     free(tmp);
+    return rc;
+}
+
+int tr_export_weights(const char *checkpoint_dir, enum tr_dtype dtype, const char *out_path,
+                      tr_err *err)
+{
+    char *path = tr_xasprintf("%s/model.safetensors", checkpoint_dir);
+    void *buf = NULL;
+    size_t size = 0;
+    int rc = TR_ERROR;
+    struct tr_st_file *st = NULL;
+    struct tr_st_entry *out = NULL;
+    uint16_t **halves = NULL;
+    size_t n = 0;
+    /* the weights exported are the ones state.json vouches for */
+    if (tr_ckpt_verify_dir(checkpoint_dir, &buf, &size, err) != TR_OK)
+        goto done;
+    if (!(st = tr_safetensors_read(buf, size, path, err)))
+        goto done;
+    n = tr_safetensors_count(st);
+    halves = tr_xcalloc(n ? n : 1, sizeof *halves);
+    out = export_entries(st, n, dtype, halves);
+    size_t out_size = 0;
+    void *blob = tr_safetensors_write(out, n, "{\"format\":\"pt\",\"producer\":\"trainrun export\"}", &out_size);
+    rc = write_export(out_path, blob, out_size, err);
     free(blob);
 done:
     for (size_t i = 0; halves && i < n; i++)
