@@ -26,31 +26,26 @@ static const struct tr_tensor *param_named(const struct tr_graph *g, const char 
     return i >= 0 && g->tensors[i].role == TR_ROLE_PARAM ? &g->tensors[i] : NULL;
 }
 
-int tr_hf_describe(const struct tr_graph *g, const char *type, struct tr_hf_arch *a, tr_err *err)
+/* Transformer blocks: the first layer norm of each, numbered from 0. */
+static int64_t count_layers(const struct tr_graph *g, int gpt)
 {
-    memset(a, 0, sizeof *a);
-    int gpt = type && strcmp(type, "gpt") == 0;
-    if (!type || (!gpt && strcmp(type, "llama") != 0))
-        return tr_fail(err, "the model is %s%s%s; only llama and gpt models have a Hugging Face form",
-                       type ? "\"" : "", type ? type : "built by the recipe's own function",
-                       type ? "\"" : "");
-    const struct tr_tensor *emb = param_named(g, gpt ? "transformer.wte.weight" : "model.embed_tokens.weight");
-    const struct tr_tensor *in = &g->tensors[g->inputs[0]];
-    if (!emb || emb->ndim != 2 || in->ndim != 2)
-        return tr_fail(err, "the %s model has no token embedding", type);
-    a->family = gpt ? TR_HF_GPT2 : TR_HF_LLAMA;
-    snprintf(a->model_type, sizeof a->model_type, "%s", gpt ? "gpt2" : "llama");
-    a->vocab = emb->shape[0];
-    a->dim = emb->shape[1];
-    a->ctx = in->shape[1];
+    int64_t layers = 0;
     char name[96];
     for (;;) {
         snprintf(name, sizeof name, gpt ? "transformer.h.%lld.ln_1.weight" : "model.layers.%lld.input_layernorm.weight",
-                 (long long)a->layers);
+                 (long long)layers);
         if (!param_named(g, name))
             break;
-        a->layers++;
+        layers++;
     }
+    return layers;
+}
+
+/* The heads, rope_theta and the norms' eps, off the graph's nodes; a
+ * scaled embedding has no Hugging Face form. */
+static int read_nodes(const struct tr_graph *g, int gpt, const char *type, struct tr_hf_arch *a,
+                      tr_err *err)
+{
     a->norm_eps = gpt ? 1e-5 : 0;
     for (int i = 0; i < g->n_nodes; i++) {
         const struct tr_node *nd = &g->nodes[i];
@@ -68,36 +63,51 @@ int tr_hf_describe(const struct tr_graph *g, const char *type, struct tr_hf_arch
                            "the Hugging Face families trainrun writes does", type);
         }
     }
-    if (!gpt) {
-        /* the graph holds floats: the shortest decimal that is the same float */
-        double vals[2] = {a->rope_theta, a->norm_eps};
-        for (int k = 0; k < 2; k++) {
-            char buf[40];
-            for (int p = 1; p <= 9; p++) {
-                snprintf(buf, sizeof buf, "%.*g", p, vals[k]);
-                if ((float)strtod(buf, NULL) == (float)vals[k])
-                    break;
-            }
-            vals[k] = strtod(buf, NULL);
+    return TR_OK;
+}
+
+/* The graph holds floats: rope_theta and eps as the shortest decimal that
+ * is the same float. */
+static void shortest_decimals(struct tr_hf_arch *a)
+{
+    double vals[2] = {a->rope_theta, a->norm_eps};
+    for (int k = 0; k < 2; k++) {
+        char buf[40];
+        for (int p = 1; p <= 9; p++) {
+            snprintf(buf, sizeof buf, "%.*g", p, vals[k]);
+            if ((float)strtod(buf, NULL) == (float)vals[k])
+                break;
         }
-        a->rope_theta = vals[0];
-        a->norm_eps = vals[1];
+        vals[k] = strtod(buf, NULL);
     }
-    if (a->layers == 0 || a->heads <= 0 || a->dim % a->heads != 0 || (!gpt && (a->kv_heads <= 0 || a->rope_theta <= 0 || a->norm_eps <= 0)))
-        return tr_fail(err, "the %s model's graph does not have the shape of one", type);
+    a->rope_theta = vals[0];
+    a->norm_eps = vals[1];
+}
+
+/* What the family fixes (GPT-2) or the parameters tell (llama): the kv
+ * heads, the MLP's width, a tied head, q/k/v biases. */
+static int family_fields(const struct tr_graph *g, int gpt, struct tr_hf_arch *a, tr_err *err)
+{
     if (gpt) {
         a->kv_heads = a->heads;
         a->ffn_dim = 4 * a->dim;
         a->tie_embeddings = 1;
-    } else {
-        const struct tr_tensor *gate = param_named(g, "model.layers.0.mlp.gate_proj.weight");
-        if (!gate)
-            return tr_fail(err, "the llama model has no model.layers.0.mlp.gate_proj.weight");
-        a->ffn_dim = gate->shape[0];
-        a->tie_embeddings = !param_named(g, "lm_head.weight");
-        a->qkv_bias = param_named(g, "model.layers.0.self_attn.q_proj.bias") != NULL;
+        return TR_OK;
     }
-    /* every parameter must be one the Hugging Face form names */
+    const struct tr_tensor *gate = param_named(g, "model.layers.0.mlp.gate_proj.weight");
+    if (!gate)
+        return tr_fail(err, "the llama model has no model.layers.0.mlp.gate_proj.weight");
+    a->ffn_dim = gate->shape[0];
+    a->tie_embeddings = !param_named(g, "lm_head.weight");
+    a->qkv_bias = param_named(g, "model.layers.0.self_attn.q_proj.bias") != NULL;
+    return TR_OK;
+}
+
+/* Every parameter must be one the Hugging Face form names, and every one
+ * it names a parameter. */
+static int check_params(const struct tr_graph *g, const char *type, const struct tr_hf_arch *a,
+                        tr_err *err)
+{
     struct tr_hf_tensor *t = NULL;
     size_t n = tr_hf_tensors(a, a->ctx, &t), params = 0;
     int rc = TR_OK;
@@ -111,6 +121,35 @@ int tr_hf_describe(const struct tr_graph *g, const char *type, struct tr_hf_arch
                      params, n);
     tr_hf_tensors_free(t, n);
     return rc;
+}
+
+int tr_hf_describe(const struct tr_graph *g, const char *type, struct tr_hf_arch *a, tr_err *err)
+{
+    memset(a, 0, sizeof *a);
+    int gpt = type && strcmp(type, "gpt") == 0;
+    if (!type || (!gpt && strcmp(type, "llama") != 0))
+        return tr_fail(err, "the model is %s%s%s; only llama and gpt models have a Hugging Face form",
+                       type ? "\"" : "", type ? type : "built by the recipe's own function",
+                       type ? "\"" : "");
+    const struct tr_tensor *emb = param_named(g, gpt ? "transformer.wte.weight" : "model.embed_tokens.weight");
+    const struct tr_tensor *in = &g->tensors[g->inputs[0]];
+    if (!emb || emb->ndim != 2 || in->ndim != 2)
+        return tr_fail(err, "the %s model has no token embedding", type);
+    a->family = gpt ? TR_HF_GPT2 : TR_HF_LLAMA;
+    snprintf(a->model_type, sizeof a->model_type, "%s", gpt ? "gpt2" : "llama");
+    a->vocab = emb->shape[0];
+    a->dim = emb->shape[1];
+    a->ctx = in->shape[1];
+    a->layers = count_layers(g, gpt);
+    if (read_nodes(g, gpt, type, a, err) != TR_OK)
+        return TR_ERROR;
+    if (!gpt)
+        shortest_decimals(a);
+    if (a->layers == 0 || a->heads <= 0 || a->dim % a->heads != 0 || (!gpt && (a->kv_heads <= 0 || a->rope_theta <= 0 || a->norm_eps <= 0)))
+        return tr_fail(err, "the %s model's graph does not have the shape of one", type);
+    if (family_fields(g, gpt, a, err) != TR_OK)
+        return TR_ERROR;
+    return check_params(g, type, a, err);
 }
 
 /* ---- export -------------------------------------------------------------------- */
