@@ -272,40 +272,71 @@ static char *st_header(const struct tr_hf_tensor *t, size_t n, enum tr_dtype dty
     return h;
 }
 
-int tr_hf_export(const struct tr_hf_arch *a, const struct tr_st_file *weights, const char *what,
-                 const char *out_dir, enum tr_dtype dtype, tr_err *err)
+/* Every tensor of the form in the checkpoint's weights, with its number
+ * of values: src[i] for want[i]. */
+static int find_sources(const struct tr_st_file *weights, const char *what,
+                        const struct tr_hf_tensor *want, size_t n,
+                        const struct tr_st_entry **src, tr_err *err)
 {
-    struct tr_hf_tensor *want = NULL;
-    size_t n = tr_hf_tensors(a, a->ctx, &want);
-    const struct tr_st_entry **src = tr_xcalloc(n, sizeof *src);
-    int rc = TR_ERROR;
-    /* every tensor there before anything is written */
     for (size_t i = 0; i < n; i++) {
         const struct tr_st_entry *e = tr_safetensors_find(weights, want[i].name);
         size_t numel = (size_t)want[i].shape[0] * (size_t)(want[i].ndim > 1 ? want[i].shape[1] : 1);
         size_t have = 1;
         for (int d = 0; e && d < e->ndim; d++)
             have *= (size_t)e->shape[d];
-        if (!e || e->dtype == TR_I32 || have != numel) {
-            tr_fail(err, "%s has no tensor '%s' of %zu values (a checkpoint of another model?)",
-                    what, want[i].name, numel);
-            goto done;
-        }
+        if (!e || e->dtype == TR_I32 || have != numel)
+            return tr_fail(err, "%s has no tensor '%s' of %zu values (a checkpoint of another "
+                           "model?)", what, want[i].name, numel);
         src[i] = e;
     }
-    if (prepare_dir(out_dir, err) != TR_OK)
-        goto done;
-    /* model.safetensors streamed tensor by tensor: the host holds the
-     * checkpoint and one tensor's conversion, not a second copy of the model */
-    struct atomic_file af;
-    if (atomic_open(&af, out_dir, "model.safetensors", err) != TR_OK)
-        goto done;
+    return TR_OK;
+}
+
+/* Tensor w (from src) in dtype, in the form's layout, written to f: 1, 0
+ * on a short write, -1 out of memory (err says so). */
+static int write_tensor(FILE *f, const struct tr_hf_tensor *w, const struct tr_st_entry *src,
+                        enum tr_dtype dtype, tr_err *err)
+{
+    int ok;
+    size_t numel = (size_t)w->shape[0] * (size_t)(w->ndim > 1 ? w->shape[1] : 1);
+    float *f32 = malloc(numel * sizeof(float) + 1);
+    float *flip = w->transposed ? malloc(numel * sizeof(float) + 1) : NULL;
+    uint16_t *half = dtype != TR_F32 ? malloc(numel * sizeof(uint16_t) + 1) : NULL;
+    if (!f32 || (w->transposed && !flip) || (dtype != TR_F32 && !half)) {
+        tr_fail(err, "out of memory exporting '%s'", w->name);
+        ok = -1;
+    } else {
+        tr_hf_to_f32(src, f32, numel);
+        const float *v = f32;
+        if (flip) { /* back to Conv1D's [in, out] */
+            tr_hf_transpose(flip, f32, w->shape[1], w->shape[0]);
+            v = flip;
+        }
+        if (half) {
+            tr_cpu_to_half(half, v, numel, dtype == TR_BF16);
+            ok = fwrite(half, sizeof *half, numel, f) == numel;
+        } else {
+            ok = fwrite(v, sizeof *v, numel, f) == numel;
+        }
+    }
+    free(f32);
+    free(flip);
+    free(half);
+    return ok;
+}
+
+/* model.safetensors into f, streamed tensor by tensor (the host holds the
+ * checkpoint and one tensor's conversion, not a second copy of the model)
+ * on a progress bar: as write_tensor, 1 when all of it was written. */
+static int write_weights(FILE *f, const struct tr_hf_tensor *want, size_t n,
+                         const struct tr_st_entry *const *src, enum tr_dtype dtype, tr_err *err)
+{
     size_t hlen = 0;
     char *header = st_header(want, n, dtype, &hlen);
     unsigned char len8[8];
     for (int k = 0; k < 8; k++)
         len8[k] = (unsigned char)((uint64_t)hlen >> (8 * k));
-    int ok = fwrite(len8, 1, 8, af.f) == 8 && fwrite(header, 1, hlen, af.f) == hlen;
+    int ok = fwrite(len8, 1, 8, f) == 8 && fwrite(header, 1, hlen, f) == hlen;
     free(header);
     uint64_t total = 8 + hlen;
     for (size_t i = 0; i < n; i++)
@@ -315,33 +346,29 @@ int tr_hf_export(const struct tr_hf_arch *a, const struct tr_st_file *weights, c
     tr_progress_add(bar, 8 + hlen);
     for (size_t i = 0; i < n && ok; i++) {
         size_t numel = (size_t)want[i].shape[0] * (size_t)(want[i].ndim > 1 ? want[i].shape[1] : 1);
-        float *f32 = malloc(numel * sizeof(float) + 1);
-        float *flip = want[i].transposed ? malloc(numel * sizeof(float) + 1) : NULL;
-        uint16_t *half = dtype != TR_F32 ? malloc(numel * sizeof(uint16_t) + 1) : NULL;
-        if (!f32 || (want[i].transposed && !flip) || (dtype != TR_F32 && !half)) {
-            tr_fail(err, "out of memory exporting '%s'", want[i].name);
-            ok = -1;
-        } else {
-            tr_hf_to_f32(src[i], f32, numel);
-            const float *v = f32;
-            if (flip) { /* back to Conv1D's [in, out] */
-                tr_hf_transpose(flip, f32, want[i].shape[1], want[i].shape[0]);
-                v = flip;
-            }
-            if (half) {
-                tr_cpu_to_half(half, v, numel, dtype == TR_BF16);
-                ok = fwrite(half, sizeof *half, numel, af.f) == numel;
-            } else {
-                ok = fwrite(v, sizeof *v, numel, af.f) == numel;
-            }
-        }
-        free(f32);
-        free(flip);
-        free(half);
+        ok = write_tensor(f, &want[i], src[i], dtype, err);
         tr_progress_add(bar, (uint64_t)numel * (dtype == TR_F32 ? 4 : 2)); /* written */
         tr_progress_draw(bar, 0);
     }
     tr_progress_end(bar, ok > 0, 1);
+    return ok;
+}
+
+int tr_hf_export(const struct tr_hf_arch *a, const struct tr_st_file *weights, const char *what,
+                 const char *out_dir, enum tr_dtype dtype, tr_err *err)
+{
+    struct tr_hf_tensor *want = NULL;
+    size_t n = tr_hf_tensors(a, a->ctx, &want);
+    const struct tr_st_entry **src = tr_xcalloc(n, sizeof *src);
+    int rc = TR_ERROR;
+    /* every tensor there before anything is written */
+    if (find_sources(weights, what, want, n, src, err) != TR_OK ||
+        prepare_dir(out_dir, err) != TR_OK)
+        goto done;
+    struct atomic_file af;
+    if (atomic_open(&af, out_dir, "model.safetensors", err) != TR_OK)
+        goto done;
+    int ok = write_weights(af.f, want, n, src, dtype, err);
     if (ok <= 0) { /* out of memory (err says so) or a short write */
         int errnum = errno;
         atomic_close(&af, 0, err);
