@@ -47,9 +47,6 @@ struct tr_checkpointer {
     double stall;
 };
 
-/* CRC-32 of all of data (the checksums state.json records) */
-unsigned long tr_ckpt_crc(const void *data, size_t size);
-
 /* ---- checkpoint.c ---- */
 
 /* "step-" and ten digits: the only names a checkpointer writes. */
@@ -69,6 +66,10 @@ void tr_ckpt_free_names(struct name_list *l);
 void tr_ckpt_prune(struct tr_checkpointer *c);
 
 /* ---- checkpoint_write.c ---- */
+
+/* CRC-32 of all of data: the checksums state.json records, of its blobs
+ * and of itself (checked by checkpoint_read.c). */
+unsigned long tr_ckpt_crc(const void *data, size_t size);
 
 /* Blobs of a checkpoint: the weights, then one per optimizer state slot. */
 int tr_ckpt_blob_count(const struct tr_checkpointer *c);
