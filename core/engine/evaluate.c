@@ -174,65 +174,59 @@ int tr_session_evaluate(struct tr_session *s, enum tr_split split, uint64_t max_
 
 /* ---- `trainrun eval` ------------------------------------------------------------ */
 
-int tr_eval(const struct tr_eval_flags *fl, struct tr_eval_result *out, tr_err *err)
+/* The recipe to evaluate (the command line's, else the one the checkpoint
+ * records) loaded with overrides_for's overrides, as one process.
+ * *overrides is the caller's to free once cfg is. */
+static int load_config(const struct tr_eval_flags *fl, const struct eval_checkpoint *ck,
+                       struct tr_config *cfg, const char ***overrides, struct tr_eval_result *out,
+                       tr_err *err)
 {
-    memset(out, 0, sizeof *out);
-    out->accuracy = NAN;
-    out->loss = NAN;
-    struct eval_checkpoint ck = {0};
-    struct tr_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    struct tr_session session, *r = &session;
-    memset(r, 0, sizeof *r);
-    const char **overrides = NULL;
-    int n = 0, rc = TR_ERROR;
-    double t0 = tr_now();
-
-    if (fl->checkpoint && open_checkpoint(fl->checkpoint, &ck, err) != TR_OK)
-        goto done;
     const char *recipe = fl->recipe;
-    if (!recipe && ck.state)
-        recipe = tr_json_string(ck.state, "recipe");
-    if (!recipe || !*recipe) {
-        tr_fail(err, "%s", fl->checkpoint ? "the checkpoint does not name its recipe: trainrun "
-                "eval RECIPE --checkpoint PATH" : "eval needs a recipe: trainrun eval RECIPE");
-        goto done;
-    }
+    if (!recipe && ck->state)
+        recipe = tr_json_string(ck->state, "recipe");
+    if (!recipe || !*recipe)
+        return tr_fail(err, "%s", fl->checkpoint ? "the checkpoint does not name its recipe: trainrun "
+                       "eval RECIPE --checkpoint PATH" : "eval needs a recipe: trainrun eval RECIPE");
     snprintf(out->recipe, sizeof out->recipe, "%s", recipe);
-    overrides = overrides_for(fl, &ck, recipe, out, &n);
-    if (tr_config_load(&cfg, recipe, overrides, n, err) != TR_OK)
-        goto done;
+    int n = 0;
+    *overrides = overrides_for(fl, ck, recipe, out, &n);
+    if (tr_config_load(cfg, recipe, *overrides, n, err) != TR_OK)
+        return TR_ERROR;
     /* one process: the ranks of a data-parallel run evaluate the same
      * batches between them, so one alone gets the same loss */
-    cfg.rank = (struct tr_rank_info){0, 1, 0, 1, NULL};
+    cfg->rank = (struct tr_rank_info){0, 1, 0, 1, NULL};
+    return TR_OK;
+}
 
-    if (tr_session_open(r, &cfg, TR_SESSION_EVAL, err) != TR_OK)
-        goto done;
+/* The weights evaluated, into the open session: the checkpoint's when one
+ * is named, else model.from's, else the initial ones it built. */
+static int load_weights(struct tr_session *r, struct tr_config *cfg,
+                        const struct eval_checkpoint *ck, struct tr_eval_result *out, tr_err *err)
+{
     /* the weights a fresh run would start from (the run loads them in
      * start(), after the session opens); a checkpoint's replace them */
-    const char *from = tr_hf_from_dir(cfg.recipe);
-    if (from && !ck.path) {
+    const char *from = tr_hf_from_dir(cfg->recipe);
+    if (from && !ck->path) {
         if (tr_session_load_pretrained(r, err) != TR_OK)
-            goto done;
+            return TR_ERROR;
         out->weights = TR_EVAL_FROM;
         snprintf(out->source, sizeof out->source, "%s", from);
     }
-    if (ck.path) {
-        if (tr_checkpoint_load_weights(ck.path, r->g, &r->be, r->g->params, err) != TR_OK)
-            goto done;
+    if (ck->path) {
+        if (tr_checkpoint_load_weights(ck->path, r->g, &r->be, r->g->params, err) != TR_OK)
+            return TR_ERROR;
         out->weights = TR_EVAL_CHECKPOINT;
-        out->step = ck.st.step;
-        snprintf(out->source, sizeof out->source, "%s", ck.path);
+        out->step = ck->st.step;
+        snprintf(out->source, sizeof out->source, "%s", ck->path);
     }
+    return TR_OK;
+}
 
-    enum tr_split split = fl->train_split ? TR_SPLIT_TRAIN : TR_SPLIT_VAL;
-    if (check_split(r, split, err) != TR_OK)
-        goto done;
-    uint64_t batches = fl->batches ? fl->batches : (uint64_t)cfg.train.eval_batches;
-    double accuracy;
-    if (tr_session_evaluate(r, split, batches, &out->loss, &accuracy, &out->batches, err) != TR_OK)
-        goto done;
-    out->accuracy = accuracy;
+/* What the result says besides the loss: the split's size in batches, the
+ * samples and tokens evaluated, the classes, and what it ran on. */
+static void fill_result(struct tr_eval_result *out, const struct tr_session *r,
+                        const struct tr_config *cfg, enum tr_split split)
+{
     const struct tr_data_info *di = &r->data.info;
     out->split_batches = eval_samples(di, split) / (uint64_t)r->micro_batch;
     out->micro_batch = r->micro_batch;
@@ -245,9 +239,40 @@ int tr_eval(const struct tr_eval_flags *fl, struct tr_eval_result *out, tr_err *
         const struct tr_tensor *lg = &r->g->tensors[r->g->logits];
         out->classes = (uint32_t)lg->shape[lg->ndim - 1];
     }
-    out->seed = cfg.train.seed;
-    snprintf(out->device, sizeof out->device, "%s", cfg.device);
-    snprintf(out->precision, sizeof out->precision, "%s", cfg.precision.plugin->info->name);
+    out->seed = cfg->train.seed;
+    snprintf(out->device, sizeof out->device, "%s", cfg->device);
+    snprintf(out->precision, sizeof out->precision, "%s", cfg->precision.plugin->info->name);
+}
+
+int tr_eval(const struct tr_eval_flags *fl, struct tr_eval_result *out, tr_err *err)
+{
+    memset(out, 0, sizeof *out);
+    out->accuracy = NAN;
+    out->loss = NAN;
+    struct eval_checkpoint ck = {0};
+    struct tr_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    struct tr_session session, *r = &session;
+    memset(r, 0, sizeof *r);
+    const char **overrides = NULL;
+    int rc = TR_ERROR;
+    double t0 = tr_now();
+
+    if (fl->checkpoint && open_checkpoint(fl->checkpoint, &ck, err) != TR_OK)
+        goto done;
+    if (load_config(fl, &ck, &cfg, &overrides, out, err) != TR_OK ||
+        tr_session_open(r, &cfg, TR_SESSION_EVAL, err) != TR_OK ||
+        load_weights(r, &cfg, &ck, out, err) != TR_OK)
+        goto done;
+    enum tr_split split = fl->train_split ? TR_SPLIT_TRAIN : TR_SPLIT_VAL;
+    if (check_split(r, split, err) != TR_OK)
+        goto done;
+    uint64_t batches = fl->batches ? fl->batches : (uint64_t)cfg.train.eval_batches;
+    double accuracy;
+    if (tr_session_evaluate(r, split, batches, &out->loss, &accuracy, &out->batches, err) != TR_OK)
+        goto done;
+    out->accuracy = accuracy;
+    fill_result(out, r, &cfg, split);
     rc = TR_OK;
 done:
     tr_session_close(r);

@@ -26,31 +26,26 @@ static const struct tr_tensor *param_named(const struct tr_graph *g, const char 
     return i >= 0 && g->tensors[i].role == TR_ROLE_PARAM ? &g->tensors[i] : NULL;
 }
 
-int tr_hf_describe(const struct tr_graph *g, const char *type, struct tr_hf_arch *a, tr_err *err)
+/* Transformer blocks: the first layer norm of each, numbered from 0. */
+static int64_t count_layers(const struct tr_graph *g, int gpt)
 {
-    memset(a, 0, sizeof *a);
-    int gpt = type && strcmp(type, "gpt") == 0;
-    if (!type || (!gpt && strcmp(type, "llama") != 0))
-        return tr_fail(err, "the model is %s%s%s; only llama and gpt models have a Hugging Face form",
-                       type ? "\"" : "", type ? type : "built by the recipe's own function",
-                       type ? "\"" : "");
-    const struct tr_tensor *emb = param_named(g, gpt ? "transformer.wte.weight" : "model.embed_tokens.weight");
-    const struct tr_tensor *in = &g->tensors[g->inputs[0]];
-    if (!emb || emb->ndim != 2 || in->ndim != 2)
-        return tr_fail(err, "the %s model has no token embedding", type);
-    a->family = gpt ? TR_HF_GPT2 : TR_HF_LLAMA;
-    snprintf(a->model_type, sizeof a->model_type, "%s", gpt ? "gpt2" : "llama");
-    a->vocab = emb->shape[0];
-    a->dim = emb->shape[1];
-    a->ctx = in->shape[1];
+    int64_t layers = 0;
     char name[96];
     for (;;) {
         snprintf(name, sizeof name, gpt ? "transformer.h.%lld.ln_1.weight" : "model.layers.%lld.input_layernorm.weight",
-                 (long long)a->layers);
+                 (long long)layers);
         if (!param_named(g, name))
             break;
-        a->layers++;
+        layers++;
     }
+    return layers;
+}
+
+/* The heads, rope_theta and the norms' eps, off the graph's nodes; a
+ * scaled embedding has no Hugging Face form. */
+static int read_nodes(const struct tr_graph *g, int gpt, const char *type, struct tr_hf_arch *a,
+                      tr_err *err)
+{
     a->norm_eps = gpt ? 1e-5 : 0;
     for (int i = 0; i < g->n_nodes; i++) {
         const struct tr_node *nd = &g->nodes[i];
@@ -68,36 +63,51 @@ int tr_hf_describe(const struct tr_graph *g, const char *type, struct tr_hf_arch
                            "the Hugging Face families trainrun writes does", type);
         }
     }
-    if (!gpt) {
-        /* the graph holds floats: the shortest decimal that is the same float */
-        double vals[2] = {a->rope_theta, a->norm_eps};
-        for (int k = 0; k < 2; k++) {
-            char buf[40];
-            for (int p = 1; p <= 9; p++) {
-                snprintf(buf, sizeof buf, "%.*g", p, vals[k]);
-                if ((float)strtod(buf, NULL) == (float)vals[k])
-                    break;
-            }
-            vals[k] = strtod(buf, NULL);
+    return TR_OK;
+}
+
+/* The graph holds floats: rope_theta and eps as the shortest decimal that
+ * is the same float. */
+static void shortest_decimals(struct tr_hf_arch *a)
+{
+    double vals[2] = {a->rope_theta, a->norm_eps};
+    for (int k = 0; k < 2; k++) {
+        char buf[40];
+        for (int p = 1; p <= 9; p++) {
+            snprintf(buf, sizeof buf, "%.*g", p, vals[k]);
+            if ((float)strtod(buf, NULL) == (float)vals[k])
+                break;
         }
-        a->rope_theta = vals[0];
-        a->norm_eps = vals[1];
+        vals[k] = strtod(buf, NULL);
     }
-    if (a->layers == 0 || a->heads <= 0 || a->dim % a->heads != 0 || (!gpt && (a->kv_heads <= 0 || a->rope_theta <= 0 || a->norm_eps <= 0)))
-        return tr_fail(err, "the %s model's graph does not have the shape of one", type);
+    a->rope_theta = vals[0];
+    a->norm_eps = vals[1];
+}
+
+/* What the family fixes (GPT-2) or the parameters tell (llama): the kv
+ * heads, the MLP's width, a tied head, q/k/v biases. */
+static int family_fields(const struct tr_graph *g, int gpt, struct tr_hf_arch *a, tr_err *err)
+{
     if (gpt) {
         a->kv_heads = a->heads;
         a->ffn_dim = 4 * a->dim;
         a->tie_embeddings = 1;
-    } else {
-        const struct tr_tensor *gate = param_named(g, "model.layers.0.mlp.gate_proj.weight");
-        if (!gate)
-            return tr_fail(err, "the llama model has no model.layers.0.mlp.gate_proj.weight");
-        a->ffn_dim = gate->shape[0];
-        a->tie_embeddings = !param_named(g, "lm_head.weight");
-        a->qkv_bias = param_named(g, "model.layers.0.self_attn.q_proj.bias") != NULL;
+        return TR_OK;
     }
-    /* every parameter must be one the Hugging Face form names */
+    const struct tr_tensor *gate = param_named(g, "model.layers.0.mlp.gate_proj.weight");
+    if (!gate)
+        return tr_fail(err, "the llama model has no model.layers.0.mlp.gate_proj.weight");
+    a->ffn_dim = gate->shape[0];
+    a->tie_embeddings = !param_named(g, "lm_head.weight");
+    a->qkv_bias = param_named(g, "model.layers.0.self_attn.q_proj.bias") != NULL;
+    return TR_OK;
+}
+
+/* Every parameter must be one the Hugging Face form names, and every one
+ * it names a parameter. */
+static int check_params(const struct tr_graph *g, const char *type, const struct tr_hf_arch *a,
+                        tr_err *err)
+{
     struct tr_hf_tensor *t = NULL;
     size_t n = tr_hf_tensors(a, a->ctx, &t), params = 0;
     int rc = TR_OK;
@@ -111,6 +121,35 @@ int tr_hf_describe(const struct tr_graph *g, const char *type, struct tr_hf_arch
                      params, n);
     tr_hf_tensors_free(t, n);
     return rc;
+}
+
+int tr_hf_describe(const struct tr_graph *g, const char *type, struct tr_hf_arch *a, tr_err *err)
+{
+    memset(a, 0, sizeof *a);
+    int gpt = type && strcmp(type, "gpt") == 0;
+    if (!type || (!gpt && strcmp(type, "llama") != 0))
+        return tr_fail(err, "the model is %s%s%s; only llama and gpt models have a Hugging Face form",
+                       type ? "\"" : "", type ? type : "built by the recipe's own function",
+                       type ? "\"" : "");
+    const struct tr_tensor *emb = param_named(g, gpt ? "transformer.wte.weight" : "model.embed_tokens.weight");
+    const struct tr_tensor *in = &g->tensors[g->inputs[0]];
+    if (!emb || emb->ndim != 2 || in->ndim != 2)
+        return tr_fail(err, "the %s model has no token embedding", type);
+    a->family = gpt ? TR_HF_GPT2 : TR_HF_LLAMA;
+    snprintf(a->model_type, sizeof a->model_type, "%s", gpt ? "gpt2" : "llama");
+    a->vocab = emb->shape[0];
+    a->dim = emb->shape[1];
+    a->ctx = in->shape[1];
+    a->layers = count_layers(g, gpt);
+    if (read_nodes(g, gpt, type, a, err) != TR_OK)
+        return TR_ERROR;
+    if (!gpt)
+        shortest_decimals(a);
+    if (a->layers == 0 || a->heads <= 0 || a->dim % a->heads != 0 || (!gpt && (a->kv_heads <= 0 || a->rope_theta <= 0 || a->norm_eps <= 0)))
+        return tr_fail(err, "the %s model's graph does not have the shape of one", type);
+    if (family_fields(g, gpt, a, err) != TR_OK)
+        return TR_ERROR;
+    return check_params(g, type, a, err);
 }
 
 /* ---- export -------------------------------------------------------------------- */
@@ -233,40 +272,71 @@ static char *st_header(const struct tr_hf_tensor *t, size_t n, enum tr_dtype dty
     return h;
 }
 
-int tr_hf_export(const struct tr_hf_arch *a, const struct tr_st_file *weights, const char *what,
-                 const char *out_dir, enum tr_dtype dtype, tr_err *err)
+/* Every tensor of the form in the checkpoint's weights, with its number
+ * of values: src[i] for want[i]. */
+static int find_sources(const struct tr_st_file *weights, const char *what,
+                        const struct tr_hf_tensor *want, size_t n,
+                        const struct tr_st_entry **src, tr_err *err)
 {
-    struct tr_hf_tensor *want = NULL;
-    size_t n = tr_hf_tensors(a, a->ctx, &want);
-    const struct tr_st_entry **src = tr_xcalloc(n, sizeof *src);
-    int rc = TR_ERROR;
-    /* every tensor there before anything is written */
     for (size_t i = 0; i < n; i++) {
         const struct tr_st_entry *e = tr_safetensors_find(weights, want[i].name);
         size_t numel = (size_t)want[i].shape[0] * (size_t)(want[i].ndim > 1 ? want[i].shape[1] : 1);
         size_t have = 1;
         for (int d = 0; e && d < e->ndim; d++)
             have *= (size_t)e->shape[d];
-        if (!e || e->dtype == TR_I32 || have != numel) {
-            tr_fail(err, "%s has no tensor '%s' of %zu values (a checkpoint of another model?)",
-                    what, want[i].name, numel);
-            goto done;
-        }
+        if (!e || e->dtype == TR_I32 || have != numel)
+            return tr_fail(err, "%s has no tensor '%s' of %zu values (a checkpoint of another "
+                           "model?)", what, want[i].name, numel);
         src[i] = e;
     }
-    if (prepare_dir(out_dir, err) != TR_OK)
-        goto done;
-    /* model.safetensors streamed tensor by tensor: the host holds the
-     * checkpoint and one tensor's conversion, not a second copy of the model */
-    struct atomic_file af;
-    if (atomic_open(&af, out_dir, "model.safetensors", err) != TR_OK)
-        goto done;
+    return TR_OK;
+}
+
+/* Tensor w (from src) in dtype, in the form's layout, written to f: 1, 0
+ * on a short write, -1 out of memory (err says so). */
+static int write_tensor(FILE *f, const struct tr_hf_tensor *w, const struct tr_st_entry *src,
+                        enum tr_dtype dtype, tr_err *err)
+{
+    int ok;
+    size_t numel = (size_t)w->shape[0] * (size_t)(w->ndim > 1 ? w->shape[1] : 1);
+    float *f32 = malloc(numel * sizeof(float) + 1);
+    float *flip = w->transposed ? malloc(numel * sizeof(float) + 1) : NULL;
+    uint16_t *half = dtype != TR_F32 ? malloc(numel * sizeof(uint16_t) + 1) : NULL;
+    if (!f32 || (w->transposed && !flip) || (dtype != TR_F32 && !half)) {
+        tr_fail(err, "out of memory exporting '%s'", w->name);
+        ok = -1;
+    } else {
+        tr_hf_to_f32(src, f32, numel);
+        const float *v = f32;
+        if (flip) { /* back to Conv1D's [in, out] */
+            tr_hf_transpose(flip, f32, w->shape[1], w->shape[0]);
+            v = flip;
+        }
+        if (half) {
+            tr_cpu_to_half(half, v, numel, dtype == TR_BF16);
+            ok = fwrite(half, sizeof *half, numel, f) == numel;
+        } else {
+            ok = fwrite(v, sizeof *v, numel, f) == numel;
+        }
+    }
+    free(f32);
+    free(flip);
+    free(half);
+    return ok;
+}
+
+/* model.safetensors into f, streamed tensor by tensor (the host holds the
+ * checkpoint and one tensor's conversion, not a second copy of the model)
+ * on a progress bar: as write_tensor, 1 when all of it was written. */
+static int write_weights(FILE *f, const struct tr_hf_tensor *want, size_t n,
+                         const struct tr_st_entry *const *src, enum tr_dtype dtype, tr_err *err)
+{
     size_t hlen = 0;
     char *header = st_header(want, n, dtype, &hlen);
     unsigned char len8[8];
     for (int k = 0; k < 8; k++)
         len8[k] = (unsigned char)((uint64_t)hlen >> (8 * k));
-    int ok = fwrite(len8, 1, 8, af.f) == 8 && fwrite(header, 1, hlen, af.f) == hlen;
+    int ok = fwrite(len8, 1, 8, f) == 8 && fwrite(header, 1, hlen, f) == hlen;
     free(header);
     uint64_t total = 8 + hlen;
     for (size_t i = 0; i < n; i++)
@@ -276,33 +346,29 @@ int tr_hf_export(const struct tr_hf_arch *a, const struct tr_st_file *weights, c
     tr_progress_add(bar, 8 + hlen);
     for (size_t i = 0; i < n && ok; i++) {
         size_t numel = (size_t)want[i].shape[0] * (size_t)(want[i].ndim > 1 ? want[i].shape[1] : 1);
-        float *f32 = malloc(numel * sizeof(float) + 1);
-        float *flip = want[i].transposed ? malloc(numel * sizeof(float) + 1) : NULL;
-        uint16_t *half = dtype != TR_F32 ? malloc(numel * sizeof(uint16_t) + 1) : NULL;
-        if (!f32 || (want[i].transposed && !flip) || (dtype != TR_F32 && !half)) {
-            tr_fail(err, "out of memory exporting '%s'", want[i].name);
-            ok = -1;
-        } else {
-            tr_hf_to_f32(src[i], f32, numel);
-            const float *v = f32;
-            if (flip) { /* back to Conv1D's [in, out] */
-                tr_hf_transpose(flip, f32, want[i].shape[1], want[i].shape[0]);
-                v = flip;
-            }
-            if (half) {
-                tr_cpu_to_half(half, v, numel, dtype == TR_BF16);
-                ok = fwrite(half, sizeof *half, numel, af.f) == numel;
-            } else {
-                ok = fwrite(v, sizeof *v, numel, af.f) == numel;
-            }
-        }
-        free(f32);
-        free(flip);
-        free(half);
+        ok = write_tensor(f, &want[i], src[i], dtype, err);
         tr_progress_add(bar, (uint64_t)numel * (dtype == TR_F32 ? 4 : 2)); /* written */
         tr_progress_draw(bar, 0);
     }
     tr_progress_end(bar, ok > 0, 1);
+    return ok;
+}
+
+int tr_hf_export(const struct tr_hf_arch *a, const struct tr_st_file *weights, const char *what,
+                 const char *out_dir, enum tr_dtype dtype, tr_err *err)
+{
+    struct tr_hf_tensor *want = NULL;
+    size_t n = tr_hf_tensors(a, a->ctx, &want);
+    const struct tr_st_entry **src = tr_xcalloc(n, sizeof *src);
+    int rc = TR_ERROR;
+    /* every tensor there before anything is written */
+    if (find_sources(weights, what, want, n, src, err) != TR_OK ||
+        prepare_dir(out_dir, err) != TR_OK)
+        goto done;
+    struct atomic_file af;
+    if (atomic_open(&af, out_dir, "model.safetensors", err) != TR_OK)
+        goto done;
+    int ok = write_weights(af.f, want, n, src, dtype, err);
     if (ok <= 0) { /* out of memory (err says so) or a short write */
         int errnum = errno;
         atomic_close(&af, 0, err);

@@ -366,6 +366,105 @@ static const struct tr_st_entry *find_tensor(const struct source *s, const struc
     return e;
 }
 
+/* Every tensor config.json implies, found in the files with the shape it
+ * implies: found[i], or NULL with the problem noted.  TR_ERROR (err says
+ * which) when a tensor is in two shards. */
+static int find_wanted(const struct source *s, const struct tr_hf_arch *a,
+                       const struct tr_hf_tensor *want, size_t n,
+                       const struct tr_st_entry **found, struct problems *p, tr_err *err)
+{
+    for (size_t i = 0; i < n; i++) {
+        int twice = 0;
+        found[i] = find_tensor(s, a, want[i].name, &twice);
+        if (twice)
+            return tr_fail(err, "%s: tensor '%s' is in two shards", s->what, want[i].name);
+        char have[128], expect[128];
+        shape_text(want[i].shape, want[i].ndim, expect, sizeof expect);
+        if (!found[i]) {
+            note(p, 0, "%s", want[i].name);
+        } else if (found[i]->ndim != want[i].ndim || found[i]->shape[0] != want[i].shape[0] ||
+                   (want[i].ndim > 1 && found[i]->shape[1] != want[i].shape[1]) ||
+                   found[i]->dtype == TR_I32) {
+            shape_text(found[i]->shape, found[i]->ndim, have, sizeof have);
+            note(p, 1, "%s: %s%s in the file, %s expected", want[i].name,
+                 found[i]->dtype == TR_I32 ? "I32 " : "", have, expect);
+            found[i] = NULL;
+        }
+    }
+    return TR_OK;
+}
+
+/* Everything in the files is a tensor of the model or a known buffer; the
+ * rest is noted as unexpected. */
+static void note_unexpected(const struct source *s, const struct tr_hf_arch *a,
+                            const struct tr_hf_tensor *want, size_t n, struct problems *p)
+{
+    for (size_t k = 0; k < s->n; k++)
+        for (size_t j = 0; j < tr_safetensors_count(s->shards[k].st); j++) {
+            const char *name = tr_safetensors_at(s->shards[k].st, j)->name;
+            int known = ignorable(a, name);
+            for (size_t i = 0; i < n && !known; i++)
+                known = strcmp(want[i].name, name) == 0 ||
+                        (a->family == TR_HF_GPT2 && strcmp(want[i].name + 12, name) == 0);
+            if (!known)
+                note(p, 2, "%s", name);
+        }
+}
+
+/* The graph must be the model config.json describes, parameter for
+ * parameter: param[i], the index of want[i]'s parameter in g. */
+static int match_graph(const struct tr_graph *g, const char *dir, const struct tr_hf_tensor *want,
+                       size_t n, int *param, tr_err *err)
+{
+    size_t covered = 0;
+    for (size_t i = 0; i < n; i++) {
+        param[i] = tr_graph_find(g, want[i].name);
+        const struct tr_tensor *t = param[i] >= 0 ? &g->tensors[param[i]] : NULL;
+        int64_t r = want[i].transposed ? want[i].shape[1] : want[i].rows;
+        int64_t c = want[i].ndim == 1 ? 1 : want[i].transposed ? want[i].shape[0] : want[i].shape[1];
+        if (!t || t->role != TR_ROLE_PARAM || t->numel != (size_t)(r * c) || t->shape[0] != r)
+            return tr_fail(err, "%s: the model's graph has no parameter '%s' of %lld x %lld "
+                           "values; the model builder does not build what config.json "
+                           "describes", dir, want[i].name, (long long)r, (long long)c);
+        covered++;
+    }
+    size_t n_params = 0;
+    for (int i = 0; i < g->n_tensors; i++)
+        n_params += g->tensors[i].role == TR_ROLE_PARAM;
+    if (covered != n_params)
+        return tr_fail(err, "%s: the model has %zu parameters but config.json describes %zu; the "
+                       "rest would keep their random values", dir, n_params, covered);
+    return TR_OK;
+}
+
+/* Each tensor in fp32, transposed where trainrun's layout is, uploaded
+ * into its parameter: one tensor's host copy at a time. */
+static int upload_all(struct tr_graph *g, const struct tr_backend *be, const struct source *s,
+                      const struct tr_hf_tensor *want, size_t n,
+                      const struct tr_st_entry *const *found, const int *param, tr_err *err)
+{
+    for (size_t i = 0; i < n; i++) {
+        struct tr_tensor *t = &g->tensors[param[i]];
+        size_t file_numel = (size_t)want[i].shape[0] * (size_t)(want[i].ndim > 1 ? want[i].shape[1] : 1);
+        float *host = malloc(file_numel * sizeof(float));
+        float *flip = want[i].transposed ? malloc(file_numel * sizeof(float)) : NULL;
+        if (!host || (want[i].transposed && !flip)) {
+            free(host);
+            free(flip);
+            return tr_fail(err, "out of memory converting tensor '%s' of %s", want[i].name,
+                           s->what);
+        }
+        tr_hf_to_f32(found[i], host, file_numel);
+        if (flip)
+            tr_hf_transpose(flip, host, want[i].shape[0], want[i].shape[1]);
+        /* rows beyond trainrun's (GPT-2's positions past ctx) are not kept */
+        tr_be_upload(be, t->data, flip ? flip : host, t->numel * sizeof(float));
+        free(host);
+        free(flip);
+    }
+    return TR_OK;
+}
+
 int tr_hf_load(struct tr_graph *g, const struct tr_backend *be, const char *dir,
                const struct tr_hf_arch *a, tr_err *err)
 {
@@ -380,88 +479,15 @@ int tr_hf_load(struct tr_graph *g, const struct tr_backend *be, const char *dir,
     int *param = tr_xcalloc(n, sizeof *param);
     struct problems p;
     memset(&p, 0, sizeof p);
-    int rc = TR_ERROR;
-
-    /* every tensor config.json implies: in the files, in the graph, same shape */
-    for (size_t i = 0; i < n; i++) {
-        int twice = 0;
-        found[i] = find_tensor(&s, a, want[i].name, &twice);
-        if (twice) {
-            tr_fail(err, "%s: tensor '%s' is in two shards", s.what, want[i].name);
-            goto done;
-        }
-        char have[128], expect[128];
-        shape_text(want[i].shape, want[i].ndim, expect, sizeof expect);
-        if (!found[i]) {
-            note(&p, 0, "%s", want[i].name);
-        } else if (found[i]->ndim != want[i].ndim || found[i]->shape[0] != want[i].shape[0] ||
-                   (want[i].ndim > 1 && found[i]->shape[1] != want[i].shape[1]) ||
-                   found[i]->dtype == TR_I32) {
-            shape_text(found[i]->shape, found[i]->ndim, have, sizeof have);
-            note(&p, 1, "%s: %s%s in the file, %s expected", want[i].name,
-                 found[i]->dtype == TR_I32 ? "I32 " : "", have, expect);
-            found[i] = NULL;
-        }
-        param[i] = tr_graph_find(g, want[i].name);
+    int rc = find_wanted(&s, a, want, n, found, &p, err);
+    if (rc == TR_OK) {
+        note_unexpected(&s, a, want, n, &p);
+        rc = report(&p, s.what, err);
     }
-    /* everything in the files is a tensor of the model or a known buffer */
-    for (size_t k = 0; k < s.n; k++)
-        for (size_t j = 0; j < tr_safetensors_count(s.shards[k].st); j++) {
-            const char *name = tr_safetensors_at(s.shards[k].st, j)->name;
-            int known = ignorable(a, name);
-            for (size_t i = 0; i < n && !known; i++)
-                known = strcmp(want[i].name, name) == 0 ||
-                        (a->family == TR_HF_GPT2 && strcmp(want[i].name + 12, name) == 0);
-            if (!known)
-                note(&p, 2, "%s", name);
-        }
-    if (report(&p, s.what, err) != TR_OK)
-        goto done;
-
-    /* the graph must be the model config.json describes, parameter for parameter */
-    size_t covered = 0;
-    for (size_t i = 0; i < n; i++) {
-        const struct tr_tensor *t = param[i] >= 0 ? &g->tensors[param[i]] : NULL;
-        int64_t r = want[i].transposed ? want[i].shape[1] : want[i].rows;
-        int64_t c = want[i].ndim == 1 ? 1 : want[i].transposed ? want[i].shape[0] : want[i].shape[1];
-        if (!t || t->role != TR_ROLE_PARAM || t->numel != (size_t)(r * c) || t->shape[0] != r) {
-            tr_fail(err, "%s: the model's graph has no parameter '%s' of %lld x %lld values; the "
-                    "model builder does not build what config.json describes", dir, want[i].name,
-                    (long long)r, (long long)c);
-            goto done;
-        }
-        covered++;
-    }
-    size_t n_params = 0;
-    for (int i = 0; i < g->n_tensors; i++)
-        n_params += g->tensors[i].role == TR_ROLE_PARAM;
-    if (covered != n_params) {
-        tr_fail(err, "%s: the model has %zu parameters but config.json describes %zu; the rest "
-                "would keep their random values", dir, n_params, covered);
-        goto done;
-    }
-
-    for (size_t i = 0; i < n; i++) {
-        struct tr_tensor *t = &g->tensors[param[i]];
-        size_t file_numel = (size_t)want[i].shape[0] * (size_t)(want[i].ndim > 1 ? want[i].shape[1] : 1);
-        float *host = malloc(file_numel * sizeof(float));
-        float *flip = want[i].transposed ? malloc(file_numel * sizeof(float)) : NULL;
-        if (!host || (want[i].transposed && !flip)) {
-            free(host);
-            free(flip);
-            tr_fail(err, "out of memory converting tensor '%s' of %s", want[i].name, s.what);
-            goto done;
-        }
-        tr_hf_to_f32(found[i], host, file_numel);
-        if (flip)
-            tr_hf_transpose(flip, host, want[i].shape[0], want[i].shape[1]);
-        /* rows beyond trainrun's (GPT-2's positions past ctx) are not kept */
-        tr_be_upload(be, t->data, flip ? flip : host, t->numel * sizeof(float));
-        free(host);
-        free(flip);
-    }
-    rc = TR_OK;
-done:
+    if (rc == TR_OK)
+        rc = match_graph(g, dir, want, n, param, err);
+    if (rc == TR_OK)
+        rc = upload_all(g, be, &s, want, n, found, param, err);
     free(found);
     free(param);
     tr_hf_tensors_free(want, n);

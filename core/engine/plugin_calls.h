@@ -2,8 +2,9 @@
  *
  * The engine calls a precision, schedule, data or logger plugin only
  * through these wrappers.  The other contracts have a choke point of their
- * own: the checkpoint kind is called only by checkpoint.c (its optional
- * put_stream checked there), comm only by comm.c's thread, a data source's
+ * own: the checkpoint kind is called only by the checkpointer's files
+ * (checkpoint.c, checkpoint_write.c, where the optional put_stream is
+ * checked, and checkpoint_read.c), comm only by comm.c's thread, a data source's
  * reads only by loader.c, and backends only through backend.h's tr_be_*.  Each optional slot is
  * checked here and its default lives here, as SQLite's os.c does for its
  * VFS: a slot appended to a vtable in include/trainrun/plugin.h is handled

@@ -1,0 +1,97 @@
+/* What the files of the checkpoint code share, and nothing else includes
+ * (checkpoint.h is their public interface):
+ *   checkpoint.c         the checkpointer: open, save, the background writer,
+ *                        wait, close, and pruning to keep-last-N plus the best;
+ *   checkpoint_write.c   one checkpoint written: its blobs serialised from
+ *                        backend memory, state.json, and the plugin calls
+ *                        that store them;
+ *   checkpoint_read.c    the same read back: state.json and the blobs checked,
+ *                        the tensors loaded (load, resume), and local
+ *                        checkpoint directories found, verified and read;
+ *   checkpoint_export.c  `trainrun export`.
+ * The writer and the reader must agree byte for byte on the format: what
+ * both sides of it use is declared here. */
+#ifndef TR_CHECKPOINT_INTERNAL_H
+#define TR_CHECKPOINT_INTERNAL_H
+
+#include "checkpoint.h"
+
+#include <pthread.h>
+#include <stddef.h>
+
+/* The last member of state.json: the CRC-32 of the bytes before it
+ * (written by checkpoint_write.c, checked by checkpoint_read.c). */
+#define STATE_CHECKSUM_KEY "  \"state_checksum\":"
+
+/* checkpoint.h's checkpointer */
+struct tr_checkpointer {
+    struct tr_checkpointer_config cfg;
+    /* The snapshot of an asynchronous save: the serialised blobs themselves,
+     * taken by save() and freed by tr_ckpt_write as each is written, so nothing
+     * is held between saves and no second copy is made.  A synchronous save
+     * streams each blob to the plugin instead (or, for a plugin without
+     * put_stream, builds, writes and frees one blob at a time). */
+    void *blob[3];
+    size_t blob_size[3];
+    struct tr_run_state state;
+    /* the background writer */
+    pthread_t thread;
+    int has_thread;
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    int pending; /* a snapshot waits to be written */
+    int busy;    /* the writer is writing */
+    int stop;
+    int failed;
+    tr_err error;
+    double stall;
+};
+
+/* ---- checkpoint.c ---- */
+
+/* "step-" and ten digits: the only names a checkpointer writes. */
+int tr_ckpt_is_step_name(const char *name);
+
+/* The checkpoints the plugin lists whose names tr_ckpt_is_step_name takes,
+ * in the plugin's order (newest first); free with tr_ckpt_free_names. */
+struct name_list {
+    char **names;
+    size_t n;
+};
+int tr_ckpt_list(struct tr_checkpointer *c, struct name_list *l, tr_err *err);
+void tr_ckpt_free_names(struct name_list *l);
+
+/* Remove what keep and best no longer hold, after c->state.step was
+ * written; problems are warnings. */
+void tr_ckpt_prune(struct tr_checkpointer *c);
+
+/* ---- checkpoint_write.c ---- */
+
+/* CRC-32 of all of data: the checksums state.json records, of its blobs
+ * and of itself (checked by checkpoint_read.c). */
+unsigned long tr_ckpt_crc(const void *data, size_t size);
+
+/* Blobs of a checkpoint: the weights, then one per optimizer state slot. */
+int tr_ckpt_blob_count(const struct tr_checkpointer *c);
+/* Blob i whole in one malloc'd buffer (NULL when out of memory). */
+void *tr_ckpt_build_blob(struct tr_checkpointer *c, int i, const float *params,
+                         float *const *slots, size_t *size);
+/* Free the snapshot's blobs. */
+void tr_ckpt_free_blobs(struct tr_checkpointer *c);
+/* Write checkpoint "step-<c->state.step>" from the snapshot, or from params
+ * and slots where it holds none, and prune; err says why not. */
+int tr_ckpt_write(struct tr_checkpointer *c, const float *params, float *const *slots,
+                  tr_err *err);
+
+/* ---- checkpoint_read.c ---- */
+
+/* The whole of path in malloc'd memory (one byte more, zeroed); a regular
+ * file only. */
+int tr_ckpt_read_whole(const char *path, void **data, size_t *size, tr_err *err);
+
+/* state.json of a checkpoint directory and the CRC-32 of each blob it
+ * lists (model.safetensors must be among them); *model, when asked for,
+ * gets the verified weights' bytes (malloc'd). */
+int tr_ckpt_verify_dir(const char *checkpoint_dir, void **model, size_t *model_size, tr_err *err);
+
+#endif
