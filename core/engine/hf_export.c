@@ -344,7 +344,9 @@ static int write_weights(FILE *f, const struct tr_hf_tensor *want, size_t n,
                  (dtype == TR_F32 ? 4 : 2);
     struct tr_progress *bar = tr_progress_start("exporting", total);
     tr_progress_add(bar, 8 + hlen);
-    for (size_t i = 0; i < n && ok; i++) {
+    /* ok == 1 only: -1 (out of memory) stops the loop as 0 does, and no
+     * later tensor's success may turn it back into a whole file */
+    for (size_t i = 0; i < n && ok == 1; i++) {
         size_t numel = (size_t)want[i].shape[0] * (size_t)(want[i].ndim > 1 ? want[i].shape[1] : 1);
         ok = write_tensor(f, &want[i], src[i], dtype, err);
         tr_progress_add(bar, (uint64_t)numel * (dtype == TR_F32 ? 4 : 2)); /* written */
