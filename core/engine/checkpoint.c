@@ -16,6 +16,19 @@
 
 /* ---- the writer thread and saving ------------------------------------------ */
 
+static void prune(struct tr_checkpointer *c);
+
+/* One checkpoint written, then what keep and best no longer hold removed
+ * (problems pruning are warnings). */
+static int write_and_prune(struct tr_checkpointer *c, const float *params, float *const *slots,
+                           tr_err *err)
+{
+    int rc = tr_ckpt_write(c, params, slots, err);
+    if (rc == TR_OK)
+        prune(c);
+    return rc;
+}
+
 static void *writer(void *arg)
 {
     struct tr_checkpointer *c = arg;
@@ -29,7 +42,7 @@ static void *writer(void *arg)
         c->busy = 1;
         pthread_mutex_unlock(&c->lock);
         tr_err err = {{0}};
-        int rc = tr_ckpt_write(c, NULL, NULL, &err);
+        int rc = write_and_prune(c, NULL, NULL, &err);
         pthread_mutex_lock(&c->lock);
         c->busy = 0;
         if (rc != TR_OK && !c->failed) {
@@ -129,7 +142,7 @@ static int save(struct tr_checkpointer *c, const float *params, float *const *sl
             pthread_mutex_unlock(&c->lock);
         }
     } else {
-        rc = tr_ckpt_write(c, params, slots, err);
+        rc = write_and_prune(c, params, slots, err);
     }
     c->stall += tr_now() - t0;
     if (previous != TR_OK && rc == TR_OK) {
@@ -200,7 +213,9 @@ void tr_ckpt_free_names(struct name_list *l)
     memset(l, 0, sizeof *l);
 }
 
-void tr_ckpt_prune(struct tr_checkpointer *c)
+/* Remove what keep and best no longer hold, after c->state.step was
+ * written; problems are warnings. */
+static void prune(struct tr_checkpointer *c)
 {
     struct name_list l = {0};
     tr_err err = {{0}};

@@ -61,9 +61,6 @@ struct name_list {
 int tr_ckpt_list(struct tr_checkpointer *c, struct name_list *l, tr_err *err);
 void tr_ckpt_free_names(struct name_list *l);
 
-/* Remove what keep and best no longer hold, after c->state.step was
- * written; problems are warnings. */
-void tr_ckpt_prune(struct tr_checkpointer *c);
 
 /* ---- checkpoint_write.c ---- */
 

@@ -358,7 +358,6 @@ int tr_ckpt_write(struct tr_checkpointer *c, const float *params, float *const *
         vt->commit(c->cfg.self, err) != TR_OK)
         goto failed;
     free(state);
-    tr_ckpt_prune(c);
     return TR_OK;
 failed:
     vt->abort(c->cfg.self);
