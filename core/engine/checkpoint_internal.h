@@ -66,6 +66,8 @@ void tr_ckpt_free_names(struct name_list *l);
 
 /* CRC-32 of all of data: the checksums state.json records, of its blobs
  * and of itself (checked by checkpoint_read.c). */
+/* Blob i of a checkpoint: 0 the weights, 1 + k optimizer state slot k. */
+const char *tr_ckpt_blob_name(int i);
 unsigned long tr_ckpt_crc(const void *data, size_t size);
 
 /* Blobs of a checkpoint: the weights, then one per optimizer state slot. */

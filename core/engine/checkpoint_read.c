@@ -246,8 +246,9 @@ static int check_blob(const struct tr_json *js, const char *blob, const void *da
 int tr_checkpointer_load(struct tr_checkpointer *c, const char *name, float *params,
                          float *const *slots, struct tr_run_state *state, tr_err *err)
 {
-    const char *blobs[] = {"state.json", "model.safetensors", "optimizer.safetensors",
-                           "optimizer2.safetensors"};
+    const char *blobs[] = {"state.json", tr_ckpt_blob_name(0), tr_ckpt_blob_name(1),
+                           tr_ckpt_blob_name(2)};
+    _Static_assert(TR_OPTIMIZER_MAX_SLOTS == 2, "state.json, the weights and two state slots");
     void *data[4] = {NULL};
     size_t size[4] = {0};
     struct tr_json *js = NULL;

@@ -254,10 +254,13 @@ static char *state_json(struct tr_checkpointer *c, const char *const *blobs,
 
 /* ---- writing -------------------------------------------------------------- */
 
-static const char *const blob_names[3] = {"model.safetensors", "optimizer.safetensors",
-                                          "optimizer2.safetensors"};
-_Static_assert(sizeof blob_names / sizeof blob_names[0] == 1 + TR_OPTIMIZER_MAX_SLOTS,
-               "a blob name for the weights and for each optimizer state slot");
+/* Blob i of a checkpoint: the weights, then each optimizer state slot's
+ * file as the optimizers' table names it (config/optimizers.c). */
+const char *tr_ckpt_blob_name(int i)
+{
+    return i == 0 ? "model.safetensors" : tr_optimizer_state_files[i - 1];
+}
+
 
 /* the weights, then one blob per optimizer state slot */
 int tr_ckpt_blob_count(const struct tr_checkpointer *c) { return 1 + c->cfg.optimizer->state_slots; }
@@ -295,10 +298,10 @@ static int stream_blob(struct tr_checkpointer *c, int i, const float *params, fl
     if (open_blob(c, i, params, slots, &s) != TR_OK)
         return tr_fail(err, "out of memory serialising checkpoint %s", name);
     s.checksum = 1;
-    int rc = c->cfg.vt->put_stream(c->cfg.self, blob_names[i], s.size, blob_fill, &s, err);
+    int rc = c->cfg.vt->put_stream(c->cfg.self, tr_ckpt_blob_name(i), s.size, blob_fill, &s, err);
     if (rc == TR_OK && s.pos != s.size)
         rc = tr_fail(err, "the checkpoint plugin stored %s after %zu of its %zu bytes",
-                     blob_names[i], s.pos, s.size);
+                     tr_ckpt_blob_name(i), s.pos, s.size);
     *checksum = s.crc;
     blob_source_close(&s);
     return rc;
@@ -347,13 +350,16 @@ int tr_ckpt_write(struct tr_checkpointer *c, const float *params, float *const *
             goto failed;
         }
         checksums[i] = tr_ckpt_crc(data, size);
-        int rc = vt->put(c->cfg.self, blob_names[i], data, size, err);
+        int rc = vt->put(c->cfg.self, tr_ckpt_blob_name(i), data, size, err);
         free(data);
         if (rc != TR_OK)
             goto failed;
     }
     /* state last: its checksums vouch for the blobs written before it */
-    state = state_json(c, blob_names, checksums, n, &state_size);
+    const char *names[1 + TR_OPTIMIZER_MAX_SLOTS];
+    for (int i = 0; i < n; i++)
+        names[i] = tr_ckpt_blob_name(i);
+    state = state_json(c, names, checksums, n, &state_size);
     if (vt->put(c->cfg.self, "state.json", state, state_size, err) != TR_OK ||
         vt->commit(c->cfg.self, err) != TR_OK)
         goto failed;
