@@ -86,7 +86,16 @@ enum tr_role {
     /* appended with ABI 3: state a node updates while training and reads in
      * eval (batch norm's running statistics): fp32, never trained, saved in
      * checkpoints beside the parameters; lives in g->buffers */
-    TR_ROLE_BUFFER
+    TR_ROLE_BUFFER,
+    /* appended with ABI 6: a weight that is not trained (the base of a
+     * low-rank adapter, core/engine/adapters.c): grad stays NULL, no
+     * optimizer state, not in the flat parameter buffer.  Lives in
+     * g->frozen in its own storage type (t->dtype): TR_F32, TR_BF16,
+     * TR_F16, or TR_NF4 (kernels/nf4.h; numel a multiple of its block).
+     * Only the weight input of linear (in[1]) and embedding (in[0]) may be
+     * 16-bit or NF4 frozen; the backend widens it where a kernel needs
+     * fp32 (backend's scratch, sized by the backend). */
+    TR_ROLE_FROZEN
 };
 
 enum tr_init { TR_INIT_ZEROS = 0, TR_INIT_ONES, TR_INIT_NORMAL };
@@ -158,6 +167,9 @@ struct tr_memory_report {
     /* ABI 4: what the backend keeps of its own beside the plan's arenas for
      * the graph's parameters (param_copy_bytes: the CPU's bf16 copy) */
     size_t param_copies;
+    /* ABI 6: frozen weights (TR_ROLE_FROZEN) in their storage types, and of
+     * those the bytes stored as TR_NF4 (counted in frozen too) */
+    size_t frozen, quantized;
 };
 
 struct tr_graph {
@@ -207,6 +219,10 @@ struct tr_graph {
      * default): backward adds to what they hold (the caller zeroed them, or
      * accumulates micro-batches). */
     int grads_fresh;
+    /* appended with ABI 6: the frozen weights (TR_ROLE_FROZEN), each at its
+     * offset in bytes, in its storage type */
+    void *frozen;
+    size_t frozen_bytes;
 };
 
 /* ---- The device interface */
@@ -269,6 +285,17 @@ struct tr_backend_iface {
      * before that node, as for a backend without the slot.  Saves a pass
      * over each such gradient (and its zeros read back). */
     int (*writes_grad)(void *ctx, const struct tr_graph *g, const struct tr_node *n, int k);
+    /* Optional (ABI 6): store n = t->numel fp32 values from host memory
+     * into frozen tensor t's data in its storage type: F32 as is, BF16 and
+     * F16 rounded to nearest even, NF4 quantised (kernels/nf4.h, the values
+     * bitsandbytes' quantize_4bit(quant_type="nf4", blocksize=64,
+     * compress_statistics=True) gives).  NULL: the backend keeps frozen
+     * weights in fp32 only (uploaded like parameters). */
+    int (*store_frozen)(void *ctx, const struct tr_tensor *t, const float *host, tr_err *err);
+    /* Optional (ABI 6): the inverse into host fp32 (NF4 dequantised, the
+     * matrix bitsandbytes' dequantize_4bit gives, bit for bit): for exports
+     * that merge an adapter into its base. */
+    int (*load_frozen)(void *ctx, const struct tr_tensor *t, float *host, tr_err *err);
 };
 
 struct tr_backend {
@@ -284,9 +311,10 @@ struct tr_backend {
  * search path and exporting TR_BACKEND_ENTRY_NAME, so a trainrun built with
  * a device backend still starts where that device (or its driver) is
  * missing, and says why device=<name> is unavailable. */
-#define TR_BACKEND_ABI 5 /* 2: the Llama-family ops and node attributes; 3: convolutions;
+#define TR_BACKEND_ABI 6 /* 2: the Llama-family ops and node attributes; 3: convolutions;
                           * 4: the memory plan counts the backend's parameter copies;
-                          * 5: gradients written by their first writer (writes_grad) */
+                          * 5: gradients written by their first writer (writes_grad);
+                          * 6: frozen weights (16-bit, NF4) and store/load_frozen */
 #define TR_BACKEND_ENTRY_NAME "trainrun_backend_entry"
 
 struct tr_backend_module {

@@ -49,8 +49,9 @@ extern "C" {
  * plugin's major is the core's: the loader refuses any other), and the comm
  * vtable its `barrier`, which the core never called. */
 #define TR_ABI_MAJOR 2
-/* 2.1: the checkpoint vtable's optional put_stream. */
-#define TR_ABI_MINOR 1
+/* 2.1: the checkpoint vtable's optional put_stream.
+ * 2.2: TR_NF4, the storage type of 4-bit quantised frozen weights. */
+#define TR_ABI_MINOR 2
 
 /* The one symbol every plugin exports. */
 #define TR_PLUGIN_ENTRY trainrun_plugin_entry
@@ -100,6 +101,10 @@ enum tr_dtype {
     TR_BF16 = 1,
     TR_F16 = 2,
     TR_I32 = 3,
+    /* 2.2: 4-bit NormalFloat, blocks of 64 with double-quantised scales
+     * (kernels/nf4.h).  Only frozen weights (an adapter's base) are stored
+     * so; no plugin is handed one. */
+    TR_NF4 = 4,
     TR_DTYPE_COUNT
 };
 
