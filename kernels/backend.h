@@ -98,7 +98,8 @@ enum tr_role {
     TR_ROLE_FROZEN
 };
 
-enum tr_init { TR_INIT_ZEROS = 0, TR_INIT_ONES, TR_INIT_NORMAL };
+enum tr_init { TR_INIT_ZEROS = 0, TR_INIT_ONES, TR_INIT_NORMAL,
+               TR_INIT_UNIFORM /* ABI 6: uniform in [-init_std, init_std] (a LoRA A) */ };
 
 struct tr_tensor {
     char *name;

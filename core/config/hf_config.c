@@ -430,7 +430,7 @@ static void format_option(const struct option *o, char *buf, size_t size)
  * names it, like extends and include (a recipe shared with its model
  * directory works from anywhere); typed on the command line, relative to
  * where the command runs. */
-static char *from_dir(struct tr_recipe *r, const struct tr_value *from)
+char *tr_hf_recipe_dir(struct tr_recipe *r, const struct tr_value *from)
 {
     if (from->string[0] == '/' || from->origin.kind == TR_FROM_CLI)
         return tr_xstrdup(from->string);
@@ -585,7 +585,7 @@ int tr_hf_resolve_model(struct tr_recipe *r, tr_err *err)
     if (m.from->type != TR_V_STRING || !m.from->string[0])
         return tr_fail(err, "%s: model.from must name a directory (a string): one holding a Hugging "
                        "Face config.json and model.safetensors", where);
-    char *dir = from_dir(r, m.from);
+    char *dir = tr_hf_recipe_dir(r, m.from);
     if (tr_hf_config_read(dir, &m.a, err) != TR_OK) {
         tr_err_prefix(err, "%s: model.from", where);
         free(dir);

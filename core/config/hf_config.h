@@ -54,6 +54,10 @@ void tr_hf_config_write(const struct tr_hf_arch *a, const char *torch_dtype, FIL
  * builder runs on.  model.from is left holding the resolved directory.
  * Nothing happens when the model has no `from`. */
 int tr_hf_resolve_model(struct tr_recipe *r, tr_err *err);
+/* A directory a recipe names (model.from, lora.from): relative to the
+ * directory of the recipe file that wrote it, like extends and include;
+ * typed on the command line or absolute, as it is.  Newly allocated. */
+char *tr_hf_recipe_dir(struct tr_recipe *r, const struct tr_value *v);
 
 /* The directory a resolved recipe's weights come from, or NULL. */
 const char *tr_hf_from_dir(struct tr_recipe *r);

@@ -156,7 +156,7 @@ static const struct tr_option parallel_options[] = {
 
 static const char *const sections[] = {"model",     "data",  "precision",  "schedule",
                                        "checkpoint", "optimizer", "train", "early_stop",
-                                       "cost",      "parallel", "comm", "logger", NULL};
+                                       "cost",      "parallel", "comm", "logger", "lora", NULL};
 
 /* GPUs talk over NCCL; CPU ranks started by mpirun over MPI, others over TCP. */
 static const char *default_comm(const struct tr_config *cfg)
@@ -240,7 +240,7 @@ static int configure_sections(struct tr_config *cfg, struct tr_value *root, tr_e
         tr_options_apply(root, "optimizer", "optimizer", &ou, 1, err) != TR_OK ||
         tr_options_apply(root, "early_stop", "early_stop", &eu, 1, err) != TR_OK)
         return TR_ERROR;
-    return TR_OK;
+    return tr_lora_configure(&cfg->lora, cfg->recipe, err);
 }
 
 /* name, run_dir, device and the ranks to start from the root's options;
@@ -381,6 +381,7 @@ void tr_config_free(struct tr_config *cfg)
         tr_plugin_close(s->plugin);
     }
     tr_plugin_path_free(&cfg->plugin_path);
+    tr_lora_free(&cfg->lora);
     if (cfg->recipe)
         tr_recipe_free(cfg->recipe);
     for (int i = 0; i < cfg->n_overrides; i++)
@@ -419,6 +420,7 @@ void tr_config_help(FILE *out)
     tr_options_help(tr_cost_options, out, "    ");
     fprintf(out, "\n  parallel = { ... }  (data parallelism across procs/gpus ranks; docs/scale-out.md)\n");
     tr_options_help(parallel_options, out, "    ");
+    tr_lora_help(out);
     fprintf(out, "\nPlugins by slot, with their options (trainrun plugins KIND: defaults and meaning):\n");
     tr_plugins_help(out);
     fprintf(out, "\nRecipes are sandboxed data: each time recipe code runs (loading with extends/include,\n"

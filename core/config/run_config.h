@@ -9,6 +9,7 @@
 #define TR_RUN_CONFIG_H
 
 #include "hardware.h"
+#include "lora.h"
 #include "plugin.h"
 #include "recipe.h"
 
@@ -84,6 +85,7 @@ struct tr_config {
     struct tr_early_stop_config early_stop;
     struct tr_cost_config cost;
     struct tr_parallel_config parallel;
+    struct tr_lora_config lora; /* lora = { ... }: adapters, the base frozen (lora.h) */
     struct tr_rank_info rank;
     struct tr_slot precision, data, schedule, checkpoint;
     struct tr_slot comm;        /* configured when world > 1 or the recipe names one */

@@ -127,3 +127,29 @@ void tr_be_host_free(const struct tr_backend *be, void *p)
     else
         tr_free(p);
 }
+
+int tr_be_store_weight(const struct tr_backend *be, const struct tr_tensor *t, const float *host,
+                       tr_err *err)
+{
+    if (t->role != TR_ROLE_FROZEN || t->dtype == TR_F32) {
+        tr_be_upload(be, t->data, host, t->numel * sizeof(float));
+        return TR_OK;
+    }
+    if (!tr_be_stores_frozen(be))
+        return tr_fail(err, "backend '%s' cannot store the frozen weight '%s' in 16 or 4 bits",
+                       tr_be_name(be), t->name);
+    return be->iface->store_frozen(be->context, t, host, err);
+}
+
+int tr_be_load_weight(const struct tr_backend *be, const struct tr_tensor *t, float *host,
+                      tr_err *err)
+{
+    if (t->role != TR_ROLE_FROZEN || t->dtype == TR_F32) {
+        tr_be_download(be, host, t->data, t->numel * sizeof(float));
+        return TR_OK;
+    }
+    if (!tr_be_stores_frozen(be))
+        return tr_fail(err, "backend '%s' cannot read the frozen weight '%s' back",
+                       tr_be_name(be), t->name);
+    return be->iface->load_frozen(be->context, t, host, err);
+}

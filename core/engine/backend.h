@@ -130,4 +130,21 @@ static inline int tr_be_writes_grad(const struct tr_backend *be, const struct tr
 }
 static inline const char *tr_be_name(const struct tr_backend *be) { return be->iface->name; }
 
+/* optional: whether frozen weights may be stored in 16 or 4 bits; without
+ * the slots only fp32 frozen weights (uploaded as parameters are) */
+static inline int tr_be_stores_frozen(const struct tr_backend *be)
+{
+    return TR_HAS_SLOT(be->iface, struct tr_backend_iface, store_frozen) &&
+           TR_HAS_SLOT(be->iface, struct tr_backend_iface, load_frozen) &&
+           be->iface->store_frozen && be->iface->load_frozen;
+}
+/* A weight's fp32 host values into its storage: a parameter, buffer or fp32
+ * frozen tensor uploaded, a 16-bit or NF4 frozen one through store_frozen
+ * (tr_graph_plan has refused those where the backend lacks it). */
+int tr_be_store_weight(const struct tr_backend *be, const struct tr_tensor *t, const float *host,
+                       tr_err *err);
+/* The inverse: t's values as fp32 on the host (NF4 dequantised). */
+int tr_be_load_weight(const struct tr_backend *be, const struct tr_tensor *t, float *host,
+                      tr_err *err);
+
 #endif

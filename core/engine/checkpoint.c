@@ -62,6 +62,7 @@ struct tr_checkpointer *tr_checkpointer_open(const struct tr_checkpointer_config
     c->cfg.recipe = tr_xstrdup(cfg->recipe ? cfg->recipe : ""); /* the caller's may be a stack buffer */
     c->cfg.hf_config = cfg->hf_config ? tr_xstrdup(cfg->hf_config) : NULL;
     c->cfg.weights_from = cfg->weights_from ? tr_xstrdup(cfg->weights_from) : NULL;
+    c->cfg.peft_config = cfg->peft_config ? tr_xstrdup(cfg->peft_config) : NULL;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->changed, NULL);
     if (cfg->async) {
@@ -173,6 +174,7 @@ void tr_checkpointer_close(struct tr_checkpointer *c)
     free((char *)c->cfg.recipe);
     free((char *)c->cfg.hf_config);
     free((char *)c->cfg.weights_from);
+    free((char *)c->cfg.peft_config);
     free(c);
 }
 

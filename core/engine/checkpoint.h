@@ -28,6 +28,7 @@ struct tr_run_state {
     char best[64];            /* checkpoint with the best val_loss so far, "" if none */
     double best_val_loss;
     uint64_t best_step;
+    char base[64];            /* an adapter run's frozen base (session.h), "" if none */
 };
 
 struct tr_optimizer_desc; /* optim.h */
@@ -53,6 +54,11 @@ struct tr_checkpointer_config {
      * pretrained weights came from (model.from) */
     const char *hf_config;
     const char *weights_from;
+    /* adapter runs (lora): the adapter_config.json export --format peft
+     * writes (copied), and the base's identity, read at each save (the
+     * session's buffer: set once the base is loaded) */
+    const char *peft_config;
+    const char *base_identity;
 };
 
 struct tr_checkpointer;

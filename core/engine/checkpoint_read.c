@@ -215,6 +215,8 @@ static int parse_state(const void *text, size_t size, const char *name, struct t
         return tr_fail(err, "state.json: \"best\" names no checkpoint of this run");
     }
     snprintf(state->best, sizeof state->best, "%s", best);
+    const char *base = tr_json_string(js, "base"); /* an adapter run's frozen base */
+    snprintf(state->base, sizeof state->base, "%s", base ? base : "");
     state->applied = (int64_t)applied;
     state->loss = nan_if_negative(loss);
     state->val_loss = nan_if_negative(val_loss);

@@ -238,6 +238,13 @@ static char *state_json(struct tr_checkpointer *c, const char *const *blobs,
         tr_json_write_string(f, c->cfg.weights_from);
         fprintf(f, ",\n");
     }
+    if (c->cfg.peft_config) { /* what export --format peft writes as adapter_config.json */
+        fprintf(f, "  \"peft_config\": ");
+        tr_json_write_string(f, c->cfg.peft_config);
+        fprintf(f, ",\n  \"base\": ");
+        tr_json_write_string(f, c->cfg.base_identity ? c->cfg.base_identity : "");
+        fprintf(f, ",\n");
+    }
     write_vars(f, "precision", s->precision, s->n_precision);
     write_vars(f, "schedule", s->schedule, s->n_schedule);
     fprintf(f, "  \"checksums\": {");

@@ -206,14 +206,16 @@ static int load_weights(struct tr_session *r, struct tr_config *cfg,
     /* the weights a fresh run would start from (the run loads them in
      * start(), after the session opens); a checkpoint's replace them */
     const char *from = tr_hf_from_dir(cfg->recipe);
-    if (from && !ck->path) {
+    /* an adapter's checkpoint holds the adapter alone: its base first */
+    if ((from && !ck->path) || tr_session_base_first(r)) {
         if (tr_session_load_pretrained(r, err) != TR_OK)
             return TR_ERROR;
         out->weights = TR_EVAL_FROM;
-        snprintf(out->source, sizeof out->source, "%s", from);
+        snprintf(out->source, sizeof out->source, "%s", from ? from : "the seed");
     }
     if (ck->path) {
-        if (tr_checkpoint_load_weights(ck->path, r->g, &r->be, r->g->params, err) != TR_OK)
+        if (tr_session_check_base(r, ck->st.base, ck->path, err) != TR_OK ||
+            tr_checkpoint_load_weights(ck->path, r->g, &r->be, r->g->params, err) != TR_OK)
             return TR_ERROR;
         out->weights = TR_EVAL_CHECKPOINT;
         out->step = ck->st.step;

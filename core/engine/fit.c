@@ -40,7 +40,7 @@ void tr_fit_adjust(const struct tr_fit_model *fm, struct tr_memory_report *repor
 int tr_fit_measure(const struct tr_fit_model *fm, int64_t m, struct tr_memory_report *report,
                    size_t *bytes, tr_err *err)
 {
-    struct tr_graph *g = tr_model_build(fm->cfg->recipe, (int)m, err);
+    struct tr_graph *g = tr_model_build_run(fm->cfg, (int)m, fm->compute, err);
     if (!g)
         return TR_ERROR;
     g->compute = fm->compute; /* 16-bit compute stores activations in 16 bits */

@@ -273,13 +273,14 @@ static void init_buffer(const struct tr_tensor *t, const struct tr_backend *be)
     free(host);
 }
 
-void tr_graph_init_params(struct tr_graph *g, const struct tr_backend *be, uint64_t seed)
+static void init_weights(struct tr_graph *g, const struct tr_backend *be, uint64_t seed,
+                         enum tr_role role)
 {
     for (int i = 0; i < g->n_tensors; i++) {
         struct tr_tensor *t = &g->tensors[i];
-        if (t->role == TR_ROLE_BUFFER)
+        if (t->role == TR_ROLE_BUFFER && role == TR_ROLE_PARAM)
             init_buffer(t, be);
-        if (t->role != TR_ROLE_PARAM)
+        if (t->role != role)
             continue;
         float *host = tr_xcalloc(t->numel, sizeof *host);
         /* a counter-based stream per tensor name: adding a layer does not
@@ -293,11 +294,26 @@ void tr_graph_init_params(struct tr_graph *g, const struct tr_backend *be, uint6
                 double u1 = ((double)(r1 >> 11) + 1.0) * 0x1.0p-53; /* (0, 1] */
                 double u2 = (double)(r2 >> 11) * 0x1.0p-53;
                 host[j] = (float)(t->init_std * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+            } else if (t->init == TR_INIT_UNIFORM) {
+                double u = (double)(tr_splitmix64(stream + j) >> 11) * 0x1.0p-53; /* [0, 1) */
+                host[j] = (float)(t->init_std * (2.0 * u - 1.0));
             }
         }
-        tr_be_upload(be, t->data, host, t->numel * sizeof(float));
+        tr_err err; /* the plan refused storage types the backend lacks */
+        if (tr_be_store_weight(be, t, host, &err) != TR_OK)
+            tr_log(TR_LOG_ERROR, NULL, "%s", err.msg);
         free(host);
     }
+}
+
+void tr_graph_init_params(struct tr_graph *g, const struct tr_backend *be, uint64_t seed)
+{
+    init_weights(g, be, seed, TR_ROLE_PARAM);
+}
+
+void tr_graph_init_frozen(struct tr_graph *g, const struct tr_backend *be, uint64_t seed)
+{
+    init_weights(g, be, seed, TR_ROLE_FROZEN);
 }
 
 void tr_graph_free(struct tr_graph *g, const struct tr_backend *be)
@@ -306,7 +322,7 @@ void tr_graph_free(struct tr_graph *g, const struct tr_backend *be)
         return;
     if (be) {
         void *bufs[] = {g->params, g->grads, g->activation_arena, g->grad_arena, g->input_arena,
-                        g->scratch, g->recompute_arena, g->buffers};
+                        g->scratch, g->recompute_arena, g->buffers, g->frozen};
         for (size_t i = 0; i < TR_ARRAY_LEN(bufs); i++)
             if (bufs[i])
                 tr_be_free(be, bufs[i]);
@@ -348,14 +364,24 @@ void tr_graph_count_flops(const struct tr_graph *g, struct tr_flops *f)
             f->attention += 12.0 * (double)T * (double)W;
         }
     }
-    for (int i = 0; i < g->n_tensors; i++)
-        if (g->tensors[i].role == TR_ROLE_PARAM) {
-            f->params += (double)g->tensors[i].numel;
-            if (!multiplied[i])
-                f->lookup_params += (double)g->tensors[i].numel;
-        }
+    double frozen_multiplied = 0;
+    for (int i = 0; i < g->n_tensors; i++) {
+        const struct tr_tensor *t = &g->tensors[i];
+        if (t->role != TR_ROLE_PARAM && t->role != TR_ROLE_FROZEN)
+            continue;
+        f->params += (double)t->numel;
+        if (t->role == TR_ROLE_FROZEN)
+            f->frozen += (double)t->numel;
+        if (!multiplied[i])
+            f->lookup_params += (double)t->numel;
+        else if (t->role == TR_ROLE_FROZEN)
+            frozen_multiplied += (double)t->numel;
+    }
     free(multiplied);
-    f->per_token = 6.0 * (f->params - f->lookup_params) + f->attention;
+    /* a frozen weight computes no gradient of its own: 2 forward + 2 for
+     * its input's gradient */
+    f->per_token = 6.0 * (f->params - f->lookup_params - frozen_multiplied) +
+                   4.0 * frozen_multiplied + f->attention;
     /* an image model: multiply-adds per sample from the shapes (a conv's
      * weights multiply at every output position) */
     for (int i = 0; i < g->n_nodes; i++) {

@@ -39,6 +39,9 @@ void tr_graph_measure(struct tr_graph *g, const struct tr_backend *be, int optim
 
 /* Deterministic parameter initialisation from a seed (same values on every backend). */
 void tr_graph_init_params(struct tr_graph *g, const struct tr_backend *be, uint64_t seed);
+/* The same for frozen weights (an adapter's base), by the same rule: where
+ * no pretrained base is loaded over them. */
+void tr_graph_init_frozen(struct tr_graph *g, const struct tr_backend *be, uint64_t seed);
 
 void tr_graph_forward(struct tr_graph *g, const struct tr_backend *be);
 void tr_graph_backward(struct tr_graph *g, const struct tr_backend *be);
@@ -51,7 +54,7 @@ void tr_graph_free(struct tr_graph *g, const struct tr_backend *be);
 /* The report's classes in print order (the recompute arena and the
  * backend's parameter copies only where there are any); returns how many of
  * the TR_MEMORY_ROWS rows were filled. */
-#define TR_MEMORY_ROWS 10
+#define TR_MEMORY_ROWS 11
 struct tr_memory_row {
     const char *what;
     size_t bytes;
@@ -74,7 +77,8 @@ void tr_graph_print_memory(const struct tr_graph *g, FILE *out);
  * activations, a few FLOPs per element, are left out as norms and
  * activations are from the transformers' count. */
 struct tr_flops {
-    double params;          /* every parameter */
+    double params;          /* every parameter, trained or frozen */
+    double frozen;          /* of those, frozen (an adapter's base): 4 FLOPs each, not 6 */
     double lookup_params;   /* read only by embedding lookups: no FLOPs */
     double attention;       /* 12 x sum over attention nodes of T x W */
     int64_t layers;         /* attention nodes */

@@ -194,6 +194,21 @@ static void place_params(struct tr_graph *g, int optimizer_slots, struct tr_memo
             g->n_buffers += g->tensors[i].numel;
         }
     m->params = (g->n_params + g->n_buffers) * sizeof(float);
+    /* frozen weights (an adapter's base): each in its storage type, at a
+     * 64-byte aligned offset of their own arena */
+    g->frozen_bytes = 0;
+    m->quantized = 0;
+    for (int i = 0; i < g->n_tensors; i++) {
+        struct tr_tensor *t = &g->tensors[i];
+        if (t->role != TR_ROLE_FROZEN)
+            continue;
+        size_t bytes = align64(tr_frozen_bytes(t));
+        t->offset = g->frozen_bytes;
+        g->frozen_bytes = tr_sat_add(g->frozen_bytes, bytes);
+        if (t->dtype == TR_NF4)
+            m->quantized = tr_sat_add(m->quantized, bytes);
+    }
+    m->frozen = g->frozen_bytes;
 }
 
 /* activations and saved tensors: each its own slot (all live until
@@ -296,8 +311,9 @@ static int allocate_arenas(struct tr_graph *g, const struct tr_backend *be, cons
     g->scratch = g->scratch_floats ? tr_be_alloc(be, m->scratch) : NULL;
     g->recompute_arena = m->recompute ? tr_be_alloc(be, m->recompute) : NULL;
     g->buffers = g->n_buffers ? tr_be_alloc(be, g->n_buffers * sizeof(float)) : NULL;
+    g->frozen = g->frozen_bytes ? tr_be_alloc(be, g->frozen_bytes) : NULL;
     if (!g->params || !g->grads || !g->activation_arena || (l->grad_arena && !g->grad_arena) ||
-        (g->n_buffers && !g->buffers) ||
+        (g->n_buffers && !g->buffers) || (g->frozen_bytes && !g->frozen) ||
         !g->input_arena || (g->scratch_floats && !g->scratch) || (m->recompute && !g->recompute_arena)) {
         char need[32];
         tr_format_bytes((double)m->params + (double)m->grads + (double)l->act_bytes +
@@ -325,6 +341,10 @@ static void bind_tensors(struct tr_graph *g, const struct layout *l)
             break;
         case TR_ROLE_BUFFER:
             t->data = g->buffers + t->offset;
+            break;
+        case TR_ROLE_FROZEN:
+            t->data = (char *)g->frozen + t->offset;
+            t->grad = NULL;
             break;
         default:
             t->data = (char *)(l->shared[i] ? g->recompute_arena : g->activation_arena) + l->slot[i];
@@ -378,6 +398,12 @@ static int runs_on(const struct tr_graph *g, const struct tr_node *n, const stru
 int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots, tr_err *err)
 {
     plan_storage(g);
+    /* frozen weights in 16 or 4 bits need a backend that stores them */
+    for (int i = 0; i < g->n_tensors && !tr_be_stores_frozen(be); i++)
+        if (g->tensors[i].role == TR_ROLE_FROZEN && g->tensors[i].dtype != TR_F32)
+            return tr_fail(err, "device \"%s\" cannot store the frozen weight '%s' in %s; use "
+                           "lora.base = \"fp32\" or another device", tr_be_name(be),
+                           g->tensors[i].name, g->tensors[i].dtype == TR_NF4 ? "NF4" : "16 bits");
     /* a node the device cannot run is refused before anything is allocated */
     for (int i = 0; i < g->n_nodes; i++)
         if (!runs_on(g, &g->nodes[i], be))
@@ -405,8 +431,9 @@ size_t tr_memory_rows(const struct tr_memory_report *m, struct tr_memory_row row
         {"saved for backward", m->saved}, {"activation gradients", m->activation_grads},
         {"inputs", m->inputs},            {"scratch", m->scratch},
         {"recompute arena", m->recompute}, {"parameter copies", m->param_copies},
+        {m->quantized ? "frozen (NF4 + 16-bit)" : "frozen weights", m->frozen},
     };
-    size_t n = 0; /* the last two only where there is any */
+    size_t n = 0; /* the last three only where there is any */
     for (size_t i = 0; i < TR_MEMORY_ROWS; i++)
         if (i < 8 || all[i].bytes)
             rows[n++] = all[i];
@@ -445,7 +472,8 @@ size_t tr_graph_memory_total(const struct tr_memory_report *m)
 {
     const size_t parts[] = {m->params,           m->grads,  m->optimizer, m->activations,
                             m->saved,            m->activation_grads, m->inputs,
-                            m->scratch,          m->recompute,        m->param_copies};
+                            m->scratch,          m->recompute,        m->param_copies,
+                            m->frozen};
     size_t total = 0;
     for (size_t i = 0; i < TR_ARRAY_LEN(parts); i++)
         total = tr_sat_add(total, parts[i]); /* SIZE_MAX: more than any device */

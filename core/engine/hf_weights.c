@@ -6,6 +6,7 @@
 #include "hf_weights.h"
 
 #include "backend.h"
+#include "adapters.h"
 
 #include "../../kernels/host.h"
 #include "../util/json.h"
@@ -21,6 +22,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #define MAX_INDEX_BYTES ((size_t)64 << 20)
 #define MAX_SHARDS 4096
@@ -422,26 +424,43 @@ static int match_graph(const struct tr_graph *g, const char *dir, const struct t
         const struct tr_tensor *t = param[i] >= 0 ? &g->tensors[param[i]] : NULL;
         int64_t r = want[i].transposed ? want[i].shape[1] : want[i].rows;
         int64_t c = want[i].ndim == 1 ? 1 : want[i].transposed ? want[i].shape[0] : want[i].shape[1];
-        if (!t || t->role != TR_ROLE_PARAM || t->numel != (size_t)(r * c) || t->shape[0] != r)
+        int weight = t && (t->role == TR_ROLE_PARAM || t->role == TR_ROLE_FROZEN);
+        if (!weight || t->numel != (size_t)(r * c) || t->shape[0] != r)
             return tr_fail(err, "%s: the model's graph has no parameter '%s' of %lld x %lld "
                            "values; the model builder does not build what config.json "
                            "describes", dir, want[i].name, (long long)r, (long long)c);
         covered++;
     }
-    size_t n_params = 0;
+    size_t n_params = 0; /* the base's: an adapter's own come from elsewhere */
     for (int i = 0; i < g->n_tensors; i++)
-        n_params += g->tensors[i].role == TR_ROLE_PARAM;
+        n_params += (g->tensors[i].role == TR_ROLE_PARAM || g->tensors[i].role == TR_ROLE_FROZEN) &&
+                    !tr_adapter_param(g->tensors[i].name);
     if (covered != n_params)
         return tr_fail(err, "%s: the model has %zu parameters but config.json describes %zu; the "
                        "rest would keep their random values", dir, n_params, covered);
     return TR_OK;
 }
 
+/* The CRC-32 of n floats continued from crc (zlib's, in chunks it takes). */
+static uint32_t crc_of(uint32_t crc, const float *v, size_t n)
+{
+    const Bytef *p = (const Bytef *)v;
+    size_t bytes = n * sizeof(float);
+    while (bytes) {
+        uInt k = bytes > (1u << 30) ? (1u << 30) : (uInt)bytes;
+        crc = (uint32_t)crc32(crc, p, k);
+        p += k;
+        bytes -= k;
+    }
+    return crc;
+}
+
 /* Each tensor in fp32, transposed where trainrun's layout is, uploaded
  * into its parameter: one tensor's host copy at a time. */
 static int upload_all(struct tr_graph *g, const struct tr_backend *be, const struct source *s,
                       const struct tr_hf_tensor *want, size_t n,
-                      const struct tr_st_entry *const *found, const int *param, tr_err *err)
+                      const struct tr_st_entry *const *found, const int *param, uint32_t *crc,
+                      tr_err *err)
 {
     for (size_t i = 0; i < n; i++) {
         struct tr_tensor *t = &g->tensors[param[i]];
@@ -458,15 +477,20 @@ static int upload_all(struct tr_graph *g, const struct tr_backend *be, const str
         if (flip)
             tr_hf_transpose(flip, host, want[i].shape[0], want[i].shape[1]);
         /* rows beyond trainrun's (GPT-2's positions past ctx) are not kept */
-        tr_be_upload(be, t->data, flip ? flip : host, t->numel * sizeof(float));
+        const float *v = flip ? flip : host;
+        if (crc)
+            *crc = crc_of(*crc, v, t->numel);
+        int rc = tr_be_store_weight(be, t, v, err);
         free(host);
         free(flip);
+        if (rc != TR_OK)
+            return TR_ERROR;
     }
     return TR_OK;
 }
 
 int tr_hf_load(struct tr_graph *g, const struct tr_backend *be, const char *dir,
-               const struct tr_hf_arch *a, tr_err *err)
+               const struct tr_hf_arch *a, uint32_t *crc, tr_err *err)
 {
     struct source s;
     if (source_open(&s, dir, err) != TR_OK)
@@ -487,7 +511,11 @@ int tr_hf_load(struct tr_graph *g, const struct tr_backend *be, const char *dir,
     if (rc == TR_OK)
         rc = match_graph(g, dir, want, n, param, err);
     if (rc == TR_OK)
-        rc = upload_all(g, be, &s, want, n, found, param, err);
+        {
+        if (crc)
+            *crc = (uint32_t)crc32(0L, Z_NULL, 0);
+        rc = upload_all(g, be, &s, want, n, found, param, crc, err);
+    }
     free(found);
     free(param);
     tr_hf_tensors_free(want, n);

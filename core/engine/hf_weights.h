@@ -37,9 +37,12 @@ void tr_hf_tensors_free(struct tr_hf_tensor *t, size_t n);
 
 /* Load dir's weights into g's parameters (on be).  a is dir's config.json;
  * the graph must be the model it describes.  Missing, unexpected or
- * mis-shaped tensors are one error naming them and the file. */
+ * mis-shaped tensors are one error naming them and the file.  Frozen
+ * weights (an adapter's base) are stored in their storage types; *crc (when
+ * not NULL) gets the CRC-32 of every fp32 value loaded, in order: the
+ * base's identity a checkpoint of adapters records. */
 int tr_hf_load(struct tr_graph *g, const struct tr_backend *be, const char *dir,
-               const struct tr_hf_arch *a, tr_err *err);
+               const struct tr_hf_arch *a, uint32_t *crc, tr_err *err);
 
 /* Shared by the way in (hf_weights.c) and out (hf_export.c): the fp32
  * values of entry e (numel floats into out), and [r, c] -> [c, r]. */

@@ -1,4 +1,5 @@
 #include "model.h"
+#include "adapters.h"
 
 #include "../util/util.h"
 
@@ -29,6 +30,9 @@ struct reader {
     int graph_ref; /* registry reference to the builder's result */
     int rc;
     struct tr_graph *g;
+    const struct tr_lora_config *lora; /* adapters to add before the check, or NULL */
+    enum tr_dtype compute;
+    int located;                       /* the error names its recipe line already */
 };
 
 /* Push t[key] without metamethods; t is an absolute index. */
@@ -512,6 +516,10 @@ static int read_protected(lua_State *L)
     rd->rc = TR_ERROR;
     if (read_tensors(rd, gi) != TR_OK || read_nodes(rd, gi) != TR_OK || read_outputs(rd, gi) != TR_OK)
         return 0;
+    if (tr_adapters_apply(rd->g, rd->lora, rd->compute, rd->err) != TR_OK) {
+        rd->located = 1;
+        return 0;
+    }
     if (tr_graph_check(rd->g, rd->err) != TR_OK) {
         tr_err_prefix(rd->err, "model");
         return 0;
@@ -566,7 +574,8 @@ static void locate_option(struct tr_recipe *r, const char *loc, tr_err *err)
     memcpy(err->msg, msg, a + 2 + rest + 1);
 }
 
-struct tr_graph *tr_model_build(struct tr_recipe *r, int batch, tr_err *err)
+static struct tr_graph *build(struct tr_recipe *r, int batch, const struct tr_lora_config *lora,
+                               enum tr_dtype compute, tr_err *err)
 {
     lua_State *L = tr_recipe_lua(r);
     int top = lua_gettop(L);
@@ -598,12 +607,13 @@ struct tr_graph *tr_model_build(struct tr_recipe *r, int batch, tr_err *err)
         tr_fail(err, "%s: the model builder did not return a graph (end it with g:finish{...})", loc);
         goto done;
     }
-    struct reader rd = {.L = L, .err = err, .batch = batch, .rc = TR_ERROR};
+    struct reader rd = {.L = L, .err = err, .batch = batch, .rc = TR_ERROR, .lora = lora,
+                        .compute = compute};
     rd.graph_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     if (lua_cpcall(L, read_protected, &rd) != 0) {
         tr_fail(err, "out of memory reading the model's graph");
         rd.rc = TR_ERROR;
-    } else if (rd.rc != TR_OK) {
+    } else if (rd.rc != TR_OK && !rd.located) {
         tr_err_prefix(err, "%s", loc);
     }
     luaL_unref(L, LUA_REGISTRYINDEX, rd.graph_ref);
@@ -615,4 +625,15 @@ struct tr_graph *tr_model_build(struct tr_recipe *r, int batch, tr_err *err)
 done:
     lua_settop(L, top);
     return g;
+}
+
+struct tr_graph *tr_model_build(struct tr_recipe *r, int batch, tr_err *err)
+{
+    return build(r, batch, NULL, TR_F32, err);
+}
+
+struct tr_graph *tr_model_build_run(const struct tr_config *cfg, int batch, enum tr_dtype compute,
+                                    tr_err *err)
+{
+    return build(cfg->recipe, batch, &cfg->lora, compute, err);
 }

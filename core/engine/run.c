@@ -150,9 +150,15 @@ static int open_session(struct run *r, tr_err *err)
     r->l.s = &r->s;
     if (!flags->quiet && r->s.rank == 0)
         say_plan(r);
+    /* an adapter's frozen base is in no checkpoint: it loads first */
+    int base_first = tr_session_base_first(&r->s);
+    if (base_first && tr_session_load_pretrained(&r->s, err) != TR_OK)
+        return TR_ERROR;
     struct tr_run_state st;
     int resumed = flags->resume ? tr_state_resume(&r->s, &st, err) : 0;
     if (resumed == TR_ERROR)
+        return TR_ERROR;
+    if (resumed == 1 && tr_session_check_base(&r->s, st.base, "the checkpoint resumed", err) != TR_OK)
         return TR_ERROR;
     if (resumed == 1)
         restore(r, &st);
@@ -163,7 +169,7 @@ static int open_session(struct run *r, tr_err *err)
     if (r->s.rank == 0 &&
         tr_rundir_record_recipe(cfg, r->l.step > 0, flags->allow_changes, err) != TR_OK)
         return TR_ERROR;
-    if (r->l.step == 0 && tr_session_load_pretrained(&r->s, err) != TR_OK) /* not resumed */
+    if (!base_first && r->l.step == 0 && tr_session_load_pretrained(&r->s, err) != TR_OK)
         return TR_ERROR;
     return TR_OK;
 }

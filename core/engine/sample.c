@@ -347,10 +347,16 @@ static int open_model(struct sampler *sp, tr_err *err)
     if (tr_session_open(&sp->s, &sp->cfg, TR_SESSION_SAMPLE, err) != TR_OK)
         return TR_ERROR;
     struct tr_session *s = &sp->s;
-    int loaded = sp->ckpt ? tr_checkpoint_load_weights(sp->ckpt, s->g, &s->be, s->g->params, err)
-                          : tr_session_load_pretrained(s, err);
-    if (loaded != TR_OK)
+    /* an adapter's checkpoint holds the adapter alone: its base first */
+    int base_first = tr_session_base_first(s);
+    if ((base_first || !sp->ckpt) && tr_session_load_pretrained(s, err) != TR_OK)
         return TR_ERROR;
+    if (sp->ckpt) {
+        const char *base = tr_json_string(sp->state, "base");
+        if (tr_session_check_base(s, base, sp->ckpt, err) != TR_OK ||
+            tr_checkpoint_load_weights(sp->ckpt, s->g, &s->be, s->g->params, err) != TR_OK)
+            return TR_ERROR;
+    }
     s->g->training = 0; /* generation is evaluation: no running statistics move */
     const struct tr_tensor *in = &s->g->tensors[s->g->inputs[0]];
     if (in->dtype != TR_I32 || s->g->logits < 0)

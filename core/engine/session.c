@@ -13,6 +13,7 @@
 #include "loader.h"
 #include "model.h"
 #include "optim.h"
+#include "peft.h"
 #include "plugin_calls.h"
 #include "rundir.h"
 #include "../config/hardware.h"
@@ -318,6 +319,8 @@ static int open_inputs(struct tr_session *s, tr_err *err)
     if (cfg->train.auto_micro_batch)
         trial_step(s);
     tr_graph_init_params(g, &s->be, (uint64_t)cfg->train.seed);
+    if (!tr_hf_from_dir(cfg->recipe)) /* else model.from's base is loaded over them */
+        tr_graph_init_frozen(g, &s->be, (uint64_t)cfg->train.seed);
     /* micro-batches per optimizer step on this rank (the config checked that
      * the ranks share them evenly) */
     s->accum = (int)(cfg->train.batch / s->micro_batch / s->world);
@@ -390,7 +393,11 @@ static int open_checkpointer(struct tr_session *s, tr_err *err)
     const char *from = tr_hf_from_dir(cfg->recipe);
     cc.hf_config = hf_config;
     cc.weights_from = from ? (realpath(from, weights_from) ? weights_from : from) : NULL;
+    char *peft = cfg->lora.enabled ? tr_peft_config_text(s->g, &cfg->lora, cc.weights_from) : NULL;
+    cc.peft_config = peft;
+    cc.base_identity = s->base_identity;
     s->ckpt = tr_checkpointer_open(&cc, err);
+    free(peft);
     free(hf_config);
     return s->ckpt ? TR_OK : TR_ERROR;
 }
@@ -446,7 +453,7 @@ int tr_session_open(struct tr_session *s, struct tr_config *cfg, enum tr_session
     if (open_backend(s, err) != TR_OK || open_precision(s, err) != TR_OK ||
         choose_micro_batch(s, err) != TR_OK)
         return TR_ERROR;
-    if (!(s->g = tr_model_build(cfg->recipe, (int)s->micro_batch, err)))
+    if (!(s->g = tr_model_build_run(cfg, (int)s->micro_batch, s->policy.compute, err)))
         return TR_ERROR;
     s->g->compute = s->policy.compute; /* before the plan: scratch depends on it */
     s->g->allow_tf32 = s->policy.allow_tf32 && s->policy.compute == TR_F32;
@@ -478,14 +485,48 @@ void tr_session_close(struct tr_session *s)
 
 /* ---- pretrained weights (model = { from = "DIR" }) -------------------------- */
 
+int tr_session_base_first(const struct tr_session *s)
+{
+    return s->cfg->lora.enabled;
+}
+
+int tr_session_check_base(const struct tr_session *s, const char *recorded, const char *what,
+                          tr_err *err)
+{
+    if (!s->cfg->lora.enabled || !recorded || !*recorded || strcmp(recorded, s->base_identity) == 0)
+        return TR_OK;
+    return tr_fail(err, "%s holds adapters trained on the base %s, but this run's base is %s: "
+                   "adapters only fit the weights they were trained on; use that base "
+                   "(model.from) again", what, recorded, s->base_identity);
+}
+
+/* lora.from: an existing adapter's weights over the fresh ones */
+static int load_adapter(struct tr_session *s, const char *base_dir, tr_err *err)
+{
+    const struct tr_lora_config *lc = &s->cfg->lora;
+    if (!lc->enabled || !lc->from)
+        return TR_OK;
+    if (tr_peft_load(s->g, &s->be, lc, base_dir, err) != TR_OK) {
+        tr_err_prefix(err, "%slora.from", lc->where);
+        return TR_ERROR;
+    }
+    if (s->rank == 0)
+        tr_log(TR_LOG_INFO, NULL, "adapter from %s (rank %lld)", lc->from, (long long)lc->rank);
+    return TR_OK;
+}
+
 int tr_session_load_pretrained(struct tr_session *s, tr_err *err)
 {
     const char *dir = tr_hf_from_dir(s->cfg->recipe);
+    snprintf(s->base_identity, sizeof s->base_identity, "seed:%lld",
+             (long long)s->cfg->train.seed);
     if (!dir)
-        return TR_OK;
+        return load_adapter(s, NULL, err);
     struct tr_hf_arch a;
     double t0 = tr_now();
-    if (tr_hf_config_read(dir, &a, err) != TR_OK || tr_hf_load(s->g, &s->be, dir, &a, err) != TR_OK) {
+    uint32_t crc = 0;
+    if (tr_hf_config_read(dir, &a, err) != TR_OK ||
+        tr_hf_load(s->g, &s->be, dir, &a, &crc, err) != TR_OK) {
         char where[600];
         struct tr_origin o = {TR_FROM_RECIPE, tr_recipe_path(s->cfg->recipe), 0};
         tr_recipe_origin(s->cfg->recipe, "model.from", &o);
@@ -493,10 +534,14 @@ int tr_session_load_pretrained(struct tr_session *s, tr_err *err)
         tr_err_prefix(err, "%s: model.from", where);
         return TR_ERROR;
     }
-    if (s->rank == 0)
+    snprintf(s->base_identity, sizeof s->base_identity, "crc32:%08x", (unsigned)crc);
+    if (s->rank == 0 && s->cfg->lora.enabled)
+        tr_log(TR_LOG_INFO, NULL, "base weights from %s (%s, frozen, %s, %.1f s)", dir,
+               a.model_type, s->base_identity, tr_now() - t0);
+    else if (s->rank == 0)
         tr_log(TR_LOG_INFO, NULL, "weights from %s (%s, %zu parameters, %.1f s); the optimizer "
                "starts fresh", dir, a.model_type, s->g->n_params, tr_now() - t0);
-    return TR_OK;
+    return load_adapter(s, dir, err);
 }
 
 /* ---- micro-batches on the device ------------------------------------------- */

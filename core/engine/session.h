@@ -59,6 +59,10 @@ struct tr_session {
     int32_t *host_targets;
     size_t input_bytes, target_count;
     struct tr_checkpointer *ckpt;       /* rank 0 of a train or smoke session */
+    /* an adapter run's base (lora): what its checkpoints record and a
+     * resume, eval or export must find again: "crc32:<hex> <dir>" of the
+     * model.from weights loaded, or "seed:<n>" of a base made from the seed */
+    char base_identity[64];
     /* cost: dollars per second of the job, the FLOP/s its devices peak at */
     double usd_per_second, peak_flops, flops_per_token;
 };
@@ -79,8 +83,16 @@ struct tr_fit_model tr_session_fit_model(const struct tr_session *s);
 void tr_session_shard_of(const struct tr_session *s, int q, size_t *begin, size_t *end);
 
 /* model = { from = "DIR" }: DIR's weights into the parameters (a fresh run
- * only: a resumed one has its checkpoint's); TR_OK when there is none. */
+ * only: a resumed one has its checkpoint's); TR_OK when there is none.
+ * With adapters (lora) the base is frozen and in no checkpoint: it loads
+ * before a resume too (tr_session_base_first), then lora.from's adapter. */
 int tr_session_load_pretrained(struct tr_session *s, tr_err *err);
+/* Whether the pretrained weights load before any checkpoint (adapters). */
+int tr_session_base_first(const struct tr_session *s);
+/* A checkpoint's recorded base (`recorded`, "" when none) against the one
+ * loaded: a different base is refused, naming the checkpoint (`what`). */
+int tr_session_check_base(const struct tr_session *s, const char *recorded, const char *what,
+                          tr_err *err);
 
 /* ---- micro-batches on the device (session.c) ------------------------------ */
 

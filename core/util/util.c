@@ -1,11 +1,13 @@
 #include "util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 enum tr_log_level tr_log_threshold = TR_LOG_INFO;
 
@@ -155,6 +157,47 @@ char *tr_dirname(const char *path)
     if (slash == path)
         return tr_xstrdup("/");
     return tr_xasprintf("%.*s", (int)(slash - path), path);
+}
+
+char *tr_read_small_file(const char *path, size_t max, const char *what, size_t *len,
+                         tr_err *err)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0) {
+        tr_fail(err, "cannot read %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        tr_fail(err, "cannot read %s: not a regular file", path);
+        return NULL;
+    }
+    if ((size_t)st.st_size > max) {
+        close(fd);
+        tr_fail(err, "%s is %lld bytes; %s has far less than %zu", path, (long long)st.st_size,
+                what, max);
+        return NULL;
+    }
+    char *text = tr_xcalloc(1, (size_t)st.st_size + 1);
+    size_t got = 0;
+    while (got < (size_t)st.st_size) {
+        ssize_t r = read(fd, text + got, (size_t)st.st_size - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got != (size_t)st.st_size) {
+        free(text);
+        tr_fail(err, "cannot read %s: it changed while being read", path);
+        return NULL;
+    }
+    if (len)
+        *len = got;
+    return text;
 }
 
 int tr_mkdir_p(const char *path)

@@ -52,6 +52,13 @@ char *tr_dirname(const char *path);
 /* Create a directory and its parents; 0 or -1 with errno. */
 int tr_mkdir_p(const char *path);
 
+/* The whole of a small regular file, NUL-terminated (*len its bytes), or
+ * NULL with err naming the file: missing, not a regular file (a FIFO or a
+ * device is refused without blocking: opened O_NONBLOCK, then fstat), or
+ * larger than max bytes (`what` says what the file should be). */
+char *tr_read_small_file(const char *path, size_t max, const char *what, size_t *len,
+                         tr_err *err);
+
 /* The UTF-8 bytes of code point cp (< 0x110000) into out (room for the 1 to 4
  * it returns: 2 below 0x800). */
 int tr_utf8_encode(uint32_t cp, char *out);
