@@ -44,9 +44,11 @@ static void count_model(struct tr_plan *p, const struct tr_graph *g)
     p->convs = f.convs;
     p->conv_flops = f.conv;
     p->dense_flops = f.dense;
+    p->frozen_params = (int64_t)f.frozen;
+    p->frozen_multiplied = (int64_t)f.frozen_multiplied;
     for (int i = 0; i < g->n_tensors; i++) {
         const struct tr_tensor *t = &g->tensors[i];
-        if (t->role != TR_ROLE_PARAM)
+        if (t->role != TR_ROLE_PARAM && t->role != TR_ROLE_FROZEN)
             continue;
         p->params += (int64_t)t->numel;
         if (embedding[i])
@@ -181,6 +183,9 @@ static int plan_memory(struct tr_plan *p, const struct tr_session *s, tr_err *er
     struct tr_memory_report twice;
     size_t total2, fit_bytes;
     p->memory = s->g->memory;
+    p->frozen_bytes = (double)s->g->memory.frozen;
+    p->quantized_bytes = (double)s->g->memory.quantized;
+    p->lora_rank = s->cfg->lora.enabled ? s->cfg->lora.rank : 0;
     p->memory_total = (double)tr_graph_memory_total(&s->g->memory);
     if (tr_fit_measure(&fm, 2 * p->micro_batch, &twice, &total2, err) != TR_OK)
         return TR_ERROR;

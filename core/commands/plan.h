@@ -29,6 +29,10 @@ struct tr_plan {
     int64_t layers;          /* attention nodes (L) */
     int64_t seq_len, width;  /* T and C (the query's heads x D) of the first attention node */
     int64_t lookup_params;   /* read only by embedding lookups (untied input embeddings) */
+    /* adapters (lora): parameters frozen (of params), and of those multiplied */
+    int64_t frozen_params, frozen_multiplied;
+    double frozen_bytes, quantized_bytes; /* their storage */
+    int64_t lora_rank;
     double attention_flops;  /* 12 * sum over attention nodes of T * C */
     double flops_per_token;  /* 6 * (params - lookup_params) + attention_flops */
     int64_t convs;           /* conv2d nodes: > 0, an image model counted per sample */

@@ -158,6 +158,16 @@ static void print_model(const struct tr_plan *p, FILE *out)
     row(out, "parameters P", "%s  (%s; %s without embeddings)",
         fmt_int((double)p->params, a, sizeof a), fmt_count((double)p->params, b, sizeof b),
         fmt_count((double)(p->params - p->embedding_params), c, sizeof c));
+    if (p->frozen_params) {
+        int64_t trained = p->params - p->frozen_params;
+        row(out, "trained", "%s  (%.3g%%: low-rank adapters, rank %lld, and modules_to_save)",
+            fmt_int((double)trained, a, sizeof a), 100.0 * (double)trained / (double)p->params,
+            (long long)p->lora_rank);
+        row(out, "frozen base", "%s  (%s stored%s%s%s)", fmt_int((double)p->frozen_params, a, sizeof a),
+            fmt_bytes(p->frozen_bytes, b, sizeof b), p->quantized_bytes > 0 ? ", of which " : "",
+            p->quantized_bytes > 0 ? fmt_bytes(p->quantized_bytes, c, sizeof c) : "",
+            p->quantized_bytes > 0 ? " NF4" : "");
+    }
     if (p->layers)
         row(out, "shape", "L = %lld attention layers, T = %lld tokens, C = %lld wide",
             (long long)p->layers, (long long)p->seq_len, (long long)p->width);
@@ -169,6 +179,17 @@ static void print_model(const struct tr_plan *p, FILE *out)
             fmt_int(p->flops_per_token, c, sizeof c), fmt_flops(p->flops_per_token, "FLOP", d, sizeof d));
         row(out, "", "(%lld convolutions, OH·OW·OC·KH·KW·IC/groups each; 2 forward + 4 backward "
             "per multiply-add; norms and pooling not counted)", (long long)p->convs);
+    } else if (p->layers && p->frozen_params) {
+        /* a frozen weight forward and its input's gradient: no weight gradient */
+        double trained = (double)(p->params - p->lookup_params - p->frozen_multiplied);
+        char e[64];
+        row(out, label, "6·(P - F - E) + 4·F + 12·L·T·C = %s + %s + %s = %s  (%s)",
+            fmt_int(6.0 * trained, a, sizeof a), fmt_int(4.0 * (double)p->frozen_multiplied, b, sizeof b),
+            fmt_int(p->attention_flops, c, sizeof c), fmt_int(p->flops_per_token, d, sizeof d),
+            fmt_flops(p->flops_per_token, "FLOP", e, sizeof e));
+        row(out, "", "(F = %s frozen base weights multiplied: 2 forward + 2 for their input's "
+            "gradient; E = %s looked up, not multiplied)",
+            fmt_int((double)p->frozen_multiplied, a, sizeof a), fmt_int((double)p->lookup_params, b, sizeof b));
     } else if (p->layers && p->lookup_params) {
         /* an untied input embedding is gathered, not multiplied */
         row(out, label, "6·(P - E) + 12·L·T·C = %s + %s = %s  (%s)",

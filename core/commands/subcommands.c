@@ -12,6 +12,7 @@
 #include "prepare.h"
 #include "report.h"
 #include "../engine/checkpoint.h"
+#include "../engine/peft.h"
 #include "../engine/run.h"
 #include "launch.h"
 #include "doctor.h"
@@ -314,7 +315,7 @@ done:
 
 int tr_cmd_export(int argc, char **argv)
 {
-    const char *out = NULL, *dtype_name = "bf16", *format = "safetensors";
+    const char *out = NULL, *dtype_name = NULL, *format = "safetensors";
     if (argc < 3) {
         tr_cli_usage(stderr);
         return TR_EXIT_USAGE;
@@ -338,6 +339,9 @@ int tr_cmd_export(int argc, char **argv)
         }
     }
     enum tr_dtype dtype;
+    /* adapters are small and trained in fp32: kept so unless asked */
+    if (!dtype_name)
+        dtype_name = strcmp(format, "peft") == 0 ? "fp32" : "bf16";
     if (strcmp(dtype_name, "bf16") == 0)
         dtype = TR_BF16;
     else if (strcmp(dtype_name, "fp16") == 0)
@@ -348,14 +352,16 @@ int tr_cmd_export(int argc, char **argv)
         fprintf(stderr, "trainrun: error: --dtype takes bf16, fp16 or fp32, not '%s'\n", dtype_name);
         return TR_EXIT_USAGE;
     }
-    int hf = strcmp(format, "hf") == 0;
-    if (!hf && strcmp(format, "safetensors") != 0) {
+    int hf = strcmp(format, "hf") == 0, peft = strcmp(format, "peft") == 0;
+    if (!hf && !peft && strcmp(format, "safetensors") != 0) {
         fprintf(stderr, "trainrun: error: --format takes safetensors (one file of trainrun's "
-                "weights) or hf (a Hugging Face model directory), not '%s'\n", format);
+                "weights), hf (a Hugging Face model directory) or peft (a PEFT adapter "
+                "directory), not '%s'\n", format);
         return TR_EXIT_USAGE;
     }
     if (!out) {
-        fprintf(stderr, "trainrun: error: export needs -o %s\n", hf ? "DIR" : "FILE.safetensors");
+        fprintf(stderr, "trainrun: error: export needs -o %s\n",
+                hf || peft ? "DIR" : "FILE.safetensors");
         return TR_EXIT_USAGE;
     }
     tr_err err = {{0}};
@@ -365,8 +371,15 @@ int tr_cmd_export(int argc, char **argv)
         code = TR_EXIT_ERROR;
     } else {
         char *path = tr_xasprintf("%s/%s", dir, name);
-        if ((hf ? tr_export_hf(path, dtype, out, &err) : tr_export_weights(path, dtype, out, &err)) != TR_OK)
+        int rc = hf     ? tr_export_hf(path, dtype, out, &err)
+                 : peft ? tr_export_peft(path, dtype, out, &err)
+                        : tr_export_weights(path, dtype, out, &err);
+        if (rc != TR_OK)
             code = TR_EXIT_ERROR;
+        else if (peft)
+            fprintf(stderr, "trainrun: wrote %s/adapter_config.json and %s/adapter_model.safetensors "
+                    "(%s adapter of %s); load it with PeftModel.from_pretrained(base, \"%s\"), or "
+                    "lora = { from = ... }\n", out, out, dtype_name, path, out);
         else if (hf)
             fprintf(stderr, "trainrun: wrote %s/config.json and %s/model.safetensors (%s weights of "
                     "%s); load it with transformers' from_pretrained, or model = { from = ... }\n",

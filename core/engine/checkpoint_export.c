@@ -6,6 +6,7 @@
 
 #include "../../kernels/host.h"
 #include "hf_weights.h"
+#include "peft.h"
 #include "../util/json.h"
 #include "../util/progress.h"
 #include "../util/safetensors.h"
@@ -144,6 +145,71 @@ int tr_export_hf(const char *checkpoint_dir, enum tr_dtype dtype, const char *ou
         goto done;
     rc = tr_hf_export(&a, st, what, out_dir, dtype, err);
 done:
+    tr_safetensors_free(st);
+    tr_json_free(js);
+    free(text);
+    free(buf);
+    free(state_path);
+    free(what);
+    return rc;
+}
+
+/* `export --format peft`: adapter_config.json as the run recorded it and
+ * the trained tensors under PEFT's names, each file replaced atomically. */
+int tr_export_peft(const char *checkpoint_dir, enum tr_dtype dtype, const char *out_dir,
+                   tr_err *err)
+{
+    char *what = tr_xasprintf("%s/model.safetensors", checkpoint_dir);
+    char *state_path = tr_xasprintf("%s/state.json", checkpoint_dir);
+    void *buf = NULL, *text = NULL;
+    size_t size = 0, text_size = 0, bad = 0, n = 0;
+    struct tr_json *js = NULL;
+    struct tr_st_file *st = NULL;
+    struct tr_st_entry *out = NULL;
+    uint16_t **halves = NULL;
+    char **names = NULL;
+    int rc = TR_ERROR;
+    if (tr_ckpt_verify_dir(checkpoint_dir, &buf, &size, err) != TR_OK ||
+        tr_ckpt_read_whole(state_path, &text, &text_size, err) != TR_OK)
+        goto done;
+    js = tr_json_parse(text, text_size, &bad);
+    const char *config = tr_json_string(js, "peft_config");
+    if (!config) {
+        tr_fail(err, "%s is not a checkpoint of adapters (its run has no lora section); "
+                "export --format hf writes its full weights", checkpoint_dir);
+        goto done;
+    }
+    if (!(st = tr_safetensors_read(buf, size, what, err)) ||
+        tr_export_prepare_dir(out_dir, err) != TR_OK)
+        goto done;
+    n = tr_safetensors_count(st);
+    halves = tr_xcalloc(n ? n : 1, sizeof *halves);
+    names = tr_xcalloc(n ? n : 1, sizeof *names);
+    out = export_entries(st, n, dtype, halves);
+    for (size_t i = 0; i < n; i++) {
+        names[i] = tr_xasprintf(TR_PEFT_PREFIX "%s", out[i].name);
+        out[i].name = names[i];
+    }
+    size_t out_size = 0;
+    void *blob = tr_safetensors_write(out, n, "{\"format\":\"pt\"}", &out_size);
+    char *weights = tr_xasprintf("%s/adapter_model.safetensors", out_dir);
+    char *cfg = tr_xasprintf("%s/adapter_config.json", out_dir);
+    rc = write_export(weights, blob, out_size, err);
+    if (rc == TR_OK)
+        rc = write_export(cfg, config, strlen(config), err);
+    free(blob);
+    free(weights);
+    free(cfg);
+done:
+    for (size_t i = 0; i < n; i++) {
+        if (halves)
+            free(halves[i]);
+        if (names)
+            free(names[i]);
+    }
+    free(halves);
+    free(names);
+    free(out);
     tr_safetensors_free(st);
     tr_json_free(js);
     free(text);

@@ -378,6 +378,7 @@ void tr_graph_count_flops(const struct tr_graph *g, struct tr_flops *f)
             frozen_multiplied += (double)t->numel;
     }
     free(multiplied);
+    f->frozen_multiplied = frozen_multiplied;
     /* a frozen weight computes no gradient of its own: 2 forward + 2 for
      * its input's gradient */
     f->per_token = 6.0 * (f->params - f->lookup_params - frozen_multiplied) +

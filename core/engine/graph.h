@@ -78,7 +78,8 @@ void tr_graph_print_memory(const struct tr_graph *g, FILE *out);
  * activations are from the transformers' count. */
 struct tr_flops {
     double params;          /* every parameter, trained or frozen */
-    double frozen;          /* of those, frozen (an adapter's base): 4 FLOPs each, not 6 */
+    double frozen;          /* of those, frozen (an adapter's base) */
+    double frozen_multiplied; /* frozen and multiplied: 4 FLOPs each (no weight gradient) */
     double lookup_params;   /* read only by embedding lookups: no FLOPs */
     double attention;       /* 12 x sum over attention nodes of T x W */
     int64_t layers;         /* attention nodes */

@@ -156,16 +156,15 @@ int tr_hf_describe(const struct tr_graph *g, const char *type, struct tr_hf_arch
 
 #define EXPORT_MARK ".trainrun-export"
 
-/* out_dir new, empty, or an earlier export. */
-static int prepare_dir(const char *out_dir, tr_err *err)
+int tr_export_prepare_dir(const char *out_dir, tr_err *err)
 {
     struct stat st;
     if (stat(out_dir, &st) != 0) {
         if (tr_mkdir_p(out_dir) != 0)
             return tr_fail(err, "cannot create %s: %s", out_dir, strerror(errno));
     } else if (!S_ISDIR(st.st_mode)) {
-        return tr_fail(err, "%s exists and is not a directory; export --format hf writes a "
-                       "directory", out_dir);
+        return tr_fail(err, "%s exists and is not a directory; export --format hf and peft "
+                       "write a directory", out_dir);
     } else {
         char *mark = tr_xasprintf("%s/" EXPORT_MARK, out_dir);
         int earlier = stat(mark, &st) == 0;
@@ -188,8 +187,8 @@ static int prepare_dir(const char *out_dir, tr_err *err)
     }
     char *mark = tr_xasprintf("%s/" EXPORT_MARK, out_dir);
     FILE *f = fopen(mark, "w");
-    int ok = f && fputs("written by trainrun export --format hf; a later export may replace "
-                        "config.json and model.safetensors here\n", f) >= 0;
+    int ok = f && fputs("written by trainrun export; a later export may replace the files it "
+                        "wrote here\n", f) >= 0;
     if (f && fclose(f) != 0)
         ok = 0;
     free(mark);
@@ -365,7 +364,7 @@ int tr_hf_export(const struct tr_hf_arch *a, const struct tr_st_file *weights, c
     int rc = TR_ERROR;
     /* every tensor there before anything is written */
     if (find_sources(weights, what, want, n, src, err) != TR_OK ||
-        prepare_dir(out_dir, err) != TR_OK)
+        tr_export_prepare_dir(out_dir, err) != TR_OK)
         goto done;
     struct atomic_file af;
     if (atomic_open(&af, out_dir, "model.safetensors", err) != TR_OK)

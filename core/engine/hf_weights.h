@@ -57,6 +57,11 @@ int tr_hf_describe(const struct tr_graph *g, const char *type, struct tr_hf_arch
  * `weights`, a checkpoint's model.safetensors (`what` names it).  out_dir
  * is created, or must be empty or an earlier export (it holds
  * .trainrun-export); each file is replaced atomically. */
+/* An export's directory: created, or one that is empty or an earlier
+ * export (it holds .trainrun-export, written here); a directory of anything
+ * else is refused untouched. */
+int tr_export_prepare_dir(const char *out_dir, tr_err *err);
+
 int tr_hf_export(const struct tr_hf_arch *a, const struct tr_st_file *weights, const char *what,
                  const char *out_dir, enum tr_dtype dtype, tr_err *err);
 
