@@ -1,8 +1,9 @@
 /*
  * Kernels the core may call on host memory, whatever the device: 16-bit
  * float conversions (checkpoints are written and read on the host) and the
- * softmax of one row (sampling).  Part of the kernels' public contract, like
- * backend.h; implemented in kernels/cpu (convert.c, loss.c).
+ * softmax of one row (sampling), an adapter's merge.  Part of the kernels'
+ * public contract, like backend.h; implemented in kernels/cpu (convert.c,
+ * loss.c, linear.c).
  */
 #ifndef TR_KERNELS_HOST_H
 #define TR_KERNELS_HOST_H
@@ -25,5 +26,11 @@ void tr_cpu_round_to_half(float *out, const float *in, size_t n, int bf16);
 /* ---- softmax of one row with temperature (sampling); temperature <= 0
  * gives a one-hot at the first maximum (greedy) */
 void tr_cpu_softmax(float *out, const float *logits, int n, float temperature);
+
+/* ---- a LoRA adapter merged into its base (export --merge), as PEFT merges:
+ * w[out,in] += (b[out,r] @ a[r,in]) * scale, the product summed in fp32 over
+ * r in order, then scaled and added */
+void tr_cpu_lora_merge(float *w, const float *a, const float *b, int64_t out, int64_t in, int r,
+                       float scale);
 
 #endif

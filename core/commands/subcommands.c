@@ -13,6 +13,7 @@
 #include "report.h"
 #include "../engine/checkpoint.h"
 #include "../engine/peft.h"
+#include "../engine/merge.h"
 #include "../engine/run.h"
 #include "launch.h"
 #include "doctor.h"
@@ -316,6 +317,7 @@ done:
 int tr_cmd_export(int argc, char **argv)
 {
     const char *out = NULL, *dtype_name = NULL, *format = "safetensors";
+    int merge = 0;
     if (argc < 3) {
         tr_cli_usage(stderr);
         return TR_EXIT_USAGE;
@@ -333,6 +335,8 @@ int tr_cmd_export(int argc, char **argv)
             dtype_name = argv[++i];
         else if (strcmp(argv[i], "--format") == 0)
             format = argv[++i];
+        else if (strcmp(argv[i], "--merge") == 0)
+            merge = 1;
         else {
             fprintf(stderr, "trainrun: error: unknown argument '%s' for export\n", argv[i]);
             return TR_EXIT_USAGE;
@@ -364,6 +368,11 @@ int tr_cmd_export(int argc, char **argv)
                 hf || peft ? "DIR" : "FILE.safetensors");
         return TR_EXIT_USAGE;
     }
+    if (merge && !hf) {
+        fprintf(stderr, "trainrun: error: --merge goes with --format hf: the adapters merged "
+                "into their base as one Hugging Face model\n");
+        return TR_EXIT_USAGE;
+    }
     tr_err err = {{0}};
     char *dir = NULL, *name = NULL;
     int code = TR_EXIT_OK;
@@ -371,7 +380,8 @@ int tr_cmd_export(int argc, char **argv)
         code = TR_EXIT_ERROR;
     } else {
         char *path = tr_xasprintf("%s/%s", dir, name);
-        int rc = hf     ? tr_export_hf(path, dtype, out, &err)
+        int rc = merge  ? tr_export_merged(path, dtype, out, &err)
+                 : hf   ? tr_export_hf(path, dtype, out, &err)
                  : peft ? tr_export_peft(path, dtype, out, &err)
                         : tr_export_weights(path, dtype, out, &err);
         if (rc != TR_OK)

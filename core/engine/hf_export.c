@@ -4,6 +4,7 @@
  * in is hf_weights.c; hf_weights.h says how names and layouts map. */
 #define _XOPEN_SOURCE 700
 #include "hf_weights.h"
+#include "adapters.h"
 
 #include "../../kernels/host.h"
 #include "../util/json.h"
@@ -23,7 +24,10 @@
 static const struct tr_tensor *param_named(const struct tr_graph *g, const char *name)
 {
     int i = tr_graph_find(g, name);
-    return i >= 0 && g->tensors[i].role == TR_ROLE_PARAM ? &g->tensors[i] : NULL;
+    /* a weight trained or frozen (an adapter's base) */
+    return i >= 0 && (g->tensors[i].role == TR_ROLE_PARAM || g->tensors[i].role == TR_ROLE_FROZEN)
+               ? &g->tensors[i]
+               : NULL;
 }
 
 /* Transformer blocks: the first layer norm of each, numbered from 0. */
@@ -58,7 +62,8 @@ static int read_nodes(const struct tr_graph *g, int gpt, const char *type, struc
             a->norm_eps = nd->eps;
         } else if (nd->op == TR_OP_LAYERNORM && gpt && nd->eps != 1e-5f) {
             a->norm_eps = nd->eps;
-        } else if (nd->op == TR_OP_SCALE) {
+        } else if (nd->op == TR_OP_SCALE && !strstr(nd->name, ".lora_scale")) {
+            /* (an adapter's scale is not the model's) */
             return tr_fail(err, "the %s model scales its embeddings (embed_scale), which none of "
                            "the Hugging Face families trainrun writes does", type);
         }
@@ -114,8 +119,9 @@ static int check_params(const struct tr_graph *g, const char *type, const struct
     for (size_t i = 0; i < n && rc == TR_OK; i++)
         if (!param_named(g, t[i].name))
             rc = tr_fail(err, "the %s model has no parameter '%s'", type, t[i].name);
-    for (int i = 0; i < g->n_tensors; i++)
-        params += g->tensors[i].role == TR_ROLE_PARAM;
+    for (int i = 0; i < g->n_tensors; i++) /* the base's: adapters are not in its form */
+        params += (g->tensors[i].role == TR_ROLE_PARAM || g->tensors[i].role == TR_ROLE_FROZEN) &&
+                  !tr_adapter_param(g->tensors[i].name);
     if (rc == TR_OK && params != n)
         rc = tr_fail(err, "the %s model has %zu parameters; its Hugging Face form names %zu", type,
                      params, n);

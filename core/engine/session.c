@@ -433,6 +433,18 @@ static int open_prices(struct tr_session *s, tr_err *err)
 /* ---- open and close ---------------------------------------------------------- */
 
 /* A plan: the graph at the micro-batch, measured; the steps resolved. */
+/* The model's memory and initial weights, nothing to train or read data with. */
+static int open_weights(struct tr_session *s, tr_err *err)
+{
+    if (tr_graph_plan(s->g, &s->be, 0, err) != TR_OK)
+        return TR_ERROR;
+    s->g->training = 0;
+    tr_graph_init_params(s->g, &s->be, (uint64_t)s->cfg->train.seed);
+    if (!tr_hf_from_dir(s->cfg->recipe))
+        tr_graph_init_frozen(s->g, &s->be, (uint64_t)s->cfg->train.seed);
+    return TR_OK;
+}
+
 static int open_plan(struct tr_session *s, tr_err *err)
 {
     struct tr_fit_model fm = tr_session_fit_model(s);
@@ -459,6 +471,8 @@ int tr_session_open(struct tr_session *s, struct tr_config *cfg, enum tr_session
     s->g->allow_tf32 = s->policy.allow_tf32 && s->policy.compute == TR_F32;
     if (mode == TR_SESSION_PLAN)
         return open_plan(s, err);
+    if (mode == TR_SESSION_WEIGHTS)
+        return open_weights(s, err);
     if (create_plugins(s, seq_len_of(s->g), err) != TR_OK || open_data(s, err) != TR_OK ||
         (training(s) && resolve_steps(s, err) != TR_OK) || plan_memory(s, err) != TR_OK ||
         open_inputs(s, err) != TR_OK || tr_rundir_check_tokenizer(s, err) != TR_OK)

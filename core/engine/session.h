@@ -2,7 +2,7 @@
  * one place (session.c) for every command that runs one: training, smoke
  * runs, `trainrun eval`, `trainrun sample` and `trainrun plan`.
  *
- *   tr_session_open(s, cfg, mode)
+ *   tr_session_open(s, cfg, mode)     (weights: the graph, plan and initial weights only)
  *       placement (hwloc)           threads pinned, ranks apart        train, smoke
  *       backend                     device=, threads                   all (plan: cpu, measured)
  *       comm                        procs=N / gpus=N                   train, smoke
@@ -38,6 +38,8 @@ enum tr_session_mode {
     TR_SESSION_SAMPLE, /* as eval */
     TR_SESSION_PLAN,   /* the memory plan measured on the CPU backend, nothing allocated,
                         * no data opened, no plugin but the precision policy's */
+    TR_SESSION_WEIGHTS,/* the model and its weights alone (export --merge): planned and
+                        * allocated, no data, no plugin but the precision policy's */
 };
 
 struct tr_session {

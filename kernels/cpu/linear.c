@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include "kernels.h"
+#include "../host.h"
 
 /* Columns per block in the bias-gradient column sums. */
 enum { COLUMN_BLOCK = 64 };
@@ -317,4 +318,20 @@ void tr_cpu_matmul_backward_bf16(float *da, float *dbm, const uint16_t *dout, co
                                  const uint16_t *bm, int batch, int M, int K, int N, int trans_b)
 {
     matmul_backward(&BF16, da, dbm, dout, a, bm, batch, M, K, N, trans_b);
+}
+
+void tr_cpu_lora_merge(float *w, const float *a, const float *b, int64_t out, int64_t in, int r,
+                       float scale)
+{
+#pragma omp parallel for schedule(static)
+    for (int64_t o = 0; o < out; o++) {
+        float *row = w + o * in;
+        const float *bo = b + o * r;
+        for (int64_t i = 0; i < in; i++) {
+            float d = 0.0f;
+            for (int k = 0; k < r; k++)
+                d += bo[k] * a[(int64_t)k * in + i];
+            row[i] += d * scale;
+        }
+    }
 }
