@@ -223,8 +223,8 @@ static int read_adapter_config(struct tr_lora_config *lc, const struct tr_value 
              !same_names(lc->modules_to_save, lc->n_save, save, n_save))
         clash = "modules_to_save";
     if (clash) {
-        tr_fail(err, "%slora.%s differs from the adapter's %s; with lora.from the adapter's "
-                "settings apply: remove lora.%s", lc->where, clash, path, clash);
+        tr_fail(err, "lora.%s differs from the adapter's %s; with lora.from the adapter's "
+                "settings apply: remove lora.%s", clash, path, clash);
         goto done;
     }
     const struct tr_json *drop = tr_json_get(j, "lora_dropout");
@@ -246,6 +246,8 @@ static int read_adapter_config(struct tr_lora_config *lc, const struct tr_value 
     n_targets = n_save = 0;
     rc = TR_OK;
 done:
+    if (rc != TR_OK) /* every message names the recipe's line */
+        tr_err_prefix(err, "%slora.from", lc->where);
     for (int i = 0; i < n_targets; i++)
         free(targets[i]);
     for (int i = 0; i < n_save; i++)

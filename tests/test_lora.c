@@ -1,0 +1,215 @@
+/*
+ * LoRA adapters (lora = { ... }): the recipe section's checks and messages,
+ * the graph rewrite (what freezes, what trains, what the plan allocates),
+ * an adapter that starts as the identity, and agreement with PEFT on the
+ * fixtures of tests/torch/make_lora_fixtures.py (tests/fixtures/lora/).
+ *
+ * Covers: core/config/lora.c, core/engine/adapters.c, core/engine/peft.c
+ * (tr_peft_load), the frozen role in core/engine/graph_plan.c and
+ * hf_weights.c.
+ */
+#include <criterion/criterion.h>
+
+#include "engine/adapters.h"
+#include "engine/hf_weights.h"
+#include "engine/optim.h"
+#include "engine/peft.h"
+#include "engine_harness.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define HF_DIR TR_TEST_SRCDIR "/fixtures/hf/"
+#define LORA_DIR TR_TEST_SRCDIR "/fixtures/lora/"
+
+enum { B = 3, T = 8, STEPS = 10 };
+
+static char scratch[256];
+
+static void lora_environment(void)
+{
+    environment();
+    const char *tmp = getenv("TMPDIR");
+    snprintf(scratch, sizeof scratch, "%s/trainrun-lora.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    cr_assert_not_null(mkdtemp(scratch));
+}
+
+/* A recipe in the scratch directory: the tiny Llama of the hf fixtures with
+ * `lora` (a Lua table constructor's body, or NULL for none); its path. */
+static const char *recipe_with(const char *name, const char *model, const char *lora)
+{
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s.lua", scratch, name);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "return {\n  model = %s,\n"
+               "  data = { plugin = \"synthetic\", kind = \"tokens\", classes = 61 },\n"
+               "  optimizer = { type = \"adamw\", lr = 1e-2, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, "
+               "weight_decay = 0.1, clip = 0 },\n",
+            model ? model : "{ from = \"" HF_DIR "tiny-llama\", ctx = 8 }");
+    if (lora)
+        fprintf(f, "  lora = { %s },\n", lora);
+    fprintf(f, "}\n");
+    fclose(f);
+    return path;
+}
+
+/* The run's graph of recipe (adapters applied) on the CPU backend, planned. */
+static int build_run(struct engine *e, const char *recipe, tr_err *err)
+{
+    memset(e, 0, sizeof *e);
+    if (tr_config_load(&e->cfg, recipe, NULL, 0, err) != TR_OK)
+        return TR_ERROR;
+    cr_assert_eq(tr_cpu_backend_init(&e->be, 0), 0);
+    e->g = tr_model_build_run(&e->cfg, B, TR_F32, err);
+    if (!e->g)
+        return TR_ERROR;
+    cr_assert_eq(tr_graph_plan(e->g, &e->be, 2, err), TR_OK, "%s", err->msg);
+    return TR_OK;
+}
+
+/* The error recipe's lora gives, which must name the recipe's line 7 (where
+ * lora = { ... } is) and contain `want`. */
+static void refused(const char *name, const char *model, const char *lora, const char *want)
+{
+    struct engine e;
+    tr_err err = {{0}};
+    const char *path = recipe_with(name, model, lora);
+    cr_assert_eq(build_run(&e, path, &err), TR_ERROR, "%s: accepted", name);
+    char line[600];
+    snprintf(line, sizeof line, "%s:", path);
+    cr_assert(strstr(err.msg, line), "%s: the message does not name the recipe: %s", name, err.msg);
+    cr_assert(strstr(err.msg, want), "%s: expected \"%s\" in: %s", name, want, err.msg);
+    engine_close(&e);
+}
+
+Test(lora_config, mistakes_are_refused_at_the_recipe_line, .init = lora_environment)
+{
+    refused("rank0", NULL, "rank = 0, targets = { \"q_proj\" }", "rank");
+    refused("typo", NULL, "rank = 4, targets = { \"q_prj\" }", "did you mean \"q_proj\"");
+    refused("nomodule", NULL, "rank = 4, modules_to_save = { \"lm_hed\" }, targets = \"all-linear\"",
+            "did you mean \"lm_head\"");
+    refused("wide", NULL, "rank = 20, targets = { \"k_proj\" }", "at most 16");
+    refused("one", NULL, "rank = 4, targets = \"q_proj\"", "give a list of module names");
+    refused("none", NULL, "rank = 4", "lora needs targets");
+    refused("unknown", NULL, "rank = 4, targets = \"all-linear\", use_dora = true", "use_dora");
+    refused("base", NULL, "rank = 4, targets = \"all-linear\", base = \"int8\"", "base");
+}
+
+/* An adapter directory of our own making (a PEFT feature trainrun lacks,
+ * or another base) is refused by name, not half-read. */
+static const char *adapter_dir(const char *name, const char *config)
+{
+    static char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", scratch, name);
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    char path[600];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs(config, f);
+    fclose(f);
+    return dir;
+}
+
+Test(lora_config, peft_features_not_supported_are_refused, .init = lora_environment)
+{
+    char lora[700];
+    const char *dora = adapter_dir("dora", "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, "
+                                           "\"target_modules\": [\"q_proj\"], \"use_dora\": true}");
+    snprintf(lora, sizeof lora, "from = \"%s\"", dora);
+    refused("dora", NULL, lora, "DoRA");
+    const char *ia3 = adapter_dir("ia3", "{\"peft_type\": \"IA3\", \"target_modules\": [\"q_proj\"]}");
+    snprintf(lora, sizeof lora, "from = \"%s\"", ia3);
+    refused("ia3", NULL, lora, "LoRA adapters (\"LORA\") only");
+    const char *pattern = adapter_dir("pattern", "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, "
+                                                 "\"target_modules\": [\"q_proj\"], "
+                                                 "\"rank_pattern\": {\"q_proj\": 8}}");
+    snprintf(lora, sizeof lora, "from = \"%s\"", pattern);
+    refused("pattern", NULL, lora, "rank_pattern");
+    const char *clash = adapter_dir("clash", "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, "
+                                             "\"target_modules\": [\"q_proj\"]}");
+    snprintf(lora, sizeof lora, "from = \"%s\", rank = 8", clash);
+    refused("clash", NULL, lora, "lora.rank differs from the adapter's");
+}
+
+/* What trains and what freezes: the adapters alone have gradients and
+ * optimizer state; every base weight is frozen with no gradient. */
+Test(lora_graph, only_the_adapters_train, .init = lora_environment)
+{
+    struct engine e;
+    tr_err err = {{0}};
+    cr_assert_eq(build_run(&e, recipe_with("qv", NULL, "rank = 4, alpha = 8, targets = { \"q_proj\", "
+                                           "\"v_proj\" }"), &err), TR_OK, "%s", err.msg);
+    const struct tr_graph *g = e.g;
+    size_t trained = 0, frozen = 0;
+    for (int i = 0; i < g->n_tensors; i++) {
+        const struct tr_tensor *t = &g->tensors[i];
+        if (t->role == TR_ROLE_PARAM) {
+            cr_assert(tr_adapter_param(t->name), "%s trains", t->name);
+            cr_assert_not_null(t->grad);
+            trained += t->numel;
+        } else if (t->role == TR_ROLE_FROZEN) {
+            cr_assert_null(t->grad, "%s has a gradient", t->name);
+            cr_assert_eq(t->dtype, TR_F32);
+            frozen += t->numel;
+        }
+    }
+    /* 2 layers x (q: A 4x32 + B 32x4, v: A 4x32 + B 16x4) */
+    cr_assert_eq(trained, 2 * (4 * 32 + 32 * 4 + 4 * 32 + 16 * 4));
+    cr_assert_eq(g->n_params, trained);
+    cr_assert_eq(g->memory.grads, trained * sizeof(float));
+    cr_assert_eq(g->memory.optimizer, 2 * trained * sizeof(float));
+    cr_assert_geq(g->memory.frozen, frozen * sizeof(float));
+    engine_close(&e);
+}
+
+/* B starts at zero: the adapted model computes the base's loss, bit for
+ * bit, and the first backward reaches A only through B (zero gradient). */
+Test(lora_graph, starts_as_the_base_model, .init = lora_environment)
+{
+    struct engine base, ad;
+    tr_err err = {{0}};
+    cr_assert_eq(build_run(&base, recipe_with("base", NULL, NULL), &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(build_run(&ad, recipe_with("all", NULL, "rank = 8, targets = \"all-linear\""), &err),
+                 TR_OK, "%s", err.msg);
+    struct tr_hf_arch a;
+    const char *dir = tr_hf_from_dir(base.cfg.recipe);
+    cr_assert_eq(tr_hf_config_read(dir, &a, &err), TR_OK, "%s", err.msg);
+    tr_graph_init_params(base.g, &base.be, 1);
+    tr_graph_init_params(ad.g, &ad.be, 1);
+    cr_assert_eq(tr_hf_load(base.g, &base.be, dir, &a, NULL, &err), TR_OK, "%s", err.msg);
+    uint32_t crc = 0;
+    cr_assert_eq(tr_hf_load(ad.g, &ad.be, dir, &a, &crc, &err), TR_OK, "%s", err.msg);
+    cr_assert_neq(crc, 0u);
+    struct st_file ref;
+    ref = st_open(HF_DIR "tiny-llama.ref.safetensors");
+    set_inputs(base.g, ref.st);
+    set_inputs(ad.g, ref.st);
+    tr_graph_forward(base.g, &base.be);
+    tr_graph_forward(ad.g, &ad.be);
+    cr_assert_eq(loss_of(base.g), loss_of(ad.g), "base %.9g, adapted %.9g", loss_of(base.g),
+                 loss_of(ad.g));
+    ad.g->loss_grad = 1.0f;
+    ad.g->grads_fresh = 1;
+    tr_graph_backward(ad.g, &ad.be);
+    for (int i = 0; i < ad.g->n_tensors; i++) {
+        const struct tr_tensor *t = &ad.g->tensors[i];
+        if (t->role != TR_ROLE_PARAM)
+            continue;
+        double sq = 0;
+        for (size_t j = 0; j < t->numel; j++)
+            sq += (double)t->grad[j] * t->grad[j];
+        if (strstr(t->name, "lora_A"))
+            cr_assert_eq(sq, 0.0, "%s: a gradient through B = 0", t->name);
+        else
+            cr_assert_gt(sq, 0.0, "%s: no gradient", t->name);
+    }
+    st_close(&ref);
+    engine_close(&base);
+    engine_close(&ad);
+}
