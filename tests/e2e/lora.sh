@@ -72,4 +72,16 @@ if "$TRAINRUN" lora.lua run_dir=straight train.steps=14 --resume auto --allow-ch
 fi
 grep -q "adapters only fit the weights they were trained on" other.log || { cat other.log; fail "message"; }
 echo "lora: a resume against another base is refused"
+# the plans the adapters exist for: Llama-3-8B QLoRA on one 24 GB card, LoRA
+# on a bf16 base on a 40 GB one (a full fine-tune fits neither)
+Q="$TR_SRCDIR/recipes/qlora-llama3-8b.lua"
+"$TRAINRUN" plan "$Q" > qlora.txt 2>&1 || { cat qlora.txt; fail "plan of $Q"; }
+grep -q "on l4-24gb *fits" qlora.txt || { cat qlora.txt; fail "QLoRA 8B does not fit l4-24gb"; }
+grep -q "trained *41,943,040" qlora.txt || fail "QLoRA 8B: not PEFT's 41,943,040 trained parameters"
+"$TRAINRUN" plan "$Q" lora.base=bf16 cost.hardware=a100-40gb > lora8b.txt 2>&1
+grep -q "on a100-40gb *fits" lora8b.txt || { cat lora8b.txt; fail "LoRA 8B does not fit a100-40gb"; }
+sed -e '/lora =/d' "$Q" > full8b.lua
+"$TRAINRUN" plan full8b.lua cost.hardware=a100-80gb > full8b.txt 2>&1
+grep -q "DOES NOT FIT" full8b.txt || { cat full8b.txt; fail "a full 8B fine-tune fits a100-80gb?"; }
+echo "lora: plans: $(grep 'on l4-24gb' qlora.txt | tr -s ' ')"
 echo "lora: ok"
