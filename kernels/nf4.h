@@ -22,8 +22,8 @@
  * offset), b = i / 64, in fp32 in that order.
  *
  * Portable C (kernels/nf4.c) used by every backend for quantising at load;
- * the CPU backend dequantises with AVX-512 / AVX2 (kernels/cpu/nf4.c), the
- * CUDA backend with its own kernel (kernels/cuda/nf4.cu).
+ * the CPU backend dequantises with it too (into the scratch of the linear
+ * that reads the weight, kernels/cpu/backend.c).
  */
 #ifndef TR_NF4_H
 #define TR_NF4_H
@@ -48,8 +48,9 @@ struct tr_nf4_parts {
 struct tr_nf4_parts tr_nf4_parts(size_t n);
 size_t tr_nf4_bytes(size_t n);
 
-/* Quantise src[0 .. n) into the blob dst (tr_nf4_bytes(n) bytes). */
-void tr_nf4_quantize(void *dst, const float *src, size_t n);
+/* Quantise src[0 .. n) into the blob dst (tr_nf4_bytes(n) bytes); 0, or
+ * -1 when out of memory (n / 64 floats of its own). */
+int tr_nf4_quantize(void *dst, const float *src, size_t n);
 
 /* Dequantise elements [first, first + count) of an n-element blob into
  * dst[0 .. count) (first and count multiples of TR_NF4_BLOCK): portable. */
