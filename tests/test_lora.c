@@ -213,3 +213,105 @@ Test(lora_graph, starts_as_the_base_model, .init = lora_environment)
     engine_close(&base);
     engine_close(&ad);
 }
+
+/* ---- agreement with PEFT (tests/fixtures/lora, make_lora_fixtures.py) ----- */
+
+/* The adapter run of fixture `kase` over its base: the base from model.from
+ * and the adapter from lora.from, as a run's session loads them. */
+static void open_case(struct engine *e, const char *kase, const char *base, const char *extra)
+{
+    char model[600], lora[800];
+    snprintf(model, sizeof model, "{ from = \"" HF_DIR "%s\", ctx = 8 }", base);
+    snprintf(lora, sizeof lora, "from = \"" LORA_DIR "%s\"%s%s", kase, extra ? ", " : "",
+             extra ? extra : "");
+    tr_err err = {{0}};
+    cr_assert_eq(build_run(e, recipe_with(kase, model, lora), &err), TR_OK, "%s", err.msg);
+    tr_graph_init_params(e->g, &e->be, 99);
+    const char *dir = tr_hf_from_dir(e->cfg.recipe);
+    struct tr_hf_arch a;
+    cr_assert_eq(tr_hf_config_read(dir, &a, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(tr_hf_load(e->g, &e->be, dir, &a, NULL, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(tr_peft_load(e->g, &e->be, &e->cfg.lora, dir, &err), TR_OK, "%s", err.msg);
+}
+
+/* Loss, logits of row 0, every trained tensor's gradient, ten AdamW steps'
+ * losses and the trained tensors after them, against PEFT's float64 values
+ * (max|diff| / max|ref| per tensor, the losses relative): all within tol
+ * but the weights after ten steps, within 20 tol: Adam divides by the root
+ * of the second moment, which turns the first steps' last bits into
+ * visible differences where a gradient is tiny (PyTorch's own fp32 is 8.8e-5
+ * away on tiny-llama-all's; make_lora_fixtures.py's README section). */
+static void peft_agreement(const char *kase, const char *base, const char *extra, double tol)
+{
+    struct engine e;
+    open_case(&e, kase, base, extra);
+    char path[600];
+    snprintf(path, sizeof path, LORA_DIR "%s.ref.safetensors", kase);
+    struct st_file ref = st_open(path);
+    struct tr_graph *g = e.g;
+    set_inputs(g, ref.st);
+    memset(g->grads, 0, g->n_params * sizeof(float));
+    g->loss_grad = 1.0f;
+    tr_graph_forward(g, &e.be);
+    float want = *(const float *)need(ref.st, "", "loss")->data;
+    cr_assert_float_eq(loss_of(g), want, tol * fabsf(want), "%s: loss %.8f, PEFT %.8f", kase,
+                       loss_of(g), want);
+    const struct tr_tensor *lt = &g->tensors[g->logits];
+    size_t row = (size_t)T * (size_t)lt->shape[lt->ndim - 1];
+    double lerr = tensor_error(lt->data, need(ref.st, "", "logits")->data, row);
+    cr_assert_leq(lerr, tol, "%s: logits differ by %.2e", kase, lerr);
+    tr_graph_backward(g, &e.be);
+    double gworst = 0;
+    int trained = 0;
+    for (int i = 0; i < g->n_tensors; i++) {
+        const struct tr_tensor *t = &g->tensors[i];
+        if (t->role != TR_ROLE_PARAM)
+            continue;
+        const struct tr_st_entry *r = need(ref.st, "grad." TR_PEFT_PREFIX, t->name);
+        cr_assert_eq(r->bytes, t->numel * 4, "%s: %s", kase, t->name);
+        double d = tensor_error(t->grad, r->data, t->numel);
+        cr_assert_leq(d, tol, "%s: gradient of %s differs by %.2e", kase, t->name, d);
+        gworst = fmax(gworst, d);
+        trained++;
+    }
+    /* ten AdamW steps from the same start */
+    engine_close(&e);
+    open_case(&e, kase, base, extra);
+    g = e.g;
+    set_inputs(g, ref.st);
+    struct tr_optimizer opt;
+    tr_err err = {{0}};
+    cr_assert_eq(tr_optimizer_init(&opt, &e.cfg.optimizer, g, &e.be, 0, g->n_params, &err), TR_OK,
+                 "%s", err.msg);
+    g->loss_grad = 1.0f;
+    double sworst = engine_steps_agree(&e, &opt, need(ref.st, "", "adamw_losses")->data, STEPS, kase);
+    double fworst = 0;
+    for (int i = 0; i < g->n_tensors; i++) {
+        const struct tr_tensor *t = &g->tensors[i];
+        if (t->role != TR_ROLE_PARAM)
+            continue;
+        double d = tensor_error(t->data, need(ref.st, "final." TR_PEFT_PREFIX, t->name)->data,
+                                t->numel);
+        cr_assert_leq(d, 20 * tol, "%s: %s after %d steps differs by %.2e", kase, t->name, STEPS, d);
+        fworst = fmax(fworst, d);
+    }
+    cr_log_info("%-18s %2d tensors: logits %.1e, gradients %.1e, AdamW losses %.1e, final %.1e",
+                kase, trained, lerr, gworst, sworst, fworst);
+    tr_optimizer_free(&opt, &e.be);
+    st_close(&ref);
+    engine_close(&e);
+}
+
+Test(lora_peft, llama_q_v, .init = lora_environment) { peft_agreement("tiny-llama-qv", "tiny-llama", NULL, 1e-5); }
+Test(lora_peft, llama_all_linear, .init = lora_environment) { peft_agreement("tiny-llama-all", "tiny-llama", NULL, 1e-5); }
+Test(lora_peft, llama_rslora, .init = lora_environment) { peft_agreement("tiny-llama-rslora", "tiny-llama", NULL, 1e-5); }
+Test(lora_peft, llama_saved_head, .init = lora_environment) { peft_agreement("tiny-llama-save", "tiny-llama", NULL, 1e-5); }
+Test(lora_peft, qwen2_all_linear, .init = lora_environment) { peft_agreement("tiny-qwen2-all", "tiny-qwen2", NULL, 1e-5); }
+Test(lora_peft, gpt2_conv1d, .init = lora_environment) { peft_agreement("tiny-gpt2-attn", "tiny-gpt2", NULL, 1e-5); }
+/* QLoRA: the base quantised by trainrun to NF4 (bit for bit bitsandbytes',
+ * tests/test_nf4.c), against PEFT over bitsandbytes' dequantised base: the
+ * same weights, so the fp32 tolerance holds */
+Test(lora_peft, llama_qlora_nf4, .init = lora_environment)
+{
+    peft_agreement("tiny-llama-qlora", "tiny-llama", "base = \"nf4\"", 1e-5);
+}

@@ -169,6 +169,13 @@ static int same_names(const char *const *a, int na, char *const *b, int nb)
     return 1;
 }
 
+/* Whether the recipe gave key (the schema fills in the defaults it did not). */
+static int given(const struct tr_value *section, const char *key)
+{
+    const struct tr_value *v = tr_value_child(section, key);
+    return v && v->origin.kind != TR_FROM_DEFAULT;
+}
+
 /* The adapter's own settings; the recipe may repeat them but not
  * contradict them (set: which keys the recipe gave). */
 static int read_adapter_config(struct tr_lora_config *lc, const struct tr_value *section,
@@ -209,17 +216,17 @@ static int read_adapter_config(struct tr_lora_config *lc, const struct tr_value 
     int rslora = json_true(j, "use_rslora");
     /* the recipe's own keys, where it gave them, must agree */
     const char *clash = NULL;
-    if (tr_value_child(section, "rank") && lc->rank != (int64_t)r)
+    if (given(section, "rank") && lc->rank != (int64_t)r)
         clash = "rank";
-    else if (tr_value_child(section, "alpha") && lc->alpha != alpha)
+    else if (given(section, "alpha") && lc->alpha != alpha)
         clash = "alpha";
-    else if (tr_value_child(section, "rslora") && lc->rslora != rslora)
+    else if (given(section, "rslora") && lc->rslora != rslora)
         clash = "rslora";
-    else if (tr_value_child(section, "targets") &&
+    else if (given(section, "targets") &&
              (lc->all_linear != all_linear ||
               !same_names(lc->targets, lc->n_targets, targets, n_targets)))
         clash = "targets";
-    else if (tr_value_child(section, "modules_to_save") &&
+    else if (given(section, "modules_to_save") &&
              !same_names(lc->modules_to_save, lc->n_save, save, n_save))
         clash = "modules_to_save";
     if (clash) {
@@ -228,7 +235,7 @@ static int read_adapter_config(struct tr_lora_config *lc, const struct tr_value 
         goto done;
     }
     const struct tr_json *drop = tr_json_get(j, "lora_dropout");
-    if (!tr_value_child(section, "dropout") && drop && drop->type == TR_JSON_NUMBER &&
+    if (!given(section, "dropout") && drop && drop->type == TR_JSON_NUMBER &&
         drop->number >= 0 && drop->number < 1)
         lc->dropout = drop->number;
     lc->rank = (int64_t)r;
