@@ -36,8 +36,9 @@
 #include "../config/lora.h"
 
 /* Rewrite g (read from the model, not yet checked) for lc.  compute: the
- * precision policy's compute dtype (base = "auto").  Errors name lc's
- * recipe line. */
+ * storage base = "auto" means (fit.h's tr_fit_base_auto: the precision
+ * policy's compute dtype where the backend stores 16-bit frozen weights,
+ * else fp32).  Errors name lc's recipe line. */
 int tr_adapters_apply(struct tr_graph *g, const struct tr_lora_config *lc, enum tr_dtype compute,
                       tr_err *err);
 

@@ -40,7 +40,7 @@ void tr_fit_adjust(const struct tr_fit_model *fm, struct tr_memory_report *repor
 int tr_fit_measure(const struct tr_fit_model *fm, int64_t m, struct tr_memory_report *report,
                    size_t *bytes, tr_err *err)
 {
-    struct tr_graph *g = tr_model_build_run(fm->cfg, (int)m, fm->compute, err);
+    struct tr_graph *g = tr_model_build_run(fm->cfg, (int)m, tr_fit_base_auto(fm->be, fm->compute), err);
     if (!g)
         return TR_ERROR;
     g->compute = fm->compute; /* 16-bit compute stores activations in 16 bits */
@@ -73,4 +73,9 @@ int tr_fit_largest(const struct tr_fit_model *fm, int64_t per_device, double usa
         }
     }
     return TR_OK;
+}
+
+enum tr_dtype tr_fit_base_auto(const struct tr_backend *be, enum tr_dtype compute)
+{
+    return tr_be_stores_frozen(be) ? compute : TR_F32;
 }

@@ -56,4 +56,9 @@ int64_t tr_fit_per_device(int64_t batch, int64_t devices);
 int tr_fit_largest(const struct tr_fit_model *fm, int64_t per_device, double usable, int64_t *m,
                    struct tr_memory_report *report, size_t *bytes, tr_err *err);
 
+/* What lora.base = "auto" stores a frozen base in on be: the compute
+ * dtype where the backend stores frozen weights in 16 bits, else fp32
+ * (the session's graph and every graph the fit search measures agree). */
+enum tr_dtype tr_fit_base_auto(const struct tr_backend *be, enum tr_dtype compute);
+
 #endif

@@ -11,7 +11,8 @@
 struct tr_graph *tr_model_build(struct tr_recipe *r, int batch, tr_err *err);
 
 /* The graph a run of cfg plans and runs: the model, then its adapters
- * (lora = { ... }, adapters.h) for the precision policy's compute dtype.
+ * (lora = { ... }, adapters.h); compute: what lora.base = "auto" stores the
+ * frozen base in (tr_fit_base_auto).
  * Every command that plans or runs the recipe's model builds it so. */
 struct tr_graph *tr_model_build_run(const struct tr_config *cfg, int batch, enum tr_dtype compute,
                                     tr_err *err);

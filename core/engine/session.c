@@ -465,7 +465,7 @@ int tr_session_open(struct tr_session *s, struct tr_config *cfg, enum tr_session
     if (open_backend(s, err) != TR_OK || open_precision(s, err) != TR_OK ||
         choose_micro_batch(s, err) != TR_OK)
         return TR_ERROR;
-    if (!(s->g = tr_model_build_run(cfg, (int)s->micro_batch, s->policy.compute, err)))
+    if (!(s->g = tr_model_build_run(cfg, (int)s->micro_batch, tr_fit_base_auto(&s->be, s->policy.compute), err)))
         return TR_ERROR;
     s->g->compute = s->policy.compute; /* before the plan: scratch depends on it */
     s->g->allow_tf32 = s->policy.allow_tf32 && s->policy.compute == TR_F32;

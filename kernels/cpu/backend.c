@@ -5,6 +5,8 @@
  * (tr_cpu_backend_module, in core/engine/backend.c's table). */
 #include "../backend.h"
 #include "../ops.h"
+#include "../nf4.h"
+#include "../host.h"
 #include "kernels.h"
 #include "nodes.h"
 
@@ -133,6 +135,10 @@ static int64_t cpu_count_correct(void *ctx, const float *logits, const int32_t *
 
 static int is_half(enum tr_dtype d) { return d == TR_BF16 || d == TR_F16; }
 
+/* stored in fewer bits than the kernels read: 16-bit, or an NF4 frozen
+ * weight (widened into an fp32 copy by dequantising it, kernels/nf4.h) */
+static int is_narrow(enum tr_dtype d) { return is_half(d) || d == TR_NF4; }
+
 /* The op's kernels read in[k] (k < n_in), or write and read its output
  * (k == n_in), in its 16-bit storage themselves, forward and backward: no
  * fp32 copy.  Asked only of 16-bit tensors; an operand the op's kernels
@@ -143,6 +149,8 @@ static int native_half(const struct tr_graph *g, const struct tr_node *n, int k)
     case TR_OP_ADD:
     case TR_OP_GELU: /* every operand, any mix of dtypes */
         return 1;
+    case TR_OP_EMBEDDING: /* a 16-bit table: rows widened as gathered */
+        return k == 0;
     case TR_OP_LAYERNORM: /* the input and the output */
         return k == 0 || k == n->n_in;
     case TR_OP_LINEAR: /* the two GEMM operands, and a bf16 output (linear_out16) */
@@ -171,7 +179,8 @@ static void fp32_copies(const struct tr_graph *g, const struct tr_node *n, int b
     c->n = 0;
     for (int k = 0; k <= n->n_in && k < 4; k++) {
         int out = k == n->n_in, id = out ? n->out : n->in[k];
-        if (!is_half(g->tensors[id].dtype) || native_half(g, n, k))
+        if (!is_narrow(g->tensors[id].dtype) ||
+            (is_half(g->tensors[id].dtype) && native_half(g, n, k)))
             continue;
         if (backward && (out ? tr_cpu_ops[n->op].backward_skips_output
                             : tr_cpu_ops[n->op].backward_skips_inputs))
@@ -225,7 +234,9 @@ static void run_node(struct tr_graph *g, const struct tr_node *n, int backward)
         struct tr_tensor *t = &g->tensors[c.tensor[i]];
         stored[i] = t->data;
         dtype[i] = t->dtype;
-        if (c.widen[i])
+        if (c.widen[i] && t->dtype == TR_NF4)
+            tr_nf4_dequantize(at, t->data, t->numel, 0, t->numel);
+        else if (c.widen[i])
             tr_cpu_from_half(at, (const uint16_t *)t->data, t->numel, t->dtype == TR_BF16);
         t->data = at;
         t->dtype = TR_F32;
@@ -296,8 +307,14 @@ static int cpu_supports_op(void *ctx, const struct tr_graph *g, const struct tr_
     t[k++] = n->out;
     for (int i = 0; i < k; i++) {
         const struct tr_tensor *x = &g->tensors[t[i]];
+        /* activations in 16 bits; frozen weights in 16 bits or NF4 (an
+         * adapter's base), read through fp32 copies where the kernel is not
+         * native: a linear's weight or an embedding's table only */
+        int frozen_weight = x->role == TR_ROLE_FROZEN && t[i] == n->in[n->op == TR_OP_LINEAR] &&
+                            (n->op == TR_OP_LINEAR || (n->op == TR_OP_EMBEDDING && is_half(x->dtype)));
         if (x->dtype != TR_F32 && x->dtype != TR_I32 &&
-            !(is_half(x->dtype) && x->role == TR_ROLE_ACTIVATION))
+            !(is_half(x->dtype) && x->role == TR_ROLE_ACTIVATION) &&
+            !(is_narrow(x->dtype) && frozen_weight))
             return 0;
     }
     /* a convolution oneDNN has no primitive for (a shape the graph checks
@@ -315,6 +332,51 @@ static int cpu_writes_grad(void *ctx, const struct tr_graph *g, const struct tr_
 {
     (void)ctx, (void)g;
     return (unsigned)n->op < TR_OP_COUNT && ((tr_cpu_ops[n->op].writes_grads >> k) & 1u);
+}
+
+/* Frozen weights in their storage type (backend.h): fp32 as is, 16-bit
+ * rounded to nearest even, NF4 quantised as bitsandbytes does. */
+static int cpu_store_frozen(void *ctx, const struct tr_tensor *t, const float *host, tr_err *err)
+{
+    (void)ctx;
+    switch (t->dtype) {
+    case TR_F32:
+        memcpy(t->data, host, t->numel * sizeof(float));
+        return TR_OK;
+    case TR_BF16:
+    case TR_F16:
+        tr_cpu_to_half((uint16_t *)t->data, host, t->numel, t->dtype == TR_BF16);
+        return TR_OK;
+    case TR_NF4:
+        if (t->numel % TR_NF4_BLOCK != 0)
+            return tr_fail(err, "'%s': %zu values are not whole NF4 blocks of %d", t->name,
+                           t->numel, TR_NF4_BLOCK);
+        if (tr_nf4_quantize(t->data, host, t->numel) != 0)
+            return tr_fail(err, "out of memory quantising '%s'", t->name);
+        return TR_OK;
+    default:
+        return tr_fail(err, "'%s': a frozen weight cannot be stored as dtype %d", t->name,
+                       (int)t->dtype);
+    }
+}
+
+static int cpu_load_frozen(void *ctx, const struct tr_tensor *t, float *host, tr_err *err)
+{
+    (void)ctx;
+    switch (t->dtype) {
+    case TR_F32:
+        memcpy(host, t->data, t->numel * sizeof(float));
+        return TR_OK;
+    case TR_BF16:
+    case TR_F16:
+        tr_cpu_from_half(host, (const uint16_t *)t->data, t->numel, t->dtype == TR_BF16);
+        return TR_OK;
+    case TR_NF4:
+        tr_nf4_dequantize(host, t->data, t->numel, 0, t->numel);
+        return TR_OK;
+    default:
+        return tr_fail(err, "'%s': a frozen weight of dtype %d", t->name, (int)t->dtype);
+    }
 }
 
 static const struct tr_backend_iface cpu_iface = {
@@ -336,6 +398,8 @@ static const struct tr_backend_iface cpu_iface = {
     .supports_op = cpu_supports_op,
     .param_copy_bytes = cpu_param_copy_bytes,
     .writes_grad = cpu_writes_grad,
+    .store_frozen = cpu_store_frozen,
+    .load_frozen = cpu_load_frozen,
 };
 
 int tr_cpu_backend_init(struct tr_backend *be, int threads)

@@ -15,6 +15,16 @@ void tr_cpu_embedding_forward(float *out, const int32_t *idx, const float *table
         memcpy(out + (size_t)n * C, table + (size_t)idx[n] * C, (size_t)C * sizeof(float));
 }
 
+/* A 16-bit table (a frozen base's, rounded at load): each row widened as
+ * it is gathered, no fp32 copy of the whole table. */
+void tr_cpu_embedding_forward_half(float *out, const int32_t *idx, const uint16_t *table, int N,
+                                   int C, int bf16)
+{
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        tr_cpu_from_half_serial(out + (size_t)n * C, table + (size_t)idx[n] * C, (size_t)C, bf16);
+}
+
 void tr_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *idx, int N, int C)
 {
     if (dtable == NULL)

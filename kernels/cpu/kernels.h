@@ -176,6 +176,8 @@ void tr_cpu_matmul_backward_bf16(float *da, float *dbm, const uint16_t *dout, co
 
 /* ---- embedding: out[n,:] = table[idx[n],:]; idx in [0,V) (checked by the caller) */
 void tr_cpu_embedding_forward(float *out, const int32_t *idx, const float *table, int N, int C);
+void tr_cpu_embedding_forward_half(float *out, const int32_t *idx, const uint16_t *table, int N,
+                                   int C, int bf16);
 void tr_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *idx, int N, int C);
 
 /* ---- broadcast add of rows: out[b,t,:] = x[b,t,:] + p[t,:] (positions) */

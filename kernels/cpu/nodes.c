@@ -229,7 +229,11 @@ static size_t attention_scratch(const struct tr_graph *g, const struct tr_node *
 
 static void embedding_forward(struct tr_graph *g, const struct tr_node *n)
 {
-    tr_cpu_embedding_forward(F(OUT), I(T(1)), F(T(0)), (int)T(1)->numel, cols(T(0)));
+    if (T(0)->dtype == TR_BF16 || T(0)->dtype == TR_F16) /* a frozen 16-bit table */
+        tr_cpu_embedding_forward_half(F(OUT), I(T(1)), (const uint16_t *)T(0)->data,
+                                      (int)T(1)->numel, cols(T(0)), T(0)->dtype == TR_BF16);
+    else
+        tr_cpu_embedding_forward(F(OUT), I(T(1)), F(T(0)), (int)T(1)->numel, cols(T(0)));
 }
 
 static void embedding_backward(struct tr_graph *g, const struct tr_node *n)

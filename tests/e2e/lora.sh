@@ -72,6 +72,35 @@ if "$TRAINRUN" lora.lua run_dir=straight train.steps=14 --resume auto --allow-ch
 fi
 grep -q "adapters only fit the weights they were trained on" other.log || { cat other.log; fail "message"; }
 echo "lora: a resume against another base is refused"
+# a bf16 base under bf16 compute is the fp32 base the GEMMs round to bf16
+# anyway: the same adapters to the bit, in half the base's memory; NF4 trains
+"$TRAINRUN" lora.lua run_dir=b32 precision=bf16 lora.base=fp32 train.steps=4 --quiet 2>/dev/null
+"$TRAINRUN" lora.lua run_dir=b16 precision=bf16 lora.base=bf16 train.steps=4 --quiet 2>/dev/null
+cmp b32/checkpoints/step-0000000004/model.safetensors b16/checkpoints/step-0000000004/model.safetensors ||
+  fail "a bf16 base under bf16 compute trains other adapters than an fp32 one"
+"$TRAINRUN" lora.lua run_dir=q4 precision=bf16 lora.base=nf4 train.steps=4 > q4.txt 2>&1 ||
+  { cat q4.txt; fail "an NF4 base"; }
+grep -q "frozen (NF4 + 16-bit)" q4.txt || fail "the NF4 base's memory row"
+echo "lora: bf16 base = fp32 base under bf16 compute, bit for bit; NF4 base trains"
+
+# device=cuda through the CUDA-on-CPU harness (tests/cudacpu): the same
+# adapters' losses as the cpu's, fp32 (its frozen base fp32: the CUDA backend
+# stores no 16-bit or NF4 frozen weights yet, and "auto" knows it)
+if [ -n "${TR_CUDACPU_DIR:-}" ]; then
+  for d in cpu cuda; do
+    TRAINRUN_BACKEND_PATH=$TR_CUDACPU_DIR "$TRAINRUN" lora.lua run_dir=dev-$d device=$d \
+      train.steps=4 train.log_every=1 --quiet > dev-$d.txt 2>&1 || { cat dev-$d.txt; fail "device=$d"; }
+  done
+  a=$(last_metric dev-cpu/metrics.jsonl loss)
+  b=$(last_metric dev-cuda/metrics.jsonl loss)
+  awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 1e-5 * a) }' ||
+    fail "device=cuda's adapters end at loss $b, the cpu's at $a"
+  TRAINRUN_BACKEND_PATH=$TR_CUDACPU_DIR "$TRAINRUN" lora.lua run_dir=dev-nf4 device=cuda \
+    lora.base=nf4 train.steps=1 > nf4.txt 2>&1 && fail "device=cuda took an NF4 base"
+  grep -q 'cannot store the frozen weight' nf4.txt || { cat nf4.txt; fail "NF4 on cuda: message"; }
+  echo "lora: device=cuda (harness) loss $b, cpu $a; an NF4 base on cuda is refused"
+fi
+
 # the plans the adapters exist for: Llama-3-8B QLoRA on one 24 GB card, LoRA
 # on a bf16 base on a 40 GB one (a full fine-tune fits neither)
 Q="$TR_SRCDIR/recipes/qlora-llama3-8b.lua"
