@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# LoRA fine-tuning: trainrun against PEFT + transformers, and against its own
+# full fine-tune, on the CPU.
+#
+#   PYTHON=venv/bin/python contrib/bench/lora.sh        # needs build/trainrun
+#   MODELS=135m PRECISIONS=fp32 REPS=1 STEPS=4 contrib/bench/lora.sh   # quick
+#
+# For each model (SmolLM-135M's and SmolLM-360M's shapes, random weights made
+# once by torch_lora.py make: nothing is downloaded) and precision, in one
+# interleaved run of REPS rounds: trainrun LoRA (lora-bench-adapters.lua), PEFT
+# LoRA (torch_lora.py train: rank 16, alpha 32, "all-linear", AdamW, bf16 as
+# torch.autocast), trainrun full fine-tune (lora-bench.lua); the same batch (4 x
+# 256 tokens), THREADS threads, WARMUP steps untimed then STEPS timed.  Peak RSS
+# is GNU time's "Maximum resident set size" of each whole process.  Prints the
+# median tokens/s and the peak RSS of each, and the ratios against the
+# targets (>= 1.5x PEFT's tokens/s, <= its peak RSS, LoRA >= 1.3x the full
+# fine-tune).
+#
+# Environment: THREADS (2), PYTHON (torch, transformers, peft), TRAINRUN,
+# WARMUP (3), STEPS (8), REPS (2), MODELS (135m,360m), PRECISIONS (fp32,bf16),
+# CACHE (where the model directories are kept; contrib/bench/.cache).
+set -euo pipefail
+
+name=lora.sh
+# shellcheck source=contrib/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+STEPS=${STEPS:-8}
+REPS=${REPS:-2}
+MODELS=${MODELS:-135m,360m}
+PRECISIONS=${PRECISIONS:-fp32,bf16}
+CACHE=${CACHE:-$here/.cache}
+find_python "torch, transformers, peft"
+[ -n "$PYTHON" ] || die "no Python with torch, transformers and peft (set PYTHON=)"
+[ -x /usr/bin/time ] || die "GNU time is needed for peak RSS (apt-get install time)"
+say "load average before starting: $(cut -d' ' -f1-3 /proc/loadavg) (should be near 0)"
+say "$("$PYTHON" -c 'import torch, transformers, peft; print("torch %s, transformers %s, peft %s" % (torch.__version__, transformers.__version__, peft.__version__))')"
+
+rows=$tmp/rows
+: >"$rows"
+
+# peak RSS in MiB of a process GNU time measured into $1
+rss() { awk '/Maximum resident set size/ { printf "%.0f", $NF / 1024 }' "$1"; }
+
+# tokens/s of a trainrun run's timed steps (metrics.jsonl: elapsed at the last
+# step minus at the last warm-up step)
+tokens_per_s() {
+    awk -v w="$WARMUP" -v last="$2" -v tok="$3" '
+        /"loss"/ && /"elapsed_s"/ {
+            match($0, /"step": [0-9]+/); s = substr($0, RSTART + 8, RLENGTH - 8) + 0
+            match($0, /"elapsed_s": [0-9.]+/); e = substr($0, RSTART + 13, RLENGTH - 13) + 0
+            if (s == w) e0 = e; if (s == last) e1 = e
+        }
+        END { printf "%.1f", tok * (last - w) / (e1 - e0) }' "$1"
+}
+
+run_trainrun() { # MODEL PREC KIND(lora|full) REP
+    local dir=$tmp/tr-$1-$2-$3-$4 recipe=$here/lora-bench.lua
+    [ "$3" = lora ] && recipe=$here/lora-bench-adapters.lua
+    if ! /usr/bin/time -v "$TRAINRUN" "$recipe" model.from="$CACHE/$1" precision="$2" \
+        train.threads="$THREADS" train.steps=$((WARMUP + STEPS)) run_dir="$dir" \
+        >"$dir.log" 2>"$dir.time"; then
+        cat "$dir.log" "$dir.time" >&2
+        die "trainrun $3 $1 $2 failed"
+    fi
+    printf '%s\t%s\ttrainrun-%s\t%s\t%s\n' "$1" "$2" "$3" \
+        "$(tokens_per_s "$dir/metrics.jsonl" $((WARMUP + STEPS)) 1024)" "$(rss "$dir.time")" >>"$rows"
+}
+
+run_peft() { # MODEL PREC REP
+    local out=$tmp/peft-$1-$2-$3 flag=
+    [ "$2" = bf16 ] && flag=--bf16
+    if ! /usr/bin/time -v "$PYTHON" "$here/torch_lora.py" train "$CACHE/$1" --rank 16 --batch 4 \
+        --ctx 256 --warmup "$WARMUP" --steps "$STEPS" --threads "$THREADS" $flag \
+        >"$out.log" 2>"$out.time"; then
+        cat "$out.log" "$out.time" >&2
+        die "PEFT $1 $2 failed"
+    fi
+    printf '%s\t%s\tPEFT\t%s\t%s\n' "$1" "$2" \
+        "$(sed -n 's/^RESULT .*tokens_per_s=\([^ ]*\).*/\1/p' "$out.log")" "$(rss "$out.time")" >>"$rows"
+}
+
+IFS=, read -ra models <<<"$MODELS"
+IFS=, read -ra precs <<<"$PRECISIONS"
+for m in "${models[@]}"; do
+    if [ ! -f "$CACHE/$m/model.safetensors" ]; then
+        say "making the $m model in $CACHE/$m"
+        mkdir -p "$CACHE"
+        "$PYTHON" "$here/torch_lora.py" make "$CACHE/$m" --config "$m" >/dev/null 2>&1 ||
+            die "could not make the $m model"
+    fi
+done
+for rep in $(seq 1 "$REPS"); do
+    for m in "${models[@]}"; do
+        for p in "${precs[@]}"; do
+            say "round $rep: $m $p"
+            run_trainrun "$m" "$p" lora "$rep"
+            run_peft "$m" "$p" "$rep"
+            run_trainrun "$m" "$p" full "$rep"
+        done
+    done
+done
+
+printf '| model | precision | trainrun LoRA tok/s | PEFT tok/s | speed-up (target >= 1.5) | trainrun full tok/s | LoRA / full (target >= 1.3) | peak RSS trainrun LoRA | PEFT | trainrun full |\n'
+printf '|---|---|---|---|---|---|---|---|---|---|\n'
+for m in "${models[@]}"; do
+    for p in "${precs[@]}"; do
+        med() { awk -F'\t' -v m="$m" -v p="$p" -v k="$1" -v c="$2" '$1 == m && $2 == p && $3 == k { print $c }' "$rows" | median "$3"; }
+        lt=$(med trainrun-lora 4 %.1f) pt=$(med PEFT 4 %.1f) ft=$(med trainrun-full 4 %.1f)
+        lr=$(med trainrun-lora 5 %.0f) pr=$(med PEFT 5 %.0f) fr=$(med trainrun-full 5 %.0f)
+        printf '| %s | %s | %s | %s | %.2fx | %s | %.2fx | %s MiB | %s MiB | %s MiB |\n' "$m" "$p" \
+            "$lt" "$pt" "$(awk -v a="$lt" -v b="$pt" 'BEGIN { print a / b }')" "$ft" \
+            "$(awk -v a="$lt" -v b="$ft" 'BEGIN { print a / b }')" "$lr" "$pr" "$fr"
+    done
+done
+printf '\n%s threads, batch 4 x 256 tokens, rank 16, alpha 32, all linears but the head; %s rounds (medians); %s\n' \
+    "$THREADS" "$REPS" "$(lscpu | sed -n 's/^Model name: *//p')"
