@@ -75,6 +75,13 @@ enum tr_op {
      * batch (variance unbiased: n/(n-1)); eval forward normalises with the
      * running statistics. */
     TR_OP_BATCHNORM,
+    /* ---- appended with ABI 6.  in: x  attr p (0 < p < 1)  out: same.
+     * Training forward (g->training): y = x * m / (1 - p), m = 0 for a
+     * fraction p of the elements, drawn from g->dropout_seed, the node's
+     * index and the element's: a counter-based hash, no state and no saved
+     * mask, so backward (dx = dout * m / (1 - p)), a recomputed segment and
+     * every backend draw the same m.  Eval forward: y = x. */
+    TR_OP_DROPOUT,
     TR_OP_COUNT
 };
 
@@ -159,6 +166,8 @@ struct tr_node {
      * old contents ignored), not add to (+=): act_write_mask, and
      * param_write_mask when g->grads_fresh */
     unsigned write_grad_mask;
+    /* appended with ABI 6: dropout's probability of dropping an element */
+    float p;
 };
 
 struct tr_memory_report {
@@ -224,7 +233,34 @@ struct tr_graph {
      * offset in bytes, in its storage type */
     void *frozen;
     size_t frozen_bytes;
+    /* set by the caller before each training forward: what dropout draws
+     * its masks from (the run derives it from train.seed, the step and the
+     * micro-batch, so a resumed run draws the same) */
+    uint64_t dropout_seed;
 };
+
+/* Dropout's mask, the same on every backend (the CUDA kernels call these
+ * on the device): element i of node `node` is kept when the high 32 bits of
+ * splitmix64 of (seed, node, i) are at or above threshold = p * 2^32
+ * (tr_dropout_threshold). */
+#ifdef __CUDACC__
+#define TR_HOST_DEVICE __host__ __device__
+#else
+#define TR_HOST_DEVICE
+#endif
+TR_HOST_DEVICE static inline uint64_t tr_dropout_hash(uint64_t seed, uint64_t node, uint64_t i)
+{
+    uint64_t z = seed ^ (node * 0x9E3779B97F4A7C15ull);
+    z += (i + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static inline uint32_t tr_dropout_threshold(float p)
+{
+    double t = (double)p * 4294967296.0;
+    return t >= 4294967295.0 ? 4294967295u : (uint32_t)t;
+}
 
 /* ---- The device interface */
 

@@ -37,6 +37,7 @@ const struct tr_attr_desc tr_attrs[TR_ATTR_COUNT] = {
                           "above 0 and at most 1 (the weight of each batch in the running "
                           "statistics)"},
     [TR_ATTR_BUFFER] = {"buffer", TR_ATTR_TENSOR, 0, 0, -1, AT(buffer), NULL},
+    [TR_ATTR_P] = {"p", TR_ATTR_OPEN_UNIT, 0, 0, 0.5, AT(p), "above 0 and below 1"},
 };
 
 /* ---- helpers for the rules -------------------------------------------------- */
@@ -532,6 +533,8 @@ const struct tr_op_desc tr_ops[TR_OP_COUNT] = {
     [TR_OP_BATCHNORM] = {"batchnorm", 3, 3, NULL, 0, {"x", "w", "b"}, 0, 7u,
                          A(EPS) | A(MOMENTUM) | A(BUFFER), batchnorm_shape, BOTH,
                          "Graph:batchnorm, Graph:BatchNorm"},
+    [TR_OP_DROPOUT] = {"dropout", 1, 1, NULL, 0, {"x"}, 0, 1u, A(P), same_shape, BOTH,
+                       "Graph:dropout"},
 };
 
 const struct tr_op_desc *tr_op_desc(enum tr_op op)

@@ -47,6 +47,7 @@ enum tr_attr {
     TR_ATTR_GROUPS,
     TR_ATTR_MOMENTUM,
     TR_ATTR_BUFFER,
+    TR_ATTR_P,       /* dropout's probability */
     TR_ATTR_COUNT
 };
 

@@ -391,6 +391,18 @@ static void build_scale(struct tr_graph *g, enum tr_dtype dt, const int *d)
     dummy_loss(g);
 }
 
+/* dims: rows, cols, p in thousandths; a seed of its own (training mode):
+ * both backends must draw the same mask (backend.h's tr_dropout_hash) */
+static void build_dropout(struct tr_graph *g, enum tr_dtype dt, const int *d)
+{
+    int x = param(g, "x", dt, 2, shape(d[0], d[1], 0));
+    int out = activation(g, dt, 2, shape(d[0], d[1], 0));
+    add_node(g, (struct tr_node){.op = TR_OP_DROPOUT, .name = "dropout", .in = {x}, .n_in = 1,
+                                 .out = out, .p = (float)d[2] * 1e-3f});
+    g->dropout_seed = 0x5eedULL * (uint64_t)d[2];
+    dummy_loss(g);
+}
+
 /* dims: B, T, V */
 static void build_cross_entropy(struct tr_graph *g, enum tr_dtype dt, const int *d)
 {
@@ -757,6 +769,10 @@ static void run_case(const struct op_case *oc)
     X(scale_negative_f32, build_scale, TR_F32, TR_F32, TOL_F32, 5, 33, -125) \
     X(scale_bf16, build_scale, TR_BF16, TR_F32, TOL_BF16, 13, 77, 45255) \
     X(scale_f16, build_scale, TR_F16, TR_F32, TOL_F16, 13, 77, 45255) \
+    X(dropout_f32, build_dropout, TR_F32, TR_F32, TOL_F32, 13, 77, 100) \
+    X(dropout_half_f32, build_dropout, TR_F32, TR_F32, TOL_F32, 7, 64, 500) \
+    X(dropout_bf16, build_dropout, TR_BF16, TR_F32, TOL_BF16, 13, 77, 100) \
+    X(dropout_f16, build_dropout, TR_F16, TR_F32, TOL_F16, 13, 77, 100) \
     /* dims: B, T, V */ \
     X(cross_entropy_f32, build_cross_entropy, TR_F32, TR_F32, TOL_F32, 2, 13, 67) \
     X(cross_entropy_wide_f32, build_cross_entropy, TR_F32, TR_F32, TOL_F32, 2, 5, 5000) \

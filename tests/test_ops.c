@@ -56,7 +56,7 @@ static const char *const every_builder =
     "local a2 = g:recompute(function() return g:gqa_attention(q, k, g:Linear('v', h, 4), 2, 1) end)\n"
     "h = g:RMSNorm('rms', g:add(a, a2))\n"
     "h = g:swiglu(g:Linear('gate', h, 8, {bias = false}), g:Linear('up', h, 8, {bias = false}))\n"
-    "h = g:scale(g:relu(g:gelu(h)), 0.5)\n"
+    "h = g:dropout(g:scale(g:relu(g:gelu(h)), 0.5), 0.1)\n"
     "g:matmul(h, h, true)\n"
     "local im = g:input('im', {2, 6, 6, 3})\n"
     "local c = g:BatchNorm('bn', g:Conv2d('conv', im, 4, 3, {pad = 1}))\n"

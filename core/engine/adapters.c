@@ -312,6 +312,13 @@ static int add_adapter(struct rewrite *rw, struct nodes *ns, struct tr_node l)
     int d = activation_like(g, name, &g->tensors[y], out_f);
     l.out = y_base;
     push(ns, &l);
+    if (lc->dropout > 0) { /* on the adapter's input alone, as PEFT's lora_dropout */
+        snprintf(name, sizeof name, "%s.lora_dropout", module);
+        int xd = activation_like(g, name, &g->tensors[x], g->tensors[x].shape[g->tensors[x].ndim - 1]);
+        adapter_node(ns, TR_OP_DROPOUT, module, ".lora_dropout", x, -1, xd, l.segment, 0);
+        ns->v[ns->n - 1].p = (float)lc->dropout;
+        x = xd;
+    }
     adapter_node(ns, TR_OP_LINEAR, module, ".lora_A", x, A, a, l.segment, 0);
     adapter_node(ns, TR_OP_SCALE, module, ".lora_scale", a, -1, a_s, l.segment,
                  (float)tr_lora_scale(lc));
@@ -326,10 +333,6 @@ int tr_adapters_apply(struct tr_graph *g, const struct tr_lora_config *lc, enum 
 {
     if (!lc || !lc->enabled)
         return TR_OK;
-    if (lc->dropout > 0)
-        return tr_fail(err, "%slora.dropout is %g: adapter dropout is not implemented yet; set "
-                       "lora.dropout = 0 (the adapters then train without it)", lc->where,
-                       lc->dropout);
     struct rewrite rw = {g, lc, err, tr_xcalloc((size_t)g->n_nodes + 1, 1),
                          tr_xcalloc((size_t)g->n_tensors + 1, 1)};
     struct nodes ns = {0};

@@ -14,6 +14,7 @@
  * (journal.c), the run's state in checkpoints, resume and ZeRO-1 shards
  * (run_state.c), the run directory (rundir.c). */
 #include "run.h"
+#include <trainrun/mix.h>
 
 #include "journal.h"
 #include "loop.h"
@@ -256,6 +257,11 @@ static int forward_backward(struct run *r, double scale, double *loss_sum, doubl
         *targets += n;
         s->g->profile = sampled && k == 0; /* per-op timings of one micro-batch */
         s->g->grads_fresh = k == 0;
+        /* dropout's masks: from the seed, the step and this rank's micro-batch
+         * only, so a resumed run draws what the uninterrupted one did */
+        s->g->dropout_seed = tr_splitmix64((uint64_t)s->cfg->train.seed ^
+                                           tr_splitmix64(l->step * 4096 + (uint64_t)k * 64 +
+                                                         (uint64_t)s->rank));
         tr_graph_forward(s->g, &s->be);
         *loss_sum += tr_session_read_loss(s) * w;
         if (s->comm && k == s->accum - 1) /* all-reduce buckets as backward finishes them */

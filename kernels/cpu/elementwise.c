@@ -862,3 +862,29 @@ void tr_cpu_scale_backward(float *dinp, const float *dout, float scale, size_t n
     for (size_t i = 0; i < n; i++)
         dinp[i] = write ? scale * dout[i] : dinp[i] + scale * dout[i];
 }
+
+/* Dropout (backend.h: the mask is tr_dropout_hash's, the same on every
+ * backend).  in and out may not alias. */
+void tr_cpu_dropout_forward(float *out, const float *inp, size_t n, float p, uint64_t seed,
+                            uint64_t node)
+{
+    uint32_t threshold = tr_dropout_threshold(p);
+    float keep = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        out[i] = (uint32_t)(tr_dropout_hash(seed, node, i) >> 32) >= threshold ? inp[i] * keep : 0.0f;
+}
+
+void tr_cpu_dropout_backward(float *dinp, const float *dout, size_t n, float p, uint64_t seed,
+                             uint64_t node, int write)
+{
+    if (dinp == NULL)
+        return;
+    uint32_t threshold = tr_dropout_threshold(p);
+    float keep = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float d = (uint32_t)(tr_dropout_hash(seed, node, i) >> 32) >= threshold ? dout[i] * keep : 0.0f;
+        dinp[i] = write ? d : dinp[i] + d;
+    }
+}

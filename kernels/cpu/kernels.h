@@ -266,6 +266,10 @@ void tr_cpu_swiglu_backward(float *dgate, float *dup, const float *gate, const f
 /* out = scale * x;  dinp += scale * dout */
 void tr_cpu_scale_forward(float *out, const float *inp, float scale, size_t n);
 void tr_cpu_scale_backward(float *dinp, const float *dout, float scale, size_t n, int write);
+void tr_cpu_dropout_forward(float *out, const float *inp, size_t n, float p, uint64_t seed,
+                            uint64_t node);
+void tr_cpu_dropout_backward(float *dinp, const float *dout, size_t n, float p, uint64_t seed,
+                             uint64_t node, int write);
 
 /* ---- causal multi-head self-attention, flash style (no T x T matrix)
  * qkv[B,T,3C] holds q, k, v side by side (each C = NH heads of C/NH);

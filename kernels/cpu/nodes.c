@@ -6,6 +6,7 @@
 #include "nodes.h"
 
 #include <stddef.h>
+#include <string.h>
 
 #define T(i) (&g->tensors[n->in[i]])
 #define F(t) ((float *)(t)->data)
@@ -496,6 +497,28 @@ static void scale_backward(struct tr_graph *g, const struct tr_node *n)
                           (n->write_grad_mask & 1u) != 0);
 }
 
+/* dropout: the node's index salts its mask; eval passes x through */
+static void dropout_forward(struct tr_graph *g, const struct tr_node *n)
+{
+    if (!g->training) {
+        memcpy(F(OUT), F(T(0)), OUT->numel * sizeof(float));
+        return;
+    }
+    tr_cpu_dropout_forward(F(OUT), F(T(0)), OUT->numel, n->p, g->dropout_seed,
+                           (uint64_t)(n - g->nodes));
+}
+
+static void dropout_backward(struct tr_graph *g, const struct tr_node *n)
+{
+    const float *dout = dout_of(g, n);
+    int write = (n->write_grad_mask & 1u) != 0;
+    if (!g->training) /* (a backward after an eval forward: the identity's) */
+        tr_cpu_scale_backward(T(0)->grad, dout, 1.0f, OUT->numel, write);
+    else
+        tr_cpu_dropout_backward(T(0)->grad, dout, OUT->numel, n->p, g->dropout_seed,
+                                (uint64_t)(n - g->nodes), write);
+}
+
 static void conv2d_forward(struct tr_graph *g, const struct tr_node *n)
 {
     struct tr_cpu_conv_shape s = tr_cpu_node_conv_shape(g, n);
@@ -602,4 +625,5 @@ const struct tr_cpu_op tr_cpu_ops[TR_OP_COUNT] = {
     [TR_OP_AVGPOOL] = {avgpool_forward, avgpool_backward, NULL, 1, 1, 0},
     [TR_OP_GLOBAL_AVGPOOL] = {global_avgpool_forward, global_avgpool_backward, NULL, 1, 1, 0},
     [TR_OP_BATCHNORM] = {batchnorm_forward, batchnorm_backward, batchnorm_scratch, 0, 1, 0},
+    [TR_OP_DROPOUT] = {dropout_forward, dropout_backward, NULL, 1, 1, 1u},
 };

@@ -151,6 +151,10 @@ void cuda_swiglu_backward(struct cuda_context *c, int dt, float *dgate, float *d
                           const void *gate, const void *up, const float *dout, size_t n);
 void cuda_scale_forward(struct cuda_context *c, int dt, void *out, const void *inp, float scale,
                         size_t n);
+void cuda_dropout_forward(struct cuda_context *c, int dt, void *out, const void *inp, size_t n,
+                          float p, uint64_t seed, uint64_t node);
+void cuda_dropout_backward(struct cuda_context *c, float *dinp, const float *dout, size_t n, float p,
+                           uint64_t seed, uint64_t node);
 void cuda_scale_backward(struct cuda_context *c, float *dinp, const float *dout, float scale,
                          size_t n);
 /* norms.cu: dst[c] += sum over k < parts of partial[k * C + c], in k order

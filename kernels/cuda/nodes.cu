@@ -509,6 +509,27 @@ static void scale_backward(struct cuda_context *c, struct tr_graph *g, const str
     cuda_scale_backward(c, T(0)->grad, dout, n->scale, OUT->numel);
 }
 
+/* dropout: the node's index salts its mask (backend.h); eval passes x through */
+static void dropout_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    int dt = storage(g, n);
+    if (!g->training)
+        cuda_scale_forward(c, dt, OUT->data, T(0)->data, 1.0f, OUT->numel);
+    else
+        cuda_dropout_forward(c, dt, OUT->data, T(0)->data, OUT->numel, n->p, g->dropout_seed,
+                             (uint64_t)(n - g->nodes));
+}
+
+static void dropout_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
+{
+    const float *dout = dout_of(g, n);
+    if (!g->training)
+        cuda_scale_backward(c, T(0)->grad, dout, 1.0f, OUT->numel);
+    else
+        cuda_dropout_backward(c, T(0)->grad, dout, OUT->numel, n->p, g->dropout_seed,
+                              (uint64_t)(n - g->nodes));
+}
+
 static void conv2d_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
 {
     struct conv_args a = conv_of(g, n);
@@ -618,6 +639,7 @@ static constexpr struct cuda_op_table build_ops()
     t.op[TR_OP_ROPE] = {rope_forward, rope_backward, rope_scratch};
     t.op[TR_OP_SWIGLU] = {swiglu_forward, swiglu_backward, NULL};
     t.op[TR_OP_SCALE] = {scale_forward, scale_backward, NULL};
+    t.op[TR_OP_DROPOUT] = {dropout_forward, dropout_backward, NULL};
     t.op[TR_OP_CONV2D] = {conv2d_forward, conv2d_backward, conv2d_scratch};
     t.op[TR_OP_MAXPOOL] = {maxpool_forward, maxpool_backward, NULL};
     t.op[TR_OP_AVGPOOL] = {avgpool_forward, avgpool_backward, NULL};

@@ -395,6 +395,55 @@ void cuda_scale_backward(struct cuda_context *c, float *dinp, const float *dout,
     LAUNCHED(c, "scale backward");
 }
 
+/* ---- dropout: the mask of backend.h's tr_dropout_hash, as the CPU's ------- */
+
+template <typename T>
+__global__ void dropout_forward_kernel(T *out, const T *inp, size_t n, uint32_t threshold,
+                                       float keep, unsigned long long seed,
+                                       unsigned long long node)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = from_f32<T>((uint32_t)(tr_dropout_hash(seed, node, i) >> 32) >= threshold
+                                 ? to_f32(inp[i]) * keep
+                                 : 0.0f);
+}
+
+__global__ void dropout_backward_kernel(float *dinp, const float *dout, size_t n,
+                                        uint32_t threshold, float keep,
+                                        unsigned long long seed, unsigned long long node)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        if ((uint32_t)(tr_dropout_hash(seed, node, i) >> 32) >= threshold)
+            dinp[i] += dout[i] * keep;
+}
+
+template <typename T>
+static void dropout_forward(struct cuda_context *c, void *out, const void *inp, size_t n, float p,
+                            uint64_t seed, uint64_t node)
+{
+    dropout_forward_kernel<T><<<grid_for(n, THREADS), THREADS, 0, c->compute>>>(
+        (T *)out, (const T *)inp, n, tr_dropout_threshold(p), 1.0f / (1.0f - p), seed, node);
+    LAUNCHED(c, "dropout forward");
+}
+
+void cuda_dropout_forward(struct cuda_context *c, int dt, void *out, const void *inp, size_t n,
+                          float p, uint64_t seed, uint64_t node)
+{
+    DISPATCH_STORAGE(dt, dropout_forward, c, out, inp, n, p, seed, node);
+}
+
+void cuda_dropout_backward(struct cuda_context *c, float *dinp, const float *dout, size_t n, float p,
+                           uint64_t seed, uint64_t node)
+{
+    if (!dinp)
+        return;
+    dropout_backward_kernel<<<grid_for(n, THREADS), THREADS, 0, c->compute>>>(
+        dinp, dout, n, tr_dropout_threshold(p), 1.0f / (1.0f - p), seed, node);
+    LAUNCHED(c, "dropout backward");
+}
+
 /* ---- rotary position embedding, Hugging Face's rotate-half convention ----- */
 /* In each head of D channels, pair (i, i + D/2) at position t turns by
  * t * theta^(-2i/D):

@@ -198,6 +198,15 @@ function Graph:swiglu(gate, up, name)
   return node(self, "swiglu", { gate, up }, gate.shape, nil, name)
 end
 
+-- Dropout: in training each element is zeroed with probability p and the
+-- rest scaled by 1 / (1 - p); evaluation passes x through
+function Graph:dropout(x, p, name)
+  if type(p) ~= "number" or not (p > 0 and p < 1) then
+    error(("dropout: p must be a number above 0 and below 1, got %s"):format(tostring(p)), 2)
+  end
+  return node(self, "dropout", { x }, x.shape, { p = p }, name)
+end
+
 -- s * x, s a constant (embedding scaling)
 function Graph:scale(x, s, name)
   if type(s) ~= "number" or s ~= s or s == math.huge or s == -math.huge then

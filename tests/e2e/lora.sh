@@ -72,6 +72,17 @@ if "$TRAINRUN" lora.lua run_dir=straight train.steps=14 --resume auto --allow-ch
 fi
 grep -q "adapters only fit the weights they were trained on" other.log || { cat other.log; fail "message"; }
 echo "lora: a resume against another base is refused"
+# adapter dropout: a resumed run draws the masks the uninterrupted one did
+"$TRAINRUN" lora.lua run_dir=d8 lora.dropout=0.1 train.steps=8 --quiet 2>/dev/null
+"$TRAINRUN" lora.lua run_dir=d44 lora.dropout=0.1 train.steps=4 --quiet 2>/dev/null
+"$TRAINRUN" lora.lua run_dir=d44 lora.dropout=0.1 train.steps=8 --resume auto --allow-changes --quiet 2>/dev/null
+cmp d8/checkpoints/step-0000000008/model.safetensors d44/checkpoints/step-0000000008/model.safetensors ||
+  fail "adapter dropout: 4 + 4 steps differ from 8"
+"$TRAINRUN" lora.lua run_dir=n8 train.steps=8 --quiet 2>/dev/null
+cmp -s d8/checkpoints/step-0000000008/model.safetensors n8/checkpoints/step-0000000008/model.safetensors &&
+  fail "lora.dropout = 0.1 trained the same adapters as none"
+echo "lora: adapter dropout resumes bit-exactly"
+
 # a bf16 base under bf16 compute is the fp32 base the GEMMs round to bf16
 # anyway: the same adapters to the bit, in half the base's memory; NF4 trains
 "$TRAINRUN" lora.lua run_dir=b32 precision=bf16 lora.base=fp32 train.steps=4 --quiet 2>/dev/null
