@@ -54,6 +54,13 @@ import os
 import shutil
 import sys
 
+# PEFT keeps target_modules as a set: its saved order follows Python's string
+# hashing, so the files are reproducible only with a fixed seed
+if os.environ.get("PYTHONHASHSEED") != "0":
+    os.environ["PYTHONHASHSEED"] = "0"
+    os.execv(sys.executable, [sys.executable] + sys.argv)
+os.environ["HF_HUB_OFFLINE"] = "1"  # the bases are local: ask the Hub nothing
+
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
