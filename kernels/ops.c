@@ -497,9 +497,12 @@ const struct tr_op_desc tr_ops[TR_OP_COUNT] = {
                          embedding_shape, BOTH, "Graph:embedding"},
     [TR_OP_ADD_ROWS] = {"add_rows", 2, 2, NULL, 0, {"x", "p"}, 0, 3u, 0, add_rows_shape, BOTH,
                         "Graph:add_rows"},
-    [TR_OP_ADD] = {"add", 2, 2, NULL, 0, {"a", "b"}, 0, 3u, 0, add_shape, BOTH, "Graph:add"},
+    /* backward: dout to both inputs, reading neither */
+    [TR_OP_ADD] = {"add", 2, 2, NULL, 0, {"a", "b"}, 0, 3u, 0, add_shape, BOTH, "Graph:add",
+                   3u | TR_BWD_OUT},
+    /* backward reads x and w (dx = dout w, dw = dout^T x), not b or the output */
     [TR_OP_LINEAR] = {"linear", 2, 3, NULL, 0, {"x", "w", "b"}, 0, 7u, 0, linear_shape, BOTH,
-                      "Graph:linear, Graph:Linear"},
+                      "Graph:linear, Graph:Linear", 4u | TR_BWD_OUT},
     [TR_OP_MATMUL] = {"matmul", 2, 2, NULL, 0, {"a", "b"}, 0, 3u, A(TRANS_B), matmul_shape, BOTH,
                       "Graph:matmul"},
     [TR_OP_LAYERNORM] = {"layernorm", 3, 3, NULL, 0, {"x", "w", "b"}, 0, 7u, A(EPS),
@@ -520,7 +523,7 @@ const struct tr_op_desc tr_ops[TR_OP_COUNT] = {
     [TR_OP_SWIGLU] = {"swiglu", 2, 2, NULL, 0, {"gate", "up"}, 0, 3u, 0, swiglu_shape, BOTH,
                       "Graph:swiglu"},
     [TR_OP_SCALE] = {"scale", 1, 1, NULL, 0, {"x"}, 0, 1u, A(SCALE), scale_shape, BOTH,
-                     "Graph:scale"},
+                     "Graph:scale", 1u | TR_BWD_OUT},
     [TR_OP_CONV2D] = {"conv2d", 2, 3, NULL, 0, {"x", "w", "b"}, 0, 7u,
                       A(KERNEL) | A(STRIDE) | A(PAD) | A(DILATION) | A(GROUPS), window_shape,
                       BOTH, "Graph:conv2d, Graph:Conv2d"},
@@ -534,7 +537,7 @@ const struct tr_op_desc tr_ops[TR_OP_COUNT] = {
                          A(EPS) | A(MOMENTUM) | A(BUFFER), batchnorm_shape, BOTH,
                          "Graph:batchnorm, Graph:BatchNorm"},
     [TR_OP_DROPOUT] = {"dropout", 1, 1, NULL, 0, {"x"}, 0, 1u, A(P), same_shape, BOTH,
-                       "Graph:dropout"},
+                       "Graph:dropout", 1u | TR_BWD_OUT},
 };
 
 const struct tr_op_desc *tr_op_desc(enum tr_op op)

@@ -123,7 +123,14 @@ struct tr_op_desc {
     tr_shape_rule shape;
     unsigned backends;         /* TR_ON_* */
     const char *lua;           /* the nn.lua builder(s) that emit it: "Graph:linear" */
+    /* what its backward does not read, so the plan may reuse that memory
+     * once forward is past it: bit k, in[k]; bit 3, its output.  0 (every
+     * op not saying otherwise): backward may read them all.  Every backend's
+     * backward must keep to it (tests/test_ops checks the CPU's). */
+    unsigned bwd_ignores;
 };
+
+#define TR_BWD_OUT (1u << 3)
 
 /* Every op, indexed by enum tr_op. */
 extern const struct tr_op_desc tr_ops[TR_OP_COUNT];

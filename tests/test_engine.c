@@ -589,9 +589,13 @@ static void expect_half_storage(const struct engine *e16, const struct engine *e
         bytes32 += (t->numel * 4 + 63) & ~(size_t)63;
     }
     cr_assert_gt(halves, 10, "%s: only %d activations in 16 bits", who, halves);
-    cr_assert_eq(g->memory.activations, bytes16, "%s: plan counts %zu activation bytes, not %zu",
-                 who, g->memory.activations, bytes16);
-    cr_assert_eq(e32->g->memory.activations, bytes32);
+    /* at most each activation's own slot: those no backward reads share
+     * memory along their forward spans (graph_plan.c) */
+    cr_assert_leq(g->memory.activations, bytes16, "%s: plan counts %zu activation bytes, over %zu",
+                  who, g->memory.activations, bytes16);
+    cr_assert_leq(e32->g->memory.activations, bytes32);
+    cr_assert_lt(g->memory.activations, e32->g->memory.activations, "%s: 16-bit storage saves "
+                 "nothing", who);
     /* gradients stay fp32: their arena does not shrink */
     cr_assert_eq(g->memory.activation_grads, e32->g->memory.activation_grads, "%s", who);
     /* the CPU backend's bf16 copy of the parameters, which its native bf16

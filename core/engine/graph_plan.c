@@ -211,9 +211,37 @@ static void place_params(struct tr_graph *g, int optimizer_slots, struct tr_memo
     m->frozen = g->frozen_bytes;
 }
 
+/* An activation no backward reads (an adapter's base output and update,
+ * which the add after them consumes: tr_ops[].bwd_ignores): it is needed
+ * only from its producer to its last reader in forward, so such tensors
+ * share memory wherever those spans do not overlap.  Not where a recomputed
+ * segment makes or reads it (backward re-runs that forward), nor the loss
+ * or the logits (read after forward).  Returns its last reader, or -1. */
+static int transient_until(const struct tr_graph *g, int t)
+{
+    const struct tr_tensor *x = &g->tensors[t];
+    int p = x->producer;
+    if (x->role != TR_ROLE_ACTIVATION || p < 0 || t == g->loss || t == g->logits ||
+        !(tr_ops[g->nodes[p].op].bwd_ignores & TR_BWD_OUT))
+        return -1;
+    /* inside a recomputed segment: only where all of it is (re-run as one) */
+    int seg = g->nodes[p].segment, last = -1;
+    for (int j = p + 1; j < g->n_nodes; j++)
+        for (int k = 0; k < g->nodes[j].n_in; k++)
+            if (g->nodes[j].in[k] == t) {
+                if (g->nodes[j].segment != seg ||
+                    !(tr_ops[g->nodes[j].op].bwd_ignores & (1u << k)))
+                    return -1;
+                last = j;
+            }
+    return last;
+}
+
 /* activations and saved tensors: each its own slot (all live until
  * backward), except the internals of recomputed segments, which share one
- * arena sized for the largest segment; inputs in an arena of their own */
+ * arena sized for the largest segment, and activations no backward reads,
+ * packed by their forward spans after the others; inputs in an arena of
+ * their own */
 static void place_activations(const struct tr_graph *g, struct layout *l,
                               struct tr_memory_report *m)
 {
@@ -224,10 +252,16 @@ static void place_activations(const struct tr_graph *g, struct layout *l,
         if (g->nodes[i].segment > max_segment)
             max_segment = g->nodes[i].segment;
     size_t *segment_bytes = tr_xcalloc((size_t)max_segment + 1, sizeof *segment_bytes);
+    struct interval *spans = tr_xcalloc((size_t)g->n_tensors + 1, sizeof *spans);
+    int n_spans = 0;
     for (int i = 0; i < g->n_tensors; i++) {
         const struct tr_tensor *t = &g->tensors[i];
         size_t bytes = align64(t->numel * tr_dtype_size(t->dtype));
-        if ((t->role == TR_ROLE_ACTIVATION || t->role == TR_ROLE_SAVED) && segment_internal(g, i)) {
+        int until = transient_until(g, i);
+        if (until >= 0) {
+            spans[n_spans++] = (struct interval){i, t->producer, until, bytes, 0};
+        } else if ((t->role == TR_ROLE_ACTIVATION || t->role == TR_ROLE_SAVED) &&
+                   segment_internal(g, i)) {
             int seg = g->nodes[t->producer].segment;
             l->shared[i] = 1;
             l->slot[i] = segment_bytes[seg];
@@ -245,6 +279,15 @@ static void place_activations(const struct tr_graph *g, struct layout *l,
             l->in_bytes = tr_sat_add(l->in_bytes, bytes);
         }
     }
+    /* the transient ones after the rest of the arena, packed by their
+     * forward spans.  A recomputed segment's re-run in backward writes its
+     * own there again: by then no transient tensor is live but its own */
+    size_t packed = pack_intervals(spans, n_spans);
+    for (int k = 0; k < n_spans; k++)
+        l->slot[spans[k].tensor] = l->act_bytes + spans[k].offset;
+    l->act_bytes = tr_sat_add(l->act_bytes, packed);
+    m->activations = tr_sat_add(m->activations, packed);
+    free(spans);
     m->inputs = l->in_bytes;
     for (int sgm = 1; sgm <= max_segment; sgm++)
         if (segment_bytes[sgm] > m->recompute)
