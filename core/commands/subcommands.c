@@ -48,7 +48,9 @@ struct show_derived {
 static int show_check(struct tr_config *cfg, struct show_derived *d, tr_err *err)
 {
     memset(d, 0, sizeof *d);
-    struct tr_graph *g = tr_model_build(cfg->recipe, (int)cfg->train.micro_batch, err);
+    /* the graph a run builds, adapters and all: a lora mistake fails here too
+     * (the base's storage type is the run's business, not show's) */
+    struct tr_graph *g = tr_model_build_run(cfg, (int)cfg->train.micro_batch, TR_F32, err);
     if (!g)
         return TR_ERROR;
     const struct tr_tensor *in = &g->tensors[g->inputs[0]];

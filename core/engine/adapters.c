@@ -63,15 +63,19 @@ struct rewrite {
 static int no_match(struct rewrite *rw, const char *key, const char *word, int linears)
 {
     struct tr_graph *g = rw->g;
-    const char **cand = tr_xcalloc((size_t)g->n_tensors * 2 + 1, sizeof *cand);
+    const char **cand = tr_xcalloc((size_t)g->n_tensors + (size_t)g->n_nodes + 1, sizeof *cand);
     size_t n = 0;
-    for (int i = 0; i < g->n_tensors; i++) {
-        const struct tr_tensor *t = &g->tensors[i];
-        if (t->role != TR_ROLE_PARAM || tr_adapter_param(t->name))
-            continue;
-        if (linears && !(t->ndim == 2 && strstr(t->name, ".weight")))
-            continue;
-        cand[n++] = t->name;
+    if (linears) { /* the weights of linear nodes */
+        for (int i = 0; i < g->n_nodes; i++) {
+            size_t len;
+            const char *m = module_of(g, &g->nodes[i], &len);
+            if (m && g->nodes[i].out != g->logits)
+                cand[n++] = m;
+        }
+    } else {
+        for (int i = 0; i < g->n_tensors; i++)
+            if (g->tensors[i].role == TR_ROLE_PARAM && !tr_adapter_param(g->tensors[i].name))
+                cand[n++] = g->tensors[i].name;
     }
     /* last components ("q_proj") come from the names: compare against both */
     char **parts = tr_xcalloc(n + 1, sizeof *parts);

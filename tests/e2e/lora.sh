@@ -123,6 +123,12 @@ if [ -n "${TR_CUDACPU_DIR:-}" ]; then
   echo "lora: device=cuda (harness) loss $b, cpu $a; an NF4 base on cuda is refused"
 fi
 
+# show checks what a run checks: a target naming no module, at its line
+sed -e 's/"q_proj"/"q_prj"/' lora.lua > typo.lua
+"$TRAINRUN" show typo.lua > typo.txt 2>&1 && fail "show accepted a target naming no module"
+grep -q 'typo.lua:5: lora.targets: "q_prj" names no linear layer of this model (did you mean "q_proj"?)' typo.txt ||
+  { cat typo.txt; fail "show's message for a misspelt target"; }
+
 # the plans the adapters exist for: Llama-3-8B QLoRA on one 24 GB card, LoRA
 # on a bf16 base on a 40 GB one (a full fine-tune fits neither)
 Q="$TR_SRCDIR/recipes/qlora-llama3-8b.lua"
