@@ -817,13 +817,13 @@ Test(model_graph, llama_op_defects_are_refused)
     expect_llama_graph_error("kv_heads_negative", "node 11 (attention 'attn'): 'kv_heads' is -2; it must be a whole "
                                                   "number from 0 to 2147483647");
     expect_llama_graph_error("kv_width", "attention 'attn': k 'k_rope' [4,4,8] and v 'v' [4,4,8] must be 4 wide "
-                                         "(kv_heads 1 x head dim 4)");
+                                         "(kv_heads 1 x head dim 4) to go with q 'q_rope' [4,4,16] over 4 heads");
     expect_llama_graph_error("two_inputs", "attention 'attn': takes 1 input (packed qkv) or 3 (q, k, v), got 2");
     expect_llama_graph_error("packed_kv_heads",
                              "attention 'packed': packed qkv attention has as many key/value heads as heads (4), "
                              "not 2; give q, k and v separately for grouped-query attention");
-    expect_llama_graph_error("rope_odd", "rope 'q_rope': head dim 1 is odd; rotary embedding turns pairs of channels "
-                                         "(i, i+D/2), so it needs an even head dim");
+    expect_llama_graph_error("rope_odd", "rope 'q_rope': head dim 1 of 'q' (16 wide over 16 heads) is odd; rotary "
+                                         "embedding turns pairs of channels (i, i+D/2), so it needs an even head dim");
     expect_llama_graph_error("rope_theta_zero", "node 5 (rope 'q_rope'): 'theta' is 0; it must be a finite number "
                                                 "above 0 (within a float's range)");
     expect_llama_graph_error("rope_theta_inf", "node 7 (rope 'k_rope'): 'theta' is inf; it must be a finite number "
@@ -833,7 +833,7 @@ Test(model_graph, llama_op_defects_are_refused)
     expect_llama_graph_error("scale_huge", "node 2 (scale 'embed_scale'): 'scale' is 1.0000000000000001e+300; it "
                                            "must be a finite number (within a float's range)");
     expect_llama_graph_error("rmsnorm_weight", "rmsnorm 'norm': weight 'k.weight' [8,16] must have 16 elements (the "
-                                               "last dimension of 'embed_scale')");
+                                               "last dimension of 'embed_scale' [4,4,16])");
     expect_llama_graph_error("rmsnorm_eps", "node 3 (rmsnorm 'norm'): 'eps' must be a number between 0 and 1");
     expect_llama_graph_error("swiglu_shapes", "swiglu 'act': gate 'gate' [4,4,12] and up 'q' [4,4,16] differ in "
                                               "shape");
@@ -1236,10 +1236,10 @@ Test(model_graph, batchnorm_buffer_defects_are_refused)
                            "weight of each batch in the running statistics)";
     expect_conv_error("momentum_zero", momentum);
     expect_conv_error("momentum_big", momentum);
-    const char *missing = "batchnorm 'bn': needs its running statistics: a buffer tensor running[2,4] (the "
-                          "buffer attribute)";
-    expect_conv_error("buffer_missing", missing);
-    expect_conv_error("buffer_not_buffer", missing);
+    expect_conv_error("buffer_missing", "batchnorm 'bn': needs its running statistics: a buffer tensor "
+                      "running[2,4] (the buffer attribute)");
+    expect_conv_error("buffer_not_buffer", "batchnorm 'bn': 'images' is not a buffer; its running statistics "
+                      "must be a buffer tensor running[2,4] (the buffer attribute; g:buffer in a recipe)");
     expect_conv_error("buffer_past_end", "node 2 (batchnorm 'bn'): the buffer is 2147483648; it must be a "
                       "tensor id, a whole number from 1 to 19");
     expect_conv_error("buffer_shape", "batchnorm 'bn': buffer 'bn.running' [4] must be [2,4]: the running mean "
