@@ -729,7 +729,7 @@ Test(model_graph, unexpected_tables_and_values_are_refused)
     expect_graph_error("heads_huge",
                        "node 1 (linear 'head'): 'heads' is 1099511627776; it must be a whole number from 0 to "
                        "2147483647");
-    expect_graph_error("eps_nan", "node 1 (linear 'head'): 'eps' must be a number between 0 and 1");
+    expect_graph_error("eps_nan", "node 1 (linear 'head'): 'eps' is nan; it must be a number between 0 and 1");
 }
 
 Test(model_graph, metamethods_of_the_result_do_not_run)
@@ -834,7 +834,8 @@ Test(model_graph, llama_op_defects_are_refused)
                                            "must be a finite number (within a float's range)");
     expect_llama_graph_error("rmsnorm_weight", "rmsnorm 'norm': weight 'k.weight' [8,16] must have 16 elements (the "
                                                "last dimension of 'embed_scale' [4,4,16])");
-    expect_llama_graph_error("rmsnorm_eps", "node 3 (rmsnorm 'norm'): 'eps' must be a number between 0 and 1");
+    expect_llama_graph_error("rmsnorm_eps", "node 3 (rmsnorm 'norm'): 'eps' is -1; it must be a number between 0 "
+                                            "and 1");
     expect_llama_graph_error("swiglu_shapes", "swiglu 'act': gate 'gate' [4,4,12] and up 'q' [4,4,16] differ in "
                                               "shape");
     expect_llama_graph_error("swiglu_int", "swiglu 'act': input 'targets' must be floating point");
@@ -1208,10 +1209,10 @@ Test(model_graph, conv_attribute_defects_are_refused)
 {
     expect_conv_error("stride_zero", "node 1 (conv2d 'conv'): 'stride' is 0; it must be a whole number from 1 "
                       "to 65536, or a pair {h, w} of them");
-    expect_conv_error("stride_fraction", "node 1 (conv2d 'conv'): 'stride' is a table that is not {h, w} "
-                      "within range; it must be a whole number from 1 to 65536, or a pair {h, w} of them");
-    expect_conv_error("stride_triple", "node 1 (conv2d 'conv'): 'stride' is a table that is not {h, w} "
-                      "within range; it must be a whole number from 1 to 65536, or a pair {h, w} of them");
+    expect_conv_error("stride_fraction", "node 1 (conv2d 'conv'): 'stride' is {1, 1.5}; it must be a whole "
+                      "number from 1 to 65536, or a pair {h, w} of them");
+    expect_conv_error("stride_triple", "node 1 (conv2d 'conv'): 'stride' is a table of 3 items; it must be a "
+                      "whole number from 1 to 65536, or a pair {h, w} of them");
     expect_conv_error("pad_negative", "node 1 (conv2d 'conv'): 'pad' is -1; it must be a whole number from 0 "
                       "to 65536, or a pair {h, w} of them");
     expect_conv_error("dilation_huge", "node 1 (conv2d 'conv'): 'dilation' is 1099511627776; it must be a whole "
@@ -1232,10 +1233,13 @@ Test(model_graph, conv_attribute_defects_are_refused)
 
 Test(model_graph, batchnorm_buffer_defects_are_refused)
 {
-    const char *momentum = "node 2 (batchnorm 'bn'): 'momentum' must be a number above 0 and at most 1 (the "
-                           "weight of each batch in the running statistics)";
-    expect_conv_error("momentum_zero", momentum);
-    expect_conv_error("momentum_big", momentum);
+    const char *momentum = "; it must be a number above 0 and at most 1 (the weight of each batch in the running "
+                           "statistics)";
+    char want[300];
+    snprintf(want, sizeof want, "node 2 (batchnorm 'bn'): 'momentum' is 0%s", momentum);
+    expect_conv_error("momentum_zero", want);
+    snprintf(want, sizeof want, "node 2 (batchnorm 'bn'): 'momentum' is 1.5%s", momentum);
+    expect_conv_error("momentum_big", want);
     expect_conv_error("buffer_missing", "batchnorm 'bn': needs its running statistics: a buffer tensor "
                       "running[2,4] (the buffer attribute)");
     expect_conv_error("buffer_not_buffer", "batchnorm 'bn': 'images' is not a buffer; its running statistics "
