@@ -846,19 +846,20 @@ Test(model_graph, llama_op_defects_are_refused)
 Test(model_graph, llama_op_shape_errors_name_the_builder_line)
 {
     struct { const char *c, *want; } cases[] = {
-        {"kv_width", "recipes/limits/bad_llama_builder.lua:14: gqa_attention: k/v k [4,4,8] must be [4,4,4] "
-                     "(kv_heads 1 x head dim 4) to go with q q [4,4,16]"},
+        {"kv_width", "recipes/limits/bad_llama_builder.lua:14: gqa_attention: k 'k' [4,4,8] and v 'k' [4,4,8] must "
+                     "be 4 wide (kv_heads 1 x head dim 4) to go with q 'q' [4,4,16] over 4 heads"},
         {"kv_heads", "recipes/limits/bad_llama_builder.lua:15: gqa_attention: 3 key/value heads do not divide the "
-                     "4 heads"},
-        {"rope_odd", "recipes/limits/bad_llama_builder.lua:16: rope: head dim 1 of q is odd; rotary embedding "
-                     "needs an even head dim"},
-        {"rope_theta", "recipes/limits/bad_llama_builder.lua:17: rope: theta must be a finite number above 0, got "
-                       "-1"},
-        {"rmsnorm_weight", "recipes/limits/bad_llama_builder.lua:18: rmsnorm: weight w [8] must be [16], the last "
-                           "dimension of embed [4,4,16]"},
-        {"swiglu", "recipes/limits/bad_llama_builder.lua:19: swiglu: gate q [4,4,16] and up k [4,4,8] differ in "
-                   "shape"},
-        {"scale", "recipes/limits/bad_llama_builder.lua:20: scale: the factor must be a finite number, got inf"},
+                     "4 heads; each key/value head serves a whole group of query heads"},
+        {"rope_odd", "recipes/limits/bad_llama_builder.lua:16: rope: head dim 1 of 'q' (16 wide over 16 heads) is "
+                     "odd; rotary embedding turns pairs of channels (i, i+D/2), so it needs an even head dim"},
+        {"rope_theta", "recipes/limits/bad_llama_builder.lua:17: rope: 'theta' is -1; it must be a finite number "
+                       "above 0 (within a float's range)"},
+        {"rmsnorm_weight", "recipes/limits/bad_llama_builder.lua:18: rmsnorm: weight 'w' [8] must have 16 elements "
+                           "(the last dimension of 'embed' [4,4,16])"},
+        {"swiglu", "recipes/limits/bad_llama_builder.lua:19: swiglu: gate 'q' [4,4,16] and up 'k' [4,4,8] differ "
+                   "in shape"},
+        {"scale", "recipes/limits/bad_llama_builder.lua:20: scale: 'scale' is inf; it must be a finite number "
+                  "(within a float's range)"},
     };
     for (size_t i = 0; i <= sizeof cases / sizeof *cases; i++) {
         char ov[64];
@@ -1257,19 +1258,21 @@ Test(model_graph, batchnorm_buffer_defects_are_refused)
 Test(model_graph, conv_op_mistakes_name_the_builder_line)
 {
     struct { const char *c, *want; } cases[] = {
-        {"window", "recipes/limits/bad_conv_builder.lua:12: conv2d: the window 7 (dilation 1) does not fit "
-                   "images [4,6,6,2] padded by 0"},
-        {"groups", "recipes/limits/bad_conv_builder.lua:13: conv2d: weight w [4,3,3,2] needs 1 input channels "
-                   "(images [4,6,6,2] over 2 groups)"},
-        {"stride", "recipes/limits/bad_conv_builder.lua:14: conv2d: stride must be whole numbers from 1 to "
-                   "65536, got 0"},
-        {"flat", "recipes/limits/bad_conv_builder.lua:15: maxpool: the input must be an image batch [B,H,W,C] "
-                 "(channel-last), got [4,36]"},
-        {"pool_pad", "recipes/limits/bad_conv_builder.lua:16: avgpool: padding 2 is more than half the window 3"},
-        {"running", "recipes/limits/bad_conv_builder.lua:17: batchnorm: running must be a buffer [2,2] "
-                    "(g:buffer)"},
-        {"momentum", "recipes/limits/bad_conv_builder.lua:18: batchnorm: momentum must be above 0 and at most 1, "
-                     "got 0"},
+        {"window", "recipes/limits/bad_conv_builder.lua:12: conv2d: the window 7x7 (dilation 1x1) does not fit "
+                   "input 'images' [4,6,6,2] padded by 0x0; use a smaller window or more padding"},
+        {"groups", "recipes/limits/bad_conv_builder.lua:13: conv2d: weight 'w' [4,3,3,2] must have 1 input "
+                   "channels (the 2 of 'images' over 2 groups) in its last dimension"},
+        {"stride", "recipes/limits/bad_conv_builder.lua:14: conv2d: 'stride' is {1, 0}; it must be a whole "
+                   "number from 1 to 65536, or a pair {h, w} of them"},
+        {"flat", "recipes/limits/bad_conv_builder.lua:15: maxpool: input 'flat' [4,36] must be an image batch "
+                 "x[B,H,W,C] (channel-last)"},
+        {"pool_pad", "recipes/limits/bad_conv_builder.lua:16: avgpool: padding 2x2 is more than half the window "
+                     "3x3"},
+        {"running", "recipes/limits/bad_conv_builder.lua:17: batchnorm: 'r' is not a buffer; its running "
+                    "statistics must be a buffer tensor running[2,2] (the buffer attribute; g:buffer in a "
+                    "recipe)"},
+        {"momentum", "recipes/limits/bad_conv_builder.lua:18: batchnorm: 'momentum' is 0; it must be a number "
+                     "above 0 and at most 1 (the weight of each batch in the running statistics)"},
     };
     size_t n = sizeof cases / sizeof *cases;
     for (size_t i = 0; i <= n; i++) {
