@@ -13,7 +13,9 @@
 #include <string.h>
 
 #include "config/optimizers.h"
+#include "config/options.h"
 #include "config/recipe_ops.h"
+#include "config/run_config.h"
 #include "engine/graph.h"
 
 Test(ops, table_complete)
@@ -292,8 +294,50 @@ Test(ops, optimizer_table_complete)
         cr_assert(d->state_slots >= 0 && d->state_slots <= TR_OPTIMIZER_MAX_SLOTS, "%s", d->name);
         for (int k = 0; k < d->state_slots; k++)
             cr_assert(d->state_names[k] && tr_optimizer_state_files[k], "%s: slot %d", d->name, k);
-        cr_assert(d->options && d->options[0], "%s: the options its update reads", d->name);
+        cr_assert(d->options && d->options[0].type != TR_OPT_END, "%s: the options its update reads",
+                  d->name);
     }
     cr_assert_null(tr_optimizer_names[n]);
     cr_assert_null(tr_optimizer_find("adam"));
+}
+
+static int same_text(const char *a, const char *b)
+{
+    return a == b || (a && b && strcmp(a, b) == 0);
+}
+
+/* Each optimizer's options are whole descriptions of fields of struct
+ * tr_optimizer_config; an option two optimizers read is described alike
+ * by both (one field, one default, one range, one help line), and the run
+ * configuration's list of them has every one once. */
+Test(ops, optimizer_options_are_described_once)
+{
+    struct tr_option all[TR_OPTIMIZER_MAX_OPTIONS + 1];
+    int n_all = tr_optimizer_options(all, TR_OPTIMIZER_MAX_OPTIONS + 1);
+    cr_assert(n_all > 0);
+    cr_assert_eq(all[n_all].type, TR_OPT_END);
+    cr_assert_eq(tr_optimizer_options(all, 2), -1, "a list too short is refused");
+    tr_optimizer_options(all, TR_OPTIMIZER_MAX_OPTIONS + 1);
+    for (int i = 0; tr_optimizers[i]; i++) {
+        const struct tr_optimizer_desc *d = tr_optimizers[i];
+        for (const struct tr_option *o = d->options; o->type != TR_OPT_END; o++) {
+            cr_assert(o->name && o->help && o->default_value, "%s: an option without its text", d->name);
+            cr_assert(o->offset + sizeof(double) <= sizeof(struct tr_optimizer_config), "%s.%s: field",
+                      d->name, o->name);
+            cr_assert(strcmp(o->name, "type") && strcmp(o->name, "reference_batch") &&
+                      strcmp(o->name, "clip"), "%s.%s is the run configuration's own", d->name, o->name);
+            int found = 0;
+            for (int k = 0; k < n_all; k++) {
+                const struct tr_option *a = &all[k];
+                if (strcmp(a->name, o->name) != 0)
+                    continue;
+                found++;
+                cr_assert(a->type == o->type && a->offset == o->offset && a->min == o->min &&
+                          a->max == o->max && same_text(a->default_value, o->default_value) &&
+                          same_text(a->help, o->help),
+                          "%s.%s is described otherwise by another optimizer", d->name, o->name);
+            }
+            cr_assert_eq(found, 1, "%s.%s: listed %d times", d->name, o->name, found);
+        }
+    }
 }
