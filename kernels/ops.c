@@ -64,6 +64,14 @@ static int64_t rows_of(const struct tr_tensor *t) /* product of all but the last
 
 static int64_t last_dim(const struct tr_tensor *t) { return t->ndim ? t->shape[t->ndim - 1] : 1; }
 
+static int same_dims(const struct tr_tensor *a, const struct tr_tensor *b)
+{
+    int same = a->ndim == b->ndim;
+    for (int d = 0; same && d < a->ndim; d++)
+        same = a->shape[d] == b->shape[d];
+    return same;
+}
+
 /* The output: ndim dims from shape. */
 static int produce(struct tr_op_shape *s, const int64_t *shape, int ndim)
 {
@@ -87,8 +95,11 @@ static int embedding_shape(const struct tr_graph *g, struct tr_node *n,
                            const struct tr_tensor *const in[3], struct tr_op_shape *s, char *why)
 {
     (void)g, (void)n;
-    if (in[0]->ndim != 2)
-        FAIL("table '%s' must be [vocab, dim]", in[0]->name);
+    if (in[0]->ndim != 2) {
+        char a[64];
+        shape_text(in[0], a, sizeof a);
+        FAIL("table '%s' %s must be [vocab, dim]", in[0]->name, a);
+    }
     if (in[1]->ndim + 1 > TR_MAX_DIMS)
         FAIL("too many dimensions");
     produce(s, in[1]->shape, in[1]->ndim);
@@ -114,7 +125,7 @@ static int add_shape(const struct tr_graph *g, struct tr_node *n,
                      const struct tr_tensor *const in[3], struct tr_op_shape *s, char *why)
 {
     (void)g, (void)n;
-    if (in[0]->numel != in[1]->numel || in[0]->ndim != in[1]->ndim) {
+    if (!same_dims(in[0], in[1])) {
         char a[64], b[64];
         shape_text(in[0], a, sizeof a);
         shape_text(in[1], b, sizeof b);
@@ -127,16 +138,20 @@ static int linear_shape(const struct tr_graph *g, struct tr_node *n,
                         const struct tr_tensor *const in[3], struct tr_op_shape *s, char *why)
 {
     (void)g;
-    if (in[1]->ndim != 2 || in[1]->shape[1] != last_dim(in[0])) {
-        char a[64], b[64];
-        shape_text(in[0], a, sizeof a);
-        shape_text(in[1], b, sizeof b);
+    char a[64], b[64];
+    shape_text(in[0], a, sizeof a);
+    shape_text(in[1], b, sizeof b);
+    if (in[1]->ndim != 2)
+        FAIL("weight '%s' %s must be w[out, in] (y = x w^T)", in[1]->name, b);
+    if (in[1]->shape[1] != last_dim(in[0]))
         FAIL("input '%s' %s has %lld features but weight '%s' %s expects %lld", in[0]->name, a,
-             (long long)last_dim(in[0]), in[1]->name, b,
-             (long long)(in[1]->ndim == 2 ? in[1]->shape[1] : -1));
+             (long long)last_dim(in[0]), in[1]->name, b, (long long)in[1]->shape[1]);
+    if (n->n_in == 3 && (in[2]->ndim != 1 || in[2]->shape[0] != in[1]->shape[0])) {
+        char b[64];
+        shape_text(in[2], b, sizeof b);
+        FAIL("bias '%s' %s must be [%lld], one per output feature of weight '%s'", in[2]->name, b,
+             (long long)in[1]->shape[0], in[1]->name);
     }
-    if (n->n_in == 3 && (in[2]->ndim != 1 || in[2]->shape[0] != in[1]->shape[0]))
-        FAIL("bias '%s' must be [%lld]", in[2]->name, (long long)in[1]->shape[0]);
     produce(s, in[0]->shape, in[0]->ndim);
     s->shape[in[0]->ndim - 1] = in[1]->shape[0];
     return 0;
@@ -169,8 +184,14 @@ static int layernorm_shape(const struct tr_graph *g, struct tr_node *n,
 {
     (void)g;
     int64_t C = last_dim(in[0]);
-    if (in[1]->numel != (size_t)C || in[2]->numel != (size_t)C)
-        FAIL("weight and bias must have %lld elements", (long long)C);
+    if (in[1]->numel != (size_t)C || in[2]->numel != (size_t)C) {
+        char a[64], b[64], c[64];
+        shape_text(in[0], a, sizeof a);
+        shape_text(in[1], b, sizeof b);
+        shape_text(in[2], c, sizeof c);
+        FAIL("weight '%s' %s and bias '%s' %s must have %lld elements each (the last dimension "
+             "of '%s' %s)", in[1]->name, b, in[2]->name, c, (long long)C, in[0]->name, a);
+    }
     int64_t rows = rows_of(in[0]);
     if (n->eps <= 0)
         n->eps = 1e-5f;
@@ -216,8 +237,9 @@ static int gqa_shape(struct tr_node *n, const struct tr_tensor *const in[3],
              "a whole group of query heads", n->kv_heads, n->heads);
     int64_t D = W / n->heads, KVW = (int64_t)n->kv_heads * D;
     if (in[1]->shape[2] != KVW || in[2]->shape[2] != KVW)
-        FAIL("k '%s' %s and v '%s' %s must be %lld wide (kv_heads %d x head dim %lld)",
-             in[1]->name, b, in[2]->name, c, (long long)KVW, n->kv_heads, (long long)D);
+        FAIL("k '%s' %s and v '%s' %s must be %lld wide (kv_heads %d x head dim %lld) to go "
+             "with q '%s' %s over %d heads", in[1]->name, b, in[2]->name, c, (long long)KVW,
+             n->kv_heads, (long long)D, in[0]->name, a, n->heads);
     produce(s, in[0]->shape, 3);
     int64_t lse[3] = {in[0]->shape[0], n->heads, in[0]->shape[1]};
     save(s, "lse", 3, lse);
@@ -234,8 +256,11 @@ static int attention_shape(const struct tr_graph *g, struct tr_node *n,
         FAIL("packed qkv attention has as many key/value heads as heads (%d), not %d; "
              "give q, k and v separately for grouped-query attention", n->heads, n->kv_heads);
     n->kv_heads = n->heads;
-    if (in[0]->ndim != 3 || in[0]->shape[2] % 3 != 0)
-        FAIL("input '%s' must be qkv[B,T,3C]", in[0]->name);
+    if (in[0]->ndim != 3 || in[0]->shape[2] % 3 != 0) {
+        char a[64];
+        shape_text(in[0], a, sizeof a);
+        FAIL("input '%s' %s must be qkv[B,T,3C] (q, k and v packed)", in[0]->name, a);
+    }
     int64_t C = in[0]->shape[2] / 3;
     if (n->heads <= 0 || C % n->heads != 0)
         FAIL("%d heads do not divide the width %lld", n->heads, (long long)C);
@@ -273,10 +298,11 @@ static int rmsnorm_shape(const struct tr_graph *g, struct tr_node *n,
     (void)g;
     int64_t C = last_dim(in[0]);
     if (in[1]->numel != (size_t)C) {
-        char a[64];
+        char a[64], b[64];
         shape_text(in[1], a, sizeof a);
-        FAIL("weight '%s' %s must have %lld elements (the last dimension of '%s')", in[1]->name,
-             a, (long long)C, in[0]->name);
+        shape_text(in[0], b, sizeof b);
+        FAIL("weight '%s' %s must have %lld elements (the last dimension of '%s' %s)", in[1]->name,
+             a, (long long)C, in[0]->name, b);
     }
     int64_t rows = rows_of(in[0]);
     if (!(n->eps > 0)) /* NaN too */
@@ -299,8 +325,9 @@ static int rope_shape(const struct tr_graph *g, struct tr_node *n,
     if (n->heads <= 0 || W % n->heads != 0)
         FAIL("%d heads do not divide the width %lld of '%s'", n->heads, (long long)W, in[0]->name);
     if ((W / n->heads) % 2 != 0)
-        FAIL("head dim %lld is odd; rotary embedding turns pairs of channels (i, i+D/2), "
-             "so it needs an even head dim", (long long)(W / n->heads));
+        FAIL("head dim %lld of '%s' (%lld wide over %d heads) is odd; rotary embedding turns "
+             "pairs of channels (i, i+D/2), so it needs an even head dim",
+             (long long)(W / n->heads), in[0]->name, (long long)W, n->heads);
     if (!(n->theta > 0) || !isfinite(n->theta))
         FAIL("theta %g must be a finite number above 0 (10000 in Llama 2)", (double)n->theta);
     return produce(s, in[0]->shape, 3);
@@ -310,10 +337,7 @@ static int swiglu_shape(const struct tr_graph *g, struct tr_node *n,
                         const struct tr_tensor *const in[3], struct tr_op_shape *s, char *why)
 {
     (void)g, (void)n;
-    int same = in[0]->ndim == in[1]->ndim;
-    for (int d = 0; same && d < in[0]->ndim; d++)
-        same = in[0]->shape[d] == in[1]->shape[d];
-    if (!same) {
+    if (!same_dims(in[0], in[1])) {
         char a[64], b[64];
         shape_text(in[0], a, sizeof a);
         shape_text(in[1], b, sizeof b);
@@ -459,10 +483,14 @@ static int batchnorm_shape(const struct tr_graph *g, struct tr_node *n,
     if (in[1]->numel != (size_t)C || in[2]->numel != (size_t)C)
         FAIL("weight '%s' and bias '%s' must have %lld elements (the channels of '%s' %s)",
              in[1]->name, in[2]->name, (long long)C, in[0]->name, a);
-    if (n->buffer < 0 || n->buffer >= g->n_tensors || g->tensors[n->buffer].role != TR_ROLE_BUFFER)
+    if (n->buffer < 0 || n->buffer >= g->n_tensors)
         FAIL("needs its running statistics: a buffer tensor running[2,%lld] (the buffer "
              "attribute)", (long long)C);
     const struct tr_tensor *buf = &g->tensors[n->buffer];
+    if (buf->role != TR_ROLE_BUFFER)
+        FAIL("'%s' is not a buffer; its running statistics must be a buffer tensor "
+             "running[2,%lld] (the buffer attribute; g:buffer in a recipe)", buf->name,
+             (long long)C);
     if (buf->ndim != 2 || buf->shape[0] != 2 || buf->shape[1] != C) {
         shape_text(buf, a, sizeof a);
         FAIL("buffer '%s' %s must be [2,%lld]: the running mean and variance of each "
@@ -543,6 +571,25 @@ const struct tr_op_desc tr_ops[TR_OP_COUNT] = {
 const struct tr_op_desc *tr_op_desc(enum tr_op op)
 {
     return (unsigned)op < TR_OP_COUNT ? &tr_ops[op] : NULL;
+}
+
+int tr_op_check(const struct tr_graph *g, struct tr_node *n, const struct tr_tensor *const in[3],
+                struct tr_op_shape *s, char *why)
+{
+    const struct tr_op_desc *op = tr_op_desc(n->op);
+    memset(s, 0, sizeof *s);
+    if (!op)
+        FAIL("unknown op");
+    if (n->n_in < op->min_in || n->n_in > op->max_in)
+        FAIL("takes %d input(s), got %d", op->min_in, n->n_in);
+    if (op->arity && !(op->in_counts & (1u << n->n_in)))
+        FAIL("%s, got %d", op->arity, n->n_in);
+    for (int k = 0; k < n->n_in; k++) {
+        int wants_int = (op->int_inputs >> k) & 1u;
+        if (wants_int != (in[k]->dtype == TR_I32))
+            FAIL("input '%s' must be %s", in[k]->name, wants_int ? "integer ids" : "floating point");
+    }
+    return op->shape(g, n, in, s, why);
 }
 
 unsigned tr_op_backend_bit(const char *name)

@@ -138,4 +138,15 @@ extern const struct tr_op_desc tr_ops[TR_OP_COUNT];
 /* The op's descriptor; NULL for a value outside the vocabulary. */
 const struct tr_op_desc *tr_op_desc(enum tr_op op);
 
+/* The op's whole check of node n, whose inputs are in[0 .. n->n_in) (each
+ * a tensor within the sizes the graph allows): the number of inputs it
+ * takes, which of them are ids, then its shape rule, which fills the
+ * attributes left 0 with their defaults and derives *s.  0, or -1 with why
+ * as a shape rule writes it.  Asked by the graph check (core/engine/graph.c)
+ * and, for each node a recipe's builder adds, by the recipe bridge
+ * (core/config/recipe_ops.c), so a builder reports the same sentence at the
+ * recipe's line. */
+int tr_op_check(const struct tr_graph *g, struct tr_node *n, const struct tr_tensor *const in[3],
+                struct tr_op_shape *s, char *why);
+
 #endif

@@ -3,7 +3,8 @@
  * been handed: recipes, token shards, CSV, IDX, images (PNG, JPEG, WebP) and image
  * shards, text and JSONL files, the text
  * plugin's token cache, safetensors files and headers, and checkpoints
- * (state.json and model.safetensors).  docs/testing.md says how to run it
+ * (state.json and model.safetensors); and for the one C function recipe
+ * code can call, the op table's answer (trainrun.ops' shape).  docs/testing.md says how to run it
  * for longer and how to reproduce a failure.
  *
  *   tests/fuzz [--cases N] [--seed N] [--target NAME]   mutated cases
@@ -44,6 +45,7 @@
 
 #include "util/json.h"
 #include "commands/prepare.h"
+#include "config/recipe_ops.h"
 #include "dataset/image_codec.h"
 #include <trainrun/images.h>
 #include "config/hf_config.h"
@@ -69,6 +71,11 @@
 #include <time.h>
 #include <unistd.h>
 #include <zlib.h>
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <luajit.h>
+#include <lualib.h>
 
 #define FUZZ_MAX_INPUT (1u << 20) /* mutated inputs are capped at 1 MiB */
 
@@ -822,6 +829,212 @@ static void target_prepare_csv(const struct buf *in, uint64_t h)
     create_and_read(&plugins[P_CSV], &c, 0, 4096, NULL);
 }
 
+/* ---- the op table's answer to recipe code ---------------------------------------- */
+
+/* Recipe code may call require("trainrun.ops").shape (config/recipe_ops.h)
+ * with anything at all.  The input is a Lua chunk that returns the three
+ * arguments (the seeds: a valid call of each op, and hostile ones); it runs
+ * in a state without io, os or require, its heap capped and its
+ * instructions counted.  The answer to those arguments, and to them with
+ * one replaced by a hostile value (a wrong type, a huge, negative or NaN
+ * dimension, an unknown op, a handle without its fields, a metamethod that
+ * must not run, ...) chosen from the input's hash, must never raise nor
+ * crash: a list of 1 to 8 whole dimensions from 1 to 2^31-1, or nil and a
+ * sentence. */
+
+#define OPS_HEAP_LIMIT ((size_t)64 << 20)
+#define OPS_INSTRUCTIONS 2000000L
+
+struct ops_heap {
+    size_t used;
+};
+
+static void *ops_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+{
+    struct ops_heap *heap = ud;
+    size_t old = ptr ? osize : 0;
+    if (nsize == 0) {
+        free(ptr);
+        heap->used -= old;
+        return NULL;
+    }
+    if (nsize > old && heap->used + (nsize - old) > OPS_HEAP_LIMIT)
+        return NULL;
+    void *p = realloc(ptr, nsize);
+    if (p)
+        heap->used = heap->used - old + nsize;
+    return p;
+}
+
+static long ops_count;
+static void ops_hook(lua_State *L, lua_Debug *ar)
+{
+    (void)ar;
+    if ((ops_count += 1000) > OPS_INSTRUCTIONS)
+        luaL_error(L, "too many instructions");
+}
+
+/* Asks shape(a1, a2, a3), then again with argument k replaced by hostile
+ * value v, for rounds drawn from the seed; returns nil or what broke. */
+static const char ops_driver[] =
+    "local shape, seed, a1, a2, a3 = ...\n"
+    "local function handle(name, shape, more)\n"
+    "  local t = { name = name, shape = shape }\n"
+    "  for k, v in pairs(more or {}) do t[k] = v end\n"
+    "  return t\n"
+    "end\n"
+    "local trap = setmetatable({}, { __index = function() error('a metamethod ran') end,\n"
+    "                                __len = function() error('a metamethod ran') end })\n"
+    "local hostile = {\n"
+    "  false, 0 / 0, 1 / 0, -1, 0, 2^31, 2^63, -2^63, 1.5, 'linear', 'no_such_op', '', {}, { {} },\n"
+    "  trap, { trap, trap }, function() end, { name = 7, shape = { 2 } },\n"
+    "  handle('x', { -1 }), handle('x', { 0, 4 }), handle('x', { 2^31 }), handle('x', { 0 / 0 }),\n"
+    "  handle('x', { 2^40, 2^40 }), handle('x', { 1, 1, 1, 1, 1, 1, 1, 1, 1 }), handle('x', 'abc'),\n"
+    "  handle('x', { 2, 3 }, { dtype = 'f64' }), handle('x', { 2, 3 }, { role = 'weights' }),\n"
+    "  handle('x', { 2, 3 }, { role = 'buffer' }), handle('x', { 2, 4 }, { dtype = 'i32' }),\n"
+    "  handle('x', trap), { handle('x', { 2, 3 }), handle('w', { 3, 3 }), handle('b', { 3 }),\n"
+    "                       handle('z', { 3 }) },\n"
+    "  { kernel = { 1e10, 0 }, stride = -1, pad = { 1, 2, 3 }, dilation = 0 / 0, groups = 2^40 },\n"
+    "  { heads = -3, kv_heads = 2^33, eps = 1 / 0, theta = -0, scale = 1e300, momentum = 0 },\n"
+    "  { buffer = 3 }, { buffer = trap }, { buffer = handle('r', { 2, 3 }, { role = 'buffer',\n"
+    "    attribute_of = { op = 'batchnorm', name = 7 } }) },\n"
+    "  { buffer = handle('r', { 2, 3 }, { role = 'buffer', attribute_of = trap }) },\n"
+    "  { trans_b = 'yes', ignore_index = 2^53, segment = {} }, ('x'):rep(5000),\n"
+    "}\n"
+    "local function check(ok, s, why)\n"
+    "  if not ok then\n"
+    "    if tostring(s):find('not enough memory', 1, true) then return end\n"
+    "    return 'the answer raised an error: ' .. tostring(s)\n"
+    "  end\n"
+    "  if s == nil then\n"
+    "    if type(why) ~= 'string' or why == '' then return 'nil without a sentence' end\n"
+    "    return\n"
+    "  end\n"
+    "  if type(s) ~= 'table' or #s < 1 or #s > 8 then return 'not a shape: ' .. tostring(s) end\n"
+    "  for i = 1, #s do\n"
+    "    local d = s[i]\n"
+    "    if type(d) ~= 'number' or d < 1 or d > 2^31 - 1 or d ~= math.floor(d) then\n"
+    "      return ('dimension %d of the answer is %s'):format(i, tostring(d))\n"
+    "    end\n"
+    "  end\n"
+    "end\n"
+    "local wrong = check(pcall(shape, a1, a2, a3))\n"
+    "if wrong then return wrong end\n"
+    "for round = 1, 24 do\n"
+    "  seed = (seed * 1103515245 + 12345) % 2147483648\n"
+    "  local args = { a1, a2, a3 }\n"
+    "  local k, v = seed % 3 + 1, hostile[math.floor(seed / 3) % #hostile + 1]\n"
+    "  if type(args[2]) == 'table' and seed % 7 == 0 then\n"
+    "    args[2] = { args[2][1], v, args[2][3] }\n" /* a hostile input among good ones */
+    "  elseif type(args[3]) == 'table' and seed % 7 == 1 then\n"
+    "    args[3] = setmetatable({}, { __index = args[3] })\n" /* attributes behind a metatable */
+    "  else\n"
+    "    args[k] = v\n"
+    "  end\n"
+    "  wrong = check(pcall(shape, args[1], args[2], args[3]))\n"
+    "  if wrong then return ('round %d (argument %d): %s'):format(round, k, wrong) end\n"
+    "end\n";
+
+static void target_op_shape(const struct buf *in, uint64_t h)
+{
+    struct ops_heap heap = {0};
+    lua_State *L = lua_newstate(ops_alloc, &heap);
+    if (!L)
+        die("cannot start Lua");
+    static const lua_CFunction libs[] = {luaopen_base, luaopen_string, luaopen_table, luaopen_math};
+    for (size_t i = 0; i < sizeof libs / sizeof libs[0]; i++) {
+        lua_pushcfunction(L, libs[i]);
+        lua_call(L, 0, 0);
+    }
+    static const char *const unsafe[] = {"dofile", "loadfile", "load", "loadstring", "require"};
+    for (size_t i = 0; i < sizeof unsafe / sizeof unsafe[0]; i++) {
+        lua_pushnil(L);
+        lua_setglobal(L, unsafe[i]);
+    }
+    tr_recipe_push_ops(L);
+    lua_setglobal(L, "ops"); /* the chunk may ask too */
+    luaJIT_setmode(L, 0, LUAJIT_MODE_ENGINE | LUAJIT_MODE_OFF); /* traces skip hooks */
+    lua_sethook(L, ops_hook, LUA_MASKCOUNT, 1000);
+    ops_count = 0;
+    int top = lua_gettop(L);
+    /* text only: LuaJIT does not verify bytecode */
+    if (luaL_loadbufferx(L, (const char *)in->p, in->n, "=op-shape", "t") != 0 ||
+        lua_pcall(L, 0, 3, 0) != 0) {
+        lua_close(L);
+        return; /* not Lua, or it failed or ran too long: nothing was asked */
+    }
+    ops_count = 0;
+    if (luaL_loadbufferx(L, ops_driver, sizeof ops_driver - 1, "=ops-driver", "t") != 0)
+        die("the driver does not compile: %s", lua_tostring(L, -1));
+    lua_insert(L, top + 1);
+    tr_recipe_push_ops(L);
+    lua_getfield(L, -1, "shape");
+    lua_remove(L, -2);
+    lua_insert(L, top + 2);
+    lua_pushnumber(L, (lua_Number)(h % 2147483648u));
+    lua_insert(L, top + 3);
+    if (lua_pcall(L, 5, 1, 0) != 0) {
+        const char *e = lua_tostring(L, -1);
+        if (!e || (!strstr(e, "not enough memory") && !strstr(e, "too many instructions")))
+            broken("op-shape driver: %s", e ? e : "(no message)");
+    } else if (!lua_isnil(L, -1)) {
+        broken("trainrun.ops' shape: %s", lua_tostring(L, -1));
+    }
+    lua_close(L);
+}
+
+static void add_seed(const char *target, const void *data, size_t n);
+
+/* A valid call of every op, some refused ones, and some hostile ones. */
+static void make_op_shape_seeds(void)
+{
+    static const char *const seeds[] = {
+        "local x = {name = 'x', shape = {2, 8, 16}}\n"
+        "local w = {name = 'w', shape = {32, 16}, role = 'param'}\n"
+        "return 'linear', {x, w, {name = 'b', shape = {32}, role = 'param'}}\n",
+        "return 'linear', {{name = 'x', shape = {2, 8, 16}}, {name = 'w', shape = {32, 24}}}\n",
+        "return 'embedding', {{name = 't', shape = {64, 16}}, {name = 'i', shape = {2, 8}, dtype = 'i32'}}\n",
+        "return 'add_rows', {{name = 'x', shape = {2, 8, 16}}, {name = 'p', shape = {8, 16}}}\n",
+        "return 'add', {{name = 'a', shape = {2, 8}}, {name = 'b', shape = {2, 8}}}\n",
+        "return 'matmul', {{name = 'a', shape = {2, 8, 4}}, {name = 'b', shape = {2, 8, 4}}}, {trans_b = 1}\n",
+        "local x = {name = 'x', shape = {2, 8, 16}}\n"
+        "local c = {name = 'c', shape = {16}}\n"
+        "return 'layernorm', {x, c, c}, {eps = 1e-6}\n",
+        "return 'gelu', {{name = 'x', shape = {3}}}\n",
+        "return 'relu', {{name = 'x', shape = {3, 1, 1, 1, 1, 1, 1, 1}}}\n",
+        "return 'attention', {{name = 'qkv', shape = {2, 8, 48}}}, {heads = 4}\n",
+        "local q = {name = 'q', shape = {2, 8, 16}}\n"
+        "local kv = {name = 'kv', shape = {2, 8, 8}}\n"
+        "return 'attention', {q, kv, kv}, {heads = 4, kv_heads = 2}\n",
+        "return 'cross_entropy', {{name = 'l', shape = {2, 8, 64}}, {name = 't', shape = {2, 8}, dtype = 'i32'}},\n"
+        "  {ignore_index = -100}\n",
+        "return 'rmsnorm', {{name = 'x', shape = {2, 8, 16}}, {name = 'w', shape = {16}}}, {eps = 1e-5}\n",
+        "return 'rope', {{name = 'x', shape = {2, 8, 16}}}, {heads = 4, theta = 500000}\n",
+        "return 'swiglu', {{name = 'g', shape = {2, 8}}, {name = 'u', shape = {2, 8}}}\n",
+        "return 'scale', {{name = 'x', shape = {2, 8}}}, {scale = 0.5}\n",
+        "local im = {name = 'im', shape = {2, 6, 6, 3}}\n"
+        "return 'conv2d', {im, {name = 'k', shape = {4, 3, 3, 3}}, {name = 'b', shape = {4}}},\n"
+        "  {stride = {1, 2}, pad = 1, dilation = 1, groups = 1}\n",
+        "return 'maxpool', {{name = 'im', shape = {2, 6, 6, 3}}}, {kernel = 2, stride = 2, pad = 1}\n",
+        "return 'avgpool', {{name = 'im', shape = {2, 6, 6, 3}}}, {kernel = {3, 2}}\n",
+        "return 'global_avgpool', {{name = 'im', shape = {2, 6, 6, 3}}}\n",
+        "local im = {name = 'im', shape = {2, 6, 6, 3}}\n"
+        "local c = {name = 'c', shape = {3}, role = 'param'}\n"
+        "local r = {name = 'r', shape = {2, 3}, role = 'buffer'}\n"
+        "return 'batchnorm', {im, c, c}, {buffer = r, momentum = 0.1, eps = 1e-5}\n",
+        "local im = {name = 'im', shape = {2, 6, 6, 3}}\n"
+        "local c = {name = 'c', shape = {3}}\n"
+        "local r = {name = 'r', shape = {2, 3}, role = 'buffer', attribute_of = {op = 'batchnorm', name = 'bn'}}\n"
+        "return 'batchnorm', {im, c, c}, {buffer = r}\n",
+        "return 'conv2d', {{name = 'im', shape = {2^31 - 1, 1, 1, 2^9}}, {name = 'k', shape = {1, 1, 1, 2^9}}},\n"
+        "  {dilation = 65536, pad = 65536}\n",
+        "return ops.shape, {1, 2, 3}, 'eps'\n",
+        "return 'maxpool', {{name = 'im', shape = {1, 65536, 65536, 1}}}, {kernel = 65536, pad = 32768}\n",
+    };
+    for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++)
+        add_seed("op-shape", seeds[i], strlen(seeds[i]));
+}
+
 /* ---- whole-binary targets ------------------------------------------------------ */
 
 /* Run trainrun with argv[1..] in the current directory, output to
@@ -998,11 +1211,20 @@ static const char lua_dict[] =
     "heads = \1dim = \1lr = \1precision = \1schedule = \1checkpoint = \1every = \1"
     "plugin = \1gpt { }\1mlp { }\1extends \"base/gpt-char.lua\"\1include(\"x.lua\")\1"
     "require(\"trainrun.nn\")\1string.rep(\"a\", 1e9)\1setmetatable({}, {})\1"
+    "require(\"trainrun.ops\").shape(\"linear\", {}, {})\1"
     "\"\\0\"\1\"../../etc/passwd\"\1\"/dev/zero\"";
 static const char csv_dict[] =
     ",\1\n\1\r\n\1 \1\"\1-\1.\1e\1nan\1inf\1-inf\1" "1e39\1-1e39\1" "1e308\1" "2147483648\1"
     "4294967296\1" "-1\1" "0.5\1" "0x10\1" "\0";
 static const char text_dict[] = "\n\1\n\n\1\r\n\1 \1\t\1\xff\1\xc3\xa9\1\0\1the\1The ";
+static const char ops_dict[] =
+    "{\1}\1,\1=\1'\1nil\1 -1 \1 0 \1 0/0 \1 1/0 \1 2^31 \1 2^40 \1 2^63 \1 1.5 \1"
+    "'linear'\1'attention'\1'conv2d'\1'batchnorm'\1'maxpool'\1'embedding'\1'lineer'\1"
+    "name = \1shape = \1dtype = 'i32'\1dtype = 'f64'\1role = 'buffer'\1role = 'param'\1"
+    "kernel = \1stride = \1pad = \1dilation = \1groups = \1heads = \1kv_heads = \1"
+    "eps = \1momentum = \1theta = \1scale = \1buffer = \1attribute_of = \1trans_b = \1"
+    "{2, 3}\1{-1}\1{1, 1, 1, 1, 1, 1, 1, 1, 1}\1setmetatable({}, {__index = error})\1"
+    "ops.shape(\1while true do end\1string.rep('x', 1e8)\1";
 
 static struct target targets[] = {
     {"json", target_json, 10, 0, json_dict, NULL, 0},
@@ -1021,6 +1243,7 @@ static struct target targets[] = {
     {"prepare-text", target_prepare_text, 6, 0, text_dict, NULL, 0},
     {"prepare-csv", target_prepare_csv, 5, 0, csv_dict, NULL, 0},
     {"prepare-jsonl", target_prepare_jsonl, 4, 0, json_dict, NULL, 0},
+    {"op-shape", target_op_shape, 4, 0, ops_dict, NULL, 0},
     {"recipe", target_recipe, 3, 1, lua_dict, NULL, 0},
     {"state", target_state, 1, 1, json_dict, NULL, 0},
     {"checkpoint", target_checkpoint, 1, 1, json_dict, NULL, 0},
@@ -1305,6 +1528,7 @@ static void gather_seeds(const char *work)
     make_idx_seeds();
     make_text_seeds();
     make_safetensors_seeds();
+    make_op_shape_seeds();
     char cache_dir[4200];
     snprintf(cache_dir, sizeof cache_dir, "%s/cache-seeds", work);
     if (mkdir(cache_dir, 0755) != 0)

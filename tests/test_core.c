@@ -235,8 +235,8 @@ Test(recipe_errors, shape_bug_is_caught_before_any_memory, .init = environment)
     tr_err err = {{0}};
     cr_assert_eq(tr_config_load(&cfg, "shape_bug.lua", NULL, 0, &err), TR_OK, "%s", err.msg);
     cr_assert_null(tr_model_build(cfg.recipe, 4, &err));
-    cr_assert_str_eq(err.msg, "shape_bug.lua:9: linear: input features [4,16] has 16 features "
-                     "but weight head.weight [4,32] expects 32");
+    cr_assert_str_eq(err.msg, "shape_bug.lua:9: linear: input 'features' [4,16] has 16 features "
+                     "but weight 'head.weight' [4,32] expects 32");
     tr_config_free(&cfg);
 }
 

@@ -729,7 +729,7 @@ Test(model_graph, unexpected_tables_and_values_are_refused)
     expect_graph_error("heads_huge",
                        "node 1 (linear 'head'): 'heads' is 1099511627776; it must be a whole number from 0 to "
                        "2147483647");
-    expect_graph_error("eps_nan", "node 1 (linear 'head'): 'eps' must be a number between 0 and 1");
+    expect_graph_error("eps_nan", "node 1 (linear 'head'): 'eps' is nan; it must be a number between 0 and 1");
 }
 
 Test(model_graph, metamethods_of_the_result_do_not_run)
@@ -817,13 +817,13 @@ Test(model_graph, llama_op_defects_are_refused)
     expect_llama_graph_error("kv_heads_negative", "node 11 (attention 'attn'): 'kv_heads' is -2; it must be a whole "
                                                   "number from 0 to 2147483647");
     expect_llama_graph_error("kv_width", "attention 'attn': k 'k_rope' [4,4,8] and v 'v' [4,4,8] must be 4 wide "
-                                         "(kv_heads 1 x head dim 4)");
+                                         "(kv_heads 1 x head dim 4) to go with q 'q_rope' [4,4,16] over 4 heads");
     expect_llama_graph_error("two_inputs", "attention 'attn': takes 1 input (packed qkv) or 3 (q, k, v), got 2");
     expect_llama_graph_error("packed_kv_heads",
                              "attention 'packed': packed qkv attention has as many key/value heads as heads (4), "
                              "not 2; give q, k and v separately for grouped-query attention");
-    expect_llama_graph_error("rope_odd", "rope 'q_rope': head dim 1 is odd; rotary embedding turns pairs of channels "
-                                         "(i, i+D/2), so it needs an even head dim");
+    expect_llama_graph_error("rope_odd", "rope 'q_rope': head dim 1 of 'q' (16 wide over 16 heads) is odd; rotary "
+                                         "embedding turns pairs of channels (i, i+D/2), so it needs an even head dim");
     expect_llama_graph_error("rope_theta_zero", "node 5 (rope 'q_rope'): 'theta' is 0; it must be a finite number "
                                                 "above 0 (within a float's range)");
     expect_llama_graph_error("rope_theta_inf", "node 7 (rope 'k_rope'): 'theta' is inf; it must be a finite number "
@@ -833,8 +833,9 @@ Test(model_graph, llama_op_defects_are_refused)
     expect_llama_graph_error("scale_huge", "node 2 (scale 'embed_scale'): 'scale' is 1.0000000000000001e+300; it "
                                            "must be a finite number (within a float's range)");
     expect_llama_graph_error("rmsnorm_weight", "rmsnorm 'norm': weight 'k.weight' [8,16] must have 16 elements (the "
-                                               "last dimension of 'embed_scale')");
-    expect_llama_graph_error("rmsnorm_eps", "node 3 (rmsnorm 'norm'): 'eps' must be a number between 0 and 1");
+                                               "last dimension of 'embed_scale' [4,4,16])");
+    expect_llama_graph_error("rmsnorm_eps", "node 3 (rmsnorm 'norm'): 'eps' is -1; it must be a number between 0 "
+                                            "and 1");
     expect_llama_graph_error("swiglu_shapes", "swiglu 'act': gate 'gate' [4,4,12] and up 'q' [4,4,16] differ in "
                                               "shape");
     expect_llama_graph_error("swiglu_int", "swiglu 'act': input 'targets' must be floating point");
@@ -845,19 +846,20 @@ Test(model_graph, llama_op_defects_are_refused)
 Test(model_graph, llama_op_shape_errors_name_the_builder_line)
 {
     struct { const char *c, *want; } cases[] = {
-        {"kv_width", "recipes/limits/bad_llama_builder.lua:14: gqa_attention: k/v k [4,4,8] must be [4,4,4] "
-                     "(kv_heads 1 x head dim 4) to go with q q [4,4,16]"},
+        {"kv_width", "recipes/limits/bad_llama_builder.lua:14: gqa_attention: k 'k' [4,4,8] and v 'k' [4,4,8] must "
+                     "be 4 wide (kv_heads 1 x head dim 4) to go with q 'q' [4,4,16] over 4 heads"},
         {"kv_heads", "recipes/limits/bad_llama_builder.lua:15: gqa_attention: 3 key/value heads do not divide the "
-                     "4 heads"},
-        {"rope_odd", "recipes/limits/bad_llama_builder.lua:16: rope: head dim 1 of q is odd; rotary embedding "
-                     "needs an even head dim"},
-        {"rope_theta", "recipes/limits/bad_llama_builder.lua:17: rope: theta must be a finite number above 0, got "
-                       "-1"},
-        {"rmsnorm_weight", "recipes/limits/bad_llama_builder.lua:18: rmsnorm: weight w [8] must be [16], the last "
-                           "dimension of embed [4,4,16]"},
-        {"swiglu", "recipes/limits/bad_llama_builder.lua:19: swiglu: gate q [4,4,16] and up k [4,4,8] differ in "
-                   "shape"},
-        {"scale", "recipes/limits/bad_llama_builder.lua:20: scale: the factor must be a finite number, got inf"},
+                     "4 heads; each key/value head serves a whole group of query heads"},
+        {"rope_odd", "recipes/limits/bad_llama_builder.lua:16: rope: head dim 1 of 'q' (16 wide over 16 heads) is "
+                     "odd; rotary embedding turns pairs of channels (i, i+D/2), so it needs an even head dim"},
+        {"rope_theta", "recipes/limits/bad_llama_builder.lua:17: rope: 'theta' is -1; it must be a finite number "
+                       "above 0 (within a float's range)"},
+        {"rmsnorm_weight", "recipes/limits/bad_llama_builder.lua:18: rmsnorm: weight 'w' [8] must have 16 elements "
+                           "(the last dimension of 'embed' [4,4,16])"},
+        {"swiglu", "recipes/limits/bad_llama_builder.lua:19: swiglu: gate 'q' [4,4,16] and up 'k' [4,4,8] differ "
+                   "in shape"},
+        {"scale", "recipes/limits/bad_llama_builder.lua:20: scale: 'scale' is inf; it must be a finite number "
+                  "(within a float's range)"},
     };
     for (size_t i = 0; i <= sizeof cases / sizeof *cases; i++) {
         char ov[64];
@@ -1208,10 +1210,10 @@ Test(model_graph, conv_attribute_defects_are_refused)
 {
     expect_conv_error("stride_zero", "node 1 (conv2d 'conv'): 'stride' is 0; it must be a whole number from 1 "
                       "to 65536, or a pair {h, w} of them");
-    expect_conv_error("stride_fraction", "node 1 (conv2d 'conv'): 'stride' is a table that is not {h, w} "
-                      "within range; it must be a whole number from 1 to 65536, or a pair {h, w} of them");
-    expect_conv_error("stride_triple", "node 1 (conv2d 'conv'): 'stride' is a table that is not {h, w} "
-                      "within range; it must be a whole number from 1 to 65536, or a pair {h, w} of them");
+    expect_conv_error("stride_fraction", "node 1 (conv2d 'conv'): 'stride' is {1, 1.5}; it must be a whole "
+                      "number from 1 to 65536, or a pair {h, w} of them");
+    expect_conv_error("stride_triple", "node 1 (conv2d 'conv'): 'stride' is a table of 3 items; it must be a "
+                      "whole number from 1 to 65536, or a pair {h, w} of them");
     expect_conv_error("pad_negative", "node 1 (conv2d 'conv'): 'pad' is -1; it must be a whole number from 0 "
                       "to 65536, or a pair {h, w} of them");
     expect_conv_error("dilation_huge", "node 1 (conv2d 'conv'): 'dilation' is 1099511627776; it must be a whole "
@@ -1232,14 +1234,17 @@ Test(model_graph, conv_attribute_defects_are_refused)
 
 Test(model_graph, batchnorm_buffer_defects_are_refused)
 {
-    const char *momentum = "node 2 (batchnorm 'bn'): 'momentum' must be a number above 0 and at most 1 (the "
-                           "weight of each batch in the running statistics)";
-    expect_conv_error("momentum_zero", momentum);
-    expect_conv_error("momentum_big", momentum);
-    const char *missing = "batchnorm 'bn': needs its running statistics: a buffer tensor running[2,4] (the "
-                          "buffer attribute)";
-    expect_conv_error("buffer_missing", missing);
-    expect_conv_error("buffer_not_buffer", missing);
+    const char *momentum = "; it must be a number above 0 and at most 1 (the weight of each batch in the running "
+                           "statistics)";
+    char want[300];
+    snprintf(want, sizeof want, "node 2 (batchnorm 'bn'): 'momentum' is 0%s", momentum);
+    expect_conv_error("momentum_zero", want);
+    snprintf(want, sizeof want, "node 2 (batchnorm 'bn'): 'momentum' is 1.5%s", momentum);
+    expect_conv_error("momentum_big", want);
+    expect_conv_error("buffer_missing", "batchnorm 'bn': needs its running statistics: a buffer tensor "
+                      "running[2,4] (the buffer attribute)");
+    expect_conv_error("buffer_not_buffer", "batchnorm 'bn': 'images' is not a buffer; its running statistics "
+                      "must be a buffer tensor running[2,4] (the buffer attribute; g:buffer in a recipe)");
     expect_conv_error("buffer_past_end", "node 2 (batchnorm 'bn'): the buffer is 2147483648; it must be a "
                       "tensor id, a whole number from 1 to 19");
     expect_conv_error("buffer_shape", "batchnorm 'bn': buffer 'bn.running' [4] must be [2,4]: the running mean "
@@ -1253,19 +1258,21 @@ Test(model_graph, batchnorm_buffer_defects_are_refused)
 Test(model_graph, conv_op_mistakes_name_the_builder_line)
 {
     struct { const char *c, *want; } cases[] = {
-        {"window", "recipes/limits/bad_conv_builder.lua:12: conv2d: the window 7 (dilation 1) does not fit "
-                   "images [4,6,6,2] padded by 0"},
-        {"groups", "recipes/limits/bad_conv_builder.lua:13: conv2d: weight w [4,3,3,2] needs 1 input channels "
-                   "(images [4,6,6,2] over 2 groups)"},
-        {"stride", "recipes/limits/bad_conv_builder.lua:14: conv2d: stride must be whole numbers from 1 to "
-                   "65536, got 0"},
-        {"flat", "recipes/limits/bad_conv_builder.lua:15: maxpool: the input must be an image batch [B,H,W,C] "
-                 "(channel-last), got [4,36]"},
-        {"pool_pad", "recipes/limits/bad_conv_builder.lua:16: avgpool: padding 2 is more than half the window 3"},
-        {"running", "recipes/limits/bad_conv_builder.lua:17: batchnorm: running must be a buffer [2,2] "
-                    "(g:buffer)"},
-        {"momentum", "recipes/limits/bad_conv_builder.lua:18: batchnorm: momentum must be above 0 and at most 1, "
-                     "got 0"},
+        {"window", "recipes/limits/bad_conv_builder.lua:12: conv2d: the window 7x7 (dilation 1x1) does not fit "
+                   "input 'images' [4,6,6,2] padded by 0x0; use a smaller window or more padding"},
+        {"groups", "recipes/limits/bad_conv_builder.lua:13: conv2d: weight 'w' [4,3,3,2] must have 1 input "
+                   "channels (the 2 of 'images' over 2 groups) in its last dimension"},
+        {"stride", "recipes/limits/bad_conv_builder.lua:14: conv2d: 'stride' is {1, 0}; it must be a whole "
+                   "number from 1 to 65536, or a pair {h, w} of them"},
+        {"flat", "recipes/limits/bad_conv_builder.lua:15: maxpool: input 'flat' [4,36] must be an image batch "
+                 "x[B,H,W,C] (channel-last)"},
+        {"pool_pad", "recipes/limits/bad_conv_builder.lua:16: avgpool: padding 2x2 is more than half the window "
+                     "3x3"},
+        {"running", "recipes/limits/bad_conv_builder.lua:17: batchnorm: 'r' is not a buffer; its running "
+                    "statistics must be a buffer tensor running[2,2] (the buffer attribute; g:buffer in a "
+                    "recipe)"},
+        {"momentum", "recipes/limits/bad_conv_builder.lua:18: batchnorm: 'momentum' is 0; it must be a number "
+                     "above 0 and at most 1 (the weight of each batch in the running statistics)"},
     };
     size_t n = sizeof cases / sizeof *cases;
     for (size_t i = 0; i <= n; i++) {

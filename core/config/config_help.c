@@ -7,6 +7,7 @@
 #include "config_help.h"
 
 #include "plugin.h"
+#include "recipe_ops.h"
 #include "run_config.h"
 #include "../util/util.h"
 
@@ -77,7 +78,10 @@ void tr_model_help(FILE *out)
     lua_getglobal(L, "package");
     lua_pushstring(L, path);
     lua_setfield(L, -2, "path");
-    lua_pop(L, 1);
+    lua_getfield(L, -1, "loaded"); /* trainrun.nn asks the op table, as in a recipe */
+    tr_recipe_push_ops(L);
+    lua_setfield(L, -2, "trainrun.ops");
+    lua_pop(L, 2);
     free(path);
     lua_getglobal(L, "require");
     lua_pushstring(L, "trainrun.models");

@@ -11,6 +11,7 @@
 #define _XOPEN_SOURCE 700 /* strdup, realpath */
 #include "recipe.h"
 #include "recipe_convert.h"
+#include "recipe_ops.h"
 #include "../util/suggest.h"
 #include "../util/util.h"
 
@@ -391,10 +392,12 @@ static int host_stopped(lua_State *L)
 
 static void push_host(lua_State *L)
 {
+    /* op_shape: the op table's answer for a node (recipe_ops.h), for trainrun.nn
+     * as the module trainrun.ops; pure, so recipe code may call it too */
     static const luaL_Reg fns[] = {
         {"load_text", host_load_text}, {"realpath", host_realpath}, {"is_file", host_is_file},
         {"suggest", host_suggest},     {"stopped", host_stopped},   {"locate", locate_error},
-        {NULL, NULL},
+        {"op_shape", tr_recipe_op_shape}, {NULL, NULL},
     };
     lua_newtable(L);
     for (const luaL_Reg *f = fns; f->name; f++) {

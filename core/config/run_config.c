@@ -70,19 +70,17 @@ static const struct tr_option train_options[] = {
     {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
 };
 
-static const struct tr_option optimizer_options[] = {
+/* optimizer = { ... } is three schemas: the rule, each rule's own options
+ * (optimizers.c describes them with the optimizer that reads them), and
+ * what the step does whatever the rule: the lr's scaling and the gradient
+ * clipping before the update (engine/run.c). */
+static const struct tr_option optimizer_type[] = {
     {TR_OPT_ENUM, "type", "adamw", 0, 0, tr_optimizer_names,
      "the update rule (sgd: with momentum); the fields below say which rule reads them",
      offsetof(struct tr_optimizer_config, type)},
-    OPT(TR_OPT_FLOAT, "lr", "0.001", 0, TR_NO_MAX, "peak learning rate (the schedule shapes it)",
-        struct tr_optimizer_config, lr),
-    OPT(TR_OPT_FLOAT, "weight_decay", "0.0", 0, TR_NO_MAX,
-        "decoupled weight decay, applied to matrices and embeddings only (not to norms or biases)",
-        struct tr_optimizer_config, weight_decay),
-    OPT(TR_OPT_FLOAT, "beta1", "0.9", 0, 1, "AdamW first-moment decay", struct tr_optimizer_config, beta1),
-    OPT(TR_OPT_FLOAT, "beta2", "0.999", 0, 1, "AdamW second-moment decay", struct tr_optimizer_config, beta2),
-    OPT(TR_OPT_FLOAT, "eps", "1e-8", 0, 1, "AdamW denominator epsilon", struct tr_optimizer_config, eps),
-    OPT(TR_OPT_FLOAT, "momentum", "0.9", 0, 1, "SGD momentum", struct tr_optimizer_config, momentum),
+    {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
+};
+static const struct tr_option optimizer_step_options[] = {
     OPT(TR_OPT_INT, "reference_batch", "0", 0, BATCH_MAX,
         "the batch lr was tuned for: lr is scaled by train.batch / reference_batch (the linear "
         "scaling rule; 0: no scaling)", struct tr_optimizer_config, reference_batch),
@@ -90,6 +88,18 @@ static const struct tr_option optimizer_options[] = {
         "clip gradients to this global L2 norm (0: no clipping)", struct tr_optimizer_config, clip),
     {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
 };
+
+/* The three, in that order, into uses[3] for cfg's optimizer section;
+ * rules[] holds the optimizers' options. */
+static void optimizer_schemas(struct tr_schema_use uses[3], struct tr_option *rules,
+                              struct tr_optimizer_config *c)
+{
+    if (tr_optimizer_options(rules, TR_OPTIMIZER_MAX_OPTIONS + 1) < 0)
+        abort(); /* more options than TR_OPTIMIZER_MAX_OPTIONS: raise it */
+    uses[0] = (struct tr_schema_use){optimizer_type, c};
+    uses[1] = (struct tr_schema_use){rules, c};
+    uses[2] = (struct tr_schema_use){optimizer_step_options, c};
+}
 
 static const char *const weight_dtypes[] = {"fp32", "bf16", "fp16", NULL};
 static const struct tr_option checkpoint_policy_options[] = {
@@ -229,7 +239,9 @@ static int configure_sections(struct tr_config *cfg, struct tr_value *root, tr_e
     if (tr_train_length(cfg, root, err) != TR_OK)
         return TR_ERROR;
     struct tr_schema_use tu = {train_options, &cfg->train};
-    struct tr_schema_use ou = {optimizer_options, &cfg->optimizer};
+    struct tr_schema_use ou[3];
+    struct tr_option rules[TR_OPTIMIZER_MAX_OPTIONS + 1];
+    optimizer_schemas(ou, rules, &cfg->optimizer);
     struct tr_schema_use eu = {early_stop_options, &cfg->early_stop};
     struct tr_schema_use cost_use = {tr_cost_options, &cfg->cost};
     struct tr_schema_use pu = {parallel_options, &cfg->parallel};
@@ -237,7 +249,7 @@ static int configure_sections(struct tr_config *cfg, struct tr_value *root, tr_e
                                 cfg->train.auto_micro_batch ? auto_read : NULL, err) != TR_OK ||
         tr_options_apply(root, "parallel", "parallel", &pu, 1, err) != TR_OK ||
         tr_options_apply(root, "cost", "cost", &cost_use, 1, err) != TR_OK ||
-        tr_options_apply(root, "optimizer", "optimizer", &ou, 1, err) != TR_OK ||
+        tr_options_apply(root, "optimizer", "optimizer", ou, 3, err) != TR_OK ||
         tr_options_apply(root, "early_stop", "early_stop", &eu, 1, err) != TR_OK)
         return TR_ERROR;
     return tr_lora_configure(&cfg->lora, cfg->recipe, err);
@@ -411,7 +423,11 @@ void tr_config_help(FILE *out)
     fprintf(out, "\n  train = { ... }\n");
     tr_options_help(train_options, out, "    ");
     fprintf(out, "\n  optimizer = { ... }\n");
-    tr_options_help(optimizer_options, out, "    ");
+    struct tr_schema_use ou[3];
+    struct tr_option rules[TR_OPTIMIZER_MAX_OPTIONS + 1];
+    optimizer_schemas(ou, rules, NULL);
+    for (int i = 0; i < 3; i++)
+        tr_options_help(ou[i].options, out, "    ");
     fprintf(out, "\n  checkpoint = { ... }  (besides the checkpoint plugin's own options)\n");
     tr_options_help(checkpoint_policy_options, out, "    ");
     fprintf(out, "\n  early_stop = { ... }  (on the validation loss; needs train.eval_every)\n");

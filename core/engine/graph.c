@@ -145,22 +145,9 @@ static int check_node(struct tr_graph *g, struct tr_node *n, tr_err *err)
             SHAPE_FAIL("input %d is not a tensor of this graph", k + 1);
         in[k] = &g->tensors[n->in[k]];
     }
-    const struct tr_op_desc *op = tr_op_desc(n->op);
-    if (!op)
-        SHAPE_FAIL("unknown op");
-    if (n->n_in < op->min_in || n->n_in > op->max_in)
-        SHAPE_FAIL("takes %d input(s), got %d", op->min_in, n->n_in);
-    if (op->arity && !(op->in_counts & (1u << n->n_in)))
-        SHAPE_FAIL("%s, got %d", op->arity, n->n_in);
-    for (int k = 0; k < n->n_in; k++) {
-        int wants_int = (op->int_inputs >> k) & 1u;
-        if (wants_int != (in[k]->dtype == TR_I32))
-            SHAPE_FAIL("input '%s' must be %s", in[k]->name, wants_int ? "integer ids" : "floating point");
-    }
     struct tr_op_shape s;
-    memset(&s, 0, sizeof s);
     char why[TR_OP_WHY_SIZE];
-    if (op->shape(g, n, (const struct tr_tensor *const *)in, &s, why) != 0)
+    if (tr_op_check(g, n, (const struct tr_tensor *const *)in, &s, why) != 0)
         SHAPE_FAIL("%s", why);
     if (expect_shape(g, n, s.shape, s.ndim, err) != TR_OK)
         return TR_ERROR;

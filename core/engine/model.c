@@ -1,13 +1,12 @@
 #include "model.h"
 #include "adapters.h"
 
+#include "../config/recipe_ops.h"
 #include "../util/util.h"
 
 #include <ctype.h>
-#include <float.h>
 #include <lauxlib.h>
 #include <lua.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,63 +42,17 @@ static int raw_field(lua_State *L, int t, const char *key)
     return lua_type(L, -1);
 }
 
-/* A short description of the value at idx, for messages. */
-static const char *describe(lua_State *L, int idx, char *buf, size_t size)
-{
-    switch (lua_type(L, idx)) {
-    case LUA_TNUMBER: snprintf(buf, size, "%.17g", lua_tonumber(L, idx)); break;
-    case LUA_TSTRING: snprintf(buf, size, "the string \"%.40s\"", lua_tostring(L, idx)); break;
-    case LUA_TNIL: snprintf(buf, size, "missing"); break;
-    default: snprintf(buf, size, "a %s", lua_typename(L, lua_type(L, idx))); break;
-    }
-    return buf;
-}
-
-/* The value at idx as an integer in [lo, hi]: a number with a whole value
- * (no wrap, no truncation of 2.5 or 2^62). */
-static int whole_number(lua_State *L, int idx, int64_t lo, int64_t hi, int64_t *out)
-{
-    if (lua_type(L, idx) != LUA_TNUMBER)
-        return 0;
-    double d = lua_tonumber(L, idx);
-    if (!(d >= (double)lo && d <= (double)hi) || d != floor(d))
-        return 0;
-    *out = (int64_t)d;
-    return 1;
-}
-
 /* A tensor id at idx (1-based in Lua) as a 0-based index. */
 static int tensor_id(struct reader *rd, int idx, const char *what, int *out)
 {
     int64_t v;
-    if (whole_number(rd->L, idx, 1, rd->g->n_tensors, &v)) {
+    if (tr_lua_whole_number(rd->L, idx, 1, rd->g->n_tensors, &v)) {
         *out = (int)v - 1;
         return TR_OK;
     }
     char got[96];
     return tr_fail(rd->err, "model: %s is %s; it must be a tensor id, a whole number from 1 to %d",
-                   what, describe(rd->L, idx, got, sizeof got), rd->g->n_tensors);
-}
-
-/* An optional integer field in [lo, hi]; fallback when absent. */
-static int int_field(struct reader *rd, int t, const char *key, int64_t lo, int64_t hi, int fallback,
-                     const char *owner, int *out)
-{
-    lua_State *L = rd->L;
-    int type = raw_field(L, t, key);
-    int64_t v = fallback;
-    if (type != LUA_TNIL && !(type == LUA_TBOOLEAN && hi == 1) && !whole_number(L, -1, lo, hi, &v)) {
-        char got[96];
-        tr_fail(rd->err, "model: %s: '%s' is %s; it must be a whole number from %lld to %lld", owner, key,
-                describe(L, -1, got, sizeof got), (long long)lo, (long long)hi);
-        lua_pop(L, 1);
-        return TR_ERROR;
-    }
-    if (type == LUA_TBOOLEAN)
-        v = lua_toboolean(L, -1);
-    lua_pop(L, 1);
-    *out = (int)v;
-    return TR_OK;
+                   what, tr_lua_describe(rd->L, idx, got, sizeof got), rd->g->n_tensors);
 }
 
 /* An optional string field that must be one of `choices` (NULL-terminated);
@@ -126,71 +79,10 @@ static int choice_field(struct reader *rd, int t, const char *key, const char *c
     char got[96], list[160] = "";
     for (int i = 0; choices[i]; i++)
         snprintf(list + strlen(list), sizeof list - strlen(list), "%s\"%s\"", i ? ", " : "", choices[i]);
-    tr_fail(rd->err, "model: %s: '%s' is %s; expected one of %s", owner, key, describe(L, -1, got, sizeof got),
-            list);
+    tr_fail(rd->err, "model: %s: '%s' is %s; expected one of %s", owner, key,
+            tr_lua_describe(L, -1, got, sizeof got), list);
     lua_pop(L, 1);
     return TR_ERROR;
-}
-
-/* An optional number field that fits a float, finite; above 0 when
- * `positive` (and not so small that it rounds to 0 as a float).  fallback
- * when absent. */
-static int real_field(struct reader *rd, int t, const char *key, double fallback, int positive,
-                      const char *owner, float *out)
-{
-    lua_State *L = rd->L;
-    int type = raw_field(L, t, key);
-    double d = type == LUA_TNIL ? fallback : lua_tonumber(L, -1);
-    int ok = type == LUA_TNIL ||
-             (type == LUA_TNUMBER && isfinite(d) && fabs(d) <= FLT_MAX &&
-              (!positive || (float)d > 0));
-    if (!ok) {
-        char got[96];
-        tr_fail(rd->err, "model: %s: '%s' is %s; it must be a finite number%s (within a float's "
-                "range)", owner, key, describe(L, -1, got, sizeof got), positive ? " above 0" : "");
-        lua_pop(L, 1);
-        return TR_ERROR;
-    }
-    lua_pop(L, 1);
-    *out = (float)d;
-    return TR_OK;
-}
-
-/* An optional spatial attribute: a whole number n (n on both sides) or a
- * pair {h, w}, each in [lo, hi]; both 0 when absent (the core's default). */
-static int pair_field(struct reader *rd, int t, const char *key, int lo, int hi, const char *owner,
-                      int out[2])
-{
-    lua_State *L = rd->L;
-    int type = raw_field(L, t, key);
-    int64_t v[2] = {0, 0};
-    int ok = type == LUA_TNIL;
-    if (type == LUA_TNUMBER) {
-        ok = whole_number(L, -1, lo, hi, &v[0]);
-        v[1] = v[0];
-    } else if (type == LUA_TTABLE && lua_objlen(L, -1) == 2) {
-        ok = 1;
-        for (int d = 0; d < 2 && ok; d++) {
-            lua_rawgeti(L, -1, d + 1);
-            ok = whole_number(L, -1, lo, hi, &v[d]);
-            lua_pop(L, 1);
-        }
-    }
-    if (!ok) {
-        char got[96];
-        if (type == LUA_TTABLE)
-            snprintf(got, sizeof got, "a table that is not {h, w} within range");
-        else
-            describe(L, -1, got, sizeof got);
-        tr_fail(rd->err, "model: %s: '%s' is %s; it must be a whole number from %d to %d, or a "
-                "pair {h, w} of them", owner, key, got, lo, hi);
-        lua_pop(L, 1);
-        return TR_ERROR;
-    }
-    lua_pop(L, 1);
-    out[0] = (int)v[0];
-    out[1] = (int)v[1];
-    return TR_OK;
 }
 
 static int by_name(const void *a, const void *b)
@@ -237,10 +129,10 @@ static int read_shape(struct reader *rd, int e, const char *owner, int64_t shape
     int64_t numel = 1;
     for (int d = 0; d < (int)*ndim; d++) {
         lua_rawgeti(L, -1, d + 1);
-        if (!whole_number(L, -1, 1, MAX_DIM, &shape[d])) {
+        if (!tr_lua_whole_number(L, -1, 1, MAX_DIM, &shape[d])) {
             char got[96];
             return tr_fail(rd->err, "model: %s: dimension %d is %s; dimensions are whole numbers from 1 to %d",
-                           owner, d + 1, describe(L, -1, got, sizeof got), MAX_DIM);
+                           owner, d + 1, tr_lua_describe(L, -1, got, sizeof got), MAX_DIM);
         }
         lua_pop(L, 1);
         if (__builtin_mul_overflow(numel, shape[d], &numel) || numel > MAX_NUMEL)
@@ -328,68 +220,32 @@ static int read_tensors(struct reader *rd, int gi)
     return unique_names(rd);
 }
 
-/* An attribute that must be a number in (0, 1) (OPEN_UNIT) or (0, 1]
- * (HALF_UNIT, above 0 as a float); the fallback when absent. */
-static int unit_field(struct reader *rd, int t, const struct tr_attr_desc *d, const char *owner,
-                      float *out)
+/* A tensor attribute (batchnorm's buffer): a tensor id of this graph. */
+static int tensor_attr(lua_State *L, int idx, const struct tr_attr_desc *d, void *ud, int *out,
+                       char *why, size_t size)
 {
-    lua_State *L = rd->L;
-    int type = raw_field(L, t, d->name);
-    double v = type == LUA_TNIL ? d->fallback : lua_tonumber(L, -1);
-    lua_pop(L, 1);
-    int ok = d->kind == TR_ATTR_OPEN_UNIT ? v > 0 && v < 1 : v <= 1 && (float)v > 0;
-    if (type != LUA_TNIL && (type != LUA_TNUMBER || !ok))
-        return tr_fail(rd->err, "model: %s: '%s' must be a number %s", owner, d->name, d->rule);
-    *out = (float)v;
-    return TR_OK;
-}
-
-/* An optional tensor id; fallback (-1) when absent. */
-static int tensor_field(struct reader *rd, int t, const struct tr_attr_desc *d, const char *owner,
-                        int *out)
-{
-    lua_State *L = rd->L;
-    *out = (int)d->fallback;
-    if (raw_field(L, t, d->name) != LUA_TNIL) {
-        char what[200];
-        snprintf(what, sizeof what, "%s: the %s", owner, d->name);
-        if (tensor_id(rd, -1, what, out) != TR_OK)
-            return TR_ERROR;
+    struct reader *rd = ud;
+    int64_t v;
+    if (tr_lua_whole_number(L, idx, 1, rd->g->n_tensors, &v)) {
+        *out = (int)v - 1;
+        return 0;
     }
-    lua_pop(L, 1);
-    return TR_OK;
+    char got[96];
+    snprintf(why, size, "the %s is %s; it must be a tensor id, a whole number from 1 to %d",
+             d->name, tr_lua_describe(L, idx, got, sizeof got), rd->g->n_tensors);
+    return -1;
 }
 
 /* Every node attribute the op table lists (kernels/ops.h, tr_attrs), in
- * its order, each checked by its kind; an attribute the node's op does not
+ * its order, each checked by its kind (config/recipe_ops.c, which reads
+ * them for the builders' answers too); an attribute the node's op does not
  * read is checked all the same. */
 static int read_attrs(struct reader *rd, int e, const char *owner, struct tr_node *n)
 {
-    for (int a = 0; a < TR_ATTR_COUNT; a++) {
-        const struct tr_attr_desc *d = &tr_attrs[a];
-        void *field = (char *)n + d->offset;
-        int rc = TR_OK;
-        switch (d->kind) {
-        case TR_ATTR_INT:
-            rc = int_field(rd, e, d->name, d->lo, d->hi, (int)d->fallback, owner, field);
-            break;
-        case TR_ATTR_REAL:
-            rc = real_field(rd, e, d->name, d->fallback, d->lo > 0, owner, field);
-            break;
-        case TR_ATTR_PAIR:
-            rc = pair_field(rd, e, d->name, (int)d->lo, (int)d->hi, owner, field);
-            break;
-        case TR_ATTR_OPEN_UNIT:
-        case TR_ATTR_HALF_UNIT:
-            rc = unit_field(rd, e, d, owner, field);
-            break;
-        case TR_ATTR_TENSOR:
-            rc = tensor_field(rd, e, d, owner, field);
-            break;
-        }
-        if (rc != TR_OK)
-            return TR_ERROR;
-    }
+    char why[TR_OP_WHY_SIZE];
+    if (tr_node_attrs_read(rd->L, e, (1u << TR_ATTR_COUNT) - 1, n, tensor_attr, rd, why,
+                           sizeof why) != 0)
+        return tr_fail(rd->err, "model: %s: %s", owner, why);
     return TR_OK;
 }
 

@@ -14,6 +14,9 @@ host: primitives from C that plain Lua lacks
   host.stopped()             true once recipe code hit a limit (time, memory, C stack)
   host.locate(msg)           error handler: gives errors raised in trainrun's own Lua
                              library, and stack overflows, the file:line of the recipe
+  host.op_shape(op, inputs, attrs)  the op table's check of one node: its output shape, or
+                             nil and the rule's sentence (core/config/recipe_ops.h); pure, so
+                             recipes and trainrun.* modules get it as require "trainrun.ops"
 cfg: { path, overrides = {"k.s=v", ...}, lua_dir, extra_lua_dir, recipe_dir, recipe_path }
 
 origins[t][k] = { file, line, cli, text } for every key of every table in the result;
@@ -641,6 +644,8 @@ function M.load(host, cfg)
     ctx.safe_pcall, ctx.safe_xpcall = make_protected_calls(host)
     ctx.env_mt = make_env_mt(host)
     ctx.require = make_require(ctx)
+    -- the one module from C: the op table's shape rules, which trainrun.nn asks
+    ctx.modules["trainrun.ops"] = { shape = host.op_shape }
     ctx.append = function(list)
         append(list)
         ctx.appended[list] = true

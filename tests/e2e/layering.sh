@@ -88,6 +88,17 @@ may_include() {
     commands) echo "util tokenizer plot config dataset engine" ;;
   esac
 }
+# What of kernels/ each room may include: the engine drives the backends
+# (backend.h, host.h) and checks graphs against the op table (ops.h);
+# config asks the op table for the shapes a recipe's builders make
+# (config/recipe_ops.c), and nothing else of kernels/; no other room
+# reaches kernels/ (commands through the engine).
+may_include_kernels() {
+  case $1 in
+    engine) echo "kernels/backend.h kernels/host.h kernels/ops.h" ;;
+    config) echo "kernels/ops.h" ;;
+  esac
+}
 check_rooms() {
   root=$1
   bad=0
@@ -100,6 +111,16 @@ check_rooms() {
                    "$root/$f"); do
       [ -e "$root/$dir/$inc" ] || continue
       target=$(realpath -m --relative-to="$root" "$root/$dir/$inc")
+      case $target in
+        kernels/*)
+          kernels=$(may_include_kernels "$mine")
+          case " $kernels " in
+            *" $target "*) ;;
+            *) echo "$f: #include \"$inc\" ($target): of kernels/, $mine includes ${kernels:-nothing} (core/README.md)"
+               bad=1 ;;
+          esac
+          continue ;;
+      esac
       theirs=$(room_of "$target")
       [ -n "$theirs" ] && [ "$theirs" != "$mine" ] || continue
       case " $allowed " in
@@ -116,10 +137,11 @@ for case in "core/util/util.c ../config/options.h" "core/util/json.c ../tokenize
             "core/config/recipe.c ../tokenizer/tokenizer.h" "core/engine/run.c ../commands/plan.h" \
             "core/plot/plot.c ../config/options.h" "core/engine/run.c ../plot/plot.h" \
             "core/dataset/prepare_text.c ../engine/run.h" "core/dataset/dedup.c ../commands/prepare.h" \
-            "core/engine/run.c ../dataset/dataset.h"; do
+            "core/engine/run.c ../dataset/dataset.h" "core/config/recipe.c ../../kernels/backend.h" \
+            "core/tokenizer/tokenizer.c ../../kernels/ops.h" "core/commands/plan.c ../../kernels/host.h"; do
   set -- $case
   rm -rf tree && mkdir tree
-  cp -R "$TR_SRCDIR/core" tree/
+  cp -R "$TR_SRCDIR/core" "$TR_SRCDIR/kernels" tree/
   { echo "#include \"$2\""; cat "tree/$1"; } > tree/new && mv tree/new "tree/$1"
   if check_rooms tree > out 2>&1; then
     fail "the room check missed #include \"$2\" in $1"
@@ -139,4 +161,4 @@ rm -rf tree
 # the tree itself
 check "$TR_SRCDIR" || fail "includes cross the backend contract (above)"
 check_rooms "$TR_SRCDIR" || fail "includes cross the core's rooms (above)"
-echo "layering: kernels include no core header; core and plugins no backend-private header nor each other's; core rooms include only the rooms they build on"
+echo "layering: kernels include no core header; core and plugins no backend-private header nor each other's; core rooms include only the rooms (and of kernels/, the headers) they build on"

@@ -11,7 +11,7 @@ grep -q "smoke: ready to launch" ok.txt || fail "no 'ready to launch'"
 grep -q "checkpoint round trip ok" ok.txt || fail "no checkpoint round trip"
 
 if "$TRAINRUN" --smoke "$C/shape_bug.lua" 2> bug.txt; then fail "smoke passed a shape bug"; fi
-grep -q "shape_bug.lua:9: linear: input features .* has 16 features but weight head.weight \[4,32\] expects 32" bug.txt \
+grep -q "shape_bug.lua:9: linear: input 'features' .* has 16 features but weight 'head.weight' \[4,32\] expects 32" bug.txt \
   || { cat bug.txt; fail "shape bug message"; }
 grep -q "smoke: FAILED" bug.txt || fail "no FAILED line"
 
