@@ -257,11 +257,13 @@ static int forward_backward(struct run *r, double scale, double *loss_sum, doubl
         *targets += n;
         s->g->profile = sampled && k == 0; /* per-op timings of one micro-batch */
         s->g->grads_fresh = k == 0;
-        /* dropout's masks: from the seed, the step and this rank's micro-batch
-         * only, so a resumed run draws what the uninterrupted one did */
-        s->g->dropout_seed = tr_splitmix64((uint64_t)s->cfg->train.seed ^
-                                           tr_splitmix64(l->step * 4096 + (uint64_t)k * 64 +
-                                                         (uint64_t)s->rank));
+        /* dropout's masks: from the seed, the step and the micro-batch's
+         * place in the step (k * world + rank, the loader's order), only: a
+         * resumed run draws what the uninterrupted one did, and ranks what
+         * one process accumulating their micro-batches would */
+        s->g->dropout_seed = tr_splitmix64(
+            (uint64_t)s->cfg->train.seed ^
+            tr_splitmix64(l->step * 65536 + (uint64_t)k * (uint64_t)s->world + (uint64_t)s->rank));
         tr_graph_forward(s->g, &s->be);
         *loss_sum += tr_session_read_loss(s) * w;
         if (s->comm && k == s->accum - 1) /* all-reduce buckets as backward finishes them */

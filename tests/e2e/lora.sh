@@ -72,16 +72,19 @@ if "$TRAINRUN" lora.lua run_dir=straight train.steps=14 --resume auto --allow-ch
 fi
 grep -q "adapters only fit the weights they were trained on" other.log || { cat other.log; fail "message"; }
 echo "lora: a resume against another base is refused"
-# data parallel, with ZeRO-1: two ranks' adapters step as one process's
+# data parallel, with ZeRO-1 and adapter dropout: two ranks' adapters step
+# as one process accumulating the same micro-batches (a micro-batch's dropout
+# masks follow its place in the step, not the rank that reads it)
 for r in 1 2; do
   "$TRAINRUN" lora.lua run_dir=p$r procs=$r parallel.zero=true train.threads=1 train.steps=5 \
+    lora.dropout=0.1 train.micro_batch=2 \
     train.log_every=1 checkpoint.every=0 --quiet 2>/dev/null || fail "procs=$r"
 done
 grep '"loss"' p1/metrics.jsonl | grep -v val_loss | sed 's/.*"loss": *\([-0-9.e]*\).*/\1/' > p1.txt
 grep '"loss"' p2/metrics.jsonl | grep -v val_loss | sed 's/.*"loss": *\([-0-9.e]*\).*/\1/' > p2.txt
 [ -s p1.txt ] && paste p1.txt p2.txt | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) exit 1 }' ||
   fail "procs=2 with ZeRO-1: losses differ from one process's ($(tr '\n' ' ' < p1.txt) vs $(tr '\n' ' ' < p2.txt))"
-echo "lora: procs=2 with ZeRO-1 steps the adapters as one process"
+echo "lora: procs=2 with ZeRO-1 and dropout steps the adapters as one process"
 
 # adapter dropout: a resumed run draws the masks the uninterrupted one did
 "$TRAINRUN" lora.lua run_dir=d8 lora.dropout=0.1 train.steps=8 --quiet 2>/dev/null
