@@ -89,13 +89,14 @@ may_include() {
   esac
 }
 # What of kernels/ each room may include: the engine drives the backends
-# (backend.h, host.h) and checks graphs against the op table (ops.h);
+# (backend.h, host.h), checks graphs against the op table (ops.h) and
+# sizes frozen NF4 weights in the memory plan (nf4.h's layout);
 # config asks the op table for the shapes a recipe's builders make
 # (config/recipe_ops.c), and nothing else of kernels/; no other room
 # reaches kernels/ (commands through the engine).
 may_include_kernels() {
   case $1 in
-    engine) echo "kernels/backend.h kernels/host.h kernels/ops.h" ;;
+    engine) echo "kernels/backend.h kernels/host.h kernels/ops.h kernels/nf4.h" ;;
     config) echo "kernels/ops.h" ;;
   esac
 }
