@@ -5,7 +5,9 @@
  * ctx 256, batch 8 (2048 tokens), vocab 256; medium: 6 layers, dim 384,
  * ctx 256, batch 8, vocab 256; small: 4 layers, dim 128, ctx 128, batch 32
  * (4096 tokens), vocab 256; gpt2-t64: GPT-2 124M (12 layers, dim 768, vocab
- * 50257) at ctx 64, batch 4 (256 tokens).
+ * 50257) at ctx 64, batch 4 (256 tokens); smollm-135m: SmolLM-135M's Llama
+ * shape (30 layers, dim 576, k/v 192, MLP 1536, vocab 49152) at ctx 256,
+ * batch 4 (1024 tokens), as contrib/bench/lora.sh runs it.
  *
  * With `bf16` as the fourth argument the trainrun column is the native bf16
  * path instead (tr_cpu_linear_forward_bf16 / _backward_bf16, the operands'
@@ -31,7 +33,7 @@
  * Build against a build directory's kernels (from the repository root):
  *   cc -O2 -fopenmp -Iinclude -Ikernels/cpu contrib/bench/gemm_shapes.c \
  *      BUILD/.libs/libtrkernels.a -o gemm_shapes -ldnnl -lm
- *   OMP_NUM_THREADS=2 ./gemm_shapes [large|medium|small|gpt2-t64] [reps] [ceiling GFLOP/s] [fp32|bf16|bf16-stored]
+ *   OMP_NUM_THREADS=2 ./gemm_shapes [large|medium|small|gpt2-t64|smollm-135m] [reps] [ceiling GFLOP/s] [fp32|bf16|bf16-stored]
  *   GEMM_SHAPES_CLOCK=cpu OMP_NUM_THREADS=1 ./gemm_shapes medium 5 0 bf16   # on a loaded machine
  *
  * Without a ceiling (or with 0) fp32 measures one, dnnl_sgemm at 2048^3 as
@@ -50,6 +52,7 @@
 struct model {
     const char *name;
     int tokens, dim, layers, vocab;
+    int kv, inter; /* a Llama block's k/v width and MLP width; 0: a GPT block */
 };
 
 static const struct model models[] = {
@@ -57,6 +60,8 @@ static const struct model models[] = {
     {"medium", 8 * 256, 384, 6, 256},
     {"small", 32 * 128, 128, 4, 256},
     {"gpt2-t64", 4 * 64, 768, 12, 50257}, /* GPT-2 124M at ctx 64, batch 4 (cpu_bf16.sh) */
+    /* SmolLM-135M's shape at ctx 256, batch 4 (lora.sh) */
+    {"smollm-135m", 4 * 256, 576, 30, 49152, 192, 1536},
 };
 
 struct linear_shape {
@@ -64,17 +69,30 @@ struct linear_shape {
     int in, out, bias, per_step;
 };
 
-enum { LINEARS = 5 };
+enum { LINEARS_MAX = 8 };
 
-/* The Linears of a GPT block, then the (tied, bias-free) output head. */
-static void linear_shapes(const struct model *g, struct linear_shape s[LINEARS])
+/* The Linears of a GPT or Llama block, then the (tied, bias-free) output
+ * head; returns how many. */
+static int linear_shapes(const struct model *g, struct linear_shape s[LINEARS_MAX])
 {
     int C = g->dim, L = g->layers;
+    if (g->inter > 0) {
+        s[0] = (struct linear_shape){"q_proj", C, C, 0, L};
+        s[1] = (struct linear_shape){"k_proj", C, g->kv, 0, L};
+        s[2] = (struct linear_shape){"v_proj", C, g->kv, 0, L};
+        s[3] = (struct linear_shape){"o_proj", C, C, 0, L};
+        s[4] = (struct linear_shape){"gate_proj", C, g->inter, 0, L};
+        s[5] = (struct linear_shape){"up_proj", C, g->inter, 0, L};
+        s[6] = (struct linear_shape){"down_proj", g->inter, C, 0, L};
+        s[7] = (struct linear_shape){"lm_head", C, g->vocab, 0, 1};
+        return 8;
+    }
     s[0] = (struct linear_shape){"attn.c_attn", C, 3 * C, 1, L};
     s[1] = (struct linear_shape){"attn.c_proj", C, C, 1, L};
     s[2] = (struct linear_shape){"mlp.c_fc", C, 4 * C, 1, L};
     s[3] = (struct linear_shape){"mlp.c_proj", 4 * C, C, 1, L};
     s[4] = (struct linear_shape){"lm_head", C, g->vocab, 0, 1};
+    return 5;
 }
 
 /* CLOCK_MONOTONIC; with GEMM_SHAPES_CLOCK=cpu in the environment the calling
@@ -237,7 +255,7 @@ static int parse_args(int argc, char **argv, struct options *o)
             if (strcmp(argv[1], models[i].name) == 0)
                 o->g = &models[i];
         if (o->g == NULL) {
-            fprintf(stderr, "usage: gemm_shapes [large|medium|small|gpt2-t64] [reps] [ceiling GFLOP/s] "
+            fprintf(stderr, "usage: gemm_shapes [large|medium|small|gpt2-t64|smollm-135m] [reps] [ceiling GFLOP/s] "
                             "[fp32|bf16|bf16-stored]\n");
             return 2;
         }
@@ -267,11 +285,11 @@ static int parse_args(int argc, char **argv, struct options *o)
 
 /* Operands for the largest of the linears, random, with bf16 copies; -1
  * when out of memory. */
-static int alloc_buffers(const struct model *g, const struct linear_shape *linears, int stored,
-                         struct buffers *m)
+static int alloc_buffers(const struct model *g, const struct linear_shape *linears, int count,
+                         int stored, struct buffers *m)
 {
     size_t max_in = 0, max_out = 0;
-    for (int i = 0; i < LINEARS; i++) {
+    for (int i = 0; i < count; i++) {
         if ((size_t)linears[i].in > max_in)
             max_in = linears[i].in;
         if ((size_t)linears[i].out > max_out)
@@ -358,15 +376,15 @@ int main(int argc, char **argv)
     int code = parse_args(argc, argv, &o);
     if (code >= 0)
         return code;
-    struct linear_shape linears[LINEARS];
-    linear_shapes(o.g, linears);
+    struct linear_shape linears[LINEARS_MAX];
+    int count = linear_shapes(o.g, linears);
     struct buffers m;
-    if (alloc_buffers(o.g, linears, o.stored, &m) != 0)
+    if (alloc_buffers(o.g, linears, count, o.stored, &m) != 0)
         return 1;
 
     print_header(&o);
     double step_trainrun = 0, step_other = 0;
-    for (int i = 0; i < LINEARS; i++)
+    for (int i = 0; i < count; i++)
         for (int p = FORWARD; p <= WEIGHT_GRAD; p++)
             time_row(&o, &linears[i], (enum pass)p, &m, &step_trainrun, &step_other);
     if (o.bf16)

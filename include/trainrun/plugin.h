@@ -50,8 +50,9 @@ extern "C" {
  * vtable its `barrier`, which the core never called. */
 #define TR_ABI_MAJOR 2
 /* 2.1: the checkpoint vtable's optional put_stream.
- * 2.2: TR_NF4, the storage type of 4-bit quantised frozen weights. */
-#define TR_ABI_MINOR 2
+ * 2.2: TR_NF4, the storage type of 4-bit quantised frozen weights.
+ * 2.3: the comm vtable's optional reduce_scatter. */
+#define TR_ABI_MINOR 3
 
 /* The one symbol every plugin exports. */
 #define TR_PLUGIN_ENTRY trainrun_plugin_entry
@@ -346,6 +347,14 @@ struct tr_comm_vtable {
     int (*allgather)(void *self, float *buf, size_t count, tr_err *err);
     /* Optional: one line for logs ("tcp ring, 2 ranks via 127.0.0.1:29500") */
     const char *(*describe)(void *self);
+    /* Optional (2.3): every rank gives world*count floats in buf; afterwards
+     * rank r's buf + r*count holds, for those count floats, the sum over
+     * ranks (the rest of buf is left undefined: a plugin may use it as
+     * room).  Same inputs, same sums (a fixed order of additions); ideally
+     * those allreduce_sum gives, so shard levels agree bit for bit.
+     * Sharded data parallel (parallel.shard = "gradients" or "parameters")
+     * reduce-scatters gradients with it and refuses a plugin without one. */
+    int (*reduce_scatter)(void *self, float *buf, size_t count, tr_err *err);
 };
 
 /* ---- logger ----------------------------------------------------------- */
