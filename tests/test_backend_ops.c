@@ -1074,7 +1074,7 @@ static void model_open(struct model_side *s, struct tr_config *cfg, const struct
     for (int i = 0; i < s->g->n_tensors; i++)
         halves += s->g->tensors[i].role == TR_ROLE_ACTIVATION && s->g->tensors[i].dtype == compute;
     cr_assert(compute == TR_F32 || halves > 0, "no activation is stored in the compute dtype");
-    cr_assert_eq(tr_optimizer_init(&s->opt, &cfg->optimizer, s->g, s->be, 0, s->g->n_params, &err),
+    cr_assert_eq(tr_optimizer_init(&s->opt, &cfg->optimizer, s->g, s->be, NULL, &err),
                  TR_OK, "%s", err.msg);
     if (!f)
         return;

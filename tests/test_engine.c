@@ -83,7 +83,7 @@ Test(pytorch_agreement, loss_gradients_and_ten_adamw_steps, .init = environment)
 
     /* ten AdamW steps on the same batch, constant lr */
     struct tr_optimizer opt;
-    cr_assert_eq(tr_optimizer_init(&opt, &e.cfg.optimizer, g, &e.be, 0, g->n_params, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(tr_optimizer_init(&opt, &e.cfg.optimizer, g, &e.be, NULL, &err), TR_OK, "%s", err.msg);
     engine_steps_agree(&e, &opt, need(f, "", "adamw_losses")->data, 10, "tiny_gpt (reference: PyTorch)");
     for (int i = 0; i < g->n_tensors; i++) {
         struct tr_tensor *t = &g->tensors[i];
@@ -148,8 +148,8 @@ Test(accumulation, micro_batches_match_one_big_batch, .init = environment)
     /* and the AdamW update that follows */
     struct tr_optimizer ob, os;
     tr_err err = {{0}};
-    tr_optimizer_init(&ob, &big.cfg.optimizer, big.g, &big.be, 0, big.g->n_params, &err);
-    tr_optimizer_init(&os, &small.cfg.optimizer, small.g, &small.be, 0, small.g->n_params, &err);
+    tr_optimizer_init(&ob, &big.cfg.optimizer, big.g, &big.be, NULL, &err);
+    tr_optimizer_init(&os, &small.cfg.optimizer, small.g, &small.be, NULL, &err);
     tr_optimizer_step(&ob, big.g, &big.be, 1.0, 1e-2);
     tr_optimizer_step(&os, small.g, &small.be, 1.0, 1e-2);
     error = tensor_error(small.g->params, big.g->params, big.g->n_params);
@@ -320,7 +320,10 @@ Test(engine, optimizer_state_follows_its_descriptor)
         struct tr_optimizer_config cfg = {.type = d->name};
         struct tr_optimizer o;
         tr_err err = {{0}};
-        cr_assert_eq(tr_optimizer_init(&o, &cfg, &g, &be, 10, 30, &err), TR_OK, "%s", err.msg);
+        struct tr_shard shard;
+        tr_shard_init(&shard, 40, 40, 1, 2, TR_SHARD_OPTIMIZER); /* parameters [20, 40) */
+        cr_assert_eq(tr_optimizer_init(&o, &cfg, &g, &be, &shard, &err), TR_OK, "%s", err.msg);
+        cr_assert_eq(o.owned, 20);
         cr_assert_eq(o.desc, d);
         for (int k = 0; k < TR_OPTIMIZER_MAX_SLOTS; k++) {
             cr_assert_eq(o.state[k] != NULL, k < d->state_slots, "%s slot %d", d->name, k);
@@ -331,7 +334,7 @@ Test(engine, optimizer_state_follows_its_descriptor)
     struct tr_optimizer_config lion = {.type = "lion"};
     struct tr_optimizer o;
     tr_err err = {{0}};
-    cr_assert_eq(tr_optimizer_init(&o, &lion, &g, &be, 0, 4, &err), TR_ERROR);
+    cr_assert_eq(tr_optimizer_init(&o, &lion, &g, &be, NULL, &err), TR_ERROR);
     cr_assert_not_null(strstr(err.msg, "lion"), "%s", err.msg);
     /* the choices named are the table's, and optimizer.type's are too */
     int n = 0;
@@ -345,10 +348,12 @@ Test(engine, optimizer_state_follows_its_descriptor)
 }
 
 /* The step hands each descriptor's state slots to its update, at the
- * offset of the run it updates: a shard [2, 7) of 8 parameters crossing
- * the decayed ones [0, 4), as under ZeRO-1.  After one step from zero
- * state, AdamW's slot 0 is (1 - beta1) g and slot 1 (1 - beta2) g^2; SGD's
- * slot 0 is g + weight_decay p; parameters outside the shard stay put. */
+ * offset of each run it updates: rank 1 of 2 in units of 4 of 8
+ * parameters owns [2, 4) and [6, 8) (shard.h), the first within the
+ * decayed ones [0, 4), the second not; its state holds them one after the
+ * other.  After one step from zero state, AdamW's slot 0 is (1 - beta1) g
+ * and slot 1 (1 - beta2) g^2; SGD's slot 0 is g + weight_decay p;
+ * parameters of other ranks stay put. */
 Test(engine, optimizer_step_updates_the_descriptors_slots)
 {
     struct tr_backend be;
@@ -366,19 +371,23 @@ Test(engine, optimizer_step_updates_the_descriptors_slots)
                                           .momentum = 0.9};
         struct tr_optimizer o;
         tr_err err = {{0}};
-        cr_assert_eq(tr_optimizer_init(&o, &cfg, &g, &be, 2, 7, &err), TR_OK, "%s", err.msg);
+        struct tr_shard shard;
+        tr_shard_init(&shard, 8, 4, 1, 2, TR_SHARD_GRADIENTS);
+        cr_assert_eq(tr_optimizer_init(&o, &cfg, &g, &be, &shard, &err), TR_OK, "%s", err.msg);
+        cr_assert_eq(o.owned, 4);
         tr_optimizer_step(&o, &g, &be, 2.0, cfg.lr);
         for (int k = 0; k < 8; k++) {
             float p0 = 1.0f + 0.125f * (float)k, gk = 2.0f * grads[k];
-            if (k < 2 || k >= 7) {
-                cr_assert_eq(params[k], p0, "%s: parameter %d is outside the shard", d->name, k);
+            int at = k < 4 ? k - 2 : k - 6 + 2; /* where the state of parameter k is */
+            if (k < 2 || (k >= 4 && k < 6)) {
+                cr_assert_eq(params[k], p0, "%s: parameter %d is rank 0's", d->name, k);
                 continue;
             }
             cr_assert_neq(params[k], p0, "%s: parameter %d", d->name, k);
-            const float *s0 = o.state[0] + (k - 2);
+            const float *s0 = o.state[0] + at;
             if (d->update == TR_UPDATE_ADAMW) {
                 cr_assert_float_eq(*s0, 0.1f * gk, 1e-6, "%s slot 0 at %d", d->name, k);
-                cr_assert_float_eq(o.state[1][k - 2], 0.01f * gk * gk, 1e-6, "%s slot 1 at %d",
+                cr_assert_float_eq(o.state[1][at], 0.01f * gk * gk, 1e-6, "%s slot 1 at %d",
                                    d->name, k);
             } else {
                 float wd = k < 4 ? 0.5f : 0.0f;
@@ -388,6 +397,37 @@ Test(engine, optimizer_step_updates_the_descriptors_slots)
         tr_optimizer_free(&o, &be);
     }
     tr_cpu_backend_free(&be);
+}
+
+/* The shard layout (shard.h): units a multiple of the world, equal parts,
+ * the last rank the leftover of the last unit; every float owned once. */
+Test(engine, shard_layout_covers_each_float_once)
+{
+    size_t ns[] = {0, 1, 7, 8, 1885, 4096, 10007};
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+        for (int world = 1; world <= 4; world++)
+            for (size_t unit = 1; unit <= 5000; unit = unit * 3 + 1) {
+                struct tr_shard s;
+                tr_shard_init(&s, ns[a], unit, 0, world, TR_SHARD_GRADIENTS);
+                cr_assert_eq(s.unit % (size_t)world, 0);
+                size_t total = 0, next = 0;
+                for (size_t u = 0; u < s.n_units; u++)
+                    for (int q = 0; q < world; q++) {
+                        struct tr_shard_run p = tr_shard_part(&s, u, q);
+                        cr_assert_eq(p.begin, next, "n %zu world %d unit %zu: u %zu q %d", ns[a],
+                                     world, unit, u, q);
+                        next = p.end;
+                        total += p.end - p.begin;
+                        if (q < world - 1)
+                            cr_assert_eq(p.end - p.begin, tr_shard_part_len(&s, u));
+                    }
+                cr_assert_eq(total, ns[a]);
+                cr_assert_eq(next, ns[a]);
+                size_t owned = 0;
+                for (int q = 0; q < world; q++)
+                    owned += tr_shard_owned(&s, q);
+                cr_assert_eq(owned, ns[a]);
+            }
 }
 
 /* ---- loss masks (instruction data) ----------------------------------------- */

@@ -154,7 +154,7 @@ static void agreement(const char *name)
 
     struct tr_optimizer opt;
     tr_err err = {{0}};
-    cr_assert_eq(tr_optimizer_init(&opt, &e.cfg.optimizer, g, &e.be, 0, g->n_params, &err), TR_OK,
+    cr_assert_eq(tr_optimizer_init(&opt, &e.cfg.optimizer, g, &e.be, NULL, &err), TR_OK,
                  "%s", err.msg);
     char who[128];
     snprintf(who, sizeof who, "%s (reference: transformers)", name);
@@ -228,7 +228,7 @@ Test(hf_agreement, tiny_llama_bf16_weights, .init = environment)
 
     struct tr_optimizer opt;
     tr_err err = {{0}};
-    cr_assert_eq(tr_optimizer_init(&opt, &e.cfg.optimizer, e.g, &e.be, 0, e.g->n_params, &err), TR_OK,
+    cr_assert_eq(tr_optimizer_init(&opt, &e.cfg.optimizer, e.g, &e.be, NULL, &err), TR_OK,
                  "%s", err.msg);
     const float *losses = need(ref.st, "", "adamw_losses")->data;
     for (int step = 0; step < STEPS; step++) {

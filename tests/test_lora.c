@@ -281,7 +281,7 @@ static void peft_agreement(const char *kase, const char *base, const char *extra
     set_inputs(g, ref.st);
     struct tr_optimizer opt;
     tr_err err = {{0}};
-    cr_assert_eq(tr_optimizer_init(&opt, &e.cfg.optimizer, g, &e.be, 0, g->n_params, &err), TR_OK,
+    cr_assert_eq(tr_optimizer_init(&opt, &e.cfg.optimizer, g, &e.be, NULL, &err), TR_OK,
                  "%s", err.msg);
     g->loss_grad = 1.0f;
     double sworst = engine_steps_agree(&e, &opt, need(ref.st, "", "adamw_losses")->data, STEPS, kase);

@@ -223,6 +223,7 @@ static void plan_length(struct tr_plan *p, const struct tr_session *s)
     p->trained_factor = p->tokens / p->optimal_tokens;
     p->gradient_bytes = (double)p->params * (double)dtype_bytes(p->grad);
     p->bucket_bytes = cfg->parallel.bucket_mb * 1024 * 1024;
+    p->shard_level = (int)cfg->parallel.shard_level;
 }
 
 /* The plan is a client of the session (session.h) in plan mode: the

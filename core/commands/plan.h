@@ -73,6 +73,7 @@ struct tr_plan {
     double optimal_hours, optimal_dollars, optimal_spot_dollars; /* compute-optimal tokens */
     /* data parallel: the gradient all-reduce and how much of it backward hides */
     double gradient_bytes, bucket_bytes;
+    int shard_level;                  /* parallel.shard's (enum tr_shard_level) */
     double allreduce_seconds;         /* all buckets of one step, back to back; count > 1 */
     struct tr_plan_scale {
         int64_t devices, nodes;

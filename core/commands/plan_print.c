@@ -266,9 +266,15 @@ static void print_memory(const struct tr_plan *p, FILE *out)
             "in %s)", tr_dtype_name(p->compute));
         row(out, "", "(device=cpu on this machine: %s)", tr_cpu_gemm_path(p->compute));
     }
-    if (p->cost.count > 1)
-        row(out, "", "(data parallel: each of the %lld devices holds all of this)",
-            (long long)p->cost.count);
+    if (p->cost.count > 1 && p->shard_level == TR_SHARD_NONE)
+        row(out, "", "(data parallel: each of the %lld devices holds all of this; "
+            "parallel.shard = \"optimizer\" keeps 1/%lld of the optimizer state on each)",
+            (long long)p->cost.count, (long long)p->cost.count);
+    else if (p->cost.count > 1)
+        row(out, "", "(data parallel, parallel.shard = \"%s\": each of the %lld devices holds "
+            "1/%lld of the optimizer state, all of the rest)",
+            p->shard_level == TR_SHARD_GRADIENTS ? "gradients" : "optimizer",
+            (long long)p->cost.count, (long long)p->cost.count);
     snprintf(label, sizeof label, "on %s", p->device);
     row(out, label, "%s: %s of %s usable (%s less a %.0f%% margin)",
         p->fits ? "fits" : "DOES NOT FIT", fmt_bytes(p->memory_total, a, sizeof a),

@@ -154,15 +154,48 @@ static const struct tr_option root_options[] = {
     {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
 };
 
+/* by enum tr_shard_level */
+static const char *const shard_levels[] = {"none", "optimizer", "gradients", "parameters", NULL};
+
 static const struct tr_option parallel_options[] = {
     OPT(TR_OPT_FLOAT, "bucket_mb", "25", 0.01, 4096,
         "gradients are all-reduced in buckets of this many MiB, each as soon as backward has "
         "finished it", struct tr_parallel_config, bucket_mb),
     OPT(TR_OPT_BOOL, "zero", "false", 0, 0,
-        "ZeRO-1: shard the optimizer state across ranks (each keeps 1/world of it)",
-        struct tr_parallel_config, zero),
+        "the alias of shard = \"optimizer\" (ZeRO-1)", struct tr_parallel_config, zero),
+    {TR_OPT_ENUM, "shard", "none", 0, 0, shard_levels,
+     "what each rank keeps only 1/world of: none; optimizer (ZeRO-1: its state); gradients "
+     "(ZeRO-2: also the summed gradients, reduce-scattered in buckets as backward makes them); "
+     "parameters (ZeRO-3: not in this version)",
+     offsetof(struct tr_parallel_config, shard)},
     {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
 };
+
+/* parallel.shard and its alias parallel.zero as one level; "parameters"
+ * (ZeRO-3) is refused until it runs. */
+static int resolve_shard(struct tr_config *cfg, struct tr_value *root, tr_err *err)
+{
+    struct tr_parallel_config *p = &cfg->parallel;
+    const struct tr_value *v = tr_value_child(tr_value_child(root, "parallel"), "shard");
+    char where[256] = "";
+    if (v)
+        tr_origin_format(&v->origin, where, sizeof where);
+    enum tr_shard_level level = TR_SHARD_NONE;
+    for (int k = 0; shard_levels[k]; k++)
+        if (strcmp(p->shard, shard_levels[k]) == 0)
+            level = (enum tr_shard_level)k;
+    if (level == TR_SHARD_PARAMETERS)
+        return tr_fail(err, "%s: parallel.shard = \"parameters\" (ZeRO-3: parameters gathered "
+                       "block by block) is not in this version of trainrun; \"gradients\" "
+                       "(ZeRO-2) keeps 1/world of the optimizer state and reduce-scatters the "
+                       "gradients (docs/scale-out.md)", where);
+    if (p->zero && level > TR_SHARD_OPTIMIZER)
+        return tr_fail(err, "%s: parallel.zero = true means shard = \"optimizer\", but shard is "
+                       "\"%s\": drop parallel.zero (shard = \"%s\" shards the optimizer state "
+                       "too)", where, p->shard, p->shard);
+    p->shard_level = p->zero && level == TR_SHARD_NONE ? TR_SHARD_OPTIMIZER : level;
+    return TR_OK;
+}
 
 static const char *const sections[] = {"model",     "data",  "precision",  "schedule",
                                        "checkpoint", "optimizer", "train", "early_stop",
@@ -250,7 +283,8 @@ static int configure_sections(struct tr_config *cfg, struct tr_value *root, tr_e
         tr_options_apply(root, "parallel", "parallel", &pu, 1, err) != TR_OK ||
         tr_options_apply(root, "cost", "cost", &cost_use, 1, err) != TR_OK ||
         tr_options_apply(root, "optimizer", "optimizer", ou, 3, err) != TR_OK ||
-        tr_options_apply(root, "early_stop", "early_stop", &eu, 1, err) != TR_OK)
+        tr_options_apply(root, "early_stop", "early_stop", &eu, 1, err) != TR_OK ||
+        resolve_shard(cfg, root, err) != TR_OK)
         return TR_ERROR;
     return tr_lora_configure(&cfg->lora, cfg->recipe, err);
 }

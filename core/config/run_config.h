@@ -46,13 +46,24 @@ struct tr_early_stop_config {
     double min_delta;  /* an improvement must lower the validation loss by more */
 };
 
+/* The shard levels of data parallelism (parallel.shard): what each rank
+ * keeps only its part of (engine/shard.h: which part). */
+enum tr_shard_level {
+    TR_SHARD_NONE,      /* replicated: every rank the whole state */
+    TR_SHARD_OPTIMIZER, /* ZeRO-1: the optimizer state */
+    TR_SHARD_GRADIENTS, /* ZeRO-2: also the summed gradients (reduce-scatter) */
+    TR_SHARD_PARAMETERS /* ZeRO-3: also the parameters (refused for now: run_config.c) */
+};
+
 /* Data parallelism: how many ranks this node starts (the local launcher),
  * and how gradients travel between ranks. */
 struct tr_parallel_config {
     int64_t procs;    /* CPU ranks to start on this node (1: no launcher) */
     int64_t gpus;     /* GPU ranks to start on this node (0: none) */
     double bucket_mb; /* gradients all-reduced in buckets of this size */
-    int zero;         /* ZeRO-1: each rank keeps 1/world of the optimizer state */
+    int zero;         /* the alias of shard = "optimizer" */
+    const char *shard;               /* as written: none, optimizer, gradients, parameters */
+    enum tr_shard_level shard_level; /* resolved from shard and zero */
 };
 
 /* This process among the ranks of a data-parallel job (1 of 1 alone). */

@@ -6,12 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum job_kind { JOB_ALLREDUCE, JOB_BROADCAST, JOB_ALLGATHER };
+enum job_kind { JOB_ALLREDUCE, JOB_BROADCAST, JOB_ALLGATHER, JOB_REDUCE_SCATTER };
 
 struct job {
     enum job_kind kind;
     void *buf;
-    size_t size; /* floats (all-reduce; all-gather: per rank) or bytes (broadcast) */
+    size_t size; /* floats (all-reduce; all-gather, reduce-scatter: per rank) or bytes (broadcast) */
     int root;
 };
 
@@ -39,7 +39,8 @@ struct tr_comm {
     size_t n_buckets;
     /* for each node: the parameters whose gradient is final after its backward */
     int *final_start, *final_params; /* CSR: node i's are final_params[final_start[i] .. [i+1]) */
-    size_t per_bucket;      /* floats per bucket (the last may be shorter) */
+    struct tr_shard layout; /* the buckets are its units */
+    int scatter;            /* buckets reduce-scatter (shard level gradients) */
     struct tr_graph *armed; /* the graph whose backward submits buckets */
 };
 
@@ -58,11 +59,14 @@ static void *comm_thread(void *arg)
         tr_err e = {{0}};
         int rc = TR_OK;
         /* mandatory slots: the loader refused any vtable without them;
-         * allgather is submitted only where tr_comm_has_allgather said so */
+         * allgather and reduce_scatter are submitted only where
+         * tr_comm_has_allgather / _reduce_scatter said so */
         if (!skip && j.kind == JOB_ALLREDUCE)
             rc = c->vt->allreduce_sum(c->self, j.buf, j.size, &e);
         else if (!skip && j.kind == JOB_BROADCAST)
             rc = c->vt->broadcast(c->self, j.buf, j.size, j.root, &e);
+        else if (!skip && j.kind == JOB_REDUCE_SCATTER)
+            rc = c->vt->reduce_scatter(c->self, j.buf, j.size, &e);
         else if (!skip)
             rc = c->vt->allgather(c->self, j.buf, j.size, &e);
         pthread_mutex_lock(&c->lock);
@@ -174,6 +178,31 @@ int tr_comm_allgather(struct tr_comm *c, float *buf, size_t count, tr_err *err)
     return wait_all(c, err);
 }
 
+int tr_comm_has_reduce_scatter(const struct tr_comm *c)
+{
+    return TR_HAS_SLOT(c->vt, struct tr_comm_vtable, reduce_scatter);
+}
+
+/* The shard's unit u: its parameters from their owners, the equal parts in
+ * one all-gather, the last rank's leftover in a broadcast. */
+static void submit_gather(struct tr_comm *c, float *buf, const struct tr_shard *s, size_t u)
+{
+    struct tr_shard_run r = tr_shard_unit(s, u);
+    size_t per = tr_shard_part_len(s, u), rest = r.end - r.begin - per * (size_t)s->world;
+    if (per)
+        submit(c, (struct job){JOB_ALLGATHER, buf + r.begin, per, 0});
+    if (rest)
+        submit(c, (struct job){JOB_BROADCAST, buf + r.end - rest, rest * sizeof(float),
+                               s->world - 1});
+}
+
+int tr_comm_gather_shards(struct tr_comm *c, float *buf, const struct tr_shard *s, tr_err *err)
+{
+    for (size_t u = 0; u < s->n_units; u++)
+        submit_gather(c, buf, s, u);
+    return wait_all(c, err);
+}
+
 int tr_comm_broadcast(struct tr_comm *c, void *buf, size_t bytes, int root, tr_err *err)
 {
     submit(c, (struct job){JOB_BROADCAST, buf, bytes, root});
@@ -182,17 +211,21 @@ int tr_comm_broadcast(struct tr_comm *c, void *buf, size_t bytes, int root, tr_e
 
 /* ---- gradient buckets ------------------------------------------------------ */
 
-int tr_comm_plan_buckets(struct tr_comm *c, struct tr_graph *g, size_t bucket_bytes, tr_err *err)
+int tr_comm_plan_buckets(struct tr_comm *c, struct tr_graph *g, const struct tr_shard *layout,
+                         tr_err *err)
 {
-    size_t per = bucket_bytes / sizeof(float);
-    if (per < 1024)
-        per = 1024;
-    c->per_bucket = per;
-    c->n_buckets = g->n_params ? (g->n_params + per - 1) / per : 0;
+    c->layout = *layout;
+    c->scatter = layout->level >= TR_SHARD_GRADIENTS && layout->world > 1;
+    if (c->scatter && !tr_comm_has_reduce_scatter(c))
+        return tr_fail(err, "parallel.shard = \"gradients\": comm plugin has no reduce_scatter "
+                       "slot, which sharded gradients need; use a comm plugin that has one "
+                       "(tcp, mpi, nccl) or shard = \"optimizer\"");
+    c->n_buckets = layout->n_units;
     c->buckets = tr_xcalloc(c->n_buckets ? c->n_buckets : 1, sizeof *c->buckets);
     for (size_t b = 0; b < c->n_buckets; b++) {
-        c->buckets[b].begin = b * per;
-        c->buckets[b].end = b + 1 == c->n_buckets ? g->n_params : (b + 1) * per;
+        struct tr_shard_run r = tr_shard_unit(layout, b);
+        c->buckets[b].begin = r.begin;
+        c->buckets[b].end = r.end;
     }
     /* a parameter's gradient is final after the earliest node (backward runs
      * last to first) that adds into it */
@@ -225,20 +258,29 @@ int tr_comm_plan_buckets(struct tr_comm *c, struct tr_graph *g, size_t bucket_by
             int i = final_node[t];
             c->final_params[c->final_start[i] + fill[i]++] = t;
             const struct tr_tensor *p = &g->tensors[t];
-            for (size_t b = p->offset / per; b < c->n_buckets && c->buckets[b].begin < p->offset + p->numel; b++)
+            for (size_t b = p->offset / c->layout.unit;
+                 b < c->n_buckets && c->buckets[b].begin < p->offset + p->numel; b++)
                 c->buckets[b].need++;
         }
     free(fill);
     free(final_node);
-    (void)err;
     return TR_OK;
 }
 
 size_t tr_comm_bucket_count(const struct tr_comm *c) { return c->n_buckets; }
 
+/* A finished bucket's gradients summed over the ranks: all of it on every
+ * rank, or (shard level gradients) each rank's part on that rank, the
+ * leftover of the last bucket all-reduced (the last rank's). */
 static void submit_bucket(struct tr_comm *c, struct tr_graph *g, struct bucket *b)
 {
-    submit(c, (struct job){JOB_ALLREDUCE, g->grads + b->begin, b->end - b->begin, 0});
+    size_t u = (size_t)(b - c->buckets);
+    size_t per = c->scatter ? tr_shard_part_len(&c->layout, u) : 0;
+    size_t rest = b->end - b->begin - per * (size_t)c->layout.world;
+    if (per)
+        submit(c, (struct job){JOB_REDUCE_SCATTER, g->grads + b->begin, per, 0});
+    if (rest)
+        submit(c, (struct job){JOB_ALLREDUCE, g->grads + b->end - rest, rest, 0});
 }
 
 static void bucket_hook(void *ctx, int node)
@@ -247,7 +289,8 @@ static void bucket_hook(void *ctx, int node)
     struct tr_graph *g = c->armed;
     for (int k = c->final_start[node]; k < c->final_start[node + 1]; k++) {
         const struct tr_tensor *p = &g->tensors[c->final_params[k]];
-        for (size_t b = p->offset / c->per_bucket; b < c->n_buckets && c->buckets[b].begin < p->offset + p->numel; b++)
+        for (size_t b = p->offset / c->layout.unit;
+             b < c->n_buckets && c->buckets[b].begin < p->offset + p->numel; b++)
             if (--c->buckets[b].left == 0)
                 submit_bucket(c, g, &c->buckets[b]);
     }

@@ -12,6 +12,7 @@
 #define TR_COMM_H
 
 #include "graph.h"
+#include "shard.h"
 #include "../config/run_config.h"
 
 struct tr_comm;
@@ -29,12 +30,20 @@ int tr_comm_broadcast(struct tr_comm *c, void *buf, size_t bytes, int root, tr_e
  * tr_comm_has_allgather (the plugin's slot is optional). */
 int tr_comm_allgather(struct tr_comm *c, float *buf, size_t count, tr_err *err);
 int tr_comm_has_allgather(const struct tr_comm *c);
+int tr_comm_has_reduce_scatter(const struct tr_comm *c);
+/* Every rank's parts of buf (shard.h) to every rank: unit by unit, an
+ * all-gather of the equal parts and a broadcast of the last rank's
+ * leftover (the parameters after a sharded update). */
+int tr_comm_gather_shards(struct tr_comm *c, float *buf, const struct tr_shard *s, tr_err *err);
 
-/* Gradient buckets over g's flat gradient buffer: about bucket_bytes each.
+/* Gradient buckets over g's flat gradient buffer: the units of layout.
  * After tr_comm_arm(), the graph's backward submits each bucket's
- * all-reduce as soon as the last node writing into it has run;
- * tr_comm_finish() submits any left and waits for all of them. */
-int tr_comm_plan_buckets(struct tr_comm *c, struct tr_graph *g, size_t bucket_bytes, tr_err *err);
+ * all-reduce (shard level gradients: reduce-scatter, each rank's part
+ * summed on that rank only) as soon as the last node writing into it has
+ * run; tr_comm_finish() submits any left and waits for all of them.  A
+ * plugin without reduce_scatter is refused here under level gradients. */
+int tr_comm_plan_buckets(struct tr_comm *c, struct tr_graph *g, const struct tr_shard *layout,
+                         tr_err *err);
 void tr_comm_arm(struct tr_comm *c, struct tr_graph *g);
 int tr_comm_finish(struct tr_comm *c, struct tr_graph *g, tr_err *err);
 size_t tr_comm_bucket_count(const struct tr_comm *c);

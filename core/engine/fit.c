@@ -4,6 +4,7 @@
 
 #include "backend.h"
 #include "model.h"
+#include "shard.h"
 #include "../config/hardware.h"
 #include "../util/util.h"
 
@@ -35,6 +36,13 @@ void tr_fit_adjust(const struct tr_fit_model *fm, struct tr_memory_report *repor
 {
     if (fm->other_device)
         report->param_copies = 0;
+    if (fm->shard_world > 1 && report->grads > 0) { /* the largest rank's part: the last's */
+        size_t n = report->grads / sizeof(float), slots = report->optimizer / report->grads;
+        struct tr_shard sh;
+        tr_shard_init(&sh, n, tr_shard_unit_floats(fm->cfg), fm->shard_world - 1, fm->shard_world,
+                      fm->cfg->parallel.shard_level);
+        report->optimizer = slots * tr_shard_owned(&sh, fm->shard_world - 1) * sizeof(float);
+    }
 }
 
 int tr_fit_measure(const struct tr_fit_model *fm, int64_t m, struct tr_memory_report *report,

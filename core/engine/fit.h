@@ -27,6 +27,9 @@ struct tr_fit_model {
     /* 1: measured on the CPU backend for another device (plan, smoke): the
      * CPU's own copy of the weights (its bf16 GEMMs') is no memory there */
     int other_device;
+    /* ranks the optimizer state is cut over (parallel.shard at any level,
+     * with the run's ranks or the plan's devices); 1: none */
+    int shard_world;
 };
 
 /* A measured plan as the target device holds it (other_device). */

@@ -67,42 +67,70 @@ static int unknown_optimizer(const char *type, tr_err *err)
 }
 
 int tr_optimizer_init(struct tr_optimizer *o, const struct tr_optimizer_config *cfg,
-                      const struct tr_graph *g, const struct tr_backend *be, size_t begin,
-                      size_t end, tr_err *err)
+                      const struct tr_graph *g, const struct tr_backend *be,
+                      const struct tr_shard *shard, tr_err *err)
 {
-    (void)g;
     memset(o, 0, sizeof *o);
     o->cfg = cfg;
     o->desc = tr_optimizer_find(cfg->type);
     if (!o->desc)
         return unknown_optimizer(cfg->type, err);
-    o->begin = begin;
-    o->end = end;
-    size_t bytes = (end - begin) * sizeof(float);
+    if (shard && tr_shard_sharded(shard))
+        o->shard = *shard;
+    else /* alone or replicated: one rank owning everything */
+        tr_shard_init(&o->shard, g->n_params, g->n_params, 0, 1, TR_SHARD_NONE);
+    o->owned = tr_shard_owned(&o->shard, o->shard.rank);
+    size_t bytes = o->owned * sizeof(float);
     for (int k = 0; k < o->desc->state_slots; k++)
-        if (!(o->state[k] = tr_be_alloc(be, bytes)))
+        if (!(o->state[k] = tr_be_alloc(be, bytes ? bytes : sizeof(float))))
             return tr_fail(err, "out of %s memory for the optimizer state", tr_be_name(be));
     return TR_OK;
+}
+
+void tr_optimizer_runs(const struct tr_optimizer *o,
+                       void (*fn)(void *ctx, struct tr_shard_run run, size_t state_at), void *ctx)
+{
+    size_t at = 0;
+    for (size_t u = 0; u < o->shard.n_units; u++) {
+        struct tr_shard_run r = tr_shard_part(&o->shard, u, o->shard.rank);
+        if (r.end > r.begin)
+            fn(ctx, r, at);
+        at += r.end - r.begin;
+    }
+}
+
+struct step_ctx {
+    struct tr_optimizer *o;
+    struct tr_graph *g;
+    const struct tr_backend *be;
+    double grad_scale, lr;
+};
+
+/* One owned run in two: within the decayed tensors, then within the rest. */
+static void step_run(void *ctx, struct tr_shard_run r, size_t state_at)
+{
+    struct step_ctx *c = ctx;
+    const struct tr_optimizer *o = c->o;
+    size_t nd = c->g->n_decay;
+    size_t runs[2][2] = {{r.begin, r.end < nd ? r.end : nd}, {r.begin > nd ? r.begin : nd, r.end}};
+    for (int k = 0; k < 2; k++) {
+        size_t b = runs[k][0], e = runs[k][1];
+        if (b >= e)
+            continue;
+        struct update_run u = {c->g->params + b, c->g->grads + b, {NULL}, e - b,
+                               k == 0 ? o->cfg->weight_decay : 0, c->grad_scale, c->lr};
+        for (int s = 0; s < o->desc->state_slots; s++)
+            u.slot[s] = o->state[s] + state_at + (b - r.begin);
+        updates[o->desc->update](o, c->be, &u);
+    }
 }
 
 void tr_optimizer_step(struct tr_optimizer *o, struct tr_graph *g, const struct tr_backend *be,
                        double grad_scale, double lr)
 {
     o->applied++;
-    /* two runs: [begin, end) within the decayed tensors, then within the rest */
-    size_t nd = g->n_decay;
-    size_t runs[2][2] = {{o->begin, o->end < nd ? o->end : nd},
-                         {o->begin > nd ? o->begin : nd, o->end}};
-    for (int k = 0; k < 2; k++) {
-        size_t b = runs[k][0], e = runs[k][1];
-        if (b >= e)
-            continue;
-        struct update_run u = {g->params + b, g->grads + b, {NULL}, e - b,
-                               k == 0 ? o->cfg->weight_decay : 0, grad_scale, lr};
-        for (int s = 0; s < o->desc->state_slots; s++)
-            u.slot[s] = o->state[s] + (b - o->begin);
-        updates[o->desc->update](o, be, &u);
-    }
+    struct step_ctx c = {o, g, be, grad_scale, lr};
+    tr_optimizer_runs(o, step_run, &c);
 }
 
 void tr_optimizer_free(struct tr_optimizer *o, const struct tr_backend *be)

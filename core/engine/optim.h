@@ -7,6 +7,7 @@
 #include "../config/optimizers.h"
 #include "../config/run_config.h"
 #include "graph.h"
+#include "shard.h"
 
 struct tr_optimizer {
     const struct tr_optimizer_config *cfg;
@@ -15,17 +16,23 @@ struct tr_optimizer {
      * of them, in the descriptor's order; the rest NULL) */
     float *state[TR_OPTIMIZER_MAX_SLOTS];
     int64_t applied;  /* updates applied so far (AdamW bias correction) */
-    /* the part of the flat parameter buffer this optimizer updates and keeps
-     * state for: all of it, or one rank's shard under ZeRO-1 (state[k][0]
-     * is slot k of parameter `begin`) */
-    size_t begin, end;
+    /* the parts of the flat parameter buffer this optimizer updates and
+     * keeps state for: all of it, or this rank's parts under a shard level
+     * (shard.h); the state holds them one after another */
+    struct tr_shard shard;
+    size_t owned; /* floats of state per slot */
 };
 
-/* State for parameters [begin, end) of g's flat buffer. */
+/* State for the parts of g's flat buffer this rank owns under shard (NULL:
+ * all of it). */
 int tr_optimizer_init(struct tr_optimizer *o, const struct tr_optimizer_config *cfg,
-                      const struct tr_graph *g, const struct tr_backend *be, size_t begin,
-                      size_t end, tr_err *err);
-/* Update parameters [begin, end); grad_scale multiplies every gradient
+                      const struct tr_graph *g, const struct tr_backend *be,
+                      const struct tr_shard *shard, tr_err *err);
+/* Calls fn for each run of the flat buffer this optimizer owns, with the
+ * offset of its state in state[k]. */
+void tr_optimizer_runs(const struct tr_optimizer *o,
+                       void (*fn)(void *ctx, struct tr_shard_run run, size_t state_at), void *ctx);
+/* Update the parameters it owns; grad_scale multiplies every gradient
  * first (loss-scale undo and clipping). */
 void tr_optimizer_step(struct tr_optimizer *o, struct tr_graph *g, const struct tr_backend *be,
                        double grad_scale, double lr);

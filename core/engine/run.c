@@ -303,6 +303,41 @@ static int agree(struct run *r, double *loss_sum, double *targets, tr_err *err)
     return TR_OK;
 }
 
+struct sumsq_ctx {
+    const struct tr_session *s;
+    double sum;
+};
+
+static void add_run_sumsq(void *ctx, struct tr_shard_run r, size_t state_at)
+{
+    struct sumsq_ctx *c = ctx;
+    (void)state_at;
+    c->sum += tr_be_sum_squares(&c->s->be, c->s->g->grads + r.begin, r.end - r.begin);
+}
+
+/* The squared norm of the step's summed gradients: over the whole buffer,
+ * or (shard level gradients, where each rank holds only its parts summed)
+ * over each rank's parts, every rank's double then gathered (as the bytes
+ * of two floats) and added in rank order: the same double on every rank. */
+static int gradient_sumsq(struct tr_session *s, double *sumsq, tr_err *err)
+{
+    if (!s->comm || s->shard.level < TR_SHARD_GRADIENTS || s->world < 2) {
+        *sumsq = tr_be_sum_squares(&s->be, s->g->grads, s->g->n_params);
+        return TR_OK;
+    }
+    struct sumsq_ctx c = {s, 0};
+    tr_optimizer_runs(&s->opt, add_run_sumsq, &c);
+    _Static_assert(sizeof(double) == 2 * sizeof(float), "a double travels as two floats");
+    double *all = tr_xcalloc((size_t)s->world, sizeof *all);
+    all[s->rank] = c.sum;
+    int rc = tr_comm_allgather(s->comm, (float *)all, 2, err);
+    *sumsq = 0;
+    for (int q = 0; q < s->world; q++)
+        *sumsq += all[q];
+    free(all);
+    return rc;
+}
+
 /* Unscale, check, clip, update.  The precision plugin decides whether a step
  * with non-finite gradients is skipped; without that slot it ends the run. */
 static int update(struct run *r, double scale, tr_err *err)
@@ -323,7 +358,9 @@ static int update(struct run *r, double scale, tr_err *err)
         l->t_optimizer += tr_now() - t0;
         return TR_OK;
     }
-    double sumsq = tr_be_sum_squares(&s->be, s->g->grads, s->g->n_params);
+    double sumsq;
+    if (gradient_sumsq(s, &sumsq, err) != TR_OK)
+        return TR_ERROR;
     int finite = isfinite(sumsq) && isfinite(l->loss);
     l->grad_norm = sqrt(sumsq) / scale * l->loss_norm;
     if (!finite && !tr_precision_decides_steps(&cfg->precision)) {

@@ -1,8 +1,9 @@
 /* A run's state in and out of checkpoints (run_state.h): what a
  * checkpoint records besides the loop's own record (the optimizer's update
- * count, the plugins' state), saving it, resuming from it, and ZeRO-1: the
- * optimizer state sharded across ranks, gathered on rank 0 to save and
- * shared out again on resume; and a smoke run's round trip. */
+ * count, the plugins' state), saving it, resuming from it, and sharding:
+ * the optimizer state kept in parts across ranks (shard.h), gathered on
+ * rank 0 to save and cut up again on resume, at any world size; and a
+ * smoke run's round trip. */
 #include "run_state.h"
 
 #include "plugin_calls.h"
@@ -28,57 +29,71 @@ static int restore_plugins(struct tr_session *s, const struct tr_run_state *st, 
     return TR_OK;
 }
 
-/* ---- ZeRO-1: optimizer state sharded across ranks ----------------------- */
+/* ---- sharding: the optimizer state in parts across ranks ------------------ */
 
 /* Checkpoints store up to two state slots (optimizer.safetensors and
  * optimizer2.safetensors). */
 _Static_assert(TR_OPTIMIZER_MAX_SLOTS == 2, "checkpoints store two optimizer state slots");
 
-int tr_state_sharded(const struct tr_session *s)
+int tr_state_sharded(const struct tr_session *s) { return tr_shard_sharded(&s->opt.shard); }
+
+/* Host staging: only at checkpoint and resume time. */
+static float *download(struct tr_session *s, const float *src, size_t floats)
 {
-    return s->opt.end - s->opt.begin < s->g->n_params;
+    float *host = tr_alloc(floats * sizeof(float) + 1);
+    if (host && floats)
+        tr_be_download(&s->be, host, src, floats * sizeof(float));
+    return host;
 }
 
-/* Device-to-device through the host: only at checkpoint and resume time. */
-static void copy_on_device(struct tr_session *s, float *dst, const float *src, size_t floats)
+/* Rank q's parts (shard.h) between its packed state (`packed`, the parts
+ * one after another, as the optimizer keeps them) and a full-size buffer:
+ * to_full 1 places packed into full, 0 takes full's parts into packed. */
+static void place_parts(struct tr_session *s, int q, float *packed, float *full, int to_full)
 {
-    float *host = tr_alloc(floats * sizeof(float));
-    tr_be_download(&s->be, host, src, floats * sizeof(float));
-    tr_be_upload(&s->be, dst, host, floats * sizeof(float));
+    const struct tr_shard *sh = &s->opt.shard;
+    size_t at = 0, n = tr_shard_owned(sh, q);
+    float *host = download(s, to_full ? packed : full, to_full ? n : s->g->n_params);
+    for (size_t u = 0; u < sh->n_units && host; u++) {
+        struct tr_shard_run r = tr_shard_part(sh, u, q);
+        size_t len = r.end - r.begin;
+        if (len && to_full)
+            tr_be_upload(&s->be, full + r.begin, host + at, len * sizeof(float));
+        else if (len)
+            tr_be_upload(&s->be, packed + at, host + r.begin, len * sizeof(float));
+        at += len;
+    }
     tr_free(host);
 }
 
-/* After each rank updated its shard (tr_session_shard_of): every rank gets
- * every shard, the equal parts in one allgather, the last rank's few extra
- * floats in a broadcast. */
+/* After each rank updated its parts: every rank gets every part. */
 int tr_state_share_params(struct tr_session *s, tr_err *err)
 {
-    size_t n = s->g->n_params, per = n / (size_t)s->world, rest = n - per * (size_t)s->world;
-    if (per && tr_comm_allgather(s->comm, s->g->params, per, err) != TR_OK)
-        return TR_ERROR;
-    if (rest && tr_comm_broadcast(s->comm, s->g->params + (n - rest), rest * sizeof(float),
-                                  s->world - 1, err) != TR_OK)
-        return TR_ERROR;
-    return TR_OK;
+    return tr_comm_gather_shards(s->comm, s->g->params, &s->opt.shard, err);
 }
 
-/* Moments of all shards in one full-size buffer on rank 0 (to save them);
- * the other ranks send theirs.  full: n floats on rank 0, unused elsewhere. */
-static int gather_moments(struct tr_session *s, const float *mine, float *full, tr_err *err)
+/* Moments of all ranks in one full-size buffer on rank 0 (to save them):
+ * each rank broadcasts its packed state, rank 0 places it.  full: n floats
+ * on rank 0, unused elsewhere. */
+static int gather_moments(struct tr_session *s, float *mine, float *full, tr_err *err)
 {
-    size_t lb, le; /* the last shard is the largest */
-    tr_session_shard_of(s, s->world - 1, &lb, &le);
-    float *scratch = s->rank == 0 ? NULL : tr_be_alloc(&s->be, (le - lb + 1) * sizeof(float));
+    size_t largest = 0;
+    for (int q = 0; q < s->world; q++) {
+        size_t n = tr_shard_owned(&s->opt.shard, q);
+        largest = n > largest ? n : largest;
+    }
+    float *scratch = tr_be_alloc(&s->be, (largest + 1) * sizeof(float));
+    if (!scratch)
+        return tr_fail(err, "out of memory gathering the optimizer state");
     int rc = TR_OK;
     for (int q = 0; q < s->world && rc == TR_OK; q++) {
-        size_t b, e;
-        tr_session_shard_of(s, q, &b, &e);
-        if (e == b)
+        size_t n = tr_shard_owned(&s->opt.shard, q);
+        if (n == 0)
             continue;
-        float *buf = s->rank == q ? (float *)mine : s->rank == 0 ? full + b : scratch;
-        rc = tr_comm_broadcast(s->comm, buf, (e - b) * sizeof(float), q, err);
-        if (rc == TR_OK && q == 0 && s->rank == 0)
-            copy_on_device(s, full + b, mine, e - b);
+        float *buf = s->rank == q ? mine : scratch;
+        rc = tr_comm_broadcast(s->comm, buf, n * sizeof(float), q, err);
+        if (rc == TR_OK && s->rank == 0)
+            place_parts(s, q, buf, full, 1);
     }
     tr_be_free(&s->be, scratch);
     return rc;
@@ -114,8 +129,10 @@ int tr_state_save(struct tr_session *s, const struct tr_run_state *st, int now, 
 
 /* ---- resume ------------------------------------------------------------- */
 
-/* The optimizer state of every shard as rank 0 read it (full[k]: n floats
- * on rank 0, NULL elsewhere): each rank keeps its own shard. */
+/* The optimizer state of every part as rank 0 read it (full[k]: n floats
+ * on rank 0, NULL elsewhere): each rank keeps its own parts.  The
+ * checkpoint holds the whole state, so this is also where a run saved at
+ * another world size is cut up anew. */
 static int share_shards(struct tr_session *s, float *const *full, tr_err *err)
 {
     size_t bytes = s->g->n_params * sizeof(float);
@@ -125,7 +142,7 @@ static int share_shards(struct tr_session *s, float *const *full, tr_err *err)
             return tr_fail(err, "out of memory distributing the optimizer state");
         int rc = tr_comm_broadcast(s->comm, buf, bytes, 0, err);
         if (rc == TR_OK)
-            copy_on_device(s, s->opt.state[k], buf + s->opt.begin, s->opt.end - s->opt.begin);
+            place_parts(s, s->rank, s->opt.state[k], buf, 0);
         if (s->rank != 0)
             tr_be_free(&s->be, buf);
         if (rc != TR_OK)

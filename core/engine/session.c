@@ -121,7 +121,10 @@ struct tr_fit_model tr_session_fit_model(const struct tr_session *s)
     int other = s->mode == TR_SESSION_PLAN &&
                 (strcmp(cfg->device, "cpu") != 0 ||
                  (*cfg->cost.hardware && strcmp(cfg->cost.hardware, "cpu") != 0));
-    return (struct tr_fit_model){cfg, &s->be, s->policy.compute, slots, other};
+    /* the optimizer state is cut over the run's ranks, or the plan's devices */
+    int64_t ranks = s->mode == TR_SESSION_PLAN ? cfg->cost.count : s->world;
+    int shard_world = cfg->parallel.shard_level != TR_SHARD_NONE && ranks > 1 ? (int)ranks : 1;
+    return (struct tr_fit_model){cfg, &s->be, s->policy.compute, slots, other, shard_world};
 }
 
 /* micro_batch = "auto": the largest that fits (fit.h).  A plan whose every
@@ -247,18 +250,9 @@ static int resolve_steps(struct tr_session *s, tr_err *err)
 
 /* ---- memory: the plan, the optimizer, the inputs ------------------------------ */
 
-/* Rank q's shard of the flat parameter buffer under ZeRO-1 (run_state.c
- * shares and gathers by the same rule): world equal parts of n / world
- * floats, the last rank's also holding the n % world left over. */
-void tr_session_shard_of(const struct tr_session *s, int q, size_t *begin, size_t *end)
-{
-    size_t n = s->g->n_params, per = n / (size_t)s->world;
-    *begin = (size_t)q * per;
-    *end = q == s->world - 1 ? n : *begin + per;
-}
-
-/* The graph's memory planned and allocated, the optimizer state (this
- * rank's shard under ZeRO-1), and the gradient buckets of data parallelism. */
+/* The graph's memory planned and allocated, the shard layout (units the
+ * size of the gradient buckets), the optimizer state (this rank's parts
+ * under a shard level) and the gradient buckets of data parallelism. */
 static int plan_memory(struct tr_session *s, tr_err *err)
 {
     struct tr_config *cfg = s->cfg;
@@ -266,24 +260,25 @@ static int plan_memory(struct tr_session *s, tr_err *err)
     int slots = training(s) ? tr_session_fit_model(s).optimizer_slots : 0;
     if (tr_graph_plan(s->g, &s->be, slots, err) != TR_OK)
         return TR_ERROR;
-    size_t begin = 0, end = s->g->n_params;
-    if (cfg->parallel.zero && s->world > 1) { /* ZeRO-1: this rank's shard of the state */
-        if (s->comm && !tr_comm_has_allgather(s->comm))
-            return tr_fail(err, "parallel.zero: comm '%s' has no allgather, which ZeRO-1 needs to "
-                           "share the updated parameter shards; set parallel.zero = false or use "
-                           "a comm plugin that has one (tcp, mpi, nccl)",
-                           cfg->comm.plugin->info->name);
-        tr_session_shard_of(s, s->rank, &begin, &end);
-    }
+    enum tr_shard_level level = s->world > 1 ? cfg->parallel.shard_level : TR_SHARD_NONE;
+    tr_shard_init(&s->shard, s->g->n_params, tr_shard_unit_floats(cfg), s->rank, s->world, level);
+    if (tr_shard_sharded(&s->shard) && s->comm && !tr_comm_has_allgather(s->comm))
+        return tr_fail(err, "parallel.shard = \"%s\"%s: comm '%s' has no allgather, which "
+                       "sharding (ZeRO-1 and up) needs to share the updated parameters; use a "
+                       "comm plugin that has one (tcp, mpi, nccl) or no sharding",
+                       level == TR_SHARD_GRADIENTS ? "gradients" : "optimizer",
+                       cfg->parallel.zero ? " (parallel.zero = true)" : "",
+                       cfg->comm.plugin->info->name);
     if (training(s) &&
-        tr_optimizer_init(&s->opt, &cfg->optimizer, s->g, &s->be, begin, end, err) != TR_OK)
+        tr_optimizer_init(&s->opt, &cfg->optimizer, s->g, &s->be, &s->shard, err) != TR_OK)
         return TR_ERROR;
-    s->g->memory.optimizer = (size_t)slots * (end - begin) * sizeof(float);
-    if (end - begin < s->g->n_params && s->rank == 0)
+    size_t owned = training(s) ? s->opt.owned : s->g->n_params;
+    s->g->memory.optimizer = (size_t)slots * owned * sizeof(float);
+    if (tr_shard_sharded(&s->shard) && s->rank == 0)
         tr_log(TR_LOG_INFO, NULL, "optimizer state sharded: rank 0 keeps %zu of %zu parameters' "
-               "state (parallel.zero)", end - begin, s->g->n_params);
-    if (s->comm && tr_comm_plan_buckets(s->comm, s->g,
-                                        (size_t)(cfg->parallel.bucket_mb * 1024 * 1024), err) != TR_OK)
+               "state (parallel.shard = %s)", owned, s->g->n_params,
+               level == TR_SHARD_GRADIENTS ? "gradients, reduce-scattered" : "optimizer");
+    if (s->comm && tr_comm_plan_buckets(s->comm, s->g, &s->shard, err) != TR_OK)
         return TR_ERROR;
     return TR_OK;
 }

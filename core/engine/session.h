@@ -11,7 +11,7 @@
  *       graph + memory plan         allocated (plan: measured only)    all
  *       data source                 checked against the model          all but plan
  *       steps                       train.tokens / train.epochs        train, smoke (plan: its own)
- *       optimizer state, ZeRO-1     this rank's shard                  train, smoke
+ *       optimizer state, shards     this rank's parts (parallel.shard) train, smoke
  *       host input buffers, checkpointer (rank 0), prices              train, smoke
  *   tr_session_close(s)             undoes whatever of it was done
  *
@@ -55,6 +55,7 @@ struct tr_session {
     struct tr_graph *g;                 /* at micro_batch; planned (plan mode: measured) */
     struct tr_data_source data;         /* not in plan mode */
     struct tr_optimizer opt;            /* train and smoke only */
+    struct tr_shard shard;              /* who keeps which part (parallel.shard; shard.h) */
     int accum;                          /* micro-batches per optimizer step on this rank */
     uint32_t vocab;                     /* token ids must be below this */
     void *host_inputs;                  /* one micro-batch from the loader */
@@ -80,9 +81,6 @@ void tr_session_close(struct tr_session *s);
  * run's decision), the device it plans for. */
 struct tr_fit_model tr_session_fit_model(const struct tr_session *s);
 
-/* Rank q's shard [*begin, *end) of the flat parameters under ZeRO-1: world
- * equal parts of n / world floats, the last rank's also holding the rest. */
-void tr_session_shard_of(const struct tr_session *s, int q, size_t *begin, size_t *end);
 
 /* model = { from = "DIR" }: DIR's weights into the parameters (a fresh run
  * only: a resumed one has its checkpoint's); TR_OK when there is none.

@@ -67,7 +67,7 @@ if TRAINRUN_RANK=0 TRAINRUN_WORLD_SIZE=2 "$TRAINRUN" --plugin-path "$TR_TEST_PLU
      run_dir=no-allgather comm=no_allgather parallel.zero=true 2> no-allgather.log; then
   fail "ZeRO-1 ran over a comm plugin without allgather"
 fi
-grep -q "comm 'no_allgather' has no allgather, which ZeRO-1 needs" no-allgather.log ||
+grep -q "comm 'no_allgather' has no allgather, which sharding (ZeRO-1 and up) needs" no-allgather.log ||
   { cat no-allgather.log; fail "unclear message for ZeRO-1 without allgather"; }
 set -- train.steps=40 train.batch=8 train.micro_batch=2 checkpoint.every=5 train.log_every=1
 
