@@ -1,5 +1,6 @@
 #include "comm.h"
 
+#include "backend.h"
 #include "../util/util.h"
 
 #include <pthread.h>
@@ -42,6 +43,13 @@ struct tr_comm {
     struct tr_shard layout; /* the buckets are its units */
     int scatter;            /* buckets reduce-scatter (shard level gradients) */
     struct tr_graph *armed; /* the graph whose backward submits buckets */
+    /* host data (scalars, the run state) travel through backend memory
+     * where the plugin reads device memory (every device but "cpu") */
+    const struct tr_backend *be;
+    int stage;
+    void *staging;
+    size_t staging_bytes;
+    int world;
 };
 
 static void *comm_thread(void *arg)
@@ -113,7 +121,7 @@ static int wait_all(struct tr_comm *c, tr_err *err)
     return failed ? TR_ERROR : TR_OK;
 }
 
-struct tr_comm *tr_comm_open(struct tr_config *cfg, tr_err *err)
+struct tr_comm *tr_comm_open(struct tr_config *cfg, const struct tr_backend *be, tr_err *err)
 {
     if (!cfg->comm.plugin)
         return tr_fail(err, "no comm plugin configured"), NULL;
@@ -122,6 +130,9 @@ struct tr_comm *tr_comm_open(struct tr_config *cfg, tr_err *err)
     struct tr_comm *c = tr_xcalloc(1, sizeof *c);
     c->vt = cfg->comm.plugin->info->vtable;
     c->self = cfg->comm.self;
+    c->be = be;
+    c->stage = strcmp(cfg->device, "cpu") != 0;
+    c->world = cfg->rank.world;
     c->cap = 64;
     c->jobs = tr_xcalloc(c->cap, sizeof *c->jobs);
     pthread_mutex_init(&c->lock, NULL);
@@ -148,6 +159,8 @@ void tr_comm_close(struct tr_comm *c)
     pthread_cond_destroy(&c->wake);
     pthread_cond_destroy(&c->done);
     free(c->jobs);
+    if (c->staging)
+        tr_be_free(c->be, c->staging);
     free(c->buckets);
     free(c->final_start);
     free(c->final_params);
@@ -207,6 +220,52 @@ int tr_comm_broadcast(struct tr_comm *c, void *buf, size_t bytes, int root, tr_e
 {
     submit(c, (struct job){JOB_BROADCAST, buf, bytes, root});
     return wait_all(c, err);
+}
+
+/* ---- host data ---------------------------------------------------------- */
+
+/* A collective on host memory: straight through for host plugins, else
+ * through a staging buffer in backend memory (grown on first use of a
+ * size, then kept: the per-step scalars allocate nothing). */
+static int host_job(struct tr_comm *c, struct job j, size_t bytes, tr_err *err)
+{
+    if (!c->stage) {
+        submit(c, j);
+        return wait_all(c, err);
+    }
+    if (bytes > c->staging_bytes) {
+        if (c->staging)
+            tr_be_free(c->be, c->staging);
+        c->staging_bytes = 0;
+        if (!(c->staging = tr_be_alloc(c->be, bytes)))
+            return tr_fail(err, "out of %s memory for a collective's %zu bytes", tr_be_name(c->be),
+                           bytes);
+        c->staging_bytes = bytes;
+    }
+    void *host = j.buf;
+    tr_be_upload(c->be, c->staging, host, bytes);
+    j.buf = c->staging;
+    submit(c, j);
+    int rc = wait_all(c, err);
+    if (rc == TR_OK)
+        tr_be_download(c->be, host, c->staging, bytes);
+    return rc;
+}
+
+int tr_comm_allreduce_host(struct tr_comm *c, float *buf, size_t count, tr_err *err)
+{
+    return host_job(c, (struct job){JOB_ALLREDUCE, buf, count, 0}, count * sizeof(float), err);
+}
+
+int tr_comm_broadcast_host(struct tr_comm *c, void *buf, size_t bytes, int root, tr_err *err)
+{
+    return host_job(c, (struct job){JOB_BROADCAST, buf, bytes, root}, bytes, err);
+}
+
+int tr_comm_allgather_host(struct tr_comm *c, float *buf, size_t count, tr_err *err)
+{
+    return host_job(c, (struct job){JOB_ALLGATHER, buf, count, 0},
+                    (size_t)c->world * count * sizeof(float), err);
 }
 
 /* ---- gradient buckets ------------------------------------------------------ */

@@ -16,20 +16,27 @@
 #include "../config/run_config.h"
 
 struct tr_comm;
+struct tr_backend;
 
 /* Create cfg->comm's plugin instance (cfg->device_stream set first) and
- * start the thread. */
-struct tr_comm *tr_comm_open(struct tr_config *cfg, tr_err *err);
+ * start the thread; be: the backend whose memory the buffers are in. */
+struct tr_comm *tr_comm_open(struct tr_config *cfg, const struct tr_backend *be, tr_err *err);
 void tr_comm_close(struct tr_comm *c);
 const char *tr_comm_describe(const struct tr_comm *c);
 
-/* Blocking collectives (they wait for everything submitted before them). */
+/* Blocking collectives (they wait for everything submitted before them),
+ * on backend memory. */
 int tr_comm_allreduce(struct tr_comm *c, float *buf, size_t count, tr_err *err);
 int tr_comm_broadcast(struct tr_comm *c, void *buf, size_t bytes, int root, tr_err *err);
 /* Rank r's count floats at buf + r*count to every rank; only when
  * tr_comm_has_allgather (the plugin's slot is optional). */
 int tr_comm_allgather(struct tr_comm *c, float *buf, size_t count, tr_err *err);
 int tr_comm_has_allgather(const struct tr_comm *c);
+/* The same on host memory (scalars, the run state): a plugin that reads
+ * device memory (nccl) gets a copy in backend memory. */
+int tr_comm_allreduce_host(struct tr_comm *c, float *buf, size_t count, tr_err *err);
+int tr_comm_broadcast_host(struct tr_comm *c, void *buf, size_t bytes, int root, tr_err *err);
+int tr_comm_allgather_host(struct tr_comm *c, float *buf, size_t count, tr_err *err);
 int tr_comm_has_reduce_scatter(const struct tr_comm *c);
 /* Every rank's parts of buf (shard.h) to every rank: unit by unit, an
  * all-gather of the equal parts and a broadcast of the last rank's

@@ -157,7 +157,7 @@ int tr_session_evaluate(struct tr_session *s, enum tr_split split, uint64_t max_
     tr_loader_close(val);
     if (s->comm) {
         float totals[4] = {(float)sum, (float)correct, (float)counted, (float)weights};
-        if (tr_comm_allreduce(s->comm, totals, 4, err) != TR_OK)
+        if (tr_comm_allreduce_host(s->comm, totals, 4, err) != TR_OK)
             return TR_ERROR;
         sum = totals[0];
         correct = (int64_t)totals[1];

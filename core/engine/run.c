@@ -292,7 +292,7 @@ static int agree(struct run *r, double *loss_sum, double *targets, tr_err *err)
                       r->s.rank == 0 && tr_loop_over_budget(l) ? 1.0f : 0.0f,
                       (float)floor(*targets / 4096), (float)fmod(*targets, 4096)};
     if (tr_comm_finish(r->s.comm, r->s.g, err) != TR_OK ||
-        tr_comm_allreduce(r->s.comm, agree, 5, err) != TR_OK)
+        tr_comm_allreduce_host(r->s.comm, agree, 5, err) != TR_OK)
         return TR_ERROR;
     *loss_sum = agree[0];
     l->agreed_stop = agree[1] > 0;
@@ -330,7 +330,7 @@ static int gradient_sumsq(struct tr_session *s, double *sumsq, tr_err *err)
     _Static_assert(sizeof(double) == 2 * sizeof(float), "a double travels as two floats");
     double *all = tr_xcalloc((size_t)s->world, sizeof *all);
     all[s->rank] = c.sum;
-    int rc = tr_comm_allgather(s->comm, (float *)all, 2, err);
+    int rc = tr_comm_allgather_host(s->comm, (float *)all, 2, err);
     *sumsq = 0;
     for (int q = 0; q < s->world; q++)
         *sumsq += all[q];

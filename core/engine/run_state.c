@@ -157,7 +157,7 @@ static int share_resume(struct tr_session *s, int *rc, struct tr_run_state *st, 
                         size_t name_size, float *const *full, tr_err *err)
 {
     float verdict = (float)*rc; /* 1 resumed, 0 nothing to resume, TR_ERROR failed */
-    if (tr_comm_broadcast(s->comm, &verdict, sizeof verdict, 0, err) != TR_OK)
+    if (tr_comm_broadcast_host(s->comm, &verdict, sizeof verdict, 0, err) != TR_OK)
         return TR_ERROR;
     *rc = (int)verdict;
     if (*rc != 1)
@@ -165,8 +165,8 @@ static int share_resume(struct tr_session *s, int *rc, struct tr_run_state *st, 
                    ? tr_fail(err, "rank 0 could not resume from its checkpoint (see its log)")
                    : TR_OK;
     size_t bytes = s->g->n_params * sizeof(float);
-    if (tr_comm_broadcast(s->comm, st, sizeof *st, 0, err) != TR_OK ||
-        tr_comm_broadcast(s->comm, name, name_size, 0, err) != TR_OK ||
+    if (tr_comm_broadcast_host(s->comm, st, sizeof *st, 0, err) != TR_OK ||
+        tr_comm_broadcast_host(s->comm, name, name_size, 0, err) != TR_OK ||
         tr_comm_broadcast(s->comm, s->g->params, bytes, 0, err) != TR_OK)
         return TR_ERROR;
     /* buffers (batch norm's running statistics) are rank 0's too: the

@@ -85,7 +85,7 @@ static int open_backend(struct tr_session *s, tr_err *err)
     if (s->world == 1)
         return TR_OK;
     cfg->device_stream = tr_be_stream(&s->be); /* device comms queue behind the compute */
-    if (!(s->comm = tr_comm_open(cfg, err)))
+    if (!(s->comm = tr_comm_open(cfg, &s->be, err)))
         return TR_ERROR;
     if (s->rank == 0)
         tr_log(TR_LOG_INFO, NULL, "rank 0 of %d (%s); %s", s->world, cfg->rank.source,
