@@ -19,25 +19,80 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* The tensors of st as they are exported: fp32 ones converted to dtype
- * into halves[i] (the caller frees them), the rest as stored. */
-static struct tr_st_entry *export_entries(const struct tr_st_file *st, size_t n,
-                                          enum tr_dtype dtype, uint16_t **halves)
+/* A checkpoint as every export reads it: its weights, verified against
+ * state.json first (the weights exported are the ones it vouches for),
+ * and state.json itself when asked for. */
+struct verified {
+    char *weights_path, *state_path;
+    void *buf, *text;
+    size_t size, text_size;
+    struct tr_st_file *st;
+    struct tr_json *state; /* NULL unless asked for */
+};
+
+static void close_verified(struct verified *v)
 {
-    struct tr_st_entry *out = tr_xcalloc(n ? n : 1, sizeof *out);
-    for (size_t i = 0; i < n; i++) {
+    tr_safetensors_free(v->st);
+    tr_json_free(v->state);
+    free(v->text);
+    free(v->buf);
+    free(v->state_path);
+    free(v->weights_path);
+    memset(v, 0, sizeof *v);
+}
+
+static int open_verified(struct verified *v, const char *checkpoint_dir, int with_state,
+                         tr_err *err)
+{
+    memset(v, 0, sizeof *v);
+    v->weights_path = tr_xasprintf("%s/model.safetensors", checkpoint_dir);
+    v->state_path = tr_xasprintf("%s/state.json", checkpoint_dir);
+    size_t bad = 0;
+    if (tr_ckpt_verify_dir(checkpoint_dir, &v->buf, &v->size, err) != TR_OK ||
+        (with_state &&
+         tr_ckpt_read_whole(v->state_path, &v->text, &v->text_size, err) != TR_OK) ||
+        !(v->st = tr_safetensors_read(v->buf, v->size, v->weights_path, err))) {
+        close_verified(v);
+        return TR_ERROR;
+    }
+    if (with_state)
+        v->state = tr_json_parse(v->text, v->text_size, &bad);
+    return TR_OK;
+}
+
+/* The tensors of a checkpoint as they are exported: fp32 ones converted to
+ * dtype, the rest as stored. */
+struct converted {
+    struct tr_st_entry *out;
+    uint16_t **halves; /* the converted values, per tensor (NULL: as stored) */
+    size_t n;
+};
+
+static void convert_entries(struct converted *c, const struct tr_st_file *st, enum tr_dtype dtype)
+{
+    c->n = tr_safetensors_count(st);
+    c->out = tr_xcalloc(c->n ? c->n : 1, sizeof *c->out);
+    c->halves = tr_xcalloc(c->n ? c->n : 1, sizeof *c->halves);
+    for (size_t i = 0; i < c->n; i++) {
         const struct tr_st_entry *e = tr_safetensors_at(st, i);
-        out[i] = *e;
+        c->out[i] = *e;
         if (e->dtype == TR_F32 && dtype != TR_F32) {
             size_t count = e->bytes / 4;
-            halves[i] = tr_xcalloc(count ? count : 1, sizeof(uint16_t));
-            tr_cpu_to_half(halves[i], e->data, count, dtype == TR_BF16);
-            out[i].dtype = dtype;
-            out[i].data = halves[i];
-            out[i].bytes = count * 2;
+            c->halves[i] = tr_xcalloc(count ? count : 1, sizeof(uint16_t));
+            tr_cpu_to_half(c->halves[i], e->data, count, dtype == TR_BF16);
+            c->out[i].dtype = dtype;
+            c->out[i].data = c->halves[i];
+            c->out[i].bytes = count * 2;
         }
     }
-    return out;
+}
+
+static void free_converted(struct converted *c)
+{
+    for (size_t i = 0; c->halves && i < c->n; i++)
+        free(c->halves[i]);
+    free(c->halves);
+    free(c->out);
 }
 
 /* blob (out_size bytes; NULL when it could not be made) as out_path. */
@@ -87,70 +142,37 @@ static int write_export(const char *out_path, const void *blob, size_t out_size,
 int tr_export_weights(const char *checkpoint_dir, enum tr_dtype dtype, const char *out_path,
                       tr_err *err)
 {
-    char *path = tr_xasprintf("%s/model.safetensors", checkpoint_dir);
-    void *buf = NULL;
-    size_t size = 0;
-    int rc = TR_ERROR;
-    struct tr_st_file *st = NULL;
-    struct tr_st_entry *out = NULL;
-    uint16_t **halves = NULL;
-    size_t n = 0;
-    /* the weights exported are the ones state.json vouches for */
-    if (tr_ckpt_verify_dir(checkpoint_dir, &buf, &size, err) != TR_OK)
-        goto done;
-    if (!(st = tr_safetensors_read(buf, size, path, err)))
-        goto done;
-    n = tr_safetensors_count(st);
-    halves = tr_xcalloc(n ? n : 1, sizeof *halves);
-    out = export_entries(st, n, dtype, halves);
+    struct verified v;
+    if (open_verified(&v, checkpoint_dir, 0, err) != TR_OK)
+        return TR_ERROR;
+    struct converted c;
+    convert_entries(&c, v.st, dtype);
     size_t out_size = 0;
-    void *blob = tr_safetensors_write(out, n, "{\"format\":\"pt\",\"producer\":\"trainrun export\"}", &out_size);
-    rc = write_export(out_path, blob, out_size, err);
+    void *blob = tr_safetensors_write(c.out, c.n,
+                                      "{\"format\":\"pt\",\"producer\":\"trainrun export\"}",
+                                      &out_size);
+    int rc = write_export(out_path, blob, out_size, err);
     free(blob);
-done:
-    for (size_t i = 0; halves && i < n; i++)
-        free(halves[i]);
-    free(halves);
-    free(out);
-    tr_safetensors_free(st);
-    free(buf);
-    free(path);
+    free_converted(&c);
+    close_verified(&v);
     return rc;
 }
 
 int tr_export_hf(const char *checkpoint_dir, enum tr_dtype dtype, const char *out_dir, tr_err *err)
 {
-    char *what = tr_xasprintf("%s/model.safetensors", checkpoint_dir);
-    char *state_path = tr_xasprintf("%s/state.json", checkpoint_dir);
-    void *buf = NULL, *text = NULL;
-    size_t size = 0, text_size = 0, bad = 0;
-    struct tr_json *js = NULL;
-    struct tr_st_file *st = NULL;
-    int rc = TR_ERROR;
-    /* the weights exported are the ones state.json vouches for */
-    if (tr_ckpt_verify_dir(checkpoint_dir, &buf, &size, err) != TR_OK ||
-        tr_ckpt_read_whole(state_path, &text, &text_size, err) != TR_OK)
-        goto done;
-    js = tr_json_parse(text, text_size, &bad);
-    const char *config = tr_json_string(js, "hf_config");
+    struct verified v;
+    if (open_verified(&v, checkpoint_dir, 1, err) != TR_OK)
+        return TR_ERROR;
+    const char *config = tr_json_string(v.state, "hf_config");
     struct tr_hf_arch a;
-    if (!config) {
+    int rc = TR_ERROR;
+    if (!config)
         tr_fail(err, "%s records no Hugging Face architecture: its model is not a llama or gpt "
                 "(or the run predates export --format hf); export --format safetensors writes "
-                "the weights alone", state_path);
-        goto done;
-    }
-    if (tr_hf_config_parse(config, strlen(config), state_path, &a, err) != TR_OK ||
-        !(st = tr_safetensors_read(buf, size, what, err)))
-        goto done;
-    rc = tr_hf_export(&a, st, what, out_dir, dtype, err);
-done:
-    tr_safetensors_free(st);
-    tr_json_free(js);
-    free(text);
-    free(buf);
-    free(state_path);
-    free(what);
+                "the weights alone", v.state_path);
+    else if (tr_hf_config_parse(config, strlen(config), v.state_path, &a, err) == TR_OK)
+        rc = tr_hf_export(&a, v.st, v.weights_path, out_dir, dtype, err);
+    close_verified(&v);
     return rc;
 }
 
@@ -159,62 +181,41 @@ done:
 int tr_export_peft(const char *checkpoint_dir, enum tr_dtype dtype, const char *out_dir,
                    tr_err *err)
 {
-    char *what = tr_xasprintf("%s/model.safetensors", checkpoint_dir);
-    char *state_path = tr_xasprintf("%s/state.json", checkpoint_dir);
-    void *buf = NULL, *text = NULL;
-    size_t size = 0, text_size = 0, bad = 0, n = 0;
-    struct tr_json *js = NULL;
-    struct tr_st_file *st = NULL;
-    struct tr_st_entry *out = NULL;
-    uint16_t **halves = NULL;
-    char **names = NULL;
-    int rc = TR_ERROR;
-    if (tr_ckpt_verify_dir(checkpoint_dir, &buf, &size, err) != TR_OK ||
-        tr_ckpt_read_whole(state_path, &text, &text_size, err) != TR_OK)
-        goto done;
-    js = tr_json_parse(text, text_size, &bad);
-    const char *config = tr_json_string(js, "peft_config");
+    struct verified v;
+    if (open_verified(&v, checkpoint_dir, 1, err) != TR_OK)
+        return TR_ERROR;
+    const char *config = tr_json_string(v.state, "peft_config");
     if (!config) {
         tr_fail(err, "%s is not a checkpoint of adapters (its run has no lora section); "
                 "export --format hf writes its full weights", checkpoint_dir);
-        goto done;
+        close_verified(&v);
+        return TR_ERROR;
     }
-    if (!(st = tr_safetensors_read(buf, size, what, err)) ||
-        tr_export_prepare_dir(out_dir, err) != TR_OK)
-        goto done;
-    n = tr_safetensors_count(st);
-    halves = tr_xcalloc(n ? n : 1, sizeof *halves);
-    names = tr_xcalloc(n ? n : 1, sizeof *names);
-    out = export_entries(st, n, dtype, halves);
-    for (size_t i = 0; i < n; i++) {
-        names[i] = tr_xasprintf(TR_PEFT_PREFIX "%s", out[i].name);
-        out[i].name = names[i];
+    if (tr_export_prepare_dir(out_dir, err) != TR_OK) {
+        close_verified(&v);
+        return TR_ERROR;
+    }
+    struct converted c;
+    convert_entries(&c, v.st, dtype);
+    char **names = tr_xcalloc(c.n ? c.n : 1, sizeof *names);
+    for (size_t i = 0; i < c.n; i++) {
+        names[i] = tr_xasprintf(TR_PEFT_PREFIX "%s", c.out[i].name);
+        c.out[i].name = names[i];
     }
     size_t out_size = 0;
-    void *blob = tr_safetensors_write(out, n, "{\"format\":\"pt\"}", &out_size);
+    void *blob = tr_safetensors_write(c.out, c.n, "{\"format\":\"pt\"}", &out_size);
     char *weights = tr_xasprintf("%s/adapter_model.safetensors", out_dir);
     char *cfg = tr_xasprintf("%s/adapter_config.json", out_dir);
-    rc = write_export(weights, blob, out_size, err);
+    int rc = write_export(weights, blob, out_size, err);
     if (rc == TR_OK)
         rc = write_export(cfg, config, strlen(config), err);
     free(blob);
     free(weights);
     free(cfg);
-done:
-    for (size_t i = 0; i < n; i++) {
-        if (halves)
-            free(halves[i]);
-        if (names)
-            free(names[i]);
-    }
-    free(halves);
+    for (size_t i = 0; i < c.n; i++)
+        free(names[i]);
     free(names);
-    free(out);
-    tr_safetensors_free(st);
-    tr_json_free(js);
-    free(text);
-    free(buf);
-    free(state_path);
-    free(what);
+    free_converted(&c);
+    close_verified(&v);
     return rc;
 }
