@@ -251,6 +251,8 @@ static int read_adapter_config(struct tr_lora_config *lc, const struct tr_value 
     lc->n_save = n_save;
     lc->owns_names = 1;
     n_targets = n_save = 0;
+    const char *base_name = tr_json_string(j, "base_model_name_or_path");
+    lc->from_base = base_name && *base_name ? tr_xstrdup(base_name) : NULL;
     rc = TR_OK;
 done:
     if (rc != TR_OK) /* every message names the recipe's line */
@@ -318,6 +320,7 @@ void tr_lora_free(struct tr_lora_config *lc)
             free((char *)lc->modules_to_save[i]);
     }
     free(lc->from);
+    free(lc->from_base);
     memset(lc, 0, sizeof *lc);
 }
 

@@ -44,6 +44,7 @@ struct tr_lora_config {
     enum tr_lora_base base; /* storage of the frozen weights */
     const char *base_text;  /* as the recipe wrote it ("nf4") */
     char *from;             /* a PEFT adapter directory (resolved against the recipe), or NULL */
+    char *from_base;        /* its base_model_name_or_path (NULL: none recorded) */
     struct tr_origin origin;/* where `lora` was set: every message names it */
     char where[600];        /* the origin, formatted */
 };

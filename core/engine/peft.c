@@ -16,7 +16,6 @@
 #include <string.h>
 
 #define MAX_ADAPTER_BYTES ((size_t)64 << 30)
-#define MAX_CONFIG_BYTES ((size_t)1 << 20)
 
 /* The last path component of a directory or hub id ("org/model" -> "model"). */
 static const char *last_part(const char *s, size_t *len)
@@ -31,37 +30,26 @@ static const char *last_part(const char *s, size_t *len)
     return start;
 }
 
-/* The adapter says which base it was trained on; a base of another name
- * is refused (the shapes may match by chance). */
-static int check_base_name(const char *from, const char *base_dir, tr_err *err)
+/* The adapter says which base it was trained on (its adapter_config.json,
+ * read by config/lora.c); a base of another name is refused (the shapes
+ * may match by chance). */
+static int check_base_name(const struct tr_lora_config *lc, const char *base_dir, tr_err *err)
 {
-    if (!base_dir)
+    if (!base_dir || !lc->from_base)
         return TR_OK;
-    char *path = tr_xasprintf("%s/adapter_config.json", from);
-    size_t len = 0;
-    char *text = tr_read_small_file(path, MAX_CONFIG_BYTES, "an adapter_config.json", &len, err);
-    size_t at = 0;
-    struct tr_json *j = text ? tr_json_parse(text, len, &at) : NULL;
-    const char *named = j ? tr_json_string(j, "base_model_name_or_path") : NULL;
-    int rc = text ? TR_OK : TR_ERROR;
-    if (named && *named) {
-        size_t a, b;
-        const char *x = last_part(named, &a), *y = last_part(base_dir, &b);
-        if (a != b || strncmp(x, y, a) != 0)
-            rc = tr_fail(err, "%s was trained on \"%s\", but model.from is %s; use that base, or "
-                         "set base_model_name_or_path in %s if this is the same model under "
-                         "another name", from, named, base_dir, path);
-    }
-    tr_json_free(j);
-    free(text);
-    free(path);
-    return rc;
+    size_t a, b;
+    const char *x = last_part(lc->from_base, &a), *y = last_part(base_dir, &b);
+    if (a == b && strncmp(x, y, a) == 0)
+        return TR_OK;
+    return tr_fail(err, "%s was trained on \"%s\", but model.from is %s; use that base, or set "
+                   "base_model_name_or_path in %s/adapter_config.json if this is the same model "
+                   "under another name", lc->from, lc->from_base, base_dir, lc->from);
 }
 
 int tr_peft_load(struct tr_graph *g, const struct tr_backend *be, const struct tr_lora_config *lc,
                  const char *base_dir, tr_err *err)
 {
-    if (check_base_name(lc->from, base_dir, err) != TR_OK)
+    if (check_base_name(lc, base_dir, err) != TR_OK)
         return TR_ERROR;
     char *path = tr_xasprintf("%s/adapter_model.safetensors", lc->from);
     size_t size = 0;
