@@ -49,6 +49,16 @@ grep -q '"peft_type": "LORA"' adapter/adapter_config.json || fail "adapter_confi
 again=$(val lora.lua run_dir=again lora.from=adapter)
 [ "$again" = "$trained" ] || fail "lora.from of the export: loss $again, the checkpoint's $trained"
 echo "lora: export --format peft read back by lora.from: loss $again"
+# an adapter trained on a base of another name is refused, naming both
+grep -q '"base_model_name_or_path": "[^"]*base"' adapter/adapter_config.json ||
+  fail "the export does not name its base"
+cp -r adapter adapter-other
+sed -i 's/"base_model_name_or_path": "[^"]*"/"base_model_name_or_path": "org\/other-model"/' \
+  adapter-other/adapter_config.json
+if "$TRAINRUN" eval lora.lua run_dir=other lora.from=adapter-other > other.log 2>&1; then
+  fail "an adapter of another base was evaluated"
+fi
+grep -q 'was trained on "org/other-model", but model.from is' other.log || { cat other.log; fail "other base"; }
 
 # merged into the base: a plain model with (almost) the same loss
 "$TRAINRUN" export straight --format hf --merge --dtype fp32 -o merged 2>/dev/null
