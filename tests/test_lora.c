@@ -16,6 +16,7 @@
 #include "engine/peft.h"
 #include "engine_harness.h"
 
+#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +30,23 @@
 enum { B = 3, T = 8, STEPS = 10 };
 
 static char scratch[256];
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+/* The scratch directory goes with the test (.fini): nothing left in TMPDIR. */
+static void remove_scratch(const char *dir)
+{
+    if (*dir)
+        nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static void lora_cleanup(void) { remove_scratch(scratch); }
 
 static void lora_environment(void)
 {
@@ -87,7 +105,7 @@ static void refused(const char *name, const char *model, const char *lora, const
     engine_close(&e);
 }
 
-Test(lora_config, mistakes_are_refused_at_the_recipe_line, .init = lora_environment)
+Test(lora_config, mistakes_are_refused_at_the_recipe_line, .init = lora_environment, .fini = lora_cleanup)
 {
     refused("rank0", NULL, "rank = 0, targets = { \"q_proj\" }", "rank");
     refused("typo", NULL, "rank = 4, targets = { \"q_prj\" }", "did you mean \"q_proj\"");
@@ -116,7 +134,7 @@ static const char *adapter_dir(const char *name, const char *config)
     return dir;
 }
 
-Test(lora_config, peft_features_not_supported_are_refused, .init = lora_environment)
+Test(lora_config, peft_features_not_supported_are_refused, .init = lora_environment, .fini = lora_cleanup)
 {
     char lora[700];
     const char *dora = adapter_dir("dora", "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, "
@@ -139,7 +157,7 @@ Test(lora_config, peft_features_not_supported_are_refused, .init = lora_environm
 
 /* What trains and what freezes: the adapters alone have gradients and
  * optimizer state; every base weight is frozen with no gradient. */
-Test(lora_graph, only_the_adapters_train, .init = lora_environment)
+Test(lora_graph, only_the_adapters_train, .init = lora_environment, .fini = lora_cleanup)
 {
     struct engine e;
     tr_err err = {{0}};
@@ -170,7 +188,7 @@ Test(lora_graph, only_the_adapters_train, .init = lora_environment)
 
 /* B starts at zero: the adapted model computes the base's loss, bit for
  * bit, and the first backward reaches A only through B (zero gradient). */
-Test(lora_graph, starts_as_the_base_model, .init = lora_environment)
+Test(lora_graph, starts_as_the_base_model, .init = lora_environment, .fini = lora_cleanup)
 {
     struct engine base, ad;
     tr_err err = {{0}};
@@ -302,16 +320,16 @@ static void peft_agreement(const char *kase, const char *base, const char *extra
     engine_close(&e);
 }
 
-Test(lora_peft, llama_q_v, .init = lora_environment) { peft_agreement("tiny-llama-qv", "tiny-llama", NULL, 1e-5); }
-Test(lora_peft, llama_all_linear, .init = lora_environment) { peft_agreement("tiny-llama-all", "tiny-llama", NULL, 1e-5); }
-Test(lora_peft, llama_rslora, .init = lora_environment) { peft_agreement("tiny-llama-rslora", "tiny-llama", NULL, 1e-5); }
-Test(lora_peft, llama_saved_head, .init = lora_environment) { peft_agreement("tiny-llama-save", "tiny-llama", NULL, 1e-5); }
-Test(lora_peft, qwen2_all_linear, .init = lora_environment) { peft_agreement("tiny-qwen2-all", "tiny-qwen2", NULL, 1e-5); }
-Test(lora_peft, gpt2_conv1d, .init = lora_environment) { peft_agreement("tiny-gpt2-attn", "tiny-gpt2", NULL, 1e-5); }
+Test(lora_peft, llama_q_v, .init = lora_environment, .fini = lora_cleanup) { peft_agreement("tiny-llama-qv", "tiny-llama", NULL, 1e-5); }
+Test(lora_peft, llama_all_linear, .init = lora_environment, .fini = lora_cleanup) { peft_agreement("tiny-llama-all", "tiny-llama", NULL, 1e-5); }
+Test(lora_peft, llama_rslora, .init = lora_environment, .fini = lora_cleanup) { peft_agreement("tiny-llama-rslora", "tiny-llama", NULL, 1e-5); }
+Test(lora_peft, llama_saved_head, .init = lora_environment, .fini = lora_cleanup) { peft_agreement("tiny-llama-save", "tiny-llama", NULL, 1e-5); }
+Test(lora_peft, qwen2_all_linear, .init = lora_environment, .fini = lora_cleanup) { peft_agreement("tiny-qwen2-all", "tiny-qwen2", NULL, 1e-5); }
+Test(lora_peft, gpt2_conv1d, .init = lora_environment, .fini = lora_cleanup) { peft_agreement("tiny-gpt2-attn", "tiny-gpt2", NULL, 1e-5); }
 /* QLoRA: the base quantised by trainrun to NF4 (bit for bit bitsandbytes',
  * tests/test_nf4.c), against PEFT over bitsandbytes' dequantised base: the
  * same weights, so the fp32 tolerance holds */
-Test(lora_peft, llama_qlora_nf4, .init = lora_environment)
+Test(lora_peft, llama_qlora_nf4, .init = lora_environment, .fini = lora_cleanup)
 {
     peft_agreement("tiny-llama-qlora", "tiny-llama", "base = \"nf4\"", 1e-5);
 }

@@ -107,6 +107,7 @@ Test(rendezvous, shared_file_hands_rank0s_blob_to_every_rank)
     cr_assert_eq(run_ranks(3, 20), 0, "a rank did not get rank 0's blob through the file");
     struct stat st;
     cr_assert_neq(stat(file, &st), 0, "rank 0 should remove the file once every rank has it");
+    rmdir(path);
 }
 
 Test(rendezvous, a_file_left_by_another_job_is_not_taken)
@@ -129,6 +130,8 @@ Test(rendezvous, a_file_left_by_another_job_is_not_taken)
     cr_assert_eq(rdv_share("test", blob, BLOB, 1, 2, 1.0, via, sizeof via, &err), TR_ERROR);
     for (int i = 0; i < BLOB; i++)
         cr_assert_eq(blob[i], 0, "job 2 took job 1's blob");
+    remove(file);
+    rmdir(path);
 }
 
 Test(rendezvous, bad_settings_are_refused_with_the_fix)

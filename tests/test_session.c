@@ -17,6 +17,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <ftw.h>
 #include <string.h>
 
 #define CONFIG_DIR TR_TEST_SRCDIR "/config/"
@@ -31,6 +32,23 @@ static void environment(void)
     snprintf(run_dir, sizeof run_dir, "%s/trainrun-session.XXXXXX", tmp && *tmp ? tmp : "/tmp");
     cr_assert_not_null(mkdtemp(run_dir));
 }
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+/* The scratch directory goes with the test (.fini): nothing left in TMPDIR. */
+static void remove_scratch(const char *dir)
+{
+    if (*dir)
+        nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static void cleanup(void) { remove_scratch(run_dir); }
 
 static void load(struct tr_config *cfg, const char *const *overrides, int n)
 {
@@ -55,7 +73,7 @@ static char *dump(const struct tr_config *cfg)
     return text;
 }
 
-Test(session, never_writes_the_recipe_tree, .init = environment)
+Test(session, never_writes_the_recipe_tree, .init = environment, .fini = cleanup)
 {
     /* the values a session derives: steps from tokens, an "auto" micro-batch */
     const char *o[] = {"train.tokens=2k", "train.micro_batch=auto", "train.batch=16",
@@ -80,7 +98,7 @@ Test(session, never_writes_the_recipe_tree, .init = environment)
     }
 }
 
-Test(session, auto_plan_and_the_fit_search_agree, .init = environment)
+Test(session, auto_plan_and_the_fit_search_agree, .init = environment, .fini = cleanup)
 {
     /* a budget between the plans of two micro-batches: auto must pick the
      * largest that fits, in a run's session and a plan's alike */
@@ -134,7 +152,7 @@ static void view(struct tr_config *cfg, struct tr_session *s, struct tr_loop *l)
     l->t_start = tr_now();
 }
 
-Test(policies, checkpoint_cadence_and_the_final_one, .init = environment)
+Test(policies, checkpoint_cadence_and_the_final_one, .init = environment, .fini = cleanup)
 {
     const char *o[] = {"train.steps=10", "checkpoint.every=4"};
     struct tr_config cfg;
@@ -155,7 +173,7 @@ Test(policies, checkpoint_cadence_and_the_final_one, .init = environment)
     tr_config_free(&cfg);
 }
 
-Test(policies, early_stop_counts_evaluations_without_improvement, .init = environment)
+Test(policies, early_stop_counts_evaluations_without_improvement, .init = environment, .fini = cleanup)
 {
     const char *o[] = {"train.steps=100", "early_stop.patience=2", "early_stop.min_delta=0.1"};
     struct tr_config cfg;
