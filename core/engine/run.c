@@ -378,13 +378,18 @@ static int update(struct run *r, double scale, tr_err *err)
         double clip = cfg->optimizer.clip > 0 && l->grad_norm > cfg->optimizer.clip
                           ? cfg->optimizer.clip / l->grad_norm : 1.0;
         tr_optimizer_step(&s->opt, s->g, &s->be, clip * l->loss_norm / scale, l->lr);
-        if (s->comm && tr_state_sharded(s) && tr_state_share_params(s, err) != TR_OK)
-            return TR_ERROR;
     } else {
         l->skipped++;
     }
-    l->t_optimizer += tr_now() - t0;
-    tr_trace_phase(r->j.trace, "optimizer", l->step, t0, tr_now());
+    double tg = tr_now();
+    l->t_optimizer += tg - t0;
+    tr_trace_phase(r->j.trace, "optimizer", l->step, t0, tg);
+    if (apply && s->comm && tr_state_sharded(s)) { /* every rank's updated parts to all */
+        if (tr_state_share_params(s, err) != TR_OK)
+            return TR_ERROR;
+        l->t_comm += tr_now() - tg; /* exposed: nothing computes meanwhile */
+        tr_trace_phase(r->j.trace, "parameter all-gather", l->step, tg, tr_now());
+    }
     return TR_OK;
 }
 
