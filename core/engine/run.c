@@ -299,7 +299,10 @@ static int agree(struct run *r, double *loss_sum, double *targets, tr_err *err)
     l->budget_stop = agree[2] > 0;
     *targets = (double)agree[3] * 4096 + (double)agree[4];
     l->t_comm += tr_now() - tw;
-    tr_trace_phase(r->j.trace, "gradient all-reduce wait", l->step, tw, tr_now());
+    tr_trace_phase(r->j.trace,
+                   r->s.shard.level >= TR_SHARD_GRADIENTS ? "gradient reduce-scatter wait"
+                                                          : "gradient all-reduce wait",
+                   l->step, tw, tr_now());
     return TR_OK;
 }
 
