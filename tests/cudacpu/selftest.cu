@@ -129,7 +129,11 @@ template <typename F> static cudaError_t captured(F f)
     FILE *tmp = tmpfile();
     dup2(fileno(tmp), 2);
     f();
+    /* a refused launch fails when launched, a kernel when its stream runs */
+    cudaError_t sync = cudaDeviceSynchronize();
     cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess)
+        e = sync;
     fflush(stderr);
     dup2(saved, 2);
     close(saved);
@@ -158,8 +162,10 @@ int main(void)
     printf("shuffles, ballots and votes give a GPU's results\n");
     shuffles_kernel<<<1, 64>>>(ints);
     CHECK(cudaGetLastError() == cudaSuccess, "shuffles_kernel failed");
+    static int shuffled[64 * 8];
+    cudaMemcpy(shuffled, ints, sizeof shuffled, cudaMemcpyDeviceToHost);
     for (int t = 0; t < 64; t++) {
-        int lane = t & 31, *o = ints + t * 8;
+        int lane = t & 31, *o = shuffled + t * 8;
         CHECK(o[0] == (31 - lane) * 10, "thread %d: __shfl_sync gave %d", t, o[0]);
         CHECK(o[1] == (lane ^ 5), "thread %d: __shfl_xor_sync gave %d", t, o[1]);
         CHECK(o[2] == (lane + 3 < 32 ? lane + 3 : lane), "thread %d: __shfl_down_sync gave %d", t, o[2]);
@@ -235,6 +241,7 @@ int main(void)
 
     cudaFree(f);
     cudaFree(ints);
+
     if (failures) {
         printf("cudacpu selftest: %d checks failed\n", failures);
         return 1;
