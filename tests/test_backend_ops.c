@@ -1042,7 +1042,8 @@ Test(backend_ops, count_correct_ties_and_ignored_rows)
     int64_t valid_cpu = 0, valid_gpu = 0;
     int64_t want = p.cpu.iface->count_correct(p.cpu.context, lc, tc, N, V, -1, &valid_cpu);
     int64_t got = p.cuda.iface->count_correct(p.cuda.context, lg, tg, N, V, -1, &valid_gpu);
-    cr_assert_eq(valid_gpu, valid_cpu);
+    cr_assert_eq(valid_gpu, valid_cpu, "%lld valid rows on the GPU, %lld on the CPU",
+                 (long long)valid_gpu, (long long)valid_cpu);
     cr_assert_eq(got, want, "%lld correct on the GPU, %lld on the CPU", (long long)got,
                  (long long)want);
     free(logits);

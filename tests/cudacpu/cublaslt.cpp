@@ -9,9 +9,11 @@
  * Inputs fp32 or bf16, C/D fp32 (what the check uses); under
  * CUBLAS_COMPUTE_32F_FAST_TF32 fp32 inputs are rounded to tf32 first, as the
  * tensor cores do.  cudacpu_lt_log() lists the compute type of every
- * cublasLtMatmul so far.
+ * cublasLtMatmul so far.  The product is queued on the call's stream and
+ * computed when the stream runs, as a GPU would (cudacpu_library.h).
  */
 #include <cublasLt.h>
+#include <cudacpu_library.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -193,12 +195,61 @@ static float tf32(float x)
     return x;
 }
 
-/* column-major D[m,n] = alpha op(A)[m,k] op(B)[k,n] + beta C (+ bias[m]) */
+/* one cublasLtMatmul as it was called: the descriptor and layouts as they
+ * were then (gemm.cu reuses a descriptor with another bias pointer for the
+ * next call), alpha and beta read from the host then, as cuBLASLt does */
+struct matmul_call {
+    cudacpu_lt_desc desc;
+    cudacpu_lt_layout a, b, c, d;
+    float alpha, beta;
+    const void *A, *B, *C;
+    void *D;
+};
+
+/* column-major D[m,n] = alpha op(A)[m,k] op(B)[k,n] + beta C (+ bias[m]),
+ * when the stream runs it */
+static void run_matmul(void *arg)
+{
+    const matmul_call *m_ = (const matmul_call *)arg;
+    const cudacpu_lt_desc *desc = &m_->desc;
+    const cudacpu_lt_layout *a = &m_->a, *b = &m_->b, *c = &m_->c, *d = &m_->d;
+    int64_t m = (int64_t)c->rows, n = (int64_t)c->cols;
+    int64_t k = desc->op_a ? (int64_t)a->rows : (int64_t)a->cols;
+    bool round = desc->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+    float al = m_->alpha, be = m_->beta;
+    for (int32_t p = 0; p < c->batch; p++)
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t i = 0; i < m; i++) {
+                float acc = 0;
+                for (int64_t l = 0; l < k; l++) {
+                    int64_t ia = desc->op_a ? i * a->ld + l : l * a->ld + i;
+                    int64_t ib = desc->op_b ? l * b->ld + j : j * b->ld + l;
+                    float x = element(m_->A, a->type, p * a->stride + ia);
+                    float y = element(m_->B, b->type, p * b->stride + ib);
+                    if (round) {
+                        x = tf32(x);
+                        y = tf32(y);
+                    }
+                    acc += x * y;
+                }
+                float v = al * acc;
+                if (be != 0)
+                    v += be * ((const float *)m_->C)[p * c->stride + j * c->ld + i];
+                if (desc->epilogue == CUBLASLT_EPILOGUE_BIAS && desc->bias)
+                    v += ((const float *)desc->bias)[i];
+                ((float *)m_->D)[p * d->stride + j * d->ld + i] = v;
+            }
+    free(arg);
+}
+
+/* checks the call at once, as cuBLASLt does, and queues the product on
+ * the stream (tests/cudacpu/include/cudacpu_library.h) */
 API cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const void *alpha,
                                   const void *A, cublasLtMatrixLayout_t a, const void *B,
                                   cublasLtMatrixLayout_t b, const void *beta, const void *C,
                                   cublasLtMatrixLayout_t c, void *D, cublasLtMatrixLayout_t d,
-                                  const cublasLtMatmulAlgo_t *, void *, size_t, cudaStream_t)
+                                  const cublasLtMatmulAlgo_t *, void *, size_t,
+                                  cudaStream_t stream)
 {
     if (!supported(desc, a, b, c) || c->rows != d->rows || c->cols != d->cols)
         return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -209,30 +260,14 @@ API cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, c
     int64_t bn = desc->op_b ? (int64_t)b->rows : (int64_t)b->cols;
     if (am != m || bk != k || bn != n || a->batch != c->batch || b->batch != c->batch)
         return CUBLAS_STATUS_INVALID_VALUE;
-    bool round = desc->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
-    float al = *(const float *)alpha, be = *(const float *)beta;
-    for (int32_t p = 0; p < c->batch; p++)
-        for (int64_t j = 0; j < n; j++)
-            for (int64_t i = 0; i < m; i++) {
-                float acc = 0;
-                for (int64_t l = 0; l < k; l++) {
-                    int64_t ia = desc->op_a ? i * a->ld + l : l * a->ld + i;
-                    int64_t ib = desc->op_b ? l * b->ld + j : j * b->ld + l;
-                    float x = element(A, a->type, p * a->stride + ia);
-                    float y = element(B, b->type, p * b->stride + ib);
-                    if (round) {
-                        x = tf32(x);
-                        y = tf32(y);
-                    }
-                    acc += x * y;
-                }
-                float v = al * acc;
-                if (be != 0)
-                    v += be * ((const float *)C)[p * c->stride + j * c->ld + i];
-                if (desc->epilogue == CUBLASLT_EPILOGUE_BIAS && desc->bias)
-                    v += ((const float *)desc->bias)[i];
-                ((float *)D)[p * d->stride + j * d->ld + i] = v;
-            }
+    matmul_call *call = (matmul_call *)malloc(sizeof *call);
+    if (!call)
+        return CUBLAS_STATUS_ALLOC_FAILED;
+    *call = {*desc, *a, *b, *c, *d, *(const float *)alpha, *(const float *)beta, A, B, C, D};
+    if (cudacpu_queue(stream, run_matmul, call) != cudaSuccess) {
+        free(call);
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    }
     if (log_n < LOG_MAX)
         log_compute[log_n++] = desc->compute;
     return CUBLAS_STATUS_SUCCESS;

@@ -24,11 +24,18 @@
  *    add their terms in an order that changes from call to call, like
  *    atomics: a backend that picks them trains different bits each run;
  *  - CUDNN_DEFAULT_MATH and CUDNN_TENSOR_OP_MATH round the inputs to tf32 as
- *    an Ampere GPU's tensor cores do; only CUDNN_FMA_MATH computes in fp32.
+ *    an Ampere GPU's tensor cores do; only CUDNN_FMA_MATH computes in fp32;
+ *  - a convolution is checked when called (its status comes back at once)
+ *    and computed when the stream of cudnnSetStream runs it (without one,
+ *    the legacy default stream, which the backend's non-blocking streams
+ *    do not wait for): with the descriptors as they were at the call, and
+ *    alpha and beta read then (cudacpu_library.h).
  */
+#include <cudacpu_library.h>
 #include <cudnn.h>
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -363,13 +370,55 @@ static float *load(const void *p, size_t n, cudnnMathType_t math)
     return v;
 }
 
-static cudnnStatus_t use_workspace(void *ws, size_t have, size_t need)
+static cudnnStatus_t check_workspace(void *ws, size_t have, size_t need)
 {
     if (need > have || (need && !ws))
         return CUDNN_STATUS_BAD_PARAM; /* cuDNN: insufficient workspace */
-    if (need)
-        memset(ws, 0xff, need); /* NaN: an operand overlapping it is ruined */
     return CUDNN_STATUS_SUCCESS;
+}
+
+/* One convolution call as it was made: the descriptors as they were then,
+ * alpha and beta read from the host then (as cuDNN does), the pointers.
+ * It is checked at once and computed when the handle's stream runs it. */
+struct conv_call {
+    void (*compute)(const conv_call *k);
+    cudacpu_dnn_tensor x, y; /* backward data: dx and dy */
+    cudacpu_dnn_filter w;
+    cudacpu_dnn_conv conv;
+    float alpha, beta;
+    const void *in1, *in2; /* forward x, w; backward data w, dy; backward filter x, dy */
+    void *out;
+    void *ws;
+    size_t ws_need;
+    int algo; /* the backward ones: which order the sums take */
+};
+
+static void run_conv(void *arg)
+{
+    const conv_call *k = (const conv_call *)arg;
+    if (k->ws_need)
+        memset(k->ws, 0xff, k->ws_need); /* NaN: an operand overlapping it is ruined */
+    k->compute(k);
+    free(arg);
+}
+
+static cudnnStatus_t queue_conv(cudnnHandle_t handle, const conv_call &k)
+{
+    conv_call *call = (conv_call *)malloc(sizeof *call);
+    if (!call)
+        return CUDNN_STATUS_INTERNAL_ERROR;
+    *call = k;
+    if (cudacpu_queue(handle->stream, run_conv, call) != cudaSuccess) {
+        free(call);
+        return CUDNN_STATUS_EXECUTION_FAILED;
+    }
+    return CUDNN_STATUS_SUCCESS;
+}
+
+static void out_of_memory(void)
+{
+    fprintf(stderr, "cudacpu: the fake cuDNN is out of host memory: a convolution's output is "
+            "left unwritten\n");
 }
 
 /* The geometry of one convolution and the index helpers of its NHWC/KRSC
@@ -396,31 +445,19 @@ static geom geom_of(const cudacpu_dnn_tensor *x, const cudacpu_dnn_filter *w,
     return g;
 }
 
-static void blend(float *out, const double *v, size_t n, const void *alpha, const void *beta)
+static void blend(float *out, const double *v, size_t n, float a, float b)
 {
-    float a = *(const float *)alpha, b = *(const float *)beta;
     for (size_t i = 0; i < n; i++)
         out[i] = b == 0.0f ? (float)(a * v[i]) : (float)(a * v[i]) + b * out[i];
 }
 
-API cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void *alpha,
-                                          const cudnnTensorDescriptor_t xd, const void *x,
-                                          const cudnnFilterDescriptor_t wd, const void *w,
-                                          const cudnnConvolutionDescriptor_t cd,
-                                          cudnnConvolutionFwdAlgo_t algo, void *ws, size_t ws_bytes,
-                                          const void *beta, const cudnnTensorDescriptor_t yd,
-                                          void *y)
+static void forward_now(const conv_call *call)
 {
-    cudnnStatus_t s = check(xd, wd, cd, yd);
-    if (s != CUDNN_STATUS_SUCCESS)
-        return s;
-    if (!handle || !x || !w || !y || !alpha || !beta)
-        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
-    if (algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM &&
-        algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)
-        return CUDNN_STATUS_NOT_SUPPORTED;
-    if ((s = use_workspace(ws, ws_bytes, fwd_workspace(xd, wd, algo))) != CUDNN_STATUS_SUCCESS)
-        return s;
+    const cudacpu_dnn_tensor *xd = &call->x, *yd = &call->y;
+    const cudacpu_dnn_filter *wd = &call->w;
+    const cudacpu_dnn_conv *cd = &call->conv;
+    const void *x = call->in1, *w = call->in2;
+    void *y = call->out;
     geom g = geom_of(xd, wd, cd, yd);
     size_t xn = (size_t)g.N * g.H * g.W * g.C, wn = (size_t)g.K * g.R * g.S * g.Cg;
     size_t yn = (size_t)g.N * g.OH * g.OW * g.K;
@@ -428,7 +465,8 @@ API cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void *alph
     double *out = (double *)calloc(yn, sizeof *out);
     if (!xv || !wv || !out) {
         free(xv), free(wv), free(out);
-        return CUDNN_STATUS_INTERNAL_ERROR;
+        out_of_memory();
+        return;
     }
     for (int b = 0; b < g.N; b++)
         for (int oh = 0; oh < g.OH; oh++)
@@ -451,28 +489,42 @@ API cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void *alph
                     }
                     out[g.y(b, oh, ow, k)] = sum;
                 }
-    blend((float *)y, out, yn, alpha, beta);
+    blend((float *)y, out, yn, call->alpha, call->beta);
     free(xv), free(wv), free(out);
-    return CUDNN_STATUS_SUCCESS;
 }
 
-API cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void *alpha,
-                                               const cudnnFilterDescriptor_t wd, const void *w,
-                                               const cudnnTensorDescriptor_t dyd, const void *dy,
-                                               const cudnnConvolutionDescriptor_t cd,
-                                               cudnnConvolutionBwdDataAlgo_t algo, void *ws,
-                                               size_t ws_bytes, const void *beta,
-                                               const cudnnTensorDescriptor_t dxd, void *dx)
+API cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void *alpha,
+                                          const cudnnTensorDescriptor_t xd, const void *x,
+                                          const cudnnFilterDescriptor_t wd, const void *w,
+                                          const cudnnConvolutionDescriptor_t cd,
+                                          cudnnConvolutionFwdAlgo_t algo, void *ws, size_t ws_bytes,
+                                          const void *beta, const cudnnTensorDescriptor_t yd,
+                                          void *y)
 {
-    cudnnStatus_t s = check(dxd, wd, cd, dyd);
+    cudnnStatus_t s = check(xd, wd, cd, yd);
     if (s != CUDNN_STATUS_SUCCESS)
         return s;
-    if (!handle || !w || !dy || !dx || !alpha || !beta)
+    if (!handle || !x || !w || !y || !alpha || !beta)
         return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
-    if (algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 && algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_1)
+    if (algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM &&
+        algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)
         return CUDNN_STATUS_NOT_SUPPORTED;
-    if ((s = use_workspace(ws, ws_bytes, data_workspace(dxd, algo))) != CUDNN_STATUS_SUCCESS)
+    size_t need = fwd_workspace(xd, wd, algo);
+    if ((s = check_workspace(ws, ws_bytes, need)) != CUDNN_STATUS_SUCCESS)
         return s;
+    conv_call k = {forward_now, *xd, *yd, *wd, *cd, *(const float *)alpha, *(const float *)beta,
+                   x, w, y, ws, need, 0};
+    return queue_conv(handle, k);
+}
+
+static void backward_data_now(const conv_call *call)
+{
+    const cudacpu_dnn_tensor *dxd = &call->x, *dyd = &call->y;
+    const cudacpu_dnn_filter *wd = &call->w;
+    const cudacpu_dnn_conv *cd = &call->conv;
+    const void *w = call->in1, *dy = call->in2;
+    void *dx = call->out;
+    int algo = call->algo;
     geom g = geom_of(dxd, wd, cd, dyd);
     size_t xn = (size_t)g.N * g.H * g.W * g.C, wn = (size_t)g.K * g.R * g.S * g.Cg;
     size_t yn = (size_t)g.N * g.OH * g.OW * g.K;
@@ -481,7 +533,8 @@ API cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void 
     double *out = (double *)malloc(xn * sizeof *out);
     if (!wv || !dyv || !acc || !out) {
         free(wv), free(dyv), free(acc), free(out);
-        return CUDNN_STATUS_INTERNAL_ERROR;
+        out_of_memory();
+        return;
     }
     /* scatter in fp32 over the outputs, forwards or (odd calls of the
      * non-deterministic algorithm) backwards: the rounding differs */
@@ -509,29 +562,41 @@ API cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void 
     }
     for (size_t i = 0; i < xn; i++)
         out[i] = acc[i];
-    blend((float *)dx, out, xn, alpha, beta);
+    blend((float *)dx, out, xn, call->alpha, call->beta);
     free(wv), free(dyv), free(acc), free(out);
-    return CUDNN_STATUS_SUCCESS;
 }
 
-API cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void *alpha,
-                                                 const cudnnTensorDescriptor_t xd, const void *x,
-                                                 const cudnnTensorDescriptor_t dyd, const void *dy,
-                                                 const cudnnConvolutionDescriptor_t cd,
-                                                 cudnnConvolutionBwdFilterAlgo_t algo, void *ws,
-                                                 size_t ws_bytes, const void *beta,
-                                                 const cudnnFilterDescriptor_t dwd, void *dw)
+API cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void *alpha,
+                                               const cudnnFilterDescriptor_t wd, const void *w,
+                                               const cudnnTensorDescriptor_t dyd, const void *dy,
+                                               const cudnnConvolutionDescriptor_t cd,
+                                               cudnnConvolutionBwdDataAlgo_t algo, void *ws,
+                                               size_t ws_bytes, const void *beta,
+                                               const cudnnTensorDescriptor_t dxd, void *dx)
 {
-    cudnnStatus_t s = check(xd, dwd, cd, dyd);
+    cudnnStatus_t s = check(dxd, wd, cd, dyd);
     if (s != CUDNN_STATUS_SUCCESS)
         return s;
-    if (!handle || !x || !dy || !dw || !alpha || !beta)
+    if (!handle || !w || !dy || !dx || !alpha || !beta)
         return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
-    if (algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 && algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 &&
-        algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3)
+    if (algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 && algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_1)
         return CUDNN_STATUS_NOT_SUPPORTED;
-    if ((s = use_workspace(ws, ws_bytes, filter_workspace(dwd, algo))) != CUDNN_STATUS_SUCCESS)
+    size_t need = data_workspace(dxd, algo);
+    if ((s = check_workspace(ws, ws_bytes, need)) != CUDNN_STATUS_SUCCESS)
         return s;
+    conv_call k = {backward_data_now, *dxd, *dyd, *wd, *cd, *(const float *)alpha,
+                   *(const float *)beta, w, dy, dx, ws, need, algo};
+    return queue_conv(handle, k);
+}
+
+static void backward_filter_now(const conv_call *call)
+{
+    const cudacpu_dnn_tensor *xd = &call->x, *dyd = &call->y;
+    const cudacpu_dnn_filter *dwd = &call->w;
+    const cudacpu_dnn_conv *cd = &call->conv;
+    const void *x = call->in1, *dy = call->in2;
+    void *dw = call->out;
+    int algo = call->algo;
     geom g = geom_of(xd, dwd, cd, dyd);
     size_t xn = (size_t)g.N * g.H * g.W * g.C, wn = (size_t)g.K * g.R * g.S * g.Cg;
     size_t yn = (size_t)g.N * g.OH * g.OW * g.K;
@@ -540,7 +605,8 @@ API cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const voi
     double *out = (double *)malloc(wn * sizeof *out);
     if (!xv || !dyv || !acc || !out) {
         free(xv), free(dyv), free(acc), free(out);
-        return CUDNN_STATUS_INTERNAL_ERROR;
+        out_of_memory();
+        return;
     }
     int reverse = algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 && (calls++ & 1);
     size_t positions = (size_t)g.N * g.OH * g.OW;
@@ -566,7 +632,30 @@ API cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const voi
     }
     for (size_t i = 0; i < wn; i++)
         out[i] = acc[i];
-    blend((float *)dw, out, wn, alpha, beta);
+    blend((float *)dw, out, wn, call->alpha, call->beta);
     free(xv), free(dyv), free(acc), free(out);
-    return CUDNN_STATUS_SUCCESS;
+}
+
+API cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void *alpha,
+                                                 const cudnnTensorDescriptor_t xd, const void *x,
+                                                 const cudnnTensorDescriptor_t dyd, const void *dy,
+                                                 const cudnnConvolutionDescriptor_t cd,
+                                                 cudnnConvolutionBwdFilterAlgo_t algo, void *ws,
+                                                 size_t ws_bytes, const void *beta,
+                                                 const cudnnFilterDescriptor_t dwd, void *dw)
+{
+    cudnnStatus_t s = check(xd, dwd, cd, dyd);
+    if (s != CUDNN_STATUS_SUCCESS)
+        return s;
+    if (!handle || !x || !dy || !dw || !alpha || !beta)
+        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
+    if (algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 && algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 &&
+        algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3)
+        return CUDNN_STATUS_NOT_SUPPORTED;
+    size_t need = filter_workspace(dwd, algo);
+    if ((s = check_workspace(ws, ws_bytes, need)) != CUDNN_STATUS_SUCCESS)
+        return s;
+    conv_call k = {backward_filter_now, *xd, *dyd, *dwd, *cd, *(const float *)alpha,
+                   *(const float *)beta, x, dy, dw, ws, need, algo};
+    return queue_conv(handle, k);
 }

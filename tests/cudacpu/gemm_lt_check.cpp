@@ -10,7 +10,10 @@
  *   - 16-bit inputs keep CUBLAS_COMPUTE_32F whatever the flag;
  *   - gemm.cu's row-major products through column-major cuBLASLt (the
  *     operand swap, transposes, strided batches, the bias epilogue) give the
- *     right numbers, with tf32-rounded inputs under fast-TF32.
+ *     right numbers, with tf32-rounded inputs under fast-TF32;
+ *   - the products run on the context's compute stream: the fake queues
+ *     them on the stream gemm.cu names, and C holds them only once that
+ *     stream is synchronised.
  * The backend the other cudacpu tests run uses tests/cudacpu/gemm_ref.cu
  * instead, so this is the one test of gemm.cu short of a GPU.
  */
@@ -45,14 +48,28 @@ void cuda_note(struct cuda_context *c, cudaError_t e, const char *what)
         notes++;
     }
 }
+/* the bias pass, queued on the compute stream after the product as ops.cu's
+ * kernel is */
+struct bias_job {
+    float *out;
+    const float *bias;
+    int M, N, ldc;
+};
+static void add_bias_now(void *arg)
+{
+    struct bias_job *j = (struct bias_job *)arg;
+    for (int m = 0; m < j->M; m++)
+        for (int n = 0; n < j->N; n++)
+            j->out[(size_t)m * j->ldc + n] += j->bias[n];
+    free(j);
+}
 void cuda_add_bias(struct cuda_context *c, int dt, void *out, const void *bias, int M, int N,
                    int ldc)
 {
-    (void)c;
     (void)dt;
-    for (int m = 0; m < M; m++)
-        for (int n = 0; n < N; n++)
-            ((float *)out)[(size_t)m * ldc + n] += ((const float *)bias)[n];
+    struct bias_job *j = (struct bias_job *)malloc(sizeof *j);
+    *j = {(float *)out, (const float *)bias, M, N, ldc};
+    cuda_note(c, cudaLaunchHostFunc(c->compute, add_bias_now, j), "cudaLaunchHostFunc");
 }
 
 static float tf32(float x)
@@ -117,6 +134,13 @@ static double run_fp32(struct cuda_context *c, int ta, int tb, int batch, int wi
     cuda_gemm(c, ta, tb, M, N, K, 1.0f, A, ta ? M : K, (long long)M * K, B, tb ? K : N,
               (long long)K * N, 0.0f, C, N, (long long)M * N, batch, DT_F32, DT_F32,
               with_bias ? bias : NULL);
+    /* queued on the compute stream (the harness's streams are queues):
+     * nothing written before it runs, all of it after */
+    int untouched = 1;
+    for (int i = 0; i < batch * M * N; i++)
+        untouched &= C[i] == 0.0f;
+    CHECK(untouched, "the GEMM wrote C before its stream ran it");
+    CHECK(cudaStreamSynchronize(c->compute) == cudaSuccess, "the compute stream failed");
     reference(ta, tb, M, N, K, A, B, with_bias ? bias : NULL, batch, round, want);
     double worst = 0;
     for (int i = 0; i < batch * M * N; i++) {
@@ -129,6 +153,12 @@ static double run_fp32(struct cuda_context *c, int ta, int tb, int batch, int wi
 int main(void)
 {
     struct cuda_context *c = (struct cuda_context *)calloc(1, sizeof *c);
+    /* as backend.cu's open(): GEMMs go on a non-blocking compute stream,
+     * which a GEMM queued on the legacy default stream does not join */
+    if (cudaStreamCreateWithFlags(&c->compute, cudaStreamNonBlocking) != cudaSuccess) {
+        fprintf(stderr, "gemm_lt_check: no stream\n");
+        return 1;
+    }
     size_t version = 0;
     const char *why = cuda_gemm_open(c, &version);
     if (why) {
@@ -187,7 +217,9 @@ int main(void)
     CHECK(notes == 0, "gemm.cu reported %d failures", notes);
     int n;
     lt_log(&n);
+    CHECK(cudaStreamSynchronize(c->compute) == cudaSuccess, "the compute stream failed");
     cuda_gemm_close(c);
+    cudaStreamDestroy(c->compute);
     free(c);
     if (failures) {
         fprintf(stderr, "gemm_lt_check: %d checks failed\n", failures);

@@ -18,6 +18,20 @@
 #   conv_dx_overwrite backward data with beta 0: dx overwritten, not accumulated
 #   conv_any_algo     backward filter takes a non-deterministic algorithm
 #   bn_biased_running batch norm's running variance left biased (pool.cu)
+# and missing stream synchronisation, which the harness's queued streams
+# (runtime.cpp, "streams: queues") turn into wrong results:
+#   upload_no_compute_wait  compute does not wait for the upload's copy stream
+#   upload_no_copy_wait     the copy stream does not wait for the compute
+#                           queued before it (an earlier zeroing lands last)
+#   upload_no_compute_mark  the event the copy stream waits for is not recorded
+#   upload_slot_reused      a staging slot is refilled before its DMA ran
+#   download_no_sync        download returns before its copy ran
+#   sum_squares_no_sync     the host reads the pinned sum before its copy ran
+#   count_correct_no_sync   the same for the accuracy counts (step.cu)
+#   conv_no_set_stream      cuDNN is left on the legacy default stream, which
+#                           the non-blocking compute stream does not join
+#   gemm_legacy_stream      cuBLASLt given stream 0 instead of the compute
+#                           stream (gemm.cu, through tests/cudacpu/gemm_lt_check)
 . "$TR_SRCDIR/tests/e2e/lib.sh"
 : "${TR_CXX:?run through make check}" "${TR_PERL:?run through make check}"
 gen=$TR_BUILDDIR/tests/cudacpu/gen
@@ -87,4 +101,50 @@ mutate conv_any_algo conv.cu \
 mutate bn_biased_running pool.cu \
   's/double unbiased = N > 1 \? var \* N \/ \(N - 1\) : var;/double unbiased = var;/' \
   'backend_ops/batchnorm_train_f32' 'batchnorm_train_f32.*running differs from the CPU'
-echo "mutations: all 12 caught"
+
+mutate upload_no_compute_wait backend.cu \
+  's/\n    CUDA_NOTE\(c, cudaStreamWaitEvent\(c->compute, c->stage_done\[last\], 0\)\);//' \
+  'backend_ops/gelu_f32' 'gelu_f32.*differs from the CPU'
+mutate upload_no_copy_wait backend.cu \
+  's/\n    CUDA_NOTE\(c, cudaStreamWaitEvent\(c->copy, c->compute_mark, 0\)\);//' \
+  'backend_ops/gelu_f32' 'gelu_f32.*forward output differs from the CPU'
+mutate upload_no_compute_mark backend.cu \
+  's/\n    CUDA_NOTE\(c, cudaEventRecord\(c->compute_mark, c->compute\)\);//' \
+  'backend_ops/gelu_f32' 'gelu_f32.*forward output differs from the CPU'
+mutate upload_slot_reused backend.cu \
+  's/\n        CUDA_NOTE\(c, cudaEventSynchronize\(c->stage_done\[slot\]\)\);[^\n]*//' \
+  'backend_ops/gelu_f32' 'gelu_f32.*forward output differs from the CPU'
+mutate download_no_sync backend.cu \
+  's/(cudaMemcpyDeviceToHost, c->compute\)\);)\n    CUDA_NOTE\(c, cudaStreamSynchronize\(c->compute\)\);/$1/' \
+  'backend_ops/gelu_f32' 'gelu_f32.*nan on the GPU'
+mutate sum_squares_no_sync step.cu \
+  's/(c->sum_partials \+ SUM_BLOCKS, sizeof\(double\),\n\s*cudaMemcpyDeviceToHost, c->compute\)\);)\n    CUDA_NOTE\(c, cudaStreamSynchronize\(c->compute\)\);/$1/' \
+  'backend_ops/sum_squares_deterministic_and_non_finite' 'sum of squares -?nan vs CPU'
+mutate count_correct_no_sync step.cu \
+  's/(cudaMemcpyDeviceToHost, c->compute\)\);)\n    CUDA_NOTE\(c, cudaStreamSynchronize\(c->compute\)\);(\n[^\n]*counts_host)/$1$2/' \
+  'backend_ops/count_correct_ties_and_ignored_rows' 'valid rows on the GPU'
+mutate conv_no_set_stream conv.cu \
+  's/s = a->set_stream\(d->h, c->compute\);/s = CUDNN_STATUS_SUCCESS;/' \
+  'backend_ops/conv2d_3x3_f32' 'conv2d_3x3_f32.*forward output differs from the CPU'
+
+# gemm.cu is not in the harness's backend (gemm_ref.cu is): its mutation is
+# linked into tests/cudacpu/gemm_lt_check instead
+name=gemm_legacy_stream
+mkdir "$name"
+"$TR_PERL" -0pe 's/LT_WORKSPACE_BYTES,\s*c->compute\);/LT_WORKSPACE_BYTES, 0);/' \
+  "$TR_SRCDIR/kernels/cuda/gemm.cu" > "$name/gemm.cu"
+cmp -s "$TR_SRCDIR/kernels/cuda/gemm.cu" "$name/gemm.cu" && fail "$name: the mutation does not apply any more"
+"$TR_PERL" "$TR_SRCDIR/tests/cudacpu/cu2cpp.pl" "$name/gemm.cu" "$name/gemm.cu.cpp"
+"$TR_CXX" -std=c++17 -O1 -I"$TR_SRCDIR/tests/cudacpu/include" -I"$TR_SRCDIR/include" \
+  -I"$TR_BUILDDIR" -I"$gen" -DTR_CUDA_HOME="\"$TR_BUILDDIR/tests/cudacpu/lt\"" \
+  -c "$name/gemm.cu.cpp" -o "$name/gemm.o"
+"$TR_CXX" -rdynamic -o "$name/gemm_lt_check" "$name/gemm.o" \
+  "$TR_BUILDDIR/tests/cudacpu/gemm_lt_check-gemm_lt_check.o" \
+  "$TR_BUILDDIR/tests/cudacpu/gemm_lt_check-runtime.o" -ldl -lpthread
+if "./$name/gemm_lt_check" > "$name/log" 2>&1; then
+  cat "$name/log"
+  fail "$name: the broken gemm.cu passed gemm_lt_check"
+fi
+grep -E 'fp32 GEMM .*relative error' "$name/log" > "$name/why" || { cat "$name/log"; fail "$name: not reported as expected"; }
+echo "caught $name: $(head -n 1 "$name/why")"
+echo "mutations: all 21 caught"

@@ -1,7 +1,8 @@
 /*
- * cudacpu's runtime: memory, streams and events as plain host calls (every
- * copy and kernel runs at once, in call order), and kernel launches that run
- * each CUDA thread of a block as a fiber.
+ * cudacpu's runtime: memory, streams as queues that run when a
+ * synchronisation needs them (the model and its order: "streams: queues"
+ * below), events, and kernel launches that run each CUDA thread of a block
+ * as a fiber.
  *
  * Scheduling: the threads of one block are fibers on this OS thread; the
  * blocks of a grid run one after another.  A fiber runs until it exits or
@@ -29,7 +30,9 @@
  */
 #include <cuda_runtime.h>
 
+#include <deque>
 #include <errno.h>
+#include <map>
 #include <mutex>
 #include <stdarg.h>
 #include <stdio.h>
@@ -37,6 +40,7 @@
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
+#include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -194,7 +198,7 @@ struct launch_state {
     unsigned long generation; /* of the block, for shared memory */
 } L;
 
-std::mutex launch_lock;
+std::recursive_mutex api_lock; /* every runtime call; queued work runs under it */
 char *smem_arena;           /* SMEM_REGION + SMEM_GUARD + a PROT_NONE page */
 size_t smem_bytes;          /* of this launch, rounded up to 16 */
 unsigned long smem_generation; /* the block that filled it */
@@ -230,9 +234,16 @@ void fail(const char *fmt, ...)
     }
 }
 
+/* the launch being checked, for refuse() */
+struct launch_site {
+    const char *name, *file;
+    int line;
+};
+
 /* a refused launch: reported, not sticky (as on a GPU) */
-void refuse(cudaError_t e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void refuse(cudaError_t e, const char *fmt, ...)
+void refuse(const launch_site &at, cudaError_t e, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void refuse(const launch_site &at, cudaError_t e, const char *fmt, ...)
 {
     if (reports++ < MAX_REPORTS) {
         char msg[1024];
@@ -240,8 +251,8 @@ void refuse(cudaError_t e, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(msg, sizeof msg, fmt, ap);
         va_end(ap);
-        fprintf(stderr, "cudacpu: %s (launched at %s:%d): launch refused: %s\n", L.name, L.file,
-                L.line, msg);
+        fprintf(stderr, "cudacpu: %s (launched at %s:%d): launch refused: %s\n", at.name, at.file,
+                at.line, msg);
     }
     set_error(e);
 }
@@ -529,7 +540,7 @@ int smem_allowed(const void *fn)
 
 cudaError_t cudacpu::func_set_attribute(const void *fn, cudaFuncAttribute attr, int value)
 {
-    std::lock_guard<std::mutex> hold(launch_lock);
+    std::lock_guard<std::recursive_mutex> hold(api_lock);
     if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize)
         return cudaSuccess;
     if (value < 0 || (size_t)value > SMEM_OPTIN) {
@@ -547,66 +558,438 @@ cudaError_t cudacpu::func_set_attribute(const void *fn, cudaFuncAttribute attr, 
     return cudaSuccess;
 }
 
-void cudacpu::run_grid(const void *fn, const char *name, const char *file, int line,
-                       const config &c, void (*body)(void *), void *closure)
+/* ---- streams: queues -------------------------------------------------------------------- */
+
+/*
+ * A stream is a queue.  Kernel launches, cudaMemcpyAsync, cudaMemsetAsync,
+ * host functions (cudaLaunchHostFunc: the fake cuDNN and cuBLASLt queue
+ * their work so), event records and cudaStreamWaitEvent are queued on their
+ * stream when called and run only when a synchronisation needs them:
+ *
+ *   cudaStreamSynchronize(s)    s's queue, up to its end;
+ *   cudaEventSynchronize(e),
+ *   cudaEventQuery(e)           e's stream, up to e's latest record;
+ *   cudaDeviceSynchronize,
+ *   cudaFree, cudaFreeHost      every queue (their implicit device sync);
+ *   cudaMemcpy                  the legacy default stream, as CUDA's
+ *                               "API synchronization behavior" says
+ *                               (below), and so the blocking streams'
+ *                               work queued before it, not the
+ *                               cudaStreamNonBlocking streams';
+ *   a queued cudaStreamWaitEvent, when its own stream reaches it: the
+ *                               event's stream up to the record first.
+ *
+ * Running a queue runs its operations in order; a wait runs the other
+ * stream's prefix then and there.  Nothing else runs: work no
+ * synchronisation asked for stays queued, so it happens as late as a GPU
+ * may do it, after the host and the other streams have moved on.  That
+ * order (CUDACPU_STREAM_ORDER=lazy, the default) is deterministic, and it
+ * is the adversarial one for a missing wait: a consumer that does not wait
+ * for its producer's stream runs before the producer.  The opposite
+ * mistake, a producer that does not wait for the consumers still reading
+ * its destination, shows when the producer's stream is synchronised first;
+ * CUDACPU_STREAM_ORDER=reverse makes every synchronisation first run every
+ * queue to its end, newest stream first (the copy stream before the
+ * compute stream it was made after), for stress runs.
+ * CUDACPU_STREAM_ORDER=immediate runs everything when it is queued (the
+ * harness's old behaviour): a test that fails lazily and passes
+ * immediately has a stream bug.
+ *
+ * The legacy default stream (stream 0) and the blocking streams
+ * (cudaStreamCreate, flags 0) wait for each other: work queued on the
+ * legacy stream first waits for all work queued before it on every
+ * blocking stream, and work queued on a blocking stream for the legacy
+ * stream's.  cudaStreamNonBlocking streams (the backend's) wait for
+ * neither.  Events capture their stream's queue when recorded; a wait or
+ * synchronisation uses the latest record at the time of the call, and an
+ * event never recorded is complete.
+ *
+ * Copies.  Memory is device memory (cudaMalloc), pinned host memory
+ * (cudaHostAlloc, cudaMallocHost) or pageable (anything else).
+ * cudaMemcpyAsync is always treated as fully asynchronous, pageable memory
+ * included (CUDA says it "might be synchronous" there, so nothing may rely
+ * on it): the source is read, and the destination written, when the queue
+ * runs it.  The host destination of a device-to-host copy is filled with
+ * NaN bytes when the copy is queued (unless a queued copy still reads it),
+ * so a host read before the synchronisation sees NaN, not a plausible
+ * older value (a GPU would show the older value).  cudaMemcpy runs
+ * on the legacy stream and returns when CUDA says it does: device to host
+ * and host to host after the copy, pinned host to device after it too,
+ * pageable host to device once the legacy stream is synchronised and the
+ * source staged (the copy itself stays queued), device to device at once.
+ * cudaMemset is queued on the legacy stream (synchronous only for pinned
+ * host memory).
+ *
+ * Errors: a refused launch is reported when launched; a kernel that fails
+ * does so when its queue runs, and the error is sticky, returned by the
+ * synchronisations and cudaGetLastError from then on.
+ */
+
+namespace cudacpu {
+enum op_kind { OP_KERNEL, OP_COPY, OP_SET, OP_HOST, OP_WAIT, OP_MARK };
+struct queued_op {
+    op_kind kind;
+    /* OP_KERNEL */
+    const void *fn;
+    const char *name, *file;
+    int line;
+    dim3 grid, block;
+    size_t smem;
+    void (*body)(void *);
+    void *closure;
+    void (*release)(void *);
+    /* OP_COPY, OP_SET */
+    void *dst;
+    const void *src;
+    size_t bytes;
+    int value;
+    void *owned; /* the staged source of a blocking copy, freed after it */
+    /* OP_HOST */
+    cudaHostFn_t host;
+    void *arg;
+    /* OP_WAIT: `on` up to its operation number `upto` */
+    cudacpu_stream *on;
+    uint64_t upto;
+};
+} // namespace cudacpu
+
+struct cudacpu_stream {
+    unsigned flags;
+    int id; /* creation order; 0 is the legacy default stream */
+    bool legacy, destroyed, running;
+    std::deque<queued_op> queue;
+    uint64_t issued, done; /* operations queued and run so far */
+};
+struct cudacpu_event {
+    unsigned flags;
+    cudacpu_stream *stream; /* of its latest record; NULL before the first */
+    uint64_t at;            /* complete once stream->done reaches it */
+};
+
+namespace {
+
+#define HOLD std::lock_guard<std::recursive_mutex> hold(api_lock)
+
+enum order_mode { ORDER_LAZY, ORDER_REVERSE, ORDER_IMMEDIATE };
+
+int order_set = -1; /* CUDACPU_STREAM_ORDER, read once, or set_stream_order's */
+
+int order_named(const char *v)
 {
-    std::lock_guard<std::mutex> hold(launch_lock);
-    L.name = name;
-    L.file = file;
-    L.line = line;
-    if (sticky_error != cudaSuccess) /* a kernel failed earlier: nothing runs any more */
+    if (!v || !*v || !strcmp(v, "lazy"))
+        return ORDER_LAZY;
+    if (!strcmp(v, "reverse"))
+        return ORDER_REVERSE;
+    if (!strcmp(v, "immediate"))
+        return ORDER_IMMEDIATE;
+    return -1;
+}
+
+order_mode stream_order(void)
+{
+    if (order_set < 0) {
+        const char *v = getenv("CUDACPU_STREAM_ORDER");
+        order_set = order_named(v);
+        if (order_set < 0) {
+            fprintf(stderr, "cudacpu: CUDACPU_STREAM_ORDER=%s: expected lazy, reverse or "
+                    "immediate\n", v);
+            abort();
+        }
+    }
+    return (order_mode)order_set;
+}
+
+/* every stream ever created, in creation order (destroyed ones run their
+ * queued work to the end, as on a GPU, and are kept: events may name them) */
+std::vector<cudacpu_stream *> streams;
+
+cudacpu_stream *legacy_stream(void)
+{
+    static cudacpu_stream *legacy = [] {
+        cudacpu_stream *s = new cudacpu_stream();
+        s->legacy = true;
+        streams.insert(streams.begin(), s);
+        return s;
+    }();
+    return legacy;
+}
+
+cudacpu_stream *stream_of(cudaStream_t s) { return s ? s : legacy_stream(); }
+
+bool blocking(const cudacpu_stream *s) { return !s->legacy && !(s->flags & cudaStreamNonBlocking); }
+
+void run_until(cudacpu_stream *s, uint64_t upto);
+
+void push(cudacpu_stream *s, queued_op &&o)
+{
+    s->queue.push_back(std::move(o));
+    s->issued++;
+}
+
+queued_op wait_op(cudacpu_stream *on, uint64_t upto)
+{
+    queued_op o{};
+    o.kind = OP_WAIT;
+    o.on = on;
+    o.upto = upto;
+    return o;
+}
+
+queued_op mark_op(void)
+{
+    queued_op o{};
+    o.kind = OP_MARK;
+    return o;
+}
+
+void enqueue(cudacpu_stream *s, queued_op &&o)
+{
+    /* the legacy stream and the blocking streams wait for each other */
+    if (s->legacy) {
+        for (cudacpu_stream *t : streams)
+            if (blocking(t) && t->done < t->issued)
+                push(s, wait_op(t, t->issued));
+    } else if (blocking(s)) {
+        cudacpu_stream *l = legacy_stream();
+        if (l->done < l->issued)
+            push(s, wait_op(l, l->issued));
+    }
+    push(s, std::move(o));
+    if (stream_order() == ORDER_IMMEDIATE)
+        run_until(s, s->issued);
+}
+
+void run_kernel(const queued_op &o);
+
+void execute(queued_op &o)
+{
+    switch (o.kind) {
+    case OP_KERNEL:
+        if (sticky_error == cudaSuccess) /* a kernel failed earlier: nothing runs any more */
+            run_kernel(o);
+        o.release(o.closure);
+        break;
+    case OP_COPY:
+        if (o.bytes)
+            memmove(o.dst, o.src, o.bytes);
+        free(o.owned);
+        break;
+    case OP_SET:
+        memset(o.dst, o.value, o.bytes);
+        break;
+    case OP_HOST:
+        o.host(o.arg);
+        break;
+    case OP_WAIT:
+        run_until(o.on, o.upto);
+        break;
+    case OP_MARK:
+        break;
+    }
+}
+
+/* Runs s's queue until `upto` operations have run.  A wait runs the other
+ * stream's prefix; that prefix can only wait for work queued before the
+ * wait was, which has run, so no stream re-enters itself. */
+void run_until(cudacpu_stream *s, uint64_t upto)
+{
+    if (s->done >= upto)
         return;
+    if (s->running) {
+        fprintf(stderr, "cudacpu: internal error: stream %d waits for its own later work\n", s->id);
+        abort();
+    }
+    s->running = true;
+    while (s->done < upto) {
+        queued_op o = std::move(s->queue.front());
+        s->queue.pop_front();
+        execute(o);
+        s->done++;
+    }
+    s->running = false;
+}
+
+/* every queue to its end: oldest stream first, or newest first */
+void run_all(bool newest_first)
+{
+    for (size_t i = 0; i < streams.size(); i++) {
+        cudacpu_stream *t = streams[newest_first ? streams.size() - 1 - i : i];
+        run_until(t, t->issued);
+    }
+}
+
+/* a synchronisation that needs s's first `upto` operations */
+void synchronize(cudacpu_stream *s, uint64_t upto)
+{
+    if (stream_order() == ORDER_REVERSE)
+        run_all(true);
+    run_until(s, upto);
+}
+
+void synchronize_device(void) { run_all(stream_order() == ORDER_REVERSE); }
+
+/* the legacy stream, with the blocking streams' work queued before now */
+void synchronize_legacy(void)
+{
+    cudacpu_stream *l = legacy_stream();
+    enqueue(l, mark_op());
+    synchronize(l, l->issued);
+}
+
+/* ---- what memory is what ----------------------------------------------------------------- */
+
+enum memory_kind { PAGEABLE, DEVICE, PINNED };
+struct allocation {
+    size_t bytes;
+    memory_kind kind;
+};
+std::map<uintptr_t, allocation> allocations;
+
+memory_kind memory_of(const void *p)
+{
+    auto it = allocations.upper_bound((uintptr_t)p);
+    if (it == allocations.begin())
+        return PAGEABLE;
+    --it;
+    return (uintptr_t)p < it->first + it->second.bytes ? it->second.kind : PAGEABLE;
+}
+
+/* a queued copy still reads [p, p + n) */
+bool queued_read(const void *p, size_t n)
+{
+    uintptr_t a = (uintptr_t)p;
+    for (const cudacpu_stream *t : streams)
+        for (const queued_op &o : t->queue)
+            if (o.kind == OP_COPY && (uintptr_t)o.src < a + n && a < (uintptr_t)o.src + o.bytes)
+                return true;
+    return false;
+}
+
+bool host_side(const void *p, cudaMemcpyKind kind, bool is_dst)
+{
+    switch (kind) {
+    case cudaMemcpyHostToHost: return true;
+    case cudaMemcpyHostToDevice: return !is_dst;
+    case cudaMemcpyDeviceToHost: return is_dst;
+    case cudaMemcpyDeviceToDevice: return false;
+    default: return memory_of(p) != DEVICE;
+    }
+}
+
+queued_op copy_op(void *dst, const void *src, size_t bytes)
+{
+    queued_op o{};
+    o.kind = OP_COPY;
+    o.dst = dst;
+    o.src = src;
+    o.bytes = bytes;
+    return o;
+}
+
+} // namespace
+
+/* ---- launches ---------------------------------------------------------------------------- */
+
+int cudacpu::set_stream_order(const char *name)
+{
+    HOLD;
+    int mode = order_named(name);
+    if (mode < 0)
+        return -1;
+    synchronize_device(); /* in the order it was */
+    order_set = mode;
+    return 0;
+}
+
+void cudacpu::launch_grid(const void *fn, const char *name, const char *file, int line,
+                          const config &c, void (*body)(void *), void *closure,
+                          void (*release)(void *))
+{
+    HOLD;
+    launch_site at{name, file, line};
+    if (sticky_error != cudaSuccess) { /* a kernel failed earlier: nothing runs any more */
+        release(closure);
+        return;
+    }
     if (running) {
-        refuse(cudaErrorNotSupported, "a launch from inside a kernel");
+        refuse(at, cudaErrorNotSupported, "a launch from inside a kernel");
+        release(closure);
         return;
     }
     const dim3 &g = c.grid, &b = c.block;
     unsigned long threads = (unsigned long)b.x * b.y * b.z;
-    if (threads == 0 || threads > MAX_THREADS || b.z > 64) {
-        refuse(cudaErrorInvalidConfiguration, "block (%u,%u,%u): blocks have 1 to 1024 threads, "
-               "z at most 64", b.x, b.y, b.z);
-        return;
-    }
-    if (g.x == 0 || g.y == 0 || g.z == 0 || g.x > 0x7fffffffu || g.y > 65535 || g.z > 65535) {
-        refuse(cudaErrorInvalidConfiguration, "grid (%u,%u,%u): each dimension must be at least "
-               "1 (x at most 2^31-1, y and z at most 65535)", g.x, g.y, g.z);
-        return;
-    }
-    int allowed = smem_allowed(fn);
-    if (c.smem > SMEM_DEFAULT && (allowed < 0 || c.smem > (size_t)allowed)) {
-        if (allowed < 0)
-            refuse(cudaErrorInvalidValue, "%zu bytes of dynamic shared memory, above the default "
-                   "48 KiB: cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize"
-                   ", bytes) was not called for this kernel", c.smem);
+    bool ok = false;
+    if (threads == 0 || threads > MAX_THREADS || b.z > 64)
+        refuse(at, cudaErrorInvalidConfiguration, "block (%u,%u,%u): blocks have 1 to 1024 "
+               "threads, z at most 64", b.x, b.y, b.z);
+    else if (g.x == 0 || g.y == 0 || g.z == 0 || g.x > 0x7fffffffu || g.y > 65535 || g.z > 65535)
+        refuse(at, cudaErrorInvalidConfiguration, "grid (%u,%u,%u): each dimension must be at "
+               "least 1 (x at most 2^31-1, y and z at most 65535)", g.x, g.y, g.z);
+    else {
+        int allowed = smem_allowed(fn);
+        if (c.smem > SMEM_DEFAULT && allowed < 0)
+            refuse(at, cudaErrorInvalidValue, "%zu bytes of dynamic shared memory, above the "
+                   "default 48 KiB: cudaFuncSetAttribute(kernel, "
+                   "cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) was not called for this "
+                   "kernel", c.smem);
+        else if (c.smem > SMEM_DEFAULT && c.smem > (size_t)allowed)
+            refuse(at, cudaErrorInvalidValue, "%zu bytes of dynamic shared memory, above the %d "
+                   "that cudaFuncSetAttribute allowed for this kernel", c.smem, allowed);
         else
-            refuse(cudaErrorInvalidValue, "%zu bytes of dynamic shared memory, above the %d that "
-                   "cudaFuncSetAttribute allowed for this kernel", c.smem, allowed);
-        return;
+            ok = true;
     }
-    if (!smem_arena) {
+    if (ok && !smem_arena) {
         void *p = mmap(NULL, SMEM_REGION + SMEM_GUARD + (size_t)getpagesize(),
                        PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED) {
-            refuse(cudaErrorMemoryAllocation, "no memory for shared memory");
-            return;
+            refuse(at, cudaErrorMemoryAllocation, "no memory for shared memory");
+            ok = false;
+        } else {
+            smem_arena = (char *)p;
+            mprotect(smem_arena + SMEM_REGION + SMEM_GUARD, (size_t)getpagesize(), PROT_NONE);
         }
-        smem_arena = (char *)p;
-        mprotect(smem_arena + SMEM_REGION + SMEM_GUARD, (size_t)getpagesize(), PROT_NONE);
     }
-    smem_bytes = (c.smem + 15) & ~(size_t)15;
-    while (pool_size < (int)threads) {
+    if (!ok) {
+        release(closure);
+        return;
+    }
+    queued_op o{};
+    o.kind = OP_KERNEL;
+    o.fn = fn;
+    o.name = name;
+    o.file = file;
+    o.line = line;
+    o.grid = g;
+    o.block = b;
+    o.smem = c.smem;
+    o.body = body;
+    o.closure = closure;
+    o.release = release;
+    enqueue(stream_of(c.stream), std::move(o));
+}
+
+namespace {
+/* a queued grid, when its stream runs it: every block in turn */
+void run_kernel(const queued_op &o)
+{
+    L.name = o.name;
+    L.file = o.file;
+    L.line = o.line;
+    smem_bytes = (o.smem + 15) & ~(size_t)15;
+    int threads = (int)(o.block.x * o.block.y * o.block.z);
+    while (pool_size < threads) {
         pool[pool_size] = fiber_new(pool_size);
         pool_size++;
     }
-    L.body = body;
-    L.closure = closure;
-    L.threads = (int)threads;
+    L.body = o.body;
+    L.closure = o.closure;
+    L.threads = threads;
     L.failed = false;
-    block_dim = b;
-    grid_dim = g;
-    for (unsigned z = 0; z < g.z && !L.failed; z++)
-        for (unsigned y = 0; y < g.y && !L.failed; y++)
-            for (unsigned x = 0; x < g.x && !L.failed; x++) {
+    block_dim = o.block;
+    grid_dim = o.grid;
+    for (unsigned z = 0; z < o.grid.z && !L.failed; z++)
+        for (unsigned y = 0; y < o.grid.y && !L.failed; y++)
+            for (unsigned x = 0; x < o.grid.x && !L.failed; x++) {
                 block_idx.x = x;
                 block_idx.y = y;
                 block_idx.z = z;
@@ -614,15 +997,9 @@ void cudacpu::run_grid(const void *fn, const char *name, const char *file, int l
             }
     current = NULL;
 }
+} // namespace
 
 /* ---- the runtime API ------------------------------------------------------------------ */
-
-struct cudacpu_stream {
-    unsigned flags;
-};
-struct cudacpu_event {
-    unsigned flags;
-};
 
 cudaError_t cudaGetLastError(void)
 {
@@ -644,6 +1021,7 @@ const char *cudaGetErrorName(cudaError_t e)
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorNotSupported: return "cudaErrorNotSupported";
     }
@@ -705,17 +1083,35 @@ cudaError_t cudaGetDevice(int *device)
     *device = 0;
     return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize(void) { return sticky_error; }
+cudaError_t cudaDeviceSynchronize(void)
+{
+    HOLD;
+    synchronize_device();
+    return sticky_error;
+}
+/* clears a failed kernel's sticky error; queued work is dropped, as a
+ * reset destroys it */
 cudaError_t cudaDeviceReset(void)
 {
-    std::lock_guard<std::mutex> hold(launch_lock);
+    HOLD;
+    for (cudacpu_stream *t : streams) {
+        for (queued_op &o : t->queue) {
+            if (o.kind == OP_KERNEL)
+                o.release(o.closure);
+            if (o.kind == OP_COPY)
+                free(o.owned);
+        }
+        t->queue.clear();
+        t->done = t->issued;
+    }
     sticky_error = last_error = cudaSuccess;
     n_attributes = 0;
     return cudaSuccess;
 }
 
-cudaError_t cudaMalloc(void **p, size_t bytes)
+static cudaError_t allocate(void **p, size_t bytes, memory_kind kind)
 {
+    HOLD;
     *p = NULL;
     if (posix_memalign(p, 256, bytes ? bytes : 1) != 0) {
         *p = NULL;
@@ -723,82 +1119,186 @@ cudaError_t cudaMalloc(void **p, size_t bytes)
         return cudaErrorMemoryAllocation;
     }
     memset(*p, 0xff, bytes); /* cudaMalloc does not zero: NaN shows a read before a write */
+    allocations[(uintptr_t)*p] = allocation{bytes ? bytes : 1, kind};
     return cudaSuccess;
 }
-cudaError_t cudaFree(void *p)
+static cudaError_t release_memory(void *p)
 {
+    HOLD;
+    if (!p)
+        return cudaSuccess;
+    synchronize_device(); /* cudaFree's implicit synchronisation */
+    allocations.erase((uintptr_t)p);
     free(p);
     return cudaSuccess;
 }
+
+cudaError_t cudaMalloc(void **p, size_t bytes) { return allocate(p, bytes, DEVICE); }
+cudaError_t cudaFree(void *p) { return release_memory(p); }
 cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags)
 {
     (void)flags;
-    return cudaMalloc(p, bytes);
+    return allocate(p, bytes, PINNED);
 }
-cudaError_t cudaMallocHost(void **p, size_t bytes) { return cudaMalloc(p, bytes); }
-cudaError_t cudaFreeHost(void *p) { return cudaFree(p); }
-cudaError_t cudaMemset(void *p, int value, size_t bytes)
-{
-    memset(p, value, bytes);
-    return cudaSuccess;
-}
+cudaError_t cudaMallocHost(void **p, size_t bytes) { return allocate(p, bytes, PINNED); }
+cudaError_t cudaFreeHost(void *p) { return release_memory(p); }
+
 cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s)
 {
-    (void)s;
-    return cudaMemset(p, value, bytes);
-}
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind)
-{
-    (void)kind;
-    if (bytes)
-        memmove(dst, src, bytes);
+    HOLD;
+    if (bytes && !p)
+        return cudaErrorInvalidValue;
+    queued_op o{};
+    o.kind = OP_SET;
+    o.dst = p;
+    o.value = value;
+    o.bytes = bytes;
+    enqueue(stream_of(s), std::move(o));
     return cudaSuccess;
 }
+cudaError_t cudaMemset(void *p, int value, size_t bytes)
+{
+    HOLD;
+    cudaError_t e = cudaMemsetAsync(p, value, bytes, 0);
+    if (e == cudaSuccess && memory_of(p) == PINNED)
+        synchronize(legacy_stream(), legacy_stream()->issued);
+    return e;
+}
+
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t s)
 {
-    (void)s;
-    return cudaMemcpy(dst, src, bytes, kind);
+    HOLD;
+    if (bytes && (!dst || !src))
+        return cudaErrorInvalidValue;
+    bool host_dst = host_side(dst, kind, true), host_src = host_side(src, kind, false);
+    /* a host read before the synchronisation sees NaN, not an older value */
+    if (host_dst && !host_src && bytes && stream_order() != ORDER_IMMEDIATE &&
+        !queued_read(dst, bytes))
+        memset(dst, 0xff, bytes);
+    cudacpu_stream *t = stream_of(s);
+    enqueue(t, copy_op(dst, src, bytes));
+    if (host_dst && host_src) /* host to host: synchronous */
+        synchronize(t, t->issued);
+    return cudaSuccess;
 }
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind)
+{
+    HOLD;
+    if (bytes && (!dst || !src))
+        return cudaErrorInvalidValue;
+    cudacpu_stream *l = legacy_stream();
+    bool host_dst = host_side(dst, kind, true), host_src = host_side(src, kind, false);
+    if (host_src && !host_dst && memory_of(src) != PINNED) {
+        /* pageable to device: the stream is synchronised, the source
+         * staged, and the function returns with the DMA still to run */
+        synchronize_legacy();
+        queued_op o = copy_op(dst, NULL, bytes);
+        o.owned = malloc(bytes ? bytes : 1);
+        if (!o.owned)
+            return cudaErrorMemoryAllocation;
+        memcpy(o.owned, src, bytes);
+        o.src = o.owned;
+        enqueue(l, std::move(o));
+        return sticky_error;
+    }
+    enqueue(l, copy_op(dst, src, bytes));
+    if (host_dst || host_src) /* to the host, or from pinned memory: returns when done */
+        synchronize(l, l->issued);
+    return sticky_error;
+}
+
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *userData)
+{
+    HOLD;
+    if (!fn)
+        return cudaErrorInvalidValue;
+    queued_op o{};
+    o.kind = OP_HOST;
+    o.host = fn;
+    o.arg = userData;
+    enqueue(stream_of(s), std::move(o));
+    return cudaSuccess;
+}
+
 cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, 0); }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
 {
-    *s = new cudacpu_stream{flags};
+    HOLD;
+    legacy_stream();
+    cudacpu_stream *t = new cudacpu_stream();
+    t->flags = flags;
+    t->id = (int)streams.size();
+    streams.push_back(t);
+    *s = t;
     return cudaSuccess;
 }
+/* its queued work still runs when something needs it, as on a GPU */
 cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
-    delete s;
+    HOLD;
+    if (!s)
+        return cudaErrorInvalidResourceHandle;
+    s->destroyed = true;
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
-    (void)s;
+    HOLD;
+    cudacpu_stream *t = stream_of(s);
+    if (t->legacy)
+        synchronize_legacy();
+    else
+        synchronize(t, t->issued);
     return sticky_error;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
 {
-    (void)s;
+    HOLD;
     (void)flags;
-    return e ? cudaSuccess : cudaErrorInvalidResourceHandle;
+    if (!e)
+        return cudaErrorInvalidResourceHandle;
+    if (e->stream) /* an event never recorded is complete */
+        enqueue(stream_of(s), wait_op(e->stream, e->at));
+    return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
 {
-    *e = new cudacpu_event{flags};
+    *e = new cudacpu_event{flags, NULL, 0};
     return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e)
 {
-    delete e;
+    delete e; /* waits queued on it keep what they captured */
     return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
-    (void)s;
-    return e ? cudaSuccess : cudaErrorInvalidResourceHandle;
+    HOLD;
+    if (!e)
+        return cudaErrorInvalidResourceHandle;
+    cudacpu_stream *t = stream_of(s);
+    enqueue(t, mark_op()); /* on the legacy stream: after the blocking streams' work */
+    e->stream = t;
+    e->at = t->issued;
+    return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
-    return e ? sticky_error : cudaErrorInvalidResourceHandle;
+    HOLD;
+    if (!e)
+        return cudaErrorInvalidResourceHandle;
+    if (e->stream)
+        synchronize(e->stream, e->at);
+    return sticky_error;
 }
+/* A query that answered cudaErrorNotReady would leave a host polling it
+ * waiting for work that runs only when something synchronises: it runs
+ * that work, and says whether it succeeded. */
+cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
+
+/* for the stand-in libraries: include/cuda_runtime.h, cudacpu_runtime_table */
+extern "C" __attribute__((visibility("default"))) const cudacpu_runtime_table cudacpu_runtime = {
+    CUDACPU_RUNTIME_VERSION, cudaLaunchHostFunc};

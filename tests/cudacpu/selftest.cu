@@ -3,7 +3,10 @@
  * correct gives a GPU's results (shuffles of every kind and width, ballots,
  * two half-warps shuffling with their own masks at once, a block reduction),
  * and each kind of mistake it reports is reported, with the words a user
- * would search for.  The kernels of kernels/cuda are checked by
+ * would search for.  Then the streams: work runs when a synchronisation
+ * needs it and not before, events order two streams (and a missing wait
+ * shows), blocking and non-blocking streams against a blocking cudaMemcpy,
+ * when copies read their sources, and the reverse order.  The kernels of kernels/cuda are checked by
  * tests/test_backend_ops and tests/cudacpu/mutations.sh; this is the
  * harness's own regression test.
  */
@@ -117,6 +120,22 @@ __global__ void dynamic_shared_kernel(float *out, int n)
 
 __global__ void empty_kernel(void) {}
 
+/* ---- kernels for the stream checks ----------------------------------------------- */
+
+__global__ void fill_kernel(float *x, float v, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] = v;
+}
+
+__global__ void add_one_kernel(float *y, const float *x, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = x[i] + 1.0f;
+}
+
 /* ---- running them, with stderr captured ----------------------------------------- */
 
 static char report[8192];
@@ -129,7 +148,11 @@ template <typename F> static cudaError_t captured(F f)
     FILE *tmp = tmpfile();
     dup2(fileno(tmp), 2);
     f();
+    /* a refused launch fails when launched, a kernel when its stream runs */
+    cudaError_t sync = cudaDeviceSynchronize();
     cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess)
+        e = sync;
     fflush(stderr);
     dup2(saved, 2);
     close(saved);
@@ -148,6 +171,156 @@ static void expect_report(cudaError_t e, cudaError_t want, const char *words, co
     cudaDeviceReset();
 }
 
+/* ---- streams are queues ---------------------------------------------------------- */
+
+enum { SN = 64 };
+
+static float *device_buffer(void)
+{
+    float *p = NULL;
+    cudaMalloc((void **)&p, SN * sizeof(float)); /* NaN bytes */
+    return p;
+}
+
+/* the first element as the host reads it from pinned memory (NaN as -1) */
+static float first(const float *h) { return h[0] == h[0] ? h[0] : -1.0f; }
+
+/* a device value as a blocking cudaMemcpy reads it (stream 0) */
+static float read_back(const float *d)
+{
+    float v;
+    cudaMemcpy(&v, d, sizeof v, cudaMemcpyDeviceToHost);
+    return v == v ? v : -1.0f;
+}
+
+static void stream_checks(void)
+{
+    cudaStream_t a, b, blocking_stream;
+    cudaEvent_t e;
+    cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
+    cudaStreamCreate(&blocking_stream);
+    cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    float *x = device_buffer(), *y = device_buffer(), *h = NULL;
+    cudaHostAlloc((void **)&h, SN * sizeof(float), cudaHostAllocPortable);
+
+    printf("a stream's work runs when it is synchronised, not before\n");
+    fill_kernel<<<1, SN, 0, a>>>(x, 1.0f, SN);
+    cudaMemcpyAsync(h, x, SN * sizeof(float), cudaMemcpyDeviceToHost, a);
+    /* the harness's device memory is host memory: look without a copy */
+    CHECK(x[0] != x[0], "the kernel ran when launched: x[0] = %g", (double)x[0]);
+    CHECK(first(h) == -1.0f, "pinned memory holds %g before the copy ran (NaN expected)",
+          (double)first(h));
+    CHECK(cudaStreamSynchronize(a) == cudaSuccess, "cudaStreamSynchronize failed");
+    CHECK(first(h) == 1.0f && h[SN - 1] == 1.0f, "after cudaStreamSynchronize: %g", (double)first(h));
+
+    printf("cudaStreamWaitEvent orders two streams; without it the consumer runs first\n");
+    fill_kernel<<<1, SN, 0, a>>>(x, 2.0f, SN);
+    cudaEventRecord(e, a);
+    cudaStreamWaitEvent(b, e, 0);
+    add_one_kernel<<<1, SN, 0, b>>>(y, x, SN);
+    cudaMemcpyAsync(h, y, SN * sizeof(float), cudaMemcpyDeviceToHost, b);
+    cudaStreamSynchronize(b);
+    CHECK(first(h) == 3.0f, "with the wait, b read x = %g (2 expected)", (double)first(h) - 1);
+    fill_kernel<<<1, SN, 0, a>>>(x, 4.0f, SN);
+    add_one_kernel<<<1, SN, 0, b>>>(y, x, SN); /* no wait */
+    cudaMemcpyAsync(h, y, SN * sizeof(float), cudaMemcpyDeviceToHost, b);
+    cudaStreamSynchronize(b);
+    CHECK(first(h) == 3.0f, "without the wait, b read x = %g: a's fill ran first", (double)first(h) - 1);
+    cudaStreamSynchronize(a);
+
+    printf("a wait takes the event's record at the time of the wait\n");
+    fill_kernel<<<1, SN, 0, a>>>(x, 5.0f, SN);
+    cudaEventRecord(e, a);
+    cudaStreamWaitEvent(b, e, 0);
+    fill_kernel<<<1, SN, 0, a>>>(x, 6.0f, SN);
+    cudaEventRecord(e, a); /* re-recorded after the wait: b does not wait for it */
+    add_one_kernel<<<1, SN, 0, b>>>(y, x, SN);
+    cudaStreamSynchronize(b);
+    CHECK(read_back(y) == 6.0f, "b read x = %g, not the 5 of the record it waited for",
+          (double)read_back(y) - 1);
+    CHECK(cudaEventQuery(e) == cudaSuccess, "cudaEventQuery failed");
+    CHECK(read_back(x) == 6.0f, "cudaEventQuery did not run the work before the record: %g",
+          (double)read_back(x));
+
+    printf("a blocking cudaMemcpy synchronises the legacy stream and the blocking streams, not "
+           "the non-blocking ones\n");
+    fill_kernel<<<1, SN, 0, a>>>(x, 7.0f, SN);
+    CHECK(read_back(x) == 6.0f, "cudaMemcpy waited for a non-blocking stream: x = %g",
+          (double)read_back(x));
+    cudaStreamSynchronize(a);
+    CHECK(read_back(x) == 7.0f, "after cudaStreamSynchronize: x = %g", (double)read_back(x));
+    fill_kernel<<<1, SN, 0, blocking_stream>>>(x, 8.0f, SN);
+    CHECK(read_back(x) == 8.0f, "cudaMemcpy did not wait for a blocking stream: x = %g",
+          (double)read_back(x));
+    fill_kernel<<<1, SN>>>(x, 9.0f, SN); /* stream 0, then a blocking stream reads */
+    add_one_kernel<<<1, SN, 0, blocking_stream>>>(y, x, SN);
+    cudaStreamSynchronize(blocking_stream);
+    CHECK(y[0] == 10.0f, "a blocking stream did not wait for stream 0: y = %g", (double)y[0]);
+
+    printf("cudaMemcpyAsync reads its source when it runs; cudaMemcpy from pageable memory "
+           "stages it at once\n");
+    for (int i = 0; i < SN; i++)
+        h[i] = 11.0f;
+    cudaMemcpyAsync(x, h, SN * sizeof(float), cudaMemcpyHostToDevice, a);
+    h[0] = 12.0f; /* the host writes the source before the copy ran: a race */
+    cudaStreamSynchronize(a);
+    CHECK(read_back(x) == 12.0f, "the copy read its source when queued: %g", (double)read_back(x));
+    float pageable[SN];
+    for (int i = 0; i < SN; i++)
+        pageable[i] = 13.0f;
+    cudaMemcpy(x, pageable, sizeof pageable, cudaMemcpyHostToDevice);
+    pageable[0] = 14.0f; /* legal: the source was staged */
+    CHECK(read_back(x) == 13.0f, "cudaMemcpy did not stage its pageable source: %g",
+          (double)read_back(x));
+
+    printf("cudaFree and cudaDeviceSynchronize run every queue\n");
+    fill_kernel<<<1, SN, 0, b>>>(x, 15.0f, SN);
+    float *scratch = device_buffer();
+    cudaFree(scratch);
+    CHECK(x[0] == 15.0f, "cudaFree did not synchronise: x = %g", (double)x[0]);
+    fill_kernel<<<1, SN, 0, a>>>(x, 16.0f, SN);
+    cudaDeviceSynchronize();
+    CHECK(x[0] == 16.0f, "cudaDeviceSynchronize did not run stream a: x = %g", (double)x[0]);
+
+    printf("a kernel that fails reports it at the synchronisation\n");
+    cudaError_t launched = captured([&] {
+        deadlock_kernel<<<1, 64, 0, a>>>(x);
+        CHECK(cudaGetLastError() == cudaSuccess, "the launch itself failed");
+    });
+    CHECK(launched == cudaErrorLaunchFailure, "the synchronisation said %s",
+          cudaGetErrorName(launched));
+    CHECK(strstr(report, "deadlock") != NULL, "no report of the deadlock");
+    cudaDeviceReset();
+
+    printf("CUDACPU_STREAM_ORDER=reverse runs the newest stream first: a producer that does not "
+           "wait for its consumer shows\n");
+    for (int order = 0; order < 2; order++) {
+        cudacpu::set_stream_order(order ? "reverse" : "lazy");
+        fill_kernel<<<1, SN, 0, a>>>(x, 17.0f, SN);
+        cudaStreamSynchronize(a);
+        add_one_kernel<<<1, SN, 0, a>>>(y, x, SN); /* the consumer of x = 17 */
+        fill_kernel<<<1, SN, 0, b>>>(x, 20.0f, SN); /* overwrites x without waiting */
+        cudaStreamSynchronize(a);
+        float got = read_back(y);
+        if (order)
+            CHECK(got == 21.0f, "reverse: the consumer read x = %g, not the producer's 20",
+                  (double)got - 1);
+        else
+            CHECK(got == 18.0f, "lazy: the consumer read x = %g, not 17", (double)got - 1);
+        cudaDeviceSynchronize();
+    }
+    cudacpu::set_stream_order("lazy");
+
+    cudaFreeHost(h);
+    cudaFree(x);
+    cudaFree(y);
+    cudaEventDestroy(e);
+    cudaStreamDestroy(a);
+    cudaStreamDestroy(b);
+    cudaStreamDestroy(blocking_stream);
+}
+
 int main(void)
 {
     float *f = NULL;
@@ -158,8 +331,10 @@ int main(void)
     printf("shuffles, ballots and votes give a GPU's results\n");
     shuffles_kernel<<<1, 64>>>(ints);
     CHECK(cudaGetLastError() == cudaSuccess, "shuffles_kernel failed");
+    static int shuffled[64 * 8];
+    cudaMemcpy(shuffled, ints, sizeof shuffled, cudaMemcpyDeviceToHost);
     for (int t = 0; t < 64; t++) {
-        int lane = t & 31, *o = ints + t * 8;
+        int lane = t & 31, *o = shuffled + t * 8;
         CHECK(o[0] == (31 - lane) * 10, "thread %d: __shfl_sync gave %d", t, o[0]);
         CHECK(o[1] == (lane ^ 5), "thread %d: __shfl_xor_sync gave %d", t, o[1]);
         CHECK(o[2] == (lane + 3 < 32 ? lane + 3 : lane), "thread %d: __shfl_down_sync gave %d", t, o[2]);
@@ -235,6 +410,8 @@ int main(void)
 
     cudaFree(f);
     cudaFree(ints);
+
+    stream_checks();
     if (failures) {
         printf("cudacpu selftest: %d checks failed\n", failures);
         return 1;

@@ -12,6 +12,12 @@
  * as NaN; dynamic shared memory has a guard band after it and is checked
  * against the launch limits cudaFuncSetAttribute sets.
  *
+ * Streams are queues: a launch, an async copy or memset, a host function
+ * and an event record are queued on their stream and run only when a
+ * synchronisation needs them (runtime.cpp says which calls and in what
+ * order), so a missing cudaStreamWaitEvent or an unsynchronised host read
+ * gives a wrong result instead of passing.
+ *
  * Only what the backend uses is here: a kernel that needs more fails to
  * compile, which is the point.
  */
@@ -22,6 +28,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+#include <tuple>
+#include <type_traits>
+#include <utility>
 
 #define __CUDACPU__ 1
 #define __global__
@@ -52,6 +62,7 @@ enum cudaError_t {
     cudaErrorNoDevice = 100,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorLaunchOutOfResources = 701,
+    cudaErrorNotReady = 600,
     cudaErrorLaunchFailure = 719,
     cudaErrorNotSupported = 801,
 };
@@ -81,6 +92,8 @@ typedef struct cudacpu_event *cudaEvent_t;
 #define cudaEventDisableTiming 0x02
 #define cudaHostAllocDefault 0x00
 #define cudaHostAllocPortable 0x01
+
+typedef void (*cudaHostFn_t)(void *userData);
 
 struct cudaDeviceProp {
     char name[256];
@@ -131,6 +144,19 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = 0);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventQuery(cudaEvent_t e); /* runs the work it waits for: then cudaSuccess */
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *userData);
+
+/* The stand-in libraries (tests/cudacpu/cudnn.cpp, cublaslt.cpp) are shared
+ * objects of their own that get only a cudaStream_t, as the real ones do;
+ * they find this table (the symbol cudacpu_runtime, exported by whatever
+ * holds runtime.cpp: include/cudacpu_library.h) and queue their work on the
+ * stream through it, where the real libraries launch their kernels. */
+#define CUDACPU_RUNTIME_VERSION 1
+struct cudacpu_runtime_table {
+    int version;
+    cudaError_t (*launch_host_func)(cudaStream_t s, cudaHostFn_t fn, void *userData);
+};
 
 namespace cudacpu {
 
@@ -144,6 +170,12 @@ extern uint3 block_idx;
 extern dim3 block_dim, grid_dim;
 
 cudaError_t func_set_attribute(const void *fn, cudaFuncAttribute attr, int value);
+
+/* The order streams run in (runtime.cpp, "streams: queues"): "lazy" (the
+ * default), "reverse" or "immediate", as CUDACPU_STREAM_ORDER names them;
+ * for tests/cudacpu/selftest.  Runs all queued work first; -1 for an
+ * unknown name. */
+int set_stream_order(const char *name);
 
 /* ---- synchronisation ------------------------------------------------------ */
 
@@ -186,10 +218,18 @@ struct config {
     config(dim3 g, dim3 b, size_t s = 0, cudaStream_t st = 0) : grid(g), block(b), smem(s), stream(st) {}
 };
 
-/* Runs body(closure) as every thread of every block of the grid; a failed
- * launch sets the error cudaGetLastError returns. */
-void run_grid(const void *fn, const char *name, const char *file, int line, const config &c,
-              void (*body)(void *), void *closure);
+/* Checks the launch configuration (a refused launch sets the error
+ * cudaGetLastError returns, at once, as on a GPU) and queues the grid on
+ * c.stream: when the stream runs it, body(closure) runs as every thread of
+ * every block, and release(closure) follows.  A kernel that fails then
+ * makes the error sticky: later calls and synchronisations return it. */
+void launch_grid(const void *fn, const char *name, const char *file, int line, const config &c,
+                 void (*body)(void *), void *closure, void (*release)(void *));
+
+template <typename... P> struct kernel_call {
+    void (*fn)(P...);
+    std::tuple<std::decay_t<P>...> args; /* converted when launched, as CUDA does */
+};
 
 template <typename... P> struct launcher {
     void (*fn)(P...);
@@ -198,10 +238,15 @@ template <typename... P> struct launcher {
     config cfg;
     template <typename... A> void operator()(A &&...args) const
     {
-        void (*f)(P...) = fn;
-        auto call = [&]() { f(args...); }; /* each thread gets its own copies */
-        run_grid((const void *)fn, name, file, line, cfg,
-                 [](void *c) { (*static_cast<decltype(call) *>(c))(); }, &call);
+        /* the arguments are copied now: the grid runs later, when its
+         * stream does; each thread gets its own copies of them */
+        auto *call = new kernel_call<P...>{fn, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
+        launch_grid((const void *)fn, name, file, line, cfg,
+                    [](void *c) {
+                        auto *k = static_cast<kernel_call<P...> *>(c);
+                        std::apply(k->fn, k->args);
+                    },
+                    call, [](void *c) { delete static_cast<kernel_call<P...> *>(c); });
     }
 };
 
