@@ -14,19 +14,36 @@
  * as key=value, or:
  *   --device=cuda   buffers in GPU memory (libcudart is loaded at run time)
  *   --die=R         rank R kills itself (SIGKILL) after the first checks,
- *                   while the others keep calling collectives
+ *                   while the others keep calling collectives (an allreduce)
  *   --stall=R       rank R stops calling collectives and sleeps
- *   --iterations=N  allreduce rounds of varying size (default 20)
+ *   --die=R:COLL    rank R is killed inside collective COLL (allreduce,
+ *   --stall=R:COLL  reduce_scatter, allgather or broadcast), or stopped
+ *                   there (SIGSTOP, as a debugger or a hung driver would),
+ *                   0.3 s after entering it; rank R+1 enters 1 s late, so
+ *                   the call cannot have finished, and the others are
+ *                   inside it too.  They go on calling COLL (a collective
+ *                   may still complete when R's part had already gone
+ *                   out) until it fails, as it must.
+ *   --iterations=N  rounds of allreduce and reduce_scatter of varying size
+ *                   (default 20)
+ *   --rs-tolerance=T  reduce_scatter on inexact data may differ from
+ *                   allreduce_sum by T times the sum of the magnitudes
+ *                   added (default 0: bit for bit)
  * Each rank prints "comm_check rank R/W: PASS" and exits 0, or "FAIL: ..."
- * and exits 1.
+ * and exits 1.  A failed collective says how long it took: "allreduce_sum
+ * of N floats (failed after 2.0 s): <the plugin's message>", or with a
+ * fault, how long after it: "(failed 2.1 s after the fault)".
  *
  * Data are integers times 1/8, so every sum is exact in float whatever the
  * order of additions, and each rank computes the expected result itself
- * because every rank's data follow from its rank number.
+ * because every rank's data follow from its rank number.  One check uses
+ * inexact data instead (sums that round): reduce_scatter against
+ * allreduce_sum of the same floats, and allreduce_sum's bits on every rank.
  */
 #include <trainrun/plugin.h>
 
 #include <dlfcn.h>
+#include <math.h>
 #include <pthread.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -69,6 +86,26 @@ static float value_of(uint64_t seed, uint64_t rank_, uint64_t i)
     x *= 0xFF51AFD7ED558CCDull;
     x ^= x >> 33;
     return (float)((int)(x % 2001) - 1000) * 0.125f;
+}
+
+/* Inexact data: a 24-bit mantissa over exponents 2^-8 .. 2^7, either sign,
+ * so that sums round and their order of additions shows in the last bits. */
+static float inexact_of(uint64_t seed, uint64_t rank_, uint64_t i)
+{
+    uint64_t x = seed * 0xD6E8FEB86659FD93ull ^ (rank_ + 1) * 0x9E3779B97F4A7C15ull ^
+                 i * 0xC2B2AE3D27D4EB4Full;
+    x ^= x >> 32;
+    x *= 0xD6E8FEB86659FD93ull;
+    x ^= x >> 29;
+    float m = (float)(x & 0xFFFFFF) / (float)(1 << 24) + 0.5f;
+    return ldexpf((x >> 24) & 1 ? -m : m, (int)((x >> 25) % 16) - 8);
+}
+
+static double seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* ---- the host side of the ABI ------------------------------------------- */
@@ -230,6 +267,23 @@ static void *self;
 
 #define HAS(slot) TR_HAS_SLOT(vt, struct tr_comm_vtable, slot)
 
+/* When a --die/--stall fault began (about: the others cannot see it), or 0. */
+static double fault_began;
+
+/* A collective that failed: its message, and how long it took (since the
+ * fault, when one was made). */
+static void failed(double since, const tr_err *err, const char *fmt, ...)
+{
+    char what[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    if (fault_began > 0)
+        die("%s (failed %.1f s after the fault): %s", what, seconds() - fault_began, err->msg);
+    die("%s (failed after %.1f s): %s", what, seconds() - since, err->msg);
+}
+
 static void check_allreduce(size_t count, uint64_t seed)
 {
     struct buffer b = buffer_new(count * sizeof(float));
@@ -238,8 +292,9 @@ static void check_allreduce(size_t count, uint64_t seed)
         x[i] = value_of(seed, (uint64_t)rank, i);
     to_plugin(&b);
     tr_err err = {{0}};
+    double t0 = seconds();
     if (vt->allreduce_sum(self, b.dev, count, &err) != TR_OK)
-        die("allreduce_sum of %zu floats: %s", count, err.msg);
+        failed(t0, &err, "allreduce_sum of %zu floats", count);
     from_plugin(&b);
     for (size_t i = 0; i < count; i++) {
         float want = 0;
@@ -261,8 +316,9 @@ static void check_broadcast(size_t bytes, int root, uint64_t seed)
                             : (unsigned char)(0xA5 ^ rank);
     to_plugin(&b);
     tr_err err = {{0}};
+    double t0 = seconds();
     if (vt->broadcast(self, b.dev, bytes, root, &err) != TR_OK)
-        die("broadcast of %zu bytes from rank %d: %s", bytes, root, err.msg);
+        failed(t0, &err, "broadcast of %zu bytes from rank %d", bytes, root);
     from_plugin(&b);
     for (size_t i = 0; i < bytes; i++)
         if (p[i] != (unsigned char)(value_of(seed, (uint64_t)root, i) * 8))
@@ -279,8 +335,9 @@ static void check_allgather(size_t count, uint64_t seed)
             x[(size_t)r * count + i] = r == rank ? value_of(seed, (uint64_t)r, i) : -12345.0f;
     to_plugin(&b);
     tr_err err = {{0}};
+    double t0 = seconds();
     if (vt->allgather(self, b.dev, count, &err) != TR_OK)
-        die("allgather of %zu floats per rank: %s", count, err.msg);
+        failed(t0, &err, "allgather of %zu floats per rank", count);
     from_plugin(&b);
     for (int r = 0; r < world; r++)
         for (size_t i = 0; i < count; i++)
@@ -292,10 +349,165 @@ static void check_allgather(size_t count, uint64_t seed)
     buffer_free(&b);
 }
 
+/* Rank r's part of the sums, buf + r*count, after a reduce_scatter of
+ * world*count exact floats; the rest of buf may be anything. */
+static void check_reduce_scatter(size_t count, uint64_t seed)
+{
+    size_t n = (size_t)world * count;
+    struct buffer b = buffer_new(n * sizeof(float));
+    float *x = b.host;
+    for (size_t i = 0; i < n; i++)
+        x[i] = value_of(seed, (uint64_t)rank, i);
+    to_plugin(&b);
+    tr_err err = {{0}};
+    double t0 = seconds();
+    if (vt->reduce_scatter(self, b.dev, count, &err) != TR_OK)
+        failed(t0, &err, "reduce_scatter of %zu floats per rank", count);
+    from_plugin(&b);
+    const float *mine = x + (size_t)rank * count;
+    for (size_t i = 0; i < count; i++) {
+        float want = 0;
+        for (int r = 0; r < world; r++)
+            want += value_of(seed, (uint64_t)r, (size_t)rank * count + i);
+        if (mine[i] != want)
+            die("reduce_scatter of %zu floats per rank: element %zu of rank %d's part is %g, "
+                "want %g",
+                count, i, rank, (double)mine[i], (double)want);
+    }
+    buffer_free(&b);
+}
+
+/* Inexact data, whose sums round: allreduce_sum leaves the same bits on
+ * every rank (rank 0's broadcast to compare), and reduce_scatter of the
+ * same world*count floats leaves in rank r's part what allreduce_sum left
+ * there, bit for bit, or within `tolerance` times the sum of magnitudes. */
+static void check_reduce_scatter_inexact(size_t count, uint64_t seed, double tolerance)
+{
+    size_t n = (size_t)world * count;
+    struct buffer a = buffer_new(n * sizeof(float)), b = buffer_new(n * sizeof(float));
+    struct buffer z = buffer_new(n * sizeof(float));
+    float *xa = a.host, *xb = b.host, *xz = z.host;
+    for (size_t i = 0; i < n; i++)
+        xa[i] = xb[i] = inexact_of(seed, (uint64_t)rank, i);
+    to_plugin(&a);
+    to_plugin(&b);
+    tr_err err = {{0}};
+    double t0 = seconds();
+    if (vt->allreduce_sum(self, a.dev, n, &err) != TR_OK)
+        failed(t0, &err, "allreduce_sum of %zu inexact floats", n);
+    t0 = seconds();
+    if (vt->reduce_scatter(self, b.dev, count, &err) != TR_OK)
+        failed(t0, &err, "reduce_scatter of %zu inexact floats per rank", count);
+    from_plugin(&a);
+    from_plugin(&b);
+    memcpy(xz, xa, n * sizeof(float));
+    to_plugin(&z);
+    t0 = seconds();
+    if (vt->broadcast(self, z.dev, n * sizeof(float), 0, &err) != TR_OK)
+        failed(t0, &err, "broadcast of %zu bytes from rank 0", n * sizeof(float));
+    from_plugin(&z);
+    if (memcmp(xz, xa, n * sizeof(float)) != 0)
+        die("allreduce_sum of %zu inexact floats left other bits on this rank than on rank 0", n);
+
+    size_t differ = 0, first = 0;
+    double worst = 0; /* the largest difference, in units of the sum of magnitudes */
+    for (size_t i = 0; i < count; i++) {
+        size_t at = (size_t)rank * count + i;
+        double exact = 0, magnitude = 0;
+        for (int r = 0; r < world; r++) {
+            exact += inexact_of(seed, (uint64_t)r, at);
+            magnitude += fabs((double)inexact_of(seed, (uint64_t)r, at));
+        }
+        /* a sum at all: (world-1) roundings of at most half an ulp each */
+        if (fabs((double)xb[at] - exact) > (double)world * 0x1p-24 * magnitude)
+            die("reduce_scatter of %zu inexact floats per rank: element %zu of rank %d's part "
+                "is %.9g, the sum is %.9g",
+                count, i, rank, (double)xb[at], exact);
+        if (memcmp(&xb[at], &xa[at], sizeof(float)) != 0) {
+            double d = fabs((double)xb[at] - (double)xa[at]) / magnitude;
+            if (!differ++)
+                first = i;
+            worst = d > worst ? d : worst;
+        }
+    }
+    printf("comm_check rank %d/%d: reduce_scatter of %zu inexact floats per rank: %s", rank, world,
+           count, differ ? "" : "bit-identical to allreduce_sum\n");
+    if (differ)
+        printf("%zu of %zu differ from allreduce_sum (first: element %zu; largest difference "
+               "%.2g of the sum of magnitudes)\n",
+               differ, count, first, worst);
+    if (differ && worst > tolerance)
+        die("reduce_scatter of %zu inexact floats per rank differs from allreduce_sum by %.2g of "
+            "the sum of magnitudes, more than --rs-tolerance=%g",
+            count, worst, tolerance);
+    buffer_free(&a);
+    buffer_free(&b);
+    buffer_free(&z);
+}
+
 struct checks {
     int die_rank, stall_rank, iterations;
+    const char *fault_in; /* NULL: the faulty rank fails between calls */
+    double rs_tolerance;
     const char *plugin;
 };
+
+/* One call of collective `coll` on `count` floats per rank (exact data,
+ * unchecked: it is meant to fail). */
+static void call_collective(const char *coll, size_t count)
+{
+    if (strcmp(coll, "allreduce") == 0)
+        check_allreduce(count * (size_t)world, 11);
+    else if (strcmp(coll, "reduce_scatter") == 0)
+        check_reduce_scatter(count, 12);
+    else if (strcmp(coll, "allgather") == 0)
+        check_allgather(count, 13);
+    else
+        check_broadcast(count * sizeof(float), 0, 14);
+}
+
+static struct {
+    int sig;
+    double after;
+} fault;
+
+static void *raise_fault(void *arg)
+{
+    (void)arg;
+    usleep((useconds_t)(fault.after * 1e6));
+    printf("comm_check rank %d/%d: %s inside the collective on purpose\n", rank, world,
+           fault.sig == SIGKILL ? "dying" : "stopping");
+    raise(fault.sig);
+    return NULL;
+}
+
+/* --die=R:COLL / --stall=R:COLL: rank R is killed (or stopped) 0.3 s into
+ * COLL; rank R+1 joins 1 s late, so R cannot have finished it.  The others
+ * call COLL again and again: one of the calls must fail. */
+static void fault_inside(const struct checks *t)
+{
+    int faulty = t->die_rank >= 0 ? t->die_rank : t->stall_rank;
+    int late = (faulty + 1) % world;
+    size_t count = 1 << 16;
+    fault_began = seconds() + 0.3;
+    if (rank == faulty) {
+        fault.sig = t->die_rank >= 0 ? SIGKILL : SIGSTOP;
+        fault.after = 0.3;
+        pthread_t killer;
+        if (pthread_create(&killer, NULL, raise_fault, NULL) != 0)
+            die("cannot start the thread that raises the fault");
+    } else if (rank == late) {
+        usleep(1000 * 1000);
+    }
+    call_collective(t->fault_in, count);
+    if (rank == faulty) /* stopped and continued */
+        die("%s finished although this rank was %s inside it", t->fault_in,
+            t->die_rank >= 0 ? "killed" : "stopped");
+    while (seconds() - fault_began < 600)
+        call_collective(t->fault_in, count);
+    die("%s still completes 600 s after rank %d was %s inside it", t->fault_in, faulty,
+        t->die_rank >= 0 ? "killed" : "stopped");
+}
 
 static void *run_checks(void *arg)
 {
@@ -306,6 +518,9 @@ static void *run_checks(void *arg)
     check_allreduce(1000, 2);
     check_broadcast(13, 0, 3);
 
+    if (t->fault_in)
+        fault_inside(t);
+    fault_began = t->die_rank >= 0 || t->stall_rank >= 0 ? seconds() : 0;
     if (rank == t->die_rank) {
         printf("comm_check rank %d/%d: dying on purpose\n", rank, world);
         raise(SIGKILL);
@@ -328,9 +543,27 @@ static void *run_checks(void *arg)
         printf("comm_check: %s has no allgather (optional; parallel.zero refuses it)\n",
                t->plugin);
     }
+    if (HAS(reduce_scatter)) {
+        check_reduce_scatter(0, 20);
+        check_reduce_scatter(1, 21);
+        check_reduce_scatter(2, 22);
+        check_reduce_scatter(1001, 23);
+        /* far more than one piece of the tcp ring's 256 KiB scratch per segment */
+        check_reduce_scatter((3u << 18) + 5, 24);
+        check_reduce_scatter_inexact(1, 30, t->rs_tolerance);
+        check_reduce_scatter_inexact(997, 31, t->rs_tolerance);
+        check_reduce_scatter_inexact((1u << 18) + 3, 32, t->rs_tolerance);
+    } else if (rank == 0) {
+        printf("comm_check: %s has no reduce_scatter (optional; sharded data parallel refuses "
+               "it)\n",
+               t->plugin);
+    }
     /* Many calls of different sizes in a row: ordering and buffer reuse. */
-    for (int it = 0; it < t->iterations; it++)
+    for (int it = 0; it < t->iterations; it++) {
         check_allreduce((size_t)(it * 7919 % 50000) + 1, 100 + (uint64_t)it);
+        if (HAS(reduce_scatter))
+            check_reduce_scatter((size_t)(it * 4111 % 20000), 200 + (uint64_t)it);
+    }
 
     return NULL;
 }
@@ -358,25 +591,48 @@ int main(int argc, char **argv)
     if (local_world < 1)
         local_world = world;
     if (argc < 2 || rank >= world)
-        die("usage: comm_check PLUGIN.so [--device=cuda] [--die=R] [--stall=R] "
-            "[--iterations=N] [option=value...] (rank %d of %d)",
+        die("usage: comm_check PLUGIN.so [--device=cuda] [--die=R[:COLL]] [--stall=R[:COLL]] "
+            "[--iterations=N] [--rs-tolerance=T] [option=value...] (rank %d of %d)",
             rank, world);
 
     const char *device = "cpu";
     int die_rank = -1, stall_rank = -1, iterations = 20;
+    const char *fault_in = NULL;
+    double rs_tolerance = 0;
     char **kv = calloc((size_t)argc, sizeof *kv);
     int nkv = 0;
     for (int i = 2; i < argc; i++) {
         if (strcmp(argv[i], "--device=cuda") == 0)
             device = "cuda";
         else if (strncmp(argv[i], "--die=", 6) == 0)
-            die_rank = atoi(argv[i] + 6);
+            die_rank = atoi(argv[i] + 6), fault_in = strchr(argv[i], ':');
         else if (strncmp(argv[i], "--stall=", 8) == 0)
-            stall_rank = atoi(argv[i] + 8);
+            stall_rank = atoi(argv[i] + 8), fault_in = strchr(argv[i], ':');
         else if (strncmp(argv[i], "--iterations=", 13) == 0)
             iterations = atoi(argv[i] + 13);
+        else if (strncmp(argv[i], "--rs-tolerance=", 15) == 0)
+            rs_tolerance = strtod(argv[i] + 15, NULL);
         else
             kv[nkv++] = argv[i];
+    }
+    if (die_rank >= world || stall_rank >= world)
+        die("--die/--stall: rank %d does not exist among %d", die_rank >= world ? die_rank : stall_rank,
+            world);
+    if (fault_in) {
+        static const char *const colls[] = {"allreduce", "reduce_scatter", "allgather",
+                                            "broadcast"};
+        int known = 0;
+        for (size_t i = 0; i < sizeof colls / sizeof colls[0]; i++)
+            known |= strcmp(fault_in + 1, colls[i]) == 0;
+        if (!known)
+            die("--die/--stall=R:COLL: COLL is allreduce, reduce_scatter, allgather or "
+                "broadcast, not '%s'",
+                fault_in + 1);
+        fault_in++;
+        if (world < 2)
+            die("--die/--stall=R:%s needs 2 ranks at least", fault_in);
+        if ((die_rank >= 0) == (stall_rank >= 0))
+            die("give one of --die=R:COLL and --stall=R:COLL");
     }
     if (strcmp(device, "cuda") == 0)
         use_gpu(local_rank);
@@ -415,7 +671,10 @@ int main(int argc, char **argv)
         printf("comm_check: %s\n", vt->describe(self));
 
     /* Like the core: created here, collectives from another thread. */
-    struct checks todo = {die_rank, stall_rank, iterations, info->name};
+    if (fault_in && ((strcmp(fault_in, "allgather") == 0 && !HAS(allgather)) ||
+                     (strcmp(fault_in, "reduce_scatter") == 0 && !HAS(reduce_scatter))))
+        die("%s has no %s to fail inside", info->name, fault_in);
+    struct checks todo = {die_rank, stall_rank, iterations, fault_in, rs_tolerance, info->name};
     pthread_t comm_thread;
     if (pthread_create(&comm_thread, NULL, run_checks, &todo) != 0)
         die("cannot start the communication thread");

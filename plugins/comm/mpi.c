@@ -8,12 +8,28 @@
  * communication thread, not from the thread that created the plugin.
  *
  * When a rank dies, mpirun itself aborts the whole job (every other rank is
- * killed and mpirun exits non-zero), so no rank hangs on a dead peer.  The
- * communicator also returns errors (MPI_ERRORS_RETURN) instead of aborting
- * inside the library, so a failure that MPI reports reaches the core as an
- * error message.  A rank that hangs without dying is caught only with the
- * `timeout` option: collectives then run nonblocking and fail after that
- * many seconds without completing.
+ * killed and mpirun exits non-zero, naming the rank), so no rank hangs on a
+ * dead peer.  The communicator also returns errors (MPI_ERRORS_RETURN)
+ * instead of aborting inside the library, so a failure that MPI reports
+ * reaches the core as an error message.  A rank that stops without dying
+ * (SIGSTOP, a debugger, a hung driver, a loop outside the collectives)
+ * would leave Open MPI's blocking collectives waiting forever, so with the
+ * `timeout` option (300 s by default) collectives run nonblocking
+ * (MPI_Iallreduce, ...) and are polled against a deadline.  When it passes,
+ * the rank asks every other rank, point to point on a second communicator,
+ * which collective it is in: ranks that are waiting in a collective answer
+ * from their polling loop, and those that do not answer within a short
+ * grace are named as the ones that did not arrive.  The call then fails;
+ * the core stops, and mpirun ends the job when this rank exits without
+ * MPI_Finalize.
+ *
+ * reduce_scatter is MPI_Reduce_scatter_block in place.  Under Open MPI
+ * 4.1.4 its sums equal MPI_Allreduce's bit for bit on 2, 3 and 4 ranks when
+ * both run nonblocking (the default, with a timeout: libnbc reduces both
+ * along the same binomial tree), but not when timeout = 0 picks the
+ * blocking ones, whose tuned algorithms add in another order on 3 ranks
+ * and more (a few 1e-7 of the sum of magnitudes apart; tests/comm_check
+ * prints what it finds).  MPI promises neither.
  */
 #include <trainrun/plugin.h>
 
@@ -30,20 +46,37 @@ struct mpi_config {
 };
 
 static const struct tr_option mpi_options[] = {
-    {TR_OPT_FLOAT, "timeout", "0", 0, 604800, NULL,
-     "seconds a collective may take before it fails, so a hung (not dead) rank stops the job; "
-     "0 waits forever (mpirun already aborts the job when a rank dies)",
+    {TR_OPT_FLOAT, "timeout", "300", 0, 604800, NULL,
+     "seconds a collective may take before it fails naming the ranks that did not arrive, so a "
+     "stopped or hung (not dead) rank ends the job; 0 waits forever in MPI's blocking "
+     "collectives (mpirun still ends the job when a rank dies)",
      offsetof(struct mpi_config, timeout)},
     {.type = TR_OPT_END},
 };
 
 struct mpi_comm {
     MPI_Comm comm; /* a duplicate of MPI_COMM_WORLD, so instances never mix */
+    MPI_Comm roll; /* another one, for the roll call after a timeout */
     int rank, world, local_world;
     double timeout;
     int broken; /* a collective timed out and is still pending: the comm is unusable */
+    int calls;  /* collectives started so far: where a rank is, for the roll call */
+    /* send buffers of the roll call, alive until the process ends once used */
+    int *answers;       /* world: what this rank told each asking rank */
+    int answered;       /* a roll call was answered: answers may still be in use */
+    int asked;          /* the call this rank asked about */
+    char verdict[512];  /* what its roll call found, sent to every rank */
     char description[256];
 };
+
+/* The roll call, on m->roll: a rank whose collective timed out sends
+ * TAG_ASK (its call number) to every other rank; a rank polling in a
+ * collective answers TAG_HERE with its own.  What the asking rank finds
+ * goes to every rank as TAG_VERDICT, and a rank that receives one while it
+ * waits gives up its collective at once with that message. */
+#define TAG_ASK 1
+#define TAG_HERE 2
+#define TAG_VERDICT 3
 
 /* MPI can be initialised and finalised once per process, so this much
  * state is process-wide: whether this plugin called MPI_Init_thread (and so
@@ -71,10 +104,123 @@ static double now_seconds(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Waits for a nonblocking collective until the instance's timeout. */
+/* Answers the roll calls of ranks whose collective timed out: "I am in
+ * collective number m->calls".  The send is left to complete on its own;
+ * its buffer, answers[asker], outlives it. */
+static void answer_roll_calls(struct mpi_comm *m)
+{
+    for (;;) {
+        int waiting = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_ASK, m->roll, &waiting, &st) != MPI_SUCCESS || !waiting)
+            return;
+        int asked = 0;
+        MPI_Recv(&asked, 1, MPI_INT, st.MPI_SOURCE, TAG_ASK, m->roll, MPI_STATUS_IGNORE);
+        MPI_Request req;
+        m->answers[st.MPI_SOURCE] = m->calls;
+        m->answered = 1;
+        if (MPI_Isend(&m->answers[st.MPI_SOURCE], 1, MPI_INT, st.MPI_SOURCE, TAG_HERE, m->roll,
+                      &req) == MPI_SUCCESS)
+            MPI_Request_free(&req);
+    }
+}
+
+/* Another rank's roll call found who is missing: its verdict, or 0. */
+static int verdict_from_another(struct mpi_comm *m, char *out, size_t cap, int *from)
+{
+    int flag = 0, len = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_VERDICT, m->roll, &flag, &st) != MPI_SUCCESS || !flag)
+        return 0;
+    MPI_Get_count(&st, MPI_CHAR, &len);
+    if (len <= 0 || (size_t)len > cap) { /* not one of ours: take it off the queue, say so */
+        char skip;
+        MPI_Recv(&skip, 0, MPI_CHAR, st.MPI_SOURCE, TAG_VERDICT, m->roll, MPI_STATUS_IGNORE);
+        snprintf(out, cap, "(a message this rank cannot read)");
+    } else {
+        MPI_Recv(out, len, MPI_CHAR, st.MPI_SOURCE, TAG_VERDICT, m->roll, MPI_STATUS_IGNORE);
+        out[len - 1] = '\0';
+    }
+    *from = st.MPI_SOURCE;
+    return 1;
+}
+
+static void list_ranks(char *out, size_t cap, size_t *used, const int *where, int world,
+                       int absent)
+{
+    *used += (size_t)snprintf(out + *used, cap - *used, "rank%s", absent > 1 ? "s" : "");
+    for (int r = 0, k = 0; r < world && *used < cap; r++)
+        if (where[r] < 0) {
+            k++;
+            *used += (size_t)snprintf(out + *used, cap - *used, "%s %d",
+                                      k == 1 ? "" : k == absent ? " and" : ",", r);
+        }
+}
+
+/* After a timeout: asks every other rank where it is and waits `grace`
+ * seconds for the answers; says in m->verdict which ranks did not answer
+ * (or, when all did, where each is) and sends that to every rank. */
+static void roll_call(struct mpi_comm *m, double grace)
+{
+    int *where = malloc(sizeof *where * (size_t)m->world);
+    if (!where) {
+        snprintf(m->verdict, sizeof m->verdict, "out of memory for the roll call");
+        return;
+    }
+    m->asked = m->calls;
+    int missing = m->world - 1;
+    for (int r = 0; r < m->world; r++) {
+        where[r] = -1;
+        MPI_Request req;
+        if (r != m->rank &&
+            MPI_Isend(&m->asked, 1, MPI_INT, r, TAG_ASK, m->roll, &req) == MPI_SUCCESS)
+            MPI_Request_free(&req);
+    }
+    where[m->rank] = m->asked;
+    double until = now_seconds() + grace;
+    while (missing > 0 && now_seconds() < until) {
+        answer_roll_calls(m); /* ranks timing out beside this one ask too */
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_HERE, m->roll, &flag, &st) == MPI_SUCCESS && flag) {
+            int at = -1;
+            MPI_Recv(&at, 1, MPI_INT, st.MPI_SOURCE, TAG_HERE, m->roll, MPI_STATUS_IGNORE);
+            if (where[st.MPI_SOURCE] < 0 && at >= 0)
+                missing--;
+            where[st.MPI_SOURCE] = at;
+        }
+    }
+    char *out = m->verdict;
+    size_t cap = sizeof m->verdict, used = 0;
+    if (missing > 0) {
+        list_ranks(out, cap, &used, where, m->world, missing);
+        if (used < cap)
+            snprintf(out + used, cap - used,
+                     " did not arrive (no answer within %.1f s: stopped, hung, or busy outside "
+                     "the collectives)",
+                     grace);
+    } else {
+        used += (size_t)snprintf(out, cap, "every rank answered:");
+        for (int r = 0; r < m->world && used < cap; r++)
+            used += (size_t)snprintf(out + used, cap - used, " rank %d in #%d%s", r, where[r],
+                                     r + 1 < m->world ? "," : "");
+        if (used < cap)
+            snprintf(out + used, cap - used, " (calls that do not match, or MPI itself stuck)");
+    }
+    free(where);
+    for (int r = 0; r < m->world; r++) {
+        MPI_Request req;
+        if (r != m->rank && MPI_Isend(m->verdict, (int)strlen(m->verdict) + 1, MPI_CHAR, r,
+                                      TAG_VERDICT, m->roll, &req) == MPI_SUCCESS)
+            MPI_Request_free(&req);
+    }
+}
+
+/* Waits for a nonblocking collective until the instance's timeout, or
+ * until another rank's roll call says the job is lost. */
 static int wait_request(struct mpi_comm *m, MPI_Request *req, const char *what, tr_err *err)
 {
-    double deadline = now_seconds() + m->timeout;
+    double start = now_seconds(), deadline = start + m->timeout;
     for (unsigned spins = 0;; spins++) {
         int done = 0;
         int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
@@ -82,21 +228,40 @@ static int wait_request(struct mpi_comm *m, MPI_Request *req, const char *what, 
             return mpi_error(err, what, rc);
         if (done)
             return TR_OK;
-        /* MPI makes progress inside MPI_Test; read the clock only now and then */
-        if ((spins & 1023) == 0 && now_seconds() > deadline) {
+        /* MPI makes progress inside MPI_Test; look at the clock and the roll
+         * calls only now and then */
+        if ((spins & 1023) != 0)
+            continue;
+        answer_roll_calls(m);
+        char heard[sizeof m->verdict];
+        int from = -1;
+        if (verdict_from_another(m, heard, sizeof heard, &from)) {
             m->broken = 1;
             return tr_fail(err,
-                           "comm mpi: %s did not complete within %.0f s (timeout option): a rank "
-                           "hangs or died; MPI cannot tell which, see the other ranks' logs",
-                           what, m->timeout);
+                           "comm mpi: rank %d: %s (collective #%d) abandoned after %.1f s: rank "
+                           "%d timed out (timeout option) and reports: %s",
+                           m->rank, what, m->calls, now_seconds() - start, from, heard);
+        }
+        if (now_seconds() > deadline) {
+            m->broken = 1;
+            /* long enough for a rank that waits in a collective to answer */
+            double grace = m->timeout / 10 < 0.5 ? 0.5 : m->timeout / 10 > 5 ? 5 : m->timeout / 10;
+            roll_call(m, grace);
+            return tr_fail(err,
+                           "comm mpi: rank %d: %s (collective #%d) did not complete within %.0f "
+                           "s (timeout option): %s",
+                           m->rank, what, m->calls, m->timeout, m->verdict);
         }
     }
 }
 
-static int usable(const struct mpi_comm *m, tr_err *err)
+/* Every collective starts here: it counts the call (every rank makes the
+ * same calls in the same order, so the numbers agree across ranks). */
+static int usable(struct mpi_comm *m, tr_err *err)
 {
     if (m->broken)
         return tr_fail(err, "comm mpi: the communicator is unusable after an earlier timeout");
+    m->calls++;
     return TR_OK;
 }
 
@@ -172,6 +337,38 @@ static int mpi_allgather(void *self, float *buf, size_t count, tr_err *err)
     return rc == MPI_SUCCESS ? TR_OK : mpi_error(err, "allgather", rc);
 }
 
+/* In place: MPI_Reduce_scatter_block with MPI_IN_PLACE leaves rank r's
+ * sums at the start of buf; they move to buf + r*count afterwards. */
+static int mpi_reduce_scatter(void *self, float *buf, size_t count, tr_err *err)
+{
+    struct mpi_comm *m = self;
+    if (usable(m, err) != TR_OK)
+        return TR_ERROR;
+    if (m->world == 1 || count == 0)
+        return TR_OK;
+    /* Open MPI computes world*count in an int */
+    if (count > (size_t)INT_MAX / (size_t)m->world)
+        return tr_fail(err,
+                       "comm mpi: reduce_scatter of %zu floats per rank on %d ranks exceeds "
+                       "MPI's %d floats a call; reduce-scatter in smaller pieces",
+                       count, m->world, INT_MAX);
+    int rc;
+    if (m->timeout > 0) {
+        MPI_Request req;
+        rc = MPI_Ireduce_scatter_block(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM,
+                                       m->comm, &req);
+        if (rc == MPI_SUCCESS && wait_request(m, &req, "reduce_scatter", err) != TR_OK)
+            return TR_ERROR;
+    } else {
+        rc = MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, m->comm);
+    }
+    if (rc != MPI_SUCCESS)
+        return mpi_error(err, "reduce_scatter", rc);
+    if (m->rank > 0)
+        memmove(buf + (size_t)m->rank * count, buf, count * sizeof(float));
+    return TR_OK;
+}
+
 static const char *mpi_describe(void *self)
 {
     return ((struct mpi_comm *)self)->description;
@@ -243,6 +440,8 @@ static int dup_communicator(struct mpi_comm *m, tr_err *err)
     int rc = MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
     if (rc == MPI_SUCCESS)
         rc = MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Comm_dup(m->comm, &m->roll);
     MPI_Comm node = MPI_COMM_NULL;
     if (rc == MPI_SUCCESS)
         rc = MPI_Comm_split_type(m->comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
@@ -287,8 +486,14 @@ static int mpi_create(const struct tr_host *host, const void *config,
     m->rank = mpi_rank;
     m->world = mpi_world;
     m->timeout = cfg->timeout;
-    m->comm = MPI_COMM_NULL;
+    m->comm = m->roll = MPI_COMM_NULL;
     live_instances++;
+    m->answers = calloc((size_t)mpi_world, sizeof *m->answers);
+    if (!m->answers) {
+        m->broken = 1;
+        mpi_destroy(m);
+        return tr_fail(err, "comm mpi: out of memory");
+    }
     if (dup_communicator(m, err) != TR_OK) {
         m->broken = 1; /* the other ranks may be elsewhere: do not wait in MPI_Finalize */
         mpi_destroy(m);
@@ -312,8 +517,12 @@ static void mpi_destroy(void *self)
     if (!m)
         return;
     int broken = m->broken;
+    if (m->roll != MPI_COMM_NULL && !broken)
+        MPI_Comm_free(&m->roll);
     if (m->comm != MPI_COMM_NULL && !broken)
         MPI_Comm_free(&m->comm);
+    if (!broken && !m->answered) /* else answers may still be on their way out of it */
+        free(m->answers);
     free(m);
     /* Finalising waits for every rank; after a timeout some never come, so
      * the process exits without it and mpirun ends the job. */
@@ -329,6 +538,7 @@ static const struct tr_comm_vtable mpi_vtable = {
     .broadcast = mpi_broadcast,
     .allgather = mpi_allgather,
     .describe = mpi_describe,
+    .reduce_scatter = mpi_reduce_scatter,
 };
 
 static const struct tr_plugin_info mpi_info = {

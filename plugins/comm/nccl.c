@@ -190,6 +190,21 @@ static int nccl_allgather(void *self, float *buf, size_t count, tr_err *err)
                   err);
 }
 
+/* In place: NCCL's in-place reduce-scatter takes the receive buffer at
+ * sendbuff + rank*recvcount, which is where the ABI wants rank r's sums. */
+static int nccl_reduce_scatter(void *self, float *buf, size_t count, tr_err *err)
+{
+    struct nccl_comm *c = self;
+    if (enter(c, err) != TR_OK)
+        return TR_ERROR;
+    if (count == 0) /* every rank passes the same count: all skip it alike */
+        return TR_OK;
+    return finish(c, "reduce_scatter",
+                  ncclReduceScatter(buf, buf + (size_t)c->rank * count, count, ncclFloat, ncclSum,
+                                    c->comm, c->stream),
+                  err);
+}
+
 static const char *nccl_describe(void *self)
 {
     return ((struct nccl_comm *)self)->description;
@@ -405,6 +420,7 @@ static const struct tr_comm_vtable nccl_vtable = {
     .broadcast = nccl_broadcast,
     .allgather = nccl_allgather,
     .describe = nccl_describe,
+    .reduce_scatter = nccl_reduce_scatter,
 };
 
 static const struct tr_plugin_info nccl_info = {

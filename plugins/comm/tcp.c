@@ -5,19 +5,29 @@
  * Rendezvous: rank 0 listens on `master` (host:port, default
  * $TRAINRUN_MASTER); every other rank connects there, says who it is and
  * where its own ring listener is, and gets the table of all ranks back.
- * Then each rank connects to the next rank of the ring and accepts the
- * previous one, and the rendezvous sockets are closed.
+ * Then each rank connects to the next rank of the ring twice (data, and
+ * control beside it) and accepts the previous one's two, and the
+ * rendezvous sockets are closed.
  *
  * All-reduce is the bandwidth-optimal ring (reduce-scatter, then
- * all-gather): each chunk is summed on exactly one rank and then copied to
- * the others, so every rank ends with bit-identical sums — ranks whose
- * parameters must stay equal rely on that.  Sends and receives of a ring
- * step run together under poll(), so no pair of ranks waits on each other.
+ * all-gather): each segment is summed on exactly one rank and then copied
+ * to the others, so every rank ends with bit-identical sums — ranks whose
+ * parameters must stay equal rely on that.  reduce_scatter is the first
+ * phase alone, with the segments ordered so that rank r ends with segment
+ * r: its sums are the very bits allreduce_sum leaves in that segment of the
+ * same world*count floats.  Sends and receives of a ring step run together
+ * under poll(), received floats are added as they stream in (through a
+ * 256 KiB scratch buffer, whatever the size), so no pair of ranks waits on
+ * each other.
  *
  * A rank that dies closes its sockets: its neighbours' calls fail at once
- * (end of stream, or EPIPE), naming the rank, and their exit closes theirs,
- * so the whole job ends instead of hanging.  A rank that stops answering
- * without dying is caught by `timeout`.
+ * (end of stream, or EPIPE), naming the rank.  A rank that stops answering
+ * without dying is caught by `timeout`: the rank that waited that long
+ * calls the roll around the ring on control connections beside the data
+ * ones and names the ranks that do not answer.  Either way the rank that
+ * gives up tells its neighbours why, they pass it on, and every rank fails
+ * with the same message naming the rank at fault, instead of each blaming
+ * the neighbour that went quiet because of it.
  */
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE /* getaddrinfo flags, usleep */
@@ -51,25 +61,63 @@ static const struct tr_option tcp_options[] = {
      offsetof(struct tcp_config, master)},
     {TR_OPT_FLOAT, "timeout", "300", 1, 86400, NULL,
      "seconds to wait for the other ranks (at start-up, and for any one transfer) before "
-     "failing the run",
+     "failing the run, naming the ranks that stopped answering",
      offsetof(struct tcp_config, timeout)},
     {.type = TR_OPT_END},
 };
 
 #define HELLO_MAGIC 0x74727463u /* "trtc" */
 
+/* Received floats are added in pieces of at most this many bytes. */
+#define SCRATCH_BYTES ((size_t)256 << 10)
+
 struct peer_addr {
     char host[64];
     uint16_t port;
 };
 
+/* Control frames, on a second connection beside each ring connection and
+ * read both ways (the data connections carry nothing but floats):
+ *   NOTICE  a rank gives up: its message, naming the rank at fault.  Each
+ *           rank that gets one passes it on both ways and gives up too, so
+ *           the first failure's message reaches every rank that can hear.
+ *   ASK     a rank whose transfer made no progress for `timeout` calls the
+ *           roll both ways around the ring: each rank that hears it answers
+ *           (HERE) and passes it on, the answers travel back.  A stopped or
+ *           hung rank answers nothing and passes nothing on, so the ranks
+ *           that did not answer are the ones named.
+ * Ranks read control frames while they wait in a collective. */
+struct frame {
+    uint32_t magic; /* FRAME_MAGIC */
+    uint32_t type;  /* FRAME_NOTICE, FRAME_ASK, FRAME_HERE */
+    int32_t origin; /* notice: the rank that gave up first; ask, here: the asking rank */
+    int32_t rank;   /* here: the answering rank */
+    int32_t calls;  /* here: how many collectives the answering rank has started */
+    int32_t seq;    /* ask, here: which roll call of the asking rank */
+    char text[232]; /* notice: the message */
+};
+
+#define FRAME_MAGIC 0x74726e6fu /* "trno" */
+#define FRAME_NOTICE 1u
+#define FRAME_ASK 2u
+#define FRAME_HERE 3u
+#define CONTROL_BIT 0x80000000u /* ring hello of a control connection */
+
 struct tcp {
     const struct tr_host *host;
     int rank, world;
     int next_fd, prev_fd; /* ring: we send to next, receive from prev */
+    int ctl_fd[2];        /* control connections: [0] with prev, [1] with next */
+    struct frame ctl_in[2]; /* a frame being read from each */
+    size_t ctl_have[2];
+    int broken;           /* a collective failed: the ring is out of step */
+    int calls;            /* collectives started, for the roll call's answers */
+    int asks;             /* roll calls this rank made */
+    int rolling;          /* the roll call in progress (its seq), or 0 */
+    int *seen;            /* world: the last roll call of each rank answered here */
+    int *where;           /* world: answers to this rank's roll call (-1: none yet) */
     double timeout;
-    float *scratch;       /* one chunk received from prev */
-    size_t scratch_floats;
+    float *scratch;       /* SCRATCH_BYTES: received floats on their way into a sum */
     char describe[160];
 };
 
@@ -148,118 +196,370 @@ static int accept_one(int listen_fd, double deadline, const char *what, tr_err *
     return fd;
 }
 
-/* One ring step: send `sbytes` to next while receiving `rbytes` from prev. */
+static int neighbour(const struct tcp *t, int side)
+{
+    return side == 0 ? (t->rank + t->world - 1) % t->world : (t->rank + 1) % t->world;
+}
+
+/* Best effort: a frame the neighbour cannot take within a second is lost. */
+static void send_frame(struct tcp *t, int side, const struct frame *f)
+{
+    if (t->ctl_fd[side] >= 0)
+        (void)rdv_io(t->ctl_fd[side], (void *)f, sizeof *f, 1, rdv_now() + 1.0);
+}
+
+/* Reads what control connection `side` has, without blocking: 1 when a
+ * whole frame is in ctl_in[side], 0 when not yet, -1 when the connection is
+ * closed (its rank has exited) or carries something else. */
+static int read_frame(struct tcp *t, int side)
+{
+    if (t->ctl_fd[side] < 0)
+        return -1;
+    while (t->ctl_have[side] < sizeof(struct frame)) {
+        ssize_t k = recv(t->ctl_fd[side], (char *)&t->ctl_in[side] + t->ctl_have[side],
+                         sizeof(struct frame) - t->ctl_have[side], MSG_DONTWAIT);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0 && errno == EAGAIN)
+            return 0;
+        if (k <= 0)
+            break;
+        t->ctl_have[side] += (size_t)k;
+    }
+    struct frame *f = &t->ctl_in[side];
+    if (t->ctl_have[side] < sizeof *f || f->magic != FRAME_MAGIC || f->origin < 0 ||
+        f->origin >= t->world || f->rank < 0 || f->rank >= t->world) {
+        close(t->ctl_fd[side]);
+        t->ctl_fd[side] = -1;
+        return -1;
+    }
+    t->ctl_have[side] = 0; /* the next read starts a new frame */
+    f->text[sizeof f->text - 1] = '\0';
+    return 1;
+}
+
+/* Gives up the ring: tells both neighbours `text` (ours, or passed on from
+ * `origin`), so that they stop too and say the same, and fails with it. */
+static int give_up(struct tcp *t, tr_err *err, int origin, const char *text)
+{
+    struct frame f = {.magic = FRAME_MAGIC, .type = FRAME_NOTICE, .origin = origin};
+    snprintf(f.text, sizeof f.text, "%s", text);
+    for (int side = 0; side < 2; side++)
+        send_frame(t, side, &f);
+    t->broken = 1;
+    if (origin == t->rank)
+        return tr_fail(err, "comm tcp: %s", text);
+    return tr_fail(err, "comm tcp: rank %d stops: %s", t->rank, text);
+}
+
+/* Acts on the frame just read from `side`: TR_ERROR after a notice (this
+ * rank gave up too), else TR_OK. */
+static int handle_frame(struct tcp *t, int side, tr_err *err)
+{
+    struct frame f = t->ctl_in[side];
+    int onward = 1 - side; /* a frame keeps its direction around the ring */
+    switch (f.type) {
+    case FRAME_NOTICE:
+        return give_up(t, err, f.origin, f.text);
+    case FRAME_ASK:
+        if (f.origin == t->rank)
+            break;
+        if (t->seen[f.origin] != f.seq) { /* it may come from both sides: answer once */
+            t->seen[f.origin] = f.seq;
+            struct frame here = {.magic = FRAME_MAGIC, .type = FRAME_HERE, .origin = f.origin,
+                                 .rank = t->rank, .calls = t->calls, .seq = f.seq};
+            send_frame(t, side, &here);
+        }
+        if (neighbour(t, onward) != f.origin)
+            send_frame(t, onward, &f);
+        break;
+    case FRAME_HERE:
+        if (f.origin != t->rank)
+            send_frame(t, onward, &f);
+        else if (t->rolling && f.seq == t->rolling)
+            t->where[f.rank] = f.calls;
+        break;
+    default:
+        break;
+    }
+    return TR_OK;
+}
+
+/* Reads and acts on every control frame that has arrived. */
+static int pump_control(struct tcp *t, tr_err *err)
+{
+    for (int side = 0; side < 2; side++)
+        while (read_frame(t, side) == 1)
+            if (handle_frame(t, side, err) != TR_OK)
+                return TR_ERROR;
+    return TR_OK;
+}
+
+static int roll_complete(const struct tcp *t)
+{
+    for (int r = 0; r < t->world; r++)
+        if (t->where[r] < 0)
+            return 0;
+    return 1;
+}
+
+/* Serves the control connections for up to `seconds`: TR_ERROR as soon as
+ * a notice made this rank give up; TR_OK when the time is up, when this
+ * rank's roll call has every answer, or when control connection `closing`
+ * (0, 1, or -1 for none) has closed. */
+static int serve_control(struct tcp *t, double seconds, int closing, tr_err *err)
+{
+    double until = rdv_now() + seconds;
+    for (;;) {
+        if (pump_control(t, err) != TR_OK)
+            return TR_ERROR;
+        if ((t->rolling && roll_complete(t)) || (closing >= 0 && t->ctl_fd[closing] < 0))
+            return TR_OK;
+        struct pollfd p[2] = {{.fd = t->ctl_fd[0], .events = POLLIN},
+                              {.fd = t->ctl_fd[1], .events = POLLIN}};
+        int ms = (int)((until - rdv_now()) * 1000);
+        if (ms <= 0 || (p[0].fd < 0 && p[1].fd < 0))
+            return TR_OK;
+        if (poll(p, 2, ms) < 0 && errno != EINTR)
+            return TR_OK;
+    }
+}
+
+/* No progress with `peer` for the timeout: it, or a rank it waits for, is
+ * stuck.  Calls the roll and names the ranks that do not answer. */
+static int stalled(struct tcp *t, tr_err *err, int peer)
+{
+    for (int r = 0; r < t->world; r++)
+        t->where[r] = -1;
+    t->where[t->rank] = t->calls;
+    t->rolling = ++t->asks;
+    struct frame ask = {.magic = FRAME_MAGIC, .type = FRAME_ASK, .origin = t->rank,
+                        .rank = t->rank, .seq = t->rolling};
+    for (int side = 0; side < 2; side++)
+        send_frame(t, side, &ask);
+    /* long enough for the answers to cross the ring */
+    double grace = t->timeout / 10 < 0.5 ? 0.5 : t->timeout / 10 > 5 ? 5 : t->timeout / 10;
+    int rc = serve_control(t, grace, -1, err);
+    t->rolling = 0;
+    if (rc != TR_OK) /* another rank gave up first and said why */
+        return TR_ERROR;
+    char text[sizeof ((struct frame *)0)->text];
+    size_t used = 0;
+    int missing = 0;
+    for (int r = 0; r < t->world; r++)
+        missing += t->where[r] < 0;
+    if (missing == 0) {
+        used += (size_t)snprintf(text, sizeof text,
+                                 "rank %d: no progress with rank %d for %.0f s (comm.timeout), "
+                                 "yet every rank answered (collectives started:",
+                                 t->rank, peer, t->timeout);
+        for (int r = 0; r < t->world && used < sizeof text; r++)
+            used += (size_t)snprintf(text + used, sizeof text - used, " %d", t->where[r]);
+        if (used < sizeof text)
+            snprintf(text + used, sizeof text - used, "): do all ranks make the same calls?");
+        return give_up(t, err, t->rank, text);
+    }
+    used += (size_t)snprintf(text, sizeof text, "rank %d: rank%s", t->rank, missing > 1 ? "s" : "");
+    for (int r = 0, k = 0; r < t->world && used < sizeof text; r++)
+        if (t->where[r] < 0) {
+            k++;
+            used += (size_t)snprintf(text + used, sizeof text - used, "%s %d",
+                                     k == 1 ? "" : k == missing ? " and" : ",", r);
+        }
+    if (used < sizeof text)
+        snprintf(text + used, sizeof text - used,
+                 " did not answer after %.0f s without progress (comm.timeout): stopped, hung, "
+                 "or busy outside the collectives",
+                 t->timeout);
+    return give_up(t, err, t->rank, text);
+}
+
+/* The data connection on `side` broke: its rank exited.  If it was giving
+ * up, its notice came first on the control connection beside it (the same
+ * peer, so in order before the end of that stream): pass that on.
+ * Otherwise the neighbour itself died. */
+static int lost(struct tcp *t, tr_err *err, int side, const char *why)
+{
+    if (serve_control(t, 2.0, side, err) != TR_OK)
+        return TR_ERROR;
+    char text[sizeof ((struct frame *)0)->text];
+    snprintf(text, sizeof text, "rank %d lost rank %d (%s): it has stopped or died", t->rank,
+             neighbour(t, side), why);
+    return give_up(t, err, t->rank, text);
+}
+
+/* One ring step: send `sbytes` of sbuf to next while receiving `rbytes`
+ * from prev.  With add = 0 the bytes land in rbuf; with add = 1 they are
+ * floats that are added into rbuf's (rbuf[i] += received[i]) as they
+ * arrive, through the fixed-size scratch buffer, so a segment of any size
+ * streams through without a receive buffer as large as itself.  Each
+ * element gets exactly one addition, so the sums do not depend on how the
+ * bytes happened to arrive. */
 static int exchange(struct tcp *t, const void *sbuf, size_t sbytes, void *rbuf, size_t rbytes,
-                    tr_err *err)
+                    int add, tr_err *err)
 {
     const char *s = sbuf;
     char *r = rbuf;
-    int next = (t->rank + 1) % t->world, prev = (t->rank + t->world - 1) % t->world;
+    float *sum = rbuf;      /* add: the next float to add into */
+    size_t held = 0;        /* add: bytes waiting in scratch */
     double deadline = rdv_now() + t->timeout;
     while (sbytes > 0 || rbytes > 0) {
-        struct pollfd p[2] = {{.fd = sbytes ? t->next_fd : -1, .events = POLLOUT},
-                              {.fd = rbytes ? t->prev_fd : -1, .events = POLLIN}};
+        struct pollfd p[4] = {{.fd = sbytes ? t->next_fd : -1, .events = POLLOUT},
+                              {.fd = rbytes ? t->prev_fd : -1, .events = POLLIN},
+                              {.fd = t->ctl_fd[0], .events = POLLIN},
+                              {.fd = t->ctl_fd[1], .events = POLLIN}};
         int ms = (int)((deadline - rdv_now()) * 1000);
-        int rc = ms > 0 ? poll(p, 2, ms) : 0;
+        int rc = ms > 0 ? poll(p, 4, ms) : 0;
         if (rc < 0 && errno == EINTR)
             continue;
         if (rc <= 0)
-            return tr_fail(err, "comm tcp: rank %d: no progress with rank %d for %.0f s (comm.timeout); "
-                           "it may be stuck", t->rank, rbytes ? prev : next, t->timeout);
+            return stalled(t, err, rbytes ? neighbour(t, 0) : neighbour(t, 1));
+        if ((p[2].revents | p[3].revents) && pump_control(t, err) != TR_OK)
+            return TR_ERROR;
         if (sbytes && (p[0].revents & (POLLOUT | POLLERR | POLLHUP))) {
             ssize_t k = send(t->next_fd, s, sbytes, MSG_NOSIGNAL | MSG_DONTWAIT);
             if (k < 0 && errno != EAGAIN && errno != EINTR)
-                return tr_fail(err, "comm tcp: rank %d lost rank %d (%s): it has stopped or died",
-                               t->rank, next, strerror(errno));
+                return lost(t, err, 1, strerror(errno));
             if (k > 0) {
                 s += k;
                 sbytes -= (size_t)k;
             }
         }
         if (rbytes && (p[1].revents & (POLLIN | POLLERR | POLLHUP))) {
-            ssize_t k = recv(t->prev_fd, r, rbytes, MSG_DONTWAIT);
+            char *into = add ? (char *)t->scratch + held : r;
+            size_t room = add ? SCRATCH_BYTES - held : rbytes;
+            ssize_t k = recv(t->prev_fd, into, room < rbytes ? room : rbytes, MSG_DONTWAIT);
             if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR))
-                return tr_fail(err, "comm tcp: rank %d lost rank %d (%s): it has stopped or died",
-                               t->rank, prev, k == 0 ? "connection closed" : strerror(errno));
+                return lost(t, err, 0, k == 0 ? "connection closed" : strerror(errno));
             if (k > 0) {
-                r += k;
                 rbytes -= (size_t)k;
+                if (!add) {
+                    r += k;
+                } else {
+                    held += (size_t)k;
+                    size_t n = held / sizeof(float);
+                    for (size_t i = 0; i < n; i++)
+                        sum[i] += t->scratch[i];
+                    sum += n;
+                    held -= n * sizeof(float);
+                    if (held) /* a float split across two reads: keep its first bytes */
+                        memmove(t->scratch, (char *)t->scratch + n * sizeof(float), held);
+                }
             }
         }
     }
     return TR_OK;
 }
 
-static int ensure_scratch(struct tcp *t, size_t floats, tr_err *err)
+/* Segment i of a ring collective over n floats, its index taken around
+ * the ring: floats [n*k/W, n*(k+1)/W) for k = i mod W.  For n = W*count,
+ * segment k is exactly buf + k*count. */
+static int ring_index(int i, int world)
 {
-    if (floats <= t->scratch_floats)
-        return TR_OK;
-    t->host->free(t->scratch);
-    t->scratch = t->host->alloc(floats * sizeof(float));
-    t->scratch_floats = t->scratch ? floats : 0;
-    if (!t->scratch)
-        return tr_fail(err, "comm tcp: out of memory for a %zu-float receive buffer", floats);
+    return ((i % world) + world) % world;
+}
+
+static float *seg_ptr(float *buf, size_t n, int world, int i)
+{
+    size_t k = (size_t)ring_index(i, world);
+    return buf + n * k / (size_t)world;
+}
+
+static size_t seg_bytes(size_t n, int world, int i)
+{
+    size_t k = (size_t)ring_index(i, world);
+    return (n * (k + 1) / (size_t)world - n * k / (size_t)world) * sizeof(float);
+}
+
+/* Ring reduce-scatter over n floats in W segments: in step s (0..W-2) rank r
+ * sends segment r-s-1 and adds what it receives into segment r-s-2; after
+ * W-1 steps rank r holds the sum of segment r.  Segment c is summed along
+ * the ring starting at rank c+1: ((x[c+1] + x[c+2]) + ...) + x[c], indices
+ * modulo W, one addition per element and step, on exactly one rank. */
+static int ring_reduce_scatter(struct tcp *t, float *buf, size_t n, tr_err *err)
+{
+    int W = t->world, r = t->rank;
+    for (int s = 0; s < W - 1; s++) {
+        int sc = r - s - 1, rc = r - s - 2;
+        if (exchange(t, seg_ptr(buf, n, W, sc), seg_bytes(n, W, sc), seg_ptr(buf, n, W, rc),
+                     seg_bytes(n, W, rc), 1, err) != TR_OK)
+            return TR_ERROR;
+    }
     return TR_OK;
 }
 
-static size_t chunk_start(size_t count, int world, int i)
+/* Ring all-gather over n floats in W segments, rank r starting with segment
+ * r: in step s rank r sends segment r-s and receives segment r-s-1. */
+static int ring_allgather(struct tcp *t, float *buf, size_t n, tr_err *err)
 {
-    return count * (size_t)i / (size_t)world;
+    int W = t->world, r = t->rank;
+    for (int s = 0; s < W - 1; s++) {
+        int sc = r - s, rc = r - s - 1;
+        if (exchange(t, seg_ptr(buf, n, W, sc), seg_bytes(n, W, sc), seg_ptr(buf, n, W, rc),
+                     seg_bytes(n, W, rc), 0, err) != TR_OK)
+            return TR_ERROR;
+    }
+    return TR_OK;
+}
+
+/* The bandwidth-optimal ring: reduce-scatter, then all-gather.  Each
+ * segment is summed on one rank and copied to the others, so every rank
+ * ends with the same bits, and rank r's segment holds exactly what
+ * tcp_reduce_scatter leaves there for the same W*count floats. */
+/* Every collective starts here (every rank makes the same calls, so the
+ * counts agree across ranks while all is well). */
+static int begin(struct tcp *t, tr_err *err)
+{
+    if (t->broken)
+        return tr_fail(err, "comm tcp: the ring is out of step after an earlier failure");
+    t->calls++;
+    return TR_OK;
 }
 
 static int tcp_allreduce_sum(void *self, float *buf, size_t count, tr_err *err)
 {
     struct tcp *t = self;
-    int W = t->world, r = t->rank;
-    if (W == 1 || count == 0)
-        return TR_OK;
-    if (ensure_scratch(t, count / (size_t)W + 1, err) != TR_OK)
+    if (begin(t, err) != TR_OK)
         return TR_ERROR;
-    /* reduce-scatter: after W-1 steps rank r holds the sum of chunk r+1 */
-    for (int s = 0; s < W - 1; s++) {
-        int sc = ((r - s) % W + W) % W, rc = ((r - s - 1) % W + W) % W;
-        size_t s0 = chunk_start(count, W, sc), s1 = chunk_start(count, W, sc + 1);
-        size_t r0 = chunk_start(count, W, rc), r1 = chunk_start(count, W, rc + 1);
-        if (exchange(t, buf + s0, (s1 - s0) * sizeof(float), t->scratch, (r1 - r0) * sizeof(float),
-                     err) != TR_OK)
-            return TR_ERROR;
-        for (size_t i = 0; i < r1 - r0; i++)
-            buf[r0 + i] += t->scratch[i];
-    }
-    /* all-gather: pass the finished chunks around */
-    for (int s = 0; s < W - 1; s++) {
-        int sc = ((r + 1 - s) % W + W) % W, rc = ((r - s) % W + W) % W;
-        size_t s0 = chunk_start(count, W, sc), s1 = chunk_start(count, W, sc + 1);
-        size_t r0 = chunk_start(count, W, rc), r1 = chunk_start(count, W, rc + 1);
-        if (exchange(t, buf + s0, (s1 - s0) * sizeof(float), buf + r0, (r1 - r0) * sizeof(float),
-                     err) != TR_OK)
-            return TR_ERROR;
-    }
-    return TR_OK;
+    if (t->world == 1 || count == 0)
+        return TR_OK;
+    if (ring_reduce_scatter(t, buf, count, err) != TR_OK)
+        return TR_ERROR;
+    return ring_allgather(t, buf, count, err);
+}
+
+/* The first phase of the all-reduce alone: rank r ends with buf + r*count. */
+static int tcp_reduce_scatter(void *self, float *buf, size_t count, tr_err *err)
+{
+    struct tcp *t = self;
+    if (begin(t, err) != TR_OK)
+        return TR_ERROR;
+    if (t->world == 1 || count == 0)
+        return TR_OK;
+    return ring_reduce_scatter(t, buf, (size_t)t->world * count, err);
 }
 
 static int tcp_allgather(void *self, float *buf, size_t count, tr_err *err)
 {
     struct tcp *t = self;
-    int W = t->world, r = t->rank;
-    for (int s = 0; s < W - 1; s++) {
-        int sc = ((r - s) % W + W) % W, rc = ((r - s - 1) % W + W) % W;
-        if (exchange(t, buf + (size_t)sc * count, count * sizeof(float), buf + (size_t)rc * count,
-                     count * sizeof(float), err) != TR_OK)
-            return TR_ERROR;
-    }
-    return TR_OK;
+    if (begin(t, err) != TR_OK)
+        return TR_ERROR;
+    if (t->world == 1 || count == 0)
+        return TR_OK;
+    return ring_allgather(t, buf, (size_t)t->world * count, err);
 }
 
 static int tcp_broadcast(void *self, void *buf, size_t bytes, int root, tr_err *err)
 {
     struct tcp *t = self;
+    if (begin(t, err) != TR_OK)
+        return TR_ERROR;
     if (t->world == 1 || bytes == 0)
         return TR_OK;
     int next = (t->rank + 1) % t->world;
-    if (t->rank != root && exchange(t, NULL, 0, buf, bytes, err) != TR_OK)
+    if (t->rank != root && exchange(t, NULL, 0, buf, bytes, 0, err) != TR_OK)
         return TR_ERROR;
-    if (next != root && exchange(t, buf, bytes, NULL, 0, err) != TR_OK)
+    if (next != root && exchange(t, buf, bytes, NULL, 0, 0, err) != TR_OK)
         return TR_ERROR;
     return TR_OK;
 }
@@ -282,7 +582,12 @@ static void tcp_destroy(void *self)
         close(t->next_fd);
     if (t->prev_fd >= 0)
         close(t->prev_fd);
+    for (int side = 0; side < 2; side++)
+        if (t->ctl_fd[side] >= 0)
+            close(t->ctl_fd[side]);
     t->host->free(t->scratch);
+    t->host->free(t->seen);
+    t->host->free(t->where);
     t->host->free(t);
 }
 
@@ -354,7 +659,15 @@ static int tcp_create(const struct tr_host *host, const void *config,
     t->rank = args->rank;
     t->world = args->world;
     t->timeout = c->timeout;
-    t->next_fd = t->prev_fd = -1;
+    t->next_fd = t->prev_fd = t->ctl_fd[0] = t->ctl_fd[1] = -1;
+    t->scratch = host->alloc(SCRATCH_BYTES);
+    t->seen = host->alloc(sizeof *t->seen * (size_t)t->world);
+    t->where = host->alloc(sizeof *t->where * (size_t)t->world);
+    if (!t->scratch || !t->seen || !t->where) {
+        tcp_destroy(t);
+        return tr_fail(err, "comm tcp: out of memory");
+    }
+    memset(t->seen, 0, sizeof *t->seen * (size_t)t->world);
     snprintf(t->describe, sizeof t->describe, "tcp ring, %d ranks via %s", t->world,
              t->world > 1 ? master : "(none)");
     *self = t;
@@ -385,24 +698,45 @@ static int tcp_create(const struct tr_host *host, const void *config,
         if (fd >= 0)
             close(fd);
     }
-    if (rc == TR_OK) { /* the ring: connect forward, accept from behind */
-        int next = (t->rank + 1) % t->world;
+    if (rc == TR_OK) { /* the ring: connect forward (data, then control), accept from behind */
+        int next = (t->rank + 1) % t->world, prev = (t->rank + t->world - 1) % t->world;
         char port[16];
         snprintf(port, sizeof port, "%u", table[next].port);
         char what[32];
         snprintf(what, sizeof what, "rank %d", next);
-        t->next_fd = connect_to(table[next].host, port, deadline, what, err);
-        uint32_t me = (uint32_t)t->rank, them = 0;
-        if (t->next_fd < 0 || rdv_io(t->next_fd, &me, sizeof me, 1, deadline) != 0)
-            rc = TR_ERROR;
-        if (rc == TR_OK) {
-            snprintf(what, sizeof what, "rank %d", (t->rank + t->world - 1) % t->world);
-            t->prev_fd = accept_one(ring_fd, deadline, what, err);
-            if (t->prev_fd < 0 || rdv_io(t->prev_fd, &them, sizeof them, 0, deadline) != 0 ||
-                (int)them != (t->rank + t->world - 1) % t->world)
-                rc = t->prev_fd < 0 ? TR_ERROR
-                                    : tr_fail(err, "comm tcp: the ring is miswired (rank %u "
-                                              "connected to rank %d)", them, t->rank);
+        uint32_t hello[2] = {(uint32_t)t->rank, (uint32_t)t->rank | CONTROL_BIT};
+        int *out[2] = {&t->next_fd, &t->ctl_fd[1]};
+        for (int i = 0; i < 2 && rc == TR_OK; i++) {
+            *out[i] = connect_to(table[next].host, port, deadline, what, err);
+            if (*out[i] < 0)
+                rc = TR_ERROR;
+            else if (rdv_io(*out[i], &hello[i], sizeof hello[i], 1, deadline) != 0)
+                rc = tr_fail(err, "comm tcp: rank %d closed the connection during start-up "
+                             "(see its log)", next);
+        }
+        snprintf(what, sizeof what, "rank %d", prev);
+        for (int i = 0; i < 2 && rc == TR_OK; i++) {
+            int fd = accept_one(ring_fd, deadline, what, err);
+            uint32_t them = 0;
+            if (fd < 0) {
+                rc = TR_ERROR;
+                break;
+            }
+            int *slot = &t->prev_fd;
+            int heard = rdv_io(fd, &them, sizeof them, 0, deadline) == 0;
+            if (them & CONTROL_BIT)
+                slot = &t->ctl_fd[0], them &= ~CONTROL_BIT;
+            if (!heard) {
+                close(fd);
+                rc = tr_fail(err, "comm tcp: %s closed the connection during start-up (see its "
+                             "log)", what);
+            } else if ((int)them != prev || *slot >= 0) {
+                close(fd);
+                rc = tr_fail(err, "comm tcp: the ring is miswired (rank %u connected to rank %d)",
+                             them, t->rank);
+            } else {
+                *slot = fd;
+            }
         }
     }
     if (ring_fd >= 0)
@@ -417,6 +751,7 @@ static const struct tr_comm_vtable tcp_vtable = {
     .broadcast = tcp_broadcast,
     .allgather = tcp_allgather,
     .describe = tcp_describe,
+    .reduce_scatter = tcp_reduce_scatter,
 };
 
 static const struct tr_plugin_info tcp_info = {
