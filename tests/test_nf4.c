@@ -19,9 +19,15 @@
  *    against the same node with the stored weight's fp32 values as a
  *    parameter (output, dx, dbias bit-identical: the same numbers reach the
  *    same GEMMs; NF4 on the native bf16 path goes straight to bf16);
+ *  - frozen_cuda: the CUDA backend (tests/cudacpu's stand-in under `make
+ *    check`, a GPU under contrib/gpu/validate.sh): store_frozen /
+ *    load_frozen with NF4 dequantised by its kernel (kernels/cuda/nf4.cu)
+ *    bit for bit; a linear with a frozen weight bit-identical to the fp32
+ *    parameter on the device and within the backends' usual tolerances of
+ *    the CPU's; an embedding of a frozen 16-bit table; supports_op.
  *
  * Covers: kernels/nf4.c, kernels/cpu/nf4.c, kernels/cpu/backend.c (frozen
- * weights).
+ * weights), kernels/cuda/nf4.cu and nodes.cu (frozen weights).
  */
 #include <criterion/criterion.h>
 
@@ -528,4 +534,311 @@ Test(frozen, linear_bf16_emulated, .init = emulate_bf16)
         cr_skip_test("ONEDNN_MAX_CPU_ISA=AVX2 did not turn the native bf16 GEMMs off");
     frozen_linear_all(TR_BF16, TR_F32);
     frozen_linear_all(TR_BF16, TR_BF16);
+}
+
+/* ---- frozen_cuda: the CUDA backend ------------------------------------------- */
+
+static int open_cuda(struct tr_backend *be, char *why, size_t size)
+{
+    /* `make check` sets TR_CUDACPU_DIR: the kernels run on the CPU through
+     * tests/cudacpu; without it the build's own module runs them on a GPU */
+    const char *dir = getenv("TR_CUDACPU_DIR");
+    if (!dir || !*dir)
+        dir = getenv("TR_PLUGIN_BUILD_DIR");
+    struct tr_plugin_path sp;
+    tr_plugin_path_init(&sp, dir ? dir : ".");
+    tr_err err = {{0}};
+    int rc = tr_backend_open(be, "cuda", 0, &sp, &err);
+    tr_plugin_path_free(&sp);
+    if (rc != TR_OK)
+        snprintf(why, size, "%s", err.msg);
+    return rc;
+}
+
+/* The CUDA backend, or the test is skipped saying why (it fails where
+ * tests/cudacpu's stand-in should have opened) */
+static void need_cuda(struct tr_backend *be)
+{
+    char why[1100];
+    if (open_cuda(be, why, sizeof why) != TR_OK) {
+        const char *dir = getenv("TR_CUDACPU_DIR");
+        if (dir && *dir)
+            cr_assert_fail("the CUDA backend of tests/cudacpu does not open: %s", why);
+        cr_skip_test("no GPU: %s", why);
+    }
+    cr_assert_not_null(be->iface->store_frozen);
+    cr_assert_not_null(be->iface->load_frozen);
+}
+
+static void *dev_alloc(const struct tr_backend *be, size_t bytes)
+{
+    void *p = be->iface->alloc(be->context, bytes ? bytes : 4);
+    cr_assert_not_null(p, "cannot allocate %zu bytes on %s", bytes, be->iface->name);
+    return p;
+}
+
+static void *dev_copy(const struct tr_backend *be, const void *host, size_t bytes)
+{
+    void *p = dev_alloc(be, bytes);
+    be->iface->upload(be->context, p, host, bytes);
+    return p;
+}
+
+static void *host_copy(const struct tr_backend *be, const void *dev, size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 4);
+    if (be->iface->synchronize)
+        be->iface->synchronize(be->context);
+    be->iface->download(be->context, p, dev, bytes);
+    return p;
+}
+
+Test(frozen_cuda, store_and_load)
+{
+    struct tr_backend cuda;
+    need_cuda(&cuda);
+    struct st_file f = st_open(FIXTURE);
+    const enum tr_dtype types[] = {TR_F32, TR_BF16, TR_F16, TR_NF4};
+    for (size_t k = 0; k < N_CASES; k++) {
+        struct nf4_case c = nf4_case(&f, k);
+        for (int d = 0; d < 4; d++) {
+            size_t bytes = dtype_bytes(types[d], c.n);
+            struct tr_tensor t = frozen_tensor("w", types[d], (int64_t)c.rows, (int64_t)c.cols,
+                                               dev_alloc(&cuda, bytes));
+            tr_err err = {{0}};
+            cr_assert_eq(cuda.iface->store_frozen(cuda.context, &t, c.w, &err), TR_OK, "%s", err.msg);
+            float *back = malloc(c.n * sizeof *back);
+            cr_assert_eq(cuda.iface->load_frozen(cuda.context, &t, back, &err), TR_OK, "%s", err.msg);
+            char label[64];
+            snprintf(label, sizeof label, "%s stored %s on cuda", c.name, dtype_name(types[d]));
+            uint16_t *h = host_copy(&cuda, t.data, bytes);
+            for (size_t i = 0; i < c.n; i++) {
+                float want = stored_value(&c, types[d], h, i, label);
+                cr_assert(memcmp(&back[i], &want, 4) == 0, "%s: loaded [%zu] %.9g, want %.9g",
+                          label, i, (double)back[i], (double)want);
+            }
+            if (types[d] == TR_NF4)
+                cr_assert_eq(memcmp(h, c.blob, bytes), 0, "%s: the blob", label);
+            free(h), free(back);
+            cuda.iface->free(cuda.context, t.data);
+        }
+        free(c.blob);
+    }
+    /* NF4 takes whole blocks only, and says which weight */
+    float w[100] = {0};
+    struct tr_tensor t = frozen_tensor("odd", TR_NF4, 10, 10, dev_alloc(&cuda, 256));
+    tr_err err = {{0}};
+    cr_assert_eq(cuda.iface->store_frozen(cuda.context, &t, w, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "'odd'") && strstr(err.msg, "NF4"), "%s", err.msg);
+    cuda.iface->free(cuda.context, t.data);
+    st_close(&f);
+    tr_backend_close(&cuda);
+}
+
+/* One linear node on backend be, its weight frozen in `frozen` (stored from
+ * wv by store_frozen) or, with as_param, an fp32 parameter holding wv: the
+ * output widened to fp32, dx and dbias, on the host. */
+struct linear_result {
+    float *out, *dx, *db;
+};
+
+static struct linear_result linear_on(const struct tr_backend *be, const struct linear_case *lc,
+                                      enum tr_dtype frozen, int as_param, const float *xv,
+                                      const float *wv, const float *bv, const float *dv)
+{
+    size_t nx = (size_t)lc->B * lc->T * lc->IC, nw = (size_t)lc->OC * lc->IC,
+           no = (size_t)lc->B * lc->T * lc->OC, xb = dtype_bytes(lc->storage, nx),
+           ob = dtype_bytes(lc->storage, no);
+    void *xs = stored(xv, nx, lc->storage);
+    /* gradients start at zero: backward adds to them */
+    float *zeros = calloc(nx > nw ? nx : nw, 4);
+    void *x = dev_copy(be, xs, xb), *out = dev_alloc(be, ob);
+    float *dx = dev_copy(be, zeros, nx * 4), *bias = dev_copy(be, bv, (size_t)lc->OC * 4);
+    float *db = dev_copy(be, zeros, (size_t)lc->OC * 4), *dout = dev_copy(be, dv, no * 4);
+    struct tr_tensor w = frozen_tensor("w", as_param ? TR_F32 : frozen, lc->OC, lc->IC, NULL);
+    if (as_param) {
+        w.role = TR_ROLE_PARAM;
+        w.data = dev_copy(be, wv, nw * 4);
+        w.grad = dev_copy(be, zeros, nw * 4);
+    } else {
+        w.data = dev_alloc(be, dtype_bytes(frozen, nw));
+        tr_err err = {{0}};
+        cr_assert_eq(be->iface->store_frozen(be->context, &w, wv, &err), TR_OK, "%s", err.msg);
+    }
+    struct linear_node L;
+    linear_setup(&L, lc, be, x, dx, w, bias, db, out, dout);
+    float *scratch_host = L.scratch; /* linear_setup's host scratch: replaced by the device's */
+    L.scratch = L.g.scratch = dev_alloc(be, (L.scratch_floats + 1) * 4);
+    be->iface->forward(be->context, &L.g, &L.n);
+    be->iface->backward(be->context, &L.g, &L.n);
+    void *oh = host_copy(be, out, ob);
+    struct linear_result r = {widened(oh, no, lc->storage), host_copy(be, dx, nx * 4),
+                              host_copy(be, db, (size_t)lc->OC * 4)};
+    free(oh), free(xs), free(scratch_host), free(zeros);
+    void *dev[] = {x, out, dx, bias, db, dout, w.data, w.grad, L.scratch};
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
+        if (dev[i])
+            be->iface->free(be->context, dev[i]);
+    return r;
+}
+
+static void result_free(struct linear_result *r) { free(r->out), free(r->dx), free(r->db); }
+
+/* A frozen weight on the device against the fp32 parameter holding its
+ * stored values (the same GEMM inputs: bit for bit), and against the CPU
+ * backend's node with the same frozen weight (within tolerance: the two
+ * GEMMs sum in other orders). */
+static void cuda_linear_cases(enum tr_dtype compute, enum tr_dtype storage, double tolerance)
+{
+    struct tr_backend cuda, cpu = cpu_open();
+    need_cuda(&cuda);
+    const enum tr_dtype types[] = {TR_NF4, TR_BF16, TR_F16, TR_F32};
+    for (size_t s = 0; s < 2; s++)
+        for (int d = 0; d < 4; d++) {
+            struct linear_case lc = linear_shapes[s];
+            lc.compute = compute;
+            lc.storage = storage;
+            size_t nx = (size_t)lc.B * lc.T * lc.IC, nw = (size_t)lc.OC * lc.IC,
+                   no = (size_t)lc.B * lc.T * lc.OC;
+            uint64_t seed = 0xc0da + (uint64_t)d * 131 + s;
+            float *xv = malloc(nx * 4), *wv = malloc(nw * 4), *bv = malloc((size_t)lc.OC * 4),
+                  *dv = malloc(no * 4), *wvals = malloc(nw * 4);
+            random_fill(xv, nx, &seed, 1.0f);
+            random_fill(wv, nw, &seed, 0.05f);
+            random_fill(bv, (size_t)lc.OC, &seed, 0.1f);
+            random_fill(dv, no, &seed, 1.0f);
+            /* the stored weight's fp32 values, as the CPU reads them back */
+            void *wd = calloc(1, dtype_bytes(types[d], nw));
+            struct tr_tensor wt = frozen_tensor("w", types[d], lc.OC, lc.IC, wd);
+            tr_err err = {{0}};
+            cr_assert_eq(cpu.iface->store_frozen(cpu.context, &wt, wv, &err), TR_OK, "%s", err.msg);
+            cr_assert_eq(cpu.iface->load_frozen(cpu.context, &wt, wvals, &err), TR_OK, "%s", err.msg);
+            struct linear_result fz = linear_on(&cuda, &lc, types[d], 0, xv, wv, bv, dv);
+            struct linear_result pm = linear_on(&cuda, &lc, TR_F32, 1, xv, wvals, bv, dv);
+            struct linear_result cp = linear_on(&cpu, &lc, types[d], 0, xv, wv, bv, dv);
+            char label[160];
+            snprintf(label, sizeof label, "cuda linear %dx%dx%d->%d%s, %s weight, %s storage, %s GEMMs",
+                     lc.B, lc.T, lc.IC, lc.OC, lc.bias ? " +bias" : "", dtype_name(types[d]),
+                     dtype_name(storage), dtype_name(compute));
+            expect_floats("output against a parameter's", label, fz.out, pm.out, no);
+            expect_floats("dx against a parameter's", label, fz.dx, pm.dx, nx);
+            if (lc.bias)
+                expect_floats("dbias against a parameter's", label, fz.db, pm.db, (size_t)lc.OC);
+            double eo = tensor_error(fz.out, cp.out, no), ex = tensor_error(fz.dx, cp.dx, nx);
+            cr_assert_leq(eo, tolerance, "%s: output differs from the CPU's by %.3g", label, eo);
+            cr_assert_leq(ex, tolerance, "%s: dx differs from the CPU's by %.3g", label, ex);
+            result_free(&fz), result_free(&pm), result_free(&cp);
+            free(xv), free(wv), free(bv), free(dv), free(wvals), free(wd);
+        }
+    tr_cpu_backend_free(&cpu);
+    tr_backend_close(&cuda);
+}
+
+/* the backends' sums run in other orders: fp32 2e-4 of the largest value;
+ * 16-bit GEMM inputs the same products (1e-3); 16-bit storage one rounding
+ * of the output apart at most (bf16 1.6e-2, fp16 3e-3): test_backend_ops's */
+Test(frozen_cuda, linear_fp32) { cuda_linear_cases(TR_F32, TR_F32, 2e-4); }
+Test(frozen_cuda, linear_bf16_gemm_inputs) { cuda_linear_cases(TR_BF16, TR_F32, 1e-3); }
+Test(frozen_cuda, linear_fp16_gemm_inputs) { cuda_linear_cases(TR_F16, TR_F32, 1e-3); }
+Test(frozen_cuda, linear_bf16_storage) { cuda_linear_cases(TR_BF16, TR_BF16, 1.6e-2); }
+Test(frozen_cuda, linear_fp16_storage) { cuda_linear_cases(TR_F16, TR_F16, 3e-3); }
+
+/* an embedding of a frozen 16-bit table gives the rows of the same table as
+ * an fp32 parameter, in each output type, without a copy of the table */
+Test(frozen_cuda, embedding_16bit_table)
+{
+    struct tr_backend cuda;
+    need_cuda(&cuda);
+    enum { B = 3, T = 7, V = 11, C = 24 };
+    uint64_t seed = 1234;
+    float table[V * C];
+    random_fill(table, V * C, &seed, 1.0f);
+    int32_t ids[B * T];
+    for (int i = 0; i < B * T; i++)
+        ids[i] = (int32_t)(tr_splitmix64_next(&seed) % V);
+    const enum tr_dtype types[] = {TR_BF16, TR_F16}, outs[] = {TR_F32, TR_BF16, TR_F16};
+    for (int d = 0; d < 2; d++)
+        for (int o = 0; o < 3; o++) {
+            void *stored_table = stored(table, V * C, types[d]);
+            float *wide = widened(stored_table, V * C, types[d]), *res[2];
+            for (int side = 0; side < 2; side++) { /* frozen 16-bit, then an fp32 parameter */
+                struct tr_graph g = {0};
+                struct tr_tensor t[3];
+                struct tr_node n = {.op = TR_OP_EMBEDDING, .in = {0, 1}, .n_in = 2, .out = 2};
+                int64_t is[2] = {B, T}, os[3] = {B, T, C};
+                t[0] = frozen_tensor("table", side ? TR_F32 : types[d], V, C,
+                                     side ? dev_copy(&cuda, wide, V * C * 4)
+                                          : dev_copy(&cuda, stored_table, V * C * 2));
+                if (side)
+                    t[0].role = TR_ROLE_PARAM;
+                tensor_init(&t[1], 2, is, dev_copy(&cuda, ids, sizeof ids), NULL);
+                t[1].dtype = TR_I32;
+                t[1].role = TR_ROLE_INPUT;
+                tensor_init(&t[2], 3, os, dev_alloc(&cuda, dtype_bytes(outs[o], B * T * C)), NULL);
+                t[2].dtype = outs[o];
+                t[2].role = TR_ROLE_ACTIVATION;
+                g.tensors = t;
+                g.n_tensors = 3;
+                g.nodes = &n;
+                g.n_nodes = 1;
+                g.loss = g.logits = -1;
+                g.compute = outs[o];
+                cr_assert(cuda.iface->supports_op(cuda.context, &g, &n));
+                g.scratch_floats = cuda.iface->scratch_floats(cuda.context, &g, &n);
+                g.scratch = dev_alloc(&cuda, (g.scratch_floats + 1) * 4);
+                if (!side) /* no copy of the table */
+                    cr_assert_lt(g.scratch_floats, (size_t)V * C);
+                cuda.iface->forward(cuda.context, &g, &n);
+                void *h = host_copy(&cuda, t[2].data, dtype_bytes(outs[o], B * T * C));
+                res[side] = widened(h, B * T * C, outs[o]);
+                free(h);
+                for (int i = 0; i < 3; i++)
+                    cuda.iface->free(cuda.context, t[i].data);
+                cuda.iface->free(cuda.context, g.scratch);
+            }
+            char label[96];
+            snprintf(label, sizeof label, "cuda embedding, %s frozen table, %s output",
+                     dtype_name(types[d]), dtype_name(outs[o]));
+            expect_floats("output", label, res[0], res[1], B * T * C);
+            free(res[0]), free(res[1]), free(stored_table), free(wide);
+        }
+    tr_backend_close(&cuda);
+}
+
+/* what supports_op takes: a frozen linear weight in any type, a 16-bit
+ * table; not an NF4 table, NF4 of a partial block, a 16-bit matmul operand */
+Test(frozen_cuda, supports_op)
+{
+    struct tr_backend cuda;
+    need_cuda(&cuda);
+    struct tr_graph g = {0};
+    struct tr_tensor t[4];
+    int64_t xs[2] = {4, 64}, os[2] = {4, 8}, is[1] = {4}, odd[2] = {8, 65};
+    tensor_init(&t[0], 2, xs, NULL, NULL);
+    t[0].role = TR_ROLE_ACTIVATION;
+    tensor_init(&t[2], 2, os, NULL, NULL);
+    t[2].role = TR_ROLE_ACTIVATION;
+    tensor_init(&t[3], 1, is, NULL, NULL);
+    t[3].dtype = TR_I32;
+    g.tensors = t;
+    g.n_tensors = 4;
+    g.compute = TR_F32;
+    struct tr_node lin = {.op = TR_OP_LINEAR, .in = {0, 1}, .n_in = 2, .out = 2};
+    struct tr_node mm = {.op = TR_OP_MATMUL, .in = {0, 1}, .n_in = 2, .out = 2, .trans_b = 1};
+    struct tr_node emb = {.op = TR_OP_EMBEDDING, .in = {1, 3}, .n_in = 2, .out = 0};
+    const enum tr_dtype all[] = {TR_F32, TR_BF16, TR_F16, TR_NF4};
+    for (int d = 0; d < 4; d++) {
+        t[1] = frozen_tensor("w", all[d], 8, 64, NULL);
+        cr_assert(cuda.iface->supports_op(cuda.context, &g, &lin), "linear, %s weight",
+                  dtype_name(all[d]));
+        cr_assert_eq(cuda.iface->supports_op(cuda.context, &g, &mm), all[d] == TR_F32,
+                     "matmul, %s frozen operand", dtype_name(all[d]));
+        cr_assert_eq(cuda.iface->supports_op(cuda.context, &g, &emb), all[d] != TR_NF4,
+                     "embedding, %s table", dtype_name(all[d]));
+    }
+    tensor_init(&t[1], 2, odd, NULL, NULL);
+    t[1].role = TR_ROLE_FROZEN;
+    t[1].dtype = TR_NF4;
+    cr_assert_not(cuda.iface->supports_op(cuda.context, &g, &lin), "NF4 of 520 values");
+    tr_backend_close(&cuda);
 }
