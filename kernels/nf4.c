@@ -1,8 +1,10 @@
 /*
  * NF4 storage (kernels/nf4.h): bitsandbytes' values, portable C.  Every
- * backend quantises with this at load (store_frozen); the CPU backend also
- * dequantises with it, the CUDA backend with its own kernel that computes
- * the same products.
+ * backend quantises with this at load (store_frozen); tr_nf4_scales is
+ * the one definition of a block's scale, which the CPU backend's vector
+ * dequantisers (kernels/cpu/nf4.c) take from here; the CUDA kernel
+ * (kernels/cuda/nf4.cu) computes the same products with __fmul_rn and
+ * __fadd_rn.  tr_nf4_dequantize is the portable reference they all match.
  *
  * bitsandbytes 0.46.1's CPU path, which the fixture (tests/fixtures/nf4,
  * tests/torch/make_nf4_fixtures.py) records and tests/test_nf4.c checks bit
@@ -281,16 +283,41 @@ int tr_nf4_quantize(void *dst, const float *src, size_t n)
     return 0;
 }
 
-void tr_nf4_dequantize(float *dst, const void *src, size_t n, size_t first, size_t count)
+/* block b's scale, given the blob's parts and offset */
+static float block_scale(const unsigned char *in, const struct tr_nf4_parts *p, float offset, size_t b)
+{
+    float absmax2;
+    memcpy(&absmax2, in + p->absmax2 + b / TR_NF4_BLOCK2 * sizeof(float), sizeof absmax2);
+    /* two statements, and fp-contract off above: bitsandbytes multiplies in
+     * C++ and torch adds, each result rounded to fp32 (a fused multiply-add
+     * changes some scales by a bit) */
+    float scale = tr_nf4_dynamic_map[in[p->qabsmax + b]] * absmax2;
+    scale += offset;
+    return scale;
+}
+
+void tr_nf4_scales(float *dst, const void *blob, size_t n, size_t first, size_t count)
 {
     struct tr_nf4_parts p = tr_nf4_parts(n);
-    const unsigned char *in = src, *codes = in + p.codes, *qabsmax = in + p.qabsmax;
-    const float *absmax2 = (const float *)(const void *)(in + p.absmax2);
     float offset;
-    memcpy(&offset, in + p.offset, sizeof offset);
+    memcpy(&offset, (const unsigned char *)blob + p.offset, sizeof offset);
+    for (size_t b = first; b < first + count; b++)
+        dst[b - first] = block_scale(blob, &p, offset, b);
+}
+
+float tr_nf4_scale(const void *blob, size_t n, size_t b)
+{
+    struct tr_nf4_parts p = tr_nf4_parts(n);
+    float offset;
+    memcpy(&offset, (const unsigned char *)blob + p.offset, sizeof offset);
+    return block_scale(blob, &p, offset, b);
+}
+
+void tr_nf4_dequantize(float *dst, const void *src, size_t n, size_t first, size_t count)
+{
+    const unsigned char *codes = (const unsigned char *)src + tr_nf4_parts(n).codes;
     for (size_t b = first / TR_NF4_BLOCK; b < (first + count) / TR_NF4_BLOCK; b++) {
-        float scale = tr_nf4_dynamic_map[qabsmax[b]] * absmax2[b / TR_NF4_BLOCK2];
-        scale += offset;
+        float scale = tr_nf4_scale(src, n, b);
         float *out = dst + (b * TR_NF4_BLOCK - first);
         const unsigned char *c = codes + b * TR_NF4_BLOCK / 2;
         for (int i = 0; i < TR_NF4_BLOCK / 2; i++) {

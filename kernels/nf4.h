@@ -17,13 +17,17 @@
  *   offset   1 float         the mean of the absmax values, subtracted before
  *                            their quantisation
  *
- * (each part starts 4-byte aligned; tr_nf4_parts gives the offsets).
- * Dequantised: w[i] = NF4[code(i)] * (dyn[qabsmax[b]] * absmax2[b / 256] +
- * offset), b = i / 64, in fp32 in that order.
+ * (each part starts 4-byte aligned from the blob's start; tr_nf4_parts
+ * gives the offsets; the dequantisers read the floats with memcpy, so the
+ * blob itself may start anywhere).  Dequantised: w[i] = NF4[code(i)] *
+ * (dyn[qabsmax[b]] * absmax2[b / 256] + offset), b = i / 64, in fp32 in
+ * that order, each operation rounded on its own (no fused multiply-add).
  *
  * Portable C (kernels/nf4.c) used by every backend for quantising at load;
- * the CPU backend dequantises with it too (into the scratch of the linear
- * that reads the weight, kernels/cpu/backend.c).
+ * the CPU backend dequantises with AVX-512 / AVX2 where the CPU has them
+ * (kernels/cpu/nf4.c, into the scratch of the linear that reads the
+ * weight), the CUDA backend with its own kernel (kernels/cuda/nf4.cu); all
+ * give tr_nf4_dequantize's bits.
  */
 #ifndef TR_NF4_H
 #define TR_NF4_H
@@ -51,6 +55,14 @@ size_t tr_nf4_bytes(size_t n);
 /* Quantise src[0 .. n) into the blob dst (tr_nf4_bytes(n) bytes); 0, or
  * -1 when out of memory (n / 64 floats of its own). */
 int tr_nf4_quantize(void *dst, const float *src, size_t n);
+
+/* The dequantised absmax of block b (b < n / 64), the factor of its 64
+ * values: dyn[qabsmax[b]] * absmax2[b / 256] + offset, the product rounded
+ * before the sum; tr_nf4_scales: those of blocks [first, first + count)
+ * into dst[0 .. count).  Vector dequantisers take them and multiply, so
+ * the one place the rounding order lives is kernels/nf4.c. */
+float tr_nf4_scale(const void *blob, size_t n, size_t b);
+void tr_nf4_scales(float *dst, const void *blob, size_t n, size_t first, size_t count);
 
 /* Dequantise elements [first, first + count) of an n-element blob into
  * dst[0 .. count) (first and count multiples of TR_NF4_BLOCK): portable. */

@@ -6,11 +6,12 @@
  *
  * Covers: core/config/lora.c, core/engine/adapters.c, core/engine/peft.c
  * (tr_peft_load), the frozen role in core/engine/graph_plan.c and
- * hf_weights.c.
+ * hf_weights.c, tr_fit_base_auto (core/engine/fit.c).
  */
 #include <criterion/criterion.h>
 
 #include "engine/adapters.h"
+#include "engine/fit.h"
 #include "engine/hf_weights.h"
 #include "engine/optim.h"
 #include "engine/peft.h"
@@ -184,6 +185,36 @@ Test(lora_graph, only_the_adapters_train, .init = lora_environment, .fini = lora
     cr_assert_eq(g->memory.optimizer, 2 * trained * sizeof(float));
     cr_assert_geq(g->memory.frozen, frozen * sizeof(float));
     engine_close(&e);
+}
+
+/* A backend without the store_frozen / load_frozen slots (a module of ABI
+ * 5, say) keeps its frozen weights in fp32: base = "auto" means fp32 there,
+ * and an explicit 16-bit or NF4 base is refused when the graph is planned,
+ * naming the device and the weight.  (The CPU's iface cut short before the
+ * slots stands for it: the CPU and CUDA backends both have them.) */
+Test(lora_graph, a_backend_without_frozen_storage_refuses_nf4, .init = lora_environment,
+     .fini = lora_cleanup)
+{
+    struct tr_config cfg;
+    tr_err err = {{0}};
+    cr_assert_eq(tr_config_load(&cfg, recipe_with("nf4", NULL, "rank = 4, targets = { \"q_proj\" }, "
+                                                  "base = \"nf4\""), NULL, 0, &err), TR_OK, "%s", err.msg);
+    struct tr_backend be;
+    cr_assert_eq(tr_cpu_backend_init(&be, 1), 0);
+    struct tr_backend_iface cut = *be.iface;
+    cut.struct_size = offsetof(struct tr_backend_iface, store_frozen);
+    struct tr_backend old = be;
+    old.iface = &cut;
+    cr_assert_eq(tr_fit_base_auto(&be, TR_BF16), TR_BF16);
+    cr_assert_eq(tr_fit_base_auto(&old, TR_BF16), TR_F32);
+    struct tr_graph *g = tr_model_build_run(&cfg, B, tr_fit_base_auto(&old, TR_F32), &err);
+    cr_assert_not_null(g, "%s", err.msg);
+    cr_assert_eq(tr_graph_plan(g, &old, 2, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "device \"cpu\" cannot store the frozen weight") &&
+                  strstr(err.msg, "in NF4"), "%s", err.msg);
+    tr_graph_free(g, &be);
+    tr_cpu_backend_free(&be);
+    tr_config_free(&cfg);
 }
 
 /* B starts at zero: the adapted model computes the base's loss, bit for

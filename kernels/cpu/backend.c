@@ -121,7 +121,11 @@ static int64_t cpu_count_correct(void *ctx, const float *logits, const int32_t *
  *    are (bf16_of): they would convert them to bf16 anyway; so does
  *    attention (q, k and v into bf16 products, tr_cpu_node_attention_bf16
  *    in nodes.c).  Linear there also rounds its bf16 output into storage
- *    itself, tile by tile (tr_cpu_node_linear_out16).
+ *    itself, tile by tile (tr_cpu_node_linear_out16), and takes a frozen
+ *    NF4 weight dequantised straight into its bf16 operand (2 bytes a
+ *    weight of scratch, which the GEMM's operand copy has anyway).
+ * Frozen weights (an adapter's base) go the same ways: bf16 and fp16 like
+ * activations, NF4 into an fp32 copy (tr_cpu_nf4_to_f32) off that path.
  * Every other op (the convolutional ones too), and linear, matmul and
  * attention off the native bf16 path, runs on fp32 copies: its 16-bit
  * inputs (and, in backward, its output where the op's backward reads it)
@@ -136,13 +140,16 @@ static int64_t cpu_count_correct(void *ctx, const float *logits, const int32_t *
 static int is_half(enum tr_dtype d) { return d == TR_BF16 || d == TR_F16; }
 
 /* stored in fewer bits than the kernels read: 16-bit, or an NF4 frozen
- * weight (widened into an fp32 copy by dequantising it, kernels/nf4.h) */
+ * weight (dequantised, kernels/nf4.h: into an fp32 copy with
+ * tr_cpu_nf4_to_f32, or on the native bf16 path straight into the GEMM's
+ * bf16 operand, nodes.c's bf16_of) */
 static int is_narrow(enum tr_dtype d) { return is_half(d) || d == TR_NF4; }
 
 /* The op's kernels read in[k] (k < n_in), or write and read its output
- * (k == n_in), in its 16-bit storage themselves, forward and backward: no
- * fp32 copy.  Asked only of 16-bit tensors; an operand the op's kernels
- * take as fp32 (layer norm's weight and bias) must not be listed. */
+ * (k == n_in), in its narrow storage themselves, forward and backward: no
+ * fp32 copy.  Asked only of 16-bit tensors and NF4 weights; an operand the
+ * op's kernels take as fp32 (layer norm's weight and bias) must not be
+ * listed. */
 static int native_half(const struct tr_graph *g, const struct tr_node *n, int k)
 {
     switch (n->op) {
@@ -153,10 +160,12 @@ static int native_half(const struct tr_graph *g, const struct tr_node *n, int k)
         return k == 0;
     case TR_OP_LAYERNORM: /* the input and the output */
         return k == 0 || k == n->n_in;
-    case TR_OP_LINEAR: /* the two GEMM operands, and a bf16 output (linear_out16) */
+    case TR_OP_LINEAR: /* the two GEMM operands, and a bf16 output (linear_out16);
+                        * an NF4 weight dequantised straight to bf16 (bf16_of) */
         if (k == n->n_in)
             return tr_cpu_node_linear_out16(g, n);
-        return k < 2 && tr_cpu_node_native_bf16(g) && T(k)->dtype == TR_BF16;
+        return k < 2 && tr_cpu_node_native_bf16(g) &&
+               (T(k)->dtype == TR_BF16 || (k == 1 && T(k)->dtype == TR_NF4));
     case TR_OP_MATMUL: /* the two GEMM operands; the GEMM's output is fp32 */
         return k < 2 && k < n->n_in && tr_cpu_node_native_bf16(g) && T(k)->dtype == TR_BF16;
     case TR_OP_ATTENTION: /* q, k, v; its output still goes through a copy */
@@ -179,8 +188,7 @@ static void fp32_copies(const struct tr_graph *g, const struct tr_node *n, int b
     c->n = 0;
     for (int k = 0; k <= n->n_in && k < 4; k++) {
         int out = k == n->n_in, id = out ? n->out : n->in[k];
-        if (!is_narrow(g->tensors[id].dtype) ||
-            (is_half(g->tensors[id].dtype) && native_half(g, n, k)))
+        if (!is_narrow(g->tensors[id].dtype) || native_half(g, n, k))
             continue;
         if (backward && (out ? tr_cpu_ops[n->op].backward_skips_output
                             : tr_cpu_ops[n->op].backward_skips_inputs))
@@ -234,8 +242,8 @@ static void run_node(struct tr_graph *g, const struct tr_node *n, int backward)
         struct tr_tensor *t = &g->tensors[c.tensor[i]];
         stored[i] = t->data;
         dtype[i] = t->dtype;
-        if (c.widen[i] && t->dtype == TR_NF4)
-            tr_nf4_dequantize(at, t->data, t->numel, 0, t->numel);
+        if (c.widen[i] && t->dtype == TR_NF4) /* vectorised, tr_nf4_dequantize's bits */
+            tr_cpu_nf4_to_f32(at, t->data, t->numel, 0, t->numel);
         else if (c.widen[i])
             tr_cpu_from_half(at, (const uint16_t *)t->data, t->numel, t->dtype == TR_BF16);
         t->data = at;
@@ -372,7 +380,7 @@ static int cpu_load_frozen(void *ctx, const struct tr_tensor *t, float *host, tr
         tr_cpu_from_half(host, (const uint16_t *)t->data, t->numel, t->dtype == TR_BF16);
         return TR_OK;
     case TR_NF4:
-        tr_nf4_dequantize(host, t->data, t->numel, 0, t->numel);
+        tr_cpu_nf4_to_f32(host, t->data, t->numel, 0, t->numel);
         return TR_OK;
     default:
         return tr_fail(err, "'%s': a frozen weight of dtype %d", t->name, (int)t->dtype);

@@ -88,6 +88,14 @@ void tr_cpu_to_bf16_serial(uint16_t *out, const float *in, size_t n);
 void tr_cpu_to_half_serial(uint16_t *out, const float *in, size_t n, int bf16);
 void tr_cpu_from_half_serial(float *out, const uint16_t *in, size_t n, int bf16);
 
+/* ---- NF4 (kernels/nf4.h), nf4.c: elements [first, first + count) of an
+ * n-element NF4 blob dequantised into fp32, or into bf16 bits (those fp32
+ * values rounded as tr_f32_to_bf16).  Any first and count, partial blocks
+ * included; tr_nf4_dequantize's bits on every path of
+ * tr_cpu_elementwise_path (AVX-512, AVX2, portable); threaded. */
+void tr_cpu_nf4_to_f32(float *dst, const void *blob, size_t n, size_t first, size_t count);
+void tr_cpu_nf4_to_bf16(uint16_t *dst, const void *blob, size_t n, size_t first, size_t count);
+
 /* ---- activations as stored.  Under a 16-bit compute dtype the planner
  * stores activations in bf16 or fp16 (backend.c).  The *_act kernels take
  * such an operand as it is: its data with its dtype, TR_F32, or TR_BF16 /

@@ -74,12 +74,18 @@ static const uint16_t *to_bf16(float *dst, const float *src, size_t n)
     return (const uint16_t *)(const void *)dst;
 }
 
-/* A GEMM operand in bf16: an activation stored in bf16 as it is (no second
- * copy), anything else converted into dst */
+/* A GEMM operand in bf16: a tensor stored in bf16 as it is (no second
+ * copy), a frozen NF4 weight dequantised straight into dst (the rounding of
+ * its fp32 values: no fp32 copy, backend.c's native_half), anything else
+ * converted into dst */
 static const uint16_t *bf16_of(float *dst, const struct tr_tensor *t)
 {
     if (t->dtype == TR_BF16)
         return (const uint16_t *)t->data;
+    if (t->dtype == TR_NF4) {
+        tr_cpu_nf4_to_bf16((uint16_t *)(void *)dst, t->data, t->numel, 0, t->numel);
+        return (const uint16_t *)(const void *)dst;
+    }
     return to_bf16(dst, (const float *)t->data, t->numel);
 }
 

@@ -187,6 +187,8 @@ static struct tr_backend_iface make_iface(void)
     f.host_free = cuda_host_free;
     f.stream = cuda_stream;
     f.supports_op = cuda_supports_op;
+    f.store_frozen = cuda_store_frozen;
+    f.load_frozen = cuda_load_frozen;
     return f;
 }
 

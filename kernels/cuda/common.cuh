@@ -20,10 +20,11 @@
 
 extern "C" {
 #include "../backend.h"
+#include "../nf4.h"
 }
 
 /* storage dtypes, as enum tr_dtype (include/trainrun/plugin.h) */
-enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2, DT_I32 = 3 };
+enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2, DT_I32 = 3, DT_NF4 = 4 };
 
 enum { STAGE_SLOTS = 2 };
 #define STAGE_BYTES ((size_t)8 << 20)      /* pinned upload staging, per slot */
@@ -200,6 +201,18 @@ void cuda_sgd(struct cuda_context *c, float *p, const float *g, float *buf, size
 double cuda_sum_squares(struct cuda_context *c, const float *x, size_t n);
 int64_t cuda_count_correct(struct cuda_context *c, const float *logits, const int32_t *targets,
                            int N, int V, int ignore_index, int64_t *n_valid);
+
+/* ---- nf4.cu: frozen weights (TR_ROLE_FROZEN) in their storage types ------ */
+/* out = frozen tensor t in storage type `to` (fp32, bf16, fp16): NF4
+ * dequantised as tr_nf4_dequantize, bit for bit, then rounded to `to` */
+void cuda_frozen_convert(struct cuda_context *c, void *out, int to, const struct tr_tensor *t);
+/* embedding rows of a 16-bit table (table_dt) into out of type out_dt */
+void cuda_frozen_embedding_forward(struct cuda_context *c, int out_dt, void *out,
+                                   const int32_t *idx, const void *table, int table_dt, int N,
+                                   int C, int V);
+/* the iface's store_frozen and load_frozen */
+int cuda_store_frozen(void *ctx, const struct tr_tensor *t, const float *host, tr_err *err);
+int cuda_load_frozen(void *ctx, const struct tr_tensor *t, float *host, tr_err *err);
 
 /* ---- attention.cu ------------------------------------------------------- */
 /* Largest head size the kernels take. */

@@ -26,10 +26,35 @@ static int cols(const struct tr_tensor *t) { return (int)t->shape[t->ndim - 1]; 
 
 static int is_half(int dt) { return dt == DT_BF16 || dt == DT_F16; }
 
+/* Frozen weights (TR_ROLE_FROZEN, nf4.cu) keep their own storage type and
+ * stay out of the storage rules below: a linear's weight is converted to
+ * the GEMM's input type in scratch (NF4 dequantised), and otherwise counts
+ * as the fp32 parameter it stands for, so the node runs as it would with
+ * one; an embedding's table is read by a kernel of its own into the
+ * output's type. */
+static int frozen_weight(const struct tr_graph *g, const struct tr_node *n)
+{
+    return n->op == TR_OP_LINEAR && n->n_in > 1 && T(1)->role == TR_ROLE_FROZEN;
+}
+
+static int frozen_table(const struct tr_graph *g, const struct tr_node *n)
+{
+    return n->op == TR_OP_EMBEDDING && T(0)->role == TR_ROLE_FROZEN;
+}
+
+static int frozen_input(const struct tr_graph *g, const struct tr_node *n, int k)
+{
+    return (k == 1 && frozen_weight(g, n)) || (k == 0 && frozen_table(g, n));
+}
+
 /* The node's storage dtype: that of its first input (every float input and
  * output of a node shares it, or the node runs on fp32 copies, see
- * run_node; saved tensors and gradients are fp32). */
-static int storage(const struct tr_graph *g, const struct tr_node *n) { return (int)T(0)->dtype; }
+ * run_node; saved tensors and gradients are fp32); an embedding of a frozen
+ * table: its output's. */
+static int storage(const struct tr_graph *g, const struct tr_node *n)
+{
+    return frozen_table(g, n) ? (int)OUT->dtype : (int)T(0)->dtype;
+}
 
 /* The GEMM input dtype: the precision policy's when it asks for 16 bits,
  * else the storage dtype. */
@@ -191,7 +216,7 @@ static struct gemm_scratch gemm_scratch_layout(const struct tr_graph *g, const s
     if (dt != gdt)
         at += floats_for(T(0)->numel, gdt);
     s.b = at;
-    if (dt != gdt)
+    if (frozen_weight(g, n) ? (int)T(1)->dtype != gdt : dt != gdt)
         at += floats_for(T(1)->numel, gdt);
     s.dout = at;
     if (gdt != DT_F32) /* gradients are fp32 */
@@ -272,13 +297,26 @@ static const void *as_gemm_input(struct cuda_context *c, const void *x, int from
     return scratch_at;
 }
 
+/* A GEMM node's second operand in the GEMM dtype: a frozen weight from its
+ * own storage type (nf4.cu), anything else as as_gemm_input */
+static const void *gemm_b(struct cuda_context *c, const struct tr_graph *g, const struct tr_node *n,
+                          int dt, int gdt, float *scratch_at)
+{
+    if (!frozen_weight(g, n))
+        return as_gemm_input(c, T(1)->data, dt, gdt, T(1)->numel, scratch_at);
+    if ((int)T(1)->dtype == gdt)
+        return T(1)->data;
+    cuda_frozen_convert(c, scratch_at, gdt, T(1));
+    return scratch_at;
+}
+
 static void gemm_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
 {
     int dt = storage(g, n), gdt = gemm_dtype(g, n);
     struct gemm_geometry s = geometry(g, n);
     struct gemm_scratch sl = gemm_scratch_layout(g, n);
     const void *a = as_gemm_input(c, T(0)->data, dt, gdt, T(0)->numel, g->scratch + sl.a);
-    const void *b = as_gemm_input(c, T(1)->data, dt, gdt, T(1)->numel, g->scratch + sl.b);
+    const void *b = gemm_b(c, g, n, dt, gdt, g->scratch + sl.b);
     if (n->op == TR_OP_LINEAR) /* out[M,N] = x[M,K] @ w[N,K]^T + bias */
         cuda_gemm(c, 0, 1, s.M, s.N, s.K, 1.0f, a, s.K, 0, b, s.K, 0, 0.0f, OUT->data, s.N, 0, 1,
                   gdt, dt, n->n_in == 3 ? T(2)->data : NULL);
@@ -303,7 +341,7 @@ static void gemm_backward(struct cuda_context *c, struct tr_graph *g, const stru
     if (!da && !db)
         return;
     const void *a = as_gemm_input(c, T(0)->data, dt, gdt, T(0)->numel, g->scratch + sl.a);
-    const void *b = as_gemm_input(c, T(1)->data, dt, gdt, T(1)->numel, g->scratch + sl.b);
+    const void *b = gemm_b(c, g, n, dt, gdt, g->scratch + sl.b);
     const void *d = as_gemm_input(c, dout, DT_F32, gdt, OUT->numel, g->scratch + sl.dout);
     long long sa = (long long)s.M * s.K, sb = (long long)s.K * s.N, so = (long long)s.M * s.N;
     if (n->op == TR_OP_LINEAR) {
@@ -345,8 +383,12 @@ static const float *dout_of(const struct tr_graph *g, const struct tr_node *n)
 static void embedding_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
 {
     int dt = storage(g, n);
-    cuda_embedding_forward(c, dt, OUT->data, IDS(T(1)), T(0)->data, (int)T(1)->numel,
-                           cols(T(0)), (int)T(0)->shape[0]);
+    if (frozen_table(g, n))
+        cuda_frozen_embedding_forward(c, dt, OUT->data, IDS(T(1)), T(0)->data, (int)T(0)->dtype,
+                                      (int)T(1)->numel, cols(T(0)), (int)T(0)->shape[0]);
+    else
+        cuda_embedding_forward(c, dt, OUT->data, IDS(T(1)), T(0)->data, (int)T(1)->numel,
+                               cols(T(0)), (int)T(0)->shape[0]);
 }
 
 static void embedding_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
@@ -689,11 +731,12 @@ static int mixed_storage(const struct tr_graph *g, const struct tr_node *n)
     int dt = -1;
     for (int k = 0; k <= n->n_in; k++) {
         const struct tr_tensor *t = k == n->n_in ? OUT : T(k);
-        if (t->dtype == TR_I32)
+        if (t->dtype == TR_I32 || (k == 0 && frozen_table(g, n)))
             continue;
+        int tdt = k == 1 && frozen_weight(g, n) ? DT_F32 : (int)t->dtype;
         if (dt < 0)
-            dt = (int)t->dtype;
-        else if (dt != (int)t->dtype)
+            dt = tdt;
+        else if (dt != tdt)
             return 1;
     }
     return 0;
@@ -711,7 +754,7 @@ static void fp32_copies(const struct tr_graph *g, const struct tr_node *n, int b
     cp->n = 0;
     for (int k = 0; k <= n->n_in && k < 4; k++) {
         int out = k == n->n_in, id = out ? n->out : n->in[k];
-        if (!is_half((int)g->tensors[id].dtype))
+        if (!is_half((int)g->tensors[id].dtype) || (!out && frozen_input(g, n, k)))
             continue;
         int seen = 0;
         for (int i = 0; i < cp->n; i++)
@@ -818,7 +861,7 @@ void cuda_backward(void *ctx, struct tr_graph *g, const struct tr_node *n) { run
 /* The ops the op table (kernels/ops.h) gives to cuda -- every op of the
  * vocabulary; the core checks the table's bit before asking here -- their
  * float tensors stored in fp32, bf16 or fp16 (the storage dtype is that of
- * the first input, see storage()), with attention's head size up to
+ * the first input, see storage(); frozen weights as frozen_input says), with attention's head size up to
  * ATTENTION_MAX_HEAD: a larger one is refused when the run starts rather
  * than failing in its first step.  conv2d needs cuDNN (loaded at open) and
  * a shape it has a deterministic algorithm for. */
@@ -829,6 +872,19 @@ int cuda_supports_op(void *ctx, const struct tr_graph *g, const struct tr_node *
     int dt = storage(g, n);
     if (dt != DT_F32 && !is_half(dt))
         return 0;
+    /* frozen inputs: fp32 anywhere; a linear's weight also in 16 bits or
+     * NF4 (2-D, whole blocks), an embedding's table in 16 bits */
+    for (int k = 0; k < n->n_in; k++) {
+        const struct tr_tensor *x = T(k);
+        int xdt = (int)x->dtype;
+        if (x->role != TR_ROLE_FROZEN || xdt == DT_F32)
+            continue;
+        if (!frozen_input(g, n, k))
+            return 0;
+        if (xdt == DT_NF4 ? !frozen_weight(g, n) || x->ndim != 2 || x->numel % TR_NF4_BLOCK != 0
+                          : !is_half(xdt))
+            return 0;
+    }
     if (n->op == TR_OP_ATTENTION) {
         struct attention_args a = attention_of(g, n);
         return cuda_attention_head_ok(a.D) && a.KV > 0 && a.NH % a.KV == 0;

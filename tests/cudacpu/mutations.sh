@@ -2,8 +2,8 @@
 # The CUDA-on-CPU harness proves it can fail (docs/cuda.md): ways to break a
 # kernel, each applied to a copy of one kernels/cuda file, built into a
 # backend_cuda.so with the build's other harness objects, and run through
-# test_backend_ops's cases of that kernel.  Each must fail, and the output
-# must say why.  Bugs the harness itself must report (attention.cu):
+# test_backend_ops's cases of that kernel (test_nf4's for nf4.cu).  Each must
+# fail, and the output must say why.  Bugs the harness itself must report (attention.cu):
 #   lanes_exit        lanes with no work return before a warp shuffle
 #   no_syncthreads    the barrier after a shared-memory tile load is gone
 #   smem_too_small    the launch asks for less dynamic shared memory than used
@@ -18,6 +18,10 @@
 #   conv_dx_overwrite backward data with beta 0: dx overwritten, not accumulated
 #   conv_any_algo     backward filter takes a non-deterministic algorithm
 #   bn_biased_running batch norm's running variance left biased (pool.cu)
+#   nf4_fused_scale   NF4's block scale as one fused multiply-add, not a
+#                     rounded product and a rounded sum (nf4.cu): a bit off
+#                     bitsandbytes' in some blocks
+#   nf4_nibbles_swapped  the two codes of a byte dequantised in swapped places
 # and missing stream synchronisation, which the harness's queued streams
 # (runtime.cpp, "streams: queues") turn into wrong results:
 #   upload_no_compute_wait  compute does not wait for the upload's copy stream
@@ -35,15 +39,18 @@
 . "$TR_SRCDIR/tests/e2e/lib.sh"
 : "${TR_CXX:?run through make check}" "${TR_PERL:?run through make check}"
 gen=$TR_BUILDDIR/tests/cudacpu/gen
-objects=$(ls "$gen"/.libs/*.o "$TR_BUILDDIR"/tests/cudacpu/.libs/*runtime.o)
-# one object a kernels/cuda/*.cu (gemm.cu's is gemm_ref.cu's), and the runtime
-count=$(($(ls "$TR_SRCDIR"/kernels/cuda/*.cu | wc -l) + 1))
+objects=$(ls "$gen"/.libs/*.o "$TR_BUILDDIR"/tests/cudacpu/.libs/*runtime.o \
+  "$TR_BUILDDIR"/kernels/.libs/tests_cudacpu_backend_cuda_la-nf4.o)
+# one object a kernels/cuda/*.cu (gemm.cu's is gemm_ref.cu's), the runtime,
+# and kernels/nf4.c (NF4 quantisation at load, which nf4.cu calls)
+count=$(($(ls "$TR_SRCDIR"/kernels/cuda/*.cu | wc -l) + 2))
 [ "$(echo "$objects" | wc -l)" -eq "$count" ] || fail "harness objects not found in $gen/.libs: build first"
 
-# mutate NAME FILE PERL-SUBSTITUTION TEST-FILTER EXPECTED-REGEX
-# (FILE: one of kernels/cuda/*.cu, replacing its object among the others)
+# mutate NAME FILE PERL-SUBSTITUTION TEST-FILTER EXPECTED-REGEX [TEST-PROGRAM]
+# (FILE: one of kernels/cuda/*.cu, replacing its object among the others;
+# TEST-PROGRAM: of tests/, test_backend_ops unless named)
 mutate() {
-  name=$1 file=$2
+  name=$1 file=$2 program=${6:-test_backend_ops}
   src=$TR_SRCDIR/kernels/cuda/$file
   others=$(echo "$objects" | grep -v -- "-$file\.o\$")
   [ "$(echo "$others" | wc -l)" -eq $((count - 1)) ] || fail "$name: no harness object of $file in $gen/.libs"
@@ -56,10 +63,10 @@ mutate() {
     -c "$name/$file.cpp" -o "$name/mutated.o"
   # shellcheck disable=SC2086 # $others is a list of paths without spaces
   "$TR_CXX" -shared -o "$name/backend_cuda.so" "$name/mutated.o" $others -ldl -lpthread
-  if TR_CUDACPU_DIR=$PWD/$name "$TR_BUILDDIR/tests/test_backend_ops" --filter "$4" \
+  if TR_CUDACPU_DIR=$PWD/$name "$TR_BUILDDIR/tests/$program" --filter "$4" \
        > "$name/log" 2>&1; then
     cat "$name/log"
-    fail "$name: the broken kernel passed test_backend_ops"
+    fail "$name: the broken kernel passed $program"
   fi
   grep -E "$5" "$name/log" > "$name/why" || { cat "$name/log"; fail "$name: not reported as expected ($5)"; }
   echo "caught $name: $(head -n 1 "$name/why" | sed 's/^\[----\] *//')"
@@ -101,6 +108,12 @@ mutate conv_any_algo conv.cu \
 mutate bn_biased_running pool.cu \
   's/double unbiased = N > 1 \? var \* N \/ \(N - 1\) : var;/double unbiased = var;/' \
   'backend_ops/batchnorm_train_f32' 'batchnorm_train_f32.*running differs from the CPU'
+mutate nf4_fused_scale nf4.cu \
+  's/__fadd_rn\(__fmul_rn\(t\.map\[blob\[l\.qabsmax \+ b\]\], absmax2\), offset\)/fmaf(t.map[blob[l.qabsmax + b]], absmax2, offset)/' \
+  'frozen_cuda/store_and_load' 'stored nf4 on cuda: loaded \[[0-9]+\]' test_nf4
+mutate nf4_nibbles_swapped nf4.cu \
+  's/t\.nf4\[c >> 4\], scale/t.nf4[c \& 15u], scale/; s/t\.nf4\[c \& 15u\], scale\)\);\n    \}/t.nf4[c >> 4], scale));\n    }/' \
+  'frozen_cuda/linear_fp32' 'nf4 weight.*against a parameter|differs from the CPU' test_nf4
 
 mutate upload_no_compute_wait backend.cu \
   's/\n    CUDA_NOTE\(c, cudaStreamWaitEvent\(c->compute, c->stage_done\[last\], 0\)\);//' \
@@ -147,4 +160,4 @@ if "./$name/gemm_lt_check" > "$name/log" 2>&1; then
 fi
 grep -E 'fp32 GEMM .*relative error' "$name/log" > "$name/why" || { cat "$name/log"; fail "$name: not reported as expected"; }
 echo "caught $name: $(head -n 1 "$name/why")"
-echo "mutations: all 21 caught"
+echo "mutations: all 23 caught"

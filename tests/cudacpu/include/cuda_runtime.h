@@ -331,5 +331,16 @@ inline float __expf(float x) { return expf(x); }
 inline float __logf(float x) { return logf(x); }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline float __fdividef(float a, float b) { return a / b; }
+/* rounded on their own, never fused (volatile: whatever -ffp-contract says) */
+inline float __fmul_rn(float a, float b)
+{
+    volatile float r = a * b;
+    return r;
+}
+inline float __fadd_rn(float a, float b)
+{
+    volatile float r = a + b;
+    return r;
+}
 
 #endif
