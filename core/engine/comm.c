@@ -50,6 +50,7 @@ struct tr_comm {
     void *staging;
     size_t staging_bytes;
     int world;
+    const char *name; /* the plugin's, for messages */
 };
 
 static void *comm_thread(void *arg)
@@ -133,6 +134,7 @@ struct tr_comm *tr_comm_open(struct tr_config *cfg, const struct tr_backend *be,
     c->be = be;
     c->stage = strcmp(cfg->device, "cpu") != 0;
     c->world = cfg->rank.world;
+    c->name = cfg->comm.plugin->info->name;
     c->cap = 64;
     c->jobs = tr_xcalloc(c->cap, sizeof *c->jobs);
     pthread_mutex_init(&c->lock, NULL);
@@ -276,9 +278,9 @@ int tr_comm_plan_buckets(struct tr_comm *c, struct tr_graph *g, const struct tr_
     c->layout = *layout;
     c->scatter = layout->level >= TR_SHARD_GRADIENTS && layout->world > 1;
     if (c->scatter && !tr_comm_has_reduce_scatter(c))
-        return tr_fail(err, "parallel.shard = \"gradients\": comm plugin has no reduce_scatter "
-                       "slot, which sharded gradients need; use a comm plugin that has one "
-                       "(tcp, mpi, nccl) or shard = \"optimizer\"");
+        return tr_fail(err, "parallel.shard = \"gradients\": comm '%s' has no reduce_scatter "
+                       "(plugin ABI 2.3), which sharded gradients need; use a comm plugin that "
+                       "has one (tcp, mpi, nccl) or shard = \"optimizer\"", c->name);
     c->n_buckets = layout->n_units;
     c->buckets = tr_xcalloc(c->n_buckets ? c->n_buckets : 1, sizeof *c->buckets);
     for (size_t b = 0; b < c->n_buckets; b++) {
