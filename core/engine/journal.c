@@ -446,6 +446,10 @@ void tr_journal_summary(const struct tr_loop *l, double elapsed, double t_checkp
             100 * l->t_data / elapsed, 100 * l->t_compute / elapsed, 100 * l->t_optimizer / elapsed,
             100 * l->t_comm / elapsed, 100 * l->t_eval / elapsed, 100 * t_checkpoint / elapsed,
             100 * other / elapsed);
+    if (l->rss_train_mib > 0)
+        fprintf(stderr, "  memory: peak RSS %.0f MiB training, %.0f MiB with the final checkpoint "
+                        "(this process%s)\n", l->rss_train_mib, tr_peak_rss_mib(),
+                l->s->world > 1 ? ", rank 0" : "");
     if (usd > 0)
         fprintf(stderr, "  cost: $%.2f this run, $%.2f in all\n", tr_loop_spent(l),
                 l->cost_before + tr_loop_spent(l));

@@ -30,6 +30,9 @@ struct tr_loop {
     uint64_t stopped_early;      /* the step early stopping ended the run at, 0 if not */
     /* where time goes */
     double t_start, t_data, t_compute, t_optimizer, t_comm, t_eval;
+    /* this process's peak resident memory (MiB) before the final checkpoint:
+     * training's, without what saving takes (0: not reached) */
+    double rss_train_mib;
     double tokens;               /* tokens this process trained on */
     double cost_before;          /* dollars spent by earlier runs this one resumed */
     int budget_warned, budget_stop;

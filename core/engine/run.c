@@ -457,6 +457,8 @@ static int checkpoint(struct run *r, enum tr_checkpoint_due due, tr_err *err)
     tr_err cerr = {{0}};
     double tc = tr_now();
     int final = due == TR_CHECKPOINT_FINAL;
+    if (final)
+        r->l.rss_train_mib = tr_peak_rss_mib();
     if (save(r, r->l.position, final, &cerr) != TR_OK) {
         if (final) {
             *err = cerr;

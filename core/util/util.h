@@ -37,6 +37,8 @@ char *tr_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Monotonic seconds. */
 double tr_now(void);
+/* This process's peak resident set size so far, in MiB (getrusage). */
+double tr_peak_rss_mib(void);
 
 /* The services every plugin receives. */
 const struct tr_host *tr_host_services(void);

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Sharded data parallel on this machine: peak RSS per rank and the exposed
+# communication of procs = 1, 2 and 4 at each shard level, next to what
+# `trainrun plan` says each rank needs.
+#
+#   contrib/bench/shard.sh              # needs build/trainrun
+#   PROCS=2 LEVELS=none,gradients contrib/bench/shard.sh
+#
+# The model is shard-bench.lua (a 27 M-parameter Llama: parameters,
+# gradients and AdamW's state are most of a rank's memory).  Every rank
+# runs one thread (2 cores: ranks beyond 2 share them, so step times at
+# procs=4 measure contention, not scaling).  "training" is rank 0's peak
+# RSS before the final checkpoint (the run summary's memory line);
+# "with checkpoint" its peak at the end, which includes gathering the whole
+# optimizer state on rank 0 to save it; "plan" is `trainrun plan`'s total
+# for one device at that world size and level;
+# communication is the share of the run the summary counts as waiting for
+# collectives (after backward, and the parameter all-gather after a
+# sharded update), i.e. what is not overlapped with compute.
+#
+# Environment: TRAINRUN, PROCS (1,2,4), LEVELS (none,optimizer,gradients),
+# STEPS (6).
+set -euo pipefail
+name=shard.sh
+# shellcheck source=contrib/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+PROCS=${PROCS:-1,2,4}
+LEVELS=${LEVELS:-none,optimizer,gradients}
+STEPS=${STEPS:-6}
+say "load average before starting: $(cut -d' ' -f1-3 /proc/loadavg) (should be near 0)"
+recipe=$here/shard-bench.lua
+
+plan_mib() { # PROCS LEVEL: plan's total memory per device in MiB
+    "$TRAINRUN" plan "$recipe" cost.hardware=h100-80gb gpus="$1" parallel.shard="$2" 2>/dev/null |
+        awk '/^  total / { v = $2; u = $3 } END {
+            if (u == "GiB") v *= 1024; else if (u == "KiB") v /= 1024; printf "%.0f", v }'
+}
+
+printf '| ranks | shard | plan per rank | peak RSS training | with checkpoint | step time | communication |\n'
+printf '|---:|---|---:|---:|---:|---:|---:|\n'
+IFS=, read -ra procs <<<"$PROCS"
+IFS=, read -ra levels <<<"$LEVELS"
+for p in "${procs[@]}"; do
+    for level in "${levels[@]}"; do
+        [ "$p" = 1 ] && [ "$level" != none ] && continue
+        dir=$tmp/run-$p-$level
+        if ! "$TRAINRUN" "$recipe" procs="$p" parallel.shard="$level" \
+            train.steps="$STEPS" run_dir="$dir" >"$dir.log" 2>"$dir.time"; then
+            cat "$dir.log" "$dir.time" >&2
+            die "procs=$p shard=$level failed"
+        fi
+        comm=$(sed -n 's/.*communication \([0-9.]*\)%.*/\1/p' "$dir.time" | tail -1)
+        step=$(awk -v n="$STEPS" '/"loss"/ && /"elapsed_s"/ {
+                   match($0, /"step": [0-9]+/); s = substr($0, RSTART + 8, RLENGTH - 8) + 0
+                   match($0, /"elapsed_s": [0-9.]+/); e = substr($0, RSTART + 13, RLENGTH - 13) + 0
+                   if (s == 1) e1 = e; if (s == n) en = e }
+                 END { printf "%.2f s", (en - e1) / (n - 1) }' "$dir/metrics.jsonl")
+        train=$(sed -n 's/.*memory: peak RSS \([0-9]*\) MiB training, \([0-9]*\) MiB.*/\1/p' "$dir.time")
+        final=$(sed -n 's/.*memory: peak RSS \([0-9]*\) MiB training, \([0-9]*\) MiB.*/\2/p' "$dir.time")
+        printf '| %s | %s | %s MiB | %s MiB | %s MiB | %s | %s%% |\n' "$p" "$level" \
+            "$(plan_mib "$p" "$level")" "${train:-?}" "${final:-?}" "$step" "${comm:-?}"
+    done
+done
+printf '\none thread per rank, %s steps of batch 4 x 64 tokens; %s\n' "$STEPS" \
+    "$(lscpu | sed -n 's/^Model name: *//p')"
