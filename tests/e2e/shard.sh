@@ -14,6 +14,7 @@
 #     and fp16 (loss scaling) a sharded run equals the unsharded one at the
 #     same world size bit for bit (and one process within 1e-3, as
 #     unsharded data parallelism does: below);
+#   - over MPI (mpirun -np 3) "gradients" equals no sharding bit for bit;
 #   - a run saved at 2 ranks resumes at 3 and at 1 (the checkpoint holds
 #     the whole state; each world size cuts it anew) and ends within 1e-5
 #     of the run that kept 2 ranks;
@@ -102,6 +103,21 @@ for procs in 3 1; do
     { cat "reshard-$procs.log"; fail "no resume at $procs ranks"; }
   close llama-gradients-2 "reshard-$procs" 1e-5 "saved at 2 ranks, resumed at $procs"
 done
+
+# over MPI (comm = "mpi" under mpirun, 3 ranks): the same as over TCP
+if command -v mpirun > /dev/null 2>&1; then
+  for level in none gradients; do
+    # shellcheck disable=SC2086
+    timeout 120 mpirun --allow-run-as-root --oversubscribe --bind-to none \
+      --mca btl_vader_single_copy_mechanism none -np 3 -x OMP_NUM_THREADS=1 \
+      "$TRAINRUN" "$LLAMA" $base parallel.shard=$level run_dir="mpi-$level" --quiet \
+      > "mpi-$level.log" 2>&1 || { cat "mpi-$level.log"; fail "mpirun -np 3 shard $level"; }
+  done
+  cmp "$(weights mpi-none)" "$(weights mpi-gradients)" || fail "mpi: shard gradients differs from none"
+  close llama-one mpi-gradients 1e-5 "mpi: 3 ranks at shard gradients"
+else
+  echo "shard: mpirun not found: the MPI case is skipped"
+fi
 
 # refusals, naming the line
 cat > zero3.lua <<EOF
