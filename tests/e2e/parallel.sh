@@ -10,7 +10,13 @@
 #     allgather it shares the shards with is refused before training;
 #   - a checkpoint from 2 ranks resumes in 1 process (another world size);
 #   - a rank that dies ends the whole job promptly, naming the rank;
-#   - a batch the ranks cannot share is refused with the fix.
+#   - a batch the ranks cannot share is refused with the fix;
+#   - the tcp comm plugin through the ABI alone (tests/comm_check) on 2, 3
+#     and 4 ranks: allreduce, broadcast, allgather and reduce_scatter
+#     right, reduce_scatter bit-identical to allreduce on sums that round,
+#     and a rank that dies or stops (between calls, or inside reduce_scatter
+#     or allgather) makes every other rank fail within seconds of
+#     comm.timeout, naming it.
 # (The same job under mpirun, over MPI, is tests/e2e/mpi.sh.)
 . "$(dirname "$0")/lib.sh"
 R="$TR_SRCDIR/tests/config/tiny.lua"
@@ -113,4 +119,71 @@ if "$TRAINRUN" "$R" train.batch=6 train.micro_batch=2 procs=2 run_dir=odd 2> odd
   fail "a batch of 3 micro-batches for 2 ranks was accepted"
 fi
 grep -q "cannot share evenly" odd.log || { cat odd.log; fail "unclear message for an unshareable batch"; }
+
+# comm_check over comm_tcp.so on ranks started here, one thread each:
+# tcp_check NAME NP FAULTY ARGS... leaves rank r's output in NAME.r and the
+# time until every rank but FAULTY (-1: none) had exited in $took; FAULTY,
+# stopped or asleep, is killed then
+CHECK=$TR_BUILDDIR/tests/comm_check
+TCP=$TR_PLUGIN_BUILD_DIR/comm_tcp.so
+[ -x "$CHECK" ] && [ -f "$TCP" ] || fail "$CHECK or $TCP was not built"
+tcp_check() {
+  name=$1 np=$2 faulty=$3
+  shift 3
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  pids="" r=0 t0=$(date +%s)
+  while [ $r -lt "$np" ]; do
+    TRAINRUN_RANK=$r TRAINRUN_WORLD_SIZE=$np TRAINRUN_LOCAL_RANK=$r TRAINRUN_LOCAL_WORLD_SIZE=$np \
+      TRAINRUN_MASTER=127.0.0.1:$port OMP_NUM_THREADS=1 "$CHECK" "$TCP" "$@" > "$name.$r" 2>&1 &
+    pids="$pids $!" r=$((r + 1))
+  done
+  waited=0
+  while :; do
+    alive=0 r=0
+    for p in $pids; do
+      [ $r -ne "$faulty" ] && kill -0 "$p" 2>/dev/null && alive=1
+      r=$((r + 1))
+    done
+    [ $alive -eq 0 ] && break
+    waited=$((waited + 1))
+    [ $waited -le 600 ] || { kill -KILL $pids 2>/dev/null; cat "$name".*; fail "$name: ranks still running after 60 s"; }
+    sleep 0.1
+  done
+  took=$(($(date +%s) - t0))
+  kill -KILL $pids 2>/dev/null || true
+  for p in $pids; do wait "$p" 2>/dev/null || true; done
+}
+for np in 2 3 4; do
+  tcp_check pass$np $np -1 timeout=30
+  r=0
+  while [ $r -lt $np ]; do
+    grep -q "rank $r/$np: PASS" pass$np.$r || { cat pass$np.$r; fail "tcp comm_check on $np ranks: rank $r"; }
+    grep -q "bit-identical to allreduce_sum" pass$np.$r || { cat pass$np.$r; fail "no reduce_scatter check"; }
+    r=$((r + 1))
+  done
+  # faults: rank `bad` dies (SIGKILL) or stops (asleep, or SIGSTOP inside
+  # a call); each other rank must fail naming it, soon after comm.timeout
+  for fault in die stall; do
+    for where in "" :reduce_scatter :allgather; do
+      case $where in
+        "") bad=$((np - 1)) ;;
+        :reduce_scatter) bad=1 ;;
+        *) bad=0 ;;
+      esac
+      name=$fault$np$(echo "$where" | tr -d :)
+      tcp_check "$name" $np $bad timeout=2 "--$fault=$bad$where"
+      [ $fault = die ] && want="lost rank $bad " || want="rank $bad did not answer"
+      r=0
+      while [ $r -lt $np ]; do
+        if [ $r -ne $bad ]; then
+          grep -q "rank $r/$np: FAIL: .*$want" "$name.$r" ||
+            { cat "$name".*; fail "$name: rank $r did not fail naming rank $bad"; }
+        fi
+        r=$((r + 1))
+      done
+      [ $took -le 10 ] || { cat "$name".*; fail "$name: the other ranks took ${took}s to fail"; }
+      echo "parallel: tcp, $np ranks, rank $bad made to $fault${where:+ inside ${where#:}}: the others failed in ${took}s ($(grep -ho 'failed [0-9.]* s after the fault' "$name".* | sort | tail -n 1))"
+    done
+  done
+done
 echo "parallel: ok"
