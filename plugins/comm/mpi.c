@@ -207,13 +207,26 @@ static void roll_call(struct mpi_comm *m, double grace)
         if (used < cap)
             snprintf(out + used, cap - used, " (calls that do not match, or MPI itself stuck)");
     }
-    free(where);
-    for (int r = 0; r < m->world; r++) {
-        MPI_Request req;
+    /* The verdict to every rank, seen out of this process (up to a second)
+     * before the caller fails: mpirun ends the job as soon as one rank
+     * exits, and messages still queued here would die with it. */
+    MPI_Request *sent = malloc(sizeof *sent * (size_t)m->world);
+    int n = 0;
+    for (int r = 0; r < m->world && sent; r++)
         if (r != m->rank && MPI_Isend(m->verdict, (int)strlen(m->verdict) + 1, MPI_CHAR, r,
-                                      TAG_VERDICT, m->roll, &req) == MPI_SUCCESS)
-            MPI_Request_free(&req);
+                                      TAG_VERDICT, m->roll, &sent[n]) == MPI_SUCCESS)
+            n++;
+    for (double stop = now_seconds() + 1.0; n > 0 && now_seconds() < stop;) {
+        int all = 0;
+        answer_roll_calls(m);
+        if (MPI_Testall(n, sent, &all, MPI_STATUSES_IGNORE) != MPI_SUCCESS || all)
+            break;
     }
+    for (int i = 0; i < n; i++)
+        if (sent[i] != MPI_REQUEST_NULL)
+            MPI_Request_free(&sent[i]);
+    free(sent);
+    free(where);
 }
 
 /* Waits for a nonblocking collective until the instance's timeout, or
