@@ -16,7 +16,9 @@
 #     right, reduce_scatter bit-identical to allreduce on sums that round,
 #     and a rank that dies or stops (between calls, or inside reduce_scatter
 #     or allgather) makes every other rank fail within seconds of
-#     comm.timeout, naming it.
+#     comm.timeout, naming it;
+#   - where this machine has 2 GPUs and comm_nccl.so was built, the nccl
+#     plugin the same way on 2 ranks (not on CPU machines, as CI's).
 # (The same job under mpirun, over MPI, is tests/e2e/mpi.sh.)
 . "$(dirname "$0")/lib.sh"
 R="$TR_SRCDIR/tests/config/tiny.lua"
@@ -120,8 +122,8 @@ if "$TRAINRUN" "$R" train.batch=6 train.micro_batch=2 procs=2 run_dir=odd 2> odd
 fi
 grep -q "cannot share evenly" odd.log || { cat odd.log; fail "unclear message for an unshareable batch"; }
 
-# comm_check over comm_tcp.so on ranks started here, one thread each:
-# tcp_check NAME NP FAULTY ARGS... leaves rank r's output in NAME.r and the
+# comm_check over comm_tcp.so (or $COMM_SO) on ranks started here, one
+# thread each: tcp_check NAME NP FAULTY ARGS... leaves rank r's output in NAME.r and the
 # time until every rank but FAULTY (-1: none) had exited in $took; FAULTY,
 # stopped or asleep, is killed then
 CHECK=$TR_BUILDDIR/tests/comm_check
@@ -134,7 +136,7 @@ tcp_check() {
   pids="" r=0 t0=$(date +%s)
   while [ $r -lt "$np" ]; do
     TRAINRUN_RANK=$r TRAINRUN_WORLD_SIZE=$np TRAINRUN_LOCAL_RANK=$r TRAINRUN_LOCAL_WORLD_SIZE=$np \
-      TRAINRUN_MASTER=127.0.0.1:$port OMP_NUM_THREADS=1 "$CHECK" "$TCP" "$@" > "$name.$r" 2>&1 &
+      TRAINRUN_MASTER=127.0.0.1:$port OMP_NUM_THREADS=1 "$CHECK" "${COMM_SO:-$TCP}" "$@" > "$name.$r" 2>&1 &
     pids="$pids $!" r=$((r + 1))
   done
   waited=0
@@ -186,4 +188,22 @@ for np in 2 3 4; do
     done
   done
 done
+
+# the nccl plugin, GPU buffers, 2 ranks meeting through TRAINRUN_MASTER
+NCCL=$TR_PLUGIN_BUILD_DIR/comm_nccl.so
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ -f "$NCCL" ] && [ "${gpus:-0}" -ge 2 ]; then
+  COMM_SO=$NCCL tcp_check nccl 2 -1 --device=cuda --rs-tolerance=1e-5 timeout=120
+  for r in 0 1; do
+    grep -q "rank $r/2: PASS (nccl)" nccl.$r || { cat nccl.*; fail "nccl comm_check: rank $r"; }
+  done
+  echo "parallel: nccl on 2 GPUs: reduce_scatter $(grep -q 'differ from allreduce_sum' nccl.0 &&
+    echo "differs from allreduce in the last bits" || echo "bit-identical to allreduce")"
+  COMM_SO=$NCCL tcp_check nccl-stall 2 1 --device=cuda timeout=5 --stall=1:reduce_scatter
+  grep -q "rank 0/2: FAIL: .*did not complete within 5 s" nccl-stall.0 ||
+    { cat nccl-stall.*; fail "nccl: a stopped rank did not make rank 0's reduce_scatter time out"; }
+  echo "parallel: nccl, rank 1 stopped inside reduce_scatter: rank 0 failed in ${took}s"
+else
+  echo "parallel: nccl comm_check skipped (comm_nccl.so not built, or fewer than 2 GPUs)"
+fi
 echo "parallel: ok"
