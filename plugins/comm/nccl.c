@@ -35,8 +35,8 @@ struct nccl_config {
 static const struct tr_option nccl_options[] = {
     {TR_OPT_FLOAT, "timeout", "600", 0, 604800, NULL,
      "seconds a collective (or setting up the communicator) may take before the communicator "
-     "is aborted and the run stops, so a dead or hung rank cannot stall the others forever; 0 "
-     "waits forever",
+     "is aborted and the run stops, so a dead or hung rank cannot stall the others forever "
+     "(NCCL cannot say which rank it was); 0 waits forever",
      offsetof(struct nccl_config, timeout)},
     {TR_OPT_FLOAT, "rendezvous_timeout", "300", 1, 86400, NULL,
      "seconds ranks wait for rank 0 through TRAINRUN_MASTER or TRAINRUN_RENDEZVOUS_FILE",
