@@ -640,6 +640,10 @@ static int tcp_create(const struct tr_host *host, const void *config,
                       const struct tr_create_args *args, void **self, tr_err *err)
 {
     const struct tcp_config *c = config;
+    /* the ring reads and writes buffers with the CPU: host memory only */
+    if (TR_HAS_SLOT(args, struct tr_create_args, device) && strcmp(args->device, "cpu") != 0)
+        return tr_fail(err, "comm tcp: buffers on device '%s' need comm = \"nccl\"; tcp moves "
+                       "host memory (device = \"cpu\")", args->device);
     if (args->world > 1024)
         return tr_fail(err, "comm tcp: at most 1024 ranks (this job has %d); use mpi or nccl",
                        args->world);
