@@ -173,6 +173,24 @@ static int plan_cost(struct tr_plan *p, struct tr_config *cfg, tr_err *err)
     return TR_OK;
 }
 
+/* Each shard level's memory per device on cost.count devices: the plan's,
+ * its optimizer state whole or as the largest rank's part (fit.c); the
+ * smallest level that fits. */
+static void plan_levels(struct tr_plan *p, const struct tr_fit_model *fm)
+{
+    p->level_fits_first = -1;
+    for (int level = TR_SHARD_NONE; level <= TR_SHARD_GRADIENTS; level++) {
+        struct tr_fit_model f = *fm;
+        f.shard_world = level != TR_SHARD_NONE && p->cost.count > 1 ? (int)p->cost.count : 1;
+        struct tr_memory_report m = p->memory;
+        m.optimizer = (size_t)fm->optimizer_slots * m.grads; /* whole, then as f says */
+        tr_fit_adjust(&f, &m);
+        p->level_total[level] = (double)tr_graph_memory_total(&m);
+        if (p->level_fits_first < 0 && p->level_total[level] <= p->usable_bytes)
+            p->level_fits_first = level;
+    }
+}
+
 /* Memory: the session's measured plan at the micro-batch, its growth per
  * sample (measured again at twice the micro-batch: activations are linear
  * in it, the rest is fixed), and whether and at which micro-batch it fits
@@ -195,6 +213,7 @@ static int plan_memory(struct tr_plan *p, const struct tr_session *s, tr_err *er
     snprintf(p->device, sizeof p->device, "%s", s->device.what);
     p->usable_bytes = s->device.usable;
     p->fits = p->memory_total <= p->usable_bytes;
+    plan_levels(p, &fm);
     if (s->cfg->train.auto_micro_batch) { /* the session searched already */
         p->max_micro_batch = p->fits ? p->micro_batch : 0;
         return TR_OK;

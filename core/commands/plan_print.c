@@ -276,6 +276,20 @@ static void print_memory(const struct tr_plan *p, FILE *out)
             p->shard_level == TR_SHARD_GRADIENTS ? "gradients" : "optimizer",
             (long long)p->cost.count, (long long)p->cost.count);
     snprintf(label, sizeof label, "on %s", p->device);
+    if (p->cost.count > 1) {
+        static const char *const names[] = {"none", "optimizer", "gradients"};
+        char t[3][32];
+        for (int k = 0; k < 3; k++)
+            fmt_bytes(p->level_total[k], t[k], sizeof t[k]);
+        row(out, "shard levels", "on each of %lld devices: none %s, optimizer %s, gradients %s "
+            "(parallel.shard)", (long long)p->cost.count, t[0], t[1], t[2]);
+        if (p->level_fits_first >= 0)
+            row(out, "", "the smallest level that fits: \"%s\"%s", names[p->level_fits_first],
+                p->level_fits_first == p->shard_level ? " (the recipe's)" : "");
+        else
+            row(out, "", "no level this version runs fits (\"parameters\", ZeRO-3, is not built "
+                "yet): more devices, a smaller micro-batch, recompute, or adapters (lora)");
+    }
     row(out, label, "%s: %s of %s usable (%s less a %.0f%% margin)",
         p->fits ? "fits" : "DOES NOT FIT", fmt_bytes(p->memory_total, a, sizeof a),
         fmt_bytes(p->usable_bytes, b, sizeof b), fmt_bytes(p->device_bytes, c, sizeof c),

@@ -119,6 +119,12 @@ else
   echo "shard: mpirun not found: the MPI case is skipped"
 fi
 
+# plan: each level's memory per device, and the smallest that fits
+"$TRAINRUN" plan "$LLAMA" cost.hardware=h100-80gb gpus=4 parallel.shard=gradients > plan4.txt 2>&1 ||
+  { cat plan4.txt; fail "plan gpus=4"; }
+grep -q 'shard levels *on each of 4 devices: none .*, optimizer .*, gradients .* (parallel.shard)' plan4.txt &&
+  grep -q 'the smallest level that fits: "none"' plan4.txt || { cat plan4.txt; fail "plan's shard levels"; }
+
 # refusals, naming the line
 cat > zero3.lua <<EOF
 return {
