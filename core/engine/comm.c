@@ -51,7 +51,25 @@ struct tr_comm {
     size_t staging_bytes;
     int world;
     const char *name; /* the plugin's, for messages */
+    /* spans of the collectives run while recording (the thread appends,
+     * under lock; read after wait_all) */
+    int recording;
+    size_t n_spans;
+    struct tr_comm_span spans[TR_COMM_SPANS];
 };
+
+static const char *const job_names[] = {
+    [JOB_ALLREDUCE] = "all-reduce", [JOB_BROADCAST] = "broadcast",
+    [JOB_ALLGATHER] = "all-gather", [JOB_REDUCE_SCATTER] = "reduce-scatter"};
+
+/* the bytes of the buffer a job reads or fills, on each rank */
+static size_t job_bytes(const struct tr_comm *c, const struct job *j)
+{
+    if (j->kind == JOB_BROADCAST)
+        return j->size;
+    size_t floats = j->kind == JOB_ALLREDUCE ? j->size : j->size * (size_t)c->world;
+    return floats * sizeof(float);
+}
 
 static void *comm_thread(void *arg)
 {
@@ -67,6 +85,7 @@ static void *comm_thread(void *arg)
         pthread_mutex_unlock(&c->lock);
         tr_err e = {{0}};
         int rc = TR_OK;
+        double t0 = tr_now();
         /* mandatory slots: the loader refused any vtable without them;
          * allgather and reduce_scatter are submitted only where
          * tr_comm_has_allgather / _reduce_scatter said so */
@@ -79,6 +98,9 @@ static void *comm_thread(void *arg)
         else if (!skip)
             rc = c->vt->allgather(c->self, j.buf, j.size, &e);
         pthread_mutex_lock(&c->lock);
+        if (c->recording && !skip && c->n_spans < TR_COMM_SPANS)
+            c->spans[c->n_spans++] = (struct tr_comm_span){job_names[j.kind], job_bytes(c, &j), t0,
+                                                            tr_now()};
         if (rc != TR_OK && !c->failed) {
             c->failed = 1;
             c->err = e;
@@ -167,6 +189,21 @@ void tr_comm_close(struct tr_comm *c)
     free(c->final_start);
     free(c->final_params);
     free(c);
+}
+
+void tr_comm_record(struct tr_comm *c, int on)
+{
+    pthread_mutex_lock(&c->lock);
+    c->recording = on;
+    if (on)
+        c->n_spans = 0;
+    pthread_mutex_unlock(&c->lock);
+}
+
+size_t tr_comm_spans(const struct tr_comm *c, const struct tr_comm_span **spans)
+{
+    *spans = c->spans;
+    return c->n_spans;
 }
 
 const char *tr_comm_describe(const struct tr_comm *c)

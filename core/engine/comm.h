@@ -43,6 +43,21 @@ int tr_comm_has_reduce_scatter(const struct tr_comm *c);
  * leftover (the parameters after a sharded update). */
 int tr_comm_gather_shards(struct tr_comm *c, float *buf, const struct tr_shard *s, tr_err *err);
 
+/* What the communication thread ran while recording: each collective's
+ * kind ("all-reduce", "reduce-scatter", "all-gather", "broadcast"), its
+ * size and when it ran (tr_now()), for the trace of a sampled step. */
+struct tr_comm_span {
+    const char *kind;
+    size_t bytes;
+    double t0, t1;
+};
+enum { TR_COMM_SPANS = 1024 }; /* a step's spans kept; later ones are dropped */
+/* Start recording (forgetting what was recorded), or stop. */
+void tr_comm_record(struct tr_comm *c, int on);
+/* The spans recorded since recording started (after the calls finished:
+ * call once the step's collectives have been waited for). */
+size_t tr_comm_spans(const struct tr_comm *c, const struct tr_comm_span **spans);
+
 /* Gradient buckets over g's flat gradient buffer: the units of layout.
  * After tr_comm_arm(), the graph's backward submits each bucket's
  * all-reduce (shard level gradients: reduce-scatter, each rank's part

@@ -396,6 +396,26 @@ static int update(struct run *r, double scale, tr_err *err)
     return TR_OK;
 }
 
+/* The step's collectives, as the communication thread ran them, on the
+ * trace's collectives track; recording stops. */
+static void trace_collectives(struct run *r)
+{
+    const struct tr_comm_span *sp;
+    size_t n = tr_comm_spans(r->s.comm, &sp);
+    char name[96];
+    for (size_t i = 0; i < n; i++) {
+        double b = (double)sp[i].bytes;
+        if (b >= 1 << 20)
+            snprintf(name, sizeof name, "%s %.3g MiB", sp[i].kind, b / (1 << 20));
+        else if (b >= 1 << 10)
+            snprintf(name, sizeof name, "%s %.3g KiB", sp[i].kind, b / (1 << 10));
+        else
+            snprintf(name, sizeof name, "%s %.0f B", sp[i].kind, b);
+        tr_trace_comm(r->j.trace, name, r->l.step, sp[i].t0, sp[i].t1);
+    }
+    tr_comm_record(r->s.comm, 0);
+}
+
 /* One optimizer step: TR_OK, STEP_ABANDONED or TR_ERROR. */
 static int train_step(struct run *r, tr_err *err)
 {
@@ -403,9 +423,15 @@ static int train_step(struct run *r, tr_err *err)
     struct tr_loop *l = &r->l;
     uint64_t step_start = tr_loader_position(r->loader) * (uint64_t)s->world;
     double scale = tr_precision_loss_scale(&s->cfg->precision), loss_sum = 0, targets = 0;
+    /* a sampled step's collectives go to the trace too */
+    int spans = s->comm && r->j.trace && l->step % (uint64_t)s->cfg->train.trace_every == 0;
+    if (spans)
+        tr_comm_record(s->comm, 1);
     int rc = forward_backward(r, scale, &loss_sum, &targets, err);
     if (rc == STEP_ABANDONED)
         l->position = step_start; /* the preemption checkpoint resumes at the step's start */
+    if (rc != TR_OK && spans)
+        tr_comm_record(s->comm, 0);
     if (rc != TR_OK)
         return rc;
     if (s->comm && agree(r, &loss_sum, &targets, err) != TR_OK)
@@ -416,6 +442,8 @@ static int train_step(struct run *r, tr_err *err)
     l->loss = loss_sum / (s->accum * s->world) * l->loss_norm;
     if (update(r, scale, err) != TR_OK)
         return TR_ERROR;
+    if (spans)
+        trace_collectives(r);
     l->step++;
     l->tokens += (double)s->cfg->train.batch * s->data.info.target_len;
     l->position = tr_loader_position(r->loader) * (uint64_t)s->world;

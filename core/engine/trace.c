@@ -91,7 +91,8 @@ struct tr_trace *tr_trace_open(const char *path, double origin)
     t->origin = origin;
     put(t, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
     put(t, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 1, \"args\": {\"name\": \"step phases\"}},\n");
-    put(t, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 2, \"args\": {\"name\": \"ops (sampled steps)\"}}");
+    put(t, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 2, \"args\": {\"name\": \"ops (sampled steps)\"}},\n");
+    put(t, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 3, \"args\": {\"name\": \"collectives (sampled steps)\"}}");
     return t;
 }
 
@@ -110,6 +111,12 @@ void tr_trace_phase(struct tr_trace *t, const char *name, uint64_t step, double 
 {
     if (t)
         event(t, name, "phase", 1, step, t0, t1 - t0);
+}
+
+void tr_trace_comm(struct tr_trace *t, const char *name, uint64_t step, double t0, double t1)
+{
+    if (t)
+        event(t, name, "comm", 3, step, t0, t1 - t0);
 }
 
 void tr_trace_ops(struct tr_trace *t, const struct tr_graph *g, uint64_t step)

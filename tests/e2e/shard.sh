@@ -119,6 +119,17 @@ else
   echo "shard: mpirun not found: the MPI case is skipped"
 fi
 
+# the trace of a sampled step shows its collectives on a track of their own
+# shellcheck disable=SC2086
+run traced "$LLAMA" procs=2 parallel.shard=gradients train.trace_every=10
+python3 - traced/trace.json <<'PY' || fail "no reduce-scatter or all-gather spans in the trace"
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+names = [e["name"] for e in ev if e.get("cat") == "comm"]
+assert any(n.startswith("reduce-scatter ") for n in names), names
+assert any(n.startswith("all-gather ") for n in names), names
+PY
+
 # plan: each level's memory per device, and the smallest that fits
 "$TRAINRUN" plan "$LLAMA" cost.hardware=h100-80gb gpus=4 parallel.shard=gradients > plan4.txt 2>&1 ||
   { cat plan4.txt; fail "plan gpus=4"; }
