@@ -50,6 +50,34 @@ static inline __attribute__((target("avx2"))) void tr_bf16_store8(uint16_t *dst,
     _mm_storeu_si128((__m128i *)(void *)dst,
                      _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
 }
+
+/* compilers with the AVX512-BF16 intrinsics: 32 floats in one instruction
+ * (VCVTNE2PS2BF16) where tr_cpu_bf16_convert_native() says the CPU has it */
+#if (defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 10)
+#define TR_BF16_HAVE_CVT 1
+
+/* the lanes of u that hold a subnormal: exponent bits 0, mantissa bits not */
+static inline __attribute__((target("avx512f"))) __mmask16 tr_bf16_subnormal16(__m512i u)
+{
+    return _mm512_mask_testn_epi32_mask(_mm512_test_epi32_mask(u, _mm512_set1_epi32(0x007fffff)),
+                                        u, _mm512_set1_epi32(0x7f800000));
+}
+
+/* lo then hi (32 floats) rounded and stored as 32 bf16 at dst: the CPU's
+ * conversion rounds to nearest even as tr_f32_to_bf16 but flushes
+ * subnormals to zero, so a pair holding one takes the integer rounding */
+static inline __attribute__((target("avx512f,avx512bf16"))) void
+tr_bf16_store32_cvt(uint16_t *dst, __m512 lo, __m512 hi)
+{
+    if ((tr_bf16_subnormal16(_mm512_castps_si512(lo)) |
+         tr_bf16_subnormal16(_mm512_castps_si512(hi))) == 0) {
+        _mm512_storeu_si512((void *)dst, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    } else {
+        tr_bf16_store16(dst, lo);
+        tr_bf16_store16(dst + 16, hi);
+    }
+}
+#endif
 #endif
 
 #endif

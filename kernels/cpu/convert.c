@@ -109,38 +109,21 @@ static AVX512 void to_bf16_avx512(uint16_t *out, const float *in, size_t n)
         out[i] = tr_f32_to_bf16(in[i]);
 }
 
-/* compilers with the AVX512-BF16 intrinsics */
-#if (defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 10)
-#define BF16_HAVE_NATIVE 1
+#ifdef TR_BF16_HAVE_CVT
 #define AVX512BF16 __attribute__((target("avx512f,avx512bf16")))
-
-/* the lanes of u that hold a subnormal: exponent bits 0, mantissa bits not */
-static inline AVX512 __mmask16 subnormal16(__m512i u)
-{
-    return _mm512_mask_testn_epi32_mask(_mm512_test_epi32_mask(u, _mm512_set1_epi32(0x007fffff)),
-                                        u, _mm512_set1_epi32(0x7f800000));
-}
 
 static AVX512BF16 void to_bf16_avx512bf16(uint16_t *out, const float *in, size_t n)
 {
     size_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        __m512i lo = _mm512_loadu_si512((const void *)(in + i));
-        __m512i hi = _mm512_loadu_si512((const void *)(in + i + 16));
-        if ((subnormal16(lo) | subnormal16(hi)) == 0) {
-            __m512bh h = _mm512_cvtne2ps_pbh(_mm512_castsi512_ps(hi), _mm512_castsi512_ps(lo));
-            _mm512_storeu_si512((void *)(out + i), (__m512i)h);
-        } else {
-            tr_bf16_store16(out + i, _mm512_castsi512_ps(lo));
-            tr_bf16_store16(out + i + 16, _mm512_castsi512_ps(hi));
-        }
-    }
+    for (; i + 32 <= n; i += 32)
+        tr_bf16_store32_cvt(out + i, _mm512_loadu_ps(in + i), _mm512_loadu_ps(in + i + 16));
     to_bf16_avx512(out + i, in + i, n - i); /* 16 at a time, then one by one */
 }
+#endif
 
-/* Whether the CPU has VCVTNE2PS2BF16; decided once. */
-static int bf16_convert_native(void)
+int tr_cpu_bf16_convert_native(void)
 {
+#ifdef TR_BF16_HAVE_CVT
     static int cached = -1;
     int use = __atomic_load_n(&cached, __ATOMIC_RELAXED);
     if (use < 0) {
@@ -149,8 +132,10 @@ static int bf16_convert_native(void)
         __atomic_store_n(&cached, use, __ATOMIC_RELAXED);
     }
     return use;
-}
+#else
+    return 0;
 #endif
+}
 
 /* bf16 -> fp32 is exact: the bits, 16 places up */
 static AVX512 void from_bf16_avx512(float *out, const uint16_t *in, size_t n)
@@ -251,8 +236,8 @@ void tr_cpu_to_bf16_serial(uint16_t *out, const float *in, size_t n)
 {
 #ifdef BF16_HAVE_X86
     int path = tr_cpu_elementwise_path();
-#ifdef BF16_HAVE_NATIVE
-    if (path == TR_CPU_EW_AVX512 && bf16_convert_native()) {
+#ifdef TR_BF16_HAVE_CVT
+    if (path == TR_CPU_EW_AVX512 && tr_cpu_bf16_convert_native()) {
         to_bf16_avx512bf16(out, in, n);
         return;
     }

@@ -77,6 +77,10 @@ const char *tr_cpu_bf16_native_isa(void);
  * with AVX-512 paths (conversions, AdamW) take them only then. */
 int tr_cpu_avx512f(void);
 
+/* Nonzero when this CPU (and the compiler) has AVX512-BF16's conversion,
+ * VCVTNE2PS2BF16 (checked once): tr_bf16_store32_cvt (bf16_lanes.h). */
+int tr_cpu_bf16_convert_native(void);
+
 /* fp32 -> bf16 bits, as tr_f32_to_bf16 (bit for bit), vectorised and threaded */
 void tr_cpu_to_bf16(uint16_t *out, const float *in, size_t n);
 /* The same on the calling thread alone, for small arrays inside a parallel

@@ -35,20 +35,28 @@ static float value_at(const unsigned char *codes, size_t i, float scale)
 #define AVX512 __attribute__((target("avx512f")))
 #define AVX2 __attribute__((target("avx2")))
 
-/* The 64 values of one block (32 code bytes), 16 at a time: the bytes
- * widened to lanes, high and low nibbles interleaved as elements 2j, 2j+1,
- * looked up in the table held in one register, times the block's scale. */
+/* Half h of one block's 32 code bytes: its 32 values, 16 a vector: the
+ * bytes widened to lanes, high and low nibbles interleaved as elements 2j,
+ * 2j+1, looked up in the table held in one register, times the scale. */
+static inline AVX512 void half_avx512(const unsigned char *c, int h, __m512 table, __m512 s,
+                                      __m512 *v0, __m512 *v1)
+{
+    const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
+    __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(c + 16 * h)));
+    __m512i hi = _mm512_srli_epi32(b, 4), lo = _mm512_and_si512(b, _mm512_set1_epi32(15));
+    *v0 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_permutex2var_epi32(hi, first, lo), table), s);
+    *v1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_permutex2var_epi32(hi, second, lo), table), s);
+}
+
+/* The 64 values of one block into f32, or rounded into bf16 */
 static inline AVX512 void block_avx512(const unsigned char *c, float scale, float *f32,
                                        uint16_t *bf16)
 {
     const __m512 table = _mm512_loadu_ps(tr_nf4_table), s = _mm512_set1_ps(scale);
-    const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
     for (int h = 0; h < 2; h++) {
-        __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(c + 16 * h)));
-        __m512i hi = _mm512_srli_epi32(b, 4), lo = _mm512_and_si512(b, _mm512_set1_epi32(15));
-        __m512 v0 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_permutex2var_epi32(hi, first, lo), table), s);
-        __m512 v1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_permutex2var_epi32(hi, second, lo), table), s);
+        __m512 v0, v1;
+        half_avx512(c, h, table, s, &v0, &v1);
         if (f32) {
             _mm512_storeu_ps(f32 + 32 * h, v0);
             _mm512_storeu_ps(f32 + 32 * h + 16, v1);
@@ -59,53 +67,18 @@ static inline AVX512 void block_avx512(const unsigned char *c, float scale, floa
     }
 }
 
-/* compilers with the AVX512-BF16 intrinsics (as convert.c) */
-#if (defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 10)
-#define NF4_HAVE_BF16_CVT 1
-#define AVX512BF16 __attribute__((target("avx512f,avx512bf16")))
-
-/* the lanes of v that hold a subnormal (VCVTNE2PS2BF16 flushes them) */
-static inline AVX512 __mmask16 subnormal16(__m512 v)
-{
-    __m512i u = _mm512_castps_si512(v);
-    return _mm512_mask_testn_epi32_mask(_mm512_test_epi32_mask(u, _mm512_set1_epi32(0x007fffff)),
-                                        u, _mm512_set1_epi32(0x7f800000));
-}
-
-/* block_avx512 to bf16 with the CPU's conversion, 32 values an instruction:
- * nearest even as tr_f32_to_bf16, but a subnormal becomes zero, so a pair
- * of vectors holding one (a block of scale below 2^-126) takes the integer
- * rounding instead */
-static inline AVX512BF16 void block_avx512bf16(const unsigned char *c, float scale, uint16_t *bf16)
+#ifdef TR_BF16_HAVE_CVT
+/* block_avx512 to bf16 with the CPU's conversion, 32 values an instruction
+ * (tr_bf16_store32_cvt: subnormals take the integer rounding) */
+static inline __attribute__((target("avx512f,avx512bf16"))) void
+block_avx512bf16(const unsigned char *c, float scale, uint16_t *bf16)
 {
     const __m512 table = _mm512_loadu_ps(tr_nf4_table), s = _mm512_set1_ps(scale);
-    const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
     for (int h = 0; h < 2; h++) {
-        __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(c + 16 * h)));
-        __m512i hi = _mm512_srli_epi32(b, 4), lo = _mm512_and_si512(b, _mm512_set1_epi32(15));
-        __m512 v0 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_permutex2var_epi32(hi, first, lo), table), s);
-        __m512 v1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_permutex2var_epi32(hi, second, lo), table), s);
-        if ((subnormal16(v0) | subnormal16(v1)) == 0) {
-            _mm512_storeu_si512((void *)(bf16 + 32 * h), (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
-        } else {
-            tr_bf16_store16(bf16 + 32 * h, v0);
-            tr_bf16_store16(bf16 + 32 * h + 16, v1);
-        }
+        __m512 v0, v1;
+        half_avx512(c, h, table, s, &v0, &v1);
+        tr_bf16_store32_cvt(bf16 + 32 * h, v0, v1);
     }
-}
-
-/* Whether the CPU has VCVTNE2PS2BF16; decided once. */
-static int bf16_cvt_native(void)
-{
-    static int cached = -1;
-    int use = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-    if (use < 0) {
-        __builtin_cpu_init();
-        use = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
-        __atomic_store_n(&cached, use, __ATOMIC_RELAXED);
-    }
-    return use;
 }
 #endif
 
@@ -159,8 +132,8 @@ static void span(float *f32, uint16_t *bf16, const void *blob, size_t n, size_t 
         if (i % TR_NF4_BLOCK == 0 && block_end <= end && path != TR_CPU_EW_PORTABLE) {
 #ifdef NF4_HAVE_X86
             const unsigned char *c = codes + i / 2;
-#ifdef NF4_HAVE_BF16_CVT
-            if (path == TR_CPU_EW_AVX512 && !f32 && bf16_cvt_native())
+#ifdef TR_BF16_HAVE_CVT
+            if (path == TR_CPU_EW_AVX512 && !f32 && tr_cpu_bf16_convert_native())
                 block_avx512bf16(c, scale, bf16 + at);
             else
 #endif
