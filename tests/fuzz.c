@@ -50,6 +50,7 @@
 #include <trainrun/images.h>
 #include "config/hf_config.h"
 #include "engine/hf_weights.h"
+#include "remove_tree.h"
 #include "util/safetensors.h"
 #include "option_text.h"
 
@@ -151,19 +152,6 @@ static void write_file(const char *path, const void *data, size_t n)
 static void write_text(const char *path, const char *text)
 {
     write_file(path, text, strlen(text));
-}
-
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
-static void remove_tree(const char *dir)
-{
-    nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 static uint64_t below(uint64_t *rng, uint64_t n) { return n ? tr_splitmix64_next(rng) % n : 0; }
@@ -1760,7 +1748,7 @@ static int run_case(const struct target *t, const struct buf *in, const char *la
         t->run(in, h);
         if (chdir(old) != 0)
             die("cannot go back");
-        remove_tree(dir);
+        tr_test_remove_tree(dir);
         return 0;
     }
     fflush(NULL);
@@ -1802,7 +1790,7 @@ static int run_case(const struct target *t, const struct buf *in, const char *la
     kill(-pid, SIGKILL); /* a trainrun the case left behind */
     int ok = !timed_out && WIFEXITED(status) && WEXITSTATUS(status) == 0;
     if (ok) {
-        remove_tree(dir);
+        tr_test_remove_tree(dir);
         return 0;
     }
     fprintf(stderr, "\nfuzz: FAIL: target %s, %s: ", t->name, label);
@@ -1953,7 +1941,7 @@ int main(int argc, char **argv)
             failures += bad;
             free(b.p);
         }
-        remove_tree(work);
+        tr_test_remove_tree(work);
         return failures ? 1 : 0;
     }
 
@@ -2013,7 +2001,7 @@ int main(int argc, char **argv)
     if (!trainrun)
         printf("fuzz: TRAINRUN is not set: recipes and checkpoints were not fuzzed\n");
     if (!failures)
-        remove_tree(work);
+        tr_test_remove_tree(work);
     else
         printf("fuzz: the failing cases' files are under %s\n", work);
     for (size_t i = 0; i < N_TARGETS; i++) {

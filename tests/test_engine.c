@@ -15,6 +15,7 @@
 #include "engine/checkpoint.h"
 #include "engine/optim.h"
 #include "engine_harness.h"
+#include "remove_tree.h"
 #include "../kernels/host.h" /* tr_cpu_to_half */
 
 #include <trainrun/tokens.h>
@@ -432,14 +433,6 @@ Test(engine, shard_layout_covers_each_float_once)
 
 /* ---- loss masks (instruction data) ----------------------------------------- */
 
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
 /* B one-sample shards DIR/NAME_b.bin of T + 1 tokens each (tokens b*T ..
  * b*T + T - 1, then `last`, which a window of T reads only as a target),
  * TRTOKENS version 2 with the loss mask trained[] or version 1 without. */
@@ -570,7 +563,7 @@ Test(loss_mask, masked_targets_contribute_nothing_to_the_gradient, .init = envir
     free(gmb);
     free(gua);
     free(gub);
-    nftw(dirbuf, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    tr_test_remove_tree(dirbuf);
 }
 
 /* ---- 16-bit activation storage ------------------------------------------------- */

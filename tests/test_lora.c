@@ -16,8 +16,8 @@
 #include "engine/optim.h"
 #include "engine/peft.h"
 #include "engine_harness.h"
+#include "remove_tree.h"
 
-#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,22 +32,7 @@ enum { B = 3, T = 8, STEPS = 10 };
 
 static char scratch[256];
 
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
-/* The scratch directory goes with the test (.fini): nothing left in TMPDIR. */
-static void remove_scratch(const char *dir)
-{
-    if (*dir)
-        nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static void lora_cleanup(void) { remove_scratch(scratch); }
+static void lora_cleanup(void) { tr_test_remove_tree(scratch); }
 
 static void lora_environment(void)
 {

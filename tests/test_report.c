@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 
 #include "commands/report.h"
+#include "remove_tree.h"
 
 #include <ftw.h>
 #include <math.h>
@@ -42,16 +43,10 @@ static char *temp_dir(void)
     return dir;
 }
 
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
-
 /* Tests that pass leave nothing behind; a failing one keeps its files. */
 static void remove_tree(char *dir)
 {
-    nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    tr_test_remove_tree(dir);
     free(dir);
 }
 

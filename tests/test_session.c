@@ -13,11 +13,11 @@
 #include "engine/fit.h"
 #include "engine/policies.h"
 #include "engine/session.h"
+#include "remove_tree.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <ftw.h>
 #include <string.h>
 
 #define CONFIG_DIR TR_TEST_SRCDIR "/config/"
@@ -33,22 +33,7 @@ static void environment(void)
     cr_assert_not_null(mkdtemp(run_dir));
 }
 
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
-/* The scratch directory goes with the test (.fini): nothing left in TMPDIR. */
-static void remove_scratch(const char *dir)
-{
-    if (*dir)
-        nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static void cleanup(void) { remove_scratch(run_dir); }
+static void cleanup(void) { tr_test_remove_tree(run_dir); }
 
 static void load(struct tr_config *cfg, const char *const *overrides, int n)
 {
