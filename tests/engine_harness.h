@@ -12,7 +12,9 @@
 
 #include <criterion/criterion.h>
 
+#include "config/plugin.h" /* tr_plugin_path */
 #include "config/run_config.h"
+#include "engine/backend.h"
 #include "engine/graph.h"
 #include "engine/model.h"
 #include "engine/optim.h"
@@ -156,6 +158,44 @@ static inline double engine_steps_agree(struct engine *e, struct tr_optimizer *o
         tr_optimizer_step(opt, g, &e->be, 1.0, e->cfg.optimizer.lr);
     }
     return worst;
+}
+
+/* ---- the CUDA backend (test_backend_ops, test_nf4) ------------------------- */
+
+static inline int open_cuda(struct tr_backend *be, char *why, size_t size)
+{
+    /* `make check` sets TR_CUDACPU_DIR: the kernels run on the CPU through
+     * tests/cudacpu.  Without it (contrib/gpu/validate.sh) the build's own
+     * module runs them on the GPU. */
+    const char *dir = getenv("TR_CUDACPU_DIR");
+    if (!dir || !*dir)
+        dir = getenv("TR_PLUGIN_BUILD_DIR");
+    struct tr_plugin_path sp;
+    tr_plugin_path_init(&sp, dir ? dir : ".");
+    tr_err err = {{0}};
+    int rc = tr_backend_open(be, "cuda", 0, &sp, &err);
+    tr_plugin_path_free(&sp);
+    if (rc != TR_OK)
+        snprintf(why, size, "%s", err.msg);
+    return rc;
+}
+
+static inline int on_cudacpu(void)
+{
+    const char *dir = getenv("TR_CUDACPU_DIR");
+    return dir && *dir;
+}
+
+/* The CUDA backend, or the test is skipped saying why (fails through
+ * tests/cudacpu, which runs anywhere). */
+static inline void need_cuda(struct tr_backend *be)
+{
+    char why[1100];
+    if (open_cuda(be, why, sizeof why) != TR_OK) {
+        if (on_cudacpu())
+            cr_assert_fail("the CUDA backend of tests/cudacpu does not open: %s", why);
+        cr_skip_test("no GPU: %s", why);
+    }
 }
 
 #endif

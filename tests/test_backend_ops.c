@@ -51,41 +51,7 @@
 
 /* ---- opening the backends ---------------------------------------------- */
 
-static int open_cuda(struct tr_backend *be, char *why, size_t size)
-{
-    /* `make check` sets TR_CUDACPU_DIR: the kernels run on the CPU through
-     * tests/cudacpu.  Without it (contrib/gpu/validate.sh) the build's own
-     * module runs them on the GPU. */
-    const char *dir = getenv("TR_CUDACPU_DIR");
-    if (!dir || !*dir)
-        dir = getenv("TR_PLUGIN_BUILD_DIR");
-    struct tr_plugin_path sp;
-    tr_plugin_path_init(&sp, dir ? dir : ".");
-    tr_err err = {{0}};
-    int rc = tr_backend_open(be, "cuda", 0, &sp, &err);
-    tr_plugin_path_free(&sp);
-    if (rc != TR_OK)
-        snprintf(why, size, "%s", err.msg);
-    return rc;
-}
-
-static int on_cudacpu(void)
-{
-    const char *dir = getenv("TR_CUDACPU_DIR");
-    return dir && *dir;
-}
-
-/* The CUDA backend, or the test is skipped saying why (fails through
- * tests/cudacpu, which runs anywhere). */
-static void need_cuda(struct tr_backend *be)
-{
-    char why[1100];
-    if (open_cuda(be, why, sizeof why) != TR_OK) {
-        if (on_cudacpu())
-            cr_assert_fail("the CUDA backend of tests/cudacpu does not open: %s", why);
-        cr_skip_test("no GPU: %s", why);
-    }
-}
+/* open_cuda, on_cudacpu and need_cuda: engine_harness.h */
 
 /* ---- guarded device buffers ---------------------------------------------- */
 

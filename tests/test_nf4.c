@@ -538,34 +538,11 @@ Test(frozen, linear_bf16_emulated, .init = emulate_bf16)
 
 /* ---- frozen_cuda: the CUDA backend ------------------------------------------- */
 
-static int open_cuda(struct tr_backend *be, char *why, size_t size)
+/* The CUDA backend (engine_harness.h's need_cuda), with its frozen-weight
+ * slots */
+static void need_cuda_frozen(struct tr_backend *be)
 {
-    /* `make check` sets TR_CUDACPU_DIR: the kernels run on the CPU through
-     * tests/cudacpu; without it the build's own module runs them on a GPU */
-    const char *dir = getenv("TR_CUDACPU_DIR");
-    if (!dir || !*dir)
-        dir = getenv("TR_PLUGIN_BUILD_DIR");
-    struct tr_plugin_path sp;
-    tr_plugin_path_init(&sp, dir ? dir : ".");
-    tr_err err = {{0}};
-    int rc = tr_backend_open(be, "cuda", 0, &sp, &err);
-    tr_plugin_path_free(&sp);
-    if (rc != TR_OK)
-        snprintf(why, size, "%s", err.msg);
-    return rc;
-}
-
-/* The CUDA backend, or the test is skipped saying why (it fails where
- * tests/cudacpu's stand-in should have opened) */
-static void need_cuda(struct tr_backend *be)
-{
-    char why[1100];
-    if (open_cuda(be, why, sizeof why) != TR_OK) {
-        const char *dir = getenv("TR_CUDACPU_DIR");
-        if (dir && *dir)
-            cr_assert_fail("the CUDA backend of tests/cudacpu does not open: %s", why);
-        cr_skip_test("no GPU: %s", why);
-    }
+    need_cuda(be);
     cr_assert_not_null(be->iface->store_frozen);
     cr_assert_not_null(be->iface->load_frozen);
 }
@@ -596,7 +573,7 @@ static void *host_copy(const struct tr_backend *be, const void *dev, size_t byte
 Test(frozen_cuda, store_and_load)
 {
     struct tr_backend cuda;
-    need_cuda(&cuda);
+    need_cuda_frozen(&cuda);
     struct st_file f = st_open(FIXTURE);
     const enum tr_dtype types[] = {TR_F32, TR_BF16, TR_F16, TR_NF4};
     for (size_t k = 0; k < N_CASES; k++) {
@@ -691,7 +668,7 @@ static void result_free(struct linear_result *r) { free(r->out), free(r->dx), fr
 static void cuda_linear_cases(enum tr_dtype compute, enum tr_dtype storage, double tolerance)
 {
     struct tr_backend cuda, cpu = cpu_open();
-    need_cuda(&cuda);
+    need_cuda_frozen(&cuda);
     const enum tr_dtype types[] = {TR_NF4, TR_BF16, TR_F16, TR_F32};
     for (size_t s = 0; s < 2; s++)
         for (int d = 0; d < 4; d++) {
@@ -748,7 +725,7 @@ Test(frozen_cuda, linear_fp16_storage) { cuda_linear_cases(TR_F16, TR_F16, 3e-3)
 Test(frozen_cuda, embedding_16bit_table)
 {
     struct tr_backend cuda;
-    need_cuda(&cuda);
+    need_cuda_frozen(&cuda);
     enum { B = 3, T = 7, V = 11, C = 24 };
     uint64_t seed = 1234;
     float table[V * C];
@@ -810,7 +787,7 @@ Test(frozen_cuda, embedding_16bit_table)
 Test(frozen_cuda, supports_op)
 {
     struct tr_backend cuda;
-    need_cuda(&cuda);
+    need_cuda_frozen(&cuda);
     struct tr_graph g = {0};
     struct tr_tensor t[4];
     int64_t xs[2] = {4, 64}, os[2] = {4, 8}, is[1] = {4}, odd[2] = {8, 65};
