@@ -180,6 +180,16 @@ static void roll_call(struct mpi_comm *m, double grace)
     double until = now_seconds() + grace;
     while (missing > 0 && now_seconds() < until) {
         answer_roll_calls(m); /* ranks timing out beside this one ask too */
+        /* A rank that timed out just before this one has finished its own
+         * roll call and may already be gone: its verdict is the one to
+         * give, not "it did not answer". */
+        char heard[sizeof m->verdict];
+        int from = -1;
+        if (verdict_from_another(m, heard, sizeof heard, &from)) {
+            snprintf(m->verdict, sizeof m->verdict, "rank %d's roll call found: %s", from, heard);
+            free(where);
+            return;
+        }
         int flag = 0;
         MPI_Status st;
         if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_HERE, m->roll, &flag, &st) == MPI_SUCCESS && flag) {
@@ -222,6 +232,13 @@ static void roll_call(struct mpi_comm *m, double grace)
         if (MPI_Testall(n, sent, &all, MPI_STATUSES_IGNORE) != MPI_SUCCESS || all)
             break;
     }
+    /* Ranks whose roll calls started beside this one's ask this rank too
+     * before they see its verdict: answer them for one more grace, or they
+     * would name this rank, gone by then, as one that did not arrive. */
+    for (double stop = now_seconds() + grace; now_seconds() < stop;) {
+        answer_roll_calls(m);
+        nanosleep(&(struct timespec){0, 1000000}, NULL); /* leave the cores to those still polling */
+    }
     for (int i = 0; i < n; i++)
         if (sent[i] != MPI_REQUEST_NULL)
             MPI_Request_free(&sent[i]);
@@ -233,18 +250,22 @@ static void roll_call(struct mpi_comm *m, double grace)
  * until another rank's roll call says the job is lost. */
 static int wait_request(struct mpi_comm *m, MPI_Request *req, const char *what, tr_err *err)
 {
-    double start = now_seconds(), deadline = start + m->timeout;
-    for (unsigned spins = 0;; spins++) {
+    double start = now_seconds(), deadline = start + m->timeout, looked = 0;
+    for (;;) {
         int done = 0;
         int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS)
             return mpi_error(err, what, rc);
         if (done)
             return TR_OK;
-        /* MPI makes progress inside MPI_Test; look at the clock and the roll
-         * calls only now and then */
-        if ((spins & 1023) != 0)
+        /* MPI makes progress inside MPI_Test; look at the roll calls every
+         * few milliseconds of the clock, not every so many tests: one test
+         * can reduce a whole segment, and on a loaded machine a thousand of
+         * them outlast the roll call's grace */
+        double t = now_seconds();
+        if (t - looked < 0.005)
             continue;
+        looked = t;
         answer_roll_calls(m);
         char heard[sizeof m->verdict];
         int from = -1;
