@@ -237,6 +237,18 @@ struct tr_graph {
      * its masks from (the run derives it from train.seed, the step and the
      * micro-batch, so a resumed run draws the same) */
     uint64_t dropout_seed;
+    /* appended with ABI 7: 1 when the parameters other ranks own come and
+     * go between nodes (parallel.shard = "parameters": gathered before the
+     * nodes that read them, discarded after), so the backend keeps no copy
+     * of the parameters across nodes (the CPU's bf16 mirror); set before
+     * the graph is planned */
+    int params_sharded;
+    /* appended with ABI 7: when set, called before each node runs: in
+     * forward (phase 0), re-run in backward for a recomputed segment
+     * (phase 1), and before its backward (phase 2) -- sharded parameters
+     * are gathered there (core/engine/gather.c) */
+    void (*before_node)(void *ctx, int node, int phase);
+    void *before_node_ctx;
 };
 
 /* Dropout's mask, the same on every backend (the CUDA kernels call these
@@ -333,6 +345,14 @@ struct tr_backend_iface {
      * matrix bitsandbytes' dequantize_4bit gives, bit for bit): for exports
      * that merge an adapter into its base. */
     int (*load_frozen)(void *ctx, const struct tr_tensor *t, float *host, tr_err *err);
+    /* Optional (ABI 7; NULL: the backend cannot): the bytes [ptr, ptr +
+     * bytes) of memory from alloc are not needed now; the backend may give
+     * the memory behind them back (the CPU's whole pages to the kernel) and
+     * they read as zeros afterwards, until written.  Data parallelism with
+     * parallel.shard = "gradients" or "parameters" discards the parts of the
+     * flat gradient and parameter buffers other ranks own, so a rank's
+     * resident memory is its shard plus what is in flight. */
+    void (*discard)(void *ctx, void *ptr, size_t bytes);
 };
 
 struct tr_backend {
@@ -348,10 +368,11 @@ struct tr_backend {
  * search path and exporting TR_BACKEND_ENTRY_NAME, so a trainrun built with
  * a device backend still starts where that device (or its driver) is
  * missing, and says why device=<name> is unavailable. */
-#define TR_BACKEND_ABI 6 /* 2: the Llama-family ops and node attributes; 3: convolutions;
+#define TR_BACKEND_ABI 7 /* 2: the Llama-family ops and node attributes; 3: convolutions;
                           * 4: the memory plan counts the backend's parameter copies;
                           * 5: gradients written by their first writer (writes_grad);
-                          * 6: frozen weights (16-bit, NF4) and store/load_frozen */
+                          * 6: frozen weights (16-bit, NF4) and store/load_frozen;
+                          * 7: discard, and tr_graph.params_sharded */
 #define TR_BACKEND_ENTRY_NAME "trainrun_backend_entry"
 
 struct tr_backend_module {

@@ -9,4 +9,8 @@ return {
   optimizer = { type = "adamw", lr = 1e-4, clip = 1.0 },
   train = { steps = 6, batch = 4, micro_batch = 1, log_every = 1, eval_batches = 1, threads = 1 },
   checkpoint = { every = 0, keep_best = false },
+  -- units of 2 MiB (about 55 over the model): at the default 25 MiB the
+  -- model is five units, and shard = "parameters", which holds the units
+  -- the current and the next node read, would hold most of it at once
+  parallel = { bucket_mb = 2 },
 }

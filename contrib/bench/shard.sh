@@ -18,14 +18,14 @@
 # collectives (after backward, and the parameter all-gather after a
 # sharded update), i.e. what is not overlapped with compute.
 #
-# Environment: TRAINRUN, PROCS (1,2,4), LEVELS (none,optimizer,gradients),
+# Environment: TRAINRUN, PROCS (1,2,4), LEVELS (none,optimizer,gradients,parameters),
 # STEPS (6).
 set -euo pipefail
 name=shard.sh
 # shellcheck source=contrib/bench/lib.sh
 . "$(dirname "$0")/lib.sh"
 PROCS=${PROCS:-1,2,4}
-LEVELS=${LEVELS:-none,optimizer,gradients}
+LEVELS=${LEVELS:-none,optimizer,gradients,parameters}
 STEPS=${STEPS:-6}
 say "load average before starting: $(cut -d' ' -f1-3 /proc/loadavg) (should be near 0)"
 recipe=$here/shard-bench.lua

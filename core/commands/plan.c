@@ -176,15 +176,20 @@ static int plan_cost(struct tr_plan *p, struct tr_config *cfg, tr_err *err)
 /* Each shard level's memory per device on cost.count devices: the plan's,
  * its optimizer state whole or as the largest rank's part (fit.c); the
  * smallest level that fits. */
-static void plan_levels(struct tr_plan *p, const struct tr_fit_model *fm)
+static void plan_levels(struct tr_plan *p, const struct tr_fit_model *fm, const struct tr_graph *g)
 {
     p->level_fits_first = -1;
-    for (int level = TR_SHARD_NONE; level <= TR_SHARD_GRADIENTS; level++) {
+    for (int level = TR_SHARD_NONE; level <= TR_SHARD_PARAMETERS; level++) {
         struct tr_fit_model f = *fm;
         f.shard_world = level != TR_SHARD_NONE && p->cost.count > 1 ? (int)p->cost.count : 1;
-        struct tr_memory_report m = p->memory;
-        m.optimizer = (size_t)fm->optimizer_slots * m.grads; /* whole, then as f says */
-        tr_fit_adjust(&f, &m);
+        f.level = (enum tr_shard_level)level;
+        /* the measured plan, everything whole, then as f says */
+        struct tr_memory_report m = g->memory;
+        m.grads = g->n_params * sizeof(float);
+        m.params = (g->n_params + g->n_buffers) * sizeof(float);
+        m.param_copies = fm->other_device ? 0 : tr_be_param_copy_bytes(fm->be, g);
+        m.optimizer = (size_t)fm->optimizer_slots * m.grads;
+        tr_fit_adjust(&f, g, &m);
         p->level_total[level] = (double)tr_graph_memory_total(&m);
         if (p->level_fits_first < 0 && p->level_total[level] <= p->usable_bytes)
             p->level_fits_first = level;
@@ -213,7 +218,7 @@ static int plan_memory(struct tr_plan *p, const struct tr_session *s, tr_err *er
     snprintf(p->device, sizeof p->device, "%s", s->device.what);
     p->usable_bytes = s->device.usable;
     p->fits = p->memory_total <= p->usable_bytes;
-    plan_levels(p, &fm);
+    plan_levels(p, &fm, s->g);
     if (s->cfg->train.auto_micro_batch) { /* the session searched already */
         p->max_micro_batch = p->fits ? p->micro_batch : 0;
         return TR_OK;
@@ -243,6 +248,8 @@ static void plan_length(struct tr_plan *p, const struct tr_session *s)
     p->gradient_bytes = (double)p->params * (double)dtype_bytes(p->grad);
     p->bucket_bytes = cfg->parallel.bucket_mb * 1024 * 1024;
     p->shard_level = (int)cfg->parallel.shard_level;
+    p->cpu_ranks = strcmp(cfg->device, "cpu") == 0 && cfg->parallel.gpus == 0 &&
+                   !(p->hardware && strcmp(p->hardware->name, "cpu") != 0);
 }
 
 /* The plan is a client of the session (session.h) in plan mode: the

@@ -74,9 +74,10 @@ struct tr_plan {
     /* data parallel: the gradient all-reduce and how much of it backward hides */
     double gradient_bytes, bucket_bytes;
     int shard_level;                  /* parallel.shard's (enum tr_shard_level) */
-    /* memory per device at each level this version runs (none, optimizer,
-     * gradients) on cost.count devices, and the smallest that fits (-1: none) */
-    double level_total[3];
+    int cpu_ranks;                    /* the devices planned for are CPU ranks */
+    /* memory per device at each level (none, optimizer, gradients,
+     * parameters) on cost.count devices, and the smallest that fits (-1: none) */
+    double level_total[4]; /* by enum tr_shard_level */
     int level_fits_first;
     double allreduce_seconds;         /* all buckets of one step, back to back; count > 1 */
     struct tr_plan_scale {

@@ -266,29 +266,40 @@ static void print_memory(const struct tr_plan *p, FILE *out)
             "in %s)", tr_dtype_name(p->compute));
         row(out, "", "(device=cpu on this machine: %s)", tr_cpu_gemm_path(p->compute));
     }
+    static const char *const held[] = {
+        [TR_SHARD_OPTIMIZER] = "1/%lld of the optimizer state, all of the rest",
+        [TR_SHARD_GRADIENTS] = "1/%lld of the optimizer state and of the gradients (plus the "
+                               "buckets in flight), all of the parameters",
+        [TR_SHARD_PARAMETERS] = "1/%lld of the optimizer state, gradients and parameters (plus "
+                                "the units gathered or summing at once)"};
     if (p->cost.count > 1 && p->shard_level == TR_SHARD_NONE)
         row(out, "", "(data parallel: each of the %lld devices holds all of this; "
             "parallel.shard = \"optimizer\" keeps 1/%lld of the optimizer state on each)",
             (long long)p->cost.count, (long long)p->cost.count);
-    else if (p->cost.count > 1)
-        row(out, "", "(data parallel, parallel.shard = \"%s\": each of the %lld devices holds "
-            "1/%lld of the optimizer state, all of the rest)",
-            p->shard_level == TR_SHARD_GRADIENTS ? "gradients" : "optimizer",
-            (long long)p->cost.count, (long long)p->cost.count);
+    else if (p->cost.count > 1) {
+        char what[200];
+        snprintf(what, sizeof what, held[p->shard_level], (long long)p->cost.count);
+        row(out, "", "(data parallel, parallel.shard = \"%s\": each of the %lld devices holds",
+            tr_shard_levels[p->shard_level], (long long)p->cost.count);
+        row(out, "", " %s)", what);
+    }
     snprintf(label, sizeof label, "on %s", p->device);
     if (p->cost.count > 1) {
-        static const char *const names[] = {"none", "optimizer", "gradients"};
-        char t[3][32];
-        for (int k = 0; k < 3; k++)
+        char t[4][32];
+        for (int k = 0; k < 4; k++)
             fmt_bytes(p->level_total[k], t[k], sizeof t[k]);
-        row(out, "shard levels", "on each of %lld devices: none %s, optimizer %s, gradients %s "
-            "(parallel.shard)", (long long)p->cost.count, t[0], t[1], t[2]);
+        row(out, "shard levels", "on each of %lld devices: none %s, optimizer %s, gradients %s, "
+            "parameters %s (parallel.shard)", (long long)p->cost.count, t[0], t[1], t[2], t[3]);
         if (p->level_fits_first >= 0)
-            row(out, "", "the smallest level that fits: \"%s\"%s", names[p->level_fits_first],
+            row(out, "", "the smallest level that fits: \"%s\"%s",
+                tr_shard_levels[p->level_fits_first],
                 p->level_fits_first == p->shard_level ? " (the recipe's)" : "");
         else
-            row(out, "", "no level this version runs fits (\"parameters\", ZeRO-3, is not built "
-                "yet): more devices, a smaller micro-batch, recompute, or adapters (lora)");
+            row(out, "", "no shard level fits: more devices, a smaller micro-batch, recompute, "
+                "or adapters (lora)");
+        if (p->level_fits_first == TR_SHARD_PARAMETERS && !p->cpu_ranks)
+            row(out, "", "(\"parameters\" runs on device=cpu ranks in this version: the cuda "
+                "backend cannot yet give memory back)");
     }
     row(out, label, "%s: %s of %s usable (%s less a %.0f%% margin)",
         p->fits ? "fits" : "DOES NOT FIT", fmt_bytes(p->memory_total, a, sizeof a),

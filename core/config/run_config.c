@@ -155,7 +155,7 @@ static const struct tr_option root_options[] = {
 };
 
 /* by enum tr_shard_level */
-static const char *const shard_levels[] = {"none", "optimizer", "gradients", "parameters", NULL};
+const char *const tr_shard_levels[] = {"none", "optimizer", "gradients", "parameters", NULL};
 
 static const struct tr_option parallel_options[] = {
     OPT(TR_OPT_FLOAT, "bucket_mb", "25", 0.01, 4096,
@@ -163,16 +163,16 @@ static const struct tr_option parallel_options[] = {
         "finished it", struct tr_parallel_config, bucket_mb),
     OPT(TR_OPT_BOOL, "zero", "false", 0, 0,
         "the alias of shard = \"optimizer\" (ZeRO-1)", struct tr_parallel_config, zero),
-    {TR_OPT_ENUM, "shard", "none", 0, 0, shard_levels,
+    {TR_OPT_ENUM, "shard", "none", 0, 0, tr_shard_levels,
      "what each rank keeps only 1/world of: none; optimizer (ZeRO-1: its state); gradients "
      "(ZeRO-2: also the summed gradients, reduce-scattered in buckets as backward makes them); "
-     "parameters (ZeRO-3: not in this version)",
+     "parameters (ZeRO-3: also the parameters, each unit gathered just before the nodes that "
+     "read it and discarded after)",
      offsetof(struct tr_parallel_config, shard)},
     {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
 };
 
-/* parallel.shard and its alias parallel.zero as one level; "parameters"
- * (ZeRO-3) is refused until it runs. */
+/* parallel.shard and its alias parallel.zero as one level. */
 static int resolve_shard(struct tr_config *cfg, struct tr_value *root, tr_err *err)
 {
     struct tr_parallel_config *p = &cfg->parallel;
@@ -181,14 +181,9 @@ static int resolve_shard(struct tr_config *cfg, struct tr_value *root, tr_err *e
     if (v)
         tr_origin_format(&v->origin, where, sizeof where);
     enum tr_shard_level level = TR_SHARD_NONE;
-    for (int k = 0; shard_levels[k]; k++)
-        if (strcmp(p->shard, shard_levels[k]) == 0)
+    for (int k = 0; tr_shard_levels[k]; k++)
+        if (strcmp(p->shard, tr_shard_levels[k]) == 0)
             level = (enum tr_shard_level)k;
-    if (level == TR_SHARD_PARAMETERS)
-        return tr_fail(err, "%s: parallel.shard = \"parameters\" (ZeRO-3: parameters gathered "
-                       "block by block) is not in this version of trainrun; \"gradients\" "
-                       "(ZeRO-2) keeps 1/world of the optimizer state and reduce-scatters the "
-                       "gradients (docs/scale-out.md)", where);
     if (p->zero && level > TR_SHARD_OPTIMIZER)
         return tr_fail(err, "%s: parallel.zero = true means shard = \"optimizer\", but shard is "
                        "\"%s\": drop parallel.zero (shard = \"%s\" shards the optimizer state "

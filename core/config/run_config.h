@@ -52,8 +52,9 @@ enum tr_shard_level {
     TR_SHARD_NONE,      /* replicated: every rank the whole state */
     TR_SHARD_OPTIMIZER, /* ZeRO-1: the optimizer state */
     TR_SHARD_GRADIENTS, /* ZeRO-2: also the summed gradients (reduce-scatter) */
-    TR_SHARD_PARAMETERS /* ZeRO-3: also the parameters (refused for now: run_config.c) */
+    TR_SHARD_PARAMETERS /* ZeRO-3: also the parameters (gather.h) */
 };
+extern const char *const tr_shard_levels[]; /* the recipe's words, by level; NULL-ended */
 
 /* Data parallelism: how many ranks this node starts (the local launcher),
  * and how gradients travel between ranks. */

@@ -129,6 +129,17 @@ static inline int tr_be_writes_grad(const struct tr_backend *be, const struct tr
                : 0;
 }
 static inline const char *tr_be_name(const struct tr_backend *be) { return be->iface->name; }
+/* optional: whether the backend gives discarded memory back (sharded data
+ * parallelism keeps only a rank's shard resident through it) */
+static inline int tr_be_can_discard(const struct tr_backend *be)
+{
+    return TR_HAS_SLOT(be->iface, struct tr_backend_iface, discard) && be->iface->discard;
+}
+static inline void tr_be_discard(const struct tr_backend *be, void *p, size_t bytes)
+{
+    if (bytes)
+        be->iface->discard(be->context, p, bytes);
+}
 
 /* optional: whether frozen weights may be stored in 16 or 4 bits; without
  * the slots only fp32 frozen weights (uploaded as parameters are) */

@@ -14,6 +14,9 @@ struct job {
     void *buf;
     size_t size; /* floats (all-reduce; all-gather, reduce-scatter: per rank) or bytes (broadcast) */
     int root;
+    /* a gradient bucket's reduce-scatter: 1 + its unit, whose parts other
+     * ranks own are then discarded (0: none) */
+    size_t discard;
 };
 
 struct bucket {
@@ -42,6 +45,8 @@ struct tr_comm {
     int *final_start, *final_params; /* CSR: node i's are final_params[final_start[i] .. [i+1]) */
     struct tr_shard layout; /* the buckets are its units */
     int scatter;            /* buckets reduce-scatter (shard level gradients) */
+    int discard;            /* and the parts other ranks own are then discarded */
+    float *grads;           /* the armed graph's gradient buffer */
     struct tr_graph *armed; /* the graph whose backward submits buckets */
     /* host data (scalars, the run state) travel through backend memory
      * where the plugin reads device memory (every device but "cpu") */
@@ -49,7 +54,7 @@ struct tr_comm {
     int stage;
     void *staging;
     size_t staging_bytes;
-    int world;
+    int world, rank;
     const char *name; /* the plugin's, for messages */
     /* spans of the collectives run while recording (the thread appends,
      * under lock; read after wait_all) */
@@ -97,6 +102,9 @@ static void *comm_thread(void *arg)
             rc = c->vt->reduce_scatter(c->self, j.buf, j.size, &e);
         else if (!skip)
             rc = c->vt->allgather(c->self, j.buf, j.size, &e);
+        /* a bucket summed: the parts (and leftover) other ranks own go */
+        if (!skip && rc == TR_OK && j.discard)
+            tr_shard_discard_others(c->be, c->grads, &c->layout, j.discard - 1);
         pthread_mutex_lock(&c->lock);
         if (c->recording && !skip && c->n_spans < TR_COMM_SPANS)
             c->spans[c->n_spans++] = (struct tr_comm_span){job_names[j.kind], job_bytes(c, &j), t0,
@@ -113,7 +121,8 @@ static void *comm_thread(void *arg)
     return NULL;
 }
 
-static void submit(struct tr_comm *c, struct job j)
+/* Returns the job's ticket: it has run once c->finished exceeds it. */
+static size_t submit(struct tr_comm *c, struct job j)
 {
     pthread_mutex_lock(&c->lock);
     if (c->tail - c->head == c->cap) { /* grow the ring (rare: sized at plan time) */
@@ -127,9 +136,31 @@ static void submit(struct tr_comm *c, struct job j)
     }
     c->jobs[c->tail % c->cap] = j;
     c->tail++;
-    c->submitted++;
+    size_t ticket = c->submitted++;
     pthread_cond_signal(&c->wake);
     pthread_mutex_unlock(&c->lock);
+    return ticket;
+}
+
+/* Waits until at most `pending` submitted jobs have not run. */
+static void wait_pending(struct tr_comm *c, size_t pending)
+{
+    pthread_mutex_lock(&c->lock);
+    while (c->submitted - c->finished > pending)
+        pthread_cond_wait(&c->done, &c->lock);
+    pthread_mutex_unlock(&c->lock);
+}
+
+int tr_comm_wait(struct tr_comm *c, size_t ticket, tr_err *err)
+{
+    pthread_mutex_lock(&c->lock);
+    while (c->finished <= ticket)
+        pthread_cond_wait(&c->done, &c->lock);
+    int failed = c->failed;
+    if (failed)
+        *err = c->err;
+    pthread_mutex_unlock(&c->lock);
+    return failed ? TR_ERROR : TR_OK;
 }
 
 static int wait_all(struct tr_comm *c, tr_err *err)
@@ -156,6 +187,7 @@ struct tr_comm *tr_comm_open(struct tr_config *cfg, const struct tr_backend *be,
     c->be = be;
     c->stage = strcmp(cfg->device, "cpu") != 0;
     c->world = cfg->rank.world;
+    c->rank = cfg->rank.rank;
     c->name = cfg->comm.plugin->info->name;
     c->cap = 64;
     c->jobs = tr_xcalloc(c->cap, sizeof *c->jobs);
@@ -215,7 +247,7 @@ const char *tr_comm_describe(const struct tr_comm *c)
 
 int tr_comm_allreduce(struct tr_comm *c, float *buf, size_t count, tr_err *err)
 {
-    submit(c, (struct job){JOB_ALLREDUCE, buf, count, 0});
+    submit(c, (struct job){JOB_ALLREDUCE, buf, count, 0, 0});
     return wait_all(c, err);
 }
 
@@ -226,7 +258,7 @@ int tr_comm_has_allgather(const struct tr_comm *c)
 
 int tr_comm_allgather(struct tr_comm *c, float *buf, size_t count, tr_err *err)
 {
-    submit(c, (struct job){JOB_ALLGATHER, buf, count, 0});
+    submit(c, (struct job){JOB_ALLGATHER, buf, count, 0, 0});
     return wait_all(c, err);
 }
 
@@ -237,15 +269,22 @@ int tr_comm_has_reduce_scatter(const struct tr_comm *c)
 
 /* The shard's unit u: its parameters from their owners, the equal parts in
  * one all-gather, the last rank's leftover in a broadcast. */
-static void submit_gather(struct tr_comm *c, float *buf, const struct tr_shard *s, size_t u)
+static size_t submit_gather(struct tr_comm *c, float *buf, const struct tr_shard *s, size_t u)
 {
     struct tr_shard_run r = tr_shard_unit(s, u);
     size_t per = tr_shard_part_len(s, u), rest = r.end - r.begin - per * (size_t)s->world;
+    size_t ticket = 0;
     if (per)
-        submit(c, (struct job){JOB_ALLGATHER, buf + r.begin, per, 0});
+        ticket = submit(c, (struct job){JOB_ALLGATHER, buf + r.begin, per, 0, 0});
     if (rest)
-        submit(c, (struct job){JOB_BROADCAST, buf + r.end - rest, rest * sizeof(float),
-                               s->world - 1});
+        ticket = submit(c, (struct job){JOB_BROADCAST, buf + r.end - rest, rest * sizeof(float),
+                                        s->world - 1, 0});
+    return ticket;
+}
+
+size_t tr_comm_gather_unit(struct tr_comm *c, float *buf, const struct tr_shard *s, size_t u)
+{
+    return submit_gather(c, buf, s, u);
 }
 
 int tr_comm_gather_shards(struct tr_comm *c, float *buf, const struct tr_shard *s, tr_err *err)
@@ -257,7 +296,7 @@ int tr_comm_gather_shards(struct tr_comm *c, float *buf, const struct tr_shard *
 
 int tr_comm_broadcast(struct tr_comm *c, void *buf, size_t bytes, int root, tr_err *err)
 {
-    submit(c, (struct job){JOB_BROADCAST, buf, bytes, root});
+    submit(c, (struct job){JOB_BROADCAST, buf, bytes, root, 0});
     return wait_all(c, err);
 }
 
@@ -293,17 +332,17 @@ static int host_job(struct tr_comm *c, struct job j, size_t bytes, tr_err *err)
 
 int tr_comm_allreduce_host(struct tr_comm *c, float *buf, size_t count, tr_err *err)
 {
-    return host_job(c, (struct job){JOB_ALLREDUCE, buf, count, 0}, count * sizeof(float), err);
+    return host_job(c, (struct job){JOB_ALLREDUCE, buf, count, 0, 0}, count * sizeof(float), err);
 }
 
 int tr_comm_broadcast_host(struct tr_comm *c, void *buf, size_t bytes, int root, tr_err *err)
 {
-    return host_job(c, (struct job){JOB_BROADCAST, buf, bytes, root}, bytes, err);
+    return host_job(c, (struct job){JOB_BROADCAST, buf, bytes, root, 0}, bytes, err);
 }
 
 int tr_comm_allgather_host(struct tr_comm *c, float *buf, size_t count, tr_err *err)
 {
-    return host_job(c, (struct job){JOB_ALLGATHER, buf, count, 0},
+    return host_job(c, (struct job){JOB_ALLGATHER, buf, count, 0, 0},
                     (size_t)c->world * count * sizeof(float), err);
 }
 
@@ -314,6 +353,10 @@ int tr_comm_plan_buckets(struct tr_comm *c, struct tr_graph *g, const struct tr_
 {
     c->layout = *layout;
     c->scatter = layout->level >= TR_SHARD_GRADIENTS && layout->world > 1;
+    /* after each reduce-scatter the rest of the bucket goes (zeroed where
+     * the backend cannot give it back): the next micro-batch's backward
+     * adds into this rank's part only what is new */
+    c->discard = c->scatter;
     if (c->scatter && !tr_comm_has_reduce_scatter(c))
         return tr_fail(err, "parallel.shard = \"gradients\": comm '%s' has no reduce_scatter "
                        "(plugin ABI 2.3), which sharded gradients need; use a comm plugin that "
@@ -375,10 +418,17 @@ static void submit_bucket(struct tr_comm *c, struct tr_graph *g, struct bucket *
     size_t u = (size_t)(b - c->buckets);
     size_t per = c->scatter ? tr_shard_part_len(&c->layout, u) : 0;
     size_t rest = b->end - b->begin - per * (size_t)c->layout.world;
+    /* the discard follows the bucket's last collective */
     if (per)
-        submit(c, (struct job){JOB_REDUCE_SCATTER, g->grads + b->begin, per, 0});
+        submit(c, (struct job){JOB_REDUCE_SCATTER, g->grads + b->begin, per, 0,
+                               c->discard && !rest ? u + 1 : 0});
     if (rest)
-        submit(c, (struct job){JOB_ALLREDUCE, g->grads + b->end - rest, rest, 0});
+        submit(c, (struct job){JOB_ALLREDUCE, g->grads + b->end - rest, rest, 0,
+                               c->discard ? u + 1 : 0});
+    /* discarding: a bounded number of buckets summing at once, so a rank's
+     * gradients stay its part plus what the plan counts in flight */
+    if (c->discard)
+        wait_pending(c, TR_COMM_BUCKETS_IN_FLIGHT);
 }
 
 static void bucket_hook(void *ctx, int node)
@@ -399,6 +449,7 @@ void tr_comm_arm(struct tr_comm *c, struct tr_graph *g)
     for (size_t b = 0; b < c->n_buckets; b++)
         c->buckets[b].left = c->buckets[b].need;
     c->armed = g;
+    c->grads = g->grads;
     g->on_backward = bucket_hook;
     g->on_backward_ctx = c;
 }

@@ -42,6 +42,17 @@ int tr_comm_has_reduce_scatter(const struct tr_comm *c);
  * all-gather of the equal parts and a broadcast of the last rank's
  * leftover (the parameters after a sharded update). */
 int tr_comm_gather_shards(struct tr_comm *c, float *buf, const struct tr_shard *s, tr_err *err);
+/* The same for one unit u, not waited for: returns a ticket for
+ * tr_comm_wait, which waits until that (and everything submitted before
+ * it) has run and says whether every collective so far succeeded. */
+size_t tr_comm_gather_unit(struct tr_comm *c, float *buf, const struct tr_shard *s, size_t u);
+int tr_comm_wait(struct tr_comm *c, size_t ticket, tr_err *err);
+/* Where the backend can discard (shard level gradients and up), each
+ * bucket's reduce-scatter is followed by the discard of the parts other
+ * ranks own, and backward waits while more than this many collectives are
+ * queued: the gradients held at once are this rank's parts plus a bounded
+ * number of buckets (fit.c plans them). */
+enum { TR_COMM_BUCKETS_IN_FLIGHT = 2 };
 
 /* What the communication thread ran while recording: each collective's
  * kind ("all-reduce", "reduce-scatter", "all-gather", "broadcast"), its

@@ -134,7 +134,14 @@ int tr_session_evaluate(struct tr_session *s, enum tr_split split, uint64_t max_
     /* eval mode: batch norm normalises with its running statistics and
      * updates nothing (training resumes in training mode) */
     s->g->training = 0;
-    for (uint64_t i = 0; i < mine; i++) {
+    /* sharded parameters: every forward gathers them, a collective, so
+     * every rank runs as many; those past their share count nothing */
+    uint64_t runs = s->gather ? (n + (uint64_t)s->world - 1) / (uint64_t)s->world : mine;
+    for (uint64_t i = 0; i < runs; i++) {
+        if (i >= mine) {
+            tr_graph_forward(s->g, &s->be); /* on whatever the inputs hold */
+            continue;
+        }
         if (tr_session_load_batch(s, val, NULL, err) != TR_OK) {
             s->g->training = 1;
             tr_loader_close(val);
@@ -155,6 +162,8 @@ int tr_session_evaluate(struct tr_session *s, enum tr_split split, uint64_t max_
     }
     s->g->training = 1;
     tr_loader_close(val);
+    if (s->gather)
+        tr_gather_release_all(s->gather);
     if (s->comm) {
         float totals[4] = {(float)sum, (float)correct, (float)counted, (float)weights};
         if (tr_comm_allreduce_host(s->comm, totals, 4, err) != TR_OK)

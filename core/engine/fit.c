@@ -5,6 +5,7 @@
 #include "backend.h"
 #include "model.h"
 #include "shard.h"
+#include "gather.h"
 #include "../config/hardware.h"
 #include "../util/util.h"
 
@@ -32,16 +33,29 @@ void tr_fit_device_of(const struct tr_config *cfg, struct tr_fit_device *d)
     d->usable = (1.0 - TR_MEMORY_MARGIN) * d->bytes;
 }
 
-void tr_fit_adjust(const struct tr_fit_model *fm, struct tr_memory_report *report)
+void tr_fit_adjust(const struct tr_fit_model *fm, const struct tr_graph *g,
+                   struct tr_memory_report *report)
 {
     if (fm->other_device)
         report->param_copies = 0;
     if (fm->shard_world > 1 && report->grads > 0) { /* the largest rank's part: the last's */
         size_t n = report->grads / sizeof(float), slots = report->optimizer / report->grads;
+        int last = fm->shard_world - 1;
         struct tr_shard sh;
-        tr_shard_init(&sh, n, tr_shard_unit_floats(fm->cfg), fm->shard_world - 1, fm->shard_world,
-                      fm->cfg->parallel.shard_level);
-        report->optimizer = slots * tr_shard_owned(&sh, fm->shard_world - 1) * sizeof(float);
+        tr_shard_init(&sh, n, tr_shard_unit_floats(fm->cfg), last, fm->shard_world, fm->level);
+        size_t owned = tr_shard_owned(&sh, last);
+        report->optimizer = slots * owned * sizeof(float);
+        if (fm->level >= TR_SHARD_GRADIENTS && g && g->n_params == n) {
+            size_t params, grads;
+            tr_gather_peaks(g, &sh, &params, &grads);
+            size_t held = owned + grads;
+            report->grads = (held < n ? held : n) * sizeof(float);
+            if (fm->level == TR_SHARD_PARAMETERS) {
+                held = owned + params;
+                report->params = ((held < n ? held : n) + g->n_buffers) * sizeof(float);
+                report->param_copies = 0; /* no bf16 mirror (gather.h) */
+            }
+        }
     }
 }
 
@@ -54,7 +68,7 @@ int tr_fit_measure(const struct tr_fit_model *fm, int64_t m, struct tr_memory_re
     g->compute = fm->compute; /* 16-bit compute stores activations in 16 bits */
     tr_graph_measure(g, fm->be, fm->optimizer_slots);
     *report = g->memory;
-    tr_fit_adjust(fm, report);
+    tr_fit_adjust(fm, g, report);
     *bytes = tr_graph_memory_total(report);
     tr_graph_free(g, NULL);
     return TR_OK;

@@ -30,10 +30,16 @@ struct tr_fit_model {
     /* ranks the optimizer state is cut over (parallel.shard at any level,
      * with the run's ranks or the plan's devices); 1: none */
     int shard_world;
+    enum tr_shard_level level; /* parallel.shard's (plan: each level in turn) */
 };
 
-/* A measured plan as the target device holds it (other_device). */
-void tr_fit_adjust(const struct tr_fit_model *fm, struct tr_memory_report *report);
+/* A measured plan of graph g as the target device holds it (other_device),
+ * at the fit model's shard level: the optimizer state as the largest rank's
+ * part; at "gradients" and "parameters" the gradients as that part plus
+ * the units in flight, at "parameters" the parameters too (gather.h's
+ * peaks). */
+void tr_fit_adjust(const struct tr_fit_model *fm, const struct tr_graph *g,
+                   struct tr_memory_report *report);
 
 /* The device a plan must fit: train.memory_budget, else cost.hardware's
  * memory, else 80 GiB for an unnamed accelerator, else this machine's. */

@@ -261,7 +261,8 @@ static void init_buffer(const struct tr_tensor *t, const struct tr_backend *be)
 }
 
 static void init_weights(struct tr_graph *g, const struct tr_backend *be, uint64_t seed,
-                         enum tr_role role)
+                         enum tr_role role, void (*written)(void *, const struct tr_tensor *),
+                         void *ctx)
 {
     for (int i = 0; i < g->n_tensors; i++) {
         struct tr_tensor *t = &g->tensors[i];
@@ -290,17 +291,25 @@ static void init_weights(struct tr_graph *g, const struct tr_backend *be, uint64
         if (tr_be_store_weight(be, t, host, &err) != TR_OK)
             tr_log(TR_LOG_ERROR, NULL, "%s", err.msg);
         free(host);
+        if (written)
+            written(ctx, t);
     }
 }
 
 void tr_graph_init_params(struct tr_graph *g, const struct tr_backend *be, uint64_t seed)
 {
-    init_weights(g, be, seed, TR_ROLE_PARAM);
+    init_weights(g, be, seed, TR_ROLE_PARAM, NULL, NULL);
+}
+
+void tr_graph_init_params_each(struct tr_graph *g, const struct tr_backend *be, uint64_t seed,
+                               void (*written)(void *ctx, const struct tr_tensor *t), void *ctx)
+{
+    init_weights(g, be, seed, TR_ROLE_PARAM, written, ctx);
 }
 
 void tr_graph_init_frozen(struct tr_graph *g, const struct tr_backend *be, uint64_t seed)
 {
-    init_weights(g, be, seed, TR_ROLE_FROZEN);
+    init_weights(g, be, seed, TR_ROLE_FROZEN, NULL, NULL);
 }
 
 void tr_graph_free(struct tr_graph *g, const struct tr_backend *be)

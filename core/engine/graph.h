@@ -39,6 +39,10 @@ void tr_graph_measure(struct tr_graph *g, const struct tr_backend *be, int optim
 
 /* Deterministic parameter initialisation from a seed (same values on every backend). */
 void tr_graph_init_params(struct tr_graph *g, const struct tr_backend *be, uint64_t seed);
+/* The same, calling written(ctx, t) after each parameter t is stored (a
+ * rank of sharded parameters keeps only its parts as it goes). */
+void tr_graph_init_params_each(struct tr_graph *g, const struct tr_backend *be, uint64_t seed,
+                               void (*written)(void *ctx, const struct tr_tensor *t), void *ctx);
 /* The same for frozen weights (an adapter's base), by the same rule: where
  * no pretrained base is loaded over them. */
 void tr_graph_init_frozen(struct tr_graph *g, const struct tr_backend *be, uint64_t seed);
@@ -49,6 +53,13 @@ void tr_graph_backward(struct tr_graph *g, const struct tr_backend *be);
  * loss, or its output has one) and one leaves (some input has one).  Once
  * the graph is planned (gradients assigned). */
 int tr_graph_runs_backward(const struct tr_graph *g, const struct tr_node *n);
+/* Backward's order, for those who plan around it (gather.c): walking
+ * nodes last to first, at node i backward first re-runs the forward of
+ * nodes [tr_graph_recompute_from(g, i), i] when i ends a recomputed
+ * segment (-1: it does not), then runs i's backward if
+ * tr_graph_runs_backward.  The phases tr_graph.before_node is told. */
+int tr_graph_recompute_from(const struct tr_graph *g, int i);
+enum { TR_PHASE_FORWARD, TR_PHASE_RECOMPUTE, TR_PHASE_BACKWARD };
 void tr_graph_free(struct tr_graph *g, const struct tr_backend *be);
 
 /* The report's classes in print order (the recompute arena and the

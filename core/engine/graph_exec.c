@@ -32,6 +32,8 @@ void tr_graph_forward(struct tr_graph *g, const struct tr_backend *be)
 {
     ensure_profile(g);
     for (int i = 0; i < g->n_nodes; i++) {
+        if (g->before_node)
+            g->before_node(g->before_node_ctx, i, TR_PHASE_FORWARD);
         if (!g->profile) {
             tr_be_forward(be, g, &g->nodes[i]);
             continue;
@@ -42,24 +44,38 @@ void tr_graph_forward(struct tr_graph *g, const struct tr_backend *be)
     }
 }
 
+int tr_graph_recompute_from(const struct tr_graph *g, int i)
+{
+    const struct tr_node *n = &g->nodes[i];
+    if (n->segment <= 0 || (i < g->n_nodes - 1 && g->nodes[i + 1].segment == n->segment))
+        return -1;
+    int first = i;
+    while (first > 0 && g->nodes[first - 1].segment == n->segment)
+        first--;
+    return first;
+}
+
 void tr_graph_backward(struct tr_graph *g, const struct tr_backend *be)
 {
     for (int i = g->n_nodes - 1; i >= 0; i--) {
         struct tr_node *n = &g->nodes[i];
-        if (n->segment > 0 && (i == g->n_nodes - 1 || g->nodes[i + 1].segment != n->segment)) {
-            /* entering a recomputed segment from its end: rebuild its internals */
-            int first = i;
-            while (first > 0 && g->nodes[first - 1].segment == n->segment)
-                first--;
-            /* the segment's forward ran once already: its batch norms must
-             * not move their running statistics a second time */
+        int first = tr_graph_recompute_from(g, i);
+        if (first >= 0) {
+            /* entering a recomputed segment from its end: rebuild its
+             * internals.  The segment's forward ran once already: its batch
+             * norms must not move their running statistics a second time */
             g->recomputing = 1;
-            for (int j = first; j <= i; j++)
+            for (int j = first; j <= i; j++) {
+                if (g->before_node)
+                    g->before_node(g->before_node_ctx, j, TR_PHASE_RECOMPUTE);
                 tr_be_forward(be, g, &g->nodes[j]);
+            }
             g->recomputing = 0;
         }
         if (!tr_graph_runs_backward(g, n))
             continue;
+        if (g->before_node)
+            g->before_node(g->before_node_ctx, i, TR_PHASE_BACKWARD);
         unsigned zero = n->zero_grad_mask | (g->grads_fresh ? n->param_zero_mask : 0);
         n->write_grad_mask = n->act_write_mask | (g->grads_fresh ? n->param_write_mask : 0);
         for (int k = 0; k < n->n_in; k++)

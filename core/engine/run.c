@@ -172,6 +172,8 @@ static int open_session(struct run *r, tr_err *err)
         return TR_ERROR;
     if (!base_first && r->l.step == 0 && tr_session_load_pretrained(&r->s, err) != TR_OK)
         return TR_ERROR;
+    if (r->s.gather) /* the weights are whole on every rank until here: keep this rank's parts */
+        tr_gather_release_all(r->s.gather);
     return TR_OK;
 }
 
@@ -266,9 +268,17 @@ static int forward_backward(struct run *r, double scale, double *loss_sum, doubl
             tr_splitmix64(l->step * 65536 + (uint64_t)k * (uint64_t)s->world + (uint64_t)s->rank));
         tr_graph_forward(s->g, &s->be);
         *loss_sum += tr_session_read_loss(s) * w;
-        if (s->comm && k == s->accum - 1) /* all-reduce buckets as backward finishes them */
+        /* all-reduce buckets as backward finishes them, after the last
+         * micro-batch; sharded gradients are reduce-scattered after every
+         * one (each rank then holds only its parts, summed so far) */
+        int scatter = s->comm && s->shard.level >= TR_SHARD_GRADIENTS;
+        if (s->comm && (k == s->accum - 1 || scatter))
             tr_comm_arm(s->comm, s->g);
         tr_graph_backward(s->g, &s->be);
+        if (scatter && k < s->accum - 1 && tr_comm_finish(s->comm, s->g, err) != TR_OK)
+            return TR_ERROR;
+        if (s->gather && k == s->accum - 1) /* the update changes this rank's parts only */
+            tr_gather_release_all(s->gather);
         double t1 = tr_now();
         l->t_compute += t1 - t0;
         tr_trace_phase(trace, "data wait", l->step, td, t0);
@@ -387,7 +397,7 @@ static int update(struct run *r, double scale, tr_err *err)
     double tg = tr_now();
     l->t_optimizer += tg - t0;
     tr_trace_phase(r->j.trace, "optimizer", l->step, t0, tg);
-    if (apply && s->comm && tr_state_sharded(s)) { /* every rank's updated parts to all */
+    if (apply && s->comm && tr_state_sharded(s) && !s->gather) { /* updated parts to all */
         if (tr_state_share_params(s, err) != TR_OK)
             return TR_ERROR;
         l->t_comm += tr_now() - tg; /* exposed: nothing computes meanwhile */

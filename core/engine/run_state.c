@@ -53,16 +53,20 @@ static void place_parts(struct tr_session *s, int q, float *packed, float *full,
 {
     const struct tr_shard *sh = &s->opt.shard;
     size_t at = 0, n = tr_shard_owned(sh, q);
-    float *host = download(s, to_full ? packed : full, to_full ? n : s->g->n_params);
+    /* one host buffer of the parts only (never the whole buffer: under
+     * sharded parameters most of it is not there) */
+    float *host = to_full ? download(s, packed, n) : tr_alloc(n * sizeof(float) + 1);
     for (size_t u = 0; u < sh->n_units && host; u++) {
         struct tr_shard_run r = tr_shard_part(sh, u, q);
         size_t len = r.end - r.begin;
         if (len && to_full)
             tr_be_upload(&s->be, full + r.begin, host + at, len * sizeof(float));
         else if (len)
-            tr_be_upload(&s->be, packed + at, host + r.begin, len * sizeof(float));
+            tr_be_download(&s->be, host + at, full + r.begin, len * sizeof(float));
         at += len;
     }
+    if (host && !to_full && n)
+        tr_be_upload(&s->be, packed, host, n * sizeof(float));
     tr_free(host);
 }
 
@@ -99,6 +103,21 @@ static int gather_moments(struct tr_session *s, float *mine, float *full, tr_err
     return rc;
 }
 
+/* Sharded parameters (level parameters) whole on rank 0, in its own
+ * buffer, to save them: each rank's parts, packed, broadcast and placed as
+ * the moments are.  The caller discards them again afterwards. */
+static int gather_params(struct tr_session *s, tr_err *err)
+{
+    size_t n = tr_shard_owned(&s->opt.shard, s->rank);
+    float *mine = tr_be_alloc(&s->be, (n + 1) * sizeof(float));
+    if (!mine)
+        return tr_fail(err, "out of memory gathering the parameters");
+    place_parts(s, s->rank, mine, s->g->params, 0);
+    int rc = gather_moments(s, mine, s->g->params, err);
+    tr_be_free(&s->be, mine);
+    return rc;
+}
+
 /* ---- save ------------------------------------------------------------------- */
 
 int tr_state_save(struct tr_session *s, const struct tr_run_state *st, int now, tr_err *err)
@@ -116,8 +135,12 @@ int tr_state_save(struct tr_session *s, const struct tr_run_state *st, int now, 
                 rc = tr_fail(err, "out of memory gathering the optimizer state");
         for (int k = 0; k < slots && rc == TR_OK; k++)
             rc = gather_moments(s, s->opt.state[k], full[k], err);
+        if (rc == TR_OK && s->gather)
+            rc = gather_params(s, err);
         if (rc == TR_OK && s->ckpt)
             rc = save_fn(s->ckpt, s->g->params, full, st, err);
+        if (s->gather) /* the save took its copy: back to this rank's parts */
+            tr_gather_release_all(s->gather);
         for (int k = 0; k < slots; k++)
             tr_be_free(&s->be, full[k]);
         return rc;
@@ -175,7 +198,7 @@ static int share_resume(struct tr_session *s, int *rc, struct tr_run_state *st, 
                                              s->g->n_buffers * sizeof(float), 0, err) != TR_OK)
         return TR_ERROR;
     if (tr_state_sharded(s)) /* rank 0 read the full state; each rank keeps its shard */
-        return share_shards(s, full, err);
+        return share_shards(s, full, err); /* (the run then discards others' parameters) */
     for (int k = 0; k < s->opt.desc->state_slots; k++)
         if (tr_comm_broadcast(s->comm, s->opt.state[k], bytes, 0, err) != TR_OK)
             return TR_ERROR;

@@ -124,7 +124,8 @@ struct tr_fit_model tr_session_fit_model(const struct tr_session *s)
     /* the optimizer state is cut over the run's ranks, or the plan's devices */
     int64_t ranks = s->mode == TR_SESSION_PLAN ? cfg->cost.count : s->world;
     int shard_world = cfg->parallel.shard_level != TR_SHARD_NONE && ranks > 1 ? (int)ranks : 1;
-    return (struct tr_fit_model){cfg, &s->be, s->policy.compute, slots, other, shard_world};
+    return (struct tr_fit_model){cfg, &s->be, s->policy.compute, slots, other, shard_world,
+                                 shard_world > 1 ? cfg->parallel.shard_level : TR_SHARD_NONE};
 }
 
 /* micro_batch = "auto": the largest that fits (fit.h).  A plan whose every
@@ -258,16 +259,20 @@ static int plan_memory(struct tr_session *s, tr_err *err)
     struct tr_config *cfg = s->cfg;
     /* an evaluation keeps no optimizer state */
     int slots = training(s) ? tr_session_fit_model(s).optimizer_slots : 0;
+    enum tr_shard_level level = s->world > 1 ? cfg->parallel.shard_level : TR_SHARD_NONE;
+    if (level == TR_SHARD_PARAMETERS && !tr_be_can_discard(&s->be))
+        return tr_fail(err, "parallel.shard = \"parameters\": the %s backend cannot give "
+                       "memory back (its discard slot), which sharded parameters need; use "
+                       "shard = \"gradients\" (ZeRO-2) there", tr_be_name(&s->be));
+    s->g->params_sharded = level == TR_SHARD_PARAMETERS; /* before the plan: no bf16 mirror */
     if (tr_graph_plan(s->g, &s->be, slots, err) != TR_OK)
         return TR_ERROR;
-    enum tr_shard_level level = s->world > 1 ? cfg->parallel.shard_level : TR_SHARD_NONE;
     tr_shard_init(&s->shard, s->g->n_params, tr_shard_unit_floats(cfg), s->rank, s->world, level);
     if (tr_shard_sharded(&s->shard) && s->comm && !tr_comm_has_allgather(s->comm))
         return tr_fail(err, "parallel.shard = \"%s\"%s: comm '%s' has no allgather, which "
                        "sharding (ZeRO-1 and up) needs to share the updated parameters; use a "
                        "comm plugin that has one (tcp, mpi, nccl) or no sharding",
-                       level == TR_SHARD_GRADIENTS ? "gradients" : "optimizer",
-                       cfg->parallel.zero ? " (parallel.zero = true)" : "",
+                       tr_shard_level_name(level), cfg->parallel.zero ? " (parallel.zero = true)" : "",
                        cfg->comm.plugin->info->name);
     if (training(s) &&
         tr_optimizer_init(&s->opt, &cfg->optimizer, s->g, &s->be, &s->shard, err) != TR_OK)
@@ -277,9 +282,12 @@ static int plan_memory(struct tr_session *s, tr_err *err)
     if (tr_shard_sharded(&s->shard) && s->rank == 0)
         tr_log(TR_LOG_INFO, NULL, "optimizer state sharded: rank 0 keeps %zu of %zu parameters' "
                "state (parallel.shard = %s)", owned, s->g->n_params,
-               level == TR_SHARD_GRADIENTS ? "gradients, reduce-scattered" : "optimizer");
+               level == TR_SHARD_PARAMETERS ? "parameters, gathered unit by unit"
+               : level == TR_SHARD_GRADIENTS ? "gradients, reduce-scattered" : "optimizer");
     if (s->comm && tr_comm_plan_buckets(s->comm, s->g, &s->shard, err) != TR_OK)
         return TR_ERROR;
+    if (s->comm && level == TR_SHARD_PARAMETERS)
+        s->gather = tr_gather_new(s->g, &s->be, s->comm, &s->shard);
     return TR_OK;
 }
 
@@ -313,7 +321,11 @@ static int open_inputs(struct tr_session *s, tr_err *err)
         return tr_fail(err, "out of memory for the input buffers");
     if (cfg->train.auto_micro_batch)
         trial_step(s);
-    tr_graph_init_params(g, &s->be, (uint64_t)cfg->train.seed);
+    if (s->gather) /* sharded parameters: this rank's parts only, tensor by tensor */
+        tr_graph_init_params_each(g, &s->be, (uint64_t)cfg->train.seed, tr_gather_written,
+                                  s->gather);
+    else
+        tr_graph_init_params(g, &s->be, (uint64_t)cfg->train.seed);
     if (!tr_hf_from_dir(cfg->recipe)) /* else model.from's base is loaded over them */
         tr_graph_init_frozen(g, &s->be, (uint64_t)cfg->train.seed);
     /* micro-batches per optimizer step on this rank (the config checked that
@@ -444,7 +456,7 @@ static int open_plan(struct tr_session *s, tr_err *err)
 {
     struct tr_fit_model fm = tr_session_fit_model(s);
     tr_graph_measure(s->g, &s->be, fm.optimizer_slots);
-    tr_fit_adjust(&fm, &s->g->memory);
+    tr_fit_adjust(&fm, s->g, &s->g->memory);
     return resolve_steps(s, err);
 }
 
@@ -480,6 +492,7 @@ int tr_session_open(struct tr_session *s, struct tr_config *cfg, enum tr_session
 void tr_session_close(struct tr_session *s)
 {
     tr_checkpointer_close(s->ckpt);
+    tr_gather_free(s->gather);
     tr_comm_close(s->comm);
     tr_topo_close(s->topo);
     if (s->be.iface) {

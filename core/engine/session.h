@@ -23,6 +23,7 @@
 #include "backend.h"
 #include "checkpoint.h"
 #include "comm.h"
+#include "gather.h"
 #include "fit.h"
 #include "graph.h"
 #include "loader.h"
@@ -56,6 +57,8 @@ struct tr_session {
     struct tr_data_source data;         /* not in plan mode */
     struct tr_optimizer opt;            /* train and smoke only */
     struct tr_shard shard;              /* who keeps which part (parallel.shard; shard.h) */
+    struct tr_gather *gather;           /* shard level parameters: the units gathered around
+                                         * the nodes that read them (gather.h); else NULL */
     int accum;                          /* micro-batches per optimizer step on this rank */
     uint32_t vocab;                     /* token ids must be below this */
     void *host_inputs;                  /* one micro-batch from the loader */

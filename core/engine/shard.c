@@ -1,6 +1,8 @@
 /* The shard layout of data parallelism (shard.h says the rule). */
 #include "shard.h"
 
+#include "backend.h"
+
 void tr_shard_init(struct tr_shard *s, size_t n, size_t unit_floats, int rank, int world,
                    enum tr_shard_level level)
 {
@@ -48,4 +50,23 @@ size_t tr_shard_owned(const struct tr_shard *s, int q)
 int tr_shard_sharded(const struct tr_shard *s)
 {
     return s->level != TR_SHARD_NONE && s->world > 1;
+}
+
+void tr_shard_discard_others(const struct tr_backend *be, float *buf, const struct tr_shard *s,
+                             size_t u)
+{
+    struct tr_shard_run r = tr_shard_unit(s, u), p = tr_shard_part(s, u, s->rank);
+    struct tr_shard_run other[2] = {{r.begin, p.begin}, {p.end, r.end}};
+    for (int k = 0; k < 2; k++) {
+        size_t bytes = (other[k].end - other[k].begin) * sizeof(float);
+        if (bytes && tr_be_can_discard(be))
+            tr_be_discard(be, buf + other[k].begin, bytes);
+        else if (bytes)
+            tr_be_zero(be, buf + other[k].begin, bytes);
+    }
+}
+
+const char *tr_shard_level_name(enum tr_shard_level level)
+{
+    return (unsigned)level <= TR_SHARD_PARAMETERS ? tr_shard_levels[level] : "?";
 }

@@ -62,4 +62,14 @@ size_t tr_shard_owned(const struct tr_shard *s, int q);
  * none, with more than one rank). */
 int tr_shard_sharded(const struct tr_shard *s);
 
+/* "none", "optimizer", "gradients", "parameters": the recipe's words. */
+const char *tr_shard_level_name(enum tr_shard_level level);
+
+/* Unit u of buf (a flat buffer of this layout, backend memory) but this
+ * rank's part, discarded through the backend, or zeroed where it cannot
+ * discard: it reads as zeros after. */
+struct tr_backend;
+void tr_shard_discard_others(const struct tr_backend *be, float *buf, const struct tr_shard *s,
+                             size_t u);
+
 #endif

@@ -14,19 +14,29 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 struct cpu_context {
     int threads;
 };
 
+static void cpu_discard(void *ctx, void *p, size_t bytes);
+
 static void *cpu_alloc(void *ctx, size_t bytes)
 {
-    (void)ctx;
     void *p = NULL;
     size_t rounded = (bytes + 63) & ~(size_t)63;
     if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0)
         return NULL;
-    memset(p, 0, rounded);
+    /* large buffers zeroed without touching them: their pages are resident
+     * only once written (a rank of sharded data parallelism never writes
+     * most of its gradient and parameter buffers) */
+    if (rounded >= ((size_t)1 << 20))
+        cpu_discard(ctx, p, rounded);
+    else
+        memset(p, 0, rounded);
     return p;
 }
 
@@ -42,6 +52,24 @@ static void cpu_zero(void *ctx, void *p, size_t bytes)
     (void)ctx;
     tr_cpu_param16_written(p, bytes);
     memset(p, 0, bytes);
+}
+
+/* The whole pages inside [p, p + bytes) back to the kernel (private
+ * anonymous memory, as malloc's is: they read as zeros when touched
+ * again), the partial pages at either end zeroed by hand. */
+static void cpu_discard(void *ctx, void *p, size_t bytes)
+{
+    (void)ctx;
+    tr_cpu_param16_written(p, bytes);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p, b = a + bytes;
+    uintptr_t first = (a + page - 1) & ~(uintptr_t)(page - 1), last = b & ~(uintptr_t)(page - 1);
+    if (first >= last || madvise((void *)first, last - first, MADV_DONTNEED) != 0) {
+        memset(p, 0, bytes);
+        return;
+    }
+    memset(p, 0, first - a);
+    memset((void *)last, 0, b - last);
 }
 
 static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes)
@@ -286,7 +314,7 @@ static void cpu_node_backward(void *ctx, struct tr_graph *g, const struct tr_nod
 static size_t cpu_param_copy_bytes(void *ctx, const struct tr_graph *g)
 {
     (void)ctx;
-    if (!tr_cpu_node_native_bf16(g))
+    if (!tr_cpu_node_native_bf16(g) || g->params_sharded)
         return 0;
     for (int i = 0; i < g->n_nodes; i++) {
         const struct tr_node *n = &g->nodes[i];
@@ -408,6 +436,7 @@ static const struct tr_backend_iface cpu_iface = {
     .writes_grad = cpu_writes_grad,
     .store_frozen = cpu_store_frozen,
     .load_frozen = cpu_load_frozen,
+    .discard = cpu_discard,
 };
 
 int tr_cpu_backend_init(struct tr_backend *be, int threads)

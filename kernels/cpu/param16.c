@@ -111,7 +111,7 @@ size_t tr_cpu_param16_bytes(size_t n_params)
 
 const uint16_t *tr_cpu_param16(const struct tr_graph *g, const struct tr_tensor *t)
 {
-    if (t->role != TR_ROLE_PARAM || t->dtype != TR_F32 || g->params == NULL ||
+    if (t->role != TR_ROLE_PARAM || t->dtype != TR_F32 || g->params == NULL || g->params_sharded ||
         g->n_params == 0 || (const float *)t->data < g->params ||
         (const float *)t->data + t->numel > g->params + g->n_params)
         return NULL;

@@ -3,22 +3,29 @@
 # on this machine, one thread each.  Checks that
 #   - procs = 2, 3 and 4 train to the weights of one process over 20 steps
 #     (within 1e-5: the ranks' gradients are summed in another order) at
-#     shard levels "optimizer" (ZeRO-1) and "gradients" (ZeRO-2), for a GPT
+#     shard levels "optimizer" (ZeRO-1), "gradients" (ZeRO-2) and "parameters"
+#     (ZeRO-3), for a GPT
 #     (tied head), a Llama (untied) and a Llama with tied embeddings, with
 #     units (gradient buckets) small enough that every unit is cut in parts
 #     and the last leaves a leftover that does not divide by the ranks;
-#   - "gradients" ends bit-identical to "optimizer" where the clip does not
-#     act (the reduce-scatter leaves each rank the sums the all-reduce
-#     would), and within 1e-5 with clipping (the norm is added up per rank);
+#   - "parameters" ends bit-identical to "gradients" (the gathers copy the
+#     owners' floats; the sums are the same reduce-scatters'), and without
+#     accumulation "gradients" bit-identical to "optimizer" where the clip
+#     does not act (the reduce-scatter leaves each rank the sums the
+#     all-reduce would; with accumulation the sharded levels sum every
+#     micro-batch's gradients over the ranks, not the step's: within 1e-5);
 #   - accumulation, recompute and clipping keep that agreement; under bf16
 #     and fp16 (loss scaling) a sharded run equals the unsharded one at the
 #     same world size bit for bit (and one process within 1e-3, as
 #     unsharded data parallelism does: below);
-#   - over MPI (mpirun -np 3) "gradients" equals no sharding bit for bit;
+#   - evaluation during a run at "parameters" with batches the ranks share
+#     unevenly (every rank still runs as many forwards: each gathers);
+#   - over MPI (mpirun -np 3) "gradients" and "parameters" equal no
+#     sharding bit for bit (no accumulation);
 #   - a run saved at 2 ranks resumes at 3 and at 1 (the checkpoint holds
 #     the whole state; each world size cuts it anew) and ends within 1e-5
 #     of the run that kept 2 ranks;
-#   - shard = "parameters" and a shard that contradicts parallel.zero are
+#   - a shard that contradicts parallel.zero is
 #     refused naming the recipe line, and a comm plugin without
 #     reduce_scatter (one built for plugin ABI 2.2) naming the slot.
 . "$(dirname "$0")/lib.sh"
@@ -53,17 +60,46 @@ for model in gpt llama llama-tied; do
   # shellcheck disable=SC2086
   run "$model-one" "$recipe" $extra
   for procs in 2 3 4; do
-    for level in optimizer gradients; do
+    for level in optimizer gradients parameters; do
       # shellcheck disable=SC2086
       run "$model-$level-$procs" "$recipe" $extra procs=$procs parallel.shard=$level
       close "$model-one" "$model-$level-$procs" 1e-5 "$model: $procs ranks at shard $level"
     done
-    cmp "$(weights "$model-optimizer-$procs")" "$(weights "$model-gradients-$procs")" ||
-      fail "$model: shard gradients is not bit-identical to optimizer at $procs ranks"
+    cmp "$(weights "$model-gradients-$procs")" "$(weights "$model-parameters-$procs")" ||
+      fail "$model: shard parameters is not bit-identical to gradients at $procs ranks"
   done
 done
 grep -q "rank 0 keeps .* (parallel.shard = gradients, reduce-scattered)" llama-gradients-3.log ||
   { cat llama-gradients-3.log; fail "the sharded state is not reported"; }
+grep -q "rank 0 keeps .* (parallel.shard = parameters, gathered unit by unit)" llama-parameters-3.log ||
+  { cat llama-parameters-3.log; fail "the sharded parameters are not reported"; }
+# a wider Llama: 44 units, so "parameters" gathers and discards many units
+# a pass, with recompute (backward re-gathers a segment's units) and
+# accumulation, over 2 and 3 ranks
+wide="model.dim=64 model.ffn_dim=128 model.layers=3"
+# shellcheck disable=SC2086
+run wide-one "$LLAMA" $wide
+for procs in 2 3; do
+  for level in gradients parameters; do
+    # shellcheck disable=SC2086
+    run "wide-$level-$procs" "$LLAMA" $wide model.recompute=1 procs=$procs parallel.shard=$level
+  done
+  close wide-one "wide-parameters-$procs" 1e-5 "wide llama: $procs ranks at shard parameters"
+  cmp "$(weights "wide-gradients-$procs")" "$(weights "wide-parameters-$procs")" ||
+    fail "wide llama: shard parameters is not bit-identical to gradients at $procs ranks"
+done
+
+# without accumulation (one micro-batch per rank a step) every level adds
+# the same numbers in the same order
+for procs in 2 4; do
+  for level in none optimizer parameters; do
+    # shellcheck disable=SC2086
+    run "noacc-$level-$procs" "$GPT" procs=$procs train.batch=$procs parallel.shard=$level
+  done
+  cmp "$(weights "noacc-none-$procs")" "$(weights "noacc-optimizer-$procs")" &&
+    cmp "$(weights "noacc-none-$procs")" "$(weights "noacc-parameters-$procs")" ||
+    fail "without accumulation, $procs ranks: the shard levels differ"
+done
 
 # the levers: recompute and clipping agree with one process within 1e-5.
 # Under bf16 and fp16 the ranks' other order of adding gradients moves the
@@ -77,51 +113,84 @@ for lever in "model.recompute=1 optimizer.clip=0.5" "precision=bf16" "precision=
   # shellcheck disable=SC2086
   run "lever-$name-one" "$LLAMA" $lever
   for procs in 2 3; do
-    # shellcheck disable=SC2086
-    run "lever-$name-$procs" "$LLAMA" $lever procs=$procs parallel.shard=gradients
+    for level in gradients parameters; do
+      # shellcheck disable=SC2086
+      run "lever-$name-$procs-$level" "$LLAMA" $lever procs=$procs parallel.shard=$level
+    done
+    cmp "$(weights "lever-$name-$procs-gradients")" "$(weights "lever-$name-$procs-parameters")" ||
+      fail "$lever at $procs ranks: shard parameters differs from gradients"
     case $lever in
     precision=*)
+      # the same as no sharding where nothing accumulates (the sharded
+      # levels sum each micro-batch over the ranks)
       # shellcheck disable=SC2086
-      run "lever-$name-$procs-none" "$LLAMA" $lever procs=$procs
-      cmp "$(weights "lever-$name-$procs-none")" "$(weights "lever-$name-$procs")" ||
-        fail "$lever at $procs ranks: shard gradients differs from no sharding"
-      close "lever-$name-one" "lever-$name-$procs" 1e-3 "$lever at $procs ranks, shard gradients" ;;
-    *) close "lever-$name-one" "lever-$name-$procs" 1e-5 "$lever at $procs ranks, shard gradients" ;;
+      run "lever-$name-$procs-none" "$LLAMA" $lever procs=$procs train.batch=$procs
+      # shellcheck disable=SC2086
+      run "lever-$name-$procs-noacc" "$LLAMA" $lever procs=$procs train.batch=$procs \
+        parallel.shard=parameters
+      cmp "$(weights "lever-$name-$procs-none")" "$(weights "lever-$name-$procs-noacc")" ||
+        fail "$lever at $procs ranks: shard parameters differs from no sharding"
+      close "lever-$name-one" "lever-$name-$procs-parameters" 1e-3 "$lever at $procs ranks, shard parameters" ;;
+    *) close "lever-$name-one" "lever-$name-$procs-parameters" 1e-5 "$lever at $procs ranks, shard parameters" ;;
     esac
   done
 done
 
-# resharding: saved at 2 ranks (step 10), resumed at 3 and at 1
-for procs in 3 1; do
-  cp -r llama-gradients-2 "reshard-$procs"
-  rm -rf "reshard-$procs/checkpoints/step-0000000020"
-  echo step-0000000010 > "reshard-$procs/checkpoints/LATEST"
+# evaluation while training at shard parameters: 5 validation batches over
+# 3 ranks (2, 2, 1): the loss is the one process's
+# shellcheck disable=SC2086
+run eval-one "$LLAMA" train.eval_every=10 train.eval_batches=5
+# shellcheck disable=SC2086
+run eval-3 "$LLAMA" train.eval_every=10 train.eval_batches=5 procs=3 parallel.shard=parameters
+close eval-one eval-3 1e-5 "evaluation at shard parameters"
+python3 - eval-one/metrics.jsonl eval-3/metrics.jsonl <<'PY' || fail "evaluation at shard parameters"
+import json, sys
+def vals(p):
+    return [json.loads(l)["val_loss"] for l in open(p) if '"val_loss"' in l]
+a, b = vals(sys.argv[1]), vals(sys.argv[2])
+assert len(a) == 2 and len(b) == 2, (a, b)
+assert all(abs(x - y) <= 1e-4 * abs(x) for x, y in zip(a, b)), (a, b)
+PY
+
+# resharding: saved at 2 ranks (step 10), resumed at 3 and at 1 (gradients),
+# at 4, 1 and at shard gradients (parameters)
+for case in gradients:3 gradients:1 parameters:4 parameters:1 parameters:3:gradients; do
+  level=${case%%:*} rest=${case#*:}
+  procs=${rest%%:*} now=${rest#*:}
+  [ "$now" = "$rest" ] && now=$level
+  dir="reshard-$level-$procs-$now"
+  cp -r "llama-$level-2" "$dir"
+  rm -rf "$dir/checkpoints/step-0000000020"
+  echo step-0000000010 > "$dir/checkpoints/LATEST"
   # shellcheck disable=SC2086
-  "$TRAINRUN" "$LLAMA" $base procs=$procs parallel.shard=gradients run_dir="reshard-$procs" \
-    --resume auto > "reshard-$procs.log" 2>&1 || { cat "reshard-$procs.log"; fail "resume at $procs"; }
-  grep -q "resumed from checkpoint step-0000000010" "reshard-$procs.log" ||
-    { cat "reshard-$procs.log"; fail "no resume at $procs ranks"; }
-  close llama-gradients-2 "reshard-$procs" 1e-5 "saved at 2 ranks, resumed at $procs"
+  "$TRAINRUN" "$LLAMA" $base procs=$procs parallel.shard=$now run_dir="$dir" \
+    --resume auto > "$dir.log" 2>&1 || { cat "$dir.log"; fail "resume at $procs"; }
+  grep -q "resumed from checkpoint step-0000000010" "$dir.log" ||
+    { cat "$dir.log"; fail "no resume at $procs ranks"; }
+  close "llama-$level-2" "$dir" 1e-5 "saved at 2 ranks ($level), resumed at $procs ($now)"
 done
 
 # over MPI (comm = "mpi" under mpirun, 3 ranks): the same as over TCP
 if command -v mpirun > /dev/null 2>&1; then
-  for level in none gradients; do
+  for level in none gradients parameters; do
     # shellcheck disable=SC2086
     timeout 120 mpirun --allow-run-as-root --oversubscribe --bind-to none \
       --mca btl_vader_single_copy_mechanism none -np 3 -x OMP_NUM_THREADS=1 \
-      "$TRAINRUN" "$LLAMA" $base parallel.shard=$level run_dir="mpi-$level" --quiet \
+      "$TRAINRUN" "$LLAMA" $base train.batch=3 parallel.shard=$level run_dir="mpi-$level" --quiet \
       > "mpi-$level.log" 2>&1 || { cat "mpi-$level.log"; fail "mpirun -np 3 shard $level"; }
   done
   cmp "$(weights mpi-none)" "$(weights mpi-gradients)" || fail "mpi: shard gradients differs from none"
-  close llama-one mpi-gradients 1e-5 "mpi: 3 ranks at shard gradients"
+  cmp "$(weights mpi-none)" "$(weights mpi-parameters)" || fail "mpi: shard parameters differs from none"
+  # shellcheck disable=SC2086
+  run llama-one-3 "$LLAMA" train.batch=3
+  close llama-one-3 mpi-parameters 1e-5 "mpi: 3 ranks at shard parameters"
 else
   echo "shard: mpirun not found: the MPI case is skipped"
 fi
 
 # the trace of a sampled step shows its collectives on a track of their own
 # shellcheck disable=SC2086
-run traced "$LLAMA" procs=2 parallel.shard=gradients train.trace_every=10
+run traced "$LLAMA" procs=2 parallel.shard=parameters train.trace_every=10
 python3 - traced/trace.json <<'PY' || fail "no reduce-scatter or all-gather spans in the trace"
 import json, sys
 ev = json.load(open(sys.argv[1]))["traceEvents"]
@@ -133,18 +202,10 @@ PY
 # plan: each level's memory per device, and the smallest that fits
 "$TRAINRUN" plan "$LLAMA" cost.hardware=h100-80gb gpus=4 parallel.shard=gradients > plan4.txt 2>&1 ||
   { cat plan4.txt; fail "plan gpus=4"; }
-grep -q 'shard levels *on each of 4 devices: none .*, optimizer .*, gradients .* (parallel.shard)' plan4.txt &&
+grep -q 'shard levels *on each of 4 devices: none .*, optimizer .*, gradients .*, parameters .* (parallel.shard)' plan4.txt &&
   grep -q 'the smallest level that fits: "none"' plan4.txt || { cat plan4.txt; fail "plan's shard levels"; }
 
 # refusals, naming the line
-cat > zero3.lua <<EOF
-return {
-  extends = "$LLAMA",
-  parallel = { shard = "parameters" },
-}
-EOF
-if "$TRAINRUN" zero3.lua procs=2 run_dir=zero3 > zero3.log 2>&1; then fail "parameters ran"; fi
-grep -q 'zero3.lua:3: parallel.shard = "parameters"' zero3.log || { cat zero3.log; fail "zero3 message"; }
 if "$TRAINRUN" "$LLAMA" parallel.zero=true parallel.shard=gradients procs=2 run_dir=both > both.log 2>&1; then
   fail "zero = true with shard = gradients ran"
 fi
