@@ -173,26 +173,50 @@ static int plan_cost(struct tr_plan *p, struct tr_config *cfg, tr_err *err)
     return TR_OK;
 }
 
-/* Each shard level's memory per device on cost.count devices: the plan's,
- * its optimizer state whole or as the largest rank's part (fit.c); the
- * smallest level that fits. */
+/* Shard level `level`'s memory per device on `devices` devices: the
+ * measured plan with everything whole, then as the level cuts it (fit.c). */
+static double level_bytes(const struct tr_fit_model *fm, const struct tr_graph *g, int level,
+                          int64_t devices)
+{
+    struct tr_fit_model f = *fm;
+    f.shard_world = level != TR_SHARD_NONE && devices > 1 ? (int)devices : 1;
+    f.level = (enum tr_shard_level)level;
+    struct tr_memory_report m = g->memory;
+    m.grads = g->n_params * sizeof(float);
+    m.params = (g->n_params + g->n_buffers) * sizeof(float);
+    m.param_copies = fm->other_device ? 0 : tr_be_param_copy_bytes(fm->be, g);
+    m.optimizer = (size_t)fm->optimizer_slots * m.grads;
+    tr_fit_adjust(&f, g, &m);
+    return (double)tr_graph_memory_total(&m);
+}
+
+/* Each shard level's memory per device on cost.count devices and the
+ * smallest level that fits; for each sharded level the fewest devices it
+ * fits on (doubling, then halving the gap: memory per device only falls
+ * as devices are added), 0 where even 4096 do not do. */
 static void plan_levels(struct tr_plan *p, const struct tr_fit_model *fm, const struct tr_graph *g)
 {
     p->level_fits_first = -1;
     for (int level = TR_SHARD_NONE; level <= TR_SHARD_PARAMETERS; level++) {
-        struct tr_fit_model f = *fm;
-        f.shard_world = level != TR_SHARD_NONE && p->cost.count > 1 ? (int)p->cost.count : 1;
-        f.level = (enum tr_shard_level)level;
-        /* the measured plan, everything whole, then as f says */
-        struct tr_memory_report m = g->memory;
-        m.grads = g->n_params * sizeof(float);
-        m.params = (g->n_params + g->n_buffers) * sizeof(float);
-        m.param_copies = fm->other_device ? 0 : tr_be_param_copy_bytes(fm->be, g);
-        m.optimizer = (size_t)fm->optimizer_slots * m.grads;
-        tr_fit_adjust(&f, g, &m);
-        p->level_total[level] = (double)tr_graph_memory_total(&m);
+        p->level_total[level] = level_bytes(fm, g, level, p->cost.count);
         if (p->level_fits_first < 0 && p->level_total[level] <= p->usable_bytes)
             p->level_fits_first = level;
+        int64_t hi = 1;
+        while (hi <= 4096 && level_bytes(fm, g, level, hi) > p->usable_bytes)
+            hi *= 2;
+        if (hi > 4096) {
+            p->level_devices[level] = 0;
+            continue;
+        }
+        int64_t lo = hi / 2; /* does not fit (or 0) */
+        while (hi - lo > 1) {
+            int64_t mid = lo + (hi - lo) / 2;
+            if (level_bytes(fm, g, level, mid) <= p->usable_bytes)
+                hi = mid;
+            else
+                lo = mid;
+        }
+        p->level_devices[level] = level == TR_SHARD_NONE && hi > 1 ? 0 : hi;
     }
 }
 

@@ -78,6 +78,7 @@ struct tr_plan {
     /* memory per device at each level (none, optimizer, gradients,
      * parameters) on cost.count devices, and the smallest that fits (-1: none) */
     double level_total[4]; /* by enum tr_shard_level */
+    int64_t level_devices[4]; /* the fewest devices each level fits on; 0: none up to 4096 */
     int level_fits_first;
     double allreduce_seconds;         /* all buckets of one step, back to back; count > 1 */
     struct tr_plan_scale {

@@ -297,6 +297,14 @@ static void print_memory(const struct tr_plan *p, FILE *out)
         else
             row(out, "", "no shard level fits: more devices, a smaller micro-batch, recompute, "
                 "or adapters (lora)");
+        char need[4][32];
+        for (int k = 1; k < 4; k++)
+            if (p->level_devices[k] > 0)
+                snprintf(need[k], sizeof need[k], "%lld", (long long)p->level_devices[k]);
+            else
+                snprintf(need[k], sizeof need[k], "more than 4096");
+        row(out, "devices needed", "the fewest that fit: optimizer %s, gradients %s, parameters %s",
+            need[1], need[2], need[3]);
         if (p->level_fits_first == TR_SHARD_PARAMETERS && !p->cpu_ranks)
             row(out, "", "(\"parameters\" runs on device=cpu ranks in this version: the cuda "
                 "backend cannot yet give memory back)");

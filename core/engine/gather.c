@@ -32,6 +32,7 @@ struct tr_gather {
     unsigned char *state; /* per unit */
     size_t *ticket;       /* per unit in flight: its gather's */
     int cur, cursor;      /* the pass under way and its next event */
+    double waited;        /* seconds spent waiting for gathers (not hidden by compute) */
 };
 
 /* ---- the schedule, from the graph ------------------------------------------- */
@@ -218,6 +219,7 @@ static void before_node(void *ctx, int node, int phase)
             request(gt, ps->node[e + 1]);
     }
     tr_err err = {{0}};
+    double t0 = tr_now();
     for (int k = gt->ustart[node]; k < gt->ustart[node + 1]; k++) {
         size_t u = gt->units[k];
         if (gt->state[u] == IN_FLIGHT) {
@@ -225,6 +227,14 @@ static void before_node(void *ctx, int node, int phase)
             gt->state[u] = RESIDENT;
         }
     }
+    gt->waited += tr_now() - t0;
+}
+
+double tr_gather_take_waited(struct tr_gather *gt)
+{
+    double w = gt->waited;
+    gt->waited = 0;
+    return w;
 }
 
 void tr_gather_release_all(struct tr_gather *gt)

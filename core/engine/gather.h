@@ -42,6 +42,10 @@ void tr_gather_release_all(struct tr_gather *gt);
  * never holds more than its parts and one tensor.  ctx: the tr_gather. */
 void tr_gather_written(void *ctx, const struct tr_tensor *t);
 
+/* Seconds the nodes waited for their units since the last call: the
+ * gathers compute did not hide (the run counts them as communication). */
+double tr_gather_take_waited(struct tr_gather *gt);
+
 /* The most floats of parameters and of gradients held at once over a
  * training step's forward and backward, beyond this rank's parts: whole
  * units resident together (parameters), and units backward has started

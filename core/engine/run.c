@@ -280,7 +280,10 @@ static int forward_backward(struct run *r, double scale, double *loss_sum, doubl
         if (s->gather && k == s->accum - 1) /* the update changes this rank's parts only */
             tr_gather_release_all(s->gather);
         double t1 = tr_now();
-        l->t_compute += t1 - t0;
+        /* waits for sharded parameters' gathers are communication, not compute */
+        double gathering = s->gather ? tr_gather_take_waited(s->gather) : 0;
+        l->t_compute += t1 - t0 - gathering;
+        l->t_comm += gathering;
         tr_trace_phase(trace, "data wait", l->step, td, t0);
         tr_trace_phase(trace, "forward+backward", l->step, t0, t1);
         if (s->g->profile)
