@@ -95,6 +95,29 @@ finish
 [ $code -eq 75 ] || { cat term.log; fail "SIGTERM: exit code $code, expected 75"; }
 grep -q "checkpoint of step" term.log || fail "SIGTERM: no preemption checkpoint reported"
 
+# the same at shard = "parameters" (ZeRO-3): every rank takes part in the
+# save (rank 0 gathers the parameters), and the run resumes from it
+start_after 8 term3 "$@" train.steps=400 parallel.shard=parameters
+kill -TERM $pid
+finish
+[ $code -eq 75 ] || { cat term3.log; fail "SIGTERM at shard parameters: exit code $code, expected 75"; }
+grep -q "checkpoint of step" term3.log || fail "SIGTERM at shard parameters: no checkpoint reported"
+at=$(sed 's/step-0*//' term3/checkpoints/LATEST)
+"$TRAINRUN" "$R" "$@" run_dir=term3 procs=2 parallel.shard=parameters train.steps=$((at + 3)) \
+  --resume auto --allow-changes > term3-resumed.log 2>&1 ||
+  { cat term3-resumed.log; fail "resume after SIGTERM at shard parameters"; }
+grep -q "resumed from checkpoint step-0*$at" term3-resumed.log || { cat term3-resumed.log; fail "no resume at step $at"; }
+[ "$(cat term3/checkpoints/LATEST)" = "$(printf 'step-%010d' $((at + 3)))" ] ||
+  fail "the resumed run at shard parameters did not reach step $((at + 3))"
+# and an exact resume: stopped at step 30 and resumed, bit-identical
+"$TRAINRUN" "$R" "$@" run_dir=z3 procs=2 parallel.shard=parameters --quiet
+python3 "$READ" close "$(weights one)" "$(weights z3)" 1e-5 || fail "shard parameters changed the weights"
+cp -r z3 z3-resumed
+rm -rf z3-resumed/checkpoints/step-0000000040 z3-resumed/checkpoints/step-0000000035
+echo step-0000000030 > z3-resumed/checkpoints/LATEST
+"$TRAINRUN" "$R" "$@" run_dir=z3-resumed procs=2 parallel.shard=parameters --resume auto --quiet
+cmp "$(weights z3)" "$(weights z3-resumed)" || fail "shard parameters resumed: weights differ"
+
 # another world size: resume the 2-rank checkpoint in one process
 cp -r two mixed
 rm -rf mixed/checkpoints/step-0000000040 mixed/checkpoints/step-0000000035
