@@ -23,6 +23,7 @@
 
 struct metrics {
     struct series loss, val_loss, val_accuracy, lr, tokens_per_s, data_wait, cost, mfu;
+    struct series comm_wait; /* data parallel: % of the step waiting for collectives */
     struct series val_loss_per_byte; /* text data: nats per byte, across tokenizers */
     double last_step;   /* the highest step logged */
     double time_s;      /* wall time over all segments of a resumed run */
@@ -63,13 +64,13 @@ static void series_settle(struct series *s)
     s->n = kept;
 }
 
-#define METRICS_SERIES 9
+#define METRICS_SERIES 10
 
 static void metrics_series(struct metrics *m, struct series *all[METRICS_SERIES])
 {
     struct series *list[METRICS_SERIES] = {&m->loss, &m->val_loss, &m->val_accuracy, &m->lr,
                                            &m->tokens_per_s, &m->data_wait, &m->cost, &m->mfu,
-                                           &m->val_loss_per_byte};
+                                           &m->val_loss_per_byte, &m->comm_wait};
     memcpy(all, list, sizeof list);
 }
 
@@ -111,6 +112,8 @@ static void add_record(struct metrics *m, const struct tr_json *obj, double step
         series_add(&m->tokens_per_s, step, v, order);
     if (number_at(obj, "data_wait_pct", &v))
         series_add(&m->data_wait, step, v, order);
+    if (number_at(obj, "comm_wait_pct", &v))
+        series_add(&m->comm_wait, step, v, order);
     if (number_at(obj, "cost_usd", &v))
         series_add(&m->cost, step, v, order);
     if (number_at(obj, "mfu", &v) && v >= 0) /* -1: no peak FLOP/s was known */
@@ -502,6 +505,9 @@ static char *summary_text(const struct metrics *m, const char *run)
         fprintf(out, "%-12s mean %.0f tokens/s\n", "throughput", series_mean(&m->tokens_per_s));
     if (m->data_wait.n)
         fprintf(out, "%-12s mean %.2f%%\n", "data wait", series_mean(&m->data_wait));
+    if (m->comm_wait.n) /* cumulative: the last line covers the whole run */
+        fprintf(out, "%-12s %.2f%% of the steps waiting for collectives (not hidden by compute)\n",
+                "comm wait", m->comm_wait.p[m->comm_wait.n - 1].y);
     if (m->mfu.n) {
         double mfu = series_mean(&m->mfu);
         fprintf(out, "%-12s mean %.1f%%\n", "mfu", mfu <= 1.5 ? 100 * mfu : mfu); /* a fraction or a percentage */

@@ -301,6 +301,7 @@ void tr_journal_drop(struct tr_journal *j)
 /* The progress line's and metrics.jsonl's numbers. */
 struct step_numbers {
     double elapsed, eta, wait, tok_s, mfu, dollars, projected, loss_scale;
+    double comm; /* with ranks: % of the step waiting for collectives (not hidden); else NaN */
 };
 
 static struct step_numbers step_numbers(const struct tr_loop *l)
@@ -316,6 +317,7 @@ static struct step_numbers step_numbers(const struct tr_loop *l)
         n.eta = cfg->train.time - n.elapsed > 0 ? cfg->train.time - n.elapsed : 0;
     double total = l->t_data + l->t_compute + l->t_optimizer;
     n.wait = total > 0 ? 100.0 * l->t_data / total : 0;
+    n.comm = s->world > 1 && total + l->t_comm > 0 ? 100.0 * l->t_comm / (total + l->t_comm) : NAN;
     n.tok_s = l->tokens / (n.elapsed > 0 ? n.elapsed : 1);
     n.mfu = s->peak_flops > 0 ? n.tok_s * s->flops_per_token / s->peak_flops : NAN;
     n.dollars = l->cost_before + tr_loop_spent(l);
@@ -349,7 +351,7 @@ int tr_journal_step(struct tr_journal *j, const struct tr_loop *l, tr_err *err)
         progress_line(l, &n);
     /* the loggers get what is known: no MFU without a peak (metrics.jsonl's
      * -1), no dollars without a price (its 0) */
-    struct tr_scalar v[12];
+    struct tr_scalar v[13];
     size_t nv = 0;
     v[nv++] = (struct tr_scalar){"loss", l->loss};
     v[nv++] = (struct tr_scalar){"lr", l->lr};
@@ -358,6 +360,8 @@ int tr_journal_step(struct tr_journal *j, const struct tr_loop *l, tr_err *err)
     if (!isnan(n.mfu))
         v[nv++] = (struct tr_scalar){"mfu", n.mfu};
     v[nv++] = (struct tr_scalar){"data_wait_pct", n.wait};
+    if (!isnan(n.comm))
+        v[nv++] = (struct tr_scalar){"comm_wait_pct", n.comm};
     v[nv++] = (struct tr_scalar){"loss_scale", n.loss_scale};
     v[nv++] = (struct tr_scalar){"skipped_steps", (double)l->skipped};
     if (l->s->usd_per_second > 0) {
@@ -374,13 +378,16 @@ int tr_journal_step(struct tr_journal *j, const struct tr_loop *l, tr_err *err)
     double cpu_s = clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu) == 0
                        ? (double)cpu.tv_sec + 1e-9 * (double)cpu.tv_nsec
                        : -1;
+    char comm[48] = ""; /* with ranks only */
+    if (!isnan(n.comm))
+        snprintf(comm, sizeof comm, ", \"comm_wait_pct\": %.2f", n.comm);
     return metrics_line(j, l->step, err,
                 "{\"step\": %llu, \"loss\": %.6g, \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens_per_s\": %.1f, "
-                "\"mfu\": %.4g, \"data_wait_pct\": %.2f, \"loss_scale\": %.6g, \"skipped_steps\": %llu, "
+                "\"mfu\": %.4g, \"data_wait_pct\": %.2f%s, \"loss_scale\": %.6g, \"skipped_steps\": %llu, "
                 "\"cost_usd\": %.6g, \"cost_projected_usd\": %.6g, \"elapsed_s\": %.3f, \"cpu_s\": %.3f}\n",
                 (unsigned long long)l->step, l->loss, l->lr, l->grad_norm, n.tok_s,
-                isnan(n.mfu) ? -1.0 : n.mfu, n.wait, n.loss_scale, (unsigned long long)l->skipped,
-                n.dollars, n.projected, n.elapsed, cpu_s);
+                isnan(n.mfu) ? -1.0 : n.mfu, n.wait, comm, n.loss_scale,
+                (unsigned long long)l->skipped, n.dollars, n.projected, n.elapsed, cpu_s);
 }
 
 int tr_journal_eval(struct tr_journal *j, const struct tr_loop *l, tr_err *err)

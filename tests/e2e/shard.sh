@@ -199,11 +199,18 @@ assert any(n.startswith("reduce-scatter ") for n in names), names
 assert any(n.startswith("all-gather ") for n in names), names
 PY
 
+# the exposed communication: in metrics.jsonl with ranks, and in `report`
+grep -q '"comm_wait_pct": ' traced/metrics.jsonl || fail "no comm_wait_pct in metrics.jsonl"
+"$TRAINRUN" report traced > report.txt 2>&1 || { cat report.txt; fail "report of a 2-rank run"; }
+grep -q "^comm wait .*% of the steps waiting for collectives" report.txt || { cat report.txt; fail "report: no comm wait"; }
+
 # plan: each level's memory per device, and the smallest that fits
 "$TRAINRUN" plan "$LLAMA" cost.hardware=h100-80gb gpus=4 parallel.shard=gradients > plan4.txt 2>&1 ||
   { cat plan4.txt; fail "plan gpus=4"; }
 grep -q 'shard levels *on each of 4 devices: none .*, optimizer .*, gradients .*, parameters .* (parallel.shard)' plan4.txt &&
-  grep -q 'the smallest level that fits: "none"' plan4.txt || { cat plan4.txt; fail "plan's shard levels"; }
+  grep -q 'the smallest level that fits: "none"' plan4.txt &&
+  grep -q 'devices needed *the fewest that fit: optimizer 1, gradients 1, parameters 1' plan4.txt ||
+  { cat plan4.txt; fail "plan's shard levels"; }
 
 # refusals, naming the line
 if "$TRAINRUN" "$LLAMA" parallel.zero=true parallel.shard=gradients procs=2 run_dir=both > both.log 2>&1; then
