@@ -32,7 +32,7 @@ static const struct tr_option csv_options[] = {
     {TR_OPT_STRING, "file", "metrics.csv", 0, 0, NULL,
      "the CSV file, relative to the run directory", offsetof(struct csv_config, file)},
     {TR_OPT_STRING, "columns",
-     "loss,lr,grad_norm,tokens_per_s,mfu,data_wait_pct,loss_scale,skipped_steps,cost_usd,"
+     "loss,lr,grad_norm,tokens_per_s,mfu,data_wait_pct,comm_wait_pct,loss_scale,skipped_steps,cost_usd,"
      "cost_projected_usd,elapsed_s,val_loss,val_accuracy,val_loss_per_byte",
      0, 0, NULL, "the columns after step, comma-separated; a row leaves the cells it lacks empty",
      offsetof(struct csv_config, columns)},
