@@ -1,0 +1,32 @@
+#!/bin/sh
+# Sharded parameters (parallel.shard = "parameters", core/engine/gather.c)
+# on one short case that touches every path of the gather schedule, small
+# enough for the sanitizer job (tests/e2e/sanitizers.sh runs it under ASan
+# and UBSan): a Llama of 44 units over 2 ranks with recompute (backward
+# gathers a segment's units again), accumulation (gradients
+# reduce-scattered after every micro-batch), evaluation during the run (as
+# many forwards on every rank), a checkpoint (the parameters gathered on
+# rank 0) and a resume at 3 ranks; the weights stay within 1e-5 of one
+# process.  tests/e2e/shard.sh has the whole matrix.
+. "$(dirname "$0")/lib.sh"
+READ="$TR_SRCDIR/tests/e2e/read_safetensors.py"
+LLAMA="$TR_SRCDIR/tests/config/tiny_llama.lua"
+weights() { echo "$1/checkpoints/$(cat "$1/checkpoints/LATEST")/model.safetensors"; }
+set -- train.steps=6 train.batch=6 train.micro_batch=1 train.threads=1 train.log_every=3 \
+  train.eval_every=3 train.eval_batches=3 checkpoint.every=3 parallel.bucket_mb=0.01 \
+  model.dim=64 model.ffn_dim=128 model.layers=3 model.recompute=1
+"$TRAINRUN" "$LLAMA" "$@" run_dir=one --quiet > one.log 2>&1 || { cat one.log; fail "one process"; }
+"$TRAINRUN" "$LLAMA" "$@" procs=2 parallel.shard=parameters run_dir=two > two.log 2>&1 ||
+  { cat two.log; fail "2 ranks at shard parameters"; }
+grep -q "parallel.shard = parameters, gathered unit by unit" two.log || { cat two.log; fail "not sharded"; }
+python3 "$READ" close "$(weights one)" "$(weights two)" 1e-5 > /dev/null ||
+  fail "2 ranks at shard parameters: not the weights of one process"
+cp -r two three
+echo step-0000000003 > three/checkpoints/LATEST
+rm -rf three/checkpoints/step-0000000006
+"$TRAINRUN" "$LLAMA" "$@" procs=3 parallel.shard=parameters run_dir=three --resume auto \
+  > three.log 2>&1 || { cat three.log; fail "resume at 3 ranks"; }
+grep -q "resumed from checkpoint step-0000000003" three.log || { cat three.log; fail "no resume"; }
+python3 "$READ" close "$(weights two)" "$(weights three)" 1e-5 > /dev/null ||
+  fail "saved at 2 ranks, resumed at 3: weights moved"
+echo "shard-gather: ok"
