@@ -152,25 +152,49 @@ int tr_state_save(struct tr_session *s, const struct tr_run_state *st, int now, 
 
 /* ---- resume ------------------------------------------------------------- */
 
+/* A full-size buffer on rank 0 (`full`, n floats there, unused
+ * elsewhere) cut into every rank's parts: for each rank q, rank 0 packs q's
+ * parts and broadcasts them, and q keeps them in `packed` (its own
+ * packed buffer: the optimizer state) or places them into `place` (a
+ * full-size buffer laid out like the parameters: its own parts only).  No
+ * rank but 0 ever holds more than the largest rank's parts beside its own. */
+static int scatter_parts(struct tr_session *s, float *full, float *packed, float *place,
+                         tr_err *err)
+{
+    const struct tr_shard *sh = &s->opt.shard;
+    size_t largest = 0;
+    for (int q = 0; q < s->world; q++) {
+        size_t n = tr_shard_owned(sh, q);
+        largest = n > largest ? n : largest;
+    }
+    float *scratch = tr_be_alloc(&s->be, (largest + 1) * sizeof(float));
+    if (!scratch)
+        return tr_fail(err, "out of memory distributing the checkpoint's state");
+    int rc = TR_OK;
+    for (int q = 0; q < s->world && rc == TR_OK; q++) {
+        size_t n = tr_shard_owned(sh, q);
+        if (n == 0)
+            continue;
+        float *buf = s->rank == q && packed ? packed : scratch;
+        if (s->rank == 0)
+            place_parts(s, q, buf, full, 0);
+        rc = tr_comm_broadcast(s->comm, buf, n * sizeof(float), 0, err);
+        if (rc == TR_OK && s->rank == q && place && s->rank != 0)
+            place_parts(s, q, buf, place, 1);
+    }
+    tr_be_free(&s->be, scratch);
+    return rc;
+}
+
 /* The optimizer state of every part as rank 0 read it (full[k]: n floats
  * on rank 0, NULL elsewhere): each rank keeps its own parts.  The
  * checkpoint holds the whole state, so this is also where a run saved at
  * another world size is cut up anew. */
 static int share_shards(struct tr_session *s, float *const *full, tr_err *err)
 {
-    size_t bytes = s->g->n_params * sizeof(float);
-    for (int k = 0; k < s->opt.desc->state_slots; k++) {
-        float *buf = s->rank == 0 ? full[k] : tr_be_alloc(&s->be, bytes);
-        if (!buf)
-            return tr_fail(err, "out of memory distributing the optimizer state");
-        int rc = tr_comm_broadcast(s->comm, buf, bytes, 0, err);
-        if (rc == TR_OK)
-            place_parts(s, s->rank, s->opt.state[k], buf, 0);
-        if (s->rank != 0)
-            tr_be_free(&s->be, buf);
-        if (rc != TR_OK)
+    for (int k = 0; k < s->opt.desc->state_slots; k++)
+        if (scatter_parts(s, s->rank == 0 ? full[k] : NULL, s->opt.state[k], NULL, err) != TR_OK)
             return TR_ERROR;
-    }
     return TR_OK;
 }
 
@@ -189,8 +213,12 @@ static int share_resume(struct tr_session *s, int *rc, struct tr_run_state *st, 
                    : TR_OK;
     size_t bytes = s->g->n_params * sizeof(float);
     if (tr_comm_broadcast_host(s->comm, st, sizeof *st, 0, err) != TR_OK ||
-        tr_comm_broadcast_host(s->comm, name, name_size, 0, err) != TR_OK ||
-        tr_comm_broadcast(s->comm, s->g->params, bytes, 0, err) != TR_OK)
+        tr_comm_broadcast_host(s->comm, name, name_size, 0, err) != TR_OK)
+        return TR_ERROR;
+    /* the weights: whole to every rank, or (sharded parameters) each
+     * rank's parts to it; rank 0 then keeps its own (the run discards the rest) */
+    if (s->gather ? scatter_parts(s, s->g->params, NULL, s->g->params, err) != TR_OK
+                  : tr_comm_broadcast(s->comm, s->g->params, bytes, 0, err) != TR_OK)
         return TR_ERROR;
     /* buffers (batch norm's running statistics) are rank 0's too: the
      * checkpoint holds rank 0's, the ranks then move them apart again */
