@@ -135,4 +135,30 @@ cp tr/trace.json first-trace.json
 "$TRAINRUN" "$R" train.steps=20 train.trace_every=5 run_dir=tr --resume auto --quiet
 cmp -s first-trace.json tr/trace-1.json || fail "the first trace was not kept as trace-1.json"
 [ -s tr/trace.json ] || fail "the resumed run wrote no trace"
+
+# --- a directory that is not a run: nothing in it is replaced or removed ------------------
+# (a model directory named by a typo or a shared recipe; the data has no tokenizer)
+mkdir hfdir
+for f in tokenizer.json tokenizer_config.json trace.json recipe.resolved config.json; do
+  echo "theirs $f" > hfdir/$f
+done
+ls -l hfdir > hfdir.before
+for resume in "" "--resume auto"; do
+  set +e
+  "$TRAINRUN" "$R" train.steps=2 train.trace_every=1 run_dir=hfdir $resume --quiet 2> hfdir.txt
+  code=$?
+  set -e
+  [ $code -eq 1 ] || { cat hfdir.txt; fail "a run in a directory that is not a run ($resume): exit $code, not 1"; }
+  grep -q "run_dir hfdir is not a trainrun run directory, but it holds .*tokenizer_config.json.*: give the run a directory of its own" hfdir.txt \
+    || { cat hfdir.txt; fail "no message for a directory that is not a run"; }
+  for f in tokenizer.json tokenizer_config.json trace.json recipe.resolved config.json; do
+    [ "$(cat hfdir/$f)" = "theirs $f" ] || fail "the refused run ($resume) changed hfdir/$f"
+  done
+  ls -l hfdir | cmp -s - hfdir.before || { ls -l hfdir; fail "the refused run ($resume) wrote to hfdir"; }
+done
+# a directory with only files of other names (a log the shell put there) is fine, and kept
+mkdir logged
+echo "a log" > logged/train.log
+"$TRAINRUN" "$R" train.steps=2 run_dir=logged --quiet 2> logged.txt || { cat logged.txt; fail "a run beside a log file"; }
+[ "$(cat logged/train.log)" = "a log" ] || fail "the run touched logged/train.log"
 echo "rundir: ok"
