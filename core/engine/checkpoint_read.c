@@ -16,6 +16,7 @@
 #include "../util/safetensors.h"
 #include "../util/util.h"
 
+#include <trainrun/input.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -328,8 +329,7 @@ int tr_checkpoint_resolve(const char *path, char **dir, char **name, tr_err *err
     const char *candidates[] = {"%s/LATEST", "%s/checkpoints/LATEST"};
     for (int i = 0; i < 2; i++) {
         char *p = tr_xasprintf(candidates[i], path);
-        struct stat lst; /* a regular file: opening a FIFO would hang */
-        FILE *f = stat(p, &lst) == 0 && S_ISREG(lst.st_mode) ? fopen(p, "r") : NULL;
+        FILE *f = tr_input_fopen(p); /* a regular file: opening a FIFO would hang */
         if (f) {
             char buf[256] = "";
             if (fgets(buf, sizeof buf, f))
@@ -373,15 +373,9 @@ int tr_ckpt_read_whole(const char *path, void **data, size_t *size, tr_err *err)
     *data = NULL;
     *size = 0;
     /* a regular file only: a FIFO in a colleague's run directory would hang */
-    struct stat st;
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0)
-        return tr_fail(err, "cannot open %s: %s", path, strerror(errno));
-    FILE *f = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? fdopen(fd, "rb") : NULL;
-    if (!f) {
-        close(fd);
-        return tr_fail(err, "cannot read %s: not a regular file", path);
-    }
+    FILE *f = tr_input_fopen(path);
+    if (!f)
+        return tr_fail(err, "cannot read %s: %s", path, tr_input_strerror(errno));
     long len = -1;
     if (fseek(f, 0, SEEK_END) == 0)
         len = ftell(f);

@@ -14,6 +14,7 @@
 #include "../util/json.h"
 #include "../tokenizer/tokenizer.h"
 
+#include <trainrun/input.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -213,7 +214,7 @@ void tr_rundir_unlock(struct tr_rundir_lock *lock)
 /* A whole file into memory (NUL-terminated); NULL with errno set. */
 static char *read_whole(const char *path, size_t *size)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = tr_input_fopen(path);
     if (!f)
         return NULL;
     char *buf = NULL;
@@ -337,7 +338,7 @@ int tr_rundir_check_tokenizer(const struct tr_session *s, tr_err *err)
     char *text = read_whole(path, &size);
     if (!text)
         return tr_fail(err, "data '%s': cannot read its tokenizer %s: %s", s->data.name, path,
-                       strerror(errno));
+                       tr_input_strerror(errno));
     tr_err why = {{0}};
     struct tr_tokenizer *tok = tr_tokenizer_parse(text, size, path, &why);
     if (tok) {
@@ -425,6 +426,11 @@ int tr_rundir_record_tokenizer(const struct tr_session *s, int resume, tr_err *e
     char *src = data_or_model_tokenizer(s, &from_model);
     size_t size = 0, had_size = 0;
     char *text = NULL, *had = read_whole(dst, &had_size);
+    if (!had && errno != ENOENT) {
+        rc = tr_fail(err, "cannot read %s: %s; remove it, or start a new run (run_dir=...)", dst,
+                     tr_input_strerror(errno));
+        goto out;
+    }
     if (!src) {
         char *config = tr_xasprintf("%s/tokenizer_config.json", dir);
         /* only a tokenizer this trainrun recorded (its origin note beside it):
@@ -439,7 +445,7 @@ int tr_rundir_record_tokenizer(const struct tr_session *s, int resume, tr_err *e
         goto out;
     }
     if (!(text = read_whole(src, &size))) {
-        rc = tr_fail(err, "cannot read the tokenizer %s: %s", src, strerror(errno));
+        rc = tr_fail(err, "cannot read the tokenizer %s: %s", src, tr_input_strerror(errno));
         goto out;
     }
     if (had && resume && (had_size != size || memcmp(had, text, size) != 0)) {
@@ -553,10 +559,16 @@ int tr_rundir_record_recipe(const struct tr_config *cfg, int resumed, int allow_
     char *json = memstream_of(cfg, 1, &json_size);
     char *text = memstream_of(cfg, 0, &text_size);
     char *old = read_whole(json_path, &old_size);
+    int old_errno = errno;
     char *altering = NULL, *harmless = NULL;
     int rc = TR_ERROR;
     if (!json || !text) {
         tr_fail(err, "out of memory writing %s", json_path);
+        goto out;
+    }
+    if (!old && old_errno != ENOENT) {
+        tr_fail(err, "cannot read %s: %s; replace it with the run's record or start a new run "
+                "(run_dir=...)", json_path, tr_input_strerror(old_errno));
         goto out;
     }
     if (old && resumed) {

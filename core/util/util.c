@@ -1,5 +1,6 @@
 #include "util.h"
 
+#include <trainrun/input.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -169,15 +170,12 @@ char *tr_dirname(const char *path)
 char *tr_read_small_file(const char *path, size_t max, const char *what, size_t *len,
                          tr_err *err)
 {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    int fd = tr_input_open(path);
     struct stat st;
-    if (fd < 0) {
-        tr_fail(err, "cannot read %s: %s", path, strerror(errno));
-        return NULL;
-    }
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        tr_fail(err, "cannot read %s: not a regular file", path);
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        tr_fail(err, "cannot read %s: %s", path, tr_input_strerror(errno));
+        if (fd >= 0)
+            close(fd);
         return NULL;
     }
     if ((size_t)st.st_size > max) {
