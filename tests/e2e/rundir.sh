@@ -61,6 +61,22 @@ set +e; wait $pid; code=$?; set -e
 grep -q "removed .*trainrun-tmp" sample.err && { cat sample.err; fail "sample removed a save in progress"; }
 grep -q "not saved" live.err && { cat live.err; fail "a reader made the running run's saves fail"; }
 
+# readers pin the checkpoint they resolved: one the run prunes under them
+# (every=2, keep=2) is read whole or resolved again, never called damaged
+"$TRAINRUN" "$R" $long checkpoint.every=2 checkpoint.keep=2 run_dir=pruned --quiet > /dev/null 2> pruned.err &
+pid=$!
+while [ ! -f pruned/checkpoints/LATEST ]; do kill -0 $pid 2>/dev/null || { cat pruned.err; fail "no checkpoint"; }; sleep 0.05; done
+for i in 1 2 3 4 5 6 7 8 9 10; do
+  "$TRAINRUN" sample pruned --tokens 2 > /dev/null 2> reader.err || { cat reader.err; kill $pid; fail "sample of a pruning run failed"; }
+done
+for i in 1 2 3 4 5; do
+  "$TRAINRUN" eval --checkpoint pruned --batches 1 > /dev/null 2> reader.err || { cat reader.err; kill $pid; fail "eval of a pruning run failed"; }
+  "$TRAINRUN" export pruned -o pruned.safetensors 2> reader.err || { cat reader.err; kill $pid; fail "export of a pruning run failed"; }
+done
+kill -TERM $pid
+set +e; wait $pid; code=$?; set -e
+[ $code -eq 75 ] || { cat pruned.err; fail "the pruning run read by sample, eval and export did not stop cleanly (exit $code)"; }
+
 # --- the ranks of one job share the directory; a second job is refused ----------------
 "$TRAINRUN" "$R" train.steps=4 procs=2 run_dir=p --quiet 2> p.txt || { cat p.txt; fail "procs=2"; }
 [ "$(grep -c '"loss"' p/metrics.jsonl)" -eq 4 ] || fail "procs=2: one rank writes the metrics"
