@@ -529,6 +529,23 @@ Test(safetensors, refuses_overlapping_data_offsets)
     }
 }
 
+/* A tensor name from a file reaches a terminal in messages: its escape
+ * sequences are shown escaped, never sent raw. */
+Test(safetensors, names_in_messages_are_escaped)
+{
+    const char *h = "{\"\\u001b[2J\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                    "\"\\u001b[2J\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}";
+    size_t hl = strlen(h), size = 8 + hl + 8;
+    unsigned char *buf = calloc(1, size);
+    for (int k = 0; k < 8; k++)
+        buf[k] = (unsigned char)((uint64_t)hl >> (8 * k));
+    memcpy(buf + 8, h, hl);
+    tr_err err = {{0}};
+    cr_assert_null(tr_safetensors_read(buf, size, "n.safetensors", &err));
+    cr_assert_str_eq(err.msg, "n.safetensors: tensor '\\x1b[2J' appears twice");
+    free(buf);
+}
+
 Test(safetensors, round_trips_and_detects_truncation)
 {
     float a[6] = {1, 2, 3, 4, 5, 6};

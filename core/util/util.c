@@ -21,6 +21,7 @@ static void vlog(enum tr_log_level level, const char *who, const char *fmt, va_l
         return;
     char line[2048];
     vsnprintf(line, sizeof line, fmt, ap);
+    tr_err_clean(line, sizeof line); /* text from files (names, recipe messages) included */
     if (level == TR_LOG_INFO)
         fprintf(stderr, "trainrun: %s%s%s\n", who ? who : "", who ? ": " : "", line);
     else
@@ -141,6 +142,7 @@ void tr_err_prefix(tr_err *err, const char *fmt, ...)
     memmove(err->msg + plen, err->msg, old);
     memcpy(err->msg, prefix, plen);
     err->msg[plen + old] = 0;
+    tr_err_clean(err->msg, sizeof err->msg);
 }
 
 void tr_format_bytes(double bytes, char *buf, size_t size)
