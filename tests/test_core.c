@@ -493,6 +493,59 @@ Test(loader, a_signal_ends_a_wait_for_a_stuck_worker_and_bad_positions_fail)
 
 /* ---- formats ----------------------------------------------------------- */
 
+/* Two tensors over the same bytes (the safetensors library refuses them):
+ * refused, naming both; tensors of no bytes at a shared offset are fine. */
+Test(safetensors, refuses_overlapping_data_offsets)
+{
+    static const char *const headers[] = {
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+        "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+        "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]},"
+        "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]},"
+        "\"b\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[0,8]}}",
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]},"
+        "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]},"
+        "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+    };
+    for (int i = 0; i < 4; i++) {
+        size_t hl = strlen(headers[i]), size = 8 + hl + 8;
+        unsigned char *buf = calloc(1, size);
+        for (int k = 0; k < 8; k++)
+            buf[k] = (unsigned char)((uint64_t)hl >> (8 * k));
+        memcpy(buf + 8, headers[i], hl);
+        tr_err err = {{0}};
+        struct tr_st_file *f = tr_safetensors_read(buf, size, "o.safetensors", &err);
+        if (i < 3) {
+            cr_assert_null(f, "header %d: overlapping offsets accepted", i);
+            cr_assert(strstr(err.msg, "o.safetensors: tensors '") &&
+                          strstr(err.msg, "have overlapping data offsets"), "%s", err.msg);
+        } else {
+            cr_assert_not_null(f, "header %d: %s", i, err.msg);
+            tr_safetensors_free(f);
+        }
+        free(buf);
+    }
+}
+
+/* A tensor name from a file reaches a terminal in messages: its escape
+ * sequences are shown escaped, never sent raw. */
+Test(safetensors, names_in_messages_are_escaped)
+{
+    const char *h = "{\"\\u001b[2J\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                    "\"\\u001b[2J\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}";
+    size_t hl = strlen(h), size = 8 + hl + 8;
+    unsigned char *buf = calloc(1, size);
+    for (int k = 0; k < 8; k++)
+        buf[k] = (unsigned char)((uint64_t)hl >> (8 * k));
+    memcpy(buf + 8, h, hl);
+    tr_err err = {{0}};
+    cr_assert_null(tr_safetensors_read(buf, size, "n.safetensors", &err));
+    cr_assert_str_eq(err.msg, "n.safetensors: tensor '\\x1b[2J' appears twice");
+    free(buf);
+}
+
 Test(safetensors, round_trips_and_detects_truncation)
 {
     float a[6] = {1, 2, 3, 4, 5, 6};

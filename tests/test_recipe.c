@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -164,6 +165,32 @@ Test(recipe, bytecode_is_rejected)
     snprintf(want, sizeof want, "%s: is precompiled Lua bytecode; recipes must be Lua source text", path);
     expect_error(path, want);
     unlink(path);
+}
+
+/* error() text from a recipe reaches a terminal: its control characters
+ * (an OSC title change, a colour, a carriage return that hides the start
+ * of the line) are shown escaped, not sent raw; a FIFO recipe is refused. */
+Test(recipe, error_text_is_escaped)
+{
+    char path[] = "/tmp/trainrun-escape-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    static const char src[] = "error(\"bad \\27]0;title\\7 \\27[31mred\\r \\194\\155x\", 0)\n";
+    cr_assert_eq(write(fd, src, sizeof src - 1), (ssize_t)(sizeof src - 1));
+    close(fd);
+    expect_error(path, "bad \\x1b]0;title\\x07 \\x1b[31mred\\x0d \\x9bx");
+    unlink(path);
+    char fifo[] = "/tmp/trainrun-fifo-XXXXXX";
+    fd = mkstemp(fifo);
+    cr_assert(fd >= 0);
+    close(fd);
+    unlink(fifo);
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    char want[256];
+    snprintf(want, sizeof want, "cannot read recipe %s: not a regular file (a FIFO, a socket or a "
+             "device: reading it could block forever); give the path of the file itself", fifo);
+    expect_error(fifo, want);
+    unlink(fifo);
 }
 
 Test(recipe, non_table_return)

@@ -8,6 +8,7 @@
 #include "../engine/run.h"
 #include "../util/util.h"
 
+#include <trainrun/input.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -136,9 +137,9 @@ static void add_record(struct metrics *m, const struct tr_json *obj, double step
 /* Read path into m; 0, or -1 after printing an error naming path:line. */
 static int metrics_read(const char *path, struct metrics *m)
 {
-    FILE *f = fopen(path, "r");
+    FILE *f = tr_input_fopen(path);
     if (!f) {
-        fprintf(stderr, "trainrun: error: cannot read %s: %s\n", path, strerror(errno));
+        fprintf(stderr, "trainrun: error: cannot read %s: %s\n", path, tr_input_strerror(errno));
         return -1;
     }
     char *line = NULL;
@@ -207,7 +208,7 @@ static const char *const report_files[] = {"index.html", "loss.png", "throughput
 /* 1 when path is an index.html a report wrote (before the marker existed). */
 static int is_report_index(const char *path)
 {
-    FILE *f = fopen(path, "r");
+    FILE *f = tr_input_fopen(path);
     char head[512] = "";
     size_t n = f ? fread(head, 1, sizeof head - 1, f) : 0;
     if (f)

@@ -11,6 +11,7 @@
 #include "../util/json.h"
 #include "../util/util.h"
 
+#include <trainrun/input.h>
 #include <errno.h>
 #include <lauxlib.h>
 #include <lua.h>
@@ -278,13 +279,13 @@ int tr_hf_config_parse(const char *text, size_t len, const char *what, struct tr
 int tr_hf_config_read(const char *dir, struct tr_hf_arch *a, tr_err *err)
 {
     char *path = tr_xasprintf("%s/config.json", dir);
-    FILE *f = fopen(path, "rb");
+    FILE *f = tr_input_fopen(path);
     struct stat st;
     int rc = TR_ERROR;
     char *text = NULL;
     if (!f) {
         tr_fail(err, "cannot read %s: %s (a Hugging Face model directory holds config.json and "
-                "model.safetensors)", path, strerror(errno));
+                "model.safetensors)", path, tr_input_strerror(errno));
     } else if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
         tr_fail(err, "cannot read %s: not a regular file", path);
     } else if ((size_t)st.st_size > MAX_CONFIG_BYTES) {

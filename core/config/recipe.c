@@ -15,6 +15,8 @@
 #include "../util/suggest.h"
 #include "../util/util.h"
 
+#include <trainrun/input.h>
+
 #include <lauxlib.h>
 #include <lua.h>
 #include <luajit.h>
@@ -30,6 +32,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Recipe code is data from a colleague, not a program with the user's
  * privileges: every evaluation (loading, each model build, each require from
@@ -362,6 +365,56 @@ static int host_is_file(lua_State *L)
     return 1;
 }
 
+/* read_source(path, max) -> text | nil, message: the source of a recipe or
+ * module, a regular file (tr_input_open) of at most max bytes */
+static int host_read_source(lua_State *L)
+{
+    const char *path = luaL_checkstring(L, 1);
+    lua_Number max = luaL_checknumber(L, 2);
+    int fd = tr_input_open(path);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        lua_pushnil(L);
+        lua_pushfstring(L, "%s: %s", path, tr_input_strerror(e));
+        return 2;
+    }
+    if ((lua_Number)st.st_size > max) {
+        close(fd);
+        lua_pushnil(L);
+        char mib[64];
+        snprintf(mib, sizeof mib, "%.1f", (double)st.st_size / 1048576);
+        lua_pushfstring(L, "%s: is %s MiB; a recipe or module has at most %d MiB of source "
+                        "(read data through a data plugin)", path, mib, (int)(max / 1048576));
+        return 2;
+    }
+    size_t size = (size_t)st.st_size, got = 0;
+    char *text = malloc(size ? size : 1);
+    while (text && got < size) {
+        ssize_t r = read(fd, text + got, size - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    int e = errno;
+    close(fd);
+    if (!text || got < size) {
+        free(text);
+        lua_pushnil(L);
+        lua_pushfstring(L, "%s: %s", path, !text ? "out of memory" : got < size && e == 0
+                                                                       ? "it changed while being read"
+                                                                       : strerror(e));
+        return 2;
+    }
+    lua_pushlstring(L, text, size);
+    free(text);
+    return 1;
+}
+
 /* suggest(word, {candidates}) -> closest | nil */
 static int host_suggest(lua_State *L)
 {
@@ -396,6 +449,7 @@ static void push_host(lua_State *L)
      * as the module trainrun.ops; pure, so recipe code may call it too */
     static const luaL_Reg fns[] = {
         {"load_text", host_load_text}, {"realpath", host_realpath}, {"is_file", host_is_file},
+        {"read_source", host_read_source},
         {"suggest", host_suggest},     {"stopped", host_stopped},   {"locate", locate_error},
         {"op_shape", tr_recipe_op_shape}, {NULL, NULL},
     };
@@ -446,7 +500,7 @@ static void push_config(lua_State *L, const char *path, const char *const *overr
 
 static char *read_file(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = tr_input_fopen(path);
     if (!f)
         return NULL;
     size_t cap = 1 << 16, n = 0;

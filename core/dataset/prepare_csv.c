@@ -13,6 +13,7 @@
 
 #include "../util/util.h"
 
+#include <trainrun/input.h>
 #include <errno.h>
 #include <float.h>
 #include <math.h>
@@ -215,10 +216,15 @@ static int read_csv_input(struct csv_state *s, int i, char **line, size_t *cap)
 {
     const struct prepare_opts *o = s->o;
     const char *file = o->inputs[i];
-    errno = 0;
-    gzFile f = gzopen(file, "rb");
-    if (!f)
-        return tr_prepare_fail("cannot open %s: %s", file, errno ? strerror(errno) : "out of memory");
+    int fd = tr_input_open(file); /* a regular file: a FIFO would block forever */
+    gzFile f = fd >= 0 ? gzdopen(fd, "rb") : NULL;
+    if (!f) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return tr_prepare_fail("cannot open %s: %s", file,
+                               fd >= 0 ? "out of memory" : tr_input_strerror(e));
+    }
     int rc = 0;
     int header_pending = o->header;
     for (long lineno = 1; rc == 0; lineno++) {

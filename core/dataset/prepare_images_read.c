@@ -10,6 +10,7 @@
 #include "../util/progress.h"
 #include "../util/util.h"
 
+#include <trainrun/input.h>
 #include <archive.h>
 #include <archive_entry.h>
 #include <ctype.h>
@@ -51,9 +52,9 @@ int images_is_dir(const char *path)
 
 static int read_file(const char *path, unsigned char **data, size_t *size)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = tr_input_fopen(path);
     if (!f)
-        return tr_prepare_fail("cannot open %s: %s", path, strerror(errno));
+        return tr_prepare_fail("cannot open %s: %s", path, tr_input_strerror(errno));
     struct stat st;
     if (fstat(fileno(f), &st) != 0 || st.st_size > (off_t)MAX_MEMBER_BYTES) {
         fclose(f);

@@ -9,6 +9,7 @@
 
 #include "../util/json.h"
 
+#include <trainrun/input.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,10 +102,15 @@ static int read_zstd(const char *path, FILE *f, size_t hint, unsigned char **dat
 /* Plain or gzip: zlib reads a plain file as it is. */
 static int read_gzip(const char *path, size_t hint, unsigned char **data, size_t *size)
 {
-    errno = 0;
-    gzFile f = gzopen(path, "rb");
-    if (!f)
-        return tr_prepare_fail("cannot open %s: %s", path, errno ? strerror(errno) : "out of memory");
+    int fd = tr_input_open(path); /* a regular file: a FIFO would block forever */
+    gzFile f = fd >= 0 ? gzdopen(fd, "rb") : NULL;
+    if (!f) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return tr_prepare_fail("cannot open %s: %s", path,
+                               fd >= 0 ? "out of memory" : tr_input_strerror(e));
+    }
     gzbuffer(f, 1 << 17);
     /* hint + 1: a plain file is read without growing; gzip grows */
     size_t cap = 0, len = 0;
@@ -144,9 +150,9 @@ int tr_prepare_read_input(const char *path, unsigned char **data, size_t *size)
                                path[0] == '/' ? "" : " (relative to the current directory)");
     if (!S_ISREG(st.st_mode))
         return tr_prepare_fail("%s is not a regular file", path);
-    FILE *f = fopen(path, "rb");
+    FILE *f = tr_input_fopen(path);
     if (!f)
-        return tr_prepare_fail("cannot open %s: %s", path, strerror(errno));
+        return tr_prepare_fail("cannot open %s: %s", path, tr_input_strerror(errno));
     unsigned char magic[4] = {0};
     size_t n = fread(magic, 1, sizeof magic, f);
     static const unsigned char zstd_magic[4] = {0x28, 0xb5, 0x2f, 0xfd};

@@ -10,6 +10,7 @@
 
 #include "../util/json.h"
 
+#include <trainrun/input.h>
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -102,7 +103,7 @@ int tr_prepare_claim_out_dir(const char *dir)
     int ours = lstat(path, &st) == 0 && S_ISREG(st.st_mode);
     if (!ours) {
         snprintf(path, sizeof path, "%s/prepare.json", dir);
-        FILE *f = lstat(path, &st) == 0 && S_ISREG(st.st_mode) ? fopen(path, "r") : NULL;
+        FILE *f = lstat(path, &st) == 0 && S_ISREG(st.st_mode) ? tr_input_fopen(path) : NULL;
         char head[64] = "";
         size_t n = f ? fread(head, 1, sizeof head - 1, f) : 0;
         if (f)

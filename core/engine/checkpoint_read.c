@@ -16,6 +16,8 @@
 #include "../util/safetensors.h"
 #include "../util/util.h"
 
+#include <trainrun/input.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -321,15 +323,14 @@ int tr_checkpointer_resume(struct tr_checkpointer *c, float *params, float *cons
 
 /* ---- finding a checkpoint on disk ---- */
 
-int tr_checkpoint_resolve(const char *path, char **dir, char **name, tr_err *err)
+static int resolve_once(const char *path, char **dir, char **name, tr_err *err)
 {
     struct stat st;
     char *latest = NULL;
     const char *candidates[] = {"%s/LATEST", "%s/checkpoints/LATEST"};
     for (int i = 0; i < 2; i++) {
         char *p = tr_xasprintf(candidates[i], path);
-        struct stat lst; /* a regular file: opening a FIFO would hang */
-        FILE *f = stat(p, &lst) == 0 && S_ISREG(lst.st_mode) ? fopen(p, "r") : NULL;
+        FILE *f = tr_input_fopen(p); /* a regular file: opening a FIFO would hang */
         if (f) {
             char buf[256] = "";
             if (fgets(buf, sizeof buf, f))
@@ -365,6 +366,156 @@ int tr_checkpoint_resolve(const char *path, char **dir, char **name, tr_err *err
     return TR_OK;
 }
 
+/* ---- pinning: reading the checkpoints of a running run ---------------------- */
+
+/* A running run prunes its older checkpoints (checkpoint.keep) and moves
+ * LATEST on, so a reader that resolved LATEST may find the checkpoint's
+ * files removed before it reads them, and a checkpoint whose files vanish
+ * must not be called damaged.  tr_checkpoint_resolve therefore opens every
+ * file of the checkpoint it resolved at once (an open file stays readable
+ * after it is removed) and tr_ckpt_read_whole reads those; when some of its
+ * files were already gone, it resolves again. */
+struct pin {
+    char *path;
+    int fd;
+};
+static struct pin *pins;
+static size_t n_pins;
+
+static void unpin_all(void)
+{
+    for (size_t i = 0; i < n_pins; i++) {
+        close(pins[i].fd);
+        free(pins[i].path);
+    }
+    free(pins);
+    pins = NULL;
+    n_pins = 0;
+}
+
+static int pinned_fd(const char *path)
+{
+    for (size_t i = 0; i < n_pins; i++)
+        if (strcmp(pins[i].path, path) == 0)
+            return pins[i].fd;
+    return -1;
+}
+
+/* The whole of the file fd from offset 0 (one byte more, zeroed); 0 or an errno. */
+static int read_fd(int fd, char **data, size_t *size)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return errno;
+    size_t len = (size_t)st.st_size, got = 0;
+    char *buf = malloc(len + 1);
+    if (!buf)
+        return ENOMEM;
+    while (got < len) {
+        ssize_t r = pread(fd, buf + got, len - got, (off_t)got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            int e = r < 0 ? errno : EIO;
+            free(buf);
+            return e;
+        }
+        got += (size_t)r;
+    }
+    buf[len] = 0;
+    *data = buf;
+    *size = len;
+    return 0;
+}
+
+/* Open every regular file of the checkpoint directory ckpt; 1 when
+ * state.json and every blob it lists are among them (or state.json cannot
+ * be parsed: verification says so), 0 when some were already removed. */
+static int pin_checkpoint(const char *ckpt)
+{
+    unpin_all();
+    DIR *d = opendir(ckpt);
+    if (!d)
+        return errno != ENOENT;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char *path = tr_xasprintf("%s/%s", ckpt, e->d_name);
+        int fd = tr_input_open(path);
+        if (fd < 0) {
+            free(path); /* removed meanwhile, or not a file: the reads say which */
+            continue;
+        }
+        pins = tr_xrealloc(pins, (n_pins + 1) * sizeof *pins);
+        pins[n_pins].path = path;
+        pins[n_pins].fd = fd;
+        n_pins++;
+    }
+    closedir(d);
+    char *state = tr_xasprintf("%s/state.json", ckpt);
+    int fd = pinned_fd(state);
+    free(state);
+    char *text = NULL;
+    size_t size = 0;
+    if (fd < 0 || read_fd(fd, &text, &size) != 0)
+        return fd >= 0;
+    struct tr_json *js = tr_json_parse(text, size, NULL);
+    const struct tr_json *sums = js && js->type == TR_JSON_OBJECT ? tr_json_get(js, "checksums") : NULL;
+    int complete = 1;
+    for (size_t i = 0; sums && sums->type == TR_JSON_OBJECT && i < sums->n && complete; i++) {
+        char *blob = tr_xasprintf("%s/%s", ckpt, sums->keys[i]);
+        complete = pinned_fd(blob) >= 0;
+        free(blob);
+    }
+    tr_json_free(js);
+    free(text);
+    return complete;
+}
+
+int tr_checkpoint_resolve(const char *path, char **dir, char **name, tr_err *err)
+{
+    for (int attempt = 0;; attempt++) {
+        if (resolve_once(path, dir, name, err) != TR_OK) {
+            if (attempt == 0)
+                return TR_ERROR;
+            /* it resolved a moment ago: its checkpoint was removed meanwhile */
+            return tr_fail(err, "the checkpoint %s named was removed while it was read (its run "
+                           "prunes older checkpoints, checkpoint.keep): name the run directory "
+                           "to read its latest checkpoint, or copy a checkpoint elsewhere first",
+                           path);
+        }
+        char *ckpt = tr_xasprintf("%s/%s", *dir, *name);
+        int complete = pin_checkpoint(ckpt);
+        free(ckpt);
+        if (complete || attempt == 200)
+            return TR_OK; /* the reads say what is missing */
+        /* files of it were removed: the run pruned it (LATEST has moved on),
+         * or is pruning it; resolve again */
+        char *dir2 = NULL, *name2 = NULL;
+        tr_err ignored = {{0}};
+        int moved = resolve_once(path, &dir2, &name2, &ignored) != TR_OK ||
+                    strcmp(dir2, *dir) != 0 || strcmp(name2, *name) != 0;
+        free(dir2);
+        free(name2);
+        if (!moved) {
+            /* the same checkpoint, named directly: a moment for its removal to finish */
+            struct stat st;
+            char *again = tr_xasprintf("%s/%s", *dir, *name);
+            usleep(20 * 1000);
+            int gone = stat(again, &st) != 0;
+            free(again);
+            if (!gone)
+                return TR_OK; /* not being removed: damaged, and verification says how */
+        }
+        free(*dir);
+        free(*name);
+        *dir = *name = NULL;
+        unpin_all();
+        usleep(5 * 1000);
+    }
+}
+
 /* ---- verifying a checkpoint directory ---------------------------------------- */
 
 /* The whole of path in malloc'd memory (one byte more, zeroed). */
@@ -373,15 +524,20 @@ int tr_ckpt_read_whole(const char *path, void **data, size_t *size, tr_err *err)
     *data = NULL;
     *size = 0;
     /* a regular file only: a FIFO in a colleague's run directory would hang */
-    struct stat st;
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0)
-        return tr_fail(err, "cannot open %s: %s", path, strerror(errno));
-    FILE *f = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? fdopen(fd, "rb") : NULL;
-    if (!f) {
-        close(fd);
-        return tr_fail(err, "cannot read %s: not a regular file", path);
+    int pinned = pinned_fd(path); /* opened when it was resolved */
+    if (pinned >= 0) {
+        char *buf = NULL;
+        size_t len = 0;
+        int e = read_fd(pinned, &buf, &len);
+        if (e)
+            return tr_fail(err, "cannot read %s: %s", path, strerror(e));
+        *data = buf;
+        *size = len;
+        return TR_OK;
     }
+    FILE *f = tr_input_fopen(path);
+    if (!f)
+        return tr_fail(err, "cannot read %s: %s", path, tr_input_strerror(errno));
     long len = -1;
     if (fseek(f, 0, SEEK_END) == 0)
         len = ftell(f);

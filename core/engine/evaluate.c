@@ -92,7 +92,8 @@ static uint64_t eval_samples(const struct tr_data_info *di, enum tr_split split)
 }
 
 /* The split must hold one micro-batch at least: say which lever gives it one. */
-static int check_split(const struct tr_session *r, enum tr_split split, tr_err *err)
+int tr_session_check_split(const struct tr_session *r, enum tr_split split, int for_training,
+                           tr_err *err)
 {
     uint64_t have = eval_samples(&r->data.info, split);
     int64_t mb = r->micro_batch;
@@ -100,6 +101,15 @@ static int check_split(const struct tr_session *r, enum tr_split split, tr_err *
         return TR_OK;
     char where[600];
     tr_origin_format(&r->cfg->data.origin, where, sizeof where);
+    if (for_training)
+        return tr_fail(err, "%s: data '%s' has %llu validation samples%s, fewer than one "
+                       "micro-batch of %lld, and training evaluates on them at its end (and "
+                       "every train.eval_every steps): give the data a larger validation split "
+                       "(data.val_fraction, or the plugin's validation file: trainrun plugins "
+                       "data) or use a smaller train.micro_batch=N; nothing was trained",
+                       where, r->data.name, (unsigned long long)have,
+                       r->data.info.eval_stride[split] > 1 ? " that do not overlap" : "",
+                       (long long)mb);
     if (split == TR_SPLIT_VAL && have == 0)
         return tr_fail(err, "%s: data '%s' has no validation split: give it one (data.val_fraction "
                        "above 0, or the plugin's validation file: trainrun plugins data), or "
@@ -276,7 +286,7 @@ int tr_eval(const struct tr_eval_flags *fl, struct tr_eval_result *out, tr_err *
         load_weights(r, &cfg, &ck, out, err) != TR_OK)
         goto done;
     enum tr_split split = fl->train_split ? TR_SPLIT_TRAIN : TR_SPLIT_VAL;
-    if (check_split(r, split, err) != TR_OK)
+    if (tr_session_check_split(r, split, 0, err) != TR_OK)
         goto done;
     uint64_t batches = fl->batches ? fl->batches : (uint64_t)cfg.train.eval_batches;
     double accuracy;

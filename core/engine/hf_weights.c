@@ -12,6 +12,7 @@
 #include "../util/json.h"
 #include "../util/util.h"
 
+#include <trainrun/input.h>
 #include <stdarg.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -132,10 +133,10 @@ static void source_close(struct source *s)
 
 static int open_shard(struct shard *sh, tr_err *err)
 {
-    int fd = open(sh->path, O_RDONLY | O_CLOEXEC);
+    int fd = tr_input_open(sh->path);
     struct stat st;
     if (fd < 0)
-        return tr_fail(err, "cannot read %s: %s", sh->path, strerror(errno));
+        return tr_fail(err, "cannot read %s: %s", sh->path, tr_input_strerror(errno));
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
         return tr_fail(err, "cannot read %s: not a regular file", sh->path);
@@ -156,10 +157,10 @@ static int open_shard(struct shard *sh, tr_err *err)
 
 static int read_small(const char *path, size_t limit, char **text, size_t *len, tr_err *err)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = tr_input_fopen(path);
     struct stat st;
     if (!f)
-        return tr_fail(err, "cannot read %s: %s", path, strerror(errno));
+        return tr_fail(err, "cannot read %s: %s", path, tr_input_strerror(errno));
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > limit) {
         fclose(f);
         return tr_fail(err, "%s is not a regular file of at most %zu MiB", path, limit >> 20);

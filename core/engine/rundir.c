@@ -14,6 +14,8 @@
 #include "../util/json.h"
 #include "../tokenizer/tokenizer.h"
 
+#include <trainrun/input.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -40,6 +42,79 @@ static void command_line(char *buf, size_t size)
             buf[i] = ' ';
 }
 
+/* A name a run writes, replaces or removes in its directory: the files of
+ * this file and journal.c, the checkpoints, the loggers' defaults. */
+static int run_writes(const char *name)
+{
+    static const char *const exact[] = {
+        "tokenizer.json", "tokenizer_config.json", "tokenizer.origin.json", "trace.json",
+        "recipe.resolved", "recipe.resolved.json", "metrics.jsonl", "metrics.csv",
+        "checkpoints", "tb", NULL};
+    static const char *const prefix[] = {"trace-", "recipe.resolved.", NULL};
+    for (int i = 0; exact[i]; i++)
+        if (strcmp(name, exact[i]) == 0)
+            return 1;
+    for (int i = 0; prefix[i]; i++)
+        if (strncmp(name, prefix[i], strlen(prefix[i])) == 0)
+            return 1;
+    return 0;
+}
+
+/* A directory holds a trainrun run when a run has locked it or written its
+ * record, metrics or a checkpoint there (runs of an older trainrun have no
+ * lock file). */
+static int holds_a_run(const char *dir)
+{
+    static const char *const marks[] = {"trainrun.lock", "metrics.jsonl", "recipe.resolved.json",
+                                        "checkpoints/LATEST", NULL};
+    for (int i = 0; marks[i]; i++) {
+        char *path = tr_xasprintf("%s/%s", dir, marks[i]);
+        struct stat st;
+        int found = lstat(path, &st) == 0;
+        free(path);
+        if (found)
+            return 1;
+    }
+    return 0;
+}
+
+/* An existing directory that holds no run but files with the names a run
+ * writes (a Hugging Face model directory named by a typo or a shared
+ * recipe: its tokenizer.json, tokenizer_config.json, ...) is refused before
+ * anything is written there: the run would replace or remove them.  Files
+ * with other names are never touched, so a directory that holds only those
+ * (a log the shell redirects there) is fine. */
+static int refuse_foreign(const char *dir, tr_err *err)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return TR_OK; /* none yet: tr_mkdir_p makes it, or says why not */
+    if (holds_a_run(dir)) {
+        closedir(d);
+        return TR_OK;
+    }
+    char found[512] = "";
+    size_t len = 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (!run_writes(e->d_name))
+            continue;
+        if (n++ < 4)
+            len += (size_t)snprintf(found + len, len < sizeof found ? sizeof found - len : 0,
+                                    "%s%s", n > 1 ? ", " : "", e->d_name);
+        if (len >= sizeof found)
+            len = sizeof found - 1;
+    }
+    closedir(d);
+    if (n == 0)
+        return TR_OK;
+    return tr_fail(err, "run_dir %s is not a trainrun run directory, but it holds %s%s, which a "
+                   "run would overwrite or remove: give the run a directory of its own "
+                   "(run_dir=..., a new or an empty one); nothing was written to %s",
+                   dir, found, n > 4 ? " and more" : "", dir);
+}
+
 /* run_dir/trainrun.lock is flock()ed by the one process that writes the run
  * (rank 0) for as long as it runs.  The kernel drops a flock when its holder
  * ends, however it ends, so a crash or a SIGKILL leaves nothing stuck; the
@@ -48,6 +123,8 @@ static void command_line(char *buf, size_t size)
 int tr_rundir_lock(const struct tr_config *cfg, struct tr_rundir_lock *lock, tr_err *err)
 {
     const char *dir = cfg->run_dir;
+    if (refuse_foreign(dir, err) != TR_OK)
+        return TR_ERROR;
     if (tr_mkdir_p(dir) != 0)
         return tr_fail(err, "cannot create the run directory %s: %s", dir, strerror(errno));
     char *path = tr_xasprintf("%s/trainrun.lock", dir);
@@ -137,7 +214,7 @@ void tr_rundir_unlock(struct tr_rundir_lock *lock)
 /* A whole file into memory (NUL-terminated); NULL with errno set. */
 static char *read_whole(const char *path, size_t *size)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = tr_input_fopen(path);
     if (!f)
         return NULL;
     char *buf = NULL;
@@ -261,7 +338,7 @@ int tr_rundir_check_tokenizer(const struct tr_session *s, tr_err *err)
     char *text = read_whole(path, &size);
     if (!text)
         return tr_fail(err, "data '%s': cannot read its tokenizer %s: %s", s->data.name, path,
-                       strerror(errno));
+                       tr_input_strerror(errno));
     tr_err why = {{0}};
     struct tr_tokenizer *tok = tr_tokenizer_parse(text, size, path, &why);
     if (tok) {
@@ -337,8 +414,9 @@ static int record_config(const char *src, const char *dir)
  * came from into run_dir/tokenizer.origin.json.  A resumed run
  * whose tokenizer.json differs from its data's is refused: its checkpoints
  * learnt the other tokenizer's ids.  A fresh run with no tokenizer removes
- * one an earlier attempt in the directory left, so sample never decodes
- * with a tokenizer the model did not learn. */
+ * one an earlier attempt in the directory recorded (with its
+ * tokenizer.origin.json), so sample never decodes with a tokenizer the
+ * model did not learn. */
 int tr_rundir_record_tokenizer(const struct tr_session *s, int resume, tr_err *err)
 {
     const char *dir = s->cfg->run_dir;
@@ -348,17 +426,26 @@ int tr_rundir_record_tokenizer(const struct tr_session *s, int resume, tr_err *e
     char *src = data_or_model_tokenizer(s, &from_model);
     size_t size = 0, had_size = 0;
     char *text = NULL, *had = read_whole(dst, &had_size);
+    if (!had && errno != ENOENT) {
+        rc = tr_fail(err, "cannot read %s: %s; remove it, or start a new run (run_dir=...)", dst,
+                     tr_input_strerror(errno));
+        goto out;
+    }
     if (!src) {
         char *config = tr_xasprintf("%s/tokenizer_config.json", dir);
-        if (had && !resume && (unlink(dst) != 0 || (unlink(origin) != 0 && errno != ENOENT) ||
-                               (unlink(config) != 0 && errno != ENOENT)))
+        /* only a tokenizer this trainrun recorded (its origin note beside it):
+         * another tool's tokenizer.json is not ours to remove */
+        struct stat st;
+        if (had && !resume && stat(origin, &st) == 0 &&
+            (unlink(dst) != 0 || unlink(origin) != 0 ||
+             (unlink(config) != 0 && errno != ENOENT)))
             rc = tr_fail(err, "cannot remove %s, which an earlier run left: %s; remove it (this "
                          "run's data has no tokenizer)", dst, strerror(errno));
         free(config);
         goto out;
     }
     if (!(text = read_whole(src, &size))) {
-        rc = tr_fail(err, "cannot read the tokenizer %s: %s", src, strerror(errno));
+        rc = tr_fail(err, "cannot read the tokenizer %s: %s", src, tr_input_strerror(errno));
         goto out;
     }
     if (had && resume && (had_size != size || memcmp(had, text, size) != 0)) {
@@ -472,10 +559,16 @@ int tr_rundir_record_recipe(const struct tr_config *cfg, int resumed, int allow_
     char *json = memstream_of(cfg, 1, &json_size);
     char *text = memstream_of(cfg, 0, &text_size);
     char *old = read_whole(json_path, &old_size);
+    int old_errno = errno;
     char *altering = NULL, *harmless = NULL;
     int rc = TR_ERROR;
     if (!json || !text) {
         tr_fail(err, "out of memory writing %s", json_path);
+        goto out;
+    }
+    if (!old && old_errno != ENOENT) {
+        tr_fail(err, "cannot read %s: %s; replace it with the run's record or start a new run "
+                "(run_dir=...)", json_path, tr_input_strerror(old_errno));
         goto out;
     }
     if (old && resumed) {

@@ -20,6 +20,7 @@
 #include "../tokenizer/tokenizer.h"
 #include "../../kernels/host.h"
 
+#include <trainrun/input.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -158,7 +159,7 @@ static struct tr_json *json_beside(const char *tok_path, const char *name)
     char *dir = tr_dirname(tok_path);
     char *path = tr_xasprintf("%s/%s", dir, name);
     free(dir);
-    FILE *f = fopen(path, "rb");
+    FILE *f = tr_input_fopen(path);
     free(path);
     if (!f)
         return NULL;

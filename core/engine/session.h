@@ -121,4 +121,16 @@ float tr_session_read_loss(const struct tr_session *s);
 int tr_session_evaluate(struct tr_session *s, enum tr_split split, uint64_t max_batches,
                         double *loss, double *accuracy, uint64_t *batches, tr_err *err);
 
+/* Before the first step or read: split holds one micro-batch at least (an
+ * evaluation needs one), else an error saying which lever gives it one.
+ * `for_training`: the validation split a run evaluates on at its end and
+ * every train.eval_every steps, checked when the session opens. */
+int tr_session_check_split(const struct tr_session *s, enum tr_split split, int for_training,
+                           tr_err *err);
+
+/* The data against the model and the validation split against the
+ * session's micro-batch, in a plan session too (--smoke measures the
+ * recipe's own micro-batch in one, then trains at micro-batch 1). */
+int tr_session_check_data(struct tr_session *s, tr_err *err);
+
 #endif

@@ -76,6 +76,9 @@ static int smoke_memory(const char *recipe, const char *const *overrides, int n_
     int rc = tr_config_load(&cfg, recipe, overrides, n_overrides, err);
     if (rc == TR_OK)
         rc = tr_session_open(&s, &cfg, TR_SESSION_PLAN, err);
+    /* at the recipe's micro-batch: the smoke run's own is 1 */
+    if (rc == TR_OK)
+        rc = tr_session_check_data(&s, err);
     if (rc == TR_OK) {
         in->is_auto = cfg.train.auto_micro_batch;
         in->micro_batch = s.micro_batch;

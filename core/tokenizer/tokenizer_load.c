@@ -5,6 +5,7 @@
  * is checked before use. */
 #include "tokenizer_internal.h"
 
+#include <trainrun/input.h>
 #include <errno.h>
 #include <stdio.h>
 
@@ -588,9 +589,9 @@ struct tr_tokenizer *tr_tokenizer_parse(const char *text, size_t len, const char
 
 struct tr_tokenizer *tr_tokenizer_load(const char *path, tr_err *err)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = tr_input_fopen(path);
     if (!f) {
-        tr_fail(err, "%s: %s", path, strerror(errno));
+        tr_fail(err, "%s: %s", path, tr_input_strerror(errno));
         return NULL;
     }
     size_t cap = 1 << 16, n = 0;

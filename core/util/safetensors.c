@@ -156,7 +156,8 @@ static int read_sizes(const struct tr_json *shape, const struct tr_json *off,
 /* Header entry `name` (t) checked against the data it points into and
  * added to f as its next entry. */
 static int read_entry(struct tr_st_file *f, const char *name, const struct tr_json *t,
-                      const unsigned char *data, size_t data_size, const char *what, tr_err *err)
+                      const unsigned char *data, size_t data_size, uint64_t span[2],
+                      const char *what, tr_err *err)
 {
     /* t not an object: no dtype below */
     const char *dt = tr_json_string(t, "dtype");
@@ -176,6 +177,8 @@ static int read_entry(struct tr_st_file *f, const char *name, const struct tr_js
         return tr_fail(err, "%s: tensor '%s' has data offsets [%llu, %llu) that do not match its "
                        "shape or the file size (truncated?)", what, name,
                        (unsigned long long)begin, (unsigned long long)end);
+    span[0] = begin;
+    span[1] = end;
     f->names[f->n] = tr_xstrdup(name);
     e->name = f->names[f->n];
     e->data = data + begin;
@@ -190,6 +193,51 @@ static int read_entry(struct tr_st_file *f, const char *name, const struct tr_js
     }
     f->n++;
     return TR_OK;
+}
+
+/* Entries sorted by where their bytes begin (qsort). */
+struct span_of {
+    uint64_t begin, end;
+    const char *name;
+};
+
+static int compare_spans(const void *a, const void *b)
+{
+    const struct span_of *x = a, *y = b;
+    if (x->begin != y->begin)
+        return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* Two tensors sharing bytes would change together when either is written
+ * (and the safetensors library refuses such a file): no byte of the data
+ * belongs to two of them. */
+static int check_no_overlap(const struct tr_st_file *f, uint64_t (*spans)[2], const char *what,
+                            tr_err *err)
+{
+    struct span_of *v = tr_xcalloc(f->n ? f->n : 1, sizeof *v);
+    for (size_t i = 0; i < f->n; i++)
+        v[i] = (struct span_of){spans[i][0], spans[i][1], f->names[i]};
+    qsort(v, f->n, sizeof *v, compare_spans);
+    int rc = TR_OK;
+    uint64_t reach = 0; /* where the bytes of the tensors so far end */
+    const char *last = NULL;
+    for (size_t i = 0; i < f->n && rc == TR_OK; i++) {
+        if (v[i].begin == v[i].end)
+            continue; /* no bytes: shares none */
+        if (last && v[i].begin < reach)
+            rc = tr_fail(err, "%s: tensors '%s' and '%s' have overlapping data offsets (bytes "
+                         "%llu to %llu of the data are in both): the file is damaged or was "
+                         "made by a broken writer; write it again", what, last, v[i].name,
+                         (unsigned long long)v[i].begin,
+                         (unsigned long long)(v[i].end < reach ? v[i].end : reach));
+        if (v[i].end > reach) {
+            reach = v[i].end;
+            last = v[i].name;
+        }
+    }
+    free(v);
+    return rc;
 }
 
 /* A name twice would let two readers see different tensors under it. */
@@ -238,12 +286,16 @@ struct tr_st_file *tr_safetensors_read(const void *buf, size_t size, const char 
     f->entries = tr_xcalloc(j->n ? j->n : 1, sizeof *f->entries);
     f->names = tr_xcalloc(j->n ? j->n : 1, sizeof *f->names);
     f->copies = tr_xcalloc(j->n ? j->n : 1, sizeof *f->copies);
+    uint64_t (*spans)[2] = tr_xcalloc(j->n ? j->n : 1, sizeof *spans);
     int rc = TR_OK;
     for (size_t i = 0; i < j->n && rc == TR_OK; i++)
         if (strcmp(j->keys[i], "__metadata__") != 0)
-            rc = read_entry(f, j->keys[i], j->items[i], data, data_size, what, err);
+            rc = read_entry(f, j->keys[i], j->items[i], data, data_size, spans[f->n], what, err);
     if (rc == TR_OK)
         rc = check_names_unique(f, what, err);
+    if (rc == TR_OK)
+        rc = check_no_overlap(f, spans, what, err);
+    free(spans);
     tr_json_free(j);
     if (rc != TR_OK) {
         tr_safetensors_free(f);

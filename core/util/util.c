@@ -1,5 +1,6 @@
 #include "util.h"
 
+#include <trainrun/input.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@ static void vlog(enum tr_log_level level, const char *who, const char *fmt, va_l
         return;
     char line[2048];
     vsnprintf(line, sizeof line, fmt, ap);
+    tr_err_clean(line, sizeof line); /* text from files (names, recipe messages) included */
     if (level == TR_LOG_INFO)
         fprintf(stderr, "trainrun: %s%s%s\n", who ? who : "", who ? ": " : "", line);
     else
@@ -140,6 +142,7 @@ void tr_err_prefix(tr_err *err, const char *fmt, ...)
     memmove(err->msg + plen, err->msg, old);
     memcpy(err->msg, prefix, plen);
     err->msg[plen + old] = 0;
+    tr_err_clean(err->msg, sizeof err->msg);
 }
 
 void tr_format_bytes(double bytes, char *buf, size_t size)
@@ -169,15 +172,12 @@ char *tr_dirname(const char *path)
 char *tr_read_small_file(const char *path, size_t max, const char *what, size_t *len,
                          tr_err *err)
 {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    int fd = tr_input_open(path);
     struct stat st;
-    if (fd < 0) {
-        tr_fail(err, "cannot read %s: %s", path, strerror(errno));
-        return NULL;
-    }
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        tr_fail(err, "cannot read %s: not a regular file", path);
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        tr_fail(err, "cannot read %s: %s", path, tr_input_strerror(errno));
+        if (fd >= 0)
+            close(fd);
         return NULL;
     }
     if ((size_t)st.st_size > max) {

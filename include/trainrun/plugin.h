@@ -39,6 +39,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -68,6 +69,36 @@ typedef struct tr_err {
     char msg[1024];
 } tr_err;
 
+/* A message made printable in place: control characters (ESC, CR, BEL, ...,
+ * and the C1 controls U+0080 to U+009F) written as \xNN, newlines and tabs
+ * kept, so text from a file (a recipe's error(), a tensor name) cannot
+ * drive the terminal that shows it.  Cut at cap - 1 bytes. */
+static inline void tr_err_clean(char *msg, size_t cap)
+{
+    char out[4096];
+    size_t n = 0, lim = cap < sizeof out ? cap : sizeof out;
+    for (size_t i = 0; msg[i] && n + 1 < lim; i++) {
+        unsigned char c = (unsigned char)msg[i];
+        unsigned char next = (unsigned char)msg[i + 1];
+        int c1 = c == 0xc2 && next >= 0x80 && next <= 0x9f;
+        if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f || c1) {
+            static const char hex[] = "0123456789abcdef";
+            unsigned v = c1 ? next : c;
+            if (n + 5 > lim)
+                break;
+            out[n++] = '\\';
+            out[n++] = 'x';
+            out[n++] = hex[v >> 4];
+            out[n++] = hex[v & 15];
+            i += (size_t)c1;
+        } else {
+            out[n++] = (char)c;
+        }
+    }
+    out[n] = 0;
+    memcpy(msg, out, n + 1);
+}
+
 static inline int tr_fail(tr_err *err, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
@@ -80,6 +111,7 @@ static inline int tr_fail(tr_err *err, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(err->msg, sizeof err->msg, fmt, ap);
         va_end(ap);
+        tr_err_clean(err->msg, sizeof err->msg);
     }
     return TR_ERROR;
 }

@@ -10,6 +10,7 @@ host: primitives from C that plain Lua lacks
   host.load_text(src, name)  compile source text only (never bytecode), chunk name "@name"
   host.realpath(path)        canonical path or nil (to detect cycles)
   host.is_file(path)         true for an existing regular file
+  host.read_source(path, max)  the text of a regular file of at most max bytes, or nil, message
   host.suggest(word, list)   closest candidate or nil ("did you mean")
   host.stopped()             true once recipe code hit a limit (time, memory, C stack)
   host.locate(msg)           error handler: gives errors raised in trainrun's own Lua
@@ -37,7 +38,7 @@ local setmetatable, getmetatable = setmetatable, getmetatable
 local debug_getmetatable, debug_setmetatable, debug_getinfo = debug.getmetatable, debug.setmetatable, debug.getinfo
 local find, sub, match, gmatch, format, gsub = string.find, string.sub, string.match, string.gmatch, string.format, string.gsub
 local concat, sort = table.concat, table.sort
-local open, stderr = io.open, io.stderr
+local stderr = io.stderr
 
 ---------------------------------------------------------------------------
 -- Small helpers
@@ -90,29 +91,10 @@ end
 -- named by accident), and reading it would only run into the memory limit.
 local MAX_SOURCE = 4 * 1024 * 1024
 
-local function read_source(path)
-    local f, msg = open(path, "rb")
-    if not f then
-        return nil, msg
-    end
-    local size = f:seek("end")
-    if size and size > MAX_SOURCE then
-        f:close()
-        return nil, format("%s: is %.1f MiB; a recipe or module has at most %d MiB of source "
-            .. "(read data through a data plugin)", path, size / 1048576, MAX_SOURCE / 1048576)
-    end
-    f:seek("set")
-    local src, rmsg = f:read(MAX_SOURCE + 1)
-    if src and #src > MAX_SOURCE then
-        f:close()
-        return nil, format("%s: has more than %d MiB of source; a recipe or module has at most that",
-            path, MAX_SOURCE / 1048576)
-    end
-    f:close()
-    if not src and rmsg then
-        return nil, path .. ": " .. tostring(rmsg)
-    end
-    return src or "" -- an empty file reads as nil
+-- The host reads it (a regular file only: a FIFO named by mistake would
+-- block io.open forever, a directory reads as nonsense).
+local function read_source(ctx, path)
+    return ctx.host.read_source(path, MAX_SOURCE)
 end
 
 ---------------------------------------------------------------------------
@@ -177,7 +159,7 @@ local function load_module(ctx, name)
     if not path then
         return nil, format('require "%s": not found (searched: %s)', name, concat(candidates, ", "))
     end
-    local src, msg = read_source(path)
+    local src, msg = read_source(ctx, path)
     if not src then
         error(msg, 0)
     end
@@ -460,7 +442,7 @@ local function recipe_env(ctx, file)
 end
 
 local function resolve_file(ctx, path)
-    local src, msg = read_source(path)
+    local src, msg = read_source(ctx, path)
     if not src then
         error(format("cannot read recipe %s", msg), 0)
     end

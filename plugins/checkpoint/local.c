@@ -27,6 +27,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* POSIX file APIs under strict C11 */
 
+#include <trainrun/input.h>
 #include <trainrun/plugin.h>
 
 #include "files.h"
@@ -412,7 +413,7 @@ static int latest_is_ours(const char *path)
     if (!S_ISREG(st.st_mode) || st.st_size < 2 || st.st_size > 4096)
         return 0;
     char buf[4097];
-    FILE *f = fopen(path, "r");
+    FILE *f = tr_input_fopen(path);
     size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
     if (f)
         fclose(f);
@@ -663,8 +664,8 @@ static int local_get(void *self, const char *name, const char *blob, void **data
     }
     int rc = TR_ERROR;
     unsigned char *buf = NULL;
-    /* non-blocking: a FIFO planted in a shared directory must not hang the reader */
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    /* a FIFO planted in a shared directory must not hang the reader */
+    int fd = tr_input_open(path);
     struct stat st;
     if (fd < 0) {
         int e = errno;
@@ -674,16 +675,15 @@ static int local_get(void *self, const char *name, const char *blob, void **data
             tr_fail(err, "local checkpoint: checkpoint %s has no blob %s (%s); it was written "
                          "by a different configuration or is damaged",
                     name, blob, path);
+        else if (e == EISDIR || e == TR_INPUT_ENOTREG)
+            tr_fail(err, "local checkpoint: %s is %s", path,
+                    e == EISDIR ? "a directory, not a file" : tr_input_strerror(e));
         else
             tr_fail(err, "local checkpoint: cannot open %s: %s", path, strerror(e));
         goto out;
     }
     if (fstat(fd, &st) != 0) {
         tr_fail(err, "local checkpoint: cannot stat %s: %s", path, strerror(errno));
-        goto out;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        tr_fail(err, "local checkpoint: %s is not a regular file", path);
         goto out;
     }
     size_t want = (size_t)st.st_size;
@@ -723,8 +723,7 @@ static void read_latest(const struct local *l, char *out, size_t size)
 {
     out[0] = '\0';
     char *path = path_join(l->dir, "LATEST", NULL);
-    struct stat st; /* a regular file: opening a FIFO would hang */
-    FILE *f = path && stat(path, &st) == 0 && S_ISREG(st.st_mode) ? fopen(path, "r") : NULL;
+    FILE *f = path ? tr_input_fopen(path) : NULL; /* a regular file: a FIFO would hang */
     if (f) {
         if (fgets(out, (int)size, f))
             out[strcspn(out, "\r\n")] = '\0';

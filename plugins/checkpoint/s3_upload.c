@@ -12,6 +12,7 @@
 
 #include "files.h"
 
+#include <trainrun/input.h>
 #include <curl/curl.h>
 #include <dirent.h>
 #include <errno.h>
@@ -275,7 +276,7 @@ int wait_for_upload(struct s3 *s, int background, int keep_failed, tr_err *err)
 struct upload *read_committed(const char *staging, const char *name)
 {
     char *mark = path_join(staging, COMMITTED_MARK);
-    FILE *f = mark ? fopen(mark, "r") : NULL;
+    FILE *f = mark ? tr_input_fopen(mark) : NULL;
     free(mark);
     if (!f)
         return NULL;

@@ -8,6 +8,8 @@
  *                     for a relative path and the option to check
  *   data_gz_message   zlib's error message without the path it starts with
  *                     (only where <zlib.h> was included first)
+ *   data_gzopen       open a regular file (trainrun/input.h) for zlib, plain or gzip'd
+ *                     (only where <zlib.h> was included first)
  *   data_map_file     map a whole regular, non-empty file read-only
  *   data_le32         a little-endian uint32
  *   data_info         fill the info() answer
@@ -19,6 +21,7 @@
 #ifndef TR_DATA_COMMON_H
 #define TR_DATA_COMMON_H
 
+#include <trainrun/input.h>
 #include <trainrun/plugin.h>
 
 #include <errno.h>
@@ -33,7 +36,7 @@
 static int data_fail_open(tr_err *err, const char *who, const char *option, const char *path,
                           int errnum)
 {
-    const char *why = errnum ? strerror(errnum) : "unknown error";
+    const char *why = errnum ? tr_input_strerror(errnum) : "unknown error";
     if (path[0] == '/')
         return tr_fail(err, "%s data: cannot open %s: %s; check data.%s", who, path, why,
                        option);
@@ -47,6 +50,26 @@ static int data_fail_open(tr_err *err, const char *who, const char *option, cons
 }
 
 #ifdef ZLIB_H
+/* The file for zlib (a plain file reads as it is), or NULL with *errnum
+ * set (0: out of memory): a regular file only, so a FIFO never blocks. */
+#if defined(__GNUC__)
+__attribute__((unused))
+#endif
+static gzFile data_gzopen(const char *path, int *errnum)
+{
+    int fd = tr_input_open(path);
+    if (fd < 0) {
+        *errnum = errno;
+        return NULL;
+    }
+    gzFile f = gzdopen(fd, "rb");
+    if (!f) {
+        *errnum = 0;
+        close(fd);
+    }
+    return f;
+}
+
 /* zlib's message, without the "path: " it starts with. */
 static const char *data_gz_message(gzFile f, const char *path, int *zerr)
 {
@@ -76,10 +99,10 @@ __attribute__((unused))
 static enum data_map_result data_map_file(const char *path, void **map, size_t *size,
                                           int *errnum)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = tr_input_open(path); /* a FIFO would block open() forever */
     if (fd < 0) {
         *errnum = errno;
-        return DATA_CANNOT_OPEN;
+        return errno == EISDIR || errno == TR_INPUT_ENOTREG ? DATA_NOT_REGULAR : DATA_CANNOT_OPEN;
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
@@ -87,9 +110,7 @@ static enum data_map_result data_map_file(const char *path, void **map, size_t *
         close(fd);
         return DATA_CANNOT_STAT;
     }
-    enum data_map_result r = !S_ISREG(st.st_mode) ? DATA_NOT_REGULAR
-                             : st.st_size == 0    ? DATA_EMPTY
-                                                  : DATA_MAPPED;
+    enum data_map_result r = st.st_size == 0 ? DATA_EMPTY : DATA_MAPPED;
     if (r == DATA_MAPPED) {
         *size = (size_t)st.st_size;
         *map = mmap(NULL, *size, PROT_READ, MAP_PRIVATE, fd, 0);

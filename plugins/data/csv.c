@@ -301,10 +301,11 @@ static int csv_create(const struct tr_host *host, const void *config,
     (void)args;
     const struct csv_config *cfg = config;
 
-    errno = 0;
-    gzFile f = gzopen(cfg->path, "rb");
+    int errnum = 0;
+    gzFile f = data_gzopen(cfg->path, &errnum);
     if (!f)
-        return data_fail_open(err, "csv", "path", cfg->path, errno);
+        return errnum ? data_fail_open(err, "csv", "path", cfg->path, errnum)
+                      : tr_fail(err, "csv data: out of memory opening %s", cfg->path);
     struct csv *c = calloc(1, sizeof *c);
     if (!c) {
         gzclose(f);

@@ -116,10 +116,11 @@ static int mul_overflows(uint64_t *acc, uint64_t factor)
 static int read_all(const char *option, const char *path, unsigned char **out, size_t *size,
                     tr_err *err)
 {
-    errno = 0;
-    gzFile f = gzopen(path, "rb");
+    int errnum = 0;
+    gzFile f = data_gzopen(path, &errnum);
     if (!f)
-        return data_fail_open(err, "idx", option, path, errno);
+        return errnum ? data_fail_open(err, "idx", option, path, errnum)
+                      : tr_fail(err, "idx data: out of memory opening %s", path);
     gzbuffer(f, 1 << 17);
     unsigned char *buf = NULL;
     size_t len = 0, cap = 0;

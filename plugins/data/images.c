@@ -209,8 +209,7 @@ static int map_shard(struct images *d, const struct images_config *cfg, struct s
     if (m != DATA_MAPPED)
         return tr_fail(err, "images data: %s: %s; run trainrun prepare --format images "
                        "again", path,
-                       m == DATA_EMPTY ? "empty file" : m == DATA_NOT_REGULAR
-                           ? "not a regular file" : strerror(errnum));
+                       m == DATA_EMPTY ? "empty file" : tr_input_strerror(errnum));
     s->n++;
     return check_shard(d, cfg, s, sh, path, err);
 }

@@ -333,7 +333,7 @@ static int cache_valid(const unsigned char *map, size_t size, const unsigned cha
  * `table`, or 0 when it is missing or malformed. */
 static uint32_t read_char_table(const char *path, unsigned char table[256])
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = tr_input_fopen(path);
     if (!f)
         return 0;
     unsigned char head[12];
@@ -543,7 +543,8 @@ static int text_create(const struct tr_host *host, const void *config,
     case DATA_CANNOT_STAT:
         return data_fail_open(err, "text", "path", cfg->path, errnum);
     case DATA_NOT_REGULAR:
-        return tr_fail(err, "text data: %s is not a regular file; check data.path", cfg->path);
+        return tr_fail(err, "text data: cannot read %s: %s; check data.path", cfg->path,
+                       tr_input_strerror(errnum));
     case DATA_EMPTY:
         return tr_fail(err, "text data: %s is empty; point data.path at a text file",
                        cfg->path);

@@ -317,8 +317,8 @@ static int map_shard(struct shard *s, const char *option, const struct tr_host *
     case DATA_CANNOT_STAT:
         return tr_fail(err, "tokens data: cannot stat %s: %s", s->path, strerror(errnum));
     case DATA_NOT_REGULAR:
-        return tr_fail(err, "tokens data: %s is not a regular file; check data.%s", s->path,
-                       option);
+        return tr_fail(err, "tokens data: cannot read %s: %s; check data.%s", s->path,
+                       tr_input_strerror(errnum), option);
     case DATA_EMPTY:
         return tr_fail(err,
                        "tokens data: %s is empty (0 bytes; byte offset 0); a shard starts with a "

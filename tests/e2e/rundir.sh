@@ -61,6 +61,22 @@ set +e; wait $pid; code=$?; set -e
 grep -q "removed .*trainrun-tmp" sample.err && { cat sample.err; fail "sample removed a save in progress"; }
 grep -q "not saved" live.err && { cat live.err; fail "a reader made the running run's saves fail"; }
 
+# readers pin the checkpoint they resolved: one the run prunes under them
+# (every=2, keep=2) is read whole or resolved again, never called damaged
+"$TRAINRUN" "$R" $long checkpoint.every=2 checkpoint.keep=2 run_dir=pruned --quiet > /dev/null 2> pruned.err &
+pid=$!
+while [ ! -f pruned/checkpoints/LATEST ]; do kill -0 $pid 2>/dev/null || { cat pruned.err; fail "no checkpoint"; }; sleep 0.05; done
+for i in 1 2 3 4 5 6 7 8 9 10; do
+  "$TRAINRUN" sample pruned --tokens 2 > /dev/null 2> reader.err || { cat reader.err; kill $pid; fail "sample of a pruning run failed"; }
+done
+for i in 1 2 3 4 5; do
+  "$TRAINRUN" eval --checkpoint pruned --batches 1 > /dev/null 2> reader.err || { cat reader.err; kill $pid; fail "eval of a pruning run failed"; }
+  "$TRAINRUN" export pruned -o pruned.safetensors 2> reader.err || { cat reader.err; kill $pid; fail "export of a pruning run failed"; }
+done
+kill -TERM $pid
+set +e; wait $pid; code=$?; set -e
+[ $code -eq 75 ] || { cat pruned.err; fail "the pruning run read by sample, eval and export did not stop cleanly (exit $code)"; }
+
 # --- the ranks of one job share the directory; a second job is refused ----------------
 "$TRAINRUN" "$R" train.steps=4 procs=2 run_dir=p --quiet 2> p.txt || { cat p.txt; fail "procs=2"; }
 [ "$(grep -c '"loss"' p/metrics.jsonl)" -eq 4 ] || fail "procs=2: one rank writes the metrics"
@@ -135,4 +151,30 @@ cp tr/trace.json first-trace.json
 "$TRAINRUN" "$R" train.steps=20 train.trace_every=5 run_dir=tr --resume auto --quiet
 cmp -s first-trace.json tr/trace-1.json || fail "the first trace was not kept as trace-1.json"
 [ -s tr/trace.json ] || fail "the resumed run wrote no trace"
+
+# --- a directory that is not a run: nothing in it is replaced or removed ------------------
+# (a model directory named by a typo or a shared recipe; the data has no tokenizer)
+mkdir hfdir
+for f in tokenizer.json tokenizer_config.json trace.json recipe.resolved config.json; do
+  echo "theirs $f" > hfdir/$f
+done
+ls -l hfdir > hfdir.before
+for resume in "" "--resume auto"; do
+  set +e
+  "$TRAINRUN" "$R" train.steps=2 train.trace_every=1 run_dir=hfdir $resume --quiet 2> hfdir.txt
+  code=$?
+  set -e
+  [ $code -eq 1 ] || { cat hfdir.txt; fail "a run in a directory that is not a run ($resume): exit $code, not 1"; }
+  grep -q "run_dir hfdir is not a trainrun run directory, but it holds .*tokenizer_config.json.*: give the run a directory of its own" hfdir.txt \
+    || { cat hfdir.txt; fail "no message for a directory that is not a run"; }
+  for f in tokenizer.json tokenizer_config.json trace.json recipe.resolved config.json; do
+    [ "$(cat hfdir/$f)" = "theirs $f" ] || fail "the refused run ($resume) changed hfdir/$f"
+  done
+  ls -l hfdir | cmp -s - hfdir.before || { ls -l hfdir; fail "the refused run ($resume) wrote to hfdir"; }
+done
+# a directory with only files of other names (a log the shell put there) is fine, and kept
+mkdir logged
+echo "a log" > logged/train.log
+"$TRAINRUN" "$R" train.steps=2 run_dir=logged --quiet 2> logged.txt || { cat logged.txt; fail "a run beside a log file"; }
+[ "$(cat logged/train.log)" = "a log" ] || fail "the run touched logged/train.log"
 echo "rundir: ok"

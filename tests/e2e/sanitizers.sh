@@ -51,7 +51,7 @@ make -j"$jobs" > build.log 2>&1 || { tail -n 40 build.log; fail "build with sani
 units=$(printf 'print-units:\n\t@echo $(check_PROGRAMS)\n' | make -s -f Makefile -f - print-units)
 e2e=
 for t in cli.sh checkpoints.sh checkpoint-trust.sh rundir.sh hf.sh sample.sh prepare-tokenizer.sh \
-    sample-tokenizer.sh shard-gather.sh; do
+    sample-tokenizer.sh fifo.sh shard-gather.sh; do
   test -f "$TR_SRCDIR/tests/e2e/$t" && e2e="$e2e tests/e2e/$t"
 done
 
