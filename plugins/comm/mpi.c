@@ -186,7 +186,8 @@ static void roll_call(struct mpi_comm *m, double grace)
         char heard[sizeof m->verdict];
         int from = -1;
         if (verdict_from_another(m, heard, sizeof heard, &from)) {
-            snprintf(m->verdict, sizeof m->verdict, "rank %d's roll call found: %s", from, heard);
+            snprintf(m->verdict, sizeof m->verdict, "rank %d's roll call found: %.460s", from,
+                     heard);
             free(where);
             return;
         }

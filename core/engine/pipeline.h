@@ -1,0 +1,70 @@
+/*
+ * Pipeline parallelism, the part that needs no second process: how a
+ * model's graph is cut into stages, the order in which each stage runs its
+ * micro-batches' forwards and backwards under each schedule, and what that
+ * order costs in idle time.
+ *
+ *   stages P, virtual stages V (chunks per stage, interleaved only),
+ *   micro-batches M per step: chunk c = v * P + s runs on stage s
+ *
+ * The schedules are Megatron-LM's: "gpipe" (every forward, then every
+ * backward), "1f1b" (P - s - 1 forwards to fill the pipe, then one forward
+ * and one backward in turn: at most P - s micro-batches in flight on stage
+ * s) and "interleaved" (1F1B over V chunks a stage, micro-batches taken in
+ * groups of P; needs M a multiple of P).  The same op lists are what the
+ * executor will run; the simulator here plays them against per-chunk
+ * forward and backward times and says how long the step takes and which
+ * share of it the stages sit idle (the bubble).
+ */
+#ifndef TR_PIPELINE_H
+#define TR_PIPELINE_H
+
+#include "graph.h"
+
+enum tr_pipe_kind { TR_PIPE_GPIPE, TR_PIPE_1F1B, TR_PIPE_INTERLEAVED };
+extern const char *const tr_pipe_kinds[]; /* the recipe's words, by kind; NULL-ended */
+
+/* One op of a stage's list: the forward or backward of micro-batch `micro`
+ * through chunk `chunk` (0 .. P*V - 1; on stage chunk % P). */
+struct tr_pipe_op {
+    int backward;
+    int micro, chunk;
+};
+
+/* Stage s's ops, in order: 2 * M * V of them, written to ops (room for
+ * that many).  Returns how many, or -1 when the schedule cannot run that
+ * shape (interleaved with M not a multiple of P). */
+int tr_pipe_schedule(enum tr_pipe_kind kind, int P, int V, int M, int s, struct tr_pipe_op *ops);
+
+/* The schedule played against forward[c] and backward[c] seconds for each
+ * chunk c (P*V of them), communication free: the step's length, and the
+ * share of P x that length the stages sit idle.  Returns -1 (and says so in
+ * err) when some stage waits forever (an invalid order). */
+struct tr_pipe_sim {
+    double makespan, bubble;
+    int max_in_flight; /* the most micro-batches any stage holds activations for */
+};
+int tr_pipe_simulate(enum tr_pipe_kind kind, int P, int V, int M, const double *forward,
+                     const double *backward, struct tr_pipe_sim *out, tr_err *err);
+
+/* The bubble with every chunk equally long: (P - 1) / (M + P - 1), and
+ * (P - 1) / (V * M + P - 1) interleaved. */
+double tr_pipe_bubble_theory(enum tr_pipe_kind kind, int P, int V, int M);
+
+/* The graph cut into `chunks` contiguous pieces at block boundaries: the
+ * nodes before the first block (the embedding) and after the last (the
+ * head and loss) are pieces of their own to place, the blocks found by
+ * their names ("....h.<l>." in GPT-2's, "....layers.<l>." in Llama's).
+ * Each piece's training FLOPs per token (6 per multiplied parameter, 12 T W
+ * per attention: tr_graph_count_flops's rule, node by node) decide the cut:
+ * the largest chunk's FLOPs are as small as they can be. */
+struct tr_pipe_chunk {
+    int first_node, last_node;  /* [first, last] */
+    int first_block, last_block; /* -1: none (embedding or head only) */
+    int has_embedding, has_head;
+    double flops;                /* per token, training */
+    double param_floats;         /* parameters its nodes read first */
+};
+int tr_pipe_partition(const struct tr_graph *g, int chunks, struct tr_pipe_chunk *out, tr_err *err);
+
+#endif
