@@ -1,6 +1,7 @@
 /* `trainrun plan`: building the plan (this file) and the command; the
  * plan's printed report is in plan_print.c. */
 #include "plan.h"
+#include "../engine/pipeline.h"
 
 #include "../engine/fit.h"
 #include "../engine/session.h"
@@ -252,6 +253,95 @@ static int plan_memory(struct tr_plan *p, const struct tr_session *s, tr_err *er
                           &p->max_micro_batch, &at, &fit_bytes, err);
 }
 
+/* Pipeline stages: the cut (pipeline.h), each stage's share of the FLOPs
+ * and its memory, and the bubble of the schedule, in theory and played
+ * with the stages' FLOPs as their times (forward a third, backward two).
+ * A stage's memory: its share of the parameters, gradients and optimizer
+ * state (as the plan keeps them per parameter), the activations kept for
+ * backward of each micro-batch it holds in flight (the plan's, in the
+ * stage's share of the FLOPs), and one micro-batch's transients (activation
+ * gradients, scratch, recompute) in that share, an estimate. */
+static int plan_pipeline(struct tr_plan *p, const struct tr_session *s, tr_err *err)
+{
+    const struct tr_parallel_config *par = &s->cfg->parallel;
+    struct tr_plan_pipe *pp = &p->pipe;
+    int P = (int)par->pipeline, V = (int)par->virtual_stages;
+    if (P * V > 64)
+        return tr_fail(err, "parallel.pipeline x virtual_stages = %d: plan shows up to 64 chunks",
+                       P * V);
+    pp->stages = P;
+    pp->virtual_stages = V;
+    pp->kind = par->schedule_kind;
+    pp->devices_assumed = p->cost.count < P;
+    if (!pp->devices_assumed && p->cost.count % P != 0)
+        return tr_fail(err, "gpus=%lld (cost.count) is not a multiple of parallel.pipeline = %d: "
+                       "each data-parallel replica needs %d devices", (long long)p->cost.count, P, P);
+    pp->replicas = pp->devices_assumed ? 1 : (int)(p->cost.count / P);
+    int64_t per_replica = p->batch / p->micro_batch / pp->replicas;
+    pp->micro_batches = par->micro_batches > 0 ? (int)par->micro_batches
+                                               : (int)(per_replica > 0 ? per_replica : 1);
+    if (pp->kind == TR_PIPE_INTERLEAVED && pp->micro_batches % P != 0)
+        return tr_fail(err, "the interleaved schedule needs micro-batches a multiple of the %d "
+                       "stages, and a step has %d (set parallel.micro_batches)", P,
+                       pp->micro_batches);
+    int C = P * V;
+    struct tr_pipe_chunk chunk[64];
+    if (tr_pipe_partition(s->g, C, chunk, err) != TR_OK)
+        return TR_ERROR;
+    double total = 0, fw[64], bw[64];
+    for (int c = 0; c < C; c++)
+        total += chunk[c].flops;
+    for (int c = 0; c < C; c++) {
+        fw[c] = chunk[c].flops / 3;
+        bw[c] = 2 * chunk[c].flops / 3;
+    }
+    struct tr_pipe_sim sim;
+    if (tr_pipe_simulate(pp->kind, P, V, pp->micro_batches, fw, bw, &sim, err) != TR_OK)
+        return TR_ERROR;
+    pp->bubble_theory = tr_pipe_bubble_theory(pp->kind, P, V, pp->micro_batches);
+    pp->bubble_simulated = sim.bubble;
+    const struct tr_memory_report *m = &s->g->memory;
+    double all_params = 0;
+    for (int c = 0; c < C; c++)
+        all_params += chunk[c].param_floats;
+    /* parameters, gradients, optimizer state and frozen weights, per parameter */
+    double per_param = (double)(m->params + m->grads + m->optimizer + m->frozen) /
+                       (all_params > 0 ? all_params : 1);
+    double kept = (double)(m->activations + m->saved), transient =
+        (double)(m->activation_grads + m->scratch + m->recompute);
+    struct tr_pipe_op *ops = tr_xcalloc((size_t)(2 * pp->micro_batches * V), sizeof *ops);
+    for (int st = 0; st < P; st++) {
+        struct tr_plan_stage *g = &pp->stage[st];
+        g->first_block = g->last_block = -1;
+        double share = 0;
+        for (int c = st; c < C; c += P) {
+            share += total > 0 ? chunk[c].flops / total : 0;
+            g->params += chunk[c].param_floats;
+            g->has_embedding |= chunk[c].has_embedding;
+            g->has_head |= chunk[c].has_head;
+            if (chunk[c].first_block >= 0 && (g->first_block < 0 || chunk[c].first_block < g->first_block))
+                g->first_block = chunk[c].first_block;
+            if (chunk[c].last_block > g->last_block)
+                g->last_block = chunk[c].last_block;
+            g->block_from[g->chunks] = chunk[c].first_block;
+            g->block_to[g->chunks] = chunk[c].last_block;
+            g->chunks++;
+        }
+        g->flops_share = share;
+        /* the most (micro-batch, chunk) pairs the stage holds at once, in chunks */
+        int len = tr_pipe_schedule(pp->kind, P, V, pp->micro_batches, st, ops), held = 0, most = 0;
+        for (int i = 0; i < len; i++) {
+            held += ops[i].backward ? -1 : 1;
+            most = held > most ? held : most;
+        }
+        g->in_flight = (double)most / V;
+        g->bytes = per_param * g->params + kept * share * g->in_flight + transient * share +
+                   (double)m->inputs;
+    }
+    free(ops);
+    return TR_OK;
+}
+
 /* Steps, tokens and FLOPs of the recipe's run, and the compute-optimal ones. */
 static void plan_length(struct tr_plan *p, const struct tr_session *s)
 {
@@ -306,6 +396,8 @@ int tr_plan_build(struct tr_plan *p, const char *recipe, const char *const *over
     if (plan_memory(p, &s, err) != TR_OK)
         goto out;
     plan_length(p, &s);
+    if (cfg.parallel.pipeline > 1 && plan_pipeline(p, &s, err) != TR_OK)
+        goto out;
     if (p->hardware)
         project(p);
     if (p->hardware && p->length_from == TR_LENGTH_TIME && p->scale[0].step_seconds > 0) {

@@ -11,6 +11,7 @@
 
 #include "../engine/graph.h"
 #include "../config/hardware.h"
+#include "../config/run_config.h" /* enum tr_pipe_kind */
 
 #include <stdio.h>
 
@@ -95,6 +96,18 @@ struct tr_plan {
     } scale[12];                      /* count, count/2, ... 1 */
     int n_scale;
     int suggested;                    /* index in scale[] of the device count to use */
+    /* pipeline stages (parallel.pipeline > 1; core/engine/pipeline.h) */
+    struct tr_plan_pipe {
+        int stages, virtual_stages, replicas, micro_batches;
+        enum tr_pipe_kind kind;
+        int devices_assumed;          /* cost.count was below the stages: P devices assumed */
+        double bubble_theory, bubble_simulated;
+        struct tr_plan_stage {
+            int first_block, last_block, has_embedding, has_head, chunks;
+            int block_from[64], block_to[64]; /* each chunk's blocks (-1: none) */
+            double flops_share, params, bytes, in_flight;
+        } stage[64];
+    } pipe;
 };
 
 /* One device count's step: compute at peak × MFU, the ring all-reduce of the

@@ -322,6 +322,51 @@ static void print_memory(const struct tr_plan *p, FILE *out)
         row(out, "largest micro-batch", "none: even one sample does not fit");
 }
 
+static void print_pipeline(const struct tr_plan *p, FILE *out)
+{
+    const struct tr_plan_pipe *pp = &p->pipe;
+    char a[64], b[64], what[160];
+    fprintf(out, "\npipeline  (parallel.pipeline = %d stages, schedule %s, %d micro-batch%s a "
+            "step through each of %d replica%s; planned only: running stages is not in this "
+            "version)\n", pp->stages, tr_pipe_kinds[pp->kind], pp->micro_batches,
+            pp->micro_batches == 1 ? "" : "es", pp->replicas, pp->replicas == 1 ? "" : "s");
+    if (pp->virtual_stages > 1)
+        row(out, "", "each stage runs %d chunks of the model (virtual stages)", pp->virtual_stages);
+    if (pp->devices_assumed)
+        row(out, "", "(%d devices assumed, one a stage: set gpus=N, a multiple of %d, for "
+            "data-parallel replicas)", pp->stages, pp->stages);
+    for (int st = 0; st < pp->stages; st++) {
+        const struct tr_plan_stage *g = &pp->stage[st];
+        char label[32];
+        size_t used = 0;
+        what[0] = 0;
+        if (g->has_embedding)
+            used += (size_t)snprintf(what + used, sizeof what - used, "embedding");
+        for (int c = 0, said = 0; c < g->chunks && used < sizeof what; c++)
+            if (g->block_from[c] >= 0) {
+                const char *lead = said ? ", " : used ? ", blocks " : "blocks ";
+                if (g->block_from[c] == g->block_to[c]) /* "blocks 3" reads as one */
+                    used += (size_t)snprintf(what + used, sizeof what - used, "%s%d", lead,
+                                             g->block_from[c]);
+                else
+                    used += (size_t)snprintf(what + used, sizeof what - used, "%s%d-%d", lead,
+                                             g->block_from[c], g->block_to[c]);
+                said = 1;
+            }
+        if (g->has_head && used < sizeof what)
+            snprintf(what + used, sizeof what - used, "%shead", used ? ", " : "");
+        snprintf(label, sizeof label, "stage %d", st);
+        row(out, label, "%-28s %5.1f%% of the FLOPs  %8s parameters  %10s  (activations of %.0f "
+            "micro-batch%s)", what, 100 * g->flops_share, fmt_count(g->params, a, sizeof a),
+            fmt_bytes(g->bytes, b, sizeof b), g->in_flight, g->in_flight == 1 ? "" : "es");
+    }
+    row(out, "bubble", "%.1f%% of the devices' time idle in theory ((P-1)/(%sM+P-1)); %.1f%% "
+        "simulated with the stages' FLOPs as their times", 100 * pp->bubble_theory,
+        pp->kind == TR_PIPE_INTERLEAVED ? "V·" : "", 100 * pp->bubble_simulated);
+    row(out, "", "(memory per stage estimated: its share of the weights and their state, the "
+        "activations of the micro-batches it holds; communication not counted)");
+}
+
 static void print_optimal(const struct tr_plan *p, FILE *out)
 {
     char a[64], b[64], c[64], d[64];
@@ -529,6 +574,8 @@ void tr_plan_print(const struct tr_plan *p, FILE *out)
     fprintf(out, "plan for %s (%s), precision %s\n\n", p->recipe, p->name, p->precision);
     print_model(p, out);
     print_memory(p, out);
+    if (p->pipe.stages > 1)
+        print_pipeline(p, out);
     print_optimal(p, out);
     if (p->hardware) {
         print_projection(p, out);

@@ -156,6 +156,8 @@ static const struct tr_option root_options[] = {
 
 /* by enum tr_shard_level */
 const char *const tr_shard_levels[] = {"none", "optimizer", "gradients", "parameters", NULL};
+/* by enum tr_pipe_kind */
+const char *const tr_pipe_kinds[] = {"gpipe", "1f1b", "interleaved", NULL};
 
 static const struct tr_option parallel_options[] = {
     OPT(TR_OPT_FLOAT, "bucket_mb", "25", 0.01, 4096,
@@ -169,6 +171,21 @@ static const struct tr_option parallel_options[] = {
      "parameters (ZeRO-3: also the parameters, each unit gathered just before the nodes that "
      "read it and discarded after)",
      offsetof(struct tr_parallel_config, shard)},
+    OPT(TR_OPT_INT, "pipeline", "1", 1, 1024,
+        "pipeline stages the model is cut into at block boundaries (planned by trainrun plan: "
+        "the partition, each stage's memory and the bubble; running stages is not in this "
+        "version)", struct tr_parallel_config, pipeline),
+    {TR_OPT_ENUM, "schedule", "1f1b", 0, 0, tr_pipe_kinds,
+     "the pipeline's order of micro-batches: gpipe (all forwards, then all backwards), 1f1b "
+     "(one forward, one backward: at most `pipeline` micro-batches in flight), interleaved "
+     "(1f1b over virtual_stages chunks a stage: a smaller bubble)",
+     offsetof(struct tr_parallel_config, schedule)},
+    OPT(TR_OPT_INT, "virtual_stages", "1", 1, 64,
+        "model chunks per pipeline stage (schedule = \"interleaved\")", struct tr_parallel_config,
+        virtual_stages),
+    OPT(TR_OPT_INT, "micro_batches", "0", 0, 1 << 20,
+        "micro-batches a step sends through the pipeline (0: batch / micro_batch / data-parallel "
+        "replicas)", struct tr_parallel_config, micro_batches),
     {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
 };
 
@@ -189,6 +206,35 @@ static int resolve_shard(struct tr_config *cfg, struct tr_value *root, tr_err *e
                        "\"%s\": drop parallel.zero (shard = \"%s\" shards the optimizer state "
                        "too)", where, p->shard, p->shard);
     p->shard_level = p->zero && level == TR_SHARD_NONE ? TR_SHARD_OPTIMIZER : level;
+    return TR_OK;
+}
+
+/* parallel.schedule as a kind, and what it needs: virtual stages only when
+ * interleaved, and there a micro-batch count the stages divide. */
+static int resolve_pipeline(struct tr_config *cfg, struct tr_value *root, tr_err *err)
+{
+    struct tr_parallel_config *p = &cfg->parallel;
+    const struct tr_value *par = tr_value_child(root, "parallel");
+    for (int k = 0; tr_pipe_kinds[k]; k++)
+        if (strcmp(p->schedule, tr_pipe_kinds[k]) == 0)
+            p->schedule_kind = (enum tr_pipe_kind)k;
+    char where[256] = "";
+    const struct tr_value *v = tr_value_child(par, "virtual_stages");
+    if (v)
+        tr_origin_format(&v->origin, where, sizeof where);
+    if (p->virtual_stages > 1 && p->schedule_kind != TR_PIPE_INTERLEAVED)
+        return tr_fail(err, "%s: parallel.virtual_stages = %lld needs schedule = \"interleaved\" "
+                       "(gpipe and 1f1b run one chunk a stage)", where,
+                       (long long)p->virtual_stages);
+    v = tr_value_child(par, "micro_batches");
+    if (v)
+        tr_origin_format(&v->origin, where, sizeof where);
+    if (p->schedule_kind == TR_PIPE_INTERLEAVED && p->micro_batches > 0 &&
+        p->micro_batches % p->pipeline != 0)
+        return tr_fail(err, "%s: parallel.micro_batches = %lld: the interleaved schedule takes "
+                       "micro-batches in groups of the %lld stages; use a multiple of %lld",
+                       where, (long long)p->micro_batches, (long long)p->pipeline,
+                       (long long)p->pipeline);
     return TR_OK;
 }
 
@@ -279,7 +325,7 @@ static int configure_sections(struct tr_config *cfg, struct tr_value *root, tr_e
         tr_options_apply(root, "cost", "cost", &cost_use, 1, err) != TR_OK ||
         tr_options_apply(root, "optimizer", "optimizer", ou, 3, err) != TR_OK ||
         tr_options_apply(root, "early_stop", "early_stop", &eu, 1, err) != TR_OK ||
-        resolve_shard(cfg, root, err) != TR_OK)
+        resolve_shard(cfg, root, err) != TR_OK || resolve_pipeline(cfg, root, err) != TR_OK)
         return TR_ERROR;
     return tr_lora_configure(&cfg->lora, cfg->recipe, err);
 }

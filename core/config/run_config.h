@@ -56,6 +56,10 @@ enum tr_shard_level {
 };
 extern const char *const tr_shard_levels[]; /* the recipe's words, by level; NULL-ended */
 
+/* Pipeline schedules (parallel.schedule; core/engine/pipeline.h). */
+enum tr_pipe_kind { TR_PIPE_GPIPE, TR_PIPE_1F1B, TR_PIPE_INTERLEAVED };
+extern const char *const tr_pipe_kinds[]; /* the recipe's words, by kind; NULL-ended */
+
 /* Data parallelism: how many ranks this node starts (the local launcher),
  * and how gradients travel between ranks. */
 struct tr_parallel_config {
@@ -65,6 +69,12 @@ struct tr_parallel_config {
     int zero;         /* the alias of shard = "optimizer" */
     const char *shard;               /* as written: none, optimizer, gradients, parameters */
     enum tr_shard_level shard_level; /* resolved from shard and zero */
+    /* pipeline stages (core/engine/pipeline.h): planned, not run yet */
+    int64_t pipeline;                /* stages P (1: none) */
+    const char *schedule;            /* as written: gpipe, 1f1b, interleaved */
+    enum tr_pipe_kind schedule_kind; /* resolved */
+    int64_t virtual_stages;          /* chunks per stage V (interleaved) */
+    int64_t micro_batches;           /* per step through the pipe M; 0: the accumulation's */
 };
 
 /* This process among the ranks of a data-parallel job (1 of 1 alone). */
@@ -145,5 +155,8 @@ void tr_config_free(struct tr_config *cfg);
 
 /* Help for the core's own sections (trainrun help recipe). */
 void tr_config_help(FILE *out);
+
+/* "recipe.lua:14" for a dotted key of the recipe (its file when unknown). */
+void tr_config_where(struct tr_config *cfg, const char *path, char *buf, size_t size);
 
 #endif

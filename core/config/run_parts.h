@@ -21,8 +21,6 @@
 #define TOKENS_MAX 1e18       /* train.tokens: a quintillion */
 #define TIME_MAX 31536000.0   /* train.time: a year of seconds */
 
-/* "recipe.lua:14" for a dotted key of the recipe (its file when unknown). */
-void tr_config_where(struct tr_config *cfg, const char *path, char *buf, size_t size);
 
 /* The plugin of slot `key` found and its options (and the core's keys of
  * the slot in `extra`) parsed; absent, default_name from default_origin. */

@@ -8,8 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *const tr_pipe_kinds[] = {"gpipe", "1f1b", "interleaved", NULL};
-
 /* ---- schedules ------------------------------------------------------------------ */
 
 static int put(struct tr_pipe_op *ops, int n, int backward, int micro, int chunk)

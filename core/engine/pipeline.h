@@ -20,9 +20,7 @@
 #define TR_PIPELINE_H
 
 #include "graph.h"
-
-enum tr_pipe_kind { TR_PIPE_GPIPE, TR_PIPE_1F1B, TR_PIPE_INTERLEAVED };
-extern const char *const tr_pipe_kinds[]; /* the recipe's words, by kind; NULL-ended */
+#include "../config/run_config.h" /* enum tr_pipe_kind, tr_pipe_kinds */
 
 /* One op of a stage's list: the forward or backward of micro-batch `micro`
  * through chunk `chunk` (0 .. P*V - 1; on stage chunk % P). */

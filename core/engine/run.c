@@ -183,6 +183,14 @@ static int start(struct run *r, tr_err *err)
 {
     struct tr_config *cfg = r->s.cfg;
     const struct tr_run_flags *flags = r->flags;
+    if (cfg->parallel.pipeline > 1) {
+        char where[600];
+        tr_config_where(cfg, "parallel.pipeline", where, sizeof where);
+        return tr_fail(err, "%s: parallel.pipeline = %lld: running pipeline stages is not in "
+                       "this version of trainrun; `trainrun plan` shows the stage partition, "
+                       "each stage's memory and the bubble of parallel.schedule "
+                       "(docs/scale-out.md)", where, (long long)cfg->parallel.pipeline);
+    }
     /* before anything in run_dir is opened (metrics.jsonl is truncated on a
      * fresh start): rank 0 writes for the whole job, so it alone locks */
     if (cfg->rank.rank == 0 && (tr_rundir_lock(cfg, &r->lock, err) != TR_OK ||

@@ -1,0 +1,55 @@
+#!/bin/sh
+# Pipeline stages as far as this version goes (docs/scale-out.md): the
+# recipe line, the plan's partition, memory and bubble, and the refusals.
+# Checks that
+#   - `trainrun plan` with parallel.pipeline = 2 cuts a Llama of 8 blocks
+#     into stages at block boundaries (the embedding on the first, the head
+#     on the last), says how many micro-batches each holds (1f1b: P - s),
+#     and gives the bubble in theory and simulated (1f1b, 8 micro-batches:
+#     (2-1)/(8+2-1) = 11.1%);
+#   - interleaved with virtual stages gives each stage two chunks and a
+#     smaller theoretical bubble; gpus=4 makes 2 replicas of 2 stages;
+#   - a run with a pipeline is refused naming the recipe line and pointing
+#     at the plan, and so are virtual stages without interleaving and
+#     interleaved micro-batches the stages do not divide.
+. "$(dirname "$0")/lib.sh"
+LLAMA="$TR_SRCDIR/tests/config/tiny_llama.lua"
+set -- model.layers=8 train.batch=8 train.micro_batch=1
+
+"$TRAINRUN" plan "$LLAMA" "$@" parallel.pipeline=2 > p2.txt 2>&1 || { cat p2.txt; fail "plan pipeline 2"; }
+grep -q '^pipeline  (parallel.pipeline = 2 stages, schedule 1f1b, 8 micro-batches a step' p2.txt &&
+  grep -q '^  stage 0 .*embedding, blocks 0-[0-9] .*(activations of 2 micro-batches)' p2.txt &&
+  grep -q '^  stage 1 .*blocks [0-9]-7, head .*(activations of 1 micro-batch)' p2.txt &&
+  grep -q '^  bubble .*11.1% of the devices.* idle in theory' p2.txt ||
+  { cat p2.txt; fail "plan's pipeline section"; }
+
+"$TRAINRUN" plan "$LLAMA" "$@" parallel.pipeline=2 parallel.schedule=interleaved \
+  parallel.virtual_stages=2 gpus=4 > p2v.txt 2>&1 || { cat p2v.txt; fail "plan interleaved"; }
+grep -q 'schedule interleaved, 4 micro-batches a step through each of 2 replicas' p2v.txt &&
+  grep -q '^  stage 0 .*embedding, blocks [0-9-]*, [0-9-]* ' p2v.txt &&
+  grep -q 'each stage runs 2 chunks of the model' p2v.txt &&
+  grep -q '^  bubble .*11.1% of the devices.* idle in theory ((P-1)/(V·M+P-1))' p2v.txt ||
+  { cat p2v.txt; fail "plan's interleaved pipeline"; }
+
+cat > piped.lua <<EOF
+return {
+  extends = "$LLAMA",
+  parallel = { pipeline = 2 },
+}
+EOF
+if "$TRAINRUN" piped.lua run_dir=piped > piped.log 2>&1; then fail "a pipeline ran"; fi
+grep -q 'piped.lua:3: parallel.pipeline = 2: running pipeline stages is not in this version.*trainrun plan' piped.log ||
+  { cat piped.log; fail "the pipeline refusal"; }
+if "$TRAINRUN" plan "$LLAMA" parallel.pipeline=2 parallel.virtual_stages=2 > v.log 2>&1; then
+  fail "virtual stages under 1f1b were planned"
+fi
+grep -q 'virtual_stages = 2 needs schedule = "interleaved"' v.log || { cat v.log; fail "virtual stages message"; }
+if "$TRAINRUN" plan "$LLAMA" parallel.pipeline=4 parallel.schedule=interleaved \
+     parallel.micro_batches=6 > m.log 2>&1; then
+  fail "interleaved with 6 micro-batches over 4 stages was planned"
+fi
+grep -q 'micro_batches = 6: the interleaved schedule takes micro-batches in groups of the 4 stages' m.log ||
+  { cat m.log; fail "interleaved micro-batches message"; }
+if "$TRAINRUN" plan "$LLAMA" parallel.pipeline=8 > many.log 2>&1; then fail "8 stages of 2 blocks"; fi
+grep -q 'use fewer stages' many.log || { cat many.log; fail "too many stages message"; }
+echo "pipeline: ok"
