@@ -303,7 +303,14 @@ static void trial_step(struct tr_session *s)
     g->loss_grad = 1.0f;
     tr_graph_forward(g, &s->be);
     tr_graph_backward(g, &s->be);
-    tr_be_zero(&s->be, g->grads, g->n_params * sizeof(float));
+    /* zeros again, given back where the backend can (a sharded rank keeps
+     * no pages of gradients it does not own) */
+    if (tr_be_can_discard(&s->be))
+        tr_be_discard(&s->be, g->grads, g->n_params * sizeof(float));
+    else
+        tr_be_zero(&s->be, g->grads, g->n_params * sizeof(float));
+    if (s->gather) /* and the parameters it gathered */
+        tr_gather_release_all(s->gather);
 }
 
 /* The host buffers the loader fills, the trial step of an "auto" size, the
