@@ -1073,6 +1073,8 @@ static void run_trainrun(const char *const *args)
         fprintf(stderr, "--- its output (end) ---\n%.*s\n---\n", (int)(out.n - from), text + from);
         broken("trainrun crashed or reported memory or undefined-behaviour errors");
     }
+    if (code == 0)
+        accepted("trainrun");
     free(out.p);
 }
 
