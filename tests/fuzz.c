@@ -774,8 +774,10 @@ static void target_prepare_text(const struct buf *in, uint64_t h)
     int rc = tr_prepare_main(argc, argv);
     if (rc != 0 && rc != 1)
         broken("prepare: exit code %d", rc);
-    if (rc == 0)
+    if (rc == 0) {
+        accepted("prepare");
         read_prepared();
+    }
 }
 
 /* JSONL records through prepare: byte, char or the fixture tokenizer.json,
@@ -1073,6 +1075,8 @@ static void run_trainrun(const char *const *args)
         fprintf(stderr, "--- its output (end) ---\n%.*s\n---\n", (int)(out.n - from), text + from);
         broken("trainrun crashed or reported memory or undefined-behaviour errors");
     }
+    if (code == 0)
+        accepted("trainrun");
     free(out.p);
 }
 

@@ -460,6 +460,85 @@ Test(recipe, search_path_and_installed_recipes)
     tr_recipe_free(r);
 }
 
+/* extends and include read only the directory of the recipe named on the
+ * command line (and below it), TRAINRUN_RECIPE_PATH and the installed recipes:
+ * a shared recipe cannot read ~/.netrc or /etc/shadow, not even to quote a
+ * parse error of it into a value. */
+#define OUTSIDE_TAIL "is outside the directories a recipe may read (recipes/confined, recipes/extra_path, " \
+                     "recipes/installed, and below them); copy it beside the recipe you run, or add its " \
+                     "directory to TRAINRUN_RECIPE_PATH"
+
+Test(recipe, extends_and_include_stay_inside_the_recipe_directories)
+{
+    struct tr_recipe *r = load("recipes/confined/ok.lua");
+    expect_number(r, "steps", 5);
+    expect_string(r, "shared.name", "shared");
+    expect_string(r, "team", "vision");
+    expect_string(r, "optim.name", "sgd");
+    tr_recipe_free(r);
+    expect_error("recipes/confined/escape.lua", "recipes/confined/escape.lua:5: extends \"../base.lua\": "
+                 "recipes/confined/../base.lua " OUTSIDE_TAIL);
+}
+
+Test(recipe, include_errors_cannot_be_caught_by_recipe_code)
+{
+    /* pcall(include, ...) of a file outside: the load ends, nothing of it in a value */
+    expect_error("recipes/confined/pcall_include.lua", "recipes/confined/pcall_include.lua:1: include "
+                 "\"../base.lua\": recipes/confined/../base.lua " OUTSIDE_TAIL);
+    /* a file inside that is no recipe: its parse error (which quotes it) ends the
+     * load, and xpcall's handler never sees it */
+    tr_err err = {{0}};
+    struct tr_recipe *r = tr_recipe_load("recipes/confined/xpcall_include.lua", NULL, 0, &test_paths, &err);
+    cr_assert_null(r, "xpcall caught include's error: the recipe loaded");
+    cr_assert(strncmp(err.msg, "recipes/confined/netrc.txt:1:", 29) == 0, "%s", err.msg);
+}
+
+Test(recipe, absolute_and_linked_paths_stay_inside_too)
+{
+    char cwd[4096], tmpl[] = "/tmp/tr-recipe-XXXXXX", path[8192], text[8192];
+    cr_assert_not_null(getcwd(cwd, sizeof cwd));
+    cr_assert_not_null(mkdtemp(tmpl));
+    /* by absolute path */
+    snprintf(path, sizeof path, "%s/abs.lua", tmpl);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "return { extends = \"%s/recipes/base.lua\" }\n", cwd);
+    fclose(f);
+    tr_err err = {{0}};
+    struct tr_recipe *r = tr_recipe_load(path, NULL, 0, &test_paths, &err);
+    cr_assert_null(r, "extends by absolute path left the recipe directories");
+    snprintf(text, sizeof text, "%s/recipes/base.lua is outside the directories a recipe may read (%s, ",
+             cwd, tmpl);
+    cr_assert_not_null(strstr(err.msg, text), "%s", err.msg);
+    /* through a symbolic link beside the recipe */
+    char link[8192];
+    snprintf(link, sizeof link, "%s/base.lua", tmpl);
+    snprintf(text, sizeof text, "%s/recipes/base.lua", cwd);
+    cr_assert_eq(symlink(text, link), 0);
+    snprintf(path, sizeof path, "%s/linked.lua", tmpl);
+    f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "return { extends = \"base.lua\" }\n");
+    fclose(f);
+    r = tr_recipe_load(path, NULL, 0, &test_paths, &err);
+    cr_assert_null(r, "extends through a symbolic link left the recipe directories");
+    cr_assert_not_null(strstr(err.msg, "/base.lua is outside the directories a recipe may read"), "%s", err.msg);
+    /* the same absolute path, its directory on TRAINRUN_RECIPE_PATH: read */
+    snprintf(text, sizeof text, "%s/recipes", cwd);
+    setenv("TRAINRUN_RECIPE_PATH", text, 1);
+    snprintf(path, sizeof path, "%s/abs.lua", tmpl);
+    r = tr_recipe_load(path, NULL, 0, &test_paths, &err);
+    setenv("TRAINRUN_RECIPE_PATH", "recipes/extra_path", 1);
+    cr_assert_not_null(r, "%s", err.msg);
+    expect_number(r, "seed", 1);
+    tr_recipe_free(r);
+    unlink(link);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/linked.lua", tmpl);
+    unlink(path);
+    rmdir(tmpl);
+}
+
 Test(recipe, require_trainrun_module)
 {
     struct tr_recipe *r = load("recipes/require_ok.lua");

@@ -599,6 +599,59 @@ static void fuzz_file(const char *path, size_t head)
     free(text);
 }
 
+/* Replace steps that lengthen the text on every pass: three of them make "a" a thousand
+ * "a"s (ten of them would make a 4-character prompt 40 GB); the normalizers and the decoders
+ * may make a text at most 32 times longer (plus 4 KiB), an error naming the file. */
+static const char grow10[] = "{\"type\": \"Replace\", \"pattern\": {\"String\": \"a\"}, \"content\": \"aaaaaaaaaa\"}";
+
+static struct tr_tokenizer *growing(const char *where)
+{
+    char json[2048];
+    snprintf(json, sizeof json,
+             "{\"%s\": {\"type\": \"Sequence\", \"%s\": [%s, %s, %s]}, "
+             "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []}}",
+             where, strcmp(where, "normalizer") == 0 ? "normalizers" : "decoders", grow10, grow10, grow10);
+    tr_err err = { { 0 } };
+    struct tr_tokenizer *t = tr_tokenizer_parse(json, strlen(json), "grow.json", &err);
+    cr_assert_not_null(t, "%s", err.msg);
+    return t;
+}
+
+Test(tokenizer, normalizers_and_decoders_cannot_grow_text_without_bound)
+{
+    struct tr_tokenizer *t = growing("normalizer");
+    char text[64];
+    memset(text, 'a', sizeof text);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    tr_err err = { { 0 } };
+    cr_assert_neq(tr_tokenizer_encode(t, text, sizeof text, &ids, &n, &err), TR_OK,
+                  "64 bytes normalized to 64000 were encoded");
+    cr_assert(strstr(err.msg, "grow.json: its normalizers make a text of 64 bytes longer than 6144 bytes"), "%s",
+              err.msg);
+    free(ids);
+    /* a text of bytes that no Replace matches goes through as it is */
+    memset(text, 'b', sizeof text);
+    cr_assert_eq(tr_tokenizer_encode(t, text, sizeof text, &ids, &n, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(n, sizeof text);
+    free(ids);
+    tr_tokenizer_free(t);
+
+    t = growing("decoder");
+    int32_t a[8] = { 0, 0, 0, 0, 0, 0, 0, 1 };
+    char *out = NULL;
+    size_t len = 0;
+    cr_assert_neq(tr_tokenizer_decode(t, a, 8, &out, &len, &err), TR_OK, "8 bytes decoded to 7001");
+    cr_assert(strstr(err.msg, "grow.json: its decoders make a text of 8 bytes longer than 4352 bytes"), "%s",
+              err.msg);
+    free(out);
+    /* a short text within the bound decodes */
+    cr_assert_eq(tr_tokenizer_decode(t, a + 6, 2, &out, &len, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(len, 1001);
+    free(out);
+    tr_tokenizer_free(t);
+}
+
 Test(tokenizer, damaged_files_refused)
 {
     static const char *const bad[] = {

@@ -30,6 +30,30 @@ int tr_prepare_is_jsonl(const char *path)
            ends_with(path, ".jsonl.zst");
 }
 
+/* A compressed input may decompress to at most TR_PREPARE_MAX_EXPANSION times its size
+ * on disk plus TR_PREPARE_EXPANSION_SLACK: prepare holds every input decompressed in
+ * memory, and a 1 MB .zst can hold 40 GB of one repeated line.  Text compresses 3 to 10
+ * times; a file past the bound is refused before it takes the memory. */
+#define TR_PREPARE_MAX_EXPANSION 100
+#define TR_PREPARE_EXPANSION_SLACK ((size_t)16 << 20)
+
+static size_t expansion_limit(size_t compressed)
+{
+    if (compressed > (SIZE_MAX - TR_PREPARE_EXPANSION_SLACK) / TR_PREPARE_MAX_EXPANSION)
+        return SIZE_MAX;
+    return compressed * TR_PREPARE_MAX_EXPANSION + TR_PREPARE_EXPANSION_SLACK;
+}
+
+static int expanded_too_far(const char *path, const char *how, size_t compressed)
+{
+    return tr_prepare_fail("%s decompresses to more than %zu MiB, over %d times its %zu bytes on disk "
+                           "(plus %zu MiB): prepare holds each input decompressed in memory and refuses "
+                           "a file that expands this far (a damaged or hostile file?); if its contents are "
+                           "what you mean, decompress it yourself (%s) and pass the plain file",
+                           path, expansion_limit(compressed) >> 20, TR_PREPARE_MAX_EXPANSION, compressed,
+                           TR_PREPARE_EXPANSION_SLACK >> 20, how);
+}
+
 /* Room for `more` bytes after len (and a NUL), doubling. */
 static int grow(unsigned char **buf, size_t *cap, size_t len, size_t more, const char *path)
 {
@@ -56,6 +80,7 @@ static int read_zstd(const char *path, FILE *f, size_t hint, unsigned char **dat
     size_t in_cap = ZSTD_DStreamInSize();
     unsigned char *in = malloc(in_cap), *buf = NULL;
     size_t cap = 0, len = 0, last = 0;
+    size_t limit = expansion_limit(hint);
     int rc = z && in ? grow(&buf, &cap, 0, hint * 3, path) : tr_prepare_fail("out of memory");
     size_t got;
     while (rc == 0 && (got = fread(in, 1, in_cap, f)) > 0) {
@@ -69,6 +94,8 @@ static int read_zstd(const char *path, FILE *f, size_t hint, unsigned char **dat
                 rc = tr_prepare_fail("cannot read %s: %s (is the .zst file complete and not "
                                      "damaged?)", path, ZSTD_getErrorName(last));
             len += ob.pos;
+            if (rc == 0 && len > limit)
+                rc = expanded_too_far(path, "zstd -d", hint);
         }
     }
     if (rc == 0 && ferror(f))
@@ -86,6 +113,8 @@ static int read_zstd(const char *path, FILE *f, size_t hint, unsigned char **dat
             rc = tr_prepare_fail("cannot read %s: it ends inside a zstd frame (is the .zst "
                                  "file complete?)", path);
         len += ob.pos;
+        if (rc == 0 && len > limit)
+            rc = expanded_too_far(path, "zstd -d", hint);
     }
     ZSTD_freeDCtx(z);
     free(in);
@@ -116,6 +145,7 @@ static int read_gzip(const char *path, size_t hint, unsigned char **data, size_t
     size_t cap = 0, len = 0;
     unsigned char *buf = NULL;
     int rc = grow(&buf, &cap, 0, hint, path);
+    size_t limit = expansion_limit(hint);
     while (rc == 0) {
         if (len + 1 >= cap && (rc = grow(&buf, &cap, len, cap, path)) != 0)
             break;
@@ -130,6 +160,10 @@ static int read_gzip(const char *path, size_t hint, unsigned char **data, size_t
         if (got <= 0)
             break;
         len += (size_t)got;
+        if (len > limit && !gzdirect(f)) {
+            rc = expanded_too_far(path, "gunzip", hint);
+            break;
+        }
     }
     gzclose(f);
     if (rc != 0) {

@@ -53,11 +53,23 @@ size_t tr_tok_utf8_valid(const char *s, size_t n)
     return n;
 }
 
+/* The error of normalizers or decoders (what) that made a text of `from` bytes longer than
+ * tr_tok_growth_limit allows. */
+int tr_tok_grown(const struct tr_tokenizer *t, const char *what, size_t from, tr_err *err)
+{
+    return tr_fail(err, "%s: its %s make a text of %zu bytes longer than %zu bytes (at most %d times its "
+                   "length plus %d bytes, and 1 GiB, are allowed): a Replace that lengthens the text on "
+                   "every pass? Fix the %s in the file, or use another tokenizer",
+                   t->name, what, from, tr_tok_growth_limit(from), MAX_GROWTH, GROWTH_SLACK, what);
+}
+
 /* s[0..n) with every match of re replaced by with[0..nwith), into out.  Matches as the
  * library's (Oniguruma's) find_iter: left to right, not overlapping, an empty match right
- * where the previous match ended skipped. */
+ * where the previous match ended skipped.  A result longer than max bytes is an error
+ * (1, err not set: the caller names the steps), found before it is built. */
 int tr_tok_replace_all(const struct tr_tokenizer *t, const pcre2_code *re, pcre2_match_data *md,
-                       const char *s, size_t n, const char *with, size_t nwith, struct buf *out, tr_err *err)
+                       const char *s, size_t n, const char *with, size_t nwith, size_t max, struct buf *out,
+                       tr_err *err)
 {
     out->n = 0;
     buf_reserve(out, n);
@@ -85,11 +97,15 @@ int tr_tok_replace_all(const struct tr_tokenizer *t, const pcre2_code *re, pcre2
                 pos++;
             continue;
         }
+        if (out->n + (a - copied) + nwith > max)
+            return 1;
         buf_add(out, s + copied, a - copied);
         buf_add(out, with, nwith);
         copied = pos = last_end = b;
         matched = 1;
     }
+    if (out->n + (n - copied) > max)
+        return 1;
     buf_add(out, s + copied, n - copied);
     return TR_OK;
 }

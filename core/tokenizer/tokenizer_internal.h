@@ -27,6 +27,17 @@
 #define MAX_NORMS 16              /* normalizer steps */
 #define MAX_DECS 16               /* decoder steps */
 #define MAX_DEPTH 4               /* Sequences inside Sequences */
+/* Normalizers and decoders may lengthen a text (NFKD spells U+FDFA in 18 characters, a
+ * Replace turns " " into "\xe2\x96\x81"), but a tokenizer.json whose Replace steps grow it
+ * on every pass would take all memory: the text they give may be at most MAX_GROWTH times
+ * the text they got, plus GROWTH_SLACK bytes, and never more than MAX_GROWN_TEXT. */
+#define MAX_GROWTH 32
+#define GROWTH_SLACK 4096
+#define MAX_GROWN_TEXT ((size_t)1 << 30)
+static inline size_t tr_tok_growth_limit(size_t n)
+{
+    return n > (MAX_GROWN_TEXT - GROWTH_SLACK) / MAX_GROWTH ? MAX_GROWN_TEXT : n * MAX_GROWTH + GROWTH_SLACK;
+}
 #define CACHE_MAX_WORD 64         /* bytes; longer words are not cached */
 #define CACHE_MAX_ENTRIES (1 << 18)
 
@@ -282,7 +293,9 @@ static inline void out_push(struct out *o, int32_t id)
 /* tokenizer.c */
 size_t tr_tok_utf8_valid(const char *s, size_t n);
 int tr_tok_replace_all(const struct tr_tokenizer *t, const pcre2_code *re, pcre2_match_data *md,
-                       const char *s, size_t n, const char *with, size_t nwith, struct buf *out, tr_err *err);
+                       const char *s, size_t n, const char *with, size_t nwith, size_t max, struct buf *out,
+                       tr_err *err);
+int tr_tok_grown(const struct tr_tokenizer *t, const char *what, size_t from, tr_err *err);
 /* tokenizer_load.c */
 int tr_tok_replace_pattern(struct tr_tokenizer *t, const struct tr_json *p, const char *what,
                            pcre2_code **re, char **text, size_t *ntext, tr_err *err);

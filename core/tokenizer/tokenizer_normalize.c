@@ -142,9 +142,10 @@ static int norm_strip(const struct norm *nm, const char *s, size_t n, struct buf
 }
 
 /* One normalizer on s[0..n) (valid UTF-8) into out: 1 when it changed the text (out
- * holds it), 0 when not (out untouched), TR_ERROR. */
-static int norm_apply(struct tr_tokenizer *t, struct norm *nm, const char *s, size_t n, struct buf *out,
-                      tr_err *err)
+ * holds it), 0 when not (out untouched), TR_ERROR; 2 when a Replace would have made it
+ * longer than max (err not set). */
+static int norm_apply(struct tr_tokenizer *t, struct norm *nm, const char *s, size_t n, size_t max,
+                      struct buf *out, tr_err *err)
 {
     switch (nm->kind) {
     case N_NFC: case N_NFD: case N_NFKC: case N_NFKD:
@@ -153,8 +154,10 @@ static int norm_apply(struct tr_tokenizer *t, struct norm *nm, const char *s, si
         return norm_lower(s, n, out);
     case N_STRIP:
         return norm_strip(nm, s, n, out);
-    case N_REPLACE:
-        return tr_tok_replace_all(t, nm->re, nm->md, s, n, nm->text, nm->ntext, out, err) ? TR_ERROR : 1;
+    case N_REPLACE: {
+        int rc = tr_tok_replace_all(t, nm->re, nm->md, s, n, nm->text, nm->ntext, max, out, err);
+        return rc < 0 ? TR_ERROR : rc > 0 ? 2 : 1;
+    }
     case N_PREPEND:
         if (!n)
             return 0;
@@ -167,17 +170,20 @@ static int norm_apply(struct tr_tokenizer *t, struct norm *nm, const char *s, si
 }
 
 /* s[0..n) through every normalizer: the result in *out (t->nb[0 or 1], or s itself when
- * nothing changed it). */
+ * nothing changed it).  A result longer than tr_tok_growth_limit(n) is an error. */
 int tr_tok_normalize(struct tr_tokenizer *t, const char *s, size_t n, const char **out, size_t *nout,
                      tr_err *err)
 {
     const char *cur = s;
     size_t len = n;
     int which = 0;
+    size_t max = tr_tok_growth_limit(n);
     for (int k = 0; k < t->nnorms; k++) {
-        int rc = norm_apply(t, &t->norm[k], cur, len, &t->nb[which], err);
+        int rc = norm_apply(t, &t->norm[k], cur, len, max, &t->nb[which], err);
         if (rc < 0)
             return TR_ERROR;
+        if (rc == 2 || (rc && t->nb[which].n > max))
+            return tr_tok_grown(t, "normalizers", n, err);
         if (rc) {
             cur = t->nb[which].p;
             len = t->nb[which].n;

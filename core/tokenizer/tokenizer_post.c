@@ -271,19 +271,34 @@ static struct buf join(const struct strs *l)
     return all;
 }
 
-/* Replace over each token string, through *tmp (scratch). */
+/* The bytes of all the strings of l. */
+static size_t strs_bytes(const struct strs *l)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < l->n; i++)
+        n += l->s[i].n;
+    return n;
+}
+
+/* Replace over each token string, through *tmp (scratch); all of them together may not
+ * grow past max bytes. */
 static int decode_replace(const struct tr_tokenizer *t, const struct dec *d, struct strs *l,
-                          struct buf *tmp, tr_err *err)
+                          struct buf *tmp, size_t from, size_t max, tr_err *err)
 {
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(d->re, NULL);
+    size_t total = strs_bytes(l);
     for (size_t i = 0; i < l->n; i++) {
         /* token strings from the file may not be valid UTF-8: PCRE2 must check */
         if (tr_tok_utf8_valid(l->s[i].p, l->s[i].n) != l->s[i].n)
             continue;
-        if (tr_tok_replace_all(t, d->re, md, l->s[i].p, l->s[i].n, d->text, d->ntext, tmp, err)) {
+        size_t others = total - l->s[i].n;
+        int rc = others > max ? 1 : tr_tok_replace_all(t, d->re, md, l->s[i].p, l->s[i].n, d->text, d->ntext,
+                                                        max - others, tmp, err);
+        if (rc) {
             pcre2_match_data_free(md);
-            return TR_ERROR;
+            return rc < 0 ? TR_ERROR : tr_tok_grown(t, "decoders", from, err);
         }
+        total = others + tmp->n;
         struct buf swap = l->s[i];
         l->s[i] = *tmp;
         *tmp = swap;
@@ -338,6 +353,7 @@ static int decode_chain(const struct tr_tokenizer *t, const int32_t *ids, size_t
     for (size_t i = 0; i < n; i++)
         buf_add(strs_add(&l), t->bytes[ids[i]], t->nbytes[ids[i]]);
     struct buf tmp = { 0 };
+    size_t from = strs_bytes(&l), max = tr_tok_growth_limit(from);
     for (int k = 0; k < t->ndecs; k++) {
         const struct dec *d = &t->dec[k];
         if (d->kind == D_BYTE_FALLBACK) {
@@ -347,7 +363,7 @@ static int decode_chain(const struct tr_tokenizer *t, const int32_t *ids, size_t
             strs_free(&l);
             strs_push(&l, all);
         } else if (d->kind == D_REPLACE) {
-            if (decode_replace(t, d, &l, &tmp, err)) {
+            if (decode_replace(t, d, &l, &tmp, from, max, err)) {
                 free(tmp.p);
                 strs_free(&l);
                 return TR_ERROR;

@@ -345,10 +345,25 @@ end
 ---------------------------------------------------------------------------
 -- Resolving a recipe file
 
-local function find_recipe(ctx, name, from_dir)
-    if sub(name, 1, 1) == "/" then
-        return ctx.host.is_file(name) and name or nil, { name }
+-- Where extends and include may read: the directory of the recipe named on
+-- the command line and below it, the TRAINRUN_RECIPE_PATH directories and the
+-- installed recipes, each compared by its real path (so neither "../" nor a
+-- symbolic link leaves them).  A shared recipe is data: it may not read
+-- /etc/shadow or ~/.netrc, even to put a parse error's quoted token into a
+-- value.  Is real (a canonical path) inside one of them?
+local function inside_roots(ctx, real)
+    for _, r in ipairs(ctx.roots) do
+        if r == "/" or real == r or sub(real, 1, #r + 1) == r .. "/" then
+            return true
+        end
     end
+    return false
+end
+
+-- The first of the candidates that exists: its path, or nil and the
+-- directories searched, or nil, nil and the path when it lies outside the
+-- directories recipes may read.
+local function find_recipe(ctx, name, from_dir)
     local dirs, seen = {}, {}
     local function add(d)
         if d and not seen[d] then
@@ -356,19 +371,37 @@ local function find_recipe(ctx, name, from_dir)
             dirs[#dirs + 1] = d
         end
     end
-    add(from_dir)
-    for _, d in ipairs(ctx.search_dirs) do
-        add(d)
+    if sub(name, 1, 1) == "/" then
+        add("")
+    else
+        add(from_dir)
+        for _, d in ipairs(ctx.search_dirs) do
+            add(d)
+        end
     end
     local shown = {}
     for i, d in ipairs(dirs) do
         local p = join(d, name)
         if ctx.host.is_file(p) then
-            return p
+            local real = ctx.host.realpath(p)
+            if real and inside_roots(ctx, real) then
+                return p
+            end
+            return nil, nil, p
         end
-        shown[i] = d == "" and "." or d
+        shown[i] = d == "" and (sub(name, 1, 1) == "/" and name or ".") or d
     end
     return nil, shown
+end
+
+-- The error of an extends or include whose file was not found or lies outside.
+local function not_found(ctx, at, how, name, searched, outside)
+    if outside then
+        return format('%s%s "%s": %s is outside the directories a recipe may read (%s, and below them); '
+            .. 'copy it beside the recipe you run, or add its directory to TRAINRUN_RECIPE_PATH', at, how,
+            name, outside, concat(ctx.root_names, ", "))
+    end
+    return format('%s%s "%s": not found (searched: %s)', at, how, name, concat(searched, ", "))
 end
 
 local resolve
@@ -388,19 +421,40 @@ local function check_cycle(ctx, path, how, from)
     return real
 end
 
+-- include's errors end the load: recipe code cannot catch them with pcall
+-- (the sandbox's pcall passes ctx.fatal on), so no message about another
+-- file -- a parse error quotes its text -- reaches a value of the recipe.
 local function make_include(ctx, file)
-    return function(name)
+    local function include(name, from)
         if type(name) ~= "string" then
-            error(format("include expects a recipe path (a string), got %s", type(name)), 2)
+            error(format("%sinclude expects a recipe path (a string), got %s", where(from.file, from.line),
+                type(name)), 0)
         end
-        local info = debug_getinfo(2, "l")
-        local from = { file = file, line = info and info.currentline or 0 }
-        local found, searched = find_recipe(ctx, name, dirname(file))
+        local found, searched, outside = find_recipe(ctx, name, dirname(file))
         if not found then
-            error(format('%sinclude "%s": not found (searched: %s)', where(from.file, from.line), name,
-                concat(searched, ", ")), 0)
+            error(not_found(ctx, where(from.file, from.line), "include", name, searched, outside), 0)
         end
         return resolve(ctx, found, "include", from)
+    end
+    return function(name)
+        -- the recipe's line (past the pcall that called include, if any)
+        local line, source = 0, "@" .. file
+        for level = 2, 10 do
+            local info = debug_getinfo(level, "Sl")
+            if not info then
+                break
+            elseif info.source == source and info.currentline and info.currentline > 0 then
+                line = info.currentline
+                break
+            end
+        end
+        local from = { file = file, line = line }
+        local r = pack(pcall(include, name, from))
+        if not r[1] then
+            ctx.fatal = ctx.fatal or r[2]
+            error(r[2], 0)
+        end
+        return unpack(r, 2, r.n)
     end
 end
 
@@ -468,9 +522,9 @@ local function resolve_file(ctx, path)
     if type(ext) ~= "string" then
         error(format("%sextends must be the path of a recipe (a string), got %s", where(path, line), type(ext)), 0)
     end
-    local found, searched = find_recipe(ctx, ext, dirname(path))
+    local found, searched, outside = find_recipe(ctx, ext, dirname(path))
     if not found then
-        error(format('%sextends "%s": not found (searched: %s)', where(path, line), ext, concat(searched, ", ")), 0)
+        error(not_found(ctx, where(path, line), "extends", ext, searched, outside), 0)
     end
     local base = resolve(ctx, found, "extends", { file = path, line = line })
     merge_into(ctx, base, t, "", true)
@@ -623,7 +677,9 @@ function M.load(host, cfg)
         plugin_slots = cfg.plugin_slots or {}, -- slot name -> set of its core keys
         switches = {},  -- plugin slots a recipe or override gave another plugin
     }
-    ctx.safe_pcall, ctx.safe_xpcall = make_protected_calls(host)
+    ctx.safe_pcall, ctx.safe_xpcall = make_protected_calls(host, function()
+        return ctx.fatal
+    end)
     ctx.env_mt = make_env_mt(host)
     ctx.require = make_require(ctx)
     -- the one module from C: the op table's shape rules, which trainrun.nn asks
@@ -644,6 +700,17 @@ function M.load(host, cfg)
     end
     if cfg.recipe_dir then
         ctx.search_dirs[#ctx.search_dirs + 1] = cfg.recipe_dir
+    end
+    -- the directories extends and include may read (inside_roots): the
+    -- recipe named on the command line is trusted, and so is its directory
+    ctx.roots, ctx.root_names = {}, {}
+    local top = dirname(cfg.path or "")
+    for _, dir in ipairs({ top == "" and "." or top, unpack(ctx.search_dirs) }) do
+        local real = host.realpath(dir)
+        if real then
+            ctx.roots[#ctx.roots + 1] = real
+            ctx.root_names[#ctx.root_names + 1] = dir
+        end
     end
 
     local overrides = {}

@@ -5,7 +5,8 @@ The recipe sandbox, used by recipe.lua (the loader):
                              safe base library, copies of string, table and math, extras
   make_env_mt(host)          its metatable: forbidden names and unknown ones ("did you mean")
                              are errors
-  make_protected_calls(host) pcall and xpcall that cannot swallow a limit being hit
+  make_protected_calls(host, fatal) pcall and xpcall that cannot swallow a limit being hit
+                             or an error that ends the load
 
 Loading this file guards string.find, match, gmatch and gsub in the global
 string table against patterns that would backtrack for hours; the loader and
@@ -128,11 +129,20 @@ local function shallow_copy(t)
     return c
 end
 
--- pcall/xpcall that cannot swallow a limit being hit (time, memory, C stack).
-local function make_protected_calls(host)
+-- pcall/xpcall that cannot swallow a limit being hit (time, memory, C stack),
+-- nor an error that ends the load (fatal() returns it: a failed include,
+-- whose message may quote another file), and whose xpcall handler never
+-- sees either.
+local function make_protected_calls(host, fatal)
+    fatal = fatal or function() return nil end
     local function check(ok, ...)
-        if not ok and host.stopped() then
-            error((...), 0)
+        if not ok then
+            local f = fatal()
+            if f then
+                error(f, 0)
+            elseif host.stopped() then
+                error((...), 0)
+            end
         end
         return ok, ...
     end
@@ -140,7 +150,16 @@ local function make_protected_calls(host)
         return check(pcall(f, ...))
     end
     local function safe_xpcall(f, handler, ...)
-        return check(xpcall(f, handler, ...))
+        local h = handler
+        if type(handler) == "function" then
+            h = function(e)
+                if fatal() or host.stopped() then
+                    return e
+                end
+                return handler(e)
+            end
+        end
+        return check(xpcall(f, h, ...))
     end
     return safe_pcall, safe_xpcall
 end

@@ -33,8 +33,10 @@ grep -q '"train.steps": {"value": "10", "origin": "command line"}' a/recipe.reso
 grep -q '{"slot": "schedule", "name": "cosine", "version": "[^"]*", "path": "[^"]*schedule_cosine[^"]*"}' \
   a/recipe.resolved.json || fail "no schedule plugin with version and path in the record"
 # a logger plugin is one of the run's plugins too
+# (lg.lua and child.lua extend $R by its absolute path: it lies outside the
+# directory of the recipe run, so its directory goes on TRAINRUN_RECIPE_PATH)
 printf 'return {\n  extends = "%s",\n  logger = { "jsonl", "csv" },\n}\n' "$R" > lg.lua
-"$TRAINRUN" lg.lua "$@" run_dir=lg --quiet || fail "a run with the csv logger"
+TRAINRUN_RECIPE_PATH=$(dirname "$R") "$TRAINRUN" lg.lua "$@" run_dir=lg --quiet || fail "a run with the csv logger"
 grep -q '{"slot": "logger", "name": "csv", "version": "[^"]*", "path": "[^"]*logger_csv[^"]*"}' \
   lg/recipe.resolved.json || { cat lg/recipe.resolved.json; fail "no csv logger plugin in the record"; }
 grep -q "^logger     = csv " lg/recipe.resolved || fail "no csv logger in recipe.resolved"
@@ -93,7 +95,7 @@ return {
 }
 EOF2
 sed -i "s|TINY|$R|" child.lua
-if "$TRAINRUN" show child.lua > /dev/null 2> child-err.txt; then fail "show passed a child's model.dropuot"; fi
+if TRAINRUN_RECIPE_PATH=$(dirname "$R") "$TRAINRUN" show child.lua > /dev/null 2> child-err.txt; then fail "show passed a child's model.dropuot"; fi
 grep -q "child.lua:3: gpt: unknown option 'dropuot'" child-err.txt || { cat child-err.txt; fail "not the child's line"; }
 if "$TRAINRUN" show "$R" model.layers=0 > /dev/null 2> layers.txt; then fail "show passed model.layers=0"; fi
 grep -q "option 'layers' must be an integer" layers.txt || { cat layers.txt; fail "show: layers=0"; }

@@ -1,0 +1,2 @@
+local ok, msg = pcall(include, "../base.lua")
+return { seed = 7, stolen = tostring(msg) }

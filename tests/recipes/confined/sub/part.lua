@@ -1,0 +1,1 @@
+return { steps = 5, shared = include "../shared.lua" }
