@@ -272,14 +272,9 @@ struct tr_gather *tr_gather_new(struct tr_graph *g, const struct tr_backend *be,
     return gt;
 }
 
-void tr_gather_free(struct tr_gather *gt)
+/* What plan_passes and node_units allocated. */
+static void free_schedule(struct tr_gather *gt)
 {
-    if (!gt)
-        return;
-    if (gt->g->before_node_ctx == gt) {
-        gt->g->before_node = NULL;
-        gt->g->before_node_ctx = NULL;
-    }
     for (int k = 0; k < 2; k++) {
         free(gt->pass[k].node);
         free(gt->pass[k].phase);
@@ -288,6 +283,17 @@ void tr_gather_free(struct tr_gather *gt)
     }
     free(gt->ustart);
     free(gt->units);
+}
+
+void tr_gather_free(struct tr_gather *gt)
+{
+    if (!gt)
+        return;
+    if (gt->g->before_node_ctx == gt) {
+        gt->g->before_node = NULL;
+        gt->g->before_node_ctx = NULL;
+    }
+    free_schedule(gt);
     free(gt->state);
     free(gt->ticket);
     free(gt);
@@ -339,12 +345,5 @@ void tr_gather_peaks(const struct tr_graph *g, const struct tr_shard *layout,
     size_t cap = layout->n_units;
     *param_floats = (fw > bw ? fw : bw) < cap ? (fw > bw ? fw : bw) * layout->unit : layout->n;
     *grad_floats = gr < cap ? gr * layout->unit : layout->n;
-    for (int k = 0; k < 2; k++) {
-        free(gt.pass[k].node);
-        free(gt.pass[k].phase);
-        free(gt.pass[k].rel_start);
-        free(gt.pass[k].rel);
-    }
-    free(gt.ustart);
-    free(gt.units);
+    free_schedule(&gt);
 }

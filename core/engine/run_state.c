@@ -79,7 +79,9 @@ int tr_state_share_params(struct tr_session *s, tr_err *err)
 /* Moments of all ranks in one full-size buffer on rank 0 (to save them):
  * each rank broadcasts its packed state, rank 0 places it.  full: n floats
  * on rank 0, unused elsewhere. */
-static int gather_moments(struct tr_session *s, float *mine, float *full, tr_err *err)
+/* Backend memory for the largest rank's parts: where a rank receives
+ * another's parts in turn. */
+static float *parts_scratch(struct tr_session *s, const char *what, tr_err *err)
 {
     size_t largest = 0;
     for (int q = 0; q < s->world; q++) {
@@ -88,7 +90,15 @@ static int gather_moments(struct tr_session *s, float *mine, float *full, tr_err
     }
     float *scratch = tr_be_alloc(&s->be, (largest + 1) * sizeof(float));
     if (!scratch)
-        return tr_fail(err, "out of memory gathering the optimizer state");
+        tr_fail(err, "out of memory %s", what);
+    return scratch;
+}
+
+static int gather_moments(struct tr_session *s, float *mine, float *full, tr_err *err)
+{
+    float *scratch = parts_scratch(s, "gathering the optimizer state", err);
+    if (!scratch)
+        return TR_ERROR;
     int rc = TR_OK;
     for (int q = 0; q < s->world && rc == TR_OK; q++) {
         size_t n = tr_shard_owned(&s->opt.shard, q);
@@ -162,14 +172,9 @@ static int scatter_parts(struct tr_session *s, float *full, float *packed, float
                          tr_err *err)
 {
     const struct tr_shard *sh = &s->opt.shard;
-    size_t largest = 0;
-    for (int q = 0; q < s->world; q++) {
-        size_t n = tr_shard_owned(sh, q);
-        largest = n > largest ? n : largest;
-    }
-    float *scratch = tr_be_alloc(&s->be, (largest + 1) * sizeof(float));
+    float *scratch = parts_scratch(s, "distributing the checkpoint's state", err);
     if (!scratch)
-        return tr_fail(err, "out of memory distributing the checkpoint's state");
+        return TR_ERROR;
     int rc = TR_OK;
     for (int q = 0; q < s->world && rc == TR_OK; q++) {
         size_t n = tr_shard_owned(sh, q);
