@@ -3,8 +3,8 @@
  * loader's order, and the checkpoint formats.
  *
  * Covers: core/config/ (plugin.c: the loader; recipe.c, options.c, run_config.c,
- * value.c: recipe errors, overrides and the precision default), core/engine/loader.c and
- * topo.c, core/util/ (safetensors.c, json.c, suggest.c, util.c's durations),
+ * value.c: recipe errors, overrides and the precision default), core/engine/loader.c,
+ * stop_signals.c and topo.c, core/util/ (safetensors.c, json.c, suggest.c, util.c's durations),
  * include/trainrun/mix.h.
  */
 #include <criterion/criterion.h>
@@ -18,9 +18,11 @@
 #include "config/plugin.h"
 #include "util/safetensors.h"
 #include "util/suggest.h"
+#include "engine/stop_signals.h"
 #include "engine/topo.h"
 #include "util/util.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -489,6 +491,54 @@ Test(loader, a_signal_ends_a_wait_for_a_stuck_worker_and_bad_positions_fail)
     cr_assert_lt(tr_now() - t0, 10.0);
     blocked_release = 1; /* they finish and exit on their own; the loader was not freed */
     usleep(20000);
+}
+
+/* ---- stop signals --------------------------------------------------------- */
+
+static void *mask_of_a_new_thread(void *arg)
+{
+    pthread_sigmask(SIG_BLOCK, NULL, arg);
+    return NULL;
+}
+
+static int wait_for(volatile sig_atomic_t *flag, int sig)
+{
+    for (int i = 0; i < 2000 && *flag != sig; i++)
+        usleep(1000);
+    return *flag == sig;
+}
+
+Test(stop_signals, blocked_in_every_new_thread_taken_by_one_and_the_mask_restored)
+{
+    static volatile sig_atomic_t flag;
+    struct tr_stop_signals s;
+    tr_err err = {{0}};
+    sigset_t mask;
+    cr_assert_eq(tr_stop_signals_start(&s, &flag, &err), TR_OK, "%s", err.msg);
+    pthread_sigmask(SIG_BLOCK, NULL, &mask);
+    cr_assert(sigismember(&mask, SIGTERM) && sigismember(&mask, SIGUSR1) &&
+              sigismember(&mask, SIGINT));
+    /* a thread the run starts (OpenMP's, the loader's) inherits the mask */
+    pthread_t t;
+    sigset_t inherited;
+    cr_assert_eq(pthread_create(&t, NULL, mask_of_a_new_thread, &inherited), 0);
+    pthread_join(t, NULL);
+    cr_assert(sigismember(&inherited, SIGTERM) && sigismember(&inherited, SIGINT));
+
+    kill(getpid(), SIGTERM);
+    cr_assert(wait_for(&flag, SIGTERM), "SIGTERM did not set the flag (%d)", (int)flag);
+    kill(getpid(), SIGUSR1); /* the process lives on; the flag says the latest */
+    cr_assert(wait_for(&flag, SIGUSR1), "SIGUSR1 did not set the flag (%d)", (int)flag);
+
+    tr_stop_signals_end(&s);
+    pthread_sigmask(SIG_BLOCK, NULL, &mask);
+    cr_assert(!sigismember(&mask, SIGTERM) && !sigismember(&mask, SIGINT),
+              "the caller's mask is not back");
+    tr_stop_signals_end(&s); /* twice: nothing */
+    /* after the run: a signal sets the flag, it does not kill the process */
+    flag = 0;
+    kill(getpid(), SIGINT);
+    cr_assert(wait_for(&flag, SIGINT), "SIGINT after end (%d)", (int)flag);
 }
 
 /* ---- formats ----------------------------------------------------------- */

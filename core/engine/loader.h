@@ -35,9 +35,10 @@ struct tr_loader_config {
      * k * stride + rank (stride 0 or 1: alone), so ranks read disjoint parts
      * of every global batch and together read what one process would */
     int rank, stride;
-    /* when set and *cancel turns non-zero (a signal handler's flag), a
-     * wait for workers ends with an error instead of blocking, and close
-     * stops waiting for a worker stuck in a read after a grace period */
+    /* when set and *cancel turns non-zero (the stop flag, set by the thread
+     * that takes the stop signals: stop_signals.h), a wait for workers ends
+     * with an error instead of blocking, and close stops waiting for a
+     * worker stuck in a read after a grace period */
     volatile sig_atomic_t *cancel;
     /* unshuffled: read samples 0, step, 2 * step, ... (0 or 1: every one), so
      * an in-order pass over windows that overlap (tr_data_info.eval_stride)

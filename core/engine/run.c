@@ -1,6 +1,6 @@
 /* Training: tr_train, its phases and the step.  The loop, in shape:
  *
- *   start(r)                        lock run_dir, session, resume, signals, loader, journal
+ *   start(r)                        signals, lock run_dir, session, resume, loader, journal
  *   while (step < steps && !stopping)
  *       train_step(r)               forward_backward, agree (ranks), update
  *       end_of_step(r)              what the policies (policies.h) say is due:
@@ -23,6 +23,7 @@
 #include "run_state.h"
 #include "rundir.h"
 #include "session.h"
+#include "stop_signals.h"
 #include "../config/precision.h"
 #include "../util/util.h"
 
@@ -45,9 +46,11 @@ struct run {
 
 /* ---- signals: finish the step, checkpoint, exit for requeue ----------- */
 
+/* SIGTERM, SIGUSR1 or SIGINT, as stored by the thread that takes them:
+ * they are blocked in every thread of the run, and no handler runs on a
+ * thread that computes (stop_signals.h says why) */
 static volatile sig_atomic_t stop_signal;
-
-static void on_signal(int sig) { stop_signal = sig; }
+static struct tr_stop_signals stop_signals;
 
 /* A stop was requested: alone, as soon as a signal arrives; with other
  * ranks, only what they all agreed at the last step boundary, so every
@@ -178,7 +181,8 @@ static int open_session(struct run *r, tr_err *err)
 }
 
 /* Everything before the first step: the run directory, the session,
- * resume, the signal handlers, the loader, the journal. */
+ * resume, the loader, the journal; first the thread that takes the stop
+ * signals. */
 static int start(struct run *r, tr_err *err)
 {
     struct tr_config *cfg = r->s.cfg;
@@ -191,6 +195,12 @@ static int start(struct run *r, tr_err *err)
                        "each stage's memory and the bubble of parallel.schedule "
                        "(docs/scale-out.md)", where, (long long)cfg->parallel.pipeline);
     }
+    /* before the run starts any thread (the session's OpenMP, checkpoint
+     * writer and communication threads, the loader's workers), which all
+     * inherit the blocked signals; from here on a signal ends the run with
+     * a checkpoint (exit 75), a wait for data included, instead of killing it */
+    if (tr_stop_signals_start(&stop_signals, &stop_signal, err) != TR_OK)
+        return TR_ERROR;
     /* before anything in run_dir is opened (metrics.jsonl is truncated on a
      * fresh start): rank 0 writes for the whole job, so it alone locks */
     if (cfg->rank.rank == 0 && (tr_rundir_lock(cfg, &r->lock, err) != TR_OK ||
@@ -203,14 +213,6 @@ static int start(struct run *r, tr_err *err)
         return tr_fail(err, "the checkpoint stopped %llu micro-batches into the data, which %d "
                        "ranks cannot share; resume with a world size that divides the "
                        "micro-batches per step", (unsigned long long)l->position, r->s.world);
-    /* before the loader's workers start: from their first read on, a signal
-     * ends a wait for data and the run (exit 75) instead of killing it */
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGUSR1, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
     struct tr_loader_config lc = {TR_SPLIT_TRAIN, (int)r->s.micro_batch,
                                   (int)cfg->train.workers, (int)cfg->train.prefetch, 1,
                                   (uint64_t)cfg->train.seed, r->s.topo, r->s.rank, r->s.world,
@@ -628,6 +630,7 @@ out:
     tr_loader_close(r->loader);
     tr_session_close(&r->s);
     tr_rundir_unlock(&r->lock); /* last: the run directory is ours until everything is written */
+    tr_stop_signals_end(&stop_signals); /* the caller's signal mask back */
     free(r);
     return code;
 }
