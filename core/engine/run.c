@@ -536,8 +536,18 @@ static int end_of_step(struct run *r, tr_err *err)
                dollars, 100 * dollars / c->budget, c->budget);
     }
     l->budget_stop = tr_policy_budget_stop(l, l->budget_stop);
-    if (tr_policy_eval_due(l) && evaluate(r, &improved, err) != TR_OK)
+    if (tr_policy_eval_due(l) && evaluate(r, &improved, err) != TR_OK) {
+        /* alone, the trained weights are not lost with the evaluation (with
+         * ranks the others may be stuck in its collective: no save) */
+        tr_err cerr = {{0}};
+        if (r->s.world == 1 && r->s.ckpt && save(r, l->position, 1, &cerr) == TR_OK)
+            tr_log(TR_LOG_WARN, NULL, "the evaluation at step %llu failed (below); the weights "
+                   "it evaluated are saved in checkpoint step-%010llu: fix the validation data "
+                   "and --resume auto", (unsigned long long)l->step, (unsigned long long)l->step);
+        else if (r->s.world == 1 && r->s.ckpt)
+            tr_log(TR_LOG_ERROR, NULL, "%s", cerr.msg);
         return TR_ERROR;
+    }
     enum tr_checkpoint_due due = tr_policy_checkpoint_due(l, improved, stopping(r));
     if (due != TR_CHECKPOINT_NONE && checkpoint(r, due, err) != TR_OK)
         return TR_ERROR;

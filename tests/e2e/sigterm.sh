@@ -100,4 +100,15 @@ for delay in 0 0.1 0.4; do
   "$TRAINRUN" export "w$delay" -o "w$delay.safetensors" --dtype fp32 2> err.txt \
     || { cat err.txt; fail "w$delay: the checkpoint written at SIGTERM does not verify"; }
 done
+# --- an evaluation that fails after training: the weights it evaluated are
+# saved first (exit 1, a checkpoint of the last step that loads)
+recipe evalfails.lua "fail_val = true"
+if "$TRAINRUN" evalfails.lua train.steps=6 train.eval_every=6 train.eval_batches=1 \
+     checkpoint.every=0 run_dir=evalfails 2> evalfails.err; then
+  fail "a run whose evaluation fails succeeded"
+fi
+grep -q "the evaluation at step 6 failed (below); the weights it evaluated are saved in checkpoint step-0000000006" evalfails.err &&
+  grep -q "a validation read fails" evalfails.err || { cat evalfails.err; fail "evaluation failure message"; }
+"$TRAINRUN" export evalfails -o evalfails.safetensors --dtype fp32 2> err.txt ||
+  { cat err.txt; fail "the checkpoint saved before a failed evaluation does not verify"; }
 echo "sigterm: ok"

@@ -3,7 +3,8 @@
  * whose reads block for good (stall_after) or fail (fail_after) once that
  * many reads were made, as a read from a hung network filesystem or a
  * broken file would; with both, failing wins from fail_after on, so one
- * worker can be stuck while another fails.
+ * worker can be stuck while another fails; fail_val makes every read of
+ * the validation split fail (an evaluation that breaks after training).
  * data = { plugin = "stall", stall_after = 5 }
  */
 #define _POSIX_C_SOURCE 200809L
@@ -15,6 +16,7 @@
 
 struct stall_config {
     int64_t stall_after, fail_after;
+    int fail_val;
 };
 
 static const struct tr_option options[] = {
@@ -22,6 +24,8 @@ static const struct tr_option options[] = {
      "reads after which every read blocks forever; 0: never", offsetof(struct stall_config, stall_after)},
     {TR_OPT_INT, "fail_after", "0", 0, 1000000000, NULL,
      "reads after which every read fails; 0: never", offsetof(struct stall_config, fail_after)},
+    {TR_OPT_BOOL, "fail_val", "false", 0, 0, NULL, "every read of the validation split fails",
+     offsetof(struct stall_config, fail_val)},
     {.type = TR_OPT_END},
 };
 
@@ -68,6 +72,10 @@ static int read_samples(void *self, enum tr_split split, const uint64_t *idx, si
             struct timespec t = {3600, 0};
             nanosleep(&t, NULL);
         }
+    }
+    if (split == TR_SPLIT_VAL && s->cfg.fail_val) {
+        snprintf(err->msg, sizeof err->msg, "stall: a validation read fails (fail_val)");
+        return TR_ERROR;
     }
     if (split == TR_SPLIT_TRAIN && fails) {
         snprintf(err->msg, sizeof err->msg, "stall: read %ld fails (fail_after)", k);
