@@ -15,8 +15,10 @@
 # optimizer state on rank 0 to save it; "plan" is `trainrun plan`'s total
 # for one device at that world size and level;
 # communication is the share of the run the summary counts as waiting for
-# collectives (after backward, and the parameter all-gather after a
-# sharded update), i.e. what is not overlapped with compute.
+# collectives (after backward, the parameter all-gather after a sharded
+# update, and under "parameters" the nodes' waits for their units'
+# gathers), i.e. what is not overlapped with compute.  The recipe's units
+# are 2 MiB (parallel.bucket_mb): "parameters" holds a few units at once.
 #
 # Environment: TRAINRUN, PROCS (1,2,4), LEVELS (none,optimizer,gradients,parameters),
 # STEPS (6).
