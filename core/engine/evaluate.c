@@ -83,43 +83,6 @@ static const char **overrides_for(const struct tr_eval_flags *fl, const struct e
     return list;
 }
 
-/* The samples an evaluation reads: those that do not overlap (every
- * eval_stride-th of a source whose windows start at every token). */
-static uint64_t eval_samples(const struct tr_data_info *di, enum tr_split split)
-{
-    uint64_t step = di->eval_stride[split] > 1 ? di->eval_stride[split] : 1;
-    return di->samples[split] / step + (di->samples[split] % step != 0);
-}
-
-/* The split must hold one micro-batch at least: say which lever gives it one. */
-int tr_session_check_split(const struct tr_session *r, enum tr_split split, int for_training,
-                           tr_err *err)
-{
-    uint64_t have = eval_samples(&r->data.info, split);
-    int64_t mb = r->micro_batch;
-    if (have >= (uint64_t)mb)
-        return TR_OK;
-    char where[600];
-    tr_origin_format(&r->cfg->data.origin, where, sizeof where);
-    if (for_training)
-        return tr_fail(err, "%s: data '%s' has %llu validation samples%s, fewer than one "
-                       "micro-batch of %lld, and training evaluates on them at its end (and "
-                       "every train.eval_every steps): give the data a larger validation split "
-                       "(data.val_fraction, or the plugin's validation file: trainrun plugins "
-                       "data) or use a smaller train.micro_batch=N; nothing was trained",
-                       where, r->data.name, (unsigned long long)have,
-                       r->data.info.eval_stride[split] > 1 ? " that do not overlap" : "",
-                       (long long)mb);
-    if (split == TR_SPLIT_VAL && have == 0)
-        return tr_fail(err, "%s: data '%s' has no validation split: give it one (data.val_fraction "
-                       "above 0, or the plugin's validation file: trainrun plugins data), or "
-                       "evaluate on the training split with --split train", where, r->data.name);
-    return tr_fail(err, "%s: data '%s' has %llu %s samples, fewer than one micro-batch of %lld: "
-                   "evaluate with a smaller train.micro_batch=N", where, r->data.name,
-                   (unsigned long long)have, split == TR_SPLIT_VAL ? "validation" : "training",
-                   (long long)mb);
-}
-
 /* ---- the one evaluation ------------------------------------------------------ */
 
 /* The first max_batches micro-batches of split, in order (no shuffle),
@@ -249,7 +212,7 @@ static void fill_result(struct tr_eval_result *out, const struct tr_session *r,
                         const struct tr_config *cfg, enum tr_split split)
 {
     const struct tr_data_info *di = &r->data.info;
-    out->split_batches = eval_samples(di, split) / (uint64_t)r->micro_batch;
+    out->split_batches = tr_session_eval_samples(di, split) / (uint64_t)r->micro_batch;
     out->micro_batch = r->micro_batch;
     out->samples = out->batches * (uint64_t)r->micro_batch;
     out->sequence = di->input_dtype == TR_I32 && di->target_len == di->input_len &&

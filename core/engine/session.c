@@ -498,6 +498,43 @@ int tr_session_open(struct tr_session *s, struct tr_config *cfg, enum tr_session
     return open_prices(s, err);
 }
 
+/* The samples an evaluation reads: those that do not overlap (every
+ * eval_stride-th of a source whose windows start at every token). */
+uint64_t tr_session_eval_samples(const struct tr_data_info *di, enum tr_split split)
+{
+    uint64_t step = di->eval_stride[split] > 1 ? di->eval_stride[split] : 1;
+    return di->samples[split] / step + (di->samples[split] % step != 0);
+}
+
+/* The split must hold one micro-batch at least: say which lever gives it one. */
+int tr_session_check_split(const struct tr_session *r, enum tr_split split, int for_training,
+                           tr_err *err)
+{
+    uint64_t have = tr_session_eval_samples(&r->data.info, split);
+    int64_t mb = r->micro_batch;
+    if (have >= (uint64_t)mb)
+        return TR_OK;
+    char where[600];
+    tr_origin_format(&r->cfg->data.origin, where, sizeof where);
+    if (for_training)
+        return tr_fail(err, "%s: data '%s' has %llu validation samples%s, fewer than one "
+                       "micro-batch of %lld, and training evaluates on them at its end (and "
+                       "every train.eval_every steps): give the data a larger validation split "
+                       "(data.val_fraction, or the plugin's validation file: trainrun plugins "
+                       "data) or use a smaller train.micro_batch=N; nothing was trained",
+                       where, r->data.name, (unsigned long long)have,
+                       r->data.info.eval_stride[split] > 1 ? " that do not overlap" : "",
+                       (long long)mb);
+    if (split == TR_SPLIT_VAL && have == 0)
+        return tr_fail(err, "%s: data '%s' has no validation split: give it one (data.val_fraction "
+                       "above 0, or the plugin's validation file: trainrun plugins data), or "
+                       "evaluate on the training split with --split train", where, r->data.name);
+    return tr_fail(err, "%s: data '%s' has %llu %s samples, fewer than one micro-batch of %lld: "
+                   "evaluate with a smaller train.micro_batch=N", where, r->data.name,
+                   (unsigned long long)have, split == TR_SPLIT_VAL ? "validation" : "training",
+                   (long long)mb);
+}
+
 int tr_session_check_data(struct tr_session *s, tr_err *err)
 {
     if (!s->data.vt) { /* a plan session opens no data (or only for train.epochs) */

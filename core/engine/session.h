@@ -127,6 +127,8 @@ int tr_session_evaluate(struct tr_session *s, enum tr_split split, uint64_t max_
  * every train.eval_every steps, checked when the session opens. */
 int tr_session_check_split(const struct tr_session *s, enum tr_split split, int for_training,
                            tr_err *err);
+/* The samples an evaluation of split reads: those that do not overlap. */
+uint64_t tr_session_eval_samples(const struct tr_data_info *di, enum tr_split split);
 
 /* The data against the model and the validation split against the
  * session's micro-batch, in a plan session too (--smoke measures the

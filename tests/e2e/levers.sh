@@ -58,8 +58,10 @@ fi
 ls -a real > before.txt
 "$TRAINRUN" --smoke "$C/tiny.lua" checkpoint.dir="$PWD/real" 2> real.txt || { cat real.txt; fail "smoke with a checkpoint.dir"; }
 ls -a real | cmp -s - before.txt || { ls -a real; fail "smoke changed the recipe's checkpoint directory"; }
-# micro_batch = "auto" fits when a micro-batch of 1 does (the whole batch need not)
-"$TRAINRUN" --smoke "$C/tiny.lua" device=cuda train.batch=8000000 train.micro_batch=auto 2> auto-smoke.txt \
+# micro_batch = "auto" fits when a micro-batch of 1 does (the whole batch need not);
+# the validation split must hold the micro-batch it picks (the run evaluates at its end)
+"$TRAINRUN" --smoke "$C/tiny.lua" device=cuda train.batch=8000000 train.micro_batch=auto \
+  data.val_samples=8000000 2> auto-smoke.txt \
   || { cat auto-smoke.txt; fail "smoke of an auto micro-batch judged the whole batch"; }
 
 # --- the advice for a loss that is not finite fits the run ---------------------------
@@ -73,7 +75,8 @@ grep -q "gradient clipping is already on (optimizer.clip = 1): lower optimizer.l
   || { cat nan1.txt; fail "clipping is on: the advice must not suggest it"; }
 grep -q "clip the gradients" nan1.txt && fail "suggests clipping while clipping is on"
 # features near the top of fp32: the initial weights already give inf, the lr is no cause
-awk 'BEGIN { for (i = 0; i < 64; i++) { for (j = 0; j < 32; j++) printf "3e38,"; print i % 2 } }' > huge.csv
+# (128 rows: the validation split holds a micro-batch of 8)
+awk 'BEGIN { for (i = 0; i < 128; i++) { for (j = 0; j < 32; j++) printf "3e38,"; print i % 2 } }' > huge.csv
 cat > huge.lua <<'EOF'
 return {
   model = mlp { inputs = 32, hidden = { 8 }, classes = 2 },
