@@ -17,3 +17,16 @@ last_metric() {
 
 # a < b for decimal numbers
 less_than() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
+
+# wait for pid $1 to end within $2 seconds; else kill it (-9) and return 1
+ended_within() {
+  n=0
+  while kill -0 "$1" 2>/dev/null; do
+    n=$((n + 1))
+    if [ $n -gt $(($2 * 20)) ]; then
+      kill -9 "$1" 2>/dev/null
+      return 1
+    fi
+    sleep 0.05
+  done
+}

@@ -28,18 +28,6 @@ L
 # the first steps, where oneDNN generates its kernels)
 awk -v n="$runs" -v s="$seed" 'BEGIN { srand(s); for (i = 0; i < n; i++) printf "%.3f\n", rand() * 0.5 }' > delays
 
-# wait for pid to end within $2 seconds; else kill it and return 1
-ended_within() {
-  n=0
-  while kill -0 "$1" 2>/dev/null; do
-    n=$((n + 1))
-    if [ $n -gt $(($2 * 20)) ]; then
-      kill -9 "$1" 2>/dev/null
-      return 1
-    fi
-    sleep 0.05
-  done
-}
 # 20 steps are logged, or the run ended
 started() { # pid, run_dir
   while [ "$(cat "$2/metrics.jsonl" 2>/dev/null | grep -c '"loss"')" -lt 20 ]; do

@@ -18,18 +18,6 @@ return {
 }
 L
 }
-# wait for pid to end within $2 seconds, else kill it and fail
-ended_within() {
-  n=0
-  while kill -0 "$1" 2>/dev/null; do
-    n=$((n + 1))
-    if [ $n -gt $(($2 * 20)) ]; then
-      kill -9 "$1" 2>/dev/null
-      return 1
-    fi
-    sleep 0.05
-  done
-}
 # run_dir: the checkpoint LATEST names loads and resumes (reads no longer stall;
 # the recorded recipe had data.stall_after set, hence --allow-changes)
 resumes() {
