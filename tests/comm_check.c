@@ -17,7 +17,8 @@
  *                   while the others keep calling collectives (an allreduce)
  *   --stall=R       rank R stops calling collectives and sleeps
  *   --die=R:COLL    rank R is killed inside collective COLL (allreduce,
- *   --stall=R:COLL  reduce_scatter, allgather or broadcast), or stopped
+ *   --stall=R:COLL  reduce_scatter, allgather, broadcast, or sendrecv: every
+ *                   rank sends 16 MiB to the next one), or stopped
  *                   there (SIGSTOP, as a debugger or a hung driver would),
  *                   0.3 s after entering it; rank R+1 enters 1 s late, so
  *                   the call cannot have finished, and the others are
@@ -29,6 +30,8 @@
  *   --rs-tolerance=T  reduce_scatter on inexact data may differ from
  *                   allreduce_sum by T times the sum of the magnitudes
  *                   added (default 0: bit for bit)
+ *   --only-sendrecv after the first few collectives, check sendrecv alone
+ *                   (skipped otherwise where the plugin has none)
  * Each rank prints "comm_check rank R/W: PASS" and exits 0, or "FAIL: ..."
  * and exits 1.  A failed collective says how long it took: "allreduce_sum
  * of N floats (failed after 2.0 s): <the plugin's message>", or with a
@@ -39,6 +42,13 @@
  * because every rank's data follow from its rank number.  One check uses
  * inexact data instead (sums that round): reduce_scatter against
  * allreduce_sum of the same floats, and allreduce_sum's bits on every rank.
+ *
+ * sendrecv (point to point) moves messages between ring neighbours larger
+ * than any socket buffer, every rank at once (each to the next, or to the
+ * previous), pairs exchanging both ways in one call, send-only and
+ * receive-only calls along a chain, small messages queued and received in
+ * order, and peers that do not exist refused; contents are bytes every
+ * rank computes from the sender, the receiver and the message's number.
  */
 #include <trainrun/plugin.h>
 
@@ -445,8 +455,154 @@ static void check_reduce_scatter_inexact(size_t count, uint64_t seed, double tol
     buffer_free(&z);
 }
 
+/* ---- point to point -------------------------------------------------------- */
+
+/* Byte i of message `seq` from rank `from` to rank `to`. */
+static unsigned char byte_of(uint64_t seq, int from, int to, size_t i)
+{
+    uint64_t x = (seq + 1) * 0x9E3779B97F4A7C15ull ^ (uint64_t)(from + 1) * 0xC2B2AE3D27D4EB4Full ^
+                 (uint64_t)(to + 1) * 0xD6E8FEB86659FD93ull ^ (i >> 3);
+    x ^= x >> 31;
+    x *= 0xFF51AFD7ED558CCDull;
+    x ^= x >> 29;
+    return (unsigned char)(x >> ((i & 7) * 8));
+}
+
+static int next_of(int r) { return (r + 1) % world; }
+static int prev_of(int r) { return (r + world - 1) % world; }
+
+/* One sendrecv: message `seq` of send_bytes to `to` (-1: none) and one of
+ * recv_bytes from `from` (-1: none), whose contents are checked. */
+static void p2p(uint64_t seq, size_t send_bytes, int to, size_t recv_bytes, int from,
+                const char *what)
+{
+    struct buffer s = buffer_new(send_bytes), r = buffer_new(recv_bytes);
+    unsigned char *out = s.host, *in = r.host;
+    for (size_t i = 0; i < send_bytes; i++)
+        out[i] = byte_of(seq, rank, to, i);
+    memset(in, 0xA5, recv_bytes);
+    to_plugin(&s);
+    to_plugin(&r);
+    tr_err err = {{0}};
+    double t0 = seconds();
+    if (vt->sendrecv(self, s.dev, send_bytes, to, r.dev, recv_bytes, from, &err) != TR_OK)
+        failed(t0, &err, "sendrecv (%s: %zu bytes to rank %d, %zu from rank %d)", what, send_bytes,
+               to, recv_bytes, from);
+    from_plugin(&r);
+    for (size_t i = 0; i < recv_bytes; i++)
+        if (in[i] != byte_of(seq, from, rank, i))
+            die("sendrecv (%s): byte %zu of %zu from rank %d is %u, want %u", what, i, recv_bytes,
+                from, in[i], byte_of(seq, from, rank, i));
+    buffer_free(&s);
+    buffer_free(&r);
+}
+
+/* Rank r's size of a message it sends in check `seq`: big, give or take. */
+static size_t size_from(int r, size_t big, uint64_t seq)
+{
+    return big + (size_t)r * 4099 + (size_t)(seq % 7) * 13;
+}
+
+/* A peer that does not exist, or (tcp) is not a ring neighbour: refused,
+ * and the next call works.  Returns 1 when a far peer was taken. */
+static int check_sendrecv_refusals(void)
+{
+    unsigned char b[4] = {0};
+    tr_err err = {{0}};
+    if (vt->sendrecv(self, b, sizeof b, world, b, sizeof b, -1, &err) == TR_OK)
+        die("sendrecv to rank %d of %d ranks was taken", world, world);
+    if (!strstr(err.msg, "rank"))
+        die("sendrecv to rank %d of %d ranks: the message does not say which rank: %s", world,
+            world, err.msg);
+    if (vt->sendrecv(self, b, sizeof b, -1, b, sizeof b, -2, &err) == TR_OK)
+        die("sendrecv from rank -2 was taken");
+    if (world < 4)
+        return 0;
+    /* every rank at once: to r+2, from r-2 */
+    int to = (rank + 2) % world, from = (rank + world - 2) % world;
+    struct buffer s = buffer_new(1000), r = buffer_new(1000);
+    unsigned char *out = s.host, *in = r.host;
+    for (size_t i = 0; i < 1000; i++)
+        out[i] = byte_of(90, rank, to, i);
+    to_plugin(&s);
+    int rc = vt->sendrecv(self, s.dev, 1000, to, r.dev, 1000, from, &err);
+    from_plugin(&r);
+    if (rc != TR_OK && !strstr(err.msg, "neighbour"))
+        die("sendrecv to rank %d (not a ring neighbour) failed without saying why: %s", to,
+            err.msg);
+    for (size_t i = 0; rc == TR_OK && i < 1000; i++)
+        if (in[i] != byte_of(90, from, rank, i))
+            die("sendrecv from rank %d (not a ring neighbour): byte %zu differs", from, i);
+    if (rc != TR_OK && rank == 0)
+        printf("comm_check: sendrecv beyond the ring neighbours refused: %s\n", err.msg);
+    buffer_free(&s);
+    buffer_free(&r);
+    return rc == TR_OK;
+}
+
+static void check_sendrecv(size_t big)
+{
+    int next = next_of(rank), prev = prev_of(rank);
+    uint64_t seq = 1000;
+    /* every rank at once, each to the next (the pipeline's forward), then
+     * each to the previous (its backward): no rank's send waits for its
+     * receive, or the ring would deadlock on messages larger than the
+     * sockets hold */
+    for (int round = 0; round < 2; round++, seq++) {
+        p2p(seq, size_from(rank, big, seq), next, size_from(prev, big, seq), prev, "to the next");
+        seq++;
+        p2p(seq, size_from(rank, big, seq), prev, size_from(next, big, seq), next,
+            "to the previous");
+    }
+    /* pairs (a, a+1) in turn, both ways in one call, of different sizes;
+     * (world-1, 0) too */
+    for (int a = 0; a < world; a++, seq++) {
+        int b = next_of(a);
+        if (rank == a)
+            p2p(seq, size_from(a, big, seq), b, size_from(b, big / 3, seq), b, "a pair, both ways");
+        else if (rank == b)
+            p2p(seq, size_from(b, big / 3, seq), a, size_from(a, big, seq), a, "a pair, both ways");
+    }
+    /* send-only and receive-only calls along a chain, forward then back */
+    for (int r = 0; r + 1 < world; r++, seq++) {
+        if (rank == r)
+            p2p(seq, size_from(r, big, seq), r + 1, 0, -1, "send only, forward");
+        else if (rank == r + 1)
+            p2p(seq, 0, -1, size_from(r, big, seq), r, "receive only, forward");
+    }
+    for (int r = world - 1; r > 0; r--, seq++) {
+        if (rank == r)
+            p2p(seq, size_from(r, big, seq), r - 1, 0, -1, "send only, back");
+        else if (rank == r - 1)
+            p2p(seq, 0, -1, size_from(r, big, seq), r, "receive only, back");
+    }
+    /* small messages sent before the peer receives any: they wait, and
+     * arrive in the order sent (rank 0 to 1, and 1 back to 0) */
+    static const size_t small[] = {1, 100, 3000, 7};
+    enum { N_SMALL = sizeof small / sizeof small[0] };
+    for (int dir = 0; dir < 2; dir++) {
+        int sender = dir == 0 ? 0 : 1, receiver = 1 - sender;
+        for (int k = 0; k < N_SMALL; k++)
+            if (rank == sender)
+                p2p(seq + (uint64_t)k, small[k], receiver, 0, -1, "small, queued");
+        for (int k = 0; k < N_SMALL; k++)
+            if (rank == receiver)
+                p2p(seq + (uint64_t)k, 0, -1, small[k], sender, "small, in order");
+        seq += N_SMALL;
+    }
+    /* nothing at all, and zero bytes, are no messages */
+    p2p(seq++, 0, next, 0, prev, "zero bytes");
+    p2p(seq++, 0, -1, 0, -1, "nothing");
+    /* point to point between collectives keeps both in step */
+    for (int it = 0; it < 3; it++, seq++) {
+        p2p(seq, size_from(rank, (size_t)it * 70001, seq), next,
+            size_from(prev, (size_t)it * 70001, seq), prev, "between collectives");
+        check_allreduce((size_t)it * 30011 + 5, 300 + (uint64_t)it);
+    }
+}
+
 struct checks {
-    int die_rank, stall_rank, iterations;
+    int die_rank, stall_rank, iterations, only_sendrecv;
     const char *fault_in; /* NULL: the faulty rank fails between calls */
     double rs_tolerance;
     const char *plugin;
@@ -462,6 +618,8 @@ static void call_collective(const char *coll, size_t count)
         check_reduce_scatter(count, 12);
     else if (strcmp(coll, "allgather") == 0)
         check_allgather(count, 13);
+    else if (strcmp(coll, "sendrecv") == 0) /* 16 MiB: more than the sockets hold */
+        p2p(15, (size_t)16 << 20, next_of(rank), (size_t)16 << 20, prev_of(rank), "to the next");
     else
         check_broadcast(count * sizeof(float), 0, 14);
 }
@@ -532,6 +690,27 @@ static void *run_checks(void *arg)
         die("stalled rank was not stopped within 600 s");
     }
 
+    if (t->only_sendrecv) {
+        if (!HAS(sendrecv))
+            die("--only-sendrecv: %s has no sendrecv", t->plugin);
+    } else if (!HAS(sendrecv) && rank == 0) {
+        printf("comm_check: %s has no sendrecv (optional; pipeline stages refuse it)\n",
+               t->plugin);
+    }
+    if (HAS(sendrecv) && world > 1) {
+        int far = check_sendrecv_refusals();
+        check_sendrecv(1);
+        check_sendrecv(1000);
+        /* several MiB: more than a socket buffer holds, so a send that
+         * waited for its receive would deadlock */
+        check_sendrecv((size_t)12 << 20);
+        if (rank == 0)
+            printf("comm_check: sendrecv passes between ring neighbours%s\n",
+                   far ? " and beyond" : "");
+    }
+    if (t->only_sendrecv)
+        return NULL;
+
     check_allreduce((1u << 20) + 3, 4);
     check_broadcast((1u << 20) + 5, world - 1, 5);
     check_broadcast(1, world / 2, 6);
@@ -592,11 +771,12 @@ int main(int argc, char **argv)
         local_world = world;
     if (argc < 2 || rank >= world)
         die("usage: comm_check PLUGIN.so [--device=cuda] [--die=R[:COLL]] [--stall=R[:COLL]] "
-            "[--iterations=N] [--rs-tolerance=T] [option=value...] (rank %d of %d)",
+            "[--iterations=N] [--rs-tolerance=T] [--only-sendrecv] [option=value...] (rank %d "
+            "of %d)",
             rank, world);
 
     const char *device = "cpu";
-    int die_rank = -1, stall_rank = -1, iterations = 20;
+    int die_rank = -1, stall_rank = -1, iterations = 20, only_sendrecv = 0;
     const char *fault_in = NULL;
     double rs_tolerance = 0;
     char **kv = calloc((size_t)argc, sizeof *kv);
@@ -608,6 +788,8 @@ int main(int argc, char **argv)
             die_rank = atoi(argv[i] + 6), fault_in = strchr(argv[i], ':');
         else if (strncmp(argv[i], "--stall=", 8) == 0)
             stall_rank = atoi(argv[i] + 8), fault_in = strchr(argv[i], ':');
+        else if (strcmp(argv[i], "--only-sendrecv") == 0)
+            only_sendrecv = 1;
         else if (strncmp(argv[i], "--iterations=", 13) == 0)
             iterations = atoi(argv[i] + 13);
         else if (strncmp(argv[i], "--rs-tolerance=", 15) == 0)
@@ -620,13 +802,13 @@ int main(int argc, char **argv)
             world);
     if (fault_in) {
         static const char *const colls[] = {"allreduce", "reduce_scatter", "allgather",
-                                            "broadcast"};
+                                            "broadcast", "sendrecv"};
         int known = 0;
         for (size_t i = 0; i < sizeof colls / sizeof colls[0]; i++)
             known |= strcmp(fault_in + 1, colls[i]) == 0;
         if (!known)
-            die("--die/--stall=R:COLL: COLL is allreduce, reduce_scatter, allgather or "
-                "broadcast, not '%s'",
+            die("--die/--stall=R:COLL: COLL is allreduce, reduce_scatter, allgather, broadcast "
+                "or sendrecv, not '%s'",
                 fault_in + 1);
         fault_in++;
         if (world < 2)
@@ -672,9 +854,11 @@ int main(int argc, char **argv)
 
     /* Like the core: created here, collectives from another thread. */
     if (fault_in && ((strcmp(fault_in, "allgather") == 0 && !HAS(allgather)) ||
-                     (strcmp(fault_in, "reduce_scatter") == 0 && !HAS(reduce_scatter))))
+                     (strcmp(fault_in, "reduce_scatter") == 0 && !HAS(reduce_scatter)) ||
+                     (strcmp(fault_in, "sendrecv") == 0 && !HAS(sendrecv))))
         die("%s has no %s to fail inside", info->name, fault_in);
-    struct checks todo = {die_rank, stall_rank, iterations, fault_in, rs_tolerance, info->name};
+    struct checks todo = {die_rank,  stall_rank,   iterations, only_sendrecv,
+                          fault_in, rs_tolerance, info->name};
     pthread_t comm_thread;
     if (pthread_create(&comm_thread, NULL, run_checks, &todo) != 0)
         die("cannot start the communication thread");

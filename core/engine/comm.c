@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum job_kind { JOB_ALLREDUCE, JOB_BROADCAST, JOB_ALLGATHER, JOB_REDUCE_SCATTER };
+enum job_kind { JOB_ALLREDUCE, JOB_BROADCAST, JOB_ALLGATHER, JOB_REDUCE_SCATTER, JOB_SENDRECV };
 
 struct job {
     enum job_kind kind;
@@ -17,6 +17,11 @@ struct job {
     /* a gradient bucket's reduce-scatter: 1 + its unit, whose parts other
      * ranks own are then discarded (0: none) */
     size_t discard;
+    /* sendrecv: buf and size are what is sent to `root`; these, what is
+     * received from `from` */
+    void *recv_buf;
+    size_t recv_bytes;
+    int from;
 };
 
 struct bucket {
@@ -65,13 +70,25 @@ struct tr_comm {
 
 static const char *const job_names[] = {
     [JOB_ALLREDUCE] = "all-reduce", [JOB_BROADCAST] = "broadcast",
-    [JOB_ALLGATHER] = "all-gather", [JOB_REDUCE_SCATTER] = "reduce-scatter"};
+    [JOB_ALLGATHER] = "all-gather", [JOB_REDUCE_SCATTER] = "reduce-scatter",
+    [JOB_SENDRECV] = "sendrecv"};
+
+/* A point-to-point job's name in the trace: what it moved. */
+static const char *job_name(const struct job *j)
+{
+    if (j->kind != JOB_SENDRECV)
+        return job_names[j->kind];
+    int sends = j->root >= 0 && j->size, receives = j->from >= 0 && j->recv_bytes;
+    return sends && receives ? "sendrecv" : sends ? "send" : "recv";
+}
 
 /* the bytes of the buffer a job reads or fills, on each rank */
 static size_t job_bytes(const struct tr_comm *c, const struct job *j)
 {
     if (j->kind == JOB_BROADCAST)
         return j->size;
+    if (j->kind == JOB_SENDRECV) /* sent plus received */
+        return (j->root >= 0 ? j->size : 0) + (j->from >= 0 ? j->recv_bytes : 0);
     size_t floats = j->kind == JOB_ALLREDUCE ? j->size : j->size * (size_t)c->world;
     return floats * sizeof(float);
 }
@@ -92,14 +109,17 @@ static void *comm_thread(void *arg)
         int rc = TR_OK;
         double t0 = tr_now();
         /* mandatory slots: the loader refused any vtable without them;
-         * allgather and reduce_scatter are submitted only where
-         * tr_comm_has_allgather / _reduce_scatter said so */
+         * allgather, reduce_scatter and sendrecv are submitted only where
+         * tr_comm_has_allgather / _reduce_scatter / _sendrecv said so */
         if (!skip && j.kind == JOB_ALLREDUCE)
             rc = c->vt->allreduce_sum(c->self, j.buf, j.size, &e);
         else if (!skip && j.kind == JOB_BROADCAST)
             rc = c->vt->broadcast(c->self, j.buf, j.size, j.root, &e);
         else if (!skip && j.kind == JOB_REDUCE_SCATTER)
             rc = c->vt->reduce_scatter(c->self, j.buf, j.size, &e);
+        else if (!skip && j.kind == JOB_SENDRECV)
+            rc = c->vt->sendrecv(c->self, j.buf, j.size, j.root, j.recv_buf, j.recv_bytes, j.from,
+                                 &e);
         else if (!skip)
             rc = c->vt->allgather(c->self, j.buf, j.size, &e);
         /* a bucket summed: the parts (and leftover) other ranks own go */
@@ -107,7 +127,7 @@ static void *comm_thread(void *arg)
             tr_shard_discard_others(c->be, c->grads, &c->layout, j.discard - 1);
         pthread_mutex_lock(&c->lock);
         if (c->recording && !skip && c->n_spans < TR_COMM_SPANS)
-            c->spans[c->n_spans++] = (struct tr_comm_span){job_names[j.kind], job_bytes(c, &j), t0,
+            c->spans[c->n_spans++] = (struct tr_comm_span){job_name(&j), job_bytes(c, &j), t0,
                                                             tr_now()};
         if (rc != TR_OK && !c->failed) {
             c->failed = 1;
@@ -247,7 +267,7 @@ const char *tr_comm_describe(const struct tr_comm *c)
 
 int tr_comm_allreduce(struct tr_comm *c, float *buf, size_t count, tr_err *err)
 {
-    submit(c, (struct job){JOB_ALLREDUCE, buf, count, 0, 0});
+    submit(c, (struct job){.kind = JOB_ALLREDUCE, .buf = buf, .size = count});
     return wait_all(c, err);
 }
 
@@ -258,7 +278,7 @@ int tr_comm_has_allgather(const struct tr_comm *c)
 
 int tr_comm_allgather(struct tr_comm *c, float *buf, size_t count, tr_err *err)
 {
-    submit(c, (struct job){JOB_ALLGATHER, buf, count, 0, 0});
+    submit(c, (struct job){.kind = JOB_ALLGATHER, .buf = buf, .size = count});
     return wait_all(c, err);
 }
 
@@ -275,10 +295,10 @@ static size_t submit_gather(struct tr_comm *c, float *buf, const struct tr_shard
     size_t per = tr_shard_part_len(s, u), rest = r.end - r.begin - per * (size_t)s->world;
     size_t ticket = 0;
     if (per)
-        ticket = submit(c, (struct job){JOB_ALLGATHER, buf + r.begin, per, 0, 0});
+        ticket = submit(c, (struct job){.kind = JOB_ALLGATHER, .buf = buf + r.begin, .size = per});
     if (rest)
-        ticket = submit(c, (struct job){JOB_BROADCAST, buf + r.end - rest, rest * sizeof(float),
-                                        s->world - 1, 0});
+        ticket = submit(c, (struct job){.kind = JOB_BROADCAST, .buf = buf + r.end - rest,
+                                        .size = rest * sizeof(float), .root = s->world - 1});
     return ticket;
 }
 
@@ -296,7 +316,36 @@ int tr_comm_gather_shards(struct tr_comm *c, float *buf, const struct tr_shard *
 
 int tr_comm_broadcast(struct tr_comm *c, void *buf, size_t bytes, int root, tr_err *err)
 {
-    submit(c, (struct job){JOB_BROADCAST, buf, bytes, root, 0});
+    submit(c, (struct job){.kind = JOB_BROADCAST, .buf = buf, .size = bytes, .root = root});
+    return wait_all(c, err);
+}
+
+/* ---- point to point (pipeline stages) ------------------------------------ */
+
+int tr_comm_has_sendrecv(const struct tr_comm *c)
+{
+    return TR_HAS_SLOT(c->vt, struct tr_comm_vtable, sendrecv);
+}
+
+int tr_comm_sendrecv(struct tr_comm *c, const void *send_buf, size_t send_bytes, int to,
+                     void *recv_buf, size_t recv_bytes, int from, tr_err *err)
+{
+    if (!tr_comm_has_sendrecv(c))
+        return tr_fail(err, "comm '%s' has no sendrecv (plugin ABI 2.4), which pipeline stages "
+                       "need to pass activations; use a comm plugin that has one (tcp, mpi, nccl)",
+                       c->name);
+    if (to < -1 || to >= c->world || from < -1 || from >= c->world)
+        return tr_fail(err, "sendrecv on rank %d: to rank %d, from rank %d, but there are %d ranks "
+                       "(-1: none)", c->rank, to, from, c->world);
+    if (to == -1)
+        send_bytes = 0;
+    if (from == -1)
+        recv_bytes = 0;
+    if (!send_bytes && !recv_bytes) /* nothing to move: still waits, as the ABI says */
+        return wait_all(c, err);
+    submit(c, (struct job){.kind = JOB_SENDRECV, .buf = (void *)send_buf, .size = send_bytes,
+                           .root = send_bytes ? to : -1, .recv_buf = recv_buf,
+                           .recv_bytes = recv_bytes, .from = recv_bytes ? from : -1});
     return wait_all(c, err);
 }
 
@@ -332,17 +381,19 @@ static int host_job(struct tr_comm *c, struct job j, size_t bytes, tr_err *err)
 
 int tr_comm_allreduce_host(struct tr_comm *c, float *buf, size_t count, tr_err *err)
 {
-    return host_job(c, (struct job){JOB_ALLREDUCE, buf, count, 0, 0}, count * sizeof(float), err);
+    return host_job(c, (struct job){.kind = JOB_ALLREDUCE, .buf = buf, .size = count},
+                    count * sizeof(float), err);
 }
 
 int tr_comm_broadcast_host(struct tr_comm *c, void *buf, size_t bytes, int root, tr_err *err)
 {
-    return host_job(c, (struct job){JOB_BROADCAST, buf, bytes, root, 0}, bytes, err);
+    return host_job(c, (struct job){.kind = JOB_BROADCAST, .buf = buf, .size = bytes, .root = root},
+                    bytes, err);
 }
 
 int tr_comm_allgather_host(struct tr_comm *c, float *buf, size_t count, tr_err *err)
 {
-    return host_job(c, (struct job){JOB_ALLGATHER, buf, count, 0, 0},
+    return host_job(c, (struct job){.kind = JOB_ALLGATHER, .buf = buf, .size = count},
                     (size_t)c->world * count * sizeof(float), err);
 }
 
@@ -420,11 +471,11 @@ static void submit_bucket(struct tr_comm *c, struct tr_graph *g, struct bucket *
     size_t rest = b->end - b->begin - per * (size_t)c->layout.world;
     /* the discard follows the bucket's last collective */
     if (per)
-        submit(c, (struct job){JOB_REDUCE_SCATTER, g->grads + b->begin, per, 0,
-                               c->discard && !rest ? u + 1 : 0});
+        submit(c, (struct job){.kind = JOB_REDUCE_SCATTER, .buf = g->grads + b->begin, .size = per,
+                               .discard = c->discard && !rest ? u + 1 : 0});
     if (rest)
-        submit(c, (struct job){JOB_ALLREDUCE, g->grads + b->end - rest, rest, 0,
-                               c->discard ? u + 1 : 0});
+        submit(c, (struct job){.kind = JOB_ALLREDUCE, .buf = g->grads + b->end - rest, .size = rest,
+                               .discard = c->discard ? u + 1 : 0});
     /* discarding: a bounded number of buckets summing at once, so a rank's
      * gradients stay its part plus what the plan counts in flight */
     if (c->discard)

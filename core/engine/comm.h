@@ -54,8 +54,20 @@ int tr_comm_wait(struct tr_comm *c, size_t ticket, tr_err *err);
  * number of buckets (fit.c plans them). */
 enum { TR_COMM_BUCKETS_IN_FLIGHT = 2 };
 
+/* Point to point, for pipeline stages (blocking: it waits for everything
+ * submitted before it), on backend memory: send_bytes of send_buf to rank
+ * `to` and recv_bytes into recv_buf from rank `from`, both at once (-1:
+ * nothing that way).  Only when tr_comm_has_sendrecv (the plugin's slot is
+ * optional; every plugin takes ring neighbours, tcp nothing else).  Each
+ * send needs its peer's matching receive of the same size: a send may wait
+ * for it. */
+int tr_comm_sendrecv(struct tr_comm *c, const void *send_buf, size_t send_bytes, int to,
+                     void *recv_buf, size_t recv_bytes, int from, tr_err *err);
+int tr_comm_has_sendrecv(const struct tr_comm *c);
+
 /* What the communication thread ran while recording: each collective's
- * kind ("all-reduce", "reduce-scatter", "all-gather", "broadcast"), its
+ * kind ("all-reduce", "reduce-scatter", "all-gather", "broadcast"; "send",
+ * "recv" or "sendrecv" point to point, its bytes sent plus received), its
  * size and when it ran (tr_now()), for the trace of a sampled step. */
 struct tr_comm_span {
     const char *kind;

@@ -52,8 +52,9 @@ extern "C" {
 #define TR_ABI_MAJOR 2
 /* 2.1: the checkpoint vtable's optional put_stream.
  * 2.2: TR_NF4, the storage type of 4-bit quantised frozen weights.
- * 2.3: the comm vtable's optional reduce_scatter. */
-#define TR_ABI_MINOR 3
+ * 2.3: the comm vtable's optional reduce_scatter.
+ * 2.4: the comm vtable's optional sendrecv. */
+#define TR_ABI_MINOR 4
 
 /* The one symbol every plugin exports. */
 #define TR_PLUGIN_ENTRY trainrun_plugin_entry
@@ -387,6 +388,23 @@ struct tr_comm_vtable {
      * Sharded data parallel (parallel.shard = "gradients" or "parameters")
      * reduce-scatters gradients with it and refuses a plugin without one. */
     int (*reduce_scatter)(void *self, float *buf, size_t count, tr_err *err);
+    /* Optional (2.4): point to point, for pipeline stages.  Sends send_bytes
+     * of send_buf to rank `to` and receives recv_bytes into recv_buf from
+     * rank `from`, both in one call (to = -1 or send_bytes = 0: nothing is
+     * sent; from = -1 or recv_bytes = 0: nothing is received), and returns
+     * when both are done.  The two directions progress independently (the
+     * send never waits for the receive, nor the reverse), so two ranks that
+     * exchange in the same call, or a ring of ranks each sending to the
+     * next, never deadlock; but a send may wait until its peer receives it
+     * (large ones always do), so every send needs a matching receive of the
+     * same size on its peer.  Messages between a pair of ranks arrive in
+     * the order sent, apart from the collectives'.  Buffers are where
+     * args->device says.  Every plugin takes ring neighbours (rank r with
+     * r-1 and r+1 modulo world, world-1 with 0 included) and may refuse
+     * other peers with a message; a peer that died or stopped answering
+     * fails the call, naming it, within the plugin's timeout. */
+    int (*sendrecv)(void *self, const void *send_buf, size_t send_bytes, int to, void *recv_buf,
+                    size_t recv_bytes, int from, tr_err *err);
 };
 
 /* ---- logger ----------------------------------------------------------- */

@@ -30,6 +30,14 @@
  * blocking ones, whose tuned algorithms add in another order on 3 ranks
  * and more (a few 1e-7 of the sum of magnitudes apart; tests/comm_check
  * prints what it finds).  MPI promises neither.
+ *
+ * sendrecv (point to point, for pipeline stages) is MPI_Isend and
+ * MPI_Irecv on the collectives' communicator under a tag of its own
+ * (collectives never match point-to-point messages, and the roll call has
+ * its own communicator), waited for as the collectives are: against the
+ * timeout, answering roll calls meanwhile.  Any peer is taken, this rank
+ * included.  Its calls count among the call numbers the roll call reports,
+ * which then differ between ranks by design (each stage makes its own).
  */
 #include <trainrun/plugin.h>
 
@@ -77,6 +85,8 @@ struct mpi_comm {
 #define TAG_ASK 1
 #define TAG_HERE 2
 #define TAG_VERDICT 3
+/* sendrecv's messages, on m->comm (collectives use no tags) */
+#define TAG_P2P 4
 
 /* MPI can be initialised and finalised once per process, so this much
  * state is process-wide: whether this plugin called MPI_Init_thread (and so
@@ -247,14 +257,17 @@ static void roll_call(struct mpi_comm *m, double grace)
     free(where);
 }
 
-/* Waits for a nonblocking collective until the instance's timeout, or
- * until another rank's roll call says the job is lost. */
-static int wait_request(struct mpi_comm *m, MPI_Request *req, const char *what, tr_err *err)
+/* Waits for n nonblocking requests (a collective, or sendrecv's sends and
+ * receives, statuses filled when not MPI_STATUSES_IGNORE) until the
+ * instance's timeout, or until another rank's roll call says the job is
+ * lost. */
+static int wait_requests(struct mpi_comm *m, int n, MPI_Request *req, MPI_Status *statuses,
+                         const char *what, tr_err *err)
 {
     double start = now_seconds(), deadline = start + m->timeout, looked = 0;
     for (;;) {
         int done = 0;
-        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        int rc = MPI_Testall(n, req, &done, statuses);
         if (rc != MPI_SUCCESS)
             return mpi_error(err, what, rc);
         if (done)
@@ -288,6 +301,11 @@ static int wait_request(struct mpi_comm *m, MPI_Request *req, const char *what, 
                            m->rank, what, m->calls, m->timeout, m->verdict);
         }
     }
+}
+
+static int wait_request(struct mpi_comm *m, MPI_Request *req, const char *what, tr_err *err)
+{
+    return wait_requests(m, 1, req, MPI_STATUSES_IGNORE, what, err);
 }
 
 /* Every collective starts here: it counts the call (every rank makes the
@@ -401,6 +419,102 @@ static int mpi_reduce_scatter(void *self, float *buf, size_t count, tr_err *err)
         return mpi_error(err, "reduce_scatter", rc);
     if (m->rank > 0)
         memmove(buf + (size_t)m->rank * count, buf, count * sizeof(float));
+    return TR_OK;
+}
+
+/* Pending requests of a sendrecv that failed: cancelled and freed, so that
+ * nothing lands in the caller's buffers after it has returned. */
+static void drop_requests(int n, MPI_Request *req)
+{
+    for (int i = 0; i < n; i++)
+        if (req[i] != MPI_REQUEST_NULL) {
+            MPI_Cancel(&req[i]);
+            MPI_Request_free(&req[i]);
+        }
+}
+
+/* The bytes of the piece at `at` of a message of `bytes` */
+static size_t piece(size_t bytes, size_t at)
+{
+    return bytes - at < MPI_CHUNK ? bytes - at : MPI_CHUNK;
+}
+
+static int mpi_sendrecv(void *self, const void *send_buf, size_t send_bytes, int to,
+                        void *recv_buf, size_t recv_bytes, int from, tr_err *err)
+{
+    struct mpi_comm *m = self;
+    if (to < -1 || to >= m->world || from < -1 || from >= m->world)
+        return tr_fail(err, "comm mpi: sendrecv on rank %d to rank %d and from rank %d, but there "
+                       "are %d ranks (-1: none)", m->rank, to, from, m->world);
+    if (usable(m, err) != TR_OK)
+        return TR_ERROR;
+    if (to < 0)
+        send_bytes = 0;
+    if (from < 0)
+        recv_bytes = 0;
+    /* messages over MPI's int counts go in pieces of MPI_CHUNK bytes, in
+     * order (MPI keeps messages of one tag between two ranks in order) */
+    int n_send = (int)((send_bytes + MPI_CHUNK - 1) / MPI_CHUNK);
+    int n_recv = (int)((recv_bytes + MPI_CHUNK - 1) / MPI_CHUNK);
+    int n = n_send + n_recv;
+    if (n == 0)
+        return TR_OK;
+    MPI_Request *req = malloc(sizeof *req * (size_t)n);
+    MPI_Status *st = malloc(sizeof *st * (size_t)n);
+    if (!req || !st) {
+        free(req);
+        free(st);
+        return tr_fail(err, "comm mpi: out of memory for sendrecv");
+    }
+    char what[96];
+    snprintf(what, sizeof what, "sendrecv (%zu bytes to rank %d, %zu from rank %d)", send_bytes,
+             to, recv_bytes, from);
+    int rc = MPI_SUCCESS, posted = 0;
+    /* receives first: a message from `from` finds its buffer waiting */
+    for (int i = 0; i < n_recv && rc == MPI_SUCCESS; i++, posted++) {
+        size_t at = (size_t)i * MPI_CHUNK, len = piece(recv_bytes, at);
+        rc = MPI_Irecv((char *)recv_buf + at, (int)len, MPI_BYTE, from, TAG_P2P, m->comm,
+                       &req[posted]);
+    }
+    for (int i = 0; i < n_send && rc == MPI_SUCCESS; i++, posted++) {
+        size_t at = (size_t)i * MPI_CHUNK, len = piece(send_bytes, at);
+        rc = MPI_Isend((const char *)send_buf + at, (int)len, MPI_BYTE, to, TAG_P2P, m->comm,
+                       &req[posted]);
+    }
+    if (rc != MPI_SUCCESS) {
+        drop_requests(posted - 1, req);
+        free(req);
+        free(st);
+        return mpi_error(err, what, rc);
+    }
+    if (m->timeout > 0) {
+        if (wait_requests(m, n, req, st, what, err) != TR_OK) {
+            drop_requests(n, req);
+            free(req);
+            free(st);
+            return TR_ERROR;
+        }
+    } else if ((rc = MPI_Waitall(n, req, st)) != MPI_SUCCESS) {
+        free(req);
+        free(st);
+        return mpi_error(err, what, rc);
+    }
+    /* a shorter message than expected completes the receive too: say so
+     * (a longer one fails it above, MPI_ERR_TRUNCATE) */
+    for (int i = 0; i < n_recv; i++) {
+        size_t at = (size_t)i * MPI_CHUNK, len = piece(recv_bytes, at);
+        int got = 0;
+        MPI_Get_count(&st[i], MPI_BYTE, &got);
+        if ((size_t)got != len) {
+            free(req);
+            free(st);
+            return tr_fail(err, "comm mpi: rank %d expected %zu bytes from rank %d, which sent "
+                           "%zu: the two disagree on the message's size",
+                           m->rank, recv_bytes, from, at + (size_t)got);
+        }
+    }
+    free(req);
+    free(st);
     return TR_OK;
 }
 
@@ -574,6 +688,7 @@ static const struct tr_comm_vtable mpi_vtable = {
     .allgather = mpi_allgather,
     .describe = mpi_describe,
     .reduce_scatter = mpi_reduce_scatter,
+    .sendrecv = mpi_sendrecv,
 };
 
 static const struct tr_plugin_info mpi_info = {

@@ -30,3 +30,34 @@ ended_within() {
     sleep 0.05
   done
 }
+
+# tests/comm_check ($CHECK) over comm_tcp.so ($TCP, or $COMM_SO) on ranks
+# started here, one thread each: tcp_check NAME NP FAULTY ARGS... leaves
+# rank r's output in NAME.r and the time until every rank but FAULTY (-1:
+# none) had exited in $took; FAULTY, stopped or asleep, is killed then
+tcp_check() {
+  name=$1 np=$2 faulty=$3
+  shift 3
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  pids="" r=0 t0=$(date +%s)
+  while [ $r -lt "$np" ]; do
+    TRAINRUN_RANK=$r TRAINRUN_WORLD_SIZE=$np TRAINRUN_LOCAL_RANK=$r TRAINRUN_LOCAL_WORLD_SIZE=$np \
+      TRAINRUN_MASTER=127.0.0.1:$port OMP_NUM_THREADS=1 "$CHECK" "${COMM_SO:-$TCP}" "$@" > "$name.$r" 2>&1 &
+    pids="$pids $!" r=$((r + 1))
+  done
+  waited=0
+  while :; do
+    alive=0 r=0
+    for p in $pids; do
+      [ $r -ne "$faulty" ] && kill -0 "$p" 2>/dev/null && alive=1
+      r=$((r + 1))
+    done
+    [ $alive -eq 0 ] && break
+    waited=$((waited + 1))
+    [ $waited -le 600 ] || { kill -KILL $pids 2>/dev/null; cat "$name".*; fail "$name: ranks still running after 60 s"; }
+    sleep 0.1
+  done
+  took=$(($(date +%s) - t0))
+  kill -KILL $pids 2>/dev/null || true
+  for p in $pids; do wait "$p" 2>/dev/null || true; done
+}

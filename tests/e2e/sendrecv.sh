@@ -1,0 +1,72 @@
+#!/bin/sh
+# Point to point (the comm vtable's sendrecv, for pipeline stages) through
+# the plugin ABI alone: tests/comm_check --only-sendrecv on 2, 3 and 4 ranks
+# of each comm plugin built here that runs on CPUs (mpi under mpirun, tcp
+# on ranks started here).
+#   a) every rank sends to its ring neighbour at once, both ways, pairs
+#      exchange in one call, send-only and receive-only calls along a
+#      chain, with messages of 12 MiB (more than the sockets hold, so a
+#      send that waited for its receive would deadlock), small messages
+#      arrive in the order sent, and peers that do not exist are refused
+#      (tcp: ring neighbours only, beyond them refused with a message)
+#   b) a rank killed inside sendrecv: tcp, every other rank fails naming
+#      it within seconds; mpi, mpirun ends the job naming it
+#   c) a rank stopped (SIGSTOP) inside sendrecv: the others fail after
+#      the timeout option, naming it
+# (mpi.sh and parallel.sh run comm_check whole, sendrecv included.)
+. "$(dirname "$0")/lib.sh"
+CHECK=$TR_BUILDDIR/tests/comm_check
+[ -x "$CHECK" ] || fail "$CHECK was not built"
+MPI=${TR_PLUGIN_BUILD_DIR:-}/comm_mpi.so
+TCP=${TR_PLUGIN_BUILD_DIR:-}/comm_tcp.so
+unset TRAINRUN_RANK TRAINRUN_WORLD_SIZE TRAINRUN_LOCAL_RANK TRAINRUN_LOCAL_WORLD_SIZE \
+  SLURM_PROCID SLURM_NTASKS SLURM_LOCALID TRAINRUN_MASTER TRAINRUN_RENDEZVOUS_FILE
+
+passes() { grep -c ': PASS' "$1" || true; }
+
+# ---- mpi ---------------------------------------------------------------------
+if command -v mpirun > /dev/null 2>&1 && [ -f "$MPI" ]; then
+  MPIRUN="mpirun --allow-run-as-root --oversubscribe --bind-to none \
+    --mca btl_vader_single_copy_mechanism none"
+  # mpi_job NAME NP ARGS...: output in NAME.out, status in $rc, seconds in $took
+  mpi_job() {
+    name=$1 np=$2
+    shift 2
+    start=$(date +%s)
+    set +e
+    timeout 60 $MPIRUN -np "$np" "$CHECK" "$MPI" --only-sendrecv "$@" > "$name.out" 2>&1
+    rc=$?
+    set -e
+    took=$(($(date +%s) - start))
+  }
+  for np in 2 3 4; do
+    for timeout in 300 0; do
+      mpi_job mpi$np-$timeout $np timeout=$timeout
+      [ "$rc" -eq 0 ] && [ "$(passes mpi$np-$timeout.out)" -eq $np ] ||
+        { cat mpi$np-$timeout.out; fail "mpi sendrecv on $np ranks (timeout=$timeout)"; }
+    done
+    grep -q "sendrecv passes between ring neighbours$( [ $np -ge 4 ] && echo ' and beyond')" \
+      mpi$np-300.out || { cat mpi$np-300.out; fail "mpi on $np ranks: sendrecv not checked"; }
+    echo "sendrecv: mpi, $np ranks: pass (in ${took}s without a timeout)"
+  done
+  for np in 2 3; do
+    bad=$((np - 1))
+    mpi_job mpi-die$np $np "--die=$bad:sendrecv"
+    grep -q "rank $bad/$np: dying" mpi-die$np.out || { cat mpi-die$np.out; fail "rank $bad did not reach its death"; }
+    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$took" -le 30 ] ||
+      { cat mpi-die$np.out; fail "mpi, rank $bad killed inside sendrecv: exit $rc after ${took}s"; }
+    grep -q "process rank $bad .*signal 9" mpi-die$np.out || { cat mpi-die$np.out; fail "mpirun did not name rank $bad"; }
+    echo "sendrecv: mpi, $np ranks, rank $bad killed inside it: job over in ${took}s"
+    mpi_job mpi-stall$np $np "--stall=$bad:sendrecv" timeout=2
+    named=$(grep -c "FAIL: .*sendrecv.*rank $bad did not arrive" mpi-stall$np.out || true)
+    [ "$named" -ge 1 ] || { cat mpi-stall$np.out; fail "mpi: no rank named the stopped rank $bad"; }
+    ! grep "FAIL: .*did not arrive" mpi-stall$np.out | grep -v "rank $bad did not arrive" ||
+      { cat mpi-stall$np.out; fail "mpi: a rank named another rank than $bad"; }
+    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$took" -le 30 ] ||
+      { cat mpi-stall$np.out; fail "mpi, rank $bad stopped inside sendrecv: exit $rc after ${took}s"; }
+    echo "sendrecv: mpi, $np ranks, rank $bad stopped inside it: named by $named rank(s), job over in ${took}s"
+  done
+else
+  echo "sendrecv: mpi skipped (no mpirun, or comm_mpi.so not built)"
+fi
+echo "sendrecv: ok"
