@@ -49,6 +49,9 @@ void tr_graph_init_frozen(struct tr_graph *g, const struct tr_backend *be, uint6
 
 void tr_graph_forward(struct tr_graph *g, const struct tr_backend *be);
 void tr_graph_backward(struct tr_graph *g, const struct tr_backend *be);
+/* The same over nodes [first, last] only (a pipeline stage's chunk). */
+void tr_graph_forward_range(struct tr_graph *g, const struct tr_backend *be, int first, int last);
+void tr_graph_backward_range(struct tr_graph *g, const struct tr_backend *be, int first, int last);
 /* Whether backward runs node n at all: a gradient arrives (n makes the
  * loss, or its output has one) and one leaves (some input has one).  Once
  * the graph is planned (gradients assigned). */

@@ -30,8 +30,13 @@ static void ensure_profile(struct tr_graph *g)
 
 void tr_graph_forward(struct tr_graph *g, const struct tr_backend *be)
 {
+    tr_graph_forward_range(g, be, 0, g->n_nodes - 1);
+}
+
+void tr_graph_forward_range(struct tr_graph *g, const struct tr_backend *be, int first, int last)
+{
     ensure_profile(g);
-    for (int i = 0; i < g->n_nodes; i++) {
+    for (int i = first; i <= last; i++) {
         if (g->before_node)
             g->before_node(g->before_node_ctx, i, TR_PHASE_FORWARD);
         if (!g->profile) {
@@ -57,9 +62,16 @@ int tr_graph_recompute_from(const struct tr_graph *g, int i)
 
 void tr_graph_backward(struct tr_graph *g, const struct tr_backend *be)
 {
-    for (int i = g->n_nodes - 1; i >= 0; i--) {
+    tr_graph_backward_range(g, be, 0, g->n_nodes - 1);
+}
+
+void tr_graph_backward_range(struct tr_graph *g, const struct tr_backend *be, int from, int to)
+{
+    for (int i = to; i >= from; i--) {
         struct tr_node *n = &g->nodes[i];
         int first = tr_graph_recompute_from(g, i);
+        if (first >= 0 && first < from) /* a segment is cut inside one block, never across */
+            first = from;
         if (first >= 0) {
             /* entering a recomputed segment from its end: rebuild its
              * internals.  The segment's forward ran once already: its batch

@@ -21,6 +21,10 @@ struct tr_loop {
      * gradients and loss the mean over them; 1 when every target counted */
     double step_targets, loss_norm;
     double loss, lr, grad_norm;  /* of the last step */
+    double pipe_idle;            /* pipeline stages: the share of the last step's forward-
+                                  * backward they sat idle, all stages (NaN: no pipeline) */
+    double pipe_idle_sim;        /* the same as the schedule simulator predicts it from the
+                                  * step's measured forward and backward times of each chunk */
     double val_loss, val_accuracy; /* of the last evaluation (NaN before one) */
     char best[64];               /* checkpoint of the best validation loss */
     double best_val;

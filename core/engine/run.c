@@ -18,6 +18,7 @@
 
 #include "journal.h"
 #include "loop.h"
+#include "pipeline_exec.h"
 #include "plugin_calls.h"
 #include "policies.h"
 #include "run_state.h"
@@ -138,6 +139,9 @@ static void restore(struct run *r, const struct tr_run_state *st)
  * the background when checkpoint.async. */
 static int save(struct run *r, uint64_t loader_position, int now, tr_err *err)
 {
+    /* pipeline stages: the whole model to rank 0, which writes it */
+    if (r->s.pipe && tr_pipe_exec_share(r->s.pipe, &r->s, err) != TR_OK)
+        return TR_ERROR;
     struct tr_run_state st;
     capture(r, loader_position, &st);
     return tr_state_save(&r->s, &st, now, err);
@@ -187,14 +191,6 @@ static int start(struct run *r, tr_err *err)
 {
     struct tr_config *cfg = r->s.cfg;
     const struct tr_run_flags *flags = r->flags;
-    if (cfg->parallel.pipeline > 1) {
-        char where[600];
-        tr_config_where(cfg, "parallel.pipeline", where, sizeof where);
-        return tr_fail(err, "%s: parallel.pipeline = %lld: running pipeline stages is not in "
-                       "this version of trainrun; `trainrun plan` shows the stage partition, "
-                       "each stage's memory and the bubble of parallel.schedule "
-                       "(docs/scale-out.md)", where, (long long)cfg->parallel.pipeline);
-    }
     /* before the run starts any thread (the session's OpenMP, checkpoint
      * writer and communication threads, the loader's workers), which all
      * inherit the blocked signals; from here on a signal ends the run with
@@ -209,15 +205,17 @@ static int start(struct run *r, tr_err *err)
     if (open_session(r, err) != TR_OK)
         return TR_ERROR;
     struct tr_loop *l = &r->l;
-    if (l->position % (uint64_t)r->s.world != 0)
+    /* the replicas share the data; pipeline stages each read all of it */
+    int replicas = r->s.replicas, replica = replicas == r->s.world ? r->s.rank : 0;
+    if (l->position % (uint64_t)replicas != 0)
         return tr_fail(err, "the checkpoint stopped %llu micro-batches into the data, which %d "
                        "ranks cannot share; resume with a world size that divides the "
-                       "micro-batches per step", (unsigned long long)l->position, r->s.world);
+                       "micro-batches per step", (unsigned long long)l->position, replicas);
     struct tr_loader_config lc = {TR_SPLIT_TRAIN, (int)r->s.micro_batch,
                                   (int)cfg->train.workers, (int)cfg->train.prefetch, 1,
-                                  (uint64_t)cfg->train.seed, r->s.topo, r->s.rank, r->s.world,
+                                  (uint64_t)cfg->train.seed, r->s.topo, replica, replicas,
                                   &stop_signal, 0}; /* a signal ends a wait for data */
-    r->loader = tr_loader_open(&r->s.data, &lc, l->position / (uint64_t)r->s.world, err);
+    r->loader = tr_loader_open(&r->s.data, &lc, l->position / (uint64_t)replicas, err);
     if (!r->loader)
         return TR_ERROR;
     l->quiet = flags->quiet || r->s.rank != 0;
@@ -329,6 +327,66 @@ static int agree(struct run *r, double *loss_sum, double *targets, tr_err *err)
     return TR_OK;
 }
 
+/* Pipeline stages (pipeline_exec.h): the step's micro-batches through
+ * this rank's stage, then one agreement as agree()'s: the loss (the last
+ * stage's), whether any rank was signalled, rank 0's budget verdict, and
+ * the seconds every stage computed and took, whose ratio is the share of
+ * the step the stages sat idle (the bubble, communication included).
+ * Every stage counted the targets itself. */
+static int pipeline_step(struct run *r, double scale, double *loss_sum, double *targets,
+                         tr_err *err)
+{
+    struct tr_session *s = &r->s;
+    struct tr_loop *l = &r->l;
+    struct tr_pipe_step ps;
+    double mean = scale / s->accum;
+    if (tr_pipe_exec_step(s->pipe, s, r->loader, mean, l->step, &ps, err) != TR_OK)
+        return TR_ERROR;
+    double wall = ps.t1 - ps.t0;
+    l->t_compute += ps.busy;
+    l->t_comm += ps.waited;
+    double tw = tr_now();
+    int C = tr_pipe_exec_chunks(s->pipe);
+    float agree[5 + 2 * TR_PIPE_MAX_CHUNKS] = {(float)ps.loss_sum, stop_signal ? 1.0f : 0.0f,
+                      r->s.rank == 0 && tr_loop_over_budget(l) ? 1.0f : 0.0f, (float)ps.busy,
+                      (float)wall};
+    memcpy(agree + 5, ps.forward, (size_t)C * sizeof(float));
+    memcpy(agree + 5 + C, ps.backward, (size_t)C * sizeof(float));
+    if (tr_comm_allreduce_host(s->comm, agree, 5 + 2 * (size_t)C, err) != TR_OK)
+        return TR_ERROR;
+    /* the simulator (pipeline.h) fed with the chunks' measured times: what
+     * it predicts for this step's schedule, beside what was measured */
+    double fw[TR_PIPE_MAX_CHUNKS], bw[TR_PIPE_MAX_CHUNKS];
+    for (int c = 0; c < C; c++) {
+        fw[c] = agree[5 + c];
+        bw[c] = agree[5 + C + c];
+    }
+    const struct tr_parallel_config *par = &s->cfg->parallel;
+    struct tr_pipe_sim sim;
+    tr_err ignored = {{0}};
+    l->pipe_idle_sim = tr_pipe_simulate(par->schedule_kind, (int)par->pipeline,
+                                        (int)par->virtual_stages, s->accum, fw, bw, &sim,
+                                        &ignored) == TR_OK ? sim.bubble : NAN;
+    *loss_sum = agree[0];
+    *targets = ps.targets;
+    l->agreed_stop = agree[1] > 0;
+    l->budget_stop = agree[2] > 0;
+    l->pipe_idle = agree[4] > 0 ? 1.0 - agree[3] / agree[4] : NAN;
+    l->t_comm += tr_now() - tw;
+    struct tr_trace *trace = r->j.trace;
+    if (trace && l->step % (uint64_t)s->cfg->train.trace_every == 0) {
+        const struct tr_pipe_span *sp;
+        size_t n = tr_pipe_exec_spans(s->pipe, &sp);
+        char name[64];
+        for (size_t i = 0; i < n; i++) {
+            snprintf(name, sizeof name, "%s micro-batch %d chunk %d", sp[i].backward ? "backward"
+                     : "forward", sp[i].micro, sp[i].chunk);
+            tr_trace_phase(trace, name, l->step, sp[i].t0, sp[i].t1);
+        }
+    }
+    return TR_OK;
+}
+
 struct sumsq_ctx {
     const struct tr_session *s;
     double sum;
@@ -347,6 +405,8 @@ static void add_run_sumsq(void *ctx, struct tr_shard_run r, size_t state_at)
  * of two floats) and added in rank order: the same double on every rank. */
 static int gradient_sumsq(struct tr_session *s, double *sumsq, tr_err *err)
 {
+    if (s->pipe)
+        return tr_pipe_exec_sumsq(s->pipe, s, sumsq, err);
     if (!s->comm || s->shard.level < TR_SHARD_GRADIENTS || s->world < 2) {
         *sumsq = tr_be_sum_squares(&s->be, s->g->grads, s->g->n_params);
         return TR_OK;
@@ -444,32 +504,33 @@ static int train_step(struct run *r, tr_err *err)
 {
     struct tr_session *s = &r->s;
     struct tr_loop *l = &r->l;
-    uint64_t step_start = tr_loader_position(r->loader) * (uint64_t)s->world;
+    uint64_t step_start = tr_loader_position(r->loader) * (uint64_t)s->replicas;
     double scale = tr_precision_loss_scale(&s->cfg->precision), loss_sum = 0, targets = 0;
     /* a sampled step's collectives go to the trace too */
     int spans = s->comm && r->j.trace && l->step % (uint64_t)s->cfg->train.trace_every == 0;
     if (spans)
         tr_comm_record(s->comm, 1);
-    int rc = forward_backward(r, scale, &loss_sum, &targets, err);
+    int rc = s->pipe ? pipeline_step(r, scale, &loss_sum, &targets, err)
+                     : forward_backward(r, scale, &loss_sum, &targets, err);
     if (rc == STEP_ABANDONED)
         l->position = step_start; /* the preemption checkpoint resumes at the step's start */
     if (rc != TR_OK && spans)
         tr_comm_record(s->comm, 0);
     if (rc != TR_OK)
         return rc;
-    if (s->comm && agree(r, &loss_sum, &targets, err) != TR_OK)
+    if (s->comm && !s->pipe && agree(r, &loss_sum, &targets, err) != TR_OK)
         return TR_ERROR;
-    double full = (double)s->target_count * s->accum * s->world;
+    double full = (double)s->target_count * s->accum * s->replicas;
     l->step_targets = targets;
     l->loss_norm = targets == full ? 1.0 : targets > 0 ? full / targets : 0.0;
-    l->loss = loss_sum / (s->accum * s->world) * l->loss_norm;
+    l->loss = loss_sum / (s->accum * s->replicas) * l->loss_norm;
     if (update(r, scale, err) != TR_OK)
         return TR_ERROR;
     if (spans)
         trace_collectives(r);
     l->step++;
     l->tokens += (double)s->cfg->train.batch * s->data.info.target_len;
-    l->position = tr_loader_position(r->loader) * (uint64_t)s->world;
+    l->position = tr_loader_position(r->loader) * (uint64_t)s->replicas;
     return TR_OK;
 }
 
@@ -481,6 +542,9 @@ static int evaluate(struct run *r, int *improved, tr_err *err)
 {
     struct tr_loop *l = &r->l;
     double te = tr_now();
+    /* pipeline stages: every rank evaluates batches of its own on the whole model */
+    if (r->s.pipe && tr_pipe_exec_share(r->s.pipe, &r->s, err) != TR_OK)
+        return TR_ERROR;
     if (tr_session_evaluate(&r->s, TR_SPLIT_VAL, (uint64_t)r->s.cfg->train.eval_batches,
                             &l->val_loss, &l->val_accuracy, NULL, err) != TR_OK)
         return TR_ERROR;
@@ -605,7 +669,7 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
     struct run *r = tr_xcalloc(1, sizeof *r);
     r->s.cfg = cfg;
     r->l.s = &r->s;
-    r->l.val_loss = r->l.best_val = r->l.stop_best = r->l.loss = NAN;
+    r->l.val_loss = r->l.best_val = r->l.stop_best = r->l.loss = r->l.pipe_idle = r->l.pipe_idle_sim = NAN;
     r->flags = flags;
     tr_err err = {{0}};
     int code = TR_EXIT_ERROR, rc = TR_OK;

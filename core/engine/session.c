@@ -14,6 +14,7 @@
 #include "model.h"
 #include "optim.h"
 #include "peft.h"
+#include "pipeline_exec.h"
 #include "plugin_calls.h"
 #include "rundir.h"
 #include "../config/hardware.h"
@@ -139,7 +140,7 @@ static int choose_micro_batch(struct tr_session *s, tr_err *err)
         return TR_OK;
     struct tr_fit_model fm = tr_session_fit_model(s);
     /* a plan shares the batch among the devices it plans for (gpus=N) */
-    int64_t devices = s->mode == TR_SESSION_PLAN ? cfg->cost.count : s->world;
+    int64_t devices = s->mode == TR_SESSION_PLAN ? cfg->cost.count : s->replicas;
     int64_t batch = cfg->train.batch, per_device = tr_fit_per_device(batch, devices), m;
     struct tr_memory_report report;
     size_t total;
@@ -259,7 +260,7 @@ static int plan_memory(struct tr_session *s, tr_err *err)
     struct tr_config *cfg = s->cfg;
     /* an evaluation keeps no optimizer state */
     int slots = training(s) ? tr_session_fit_model(s).optimizer_slots : 0;
-    enum tr_shard_level level = s->world > 1 ? cfg->parallel.shard_level : TR_SHARD_NONE;
+    enum tr_shard_level level = s->replicas > 1 ? cfg->parallel.shard_level : TR_SHARD_NONE;
     if (level == TR_SHARD_PARAMETERS && !tr_be_can_discard(&s->be))
         return tr_fail(err, "parallel.shard = \"parameters\": the %s backend cannot give "
                        "memory back (its discard slot), which sharded parameters need; use "
@@ -267,7 +268,9 @@ static int plan_memory(struct tr_session *s, tr_err *err)
     s->g->params_sharded = level == TR_SHARD_PARAMETERS; /* before the plan: no bf16 mirror */
     if (tr_graph_plan(s->g, &s->be, slots, err) != TR_OK)
         return TR_ERROR;
-    tr_shard_init(&s->shard, s->g->n_params, tr_shard_unit_floats(cfg), s->rank, s->world, level);
+    /* the layout is the replicas' (pipeline stages each keep their own) */
+    tr_shard_init(&s->shard, s->g->n_params, tr_shard_unit_floats(cfg),
+                  s->replicas == s->world ? s->rank : 0, s->replicas, level);
     if (tr_shard_sharded(&s->shard) && s->comm && !tr_comm_has_allgather(s->comm))
         return tr_fail(err, "parallel.shard = \"%s\"%s: comm '%s' has no allgather, which "
                        "sharding (ZeRO-1 and up) needs to share the updated parameters; use a "
@@ -284,7 +287,7 @@ static int plan_memory(struct tr_session *s, tr_err *err)
                "state (parallel.shard = %s)", owned, s->g->n_params,
                level == TR_SHARD_PARAMETERS ? "parameters, gathered unit by unit"
                : level == TR_SHARD_GRADIENTS ? "gradients, reduce-scattered" : "optimizer");
-    if (s->comm && tr_comm_plan_buckets(s->comm, s->g, &s->shard, err) != TR_OK)
+    if (s->comm && s->replicas > 1 && tr_comm_plan_buckets(s->comm, s->g, &s->shard, err) != TR_OK)
         return TR_ERROR;
     if (s->comm && level == TR_SHARD_PARAMETERS)
         s->gather = tr_gather_new(s->g, &s->be, s->comm, &s->shard);
@@ -337,10 +340,10 @@ static int open_inputs(struct tr_session *s, tr_err *err)
         tr_graph_init_frozen(g, &s->be, (uint64_t)cfg->train.seed);
     /* micro-batches per optimizer step on this rank (the config checked that
      * the ranks share them evenly) */
-    s->accum = (int)(cfg->train.batch / s->micro_batch / s->world);
+    s->accum = (int)(cfg->train.batch / s->micro_batch / s->replicas);
     if (s->accum < 1)
         return tr_fail(err, "train: batch %lld cannot be shared by %d ranks in micro-batches of %lld",
-                       (long long)cfg->train.batch, s->world, (long long)s->micro_batch);
+                       (long long)cfg->train.batch, s->replicas, (long long)s->micro_batch);
     s->vocab = UINT32_MAX;
     for (int i = 0; i < g->n_nodes; i++) /* the token embedding's table size */
         if (g->nodes[i].op == TR_OP_EMBEDDING && g->nodes[i].in[1] == g->inputs[0])
@@ -459,6 +462,49 @@ static int open_weights(struct tr_session *s, tr_err *err)
     return TR_OK;
 }
 
+/* parallel.pipeline = P: a training run's ranks are its P stages, one
+ * replica (an evaluation, a sample or a smoke run is one process: the
+ * stages' arithmetic is its own). */
+static int check_pipeline(struct tr_session *s, tr_err *err)
+{
+    const struct tr_parallel_config *par = &s->cfg->parallel;
+    if (par->pipeline <= 1 || s->mode != TR_SESSION_TRAIN)
+        return TR_OK;
+    char where[600];
+    tr_config_where(s->cfg, "parallel.pipeline", where, sizeof where);
+    if (s->world != par->pipeline)
+        return tr_fail(err, "%s: parallel.pipeline = %lld runs one stage a rank: start it with "
+                       "procs = %lld (this run has %d rank%s; data-parallel replicas of a "
+                       "pipeline, procs = pipeline x replicas, are not in this version)", where,
+                       (long long)par->pipeline, (long long)par->pipeline, s->world,
+                       s->world == 1 ? "" : "s");
+    if (par->shard_level != TR_SHARD_NONE)
+        return tr_fail(err, "%s: parallel.pipeline with parallel.shard = \"%s\": sharding a "
+                       "pipeline stage is not in this version; drop one of them", where,
+                       tr_shard_level_name(par->shard_level));
+    s->replicas = 1;
+    return TR_OK;
+}
+
+/* The stage this rank runs, once the graph, the inputs and the step's
+ * micro-batches are known. */
+static int open_pipeline(struct tr_session *s, tr_err *err)
+{
+    const struct tr_parallel_config *par = &s->cfg->parallel;
+    if (par->pipeline <= 1 || s->mode != TR_SESSION_TRAIN)
+        return TR_OK;
+    if (par->micro_batches > 0 && par->micro_batches != s->accum) {
+        char where[600];
+        tr_config_where(s->cfg, "parallel.micro_batches", where, sizeof where);
+        return tr_fail(err, "%s: parallel.micro_batches = %lld, but train.batch %lld in "
+                       "micro-batches of %lld makes %d a step: set one to agree (or leave "
+                       "micro_batches out)", where, (long long)par->micro_batches,
+                       (long long)s->cfg->train.batch, (long long)s->micro_batch, s->accum);
+    }
+    s->pipe = tr_pipe_exec_new(s, err);
+    return s->pipe ? TR_OK : TR_ERROR;
+}
+
 static int open_plan(struct tr_session *s, tr_err *err)
 {
     struct tr_fit_model fm = tr_session_fit_model(s);
@@ -475,6 +521,9 @@ int tr_session_open(struct tr_session *s, struct tr_config *cfg, enum tr_session
     s->mode = mode;
     s->rank = cfg->rank.rank;
     s->world = cfg->rank.world;
+    s->replicas = s->world;
+    if (check_pipeline(s, err) != TR_OK)
+        return TR_ERROR;
     tr_fit_device_of(cfg, &s->device);
     if (open_backend(s, err) != TR_OK || open_precision(s, err) != TR_OK ||
         choose_micro_batch(s, err) != TR_OK)
@@ -491,7 +540,8 @@ int tr_session_open(struct tr_session *s, struct tr_config *cfg, enum tr_session
         (training(s) && resolve_steps(s, err) != TR_OK) ||
         (training(s) && tr_session_check_split(s, TR_SPLIT_VAL, 1, err) != TR_OK) ||
         plan_memory(s, err) != TR_OK ||
-        open_inputs(s, err) != TR_OK || tr_rundir_check_tokenizer(s, err) != TR_OK)
+        open_inputs(s, err) != TR_OK || tr_rundir_check_tokenizer(s, err) != TR_OK ||
+        open_pipeline(s, err) != TR_OK)
         return TR_ERROR;
     if (training(s) && s->rank == 0 && open_checkpointer(s, err) != TR_OK)
         return TR_ERROR;
@@ -551,6 +601,8 @@ void tr_session_close(struct tr_session *s)
 {
     tr_checkpointer_close(s->ckpt);
     tr_gather_free(s->gather);
+    if (s->be.iface)
+        tr_pipe_exec_free(s->pipe, &s->be);
     tr_comm_close(s->comm);
     tr_topo_close(s->topo);
     if (s->be.iface) {

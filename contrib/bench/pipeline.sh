@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Pipeline stages on this machine: the share of the step the stages sit
+# idle (the bubble), measured, beside the theory and the schedule
+# simulator's prediction from the same step's measured chunk times.
+#
+#   contrib/bench/pipeline.sh            # needs build/trainrun
+#   SCHEDULES=1f1b MICRO=4,8 contrib/bench/pipeline.sh
+#
+# P = 2 stages (procs=2, one thread each on the 2 cores) of a Llama of 4
+# blocks (dim 128, ctx 128; micro-batch 1).  "measured" is the median over
+# steps 2..STEPS of metrics.jsonl's pipeline_idle_pct: 1 - (the seconds
+# the stages computed) / (stages x the step's forward-backward), so it
+# includes the sends and receives and any wait for the other stage;
+# "simulated" is pipeline_idle_sim_pct: tr_pipe_simulate played against
+# each chunk's mean measured forward and backward time of that step
+# (communication free); "theory" is (P-1)/(M+P-1), and (P-1)/(V*M+P-1)
+# interleaved (V = 2).  A stage re-runs a micro-batch's forward before its
+# backward when another forward ran in between (it keeps only what it
+# received), so its backward costs a forward more than in one process.
+#
+# Environment: TRAINRUN, SCHEDULES (gpipe,1f1b,interleaved), MICRO (2,4,8,16),
+# STEPS (8).
+set -euo pipefail
+name=pipeline.sh
+# shellcheck source=contrib/bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+export OMP_NUM_THREADS=1
+SCHEDULES=${SCHEDULES:-gpipe,1f1b,interleaved}
+MICRO=${MICRO:-2,4,8,16}
+STEPS=${STEPS:-8}
+say "load average before starting: $(cut -d' ' -f1-3 /proc/loadavg) (should be near 0)"
+model="model.dim=128 model.ffn_dim=384 model.layers=4 model.ctx=128"
+
+printf '| schedule | M | measured idle | simulated (measured times) | theory | step time |\n'
+printf '|---|---:|---:|---:|---:|---:|\n'
+IFS=, read -ra schedules <<<"$SCHEDULES"
+IFS=, read -ra micro <<<"$MICRO"
+for sch in "${schedules[@]}"; do
+    for m in "${micro[@]}"; do
+        extra= v=1
+        if [ "$sch" = interleaved ]; then
+            extra="parallel.virtual_stages=2"
+            v=2
+        fi
+        dir=$tmp/run-$sch-$m
+        # shellcheck disable=SC2086
+        if ! "$TRAINRUN" "$root/tests/config/tiny_llama.lua" $model procs=2 parallel.pipeline=2 \
+            parallel.schedule="$sch" $extra train.batch="$m" train.micro_batch=1 \
+            train.steps="$STEPS" train.log_every=1 train.threads=1 run_dir="$dir" --quiet \
+            >"$dir.log" 2>&1; then
+            cat "$dir.log" >&2
+            die "$sch M=$m failed"
+        fi
+        col() { # KEY: the median of the key over steps 2..
+            python3 - "$dir/metrics.jsonl" "$1" <<'PY'
+import json, statistics, sys
+v = [json.loads(l) for l in open(sys.argv[1]) if sys.argv[2] in l]
+print("%.1f%%" % statistics.median(x[sys.argv[2]] for x in v[1:]))
+PY
+        }
+        step=$(python3 - "$dir/metrics.jsonl" <<'PY'
+import json, sys
+v = [json.loads(l) for l in open(sys.argv[1]) if '"elapsed_s"' in l]
+print("%.3f s" % ((v[-1]["elapsed_s"] - v[0]["elapsed_s"]) / (len(v) - 1)))
+PY
+)
+        theory=$(awk -v m="$m" -v v="$v" 'BEGIN { printf "%.1f%%", 100 / (v * m + 1) }')
+        printf '| %s | %d | %s | %s | %s | %s |\n' "$sch" "$m" "$(col pipeline_idle_pct)" \
+            "$(col pipeline_idle_sim_pct)" "$theory" "$step"
+    done
+done
+say "CPU: $(lscpu | sed -n 's/^Model name: *//p'), 2 stages, one thread each"

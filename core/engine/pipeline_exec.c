@@ -1,0 +1,464 @@
+/* Pipeline stages, run (pipeline_exec.h): the tensors crossing each cut,
+ * the ops of this stage's schedule with their sends and receives, and the
+ * sums over stages the update needs. */
+#include "pipeline_exec.h"
+
+#include "backend.h"
+#include "loader.h"
+#include "session.h"
+#include "../util/util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { MAX_CHUNKS = TR_PIPE_MAX_CHUNKS };
+
+/* The tensors live across the cut before chunk c (produced before it, read
+ * in it or after): what chunk c - 1's stage sends with each forward and
+ * gets gradients back for. */
+struct cut {
+    int *t;
+    int n;
+    size_t bytes, grad_bytes; /* packed data; packed fp32 gradients (of those that have one) */
+};
+
+struct tr_pipe_exec {
+    int P, V, M, C, stage;
+    enum tr_pipe_kind kind;
+    struct tr_comm *comm;
+    struct tr_pipe_chunk chunk[MAX_CHUNKS];
+    struct cut cut[MAX_CHUNKS];           /* cut[c]: before chunk c (cut[0] empty) */
+    struct tr_pipe_op *ops;
+    int n_ops;
+    /* parameters: for each parameter tensor, the stages reading it (bit s) */
+    uint64_t *readers;
+    /* buffers: a host bounce for copies between backend buffers, packed
+     * messages out and in (backend memory), and for each of this stage's
+     * chunks and each micro-batch the data it received (backend memory) */
+    unsigned char *bounce;
+    size_t bounce_bytes;
+    void *out, *in;
+    void **kept;                          /* [V * M]: chunk index v (c = v * P + stage), micro m */
+    int *last_forward;                    /* [V]: the micro-batch whose forward ran last */
+    /* the step's micro-batches as the loader gave them */
+    unsigned char *inputs;                /* M x input_bytes */
+    int32_t *targets;                     /* M x target_count */
+    double *weight;                       /* [M] */
+    struct tr_pipe_span *spans;
+    size_t n_spans;
+};
+
+int tr_pipe_exec_stage(const struct tr_pipe_exec *x) { return x->stage; }
+int tr_pipe_exec_chunks(const struct tr_pipe_exec *x) { return x->C; }
+
+size_t tr_pipe_exec_spans(const struct tr_pipe_exec *x, const struct tr_pipe_span **spans)
+{
+    *spans = x->spans;
+    return x->n_spans;
+}
+
+static int chunk_of(const struct tr_pipe_exec *x, int node)
+{
+    for (int c = 0; c < x->C; c++)
+        if (node >= x->chunk[c].first_node && node <= x->chunk[c].last_node)
+            return c;
+    return -1;
+}
+
+static size_t dtype_bytes(enum tr_dtype d) { return (d == TR_BF16 || d == TR_F16) ? 2 : 4; }
+
+/* Each activation's producer chunk and last reader chunk: it crosses every
+ * cut in between. */
+static void find_cuts(struct tr_pipe_exec *x, const struct tr_graph *g)
+{
+    int *last = tr_xcalloc((size_t)g->n_tensors, sizeof *last);
+    for (int i = 0; i < g->n_tensors; i++)
+        last[i] = -1;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct tr_node *n = &g->nodes[i];
+        int c = chunk_of(x, i);
+        for (int k = 0; k < n->n_in; k++)
+            last[n->in[k]] = c > last[n->in[k]] ? c : last[n->in[k]];
+        for (int k = 0; k < n->n_aux; k++)
+            last[n->aux[k]] = c > last[n->aux[k]] ? c : last[n->aux[k]];
+    }
+    for (int c = 1; c < x->C; c++) {
+        struct cut *k = &x->cut[c];
+        k->t = tr_xcalloc((size_t)g->n_tensors, sizeof *k->t);
+        for (int i = 0; i < g->n_tensors; i++) {
+            const struct tr_tensor *t = &g->tensors[i];
+            if ((t->role != TR_ROLE_ACTIVATION && t->role != TR_ROLE_SAVED) || t->producer < 0)
+                continue;
+            int from = chunk_of(x, t->producer);
+            if (from < c && last[i] >= c) {
+                k->t[k->n++] = i;
+                k->bytes += t->numel * dtype_bytes(t->dtype);
+                if (t->grad)
+                    k->grad_bytes += t->numel * sizeof(float);
+            }
+        }
+    }
+    free(last);
+}
+
+static void find_readers(struct tr_pipe_exec *x, const struct tr_graph *g)
+{
+    x->readers = tr_xcalloc((size_t)g->n_tensors, sizeof *x->readers);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct tr_node *n = &g->nodes[i];
+        int s = chunk_of(x, i) % x->P;
+        for (int k = 0; k < n->n_in; k++)
+            if (g->tensors[n->in[k]].role == TR_ROLE_PARAM)
+                x->readers[n->in[k]] |= 1ull << s;
+    }
+}
+
+static int first_reader(uint64_t mask)
+{
+    return mask ? __builtin_ctzll(mask) : -1;
+}
+
+void tr_pipe_exec_free(struct tr_pipe_exec *x, const struct tr_backend *be)
+{
+    if (!x)
+        return;
+    for (int c = 0; c < MAX_CHUNKS; c++)
+        free(x->cut[c].t);
+    if (x->kept)
+        for (int i = 0; i < x->V * x->M; i++)
+            if (x->kept[i])
+                tr_be_free(be, x->kept[i]);
+    if (x->out)
+        tr_be_free(be, x->out);
+    if (x->in)
+        tr_be_free(be, x->in);
+    tr_be_host_free(be, x->bounce);
+    free(x->kept);
+    free(x->last_forward);
+    free(x->ops);
+    free(x->readers);
+    free(x->inputs);
+    free(x->targets);
+    free(x->weight);
+    free(x->spans);
+    free(x);
+}
+
+struct tr_pipe_exec *tr_pipe_exec_new(struct tr_session *s, tr_err *err)
+{
+    const struct tr_parallel_config *par = &s->cfg->parallel;
+    struct tr_pipe_exec *x = tr_xcalloc(1, sizeof *x);
+    x->P = (int)par->pipeline;
+    x->V = (int)par->virtual_stages;
+    x->C = x->P * x->V;
+    x->M = s->accum;
+    x->kind = par->schedule_kind;
+    x->stage = s->rank % x->P;
+    x->comm = s->comm;
+    if (!x->comm || !tr_comm_has_sendrecv(x->comm)) {
+        tr_fail(err, "parallel.pipeline = %d: comm '%s' has no sendrecv (plugin ABI 2.4), which "
+                "pipeline stages send activations and gradients with; use a comm plugin that "
+                "has one (tcp, mpi, nccl)", x->P,
+                s->cfg->comm.plugin ? s->cfg->comm.plugin->info->name : "none");
+        goto fail;
+    }
+    if (x->C > MAX_CHUNKS) {
+        tr_fail(err, "parallel.pipeline x virtual_stages = %d: at most %d chunks", x->C, MAX_CHUNKS);
+        goto fail;
+    }
+    if (tr_pipe_partition(s->g, x->C, x->chunk, err) != TR_OK)
+        goto fail;
+    find_cuts(x, s->g);
+    find_readers(x, s->g);
+    x->ops = tr_xcalloc((size_t)(2 * x->M * x->V), sizeof *x->ops);
+    x->n_ops = tr_pipe_schedule(x->kind, x->P, x->V, x->M, x->stage, x->ops);
+    if (x->n_ops < 0) {
+        tr_fail(err, "parallel.schedule = \"%s\" cannot run %d micro-batches on %d stages "
+                "(interleaved: a multiple of the stages)", tr_pipe_kinds[x->kind], x->M, x->P);
+        goto fail;
+    }
+    size_t largest = 0;
+    for (int c = 1; c < x->C; c++) {
+        if (x->cut[c].bytes > largest)
+            largest = x->cut[c].bytes;
+        if (x->cut[c].grad_bytes > largest)
+            largest = x->cut[c].grad_bytes;
+    }
+    size_t io = s->input_bytes > s->target_count * 4 ? s->input_bytes : s->target_count * 4;
+    x->bounce_bytes = (largest > io ? largest : io) + 64;
+    x->bounce = tr_be_host_alloc(&s->be, x->bounce_bytes);
+    x->out = tr_be_alloc(&s->be, largest + 64);
+    x->in = tr_be_alloc(&s->be, largest + 64);
+    x->kept = tr_xcalloc((size_t)(x->V * x->M), sizeof *x->kept);
+    x->last_forward = tr_xcalloc((size_t)x->V, sizeof *x->last_forward);
+    int ok = x->bounce && x->out && x->in;
+    for (int v = 0; v < x->V && ok; v++) {
+        int c = v * x->P + x->stage;
+        for (int m = 0; m < x->M && ok && c > 0 && x->cut[c].bytes; m++)
+            ok = (x->kept[v * x->M + m] = tr_be_alloc(&s->be, x->cut[c].bytes)) != NULL;
+    }
+    if (!ok) {
+        tr_fail(err, "pipeline stage %d: out of %s memory for the activations of %d micro-batches "
+                "in flight", x->stage, tr_be_name(&s->be), x->M);
+        goto fail;
+    }
+    x->inputs = tr_xcalloc((size_t)x->M, s->input_bytes);
+    x->targets = tr_xcalloc((size_t)x->M * s->target_count, sizeof *x->targets);
+    x->weight = tr_xcalloc((size_t)x->M, sizeof *x->weight);
+    x->spans = tr_xcalloc((size_t)x->n_ops, sizeof *x->spans);
+    if (s->rank == 0) {
+        char line[512];
+        size_t at = 0;
+        for (int c = 0; c < x->C && at < sizeof line; c++)
+            at += (size_t)snprintf(line + at, sizeof line - at, "%s%d:[%s..%s]", c ? " " : "",
+                                   c % x->P, s->g->nodes[x->chunk[c].first_node].name,
+                                   s->g->nodes[x->chunk[c].last_node].name);
+        tr_log(TR_LOG_INFO, NULL, "pipeline: %d stages, schedule %s, %d micro-batches a step; "
+               "chunks (stage:[first..last node]) %s", x->P, tr_pipe_kinds[x->kind], x->M, line);
+    }
+    return x;
+fail:
+    tr_pipe_exec_free(x, &s->be);
+    return NULL;
+}
+
+/* ---- moving tensors ---------------------------------------------------------- */
+
+/* Backend to backend through the host (the backend has no copy slot): two
+ * memcpys on the CPU. */
+static void be_copy(struct tr_pipe_exec *x, const struct tr_backend *be, void *dst, const void *src,
+                    size_t bytes)
+{
+    tr_be_download(be, x->bounce, src, bytes);
+    tr_be_upload(be, dst, x->bounce, bytes);
+}
+
+/* The data (grads = 0) or the gradients of cut k's tensors into buf, one
+ * after another, or (unpack) back out of it. */
+static void pack(struct tr_pipe_exec *x, const struct tr_session *s, const struct cut *k, int grads,
+                 void *buf, int unpack)
+{
+    size_t at = 0;
+    for (int i = 0; i < k->n; i++) {
+        struct tr_tensor *t = &s->g->tensors[k->t[i]];
+        if (grads && !t->grad)
+            continue;
+        void *p = grads ? (void *)t->grad : t->data;
+        size_t b = grads ? t->numel * sizeof(float) : t->numel * dtype_bytes(t->dtype);
+        if (unpack)
+            be_copy(x, &s->be, p, (char *)buf + at, b);
+        else
+            be_copy(x, &s->be, (char *)buf + at, p, b);
+        at += b;
+    }
+}
+
+/* ---- the step ------------------------------------------------------------------ */
+
+/* What an op sends after it and receives before it. */
+struct transfer {
+    int peer;      /* -1: none */
+    size_t bytes;
+    const struct cut *cut;
+    int grads;
+};
+
+static struct transfer receives(const struct tr_pipe_exec *x, const struct tr_pipe_op *op)
+{
+    int c = op->chunk;
+    if (!op->backward && c > 0 && x->cut[c].bytes)
+        return (struct transfer){(c - 1) % x->P, x->cut[c].bytes, &x->cut[c], 0};
+    if (op->backward && c < x->C - 1 && x->cut[c + 1].grad_bytes)
+        return (struct transfer){(c + 1) % x->P, x->cut[c + 1].grad_bytes, &x->cut[c + 1], 1};
+    return (struct transfer){-1, 0, NULL, 0};
+}
+
+static struct transfer sends(const struct tr_pipe_exec *x, const struct tr_pipe_op *op)
+{
+    int c = op->chunk;
+    if (!op->backward && c < x->C - 1 && x->cut[c + 1].bytes)
+        return (struct transfer){(c + 1) % x->P, x->cut[c + 1].bytes, &x->cut[c + 1], 0};
+    if (op->backward && c > 0 && x->cut[c].grad_bytes)
+        return (struct transfer){(c - 1) % x->P, x->cut[c].grad_bytes, &x->cut[c], 1};
+    return (struct transfer){-1, 0, NULL, 0};
+}
+
+/* Micro-batch m's inputs and targets into the graph. */
+static void upload_batch(struct tr_pipe_exec *x, struct tr_session *s, int m)
+{
+    struct tr_graph *g = s->g;
+    tr_be_upload(&s->be, g->tensors[g->inputs[0]].data, x->inputs + (size_t)m * s->input_bytes,
+                 s->input_bytes);
+    tr_be_upload(&s->be, g->tensors[g->inputs[1]].data, x->targets + (size_t)m * s->target_count,
+                 s->target_count * sizeof(int32_t));
+}
+
+static void set_micro(struct tr_pipe_exec *x, struct tr_session *s, double mean, uint64_t step, int m)
+{
+    s->g->loss_grad = (float)(mean * x->weight[m]);
+    /* the seed one process draws micro-batch m's dropout from (run.c's rule, one replica) */
+    s->g->dropout_seed =
+        tr_splitmix64((uint64_t)s->cfg->train.seed ^ tr_splitmix64(step * 65536 + (uint64_t)m));
+}
+
+/* F(m, c) without its communication: the data received is in the cut's
+ * tensors already. */
+static void run_forward(struct tr_pipe_exec *x, struct tr_session *s, int m, int c, int again)
+{
+    upload_batch(x, s, m);
+    if (c > 0 && x->cut[c].bytes) {
+        void *kept = x->kept[(c / x->P) * x->M + m];
+        pack(x, s, &x->cut[c], 0, kept, 1);
+    }
+    s->g->recomputing = again; /* a re-run: running statistics stay */
+    tr_graph_forward_range(s->g, &s->be, x->chunk[c].first_node, x->chunk[c].last_node);
+    s->g->recomputing = 0;
+    x->last_forward[c / x->P] = m;
+}
+
+int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_loader *loader,
+                      double mean, uint64_t step, struct tr_pipe_step *out, tr_err *err)
+{
+    struct tr_graph *g = s->g;
+    memset(out, 0, sizeof *out);
+    /* every stage reads the step's micro-batches (the data's order is the
+     * single process's): the first stage for the tokens, the last for the
+     * targets, every one for the weights of masked targets */
+    for (int m = 0; m < x->M; m++) {
+        if (tr_loader_next(loader, x->inputs + (size_t)m * s->input_bytes,
+                           x->targets + (size_t)m * s->target_count, NULL, err) != TR_OK)
+            return TR_ERROR;
+        memcpy(s->host_targets, x->targets + (size_t)m * s->target_count,
+               s->target_count * sizeof(int32_t));
+        double n = tr_session_loss_targets(s);
+        x->weight[m] = tr_session_batch_weight(s, n);
+        out->targets += n;
+    }
+    if (s->data.info.input_dtype == TR_I32) /* an id past the table would read out of bounds */
+        for (size_t i = 0; i < (size_t)x->M * s->input_bytes / 4; i++) {
+            int32_t id = ((const int32_t *)x->inputs)[i];
+            if ((uint32_t)id >= s->vocab)
+                return tr_fail(err, "data '%s': token id %d is outside the model's vocabulary of %u",
+                               s->data.name, id, s->vocab);
+        }
+    /* parameter gradients accumulate from zero: a stage's backward never
+     * sees the first writer of a gradient another stage also writes */
+    tr_be_zero(&s->be, g->grads, g->n_params * sizeof(float));
+    g->grads_fresh = 0;
+    for (int v = 0; v < x->V; v++)
+        x->last_forward[v] = -1;
+    x->n_spans = 0;
+    out->t0 = tr_now();
+    struct transfer pending = {-1, 0, NULL, 0}; /* the last op's send, not yet made */
+    for (int i = 0; i <= x->n_ops; i++) {
+        const struct tr_pipe_op *op = i < x->n_ops ? &x->ops[i] : NULL;
+        struct transfer rx = op ? receives(x, op) : (struct transfer){-1, 0, NULL, 0};
+        if (pending.peer >= 0 || rx.peer >= 0) {
+            double tw = tr_now();
+            if (pending.peer >= 0)
+                pack(x, s, pending.cut, pending.grads, x->out, 0);
+            if (tr_comm_sendrecv(x->comm, x->out, pending.bytes, pending.peer, x->in, rx.bytes,
+                                 rx.peer, err) != TR_OK)
+                return TR_ERROR;
+            if (rx.peer >= 0 && rx.grads) /* gradients: into the cut's tensors' */
+                pack(x, s, rx.cut, 1, x->in, 1);
+            else if (rx.peer >= 0) /* data: kept for the backward's re-run, and run */
+                be_copy(x, &s->be, x->kept[(op->chunk / x->P) * x->M + op->micro], x->in, rx.bytes);
+            out->waited += tr_now() - tw;
+        }
+        if (!op)
+            break;
+        int c = op->chunk, m = op->micro;
+        double t0 = tr_now();
+        set_micro(x, s, mean, step, m);
+        if (!op->backward) {
+            run_forward(x, s, m, c, 0);
+            if (c == x->C - 1)
+                out->loss_sum += tr_session_read_loss(s) * x->weight[m];
+        } else {
+            if (x->last_forward[c / x->P] != m) {
+                /* another forward of this chunk ran since: rebuild m's
+                 * activations from what the stage kept of it (the gradients
+                 * just received are in the gradient arena, untouched) */
+                run_forward(x, s, m, c, 1);
+            }
+            tr_graph_backward_range(g, &s->be, x->chunk[c].first_node, x->chunk[c].last_node);
+            x->last_forward[c / x->P] = -1;
+        }
+        tr_be_synchronize(&s->be);
+        double t1 = tr_now();
+        out->busy += t1 - t0;
+        x->spans[x->n_spans++] = (struct tr_pipe_span){op->backward, m, c, t0, t1};
+        *(op->backward ? &out->backward[c] : &out->forward[c]) += (float)((t1 - t0) / x->M);
+        pending = sends(x, op);
+    }
+    /* a parameter several stages read (tied embeddings): its gradient is
+     * the sum of theirs; the stages that do not read it add zeros */
+    for (int i = 0; i < g->n_tensors; i++) {
+        const struct tr_tensor *t = &g->tensors[i];
+        if (t->role != TR_ROLE_PARAM || __builtin_popcountll(x->readers[i]) < 2)
+            continue;
+        double tw = tr_now();
+        if (tr_comm_allreduce(x->comm, t->grad, t->numel, err) != TR_OK)
+            return TR_ERROR;
+        out->waited += tr_now() - tw;
+    }
+    out->t1 = tr_now();
+    return TR_OK;
+}
+
+int tr_pipe_exec_sumsq(struct tr_pipe_exec *x, struct tr_session *s, double *sumsq, tr_err *err)
+{
+    const struct tr_graph *g = s->g;
+    double mine = 0;
+    for (int i = 0; i < g->n_tensors; i++) {
+        const struct tr_tensor *t = &g->tensors[i];
+        if (t->role == TR_ROLE_PARAM && first_reader(x->readers[i]) == x->stage)
+            mine += tr_be_sum_squares(&s->be, t->grad, t->numel);
+    }
+    _Static_assert(sizeof(double) == 2 * sizeof(float), "a double travels as two floats");
+    double *all = tr_xcalloc((size_t)s->world, sizeof *all);
+    all[s->rank] = mine;
+    int rc = tr_comm_allgather_host(x->comm, (float *)all, 2, err);
+    *sumsq = 0;
+    for (int q = 0; q < s->world; q++) /* in stage order: the same double on every rank */
+        *sumsq += all[q];
+    free(all);
+    return rc;
+}
+
+/* [off, off + n) of buf (backend memory) from stage `root` to every rank,
+ * through the host (an upload marks the backend's copies of the
+ * parameters stale, as a write from the comm plugin would not). */
+static int share_range(struct tr_pipe_exec *x, struct tr_session *s, float *buf, size_t n, int root,
+                       tr_err *err)
+{
+    size_t chunk = x->bounce_bytes / sizeof(float);
+    for (size_t at = 0; at < n; at += chunk) {
+        size_t k = n - at < chunk ? n - at : chunk;
+        if (x->stage == root)
+            tr_be_download(&s->be, x->bounce, buf + at, k * sizeof(float));
+        if (tr_comm_broadcast_host(x->comm, x->bounce, k * sizeof(float), root, err) != TR_OK)
+            return TR_ERROR;
+        if (x->stage != root)
+            tr_be_upload(&s->be, buf + at, x->bounce, k * sizeof(float));
+    }
+    return TR_OK;
+}
+
+int tr_pipe_exec_share(struct tr_pipe_exec *x, struct tr_session *s, tr_err *err)
+{
+    const struct tr_graph *g = s->g;
+    for (int i = 0; i < g->n_tensors; i++) {
+        const struct tr_tensor *t = &g->tensors[i];
+        int root = t->role == TR_ROLE_PARAM ? first_reader(x->readers[i]) : -1;
+        if (root < 0)
+            continue;
+        if (share_range(x, s, g->params + t->offset, t->numel, root, err) != TR_OK)
+            return TR_ERROR;
+        for (int k = 0; k < TR_OPTIMIZER_MAX_SLOTS && s->opt.state[k]; k++)
+            if (share_range(x, s, s->opt.state[k] + t->offset, t->numel, root, err) != TR_OK)
+                return TR_ERROR;
+    }
+    return TR_OK;
+}

@@ -1,0 +1,83 @@
+/*
+ * Pipeline parallelism, run: each rank is one stage and runs its chunks of
+ * the graph (pipeline.h's cut) for the micro-batches of a step in its
+ * schedule's order, activations going to the next stage and their
+ * gradients coming back through the comm plugin's sendrecv slot.
+ *
+ *   stage s runs chunks s, s + P, ... (V of them); chunk c's nodes are
+ *   [first_node, last_node] of the full graph
+ *   F(m, c): recv (c > 0) the tensors live across the cut before c
+ *            forward of c's nodes; loss (last chunk)
+ *            send (c < C-1) the tensors live across the cut after c
+ *   B(m, c): recv (c < C-1) those tensors' gradients
+ *            backward of c's nodes (re-running F(m, c) first when the
+ *            stage ran another forward of c since: the stage keeps only
+ *            the tensors it received for each micro-batch in flight)
+ *            send (c > 0) the gradients of what it received
+ *
+ * Each consecutive send and receive of a stage travel in one sendrecv
+ * call, as Megatron-LM pairs them, so neighbours exchanging at once never
+ * wait on each other.  Every stage holds the whole graph's memory plan
+ * (parameters of other stages included, never touched in the step) but
+ * runs only its chunks; a parameter read by several stages (tied
+ * embeddings) has its gradient summed over them.  The data-parallel
+ * degree is 1 (every rank reads the same micro-batches).
+ */
+#ifndef TR_PIPELINE_EXEC_H
+#define TR_PIPELINE_EXEC_H
+
+#include "comm.h"
+#include "pipeline.h"
+
+struct tr_session;
+struct tr_pipe_exec;
+enum { TR_PIPE_MAX_CHUNKS = 64 };
+struct tr_loader;
+
+/* The stage of s's rank: the cut, the tensors crossing each cut, the
+ * schedule's ops, the buffers of M micro-batches in flight.  Refuses a
+ * comm plugin without sendrecv, naming it. */
+struct tr_pipe_exec *tr_pipe_exec_new(struct tr_session *s, tr_err *err);
+void tr_pipe_exec_free(struct tr_pipe_exec *x, const struct tr_backend *be);
+
+/* What one step did on this stage. */
+struct tr_pipe_step {
+    double loss_sum;  /* the weighted sum of the micro-batches' losses (last stage; else 0) */
+    double targets;   /* targets the loss was taken on (every stage counts them) */
+    double busy;      /* seconds this stage computed */
+    double waited;    /* seconds in sendrecv */
+    double t0, t1;    /* the step's forward-backward, wall clock */
+    /* the mean seconds of a forward and of a backward (a re-run forward
+     * included) of each chunk over the step's micro-batches: this stage's
+     * chunks filled, the others 0 (a sum over the stages fills them all) */
+    float forward[TR_PIPE_MAX_CHUNKS], backward[TR_PIPE_MAX_CHUNKS];
+};
+
+/* The micro-batches of one step (s->accum, from the loader), through this
+ * stage's ops; then the gradients of parameters several stages read summed
+ * over them.  scale: the loss scale over the micro-batches (the caller's
+ * mean).  Parameter gradients are zeroed first and accumulated. */
+int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_loader *loader,
+                      double mean, uint64_t step, struct tr_pipe_step *out, tr_err *err);
+
+/* The squared norm of the step's gradients over every stage: each
+ * parameter counted once, on the first stage that reads it. */
+int tr_pipe_exec_sumsq(struct tr_pipe_exec *x, struct tr_session *s, double *sumsq, tr_err *err);
+
+/* Every stage's parameters and optimizer state to every rank (before an
+ * evaluation or a checkpoint, which read the whole model): each stage
+ * broadcasts what it owns. */
+int tr_pipe_exec_share(struct tr_pipe_exec *x, struct tr_session *s, tr_err *err);
+
+/* The times of the last step's ops on this stage, for the trace. */
+struct tr_pipe_span {
+    int backward, micro, chunk;
+    double t0, t1;
+};
+size_t tr_pipe_exec_spans(const struct tr_pipe_exec *x, const struct tr_pipe_span **spans);
+
+int tr_pipe_exec_stage(const struct tr_pipe_exec *x);
+/* chunks (stages x virtual stages) and micro-batches a step */
+int tr_pipe_exec_chunks(const struct tr_pipe_exec *x);
+
+#endif
