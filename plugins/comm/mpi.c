@@ -466,7 +466,7 @@ static int mpi_sendrecv(void *self, const void *send_buf, size_t send_bytes, int
         free(st);
         return tr_fail(err, "comm mpi: out of memory for sendrecv");
     }
-    char what[96];
+    char what[128];
     snprintf(what, sizeof what, "sendrecv (%zu bytes to rank %d, %zu from rank %d)", send_bytes,
              to, recv_bytes, from);
     int rc = MPI_SUCCESS, posted = 0;
