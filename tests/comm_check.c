@@ -667,50 +667,8 @@ static void fault_inside(const struct checks *t)
         t->die_rank >= 0 ? "killed" : "stopped");
 }
 
-static void *run_checks(void *arg)
+static void check_collectives(const struct checks *t)
 {
-    const struct checks *t = arg;
-    if (mem.on_gpu && mem.set_device(mem.device) != 0) /* the current GPU is per thread */
-        die("cudaSetDevice(%d) failed in the communication thread", mem.device);
-    check_allreduce(1, 1);
-    check_allreduce(1000, 2);
-    check_broadcast(13, 0, 3);
-
-    if (t->fault_in)
-        fault_inside(t);
-    fault_began = t->die_rank >= 0 || t->stall_rank >= 0 ? seconds() : 0;
-    if (rank == t->die_rank) {
-        printf("comm_check rank %d/%d: dying on purpose\n", rank, world);
-        raise(SIGKILL);
-    }
-    if (rank == t->stall_rank) {
-        printf("comm_check rank %d/%d: stalling on purpose\n", rank, world);
-        for (int i = 0; i < 600; i++)
-            sleep(1);
-        die("stalled rank was not stopped within 600 s");
-    }
-
-    if (t->only_sendrecv) {
-        if (!HAS(sendrecv))
-            die("--only-sendrecv: %s has no sendrecv", t->plugin);
-    } else if (!HAS(sendrecv) && rank == 0) {
-        printf("comm_check: %s has no sendrecv (optional; pipeline stages refuse it)\n",
-               t->plugin);
-    }
-    if (HAS(sendrecv) && world > 1) {
-        int far = check_sendrecv_refusals();
-        check_sendrecv(1);
-        check_sendrecv(1000);
-        /* several MiB: more than a socket buffer holds, so a send that
-         * waited for its receive would deadlock */
-        check_sendrecv((size_t)12 << 20);
-        if (rank == 0)
-            printf("comm_check: sendrecv passes between ring neighbours%s\n",
-                   far ? " and beyond" : "");
-    }
-    if (t->only_sendrecv)
-        return NULL;
-
     check_allreduce((1u << 20) + 3, 4);
     check_broadcast((1u << 20) + 5, world - 1, 5);
     check_broadcast(1, world / 2, 6);
@@ -737,6 +695,54 @@ static void *run_checks(void *arg)
                "it)\n",
                t->plugin);
     }
+}
+
+static void *run_checks(void *arg)
+{
+    const struct checks *t = arg;
+    if (mem.on_gpu && mem.set_device(mem.device) != 0) /* the current GPU is per thread */
+        die("cudaSetDevice(%d) failed in the communication thread", mem.device);
+    check_allreduce(1, 1);
+    check_allreduce(1000, 2);
+    check_broadcast(13, 0, 3);
+
+    if (t->fault_in)
+        fault_inside(t);
+    fault_began = t->die_rank >= 0 || t->stall_rank >= 0 ? seconds() : 0;
+    if (rank == t->die_rank) {
+        printf("comm_check rank %d/%d: dying on purpose\n", rank, world);
+        raise(SIGKILL);
+    }
+    if (rank == t->stall_rank) {
+        printf("comm_check rank %d/%d: stalling on purpose\n", rank, world);
+        for (int i = 0; i < 600; i++)
+            sleep(1);
+        die("stalled rank was not stopped within 600 s");
+    }
+
+    if (!t->only_sendrecv)
+        check_collectives(t);
+    if (t->only_sendrecv) {
+        if (!HAS(sendrecv))
+            die("--only-sendrecv: %s has no sendrecv", t->plugin);
+    } else if (!HAS(sendrecv) && rank == 0) {
+        printf("comm_check: %s has no sendrecv (optional; pipeline stages refuse it)\n",
+               t->plugin);
+    }
+    if (HAS(sendrecv) && world > 1) {
+        int far = check_sendrecv_refusals();
+        check_sendrecv(1);
+        check_sendrecv(1000);
+        /* several MiB: more than a socket buffer holds, so a send that
+         * waited for its receive would deadlock */
+        check_sendrecv((size_t)12 << 20);
+        if (rank == 0)
+            printf("comm_check: sendrecv passes between ring neighbours%s\n",
+                   far ? " and beyond" : "");
+    }
+    if (t->only_sendrecv)
+        return NULL;
+
     /* Many calls of different sizes in a row: ordering and buffer reuse. */
     for (int it = 0; it < t->iterations; it++) {
         check_allreduce((size_t)(it * 7919 % 50000) + 1, 100 + (uint64_t)it);

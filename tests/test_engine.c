@@ -13,6 +13,7 @@
 #include <criterion/criterion.h>
 
 #include "engine/checkpoint.h"
+#include "engine/comm.h"
 #include "engine/optim.h"
 #include "engine_harness.h"
 #include "remove_tree.h"
@@ -1294,4 +1295,153 @@ Test(fresh_gradients, first_writers_write_what_zeroed_buffers_accumulate, .init 
             engine_close(&fresh);
         }
     cr_assert_gt(written, 0, "no node writes a gradient: the CPU backend's writes_grad is unused");
+}
+
+/* ---- tr_comm_sendrecv over a comm plugin made here ------------------------- */
+
+static struct {
+    int calls;
+    size_t send_bytes, recv_bytes;
+    int to, from;
+    unsigned char first; /* the first byte sent */
+} fake_p2p;
+
+static int fake_comm_create(const struct tr_host *host, const void *config,
+                            const struct tr_create_args *args, void **self, tr_err *err)
+{
+    (void)host, (void)config, (void)args, (void)err;
+    *self = &fake_p2p;
+    return TR_OK;
+}
+
+static int fake_allreduce(void *self, float *buf, size_t count, tr_err *err)
+{
+    (void)self, (void)buf, (void)count, (void)err;
+    return TR_OK;
+}
+
+static int fake_broadcast(void *self, void *buf, size_t bytes, int root, tr_err *err)
+{
+    (void)self, (void)buf, (void)bytes, (void)root, (void)err;
+    return TR_OK;
+}
+
+/* Records the call, fills what is received with 0x5A; 3 bytes to rank 2
+ * fail as a dead peer would. */
+static int fake_sendrecv(void *self, const void *send_buf, size_t send_bytes, int to,
+                         void *recv_buf, size_t recv_bytes, int from, tr_err *err)
+{
+    (void)self;
+    fake_p2p.calls++;
+    fake_p2p.send_bytes = send_bytes, fake_p2p.to = to;
+    fake_p2p.recv_bytes = recv_bytes, fake_p2p.from = from;
+    fake_p2p.first = send_bytes ? *(const unsigned char *)send_buf : 0;
+    memset(recv_buf ? recv_buf : (void *)&fake_p2p.first, 0x5A, recv_buf ? recv_bytes : 0);
+    if (to == 2 && send_bytes == 3)
+        return tr_fail(err, "comm fake: rank 2 lost (it has stopped or died)");
+    return TR_OK;
+}
+
+static const struct tr_comm_vtable fake_comm_vt = {
+    .struct_size = sizeof(struct tr_comm_vtable),
+    .allreduce_sum = fake_allreduce, .broadcast = fake_broadcast, .sendrecv = fake_sendrecv,
+};
+
+/* A plugin of ABI 2.3: its vtable ends before sendrecv */
+static const struct tr_comm_vtable fake_comm_vt_23 = {
+    .struct_size = offsetof(struct tr_comm_vtable, sendrecv),
+    .allreduce_sum = fake_allreduce, .broadcast = fake_broadcast,
+    .sendrecv = fake_sendrecv, /* beyond struct_size: absent */
+};
+
+/* e's config with a comm plugin of vtable vt on rank 1 of 3, opened */
+static struct tr_comm *fake_comm_open(struct engine *e, struct tr_plugin_info *info,
+                                      const struct tr_comm_vtable *vt)
+{
+    *info = (struct tr_plugin_info){.abi_major = TR_ABI_MAJOR,
+                                    .struct_size = sizeof *info,
+                                    .kind = TR_KIND_COMM,
+                                    .name = "fake",
+                                    .version = "0",
+                                    .description = "sendrecv recorded",
+                                    .create = fake_comm_create,
+                                    .vtable = vt};
+    tr_plugin_close(e->cfg.comm.plugin);
+    free(e->cfg.comm.config);
+    e->cfg.comm.config = NULL;
+    e->cfg.comm.plugin = calloc(1, sizeof *e->cfg.comm.plugin);
+    e->cfg.comm.plugin->info = info;
+    e->cfg.rank.rank = 1;
+    e->cfg.rank.world = 3;
+    tr_err err = {{0}};
+    struct tr_comm *c = tr_comm_open(&e->cfg, &e->be, &err);
+    cr_assert_not_null(c, "%s", err.msg);
+    return c;
+}
+
+Test(comm, sendrecv_through_the_communication_thread, .init = environment)
+{
+    struct engine e;
+    tr_err err = {{0}};
+    cr_assert_eq(engine_build(&e, CONFIG_DIR "tiny_gpt.lua", NULL, 0, 1, 1, &err), TR_OK, "%s",
+                 err.msg);
+    struct tr_plugin_info info;
+    struct tr_comm *c = fake_comm_open(&e, &info, &fake_comm_vt);
+    cr_assert(tr_comm_has_sendrecv(c));
+    unsigned char out[100], in[50];
+    memset(out, 7, sizeof out);
+    memset(in, 0, sizeof in);
+    tr_comm_record(c, 1);
+    /* both ways, then send only, receive only (the other side's size is
+     * not passed on), nothing */
+    cr_assert_eq(tr_comm_sendrecv(c, out, 100, 2, in, 50, 0, &err), TR_OK, "%s", err.msg);
+    cr_assert(fake_p2p.calls == 1 && fake_p2p.send_bytes == 100 && fake_p2p.to == 2 &&
+              fake_p2p.recv_bytes == 50 && fake_p2p.from == 0 && fake_p2p.first == 7);
+    cr_assert(in[0] == 0x5A && in[49] == 0x5A);
+    cr_assert_eq(tr_comm_sendrecv(c, out, 100, 2, in, 50, -1, &err), TR_OK, "%s", err.msg);
+    cr_assert(fake_p2p.calls == 2 && fake_p2p.from == -1 && fake_p2p.recv_bytes == 0);
+    cr_assert_eq(tr_comm_sendrecv(c, out, 100, -1, in, 50, 0, &err), TR_OK, "%s", err.msg);
+    cr_assert(fake_p2p.calls == 3 && fake_p2p.to == -1 && fake_p2p.send_bytes == 0);
+    cr_assert_eq(tr_comm_sendrecv(c, out, 0, 2, in, 0, 0, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(fake_p2p.calls, 3, "zero bytes both ways reached the plugin");
+    /* the trace: what each moved, sent plus received */
+    const struct tr_comm_span *spans;
+    cr_assert_eq(tr_comm_spans(c, &spans), 3);
+    cr_assert(strcmp(spans[0].kind, "sendrecv") == 0 && spans[0].bytes == 150);
+    cr_assert(strcmp(spans[1].kind, "send") == 0 && spans[1].bytes == 100);
+    cr_assert(strcmp(spans[2].kind, "recv") == 0 && spans[2].bytes == 50);
+    cr_assert(spans[0].t1 >= spans[0].t0);
+    tr_comm_record(c, 0);
+    /* ranks that do not exist: refused before the plugin */
+    cr_assert_eq(tr_comm_sendrecv(c, out, 1, 3, in, 1, 0, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "3 ranks"), "%s", err.msg);
+    cr_assert_eq(tr_comm_sendrecv(c, out, 1, 2, in, 1, -2, &err), TR_ERROR);
+    cr_assert_eq(fake_p2p.calls, 3);
+    /* the plugin's failure comes back, and later calls fail with it */
+    cr_assert_eq(tr_comm_sendrecv(c, out, 3, 2, in, 0, -1, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "rank 2 lost"), "%s", err.msg);
+    cr_assert_eq(tr_comm_sendrecv(c, out, 100, 2, in, 50, 0, &err), TR_ERROR);
+    cr_assert_eq(fake_p2p.calls, 4, "a call ran after a failure");
+    tr_comm_close(c);
+    e.cfg.comm.self = NULL;
+    engine_close(&e);
+}
+
+Test(comm, sendrecv_refused_without_the_slot, .init = environment)
+{
+    struct engine e;
+    tr_err err = {{0}};
+    cr_assert_eq(engine_build(&e, CONFIG_DIR "tiny_gpt.lua", NULL, 0, 1, 1, &err), TR_OK, "%s",
+                 err.msg);
+    struct tr_plugin_info info;
+    struct tr_comm *c = fake_comm_open(&e, &info, &fake_comm_vt_23);
+    cr_assert_not(tr_comm_has_sendrecv(c));
+    unsigned char b[4] = {0};
+    int before = fake_p2p.calls;
+    cr_assert_eq(tr_comm_sendrecv(c, b, 4, 2, b, 4, 0, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "comm 'fake' has no sendrecv (plugin ABI 2.4)"), "%s", err.msg);
+    cr_assert_eq(fake_p2p.calls, before);
+    tr_comm_close(c);
+    e.cfg.comm.self = NULL;
+    engine_close(&e);
 }

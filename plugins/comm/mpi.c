@@ -286,7 +286,7 @@ static int wait_requests(struct mpi_comm *m, int n, MPI_Request *req, MPI_Status
         if (verdict_from_another(m, heard, sizeof heard, &from)) {
             m->broken = 1;
             return tr_fail(err,
-                           "comm mpi: rank %d: %s (collective #%d) abandoned after %.1f s: rank "
+                           "comm mpi: rank %d: %s (call #%d) abandoned after %.1f s: rank "
                            "%d timed out (timeout option) and reports: %s",
                            m->rank, what, m->calls, now_seconds() - start, from, heard);
         }
@@ -296,7 +296,7 @@ static int wait_requests(struct mpi_comm *m, int n, MPI_Request *req, MPI_Status
             double grace = m->timeout / 10 < 0.5 ? 0.5 : m->timeout / 10 > 5 ? 5 : m->timeout / 10;
             roll_call(m, grace);
             return tr_fail(err,
-                           "comm mpi: rank %d: %s (collective #%d) did not complete within %.0f "
+                           "comm mpi: rank %d: %s (call #%d) did not complete within %.0f "
                            "s (timeout option): %s",
                            m->rank, what, m->calls, m->timeout, m->verdict);
         }
@@ -466,7 +466,7 @@ static int mpi_sendrecv(void *self, const void *send_buf, size_t send_bytes, int
         free(st);
         return tr_fail(err, "comm mpi: out of memory for sendrecv");
     }
-    char what[96];
+    char what[128];
     snprintf(what, sizeof what, "sendrecv (%zu bytes to rank %d, %zu from rank %d)", send_bytes,
              to, recv_bytes, from);
     int rc = MPI_SUCCESS, posted = 0;

@@ -14,6 +14,10 @@
  * (a kernel waiting for data that never comes), as the `timeout` running
  * out; either way the communicator is aborted and the call fails instead
  * of hanging.
+ *
+ * sendrecv (point to point, for pipeline stages) is ncclSend and ncclRecv
+ * in one group, so both directions progress together, on the same stream
+ * and waited for the same way.  NCCL takes any peer.
  */
 #include <trainrun/plugin.h>
 
@@ -203,6 +207,32 @@ static int nccl_reduce_scatter(void *self, float *buf, size_t count, tr_err *err
                   ncclReduceScatter(buf, buf + (size_t)c->rank * count, count, ncclFloat, ncclSum,
                                     c->comm, c->stream),
                   err);
+}
+
+static int nccl_sendrecv(void *self, const void *send_buf, size_t send_bytes, int to,
+                         void *recv_buf, size_t recv_bytes, int from, tr_err *err)
+{
+    struct nccl_comm *c = self;
+    if (to < -1 || to >= c->world || from < -1 || from >= c->world)
+        return tr_fail(err, "comm nccl: sendrecv on rank %d to rank %d and from rank %d, but "
+                       "there are %d ranks (-1: none)", c->rank, to, from, c->world);
+    if (enter(c, err) != TR_OK)
+        return TR_ERROR;
+    int sends = to >= 0 && send_bytes, receives = from >= 0 && recv_bytes;
+    if (!sends && !receives)
+        return TR_OK;
+    char what[128];
+    snprintf(what, sizeof what, "sendrecv (%zu bytes to rank %d, %zu from rank %d)",
+             sends ? send_bytes : 0, sends ? to : -1, receives ? recv_bytes : 0,
+             receives ? from : -1);
+    ncclResult_t r = ncclGroupStart();
+    if (r == ncclSuccess && sends)
+        r = ncclSend(send_buf, send_bytes, ncclUint8, to, c->comm, c->stream);
+    if (r == ncclSuccess && receives)
+        r = ncclRecv(recv_buf, recv_bytes, ncclUint8, from, c->comm, c->stream);
+    /* the group is closed whatever happened inside it */
+    ncclResult_t end = ncclGroupEnd();
+    return finish(c, what, r != ncclSuccess ? r : end, err);
 }
 
 static const char *nccl_describe(void *self)
@@ -421,6 +451,7 @@ static const struct tr_comm_vtable nccl_vtable = {
     .allgather = nccl_allgather,
     .describe = nccl_describe,
     .reduce_scatter = nccl_reduce_scatter,
+    .sendrecv = nccl_sendrecv,
 };
 
 static const struct tr_plugin_info nccl_info = {

@@ -5,9 +5,9 @@
  * Rendezvous: rank 0 listens on `master` (host:port, default
  * $TRAINRUN_MASTER); every other rank connects there, says who it is and
  * where its own ring listener is, and gets the table of all ranks back.
- * Then each rank connects to the next rank of the ring twice (data, and
- * control beside it) and accepts the previous one's two, and the
- * rendezvous sockets are closed.
+ * Then each rank connects to the next rank of the ring three times (data,
+ * control beside it, and point to point) and accepts the previous one's
+ * three, and the rendezvous sockets are closed.
  *
  * All-reduce is the bandwidth-optimal ring (reduce-scatter, then
  * all-gather): each segment is summed on exactly one rank and then copied
@@ -28,6 +28,18 @@
  * gives up tells its neighbours why, they pass it on, and every rank fails
  * with the same message naming the rank at fault, instead of each blaming
  * the neighbour that went quiet because of it.
+ *
+ * sendrecv (point to point, for pipeline stages) has connections of its
+ * own, one with each ring neighbour, used both ways: a message from rank r
+ * to r+1 rides the connection r opened to its next rank, one from r to r-1
+ * the connection r accepted from its previous one (with 2 ranks, where
+ * next and previous are the same rank, each rank sends on the connection
+ * it opened and receives on the one it accepted).  So point-to-point bytes
+ * never mix with the collectives' on the data connections, whatever the
+ * order of the calls.  Each message is preceded by its size, checked
+ * against what the receiver expects.  Sending and receiving run together
+ * under poll(); a dead or stopped peer fails the call as above.  Only ring
+ * neighbours are connected: other peers are refused.
  */
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE /* getaddrinfo flags, usleep */
@@ -102,12 +114,22 @@ struct frame {
 #define FRAME_ASK 2u
 #define FRAME_HERE 3u
 #define CONTROL_BIT 0x80000000u /* ring hello of a control connection */
+#define P2P_BIT 0x40000000u     /* ring hello of a point-to-point connection */
+
+/* Before each point-to-point message: its size. */
+struct p2p_head {
+    uint32_t magic; /* P2P_MAGIC */
+    uint32_t zero;
+    uint64_t bytes;
+};
+#define P2P_MAGIC 0x74727032u /* "trp2" */
 
 struct tcp {
     const struct tr_host *host;
     int rank, world;
     int next_fd, prev_fd; /* ring: we send to next, receive from prev */
     int ctl_fd[2];        /* control connections: [0] with prev, [1] with next */
+    int p2p_fd[2];        /* point to point, both ways: [0] with prev, [1] with next */
     struct frame ctl_in[2]; /* a frame being read from each */
     size_t ctl_have[2];
     int broken;           /* a collective failed: the ring is out of step */
@@ -564,6 +586,116 @@ static int tcp_broadcast(void *self, void *buf, size_t bytes, int root, tr_err *
     return TR_OK;
 }
 
+/* The side (0: prev, 1: next) whose point-to-point connection carries a
+ * message to rank `to` (sending) or from rank `from` (receiving), or -1 when
+ * that rank is no ring neighbour.  With 2 ranks both sides reach the same
+ * rank: a rank sends on the connection it opened (next) and receives on
+ * the one it accepted (prev), which are the same connection seen from the
+ * two ends. */
+static int side_to(const struct tcp *t, int to)
+{
+    return to == neighbour(t, 1) ? 1 : to == neighbour(t, 0) ? 0 : -1;
+}
+
+static int side_from(const struct tcp *t, int from)
+{
+    return from == neighbour(t, 0) ? 0 : from == neighbour(t, 1) ? 1 : -1;
+}
+
+static int tcp_sendrecv(void *self, const void *send_buf, size_t send_bytes, int to,
+                        void *recv_buf, size_t recv_bytes, int from, tr_err *err)
+{
+    struct tcp *t = self;
+    if (to < -1 || to >= t->world || from < -1 || from >= t->world)
+        return tr_fail(err, "comm tcp: sendrecv on rank %d to rank %d and from rank %d, but there "
+                       "are %d ranks (-1: none)", t->rank, to, from, t->world);
+    if (to < 0 || !send_bytes)
+        to = -1, send_bytes = 0;
+    if (from < 0 || !recv_bytes)
+        from = -1, recv_bytes = 0;
+    int peers[2] = {to, from};
+    for (int i = 0; i < 2; i++) {
+        int peer = peers[i];
+        if (peer == -1)
+            continue;
+        if (peer == t->rank || (i ? side_from(t, peer) : side_to(t, peer)) < 0)
+            return tr_fail(err,
+                           "comm tcp: sendrecv on rank %d %s rank %d: tcp connects ring "
+                           "neighbours only (ranks %d and %d here); pipeline stages talk to "
+                           "their neighbours, or use comm = \"mpi\" for any peer",
+                           t->rank, i ? "from" : "to", peer, neighbour(t, 0), neighbour(t, 1));
+    }
+    if (begin(t, err) != TR_OK)
+        return TR_ERROR;
+    if (!send_bytes && !recv_bytes)
+        return TR_OK;
+    int ss = to >= 0 ? side_to(t, to) : -1, rs = from >= 0 ? side_from(t, from) : -1;
+    struct p2p_head out = {P2P_MAGIC, 0, send_bytes}, in = {0, 0, 0};
+    /* what is left to send and receive: the header's bytes, then the buffer's */
+    size_t shead = ss >= 0 ? sizeof out : 0, rhead = rs >= 0 ? sizeof in : 0;
+    const char *s = send_buf;
+    char *r = recv_buf;
+    size_t sleft = send_bytes, rleft = recv_bytes;
+    double deadline = rdv_now() + t->timeout;
+    while (shead + sleft > 0 || rhead + rleft > 0) {
+        int sending = shead + sleft > 0, receiving = rhead + rleft > 0;
+        struct pollfd p[4] = {{.fd = sending ? t->p2p_fd[ss] : -1, .events = POLLOUT},
+                              {.fd = receiving ? t->p2p_fd[rs] : -1, .events = POLLIN},
+                              {.fd = t->ctl_fd[0], .events = POLLIN},
+                              {.fd = t->ctl_fd[1], .events = POLLIN}};
+        int ms = (int)((deadline - rdv_now()) * 1000);
+        int rc = ms > 0 ? poll(p, 4, ms) : 0;
+        if (rc < 0 && errno == EINTR)
+            continue;
+        if (rc <= 0) /* no progress for the timeout: the peer we wait for */
+            return stalled(t, err, receiving ? from : to);
+        if ((p[2].revents | p[3].revents) && pump_control(t, err) != TR_OK)
+            return TR_ERROR;
+        if (sending && (p[0].revents & (POLLOUT | POLLERR | POLLHUP))) {
+            const char *from_here = shead ? (const char *)&out + sizeof out - shead : s;
+            size_t n = shead ? shead : sleft;
+            ssize_t k = send(t->p2p_fd[ss], from_here, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (k < 0 && errno != EAGAIN && errno != EINTR)
+                return lost(t, err, ss, strerror(errno));
+            if (k > 0 && shead) {
+                shead -= (size_t)k;
+            } else if (k > 0) {
+                s += k;
+                sleft -= (size_t)k;
+            }
+            if (k > 0)
+                deadline = rdv_now() + t->timeout;
+        }
+        if (receiving && (p[1].revents & (POLLIN | POLLERR | POLLHUP))) {
+            char *into = rhead ? (char *)&in + sizeof in - rhead : r;
+            size_t n = rhead ? rhead : rleft;
+            ssize_t k = recv(t->p2p_fd[rs], into, n, MSG_DONTWAIT);
+            if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR))
+                return lost(t, err, rs, k == 0 ? "connection closed" : strerror(errno));
+            if (k > 0 && rhead) {
+                rhead -= (size_t)k;
+                if (!rhead && (in.magic != P2P_MAGIC || in.bytes != recv_bytes)) {
+                    char text[sizeof ((struct frame *)0)->text];
+                    if (in.magic != P2P_MAGIC)
+                        snprintf(text, sizeof text, "rank %d: what rank %d sent point to point "
+                                 "is not a trainrun message", t->rank, from);
+                    else
+                        snprintf(text, sizeof text, "rank %d expected %zu bytes from rank %d, "
+                                 "which sent %llu: the two disagree on the message's size",
+                                 t->rank, recv_bytes, from, (unsigned long long)in.bytes);
+                    return give_up(t, err, t->rank, text);
+                }
+            } else if (k > 0) {
+                r += k;
+                rleft -= (size_t)k;
+            }
+            if (k > 0)
+                deadline = rdv_now() + t->timeout;
+        }
+    }
+    return TR_OK;
+}
+
 static const char *tcp_describe(void *self)
 {
     return ((struct tcp *)self)->describe;
@@ -582,9 +714,12 @@ static void tcp_destroy(void *self)
         close(t->next_fd);
     if (t->prev_fd >= 0)
         close(t->prev_fd);
-    for (int side = 0; side < 2; side++)
+    for (int side = 0; side < 2; side++) {
         if (t->ctl_fd[side] >= 0)
             close(t->ctl_fd[side]);
+        if (t->p2p_fd[side] >= 0)
+            close(t->p2p_fd[side]);
+    }
     t->host->free(t->scratch);
     t->host->free(t->seen);
     t->host->free(t->where);
@@ -663,7 +798,7 @@ static int tcp_create(const struct tr_host *host, const void *config,
     t->rank = args->rank;
     t->world = args->world;
     t->timeout = c->timeout;
-    t->next_fd = t->prev_fd = t->ctl_fd[0] = t->ctl_fd[1] = -1;
+    t->next_fd = t->prev_fd = t->ctl_fd[0] = t->ctl_fd[1] = t->p2p_fd[0] = t->p2p_fd[1] = -1;
     t->scratch = host->alloc(SCRATCH_BYTES);
     t->seen = host->alloc(sizeof *t->seen * (size_t)t->world);
     t->where = host->alloc(sizeof *t->where * (size_t)t->world);
@@ -702,15 +837,17 @@ static int tcp_create(const struct tr_host *host, const void *config,
         if (fd >= 0)
             close(fd);
     }
-    if (rc == TR_OK) { /* the ring: connect forward (data, then control), accept from behind */
+    if (rc == TR_OK) { /* the ring: connect forward (data, control, point to point), accept
+                        * the same from behind */
         int next = (t->rank + 1) % t->world, prev = (t->rank + t->world - 1) % t->world;
         char port[16];
         snprintf(port, sizeof port, "%u", table[next].port);
         char what[32];
         snprintf(what, sizeof what, "rank %d", next);
-        uint32_t hello[2] = {(uint32_t)t->rank, (uint32_t)t->rank | CONTROL_BIT};
-        int *out[2] = {&t->next_fd, &t->ctl_fd[1]};
-        for (int i = 0; i < 2 && rc == TR_OK; i++) {
+        uint32_t hello[3] = {(uint32_t)t->rank, (uint32_t)t->rank | CONTROL_BIT,
+                             (uint32_t)t->rank | P2P_BIT};
+        int *out[3] = {&t->next_fd, &t->ctl_fd[1], &t->p2p_fd[1]};
+        for (int i = 0; i < 3 && rc == TR_OK; i++) {
             *out[i] = connect_to(table[next].host, port, deadline, what, err);
             if (*out[i] < 0)
                 rc = TR_ERROR;
@@ -719,7 +856,7 @@ static int tcp_create(const struct tr_host *host, const void *config,
                              "(see its log)", next);
         }
         snprintf(what, sizeof what, "rank %d", prev);
-        for (int i = 0; i < 2 && rc == TR_OK; i++) {
+        for (int i = 0; i < 3 && rc == TR_OK; i++) {
             int fd = accept_one(ring_fd, deadline, what, err);
             uint32_t them = 0;
             if (fd < 0) {
@@ -730,6 +867,8 @@ static int tcp_create(const struct tr_host *host, const void *config,
             int heard = rdv_io(fd, &them, sizeof them, 0, deadline) == 0;
             if (them & CONTROL_BIT)
                 slot = &t->ctl_fd[0], them &= ~CONTROL_BIT;
+            else if (them & P2P_BIT)
+                slot = &t->p2p_fd[0], them &= ~P2P_BIT;
             if (!heard) {
                 close(fd);
                 rc = tr_fail(err, "comm tcp: %s closed the connection during start-up (see its "
@@ -756,6 +895,7 @@ static const struct tr_comm_vtable tcp_vtable = {
     .allgather = tcp_allgather,
     .describe = tcp_describe,
     .reduce_scatter = tcp_reduce_scatter,
+    .sendrecv = tcp_sendrecv,
 };
 
 static const struct tr_plugin_info tcp_info = {

@@ -69,4 +69,37 @@ if command -v mpirun > /dev/null 2>&1 && [ -f "$MPI" ]; then
 else
   echo "sendrecv: mpi skipped (no mpirun, or comm_mpi.so not built)"
 fi
+# ---- tcp ---------------------------------------------------------------------
+[ -f "$TCP" ] || fail "$TCP was not built"
+for np in 2 3 4; do
+  tcp_check tcp$np $np -1 --only-sendrecv timeout=30
+  r=0
+  while [ $r -lt $np ]; do
+    grep -q "rank $r/$np: PASS" tcp$np.$r || { cat tcp$np.*; fail "tcp sendrecv on $np ranks: rank $r"; }
+    r=$((r + 1))
+  done
+  grep -q "sendrecv passes between ring neighbours$" tcp$np.0 || { cat tcp$np.0; fail "tcp on $np ranks: sendrecv not checked"; }
+  [ $np -lt 4 ] || grep -q "sendrecv beyond the ring neighbours refused: .*ring neighbours only" tcp$np.0 ||
+    { cat tcp$np.0; fail "tcp on $np ranks: a peer beyond the neighbours not refused clearly"; }
+  echo "sendrecv: tcp, $np ranks: pass in ${took}s"
+  # a rank killed (SIGKILL) or stopped (SIGSTOP) inside sendrecv: every
+  # other rank fails naming it, soon after comm.timeout
+  for fault in die stall; do
+    bad=$((np - 1))
+    [ $np -eq 3 ] && bad=1
+    name=tcp-$fault$np
+    tcp_check $name $np $bad --only-sendrecv timeout=2 "--$fault=$bad:sendrecv"
+    [ $fault = die ] && want="lost rank $bad " || want="rank $bad did not answer"
+    r=0
+    while [ $r -lt $np ]; do
+      if [ $r -ne $bad ]; then
+        grep -q "rank $r/$np: FAIL: .*$want" "$name.$r" ||
+          { cat "$name".*; fail "$name: rank $r did not fail naming rank $bad"; }
+      fi
+      r=$((r + 1))
+    done
+    [ $took -le 10 ] || { cat "$name".*; fail "$name: the other ranks took ${took}s to fail"; }
+    echo "sendrecv: tcp, $np ranks, rank $bad made to $fault inside it: the others failed in ${took}s ($(grep -ho 'failed [0-9.]* s after the fault' "$name".* | sort | tail -n 1))"
+  done
+done
 echo "sendrecv: ok"
