@@ -28,7 +28,7 @@ run() { # RUN_DIR overrides...
 }
 latest() { echo "$1/checkpoints/$(cat "$1/checkpoints/LATEST")"; }
 weights() { # a run's latest weights as one safetensors file
-  "$TRAINRUN" export "$(latest "$1")" -o "$1.st" > "$1.export.log" 2>&1 ||
+  "$TRAINRUN" export "$(latest "$1")" --dtype fp32 -o "$1.st" > "$1.export.log" 2>&1 ||
     { cat "$1.export.log"; fail "export of $(latest "$1")"; }
   echo "$1.st"
 }

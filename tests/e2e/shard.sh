@@ -38,7 +38,7 @@ LLAMA="$TR_SRCDIR/tests/config/tiny_llama.lua"
 weights() {
   c="$1/checkpoints/$(cat "$1/checkpoints/LATEST")"
   if [ -f "$c/model.safetensors" ]; then echo "$c/model.safetensors"; return; fi
-  "$TRAINRUN" export "$c" -o "$1.weights.safetensors" > "$1.export.log" 2>&1 ||
+  "$TRAINRUN" export "$c" --dtype fp32 -o "$1.weights.safetensors" > "$1.export.log" 2>&1 ||
     { cat "$1.export.log" >&2; fail "export of $c"; }
   echo "$1.weights.safetensors"
 }
