@@ -33,11 +33,12 @@
 READ="$TR_SRCDIR/tests/e2e/read_safetensors.py"
 GPT="$TR_SRCDIR/tests/config/tiny_gpt.lua"
 LLAMA="$TR_SRCDIR/tests/config/tiny_llama.lua"
-# a run's latest weights as one file: a sharded checkpoint (each rank wrote
-# its parts, docs/scale-out.md) exported to one beside the run directory
+# a run's latest weights as one fp32 file, exported beside the run
+# directory: a sharded checkpoint (each rank wrote its parts,
+# docs/scale-out.md) has no model.safetensors, and both sides of a cmp go
+# through the same writer
 weights() {
   c="$1/checkpoints/$(cat "$1/checkpoints/LATEST")"
-  if [ -f "$c/model.safetensors" ]; then echo "$c/model.safetensors"; return; fi
   "$TRAINRUN" export "$c" --dtype fp32 -o "$1.weights.safetensors" > "$1.export.log" 2>&1 ||
     { cat "$1.export.log" >&2; fail "export of $c"; }
   echo "$1.weights.safetensors"
