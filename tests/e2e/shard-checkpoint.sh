@@ -96,6 +96,21 @@ echo step-0000000010 > old-resumed/checkpoints/LATEST
 grep -q "resumed from checkpoint step-0000000010" old-resumed.log || { cat old-resumed.log; fail "no resume from the old checkpoint"; }
 close old old-resumed "one writer's checkpoint, resumed at 2 ranks (parameters)"
 
+# a checkpoint plugin without the 2.5 slots: rank 0 gathers and writes
+# one-writer checkpoints, says so once, and they resume at other world sizes
+if [ -n "${TR_TEST_PLUGIN_DIR:-}" ] && [ -f "$TR_TEST_PLUGIN_DIR/checkpoint_old_local.so" ]; then
+  # shellcheck disable=SC2086
+  "$TRAINRUN" --plugin-path "$TR_TEST_PLUGIN_DIR" "$LLAMA" $base procs=2 parallel.shard=parameters \
+    checkpoint.plugin=old_local run_dir=fallback > fallback.log 2>&1 ||
+    { cat fallback.log; fail "a sharded run over a 2.4 checkpoint plugin"; }
+  [ "$(grep -c "cannot take one checkpoint from several ranks" fallback.log)" = 1 ] ||
+    { cat fallback.log; fail "the fallback to rank 0 writing is not said once"; }
+  [ -f "$(latest fallback)/model.safetensors" ] || fail "the fallback wrote no model.safetensors"
+  close saved-parameters fallback "a 2.4 plugin's gathered save, against the sharded one"
+else
+  echo "shard-checkpoint: no test plugins (criterion missing): the 2.4 fallback is skipped"
+fi
+
 # a damaged blob: refused naming it
 rm -rf damaged
 cp -r saved-parameters damaged
