@@ -46,9 +46,10 @@ for level in optimizer gradients parameters; do
   done
   [ ! -e "$ck/model.safetensors" ] || fail "$level: rank 0 wrote model.safetensors too"
 done
-grep -q '"level": "parameters"' "$(latest saved-parameters)/layout.json" &&
-  grep -q '"world": 2' "$(latest saved-parameters)/layout.json" ||
+if ! grep -q '"level": "parameters"' "$(latest saved-parameters)/layout.json" ||
+   ! grep -q '"world": 2' "$(latest saved-parameters)/layout.json"; then
   fail "layout.json does not record the layout"
+fi
 
 # step 10 resumed at 1, 2 and 4 ranks, at its level and at others
 resume() { # SAVED_LEVEL PROCS LEVEL
@@ -125,6 +126,7 @@ PY
 if "$TRAINRUN" export "$(latest damaged)" -o damaged.st > damaged.log 2>&1; then fail "a damaged shard exported"; fi
 grep -q "shard-00001-of-00002.bin fails its checksum" damaged.log || { cat damaged.log; fail "damaged shard: no message naming it"; }
 rm -rf damaged/checkpoints/step-0000000010
+# shellcheck disable=SC2086
 if "$TRAINRUN" "$LLAMA" $base procs=2 parallel.shard=parameters train.steps=30 run_dir=damaged --resume auto \
      > damaged-resume.log 2>&1; then
   fail "resumed from a damaged shard"
@@ -157,7 +159,7 @@ for trial in 1 2 3 4; do
   ranks=$(pgrep -P "$launcher" || true)
   if [ "$trial" -le 2 ]; then # one rank: rank 1 (the second child)
     victim=$(echo "$ranks" | sed -n 2p)
-    [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null || true
+    if [ -n "$victim" ]; then kill -9 "$victim" 2>/dev/null || true; fi
   else # every rank and the launcher
     for p in $ranks; do kill -9 "$p" 2>/dev/null || true; done
     kill -9 "$launcher" 2>/dev/null || true
