@@ -3,7 +3,7 @@
  * been handed: recipes, token shards, CSV, IDX, images (PNG, JPEG, WebP) and image
  * shards, text and JSONL files, the text
  * plugin's token cache, safetensors files and headers, and checkpoints
- * (state.json and model.safetensors); and for the one C function recipe
+ * (state.json, model.safetensors and a sharded checkpoint's layout.json); and for the one C function recipe
  * code can call, the op table's answer (trainrun.ops' shape).  docs/testing.md says how to run it
  * for longer and how to reproduce a failure.
  *
@@ -50,6 +50,7 @@
 #include <trainrun/images.h>
 #include "config/hf_config.h"
 #include "engine/hf_weights.h"
+#include "engine/checkpoint_shard.h"
 #include "remove_tree.h"
 #include "util/safetensors.h"
 #include "option_text.h"
@@ -409,6 +410,61 @@ static void target_json(const struct buf *in, uint64_t h)
     (void)tr_json_string(j, "recipe");
     (void)tr_json_get(tr_json_get(j, "checksums"), "model.safetensors");
     tr_json_free(j);
+}
+
+/* layout.json of a sharded checkpoint: refused with a message, or accepted
+ * with every slot of every tensor covered exactly once by ranges inside
+ * their tensor and blob; and what is accepted, written back, reads the
+ * same. */
+static void check_layout(const struct tr_ckpt_layout *l)
+{
+    if (l->world < 1 || l->world > TR_CKPT_MAX_WORLD || l->n_slots < 1 ||
+        l->n_slots > TR_CKPT_MAX_SLOTS || l->n_blobs < 1)
+        broken("layout: world %d, %d slots, %zu blobs accepted", l->world, l->n_slots, l->n_blobs);
+    for (size_t i = 0; i < l->n_tensors; i++) {
+        const struct tr_ckpt_tensor *t = &l->tensors[i];
+        uint64_t next[TR_CKPT_MAX_SLOTS] = {0};
+        if (t->first + t->n > l->n_entries)
+            broken("layout: '%s' has entries past the list", t->name);
+        for (size_t j = 0; j < t->n; j++) {
+            const struct tr_ckpt_entry *e = &l->entries[t->first + j];
+            if ((int)e->slot >= l->n_slots || e->blob >= l->n_blobs || e->begin != next[e->slot] ||
+                e->end <= e->begin || e->end > t->numel ||
+                e->offset + (e->end - e->begin) * 4 > l->blobs[e->blob].bytes)
+                broken("layout: '%s' entry %zu is incoherent", t->name, j);
+            next[e->slot] = e->end;
+        }
+        for (int s = 0; s < (t->buffer ? 1 : l->n_slots); s++)
+            if (next[s] != t->numel)
+                broken("layout: '%s' slot %d is not covered", t->name, s);
+    }
+}
+
+static void target_layout(const struct buf *in, uint64_t h)
+{
+    (void)h;
+    tr_err err = {{0}};
+    struct tr_ckpt_layout *l = NULL, *back = NULL;
+    if (tr_ckpt_layout_parse((const char *)in->p, in->n, "ckpt/layout.json", &l, &err) != TR_OK) {
+        if (!err.msg[0] || !strstr(err.msg, "ckpt/layout.json"))
+            broken("layout: rejected without a message naming the file (%s)", err.msg);
+        return;
+    }
+    accepted("layout");
+    check_layout(l);
+    char *text = NULL;
+    size_t size = 0;
+    FILE *f = open_memstream(&text, &size);
+    tr_ckpt_layout_write(f, l);
+    fclose(f);
+    if (tr_ckpt_layout_parse(text, size, "again", &back, &err) != TR_OK)
+        broken("layout: written back, it is refused: %s", err.msg);
+    if (back->n_entries != l->n_entries || back->n_tensors != l->n_tensors ||
+        back->world != l->world)
+        broken("layout: written back, it reads otherwise");
+    tr_ckpt_layout_free(back);
+    tr_ckpt_layout_free(l);
+    free(text);
 }
 
 /* config.json of a Hugging Face directory (model = { from = DIR }): what is
@@ -1239,6 +1295,7 @@ static struct target targets[] = {
     {"recipe", target_recipe, 3, 1, lua_dict, NULL, 0},
     {"state", target_state, 1, 1, json_dict, NULL, 0},
     {"checkpoint", target_checkpoint, 1, 1, json_dict, NULL, 0},
+    {"layout", target_layout, 8, 0, json_dict, NULL, 0},
 };
 #define N_TARGETS (sizeof targets / sizeof targets[0])
 

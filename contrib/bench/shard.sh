@@ -11,8 +11,12 @@
 # runs one thread (2 cores: ranks beyond 2 share them, so step times at
 # procs=4 measure contention, not scaling).  "training" is rank 0's peak
 # RSS before the final checkpoint (the run summary's memory line);
-# "with checkpoint" its peak at the end, which includes gathering the whole
-# optimizer state on rank 0 to save it; "plan" is `trainrun plan`'s total
+# "with checkpoint" its peak at the end, after the final checkpoint (each
+# rank writing its own parts; a trainrun before ABI 2.5, or a checkpoint
+# plugin without begin_shared, gathers the whole state on rank 0 to save
+# it); "save" is the share of the run the summary counts as checkpointing
+# times the run's seconds (the gather of the old path counted as "other",
+# so "run", the whole run's seconds, is the fairer comparison); "plan" is `trainrun plan`'s total
 # for one device at that world size and level;
 # communication is the share of the run the summary counts as waiting for
 # collectives (after backward, the parameter all-gather after a sharded
@@ -38,8 +42,8 @@ plan_mib() { # PROCS LEVEL: plan's total memory per device in MiB
             if (u == "GiB") v *= 1024; else if (u == "KiB") v /= 1024; printf "%.0f", v }'
 }
 
-printf '| ranks | shard | plan per rank | peak RSS training | with checkpoint | step time | communication |\n'
-printf '|---:|---|---:|---:|---:|---:|---:|\n'
+printf '| ranks | shard | plan per rank | peak RSS training | with checkpoint | save | run | step time | communication |\n'
+printf '|---:|---|---:|---:|---:|---:|---:|---:|---:|\n'
 IFS=, read -ra procs <<<"$PROCS"
 IFS=, read -ra levels <<<"$LEVELS"
 for p in "${procs[@]}"; do
@@ -59,8 +63,12 @@ for p in "${procs[@]}"; do
                  END { printf "%.2f s", (en - e1) / (n - 1) }' "$dir/metrics.jsonl")
         train=$(sed -n 's/.*memory: peak RSS \([0-9]*\) MiB training, \([0-9]*\) MiB.*/\1/p' "$dir.time")
         final=$(sed -n 's/.*memory: peak RSS \([0-9]*\) MiB training, \([0-9]*\) MiB.*/\2/p' "$dir.time")
-        printf '| %s | %s | %s MiB | %s MiB | %s MiB | %s | %s%% |\n' "$p" "$level" \
-            "$(plan_mib "$p" "$level")" "${train:-?}" "${final:-?}" "$step" "${comm:-?}"
+        secs=$(sed -n 's/^run .*: [0-9]* steps in \([0-9.]*\) s.*/\1/p' "$dir.time" | tail -1)
+        ckpt=$(sed -n 's/.*checkpoint \([0-9.]*\)%.*/\1/p' "$dir.time" | tail -1)
+        save=$(awk -v s="${secs:-0}" -v c="${ckpt:-0}" 'BEGIN { printf "%.2f s", s * c / 100 }')
+        printf '| %s | %s | %s MiB | %s MiB | %s MiB | %s | %s s | %s | %s%% |\n' "$p" "$level" \
+            "$(plan_mib "$p" "$level")" "${train:-?}" "${final:-?}" "$save" "${secs:-?}" "$step" \
+            "${comm:-?}"
     done
 done
 printf '\none thread per rank, %s steps of batch 4 x 64 tokens; %s\n' "$STEPS" \

@@ -16,7 +16,6 @@
 
 /* ---- the writer thread and saving ------------------------------------------ */
 
-static void prune(struct tr_checkpointer *c);
 
 /* One checkpoint written, then what keep and best no longer hold removed
  * (problems pruning are warnings). */
@@ -25,7 +24,7 @@ static int write_and_prune(struct tr_checkpointer *c, const float *params, float
 {
     int rc = tr_ckpt_write(c, params, slots, err);
     if (rc == TR_OK)
-        prune(c);
+        tr_ckpt_prune(c);
     return rc;
 }
 
@@ -217,7 +216,7 @@ void tr_ckpt_free_names(struct name_list *l)
 
 /* Remove what keep and best no longer hold, after c->state.step was
  * written; problems are warnings. */
-static void prune(struct tr_checkpointer *c)
+void tr_ckpt_prune(struct tr_checkpointer *c)
 {
     struct name_list l = {0};
     tr_err err = {{0}};

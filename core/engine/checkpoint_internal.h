@@ -60,6 +60,9 @@ struct name_list {
 };
 int tr_ckpt_list(struct tr_checkpointer *c, struct name_list *l, tr_err *err);
 void tr_ckpt_free_names(struct name_list *l);
+/* Remove what keep and best no longer hold, after c->state.step was
+ * written; problems are warnings. */
+void tr_ckpt_prune(struct tr_checkpointer *c);
 
 
 /* ---- checkpoint_write.c ---- */
@@ -75,6 +78,10 @@ int tr_ckpt_blob_count(const struct tr_checkpointer *c);
 /* Blob i whole in one malloc'd buffer (NULL when out of memory). */
 void *tr_ckpt_build_blob(struct tr_checkpointer *c, int i, const float *params,
                          float *const *slots, size_t *size);
+/* state.json of c->state vouching for blobs[0..n) with their CRC-32s
+ * (malloc'd, *size bytes). */
+char *tr_ckpt_state_json(struct tr_checkpointer *c, const char *const *blobs,
+                         const unsigned long *checksums, int n_blobs, size_t *size);
 /* Free the snapshot's blobs. */
 void tr_ckpt_free_blobs(struct tr_checkpointer *c);
 /* Write checkpoint "step-<c->state.step>" from the snapshot, or from params
@@ -92,5 +99,17 @@ int tr_ckpt_read_whole(const char *path, void **data, size_t *size, tr_err *err)
  * lists (model.safetensors must be among them); *model, when asked for,
  * gets the verified weights' bytes (malloc'd). */
 int tr_ckpt_verify_dir(const char *checkpoint_dir, void **model, size_t *model_size, tr_err *err);
+
+/* state.json's text checked (its own checksum, every field) into *state;
+ * *js: the parsed document. */
+struct tr_json;
+int tr_ckpt_parse_state(const void *text, size_t size, const char *name,
+                        struct tr_run_state *state, struct tr_json **js, tr_err *err);
+/* The CRC-32 state.json (js) records for blob, or a message when it differs. */
+int tr_ckpt_check_blob(const struct tr_json *js, const char *blob, const void *data, size_t size,
+                       tr_err *err);
+/* A file of a checkpoint directory opened for reading: the descriptor
+ * tr_checkpoint_resolve pinned (dup'd), else a fresh one; -1 with errno. */
+int tr_ckpt_open_input(const char *path);
 
 #endif

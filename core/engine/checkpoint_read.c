@@ -7,6 +7,7 @@
  * verified. */
 #include "checkpoint.h"
 #include "checkpoint_internal.h"
+#include "checkpoint_shard.h"
 
 #include "backend.h"
 
@@ -247,6 +248,19 @@ static int check_blob(const struct tr_json *js, const char *blob, const void *da
     return TR_OK;
 }
 
+int tr_ckpt_parse_state(const void *text, size_t size, const char *name,
+                        struct tr_run_state *state, struct tr_json **js, tr_err *err)
+{
+    int weights_dtype;
+    return parse_state(text, size, name, state, &weights_dtype, js, err);
+}
+
+int tr_ckpt_check_blob(const struct tr_json *js, const char *blob, const void *data, size_t size,
+                       tr_err *err)
+{
+    return check_blob(js, blob, data, size, err);
+}
+
 int tr_checkpointer_load(struct tr_checkpointer *c, const char *name, float *params,
                          float *const *slots, struct tr_run_state *state, tr_err *err)
 {
@@ -259,6 +273,22 @@ int tr_checkpointer_load(struct tr_checkpointer *c, const char *name, float *par
     int rc = TR_ERROR;
     const struct tr_optimizer_desc *od = c->cfg.optimizer;
     int n = 2 + od->state_slots;
+    /* a sharded checkpoint (checkpoint_shard.h): read range by range */
+    struct tr_ckpt_src src = {c->cfg.vt, c->cfg.self, name, NULL};
+    struct tr_ckpt_layout *layout = NULL;
+    struct tr_run_state sst;
+    if (tr_ckpt_read_shared_state(&src, &sst, &layout, err) != TR_OK)
+        return TR_ERROR;
+    if (layout) {
+        struct tr_ckpt_dest dest[TR_CKPT_MAX_SLOTS] = {{params, NULL, 0}};
+        for (int k = 0; k < od->state_slots; k++)
+            dest[1 + k] = (struct tr_ckpt_dest){slots[k], NULL, 0};
+        rc = tr_ckpt_load_layout(&src, layout, c->cfg.g, c->cfg.be, od, dest, err);
+        tr_ckpt_layout_free(layout);
+        if (rc == TR_OK)
+            *state = sst;
+        return rc;
+    }
     for (int i = 0; i < n; i++)
         if (c->cfg.vt->get(c->cfg.self, name, blobs[i], &data[i], &size[i], err) != TR_OK)
             goto done;
@@ -399,6 +429,12 @@ static int pinned_fd(const char *path)
         if (strcmp(pins[i].path, path) == 0)
             return pins[i].fd;
     return -1;
+}
+
+int tr_ckpt_open_input(const char *path)
+{
+    int fd = pinned_fd(path);
+    return fd >= 0 ? dup(fd) : tr_input_open(path);
 }
 
 /* The whole of the file fd from offset 0 (one byte more, zeroed); 0 or an errno. */
@@ -558,6 +594,24 @@ int tr_ckpt_read_whole(const char *path, void **data, size_t *size, tr_err *err)
     return TR_OK;
 }
 
+/* layout.json of sharded checkpoint directory dir (state.json parsed as
+ * js), checked against the checksum state.json records, and parsed. */
+static int dir_layout(const char *dir, const struct tr_json *js, struct tr_ckpt_layout **l,
+                      tr_err *err)
+{
+    char *path = tr_xasprintf("%s/" TR_CKPT_LAYOUT_BLOB, dir);
+    void *text = NULL;
+    size_t size = 0;
+    int rc = tr_ckpt_read_whole(path, &text, &size, err);
+    if (rc == TR_OK)
+        rc = check_blob(js, TR_CKPT_LAYOUT_BLOB, text, size, err);
+    if (rc == TR_OK)
+        rc = tr_ckpt_layout_parse(text, size, path, l, err);
+    free(text);
+    free(path);
+    return rc;
+}
+
 /* state.json of a checkpoint directory and the CRC-32 of each blob it
  * lists (model.safetensors must be among them); *model, when asked for,
  * gets the verified weights' bytes. */
@@ -578,10 +632,23 @@ int tr_ckpt_verify_dir(const char *checkpoint_dir, void **model, size_t *model_s
     if (rc == TR_OK)
         rc = parse_state(text, size, name, &st, &wd, &js, err);
     const struct tr_json *sums = rc == TR_OK ? tr_json_get(js, "checksums") : NULL;
-    if (rc == TR_OK && (!sums || sums->type != TR_JSON_OBJECT ||
-                        !tr_json_get(sums, "model.safetensors")))
+    if (rc == TR_OK && sums && sums->type == TR_JSON_OBJECT &&
+        tr_json_get(sums, TR_CKPT_LAYOUT_BLOB) && !tr_json_get(sums, "model.safetensors")) {
+        /* sharded (checkpoint_shard.h): layout.json, then every range it lists */
+        struct tr_ckpt_layout *layout = NULL;
+        struct tr_ckpt_src src = {NULL, NULL, name, copy};
+        rc = dir_layout(copy, js, &layout, err);
+        if (rc == TR_OK && model)
+            rc = (*model = tr_ckpt_layout_model(&src, layout, model_size, err)) ? TR_OK : TR_ERROR;
+        else if (rc == TR_OK)
+            rc = tr_ckpt_layout_check_all(&src, layout, err);
+        tr_ckpt_layout_free(layout);
+        sums = NULL;
+    } else if (rc == TR_OK && (!sums || sums->type != TR_JSON_OBJECT ||
+                               !tr_json_get(sums, "model.safetensors"))) {
         rc = tr_fail(err, "state.json lists no checksum of model.safetensors");
-    for (size_t i = 0; rc == TR_OK && i < sums->n; i++) {
+    }
+    for (size_t i = 0; rc == TR_OK && sums && i < sums->n; i++) {
         const char *b = sums->keys[i];
         if (!b[0] || b[0] == '.' || strchr(b, '/')) {
             rc = tr_fail(err, "state.json lists a checksum of \"%s\", which is no blob", b);
@@ -650,6 +717,28 @@ int tr_checkpoint_load_weights(const char *checkpoint_dir, const struct tr_graph
 {
     void *buf = NULL;
     size_t size = 0;
+    /* sharded (checkpoint_shard.h): tensor by tensor, each range checked */
+    struct tr_run_state st;
+    struct tr_json *js = tr_checkpoint_read_state(checkpoint_dir, &st, err);
+    if (!js)
+        return TR_ERROR;
+    const struct tr_json *sums = tr_json_get(js, "checksums");
+    if (sums && sums->type == TR_JSON_OBJECT && tr_json_get(sums, TR_CKPT_LAYOUT_BLOB) &&
+        !tr_json_get(sums, "model.safetensors")) {
+        struct tr_ckpt_layout *layout = NULL;
+        struct tr_ckpt_src src = {NULL, NULL, checkpoint_dir, checkpoint_dir};
+        struct tr_ckpt_dest dest[TR_CKPT_MAX_SLOTS] = {{params, NULL, 0}};
+        int rc = dir_layout(checkpoint_dir, js, &layout, err);
+        if (rc == TR_OK)
+            rc = tr_ckpt_load_layout(&src, layout, g, be, NULL, dest, err);
+        tr_ckpt_layout_free(layout);
+        tr_json_free(js);
+        if (rc != TR_OK)
+            tr_err_prefix(err, "checkpoint %s is damaged or does not fit the model",
+                          checkpoint_dir);
+        return rc;
+    }
+    tr_json_free(js);
     if (tr_ckpt_verify_dir(checkpoint_dir, &buf, &size, err) != TR_OK)
         return TR_ERROR;
     char *what = tr_xasprintf("%s/model.safetensors", checkpoint_dir);

@@ -202,7 +202,7 @@ static void write_vars(FILE *f, const char *key, const struct tr_state_var *vars
 /* -1 stands for unknown; inf would not be JSON at all */
 static double json_or_nan(double x) { return isfinite(x) ? x : -1.0; }
 
-static char *state_json(struct tr_checkpointer *c, const char *const *blobs,
+char *tr_ckpt_state_json(struct tr_checkpointer *c, const char *const *blobs,
                         const unsigned long *checksums, int n_blobs, size_t *size)
 {
     const struct tr_run_state *s = &c->state;
@@ -366,7 +366,7 @@ int tr_ckpt_write(struct tr_checkpointer *c, const float *params, float *const *
     const char *names[1 + TR_OPTIMIZER_MAX_SLOTS];
     for (int i = 0; i < n; i++)
         names[i] = tr_ckpt_blob_name(i);
-    state = state_json(c, names, checksums, n, &state_size);
+    state = tr_ckpt_state_json(c, names, checksums, n, &state_size);
     if (vt->put(c->cfg.self, "state.json", state, state_size, err) != TR_OK ||
         vt->commit(c->cfg.self, err) != TR_OK)
         goto failed;

@@ -6,6 +6,7 @@
  * smoke run's round trip. */
 #include "run_state.h"
 
+#include "checkpoint_shard.h"
 #include "plugin_calls.h"
 #include "../config/plugin.h"
 
@@ -128,6 +129,31 @@ static int gather_params(struct tr_session *s, tr_err *err)
     return rc;
 }
 
+/* ---- sharded checkpoints: every rank writes and reads its own parts ------- */
+
+static struct tr_ckpt_rank ckpt_rank(const struct tr_session *s)
+{
+    return (struct tr_ckpt_rank){s->cfg->checkpoint.plugin->info->vtable, s->cfg->checkpoint.self,
+                                 s->g, &s->be, s->opt.desc, &s->opt.shard, s->comm};
+}
+
+/* Whether this save goes to every rank's blob (checkpoint_shard.h): a
+ * sharded state and a plugin that takes blobs from several ranks.  Every
+ * rank answers alike (the same recipe, the same plugin). */
+static int save_in_parallel(const struct tr_session *s)
+{
+    static int said;
+    if (!s->comm || !tr_state_sharded(s) || !s->cfg->checkpoint.plugin)
+        return 0;
+    if (tr_ckpt_plugin_shared(s->cfg->checkpoint.plugin->info->vtable))
+        return 1;
+    if (!said++ && s->rank == 0)
+        tr_log(TR_LOG_INFO, "checkpoint", "checkpoint plugin '%s' cannot take one checkpoint from "
+               "several ranks (plugin ABI 2.5: begin_shared, detach): rank 0 gathers the whole "
+               "state to save it", s->cfg->checkpoint.plugin->info->name);
+    return 0;
+}
+
 /* ---- save ------------------------------------------------------------------- */
 
 int tr_state_save(struct tr_session *s, const struct tr_run_state *st, int now, tr_err *err)
@@ -136,6 +162,10 @@ int tr_state_save(struct tr_session *s, const struct tr_run_state *st, int now, 
                    const struct tr_run_state *, tr_err *) =
         now ? tr_checkpointer_save_now : tr_checkpointer_save;
     int slots = s->opt.desc->state_slots;
+    if (save_in_parallel(s)) { /* each rank writes its parts, before returning */
+        struct tr_ckpt_rank r = ckpt_rank(s);
+        return tr_ckpt_save_shared(&r, s->ckpt, s->g->params, s->opt.state, st, err);
+    }
     if (s->comm && tr_state_sharded(s)) { /* every rank takes part in gathering the state */
         size_t bytes = s->rank == 0 ? s->g->n_params * sizeof(float) : 64;
         float *full[TR_OPTIMIZER_MAX_SLOTS] = {NULL};
@@ -238,9 +268,49 @@ static int share_resume(struct tr_session *s, int *rc, struct tr_run_state *st, 
     return TR_OK;
 }
 
+/* A sharded state: when rank 0 finds the newest checkpoint sharded, every
+ * rank reads its own parts of it; 1 resumed, 0 not sharded or none (the
+ * caller goes on as ever), TR_ERROR. */
+static int resume_in_parallel(struct tr_session *s, struct tr_run_state *st, char *name,
+                              size_t name_size, tr_err *err)
+{
+    struct {
+        float verdict;
+        char name[64];
+    } pick = {0, ""};
+    if (s->rank == 0 && s->ckpt) {
+        int rc = tr_ckpt_newest_sharded(s->ckpt, pick.name, sizeof pick.name, err);
+        pick.verdict = (float)rc;
+    }
+    if (tr_comm_broadcast_host(s->comm, &pick, sizeof pick, 0, err) != TR_OK)
+        return TR_ERROR;
+    if (pick.verdict == (float)TR_ERROR)
+        return s->rank == 0 ? TR_ERROR
+                            : tr_fail(err, "rank 0 could not list its checkpoints (see its log)");
+    if (pick.verdict != 1)
+        return 0;
+    pick.name[sizeof pick.name - 1] = 0;
+    struct tr_ckpt_rank r = ckpt_rank(s);
+    if (tr_ckpt_resume_shared(&r, pick.name, s->g->params, s->opt.state, s->gather != NULL, st,
+                              err) != TR_OK)
+        return TR_ERROR;
+    snprintf(name, name_size, "%s", pick.name);
+    return 1;
+}
+
 int tr_state_resume(struct tr_session *s, struct tr_run_state *st, tr_err *err)
 {
     char name[64] = "";
+    if (s->comm && tr_state_sharded(s) && s->cfg->checkpoint.plugin) {
+        int rc = resume_in_parallel(s, st, name, sizeof name, err);
+        if (rc == 1 && restore_plugins(s, st, err) != TR_OK)
+            rc = TR_ERROR;
+        if (rc == 1 && s->rank == 0)
+            tr_log(TR_LOG_INFO, NULL, "resumed from checkpoint %s (step %llu; every rank read "
+                   "its own parts)", name, (unsigned long long)st->step);
+        if (rc != 0)
+            return rc;
+    }
     /* where each state slot is read to: the optimizer's own buffers, or
      * full-size ones when the checkpoint holds every shard's state */
     float *into[TR_OPTIMIZER_MAX_SLOTS] = {NULL}, *full[TR_OPTIMIZER_MAX_SLOTS] = {NULL};

@@ -53,8 +53,10 @@ extern "C" {
 /* 2.1: the checkpoint vtable's optional put_stream.
  * 2.2: TR_NF4, the storage type of 4-bit quantised frozen weights.
  * 2.3: the comm vtable's optional reduce_scatter.
- * 2.4: the comm vtable's optional sendrecv. */
-#define TR_ABI_MINOR 4
+ * 2.4: the comm vtable's optional sendrecv.
+ * 2.5: the checkpoint vtable's optional begin_shared, detach and get_range
+ *      (several ranks write one checkpoint; ranged reads). */
+#define TR_ABI_MINOR 5
 
 /* The one symbol every plugin exports. */
 #define TR_PLUGIN_ENTRY trainrun_plugin_entry
@@ -344,6 +346,37 @@ struct tr_checkpoint_vtable {
      * stays required, and the core may still use it for any blob. */
     int (*put_stream)(void *self, const char *blob, size_t size, tr_blob_fill_fn fill, void *ud,
                       tr_err *err);
+    /* Optional (2.5), all three or none: one checkpoint written by several
+     * ranks (each its own instance of the plugin, in its own process),
+     * published by one of them, the publisher.
+     *
+     * begin_shared(name, token, token_size, publisher): the publisher calls
+     * it first, with publisher 1: begin()'s contract, and it writes into
+     * token (a NUL-terminated string shorter than token_size, at least 256)
+     * what the other ranks need to find the same uncommitted checkpoint.
+     * The core hands that token to every other rank, which then calls
+     * begin_shared(name, token, token_size, 0) and so joins the checkpoint:
+     * its put() and put_stream() add blobs to it (blob names differ between
+     * ranks; the core sees to that).  A joined rank ends with detach():
+     * its blobs are durable (as durable as commit() makes them), and the
+     * instance forgets the checkpoint without publishing or removing
+     * anything; or with abort(), which on a joined rank also removes
+     * nothing of the others'.  The core calls the publisher's commit()
+     * only after every rank's detach() returned TR_OK, and its abort()
+     * when any rank failed: that removes what every rank wrote.  A crash
+     * of any rank at any moment leaves the published checkpoints as they
+     * were, and what it left is tidied as an interrupted begin()'s is.
+     *
+     * get_range(name, blob, offset, buf, size): size bytes of a published
+     * blob from byte offset into the caller's buf; TR_ERROR naming the blob
+     * when it is shorter than offset + size.  Readers of sharded
+     * checkpoints read only the ranges they need with it; without it the
+     * core reads whole blobs with get(). */
+    int (*begin_shared)(void *self, const char *name, char *token, size_t token_size,
+                        int publisher, tr_err *err);
+    int (*detach)(void *self, tr_err *err);
+    int (*get_range)(void *self, const char *name, const char *blob, uint64_t offset, void *buf,
+                     size_t size, tr_err *err);
 };
 
 /* ---- schedule ---------------------------------------------------------- */

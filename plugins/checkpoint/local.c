@@ -7,6 +7,13 @@
  *   <dir>/LATEST                         the name of the last committed one, plus "\n"
  *   <dir>/.trainrun-tmp-<name>-<pid>/    a checkpoint being written (with the marker)
  *
+ * Several ranks write one checkpoint (begin_shared, ABI 2.5): the
+ * publisher stages it as above and hands out the staging directory's name
+ * as the token; the other ranks write their blobs into that same directory
+ * (fsync'd as they are closed), detach, and the publisher renames it into
+ * place once every rank has.  A killed rank leaves a staging directory,
+ * removed as any other leftover.
+ *
  * Atomicity comes from rename(): blobs are written and fsync'd in a staging
  * directory that is renamed into place only when complete, so a crash at
  * any moment leaves every published checkpoint intact.  Staging leftovers
@@ -70,6 +77,7 @@ struct local {
     int fsync;
     char *staging;      /* open checkpoint's staging directory, or NULL */
     char *staging_name; /* its final name */
+    int joined;         /* staging is another rank's (begin_shared as a joiner) */
 };
 
 /* ---- small helpers ----------------------------------------------------- */
@@ -483,6 +491,9 @@ static int local_commit(void *self, tr_err *err)
     struct local *l = self;
     if (!l->staging)
         return tr_fail(err, "local checkpoint: commit() without begin()");
+    if (l->joined)
+        return tr_fail(err, "local checkpoint: commit() by a rank that joined checkpoint %s; "
+                            "its publisher commits it", l->staging_name);
     const char *name = l->staging_name;
     char *final = path_join(l->dir, name, NULL);
     char *aside = private_path(l, ASIDE_PREFIX, name);
@@ -553,9 +564,81 @@ out:
     return rc;
 }
 
+/* begin() shared by several ranks: the publisher's staging directory is
+ * the token; a joiner writes into it. */
+static int local_begin_shared(void *self, const char *name, char *token, size_t token_size,
+                              int publisher, tr_err *err)
+{
+    struct local *l = self;
+    if (publisher) {
+        if (local_begin(self, name, err) != TR_OK)
+            return TR_ERROR;
+        const char *base = strrchr(l->staging, '/') + 1;
+        if (!token || strlen(base) >= token_size) {
+            local_abort(l);
+            return tr_fail(err, "local checkpoint: no room for the staging name %s", base);
+        }
+        memcpy(token, base, strlen(base) + 1);
+        return TR_OK;
+    }
+    if (!valid_name(name) || !token || strnlen(token, token_size) == token_size ||
+        strncmp(token, STAGING_PREFIX, strlen(STAGING_PREFIX)) != 0 || strchr(token, '/'))
+        return tr_fail(err, "local checkpoint: cannot join checkpoint \"%s\": the token \"%.64s\" "
+                            "names no staging directory of this plugin",
+                       name ? name : "(null)", token ? token : "");
+    if (l->staging)
+        return tr_fail(err, "local checkpoint: begin_shared(\"%s\") while checkpoint \"%s\" is "
+                            "still open; commit, detach or abort it first",
+                       name, l->staging_name);
+    l->staging = path_join(l->dir, token, NULL);
+    l->staging_name = strdup(name);
+    if (!l->staging || !l->staging_name) {
+        local_abort(l);
+        return tr_fail(err, "local checkpoint: out of memory");
+    }
+    l->joined = 1;
+    if (!is_owned_dir(l->staging)) {
+        tr_fail(err, "local checkpoint: %s, the checkpoint being written, is not there (is "
+                     "checkpoint.dir one directory that every rank sees, a shared filesystem "
+                     "for ranks on several machines?)",
+                l->staging);
+        local_abort(l);
+        return TR_ERROR;
+    }
+    return TR_OK;
+}
+
+/* A joiner's blobs are fsync'd as they are written; the directory entries too. */
+static int local_detach(void *self, tr_err *err)
+{
+    struct local *l = self;
+    if (!l->staging || !l->joined)
+        return tr_fail(err, "local checkpoint: detach() without begin_shared() as a joiner");
+    int rc = TR_OK;
+    if (l->fsync && fsync_dir(l->staging) != 0) {
+        int e = errno;
+        rc = tr_fail(err, "local checkpoint: cannot flush %s: %s%s", l->staging, strerror(e),
+                     hint_for(e));
+    }
+    free(l->staging);
+    free(l->staging_name);
+    l->staging = NULL;
+    l->staging_name = NULL;
+    l->joined = 0;
+    return rc;
+}
+
 static void local_abort(void *self)
 {
     struct local *l = self;
+    if (l->joined) { /* the publisher's to remove */
+        free(l->staging);
+        free(l->staging_name);
+        l->staging = NULL;
+        l->staging_name = NULL;
+        l->joined = 0;
+        return;
+    }
     if (l->staging && remove_tree(l->staging) != 0 && errno != ENOENT)
         warn(l, "cannot remove %s, an abandoned checkpoint: %s; remove it by hand", l->staging,
              strerror(errno));
@@ -718,6 +801,45 @@ out:
     return rc;
 }
 
+/* size bytes of a published blob from offset */
+static int local_get_range(void *self, const char *name, const char *blob, uint64_t offset,
+                           void *buf, size_t size, tr_err *err)
+{
+    struct local *l = self;
+    if (!valid_name(name) || !valid_blob(blob))
+        return tr_fail(err, "local checkpoint: invalid checkpoint or blob name \"%s/%s\"",
+                       name ? name : "(null)", blob ? blob : "(null)");
+    char *ckpt = path_join(l->dir, name, NULL);
+    char *path = ckpt ? path_join(ckpt, blob, NULL) : NULL;
+    free(ckpt);
+    if (!path)
+        return tr_fail(err, "local checkpoint: out of memory");
+    int fd = tr_input_open(path);
+    if (fd < 0) {
+        int e = errno;
+        tr_fail(err, "local checkpoint: cannot open %s: %s", path,
+                e == TR_INPUT_ENOTREG ? tr_input_strerror(e) : strerror(e));
+        free(path);
+        return TR_ERROR;
+    }
+    int rc = TR_OK;
+    for (size_t got = 0; got < size;) {
+        ssize_t k = pread(fd, (char *)buf + got, size - got, (off_t)(offset + got));
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            rc = tr_fail(err, "local checkpoint: cannot read %zu bytes of %s at byte %llu: %s",
+                         size, path, (unsigned long long)offset,
+                         k < 0 ? strerror(errno) : "the file is shorter (truncated)");
+            break;
+        }
+        got += (size_t)k;
+    }
+    close(fd);
+    free(path);
+    return rc;
+}
+
 /* LATEST's name, without the newline, or "" when absent. */
 static void read_latest(const struct local *l, char *out, size_t size)
 {
@@ -813,6 +935,9 @@ static const struct tr_checkpoint_vtable local_vtable = {
     .get = local_get,
     .remove = local_remove,
     .put_stream = local_put_stream,
+    .begin_shared = local_begin_shared,
+    .detach = local_detach,
+    .get_range = local_get_range,
 };
 
 static const struct tr_plugin_info local_info = {

@@ -414,7 +414,11 @@ static int do_commit(void *self, tr_err *err)
     if (u->blobs.n == 0)
         return tr_fail(err, "s3 checkpoint: checkpoint %s has no blobs", u->name);
     /* The mark lists the blobs: a crash before the upload ends leaves
-     * enough behind for the next run to finish it. */
+     * enough behind for the next run to finish it.  A checkpoint of
+     * several ranks has none: its other ranks' blobs are not here to list,
+     * so a crash leaves it unpublished (the previous one stays LATEST). */
+    if (u->nonce)
+        goto marked;
     struct buf mark = {0};
     for (size_t i = 0; i < u->blobs.n; i++)
         if (buf_printf(&mark, "%s\t%lu\n", u->blobs.entries[i].blob,
@@ -435,7 +439,7 @@ static int do_commit(void *self, tr_err *err)
         return tr_fail(err, "s3 checkpoint: cannot stage %s: %s; the previous checkpoint is "
                             "untouched%s",
                        u->staging, strerror(e), disk_hint(e));
-
+marked:
     if (s->manifest_name && strcmp(s->manifest_name, u->name) == 0) {
         free(s->manifest_name); /* about to be replaced */
         s->manifest_name = NULL;
@@ -464,6 +468,61 @@ static void do_abort(void *self)
                                 "hand", u->staging, strerror(errno));
     upload_free(u);
     s->open = NULL;
+}
+
+/* ---- several ranks, one checkpoint (ABI 2.5) ------------------------------------ */
+
+/* The publisher begins as begin() does and hands out a nonce; a joiner
+ * stages its blobs as begin() does, and detach() uploads them under the
+ * checkpoint's name with their list (PART-<nonce>-<pid>), which the
+ * publisher's commit adds to its MANIFEST. */
+static int do_begin_shared(void *self, const char *name, char *token, size_t token_size,
+                           int publisher, tr_err *err)
+{
+    struct s3 *s = self;
+    char nonce[64];
+    if (publisher) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        snprintf(nonce, sizeof nonce, "%ld-%ld-%ld", (long)getpid(), (long)ts.tv_sec,
+                 (long)ts.tv_nsec);
+        if (!token || token_size <= strlen(nonce))
+            return tr_fail(err, "s3 checkpoint: no room for the token");
+    } else {
+        size_t n = token ? strnlen(token, token_size) : 0;
+        int ok = n > 0 && n < sizeof nonce;
+        for (size_t i = 0; ok && i < n; i++)
+            ok = (token[i] >= '0' && token[i] <= '9') || token[i] == '-';
+        if (!ok)
+            return tr_fail(err, "s3 checkpoint: cannot join checkpoint \"%s\": \"%.64s\" is "
+                                "no token of this plugin", name ? name : "(null)",
+                           token ? token : "");
+        memcpy(nonce, token, n + 1);
+    }
+    if (do_begin(s, name, err) != TR_OK)
+        return TR_ERROR;
+    if (!(s->open->nonce = strdup(nonce))) {
+        do_abort(s);
+        return tr_fail(err, "s3 checkpoint: out of memory");
+    }
+    s->open->joined = !publisher;
+    if (publisher)
+        memcpy(token, nonce, strlen(nonce) + 1);
+    return TR_OK;
+}
+
+static int do_detach(void *self, tr_err *err)
+{
+    struct s3 *s = self;
+    struct upload *u = s->open;
+    if (!u || !u->joined)
+        return tr_fail(err, "s3 checkpoint: detach() without begin_shared() as a joiner");
+    int rc = upload_part(s, u, err);
+    if (rc != TR_OK)
+        remove_tree(u->staging);
+    upload_free(u);
+    s->open = NULL;
+    return rc;
 }
 
 /* ---- reading --------------------------------------------------------------------- */
@@ -559,6 +618,40 @@ static int do_get(void *self, const char *name, const char *blob, void **data, s
     *data = buf;
     *size = (size_t)e->size;
     return TR_OK;
+}
+
+/* size bytes of a published blob from offset, by a ranged GET */
+static int do_get_range(void *self, const char *name, const char *blob, uint64_t offset,
+                        void *buf, size_t size, tr_err *err)
+{
+    struct s3 *s = self;
+    if (!valid_name(name) || !valid_blob(blob))
+        return tr_fail(err, "s3 checkpoint: invalid checkpoint or blob name \"%s/%s\"",
+                       name ? name : "(null)", blob ? blob : "(null)");
+    if (load_manifest(s, name, err) != TR_OK)
+        return TR_ERROR;
+    const struct manifest_entry *e = manifest_find(&s->manifest, blob);
+    if (!e)
+        return tr_fail(err, "s3 checkpoint: checkpoint %s has no blob %s (its MANIFEST in "
+                            "s3://%s/%s lists none)", name, blob, s->bucket, s->prefix);
+    if (offset > e->size || size > e->size - offset)
+        return tr_fail(err, "s3 checkpoint: blob %s of %s holds %llu bytes, fewer than the "
+                            "%zu asked for at byte %llu", blob, name,
+                       (unsigned long long)e->size, size, (unsigned long long)offset);
+    if (size == 0)
+        return TR_OK;
+    char range[96];
+    snprintf(range, sizeof range, "bytes=%llu-%llu", (unsigned long long)offset,
+             (unsigned long long)(offset + size - 1));
+    char *key = object_key(s, name, blob);
+    if (!key)
+        return tr_fail(err, "s3 checkpoint: out of memory");
+    struct request r = {.method = "GET", .key = key, .range = range, .sink = buf,
+                        .sink_size = size};
+    int rc = s3_request(s, s->curl, &r, 0, err);
+    buf_free(&r.response);
+    free(key);
+    return rc;
 }
 
 static int do_remove(void *self, const char *name, tr_err *err)
@@ -666,6 +759,35 @@ static int s3_remove(void *self, const char *name, tr_err *err)
     return rc;
 }
 
+static int s3_begin_shared(void *self, const char *name, char *token, size_t token_size,
+                           int publisher, tr_err *err)
+{
+    struct s3 *s = self;
+    pthread_mutex_lock(&s->call_lock);
+    int rc = do_begin_shared(s, name, token, token_size, publisher, err);
+    pthread_mutex_unlock(&s->call_lock);
+    return rc;
+}
+
+static int s3_detach(void *self, tr_err *err)
+{
+    struct s3 *s = self;
+    pthread_mutex_lock(&s->call_lock);
+    int rc = do_detach(s, err);
+    pthread_mutex_unlock(&s->call_lock);
+    return rc;
+}
+
+static int s3_get_range(void *self, const char *name, const char *blob, uint64_t offset,
+                        void *buf, size_t size, tr_err *err)
+{
+    struct s3 *s = self;
+    pthread_mutex_lock(&s->call_lock);
+    int rc = do_get_range(s, name, blob, offset, buf, size, err);
+    pthread_mutex_unlock(&s->call_lock);
+    return rc;
+}
+
 static const struct tr_checkpoint_vtable s3_vtable = {
     .struct_size = sizeof(struct tr_checkpoint_vtable),
     .begin = s3_begin,
@@ -675,6 +797,9 @@ static const struct tr_checkpoint_vtable s3_vtable = {
     .list = s3_list,
     .get = s3_get,
     .remove = s3_remove,
+    .begin_shared = s3_begin_shared,
+    .detach = s3_detach,
+    .get_range = s3_get_range,
 };
 
 static const struct tr_plugin_info s3_info = {

@@ -197,7 +197,8 @@ int retryable(CURLcode rc, long status, const char *code)
 /* The request's headers: the body's SHA-256, its type, the session token.
  * The buffers hold the first two; NULL when out of memory. */
 static struct curl_slist *request_headers(const struct s3 *s, const struct request *r,
-                                          char sha_header[128], char type_header[128])
+                                          char sha_header[128], char type_header[128],
+                                          char range_header[128])
 {
     struct curl_slist *headers = NULL;
     snprintf(sha_header, 128, "x-amz-content-sha256: %s",
@@ -206,6 +207,10 @@ static struct curl_slist *request_headers(const struct s3 *s, const struct reque
     if (r->content_type) {
         snprintf(type_header, 128, "Content-Type: %s", r->content_type);
         headers = curl_slist_append(headers, type_header);
+    }
+    if (r->range) {
+        snprintf(range_header, 128, "Range: %s", r->range);
+        headers = curl_slist_append(headers, range_header);
     }
     if (s->token_header)
         headers = curl_slist_append(headers, s->token_header);
@@ -281,8 +286,8 @@ int s3_request(const struct s3 *s, CURL *curl, struct request *r, int quiet_404,
         return tr_fail(err, "s3 checkpoint: out of memory");
     if (!r->response_limit)
         r->response_limit = MAX_LIST_RESPONSE;
-    char sha_header[128], type_header[128];
-    struct curl_slist *headers = request_headers(s, r, sha_header, type_header);
+    char sha_header[128], type_header[128], range_header[128];
+    struct curl_slist *headers = request_headers(s, r, sha_header, type_header, range_header);
     if (!headers) {
         free(url);
         return tr_fail(err, "s3 checkpoint: out of memory");

@@ -71,6 +71,8 @@ struct upload {
     char *staging;          /* local directory holding one file per blob */
     struct manifest blobs;  /* in put() order; sizes known, hashes filled by the upload */
     int recovered;          /* left by an interrupted run: LATEST only moves forward */
+    char *nonce;            /* a checkpoint of several ranks (begin_shared): its token */
+    int joined;             /* this rank joined it: detach() uploads its blobs as a part */
     /* results, written by the uploader thread, read after join */
     int failed;
     tr_err err;
@@ -117,6 +119,7 @@ struct request {
     uint64_t body_size;
     const char *body_sha256;     /* hex; NULL for requests without a body */
     const char *content_type;
+    const char *range;           /* GET: "bytes=<first>-<last>", or NULL */
     /* GET into a caller buffer of exactly sink_size bytes (else into response) */
     unsigned char *sink;
     uint64_t sink_size;
@@ -198,6 +201,7 @@ void upload_free(struct upload *u);
 int hash_file(FILE *f, const char *path, const struct manifest_entry *e, char hex[65],
               tr_err *err);
 const char *without_plugin_prefix(const char *msg);
+int upload_part(struct s3 *s, struct upload *u, tr_err *err);
 void upload_and_clean(struct s3 *s, struct upload *u);
 void *uploader_main(void *arg);
 int wait_for_upload(struct s3 *s, int background, int keep_failed, tr_err *err);

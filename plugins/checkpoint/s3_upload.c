@@ -45,6 +45,7 @@ void upload_free(struct upload *u)
         return;
     free(u->name);
     free(u->staging);
+    free(u->nonce);
     manifest_free(&u->blobs);
     free(u);
 }
@@ -127,6 +128,67 @@ const char *without_plugin_prefix(const char *msg)
     return strncmp(msg, prefix, sizeof prefix - 1) == 0 ? msg + sizeof prefix - 1 : msg;
 }
 
+/* The blobs the other ranks of a shared checkpoint uploaded (their parts,
+ * PART-<nonce>-<pid> objects, each a MANIFEST of its blobs) added to u's. */
+static int merge_parts(const struct s3 *s, CURL *curl, struct upload *u, char ***keys,
+                       size_t *n, tr_err *err)
+{
+    char *tail = str_printf("PART-%s-", u->nonce);
+    char *prefix = tail ? object_key(s, u->name, tail) : NULL;
+    free(tail);
+    if (!prefix)
+        return tr_fail(err, "s3 checkpoint: out of memory");
+    int rc = list_keys(s, curl, prefix, keys, n, err);
+    free(prefix);
+    for (size_t i = 0; rc == TR_OK && i < *n; i++) {
+        char *text = NULL, why[256];
+        int found = 0;
+        struct manifest m = {0};
+        rc = get_small(s, curl, (*keys)[i], &text, &found, err);
+        if (rc == TR_OK && (!found || manifest_parse(text, &m, why, sizeof why) != 0))
+            rc = tr_fail(err, "s3 checkpoint: s3://%s/%s, a rank's part of %s, is %s", s->bucket,
+                         (*keys)[i], u->name, found ? "damaged" : "gone");
+        for (size_t j = 0; rc == TR_OK && j < m.n; j++)
+            if (manifest_find(&u->blobs, m.entries[j].blob))
+                rc = tr_fail(err, "s3 checkpoint: blob %s of %s was written by two ranks",
+                             m.entries[j].blob, u->name);
+            else if (manifest_add(&u->blobs, m.entries[j].blob, m.entries[j].size,
+                                  m.entries[j].sha256) != 0)
+                rc = tr_fail(err, "s3 checkpoint: out of memory");
+        manifest_free(&m);
+        free(text);
+    }
+    return rc;
+}
+
+/* A joined rank's blobs uploaded under the checkpoint's name, then their
+ * list as PART-<nonce>-<pid>: invisible until the publisher's MANIFEST
+ * names them.  The staged copy goes once they are up. */
+int upload_part(struct s3 *s, struct upload *u, tr_err *err)
+{
+    CURL *curl = curl_easy_init();
+    if (!curl)
+        return tr_fail(err, "s3 checkpoint: curl_easy_init failed (out of memory?)");
+    int rc = TR_OK;
+    for (size_t i = 0; rc == TR_OK && i < u->blobs.n; i++)
+        rc = upload_blob(s, curl, u, &u->blobs.entries[i], err);
+    struct buf text = {0};
+    char *tail = str_printf("PART-%s-%ld", u->nonce, (long)getpid());
+    char *key = tail ? object_key(s, u->name, tail) : NULL;
+    if (rc == TR_OK && (!key || manifest_format(&u->blobs, &text) != 0))
+        rc = tr_fail(err, "s3 checkpoint: out of memory");
+    if (rc == TR_OK)
+        rc = put_small(s, curl, key, text.data, err);
+    buf_free(&text);
+    free(tail);
+    free(key);
+    curl_easy_cleanup(curl);
+    if (rc == TR_OK && remove_tree(u->staging) != 0)
+        log_msg(s, TR_LOG_WARN, "cannot remove the staged copy %s: %s; remove it by hand",
+                u->staging, strerror(errno));
+    return rc;
+}
+
 /* Blobs, then MANIFEST, then LATEST: each step only after the previous one
  * succeeded, so LATEST never names an incomplete checkpoint. */
 static int upload_checkpoint(struct s3 *s, CURL *curl, struct upload *u, tr_err *err)
@@ -135,6 +197,8 @@ static int upload_checkpoint(struct s3 *s, CURL *curl, struct upload *u, tr_err 
     char *manifest_key = object_key(s, u->name, MANIFEST_BLOB);
     struct buf manifest = {0};
     int rc = TR_ERROR, published = 0;
+    char **parts = NULL; /* the other ranks' PART objects, removed once published */
+    size_t n_parts = 0;
     if (!manifest_key) {
         tr_fail(err, "s3 checkpoint: out of memory");
         goto out;
@@ -164,6 +228,8 @@ static int upload_checkpoint(struct s3 *s, CURL *curl, struct upload *u, tr_err 
     for (size_t i = 0; i < u->blobs.n; i++)
         if (upload_blob(s, curl, u, &u->blobs.entries[i], err) != TR_OK)
             goto out;
+    if (u->nonce && merge_parts(s, curl, u, &parts, &n_parts, err) != TR_OK)
+        goto out;
     if (manifest_format(&u->blobs, &manifest) != 0) {
         tr_fail(err, "s3 checkpoint: out of memory");
         goto out;
@@ -191,6 +257,11 @@ out:
             tr_fail(err, "s3 checkpoint: %s was uploaded, but LATEST was not updated: %s",
                     u->name, why);
     }
+    for (size_t i = 0; published && i < n_parts; i++) {
+        tr_err ignored = {{0}};
+        delete_object(s, curl, parts[i], &ignored);
+    }
+    free_strings(parts, n_parts);
     buf_free(&manifest);
     free(manifest_key);
     return rc;

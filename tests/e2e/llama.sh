@@ -11,7 +11,16 @@
 . "$(dirname "$0")/lib.sh"
 R="$TR_SRCDIR/tests/config/tiny_llama.lua"
 READ="$TR_SRCDIR/tests/e2e/read_safetensors.py"
-weights() { echo "$1/checkpoints/$(cat "$1/checkpoints/LATEST")/model.safetensors"; }
+# a run's latest weights as one fp32 file: model.safetensors, or a sharded
+# checkpoint's (each rank wrote its parts, docs/scale-out.md) exported and
+# kept beside the run directory
+weights() {
+  c="$1/checkpoints/$(cat "$1/checkpoints/LATEST")"
+  if [ -f "$c/model.safetensors" ]; then echo "$c/model.safetensors"; return; fi
+  "$TRAINRUN" export "$c" --dtype fp32 -o "$1.weights.safetensors" > "$1.export.log" 2>&1 ||
+    { cat "$1.export.log" >&2; fail "export of $c"; }
+  echo "$1.weights.safetensors"
+}
 first_metric() {
   grep "\"$2\"" "$1" | head -n 1 | sed -e "s/.*\"$2\": *\([-0-9.e+]*\).*/\1/"
 }

@@ -11,6 +11,8 @@
 #      signature of every request for a prefix that needs escaping
 #   e) credentials: from ~/.aws/credentials (a profile); never to an endpoint
 #      only the recipe named, never from a variable the recipe named
+#   f) a sharded checkpoint: every rank uploads its blob, rank 0 publishes;
+#      resumed from the bucket at 1 and 3 ranks
 . "$(dirname "$0")/lib.sh"
 PYTHON=${PYTHON:-python3}
 command -v "$PYTHON" > /dev/null 2>&1 || skip "python3 is not installed (needed for moto)"
@@ -314,6 +316,40 @@ case "$(tool manifests "$endpoint" ckpt t/)" in
   *) fail "after pruning to 3: $(tool manifests "$endpoint" ckpt t/)" ;;
 esac
 echo "s3: b) resumed from the bucket in a new run directory, old checkpoints pruned"
+
+# ---- f) a sharded checkpoint (parallel.shard): each rank uploads its blob,
+# rank 0's MANIFEST names them all; read back range by range at 1 and 3 ranks
+recipe sharded.lua 32 sh/
+sharded="train.batch=12 train.micro_batch=1 train.threads=1 parallel.bucket_mb=0.01"
+# shellcheck disable=SC2086
+"$TRAINRUN" sharded.lua run_dir=f procs=2 parallel.shard=parameters $sharded > f.log 2>&1 ||
+  { cat f.log >&2; fail "a sharded run saving to the bucket failed"; }
+grep -q "cannot take one checkpoint from several ranks" f.log && { cat f.log >&2; fail "s3 fell back on rank 0 writing"; }
+latest=$(tool check_cmd "$endpoint" ckpt sh/) || fail "the bucket is inconsistent after a sharded run"
+[ "$latest" = step-0000000020 ] || fail "sharded: LATEST is '$latest'"
+"$PYTHON" - "$endpoint" << 'PY' || fail "sharded: the MANIFEST does not name every rank's blob, or parts were left"
+import sys, boto3
+s3 = boto3.client("s3", endpoint_url=sys.argv[1], region_name="us-east-1",
+                  aws_access_key_id="testing", aws_secret_access_key="testing")
+m = s3.get_object(Bucket="ckpt", Key="sh/step-0000000020/MANIFEST")["Body"].read().decode()
+for blob in ("shard-00000-of-00002.bin", "shard-00001-of-00002.bin", "layout.json", "state.json"):
+    assert any(line.split(" ")[-1] == blob for line in m.splitlines()[1:]), (blob, m)
+keys = [o["Key"] for o in s3.list_objects_v2(Bucket="ckpt", Prefix="sh/").get("Contents", [])]
+assert not any("/PART-" in k for k in keys), keys
+PY
+# at 3 ranks from step 20 (saved at 2) to 25, then in one process from 25 (saved at 3)
+for case in 3:20:25 1:25:30; do
+  procs=${case%%:*} rest=${case#*:}
+  from=${rest%%:*} to=${rest#*:}
+  # shellcheck disable=SC2086
+  "$TRAINRUN" sharded.lua run_dir=f$procs procs=$procs parallel.shard=parameters $sharded \
+    train.steps=$to --resume auto --allow-changes > f$procs.log 2>&1 ||
+    { cat f$procs.log >&2; fail "resuming a sharded checkpoint from the bucket at $procs ranks"; }
+  grep -q "resumed from checkpoint step-00000000$from" f$procs.log ||
+    { cat f$procs.log >&2; fail "sharded: no resume from step $from in the bucket at $procs ranks"; }
+done
+grep -q "every rank read its own parts" f3.log || { cat f3.log >&2; fail "sharded: the 3 ranks did not read their parts"; }
+echo "s3: f) sharded checkpoints: saved at 2 ranks, resumed from the bucket at 3, saved there, resumed in 1 process"
 
 # ---- c) the server dies during the upload of step 10's second blob
 recipe big.lua 128 f/

@@ -11,7 +11,16 @@
 . "$(dirname "$0")/lib.sh"
 READ="$TR_SRCDIR/tests/e2e/read_safetensors.py"
 LLAMA="$TR_SRCDIR/tests/config/tiny_llama.lua"
-weights() { echo "$1/checkpoints/$(cat "$1/checkpoints/LATEST")/model.safetensors"; }
+# a run's latest weights as one fp32 file: model.safetensors, or a sharded
+# checkpoint's (each rank wrote its parts, docs/scale-out.md) exported and
+# kept beside the run directory
+weights() {
+  c="$1/checkpoints/$(cat "$1/checkpoints/LATEST")"
+  if [ -f "$c/model.safetensors" ]; then echo "$c/model.safetensors"; return; fi
+  "$TRAINRUN" export "$c" --dtype fp32 -o "$1.weights.safetensors" > "$1.export.log" 2>&1 ||
+    { cat "$1.export.log" >&2; fail "export of $c"; }
+  echo "$1.weights.safetensors"
+}
 set -- train.steps=6 train.batch=6 train.micro_batch=1 train.threads=1 train.log_every=3 \
   train.eval_every=3 train.eval_batches=3 checkpoint.every=3 parallel.bucket_mb=0.01 \
   model.dim=64 model.ffn_dim=128 model.layers=3 model.recompute=1

@@ -22,9 +22,10 @@
 #     unevenly (every rank still runs as many forwards: each gathers);
 #   - over MPI (mpirun -np 3) "gradients" and "parameters" equal no
 #     sharding bit for bit (no accumulation);
-#   - a run saved at 2 ranks resumes at 3 and at 1 (the checkpoint holds
-#     the whole state; each world size cuts it anew) and ends within 1e-5
-#     of the run that kept 2 ranks;
+#   - a run saved at 2 ranks resumes at 3 and at 1 (the checkpoint records
+#     its layout; each world size reads the ranges it keeps) and ends within
+#     1e-5 of the run that kept 2 ranks (tests/e2e/shard-checkpoint.sh has
+#     the rest of the sharded checkpoints' story);
 #   - a shard that contradicts parallel.zero is
 #     refused naming the recipe line, and a comm plugin without
 #     reduce_scatter (one built for plugin ABI 2.2) naming the slot.
@@ -32,7 +33,16 @@
 READ="$TR_SRCDIR/tests/e2e/read_safetensors.py"
 GPT="$TR_SRCDIR/tests/config/tiny_gpt.lua"
 LLAMA="$TR_SRCDIR/tests/config/tiny_llama.lua"
-weights() { echo "$1/checkpoints/$(cat "$1/checkpoints/LATEST")/model.safetensors"; }
+# a run's latest weights as one fp32 file, exported beside the run
+# directory: a sharded checkpoint (each rank wrote its parts,
+# docs/scale-out.md) has no model.safetensors, and both sides of a cmp go
+# through the same writer
+weights() {
+  c="$1/checkpoints/$(cat "$1/checkpoints/LATEST")"
+  "$TRAINRUN" export "$c" --dtype fp32 -o "$1.weights.safetensors" > "$1.export.log" 2>&1 ||
+    { cat "$1.export.log" >&2; fail "export of $c"; }
+  echo "$1.weights.safetensors"
+}
 # The GPT's attention bias c_attn.bias is left out of the comparison: its
 # key part has an exactly-zero gradient (softmax ignores a shift common to
 # all keys), so each summation order leaves different rounding noise there
