@@ -426,7 +426,9 @@ static void target_hf_config(const struct buf *in, uint64_t h)
     accepted("hf-config");
     if (a.vocab < 2 || a.dim < 1 || a.layers < 1 || a.heads < 1 || a.kv_heads < 1 ||
         a.dim % a.heads || a.heads % a.kv_heads || a.ffn_dim < 1 || a.ctx < 1 ||
-        !(a.norm_eps > 0 && a.norm_eps < 1))
+        !(a.norm_eps > 0 && a.norm_eps < 1) ||
+        (a.rope_factor != 0 && !(a.rope_factor >= 1 && a.rope_high_freq_factor > a.rope_low_freq_factor &&
+                                 a.rope_low_freq_factor > 0 && a.rope_original_ctx >= 1)))
         broken("hf-config: accepted vocab %lld dim %lld layers %lld heads %lld/%lld ffn %lld ctx %lld",
                (long long)a.vocab, (long long)a.dim, (long long)a.layers, (long long)a.heads,
                (long long)a.kv_heads, (long long)a.ffn_dim, (long long)a.ctx);
@@ -440,7 +442,9 @@ static void target_hf_config(const struct buf *in, uint64_t h)
     if (a.family != b.family || a.vocab != b.vocab || a.dim != b.dim || a.layers != b.layers ||
         a.heads != b.heads || a.kv_heads != b.kv_heads || a.ffn_dim != b.ffn_dim ||
         a.ctx != b.ctx || a.tie_embeddings != b.tie_embeddings || a.qkv_bias != b.qkv_bias ||
-        a.norm_eps != b.norm_eps || (a.family == TR_HF_LLAMA && a.rope_theta != b.rope_theta))
+        a.norm_eps != b.norm_eps || (a.family == TR_HF_LLAMA && a.rope_theta != b.rope_theta) ||
+        a.rope_factor != b.rope_factor || a.rope_low_freq_factor != b.rope_low_freq_factor ||
+        a.rope_high_freq_factor != b.rope_high_freq_factor || a.rope_original_ctx != b.rope_original_ctx)
         broken("hf-config: written and read back, the model differs:\n%s", text);
     free(text);
     /* the tensor list of a small enough model (the names of a huge one are
