@@ -49,6 +49,7 @@
 #include "dataset/image_codec.h"
 #include <trainrun/images.h>
 #include "config/hf_config.h"
+#include "tokenizer/tokenizer.h"
 #include "engine/hf_weights.h"
 #include "remove_tree.h"
 #include "util/safetensors.h"
@@ -409,6 +410,44 @@ static void target_json(const struct buf *in, uint64_t h)
     (void)tr_json_string(j, "recipe");
     (void)tr_json_get(tr_json_get(j, "checksums"), "model.safetensors");
     tr_json_free(j);
+}
+
+/* tokenizer.json of a model directory (prepare --tokenizer, sample): a file accepted
+ * encodes and decodes texts (byte-level ones with byte fallback and decoder chains among
+ * them) without reading or writing out of bounds; one refused says why. */
+static void target_tokenizer(const struct buf *in, uint64_t h)
+{
+    tr_err err = {{0}};
+    struct tr_tokenizer *t = tr_tokenizer_parse((const char *)in->p, in->n, "tokenizer.json", &err);
+    if (!t) {
+        if (!err.msg[0])
+            broken("tokenizer: rejected without a message");
+        return;
+    }
+    accepted("tokenizer");
+    static const char *const texts[] = {"", "ab ab", " \xc4\xa0x\n\n", "\xe4\xb8\xad\xf0\x9f\x98\x80 a",
+                                        "<|endoftext|>a b", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"};
+    for (size_t k = 0; k < sizeof texts / sizeof texts[0]; k++) {
+        const char *x = texts[(k + h) % (sizeof texts / sizeof texts[0])];
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (tr_tokenizer_encode(t, x, strlen(x), &ids, &n, &err) != TR_OK) {
+            if (!err.msg[0])
+                broken("tokenizer: encode failed without a message");
+            continue;
+        }
+        char *out = NULL;
+        size_t len = 0;
+        if (tr_tokenizer_decode(t, ids, n, &out, &len, &err) == TR_OK)
+            free(out);
+        for (size_t i = 1; i <= n; i++) {
+            out = NULL;
+            if (tr_tokenizer_decode_next(t, ids, i, &out, &len, &err) == TR_OK)
+                free(out);
+        }
+        free(ids);
+    }
+    tr_tokenizer_free(t);
 }
 
 /* config.json of a Hugging Face directory (model = { from = DIR }): what is
@@ -1226,6 +1265,7 @@ static struct target targets[] = {
     {"json", target_json, 10, 0, json_dict, NULL, 0},
     {"safetensors", target_safetensors, 10, 0, json_dict, NULL, 0},
     {"hf-config", target_hf_config, 6, 0, json_dict, NULL, 0},
+    {"tokenizer", target_tokenizer, 3, 0, json_dict, NULL, 0},
     {"tokens", target_tokens, 10, 0, NULL, NULL, 0},
     {"csv", target_csv, 10, 0, csv_dict, NULL, 0},
     {"idx-images", target_idx_images, 6, 0, NULL, NULL, 0},
