@@ -378,6 +378,21 @@ static void write_real(FILE *out, double x)
     fputs(buf, out);
 }
 
+/* The same, always with a decimal point: transformers' validation of
+ * rope_scaling wants its factors floats (4.0), and warns about 4. */
+static void write_float(FILE *out, double x)
+{
+    char buf[40];
+    for (int p = 1; p <= 17; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, x);
+        if (strtod(buf, NULL) == x)
+            break;
+    }
+    fputs(buf, out);
+    if (!strpbrk(buf, ".eEn"))
+        fputs(".0", out);
+}
+
 void tr_hf_config_write(const struct tr_hf_arch *a, const char *torch_dtype, FILE *out)
 {
     if (a->family == TR_HF_GPT2) {
@@ -411,11 +426,11 @@ void tr_hf_config_write(const struct tr_hf_arch *a, const char *torch_dtype, FIL
         write_real(out, a->rope_theta);
         if (a->rope_factor > 0) {
             fprintf(out, ",\n  \"rope_scaling\": {\n    \"rope_type\": \"llama3\",\n    \"factor\": ");
-            write_real(out, a->rope_factor);
+            write_float(out, a->rope_factor);
             fprintf(out, ",\n    \"low_freq_factor\": ");
-            write_real(out, a->rope_low_freq_factor);
+            write_float(out, a->rope_low_freq_factor);
             fprintf(out, ",\n    \"high_freq_factor\": ");
-            write_real(out, a->rope_high_freq_factor);
+            write_float(out, a->rope_high_freq_factor);
             fprintf(out, ",\n    \"original_max_position_embeddings\": %lld\n  }",
                     (long long)a->rope_original_ctx);
         } else {

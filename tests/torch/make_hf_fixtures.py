@@ -535,7 +535,7 @@ def check_export(trainrun):
     trainrun = os.path.abspath(trainrun)
     work = tempfile.mkdtemp(prefix="trainrun-hf-export-")
     try:
-        for name in ("tiny-llama", "tiny-llama-bf16", "tiny-qwen2",
+        for name in ("tiny-llama", "tiny-llama-bf16", "tiny-llama-rope3", "tiny-qwen2",
                      "tiny-gpt2"):
             for steps in (0, 3):
                 check_export_one(trainrun, name, steps, work)
