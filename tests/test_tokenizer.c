@@ -365,8 +365,7 @@ Test(tokenizer, byte_fallback_with_byte_level)
 Test(tokenizer, byte_tokens_with_byte_level)
 {
     check_fixture(FIX "bpe_byte_tokens.json", "bpe_byte_tokens");
-    /* not streamed: decode_next's pieces of <0xNN> runs before ByteLevel are not yet exact
-     * (docs/tokenizers.md) */
+    check_stream(FIX "bpe_byte_tokens.json");
 }
 
 /* SentencePiece style: characters, <0xNN> byte fallback, "▁" for spaces */

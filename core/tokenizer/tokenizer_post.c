@@ -504,6 +504,14 @@ int tr_tokenizer_decode(const struct tr_tokenizer *t, const int32_t *ids, size_t
     return TR_OK;
 }
 
+/* the byte of a <0xNN> vocabulary token, else -1 */
+static int id_byte(const struct tr_tokenizer *t, int32_t id)
+{
+    const char *tok = t->token[id];
+    struct buf b = { (char *)tok, tok ? strlen(tok) : 0, 0 };
+    return tok ? byte_token(&b) : -1;
+}
+
 /* How many of ids[0..n) decode_next decodes: all, but for a byte-level chain without the
  * tokens of a trailing run of <0xNN> tokens past its last whole UTF-8 character. */
 static size_t stable_prefix(const struct tr_tokenizer *t, const int32_t *ids, size_t n)
@@ -511,19 +519,16 @@ static size_t stable_prefix(const struct tr_tokenizer *t, const int32_t *ids, si
     if (!t->byte_level)
         return n;
     size_t k = n;
-    char run[256];
-    size_t nrun = 0;
-    while (k > 0 && nrun < sizeof run) {
-        const char *tok = t->token[ids[k - 1]];
-        struct buf b = { (char *)tok, tok ? strlen(tok) : 0, 0 };
-        int byte = tok ? byte_token(&b) : -1;
-        if (byte < 0)
-            break;
-        memmove(run + 1, run, nrun++);
-        run[0] = (char)byte;
+    while (k > 0 && id_byte(t, ids[k - 1]) >= 0)
         k--;
-    }
-    return k + tr_tok_utf8_valid(run, nrun); /* the run's whole characters, one token a byte */
+    if (k == n)
+        return n;
+    char *run = tr_xcalloc(n - k, 1);
+    for (size_t i = k; i < n; i++)
+        run[i - k] = (char)id_byte(t, ids[i]);
+    size_t whole = tr_tok_utf8_valid(run, n - k); /* the run's whole characters, a token a byte */
+    free(run);
+    return k + whole;
 }
 
 int tr_tokenizer_decode_next(const struct tr_tokenizer *t, const int32_t *ids, size_t n, char **out,
