@@ -168,6 +168,10 @@ struct tr_node {
     unsigned write_grad_mask;
     /* appended with ABI 6: dropout's probability of dropping an element */
     float p;
+    /* appended with ABI 8: rope's frequency scaling, Llama 3.1's rope_type
+     * "llama3" (kernels/rope_scaling.h); rope_factor 0: none.  Doubles:
+     * transformers forms the thresholds and high - low from Python floats */
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_ctx;
 };
 
 struct tr_memory_report {
@@ -368,11 +372,12 @@ struct tr_backend {
  * search path and exporting TR_BACKEND_ENTRY_NAME, so a trainrun built with
  * a device backend still starts where that device (or its driver) is
  * missing, and says why device=<name> is unavailable. */
-#define TR_BACKEND_ABI 7 /* 2: the Llama-family ops and node attributes; 3: convolutions;
+#define TR_BACKEND_ABI 8 /* 2: the Llama-family ops and node attributes; 3: convolutions;
                           * 4: the memory plan counts the backend's parameter copies;
                           * 5: gradients written by their first writer (writes_grad);
                           * 6: frozen weights (16-bit, NF4) and store/load_frozen;
-                          * 7: discard, and tr_graph.params_sharded */
+                          * 7: discard, and tr_graph.params_sharded;
+                          * 8: rope's frequency scaling (tr_node.rope_factor ...) */
 #define TR_BACKEND_ENTRY_NAME "trainrun_backend_entry"
 
 struct tr_backend_module {

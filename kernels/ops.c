@@ -38,6 +38,15 @@ const struct tr_attr_desc tr_attrs[TR_ATTR_COUNT] = {
                           "statistics)"},
     [TR_ATTR_BUFFER] = {"buffer", TR_ATTR_TENSOR, 0, 0, -1, AT(buffer), NULL},
     [TR_ATTR_P] = {"p", TR_ATTR_OPEN_UNIT, 0, 0, 0.5, AT(p), "above 0 and below 1"},
+    /* absent: no scaling (the rest are read only with a factor; the shape
+     * rule checks them together) */
+    [TR_ATTR_ROPE_FACTOR] = {"rope_factor", TR_ATTR_REAL64, 0, 0, 0, AT(rope_factor), NULL},
+    [TR_ATTR_ROPE_LOW_FREQ_FACTOR] = {"rope_low_freq_factor", TR_ATTR_REAL64, 0, 0, 0,
+                                      AT(rope_low_freq_factor), NULL},
+    [TR_ATTR_ROPE_HIGH_FREQ_FACTOR] = {"rope_high_freq_factor", TR_ATTR_REAL64, 0, 0, 0,
+                                       AT(rope_high_freq_factor), NULL},
+    [TR_ATTR_ROPE_ORIGINAL_CTX] = {"rope_original_ctx", TR_ATTR_REAL64, 0, 0, 0,
+                                   AT(rope_original_ctx), NULL},
 };
 
 /* ---- helpers for the rules -------------------------------------------------- */
@@ -330,6 +339,24 @@ static int rope_shape(const struct tr_graph *g, struct tr_node *n,
              (long long)(W / n->heads), in[0]->name, (long long)W, n->heads);
     if (!(n->theta > 0) || !isfinite(n->theta))
         FAIL("theta %g must be a finite number above 0 (10000 in Llama 2)", (double)n->theta);
+    if (n->rope_factor != 0) { /* Llama 3.1's scaling: as transformers validates it, and more */
+        if (!(n->rope_factor >= 1) || !isfinite(n->rope_factor))
+            FAIL("rope_factor %g must be a finite number from 1 (0: no scaling)", n->rope_factor);
+        if (!(n->rope_low_freq_factor > 0) ||
+            !(n->rope_high_freq_factor > n->rope_low_freq_factor) ||
+            !isfinite(n->rope_high_freq_factor))
+            FAIL("rope_low_freq_factor %g and rope_high_freq_factor %g must be finite, above 0 "
+                 "and the high one above the low one (Llama 3.1: 1 and 4)",
+                 n->rope_low_freq_factor, n->rope_high_freq_factor);
+        if (!(n->rope_original_ctx >= 1) || n->rope_original_ctx > 16777216.0 ||
+            n->rope_original_ctx != floor(n->rope_original_ctx))
+            FAIL("rope_original_ctx %g must be a whole number from 1 to 16777216 (Llama 3.1: 8192)",
+                 n->rope_original_ctx);
+    } else if (n->rope_low_freq_factor != 0 || n->rope_high_freq_factor != 0 ||
+               n->rope_original_ctx != 0) {
+        FAIL("rope_low_freq_factor, rope_high_freq_factor and rope_original_ctx need a "
+             "rope_factor (Llama 3.1's scaling)");
+    }
     return produce(s, in[0]->shape, 3);
 }
 
@@ -546,7 +573,8 @@ const struct tr_op_desc tr_ops[TR_OP_COUNT] = {
                              "Graph:cross_entropy"},
     [TR_OP_RMSNORM] = {"rmsnorm", 2, 2, NULL, 0, {"x", "w"}, 0, 3u, A(EPS), rmsnorm_shape, BOTH,
                        "Graph:rmsnorm, Graph:RMSNorm"},
-    [TR_OP_ROPE] = {"rope", 1, 1, NULL, 0, {"x"}, 0, 1u, A(HEADS) | A(THETA), rope_shape, BOTH,
+    [TR_OP_ROPE] = {"rope", 1, 1, NULL, 0, {"x"}, 0, 1u, A(HEADS) | A(THETA) | A(ROPE_FACTOR) |
+                    A(ROPE_LOW_FREQ_FACTOR) | A(ROPE_HIGH_FREQ_FACTOR) | A(ROPE_ORIGINAL_CTX), rope_shape, BOTH,
                     "Graph:rope"},
     [TR_OP_SWIGLU] = {"swiglu", 2, 2, NULL, 0, {"gate", "up"}, 0, 3u, 0, swiglu_shape, BOTH,
                       "Graph:swiglu"},

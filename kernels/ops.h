@@ -48,6 +48,11 @@ enum tr_attr {
     TR_ATTR_MOMENTUM,
     TR_ATTR_BUFFER,
     TR_ATTR_P,       /* dropout's probability */
+    /* rope's Llama 3.1 frequency scaling (kernels/rope_scaling.h); factor 0: none */
+    TR_ATTR_ROPE_FACTOR,
+    TR_ATTR_ROPE_LOW_FREQ_FACTOR,
+    TR_ATTR_ROPE_HIGH_FREQ_FACTOR,
+    TR_ATTR_ROPE_ORIGINAL_CTX,
     TR_ATTR_COUNT
 };
 
@@ -56,6 +61,7 @@ enum tr_attr {
 enum tr_attr_kind {
     TR_ATTR_INT,       /* a whole number in [lo, hi] (a boolean too where hi is 1) */
     TR_ATTR_REAL,      /* a finite number within a float's range; above 0 where lo > 0 */
+    TR_ATTR_REAL64,    /* the same, kept as a double */
     TR_ATTR_PAIR,      /* a whole number n (n x n) or a pair {h, w}, each in [lo, hi] */
     TR_ATTR_OPEN_UNIT, /* a number above 0 and below 1 */
     TR_ATTR_HALF_UNIT, /* a number above 0 (as a float) and at most 1 */

@@ -49,6 +49,7 @@
 #include "dataset/image_codec.h"
 #include <trainrun/images.h>
 #include "config/hf_config.h"
+#include "tokenizer/tokenizer.h"
 #include "engine/hf_weights.h"
 #include "engine/checkpoint_shard.h"
 #include "remove_tree.h"
@@ -467,6 +468,44 @@ static void target_layout(const struct buf *in, uint64_t h)
     free(text);
 }
 
+/* tokenizer.json of a model directory (prepare --tokenizer, sample): a file accepted
+ * encodes and decodes texts (byte-level ones with byte fallback and decoder chains among
+ * them) without reading or writing out of bounds; one refused says why. */
+static void target_tokenizer(const struct buf *in, uint64_t h)
+{
+    tr_err err = {{0}};
+    struct tr_tokenizer *t = tr_tokenizer_parse((const char *)in->p, in->n, "tokenizer.json", &err);
+    if (!t) {
+        if (!err.msg[0])
+            broken("tokenizer: rejected without a message");
+        return;
+    }
+    accepted("tokenizer");
+    static const char *const texts[] = {"", "ab ab", " \xc4\xa0x\n\n", "\xe4\xb8\xad\xf0\x9f\x98\x80 a",
+                                        "<|endoftext|>a b", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"};
+    for (size_t k = 0; k < sizeof texts / sizeof texts[0]; k++) {
+        const char *x = texts[(k + h) % (sizeof texts / sizeof texts[0])];
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (tr_tokenizer_encode(t, x, strlen(x), &ids, &n, &err) != TR_OK) {
+            if (!err.msg[0])
+                broken("tokenizer: encode failed without a message");
+            continue;
+        }
+        char *out = NULL;
+        size_t len = 0;
+        if (tr_tokenizer_decode(t, ids, n, &out, &len, &err) == TR_OK)
+            free(out);
+        for (size_t i = 1; i <= n; i++) {
+            out = NULL;
+            if (tr_tokenizer_decode_next(t, ids, i, &out, &len, &err) == TR_OK)
+                free(out);
+        }
+        free(ids);
+    }
+    tr_tokenizer_free(t);
+}
+
 /* config.json of a Hugging Face directory (model = { from = DIR }): what is
  * accepted is in range, and writing it back reads as the same model. */
 static void target_hf_config(const struct buf *in, uint64_t h)
@@ -482,7 +521,9 @@ static void target_hf_config(const struct buf *in, uint64_t h)
     accepted("hf-config");
     if (a.vocab < 2 || a.dim < 1 || a.layers < 1 || a.heads < 1 || a.kv_heads < 1 ||
         a.dim % a.heads || a.heads % a.kv_heads || a.ffn_dim < 1 || a.ctx < 1 ||
-        !(a.norm_eps > 0 && a.norm_eps < 1))
+        !(a.norm_eps > 0 && a.norm_eps < 1) ||
+        (a.rope_factor != 0 && !(a.rope_factor >= 1 && a.rope_high_freq_factor > a.rope_low_freq_factor &&
+                                 a.rope_low_freq_factor > 0 && a.rope_original_ctx >= 1)))
         broken("hf-config: accepted vocab %lld dim %lld layers %lld heads %lld/%lld ffn %lld ctx %lld",
                (long long)a.vocab, (long long)a.dim, (long long)a.layers, (long long)a.heads,
                (long long)a.kv_heads, (long long)a.ffn_dim, (long long)a.ctx);
@@ -496,7 +537,9 @@ static void target_hf_config(const struct buf *in, uint64_t h)
     if (a.family != b.family || a.vocab != b.vocab || a.dim != b.dim || a.layers != b.layers ||
         a.heads != b.heads || a.kv_heads != b.kv_heads || a.ffn_dim != b.ffn_dim ||
         a.ctx != b.ctx || a.tie_embeddings != b.tie_embeddings || a.qkv_bias != b.qkv_bias ||
-        a.norm_eps != b.norm_eps || (a.family == TR_HF_LLAMA && a.rope_theta != b.rope_theta))
+        a.norm_eps != b.norm_eps || (a.family == TR_HF_LLAMA && a.rope_theta != b.rope_theta) ||
+        a.rope_factor != b.rope_factor || a.rope_low_freq_factor != b.rope_low_freq_factor ||
+        a.rope_high_freq_factor != b.rope_high_freq_factor || a.rope_original_ctx != b.rope_original_ctx)
         broken("hf-config: written and read back, the model differs:\n%s", text);
     free(text);
     /* the tensor list of a small enough model (the names of a huge one are
@@ -1278,6 +1321,7 @@ static struct target targets[] = {
     {"json", target_json, 10, 0, json_dict, NULL, 0},
     {"safetensors", target_safetensors, 10, 0, json_dict, NULL, 0},
     {"hf-config", target_hf_config, 6, 0, json_dict, NULL, 0},
+    {"tokenizer", target_tokenizer, 3, 0, json_dict, NULL, 0},
     {"tokens", target_tokens, 10, 0, NULL, NULL, 0},
     {"csv", target_csv, 10, 0, csv_dict, NULL, 0},
     {"idx-images", target_idx_images, 6, 0, NULL, NULL, 0},

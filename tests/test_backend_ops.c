@@ -336,6 +336,19 @@ static void build_rope(struct tr_graph *g, enum tr_dtype dt, const int *d)
     dummy_loss(g);
 }
 
+/* dims: B, T, heads, head size, theta, original context: Llama 3.1's
+ * scaling with factor 8, low 1, high 4 */
+static void build_rope_llama3(struct tr_graph *g, enum tr_dtype dt, const int *d)
+{
+    int x = param(g, "x", dt, 3, shape(d[0], d[1], d[2] * d[3]));
+    int out = activation(g, dt, 3, shape(d[0], d[1], d[2] * d[3]));
+    add_node(g, (struct tr_node){.op = TR_OP_ROPE, .name = "rope", .in = {x}, .n_in = 1,
+                                 .out = out, .heads = d[2], .theta = (float)d[4],
+                                 .rope_factor = 8, .rope_low_freq_factor = 1,
+                                 .rope_high_freq_factor = 4, .rope_original_ctx = d[5]});
+    dummy_loss(g);
+}
+
 /* dims: rows, cols, same input twice */
 static void build_swiglu(struct tr_graph *g, enum tr_dtype dt, const int *d)
 {
@@ -725,6 +738,8 @@ static void run_case(const struct op_case *oc)
     X(rope_head2_f32, build_rope, TR_F32, TR_F32, TOL_F32, 2, 9, 5, 2, 10000) \
     X(rope_bf16, build_rope, TR_BF16, TR_F32, TOL_BF16, 2, 37, 4, 32, 10000) \
     X(rope_f16, build_rope, TR_F16, TR_F32, TOL_F16, 2, 37, 2, 64, 1000000) \
+    X(rope_llama3_f32, build_rope_llama3, TR_F32, TR_F32, TOL_F32, 2, 37, 3, 16, 500000, 8) \
+    X(rope_llama3_bf16, build_rope_llama3, TR_BF16, TR_F32, TOL_BF16, 2, 37, 4, 32, 10000, 16) \
     /* dims: rows, cols, same input twice */ \
     X(swiglu_f32, build_swiglu, TR_F32, TR_F32, TOL_F32, 13, 77, 0) \
     X(swiglu_same_input_f32, build_swiglu, TR_F32, TR_F32, TOL_F32, 4, 37, 1) \

@@ -192,6 +192,23 @@ Test(hf_agreement, tiny_llama_gqa_untied, .init = environment) { agreement("tiny
 Test(hf_agreement, tiny_qwen2_qkv_bias_tied, .init = environment) { agreement("tiny-qwen2"); }
 Test(hf_agreement, tiny_gpt2_conv1d, .init = environment) { agreement("tiny-gpt2"); }
 
+/* Llama 3.1's rope_scaling (rope_type "llama3", original context 16): the
+ * same weights and batch as tiny-llama, other frequencies.  The scaled
+ * model's logits differ from tiny-llama's by far more than the tolerance,
+ * so plain rotary embeddings could not pass. */
+Test(hf_agreement, tiny_llama_rope_llama3, .init = environment)
+{
+    agreement("tiny-llama-rope3");
+    struct st_file a = open_ref("tiny-llama-rope3"), b = open_ref("tiny-llama");
+    const struct tr_st_entry *la = need(a.st, "", "logits"), *lb = need(b.st, "", "logits");
+    cr_assert_eq(la->bytes, lb->bytes);
+    double moved = tensor_error(la->data, lb->data, la->bytes / sizeof(float));
+    cr_assert_geq(moved, 1e-2, "the scaling moves the logits by only %.3g", moved);
+    cr_log_info("tiny-llama-rope3: the scaling moves row 0's logits by %.2g (relative)", moved);
+    st_close(&a);
+    st_close(&b);
+}
+
 /* bf16 weights: converted exactly, trainrun's fp32 arithmetic on them
  * matches transformers' float64 on the same rounded weights far inside the
  * gap to the unrounded model's numbers, so a loader that rounded twice or

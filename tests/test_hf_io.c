@@ -447,13 +447,83 @@ Test(hf_errors, missing_extra_and_misshaped_tensors_in_one_message, .init = setu
     free_dir(&m);
 }
 
+/* rope_scaling as transformers reads it: "llama3" with its four numbers,
+ * "default" as none, "type" over "rope_type", the rest refused naming the
+ * key; damaged values refused, never used. */
+Test(hf_errors, rope_scaling_llama3)
+{
+    static const char *const head = "{\"model_type\": \"llama\", \"vocab_size\": 11, "
+        "\"hidden_size\": 8, \"intermediate_size\": 12, \"num_hidden_layers\": 2, "
+        "\"num_attention_heads\": 2, \"max_position_embeddings\": 64, \"rope_scaling\": ";
+    static const struct { const char *scaling, *error; double factor; } cases[] = {
+        {"{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+         "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}", NULL, 8},
+        {"{\"type\": \"llama3\", \"factor\": 32, \"low_freq_factor\": 1, "
+         "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192}", NULL, 32},
+        {"{\"rope_type\": \"default\"}", NULL, 0},
+        {"{\"type\": \"default\", \"rope_type\": \"llama3\"}", NULL, 0},
+        {"null", NULL, 0},
+        {"{\"type\": \"linear\", \"factor\": 2.0}", "\"rope_scaling\" has \"type\": \"linear\"", 0},
+        {"{\"rope_type\": \"dynamic\", \"factor\": 2.0}", "\"rope_type\": \"dynamic\"", 0},
+        {"{\"rope_type\": \"longrope\"}", "\"rope_type\": \"longrope\"", 0},
+        {"{\"factor\": 2.0}", "has no \"rope_type\" string", 0},
+        {"[1]", "\"rope_scaling\" is a list", 0},
+        {"{\"rope_type\": \"llama3\", \"factor\": 0.5, \"low_freq_factor\": 1, "
+         "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192}", "\"factor\" is 0.5", 0},
+        {"{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 4, "
+         "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192}", "the high one above", 0},
+        {"{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, "
+         "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 81.5}",
+         "\"original_max_position_embeddings\" is 81.5", 0},
+        {"{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": \"1\", "
+         "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192}",
+         "needs a number \"low_freq_factor\" (1.0 in Llama 3.1); it is a string", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[1024];
+        snprintf(text, sizeof text, "%s%s}", head, cases[i].scaling);
+        struct tr_hf_arch a;
+        tr_err err = {{0}};
+        int rc = tr_hf_config_parse(text, strlen(text), "dir/config.json", &a, &err);
+        if (!cases[i].error) {
+            cr_assert_eq(rc, TR_OK, "%s: %s", cases[i].scaling, err.msg);
+            cr_assert_eq(a.rope_factor, cases[i].factor, "%s", cases[i].scaling);
+            if (a.rope_factor > 0)
+                cr_assert(a.rope_low_freq_factor == 1 && a.rope_high_freq_factor == 4 &&
+                          a.rope_original_ctx == 8192);
+            /* what export writes reads back the same */
+            char *out = NULL;
+            size_t len = 0;
+            FILE *f = open_memstream(&out, &len);
+            tr_hf_config_write(&a, "float32", f);
+            fclose(f);
+            struct tr_hf_arch b;
+            cr_assert_eq(tr_hf_config_parse(out, len, "written", &b, &err), TR_OK, "%s", err.msg);
+            cr_assert(b.rope_factor == a.rope_factor && b.rope_low_freq_factor == a.rope_low_freq_factor &&
+                      b.rope_high_freq_factor == a.rope_high_freq_factor &&
+                      b.rope_original_ctx == a.rope_original_ctx, "%s", out);
+            cr_assert((a.rope_factor > 0) == (strstr(out, "\"rope_type\": \"llama3\"") != NULL), "%s", out);
+            free(out);
+        } else {
+            cr_assert_eq(rc, TR_ERROR, "%s was accepted", cases[i].scaling);
+            cr_assert(strstr(err.msg, "dir/config.json") && strstr(err.msg, cases[i].error),
+                      "'%s' does not say '%s'", err.msg, cases[i].error);
+        }
+    }
+}
+
 Test(hf_errors, unsupported_configs_name_the_key, .init = setup, .fini = teardown)
 {
     struct model_dir m;
     write_llama_dir(&m);
     write_llama_config_with("\"rope_scaling\": null",
                             "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}");
-    expect_error(NULL, 11, "\"rope_scaling\" is an object of type \"llama3\"", "recipes/r.lua:2");
+    expect_error(NULL, 11, "config.json: \"rope_scaling\" of rope_type \"llama3\" needs a number "
+                 "\"low_freq_factor\"", "recipes/r.lua:2");
+    write_llama_config_with("\"rope_scaling\": null",
+                            "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 8.0}");
+    expect_error(NULL, 11, "config.json: \"rope_scaling\" has \"rope_type\": \"yarn\"",
+                 "\"llama3\" (Llama 3.1) and \"default\" only");
     write_llama_config_with("\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"");
     expect_error(NULL, 11, "\"hidden_act\" is \"gelu\"", NULL);
     write_llama_config_with("\"head_dim\": 4", "\"head_dim\": 8");

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <trainrun/mix.h>
 
+#include "../rope_scaling.h"
 #include "kernels.h"
 #include "tensor_init.h"
 
@@ -1715,6 +1716,84 @@ Test(rope, forward_backward)
 
 /* The convention, spelled out on unit vectors: channel i of a head goes to
  * (cos, sin) on channels (i, i + D/2), and channel i + D/2 to (-sin, cos) */
+/* Llama 3.1's scaled frequencies (kernels/rope_scaling.h) are transformers'
+ * bit for bit: tests/fixtures/hf/rope_llama3_freqs.txt holds the plain
+ * frequencies and what _compute_llama3_parameters makes of them for Llama
+ * 3.1 8B's settings, the tiny-llama-rope3 fixture's and 100 random ones
+ * (make_hf_fixtures.py); and the scaled rope turns pairs by exactly those
+ * frequencies.  (The plain ones are the CPU's powf's, which differ from
+ * torch's pow by an ulp in a few settings: counted, not asserted.) */
+Test(rope, llama3_scaling_is_transformers)
+{
+    const char *src = getenv("TR_SRCDIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tests/fixtures/hf/rope_llama3_freqs.txt", src ? src : ".");
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "cannot read %s", path);
+    char line[16384];
+    int settings = 0, changed = 0, ulps = 0, total = 0;
+    while (fgets(line, sizeof line, f)) {
+        char *p = line, *end;
+        double theta = strtod(p, &end);
+        p = end;
+        int D = (int)strtol(p, &end, 10);
+        p = end;
+        struct tr_rope_scaling sc;
+        sc.factor = strtod(p, &end);
+        p = end;
+        sc.low_freq_factor = strtod(p, &end);
+        p = end;
+        sc.high_freq_factor = strtod(p, &end);
+        p = end;
+        sc.original_ctx = strtol(p, &end, 10);
+        p = end;
+        cr_assert(D >= 2 && D <= 1024, "line %d: head %d", settings + 1, D);
+        float plain[512];
+        for (int i = 0; i < D / 2; i++) {
+            plain[i] = (float)strtod(p, &end);
+            cr_assert(end != p, "line %d: %d plain frequencies, want %d", settings + 1, i, D / 2);
+            p = end;
+            ulps += plain[i] != 1.0f / powf((float)theta, (float)(2 * i) / (float)D);
+            total++;
+        }
+        for (int i = 0; i < D / 2; i++) {
+            double want = strtod(p, &end);
+            cr_assert(end != p, "line %d: %d frequencies, want %d", settings + 1, i, D / 2);
+            p = end;
+            float got = tr_rope_scale_freq(plain[i], sc);
+            cr_assert((double)got == want, "theta %g head %d factor %g low %g high %g original %g: "
+                      "f_%d is %a, transformers %a", theta, D, (double)sc.factor,
+                      (double)sc.low_freq_factor, (double)sc.high_freq_factor,
+                      (double)sc.original_ctx, i, (double)got, want);
+            changed += got != plain[i];
+        }
+        settings++;
+    }
+    fclose(f);
+    cr_assert_geq(settings, 100);
+    cr_assert_gt(changed, 500, "only %d frequencies scaled", changed);
+    cr_log_info("%d settings, %d of %d frequencies scaled, identical to transformers'; plain "
+                "frequencies from powf off torch's by an ulp: %d", settings, changed, total, ulps);
+
+    /* the kernel's angles: t * f' */
+    enum { T = 9, D = 8, HALF = D / 2 };
+    struct tr_rope_scaling sc = {4.0, 1.0, 4.0, 16.0};
+    float *scratch = fvec(tr_cpu_rope_scratch_floats(T, D));
+    float x[T * D] = {0}, out[T * D];
+    for (int t = 0; t < T; t++)
+        x[t * D] = 1.0f; /* channel 0: its output pair is (cos, sin) of f'_0 t */
+    tr_cpu_rope_forward_scaled(out, x, scratch, 1, T, 1, D, 10000.0f, &sc);
+    float f0 = tr_rope_scale_freq(1.0f, sc);
+    cr_assert(f0 != 1.0f, "the test's frequency 0 is not scaled");
+    for (int t = 0; t < T; t++) {
+        float s, c;
+        sincosf((float)t * f0, &s, &c);
+        cr_assert(out[t * D] == c && out[t * D + HALF] == s, "t=%d: (%.9g, %.9g), want (%.9g, %.9g)",
+                  t, out[t * D], out[t * D + HALF], c, s);
+    }
+    free(scratch);
+}
+
 Test(rope, rotate_half_convention)
 {
     enum { T = 5, D = 8, HALF = D / 2 };

@@ -1096,7 +1096,10 @@ Test(llama, bad_options_are_named, .init = enter_test_dir)
         {"model.init_std=-0.5", "llama: option 'init_std' must be a number from 0 and at most 1e+06, got -0.5"},
         {"model.tie_embeddings=1", "llama: option 'tie_embeddings' must be true or false, got 1"},
         {"model.ffn=64", "llama: unknown option 'ffn'; options: ctx, dim, embed_scale, ffn_dim, heads, init_std, "
-                         "kv_heads, layers, norm_eps, qkv_bias, recompute, rope_theta, tie_embeddings, vocab"},
+                         "kv_heads, layers, norm_eps, qkv_bias, recompute, rope_factor, rope_high_freq_factor, "
+                         "rope_low_freq_factor, rope_original_ctx, rope_theta, tie_embeddings, vocab"},
+        {"model.rope_factor=8", "rope_low_freq_factor 0 and rope_high_freq_factor 0 must be finite"},
+        {"model.rope_original_ctx=8192", "need a rope_factor"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         tr_err err = {{0}};

@@ -354,6 +354,19 @@ Test(tokenizer, qwen2_nfc) { check_fixture(FIX "bpe_qwen2_nfc.json", "bpe_qwen2_
 /* NFKD, Lowercase, Replace (regex and string), Strip, NFC, Prepend in one chain, with an
  * added token matched in the normalized text ([MASK] -> [mask]) and one matched before */
 Test(tokenizer, normalizer_chain) { check_fixture(FIX "bpe_norms.json", "bpe_norms"); }
+/* shipped layouts: byte_fallback beside ByteLevel with no <0xNN> tokens, decoded by
+ * Sequence([ByteLevel, Strip]); and with <0xNN> tokens and characters missing from the
+ * vocabulary, decoded by Sequence([ByteFallback, ByteLevel]) */
+Test(tokenizer, byte_fallback_with_byte_level)
+{
+    check_fixture(FIX "bpe_byte_fallback.json", "bpe_byte_fallback");
+    check_stream(FIX "bpe_byte_fallback.json");
+}
+Test(tokenizer, byte_tokens_with_byte_level)
+{
+    check_fixture(FIX "bpe_byte_tokens.json", "bpe_byte_tokens");
+    check_stream(FIX "bpe_byte_tokens.json");
+}
 
 /* SentencePiece style: characters, <0xNN> byte fallback, "▁" for spaces */
 Test(tokenizer, sp_llama2) { check_fixture(FIX "sp_llama2.json", "sp_llama2"); }
@@ -533,9 +546,15 @@ Test(tokenizer, unsupported_models)
             "\"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [], \"byte_fallback\": true}, \"decoder\": "
             "{\"type\": \"WordPiece\"}}",
             "not supported yet: decoder WordPiece in test.json");
-    refused("{\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"byte_fallback\": "
-            "true, \"vocab\": {\"a\": 0}, \"merges\": []}}",
-            "not supported yet: BPE with byte_fallback and a ByteLevel pre-tokenizer in test.json");
+    /* a ByteLevel decoder needs ByteLevel pre-tokenization; a byte-level file's decoder chain
+     * must turn characters back into bytes (ByteLevel somewhere in it) */
+    refused("{\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"_\"}, \"model\": {\"type\": "
+            "\"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, \"decoder\": {\"type\": \"ByteLevel\"}}",
+            "not supported yet: decoder ByteLevel without a ByteLevel pre-tokenizer in test.json");
+    refused("{\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"vocab\": "
+            "{\"a\": 0}, \"merges\": []}, \"decoder\": {\"type\": \"Sequence\", \"decoders\": "
+            "[{\"type\": \"Fuse\"}]}}",
+            "not supported yet: decoder Sequence without ByteLevel, with a ByteLevel pre-tokenizer in test.json");
     refused("{\"pre_tokenizer\": {\"type\": \"Whitespace\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, "
             "\"merges\": []}}",
             "not supported yet: pre-tokenizer Whitespace in test.json");
@@ -551,7 +570,7 @@ Test(tokenizer, unsupported_models)
             "not supported yet: normalizer BertNormalizer in test.json");
     refused("{\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"decoder\": {\"type\": \"Metaspace\", "
             "\"replacement\": \"_\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
-            "not supported yet: decoder Metaspace with a ByteLevel pre-tokenizer in test.json");
+            "not supported yet: decoder Metaspace without ByteLevel, with a ByteLevel pre-tokenizer in test.json");
 }
 
 /* A real file cut short or with random bytes changed (within its first `head` bytes when

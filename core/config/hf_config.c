@@ -3,7 +3,8 @@
  * options (hf_config.h).  config.json comes with downloaded weights, so it
  * is untrusted like a recipe: every size is checked before it becomes a
  * dimension, and a setting trainrun would silently compute differently
- * (rope_scaling, biases, another activation) is refused, naming the key.
+ * (a rope_scaling other than Llama 3.1's, biases, another activation) is
+ * refused, naming the key.
  */
 #define _XOPEN_SOURCE 700
 #include "hf_config.h"
@@ -146,6 +147,65 @@ static int refuse_if_set(const struct cfg *c, const char *key, const char *why)
     return tr_fail(c->err, "%s: \"%s\" is %s; %s", c->what, key, type_name(v), why);
 }
 
+/* "rope_scaling": null, absent, rope_type "default" (transformers' plain
+ * frequencies) or "llama3" (Llama 3.1's, computed as transformers computes
+ * them: kernels/rope_scaling.h); any other type is refused.  Older files say
+ * "type"; where both are given transformers takes "type". */
+static int parse_rope_scaling(const struct cfg *c, struct tr_hf_arch *a)
+{
+    const struct tr_json *v = present(c, "rope_scaling");
+    if (!v)
+        return TR_OK;
+    if (v->type != TR_JSON_OBJECT)
+        return tr_fail(c->err, "%s: \"rope_scaling\" is %s; it must be null or an object such as "
+                       "Llama 3.1's {\"rope_type\": \"llama3\", \"factor\": 8.0, ...}", c->what,
+                       type_name(v));
+    const struct tr_json *t = tr_json_get(v, "type");
+    const char *key = "type";
+    if (!t || t->type == TR_JSON_NULL) {
+        t = tr_json_get(v, "rope_type");
+        key = "rope_type";
+    }
+    if (!t || t->type != TR_JSON_STRING)
+        return tr_fail(c->err, "%s: \"rope_scaling\" has no \"rope_type\" string; trainrun computes "
+                       "rope_type \"llama3\" (Llama 3.1) and \"default\" (no scaling)", c->what);
+    if (strcmp(t->string, "default") == 0)
+        return TR_OK;
+    if (strcmp(t->string, "llama3") != 0)
+        return tr_fail(c->err, "%s: \"rope_scaling\" has \"%s\": \"%.40s\"; trainrun computes "
+                       "rope_type \"llama3\" (Llama 3.1) and \"default\" only, and another scaling "
+                       "would give other logits: use a model whose config.json has one of those, or "
+                       "\"rope_scaling\": null for plain rotary embeddings", c->what, key, t->string);
+    static const char *const keys[] = {"factor", "low_freq_factor", "high_freq_factor",
+                                       "original_max_position_embeddings"};
+    double x[4];
+    for (int i = 0; i < 4; i++) {
+        const struct tr_json *k = tr_json_get(v, keys[i]);
+        if (!k || k->type != TR_JSON_NUMBER || !isfinite(k->number))
+            return tr_fail(c->err, "%s: \"rope_scaling\" of rope_type \"llama3\" needs a number "
+                           "\"%s\" (%s); it is %s", c->what, keys[i],
+                           i == 0 ? "8.0 in Llama 3.1" : i == 1 ? "1.0 in Llama 3.1"
+                           : i == 2 ? "4.0 in Llama 3.1" : "8192 in Llama 3.1",
+                           k && k->type == TR_JSON_NUMBER ? "not finite" : type_name(k));
+        x[i] = k->number;
+    }
+    if (!(x[0] >= 1 && x[0] <= 1e6))
+        return tr_fail(c->err, "%s: \"rope_scaling\": \"factor\" is %g; it must be from 1 to 1e6 "
+                       "(8.0 in Llama 3.1)", c->what, x[0]);
+    if (!(x[1] > 0 && x[2] > x[1] && x[2] <= 1e6))
+        return tr_fail(c->err, "%s: \"rope_scaling\": \"low_freq_factor\" %g and "
+                       "\"high_freq_factor\" %g must be above 0, at most 1e6, and the high one above "
+                       "the low one (1.0 and 4.0 in Llama 3.1)", c->what, x[1], x[2]);
+    if (!(x[3] >= 1 && x[3] <= 16777216) || x[3] != floor(x[3]))
+        return tr_fail(c->err, "%s: \"rope_scaling\": \"original_max_position_embeddings\" is %g; "
+                       "it must be a whole number from 1 to 16777216 (8192 in Llama 3.1)", c->what, x[3]);
+    a->rope_factor = x[0];
+    a->rope_low_freq_factor = x[1];
+    a->rope_high_freq_factor = x[2];
+    a->rope_original_ctx = (int64_t)x[3];
+    return TR_OK;
+}
+
 static int parse_llama(const struct cfg *c, const char *type, struct tr_hf_arch *a)
 {
     a->family = TR_HF_LLAMA;
@@ -183,8 +243,7 @@ static int parse_llama(const struct cfg *c, const char *type, struct tr_hf_arch 
                        c->what, (long long)head_dim, (long long)(a->dim / a->heads));
     static const char *const silu[] = {"silu", NULL};
     if (check_string(c, "hidden_act", silu, "the SiLU-gated MLP of Llama") != TR_OK ||
-        refuse_if_set(c, "rope_scaling", "trainrun computes plain rotary embeddings (rope_theta "
-                      "only); a model trained with rope_scaling would give other logits") != TR_OK ||
+        parse_rope_scaling(c, a) != TR_OK ||
         refuse_if_set(c, "mlp_bias", "trainrun's Llama MLP has no biases") != TR_OK)
         return TR_ERROR;
     if (strcmp(type, "qwen2") == 0) {
@@ -319,6 +378,21 @@ static void write_real(FILE *out, double x)
     fputs(buf, out);
 }
 
+/* The same, always with a decimal point: transformers' validation of
+ * rope_scaling wants its factors floats (4.0), and warns about 4. */
+static void write_float(FILE *out, double x)
+{
+    char buf[40];
+    for (int p = 1; p <= 17; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, x);
+        if (strtod(buf, NULL) == x)
+            break;
+    }
+    fputs(buf, out);
+    if (!strpbrk(buf, ".eEn"))
+        fputs(".0", out);
+}
+
 void tr_hf_config_write(const struct tr_hf_arch *a, const char *torch_dtype, FILE *out)
 {
     if (a->family == TR_HF_GPT2) {
@@ -350,7 +424,19 @@ void tr_hf_config_write(const struct tr_hf_arch *a, const char *torch_dtype, FIL
         write_real(out, a->norm_eps);
         fprintf(out, ",\n  \"rope_theta\": ");
         write_real(out, a->rope_theta);
-        fprintf(out, ",\n  \"rope_scaling\": null,\n  \"attention_dropout\": 0.0,\n"
+        if (a->rope_factor > 0) {
+            fprintf(out, ",\n  \"rope_scaling\": {\n    \"rope_type\": \"llama3\",\n    \"factor\": ");
+            write_float(out, a->rope_factor);
+            fprintf(out, ",\n    \"low_freq_factor\": ");
+            write_float(out, a->rope_low_freq_factor);
+            fprintf(out, ",\n    \"high_freq_factor\": ");
+            write_float(out, a->rope_high_freq_factor);
+            fprintf(out, ",\n    \"original_max_position_embeddings\": %lld\n  }",
+                    (long long)a->rope_original_ctx);
+        } else {
+            fprintf(out, ",\n  \"rope_scaling\": null");
+        }
+        fprintf(out, ",\n  \"attention_dropout\": 0.0,\n"
                      "  \"initializer_range\": 0.02,\n  \"tie_word_embeddings\": %s,\n"
                      "  \"use_cache\": true",
                 a->tie_embeddings ? "true" : "false");
@@ -392,6 +478,12 @@ static size_t arch_options(const struct tr_hf_arch *a, int64_t ctx, struct optio
         o[n++] = (struct option){"tie_embeddings", 1, a->tie_embeddings};
         o[n++] = (struct option){"qkv_bias", 1, a->qkv_bias};
         o[n++] = (struct option){"embed_scale", 0, 1}; /* none of these families scales */
+        if (a->rope_factor > 0) {
+            o[n++] = (struct option){"rope_factor", 0, a->rope_factor};
+            o[n++] = (struct option){"rope_low_freq_factor", 0, a->rope_low_freq_factor};
+            o[n++] = (struct option){"rope_high_freq_factor", 0, a->rope_high_freq_factor};
+            o[n++] = (struct option){"rope_original_ctx", 0, (double)a->rope_original_ctx};
+        }
     }
     return n;
 }
@@ -404,7 +496,10 @@ static const char *source_key(const struct tr_hf_arch *a, const char *opt)
         {"heads", "num_attention_heads"}, {"kv_heads", "num_key_value_heads"},
         {"ffn_dim", "intermediate_size"}, {"rope_theta", "rope_theta"}, {"norm_eps", "rms_norm_eps"},
         {"tie_embeddings", "tie_word_embeddings"}, {"qkv_bias", "model_type"},
-        {"ctx", "max_position_embeddings"}, {"embed_scale", "model_type"}};
+        {"ctx", "max_position_embeddings"}, {"embed_scale", "model_type"},
+        {"rope_factor", "rope_scaling.factor"}, {"rope_low_freq_factor", "rope_scaling.low_freq_factor"},
+        {"rope_high_freq_factor", "rope_scaling.high_freq_factor"},
+        {"rope_original_ctx", "rope_scaling.original_max_position_embeddings"}};
     static const char *const gpt[][2] = {{"vocab", "vocab_size"}, {"dim", "n_embd"}, {"layers", "n_layer"},
                                          {"heads", "n_head"}, {"ctx", "n_positions"}};
     if (a->family == TR_HF_GPT2) {
@@ -596,7 +691,7 @@ int tr_hf_resolve_model(struct tr_recipe *r, tr_err *err)
     m.config_path = config_path;
     m.builder = m.a.family == TR_HF_GPT2 ? "gpt" : "llama";
     int64_t ctx;
-    struct option opts[16];
+    struct option opts[24];
     int rc = check_model_keys(&m, &ctx, err);
     size_t n = rc == TR_OK ? arch_options(&m.a, ctx, opts) : 0;
     if (rc == TR_OK)

@@ -29,6 +29,9 @@ struct tr_hf_arch {
     double rope_theta, norm_eps;
     int tie_embeddings, qkv_bias;
     int64_t sliding_window;   /* mistral: 0 when none */
+    /* rope_scaling of rope_type "llama3" (Llama 3.1 and later); rope_factor 0: none */
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int64_t rope_original_ctx;
 };
 
 /* The families' names for messages: "llama, mistral, qwen2, gpt2". */

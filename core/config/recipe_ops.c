@@ -167,6 +167,13 @@ int tr_node_attrs_read(lua_State *L, int t, unsigned mask, struct tr_node *n,
         switch (d->kind) {
         case TR_ATTR_INT: rc = int_attr(L, d, field, why, size); break;
         case TR_ATTR_REAL: rc = real_attr(L, d, field, why, size); break;
+        case TR_ATTR_REAL64: {
+            float f = 0;
+            rc = real_attr(L, d, &f, why, size); /* the same checks; the value unrounded */
+            *(double *)field = rc == 0 && lua_type(L, -1) == LUA_TNUMBER ? lua_tonumber(L, -1)
+                                                                         : d->fallback;
+            break;
+        }
         case TR_ATTR_PAIR: rc = pair_attr(L, d, field, why, size); break;
         case TR_ATTR_OPEN_UNIT:
         case TR_ATTR_HALF_UNIT: rc = unit_attr(L, d, field, why, size); break;

@@ -45,8 +45,8 @@ static int64_t count_layers(const struct tr_graph *g, int gpt)
     return layers;
 }
 
-/* The heads, rope_theta and the norms' eps, off the graph's nodes; a
- * scaled embedding has no Hugging Face form. */
+/* The heads, rope_theta (and Llama 3.1's rope scaling) and the norms' eps,
+ * off the graph's nodes; a scaled embedding has no Hugging Face form. */
 static int read_nodes(const struct tr_graph *g, int gpt, const char *type, struct tr_hf_arch *a,
                       tr_err *err)
 {
@@ -58,6 +58,12 @@ static int read_nodes(const struct tr_graph *g, int gpt, const char *type, struc
             a->kv_heads = nd->n_in == 3 ? nd->kv_heads : nd->heads;
         } else if (nd->op == TR_OP_ROPE && a->rope_theta == 0) {
             a->rope_theta = nd->theta;
+            if (nd->rope_factor > 0) {
+                a->rope_factor = nd->rope_factor;
+                a->rope_low_freq_factor = nd->rope_low_freq_factor;
+                a->rope_high_freq_factor = nd->rope_high_freq_factor;
+                a->rope_original_ctx = (int64_t)nd->rope_original_ctx;
+            }
         } else if (nd->op == TR_OP_RMSNORM && a->norm_eps == 0) {
             a->norm_eps = nd->eps;
         } else if (nd->op == TR_OP_LAYERNORM && gpt && nd->eps != 1e-5f) {
@@ -72,7 +78,7 @@ static int read_nodes(const struct tr_graph *g, int gpt, const char *type, struc
 }
 
 /* The graph holds floats: rope_theta and eps as the shortest decimal that
- * is the same float. */
+ * is the same float (the rope scaling's factors are doubles, as read). */
 static void shortest_decimals(struct tr_hf_arch *a)
 {
     double vals[2] = {a->rope_theta, a->norm_eps};

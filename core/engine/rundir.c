@@ -377,12 +377,26 @@ int tr_rundir_check_tokenizer(const struct tr_session *s, tr_err *err)
         struct tr_origin o = {TR_FROM_RECIPE, tr_recipe_path(s->cfg->recipe), 0};
         tr_recipe_origin(s->cfg->recipe, "model.from", &o);
         tr_origin_format(&o, where, sizeof where);
+        /* the advice must be one that works: preparing with the model's file needs a file
+         * this trainrun reads */
+        tr_err bad = {{0}};
+        struct tr_tokenizer *ours = tr_tokenizer_parse(theirs, theirs_size, theirs_path, &bad);
+        char advice[1400];
+        if (ours)
+            snprintf(advice, sizeof advice, "re-prepare the data with `trainrun prepare ... "
+                     "--tokenizer %s`", theirs_path);
+        else
+            snprintf(advice, sizeof advice, "this trainrun cannot prepare data with %s (%s); "
+                     "if %s gives the same ids for every text (a copy changed only where trainrun "
+                     "could not read the original), keep the original aside and put that copy in "
+                     "its place as %s, else use a trainrun that reads it", theirs_path, bad.msg,
+                     path, theirs_path);
+        tr_tokenizer_free(ours);
         rc = tr_fail(err, "%s: model.from: the weights in %s were trained with the tokenizer %s "
                      "(hash %016llx), but data '%s' was made with another one, %s (hash %016llx): "
-                     "the model would read the data's ids as other tokens; re-prepare the data "
-                     "with `trainrun prepare ... --tokenizer %s`", where, dir, theirs_path,
-                     (unsigned long long)fnv1a64(theirs, theirs_size), s->data.name, path,
-                     (unsigned long long)fnv1a64(text, size), theirs_path);
+                     "the model would read the data's ids as other tokens; %s", where, dir,
+                     theirs_path, (unsigned long long)fnv1a64(theirs, theirs_size), s->data.name,
+                     path, (unsigned long long)fnv1a64(text, size), advice);
     }
     free(theirs);
     free(theirs_path);

@@ -93,7 +93,9 @@ static void merge_all(struct tr_tokenizer *t, size_t m, struct out *o)
  * known character, after any byte tokens, as the library does), else nothing. */
 static int symbols(struct tr_tokenizer *t, const char *w, size_t n, size_t *count, tr_err *err)
 {
-    if (n + 1 > t->sym_cap)
+    /* a symbol per byte and a pending unknown; byte-level byte fallback gives up to two
+     * (the UTF-8 of a byte's character) */
+    if (2 * n + 2 > t->sym_cap)
         t->sym = tr_xrealloc(t->sym, (t->sym_cap = 2 * n + 64) * sizeof *t->sym);
     struct sym *s = t->sym;
     size_t m = 0;
@@ -117,12 +119,16 @@ static int symbols(struct tr_tokenizer *t, const char *w, size_t n, size_t *coun
             continue;
         }
         if (t->byte_fallback) {
+            /* byte-level: the library looks up the bytes of the byte's character (its UTF-8),
+             * not the byte itself */
+            const char *c = t->byte_level ? t->byte_char[(unsigned char)w[i]] : w + i;
+            size_t nc = t->byte_level ? t->byte_char_len[(unsigned char)w[i]] : k;
             size_t j = 0;
-            while (j < k && t->fallback_id[(unsigned char)w[i + j]] >= 0)
+            while (j < nc && t->fallback_id[(unsigned char)c[j]] >= 0)
                 j++;
-            if (j == k) {
-                for (j = 0; j < k; j++)
-                    s[m++].id = t->fallback_id[(unsigned char)w[i + j]];
+            if (j == nc) {
+                for (j = 0; j < nc; j++)
+                    s[m++].id = t->fallback_id[(unsigned char)c[j]];
                 i += k;
                 continue;
             }

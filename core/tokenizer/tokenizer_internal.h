@@ -77,7 +77,7 @@ struct norm {
     size_t ntext;
 };
 
-enum { D_REPLACE, D_BYTE_FALLBACK, D_FUSE, D_STRIP, D_METASPACE };
+enum { D_REPLACE, D_BYTE_FALLBACK, D_FUSE, D_STRIP, D_METASPACE, D_BYTE_LEVEL };
 
 struct dec {
     int kind;
@@ -310,5 +310,8 @@ int tr_tok_normalize(struct tr_tokenizer *t, const char *s, size_t n, const char
 /* tokenizer_post.c */
 int tr_tok_load_decoder(struct tr_tokenizer *t, const struct tr_json *root, tr_err *err);
 int tr_tok_load_post(struct tr_tokenizer *t, const struct tr_json *root, tr_err *err);
+
+/* GPT-2's byte-level character -> its byte, -1 if cp is not one of the 256 (tokenizer_load.c) */
+int tr_tok_char_byte(unsigned cp);
 
 #endif

@@ -58,6 +58,8 @@ static void byte_level_map(struct tr_tokenizer *t)
 }
 
 /* The inverse: a code point -> its byte, -1 if it is not one of the 256. */
+static int char_byte(unsigned cp);
+int tr_tok_char_byte(unsigned cp) { return char_byte(cp); }
 static int char_byte(unsigned cp)
 {
     static int inv[324];
@@ -305,10 +307,9 @@ static int model_options(struct tr_tokenizer *t, const struct tr_json *model, tr
         return tr_fail(err, "%s: the model has no \"type\"", t->name);
     if (strcmp(type, "BPE") != 0)
         return tr_fail(err, "not supported yet: model type %s in %s (only BPE is)", type, t->name);
+    /* with ByteLevel too, as the library does: a byte-level character missing from the
+     * vocabulary becomes the <0xNN> tokens of its UTF-8 (tokenizer_bpe.c's symbols) */
     t->byte_fallback = is_true(model, "byte_fallback");
-    if (t->byte_fallback && t->byte_level)
-        return tr_fail(err, "not supported yet: BPE with byte_fallback and a ByteLevel pre-tokenizer in %s",
-                       t->name);
     t->fuse_unk = is_true(model, "fuse_unk");
     const struct tr_json *unk = tr_json_get(model, "unk_token");
     if (unk && unk->type != TR_JSON_NULL && unk->type != TR_JSON_STRING)

@@ -12,12 +12,9 @@ static int dec_one(struct tr_tokenizer *t, const struct tr_json *p, int depth, t
     const char *type = p && p->type == TR_JSON_OBJECT ? tr_json_string(p, "type") : NULL;
     if (!type)
         return tr_fail(err, "%s: a decoder without a \"type\"", t->name);
-    if (t->byte_level) { /* bytes are concatenated: ByteLevel is the only decoder that fits */
-        if (strcmp(type, "ByteLevel") != 0)
-            return tr_fail(err, "not supported yet: decoder %s with a ByteLevel pre-tokenizer in %s", type,
-                           t->name);
-        return TR_OK;
-    }
+    if (strcmp(type, "ByteLevel") == 0 && !t->byte_level)
+        return tr_fail(err, "not supported yet: decoder ByteLevel without a ByteLevel pre-tokenizer in %s",
+                       t->name);
     if (strcmp(type, "Sequence") == 0) {
         const struct tr_json *list = tr_json_get(p, "decoders");
         if (!list || list->type != TR_JSON_ARRAY)
@@ -32,7 +29,9 @@ static int dec_one(struct tr_tokenizer *t, const struct tr_json *p, int depth, t
     if (t->ndecs >= MAX_DECS)
         return tr_fail(err, "%s: more than %d decoders", t->name, MAX_DECS);
     struct dec *d = &t->dec[t->ndecs];
-    if (strcmp(type, "Replace") == 0) {
+    if (strcmp(type, "ByteLevel") == 0) {
+        d->kind = D_BYTE_LEVEL;
+    } else if (strcmp(type, "Replace") == 0) {
         d->kind = D_REPLACE;
         if (tr_tok_replace_pattern(t, p, "decoder", &d->re, &d->text, &d->ntext, err))
             return TR_ERROR;
@@ -59,8 +58,8 @@ static int dec_one(struct tr_tokenizer *t, const struct tr_json *p, int depth, t
             return TR_ERROR;
         d->never = scheme == PREPEND_NEVER;
     } else {
-        return tr_fail(err, "not supported yet: decoder %s in %s (Replace, ByteFallback, Fuse, Strip, "
-                       "Metaspace and Sequence are, without ByteLevel)", type, t->name);
+        return tr_fail(err, "not supported yet: decoder %s in %s (ByteLevel, Replace, ByteFallback, Fuse, "
+                       "Strip, Metaspace and Sequence are)", type, t->name);
     }
     t->ndecs++;
     return TR_OK;
@@ -71,7 +70,23 @@ int tr_tok_load_decoder(struct tr_tokenizer *t, const struct tr_json *root, tr_e
     const struct tr_json *dec = tr_json_get(root, "decoder");
     if (!dec || dec->type == TR_JSON_NULL)
         return TR_OK;
-    return dec_one(t, dec, 0, err);
+    if (dec_one(t, dec, 0, err))
+        return TR_ERROR;
+    if (!t->byte_level)
+        return TR_OK;
+    /* byte-level: the chain must turn the characters back into bytes somewhere; ByteLevel
+     * alone (or a Sequence of it alone) is each id's bytes concatenated, with no chain */
+    int bl = 0;
+    for (int i = 0; i < t->ndecs; i++)
+        bl += t->dec[i].kind == D_BYTE_LEVEL;
+    if (!bl) {
+        const char *type = dec->type == TR_JSON_OBJECT ? tr_json_string(dec, "type") : NULL;
+        return tr_fail(err, "not supported yet: decoder %s without ByteLevel, with a ByteLevel "
+                       "pre-tokenizer in %s", type ? type : "(no type)", t->name);
+    }
+    if (t->ndecs == bl)
+        t->ndecs = 0;
+    return TR_OK;
 }
 
 static void push_id(int32_t **list, size_t *n, int32_t id)
@@ -345,18 +360,93 @@ static void decode_metaspace(const struct dec *d, const char *s, size_t m, int f
     }
 }
 
+/* Rust's String::from_utf8_lossy: each maximal invalid stretch (a lead byte and the
+ * continuation bytes that could still follow it) becomes one U+FFFD. */
+static void utf8_lossy(const char *s, size_t n, struct buf *out)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        size_t ok = tr_tok_utf8_valid(s + i, n - i);
+        buf_add(out, s + i, ok);
+        i += ok;
+        if (i >= n)
+            break;
+        unsigned c = u[i];
+        size_t need = c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : 0;
+        size_t k = 1;
+        for (size_t j = 0; j < need && i + k < n; j++) {
+            unsigned d = u[i + k];
+            unsigned lo = 0x80, hi = 0xBF;
+            if (j == 0 && c == 0xE0) lo = 0xA0;
+            if (j == 0 && c == 0xED) hi = 0x9F;
+            if (j == 0 && c == 0xF0) lo = 0x90;
+            if (j == 0 && c == 0xF4) hi = 0x8F;
+            if (d < lo || d > hi)
+                break;
+            k++;
+        }
+        buf_add(out, "\xef\xbf\xbd", 3);
+        i += k;
+    }
+}
+
+/* ByteLevel: each token whose characters are all byte-level ones becomes those bytes, any
+ * other stays as it is; all joined into one string, made valid UTF-8 as the library does
+ * (raw: the bytes as they are, for decode_next). */
+static void decode_byte_level(struct strs *l, int raw)
+{
+    struct buf all = { 0 };
+    buf_reserve(&all, 0);
+    for (size_t i = 0; i < l->n; i++) {
+        const char *s = l->s[i].p;
+        size_t m = l->s[i].n, start = all.n;
+        int whole = tr_tok_utf8_valid(s, m) == m;
+        for (size_t j = 0; whole && j < m;) {
+            uint32_t cp;
+            size_t k = utf8_at(s, m, j, &cp);
+            int b = tr_tok_char_byte(cp);
+            if (b < 0) {
+                whole = 0;
+                break;
+            }
+            char c = (char)b;
+            buf_add(&all, &c, 1);
+            j += k;
+        }
+        if (!whole) {
+            all.n = start;
+            buf_add(&all, s, m);
+        }
+    }
+    strs_free(l);
+    if (raw) {
+        strs_push(l, all);
+        return;
+    }
+    struct buf ok = { 0 };
+    buf_reserve(&ok, all.n);
+    ok.p[0] = 0;
+    utf8_lossy(all.p, all.n, &ok);
+    free(all.p);
+    strs_push(l, ok);
+}
+
 /* The decoder chain over the token strings, as the library's decode_chain; then joined. */
 static int decode_chain(const struct tr_tokenizer *t, const int32_t *ids, size_t n, int raw, char **out,
                         size_t *len, tr_err *err)
 {
     struct strs l = { 0 };
-    for (size_t i = 0; i < n; i++)
-        buf_add(strs_add(&l), t->bytes[ids[i]], t->nbytes[ids[i]]);
+    for (size_t i = 0; i < n; i++) { /* byte-level: the token as written (ByteLevel decodes it) */
+        const char *s = t->byte_level && t->token[ids[i]] ? t->token[ids[i]] : t->bytes[ids[i]];
+        buf_add(strs_add(&l), s, t->byte_level && t->token[ids[i]] ? strlen(s) : t->nbytes[ids[i]]);
+    }
     struct buf tmp = { 0 };
     size_t from = strs_bytes(&l), max = tr_tok_growth_limit(from);
     for (int k = 0; k < t->ndecs; k++) {
         const struct dec *d = &t->dec[k];
-        if (d->kind == D_BYTE_FALLBACK) {
+        if (d->kind == D_BYTE_LEVEL) {
+            decode_byte_level(&l, raw);
+        } else if (d->kind == D_BYTE_FALLBACK) {
             byte_fallback(&l, raw);
         } else if (d->kind == D_FUSE) {
             struct buf all = join(&l);
@@ -401,7 +491,7 @@ int tr_tokenizer_decode(const struct tr_tokenizer *t, const int32_t *ids, size_t
             return tr_fail(err, "id %d (at %zu) is not in %s's vocabulary", (int)ids[i], i, t->name);
         total += t->nbytes[ids[i]];
     }
-    if (!t->byte_level)
+    if (!t->byte_level || t->ndecs)
         return decode_chain(t, ids, n, 0, out, len, err);
     char *s = tr_xcalloc(total + 1, 1);
     size_t o = 0;
@@ -414,6 +504,33 @@ int tr_tokenizer_decode(const struct tr_tokenizer *t, const int32_t *ids, size_t
     return TR_OK;
 }
 
+/* the byte of a <0xNN> vocabulary token, else -1 */
+static int id_byte(const struct tr_tokenizer *t, int32_t id)
+{
+    const char *tok = t->token[id];
+    struct buf b = { (char *)tok, tok ? strlen(tok) : 0, 0 };
+    return tok ? byte_token(&b) : -1;
+}
+
+/* How many of ids[0..n) decode_next decodes: all, but for a byte-level chain without the
+ * tokens of a trailing run of <0xNN> tokens past its last whole UTF-8 character. */
+static size_t stable_prefix(const struct tr_tokenizer *t, const int32_t *ids, size_t n)
+{
+    if (!t->byte_level)
+        return n;
+    size_t k = n;
+    while (k > 0 && id_byte(t, ids[k - 1]) >= 0)
+        k--;
+    if (k == n)
+        return n;
+    char *run = tr_xcalloc(n - k, 1);
+    for (size_t i = k; i < n; i++)
+        run[i - k] = (char)id_byte(t, ids[i]);
+    size_t whole = tr_tok_utf8_valid(run, n - k); /* the run's whole characters, a token a byte */
+    free(run);
+    return k + whole;
+}
+
 int tr_tokenizer_decode_next(const struct tr_tokenizer *t, const int32_t *ids, size_t n, char **out,
                              size_t *len, tr_err *err)
 {
@@ -421,18 +538,21 @@ int tr_tokenizer_decode_next(const struct tr_tokenizer *t, const int32_t *ids, s
     *len = 0;
     if (!n)
         return tr_fail(err, "tr_tokenizer_decode_next needs at least one id");
-    if (t->byte_level)
+    if (t->byte_level && !t->ndecs)
         return tr_tokenizer_decode(t, ids + n - 1, 1, out, len, err);
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || (size_t)ids[i] >= t->vocab_size || !t->bytes[ids[i]])
             return tr_fail(err, "id %d (at %zu) is not in %s's vocabulary", (int)ids[i], i, t->name);
     /* the decoders here (Replace, raw ByteFallback, Fuse, Strip at the start, Metaspace) only
-     * ever extend the text of a prefix, so the new text is what follows it */
+     * ever extend the text of a prefix, so the new text is what follows it.  Byte-level, where
+     * ByteLevel reads what ByteFallback made, a trailing run of <0xNN> tokens that is not yet
+     * whole UTF-8 waits: a lone <0xC3> is not a prefix of the byte <0xC3><0xA4> ("ä") gives */
+    size_t upto = stable_prefix(t, ids, n), before_upto = stable_prefix(t, ids, n - 1);
     char *all, *before;
     size_t nall, nbefore;
-    if (decode_chain(t, ids, n, 1, &all, &nall, err))
+    if (decode_chain(t, ids, upto, 1, &all, &nall, err))
         return TR_ERROR;
-    if (decode_chain(t, ids, n - 1, 1, &before, &nbefore, err)) {
+    if (decode_chain(t, ids, before_upto, 1, &before, &nbefore, err)) {
         free(all);
         return TR_ERROR;
     }

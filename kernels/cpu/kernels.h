@@ -245,6 +245,14 @@ void tr_cpu_rope_forward(float *out, const float *inp, float *scratch, int B, in
                          float theta);
 void tr_cpu_rope_backward(float *dinp, const float *dout, float *scratch, int B, int T, int H,
                           int D, float theta, int write);
+/* The same with Llama 3.1's frequency scaling (kernels/rope_scaling.h); sc
+ * NULL or sc->factor 0: none. */
+struct tr_rope_scaling;
+void tr_cpu_rope_forward_scaled(float *out, const float *inp, float *scratch, int B, int T, int H,
+                                int D, float theta, const struct tr_rope_scaling *sc);
+void tr_cpu_rope_backward_scaled(float *dinp, const float *dout, float *scratch, int B, int T,
+                                 int H, int D, float theta, const struct tr_rope_scaling *sc,
+                                 int write);
 
 /* ---- activations */
 void tr_cpu_gelu_forward(float *out, const float *inp, size_t n); /* tanh form */

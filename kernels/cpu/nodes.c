@@ -5,6 +5,8 @@
  * functions here and its row in the table (docs/ops.md). */
 #include "nodes.h"
 
+#include "../rope_scaling.h"
+
 #include <stddef.h>
 #include <string.h>
 
@@ -465,18 +467,27 @@ static void rmsnorm_backward(struct tr_graph *g, const struct tr_node *n)
                             AUX(0), rows(T(0)), cols(T(0)), n->write_grad_mask);
 }
 
+/* the node's Llama 3.1 frequency scaling (rope_factor 0: none) */
+static struct tr_rope_scaling rope_scaling_of(const struct tr_node *n)
+{
+    return (struct tr_rope_scaling){n->rope_factor, n->rope_low_freq_factor,
+                                    n->rope_high_freq_factor, n->rope_original_ctx};
+}
+
 static void rope_forward(struct tr_graph *g, const struct tr_node *n)
 {
-    tr_cpu_rope_forward(F(OUT), F(T(0)), g->scratch, (int)T(0)->shape[0], (int)T(0)->shape[1],
-                        n->heads, cols(T(0)) / n->heads, n->theta);
+    struct tr_rope_scaling sc = rope_scaling_of(n);
+    tr_cpu_rope_forward_scaled(F(OUT), F(T(0)), g->scratch, (int)T(0)->shape[0],
+                               (int)T(0)->shape[1], n->heads, cols(T(0)) / n->heads, n->theta, &sc);
 }
 
 static void rope_backward(struct tr_graph *g, const struct tr_node *n)
 {
     const float *dout = dout_of(g, n);
-    tr_cpu_rope_backward(T(0)->grad, dout, g->scratch, (int)T(0)->shape[0],
-                         (int)T(0)->shape[1], n->heads, cols(T(0)) / n->heads, n->theta,
-                         (n->write_grad_mask & 1u) != 0);
+    struct tr_rope_scaling sc = rope_scaling_of(n);
+    tr_cpu_rope_backward_scaled(T(0)->grad, dout, g->scratch, (int)T(0)->shape[0],
+                                (int)T(0)->shape[1], n->heads, cols(T(0)) / n->heads, n->theta,
+                                &sc, (n->write_grad_mask & 1u) != 0);
 }
 
 static void swiglu_forward(struct tr_graph *g, const struct tr_node *n)

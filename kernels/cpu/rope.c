@@ -13,9 +13,13 @@
  * sincosf, within an ulp).  Every call fills a table of cos and sin, T x D/2
  * each, once (in the caller's scratch), so the per-element loops are
  * multiply-adds over contiguous arrays; the whole table costs T*D/2 sincosf.
+ * With Llama 3.1's scaling (the _scaled entry points) each f_i is first
+ * scaled as transformers scales it (kernels/rope_scaling.h).
  */
 #include <math.h>
+#include <stddef.h>
 
+#include "../rope_scaling.h"
 #include "kernels.h"
 
 size_t tr_cpu_rope_scratch_floats(int T, int D)
@@ -24,12 +28,13 @@ size_t tr_cpu_rope_scratch_floats(int T, int D)
 }
 
 /* scratch: cos[T][half], then sin[T][half], then the frequencies[half] */
-static void rope_table(float *table, int T, int D, float theta)
+static void rope_table(float *table, int T, int D, float theta, const struct tr_rope_scaling *sc)
 {
     int half = D / 2;
     float *cos_t = table, *sin_t = table + (size_t)T * half, *freq = sin_t + (size_t)T * half;
+    struct tr_rope_scaling none = {0, 0, 0, 0};
     for (int i = 0; i < half; i++)
-        freq[i] = 1.0f / powf(theta, (float)(2 * i) / (float)D);
+        freq[i] = tr_rope_scale_freq(1.0f / powf(theta, (float)(2 * i) / (float)D), sc ? *sc : none);
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++)
         for (int i = 0; i < half; i++)
@@ -43,10 +48,11 @@ static void rope_table(float *table, int T, int D, float theta)
  * caller gets its own loop with no branch in it.
  */
 static inline void rope_turn(float *out, const float *inp, float *scratch, int B, int T, int H,
-                             int D, float theta, float sign, int add)
+                             int D, float theta, const struct tr_rope_scaling *sc, float sign,
+                             int add)
 {
     int half = D / 2;
-    rope_table(scratch, T, D, theta);
+    rope_table(scratch, T, D, theta, sc);
     const float *cos_t = scratch, *sin_t = scratch + (size_t)T * half;
     int rows = B * T;
 #pragma omp parallel for schedule(static)
@@ -71,19 +77,32 @@ static inline void rope_turn(float *out, const float *inp, float *scratch, int B
     }
 }
 
+void tr_cpu_rope_forward_scaled(float *out, const float *inp, float *scratch, int B, int T, int H,
+                                int D, float theta, const struct tr_rope_scaling *sc)
+{
+    rope_turn(out, inp, scratch, B, T, H, D, theta, sc, 1.0f, 0);
+}
+
+void tr_cpu_rope_backward_scaled(float *dinp, const float *dout, float *scratch, int B, int T,
+                                 int H, int D, float theta, const struct tr_rope_scaling *sc,
+                                 int write)
+{
+    if (dinp == NULL)
+        return;
+    if (write)
+        rope_turn(dinp, dout, scratch, B, T, H, D, theta, sc, -1.0f, 0);
+    else
+        rope_turn(dinp, dout, scratch, B, T, H, D, theta, sc, -1.0f, 1);
+}
+
 void tr_cpu_rope_forward(float *out, const float *inp, float *scratch, int B, int T, int H, int D,
                          float theta)
 {
-    rope_turn(out, inp, scratch, B, T, H, D, theta, 1.0f, 0);
+    tr_cpu_rope_forward_scaled(out, inp, scratch, B, T, H, D, theta, NULL);
 }
 
 void tr_cpu_rope_backward(float *dinp, const float *dout, float *scratch, int B, int T, int H,
                           int D, float theta, int write)
 {
-    if (dinp == NULL)
-        return;
-    if (write)
-        rope_turn(dinp, dout, scratch, B, T, H, D, theta, -1.0f, 0);
-    else
-        rope_turn(dinp, dout, scratch, B, T, H, D, theta, -1.0f, 1);
+    tr_cpu_rope_backward_scaled(dinp, dout, scratch, B, T, H, D, theta, NULL, write);
 }

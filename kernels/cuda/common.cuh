@@ -21,6 +21,13 @@
 extern "C" {
 #include "../backend.h"
 #include "../nf4.h"
+
+/* rope's Llama 3.1 frequency scaling, the CPU's own arithmetic: each product
+ * and sum rounded on its own (nvcc would fuse them) */
+#define TR_ROPE_FN __device__ static inline
+#define TR_ROPE_MUL(a, b) __fmul_rn((a), (b))
+#define TR_ROPE_ADD(a, b) __fadd_rn((a), (b))
+#include "../rope_scaling.h"
 }
 
 /* storage dtypes, as enum tr_dtype (include/trainrun/plugin.h) */
@@ -173,12 +180,13 @@ size_t cuda_rmsnorm_scratch_floats(int N, int C);
 void cuda_rmsnorm_backward(struct cuda_context *c, int dt, float *dinp, float *dw,
                            const float *dout, const void *inp, const void *w, const float *rstd,
                            int N, int C, float *scratch);
-/* x[B,T,H*D]: H heads of D (even) channels; scratch holds the angles' table */
+/* x[B,T,H*D]: H heads of D (even) channels; scratch holds the angles' table;
+ * sc: Llama 3.1's frequency scaling (kernels/rope_scaling.h; factor 0: none) */
 size_t cuda_rope_scratch_floats(int T, int D);
 void cuda_rope_forward(struct cuda_context *c, int dt, void *out, const void *inp, int B, int T,
-                       int H, int D, float theta, float *scratch);
+                       int H, int D, float theta, const struct tr_rope_scaling *sc, float *scratch);
 void cuda_rope_backward(struct cuda_context *c, float *dinp, const float *dout, int B, int T,
-                        int H, int D, float theta, float *scratch);
+                        int H, int D, float theta, const struct tr_rope_scaling *sc, float *scratch);
 size_t cuda_cross_entropy_scratch_floats(int N);
 void cuda_cross_entropy_forward(struct cuda_context *c, int dt, void *loss, float *lse,
                                 const void *logits, const int32_t *targets, int N, int V,

@@ -511,18 +511,28 @@ static void rmsnorm_backward(struct cuda_context *c, struct tr_graph *g, const s
                           rows(T(0)), cols(T(0)), g->scratch);
 }
 
+/* the node's Llama 3.1 frequency scaling (rope_factor 0: none) */
+static struct tr_rope_scaling rope_scaling_of(const struct tr_node *n)
+{
+    struct tr_rope_scaling sc = {n->rope_factor, n->rope_low_freq_factor,
+                                 n->rope_high_freq_factor, n->rope_original_ctx};
+    return sc;
+}
+
 static void rope_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
 {
     int dt = storage(g, n);
+    struct tr_rope_scaling sc = rope_scaling_of(n);
     cuda_rope_forward(c, dt, OUT->data, T(0)->data, (int)T(0)->shape[0], (int)T(0)->shape[1],
-                      n->heads, rope_head(g, n), n->theta, g->scratch);
+                      n->heads, rope_head(g, n), n->theta, &sc, g->scratch);
 }
 
 static void rope_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
 {
     const float *dout = dout_of(g, n);
+    struct tr_rope_scaling sc = rope_scaling_of(n);
     cuda_rope_backward(c, T(0)->grad, dout, (int)T(0)->shape[0], (int)T(0)->shape[1],
-                       n->heads, rope_head(g, n), n->theta, g->scratch);
+                       n->heads, rope_head(g, n), n->theta, &sc, g->scratch);
 }
 
 static void swiglu_forward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)

@@ -115,6 +115,15 @@ local llama_schema = {
   ffn_dim  = { int = true, min = 1, max = 16777216, help = "hidden width of the SwiGLU MLP" },
   rope_theta = { num = true, above = 0, max = 1e12, default = 10000, help = "base of the rotary frequencies" },
   norm_eps = { num = true, above = 0, max = 0.5, default = 1e-5, help = "RMSNorm epsilon" },
+  -- Llama 3.1's rope_scaling (transformers' rope_type "llama3"); rope_factor 0: none
+  rope_factor = { num = true, min = 0, max = 1e6, default = 0,
+                  help = "Llama 3.1 rope scaling: the factor low frequencies are divided by (0: no scaling)" },
+  rope_low_freq_factor = { num = true, min = 0, max = 1e6, default = 0,
+                           help = "Llama 3.1 rope scaling: low_freq_factor (1 in Llama 3.1)" },
+  rope_high_freq_factor = { num = true, min = 0, max = 1e6, default = 0,
+                            help = "Llama 3.1 rope scaling: high_freq_factor (4 in Llama 3.1)" },
+  rope_original_ctx = { int = true, min = 0, max = 16777216, default = 0,
+                        help = "Llama 3.1 rope scaling: original_max_position_embeddings (8192 in Llama 3.1)" },
   tie_embeddings = { bool = true, default = false,
                      help = "the output head reuses model.embed_tokens.weight (no lm_head.weight)" },
   qkv_bias = { bool = true, default = false, help = "biases on the q, k, v projections (Qwen2)" },
@@ -145,6 +154,12 @@ function builders.llama(nn, o, B)
   end
   local V, T, H, KV, C, F = o.vocab, o.ctx, o.heads, o.kv_heads, o.dim, o.ffn_dim
   local D, std, eps, theta = C / H, o.init_std, o.norm_eps, o.rope_theta
+  local scaling -- nil: plain rope; the node checks the values together
+  if o.rope_factor ~= 0 or o.rope_low_freq_factor ~= 0 or o.rope_high_freq_factor ~= 0
+     or o.rope_original_ctx ~= 0 then
+    scaling = { factor = o.rope_factor, low_freq_factor = o.rope_low_freq_factor,
+                high_freq_factor = o.rope_high_freq_factor, original_ctx = o.rope_original_ctx }
+  end
   local g = nn.graph(B)
   local tokens = g:input("tokens", { B, T }, "i32")
   local targets = g:input("targets", { B, T }, "i32")
@@ -160,8 +175,8 @@ function builders.llama(nn, o, B)
     local q = proj(p .. ".self_attn.q_proj", h, H * D, o.qkv_bias)
     local k = proj(p .. ".self_attn.k_proj", h, KV * D, o.qkv_bias)
     local v = proj(p .. ".self_attn.v_proj", h, KV * D, o.qkv_bias)
-    q = g:rope(q, H, theta, p .. ".self_attn.q_rope")
-    k = g:rope(k, KV, theta, p .. ".self_attn.k_rope")
+    q = g:rope(q, H, theta, p .. ".self_attn.q_rope", scaling)
+    k = g:rope(k, KV, theta, p .. ".self_attn.k_rope", scaling)
     h = g:gqa_attention(q, k, v, H, KV, p .. ".self_attn")
     x = g:add(x, proj(p .. ".self_attn.o_proj", h, C), p .. ".res_1")
     h = g:RMSNorm(p .. ".post_attention_layernorm", x, eps)

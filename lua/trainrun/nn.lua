@@ -159,9 +159,22 @@ end
 
 -- Rotary position embedding (Hugging Face's rotate-half pairing (i, i+D/2)):
 -- x [B,T,heads*D], D even; position t turns pair i by t * theta^(-2i/D)
--- (theta 10000 unless given).
-function Graph:rope(x, heads, theta, name)
-  return node(self, "rope", { x }, { heads = heads, theta = theta }, name)
+-- (theta 10000 unless given).  scaling (optional): Llama 3.1's frequency
+-- scaling, { factor = 8, low_freq_factor = 1, high_freq_factor = 4,
+-- original_ctx = 8192 } (transformers' rope_type "llama3").
+function Graph:rope(x, heads, theta, name, scaling)
+  local attrs = { heads = heads, theta = theta }
+  if scaling ~= nil then
+    if type(scaling) ~= "table" then
+      error(("rope: scaling must be a table { factor, low_freq_factor, high_freq_factor, "
+             .. "original_ctx }, got %s"):format(type(scaling)))
+    end
+    attrs.rope_factor = scaling.factor
+    attrs.rope_low_freq_factor = scaling.low_freq_factor
+    attrs.rope_high_freq_factor = scaling.high_freq_factor
+    attrs.rope_original_ctx = scaling.original_ctx
+  end
+  return node(self, "rope", { x }, attrs, name)
 end
 
 -- silu(gate) * up: the SiLU-gated half of a SwiGLU MLP

@@ -11,7 +11,7 @@ H="$TR_SRCDIR/tests/fixtures/hf"
 
 # name, the export's --dtype (the fixture's own), extra overrides (GPT-2 keeps
 # its 16 positions, so wpe goes out whole)
-for spec in "tiny-llama fp32" "tiny-llama-bf16 bf16" "tiny-qwen2 fp32" "tiny-gpt2 fp32 model.ctx=16"; do
+for spec in "tiny-llama fp32" "tiny-llama-bf16 bf16" "tiny-llama-rope3 fp32" "tiny-qwen2 fp32" "tiny-gpt2 fp32 model.ctx=16"; do
   set -- $spec
   name=$1 dtype=$2
   shift 2

@@ -97,6 +97,56 @@ def llama_config():
         attn_implementation="eager")
 
 
+def llama3_rope_config():
+    """tiny-llama with Llama 3.1's rope_scaling (rope_type "llama3"), its original
+    context small enough (16) that the scaling changes every frequency the fixture's 8
+    positions use: head 8, theta 1e4 gives wavelengths 6.3 (between 16/4 and 16/1:
+    smoothed), 63, 628 and 6283 (past 16: divided by the factor)"""
+    config = llama_config()
+    config.max_position_embeddings = 64
+    config.rope_scaling = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    return config
+
+
+def write_llama3_freqs():
+    """rope_llama3_freqs.txt: transformers' own llama3 inverse frequencies
+    (_compute_llama3_parameters) for Llama 3.1 8B's and 3.2 1B's settings,
+    the fixture's, and 100 seeded random ones, as float32 hex: one line per
+    setting, "theta head factor low high original p_0 ... p_{head/2-1} f_0 ... f_{head/2-1}",
+    p the plain frequencies (_compute_default_rope_parameters) and f the scaled ones
+    (tests/test_kernels.c checks kernels/rope_scaling.h against it, bit for bit)"""
+    import random
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    rng = random.Random(SEED)
+    settings = [(500000.0, 128, 8.0, 1.0, 4.0, 8192), (500000.0, 64, 32.0, 1.0, 4.0, 8192),
+                (10000.0, 8, 4.0, 1.0, 4.0, 16)]
+    for _ in range(100):
+        settings.append((rng.choice([1e4, 5e5, 1e6, round(rng.uniform(100, 1e6), 3)]),
+                         rng.choice([2, 4, 8, 16, 32, 64, 128]),
+                         rng.choice([1.0, 2.0, 8.0, round(rng.uniform(1, 64), 4)]),
+                         rng.choice([1.0, 0.5, round(rng.uniform(0.1, 2), 4)]),
+                         rng.choice([4.0, round(rng.uniform(2.1, 8), 4)]),
+                         rng.choice([8, 16, 32, 64, 100, 8192, rng.randint(2, 100000)])))
+    lines = []
+    for theta, head, factor, low, high, orig in settings:
+        config = LlamaConfig(hidden_size=2 * head, num_attention_heads=2, rope_theta=theta,
+                             max_position_embeddings=2 * orig,
+                             rope_scaling={"rope_type": "llama3", "factor": factor,
+                                           "low_freq_factor": low, "high_freq_factor": high,
+                                           "original_max_position_embeddings": orig})
+        inv, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+        plain, _ = ROPE_INIT_FUNCTIONS["default"](config, "cpu")
+        lines.append(" ".join([repr(theta), str(head), repr(factor), repr(low), repr(high),
+                               str(orig)] + [float(x).hex() for x in plain.tolist()]
+                              + [float(x).hex() for x in inv.tolist()]))
+    path = os.path.join(FIXTURES, "rope_llama3_freqs.txt")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("rope_llama3_freqs.txt: %d settings" % len(lines))
+
+
 def qwen2_config():
     from transformers import Qwen2Config
     return Qwen2Config(
@@ -121,6 +171,7 @@ def gpt2_config():
 MODELS = {
     "tiny-llama": (llama_config, "LlamaForCausalLM", "float32", True),
     "tiny-llama-bf16": (llama_config, "LlamaForCausalLM", "bfloat16", False),
+    "tiny-llama-rope3": (llama3_rope_config, "LlamaForCausalLM", "float32", True),
     "tiny-qwen2": (qwen2_config, "Qwen2ForCausalLM", "float32", True),
     "tiny-gpt2": (gpt2_config, "GPT2LMHeadModel", "float32", True),
 }
@@ -484,7 +535,7 @@ def check_export(trainrun):
     trainrun = os.path.abspath(trainrun)
     work = tempfile.mkdtemp(prefix="trainrun-hf-export-")
     try:
-        for name in ("tiny-llama", "tiny-llama-bf16", "tiny-qwen2",
+        for name in ("tiny-llama", "tiny-llama-bf16", "tiny-llama-rope3", "tiny-qwen2",
                      "tiny-gpt2"):
             for steps in (0, 3):
                 check_export_one(trainrun, name, steps, work)
@@ -514,6 +565,7 @@ def main():
         for m in sharded:
             check_sharded(m)
     else:
+        write_llama3_freqs()
         for m in args.models:
             check_one(m, build_one(m))
         for m in sharded:

@@ -250,6 +250,34 @@ def main():
     save_compact(norms, os.path.join(OUT, "bpe_norms.json"))
     expect(expected, "bpe_norms", Tokenizer.from_file(os.path.join(OUT, "bpe_norms.json")), text)
 
+    # layouts shipped files have: byte_fallback beside ByteLevel (the vocabulary has no <0xNN>
+    # tokens, so it never fires), decoded by a Sequence with ByteLevel and a Strip after it
+    bf = Tokenizer.from_file(os.path.join(OUT, "bpe_llama3_bos.json"))
+    bf_doc = json.loads(bf.to_str())
+    bf_doc["model"]["byte_fallback"] = True
+    bf = Tokenizer.from_str(json.dumps(bf_doc))
+    bf.decoder = decoders.Sequence([decoders.ByteLevel(), decoders.Strip(" ", 1, 0)])
+    save_compact(bf, os.path.join(OUT, "bpe_byte_fallback.json"))
+    expect(expected, "bpe_byte_fallback", Tokenizer.from_file(os.path.join(OUT, "bpe_byte_fallback.json")), text)
+    # and a vocabulary that has the <0xNN> tokens but not every byte-level character (trained
+    # without the full alphabet): a missing character becomes the byte tokens of its UTF-8,
+    # which ByteFallback then ByteLevel decode back
+    fb = Tokenizer(models.BPE(byte_fallback=True))
+    fb.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    fb.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.ByteLevel()])
+    fb_trainer = trainers.BpeTrainer(vocab_size=600, min_frequency=2,
+                                     special_tokens=SPECIALS + ["<0x%02X>" % b for b in range(256)],
+                                     show_progress=False)
+    fb.train_from_iterator([bible] * 3, trainer=fb_trainer)
+    fb_doc = json.loads(fb.to_str())
+    fb_doc["added_tokens"] = fb_doc["added_tokens"][:len(SPECIALS)]  # the byte tokens: vocabulary only
+    save_compact(Tokenizer.from_str(json.dumps(fb_doc)), os.path.join(OUT, "bpe_byte_tokens.json"))
+    fbt = Tokenizer.from_file(os.path.join(OUT, "bpe_byte_tokens.json"))
+    expect(expected, "bpe_byte_tokens", fbt, text)
+    assert any(fbt.id_to_token(i).startswith("<0x") for i in expected["text_bpe_byte_tokens"])
+
     # each normalizer alone on short texts: [normalizer, text, what the library makes of it]
     expected["normalizers"] = normalizer_cases()
     expected["cases"] = CASES
