@@ -180,9 +180,11 @@ int tr_train_resolve_batch(struct tr_config *cfg, tr_err *err)
     struct tr_train_config *t = &cfg->train;
     int64_t ranks = cfg->rank.world > 1 ? cfg->rank.world
                     : cfg->parallel.gpus > 0 ? cfg->parallel.gpus : cfg->parallel.procs;
-    /* pipeline stages share no data: the replicas (ranks / stages) do */
-    if (cfg->parallel.pipeline > 1 && ranks % cfg->parallel.pipeline == 0)
-        ranks /= cfg->parallel.pipeline;
+    /* pipeline stages share no data: the replicas (ranks / stages) do; ranks
+     * that are no multiple of the stages are refused by the session, which
+     * says how many to start */
+    if (cfg->parallel.pipeline > 1)
+        ranks = ranks % cfg->parallel.pipeline == 0 ? ranks / cfg->parallel.pipeline : 1;
     if (t->micro_batch == 0 && !t->auto_micro_batch) {
         /* unset: the whole batch, split evenly among the ranks when they can */
         t->micro_batch = ranks > 1 && t->batch % ranks == 0 ? t->batch / ranks : t->batch;
