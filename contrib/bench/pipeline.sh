@@ -37,7 +37,7 @@ IFS=, read -ra schedules <<<"$SCHEDULES"
 IFS=, read -ra micro <<<"$MICRO"
 for sch in "${schedules[@]}"; do
     for m in "${micro[@]}"; do
-        extra= v=1
+        extra="" v=1
         if [ "$sch" = interleaved ]; then
             extra="parallel.virtual_stages=2"
             v=2

@@ -14,6 +14,9 @@
 #     going;
 #   - metrics.jsonl has the share of each step the stages sat idle, and
 #     the trace the stage's forwards and backwards per micro-batch;
+#   - a stage killed, or stopped (comm.timeout), ends the job within a
+#     bounded time with a message naming it; SIGTERM saves a checkpoint of
+#     the whole model (exit 75) that resumes on 2 stages;
 #   - a pipeline whose ranks are not its stages, and one with a shard
 #     level, are refused naming the recipe line.
 . "$(dirname "$0")/lib.sh"
@@ -111,6 +114,42 @@ names = [e["name"] for e in json.load(open(sys.argv[2]))["traceEvents"]]
 assert any(n.startswith("forward micro-batch 7 chunk 0") for n in names), names
 assert any(n.startswith("backward micro-batch 0 chunk 0") for n in names), names
 PY
+
+# faults: the job's launcher ($1 of "start"); its ranks are its children
+start() { # NAME overrides...: a long run in the background; $pid, $r1 (rank 1)
+  name=$1
+  shift
+  # shellcheck disable=SC2086
+  "$TRAINRUN" "$LLAMA" $base procs=2 parallel.pipeline=2 train.steps=1000000 run_dir="$name" "$@" \
+    > "$name.log" 2>&1 &
+  pid=$! n=0
+  until grep -q '^step' "$name.log" 2>/dev/null; do
+    n=$((n + 1))
+    [ $n -gt 600 ] && { cat "$name.log"; fail "$name: no step within 30 s"; }
+    sleep 0.05
+  done
+  r1=$(pgrep -P $pid | sort -n | tail -1)
+  [ -n "$r1" ] || fail "$name: no ranks under the launcher"
+}
+start killed
+kill -9 "$r1"
+ended_within $pid 20 || { cat killed.log; fail "a killed stage left the job running 20 s"; }
+grep -q 'rank 1' killed.log || { cat killed.log; fail "the killed stage is not named"; }
+start stopped comm.timeout=2
+kill -STOP "$r1"
+ended_within $pid 30 || { kill -9 "$r1"; cat stopped.log; fail "a stopped stage left the job running 30 s"; }
+kill -9 "$r1" 2>/dev/null || true
+grep -q 'rank 1 did not answer' stopped.log || { cat stopped.log; fail "the stopped stage is not named"; }
+start termed
+kill -TERM $pid
+ended_within $pid 20 || { cat termed.log; fail "SIGTERM did not end 2 stages within 20 s"; }
+wait $pid && code=0 || code=$?
+[ "$code" = 75 ] || { cat termed.log; fail "SIGTERM: exit $code, not 75"; }
+saved=$(sed 's/step-0*//' termed/checkpoints/LATEST)
+# shellcheck disable=SC2086
+"$TRAINRUN" "$LLAMA" $base procs=2 parallel.pipeline=2 train.steps=$((saved + 5)) run_dir=termed \
+  --resume auto > termed2.log 2>&1 || { cat termed2.log; fail "resume after SIGTERM"; }
+grep -q "resumed from checkpoint step-0*$saved" termed2.log || { cat termed2.log; fail "no resume after SIGTERM"; }
 
 # refusals, naming the recipe line
 cat > piped.lua <<EOF
