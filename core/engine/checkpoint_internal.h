@@ -101,10 +101,12 @@ int tr_ckpt_read_whole(const char *path, void **data, size_t *size, tr_err *err)
 int tr_ckpt_verify_dir(const char *checkpoint_dir, void **model, size_t *model_size, tr_err *err);
 
 /* state.json's text checked (its own checksum, every field) into *state;
- * *js: the parsed document. */
+ * *js: the parsed document; *weights_dtype (NULL: not wanted) the dtype the
+ * weights were written in (checkpoint_files.c). */
 struct tr_json;
 int tr_ckpt_parse_state(const void *text, size_t size, const char *name,
-                        struct tr_run_state *state, struct tr_json **js, tr_err *err);
+                        struct tr_run_state *state, int *weights_dtype, struct tr_json **js,
+                        tr_err *err);
 /* The CRC-32 state.json (js) records for blob, or a message when it differs. */
 int tr_ckpt_check_blob(const struct tr_json *js, const char *blob, const void *data, size_t size,
                        tr_err *err);

@@ -627,7 +627,7 @@ int tr_ckpt_read_shared_state(const struct tr_ckpt_src *src, struct tr_run_state
     struct tr_json *js = NULL;
     int rc = src->vt->get(src->self, src->name, "state.json", &text, &size, err);
     if (rc == TR_OK)
-        rc = tr_ckpt_parse_state(text, size, src->name, state, &js, err);
+        rc = tr_ckpt_parse_state(text, size, src->name, state, NULL, &js, err);
     const struct tr_json *sums = js ? tr_json_get(js, "checksums") : NULL;
     if (rc == TR_OK && sums && tr_json_get(sums, TR_CKPT_LAYOUT_BLOB)) {
         char what[256];

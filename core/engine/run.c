@@ -42,6 +42,7 @@ struct run {
     struct tr_journal j;          /* rank 0 */
     struct tr_rundir_lock lock;   /* rank 0 */
     struct tr_loader *loader;
+    struct tr_pipe_exec *pipe;    /* parallel.pipeline > 1: this rank's stage; else NULL */
     const struct tr_run_flags *flags;
 };
 
@@ -140,7 +141,7 @@ static void restore(struct run *r, const struct tr_run_state *st)
 static int save(struct run *r, uint64_t loader_position, int now, tr_err *err)
 {
     /* pipeline stages: the whole model to rank 0, which writes it */
-    if (r->s.pipe && tr_pipe_exec_share(r->s.pipe, &r->s, err) != TR_OK)
+    if (r->pipe && tr_pipe_exec_share(r->pipe, &r->s, err) != TR_OK)
         return TR_ERROR;
     struct tr_run_state st;
     capture(r, loader_position, &st);
@@ -156,6 +157,9 @@ static int open_session(struct run *r, tr_err *err)
     if (tr_session_open(&r->s, cfg, flags->smoke ? TR_SESSION_SMOKE : TR_SESSION_TRAIN, err) != TR_OK)
         return TR_ERROR;
     r->l.s = &r->s;
+    /* pipeline stages (the session checked the ranks and the micro-batches) */
+    if (!flags->smoke && cfg->parallel.pipeline > 1 && !(r->pipe = tr_pipe_exec_new(&r->s, err)))
+        return TR_ERROR;
     if (!flags->quiet && r->s.rank == 0)
         say_plan(r);
     /* an adapter's frozen base is in no checkpoint: it loads first */
@@ -340,13 +344,13 @@ static int pipeline_step(struct run *r, double scale, double *loss_sum, double *
     struct tr_loop *l = &r->l;
     struct tr_pipe_step ps;
     double mean = scale / s->accum;
-    if (tr_pipe_exec_step(s->pipe, s, r->loader, mean, l->step, &ps, err) != TR_OK)
+    if (tr_pipe_exec_step(r->pipe, s, r->loader, mean, l->step, &ps, err) != TR_OK)
         return TR_ERROR;
     double wall = ps.t1 - ps.t0;
     l->t_compute += ps.busy;
     l->t_comm += ps.waited;
     double tw = tr_now();
-    int C = tr_pipe_exec_chunks(s->pipe);
+    int C = tr_pipe_exec_chunks(r->pipe);
     float agree[5 + 2 * TR_PIPE_MAX_CHUNKS] = {(float)ps.loss_sum, stop_signal ? 1.0f : 0.0f,
                       r->s.rank == 0 && tr_loop_over_budget(l) ? 1.0f : 0.0f, (float)ps.busy,
                       (float)wall};
@@ -376,7 +380,7 @@ static int pipeline_step(struct run *r, double scale, double *loss_sum, double *
     struct tr_trace *trace = r->j.trace;
     if (trace && l->step % (uint64_t)s->cfg->train.trace_every == 0) {
         const struct tr_pipe_span *sp;
-        size_t n = tr_pipe_exec_spans(s->pipe, &sp);
+        size_t n = tr_pipe_exec_spans(r->pipe, &sp);
         char name[64];
         for (size_t i = 0; i < n; i++) {
             snprintf(name, sizeof name, "%s micro-batch %d chunk %d", sp[i].backward ? "backward"
@@ -403,10 +407,10 @@ static void add_run_sumsq(void *ctx, struct tr_shard_run r, size_t state_at)
  * or (shard level gradients, where each rank holds only its parts summed)
  * over each rank's parts, every rank's double then gathered (as the bytes
  * of two floats) and added in rank order: the same double on every rank. */
-static int gradient_sumsq(struct tr_session *s, double *sumsq, tr_err *err)
+static int gradient_sumsq(const struct run *r, struct tr_session *s, double *sumsq, tr_err *err)
 {
-    if (s->pipe)
-        return tr_pipe_exec_sumsq(s->pipe, s, sumsq, err);
+    if (r->pipe)
+        return tr_pipe_exec_sumsq(r->pipe, s, sumsq, err);
     if (!s->comm || s->shard.level < TR_SHARD_GRADIENTS || s->world < 2) {
         *sumsq = tr_be_sum_squares(&s->be, s->g->grads, s->g->n_params);
         return TR_OK;
@@ -445,7 +449,7 @@ static int update(struct run *r, double scale, tr_err *err)
         return TR_OK;
     }
     double sumsq;
-    if (gradient_sumsq(s, &sumsq, err) != TR_OK)
+    if (gradient_sumsq(r, s, &sumsq, err) != TR_OK)
         return TR_ERROR;
     int finite = isfinite(sumsq) && isfinite(l->loss);
     l->grad_norm = sqrt(sumsq) / scale * l->loss_norm;
@@ -510,7 +514,7 @@ static int train_step(struct run *r, tr_err *err)
     int spans = s->comm && r->j.trace && l->step % (uint64_t)s->cfg->train.trace_every == 0;
     if (spans)
         tr_comm_record(s->comm, 1);
-    int rc = s->pipe ? pipeline_step(r, scale, &loss_sum, &targets, err)
+    int rc = r->pipe ? pipeline_step(r, scale, &loss_sum, &targets, err)
                      : forward_backward(r, scale, &loss_sum, &targets, err);
     if (rc == STEP_ABANDONED)
         l->position = step_start; /* the preemption checkpoint resumes at the step's start */
@@ -518,7 +522,7 @@ static int train_step(struct run *r, tr_err *err)
         tr_comm_record(s->comm, 0);
     if (rc != TR_OK)
         return rc;
-    if (s->comm && !s->pipe && agree(r, &loss_sum, &targets, err) != TR_OK)
+    if (s->comm && !r->pipe && agree(r, &loss_sum, &targets, err) != TR_OK)
         return TR_ERROR;
     double full = (double)s->target_count * s->accum * s->replicas;
     l->step_targets = targets;
@@ -543,7 +547,7 @@ static int evaluate(struct run *r, int *improved, tr_err *err)
     struct tr_loop *l = &r->l;
     double te = tr_now();
     /* pipeline stages: every rank evaluates batches of its own on the whole model */
-    if (r->s.pipe && tr_pipe_exec_share(r->s.pipe, &r->s, err) != TR_OK)
+    if (r->pipe && tr_pipe_exec_share(r->pipe, &r->s, err) != TR_OK)
         return TR_ERROR;
     if (tr_session_evaluate(&r->s, TR_SPLIT_VAL, (uint64_t)r->s.cfg->train.eval_batches,
                             &l->val_loss, &l->val_accuracy, NULL, err) != TR_OK)
@@ -702,6 +706,8 @@ fail:
 out:
     tr_journal_drop(&r->j);
     tr_loader_close(r->loader);
+    if (r->pipe)
+        tr_pipe_exec_free(r->pipe, &r->s.be);
     tr_session_close(&r->s);
     tr_rundir_unlock(&r->lock); /* last: the run directory is ours until everything is written */
     tr_stop_signals_end(&stop_signals); /* the caller's signal mask back */

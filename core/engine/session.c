@@ -14,7 +14,6 @@
 #include "model.h"
 #include "optim.h"
 #include "peft.h"
-#include "pipeline_exec.h"
 #include "plugin_calls.h"
 #include "rundir.h"
 #include "../config/hardware.h"
@@ -486,9 +485,9 @@ static int check_pipeline(struct tr_session *s, tr_err *err)
     return TR_OK;
 }
 
-/* The stage this rank runs, once the graph, the inputs and the step's
- * micro-batches are known. */
-static int open_pipeline(struct tr_session *s, tr_err *err)
+/* The micro-batches a pipeline step runs are the step's (run.c then builds
+ * this rank's stage: pipeline_exec.h). */
+static int check_micro_batches(struct tr_session *s, tr_err *err)
 {
     const struct tr_parallel_config *par = &s->cfg->parallel;
     if (par->pipeline <= 1 || s->mode != TR_SESSION_TRAIN)
@@ -501,8 +500,7 @@ static int open_pipeline(struct tr_session *s, tr_err *err)
                        "micro_batches out)", where, (long long)par->micro_batches,
                        (long long)s->cfg->train.batch, (long long)s->micro_batch, s->accum);
     }
-    s->pipe = tr_pipe_exec_new(s, err);
-    return s->pipe ? TR_OK : TR_ERROR;
+    return TR_OK;
 }
 
 static int open_plan(struct tr_session *s, tr_err *err)
@@ -541,7 +539,7 @@ int tr_session_open(struct tr_session *s, struct tr_config *cfg, enum tr_session
         (training(s) && tr_session_check_split(s, TR_SPLIT_VAL, 1, err) != TR_OK) ||
         plan_memory(s, err) != TR_OK ||
         open_inputs(s, err) != TR_OK || tr_rundir_check_tokenizer(s, err) != TR_OK ||
-        open_pipeline(s, err) != TR_OK)
+        check_micro_batches(s, err) != TR_OK)
         return TR_ERROR;
     if (training(s) && s->rank == 0 && open_checkpointer(s, err) != TR_OK)
         return TR_ERROR;
@@ -601,8 +599,6 @@ void tr_session_close(struct tr_session *s)
 {
     tr_checkpointer_close(s->ckpt);
     tr_gather_free(s->gather);
-    if (s->be.iface)
-        tr_pipe_exec_free(s->pipe, &s->be);
     tr_comm_close(s->comm);
     tr_topo_close(s->topo);
     if (s->be.iface) {

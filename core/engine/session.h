@@ -59,8 +59,6 @@ struct tr_session {
     struct tr_shard shard;              /* who keeps which part (parallel.shard; shard.h) */
     struct tr_gather *gather;           /* shard level parameters: the units gathered around
                                          * the nodes that read them (gather.h); else NULL */
-    struct tr_pipe_exec *pipe;          /* parallel.pipeline > 1: this rank's stage
-                                         * (pipeline_exec.h); else NULL */
     int replicas;                       /* data-parallel replicas: world, or world / stages */
     int accum;                          /* micro-batches per optimizer step on this rank */
     uint32_t vocab;                     /* token ids must be below this */
