@@ -172,9 +172,9 @@ static const struct tr_option parallel_options[] = {
      "read it and discarded after)",
      offsetof(struct tr_parallel_config, shard)},
     OPT(TR_OPT_INT, "pipeline", "1", 1, 1024,
-        "pipeline stages the model is cut into at block boundaries (planned by trainrun plan: "
-        "the partition, each stage's memory and the bubble; running stages is not in this "
-        "version)", struct tr_parallel_config, pipeline),
+        "pipeline stages the model is cut into at block boundaries, one a rank (procs = "
+        "pipeline); trainrun plan prints the partition, each stage's memory and the bubble",
+        struct tr_parallel_config, pipeline),
     {TR_OPT_ENUM, "schedule", "1f1b", 0, 0, tr_pipe_kinds,
      "the pipeline's order of micro-batches: gpipe (all forwards, then all backwards), 1f1b "
      "(one forward, one backward: at most `pipeline` micro-batches in flight), interleaved "

@@ -69,7 +69,7 @@ struct tr_parallel_config {
     int zero;         /* the alias of shard = "optimizer" */
     const char *shard;               /* as written: none, optimizer, gradients, parameters */
     enum tr_shard_level shard_level; /* resolved from shard and zero */
-    /* pipeline stages (core/engine/pipeline.h): planned, not run yet */
+    /* pipeline stages (core/engine/pipeline.h, run by pipeline_exec.h) */
     int64_t pipeline;                /* stages P (1: none) */
     const char *schedule;            /* as written: gpipe, 1f1b, interleaved */
     enum tr_pipe_kind schedule_kind; /* resolved */
