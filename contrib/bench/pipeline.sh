@@ -14,9 +14,9 @@
 # "simulated" is pipeline_idle_sim_pct: tr_pipe_simulate played against
 # each chunk's mean measured forward and backward time of that step
 # (communication free); "theory" is (P-1)/(M+P-1), and (P-1)/(V*M+P-1)
-# interleaved (V = 2).  A stage re-runs a micro-batch's forward before its
-# backward when another forward ran in between (it keeps only what it
-# received), so its backward costs a forward more than in one process.
+# interleaved (V = 2).  A micro-batch in flight whose activations another
+# forward would overwrite has them copied aside and back (host memory):
+# those copies count as the stage's compute.
 #
 # Environment: TRAINRUN, SCHEDULES (gpipe,1f1b,interleaved), MICRO (2,4,8,16),
 # STEPS (8).

@@ -367,9 +367,8 @@ static void print_pipeline(const struct tr_plan *p, FILE *out)
     row(out, "", "(memory per stage estimated: its share of the weights and their state, the "
         "activations of the micro-batches it holds; communication not counted)");
     row(out, "", "(what a stage needs, not yet what it takes: this version's stages each keep "
-        "the whole model's weights, gradients and optimizer state, the activations of one "
-        "micro-batch, and the inputs of those in flight, whose forward it runs again before "
-        "their backward)");
+        "the whole model's weights, gradients and optimizer state; the activations of the "
+        "micro-batches in flight wait in host memory)");
 }
 
 static void print_optimal(const struct tr_plan *p, FILE *out)

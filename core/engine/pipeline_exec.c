@@ -39,7 +39,20 @@ struct tr_pipe_exec {
     size_t bounce_bytes;
     void *out, *in;
     void **kept;                          /* [V * M]: chunk index v (c = v * P + stage), micro m */
-    int *last_forward;                    /* [V]: the micro-batch whose forward ran last */
+    int *last_forward;                    /* [V]: the micro-batch whose activations the graph
+                                           * holds, its backward still to run; -1: none */
+    /* what a chunk's forward writes that its backward reads (the
+     * activations and saved tensors its nodes produce), as merged byte
+     * ranges of backend memory; a micro-batch in flight whose activations
+     * another forward of the chunk is about to overwrite has them copied
+     * into a stash (host memory) and back before its backward */
+    struct range { char *p; size_t n; } *ranges[MAX_CHUNKS];
+    int n_ranges[MAX_CHUNKS];
+    size_t stash_bytes;                   /* the largest of this stage's chunks' */
+    void **stash;                         /* [n_stash] */
+    int n_stash;
+    unsigned char *stash_busy;            /* [n_stash] */
+    int *stash_of;                        /* [V * M]: the stash holding (v, m), or -1 */
     /* the step's micro-batches as the loader gave them */
     unsigned char *inputs;                /* M x input_bytes */
     int32_t *targets;                     /* M x target_count */
@@ -113,6 +126,44 @@ static void find_readers(struct tr_pipe_exec *x, const struct tr_graph *g)
     }
 }
 
+static int by_address(const void *a, const void *b)
+{
+    const struct range *x = a, *y = b;
+    return x->p < y->p ? -1 : x->p > y->p;
+}
+
+/* The bytes chunk c's forward leaves for its backward: the data of the
+ * activations and saved tensors its nodes produce (tensors that share
+ * memory give overlapping ranges, merged). */
+static size_t find_ranges(struct tr_pipe_exec *x, const struct tr_graph *g, int c)
+{
+    struct range *r = tr_xcalloc((size_t)g->n_tensors + 1, sizeof *r);
+    int n = 0;
+    for (int i = 0; i < g->n_tensors; i++) {
+        const struct tr_tensor *t = &g->tensors[i];
+        if ((t->role == TR_ROLE_ACTIVATION || t->role == TR_ROLE_SAVED) && t->data &&
+            t->producer >= x->chunk[c].first_node && t->producer <= x->chunk[c].last_node)
+            r[n++] = (struct range){t->data, t->numel * dtype_bytes(t->dtype)};
+    }
+    qsort(r, (size_t)n, sizeof *r, by_address);
+    int m = 0;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        if (m > 0 && r[i].p <= r[m - 1].p + r[m - 1].n) {
+            char *end = r[i].p + r[i].n > r[m - 1].p + r[m - 1].n ? r[i].p + r[i].n
+                                                                  : r[m - 1].p + r[m - 1].n;
+            r[m - 1].n = (size_t)(end - r[m - 1].p);
+        } else {
+            r[m++] = r[i];
+        }
+    }
+    for (int i = 0; i < m; i++)
+        total += r[i].n;
+    x->ranges[c] = r;
+    x->n_ranges[c] = m;
+    return total;
+}
+
 static int first_reader(uint64_t mask)
 {
     return mask ? __builtin_ctzll(mask) : -1;
@@ -133,6 +184,13 @@ void tr_pipe_exec_free(struct tr_pipe_exec *x, const struct tr_backend *be)
     if (x->in)
         tr_be_free(be, x->in);
     tr_be_host_free(be, x->bounce);
+    for (int i = 0; i < x->n_stash; i++)
+        tr_be_host_free(be, x->stash[i]);
+    for (int c = 0; c < MAX_CHUNKS; c++)
+        free(x->ranges[c]);
+    free(x->stash);
+    free(x->stash_busy);
+    free(x->stash_of);
     free(x->kept);
     free(x->last_forward);
     free(x->ops);
@@ -170,6 +228,10 @@ struct tr_pipe_exec *tr_pipe_exec_new(struct tr_session *s, tr_err *err)
         goto fail;
     find_cuts(x, s->g);
     find_readers(x, s->g);
+    for (int v = 0; v < x->V; v++) {
+        size_t b = find_ranges(x, s->g, v * x->P + x->stage);
+        x->stash_bytes = b > x->stash_bytes ? b : x->stash_bytes;
+    }
     x->ops = tr_xcalloc((size_t)(2 * x->M * x->V), sizeof *x->ops);
     x->n_ops = tr_pipe_schedule(x->kind, x->P, x->V, x->M, x->stage, x->ops);
     if (x->n_ops < 0) {
@@ -191,6 +253,7 @@ struct tr_pipe_exec *tr_pipe_exec_new(struct tr_session *s, tr_err *err)
     x->in = tr_be_alloc(&s->be, largest + 64);
     x->kept = tr_xcalloc((size_t)(x->V * x->M), sizeof *x->kept);
     x->last_forward = tr_xcalloc((size_t)x->V, sizeof *x->last_forward);
+    x->stash_of = tr_xcalloc((size_t)(x->V * x->M), sizeof *x->stash_of);
     int ok = x->bounce && x->out && x->in;
     for (int v = 0; v < x->V && ok; v++) {
         int c = v * x->P + x->stage;
@@ -303,17 +366,62 @@ static void set_micro(struct tr_pipe_exec *x, struct tr_session *s, double mean,
 
 /* F(m, c) without its communication: the data received is in the cut's
  * tensors already. */
-static void run_forward(struct tr_pipe_exec *x, struct tr_session *s, int m, int c, int again)
+static void run_forward(struct tr_pipe_exec *x, struct tr_session *s, int m, int c)
 {
     upload_batch(x, s, m);
-    if (c > 0 && x->cut[c].bytes) {
-        void *kept = x->kept[(c / x->P) * x->M + m];
-        pack(x, s, &x->cut[c], 0, kept, 1);
-    }
-    s->g->recomputing = again; /* a re-run: running statistics stay */
     tr_graph_forward_range(s->g, &s->be, x->chunk[c].first_node, x->chunk[c].last_node);
-    s->g->recomputing = 0;
     x->last_forward[c / x->P] = m;
+}
+
+/* The activations the graph holds for chunk c (of a micro-batch whose
+ * backward is still to run) into a free stash, growing the pool when all
+ * are taken: at most the micro-batches the schedule holds in flight. */
+static int stash(struct tr_pipe_exec *x, const struct tr_session *s, int c, tr_err *err)
+{
+    int v = c / x->P, m = x->last_forward[v];
+    if (m < 0)
+        return TR_OK;
+    int k = 0;
+    while (k < x->n_stash && x->stash_busy[k])
+        k++;
+    if (k == x->n_stash) {
+        void *b = tr_be_host_alloc(&s->be, x->stash_bytes ? x->stash_bytes : 1);
+        if (!b)
+            return tr_fail(err, "pipeline stage %d: out of host memory for the activations of "
+                           "%d micro-batches in flight (%zu bytes each)", x->stage, x->n_stash + 1,
+                           x->stash_bytes);
+        x->stash = tr_xrealloc(x->stash, (size_t)(k + 1) * sizeof *x->stash);
+        x->stash_busy = tr_xrealloc(x->stash_busy, (size_t)(k + 1));
+        x->stash[k] = b;
+        x->n_stash++;
+    }
+    size_t at = 0;
+    for (int i = 0; i < x->n_ranges[c]; i++) {
+        tr_be_download(&s->be, (char *)x->stash[k] + at, x->ranges[c][i].p, x->ranges[c][i].n);
+        at += x->ranges[c][i].n;
+    }
+    x->stash_busy[k] = 1;
+    x->stash_of[v * x->M + m] = k;
+    x->last_forward[v] = -1;
+    return TR_OK;
+}
+
+/* Micro-batch m's state for chunk c's backward back in the graph: its
+ * inputs and targets, the tensors it received, its activations. */
+static void restore(struct tr_pipe_exec *x, struct tr_session *s, int m, int c)
+{
+    int v = c / x->P, k = x->stash_of[v * x->M + m];
+    upload_batch(x, s, m);
+    if (c > 0 && x->cut[c].bytes)
+        pack(x, s, &x->cut[c], 0, x->kept[v * x->M + m], 1);
+    size_t at = 0;
+    for (int i = 0; i < x->n_ranges[c]; i++) {
+        tr_be_upload(&s->be, x->ranges[c][i].p, (char *)x->stash[k] + at, x->ranges[c][i].n);
+        at += x->ranges[c][i].n;
+    }
+    x->stash_busy[k] = 0;
+    x->stash_of[v * x->M + m] = -1;
+    x->last_forward[v] = m;
 }
 
 int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_loader *loader,
@@ -347,6 +455,8 @@ int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_lo
     g->grads_fresh = 0;
     for (int v = 0; v < x->V; v++)
         x->last_forward[v] = -1;
+    for (int i = 0; i < x->V * x->M; i++)
+        x->stash_of[i] = -1;
     x->n_spans = 0;
     out->t0 = tr_now();
     struct transfer pending = {-1, 0, NULL, 0}; /* the last op's send, not yet made */
@@ -362,7 +472,7 @@ int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_lo
                 return TR_ERROR;
             if (rx.peer >= 0 && rx.grads) /* gradients: into the cut's tensors' */
                 pack(x, s, rx.cut, 1, x->in, 1);
-            else if (rx.peer >= 0) /* data: kept for the backward's re-run, and run */
+            else if (rx.peer >= 0) /* data: kept for the backward, and run */
                 be_copy(x, &s->be, x->kept[(op->chunk / x->P) * x->M + op->micro], x->in, rx.bytes);
             out->waited += tr_now() - tw;
         }
@@ -372,15 +482,23 @@ int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_lo
         double t0 = tr_now();
         set_micro(x, s, mean, step, m);
         if (!op->backward) {
-            run_forward(x, s, m, c, 0);
+            /* the micro-batch before, whose backward is still to come, keeps
+             * its activations aside */
+            if (stash(x, s, c, err) != TR_OK)
+                return TR_ERROR;
+            if (c > 0 && x->cut[c].bytes)
+                pack(x, s, &x->cut[c], 0, x->kept[(c / x->P) * x->M + m], 1);
+            run_forward(x, s, m, c);
             if (c == x->C - 1)
                 out->loss_sum += tr_session_read_loss(s) * x->weight[m];
         } else {
             if (x->last_forward[c / x->P] != m) {
-                /* another forward of this chunk ran since: rebuild m's
-                 * activations from what the stage kept of it (the gradients
-                 * just received are in the gradient arena, untouched) */
-                run_forward(x, s, m, c, 1);
+                /* another forward of this chunk ran since: m's activations
+                 * come back from their stash (the gradients just received
+                 * are in the gradient arena, untouched) */
+                if (stash(x, s, c, err) != TR_OK)
+                    return TR_ERROR;
+                restore(x, s, m, c);
             }
             tr_graph_backward_range(g, &s->be, x->chunk[c].first_node, x->chunk[c].last_node);
             x->last_forward[c / x->P] = -1;

@@ -10,9 +10,9 @@
  *            forward of c's nodes; loss (last chunk)
  *            send (c < C-1) the tensors live across the cut after c
  *   B(m, c): recv (c < C-1) those tensors' gradients
- *            backward of c's nodes (re-running F(m, c) first when the
- *            stage ran another forward of c since: the stage keeps only
- *            the tensors it received for each micro-batch in flight)
+ *            backward of c's nodes (when the stage ran another forward of
+ *            c since, m's activations come back first from the host
+ *            memory they were copied to before that forward)
  *            send (c > 0) the gradients of what it received
  *
  * Each consecutive send and receive of a stage travel in one sendrecv
@@ -47,7 +47,7 @@ struct tr_pipe_step {
     double busy;      /* seconds this stage computed */
     double waited;    /* seconds in sendrecv */
     double t0, t1;    /* the step's forward-backward, wall clock */
-    /* the mean seconds of a forward and of a backward (a re-run forward
+    /* the mean seconds of a forward and of a backward (copies of activations
      * included) of each chunk over the step's micro-batches: this stage's
      * chunks filled, the others 0 (a sum over the stages fills them all) */
     float forward[TR_PIPE_MAX_CHUNKS], backward[TR_PIPE_MAX_CHUNKS];

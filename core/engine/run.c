@@ -218,7 +218,10 @@ static int start(struct run *r, tr_err *err)
     struct tr_loader_config lc = {TR_SPLIT_TRAIN, (int)r->s.micro_batch,
                                   (int)cfg->train.workers, (int)cfg->train.prefetch, 1,
                                   (uint64_t)cfg->train.seed, r->s.topo, replica, replicas,
-                                  &stop_signal, 0}; /* a signal ends a wait for data */
+                                  /* alone, a signal ends a wait for data; with other
+                                   * ranks the step goes on to the boundary where they
+                                   * agree to stop (ending it here would fail the job) */
+                                  r->s.world == 1 ? &stop_signal : NULL, 0};
     r->loader = tr_loader_open(&r->s.data, &lc, l->position / (uint64_t)replicas, err);
     if (!r->loader)
         return TR_ERROR;
