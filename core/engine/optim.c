@@ -130,6 +130,11 @@ void tr_optimizer_step(struct tr_optimizer *o, struct tr_graph *g, const struct 
 {
     o->applied++;
     struct step_ctx c = {o, g, be, grad_scale, lr};
+    if (o->only) { /* unsharded: a run's state is at its own offset */
+        for (size_t i = 0; i < o->n_only; i++)
+            step_run(&c, o->only[i], o->only[i].begin);
+        return;
+    }
     tr_optimizer_runs(o, step_run, &c);
 }
 

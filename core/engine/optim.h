@@ -21,6 +21,12 @@ struct tr_optimizer {
      * (shard.h); the state holds them one after another */
     struct tr_shard shard;
     size_t owned; /* floats of state per slot */
+    /* a pipeline stage (no shard level): the step updates only these runs
+     * of the flat buffer, the parameters its chunks read; the state keeps
+     * the whole buffer's layout and the rest of it is never touched.
+     * NULL: every run it owns */
+    const struct tr_shard_run *only;
+    size_t n_only;
 };
 
 /* State for the parts of g's flat buffer this rank owns under shard (NULL:

@@ -30,8 +30,11 @@ struct tr_pipe_exec {
     struct cut cut[MAX_CHUNKS];           /* cut[c]: before chunk c (cut[0] empty) */
     struct tr_pipe_op *ops;
     int n_ops;
-    /* parameters: for each parameter tensor, the stages reading it (bit s) */
+    /* parameters: for each parameter tensor, the stages reading it (bit s);
+     * the runs of the flat buffer this stage's chunks read (merged) */
     uint64_t *readers;
+    struct tr_shard_run *own;
+    size_t n_own;
     /* buffers: a host bounce for copies between backend buffers, packed
      * messages out and in (backend memory), and for each of this stage's
      * chunks and each micro-batch the data it received (backend memory) */
@@ -164,6 +167,32 @@ static size_t find_ranges(struct tr_pipe_exec *x, const struct tr_graph *g, int 
     return total;
 }
 
+/* The runs of the flat parameter buffer stage x->stage reads, in order. */
+static void find_own(struct tr_pipe_exec *x, const struct tr_graph *g)
+{
+    x->own = tr_xcalloc((size_t)g->n_tensors + 1, sizeof *x->own);
+    for (size_t at = 0; at < g->n_params;) {
+        /* the tensor at flat offset `at`, in offset order */
+        int best = -1;
+        for (int i = 0; i < g->n_tensors; i++) {
+            const struct tr_tensor *t = &g->tensors[i];
+            if (t->role == TR_ROLE_PARAM && t->offset >= at &&
+                (best < 0 || t->offset < g->tensors[best].offset))
+                best = i;
+        }
+        if (best < 0)
+            break;
+        const struct tr_tensor *t = &g->tensors[best];
+        at = t->offset + t->numel;
+        if (!(x->readers[best] >> x->stage & 1) || !t->numel)
+            continue;
+        if (x->n_own && x->own[x->n_own - 1].end == t->offset)
+            x->own[x->n_own - 1].end = at;
+        else
+            x->own[x->n_own++] = (struct tr_shard_run){t->offset, at};
+    }
+}
+
 static int first_reader(uint64_t mask)
 {
     return mask ? __builtin_ctzll(mask) : -1;
@@ -195,6 +224,7 @@ void tr_pipe_exec_free(struct tr_pipe_exec *x, const struct tr_backend *be)
     free(x->last_forward);
     free(x->ops);
     free(x->readers);
+    free(x->own);
     free(x->inputs);
     free(x->targets);
     free(x->weight);
@@ -228,6 +258,9 @@ struct tr_pipe_exec *tr_pipe_exec_new(struct tr_session *s, tr_err *err)
         goto fail;
     find_cuts(x, s->g);
     find_readers(x, s->g);
+    find_own(x, s->g);
+    s->opt.only = x->own; /* the update of the parameters this stage reads */
+    s->opt.n_only = x->n_own;
     for (int v = 0; v < x->V; v++) {
         size_t b = find_ranges(x, s->g, v * x->P + x->stage);
         x->stash_bytes = b > x->stash_bytes ? b : x->stash_bytes;
@@ -450,8 +483,11 @@ int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_lo
                                s->data.name, id, s->vocab);
         }
     /* parameter gradients accumulate from zero: a stage's backward never
-     * sees the first writer of a gradient another stage also writes */
-    tr_be_zero(&s->be, g->grads, g->n_params * sizeof(float));
+     * sees the first writer of a gradient another stage also writes (the
+     * other stages' parameters: never written here) */
+    for (size_t i = 0; i < x->n_own; i++)
+        tr_be_zero(&s->be, g->grads + x->own[i].begin,
+                   (x->own[i].end - x->own[i].begin) * sizeof(float));
     g->grads_fresh = 0;
     for (int v = 0; v < x->V; v++)
         x->last_forward[v] = -1;
@@ -517,8 +553,12 @@ int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_lo
         if (t->role != TR_ROLE_PARAM || __builtin_popcountll(x->readers[i]) < 2)
             continue;
         double tw = tr_now();
+        if (!(x->readers[i] >> x->stage & 1)) /* zeros to add: it reads none */
+            tr_be_zero(&s->be, t->grad, t->numel * sizeof(float));
         if (tr_comm_allreduce(x->comm, t->grad, t->numel, err) != TR_OK)
             return TR_ERROR;
+        if (!(x->readers[i] >> x->stage & 1))
+            tr_be_discard(&s->be, t->grad, t->numel * sizeof(float));
         out->waited += tr_now() - tw;
     }
     out->t1 = tr_now();
@@ -545,11 +585,12 @@ int tr_pipe_exec_sumsq(struct tr_pipe_exec *x, struct tr_session *s, double *sum
     return rc;
 }
 
-/* [off, off + n) of buf (backend memory) from stage `root` to every rank,
- * through the host (an upload marks the backend's copies of the
- * parameters stale, as a write from the comm plugin would not). */
+/* [off, off + n) of buf (backend memory) from stage `root` to the ranks
+ * that keep it (`all`, or rank 0 only: the others let it pass), through the
+ * host (an upload marks the backend's copies of the parameters stale, as a
+ * write from the comm plugin would not). */
 static int share_range(struct tr_pipe_exec *x, struct tr_session *s, float *buf, size_t n, int root,
-                       tr_err *err)
+                       int all, tr_err *err)
 {
     size_t chunk = x->bounce_bytes / sizeof(float);
     for (size_t at = 0; at < n; at += chunk) {
@@ -558,25 +599,47 @@ static int share_range(struct tr_pipe_exec *x, struct tr_session *s, float *buf,
             tr_be_download(&s->be, x->bounce, buf + at, k * sizeof(float));
         if (tr_comm_broadcast_host(x->comm, x->bounce, k * sizeof(float), root, err) != TR_OK)
             return TR_ERROR;
-        if (x->stage != root)
+        if (x->stage != root && (all || s->rank == 0))
             tr_be_upload(&s->be, buf + at, x->bounce, k * sizeof(float));
     }
     return TR_OK;
 }
 
-int tr_pipe_exec_share(struct tr_pipe_exec *x, struct tr_session *s, tr_err *err)
+int tr_pipe_exec_share(struct tr_pipe_exec *x, struct tr_session *s, enum tr_pipe_share what,
+                       tr_err *err)
 {
     const struct tr_graph *g = s->g;
+    int all = what == TR_PIPE_SHARE_PARAMS;
     for (int i = 0; i < g->n_tensors; i++) {
         const struct tr_tensor *t = &g->tensors[i];
         int root = t->role == TR_ROLE_PARAM ? first_reader(x->readers[i]) : -1;
         if (root < 0)
             continue;
-        if (share_range(x, s, g->params + t->offset, t->numel, root, err) != TR_OK)
+        if (share_range(x, s, g->params + t->offset, t->numel, root, all, err) != TR_OK)
             return TR_ERROR;
-        for (int k = 0; k < TR_OPTIMIZER_MAX_SLOTS && s->opt.state[k]; k++)
-            if (share_range(x, s, s->opt.state[k] + t->offset, t->numel, root, err) != TR_OK)
+        for (int k = 0; !all && k < TR_OPTIMIZER_MAX_SLOTS && s->opt.state[k]; k++)
+            if (share_range(x, s, s->opt.state[k] + t->offset, t->numel, root, 0, err) != TR_OK)
                 return TR_ERROR;
     }
     return TR_OK;
+}
+
+void tr_pipe_exec_release(struct tr_pipe_exec *x, struct tr_session *s)
+{
+    const struct tr_graph *g = s->g;
+    if (!tr_be_can_discard(&s->be))
+        return;
+    size_t at = 0;
+    for (size_t i = 0; i <= x->n_own; i++) { /* the gaps between this stage's runs */
+        size_t end = i < x->n_own ? x->own[i].begin : g->n_params;
+        if (end > at) {
+            size_t b = (end - at) * sizeof(float);
+            tr_be_discard(&s->be, g->params + at, b);
+            tr_be_discard(&s->be, g->grads + at, b);
+            for (int k = 0; k < TR_OPTIMIZER_MAX_SLOTS && s->opt.state[k]; k++)
+                tr_be_discard(&s->be, s->opt.state[k] + at, b);
+        }
+        if (i < x->n_own)
+            at = x->own[i].end;
+    }
 }

@@ -64,10 +64,19 @@ int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_lo
  * parameter counted once, on the first stage that reads it. */
 int tr_pipe_exec_sumsq(struct tr_pipe_exec *x, struct tr_session *s, double *sumsq, tr_err *err);
 
-/* Every stage's parameters and optimizer state to every rank (before an
- * evaluation or a checkpoint, which read the whole model): each stage
- * broadcasts what it owns. */
-int tr_pipe_exec_share(struct tr_pipe_exec *x, struct tr_session *s, tr_err *err);
+/* What each stage owns, from the stage that owns it (the first that reads
+ * it): to every rank, the parameters (before an evaluation, which reads the
+ * whole model); to rank 0, the parameters and optimizer state (before a
+ * checkpoint, which rank 0 writes). */
+enum tr_pipe_share { TR_PIPE_SHARE_PARAMS, TR_PIPE_SHARE_SAVE };
+int tr_pipe_exec_share(struct tr_pipe_exec *x, struct tr_session *s, enum tr_pipe_share what,
+                       tr_err *err);
+
+/* The memory of what this stage's chunks do not read given back: the
+ * parameters, gradients and optimizer state of other stages' parameters
+ * (the backend's discard; they read as zeros after).  Once the weights are
+ * in place, and after each share.  A backend without discard keeps them. */
+void tr_pipe_exec_release(struct tr_pipe_exec *x, struct tr_session *s);
 
 /* The times of the last step's ops on this stage, for the trace. */
 struct tr_pipe_span {

@@ -140,12 +140,16 @@ static void restore(struct run *r, const struct tr_run_state *st)
  * the background when checkpoint.async. */
 static int save(struct run *r, uint64_t loader_position, int now, tr_err *err)
 {
-    /* pipeline stages: the whole model to rank 0, which writes it */
-    if (r->pipe && tr_pipe_exec_share(r->pipe, &r->s, err) != TR_OK)
+    /* pipeline stages: the whole model to rank 0, which writes it, then
+     * each keeps its own again */
+    if (r->pipe && tr_pipe_exec_share(r->pipe, &r->s, TR_PIPE_SHARE_SAVE, err) != TR_OK)
         return TR_ERROR;
     struct tr_run_state st;
     capture(r, loader_position, &st);
-    return tr_state_save(&r->s, &st, now, err);
+    int rc = tr_state_save(&r->s, &st, now, err);
+    if (r->pipe)
+        tr_pipe_exec_release(r->pipe, &r->s);
+    return rc;
 }
 
 /* The session, then the state it resumes from (if asked and any), the
@@ -185,6 +189,8 @@ static int open_session(struct run *r, tr_err *err)
         return TR_ERROR;
     if (r->s.gather) /* the weights are whole on every rank until here: keep this rank's parts */
         tr_gather_release_all(r->s.gather);
+    if (r->pipe) /* and a stage its chunks' */
+        tr_pipe_exec_release(r->pipe, &r->s);
     return TR_OK;
 }
 
@@ -550,10 +556,13 @@ static int evaluate(struct run *r, int *improved, tr_err *err)
     struct tr_loop *l = &r->l;
     double te = tr_now();
     /* pipeline stages: every rank evaluates batches of its own on the whole model */
-    if (r->pipe && tr_pipe_exec_share(r->pipe, &r->s, err) != TR_OK)
+    if (r->pipe && tr_pipe_exec_share(r->pipe, &r->s, TR_PIPE_SHARE_PARAMS, err) != TR_OK)
         return TR_ERROR;
-    if (tr_session_evaluate(&r->s, TR_SPLIT_VAL, (uint64_t)r->s.cfg->train.eval_batches,
-                            &l->val_loss, &l->val_accuracy, NULL, err) != TR_OK)
+    int rc = tr_session_evaluate(&r->s, TR_SPLIT_VAL, (uint64_t)r->s.cfg->train.eval_batches,
+                                 &l->val_loss, &l->val_accuracy, NULL, err);
+    if (r->pipe)
+        tr_pipe_exec_release(r->pipe, &r->s);
+    if (rc != TR_OK)
         return TR_ERROR;
     l->t_eval += tr_now() - te;
     tr_trace_phase(r->j.trace, "evaluation", l->step, te, tr_now());
@@ -581,6 +590,10 @@ static int checkpoint(struct run *r, enum tr_checkpoint_due due, tr_err *err)
     int final = due == TR_CHECKPOINT_FINAL;
     if (final)
         r->l.rss_train_mib = tr_peak_rss_mib();
+    if (final && r->pipe && !r->flags->quiet) /* each stage holds its share: say what */
+        tr_log(TR_LOG_INFO, NULL, "pipeline stage %d: %.0f MiB resident after training (peak "
+               "%.0f MiB, loading the weights included)", tr_pipe_exec_stage(r->pipe),
+               tr_rss_mib(), tr_peak_rss_mib());
     if (save(r, r->l.position, final, &cerr) != TR_OK) {
         if (final) {
             *err = cerr;

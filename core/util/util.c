@@ -99,6 +99,16 @@ double tr_peak_rss_mib(void)
     return getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss / 1024.0 : 0.0; /* KiB */
 }
 
+double tr_rss_mib(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long size = 0, resident = 0;
+    int ok = f && fscanf(f, "%lu %lu", &size, &resident) == 2;
+    if (f)
+        fclose(f);
+    return ok ? (double)resident * (double)sysconf(_SC_PAGESIZE) / (1024.0 * 1024.0) : 0.0;
+}
+
 double tr_now(void)
 {
     struct timespec ts;

@@ -39,6 +39,8 @@ char *tr_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 double tr_now(void);
 /* This process's peak resident set size so far, in MiB (getrusage). */
 double tr_peak_rss_mib(void);
+/* The memory resident now, in MiB (/proc/self/statm; 0 where there is none). */
+double tr_rss_mib(void);
 
 /* The services every plugin receives. */
 const struct tr_host *tr_host_services(void);

@@ -14,6 +14,9 @@
 #     going;
 #   - metrics.jsonl has the share of each step the stages sat idle, and
 #     the trace the stage's forwards and backwards per micro-batch;
+#   - each of 2 stages of a 27 M Llama keeps less than 70% of what one
+#     process holds resident (its share of the weights, gradients and
+#     optimizer state: about 55%);
 #   - a stage killed, or stopped (comm.timeout), ends the job within a
 #     bounded time with a message naming it; SIGTERM saves a checkpoint of
 #     the whole model (exit 75) that resumes on 2 stages;
@@ -113,6 +116,20 @@ assert idle and all(0 <= v < 100 for v in idle), idle
 names = [e["name"] for e in json.load(open(sys.argv[2]))["traceEvents"]]
 assert any(n.startswith("forward micro-batch 7 chunk 0") for n in names), names
 assert any(n.startswith("backward micro-batch 0 chunk 0") for n in names), names
+PY
+
+# memory: each stage's share resident, not the whole model
+BIG="$TR_SRCDIR/contrib/bench/shard-bench.lua"
+"$TRAINRUN" "$BIG" train.steps=2 run_dir=big-one > big-one.log 2>&1 || { cat big-one.log; fail "big-one"; }
+"$TRAINRUN" "$BIG" train.steps=2 procs=2 parallel.pipeline=2 run_dir=big-2 > big-2.log 2>&1 ||
+  { cat big-2.log; fail "big-2"; }
+python3 - big-one.log big-2.log <<'PY' || { cat big-one.log big-2.log; fail "stage memory"; }
+import re, sys
+one = float(re.search(r"peak RSS (\d+) MiB training", open(sys.argv[1]).read()).group(1))
+stages = [float(v) for v in re.findall(r"pipeline stage \d: (\d+) MiB resident", open(sys.argv[2]).read())]
+assert len(stages) == 2, stages
+assert all(v < 0.7 * one for v in stages), (one, stages)
+print("stage memory: one process %.0f MiB, stages %s MiB" % (one, stages))
 PY
 
 # faults: the job's launcher ($1 of "start"); its ranks are its children
