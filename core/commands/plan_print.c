@@ -327,10 +327,9 @@ static void print_pipeline(const struct tr_plan *p, FILE *out)
     const struct tr_plan_pipe *pp = &p->pipe;
     char a[64], b[64], what[160];
     fprintf(out, "\npipeline  (parallel.pipeline = %d stages, schedule %s, %d micro-batch%s a "
-            "step through each of %d replica%s%s)\n", pp->stages, tr_pipe_kinds[pp->kind],
+            "step through each of %d replica%s)\n", pp->stages, tr_pipe_kinds[pp->kind],
             pp->micro_batches, pp->micro_batches == 1 ? "" : "es", pp->replicas,
-            pp->replicas == 1 ? "" : "s",
-            pp->replicas > 1 ? "; planned only: this version runs one replica, procs = stages" : "");
+            pp->replicas == 1 ? "" : "s");
     if (pp->virtual_stages > 1)
         row(out, "", "each stage runs %d chunks of the model (virtual stages)", pp->virtual_stages);
     if (pp->devices_assumed)

@@ -173,7 +173,8 @@ static const struct tr_option parallel_options[] = {
      offsetof(struct tr_parallel_config, shard)},
     OPT(TR_OPT_INT, "pipeline", "1", 1, 1024,
         "pipeline stages the model is cut into at block boundaries, one a rank (procs = "
-        "pipeline); trainrun plan prints the partition, each stage's memory and the bubble",
+        "pipeline x data-parallel replicas); trainrun plan prints the partition, each stage's "
+        "memory and the bubble",
         struct tr_parallel_config, pipeline),
     {TR_OPT_ENUM, "schedule", "1f1b", 0, 0, tr_pipe_kinds,
      "the pipeline's order of micro-batches: gpipe (all forwards, then all backwards), 1f1b "

@@ -24,6 +24,7 @@ struct cut {
 
 struct tr_pipe_exec {
     int P, V, M, C, stage;
+    int D, replica;                       /* data-parallel replicas; this rank's (rank / P) */
     enum tr_pipe_kind kind;
     struct tr_comm *comm;
     struct tr_pipe_chunk chunk[MAX_CHUNKS];
@@ -65,6 +66,7 @@ struct tr_pipe_exec {
 };
 
 int tr_pipe_exec_stage(const struct tr_pipe_exec *x) { return x->stage; }
+int tr_pipe_exec_replica(const struct tr_pipe_exec *x) { return x->replica; }
 int tr_pipe_exec_chunks(const struct tr_pipe_exec *x) { return x->C; }
 
 size_t tr_pipe_exec_spans(const struct tr_pipe_exec *x, const struct tr_pipe_span **spans)
@@ -242,6 +244,8 @@ struct tr_pipe_exec *tr_pipe_exec_new(struct tr_session *s, tr_err *err)
     x->M = s->accum;
     x->kind = par->schedule_kind;
     x->stage = s->rank % x->P;
+    x->D = s->world / x->P;
+    x->replica = s->rank / x->P;
     x->comm = s->comm;
     if (!x->comm || !tr_comm_has_sendrecv(x->comm)) {
         tr_fail(err, "parallel.pipeline = %d: comm '%s' has no sendrecv (plugin ABI 2.4), which "
@@ -359,13 +363,20 @@ struct transfer {
     int grads;
 };
 
+/* The rank running chunk c in this rank's replica (ranks r P .. r P + P - 1
+ * are replica r's stages). */
+static int peer(const struct tr_pipe_exec *x, int c)
+{
+    return x->replica * x->P + c % x->P;
+}
+
 static struct transfer receives(const struct tr_pipe_exec *x, const struct tr_pipe_op *op)
 {
     int c = op->chunk;
     if (!op->backward && c > 0 && x->cut[c].bytes)
-        return (struct transfer){(c - 1) % x->P, x->cut[c].bytes, &x->cut[c], 0};
+        return (struct transfer){peer(x, c - 1), x->cut[c].bytes, &x->cut[c], 0};
     if (op->backward && c < x->C - 1 && x->cut[c + 1].grad_bytes)
-        return (struct transfer){(c + 1) % x->P, x->cut[c + 1].grad_bytes, &x->cut[c + 1], 1};
+        return (struct transfer){peer(x, c + 1), x->cut[c + 1].grad_bytes, &x->cut[c + 1], 1};
     return (struct transfer){-1, 0, NULL, 0};
 }
 
@@ -373,9 +384,9 @@ static struct transfer sends(const struct tr_pipe_exec *x, const struct tr_pipe_
 {
     int c = op->chunk;
     if (!op->backward && c < x->C - 1 && x->cut[c + 1].bytes)
-        return (struct transfer){(c + 1) % x->P, x->cut[c + 1].bytes, &x->cut[c + 1], 0};
+        return (struct transfer){peer(x, c + 1), x->cut[c + 1].bytes, &x->cut[c + 1], 0};
     if (op->backward && c > 0 && x->cut[c].grad_bytes)
-        return (struct transfer){(c - 1) % x->P, x->cut[c].grad_bytes, &x->cut[c], 1};
+        return (struct transfer){peer(x, c - 1), x->cut[c].grad_bytes, &x->cut[c], 1};
     return (struct transfer){-1, 0, NULL, 0};
 }
 
@@ -392,9 +403,11 @@ static void upload_batch(struct tr_pipe_exec *x, struct tr_session *s, int m)
 static void set_micro(struct tr_pipe_exec *x, struct tr_session *s, double mean, uint64_t step, int m)
 {
     s->g->loss_grad = (float)(mean * x->weight[m]);
-    /* the seed one process draws micro-batch m's dropout from (run.c's rule, one replica) */
-    s->g->dropout_seed =
-        tr_splitmix64((uint64_t)s->cfg->train.seed ^ tr_splitmix64(step * 65536 + (uint64_t)m));
+    /* the seed one process draws micro-batch m's dropout from (run.c's rule:
+     * replica d's m-th is the one process's m D + d-th) */
+    s->g->dropout_seed = tr_splitmix64(
+        (uint64_t)s->cfg->train.seed ^
+        tr_splitmix64(step * 65536 + (uint64_t)m * (uint64_t)x->D + (uint64_t)x->replica));
 }
 
 /* F(m, c) without its communication: the data received is in the cut's
@@ -547,10 +560,14 @@ int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_lo
         pending = sends(x, op);
     }
     /* a parameter several stages read (tied embeddings): its gradient is
-     * the sum of theirs; the stages that do not read it add zeros */
+     * the sum of theirs; with replicas, every gradient is the sum over them
+     * too.  One all-reduce over every rank a tensor at a time, to which the
+     * stages that do not read it add zeros (a comm plugin has no
+     * sub-groups: a replica's stage so moves every tensor, not only its
+     * own, and holds one more tensor at a time) */
     for (int i = 0; i < g->n_tensors; i++) {
         const struct tr_tensor *t = &g->tensors[i];
-        if (t->role != TR_ROLE_PARAM || __builtin_popcountll(x->readers[i]) < 2)
+        if (t->role != TR_ROLE_PARAM || (x->D == 1 && __builtin_popcountll(x->readers[i]) < 2))
             continue;
         double tw = tr_now();
         if (!(x->readers[i] >> x->stage & 1)) /* zeros to add: it reads none */
@@ -571,7 +588,8 @@ int tr_pipe_exec_sumsq(struct tr_pipe_exec *x, struct tr_session *s, double *sum
     double mine = 0;
     for (int i = 0; i < g->n_tensors; i++) {
         const struct tr_tensor *t = &g->tensors[i];
-        if (t->role == TR_ROLE_PARAM && first_reader(x->readers[i]) == x->stage)
+        if (t->role == TR_ROLE_PARAM && first_reader(x->readers[i]) == x->stage &&
+            x->replica == 0) /* the replicas' gradients are equal: one counts */
             mine += tr_be_sum_squares(&s->be, t->grad, t->numel);
     }
     _Static_assert(sizeof(double) == 2 * sizeof(float), "a double travels as two floats");
@@ -595,11 +613,11 @@ static int share_range(struct tr_pipe_exec *x, struct tr_session *s, float *buf,
     size_t chunk = x->bounce_bytes / sizeof(float);
     for (size_t at = 0; at < n; at += chunk) {
         size_t k = n - at < chunk ? n - at : chunk;
-        if (x->stage == root)
+        if (s->rank == root)
             tr_be_download(&s->be, x->bounce, buf + at, k * sizeof(float));
         if (tr_comm_broadcast_host(x->comm, x->bounce, k * sizeof(float), root, err) != TR_OK)
             return TR_ERROR;
-        if (x->stage != root && (all || s->rank == 0))
+        if (s->rank != root && (all || s->rank == 0))
             tr_be_upload(&s->be, buf + at, x->bounce, k * sizeof(float));
     }
     return TR_OK;
@@ -612,6 +630,7 @@ int tr_pipe_exec_share(struct tr_pipe_exec *x, struct tr_session *s, enum tr_pip
     int all = what == TR_PIPE_SHARE_PARAMS;
     for (int i = 0; i < g->n_tensors; i++) {
         const struct tr_tensor *t = &g->tensors[i];
+        /* replica 0's stage (rank = stage) */
         int root = t->role == TR_ROLE_PARAM ? first_reader(x->readers[i]) : -1;
         if (root < 0)
             continue;

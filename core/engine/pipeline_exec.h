@@ -20,8 +20,10 @@
  * wait on each other.  Every stage holds the whole graph's memory plan
  * (parameters of other stages included, never touched in the step) but
  * runs only its chunks; a parameter read by several stages (tied
- * embeddings) has its gradient summed over them.  The data-parallel
- * degree is 1 (every rank reads the same micro-batches).
+ * embeddings) has its gradient summed over them.  With procs = P x D, ranks
+ * r P .. r P + P - 1 are replica r's stages; each replica reads its share of
+ * the step's micro-batches (all its stages the same ones) and the
+ * gradients are summed over the replicas.
  */
 #ifndef TR_PIPELINE_EXEC_H
 #define TR_PIPELINE_EXEC_H
@@ -38,6 +40,9 @@ struct tr_loader;
  * schedule's ops, the buffers of M micro-batches in flight.  Refuses a
  * comm plugin without sendrecv, naming it. */
 struct tr_pipe_exec *tr_pipe_exec_new(struct tr_session *s, tr_err *err);
+/* This rank's stage (rank mod P) and replica (rank / P). */
+int tr_pipe_exec_stage(const struct tr_pipe_exec *x);
+int tr_pipe_exec_replica(const struct tr_pipe_exec *x);
 void tr_pipe_exec_free(struct tr_pipe_exec *x, const struct tr_backend *be);
 
 /* What one step did on this stage. */
@@ -85,7 +90,6 @@ struct tr_pipe_span {
 };
 size_t tr_pipe_exec_spans(const struct tr_pipe_exec *x, const struct tr_pipe_span **spans);
 
-int tr_pipe_exec_stage(const struct tr_pipe_exec *x);
 /* chunks (stages x virtual stages) and micro-batches a step */
 int tr_pipe_exec_chunks(const struct tr_pipe_exec *x);
 

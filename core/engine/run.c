@@ -215,8 +215,9 @@ static int start(struct run *r, tr_err *err)
     if (open_session(r, err) != TR_OK)
         return TR_ERROR;
     struct tr_loop *l = &r->l;
-    /* the replicas share the data; pipeline stages each read all of it */
-    int replicas = r->s.replicas, replica = replicas == r->s.world ? r->s.rank : 0;
+    /* the replicas share the data; a replica's pipeline stages each read all
+     * of its share (ranks r P .. r P + P - 1 are replica r's stages) */
+    int replicas = r->s.replicas, replica = r->s.rank / (r->s.world / replicas);
     if (l->position % (uint64_t)replicas != 0)
         return tr_fail(err, "the checkpoint stopped %llu micro-batches into the data, which %d "
                        "ranks cannot share; resume with a world size that divides the "
@@ -352,7 +353,7 @@ static int pipeline_step(struct run *r, double scale, double *loss_sum, double *
     struct tr_session *s = &r->s;
     struct tr_loop *l = &r->l;
     struct tr_pipe_step ps;
-    double mean = scale / s->accum;
+    double mean = scale / (s->accum * s->replicas);
     if (tr_pipe_exec_step(r->pipe, s, r->loader, mean, l->step, &ps, err) != TR_OK)
         return TR_ERROR;
     double wall = ps.t1 - ps.t0;
@@ -360,19 +361,21 @@ static int pipeline_step(struct run *r, double scale, double *loss_sum, double *
     l->t_comm += ps.waited;
     double tw = tr_now();
     int C = tr_pipe_exec_chunks(r->pipe);
-    float agree[5 + 2 * TR_PIPE_MAX_CHUNKS] = {(float)ps.loss_sum, stop_signal ? 1.0f : 0.0f,
+    /* the targets: every stage counted its replica's, the first stages tell */
+    int first = tr_pipe_exec_stage(r->pipe) == 0;
+    float agree[6 + 2 * TR_PIPE_MAX_CHUNKS] = {(float)ps.loss_sum, stop_signal ? 1.0f : 0.0f,
                       r->s.rank == 0 && tr_loop_over_budget(l) ? 1.0f : 0.0f, (float)ps.busy,
-                      (float)wall};
-    memcpy(agree + 5, ps.forward, (size_t)C * sizeof(float));
-    memcpy(agree + 5 + C, ps.backward, (size_t)C * sizeof(float));
-    if (tr_comm_allreduce_host(s->comm, agree, 5 + 2 * (size_t)C, err) != TR_OK)
+                      (float)wall, first ? (float)ps.targets : 0.0f};
+    memcpy(agree + 6, ps.forward, (size_t)C * sizeof(float));
+    memcpy(agree + 6 + C, ps.backward, (size_t)C * sizeof(float));
+    if (tr_comm_allreduce_host(s->comm, agree, 6 + 2 * (size_t)C, err) != TR_OK)
         return TR_ERROR;
     /* the simulator (pipeline.h) fed with the chunks' measured times: what
      * it predicts for this step's schedule, beside what was measured */
     double fw[TR_PIPE_MAX_CHUNKS], bw[TR_PIPE_MAX_CHUNKS];
-    for (int c = 0; c < C; c++) {
-        fw[c] = agree[5 + c];
-        bw[c] = agree[5 + C + c];
+    for (int c = 0; c < C; c++) { /* the replicas' mean */
+        fw[c] = agree[6 + c] / s->replicas;
+        bw[c] = agree[6 + C + c] / s->replicas;
     }
     const struct tr_parallel_config *par = &s->cfg->parallel;
     struct tr_pipe_sim sim;
@@ -381,7 +384,7 @@ static int pipeline_step(struct run *r, double scale, double *loss_sum, double *
                                         (int)par->virtual_stages, s->accum, fw, bw, &sim,
                                         &ignored) == TR_OK ? sim.bubble : NAN;
     *loss_sum = agree[0];
-    *targets = ps.targets;
+    *targets = agree[5];
     l->agreed_stop = agree[1] > 0;
     l->budget_stop = agree[2] > 0;
     l->pipe_idle = agree[4] > 0 ? 1.0 - agree[3] / agree[4] : NAN;
@@ -591,9 +594,10 @@ static int checkpoint(struct run *r, enum tr_checkpoint_due due, tr_err *err)
     if (final)
         r->l.rss_train_mib = tr_peak_rss_mib();
     if (final && r->pipe && !r->flags->quiet) /* each stage holds its share: say what */
-        tr_log(TR_LOG_INFO, NULL, "pipeline stage %d: %.0f MiB resident after training (peak "
-               "%.0f MiB, loading the weights included)", tr_pipe_exec_stage(r->pipe),
-               tr_rss_mib(), tr_peak_rss_mib());
+        tr_log(TR_LOG_INFO, NULL, "pipeline stage %d (replica %d): %.0f MiB resident after "
+               "training (peak %.0f MiB, loading the weights included)",
+               tr_pipe_exec_stage(r->pipe), tr_pipe_exec_replica(r->pipe), tr_rss_mib(),
+               tr_peak_rss_mib());
     if (save(r, r->l.position, final, &cerr) != TR_OK) {
         if (final) {
             *err = cerr;

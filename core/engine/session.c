@@ -286,7 +286,8 @@ static int plan_memory(struct tr_session *s, tr_err *err)
                "state (parallel.shard = %s)", owned, s->g->n_params,
                level == TR_SHARD_PARAMETERS ? "parameters, gathered unit by unit"
                : level == TR_SHARD_GRADIENTS ? "gradients, reduce-scattered" : "optimizer");
-    if (s->comm && s->replicas > 1 && tr_comm_plan_buckets(s->comm, s->g, &s->shard, err) != TR_OK)
+    if (s->comm && s->replicas > 1 && s->cfg->parallel.pipeline <= 1 &&
+        tr_comm_plan_buckets(s->comm, s->g, &s->shard, err) != TR_OK)
         return TR_ERROR;
     if (s->comm && level == TR_SHARD_PARAMETERS)
         s->gather = tr_gather_new(s->g, &s->be, s->comm, &s->shard);
@@ -461,9 +462,9 @@ static int open_weights(struct tr_session *s, tr_err *err)
     return TR_OK;
 }
 
-/* parallel.pipeline = P: a training run's ranks are its P stages, one
- * replica (an evaluation, a sample or a smoke run is one process: the
- * stages' arithmetic is its own). */
+/* parallel.pipeline = P: a training run's ranks are P stages of D
+ * data-parallel replicas, procs = P x D (an evaluation, a sample or a smoke
+ * run is one process: the stages' arithmetic is its own). */
 static int check_pipeline(struct tr_session *s, tr_err *err)
 {
     const struct tr_parallel_config *par = &s->cfg->parallel;
@@ -471,17 +472,16 @@ static int check_pipeline(struct tr_session *s, tr_err *err)
         return TR_OK;
     char where[600];
     tr_config_where(s->cfg, "parallel.pipeline", where, sizeof where);
-    if (s->world != par->pipeline)
+    if (s->world % par->pipeline != 0)
         return tr_fail(err, "%s: parallel.pipeline = %lld runs one stage a rank: start it with "
-                       "procs = %lld (this run has %d rank%s; data-parallel replicas of a "
-                       "pipeline, procs = pipeline x replicas, are not in this version)", where,
+                       "procs = %lld x the data-parallel replicas (this run has %d rank%s)", where,
                        (long long)par->pipeline, (long long)par->pipeline, s->world,
                        s->world == 1 ? "" : "s");
     if (par->shard_level != TR_SHARD_NONE)
         return tr_fail(err, "%s: parallel.pipeline with parallel.shard = \"%s\": sharding a "
                        "pipeline stage is not in this version; drop one of them", where,
                        tr_shard_level_name(par->shard_level));
-    s->replicas = 1;
+    s->replicas = s->world / (int)par->pipeline;
     return TR_OK;
 }
 

@@ -5,6 +5,10 @@
 #     steps for a GPT (tied embeddings: the first and the last stage sum the
 #     table's gradient) and a Llama, under gpipe, 1f1b and interleaved (2
 #     chunks a stage), and P = 3 and 4 (1f1b, a Llama of 4 blocks);
+#   - 2 stages x 2 data-parallel replicas (procs = 4): a Llama under 1f1b
+#     bit-identical to 2 data-parallel ranks without stages (a stage adds
+#     zeros for the parameters it does not read), a tied GPT interleaved
+#     within 1e-5 of one process; its checkpoint resumes on 2 stages;
 #   - recompute with clipping, and bf16 (within 1e-3: the stages add the
 #     tied and accumulated gradients in another order, as data parallelism
 #     does) keep that agreement;
@@ -67,6 +71,22 @@ for p in 3 4; do
   close deep-one "deep-$p" 1e-5 "llama: $p stages"
 done
 
+# stages x replicas: 2 x 2
+run llama-dp "$LLAMA" procs=2
+run llama-2x2 "$LLAMA" procs=4 parallel.pipeline=2
+close llama-one llama-2x2 1e-5 "llama: 2 stages x 2 replicas"
+cmp "$(weights llama-dp)" "$(weights llama-2x2)" > /dev/null ||
+  fail "llama: 2 stages x 2 replicas differ from 2 data-parallel ranks"
+run gpt-2x2 "$GPT" procs=4 parallel.pipeline=2 parallel.schedule=interleaved parallel.virtual_stages=2
+close gpt-one gpt-2x2 1e-5 "gpt: 2 stages x 2 replicas, interleaved"
+cp -r llama-2x2 resume-2x2
+rm -rf resume-2x2/checkpoints/step-0000000020
+echo step-0000000010 > resume-2x2/checkpoints/LATEST
+# shellcheck disable=SC2086
+"$TRAINRUN" "$LLAMA" $base procs=2 parallel.pipeline=2 run_dir=resume-2x2 --resume auto \
+  > resume-2x2.log 2>&1 || { cat resume-2x2.log; fail "2 x 2 resumed on 2 stages"; }
+close llama-2x2 resume-2x2 1e-5 "saved by 2 x 2, resumed on 2 stages"
+
 # levers: recompute with clipping (1e-5); bf16 (1e-3)
 for lever in "model.recompute=1 optimizer.clip=0.5" "precision=bf16"; do
   name=$(echo "$lever" | tr ' =.' '---')
@@ -126,7 +146,7 @@ BIG="$TR_SRCDIR/contrib/bench/shard-bench.lua"
 python3 - big-one.log big-2.log <<'PY' || { cat big-one.log big-2.log; fail "stage memory"; }
 import re, sys
 one = float(re.search(r"peak RSS (\d+) MiB training", open(sys.argv[1]).read()).group(1))
-stages = [float(v) for v in re.findall(r"pipeline stage \d: (\d+) MiB resident", open(sys.argv[2]).read())]
+stages = [float(v) for v in re.findall(r"pipeline stage \d \(replica 0\): (\d+) MiB resident", open(sys.argv[2]).read())]
 assert len(stages) == 2, stages
 assert all(v < 0.7 * one for v in stages), (one, stages)
 print("stage memory: one process %.0f MiB, stages %s MiB" % (one, stages))
@@ -178,7 +198,7 @@ EOF
 export TRAINRUN_RECIPE_PATH
 TRAINRUN_RECIPE_PATH=$(dirname "$LLAMA")
 if "$TRAINRUN" piped.lua run_dir=piped3 procs=3 > piped3.log 2>&1; then fail "3 ranks ran 2 stages"; fi
-grep -q 'piped.lua:3: parallel.pipeline = 2 runs one stage a rank: start it with procs = 2' piped3.log ||
+grep -q 'piped.lua:3: parallel.pipeline = 2 runs one stage a rank: start it with procs = 2 x the data-parallel replicas' piped3.log ||
   { cat piped3.log; fail "the ranks/stages refusal"; }
 if "$TRAINRUN" piped.lua run_dir=pipedz procs=2 parallel.shard=gradients > pipedz.log 2>&1; then
   fail "a sharded pipeline ran"
