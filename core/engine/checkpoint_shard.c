@@ -55,8 +55,8 @@ static int *params_by_offset(const struct tr_graph *g, int *n)
 }
 
 /* Rank q's entries, in the order of its blob: its parts (shard.h) of the
- * weights and of every state slot, split where tensors end; rank 0 also
- * every buffer whole. */
+ * weights and of every state slot, split where tensors end, or the
+ * tensors it owns whole (r->owner); rank 0 also every buffer whole. */
 static size_t plan_rank(const struct tr_ckpt_rank *r, int q, const float *params,
                         float *const *slots, struct piece **out)
 {
@@ -66,7 +66,21 @@ static size_t plan_rank(const struct tr_ckpt_rank *r, int q, const float *params
     int *sorted = params_by_offset(g, &n_sorted);
     struct piece *p = NULL;
     size_t n = 0, cap = 0;
-    for (int s = 0; s < n_slots; s++) {
+    for (int s = 0; r->owner && s < n_slots; s++)
+        for (int j = 0; j < n_sorted; j++) {
+            const struct tr_tensor *t = &g->tensors[sorted[j]];
+            if (r->owner[sorted[j]] != q || t->numel == 0)
+                continue;
+            if (n == cap) {
+                cap = cap ? 2 * cap : 64;
+                p = tr_xrealloc(p, cap * sizeof *p);
+            }
+            const float *src = NULL;
+            if (params)
+                src = (s == 0 ? params : slots[s - 1]) + t->offset;
+            p[n++] = (struct piece){s, sorted[j], 0, t->numel, src};
+        }
+    for (int s = 0; !r->owner && s < n_slots; s++) {
         size_t at = 0; /* this slot's packed position */
         int i = 0;
         for (size_t u = 0; u < sh->n_units; u++) {

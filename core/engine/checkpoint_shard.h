@@ -88,6 +88,10 @@ struct tr_ckpt_rank {
     const struct tr_optimizer_desc *od;
     const struct tr_shard *shard;     /* this run's layout and rank */
     struct tr_comm *comm;
+    /* NULL: each rank writes its parts under shard; else (pipeline stages)
+     * owner[i] is the rank that writes parameter tensor i whole, in every
+     * slot, and the state slots are laid out like the parameters */
+    const int *owner;
 };
 
 /* Every rank calls it: this rank's parts of params (full-size, its parts

@@ -36,6 +36,7 @@ struct tr_pipe_exec {
     uint64_t *readers;
     struct tr_shard_run *own;
     size_t n_own;
+    int *owner;                           /* tr_pipe_exec_owners */
     /* buffers: a host bounce for copies between backend buffers, packed
      * messages out and in (backend memory), and for each of this stage's
      * chunks and each micro-batch the data it received (backend memory) */
@@ -66,6 +67,7 @@ struct tr_pipe_exec {
 };
 
 int tr_pipe_exec_stage(const struct tr_pipe_exec *x) { return x->stage; }
+const int *tr_pipe_exec_owners(const struct tr_pipe_exec *x) { return x->owner; }
 int tr_pipe_exec_replica(const struct tr_pipe_exec *x) { return x->replica; }
 int tr_pipe_exec_chunks(const struct tr_pipe_exec *x) { return x->C; }
 
@@ -129,6 +131,11 @@ static void find_readers(struct tr_pipe_exec *x, const struct tr_graph *g)
             if (g->tensors[n->in[k]].role == TR_ROLE_PARAM)
                 x->readers[n->in[k]] |= 1ull << s;
     }
+    /* a parameter no node reads is the first stage's (it updates, shares
+     * and saves it, as one process would) */
+    for (int i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i].role == TR_ROLE_PARAM && !x->readers[i])
+            x->readers[i] = 1;
 }
 
 static int by_address(const void *a, const void *b)
@@ -227,6 +234,7 @@ void tr_pipe_exec_free(struct tr_pipe_exec *x, const struct tr_backend *be)
     free(x->ops);
     free(x->readers);
     free(x->own);
+    free(x->owner);
     free(x->inputs);
     free(x->targets);
     free(x->weight);
@@ -263,6 +271,9 @@ struct tr_pipe_exec *tr_pipe_exec_new(struct tr_session *s, tr_err *err)
     find_cuts(x, s->g);
     find_readers(x, s->g);
     find_own(x, s->g);
+    x->owner = tr_xcalloc((size_t)s->g->n_tensors + 1, sizeof *x->owner);
+    for (int i = 0; i < s->g->n_tensors; i++)
+        x->owner[i] = s->g->tensors[i].role == TR_ROLE_PARAM ? first_reader(x->readers[i]) : -1;
     s->opt.only = x->own; /* the update of the parameters this stage reads */
     s->opt.n_only = x->n_own;
     for (int v = 0; v < x->V; v++) {

@@ -77,6 +77,11 @@ enum tr_pipe_share { TR_PIPE_SHARE_PARAMS, TR_PIPE_SHARE_SAVE };
 int tr_pipe_exec_share(struct tr_pipe_exec *x, struct tr_session *s, enum tr_pipe_share what,
                        tr_err *err);
 
+/* For each tensor of the graph, the rank that writes it to a checkpoint:
+ * a parameter's first reading stage in replica 0 (rank = stage), -1 for
+ * the rest. */
+const int *tr_pipe_exec_owners(const struct tr_pipe_exec *x);
+
 /* The memory of what this stage's chunks do not read given back: the
  * parameters, gradients and optimizer state of other stages' parameters
  * (the backend's discard; they read as zeros after).  Once the weights are

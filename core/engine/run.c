@@ -140,11 +140,16 @@ static void restore(struct run *r, const struct tr_run_state *st)
  * the background when checkpoint.async. */
 static int save(struct run *r, uint64_t loader_position, int now, tr_err *err)
 {
-    /* pipeline stages: the whole model to rank 0, which writes it, then
-     * each keeps its own again */
+    struct tr_run_state st;
+    /* pipeline stages: each writes its own parameters where the checkpoint
+     * plugin takes one checkpoint from several ranks; else the whole model
+     * to rank 0, which writes it, then each keeps its own again */
+    if (r->pipe && tr_state_can_save_owned(&r->s)) {
+        capture(r, loader_position, &st);
+        return tr_state_save_owned(&r->s, &st, tr_pipe_exec_owners(r->pipe), err);
+    }
     if (r->pipe && tr_pipe_exec_share(r->pipe, &r->s, TR_PIPE_SHARE_SAVE, err) != TR_OK)
         return TR_ERROR;
-    struct tr_run_state st;
     capture(r, loader_position, &st);
     int rc = tr_state_save(&r->s, &st, now, err);
     if (r->pipe)

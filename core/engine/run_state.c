@@ -134,7 +134,7 @@ static int gather_params(struct tr_session *s, tr_err *err)
 static struct tr_ckpt_rank ckpt_rank(const struct tr_session *s)
 {
     return (struct tr_ckpt_rank){s->cfg->checkpoint.plugin->info->vtable, s->cfg->checkpoint.self,
-                                 s->g, &s->be, s->opt.desc, &s->opt.shard, s->comm};
+                                 s->g, &s->be, s->opt.desc, &s->opt.shard, s->comm, NULL};
 }
 
 /* Whether this save goes to every rank's blob (checkpoint_shard.h): a
@@ -188,6 +188,25 @@ int tr_state_save(struct tr_session *s, const struct tr_run_state *st, int now, 
     if (!s->ckpt) /* ranks other than 0 hold the same state and do not write it */
         return TR_OK;
     return save_fn(s->ckpt, s->g->params, s->opt.state, st, err);
+}
+
+int tr_state_can_save_owned(const struct tr_session *s)
+{
+    return s->comm && s->cfg->checkpoint.plugin &&
+           tr_ckpt_plugin_shared(s->cfg->checkpoint.plugin->info->vtable);
+}
+
+int tr_state_save_owned(struct tr_session *s, const struct tr_run_state *st, const int *owner,
+                        tr_err *err)
+{
+    /* the layout of no shard level over every rank: the blobs' names and
+     * the manifest's world; owner says who writes what */
+    struct tr_shard all;
+    tr_shard_init(&all, s->g->n_params, s->g->n_params, s->rank, s->world, TR_SHARD_NONE);
+    struct tr_ckpt_rank r = ckpt_rank(s);
+    r.shard = &all;
+    r.owner = owner;
+    return tr_ckpt_save_shared(&r, s->ckpt, s->g->params, s->opt.state, st, err);
 }
 
 /* ---- resume ------------------------------------------------------------- */

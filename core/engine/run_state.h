@@ -17,6 +17,15 @@ void tr_state_capture(const struct tr_session *s, struct tr_run_state *st);
  * gather a sharded state); rank 0 writes. */
 int tr_state_save(struct tr_session *s, const struct tr_run_state *st, int now, tr_err *err);
 
+/* Pipeline stages: every rank writes the parameter tensors owner[] gives
+ * it (whole, weights and optimizer state) into a blob of its own, in
+ * parallel, and rank 0 publishes the checkpoint (checkpoint_shard.h), where
+ * the checkpoint plugin can take one from several ranks
+ * (tr_state_can_save_owned); no rank gathers anything. */
+int tr_state_can_save_owned(const struct tr_session *s);
+int tr_state_save_owned(struct tr_session *s, const struct tr_run_state *st, const int *owner,
+                        tr_err *err);
+
 /* The newest good checkpoint into the session (rank 0 reads, every rank
  * takes the same state): 1 with *st filled and the plugins' state
  * restored, 0 when there is none, TR_ERROR. */

@@ -13,9 +13,10 @@
 #     tied and accumulated gradients in another order, as data parallelism
 #     does) keep that agreement;
 #   - an evaluation during the run gives the one process's validation loss;
-#   - a checkpoint saved by a pipeline run holds the whole model: resumed on
-#     one process and on 2 stages it ends within 1e-5 of the run that kept
-#     going;
+#   - a checkpoint saved by a pipeline run (each stage writes its own
+#     tensors, in parallel: layout.json and a blob a rank) holds the whole
+#     model: resumed on one process and on 2 stages it ends within 1e-5 of
+#     the run that kept going;
 #   - metrics.jsonl has the share of each step the stages sat idle, and
 #     the trace the stage's forwards and backwards per micro-batch;
 #   - each of 2 stages of a 27 M Llama keeps less than 70% of what one
@@ -30,7 +31,13 @@
 READ="$TR_SRCDIR/tests/e2e/read_safetensors.py"
 GPT="$TR_SRCDIR/tests/config/tiny_gpt.lua"
 LLAMA="$TR_SRCDIR/tests/config/tiny_llama.lua"
-weights() { echo "$1/checkpoints/$(cat "$1/checkpoints/LATEST")/model.safetensors"; }
+# a run's latest weights as one safetensors file (stages write a checkpoint
+# each its own tensors: checkpoint_shard.h)
+weights() {
+  "$TRAINRUN" export "$1/checkpoints/$(cat "$1/checkpoints/LATEST")" --dtype fp32 -o "$1.st" \
+    > "$1.export.log" 2>&1 || { cat "$1.export.log"; fail "export of $1"; }
+  echo "$1.st"
+}
 # c_attn.bias left out as in shard.sh: its key part's gradient is exactly
 # zero up to rounding noise, which AdamW turns into full steps
 close() {
@@ -60,6 +67,9 @@ for model in gpt llama; do
 done
 grep -q 'pipeline: 2 stages, schedule 1f1b, 8 micro-batches a step' llama-1f1b.log ||
   { cat llama-1f1b.log; fail "the stages are not reported"; }
+ck=llama-1f1b/checkpoints/step-0000000020
+[ -f $ck/layout.json ] && [ -f $ck/shard-00000-of-00002.bin ] && [ -f $ck/shard-00001-of-00002.bin ] ||
+  { ls $ck; fail "the stages did not each write their part of the checkpoint"; }
 
 # 3 and 4 stages of a Llama of 4 blocks
 wide="model.layers=4"
