@@ -45,6 +45,12 @@ struct tr_checkpointer {
     int failed;
     tr_err error;
     double stall;
+    /* A resume of sharded checkpoints found `skip` (and so every newer
+     * one) unreadable by some rank, for the reason in skip_why: the ranks
+     * agreed to pass over it, so tr_ckpt_newest_sharded and
+     * tr_checkpointer_resume look only at older ones ("": none skipped). */
+    char skip[64];
+    tr_err skip_why;
 };
 
 /* ---- checkpoint.c ---- */

@@ -154,7 +154,14 @@ int tr_checkpointer_resume(struct tr_checkpointer *c, float *params, float *cons
     if (tr_ckpt_list(c, &l, err) != TR_OK)
         return TR_ERROR;
     int rc = 0;
+    if (c->skip[0]) { /* the ranks passed over the newest sharded ones already (and said so) */
+        rc = TR_ERROR;
+        tr_fail(err, "no checkpoint could be loaded; the newest, %s: %s", c->skip,
+                c->skip_why.msg);
+    }
     for (size_t i = 0; i < l.n; i++) {
+        if (c->skip[0] && strcmp(l.names[i], c->skip) >= 0)
+            continue;
         tr_err why = {{0}};
         int ok = tr_checkpointer_load(c, l.names[i], params, slots, state, &why) == TR_OK;
         if (ok && c->cfg.max_step && state->step > c->cfg.max_step) {

@@ -661,15 +661,47 @@ int tr_ckpt_resume_shared(const struct tr_ckpt_rank *r, const char *name, float 
         rc = tr_ckpt_load_layout(&src, l, r->g, r->be, r->od, dest, err);
     }
     tr_ckpt_layout_free(l);
+    /* Every rank reads only its own ranges, so damage in one of them is
+     * seen by the ranks that read it alone: the ranks agree (all of them
+     * take the same verdict from the same collectives) and every rank
+     * gets the first failing rank's reason, naming the blob. */
+    tr_err mine = *err;
     float failed = rc == TR_OK ? 0.0f : 1.0f;
-    if (tr_comm_allreduce_host(r->comm, &failed, 1, rc == TR_OK ? err : &(tr_err){{0}}) != TR_OK)
+    if (tr_comm_allreduce_host(r->comm, &failed, 1, err) != TR_OK)
         return TR_ERROR;
-    if (rc != TR_OK)
+    if (failed == 0)
+        return TR_OK;
+    int world = r->shard->world, first = -1;
+    float *who = tr_xcalloc((size_t)world, sizeof *who);
+    who[r->shard->rank] = rc == TR_OK ? 0.0f : 1.0f;
+    int comm_rc = tr_comm_allreduce_host(r->comm, who, (size_t)world, err);
+    for (int q = 0; comm_rc == TR_OK && q < world && first < 0; q++)
+        if (who[q] > 0)
+            first = q;
+    free(who);
+    if (comm_rc != TR_OK || first < 0)
+        return comm_rc != TR_OK ? TR_ERROR
+                                : tr_fail(err, "the ranks disagree about checkpoint %s", name);
+    char why[480] = "";
+    if (r->shard->rank == first)
+        copy_msg(why, sizeof why, mine.msg);
+    if (tr_comm_broadcast_host(r->comm, why, sizeof why, first, err) != TR_OK)
         return TR_ERROR;
-    if (failed > 0)
-        return tr_fail(err, "%.0f rank%s could not read checkpoint %s (see %s log)", failed,
-                       failed > 1 ? "s" : "", name, failed > 1 ? "their" : "its");
-    return TR_OK;
+    why[sizeof why - 1] = 0;
+    if (failed > 1)
+        tr_fail(err, "%.0f ranks could not read it; rank %d: %s", failed, first, why);
+    else
+        tr_fail(err, "rank %d could not read it: %s", first, why);
+    return 1;
+}
+
+void tr_ckpt_skip(struct tr_checkpointer *c, const char *name, const tr_err *why)
+{
+    snprintf(c->skip, sizeof c->skip, "%s", name);
+    c->skip_why = *why;
+    tr_log(TR_LOG_WARN, "checkpoint", "skipping %s: %s; resuming from an older checkpoint "
+           "(this run writes %s anew when it gets there: copy it elsewhere now to inspect it)",
+           name, why->msg, name);
 }
 
 int tr_ckpt_layout_check_all(const struct tr_ckpt_src *src, const struct tr_ckpt_layout *l,
@@ -757,6 +789,8 @@ int tr_ckpt_newest_sharded(struct tr_checkpointer *c, char *name, size_t size, t
         return TR_ERROR;
     int rc = 0;
     for (size_t i = 0; i < l.n; i++) {
+        if (c->skip[0] && strcmp(l.names[i], c->skip) >= 0)
+            continue; /* the ranks could not read it, or a newer one (tr_ckpt_skip) */
         struct tr_ckpt_src src = {c->cfg.vt, c->cfg.self, l.names[i], NULL};
         struct tr_ckpt_layout *layout = NULL;
         struct tr_run_state st;

@@ -147,10 +147,19 @@ int tr_ckpt_read_shared_state(const struct tr_ckpt_src *src, struct tr_run_state
 int tr_ckpt_newest_sharded(struct tr_checkpointer *c, char *name, size_t size, tr_err *err);
 
 /* Every rank: resume from checkpoint `name` (rank 0 chose it; a sharded
- * one), each rank reading only what it keeps.  Every rank fails when one
- * does. */
+ * one), each rank reading only what it keeps.  TR_OK when every rank read
+ * its parts; 1 on every rank when some rank could not (a blob damaged,
+ * truncated or missing: err gives the first such rank's reason, naming
+ * the blob), and the caller passes over it (tr_ckpt_skip); TR_ERROR when
+ * the ranks cannot agree (a collective failed). */
 int tr_ckpt_resume_shared(const struct tr_ckpt_rank *r, const char *name, float *params,
                           float *const *slots, int params_parts, struct tr_run_state *state,
                           tr_err *err);
+
+/* Rank 0: checkpoint `name` could not be read by some rank (why): warn,
+ * naming it, and make tr_ckpt_newest_sharded and tr_checkpointer_resume
+ * look only at checkpoints older than it, as tr_checkpointer_resume passes
+ * over a damaged one; when none is left, the resume fails with why. */
+void tr_ckpt_skip(struct tr_checkpointer *c, const char *name, const tr_err *why);
 
 #endif

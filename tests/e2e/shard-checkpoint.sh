@@ -112,19 +112,57 @@ else
   echo "shard-checkpoint: no test plugins (criterion missing): the 2.4 fallback is skipped"
 fi
 
-# a damaged blob: refused naming it
-rm -rf damaged
-cp -r saved-parameters damaged
-python3 - "$(latest damaged)/shard-00001-of-00002.bin" <<'PY'
+# a damaged blob: export refuses it naming the file; a resume passes over
+# the checkpoint with a warning naming it and the blob, and resumes from the
+# one before, at 2 ranks (where only rank 1 reads the damaged range, so the
+# ranks must agree) and in one process, to the very weights of a run that
+# resumed from that one (resume-parameters-*); a truncated or missing blob
+# likewise; with no older checkpoint the resume fails naming the blob
+flip_byte() { # FILE OFFSET
+  python3 - "$1" "$2" <<'PY'
 import sys
 with open(sys.argv[1], "r+b") as f:
-    f.seek(100)
+    f.seek(int(sys.argv[2]))
     b = f.read(1)
-    f.seek(100)
+    f.seek(int(sys.argv[2]))
     f.write(bytes([b[0] ^ 0xFF]))
 PY
+}
+rm -rf damaged
+cp -r saved-parameters damaged
+flip_byte "$(latest damaged)/shard-00001-of-00002.bin" 100
 if "$TRAINRUN" export "$(latest damaged)" -o damaged.st > damaged.log 2>&1; then fail "a damaged shard exported"; fi
 grep -q "shard-00001-of-00002.bin fails its checksum" damaged.log || { cat damaged.log; fail "damaged shard: no message naming it"; }
+[ ! -e damaged.st ] || fail "a failed export left damaged.st"
+fallback() { # DIR PROCS WHAT BLOB-MESSAGE
+  extra="parallel.shard=parameters"
+  [ "$2" = 1 ] && extra=
+  # shellcheck disable=SC2086
+  "$TRAINRUN" "$LLAMA" $base procs=$2 $extra run_dir="$1" --resume auto > "$1.log" 2>&1 ||
+    { cat "$1.log"; fail "$3: the resume did not fall back on the older checkpoint"; }
+  grep "skipping step-0000000020" "$1.log" | grep -q "$4" ||
+    { cat "$1.log"; fail "$3: no warning naming the checkpoint and the blob"; }
+  grep -q "resumed from checkpoint step-0000000010" "$1.log" ||
+    { cat "$1.log"; fail "$3: not resumed from step-0000000010"; }
+  cmp -s "$(weights "$1")" "$(weights "resume-parameters-$2-parameters")" ||
+    fail "$3: the weights differ from a run resumed from step-0000000010"
+  echo "shard-checkpoint: $3: fell back on step-0000000010, weights bit-identical"
+}
+for procs in 2 1; do
+  rm -rf "damaged-$procs"
+  cp -r damaged "damaged-$procs"
+  fallback "damaged-$procs" $procs "a flipped byte in rank 1's blob, resumed at $procs" \
+    "shard-00001-of-00002.bin fails its checksum"
+done
+rm -rf truncated
+cp -r saved-parameters truncated
+python3 -c 'import os, sys; os.truncate(sys.argv[1], os.path.getsize(sys.argv[1]) - 4)' \
+  "$(latest truncated)/shard-00001-of-00002.bin"
+fallback truncated 2 "a truncated blob, resumed at 2" "shard-00001-of-00002.bin"
+rm -rf missing
+cp -r saved-parameters missing
+rm "$(latest missing)/shard-00000-of-00002.bin"
+fallback missing 2 "a missing blob, resumed at 2" "shard-00000-of-00002.bin"
 rm -rf damaged/checkpoints/step-0000000010
 # shellcheck disable=SC2086
 if "$TRAINRUN" "$LLAMA" $base procs=2 parallel.shard=parameters train.steps=30 run_dir=damaged --resume auto \
