@@ -736,12 +736,62 @@ int tr_ckpt_layout_check_all(const struct tr_ckpt_src *src, const struct tr_ckpt
     return rc;
 }
 
+struct tr_ckpt_reader {
+    struct tr_ckpt_src src; /* a copy: the reader outlives its caller's */
+    const struct tr_ckpt_layout *l;
+    struct reader rd;
+};
+
+struct tr_ckpt_reader *tr_ckpt_reader_open(const struct tr_ckpt_src *src,
+                                           const struct tr_ckpt_layout *l)
+{
+    struct tr_ckpt_reader *r = tr_xcalloc(1, sizeof *r);
+    r->src = *src;
+    r->l = l;
+    r->rd = (struct reader){&r->src, NULL, NULL, 0, NULL, -1};
+    return r;
+}
+
+void tr_ckpt_reader_close(struct tr_ckpt_reader *r)
+{
+    if (!r)
+        return;
+    reader_close(&r->rd);
+    free(r);
+}
+
+int tr_ckpt_read_tensor(struct tr_ckpt_reader *r, size_t i, float *out, tr_err *err)
+{
+    const struct tr_ckpt_layout *l = r->l;
+    const struct tr_ckpt_tensor *t = &l->tensors[i];
+    char at[512];
+    where(&r->src, at, sizeof at);
+    /* the layout covers slot model of every tensor exactly once, so out is
+     * whole once its entries are read */
+    for (size_t j = 0; j < t->n; j++) {
+        const struct tr_ckpt_entry *en = &l->entries[t->first + j];
+        if (en->slot != 0)
+            continue;
+        size_t bytes = (size_t)(en->end - en->begin) * sizeof(float);
+        float *to = out + en->begin;
+        const char *blob = l->blobs[en->blob].name;
+        if (read_range(&r->rd, blob, en->offset, to, bytes, err) != TR_OK)
+            return TR_ERROR;
+        if ((uint32_t)tr_ckpt_crc(to, bytes) != en->crc)
+            return tr_fail(err, "checkpoint %s: %s fails its checksum at bytes %llu..%llu "
+                           "(tensor '%s'; torn, truncated or corrupted)", at, blob,
+                           (unsigned long long)en->offset,
+                           (unsigned long long)(en->offset + bytes), t->name);
+    }
+    return TR_OK;
+}
+
 void *tr_ckpt_layout_model(const struct tr_ckpt_src *src, const struct tr_ckpt_layout *l,
                            size_t *size, tr_err *err)
 {
     struct tr_st_entry *e = tr_xcalloc(l->n_tensors + 1, sizeof *e);
     float **data = tr_xcalloc(l->n_tensors + 1, sizeof *data);
-    struct reader rd = {src, NULL, NULL, 0, NULL, -1};
+    struct tr_ckpt_reader *rd = tr_ckpt_reader_open(src, l);
     void *out = NULL;
     int rc = TR_OK;
     for (size_t i = 0; i < l->n_tensors && rc == TR_OK; i++) {
@@ -751,19 +801,7 @@ void *tr_ckpt_layout_model(const struct tr_ckpt_src *src, const struct tr_ckpt_l
             rc = tr_fail(err, "out of memory reading tensor '%s'", t->name);
             break;
         }
-        for (size_t j = 0; j < t->n && rc == TR_OK; j++) {
-            const struct tr_ckpt_entry *en = &l->entries[t->first + j];
-            if (en->slot != 0)
-                continue;
-            size_t bytes = (size_t)(en->end - en->begin) * sizeof(float);
-            float *to = data[i] + en->begin;
-            rc = read_range(&rd, l->blobs[en->blob].name, en->offset, to, bytes, err);
-            if (rc == TR_OK && (uint32_t)tr_ckpt_crc(to, bytes) != en->crc)
-                rc = tr_fail(err, "%s fails its checksum at bytes %llu..%llu (torn, truncated "
-                             "or corrupted)", l->blobs[en->blob].name,
-                             (unsigned long long)en->offset,
-                             (unsigned long long)(en->offset + bytes));
-        }
+        rc = tr_ckpt_read_tensor(rd, i, data[i], err);
         e[i] = (struct tr_st_entry){t->name, TR_F32, t->ndim, {0}, data[i],
                                     t->numel * sizeof(float)};
         memcpy(e[i].shape, t->shape, sizeof e[i].shape);
@@ -778,7 +816,7 @@ void *tr_ckpt_layout_model(const struct tr_ckpt_src *src, const struct tr_ckpt_l
         free(data[i]);
     free(data);
     free(e);
-    reader_close(&rd);
+    tr_ckpt_reader_close(rd);
     return out;
 }
 

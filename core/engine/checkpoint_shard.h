@@ -130,9 +130,21 @@ int tr_ckpt_load_layout(const struct tr_ckpt_src *src, const struct tr_ckpt_layo
 /* Every entry of l read and checked against its CRC-32, one at a time. */
 int tr_ckpt_layout_check_all(const struct tr_ckpt_src *src, const struct tr_ckpt_layout *l,
                              tr_err *err);
+/* The weights (slot model) and buffers of l read one tensor at a time
+ * (export streams them: it holds one tensor, never the model). */
+struct tr_ckpt_reader;
+struct tr_ckpt_reader *tr_ckpt_reader_open(const struct tr_ckpt_src *src,
+                                           const struct tr_ckpt_layout *l);
+/* l->tensors[i] (slot model) into out (its numel fp32 values), each range
+ * checked against its CRC-32 before it is used; err names the checkpoint,
+ * the blob and the tensor. */
+int tr_ckpt_read_tensor(struct tr_ckpt_reader *r, size_t i, float *out, tr_err *err);
+void tr_ckpt_reader_close(struct tr_ckpt_reader *r);
+
 /* The weights (slot model) and buffers of l as one fp32 safetensors blob
  * (malloc'd, *size bytes): what an unsharded checkpoint's
- * model.safetensors would hold.  NULL with err. */
+ * model.safetensors would hold (export --format peft, whose adapters are
+ * small, reads them so).  NULL with err. */
 void *tr_ckpt_layout_model(const struct tr_ckpt_src *src, const struct tr_ckpt_layout *l,
                            size_t *size, tr_err *err);
 

@@ -7,11 +7,17 @@
 #   - saved at 2 ranks (step 10) and resumed at 1, 2 and 4 ranks, at its
 #     level and at the others, a run ends within 1e-5 of the run that kept
 #     2 ranks (and says where it is bit-identical);
-#   - eval reads a sharded checkpoint; export writes the weights of one;
+#   - eval reads a sharded checkpoint; export writes the weights of one,
+#     byte-identical to the same weights' export from a one-writer
+#     checkpoint (safetensors and hf, fp32 and bf16), streaming them from
+#     the blobs (its peak memory well below the model's weights);
 #   - a checkpoint written the old way (one writer, model.safetensors) still
 #     resumes a sharded run;
-#   - a damaged blob is refused naming the file, and the resume falls back
-#     on nothing silently;
+#   - a damaged blob is refused by export naming the file; a resume (at 2
+#     ranks and at 1) passes over a checkpoint whose blob is damaged,
+#     truncated or missing with a warning naming both, and resumes from the
+#     one before, bit-identical to a resume from that one; with none before
+#     it fails naming the blob;
 #   - kill -9 of one rank, or of all, during a sharded save leaves the
 #     previous checkpoint good and the next resume works.
 . "$(dirname "$0")/lib.sh"
@@ -108,6 +114,26 @@ if [ -n "${TR_TEST_PLUGIN_DIR:-}" ] && [ -f "$TR_TEST_PLUGIN_DIR/checkpoint_old_
     { cat fallback.log; fail "the fallback to rank 0 writing is not said once"; }
   [ -f "$(latest fallback)/model.safetensors" ] || fail "the fallback wrote no model.safetensors"
   close saved-parameters fallback "a 2.4 plugin's gathered save, against the sharded one"
+  # the same weights exported from the one-writer checkpoint and streamed
+  # from the sharded one's blobs: the same bytes, in every format and dtype
+  for fmt in safetensors hf; do
+    for dt in fp32 bf16; do
+      for src in fallback saved-parameters; do
+        rm -rf "$src.$fmt-$dt"
+        "$TRAINRUN" export "$(latest $src)" --format $fmt --dtype $dt -o "$src.$fmt-$dt" \
+          > "$src.$fmt-$dt.log" 2>&1 || { cat "$src.$fmt-$dt.log"; fail "export --format $fmt of $src"; }
+      done
+      if [ $fmt = hf ]; then
+        cmp fallback.hf-$dt/model.safetensors saved-parameters.hf-$dt/model.safetensors &&
+          cmp fallback.hf-$dt/config.json saved-parameters.hf-$dt/config.json ||
+          fail "export --format hf --dtype $dt of a sharded checkpoint differs from the one-writer one"
+      else
+        cmp fallback.$fmt-$dt saved-parameters.$fmt-$dt ||
+          fail "export --format $fmt --dtype $dt of a sharded checkpoint differs from the one-writer one"
+      fi
+    done
+  done
+  echo "shard-checkpoint: export of the sharded checkpoint: byte-identical to the one-writer one (safetensors, hf; fp32, bf16)"
 else
   echo "shard-checkpoint: no test plugins (criterion missing): the 2.4 fallback is skipped"
 fi
@@ -169,8 +195,32 @@ if "$TRAINRUN" "$LLAMA" $base procs=2 parallel.shard=parameters train.steps=30 r
      > damaged-resume.log 2>&1; then
   fail "resumed from a damaged shard"
 fi
-grep -q "shard-00001-of-00002.bin fails its checksum" damaged-resume.log ||
+grep -q "no checkpoint could be loaded.*shard-00001-of-00002.bin fails its checksum" damaged-resume.log ||
   { cat damaged-resume.log; fail "damaged resume: no message naming the blob"; }
+
+# export streams a sharded checkpoint from its blobs, a tensor at a time:
+# its peak memory stays far below the model's 26 MB of fp32 weights
+# (assembling them, as export did, peaked at 62 MB: docs/scale-out.md)
+# shellcheck disable=SC2086
+"$TRAINRUN" "$LLAMA" model.dim=512 model.layers=8 train.steps=2 checkpoint.every=2 train.eval_every=0 \
+  train.threads=1 procs=2 parallel.shard=parameters run_dir=big --quiet > big.log 2>&1 ||
+  { cat big.log; fail "the 512-wide model did not train"; }
+for fmt in safetensors hf; do
+  python3 - "$TRAINRUN" "$(latest big)" $fmt "big.$fmt" <<'PY' || fail "export --format $fmt of a sharded checkpoint holds the model"
+import os, resource, subprocess, sys
+trainrun, ckpt, fmt, out = sys.argv[1:]
+weights = sum(os.path.getsize(os.path.join(ckpt, f)) for f in os.listdir(ckpt) if f.startswith("shard-")) // 3
+r = subprocess.run([trainrun, "export", ckpt, "--format", fmt, "--dtype", "fp32", "-o", out],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+if r.returncode:
+    sys.exit("export failed: " + r.stderr.decode())
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+base = 24 << 20  # the program itself, and a tensor or two
+print(f"shard-checkpoint: export --format {fmt}: peak RSS {peak >> 20} MiB for {weights >> 20} MiB of weights")
+if peak > base + weights // 4:
+    sys.exit(f"peak RSS {peak} bytes: more than {base + weights // 4} (the weights are {weights} bytes)")
+PY
+done
 
 # kill -9 during a sharded save: checkpoints every step of a wider model,
 # each kill aimed at a moment when a save is staged; the previous checkpoint
