@@ -1,8 +1,11 @@
 /* `trainrun export`: a checkpoint directory's weights, verified first, as
  * one safetensors file (tr_export_weights) or as a Hugging Face directory
- * (tr_export_hf, written by hf_export.c). */
+ * (tr_export_hf, written by hf_export.c).  A sharded checkpoint's weights
+ * stream from its blobs tensor by tensor, each range checked as it is
+ * read: the export holds one tensor at a time, never the model. */
 #include "checkpoint.h"
 #include "checkpoint_internal.h"
+#include "checkpoint_shard.h"
 
 #include "../../kernels/host.h"
 #include "hf_weights.h"
@@ -21,42 +24,90 @@
 
 /* A checkpoint as every export reads it: its weights, verified against
  * state.json first (the weights exported are the ones it vouches for),
- * and state.json itself when asked for. */
+ * and state.json itself when asked for.  A sharded checkpoint's weights
+ * are not read here when the export streams them (layout set): each range
+ * is checked against its CRC-32 as it is read, one tensor at a time. */
 struct verified {
-    char *weights_path, *state_path;
+    char *dir, *weights_path, *state_path;
     void *buf, *text;
     size_t size, text_size;
-    struct tr_st_file *st;
+    struct tr_st_file *st;       /* NULL when layout is set */
+    struct tr_ckpt_layout *layout;
     struct tr_json *state; /* NULL unless asked for */
 };
 
 static void close_verified(struct verified *v)
 {
     tr_safetensors_free(v->st);
+    tr_ckpt_layout_free(v->layout);
     tr_json_free(v->state);
     free(v->text);
     free(v->buf);
     free(v->state_path);
     free(v->weights_path);
+    free(v->dir);
     memset(v, 0, sizeof *v);
 }
 
+/* stream: a sharded checkpoint may stay in its blobs (v->layout) */
 static int open_verified(struct verified *v, const char *checkpoint_dir, int with_state,
-                         tr_err *err)
+                         int stream, tr_err *err)
 {
     memset(v, 0, sizeof *v);
+    v->dir = tr_xstrdup(checkpoint_dir);
+    for (size_t len = strlen(v->dir); len > 1 && v->dir[len - 1] == '/';) /* as verify names it */
+        v->dir[--len] = 0;
     v->weights_path = tr_xasprintf("%s/model.safetensors", checkpoint_dir);
     v->state_path = tr_xasprintf("%s/state.json", checkpoint_dir);
     size_t bad = 0;
-    if (tr_ckpt_verify_dir(checkpoint_dir, &v->buf, &v->size, err) != TR_OK ||
+    if (tr_ckpt_verify_dir(checkpoint_dir, &v->buf, &v->size, stream ? &v->layout : NULL,
+                           err) != TR_OK ||
         (with_state &&
          tr_ckpt_read_whole(v->state_path, &v->text, &v->text_size, err) != TR_OK) ||
-        !(v->st = tr_safetensors_read(v->buf, v->size, v->weights_path, err))) {
+        (!v->layout && !(v->st = tr_safetensors_read(v->buf, v->size, v->weights_path, err)))) {
         close_verified(v);
         return TR_ERROR;
     }
     if (with_state)
         v->state = tr_json_parse(v->text, v->text_size, &bad);
+    return TR_OK;
+}
+
+/* A sharded checkpoint's weights read tensor by tensor (tr_hf_source) */
+struct layout_source {
+    const struct tr_ckpt_layout *l;
+    struct tr_ckpt_reader *rd;
+    const char *dir;
+};
+
+static int layout_index(const struct tr_ckpt_layout *l, const char *name, size_t *i)
+{
+    for (*i = 0; *i < l->n_tensors; ++*i)
+        if (strcmp(l->tensors[*i].name, name) == 0)
+            return 1;
+    return 0;
+}
+
+static int layout_find(void *ud, const char *name, size_t *numel)
+{
+    const struct layout_source *ls = ud;
+    size_t i;
+    if (!layout_index(ls->l, name, &i))
+        return 0;
+    *numel = (size_t)ls->l->tensors[i].numel;
+    return 1;
+}
+
+static int layout_read(void *ud, const char *name, float *out, size_t numel, tr_err *err)
+{
+    struct layout_source *ls = ud;
+    size_t i;
+    if (!layout_index(ls->l, name, &i) || ls->l->tensors[i].numel != numel)
+        return tr_fail(err, "checkpoint %s has no tensor '%s' of %zu values", ls->dir, name, numel);
+    if (tr_ckpt_read_tensor(ls->rd, i, out, err) != TR_OK) {
+        tr_err_prefix(err, "nothing exported (export an earlier checkpoint of the run)");
+        return TR_ERROR;
+    }
     return TR_OK;
 }
 
@@ -95,8 +146,14 @@ static void free_converted(struct converted *c)
     free(c->out);
 }
 
-/* blob (out_size bytes; NULL when it could not be made) as out_path. */
-static int write_export(const char *out_path, const void *blob, size_t out_size, tr_err *err)
+/* What an export writes, produced into o and counted on bar: 1 when all
+ * of it was, 0 on a short write (errno says why), -1 when it could not be
+ * made (err says why). */
+typedef int (*produce_fn)(void *ud, FILE *o, struct tr_progress *bar, tr_err *err);
+
+/* out_size bytes from produce as out_path. */
+static int write_export_with(const char *out_path, uint64_t out_size, produce_fn produce,
+                             void *ud, tr_err *err)
 {
     int rc = TR_ERROR;
     /* a fresh name beside the output: no file of the user's is overwritten
@@ -111,20 +168,13 @@ static int write_export(const char *out_path, const void *blob, size_t out_size,
     FILE *o = fd >= 0 ? fdopen(fd, "wb") : NULL;
     if (fd >= 0 && !o)
         close(fd);
-    /* in 16 MiB pieces, each counted on the progress bar */
-    struct tr_progress *bar = o && blob ? tr_progress_start("exporting", out_size) : NULL;
-    size_t written = 0;
-    while (o && blob && written < out_size) {
-        size_t piece = out_size - written < (16u << 20) ? out_size - written : (16u << 20);
-        if (fwrite((const char *)blob + written, 1, piece, o) != piece)
-            break;
-        written += piece;
-        tr_progress_add(bar, piece);
-        tr_progress_draw(bar, 0);
-    }
-    tr_progress_end(bar, written == out_size, 1);
-    if (!blob || !o || written != out_size || fflush(o) != 0) {
-        tr_fail(err, "cannot write %s: %s", out_path, strerror(errno));
+    struct tr_progress *bar = o ? tr_progress_start("exporting", out_size) : NULL;
+    int ok = o ? produce(ud, o, bar, err) : 0;
+    int errnum = errno;
+    tr_progress_end(bar, ok == 1, 1);
+    if (ok != 1 || fflush(o) != 0) {
+        if (ok != -1) /* -1: err says why already */
+            tr_fail(err, "cannot write %s: %s", out_path, strerror(ok == 1 ? errno : errnum));
         if (o)
             fclose(o);
         if (fd >= 0)
@@ -139,12 +189,119 @@ static int write_export(const char *out_path, const void *blob, size_t out_size,
     return rc;
 }
 
+struct whole_blob {
+    const void *data; /* NULL when it could not be made */
+    size_t size;
+};
+
+/* a blob in memory, in 16 MiB pieces, each counted on the progress bar */
+static int produce_blob(void *ud, FILE *o, struct tr_progress *bar, tr_err *err)
+{
+    (void)err;
+    const struct whole_blob *b = ud;
+    if (!b->data) {
+        errno = ENOMEM;
+        return 0;
+    }
+    for (size_t written = 0; written < b->size;) {
+        size_t piece = b->size - written < (16u << 20) ? b->size - written : (16u << 20);
+        if (fwrite((const char *)b->data + written, 1, piece, o) != piece)
+            return 0;
+        written += piece;
+        tr_progress_add(bar, piece);
+        tr_progress_draw(bar, 0);
+    }
+    return 1;
+}
+
+/* blob (out_size bytes; NULL when it could not be made) as out_path. */
+static int write_export(const char *out_path, const void *blob, size_t out_size, tr_err *err)
+{
+    struct whole_blob b = {blob, out_size};
+    return write_export_with(out_path, out_size, produce_blob, &b, err);
+}
+
+/* A sharded checkpoint's weights as one safetensors file, in the layout's
+ * order (what assembling them and tr_safetensors_write would give, byte
+ * for byte): the header from the layout alone, then each tensor read,
+ * checked, converted to dtype, written and freed in turn. */
+struct layout_export {
+    struct layout_source src;
+    enum tr_dtype dtype;
+    const unsigned char *header;
+    size_t header_size;
+};
+
+static int produce_layout(void *ud, FILE *o, struct tr_progress *bar, tr_err *err)
+{
+    const struct layout_export *x = ud;
+    const struct tr_ckpt_layout *l = x->src.l;
+    if (fwrite(x->header, 1, x->header_size, o) != x->header_size)
+        return 0;
+    tr_progress_add(bar, x->header_size);
+    int ok = 1;
+    for (size_t i = 0; i < l->n_tensors && ok == 1; i++) {
+        size_t numel = (size_t)l->tensors[i].numel;
+        float *f32 = malloc(numel * sizeof(float) + 1);
+        uint16_t *half = x->dtype != TR_F32 ? malloc(numel * sizeof(uint16_t) + 1) : NULL;
+        if (!f32 || (x->dtype != TR_F32 && !half)) {
+            tr_fail(err, "out of memory exporting '%s'", l->tensors[i].name);
+            ok = -1;
+        } else if (layout_read((void *)&x->src, l->tensors[i].name, f32, numel, err) != TR_OK) {
+            ok = -1;
+        } else if (half) {
+            tr_cpu_to_half(half, f32, numel, x->dtype == TR_BF16);
+            ok = fwrite(half, sizeof *half, numel, o) == numel;
+        } else {
+            ok = fwrite(f32, sizeof *f32, numel, o) == numel;
+        }
+        free(f32);
+        free(half);
+        tr_progress_add(bar, (uint64_t)numel * (x->dtype == TR_F32 ? 4 : 2));
+        tr_progress_draw(bar, 0);
+    }
+    return ok;
+}
+
+static int export_layout_weights(const struct verified *v, enum tr_dtype dtype,
+                                 const char *out_path, tr_err *err)
+{
+    const struct tr_ckpt_layout *l = v->layout;
+    struct tr_st_entry *e = tr_xcalloc(l->n_tensors + 1, sizeof *e);
+    size_t esize = dtype == TR_F32 ? 4 : 2;
+    for (size_t i = 0; i < l->n_tensors; i++) {
+        const struct tr_ckpt_tensor *t = &l->tensors[i];
+        /* the shards hold fp32: every tensor is converted (convert_entries) */
+        e[i] = (struct tr_st_entry){t->name, dtype, t->ndim, {0}, NULL, (size_t)t->numel * esize};
+        memcpy(e[i].shape, t->shape, sizeof e[i].shape);
+    }
+    size_t header_size = 0, total = 0;
+    unsigned char *header = tr_safetensors_header(
+        e, l->n_tensors, "{\"format\":\"pt\",\"producer\":\"trainrun export\"}", &header_size,
+        &total);
+    free(e);
+    if (!header)
+        return tr_fail(err, "out of memory writing %s", out_path);
+    struct tr_ckpt_src src = {NULL, NULL, v->dir, v->dir};
+    struct layout_export x = {{l, tr_ckpt_reader_open(&src, l), v->dir}, dtype, header,
+                              header_size};
+    int rc = write_export_with(out_path, total, produce_layout, &x, err);
+    tr_ckpt_reader_close(x.src.rd);
+    free(header);
+    return rc;
+}
+
 int tr_export_weights(const char *checkpoint_dir, enum tr_dtype dtype, const char *out_path,
                       tr_err *err)
 {
     struct verified v;
-    if (open_verified(&v, checkpoint_dir, 0, err) != TR_OK)
+    if (open_verified(&v, checkpoint_dir, 0, 1, err) != TR_OK)
         return TR_ERROR;
+    if (v.layout) { /* sharded: streamed from its blobs */
+        int rc = export_layout_weights(&v, dtype, out_path, err);
+        close_verified(&v);
+        return rc;
+    }
     struct converted c;
     convert_entries(&c, v.st, dtype);
     size_t out_size = 0;
@@ -161,7 +318,7 @@ int tr_export_weights(const char *checkpoint_dir, enum tr_dtype dtype, const cha
 int tr_export_hf(const char *checkpoint_dir, enum tr_dtype dtype, const char *out_dir, tr_err *err)
 {
     struct verified v;
-    if (open_verified(&v, checkpoint_dir, 1, err) != TR_OK)
+    if (open_verified(&v, checkpoint_dir, 1, 1, err) != TR_OK)
         return TR_ERROR;
     const char *config = tr_json_string(v.state, "hf_config");
     struct tr_hf_arch a;
@@ -170,8 +327,17 @@ int tr_export_hf(const char *checkpoint_dir, enum tr_dtype dtype, const char *ou
         tr_fail(err, "%s records no Hugging Face architecture: its model is not a llama or gpt "
                 "(or the run predates export --format hf); export --format safetensors writes "
                 "the weights alone", v.state_path);
-    else if (tr_hf_config_parse(config, strlen(config), v.state_path, &a, err) == TR_OK)
+    else if (tr_hf_config_parse(config, strlen(config), v.state_path, &a, err) != TR_OK)
+        ; /* err says why */
+    else if (v.layout) { /* sharded: each tensor read from the blobs as it is written */
+        struct tr_ckpt_src src = {NULL, NULL, v.dir, v.dir};
+        struct layout_source ls = {v.layout, tr_ckpt_reader_open(&src, v.layout), v.dir};
+        struct tr_hf_source hs = {layout_find, layout_read, &ls};
+        rc = tr_hf_export_from(&a, &hs, v.dir, out_dir, dtype, err);
+        tr_ckpt_reader_close(ls.rd);
+    } else {
         rc = tr_hf_export(&a, v.st, v.weights_path, out_dir, dtype, err);
+    }
     close_verified(&v);
     return rc;
 }
@@ -181,8 +347,8 @@ int tr_export_hf(const char *checkpoint_dir, enum tr_dtype dtype, const char *ou
 int tr_export_peft(const char *checkpoint_dir, enum tr_dtype dtype, const char *out_dir,
                    tr_err *err)
 {
-    struct verified v;
-    if (open_verified(&v, checkpoint_dir, 1, err) != TR_OK)
+    struct verified v; /* adapters are small: a sharded checkpoint's are assembled */
+    if (open_verified(&v, checkpoint_dir, 1, 0, err) != TR_OK)
         return TR_ERROR;
     const char *config = tr_json_string(v.state, "peft_config");
     if (!config) {

@@ -45,6 +45,12 @@ struct tr_checkpointer {
     int failed;
     tr_err error;
     double stall;
+    /* A resume of sharded checkpoints found `skip` (and so every newer
+     * one) unreadable by some rank, for the reason in skip_why: the ranks
+     * agreed to pass over it, so tr_ckpt_newest_sharded and
+     * tr_checkpointer_resume look only at older ones ("": none skipped). */
+    char skip[64];
+    tr_err skip_why;
 };
 
 /* ---- checkpoint.c ---- */
@@ -97,8 +103,14 @@ int tr_ckpt_read_whole(const char *path, void **data, size_t *size, tr_err *err)
 
 /* state.json of a checkpoint directory and the CRC-32 of each blob it
  * lists (model.safetensors must be among them); *model, when asked for,
- * gets the verified weights' bytes (malloc'd). */
-int tr_ckpt_verify_dir(const char *checkpoint_dir, void **model, size_t *model_size, tr_err *err);
+ * gets the verified weights' bytes (malloc'd).  A sharded checkpoint's
+ * weights are assembled into *model, unless layout is asked for (not
+ * NULL): then *layout gets its layout.json, checked, and no range is read
+ * (the caller reads each through tr_ckpt_read_tensor, which checks it);
+ * *layout stays NULL for a checkpoint that is not sharded. */
+struct tr_ckpt_layout;
+int tr_ckpt_verify_dir(const char *checkpoint_dir, void **model, size_t *model_size,
+                       struct tr_ckpt_layout **layout, tr_err *err);
 
 /* state.json's text checked (its own checksum, every field) into *state;
  * *js: the parsed document; *weights_dtype (NULL: not wanted) the dtype the

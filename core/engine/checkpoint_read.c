@@ -154,7 +154,14 @@ int tr_checkpointer_resume(struct tr_checkpointer *c, float *params, float *cons
     if (tr_ckpt_list(c, &l, err) != TR_OK)
         return TR_ERROR;
     int rc = 0;
+    if (c->skip[0]) { /* the ranks passed over the newest sharded ones already (and said so) */
+        rc = TR_ERROR;
+        tr_fail(err, "no checkpoint could be loaded; the newest, %s: %s", c->skip,
+                c->skip_why.msg);
+    }
     for (size_t i = 0; i < l.n; i++) {
+        if (c->skip[0] && strcmp(l.names[i], c->skip) >= 0)
+            continue;
         tr_err why = {{0}};
         int ok = tr_checkpointer_load(c, l.names[i], params, slots, state, &why) == TR_OK;
         if (ok && c->cfg.max_step && state->step > c->cfg.max_step) {
@@ -196,9 +203,13 @@ static int dir_layout(const char *dir, const struct tr_json *js, struct tr_ckpt_
 
 /* state.json of a checkpoint directory and the CRC-32 of each blob it
  * lists (model.safetensors must be among them); *model, when asked for,
- * gets the verified weights' bytes. */
-int tr_ckpt_verify_dir(const char *checkpoint_dir, void **model, size_t *model_size, tr_err *err)
+ * gets the verified weights' bytes; a sharded checkpoint's *layout, when
+ * asked for, gets its checked layout instead of *model. */
+int tr_ckpt_verify_dir(const char *checkpoint_dir, void **model, size_t *model_size,
+                       struct tr_ckpt_layout **layout_out, tr_err *err)
 {
+    if (layout_out)
+        *layout_out = NULL;
     char *copy = tr_xstrdup(checkpoint_dir);
     size_t len = strlen(copy);
     while (len > 1 && copy[len - 1] == '/')
@@ -220,7 +231,11 @@ int tr_ckpt_verify_dir(const char *checkpoint_dir, void **model, size_t *model_s
         struct tr_ckpt_layout *layout = NULL;
         struct tr_ckpt_src src = {NULL, NULL, name, copy};
         rc = dir_layout(copy, js, &layout, err);
-        if (rc == TR_OK && model)
+        if (rc == TR_OK && layout_out) {
+            /* the reader checks each range as it reads it: nothing read twice */
+            *layout_out = layout;
+            layout = NULL;
+        } else if (rc == TR_OK && model)
             rc = (*model = tr_ckpt_layout_model(&src, layout, model_size, err)) ? TR_OK : TR_ERROR;
         else if (rc == TR_OK)
             rc = tr_ckpt_layout_check_all(&src, layout, err);
@@ -265,7 +280,7 @@ int tr_ckpt_verify_dir(const char *checkpoint_dir, void **model, size_t *model_s
 
 int tr_checkpoint_verify(const char *checkpoint_dir, tr_err *err)
 {
-    return tr_ckpt_verify_dir(checkpoint_dir, NULL, NULL, err);
+    return tr_ckpt_verify_dir(checkpoint_dir, NULL, NULL, NULL, err);
 }
 
 /* ---- reading a checkpoint without a run ----------------------------------- */
@@ -321,7 +336,7 @@ int tr_checkpoint_load_weights(const char *checkpoint_dir, const struct tr_graph
         return rc;
     }
     tr_json_free(js);
-    if (tr_ckpt_verify_dir(checkpoint_dir, &buf, &size, err) != TR_OK)
+    if (tr_ckpt_verify_dir(checkpoint_dir, &buf, &size, NULL, err) != TR_OK)
         return TR_ERROR;
     char *what = tr_xasprintf("%s/model.safetensors", checkpoint_dir);
     int rc = load_tensors(g, be, buf, size, "", params, 1, -1, what, err);

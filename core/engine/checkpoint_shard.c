@@ -675,15 +675,47 @@ int tr_ckpt_resume_shared(const struct tr_ckpt_rank *r, const char *name, float 
         rc = tr_ckpt_load_layout(&src, l, r->g, r->be, r->od, dest, err);
     }
     tr_ckpt_layout_free(l);
+    /* Every rank reads only its own ranges, so damage in one of them is
+     * seen by the ranks that read it alone: the ranks agree (all of them
+     * take the same verdict from the same collectives) and every rank
+     * gets the first failing rank's reason, naming the blob. */
+    tr_err mine = *err;
     float failed = rc == TR_OK ? 0.0f : 1.0f;
-    if (tr_comm_allreduce_host(r->comm, &failed, 1, rc == TR_OK ? err : &(tr_err){{0}}) != TR_OK)
+    if (tr_comm_allreduce_host(r->comm, &failed, 1, err) != TR_OK)
         return TR_ERROR;
-    if (rc != TR_OK)
+    if (failed == 0)
+        return TR_OK;
+    int world = r->shard->world, first = -1;
+    float *who = tr_xcalloc((size_t)world, sizeof *who);
+    who[r->shard->rank] = rc == TR_OK ? 0.0f : 1.0f;
+    int comm_rc = tr_comm_allreduce_host(r->comm, who, (size_t)world, err);
+    for (int q = 0; comm_rc == TR_OK && q < world && first < 0; q++)
+        if (who[q] > 0)
+            first = q;
+    free(who);
+    if (comm_rc != TR_OK || first < 0)
+        return comm_rc != TR_OK ? TR_ERROR
+                                : tr_fail(err, "the ranks disagree about checkpoint %s", name);
+    char why[480] = "";
+    if (r->shard->rank == first)
+        copy_msg(why, sizeof why, mine.msg);
+    if (tr_comm_broadcast_host(r->comm, why, sizeof why, first, err) != TR_OK)
         return TR_ERROR;
-    if (failed > 0)
-        return tr_fail(err, "%.0f rank%s could not read checkpoint %s (see %s log)", failed,
-                       failed > 1 ? "s" : "", name, failed > 1 ? "their" : "its");
-    return TR_OK;
+    why[sizeof why - 1] = 0;
+    if (failed > 1)
+        tr_fail(err, "%.0f ranks could not read it; rank %d: %s", failed, first, why);
+    else
+        tr_fail(err, "rank %d could not read it: %s", first, why);
+    return 1;
+}
+
+void tr_ckpt_skip(struct tr_checkpointer *c, const char *name, const tr_err *why)
+{
+    snprintf(c->skip, sizeof c->skip, "%s", name);
+    c->skip_why = *why;
+    tr_log(TR_LOG_WARN, "checkpoint", "skipping %s: %s; resuming from an older checkpoint "
+           "(this run writes %s anew when it gets there: copy it elsewhere now to inspect it)",
+           name, why->msg, name);
 }
 
 int tr_ckpt_layout_check_all(const struct tr_ckpt_src *src, const struct tr_ckpt_layout *l,
@@ -718,12 +750,62 @@ int tr_ckpt_layout_check_all(const struct tr_ckpt_src *src, const struct tr_ckpt
     return rc;
 }
 
+struct tr_ckpt_reader {
+    struct tr_ckpt_src src; /* a copy: the reader outlives its caller's */
+    const struct tr_ckpt_layout *l;
+    struct reader rd;
+};
+
+struct tr_ckpt_reader *tr_ckpt_reader_open(const struct tr_ckpt_src *src,
+                                           const struct tr_ckpt_layout *l)
+{
+    struct tr_ckpt_reader *r = tr_xcalloc(1, sizeof *r);
+    r->src = *src;
+    r->l = l;
+    r->rd = (struct reader){&r->src, NULL, NULL, 0, NULL, -1};
+    return r;
+}
+
+void tr_ckpt_reader_close(struct tr_ckpt_reader *r)
+{
+    if (!r)
+        return;
+    reader_close(&r->rd);
+    free(r);
+}
+
+int tr_ckpt_read_tensor(struct tr_ckpt_reader *r, size_t i, float *out, tr_err *err)
+{
+    const struct tr_ckpt_layout *l = r->l;
+    const struct tr_ckpt_tensor *t = &l->tensors[i];
+    char at[512];
+    where(&r->src, at, sizeof at);
+    /* the layout covers slot model of every tensor exactly once, so out is
+     * whole once its entries are read */
+    for (size_t j = 0; j < t->n; j++) {
+        const struct tr_ckpt_entry *en = &l->entries[t->first + j];
+        if (en->slot != 0)
+            continue;
+        size_t bytes = (size_t)(en->end - en->begin) * sizeof(float);
+        float *to = out + en->begin;
+        const char *blob = l->blobs[en->blob].name;
+        if (read_range(&r->rd, blob, en->offset, to, bytes, err) != TR_OK)
+            return TR_ERROR;
+        if ((uint32_t)tr_ckpt_crc(to, bytes) != en->crc)
+            return tr_fail(err, "checkpoint %s: %s fails its checksum at bytes %llu..%llu "
+                           "(tensor '%s'; torn, truncated or corrupted)", at, blob,
+                           (unsigned long long)en->offset,
+                           (unsigned long long)(en->offset + bytes), t->name);
+    }
+    return TR_OK;
+}
+
 void *tr_ckpt_layout_model(const struct tr_ckpt_src *src, const struct tr_ckpt_layout *l,
                            size_t *size, tr_err *err)
 {
     struct tr_st_entry *e = tr_xcalloc(l->n_tensors + 1, sizeof *e);
     float **data = tr_xcalloc(l->n_tensors + 1, sizeof *data);
-    struct reader rd = {src, NULL, NULL, 0, NULL, -1};
+    struct tr_ckpt_reader *rd = tr_ckpt_reader_open(src, l);
     void *out = NULL;
     int rc = TR_OK;
     for (size_t i = 0; i < l->n_tensors && rc == TR_OK; i++) {
@@ -733,19 +815,7 @@ void *tr_ckpt_layout_model(const struct tr_ckpt_src *src, const struct tr_ckpt_l
             rc = tr_fail(err, "out of memory reading tensor '%s'", t->name);
             break;
         }
-        for (size_t j = 0; j < t->n && rc == TR_OK; j++) {
-            const struct tr_ckpt_entry *en = &l->entries[t->first + j];
-            if (en->slot != 0)
-                continue;
-            size_t bytes = (size_t)(en->end - en->begin) * sizeof(float);
-            float *to = data[i] + en->begin;
-            rc = read_range(&rd, l->blobs[en->blob].name, en->offset, to, bytes, err);
-            if (rc == TR_OK && (uint32_t)tr_ckpt_crc(to, bytes) != en->crc)
-                rc = tr_fail(err, "%s fails its checksum at bytes %llu..%llu (torn, truncated "
-                             "or corrupted)", l->blobs[en->blob].name,
-                             (unsigned long long)en->offset,
-                             (unsigned long long)(en->offset + bytes));
-        }
+        rc = tr_ckpt_read_tensor(rd, i, data[i], err);
         e[i] = (struct tr_st_entry){t->name, TR_F32, t->ndim, {0}, data[i],
                                     t->numel * sizeof(float)};
         memcpy(e[i].shape, t->shape, sizeof e[i].shape);
@@ -760,7 +830,7 @@ void *tr_ckpt_layout_model(const struct tr_ckpt_src *src, const struct tr_ckpt_l
         free(data[i]);
     free(data);
     free(e);
-    reader_close(&rd);
+    tr_ckpt_reader_close(rd);
     return out;
 }
 
@@ -771,6 +841,8 @@ int tr_ckpt_newest_sharded(struct tr_checkpointer *c, char *name, size_t size, t
         return TR_ERROR;
     int rc = 0;
     for (size_t i = 0; i < l.n; i++) {
+        if (c->skip[0] && strcmp(l.names[i], c->skip) >= 0)
+            continue; /* the ranks could not read it, or a newer one (tr_ckpt_skip) */
         struct tr_ckpt_src src = {c->cfg.vt, c->cfg.self, l.names[i], NULL};
         struct tr_ckpt_layout *layout = NULL;
         struct tr_run_state st;

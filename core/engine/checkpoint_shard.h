@@ -134,9 +134,21 @@ int tr_ckpt_load_layout(const struct tr_ckpt_src *src, const struct tr_ckpt_layo
 /* Every entry of l read and checked against its CRC-32, one at a time. */
 int tr_ckpt_layout_check_all(const struct tr_ckpt_src *src, const struct tr_ckpt_layout *l,
                              tr_err *err);
+/* The weights (slot model) and buffers of l read one tensor at a time
+ * (export streams them: it holds one tensor, never the model). */
+struct tr_ckpt_reader;
+struct tr_ckpt_reader *tr_ckpt_reader_open(const struct tr_ckpt_src *src,
+                                           const struct tr_ckpt_layout *l);
+/* l->tensors[i] (slot model) into out (its numel fp32 values), each range
+ * checked against its CRC-32 before it is used; err names the checkpoint,
+ * the blob and the tensor. */
+int tr_ckpt_read_tensor(struct tr_ckpt_reader *r, size_t i, float *out, tr_err *err);
+void tr_ckpt_reader_close(struct tr_ckpt_reader *r);
+
 /* The weights (slot model) and buffers of l as one fp32 safetensors blob
  * (malloc'd, *size bytes): what an unsharded checkpoint's
- * model.safetensors would hold.  NULL with err. */
+ * model.safetensors would hold (export --format peft, whose adapters are
+ * small, reads them so).  NULL with err. */
 void *tr_ckpt_layout_model(const struct tr_ckpt_src *src, const struct tr_ckpt_layout *l,
                            size_t *size, tr_err *err);
 
@@ -151,10 +163,19 @@ int tr_ckpt_read_shared_state(const struct tr_ckpt_src *src, struct tr_run_state
 int tr_ckpt_newest_sharded(struct tr_checkpointer *c, char *name, size_t size, tr_err *err);
 
 /* Every rank: resume from checkpoint `name` (rank 0 chose it; a sharded
- * one), each rank reading only what it keeps.  Every rank fails when one
- * does. */
+ * one), each rank reading only what it keeps.  TR_OK when every rank read
+ * its parts; 1 on every rank when some rank could not (a blob damaged,
+ * truncated or missing: err gives the first such rank's reason, naming
+ * the blob), and the caller passes over it (tr_ckpt_skip); TR_ERROR when
+ * the ranks cannot agree (a collective failed). */
 int tr_ckpt_resume_shared(const struct tr_ckpt_rank *r, const char *name, float *params,
                           float *const *slots, int params_parts, struct tr_run_state *state,
                           tr_err *err);
+
+/* Rank 0: checkpoint `name` could not be read by some rank (why): warn,
+ * naming it, and make tr_ckpt_newest_sharded and tr_checkpointer_resume
+ * look only at checkpoints older than it, as tr_checkpointer_resume passes
+ * over a damaged one; when none is left, the resume fails with why. */
+void tr_ckpt_skip(struct tr_checkpointer *c, const char *name, const tr_err *why);
 
 #endif

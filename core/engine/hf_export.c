@@ -283,29 +283,24 @@ static char *st_header(const struct tr_hf_tensor *t, size_t n, enum tr_dtype dty
     return h;
 }
 
-/* Every tensor of the form in the checkpoint's weights, with its number
- * of values: src[i] for want[i]. */
-static int find_sources(const struct tr_st_file *weights, const char *what,
-                        const struct tr_hf_tensor *want, size_t n,
-                        const struct tr_st_entry **src, tr_err *err)
+/* Every tensor of the form in the source, with its number of values:
+ * checked before anything is written. */
+static int find_sources(const struct tr_hf_source *src, const char *what,
+                        const struct tr_hf_tensor *want, size_t n, tr_err *err)
 {
     for (size_t i = 0; i < n; i++) {
-        const struct tr_st_entry *e = tr_safetensors_find(weights, want[i].name);
         size_t numel = (size_t)want[i].shape[0] * (size_t)(want[i].ndim > 1 ? want[i].shape[1] : 1);
-        size_t have = 1;
-        for (int d = 0; e && d < e->ndim; d++)
-            have *= (size_t)e->shape[d];
-        if (!e || e->dtype == TR_I32 || have != numel)
+        size_t have = 0;
+        if (!src->find(src->ud, want[i].name, &have) || have != numel)
             return tr_fail(err, "%s has no tensor '%s' of %zu values (a checkpoint of another "
                            "model?)", what, want[i].name, numel);
-        src[i] = e;
     }
     return TR_OK;
 }
 
 /* Tensor w (from src) in dtype, in the form's layout, written to f: 1, 0
- * on a short write, -1 out of memory (err says so). */
-static int write_tensor(FILE *f, const struct tr_hf_tensor *w, const struct tr_st_entry *src,
+ * on a short write, -1 out of memory or unreadable (err says so). */
+static int write_tensor(FILE *f, const struct tr_hf_tensor *w, const struct tr_hf_source *src,
                         enum tr_dtype dtype, tr_err *err)
 {
     int ok;
@@ -316,8 +311,9 @@ static int write_tensor(FILE *f, const struct tr_hf_tensor *w, const struct tr_s
     if (!f32 || (w->transposed && !flip) || (dtype != TR_F32 && !half)) {
         tr_fail(err, "out of memory exporting '%s'", w->name);
         ok = -1;
+    } else if (src->read(src->ud, w->name, f32, numel, err) != TR_OK) {
+        ok = -1;
     } else {
-        tr_hf_to_f32(src, f32, numel);
         const float *v = f32;
         if (flip) { /* back to Conv1D's [in, out] */
             tr_hf_transpose(flip, f32, w->shape[1], w->shape[0]);
@@ -336,11 +332,11 @@ static int write_tensor(FILE *f, const struct tr_hf_tensor *w, const struct tr_s
     return ok;
 }
 
-/* model.safetensors into f, streamed tensor by tensor (the host holds the
- * checkpoint and one tensor's conversion, not a second copy of the model)
+/* model.safetensors into f, streamed tensor by tensor (the host holds one
+ * tensor's values and conversion, besides what the source holds)
  * on a progress bar: as write_tensor, 1 when all of it was written. */
 static int write_weights(FILE *f, const struct tr_hf_tensor *want, size_t n,
-                         const struct tr_st_entry *const *src, enum tr_dtype dtype, tr_err *err)
+                         const struct tr_hf_source *src, enum tr_dtype dtype, tr_err *err)
 {
     size_t hlen = 0;
     char *header = st_header(want, n, dtype, &hlen);
@@ -359,7 +355,7 @@ static int write_weights(FILE *f, const struct tr_hf_tensor *want, size_t n,
      * later tensor's success may turn it back into a whole file */
     for (size_t i = 0; i < n && ok == 1; i++) {
         size_t numel = (size_t)want[i].shape[0] * (size_t)(want[i].ndim > 1 ? want[i].shape[1] : 1);
-        ok = write_tensor(f, &want[i], src[i], dtype, err);
+        ok = write_tensor(f, &want[i], src, dtype, err);
         tr_progress_add(bar, (uint64_t)numel * (dtype == TR_F32 ? 4 : 2)); /* written */
         tr_progress_draw(bar, 0);
     }
@@ -367,22 +363,47 @@ static int write_weights(FILE *f, const struct tr_hf_tensor *want, size_t n,
     return ok;
 }
 
+/* A checkpoint's model.safetensors as a source */
+static int st_find(void *ud, const char *name, size_t *numel)
+{
+    const struct tr_st_entry *e = tr_safetensors_find(ud, name);
+    if (!e || e->dtype == TR_I32)
+        return 0;
+    *numel = 1;
+    for (int d = 0; d < e->ndim; d++)
+        *numel *= (size_t)e->shape[d];
+    return 1;
+}
+
+static int st_read(void *ud, const char *name, float *out, size_t numel, tr_err *err)
+{
+    (void)err; /* found (st_find) before: the bytes are in memory */
+    tr_hf_to_f32(tr_safetensors_find(ud, name), out, numel);
+    return TR_OK;
+}
+
 int tr_hf_export(const struct tr_hf_arch *a, const struct tr_st_file *weights, const char *what,
                  const char *out_dir, enum tr_dtype dtype, tr_err *err)
 {
+    struct tr_hf_source src = {st_find, st_read, (void *)weights};
+    return tr_hf_export_from(a, &src, what, out_dir, dtype, err);
+}
+
+int tr_hf_export_from(const struct tr_hf_arch *a, const struct tr_hf_source *src,
+                      const char *what, const char *out_dir, enum tr_dtype dtype, tr_err *err)
+{
     struct tr_hf_tensor *want = NULL;
     size_t n = tr_hf_tensors(a, a->ctx, &want);
-    const struct tr_st_entry **src = tr_xcalloc(n, sizeof *src);
     int rc = TR_ERROR;
     /* every tensor there before anything is written */
-    if (find_sources(weights, what, want, n, src, err) != TR_OK ||
+    if (find_sources(src, what, want, n, err) != TR_OK ||
         tr_export_prepare_dir(out_dir, err) != TR_OK)
         goto done;
     struct atomic_file af;
     if (atomic_open(&af, out_dir, "model.safetensors", err) != TR_OK)
         goto done;
     int ok = write_weights(af.f, want, n, src, dtype, err);
-    if (ok <= 0) { /* out of memory (err says so) or a short write */
+    if (ok <= 0) { /* out of memory or unreadable (err says so) or a short write */
         int errnum = errno;
         atomic_close(&af, 0, err);
         if (ok == 0)
@@ -396,7 +417,6 @@ int tr_hf_export(const struct tr_hf_arch *a, const struct tr_st_file *weights, c
     tr_hf_config_write(a, dtype == TR_BF16 ? "bfloat16" : dtype == TR_F16 ? "float16" : "float32", af.f);
     rc = atomic_close(&af, 1, err);
 done:
-    free(src);
     tr_hf_tensors_free(want, n);
     return rc;
 }

@@ -53,16 +53,30 @@ void tr_hf_transpose(float *out, const float *in, int64_t r, int64_t c);
  * read off its parameters and nodes; TR_ERROR when it is not one. */
 int tr_hf_describe(const struct tr_graph *g, const char *type, struct tr_hf_arch *a, tr_err *err);
 
-/* Write out_dir/config.json and out_dir/model.safetensors (in dtype) from
- * `weights`, a checkpoint's model.safetensors (`what` names it).  out_dir
- * is created, or must be empty or an earlier export (it holds
- * .trainrun-export); each file is replaced atomically. */
 /* An export's directory: created, or one that is empty or an earlier
  * export (it holds .trainrun-export, written here); a directory of anything
  * else is refused untouched. */
 int tr_export_prepare_dir(const char *out_dir, tr_err *err);
 
+/* Where an export takes a checkpoint's tensors from, one at a time (a
+ * sharded checkpoint's are read from its blobs as they are written, so
+ * the export never holds the model). */
+struct tr_hf_source {
+    /* 1 with *numel when it holds a floating-point tensor `name`, else 0 */
+    int (*find)(void *ud, const char *name, size_t *numel);
+    /* tensor `name`'s numel values as fp32 into out; err names the problem */
+    int (*read)(void *ud, const char *name, float *out, size_t numel, tr_err *err);
+    void *ud;
+};
+
+/* Write out_dir/config.json and out_dir/model.safetensors (in dtype) from
+ * `weights`, a checkpoint's model.safetensors (`what` names it).  out_dir
+ * is created, or must be empty or an earlier export (it holds
+ * .trainrun-export); each file is replaced atomically. */
 int tr_hf_export(const struct tr_hf_arch *a, const struct tr_st_file *weights, const char *what,
                  const char *out_dir, enum tr_dtype dtype, tr_err *err);
+/* The same from any source, tensor by tensor. */
+int tr_hf_export_from(const struct tr_hf_arch *a, const struct tr_hf_source *src,
+                      const char *what, const char *out_dir, enum tr_dtype dtype, tr_err *err);
 
 #endif

@@ -293,28 +293,40 @@ static int share_resume(struct tr_session *s, int *rc, struct tr_run_state *st, 
 static int resume_in_parallel(struct tr_session *s, struct tr_run_state *st, char *name,
                               size_t name_size, tr_err *err)
 {
-    struct {
-        float verdict;
-        char name[64];
-    } pick = {0, ""};
-    if (s->rank == 0 && s->ckpt) {
-        int rc = tr_ckpt_newest_sharded(s->ckpt, pick.name, sizeof pick.name, err);
-        pick.verdict = (float)rc;
-    }
-    if (tr_comm_broadcast_host(s->comm, &pick, sizeof pick, 0, err) != TR_OK)
-        return TR_ERROR;
-    if (pick.verdict == (float)TR_ERROR)
-        return s->rank == 0 ? TR_ERROR
-                            : tr_fail(err, "rank 0 could not list its checkpoints (see its log)");
-    if (pick.verdict != 1)
-        return 0;
-    pick.name[sizeof pick.name - 1] = 0;
     struct tr_ckpt_rank r = ckpt_rank(s);
-    if (tr_ckpt_resume_shared(&r, pick.name, s->g->params, s->opt.state, s->gather != NULL, st,
-                              err) != TR_OK)
-        return TR_ERROR;
-    snprintf(name, name_size, "%s", pick.name);
-    return 1;
+    /* Rank 0 picks, every rank reads its parts; when some rank cannot (a
+     * blob damaged, truncated or missing), all of them pass over it
+     * together and rank 0 picks the next older one, as a resume in one
+     * process does.  What a failed try wrote into the weights and state
+     * is overwritten by the checkpoint finally read (every range of it). */
+    for (;;) {
+        struct {
+            float verdict;
+            char name[64];
+        } pick = {0, ""};
+        if (s->rank == 0 && s->ckpt) {
+            int rc = tr_ckpt_newest_sharded(s->ckpt, pick.name, sizeof pick.name, err);
+            pick.verdict = (float)rc;
+        }
+        if (tr_comm_broadcast_host(s->comm, &pick, sizeof pick, 0, err) != TR_OK)
+            return TR_ERROR;
+        if (pick.verdict == (float)TR_ERROR)
+            return s->rank == 0 ? TR_ERROR
+                                : tr_fail(err, "rank 0 could not list its checkpoints (see its log)");
+        if (pick.verdict != 1)
+            return 0; /* none (left) sharded: the caller's resume, past what was skipped */
+        pick.name[sizeof pick.name - 1] = 0;
+        int rc = tr_ckpt_resume_shared(&r, pick.name, s->g->params, s->opt.state,
+                                       s->gather != NULL, st, err);
+        if (rc == TR_OK) {
+            snprintf(name, name_size, "%s", pick.name);
+            return 1;
+        }
+        if (rc != 1)
+            return TR_ERROR;
+        if (s->rank == 0 && s->ckpt)
+            tr_ckpt_skip(s->ckpt, pick.name, err);
+    }
 }
 
 int tr_state_resume(struct tr_session *s, struct tr_run_state *st, tr_err *err)

@@ -7,11 +7,17 @@
 #   - saved at 2 ranks (step 10) and resumed at 1, 2 and 4 ranks, at its
 #     level and at the others, a run ends within 1e-5 of the run that kept
 #     2 ranks (and says where it is bit-identical);
-#   - eval reads a sharded checkpoint; export writes the weights of one;
+#   - eval reads a sharded checkpoint; export writes the weights of one,
+#     byte-identical to the same weights' export from a one-writer
+#     checkpoint (safetensors and hf, fp32 and bf16), streaming them from
+#     the blobs (its peak memory well below the model's weights);
 #   - a checkpoint written the old way (one writer, model.safetensors) still
 #     resumes a sharded run;
-#   - a damaged blob is refused naming the file, and the resume falls back
-#     on nothing silently;
+#   - a damaged blob is refused by export naming the file; a resume (at 2
+#     ranks and at 1) passes over a checkpoint whose blob is damaged,
+#     truncated or missing with a warning naming both, and resumes from the
+#     one before, bit-identical to a resume from that one; with none before
+#     it fails naming the blob;
 #   - kill -9 of one rank, or of all, during a sharded save leaves the
 #     previous checkpoint good and the next resume works.
 . "$(dirname "$0")/lib.sh"
@@ -108,31 +114,113 @@ if [ -n "${TR_TEST_PLUGIN_DIR:-}" ] && [ -f "$TR_TEST_PLUGIN_DIR/checkpoint_old_
     { cat fallback.log; fail "the fallback to rank 0 writing is not said once"; }
   [ -f "$(latest fallback)/model.safetensors" ] || fail "the fallback wrote no model.safetensors"
   close saved-parameters fallback "a 2.4 plugin's gathered save, against the sharded one"
+  # the same weights exported from the one-writer checkpoint and streamed
+  # from the sharded one's blobs: the same bytes, in every format and dtype
+  for fmt in safetensors hf; do
+    for dt in fp32 bf16; do
+      for src in fallback saved-parameters; do
+        rm -rf "$src.$fmt-$dt"
+        "$TRAINRUN" export "$(latest $src)" --format $fmt --dtype $dt -o "$src.$fmt-$dt" \
+          > "$src.$fmt-$dt.log" 2>&1 || { cat "$src.$fmt-$dt.log"; fail "export --format $fmt of $src"; }
+      done
+      if [ $fmt = hf ]; then
+        cmp fallback.hf-$dt/model.safetensors saved-parameters.hf-$dt/model.safetensors &&
+          cmp fallback.hf-$dt/config.json saved-parameters.hf-$dt/config.json ||
+          fail "export --format hf --dtype $dt of a sharded checkpoint differs from the one-writer one"
+      else
+        cmp fallback.$fmt-$dt saved-parameters.$fmt-$dt ||
+          fail "export --format $fmt --dtype $dt of a sharded checkpoint differs from the one-writer one"
+      fi
+    done
+  done
+  echo "shard-checkpoint: export of the sharded checkpoint: byte-identical to the one-writer one (safetensors, hf; fp32, bf16)"
 else
   echo "shard-checkpoint: no test plugins (criterion missing): the 2.4 fallback is skipped"
 fi
 
-# a damaged blob: refused naming it
-rm -rf damaged
-cp -r saved-parameters damaged
-python3 - "$(latest damaged)/shard-00001-of-00002.bin" <<'PY'
+# a damaged blob: export refuses it naming the file; a resume passes over
+# the checkpoint with a warning naming it and the blob, and resumes from the
+# one before, at 2 ranks (where only rank 1 reads the damaged range, so the
+# ranks must agree) and in one process, to the very weights of a run that
+# resumed from that one (resume-parameters-*); a truncated or missing blob
+# likewise; with no older checkpoint the resume fails naming the blob
+flip_byte() { # FILE OFFSET
+  python3 - "$1" "$2" <<'PY'
 import sys
 with open(sys.argv[1], "r+b") as f:
-    f.seek(100)
+    f.seek(int(sys.argv[2]))
     b = f.read(1)
-    f.seek(100)
+    f.seek(int(sys.argv[2]))
     f.write(bytes([b[0] ^ 0xFF]))
 PY
+}
+rm -rf damaged
+cp -r saved-parameters damaged
+flip_byte "$(latest damaged)/shard-00001-of-00002.bin" 100
 if "$TRAINRUN" export "$(latest damaged)" -o damaged.st > damaged.log 2>&1; then fail "a damaged shard exported"; fi
 grep -q "shard-00001-of-00002.bin fails its checksum" damaged.log || { cat damaged.log; fail "damaged shard: no message naming it"; }
+[ ! -e damaged.st ] || fail "a failed export left damaged.st"
+fallback() { # DIR PROCS WHAT BLOB-MESSAGE
+  extra="parallel.shard=parameters"
+  [ "$2" = 1 ] && extra=
+  # shellcheck disable=SC2086
+  "$TRAINRUN" "$LLAMA" $base procs=$2 $extra run_dir="$1" --resume auto > "$1.log" 2>&1 ||
+    { cat "$1.log"; fail "$3: the resume did not fall back on the older checkpoint"; }
+  grep "skipping step-0000000020" "$1.log" | grep -q "$4" ||
+    { cat "$1.log"; fail "$3: no warning naming the checkpoint and the blob"; }
+  grep -q "resumed from checkpoint step-0000000010" "$1.log" ||
+    { cat "$1.log"; fail "$3: not resumed from step-0000000010"; }
+  cmp -s "$(weights "$1")" "$(weights "resume-parameters-$2-parameters")" ||
+    fail "$3: the weights differ from a run resumed from step-0000000010"
+  echo "shard-checkpoint: $3: fell back on step-0000000010, weights bit-identical"
+}
+for procs in 2 1; do
+  rm -rf "damaged-$procs"
+  cp -r damaged "damaged-$procs"
+  fallback "damaged-$procs" $procs "a flipped byte in rank 1's blob, resumed at $procs" \
+    "shard-00001-of-00002.bin fails its checksum"
+done
+rm -rf truncated
+cp -r saved-parameters truncated
+python3 -c 'import os, sys; os.truncate(sys.argv[1], os.path.getsize(sys.argv[1]) - 4)' \
+  "$(latest truncated)/shard-00001-of-00002.bin"
+fallback truncated 2 "a truncated blob, resumed at 2" "shard-00001-of-00002.bin"
+rm -rf missing
+cp -r saved-parameters missing
+rm "$(latest missing)/shard-00000-of-00002.bin"
+fallback missing 2 "a missing blob, resumed at 2" "shard-00000-of-00002.bin"
 rm -rf damaged/checkpoints/step-0000000010
 # shellcheck disable=SC2086
 if "$TRAINRUN" "$LLAMA" $base procs=2 parallel.shard=parameters train.steps=30 run_dir=damaged --resume auto \
      > damaged-resume.log 2>&1; then
   fail "resumed from a damaged shard"
 fi
-grep -q "shard-00001-of-00002.bin fails its checksum" damaged-resume.log ||
+grep -q "no checkpoint could be loaded.*shard-00001-of-00002.bin fails its checksum" damaged-resume.log ||
   { cat damaged-resume.log; fail "damaged resume: no message naming the blob"; }
+
+# export streams a sharded checkpoint from its blobs, a tensor at a time:
+# its peak memory stays far below the model's 26 MB of fp32 weights
+# (assembling them, as export did, peaked at 62 MB: docs/scale-out.md)
+# shellcheck disable=SC2086
+"$TRAINRUN" "$LLAMA" model.dim=512 model.layers=8 train.steps=2 checkpoint.every=2 train.eval_every=0 \
+  train.threads=1 procs=2 parallel.shard=parameters run_dir=big --quiet > big.log 2>&1 ||
+  { cat big.log; fail "the 512-wide model did not train"; }
+for fmt in safetensors hf; do
+  python3 - "$TRAINRUN" "$(latest big)" $fmt "big.$fmt" <<'PY' || fail "export --format $fmt of a sharded checkpoint holds the model"
+import os, resource, subprocess, sys
+trainrun, ckpt, fmt, out = sys.argv[1:]
+weights = sum(os.path.getsize(os.path.join(ckpt, f)) for f in os.listdir(ckpt) if f.startswith("shard-")) // 3
+r = subprocess.run([trainrun, "export", ckpt, "--format", fmt, "--dtype", "fp32", "-o", out],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+if r.returncode:
+    sys.exit("export failed: " + r.stderr.decode())
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+base = 24 << 20  # the program itself, and a tensor or two
+print(f"shard-checkpoint: export --format {fmt}: peak RSS {peak >> 20} MiB for {weights >> 20} MiB of weights")
+if peak > base + weights // 4:
+    sys.exit(f"peak RSS {peak} bytes: more than {base + weights // 4} (the weights are {weights} bytes)")
+PY
+done
 
 # kill -9 during a sharded save: checkpoints every step of a wider model,
 # each kill aimed at a moment when a save is staged; the previous checkpoint
