@@ -157,8 +157,26 @@ static int choose_micro_batch(struct tr_session *s, tr_err *err)
                        "usable on %s; %s%suse a smaller model", a, b, s->device.what,
                        report.recompute > 0 ? "" : "recompute activations (model.recompute) or ",
                        cfg->train.memory_budget > 0 ? "raise train.memory_budget or " : "");
+    /* pipeline stages idle (P - 1) / (M + P - 1) of a step: the largest
+     * micro-batch that fits may leave them one micro-batch to share, so it
+     * gives way to a smaller one (dividing the replica's batch) until there
+     * are 4 P micro-batches a step (bubble under 20%), a multiple of P
+     * when interleaved, or it is 1 */
+    int64_t P = cfg->parallel.pipeline, fits = m;
+    int interleaved = cfg->parallel.schedule_kind == TR_PIPE_INTERLEAVED;
+    while (P > 1 && m > 1 && (per_device / m < 4 * P || (interleaved && (per_device / m) % P))) {
+        do
+            m--;
+        while (m > 1 && per_device % m != 0);
+    }
     /* a plan reports its pick itself */
-    if (s->rank == 0 && s->mode != TR_SESSION_PLAN && devices > 1)
+    if (m != fits && s->rank == 0 && s->mode != TR_SESSION_PLAN)
+        tr_log(TR_LOG_INFO, NULL, "auto micro-batch: %lld (%lld fits in %s usable on %s); %lld "
+               "pipeline stages share %lld micro-batches a step on each of %lld replica(s) "
+               "(bubble (P-1)/(M+P-1) = %.0f%%)", (long long)m, (long long)fits, b,
+               s->device.what, (long long)P, (long long)(per_device / m), (long long)devices,
+               100.0 * (double)(P - 1) / (double)(per_device / m + P - 1));
+    else if (s->rank == 0 && s->mode != TR_SESSION_PLAN && devices > 1)
         tr_log(TR_LOG_INFO, NULL, "auto micro-batch: %lld (plan %s of %s usable on %s); %lld "
                "micro-batches per step on each of %lld ranks keep the batch of %lld",
                (long long)m, a, b, s->device.what, (long long)(per_device / m),

@@ -17,6 +17,8 @@
 #     tensors, in parallel: layout.json and a blob a rank) holds the whole
 #     model: resumed on one process and on 2 stages it ends within 1e-5 of
 #     the run that kept going;
+#   - micro_batch = "auto" with stages takes a smaller micro-batch than fits
+#     so that 2 stages share 8 micro-batches of the batch of 8;
 #   - metrics.jsonl has the share of each step the stages sat idle, and
 #     the trace the stage's forwards and backwards per micro-batch;
 #   - each of 2 stages of a 27 M Llama keeps less than 70% of what one
@@ -136,6 +138,11 @@ for procs in 1 2; do
   grep -q "resumed from checkpoint step-0000000010" "$dir.log" || { cat "$dir.log"; fail "no resume on $procs"; }
   close llama-1f1b "$dir" 1e-5 "saved by 2 stages, resumed on $procs process(es)"
 done
+
+# auto micro-batch: the stages get micro-batches to share
+run auto "$LLAMA" procs=2 parallel.pipeline=2 train.micro_batch=auto train.steps=2
+grep -q 'auto micro-batch: 1 (8 fits in .*2 pipeline stages share 8 micro-batches a step' auto.log ||
+  { cat auto.log; fail "auto micro-batch with stages"; }
 
 # the idle share in metrics.jsonl, the stage's ops in the trace
 run traced "$LLAMA" procs=2 parallel.pipeline=2 parallel.schedule=gpipe train.trace_every=10
