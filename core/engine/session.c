@@ -152,11 +152,18 @@ static int choose_micro_batch(struct tr_session *s, tr_err *err)
         s->micro_batch = 1;
         return TR_OK;
     }
-    if (m == 0)
+    if (m == 0) {
+        /* activations grow with the context: with a long one, its length is the lever */
+        char ctx[120] = "";
+        const struct tr_value *c = tr_value_get(tr_recipe_root(cfg->recipe), "model.ctx");
+        if (c && c->type == TR_V_NUMBER && c->number > 1)
+            snprintf(ctx, sizeof ctx, "shorten the context (model.ctx, now %.0f tokens a "
+                     "sample), ", c->number);
         return tr_fail(err, "auto micro-batch: even a micro-batch of 1 needs %s, more than the %s "
-                       "usable on %s; %s%suse a smaller model", a, b, s->device.what,
+                       "usable on %s; %s%s%suse a smaller model", a, b, s->device.what, ctx,
                        report.recompute > 0 ? "" : "recompute activations (model.recompute) or ",
                        cfg->train.memory_budget > 0 ? "raise train.memory_budget or " : "");
+    }
     /* a plan reports its pick itself */
     if (s->rank == 0 && s->mode != TR_SESSION_PLAN && devices > 1)
         tr_log(TR_LOG_INFO, NULL, "auto micro-batch: %lld (plan %s of %s usable on %s); %lld "
