@@ -541,11 +541,13 @@ int tr_session_open(struct tr_session *s, struct tr_config *cfg, enum tr_session
         return open_plan(s, err);
     if (mode == TR_SESSION_WEIGHTS)
         return open_weights(s, err);
+    /* the data against the model's tokenizer before any memory is planned or
+     * weights loaded: a mismatch is the recipe's mistake, found in seconds */
     if (create_plugins(s, seq_len_of(s->g), err) != TR_OK || open_data(s, err) != TR_OK ||
+        tr_rundir_check_tokenizer(s, err) != TR_OK ||
         (training(s) && resolve_steps(s, err) != TR_OK) ||
         (training(s) && tr_session_check_split(s, TR_SPLIT_VAL, 1, err) != TR_OK) ||
-        plan_memory(s, err) != TR_OK ||
-        open_inputs(s, err) != TR_OK || tr_rundir_check_tokenizer(s, err) != TR_OK ||
+        plan_memory(s, err) != TR_OK || open_inputs(s, err) != TR_OK ||
         check_micro_batches(s, err) != TR_OK)
         return TR_ERROR;
     if (training(s) && s->rank == 0 && open_checkpointer(s, err) != TR_OK)
@@ -596,7 +598,7 @@ int tr_session_check_data(struct tr_session *s, tr_err *err)
         if (!s->cfg->data.self &&
             tr_config_create_slot(s->cfg, &s->cfg->data, seq_len_of(s->g), err) != TR_OK)
             return TR_ERROR;
-        if (open_data(s, err) != TR_OK)
+        if (open_data(s, err) != TR_OK || tr_rundir_check_tokenizer(s, err) != TR_OK)
             return TR_ERROR;
     }
     return tr_session_check_split(s, TR_SPLIT_VAL, 1, err);
