@@ -349,15 +349,18 @@ static void key_where(const struct tr_config *cfg, const char *key, char *where,
     tr_origin_format(&o, where, size);
 }
 
-/* Byte ids (no tokenizer, none of 256 or more) fed to a model = { from = DIR }
- * whose DIR/tokenizer.json made its vocabulary: every byte would be read as
- * one of that tokenizer's tokens, and the loss would measure nothing. */
+/* Byte ids (text with no tokenizer, a token a byte at most, none of 256 or
+ * more) fed to a model = { from = DIR } whose DIR/tokenizer.json made its
+ * vocabulary: every byte would be read as one of that tokenizer's tokens,
+ * and the loss would measure nothing.  Ids that are not text (synthetic,
+ * for a benchmark) pass. */
 static int check_byte_data(const struct tr_config *cfg, const char *data_name,
                            const struct tr_data_info *di, uint64_t vocab, tr_err *err)
 {
     const char *dir = tr_hf_from_dir(cfg->recipe);
+    double bpt = di->bytes_per_token[TR_SPLIT_TRAIN];
     if (!dir || (di->tokenizer && *di->tokenizer) || di->input_dtype != TR_I32 ||
-        di->classes == 0 || di->classes > 256 || vocab <= 256)
+        di->classes == 0 || di->classes > 256 || vocab <= 256 || !(bpt > 0 && bpt <= 1.0))
         return TR_OK;
     char *path = tr_xasprintf("%s/tokenizer.json", dir);
     struct stat st;

@@ -104,6 +104,13 @@ for cmd in show eval run; do
     { cat bytes-$cmd.txt; fail "$cmd: the byte-data error"; }
 done
 grep -q "weights from" bytes-run.txt && { cat bytes-run.txt; fail "the weights were loaded before the data was refused"; }
+# shards prepared byte by byte are bytes too; synthetic ids (a benchmark) are not text
+"$TRAINRUN" prepare corpus.txt -o bytetok --val-fraction 0.2 > prep3.txt 2>&1 || { cat prep3.txt; fail "prepare (bytes)"; }
+"$TRAINRUN" show bytes.lua 'data.plugin=tokens' 'data.train=bytetok/train_*.bin' 'data.val=bytetok/val_*.bin' > bt.txt 2>&1 &&
+  { cat bt.txt; fail "byte shards accepted for a model with a tokenizer"; }
+grep -q "data 'tokens' gives byte ids" bt.txt || { cat bt.txt; fail "byte shards: the error"; }
+"$TRAINRUN" show bytes.lua data.plugin=synthetic data.kind=tokens data.classes=256 > syn.txt 2>&1 ||
+  { cat syn.txt; fail "synthetic ids refused as bytes"; }
 cat > other.lua <<'LUA'
 return {
   model = { from = "m", ctx = 16 },
