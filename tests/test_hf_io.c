@@ -324,6 +324,34 @@ Test(hf_in, recipe_shows_the_resolved_model_from_config_json, .init = setup, .fi
     free_dir(&m);
 }
 
+/* A long config.json context: 2048 without model.ctx (with why, for show),
+ * the recipe's when it gives one, up to config.json's. */
+Test(hf_in, a_long_context_is_capped_unless_model_ctx_says_more, .init = setup, .fini = teardown)
+{
+    struct model_dir m;
+    llama_tensors(&m);
+    char config[2048];
+    const char *at = strstr(llama_config, "\"max_position_embeddings\": 16");
+    snprintf(config, sizeof config, "%.*s\"max_position_embeddings\": 8192%s",
+             (int)(at - llama_config), llama_config, at + strlen("\"max_position_embeddings\": 16"));
+    write_dir(tmp_path("hf"), config, &m, TR_F32);
+    const char *extra[] = {NULL, "ctx = 4096", "ctx = 8192"};
+    const double want[] = {TR_HF_DEFAULT_CTX, 4096, 8192};
+    for (int i = 0; i < 3; i++) {
+        struct tr_config cfg;
+        tr_err err = {{0}};
+        cr_assert_eq(tr_config_load(&cfg, write_recipe(extra[i], 11), NULL, 0, &err), TR_OK,
+                     "%s", err.msg);
+        const struct tr_value *ctx = tr_value_get(tr_recipe_root(cfg.recipe), "model.ctx");
+        cr_assert_eq(ctx->number, want[i], "%s: ctx %g", extra[i] ? extra[i] : "none", ctx->number);
+        if (!extra[i])
+            cr_assert(strstr(ctx->origin.file, "default:") &&
+                      strstr(ctx->origin.file, "set model.ctx = 8192"), "%s", ctx->origin.file);
+        tr_config_free(&cfg);
+    }
+    free_dir(&m);
+}
+
 Test(hf_in, llama_buffers_older_files_carry_are_ignored, .init = setup, .fini = teardown)
 {
     struct model_dir m;

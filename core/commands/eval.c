@@ -20,6 +20,7 @@ void tr_eval_help(FILE *out)
     fprintf(out,
             "usage: trainrun eval RECIPE [key.sub=value ...] [--checkpoint PATH]\n"
             "                     [--split val|train] [--batches N|all] [--json]\n"
+            "                     [--logits FILE.safetensors]\n"
             "       trainrun eval --checkpoint PATH [key.sub=value ...] [...]\n"
             "                     (the recipe the checkpoint's run recorded)\n"
             "\n"
@@ -49,6 +50,10 @@ void tr_eval_help(FILE *out)
             "                     perplexity, loss_per_byte (null when not known),\n"
             "                     accuracy (null when not counted), device,\n"
             "                     precision, seconds\n"
+            "  --logits FILE      the first micro-batch evaluated, as safetensors: input_ids\n"
+            "                     and labels (I32 [micro_batch, T]) and logits (F32\n"
+            "                     [micro_batch, T, vocab]), to compare with a reference\n"
+            "                     (e.g. transformers' model(input_ids).logits)\n"
             "\n"
             "It evaluates as the run does (the same code): the micro-batches of\n"
             "train.micro_batch samples, device, precision and train.threads of the recipe.\n"
@@ -207,6 +212,10 @@ static int parse_args(int argc, char **argv, struct tr_eval_flags *fl, int *json
             fl->train_split = strcmp(v, "train") == 0;
         } else if ((v = flag_value(argc, argv, &i, "--batches", &missing))) {
             code = parse_batches(v, &fl->batches);
+        } else if ((v = flag_value(argc, argv, &i, "--logits", &missing))) {
+            if (!*v)
+                return usage_error("--logits needs a file name");
+            fl->logits = v;
         } else if (missing) {
             return usage_error("%s needs a value", a);
         } else if (strcmp(a, "--json") == 0) {

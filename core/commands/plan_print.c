@@ -548,6 +548,10 @@ static void print_warnings(const struct tr_plan *p, FILE *out)
         else
             fprintf(out, "  Parameters, gradients and optimizer state alone need %s: ",
                     fmt_bytes(p->fixed_bytes, a, sizeof a));
+        /* activations grow with the context: the first lever of a long one */
+        if (p->sequence_model && p->fixed_bytes < p->memory_total)
+            fprintf(out, "shorten the context\n  (model.ctx, now %lld tokens a sample), ",
+                    (long long)p->tokens_per_sample);
         if (p->compute == TR_F32)
             fprintf(out, "use a lower\n  precision (precision = \"bf16\"), a smaller model "
                     "(model.dim, model.layers)\n");

@@ -15,6 +15,8 @@
 #include "../engine/peft.h"
 #include "../engine/merge.h"
 #include "../engine/run.h"
+#include "../engine/rundir.h"
+#include "../config/hf_config.h"
 #include "launch.h"
 #include "doctor.h"
 #include "eval.h"
@@ -39,6 +41,33 @@ struct show_derived {
     int64_t params;
 };
 
+/* model = { from = DIR } with a DIR/tokenizer.json: the data must be that
+ * tokenizer's ids (not bytes, not another tokenizer's), which a run checks
+ * as soon as it opens the data; show opens it for that alone.  Data that
+ * cannot be opened yet (not prepared) gets a note: show still shows. */
+static int show_check_data(struct tr_config *cfg, const struct tr_graph *g, uint32_t seq,
+                           tr_err *err)
+{
+    const char *dir = tr_hf_from_dir(cfg->recipe);
+    if (!dir)
+        return TR_OK;
+    char *path = tr_xasprintf("%s/tokenizer.json", dir);
+    struct stat st;
+    int has = stat(path, &st) == 0;
+    free(path);
+    if (!has)
+        return TR_OK;
+    tr_err why = {{0}};
+    struct tr_data_info di;
+    if (tr_config_create_slot(cfg, &cfg->data, seq, &why) != TR_OK ||
+        tr_data_info_of(&cfg->data, &di, &why) != TR_OK) {
+        fprintf(stderr, "trainrun: note: the data is not checked against the tokenizer of %s "
+                "(it cannot be opened: %s)\n", dir, why.msg);
+        return TR_OK;
+    }
+    return tr_check_data_tokenizer(cfg, g, cfg->data.plugin->info->name, &di, 0, err);
+}
+
 /* The checks a run makes before its first step that need no data, device
  * or run directory: the model is built by its builder (unknown or bad model
  * options fail here, at their file:line), and the precision and schedule
@@ -58,7 +87,10 @@ static int show_check(struct tr_config *cfg, struct show_derived *d, tr_err *err
     struct tr_flops f;
     tr_graph_count_flops(g, &f);
     d->params = (int64_t)f.params;
+    int rc = show_check_data(cfg, g, (uint32_t)d->seq_len, err);
     tr_graph_free(g, NULL);
+    if (rc != TR_OK)
+        return TR_ERROR;
     /* train.tokens gives the steps once the sequence length is known, as in
      * the run; train.epochs needs the data, which show does not read */
     if (cfg->train.length_from == TR_LENGTH_TOKENS &&

@@ -559,7 +559,10 @@ static int check_model_keys(const struct hf_model *m, int64_t *ctx, tr_err *err)
     struct tr_value *ctx_v = tr_value_child(m->model, "ctx");
     struct tr_value *build = tr_value_child(m->model, "build");
     char where[600];
-    *ctx = a->ctx;
+    /* a long context planned because config.json allows it is rarely what a
+     * fine-tuning run wants (8192 tokens of Llama 3 plan ~100 GiB): without
+     * model.ctx the context is config.json's, at most TR_HF_DEFAULT_CTX */
+    *ctx = !ctx_v && a->ctx > TR_HF_DEFAULT_CTX ? TR_HF_DEFAULT_CTX : a->ctx;
     if (build) {
         tr_origin_format(&build->origin, where, sizeof where);
         return tr_fail(err, "%s: model.build cannot go with model.from: the architecture is "
@@ -637,6 +640,11 @@ static int rewrite_model(struct tr_recipe *r, const struct hf_model *m, const st
     }
     int t = lua_gettop(L);
     struct tr_origin o = {TR_FROM_RECIPE, m->config_path, 0};
+    char capped[900];
+    snprintf(capped, sizeof capped, "default: %s says %lld (\"%s\"), a from model plans at most "
+             "%d without model.ctx; set model.ctx = %lld for the whole context", m->config_path,
+             (long long)m->a.ctx, source_key(&m->a, "ctx"), TR_HF_DEFAULT_CTX,
+             (long long)m->a.ctx);
     for (size_t i = 0; i < n; i++) {
         lua_pushstring(L, opts[i].key);
         if (opts[i].is_bool)
@@ -647,7 +655,10 @@ static int rewrite_model(struct tr_recipe *r, const struct hf_model *m, const st
         struct tr_value *v = tr_value_child(m->model, opts[i].key);
         if (v && strcmp(opts[i].key, "ctx") == 0)
             continue; /* the recipe's shorter context, with its origin */
-        v = tr_value_new(opts[i].is_bool ? TR_V_BOOL : TR_V_NUMBER, opts[i].key, o);
+        struct tr_origin vo = o;
+        if (strcmp(opts[i].key, "ctx") == 0 && opts[i].value < (double)m->a.ctx) /* capped */
+            vo = (struct tr_origin){TR_FROM_RECIPE, capped, 0}; /* show says why */
+        v = tr_value_new(opts[i].is_bool ? TR_V_BOOL : TR_V_NUMBER, opts[i].key, vo);
         v->boolean = opts[i].is_bool && opts[i].value != 0;
         v->number = opts[i].value;
         tr_value_put(m->model, v);
@@ -669,9 +680,10 @@ static int rewrite_model(struct tr_recipe *r, const struct hf_model *m, const st
     return TR_OK;
 }
 
-int tr_hf_resolve_model(struct tr_recipe *r, tr_err *err)
+int tr_hf_resolve_model(struct tr_recipe *r, int64_t *capped, tr_err *err)
 {
     struct hf_model m = {0};
+    *capped = 0;
     m.model = tr_value_child(tr_recipe_root(r), "model");
     m.from = m.model && m.model->type == TR_V_TABLE ? tr_value_child(m.model, "from") : NULL;
     if (!m.from)
@@ -692,7 +704,10 @@ int tr_hf_resolve_model(struct tr_recipe *r, tr_err *err)
     m.builder = m.a.family == TR_HF_GPT2 ? "gpt" : "llama";
     int64_t ctx;
     struct option opts[24];
+    int had_ctx = tr_value_child(m.model, "ctx") != NULL;
     int rc = check_model_keys(&m, &ctx, err);
+    if (rc == TR_OK && !had_ctx && ctx < m.a.ctx)
+        *capped = m.a.ctx;
     size_t n = rc == TR_OK ? arch_options(&m.a, ctx, opts) : 0;
     if (rc == TR_OK)
         rc = check_arch_keys(&m, opts, n, err);

@@ -56,7 +56,10 @@ void tr_hf_config_write(const struct tr_hf_arch *a, const char *torch_dtype, FIL
  * (so `show` and `plan` show them, from config.json) and in the table the
  * builder runs on.  model.from is left holding the resolved directory.
  * Nothing happens when the model has no `from`. */
-int tr_hf_resolve_model(struct tr_recipe *r, tr_err *err);
+/* Without model.ctx the context is config.json's, at most TR_HF_DEFAULT_CTX
+ * tokens; *capped is then config.json's longer one (else 0), for a note. */
+#define TR_HF_DEFAULT_CTX 2048
+int tr_hf_resolve_model(struct tr_recipe *r, int64_t *capped, tr_err *err);
 /* A directory a recipe names (model.from, lora.from): relative to the
  * directory of the recipe file that wrote it, like extends and include;
  * typed on the command line or absolute, as it is.  Newly allocated. */

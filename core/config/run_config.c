@@ -298,7 +298,16 @@ static int configure_root(struct tr_config *cfg, struct tr_value *root, const ch
         return tr_fail(err, "%s: the recipe has no model (e.g. model = gpt { vocab = 256, ctx = 64, "
                        "layers = 2, heads = 4, dim = 64 })", recipe_path);
     /* model = { from = "DIR" }: the architecture of a Hugging Face directory */
-    return tr_hf_resolve_model(cfg->recipe, err);
+    int64_t capped;
+    if (tr_hf_resolve_model(cfg->recipe, &capped, err) != TR_OK)
+        return TR_ERROR;
+    if (capped > 0 && cfg->rank.rank == 0)
+        tr_log(TR_LOG_INFO, NULL, "note: model.ctx = %d: %s/config.json allows %lld tokens, but "
+               "a from model trains on at most %d unless model.ctx says more (set model.ctx = "
+               "%lld for the whole context; it needs more memory)", TR_HF_DEFAULT_CTX,
+               tr_hf_from_dir(cfg->recipe), (long long)capped, TR_HF_DEFAULT_CTX,
+               (long long)capped);
+    return TR_OK;
 }
 
 /* The core's sections by their schemas.  micro_batch = "auto" is the one

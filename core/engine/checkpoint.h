@@ -126,5 +126,15 @@ int tr_export_weights(const char *checkpoint_dir, enum tr_dtype dtype, const cha
  * directory (config.json + model.safetensors in dtype), from the model
  * state.json records; refused unless the checkpoint verifies. */
 int tr_export_hf(const char *checkpoint_dir, enum tr_dtype dtype, const char *out_dir, tr_err *err);
+/* Beside an export's weights, what from_pretrained and AutoTokenizer read:
+ * the run's tokenizer (RUN/tokenizer.json and tokenizer_config.json, the
+ * one that made its data), else weights_from's; weights_from's
+ * special_tokens_map.json with that same tokenizer; weights_from's
+ * generation_config.json, else one with the data's EOS. */
+int tr_export_hf_extras(const char *checkpoint_dir, const char *weights_from, const char *out_dir,
+                        tr_err *err);
+/* A warning on stderr when dtype rounds the checkpoint's weights (stored:
+ * state.json's weights_dtype). */
+void tr_export_warn_dtype(const char *stored, enum tr_dtype dtype, const char *checkpoint_dir);
 
 #endif

@@ -295,8 +295,9 @@ int tr_export_weights(const char *checkpoint_dir, enum tr_dtype dtype, const cha
                       tr_err *err)
 {
     struct verified v;
-    if (open_verified(&v, checkpoint_dir, 0, 1, err) != TR_OK)
+    if (open_verified(&v, checkpoint_dir, 1, 1, err) != TR_OK)
         return TR_ERROR;
+    tr_export_warn_dtype(tr_json_string(v.state, "weights_dtype"), dtype, checkpoint_dir);
     if (v.layout) { /* sharded: streamed from its blobs */
         int rc = export_layout_weights(&v, dtype, out_path, err);
         close_verified(&v);
@@ -313,6 +314,155 @@ int tr_export_weights(const char *checkpoint_dir, enum tr_dtype dtype, const cha
     free_converted(&c);
     close_verified(&v);
     return rc;
+}
+
+/* ---- what a Hugging Face directory holds beside the weights ------------------ */
+
+static int regular_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* dir/name copied to out_dir/name, replaced atomically: 1 copied, 0 there
+ * is no dir/name, -1 an error (err). */
+static int copy_beside(const char *dir, const char *name, const char *out_dir, tr_err *err)
+{
+    char *src = tr_xasprintf("%s/%s", dir, name);
+    char *dst = tr_xasprintf("%s/%s", out_dir, name);
+    void *text = NULL;
+    size_t size = 0;
+    int rc = 0;
+    if (regular_file(src))
+        rc = tr_ckpt_read_whole(src, &text, &size, err) == TR_OK &&
+                     write_export(dst, text, size, err) == TR_OK ? 1 : -1;
+    free(text);
+    free(src);
+    free(dst);
+    return rc;
+}
+
+/* Do two files hold the same bytes?  0 also when either cannot be read. */
+static int same_contents(const char *a, const char *b)
+{
+    void *x = NULL, *y = NULL;
+    size_t nx = 0, ny = 0;
+    tr_err ignored = {{0}};
+    int same = regular_file(a) && regular_file(b) &&
+               tr_ckpt_read_whole(a, &x, &nx, &ignored) == TR_OK &&
+               tr_ckpt_read_whole(b, &y, &ny, &ignored) == TR_OK && nx == ny &&
+               memcmp(x, y, nx) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+/* The EOS the run's data ends documents with (tokenizer.origin.json's
+ * "eos"), or -1. */
+static long long recorded_eos(const char *run_dir)
+{
+    char *path = tr_xasprintf("%s/tokenizer.origin.json", run_dir);
+    void *text = NULL;
+    size_t size = 0, bad = 0;
+    tr_err ignored = {{0}};
+    long long eos = -1;
+    if (regular_file(path) && tr_ckpt_read_whole(path, &text, &size, &ignored) == TR_OK) {
+        struct tr_json *j = tr_json_parse(text, size, &bad);
+        const struct tr_json *e = j && j->type == TR_JSON_OBJECT ? tr_json_get(j, "eos") : NULL;
+        if (e && e->type == TR_JSON_NUMBER && e->number >= 0 && e->number < 1e9)
+            eos = (long long)e->number;
+        tr_json_free(j);
+    }
+    free(text);
+    free(path);
+    return eos;
+}
+
+/* generation_config.json when the base has none: what transformers derives
+ * from a config.json, with the EOS the data was made with. */
+static int write_generation_config(const char *run_dir, const char *out_dir, tr_err *err)
+{
+    long long eos = recorded_eos(run_dir);
+    char text[128];
+    if (eos >= 0)
+        snprintf(text, sizeof text, "{\n  \"_from_model_config\": true,\n  \"eos_token_id\": %lld\n}\n",
+                 eos);
+    else
+        snprintf(text, sizeof text, "{\n  \"_from_model_config\": true\n}\n");
+    char *dst = tr_xasprintf("%s/generation_config.json", out_dir);
+    int rc = write_export(dst, text, strlen(text), err);
+    free(dst);
+    return rc;
+}
+
+int tr_export_hf_extras(const char *checkpoint_dir, const char *weights_from, const char *out_dir,
+                        tr_err *err)
+{
+    /* checkpoint_dir is RUN/checkpoints/step-N: the run records its tokenizer in RUN */
+    char *checkpoints = tr_dirname(checkpoint_dir), *run = tr_dirname(checkpoints);
+    char *run_tok = tr_xasprintf("%s/tokenizer.json", run);
+    char *base_tok = weights_from ? tr_xasprintf("%s/tokenizer.json", weights_from) : NULL;
+    /* the tokenizer that made the run's data, else the base's (a run of
+     * synthetic ids keeps the base's vocabulary) */
+    const char *tok_dir = regular_file(run_tok) ? run : base_tok && regular_file(base_tok)
+                                                            ? weights_from : NULL;
+    static const char *const tok_files[] = {"tokenizer.json", "tokenizer_config.json"};
+    int rc = TR_OK, copied = 0;
+    for (size_t i = 0; tok_dir && rc == TR_OK && i < TR_ARRAY_LEN(tok_files); i++) {
+        int c = copy_beside(tok_dir, tok_files[i], out_dir, err);
+        rc = c < 0 ? TR_ERROR : TR_OK;
+        copied += c > 0;
+    }
+    /* without a tokenizer_config.json AutoTokenizer would take config.json's
+     * model_type's class (LlamaTokenizerFast adds a <s> this vocabulary may
+     * not have): the plain fast tokenizer reads tokenizer.json as it is */
+    if (rc == TR_OK && tok_dir && copied == 1) {
+        static const char plain[] = "{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\"\n}\n";
+        char *dst = tr_xasprintf("%s/tokenizer_config.json", out_dir);
+        rc = write_export(dst, plain, sizeof plain - 1, err);
+        free(dst);
+    }
+    /* the base's special tokens name ids of the base's tokenizer: only with that one */
+    int special = 0;
+    if (rc == TR_OK && tok_dir && weights_from &&
+        (tok_dir == weights_from || same_contents(run_tok, base_tok))) {
+        special = copy_beside(weights_from, "special_tokens_map.json", out_dir, err);
+        rc = special < 0 ? TR_ERROR : TR_OK;
+    }
+    int generation = 0;
+    if (rc == TR_OK && weights_from) {
+        generation = copy_beside(weights_from, "generation_config.json", out_dir, err);
+        rc = generation < 0 ? TR_ERROR : TR_OK;
+    }
+    if (rc == TR_OK && generation == 0)
+        rc = write_generation_config(run, out_dir, err);
+    if (rc == TR_OK && tok_dir)
+        tr_log(TR_LOG_INFO, NULL, "with the tokenizer of %s (%s%s%s) and generation_config.json",
+               tok_dir == run ? "the run" : weights_from, "tokenizer.json, tokenizer_config.json",
+               special > 0 ? ", " : "",
+               special > 0 ? "special_tokens_map.json" : "");
+    else if (rc == TR_OK)
+        tr_log(TR_LOG_WARN, NULL, "the run records no tokenizer (its data had none, nor has "
+               "model.from): %s has no tokenizer.json; put the one that made the data there for "
+               "AutoTokenizer", out_dir);
+    free(base_tok);
+    free(run_tok);
+    free(run);
+    free(checkpoints);
+    return rc;
+}
+
+/* A export narrower than the checkpoint's weights changes the model: said
+ * on stderr, with the flag that keeps them. */
+void tr_export_warn_dtype(const char *stored, enum tr_dtype dtype, const char *checkpoint_dir)
+{
+    const char *name = dtype == TR_BF16 ? "bf16" : dtype == TR_F16 ? "fp16" : "fp32";
+    if (!stored || strcmp(stored, name) == 0 || dtype == TR_F32)
+        return;
+    tr_log(TR_LOG_WARN, NULL, "exporting the %s weights of %s as %s rounds every one of them: "
+           "the exported model computes other logits than the checkpoint (a loss often a "
+           "percent apart); --dtype %s exports them as they are", stored, checkpoint_dir, name,
+           stored);
 }
 
 int tr_export_hf(const char *checkpoint_dir, enum tr_dtype dtype, const char *out_dir, tr_err *err)
@@ -337,6 +487,11 @@ int tr_export_hf(const char *checkpoint_dir, enum tr_dtype dtype, const char *ou
         tr_ckpt_reader_close(ls.rd);
     } else {
         rc = tr_hf_export(&a, v.st, v.weights_path, out_dir, dtype, err);
+    }
+    if (rc == TR_OK) {
+        tr_export_warn_dtype(tr_json_string(v.state, "weights_dtype"), dtype, checkpoint_dir);
+        rc = tr_export_hf_extras(checkpoint_dir, tr_json_string(v.state, "weights_from"), out_dir,
+                                 err);
     }
     close_verified(&v);
     return rc;

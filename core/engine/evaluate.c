@@ -12,7 +12,11 @@
 #include "checkpoint.h"
 #include "../config/hf_config.h"
 #include "../util/json.h"
+#include "../util/safetensors.h"
 #include "../util/util.h"
+
+#include <errno.h>
+#include <unistd.h>
 
 #include <limits.h>
 #include <math.h>
@@ -88,6 +92,48 @@ static const char **overrides_for(const struct tr_eval_flags *fl, const struct e
 /* The first max_batches micro-batches of split, in order (no shuffle),
  * forward only; rank r evaluates batches r, r + world, ... and the ranks
  * sum what they saw. */
+/* eval --logits FILE: the micro-batch just evaluated as safetensors,
+ * "input_ids" (I32 [B, T]), "labels" (I32, the targets) and "logits" (F32
+ * [B, T, V]), so that a reference (transformers) can run the same ids and
+ * compare; written under a temporary name and renamed. */
+static int write_logits(const struct tr_session *s, const char *path, tr_err *err)
+{
+    const struct tr_graph *g = s->g;
+    if (g->logits < 0 || g->tensors[g->logits].dtype != TR_F32)
+        return tr_fail(err, "--logits %s: the model has no fp32 logits to write", path);
+    const struct tr_tensor *lg = &g->tensors[g->logits], *in = &g->tensors[g->inputs[0]];
+    const struct tr_tensor *tg = &g->tensors[g->inputs[1]];
+    float *logits = tr_xcalloc(lg->numel ? lg->numel : 1, sizeof *logits);
+    tr_be_download(&s->be, logits, lg->data, lg->numel * sizeof(float));
+    struct tr_st_entry e[3] = {
+        {"input_ids", in->dtype, in->ndim, {0}, s->host_inputs, in->numel * 4},
+        {"labels", TR_I32, tg->ndim, {0}, s->host_targets, tg->numel * 4},
+        {"logits", TR_F32, lg->ndim, {0}, logits, lg->numel * sizeof(float)},
+    };
+    for (int d = 0; d < 4; d++) {
+        e[0].shape[d] = d < in->ndim ? in->shape[d] : 0;
+        e[1].shape[d] = d < tg->ndim ? tg->shape[d] : 0;
+        e[2].shape[d] = d < lg->ndim ? lg->shape[d] : 0;
+    }
+    size_t size = 0;
+    void *blob = tr_safetensors_write(e, 3, "{\"producer\":\"trainrun eval --logits\"}", &size);
+    free(logits);
+    char *tmp = tr_xasprintf("%s.tmp-%ld", path, (long)getpid());
+    FILE *f = blob ? fopen(tmp, "wb") : NULL;
+    int ok = f && fwrite(blob, 1, size, f) == size;
+    if (f && fclose(f) != 0)
+        ok = 0;
+    if (ok && rename(tmp, path) != 0)
+        ok = 0;
+    int rc = ok ? TR_OK : tr_fail(err, "--logits: cannot write %s: %s", path,
+                                  blob ? strerror(errno) : "out of memory");
+    if (!ok)
+        remove(tmp);
+    free(tmp);
+    free(blob);
+    return rc;
+}
+
 int tr_session_evaluate(struct tr_session *s, enum tr_split split, uint64_t max_batches,
                         double *loss, double *accuracy, uint64_t *batches, tr_err *err)
 {
@@ -121,6 +167,11 @@ int tr_session_evaluate(struct tr_session *s, enum tr_split split, uint64_t max_
             return TR_ERROR;
         }
         tr_graph_forward(s->g, &s->be);
+        if (i == 0 && s->logits_out && write_logits(s, s->logits_out, err) != TR_OK) {
+            s->g->training = 1;
+            tr_loader_close(val);
+            return TR_ERROR;
+        }
         double w = tr_session_batch_weight(s, tr_session_loss_targets(s));
         sum += tr_session_read_loss(s) * w;
         weights += w;
@@ -249,6 +300,7 @@ int tr_eval(const struct tr_eval_flags *fl, struct tr_eval_result *out, tr_err *
         load_weights(r, &cfg, &ck, out, err) != TR_OK)
         goto done;
     enum tr_split split = fl->train_split ? TR_SPLIT_TRAIN : TR_SPLIT_VAL;
+    r->logits_out = fl->logits;
     if (tr_session_check_split(r, split, 0, err) != TR_OK)
         goto done;
     uint64_t batches = fl->batches ? fl->batches : (uint64_t)cfg.train.eval_batches;

@@ -362,9 +362,15 @@ static int allocate_arenas(struct tr_graph *g, const struct tr_backend *be, cons
         tr_format_bytes((double)m->params + (double)m->grads + (double)l->act_bytes +
                             (double)l->grad_arena + (double)l->in_bytes + (double)m->scratch,
                         need, sizeof need);
+        /* activations grow with the context: with a long one, its length is a lever */
+        const struct tr_tensor *in = &g->tensors[g->inputs[0]];
+        char ctx[120] = "";
+        if (in->dtype == TR_I32 && in->ndim == 2 && in->shape[1] > 1)
+            snprintf(ctx, sizeof ctx, ", shorten the context (model.ctx, now %lld tokens a "
+                     "sample)", (long long)in->shape[1]);
         return tr_fail(err, "out of %s memory: the plan needs %s at micro-batch %d; lower the "
-                       "micro-batch (train.micro_batch) or use micro_batch = \"auto\"",
-                       tr_be_name(be), need, g->batch);
+                       "micro-batch (train.micro_batch)%s or use micro_batch = \"auto\"",
+                       tr_be_name(be), need, g->batch, ctx);
     }
     return TR_OK;
 }

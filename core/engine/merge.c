@@ -153,6 +153,9 @@ int tr_export_merged(const char *checkpoint_dir, enum tr_dtype dtype, const char
         !(file = tr_safetensors_read(blob, size, "the merged weights", err)))
         goto done;
     rc = tr_hf_export(&a, file, "the merged weights", out_dir, dtype, err);
+    if (rc == TR_OK)
+        rc = tr_export_hf_extras(checkpoint_dir, tr_json_string(state, "weights_from"), out_dir,
+                                 err);
 done:
     tr_safetensors_free(file);
     free(blob);

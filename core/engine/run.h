@@ -64,6 +64,8 @@ struct tr_eval_flags {
     const char *checkpoint;     /* run dir, checkpoints dir or one checkpoint; NULL: none */
     int train_split;            /* the training split instead of the validation one */
     uint64_t batches;           /* micro-batches at most; 0: train.eval_batches; UINT64_MAX: all */
+    const char *logits;         /* the first micro-batch's ids and logits into this
+                                 * safetensors file; NULL: none */
 };
 
 struct tr_eval_result {

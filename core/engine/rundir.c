@@ -325,48 +325,97 @@ static char *data_or_model_tokenizer(const struct tr_session *s, int *from_model
     return NULL;
 }
 
-/* Setup's checks of the tokenizer against the model: the model must have a
- * row for every id the tokenizer can produce, and a model = { from = DIR }
- * whose DIR has a tokenizer.json must be trained on data made with that
- * same tokenizer (compared by content: a copy elsewhere is the same). */
-int tr_rundir_check_tokenizer(const struct tr_session *s, tr_err *err)
+/* The ids the model reads and predicts: the token embedding's rows, or
+ * the logits' width when that is smaller; UINT64_MAX when it has neither. */
+static uint64_t model_vocab(const struct tr_graph *g)
 {
-    const char *path = s->data.info.tokenizer;
+    uint64_t vocab = UINT64_MAX;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].op == TR_OP_EMBEDDING && g->nodes[i].in[1] == g->inputs[0])
+            vocab = (uint64_t)g->tensors[g->nodes[i].in[0]].shape[0];
+    if (g->logits >= 0) {
+        const struct tr_tensor *lg = &g->tensors[g->logits];
+        if ((uint64_t)lg->shape[lg->ndim - 1] < vocab)
+            vocab = (uint64_t)lg->shape[lg->ndim - 1];
+    }
+    return vocab;
+}
+
+/* The file:line of a recipe key, for messages. */
+static void key_where(const struct tr_config *cfg, const char *key, char *where, size_t size)
+{
+    struct tr_origin o = {TR_FROM_RECIPE, tr_recipe_path(cfg->recipe), 0};
+    tr_recipe_origin(cfg->recipe, key, &o);
+    tr_origin_format(&o, where, size);
+}
+
+/* Byte ids (text with no tokenizer, a token a byte at most, none of 256 or
+ * more) fed to a model = { from = DIR } whose DIR/tokenizer.json made its
+ * vocabulary: every byte would be read as one of that tokenizer's tokens,
+ * and the loss would measure nothing.  Ids that are not text (synthetic,
+ * for a benchmark) pass. */
+static int check_byte_data(const struct tr_config *cfg, const char *data_name,
+                           const struct tr_data_info *di, uint64_t vocab, tr_err *err)
+{
+    const char *dir = tr_hf_from_dir(cfg->recipe);
+    double bpt = di->bytes_per_token[TR_SPLIT_TRAIN];
+    if (!dir || (di->tokenizer && *di->tokenizer) || di->input_dtype != TR_I32 ||
+        di->classes == 0 || di->classes > 256 || vocab <= 256 || !(bpt > 0 && bpt <= 1.0))
+        return TR_OK;
+    char *path = tr_xasprintf("%s/tokenizer.json", dir);
+    struct stat st;
+    int has = stat(path, &st) == 0 && S_ISREG(st.st_mode);
+    int rc = TR_OK;
+    if (has) {
+        char where[600];
+        tr_origin_format(&cfg->data.origin, where, sizeof where);
+        rc = tr_fail(err, "%s: data '%s' gives byte ids (0 to %u, no tokenizer), but model.from's "
+                     "weights (%s, a vocabulary of %llu) were trained on the ids of %s: the model "
+                     "would read each byte as another token and its loss would mean nothing; "
+                     "tokenize the text with the model's tokenizer (`trainrun prepare FILE -o DIR "
+                     "--tokenizer %s`) and read it with data = { plugin = \"tokens\", train = "
+                     "\"DIR/train_*.bin\", val = \"DIR/val_*.bin\" }", where, data_name,
+                     di->classes - 1, dir, (unsigned long long)vocab, path, path);
+    }
+    free(path);
+    return rc;
+}
+
+int tr_check_data_tokenizer(const struct tr_config *cfg, const struct tr_graph *g,
+                            const char *data_name, const struct tr_data_info *di, int rank,
+                            tr_err *err)
+{
+    uint64_t model = model_vocab(g);
+    if (check_byte_data(cfg, data_name, di, model, err) != TR_OK)
+        return TR_ERROR;
+    const char *path = di->tokenizer;
     if (!path || !*path)
         return TR_OK;
     size_t size = 0;
     char *text = read_whole(path, &size);
     if (!text)
-        return tr_fail(err, "data '%s': cannot read its tokenizer %s: %s", s->data.name, path,
+        return tr_fail(err, "data '%s': cannot read its tokenizer %s: %s", data_name, path,
                        tr_input_strerror(errno));
     tr_err why = {{0}};
     struct tr_tokenizer *tok = tr_tokenizer_parse(text, size, path, &why);
     if (tok) {
         size_t tv = tr_tokenizer_vocab_size(tok);
         tr_tokenizer_free(tok);
-        uint64_t model = s->vocab;
-        if (s->g->logits >= 0) {
-            const struct tr_tensor *lg = &s->g->tensors[s->g->logits];
-            if ((uint64_t)lg->shape[lg->ndim - 1] < model)
-                model = (uint64_t)lg->shape[lg->ndim - 1];
-        }
         if (model < tv) {
             free(text);
             char where[600];
-            struct tr_origin o = {TR_FROM_RECIPE, tr_recipe_path(s->cfg->recipe), 0};
-            tr_recipe_origin(s->cfg->recipe, "model.vocab", &o);
-            tr_origin_format(&o, where, sizeof where);
+            key_where(cfg, "model.vocab", where, sizeof where);
             return tr_fail(err, "%s: the model's vocabulary of %llu tokens is smaller than the "
                            "%zu ids of the tokenizer that made the data (%s): ids it produces "
                            "would index past the token embedding; set model.vocab=%zu (or more)",
                            where, (unsigned long long)model, tv, path, tv);
         }
-    } else if (s->rank == 0) {
+    } else if (rank == 0) {
         /* training needs only the ids; sample will say the same when it decodes */
         tr_log(TR_LOG_WARN, NULL, "the data's tokenizer %s cannot be read here (%s); its vocabulary "
                "is not checked against the model's", path, why.msg);
     }
-    const char *dir = tr_hf_from_dir(s->cfg->recipe);
+    const char *dir = tr_hf_from_dir(cfg->recipe);
     char *theirs_path = dir ? tr_xasprintf("%s/tokenizer.json", dir) : NULL;
     size_t theirs_size = 0;
     char *theirs = theirs_path ? read_whole(theirs_path, &theirs_size) : NULL;
@@ -374,9 +423,7 @@ int tr_rundir_check_tokenizer(const struct tr_session *s, tr_err *err)
     int rc = TR_OK;
     if (differ) {
         char where[600];
-        struct tr_origin o = {TR_FROM_RECIPE, tr_recipe_path(s->cfg->recipe), 0};
-        tr_recipe_origin(s->cfg->recipe, "model.from", &o);
-        tr_origin_format(&o, where, sizeof where);
+        key_where(cfg, "model.from", where, sizeof where);
         /* the advice must be one that works: preparing with the model's file needs a file
          * this trainrun reads */
         tr_err bad = {{0}};
@@ -395,13 +442,18 @@ int tr_rundir_check_tokenizer(const struct tr_session *s, tr_err *err)
         rc = tr_fail(err, "%s: model.from: the weights in %s were trained with the tokenizer %s "
                      "(hash %016llx), but data '%s' was made with another one, %s (hash %016llx): "
                      "the model would read the data's ids as other tokens; %s", where, dir,
-                     theirs_path, (unsigned long long)fnv1a64(theirs, theirs_size), s->data.name,
+                     theirs_path, (unsigned long long)fnv1a64(theirs, theirs_size), data_name,
                      path, (unsigned long long)fnv1a64(text, size), advice);
     }
     free(theirs);
     free(theirs_path);
     free(text);
     return rc;
+}
+
+int tr_rundir_check_tokenizer(const struct tr_session *s, tr_err *err)
+{
+    return tr_check_data_tokenizer(s->cfg, s->g, s->data.name, &s->data.info, s->rank, err);
 }
 
 /* tokenizer_config.json beside the tokenizer src (its eos_token and chat

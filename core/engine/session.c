@@ -152,11 +152,18 @@ static int choose_micro_batch(struct tr_session *s, tr_err *err)
         s->micro_batch = 1;
         return TR_OK;
     }
-    if (m == 0)
+    if (m == 0) {
+        /* activations grow with the context: with a long one, its length is the lever */
+        char ctx[120] = "";
+        const struct tr_value *c = tr_value_get(tr_recipe_root(cfg->recipe), "model.ctx");
+        if (c && c->type == TR_V_NUMBER && c->number > 1)
+            snprintf(ctx, sizeof ctx, "shorten the context (model.ctx, now %.0f tokens a "
+                     "sample), ", c->number);
         return tr_fail(err, "auto micro-batch: even a micro-batch of 1 needs %s, more than the %s "
-                       "usable on %s; %s%suse a smaller model", a, b, s->device.what,
+                       "usable on %s; %s%s%suse a smaller model", a, b, s->device.what, ctx,
                        report.recompute > 0 ? "" : "recompute activations (model.recompute) or ",
                        cfg->train.memory_budget > 0 ? "raise train.memory_budget or " : "");
+    }
     /* pipeline stages idle (P - 1) / (M + P - 1) of a step: the largest
      * micro-batch that fits may leave them one micro-batch to share, so it
      * gives way to a smaller one (dividing the replica's batch) until there
@@ -552,11 +559,13 @@ int tr_session_open(struct tr_session *s, struct tr_config *cfg, enum tr_session
         return open_plan(s, err);
     if (mode == TR_SESSION_WEIGHTS)
         return open_weights(s, err);
+    /* the data against the model's tokenizer before any memory is planned or
+     * weights loaded: a mismatch is the recipe's mistake, found in seconds */
     if (create_plugins(s, seq_len_of(s->g), err) != TR_OK || open_data(s, err) != TR_OK ||
+        tr_rundir_check_tokenizer(s, err) != TR_OK ||
         (training(s) && resolve_steps(s, err) != TR_OK) ||
         (training(s) && tr_session_check_split(s, TR_SPLIT_VAL, 1, err) != TR_OK) ||
-        plan_memory(s, err) != TR_OK ||
-        open_inputs(s, err) != TR_OK || tr_rundir_check_tokenizer(s, err) != TR_OK ||
+        plan_memory(s, err) != TR_OK || open_inputs(s, err) != TR_OK ||
         check_micro_batches(s, err) != TR_OK)
         return TR_ERROR;
     if (training(s) && s->rank == 0 && open_checkpointer(s, err) != TR_OK)
@@ -607,7 +616,7 @@ int tr_session_check_data(struct tr_session *s, tr_err *err)
         if (!s->cfg->data.self &&
             tr_config_create_slot(s->cfg, &s->cfg->data, seq_len_of(s->g), err) != TR_OK)
             return TR_ERROR;
-        if (open_data(s, err) != TR_OK)
+        if (open_data(s, err) != TR_OK || tr_rundir_check_tokenizer(s, err) != TR_OK)
             return TR_ERROR;
     }
     return tr_session_check_split(s, TR_SPLIT_VAL, 1, err);

@@ -70,6 +70,9 @@ struct tr_session {
      * resume, eval or export must find again: "crc32:<hex> <dir>" of the
      * model.from weights loaded, or "seed:<n>" of a base made from the seed */
     char base_identity[64];
+    /* eval --logits FILE: the first micro-batch's ids and logits written
+     * there (safetensors) by tr_session_evaluate; NULL: not */
+    const char *logits_out;
     /* cost: dollars per second of the job, the FLOP/s its devices peak at */
     double usd_per_second, peak_flops, flops_per_token;
 };

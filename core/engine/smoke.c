@@ -65,6 +65,7 @@ struct smoke_fit_input {
     char what[128];                  /* the device, in words */
     int64_t micro_batch;             /* measured at */
     int is_auto, budget;             /* micro_batch = "auto"; train.memory_budget given */
+    int64_t ctx;                     /* model.ctx, 0: none */
 };
 
 static int smoke_memory(const char *recipe, const char *const *overrides, int n_overrides,
@@ -78,6 +79,8 @@ static int smoke_memory(const char *recipe, const char *const *overrides, int n_
         rc = tr_session_open(&s, &cfg, TR_SESSION_PLAN, err);
     if (rc == TR_OK) {
         in->is_auto = cfg.train.auto_micro_batch;
+        const struct tr_value *c = tr_value_get(tr_recipe_root(cfg.recipe), "model.ctx");
+        in->ctx = c && c->type == TR_V_NUMBER && c->number > 1 ? (int64_t)c->number : 0;
         in->micro_batch = s.micro_batch;
         in->budget = cfg.train.memory_budget > 0;
         in->report = s.g->memory;
@@ -103,9 +106,13 @@ static int smoke_fit(const struct smoke_fit_input *in)
     tr_format_bytes(in->have, b, sizeof b);
     if ((double)in->need > (1.0 - TR_MEMORY_MARGIN) * in->have) {
         /* only the levers that are not pulled yet */
-        char advice[256] = "", mb[64] = "";
+        char advice[384] = "", mb[64] = "";
         if (in->micro_batch > 1)
             snprintf(advice, sizeof advice, "lower train.micro_batch (or \"auto\"), ");
+        if (in->ctx > 0) /* activations grow with the context */
+            snprintf(advice + strlen(advice), sizeof advice - strlen(advice),
+                     "shorten the context (model.ctx, now %lld tokens a sample), ",
+                     (long long)in->ctx);
         if (!in->report.recompute)
             snprintf(advice + strlen(advice), sizeof advice - strlen(advice),
                      "recompute activations (model.recompute), ");
