@@ -970,6 +970,30 @@ Test(checkpoint, save_list_get_remove)
     destroy(&p, self);
 }
 
+/* A checkpoint being removed leaves the listing before its files go: one
+ * whose removal stops half-way (here a directory inside, which trainrun
+ * never writes: ENOTEMPTY; a kill -9 in the middle is the case that
+ * matters) is no longer listed as a checkpoint missing its files, and the
+ * leftover is a staging directory the next run cleans up. */
+Test(checkpoint, a_removal_cut_short_leaves_no_half_checkpoint)
+{
+    struct plugin p = load("checkpoint_local");
+    set(&p, "fsync", "false");
+    void *self = create_ok(&p, 0);
+    const struct tr_checkpoint_vtable *vt = p.info->vtable;
+    tr_err err = {{0}};
+    save(&p, self, "step-0000000100", "hundred");
+    save(&p, self, "step-0000000200", "two hundred");
+    cr_assert_eq(mkdir(tmp_path("checkpoints/step-0000000100/user"), 0755), 0);
+    cr_assert_eq(vt->remove(self, "step-0000000100", &err), TR_ERROR);
+    cr_assert(!exists(tmp_path("checkpoints/step-0000000100")),
+              "a half-removed checkpoint stays under its name");
+    struct names names = list_of(&p, self);
+    cr_assert_eq(names.n, 1);
+    cr_assert_str_eq(names.list[0], "step-0000000200");
+    destroy(&p, self);
+}
+
 Test(checkpoint, fsync_and_relative_dir)
 {
     struct plugin p = load("checkpoint_local");

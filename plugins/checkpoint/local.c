@@ -863,6 +863,16 @@ static int local_remove(void *self, const char *name, tr_err *err)
     char *path = path_join(l->dir, name, NULL);
     if (!path)
         return tr_fail(err, "local checkpoint: out of memory");
+    /* out of the listing at once, as a staging directory of this process,
+     * then its files: a crash in between leaves a leftover the next run
+     * removes, never a checkpoint missing half its files */
+    char *doomed = is_owned_dir(path) ? private_path(l, STAGING_PREFIX, name) : NULL;
+    if (doomed && rename(path, doomed) == 0) {
+        free(path);
+        path = doomed;
+    } else {
+        free(doomed);
+    }
     if (remove_tree(path) != 0) {
         int e = errno;
         if (e == EPERM || e == ELOOP || e == ENOTDIR)
