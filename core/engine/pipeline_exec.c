@@ -316,7 +316,7 @@ struct tr_pipe_exec *tr_pipe_exec_new(struct tr_session *s, tr_err *err)
     x->inputs = tr_xcalloc((size_t)x->M, s->input_bytes);
     x->targets = tr_xcalloc((size_t)x->M * s->target_count, sizeof *x->targets);
     x->weight = tr_xcalloc((size_t)x->M, sizeof *x->weight);
-    x->spans = tr_xcalloc((size_t)x->n_ops, sizeof *x->spans);
+    x->spans = tr_xcalloc((size_t)(2 * x->n_ops + 1), sizeof *x->spans);
     if (s->rank == 0) {
         char line[512];
         size_t at = 0;
@@ -534,7 +534,10 @@ int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_lo
                 pack(x, s, rx.cut, 1, x->in, 1);
             else if (rx.peer >= 0) /* data: kept for the backward, and run */
                 be_copy(x, &s->be, x->kept[(op->chunk / x->P) * x->M + op->micro], x->in, rx.bytes);
-            out->waited += tr_now() - tw;
+            double tx = tr_now();
+            out->waited += tx - tw;
+            x->spans[x->n_spans++] = (struct tr_pipe_span){
+                TR_PIPE_SPAN_SENDRECV, op ? op->micro : -1, op ? op->chunk : -1, tw, tx};
         }
         if (!op)
             break;
@@ -566,7 +569,8 @@ int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_lo
         tr_be_synchronize(&s->be);
         double t1 = tr_now();
         out->busy += t1 - t0;
-        x->spans[x->n_spans++] = (struct tr_pipe_span){op->backward, m, c, t0, t1};
+        x->spans[x->n_spans++] = (struct tr_pipe_span){
+            op->backward ? TR_PIPE_SPAN_BACKWARD : TR_PIPE_SPAN_FORWARD, m, c, t0, t1};
         *(op->backward ? &out->backward[c] : &out->forward[c]) += (float)((t1 - t0) / x->M);
         pending = sends(x, op);
     }

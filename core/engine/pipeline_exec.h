@@ -88,9 +88,14 @@ const int *tr_pipe_exec_owners(const struct tr_pipe_exec *x);
  * in place, and after each share.  A backend without discard keeps them. */
 void tr_pipe_exec_release(struct tr_pipe_exec *x, struct tr_session *s);
 
-/* The times of the last step's ops on this stage, for the trace. */
+/* The times of the last step's ops on this stage, for the trace: each
+ * forward and backward, and each send and receive (with the micro-batch
+ * and chunk of the op it comes before; -1 after the last); what is left of
+ * the step between them is the stage's idle time. */
+enum tr_pipe_span_kind { TR_PIPE_SPAN_FORWARD, TR_PIPE_SPAN_BACKWARD, TR_PIPE_SPAN_SENDRECV };
 struct tr_pipe_span {
-    int backward, micro, chunk;
+    enum tr_pipe_span_kind kind;
+    int micro, chunk;
     double t0, t1;
 };
 size_t tr_pipe_exec_spans(const struct tr_pipe_exec *x, const struct tr_pipe_span **spans);

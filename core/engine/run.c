@@ -43,6 +43,7 @@ struct run {
     struct tr_rundir_lock lock;   /* rank 0 */
     struct tr_loader *loader;
     struct tr_pipe_exec *pipe;    /* parallel.pipeline > 1: this rank's stage; else NULL */
+    struct tr_trace *stage_trace; /* a stage but rank 0's: its own trace-rank<r>.json */
     const struct tr_run_flags *flags;
 };
 
@@ -240,6 +241,11 @@ static int start(struct run *r, tr_err *err)
     l->quiet = flags->quiet || r->s.rank != 0;
     l->first_step = l->step;
     l->t_start = tr_now();
+    if (r->pipe && r->s.rank != 0 && cfg->train.trace_every > 0) {
+        char *path = tr_xasprintf("%s/trace-rank%d.json", cfg->run_dir, r->s.rank);
+        r->stage_trace = tr_trace_open(path, l->t_start);
+        free(path);
+    }
     /* one rank reports */
     return r->s.rank == 0 ? tr_journal_open(&r->j, l, flags->resume, err) : TR_OK;
 }
@@ -394,15 +400,22 @@ static int pipeline_step(struct run *r, double scale, double *loss_sum, double *
     l->budget_stop = agree[2] > 0;
     l->pipe_idle = agree[4] > 0 ? 1.0 - agree[3] / agree[4] : NAN;
     l->t_comm += tr_now() - tw;
-    struct tr_trace *trace = r->j.trace;
+    struct tr_trace *trace = r->s.rank == 0 ? r->j.trace : r->stage_trace;
     if (trace && l->step % (uint64_t)s->cfg->train.trace_every == 0) {
+        static const char *const kinds[] = {"forward", "backward", "send/recv before"};
         const struct tr_pipe_span *sp;
         size_t n = tr_pipe_exec_spans(r->pipe, &sp);
         char name[64];
         for (size_t i = 0; i < n; i++) {
-            snprintf(name, sizeof name, "%s micro-batch %d chunk %d", sp[i].backward ? "backward"
-                     : "forward", sp[i].micro, sp[i].chunk);
-            tr_trace_phase(trace, name, l->step, sp[i].t0, sp[i].t1);
+            if (sp[i].micro < 0)
+                snprintf(name, sizeof name, "send/recv after the last op");
+            else
+                snprintf(name, sizeof name, "%s micro-batch %d chunk %d", kinds[sp[i].kind],
+                         sp[i].micro, sp[i].chunk);
+            if (sp[i].kind == TR_PIPE_SPAN_SENDRECV)
+                tr_trace_comm(trace, name, l->step, sp[i].t0, sp[i].t1);
+            else
+                tr_trace_phase(trace, name, l->step, sp[i].t0, sp[i].t1);
         }
     }
     return TR_OK;
@@ -731,6 +744,9 @@ fail:
 out:
     tr_journal_drop(&r->j);
     tr_loader_close(r->loader);
+    if (r->stage_trace && tr_trace_close(r->stage_trace) != 0)
+        tr_log(TR_LOG_WARN, "trace", "rank %d: trace-rank%d.json could not be written whole",
+               r->s.rank, r->s.rank);
     if (r->pipe)
         tr_pipe_exec_free(r->pipe, &r->s.be);
     tr_session_close(&r->s);

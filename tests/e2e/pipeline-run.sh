@@ -20,7 +20,8 @@
 #   - micro_batch = "auto" with stages takes a smaller micro-batch than fits
 #     so that 2 stages share 8 micro-batches of the batch of 8;
 #   - metrics.jsonl has the share of each step the stages sat idle, and
-#     the trace the stage's forwards and backwards per micro-batch;
+#     each stage's trace (trace.json, trace-rank1.json) its forwards,
+#     backwards and sends/receives per micro-batch;
 #   - each of 2 stages of a 27 M Llama keeps less than 70% of what one
 #     process holds resident (its share of the weights, gradients and
 #     optimizer state: about 55%);
@@ -146,13 +147,15 @@ grep -q 'auto micro-batch: 1 (8 fits in .*2 pipeline stages share 8 micro-batche
 
 # the idle share in metrics.jsonl, the stage's ops in the trace
 run traced "$LLAMA" procs=2 parallel.pipeline=2 parallel.schedule=gpipe train.trace_every=10
-python3 - traced/metrics.jsonl traced/trace.json <<'PY' || fail "idle share or trace"
+python3 - traced/metrics.jsonl traced/trace.json traced/trace-rank1.json <<'PY' || fail "idle share or trace"
 import json, sys
 idle = [json.loads(l)["pipeline_idle_pct"] for l in open(sys.argv[1]) if '"pipeline_idle_pct"' in l]
 assert idle and all(0 <= v < 100 for v in idle), idle
-names = [e["name"] for e in json.load(open(sys.argv[2]))["traceEvents"]]
-assert any(n.startswith("forward micro-batch 7 chunk 0") for n in names), names
-assert any(n.startswith("backward micro-batch 0 chunk 0") for n in names), names
+for path, chunk in ((sys.argv[2], 0), (sys.argv[3], 1)):  # each stage its own trace
+    names = [e["name"] for e in json.load(open(path))["traceEvents"]]
+    assert any(n.startswith("forward micro-batch 7 chunk %d" % chunk) for n in names), (path, names)
+    assert any(n.startswith("backward micro-batch 0 chunk %d" % chunk) for n in names), (path, names)
+    assert any(n.startswith("send/recv before") for n in names), (path, names)
 PY
 
 # memory: each stage's share resident, not the whole model
