@@ -77,7 +77,7 @@ static int cmd_run(int argc, char **argv, int first)
         return TR_EXIT_USAGE;
     }
     if (flags.smoke) {
-        int code = tr_smoke(recipe, overrides, n, flags.quiet);
+        int code = tr_smoke(recipe, overrides, n, flags.quiet, tr_launch);
         free(overrides);
         return code;
     }

@@ -168,7 +168,7 @@ static int open_session(struct run *r, tr_err *err)
         return TR_ERROR;
     r->l.s = &r->s;
     /* pipeline stages (the session checked the ranks and the micro-batches) */
-    if (!flags->smoke && cfg->parallel.pipeline > 1 && !(r->pipe = tr_pipe_exec_new(&r->s, err)))
+    if (tr_session_stages(&r->s) && !(r->pipe = tr_pipe_exec_new(&r->s, err)))
         return TR_ERROR;
     if (!flags->quiet && r->s.rank == 0)
         say_plan(r);
@@ -695,6 +695,13 @@ static int finish(struct run *r, tr_err *err)
     struct tr_checkpointer *ckpt = r->s.ckpt;
     if (ckpt && tr_checkpointer_wait(ckpt, err) != TR_OK)
         return TR_ERROR; /* the final checkpoint did not land */
+    /* a smoke run's checkpoint reads back what rank 0 holds: with stages,
+     * every stage's weights (the others' are given back after training) */
+    if (r->flags->smoke && r->pipe &&
+        tr_pipe_exec_share(r->pipe, &r->s, TR_PIPE_SHARE_PARAMS, err) != TR_OK)
+        return TR_ERROR;
+    if (r->flags->smoke && tr_state_gather_params(&r->s, err) != TR_OK) /* sharded parameters */
+        return TR_ERROR;
     if (r->flags->smoke && ckpt && tr_state_round_trip(&r->s, r->l.step, err) != TR_OK)
         return TR_ERROR;
     if (tr_journal_close(&r->j, &r->l, err) != TR_OK)

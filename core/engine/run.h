@@ -23,8 +23,12 @@ struct tr_run_flags {
 /* `trainrun --smoke`: the recipe's memory at its full micro-batch against the
  * target device, then 2 optimizer steps on the CPU with a tiny batch through
  * the real data source and a checkpoint round trip.  Prints "ready to launch"
- * or the failure. */
-int tr_smoke(const char *recipe, const char *const *overrides, int n_overrides, int quiet);
+ * or the failure.  A recipe of several ranks (procs, gpus, a shard level,
+ * pipeline stages) takes its steps on 2 CPU ranks (2 stages), started by
+ * launch(ranks, argv) (the command's launcher) as `--smoke` ranks of their
+ * own, which find the scratch run directory in TRAINRUN_SMOKE_DIR. */
+int tr_smoke(const char *recipe, const char *const *overrides, int n_overrides, int quiet,
+             int (*launch)(int ranks, char *const *argv));
 
 /* Train the configured recipe; returns an exit code. */
 int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags);

@@ -129,6 +129,11 @@ static int gather_params(struct tr_session *s, tr_err *err)
     return rc;
 }
 
+int tr_state_gather_params(struct tr_session *s, tr_err *err)
+{
+    return s->gather ? gather_params(s, err) : TR_OK;
+}
+
 /* ---- sharded checkpoints: every rank writes and reads its own parts ------- */
 
 static struct tr_ckpt_rank ckpt_rank(const struct tr_session *s)

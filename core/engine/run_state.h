@@ -36,8 +36,13 @@ int tr_state_sharded(const struct tr_session *s);
 /* After each rank updated its shard: every rank gets every shard. */
 int tr_state_share_params(struct tr_session *s, tr_err *err);
 
+/* Sharded parameters (level parameters) whole on rank 0; every rank calls
+ * it, and releases them after (tr_gather_release_all).  Nothing to do at
+ * the other levels. */
+int tr_state_gather_params(struct tr_session *s, tr_err *err);
+
 /* A smoke run's check: checkpoint step-<step> read back into fresh buffers
- * holds what the session has. */
+ * holds what the session has (on rank 0: its weights must be whole). */
 int tr_state_round_trip(struct tr_session *s, uint64_t step, tr_err *err);
 
 #endif

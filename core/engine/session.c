@@ -311,7 +311,7 @@ static int plan_memory(struct tr_session *s, tr_err *err)
                "state (parallel.shard = %s)", owned, s->g->n_params,
                level == TR_SHARD_PARAMETERS ? "parameters, gathered unit by unit"
                : level == TR_SHARD_GRADIENTS ? "gradients, reduce-scattered" : "optimizer");
-    if (s->comm && s->replicas > 1 && s->cfg->parallel.pipeline <= 1 &&
+    if (s->comm && s->replicas > 1 && !tr_session_stages(s) &&
         tr_comm_plan_buckets(s->comm, s->g, &s->shard, err) != TR_OK)
         return TR_ERROR;
     if (s->comm && level == TR_SHARD_PARAMETERS)
@@ -487,13 +487,20 @@ static int open_weights(struct tr_session *s, tr_err *err)
     return TR_OK;
 }
 
+int tr_session_stages(const struct tr_session *s)
+{
+    int64_t P = s->cfg->parallel.pipeline;
+    int ranks = s->mode == TR_SESSION_TRAIN || (s->mode == TR_SESSION_SMOKE && s->world > 1);
+    return P > 1 && ranks ? (int)P : 0;
+}
+
 /* parallel.pipeline = P: a training run's ranks are P stages of D
  * data-parallel replicas, procs = P x D (an evaluation, a sample or a smoke
  * run is one process: the stages' arithmetic is its own). */
 static int check_pipeline(struct tr_session *s, tr_err *err)
 {
     const struct tr_parallel_config *par = &s->cfg->parallel;
-    if (par->pipeline <= 1 || s->mode != TR_SESSION_TRAIN)
+    if (!tr_session_stages(s))
         return TR_OK;
     char where[600];
     tr_config_where(s->cfg, "parallel.pipeline", where, sizeof where);
@@ -515,7 +522,7 @@ static int check_pipeline(struct tr_session *s, tr_err *err)
 static int check_micro_batches(struct tr_session *s, tr_err *err)
 {
     const struct tr_parallel_config *par = &s->cfg->parallel;
-    if (par->pipeline <= 1 || s->mode != TR_SESSION_TRAIN)
+    if (!tr_session_stages(s))
         return TR_OK;
     if (par->micro_batches > 0 && par->micro_batches != s->accum) {
         char where[600];

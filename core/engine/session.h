@@ -103,6 +103,11 @@ int tr_session_check_base(const struct tr_session *s, const char *recorded, cons
 
 /* ---- micro-batches on the device (session.c) ------------------------------ */
 
+/* The pipeline stages this session runs (parallel.pipeline, one a rank):
+ * a training run's, or a smoke run's on ranks; 0 when none (a process
+ * alone runs every stage's arithmetic itself). */
+int tr_session_stages(const struct tr_session *s);
+
 /* The loader's next micro-batch, checked (token ids inside the vocabulary)
  * and uploaded into the graph's inputs; *wait (when not NULL) adds the
  * seconds spent waiting for it. */

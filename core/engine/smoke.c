@@ -66,6 +66,7 @@ struct smoke_fit_input {
     int64_t micro_batch;             /* measured at */
     int is_auto, budget;             /* micro_batch = "auto"; train.memory_budget given */
     int64_t ctx;                     /* model.ctx, 0: none */
+    int ranks, stages;               /* the recipe runs on several ranks; with pipeline stages */
 };
 
 static int smoke_memory(const char *recipe, const char *const *overrides, int n_overrides,
@@ -79,6 +80,10 @@ static int smoke_memory(const char *recipe, const char *const *overrides, int n_
         rc = tr_session_open(&s, &cfg, TR_SESSION_PLAN, err);
     if (rc == TR_OK) {
         in->is_auto = cfg.train.auto_micro_batch;
+        in->stages = cfg.parallel.pipeline > 1;
+        in->ranks = in->stages || cfg.parallel.procs > 1 || cfg.parallel.gpus > 1 ||
+                            cfg.parallel.shard_level != TR_SHARD_NONE
+                        ? 2 : 1;
         const struct tr_value *c = tr_value_get(tr_recipe_root(cfg.recipe), "model.ctx");
         in->ctx = c && c->type == TR_V_NUMBER && c->number > 1 ? (int64_t)c->number : 0;
         in->micro_batch = s.micro_batch;
@@ -130,26 +135,12 @@ static int smoke_fit(const struct smoke_fit_input *in)
     return TR_EXIT_OK;
 }
 
-int tr_smoke(const char *recipe, const char *const *overrides, int n_overrides, int quiet)
+/* The smoke steps of the recipe made small in run directory dir, in this
+ * process: alone, or as one of the ranks the parent smoke run launched. */
+static int smoke_steps(const char *recipe, const char *const *overrides, int n_overrides,
+                       const char *dir)
 {
     tr_err err = {{0}};
-    double t0 = tr_now();
-    struct smoke_fit_input fit;
-    memset(&fit, 0, sizeof fit);
-    fprintf(stderr, "smoke: %s\n", recipe);
-    if (smoke_memory(recipe, overrides, n_overrides, &fit, &err) != TR_OK) {
-        fprintf(stderr, "smoke: FAILED: %s\n", err.msg);
-        return TR_EXIT_ERROR;
-    }
-    /* the same recipe, made small: CPU, 2 steps of 2 micro-batches of 1 sample */
-    const char *tmp = getenv("TMPDIR");
-    char *dir = tr_xasprintf("%s/trainrun-smoke.XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(dir)) {
-        fprintf(stderr, "smoke: FAILED: cannot create a scratch directory %s: %s\n", dir,
-                strerror(errno));
-        free(dir);
-        return TR_EXIT_ERROR;
-    }
     char *run_dir = tr_xasprintf("run_dir=%s", dir);
     /* two steps whatever length the recipe asks for (tokens and epochs 0: not set) */
     const char *smoke[] = {"device=cpu", "train.steps=2", "train.tokens=0", "train.epochs=0",
@@ -179,6 +170,61 @@ int tr_smoke(const char *recipe, const char *const *overrides, int n_overrides, 
         tr_value_free(holder);
     free(all);
     free(run_dir);
+    return code;
+}
+
+/* The ranks' smoke steps: 2 CPU ranks over tcp (2 pipeline stages when the
+ * recipe has stages), each `trainrun --smoke` of the same recipe. */
+static int smoke_ranks(const char *recipe, const char *const *overrides, int n_overrides,
+                       const char *dir, int stages, int (*launch)(int, char *const *))
+{
+    const char *extra[] = {"procs=2", "gpus=0", "comm=tcp",
+                           stages ? "parallel.pipeline=2" : "parallel.pipeline=1"};
+    int n = 3 + n_overrides + (int)TR_ARRAY_LEN(extra);
+    char **argv = tr_xcalloc((size_t)n + 1, sizeof *argv);
+    argv[0] = (char *)"trainrun";
+    argv[1] = (char *)"--smoke";
+    argv[2] = (char *)recipe;
+    for (int i = 0; i < n_overrides; i++)
+        argv[3 + i] = (char *)overrides[i];
+    for (size_t i = 0; i < TR_ARRAY_LEN(extra); i++)
+        argv[3 + n_overrides + (int)i] = (char *)extra[i];
+    fprintf(stderr, "smoke: 2 steps on 2 CPU ranks%s\n", stages ? " (2 pipeline stages)" : "");
+    setenv("TRAINRUN_SMOKE_DIR", dir, 1);
+    int code = launch(2, argv);
+    unsetenv("TRAINRUN_SMOKE_DIR");
+    free(argv);
+    return code;
+}
+
+int tr_smoke(const char *recipe, const char *const *overrides, int n_overrides, int quiet,
+             int (*launch)(int ranks, char *const *argv))
+{
+    /* a rank of a smoke run: its steps, in the directory the parent made */
+    const char *given = getenv("TRAINRUN_SMOKE_DIR");
+    if (given && *given && getenv("TRAINRUN_RANK"))
+        return smoke_steps(recipe, overrides, n_overrides, given);
+    tr_err err = {{0}};
+    double t0 = tr_now();
+    struct smoke_fit_input fit;
+    memset(&fit, 0, sizeof fit);
+    fprintf(stderr, "smoke: %s\n", recipe);
+    if (smoke_memory(recipe, overrides, n_overrides, &fit, &err) != TR_OK) {
+        fprintf(stderr, "smoke: FAILED: %s\n", err.msg);
+        return TR_EXIT_ERROR;
+    }
+    /* the same recipe, made small: CPU, 2 steps of 2 micro-batches of 1 sample */
+    const char *tmp = getenv("TMPDIR");
+    char *dir = tr_xasprintf("%s/trainrun-smoke.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "smoke: FAILED: cannot create a scratch directory %s: %s\n", dir,
+                strerror(errno));
+        free(dir);
+        return TR_EXIT_ERROR;
+    }
+    int code = fit.ranks > 1 && launch
+                   ? smoke_ranks(recipe, overrides, n_overrides, dir, fit.stages, launch)
+                   : smoke_steps(recipe, overrides, n_overrides, dir);
     if (nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
         tr_log(TR_LOG_WARN, NULL, "could not remove %s", dir);
     free(dir);

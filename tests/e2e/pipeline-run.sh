@@ -25,6 +25,9 @@
 #   - each of 2 stages of a 27 M Llama keeps less than 70% of what one
 #     process holds resident (its share of the weights, gradients and
 #     optimizer state: about 55%);
+#   - --smoke of a recipe with stages (interleaved, 4 stages) runs its 2
+#     steps on 2 CPU ranks as 2 stages, and one with sharded parameters on
+#     2 ranks, each ending with the checkpoint round trip;
 #   - a stage killed, or stopped (comm.timeout), ends the job within a
 #     bounded time with a message naming it; SIGTERM saves a checkpoint of
 #     the whole model (exit 75) that resumes on 2 stages;
@@ -171,6 +174,20 @@ assert len(stages) == 2, stages
 assert all(v < 0.7 * one for v in stages), (one, stages)
 print("stage memory: one process %.0f MiB, stages %s MiB" % (one, stages))
 PY
+
+# --smoke: ranks for a recipe of ranks
+for lever in "parallel.pipeline=4 model.layers=4 parallel.schedule=interleaved parallel.virtual_stages=2" \
+             "parallel.shard=parameters procs=4"; do
+  # shellcheck disable=SC2086
+  "$TRAINRUN" --smoke "$LLAMA" $lever > smoke.log 2>&1 || { cat smoke.log; fail "--smoke $lever"; }
+  case $lever in
+    parallel.pipeline*) want="2 steps on 2 CPU ranks (2 pipeline stages)" ;;
+    *) want="2 steps on 2 CPU ranks" ;;
+  esac
+  grep -qF "smoke: $want" smoke.log && grep -q "rank 0 of 2" smoke.log &&
+    grep -q "checkpoint round trip ok" smoke.log && grep -q "ready to launch" smoke.log ||
+    { cat smoke.log; fail "--smoke $lever: not on 2 ranks"; }
+done
 
 # faults: the job's launcher ($1 of "start"); its ranks are its children
 start() { # NAME overrides...: a long run in the background; $pid, $r1 (rank 1)
