@@ -70,3 +70,25 @@ PY
     done
 done
 say "CPU: $(lscpu | sed -n 's/^Model name: *//p'), 2 stages, one thread each"
+
+# more stages than this machine has cores: the plan's simulator, fed with
+# the chunks' FLOPs (the run's, above, is fed with measured times)
+printf '\n| stages | schedule | M | simulated idle (plan, FLOPs) | theory |\n|---:|---|---:|---:|---:|\n'
+for p in 4 8; do
+    for sch in "${schedules[@]}"; do
+        extra="" v=1
+        if [ "$sch" = interleaved ]; then
+            extra="parallel.virtual_stages=2"
+            v=2
+        fi
+        m=$((4 * p))
+        # shellcheck disable=SC2086
+        line=$("$TRAINRUN" plan "$root/tests/config/tiny_llama.lua" model.dim=128 model.ffn_dim=384 \
+            model.layers=16 model.ctx=128 parallel.pipeline=$p parallel.schedule="$sch" $extra \
+            train.batch=$m train.micro_batch=1 2>/dev/null | grep '^  bubble')
+        sim=$(echo "$line" | sed -n 's/.*; \([0-9.]*%\) simulated.*/\1/p')
+        theory=$(echo "$line" | sed -n 's/.* \([0-9.]*%\) of the devices.*/\1/p')
+        printf '| %d | %s | %d | %s | %s |\n' "$p" "$sch" "$m" "${sim:-?}" "${theory:-?}"
+    done
+done
+say "(a Llama of 16 blocks, dim 128, for the plan; its head and embedding make the cut uneven)"
