@@ -364,15 +364,20 @@ int tr_hf_config_read(const char *dir, struct tr_hf_arch *a, tr_err *err)
     return rc;
 }
 
-/* The shortest decimal that reads back as the same double. */
-static void write_real(FILE *out, double x)
+/* The shortest decimal that reads back as the same double, into buf. */
+static void shortest(char buf[40], double x)
 {
-    char buf[40];
     for (int p = 1; p <= 17; p++) {
-        snprintf(buf, sizeof buf, "%.*g", p, x);
+        snprintf(buf, 40, "%.*g", p, x);
         if (strtod(buf, NULL) == x)
             break;
     }
+}
+
+static void write_real(FILE *out, double x)
+{
+    char buf[40];
+    shortest(buf, x);
     /* JSON readers take 1e-05; Python would make 10000 an int, which config
      * classes accept as well */
     fputs(buf, out);
@@ -383,11 +388,7 @@ static void write_real(FILE *out, double x)
 static void write_float(FILE *out, double x)
 {
     char buf[40];
-    for (int p = 1; p <= 17; p++) {
-        snprintf(buf, sizeof buf, "%.*g", p, x);
-        if (strtod(buf, NULL) == x)
-            break;
-    }
+    shortest(buf, x);
     fputs(buf, out);
     if (!strpbrk(buf, ".eEn"))
         fputs(".0", out);

@@ -54,6 +54,15 @@ static int *params_by_offset(const struct tr_graph *g, int *n)
     return idx;
 }
 
+static void push_piece(struct piece **p, size_t *n, size_t *cap, struct piece x)
+{
+    if (*n == *cap) {
+        *cap = *cap ? 2 * *cap : 64;
+        *p = tr_xrealloc(*p, *cap * sizeof **p);
+    }
+    (*p)[(*n)++] = x;
+}
+
 /* Rank q's entries, in the order of its blob: its parts (shard.h) of the
  * weights and of every state slot, split where tensors end, or the
  * tensors it owns whole (r->owner); rank 0 also every buffer whole. */
@@ -71,14 +80,10 @@ static size_t plan_rank(const struct tr_ckpt_rank *r, int q, const float *params
             const struct tr_tensor *t = &g->tensors[sorted[j]];
             if (r->owner[sorted[j]] != q || t->numel == 0)
                 continue;
-            if (n == cap) {
-                cap = cap ? 2 * cap : 64;
-                p = tr_xrealloc(p, cap * sizeof *p);
-            }
             const float *src = NULL;
             if (params)
                 src = (s == 0 ? params : slots[s - 1]) + t->offset;
-            p[n++] = (struct piece){s, sorted[j], 0, t->numel, src};
+            push_piece(&p, &n, &cap, (struct piece){s, sorted[j], 0, t->numel, src});
         }
     for (int s = 0; !r->owner && s < n_slots; s++) {
         size_t at = 0; /* this slot's packed position */
@@ -94,14 +99,11 @@ static size_t plan_rank(const struct tr_ckpt_rank *r, int q, const float *params
                 size_t e = t->offset + t->numel < part.end ? t->offset + t->numel : part.end;
                 if (b >= e)
                     continue;
-                if (n == cap) {
-                    cap = cap ? 2 * cap : 64;
-                    p = tr_xrealloc(p, cap * sizeof *p);
-                }
                 const float *src = NULL;
                 if (params)
                     src = s == 0 ? params + b : slots[s - 1] + at + (b - part.begin);
-                p[n++] = (struct piece){s, sorted[j], b - t->offset, e - t->offset, src};
+                push_piece(&p, &n, &cap,
+                           (struct piece){s, sorted[j], b - t->offset, e - t->offset, src});
             }
             at += part.end - part.begin;
         }
@@ -110,11 +112,8 @@ static size_t plan_rank(const struct tr_ckpt_rank *r, int q, const float *params
         const struct tr_tensor *t = &g->tensors[i];
         if (t->role != TR_ROLE_BUFFER || t->numel == 0)
             continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 64;
-            p = tr_xrealloc(p, cap * sizeof *p);
-        }
-        p[n++] = (struct piece){0, i, 0, t->numel, params ? g->buffers + t->offset : NULL};
+        push_piece(&p, &n, &cap,
+                   (struct piece){0, i, 0, t->numel, params ? g->buffers + t->offset : NULL});
     }
     free(sorted);
     *out = p;
