@@ -124,7 +124,7 @@ Test(session, eval_and_sample_plan_forward_only, .init = environment, .fini = cl
     const char *o[] = {"model.layers=3", "train.micro_batch=4", "train.batch=4"};
     enum tr_session_mode modes[] = {TR_SESSION_TRAIN, TR_SESSION_EVAL, TR_SESSION_SAMPLE};
     double loss[3], accuracy[3];
-    size_t kept[3];
+    size_t kept[3], measured = 0;
     for (int i = 0; i < 3; i++) {
         struct tr_config cfg;
         struct tr_session s;
@@ -133,7 +133,13 @@ Test(session, eval_and_sample_plan_forward_only, .init = environment, .fini = cl
         cr_assert_eq(tr_session_open(&s, &cfg, modes[i], &err), TR_OK, "%s", err.msg);
         const struct tr_memory_report *m = &s.g->memory;
         kept[i] = m->activations + m->saved;
-        if (i > 0) {
+        if (i == 0) { /* plan's number for eval: what an eval session allocates */
+            struct tr_memory_report before = *m;
+            measured = tr_graph_measure_forward(s.g, &s.be);
+            cr_assert(memcmp(&before, m, sizeof before) == 0, "measuring changed the plan");
+        } else {
+            cr_assert_eq(tr_graph_memory_total(m), measured, "mode %d allocates %zu, plan says %zu",
+                         (int)modes[i], tr_graph_memory_total(m), measured);
             cr_assert_null(s.g->grads, "mode %d allocated parameter gradients", (int)modes[i]);
             cr_assert_eq(m->grads + m->optimizer + m->activation_grads + m->saved, 0,
                          "mode %d plans gradients, optimizer state or saved tensors",

@@ -43,6 +43,8 @@ int tr_graph_plan_forward(struct tr_graph *g, const struct tr_backend *be, tr_er
 /* tr_graph_plan's plan, measured only: fills g->memory, allocates nothing (what a
  * recipe would need on a device this machine does not have). */
 void tr_graph_measure(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots);
+/* tr_graph_plan_forward's total, measured only; g->memory keeps what it held. */
+size_t tr_graph_measure_forward(struct tr_graph *g, const struct tr_backend *be);
 
 /* Deterministic parameter initialisation from a seed (same values on every backend). */
 void tr_graph_init_params(struct tr_graph *g, const struct tr_backend *be, uint64_t seed);

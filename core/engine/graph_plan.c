@@ -531,6 +531,17 @@ void tr_graph_measure(struct tr_graph *g, const struct tr_backend *be, int optim
     plan(g, be, optimizer_slots, 0, 0, &ignored);
 }
 
+size_t tr_graph_measure_forward(struct tr_graph *g, const struct tr_backend *be)
+{
+    tr_err ignored;
+    struct tr_memory_report kept = g->memory;
+    plan_storage(g);
+    plan(g, be, 0, 0, 1, &ignored);
+    size_t total = tr_graph_memory_total(&g->memory);
+    g->memory = kept; /* the offsets are the same either way: only the report differs */
+    return total;
+}
+
 /* ---- the memory report ---------------------------------------------------- */
 
 size_t tr_memory_rows(const struct tr_memory_report *m, struct tr_memory_row rows[TR_MEMORY_ROWS])
