@@ -1,7 +1,9 @@
 /* Autodiff and the one-time memory plan: which tensors carry gradients,
  * where every tensor, gradient and arena lives (all allocated up front, the
  * activation gradients packed by lifetime), each gradient's first writer in
- * backward, and the memory report by class. */
+ * backward, and the memory report by class.  A graph that only runs
+ * forward (eval, sample) gets a plan of its own: no gradients, and its
+ * activations packed by their lifetimes in forward (place_forward). */
 #include "graph.h"
 #include "backend.h"
 #include "graph_internal.h"
