@@ -117,6 +117,50 @@ Test(session, auto_plan_and_the_fit_search_agree, .init = environment, .fini = c
                  (long long)picked[1]);
 }
 
+Test(session, eval_and_sample_plan_forward_only, .init = environment, .fini = cleanup)
+{
+    /* three blocks: a forward-only plan reuses one block's memory for the
+     * next, so its activations come to well under the training plan's */
+    const char *o[] = {"model.layers=3", "train.micro_batch=4", "train.batch=4"};
+    enum tr_session_mode modes[] = {TR_SESSION_TRAIN, TR_SESSION_EVAL, TR_SESSION_SAMPLE};
+    double loss[3], accuracy[3];
+    size_t kept[3], measured = 0;
+    for (int i = 0; i < 3; i++) {
+        struct tr_config cfg;
+        struct tr_session s;
+        tr_err err = {{0}};
+        load(&cfg, o, 3);
+        cr_assert_eq(tr_session_open(&s, &cfg, modes[i], &err), TR_OK, "%s", err.msg);
+        const struct tr_memory_report *m = &s.g->memory;
+        kept[i] = m->activations + m->saved;
+        if (i == 0) { /* plan's number for eval: what an eval session allocates */
+            struct tr_memory_report before = *m;
+            measured = tr_graph_measure_forward(s.g, &s.be);
+            cr_assert(memcmp(&before, m, sizeof before) == 0, "measuring changed the plan");
+        } else {
+            cr_assert_eq(tr_graph_memory_total(m), measured, "mode %d allocates %zu, plan says %zu",
+                         (int)modes[i], tr_graph_memory_total(m), measured);
+            cr_assert_null(s.g->grads, "mode %d allocated parameter gradients", (int)modes[i]);
+            cr_assert_eq(m->grads + m->optimizer + m->activation_grads + m->saved, 0,
+                         "mode %d plans gradients, optimizer state or saved tensors",
+                         (int)modes[i]);
+            for (int t = 0; t < s.g->n_tensors; t++)
+                cr_assert_null(s.g->tensors[t].grad, "%s has a gradient", s.g->tensors[t].name);
+        }
+        /* the same weights (the seed) and batches: the same numbers */
+        cr_assert_eq(tr_session_evaluate(&s, TR_SPLIT_VAL, 3, &loss[i], &accuracy[i], NULL, &err),
+                     TR_OK, "%s", err.msg);
+        tr_session_close(&s);
+        tr_config_free(&cfg);
+    }
+    for (int i = 1; i < 3; i++) {
+        cr_assert_lt((double)kept[i], 0.6 * (double)kept[0], "forward only keeps %zu bytes of "
+                     "activations, training %zu", kept[i], kept[0]);
+        cr_assert(loss[i] == loss[0] && (accuracy[i] == accuracy[0] || isnan(accuracy[0])),
+                  "forward only: loss %.9g, training plan %.9g", loss[i], loss[0]);
+    }
+}
+
 Test(fit, shares_the_batch_among_the_devices)
 {
     cr_assert_eq(tr_fit_per_device(64, 1), 64);

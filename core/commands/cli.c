@@ -157,6 +157,21 @@ int tr_cli_flag_u64(const char *flag, const char *text, uint64_t *out)
     return 0;
 }
 
+/* --temperature: 0 is a value of its own (greedy), so 0 or more */
+int tr_cli_flag_temperature(const char *flag, const char *text, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (end == text || *end || errno || !isfinite(v) || !(v >= 0)) {
+        fprintf(stderr, "trainrun: error: %s takes a number of 0 or more (0: greedy, the "
+                "likeliest token each time), not '%s'\n", flag, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
 int tr_cli_flag_positive(const char *flag, const char *text, double *out)
 {
     char *end;

@@ -21,6 +21,7 @@ int tr_cli_overrides(int argc, char **argv, int first, const char ***overrides, 
 int tr_cli_flag_int(const char *flag, const char *text, long long lo, long long hi, long long *out);
 int tr_cli_flag_u64(const char *flag, const char *text, uint64_t *out);
 int tr_cli_flag_positive(const char *flag, const char *text, double *out);
+int tr_cli_flag_temperature(const char *flag, const char *text, double *out); /* 0 or more */
 
 /* The subcommands main.c runs itself (subcommands.c); argv as main's. */
 int tr_cmd_show(int argc, char **argv);

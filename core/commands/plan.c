@@ -239,6 +239,7 @@ static int plan_memory(struct tr_plan *p, const struct tr_session *s, tr_err *er
         return TR_ERROR;
     p->bytes_per_sample = ((double)total2 - p->memory_total) / (double)p->micro_batch;
     p->fixed_bytes = p->memory_total - p->bytes_per_sample * (double)p->micro_batch;
+    p->forward_bytes = (double)tr_graph_measure_forward(s->g, &s->be);
     p->device_bytes = s->device.bytes;
     snprintf(p->device, sizeof p->device, "%s", s->device.what);
     p->usable_bytes = s->device.usable;

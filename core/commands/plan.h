@@ -51,6 +51,7 @@ struct tr_plan {
     struct tr_memory_report memory;
     double memory_total;
     double bytes_per_sample, fixed_bytes; /* memory ≈ fixed + micro-batch × per sample */
+    double forward_bytes;   /* eval's and sample's plan at the micro-batch: forward only */
     /* compute-optimal (Chinchilla) */
     double optimal_tokens, optimal_flops, optimal_steps, trained_factor;
     /* hardware, when cost.hardware is set */

@@ -259,6 +259,8 @@ static void print_memory(const struct tr_plan *p, FILE *out)
     row(out, "total", "%12s", fmt_bytes(p->memory_total, a, sizeof a));
     row(out, "grows as", "%s + %s per sample of micro-batch", fmt_bytes(p->fixed_bytes, a, sizeof a),
         fmt_bytes(p->bytes_per_sample, b, sizeof b));
+    row(out, "eval", "%12s  (forward only: no gradients or optimizer state, activations "
+        "reused; sample: one sequence)", fmt_bytes(p->forward_bytes, a, sizeof a));
     if (p->compute != TR_F32) {
         row(out, "", "(precision %s: activations in %s storage on every backend, half the "
             "bytes;", p->precision, tr_dtype_name(p->compute));

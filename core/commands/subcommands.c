@@ -262,7 +262,9 @@ void tr_sample_help(FILE *out)
             "  --prompt TEXT      the text to continue (default: a newline; empty: from the\n"
             "                     tokenizer's BOS, else its EOS, as a new document starts)\n"
             "  --tokens N         tokens to sample at most (default 200)\n"
-            "  --temperature T    softmax temperature (default 0.8)\n"
+            "  --temperature T    softmax temperature (default 0.8); 0 is greedy: the\n"
+            "                     likeliest token each time (the first of equals), no\n"
+            "                     draw, so --seed and --top-k change nothing\n"
             "  --top-k K          sample among the K likeliest tokens (default 0: all)\n"
             "  --seed N           the generator's seed: the same flags give the same text\n"
             "  --ids              the prompt is token ids (\"15496 11 995\") and the output too,\n"
@@ -321,7 +323,7 @@ int tr_cmd_sample(int argc, char **argv)
         else if (strcmp(a, "--tokens") == 0)
             bad = tr_cli_flag_int(a, v, 0, 1000000, &n), f.tokens = (int)n;
         else if (strcmp(a, "--temperature") == 0)
-            bad = tr_cli_flag_positive(a, v, &f.temperature);
+            bad = tr_cli_flag_temperature(a, v, &f.temperature);
         else if (strcmp(a, "--top-k") == 0)
             bad = tr_cli_flag_int(a, v, 0, 1 << 24, &n), f.top_k = (int)n;
         else if (strcmp(a, "--seed") == 0)

@@ -33,9 +33,18 @@ int tr_graph_check(struct tr_graph *g, tr_err *err);
 int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots,
                   tr_err *err);
 
-/* The same plan, measured only: fills g->memory, allocates nothing (what a
+/* The plan of a graph that only runs forward (eval, sample, export
+ * --merge): no parameter or activation gradients (every grad NULL), no
+ * optimizer state, and the activations and saved tensors packed by their
+ * spans in forward (tensors no later node reads share memory), the loss
+ * and logits kept.  tr_graph_backward must not run on it. */
+int tr_graph_plan_forward(struct tr_graph *g, const struct tr_backend *be, tr_err *err);
+
+/* tr_graph_plan's plan, measured only: fills g->memory, allocates nothing (what a
  * recipe would need on a device this machine does not have). */
 void tr_graph_measure(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots);
+/* tr_graph_plan_forward's total, measured only; g->memory keeps what it held. */
+size_t tr_graph_measure_forward(struct tr_graph *g, const struct tr_backend *be);
 
 /* Deterministic parameter initialisation from a seed (same values on every backend). */
 void tr_graph_init_params(struct tr_graph *g, const struct tr_backend *be, uint64_t seed);

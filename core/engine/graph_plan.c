@@ -1,7 +1,9 @@
 /* Autodiff and the one-time memory plan: which tensors carry gradients,
  * where every tensor, gradient and arena lives (all allocated up front, the
  * activation gradients packed by lifetime), each gradient's first writer in
- * backward, and the memory report by class. */
+ * backward, and the memory report by class.  A graph that only runs
+ * forward (eval, sample) gets a plan of its own: no gradients, and its
+ * activations packed by their lifetimes in forward (place_forward). */
 #include "graph.h"
 #include "backend.h"
 #include "graph_internal.h"
@@ -172,7 +174,8 @@ static int *gradient_flow(const struct tr_graph *g)
  * norm's running statistics): fp32 state beside the parameters, in their
  * own array; counted in the parameters row, as they are model state a
  * checkpoint holds, never trained */
-static void place_params(struct tr_graph *g, int optimizer_slots, struct tr_memory_report *m)
+static void place_params(struct tr_graph *g, int optimizer_slots, int forward_only,
+                         struct tr_memory_report *m)
 {
     g->n_params = 0;
     for (int pass = 0; pass < 2; pass++)
@@ -185,7 +188,8 @@ static void place_params(struct tr_graph *g, int optimizer_slots, struct tr_memo
             if (pass == 0)
                 g->n_decay = g->n_params;
         }
-    m->grads = g->n_params * sizeof(float);
+    /* forward only: no gradient and no optimizer state for them */
+    m->grads = forward_only ? 0 : g->n_params * sizeof(float);
     m->optimizer = tr_sat_mul((size_t)optimizer_slots, m->grads);
     g->n_buffers = 0;
     for (int i = 0; i < g->n_tensors; i++)
@@ -295,6 +299,54 @@ static void place_activations(const struct tr_graph *g, struct layout *l,
     free(segment_bytes);
 }
 
+/* Forward only (eval, sample): nothing waits for a backward, so every
+ * activation and saved tensor lives from its producer to its last reader
+ * in forward (a saved tensor, read by no other node, for its own node
+ * alone), and tensors whose spans do not overlap share memory: the arena
+ * holds the widest cut through the forward, about one block's worth,
+ * instead of every block's.  The loss and the logits, read after forward,
+ * keep slots of their own; recompute segments mean nothing without a
+ * backward.  Inputs in their arena, as for training. */
+static void place_forward(const struct tr_graph *g, struct layout *l, struct tr_memory_report *m)
+{
+    l->slot = tr_xcalloc((size_t)g->n_tensors, sizeof *l->slot);
+    l->shared = tr_xcalloc((size_t)g->n_tensors, sizeof *l->shared);
+    int *last = tr_xcalloc((size_t)g->n_tensors, sizeof *last);
+    for (int i = 0; i < g->n_tensors; i++)
+        last[i] = g->tensors[i].producer;
+    for (int j = 0; j < g->n_nodes; j++)
+        for (int k = 0; k < g->nodes[j].n_in; k++) {
+            int t = g->nodes[j].in[k];
+            if (t >= 0 && t < g->n_tensors && j > last[t])
+                last[t] = j;
+        }
+    struct interval *spans = tr_xcalloc((size_t)g->n_tensors + 1, sizeof *spans);
+    int n_spans = 0;
+    for (int i = 0; i < g->n_tensors; i++) {
+        const struct tr_tensor *t = &g->tensors[i];
+        size_t bytes = align64(t->numel * tr_dtype_size(t->dtype));
+        if (t->role == TR_ROLE_INPUT) {
+            l->slot[i] = l->in_bytes;
+            l->in_bytes = tr_sat_add(l->in_bytes, bytes);
+        } else if (t->role != TR_ROLE_ACTIVATION && t->role != TR_ROLE_SAVED) {
+            continue;
+        } else if (t->producer < 0 || i == g->loss || i == g->logits) {
+            l->slot[i] = l->act_bytes;
+            l->act_bytes = tr_sat_add(l->act_bytes, bytes);
+        } else {
+            spans[n_spans++] = (struct interval){i, t->producer, last[i], bytes, 0};
+        }
+    }
+    size_t packed = pack_intervals(spans, n_spans);
+    for (int k = 0; k < n_spans; k++)
+        l->slot[spans[k].tensor] = l->act_bytes + spans[k].offset;
+    l->act_bytes = tr_sat_add(l->act_bytes, packed);
+    m->activations = l->act_bytes; /* the saved ones are transient too: no row of their own */
+    m->inputs = l->in_bytes;
+    free(spans);
+    free(last);
+}
+
 /* activation gradients: live from their first writer (the last consumer,
  * first in backward) to their producer's backward; buffers with disjoint
  * lifetimes share memory. */
@@ -347,7 +399,7 @@ static int allocate_arenas(struct tr_graph *g, const struct tr_backend *be, cons
 {
     const struct tr_memory_report *m = &g->memory;
     g->params = tr_be_alloc(be, m->params);
-    g->grads = tr_be_alloc(be, m->grads);
+    g->grads = m->grads ? tr_be_alloc(be, m->grads) : NULL; /* none forward only */
     g->activation_arena = tr_be_alloc(be, l->act_bytes);
     g->grad_arena = l->grad_arena ? tr_be_alloc(be, l->grad_arena) : NULL;
     g->input_arena = tr_be_alloc(be, l->in_bytes);
@@ -355,7 +407,7 @@ static int allocate_arenas(struct tr_graph *g, const struct tr_backend *be, cons
     g->recompute_arena = m->recompute ? tr_be_alloc(be, m->recompute) : NULL;
     g->buffers = g->n_buffers ? tr_be_alloc(be, g->n_buffers * sizeof(float)) : NULL;
     g->frozen = g->frozen_bytes ? tr_be_alloc(be, g->frozen_bytes) : NULL;
-    if (!g->params || !g->grads || !g->activation_arena || (l->grad_arena && !g->grad_arena) ||
+    if (!g->params || (m->grads && !g->grads) || !g->activation_arena || (l->grad_arena && !g->grad_arena) ||
         (g->n_buffers && !g->buffers) || (g->frozen_bytes && !g->frozen) ||
         !g->input_arena || (g->scratch_floats && !g->scratch) || (m->recompute && !g->recompute_arena)) {
         char need[32];
@@ -383,7 +435,7 @@ static void bind_tensors(struct tr_graph *g, const struct layout *l)
         switch (t->role) {
         case TR_ROLE_PARAM:
             t->data = g->params + t->offset;
-            t->grad = g->grads + t->offset;
+            t->grad = g->grads ? g->grads + t->offset : NULL;
             break;
         case TR_ROLE_INPUT:
             t->data = (char *)g->input_arena + l->slot[i];
@@ -407,16 +459,22 @@ static void bind_tensors(struct tr_graph *g, const struct layout *l)
 /* The plan: the memory report always, and with allocate the arenas and each
  * tensor's place in them, then each gradient's first writer. */
 static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots, int allocate,
-                tr_err *err)
+                int forward_only, tr_err *err)
 {
     struct tr_memory_report *m = &g->memory;
     memset(m, 0, sizeof *m);
     struct layout l;
     memset(&l, 0, sizeof l);
-    l.needs = gradient_flow(g);
-    place_params(g, optimizer_slots, m);
-    place_activations(g, &l, m);
-    place_activation_grads(g, &l, m);
+    if (forward_only) {
+        l.needs = tr_xcalloc((size_t)g->n_tensors, sizeof *l.needs);
+        place_params(g, 0, 1, m);
+        place_forward(g, &l, m);
+    } else {
+        l.needs = gradient_flow(g);
+        place_params(g, optimizer_slots, 0, m);
+        place_activations(g, &l, m);
+        place_activation_grads(g, &l, m);
+    }
     size_scratch(g, be, m);
     int rc = TR_OK;
     if (allocate) {
@@ -444,7 +502,8 @@ static int runs_on(const struct tr_graph *g, const struct tr_node *n, const stru
     return tr_be_supports_op(be, g, n);
 }
 
-int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots, tr_err *err)
+static int checked_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots,
+                        int forward_only, tr_err *err)
 {
     plan_storage(g);
     /* frozen weights in 16 or 4 bits need a backend that stores them */
@@ -460,14 +519,35 @@ int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer
                            "support op %s on these tensor types; choose another device",
                            tr_be_name(be), tr_op_name(g->nodes[i].op), g->nodes[i].name,
                            tr_op_name(g->nodes[i].op));
-    return plan(g, be, optimizer_slots, 1, err);
+    return plan(g, be, optimizer_slots, 1, forward_only, err);
+}
+
+int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots, tr_err *err)
+{
+    return checked_plan(g, be, optimizer_slots, 0, err);
+}
+
+int tr_graph_plan_forward(struct tr_graph *g, const struct tr_backend *be, tr_err *err)
+{
+    return checked_plan(g, be, 0, 1, err);
 }
 
 void tr_graph_measure(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots)
 {
     tr_err ignored;
     plan_storage(g);
-    plan(g, be, optimizer_slots, 0, &ignored);
+    plan(g, be, optimizer_slots, 0, 0, &ignored);
+}
+
+size_t tr_graph_measure_forward(struct tr_graph *g, const struct tr_backend *be)
+{
+    tr_err ignored;
+    struct tr_memory_report kept = g->memory;
+    plan_storage(g);
+    plan(g, be, 0, 0, 1, &ignored);
+    size_t total = tr_graph_memory_total(&g->memory);
+    g->memory = kept; /* the offsets are the same either way: only the report differs */
+    return total;
 }
 
 /* ---- the memory report ---------------------------------------------------- */

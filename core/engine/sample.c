@@ -1,9 +1,12 @@
 /* `trainrun sample`: text from a checkpoint of a language model (or from a
  * recipe's model = { from = DIR } weights), one token at a time through the
- * training graph (top-k, temperature, a seeded generator, so the same flags
- * give the same text).  It only reads: a session in sample mode (no run
- * directory, checkpoint plugin or optimizer state), and the weights through tr_checkpoint_load_weights,
- * so a running run's checkpoints directory is left as it is.
+ * model's graph, planned once for forward only (top-k, temperature, a
+ * seeded generator, so the same flags give the same text; temperature 0 is
+ * greedy: the argmax, no draw).  Each token runs the forward over the
+ * whole context window again: there is no key/value cache yet.  It only
+ * reads: a session in sample mode (no run directory, checkpoint plugin or
+ * optimizer state), and the weights through tr_checkpoint_load_weights, so
+ * a running run's checkpoints directory is left as it is.
  *
  * Text in and out goes through the tokenizer the model learnt: the run
  * directory's tokenizer.json (recorded at the run's start), else model =
@@ -34,19 +37,31 @@ static int compare_desc(const void *a, const void *b)
     return (x < y) - (x > y);
 }
 
-/* Top-k sampling: logits below the k-th largest drop out. */
-static void keep_top_k(float *logits, int n, int k)
+/* Top-k sampling: logits below the k-th largest drop out.  sorted holds n
+ * floats, allocated once for the whole generation. */
+static void keep_top_k(float *logits, float *sorted, int n, int k)
 {
     if (k <= 0 || k >= n)
         return;
-    float *sorted = tr_xcalloc((size_t)n, sizeof *sorted);
     memcpy(sorted, logits, (size_t)n * sizeof *sorted);
     qsort(sorted, (size_t)n, sizeof *sorted, compare_desc);
     float threshold = sorted[k - 1];
     for (int i = 0; i < n; i++)
         if (logits[i] < threshold)
             logits[i] = -INFINITY;
-    free(sorted);
+}
+
+/* Greedy decoding (--temperature 0): the first of the largest logits among
+ * the ids that may be sampled, exactly, with no softmax or draw (a
+ * temperature near 0 would overflow or underflow its way to nearly the
+ * same). */
+static int argmax(const float *logits, int allowed)
+{
+    int best = 0;
+    for (int k = 1; k < allowed; k++)
+        if (logits[k] > logits[best])
+            best = k;
+    return best;
 }
 
 /* The prompt as token ids: its bytes, or with --ids the decimal ids it
@@ -432,6 +447,7 @@ static size_t generate(struct sampler *sp, const struct tr_sample_flags *fl, int
     size_t total = plen + (size_t)fl->tokens, stopped = 0;
     int32_t *ctx = tr_xcalloc((size_t)T, sizeof *ctx);
     float *logits = tr_xcalloc((size_t)V, sizeof *logits), *probs = tr_xcalloc((size_t)V, sizeof *probs);
+    float *sorted = tr_xcalloc((size_t)V, sizeof *sorted); /* top-k's, once for every token */
     uint64_t rng = fl->seed * 0x9e3779b97f4a7c15ULL + 1;
     for (size_t n = plen; n < total; n++) {
         size_t start = n > (size_t)T ? n - (size_t)T : 0;
@@ -443,11 +459,16 @@ static size_t generate(struct sampler *sp, const struct tr_sample_flags *fl, int
         int at = len > 0 ? len - 1 : 0;
         tr_be_download(&s->be, logits, (float *)lg->data + (size_t)at * (size_t)V,
                        (size_t)V * sizeof(float));
-        for (int k = sp->allowed; k < V; k++)
-            logits[k] = -INFINITY;
-        keep_top_k(logits, V, fl->top_k);
-        tr_cpu_softmax(probs, logits, V, (float)fl->temperature);
-        int pick = draw(probs, V, &rng);
+        int pick;
+        if (fl->temperature == 0) {
+            pick = argmax(logits, sp->allowed);
+        } else {
+            for (int k = sp->allowed; k < V; k++)
+                logits[k] = -INFINITY;
+            keep_top_k(logits, sorted, V, fl->top_k);
+            tr_cpu_softmax(probs, logits, V, (float)fl->temperature);
+            pick = draw(probs, V, &rng);
+        }
         text[n] = pick;
         if (pick != stop_at || fl->ids)
             put_token(fl, sp->tok, text, n);
@@ -460,6 +481,7 @@ static size_t generate(struct sampler *sp, const struct tr_sample_flags *fl, int
     free(ctx);
     free(logits);
     free(probs);
+    free(sorted);
     return stopped;
 }
 

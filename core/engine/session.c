@@ -282,7 +282,7 @@ static int resolve_steps(struct tr_session *s, tr_err *err)
 static int plan_memory(struct tr_session *s, tr_err *err)
 {
     struct tr_config *cfg = s->cfg;
-    /* an evaluation keeps no optimizer state */
+    /* an evaluation keeps no optimizer state (nor gradients) */
     int slots = training(s) ? tr_session_fit_model(s).optimizer_slots : 0;
     enum tr_shard_level level = s->replicas > 1 ? cfg->parallel.shard_level : TR_SHARD_NONE;
     if (level == TR_SHARD_PARAMETERS && !tr_be_can_discard(&s->be))
@@ -290,7 +290,10 @@ static int plan_memory(struct tr_session *s, tr_err *err)
                        "memory back (its discard slot), which sharded parameters need; use "
                        "shard = \"gradients\" (ZeRO-2) there", tr_be_name(&s->be));
     s->g->params_sharded = level == TR_SHARD_PARAMETERS; /* before the plan: no bf16 mirror */
-    if (tr_graph_plan(s->g, &s->be, slots, err) != TR_OK)
+    /* eval and sample run forward alone: no gradients, activations reused
+     * as soon as forward is done with them (graph.h) */
+    if ((training(s) ? tr_graph_plan(s->g, &s->be, slots, err)
+                     : tr_graph_plan_forward(s->g, &s->be, err)) != TR_OK)
         return TR_ERROR;
     /* the layout is the replicas' (pipeline stages each keep their own) */
     tr_shard_init(&s->shard, s->g->n_params, tr_shard_unit_floats(cfg),
@@ -354,7 +357,7 @@ static int open_inputs(struct tr_session *s, tr_err *err)
     s->host_targets = tr_be_host_alloc(&s->be, s->target_count * sizeof(int32_t));
     if (!s->host_inputs || !s->host_targets)
         return tr_fail(err, "out of memory for the input buffers");
-    if (cfg->train.auto_micro_batch)
+    if (cfg->train.auto_micro_batch && training(s)) /* a forward-only plan has no backward */
         trial_step(s);
     if (s->gather) /* sharded parameters: this rank's parts only, tensor by tensor */
         tr_graph_init_params_each(g, &s->be, (uint64_t)cfg->train.seed, tr_gather_written,
@@ -478,7 +481,7 @@ static int open_prices(struct tr_session *s, tr_err *err)
 /* The model's memory and initial weights, nothing to train or read data with. */
 static int open_weights(struct tr_session *s, tr_err *err)
 {
-    if (tr_graph_plan(s->g, &s->be, 0, err) != TR_OK)
+    if (tr_graph_plan_forward(s->g, &s->be, err) != TR_OK)
         return TR_ERROR;
     s->g->training = 0;
     tr_graph_init_params(s->g, &s->be, (uint64_t)s->cfg->train.seed);

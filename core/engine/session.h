@@ -9,6 +9,7 @@
  *       precision policy            the compute dtype, checked         all
  *       micro-batch                 the recipe's, or "auto" (fit.h)    all
  *       graph + memory plan         allocated (plan: measured only)    all
+ *                                   (eval, sample, weights: forward only, no gradients)
  *       data source                 checked against the model          all but plan
  *       steps                       train.tokens / train.epochs        train, smoke (plan: its own)
  *       optimizer state, shards     this rank's parts (parallel.shard) train, smoke
@@ -35,7 +36,8 @@
 enum tr_session_mode {
     TR_SESSION_TRAIN,  /* everything a training run needs */
     TR_SESSION_SMOKE,  /* a training session of a smoke run (the caller made it small) */
-    TR_SESSION_EVAL,   /* forward only: no optimizer state, no run directory or checkpoints */
+    TR_SESSION_EVAL,   /* forward only: a plan without gradients or optimizer state
+                        * (tr_graph_plan_forward), no run directory or checkpoints */
     TR_SESSION_SAMPLE, /* as eval */
     TR_SESSION_PLAN,   /* the memory plan measured on the CPU backend, nothing allocated,
                         * no data opened, no plugin but the precision policy's */

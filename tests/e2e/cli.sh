@@ -81,8 +81,8 @@ usage_error "is not a directory" plugins --plugin-path "$work/nowhere"
 usage_error "tokens takes an integer from 0 to 1000000, not 'abc'" sample runs/x --tokens abc
 usage_error "tokens takes an integer from 0 to 1000000, not '10x'" sample runs/x --tokens 10x
 usage_error "tokens takes an integer from 0 to 1000000, not '-1'" sample runs/x --tokens -1
-usage_error "temperature takes a number greater than 0, not 'hot'" sample runs/x --temperature hot
-usage_error "temperature takes a number greater than 0, not 'nan'" sample runs/x --temperature nan
+usage_error "temperature takes a number of 0 or more (0: greedy, the likeliest token each time), not 'hot'" sample runs/x --temperature hot
+usage_error "temperature takes a number of 0 or more (0: greedy, the likeliest token each time), not 'nan'" sample runs/x --temperature nan
 usage_error "top-k takes an integer" sample runs/x --top-k 3.5
 usage_error "seed takes an integer from 0 to" sample runs/x --seed -1
 usage_error "seed takes an integer from 0 to" sample runs/x --seed 99999999999999999999

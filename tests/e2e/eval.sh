@@ -40,6 +40,11 @@ done
 set +e; "$TRAINRUN" eval > /dev/null 2> usage.txt; rc=$?; set -e
 [ "$rc" = 2 ] && grep -q "eval needs a recipe" usage.txt || fail "eval without a recipe: exit $rc"
 
+# ---- plan says what eval needs: forward only, under training's total ------
+"$TRAINRUN" plan $KJV > plan.txt 2>&1 || { cat plan.txt; fail "plan"; }
+grep -q "^  eval  *[0-9.]* [KMG]*i*B  (forward only: no gradients" plan.txt ||
+  { cat plan.txt; fail "plan shows no eval (forward only) memory"; }
+
 # ---- a fresh model: near ln(256), with a warning ---------------------------
 "$TRAINRUN" eval $KJV --json > fresh.json 2> fresh.txt || { cat fresh.txt; fail "eval of a fresh model"; }
 grep -q "freshly initialised" fresh.txt || fail "no warning that the weights are fresh"

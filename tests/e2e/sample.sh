@@ -7,7 +7,7 @@
 # checkpoint's, whichever way the checkpoint is named, and a recipe whose
 # model = { from = DIR } samples DIR's weights without a checkpoint.  A
 # prompt token past the vocabulary is refused; --ids gives and prints token
-# ids, which a vocabulary of more than 256 needs.
+# ids, which a vocabulary of more than 256 needs; --temperature 0 is greedy.
 . "$(dirname "$0")/lib.sh"
 R="$TR_SRCDIR/tests/config/tiny.lua"
 ck() { echo "run/checkpoints/step-$(printf %010d "$1")"; }
@@ -61,6 +61,18 @@ head -c 2 latest.txt | grep -q '^12$' || fail "the text does not start with the 
 # the same flags give the same text
 "$TRAINRUN" sample "$(ck 8)" --tokens 30 --prompt 12 --seed 5 --top-k 5 --temperature 1.3 > again.txt 2> /dev/null
 cmp -s step8.txt again.txt || fail "the same flags gave another text"
+
+# --temperature 0 is greedy: the likeliest token each time, the same whatever the
+# seed, and the tokens top-k 1 (only the likeliest left to draw) gives
+for seed in 1 9; do
+  "$TRAINRUN" sample "$(ck 8)" --tokens 30 --ids --prompt "49 50" --ignore-eos --temperature 0 \
+    --seed $seed > greedy$seed.txt 2> greedy.err || { cat greedy.err; fail "sample --temperature 0"; }
+done
+"$TRAINRUN" sample "$(ck 8)" --tokens 30 --ids --prompt "49 50" --ignore-eos --temperature 1 \
+  --top-k 1 --seed 3 > top1.txt 2> top1.err || { cat top1.err; fail "sample --top-k 1"; }
+[ "$(wc -w < greedy1.txt)" -eq 32 ] || fail "--temperature 0 printed $(wc -w < greedy1.txt) ids, not 32"
+cmp -s greedy1.txt greedy9.txt || fail "--temperature 0 depends on the seed"
+cmp -s greedy1.txt top1.txt || { cat greedy1.txt top1.txt; fail "--temperature 0 is not the argmax (top-k 1)"; }
 
 # a prompt is token ids: a byte past the vocabulary of 64 would be read past the
 # embedding table, so it is refused; --ids lists ids
@@ -138,5 +150,6 @@ usage_error() { sample_fails 2 "$@"; } # message, then sample's arguments
 usage_error "--recipe goes with a checkpoint, and ft.lua is a recipe already" ft.lua --recipe base.lua
 usage_error "'model..from=hf' is not an override" ft.lua model..from=hf
 usage_error "unknown flag '--frobnicate' for sample" run --frobnicate 1
+usage_error "--temperature takes a number of 0 or more (0: greedy" run --temperature -1
 usage_error "usage: trainrun" --ids
 echo "sample: ok"
