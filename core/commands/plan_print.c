@@ -367,9 +367,9 @@ static void print_pipeline(const struct tr_plan *p, FILE *out)
         pp->kind == TR_PIPE_INTERLEAVED ? "V·" : "", 100 * pp->bubble_simulated);
     row(out, "", "(memory per stage estimated: its share of the weights and their state, the "
         "activations of the micro-batches it holds; communication not counted)");
-    row(out, "", "(a stage keeps its share resident where the backend gives memory back (cpu), "
-        "once its weights have loaded, which passes through the whole model's; the activations "
-        "of the micro-batches in flight wait in host memory)");
+    row(out, "", "(a stage keeps its share resident where the backend gives memory back (cpu); "
+        "loading pretrained weights or resuming passes through the whole model's; the "
+        "activations of the micro-batches in flight wait in host memory)");
 }
 
 static void print_optimal(const struct tr_plan *p, FILE *out)

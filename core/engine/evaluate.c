@@ -134,12 +134,27 @@ static int write_logits(const struct tr_session *s, const char *path, tr_err *er
     return rc;
 }
 
+static int graph_forward(void *ctx, struct tr_session *s, tr_err *err)
+{
+    (void)ctx, (void)err;
+    tr_graph_forward(s->g, &s->be);
+    return TR_OK;
+}
+
 int tr_session_evaluate(struct tr_session *s, enum tr_split split, uint64_t max_batches,
                         double *loss, double *accuracy, uint64_t *batches, tr_err *err)
 {
+    struct tr_eval_pass pass = {graph_forward, NULL, s->rank, s->world, 1};
+    return tr_session_evaluate_pass(s, split, max_batches, &pass, loss, accuracy, batches, err);
+}
+
+int tr_session_evaluate_pass(struct tr_session *s, enum tr_split split, uint64_t max_batches,
+                             const struct tr_eval_pass *pass, double *loss, double *accuracy,
+                             uint64_t *batches, tr_err *err)
+{
     struct tr_loader_config lc = {split, (int)s->micro_batch, 0, 1, 0,
-                                  (uint64_t)s->cfg->train.seed, NULL, s->rank, s->world, NULL,
-                                  /* each token once, with random windows too */
+                                  (uint64_t)s->cfg->train.seed, NULL, pass->part, pass->parts,
+                                  NULL, /* each token once, with random windows too */
                                   s->data.info.eval_stride[split]};
     struct tr_loader *val = tr_loader_open(&s->data, &lc, 0, err);
     if (!val)
@@ -147,7 +162,8 @@ int tr_session_evaluate(struct tr_session *s, enum tr_split split, uint64_t max_
     uint64_t n = tr_loader_batches_per_epoch(val);
     if (n > max_batches)
         n = max_batches;
-    uint64_t mine = n / (uint64_t)s->world + ((uint64_t)s->rank < n % (uint64_t)s->world);
+    uint64_t parts = (uint64_t)pass->parts, part = (uint64_t)pass->part;
+    uint64_t mine = n / parts + (part < n % parts);
     double sum = 0, weights = 0; /* the loss as the mean over every counted target */
     int64_t correct = 0, counted = 0;
     /* eval mode: batch norm normalises with its running statistics and
@@ -155,18 +171,20 @@ int tr_session_evaluate(struct tr_session *s, enum tr_split split, uint64_t max_
     s->g->training = 0;
     /* sharded parameters: every forward gathers them, a collective, so
      * every rank runs as many; those past their share count nothing */
-    uint64_t runs = s->gather ? (n + (uint64_t)s->world - 1) / (uint64_t)s->world : mine;
+    uint64_t runs = s->gather ? (n + parts - 1) / parts : mine;
     for (uint64_t i = 0; i < runs; i++) {
         if (i >= mine) {
             tr_graph_forward(s->g, &s->be); /* on whatever the inputs hold */
             continue;
         }
-        if (tr_session_load_batch(s, val, NULL, err) != TR_OK) {
+        if (tr_session_load_batch(s, val, NULL, err) != TR_OK ||
+            pass->forward(pass->ctx, s, err) != TR_OK) {
             s->g->training = 1;
             tr_loader_close(val);
             return TR_ERROR;
         }
-        tr_graph_forward(s->g, &s->be);
+        if (!pass->count)
+            continue;
         if (i == 0 && s->logits_out && write_logits(s, s->logits_out, err) != TR_OK) {
             s->g->training = 1;
             tr_loader_close(val);

@@ -299,3 +299,19 @@ int tr_pipe_partition(const struct tr_graph *g, int chunks, struct tr_pipe_chunk
     free(pc);
     return TR_OK;
 }
+
+void tr_pipe_readers(const struct tr_graph *g, const struct tr_pipe_chunk *chunk, int chunks, int P,
+                     uint64_t *readers)
+{
+    memset(readers, 0, (size_t)g->n_tensors * sizeof *readers);
+    for (int c = 0; c < chunks; c++)
+        for (int i = chunk[c].first_node; i <= chunk[c].last_node; i++) {
+            const struct tr_node *n = &g->nodes[i];
+            for (int k = 0; k < n->n_in; k++)
+                if (g->tensors[n->in[k]].role == TR_ROLE_PARAM)
+                    readers[n->in[k]] |= 1ull << (c % P);
+        }
+    for (int i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i].role == TR_ROLE_PARAM && !readers[i])
+            readers[i] = 1;
+}

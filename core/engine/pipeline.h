@@ -65,4 +65,11 @@ struct tr_pipe_chunk {
 };
 int tr_pipe_partition(const struct tr_graph *g, int chunks, struct tr_pipe_chunk *out, tr_err *err);
 
+/* For each tensor of g (readers[g->n_tensors]), the stages (bit s) whose
+ * chunks read it as a parameter, chunk c running on stage c mod P; a
+ * parameter no node reads is the first stage's (it updates, shares and
+ * saves it, as one process would). */
+void tr_pipe_readers(const struct tr_graph *g, const struct tr_pipe_chunk *chunk, int chunks, int P,
+                     uint64_t *readers);
+
 #endif

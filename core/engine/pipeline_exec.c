@@ -123,19 +123,8 @@ static void find_cuts(struct tr_pipe_exec *x, const struct tr_graph *g)
 
 static void find_readers(struct tr_pipe_exec *x, const struct tr_graph *g)
 {
-    x->readers = tr_xcalloc((size_t)g->n_tensors, sizeof *x->readers);
-    for (int i = 0; i < g->n_nodes; i++) {
-        const struct tr_node *n = &g->nodes[i];
-        int s = chunk_of(x, i) % x->P;
-        for (int k = 0; k < n->n_in; k++)
-            if (g->tensors[n->in[k]].role == TR_ROLE_PARAM)
-                x->readers[n->in[k]] |= 1ull << s;
-    }
-    /* a parameter no node reads is the first stage's (it updates, shares
-     * and saves it, as one process would) */
-    for (int i = 0; i < g->n_tensors; i++)
-        if (g->tensors[i].role == TR_ROLE_PARAM && !x->readers[i])
-            x->readers[i] = 1;
+    x->readers = tr_xcalloc((size_t)g->n_tensors + 1, sizeof *x->readers);
+    tr_pipe_readers(g, x->chunk, x->C, x->P, x->readers);
 }
 
 static int by_address(const void *a, const void *b)
@@ -594,6 +583,30 @@ int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_lo
         out->waited += tr_now() - tw;
     }
     out->t1 = tr_now();
+    return TR_OK;
+}
+
+int tr_pipe_exec_has_loss(const struct tr_pipe_exec *x) { return (x->C - 1) % x->P == x->stage; }
+
+int tr_pipe_exec_forward(void *stage, struct tr_session *s, tr_err *err)
+{
+    struct tr_pipe_exec *x = stage;
+    for (int c = x->stage; c < x->C; c += x->P) {
+        const struct cut *in = &x->cut[c], *out = c + 1 < x->C ? &x->cut[c + 1] : NULL;
+        if (c > 0 && in->bytes) {
+            if (tr_comm_sendrecv(x->comm, NULL, 0, -1, x->in, in->bytes, peer(x, c - 1), err) !=
+                TR_OK)
+                return TR_ERROR;
+            pack(x, s, in, 0, x->in, 1);
+        }
+        tr_graph_forward_range(s->g, &s->be, x->chunk[c].first_node, x->chunk[c].last_node);
+        if (out && out->bytes) {
+            pack(x, s, out, 0, x->out, 0);
+            if (tr_comm_sendrecv(x->comm, x->out, out->bytes, peer(x, c + 1), NULL, 0, -1, err) !=
+                TR_OK)
+                return TR_ERROR;
+        }
+    }
     return TR_OK;
 }
 

@@ -65,6 +65,14 @@ struct tr_pipe_step {
 int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_loader *loader,
                       double mean, uint64_t step, struct tr_pipe_step *out, tr_err *err);
 
+/* One micro-batch's forward through the stages (an evaluation: the inputs
+ * in the graph, every stage of the replica called alike, in no schedule
+ * but chunk order); the last chunk's stage holds its loss and logits
+ * after.  tr_eval_pass's forward (session.h): ctx is the stage. */
+int tr_pipe_exec_forward(void *x, struct tr_session *s, tr_err *err);
+/* Whether this stage runs the last chunk (the loss). */
+int tr_pipe_exec_has_loss(const struct tr_pipe_exec *x);
+
 /* The squared norm of the step's gradients over every stage: each
  * parameter counted once, on the first stage that reads it. */
 int tr_pipe_exec_sumsq(struct tr_pipe_exec *x, struct tr_session *s, double *sumsq, tr_err *err);

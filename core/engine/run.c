@@ -576,13 +576,19 @@ static int evaluate(struct run *r, int *improved, tr_err *err)
 {
     struct tr_loop *l = &r->l;
     double te = tr_now();
-    /* pipeline stages: every rank evaluates batches of its own on the whole model */
-    if (r->pipe && tr_pipe_exec_share(r->pipe, &r->s, TR_PIPE_SHARE_PARAMS, err) != TR_OK)
-        return TR_ERROR;
-    int rc = tr_session_evaluate(&r->s, TR_SPLIT_VAL, (uint64_t)r->s.cfg->train.eval_batches,
-                                 &l->val_loss, &l->val_accuracy, NULL, err);
-    if (r->pipe)
-        tr_pipe_exec_release(r->pipe, &r->s);
+    /* pipeline stages: each replica's micro-batches through its stages, each
+     * stage on its own weights; the last stage counts */
+    uint64_t batches = (uint64_t)r->s.cfg->train.eval_batches;
+    int rc;
+    if (r->pipe) {
+        struct tr_eval_pass pass = {tr_pipe_exec_forward, r->pipe, tr_pipe_exec_replica(r->pipe),
+                                    r->s.replicas, tr_pipe_exec_has_loss(r->pipe)};
+        rc = tr_session_evaluate_pass(&r->s, TR_SPLIT_VAL, batches, &pass, &l->val_loss,
+                                      &l->val_accuracy, NULL, err);
+    } else {
+        rc = tr_session_evaluate(&r->s, TR_SPLIT_VAL, batches, &l->val_loss, &l->val_accuracy,
+                                 NULL, err);
+    }
     if (rc != TR_OK)
         return TR_ERROR;
     l->t_eval += tr_now() - te;

@@ -3,6 +3,7 @@
  * undone by tr_session_close.  The steps of tr_session_open are in its
  * order below; which of them a mode takes is said at each. */
 #include "session.h"
+#include "pipeline.h"
 
 #include "backend.h"
 #include "checkpoint.h"
@@ -344,6 +345,43 @@ static void trial_step(struct tr_session *s)
         tr_gather_release_all(s->gather);
 }
 
+/* A pipeline stage initialises every parameter (the same draws as one
+ * process) but keeps only those its chunks read, giving each other one
+ * back as soon as it is written: initialising never holds the whole model.
+ * Returns 0 (nothing done) where the cut cannot be made here; the stage
+ * then says why when it is built. */
+struct stage_keep {
+    struct tr_session *s;
+    uint64_t *readers;
+    int stage;
+};
+
+static void stage_written(void *ctx, const struct tr_tensor *t)
+{
+    struct stage_keep *k = ctx;
+    size_t i = (size_t)(t - k->s->g->tensors);
+    if (!(k->readers[i] >> k->stage & 1))
+        tr_be_discard(&k->s->be, t->data, t->numel * sizeof(float));
+}
+
+static int init_stage_params(struct tr_session *s, int P)
+{
+    struct tr_graph *g = s->g;
+    int C = P * (int)s->cfg->parallel.virtual_stages;
+    struct tr_pipe_chunk *chunk = tr_xcalloc((size_t)C, sizeof *chunk);
+    tr_err ignored = {{0}};
+    int ok = tr_be_can_discard(&s->be) && tr_pipe_partition(g, C, chunk, &ignored) == TR_OK;
+    if (ok) {
+        struct stage_keep k = {s, tr_xcalloc((size_t)g->n_tensors + 1, sizeof *k.readers),
+                               s->rank % P};
+        tr_pipe_readers(g, chunk, C, P, k.readers);
+        tr_graph_init_params_each(g, &s->be, (uint64_t)s->cfg->train.seed, stage_written, &k);
+        free(k.readers);
+    }
+    free(chunk);
+    return ok;
+}
+
 /* The host buffers the loader fills, the trial step of an "auto" size, the
  * initial weights, the accumulation, and the vocabulary the data must keep to. */
 static int open_inputs(struct tr_session *s, tr_err *err)
@@ -359,10 +397,11 @@ static int open_inputs(struct tr_session *s, tr_err *err)
         return tr_fail(err, "out of memory for the input buffers");
     if (cfg->train.auto_micro_batch && training(s)) /* a forward-only plan has no backward */
         trial_step(s);
+    int stages = tr_session_stages(s);
     if (s->gather) /* sharded parameters: this rank's parts only, tensor by tensor */
         tr_graph_init_params_each(g, &s->be, (uint64_t)cfg->train.seed, tr_gather_written,
                                   s->gather);
-    else
+    else if (!stages || !init_stage_params(s, stages))
         tr_graph_init_params(g, &s->be, (uint64_t)cfg->train.seed);
     if (!tr_hf_from_dir(cfg->recipe)) /* else model.from's base is loaded over them */
         tr_graph_init_frozen(g, &s->be, (uint64_t)cfg->train.seed);

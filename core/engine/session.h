@@ -132,6 +132,21 @@ float tr_session_read_loss(const struct tr_session *s);
 int tr_session_evaluate(struct tr_session *s, enum tr_split split, uint64_t max_batches,
                         double *loss, double *accuracy, uint64_t *batches, tr_err *err);
 
+/* The same with another forward: forward(ctx, s, err) runs a micro-batch
+ * whose inputs are in the graph; the micro-batches are shared among
+ * `parts` groups of ranks, this rank being in group `part` (every rank of a
+ * group reads the same ones), and only the ranks that `count` add the
+ * loss and accuracy the forward left in the graph (pipeline stages: a
+ * replica's stages read the same micro-batches, its last stage counts). */
+struct tr_eval_pass {
+    int (*forward)(void *ctx, struct tr_session *s, tr_err *err);
+    void *ctx;
+    int part, parts, count;
+};
+int tr_session_evaluate_pass(struct tr_session *s, enum tr_split split, uint64_t max_batches,
+                             const struct tr_eval_pass *pass, double *loss, double *accuracy,
+                             uint64_t *batches, tr_err *err);
+
 /* Before the first step or read: split holds one micro-batch at least (an
  * evaluation needs one), else an error saying which lever gives it one.
  * `for_training`: the validation split a run evaluates on at its end and
