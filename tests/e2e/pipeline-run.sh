@@ -113,7 +113,11 @@ if command -v mpirun > /dev/null; then
   # shellcheck disable=SC2086
   run six-one "$LLAMA" $six
   # shellcheck disable=SC2086
-  timeout 300 mpirun --allow-run-as-root --oversubscribe -np 6 "$TRAINRUN" "$LLAMA" $base $six comm=mpi \
+  # as mpi.sh runs it: root in containers, more ranks than cores, no pinning,
+  # no cross-memory attach; the ranks come from mpirun
+  env -u TRAINRUN_RANK -u TRAINRUN_WORLD_SIZE -u TRAINRUN_MASTER timeout 300 \
+    mpirun --allow-run-as-root --oversubscribe --bind-to none \
+    --mca btl_vader_single_copy_mechanism none -np 6 "$TRAINRUN" "$LLAMA" $base $six comm=mpi \
     parallel.pipeline=3 parallel.schedule=interleaved parallel.virtual_stages=2 run_dir=six-mpi \
     --quiet > six-mpi.log 2>&1 || { cat six-mpi.log; fail "mpi: 3 interleaved stages x 2 replicas"; }
   close six-one six-mpi 1e-5 "mpi: 3 interleaved stages x 2 replicas"
