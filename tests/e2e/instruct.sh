@@ -172,7 +172,8 @@ grep -q val_loss_per_byte run/metrics.jsonl && fail "a loss per byte is reported
 # --- token-weighted accumulation -----------------------------------------------------------
 # Long prompts and short responses and the other way round give windows with
 # very different numbers of trained-on targets.  With exactly `batch` windows
-# in the split every step holds them all, so accum = 1, 2 and 4 must agree.
+# in the split every step holds them all, so accum = 1, 2 and 4 must agree (and
+# data-parallel ranks, and pipeline stages).
 cat > acc.jsonl <<'EOF'
 {"prompt": "And God made the firmament, and divided the waters which were under the firmament from the waters which were above the firmament: and it was so.", "response": " Amen."}
 {"prompt": "Day.", "response": " And God called the firmament Heaven. And the evening and the morning were the second day."}
@@ -204,6 +205,15 @@ diff acc4.steps acc1.steps || fail "accum = 4 gives another loss or gradient tha
   || { cat accp.out; fail "accumulation run on two ranks"; }
 grep '"loss"' accp/metrics.jsonl | sed -e 's/.*\("loss": [^,]*, \).*\("grad_norm": [^,]*\),.*/\1\2/' > accp.steps
 diff acc4.steps accp.steps || fail "two ranks give another loss or gradient than one batch of the same tokens"
+# pipeline stages (2, and 2 x 2 replicas) weigh masked micro-batches as one batch does
+for procs in 2 4; do
+  "$TRAINRUN" acc.lua procs=$procs parallel.pipeline=2 run_dir=accpipe$procs train.micro_batch=1 \
+    > accpipe$procs.out 2>&1 || { cat accpipe$procs.out; fail "accumulation run on 2 stages ($procs ranks)"; }
+  grep '"loss"' accpipe$procs/metrics.jsonl |
+    sed -e 's/.*\("loss": [^,]*, \).*\("grad_norm": [^,]*\),.*/\1\2/' > accpipe$procs.steps
+  diff acc4.steps accpipe$procs.steps ||
+    fail "2 stages ($procs ranks) give another loss or gradient than one batch of the same tokens"
+done
 
 # windows of 8 tokens one at a time: some hold prompt tokens only; those steps
 # apply no update (gradient norm 0, loss reported 0), warned about once and
