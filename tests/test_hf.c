@@ -37,7 +37,7 @@ static void engine_open(struct engine *e, const char *name)
     cr_assert_not_null(dir, "%s: model.from did not resolve", recipe);
     struct tr_hf_arch a;
     cr_assert_eq(tr_hf_config_read(dir, &a, &err), TR_OK, "%s", err.msg);
-    cr_assert_eq(tr_hf_load(e->g, &e->be, dir, &a, NULL, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(tr_hf_load(e->g, &e->be, dir, &a, NULL, NULL, NULL, &err), TR_OK, "%s", err.msg);
 }
 
 static struct st_file open_ref(const char *name)

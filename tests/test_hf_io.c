@@ -243,7 +243,7 @@ static int engine_load(struct engine *e, tr_err *err)
     cr_assert_not_null(dir);
     if (tr_hf_config_read(dir, &a, err) != TR_OK)
         return TR_ERROR;
-    return tr_hf_load(e->g, &e->be, dir, &a, NULL, err);
+    return tr_hf_load(e->g, &e->be, dir, &a, NULL, NULL, NULL, err);
 }
 
 /* engine_open and engine_load, both of which must succeed */

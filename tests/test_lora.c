@@ -216,9 +216,9 @@ Test(lora_graph, starts_as_the_base_model, .init = lora_environment, .fini = lor
     cr_assert_eq(tr_hf_config_read(dir, &a, &err), TR_OK, "%s", err.msg);
     tr_graph_init_params(base.g, &base.be, 1);
     tr_graph_init_params(ad.g, &ad.be, 1);
-    cr_assert_eq(tr_hf_load(base.g, &base.be, dir, &a, NULL, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(tr_hf_load(base.g, &base.be, dir, &a, NULL, NULL, NULL, &err), TR_OK, "%s", err.msg);
     uint32_t crc = 0;
-    cr_assert_eq(tr_hf_load(ad.g, &ad.be, dir, &a, &crc, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(tr_hf_load(ad.g, &ad.be, dir, &a, &crc, NULL, NULL, &err), TR_OK, "%s", err.msg);
     cr_assert_neq(crc, 0u);
     struct st_file ref;
     ref = st_open(HF_DIR "tiny-llama.ref.safetensors");
@@ -264,7 +264,7 @@ static void open_case(struct engine *e, const char *kase, const char *base, cons
     const char *dir = tr_hf_from_dir(e->cfg.recipe);
     struct tr_hf_arch a;
     cr_assert_eq(tr_hf_config_read(dir, &a, &err), TR_OK, "%s", err.msg);
-    cr_assert_eq(tr_hf_load(e->g, &e->be, dir, &a, NULL, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(tr_hf_load(e->g, &e->be, dir, &a, NULL, NULL, NULL, &err), TR_OK, "%s", err.msg);
     cr_assert_eq(tr_peft_load(e->g, &e->be, &e->cfg.lora, dir, &err), TR_OK, "%s", err.msg);
 }
 

@@ -458,13 +458,21 @@ static uint32_t crc_of(uint32_t crc, const float *v, size_t n)
 
 /* Each tensor in fp32, transposed where trainrun's layout is, uploaded
  * into its parameter: one tensor's host copy at a time. */
+struct keep {
+    int (*fn)(void *ctx, const struct tr_tensor *t);
+    void *ctx;
+};
+
 static int upload_all(struct tr_graph *g, const struct tr_backend *be, const struct source *s,
                       const struct tr_hf_tensor *want, size_t n,
                       const struct tr_st_entry *const *found, const int *param, uint32_t *crc,
-                      tr_err *err)
+                      const struct keep *keep, tr_err *err)
 {
     for (size_t i = 0; i < n; i++) {
         struct tr_tensor *t = &g->tensors[param[i]];
+        int kept = !keep->fn || keep->fn(keep->ctx, t);
+        if (!kept && !crc)
+            continue;
         size_t file_numel = (size_t)want[i].shape[0] * (size_t)(want[i].ndim > 1 ? want[i].shape[1] : 1);
         float *host = malloc(file_numel * sizeof(float));
         float *flip = want[i].transposed ? malloc(file_numel * sizeof(float)) : NULL;
@@ -481,7 +489,7 @@ static int upload_all(struct tr_graph *g, const struct tr_backend *be, const str
         const float *v = flip ? flip : host;
         if (crc)
             *crc = crc_of(*crc, v, t->numel);
-        int rc = tr_be_store_weight(be, t, v, err);
+        int rc = kept ? tr_be_store_weight(be, t, v, err) : TR_OK;
         free(host);
         free(flip);
         if (rc != TR_OK)
@@ -491,8 +499,10 @@ static int upload_all(struct tr_graph *g, const struct tr_backend *be, const str
 }
 
 int tr_hf_load(struct tr_graph *g, const struct tr_backend *be, const char *dir,
-               const struct tr_hf_arch *a, uint32_t *crc, tr_err *err)
+               const struct tr_hf_arch *a, uint32_t *crc,
+               int (*keep)(void *ctx, const struct tr_tensor *t), void *keep_ctx, tr_err *err)
 {
+    struct keep k = {keep, keep_ctx};
     struct source s;
     if (source_open(&s, dir, err) != TR_OK)
         return TR_ERROR;
@@ -515,7 +525,7 @@ int tr_hf_load(struct tr_graph *g, const struct tr_backend *be, const char *dir,
         {
         if (crc)
             *crc = (uint32_t)crc32(0L, Z_NULL, 0);
-        rc = upload_all(g, be, &s, want, n, found, param, crc, err);
+        rc = upload_all(g, be, &s, want, n, found, param, crc, &k, err);
     }
     free(found);
     free(param);

@@ -40,9 +40,13 @@ void tr_hf_tensors_free(struct tr_hf_tensor *t, size_t n);
  * mis-shaped tensors are one error naming them and the file.  Frozen
  * weights (an adapter's base) are stored in their storage types; *crc (when
  * not NULL) gets the CRC-32 of every fp32 value loaded, in order: the
- * base's identity a checkpoint of adapters records. */
+ * base's identity a checkpoint of adapters records.  keep (NULL: all):
+ * whether tensor t is stored; one it does not keep is read and counted in
+ * *crc all the same (a pipeline stage stores only the weights its chunks
+ * read, and records the same identity as one process). */
 int tr_hf_load(struct tr_graph *g, const struct tr_backend *be, const char *dir,
-               const struct tr_hf_arch *a, uint32_t *crc, tr_err *err);
+               const struct tr_hf_arch *a, uint32_t *crc,
+               int (*keep)(void *ctx, const struct tr_tensor *t), void *keep_ctx, tr_err *err);
 
 /* Shared by the way in (hf_weights.c) and out (hf_export.c): the fp32
  * values of entry e (numel floats into out), and [r, c] -> [c, r]. */

@@ -345,41 +345,41 @@ static void trial_step(struct tr_session *s)
         tr_gather_release_all(s->gather);
 }
 
-/* A pipeline stage initialises every parameter (the same draws as one
- * process) but keeps only those its chunks read, giving each other one
- * back as soon as it is written: initialising never holds the whole model.
- * Returns 0 (nothing done) where the cut cannot be made here; the stage
- * then says why when it is built. */
-struct stage_keep {
-    struct tr_session *s;
-    uint64_t *readers;
-    int stage;
-};
-
-static void stage_written(void *ctx, const struct tr_tensor *t)
+/* A pipeline stage initialises and loads every parameter (the same draws,
+ * the same base identity, as one process) but keeps only those its chunks
+ * read, giving each other one back as soon as it is written: loading never
+ * holds the whole model.  Without a cut here (the stage says why when it
+ * is built) or a backend that gives memory back, it keeps them all. */
+static void find_stage_readers(struct tr_session *s)
 {
-    struct stage_keep *k = ctx;
-    size_t i = (size_t)(t - k->s->g->tensors);
-    if (!(k->readers[i] >> k->stage & 1))
-        tr_be_discard(&k->s->be, t->data, t->numel * sizeof(float));
-}
-
-static int init_stage_params(struct tr_session *s, int P)
-{
+    int P = tr_session_stages(s);
+    if (!P || !tr_be_can_discard(&s->be))
+        return;
     struct tr_graph *g = s->g;
     int C = P * (int)s->cfg->parallel.virtual_stages;
     struct tr_pipe_chunk *chunk = tr_xcalloc((size_t)C, sizeof *chunk);
     tr_err ignored = {{0}};
-    int ok = tr_be_can_discard(&s->be) && tr_pipe_partition(g, C, chunk, &ignored) == TR_OK;
-    if (ok) {
-        struct stage_keep k = {s, tr_xcalloc((size_t)g->n_tensors + 1, sizeof *k.readers),
-                               s->rank % P};
-        tr_pipe_readers(g, chunk, C, P, k.readers);
-        tr_graph_init_params_each(g, &s->be, (uint64_t)s->cfg->train.seed, stage_written, &k);
-        free(k.readers);
+    if (tr_pipe_partition(g, C, chunk, &ignored) == TR_OK) {
+        s->stage_readers = tr_xcalloc((size_t)g->n_tensors + 1, sizeof *s->stage_readers);
+        tr_pipe_readers(g, chunk, C, P, s->stage_readers);
     }
     free(chunk);
-    return ok;
+}
+
+/* Whether this stage keeps tensor t (a parameter another stage reads: no). */
+static int stage_keeps(void *ctx, const struct tr_tensor *t)
+{
+    const struct tr_session *s = ctx;
+    size_t i = (size_t)(t - s->g->tensors);
+    int stage = s->rank % tr_session_stages(s);
+    return t->role != TR_ROLE_PARAM || !s->stage_readers || (s->stage_readers[i] >> stage & 1);
+}
+
+static void stage_written(void *ctx, const struct tr_tensor *t)
+{
+    struct tr_session *s = ctx;
+    if (!stage_keeps(s, t))
+        tr_be_discard(&s->be, t->data, t->numel * sizeof(float));
 }
 
 /* The host buffers the loader fills, the trial step of an "auto" size, the
@@ -397,11 +397,13 @@ static int open_inputs(struct tr_session *s, tr_err *err)
         return tr_fail(err, "out of memory for the input buffers");
     if (cfg->train.auto_micro_batch && training(s)) /* a forward-only plan has no backward */
         trial_step(s);
-    int stages = tr_session_stages(s);
+    find_stage_readers(s);
     if (s->gather) /* sharded parameters: this rank's parts only, tensor by tensor */
         tr_graph_init_params_each(g, &s->be, (uint64_t)cfg->train.seed, tr_gather_written,
                                   s->gather);
-    else if (!stages || !init_stage_params(s, stages))
+    else if (s->stage_readers) /* a pipeline stage: its chunks' parameters only */
+        tr_graph_init_params_each(g, &s->be, (uint64_t)cfg->train.seed, stage_written, s);
+    else
         tr_graph_init_params(g, &s->be, (uint64_t)cfg->train.seed);
     if (!tr_hf_from_dir(cfg->recipe)) /* else model.from's base is loaded over them */
         tr_graph_init_frozen(g, &s->be, (uint64_t)cfg->train.seed);
@@ -675,6 +677,7 @@ void tr_session_close(struct tr_session *s)
 {
     tr_checkpointer_close(s->ckpt);
     tr_gather_free(s->gather);
+    free(s->stage_readers);
     tr_comm_close(s->comm);
     tr_topo_close(s->topo);
     if (s->be.iface) {
@@ -730,7 +733,8 @@ int tr_session_load_pretrained(struct tr_session *s, tr_err *err)
     double t0 = tr_now();
     uint32_t crc = 0;
     if (tr_hf_config_read(dir, &a, err) != TR_OK ||
-        tr_hf_load(s->g, &s->be, dir, &a, &crc, err) != TR_OK) {
+        tr_hf_load(s->g, &s->be, dir, &a, &crc, s->stage_readers ? stage_keeps : NULL, s,
+                   err) != TR_OK) {
         char where[600];
         struct tr_origin o = {TR_FROM_RECIPE, tr_recipe_path(s->cfg->recipe), 0};
         tr_recipe_origin(s->cfg->recipe, "model.from", &o);

@@ -62,6 +62,11 @@ struct tr_session {
     struct tr_gather *gather;           /* shard level parameters: the units gathered around
                                          * the nodes that read them (gather.h); else NULL */
     int replicas;                       /* data-parallel replicas: world, or world / stages */
+    /* pipeline stages (tr_session_stages): for each tensor, the stages
+     * whose chunks read it as a parameter (tr_pipe_readers), so that a stage
+     * initialises and loads only those; NULL without stages or where the
+     * backend cannot give memory back */
+    uint64_t *stage_readers;
     int accum;                          /* micro-batches per optimizer step on this rank */
     uint32_t vocab;                     /* token ids must be below this */
     void *host_inputs;                  /* one micro-batch from the loader */

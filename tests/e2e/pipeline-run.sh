@@ -12,6 +12,9 @@
 #   - over mpi (any peer), 3 interleaved stages x 2 replicas (stage 2 sends
 #     to stage 0 of its replica, which tcp's ring cannot) within 1e-5 of
 #     one process;
+#   - a model.from model (each stage loads only the weights its chunks
+#     read) on 2 stages trains to one process's weights, bit for bit, and
+#     LoRA adapters on it to one process's adapter;
 #   - recompute with clipping, and bf16 (within 1e-3: the stages add the
 #     tied and accumulated gradients in another order, as data parallelism
 #     does) keep that agreement;
@@ -124,6 +127,25 @@ if command -v mpirun > /dev/null; then
 else
   echo "pipeline-run: mpirun is not installed: the mpi case is skipped"
 fi
+
+# a Hugging Face directory, fully and with LoRA
+FROM="$TR_SRCDIR/tests/fixtures/hf/tiny-llama.lua"
+for what in full lora; do
+  extra=
+  [ "$what" = lora ] && extra="lora.rank=4 lora.targets=all-linear"
+  # shellcheck disable=SC2086
+  run "from-$what-one" "$FROM" train.batch=4 $extra
+  # shellcheck disable=SC2086
+  run "from-$what-2" "$FROM" train.batch=4 $extra procs=2 parallel.pipeline=2
+done
+cmp "$(weights from-full-one)" "$(weights from-full-2)" > /dev/null ||
+  fail "a model.from model on 2 stages differs from one process"
+for d in from-lora-one from-lora-2; do
+  "$TRAINRUN" export "$d/checkpoints/$(cat "$d/checkpoints/LATEST")" --format peft -o "$d.peft" \
+    > "$d.peft.log" 2>&1 || { cat "$d.peft.log"; fail "export --format peft of $d"; }
+done
+cmp from-lora-one.peft/adapter_model.safetensors from-lora-2.peft/adapter_model.safetensors ||
+  fail "LoRA on 2 stages trains another adapter than one process"
 
 # levers: recompute with clipping (1e-5); bf16 (1e-3)
 for lever in "model.recompute=1 optimizer.clip=0.5" "precision=bf16"; do
