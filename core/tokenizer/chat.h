@@ -14,6 +14,7 @@
  *   Llama 3 (the template mentions <|start_header_id|>)
  *       {bos_token}<|start_header_id|>{role}<|end_header_id|>\n\n{content | trim}<|eot_id|>
  *       <|start_header_id|>assistant<|end_header_id|>\n\n          the generation prompt
+ *   (Llama 3.1 and later templates, which always write a system turn with dates, are refused)
  *
  * The rendered text is tokenized as apply_chat_template(tokenize=True) does: the whole text at
  * once, special tokens written in it recognised, and none of the post-processor's added (a
