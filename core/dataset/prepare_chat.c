@@ -385,6 +385,26 @@ static int prepare_instruct(struct chat *c)
     c->bos = tr_tokenizer_bos_id(c->tok);
     if (find_template(c) != 0 || check_family_tokens(c) != 0)
         return -1;
+    /* some configs name the turn opener as eos_token (SmolLM2's bos and eos are
+     * <|im_start|> / <|im_end|>, and copies mix them up): a response ending with
+     * it would teach the model to open a turn where it should stop, and sample
+     * does not stop there.  The template's end of turn is where answers end. */
+    if (c->tmpl.family != TR_CHAT_NONE && c->pt.eos_from &&
+        strcmp(c->pt.eos_from, "--eos") != 0 &&
+        c->pt.eos == tr_tokenizer_token_id(c->tok, c->tmpl.opener)) {
+        int32_t eot = tr_tokenizer_token_id(c->tok, c->tmpl.end_of_turn);
+        char *text = strdup(c->tmpl.end_of_turn);
+        if (!text)
+            return tr_prepare_fail("out of memory");
+        printf("trainrun prepare: %s names %s, the chat template's turn opener, as eos_token; "
+               "prompt/response records end with its end of turn %s (id %d) instead (--eos "
+               "TOKEN names another)\n", c->pt.eos_from, c->pt.eos_text ? c->pt.eos_text : "?",
+               text, (int)eot);
+        free(c->pt.eos_text);
+        c->pt.eos_text = text;
+        c->pt.eos = eot;
+        c->pt.eos_from = "the chat template's end of turn";
+    }
     c->rec.start = malloc(1024 * sizeof *c->rec.start);
     c->rec.text_bytes = malloc(1024 * sizeof *c->rec.text_bytes);
     if (!c->rec.start || !c->rec.text_bytes)

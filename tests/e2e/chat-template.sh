@@ -7,7 +7,8 @@
 # trimmed), with and without system messages: the ids of
 # tests/fixtures/chat/cases.json, made by transformers 4.46.3
 # (tests/fixtures/chat/make_fixtures.py).  The assistant turns and their end
-# token are what is trained on.
+# token are what is trained on.  Where tokenizer_config.json's eos_token names
+# the turn opener, prompt/response records end with the end of turn instead.
 . "$(dirname "$0")/lib.sh"
 command -v python3 > /dev/null || skip "python3 reads the shards and the fixtures"
 FIX="$TR_SRCDIR/tests/fixtures/chat"
@@ -60,3 +61,23 @@ import json, sys
 ids = [int(l.split()[0]) for l in open(sys.argv[2])]
 assert ids.count(1) == 3 + 5 + 3, ids.count(1)  # one <|im_start|> a turn, no BOS on top
 PY
+
+# a config whose eos_token names the turn opener: prompt/response records end
+# with the template's end of turn, as sample stops there (--eos still decides)
+mkdir opener
+cp "$FIX/chatml/tokenizer.json" opener/
+sed 's/"eos_token": "<|im_end|>"/"eos_token": "<|im_start|>"/' "$FIX/chatml/tokenizer_config.json" \
+  > opener/tokenizer_config.json
+grep -q '"eos_token": "<|im_start|>"' opener/tokenizer_config.json || fail "the fixture's eos_token moved"
+echo '{"prompt": "What was made first?", "response": " Light."}' > pr.jsonl
+"$TRAINRUN" prepare pr.jsonl -o pr --format instruct --tokenizer opener/tokenizer.json \
+  --val-fraction 0 > pr.out 2>&1 || { cat pr.out; fail "prepare prompt/response"; }
+python3 shard.py pr > pr.got
+[ "$(tail -n 1 pr.got)" = "2 1" ] || { cat pr.got; fail "the response does not end with <|im_end|>"; }
+[ "$(head -n 1 pr.got)" = "1 0" ] || { cat pr.got; fail "prompt/response records lost the post-processor's BOS"; }
+grep -q '"eos": 2' pr/prepare.json || { cat pr/prepare.json; fail "prepare.json's eos is not <|im_end|>"; }
+grep -q "names <|im_start|>, the chat template's turn opener, as eos_token; prompt/response records end with its end of turn <|im_end|> (id 2)" pr.out \
+  || { cat pr.out; fail "prepare does not say it ends records with the end of turn"; }
+"$TRAINRUN" prepare pr.jsonl -o pr2 --format instruct --tokenizer opener/tokenizer.json \
+  --val-fraction 0 --eos "<|endoftext|>" > pr2.out 2>&1 || { cat pr2.out; fail "prepare --eos"; }
+grep -q '"eos": 0' pr2/prepare.json || { cat pr2/prepare.json; fail "--eos is not the EOS"; }
