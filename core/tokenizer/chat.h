@@ -46,9 +46,9 @@ struct tr_chat_message {
 };
 
 /* Read the chat template of a tokenizer_config.json's text (config_path names it in
- * messages; config NULL: there is none, and config_path names the tokenizer.json).  A config without a template, or with one trainrun
- * does not render, is family TR_CHAT_NONE with `why` saying so, and TR_OK; TR_ERROR only
- * for a config that is not JSON. */
+ * messages; config NULL: there is none, and config_path names the tokenizer.json).  A
+ * config without a template, or with one trainrun does not render, is family TR_CHAT_NONE
+ * with `why` saying so, and TR_OK; TR_ERROR only for a config that is not JSON. */
 int tr_chat_template_read(struct tr_chat_template *ct, const char *config, size_t len,
                           const char *config_path, tr_err *err);
 void tr_chat_template_free(struct tr_chat_template *ct);
