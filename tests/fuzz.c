@@ -1,7 +1,7 @@
 /*
  * A mutation fuzzer for everything trainrun reads from files a user may have
  * been handed: recipes, token shards, CSV, IDX, images (PNG, JPEG, WebP) and image
- * shards, text and JSONL files, the text
+ * shards, text and JSONL files, chat templates (tokenizer_config.json), the text
  * plugin's token cache, safetensors files and headers, and checkpoints
  * (state.json, model.safetensors and a sharded checkpoint's layout.json); and for the one C function recipe
  * code can call, the op table's answer (trainrun.ops' shape).  docs/testing.md says how to run it
@@ -49,6 +49,7 @@
 #include "dataset/image_codec.h"
 #include <trainrun/images.h>
 #include "config/hf_config.h"
+#include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 #include "engine/hf_weights.h"
 #include "engine/checkpoint_shard.h"
@@ -504,6 +505,54 @@ static void target_tokenizer(const struct buf *in, uint64_t h)
         free(ids);
     }
     tr_tokenizer_free(t);
+}
+
+/* tokenizer_config.json's chat_template (prepare --format instruct, sample --chat): a
+ * template read renders a conversation, with and without a system message, as text that
+ * starts with its BOS or turn opener and holds every content, with the assistant's bytes
+ * and only bytes of the text marked trained; one not rendered says why. */
+static void target_chat_template(const struct buf *in, uint64_t h)
+{
+    (void)h;
+    tr_err err = {{0}};
+    struct tr_chat_template ct;
+    if (tr_chat_template_read(&ct, (const char *)in->p, in->n, "tokenizer_config.json", &err)
+        != TR_OK) {
+        if (!err.msg[0])
+            broken("chat-template: rejected without a message");
+        return;
+    }
+    if (ct.family == TR_CHAT_NONE) {
+        if (!ct.why[0])
+            broken("chat-template: not rendered, without saying why");
+        tr_chat_template_free(&ct);
+        return;
+    }
+    accepted("chat-template");
+    struct tr_chat_message m[] = {{"system", " Be brief.\n"}, {"user", "Hi"},
+                                  {"assistant", "\xe3\x80\x80Hello\t"}};
+    for (int sys = 0; sys < 2; sys++) {
+        char *text = NULL;
+        size_t len = 0, trained = 0;
+        unsigned char *bits = NULL;
+        if (tr_chat_render(&ct, m + 1 - sys, 2 + (size_t)sys, sys, &text, &len, &bits, &err)
+            != TR_OK)
+            broken("chat-template: a template read does not render: %s", err.msg);
+        const char *start = ct.bos ? ct.bos : ct.opener;
+        if (len != strlen(text) || strncmp(text, start, strlen(start)) != 0 ||
+            !strstr(text, "Hi") || !strstr(text, "Hello") || !strstr(text, ct.end_of_turn))
+            broken("chat-template: rendered as %.200s", text);
+        for (size_t i = 0; i < len; i++) {
+            if (bits[i] > 1)
+                broken("chat-template: mask byte %zu is %d", i, bits[i]);
+            trained += bits[i];
+        }
+        if (trained < strlen("Hello") + strlen(ct.end_of_turn))
+            broken("chat-template: %zu bytes trained on", trained);
+        free(text);
+        free(bits);
+    }
+    tr_chat_template_free(&ct);
 }
 
 /* config.json of a Hugging Face directory (model = { from = DIR }): what is
@@ -1295,6 +1344,11 @@ static const char json_dict[] =
     "\"F32\"\1\"BF16\"\1\"I32\"\1\"F16\"\1\"step\"\1\"checksums\"\1\"recipe\"\1"
     "\"loader_position\"\1\"precision\"\1\"schedule\"\1\"best\"\1\"seed\"\1\"format\"\1"
     "[-1]\1[0,0]\1[4294967296,4294967296]\1[1e300]\1{\"a\":{}}";
+static const char chat_dict[] =
+    "\"\1'\1\\\\\1\\\\n\1\\n\1<|im_start|>\1<|im_start|>system\\n\1<|im_end|>\1"
+    "<|start_header_id|>\1<|eot_id|>\1<|begin_of_text|>\1bos_token\1| trim\1|\1"
+    "\"chat_template\"\1\"bos_token\"\1{\"content\": \"\"}\1[{\"name\": \"default\", "
+    "\"template\": \"\"}]\1Cutting Knowledge Date\1";
 static const char lua_dict[] =
     "{\1}\1=\1,\1\"\1'\1[[\1]]\1--\1..\1return\1nil\1true\1-1\1 0 \1 1e309 \1 -1e309 \1"
     " 0/0 \1 2^63 \1 2^31 \1 4294967296 \1 9007199254740993 \1 1e-320 \1"
@@ -1322,6 +1376,7 @@ static struct target targets[] = {
     {"safetensors", target_safetensors, 10, 0, json_dict, NULL, 0},
     {"hf-config", target_hf_config, 6, 0, json_dict, NULL, 0},
     {"tokenizer", target_tokenizer, 3, 0, json_dict, NULL, 0},
+    {"chat-template", target_chat_template, 2, 0, chat_dict, NULL, 0},
     {"tokens", target_tokens, 10, 0, NULL, NULL, 0},
     {"csv", target_csv, 10, 0, csv_dict, NULL, 0},
     {"idx-images", target_idx_images, 6, 0, NULL, NULL, 0},
@@ -1630,6 +1685,10 @@ static void gather_seeds(const char *work)
     snprintf(path, sizeof path, "%s/tests/fixtures/tiny_gpt.safetensors", srcdir);
     add_seed_file("safetensors", path);
     add_seed_file("checkpoint", path);
+    snprintf(path, sizeof path, "%s/tests/fixtures/chat/chatml/tokenizer_config.json", srcdir);
+    add_seed_file("chat-template", path);
+    snprintf(path, sizeof path, "%s/tests/fixtures/chat/llama3/tokenizer_config.json", srcdir);
+    add_seed_file("chat-template", path);
     snprintf(path, sizeof path, "%s/tests/config", srcdir);
     each_file(path, ".lua", seed_from, "recipe");
     snprintf(path, sizeof path, "%s/recipes", srcdir);

@@ -254,10 +254,13 @@ void tr_sample_help(FILE *out)
             "directory's tokenizer.json (a run records its data's tokenizer there when it\n"
             "starts; a char-tokenized text run records its character table as one), DIR's\n"
             "tokenizer.json of model = { from = DIR }, the tokenizer the data reports.  The\n"
-            "prompt is encoded with it (after the tokenizer's BOS, if it has one) and each\n"
-            "token is printed as its bytes as it is sampled, until the tokenizer's EOS.\n"
-            "Without a tokenizer (byte-tokenized runs) every token is one byte.  stderr\n"
-            "names the tokenizer used.\n"
+            "prompt is encoded with it (after the tokenizer's BOS, if it has one, except\n"
+            "before a prompt that starts with the chat template's BOS or turn opener, as\n"
+            "transformers' apply_chat_template adds none) and each token is printed as its\n"
+            "bytes as it is sampled, until an EOS: the chat template's end of turn\n"
+            "(<|im_end|>, <|eot_id|>) and the tokenizer's EOS, or --eos's alone.  Without a\n"
+            "tokenizer (byte-tokenized runs) every token is one byte.  stderr names the\n"
+            "tokenizer used and the EOS.\n"
             "\n"
             "  --prompt TEXT      the text to continue (default: a newline; empty: from the\n"
             "                     tokenizer's BOS, else its EOS, as a new document starts)\n"
@@ -268,7 +271,16 @@ void tr_sample_help(FILE *out)
             "  --top-k K          sample among the K likeliest tokens (default 0: all)\n"
             "  --seed N           the generator's seed: the same flags give the same text\n"
             "  --ids              the prompt is token ids (\"15496 11 995\") and the output too,\n"
-            "                     the EOS included when sampled\n"
+            "                     the EOS included when sampled (with --chat the prompt is\n"
+            "                     text, and its rendered ids are printed)\n"
+            "  --chat             the prompt is a user message: rendered with the chat\n"
+            "                     template of the tokenizer_config.json beside the tokenizer\n"
+            "                     (ChatML, Llama 3), its default system prompt and the\n"
+            "                     assistant's turn opened, as apply_chat_template(messages,\n"
+            "                     add_generation_prompt=True); the rendered text is printed\n"
+            "  --system TEXT      with --chat: a system message first (instead of the\n"
+            "                     template's default system prompt)\n"
+            "  --eos TOKEN        stop at this token alone: its text (\"<|im_end|>\") or id\n"
             "  --ignore-eos       sample all N tokens, past the EOS\n"
             "  --recipe FILE      with a CHECKPOINT: the recipe to build the model from,\n"
             "                     instead of the one the checkpoint recorded\n");
@@ -312,6 +324,10 @@ int tr_cmd_sample(int argc, char **argv)
             f.ignore_eos = 1;
             continue;
         }
+        if (strcmp(a, "--chat") == 0) {
+            f.chat = 1;
+            continue;
+        }
         if (!v) {
             fprintf(stderr, "trainrun: error: %s needs a value\n", a);
             return TR_EXIT_USAGE;
@@ -320,6 +336,10 @@ int tr_cmd_sample(int argc, char **argv)
         int bad = 0;
         if (strcmp(a, "--prompt") == 0)
             f.prompt = v;
+        else if (strcmp(a, "--eos") == 0)
+            f.eos = v;
+        else if (strcmp(a, "--system") == 0)
+            f.system = v;
         else if (strcmp(a, "--tokens") == 0)
             bad = tr_cli_flag_int(a, v, 0, 1000000, &n), f.tokens = (int)n;
         else if (strcmp(a, "--temperature") == 0)
@@ -341,6 +361,16 @@ int tr_cmd_sample(int argc, char **argv)
         if (bad)
             goto done;
         i++;
+    }
+    if (f.system && !f.chat) {
+        fprintf(stderr, "trainrun: error: sample: --system is the system message of a --chat "
+                "prompt; add --chat\n");
+        goto done;
+    }
+    if (f.eos && f.ignore_eos) {
+        fprintf(stderr, "trainrun: error: sample: --eos names the token to stop at and "
+                "--ignore-eos stops at none; give one of them\n");
+        goto done;
     }
     if (recipe)
         f.recipe = recipe;

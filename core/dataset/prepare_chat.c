@@ -12,19 +12,15 @@
  * context and never predicted.
  *
  * A prompt/response record is [BOS when the tokenizer's post-processor adds
- * one] prompt response EOS.  Messages are rendered with the chat template of
- * the tokenizer_config.json beside the tokenizer.json.  Templates are Jinja;
- * trainrun runs no Jinja: it recognises the two families almost every chat
- * model uses and renders them itself, and refuses any other template:
+ * one] prompt response EOS, prompt and response encoded on their own.
+ * Messages are what transformers' apply_chat_template(messages, tokenize=True)
+ * gives with the chat template of the tokenizer_config.json beside the
+ * tokenizer.json: the template's text (ChatML's default system prompt when
+ * the first message is not a system one, Llama 3's bos_token and trimmed
+ * contents) tokenized whole, and no post-processor BOS on top (chat.h).
  *
- *   ChatML (Qwen2, SmolLM2-Instruct: the template mentions <|im_start|>)
- *       <|im_start|>{role}\n{content}<|im_end|>\n        for every message
- *   Llama 3 (the template mentions <|start_header_id|>)
- *       <|begin_of_text|> then
- *       <|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>
- *
- * Each piece (header, content, end token) is encoded on its own, so the
- * mask falls on token boundaries.  Records are not deduplicated (instruction
+ * A token is trained on when it holds a byte of an assistant message's
+ * content or end-of-turn token.  Records are not deduplicated (instruction
  * sets are curated); validation is whole records from the end, as for text.
  */
 #include "dataset.h"
@@ -32,6 +28,7 @@
 #include "prepare_internal.h"
 
 #include "../util/json.h"
+#include "../tokenizer/chat.h"
 #include "../tokenizer/tokenizer.h"
 #include "../util/util.h"
 
@@ -40,8 +37,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-enum chat_family { CHAT_NONE, CHAT_CHATML, CHAT_LLAMA3 };
 
 /* Every record's tokens and mask bits, one after another. */
 struct records {
@@ -57,9 +52,8 @@ struct chat {
     const struct prepare_opts *o;
     struct prepare_tokenizer pt;
     struct tr_tokenizer *tok;
-    int32_t bos;            /* the post-processor's BOS, or -1 */
-    enum chat_family family;
-    const char *family_why; /* "tokenizer_config.json has no chat_template" ... */
+    int32_t bos;            /* the post-processor's BOS, or -1: prompt/response records' */
+    struct tr_chat_template tmpl;
     struct records rec;
     size_t prompt_response, messages, skipped;
     uint64_t record_bytes;  /* of the record being built */
@@ -151,43 +145,57 @@ static int prompt_response(struct chat *c, const char *where, const char *prompt
 
 static int messages(struct chat *c, const char *where, const struct tr_json *list)
 {
-    if (c->family == CHAT_NONE)
+    if (c->tmpl.family == TR_CHAT_NONE)
         return tr_prepare_fail("%s: a \"messages\" record needs a chat template, but %s; write "
                                "{\"prompt\", \"response\"} records instead", where,
-                               c->family_why);
+                               c->tmpl.why);
     if (list->type != TR_JSON_ARRAY || list->n == 0)
         return tr_prepare_fail("%s: \"messages\" must be a non-empty list of {\"role\", "
                                "\"content\"} objects", where);
-    int rc = 0, assistant = 0;
-    if (c->family == CHAT_LLAMA3)
-        rc = put_str(c, where, "<|begin_of_text|>", 0);
-    else if (c->bos >= 0)
-        rc = put(c, c->bos, 0);
-    for (size_t i = 0; i < list->n && rc == 0; i++) {
-        const struct tr_json *m = list->items[i];
-        const char *role = m->type == TR_JSON_OBJECT ? tr_json_string(m, "role") : NULL;
-        const char *content = m->type == TR_JSON_OBJECT ? tr_json_string(m, "content") : NULL;
-        if (!role || !content)
+    struct tr_chat_message *m = tr_xcalloc(list->n, sizeof *m);
+    int assistant = 0;
+    for (size_t i = 0; i < list->n; i++) {
+        const struct tr_json *j = list->items[i];
+        m[i].role = j->type == TR_JSON_OBJECT ? tr_json_string(j, "role") : NULL;
+        m[i].content = j->type == TR_JSON_OBJECT ? tr_json_string(j, "content") : NULL;
+        if (!m[i].role || !m[i].content) {
+            free(m);
             return tr_prepare_fail("%s: message %zu needs string \"role\" and \"content\" "
                                    "fields", where, i + 1);
-        int is_assistant = strcmp(role, "assistant") == 0;
-        if (!is_assistant && strcmp(role, "user") != 0 && strcmp(role, "system") != 0)
-            return tr_prepare_fail("%s: message %zu has role \"%s\"; roles are system, user "
-                                   "and assistant", where, i + 1, role);
+        }
+        int is_assistant = strcmp(m[i].role, "assistant") == 0;
+        if (!is_assistant && strcmp(m[i].role, "user") != 0 && strcmp(m[i].role, "system") != 0) {
+            int rc = tr_prepare_fail("%s: message %zu has role \"%s\"; roles are system, user "
+                                     "and assistant", where, i + 1, m[i].role);
+            free(m);
+            return rc;
+        }
         assistant |= is_assistant;
-        /* a turn: OPEN role CLOSE content END AFTER; content and END trained on
-         * in assistant turns */
-        static const char *const turn[][4] = {
-            [CHAT_CHATML] = {"<|im_start|>", "\n", "<|im_end|>", "\n"},
-            [CHAT_LLAMA3] = {"<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>", ""},
-        };
-        const char *const *t = turn[c->family];
-        const char *piece[6] = {t[0], role, t[1], content, t[2], t[3]};
-        for (int k = 0; k < 6 && rc == 0; k++)
-            rc = put_str(c, where, piece[k], is_assistant && (k == 3 || k == 4));
     }
-    if (rc == 0 && !assistant)
+    if (!assistant) {
+        free(m);
         return tr_prepare_fail("%s: no assistant message: nothing to train on", where);
+    }
+    /* what apply_chat_template(messages, tokenize=True) gives: the template's text (its
+     * default system prompt included) tokenized whole, without the post-processor's BOS */
+    char *text = NULL;
+    size_t len = 0, n = 0;
+    unsigned char *bytes_trained = NULL, *trained = NULL;
+    int32_t *ids = NULL;
+    tr_err err = {{0}};
+    int rc = tr_chat_render(&c->tmpl, m, list->n, 0, &text, &len, &bytes_trained, &err);
+    if (rc == TR_OK)
+        rc = tr_chat_encode(c->tok, text, len, bytes_trained, &ids, &trained, &n, &err);
+    if (rc != TR_OK)
+        rc = tr_prepare_fail("%s: cannot encode: %s", where, err.msg);
+    for (size_t i = 0; i < n && rc == 0; i++)
+        rc = put(c, ids[i], trained[i]);
+    c->record_bytes += len;
+    free(m);
+    free(text);
+    free(bytes_trained);
+    free(ids);
+    free(trained);
     return rc;
 }
 
@@ -253,38 +261,13 @@ static int read_records(struct chat *c)
 
 /* ---- the chat template ---------------------------------------------------------------- */
 
-static void find_family(struct chat *c)
+static int find_template(struct chat *c)
 {
-    static char why[4400];
-    c->family = CHAT_NONE;
-    c->family_why = why;
-    if (!c->pt.config) {
-        snprintf(why, sizeof why, "there is no tokenizer_config.json beside %s", c->pt.path);
-        return;
-    }
-    size_t at = 0;
-    struct tr_json *config = tr_json_parse((const char *)c->pt.config, c->pt.config_size, &at);
-    const struct tr_json *field = config ? tr_json_get(config, "chat_template") : NULL;
-    const char *tmpl = field && field->type == TR_JSON_STRING ? field->string : NULL;
-    /* several named templates: [{"name": "default", "template": "..."}, ...] */
-    for (size_t i = 0; field && field->type == TR_JSON_ARRAY && i < field->n && !tmpl; i++) {
-        const struct tr_json *t = field->items[i];
-        const char *name = t->type == TR_JSON_OBJECT ? tr_json_string(t, "name") : NULL;
-        if (name && strcmp(name, "default") == 0)
-            tmpl = tr_json_string(t, "template");
-    }
-    if (!tmpl)
-        snprintf(why, sizeof why, "%s has no chat_template (a string, or a list holding one "
-                 "named \"default\")", c->pt.config_path);
-    else if (strstr(tmpl, "<|im_start|>"))
-        c->family = CHAT_CHATML;
-    else if (strstr(tmpl, "<|start_header_id|>"))
-        c->family = CHAT_LLAMA3;
-    else
-        snprintf(why, sizeof why, "the chat_template of %s is not one trainrun renders (it "
-                 "knows ChatML, with <|im_start|>, and Llama 3, with <|start_header_id|>)",
-                 c->pt.config_path);
-    tr_json_free(config);
+    tr_err err = {{0}};
+    if (tr_chat_template_read(&c->tmpl, (const char *)c->pt.config, c->pt.config_size,
+                              c->pt.config ? c->pt.config_path : c->pt.path, &err) != TR_OK)
+        return tr_prepare_fail("%s", err.msg);
+    return 0;
 }
 
 /* The template's special tokens must be single tokens of the vocabulary, or
@@ -292,10 +275,10 @@ static void find_family(struct chat *c)
 static int check_family_tokens(struct chat *c)
 {
     static const char *const chatml[] = {"<|im_start|>", "<|im_end|>", NULL};
-    static const char *const llama3[] = {"<|begin_of_text|>", "<|start_header_id|>",
-                                         "<|end_header_id|>", "<|eot_id|>", NULL};
-    const char *const *need = c->family == CHAT_CHATML ? chatml
-                              : c->family == CHAT_LLAMA3 ? llama3 : NULL;
+    const char *llama3[] = {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                            c->tmpl.bos, NULL};
+    const char *const *need = c->tmpl.family == TR_CHAT_CHATML ? chatml
+                              : c->tmpl.family == TR_CHAT_LLAMA3 ? llama3 : NULL;
     for (int i = 0; need && need[i]; i++)
         if (tr_tokenizer_token_id(c->tok, need[i]) < 0)
             return tr_prepare_fail("%s's chat template uses %s, but %s has no such token; is "
@@ -340,11 +323,6 @@ static int write_split(struct chat *c, size_t from, size_t to, const char *prefi
     return rc;
 }
 
-static const char *family_name(enum chat_family f)
-{
-    return f == CHAT_CHATML ? "chatml" : f == CHAT_LLAMA3 ? "llama3" : NULL;
-}
-
 static int write_json(struct chat *c, const struct split_result s[2])
 {
     const struct prepare_opts *o = c->o;
@@ -363,8 +341,8 @@ static int write_json(struct chat *c, const struct split_result s[2])
             c->pt.config ? ", \"config\": \"tokenizer_config.json\"" : "");
     fprintf(f, "  \"vocab\": %u,\n  \"dtype\": \"%s\",\n  \"chat_template\": ", c->pt.vocab,
             c->pt.vocab <= 65536 ? "uint16" : "uint32");
-    if (family_name(c->family))
-        fprintf(f, "\"%s\",\n", family_name(c->family));
+    if (tr_chat_family_name(c->tmpl.family))
+        fprintf(f, "\"%s\",\n", tr_chat_family_name(c->tmpl.family));
     else
         fputs("null,\n", f);
     fprintf(f, "  \"records\": {\"read\": %zu, \"prompt_response\": %zu, \"messages\": %zu, "
@@ -405,9 +383,28 @@ static int prepare_instruct(struct chat *c)
                                "needs one (the model learns to stop); name it with --eos",
                                c->pt.path);
     c->bos = tr_tokenizer_bos_id(c->tok);
-    find_family(c);
-    if (check_family_tokens(c) != 0)
+    if (find_template(c) != 0 || check_family_tokens(c) != 0)
         return -1;
+    /* some configs name the turn opener as eos_token (SmolLM2's bos and eos are
+     * <|im_start|> / <|im_end|>, and copies mix them up): a response ending with
+     * it would teach the model to open a turn where it should stop, and sample
+     * does not stop there.  The template's end of turn is where answers end. */
+    if (c->tmpl.family != TR_CHAT_NONE && c->pt.eos_from &&
+        strcmp(c->pt.eos_from, "--eos") != 0 &&
+        c->pt.eos == tr_tokenizer_token_id(c->tok, c->tmpl.opener)) {
+        int32_t eot = tr_tokenizer_token_id(c->tok, c->tmpl.end_of_turn);
+        char *text = strdup(c->tmpl.end_of_turn);
+        if (!text)
+            return tr_prepare_fail("out of memory");
+        printf("trainrun prepare: %s names %s, the chat template's turn opener, as eos_token; "
+               "prompt/response records end with its end of turn %s (id %d) instead (--eos "
+               "TOKEN names another)\n", c->pt.eos_from, c->pt.eos_text ? c->pt.eos_text : "?",
+               text, (int)eot);
+        free(c->pt.eos_text);
+        c->pt.eos_text = text;
+        c->pt.eos = eot;
+        c->pt.eos_from = "the chat template's end of turn";
+    }
     c->rec.start = malloc(1024 * sizeof *c->rec.start);
     c->rec.text_bytes = malloc(1024 * sizeof *c->rec.text_bytes);
     if (!c->rec.start || !c->rec.text_bytes)
@@ -423,7 +420,8 @@ static int prepare_instruct(struct chat *c)
                                c->skipped ? " (all were skipped)" : "");
     printf("trainrun prepare: %zu record%s (%zu prompt/response, %zu messages%s%s), %zu "
            "tokens\n", r->count, r->count == 1 ? "" : "s", c->prompt_response, c->messages,
-           c->family ? " as " : "", c->family ? family_name(c->family) : "", r->n);
+           c->tmpl.family ? " as " : "",
+           c->tmpl.family ? tr_chat_family_name(c->tmpl.family) : "", r->n);
     if (c->skipped)
         printf("trainrun prepare: skipped %zu bad record%s\n", c->skipped,
                c->skipped == 1 ? "" : "s");
@@ -472,6 +470,7 @@ int tr_prepare_instruct(const struct prepare_opts *o)
     if (rc == 0)
         rc = prepare_instruct(&c);
     tr_prepare_tokenizer_free(&c.pt);
+    tr_chat_template_free(&c.tmpl);
     free(c.rec.ids);
     free(c.rec.trained);
     free(c.rec.start);

@@ -46,6 +46,10 @@ struct tr_sample_flags {
     int n_overrides;
     int ids; /* the prompt and the text as token ids, not text */
     int ignore_eos; /* sample all `tokens`, past the tokenizer's EOS */
+    const char *eos; /* --eos: the one token to stop at (its text or id); NULL: the chat
+                      * template's end of turn and the tokenizer's EOS */
+    int chat;        /* the prompt is a user message rendered with the chat template */
+    const char *system; /* with chat: a system message first; NULL: the template's default */
 };
 /* Text from a model's weights, read-only: a session in sample mode (no run
  * directory, checkpoints or optimizer state), nothing written. */

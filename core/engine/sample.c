@@ -11,15 +11,20 @@
  * Text in and out goes through the tokenizer the model learnt: the run
  * directory's tokenizer.json (recorded at the run's start), else model =
  * { from = DIR }'s DIR/tokenizer.json, else the one the data reports (a
- * char table is one too).  The prompt is encoded with it (after its BOS)
- * and each sampled id is printed as its bytes as it comes, up to the
- * tokenizer's EOS.  Without any tokenizer a token is a byte, as for the
- * byte tokenizer's runs.  --ids gives and prints ids either way. */
+ * char table is one too).  The prompt is encoded with it (after its BOS,
+ * except before a prompt the chat template rendered) and each sampled id is
+ * printed as its bytes as it comes, up to an EOS: --eos's, else the chat
+ * template's end of turn and the tokenizer's EOS.  --chat renders the prompt
+ * as a user turn with the chat template of the tokenizer_config.json beside
+ * the tokenizer, as apply_chat_template does (chat.h).  Without any
+ * tokenizer a token is a byte, as for the byte tokenizer's runs.  --ids
+ * gives and prints ids either way. */
 #include "run.h"
 #include "session.h"
 
 #include "../config/hf_config.h"
 #include "../util/json.h"
+#include "../tokenizer/chat.h"
 #include "../tokenizer/tokenizer.h"
 #include "../../kernels/host.h"
 
@@ -168,25 +173,36 @@ static char *find_tokenizer(const char *ckpt_dir, const struct tr_config *cfg,
     return found;
 }
 
-/* The JSON object in file `name` beside the tokenizer, or NULL. */
-static struct tr_json *json_beside(const char *tok_path, const char *name)
+/* The text of file `name` beside the tokenizer (at most 64 MiB), newly allocated and
+ * NUL-terminated, or NULL when there is none. */
+static char *text_beside(const char *tok_path, const char *name, size_t *len)
 {
     char *dir = tr_dirname(tok_path);
     char *path = tr_xasprintf("%s/%s", dir, name);
     free(dir);
     FILE *f = tr_input_fopen(path);
     free(path);
+    *len = 0;
     if (!f)
         return NULL;
     char *text = NULL;
-    size_t len = 0, got;
+    size_t got;
     char buf[65536];
-    while ((got = fread(buf, 1, sizeof buf, f)) > 0 && len < ((size_t)64 << 20)) {
-        text = tr_xrealloc(text, len + got + 1);
-        memcpy(text + len, buf, got);
-        len += got;
+    while ((got = fread(buf, 1, sizeof buf, f)) > 0 && *len < ((size_t)64 << 20)) {
+        text = tr_xrealloc(text, *len + got + 1);
+        memcpy(text + *len, buf, got);
+        *len += got;
+        text[*len] = '\0';
     }
     fclose(f);
+    return text;
+}
+
+/* The JSON object in file `name` beside the tokenizer, or NULL. */
+static struct tr_json *json_beside(const char *tok_path, const char *name)
+{
+    size_t len;
+    char *text = text_beside(tok_path, name, &len);
     struct tr_json *j = text ? tr_json_parse(text, len, NULL) : NULL;
     free(text);
     if (j && j->type != TR_JSON_OBJECT) {
@@ -246,13 +262,23 @@ static int32_t find_eos(const struct tr_tokenizer *tok, const char *tok_path)
 }
 
 /* The prompt through the tokenizer, after its BOS when it has one; an empty
- * prompt starts a document (BOS, else EOS, which separates documents).
- * Text the tokenizer cannot encode (a character a char table lacks) is
- * refused rather than dropped.  NULL with err set. */
-static int32_t *encode_prompt(struct tr_tokenizer *tok, const char *prompt, int32_t eos,
-                              int64_t vocab, const char *tok_path, size_t *n, tr_err *err)
+ * prompt starts a document (BOS, else EOS, which separates documents).  A
+ * prompt already rendered with the chat template (it starts with the
+ * template's BOS text or turn opener) or starting with the BOS gets none: as
+ * apply_chat_template, which writes the template's text and adds no
+ * post-processor tokens (else ChatML's <|im_start|> comes twice where the
+ * post-processor's BOS is that token).  Text the tokenizer cannot encode (a
+ * character a char table lacks) is refused rather than dropped.  NULL with
+ * err set. */
+static int32_t *encode_prompt(struct tr_tokenizer *tok, const struct tr_chat_template *ct,
+                              const char *prompt, int32_t eos, int64_t vocab,
+                              const char *tok_path, size_t *n, tr_err *err)
 {
     int32_t *ids = NULL, bos = tr_tokenizer_bos_id(tok);
+    if (ct->family != TR_CHAT_NONE &&
+        (strncmp(prompt, ct->opener, strlen(ct->opener)) == 0 ||
+         (ct->bos && *ct->bos && strncmp(prompt, ct->bos, strlen(ct->bos)) == 0)))
+        bos = -1;
     size_t len = strlen(prompt), count = 0;
     /* Refused only when a character cannot be encoded (the unknown token, or dropped):
      * not when decode does not give the prompt back byte for byte, as after an NFC
@@ -276,6 +302,8 @@ static int32_t *encode_prompt(struct tr_tokenizer *tok, const char *prompt, int3
     }
     if (tr_tokenizer_encode(tok, prompt, len, &ids, &count, err) != TR_OK)
         return NULL;
+    if (count > 0 && ids[0] == bos)
+        bos = -1;
     int32_t start = bos >= 0 ? bos : count == 0 ? eos : -1;
     if (count == 0 && start < 0) {
         free(ids);
@@ -301,6 +329,28 @@ static int32_t *encode_prompt(struct tr_tokenizer *tok, const char *prompt, int3
     return ids;
 }
 
+/* --chat: the prompt as a user message (after --system's, else the template's
+ * default system prompt) rendered with the chat template and its generation
+ * prompt, as apply_chat_template(messages, add_generation_prompt=True,
+ * tokenize=True) gives it; the rendered text in *text.  NULL with err set. */
+static int32_t *chat_prompt(struct tr_tokenizer *tok, const struct tr_chat_template *ct,
+                            const struct tr_sample_flags *fl, int32_t eos, int64_t vocab,
+                            const char *tok_path, char **text, size_t *n, tr_err *err)
+{
+    if (ct->family == TR_CHAT_NONE) {
+        tr_fail(err, "--chat renders the prompt with the model's chat template, but %s; "
+                "write the turns into --prompt yourself, or drop --chat", ct->why);
+        return NULL;
+    }
+    struct tr_chat_message m[2] = {{"system", fl->system}, {"user", fl->prompt}};
+    size_t len;
+    int sys = fl->system != NULL;
+    if (tr_chat_render(ct, m + !sys, 1 + (size_t)sys, 1, text, &len, NULL, err) != TR_OK)
+        return NULL;
+    /* rendered, it starts with the template's own BOS or turn opener: no other BOS */
+    return encode_prompt(tok, ct, *text, eos, vocab, tok_path, n, err);
+}
+
 /* What sampling holds: the checkpoint read, the config, the session. */
 struct sampler {
     char *dir, *name, *ckpt;        /* the checkpoint, when one is named */
@@ -311,7 +361,10 @@ struct sampler {
     struct tr_session s;
     struct tr_tokenizer *tok;
     char *tok_path;
-    int32_t eos;
+    struct tr_chat_template tmpl;   /* of the tokenizer_config.json beside it */
+    int32_t eos;                    /* the tokenizer's: an empty prompt starts after it */
+    int32_t stop[2];                /* the ids generation stops at */
+    int n_stop;
     int T, V, allowed;              /* context, logits, ids that may be sampled */
     int64_t vocab;                  /* ids the embedding has rows for */
 };
@@ -385,7 +438,66 @@ static int open_model(struct sampler *sp, tr_err *err)
     return TR_OK;
 }
 
-/* The model's tokenizer and its EOS; without one a token is a byte. */
+/* The chat template of the tokenizer_config.json beside the tokenizer; one that
+ * is no JSON is as none, with why saying so (only --chat needs it). */
+static void read_template(struct sampler *sp)
+{
+    size_t len;
+    char *config = text_beside(sp->tok_path, "tokenizer_config.json", &len);
+    char *dir = tr_dirname(sp->tok_path);
+    char *path = tr_xasprintf("%s/tokenizer_config.json", dir);
+    tr_err err = {{0}};
+    if (tr_chat_template_read(&sp->tmpl, config, len, config ? path : sp->tok_path, &err) != TR_OK)
+        snprintf(sp->tmpl.why, sizeof sp->tmpl.why, "%s", err.msg);
+    free(config);
+    free(path);
+    free(dir);
+}
+
+/* The ids generation stops at: --eos's alone (a token's text or an id), else
+ * the chat template's end of turn (<|im_end|>, <|eot_id|>: where a chat
+ * model's answer ends, whatever eos_token says) and the tokenizer's EOS (where
+ * prepare ended documents), unless that is the template's turn opener, which
+ * some configs name as eos_token. */
+static int find_stops(struct sampler *sp, const struct tr_sample_flags *fl, tr_err *err)
+{
+    sp->n_stop = 0;
+    if (fl->eos) {
+        const char *e = fl->eos;
+        char *end;
+        errno = 0;
+        long long id = *e >= '0' && *e <= '9' ? strtoll(e, &end, 10) : -1;
+        if (id >= 0 && (errno || *end))
+            id = -1;
+        if (id < 0 && sp->tok)
+            id = tr_tokenizer_token_id(sp->tok, e);
+        if (id < 0 && sp->tok)
+            return tr_fail(err, "--eos '%.60s': %s has no such token; give a token of its "
+                           "vocabulary (e.g. %s) or its id", e, sp->tok_path,
+                           sp->tmpl.family ? sp->tmpl.end_of_turn : "<|endoftext|>");
+        if (id < 0)
+            return tr_fail(err, "--eos '%.60s': without a tokenizer a token is a byte or an "
+                           "id: give the id, e.g. --eos 10", e);
+        if (id >= sp->allowed)
+            return tr_fail(err, "--eos %lld is not an id the model samples (below %d)", id,
+                           sp->allowed);
+        sp->stop[sp->n_stop++] = (int32_t)id;
+        return TR_OK;
+    }
+    int32_t eot = -1, opener = -1;
+    if (sp->tok && sp->tmpl.family) {
+        eot = tr_tokenizer_token_id(sp->tok, sp->tmpl.end_of_turn);
+        opener = tr_tokenizer_token_id(sp->tok, sp->tmpl.opener);
+    }
+    if (eot >= 0 && eot < sp->allowed)
+        sp->stop[sp->n_stop++] = eot;
+    if (sp->eos >= 0 && sp->eos != eot && sp->eos != opener)
+        sp->stop[sp->n_stop++] = sp->eos;
+    return TR_OK;
+}
+
+/* The model's tokenizer, its chat template and the ids to stop at; without a
+ * tokenizer a token is a byte. */
 static int open_tokenizer(struct sampler *sp, const struct tr_sample_flags *fl, tr_err *err)
 {
     sp->tok_path = find_tokenizer(sp->dir, &sp->cfg, &sp->s.data.info);
@@ -394,21 +506,40 @@ static int open_tokenizer(struct sampler *sp, const struct tr_sample_flags *fl, 
         return TR_ERROR;
     }
     sp->eos = sp->tok ? find_eos(sp->tok, sp->tok_path) : -1;
+    if (sp->tok)
+        read_template(sp);
+    else
+        snprintf(sp->tmpl.why, sizeof sp->tmpl.why, "the model has no tokenizer (none is in "
+                 "the run directory, in model.from's directory or beside the data)");
     /* ids past the tokenizer's are no text (a vocabulary padded to a round
      * size): never sampled */
     sp->allowed = sp->tok && tr_tokenizer_vocab_size(sp->tok) < (size_t)sp->V
                       ? (int)tr_tokenizer_vocab_size(sp->tok) : sp->V;
+    if (find_stops(sp, fl, err) != TR_OK)
+        return TR_ERROR;
     if (sp->tok) {
-        char eos_text[64] = "none";
-        char *bytes = NULL;
-        size_t blen = 0;
-        tr_err ignored = {{0}};
-        if (sp->eos >= 0 && tr_tokenizer_decode(sp->tok, &sp->eos, 1, &bytes, &blen, &ignored) == TR_OK)
-            snprintf(eos_text, sizeof eos_text, "%d %.40s", (int)sp->eos, bytes);
-        free(bytes);
+        char eos_text[400] = "none";
+        size_t at = 0;
+        for (int i = 0; i < sp->n_stop; i++) {
+            char *bytes = NULL;
+            size_t blen = 0;
+            tr_err ignored = {{0}};
+            int32_t id = sp->stop[i];
+            if (tr_tokenizer_decode(sp->tok, &id, 1, &bytes, &blen, &ignored) != TR_OK)
+                bytes = NULL;
+            const char *why = fl->eos ? " (--eos)"
+                              : sp->tmpl.family && id == tr_tokenizer_token_id(
+                                    sp->tok, sp->tmpl.end_of_turn)
+                                  ? " (the chat template's end of turn)" : "";
+            at += (size_t)snprintf(eos_text + at, sizeof eos_text - at, "%s%d %.40s%s",
+                                   i ? ", " : "", (int)id, bytes ? bytes : "?", why);
+            if (at >= sizeof eos_text)
+                at = sizeof eos_text - 1;
+            free(bytes);
+        }
         tr_log(TR_LOG_INFO, "sample", "tokenizer %s (%zu ids; EOS: %s%s)", sp->tok_path,
                tr_tokenizer_vocab_size(sp->tok), eos_text,
-               sp->eos >= 0 && fl->ignore_eos ? ", ignored" : "");
+               sp->n_stop && fl->ignore_eos ? ", ignored" : "");
     } else if (!fl->ids && sp->V > 256) {
         return tr_fail(err, "%s: the model predicts %d token ids, more than the 256 bytes sample "
                        "prints as text; pass --ids to give the prompt and get the text as token "
@@ -435,15 +566,15 @@ static int draw(const float *probs, int V, uint64_t *rng)
 }
 
 /* The prompt's tokens, then up to fl->tokens more, each printed as it
- * comes; stops at the EOS unless --ignore-eos.  The tokens sampled before
- * an EOS, 0 when none came. */
+ * comes; stops at an EOS (sp->stop) unless --ignore-eos.  The tokens sampled
+ * up to the EOS, 0 when none came. */
 static size_t generate(struct sampler *sp, const struct tr_sample_flags *fl, int32_t *text,
                        size_t plen)
 {
     struct tr_session *s = &sp->s;
     struct tr_graph *g = s->g;
     const struct tr_tensor *in = &g->tensors[g->inputs[0]], *lg = &g->tensors[g->logits];
-    int T = sp->T, V = sp->V, stop_at = fl->ignore_eos ? -1 : sp->eos;
+    int T = sp->T, V = sp->V;
     size_t total = plen + (size_t)fl->tokens, stopped = 0;
     int32_t *ctx = tr_xcalloc((size_t)T, sizeof *ctx);
     float *logits = tr_xcalloc((size_t)V, sizeof *logits), *probs = tr_xcalloc((size_t)V, sizeof *probs);
@@ -470,10 +601,13 @@ static size_t generate(struct sampler *sp, const struct tr_sample_flags *fl, int
             pick = draw(probs, V, &rng);
         }
         text[n] = pick;
-        if (pick != stop_at || fl->ids)
+        int stop = 0;
+        for (int i = 0; i < sp->n_stop && !fl->ignore_eos; i++)
+            stop |= pick == sp->stop[i];
+        if (!stop || fl->ids)
             put_token(fl, sp->tok, text, n);
         fflush(stdout);
-        if (pick == stop_at) {
+        if (stop) {
             stopped = n + 1 - plen;
             break;
         }
@@ -495,11 +629,25 @@ int tr_sample(const struct tr_sample_flags *fl)
         open_tokenizer(&sp, fl, &err) != TR_OK)
         goto fail;
     size_t plen = 0;
-    int32_t *prompt = sp.tok && !fl->ids
-                          ? encode_prompt(sp.tok, fl->prompt, sp.eos, sp.vocab, sp.tok_path, &plen, &err)
-                          : prompt_tokens(fl, sp.vocab, &plen, &err);
-    if (!prompt)
+    char *rendered = NULL;
+    int32_t *prompt = NULL;
+    if (fl->chat && !sp.tok)
+        tr_fail(&err, "--chat renders the prompt with the model's chat template, but %s",
+                sp.tmpl.why);
+    else if (fl->chat)
+        prompt = chat_prompt(sp.tok, &sp.tmpl, fl, sp.eos, sp.vocab, sp.tok_path, &rendered,
+                             &plen, &err);
+    else if (sp.tok && !fl->ids)
+        prompt = encode_prompt(sp.tok, &sp.tmpl, fl->prompt, sp.eos, sp.vocab, sp.tok_path,
+                               &plen, &err);
+    else
+        prompt = prompt_tokens(fl, sp.vocab, &plen, &err);
+    if (!prompt) {
+        free(rendered);
         goto fail;
+    }
+    tr_log(TR_LOG_INFO, "sample", "prompt: %zu tokens%s", plen,
+           fl->chat ? ", rendered with the chat template" : "");
     int32_t *text = tr_xcalloc(plen + (size_t)fl->tokens + 1, sizeof *text);
     memcpy(text, prompt, plen * sizeof *text);
     free(prompt);
@@ -507,12 +655,13 @@ int tr_sample(const struct tr_sample_flags *fl)
         for (size_t n = 0; n < plen; n++)
             put_token(fl, NULL, text, n);
     else
-        fputs(fl->prompt, stdout); /* as given: the BOS is no text */
+        fputs(rendered ? rendered : fl->prompt, stdout); /* as given: the BOS is no text */
+    free(rendered);
     size_t stopped = generate(&sp, fl, text, plen);
     fputc('\n', stdout);
     if (stopped)
-        tr_log(TR_LOG_INFO, "sample", "stopped at the EOS token after %zu tokens (--ignore-eos "
-               "samples on)", stopped);
+        tr_log(TR_LOG_INFO, "sample", "stopped at the EOS token %d after %zu tokens "
+               "(--ignore-eos samples on)", (int)text[plen + stopped - 1], stopped);
     free(text);
     code = TR_EXIT_OK;
     goto out;
@@ -525,6 +674,7 @@ out:
     free(sp.overrides);
     tr_json_free(sp.state);
     tr_tokenizer_free(sp.tok);
+    tr_chat_template_free(&sp.tmpl);
     free(sp.tok_path);
     free(sp.ckpt);
     free(sp.dir);
