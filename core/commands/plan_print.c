@@ -368,8 +368,7 @@ static void print_pipeline(const struct tr_plan *p, FILE *out)
     row(out, "", "(memory per stage estimated: its share of the weights and their state, the "
         "activations of the micro-batches it holds; communication not counted)");
     row(out, "", "(a stage keeps its share resident where the backend gives memory back (cpu); "
-        "a resume passes through the whole model's; the activations of the micro-batches in "
-        "flight wait in host memory)");
+        "the activations of the micro-batches in flight wait in host memory)");
 }
 
 static void print_optimal(const struct tr_plan *p, FILE *out)

@@ -548,6 +548,15 @@ int tr_ckpt_load_layout(const struct tr_ckpt_src *src, const struct tr_ckpt_layo
                         const struct tr_optimizer_desc *od, const struct tr_ckpt_dest *dest,
                         tr_err *err)
 {
+    return tr_ckpt_load_layout_some(src, l, g, be, od, dest, NULL, NULL, err);
+}
+
+int tr_ckpt_load_layout_some(const struct tr_ckpt_src *src, const struct tr_ckpt_layout *l,
+                             const struct tr_graph *g, const struct tr_backend *be,
+                             const struct tr_optimizer_desc *od, const struct tr_ckpt_dest *dest,
+                             int (*keep)(void *ctx, const struct tr_tensor *t), void *keep_ctx,
+                             tr_err *err)
+{
     char at[512];
     where(src, at, sizeof at);
     int wants_slots = 0;
@@ -586,6 +595,8 @@ int tr_ckpt_load_layout(const struct tr_ckpt_src *src, const struct tr_ckpt_layo
             break;
         }
         matched++;
+        if (keep && !lt->buffer && !keep(keep_ctx, t))
+            continue;
         for (size_t j = 0; j < lt->n && rc == TR_OK; j++) {
             const struct tr_ckpt_entry *e = &l->entries[lt->first + j];
             if (od ? (int)e->slot > od->state_slots : e->slot > 0)
@@ -671,7 +682,8 @@ int tr_ckpt_resume_shared(const struct tr_ckpt_rank *r, const char *name, float 
         for (int k = 0; k < r->od->state_slots; k++)
             dest[1 + k] = (struct tr_ckpt_dest){slots[k],
                                                  tr_shard_sharded(r->shard) ? r->shard : NULL, 1};
-        rc = tr_ckpt_load_layout(&src, l, r->g, r->be, r->od, dest, err);
+        rc = tr_ckpt_load_layout_some(&src, l, r->g, r->be, r->od, dest, r->keep, r->keep_ctx,
+                                      err);
     }
     tr_ckpt_layout_free(l);
     /* Every rank reads only its own ranges, so damage in one of them is

@@ -92,6 +92,10 @@ struct tr_ckpt_rank {
      * owner[i] is the rank that writes parameter tensor i whole, in every
      * slot, and the state slots are laid out like the parameters */
     const int *owner;
+    /* a reader that keeps only some parameters (a pipeline stage: those its
+     * chunks read): keep(keep_ctx, t) says which, in every slot; NULL: all */
+    int (*keep)(void *ctx, const struct tr_tensor *t);
+    void *keep_ctx;
 };
 
 /* Every rank calls it: this rank's parts of params (full-size, its parts
@@ -130,6 +134,13 @@ int tr_ckpt_load_layout(const struct tr_ckpt_src *src, const struct tr_ckpt_layo
                         const struct tr_graph *g, const struct tr_backend *be,
                         const struct tr_optimizer_desc *od, const struct tr_ckpt_dest *dest,
                         tr_err *err);
+/* The same, reading only the parameters keep(keep_ctx, t) keeps (NULL: all;
+ * the others are still required to be there). */
+int tr_ckpt_load_layout_some(const struct tr_ckpt_src *src, const struct tr_ckpt_layout *l,
+                             const struct tr_graph *g, const struct tr_backend *be,
+                             const struct tr_optimizer_desc *od, const struct tr_ckpt_dest *dest,
+                             int (*keep)(void *ctx, const struct tr_tensor *t), void *keep_ctx,
+                             tr_err *err);
 
 /* Every entry of l read and checked against its CRC-32, one at a time. */
 int tr_ckpt_layout_check_all(const struct tr_ckpt_src *src, const struct tr_ckpt_layout *l,

@@ -139,7 +139,9 @@ int tr_state_gather_params(struct tr_session *s, tr_err *err)
 static struct tr_ckpt_rank ckpt_rank(const struct tr_session *s)
 {
     return (struct tr_ckpt_rank){s->cfg->checkpoint.plugin->info->vtable, s->cfg->checkpoint.self,
-                                 s->g, &s->be, s->opt.desc, &s->opt.shard, s->comm, NULL};
+                                 s->g, &s->be, s->opt.desc, &s->opt.shard, s->comm, NULL,
+                                 /* a pipeline stage reads its own parameters */
+                                 s->stage_readers ? tr_session_stage_keeps : NULL, (void *)s};
 }
 
 /* Whether this save goes to every rank's blob (checkpoint_shard.h): a
@@ -337,7 +339,7 @@ static int resume_in_parallel(struct tr_session *s, struct tr_run_state *st, cha
 int tr_state_resume(struct tr_session *s, struct tr_run_state *st, tr_err *err)
 {
     char name[64] = "";
-    if (s->comm && tr_state_sharded(s) && s->cfg->checkpoint.plugin) {
+    if (s->comm && (tr_state_sharded(s) || s->stage_readers) && s->cfg->checkpoint.plugin) {
         int rc = resume_in_parallel(s, st, name, sizeof name, err);
         if (rc == 1 && restore_plugins(s, st, err) != TR_OK)
             rc = TR_ERROR;

@@ -366,8 +366,7 @@ static void find_stage_readers(struct tr_session *s)
     free(chunk);
 }
 
-/* Whether this stage keeps tensor t (a parameter another stage reads: no). */
-static int stage_keeps(void *ctx, const struct tr_tensor *t)
+int tr_session_stage_keeps(void *ctx, const struct tr_tensor *t)
 {
     const struct tr_session *s = ctx;
     size_t i = (size_t)(t - s->g->tensors);
@@ -378,7 +377,7 @@ static int stage_keeps(void *ctx, const struct tr_tensor *t)
 static void stage_written(void *ctx, const struct tr_tensor *t)
 {
     struct tr_session *s = ctx;
-    if (!stage_keeps(s, t))
+    if (!tr_session_stage_keeps(s, t))
         tr_be_discard(&s->be, t->data, t->numel * sizeof(float));
 }
 
@@ -733,7 +732,7 @@ int tr_session_load_pretrained(struct tr_session *s, tr_err *err)
     double t0 = tr_now();
     uint32_t crc = 0;
     if (tr_hf_config_read(dir, &a, err) != TR_OK ||
-        tr_hf_load(s->g, &s->be, dir, &a, &crc, s->stage_readers ? stage_keeps : NULL, s,
+        tr_hf_load(s->g, &s->be, dir, &a, &crc, s->stage_readers ? tr_session_stage_keeps : NULL, s,
                    err) != TR_OK) {
         char where[600];
         struct tr_origin o = {TR_FROM_RECIPE, tr_recipe_path(s->cfg->recipe), 0};

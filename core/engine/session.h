@@ -114,6 +114,9 @@ int tr_session_check_base(const struct tr_session *s, const char *recorded, cons
  * a training run's, or a smoke run's on ranks; 0 when none (a process
  * alone runs every stage's arithmetic itself). */
 int tr_session_stages(const struct tr_session *s);
+/* Whether this rank keeps tensor t (ctx: the session): a parameter another
+ * pipeline stage alone reads, no; anything else, yes. */
+int tr_session_stage_keeps(void *ctx, const struct tr_tensor *t);
 
 /* The loader's next micro-batch, checked (token ids inside the vocabulary)
  * and uploaded into the graph's inputs; *wait (when not NULL) adds the

@@ -30,8 +30,8 @@
 #     backwards and sends/receives per micro-batch;
 #   - each of 2 stages of a 27 M Llama keeps less than 70% of what one
 #     process holds resident (its share of the weights, gradients and
-#     optimizer state: about 55%), at its peak too (initialised, evaluated
-#     and saved as stages);
+#     optimizer state: about 55%), at its peak too (initialised, evaluated,
+#     saved and resumed as stages);
 #   - --smoke of a recipe with stages (interleaved, 4 stages) runs its 2
 #     steps on 2 CPU ranks as 2 stages, and one with sharded parameters on
 #     2 ranks, each ending with the checkpoint round trip;
@@ -210,7 +210,11 @@ BIG="$TR_SRCDIR/contrib/bench/shard-bench.lua"
 "$TRAINRUN" "$BIG" train.steps=2 run_dir=big-one > big-one.log 2>&1 || { cat big-one.log; fail "big-one"; }
 "$TRAINRUN" "$BIG" train.steps=2 procs=2 parallel.pipeline=2 run_dir=big-2 > big-2.log 2>&1 ||
   { cat big-2.log; fail "big-2"; }
-python3 - big-one.log big-2.log <<'PY' || { cat big-one.log big-2.log; fail "stage memory"; }
+"$TRAINRUN" "$BIG" train.steps=3 procs=2 parallel.pipeline=2 run_dir=big-2 --resume auto \
+  > big-2r.log 2>&1 || { cat big-2r.log; fail "big-2 resumed"; }
+grep -q "every rank read its own parts" big-2r.log || { cat big-2r.log; fail "big-2: not resumed by stage"; }
+for log in big-2.log big-2r.log; do
+python3 - big-one.log $log <<'PY' || { cat big-one.log $log; fail "stage memory ($log)"; }
 import re, sys
 one = float(re.search(r"peak RSS (\d+) MiB training", open(sys.argv[1]).read()).group(1))
 text = open(sys.argv[2]).read()
@@ -221,6 +225,7 @@ assert len(stages) == 2 and len(peaks) == 2, (stages, peaks)
 assert all(v < 0.7 * one for v in stages + peaks), (one, stages, peaks)
 print("stage memory: one process %.0f MiB, stages %s MiB (peaks %s)" % (one, stages, peaks))
 PY
+done
 
 # --smoke: ranks for a recipe of ranks
 for lever in "parallel.pipeline=4 model.layers=4 parallel.schedule=interleaved parallel.virtual_stages=2" \
