@@ -18,7 +18,8 @@
 # forward would overwrite has them copied aside and back (host memory):
 # those copies count as the stage's compute.
 #
-# Environment: TRAINRUN, SCHEDULES (gpipe,1f1b,interleaved), MICRO (2,4,8,16),
+# Environment: TRAINRUN, SCHEDULES (gpipe,1f1b,interleaved), MICRO (2,4,8,16), MODEL (the
+# model overrides),
 # STEPS (8).
 set -euo pipefail
 name=pipeline.sh
@@ -29,7 +30,7 @@ SCHEDULES=${SCHEDULES:-gpipe,1f1b,interleaved}
 MICRO=${MICRO:-2,4,8,16}
 STEPS=${STEPS:-8}
 say "load average before starting: $(cut -d' ' -f1-3 /proc/loadavg) (should be near 0)"
-model="model.dim=128 model.ffn_dim=384 model.layers=4 model.ctx=128"
+model=${MODEL:-"model.dim=128 model.ffn_dim=384 model.layers=4 model.ctx=128"}
 
 printf '| schedule | M | measured idle | simulated (measured times) | theory | step time |\n'
 printf '|---|---:|---:|---:|---:|---:|\n'

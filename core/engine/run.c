@@ -374,13 +374,27 @@ static int pipeline_step(struct run *r, double scale, double *loss_sum, double *
     int C = tr_pipe_exec_chunks(r->pipe);
     /* the targets: every stage counted its replica's, the first stages tell */
     int first = tr_pipe_exec_stage(r->pipe) == 0;
-    float agree[6 + 2 * TR_PIPE_MAX_CHUNKS] = {(float)ps.loss_sum, stop_signal ? 1.0f : 0.0f,
-                      r->s.rank == 0 && tr_loop_over_budget(l) ? 1.0f : 0.0f, (float)ps.busy,
-                      (float)wall, first ? (float)ps.targets : 0.0f};
+    /* the step's length is the slowest rank's: a stage done early waits for
+     * the others at the agreement, which is idle too (each rank's wall in a
+     * slot of its own, the largest taken) */
+    size_t n_agree = 6 + 2 * (size_t)C + (size_t)s->world;
+    float *agree = tr_xcalloc(n_agree, sizeof *agree);
+    /* the targets in two floats, as agree() sends them: exact past 2^24 */
+    double t = first ? ps.targets : 0;
+    float head[6] = {(float)ps.loss_sum, stop_signal ? 1.0f : 0.0f,
+                     r->s.rank == 0 && tr_loop_over_budget(l) ? 1.0f : 0.0f, (float)ps.busy,
+                     (float)floor(t / 4096), (float)fmod(t, 4096)};
+    memcpy(agree, head, sizeof head);
     memcpy(agree + 6, ps.forward, (size_t)C * sizeof(float));
     memcpy(agree + 6 + C, ps.backward, (size_t)C * sizeof(float));
-    if (tr_comm_allreduce_host(s->comm, agree, 6 + 2 * (size_t)C, err) != TR_OK)
+    agree[6 + 2 * C + s->rank] = (float)wall;
+    if (tr_comm_allreduce_host(s->comm, agree, n_agree, err) != TR_OK) {
+        free(agree);
         return TR_ERROR;
+    }
+    double longest = 0;
+    for (int q = 0; q < s->world; q++)
+        longest = agree[6 + 2 * C + q] > longest ? agree[6 + 2 * C + q] : longest;
     /* the simulator (pipeline.h) fed with the chunks' measured times: what
      * it predicts for this step's schedule, beside what was measured */
     double fw[TR_PIPE_MAX_CHUNKS], bw[TR_PIPE_MAX_CHUNKS];
@@ -395,10 +409,11 @@ static int pipeline_step(struct run *r, double scale, double *loss_sum, double *
                                         (int)par->virtual_stages, s->accum, fw, bw, &sim,
                                         &ignored) == TR_OK ? sim.bubble : NAN;
     *loss_sum = agree[0];
-    *targets = agree[5];
+    *targets = (double)agree[4] * 4096 + (double)agree[5];
     l->agreed_stop = agree[1] > 0;
     l->budget_stop = agree[2] > 0;
-    l->pipe_idle = agree[4] > 0 ? 1.0 - agree[3] / agree[4] : NAN;
+    l->pipe_idle = longest > 0 ? 1.0 - agree[3] / (longest * s->world) : NAN;
+    free(agree);
     l->t_comm += tr_now() - tw;
     struct tr_trace *trace = r->s.rank == 0 ? r->j.trace : r->stage_trace;
     if (trace && l->step % (uint64_t)s->cfg->train.trace_every == 0) {
