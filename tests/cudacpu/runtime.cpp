@@ -1,8 +1,9 @@
 /*
  * cudacpu's runtime: memory, streams as queues that run when a
  * synchronisation needs them (the model and its order: "streams: queues"
- * below), events, and kernel launches that run each CUDA thread of a block
- * as a fiber.
+ * below), events, a check for two streams touching the same bytes with
+ * nothing ordering them ("stream hazards"), and kernel launches that run
+ * each CUDA thread of a block as a fiber.
  *
  * Scheduling: the threads of one block are fibers on this OS thread; the
  * blocks of a grid run one after another.  A fiber runs until it exits or

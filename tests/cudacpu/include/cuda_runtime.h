@@ -16,7 +16,9 @@
  * and an event record are queued on their stream and run only when a
  * synchronisation needs them (runtime.cpp says which calls and in what
  * order), so a missing cudaStreamWaitEvent or an unsynchronised host read
- * gives a wrong result instead of passing.
+ * gives a wrong result instead of passing; and two streams touching the
+ * same bytes with nothing ordering them stop the run in any order (the
+ * stream hazard check: launches tell it their pointer arguments).
  *
  * Only what the backend uses is here: a kernel that needs more fails to
  * compile, which is the point.
