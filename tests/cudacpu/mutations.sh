@@ -36,11 +36,12 @@
 #                           the non-blocking compute stream does not join
 #   gemm_legacy_stream      cuBLASLt given stream 0 instead of the compute
 #                           stream (gemm.cu, through tests/cudacpu/gemm_lt_check)
-# and the first three of those again with every operation run when queued
-# (CUDACPU_STREAM_ORDER=immediate, in which the wrong order never shows):
-# the harness's stream hazard check (runtime.cpp) must name the two streams
-#   *_immediate             a kernel or copy touching what the other stream
-#                           writes, with no event wait between them
+# and the first three of those and conv_no_set_stream again with every
+# operation run when queued (CUDACPU_STREAM_ORDER=immediate, in which the
+# wrong order never shows): the harness's stream hazard check (runtime.cpp)
+# must name the two streams
+#   *_immediate             a kernel, copy or cuDNN call touching what the
+#                           other stream writes, with no wait between them
 . "$TR_SRCDIR/tests/e2e/lib.sh"
 : "${TR_CXX:?run through make check}" "${TR_PERL:?run through make check}"
 gen=$TR_BUILDDIR/tests/cudacpu/gen
@@ -159,6 +160,11 @@ mutate_order=
 mutate conv_no_set_stream conv.cu \
   's/s = a->set_stream\(d->h, c->compute\);/s = CUDNN_STATUS_SUCCESS;/' \
   'backend_ops/conv2d_3x3_f32' 'conv2d_3x3_f32.*forward output differs from the CPU'
+mutate_order=immediate
+mutate conv_no_set_stream_immediate conv.cu \
+  's/s = a->set_stream\(d->h, c->compute\);/s = CUDNN_STATUS_SUCCESS;/' \
+  'backend_ops/conv2d_3x3_f32' 'stream hazard: .*cudnnConvolution.*legacy default stream'
+mutate_order=
 
 # gemm.cu is not in the harness's backend (gemm_ref.cu is): its mutation is
 # linked into tests/cudacpu/gemm_lt_check instead
@@ -180,4 +186,4 @@ if "./$name/gemm_lt_check" > "$name/log" 2>&1; then
 fi
 grep -E 'fp32 GEMM .*relative error' "$name/log" > "$name/why" || { cat "$name/log"; fail "$name: not reported as expected"; }
 echo "caught $name: $(head -n 1 "$name/why")"
-echo "mutations: all 26 caught"
+echo "mutations: all 27 caught"

@@ -678,6 +678,8 @@ struct queued_op {
     /* OP_HOST */
     cudaHostFn_t host;
     void *arg;
+    const char *what;                 /* a library call's name */
+    std::vector<cudacpu_touch> touch; /* the bytes it reads and writes */
     /* OP_WAIT: `on` up to its operation number `upto` */
     cudacpu_stream *on;
     uint64_t upto;
@@ -1011,6 +1013,10 @@ void touched_by(const queued_op &o, std::vector<touch> &out)
     case OP_SET:
         add(o.dst, o.bytes, true);
         break;
+    case OP_HOST:
+        for (const cudacpu_touch &t : o.touch)
+            add(t.p, t.bytes, t.writes);
+        break;
     default:
         break;
     }
@@ -1060,6 +1066,10 @@ void describe_op(const cudacpu_stream *s, const ran_op &r, char *buf, size_t siz
         snprintf(buf, size, "a copy of %zu bytes (operation %llu of %s)", r.bytes,
                  (unsigned long long)r.pos, stream);
         break;
+    case OP_HOST:
+        snprintf(buf, size, "%s (operation %llu of %s)", r.name, (unsigned long long)r.pos,
+                 stream);
+        break;
     default:
         snprintf(buf, size, "a memset of %zu bytes (operation %llu of %s)", r.bytes,
                  (unsigned long long)r.pos, stream);
@@ -1071,9 +1081,10 @@ void describe_op(const cudacpu_stream *s, const ran_op &r, char *buf, size_t siz
 bool hazard_free(cudacpu_stream *s, const queued_op &o)
 {
     if (!hazard_check || sticky_error != cudaSuccess ||
-        (o.kind != OP_KERNEL && o.kind != OP_COPY && o.kind != OP_SET))
+        (o.kind != OP_KERNEL && o.kind != OP_COPY && o.kind != OP_SET && o.kind != OP_HOST))
         return true;
-    ran_op me{o.clock.of(s->id), o.kind, o.name, o.file, o.line, o.bytes, {}};
+    ran_op me{o.clock.of(s->id), o.kind, o.kind == OP_HOST ? o.what : o.name, o.file, o.line,
+              o.bytes, {}};
     touched_by(o, me.touched);
     if (me.touched.empty())
         return true;
@@ -1536,5 +1547,21 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e)
 cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
 
 /* for the stand-in libraries: include/cuda_runtime.h, cudacpu_runtime_table */
+static cudaError_t launch_library_call(cudaStream_t s, cudaHostFn_t fn, void *userData,
+                                       const char *what, const cudacpu_touch *touch, int n)
+{
+    HOLD;
+    if (!fn)
+        return cudaErrorInvalidValue;
+    queued_op o{};
+    o.kind = OP_HOST;
+    o.host = fn;
+    o.arg = userData;
+    o.what = what ? what : "a library call";
+    o.touch.assign(touch, touch + n);
+    enqueue(stream_of(s), std::move(o));
+    return cudaSuccess;
+}
+
 extern "C" __attribute__((visibility("default"))) const cudacpu_runtime_table cudacpu_runtime = {
-    CUDACPU_RUNTIME_VERSION, cudaLaunchHostFunc};
+    CUDACPU_RUNTIME_VERSION, cudaLaunchHostFunc, launch_library_call};

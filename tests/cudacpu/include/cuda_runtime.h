@@ -154,10 +154,19 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *userData);
  * they find this table (the symbol cudacpu_runtime, exported by whatever
  * holds runtime.cpp: include/cudacpu_library.h) and queue their work on the
  * stream through it, where the real libraries launch their kernels. */
-#define CUDACPU_RUNTIME_VERSION 1
+#define CUDACPU_RUNTIME_VERSION 2
+/* bytes a library call reads or writes, for the stream hazard check */
+struct cudacpu_touch {
+    const void *p;
+    size_t bytes;
+    bool writes;
+};
 struct cudacpu_runtime_table {
     int version;
     cudaError_t (*launch_host_func)(cudaStream_t s, cudaHostFn_t fn, void *userData);
+    /* the same, naming the call and what it touches (touch[0..n)) */
+    cudaError_t (*launch_library_call)(cudaStream_t s, cudaHostFn_t fn, void *userData,
+                                       const char *what, const cudacpu_touch *touch, int n);
 };
 
 namespace cudacpu {
