@@ -402,19 +402,6 @@ static void run_conv(void *arg)
     free(arg);
 }
 
-static cudnnStatus_t queue_conv(cudnnHandle_t handle, const conv_call &k)
-{
-    conv_call *call = (conv_call *)malloc(sizeof *call);
-    if (!call)
-        return CUDNN_STATUS_INTERNAL_ERROR;
-    *call = k;
-    if (cudacpu_queue(handle->stream, run_conv, call) != cudaSuccess) {
-        free(call);
-        return CUDNN_STATUS_EXECUTION_FAILED;
-    }
-    return CUDNN_STATUS_SUCCESS;
-}
-
 static void out_of_memory(void)
 {
     fprintf(stderr, "cudacpu: the fake cuDNN is out of host memory: a convolution's output is "
@@ -449,6 +436,35 @@ static void blend(float *out, const double *v, size_t n, float a, float b)
 {
     for (size_t i = 0; i < n; i++)
         out[i] = b == 0.0f ? (float)(a * v[i]) : (float)(a * v[i]) + b * out[i];
+}
+
+static void forward_now(const conv_call *call);
+static void backward_data_now(const conv_call *call);
+
+static cudnnStatus_t queue_conv(cudnnHandle_t handle, const conv_call &k)
+{
+    /* what it reads and writes, for the runtime's stream hazard check */
+    geom g = geom_of(&k.x, &k.w, &k.conv, &k.y);
+    size_t xb = (size_t)g.N * g.H * g.W * g.C * sizeof(float);
+    size_t wb = (size_t)g.K * g.R * g.S * g.Cg * sizeof(float);
+    size_t yb = (size_t)g.N * g.OH * g.OW * g.K * sizeof(float);
+    const char *what = "cudnnConvolutionBackwardFilter";
+    size_t in1 = xb, in2 = yb, out = wb; /* x, dy -> dw */
+    if (k.compute == forward_now)
+        what = "cudnnConvolutionForward", in1 = xb, in2 = wb, out = yb; /* x, w -> y */
+    else if (k.compute == backward_data_now)
+        what = "cudnnConvolutionBackwardData", in1 = wb, in2 = yb, out = xb; /* w, dy -> dx */
+    const cudacpu_touch touch[] = {
+        {k.in1, in1, false}, {k.in2, in2, false}, {k.out, out, true}, {k.ws, k.ws_need, true}};
+    conv_call *call = (conv_call *)malloc(sizeof *call);
+    if (!call)
+        return CUDNN_STATUS_INTERNAL_ERROR;
+    *call = k;
+    if (cudacpu_queue(handle->stream, run_conv, call, what, touch, 4) != cudaSuccess) {
+        free(call);
+        return CUDNN_STATUS_EXECUTION_FAILED;
+    }
+    return CUDNN_STATUS_SUCCESS;
 }
 
 static void forward_now(const conv_call *call)

@@ -36,6 +36,12 @@
 #                           the non-blocking compute stream does not join
 #   gemm_legacy_stream      cuBLASLt given stream 0 instead of the compute
 #                           stream (gemm.cu, through tests/cudacpu/gemm_lt_check)
+# and the first three of those and conv_no_set_stream again with every
+# operation run when queued (CUDACPU_STREAM_ORDER=immediate, in which the
+# wrong order never shows): the harness's stream hazard check (runtime.cpp)
+# must name the two streams
+#   *_immediate             a kernel, copy or cuDNN call touching what the
+#                           other stream writes, with no wait between them
 . "$TR_SRCDIR/tests/e2e/lib.sh"
 : "${TR_CXX:?run through make check}" "${TR_PERL:?run through make check}"
 gen=$TR_BUILDDIR/tests/cudacpu/gen
@@ -63,7 +69,8 @@ mutate() {
     -c "$name/$file.cpp" -o "$name/mutated.o"
   # shellcheck disable=SC2086 # $others is a list of paths without spaces
   "$TR_CXX" -shared -o "$name/backend_cuda.so" "$name/mutated.o" $others -ldl -lpthread
-  if TR_CUDACPU_DIR=$PWD/$name "$TR_BUILDDIR/tests/$program" --filter "$4" \
+  if CUDACPU_STREAM_ORDER=${mutate_order:-${CUDACPU_STREAM_ORDER:-lazy}} \
+       TR_CUDACPU_DIR=$PWD/$name "$TR_BUILDDIR/tests/$program" --filter "$4" \
        > "$name/log" 2>&1; then
     cat "$name/log"
     fail "$name: the broken kernel passed $program"
@@ -136,9 +143,28 @@ mutate sum_squares_no_sync step.cu \
 mutate count_correct_no_sync step.cu \
   's/(cudaMemcpyDeviceToHost, c->compute\)\);)\n    CUDA_NOTE\(c, cudaStreamSynchronize\(c->compute\)\);(\n[^\n]*counts_host)/$1$2/' \
   'backend_ops/count_correct_ties_and_ignored_rows' 'valid rows on the GPU'
+# the order that hides them: the hazard check must still see the two
+# streams touch the same bytes unordered
+mutate_order=immediate
+mutate upload_no_compute_wait_immediate backend.cu \
+  's/\n    CUDA_NOTE\(c, cudaStreamWaitEvent\(c->compute, c->stage_done\[last\], 0\)\);//' \
+  'backend_ops/gelu_f32' 'stream hazard: .* stream [0-9]+ \(non-blocking\).* stream [0-9]+ \(non-blocking\)'
+mutate upload_no_copy_wait_immediate backend.cu \
+  's/\n    CUDA_NOTE\(c, cudaStreamWaitEvent\(c->copy, c->compute_mark, 0\)\);//' \
+  'backend_ops/gelu_f32' 'stream hazard: .* stream [0-9]+ \(non-blocking\).* stream [0-9]+ \(non-blocking\)'
+mutate upload_no_compute_mark_immediate backend.cu \
+  's/\n    CUDA_NOTE\(c, cudaEventRecord\(c->compute_mark, c->compute\)\);//' \
+  'backend_ops/gelu_f32' 'stream hazard: .* stream [0-9]+ \(non-blocking\).* stream [0-9]+ \(non-blocking\)'
+mutate_order=
+
 mutate conv_no_set_stream conv.cu \
   's/s = a->set_stream\(d->h, c->compute\);/s = CUDNN_STATUS_SUCCESS;/' \
   'backend_ops/conv2d_3x3_f32' 'conv2d_3x3_f32.*forward output differs from the CPU'
+mutate_order=immediate
+mutate conv_no_set_stream_immediate conv.cu \
+  's/s = a->set_stream\(d->h, c->compute\);/s = CUDNN_STATUS_SUCCESS;/' \
+  'backend_ops/conv2d_3x3_f32' 'stream hazard: .*cudnnConvolution.*legacy default stream'
+mutate_order=
 
 # gemm.cu is not in the harness's backend (gemm_ref.cu is): its mutation is
 # linked into tests/cudacpu/gemm_lt_check instead
@@ -160,4 +186,4 @@ if "./$name/gemm_lt_check" > "$name/log" 2>&1; then
 fi
 grep -E 'fp32 GEMM .*relative error' "$name/log" > "$name/why" || { cat "$name/log"; fail "$name: not reported as expected"; }
 echo "caught $name: $(head -n 1 "$name/why")"
-echo "mutations: all 23 caught"
+echo "mutations: all 27 caught"

@@ -1,8 +1,9 @@
 /*
  * cudacpu's runtime: memory, streams as queues that run when a
  * synchronisation needs them (the model and its order: "streams: queues"
- * below), events, and kernel launches that run each CUDA thread of a block
- * as a fiber.
+ * below), events, a check for two streams touching the same bytes with
+ * nothing ordering them ("stream hazards"), and kernel launches that run
+ * each CUDA thread of a block as a fiber.
  *
  * Scheduling: the threads of one block are fibers on this OS thread; the
  * blocks of a grid run one after another.  A fiber runs until it exits or
@@ -30,6 +31,7 @@
  */
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <deque>
 #include <errno.h>
 #include <map>
@@ -626,6 +628,34 @@ cudaError_t cudacpu::func_set_attribute(const void *fn, cudaFuncAttribute attr, 
  */
 
 namespace cudacpu {
+/* A vector clock ("stream hazards", below): for each stream id, how many
+ * of that stream's operations are ordered before this point; sparse, as
+ * few streams are in play between two device-wide synchronisations. */
+struct vclock {
+    std::vector<std::pair<int, uint64_t>> v; /* by stream id */
+    uint64_t of(int id) const
+    {
+        for (const auto &e : v)
+            if (e.first == id)
+                return e.second;
+        return 0;
+    }
+    void raise(int id, uint64_t n)
+    {
+        for (auto &e : v)
+            if (e.first == id) {
+                e.second = std::max(e.second, n);
+                return;
+            }
+        v.emplace_back(id, n);
+    }
+    void join(const vclock &o)
+    {
+        for (const auto &e : o.v)
+            raise(e.first, e.second);
+    }
+};
+
 enum op_kind { OP_KERNEL, OP_COPY, OP_SET, OP_HOST, OP_WAIT, OP_MARK };
 struct queued_op {
     op_kind kind;
@@ -638,6 +668,7 @@ struct queued_op {
     void (*body)(void *);
     void *closure;
     void (*release)(void *);
+    std::vector<kernel_arg> args; /* its pointer arguments */
     /* OP_COPY, OP_SET */
     void *dst;
     const void *src;
@@ -647,9 +678,28 @@ struct queued_op {
     /* OP_HOST */
     cudaHostFn_t host;
     void *arg;
+    const char *what;                 /* a library call's name */
+    std::vector<cudacpu_touch> touch; /* the bytes it reads and writes */
     /* OP_WAIT: `on` up to its operation number `upto` */
     cudacpu_stream *on;
     uint64_t upto;
+    /* what is ordered before it (an OP_WAIT: what it waits for) */
+    vclock clock;
+};
+
+/* what an operation that ran touched, for the hazard check: [lo, hi) of
+ * device or pinned memory (a kernel's pointer argument: its one address) */
+struct touch {
+    uintptr_t lo, hi;
+    bool write;
+};
+struct ran_op {
+    uint64_t pos; /* its operation number on its stream, from 1 */
+    op_kind kind;
+    const char *name, *file; /* a kernel's */
+    int line;
+    size_t bytes; /* a copy's or memset's */
+    std::vector<touch> touched;
 };
 } // namespace cudacpu
 
@@ -659,11 +709,14 @@ struct cudacpu_stream {
     bool legacy, destroyed, running;
     std::deque<queued_op> queue;
     uint64_t issued, done; /* operations queued and run so far */
+    cudacpu::vclock clock; /* of its latest queued operation */
+    std::deque<cudacpu::ran_op> history; /* ran, and not yet ordered before everything */
 };
 struct cudacpu_event {
     unsigned flags;
     cudacpu_stream *stream; /* of its latest record; NULL before the first */
     uint64_t at;            /* complete once stream->done reaches it */
+    cudacpu::vclock clock;  /* what its latest record is ordered after */
 };
 
 namespace {
@@ -720,18 +773,28 @@ bool blocking(const cudacpu_stream *s) { return !s->legacy && !(s->flags & cudaS
 
 void run_until(cudacpu_stream *s, uint64_t upto);
 
+/* what the host knows has completed (synchronisations it returned from):
+ * work queued from now on is ordered after it */
+vclock host_clock;
+
 void push(cudacpu_stream *s, queued_op &&o)
 {
-    s->queue.push_back(std::move(o));
     s->issued++;
+    s->clock.join(host_clock);
+    if (o.kind == OP_WAIT)
+        s->clock.join(o.clock);
+    s->clock.raise(s->id, s->issued);
+    o.clock = s->clock;
+    s->queue.push_back(std::move(o));
 }
 
-queued_op wait_op(cudacpu_stream *on, uint64_t upto)
+queued_op wait_op(cudacpu_stream *on, uint64_t upto, const vclock &clock)
 {
     queued_op o{};
     o.kind = OP_WAIT;
     o.on = on;
     o.upto = upto;
+    o.clock = clock;
     return o;
 }
 
@@ -748,11 +811,11 @@ void enqueue(cudacpu_stream *s, queued_op &&o)
     if (s->legacy) {
         for (cudacpu_stream *t : streams)
             if (blocking(t) && t->done < t->issued)
-                push(s, wait_op(t, t->issued));
+                push(s, wait_op(t, t->issued, t->clock));
     } else if (blocking(s)) {
         cudacpu_stream *l = legacy_stream();
         if (l->done < l->issued)
-            push(s, wait_op(l, l->issued));
+            push(s, wait_op(l, l->issued, l->clock));
     }
     push(s, std::move(o));
     if (stream_order() == ORDER_IMMEDIATE)
@@ -760,6 +823,7 @@ void enqueue(cudacpu_stream *s, queued_op &&o)
 }
 
 void run_kernel(const queued_op &o);
+bool hazard_free(cudacpu_stream *s, const queued_op &o);
 
 void execute(queued_op &o)
 {
@@ -803,6 +867,11 @@ void run_until(cudacpu_stream *s, uint64_t upto)
     while (s->done < upto) {
         queued_op o = std::move(s->queue.front());
         s->queue.pop_front();
+        if (!hazard_free(s, o) && o.kind == OP_KERNEL) { /* stopped: the error is sticky */
+            o.release(o.closure);
+            s->done++;
+            continue;
+        }
         execute(o);
         s->done++;
     }
@@ -818,22 +887,30 @@ void run_all(bool newest_first)
     }
 }
 
-/* a synchronisation that needs s's first `upto` operations */
-void synchronize(cudacpu_stream *s, uint64_t upto)
+void forget_history(void);
+
+/* a synchronisation that needs s's first `upto` operations, which are
+ * ordered after `clock`: the host knows that much has completed */
+void synchronize(cudacpu_stream *s, uint64_t upto, const vclock &clock)
 {
     if (stream_order() == ORDER_REVERSE)
         run_all(true);
     run_until(s, upto);
+    host_clock.join(clock);
 }
 
-void synchronize_device(void) { run_all(stream_order() == ORDER_REVERSE); }
+void synchronize_device(void)
+{
+    run_all(stream_order() == ORDER_REVERSE);
+    forget_history(); /* everything queued has completed */
+}
 
 /* the legacy stream, with the blocking streams' work queued before now */
 void synchronize_legacy(void)
 {
     cudacpu_stream *l = legacy_stream();
     enqueue(l, mark_op());
-    synchronize(l, l->issued);
+    synchronize(l, l->issued, l->clock);
 }
 
 /* ---- what memory is what ----------------------------------------------------------------- */
@@ -886,9 +963,176 @@ queued_op copy_op(void *dst, const void *src, size_t bytes)
     return o;
 }
 
+/* ---- stream hazards ------------------------------------------------------------------------ */
+
+/*
+ * Queued streams make a missing wait give a wrong result in the order the
+ * harness picks; the hazard check makes it an error in any order.  Each
+ * operation gets a vector clock when queued: for every stream, how many of
+ * its operations are ordered before this one, by queue order, a queued
+ * cudaStreamWaitEvent (the event's clock when recorded), the legacy
+ * stream's joins with the blocking streams, and what the host had
+ * synchronised before queueing it (cudaStreamSynchronize,
+ * cudaEventSynchronize, a blocking cudaMemcpy, cudaDeviceSynchronize,
+ * cudaFree).  When an operation runs, what it touches is compared with
+ * what the other streams' operations that ran before it touched and that
+ * its clock does not order before it: the same bytes, one of them writing,
+ * is a hazard, reported with both operations and their streams, and the
+ * error is sticky as a failed kernel's (nothing runs after it).
+ *
+ * What is known of what an operation touches: a copy its source and
+ * destination, a memset its destination (device and pinned memory only),
+ * a kernel the addresses of its pointer arguments (written unless a
+ * pointer to const), not their extent: a kernel's argument that points
+ * into bytes another stream copies or sets is seen, two kernels whose
+ * pointer arguments differ are never compared.  Host functions (the fake
+ * cuDNN and cuBLASLt) and the host's own reads and writes are not seen;
+ * queued streams and the NaN fill of a device-to-host copy catch those.
+ */
+
+bool hazard_check = true; /* set_hazard_check */
+
+bool tracked(const void *p) { return p && memory_of(p) != PAGEABLE; }
+
+void touched_by(const queued_op &o, std::vector<touch> &out)
+{
+    auto add = [&](const void *p, size_t n, bool write) {
+        if (n && tracked(p))
+            out.push_back(touch{(uintptr_t)p, (uintptr_t)p + n, write});
+    };
+    switch (o.kind) {
+    case OP_KERNEL:
+        for (const kernel_arg &a : o.args)
+            add(a.p, 1, a.writes);
+        break;
+    case OP_COPY:
+        if (!o.owned) /* a staged pageable source is the harness's own */
+            add(o.src, o.bytes, false);
+        add(o.dst, o.bytes, true);
+        break;
+    case OP_SET:
+        add(o.dst, o.bytes, true);
+        break;
+    case OP_HOST:
+        for (const cudacpu_touch &t : o.touch)
+            add(t.p, t.bytes, t.writes);
+        break;
+    default:
+        break;
+    }
+}
+
+/* streams whose history is not empty */
+std::vector<cudacpu_stream *> recording;
+
+void forget_history(void)
+{
+    /* every queue has run: an operation queued from now on comes after
+     * all that ran, whatever the clocks said, so they start afresh */
+    for (cudacpu_stream *t : recording)
+        t->history.clear();
+    recording.clear();
+    for (cudacpu_stream *t : streams)
+        t->clock = vclock();
+    host_clock = vclock();
+}
+
+/* Drops what t ran that every operation still to run is ordered after. */
+void prune(cudacpu_stream *t)
+{
+    uint64_t bound = UINT64_MAX;
+    for (const cudacpu_stream *u : streams) {
+        if (u == t || (u->destroyed && u->queue.empty()))
+            continue;
+        const vclock &c = u->queue.empty() ? u->clock : u->queue.front().clock;
+        bound = std::min(bound, std::max(c.of(t->id), host_clock.of(t->id)));
+    }
+    while (!t->history.empty() && t->history.front().pos <= bound)
+        t->history.pop_front();
+}
+
+void describe_op(const cudacpu_stream *s, const ran_op &r, char *buf, size_t size)
+{
+    char stream[64];
+    snprintf(stream, sizeof stream, "stream %d%s", s->id,
+             s->legacy ? " (the legacy default stream)"
+                       : (s->flags & cudaStreamNonBlocking) ? " (non-blocking)" : " (blocking)");
+    switch (r.kind) {
+    case OP_KERNEL:
+        snprintf(buf, size, "kernel %s (launched at %s:%d, operation %llu of %s)", r.name, r.file,
+                 r.line, (unsigned long long)r.pos, stream);
+        break;
+    case OP_COPY:
+        snprintf(buf, size, "a copy of %zu bytes (operation %llu of %s)", r.bytes,
+                 (unsigned long long)r.pos, stream);
+        break;
+    case OP_HOST:
+        snprintf(buf, size, "%s (operation %llu of %s)", r.name, (unsigned long long)r.pos,
+                 stream);
+        break;
+    default:
+        snprintf(buf, size, "a memset of %zu bytes (operation %llu of %s)", r.bytes,
+                 (unsigned long long)r.pos, stream);
+    }
+}
+
+/* Checks o, about to run on s, against what other streams ran unordered
+ * with it, and records what it touches.  False: a hazard, reported. */
+bool hazard_free(cudacpu_stream *s, const queued_op &o)
+{
+    if (!hazard_check || sticky_error != cudaSuccess ||
+        (o.kind != OP_KERNEL && o.kind != OP_COPY && o.kind != OP_SET && o.kind != OP_HOST))
+        return true;
+    ran_op me{o.clock.of(s->id), o.kind, o.kind == OP_HOST ? o.what : o.name, o.file, o.line,
+              o.bytes, {}};
+    touched_by(o, me.touched);
+    if (me.touched.empty())
+        return true;
+    for (cudacpu_stream *t : recording) {
+        if (t == s)
+            continue;
+        uint64_t ordered = o.clock.of(t->id);
+        for (auto r = t->history.rbegin(); r != t->history.rend() && r->pos > ordered; ++r)
+            for (const touch &a : me.touched)
+                for (const touch &b : r->touched)
+                    if (a.lo < b.hi && b.lo < a.hi && (a.write || b.write)) {
+                        if (reports++ < MAX_REPORTS) {
+                            char mine[512], theirs[512];
+                            describe_op(s, me, mine, sizeof mine);
+                            describe_op(t, *r, theirs, sizeof theirs);
+                            uintptr_t at = std::max(a.lo, b.lo);
+                            fprintf(stderr, "cudacpu: stream hazard: %s %s %p, which %s %s "
+                                    "with nothing ordering the two (no "
+                                    "cudaStreamWaitEvent, synchronisation or legacy-stream "
+                                    "join between stream %d and stream %d)\n", mine,
+                                    a.write ? "writes" : "reads", (void *)at, theirs,
+                                    b.write ? "wrote" : "read", t->id, s->id);
+                        }
+                        sticky_error = cudaErrorLaunchFailure;
+                        set_error(cudaErrorLaunchFailure);
+                        return false;
+                    }
+    }
+    if (s->history.empty())
+        recording.push_back(s);
+    s->history.push_back(std::move(me));
+    if (s->history.size() % 256 == 0)
+        prune(s);
+    return true;
+}
+
 } // namespace
 
 /* ---- launches ---------------------------------------------------------------------------- */
+
+bool cudacpu::set_hazard_check(bool on)
+{
+    HOLD;
+    bool was = hazard_check;
+    synchronize_device();
+    hazard_check = on;
+    return was;
+}
 
 int cudacpu::set_stream_order(const char *name)
 {
@@ -903,7 +1147,7 @@ int cudacpu::set_stream_order(const char *name)
 
 void cudacpu::launch_grid(const void *fn, const char *name, const char *file, int line,
                           const config &c, void (*body)(void *), void *closure,
-                          void (*release)(void *))
+                          void (*release)(void *), const kernel_arg *args, int n_args)
 {
     HOLD;
     launch_site at{name, file, line};
@@ -965,6 +1209,7 @@ void cudacpu::launch_grid(const void *fn, const char *name, const char *file, in
     o.body = body;
     o.closure = closure;
     o.release = release;
+    o.args.assign(args, args + n_args);
     enqueue(stream_of(c.stream), std::move(o));
 }
 
@@ -1104,6 +1349,7 @@ cudaError_t cudaDeviceReset(void)
         t->queue.clear();
         t->done = t->issued;
     }
+    forget_history();
     sticky_error = last_error = cudaSuccess;
     n_attributes = 0;
     return cudaSuccess;
@@ -1161,7 +1407,7 @@ cudaError_t cudaMemset(void *p, int value, size_t bytes)
     HOLD;
     cudaError_t e = cudaMemsetAsync(p, value, bytes, 0);
     if (e == cudaSuccess && memory_of(p) == PINNED)
-        synchronize(legacy_stream(), legacy_stream()->issued);
+        synchronize(legacy_stream(), legacy_stream()->issued, legacy_stream()->clock);
     return e;
 }
 
@@ -1179,7 +1425,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
     cudacpu_stream *t = stream_of(s);
     enqueue(t, copy_op(dst, src, bytes));
     if (host_dst && host_src) /* host to host: synchronous */
-        synchronize(t, t->issued);
+        synchronize(t, t->issued, t->clock);
     return cudaSuccess;
 }
 
@@ -1205,7 +1451,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind 
     }
     enqueue(l, copy_op(dst, src, bytes));
     if (host_dst || host_src) /* to the host, or from pinned memory: returns when done */
-        synchronize(l, l->issued);
+        synchronize(l, l->issued, l->clock);
     return sticky_error;
 }
 
@@ -1250,7 +1496,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
     if (t->legacy)
         synchronize_legacy();
     else
-        synchronize(t, t->issued);
+        synchronize(t, t->issued, t->clock);
     return sticky_error;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
@@ -1260,13 +1506,13 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
     if (!e)
         return cudaErrorInvalidResourceHandle;
     if (e->stream) /* an event never recorded is complete */
-        enqueue(stream_of(s), wait_op(e->stream, e->at));
+        enqueue(stream_of(s), wait_op(e->stream, e->at, e->clock));
     return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
 {
-    *e = new cudacpu_event{flags, NULL, 0};
+    *e = new cudacpu_event{flags, NULL, 0, vclock()};
     return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e)
@@ -1283,6 +1529,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
     enqueue(t, mark_op()); /* on the legacy stream: after the blocking streams' work */
     e->stream = t;
     e->at = t->issued;
+    e->clock = t->clock;
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e)
@@ -1291,7 +1538,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e)
     if (!e)
         return cudaErrorInvalidResourceHandle;
     if (e->stream)
-        synchronize(e->stream, e->at);
+        synchronize(e->stream, e->at, e->clock);
     return sticky_error;
 }
 /* A query that answered cudaErrorNotReady would leave a host polling it
@@ -1300,5 +1547,21 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e)
 cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
 
 /* for the stand-in libraries: include/cuda_runtime.h, cudacpu_runtime_table */
+static cudaError_t launch_library_call(cudaStream_t s, cudaHostFn_t fn, void *userData,
+                                       const char *what, const cudacpu_touch *touch, int n)
+{
+    HOLD;
+    if (!fn)
+        return cudaErrorInvalidValue;
+    queued_op o{};
+    o.kind = OP_HOST;
+    o.host = fn;
+    o.arg = userData;
+    o.what = what ? what : "a library call";
+    o.touch.assign(touch, touch + n);
+    enqueue(stream_of(s), std::move(o));
+    return cudaSuccess;
+}
+
 extern "C" __attribute__((visibility("default"))) const cudacpu_runtime_table cudacpu_runtime = {
-    CUDACPU_RUNTIME_VERSION, cudaLaunchHostFunc};
+    CUDACPU_RUNTIME_VERSION, cudaLaunchHostFunc, launch_library_call};

@@ -6,7 +6,9 @@
  * would search for.  Then the streams: work runs when a synchronisation
  * needs it and not before, events order two streams (and a missing wait
  * shows), blocking and non-blocking streams against a blocking cudaMemcpy,
- * when copies read their sources, and the reverse order.  The kernels of kernels/cuda are checked by
+ * when copies read their sources, and the reverse order; then the stream
+ * hazard check, which reports two streams touching the same bytes with
+ * nothing ordering them, in any order.  The kernels of kernels/cuda are checked by
  * tests/test_backend_ops and tests/cudacpu/mutations.sh; this is the
  * harness's own regression test.
  */
@@ -195,6 +197,8 @@ static float read_back(const float *d)
 
 static void stream_checks(void)
 {
+    /* these checks race on purpose, to see what each order runs first */
+    bool was = cudacpu::set_hazard_check(false);
     cudaStream_t a, b, blocking_stream;
     cudaEvent_t e;
     cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
@@ -319,6 +323,121 @@ static void stream_checks(void)
     cudaStreamDestroy(a);
     cudaStreamDestroy(b);
     cudaStreamDestroy(blocking_stream);
+    cudacpu::set_hazard_check(was);
+}
+
+/* ---- stream hazards ---------------------------------------------------------------- */
+
+/* runs f with the check on, expects no report and no error */
+template <typename F> static void expect_no_hazard(F f, const char *what)
+{
+    cudaError_t e = captured(f);
+    printf("%s\n  reported: %s", what, report[0] ? report : "nothing\n");
+    CHECK(e == cudaSuccess && !report[0], "%s: %s", what, cudaGetErrorName(e));
+    cudaDeviceReset();
+}
+
+static void hazard_checks(void)
+{
+    cudaStream_t a, b, blocking_stream;
+    cudaEvent_t e;
+    cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
+    cudaStreamCreate(&blocking_stream);
+    cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    float *x = device_buffer(), *y = device_buffer(), *z = device_buffer(), *h = NULL;
+    cudaHostAlloc((void **)&h, SN * sizeof(float), cudaHostAllocPortable);
+    for (int i = 0; i < SN; i++)
+        h[i] = 1.0f;
+
+    cudaError_t err = captured([&] {
+        fill_kernel<<<1, SN, 0, a>>>(x, 2.0f, SN);
+        add_one_kernel<<<1, SN, 0, b>>>(y, x, SN); /* no wait */
+    });
+    expect_report(err, cudaErrorLaunchFailure, "stream hazard: kernel add_one_kernel",
+                  "a kernel reads what another stream's kernel writes, without a wait");
+    CHECK(strstr(report, "reads") && strstr(report, "kernel fill_kernel") &&
+              strstr(report, "(non-blocking)") && strstr(report, "wrote with nothing ordering"),
+          "the report does not name both kernels, their streams and what they do");
+
+    expect_no_hazard([&] {
+        fill_kernel<<<1, SN, 0, a>>>(x, 2.0f, SN);
+        cudaEventRecord(e, a);
+        cudaStreamWaitEvent(b, e, 0);
+        add_one_kernel<<<1, SN, 0, b>>>(y, x, SN);
+    }, "the same with cudaStreamWaitEvent between them");
+    CHECK(read_back(y) == 3.0f, "after the wait, y = %g", (double)read_back(y));
+
+    expect_no_hazard([&] {
+        fill_kernel<<<1, SN, 0, a>>>(x, 2.0f, SN);
+        cudaStreamSynchronize(a);
+        add_one_kernel<<<1, SN, 0, b>>>(y, x, SN);
+        cudaEventRecord(e, a); /* a stale wait: nothing queued on a since */
+        fill_kernel<<<1, SN, 0, b>>>(z, 0.0f, SN);
+    }, "the same with the host synchronising the producer first");
+
+    expect_no_hazard([&] {
+        fill_kernel<<<1, SN, 0, a>>>(x, 2.0f, SN);
+        cudaStreamSynchronize(a);
+        add_one_kernel<<<1, SN, 0, a>>>(y, x, SN);
+        add_one_kernel<<<1, SN, 0, b>>>(z, x, SN);
+    }, "two streams reading the same bytes");
+
+    err = captured([&] {
+        cudaMemcpyAsync(x, h, SN * sizeof(float), cudaMemcpyHostToDevice, b);
+        add_one_kernel<<<1, SN, 0, a>>>(y, x, SN);
+    });
+    expect_report(err, cudaErrorLaunchFailure, "stream hazard",
+                  "a kernel reads the destination of another stream's copy, without a wait");
+    CHECK(strstr(report, "a copy of 256 bytes") && strstr(report, "kernel add_one_kernel"),
+          "the report does not name the copy and the kernel");
+
+    err = captured([&] {
+        add_one_kernel<<<1, SN, 0, a>>>(y, x, SN);
+        cudaMemcpyAsync(x, h, SN * sizeof(float), cudaMemcpyHostToDevice, b);
+    });
+    expect_report(err, cudaErrorLaunchFailure, "a copy of 256 bytes",
+                  "a copy overwrites what another stream's kernel still reads");
+    CHECK(strstr(report, "writes") && strstr(report, "read with nothing ordering"),
+          "the report does not say the copy writes what the kernel read");
+
+    err = captured([&] {
+        cudaMemsetAsync(x, 0, SN * sizeof(float), a);
+        cudaMemcpyAsync(x + 8, h, 8 * sizeof(float), cudaMemcpyHostToDevice, b);
+    });
+    expect_report(err, cudaErrorLaunchFailure, "a memset of 256 bytes",
+                  "a copy into part of what another stream sets");
+
+    expect_no_hazard([&] {
+        fill_kernel<<<1, SN>>>(x, 2.0f, SN); /* stream 0 */
+        add_one_kernel<<<1, SN, 0, blocking_stream>>>(y, x, SN);
+        fill_kernel<<<1, SN>>>(x, 4.0f, SN);
+    }, "the legacy stream and a blocking stream join each other");
+
+    err = captured([&] {
+        fill_kernel<<<1, SN, 0, a>>>(x, 2.0f, SN);
+        read_back(x); /* a blocking cudaMemcpy does not wait for a non-blocking stream */
+    });
+    expect_report(err, cudaErrorLaunchFailure, "(the legacy default stream)",
+                  "a blocking cudaMemcpy reads what a non-blocking stream writes");
+
+    cudacpu::set_stream_order("immediate");
+    err = captured([&] {
+        fill_kernel<<<1, SN, 0, a>>>(x, 2.0f, SN);
+        add_one_kernel<<<1, SN, 0, b>>>(y, x, SN);
+    });
+    expect_report(err, cudaErrorLaunchFailure, "stream hazard",
+                  "CUDACPU_STREAM_ORDER=immediate: the missing wait is still reported");
+    cudacpu::set_stream_order("lazy");
+
+    cudaFreeHost(h);
+    cudaFree(x);
+    cudaFree(y);
+    cudaFree(z);
+    cudaEventDestroy(e);
+    cudaStreamDestroy(a);
+    cudaStreamDestroy(b);
+    cudaStreamDestroy(blocking_stream);
 }
 
 int main(void)
@@ -412,6 +531,7 @@ int main(void)
     cudaFree(ints);
 
     stream_checks();
+    hazard_checks();
     if (failures) {
         printf("cudacpu selftest: %d checks failed\n", failures);
         return 1;

@@ -16,7 +16,9 @@
  * and an event record are queued on their stream and run only when a
  * synchronisation needs them (runtime.cpp says which calls and in what
  * order), so a missing cudaStreamWaitEvent or an unsynchronised host read
- * gives a wrong result instead of passing.
+ * gives a wrong result instead of passing; and two streams touching the
+ * same bytes with nothing ordering them stop the run in any order (the
+ * stream hazard check: launches tell it their pointer arguments).
  *
  * Only what the backend uses is here: a kernel that needs more fails to
  * compile, which is the point.
@@ -152,10 +154,19 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *userData);
  * they find this table (the symbol cudacpu_runtime, exported by whatever
  * holds runtime.cpp: include/cudacpu_library.h) and queue their work on the
  * stream through it, where the real libraries launch their kernels. */
-#define CUDACPU_RUNTIME_VERSION 1
+#define CUDACPU_RUNTIME_VERSION 2
+/* bytes a library call reads or writes, for the stream hazard check */
+struct cudacpu_touch {
+    const void *p;
+    size_t bytes;
+    bool writes;
+};
 struct cudacpu_runtime_table {
     int version;
     cudaError_t (*launch_host_func)(cudaStream_t s, cudaHostFn_t fn, void *userData);
+    /* the same, naming the call and what it touches (touch[0..n)) */
+    cudaError_t (*launch_library_call)(cudaStream_t s, cudaHostFn_t fn, void *userData,
+                                       const char *what, const cudacpu_touch *touch, int n);
 };
 
 namespace cudacpu {
@@ -176,6 +187,13 @@ cudaError_t func_set_attribute(const void *fn, cudaFuncAttribute attr, int value
  * for tests/cudacpu/selftest.  Runs all queued work first; -1 for an
  * unknown name. */
 int set_stream_order(const char *name);
+
+/* Whether an access of one stream that nothing orders with another
+ * stream's access to the same bytes stops the work (runtime.cpp, "stream
+ * hazards"; on unless switched off here); for tests/cudacpu/selftest,
+ * whose checks of the stream order race on purpose.  Returns the old
+ * setting. */
+bool set_hazard_check(bool on);
 
 /* ---- synchronisation ------------------------------------------------------ */
 
@@ -218,13 +236,27 @@ struct config {
     config(dim3 g, dim3 b, size_t s = 0, cudaStream_t st = 0) : grid(g), block(b), smem(s), stream(st) {}
 };
 
+/* a pointer a kernel is given: what the stream hazard check knows of what
+ * it touches (the address, not the extent; a pointer to const is read) */
+struct kernel_arg {
+    const void *p;
+    bool writes;
+};
+template <typename T> inline void note_arg(kernel_arg *, int &, const T &) {}
+template <typename T> inline void note_arg(kernel_arg *a, int &n, T *const &p)
+{
+    a[n++] = kernel_arg{(const void *)p, !std::is_const<T>::value};
+}
+
 /* Checks the launch configuration (a refused launch sets the error
  * cudaGetLastError returns, at once, as on a GPU) and queues the grid on
  * c.stream: when the stream runs it, body(closure) runs as every thread of
  * every block, and release(closure) follows.  A kernel that fails then
- * makes the error sticky: later calls and synchronisations return it. */
+ * makes the error sticky: later calls and synchronisations return it.
+ * args[0..n_args) are its pointer arguments, for the hazard check. */
 void launch_grid(const void *fn, const char *name, const char *file, int line, const config &c,
-                 void (*body)(void *), void *closure, void (*release)(void *));
+                 void (*body)(void *), void *closure, void (*release)(void *),
+                 const kernel_arg *args, int n_args);
 
 template <typename... P> struct kernel_call {
     void (*fn)(P...);
@@ -241,12 +273,15 @@ template <typename... P> struct launcher {
         /* the arguments are copied now: the grid runs later, when its
          * stream does; each thread gets its own copies of them */
         auto *call = new kernel_call<P...>{fn, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
+        kernel_arg pointers[sizeof...(P) + 1];
+        int n = 0;
+        std::apply([&](const auto &...a) { (note_arg(pointers, n, a), ...); }, call->args);
         launch_grid((const void *)fn, name, file, line, cfg,
                     [](void *c) {
                         auto *k = static_cast<kernel_call<P...> *>(c);
                         std::apply(k->fn, k->args);
                     },
-                    call, [](void *c) { delete static_cast<kernel_call<P...> *>(c); });
+                    call, [](void *c) { delete static_cast<kernel_call<P...> *>(c); }, pointers, n);
     }
 };
 

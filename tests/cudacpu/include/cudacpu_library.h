@@ -37,8 +37,12 @@ static int cudacpu_runtime_in(struct dl_phdr_info *info, size_t, void *found)
 
 /* Queues run(arg) on stream s (0: the legacy default stream); run frees
  * arg.  Looked up on each call: the backend holding the runtime may be
- * closed and opened again while this library stays loaded. */
-static cudaError_t cudacpu_queue(cudaStream_t s, void (*run)(void *), void *arg)
+ * closed and opened again while this library stays loaded.  `what` names
+ * the call and touch[0..n) are the bytes it reads and writes, for the
+ * runtime's stream hazard check (n = 0: not known). */
+static cudaError_t cudacpu_queue(cudaStream_t s, void (*run)(void *), void *arg,
+                                 const char *what = NULL, const cudacpu_touch *touch = NULL,
+                                 int n = 0)
 {
     const cudacpu_runtime_table *rt = NULL;
     dl_iterate_phdr(cudacpu_runtime_in, &rt);
@@ -47,7 +51,7 @@ static cudaError_t cudacpu_queue(cudaStream_t s, void (*run)(void *), void *arg)
                 "this process to queue its work on\n", CUDACPU_RUNTIME_VERSION);
         return cudaErrorNotSupported;
     }
-    return rt->launch_host_func(s, run, arg);
+    return rt->launch_library_call(s, run, arg, what, touch, n);
 }
 
 #endif
