@@ -35,6 +35,9 @@
 #   - --smoke of a recipe with stages (interleaved, 4 stages) runs its 2
 #     steps on 2 CPU ranks as 2 stages, and one with sharded parameters on
 #     2 ranks, each ending with the checkpoint round trip;
+#   - early stopping stops 2 stages at the step one process stops at (the
+#     best checkpoint kept), the JSON logger writes its lines, and a resume
+#     with another model is refused;
 #   - a stage killed, or stopped (comm.timeout), ends the job within a
 #     bounded time with a message naming it; SIGTERM saves a checkpoint of
 #     the whole model (exit 75) that resumes on 2 stages;
@@ -240,6 +243,21 @@ for lever in "parallel.pipeline=4 model.layers=4 parallel.schedule=interleaved p
     grep -q "checkpoint round trip ok" smoke.log && grep -q "ready to launch" smoke.log ||
     { cat smoke.log; fail "--smoke $lever: not on 2 ranks"; }
 done
+
+# early stopping (lr 0 never improves: patience 2 stops after the 3rd
+# evaluation), the metrics logger, and a resume that changes the model
+# shellcheck disable=SC2086
+"$TRAINRUN" "$LLAMA" $base train.steps=100 train.eval_every=5 optimizer.lr=0 early_stop.patience=2 \
+  procs=2 parallel.pipeline=2 run_dir=es > es.log 2>&1 || { cat es.log; fail "early stop on 2 stages"; }
+grep -q "early stop at step 15" es.log || { cat es.log; fail "2 stages did not stop at step 15"; }
+[ "$(grep -c '"val_loss"' es/metrics.jsonl)" -eq 3 ] || fail "2 stages: expected 3 evaluations"
+ls es/checkpoints | grep -q step-0000000005 || fail "2 stages: the best checkpoint was not kept"
+# shellcheck disable=SC2086
+if "$TRAINRUN" "$LLAMA" $base train.steps=30 model.layers=4 procs=2 parallel.pipeline=2 run_dir=llama-1f1b \
+     --resume auto > changed.log 2>&1; then
+  fail "2 stages resumed a checkpoint of another model"
+fi
+grep -q "which the model has not" changed.log || { cat changed.log; fail "the changed model is not named"; }
 
 # faults: the job's launcher ($1 of "start"); its ranks are its children
 start() { # NAME overrides...: a long run in the background; $pid, $r1 (rank 1)
