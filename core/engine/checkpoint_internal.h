@@ -46,11 +46,13 @@ struct tr_checkpointer {
     tr_err error;
     double stall;
     /* A resume of sharded checkpoints found `skip` (and so every newer
-     * one) unreadable by some rank, for the reason in skip_why: the ranks
-     * agreed to pass over it, so tr_ckpt_newest_sharded and
-     * tr_checkpointer_resume look only at older ones ("": none skipped). */
+     * one) unreadable by some rank: the ranks agreed to pass over it, so
+     * tr_ckpt_newest_sharded and tr_checkpointer_resume look only at older
+     * ones ("": none skipped).  newest, newest_why: the first one passed
+     * over, and why (what a resume that finds none names). */
     char skip[64];
-    tr_err skip_why;
+    char newest[64];
+    tr_err newest_why;
 };
 
 /* ---- checkpoint.c ---- */

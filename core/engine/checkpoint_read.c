@@ -156,8 +156,8 @@ int tr_checkpointer_resume(struct tr_checkpointer *c, float *params, float *cons
     int rc = 0;
     if (c->skip[0]) { /* the ranks passed over the newest sharded ones already (and said so) */
         rc = TR_ERROR;
-        tr_fail(err, "no checkpoint could be loaded; the newest, %s: %s", c->skip,
-                c->skip_why.msg);
+        tr_fail(err, "no checkpoint could be loaded; the newest, %s: %s", c->newest,
+                c->newest_why.msg);
     }
     for (size_t i = 0; i < l.n; i++) {
         if (c->skip[0] && strcmp(l.names[i], c->skip) >= 0)

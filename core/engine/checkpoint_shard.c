@@ -722,8 +722,11 @@ int tr_ckpt_resume_shared(const struct tr_ckpt_rank *r, const char *name, float 
 
 void tr_ckpt_skip(struct tr_checkpointer *c, const char *name, const tr_err *why)
 {
+    if (!c->skip[0]) {
+        snprintf(c->newest, sizeof c->newest, "%s", name);
+        c->newest_why = *why;
+    }
     snprintf(c->skip, sizeof c->skip, "%s", name);
-    c->skip_why = *why;
     tr_log(TR_LOG_WARN, "checkpoint", "skipping %s: %s; resuming from an older checkpoint "
            "(this run writes %s anew when it gets there: copy it elsewhere now to inspect it)",
            name, why->msg, name);
