@@ -349,6 +349,13 @@ int tr_comm_sendrecv(struct tr_comm *c, const void *send_buf, size_t send_bytes,
     return wait_all(c, err);
 }
 
+size_t tr_comm_send_start(struct tr_comm *c, const void *send_buf, size_t send_bytes, int to)
+{
+    return submit(c, (struct job){.kind = JOB_SENDRECV, .buf = (void *)send_buf,
+                                  .size = send_bytes, .root = to, .recv_buf = NULL,
+                                  .recv_bytes = 0, .from = -1});
+}
+
 /* ---- host data ---------------------------------------------------------- */
 
 /* A collective on host memory: straight through for host plugins, else

@@ -64,6 +64,11 @@ enum { TR_COMM_BUCKETS_IN_FLIGHT = 2 };
 int tr_comm_sendrecv(struct tr_comm *c, const void *send_buf, size_t send_bytes, int to,
                      void *recv_buf, size_t recv_bytes, int from, tr_err *err);
 int tr_comm_has_sendrecv(const struct tr_comm *c);
+/* A send alone (send_bytes > 0 to a rank), queued on the communication
+ * thread without waiting: returns a ticket for tr_comm_wait.  The caller
+ * computes on while it goes, and must not touch send_buf until it has
+ * waited (any blocking call waits for it first). */
+size_t tr_comm_send_start(struct tr_comm *c, const void *send_buf, size_t send_bytes, int to);
 
 /* What the communication thread ran while recording: each collective's
  * kind ("all-reduce", "reduce-scatter", "all-gather", "broadcast"; "send",

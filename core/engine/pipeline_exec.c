@@ -509,16 +509,27 @@ int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_lo
     x->n_spans = 0;
     out->t0 = tr_now();
     struct transfer pending = {-1, 0, NULL, 0}; /* the last op's send, not yet made */
+    /* a send whose next op needs nothing received goes while that op
+     * computes (x->out is its buffer until it is waited for) */
+    size_t sending = 0;
+    int in_flight = 0;
     for (int i = 0; i <= x->n_ops; i++) {
         const struct tr_pipe_op *op = i < x->n_ops ? &x->ops[i] : NULL;
         struct transfer rx = op ? receives(x, op) : (struct transfer){-1, 0, NULL, 0};
         if (pending.peer >= 0 || rx.peer >= 0) {
             double tw = tr_now();
+            if (in_flight && tr_comm_wait(x->comm, sending, err) != TR_OK)
+                return TR_ERROR;
+            in_flight = 0;
             if (pending.peer >= 0)
                 pack(x, s, pending.cut, pending.grads, x->out, 0);
-            if (tr_comm_sendrecv(x->comm, x->out, pending.bytes, pending.peer, x->in, rx.bytes,
-                                 rx.peer, err) != TR_OK)
+            if (rx.peer < 0 && op) { /* overlapped with op's compute */
+                sending = tr_comm_send_start(x->comm, x->out, pending.bytes, pending.peer);
+                in_flight = 1;
+            } else if (tr_comm_sendrecv(x->comm, x->out, pending.bytes, pending.peer, x->in,
+                                        rx.bytes, rx.peer, err) != TR_OK) {
                 return TR_ERROR;
+            }
             if (rx.peer >= 0 && rx.grads) /* gradients: into the cut's tensors' */
                 pack(x, s, rx.cut, 1, x->in, 1);
             else if (rx.peer >= 0) /* data: kept for the backward, and run */
@@ -562,6 +573,12 @@ int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_lo
             op->backward ? TR_PIPE_SPAN_BACKWARD : TR_PIPE_SPAN_FORWARD, m, c, t0, t1};
         *(op->backward ? &out->backward[c] : &out->forward[c]) += (float)((t1 - t0) / x->M);
         pending = sends(x, op);
+    }
+    if (in_flight) { /* the last send went while the stage's last op computed */
+        double tw = tr_now();
+        if (tr_comm_wait(x->comm, sending, err) != TR_OK)
+            return TR_ERROR;
+        out->waited += tr_now() - tw;
     }
     /* a parameter several stages read (tied embeddings): its gradient is
      * the sum of theirs; with replicas, every gradient is the sum over them
