@@ -195,7 +195,7 @@ if grep -q "ETA" err.txt; then fail "a progress bar was drawn on a non-terminal"
 if command -v script > /dev/null; then
   script -qec "\"$TRAINRUN\" prepare many.txt -o tty --tokenizer $TOK --doc-separator line" /dev/null > tty.txt 2>&1 \
     || { cat tty.txt; fail "prepare on a terminal"; }
-  grep -q "tokenizing 100% \[#*\] .* MB/s  ETA 0:00:00" tty.txt || { cat tty.txt; fail "no progress bar on a terminal"; }
+  grep -q "tokenizing 100% \[#*\] .* [kMG]\?B/s  ETA 0:00:00" tty.txt || { cat tty.txt; fail "no progress bar on a terminal"; }
 fi
 
 # ---- uint32 tokens for a vocabulary over 65536 ------------------------------------
