@@ -19,25 +19,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "slurp.h"
+
 #define FIX TR_TEST_SRCDIR "/fixtures/bpe_train/"
 #define VOCAB 600 /* make_bpe_train_fixtures.py's */
 
 static const char *const EOS[] = {TR_BPE_EOS};
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    cr_assert_eq(fread(s, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    s[n] = 0;
-    *len = (size_t)n;
-    return s;
-}
 
 static struct tr_json *parse(const char *text, size_t len, const char *what)
 {
@@ -51,7 +39,7 @@ static struct tr_json *parse(const char *text, size_t len, const char *what)
 static char *train_fixture(size_t vocab, size_t *len, struct tr_bpe_stats *st)
 {
     size_t n;
-    char *text = slurp(FIX "train.txt", &n);
+    char *text = tr_test_slurp(FIX "train.txt", &n);
     tr_err err = { { 0 } };
     struct tr_bpe_trainer *b = tr_bpe_trainer_new(&err);
     cr_assert(b, "%s", err.msg);
@@ -82,7 +70,7 @@ Test(bpe_train, merges_equal_the_library)
     size_t len, llen;
     struct tr_bpe_stats st;
     char *ours = train_fixture(VOCAB, &len, &st);
-    char *lib = slurp(FIX "library.json", &llen);
+    char *lib = tr_test_slurp(FIX "library.json", &llen);
     struct tr_json *a = parse(ours, len, "our tokenizer.json"), *b = parse(lib, llen, "library.json");
     const struct tr_json *ma = tr_json_get(a, "model"), *mb = tr_json_get(b, "model");
     const struct tr_json *va = tr_json_get(ma, "vocab"), *vb = tr_json_get(mb, "vocab");
@@ -112,7 +100,7 @@ Test(bpe_train, merges_equal_the_library)
 
     /* the committed trained.json (whose ids the library computed) is what we write now */
     size_t tlen;
-    char *committed = slurp(FIX "trained.json", &tlen);
+    char *committed = tr_test_slurp(FIX "trained.json", &tlen);
     int same = tlen == len && memcmp(committed, ours, len) == 0;
     if (!same) {
         FILE *f = fopen("tests/test_bpe_train.out.json", "wb");
@@ -136,7 +124,7 @@ Test(bpe_train, ids_equal_the_library_and_decode_back)
     cr_assert(t, "tokenizer.c refuses the trained file: %s", err.msg);
     cr_assert_eq(tr_tokenizer_vocab_size(t), (size_t)VOCAB);
     cr_assert_eq(tr_tokenizer_token_id(t, TR_BPE_EOS), 0);
-    char *text = slurp(FIX "encode.txt", &n), *idtext = slurp(FIX "ids.json", &ilen);
+    char *text = tr_test_slurp(FIX "encode.txt", &n), *idtext = tr_test_slurp(FIX "ids.json", &ilen);
     struct tr_json *want = parse(idtext, ilen, "ids.json");
     const struct tr_json *w = tr_json_get(want, "encode.txt");
     cr_assert(w && w->type == TR_JSON_ARRAY);

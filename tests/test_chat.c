@@ -21,22 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "slurp.h"
+
 #define FIX TR_TEST_SRCDIR "/fixtures/chat/"
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    cr_assert_eq(fread(s, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    s[n] = 0;
-    *len = (size_t)n;
-    return s;
-}
 
 static void read_template(struct tr_chat_template *ct, const char *config)
 {
@@ -49,7 +37,7 @@ static void read_template(struct tr_chat_template *ct, const char *config)
 static void check_family(const char *family)
 {
     size_t len;
-    char *text = slurp(FIX "cases.json", &len);
+    char *text = tr_test_slurp(FIX "cases.json", &len);
     struct tr_json *all = tr_json_parse(text, len, NULL);
     cr_assert(all);
     const struct tr_json *fam = tr_json_get(all, family);
@@ -57,7 +45,7 @@ static void check_family(const char *family)
     char path[512];
     snprintf(path, sizeof path, FIX "%s/tokenizer_config.json", family);
     size_t clen;
-    char *config = slurp(path, &clen);
+    char *config = tr_test_slurp(path, &clen);
     struct tr_chat_template ct;
     tr_err err = {{0}};
     cr_assert_eq(tr_chat_template_read(&ct, config, clen, path, &err), TR_OK, "%s", err.msg);
@@ -138,7 +126,7 @@ Test(chat, mask_on_assistant_content_and_end)
 {
     struct tr_chat_template ct;
     size_t clen;
-    char *config = slurp(FIX "chatml/tokenizer_config.json", &clen);
+    char *config = tr_test_slurp(FIX "chatml/tokenizer_config.json", &clen);
     tr_err err = {{0}};
     cr_assert_eq(tr_chat_template_read(&ct, config, clen, "c", &err), TR_OK);
     struct tr_tokenizer *tok = tr_tokenizer_load(FIX "chatml/tokenizer.json", &err);

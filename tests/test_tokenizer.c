@@ -15,27 +15,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "slurp.h"
+
 #define FIX TR_TEST_SRCDIR "/fixtures/tokenizer/"
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    cr_assert_eq(fread(s, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    s[n] = 0;
-    *len = (size_t)n;
-    return s;
-}
 
 static struct tr_json *expected(void)
 {
     size_t len;
-    char *text = slurp(FIX "ids.json", &len);
+    char *text = tr_test_slurp(FIX "ids.json", &len);
     size_t off;
     struct tr_json *j = tr_json_parse(text, len, &off);
     free(text);
@@ -70,7 +58,7 @@ static void check_file_key(const char *file, const char *key)
     struct tr_tokenizer *t = tr_tokenizer_load(file, &err);
     cr_assert(t, "%s", err.msg);
     size_t len;
-    char *corpus = slurp(FIX "corpus.txt", &len);
+    char *corpus = tr_test_slurp(FIX "corpus.txt", &len);
     struct tr_json *want = expected();
     check_ids(t, corpus, len, tr_json_get(want, key), key);
     /* again: now every word comes from the cache */
@@ -130,7 +118,7 @@ Test(tokenizer, template_adds_bos)
     cr_assert_eq(tr_tokenizer_bos_id(t), (int32_t)tr_json_number(want, "bos_llama3_bos", -2));
     cr_assert_eq(tr_tokenizer_eos_id(t), -1);
     size_t len;
-    char *corpus = slurp(FIX "corpus.txt", &len);
+    char *corpus = tr_test_slurp(FIX "corpus.txt", &len);
     encode_ex_ids(t, corpus, 1, tr_json_get(want, "corpus_llama3_bos"), "with BOS");
     encode_ex_ids(t, corpus, 0, tr_json_get(want, "corpus_llama3"), "without BOS");
     check_ids(t, corpus, len, tr_json_get(want, "corpus_llama3"), "plain encode adds nothing");
@@ -216,7 +204,7 @@ Test(tokenizer, post_processors)
 static char *text_all(size_t *len)
 {
     size_t a, b;
-    char *x = slurp(FIX "corpus.txt", &a), *y = slurp(FIX "corpus_norm.txt", &b);
+    char *x = tr_test_slurp(FIX "corpus.txt", &a), *y = tr_test_slurp(FIX "corpus_norm.txt", &b);
     x = realloc(x, a + b + 1);
     memcpy(x + a, y, b + 1);
     free(y);
@@ -578,7 +566,7 @@ Test(tokenizer, unsupported_models)
 static void fuzz_file(const char *path, size_t head)
 {
     size_t len;
-    char *text = slurp(path, &len);
+    char *text = tr_test_slurp(path, &len);
     for (size_t cut = 0; !head && cut < len; cut += 97) {
         tr_err err = { { 0 } };
         struct tr_tokenizer *t = tr_tokenizer_parse(text, cut, "cut.json", &err);
