@@ -61,3 +61,20 @@ tcp_check() {
   kill -KILL $pids 2>/dev/null || true
   for p in $pids; do wait "$p" 2>/dev/null || true; done
 }
+
+# after tcp_check NAME NP BAD ... with rank BAD made to die or stall
+# (FAULT): every other rank failed naming it, within 10 s; says so,
+# prefixed with WHAT ("rank 2 made to die inside it")
+others_failed_naming() { # NAME NP BAD FAULT PREFIX WHAT
+  [ "$4" = die ] && want="lost rank $3 " || want="rank $3 did not answer"
+  r=0
+  while [ $r -lt "$2" ]; do
+    if [ $r -ne "$3" ]; then
+      grep -q "rank $r/$2: FAIL: .*$want" "$1.$r" ||
+        { cat "$1".*; fail "$1: rank $r did not fail naming rank $3"; }
+    fi
+    r=$((r + 1))
+  done
+  [ "$took" -le 10 ] || { cat "$1".*; fail "$1: the other ranks took ${took}s to fail"; }
+  echo "$5: tcp, $2 ranks, $6: the others failed in ${took}s ($(grep -ho 'failed [0-9.]* s after the fault' "$1".* | sort | tail -n 1))"
+}

@@ -185,17 +185,8 @@ for np in 2 3 4; do
       esac
       name=$fault$np$(echo "$where" | tr -d :)
       tcp_check "$name" $np $bad timeout=2 "--$fault=$bad$where"
-      [ $fault = die ] && want="lost rank $bad " || want="rank $bad did not answer"
-      r=0
-      while [ $r -lt $np ]; do
-        if [ $r -ne $bad ]; then
-          grep -q "rank $r/$np: FAIL: .*$want" "$name.$r" ||
-            { cat "$name".*; fail "$name: rank $r did not fail naming rank $bad"; }
-        fi
-        r=$((r + 1))
-      done
-      [ $took -le 10 ] || { cat "$name".*; fail "$name: the other ranks took ${took}s to fail"; }
-      echo "parallel: tcp, $np ranks, rank $bad made to $fault${where:+ inside ${where#:}}: the others failed in ${took}s ($(grep -ho 'failed [0-9.]* s after the fault' "$name".* | sort | tail -n 1))"
+      others_failed_naming "$name" $np $bad $fault parallel \
+        "rank $bad made to $fault${where:+ inside ${where#:}}"
     done
   done
 done
