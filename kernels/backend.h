@@ -253,6 +253,15 @@ struct tr_graph {
      * are gathered there (core/engine/gather.c) */
     void (*before_node)(void *ctx, int node, int phase);
     void *before_node_ctx;
+    /* appended with ABI 9: a forward over sequence rows [seq_from, seq_to)
+     * alone (seq_to 0: every row), set by tr_graph_forward_rows for the
+     * nodes of a backend's supports_rows.  The graph's batch is 1; the rows
+     * before seq_from were computed by earlier windows and are kept (the
+     * plan of tr_graph_plan_forward_cached keeps attention's inputs): rope
+     * turns row t of its (viewed) input by position seq_from + t, attention
+     * computes query rows [seq_from, seq_to) against keys [0, seq_to) of its
+     * whole inputs and writes those rows of out and lse alone. */
+    int seq_from, seq_to;
 };
 
 /* Dropout's mask, the same on every backend (the CUDA kernels call these
@@ -357,6 +366,15 @@ struct tr_backend_iface {
      * flat gradient and parameter buffers other ranks own, so a rank's
      * resident memory is its shard plus what is in flight. */
     void (*discard)(void *ctx, void *ptr, size_t bytes);
+    /* Optional (ABI 9; NULL: never): nonzero when the backend runs node n's
+     * forward over a window of sequence rows (tr_graph.seq_to > 0, batch 1):
+     * rope turning row t by position seq_from + t of views the core makes,
+     * attention computing query rows [seq_from, seq_to) of its whole inputs,
+     * and every other op on the core's views of its tensors (which a backend
+     * that keeps per-node plans of the planned shapes cannot take).  sample's
+     * key/value cache runs on it (core/engine/graph_exec.c,
+     * tr_graph_forward_rows); without it sample re-runs the whole context. */
+    int (*supports_rows)(void *ctx, const struct tr_graph *g, const struct tr_node *n);
 };
 
 struct tr_backend {
@@ -372,12 +390,13 @@ struct tr_backend {
  * search path and exporting TR_BACKEND_ENTRY_NAME, so a trainrun built with
  * a device backend still starts where that device (or its driver) is
  * missing, and says why device=<name> is unavailable. */
-#define TR_BACKEND_ABI 8 /* 2: the Llama-family ops and node attributes; 3: convolutions;
+#define TR_BACKEND_ABI 9 /* 2: the Llama-family ops and node attributes; 3: convolutions;
                           * 4: the memory plan counts the backend's parameter copies;
                           * 5: gradients written by their first writer (writes_grad);
                           * 6: frozen weights (16-bit, NF4) and store/load_frozen;
                           * 7: discard, and tr_graph.params_sharded;
-                          * 8: rope's frequency scaling (tr_node.rope_factor ...) */
+                          * 8: rope's frequency scaling (tr_node.rope_factor ...);
+                          * 9: windows of sequence rows (tr_graph.seq_from, supports_rows) */
 #define TR_BACKEND_ENTRY_NAME "trainrun_backend_entry"
 
 struct tr_backend_module {

@@ -596,6 +596,23 @@ const struct tr_op_desc tr_ops[TR_OP_COUNT] = {
                        "Graph:dropout", 1u | TR_BWD_OUT},
 };
 
+/* The ops of language models run in windows (sample's key/value cache);
+ * matmul's rows mix over its batch dimension, the image ops have none */
+static const unsigned char rows_rules[TR_OP_COUNT] = {
+    [TR_OP_EMBEDDING] = TR_ROWS_VIEW,   [TR_OP_ADD_ROWS] = TR_ROWS_TABLE,
+    [TR_OP_ADD] = TR_ROWS_VIEW,         [TR_OP_LINEAR] = TR_ROWS_VIEW,
+    [TR_OP_LAYERNORM] = TR_ROWS_VIEW,   [TR_OP_GELU] = TR_ROWS_VIEW,
+    [TR_OP_RELU] = TR_ROWS_VIEW,        [TR_OP_ATTENTION] = TR_ROWS_WHOLE,
+    [TR_OP_RMSNORM] = TR_ROWS_VIEW,     [TR_OP_ROPE] = TR_ROWS_POSITION,
+    [TR_OP_SWIGLU] = TR_ROWS_VIEW,      [TR_OP_SCALE] = TR_ROWS_VIEW,
+    [TR_OP_DROPOUT] = TR_ROWS_VIEW,
+};
+
+enum tr_rows_rule tr_op_rows(enum tr_op op)
+{
+    return (unsigned)op < TR_OP_COUNT ? (enum tr_rows_rule)rows_rules[op] : TR_ROWS_NONE;
+}
+
 const struct tr_op_desc *tr_op_desc(enum tr_op op)
 {
     return (unsigned)op < TR_OP_COUNT ? &tr_ops[op] : NULL;

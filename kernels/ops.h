@@ -138,6 +138,21 @@ struct tr_op_desc {
 
 #define TR_BWD_OUT (1u << 3)
 
+/* How a forward over a window of sequence rows (tr_graph.seq_from,
+ * seq_to; core/engine/graph.h, tr_graph_forward_rows) runs an op. */
+enum tr_rows_rule {
+    TR_ROWS_NONE = 0,  /* not at all: rows depend on other rows in another way */
+    TR_ROWS_VIEW,      /* on views of its tensors' window rows: row t of the output
+                        * depends on row t of the inputs alone */
+    TR_ROWS_POSITION,  /* as VIEW, and the backend turns row t by position
+                        * seq_from + t (rope) */
+    TR_ROWS_TABLE,     /* as VIEW, and in[1] is a table indexed by position, viewed
+                        * from its row seq_from (add_rows' p) */
+    TR_ROWS_WHOLE,     /* on its whole tensors, the kernel computing the window's
+                        * rows from every earlier row (attention's keys: the cache) */
+};
+enum tr_rows_rule tr_op_rows(enum tr_op op);
+
 /* Every op, indexed by enum tr_op. */
 extern const struct tr_op_desc tr_ops[TR_OP_COUNT];
 

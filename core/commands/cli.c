@@ -27,6 +27,7 @@ void tr_cli_usage(FILE *out)
             "       trainrun sample CHECKPOINT|RECIPE [key=value ...] [--prompt TEXT] [--tokens N]\n"
             "                       [--temperature T] [--top-k K] [--seed N] [--recipe FILE] [--ids]\n"
             "                       [--chat] [--system TEXT] [--eos TOKEN] [--ignore-eos]\n"
+            "                       [--no-cache]\n"
             "                                                    text from a run's checkpoint (read-only,\n"
             "                                                    also of a running run) or a recipe's\n"
             "                                                    model = { from = DIR } weights, through\n"

@@ -282,6 +282,8 @@ void tr_sample_help(FILE *out)
             "                     template's default system prompt)\n"
             "  --eos TOKEN        stop at this token alone: its text (\"<|im_end|>\") or id\n"
             "  --ignore-eos       sample all N tokens, past the EOS\n"
+            "  --no-cache         no key/value cache: every token re-runs the forward over\n"
+            "                     the whole context (slower; the same tokens, for checking)\n"
             "  --recipe FILE      with a CHECKPOINT: the recipe to build the model from,\n"
             "                     instead of the one the checkpoint recorded\n");
 }
@@ -326,6 +328,10 @@ int tr_cmd_sample(int argc, char **argv)
         }
         if (strcmp(a, "--chat") == 0) {
             f.chat = 1;
+            continue;
+        }
+        if (strcmp(a, "--no-cache") == 0) {
+            f.no_cache = 1;
             continue;
         }
         if (!v) {

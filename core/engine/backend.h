@@ -113,6 +113,13 @@ static inline int tr_be_supports_op(const struct tr_backend *be, const struct tr
                ? be->iface->supports_op(be->context, g, n)
                : 1;
 }
+/* optional: no windows of rows when the backend does not say */
+static inline int tr_be_supports_rows(const struct tr_backend *be, const struct tr_graph *g,
+                                      const struct tr_node *n)
+{
+    return TR_HAS_SLOT(be->iface, struct tr_backend_iface, supports_rows) &&
+           be->iface->supports_rows(be->context, g, n);
+}
 /* optional: no copies of the parameters when the backend does not say */
 static inline size_t tr_be_param_copy_bytes(const struct tr_backend *be, const struct tr_graph *g)
 {

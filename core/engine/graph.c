@@ -261,14 +261,14 @@ static void init_buffer(const struct tr_tensor *t, const struct tr_backend *be)
 }
 
 static void init_weights(struct tr_graph *g, const struct tr_backend *be, uint64_t seed,
-                         enum tr_role role, void (*written)(void *, const struct tr_tensor *),
-                         void *ctx)
+                         enum tr_role role, int (*take)(void *, const struct tr_tensor *),
+                         void (*written)(void *, const struct tr_tensor *), void *ctx)
 {
     for (int i = 0; i < g->n_tensors; i++) {
         struct tr_tensor *t = &g->tensors[i];
         if (t->role == TR_ROLE_BUFFER && role == TR_ROLE_PARAM)
             init_buffer(t, be);
-        if (t->role != role)
+        if (t->role != role || (take && !take(ctx, t)))
             continue;
         float *host = tr_xcalloc(t->numel, sizeof *host);
         /* a counter-based stream per tensor name: adding a layer does not
@@ -298,18 +298,25 @@ static void init_weights(struct tr_graph *g, const struct tr_backend *be, uint64
 
 void tr_graph_init_params(struct tr_graph *g, const struct tr_backend *be, uint64_t seed)
 {
-    init_weights(g, be, seed, TR_ROLE_PARAM, NULL, NULL);
+    init_weights(g, be, seed, TR_ROLE_PARAM, NULL, NULL, NULL);
 }
 
 void tr_graph_init_params_each(struct tr_graph *g, const struct tr_backend *be, uint64_t seed,
                                void (*written)(void *ctx, const struct tr_tensor *t), void *ctx)
 {
-    init_weights(g, be, seed, TR_ROLE_PARAM, written, ctx);
+    init_weights(g, be, seed, TR_ROLE_PARAM, NULL, written, ctx);
+}
+
+void tr_graph_init_params_some(struct tr_graph *g, const struct tr_backend *be, uint64_t seed,
+                               int (*take)(void *ctx, const struct tr_tensor *t),
+                               void (*written)(void *ctx, const struct tr_tensor *t), void *ctx)
+{
+    init_weights(g, be, seed, TR_ROLE_PARAM, take, written, ctx);
 }
 
 void tr_graph_init_frozen(struct tr_graph *g, const struct tr_backend *be, uint64_t seed)
 {
-    init_weights(g, be, seed, TR_ROLE_FROZEN, NULL, NULL);
+    init_weights(g, be, seed, TR_ROLE_FROZEN, NULL, NULL, NULL);
 }
 
 void tr_graph_free(struct tr_graph *g, const struct tr_backend *be)

@@ -14,6 +14,10 @@
 #include <stdint.h>
 
 /* The op's name in recipes and messages ("linear"), and back (tr_ops[op].name). */
+/* Bytes of one element of a tensor stored as t (NF4 weights: tr_nf4_bytes
+ * of their count, graph_internal.h's tr_frozen_bytes). */
+static inline size_t tr_dtype_size(enum tr_dtype t) { return (t == TR_BF16 || t == TR_F16) ? 2 : 4; }
+
 const char *tr_op_name(enum tr_op op);
 int tr_op_from_name(const char *name, enum tr_op *out);
 
@@ -39,6 +43,28 @@ int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer
  * spans in forward (tensors no later node reads share memory), the loss
  * and logits kept.  tr_graph_backward must not run on it. */
 int tr_graph_plan_forward(struct tr_graph *g, const struct tr_backend *be, tr_err *err);
+/* The same, and every attention node's keys and values (the whole qkv of
+ * a packed one) keep memory of their own across forwards: the
+ * key/value cache tr_graph_forward_rows reads its earlier rows from.  Only
+ * where tr_graph_rows_ok; otherwise tr_graph_plan_forward's plan.  *cache:
+ * the bytes kept (in the activations' row of the memory report). */
+int tr_graph_plan_forward_cached(struct tr_graph *g, const struct tr_backend *be, size_t *cache,
+                                 tr_err *err);
+
+/* Whether forward can run over windows of sequence rows on be: a batch of
+ * one sequence (inputs[0] ids [1,T], T > 1), logits, eval mode, and every
+ * node up to the logits' one of an op the table runs in windows
+ * (tr_op_rows) and be's supports_rows. */
+int tr_graph_rows_ok(const struct tr_graph *g, const struct tr_backend *be);
+/* Forward over sequence rows [from, to) alone, up to the logits (0 <= from
+ * < to <= T), on a graph planned by tr_graph_plan_forward_cached: the input
+ * ids' rows [from, to) must hold the tokens, rows [0, from) were computed by
+ * earlier calls on the same sequence, and afterwards the logits' rows
+ * [from, to) hold theirs (each as the whole forward gives it up to the
+ * order of sums).  Incremental decoding: the prompt once, then a token at a
+ * time.  Row-by-row ops run on views of their tensors' rows, rope and
+ * attention on the window (kernels/backend.h, tr_graph.seq_from). */
+void tr_graph_forward_rows(struct tr_graph *g, const struct tr_backend *be, int from, int to);
 
 /* tr_graph_plan's plan, measured only: fills g->memory, allocates nothing (what a
  * recipe would need on a device this machine does not have). */
@@ -51,6 +77,12 @@ void tr_graph_init_params(struct tr_graph *g, const struct tr_backend *be, uint6
 /* The same, calling written(ctx, t) after each parameter t is stored (a
  * rank of sharded parameters keeps only its parts as it goes). */
 void tr_graph_init_params_each(struct tr_graph *g, const struct tr_backend *be, uint64_t seed,
+                               void (*written)(void *ctx, const struct tr_tensor *t), void *ctx);
+/* The same for the parameters take(ctx, t) takes alone (NULL: every one),
+ * each the value it has in the whole initialisation; the others are left
+ * as they are (those weights loaded from elsewhere take). */
+void tr_graph_init_params_some(struct tr_graph *g, const struct tr_backend *be, uint64_t seed,
+                               int (*take)(void *ctx, const struct tr_tensor *t),
                                void (*written)(void *ctx, const struct tr_tensor *t), void *ctx);
 /* The same for frozen weights (an adapter's base), by the same rule: where
  * no pretrained base is loaded over them. */

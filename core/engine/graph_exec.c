@@ -3,6 +3,7 @@
  * first writer (graph_plan.c), optionally timing each node for the trace. */
 #include "graph.h"
 #include "backend.h"
+#include "graph_internal.h"
 
 #include "../util/util.h"
 
@@ -106,4 +107,44 @@ void tr_graph_backward_range(struct tr_graph *g, const struct tr_backend *be, in
         if (g->on_backward)
             g->on_backward(g->on_backward_ctx, i);
     }
+}
+
+/* ---- windows of sequence rows: sample's key/value cache ---------------------- */
+
+/* t seen as rows [from, to) of its dimension d (of T rows), or, with d < 0,
+ * as a position table from its row `from` on */
+static void view_rows(struct tr_tensor *t, int d, int T, int from, int to)
+{
+    int64_t len = d >= 0 ? T : t->shape[0];
+    size_t row = t->numel / (size_t)len;
+    t->data = (char *)t->data + (size_t)from * row * tr_dtype_size(t->dtype);
+    if (d < 0)
+        d = 0, to = (int)len;
+    t->shape[d] = to - from;
+    t->numel = row * (size_t)(to - from);
+}
+
+void tr_graph_forward_rows(struct tr_graph *g, const struct tr_backend *be, int from, int to)
+{
+    int T = tr_graph_sequence_length(g), last = g->tensors[g->logits].producer;
+    g->seq_from = from;
+    g->seq_to = to;
+    for (int i = 0; i <= last; i++) {
+        const struct tr_node *n = &g->nodes[i];
+        enum tr_rows_rule rule = tr_op_rows(n->op);
+        struct tr_tensor saved[6];
+        int t[6], k = rule == TR_ROWS_WHOLE ? 0 : tr_node_tensors(n, t);
+        for (int j = 0; j < k; j++) {
+            struct tr_tensor *x = &g->tensors[t[j]];
+            saved[j] = *x;
+            if (rule == TR_ROWS_TABLE && t[j] == n->in[1])
+                view_rows(x, -1, T, from, to);
+            else if (tr_sequence_dim(x, T) >= 0)
+                view_rows(x, tr_sequence_dim(x, T), T, from, to);
+        }
+        tr_be_forward(be, g, n);
+        for (int j = 0; j < k; j++)
+            g->tensors[t[j]] = saved[j];
+    }
+    g->seq_from = g->seq_to = 0;
 }

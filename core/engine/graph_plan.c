@@ -307,8 +307,18 @@ static void place_activations(const struct tr_graph *g, struct layout *l,
  * instead of every block's.  The loss and the logits, read after forward,
  * keep slots of their own; recompute segments mean nothing without a
  * backward.  Inputs in their arena, as for training. */
-static void place_forward(const struct tr_graph *g, struct layout *l, struct tr_memory_report *m)
+static void place_forward(const struct tr_graph *g, struct layout *l, struct tr_memory_report *m,
+                          size_t *cache)
 {
+    /* with a cache (tr_graph_plan_forward_cached), every attention's keys
+     * and values keep slots of their own too: later windows read their
+     * earlier rows (a packed qkv whole, queries included) */
+    unsigned char *keep = tr_xcalloc((size_t)g->n_tensors, 1);
+    for (int j = 0; cache && j < g->n_nodes; j++) {
+        const struct tr_node *n = &g->nodes[j];
+        for (int k = n->n_in == 3 ? 1 : 0; n->op == TR_OP_ATTENTION && k < n->n_in; k++)
+            keep[n->in[k]] = 1;
+    }
     l->slot = tr_xcalloc((size_t)g->n_tensors, sizeof *l->slot);
     l->shared = tr_xcalloc((size_t)g->n_tensors, sizeof *l->shared);
     int *last = tr_xcalloc((size_t)g->n_tensors, sizeof *last);
@@ -330,13 +340,16 @@ static void place_forward(const struct tr_graph *g, struct layout *l, struct tr_
             l->in_bytes = tr_sat_add(l->in_bytes, bytes);
         } else if (t->role != TR_ROLE_ACTIVATION && t->role != TR_ROLE_SAVED) {
             continue;
-        } else if (t->producer < 0 || i == g->loss || i == g->logits) {
+        } else if (t->producer < 0 || i == g->loss || i == g->logits || keep[i]) {
             l->slot[i] = l->act_bytes;
             l->act_bytes = tr_sat_add(l->act_bytes, bytes);
+            if (keep[i])
+                *cache = tr_sat_add(*cache, bytes);
         } else {
             spans[n_spans++] = (struct interval){i, t->producer, last[i], bytes, 0};
         }
     }
+    free(keep);
     size_t packed = pack_intervals(spans, n_spans);
     for (int k = 0; k < n_spans; k++)
         l->slot[spans[k].tensor] = l->act_bytes + spans[k].offset;
@@ -459,7 +472,7 @@ static void bind_tensors(struct tr_graph *g, const struct layout *l)
 /* The plan: the memory report always, and with allocate the arenas and each
  * tensor's place in them, then each gradient's first writer. */
 static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots, int allocate,
-                int forward_only, tr_err *err)
+                int forward_only, size_t *cache, tr_err *err)
 {
     struct tr_memory_report *m = &g->memory;
     memset(m, 0, sizeof *m);
@@ -468,7 +481,7 @@ static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_s
     if (forward_only) {
         l.needs = tr_xcalloc((size_t)g->n_tensors, sizeof *l.needs);
         place_params(g, 0, 1, m);
-        place_forward(g, &l, m);
+        place_forward(g, &l, m, cache);
     } else {
         l.needs = gradient_flow(g);
         place_params(g, optimizer_slots, 0, m);
@@ -503,7 +516,7 @@ static int runs_on(const struct tr_graph *g, const struct tr_node *n, const stru
 }
 
 static int checked_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots,
-                        int forward_only, tr_err *err)
+                        int forward_only, size_t *cache, tr_err *err)
 {
     plan_storage(g);
     /* frozen weights in 16 or 4 bits need a backend that stores them */
@@ -519,24 +532,66 @@ static int checked_plan(struct tr_graph *g, const struct tr_backend *be, int opt
                            "support op %s on these tensor types; choose another device",
                            tr_be_name(be), tr_op_name(g->nodes[i].op), g->nodes[i].name,
                            tr_op_name(g->nodes[i].op));
-    return plan(g, be, optimizer_slots, 1, forward_only, err);
+    return plan(g, be, optimizer_slots, 1, forward_only, cache, err);
 }
 
 int tr_graph_plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots, tr_err *err)
 {
-    return checked_plan(g, be, optimizer_slots, 0, err);
+    return checked_plan(g, be, optimizer_slots, 0, NULL, err);
 }
 
 int tr_graph_plan_forward(struct tr_graph *g, const struct tr_backend *be, tr_err *err)
 {
-    return checked_plan(g, be, 0, 1, err);
+    return checked_plan(g, be, 0, 1, NULL, err);
+}
+
+/* ---- windows of sequence rows: sample's key/value cache ---------------------- */
+
+int tr_graph_rows_ok(const struct tr_graph *g, const struct tr_backend *be)
+{
+    int T = tr_graph_sequence_length(g);
+    if (T < 2 || g->logits < 0 || g->training || g->before_node)
+        return 0;
+    int last = g->tensors[g->logits].producer;
+    if (last < 0)
+        return 0;
+    for (int i = 0; i <= last; i++) {
+        const struct tr_node *n = &g->nodes[i];
+        enum tr_rows_rule rule = tr_op_rows(n->op);
+        if (rule == TR_ROWS_NONE || !tr_be_supports_rows(be, g, n))
+            return 0;
+        int t[6], k = tr_node_tensors(n, t);
+        for (int j = 0; j < k; j++) {
+            const struct tr_tensor *x = &g->tensors[t[j]];
+            int per_sequence = x->role == TR_ROLE_INPUT || x->role == TR_ROLE_ACTIVATION ||
+                               x->role == TR_ROLE_SAVED;
+            if (rule == TR_ROWS_TABLE && t[j] == n->in[1]) {
+                if (per_sequence || x->ndim != 2 || x->shape[0] < T)
+                    return 0;
+            } else if (rule == TR_ROWS_WHOLE) {
+                /* attention: its inputs and output [1,T,...] (lse [1,H,T] is its own) */
+                if (t[j] != n->aux[0] && tr_sequence_dim(x, T) != 1)
+                    return 0;
+            } else if (per_sequence && tr_sequence_dim(x, T) < 0) {
+                return 0; /* rows this op mixes some other way */
+            }
+        }
+    }
+    return 1;
+}
+
+int tr_graph_plan_forward_cached(struct tr_graph *g, const struct tr_backend *be, size_t *cache,
+                                 tr_err *err)
+{
+    *cache = 0;
+    return checked_plan(g, be, 0, 1, tr_graph_rows_ok(g, be) ? cache : NULL, err);
 }
 
 void tr_graph_measure(struct tr_graph *g, const struct tr_backend *be, int optimizer_slots)
 {
     tr_err ignored;
     plan_storage(g);
-    plan(g, be, optimizer_slots, 0, 0, &ignored);
+    plan(g, be, optimizer_slots, 0, 0, NULL, &ignored);
 }
 
 size_t tr_graph_measure_forward(struct tr_graph *g, const struct tr_backend *be)
@@ -544,7 +599,7 @@ size_t tr_graph_measure_forward(struct tr_graph *g, const struct tr_backend *be)
     tr_err ignored;
     struct tr_memory_report kept = g->memory;
     plan_storage(g);
-    plan(g, be, 0, 0, 1, &ignored);
+    plan(g, be, 0, 0, 1, NULL, &ignored);
     size_t total = tr_graph_memory_total(&g->memory);
     g->memory = kept; /* the offsets are the same either way: only the report differs */
     return total;

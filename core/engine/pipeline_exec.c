@@ -85,7 +85,6 @@ static int chunk_of(const struct tr_pipe_exec *x, int node)
     return -1;
 }
 
-static size_t dtype_bytes(enum tr_dtype d) { return (d == TR_BF16 || d == TR_F16) ? 2 : 4; }
 
 /* Each activation's producer chunk and last reader chunk: it crosses every
  * cut in between. */
@@ -112,7 +111,7 @@ static void find_cuts(struct tr_pipe_exec *x, const struct tr_graph *g)
             int from = chunk_of(x, t->producer);
             if (from < c && last[i] >= c) {
                 k->t[k->n++] = i;
-                k->bytes += t->numel * dtype_bytes(t->dtype);
+                k->bytes += t->numel * tr_dtype_size(t->dtype);
                 if (t->grad)
                     k->grad_bytes += t->numel * sizeof(float);
             }
@@ -144,7 +143,7 @@ static size_t find_ranges(struct tr_pipe_exec *x, const struct tr_graph *g, int 
         const struct tr_tensor *t = &g->tensors[i];
         if ((t->role == TR_ROLE_ACTIVATION || t->role == TR_ROLE_SAVED) && t->data &&
             t->producer >= x->chunk[c].first_node && t->producer <= x->chunk[c].last_node)
-            r[n++] = (struct range){t->data, t->numel * dtype_bytes(t->dtype)};
+            r[n++] = (struct range){t->data, t->numel * tr_dtype_size(t->dtype)};
     }
     qsort(r, (size_t)n, sizeof *r, by_address);
     int m = 0;
@@ -344,7 +343,7 @@ static void pack(struct tr_pipe_exec *x, const struct tr_session *s, const struc
         if (grads && !t->grad)
             continue;
         void *p = grads ? (void *)t->grad : t->data;
-        size_t b = grads ? t->numel * sizeof(float) : t->numel * dtype_bytes(t->dtype);
+        size_t b = grads ? t->numel * sizeof(float) : t->numel * tr_dtype_size(t->dtype);
         if (unpack)
             be_copy(x, &s->be, p, (char *)buf + at, b);
         else

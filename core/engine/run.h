@@ -50,6 +50,7 @@ struct tr_sample_flags {
                       * template's end of turn and the tokenizer's EOS */
     int chat;        /* the prompt is a user message rendered with the chat template */
     const char *system; /* with chat: a system message first; NULL: the template's default */
+    int no_cache;    /* every token re-runs the whole context (no key/value cache) */
 };
 /* Text from a model's weights, read-only: a session in sample mode (no run
  * directory, checkpoints or optimizer state), nothing written. */

@@ -2,8 +2,11 @@
  * recipe's model = { from = DIR } weights), one token at a time through the
  * model's graph, planned once for forward only (top-k, temperature, a
  * seeded generator, so the same flags give the same text; temperature 0 is
- * greedy: the argmax, no draw).  Each token runs the forward over the
- * whole context window again: there is no key/value cache yet.  It only
+ * greedy: the argmax, no draw).  Where the model and backend run windows
+ * of rows (graph.h, tr_graph_forward_rows), the plan keeps every
+ * attention's keys and values (a key/value cache): the prompt runs once,
+ * then each token's forward computes its own row alone; otherwise, and with
+ * --no-cache, each token re-runs the forward over the context.  It only
  * reads: a session in sample mode (no run directory, checkpoint plugin or
  * optimizer state), and the weights through tr_checkpoint_load_weights, so
  * a running run's checkpoints directory is left as it is.
@@ -580,13 +583,26 @@ static size_t generate(struct sampler *sp, const struct tr_sample_flags *fl, int
     float *logits = tr_xcalloc((size_t)V, sizeof *logits), *probs = tr_xcalloc((size_t)V, sizeof *probs);
     float *sorted = tr_xcalloc((size_t)V, sizeof *sorted); /* top-k's, once for every token */
     uint64_t rng = fl->seed * 0x9e3779b97f4a7c15ULL + 1;
+    /* with the key/value cache, rows [0, cached) of every attention's inputs
+     * hold text[0 .. cached)'s: each forward computes the new rows alone (the
+     * prompt's at once, then a token's) until the context is full; past it,
+     * as without the cache, the whole window of the last T tokens */
+    int cache = s->kv_cache > 0 && !fl->no_cache;
+    size_t cached = 0;
     for (size_t n = plen; n < total; n++) {
         size_t start = n > (size_t)T ? n - (size_t)T : 0;
         int len = (int)(n - start);
-        for (int t = 0; t < T; t++)
-            ctx[t] = t < len ? text[start + (size_t)t] : 0;
-        tr_be_upload(&s->be, in->data, ctx, (size_t)T * sizeof(int32_t));
-        tr_graph_forward(g, &s->be);
+        if (cache && n > 0 && n <= (size_t)T) {
+            tr_be_upload(&s->be, (int32_t *)in->data + cached, text + cached,
+                         (n - cached) * sizeof(int32_t));
+            tr_graph_forward_rows(g, &s->be, (int)cached, (int)n);
+            cached = n;
+        } else {
+            for (int t = 0; t < T; t++)
+                ctx[t] = t < len ? text[start + (size_t)t] : 0;
+            tr_be_upload(&s->be, in->data, ctx, (size_t)T * sizeof(int32_t));
+            tr_graph_forward(g, &s->be);
+        }
         int at = len > 0 ? len - 1 : 0;
         tr_be_download(&s->be, logits, (float *)lg->data + (size_t)at * (size_t)V,
                        (size_t)V * sizeof(float));
@@ -646,8 +662,15 @@ int tr_sample(const struct tr_sample_flags *fl)
         free(rendered);
         goto fail;
     }
-    tr_log(TR_LOG_INFO, "sample", "prompt: %zu tokens%s", plen,
-           fl->chat ? ", rendered with the chat template" : "");
+    tr_log(TR_LOG_INFO, "sample", "prompt: %zu tokens%s; %s", plen,
+           fl->chat ? ", rendered with the chat template" : "",
+           fl->no_cache ? "no key/value cache (--no-cache): each token re-runs the context"
+           : sp.s.kv_cache ? "key/value cache"
+                           : "no key/value cache (the model or device cannot run windows of "
+                             "rows): each token re-runs the context");
+    if (sp.s.kv_cache && !fl->no_cache)
+        tr_log(TR_LOG_INFO, "sample", "key/value cache: %.1f MiB for %d positions",
+               (double)sp.s.kv_cache / (1 << 20), sp.T);
     int32_t *text = tr_xcalloc(plen + (size_t)fl->tokens + 1, sizeof *text);
     memcpy(text, prompt, plen * sizeof *text);
     free(prompt);

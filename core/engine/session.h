@@ -80,6 +80,10 @@ struct tr_session {
     /* eval --logits FILE: the first micro-batch's ids and logits written
      * there (safetensors) by tr_session_evaluate; NULL: not */
     const char *logits_out;
+    /* sample: bytes of the key/value cache its plan keeps (attention's
+     * inputs, tr_graph_plan_forward_cached); 0: none, each token re-runs the
+     * whole context (the graph or backend cannot run windows of rows) */
+    size_t kv_cache;
     /* cost: dollars per second of the job, the FLOP/s its devices peak at */
     double usd_per_second, peak_flops, flops_per_token;
 };

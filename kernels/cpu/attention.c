@@ -69,6 +69,7 @@ struct att_layout {
     float *dq, *dk, *dv;
     const uint16_t *dout16; /* backward on the bf16 path: dout rounded to bf16 */
     unsigned write; /* bits 0, 1, 2: dq, dk, dv are written (their first blocks with beta 0) */
+    int q0, q1;     /* forward: query rows [q0, q1) alone (q1 0: every row) */
 };
 
 /* beta of a gradient block's product: 0 for its first contribution when the
@@ -116,7 +117,10 @@ static void attention_forward(const struct att_layout *L, float *out, float *lse
     int B = L->B, T = L->T, NH = L->H, hs = L->D, group = L->H / L->KV;
     int ldq = L->ldq, ldkv = L->ldkv, ldo = NH * hs;
     float scale = 1.0f / sqrtf((float)hs);
-    int row_blocks = (T + Q_BLOCK - 1) / Q_BLOCK;
+    /* a window of query rows (sample's key/value cache): its blocks start at
+     * q0, each still visiting every key up to its own rows */
+    int q0 = L->q1 > 0 ? L->q0 : 0, q1 = L->q1 > 0 ? L->q1 : T;
+    int row_blocks = (q1 - q0 + Q_BLOCK - 1) / Q_BLOCK;
     /* query-row blocks are independent in the forward pass */
     int items = B * NH * row_blocks;
 #pragma omp parallel for schedule(dynamic, 1)
@@ -124,8 +128,8 @@ static void attention_forward(const struct att_layout *L, float *out, float *lse
         int blk = item % row_blocks;
         int h = (item / row_blocks) % NH;
         int b = item / (row_blocks * NH);
-        int r0 = blk * Q_BLOCK;
-        int r1 = min_int(r0 + Q_BLOCK, T);
+        int r0 = q0 + blk * Q_BLOCK;
+        int r1 = min_int(r0 + Q_BLOCK, q1);
         int rows = r1 - r0;
         size_t q_at = (size_t)b * T * ldq + h * hs, kv_at = (size_t)b * T * ldkv + (h / group) * hs;
         float *o = out + ((size_t)b * T + r0) * ldo + h * hs; /* rows x hs, ld ldo */
@@ -489,6 +493,15 @@ void tr_cpu_attention_forward(float *out, float *lse, const float *qkv, int B, i
     attention_forward(&L, out, lse);
 }
 
+void tr_cpu_attention_forward_rows(float *out, float *lse, const float *qkv,
+                                   const uint16_t *qkv16, int B, int T, int C, int NH, int q0,
+                                   int q1)
+{
+    struct att_layout L = packed_layout(qkv16 ? NULL : qkv, qkv16, NULL, B, T, C, NH);
+    L.q0 = q0, L.q1 = q1;
+    attention_forward(&L, out, lse);
+}
+
 size_t tr_cpu_attention_scratch_floats(int B, int T, int C, int NH)
 {
     (void)C;
@@ -518,6 +531,19 @@ void tr_cpu_attention_gqa_forward(float *out, float *lse, const float *q, const 
                                   const float *v, int B, int T, int H, int KV, int D)
 {
     struct att_layout L = gqa_layout(q, k, v, NULL, NULL, NULL, B, T, H, KV, D);
+    attention_forward(&L, out, lse);
+}
+
+void tr_cpu_attention_gqa_forward_rows(float *out, float *lse, const float *q, const float *k,
+                                       const float *v, const uint16_t *q16, const uint16_t *k16,
+                                       const uint16_t *v16, int B, int T, int H, int KV, int D,
+                                       int q0, int q1)
+{
+    struct att_layout L = gqa_layout(q16 ? NULL : q, q16 ? NULL : k, q16 ? NULL : v, NULL, NULL,
+                                     NULL, B, T, H, KV, D);
+    if (q16)
+        L.q16 = q16, L.k16 = k16, L.v16 = v16;
+    L.q0 = q0, L.q1 = q1;
     attention_forward(&L, out, lse);
 }
 

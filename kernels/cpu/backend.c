@@ -325,6 +325,15 @@ static size_t cpu_param_copy_bytes(void *ctx, const struct tr_graph *g)
     return 0;
 }
 
+/* Every op the op table lets run in a window of rows: the kernels read
+ * shapes and pointers from the tensors as given (the core's views) and rope
+ * and attention the window (nodes.c); nothing is planned per node. */
+static int cpu_supports_rows(void *ctx, const struct tr_graph *g, const struct tr_node *n)
+{
+    (void)ctx, (void)g;
+    return tr_op_rows(n->op) != TR_ROWS_NONE;
+}
+
 /* The ops the op table (kernels/ops.h) says the CPU runs -- every op of
  * the vocabulary -- on fp32 tensors (int32 for indices and targets),
  * activations also in bf16 or fp16 (taken as stored or run on fp32 copies,
@@ -437,6 +446,7 @@ static const struct tr_backend_iface cpu_iface = {
     .store_frozen = cpu_store_frozen,
     .load_frozen = cpu_load_frozen,
     .discard = cpu_discard,
+    .supports_rows = cpu_supports_rows,
 };
 
 int tr_cpu_backend_init(struct tr_backend *be, int threads)

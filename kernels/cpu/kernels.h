@@ -250,6 +250,10 @@ void tr_cpu_rope_backward(float *dinp, const float *dout, float *scratch, int B,
 struct tr_rope_scaling;
 void tr_cpu_rope_forward_scaled(float *out, const float *inp, float *scratch, int B, int T, int H,
                                 int D, float theta, const struct tr_rope_scaling *sc);
+/* The forward of rows at positions pos0 .. pos0 + T - 1 (a window of a
+ * longer sequence: sample's key/value cache), the same angles as there. */
+void tr_cpu_rope_forward_at(float *out, const float *inp, float *scratch, int B, int T, int H,
+                            int D, float theta, const struct tr_rope_scaling *sc, int pos0);
 void tr_cpu_rope_backward_scaled(float *dinp, const float *dout, float *scratch, int B, int T,
                                  int H, int D, float theta, const struct tr_rope_scaling *sc,
                                  int write);
@@ -324,6 +328,19 @@ void tr_cpu_attention_gqa_backward(float *dq, float *dk, float *dv, float *scrat
  * out, lse and the gradients in fp32.  Results do not depend on the thread
  * count.  Callers check tr_cpu_bf16_native_isa() first.  Backward scratch:
  * the *_bf16_scratch_floats, not initialised (D, and dout in bf16). */
+/* The forward of query rows [q0, q1) alone (each batch), against keys
+ * [0, q1): out and lse rows outside them are left as they are, and rows of
+ * q, k, v at or past q1 are not read (a key/value cache: the rows before q0
+ * were written by earlier calls).  The same blocks and sums as the whole
+ * forward's rows, up to the products' order.  Inputs in fp32, or in bf16 (the
+ * native bf16 path) when qkv16 / q16 is not NULL. */
+void tr_cpu_attention_forward_rows(float *out, float *lse, const float *qkv,
+                                   const uint16_t *qkv16, int B, int T, int C, int NH, int q0,
+                                   int q1);
+void tr_cpu_attention_gqa_forward_rows(float *out, float *lse, const float *q, const float *k,
+                                       const float *v, const uint16_t *q16, const uint16_t *k16,
+                                       const uint16_t *v16, int B, int T, int H, int KV, int D,
+                                       int q0, int q1);
 void tr_cpu_attention_forward_bf16(float *out, float *lse, const uint16_t *qkv, int B, int T,
                                    int C, int NH);
 size_t tr_cpu_attention_bf16_scratch_floats(int B, int T, int C, int NH);

@@ -400,6 +400,21 @@ static void relu_backward(struct tr_graph *g, const struct tr_node *n)
 
 static void attention_forward(struct tr_graph *g, const struct tr_node *n)
 {
+    if (g->seq_to > 0) { /* a window of query rows: the rows before it are the cache */
+        int bf16 = tr_cpu_node_attention_bf16(g, n), B = (int)T(0)->shape[0],
+            Tn = (int)T(0)->shape[1];
+        if (n->n_in == 3)
+            tr_cpu_attention_gqa_forward_rows(F(OUT), AUX(0), F(T(0)), F(T(1)), F(T(2)),
+                                              bf16 ? U16(T(0)) : NULL, bf16 ? U16(T(1)) : NULL,
+                                              bf16 ? U16(T(2)) : NULL, B, Tn, n->heads,
+                                              kv_heads(n), cols(T(0)) / n->heads, g->seq_from,
+                                              g->seq_to);
+        else
+            tr_cpu_attention_forward_rows(F(OUT), AUX(0), F(T(0)), bf16 ? U16(T(0)) : NULL, B,
+                                          Tn, (int)T(0)->shape[2] / 3, n->heads, g->seq_from,
+                                          g->seq_to);
+        return;
+    }
     if (tr_cpu_node_attention_bf16(g, n) && n->n_in == 3)
         tr_cpu_attention_gqa_forward_bf16(F(OUT), AUX(0), U16(T(0)), U16(T(1)), U16(T(2)),
                                           (int)T(0)->shape[0], (int)T(0)->shape[1], n->heads,
@@ -477,8 +492,10 @@ static struct tr_rope_scaling rope_scaling_of(const struct tr_node *n)
 static void rope_forward(struct tr_graph *g, const struct tr_node *n)
 {
     struct tr_rope_scaling sc = rope_scaling_of(n);
-    tr_cpu_rope_forward_scaled(F(OUT), F(T(0)), g->scratch, (int)T(0)->shape[0],
-                               (int)T(0)->shape[1], n->heads, cols(T(0)) / n->heads, n->theta, &sc);
+    /* in a window of rows, row t is at position seq_from + t */
+    tr_cpu_rope_forward_at(F(OUT), F(T(0)), g->scratch, (int)T(0)->shape[0], (int)T(0)->shape[1],
+                           n->heads, cols(T(0)) / n->heads, n->theta, &sc,
+                           g->seq_to > 0 ? g->seq_from : 0);
 }
 
 static void rope_backward(struct tr_graph *g, const struct tr_node *n)

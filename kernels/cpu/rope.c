@@ -27,8 +27,10 @@ size_t tr_cpu_rope_scratch_floats(int T, int D)
     return ((size_t)T * 2 + 1) * (size_t)(D / 2);
 }
 
-/* scratch: cos[T][half], then sin[T][half], then the frequencies[half] */
-static void rope_table(float *table, int T, int D, float theta, const struct tr_rope_scaling *sc)
+/* scratch: cos[T][half], then sin[T][half], then the frequencies[half], for
+ * positions pos0 .. pos0 + T - 1 */
+static void rope_table(float *table, int T, int D, float theta, const struct tr_rope_scaling *sc,
+                       int pos0)
 {
     int half = D / 2;
     float *cos_t = table, *sin_t = table + (size_t)T * half, *freq = sin_t + (size_t)T * half;
@@ -38,7 +40,7 @@ static void rope_table(float *table, int T, int D, float theta, const struct tr_
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++)
         for (int i = 0; i < half; i++)
-            sincosf((float)t * freq[i], &sin_t[(size_t)t * half + i], &cos_t[(size_t)t * half + i]);
+            sincosf((float)(pos0 + t) * freq[i], &sin_t[(size_t)t * half + i], &cos_t[(size_t)t * half + i]);
 }
 
 /*
@@ -49,10 +51,10 @@ static void rope_table(float *table, int T, int D, float theta, const struct tr_
  */
 static inline void rope_turn(float *out, const float *inp, float *scratch, int B, int T, int H,
                              int D, float theta, const struct tr_rope_scaling *sc, float sign,
-                             int add)
+                             int add, int pos0)
 {
     int half = D / 2;
-    rope_table(scratch, T, D, theta, sc);
+    rope_table(scratch, T, D, theta, sc, pos0);
     const float *cos_t = scratch, *sin_t = scratch + (size_t)T * half;
     int rows = B * T;
 #pragma omp parallel for schedule(static)
@@ -80,7 +82,13 @@ static inline void rope_turn(float *out, const float *inp, float *scratch, int B
 void tr_cpu_rope_forward_scaled(float *out, const float *inp, float *scratch, int B, int T, int H,
                                 int D, float theta, const struct tr_rope_scaling *sc)
 {
-    rope_turn(out, inp, scratch, B, T, H, D, theta, sc, 1.0f, 0);
+    rope_turn(out, inp, scratch, B, T, H, D, theta, sc, 1.0f, 0, 0);
+}
+
+void tr_cpu_rope_forward_at(float *out, const float *inp, float *scratch, int B, int T, int H,
+                            int D, float theta, const struct tr_rope_scaling *sc, int pos0)
+{
+    rope_turn(out, inp, scratch, B, T, H, D, theta, sc, 1.0f, 0, pos0);
 }
 
 void tr_cpu_rope_backward_scaled(float *dinp, const float *dout, float *scratch, int B, int T,
@@ -90,9 +98,9 @@ void tr_cpu_rope_backward_scaled(float *dinp, const float *dout, float *scratch,
     if (dinp == NULL)
         return;
     if (write)
-        rope_turn(dinp, dout, scratch, B, T, H, D, theta, sc, -1.0f, 0);
+        rope_turn(dinp, dout, scratch, B, T, H, D, theta, sc, -1.0f, 0, 0);
     else
-        rope_turn(dinp, dout, scratch, B, T, H, D, theta, sc, -1.0f, 1);
+        rope_turn(dinp, dout, scratch, B, T, H, D, theta, sc, -1.0f, 1, 0);
 }
 
 void tr_cpu_rope_forward(float *out, const float *inp, float *scratch, int B, int T, int H, int D,
