@@ -260,7 +260,8 @@ struct tr_graph {
      * plan of tr_graph_plan_forward_cached keeps attention's inputs): rope
      * turns row t of its (viewed) input by position seq_from + t, attention
      * computes query rows [seq_from, seq_to) against keys [0, seq_to) of its
-     * whole inputs and writes those rows of out and lse alone. */
+     * whole inputs into its output (a view of those rows) and those rows of
+     * its lse. */
     int seq_from, seq_to;
 };
 
@@ -369,7 +370,8 @@ struct tr_backend_iface {
     /* Optional (ABI 9; NULL: never): nonzero when the backend runs node n's
      * forward over a window of sequence rows (tr_graph.seq_to > 0, batch 1):
      * rope turning row t by position seq_from + t of views the core makes,
-     * attention computing query rows [seq_from, seq_to) of its whole inputs,
+     * attention computing query rows [seq_from, seq_to) of its whole inputs
+     * (and aux) into a view of those rows of its output,
      * and every other op on the core's views of its tensors (which a backend
      * that keeps per-node plans of the planned shapes cannot take).  sample's
      * key/value cache runs on it (core/engine/graph_exec.c,

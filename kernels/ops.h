@@ -148,8 +148,9 @@ enum tr_rows_rule {
                         * seq_from + t (rope) */
     TR_ROWS_TABLE,     /* as VIEW, and in[1] is a table indexed by position, viewed
                         * from its row seq_from (add_rows' p) */
-    TR_ROWS_WHOLE,     /* on its whole tensors, the kernel computing the window's
-                        * rows from every earlier row (attention's keys: the cache) */
+    TR_ROWS_WHOLE,     /* on its whole inputs and aux, the kernel computing the
+                        * window's rows from every earlier row (attention's keys: the
+                        * cache) into a view of its output's window rows */
 };
 enum tr_rows_rule tr_op_rows(enum tr_op op);
 

@@ -134,6 +134,8 @@ void tr_graph_forward_rows(struct tr_graph *g, const struct tr_backend *be, int 
         enum tr_rows_rule rule = tr_op_rows(n->op);
         struct tr_tensor saved[6];
         int t[6], k = rule == TR_ROWS_WHOLE ? 0 : tr_node_tensors(n, t);
+        if (rule == TR_ROWS_WHOLE) /* attention: whole inputs, the window's output rows */
+            t[k++] = n->out;
         for (int j = 0; j < k; j++) {
             struct tr_tensor *x = &g->tensors[t[j]];
             saved[j] = *x;

@@ -588,7 +588,8 @@ static size_t generate(struct sampler *sp, const struct tr_sample_flags *fl, int
      * prompt's at once, then a token's) until the context is full; past it,
      * as without the cache, the whole window of the last T tokens */
     int cache = s->kv_cache > 0 && !fl->no_cache;
-    size_t cached = 0;
+    size_t cached = 0, made = 0;
+    double t0 = tr_now(), t_first = 0;
     for (size_t n = plen; n < total; n++) {
         size_t start = n > (size_t)T ? n - (size_t)T : 0;
         int len = (int)(n - start);
@@ -617,6 +618,9 @@ static size_t generate(struct sampler *sp, const struct tr_sample_flags *fl, int
             pick = draw(probs, V, &rng);
         }
         text[n] = pick;
+        if (n == plen)
+            t_first = tr_now() - t0; /* the prompt's forward and the first token */
+        made++;
         int stop = 0;
         for (int i = 0; i < sp->n_stop && !fl->ignore_eos; i++)
             stop |= pick == sp->stop[i];
@@ -628,6 +632,11 @@ static size_t generate(struct sampler *sp, const struct tr_sample_flags *fl, int
             break;
         }
     }
+    double seconds = tr_now() - t0;
+    if (made > 1)
+        tr_log(TR_LOG_INFO, "sample", "%zu tokens in %.3f s: the prompt's %zu and the first in "
+               "%.3f s, then %.1f tokens/s", made, seconds, plen, t_first,
+               (double)(made - 1) / (seconds - t_first));
     free(ctx);
     free(logits);
     free(probs);

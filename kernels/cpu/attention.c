@@ -69,7 +69,8 @@ struct att_layout {
     float *dq, *dk, *dv;
     const uint16_t *dout16; /* backward on the bf16 path: dout rounded to bf16 */
     unsigned write; /* bits 0, 1, 2: dq, dk, dv are written (their first blocks with beta 0) */
-    int q0, q1;     /* forward: query rows [q0, q1) alone (q1 0: every row) */
+    int q0, q1;     /* forward: query rows [q0, q1) alone, out holding those rows
+                     * ([B, q1 - q0, H*D]); q1 0: every row */
 };
 
 /* beta of a gradient block's product: 0 for its first contribution when the
@@ -132,7 +133,8 @@ static void attention_forward(const struct att_layout *L, float *out, float *lse
         int r1 = min_int(r0 + Q_BLOCK, q1);
         int rows = r1 - r0;
         size_t q_at = (size_t)b * T * ldq + h * hs, kv_at = (size_t)b * T * ldkv + (h / group) * hs;
-        float *o = out + ((size_t)b * T + r0) * ldo + h * hs; /* rows x hs, ld ldo */
+        /* rows x hs, ld ldo; out holds the window's rows alone */
+        float *o = out + ((size_t)b * (q1 - q0) + (r0 - q0)) * ldo + h * hs;
         float *lse_rows = lse + ((size_t)b * NH + h) * T + r0;
         float scores[Q_BLOCK * FWD_K_BLOCK]; /* rows x cols, ld FWD_K_BLOCK */
         uint16_t probs16[Q_BLOCK * FWD_K_BLOCK];

@@ -329,10 +329,11 @@ void tr_cpu_attention_gqa_backward(float *dq, float *dk, float *dv, float *scrat
  * count.  Callers check tr_cpu_bf16_native_isa() first.  Backward scratch:
  * the *_bf16_scratch_floats, not initialised (D, and dout in bf16). */
 /* The forward of query rows [q0, q1) alone (each batch), against keys
- * [0, q1): out and lse rows outside them are left as they are, and rows of
- * q, k, v at or past q1 are not read (a key/value cache: the rows before q0
- * were written by earlier calls).  The same blocks and sums as the whole
- * forward's rows, up to the products' order.  Inputs in fp32, or in bf16 (the
+ * [0, q1): out holds those rows alone ([B, q1 - q0, H*D]), lse rows outside
+ * them are left as they are, and rows of q, k, v at or past q1 are not read
+ * (a key/value cache: the rows before q0 were written by earlier calls).
+ * The same blocks and sums as the whole forward's rows, up to the products'
+ * order.  Inputs in fp32, or in bf16 (the
  * native bf16 path) when qkv16 / q16 is not NULL. */
 void tr_cpu_attention_forward_rows(float *out, float *lse, const float *qkv,
                                    const uint16_t *qkv16, int B, int T, int C, int NH, int q0,
