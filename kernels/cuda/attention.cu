@@ -54,7 +54,8 @@ __device__ __forceinline__ float load_or_zero(const T *base, size_t index, bool 
 template <typename T, int DMAX>
 __global__ void __launch_bounds__(WARPS * 32)
 attention_forward_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int T_, int NH,
-                         int KV, int D, size_t q_stride, size_t kv_stride, float scale)
+                         int KV, int D, size_t q_stride, size_t kv_stride, float scale,
+                         int q_begin, int q_end)
 {
     constexpr int DC = DMAX / 32;
     extern __shared__ float smem[];
@@ -63,7 +64,8 @@ attention_forward_kernel(T *out, float *lse, const T *q, const T *k, const T *v,
     float *Ks = Qs + BLOCK_ROWS * P;       /* [TILE][P] */
     float *Vs = Ks + TILE * P;             /* [TILE][D] */
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH, kvh = h / (NH / KV);
-    const int q0 = blockIdx.x * BLOCK_ROWS;
+    /* the block's query rows, within [q_begin, q_end) (a window: out holds its rows alone) */
+    const int q0 = q_begin + blockIdx.x * BLOCK_ROWS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const size_t C = (size_t)NH * D;
     const T *q_base = q + (size_t)b * T_ * q_stride + (size_t)h * D;
@@ -73,7 +75,7 @@ attention_forward_kernel(T *out, float *lse, const T *q, const T *k, const T *v,
     for (int i = threadIdx.x; i < BLOCK_ROWS * D; i += blockDim.x) {
         int r = i / D, d = i % D;
         int tq = q0 + r;
-        Qs[r * P + d] = load_or_zero(q_base, (size_t)tq * q_stride + d, tq < T_);
+        Qs[r * P + d] = load_or_zero(q_base, (size_t)tq * q_stride + d, tq < q_end);
     }
 
     float m[ROWS_PER_WARP], l[ROWS_PER_WARP], acc[ROWS_PER_WARP][DC];
@@ -86,21 +88,21 @@ attention_forward_kernel(T *out, float *lse, const T *q, const T *k, const T *v,
             acc[r][i] = 0.0f;
     }
 
-    const int key_end = min(T_, q0 + BLOCK_ROWS); /* the block's last query sees keys < key_end */
+    const int key_end = min(q_end, q0 + BLOCK_ROWS); /* the block's last query sees keys < key_end */
     for (int kt0 = 0; kt0 < key_end; kt0 += TILE) {
         __syncthreads(); /* the previous tile is no longer read (and Qs is written) */
         for (int i = threadIdx.x; i < TILE * D; i += blockDim.x) {
             int j = i / D, d = i % D;
             int tk = kt0 + j;
             size_t at = (size_t)tk * kv_stride + d;
-            Ks[j * P + d] = load_or_zero(k_base, at, tk < T_);
-            Vs[j * D + d] = load_or_zero(v_base, at, tk < T_);
+            Ks[j * P + d] = load_or_zero(k_base, at, tk < q_end);
+            Vs[j * D + d] = load_or_zero(v_base, at, tk < q_end);
         }
         __syncthreads();
 #pragma unroll
         for (int r = 0; r < ROWS_PER_WARP; r++) {
             const int row = warp + WARPS * r, tq = q0 + row;
-            if (tq >= T_ || kt0 > tq) /* the same for the whole warp */
+            if (tq >= q_end || kt0 > tq) /* the same for the whole warp */
                 continue;
             const int key = kt0 + lane;
             float s = -INFINITY;
@@ -135,10 +137,10 @@ attention_forward_kernel(T *out, float *lse, const T *q, const T *k, const T *v,
 #pragma unroll
     for (int r = 0; r < ROWS_PER_WARP; r++) {
         const int tq = q0 + warp + WARPS * r;
-        if (tq >= T_)
+        if (tq >= q_end)
             continue;
         float inv = 1.0f / l[r];
-        T *o = out + ((size_t)b * T_ + tq) * C + (size_t)h * D;
+        T *o = out + ((size_t)b * (q_end - q_begin) + (tq - q_begin)) * C + (size_t)h * D;
 #pragma unroll
         for (int i = 0; i < DC; i++) {
             int d = lane + 32 * i;
@@ -457,10 +459,11 @@ template <typename T, int DMAX>
 static void forward_launch(struct cuda_context *c, const struct attention_args *a, void *out,
                            float *lse)
 {
-    dim3 grid((unsigned)((a->T + BLOCK_ROWS - 1) / BLOCK_ROWS), (unsigned)(a->B * a->NH));
+    int q_begin = a->q_end > 0 ? a->q_begin : 0, q_end = a->q_end > 0 ? a->q_end : a->T;
+    dim3 grid((unsigned)((q_end - q_begin + BLOCK_ROWS - 1) / BLOCK_ROWS), (unsigned)(a->B * a->NH));
     attention_forward_kernel<T, DMAX><<<grid, WARPS * 32, forward_smem(a->D) * sizeof(float), c->compute>>>(
         (T *)out, lse, (const T *)a->q, (const T *)a->k, (const T *)a->v, a->T, a->NH, a->KV, a->D,
-        a->q_stride, a->kv_stride, 1.0f / sqrtf((float)a->D));
+        a->q_stride, a->kv_stride, 1.0f / sqrtf((float)a->D), q_begin, q_end);
     LAUNCHED(c, "attention forward");
 }
 

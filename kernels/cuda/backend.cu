@@ -189,6 +189,7 @@ static struct tr_backend_iface make_iface(void)
     f.supports_op = cuda_supports_op;
     f.store_frozen = cuda_store_frozen;
     f.load_frozen = cuda_load_frozen;
+    f.supports_rows = cuda_supports_rows;
     return f;
 }
 

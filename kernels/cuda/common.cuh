@@ -131,6 +131,7 @@ size_t cuda_scratch_floats(void *ctx, const struct tr_graph *g, const struct tr_
 void cuda_forward(void *ctx, struct tr_graph *g, const struct tr_node *n);
 void cuda_backward(void *ctx, struct tr_graph *g, const struct tr_node *n);
 int cuda_supports_op(void *ctx, const struct tr_graph *g, const struct tr_node *n);
+int cuda_supports_rows(void *ctx, const struct tr_graph *g, const struct tr_node *n);
 
 /* ---- ops.cu (elementwise, rope, embedding, bias), norms.cu, step.cu (loss, optimizers) */
 /* ids outside [0,V) read as zero rows and are skipped in backward (the
@@ -181,10 +182,12 @@ void cuda_rmsnorm_backward(struct cuda_context *c, int dt, float *dinp, float *d
                            const float *dout, const void *inp, const void *w, const float *rstd,
                            int N, int C, float *scratch);
 /* x[B,T,H*D]: H heads of D (even) channels; scratch holds the angles' table;
- * sc: Llama 3.1's frequency scaling (kernels/rope_scaling.h; factor 0: none) */
+ * sc: Llama 3.1's frequency scaling (kernels/rope_scaling.h; factor 0: none);
+ * forward's row t is at position pos0 + t (a window of a longer sequence) */
 size_t cuda_rope_scratch_floats(int T, int D);
 void cuda_rope_forward(struct cuda_context *c, int dt, void *out, const void *inp, int B, int T,
-                       int H, int D, float theta, const struct tr_rope_scaling *sc, float *scratch);
+                       int H, int D, float theta, const struct tr_rope_scaling *sc, float *scratch,
+                       int pos0);
 void cuda_rope_backward(struct cuda_context *c, float *dinp, const float *dout, int B, int T,
                         int H, int D, float theta, const struct tr_rope_scaling *sc, float *scratch);
 size_t cuda_cross_entropy_scratch_floats(int N);
@@ -233,6 +236,10 @@ enum { ATTENTION_MAX_HEAD = 256 };
  * the output is [B,T,NH*D]. */
 struct attention_args {
     int B, T, NH, KV, D;
+    /* forward: query rows [q_begin, q_end) alone, against keys [0, q_end),
+     * out holding those rows alone ([B, q_end - q_begin, NH*D]; a window of
+     * rows, sample's key/value cache); q_end 0: every row */
+    int q_begin, q_end;
     size_t q_stride, kv_stride; /* elements */
     const void *q, *k, *v;      /* storage dtype */
     float *dq, *dk, *dv;

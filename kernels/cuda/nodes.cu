@@ -79,6 +79,7 @@ static struct attention_args attention_of(const struct tr_graph *g, const struct
 {
     struct attention_args a;
     const struct tr_tensor *q = T(0);
+    a.q_begin = a.q_end = 0; /* every row (a window: attention_forward) */
     a.B = (int)q->shape[0];
     a.T = (int)q->shape[1];
     a.NH = n->heads;
@@ -469,6 +470,10 @@ static void attention_forward(struct cuda_context *c, struct tr_graph *g, const 
 {
     int dt = storage(g, n);
     struct attention_args a = attention_of(g, n);
+    if (g->seq_to > 0) { /* a window of query rows: the rows before it are the cache */
+        a.q_begin = g->seq_from;
+        a.q_end = g->seq_to;
+    }
     cuda_attention_forward(c, dt, &a, OUT->data, AUX(0));
 }
 
@@ -523,8 +528,10 @@ static void rope_forward(struct cuda_context *c, struct tr_graph *g, const struc
 {
     int dt = storage(g, n);
     struct tr_rope_scaling sc = rope_scaling_of(n);
+    /* in a window of rows, row t is at position seq_from + t */
     cuda_rope_forward(c, dt, OUT->data, T(0)->data, (int)T(0)->shape[0], (int)T(0)->shape[1],
-                      n->heads, rope_head(g, n), n->theta, &sc, g->scratch);
+                      n->heads, rope_head(g, n), n->theta, &sc, g->scratch,
+                      g->seq_to > 0 ? g->seq_from : 0);
 }
 
 static void rope_backward(struct cuda_context *c, struct tr_graph *g, const struct tr_node *n)
@@ -867,6 +874,16 @@ static void run_node(void *ctx, struct tr_graph *g, const struct tr_node *n, int
 void cuda_forward(void *ctx, struct tr_graph *g, const struct tr_node *n) { run_node(ctx, g, n, 0); }
 
 void cuda_backward(void *ctx, struct tr_graph *g, const struct tr_node *n) { run_node(ctx, g, n, 1); }
+
+/* Every op the op table lets run in a window of rows (the core asks for
+ * those alone): the kernels take shapes and pointers from the tensors at
+ * each call (the core's views; the GEMMs' plans are kept by shape), and
+ * rope and attention the window. */
+int cuda_supports_rows(void *ctx, const struct tr_graph *g, const struct tr_node *n)
+{
+    (void)ctx, (void)g, (void)n;
+    return 1;
+}
 
 /* The ops the op table (kernels/ops.h) gives to cuda -- every op of the
  * vocabulary; the core checks the table's bit before asking here -- their

@@ -462,7 +462,7 @@ size_t cuda_rope_scratch_floats(int T, int D)
 }
 
 __global__ void rope_table_kernel(float *cos_t, float *sin_t, int T_, int half, float theta,
-                                  struct tr_rope_scaling sc)
+                                  struct tr_rope_scaling sc, int pos0)
 {
     size_t total = (size_t)T_ * half;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
@@ -471,7 +471,7 @@ __global__ void rope_table_kernel(float *cos_t, float *sin_t, int T_, int half, 
         float exponent = (float)(2 * k) / (float)(2 * half);
         /* powf rounded once from double: the correctly rounded fp32 power */
         float inv_freq = tr_rope_scale_freq(1.0f / (float)pow((double)theta, (double)exponent), sc);
-        sincosf((float)t * inv_freq, &sin_t[i], &cos_t[i]);
+        sincosf((float)(pos0 + t) * inv_freq, &sin_t[i], &cos_t[i]);
     }
 }
 
@@ -510,7 +510,7 @@ __global__ void rope_backward_kernel(float *dinp, const float *dout, const float
 /* the table in scratch; 0 when the shape cannot be rotated (checked by the
  * graph: this keeps a bad node from reading out of bounds) */
 static int rope_table(struct cuda_context *c, float *scratch, int T, int H, int D, float theta,
-                      const struct tr_rope_scaling *sc)
+                      const struct tr_rope_scaling *sc, int pos0)
 {
     if (T <= 0 || H <= 0 || D <= 0 || D % 2 != 0) {
         cuda_note(c, cudaErrorInvalidValue, "rope: the head size must be even");
@@ -518,7 +518,7 @@ static int rope_table(struct cuda_context *c, float *scratch, int T, int H, int 
     }
     size_t n = (size_t)T * (D / 2);
     rope_table_kernel<<<grid_for(n, THREADS), THREADS, 0, c->compute>>>(scratch, scratch + n, T,
-                                                                        D / 2, theta, *sc);
+                                                                        D / 2, theta, *sc, pos0);
     LAUNCHED(c, "rope (angles)");
     return 1;
 }
@@ -533,9 +533,10 @@ static void rope_forward(struct cuda_context *c, void *out, const void *inp, con
 }
 
 void cuda_rope_forward(struct cuda_context *c, int dt, void *out, const void *inp, int B, int T,
-                       int H, int D, float theta, const struct tr_rope_scaling *sc, float *scratch)
+                       int H, int D, float theta, const struct tr_rope_scaling *sc, float *scratch,
+                       int pos0)
 {
-    if (B <= 0 || !rope_table(c, scratch, T, H, D, theta, sc))
+    if (B <= 0 || !rope_table(c, scratch, T, H, D, theta, sc, pos0))
         return;
     size_t n = (size_t)T * (D / 2), pairs = (size_t)B * T * H * (D / 2);
     DISPATCH_STORAGE(dt, rope_forward, c, out, inp, scratch, scratch + n, pairs, T, H, D / 2);
@@ -544,7 +545,7 @@ void cuda_rope_forward(struct cuda_context *c, int dt, void *out, const void *in
 void cuda_rope_backward(struct cuda_context *c, float *dinp, const float *dout, int B, int T,
                         int H, int D, float theta, const struct tr_rope_scaling *sc, float *scratch)
 {
-    if (!dinp || B <= 0 || !rope_table(c, scratch, T, H, D, theta, sc))
+    if (!dinp || B <= 0 || !rope_table(c, scratch, T, H, D, theta, sc, 0))
         return;
     size_t n = (size_t)T * (D / 2), pairs = (size_t)B * T * H * (D / 2);
     rope_backward_kernel<<<grid_for(pairs, THREADS), THREADS, 0, c->compute>>>(

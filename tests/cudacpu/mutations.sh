@@ -83,7 +83,7 @@ mutate lanes_exit attention.cu \
   's/\n(    )(sum = warp_sum\(sum\);)/\n$1if (lane >= D) \/\* no dimension left for this lane \*\/\n$1    return;\n$1$2/' \
   'backend_ops/attention_head16_f32' 'exited, but lanes|lane [0-9]+ of its mask has exited'
 mutate no_syncthreads attention.cu \
-  's/(Vs\[j \* D \+ d\] = load_or_zero\(v_base, at, tk < T_\);\n        \}\n)        __syncthreads\(\);\n/$1/' \
+  's/(Vs\[j \* D \+ d\] = load_or_zero\(v_base, at, tk < q_end\);\n        \}\n)        __syncthreads\(\);\n/$1/' \
   'backend_ops/attention_head16_f32' 'forward output.*(on the GPU|differs from the CPU)'
 mutate smem_too_small attention.cu \
   's/(forward_smem\(int D\) \{ return .*?) \+ \(size_t\)TILE \* D; \}/$1; }/' \

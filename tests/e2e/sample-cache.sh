@@ -6,7 +6,7 @@
 # grouped-query attention) over its whole 64-position context, tiny-qwen2
 # (q/k/v biases, a tied head), tiny-gpt2 (learned positions, packed qkv) --
 # with the cache and with --no-cache, which re-runs the whole context for
-# each token.  Past the context (a window of the last ctx tokens, re-run in
+# each token, and on device=cuda through the CUDA-on-CPU harness.  Past the context (a window of the last ctx tokens, re-run in
 # full) both give the same text; the log says which way it ran.
 . "$(dirname "$0")/lib.sh"
 command -v python3 > /dev/null || skip "python3 reads the fixtures"
@@ -35,6 +35,22 @@ for name in tiny-llama tiny-qwen2 tiny-gpt2; do
   grep -q "; key/value cache" $name-cache.err || { cat $name-cache.err; fail "$name: the log does not say the cache ran"; }
   grep -q "no key/value cache (--no-cache)" $name-no-cache.err || { cat $name-no-cache.err; fail "$name: --no-cache not said"; }
 done
+
+# device=cuda through the CUDA-on-CPU harness (tests/cudacpu): the same ids,
+# fp32, from its rope and attention kernels' windows
+if [ -n "${TR_CUDACPU_DIR:-}" ]; then
+  for name in tiny-llama tiny-gpt2; do
+    ctx=$(python3 field.py "$FIX/generate.json" $name ctx)
+    prompt=$(python3 field.py "$FIX/generate.json" $name prompt)
+    want=$(python3 field.py "$FIX/generate.json" $name ids)
+    TRAINRUN_BACKEND_PATH=$TR_CUDACPU_DIR "$TRAINRUN" sample "$FIX/$name.lua" model.ctx="$ctx" \
+      device=cuda --ids --prompt "$prompt" --tokens "$(echo "$want" | wc -w)" --temperature 0 \
+      --ignore-eos > $name-cuda.txt 2> $name-cuda.err || { cat $name-cuda.err; fail "$name: sample on device=cuda"; }
+    grep -q "; key/value cache" $name-cuda.err || { cat $name-cuda.err; fail "$name: no cache on device=cuda"; }
+    got=$(cut -d' ' -f$(($(echo "$prompt" | wc -w) + 1))- $name-cuda.txt)
+    [ "$got" = "$want" ] || { echo "got:  $got"; echo "want: $want"; fail "$name (device=cuda): not transformers' greedy ids"; }
+  done
+fi
 
 # past the context: a trained 8-position GPT sampled for 40 tokens
 "$TRAINRUN" "$TR_SRCDIR/tests/config/tiny.lua" train.steps=30 run_dir=run --quiet 2> train.err \
