@@ -40,6 +40,19 @@
  * against what the receiver expects.  Sending and receiving run together
  * under poll(); a dead or stopped peer fails the call as above.  Only ring
  * neighbours are connected: other peers are refused.
+ *
+ * allreduce_group (a sum among some ranks, for pipeline replicas) runs the
+ * same ring, reduce-scatter then all-gather, over the members in rank
+ * order, on links of their own: one connection per pair of ranks, opened
+ * the first time a group needs it (the lower rank connects to the higher
+ * one's ring listener, which stays open for this, and says who it is; the
+ * higher rank accepts whatever links arrive until it has the one it
+ * needs) and kept until the end.  Only the members call; calls on groups
+ * that share ranks come in one order on every rank (the ABI says so), so
+ * each link carries the groups' bytes in the same order at both ends.  A
+ * member that died closes its links (the call fails at once, naming it);
+ * one that stopped is caught by the timeout and the roll call as above.
+ * The whole world as the group is allreduce_sum itself (the same bits).
  */
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE /* getaddrinfo flags, usleep */
@@ -115,6 +128,7 @@ struct frame {
 #define FRAME_HERE 3u
 #define CONTROL_BIT 0x80000000u /* ring hello of a control connection */
 #define P2P_BIT 0x40000000u     /* ring hello of a point-to-point connection */
+#define GROUP_BIT 0x20000000u   /* hello of a group link (after start-up) */
 
 /* Before each point-to-point message: its size. */
 struct p2p_head {
@@ -140,6 +154,11 @@ struct tcp {
     int *where;           /* world: answers to this rank's roll call (-1: none yet) */
     double timeout;
     float *scratch;       /* SCRATCH_BYTES: received floats on their way into a sum */
+    /* group links: the ring listener, kept open for them, every rank's
+     * address, and the link with each rank (-1: none yet) */
+    int listen_fd;
+    struct peer_addr *table;
+    int *link;
     char describe[160];
 };
 
@@ -417,8 +436,28 @@ static int lost(struct tcp *t, tr_err *err, int side, const char *why)
  * streams through without a receive buffer as large as itself.  Each
  * element gets exactly one addition, so the sums do not depend on how the
  * bytes happened to arrive. */
-static int exchange(struct tcp *t, const void *sbuf, size_t sbytes, void *rbuf, size_t rbytes,
-                    int add, tr_err *err)
+/* A connection to `peer` broke: the ring's data connections (side 0 or 1)
+ * and group links alike.  A ring neighbour's notice, if it was giving up,
+ * comes first on the control connection beside (see lost()); from any
+ * other rank it travels around the ring, so this waits a moment for it. */
+static int lost_peer(struct tcp *t, tr_err *err, int peer, int side, const char *why)
+{
+    if (side >= 0)
+        return lost(t, err, side, why);
+    if (serve_control(t, 1.0, -1, err) != TR_OK)
+        return TR_ERROR;
+    char text[sizeof ((struct frame *)0)->text];
+    snprintf(text, sizeof text, "rank %d lost rank %d (%s): it has stopped or died", t->rank, peer,
+             why);
+    return give_up(t, err, t->rank, text);
+}
+
+/* exchange() on any two connections: send on sfd to rank speer, receive on
+ * rfd from rank rpeer (the same fd for a group of two).  sside and rside:
+ * the ring side of each when it is a ring data connection, else -1. */
+static int exchange_on(struct tcp *t, int sfd, int speer, int sside, int rfd, int rpeer, int rside,
+                       const void *sbuf, size_t sbytes, void *rbuf, size_t rbytes, int add,
+                       tr_err *err)
 {
     const char *s = sbuf;
     char *r = rbuf;
@@ -426,8 +465,8 @@ static int exchange(struct tcp *t, const void *sbuf, size_t sbytes, void *rbuf, 
     size_t held = 0;        /* add: bytes waiting in scratch */
     double deadline = rdv_now() + t->timeout;
     while (sbytes > 0 || rbytes > 0) {
-        struct pollfd p[4] = {{.fd = sbytes ? t->next_fd : -1, .events = POLLOUT},
-                              {.fd = rbytes ? t->prev_fd : -1, .events = POLLIN},
+        struct pollfd p[4] = {{.fd = sbytes ? sfd : -1, .events = POLLOUT},
+                              {.fd = rbytes ? rfd : -1, .events = POLLIN},
                               {.fd = t->ctl_fd[0], .events = POLLIN},
                               {.fd = t->ctl_fd[1], .events = POLLIN}};
         int ms = (int)((deadline - rdv_now()) * 1000);
@@ -435,13 +474,13 @@ static int exchange(struct tcp *t, const void *sbuf, size_t sbytes, void *rbuf, 
         if (rc < 0 && errno == EINTR)
             continue;
         if (rc <= 0)
-            return stalled(t, err, rbytes ? neighbour(t, 0) : neighbour(t, 1));
+            return stalled(t, err, rbytes ? rpeer : speer);
         if ((p[2].revents | p[3].revents) && pump_control(t, err) != TR_OK)
             return TR_ERROR;
         if (sbytes && (p[0].revents & (POLLOUT | POLLERR | POLLHUP))) {
-            ssize_t k = send(t->next_fd, s, sbytes, MSG_NOSIGNAL | MSG_DONTWAIT);
+            ssize_t k = send(sfd, s, sbytes, MSG_NOSIGNAL | MSG_DONTWAIT);
             if (k < 0 && errno != EAGAIN && errno != EINTR)
-                return lost(t, err, 1, strerror(errno));
+                return lost_peer(t, err, speer, sside, strerror(errno));
             if (k > 0) {
                 s += k;
                 sbytes -= (size_t)k;
@@ -450,9 +489,10 @@ static int exchange(struct tcp *t, const void *sbuf, size_t sbytes, void *rbuf, 
         if (rbytes && (p[1].revents & (POLLIN | POLLERR | POLLHUP))) {
             char *into = add ? (char *)t->scratch + held : r;
             size_t room = add ? SCRATCH_BYTES - held : rbytes;
-            ssize_t k = recv(t->prev_fd, into, room < rbytes ? room : rbytes, MSG_DONTWAIT);
+            ssize_t k = recv(rfd, into, room < rbytes ? room : rbytes, MSG_DONTWAIT);
             if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR))
-                return lost(t, err, 0, k == 0 ? "connection closed" : strerror(errno));
+                return lost_peer(t, err, rpeer, rside,
+                                 k == 0 ? "connection closed" : strerror(errno));
             if (k > 0) {
                 rbytes -= (size_t)k;
                 if (!add) {
@@ -471,6 +511,13 @@ static int exchange(struct tcp *t, const void *sbuf, size_t sbytes, void *rbuf, 
         }
     }
     return TR_OK;
+}
+
+static int exchange(struct tcp *t, const void *sbuf, size_t sbytes, void *rbuf, size_t rbytes,
+                    int add, tr_err *err)
+{
+    return exchange_on(t, t->next_fd, neighbour(t, 1), 1, t->prev_fd, neighbour(t, 0), 0, sbuf,
+                       sbytes, rbuf, rbytes, add, err);
 }
 
 /* Segment i of a ring collective over n floats, its index taken around
@@ -583,6 +630,137 @@ static int tcp_broadcast(void *self, void *buf, size_t bytes, int root, tr_err *
         return TR_ERROR;
     if (next != root && exchange(t, buf, bytes, NULL, 0, 0, err) != TR_OK)
         return TR_ERROR;
+    return TR_OK;
+}
+
+/* ---- groups ---------------------------------------------------------------- */
+
+/* The ring side (0: prev, 1: next) where `peer` is a ring neighbour, else
+ * -1: where a broken link's notice would come from. */
+static int ring_side(const struct tcp *t, int peer)
+{
+    return peer == neighbour(t, 0) ? 0 : peer == neighbour(t, 1) ? 1 : -1;
+}
+
+/* Takes one group link off the listener (its hello says which rank), or
+ * fails naming `waiting_for` when none comes within the timeout. */
+static int accept_link(struct tcp *t, int waiting_for, double deadline, tr_err *err)
+{
+    for (;;) {
+        struct pollfd p[3] = {{.fd = t->listen_fd, .events = POLLIN},
+                              {.fd = t->ctl_fd[0], .events = POLLIN},
+                              {.fd = t->ctl_fd[1], .events = POLLIN}};
+        int ms = (int)((deadline - rdv_now()) * 1000);
+        int rc = ms > 0 ? poll(p, 3, ms) : 0;
+        if (rc < 0 && errno == EINTR)
+            continue;
+        if (rc <= 0) /* it never connected: stopped, or not in this call */
+            return stalled(t, err, waiting_for);
+        if ((p[1].revents | p[2].revents) && pump_control(t, err) != TR_OK)
+            return TR_ERROR;
+        if (!(p[0].revents & POLLIN))
+            continue;
+        int fd = accept(t->listen_fd, NULL, NULL);
+        if (fd < 0)
+            continue; /* the connecting rank went away meanwhile: its own link fails it */
+        tune(fd);
+        uint32_t them = 0;
+        /* the hello follows the connect at once */
+        if (rdv_io(fd, &them, sizeof them, 0, rdv_now() + 5.0) != 0) {
+            close(fd);
+            continue;
+        }
+        int r = (int)(them & ~GROUP_BIT);
+        if (!(them & GROUP_BIT) || r < 0 || r >= t->rank || t->link[r] >= 0) {
+            close(fd);
+            char text[sizeof ((struct frame *)0)->text];
+            snprintf(text, sizeof text, "rank %d: a group link from rank %d that is not expected "
+                     "(hello %#x): is another job using this port?", t->rank, r, them);
+            return give_up(t, err, t->rank, text);
+        }
+        t->link[r] = fd;
+        return TR_OK;
+    }
+}
+
+/* The link with `peer`, opened now if this is the first group that joins
+ * the two: the lower rank connects, the higher accepts. */
+static int link_with(struct tcp *t, int peer, tr_err *err)
+{
+    if (t->link[peer] >= 0)
+        return t->link[peer];
+    if (t->rank > peer) {
+        double deadline = rdv_now() + t->timeout;
+        while (t->link[peer] < 0)
+            if (accept_link(t, peer, deadline, err) != TR_OK)
+                return TR_ERROR;
+        return t->link[peer];
+    }
+    /* its listener has been open since start-up: a refusal means it is gone */
+    char port[16], what[32];
+    snprintf(port, sizeof port, "%u", t->table[peer].port);
+    snprintf(what, sizeof what, "rank %d", peer);
+    tr_err why = {{0}};
+    int fd = connect_to(t->table[peer].host, port, rdv_now() + 1.0, what, &why);
+    uint32_t hello = (uint32_t)t->rank | GROUP_BIT;
+    if (fd >= 0 && rdv_io(fd, &hello, sizeof hello, 1, rdv_now() + t->timeout) != 0) {
+        close(fd);
+        fd = -1;
+        snprintf(why.msg, sizeof why.msg, "it took no hello");
+    }
+    if (fd < 0)
+        return lost_peer(t, err, peer, ring_side(t, peer), why.msg);
+    t->link[peer] = fd;
+    return fd;
+}
+
+/* The ring over the members in rank order, on group links: reduce-scatter,
+ * then all-gather, as allreduce_sum does over the world (each segment
+ * summed on one member, so every member ends with the same bits). */
+static int tcp_allreduce_group(void *self, float *buf, size_t count, const int *ranks, int n,
+                               tr_err *err)
+{
+    struct tcp *t = self;
+    int me = -1;
+    for (int i = 0; i < n; i++) {
+        if (ranks[i] < 0 || ranks[i] >= t->world || (i && ranks[i] <= ranks[i - 1]))
+            return tr_fail(err, "comm tcp: allreduce_group on rank %d: the ranks must ascend from "
+                           "0 to %d without repeats (rank %d at position %d)",
+                           t->rank, t->world - 1, ranks[i], i);
+        if (ranks[i] == t->rank)
+            me = i;
+    }
+    if (me < 0)
+        return tr_fail(err, "comm tcp: allreduce_group called on rank %d, which is not among its "
+                       "%d ranks: only the members call it", t->rank, n);
+    if (n == t->world) /* the ring itself */
+        return tcp_allreduce_sum(self, buf, count, err);
+    if (begin(t, err) != TR_OK)
+        return TR_ERROR;
+    if (n == 1 || count == 0)
+        return TR_OK;
+    int next = ranks[(me + 1) % n], prev = ranks[(me + n - 1) % n];
+    int nfd = link_with(t, next, err);
+    if (nfd < 0)
+        return TR_ERROR;
+    int pfd = link_with(t, prev, err);
+    if (pfd < 0)
+        return TR_ERROR;
+    int ns = ring_side(t, next), ps = ring_side(t, prev);
+    for (int s = 0; s < n - 1; s++) { /* reduce-scatter over the members */
+        int sc = me - s - 1, rc = me - s - 2;
+        if (exchange_on(t, nfd, next, ns, pfd, prev, ps, seg_ptr(buf, count, n, sc),
+                        seg_bytes(count, n, sc), seg_ptr(buf, count, n, rc),
+                        seg_bytes(count, n, rc), 1, err) != TR_OK)
+            return TR_ERROR;
+    }
+    for (int s = 0; s < n - 1; s++) { /* all-gather */
+        int sc = me - s, rc = me - s - 1;
+        if (exchange_on(t, nfd, next, ns, pfd, prev, ps, seg_ptr(buf, count, n, sc),
+                        seg_bytes(count, n, sc), seg_ptr(buf, count, n, rc),
+                        seg_bytes(count, n, rc), 0, err) != TR_OK)
+            return TR_ERROR;
+    }
     return TR_OK;
 }
 
@@ -720,6 +898,13 @@ static void tcp_destroy(void *self)
         if (t->p2p_fd[side] >= 0)
             close(t->p2p_fd[side]);
     }
+    for (int r = 0; t->link && r < t->world; r++)
+        if (t->link[r] >= 0)
+            close(t->link[r]);
+    if (t->listen_fd >= 0)
+        close(t->listen_fd);
+    t->host->free(t->link);
+    t->host->free(t->table);
     t->host->free(t->scratch);
     t->host->free(t->seen);
     t->host->free(t->where);
@@ -799,14 +984,18 @@ static int tcp_create(const struct tr_host *host, const void *config,
     t->world = args->world;
     t->timeout = c->timeout;
     t->next_fd = t->prev_fd = t->ctl_fd[0] = t->ctl_fd[1] = t->p2p_fd[0] = t->p2p_fd[1] = -1;
+    t->listen_fd = -1;
     t->scratch = host->alloc(SCRATCH_BYTES);
     t->seen = host->alloc(sizeof *t->seen * (size_t)t->world);
     t->where = host->alloc(sizeof *t->where * (size_t)t->world);
-    if (!t->scratch || !t->seen || !t->where) {
+    t->link = host->alloc(sizeof *t->link * (size_t)t->world);
+    if (!t->scratch || !t->seen || !t->where || !t->link) {
         tcp_destroy(t);
         return tr_fail(err, "comm tcp: out of memory");
     }
     memset(t->seen, 0, sizeof *t->seen * (size_t)t->world);
+    for (int r = 0; r < t->world; r++)
+        t->link[r] = -1;
     snprintf(t->describe, sizeof t->describe, "tcp ring, %d ranks via %s", t->world,
              t->world > 1 ? master : "(none)");
     *self = t;
@@ -814,7 +1003,7 @@ static int tcp_create(const struct tr_host *host, const void *config,
         return TR_OK;
 
     double deadline = rdv_now() + c->timeout;
-    struct peer_addr *table = host->alloc(sizeof *table * (size_t)t->world);
+    struct peer_addr *table = t->table = host->alloc(sizeof *table * (size_t)t->world);
     if (!table)
         return tr_fail(err, "comm tcp: out of memory");
     memset(table, 0, sizeof *table * (size_t)t->world);
@@ -882,9 +1071,8 @@ static int tcp_create(const struct tr_host *host, const void *config,
             }
         }
     }
-    if (ring_fd >= 0)
-        close(ring_fd);
-    host->free(table);
+    /* kept: group links connect to it later (table says where) */
+    t->listen_fd = ring_fd;
     return rc;
 }
 
@@ -896,6 +1084,7 @@ static const struct tr_comm_vtable tcp_vtable = {
     .describe = tcp_describe,
     .reduce_scatter = tcp_reduce_scatter,
     .sendrecv = tcp_sendrecv,
+    .allreduce_group = tcp_allreduce_group,
 };
 
 static const struct tr_plugin_info tcp_info = {
