@@ -392,7 +392,7 @@ int tr_comm_allreduce_group(struct tr_comm *c, float *buf, size_t count, const i
         if (!member)
             tr_be_zero(c->be, buf, count * sizeof(float));
         int rc = tr_comm_allreduce(c, buf, count, err);
-        if (!member)
+        if (!member && tr_be_can_discard(c->be))
             tr_be_discard(c->be, buf, count * sizeof(float));
         return rc;
     }

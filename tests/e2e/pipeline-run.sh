@@ -113,6 +113,16 @@ echo step-0000000010 > resume-2x2/checkpoints/LATEST
   > resume-2x2.log 2>&1 || { cat resume-2x2.log; fail "2 x 2 resumed on 2 stages"; }
 close llama-2x2 resume-2x2 1e-5 "saved by 2 x 2, resumed on 2 stages"
 
+# tcp: 3 stages x 2 replicas of a tied GPT.  Stage s of the two replicas
+# (ranks s and 3 + s, no ring neighbours) sum their gradients among
+# themselves on links of their own; the tied embedding, read by the first
+# and last stages, among ranks 0, 2, 3 and 5
+run gpt4-one "$GPT" model.layers=4
+run gpt-3x2 "$GPT" model.layers=4 procs=6 parallel.pipeline=3 train.trace_every=10
+close gpt4-one gpt-3x2 1e-5 "gpt: 3 stages x 2 replicas over tcp"
+grep -q '"group all-reduce ' gpt-3x2/trace.json ||
+  fail "gpt: 3 stages x 2 replicas: no group all-reduce in rank 0's trace"
+
 # mpi: 3 interleaved stages x 2 replicas
 if command -v mpirun > /dev/null; then
   six="model.layers=6 train.batch=6"
