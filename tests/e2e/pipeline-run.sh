@@ -6,9 +6,14 @@
 #     table's gradient) and a Llama, under gpipe, 1f1b and interleaved (2
 #     chunks a stage), and P = 3 and 4 (1f1b, a Llama of 4 blocks);
 #   - 2 stages x 2 data-parallel replicas (procs = 4): a Llama under 1f1b
-#     bit-identical to 2 data-parallel ranks without stages (a stage adds
-#     zeros for the parameters it does not read), a tied GPT interleaved
-#     within 1e-5 of one process; its checkpoint resumes on 2 stages;
+#     bit-identical to 2 data-parallel ranks without stages (each stage's
+#     gradients summed between its two ranks only: allreduce_group), a
+#     tied GPT interleaved within 1e-5 of one process; its checkpoint
+#     resumes on 2 stages;
+#   - 3 stages x 2 replicas of a tied GPT over tcp (stage s of the replicas
+#     are ranks s and 3 + s, no ring neighbours; the tied table summed
+#     among ranks 0, 2, 3 and 5) within 1e-5 of one process, its trace
+#     showing group all-reduces;
 #   - over mpi (any peer), 3 interleaved stages x 2 replicas (stage 2 sends
 #     to stage 0 of its replica, which tcp's ring cannot) within 1e-5 of
 #     one process;
