@@ -53,7 +53,8 @@
  * than any socket buffer, every rank at once (each to the next, or to the
  * previous), pairs exchanging both ways in one call, send-only and
  * receive-only calls along a chain, small messages queued and received in
- * order, and peers that do not exist refused; contents are bytes every
+ * order, peers two ranks away (from 4 ranks on: taken, 12 MiB each way,
+ * or refused with a message), and peers that do not exist refused; contents are bytes every
  * rank computes from the sender, the receiver and the message's number.
  *
  * allreduce_group sums among every pair of ranks (neighbours on the ring
@@ -518,8 +519,9 @@ static size_t size_from(int r, size_t big, uint64_t seq)
     return big + (size_t)r * 4099 + (size_t)(seq % 7) * 13;
 }
 
-/* A peer that does not exist, or (tcp) is not a ring neighbour: refused,
- * and the next call works.  Returns 1 when a far peer was taken. */
+/* A peer that does not exist, or one that is no ring neighbour (where a
+ * plugin takes ring neighbours only): refused, and the next call works.
+ * Returns 1 when a far peer was taken. */
 static int check_sendrecv_refusals(void)
 {
     unsigned char b[4] = {0};
@@ -552,6 +554,9 @@ static int check_sendrecv_refusals(void)
         printf("comm_check: sendrecv beyond the ring neighbours refused: %s\n", err.msg);
     buffer_free(&s);
     buffer_free(&r);
+    /* taken: more than the sockets hold, both ways at once */
+    if (rc == TR_OK)
+        p2p(91, (size_t)12 << 20, to, (size_t)12 << 20, from, "12 MiB beyond the neighbours");
     return rc == TR_OK;
 }
 

@@ -38,8 +38,12 @@
  * never mix with the collectives' on the data connections, whatever the
  * order of the calls.  Each message is preceded by its size, checked
  * against what the receiver expects.  Sending and receiving run together
- * under poll(); a dead or stopped peer fails the call as above.  Only ring
- * neighbours are connected: other peers are refused.
+ * under poll(); a dead or stopped peer fails the call as above.  Any
+ * other peer (a pipeline's last stage sending to its replica's first,
+ * interleaved) gets a link of the pair's own, opened on first use like the
+ * group links below (a point-to-point link is never a group link, so the
+ * two never mix their bytes); the higher rank takes it off the listener
+ * inside the same poll(), so its other direction goes on meanwhile.
  *
  * allreduce_group (a sum among some ranks, for pipeline replicas) runs the
  * same ring, reduce-scatter then all-gather, over the members in rank
@@ -129,6 +133,7 @@ struct frame {
 #define CONTROL_BIT 0x80000000u /* ring hello of a control connection */
 #define P2P_BIT 0x40000000u     /* ring hello of a point-to-point connection */
 #define GROUP_BIT 0x20000000u   /* hello of a group link (after start-up) */
+#define PLINK_BIT 0x10000000u   /* hello of a point-to-point link beyond the neighbours */
 
 /* Before each point-to-point message: its size. */
 struct p2p_head {
@@ -159,6 +164,7 @@ struct tcp {
     int listen_fd;
     struct peer_addr *table;
     int *link;
+    int *plink;           /* sendrecv's links with ranks that are no ring neighbours */
     char describe[160];
 };
 
@@ -642,11 +648,40 @@ static int ring_side(const struct tcp *t, int peer)
     return peer == neighbour(t, 0) ? 0 : peer == neighbour(t, 1) ? 1 : -1;
 }
 
-/* Takes one group link off the listener (its hello says which rank), or
- * fails naming `waiting_for` when none comes within the timeout. */
-static int accept_link(struct tcp *t, int waiting_for, double deadline, tr_err *err)
+/* Takes one link the listener holds and files it by its hello (which
+ * rank, group or point-to-point link).  TR_OK also when what connected
+ * went away before saying who it is (its own calls fail it). */
+static int file_link(struct tcp *t, tr_err *err)
 {
-    for (;;) {
+    int fd = accept(t->listen_fd, NULL, NULL);
+    if (fd < 0)
+        return TR_OK;
+    tune(fd);
+    uint32_t them = 0;
+    /* the hello follows the connect at once */
+    if (rdv_io(fd, &them, sizeof them, 0, rdv_now() + 5.0) != 0) {
+        close(fd);
+        return TR_OK;
+    }
+    int *links = them & GROUP_BIT ? t->link : them & PLINK_BIT ? t->plink : NULL;
+    int r = (int)(them & ~(GROUP_BIT | PLINK_BIT));
+    if (!links || r < 0 || r >= t->rank || links[r] >= 0) {
+        close(fd);
+        char text[sizeof ((struct frame *)0)->text];
+        snprintf(text, sizeof text, "rank %d: a link from rank %d that is not expected (hello "
+                 "%#x): is another job using this port?", t->rank, r, them);
+        return give_up(t, err, t->rank, text);
+    }
+    links[r] = fd;
+    return TR_OK;
+}
+
+/* Takes links off the listener until links[waiting_for] is there, or
+ * fails naming `waiting_for` when it does not come within the timeout. */
+static int accept_link(struct tcp *t, const int *links, int waiting_for, double deadline,
+                       tr_err *err)
+{
+    while (links[waiting_for] < 0) {
         struct pollfd p[3] = {{.fd = t->listen_fd, .events = POLLIN},
                               {.fd = t->ctl_fd[0], .events = POLLIN},
                               {.fd = t->ctl_fd[1], .events = POLLIN}};
@@ -658,51 +693,24 @@ static int accept_link(struct tcp *t, int waiting_for, double deadline, tr_err *
             return stalled(t, err, waiting_for);
         if ((p[1].revents | p[2].revents) && pump_control(t, err) != TR_OK)
             return TR_ERROR;
-        if (!(p[0].revents & POLLIN))
-            continue;
-        int fd = accept(t->listen_fd, NULL, NULL);
-        if (fd < 0)
-            continue; /* the connecting rank went away meanwhile: its own link fails it */
-        tune(fd);
-        uint32_t them = 0;
-        /* the hello follows the connect at once */
-        if (rdv_io(fd, &them, sizeof them, 0, rdv_now() + 5.0) != 0) {
-            close(fd);
-            continue;
-        }
-        int r = (int)(them & ~GROUP_BIT);
-        if (!(them & GROUP_BIT) || r < 0 || r >= t->rank || t->link[r] >= 0) {
-            close(fd);
-            char text[sizeof ((struct frame *)0)->text];
-            snprintf(text, sizeof text, "rank %d: a group link from rank %d that is not expected "
-                     "(hello %#x): is another job using this port?", t->rank, r, them);
-            return give_up(t, err, t->rank, text);
-        }
-        t->link[r] = fd;
-        return TR_OK;
+        if ((p[0].revents & POLLIN) && file_link(t, err) != TR_OK)
+            return TR_ERROR;
     }
+    return TR_OK;
 }
 
-/* The link with `peer`, opened now if this is the first group that joins
- * the two: the lower rank connects, the higher accepts. */
-static int link_with(struct tcp *t, int peer, tr_err *err)
+/* The lower rank's side of a new link with `peer`: connect and say who
+ * this is (bit: GROUP_BIT or PLINK_BIT).  Never waits for the peer to
+ * accept: the kernel queues the connection and the hello. */
+static int connect_link(struct tcp *t, int *links, int peer, uint32_t bit, tr_err *err)
 {
-    if (t->link[peer] >= 0)
-        return t->link[peer];
-    if (t->rank > peer) {
-        double deadline = rdv_now() + t->timeout;
-        while (t->link[peer] < 0)
-            if (accept_link(t, peer, deadline, err) != TR_OK)
-                return TR_ERROR;
-        return t->link[peer];
-    }
     /* its listener has been open since start-up: a refusal means it is gone */
     char port[16], what[32];
     snprintf(port, sizeof port, "%u", t->table[peer].port);
     snprintf(what, sizeof what, "rank %d", peer);
     tr_err why = {{0}};
     int fd = connect_to(t->table[peer].host, port, rdv_now() + 1.0, what, &why);
-    uint32_t hello = (uint32_t)t->rank | GROUP_BIT;
+    uint32_t hello = (uint32_t)t->rank | bit;
     if (fd >= 0 && rdv_io(fd, &hello, sizeof hello, 1, rdv_now() + t->timeout) != 0) {
         close(fd);
         fd = -1;
@@ -710,8 +718,21 @@ static int link_with(struct tcp *t, int peer, tr_err *err)
     }
     if (fd < 0)
         return lost_peer(t, err, peer, ring_side(t, peer), why.msg);
-    t->link[peer] = fd;
+    links[peer] = fd;
     return fd;
+}
+
+/* The group link with `peer`, opened now if this is the first group that
+ * joins the two: the lower rank connects, the higher accepts. */
+static int link_with(struct tcp *t, int peer, tr_err *err)
+{
+    if (t->link[peer] >= 0)
+        return t->link[peer];
+    if (t->rank < peer)
+        return connect_link(t, t->link, peer, GROUP_BIT, err);
+    if (accept_link(t, t->link, peer, rdv_now() + t->timeout, err) != TR_OK)
+        return TR_ERROR;
+    return t->link[peer];
 }
 
 /* The ring over the members in rank order, on group links: reduce-scatter,
@@ -780,6 +801,19 @@ static int side_from(const struct tcp *t, int from)
     return from == neighbour(t, 0) ? 0 : from == neighbour(t, 1) ? 1 : -1;
 }
 
+/* sendrecv's link with `peer`, no ring neighbour: *fd the link, or -1
+ * when this is the higher rank and the peer has not connected yet (the
+ * caller takes it off the listener as it comes); the lower rank connects
+ * now, which never waits. */
+static int far_link(struct tcp *t, int peer, int *fd, tr_err *err)
+{
+    *fd = t->plink[peer];
+    if (*fd >= 0 || t->rank > peer)
+        return TR_OK;
+    *fd = connect_link(t, t->plink, peer, PLINK_BIT, err);
+    return *fd >= 0 ? TR_OK : TR_ERROR;
+}
+
 static int tcp_sendrecv(void *self, const void *send_buf, size_t send_bytes, int to,
                         void *recv_buf, size_t recv_bytes, int from, tr_err *err)
 {
@@ -791,50 +825,58 @@ static int tcp_sendrecv(void *self, const void *send_buf, size_t send_bytes, int
         to = -1, send_bytes = 0;
     if (from < 0 || !recv_bytes)
         from = -1, recv_bytes = 0;
-    int peers[2] = {to, from};
-    for (int i = 0; i < 2; i++) {
-        int peer = peers[i];
-        if (peer == -1)
-            continue;
-        if (peer == t->rank || (i ? side_from(t, peer) : side_to(t, peer)) < 0)
-            return tr_fail(err,
-                           "comm tcp: sendrecv on rank %d %s rank %d: tcp connects ring "
-                           "neighbours only (ranks %d and %d here); pipeline stages talk to "
-                           "their neighbours, or use comm = \"mpi\" for any peer",
-                           t->rank, i ? "from" : "to", peer, neighbour(t, 0), neighbour(t, 1));
-    }
+    if (to == t->rank || from == t->rank)
+        return tr_fail(err, "comm tcp: sendrecv on rank %d %s itself: tcp moves messages between "
+                       "two ranks; copy within the rank instead", t->rank,
+                       to == t->rank ? "to" : "from");
     if (begin(t, err) != TR_OK)
         return TR_ERROR;
     if (!send_bytes && !recv_bytes)
         return TR_OK;
+    /* the connections: a ring neighbour's point-to-point one, else a link
+     * of the pair's own (-1 until the peer, a lower rank, has connected:
+     * it is taken off the listener in the loop, so the other direction
+     * goes on meanwhile) */
     int ss = to >= 0 ? side_to(t, to) : -1, rs = from >= 0 ? side_from(t, from) : -1;
+    int sfd = ss >= 0 ? t->p2p_fd[ss] : -1, rfd = rs >= 0 ? t->p2p_fd[rs] : -1;
+    if ((to >= 0 && ss < 0 && far_link(t, to, &sfd, err) != TR_OK) ||
+        (from >= 0 && rs < 0 && far_link(t, from, &rfd, err) != TR_OK))
+        return TR_ERROR;
     struct p2p_head out = {P2P_MAGIC, 0, send_bytes}, in = {0, 0, 0};
     /* what is left to send and receive: the header's bytes, then the buffer's */
-    size_t shead = ss >= 0 ? sizeof out : 0, rhead = rs >= 0 ? sizeof in : 0;
+    size_t shead = to >= 0 ? sizeof out : 0, rhead = from >= 0 ? sizeof in : 0;
     const char *s = send_buf;
     char *r = recv_buf;
     size_t sleft = send_bytes, rleft = recv_bytes;
     double deadline = rdv_now() + t->timeout;
     while (shead + sleft > 0 || rhead + rleft > 0) {
         int sending = shead + sleft > 0, receiving = rhead + rleft > 0;
-        struct pollfd p[4] = {{.fd = sending ? t->p2p_fd[ss] : -1, .events = POLLOUT},
-                              {.fd = receiving ? t->p2p_fd[rs] : -1, .events = POLLIN},
+        if (sending && sfd < 0)
+            sfd = t->plink[to];
+        if (receiving && rfd < 0)
+            rfd = t->plink[from];
+        int linking = (sending && sfd < 0) || (receiving && rfd < 0);
+        struct pollfd p[5] = {{.fd = sending ? sfd : -1, .events = POLLOUT},
+                              {.fd = receiving ? rfd : -1, .events = POLLIN},
                               {.fd = t->ctl_fd[0], .events = POLLIN},
-                              {.fd = t->ctl_fd[1], .events = POLLIN}};
+                              {.fd = t->ctl_fd[1], .events = POLLIN},
+                              {.fd = linking ? t->listen_fd : -1, .events = POLLIN}};
         int ms = (int)((deadline - rdv_now()) * 1000);
-        int rc = ms > 0 ? poll(p, 4, ms) : 0;
+        int rc = ms > 0 ? poll(p, 5, ms) : 0;
         if (rc < 0 && errno == EINTR)
             continue;
         if (rc <= 0) /* no progress for the timeout: the peer we wait for */
             return stalled(t, err, receiving ? from : to);
         if ((p[2].revents | p[3].revents) && pump_control(t, err) != TR_OK)
             return TR_ERROR;
+        if ((p[4].revents & POLLIN) && file_link(t, err) != TR_OK)
+            return TR_ERROR;
         if (sending && (p[0].revents & (POLLOUT | POLLERR | POLLHUP))) {
             const char *from_here = shead ? (const char *)&out + sizeof out - shead : s;
             size_t n = shead ? shead : sleft;
-            ssize_t k = send(t->p2p_fd[ss], from_here, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+            ssize_t k = send(sfd, from_here, n, MSG_NOSIGNAL | MSG_DONTWAIT);
             if (k < 0 && errno != EAGAIN && errno != EINTR)
-                return lost(t, err, ss, strerror(errno));
+                return lost_peer(t, err, to, ss, strerror(errno));
             if (k > 0 && shead) {
                 shead -= (size_t)k;
             } else if (k > 0) {
@@ -847,9 +889,9 @@ static int tcp_sendrecv(void *self, const void *send_buf, size_t send_bytes, int
         if (receiving && (p[1].revents & (POLLIN | POLLERR | POLLHUP))) {
             char *into = rhead ? (char *)&in + sizeof in - rhead : r;
             size_t n = rhead ? rhead : rleft;
-            ssize_t k = recv(t->p2p_fd[rs], into, n, MSG_DONTWAIT);
+            ssize_t k = recv(rfd, into, n, MSG_DONTWAIT);
             if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR))
-                return lost(t, err, rs, k == 0 ? "connection closed" : strerror(errno));
+                return lost_peer(t, err, from, rs, k == 0 ? "connection closed" : strerror(errno));
             if (k > 0 && rhead) {
                 rhead -= (size_t)k;
                 if (!rhead && (in.magic != P2P_MAGIC || in.bytes != recv_bytes)) {
@@ -901,9 +943,13 @@ static void tcp_destroy(void *self)
     for (int r = 0; t->link && r < t->world; r++)
         if (t->link[r] >= 0)
             close(t->link[r]);
+    for (int r = 0; t->plink && r < t->world; r++)
+        if (t->plink[r] >= 0)
+            close(t->plink[r]);
     if (t->listen_fd >= 0)
         close(t->listen_fd);
     t->host->free(t->link);
+    t->host->free(t->plink);
     t->host->free(t->table);
     t->host->free(t->scratch);
     t->host->free(t->seen);
@@ -989,13 +1035,18 @@ static int tcp_create(const struct tr_host *host, const void *config,
     t->seen = host->alloc(sizeof *t->seen * (size_t)t->world);
     t->where = host->alloc(sizeof *t->where * (size_t)t->world);
     t->link = host->alloc(sizeof *t->link * (size_t)t->world);
-    if (!t->scratch || !t->seen || !t->where || !t->link) {
+    t->plink = host->alloc(sizeof *t->plink * (size_t)t->world);
+    for (int r = 0; r < t->world; r++) { /* before any destroy: it closes what they hold */
+        if (t->link)
+            t->link[r] = -1;
+        if (t->plink)
+            t->plink[r] = -1;
+    }
+    if (!t->scratch || !t->seen || !t->where || !t->link || !t->plink) {
         tcp_destroy(t);
         return tr_fail(err, "comm tcp: out of memory");
     }
     memset(t->seen, 0, sizeof *t->seen * (size_t)t->world);
-    for (int r = 0; r < t->world; r++)
-        t->link[r] = -1;
     snprintf(t->describe, sizeof t->describe, "tcp ring, %d ranks via %s", t->world,
              t->world > 1 ? master : "(none)");
     *self = t;
