@@ -58,7 +58,8 @@ enum { TR_COMM_BUCKETS_IN_FLIGHT = 2 };
  * submitted before it), on backend memory: send_bytes of send_buf to rank
  * `to` and recv_bytes into recv_buf from rank `from`, both at once (-1:
  * nothing that way).  Only when tr_comm_has_sendrecv (the plugin's slot is
- * optional; every plugin takes ring neighbours, tcp nothing else).  Each
+ * optional; every plugin takes ring neighbours, the shipped ones any
+ * rank).  Each
  * send needs its peer's matching receive of the same size: a send may wait
  * for it. */
 int tr_comm_sendrecv(struct tr_comm *c, const void *send_buf, size_t send_bytes, int to,

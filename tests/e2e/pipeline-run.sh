@@ -14,8 +14,8 @@
 #     are ranks s and 3 + s, no ring neighbours; the tied table summed
 #     among ranks 0, 2, 3 and 5) within 1e-5 of one process, its trace
 #     showing group all-reduces;
-#   - over mpi (any peer), 3 interleaved stages x 2 replicas (stage 2 sends
-#     to stage 0 of its replica, which tcp's ring cannot) within 1e-5 of
+#   - over tcp and over mpi, 3 interleaved stages x 2 replicas (stage 2
+#     sends to stage 0 of its replica, no ring neighbour) within 1e-5 of
 #     one process;
 #   - a model.from model (each stage loads only the weights its chunks
 #     read) on 2 stages trains to one process's weights, bit for bit, and
@@ -127,12 +127,18 @@ run gpt-3x2 "$GPT" model.layers=4 procs=6 parallel.pipeline=3 train.trace_every=
 close gpt4-one gpt-3x2 1e-5 "gpt: 3 stages x 2 replicas over tcp"
 grep -q '"group all-reduce ' gpt-3x2/trace.json ||
   fail "gpt: 3 stages x 2 replicas: no group all-reduce in rank 0's trace"
+# tcp: 3 interleaved stages x 2 replicas (stage 2 sends to stage 0 of its
+# replica, no ring neighbour: a point-to-point link of their own)
+six="model.layers=6 train.batch=6"
+# shellcheck disable=SC2086
+run six-one "$LLAMA" $six
+# shellcheck disable=SC2086
+run six-tcp "$LLAMA" $six procs=6 parallel.pipeline=3 parallel.schedule=interleaved \
+  parallel.virtual_stages=2
+close six-one six-tcp 1e-5 "tcp: 3 interleaved stages x 2 replicas"
 
 # mpi: 3 interleaved stages x 2 replicas
 if command -v mpirun > /dev/null; then
-  six="model.layers=6 train.batch=6"
-  # shellcheck disable=SC2086
-  run six-one "$LLAMA" $six
   # shellcheck disable=SC2086
   # as mpi.sh runs it: root in containers, more ranks than cores, no pinning,
   # no cross-memory attach; the ranks come from mpirun
