@@ -100,6 +100,10 @@ struct mpi_comm {
 #define TAG_P2P 4
 /* the members' meeting before a group's communicator is made, on m->comm */
 #define TAG_GROUP 5
+/* MPI_Comm_create_group's own messages on m->comm: a tag nothing else
+ * sends with, so that a member already meeting for the next group cannot
+ * match them */
+#define TAG_GROUP_CREATE 6
 
 /* A group's communicator, by its members. */
 struct group {
@@ -617,7 +621,7 @@ static int group_comm(struct mpi_comm *m, const int *ranks, int n, MPI_Comm *out
     if (rc == MPI_SUCCESS)
         rc = MPI_Group_incl(world_group, n, ranks, &members);
     if (rc == MPI_SUCCESS)
-        rc = MPI_Comm_create_group(m->comm, members, TAG_GROUP, &comm);
+        rc = MPI_Comm_create_group(m->comm, members, TAG_GROUP_CREATE, &comm);
     if (rc == MPI_SUCCESS)
         rc = MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
     if (members != MPI_GROUP_NULL)
