@@ -18,13 +18,14 @@
  *   --stall=R       rank R stops calling collectives and sleeps
  *   --die=R:COLL    rank R is killed inside collective COLL (allreduce,
  *   --stall=R:COLL  reduce_scatter, allgather, broadcast, sendrecv: every
- *                   rank sends 16 MiB to the next one, or group: R and
+ *                   rank sends 16 MiB to the next one, sendfar: to the
+ *                   rank two ahead (4 ranks and more), or group: R and
  *                   a rank half the world away sum 16 MiB with
  *                   allreduce_group while the rest wait in an allreduce
  *                   of the world), or stopped
  *                   there (SIGSTOP, as a debugger or a hung driver would),
- *                   0.3 s after entering it; rank R+1 (group: R's
- *                   partner) enters 1 s late, so
+ *                   0.3 s after entering it; rank R+1 (sendfar: R+2;
+ *                   group: R's partner) enters 1 s late, so
  *                   the call cannot have finished, and the others are
  *                   inside it too.  They go on calling COLL (a collective
  *                   may still complete when R's part had already gone
@@ -780,6 +781,9 @@ static void call_collective(const char *coll, size_t count)
         check_allgather(count, 13);
     else if (strcmp(coll, "sendrecv") == 0) /* 16 MiB: more than the sockets hold */
         p2p(15, (size_t)16 << 20, next_of(rank), (size_t)16 << 20, prev_of(rank), "to the next");
+    else if (strcmp(coll, "sendfar") == 0)
+        p2p(18, (size_t)16 << 20, (rank + 2) % world, (size_t)16 << 20, (rank + world - 2) % world,
+            "two ranks away");
     else if (strcmp(coll, "group") == 0) { /* the faulty rank and its partner; the rest wait */
         int faulty = fault_rank, partner = group_partner(faulty);
         int g[2] = {faulty < partner ? faulty : partner, faulty < partner ? partner : faulty};
@@ -813,7 +817,9 @@ static void *raise_fault(void *arg)
 static void fault_inside(const struct checks *t)
 {
     int faulty = t->die_rank >= 0 ? t->die_rank : t->stall_rank;
-    int late = strcmp(t->fault_in, "group") == 0 ? group_partner(faulty) : (faulty + 1) % world;
+    int late = strcmp(t->fault_in, "group") == 0     ? group_partner(faulty)
+               : strcmp(t->fault_in, "sendfar") == 0 ? (faulty + 2) % world
+                                                     : (faulty + 1) % world;
     fault_rank = faulty;
     size_t count = 1 << 16;
     fault_began = seconds() + 0.3;
@@ -993,17 +999,19 @@ int main(int argc, char **argv)
             world);
     if (fault_in) {
         static const char *const colls[] = {"allreduce", "reduce_scatter", "allgather",
-                                            "broadcast", "sendrecv", "group"};
+                                            "broadcast", "sendrecv", "sendfar", "group"};
         int known = 0;
         for (size_t i = 0; i < sizeof colls / sizeof colls[0]; i++)
             known |= strcmp(fault_in + 1, colls[i]) == 0;
         if (!known)
             die("--die/--stall=R:COLL: COLL is allreduce, reduce_scatter, allgather, broadcast, "
-                "sendrecv or group, not '%s'",
+                "sendrecv, sendfar or group, not '%s'",
                 fault_in + 1);
         fault_in++;
         if (world < 2)
             die("--die/--stall=R:%s needs 2 ranks at least", fault_in);
+        if (strcmp(fault_in, "sendfar") == 0 && world < 4)
+            die("--die/--stall=R:sendfar needs 4 ranks at least (a peer two ranks away)");
         if ((die_rank >= 0) == (stall_rank >= 0))
             die("give one of --die=R:COLL and --stall=R:COLL");
     }
@@ -1046,7 +1054,7 @@ int main(int argc, char **argv)
     /* Like the core: created here, collectives from another thread. */
     if (fault_in && ((strcmp(fault_in, "allgather") == 0 && !HAS(allgather)) ||
                      (strcmp(fault_in, "reduce_scatter") == 0 && !HAS(reduce_scatter)) ||
-                     (strcmp(fault_in, "sendrecv") == 0 && !HAS(sendrecv)) ||
+                     (strncmp(fault_in, "send", 4) == 0 && !HAS(sendrecv)) ||
                      (strcmp(fault_in, "group") == 0 && !HAS(allreduce_group))))
         die("%s has no %s to fail inside", info->name, fault_in);
     struct checks todo = {die_rank, stall_rank,   iterations, only_sendrecv, only_groups,

@@ -10,8 +10,9 @@
 #      arrive in the order sent, peers two ranks away exchange 12 MiB both
 #      ways (tcp: on links of their own, opened on first use), and peers
 #      that do not exist are refused
-#   b) a rank killed inside sendrecv: tcp, every other rank fails naming
-#      it within seconds; mpi, mpirun ends the job naming it
+#   b) a rank killed inside sendrecv (tcp: also one sending two ranks
+#      ahead): tcp, every other rank fails naming it within seconds; mpi,
+#      mpirun ends the job naming it
 #   c) a rank stopped (SIGSTOP) inside sendrecv: the others fail after
 #      the timeout option, naming it
 # (mpi.sh and parallel.sh run comm_check whole, sendrecv included.)
@@ -90,6 +91,15 @@ for np in 2 3 4; do
     name=tcp-$fault$np
     tcp_check $name $np $bad --only-sendrecv timeout=2 "--$fault=$bad:sendrecv"
     others_failed_naming $name $np $bad $fault sendrecv "rank $bad made to $fault inside it"
+  done
+  # the same with every rank sending to the rank two ahead (no ring
+  # neighbour: links opened on first use, the higher rank accepting inside
+  # the call)
+  [ $np -ge 4 ] || continue
+  for fault in die stall; do
+    bad=1 name=tcp-far-$fault$np
+    tcp_check $name $np $bad --only-sendrecv timeout=2 "--$fault=$bad:sendfar"
+    others_failed_naming $name $np $bad $fault sendrecv "rank $bad made to $fault inside a send two ranks away"
   done
 done
 echo "sendrecv: ok"
