@@ -17,10 +17,15 @@
  *                   while the others keep calling collectives (an allreduce)
  *   --stall=R       rank R stops calling collectives and sleeps
  *   --die=R:COLL    rank R is killed inside collective COLL (allreduce,
- *   --stall=R:COLL  reduce_scatter, allgather, broadcast, or sendrecv: every
- *                   rank sends 16 MiB to the next one), or stopped
+ *   --stall=R:COLL  reduce_scatter, allgather, broadcast, sendrecv: every
+ *                   rank sends 16 MiB to the next one, sendfar: to the
+ *                   rank two ahead (4 ranks and more), or group: R and
+ *                   a rank half the world away sum 16 MiB with
+ *                   allreduce_group while the rest wait in an allreduce
+ *                   of the world), or stopped
  *                   there (SIGSTOP, as a debugger or a hung driver would),
- *                   0.3 s after entering it; rank R+1 enters 1 s late, so
+ *                   0.3 s after entering it; rank R+1 (sendfar: R+2;
+ *                   group: R's partner) enters 1 s late, so
  *                   the call cannot have finished, and the others are
  *                   inside it too.  They go on calling COLL (a collective
  *                   may still complete when R's part had already gone
@@ -32,6 +37,8 @@
  *                   added (default 0: bit for bit)
  *   --only-sendrecv after the first few collectives, check sendrecv alone
  *                   (skipped otherwise where the plugin has none)
+ *   --only-groups   after the first few collectives, check allreduce_group
+ *                   alone (skipped otherwise where the plugin has none)
  * Each rank prints "comm_check rank R/W: PASS" and exits 0, or "FAIL: ..."
  * and exits 1.  A failed collective says how long it took: "allreduce_sum
  * of N floats (failed after 2.0 s): <the plugin's message>", or with a
@@ -47,8 +54,17 @@
  * than any socket buffer, every rank at once (each to the next, or to the
  * previous), pairs exchanging both ways in one call, send-only and
  * receive-only calls along a chain, small messages queued and received in
- * order, and peers that do not exist refused; contents are bytes every
+ * order, peers two ranks away (from 4 ranks on: taken, 12 MiB each way,
+ * or refused with a message), and peers that do not exist refused; contents are bytes every
  * rank computes from the sender, the receiver and the message's number.
+ *
+ * allreduce_group sums among every pair of ranks (neighbours on the ring
+ * or not), then among groups that share ranks called one after another
+ * (evens, odds, all but the last, all but the first, one rank alone, the
+ * world), a few times over with other sizes, one of them larger than the
+ * tcp ring's scratch; only the members call.  Inexact data check that
+ * every member ends with the same bits (an allgather of each member's
+ * hash of them).
  */
 #include <trainrun/plugin.h>
 
@@ -279,6 +295,7 @@ static void *self;
 
 /* When a --die/--stall fault began (about: the others cannot see it), or 0. */
 static double fault_began;
+static int fault_rank = -1; /* --die/--stall=R:COLL's R */
 
 /* A collective that failed: its message, and how long it took (since the
  * fault, when one was made). */
@@ -503,8 +520,9 @@ static size_t size_from(int r, size_t big, uint64_t seq)
     return big + (size_t)r * 4099 + (size_t)(seq % 7) * 13;
 }
 
-/* A peer that does not exist, or (tcp) is not a ring neighbour: refused,
- * and the next call works.  Returns 1 when a far peer was taken. */
+/* A peer that does not exist, or one that is no ring neighbour (where a
+ * plugin takes ring neighbours only): refused, and the next call works.
+ * Returns 1 when a far peer was taken. */
 static int check_sendrecv_refusals(void)
 {
     unsigned char b[4] = {0};
@@ -537,7 +555,150 @@ static int check_sendrecv_refusals(void)
         printf("comm_check: sendrecv beyond the ring neighbours refused: %s\n", err.msg);
     buffer_free(&s);
     buffer_free(&r);
+    /* taken: more than the sockets hold, both ways at once */
+    if (rc == TR_OK)
+        p2p(91, (size_t)12 << 20, to, (size_t)12 << 20, from, "12 MiB beyond the neighbours");
     return rc == TR_OK;
+}
+
+/* ---- groups ------------------------------------------------------------- */
+
+/* allreduce_group among the n ranks `ranks` (ascending) of count floats;
+ * non-members return at once.  Exact data: the sum checked element by
+ * element.  Returns a hash of the result's bits (0 for non-members). */
+static uint32_t group_sum(const int *ranks, int n, size_t count, uint64_t seed, int inexact)
+{
+    int member = 0;
+    for (int i = 0; i < n; i++)
+        member |= ranks[i] == rank;
+    if (!member)
+        return 0;
+    struct buffer b = buffer_new(count * sizeof(float));
+    float *x = b.host;
+    for (size_t i = 0; i < count; i++)
+        x[i] = inexact ? inexact_of(seed, (uint64_t)rank, i) : value_of(seed, (uint64_t)rank, i);
+    to_plugin(&b);
+    tr_err err = {{0}};
+    double t0 = seconds();
+    char who[96];
+    size_t used = (size_t)snprintf(who, sizeof who, "ranks");
+    for (int i = 0; i < n && used < sizeof who; i++)
+        used += (size_t)snprintf(who + used, sizeof who - used, " %d", ranks[i]);
+    if (vt->allreduce_group(self, b.dev, count, ranks, n, &err) != TR_OK)
+        failed(t0, &err, "allreduce_group of %zu floats among %s", count, who);
+    from_plugin(&b);
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < count; i++) {
+        if (!inexact) {
+            float want = 0;
+            for (int k = 0; k < n; k++)
+                want += value_of(seed, (uint64_t)ranks[k], i);
+            if (x[i] != want)
+                die("allreduce_group of %zu floats among %s: element %zu is %g, want %g", count,
+                    who, i, (double)x[i], (double)want);
+        }
+        uint32_t bits;
+        memcpy(&bits, &x[i], sizeof bits);
+        h = (h ^ bits) * 16777619u;
+    }
+    buffer_free(&b);
+    return h | 1; /* never 0: members and non-members tell apart */
+}
+
+/* Every member's hash of an inexact group sum, compared through an
+ * allgather of the world: the members must agree bit for bit. */
+static void same_bits_among(const int *ranks, int n, uint32_t mine)
+{
+    if (!HAS(allgather))
+        return;
+    struct buffer b = buffer_new((size_t)world * sizeof(float));
+    memcpy((char *)b.host + (size_t)rank * sizeof(float), &mine, sizeof mine);
+    to_plugin(&b);
+    tr_err err = {{0}};
+    double t0 = seconds();
+    if (vt->allgather(self, b.dev, 1, &err) != TR_OK)
+        failed(t0, &err, "allgather of the group sums' hashes");
+    from_plugin(&b);
+    uint32_t first = 0;
+    for (int k = 0; k < n; k++) {
+        uint32_t h;
+        memcpy(&h, (char *)b.host + (size_t)ranks[k] * sizeof(float), sizeof h);
+        if (k == 0)
+            first = h;
+        else if (h != first)
+            die("allreduce_group of inexact floats left rank %d other bits than rank %d",
+                ranks[k], ranks[0]);
+    }
+    buffer_free(&b);
+}
+
+static void check_groups(void)
+{
+    int *g = calloc((size_t)world, sizeof *g);
+    if (!g)
+        die("out of memory");
+    /* every pair, ring neighbours or not */
+    uint64_t seed = 400;
+    for (int a = 0; a < world; a++)
+        for (int b = a + 1; b < world; b++) {
+            g[0] = a, g[1] = b;
+            group_sum(g, 2, 1, seed++, 0);
+            group_sum(g, 2, 1000 + (size_t)a * 7 + (size_t)b, seed++, 0);
+        }
+    /* groups sharing ranks, called in one order by all, with other sizes */
+    for (int round = 0; round < 3; round++) {
+        size_t count = round == 1 ? (3u << 18) + 5 : 997 + (size_t)round * 4099;
+        int n = 0;
+        for (int r = 0; r < world; r += 2)
+            g[n++] = r;
+        group_sum(g, n, count, seed++, 0);
+        n = 0;
+        for (int r = 1; r < world; r += 2)
+            g[n++] = r;
+        group_sum(g, n, count, seed++, 0);
+        for (n = 0; n < world - 1; n++)
+            g[n] = n;
+        group_sum(g, n, count, seed++, 0);
+        for (n = 0; n < world - 1; n++)
+            g[n] = n + 1;
+        group_sum(g, n, count, seed++, 0);
+        g[0] = round % world;
+        group_sum(g, 1, count, seed++, 0);
+        for (n = 0; n < world; n++)
+            g[n] = n;
+        group_sum(g, n, count, seed++, 0);
+    }
+    /* the same bits on every member */
+    for (int n = 2; n <= world; n++) {
+        for (int k = 0; k < n; k++)
+            g[k] = world - n + k; /* the last n ranks */
+        uint32_t h = group_sum(g, n, (1u << 16) + 3, seed++, 1);
+        same_bits_among(g, n, h);
+    }
+    /* a rank outside the list is refused, naming itself */
+    if (world >= 3) {
+        int out[2] = {(rank + 1) % world, (rank + 2) % world};
+        if (out[0] > out[1])
+            out[0] ^= out[1], out[1] ^= out[0], out[0] ^= out[1];
+        tr_err err = {{0}};
+        float x = 1;
+        if (vt->allreduce_group(self, &x, 1, out, 2, &err) == TR_OK)
+            die("allreduce_group on a rank not among its ranks was taken");
+        if (!strstr(err.msg, "not among"))
+            die("allreduce_group on a rank not among its ranks: the message does not say so: %s",
+                err.msg);
+    }
+    free(g);
+    if (rank == 0)
+        printf("comm_check: allreduce_group passes among pairs (ring neighbours and not) and "
+               "overlapping groups\n");
+}
+
+/* The fault's group: rank R and a rank half the world away (not its ring
+ * neighbour from 4 ranks on). */
+static int group_partner(int faulty)
+{
+    return (faulty + (world >= 4 ? world / 2 : 1)) % world;
 }
 
 static void check_sendrecv(size_t big)
@@ -602,7 +763,7 @@ static void check_sendrecv(size_t big)
 }
 
 struct checks {
-    int die_rank, stall_rank, iterations, only_sendrecv;
+    int die_rank, stall_rank, iterations, only_sendrecv, only_groups;
     const char *fault_in; /* NULL: the faulty rank fails between calls */
     double rs_tolerance;
     const char *plugin;
@@ -620,6 +781,17 @@ static void call_collective(const char *coll, size_t count)
         check_allgather(count, 13);
     else if (strcmp(coll, "sendrecv") == 0) /* 16 MiB: more than the sockets hold */
         p2p(15, (size_t)16 << 20, next_of(rank), (size_t)16 << 20, prev_of(rank), "to the next");
+    else if (strcmp(coll, "sendfar") == 0)
+        p2p(18, (size_t)16 << 20, (rank + 2) % world, (size_t)16 << 20, (rank + world - 2) % world,
+            "two ranks away");
+    else if (strcmp(coll, "group") == 0) { /* the faulty rank and its partner; the rest wait */
+        int faulty = fault_rank, partner = group_partner(faulty);
+        int g[2] = {faulty < partner ? faulty : partner, faulty < partner ? partner : faulty};
+        if (rank == faulty || rank == partner)
+            group_sum(g, 2, (size_t)4 << 20, 16, 0);
+        else
+            check_allreduce(count, 17);
+    }
     else
         check_broadcast(count * sizeof(float), 0, 14);
 }
@@ -645,7 +817,10 @@ static void *raise_fault(void *arg)
 static void fault_inside(const struct checks *t)
 {
     int faulty = t->die_rank >= 0 ? t->die_rank : t->stall_rank;
-    int late = (faulty + 1) % world;
+    int late = strcmp(t->fault_in, "group") == 0     ? group_partner(faulty)
+               : strcmp(t->fault_in, "sendfar") == 0 ? (faulty + 2) % world
+                                                     : (faulty + 1) % world;
+    fault_rank = faulty;
     size_t count = 1 << 16;
     fault_began = seconds() + 0.3;
     if (rank == faulty) {
@@ -720,6 +895,13 @@ static void *run_checks(void *arg)
         die("stalled rank was not stopped within 600 s");
     }
 
+    if (t->only_groups) {
+        if (!HAS(allreduce_group))
+            die("--only-groups: %s has no allreduce_group", t->plugin);
+        if (world > 1)
+            check_groups();
+        return NULL;
+    }
     if (!t->only_sendrecv)
         check_collectives(t);
     if (t->only_sendrecv) {
@@ -742,6 +924,12 @@ static void *run_checks(void *arg)
     }
     if (t->only_sendrecv)
         return NULL;
+    if (HAS(allreduce_group) && world > 1)
+        check_groups();
+    else if (!HAS(allreduce_group) && rank == 0)
+        printf("comm_check: %s has no allreduce_group (optional; pipeline replicas then "
+               "all-reduce over every rank)\n",
+               t->plugin);
 
     /* Many calls of different sizes in a row: ordering and buffer reuse. */
     for (int it = 0; it < t->iterations; it++) {
@@ -777,12 +965,13 @@ int main(int argc, char **argv)
         local_world = world;
     if (argc < 2 || rank >= world)
         die("usage: comm_check PLUGIN.so [--device=cuda] [--die=R[:COLL]] [--stall=R[:COLL]] "
-            "[--iterations=N] [--rs-tolerance=T] [--only-sendrecv] [option=value...] (rank %d "
+            "[--iterations=N] [--rs-tolerance=T] [--only-sendrecv] [--only-groups] "
+            "[option=value...] (rank %d "
             "of %d)",
             rank, world);
 
     const char *device = "cpu";
-    int die_rank = -1, stall_rank = -1, iterations = 20, only_sendrecv = 0;
+    int die_rank = -1, stall_rank = -1, iterations = 20, only_sendrecv = 0, only_groups = 0;
     const char *fault_in = NULL;
     double rs_tolerance = 0;
     char **kv = calloc((size_t)argc, sizeof *kv);
@@ -796,6 +985,8 @@ int main(int argc, char **argv)
             stall_rank = atoi(argv[i] + 8), fault_in = strchr(argv[i], ':');
         else if (strcmp(argv[i], "--only-sendrecv") == 0)
             only_sendrecv = 1;
+        else if (strcmp(argv[i], "--only-groups") == 0)
+            only_groups = 1;
         else if (strncmp(argv[i], "--iterations=", 13) == 0)
             iterations = atoi(argv[i] + 13);
         else if (strncmp(argv[i], "--rs-tolerance=", 15) == 0)
@@ -808,17 +999,19 @@ int main(int argc, char **argv)
             world);
     if (fault_in) {
         static const char *const colls[] = {"allreduce", "reduce_scatter", "allgather",
-                                            "broadcast", "sendrecv"};
+                                            "broadcast", "sendrecv", "sendfar", "group"};
         int known = 0;
         for (size_t i = 0; i < sizeof colls / sizeof colls[0]; i++)
             known |= strcmp(fault_in + 1, colls[i]) == 0;
         if (!known)
-            die("--die/--stall=R:COLL: COLL is allreduce, reduce_scatter, allgather, broadcast "
-                "or sendrecv, not '%s'",
+            die("--die/--stall=R:COLL: COLL is allreduce, reduce_scatter, allgather, broadcast, "
+                "sendrecv, sendfar or group, not '%s'",
                 fault_in + 1);
         fault_in++;
         if (world < 2)
             die("--die/--stall=R:%s needs 2 ranks at least", fault_in);
+        if (strcmp(fault_in, "sendfar") == 0 && world < 4)
+            die("--die/--stall=R:sendfar needs 4 ranks at least (a peer two ranks away)");
         if ((die_rank >= 0) == (stall_rank >= 0))
             die("give one of --die=R:COLL and --stall=R:COLL");
     }
@@ -861,9 +1054,10 @@ int main(int argc, char **argv)
     /* Like the core: created here, collectives from another thread. */
     if (fault_in && ((strcmp(fault_in, "allgather") == 0 && !HAS(allgather)) ||
                      (strcmp(fault_in, "reduce_scatter") == 0 && !HAS(reduce_scatter)) ||
-                     (strcmp(fault_in, "sendrecv") == 0 && !HAS(sendrecv))))
+                     (strncmp(fault_in, "send", 4) == 0 && !HAS(sendrecv)) ||
+                     (strcmp(fault_in, "group") == 0 && !HAS(allreduce_group))))
         die("%s has no %s to fail inside", info->name, fault_in);
-    struct checks todo = {die_rank,  stall_rank,   iterations, only_sendrecv,
+    struct checks todo = {die_rank, stall_rank,   iterations, only_sendrecv, only_groups,
                           fault_in, rs_tolerance, info->name};
     pthread_t comm_thread;
     if (pthread_create(&comm_thread, NULL, run_checks, &todo) != 0)

@@ -1314,9 +1314,33 @@ static int fake_comm_create(const struct tr_host *host, const void *config,
     return TR_OK;
 }
 
+/* what the fake plugin's all-reduces saw */
+static struct {
+    int allreduce_calls, group_calls;
+    size_t count;
+    float first; /* buf[0] when called */
+    int n, ranks[4];
+} fake_sums;
+
 static int fake_allreduce(void *self, float *buf, size_t count, tr_err *err)
 {
-    (void)self, (void)buf, (void)count, (void)err;
+    (void)self, (void)err;
+    fake_sums.allreduce_calls++;
+    fake_sums.count = count;
+    fake_sums.first = count ? buf[0] : 0;
+    return TR_OK;
+}
+
+static int fake_allreduce_group(void *self, float *buf, size_t count, const int *ranks, int n,
+                                tr_err *err)
+{
+    (void)self, (void)err;
+    fake_sums.group_calls++;
+    fake_sums.count = count;
+    fake_sums.first = count ? buf[0] : 0;
+    fake_sums.n = n;
+    for (int i = 0; i < n && i < 4; i++)
+        fake_sums.ranks[i] = ranks[i];
     return TR_OK;
 }
 
@@ -1345,6 +1369,14 @@ static int fake_sendrecv(void *self, const void *send_buf, size_t send_bytes, in
 static const struct tr_comm_vtable fake_comm_vt = {
     .struct_size = sizeof(struct tr_comm_vtable),
     .allreduce_sum = fake_allreduce, .broadcast = fake_broadcast, .sendrecv = fake_sendrecv,
+    .allreduce_group = fake_allreduce_group,
+};
+
+/* A plugin of ABI 2.5: its vtable ends before allreduce_group */
+static const struct tr_comm_vtable fake_comm_vt_25 = {
+    .struct_size = offsetof(struct tr_comm_vtable, allreduce_group),
+    .allreduce_sum = fake_allreduce, .broadcast = fake_broadcast, .sendrecv = fake_sendrecv,
+    .allreduce_group = fake_allreduce_group, /* beyond struct_size: absent */
 };
 
 /* A plugin of ABI 2.3: its vtable ends before sendrecv */
@@ -1441,6 +1473,79 @@ Test(comm, sendrecv_refused_without_the_slot, .init = environment)
     cr_assert_eq(tr_comm_sendrecv(c, b, 4, 2, b, 4, 0, &err), TR_ERROR);
     cr_assert(strstr(err.msg, "comm 'fake' has no sendrecv (plugin ABI 2.4)"), "%s", err.msg);
     cr_assert_eq(fake_p2p.calls, before);
+    tr_comm_close(c);
+    e.cfg.comm.self = NULL;
+    engine_close(&e);
+}
+
+/* ---- tr_comm_allreduce_group: the plugin's slot, or the world with zeros -- */
+
+Test(comm, group_sums_reach_the_plugin_members_only, .init = environment)
+{
+    struct engine e;
+    tr_err err = {{0}};
+    cr_assert_eq(engine_build(&e, CONFIG_DIR "tiny_gpt.lua", NULL, 0, 1, 1, &err), TR_OK, "%s",
+                 err.msg);
+    struct tr_plugin_info info;
+    struct tr_comm *c = fake_comm_open(&e, &info, &fake_comm_vt); /* rank 1 of 3 */
+    cr_assert(tr_comm_has_groups(c));
+    memset(&fake_sums, 0, sizeof fake_sums);
+    float buf[8] = {5, 5, 5, 5, 5, 5, 5, 5};
+    tr_comm_record(c, 1);
+    /* not a member: nothing moves, buf left alone */
+    const int outside[] = {0, 2};
+    cr_assert_eq(tr_comm_allreduce_group(c, buf, 8, outside, 2, &err), TR_OK, "%s", err.msg);
+    cr_assert(fake_sums.group_calls == 0 && fake_sums.allreduce_calls == 0 && buf[0] == 5);
+    /* a member: the plugin's slot, with the list */
+    const int inside[] = {1, 2};
+    cr_assert_eq(tr_comm_allreduce_group(c, buf, 8, inside, 2, &err), TR_OK, "%s", err.msg);
+    cr_assert(fake_sums.group_calls == 1 && fake_sums.n == 2 && fake_sums.ranks[0] == 1 &&
+              fake_sums.ranks[1] == 2 && fake_sums.count == 8 && fake_sums.first == 5);
+    /* alone: nothing to sum */
+    const int alone[] = {1};
+    cr_assert_eq(tr_comm_allreduce_group(c, buf, 8, alone, 1, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(fake_sums.group_calls, 1);
+    /* the whole world: the plain all-reduce */
+    const int all[] = {0, 1, 2};
+    cr_assert_eq(tr_comm_allreduce_group(c, buf, 8, all, 3, &err), TR_OK, "%s", err.msg);
+    cr_assert(fake_sums.group_calls == 1 && fake_sums.allreduce_calls == 1);
+    const struct tr_comm_span *spans;
+    cr_assert_eq(tr_comm_spans(c, &spans), 2);
+    cr_assert(strcmp(spans[0].kind, "group all-reduce") == 0 && spans[0].bytes == 32);
+    cr_assert(strcmp(spans[1].kind, "all-reduce") == 0);
+    tr_comm_record(c, 0);
+    /* lists out of order, repeated or beyond the world: refused before the plugin */
+    const int unsorted[] = {2, 1}, repeated[] = {1, 1}, beyond[] = {1, 3};
+    cr_assert_eq(tr_comm_allreduce_group(c, buf, 8, unsorted, 2, &err), TR_ERROR);
+    cr_assert(strstr(err.msg, "ascend"), "%s", err.msg);
+    cr_assert_eq(tr_comm_allreduce_group(c, buf, 8, repeated, 2, &err), TR_ERROR);
+    cr_assert_eq(tr_comm_allreduce_group(c, buf, 8, beyond, 2, &err), TR_ERROR);
+    cr_assert_eq(fake_sums.group_calls, 1);
+    tr_comm_close(c);
+    e.cfg.comm.self = NULL;
+    engine_close(&e);
+}
+
+Test(comm, group_sums_fall_back_to_the_world_without_the_slot, .init = environment)
+{
+    struct engine e;
+    tr_err err = {{0}};
+    cr_assert_eq(engine_build(&e, CONFIG_DIR "tiny_gpt.lua", NULL, 0, 1, 1, &err), TR_OK, "%s",
+                 err.msg);
+    struct tr_plugin_info info;
+    struct tr_comm *c = fake_comm_open(&e, &info, &fake_comm_vt_25); /* rank 1 of 3 */
+    cr_assert_not(tr_comm_has_groups(c));
+    memset(&fake_sums, 0, sizeof fake_sums);
+    float buf[8] = {5, 5, 5, 5, 5, 5, 5, 5};
+    /* a member: its own gradient into the world's all-reduce */
+    const int inside[] = {1, 2};
+    cr_assert_eq(tr_comm_allreduce_group(c, buf, 8, inside, 2, &err), TR_OK, "%s", err.msg);
+    cr_assert(fake_sums.allreduce_calls == 1 && fake_sums.first == 5 && fake_sums.count == 8);
+    /* not a member: zeros, still in the world's all-reduce */
+    const int outside[] = {0, 2};
+    cr_assert_eq(tr_comm_allreduce_group(c, buf, 8, outside, 2, &err), TR_OK, "%s", err.msg);
+    cr_assert(fake_sums.allreduce_calls == 2 && fake_sums.first == 0);
+    cr_assert_eq(fake_sums.group_calls, 0, "a slot beyond struct_size was called");
     tr_comm_close(c);
     e.cfg.comm.self = NULL;
     engine_close(&e);

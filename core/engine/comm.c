@@ -7,7 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum job_kind { JOB_ALLREDUCE, JOB_BROADCAST, JOB_ALLGATHER, JOB_REDUCE_SCATTER, JOB_SENDRECV };
+enum job_kind {
+    JOB_ALLREDUCE,
+    JOB_BROADCAST,
+    JOB_ALLGATHER,
+    JOB_REDUCE_SCATTER,
+    JOB_SENDRECV,
+    JOB_ALLREDUCE_GROUP
+};
 
 struct job {
     enum job_kind kind;
@@ -22,6 +29,10 @@ struct job {
     void *recv_buf;
     size_t recv_bytes;
     int from;
+    /* a group's all-reduce: its members (the caller's list, alive until it
+     * has waited) */
+    const int *ranks;
+    int n_ranks;
 };
 
 struct bucket {
@@ -71,7 +82,7 @@ struct tr_comm {
 static const char *const job_names[] = {
     [JOB_ALLREDUCE] = "all-reduce", [JOB_BROADCAST] = "broadcast",
     [JOB_ALLGATHER] = "all-gather", [JOB_REDUCE_SCATTER] = "reduce-scatter",
-    [JOB_SENDRECV] = "sendrecv"};
+    [JOB_SENDRECV] = "sendrecv", [JOB_ALLREDUCE_GROUP] = "group all-reduce"};
 
 /* A point-to-point job's name in the trace: what it moved. */
 static const char *job_name(const struct job *j)
@@ -89,7 +100,9 @@ static size_t job_bytes(const struct tr_comm *c, const struct job *j)
         return j->size;
     if (j->kind == JOB_SENDRECV) /* sent plus received */
         return (j->root >= 0 ? j->size : 0) + (j->from >= 0 ? j->recv_bytes : 0);
-    size_t floats = j->kind == JOB_ALLREDUCE ? j->size : j->size * (size_t)c->world;
+    size_t floats = j->kind == JOB_ALLREDUCE || j->kind == JOB_ALLREDUCE_GROUP
+                        ? j->size
+                        : j->size * (size_t)c->world;
     return floats * sizeof(float);
 }
 
@@ -109,14 +122,17 @@ static void *comm_thread(void *arg)
         int rc = TR_OK;
         double t0 = tr_now();
         /* mandatory slots: the loader refused any vtable without them;
-         * allgather, reduce_scatter and sendrecv are submitted only where
-         * tr_comm_has_allgather / _reduce_scatter / _sendrecv said so */
+         * allgather, reduce_scatter, sendrecv and allreduce_group are
+         * submitted only where tr_comm_has_allgather / _reduce_scatter /
+         * _sendrecv / _groups said so */
         if (!skip && j.kind == JOB_ALLREDUCE)
             rc = c->vt->allreduce_sum(c->self, j.buf, j.size, &e);
         else if (!skip && j.kind == JOB_BROADCAST)
             rc = c->vt->broadcast(c->self, j.buf, j.size, j.root, &e);
         else if (!skip && j.kind == JOB_REDUCE_SCATTER)
             rc = c->vt->reduce_scatter(c->self, j.buf, j.size, &e);
+        else if (!skip && j.kind == JOB_ALLREDUCE_GROUP)
+            rc = c->vt->allreduce_group(c->self, j.buf, j.size, j.ranks, j.n_ranks, &e);
         else if (!skip && j.kind == JOB_SENDRECV)
             rc = c->vt->sendrecv(c->self, j.buf, j.size, j.root, j.recv_buf, j.recv_bytes, j.from,
                                  &e);
@@ -346,6 +362,44 @@ int tr_comm_sendrecv(struct tr_comm *c, const void *send_buf, size_t send_bytes,
     submit(c, (struct job){.kind = JOB_SENDRECV, .buf = (void *)send_buf, .size = send_bytes,
                            .root = send_bytes ? to : -1, .recv_buf = recv_buf,
                            .recv_bytes = recv_bytes, .from = recv_bytes ? from : -1});
+    return wait_all(c, err);
+}
+
+/* ---- sums among some ranks (pipeline replicas) ----------------------------- */
+
+int tr_comm_has_groups(const struct tr_comm *c)
+{
+    return TR_HAS_SLOT(c->vt, struct tr_comm_vtable, allreduce_group);
+}
+
+int tr_comm_allreduce_group(struct tr_comm *c, float *buf, size_t count, const int *ranks, int n,
+                            tr_err *err)
+{
+    int member = 0;
+    for (int i = 0; i < n; i++) {
+        if (ranks[i] < 0 || ranks[i] >= c->world || (i && ranks[i] <= ranks[i - 1]))
+            return tr_fail(err, "all-reduce among a group: its ranks must ascend from 0 to %d "
+                           "without repeats (rank %d at position %d)", c->world - 1, ranks[i], i);
+        member |= ranks[i] == c->rank;
+    }
+    /* the whole world: the plain all-reduce, whose bits the runs without
+     * groups had */
+    if (n == c->world)
+        return tr_comm_allreduce(c, buf, count, err);
+    if (!tr_comm_has_groups(c)) {
+        /* every rank joins the world's all-reduce, non-members with zeros
+         * (the same sums, every rank moving the bytes) */
+        if (!member)
+            tr_be_zero(c->be, buf, count * sizeof(float));
+        int rc = tr_comm_allreduce(c, buf, count, err);
+        if (!member && tr_be_can_discard(c->be))
+            tr_be_discard(c->be, buf, count * sizeof(float));
+        return rc;
+    }
+    if (!member || n < 2 || !count) /* nothing to sum here; still waits, like the others */
+        return wait_all(c, err);
+    submit(c, (struct job){.kind = JOB_ALLREDUCE_GROUP, .buf = buf, .size = count,
+                           .ranks = ranks, .n_ranks = n});
     return wait_all(c, err);
 }
 

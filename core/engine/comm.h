@@ -58,12 +58,25 @@ enum { TR_COMM_BUCKETS_IN_FLIGHT = 2 };
  * submitted before it), on backend memory: send_bytes of send_buf to rank
  * `to` and recv_bytes into recv_buf from rank `from`, both at once (-1:
  * nothing that way).  Only when tr_comm_has_sendrecv (the plugin's slot is
- * optional; every plugin takes ring neighbours, tcp nothing else).  Each
+ * optional; every plugin takes ring neighbours, the shipped ones any
+ * rank).  Each
  * send needs its peer's matching receive of the same size: a send may wait
  * for it. */
 int tr_comm_sendrecv(struct tr_comm *c, const void *send_buf, size_t send_bytes, int to,
                      void *recv_buf, size_t recv_bytes, int from, tr_err *err);
 int tr_comm_has_sendrecv(const struct tr_comm *c);
+/* buf summed among the ranks listed (ascending world ranks, n of them):
+ * every rank calls it, in the same order, with the same list and count.
+ * Members get the sum over the members (the same bits on each); a rank not
+ * listed moves nothing and its buf is left alone, where the plugin has
+ * allreduce_group (tr_comm_has_groups, plugin ABI 2.6).  Without it the
+ * world all-reduces, the ranks not listed adding zeros from their buf
+ * (count floats of backend memory each rank has), which is then given
+ * back (tr_be_discard): the same sums, every rank moving the bytes.  All
+ * ranks listed: the plain all-reduce. */
+int tr_comm_allreduce_group(struct tr_comm *c, float *buf, size_t count, const int *ranks, int n,
+                            tr_err *err);
+int tr_comm_has_groups(const struct tr_comm *c);
 /* A send alone (send_bytes > 0 to a rank), queued on the communication
  * thread without waiting: returns a ticket for tr_comm_wait.  The caller
  * computes on while it goes, and must not touch send_buf until it has
@@ -71,7 +84,8 @@ int tr_comm_has_sendrecv(const struct tr_comm *c);
 size_t tr_comm_send_start(struct tr_comm *c, const void *send_buf, size_t send_bytes, int to);
 
 /* What the communication thread ran while recording: each collective's
- * kind ("all-reduce", "reduce-scatter", "all-gather", "broadcast"; "send",
+ * kind ("all-reduce", "group all-reduce", "reduce-scatter", "all-gather",
+ * "broadcast"; "send",
  * "recv" or "sendrecv" point to point, its bytes sent plus received), its
  * size and when it ran (tr_now()), for the trace of a sampled step. */
 struct tr_comm_span {

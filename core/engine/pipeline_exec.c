@@ -37,6 +37,7 @@ struct tr_pipe_exec {
     struct tr_shard_run *own;
     size_t n_own;
     int *owner;                           /* tr_pipe_exec_owners */
+    int *group;                           /* [P * D]: the ranks summing one tensor */
     /* buffers: a host bounce for copies between backend buffers, packed
      * messages out and in (backend memory), and for each of this stage's
      * chunks and each micro-batch the data it received (backend memory) */
@@ -223,6 +224,7 @@ void tr_pipe_exec_free(struct tr_pipe_exec *x, const struct tr_backend *be)
     free(x->readers);
     free(x->own);
     free(x->owner);
+    free(x->group);
     free(x->inputs);
     free(x->targets);
     free(x->weight);
@@ -260,6 +262,7 @@ struct tr_pipe_exec *tr_pipe_exec_new(struct tr_session *s, tr_err *err)
     find_readers(x, s->g);
     find_own(x, s->g);
     x->owner = tr_xcalloc((size_t)s->g->n_tensors + 1, sizeof *x->owner);
+    x->group = tr_xcalloc((size_t)(x->P * x->D), sizeof *x->group);
     for (int i = 0; i < s->g->n_tensors; i++)
         x->owner[i] = s->g->tensors[i].role == TR_ROLE_PARAM ? first_reader(x->readers[i]) : -1;
     s->opt.only = x->own; /* the update of the parameters this stage reads */
@@ -581,21 +584,24 @@ int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_lo
     }
     /* a parameter several stages read (tied embeddings): its gradient is
      * the sum of theirs; with replicas, every gradient is the sum over them
-     * too.  One all-reduce over every rank a tensor at a time, to which the
-     * stages that do not read it add zeros (a comm plugin has no
-     * sub-groups: a replica's stage so moves every tensor, not only its
-     * own, and holds one more tensor at a time) */
+     * too.  A tensor at a time, in index order (so that every rank makes
+     * the group calls in the same order), summed among the ranks whose
+     * stage reads it, in every replica: a stage moves only its own
+     * tensors.  The ranks outside a tensor's group skip it where the comm
+     * plugin has groups, and add zeros to a world all-reduce where it has
+     * none (tr_comm_allreduce_group) */
     for (int i = 0; i < g->n_tensors; i++) {
         const struct tr_tensor *t = &g->tensors[i];
         if (t->role != TR_ROLE_PARAM || (x->D == 1 && __builtin_popcountll(x->readers[i]) < 2))
             continue;
+        int n = 0;
+        for (int r = 0; r < x->D; r++) /* ascending: replica by replica, stage by stage */
+            for (int q = 0; q < x->P; q++)
+                if (x->readers[i] >> q & 1)
+                    x->group[n++] = r * x->P + q;
         double tw = tr_now();
-        if (!(x->readers[i] >> x->stage & 1)) /* zeros to add: it reads none */
-            tr_be_zero(&s->be, t->grad, t->numel * sizeof(float));
-        if (tr_comm_allreduce(x->comm, t->grad, t->numel, err) != TR_OK)
+        if (tr_comm_allreduce_group(x->comm, t->grad, t->numel, x->group, n, err) != TR_OK)
             return TR_ERROR;
-        if (!(x->readers[i] >> x->stage & 1))
-            tr_be_discard(&s->be, t->grad, t->numel * sizeof(float));
         out->waited += tr_now() - tw;
     }
     out->t1 = tr_now();

@@ -55,8 +55,9 @@ extern "C" {
  * 2.3: the comm vtable's optional reduce_scatter.
  * 2.4: the comm vtable's optional sendrecv.
  * 2.5: the checkpoint vtable's optional begin_shared, detach and get_range
- *      (several ranks write one checkpoint; ranged reads). */
-#define TR_ABI_MINOR 5
+ *      (several ranks write one checkpoint; ranged reads).
+ * 2.6: the comm vtable's optional allreduce_group. */
+#define TR_ABI_MINOR 6
 
 /* The one symbol every plugin exports. */
 #define TR_PLUGIN_ENTRY trainrun_plugin_entry
@@ -438,6 +439,23 @@ struct tr_comm_vtable {
      * fails the call, naming it, within the plugin's timeout. */
     int (*sendrecv)(void *self, const void *send_buf, size_t send_bytes, int to, void *recv_buf,
                     size_t recv_bytes, int from, tr_err *err);
+    /* Optional (2.6): allreduce_sum among some ranks only.  `ranks` lists
+     * the n members (world ranks, ascending, no repeats, 1 <= n <= world,
+     * this rank among them); only they call it, with the same list and
+     * count, and afterwards each holds in buf the sum over the members, the
+     * same bits on every member (a fixed order of additions).  Ranks not
+     * listed make no call and are not waited for.  Calls on groups that
+     * share ranks are made by every rank in one global order (each member
+     * calls the groups it is in in that order: pipeline replicas sum
+     * tensor after tensor in index order), so a plugin may run them one at
+     * a time without deadlock; point-to-point messages and the world's
+     * collectives keep their own order beside them.  A member that died
+     * or stopped answering fails the call, naming it, within the plugin's
+     * timeout, as every other slot does.  Without it the core all-reduces
+     * over every rank, non-members adding zeros: the same sums, every
+     * rank moving every group's bytes. */
+    int (*allreduce_group)(void *self, float *buf, size_t count, const int *ranks, int n,
+                           tr_err *err);
 };
 
 /* ---- logger ----------------------------------------------------------- */

@@ -38,6 +38,15 @@
  * timeout, answering roll calls meanwhile.  Any peer is taken, this rank
  * included.  Its calls count among the call numbers the roll call reports,
  * which then differ between ranks by design (each stage makes its own).
+ *
+ * allreduce_group (a sum among some ranks, for pipeline replicas) is
+ * MPI_Iallreduce on a communicator of the members, made the first time a
+ * group is used (MPI_Comm_create_group: only the members take part) and
+ * kept, by rank set, until the plugin is destroyed.  Making one blocks in
+ * MPI with no timeout, so the members first meet point to point (each
+ * tells the group's first rank it is here, and hears back once all are),
+ * waited for like any call: a member that stopped is named by the roll
+ * call instead of hanging the others.
  */
 #include <trainrun/plugin.h>
 
@@ -75,6 +84,8 @@ struct mpi_comm {
     int asked;          /* the call this rank asked about */
     char verdict[512];  /* what its roll call found, sent to every rank */
     char description[256];
+    struct group *groups; /* allreduce_group's communicators so far */
+    int n_groups;
 };
 
 /* The roll call, on m->roll: a rank whose collective timed out sends
@@ -87,6 +98,19 @@ struct mpi_comm {
 #define TAG_VERDICT 3
 /* sendrecv's messages, on m->comm (collectives use no tags) */
 #define TAG_P2P 4
+/* the members' meeting before a group's communicator is made, on m->comm */
+#define TAG_GROUP 5
+/* MPI_Comm_create_group's own messages on m->comm: a tag nothing else
+ * sends with, so that a member already meeting for the next group cannot
+ * match them */
+#define TAG_GROUP_CREATE 6
+
+/* A group's communicator, by its members. */
+struct group {
+    int n;
+    int *ranks;
+    MPI_Comm comm;
+};
 
 /* MPI can be initialised and finalised once per process, so this much
  * state is process-wide: whether this plugin called MPI_Init_thread (and so
@@ -518,6 +542,145 @@ static int mpi_sendrecv(void *self, const void *send_buf, size_t send_bytes, int
     return TR_OK;
 }
 
+/* The members meet: each tells the first member it is here, which answers
+ * every one once all have.  Waited for against the timeout (a stopped
+ * member is named by the roll call), so that MPI_Comm_create_group, which
+ * has none, starts only when every member is in this call. */
+static int group_meet(struct mpi_comm *m, const int *ranks, int n, tr_err *err)
+{
+    MPI_Request *req = malloc(sizeof *req * (size_t)n);
+    int *token = calloc((size_t)n, sizeof *token);
+    if (!req || !token) {
+        free(req);
+        free(token);
+        return tr_fail(err, "comm mpi: out of memory for a group");
+    }
+    int k = 0, rc = MPI_SUCCESS;
+    if (m->rank == ranks[0]) {
+        for (int i = 1; i < n && rc == MPI_SUCCESS; i++)
+            rc = MPI_Irecv(&token[i], 1, MPI_INT, ranks[i], TAG_GROUP, m->comm, &req[k++]);
+    } else {
+        rc = MPI_Irecv(&token[0], 1, MPI_INT, ranks[0], TAG_GROUP, m->comm, &req[k++]);
+        if (rc == MPI_SUCCESS)
+            rc = MPI_Isend(&m->rank, 1, MPI_INT, ranks[0], TAG_GROUP, m->comm, &req[k++]);
+    }
+    char what[64];
+    snprintf(what, sizeof what, "allreduce_group (meeting %d ranks from rank %d)", n, ranks[0]);
+    if (rc != MPI_SUCCESS) {
+        drop_requests(k - 1, req);
+        free(req);
+        free(token);
+        return mpi_error(err, what, rc);
+    }
+    int ok = m->timeout > 0 ? wait_requests(m, k, req, MPI_STATUSES_IGNORE, what, err) == TR_OK
+                            : MPI_Waitall(k, req, MPI_STATUSES_IGNORE) == MPI_SUCCESS;
+    if (ok && m->rank == ranks[0]) { /* all here: let them go */
+        k = 0;
+        for (int i = 1; i < n && rc == MPI_SUCCESS; i++)
+            rc = MPI_Isend(&m->rank, 1, MPI_INT, ranks[i], TAG_GROUP, m->comm, &req[k++]);
+        ok = rc == MPI_SUCCESS &&
+             (m->timeout > 0 ? wait_requests(m, k, req, MPI_STATUSES_IGNORE, what, err) == TR_OK
+                             : MPI_Waitall(k, req, MPI_STATUSES_IGNORE) == MPI_SUCCESS);
+    }
+    if (!ok && m->timeout > 0)
+        drop_requests(k, req);
+    free(req);
+    free(token);
+    if (rc != MPI_SUCCESS)
+        return mpi_error(err, what, rc);
+    if (!ok && m->timeout <= 0) /* wait_requests said why itself */
+        return tr_fail(err, "comm mpi: rank %d: %s failed (mpirun names the rank that died, if "
+                       "one did)", m->rank, what);
+    return ok ? TR_OK : TR_ERROR;
+}
+
+/* The communicator of the members `ranks`: made once, then cached. */
+static int group_comm(struct mpi_comm *m, const int *ranks, int n, MPI_Comm *out, tr_err *err)
+{
+    for (int g = 0; g < m->n_groups; g++)
+        if (m->groups[g].n == n && memcmp(m->groups[g].ranks, ranks, sizeof *ranks * (size_t)n) == 0) {
+            *out = m->groups[g].comm;
+            return TR_OK;
+        }
+    struct group *more = realloc(m->groups, sizeof *more * (size_t)(m->n_groups + 1));
+    int *copy = malloc(sizeof *copy * (size_t)n);
+    if (more)
+        m->groups = more;
+    if (!more || !copy) {
+        free(copy);
+        return tr_fail(err, "comm mpi: out of memory for a group");
+    }
+    memcpy(copy, ranks, sizeof *copy * (size_t)n);
+    if (group_meet(m, ranks, n, err) != TR_OK) {
+        free(copy);
+        return TR_ERROR;
+    }
+    MPI_Group world_group = MPI_GROUP_NULL, members = MPI_GROUP_NULL;
+    MPI_Comm comm = MPI_COMM_NULL;
+    int rc = MPI_Comm_group(m->comm, &world_group);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Group_incl(world_group, n, ranks, &members);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Comm_create_group(m->comm, members, TAG_GROUP_CREATE, &comm);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    if (members != MPI_GROUP_NULL)
+        MPI_Group_free(&members);
+    if (world_group != MPI_GROUP_NULL)
+        MPI_Group_free(&world_group);
+    if (rc != MPI_SUCCESS) {
+        free(copy);
+        return mpi_error(err, "making a group's communicator", rc);
+    }
+    m->groups[m->n_groups++] = (struct group){n, copy, comm};
+    *out = comm;
+    return TR_OK;
+}
+
+static int mpi_allreduce_group(void *self, float *buf, size_t count, const int *ranks, int n,
+                               tr_err *err)
+{
+    struct mpi_comm *m = self;
+    int me = -1;
+    for (int i = 0; i < n; i++) {
+        if (ranks[i] < 0 || ranks[i] >= m->world || (i && ranks[i] <= ranks[i - 1]))
+            return tr_fail(err, "comm mpi: allreduce_group on rank %d: the ranks must ascend from "
+                           "0 to %d without repeats (rank %d at position %d)",
+                           m->rank, m->world - 1, ranks[i], i);
+        if (ranks[i] == m->rank)
+            me = i;
+    }
+    if (me < 0)
+        return tr_fail(err, "comm mpi: allreduce_group called on rank %d, which is not among its "
+                       "%d ranks: only the members call it", m->rank, n);
+    if (n == m->world) /* the world's communicator (its sums) */
+        return mpi_allreduce_sum(self, buf, count, err);
+    if (usable(m, err) != TR_OK)
+        return TR_ERROR;
+    if (n == 1 || count == 0)
+        return TR_OK;
+    MPI_Comm comm = MPI_COMM_NULL;
+    if (group_comm(m, ranks, n, &comm, err) != TR_OK) {
+        m->broken = 1;
+        return TR_ERROR;
+    }
+    for (size_t done = 0; done < count; done += MPI_CHUNK) {
+        int k = (int)(count - done < MPI_CHUNK ? count - done : MPI_CHUNK);
+        int rc;
+        if (m->timeout > 0) {
+            MPI_Request req;
+            rc = MPI_Iallreduce(MPI_IN_PLACE, buf + done, k, MPI_FLOAT, MPI_SUM, comm, &req);
+            if (rc == MPI_SUCCESS && wait_request(m, &req, "allreduce_group", err) != TR_OK)
+                return TR_ERROR;
+        } else {
+            rc = MPI_Allreduce(MPI_IN_PLACE, buf + done, k, MPI_FLOAT, MPI_SUM, comm);
+        }
+        if (rc != MPI_SUCCESS)
+            return mpi_error(err, "allreduce_group", rc);
+    }
+    return TR_OK;
+}
+
 static const char *mpi_describe(void *self)
 {
     return ((struct mpi_comm *)self)->description;
@@ -666,6 +829,12 @@ static void mpi_destroy(void *self)
     if (!m)
         return;
     int broken = m->broken;
+    for (int g = 0; g < m->n_groups; g++) {
+        if (!broken)
+            MPI_Comm_free(&m->groups[g].comm);
+        free(m->groups[g].ranks);
+    }
+    free(m->groups);
     if (m->roll != MPI_COMM_NULL && !broken)
         MPI_Comm_free(&m->roll);
     if (m->comm != MPI_COMM_NULL && !broken)
@@ -689,6 +858,7 @@ static const struct tr_comm_vtable mpi_vtable = {
     .describe = mpi_describe,
     .reduce_scatter = mpi_reduce_scatter,
     .sendrecv = mpi_sendrecv,
+    .allreduce_group = mpi_allreduce_group,
 };
 
 static const struct tr_plugin_info mpi_info = {

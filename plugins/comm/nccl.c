@@ -18,6 +18,12 @@
  * sendrecv (point to point, for pipeline stages) is ncclSend and ncclRecv
  * in one group, so both directions progress together, on the same stream
  * and waited for the same way.  NCCL takes any peer.
+ *
+ * allreduce_group (ABI 2.6) is left out: NCCL makes sub-communicators with
+ * ncclCommSplit, which every rank of the parent must call, while the slot
+ * is called by the group's members only.  The core then sums a pipeline
+ * replica's gradients over every rank, the ranks outside a tensor's group
+ * adding zeros (the same sums, more bytes).
  */
 #include <trainrun/plugin.h>
 

@@ -38,8 +38,25 @@
  * never mix with the collectives' on the data connections, whatever the
  * order of the calls.  Each message is preceded by its size, checked
  * against what the receiver expects.  Sending and receiving run together
- * under poll(); a dead or stopped peer fails the call as above.  Only ring
- * neighbours are connected: other peers are refused.
+ * under poll(); a dead or stopped peer fails the call as above.  Any
+ * other peer (a pipeline's last stage sending to its replica's first,
+ * interleaved) gets a link of the pair's own, opened on first use like the
+ * group links below (a point-to-point link is never a group link, so the
+ * two never mix their bytes); the higher rank takes it off the listener
+ * inside the same poll(), so its other direction goes on meanwhile.
+ *
+ * allreduce_group (a sum among some ranks, for pipeline replicas) runs the
+ * same ring, reduce-scatter then all-gather, over the members in rank
+ * order, on links of their own: one connection per pair of ranks, opened
+ * the first time a group needs it (the lower rank connects to the higher
+ * one's ring listener, which stays open for this, and says who it is; the
+ * higher rank accepts whatever links arrive until it has the one it
+ * needs) and kept until the end.  Only the members call; calls on groups
+ * that share ranks come in one order on every rank (the ABI says so), so
+ * each link carries the groups' bytes in the same order at both ends.  A
+ * member that died closes its links (the call fails at once, naming it);
+ * one that stopped is caught by the timeout and the roll call as above.
+ * The whole world as the group is allreduce_sum itself (the same bits).
  */
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE /* getaddrinfo flags, usleep */
@@ -115,6 +132,8 @@ struct frame {
 #define FRAME_HERE 3u
 #define CONTROL_BIT 0x80000000u /* ring hello of a control connection */
 #define P2P_BIT 0x40000000u     /* ring hello of a point-to-point connection */
+#define GROUP_BIT 0x20000000u   /* hello of a group link (after start-up) */
+#define PLINK_BIT 0x10000000u   /* hello of a point-to-point link beyond the neighbours */
 
 /* Before each point-to-point message: its size. */
 struct p2p_head {
@@ -140,6 +159,12 @@ struct tcp {
     int *where;           /* world: answers to this rank's roll call (-1: none yet) */
     double timeout;
     float *scratch;       /* SCRATCH_BYTES: received floats on their way into a sum */
+    /* group links: the ring listener, kept open for them, every rank's
+     * address, and the link with each rank (-1: none yet) */
+    int listen_fd;
+    struct peer_addr *table;
+    int *link;
+    int *plink;           /* sendrecv's links with ranks that are no ring neighbours */
     char describe[160];
 };
 
@@ -417,8 +442,28 @@ static int lost(struct tcp *t, tr_err *err, int side, const char *why)
  * streams through without a receive buffer as large as itself.  Each
  * element gets exactly one addition, so the sums do not depend on how the
  * bytes happened to arrive. */
-static int exchange(struct tcp *t, const void *sbuf, size_t sbytes, void *rbuf, size_t rbytes,
-                    int add, tr_err *err)
+/* A connection to `peer` broke: the ring's data connections (side 0 or 1)
+ * and group links alike.  A ring neighbour's notice, if it was giving up,
+ * comes first on the control connection beside (see lost()); from any
+ * other rank it travels around the ring, so this waits a moment for it. */
+static int lost_peer(struct tcp *t, tr_err *err, int peer, int side, const char *why)
+{
+    if (side >= 0)
+        return lost(t, err, side, why);
+    if (serve_control(t, 1.0, -1, err) != TR_OK)
+        return TR_ERROR;
+    char text[sizeof ((struct frame *)0)->text];
+    snprintf(text, sizeof text, "rank %d lost rank %d (%s): it has stopped or died", t->rank, peer,
+             why);
+    return give_up(t, err, t->rank, text);
+}
+
+/* exchange() on any two connections: send on sfd to rank speer, receive on
+ * rfd from rank rpeer (the same fd for a group of two).  sside and rside:
+ * the ring side of each when it is a ring data connection, else -1. */
+static int exchange_on(struct tcp *t, int sfd, int speer, int sside, int rfd, int rpeer, int rside,
+                       const void *sbuf, size_t sbytes, void *rbuf, size_t rbytes, int add,
+                       tr_err *err)
 {
     const char *s = sbuf;
     char *r = rbuf;
@@ -426,8 +471,8 @@ static int exchange(struct tcp *t, const void *sbuf, size_t sbytes, void *rbuf, 
     size_t held = 0;        /* add: bytes waiting in scratch */
     double deadline = rdv_now() + t->timeout;
     while (sbytes > 0 || rbytes > 0) {
-        struct pollfd p[4] = {{.fd = sbytes ? t->next_fd : -1, .events = POLLOUT},
-                              {.fd = rbytes ? t->prev_fd : -1, .events = POLLIN},
+        struct pollfd p[4] = {{.fd = sbytes ? sfd : -1, .events = POLLOUT},
+                              {.fd = rbytes ? rfd : -1, .events = POLLIN},
                               {.fd = t->ctl_fd[0], .events = POLLIN},
                               {.fd = t->ctl_fd[1], .events = POLLIN}};
         int ms = (int)((deadline - rdv_now()) * 1000);
@@ -435,13 +480,13 @@ static int exchange(struct tcp *t, const void *sbuf, size_t sbytes, void *rbuf, 
         if (rc < 0 && errno == EINTR)
             continue;
         if (rc <= 0)
-            return stalled(t, err, rbytes ? neighbour(t, 0) : neighbour(t, 1));
+            return stalled(t, err, rbytes ? rpeer : speer);
         if ((p[2].revents | p[3].revents) && pump_control(t, err) != TR_OK)
             return TR_ERROR;
         if (sbytes && (p[0].revents & (POLLOUT | POLLERR | POLLHUP))) {
-            ssize_t k = send(t->next_fd, s, sbytes, MSG_NOSIGNAL | MSG_DONTWAIT);
+            ssize_t k = send(sfd, s, sbytes, MSG_NOSIGNAL | MSG_DONTWAIT);
             if (k < 0 && errno != EAGAIN && errno != EINTR)
-                return lost(t, err, 1, strerror(errno));
+                return lost_peer(t, err, speer, sside, strerror(errno));
             if (k > 0) {
                 s += k;
                 sbytes -= (size_t)k;
@@ -450,9 +495,10 @@ static int exchange(struct tcp *t, const void *sbuf, size_t sbytes, void *rbuf, 
         if (rbytes && (p[1].revents & (POLLIN | POLLERR | POLLHUP))) {
             char *into = add ? (char *)t->scratch + held : r;
             size_t room = add ? SCRATCH_BYTES - held : rbytes;
-            ssize_t k = recv(t->prev_fd, into, room < rbytes ? room : rbytes, MSG_DONTWAIT);
+            ssize_t k = recv(rfd, into, room < rbytes ? room : rbytes, MSG_DONTWAIT);
             if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR))
-                return lost(t, err, 0, k == 0 ? "connection closed" : strerror(errno));
+                return lost_peer(t, err, rpeer, rside,
+                                 k == 0 ? "connection closed" : strerror(errno));
             if (k > 0) {
                 rbytes -= (size_t)k;
                 if (!add) {
@@ -471,6 +517,13 @@ static int exchange(struct tcp *t, const void *sbuf, size_t sbytes, void *rbuf, 
         }
     }
     return TR_OK;
+}
+
+static int exchange(struct tcp *t, const void *sbuf, size_t sbytes, void *rbuf, size_t rbytes,
+                    int add, tr_err *err)
+{
+    return exchange_on(t, t->next_fd, neighbour(t, 1), 1, t->prev_fd, neighbour(t, 0), 0, sbuf,
+                       sbytes, rbuf, rbytes, add, err);
 }
 
 /* Segment i of a ring collective over n floats, its index taken around
@@ -586,6 +639,152 @@ static int tcp_broadcast(void *self, void *buf, size_t bytes, int root, tr_err *
     return TR_OK;
 }
 
+/* ---- groups ---------------------------------------------------------------- */
+
+/* The ring side (0: prev, 1: next) where `peer` is a ring neighbour, else
+ * -1: where a broken link's notice would come from. */
+static int ring_side(const struct tcp *t, int peer)
+{
+    return peer == neighbour(t, 0) ? 0 : peer == neighbour(t, 1) ? 1 : -1;
+}
+
+/* Takes one link the listener holds and files it by its hello (which
+ * rank, group or point-to-point link).  TR_OK also when what connected
+ * went away before saying who it is (its own calls fail it). */
+static int file_link(struct tcp *t, tr_err *err)
+{
+    int fd = accept(t->listen_fd, NULL, NULL);
+    if (fd < 0)
+        return TR_OK;
+    tune(fd);
+    uint32_t them = 0;
+    /* the hello follows the connect at once */
+    if (rdv_io(fd, &them, sizeof them, 0, rdv_now() + 5.0) != 0) {
+        close(fd);
+        return TR_OK;
+    }
+    int *links = them & GROUP_BIT ? t->link : them & PLINK_BIT ? t->plink : NULL;
+    int r = (int)(them & ~(GROUP_BIT | PLINK_BIT));
+    if (!links || r < 0 || r >= t->rank || links[r] >= 0) {
+        close(fd);
+        char text[sizeof ((struct frame *)0)->text];
+        snprintf(text, sizeof text, "rank %d: a link from rank %d that is not expected (hello "
+                 "%#x): is another job using this port?", t->rank, r, them);
+        return give_up(t, err, t->rank, text);
+    }
+    links[r] = fd;
+    return TR_OK;
+}
+
+/* Takes links off the listener until links[waiting_for] is there, or
+ * fails naming `waiting_for` when it does not come within the timeout. */
+static int accept_link(struct tcp *t, const int *links, int waiting_for, double deadline,
+                       tr_err *err)
+{
+    while (links[waiting_for] < 0) {
+        struct pollfd p[3] = {{.fd = t->listen_fd, .events = POLLIN},
+                              {.fd = t->ctl_fd[0], .events = POLLIN},
+                              {.fd = t->ctl_fd[1], .events = POLLIN}};
+        int ms = (int)((deadline - rdv_now()) * 1000);
+        int rc = ms > 0 ? poll(p, 3, ms) : 0;
+        if (rc < 0 && errno == EINTR)
+            continue;
+        if (rc <= 0) /* it never connected: stopped, or not in this call */
+            return stalled(t, err, waiting_for);
+        if ((p[1].revents | p[2].revents) && pump_control(t, err) != TR_OK)
+            return TR_ERROR;
+        if ((p[0].revents & POLLIN) && file_link(t, err) != TR_OK)
+            return TR_ERROR;
+    }
+    return TR_OK;
+}
+
+/* The lower rank's side of a new link with `peer`: connect and say who
+ * this is (bit: GROUP_BIT or PLINK_BIT).  Never waits for the peer to
+ * accept: the kernel queues the connection and the hello. */
+static int connect_link(struct tcp *t, int *links, int peer, uint32_t bit, tr_err *err)
+{
+    /* its listener has been open since start-up: a refusal means it is gone */
+    char port[16], what[32];
+    snprintf(port, sizeof port, "%u", t->table[peer].port);
+    snprintf(what, sizeof what, "rank %d", peer);
+    tr_err why = {{0}};
+    int fd = connect_to(t->table[peer].host, port, rdv_now() + 1.0, what, &why);
+    uint32_t hello = (uint32_t)t->rank | bit;
+    if (fd >= 0 && rdv_io(fd, &hello, sizeof hello, 1, rdv_now() + t->timeout) != 0) {
+        close(fd);
+        fd = -1;
+        snprintf(why.msg, sizeof why.msg, "it took no hello");
+    }
+    if (fd < 0)
+        return lost_peer(t, err, peer, ring_side(t, peer), why.msg);
+    links[peer] = fd;
+    return fd;
+}
+
+/* The group link with `peer`, opened now if this is the first group that
+ * joins the two: the lower rank connects, the higher accepts. */
+static int link_with(struct tcp *t, int peer, tr_err *err)
+{
+    if (t->link[peer] >= 0)
+        return t->link[peer];
+    if (t->rank < peer)
+        return connect_link(t, t->link, peer, GROUP_BIT, err);
+    if (accept_link(t, t->link, peer, rdv_now() + t->timeout, err) != TR_OK)
+        return TR_ERROR;
+    return t->link[peer];
+}
+
+/* The ring over the members in rank order, on group links: reduce-scatter,
+ * then all-gather, as allreduce_sum does over the world (each segment
+ * summed on one member, so every member ends with the same bits). */
+static int tcp_allreduce_group(void *self, float *buf, size_t count, const int *ranks, int n,
+                               tr_err *err)
+{
+    struct tcp *t = self;
+    int me = -1;
+    for (int i = 0; i < n; i++) {
+        if (ranks[i] < 0 || ranks[i] >= t->world || (i && ranks[i] <= ranks[i - 1]))
+            return tr_fail(err, "comm tcp: allreduce_group on rank %d: the ranks must ascend from "
+                           "0 to %d without repeats (rank %d at position %d)",
+                           t->rank, t->world - 1, ranks[i], i);
+        if (ranks[i] == t->rank)
+            me = i;
+    }
+    if (me < 0)
+        return tr_fail(err, "comm tcp: allreduce_group called on rank %d, which is not among its "
+                       "%d ranks: only the members call it", t->rank, n);
+    if (n == t->world) /* the ring itself */
+        return tcp_allreduce_sum(self, buf, count, err);
+    if (begin(t, err) != TR_OK)
+        return TR_ERROR;
+    if (n == 1 || count == 0)
+        return TR_OK;
+    int next = ranks[(me + 1) % n], prev = ranks[(me + n - 1) % n];
+    int nfd = link_with(t, next, err);
+    if (nfd < 0)
+        return TR_ERROR;
+    int pfd = link_with(t, prev, err);
+    if (pfd < 0)
+        return TR_ERROR;
+    int ns = ring_side(t, next), ps = ring_side(t, prev);
+    for (int s = 0; s < n - 1; s++) { /* reduce-scatter over the members */
+        int sc = me - s - 1, rc = me - s - 2;
+        if (exchange_on(t, nfd, next, ns, pfd, prev, ps, seg_ptr(buf, count, n, sc),
+                        seg_bytes(count, n, sc), seg_ptr(buf, count, n, rc),
+                        seg_bytes(count, n, rc), 1, err) != TR_OK)
+            return TR_ERROR;
+    }
+    for (int s = 0; s < n - 1; s++) { /* all-gather */
+        int sc = me - s, rc = me - s - 1;
+        if (exchange_on(t, nfd, next, ns, pfd, prev, ps, seg_ptr(buf, count, n, sc),
+                        seg_bytes(count, n, sc), seg_ptr(buf, count, n, rc),
+                        seg_bytes(count, n, rc), 0, err) != TR_OK)
+            return TR_ERROR;
+    }
+    return TR_OK;
+}
+
 /* The side (0: prev, 1: next) whose point-to-point connection carries a
  * message to rank `to` (sending) or from rank `from` (receiving), or -1 when
  * that rank is no ring neighbour.  With 2 ranks both sides reach the same
@@ -602,6 +801,19 @@ static int side_from(const struct tcp *t, int from)
     return from == neighbour(t, 0) ? 0 : from == neighbour(t, 1) ? 1 : -1;
 }
 
+/* sendrecv's link with `peer`, no ring neighbour: *fd the link, or -1
+ * when this is the higher rank and the peer has not connected yet (the
+ * caller takes it off the listener as it comes); the lower rank connects
+ * now, which never waits. */
+static int far_link(struct tcp *t, int peer, int *fd, tr_err *err)
+{
+    *fd = t->plink[peer];
+    if (*fd >= 0 || t->rank > peer)
+        return TR_OK;
+    *fd = connect_link(t, t->plink, peer, PLINK_BIT, err);
+    return *fd >= 0 ? TR_OK : TR_ERROR;
+}
+
 static int tcp_sendrecv(void *self, const void *send_buf, size_t send_bytes, int to,
                         void *recv_buf, size_t recv_bytes, int from, tr_err *err)
 {
@@ -613,50 +825,58 @@ static int tcp_sendrecv(void *self, const void *send_buf, size_t send_bytes, int
         to = -1, send_bytes = 0;
     if (from < 0 || !recv_bytes)
         from = -1, recv_bytes = 0;
-    int peers[2] = {to, from};
-    for (int i = 0; i < 2; i++) {
-        int peer = peers[i];
-        if (peer == -1)
-            continue;
-        if (peer == t->rank || (i ? side_from(t, peer) : side_to(t, peer)) < 0)
-            return tr_fail(err,
-                           "comm tcp: sendrecv on rank %d %s rank %d: tcp connects ring "
-                           "neighbours only (ranks %d and %d here); pipeline stages talk to "
-                           "their neighbours, or use comm = \"mpi\" for any peer",
-                           t->rank, i ? "from" : "to", peer, neighbour(t, 0), neighbour(t, 1));
-    }
+    if (to == t->rank || from == t->rank)
+        return tr_fail(err, "comm tcp: sendrecv on rank %d %s itself: tcp moves messages between "
+                       "two ranks; copy within the rank instead", t->rank,
+                       to == t->rank ? "to" : "from");
     if (begin(t, err) != TR_OK)
         return TR_ERROR;
     if (!send_bytes && !recv_bytes)
         return TR_OK;
+    /* the connections: a ring neighbour's point-to-point one, else a link
+     * of the pair's own (-1 until the peer, a lower rank, has connected:
+     * it is taken off the listener in the loop, so the other direction
+     * goes on meanwhile) */
     int ss = to >= 0 ? side_to(t, to) : -1, rs = from >= 0 ? side_from(t, from) : -1;
+    int sfd = ss >= 0 ? t->p2p_fd[ss] : -1, rfd = rs >= 0 ? t->p2p_fd[rs] : -1;
+    if ((to >= 0 && ss < 0 && far_link(t, to, &sfd, err) != TR_OK) ||
+        (from >= 0 && rs < 0 && far_link(t, from, &rfd, err) != TR_OK))
+        return TR_ERROR;
     struct p2p_head out = {P2P_MAGIC, 0, send_bytes}, in = {0, 0, 0};
     /* what is left to send and receive: the header's bytes, then the buffer's */
-    size_t shead = ss >= 0 ? sizeof out : 0, rhead = rs >= 0 ? sizeof in : 0;
+    size_t shead = to >= 0 ? sizeof out : 0, rhead = from >= 0 ? sizeof in : 0;
     const char *s = send_buf;
     char *r = recv_buf;
     size_t sleft = send_bytes, rleft = recv_bytes;
     double deadline = rdv_now() + t->timeout;
     while (shead + sleft > 0 || rhead + rleft > 0) {
         int sending = shead + sleft > 0, receiving = rhead + rleft > 0;
-        struct pollfd p[4] = {{.fd = sending ? t->p2p_fd[ss] : -1, .events = POLLOUT},
-                              {.fd = receiving ? t->p2p_fd[rs] : -1, .events = POLLIN},
+        if (sending && sfd < 0)
+            sfd = t->plink[to];
+        if (receiving && rfd < 0)
+            rfd = t->plink[from];
+        int linking = (sending && sfd < 0) || (receiving && rfd < 0);
+        struct pollfd p[5] = {{.fd = sending ? sfd : -1, .events = POLLOUT},
+                              {.fd = receiving ? rfd : -1, .events = POLLIN},
                               {.fd = t->ctl_fd[0], .events = POLLIN},
-                              {.fd = t->ctl_fd[1], .events = POLLIN}};
+                              {.fd = t->ctl_fd[1], .events = POLLIN},
+                              {.fd = linking ? t->listen_fd : -1, .events = POLLIN}};
         int ms = (int)((deadline - rdv_now()) * 1000);
-        int rc = ms > 0 ? poll(p, 4, ms) : 0;
+        int rc = ms > 0 ? poll(p, 5, ms) : 0;
         if (rc < 0 && errno == EINTR)
             continue;
         if (rc <= 0) /* no progress for the timeout: the peer we wait for */
             return stalled(t, err, receiving ? from : to);
         if ((p[2].revents | p[3].revents) && pump_control(t, err) != TR_OK)
             return TR_ERROR;
+        if ((p[4].revents & POLLIN) && file_link(t, err) != TR_OK)
+            return TR_ERROR;
         if (sending && (p[0].revents & (POLLOUT | POLLERR | POLLHUP))) {
             const char *from_here = shead ? (const char *)&out + sizeof out - shead : s;
             size_t n = shead ? shead : sleft;
-            ssize_t k = send(t->p2p_fd[ss], from_here, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+            ssize_t k = send(sfd, from_here, n, MSG_NOSIGNAL | MSG_DONTWAIT);
             if (k < 0 && errno != EAGAIN && errno != EINTR)
-                return lost(t, err, ss, strerror(errno));
+                return lost_peer(t, err, to, ss, strerror(errno));
             if (k > 0 && shead) {
                 shead -= (size_t)k;
             } else if (k > 0) {
@@ -669,9 +889,9 @@ static int tcp_sendrecv(void *self, const void *send_buf, size_t send_bytes, int
         if (receiving && (p[1].revents & (POLLIN | POLLERR | POLLHUP))) {
             char *into = rhead ? (char *)&in + sizeof in - rhead : r;
             size_t n = rhead ? rhead : rleft;
-            ssize_t k = recv(t->p2p_fd[rs], into, n, MSG_DONTWAIT);
+            ssize_t k = recv(rfd, into, n, MSG_DONTWAIT);
             if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR))
-                return lost(t, err, rs, k == 0 ? "connection closed" : strerror(errno));
+                return lost_peer(t, err, from, rs, k == 0 ? "connection closed" : strerror(errno));
             if (k > 0 && rhead) {
                 rhead -= (size_t)k;
                 if (!rhead && (in.magic != P2P_MAGIC || in.bytes != recv_bytes)) {
@@ -720,6 +940,17 @@ static void tcp_destroy(void *self)
         if (t->p2p_fd[side] >= 0)
             close(t->p2p_fd[side]);
     }
+    for (int r = 0; t->link && r < t->world; r++)
+        if (t->link[r] >= 0)
+            close(t->link[r]);
+    for (int r = 0; t->plink && r < t->world; r++)
+        if (t->plink[r] >= 0)
+            close(t->plink[r]);
+    if (t->listen_fd >= 0)
+        close(t->listen_fd);
+    t->host->free(t->link);
+    t->host->free(t->plink);
+    t->host->free(t->table);
     t->host->free(t->scratch);
     t->host->free(t->seen);
     t->host->free(t->where);
@@ -799,10 +1030,19 @@ static int tcp_create(const struct tr_host *host, const void *config,
     t->world = args->world;
     t->timeout = c->timeout;
     t->next_fd = t->prev_fd = t->ctl_fd[0] = t->ctl_fd[1] = t->p2p_fd[0] = t->p2p_fd[1] = -1;
+    t->listen_fd = -1;
     t->scratch = host->alloc(SCRATCH_BYTES);
     t->seen = host->alloc(sizeof *t->seen * (size_t)t->world);
     t->where = host->alloc(sizeof *t->where * (size_t)t->world);
-    if (!t->scratch || !t->seen || !t->where) {
+    t->link = host->alloc(sizeof *t->link * (size_t)t->world);
+    t->plink = host->alloc(sizeof *t->plink * (size_t)t->world);
+    for (int r = 0; r < t->world; r++) { /* before any destroy: it closes what they hold */
+        if (t->link)
+            t->link[r] = -1;
+        if (t->plink)
+            t->plink[r] = -1;
+    }
+    if (!t->scratch || !t->seen || !t->where || !t->link || !t->plink) {
         tcp_destroy(t);
         return tr_fail(err, "comm tcp: out of memory");
     }
@@ -814,7 +1054,7 @@ static int tcp_create(const struct tr_host *host, const void *config,
         return TR_OK;
 
     double deadline = rdv_now() + c->timeout;
-    struct peer_addr *table = host->alloc(sizeof *table * (size_t)t->world);
+    struct peer_addr *table = t->table = host->alloc(sizeof *table * (size_t)t->world);
     if (!table)
         return tr_fail(err, "comm tcp: out of memory");
     memset(table, 0, sizeof *table * (size_t)t->world);
@@ -882,9 +1122,8 @@ static int tcp_create(const struct tr_host *host, const void *config,
             }
         }
     }
-    if (ring_fd >= 0)
-        close(ring_fd);
-    host->free(table);
+    /* kept: group links connect to it later (table says where) */
+    t->listen_fd = ring_fd;
     return rc;
 }
 
@@ -896,6 +1135,7 @@ static const struct tr_comm_vtable tcp_vtable = {
     .describe = tcp_describe,
     .reduce_scatter = tcp_reduce_scatter,
     .sendrecv = tcp_sendrecv,
+    .allreduce_group = tcp_allreduce_group,
 };
 
 static const struct tr_plugin_info tcp_info = {

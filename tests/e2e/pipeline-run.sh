@@ -6,11 +6,16 @@
 #     table's gradient) and a Llama, under gpipe, 1f1b and interleaved (2
 #     chunks a stage), and P = 3 and 4 (1f1b, a Llama of 4 blocks);
 #   - 2 stages x 2 data-parallel replicas (procs = 4): a Llama under 1f1b
-#     bit-identical to 2 data-parallel ranks without stages (a stage adds
-#     zeros for the parameters it does not read), a tied GPT interleaved
-#     within 1e-5 of one process; its checkpoint resumes on 2 stages;
-#   - over mpi (any peer), 3 interleaved stages x 2 replicas (stage 2 sends
-#     to stage 0 of its replica, which tcp's ring cannot) within 1e-5 of
+#     bit-identical to 2 data-parallel ranks without stages (each stage's
+#     gradients summed between its two ranks only: allreduce_group), a
+#     tied GPT interleaved within 1e-5 of one process; its checkpoint
+#     resumes on 2 stages;
+#   - 3 stages x 2 replicas of a tied GPT over tcp (stage s of the replicas
+#     are ranks s and 3 + s, no ring neighbours; the tied table summed
+#     among ranks 0, 2, 3 and 5) within 1e-5 of one process, its trace
+#     showing group all-reduces;
+#   - over tcp and over mpi, 3 interleaved stages x 2 replicas (stage 2
+#     sends to stage 0 of its replica, no ring neighbour) within 1e-5 of
 #     one process;
 #   - a model.from model (each stage loads only the weights its chunks
 #     read) on 2 stages trains to one process's weights, bit for bit, and
@@ -113,11 +118,27 @@ echo step-0000000010 > resume-2x2/checkpoints/LATEST
   > resume-2x2.log 2>&1 || { cat resume-2x2.log; fail "2 x 2 resumed on 2 stages"; }
 close llama-2x2 resume-2x2 1e-5 "saved by 2 x 2, resumed on 2 stages"
 
+# tcp: 3 stages x 2 replicas of a tied GPT.  Stage s of the two replicas
+# (ranks s and 3 + s, no ring neighbours) sum their gradients among
+# themselves on links of their own; the tied embedding, read by the first
+# and last stages, among ranks 0, 2, 3 and 5
+run gpt4-one "$GPT" model.layers=4
+run gpt-3x2 "$GPT" model.layers=4 procs=6 parallel.pipeline=3 train.trace_every=10
+close gpt4-one gpt-3x2 1e-5 "gpt: 3 stages x 2 replicas over tcp"
+grep -q '"group all-reduce ' gpt-3x2/trace.json ||
+  fail "gpt: 3 stages x 2 replicas: no group all-reduce in rank 0's trace"
+# tcp: 3 interleaved stages x 2 replicas (stage 2 sends to stage 0 of its
+# replica, no ring neighbour: a point-to-point link of their own)
+six="model.layers=6 train.batch=6"
+# shellcheck disable=SC2086
+run six-one "$LLAMA" $six
+# shellcheck disable=SC2086
+run six-tcp "$LLAMA" $six procs=6 parallel.pipeline=3 parallel.schedule=interleaved \
+  parallel.virtual_stages=2
+close six-one six-tcp 1e-5 "tcp: 3 interleaved stages x 2 replicas"
+
 # mpi: 3 interleaved stages x 2 replicas
 if command -v mpirun > /dev/null; then
-  six="model.layers=6 train.batch=6"
-  # shellcheck disable=SC2086
-  run six-one "$LLAMA" $six
   # shellcheck disable=SC2086
   # as mpi.sh runs it: root in containers, more ranks than cores, no pinning,
   # no cross-memory attach; the ranks come from mpirun

@@ -1,0 +1,90 @@
+#!/bin/sh
+# Sums among some ranks (the comm vtable's allreduce_group, for pipeline
+# replicas) through the plugin ABI alone: tests/comm_check --only-groups on
+# 2 to 5 ranks of each comm plugin built here that runs on CPUs (mpi under
+# mpirun, tcp on ranks started here).
+#   a) every pair of ranks (ring neighbours or not: tcp opens links of its
+#      own), groups that share ranks called one after another in the same
+#      order, a rank alone, the world, sizes beyond the tcp scratch; the
+#      same bits on every member; a rank outside the list refused
+#   b) a member killed inside a sum with a rank half the world away (no
+#      ring neighbour on 4 ranks) while the rest wait in an allreduce: tcp,
+#      every other rank fails naming it within seconds; mpi, mpirun ends
+#      the job naming it
+#   c) the same member stopped (SIGSTOP): the others fail after the
+#      timeout option, naming it
+# (mpi.sh and parallel.sh run comm_check whole, groups included.)
+. "$(dirname "$0")/lib.sh"
+CHECK=$TR_BUILDDIR/tests/comm_check
+[ -x "$CHECK" ] || fail "$CHECK was not built"
+MPI=${TR_PLUGIN_BUILD_DIR:-}/comm_mpi.so
+TCP=${TR_PLUGIN_BUILD_DIR:-}/comm_tcp.so
+unset TRAINRUN_RANK TRAINRUN_WORLD_SIZE TRAINRUN_LOCAL_RANK TRAINRUN_LOCAL_WORLD_SIZE \
+  SLURM_PROCID SLURM_NTASKS SLURM_LOCALID TRAINRUN_MASTER TRAINRUN_RENDEZVOUS_FILE
+
+passes() { grep -c ': PASS' "$1" || true; }
+checked="allreduce_group passes among pairs (ring neighbours and not) and overlapping groups"
+
+# ---- mpi ---------------------------------------------------------------------
+if command -v mpirun > /dev/null 2>&1 && [ -f "$MPI" ]; then
+  MPIRUN="mpirun --allow-run-as-root --oversubscribe --bind-to none \
+    --mca btl_vader_single_copy_mechanism none"
+  # mpi_job NAME NP ARGS...: output in NAME.out, status in $rc, seconds in $took
+  mpi_job() {
+    name=$1 np=$2
+    shift 2
+    start=$(date +%s)
+    set +e
+    timeout 60 $MPIRUN -np "$np" "$CHECK" "$MPI" --only-groups "$@" > "$name.out" 2>&1
+    rc=$?
+    set -e
+    took=$(($(date +%s) - start))
+  }
+  for np in 2 3 4; do
+    mpi_job mpi$np $np timeout=300
+    [ "$rc" -eq 0 ] && [ "$(passes mpi$np.out)" -eq $np ] && grep -q "$checked" mpi$np.out ||
+      { cat mpi$np.out; fail "mpi allreduce_group on $np ranks"; }
+    echo "groups: mpi, $np ranks: pass in ${took}s"
+  done
+  np=4 bad=1
+  mpi_job mpi-die $np "--die=$bad:group"
+  grep -q "rank $bad/$np: dying" mpi-die.out || { cat mpi-die.out; fail "rank $bad did not reach its death"; }
+  [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$took" -le 30 ] ||
+    { cat mpi-die.out; fail "mpi, rank $bad killed inside allreduce_group: exit $rc after ${took}s"; }
+  grep -q "process rank $bad .*signal 9" mpi-die.out || { cat mpi-die.out; fail "mpirun did not name rank $bad"; }
+  echo "groups: mpi, $np ranks, rank $bad killed inside a group's sum: job over in ${took}s"
+  mpi_job mpi-stall $np "--stall=$bad:group" timeout=2
+  named=$(grep -c "FAIL: .*rank $bad did not arrive" mpi-stall.out || true)
+  [ "$named" -ge 1 ] || { cat mpi-stall.out; fail "mpi: no rank named the stopped rank $bad"; }
+  ! grep "FAIL: .*did not arrive" mpi-stall.out | grep -v "rank $bad did not arrive" ||
+    { cat mpi-stall.out; fail "mpi: a rank named another rank than $bad"; }
+  [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$took" -le 30 ] ||
+    { cat mpi-stall.out; fail "mpi, rank $bad stopped inside allreduce_group: exit $rc after ${took}s"; }
+  echo "groups: mpi, $np ranks, rank $bad stopped inside a group's sum: named by $named rank(s), job over in ${took}s"
+else
+  echo "groups: mpi skipped (no mpirun, or comm_mpi.so not built)"
+fi
+# ---- tcp ---------------------------------------------------------------------
+[ -f "$TCP" ] || fail "$TCP was not built"
+for np in 2 3 4 5; do
+  tcp_check tcp$np $np -1 --only-groups timeout=30
+  r=0
+  while [ $r -lt $np ]; do
+    grep -q "rank $r/$np: PASS" tcp$np.$r || { cat tcp$np.*; fail "tcp allreduce_group on $np ranks: rank $r"; }
+    r=$((r + 1))
+  done
+  grep -q "$checked" tcp$np.0 || { cat tcp$np.0; fail "tcp on $np ranks: allreduce_group not checked"; }
+  echo "groups: tcp, $np ranks: pass in ${took}s"
+done
+# a member killed (SIGKILL) or stopped (SIGSTOP) inside a sum with a rank
+# that is no ring neighbour (4 ranks: 1 with 3; 5 ranks: 2 with 4): every
+# other rank fails naming it, soon after comm.timeout
+for np in 4 5; do
+  bad=$((np - 3))
+  for fault in die stall; do
+    name=tcp-$fault$np
+    tcp_check $name $np $bad --only-groups timeout=2 "--$fault=$bad:group"
+    others_failed_naming $name $np $bad $fault groups "rank $bad made to $fault inside a group's sum"
+  done
+done
+echo "groups: ok"
