@@ -1,7 +1,8 @@
 # What the CPU benchmark scripts share (sourced by cpu_gpt.sh, cpu_llama.sh,
-# cpu_resnet.sh, cpu_bf16.sh and llmc.sh): their defaults, a scratch
+# cpu_resnet.sh, cpu_bf16.sh, llmc.sh, lora.sh, sample.sh ...): their defaults, a scratch
 # directory removed on exit, messages, a median, and finding the peer's
-# Python.  Set `name` before sourcing, for messages.
+# Python, and the random models lora.sh and sample.sh share.  Set `name`
+# before sourcing, for messages.
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 THREADS=${THREADS:-2}
@@ -43,4 +44,18 @@ find_python() {
         PYTHON=
     fi
     PYTHON=${PYTHON:-}
+}
+
+# make_models NAME...: the random Llama-shaped model directories NAME (135m,
+# 360m: SmolLM's shapes) in $CACHE, made once by torch_lora.py make with
+# $PYTHON (lora.sh and sample.sh share them; nothing is downloaded)
+make_models() {
+    for m in "$@"; do
+        if [ ! -f "$CACHE/$m/model.safetensors" ]; then
+            say "making the $m model in $CACHE/$m"
+            mkdir -p "$CACHE"
+            "$PYTHON" "$here/torch_lora.py" make "$CACHE/$m" --config "$m" >/dev/null 2>&1 ||
+                die "could not make the $m model"
+        fi
+    done
 }

@@ -81,14 +81,7 @@ run_peft() { # MODEL PREC REP
 
 IFS=, read -ra models <<<"$MODELS"
 IFS=, read -ra precs <<<"$PRECISIONS"
-for m in "${models[@]}"; do
-    if [ ! -f "$CACHE/$m/model.safetensors" ]; then
-        say "making the $m model in $CACHE/$m"
-        mkdir -p "$CACHE"
-        "$PYTHON" "$here/torch_lora.py" make "$CACHE/$m" --config "$m" >/dev/null 2>&1 ||
-            die "could not make the $m model"
-    fi
-done
+make_models "${models[@]}"
 for rep in $(seq 1 "$REPS"); do
     for m in "${models[@]}"; do
         for p in "${precs[@]}"; do

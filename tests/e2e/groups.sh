@@ -27,33 +27,26 @@ checked="allreduce_group passes among pairs (ring neighbours and not) and overla
 
 # ---- mpi ---------------------------------------------------------------------
 if command -v mpirun > /dev/null 2>&1 && [ -f "$MPI" ]; then
-  MPIRUN="mpirun --allow-run-as-root --oversubscribe --bind-to none \
-    --mca btl_vader_single_copy_mechanism none"
-  # mpi_job NAME NP ARGS...: output in NAME.out, status in $rc, seconds in $took
-  mpi_job() {
-    name=$1 np=$2
+  # check_job NAME NP ARGS...: comm_check's only-groups checks under lib.sh's mpi_job
+  check_job() {
+    n=$1 p=$2
     shift 2
-    start=$(date +%s)
-    set +e
-    timeout 60 $MPIRUN -np "$np" "$CHECK" "$MPI" --only-groups "$@" > "$name.out" 2>&1
-    rc=$?
-    set -e
-    took=$(($(date +%s) - start))
+    mpi_job "$n" "$p" "$CHECK" "$MPI" --only-groups "$@"
   }
   for np in 2 3 4; do
-    mpi_job mpi$np $np timeout=300
+    check_job mpi$np $np timeout=300
     [ "$rc" -eq 0 ] && [ "$(passes mpi$np.out)" -eq $np ] && grep -q "$checked" mpi$np.out ||
       { cat mpi$np.out; fail "mpi allreduce_group on $np ranks"; }
     echo "groups: mpi, $np ranks: pass in ${took}s"
   done
   np=4 bad=1
-  mpi_job mpi-die $np "--die=$bad:group"
+  check_job mpi-die $np "--die=$bad:group"
   grep -q "rank $bad/$np: dying" mpi-die.out || { cat mpi-die.out; fail "rank $bad did not reach its death"; }
   [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$took" -le 30 ] ||
     { cat mpi-die.out; fail "mpi, rank $bad killed inside allreduce_group: exit $rc after ${took}s"; }
   grep -q "process rank $bad .*signal 9" mpi-die.out || { cat mpi-die.out; fail "mpirun did not name rank $bad"; }
   echo "groups: mpi, $np ranks, rank $bad killed inside a group's sum: job over in ${took}s"
-  mpi_job mpi-stall $np "--stall=$bad:group" timeout=2
+  check_job mpi-stall $np "--stall=$bad:group" timeout=2
   named=$(grep -c "FAIL: .*rank $bad did not arrive" mpi-stall.out || true)
   [ "$named" -ge 1 ] || { cat mpi-stall.out; fail "mpi: no rank named the stopped rank $bad"; }
   ! grep "FAIL: .*did not arrive" mpi-stall.out | grep -v "rank $bad did not arrive" ||

@@ -78,3 +78,22 @@ others_failed_naming() { # NAME NP BAD FAULT PREFIX WHAT
   [ "$took" -le 10 ] || { cat "$1".*; fail "$1: the other ranks took ${took}s to fail"; }
   echo "$5: tcp, $2 ranks, $6: the others failed in ${took}s ($(grep -ho 'failed [0-9.]* s after the fault' "$1".* | sort | tail -n 1))"
 }
+
+# mpirun as the comm tests run it: root in containers; more ranks than cores;
+# no pinning on a shared machine; no cross-memory attach (containers often
+# forbid ptrace)
+MPIRUN="mpirun --allow-run-as-root --oversubscribe --bind-to none \
+  --mca btl_vader_single_copy_mechanism none"
+
+# mpi_job NAME NP ARGS...: mpirun -np NP ARGS... under a 60 s guard, its
+# output in NAME.out, its status in $rc and its duration in $took (seconds)
+mpi_job() {
+  name=$1 np=$2
+  shift 2
+  start=$(date +%s)
+  set +e
+  timeout 60 $MPIRUN -np "$np" "$@" > "$name.out" 2>&1
+  rc=$?
+  set -e
+  took=$(($(date +%s) - start))
+}

@@ -28,22 +28,9 @@ CHECK=$TR_BUILDDIR/tests/comm_check
 # ranks come from mpirun here, not from a surrounding launcher
 unset TRAINRUN_RANK TRAINRUN_WORLD_SIZE TRAINRUN_LOCAL_RANK TRAINRUN_LOCAL_WORLD_SIZE \
   SLURM_PROCID SLURM_NTASKS SLURM_LOCALID TRAINRUN_MASTER TRAINRUN_RENDEZVOUS_FILE
-# root in containers; more ranks than cores; no pinning on a shared machine;
-# no cross-memory attach (containers often forbid ptrace)
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --bind-to none \
-  --mca btl_vader_single_copy_mechanism none"
-
-# run_job NAME NP ARGS...: runs the job under a 60 s guard, leaving its
-# output in NAME.out, its status in $rc and its duration in $took (seconds)
+# run_job NAME NP ARGS...: lib.sh's mpi_job, then its exit and duration said
 run_job() {
-  name=$1 np=$2
-  shift 2
-  start=$(date +%s)
-  set +e
-  timeout 60 $MPIRUN -np "$np" "$@" > "$name.out" 2>&1
-  rc=$?
-  set -e
-  took=$(($(date +%s) - start))
+  mpi_job "$@"
   echo "$name: exit $rc after ${took}s"
 }
 

@@ -28,22 +28,15 @@ passes() { grep -c ': PASS' "$1" || true; }
 
 # ---- mpi ---------------------------------------------------------------------
 if command -v mpirun > /dev/null 2>&1 && [ -f "$MPI" ]; then
-  MPIRUN="mpirun --allow-run-as-root --oversubscribe --bind-to none \
-    --mca btl_vader_single_copy_mechanism none"
-  # mpi_job NAME NP ARGS...: output in NAME.out, status in $rc, seconds in $took
-  mpi_job() {
-    name=$1 np=$2
+  # check_job NAME NP ARGS...: comm_check's only-sendrecv checks under lib.sh's mpi_job
+  check_job() {
+    n=$1 p=$2
     shift 2
-    start=$(date +%s)
-    set +e
-    timeout 60 $MPIRUN -np "$np" "$CHECK" "$MPI" --only-sendrecv "$@" > "$name.out" 2>&1
-    rc=$?
-    set -e
-    took=$(($(date +%s) - start))
+    mpi_job "$n" "$p" "$CHECK" "$MPI" --only-sendrecv "$@"
   }
   for np in 2 3 4; do
     for timeout in 300 0; do
-      mpi_job mpi$np-$timeout $np timeout=$timeout
+      check_job mpi$np-$timeout $np timeout=$timeout
       [ "$rc" -eq 0 ] && [ "$(passes mpi$np-$timeout.out)" -eq $np ] ||
         { cat mpi$np-$timeout.out; fail "mpi sendrecv on $np ranks (timeout=$timeout)"; }
     done
@@ -53,13 +46,13 @@ if command -v mpirun > /dev/null 2>&1 && [ -f "$MPI" ]; then
   done
   for np in 2 3; do
     bad=$((np - 1))
-    mpi_job mpi-die$np $np "--die=$bad:sendrecv"
+    check_job mpi-die$np $np "--die=$bad:sendrecv"
     grep -q "rank $bad/$np: dying" mpi-die$np.out || { cat mpi-die$np.out; fail "rank $bad did not reach its death"; }
     [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$took" -le 30 ] ||
       { cat mpi-die$np.out; fail "mpi, rank $bad killed inside sendrecv: exit $rc after ${took}s"; }
     grep -q "process rank $bad .*signal 9" mpi-die$np.out || { cat mpi-die$np.out; fail "mpirun did not name rank $bad"; }
     echo "sendrecv: mpi, $np ranks, rank $bad killed inside it: job over in ${took}s"
-    mpi_job mpi-stall$np $np "--stall=$bad:sendrecv" timeout=2
+    check_job mpi-stall$np $np "--stall=$bad:sendrecv" timeout=2
     named=$(grep -c "FAIL: .*sendrecv.*rank $bad did not arrive" mpi-stall$np.out || true)
     [ "$named" -ge 1 ] || { cat mpi-stall$np.out; fail "mpi: no rank named the stopped rank $bad"; }
     ! grep "FAIL: .*did not arrive" mpi-stall$np.out | grep -v "rank $bad did not arrive" ||
