@@ -18,9 +18,13 @@
 # forward would overwrite has them copied aside and back (host memory):
 # those copies count as the stage's compute.
 #
+# Then P = 4 and 8 predicted two ways: the plan's simulator fed with each
+# chunk's FLOPs, and the simulator fed with measured times (2 stages of 2 or
+# 4 interleaved chunks measure the chunk times of a 4- or 8-stage cut:
+# pipeline_idle_sim_chunks_pct).
+#
 # Environment: TRAINRUN, SCHEDULES (gpipe,1f1b,interleaved), MICRO (2,4,8,16), MODEL (the
-# model overrides),
-# STEPS (8).
+# model overrides), DEEP_MODEL (the 8-block model of the predictions), STEPS (8).
 set -euo pipefail
 name=pipeline.sh
 # shellcheck source=contrib/bench/lib.sh
@@ -93,3 +97,40 @@ for p in 4 8; do
     done
 done
 say "(a Llama of 16 blocks, dim 128, for the plan; its head and embedding make the cut uneven)"
+
+# more stages than cores, from measured times: 2 stages of V chunks each
+# (interleaved) measure the times of 2V chunks of the model, one a stage of a
+# pipeline 2V deep; metrics.jsonl's pipeline_idle_sim_chunks_pct is the 1F1B
+# simulation of that pipeline (the same micro-batches), beside the plan's
+# FLOPs simulation of the same cut and the theory
+printf '\n| stages | from | M | simulated idle (measured chunk times) | simulated idle (plan, FLOPs) | theory |\n'
+printf '|---:|---|---:|---:|---:|---:|\n'
+deep=${DEEP_MODEL:-"model.dim=128 model.ffn_dim=384 model.layers=8 model.ctx=128"}
+for p in 4 8; do
+    v=$((p / 2))
+    for m in 16 32; do
+        dir=$tmp/deep-$p-$m
+        # shellcheck disable=SC2086
+        if ! "$TRAINRUN" "$root/tests/config/tiny_llama.lua" $deep procs=2 parallel.pipeline=2 \
+            parallel.schedule=interleaved parallel.virtual_stages=$v train.batch="$m" \
+            train.micro_batch=1 train.steps="$STEPS" train.log_every=1 train.threads=1 \
+            run_dir="$dir" --quiet >"$dir.log" 2>&1; then
+            cat "$dir.log" >&2
+            die "2 stages x $v chunks, M=$m failed"
+        fi
+        measured=$(python3 - "$dir/metrics.jsonl" <<'PY'
+import json, statistics, sys
+v = [json.loads(l) for l in open(sys.argv[1]) if "pipeline_idle_sim_chunks_pct" in l]
+print("%.1f%%" % statistics.median(x["pipeline_idle_sim_chunks_pct"] for x in v[1:]))
+PY
+)
+        # shellcheck disable=SC2086
+        line=$("$TRAINRUN" plan "$root/tests/config/tiny_llama.lua" $deep parallel.pipeline=$p \
+            parallel.schedule=1f1b train.batch=$m train.micro_batch=1 2>/dev/null | grep '^  bubble')
+        sim=$(echo "$line" | sed -n 's/.*; \([0-9.]*%\) simulated.*/\1/p')
+        theory=$(echo "$line" | sed -n 's/.* \([0-9.]*%\) of the devices.*/\1/p')
+        printf '| %d | 2 stages x %d chunks | %d | %s | %s | %s |\n' "$p" "$v" "$m" "$measured" \
+            "${sim:-?}" "${theory:-?}"
+    done
+done
+say "(1F1B; the Llama of $deep, cut into as many chunks as stages)"

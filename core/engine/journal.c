@@ -351,7 +351,7 @@ int tr_journal_step(struct tr_journal *j, const struct tr_loop *l, tr_err *err)
         progress_line(l, &n);
     /* the loggers get what is known: no MFU without a peak (metrics.jsonl's
      * -1), no dollars without a price (its 0) */
-    struct tr_scalar v[15];
+    struct tr_scalar v[16];
     size_t nv = 0;
     v[nv++] = (struct tr_scalar){"loss", l->loss};
     v[nv++] = (struct tr_scalar){"lr", l->lr};
@@ -366,6 +366,8 @@ int tr_journal_step(struct tr_journal *j, const struct tr_loop *l, tr_err *err)
         v[nv++] = (struct tr_scalar){"pipeline_idle_pct", 100 * l->pipe_idle};
     if (!isnan(l->pipe_idle_sim))
         v[nv++] = (struct tr_scalar){"pipeline_idle_sim_pct", 100 * l->pipe_idle_sim};
+    if (!isnan(l->pipe_idle_chunks))
+        v[nv++] = (struct tr_scalar){"pipeline_idle_sim_chunks_pct", 100 * l->pipe_idle_chunks};
     v[nv++] = (struct tr_scalar){"loss_scale", n.loss_scale};
     v[nv++] = (struct tr_scalar){"skipped_steps", (double)l->skipped};
     if (l->s->usd_per_second > 0) {
@@ -382,7 +384,7 @@ int tr_journal_step(struct tr_journal *j, const struct tr_loop *l, tr_err *err)
     double cpu_s = clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu) == 0
                        ? (double)cpu.tv_sec + 1e-9 * (double)cpu.tv_nsec
                        : -1;
-    char comm[160] = ""; /* with ranks only */
+    char comm[240] = ""; /* with ranks only */
     if (!isnan(n.comm))
         snprintf(comm, sizeof comm, ", \"comm_wait_pct\": %.2f", n.comm);
     if (!isnan(l->pipe_idle)) {
@@ -393,6 +395,11 @@ int tr_journal_step(struct tr_journal *j, const struct tr_loop *l, tr_err *err)
         size_t len = strlen(comm);
         snprintf(comm + len, sizeof comm - len, ", \"pipeline_idle_sim_pct\": %.2f",
                  100 * l->pipe_idle_sim);
+    }
+    if (!isnan(l->pipe_idle_chunks)) {
+        size_t len = strlen(comm);
+        snprintf(comm + len, sizeof comm - len, ", \"pipeline_idle_sim_chunks_pct\": %.2f",
+                 100 * l->pipe_idle_chunks);
     }
     return metrics_line(j, l->step, err,
                 "{\"step\": %llu, \"loss\": %.6g, \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens_per_s\": %.1f, "

@@ -25,6 +25,9 @@ struct tr_loop {
                                   * backward they sat idle, all stages (NaN: no pipeline) */
     double pipe_idle_sim;        /* the same as the schedule simulator predicts it from the
                                   * step's measured forward and backward times of each chunk */
+    double pipe_idle_chunks;     /* what those times give as C = P x V stages of one chunk
+                                  * each under 1F1B, the same micro-batches: a deeper
+                                  * pipeline's bubble from measured times (NaN: C = P) */
     double val_loss, val_accuracy; /* of the last evaluation (NaN before one) */
     char best[64];               /* checkpoint of the best validation loss */
     double best_val;

@@ -408,6 +408,13 @@ static int pipeline_step(struct run *r, double scale, double *loss_sum, double *
     l->pipe_idle_sim = tr_pipe_simulate(par->schedule_kind, (int)par->pipeline,
                                         (int)par->virtual_stages, s->accum, fw, bw, &sim,
                                         &ignored) == TR_OK ? sim.bubble : NAN;
+    /* and as C stages of one chunk each: a run of P stages x V chunks
+     * measures the stage times of a pipeline C deep, so 2 stages x 4
+     * predict 8 stages from measured times rather than FLOPs */
+    l->pipe_idle_chunks = C > par->pipeline &&
+                                  tr_pipe_simulate(TR_PIPE_1F1B, C, 1, s->accum, fw, bw, &sim,
+                                                   &ignored) == TR_OK
+                              ? sim.bubble : NAN;
     *loss_sum = agree[0];
     *targets = (double)agree[4] * 4096 + (double)agree[5];
     l->agreed_stop = agree[1] > 0;
@@ -739,7 +746,8 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
     struct run *r = tr_xcalloc(1, sizeof *r);
     r->s.cfg = cfg;
     r->l.s = &r->s;
-    r->l.val_loss = r->l.best_val = r->l.stop_best = r->l.loss = r->l.pipe_idle = r->l.pipe_idle_sim = NAN;
+    r->l.val_loss = r->l.best_val = r->l.stop_best = r->l.loss = r->l.pipe_idle = r->l.pipe_idle_sim =
+        r->l.pipe_idle_chunks = NAN;
     r->flags = flags;
     tr_err err = {{0}};
     int code = TR_EXIT_ERROR, rc = TR_OK;

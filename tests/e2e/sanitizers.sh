@@ -41,7 +41,8 @@ make -j"$jobs" > build.log 2>&1 || { tail -n 40 build.log; fail "build with sani
 # tests that give trainrun bad recipes, data and checkpoints (and Hugging Face
 # directories: hf.sh; prompts past the vocabulary: sample.sh; bad JSONL records,
 # text that is not UTF-8 and encoding threads: prepare-tokenizer.sh; prompts a
-# tokenizer cannot encode, tokenizer files beside a run: sample-tokenizer.sh; and one short
+# tokenizer cannot encode, tokenizer files beside a run: sample-tokenizer.sh; the key/value
+# cache's views of rows, to the end of each context and past it: sample-cache.sh; and one short
 # case of sharded parameters over 2 and 3 ranks, whose gather schedule indexes units
 # and pages by hand: shard-gather.sh).  The others
 # (training runs to a loss, MPI, S3) are slow under ASan and add no input.
@@ -51,7 +52,7 @@ make -j"$jobs" > build.log 2>&1 || { tail -n 40 build.log; fail "build with sani
 units=$(printf 'print-units:\n\t@echo $(check_PROGRAMS)\n' | make -s -f Makefile -f - print-units)
 e2e=
 for t in cli.sh checkpoints.sh checkpoint-trust.sh rundir.sh hf.sh sample.sh prepare-tokenizer.sh \
-    sample-tokenizer.sh fifo.sh shard-gather.sh; do
+    sample-tokenizer.sh sample-cache.sh fifo.sh shard-gather.sh; do
   test -f "$TR_SRCDIR/tests/e2e/$t" && e2e="$e2e tests/e2e/$t"
 done
 
