@@ -401,6 +401,70 @@ Test(engine, optimizer_step_updates_the_descriptors_slots)
     tr_cpu_backend_free(&be);
 }
 
+/* parallel.offload = "optimizer": the state on the host, updated there by a
+ * second backend in chunks (here of 3 floats, so chunks end inside and at
+ * the decay boundary at 4 and the pipeline has several in flight), gives
+ * the same parameters and state, bit for bit, as the update in place when
+ * both backends are the CPU's; a resume's new weights (params_changed)
+ * are read back before the next update. */
+Test(engine, offloaded_optimizer_matches_the_one_in_place)
+{
+    struct tr_backend be, host;
+    cr_assert_eq(tr_cpu_backend_init(&be, 1), 0);
+    cr_assert_eq(tr_cpu_backend_init(&host, 1), 0);
+    for (int i = 0; tr_optimizers[i]; i++) {
+        const struct tr_optimizer_desc *d = tr_optimizers[i];
+        enum { N = 10 };
+        float pa[N], pb[N], grads[N];
+        for (int k = 0; k < N; k++)
+            pa[k] = pb[k] = 1.0f + 0.125f * (float)k;
+        struct tr_graph ga = {.params = pa, .grads = grads, .n_params = N, .n_decay = 4};
+        struct tr_graph gb = {.params = pb, .grads = grads, .n_params = N, .n_decay = 4};
+        struct tr_optimizer_config cfg = {.type = d->name, .lr = 0.01, .weight_decay = 0.5,
+                                          .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8,
+                                          .momentum = 0.9};
+        struct tr_optimizer a, b;
+        tr_err err = {{0}};
+        cr_assert_eq(tr_optimizer_init(&a, &cfg, &ga, &be, NULL, &err), TR_OK, "%s", err.msg);
+        cr_assert_eq(tr_optimizer_init(&b, &cfg, &gb, &be, NULL, &err), TR_OK, "%s", err.msg);
+        cr_assert_eq(tr_optimizer_offload(&b, &gb, &be, &host, 3, &err), TR_OK, "%s", err.msg);
+        cr_assert_eq(tr_optimizer_state_backend(&b, &be), &host);
+        cr_assert_eq(tr_optimizer_state_backend(&a, &be), &be);
+        for (int step = 0; step < 4; step++) {
+            for (int k = 0; k < N; k++)
+                grads[k] = 0.5f - 0.25f * (float)k + 0.1f * (float)step;
+            if (step == 2) { /* a resume writes other weights into both */
+                for (int k = 0; k < N; k++)
+                    pa[k] = pb[k] = 2.0f - 0.0625f * (float)k;
+                tr_optimizer_params_changed(&b);
+            }
+            tr_optimizer_step(&a, &ga, &be, 2.0, cfg.lr * (step + 1));
+            tr_optimizer_step(&b, &gb, &be, 2.0, cfg.lr * (step + 1));
+            cr_assert_eq(memcmp(pa, pb, sizeof pa), 0, "%s: parameters after step %d", d->name,
+                         step + 1);
+            for (int s = 0; s < d->state_slots; s++)
+                cr_assert_eq(memcmp(a.state[s], b.state[s], N * sizeof(float)), 0,
+                             "%s: slot %d after step %d", d->name, s, step + 1);
+        }
+        cr_assert_eq(a.applied, b.applied);
+        tr_optimizer_free(&a, &be);
+        tr_optimizer_free(&b, &be);
+    }
+    /* a shard level keeps only a part: refused, saying so */
+    struct tr_optimizer o;
+    struct tr_optimizer_config cfg = {.type = "adamw"};
+    struct tr_graph g = {.n_params = 8};
+    struct tr_shard shard;
+    tr_err err = {{0}};
+    tr_shard_init(&shard, 8, 4, 0, 2, TR_SHARD_OPTIMIZER);
+    cr_assert_eq(tr_optimizer_init(&o, &cfg, &g, &be, &shard, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(tr_optimizer_offload(&o, &g, &be, &host, 3, &err), TR_ERROR);
+    cr_assert_not_null(strstr(err.msg, "not with a shard level"), "%s", err.msg);
+    tr_optimizer_free(&o, &be);
+    tr_cpu_backend_free(&host);
+    tr_cpu_backend_free(&be);
+}
+
 /* The shard layout (shard.h): units a multiple of the world, equal parts,
  * the last rank the leftover of the last unit; every float owned once. */
 Test(engine, shard_layout_covers_each_float_once)

@@ -235,6 +235,9 @@ static int plan_memory(struct tr_plan *p, const struct tr_session *s, tr_err *er
     p->quantized_bytes = (double)s->g->memory.quantized;
     p->lora_rank = s->cfg->lora.enabled ? s->cfg->lora.rank : 0;
     p->memory_total = (double)tr_graph_memory_total(&s->g->memory);
+    p->host_bytes = (double)tr_fit_host_bytes(&fm, s->g->n_params);
+    if (fm.offload)
+        p->offloaded_bytes = (double)fm.optimizer_slots * (double)s->g->n_params * sizeof(float);
     if (tr_fit_measure(&fm, 2 * p->micro_batch, &twice, &total2, err) != TR_OK)
         return TR_ERROR;
     p->bytes_per_sample = ((double)total2 - p->memory_total) / (double)p->micro_batch;

@@ -52,6 +52,10 @@ struct tr_plan {
     double memory_total;
     double bytes_per_sample, fixed_bytes; /* memory ≈ fixed + micro-batch × per sample */
     double forward_bytes;   /* eval's and sample's plan at the micro-batch: forward only */
+    /* parallel.offload = "optimizer": the optimizer state moved off the
+     * device, and the host memory it and the fp32 master copy take (0, 0
+     * without offload) */
+    double offloaded_bytes, host_bytes;
     /* compute-optimal (Chinchilla) */
     double optimal_tokens, optimal_flops, optimal_steps, trained_factor;
     /* hardware, when cost.hardware is set */

@@ -257,6 +257,12 @@ static void print_memory(const struct tr_plan *p, FILE *out)
     for (size_t i = 0; i < n_rows; i++)
         row(out, rows[i].what, "%12s", fmt_bytes((double)rows[i].bytes, a, sizeof a));
     row(out, "total", "%12s", fmt_bytes(p->memory_total, a, sizeof a));
+    if (p->host_bytes > 0) {
+        row(out, "host (offload)", "%12s  (parallel.offload: the optimizer state, %s, moved off",
+            fmt_bytes(p->host_bytes, a, sizeof a), fmt_bytes(p->offloaded_bytes, b, sizeof b));
+        row(out, "", "the device, and an fp32 master copy of the parameters, %s)",
+            fmt_bytes(p->host_bytes - p->offloaded_bytes, c, sizeof c));
+    }
     row(out, "grows as", "%s + %s per sample of micro-batch", fmt_bytes(p->fixed_bytes, a, sizeof a),
         fmt_bytes(p->bytes_per_sample, b, sizeof b));
     row(out, "eval", "%12s  (forward only: no gradients or optimizer state, activations "
@@ -274,7 +280,10 @@ static void print_memory(const struct tr_plan *p, FILE *out)
                                "buckets in flight), all of the parameters",
         [TR_SHARD_PARAMETERS] = "1/%lld of the optimizer state, gradients and parameters (plus "
                                 "the units gathered or summing at once)"};
-    if (p->cost.count > 1 && p->shard_level == TR_SHARD_NONE)
+    if (p->cost.count > 1 && p->host_bytes > 0)
+        row(out, "", "(data parallel: each of the %lld devices holds all of this; offload runs "
+            "in one process only in this version)", (long long)p->cost.count);
+    else if (p->cost.count > 1 && p->shard_level == TR_SHARD_NONE)
         row(out, "", "(data parallel: each of the %lld devices holds all of this; "
             "parallel.shard = \"optimizer\" keeps 1/%lld of the optimizer state on each)",
             (long long)p->cost.count, (long long)p->cost.count);

@@ -158,6 +158,7 @@ static const struct tr_option root_options[] = {
 const char *const tr_shard_levels[] = {"none", "optimizer", "gradients", "parameters", NULL};
 /* by enum tr_pipe_kind */
 const char *const tr_pipe_kinds[] = {"gpipe", "1f1b", "interleaved", NULL};
+const char *const tr_offload_kinds[] = {"none", "optimizer", NULL};
 
 static const struct tr_option parallel_options[] = {
     OPT(TR_OPT_FLOAT, "bucket_mb", "25", 0.01, 4096,
@@ -187,6 +188,13 @@ static const struct tr_option parallel_options[] = {
     OPT(TR_OPT_INT, "micro_batches", "0", 0, 1 << 20,
         "micro-batches a step sends through the pipeline (0: batch / micro_batch / data-parallel "
         "replicas)", struct tr_parallel_config, micro_batches),
+    {TR_OPT_ENUM, "offload", "none", 0, 0, tr_offload_kinds,
+     "none; optimizer: the optimizer's state and an fp32 master copy of the parameters stay "
+     "in host memory and the CPU backend updates them (gradients down, parameters up, in "
+     "chunks): AdamW's 8 bytes a parameter off the device, 12 on the host, for GPUs short of "
+     "memory; needs a device other than cpu, one process, no shard level or pipeline "
+     "(docs/scale-out.md)",
+     offsetof(struct tr_parallel_config, offload)},
     {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
 };
 
@@ -208,6 +216,50 @@ static int resolve_shard(struct tr_config *cfg, struct tr_value *root, tr_err *e
                        "too)", where, p->shard, p->shard);
     p->shard_level = p->zero && level == TR_SHARD_NONE ? TR_SHARD_OPTIMIZER : level;
     return TR_OK;
+}
+
+/* parallel.offload: what it cannot go with yet.  The device is checked
+ * once it is known (tr_config_check_offload). */
+static int resolve_offload(struct tr_config *cfg, struct tr_value *root, tr_err *err)
+{
+    struct tr_parallel_config *p = &cfg->parallel;
+    p->offload_optimizer = strcmp(p->offload, "optimizer") == 0;
+    if (!p->offload_optimizer)
+        return TR_OK;
+    const struct tr_value *v = tr_value_child(tr_value_child(root, "parallel"), "offload");
+    char where[256] = "";
+    if (v)
+        tr_origin_format(&v->origin, where, sizeof where);
+    if (p->shard_level != TR_SHARD_NONE)
+        return tr_fail(err, "%s: parallel.offload = \"optimizer\" with shard = \"%s\" is not "
+                       "supported yet: offload keeps the whole optimizer state on the host; use "
+                       "one or the other", where, tr_shard_levels[p->shard_level]);
+    if (p->pipeline > 1)
+        return tr_fail(err, "%s: parallel.offload = \"optimizer\" with pipeline = %lld is not "
+                       "supported yet: drop one of them", where, (long long)p->pipeline);
+    return TR_OK;
+}
+
+int tr_config_check_offload(const struct tr_config *cfg, int planning, tr_err *err)
+{
+    if (!cfg->parallel.offload_optimizer)
+        return TR_OK;
+    /* a plan for a hardware profile plans for that device, whatever this
+     * machine's device is */
+    const char *hw = cfg->cost.hardware;
+    if (planning && hw && *hw && strcmp(hw, "cpu") != 0)
+        return TR_OK;
+    if (strcmp(cfg->device, "cpu") != 0)
+        return TR_OK;
+    const struct tr_value *v = tr_value_child(
+        tr_value_child(tr_recipe_root(cfg->recipe), "parallel"), "offload");
+    char where[256] = "";
+    if (v)
+        tr_origin_format(&v->origin, where, sizeof where);
+    return tr_fail(err, "%s: parallel.offload = \"optimizer\" on device = \"cpu\": nothing to "
+                   "offload to: the optimizer state is in host memory already; drop it, or run "
+                   "on a GPU (device = \"cuda\")%s", where,
+                   planning ? " or plan for one (cost.hardware)" : "");
 }
 
 /* parallel.schedule as a kind, and what it needs: virtual stages only when
@@ -335,7 +387,8 @@ static int configure_sections(struct tr_config *cfg, struct tr_value *root, tr_e
         tr_options_apply(root, "cost", "cost", &cost_use, 1, err) != TR_OK ||
         tr_options_apply(root, "optimizer", "optimizer", ou, 3, err) != TR_OK ||
         tr_options_apply(root, "early_stop", "early_stop", &eu, 1, err) != TR_OK ||
-        resolve_shard(cfg, root, err) != TR_OK || resolve_pipeline(cfg, root, err) != TR_OK)
+        resolve_shard(cfg, root, err) != TR_OK || resolve_pipeline(cfg, root, err) != TR_OK ||
+        resolve_offload(cfg, root, err) != TR_OK)
         return TR_ERROR;
     return tr_lora_configure(&cfg->lora, cfg->recipe, err);
 }
@@ -411,7 +464,7 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
         configure_sections(cfg, root, err) != TR_OK)
         return TR_ERROR;
     configure_run(cfg, root, &rc, recipe_path);
-    if (configure_plugins(cfg, root, err) != TR_OK)
+    if (tr_config_check_offload(cfg, 1, err) != TR_OK || configure_plugins(cfg, root, err) != TR_OK)
         return TR_ERROR;
     return tr_train_resolve_batch(cfg, err);
 }

@@ -59,6 +59,7 @@ extern const char *const tr_shard_levels[]; /* the recipe's words, by level; NUL
 /* Pipeline schedules (parallel.schedule; core/engine/pipeline.h). */
 enum tr_pipe_kind { TR_PIPE_GPIPE, TR_PIPE_1F1B, TR_PIPE_INTERLEAVED };
 extern const char *const tr_pipe_kinds[]; /* the recipe's words, by kind; NULL-ended */
+extern const char *const tr_offload_kinds[]; /* parallel.offload's words: none, optimizer */
 
 /* Data parallelism: how many ranks this node starts (the local launcher),
  * and how gradients travel between ranks. */
@@ -75,6 +76,10 @@ struct tr_parallel_config {
     enum tr_pipe_kind schedule_kind; /* resolved */
     int64_t virtual_stages;          /* chunks per stage V (interleaved) */
     int64_t micro_batches;           /* per step through the pipe M; 0: the accumulation's */
+    /* optimizer offload (docs/scale-out.md): the optimizer's state and an
+     * fp32 master copy of the parameters in host memory, updated there */
+    const char *offload;             /* as written: none, optimizer */
+    int offload_optimizer;           /* resolved: offload = "optimizer" */
 };
 
 /* This process among the ranks of a data-parallel job (1 of 1 alone). */
@@ -152,6 +157,9 @@ int tr_config_create_slot(struct tr_config *cfg, struct tr_slot *slot, uint32_t 
  * the comm slot is created by the run once its backend is open. */
 int tr_config_create_plugins(struct tr_config *cfg, uint32_t seq_len, tr_err *err);
 void tr_config_free(struct tr_config *cfg);
+/* parallel.offload = "optimizer" needs a device to offload from: refused
+ * on device = "cpu", unless `planning` for a cost.hardware profile. */
+int tr_config_check_offload(const struct tr_config *cfg, int planning, tr_err *err);
 
 /* Help for the core's own sections (trainrun help recipe). */
 void tr_config_help(FILE *out);

@@ -41,6 +41,9 @@ struct tr_checkpointer_config {
     /* whose state slots the optimizer blobs hold (slot k in blob k + 1),
      * under the slot names of its descriptor */
     const struct tr_optimizer_desc *optimizer;
+    /* the backend whose memory the state slots are in (NULL: be): the
+     * host's CPU backend under parallel.offload = "optimizer" */
+    const struct tr_backend *state_be;
     int64_t keep;               /* newest N kept, plus the best */
     enum tr_dtype weights_dtype;/* dtype of model.safetensors */
     int async;                  /* write in a background thread */

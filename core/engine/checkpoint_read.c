@@ -104,6 +104,12 @@ int tr_checkpointer_load(struct tr_checkpointer *c, const char *name, float *par
     struct tr_run_state sst;
     if (tr_ckpt_read_shared_state(&src, &sst, &layout, err) != TR_OK)
         return TR_ERROR;
+    if (layout && c->cfg.state_be && c->cfg.state_be != c->cfg.be) {
+        tr_ckpt_layout_free(layout);
+        return tr_fail(err, "%s was saved by ranks each writing their parts: resuming it with "
+                       "parallel.offload = \"optimizer\" is not supported yet; resume it "
+                       "without offload first and save a checkpoint of one process", name);
+    }
     if (layout) {
         struct tr_ckpt_dest dest[TR_CKPT_MAX_SLOTS] = {{params, NULL, 0}};
         for (int k = 0; k < od->state_slots; k++)
@@ -130,8 +136,9 @@ int tr_checkpointer_load(struct tr_checkpointer *c, const char *name, float *par
     if (load_tensors(g, be, data[1], size[1], "", params, 1, weights_dtype, "model.safetensors",
                      err) != TR_OK)
         goto done;
+    const struct tr_backend *state_be = c->cfg.state_be ? c->cfg.state_be : be;
     for (int k = 0; k < od->state_slots; k++)
-        if (load_tensors(g, be, data[2 + k], size[2 + k], od->state_names[k], slots[k], 0, -1,
+        if (load_tensors(g, state_be, data[2 + k], size[2 + k], od->state_names[k], slots[k], 0, -1,
                          blobs[2 + k], err) != TR_OK)
             goto done;
     *state = st;

@@ -279,7 +279,10 @@ static int open_blob(struct tr_checkpointer *c, int i, const float *params, floa
 {
     if (i == 0)
         return blob_source_open(s, c, params, c->cfg.weights_dtype, "", 1);
-    return blob_source_open(s, c, slots[i - 1], TR_F32, c->cfg.optimizer->state_names[i - 1], 0);
+    int rc = blob_source_open(s, c, slots[i - 1], TR_F32, c->cfg.optimizer->state_names[i - 1], 0);
+    if (c->cfg.state_be) /* offloaded: the same bytes, from host memory */
+        s->be = c->cfg.state_be;
+    return rc;
 }
 
 /* Blob i whole in one malloc'd buffer (NULL when out of memory): the

@@ -57,6 +57,15 @@ void tr_fit_adjust(const struct tr_fit_model *fm, const struct tr_graph *g,
             }
         }
     }
+    if (fm->offload) /* on the host (tr_fit_host_bytes) */
+        report->optimizer = 0;
+}
+
+size_t tr_fit_host_bytes(const struct tr_fit_model *fm, size_t n_params)
+{
+    if (!fm->offload)
+        return 0;
+    return ((size_t)fm->optimizer_slots + 1) * n_params * sizeof(float);
 }
 
 int tr_fit_measure(const struct tr_fit_model *fm, int64_t m, struct tr_memory_report *report,

@@ -31,6 +31,9 @@ struct tr_fit_model {
      * with the run's ranks or the plan's devices); 1: none */
     int shard_world;
     enum tr_shard_level level; /* parallel.shard's (plan: each level in turn) */
+    /* parallel.offload = "optimizer": the optimizer state (and the fp32
+     * master copy) is host memory, none of it on the device */
+    int offload;
 };
 
 /* A measured plan of graph g as the target device holds it (other_device),
@@ -40,6 +43,10 @@ struct tr_fit_model {
  * peaks). */
 void tr_fit_adjust(const struct tr_fit_model *fm, const struct tr_graph *g,
                    struct tr_memory_report *report);
+/* Host memory parallel.offload = "optimizer" takes for n_params: every
+ * state slot and the fp32 master copy, 4 bytes a parameter each (0 without
+ * offload). */
+size_t tr_fit_host_bytes(const struct tr_fit_model *fm, size_t n_params);
 
 /* The device a plan must fit: train.memory_budget, else cost.hardware's
  * memory, else 80 GiB for an unnamed accelerator, else this machine's. */

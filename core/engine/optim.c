@@ -2,8 +2,11 @@
 #include "backend.h"
 
 #include "../util/suggest.h"
+#include "../util/util.h"
 
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The optimizers themselves are described in config/optimizers.c; each
@@ -125,10 +128,17 @@ static void step_run(void *ctx, struct tr_shard_run r, size_t state_at)
     }
 }
 
+static void offload_step(struct tr_optimizer *o, struct tr_graph *g, const struct tr_backend *be,
+                         double grad_scale, double lr);
+
 void tr_optimizer_step(struct tr_optimizer *o, struct tr_graph *g, const struct tr_backend *be,
                        double grad_scale, double lr)
 {
     o->applied++;
+    if (o->offload) {
+        offload_step(o, g, be, grad_scale, lr);
+        return;
+    }
     struct step_ctx c = {o, g, be, grad_scale, lr};
     if (o->only) { /* unsharded: a run's state is at its own offset */
         for (size_t i = 0; i < o->n_only; i++)
@@ -138,10 +148,221 @@ void tr_optimizer_step(struct tr_optimizer *o, struct tr_graph *g, const struct 
     tr_optimizer_runs(o, step_run, &c);
 }
 
+static void offload_free(struct tr_optimizer *o, const struct tr_backend *be);
+
 void tr_optimizer_free(struct tr_optimizer *o, const struct tr_backend *be)
 {
-    for (int k = 0; k < TR_OPTIMIZER_MAX_SLOTS; k++)
-        if (o->state[k])
-            tr_be_free(be, o->state[k]);
+    if (o->offload) {
+        offload_free(o, be);
+    } else {
+        for (int k = 0; k < TR_OPTIMIZER_MAX_SLOTS; k++)
+            if (o->state[k])
+                tr_be_free(be, o->state[k]);
+    }
     memset(o, 0, sizeof *o);
+}
+
+/* ---- parallel.offload = "optimizer" ------------------------------------------
+ *
+ * The state and the master copy are host memory; the core does no math on
+ * them, the host's CPU backend does.  A step is a list of chunks (each
+ * within the decayed tensors or within the rest, so each keeps its weight
+ * decay), and runs as a two-stage pipeline: this thread talks to the device
+ * (the gradients of chunk i+1 down, the parameters of chunk i up), the
+ * worker updates chunk i on the host meanwhile.  Device calls stay on one
+ * thread: a backend need not take calls from two. */
+
+struct offload_chunk {
+    size_t begin, n;     /* floats of the flat buffer */
+    size_t state_at;     /* where its state starts in state[k] */
+    double weight_decay;
+};
+
+struct tr_offload {
+    const struct tr_backend *host;
+    float *master;            /* g->n_params floats, the flat buffer's layout */
+    float *grad[2];           /* chunk buffers, one downloading while one is updated */
+    size_t chunk;             /* floats a chunk at most */
+    int stale;                /* master must be read from the device first */
+    struct offload_chunk *chunks;
+    size_t n_chunks, cap;
+    /* the worker: one posted chunk at a time */
+    pthread_t thread;
+    int started;
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    int posted, finished, quit;
+    const struct tr_optimizer *o;
+    struct update_run job;
+};
+
+static void *offload_worker(void *arg)
+{
+    struct tr_offload *f = arg;
+    pthread_mutex_lock(&f->lock);
+    for (;;) {
+        while (!f->posted && !f->quit)
+            pthread_cond_wait(&f->changed, &f->lock);
+        if (f->quit)
+            break;
+        struct update_run u = f->job;
+        f->posted = 0;
+        pthread_mutex_unlock(&f->lock);
+        updates[f->o->desc->update](f->o, f->host, &u);
+        pthread_mutex_lock(&f->lock);
+        f->finished = 1;
+        pthread_cond_broadcast(&f->changed);
+    }
+    pthread_mutex_unlock(&f->lock);
+    return NULL;
+}
+
+static void offload_post(struct tr_offload *f, const struct update_run *u)
+{
+    pthread_mutex_lock(&f->lock);
+    f->job = *u;
+    f->finished = 0;
+    f->posted = 1;
+    pthread_cond_broadcast(&f->changed);
+    pthread_mutex_unlock(&f->lock);
+}
+
+static void offload_wait(struct tr_offload *f)
+{
+    pthread_mutex_lock(&f->lock);
+    while (!f->finished)
+        pthread_cond_wait(&f->changed, &f->lock);
+    pthread_mutex_unlock(&f->lock);
+}
+
+static void offload_free(struct tr_optimizer *o, const struct tr_backend *be)
+{
+    struct tr_offload *f = o->offload;
+    if (f->started) {
+        pthread_mutex_lock(&f->lock);
+        f->quit = 1;
+        pthread_cond_broadcast(&f->changed);
+        pthread_mutex_unlock(&f->lock);
+        pthread_join(f->thread, NULL);
+    }
+    pthread_mutex_destroy(&f->lock);
+    pthread_cond_destroy(&f->changed);
+    for (int k = 0; k < TR_OPTIMIZER_MAX_SLOTS; k++)
+        tr_be_host_free(be, o->state[k]);
+    tr_be_host_free(be, f->master);
+    tr_be_host_free(be, f->grad[0]);
+    tr_be_host_free(be, f->grad[1]);
+    free(f->chunks);
+    free(f);
+    o->offload = NULL;
+}
+
+int tr_optimizer_offload(struct tr_optimizer *o, const struct tr_graph *g,
+                         const struct tr_backend *be, const struct tr_backend *host,
+                         size_t chunk_floats, tr_err *err)
+{
+    if (tr_shard_sharded(&o->shard) || o->only)
+        return tr_fail(err, "parallel.offload = \"optimizer\" keeps the whole optimizer state "
+                       "on the host: not with a shard level or pipeline stages yet");
+    struct tr_offload *f = calloc(1, sizeof *f);
+    if (!f)
+        return tr_fail(err, "out of memory for the optimizer offload");
+    pthread_mutex_init(&f->lock, NULL);
+    pthread_cond_init(&f->changed, NULL);
+    f->host = host;
+    f->o = o;
+    f->stale = 1;
+    f->chunk = chunk_floats ? chunk_floats : 1;
+    /* the device's state goes; the host's takes its place, zeroed as
+     * tr_be_alloc's is */
+    for (int k = 0; k < o->desc->state_slots; k++) {
+        tr_be_free(be, o->state[k]);
+        o->state[k] = NULL;
+    }
+    o->offload = f;
+    size_t n = g->n_params ? g->n_params : 1;
+    size_t chunk = f->chunk < n ? f->chunk : n;
+    int ok = 1;
+    for (int k = 0; k < o->desc->state_slots && ok; k++)
+        if ((ok = (o->state[k] = tr_be_host_alloc(be, n * sizeof(float))) != NULL))
+            memset(o->state[k], 0, n * sizeof(float));
+    ok = ok && (f->master = tr_be_host_alloc(be, n * sizeof(float))) != NULL &&
+         (f->grad[0] = tr_be_host_alloc(be, chunk * sizeof(float))) != NULL &&
+         (f->grad[1] = tr_be_host_alloc(be, chunk * sizeof(float))) != NULL;
+    if (!ok)
+        return tr_fail(err, "out of host memory for the offloaded optimizer state (%zu "
+                       "parameters: %d bytes each); use parallel.offload = \"none\" or a "
+                       "machine with more memory", g->n_params, 4 * (o->desc->state_slots + 1));
+    if (pthread_create(&f->thread, NULL, offload_worker, f) != 0)
+        return tr_fail(err, "could not start the optimizer offload's worker thread");
+    f->started = 1;
+    return TR_OK;
+}
+
+const struct tr_backend *tr_optimizer_state_backend(const struct tr_optimizer *o,
+                                                    const struct tr_backend *be)
+{
+    return o->offload ? o->offload->host : be;
+}
+
+void tr_optimizer_params_changed(struct tr_optimizer *o)
+{
+    if (o->offload)
+        o->offload->stale = 1;
+}
+
+static void add_chunk(struct tr_offload *f, size_t b, size_t e, size_t state_at, double wd)
+{
+    for (size_t at = b; at < e; at += f->chunk) {
+        if (f->n_chunks == f->cap) {
+            size_t cap = f->cap ? 2 * f->cap : 64;
+            f->chunks = tr_xrealloc(f->chunks, cap * sizeof *f->chunks);
+            f->cap = cap;
+        }
+        size_t n = e - at < f->chunk ? e - at : f->chunk;
+        f->chunks[f->n_chunks++] = (struct offload_chunk){at, n, state_at + (at - b), wd};
+    }
+}
+
+/* step_run's split into decayed and not, as chunks */
+static void chunk_run(void *ctx, struct tr_shard_run r, size_t state_at)
+{
+    struct step_ctx *c = ctx;
+    const struct tr_optimizer *o = c->o;
+    size_t nd = c->g->n_decay;
+    size_t runs[2][2] = {{r.begin, r.end < nd ? r.end : nd}, {r.begin > nd ? r.begin : nd, r.end}};
+    for (int k = 0; k < 2; k++)
+        if (runs[k][0] < runs[k][1])
+            add_chunk(o->offload, runs[k][0], runs[k][1], state_at + (runs[k][0] - r.begin),
+                      k == 0 ? o->cfg->weight_decay : 0);
+}
+
+static void offload_step(struct tr_optimizer *o, struct tr_graph *g, const struct tr_backend *be,
+                         double grad_scale, double lr)
+{
+    struct tr_offload *f = o->offload;
+    if (f->stale) { /* the device's parameters are the truth until the first update */
+        tr_be_download(be, f->master, g->params, g->n_params * sizeof(float));
+        f->stale = 0;
+    }
+    f->n_chunks = 0;
+    struct step_ctx c = {o, g, be, grad_scale, lr};
+    tr_optimizer_runs(o, chunk_run, &c);
+    if (f->n_chunks == 0)
+        return;
+    tr_be_download(be, f->grad[0], g->grads + f->chunks[0].begin,
+                   f->chunks[0].n * sizeof(float));
+    for (size_t i = 0; i < f->n_chunks; i++) {
+        const struct offload_chunk *ch = &f->chunks[i];
+        struct update_run u = {f->master + ch->begin, f->grad[i % 2], {NULL}, ch->n,
+                               ch->weight_decay, grad_scale, lr};
+        for (int s = 0; s < o->desc->state_slots; s++)
+            u.slot[s] = o->state[s] + ch->state_at;
+        offload_post(f, &u);
+        if (i + 1 < f->n_chunks) /* while the host updates chunk i */
+            tr_be_download(be, f->grad[(i + 1) % 2], g->grads + f->chunks[i + 1].begin,
+                           f->chunks[i + 1].n * sizeof(float));
+        offload_wait(f);
+        tr_be_upload(be, g->params + ch->begin, f->master + ch->begin, ch->n * sizeof(float));
+    }
 }

@@ -27,6 +27,10 @@ struct tr_optimizer {
      * NULL: every run it owns */
     const struct tr_shard_run *only;
     size_t n_only;
+    /* parallel.offload = "optimizer" (tr_optimizer_offload): state[] and
+     * an fp32 master copy of the parameters in host memory, updated by the
+     * host's CPU backend; NULL: everything in the device backend's memory */
+    struct tr_offload *offload;
 };
 
 /* State for the parts of g's flat buffer this rank owns under shard (NULL:
@@ -43,5 +47,22 @@ void tr_optimizer_runs(const struct tr_optimizer *o,
 void tr_optimizer_step(struct tr_optimizer *o, struct tr_graph *g, const struct tr_backend *be,
                        double grad_scale, double lr);
 void tr_optimizer_free(struct tr_optimizer *o, const struct tr_backend *be);
+
+/* Move an initialised, unsharded optimizer's state to host memory (pinned
+ * where the device backend `be` offers it) and update it there with `host`,
+ * the CPU backend: each step brings the gradients down and the updated
+ * parameters up in chunks of chunk_floats, the next chunk's download
+ * overlapping the update of the current one (a worker thread).  The master
+ * copy is read from the device's parameters at the first step after this or
+ * tr_optimizer_params_changed. */
+int tr_optimizer_offload(struct tr_optimizer *o, const struct tr_graph *g,
+                         const struct tr_backend *be, const struct tr_backend *host,
+                         size_t chunk_floats, tr_err *err);
+/* The backend whose memory state[] is in: host under offload, else be. */
+const struct tr_backend *tr_optimizer_state_backend(const struct tr_optimizer *o,
+                                                    const struct tr_backend *be);
+/* The device's parameters were written (a resume): the master copy is
+ * read again before the next update. */
+void tr_optimizer_params_changed(struct tr_optimizer *o);
 
 #endif

@@ -371,6 +371,8 @@ int tr_state_resume(struct tr_session *s, struct tr_run_state *st, tr_err *err)
         tr_be_free(&s->be, full[k]);
     if (rc == 1 && restore_plugins(s, st, err) != TR_OK)
         rc = TR_ERROR;
+    if (rc == 1) /* the offloaded optimizer's master copy: the checkpoint's weights */
+        tr_optimizer_params_changed(&s->opt);
     if (rc == 1 && s->rank == 0)
         tr_log(TR_LOG_INFO, NULL, "resumed from checkpoint %s (step %llu)", name,
                (unsigned long long)st->step);

@@ -127,7 +127,8 @@ struct tr_fit_model tr_session_fit_model(const struct tr_session *s)
     int64_t ranks = s->mode == TR_SESSION_PLAN ? cfg->cost.count : s->world;
     int shard_world = cfg->parallel.shard_level != TR_SHARD_NONE && ranks > 1 ? (int)ranks : 1;
     return (struct tr_fit_model){cfg, &s->be, s->policy.compute, slots, other, shard_world,
-                                 shard_world > 1 ? cfg->parallel.shard_level : TR_SHARD_NONE};
+                                 shard_world > 1 ? cfg->parallel.shard_level : TR_SHARD_NONE,
+                                 cfg->parallel.offload_optimizer};
 }
 
 /* micro_batch = "auto": the largest that fits (fit.h).  A plan whose every
@@ -278,6 +279,35 @@ static int resolve_steps(struct tr_session *s, tr_err *err)
 
 /* ---- memory: the plan, the optimizer, the inputs ------------------------------ */
 
+/* Offload chunks: 4 MiB of gradients a chunk, two of them in flight.  Large
+ * enough that a transfer is not dominated by its fixed cost, small enough
+ * that the host's transfer buffers stay a few MiB at any model size. */
+enum { OFFLOAD_CHUNK_FLOATS = 1 << 20 };
+
+/* parallel.offload = "optimizer": the state moves to the host, updated by a
+ * second backend, the CPU's (the core does no math itself). */
+static int open_offload(struct tr_session *s, tr_err *err)
+{
+    struct tr_config *cfg = s->cfg;
+    if (tr_config_check_offload(cfg, 0, err) != TR_OK)
+        return TR_ERROR;
+    if (s->world > 1)
+        return tr_fail(err, "parallel.offload = \"optimizer\" with %d ranks is not supported "
+                       "yet (the ranks share the state through device memory): run it in one "
+                       "process, or drop parallel.offload", s->world);
+    if (tr_backend_open(&s->host_be, "cpu", (int)cfg->train.threads, NULL, err) != TR_OK ||
+        tr_optimizer_offload(&s->opt, s->g, &s->be, &s->host_be, OFFLOAD_CHUNK_FLOATS, err) !=
+            TR_OK)
+        return TR_ERROR;
+    size_t n = s->g->n_params, slots = (size_t)s->opt.desc->state_slots;
+    char buf[32];
+    tr_format_bytes((double)((slots + 1) * n * sizeof(float)), buf, sizeof buf);
+    tr_log(TR_LOG_INFO, NULL, "optimizer offloaded: its state and an fp32 master copy of the "
+           "parameters (%s) in host memory, updated by the cpu backend in chunks of %d MiB "
+           "(parallel.offload)", buf, (int)(OFFLOAD_CHUNK_FLOATS * sizeof(float) >> 20));
+    return TR_OK;
+}
+
 /* The graph's memory planned and allocated, the shard layout (units the
  * size of the gradient buckets), the optimizer state (this rank's parts
  * under a shard level) and the gradient buckets of data parallelism. */
@@ -314,8 +344,10 @@ static int plan_memory(struct tr_session *s, tr_err *err)
     if (training(s) &&
         tr_optimizer_init(&s->opt, &cfg->optimizer, s->g, &s->be, &s->shard, err) != TR_OK)
         return TR_ERROR;
+    if (training(s) && cfg->parallel.offload_optimizer && open_offload(s, err) != TR_OK)
+        return TR_ERROR;
     size_t owned = training(s) ? s->opt.owned : s->g->n_params;
-    s->g->memory.optimizer = (size_t)slots * owned * sizeof(float);
+    s->g->memory.optimizer = s->opt.offload ? 0 : (size_t)slots * owned * sizeof(float);
     if (tr_shard_sharded(&s->shard) && s->rank == 0)
         tr_log(TR_LOG_INFO, NULL, "optimizer state sharded: rank 0 keeps %zu of %zu parameters' "
                "state (parallel.shard = %s)", owned, s->g->n_params,
@@ -481,6 +513,7 @@ static int open_checkpointer(struct tr_session *s, tr_err *err)
         .g = s->g,
         .be = &s->be,
         .optimizer = s->opt.desc,
+        .state_be = tr_optimizer_state_backend(&s->opt, &s->be),
         .keep = cp->keep,
         .weights_dtype = strcmp(cp->weights_dtype, "bf16") == 0   ? TR_BF16
                          : strcmp(cp->weights_dtype, "fp16") == 0 ? TR_F16
@@ -699,6 +732,8 @@ void tr_session_close(struct tr_session *s)
     tr_topo_close(s->topo);
     if (s->be.iface) {
         tr_optimizer_free(&s->opt, &s->be);
+        if (s->host_be.iface)
+            tr_backend_close(&s->host_be);
         tr_graph_free(s->g, &s->be);
         tr_be_host_free(&s->be, s->host_inputs);
         tr_be_host_free(&s->be, s->host_targets);

@@ -58,6 +58,9 @@ struct tr_session {
     struct tr_graph *g;                 /* at micro_batch; planned (plan mode: measured) */
     struct tr_data_source data;         /* not in plan mode */
     struct tr_optimizer opt;            /* train and smoke only */
+    /* parallel.offload = "optimizer": the CPU backend that updates the
+     * optimizer's host state (opt.offload); iface NULL otherwise */
+    struct tr_backend host_be;
     struct tr_shard shard;              /* who keeps which part (parallel.shard; shard.h) */
     struct tr_gather *gather;           /* shard level parameters: the units gathered around
                                          * the nodes that read them (gather.h); else NULL */

@@ -1,0 +1,155 @@
+#!/bin/sh
+# parallel.offload = "optimizer" (docs/scale-out.md, "Optimizer offload"):
+# device=cuda through the CUDA-on-CPU harness (tests/cudacpu) with the
+# optimizer's state and master weights on the host, updated by the CPU
+# backend, against the same run with everything on the device: step by step
+# within a tight tolerance, for a GPT and a Llama; resumes across offload
+# on and off in both directions; the refusals (device=cpu, a shard level);
+# and the plan's device and host figures, for a tiny Llama and a Llama-3-8B.
+#
+# The tolerance: the host's AdamW is the CPU backend's kernel, the device's
+# the cuda backend's; they compute the same formula in another order (and
+# the CPU one vectorised), so a weight can differ in its last bit after an
+# update, and that difference is what the losses carry.  1e-5 relative is
+# two orders of magnitude above what is seen (about 1e-7) and two below what
+# a wrong step (a missed decay group, bias correction, or scale) gives.
+. "$(dirname "$0")/lib.sh"
+: "${TR_CUDACPU_DIR:?run through make check}"
+C="$TR_SRCDIR/tests/config"
+steps=12
+tol=1e-5
+recipe=$C/tiny.lua
+run() { # run DIR ARGS...: a short device=cuda run of $recipe
+  dir=$1
+  shift
+  TRAINRUN_BACKEND_PATH=$TR_CUDACPU_DIR "$TRAINRUN" "$recipe" device=cuda \
+    train.steps=$steps train.log_every=1 train.eval_every=$steps checkpoint.every=6 checkpoint.keep=3 \
+    optimizer.clip=1.0 optimizer.weight_decay=0.1 run_dir="$dir" "$@" > "$dir.txt" 2>&1 || { cat "$dir.txt"; fail "$dir: trainrun failed"; }
+}
+
+# step losses, grad norms and the validation loss of two runs agree within
+# a relative tolerance, step by step (the steps both logged)
+agree() { # agree A B TOLERANCE
+  awk -v tol="$3" -v a="$1" -v b="$2" '
+    function field(line, key,   v) {
+      if (!match(line, "\"" key "\": *[-0-9.e+]+")) return ""
+      v = substr(line, RSTART, RLENGTH); sub(/.*: */, "", v); return v
+    }
+    {
+      step = field($0, "step")
+      for (k = 1; k <= 3; k++) {
+        v = field($0, keys[k])
+        if (v == "") continue
+        if (FILENAME == ARGV[1]) want[step, keys[k]] = v
+        else if ((step, keys[k]) in want) {
+          d = v - want[step, keys[k]]; if (d < 0) d = -d
+          s = want[step, keys[k]] + 0; if (s < 0) s = -s; if (s < 1e-30) s = 1e-30
+          if (d / s > worst) { worst = d / s; what = keys[k] " at step " step }
+          n++
+        }
+      }
+    }
+    BEGIN { split("loss val_loss grad_norm", keys, " ") }
+    END {
+      if (n == 0) { printf "%s vs %s: no step in common\n", a, b; exit 1 }
+      if (worst > tol) { printf "%s vs %s: %s differs by %.3g > %g\n", a, b, what, worst, tol; exit 1 }
+      printf "%s vs %s: %d values agree (worst relative difference %.2g)\n", a, b, n, worst
+    }' "$1/metrics.jsonl" "$2/metrics.jsonl" || fail "$1 and $2 disagree"
+}
+
+ckpt() { echo "$1/checkpoints/step-$(printf %010d "$2")"; }
+
+same_weights() { # same_weights RUN_A RUN_B: bit-identical final checkpoints
+  cmp -s "$(ckpt "$1" $steps)/model.safetensors" "$(ckpt "$2" $steps)/model.safetensors" ||
+    fail "$1 and $2 trained different weights"
+  echo "$1 and $2: bit-identical weights after $steps steps"
+}
+
+# DIR: a run resumed from FROM's step-6 checkpoint, with ARGS
+resume_from_6() { # resume_from_6 DIR FROM ARGS...
+  dir=$1 from=$2
+  shift 2
+  mkdir "$dir" && cp -r "$from/checkpoints" "$dir/" && rm -r "$(ckpt "$dir" $steps)"
+  echo step-0000000006 > "$dir/checkpoints/LATEST"
+  run "$dir" --resume auto "$@"
+  grep -q "resumed from checkpoint step-0000000006" "$dir.txt" || { cat "$dir.txt"; fail "$dir did not resume"; }
+}
+
+run gpt
+run gpt_off parallel.offload=optimizer
+grep -q "optimizer offloaded: its state and an fp32 master copy" gpt_off.txt ||
+  { cat gpt_off.txt; fail "the offloaded run does not say so"; }
+agree gpt gpt_off $tol
+# the state is saved as without offload: the same blobs, names and shapes
+for f in optimizer.safetensors optimizer2.safetensors model.safetensors; do
+  [ -f "$(ckpt gpt_off 6)/$f" ] || { ls "$(ckpt gpt_off 6)"; fail "offloaded checkpoint lacks $f"; }
+  cmp -s "$(ckpt gpt 6)/$f" "$(ckpt gpt_off 6)/$f" ||
+    [ "$(wc -c < "$(ckpt gpt 6)/$f")" = "$(wc -c < "$(ckpt gpt_off 6)/$f")" ] ||
+    fail "$f: the offloaded run saved another layout"
+done
+# resumed with offload from its own checkpoint: the uninterrupted run's
+# weights, bit for bit (the host state and master copy came back exactly)
+resume_from_6 gpt_off_resumed gpt_off parallel.offload=optimizer
+same_weights gpt_off gpt_off_resumed
+# across: an offloaded run's checkpoint resumed on the device, and the other way
+resume_from_6 off_to_dev gpt_off
+agree gpt_off off_to_dev $tol
+resume_from_6 dev_to_off gpt parallel.offload=optimizer
+agree gpt dev_to_off $tol
+# SGD with momentum and weight decay too
+run sgd optimizer.type=sgd optimizer.lr=0.05 optimizer.momentum=0.9 optimizer.weight_decay=0.01
+run sgd_off optimizer.type=sgd optimizer.lr=0.05 optimizer.momentum=0.9 optimizer.weight_decay=0.01 \
+  parallel.offload=optimizer
+agree sgd sgd_off $tol
+
+# the Llama family, fp32 and bf16 compute
+recipe=$C/tiny_llama.lua
+run llama
+run llama_off parallel.offload=optimizer
+agree llama llama_off $tol
+run llama_bf16 precision=bf16
+run llama_bf16_off precision=bf16 parallel.offload=optimizer
+agree llama_bf16 llama_bf16_off 1e-4
+
+# refusals, naming the recipe line
+cat > cpu.lua <<'LUA'
+return {
+  model = gpt { vocab = 64, ctx = 8, layers = 1, heads = 2, dim = 16 },
+  data = { plugin = "synthetic", kind = "tokens", classes = 64, samples = 512 },
+  parallel = { offload = "optimizer" },
+}
+LUA
+if "$TRAINRUN" cpu.lua device=cpu train.steps=1 run_dir=cpu > cpu.txt 2>&1; then
+  cat cpu.txt; fail "parallel.offload ran on device=cpu"
+fi
+grep -q 'cpu.lua:4: parallel.offload = "optimizer" on device = "cpu": nothing to offload to: the optimizer state is in host memory already' cpu.txt ||
+  { cat cpu.txt; fail "the device=cpu refusal does not say why, or where"; }
+if TRAINRUN_BACKEND_PATH=$TR_CUDACPU_DIR "$TRAINRUN" "$C/tiny.lua" device=cuda parallel.offload=optimizer \
+     parallel.shard=optimizer train.steps=1 run_dir=shard > shard.txt 2>&1; then
+  cat shard.txt; fail "parallel.offload ran with a shard level"
+fi
+grep -q 'parallel.offload = "optimizer" with shard = "optimizer" is not supported yet' shard.txt ||
+  { cat shard.txt; fail "the shard refusal does not say why"; }
+
+# the plan: the tiny Llama's 19,616 parameters' AdamW state (2 x 4 bytes
+# each, 153.25 KiB) off the device, the host holding it and the master copy
+# (4 bytes each, 76.62 KiB)
+"$TRAINRUN" plan "$C/plan_llama.lua" > plan.txt 2>&1 || { cat plan.txt; fail "plan"; }
+"$TRAINRUN" plan "$C/plan_llama.lua" parallel.offload=optimizer > plan_off.txt 2>&1 ||
+  { cat plan_off.txt; fail "plan with offload"; }
+grep -q "optimizer state *153.25 KiB" plan.txt || { cat plan.txt; fail "plan: the state on the device"; }
+grep -q "optimizer state *0 B" plan_off.txt || { cat plan_off.txt; fail "plan: state left on the device"; }
+grep -q "host (offload) *229.88 KiB" plan_off.txt || { cat plan_off.txt; fail "plan: the host line"; }
+grep -q "optimizer state, 153.25 KiB, moved off" plan_off.txt && grep -q "fp32 master copy of the parameters, 76.62 KiB" \
+  plan_off.txt || { cat plan_off.txt; fail "plan: what the host holds"; }
+# a full fine-tune of a Llama-3-8B shape on one H100-80GB: too large with
+# the state on the device, fits without it
+sed -e '/lora =/d' "$TR_SRCDIR/recipes/qlora-llama3-8b.lua" > full8b.lua
+"$TRAINRUN" plan full8b.lua cost.hardware=h100-80gb > full8b.txt 2>&1 || { cat full8b.txt; fail "8B plan"; }
+"$TRAINRUN" plan full8b.lua cost.hardware=h100-80gb parallel.offload=optimizer > full8b_off.txt 2>&1 ||
+  { cat full8b_off.txt; fail "8B plan with offload"; }
+grep -q "on h100-80gb *DOES NOT FIT" full8b.txt || { cat full8b.txt; fail "a full 8B fits one H100?"; }
+grep -q "on h100-80gb *fits" full8b_off.txt || { cat full8b_off.txt; fail "the offloaded 8B does not fit"; }
+echo "offload: 8B: $(grep '^ *on h100-80gb' full8b.txt | tr -s ' ') -> $(grep '^ *on h100-80gb' full8b_off.txt | tr -s ' ')"
+echo "offload: 8B host: $(grep 'host (offload)' full8b_off.txt | tr -s ' ')"
+echo "offload: ok"
