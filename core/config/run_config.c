@@ -464,7 +464,7 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
         configure_sections(cfg, root, err) != TR_OK)
         return TR_ERROR;
     configure_run(cfg, root, &rc, recipe_path);
-    if (tr_config_check_offload(cfg, 1, err) != TR_OK || configure_plugins(cfg, root, err) != TR_OK)
+    if (configure_plugins(cfg, root, err) != TR_OK)
         return TR_ERROR;
     return tr_train_resolve_batch(cfg, err);
 }

@@ -631,6 +631,8 @@ static int check_micro_batches(struct tr_session *s, tr_err *err)
 
 static int open_plan(struct tr_session *s, tr_err *err)
 {
+    if (tr_config_check_offload(s->cfg, 1, err) != TR_OK)
+        return TR_ERROR;
     struct tr_fit_model fm = tr_session_fit_model(s);
     tr_graph_measure(s->g, &s->be, fm.optimizer_slots);
     tr_fit_adjust(&fm, s->g, &s->g->memory);
