@@ -195,6 +195,10 @@ static const struct tr_option parallel_options[] = {
      "memory; needs a device other than cpu, one process, no shard level or pipeline "
      "(docs/scale-out.md)",
      offsetof(struct tr_parallel_config, offload)},
+    OPT(TR_OPT_FLOAT, "offload_chunk_mb", "4", 0.001, 1024,
+        "offload = \"optimizer\" moves gradients down and parameters up in chunks of this "
+        "many MiB, two in flight: larger chunks, fewer transfers; smaller, less pinned host "
+        "memory", struct tr_parallel_config, offload_chunk_mb),
     {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
 };
 

@@ -80,6 +80,7 @@ struct tr_parallel_config {
      * fp32 master copy of the parameters in host memory, updated there */
     const char *offload;             /* as written: none, optimizer */
     int offload_optimizer;           /* resolved: offload = "optimizer" */
+    double offload_chunk_mb;         /* gradients a transfer of the offloaded update */
 };
 
 /* This process among the ranks of a data-parallel job (1 of 1 alone). */

@@ -167,10 +167,10 @@ void tr_optimizer_free(struct tr_optimizer *o, const struct tr_backend *be)
  * The state and the master copy are host memory; the core does no math on
  * them, the host's CPU backend does.  A step is a list of chunks (each
  * within the decayed tensors or within the rest, so each keeps its weight
- * decay), and runs as a two-stage pipeline: this thread talks to the device
- * (the gradients of chunk i+1 down, the parameters of chunk i up), the
- * worker updates chunk i on the host meanwhile.  Device calls stay on one
- * thread: a backend need not take calls from two. */
+ * decay), and runs as a pipeline: while the worker updates chunk i on the
+ * host, this thread talks to the device (chunk i-1's parameters up, chunk
+ * i+1's gradients down).  Device calls stay on one thread: a backend need
+ * not take calls from two. */
 
 struct offload_chunk {
     size_t begin, n;     /* floats of the flat buffer */
@@ -359,10 +359,19 @@ static void offload_step(struct tr_optimizer *o, struct tr_graph *g, const struc
         for (int s = 0; s < o->desc->state_slots; s++)
             u.slot[s] = o->state[s] + ch->state_at;
         offload_post(f, &u);
-        if (i + 1 < f->n_chunks) /* while the host updates chunk i */
+        /* while the host updates chunk i: chunk i-1's parameters up (done,
+         * and another part of the master copy) and chunk i+1's gradients
+         * down (into the buffer chunk i-1's update is done with) */
+        if (i > 0) {
+            const struct offload_chunk *prev = &f->chunks[i - 1];
+            tr_be_upload(be, g->params + prev->begin, f->master + prev->begin,
+                         prev->n * sizeof(float));
+        }
+        if (i + 1 < f->n_chunks)
             tr_be_download(be, f->grad[(i + 1) % 2], g->grads + f->chunks[i + 1].begin,
                            f->chunks[i + 1].n * sizeof(float));
         offload_wait(f);
-        tr_be_upload(be, g->params + ch->begin, f->master + ch->begin, ch->n * sizeof(float));
     }
+    const struct offload_chunk *last = &f->chunks[f->n_chunks - 1];
+    tr_be_upload(be, g->params + last->begin, f->master + last->begin, last->n * sizeof(float));
 }

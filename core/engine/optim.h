@@ -51,10 +51,10 @@ void tr_optimizer_free(struct tr_optimizer *o, const struct tr_backend *be);
 /* Move an initialised, unsharded optimizer's state to host memory (pinned
  * where the device backend `be` offers it) and update it there with `host`,
  * the CPU backend: each step brings the gradients down and the updated
- * parameters up in chunks of chunk_floats, the next chunk's download
- * overlapping the update of the current one (a worker thread).  The master
- * copy is read from the device's parameters at the first step after this or
- * tr_optimizer_params_changed. */
+ * parameters up in chunks of chunk_floats, the next chunk's download and
+ * the previous one's upload overlapping the update of the current one (a
+ * worker thread).  The master copy is read from the device's parameters at
+ * the first step after this or tr_optimizer_params_changed. */
 int tr_optimizer_offload(struct tr_optimizer *o, const struct tr_graph *g,
                          const struct tr_backend *be, const struct tr_backend *host,
                          size_t chunk_floats, tr_err *err);

@@ -279,11 +279,6 @@ static int resolve_steps(struct tr_session *s, tr_err *err)
 
 /* ---- memory: the plan, the optimizer, the inputs ------------------------------ */
 
-/* Offload chunks: 4 MiB of gradients a chunk, two of them in flight.  Large
- * enough that a transfer is not dominated by its fixed cost, small enough
- * that the host's transfer buffers stay a few MiB at any model size. */
-enum { OFFLOAD_CHUNK_FLOATS = 1 << 20 };
-
 /* parallel.offload = "optimizer": the state moves to the host, updated by a
  * second backend, the CPU's (the core does no math itself). */
 static int open_offload(struct tr_session *s, tr_err *err)
@@ -295,16 +290,19 @@ static int open_offload(struct tr_session *s, tr_err *err)
         return tr_fail(err, "parallel.offload = \"optimizer\" with %d ranks is not supported "
                        "yet (the ranks share the state through device memory): run it in one "
                        "process, or drop parallel.offload", s->world);
+    /* parallel.offload_chunk_mb (4 by default: large enough that a transfer
+     * is not its fixed cost, small enough that the host's transfer buffers
+     * stay a few MiB at any model size) */
+    size_t chunk = (size_t)(cfg->parallel.offload_chunk_mb * 1024 * 1024 / sizeof(float));
     if (tr_backend_open(&s->host_be, "cpu", (int)cfg->train.threads, NULL, err) != TR_OK ||
-        tr_optimizer_offload(&s->opt, s->g, &s->be, &s->host_be, OFFLOAD_CHUNK_FLOATS, err) !=
-            TR_OK)
+        tr_optimizer_offload(&s->opt, s->g, &s->be, &s->host_be, chunk ? chunk : 1, err) != TR_OK)
         return TR_ERROR;
     size_t n = s->g->n_params, slots = (size_t)s->opt.desc->state_slots;
     char buf[32];
     tr_format_bytes((double)((slots + 1) * n * sizeof(float)), buf, sizeof buf);
     tr_log(TR_LOG_INFO, NULL, "optimizer offloaded: its state and an fp32 master copy of the "
-           "parameters (%s) in host memory, updated by the cpu backend in chunks of %d MiB "
-           "(parallel.offload)", buf, (int)(OFFLOAD_CHUNK_FLOATS * sizeof(float) >> 20));
+           "parameters (%s) in host memory, updated by the cpu backend in chunks of %g MiB "
+           "(parallel.offload)", buf, cfg->parallel.offload_chunk_mb);
     return TR_OK;
 }
 

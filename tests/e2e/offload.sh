@@ -22,6 +22,9 @@
 C="$TR_SRCDIR/tests/config"
 steps=12
 tol=3e-6
+# chunks of 1048 floats: tiny.lua's 4464 parameters (and the Llama's 5104)
+# go through the pipeline in several, one ending at the weight-decay boundary
+off="parallel.offload=optimizer parallel.offload_chunk_mb=0.004"
 recipe=$C/tiny.lua
 run() { # run DIR ARGS...: a short device=cuda run of $recipe
   dir=$1
@@ -97,11 +100,15 @@ resume_from_6() { # resume_from_6 DIR FROM ARGS...
 }
 
 run gpt
-run gpt_off parallel.offload=optimizer
-grep -q "optimizer offloaded: its state and an fp32 master copy" gpt_off.txt ||
+run gpt_off $off
+grep -q "optimizer offloaded: its state and an fp32 master copy.*in chunks of 0.004 MiB" gpt_off.txt ||
   { cat gpt_off.txt; fail "the offloaded run does not say so"; }
 agree gpt gpt_off $tol
 close_weights gpt gpt_off
+# the chunks are a transfer's size only: one chunk (the default 4 MiB)
+# trains the same weights, bit for bit
+run gpt_off_whole parallel.offload=optimizer
+same_weights gpt_off gpt_off_whole
 # the state is saved as without offload: the same blobs, names and shapes
 for f in optimizer.safetensors optimizer2.safetensors model.safetensors; do
   [ -f "$(ckpt gpt_off 6)/$f" ] || { ls "$(ckpt gpt_off 6)"; fail "offloaded checkpoint lacks $f"; }
@@ -111,12 +118,12 @@ for f in optimizer.safetensors optimizer2.safetensors model.safetensors; do
 done
 # resumed with offload from its own checkpoint: the uninterrupted run's
 # weights, bit for bit (the host state and master copy came back exactly)
-resume_from_6 gpt_off_resumed gpt_off parallel.offload=optimizer
+resume_from_6 gpt_off_resumed gpt_off $off
 same_weights gpt_off gpt_off_resumed
 # across: an offloaded run's checkpoint resumed on the device, and the other way
 resume_from_6 off_to_dev gpt_off
 agree gpt_off off_to_dev $tol
-resume_from_6 dev_to_off gpt parallel.offload=optimizer
+resume_from_6 dev_to_off gpt $off
 agree gpt dev_to_off $tol
 # stopped by SIGTERM partway (a checkpoint at whatever step it was), then
 # resumed: with offload, the uninterrupted offloaded run's weights bit for
@@ -127,9 +134,9 @@ long() { # long DIR ARGS...: 40 steps of tiny.lua on the harness, offloaded
   TRAINRUN_BACKEND_PATH=$TR_CUDACPU_DIR ${exec_long:-} "$TRAINRUN" "$recipe" device=cuda train.steps=40 \
     train.log_every=1 checkpoint.every=10 optimizer.weight_decay=0.1 run_dir="$dir" "$@"
 }
-long straight parallel.offload=optimizer --quiet > straight.txt 2>&1 || { cat straight.txt; fail "straight"; }
+long straight $off --quiet > straight.txt 2>&1 || { cat straight.txt; fail "straight"; }
 # exec: $! is then trainrun itself, not a subshell around it
-( exec_long=exec; long stopped parallel.offload=optimizer ) > stopped.txt 2>&1 &
+( exec_long=exec; long stopped $off ) > stopped.txt 2>&1 &
 pid=$!
 while [ ! -s stopped/metrics.jsonl ] || [ "$(grep -c '"loss"' stopped/metrics.jsonl)" -lt 13 ]; do
   kill -0 $pid 2>/dev/null || break
@@ -143,7 +150,7 @@ set -e
 [ $code -eq 75 ] || [ $code -eq 0 ] || { cat stopped.txt; fail "SIGTERM exit code $code, expected 75"; }
 cp -r stopped stopped_dev
 stop_at=$(cat stopped/checkpoints/LATEST)
-long stopped parallel.offload=optimizer --resume auto --quiet > resumed.txt 2>&1 || { cat resumed.txt; fail "resume"; }
+long stopped $off --resume auto --quiet > resumed.txt 2>&1 || { cat resumed.txt; fail "resume"; }
 cmp "straight/checkpoints/$(cat straight/checkpoints/LATEST)/model.safetensors" \
   "stopped/checkpoints/$(cat stopped/checkpoints/LATEST)/model.safetensors" ||
   fail "the offloaded run stopped and resumed trained other weights"
@@ -155,18 +162,18 @@ agree straight stopped_dev $tol
 # SGD with momentum and weight decay too
 run sgd optimizer.type=sgd optimizer.lr=0.05 optimizer.momentum=0.9 optimizer.weight_decay=0.01
 run sgd_off optimizer.type=sgd optimizer.lr=0.05 optimizer.momentum=0.9 optimizer.weight_decay=0.01 \
-  parallel.offload=optimizer
+  $off
 agree sgd sgd_off $tol
 close_weights sgd sgd_off
 
 # the Llama family, fp32 and bf16 compute
 recipe=$C/tiny_llama.lua
 run llama
-run llama_off parallel.offload=optimizer
+run llama_off $off
 agree llama llama_off $tol
 close_weights llama llama_off
 run llama_bf16 precision=bf16
-run llama_bf16_off precision=bf16 parallel.offload=optimizer
+run llama_bf16_off precision=bf16 $off
 agree llama_bf16 llama_bf16_off $tol
 
 # refusals, naming the recipe line
