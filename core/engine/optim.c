@@ -5,6 +5,7 @@
 #include "../util/util.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -293,8 +294,17 @@ int tr_optimizer_offload(struct tr_optimizer *o, const struct tr_graph *g,
         return tr_fail(err, "out of host memory for the offloaded optimizer state (%zu "
                        "parameters: %d bytes each); use parallel.offload = \"none\" or a "
                        "machine with more memory", g->n_params, 4 * (o->desc->state_slots + 1));
-    if (pthread_create(&f->thread, NULL, offload_worker, f) != 0)
-        return tr_fail(err, "could not start the optimizer offload's worker thread");
+    /* the worker takes no signal: stop signals are the run's (stop_signals.h),
+     * and its OpenMP threads inherit the mask */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    int rc = pthread_create(&f->thread, NULL, offload_worker, f);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0)
+        return tr_fail(err, "could not start the optimizer offload's worker thread: %s",
+                       strerror(rc));
+    pthread_setname_np(f->thread, "trainrun-offload"); /* top -H */
     f->started = 1;
     return TR_OK;
 }
