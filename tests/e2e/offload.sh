@@ -195,6 +195,13 @@ if TRAINRUN_BACKEND_PATH=$TR_CUDACPU_DIR "$TRAINRUN" "$C/tiny.lua" device=cuda p
 fi
 grep -q 'parallel.offload = "optimizer" with shard = "optimizer" is not supported yet' shard.txt ||
   { cat shard.txt; fail "the shard refusal does not say why"; }
+"$TRAINRUN" cpu.lua parallel.pipeline=2 procs=2 train.steps=1 run_dir=pipe > pipe.txt 2>&1 &&
+  { cat pipe.txt; fail "parallel.offload ran with pipeline stages"; }
+grep -q 'cpu.lua:4: parallel.offload = "optimizer" with pipeline = 2 is not supported yet' pipe.txt ||
+  { cat pipe.txt; fail "the pipeline refusal does not say why"; }
+# a plan for this machine's cpu is refused too; for a GPU profile it plans
+"$TRAINRUN" plan cpu.lua > plan_cpu.txt 2>&1 && { cat plan_cpu.txt; fail "planned offload on the cpu"; }
+grep -q 'nothing to offload to' plan_cpu.txt || { cat plan_cpu.txt; fail "the plan's refusal"; }
 
 # the plan: the tiny Llama's 19,616 parameters' AdamW state (2 x 4 bytes
 # each, 153.25 KiB) off the device, the host holding it and the master copy
