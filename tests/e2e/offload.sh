@@ -3,9 +3,11 @@
 # device=cuda through the CUDA-on-CPU harness (tests/cudacpu) with the
 # optimizer's state and master weights on the host, updated by the CPU
 # backend, against the same run with everything on the device: step by step
-# within a tight tolerance, for a GPT and a Llama; resumes across offload
-# on and off in both directions; the refusals (device=cpu, a shard level);
-# and the plan's device and host figures, for a tiny Llama and a Llama-3-8B.
+# within a tight tolerance, for a GPT (AdamW, SGD, fp16 with skipped steps)
+# and a Llama (fp32, bf16); resumes across offload on and off in both
+# directions, and after SIGTERM bit-identical; the refusals (device=cpu, a
+# shard level, pipeline stages); and the plan's device and host figures, for
+# a tiny Llama and a Llama-3-8B.
 #
 # The tolerances: the host's update is the CPU backend's kernel, the
 # device's the cuda backend's (on the harness, its C++ on the CPU); the same
@@ -165,6 +167,16 @@ run sgd_off optimizer.type=sgd optimizer.lr=0.05 optimizer.momentum=0.9 optimize
   $off
 agree sgd sgd_off $tol
 close_weights sgd sgd_off
+
+# fp16 from a loss scale of 2^24: the overflowing steps are skipped (no
+# update, bias correction not advanced) in the same steps, and the scale
+# the update undoes is the same
+run fp16 precision.plugin=fp16 precision.init_scale=16777216
+run fp16_off precision.plugin=fp16 precision.init_scale=16777216 $off
+[ "$(last_metric fp16/metrics.jsonl skipped_steps)" -ge 1 ] || fail "fp16 from 2^24 skipped no step"
+[ "$(last_metric fp16/metrics.jsonl skipped_steps)" = "$(last_metric fp16_off/metrics.jsonl skipped_steps)" ] ||
+  fail "fp16: the offloaded run skipped other steps"
+agree fp16 fp16_off $tol
 
 # the Llama family, fp32 and bf16 compute
 recipe=$C/tiny_llama.lua
