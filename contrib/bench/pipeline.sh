@@ -24,7 +24,8 @@
 # pipeline_idle_sim_chunks_pct).
 #
 # Environment: TRAINRUN, SCHEDULES (gpipe,1f1b,interleaved), MICRO (2,4,8,16), MODEL (the
-# model overrides), DEEP_MODEL (the 8-block model of the predictions), STEPS (8).
+# model overrides), DEEP_MODEL (the 8-block model of the predictions), DEEP_ONLY (set: the
+# predictions alone), STEPS (8).
 set -euo pipefail
 name=pipeline.sh
 # shellcheck source=contrib/bench/lib.sh
@@ -36,6 +37,7 @@ STEPS=${STEPS:-8}
 say "load average before starting: $(cut -d' ' -f1-3 /proc/loadavg) (should be near 0)"
 model=${MODEL:-"model.dim=128 model.ffn_dim=384 model.layers=4 model.ctx=128"}
 
+if [ -z "${DEEP_ONLY:-}" ]; then
 printf '| schedule | M | measured idle | simulated (measured times) | theory | step time |\n'
 printf '|---|---:|---:|---:|---:|---:|\n'
 IFS=, read -ra schedules <<<"$SCHEDULES"
@@ -97,6 +99,7 @@ for p in 4 8; do
     done
 done
 say "(a Llama of 16 blocks, dim 128, for the plan; its head and embedding make the cut uneven)"
+fi
 
 # more stages than cores, from measured times: 2 stages of V chunks each
 # (interleaved) measure the times of 2V chunks of the model, one a stage of a
