@@ -24,37 +24,6 @@ run() { # run DIR DEVICE ARGS...: a short run of $recipe (tests/config/tiny.lua)
     run_dir="$dir" "$@" > "$dir.txt" 2>&1 || { cat "$dir.txt"; fail "$dir: trainrun failed"; }
 }
 
-# step losses, validation loss, accuracy, loss scale and skipped steps of
-# two runs agree within a relative tolerance, step by step (the steps both
-# logged)
-agree() { # agree A B TOLERANCE
-  awk -v tol="$3" -v a="$1" -v b="$2" '
-    function field(line, key,   v) {
-      if (!match(line, "\"" key "\": *[-0-9.e+]+")) return ""
-      v = substr(line, RSTART, RLENGTH); sub(/.*: */, "", v); return v
-    }
-    {
-      step = field($0, "step")
-      for (k = 1; k <= 5; k++) {
-        v = field($0, keys[k])
-        if (v == "") continue
-        if (FILENAME == ARGV[1]) want[step, keys[k]] = v
-        else if ((step, keys[k]) in want) {
-          d = v - want[step, keys[k]]; if (d < 0) d = -d
-          s = want[step, keys[k]] + 0; if (s < 0) s = -s; if (s < 1e-30) s = 1e-30
-          if (d / s > worst) { worst = d / s; what = keys[k] " at step " step }
-          n++
-        }
-      }
-    }
-    BEGIN { split("loss val_loss accuracy loss_scale skipped_steps", keys, " ") }
-    END {
-      if (n == 0) { printf "%s vs %s: no step in common\n", a, b; exit 1 }
-      if (worst > tol) { printf "%s vs %s: %s differs by %.3g > %g\n", a, b, what, worst, tol; exit 1 }
-      printf "%s vs %s: %d values agree (worst relative difference %.2g)\n", a, b, n, worst
-    }' "$1/metrics.jsonl" "$2/metrics.jsonl" || fail "$1 and $2 disagree"
-}
-
 same_weights() { # same_weights RUN_A RUN_B: bit-identical final checkpoints
   a=$1/checkpoints/step-$(printf %010d $steps)/model.safetensors
   b=$2/checkpoints/step-$(printf %010d $steps)/model.safetensors

@@ -97,3 +97,48 @@ mpi_job() {
   set -e
   took=$(($(date +%s) - start))
 }
+
+# metrics.jsonl's KEYS (default: step losses, validation loss, accuracy,
+# loss scale and skipped steps) of runs A and B agree within a relative
+# tolerance, step by step (the steps both logged)
+agree() { # agree A B TOLERANCE [KEYS]
+  awk -v tol="$3" -v a="$1" -v b="$2" -v names="${4:-loss val_loss accuracy loss_scale skipped_steps}" '
+    function field(line, key,   v) {
+      if (!match(line, "\"" key "\": *[-0-9.e+]+")) return ""
+      v = substr(line, RSTART, RLENGTH); sub(/.*: */, "", v); return v
+    }
+    {
+      step = field($0, "step")
+      for (k = 1; k <= nk; k++) {
+        v = field($0, keys[k])
+        if (v == "") continue
+        if (FILENAME == ARGV[1]) want[step, keys[k]] = v
+        else if ((step, keys[k]) in want) {
+          d = v - want[step, keys[k]]; if (d < 0) d = -d
+          s = want[step, keys[k]] + 0; if (s < 0) s = -s; if (s < 1e-30) s = 1e-30
+          if (d / s > worst) { worst = d / s; what = keys[k] " at step " step }
+          n++
+        }
+      }
+    }
+    BEGIN { nk = split(names, keys, " ") }
+    END {
+      if (n == 0) { printf "%s vs %s: no step in common\n", a, b; exit 1 }
+      if (worst > tol) { printf "%s vs %s: %s differs by %.3g > %g\n", a, b, what, worst, tol; exit 1 }
+      printf "%s vs %s: %d values agree (worst relative difference %.2g)\n", a, b, n, worst
+    }' "$1/metrics.jsonl" "$2/metrics.jsonl" || fail "$1 and $2 disagree"
+}
+
+# term_after PID DIR N: once DIR/metrics.jsonl logs N step losses (or PID
+# has ended), SIGTERM to PID and wait for it; its exit status in $code
+term_after() {
+  while [ ! -s "$2/metrics.jsonl" ] || [ "$(grep -c '"loss"' "$2/metrics.jsonl")" -lt "$3" ]; do
+    kill -0 "$1" 2>/dev/null || break
+    sleep 0.01
+  done
+  kill -TERM "$1" 2>/dev/null || true
+  set +e
+  wait "$1"
+  code=$?
+  set -e
+}

@@ -7,16 +7,7 @@ set -- train.steps=40 train.log_every=1 checkpoint.every=10 train.workers=2
 "$TRAINRUN" "$R" "$@" run_dir=straight --quiet
 # interrupted: SIGTERM partway, then resume
 "$TRAINRUN" "$R" "$@" run_dir=stopped train.steps=40 > /dev/null 2>&1 &
-pid=$!
-while [ ! -s stopped/metrics.jsonl ] || [ "$(grep -c '"loss"' stopped/metrics.jsonl)" -lt 12 ]; do
-  kill -0 $pid 2>/dev/null || break
-  sleep 0.01
-done
-kill -TERM $pid 2>/dev/null || true
-set +e
-wait $pid
-code=$?
-set -e
+term_after $! stopped 12
 if [ $code -ne 75 ] && [ $code -ne 0 ]; then fail "SIGTERM exit code $code, expected 75"; fi
 "$TRAINRUN" "$R" "$@" run_dir=stopped --resume auto --quiet
 a=straight/checkpoints/$(cat straight/checkpoints/LATEST)/model.safetensors
