@@ -3006,6 +3006,61 @@ Test(frozen_t, same_bits_as_the_forward_and_follows_writes)
     free(frozen), free(init), free(x), free(bias), free(want), free(got);
 }
 
+/* The same through the CPU backend, as a LoRA step runs it: a linear node
+ * whose weight is frozen, in a frozen buffer from the backend's alloc, gives
+ * tr_cpu_linear_forward's bits; a new base uploaded through the backend is
+ * what the next forward multiplies; the buffer freed and allocated again
+ * holds no stale copy. */
+Test(frozen_t, linear_node_follows_the_backend_writes)
+{
+    enum { M = 1024, IC = 64, OC = 48 };
+    rng_t rng = {1718};
+    struct tr_backend be;
+    cr_assert(tr_cpu_backend_init(&be, 2) == 0);
+    const struct tr_backend_iface *in = be.iface;
+    float *x = random_fvec(&rng, (size_t)M * IC, -1, 1), *bias = random_fvec(&rng, OC, -1, 1);
+    float *w1 = random_fvec(&rng, OC * IC, -1, 1), *w2 = random_fvec(&rng, OC * IC, -1, 1);
+    float *out = fvec((size_t)M * OC), *want = fvec((size_t)M * OC);
+    int64_t x_shape[2] = {M, IC}, w_shape[2] = {OC, IC}, b_shape[1] = {OC}, o_shape[2] = {M, OC};
+    struct tr_tensor t[4];
+    struct tr_node n = {.op = TR_OP_LINEAR, .in = {0, 1, 2}, .n_in = 3, .out = 3};
+    struct tr_graph g;
+    memset(&g, 0, sizeof g);
+    g.tensors = t, g.n_tensors = 4, g.nodes = &n, g.n_nodes = 1;
+    g.loss = -1, g.logits = -1, g.compute = TR_F32;
+    for (int round = 0; round < 2; round++) {
+        size_t bytes = (size_t)OC * IC * sizeof(float);
+        g.frozen = in->alloc(be.context, bytes);
+        g.frozen_bytes = bytes;
+        cr_assert_not_null(g.frozen);
+        tensor_init(&t[0], 2, x_shape, x, NULL);
+        tensor_init(&t[1], 2, w_shape, g.frozen, NULL);
+        t[1].role = TR_ROLE_FROZEN;
+        tensor_init(&t[2], 1, b_shape, bias, NULL);
+        tensor_init(&t[3], 2, o_shape, out, NULL);
+        g.scratch_floats = in->scratch_floats(be.context, &g, &n);
+        g.scratch = fvec(g.scratch_floats + 1);
+        if (round == 0)
+            cr_assert_eq(in->param_copy_bytes(be.context, &g),
+                         tr_cpu_sgemm_plain_b(M, OC, IC)
+                             ? (size_t)IC * tr_cpu_sgemm_plain_b_ld(OC) * sizeof(float)
+                             : 0,
+                         "the plan counts the copy where the forward reads one");
+        for (int k = 0; k < 2; k++) { /* base w1, then w2 uploaded over it */
+            const float *w = k ? w2 : w1;
+            in->upload(be.context, g.frozen, w, bytes);
+            in->forward(be.context, &g, &n);
+            tr_cpu_linear_forward(want, x, w, bias, M, IC, OC);
+            expect_bitwise(k ? "after another base was uploaded" : "the first base", out, want,
+                           (size_t)M * OC);
+        }
+        free(g.scratch);
+        in->free(be.context, g.frozen); /* round 1: a new buffer, maybe at the same address */
+    }
+    tr_cpu_backend_free(&be);
+    free(x), free(bias), free(w1), free(w2), free(out), free(want);
+}
+
 Test(optim, sgd_momentum_three_steps)
 {
     rng_t rng = {1301};
