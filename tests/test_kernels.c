@@ -10,8 +10,8 @@
  * Shapes and data come from a seeded generator, so failures reproduce.
  *
  * Covers: kernels/cpu/'s op files elementwise.c, attention.c, linear.c, gemm.c,
- * layernorm.c, rmsnorm.c, rope.c, embedding.c, loss.c, optim.c, param16.c and convert.c,
- * through backend.c; conv.c, pool.c and batchnorm.c are test_conv.c's.
+ * layernorm.c, rmsnorm.c, rope.c, embedding.c, loss.c, optim.c, param16.c, frozen_t.c
+ * and convert.c, through backend.c; conv.c, pool.c and batchnorm.c are test_conv.c's.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -2896,6 +2896,169 @@ Test(param16, follows_every_reported_write)
     tr_cpu_param16_forget(params);
     free(params);
     free(init);
+}
+
+/* The transposed copies of frozen fp32 weights (frozen_t.c): a linear
+ * forward that reads one gives tr_cpu_linear_forward's bits for any thread
+ * count; the copy follows a reported write (a base loaded again), is made
+ * only where the GEMM would transpose the weight itself, only for frozen
+ * weights in the graph's frozen buffer, and is dropped with the buffer. */
+static void expect_frozen_t(const struct tr_graph *g, const struct tr_tensor *w, int M,
+                            const char *when)
+{
+    int ld = 0;
+    const float *t = tr_cpu_frozen_t(g, w, M, &ld);
+    cr_assert_not_null(t, "%s: no transposed copy", when);
+    int OC = (int)w->shape[0], IC = (int)w->shape[1];
+    cr_assert_eq(ld, tr_cpu_sgemm_plain_b_ld(OC), "%s: ld %d", when, ld);
+    const float *x = w->data;
+    for (int k = 0; k < IC; k++)
+        for (int n = 0; n < OC; n++)
+            cr_assert_eq(t[(size_t)k * ld + n], x[(size_t)n * IC + k], "%s: [%d][%d]", when, k, n);
+}
+
+Test(frozen_t, same_bits_as_the_forward_and_follows_writes)
+{
+    enum { M = 1024, IC = 80, OC = 96 };
+    rng_t rng = {1717};
+    float *frozen = NULL;
+    size_t bytes = (size_t)(OC * IC + 64) * sizeof(float);
+    cr_assert(posix_memalign((void **)&frozen, 64, bytes) == 0);
+    float *init = random_fvec(&rng, OC * IC, -1, 1);
+    float *wd = frozen + 64; /* not at the buffer's start */
+    memcpy(wd, init, (size_t)OC * IC * sizeof(float));
+    struct tr_tensor ts[3];
+    memset(ts, 0, sizeof ts);
+    ts[0] = (struct tr_tensor){.role = TR_ROLE_ACTIVATION, .dtype = TR_F32, .ndim = 2,
+                               .shape = {M, IC}, .numel = (size_t)M * IC};
+    ts[1] = (struct tr_tensor){.role = TR_ROLE_FROZEN, .dtype = TR_F32, .ndim = 2,
+                               .shape = {OC, IC}, .numel = (size_t)OC * IC, .data = wd};
+    ts[2] = (struct tr_tensor){.role = TR_ROLE_ACTIVATION, .dtype = TR_F32, .ndim = 2,
+                               .shape = {M, OC}, .numel = (size_t)M * OC};
+    struct tr_node nodes[2];
+    memset(nodes, 0, sizeof nodes);
+    nodes[0].op = nodes[1].op = TR_OP_LINEAR; /* two linears share the weight */
+    nodes[0].in[0] = nodes[1].in[0] = 0, nodes[0].in[1] = nodes[1].in[1] = 1;
+    nodes[0].n_in = nodes[1].n_in = 2, nodes[0].out = nodes[1].out = 2;
+    struct tr_graph g;
+    memset(&g, 0, sizeof g);
+    g.tensors = ts, g.n_tensors = 3, g.nodes = nodes, g.n_nodes = 2;
+    g.frozen = frozen, g.frozen_bytes = bytes;
+    struct tr_tensor *w = &ts[1];
+
+    if (!tr_cpu_sgemm_plain_b(M, OC, IC)) { /* no AVX-512: the GEMM reads W as stored */
+        int ld;
+        cr_assert_null(tr_cpu_frozen_t(&g, w, M, &ld));
+        cr_assert_eq(tr_cpu_frozen_t_bytes(&g), 0);
+        free(frozen), free(init);
+        return;
+    }
+    cr_assert_eq(tr_cpu_frozen_t_bytes(&g),
+                 (size_t)IC * tr_cpu_sgemm_plain_b_ld(OC) * sizeof(float), "counted once");
+    expect_frozen_t(&g, w, M, "first read");
+
+    /* the forward on the copy: the plain forward's bits, for 1, 2, 3 threads */
+    float *x = random_fvec(&rng, (size_t)M * IC, -1, 1), *bias = random_fvec(&rng, OC, -1, 1);
+    float *want = malloc((size_t)M * OC * sizeof(float)), *got = malloc((size_t)M * OC * sizeof(float));
+    int saved = omp_get_max_threads();
+    for (int threads = 1; threads <= 3; threads++) {
+        omp_set_num_threads(threads);
+        for (int b = 0; b < 2; b++) {
+            const float *bb = b ? bias : NULL;
+            int ld;
+            const float *t = tr_cpu_frozen_t(&g, w, M, &ld);
+            tr_cpu_linear_forward(want, x, wd, bb, M, IC, OC);
+            tr_cpu_linear_forward_wt(got, x, t, ld, bb, M, IC, OC);
+            cr_assert(memcmp(want, got, (size_t)M * OC * sizeof(float)) == 0,
+                      "%d threads, bias %d: not the plain forward's bits", threads, b);
+        }
+    }
+    omp_set_num_threads(saved);
+
+    /* a reported write into the weight (another base loaded) is seen */
+    wd[5] = 1234.5f;
+    tr_cpu_frozen_t_written(wd + 5, sizeof(float));
+    expect_frozen_t(&g, w, M, "after an upload");
+    for (int i = 0; i < OC * IC; i++)
+        wd[i] = -wd[i];
+    tr_cpu_frozen_t_written(frozen, bytes);
+    expect_frozen_t(&g, w, M, "after a whole-buffer upload");
+
+    /* none where the GEMM would not transpose, nor for other tensors */
+    int ld;
+    cr_assert_null(tr_cpu_frozen_t(&g, w, 8, &ld), "a product too small to transpose");
+    struct tr_tensor other = *w;
+    other.role = TR_ROLE_PARAM;
+    cr_assert_null(tr_cpu_frozen_t(&g, &other, M, &ld), "a trained weight");
+    other = *w;
+    other.data = init;
+    cr_assert_null(tr_cpu_frozen_t(&g, &other, M, &ld), "outside the frozen buffer");
+    other = *w;
+    other.dtype = TR_BF16;
+    cr_assert_null(tr_cpu_frozen_t(&g, &other, M, &ld), "a 16-bit base");
+
+    /* freed and allocated again at the same address: a fresh copy */
+    tr_cpu_frozen_t_forget(frozen);
+    for (int i = 0; i < OC * IC; i++)
+        wd[i] = (float)i;
+    expect_frozen_t(&g, w, M, "after the buffer was freed and reused");
+    tr_cpu_frozen_t_forget(frozen);
+    free(frozen), free(init), free(x), free(bias), free(want), free(got);
+}
+
+/* The same through the CPU backend, as a LoRA step runs it: a linear node
+ * whose weight is frozen, in a frozen buffer from the backend's alloc, gives
+ * tr_cpu_linear_forward's bits; a new base uploaded through the backend is
+ * what the next forward multiplies; the buffer freed and allocated again
+ * holds no stale copy. */
+Test(frozen_t, linear_node_follows_the_backend_writes)
+{
+    enum { M = 1024, IC = 64, OC = 48 };
+    rng_t rng = {1718};
+    struct tr_backend be;
+    cr_assert(tr_cpu_backend_init(&be, 2) == 0);
+    const struct tr_backend_iface *in = be.iface;
+    float *x = random_fvec(&rng, (size_t)M * IC, -1, 1), *bias = random_fvec(&rng, OC, -1, 1);
+    float *w1 = random_fvec(&rng, OC * IC, -1, 1), *w2 = random_fvec(&rng, OC * IC, -1, 1);
+    float *out = fvec((size_t)M * OC), *want = fvec((size_t)M * OC);
+    int64_t x_shape[2] = {M, IC}, w_shape[2] = {OC, IC}, b_shape[1] = {OC}, o_shape[2] = {M, OC};
+    struct tr_tensor t[4];
+    struct tr_node n = {.op = TR_OP_LINEAR, .in = {0, 1, 2}, .n_in = 3, .out = 3};
+    struct tr_graph g;
+    memset(&g, 0, sizeof g);
+    g.tensors = t, g.n_tensors = 4, g.nodes = &n, g.n_nodes = 1;
+    g.loss = -1, g.logits = -1, g.compute = TR_F32;
+    for (int round = 0; round < 2; round++) {
+        size_t bytes = (size_t)OC * IC * sizeof(float);
+        g.frozen = in->alloc(be.context, bytes);
+        g.frozen_bytes = bytes;
+        cr_assert_not_null(g.frozen);
+        tensor_init(&t[0], 2, x_shape, x, NULL);
+        tensor_init(&t[1], 2, w_shape, g.frozen, NULL);
+        t[1].role = TR_ROLE_FROZEN;
+        tensor_init(&t[2], 1, b_shape, bias, NULL);
+        tensor_init(&t[3], 2, o_shape, out, NULL);
+        g.scratch_floats = in->scratch_floats(be.context, &g, &n);
+        g.scratch = fvec(g.scratch_floats + 1);
+        if (round == 0)
+            cr_assert_eq(in->param_copy_bytes(be.context, &g),
+                         tr_cpu_sgemm_plain_b(M, OC, IC)
+                             ? (size_t)IC * tr_cpu_sgemm_plain_b_ld(OC) * sizeof(float)
+                             : 0,
+                         "the plan counts the copy where the forward reads one");
+        for (int k = 0; k < 2; k++) { /* base w1, then w2 uploaded over it */
+            const float *w = k ? w2 : w1;
+            in->upload(be.context, g.frozen, w, bytes);
+            in->forward(be.context, &g, &n);
+            tr_cpu_linear_forward(want, x, w, bias, M, IC, OC);
+            expect_bitwise(k ? "after another base was uploaded" : "the first base", out, want,
+                           (size_t)M * OC);
+        }
+        free(g.scratch);
+        in->free(be.context, g.frozen); /* round 1: a new buffer, maybe at the same address */
+    }
+    tr_cpu_backend_free(&be);
+    free(x), free(bias), free(w1), free(w2), free(out), free(want);
 }
 
 Test(optim, sgd_momentum_three_steps)

@@ -44,6 +44,7 @@ static void cpu_free(void *ctx, void *p)
 {
     (void)ctx;
     tr_cpu_param16_forget(p);
+    tr_cpu_frozen_t_forget(p);
     free(p);
 }
 
@@ -51,6 +52,7 @@ static void cpu_zero(void *ctx, void *p, size_t bytes)
 {
     (void)ctx;
     tr_cpu_param16_written(p, bytes);
+    tr_cpu_frozen_t_written(p, bytes);
     memset(p, 0, bytes);
 }
 
@@ -61,6 +63,7 @@ static void cpu_discard(void *ctx, void *p, size_t bytes)
 {
     (void)ctx;
     tr_cpu_param16_written(p, bytes);
+    tr_cpu_frozen_t_written(p, bytes);
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     uintptr_t a = (uintptr_t)p, b = a + bytes;
     uintptr_t first = (a + page - 1) & ~(uintptr_t)(page - 1), last = b & ~(uintptr_t)(page - 1);
@@ -76,6 +79,7 @@ static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes)
 {
     (void)ctx;
     tr_cpu_param16_written(dst, bytes);
+    tr_cpu_frozen_t_written(dst, bytes);
     memcpy(dst, src, bytes);
 }
 
@@ -310,11 +314,14 @@ static void cpu_node_backward(void *ctx, struct tr_graph *g, const struct tr_nod
 
 /* The bf16 copy of the parameters (param16.c) that the native bf16 GEMMs
  * read a weight from, where some linear or matmul multiplies a parameter
- * (nodes.c, bf16_inputs). */
+ * (nodes.c, bf16_inputs); on the fp32 path, the transposed copies of frozen
+ * weights that linear forwards read (frozen_t.c). */
 static size_t cpu_param_copy_bytes(void *ctx, const struct tr_graph *g)
 {
     (void)ctx;
-    if (!tr_cpu_node_native_bf16(g) || g->params_sharded)
+    if (!tr_cpu_node_native_bf16(g))
+        return g->compute == TR_F32 ? tr_cpu_frozen_t_bytes(g) : 0;
+    if (g->params_sharded)
         return 0;
     for (int i = 0; i < g->n_nodes; i++) {
         const struct tr_node *n = &g->nodes[i];

@@ -190,6 +190,16 @@ static int copy_b_whole(int trans_b, int M, int N, int K)
            tr_cpu_avx512f();
 }
 
+int tr_cpu_sgemm_plain_b(int M, int N, int K)
+{
+    return copy_b_whole(1, M, N, K);
+}
+
+int tr_cpu_sgemm_plain_b_ld(int N)
+{
+    return padded_ld(N);
+}
+
 /* Room for the plain-row copy of B that copy_b_whole asks for, ld *ld; NULL
  * where none is wanted or it cannot be allocated (the tiles then read B as
  * it is stored). */

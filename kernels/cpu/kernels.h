@@ -36,6 +36,14 @@ void tr_cpu_sgemm_serial(int trans_a, int trans_b, int M, int N, int K, float al
                          const float *A, int lda, const float *B, int ldb, float beta, float *C,
                          int ldc);
 
+/* Whether tr_cpu_sgemm runs C[M,N] = A B^T (B stored transposed, [N, K])
+ * on a copy of B in plain rows, K x tr_cpu_sgemm_plain_b_ld(N) floats, that
+ * it makes on every call; a caller that holds such a copy already (a frozen
+ * weight's, frozen_t.c) passes it with trans_b 0 and that ld instead, for the
+ * same bits. */
+int tr_cpu_sgemm_plain_b(int M, int N, int K);
+int tr_cpu_sgemm_plain_b_ld(int N);
+
 /* The same products with bf16 inputs (bit patterns, as tr_f32_to_bf16 makes
  * them), fp32 products, sums and C; alpha 1, beta 0 or 1.  oneDNN matmul
  * primitives run them, one per tile of the sgemm's grid, so results do not
@@ -145,6 +153,11 @@ static inline void tr_cpu_act_write(struct tr_cpu_act a, size_t i, size_t n, con
 /* ---- linear: out[N,OC] = inp[N,IC] @ w[OC,IC]^T + bias[OC] (bias may be NULL) */
 void tr_cpu_linear_forward(float *out, const float *inp, const float *w, const float *bias, int N,
                            int IC, int OC);
+/* The same with w given transposed, as wt[IC, ldw] (ldw >= OC): bitwise
+ * tr_cpu_linear_forward's result where tr_cpu_sgemm_plain_b(N, OC, IC) and
+ * ldw is tr_cpu_sgemm_plain_b_ld(OC) (the copy it would have made). */
+void tr_cpu_linear_forward_wt(float *out, const float *inp, const float *wt, int ldw,
+                              const float *bias, int N, int IC, int OC);
 /* dinp += dout @ w;  dw += dout^T @ inp;  dbias += sum over rows of dout
  * (write: bits 0, 1, 2 for dinp, dw, dbias) */
 void tr_cpu_linear_backward(float *dinp, float *dw, float *dbias, const float *dout,
@@ -481,6 +494,19 @@ void tr_cpu_param16_written(const void *p, size_t bytes);
 void tr_cpu_param16_forget(const void *p);
 /* The bytes a copy of n_params parameters takes (what the memory plan counts). */
 size_t tr_cpu_param16_bytes(size_t n_params);
+
+/* ---- Transposed copies of frozen fp32 linear weights (frozen_t.c), for
+ * the forward GEMM.  tr_cpu_frozen_t: frozen weight t of g ([out, in]) as
+ * tr_cpu_sgemm's plain-row copy of B (in x *ld), made on first use and kept
+ * up to date here, when a forward over M rows would transpose it (else NULL:
+ * the caller runs the product as before).  The backend reports writes into
+ * its memory through tr_cpu_frozen_t_written and frees through
+ * tr_cpu_frozen_t_forget, as for the bf16 copies above;
+ * tr_cpu_frozen_t_bytes is what g's copies take (the memory plan). */
+const float *tr_cpu_frozen_t(const struct tr_graph *g, const struct tr_tensor *t, int M, int *ld);
+void tr_cpu_frozen_t_written(const void *p, size_t bytes);
+void tr_cpu_frozen_t_forget(const void *p);
+size_t tr_cpu_frozen_t_bytes(const struct tr_graph *g);
 
 /* ---- The CPU backend (backend.c).  The core opens it by name, "cpu",
  * through tr_cpu_backend_module (kernels/backend.h); tests call these. */

@@ -55,18 +55,23 @@ static const void *at(const struct gemm_kind *k, const void *base, size_t i)
     return (const char *)base + i * k->elem;
 }
 
+/* out = the bias rows, where there is a bias; the beta for the GEMM that
+ * then accumulates onto them */
+static float bias_start(float *out, const float *bias, int N, int OC)
+{
+    if (bias == NULL)
+        return 0.0f;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++)
+            out[(size_t)n * OC + o] = bias[o];
+    return 1.0f;
+}
+
 static void linear_forward(const struct gemm_kind *k, float *out, const void *inp, const void *w,
                            const float *bias, int N, int IC, int OC)
 {
-    float beta = 0.0f;
-    if (bias != NULL) {
-        /* start from the bias and let the GEMM accumulate onto it */
-#pragma omp parallel for schedule(static)
-        for (int n = 0; n < N; n++)
-            for (int o = 0; o < OC; o++)
-                out[(size_t)n * OC + o] = bias[o];
-        beta = 1.0f;
-    }
+    float beta = bias_start(out, bias, N, OC);
     /* out[N,OC] (+)= inp[N,IC] @ w[OC,IC]^T */
     k->threaded(0, 1, N, OC, IC, inp, IC, w, IC, beta, out, OC);
 }
@@ -87,6 +92,14 @@ void tr_cpu_linear_forward(float *out, const float *inp, const float *w, const f
                            int IC, int OC)
 {
     linear_forward(&F32, out, inp, w, bias, N, IC, OC);
+}
+
+void tr_cpu_linear_forward_wt(float *out, const float *inp, const float *wt, int ldw,
+                              const float *bias, int N, int IC, int OC)
+{
+    float beta = bias_start(out, bias, N, OC);
+    /* out[N,OC] (+)= inp[N,IC] @ wt[IC,OC] */
+    tr_cpu_sgemm(0, 0, N, OC, IC, 1.0f, inp, IC, wt, ldw, beta, out, OC);
 }
 
 void tr_cpu_linear_backward(float *dinp, float *dw, float *dbias, const float *dout,

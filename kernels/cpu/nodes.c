@@ -292,6 +292,15 @@ static void linear_forward(struct tr_graph *g, const struct tr_node *n)
     if (half_gemm(g)) {
         x = rounded(g, g->scratch, x, T(0)->numel);
         w = rounded(g, g->scratch + T(0)->numel, w, T(1)->numel);
+    } else {
+        /* a frozen weight: its transposed copy, made once (frozen_t.c) */
+        int ldw;
+        const float *wt = tr_cpu_frozen_t(g, T(1), rows(T(0)), &ldw);
+        if (wt != NULL) {
+            tr_cpu_linear_forward_wt(F(OUT), x, wt, ldw, n->n_in == 3 ? F(T(2)) : NULL,
+                                     rows(T(0)), cols(T(0)), (int)T(1)->shape[0]);
+            return;
+        }
     }
     tr_cpu_linear_forward(F(OUT), x, w, n->n_in == 3 ? F(T(2)) : NULL, rows(T(0)), cols(T(0)),
                           (int)T(1)->shape[0]);
