@@ -15,12 +15,7 @@
 #      timeout option, naming it
 # (mpi.sh and parallel.sh run comm_check whole, groups included.)
 . "$(dirname "$0")/lib.sh"
-CHECK=$TR_BUILDDIR/tests/comm_check
-[ -x "$CHECK" ] || fail "$CHECK was not built"
-MPI=${TR_PLUGIN_BUILD_DIR:-}/comm_mpi.so
-TCP=${TR_PLUGIN_BUILD_DIR:-}/comm_tcp.so
-unset TRAINRUN_RANK TRAINRUN_WORLD_SIZE TRAINRUN_LOCAL_RANK TRAINRUN_LOCAL_WORLD_SIZE \
-  SLURM_PROCID SLURM_NTASKS SLURM_LOCALID TRAINRUN_MASTER TRAINRUN_RENDEZVOUS_FILE
+comm_check_env
 
 passes() { grep -c ': PASS' "$1" || true; }
 checked="allreduce_group passes among pairs (ring neighbours and not) and overlapping groups"

@@ -142,3 +142,15 @@ term_after() {
   code=$?
   set -e
 }
+
+# comm_check_env: CHECK (tests/comm_check; the test fails where it was not
+# built), MPI and TCP (the comm plugins as built), and no launcher's rank
+# variables: the ranks come from mpirun or from tcp_check here
+comm_check_env() {
+  CHECK=$TR_BUILDDIR/tests/comm_check
+  [ -x "$CHECK" ] || fail "$CHECK was not built"
+  MPI=${TR_PLUGIN_BUILD_DIR:-}/comm_mpi.so
+  TCP=${TR_PLUGIN_BUILD_DIR:-}/comm_tcp.so
+  unset TRAINRUN_RANK TRAINRUN_WORLD_SIZE TRAINRUN_LOCAL_RANK TRAINRUN_LOCAL_WORLD_SIZE \
+    SLURM_PROCID SLURM_NTASKS SLURM_LOCALID TRAINRUN_MASTER TRAINRUN_RENDEZVOUS_FILE
+}

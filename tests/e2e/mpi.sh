@@ -22,12 +22,8 @@ command -v mpirun > /dev/null 2>&1 || skip "mpirun not found: apt-get install op
 PLUGIN=${TR_PLUGIN_BUILD_DIR:-}/comm_mpi.so
 [ -f "$PLUGIN" ] ||
   skip "comm_mpi.so was not built (configure found no Open MPI: install libopenmpi-dev)"
-CHECK=$TR_BUILDDIR/tests/comm_check
-[ -x "$CHECK" ] || fail "$CHECK was not built"
-
 # ranks come from mpirun here, not from a surrounding launcher
-unset TRAINRUN_RANK TRAINRUN_WORLD_SIZE TRAINRUN_LOCAL_RANK TRAINRUN_LOCAL_WORLD_SIZE \
-  SLURM_PROCID SLURM_NTASKS SLURM_LOCALID TRAINRUN_MASTER TRAINRUN_RENDEZVOUS_FILE
+comm_check_env
 # run_job NAME NP ARGS...: lib.sh's mpi_job, then its exit and duration said
 run_job() {
   mpi_job "$@"
