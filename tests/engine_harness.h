@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "compare.h"
+#include "slurp.h"
 
 /* Plugins and trainrun's Lua library from the build and source trees. */
 static inline void environment(void)
@@ -71,16 +72,7 @@ static inline void engine_close(struct engine *e)
 /* The whole file, NUL-terminated (a text file reads as a string). */
 static inline void *read_file(const char *path, size_t *size)
 {
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    *size = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc(*size + 1);
-    cr_assert_eq(fread(buf, 1, *size, f), *size);
-    buf[*size] = '\0';
-    fclose(f);
-    return buf;
+    return tr_test_slurp(path, size);
 }
 
 /* A safetensors file and the bytes it points into. */

@@ -14,6 +14,7 @@
 #endif
 #include <criterion/criterion.h>
 #include "scratch.h"
+#include "slurp.h"
 #include <trainrun/plugin.h>
 #include <trainrun/tokens.h>
 
@@ -65,17 +66,10 @@ static void make_tmp(void)
 
 static char *read_all(const char *path, size_t *size)
 {
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot read %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    cr_assert_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
-    buf[n] = '\0';
-    fclose(f);
+    size_t n;
+    char *buf = tr_test_slurp(path, &n);
     if (size)
-        *size = (size_t)n;
+        *size = n;
     return buf;
 }
 
