@@ -139,10 +139,11 @@ void tr_graph_forward_rows(struct tr_graph *g, const struct tr_backend *be, int 
         for (int j = 0; j < k; j++) {
             struct tr_tensor *x = &g->tensors[t[j]];
             saved[j] = *x;
+            int d = tr_sequence_dim(x, T);
             if (rule == TR_ROWS_TABLE && t[j] == n->in[1])
                 view_rows(x, -1, T, from, to);
-            else if (tr_sequence_dim(x, T) >= 0)
-                view_rows(x, tr_sequence_dim(x, T), T, from, to);
+            else if (d >= 0)
+                view_rows(x, d, T, from, to);
         }
         tr_be_forward(be, g, n);
         for (int j = 0; j < k; j++)
