@@ -346,7 +346,12 @@ struct tr_backend_iface {
      * n->write_grad_mask.  The core asks for each gradient's first writer
      * once, when it plans g; where the answer is 0 it zeroes the gradient
      * before that node, as for a backend without the slot.  Saves a pass
-     * over each such gradient (and its zeros read back). */
+     * over each such gradient (and its zeros read back).  Where an add
+     * writes in[k]'s gradient and nothing else reads in[k], the plan gives
+     * that gradient the add's output gradient's own buffer (they are equal):
+     * the add's backward then finds in[k]'s grad at its output gradient's
+     * address and has nothing to write there (writing it onto itself is
+     * harmless, but a pass). */
     int (*writes_grad)(void *ctx, const struct tr_graph *g, const struct tr_node *n, int k);
     /* Optional (ABI 6): store n = t->numel fp32 values from host memory
      * into frozen tensor t's data in its storage type: F32 as is, BF16 and

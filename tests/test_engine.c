@@ -1361,6 +1361,69 @@ Test(fresh_gradients, first_writers_write_what_zeroed_buffers_accumulate, .init 
     cr_assert_gt(written, 0, "no node writes a gradient: the CPU backend's writes_grad is unused");
 }
 
+/* An add's input that nothing else reads shares the add's output gradient
+ * (graph_plan.c's grad_alias): the branch of each residual add here.  The
+ * same graph on a backend that only adds gradients (its iface cut short
+ * before writes_grad: the core zeroes them, so nothing can share) gets the
+ * same parameter gradients, bit for bit, over two micro-batches. */
+Test(fresh_gradients, an_adds_sole_reader_input_shares_its_output_gradient, .init = environment)
+{
+    const char *recipes[] = {CONFIG_DIR "tiny_gpt.lua", CONFIG_DIR "tiny_llama.lua"};
+    const enum tr_dtype computes[] = {TR_F32, TR_BF16};
+    for (size_t r = 0; r < sizeof recipes / sizeof *recipes; r++)
+        for (size_t c = 0; c < sizeof computes / sizeof *computes; c++) {
+            struct engine shared, apart;
+            struct tr_backend_iface adds_only;
+            tr_err err = {{0}};
+            engine_open_compute(&shared, recipes[r], 3, computes[c]);
+            memset(&apart, 0, sizeof apart);
+            cr_assert_eq(tr_config_load(&apart.cfg, recipes[r], NULL, 0, &err), TR_OK, "%s",
+                         err.msg);
+            cr_assert_eq(tr_cpu_backend_init(&apart.be, 0), 0);
+            const struct tr_backend_iface *cpu = apart.be.iface;
+            adds_only = *cpu;
+            adds_only.struct_size = offsetof(struct tr_backend_iface, writes_grad);
+            apart.be.iface = &adds_only;
+            apart.g = tr_model_build(apart.cfg.recipe, 3, &err);
+            cr_assert_not_null(apart.g, "%s", err.msg);
+            apart.g->compute = computes[c];
+            cr_assert_eq(tr_graph_plan(apart.g, &apart.be, 2, &err), TR_OK, "%s", err.msg);
+            int aliased = 0, aliased_apart = 0;
+            for (int i = 0; i < shared.g->n_nodes; i++) {
+                const struct tr_node *n = &shared.g->nodes[i], *m = &apart.g->nodes[i];
+                for (int k = 0; n->op == TR_OP_ADD && k < n->n_in; k++) {
+                    const struct tr_tensor *x = &shared.g->tensors[n->in[k]];
+                    int readers = 0;
+                    for (int j = 0; j < shared.g->n_nodes; j++)
+                        for (int k2 = 0; k2 < shared.g->nodes[j].n_in; k2++)
+                            readers += shared.g->nodes[j].in[k2] == n->in[k];
+                    int same = x->grad != NULL && x->grad == shared.g->tensors[n->out].grad;
+                    cr_assert_eq(same, x->grad != NULL && readers == 1,
+                                 "%s: input %s (%d readers) %s its output's gradient", n->name,
+                                 x->name, readers, same ? "shares" : "does not share");
+                    aliased += same;
+                    aliased_apart += apart.g->tensors[m->in[k]].grad != NULL &&
+                                     apart.g->tensors[m->in[k]].grad ==
+                                         apart.g->tensors[m->out].grad;
+                }
+            }
+            cr_assert_gt(aliased, 0, "%s: no add's input shares a gradient", recipes[r]);
+            cr_assert_eq(aliased_apart, 0, "gradients shared where the backend only adds");
+            two_micro_batches(&shared, 1, recipes[r]);
+            two_micro_batches(&apart, 0, recipes[r]);
+            for (size_t i = 0; i < shared.g->n_params; i++)
+                cr_assert(shared.g->grads[i] == apart.g->grads[i],
+                          "%s, %s: gradient %zu is %.9g shared, %.9g apart", recipes[r],
+                          computes[c] == TR_F32 ? "fp32" : "bf16", i,
+                          (double)shared.g->grads[i], (double)apart.g->grads[i]);
+            engine_close(&shared);
+            tr_graph_free(apart.g, &apart.be);
+            apart.g = NULL;
+            apart.be.iface = cpu;
+            engine_close(&apart);
+        }
+}
+
 /* ---- tr_comm_sendrecv over a comm plugin made here ------------------------- */
 
 static struct {

@@ -151,6 +151,7 @@ struct layout {
     int *shared;         /* in the recompute arena (a recomputed segment's internals) */
     struct interval *iv; /* activation gradients in the gradient arena */
     int n_iv;
+    int *grad_alias;     /* -1, or the tensor whose gradient buffer tensor i shares */
     size_t act_bytes, in_bytes, grad_arena;
 };
 
@@ -360,36 +361,85 @@ static void place_forward(const struct tr_graph *g, struct layout *l, struct tr_
     free(last);
 }
 
+/* The gradient of an add's input that nothing else reads is the add's output
+ * gradient, value for value (d(a + b)/da = 1): the two get one buffer, and
+ * the add's backward has nothing to write there (the backend sees in[k]'s
+ * gradient at its output gradient's address and leaves it: a copy onto
+ * itself at worst).  An adapter's base output and its update are such inputs
+ * (adapters.c), as the branch output of each residual add.  Only where the
+ * backend writes the add's input gradients (writes_grad): one that adds
+ * would have the core zero them first, the output gradient with them.
+ * Returns the tensor whose buffer tensor t takes, or -1. */
+static int grad_alias(const struct tr_graph *g, const struct tr_backend *be, const int *needs,
+                      const int *reads, const int *reader, int t)
+{
+    const struct tr_tensor *x = &g->tensors[t];
+    if (!needs[t] || x->role != TR_ROLE_ACTIVATION || reads[t] != 1)
+        return -1;
+    const struct tr_node *n = &g->nodes[reader[t]];
+    if (n->op != TR_OP_ADD || n->n_in != 2 || n->in[0] == n->in[1] || !needs[n->out] ||
+        g->tensors[n->out].role != TR_ROLE_ACTIVATION)
+        return -1;
+    int k = n->in[0] == t ? 0 : 1;
+    return tr_be_writes_grad(be, g, n, k) ? n->out : -1;
+}
+
 /* activation gradients: live from their first writer (the last consumer,
  * first in backward) to their producer's backward; buffers with disjoint
- * lifetimes share memory. */
-static void place_activation_grads(const struct tr_graph *g, struct layout *l,
-                                   struct tr_memory_report *m)
+ * lifetimes share memory, and an add's input shares its output's
+ * (grad_alias) for both their lifetimes. */
+static void place_activation_grads(const struct tr_graph *g, const struct tr_backend *be,
+                                   struct layout *l, struct tr_memory_report *m)
 {
     l->iv = tr_xcalloc((size_t)g->n_tensors, sizeof *l->iv);
     l->n_iv = 0;
     int last = g->n_nodes - 1;
-    for (int i = 0; i < g->n_tensors; i++) {
-        const struct tr_tensor *t = &g->tensors[i];
-        if (!l->needs[i] || t->role != TR_ROLE_ACTIVATION)
-            continue;
-        int last_consumer = -1;
-        for (int j = 0; j < g->n_nodes; j++)
-            for (int k = 0; k < g->nodes[j].n_in; k++)
-                if (g->nodes[j].in[k] == i)
-                    last_consumer = j;
-        if (last_consumer < 0) {
-            l->needs[i] = 0; /* feeds nothing: no gradient arrives */
-            continue;
+    int *reads = tr_xcalloc((size_t)g->n_tensors, sizeof *reads);
+    int *reader = tr_xcalloc((size_t)g->n_tensors, sizeof *reader); /* the last */
+    int *at = tr_xcalloc((size_t)g->n_tensors, sizeof *at);           /* index in iv */
+    for (int j = 0; j < g->n_nodes; j++)
+        for (int k = 0; k < g->nodes[j].n_in; k++) {
+            reads[g->nodes[j].in[k]]++;
+            reader[g->nodes[j].in[k]] = j;
         }
-        struct interval *v = &l->iv[l->n_iv++];
+    for (int i = 0; i < g->n_tensors; i++)
+        if (l->needs[i] && g->tensors[i].role == TR_ROLE_ACTIVATION && reads[i] == 0)
+            l->needs[i] = 0; /* feeds nothing: no gradient arrives */
+    l->grad_alias = tr_xcalloc((size_t)g->n_tensors, sizeof *l->grad_alias);
+    for (int i = 0; i < g->n_tensors; i++)
+        l->grad_alias[i] = grad_alias(g, be, l->needs, reads, reader, i);
+    /* outputs before inputs: an alias's own buffer is settled when an
+     * input of the add that made it asks for it (chains of adds) */
+    for (int i = g->n_tensors - 1; i >= 0; i--) {
+        const struct tr_tensor *t = &g->tensors[i];
+        at[i] = -1;
+        if (!l->needs[i] || t->role != TR_ROLE_ACTIVATION || l->grad_alias[i] >= 0)
+            continue;
+        struct interval *v = &l->iv[l->n_iv];
+        at[i] = l->n_iv++;
         v->tensor = i;
-        v->start = last - last_consumer;
+        v->start = last - reader[i];
         v->end = last - t->producer;
         v->bytes = align64(t->numel * sizeof(float));
     }
+    /* each alias to its root, which lives until the alias's producer runs
+     * backward too */
+    for (int i = 0; i < g->n_tensors; i++) {
+        if (l->grad_alias[i] < 0)
+            continue;
+        int r = l->grad_alias[i];
+        while (l->grad_alias[r] >= 0)
+            r = l->grad_alias[r];
+        l->grad_alias[i] = r;
+        struct interval *v = &l->iv[at[r]];
+        if (last - g->tensors[i].producer > v->end)
+            v->end = last - g->tensors[i].producer;
+    }
     l->grad_arena = pack_intervals(l->iv, l->n_iv);
     m->activation_grads = l->grad_arena;
+    free(reads);
+    free(reader);
+    free(at);
 }
 
 /* scratch (the largest any node asks for) and the backend's parameter copies */
@@ -467,6 +517,9 @@ static void bind_tensors(struct tr_graph *g, const struct layout *l)
     }
     for (int i = 0; i < l->n_iv; i++)
         g->tensors[l->iv[i].tensor].grad = (float *)((char *)g->grad_arena + l->iv[i].offset);
+    for (int i = 0; l->grad_alias && i < g->n_tensors; i++)
+        if (l->grad_alias[i] >= 0)
+            g->tensors[i].grad = g->tensors[l->grad_alias[i]].grad;
 }
 
 /* The plan: the memory report always, and with allocate the arenas and each
@@ -486,7 +539,7 @@ static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_s
         l.needs = gradient_flow(g);
         place_params(g, optimizer_slots, 0, m);
         place_activations(g, &l, m);
-        place_activation_grads(g, &l, m);
+        place_activation_grads(g, be, &l, m);
     }
     size_scratch(g, be, m);
     int rc = TR_OK;
@@ -501,6 +554,7 @@ static int plan(struct tr_graph *g, const struct tr_backend *be, int optimizer_s
     free(l.slot);
     free(l.shared);
     free(l.iv);
+    free(l.grad_alias);
     return rc;
 }
 

@@ -53,9 +53,15 @@ void tr_cpu_add_forward_act(struct tr_cpu_act out, struct tr_cpu_act a, struct t
 }
 
 /* da and db may be the same buffer (x + x): both updates then land in it
- * (the core never asks to write a gradient that an op reads twice). */
+ * (the core never asks to write a gradient that an op reads twice).  One
+ * that is dout's own buffer (the plan gives an input nothing else reads the
+ * output's gradient: graph_plan.c's grad_alias) already holds it. */
 void tr_cpu_add_backward(float *da, float *db, const float *dout, size_t n, unsigned write)
 {
+    if (da == dout)
+        da = NULL;
+    if (db == dout)
+        db = NULL;
     if (da != NULL) {
         int w = (write & 1u) != 0;
 #pragma omp parallel for schedule(static)
