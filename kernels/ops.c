@@ -155,14 +155,22 @@ static int linear_shape(const struct tr_graph *g, struct tr_node *n,
     if (in[1]->shape[1] != last_dim(in[0]))
         FAIL("input '%s' %s has %lld features but weight '%s' %s expects %lld", in[0]->name, a,
              (long long)last_dim(in[0]), in[1]->name, b, (long long)in[1]->shape[1]);
-    if (n->n_in == 3 && (in[2]->ndim != 1 || in[2]->shape[0] != in[1]->shape[0])) {
-        char b[64];
-        shape_text(in[2], b, sizeof b);
-        FAIL("bias '%s' %s must be [%lld], one per output feature of weight '%s'", in[2]->name, b,
-             (long long)in[1]->shape[0], in[1]->name);
-    }
     produce(s, in[0]->shape, in[0]->ndim);
     s->shape[in[0]->ndim - 1] = in[1]->shape[0];
+    /* b: a bias [out], or an addend of the output's shape (tr_linear_addend) */
+    int addend = n->n_in == 3 && in[2]->ndim == s->ndim && s->ndim >= 2;
+    for (int d = 0; addend && d < s->ndim; d++)
+        addend = in[2]->shape[d] == s->shape[d];
+    if (n->n_in == 3 && !addend && (in[2]->ndim != 1 || in[2]->shape[0] != in[1]->shape[0])) {
+        char b[64], o[64];
+        struct tr_tensor out = {.ndim = s->ndim};
+        memcpy(out.shape, s->shape, sizeof out.shape);
+        shape_text(in[2], b, sizeof b);
+        shape_text(&out, o, sizeof o);
+        FAIL("bias '%s' %s must be [%lld], one per output feature of weight '%s', or an addend "
+             "of the output's shape %s", in[2]->name, b, (long long)in[1]->shape[0], in[1]->name,
+             o);
+    }
     return 0;
 }
 
@@ -595,6 +603,13 @@ const struct tr_op_desc tr_ops[TR_OP_COUNT] = {
     [TR_OP_DROPOUT] = {"dropout", 1, 1, NULL, 0, {"x"}, 0, 1u, A(P), same_shape, BOTH,
                        "Graph:dropout", 1u | TR_BWD_OUT},
 };
+
+int tr_op_grad_is_dout(const struct tr_graph *g, const struct tr_node *n, int k)
+{
+    if (n->op == TR_OP_ADD)
+        return k == 0 || k == 1;
+    return k == 2 && tr_linear_addend(g, n);
+}
 
 /* The ops of language models run in windows (sample's key/value cache);
  * matmul's rows mix over its batch dimension, the image ops have none */

@@ -154,6 +154,24 @@ enum tr_rows_rule {
 };
 enum tr_rows_rule tr_op_rows(enum tr_op op);
 
+/* Whether linear node n's third input is an addend of its output's shape
+ * (out = b + x w^T, b's gradient dout itself; a LoRA adapter's update onto
+ * its base output, core/engine/adapters.c) rather than a bias [out] (b's
+ * gradient the column sums of dout).  A checked node's b is one or the
+ * other; a one-row linear's [out] is the bias, which is the same sum. */
+static inline int tr_linear_addend(const struct tr_graph *g, const struct tr_node *n)
+{
+    if (n->op != TR_OP_LINEAR || n->n_in != 3)
+        return 0;
+    const struct tr_tensor *b = &g->tensors[n->in[2]], *out = &g->tensors[n->out];
+    return b->ndim == out->ndim && b->ndim >= 2;
+}
+
+/* Whether in[k]'s gradient is node n's output gradient itself, value for
+ * value: an add's inputs, a linear's addend.  The memory plan gives such an
+ * input read by n alone the output gradient's buffer (graph_plan.c). */
+int tr_op_grad_is_dout(const struct tr_graph *g, const struct tr_node *n, int k);
+
 /* Every op, indexed by enum tr_op. */
 extern const struct tr_op_desc tr_ops[TR_OP_COUNT];
 

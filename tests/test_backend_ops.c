@@ -249,12 +249,15 @@ static void build_unary(struct tr_graph *g, enum tr_dtype dt, const int *d, enum
 static void build_gelu(struct tr_graph *g, enum tr_dtype dt, const int *d) { build_unary(g, dt, d, TR_OP_GELU); }
 static void build_relu(struct tr_graph *g, enum tr_dtype dt, const int *d) { build_unary(g, dt, d, TR_OP_RELU); }
 
-/* dims: B, T, IC, OC, bias */
+/* dims: B, T, IC, OC, bias (1: a bias [OC]; 2: an addend of the output's
+ * shape, out = b + x w^T, ops.h's tr_linear_addend) */
 static void build_linear(struct tr_graph *g, enum tr_dtype dt, const int *d)
 {
     int x = param(g, "x", dt, 3, shape(d[0], d[1], d[2]));
     int w = param(g, "w", dt, 2, shape(d[3], d[2], 0));
-    int b = d[4] ? param(g, "b", dt, 1, shape(d[3], 0, 0)) : -1;
+    int b = d[4] == 2   ? param(g, "b", dt, 3, shape(d[0], d[1], d[3]))
+            : d[4] == 1 ? param(g, "b", dt, 1, shape(d[3], 0, 0))
+                        : -1;
     int out = activation(g, dt, 3, shape(d[0], d[1], d[3]));
     add_node(g, (struct tr_node){.op = TR_OP_LINEAR, .name = "linear", .in = {x, w, b},
                                  .n_in = d[4] ? 3 : 2, .out = out});
@@ -693,6 +696,11 @@ static void run_case(const struct op_case *oc)
     X(linear_f16_inputs, build_linear, TR_F32, TR_F16, TOL_HALF_GEMM, 2, 9, 40, 24, 1) \
     X(linear_bf16, build_linear, TR_BF16, TR_BF16, TOL_BF16, 2, 9, 40, 24, 1) \
     X(linear_f16, build_linear, TR_F16, TR_F16, TOL_F16, 2, 9, 40, 24, 1) \
+    X(linear_addend_f32, build_linear, TR_F32, TR_F32, TOL_F32, 2, 9, 40, 24, 2) \
+    X(linear_addend_odd_sizes_f32, build_linear, TR_F32, TR_F32, TOL_F32, 3, 5, 33, 17, 2) \
+    X(linear_addend_bf16_inputs, build_linear, TR_F32, TR_BF16, TOL_HALF_GEMM, 2, 9, 40, 24, 2) \
+    X(linear_addend_bf16, build_linear, TR_BF16, TR_BF16, TOL_BF16, 2, 9, 40, 24, 2) \
+    X(linear_addend_f16, build_linear, TR_F16, TR_F16, TOL_F16, 2, 9, 40, 24, 2) \
     /* dims: batch (0: 2-D), M, K, N, trans_b */ \
     X(matmul_batched_f32, build_matmul, TR_F32, TR_F32, TOL_F32, 3, 7, 16, 9, 0) \
     X(matmul_batched_trans_b_f32, build_matmul, TR_F32, TR_F32, TOL_F32, 3, 7, 16, 9, 1) \

@@ -738,6 +738,75 @@ Test(gemm_bf16, linear_forward_out16_is_the_rounded_forward)
     }
 }
 
+/* A linear onto an addend (out = addend + inp w^T, ops.h's
+ * tr_linear_addend): into bf16, the bits of the fp32 forward plus the bf16
+ * addend rounded once; into fp32, within the rounding of the sum's order of
+ * the forward plus the addend; the fp32 one likewise, also with the weight
+ * given transposed and with the addend as out itself; any thread count,
+ * over one tile and a grid of them. */
+Test(gemm_bf16, linear_onto_an_addend_is_the_forward_plus_it)
+{
+    rng_t rng = {118};
+    const int shapes[][3] = {{1, 8, 3}, {37, 96, 200}, {1300, 16, 700}};
+    int saved_threads = omp_get_max_threads();
+    int bf16 = tr_cpu_gemm_bf16_available();
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int N = shapes[s][0], IC = shapes[s][1], OC = shapes[s][2];
+        size_t n_in = (size_t)N * IC, n_w = (size_t)OC * IC, n_out = (size_t)N * OC;
+        float *inp = random_fvec(&rng, n_in, -1, 1), *w = random_fvec(&rng, n_w, -1, 1);
+        float *addend = random_fvec(&rng, n_out, -4, 4), *wt = fvec(n_w);
+        for (int o = 0; o < OC; o++)
+            for (int i = 0; i < IC; i++)
+                wt[(size_t)i * OC + o] = w[(size_t)o * IC + i];
+        uint16_t *inp_h = to_bf16_vec(inp, n_in), *w_h = to_bf16_vec(w, n_w);
+        uint16_t *addend_h = to_bf16_vec(addend, n_out);
+        float *plain = fvec(n_out), *plain16 = fvec(n_out);
+        tr_cpu_linear_forward(plain, inp, w, NULL, N, IC, OC);
+        if (bf16)
+            tr_cpu_linear_forward_bf16(plain16, inp_h, w_h, NULL, N, IC, OC);
+        for (int t = 1; t <= 3; t++) {
+            omp_set_num_threads(t);
+            float *got = fvec(n_out), *got_t = fvec(n_out), *in_place = fvec(n_out);
+            memcpy(in_place, addend, n_out * sizeof *in_place);
+            tr_cpu_linear_forward_onto(got, inp, w, NULL, 0, addend, N, IC, OC);
+            tr_cpu_linear_forward_onto(got_t, inp, NULL, wt, OC, addend, N, IC, OC);
+            tr_cpu_linear_forward_onto(in_place, inp, w, NULL, 0, in_place, N, IC, OC);
+            for (size_t i = 0; i < n_out; i++) {
+                float want = addend[i] + plain[i];
+                float tol = 1e-6f * (fabsf(addend[i]) + fabsf(plain[i]) + (float)IC);
+                cr_assert(fabsf(got[i] - want) <= tol && fabsf(got_t[i] - want) <= tol &&
+                              got[i] == in_place[i],
+                          "%dx%dx%d, %d threads, [%zu]: %.9g (transposed weight %.9g, in place "
+                          "%.9g), the forward plus the addend %.9g", N, IC, OC, t, i,
+                          (double)got[i], (double)got_t[i], (double)in_place[i], (double)want);
+            }
+            if (bf16) {
+                uint16_t *got16 = malloc(n_out * sizeof *got16);
+                cr_assert(got16 != NULL, "out of memory");
+                tr_cpu_linear_forward_bf16_onto(NULL, got16, inp_h, w_h, addend_h, N, IC, OC);
+                float *got32 = fvec(n_out);
+                tr_cpu_linear_forward_bf16_onto(got32, NULL, inp_h, w_h, addend, N, IC, OC);
+                for (size_t i = 0; i < n_out; i++) {
+                    float sum = tr_bf16_to_f32(addend_h[i]) + plain16[i];
+                    cr_assert_eq(got16[i], tr_f32_to_bf16(sum),
+                                 "%dx%dx%d, %d threads, [%zu]: bf16 %#x, not the rounded sum %.9g",
+                                 N, IC, OC, t, i, got16[i], (double)sum);
+                    float want = addend[i] + plain16[i];
+                    cr_assert(fabsf(got32[i] - want) <=
+                                  1e-6f * (fabsf(addend[i]) + fabsf(plain16[i]) + (float)IC),
+                              "%dx%dx%d, %d threads, [%zu]: fp32 %.9g, not %.9g", N, IC, OC, t,
+                              i, (double)got32[i], (double)want);
+                }
+                free(got16), free(got32);
+            }
+            free(got), free(got_t), free(in_place);
+        }
+        omp_set_num_threads(saved_threads);
+        free(inp), free(w), free(wt), free(addend), free(inp_h), free(w_h), free(addend_h);
+        free(plain), free(plain16);
+    }
+}
+
 /* dout to bf16 and the bias gradient in one pass: the bits of
  * tr_cpu_to_bf16 and of the column sums taken row by row in float, on every
  * elementwise path this CPU runs (portable, AVX2, AVX-512: the vector paths

@@ -165,26 +165,26 @@ Test(lora_graph, only_the_adapters_train, .init = lora_environment, .fini = lora
     }
     /* 2 layers x (q: A 4x32 + B 32x4, v: A 4x32 + B 16x4) */
     cr_assert_eq(trained, 2 * (4 * 32 + 32 * 4 + 4 * 32 + 16 * 4));
-    /* each adapter's add (base output + update): its inputs, read by it
-     * alone, take its output's gradient buffer (graph_plan.c's grad_alias),
-     * so its backward copies nothing.  (Layer 0's base outputs need no
-     * gradient: nothing before them trains.) */
-    int adds = 0, shared = 0;
+    /* each adapter's lora_B goes onto its base output (the linear's addend,
+     * ops.h), whose gradient is the output's own buffer (graph_plan.c's
+     * grad_alias): no add node, nothing copied.  (Layer 0's base outputs
+     * need no gradient: nothing before them trains.) */
+    int onto = 0, shared = 0;
     for (int i = 0; i < g->n_nodes; i++) {
         const struct tr_node *n = &g->nodes[i];
         size_t len = strlen(n->name);
-        if (n->op != TR_OP_ADD || len < 5 || strcmp(n->name + len - 5, ".lora") != 0)
+        cr_assert(len < 5 || strcmp(n->name + len - 5, ".lora") != 0, "%s: an adapter's add",
+                  n->name);
+        if (!tr_linear_addend(g, n))
             continue;
-        adds++;
-        for (int k = 0; k < 2; k++) {
-            const float *grad = g->tensors[n->in[k]].grad;
-            cr_assert(grad == NULL || grad == g->tensors[n->out].grad,
-                      "%s: input %d has a gradient buffer of its own", n->name, k);
-            shared += grad != NULL;
-        }
+        onto++;
+        const float *grad = g->tensors[n->in[2]].grad;
+        cr_assert(grad == NULL || grad == g->tensors[n->out].grad,
+                  "%s: its addend has a gradient buffer of its own", n->name);
+        shared += grad != NULL;
     }
-    cr_assert_eq(adds, 4);
-    cr_assert_eq(shared, 6, "base outputs of layer 1 and the 4 updates share");
+    cr_assert_eq(onto, 4);
+    cr_assert_eq(shared, 2, "layer 1's base outputs share their adapter's output gradient");
     cr_assert_eq(g->n_params, trained);
     cr_assert_eq(g->memory.grads, trained * sizeof(float));
     cr_assert_eq(g->memory.optimizer, 2 * trained * sizeof(float));

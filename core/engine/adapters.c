@@ -1,7 +1,7 @@
 /*
  * LoRA as a graph rewrite (adapters.h): which linears are adapted, which
- * parameters freeze and in what storage, and the four nodes each adapter
- * adds after its linear.
+ * parameters freeze and in what storage, and the nodes each adapter adds
+ * after its linear (dropout, lora_A, the scale, lora_B onto the base output).
  */
 #include "adapters.h"
 
@@ -312,8 +312,6 @@ static int add_adapter(struct rewrite *rw, struct nodes *ns, struct tr_node l)
     int a = activation_like(g, name, &g->tensors[y], r);
     snprintf(name, sizeof name, "%s.lora_scale", module);
     int a_s = activation_like(g, name, &g->tensors[y], r);
-    snprintf(name, sizeof name, "%s.lora_B", module);
-    int d = activation_like(g, name, &g->tensors[y], out_f);
     l.out = y_base;
     push(ns, &l);
     if (lc->dropout > 0) { /* on the adapter's input alone, as PEFT's lora_dropout */
@@ -326,8 +324,13 @@ static int add_adapter(struct rewrite *rw, struct nodes *ns, struct tr_node l)
     adapter_node(ns, TR_OP_LINEAR, module, ".lora_A", x, A, a, l.segment, 0);
     adapter_node(ns, TR_OP_SCALE, module, ".lora_scale", a, -1, a_s, l.segment,
                  (float)tr_lora_scale(lc));
-    adapter_node(ns, TR_OP_LINEAR, module, ".lora_B", a_s, B, d, l.segment, 0);
-    adapter_node(ns, TR_OP_ADD, module, ".lora", y_base, d, y, l.segment, 0);
+    /* y = y_base + a_s B^T: the base output is the linear's addend (ops.h,
+     * tr_linear_addend), so the product goes onto it tile by tile and its
+     * gradient is y's own buffer (graph_plan.c): no add, and no update
+     * tensor written for an add to read back */
+    adapter_node(ns, TR_OP_LINEAR, module, ".lora_B", a_s, B, y, l.segment, 0);
+    ns->v[ns->n - 1].in[2] = y_base;
+    ns->v[ns->n - 1].n_in = 3;
     free(module);
     return TR_OK;
 }

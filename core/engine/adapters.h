@@ -12,11 +12,14 @@
  *     y_base = linear(x, W, b)                  "<module>"          [..,out]
  *     a      = linear(dropout(x), A)            "<module>.lora_A"   [..,r]
  *     a_s    = scale(a, s)                      "<module>.lora_scale"
- *     d      = linear(a_s, B)                   "<module>.lora_B"   [..,out]
- *     y      = add(y_base, d)                   "<module>.lora"     [..,out]
+ *     y      = linear(a_s, B, y_base)           "<module>.lora_B"   [..,out]
  *
  * (PEFT computes lora_B(lora_A(dropout(x))) * s: the same sum, the scale
  * applied to the r-wide product, where it costs r instead of out per row.)
+ * lora_B's third input is an addend (ops.h, tr_linear_addend): y = y_base
+ * + a_s B^T with the product going onto the base output tile by tile, and
+ * y_base's gradient is y's own buffer (graph_plan.c's grad_alias), so the
+ * update is never written out for an add to read back.
  *
  * Every other parameter becomes TR_ROLE_FROZEN (no gradient, no optimizer
  * state, not in the clip norm) except those of modules_to_save, trained in

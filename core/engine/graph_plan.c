@@ -361,15 +361,16 @@ static void place_forward(const struct tr_graph *g, struct layout *l, struct tr_
     free(last);
 }
 
-/* The gradient of an add's input that nothing else reads is the add's output
- * gradient, value for value (d(a + b)/da = 1): the two get one buffer, and
- * the add's backward has nothing to write there (the backend sees in[k]'s
- * gradient at its output gradient's address and leaves it: a copy onto
- * itself at worst).  An adapter's base output and its update are such inputs
- * (adapters.c), as the branch output of each residual add.  Only where the
- * backend writes the add's input gradients (writes_grad): one that adds
- * would have the core zero them first, the output gradient with them.
- * Returns the tensor whose buffer tensor t takes, or -1. */
+/* An input whose gradient is its reader's output gradient value for value
+ * (an add's inputs, d(a + b)/da = 1; a linear's addend: tr_op_grad_is_dout)
+ * and that nothing else reads gets that output gradient's buffer: the
+ * reader's backward then finds in[k]'s gradient at its output gradient's
+ * address and has nothing to write there (a copy onto itself at worst).
+ * A LoRA adapter's base output is such an input (adapters.c), as is the
+ * branch output of each residual add.  Only where the backend writes that
+ * gradient (writes_grad): one that adds would have the core zero it first,
+ * the output's gradient with it.  Returns the tensor whose buffer tensor t
+ * takes, or -1. */
 static int grad_alias(const struct tr_graph *g, const struct tr_backend *be, const int *needs,
                       const int *reads, const int *reader, int t)
 {
@@ -377,11 +378,12 @@ static int grad_alias(const struct tr_graph *g, const struct tr_backend *be, con
     if (!needs[t] || x->role != TR_ROLE_ACTIVATION || reads[t] != 1)
         return -1;
     const struct tr_node *n = &g->nodes[reader[t]];
-    if (n->op != TR_OP_ADD || n->n_in != 2 || n->in[0] == n->in[1] || !needs[n->out] ||
-        g->tensors[n->out].role != TR_ROLE_ACTIVATION)
+    if (!needs[n->out] || g->tensors[n->out].role != TR_ROLE_ACTIVATION)
         return -1;
-    int k = n->in[0] == t ? 0 : 1;
-    return tr_be_writes_grad(be, g, n, k) ? n->out : -1;
+    for (int k = 0; k < n->n_in; k++)
+        if (n->in[k] == t)
+            return tr_op_grad_is_dout(g, n, k) && tr_be_writes_grad(be, g, n, k) ? n->out : -1;
+    return -1;
 }
 
 /* activation gradients: live from their first writer (the last consumer,

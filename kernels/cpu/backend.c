@@ -192,10 +192,14 @@ static int native_half(const struct tr_graph *g, const struct tr_node *n, int k)
         return k == 0;
     case TR_OP_LAYERNORM: /* the input and the output */
         return k == 0 || k == n->n_in;
-    case TR_OP_LINEAR: /* the two GEMM operands, and a bf16 output (linear_out16);
+    case TR_OP_LINEAR: /* the two GEMM operands, and a bf16 output (linear_out16)
+                        * with a bf16 addend (its tiles start as the addend's);
                         * an NF4 weight dequantised straight to bf16 (bf16_of) */
         if (k == n->n_in)
             return tr_cpu_node_linear_out16(g, n);
+        if (k == 2)
+            return tr_linear_addend(g, n) && tr_cpu_node_linear_out16(g, n) &&
+                   T(2)->dtype == TR_BF16;
         return k < 2 && tr_cpu_node_native_bf16(g) &&
                (T(k)->dtype == TR_BF16 || (k == 1 && T(k)->dtype == TR_NF4));
     case TR_OP_MATMUL: /* the two GEMM operands; the GEMM's output is fp32 */
@@ -225,6 +229,8 @@ static void fp32_copies(const struct tr_graph *g, const struct tr_node *n, int b
         if (backward && (out ? tr_cpu_ops[n->op].backward_skips_output
                             : tr_cpu_ops[n->op].backward_skips_inputs))
             continue;
+        if (backward && n->op == TR_OP_LINEAR && k == 2 && !out)
+            continue; /* its bias or addend: backward reads only dout for it */
         int seen = 0;
         for (int i = 0; i < c->n; i++)
             seen |= c->tensor[i] == id;

@@ -124,15 +124,30 @@ static int padded_ld(int rows)
     return ld % 128 == 0 ? ld + 16 : ld;
 }
 
-/* Tile number `tile_index` of the grid, counted along rows of tiles. */
+/* Rows x cols of C0 (elem bytes each, ldc apart, as C) copied into C from
+ * row i0, column j0: a tile's start where the product goes onto C0. */
+static void copy_tile(void *C, const void *C0, size_t elem, int ldc, int i0, int j0, int rows,
+                      int cols)
+{
+    if (C0 == NULL || C0 == C)
+        return;
+    for (int i = i0; i < i0 + rows; i++)
+        memcpy((char *)C + ((size_t)i * ldc + j0) * elem,
+               (const char *)C0 + ((size_t)i * ldc + j0) * elem, (size_t)cols * elem);
+}
+
+/* Tile number `tile_index` of the grid, counted along rows of tiles; with
+ * C0, the tile starts as C0's (beta is then 1: the product goes onto it
+ * while the tile is in cache). */
 static void sgemm_tile(int tile_index, struct tile_grid grid, int trans_a, int trans_b, int M,
                        int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
-                       float beta, float *C, int ldc)
+                       float beta, const float *C0, float *C, int ldc)
 {
     int i0 = (tile_index / grid.tiles_n) * grid.rows;
     int j0 = (tile_index % grid.tiles_n) * grid.cols;
     int rows = M - i0 < grid.rows ? M - i0 : grid.rows;
     int cols = N - j0 < grid.cols ? N - j0 : grid.cols;
+    copy_tile(C, C0, sizeof *C, ldc, i0, j0, rows, cols);
     /* rows of op(A) are rows of A, or columns when A is stored transposed */
     const float *A_tile = trans_a ? A + i0 : A + (size_t)i0 * lda;
     /* columns of op(B) are columns of B, or rows when B is stored transposed */
@@ -221,6 +236,10 @@ static void transpose_b(float *dst, int ld, const float *B, int ldb, int n0, int
     }
 }
 
+static void sgemm_threaded(int trans_a, int trans_b, int M, int N, int K, float alpha,
+                           const float *A, int lda, const float *B, int ldb, float beta,
+                           const float *C0, float *C, int ldc);
+
 void tr_cpu_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
                   int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
@@ -230,6 +249,25 @@ void tr_cpu_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, co
         scale_c(M, N, beta, C, ldc);
         return;
     }
+    sgemm_threaded(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, NULL, C, ldc);
+}
+
+void tr_cpu_sgemm_onto(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
+                       const float *B, int ldb, const float *C0, float *C, int ldc)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    if (K <= 0) {
+        copy_tile(C, C0, sizeof *C, ldc, 0, 0, M, N);
+        return;
+    }
+    sgemm_threaded(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C0, C, ldc);
+}
+
+static void sgemm_threaded(int trans_a, int trans_b, int M, int N, int K, float alpha,
+                           const float *A, int lda, const float *B, int ldb, float beta,
+                           const float *C0, float *C, int ldc)
+{
     struct tile_grid grid = gemm_tile_grid(M, N);
     int tiles = grid.tiles_m * grid.tiles_n;
     int ld;
@@ -249,7 +287,7 @@ void tr_cpu_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, co
 #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < tiles; t++)
             sgemm_tile(t, grid, trans_a, trans_b_use, M, N, K, alpha, A, lda, B_use, ldb_use, beta,
-                       C, ldc);
+                       C0, C, ldc);
     }
     free(copy);
 }
@@ -279,7 +317,7 @@ void tr_cpu_sgemm_serial(int trans_a, int trans_b, int M, int N, int K, float al
     int saved_threads = omp_get_max_threads();
     omp_set_num_threads(1);
     for (int t = 0; t < tiles; t++)
-        sgemm_tile(t, grid, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        sgemm_tile(t, grid, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, NULL, C, ldc);
     omp_set_num_threads(saved_threads);
     free(copy);
 }
@@ -570,12 +608,20 @@ static void bf16_single(int trans_a, int trans_b, int M, int N, int K, const uin
  * against 343-365 GFLOP/s). */
 static void bf16_tile(int tile_index, struct tile_grid grid, int trans_a, int trans_b, int M, int N,
                       int K, const uint16_t *A, int lda, const uint16_t *B, int ldb,
-                      const float *bias, int accumulate, float *C, int ldc, uint16_t *C16)
+                      const float *bias, int accumulate, const void *C0, float *C, int ldc,
+                      uint16_t *C16)
 {
     int i0 = (tile_index / grid.tiles_n) * grid.rows;
     int j0 = (tile_index % grid.tiles_n) * grid.cols;
     int rows = M - i0 < grid.rows ? M - i0 : grid.rows;
     int cols = N - j0 < grid.cols ? N - j0 : grid.cols;
+    if (C0 != NULL) { /* the tile starts as C0's, in C's type: the product goes onto it */
+        if (C != NULL)
+            copy_tile(C, C0, sizeof *C, ldc, i0, j0, rows, cols);
+        else
+            copy_tile(C16, C0, sizeof *C16, ldc, i0, j0, rows, cols);
+        accumulate = 1;
+    }
     const uint16_t *A_tile = trans_a ? A + i0 : A + (size_t)i0 * lda;
     const uint16_t *B_tile = trans_b ? B + (size_t)j0 * ldb : B + j0;
     const float *bias_tile = bias != NULL ? bias + j0 : NULL;
@@ -603,7 +649,7 @@ static int bf16_accumulate(float beta)
  * tile also rounded into it (bf16_tile).  K > 0. */
 static void bf16_threaded(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A,
                           int lda, const uint16_t *B, int ldb, const float *bias, int accumulate,
-                          float *C, int ldc, uint16_t *C16)
+                          const void *C0, float *C, int ldc, uint16_t *C16)
 {
     struct tile_grid grid = gemm_tile_grid(M, N);
     int tiles = grid.tiles_m * grid.tiles_n;
@@ -612,8 +658,8 @@ static void bf16_threaded(int trans_a, int trans_b, int M, int N, int K, const u
         omp_set_num_threads(1); /* this task's oneDNN calls run on this thread alone */
 #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < tiles; t++)
-            bf16_tile(t, grid, trans_a, trans_b, M, N, K, A, lda, B, ldb, bias, accumulate, C, ldc,
-                      C16);
+            bf16_tile(t, grid, trans_a, trans_b, M, N, K, A, lda, B, ldb, bias, accumulate, C0, C,
+                      ldc, C16);
     }
 }
 
@@ -627,7 +673,7 @@ void tr_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const uint1
         scale_c(M, N, beta, C, ldc);
         return;
     }
-    bf16_threaded(trans_a, trans_b, M, N, K, A, lda, B, ldb, NULL, accumulate, C, ldc, NULL);
+    bf16_threaded(trans_a, trans_b, M, N, K, A, lda, B, ldb, NULL, accumulate, NULL, C, ldc, NULL);
 }
 
 void tr_cpu_gemm_bf16_bias(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A,
@@ -647,7 +693,23 @@ void tr_cpu_gemm_bf16_bias(int trans_a, int trans_b, int M, int N, int K, const 
             }
         return;
     }
-    bf16_threaded(trans_a, trans_b, M, N, K, A, lda, B, ldb, bias, 0, C, ldc, C16);
+    bf16_threaded(trans_a, trans_b, M, N, K, A, lda, B, ldb, bias, 0, NULL, C, ldc, C16);
+}
+
+void tr_cpu_gemm_bf16_onto(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A,
+                           int lda, const uint16_t *B, int ldb, const void *C0, float *C, int ldc,
+                           uint16_t *C16)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    if (K <= 0) {
+        if (C != NULL)
+            copy_tile(C, C0, sizeof *C, ldc, 0, 0, M, N);
+        else
+            copy_tile(C16, C0, sizeof *C16, ldc, 0, 0, M, N);
+        return;
+    }
+    bf16_threaded(trans_a, trans_b, M, N, K, A, lda, B, ldb, NULL, 1, C0, C, ldc, C16);
 }
 
 void tr_cpu_gemm_bf16_serial(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A,
@@ -665,8 +727,8 @@ void tr_cpu_gemm_bf16_serial(int trans_a, int trans_b, int M, int N, int K, cons
     int saved_threads = omp_get_max_threads();
     omp_set_num_threads(1);
     for (int t = 0; t < tiles; t++)
-        bf16_tile(t, grid, trans_a, trans_b, M, N, K, A, lda, B, ldb, NULL, accumulate, C, ldc,
-                  NULL);
+        bf16_tile(t, grid, trans_a, trans_b, M, N, K, A, lda, B, ldb, NULL, accumulate, NULL, C,
+                  ldc, NULL);
     omp_set_num_threads(saved_threads);
 }
 

@@ -36,6 +36,14 @@ void tr_cpu_sgemm_serial(int trans_a, int trans_b, int M, int N, int K, float al
                          const float *A, int lda, const float *B, int ldb, float beta, float *C,
                          int ldc);
 
+/* C = C0 + op(A) op(B) (C0 in C's layout, ldc; it may be C itself): each
+ * tile of C starts as C0's and the product goes onto it while the tile is
+ * in cache, one pass over memory where a product and then an add make
+ * three.  The same tiles and sums as tr_cpu_sgemm with beta 1 on a copy of
+ * C0. */
+void tr_cpu_sgemm_onto(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
+                       const float *B, int ldb, const float *C0, float *C, int ldc);
+
 /* Whether tr_cpu_sgemm runs C[M,N] = A B^T (B stored transposed, [N, K])
  * on a copy of B in plain rows, K x tr_cpu_sgemm_plain_b_ld(N) floats, that
  * it makes on every call; a caller that holds such a copy already (a frozen
@@ -67,6 +75,13 @@ void tr_cpu_gemm_bf16_serial(int trans_a, int trans_b, int M, int N, int K, cons
 void tr_cpu_gemm_bf16_bias(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A,
                            int lda, const uint16_t *B, int ldb, const float *bias, float *C,
                            int ldc, uint16_t *C16);
+/* C = C0 + op(A) op(B) as tr_cpu_sgemm_onto does it, with bf16 A and B;
+ * into fp32 C, or with C NULL into bf16 C16 (C0 then bf16 too), each tile
+ * rounded as the primitive stores it (the fp32 sum of C0's value and the
+ * product, rounded once). */
+void tr_cpu_gemm_bf16_onto(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A,
+                           int lda, const uint16_t *B, int ldb, const void *C0, float *C, int ldc,
+                           uint16_t *C16);
 /* One small product (a block that is one thread's share, e.g. attention's
  * 64-row blocks) on the calling thread, in one call without the tile grid:
  * the same bf16 products summed in fp32, for blocks too small for the
@@ -158,6 +173,16 @@ void tr_cpu_linear_forward(float *out, const float *inp, const float *w, const f
  * ldw is tr_cpu_sgemm_plain_b_ld(OC) (the copy it would have made). */
 void tr_cpu_linear_forward_wt(float *out, const float *inp, const float *wt, int ldw,
                               const float *bias, int N, int IC, int OC);
+/* out[N,OC] = addend[N,OC] + inp @ w^T (or inp @ wt with wt not NULL, as
+ * tr_cpu_linear_forward_wt takes it): the product goes onto the addend tile
+ * by tile (tr_cpu_sgemm_onto), a linear's addend input (ops.h,
+ * tr_linear_addend).  addend may be out itself. */
+void tr_cpu_linear_forward_onto(float *out, const float *inp, const float *w, const float *wt,
+                                int ldw, const float *addend, int N, int IC, int OC);
+/* The same with bf16 inputs (tr_cpu_gemm_bf16_onto): into fp32 out, or
+ * with out16 not NULL into bf16 out16 from a bf16 addend. */
+void tr_cpu_linear_forward_bf16_onto(float *out, uint16_t *out16, const uint16_t *inp,
+                                     const uint16_t *w, const void *addend, int N, int IC, int OC);
 /* dinp += dout @ w;  dw += dout^T @ inp;  dbias += sum over rows of dout
  * (write: bits 0, 1, 2 for dinp, dw, dbias) */
 void tr_cpu_linear_backward(float *dinp, float *dw, float *dbias, const float *dout,

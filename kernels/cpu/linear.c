@@ -102,6 +102,21 @@ void tr_cpu_linear_forward_wt(float *out, const float *inp, const float *wt, int
     tr_cpu_sgemm(0, 0, N, OC, IC, 1.0f, inp, IC, wt, ldw, beta, out, OC);
 }
 
+void tr_cpu_linear_forward_onto(float *out, const float *inp, const float *w, const float *wt,
+                                int ldw, const float *addend, int N, int IC, int OC)
+{
+    if (wt != NULL) /* out[N,OC] = addend + inp[N,IC] @ wt[IC,OC] */
+        tr_cpu_sgemm_onto(0, 0, N, OC, IC, inp, IC, wt, ldw, addend, out, OC);
+    else /* out[N,OC] = addend + inp[N,IC] @ w[OC,IC]^T */
+        tr_cpu_sgemm_onto(0, 1, N, OC, IC, inp, IC, w, IC, addend, out, OC);
+}
+
+void tr_cpu_linear_forward_bf16_onto(float *out, uint16_t *out16, const uint16_t *inp,
+                                     const uint16_t *w, const void *addend, int N, int IC, int OC)
+{
+    tr_cpu_gemm_bf16_onto(0, 1, N, OC, IC, inp, IC, w, IC, addend, out16 ? NULL : out, OC, out16);
+}
+
 void tr_cpu_linear_backward(float *dinp, float *dw, float *dbias, const float *dout,
                             const float *inp, const float *w, int N, int IC, int OC,
                             unsigned write)

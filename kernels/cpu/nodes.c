@@ -5,6 +5,7 @@
  * functions here and its row in the table (docs/ops.md). */
 #include "nodes.h"
 
+#include "../ops.h"
 #include "../rope_scaling.h"
 
 #include <stddef.h>
@@ -275,8 +276,42 @@ static void add_backward(struct tr_graph *g, const struct tr_node *n)
     tr_cpu_add_backward(T(0)->grad, T(1)->grad, dout, OUT->numel, n->write_grad_mask);
 }
 
+/* A linear whose third input is an addend (ops.h, tr_linear_addend): the
+ * product goes onto it tile by tile.  On the native bf16 path a bf16 output
+ * takes a bf16 addend as stored (backend.c's native_half); every other
+ * 16-bit tensor here is an fp32 copy (run_node), so the types pair up. */
+static void linear_forward_onto(struct tr_graph *g, const struct tr_node *n)
+{
+    int N = rows(T(0)), IC = cols(T(0)), OC = (int)T(1)->shape[0];
+    if (tr_cpu_node_native_bf16(g)) {
+        struct bf16_operands o = bf16_inputs(g, n);
+        if (tr_cpu_node_linear_out16(g, n) && T(2)->dtype != TR_BF16) { /* an fp32 addend */
+            tr_cpu_linear_forward_bf16_out16((uint16_t *)OUT->data, o.a, o.b, NULL, N, IC, OC);
+            tr_cpu_add_forward_act(act(OUT), act(OUT), act(T(2)), OUT->numel);
+        } else if (tr_cpu_node_linear_out16(g, n)) {
+            tr_cpu_linear_forward_bf16_onto(NULL, (uint16_t *)OUT->data, o.a, o.b, T(2)->data, N,
+                                            IC, OC);
+        } else
+            tr_cpu_linear_forward_bf16_onto(F(OUT), NULL, o.a, o.b, F(T(2)), N, IC, OC);
+        return;
+    }
+    const float *x = F(T(0)), *w = F(T(1)), *wt = NULL;
+    int ldw = 0;
+    if (half_gemm(g)) {
+        x = rounded(g, g->scratch, x, T(0)->numel);
+        w = rounded(g, g->scratch + T(0)->numel, w, T(1)->numel);
+    } else {
+        wt = tr_cpu_frozen_t(g, T(1), N, &ldw); /* a frozen weight's copy (frozen_t.c) */
+    }
+    tr_cpu_linear_forward_onto(F(OUT), x, w, wt, ldw, F(T(2)), N, IC, OC);
+}
+
 static void linear_forward(struct tr_graph *g, const struct tr_node *n)
 {
+    if (tr_linear_addend(g, n)) {
+        linear_forward_onto(g, n);
+        return;
+    }
     if (tr_cpu_node_native_bf16(g)) {
         struct bf16_operands o = bf16_inputs(g, n);
         const float *bias = n->n_in == 3 ? F(T(2)) : NULL;
@@ -309,11 +344,17 @@ static void linear_forward(struct tr_graph *g, const struct tr_node *n)
 static void linear_backward(struct tr_graph *g, const struct tr_node *n)
 {
     const float *dout = dout_of(g, n);
+    /* an addend's gradient is dout itself: nothing to do where the plan gave
+     * it dout's buffer (graph_plan.c), else written or added */
+    int addend = tr_linear_addend(g, n);
+    if (addend && T(2)->grad)
+        tr_cpu_add_backward(T(2)->grad, NULL, dout, OUT->numel, (n->write_grad_mask >> 2) & 1u);
+    float *dbias = n->n_in == 3 && !addend ? T(2)->grad : NULL;
     if (tr_cpu_node_native_bf16(g)) {
         /* dout to bf16 and the bias gradient (from the fp32 dout) in one pass */
         struct bf16_operands o = bf16_inputs(g, n);
-        tr_cpu_linear_dout_bf16(o.dout, n->n_in == 3 ? T(2)->grad : NULL, dout, rows(T(0)),
-                                (int)T(1)->shape[0], (n->write_grad_mask & 4u) != 0);
+        tr_cpu_linear_dout_bf16(o.dout, dbias, dout, rows(T(0)), (int)T(1)->shape[0],
+                                (n->write_grad_mask & 4u) != 0);
         tr_cpu_linear_backward_bf16(T(0)->grad, T(1)->grad, o.dout, o.a, o.b, rows(T(0)),
                                     cols(T(0)), (int)T(1)->shape[0], n->write_grad_mask);
         return;
@@ -327,8 +368,8 @@ static void linear_backward(struct tr_graph *g, const struct tr_node *n)
     tr_cpu_linear_backward(T(0)->grad, T(1)->grad, NULL, gemm_dout, x, w, rows(T(0)),
                            cols(T(0)), (int)T(1)->shape[0], n->write_grad_mask);
     /* from the fp32 dout, whatever the GEMM inputs (kernels.h) */
-    if (n->n_in == 3 && T(2)->grad)
-        tr_cpu_linear_bias_backward(T(2)->grad, dout, rows(T(0)), (int)T(1)->shape[0],
+    if (dbias)
+        tr_cpu_linear_bias_backward(dbias, dout, rows(T(0)), (int)T(1)->shape[0],
                                     (n->write_grad_mask & 4u) != 0);
 }
 

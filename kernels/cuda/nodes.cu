@@ -10,6 +10,7 @@
  * same macros and storage rules as the 16-bit views around them.
  */
 #include "common.cuh"
+#include "../ops.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -318,7 +319,12 @@ static void gemm_forward(struct cuda_context *c, struct tr_graph *g, const struc
     struct gemm_scratch sl = gemm_scratch_layout(g, n);
     const void *a = as_gemm_input(c, T(0)->data, dt, gdt, T(0)->numel, g->scratch + sl.a);
     const void *b = gemm_b(c, g, n, dt, gdt, g->scratch + sl.b);
-    if (n->op == TR_OP_LINEAR) /* out[M,N] = x[M,K] @ w[N,K]^T + bias */
+    if (tr_linear_addend(g, n)) { /* out = addend + x @ w^T: the addend copied, beta 1 */
+        CUDA_NOTE(c, cudaMemcpyAsync(OUT->data, T(2)->data, OUT->numel * dt_bytes(dt),
+                                     cudaMemcpyDeviceToDevice, c->compute));
+        cuda_gemm(c, 0, 1, s.M, s.N, s.K, 1.0f, a, s.K, 0, b, s.K, 0, 1.0f, OUT->data, s.N, 0, 1,
+                  gdt, dt, NULL);
+    } else if (n->op == TR_OP_LINEAR) /* out[M,N] = x[M,K] @ w[N,K]^T + bias */
         cuda_gemm(c, 0, 1, s.M, s.N, s.K, 1.0f, a, s.K, 0, b, s.K, 0, 0.0f, OUT->data, s.N, 0, 1,
                   gdt, dt, n->n_in == 3 ? T(2)->data : NULL);
     else
@@ -333,8 +339,11 @@ static void gemm_backward(struct cuda_context *c, struct tr_graph *g, const stru
     struct gemm_geometry s = geometry(g, n);
     struct gemm_scratch sl = gemm_scratch_layout(g, n);
     float *da = T(0)->grad, *db = T(1)->grad;
-    float *dbias = n->op == TR_OP_LINEAR && n->n_in == 3 ? T(2)->grad : NULL;
+    int addend = tr_linear_addend(g, n);
+    float *dbias = n->op == TR_OP_LINEAR && n->n_in == 3 && !addend ? T(2)->grad : NULL;
     const float *dout = OUT->grad;
+    if (addend && T(2)->grad) /* dout itself, added to the gradient the core zeroed */
+        cuda_add_backward(c, T(2)->grad, NULL, dout, OUT->numel);
     if (!da && !db && !dbias)
         return;
     if (dbias)
@@ -898,6 +907,9 @@ int cuda_supports_op(void *ctx, const struct tr_graph *g, const struct tr_node *
         return 0;
     int dt = storage(g, n);
     if (dt != DT_F32 && !is_half(dt))
+        return 0;
+    /* a linear's addend is copied as its output's start: stored alike */
+    if (tr_linear_addend(g, n) && (T(2)->dtype != OUT->dtype || (int)OUT->dtype != dt))
         return 0;
     /* frozen inputs: fp32 anywhere; a linear's weight also in 16 bits or
      * NF4 (2-D, whole blocks), an embedding's table in 16 bits */
