@@ -224,7 +224,7 @@ static struct gemm_scratch gemm_scratch_layout(const struct tr_graph *g, const s
     if (gdt != DT_F32) /* gradients are fp32 */
         at += floats_for(OUT->numel, gdt);
     s.bias = at;
-    if (n->op == TR_OP_LINEAR && n->n_in == 3) {
+    if (n->op == TR_OP_LINEAR && n->n_in == 3 && !tr_linear_addend(g, n)) {
         struct gemm_geometry geo = geometry(g, n);
         at += (cuda_bias_scratch_floats(geo.M, geo.N) + 63) & ~(size_t)63;
     }

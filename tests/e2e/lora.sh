@@ -41,6 +41,13 @@ trained=$(val lora.lua run_dir=straight --checkpoint straight)
 fresh=$(val lora.lua run_dir=straight)
 less_than "$trained" "$fresh" || fail "eval: trained adapters $trained not below the base's $fresh"
 "$TRAINRUN" sample straight --tokens 4 --seed 1 > sample.txt 2>/dev/null || fail "sample of adapters"
+# the key/value cache runs each adapter's lora_B onto a window of its base
+# output's rows: greedy tokens as the whole-context forward gives them
+"$TRAINRUN" sample straight --tokens 12 --temperature 0 --ids --prompt "1 2 3" --ignore-eos > cached.txt 2>/dev/null ||
+  fail "greedy sample of adapters"
+"$TRAINRUN" sample straight --tokens 12 --temperature 0 --ids --prompt "1 2 3" --ignore-eos --no-cache > whole.txt 2>/dev/null ||
+  fail "greedy sample of adapters without the cache"
+grep -q "[0-9]" cached.txt && cmp -s cached.txt whole.txt || fail "adapters: cached greedy ids $(cat cached.txt) differ from $(cat whole.txt)"
 
 # PEFT's layout out, and back in as lora.from: the same loss
 "$TRAINRUN" export straight --format peft -o adapter 2>/dev/null
