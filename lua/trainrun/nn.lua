@@ -124,7 +124,8 @@ function Graph:embedding(tbl, idx, name) return node(self, "embedding", { tbl, i
 function Graph:add_rows(x, p, name) return node(self, "add_rows", { x, p }, nil, name) end
 function Graph:add(a, b, name) return node(self, "add", { a, b }, nil, name) end
 
--- y = x @ w^T + b, w: [out, in]
+-- y = x @ w^T + b, w: [out, in]; b a bias [out], or an addend of y's shape
+-- (the product goes onto it: a residual or an adapter's update in one pass)
 function Graph:linear(x, w, b, name)
   return node(self, "linear", b and { x, w, b } or { x, w }, nil, name)
 end
