@@ -222,6 +222,13 @@ static int resolve_shard(struct tr_config *cfg, struct tr_value *root, tr_err *e
     return TR_OK;
 }
 
+static int offload_ranks_refused(const char *where, int world, tr_err *err)
+{
+    return tr_fail(err, "%s: parallel.offload = \"optimizer\" with %d ranks is not supported "
+                   "yet (the ranks share the state through device memory): run it in one "
+                   "process, or drop parallel.offload", where, world);
+}
+
 /* parallel.offload: what it cannot go with yet.  The device is checked
  * once it is known (tr_config_check_offload). */
 static int resolve_offload(struct tr_config *cfg, struct tr_value *root, tr_err *err)
@@ -244,10 +251,33 @@ static int resolve_offload(struct tr_config *cfg, struct tr_value *root, tr_err 
     return TR_OK;
 }
 
-int tr_config_check_offload(const struct tr_config *cfg, int planning, tr_err *err)
+/* parallel.offload with the ranks this node would start (procs, gpus:
+ * configure_run): refused before any starts.  A job launched from outside
+ * is refused by each rank's session (tr_config_check_offload). */
+static int offload_ranks(const struct tr_config *cfg, struct tr_value *root, tr_err *err)
+{
+    const struct tr_parallel_config *p = &cfg->parallel;
+    int64_t ranks = p->gpus > p->procs ? p->gpus : p->procs;
+    if (!p->offload_optimizer || ranks <= 1)
+        return TR_OK;
+    const struct tr_value *v = tr_value_child(tr_value_child(root, "parallel"), "offload");
+    char where[256] = "";
+    if (v)
+        tr_origin_format(&v->origin, where, sizeof where);
+    return offload_ranks_refused(where, (int)ranks, err);
+}
+
+int tr_config_check_offload(const struct tr_config *cfg, int planning, int world, tr_err *err)
 {
     if (!cfg->parallel.offload_optimizer)
         return TR_OK;
+    const struct tr_value *v = tr_value_child(
+        tr_value_child(tr_recipe_root(cfg->recipe), "parallel"), "offload");
+    char where[256] = "";
+    if (v)
+        tr_origin_format(&v->origin, where, sizeof where);
+    if (world > 1)
+        return offload_ranks_refused(where, world, err);
     /* a plan for a hardware profile plans for that device, whatever this
      * machine's device is */
     const char *hw = cfg->cost.hardware;
@@ -255,11 +285,6 @@ int tr_config_check_offload(const struct tr_config *cfg, int planning, tr_err *e
         return TR_OK;
     if (strcmp(cfg->device, "cpu") != 0)
         return TR_OK;
-    const struct tr_value *v = tr_value_child(
-        tr_value_child(tr_recipe_root(cfg->recipe), "parallel"), "offload");
-    char where[256] = "";
-    if (v)
-        tr_origin_format(&v->origin, where, sizeof where);
     return tr_fail(err, "%s: parallel.offload = \"optimizer\" on device = \"cpu\": nothing to "
                    "offload to: the optimizer state is in host memory already; drop it, or run "
                    "on a GPU (device = \"cuda\")%s", where,
@@ -468,7 +493,7 @@ int tr_config_load(struct tr_config *cfg, const char *recipe_path, const char *c
         configure_sections(cfg, root, err) != TR_OK)
         return TR_ERROR;
     configure_run(cfg, root, &rc, recipe_path);
-    if (configure_plugins(cfg, root, err) != TR_OK)
+    if (offload_ranks(cfg, root, err) != TR_OK || configure_plugins(cfg, root, err) != TR_OK)
         return TR_ERROR;
     return tr_train_resolve_batch(cfg, err);
 }

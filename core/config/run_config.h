@@ -159,10 +159,12 @@ int tr_config_create_slot(struct tr_config *cfg, struct tr_slot *slot, uint32_t 
 int tr_config_create_plugins(struct tr_config *cfg, uint32_t seq_len, tr_err *err);
 void tr_config_free(struct tr_config *cfg);
 /* parallel.offload = "optimizer" needs a device to offload from: refused
- * on device = "cpu", unless `planning` for a cost.hardware profile.  Only
- * training and plan sessions ask: eval, sample and export of an offloaded
- * run's checkpoints run anywhere (there is no optimizer in them). */
-int tr_config_check_offload(const struct tr_config *cfg, int planning, tr_err *err);
+ * on device = "cpu", unless `planning` for a cost.hardware profile, and
+ * (not yet supported) in a run of `world` > 1 ranks; each refusal names the
+ * recipe line.  Only training and plan sessions ask: eval, sample and
+ * export of an offloaded run's checkpoints run anywhere (there is no
+ * optimizer in them). */
+int tr_config_check_offload(const struct tr_config *cfg, int planning, int world, tr_err *err);
 
 /* Help for the core's own sections (trainrun help recipe). */
 void tr_config_help(FILE *out);

@@ -284,12 +284,8 @@ static int resolve_steps(struct tr_session *s, tr_err *err)
 static int open_offload(struct tr_session *s, tr_err *err)
 {
     struct tr_config *cfg = s->cfg;
-    if (tr_config_check_offload(cfg, 0, err) != TR_OK)
+    if (tr_config_check_offload(cfg, 0, s->world, err) != TR_OK)
         return TR_ERROR;
-    if (s->world > 1)
-        return tr_fail(err, "parallel.offload = \"optimizer\" with %d ranks is not supported "
-                       "yet (the ranks share the state through device memory): run it in one "
-                       "process, or drop parallel.offload", s->world);
     /* parallel.offload_chunk_mb (4 by default: large enough that a transfer
      * is not its fixed cost, small enough that the host's transfer buffers
      * stay a few MiB at any model size) */
@@ -629,7 +625,7 @@ static int check_micro_batches(struct tr_session *s, tr_err *err)
 
 static int open_plan(struct tr_session *s, tr_err *err)
 {
-    if (tr_config_check_offload(s->cfg, 1, err) != TR_OK)
+    if (tr_config_check_offload(s->cfg, 1, 1, err) != TR_OK)
         return TR_ERROR;
     struct tr_fit_model fm = tr_session_fit_model(s);
     tr_graph_measure(s->g, &s->be, fm.optimizer_slots);

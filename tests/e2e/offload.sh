@@ -6,7 +6,7 @@
 # within a tight tolerance, for a GPT (AdamW, SGD, fp16 with skipped steps)
 # and a Llama (fp32, bf16); resumes across offload on and off in both
 # directions, and after SIGTERM bit-identical; the refusals (device=cpu, a
-# shard level, pipeline stages); and the plan's device and host figures, for
+# shard level, pipeline stages, several ranks); and the plan's device and host figures, for
 # a tiny Llama and a Llama-3-8B.
 #
 # The tolerances: the host's update is the CPU backend's kernel, the
@@ -172,6 +172,18 @@ grep -q 'parallel.offload = "optimizer" with shard = "optimizer" is not supporte
   { cat pipe.txt; fail "parallel.offload ran with pipeline stages"; }
 grep -q 'cpu.lua:4: parallel.offload = "optimizer" with pipeline = 2 is not supported yet' pipe.txt ||
   { cat pipe.txt; fail "the pipeline refusal does not say why"; }
+# several ranks share no offloaded state yet: refused before any rank starts
+# (gpus= or procs=; a job launched from outside, by mpirun, is refused by
+# each rank's session, tr_config_check_offload, once its comm is up)
+for ranks in "gpus=2" "procs=2 comm=tcp"; do
+  if TRAINRUN_BACKEND_PATH=$TR_CUDACPU_DIR timeout 120 "$TRAINRUN" cpu.lua device=cuda $ranks \
+       train.steps=1 run_dir=ranks > ranks.txt 2>&1; then
+    cat ranks.txt; fail "parallel.offload ran with $ranks"
+  fi
+  grep -q 'cpu.lua:4: parallel.offload = "optimizer" with 2 ranks is not supported yet' ranks.txt ||
+    { cat ranks.txt; fail "$ranks: the refusal of several ranks does not say why, or where"; }
+  ! grep -q "launch:" ranks.txt || { cat ranks.txt; fail "$ranks: ranks started before the refusal"; }
+done
 # a plan for this machine's cpu is refused too; for a GPU profile it plans
 "$TRAINRUN" plan cpu.lua > plan_cpu.txt 2>&1 && { cat plan_cpu.txt; fail "planned offload on the cpu"; }
 grep -q 'nothing to offload to' plan_cpu.txt || { cat plan_cpu.txt; fail "the plan's refusal"; }
