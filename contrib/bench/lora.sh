@@ -16,6 +16,11 @@
 # targets (>= 1.5x PEFT's tokens/s, <= its peak RSS, LoRA >= 1.3x the full
 # fine-tune).
 #
+# A second table gives the same medians as FLOP rates (trainrun plan's
+# training FLOPs per token times tokens/s) against the CPU's GEMM ceiling
+# (gemm_ceiling.c, best of its runs between the rounds), and the rate 1.5x
+# PEFT's tokens/s would take.
+#
 # Environment: THREADS (2), PYTHON (torch, transformers, peft), TRAINRUN,
 # WARMUP (3), STEPS (8), REPS (2), MODELS (135m,360m), PRECISIONS (fp32,bf16),
 # CACHE (where the model directories are kept; contrib/bench/.cache).
@@ -82,6 +87,14 @@ run_peft() { # MODEL PREC REP
 IFS=, read -ra models <<<"$MODELS"
 IFS=, read -ra precs <<<"$PRECISIONS"
 make_models "${models[@]}"
+# the machine's GEMM ceilings (gemm_ceiling.c: oneDNN at 2048^3, fp32 and
+# bf16), measured between the rounds, best kept: what a step's FLOP rate is
+# held against
+gcc -O2 -fopenmp "$here/gemm_ceiling.c" -o "$tmp/gemm_ceiling" -ldnnl ||
+    die "cannot build gemm_ceiling.c (needs gcc and libdnnl-dev)"
+ceiling() { OMP_NUM_THREADS=$THREADS "$tmp/gemm_ceiling" "$THREADS" 2>/dev/null >>"$tmp/ceilings"; }
+: >"$tmp/ceilings"
+ceiling
 for rep in $(seq 1 "$REPS"); do
     for m in "${models[@]}"; do
         for p in "${precs[@]}"; do
@@ -91,6 +104,7 @@ for rep in $(seq 1 "$REPS"); do
             run_trainrun "$m" "$p" full "$rep"
         done
     done
+    ceiling
 done
 
 printf '| model | precision | trainrun LoRA tok/s | PEFT tok/s | speed-up (target >= 1.5) | trainrun full tok/s | LoRA / full (target >= 1.3) | peak RSS trainrun LoRA | PEFT | trainrun full |\n'
@@ -107,3 +121,31 @@ for m in "${models[@]}"; do
 done
 printf '\n%s threads, batch 4 x 256 tokens, rank 16, alpha 32, all linears but the head; %s rounds (medians); %s\n' \
     "$THREADS" "$REPS" "$(lscpu | sed -n 's/^Model name: *//p')"
+
+# The same medians as FLOP rates: trainrun plan's training FLOPs per token
+# (LoRA: 4 per frozen weight, 6 per trained one, attention; PEFT does the
+# same products) times tokens/s, against the best GEMM ceiling measured: how
+# far the LoRA target (1.5x PEFT) lies from what this CPU's GEMMs reach.
+flops() { # RECIPE MODEL: training FLOPs per token
+    "$TRAINRUN" plan "$here/$1" model.from="$CACHE/$2" 2>/dev/null |
+        sed -n 's/^ *training FLOPs\/token .*= \([0-9,]*\) *(.*/\1/p' | tr -d ,
+}
+read -r c32 c16 < <(awk '{ if ($1 > a) a = $1; if ($2 + 0 > b) b = $2 + 0 } END { print a, b }' "$tmp/ceilings")
+printf '\n| model | precision | GFLOP/token LoRA / full | GEMM ceiling GFLOP/s | trainrun LoRA | PEFT | trainrun full | 1.5x PEFT would need |\n'
+printf '|---|---|---|---|---|---|---|---|\n'
+for m in "${models[@]}"; do
+    fl=$(flops lora-bench-adapters.lua "$m") ff=$(flops lora-bench.lua "$m")
+    for p in "${precs[@]}"; do
+        med() { awk -F'\t' -v m="$m" -v p="$p" -v k="$1" '$1 == m && $2 == p && $3 == k { print $4 }' "$rows" | median %.1f; }
+        c=$c32
+        [ "$p" = bf16 ] && c=$c16
+        awk -v fl="$fl" -v ff="$ff" -v c="$c" -v lt="$(med trainrun-lora)" -v pt="$(med PEFT)" \
+            -v ft="$(med trainrun-full)" -v m="$m" -v p="$p" 'BEGIN {
+            printf "| %s | %s | %.3f / %.3f | %.0f | %.0f (%.0f%%) | %.0f (%.0f%%) | %.0f (%.0f%%) | %.0f (%.0f%%) |\n",
+                m, p, fl / 1e9, ff / 1e9, c, lt * fl / 1e9, 100 * lt * fl / 1e9 / c,
+                pt * fl / 1e9, 100 * pt * fl / 1e9 / c, ft * ff / 1e9, 100 * ft * ff / 1e9 / c,
+                1.5 * pt * fl / 1e9, 100 * 1.5 * pt * fl / 1e9 / c }'
+    done
+done
+printf '\nGFLOP/s of the whole step (percent of the ceiling); the ceiling is the best of %s gemm_ceiling runs between rounds\n' \
+    "$((REPS + 1))"
