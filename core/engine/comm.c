@@ -33,6 +33,12 @@ struct job {
      * has waited) */
     const int *ranks;
     int n_ranks;
+    /* an all-gather of packed values (tr_comm_gather_packed): run on this
+     * thread before the collective and after it succeeded */
+    void (*pack)(void *ctx, size_t arg);
+    void (*unpack)(void *ctx, size_t arg);
+    void *hook_ctx;
+    size_t hook_arg;
 };
 
 struct bucket {
@@ -136,8 +142,13 @@ static void *comm_thread(void *arg)
         else if (!skip && j.kind == JOB_SENDRECV)
             rc = c->vt->sendrecv(c->self, j.buf, j.size, j.root, j.recv_buf, j.recv_bytes, j.from,
                                  &e);
-        else if (!skip)
+        else if (!skip) {
+            if (j.pack)
+                j.pack(j.hook_ctx, j.hook_arg);
             rc = c->vt->allgather(c->self, j.buf, j.size, &e);
+            if (rc == TR_OK && j.unpack)
+                j.unpack(j.hook_ctx, j.hook_arg);
+        }
         /* a bucket summed: the parts (and leftover) other ranks own go */
         if (!skip && rc == TR_OK && j.discard)
             tr_shard_discard_others(c->be, c->grads, &c->layout, j.discard - 1);
@@ -321,6 +332,14 @@ static size_t submit_gather(struct tr_comm *c, float *buf, const struct tr_shard
 size_t tr_comm_gather_unit(struct tr_comm *c, float *buf, const struct tr_shard *s, size_t u)
 {
     return submit_gather(c, buf, s, u);
+}
+
+size_t tr_comm_gather_packed(struct tr_comm *c, float *buf, size_t count,
+                             void (*pack)(void *ctx, size_t arg),
+                             void (*unpack)(void *ctx, size_t arg), void *ctx, size_t arg)
+{
+    return submit(c, (struct job){.kind = JOB_ALLGATHER, .buf = buf, .size = count, .pack = pack,
+                                  .unpack = unpack, .hook_ctx = ctx, .hook_arg = arg});
 }
 
 int tr_comm_gather_shards(struct tr_comm *c, float *buf, const struct tr_shard *s, tr_err *err)

@@ -46,13 +46,25 @@ void tr_fit_adjust(const struct tr_fit_model *fm, const struct tr_graph *g,
         size_t owned = tr_shard_owned(&sh, last);
         report->optimizer = slots * owned * sizeof(float);
         if (fm->level >= TR_SHARD_GRADIENTS && g && g->n_params == n) {
-            size_t params, grads;
-            tr_gather_peaks(g, &sh, &params, &grads);
-            size_t held = owned + grads;
+            /* 16-bit gathers where the device converts (a plan for
+             * another device assumes it does) */
+            struct tr_graph view = *g;
+            view.compute = fm->compute;
+            int in_compute = tr_gather_in_compute(&view, fm->other_device ? NULL : fm->be, &sh);
+            struct tr_gather_peaks pk;
+            tr_gather_peaks(g, &sh, in_compute, &pk);
+            size_t held = owned + pk.grad_floats;
             report->grads = (held < n ? held : n) * sizeof(float);
             if (fm->level == TR_SHARD_PARAMETERS) {
-                held = owned + params;
+                held = owned + pk.param_floats;
                 report->params = ((held < n ? held : n) + g->n_buffers) * sizeof(float);
+                /* the gather buffers in the compute dtype, 2 bytes a value
+                 * (this rank's parts and the units resident together), and
+                 * the packed gathers' staging */
+                size_t held16 = owned + pk.param16_values;
+                if (in_compute)
+                    report->params += (held16 < n ? held16 : n) * sizeof(uint16_t) +
+                                      pk.staging_bytes;
                 report->param_copies = 0; /* no bf16 mirror (gather.h) */
             }
         }

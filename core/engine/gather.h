@@ -17,6 +17,26 @@
  *   event e of a pass:  discard units last read at e - 1
  *                       gather units of e (if not resident), then of e + 1
  *                       wait for e's; the node runs
+ *
+ * Under a 16-bit compute dtype (precision bf16 or fp16) the gathers move
+ * the compute dtype where they can (the backend's convert slot): the graph
+ * gets a second flat buffer, tr_graph.params16 (2 bytes a parameter, the
+ * same offsets, kept like params: this rank's parts resident, the rest
+ * while gathered), and GEMMs read their weights from it (backend.h).  A
+ * parameter that only GEMMs read, as their weight, travels in 16 bits
+ * alone: its owner rounds its fp32 part to nearest even (the rounding the
+ * unsharded run's GEMMs apply, so the results are the same bits) and the
+ * other ranks never hold its fp32 values.  Every other parameter (norms'
+ * weights, biases, embedding tables, a tied embedding the head multiplies
+ * too) is read in fp32 by some op, so it travels in fp32 as before and is
+ * rounded into params16 where it arrives.  Each rank's part of a unit is
+ * packed for the one all-gather the comm plugins have (floats): its fp32
+ * floats, then its 16-bit values two to a float, the last padded with a
+ * zero half when their count is odd, and every rank's packed part as long
+ * as the longest (parts differ: the last rank's holds the unit's leftover,
+ * and runs fall unevenly); packing and unpacking run on the communication
+ * thread around the collective, through one staging buffer.  Gradients,
+ * the optimizer and checkpoints keep to fp32 (the master shard).
  */
 #ifndef TR_GATHER_H
 #define TR_GATHER_H
@@ -46,12 +66,32 @@ void tr_gather_written(void *ctx, const struct tr_tensor *t);
  * gathers compute did not hide (the run counts them as communication). */
 double tr_gather_take_waited(struct tr_gather *gt);
 
-/* The most floats of parameters and of gradients held at once over a
- * training step's forward and backward, beyond this rank's parts: whole
- * units resident together (parameters), and units backward has started
- * writing and not yet handed to their reduce-scatter, plus those in
- * flight (gradients).  For the memory plan (fit.c). */
-void tr_gather_peaks(const struct tr_graph *g, const struct tr_shard *layout,
-                     size_t *param_floats, size_t *grad_floats);
+/* Bytes the gathers moved since the last call, as the trace counts a
+ * collective's (every rank's part of each all-gather, padding included). */
+double tr_gather_take_bytes(struct tr_gather *gt);
+
+/* Whether graph g's sharded parameters (layout) are gathered in the
+ * compute dtype on backend be (NULL: a plan for another device, which is
+ * assumed to convert): the one place that decides it. */
+int tr_gather_in_compute(const struct tr_graph *g, const struct tr_backend *be,
+                         const struct tr_shard *layout);
+
+/* Whether parameter tensor `tensor` of g is read by GEMMs alone, as their
+ * weight (in[1] of linear and matmul): one that travels in 16 bits. */
+int tr_gather_gemm_weight(const struct tr_graph *g, int tensor);
+
+/* What a training step's forward and backward hold at once beyond this
+ * rank's fp32 parts: fp32 floats of parameters (whole units resident
+ * together; in_compute, only their runs that are not GEMM weights), 16-bit
+ * values (in_compute: every value of those units; params16 holds this
+ * rank's parts besides, as params does) and the packed gathers'
+ * staging buffer, and gradient floats (units backward has started writing
+ * and not yet handed to their reduce-scatter, plus those in flight).  For
+ * the memory plan (fit.c). */
+struct tr_gather_peaks {
+    size_t param_floats, param16_values, staging_bytes, grad_floats;
+};
+void tr_gather_peaks(const struct tr_graph *g, const struct tr_shard *layout, int in_compute,
+                     struct tr_gather_peaks *pk);
 
 #endif
