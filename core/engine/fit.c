@@ -59,12 +59,10 @@ void tr_fit_adjust(const struct tr_fit_model *fm, const struct tr_graph *g,
                 held = owned + pk.param_floats;
                 report->params = ((held < n ? held : n) + g->n_buffers) * sizeof(float);
                 /* the gather buffers in the compute dtype, 2 bytes a value
-                 * (this rank's parts and the units resident together), and
-                 * the packed gathers' staging */
-                size_t held16 = owned + pk.param16_values;
+                 * of the units resident together, and the packed gathers'
+                 * staging */
                 if (in_compute)
-                    report->params += (held16 < n ? held16 : n) * sizeof(uint16_t) +
-                                      pk.staging_bytes;
+                    report->params += pk.param16_values * sizeof(uint16_t) + pk.staging_bytes;
                 report->param_copies = 0; /* no bf16 mirror (gather.h) */
             }
         }

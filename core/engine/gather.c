@@ -324,8 +324,14 @@ static void release(struct tr_gather *gt, size_t u)
     if (gt->state[u] == IN_FLIGHT) /* a failure stays with the comm: the step's finish reports it */
         tr_comm_wait(gt->c, gt->ticket[u], &err);
     tr_shard_discard_others(gt->be, gt->g->params, &gt->s, u);
-    if (gt->params16)
-        tr_shard_discard_others_of(gt->be, gt->params16, sizeof(uint16_t), &gt->s, u);
+    if (gt->params16) { /* all of it: the owner's part is rounded again at each gather */
+        struct tr_shard_run r = tr_shard_unit(&gt->s, u);
+        size_t bytes = (r.end - r.begin) * sizeof(uint16_t);
+        if (tr_be_can_discard(gt->be))
+            tr_be_discard(gt->be, gt->params16 + r.begin, bytes);
+        else
+            tr_be_zero(gt->be, gt->params16 + r.begin, bytes);
+    }
     gt->state[u] = RELEASED;
 }
 

@@ -21,8 +21,8 @@
  * Under a 16-bit compute dtype (precision bf16 or fp16) the gathers move
  * the compute dtype where they can (the backend's convert slot): the graph
  * gets a second flat buffer, tr_graph.params16 (2 bytes a parameter, the
- * same offsets, kept like params: this rank's parts resident, the rest
- * while gathered), and GEMMs read their weights from it (backend.h).  A
+ * same offsets, resident only while a unit is: the owner's part is rounded
+ * again at each gather), and GEMMs read their weights from it (backend.h).  A
  * parameter that only GEMMs read, as their weight, travels in 16 bits
  * alone: its owner rounds its fp32 part to nearest even (the rounding the
  * unsharded run's GEMMs apply, so the results are the same bits) and the
@@ -83,8 +83,8 @@ int tr_gather_gemm_weight(const struct tr_graph *g, int tensor);
 /* What a training step's forward and backward hold at once beyond this
  * rank's fp32 parts: fp32 floats of parameters (whole units resident
  * together; in_compute, only their runs that are not GEMM weights), 16-bit
- * values (in_compute: every value of those units; params16 holds this
- * rank's parts besides, as params does) and the packed gathers'
+ * values (in_compute: every value of those units; params16 keeps nothing
+ * of a unit once it is released) and the packed gathers'
  * staging buffer, and gradient floats (units backward has started writing
  * and not yet handed to their reduce-scatter, plus those in flight).  For
  * the memory plan (fit.c). */
