@@ -267,13 +267,13 @@ struct tr_graph {
      * compute dtype, core/engine/gather.c) the flat parameter buffer in
      * g->compute: 2 bytes a parameter at the parameters' offsets, each
      * value params[i] rounded to nearest even (the backend's convert).
-     * Then every parameter a node reads is there when the node runs, and a
-     * GEMM reads its weight (in[1] of linear and matmul) from here instead
-     * of converting params; and a parameter that only GEMMs read as their
-     * weight (in[1] of linear or matmul, every node that reads it) is there
-     * alone: its fp32 values in params are this rank's parts only (the
-     * gathers move the others' in 16 bits).  Every other parameter is in
-     * both.  2-byte aligned; 64-byte aligned at the buffer's start. */
+     * Then a GEMM's weight (in[1] of linear and matmul) that is a
+     * parameter is there when the node runs, and the GEMM reads it from
+     * here instead of converting params.  A parameter that only GEMMs read,
+     * as their weight, is there alone: its fp32 values in params are this
+     * rank's parts only (the gathers move the others' in 16 bits).  Every
+     * other parameter a node reads is in params, as without params16.
+     * 64-byte aligned at the buffer's start. */
     void *params16;
 };
 

@@ -46,6 +46,10 @@ int tr_comm_gather_shards(struct tr_comm *c, float *buf, const struct tr_shard *
  * tr_comm_wait, which waits until that (and everything submitted before
  * it) has run and says whether every collective so far succeeded. */
 size_t tr_comm_gather_unit(struct tr_comm *c, float *buf, const struct tr_shard *s, size_t u);
+/* The same, and then after(ctx, u) on the communication thread once the
+ * unit has arrived (if every collective of it succeeded). */
+size_t tr_comm_gather_unit_then(struct tr_comm *c, float *buf, const struct tr_shard *s, size_t u,
+                                void (*after)(void *ctx, size_t u), void *ctx);
 /* An all-gather of count floats a rank at buf (rank r's at buf + r*count),
  * not waited for (a ticket, as above), with two steps of the caller's on
  * the communication thread: pack(ctx, arg) just before the collective

@@ -56,13 +56,13 @@ void tr_fit_adjust(const struct tr_fit_model *fm, const struct tr_graph *g,
             size_t held = owned + pk.grad_floats;
             report->grads = (held < n ? held : n) * sizeof(float);
             if (fm->level == TR_SHARD_PARAMETERS) {
-                held = owned + pk.param_floats;
-                report->params = ((held < n ? held : n) + g->n_buffers) * sizeof(float);
-                /* the gather buffers in the compute dtype, 2 bytes a value
-                 * of the units resident together, and the packed gathers'
-                 * staging */
-                if (in_compute)
-                    report->params += pk.param16_values * sizeof(uint16_t) + pk.staging_bytes;
+                /* this rank's fp32 parts, the units resident together (in
+                 * the compute dtype where they travel in it: 2 bytes a
+                 * value), never more than all of them in fp32 and 16 bits,
+                 * and the packed gathers' staging */
+                size_t most = (n - owned) * sizeof(float) + (in_compute ? n * sizeof(uint16_t) : 0);
+                report->params = (owned + g->n_buffers) * sizeof(float) +
+                                 (pk.param_bytes < most ? pk.param_bytes : most) + pk.staging_bytes;
                 report->param_copies = 0; /* no bf16 mirror (gather.h) */
             }
         }

@@ -20,16 +20,21 @@ struct pass {
 
 enum { RELEASED, IN_FLIGHT, RESIDENT };
 
-/* A run of the flat buffer [begin, end): one or more parameters, all read
- * by GEMMs alone as their weight (full 0: gathered in 16 bits) or not
- * (full 1: in fp32, then rounded into params16 on arrival). */
+/* A run of the flat buffer [begin, end): one or more parameters of a kind */
+enum run_kind {
+    RUN_HALF, /* read by GEMMs alone, as their weight: gathered in 16 bits */
+    RUN_FULL, /* read in fp32 by some other op, by no GEMM: gathered in fp32 */
+    RUN_BOTH  /* read in fp32 and as a GEMM's weight: gathered in fp32, rounded
+               * into params16 where it arrives */
+};
 struct grun {
     size_t begin, end;
-    int full;
+    enum run_kind kind;
 };
 
 /* Gathers in the compute dtype (gather.h): the runs, and for each unit the
- * floats each rank's packed part takes (the most over ranks). */
+ * floats each rank's packed part takes (the most over ranks), 0 for a unit
+ * without 16-bit values (gathered in place in fp32, as ever). */
 struct half {
     enum tr_dtype dt;  /* BF16 or F16 */
     struct grun *runs; /* sorted, disjoint; floats in no run are read by nothing */
@@ -171,23 +176,25 @@ static int by_offset(const void *a, const void *b)
     return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
+/* How parameter tensor `tensor` of g is read: bit 0, as a GEMM's weight
+ * (in[1] of linear or matmul); bit 1, in any other way. */
+static unsigned reads_of(const struct tr_graph *g, int tensor)
+{
+    unsigned how = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct tr_node *n = &g->nodes[i];
+        for (int k = 0; k < n->n_in; k++)
+            if (n->in[k] == tensor)
+                how |= (n->op == TR_OP_LINEAR || n->op == TR_OP_MATMUL) && k == 1 ? 1u : 2u;
+    }
+    return how;
+}
+
 int tr_gather_gemm_weight(const struct tr_graph *g, int tensor)
 {
     const struct tr_tensor *t = &g->tensors[tensor];
-    if (t->role != TR_ROLE_PARAM || t->dtype != TR_F32 || t->numel == 0)
-        return 0;
-    int gemm = 0;
-    for (int i = 0; i < g->n_nodes; i++) {
-        const struct tr_node *n = &g->nodes[i];
-        for (int k = 0; k < n->n_in; k++) {
-            if (n->in[k] != tensor)
-                continue;
-            if ((n->op != TR_OP_LINEAR && n->op != TR_OP_MATMUL) || k != 1)
-                return 0;
-            gemm = 1;
-        }
-    }
-    return gemm;
+    return t->role == TR_ROLE_PARAM && t->dtype == TR_F32 && t->numel > 0 &&
+           reads_of(g, tensor) == 1;
 }
 
 /* The runs of g's parameters, merged where neighbours are of one kind;
@@ -198,8 +205,11 @@ static int plan_runs(const struct tr_graph *g, struct half *h)
     size_t n = 0;
     for (int i = 0; i < g->n_tensors; i++) {
         const struct tr_tensor *t = &g->tensors[i];
-        if (t->role == TR_ROLE_PARAM && t->numel > 0)
-            r[n++] = (struct grun){t->offset, t->offset + t->numel, !tr_gather_gemm_weight(g, i)};
+        if (t->role == TR_ROLE_PARAM && t->numel > 0) {
+            unsigned how = t->dtype == TR_F32 ? reads_of(g, i) : 2u;
+            r[n++] = (struct grun){t->offset, t->offset + t->numel,
+                                   how == 1 ? RUN_HALF : how & 1 ? RUN_BOTH : RUN_FULL};
+        }
     }
     qsort(r, n, sizeof *r, by_offset);
     size_t w = 0;
@@ -208,7 +218,7 @@ static int plan_runs(const struct tr_graph *g, struct half *h)
             free(r);
             return 0;
         }
-        if (w > 0 && r[i].begin == r[w - 1].end && r[i].full == r[w - 1].full)
+        if (w > 0 && r[i].begin == r[w - 1].end && r[i].kind == r[w - 1].kind)
             r[w - 1].end = r[i].end;
         else
             r[w++] = r[i];
@@ -232,15 +242,34 @@ static size_t first_run(const struct half *h, size_t at)
     return lo;
 }
 
-/* Floats in fp32 runs and values in 16-bit runs of [b, e). */
-static void count_part(const struct half *h, size_t b, size_t e, size_t *full, size_t *half)
+/* Floats of [b, e) in runs of each kind. */
+static void count_runs(const struct half *h, size_t b, size_t e, size_t count[3])
 {
-    *full = *half = 0;
+    count[RUN_HALF] = count[RUN_FULL] = count[RUN_BOTH] = 0;
     for (size_t i = first_run(h, b); i < h->n_runs && h->runs[i].begin < e; i++) {
         size_t rb = h->runs[i].begin > b ? h->runs[i].begin : b;
         size_t re = h->runs[i].end < e ? h->runs[i].end : e;
-        *(h->runs[i].full ? full : half) += re - rb;
+        count[h->runs[i].kind] += re - rb;
     }
+}
+
+/* Floats in fp32 runs and values in 16-bit runs of [b, e). */
+static void count_part(const struct half *h, size_t b, size_t e, size_t *full, size_t *half)
+{
+    size_t count[3];
+    count_runs(h, b, e, count);
+    *full = count[RUN_FULL] + count[RUN_BOTH];
+    *half = count[RUN_HALF];
+}
+
+/* Whether unit u has values that travel in 16 bits (else it goes in place
+ * in fp32). */
+static int unit_packed(const struct tr_shard *s, const struct half *h, size_t u)
+{
+    struct tr_shard_run r = tr_shard_unit(s, u);
+    size_t full, half;
+    count_part(h, r.begin, r.end, &full, &half);
+    return half > 0;
 }
 
 /* A rank's part packed: its fp32 runs' floats first, in order (so they
@@ -254,7 +283,7 @@ static void plan_words(const struct tr_shard *s, struct half *h)
     h->words = tr_xcalloc(s->n_units ? s->n_units : 1, sizeof *h->words);
     h->max_words = 0;
     for (size_t u = 0; u < s->n_units; u++)
-        for (int q = 0; q < s->world; q++) {
+        for (int q = 0; q < s->world && unit_packed(s, h, u); q++) {
             struct tr_shard_run p = tr_shard_part(s, u, q);
             size_t full, half;
             count_part(h, p.begin, p.end, &full, &half);
@@ -264,9 +293,9 @@ static void plan_words(const struct tr_shard *s, struct half *h)
         }
 }
 
-/* Rank q's part of unit u from slot (its packed floats) into params
- * (fp32 runs) and params16 (all), or, to_slot, the reverse (this rank's,
- * whose params16 is converted from params first). */
+/* Rank q's part of unit u from slot (its packed floats) into params (fp32
+ * runs) and params16 (the runs GEMMs read), or, to_slot, the reverse (this
+ * rank's, its params16 rounded from params first). */
 static void move_part(struct tr_gather *gt, size_t u, int q, int to_slot)
 {
     const struct half *h = &gt->h;
@@ -275,8 +304,6 @@ static void move_part(struct tr_gather *gt, size_t u, int q, int to_slot)
     uint16_t *p16 = gt->params16;
     struct tr_shard_run p = tr_shard_part(&gt->s, u, q);
     float *slot = gt->staging + (size_t)q * h->words[u];
-    if (to_slot)
-        tr_be_convert(be, p16 + p.begin, h->dt, params + p.begin, TR_F32, p.end - p.begin);
     size_t full = 0, half = 0;
     count_part(h, p.begin, p.end, &full, &half);
     float *f = slot;
@@ -284,20 +311,23 @@ static void move_part(struct tr_gather *gt, size_t u, int q, int to_slot)
     for (size_t i = first_run(h, p.begin); i < h->n_runs && h->runs[i].begin < p.end; i++) {
         size_t b = h->runs[i].begin > p.begin ? h->runs[i].begin : p.begin;
         size_t e = h->runs[i].end < p.end ? h->runs[i].end : p.end;
-        if (h->runs[i].full && to_slot) {
-            tr_be_convert(be, f, TR_F32, params + b, TR_F32, e - b);
-        } else if (h->runs[i].full) {
-            tr_be_convert(be, params + b, TR_F32, f, TR_F32, e - b);
+        enum run_kind kind = h->runs[i].kind;
+        if (kind != RUN_FULL && to_slot) /* this rank's values as its GEMMs read them */
             tr_be_convert(be, p16 + b, h->dt, params + b, TR_F32, e - b);
-        } else if (to_slot) {
+        if (kind == RUN_HALF && to_slot)
             tr_be_convert(be, hv, h->dt, p16 + b, h->dt, e - b);
-        } else {
+        else if (kind == RUN_HALF)
             tr_be_convert(be, p16 + b, h->dt, hv, h->dt, e - b);
-        }
-        if (h->runs[i].full)
-            f += e - b;
+        else if (to_slot)
+            tr_be_convert(be, f, TR_F32, params + b, TR_F32, e - b);
         else
+            tr_be_convert(be, params + b, TR_F32, f, TR_F32, e - b);
+        if (kind == RUN_BOTH && !to_slot)
+            tr_be_convert(be, p16 + b, h->dt, params + b, TR_F32, e - b);
+        if (kind == RUN_HALF)
             hv += e - b;
+        else
+            f += e - b;
     }
 }
 
@@ -314,6 +344,21 @@ static void unpack(void *ctx, size_t u)
     for (int q = 0; q < gt->s.world; q++)
         if (q != gt->s.rank)
             move_part(gt, u, q, 0);
+}
+
+/* After a unit gathered in fp32 in place: its runs GEMMs also read, every
+ * rank's part, rounded into params16. */
+static void round_both(void *ctx, size_t u)
+{
+    struct tr_gather *gt = ctx;
+    const struct half *h = &gt->h;
+    struct tr_shard_run r = tr_shard_unit(&gt->s, u);
+    for (size_t i = first_run(h, r.begin); i < h->n_runs && h->runs[i].begin < r.end; i++) {
+        size_t b = h->runs[i].begin > r.begin ? h->runs[i].begin : r.begin;
+        size_t e = h->runs[i].end < r.end ? h->runs[i].end : r.end;
+        if (h->runs[i].kind == RUN_BOTH)
+            tr_be_convert(gt->be, gt->params16 + b, h->dt, gt->g->params + b, TR_F32, e - b);
+    }
 }
 
 /* ---- at run time -------------------------------------------------------------- */
@@ -341,13 +386,15 @@ static void request(struct tr_gather *gt, int node)
         size_t u = gt->units[k];
         if (gt->state[u] != RELEASED)
             continue;
-        if (gt->h.runs) {
-            size_t w = gt->h.words[u];
+        size_t w = gt->h.runs ? gt->h.words[u] : 0;
+        if (w) {
             gt->ticket[u] = tr_comm_gather_packed(gt->c, gt->staging, w, pack, unpack, gt, u);
             gt->bytes += (double)w * (double)gt->s.world * sizeof(float);
         } else {
             struct tr_shard_run r = tr_shard_unit(&gt->s, u);
-            gt->ticket[u] = tr_comm_gather_unit(gt->c, gt->g->params, &gt->s, u);
+            gt->ticket[u] = gt->h.runs ? tr_comm_gather_unit_then(gt->c, gt->g->params, &gt->s, u,
+                                                                   round_both, gt)
+                                       : tr_comm_gather_unit(gt->c, gt->g->params, &gt->s, u);
             gt->bytes += (double)(r.end - r.begin) * sizeof(float);
         }
         gt->state[u] = IN_FLIGHT;
@@ -574,28 +621,31 @@ void tr_gather_peaks(const struct tr_graph *g, const struct tr_shard *layout, in
      * them, and the buckets queued behind (comm.h) */
     size_t gr = pass_peak(&gt, &gt.pass[1], TR_PHASE_BACKWARD, NULL) + TR_COMM_BUCKETS_IN_FLIGHT;
     size_t cap = layout->n_units, units = fw > bw ? fw : bw;
-    size_t floats = units < cap ? units * layout->unit : layout->n;
+    size_t floats = units < cap ? units * layout->unit : layout->n; /* fp32: whole units */
     memset(pk, 0, sizeof *pk);
     pk->grad_floats = gr < cap ? gr * layout->unit : layout->n;
     if (in_compute && plan_runs(g, &gt.h)) {
-        /* fp32 only for the runs that are not GEMM weights, in the units
-         * resident together; every value in 16 bits (this rank's parts too) */
-        size_t *full = tr_xcalloc(cap ? cap : 1, sizeof *full);
+        /* of the units resident together: fp32 for the runs some other op
+         * reads (a unit gathered in place: all of it), 16 bits for those
+         * GEMMs read */
+        size_t *bytes = tr_xcalloc(cap ? cap : 1, sizeof *bytes);
         for (size_t u = 0; u < cap; u++) {
             struct tr_shard_run r = tr_shard_unit(layout, u);
-            size_t half;
-            count_part(&gt.h, r.begin, r.end, &full[u], &half);
+            size_t count[3];
+            count_runs(&gt.h, r.begin, r.end, count);
+            size_t full = unit_packed(layout, &gt.h, u) ? count[RUN_FULL] + count[RUN_BOTH]
+                                                        : r.end - r.begin;
+            bytes[u] = full * sizeof(float) + (count[RUN_HALF] + count[RUN_BOTH]) * sizeof(uint16_t);
         }
-        size_t ff = pass_peak(&gt, &gt.pass[0], -1, full), fb = pass_peak(&gt, &gt.pass[1], -1, full);
-        pk->param_floats = ff > fb ? ff : fb;
-        pk->param16_values = floats;
+        size_t bf = pass_peak(&gt, &gt.pass[0], -1, bytes), bb = pass_peak(&gt, &gt.pass[1], -1, bytes);
+        pk->param_bytes = bf > bb ? bf : bb;
         plan_words(layout, &gt.h);
         pk->staging_bytes = (size_t)layout->world * gt.h.max_words * sizeof(float) + 4;
-        free(full);
+        free(bytes);
         free(gt.h.runs);
         free(gt.h.words);
     } else {
-        pk->param_floats = floats;
+        pk->param_bytes = floats * sizeof(float);
     }
     free_schedule(&gt);
 }

@@ -28,8 +28,10 @@
  * unsharded run's GEMMs apply, so the results are the same bits) and the
  * other ranks never hold its fp32 values.  Every other parameter (norms'
  * weights, biases, embedding tables, a tied embedding the head multiplies
- * too) is read in fp32 by some op, so it travels in fp32 as before and is
- * rounded into params16 where it arrives.  Each rank's part of a unit is
+ * too) is read in fp32 by some op, so it travels in fp32 as before, and
+ * where a GEMM multiplies it too (the tied embedding) it is rounded into
+ * params16 where it arrives; a unit with nothing to move in 16 bits is
+ * gathered in place in fp32, as without params16.  Each rank's part of a unit is
  * packed for the one all-gather the comm plugins have (floats): its fp32
  * floats, then its 16-bit values two to a float, the last padded with a
  * zero half when their count is odd, and every rank's packed part as long
@@ -81,15 +83,16 @@ int tr_gather_in_compute(const struct tr_graph *g, const struct tr_backend *be,
 int tr_gather_gemm_weight(const struct tr_graph *g, int tensor);
 
 /* What a training step's forward and backward hold at once beyond this
- * rank's fp32 parts: fp32 floats of parameters (whole units resident
- * together; in_compute, only their runs that are not GEMM weights), 16-bit
- * values (in_compute: every value of those units; params16 keeps nothing
- * of a unit once it is released) and the packed gathers'
- * staging buffer, and gradient floats (units backward has started writing
- * and not yet handed to their reduce-scatter, plus those in flight).  For
- * the memory plan (fit.c). */
+ * rank's fp32 parts: bytes of parameters (the most over the passes' events
+ * of the units resident together: fp32, whole units; in_compute, 4 bytes
+ * a value of their fp32 runs -- a unit gathered in place: all of it -- and
+ * 2 of the values GEMMs read, in params16, which keeps nothing of a unit
+ * once it is released), the packed gathers' staging buffer (in_compute),
+ * and gradient floats (units backward has started writing and not yet
+ * handed to their reduce-scatter, plus those in flight).  For the memory
+ * plan (fit.c). */
 struct tr_gather_peaks {
-    size_t param_floats, param16_values, staging_bytes, grad_floats;
+    size_t param_bytes, staging_bytes, grad_floats;
 };
 void tr_gather_peaks(const struct tr_graph *g, const struct tr_shard *layout, int in_compute,
                      struct tr_gather_peaks *pk);
