@@ -275,7 +275,7 @@ static int unit_packed(const struct tr_shard *s, const struct half *h, size_t u)
 /* A rank's part packed: its fp32 runs' floats first, in order (so they
  * stay 4-byte aligned), then its 16-bit runs' values, in order, the last
  * float padded with a zero half where their count is odd: (4 full + 2 half
- * + 3) / 4 floats. */
+ * + 3) / 4 floats; zeros after, to the unit's longest part. */
 static size_t packed_words(size_t full, size_t half) { return (4 * full + 2 * half + 3) / 4; }
 
 static void plan_words(const struct tr_shard *s, struct half *h)
@@ -329,6 +329,11 @@ static void move_part(struct tr_gather *gt, size_t u, int q, int to_slot)
         else
             f += e - b;
     }
+    /* the rest of this rank's slot (an odd count's half, a part shorter
+     * than the longest) travels as zeros, not as an earlier unit's bytes */
+    size_t used = (size_t)((char *)hv - (char *)slot);
+    if (to_slot && used < h->words[u] * sizeof(float))
+        tr_be_zero(be, (char *)slot + used, h->words[u] * sizeof(float) - used);
 }
 
 /* On the communication thread, around unit u's all-gather (comm.h). */
