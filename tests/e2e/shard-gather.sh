@@ -68,4 +68,22 @@ fp32, half = float(sys.argv[1]), float(sys.argv[2])
 assert fp32 > 0 and 0.5 <= half / fp32 <= 0.53, (fp32, half, half / fp32)
 PY
 done
+# the plan holds the gathered units in the compute dtype: less memory for
+# the parameters under bf16 than under fp32 at shard parameters (10 units of
+# 2,622 floats at once: 102 KiB in fp32, about half in bf16 with the
+# staging), and the same at shard gradients (nothing gathered)
+plan_params() { # PRECISION LEVEL: the plan's parameters row, in KiB
+  "$TRAINRUN" plan "$LLAMA" model.dim=64 model.ffn_dim=128 model.layers=3 parallel.bucket_mb=0.01 \
+    cost.hardware=h100-80gb gpus=2 parallel.shard="$2" precision="$1" > "plan-$1-$2.txt" 2>&1 ||
+    { cat "plan-$1-$2.txt" >&2; fail "plan at $1, shard $2"; }
+  awk '/^  parameters  / { v = $2; if ($3 == "MiB") v *= 1024; if ($3 == "B") v /= 1024; print v }' \
+    "plan-$1-$2.txt"
+}
+python3 - "$(plan_params fp32 parameters)" "$(plan_params bf16 parameters)" \
+  "$(plan_params fp32 gradients)" "$(plan_params bf16 gradients)" <<'PY' ||
+import sys
+f32, b16, g32, g16 = map(float, sys.argv[1:])
+assert b16 < f32 - 30 and g16 == g32, (f32, b16, g32, g16)
+PY
+  fail "plan: the gathered units are not counted in bf16"
 echo "shard-gather: ok"
