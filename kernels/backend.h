@@ -263,6 +263,18 @@ struct tr_graph {
      * whole inputs into its output (a view of those rows) and those rows of
      * its lse. */
     int seq_from, seq_to;
+    /* appended with ABI 10: NULL, or (sharded parameters under a 16-bit
+     * compute dtype, core/engine/gather.c) the flat parameter buffer in
+     * g->compute: 2 bytes a parameter at the parameters' offsets, each
+     * value params[i] rounded to nearest even (the backend's convert).
+     * Then a GEMM's weight (in[1] of linear and matmul) that is a
+     * parameter is there when the node runs, and the GEMM reads it from
+     * here instead of converting params.  A parameter that only GEMMs read,
+     * as their weight, is there alone: its fp32 values in params are this
+     * rank's parts only (the gathers move the others' in 16 bits).  Every
+     * other parameter a node reads is in params, as without params16.
+     * 64-byte aligned at the buffer's start. */
+    void *params16;
 };
 
 /* Dropout's mask, the same on every backend (the CUDA kernels call these
@@ -382,6 +394,19 @@ struct tr_backend_iface {
      * key/value cache runs on it (core/engine/graph_exec.c,
      * tr_graph_forward_rows); without it sample re-runs the whole context. */
     int (*supports_rows)(void *ctx, const struct tr_graph *g, const struct tr_node *n);
+    /* Optional (ABI 10; NULL: the core gathers sharded parameters in fp32):
+     * n values at src (backend memory, of type `from`) into dst (backend
+     * memory, of type `to`), for from and to among TR_F32, TR_BF16 and
+     * TR_F16: the same type copied as it is, fp32 to 16 bits rounded to
+     * nearest even -- the bits the backend's GEMMs round their inputs to
+     * under that compute dtype -- and 16 bits to fp32 widened exactly.
+     * 16-bit values need only be 2-byte aligned; dst and src do not
+     * overlap.  Called from the core's communication thread while nodes
+     * run on the compute thread (tr_graph.params16 is filled through it),
+     * so it must not use what they use (the CPU's OpenMP team): the copy
+     * runs on the calling thread, done when it returns. */
+    void (*convert)(void *ctx, void *dst, enum tr_dtype to, const void *src, enum tr_dtype from,
+                    size_t n);
 };
 
 struct tr_backend {
@@ -397,13 +422,15 @@ struct tr_backend {
  * search path and exporting TR_BACKEND_ENTRY_NAME, so a trainrun built with
  * a device backend still starts where that device (or its driver) is
  * missing, and says why device=<name> is unavailable. */
-#define TR_BACKEND_ABI 9 /* 2: the Llama-family ops and node attributes; 3: convolutions;
+#define TR_BACKEND_ABI 10 /* 2: the Llama-family ops and node attributes; 3: convolutions;
                           * 4: the memory plan counts the backend's parameter copies;
                           * 5: gradients written by their first writer (writes_grad);
                           * 6: frozen weights (16-bit, NF4) and store/load_frozen;
                           * 7: discard, and tr_graph.params_sharded;
                           * 8: rope's frequency scaling (tr_node.rope_factor ...);
-                          * 9: windows of sequence rows (tr_graph.seq_from, supports_rows) */
+                          * 9: windows of sequence rows (tr_graph.seq_from, supports_rows);
+                          * 10: tr_graph.params16 and convert (sharded parameters gathered
+                          *     in the compute dtype) */
 #define TR_BACKEND_ENTRY_NAME "trainrun_backend_entry"
 
 struct tr_backend_module {

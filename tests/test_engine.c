@@ -14,6 +14,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/comm.h"
+#include "engine/gather.h"
 #include "engine/optim.h"
 #include "engine_harness.h"
 #include "remove_tree.h"
@@ -24,6 +25,7 @@
 #include <errno.h>
 #include <ftw.h>
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1676,4 +1678,179 @@ Test(comm, group_sums_fall_back_to_the_world_without_the_slot, .init = environme
     tr_comm_close(c);
     e.cfg.comm.self = NULL;
     engine_close(&e);
+}
+
+/* ---- sharded parameters gathered in bf16 (gather.h), three ranks in threads -- */
+
+enum { GW = 3 };
+
+/* An all-gather among GW threads: each copies its slot to a board, all
+ * copy every slot back. */
+static struct {
+    pthread_barrier_t barrier;
+    float *board;
+    size_t board_floats;
+} gboard;
+
+static int gb_create(const struct tr_host *host, const void *config,
+                     const struct tr_create_args *args, void **self, tr_err *err)
+{
+    (void)host, (void)config, (void)err;
+    *self = (void *)(intptr_t)(args->rank + 1);
+    return TR_OK;
+}
+
+static int gb_allgather(void *self, float *buf, size_t count, tr_err *err)
+{
+    int r = (int)(intptr_t)self - 1;
+    if (GW * count > gboard.board_floats)
+        return tr_fail(err, "board: %zu floats a rank is more than it holds", count);
+    memcpy(gboard.board + (size_t)r * count, buf + (size_t)r * count, count * sizeof(float));
+    pthread_barrier_wait(&gboard.barrier);
+    memcpy(buf, gboard.board, GW * count * sizeof(float));
+    pthread_barrier_wait(&gboard.barrier);
+    return TR_OK;
+}
+
+static const struct tr_comm_vtable gb_vt = {
+    .struct_size = sizeof(struct tr_comm_vtable),
+    .allreduce_sum = fake_allreduce, .broadcast = fake_broadcast, .allgather = gb_allgather,
+};
+
+struct grank {
+    struct engine e;
+    struct tr_plugin_info info;
+    struct tr_comm *comm;
+    struct tr_shard s;
+    const float *ref; /* every parameter, as every rank initialised it */
+    int bad16, bad32, leaked; /* values found wrong: in params16, in params; fp32 held */
+    double bytes;
+};
+
+/* Whether float i of the flat buffer is rank r's (shard.h). */
+static int owns(const struct tr_shard *s, size_t i, int r)
+{
+    struct tr_shard_run p = tr_shard_part(s, i / s->unit, r);
+    return i >= p.begin && i < p.end;
+}
+
+/* Rank r: every node's units gathered in turn (forward order); after each
+ * node's gathers, what it reads is checked: its GEMM weight in bf16, the
+ * parameters other ops read in fp32, and the fp32 values of parameters
+ * only GEMMs read held only where the rank owns them. */
+static void *grank_run(void *arg)
+{
+    struct grank *k = arg;
+    struct tr_graph *g = k->e.g;
+    struct tr_gather *gt = tr_gather_new(g, &k->e.be, k->comm, &k->s);
+    tr_gather_release_all(gt);
+    const uint16_t *p16 = g->params16;
+    for (int i = 0; i < g->n_nodes && p16; i++) {
+        g->before_node(g->before_node_ctx, i, TR_PHASE_FORWARD);
+        const struct tr_node *n = &g->nodes[i];
+        for (int j = 0; j < n->n_in; j++) {
+            const struct tr_tensor *t = &g->tensors[n->in[j]];
+            if (t->role != TR_ROLE_PARAM)
+                continue;
+            int gemm = tr_gather_gemm_weight(g, n->in[j]);
+            int weight = (n->op == TR_OP_LINEAR || n->op == TR_OP_MATMUL) && j == 1;
+            for (size_t x = t->offset; x < t->offset + t->numel; x++) {
+                if (weight)
+                    k->bad16 += p16[x] != tr_f32_to_bf16(k->ref[x]);
+                if (!gemm)
+                    k->bad32 += memcmp(&g->params[x], &k->ref[x], sizeof(float)) != 0;
+                else if (!owns(&k->s, x, k->s.rank))
+                    k->leaked += g->params[x] != 0;
+            }
+        }
+    }
+    tr_gather_release_all(gt);
+    k->bytes = tr_gather_take_bytes(gt);
+    if (!p16)
+        k->bad16 = -1;
+    tr_gather_free(gt);
+    return NULL;
+}
+
+/* The Llama's units over GW ranks, overrides applied (NULL: none); its
+ * parameters are to leave a leftover in the last unit where leftover is set. */
+static void gather_in_bf16(const char *const *overrides, int n_overrides, int leftover)
+{
+    struct grank *rk = calloc(GW, sizeof *rk);
+    tr_err err = {{0}};
+    for (int r = 0; r < GW; r++) {
+        struct grank *k = &rk[r];
+        cr_assert_eq(engine_build(&k->e, CONFIG_DIR "tiny_llama.lua", overrides, n_overrides, 1,
+                                  1, &err),
+                     TR_OK, "%s", err.msg);
+        struct tr_graph *g = k->e.g;
+        g->compute = TR_BF16; /* nothing runs: only the gathers read it */
+        tr_graph_init_params(g, &k->e.be, 7);
+        if (r == 0) {
+            float *ref = malloc(g->n_params * sizeof(float));
+            memcpy(ref, g->params, g->n_params * sizeof(float));
+            for (int q = 0; q < GW; q++)
+                rk[q].ref = ref;
+        }
+        /* units of 111 floats: parts of 37, odd, so packed parts end in a
+         * padding half; the last unit shorter, with a leftover */
+        tr_shard_init(&k->s, g->n_params, 111, r, GW, TR_SHARD_PARAMETERS);
+        k->info = (struct tr_plugin_info){.abi_major = TR_ABI_MAJOR, .struct_size = sizeof k->info,
+                                          .kind = TR_KIND_COMM, .name = "board", .version = "0",
+                                          .description = "threads", .create = gb_create,
+                                          .vtable = &gb_vt};
+        tr_plugin_close(k->e.cfg.comm.plugin);
+        free(k->e.cfg.comm.config);
+        k->e.cfg.comm.config = NULL;
+        k->e.cfg.comm.plugin = calloc(1, sizeof *k->e.cfg.comm.plugin);
+        k->e.cfg.comm.plugin->info = &k->info;
+        k->e.cfg.rank.rank = r;
+        k->e.cfg.rank.world = GW;
+        k->comm = tr_comm_open(&k->e.cfg, &k->e.be, &err);
+        cr_assert_not_null(k->comm, "%s", err.msg);
+    }
+    size_t n = rk[0].e.g->n_params;
+    cr_assert_gt(n % 111, 0, "the last unit is to be short");
+    if (leftover)
+        cr_assert_neq((n % 111) % GW, 0, "the last unit is to leave a leftover");
+    gboard.board_floats = n; /* more than any unit's packed parts */
+    gboard.board = calloc(n, sizeof(float));
+    pthread_barrier_init(&gboard.barrier, NULL, GW);
+    pthread_t th[GW];
+    for (int r = 0; r < GW; r++)
+        pthread_create(&th[r], NULL, grank_run, &rk[r]);
+    for (int r = 0; r < GW; r++)
+        pthread_join(th[r], NULL);
+    for (int r = 0; r < GW; r++) {
+        cr_assert_eq(rk[r].bad16, 0, "rank %d: %d bf16 values not the owner's rounding", r,
+                     rk[r].bad16);
+        cr_assert_eq(rk[r].bad32, 0, "rank %d: %d fp32 values of non-GEMM parameters wrong", r,
+                     rk[r].bad32);
+        cr_assert_eq(rk[r].leaked, 0, "rank %d: %d fp32 values of others' GEMM weights held", r,
+                     rk[r].leaked);
+        cr_assert_gt(rk[r].bytes, 0);
+        cr_assert_eq(rk[r].bytes, rk[0].bytes);
+    }
+    pthread_barrier_destroy(&gboard.barrier);
+    free(gboard.board);
+    free((void *)rk[0].ref);
+    for (int r = 0; r < GW; r++) {
+        tr_comm_close(rk[r].comm);
+        engine_close(&rk[r].e);
+    }
+    free(rk);
+}
+
+/* the input embedding in fp32 units gathered in place, the rest packed */
+Test(gather, bf16_gathers_give_every_rank_the_owners_rounding, .init = environment)
+{
+    gather_in_bf16(NULL, 0, 1);
+}
+
+/* a tied embedding, looked up in fp32 and multiplied by the head: gathered
+ * in fp32 and rounded into params16 where it arrives */
+Test(gather, a_tied_embedding_arrives_in_fp32_and_bf16, .init = environment)
+{
+    const char *const tied[] = {"model.tie_embeddings=true"};
+    gather_in_bf16(tied, 1, 0); /* 4,512 parameters: no leftover over 3 ranks */
 }

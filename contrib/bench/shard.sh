@@ -23,9 +23,13 @@
 # update, and under "parameters" the nodes' waits for their units'
 # gathers), i.e. what is not overlapped with compute.  The recipe's units
 # are 2 MiB (parallel.bucket_mb): "parameters" holds a few units at once.
+# "gathered" is the bytes the sharded parameters' gathers moved in the last
+# step on rank 0 (metrics.jsonl's gathered_bytes; "-" where a level has
+# none or the trainrun predates the figure); under PRECISION=bf16 or fp16
+# the GEMM weights travel in 16 bits.
 #
 # Environment: TRAINRUN, PROCS (1,2,4), LEVELS (none,optimizer,gradients,parameters),
-# STEPS (6).
+# STEPS (6), PRECISION (the recipe's: fp32).
 set -euo pipefail
 name=shard.sh
 # shellcheck source=contrib/bench/lib.sh
@@ -33,24 +37,26 @@ name=shard.sh
 PROCS=${PROCS:-1,2,4}
 LEVELS=${LEVELS:-none,optimizer,gradients,parameters}
 STEPS=${STEPS:-6}
+PRECISION=${PRECISION:-fp32}
 say "load average before starting: $(cut -d' ' -f1-3 /proc/loadavg) (should be near 0)"
 recipe=$here/shard-bench.lua
 
 plan_mib() { # PROCS LEVEL: plan's total memory per device in MiB
-    "$TRAINRUN" plan "$recipe" cost.hardware=h100-80gb gpus="$1" parallel.shard="$2" 2>/dev/null |
+    "$TRAINRUN" plan "$recipe" cost.hardware=h100-80gb gpus="$1" parallel.shard="$2" \
+        precision="$PRECISION" 2>/dev/null |
         awk '/^  total / { v = $2; u = $3 } END {
             if (u == "GiB") v *= 1024; else if (u == "KiB") v /= 1024; printf "%.0f", v }'
 }
 
-printf '| ranks | shard | plan per rank | peak RSS training | with checkpoint | save | run | step time | communication |\n'
-printf '|---:|---|---:|---:|---:|---:|---:|---:|---:|\n'
+printf '| ranks | shard | plan per rank | peak RSS training | with checkpoint | save | run | step time | communication | gathered |\n'
+printf '|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n'
 IFS=, read -ra procs <<<"$PROCS"
 IFS=, read -ra levels <<<"$LEVELS"
 for p in "${procs[@]}"; do
     for level in "${levels[@]}"; do
         [ "$p" = 1 ] && [ "$level" != none ] && continue
         dir=$tmp/run-$p-$level
-        if ! "$TRAINRUN" "$recipe" procs="$p" parallel.shard="$level" \
+        if ! "$TRAINRUN" "$recipe" procs="$p" parallel.shard="$level" precision="$PRECISION" \
             train.steps="$STEPS" run_dir="$dir" >"$dir.log" 2>"$dir.time"; then
             cat "$dir.log" "$dir.time" >&2
             die "procs=$p shard=$level failed"
@@ -66,10 +72,14 @@ for p in "${procs[@]}"; do
         secs=$(sed -n 's/^run .*: [0-9]* steps in \([0-9.]*\) s.*/\1/p' "$dir.time" | tail -1)
         ckpt=$(sed -n 's/.*checkpoint \([0-9.]*\)%.*/\1/p' "$dir.time" | tail -1)
         save=$(awk -v s="${secs:-0}" -v c="${ckpt:-0}" 'BEGIN { printf "%.2f s", s * c / 100 }')
-        printf '| %s | %s | %s MiB | %s MiB | %s MiB | %s | %s s | %s | %s%% |\n' "$p" "$level" \
+        gathered=$(awk '/"gathered_bytes"/ { match($0, /"gathered_bytes": [0-9]+/)
+                       v = substr($0, RSTART + 18, RLENGTH - 18) }
+                     END { if (v == "") print "-"; else printf "%.1f MiB", v / 1048576 }' \
+                   "$dir/metrics.jsonl")
+        printf '| %s | %s | %s MiB | %s MiB | %s MiB | %s | %s s | %s | %s%% | %s |\n' "$p" "$level" \
             "$(plan_mib "$p" "$level")" "${train:-?}" "${final:-?}" "$save" "${secs:-?}" "$step" \
-            "${comm:-?}"
+            "${comm:-?}" "$gathered"
     done
 done
-printf '\none thread per rank, %s steps of batch 4 x 64 tokens; %s\n' "$STEPS" \
-    "$(lscpu | sed -n 's/^Model name: *//p')"
+printf '\none thread per rank, %s steps of batch 4 x 64 tokens, precision %s; %s\n' "$STEPS" \
+    "$PRECISION" "$(lscpu | sed -n 's/^Model name: *//p')"

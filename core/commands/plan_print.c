@@ -293,6 +293,9 @@ static void print_memory(const struct tr_plan *p, FILE *out)
         row(out, "", "(data parallel, parallel.shard = \"%s\": each of the %lld devices holds",
             tr_shard_levels[p->shard_level], (long long)p->cost.count);
         row(out, "", " %s)", what);
+        if (p->shard_level == TR_SHARD_PARAMETERS && p->compute != TR_F32)
+            row(out, "", "(the GEMM weights gathered in %s, 2 bytes a value; the other "
+                "parameters in fp32)", tr_dtype_name(p->compute));
     }
     snprintf(label, sizeof label, "on %s", p->device);
     if (p->cost.count > 1) {

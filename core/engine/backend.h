@@ -148,6 +148,19 @@ static inline void tr_be_discard(const struct tr_backend *be, void *p, size_t by
         be->iface->discard(be->context, p, bytes);
 }
 
+/* optional (ABI 10): whether the backend converts between fp32 and the
+ * 16-bit types in its memory (sharded parameters then travel in 16 bits) */
+static inline int tr_be_can_convert(const struct tr_backend *be)
+{
+    return TR_HAS_SLOT(be->iface, struct tr_backend_iface, convert) && be->iface->convert;
+}
+static inline void tr_be_convert(const struct tr_backend *be, void *dst, enum tr_dtype to,
+                                 const void *src, enum tr_dtype from, size_t n)
+{
+    if (n)
+        be->iface->convert(be->context, dst, to, src, from, n);
+}
+
 /* optional: whether frozen weights may be stored in 16 or 4 bits; without
  * the slots only fp32 frozen weights (uploaded as parameters are) */
 static inline int tr_be_stores_frozen(const struct tr_backend *be)

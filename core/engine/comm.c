@@ -33,6 +33,12 @@ struct job {
      * has waited) */
     const int *ranks;
     int n_ranks;
+    /* run on this thread before the collective (an all-gather's: packed
+     * values, tr_comm_gather_packed) and after it succeeded (any job's) */
+    void (*pack)(void *ctx, size_t arg);
+    void (*unpack)(void *ctx, size_t arg);
+    void *hook_ctx;
+    size_t hook_arg;
 };
 
 struct bucket {
@@ -136,8 +142,13 @@ static void *comm_thread(void *arg)
         else if (!skip && j.kind == JOB_SENDRECV)
             rc = c->vt->sendrecv(c->self, j.buf, j.size, j.root, j.recv_buf, j.recv_bytes, j.from,
                                  &e);
-        else if (!skip)
+        else if (!skip) {
+            if (j.pack)
+                j.pack(j.hook_ctx, j.hook_arg);
             rc = c->vt->allgather(c->self, j.buf, j.size, &e);
+        }
+        if (!skip && rc == TR_OK && j.unpack)
+            j.unpack(j.hook_ctx, j.hook_arg);
         /* a bucket summed: the parts (and leftover) other ranks own go */
         if (!skip && rc == TR_OK && j.discard)
             tr_shard_discard_others(c->be, c->grads, &c->layout, j.discard - 1);
@@ -305,28 +316,46 @@ int tr_comm_has_reduce_scatter(const struct tr_comm *c)
 
 /* The shard's unit u: its parameters from their owners, the equal parts in
  * one all-gather, the last rank's leftover in a broadcast. */
-static size_t submit_gather(struct tr_comm *c, float *buf, const struct tr_shard *s, size_t u)
+static size_t submit_gather(struct tr_comm *c, float *buf, const struct tr_shard *s, size_t u,
+                            void (*after)(void *ctx, size_t arg), void *ctx)
 {
     struct tr_shard_run r = tr_shard_unit(s, u);
     size_t per = tr_shard_part_len(s, u), rest = r.end - r.begin - per * (size_t)s->world;
     size_t ticket = 0;
     if (per)
-        ticket = submit(c, (struct job){.kind = JOB_ALLGATHER, .buf = buf + r.begin, .size = per});
+        ticket = submit(c, (struct job){.kind = JOB_ALLGATHER, .buf = buf + r.begin, .size = per,
+                                        .unpack = rest ? NULL : after, .hook_ctx = ctx,
+                                        .hook_arg = u});
     if (rest)
         ticket = submit(c, (struct job){.kind = JOB_BROADCAST, .buf = buf + r.end - rest,
-                                        .size = rest * sizeof(float), .root = s->world - 1});
+                                        .size = rest * sizeof(float), .root = s->world - 1,
+                                        .unpack = after, .hook_ctx = ctx, .hook_arg = u});
     return ticket;
 }
 
 size_t tr_comm_gather_unit(struct tr_comm *c, float *buf, const struct tr_shard *s, size_t u)
 {
-    return submit_gather(c, buf, s, u);
+    return submit_gather(c, buf, s, u, NULL, NULL);
+}
+
+size_t tr_comm_gather_unit_then(struct tr_comm *c, float *buf, const struct tr_shard *s, size_t u,
+                                void (*after)(void *ctx, size_t u), void *ctx)
+{
+    return submit_gather(c, buf, s, u, after, ctx);
+}
+
+size_t tr_comm_gather_packed(struct tr_comm *c, float *buf, size_t count,
+                             void (*pack)(void *ctx, size_t arg),
+                             void (*unpack)(void *ctx, size_t arg), void *ctx, size_t arg)
+{
+    return submit(c, (struct job){.kind = JOB_ALLGATHER, .buf = buf, .size = count, .pack = pack,
+                                  .unpack = unpack, .hook_ctx = ctx, .hook_arg = arg});
 }
 
 int tr_comm_gather_shards(struct tr_comm *c, float *buf, const struct tr_shard *s, tr_err *err)
 {
     for (size_t u = 0; u < s->n_units; u++)
-        submit_gather(c, buf, s, u);
+        submit_gather(c, buf, s, u, NULL, NULL);
     return wait_all(c, err);
 }
 

@@ -46,6 +46,19 @@ int tr_comm_gather_shards(struct tr_comm *c, float *buf, const struct tr_shard *
  * tr_comm_wait, which waits until that (and everything submitted before
  * it) has run and says whether every collective so far succeeded. */
 size_t tr_comm_gather_unit(struct tr_comm *c, float *buf, const struct tr_shard *s, size_t u);
+/* The same, and then after(ctx, u) on the communication thread once the
+ * unit has arrived (if every collective of it succeeded). */
+size_t tr_comm_gather_unit_then(struct tr_comm *c, float *buf, const struct tr_shard *s, size_t u,
+                                void (*after)(void *ctx, size_t u), void *ctx);
+/* An all-gather of count floats a rank at buf (rank r's at buf + r*count),
+ * not waited for (a ticket, as above), with two steps of the caller's on
+ * the communication thread: pack(ctx, arg) just before the collective
+ * (fill this rank's count floats) and unpack(ctx, arg) after it, if it
+ * succeeded.  Jobs run one at a time in order, so one buffer serves every
+ * such gather (sharded parameters in 16 bits, gather.c). */
+size_t tr_comm_gather_packed(struct tr_comm *c, float *buf, size_t count,
+                             void (*pack)(void *ctx, size_t arg),
+                             void (*unpack)(void *ctx, size_t arg), void *ctx, size_t arg);
 int tr_comm_wait(struct tr_comm *c, size_t ticket, tr_err *err);
 /* Where the backend can discard (shard level gradients and up), each
  * bucket's reduce-scatter is followed by the discard of the parts other

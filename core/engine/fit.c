@@ -46,13 +46,23 @@ void tr_fit_adjust(const struct tr_fit_model *fm, const struct tr_graph *g,
         size_t owned = tr_shard_owned(&sh, last);
         report->optimizer = slots * owned * sizeof(float);
         if (fm->level >= TR_SHARD_GRADIENTS && g && g->n_params == n) {
-            size_t params, grads;
-            tr_gather_peaks(g, &sh, &params, &grads);
-            size_t held = owned + grads;
+            /* 16-bit gathers where the device converts (a plan for
+             * another device assumes it does) */
+            struct tr_graph view = *g;
+            view.compute = fm->compute;
+            int in_compute = tr_gather_in_compute(&view, fm->other_device ? NULL : fm->be, &sh);
+            struct tr_gather_peaks pk;
+            tr_gather_peaks(g, &sh, in_compute, &pk);
+            size_t held = owned + pk.grad_floats;
             report->grads = (held < n ? held : n) * sizeof(float);
             if (fm->level == TR_SHARD_PARAMETERS) {
-                held = owned + params;
-                report->params = ((held < n ? held : n) + g->n_buffers) * sizeof(float);
+                /* this rank's fp32 parts, the units resident together (in
+                 * the compute dtype where they travel in it: 2 bytes a
+                 * value), never more than all of them in fp32 and 16 bits,
+                 * and the packed gathers' staging */
+                size_t most = (n - owned) * sizeof(float) + (in_compute ? n * sizeof(uint16_t) : 0);
+                report->params = (owned + g->n_buffers) * sizeof(float) +
+                                 (pk.param_bytes < most ? pk.param_bytes : most) + pk.staging_bytes;
                 report->param_copies = 0; /* no bf16 mirror (gather.h) */
             }
         }

@@ -17,6 +17,28 @@
  *   event e of a pass:  discard units last read at e - 1
  *                       gather units of e (if not resident), then of e + 1
  *                       wait for e's; the node runs
+ *
+ * Under a 16-bit compute dtype (precision bf16 or fp16) the gathers move
+ * the compute dtype where they can (the backend's convert slot): the graph
+ * gets a second flat buffer, tr_graph.params16 (2 bytes a parameter, the
+ * same offsets, resident only while a unit is: the owner's part is rounded
+ * again at each gather), and GEMMs read their weights from it (backend.h).  A
+ * parameter that only GEMMs read, as their weight, travels in 16 bits
+ * alone: its owner rounds its fp32 part to nearest even (the rounding the
+ * unsharded run's GEMMs apply, so the results are the same bits) and the
+ * other ranks never hold its fp32 values.  Every other parameter (norms'
+ * weights, biases, embedding tables, a tied embedding the head multiplies
+ * too) is read in fp32 by some op, so it travels in fp32 as before, and
+ * where a GEMM multiplies it too (the tied embedding) it is rounded into
+ * params16 where it arrives; a unit with nothing to move in 16 bits is
+ * gathered in place in fp32, as without params16.  Each rank's part of a unit is
+ * packed for the one all-gather the comm plugins have (floats): its fp32
+ * floats, then its 16-bit values two to a float, the last padded with a
+ * zero half when their count is odd, and every rank's packed part as long
+ * as the longest (parts differ: the last rank's holds the unit's leftover,
+ * and runs fall unevenly); packing and unpacking run on the communication
+ * thread around the collective, through one staging buffer.  Gradients,
+ * the optimizer and checkpoints keep to fp32 (the master shard).
  */
 #ifndef TR_GATHER_H
 #define TR_GATHER_H
@@ -46,12 +68,33 @@ void tr_gather_written(void *ctx, const struct tr_tensor *t);
  * gathers compute did not hide (the run counts them as communication). */
 double tr_gather_take_waited(struct tr_gather *gt);
 
-/* The most floats of parameters and of gradients held at once over a
- * training step's forward and backward, beyond this rank's parts: whole
- * units resident together (parameters), and units backward has started
- * writing and not yet handed to their reduce-scatter, plus those in
- * flight (gradients).  For the memory plan (fit.c). */
-void tr_gather_peaks(const struct tr_graph *g, const struct tr_shard *layout,
-                     size_t *param_floats, size_t *grad_floats);
+/* Bytes the gathers moved since the last call, as the trace counts a
+ * collective's (every rank's part of each all-gather, padding included). */
+double tr_gather_take_bytes(struct tr_gather *gt);
+
+/* Whether graph g's sharded parameters (layout) are gathered in the
+ * compute dtype on backend be (NULL: a plan for another device, which is
+ * assumed to convert): the one place that decides it. */
+int tr_gather_in_compute(const struct tr_graph *g, const struct tr_backend *be,
+                         const struct tr_shard *layout);
+
+/* Whether parameter tensor `tensor` of g is read by GEMMs alone, as their
+ * weight (in[1] of linear and matmul): one that travels in 16 bits. */
+int tr_gather_gemm_weight(const struct tr_graph *g, int tensor);
+
+/* What a training step's forward and backward hold at once beyond this
+ * rank's fp32 parts: bytes of parameters (the most over the passes' events
+ * of the units resident together: fp32, whole units; in_compute, 4 bytes
+ * a value of their fp32 runs -- a unit gathered in place: all of it -- and
+ * 2 of the values GEMMs read, in params16, which keeps nothing of a unit
+ * once it is released), the packed gathers' staging buffer (in_compute),
+ * and gradient floats (units backward has started writing and not yet
+ * handed to their reduce-scatter, plus those in flight).  For the memory
+ * plan (fit.c). */
+struct tr_gather_peaks {
+    size_t param_bytes, staging_bytes, grad_floats;
+};
+void tr_gather_peaks(const struct tr_graph *g, const struct tr_shard *layout, int in_compute,
+                     struct tr_gather_peaks *pk);
 
 #endif

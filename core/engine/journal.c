@@ -351,7 +351,7 @@ int tr_journal_step(struct tr_journal *j, const struct tr_loop *l, tr_err *err)
         progress_line(l, &n);
     /* the loggers get what is known: no MFU without a peak (metrics.jsonl's
      * -1), no dollars without a price (its 0) */
-    struct tr_scalar v[16];
+    struct tr_scalar v[20];
     size_t nv = 0;
     v[nv++] = (struct tr_scalar){"loss", l->loss};
     v[nv++] = (struct tr_scalar){"lr", l->lr};
@@ -362,6 +362,8 @@ int tr_journal_step(struct tr_journal *j, const struct tr_loop *l, tr_err *err)
     v[nv++] = (struct tr_scalar){"data_wait_pct", n.wait};
     if (!isnan(n.comm))
         v[nv++] = (struct tr_scalar){"comm_wait_pct", n.comm};
+    if (!isnan(l->gathered))
+        v[nv++] = (struct tr_scalar){"gathered_bytes", l->gathered};
     if (!isnan(l->pipe_idle))
         v[nv++] = (struct tr_scalar){"pipeline_idle_pct", 100 * l->pipe_idle};
     if (!isnan(l->pipe_idle_sim))
@@ -387,6 +389,10 @@ int tr_journal_step(struct tr_journal *j, const struct tr_loop *l, tr_err *err)
     char comm[240] = ""; /* with ranks only */
     if (!isnan(n.comm))
         snprintf(comm, sizeof comm, ", \"comm_wait_pct\": %.2f", n.comm);
+    if (!isnan(l->gathered)) {
+        size_t len = strlen(comm);
+        snprintf(comm + len, sizeof comm - len, ", \"gathered_bytes\": %.0f", l->gathered);
+    }
     if (!isnan(l->pipe_idle)) {
         size_t len = strlen(comm);
         snprintf(comm + len, sizeof comm - len, ", \"pipeline_idle_pct\": %.2f", 100 * l->pipe_idle);

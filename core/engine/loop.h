@@ -28,6 +28,8 @@ struct tr_loop {
     double pipe_idle_chunks;     /* what those times give as C = P x V stages of one chunk
                                   * each under 1F1B, the same micro-batches: a deeper
                                   * pipeline's bubble from measured times (NaN: C = P) */
+    double gathered;             /* sharded parameters (gather.h): the bytes the last step's
+                                  * gathers moved on this rank (NaN: not sharded) */
     double val_loss, val_accuracy; /* of the last evaluation (NaN before one) */
     char best[64];               /* checkpoint of the best validation loss */
     double best_val;

@@ -279,6 +279,9 @@ static int forward_backward(struct run *r, double scale, double *loss_sum, doubl
     /* the mean over the micro-batches of every rank, each weighted below */
     double mean = scale / (s->accum * s->world);
     int sampled = trace && l->step % (uint64_t)s->cfg->train.trace_every == 0;
+    if (s->gather) /* this step's gathers from here (not an evaluation's before it) */
+        tr_gather_take_bytes(s->gather);
+    l->gathered = s->gather ? 0 : NAN;
     for (int k = 0; k < s->accum; k++) {
         if (k > 0 && s->world == 1 && stop_signal)
             return STEP_ABANDONED;
@@ -315,6 +318,8 @@ static int forward_backward(struct run *r, double scale, double *loss_sum, doubl
         double t1 = tr_now();
         /* waits for sharded parameters' gathers are communication, not compute */
         double gathering = s->gather ? tr_gather_take_waited(s->gather) : 0;
+        if (s->gather)
+            l->gathered += tr_gather_take_bytes(s->gather);
         l->t_compute += t1 - t0 - gathering;
         l->t_comm += gathering;
         tr_trace_phase(trace, "data wait", l->step, td, t0);
@@ -747,7 +752,7 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
     r->s.cfg = cfg;
     r->l.s = &r->s;
     r->l.val_loss = r->l.best_val = r->l.stop_best = r->l.loss = r->l.pipe_idle = r->l.pipe_idle_sim =
-        r->l.pipe_idle_chunks = NAN;
+        r->l.pipe_idle_chunks = r->l.gathered = NAN;
     r->flags = flags;
     tr_err err = {{0}};
     int code = TR_EXIT_ERROR, rc = TR_OK;

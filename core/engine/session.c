@@ -315,7 +315,8 @@ static int plan_memory(struct tr_session *s, tr_err *err)
         return tr_fail(err, "parallel.shard = \"parameters\": the %s backend cannot give "
                        "memory back (its discard slot), which sharded parameters need; use "
                        "shard = \"gradients\" (ZeRO-2) there", tr_be_name(&s->be));
-    s->g->params_sharded = level == TR_SHARD_PARAMETERS; /* before the plan: no bf16 mirror */
+    /* before the plan: no bf16 mirror (the gathers fill tr_graph.params16 instead) */
+    s->g->params_sharded = level == TR_SHARD_PARAMETERS;
     /* eval and sample run forward alone: no gradients, activations reused
      * as soon as forward is done with them (graph.h) */
     if (!training(s))
@@ -350,8 +351,12 @@ static int plan_memory(struct tr_session *s, tr_err *err)
     if (s->comm && s->replicas > 1 && !tr_session_stages(s) &&
         tr_comm_plan_buckets(s->comm, s->g, &s->shard, err) != TR_OK)
         return TR_ERROR;
-    if (s->comm && level == TR_SHARD_PARAMETERS)
+    if (s->comm && level == TR_SHARD_PARAMETERS) {
         s->gather = tr_gather_new(s->g, &s->be, s->comm, &s->shard);
+        if (s->rank == 0 && s->g->params16)
+            tr_log(TR_LOG_INFO, NULL, "sharded parameters gathered in %s where only GEMMs "
+                   "read them as weights, the rest in fp32", tr_dtype_name(s->g->compute));
+    }
     return TR_OK;
 }
 

@@ -52,18 +52,25 @@ int tr_shard_sharded(const struct tr_shard *s)
     return s->level != TR_SHARD_NONE && s->world > 1;
 }
 
-void tr_shard_discard_others(const struct tr_backend *be, float *buf, const struct tr_shard *s,
-                             size_t u)
+void tr_shard_discard_others_of(const struct tr_backend *be, void *buf, size_t elem,
+                                const struct tr_shard *s, size_t u)
 {
     struct tr_shard_run r = tr_shard_unit(s, u), p = tr_shard_part(s, u, s->rank);
     struct tr_shard_run other[2] = {{r.begin, p.begin}, {p.end, r.end}};
     for (int k = 0; k < 2; k++) {
-        size_t bytes = (other[k].end - other[k].begin) * sizeof(float);
+        size_t bytes = (other[k].end - other[k].begin) * elem;
+        char *at = (char *)buf + other[k].begin * elem;
         if (bytes && tr_be_can_discard(be))
-            tr_be_discard(be, buf + other[k].begin, bytes);
+            tr_be_discard(be, at, bytes);
         else if (bytes)
-            tr_be_zero(be, buf + other[k].begin, bytes);
+            tr_be_zero(be, at, bytes);
     }
+}
+
+void tr_shard_discard_others(const struct tr_backend *be, float *buf, const struct tr_shard *s,
+                             size_t u)
+{
+    tr_shard_discard_others_of(be, buf, sizeof(float), s, u);
 }
 
 const char *tr_shard_level_name(enum tr_shard_level level)

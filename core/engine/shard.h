@@ -71,5 +71,9 @@ const char *tr_shard_level_name(enum tr_shard_level level);
 struct tr_backend;
 void tr_shard_discard_others(const struct tr_backend *be, float *buf, const struct tr_shard *s,
                              size_t u);
+/* The same for a buffer of elem bytes an element laid out alike (the
+ * parameters' 16-bit copy, tr_graph.params16). */
+void tr_shard_discard_others_of(const struct tr_backend *be, void *buf, size_t elem,
+                                const struct tr_shard *s, size_t u);
 
 #endif

@@ -83,6 +83,22 @@ static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes)
     memcpy(dst, src, bytes);
 }
 
+/* Between fp32 and the 16-bit types (backend.h's convert): on the calling
+ * thread (the core's communication thread, while nodes run on OpenMP's),
+ * with the bits of tr_cpu_to_half and tr_cpu_from_half. */
+static void cpu_convert(void *ctx, void *dst, enum tr_dtype to, const void *src,
+                        enum tr_dtype from, size_t n)
+{
+    (void)ctx;
+    tr_cpu_param16_written(dst, n * (to == TR_F32 ? sizeof(float) : sizeof(uint16_t)));
+    if (to == from)
+        memcpy(dst, src, n * (to == TR_F32 ? sizeof(float) : sizeof(uint16_t)));
+    else if (from == TR_F32)
+        tr_cpu_to_half_serial(dst, src, n, to == TR_BF16);
+    else
+        tr_cpu_from_half_serial(dst, src, n, from == TR_BF16);
+}
+
 #define T(i) (&g->tensors[n->in[i]])
 
 /* ---- nodes: each op's kernels, through the per-op table (nodes.c) */
@@ -460,6 +476,7 @@ static const struct tr_backend_iface cpu_iface = {
     .load_frozen = cpu_load_frozen,
     .discard = cpu_discard,
     .supports_rows = cpu_supports_rows,
+    .convert = cpu_convert,
 };
 
 int tr_cpu_backend_init(struct tr_backend *be, int threads)

@@ -50,6 +50,20 @@ static float *rounded(const struct tr_graph *g, float *dst, const float *src, si
     return dst;
 }
 
+/* A GEMM's weight (in[1]) rounded likewise: a parameter of a graph whose
+ * parameters are gathered in the compute dtype (tr_graph.params16) widened
+ * from there -- the same numbers, and the only place other ranks' parts of
+ * such a weight are -- anything else rounded from its fp32 values */
+static const float *weight_rounded(const struct tr_graph *g, float *dst, const struct tr_tensor *t)
+{
+    if (g->params16 != NULL && t->role == TR_ROLE_PARAM && t->dtype == TR_F32) {
+        tr_cpu_from_half(dst, (const uint16_t *)g->params16 + t->offset, t->numel,
+                         g->compute == TR_BF16);
+        return dst;
+    }
+    return rounded(g, dst, F(t), t->numel);
+}
+
 /* bf16 on a CPU with bf16 GEMM instructions (tr_cpu_bf16_native_isa): the
  * inputs are converted to bf16 into scratch, half the bytes of the rounded
  * fp32 copies above, and oneDNN multiplies them natively.  The same numbers
@@ -326,7 +340,7 @@ static void linear_forward(struct tr_graph *g, const struct tr_node *n)
     const float *x = F(T(0)), *w = F(T(1));
     if (half_gemm(g)) {
         x = rounded(g, g->scratch, x, T(0)->numel);
-        w = rounded(g, g->scratch + T(0)->numel, w, T(1)->numel);
+        w = weight_rounded(g, g->scratch + T(0)->numel, T(1));
     } else {
         /* a frozen weight: its transposed copy, made once (frozen_t.c) */
         int ldw;
@@ -362,7 +376,7 @@ static void linear_backward(struct tr_graph *g, const struct tr_node *n)
     const float *x = F(T(0)), *w = F(T(1)), *gemm_dout = dout;
     if (half_gemm(g)) {
         x = rounded(g, g->scratch, x, T(0)->numel);
-        w = rounded(g, g->scratch + T(0)->numel, w, T(1)->numel);
+        w = weight_rounded(g, g->scratch + T(0)->numel, T(1));
         gemm_dout = rounded(g, g->scratch + T(0)->numel + T(1)->numel, dout, OUT->numel);
     }
     tr_cpu_linear_backward(T(0)->grad, T(1)->grad, NULL, gemm_dout, x, w, rows(T(0)),
@@ -385,7 +399,7 @@ static void matmul_forward(struct tr_graph *g, const struct tr_node *n)
     const float *a = F(T(0)), *b = F(T(1));
     if (half_gemm(g)) {
         a = rounded(g, g->scratch, a, T(0)->numel);
-        b = rounded(g, g->scratch + T(0)->numel, b, T(1)->numel);
+        b = weight_rounded(g, g->scratch + T(0)->numel, T(1));
     }
     tr_cpu_matmul_forward(F(OUT), a, b, batch, M, K, N, n->trans_b);
 }
@@ -405,7 +419,7 @@ static void matmul_backward(struct tr_graph *g, const struct tr_node *n)
     const float *a = F(T(0)), *b = F(T(1));
     if (half_gemm(g)) {
         a = rounded(g, g->scratch, a, T(0)->numel);
-        b = rounded(g, g->scratch + T(0)->numel, b, T(1)->numel);
+        b = weight_rounded(g, g->scratch + T(0)->numel, T(1));
         dout = rounded(g, g->scratch + T(0)->numel + T(1)->numel, dout, OUT->numel);
     }
     tr_cpu_matmul_backward(T(0)->grad, T(1)->grad, dout, a, b, batch, M, K, N, n->trans_b);

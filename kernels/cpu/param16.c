@@ -111,6 +111,10 @@ size_t tr_cpu_param16_bytes(size_t n_params)
 
 const uint16_t *tr_cpu_param16(const struct tr_graph *g, const struct tr_tensor *t)
 {
+    /* sharded parameters gathered in bf16: the core's copy (backend.h) */
+    if (g->params16 != NULL && t->role == TR_ROLE_PARAM && t->dtype == TR_F32 &&
+        g->compute == TR_BF16)
+        return (const uint16_t *)g->params16 + t->offset;
     if (t->role != TR_ROLE_PARAM || t->dtype != TR_F32 || g->params == NULL || g->params_sharded ||
         g->n_params == 0 || (const float *)t->data < g->params ||
         (const float *)t->data + t->numel > g->params + g->n_params)

@@ -5,7 +5,8 @@
 # a small CNN in fp32 and bf16, agreeing step by step (and the CNN refused,
 # saying why, when cuDNN is unusable); on the harness a
 # resumed run and a recomputing run train bit-identical weights, and a
-# checkpoint written by device=cuda resumes on device=cpu.
+# checkpoint written by device=cuda resumes on device=cpu; and
+# parallel.shard = "parameters" is refused there (no discard slot).
 #
 # Losses are compared, and weights across devices are not: the key part of
 # c_attn.bias has an exactly-zero gradient (softmax ignores a shift common to
@@ -124,4 +125,14 @@ unset CUDACPU_CUDNN_VERSION
 grep -q "conv2d '.*' cannot run: cuDNN 80907 is loaded but this build needs major version" nodnn_cnn.txt &&
   grep -q 'device "cuda" cannot run conv2d' nodnn_cnn.txt ||
   { cat nodnn_cnn.txt; fail "the refused conv model does not say why"; }
+# sharded parameters need discard (and, to travel in bf16, convert), which
+# the cuda backend lacks: a rank of 2 (over a test comm plugin, no peer
+# needed to get there) is refused at start naming the recipe's key
+if TRAINRUN_BACKEND_PATH=$TR_CUDACPU_DIR TRAINRUN_RANK=0 TRAINRUN_WORLD_SIZE=2 "$TRAINRUN" \
+     --plugin-path "$TR_TEST_PLUGIN_DIR" "$C/tiny_llama.lua" device=cuda comm=no_reduce_scatter \
+     parallel.shard=parameters precision=bf16 train.steps=2 run_dir=cuda_zero3 > cuda_zero3.txt 2>&1; then
+  cat cuda_zero3.txt; fail "device=cuda ran parallel.shard = parameters"
+fi
+grep -q 'parallel.shard = "parameters": the cuda backend cannot give memory back' cuda_zero3.txt ||
+  { cat cuda_zero3.txt; fail "device=cuda's refusal of shard = parameters does not say why"; }
 echo "cudacpu: device=cuda through the harness agrees with device=cpu ($skipped fp16 steps skipped on both)"

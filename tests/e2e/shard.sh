@@ -17,7 +17,9 @@
 #   - accumulation, recompute and clipping keep that agreement; under bf16
 #     and fp16 (loss scaling) a sharded run equals the unsharded one at the
 #     same world size bit for bit (and one process within 1e-3, as
-#     unsharded data parallelism does: below);
+#     unsharded data parallelism does: below), with "parameters" gathering
+#     the GEMM weights in the compute dtype (tests/e2e/shard-gather.sh
+#     checks the bytes it saves);
 #   - evaluation during a run at "parameters" with batches the ranks share
 #     unevenly (every rank still runs as many forwards: each gathers);
 #   - over MPI (mpirun -np 3) "gradients" and "parameters" equal no
@@ -131,6 +133,8 @@ for lever in "model.recompute=1 optimizer.clip=0.5" "precision=bf16" "precision=
       fail "$lever at $procs ranks: shard parameters differs from gradients"
     case $lever in
     precision=*)
+      grep -q "sharded parameters gathered in ${lever#precision=} where" "lever-$name-$procs-parameters.log" ||
+        { cat "lever-$name-$procs-parameters.log"; fail "$lever at $procs ranks: not gathered in 16 bits"; }
       # the same as no sharding where nothing accumulates (the sharded
       # levels sum each micro-batch over the ranks)
       # shellcheck disable=SC2086
