@@ -430,7 +430,8 @@ struct tr_backend {
                           * 8: rope's frequency scaling (tr_node.rope_factor ...);
                           * 9: windows of sequence rows (tr_graph.seq_from, supports_rows);
                           * 10: tr_graph.params16 and convert (sharded parameters gathered
-                          *     in the compute dtype) */
+                          *     in the compute dtype); a linear's b may be an addend of its
+                          *     output's shape (ops.h, tr_linear_addend) */
 #define TR_BACKEND_ENTRY_NAME "trainrun_backend_entry"
 
 struct tr_backend_module {
