@@ -37,10 +37,10 @@ void tr_cpu_sgemm_serial(int trans_a, int trans_b, int M, int N, int K, float al
                          int ldc);
 
 /* C = C0 + op(A) op(B) (C0 in C's layout, ldc; it may be C itself): each
- * tile of C starts as C0's and the product goes onto it while the tile is
- * in cache, one pass over memory where a product and then an add make
- * three.  The same tiles and sums as tr_cpu_sgemm with beta 1 on a copy of
- * C0. */
+ * tile's product goes into a buffer of the thread's and C0 is added as it
+ * is stored, while the buffer is in cache (gemm.c): one pass over C where
+ * a product and then an add make three.  Bit for bit C0 plus tr_cpu_sgemm's
+ * product. */
 void tr_cpu_sgemm_onto(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
                        const float *B, int ldb, const float *C0, float *C, int ldc);
 
@@ -75,10 +75,10 @@ void tr_cpu_gemm_bf16_serial(int trans_a, int trans_b, int M, int N, int K, cons
 void tr_cpu_gemm_bf16_bias(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A,
                            int lda, const uint16_t *B, int ldb, const float *bias, float *C,
                            int ldc, uint16_t *C16);
-/* C = C0 + op(A) op(B) as tr_cpu_sgemm_onto does it, with bf16 A and B;
- * into fp32 C, or with C NULL into bf16 C16 (C0 then bf16 too), each tile
- * rounded as the primitive stores it (the fp32 sum of C0's value and the
- * product, rounded once). */
+/* C = C0 + op(A) op(B) as tr_cpu_sgemm_onto does it, with bf16 A and B
+ * (tr_cpu_gemm_bf16's product); into fp32 C, or with C NULL into bf16 C16
+ * (C0 then bf16 too): the fp32 sum of C0's value and the product, rounded
+ * once (tr_f32_to_bf16's bits). */
 void tr_cpu_gemm_bf16_onto(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A,
                            int lda, const uint16_t *B, int ldb, const void *C0, float *C, int ldc,
                            uint16_t *C16);
