@@ -63,7 +63,14 @@ void tr_fit_adjust(const struct tr_fit_model *fm, const struct tr_graph *g,
                 size_t most = (n - owned) * sizeof(float) + (in_compute ? n * sizeof(uint16_t) : 0);
                 report->params = (owned + g->n_buffers) * sizeof(float) +
                                  (pk.param_bytes < most ? pk.param_bytes : most) + pk.staging_bytes;
-                report->param_copies = 0; /* no bf16 mirror (gather.h) */
+                /* what the backend keeps beside a sharded graph's parameters:
+                 * no bf16 mirror (params16 holds the gathered units, above),
+                 * but a frozen base's transposed copies, which no shard level
+                 * divides (fp32 adapters: kernels/cpu/frozen_t.c) */
+                struct tr_graph sharded = *g;
+                sharded.params_sharded = 1;
+                report->param_copies =
+                    fm->other_device || !fm->be ? 0 : tr_be_param_copy_bytes(fm->be, &sharded);
             }
         }
     }

@@ -185,4 +185,17 @@ sed -e '/lora =/d' "$Q" > full8b.lua
 "$TRAINRUN" plan full8b.lua cost.hardware=a100-80gb > full8b.txt 2>&1
 grep -q "DOES NOT FIT" full8b.txt || { cat full8b.txt; fail "a full 8B fine-tune fits a100-80gb?"; }
 echo "lora: plans: $(grep 'on l4-24gb' qlora.txt | tr -s ' ')"
+# a frozen base is never sharded: its fp32 copies for the forward GEMM
+# (kernels/cpu/frozen_t.c: AVX-512 CPUs, 1024 rows or more) stay in the plan
+# of every device (at 256 x 8 rows a micro-batch)
+"$TRAINRUN" plan lora.lua train.batch=256 > one.txt 2>&1 || { cat one.txt; fail "plan of lora.lua"; }
+"$TRAINRUN" plan lora.lua train.batch=256 parallel.shard=parameters cost.hardware=cpu cost.count=2 \
+  > sharded.txt 2>&1 ||
+  { cat sharded.txt; fail "plan of lora.lua under shard = parameters"; }
+copies() { sed -n 's/^ *parameter copies *//p' "$1" | head -1; }
+[ "$(copies one.txt)" = "$(copies sharded.txt)" ] ||
+  fail "parameter copies: $(copies one.txt) in one process, '$(copies sharded.txt)' a rank sharded"
+if grep -q avx512f /proc/cpuinfo; then
+  [ -n "$(copies one.txt)" ] || { cat one.txt; fail "no transposed copies of the frozen base planned"; }
+fi
 echo "lora: ok"
