@@ -290,69 +290,45 @@ static void add_backward(struct tr_graph *g, const struct tr_node *n)
     tr_cpu_add_backward(T(0)->grad, T(1)->grad, dout, OUT->numel, n->write_grad_mask);
 }
 
-/* A linear whose third input is an addend (ops.h, tr_linear_addend): the
+/* out = x w^T (+ a bias), or onto an addend (ops.h, tr_linear_addend): the
  * product goes onto it tile by tile.  On the native bf16 path a bf16 output
  * takes a bf16 addend as stored (backend.c's native_half); every other
  * 16-bit tensor here is an fp32 copy (run_node), so the types pair up. */
-static void linear_forward_onto(struct tr_graph *g, const struct tr_node *n)
+static void linear_forward(struct tr_graph *g, const struct tr_node *n)
 {
     int N = rows(T(0)), IC = cols(T(0)), OC = (int)T(1)->shape[0];
+    int addend = tr_linear_addend(g, n), out16 = tr_cpu_node_linear_out16(g, n);
+    const float *bias = n->n_in == 3 && !addend ? F(T(2)) : NULL;
     if (tr_cpu_node_native_bf16(g)) {
         struct bf16_operands o = bf16_inputs(g, n);
-        if (tr_cpu_node_linear_out16(g, n) && T(2)->dtype != TR_BF16) { /* an fp32 addend */
+        if (addend && out16 && T(2)->dtype != TR_BF16) { /* an fp32 addend */
             tr_cpu_linear_forward_bf16_out16((uint16_t *)OUT->data, o.a, o.b, NULL, N, IC, OC);
             tr_cpu_add_forward_act(act(OUT), act(OUT), act(T(2)), OUT->numel);
-        } else if (tr_cpu_node_linear_out16(g, n)) {
-            tr_cpu_linear_forward_bf16_onto(NULL, (uint16_t *)OUT->data, o.a, o.b, T(2)->data, N,
-                                            IC, OC);
-        } else
-            tr_cpu_linear_forward_bf16_onto(F(OUT), NULL, o.a, o.b, F(T(2)), N, IC, OC);
+        } else if (addend) {
+            tr_cpu_linear_forward_bf16_onto(out16 ? NULL : F(OUT),
+                                            out16 ? (uint16_t *)OUT->data : NULL, o.a, o.b,
+                                            T(2)->data, N, IC, OC);
+        } else if (out16) { /* rounded into storage tile by tile */
+            tr_cpu_linear_forward_bf16_out16((uint16_t *)OUT->data, o.a, o.b, bias, N, IC, OC);
+        } else {
+            tr_cpu_linear_forward_bf16(F(OUT), o.a, o.b, bias, N, IC, OC);
+        }
         return;
     }
     const float *x = F(T(0)), *w = F(T(1)), *wt = NULL;
     int ldw = 0;
     if (half_gemm(g)) {
         x = rounded(g, g->scratch, x, T(0)->numel);
-        w = rounded(g, g->scratch + T(0)->numel, w, T(1)->numel);
-    } else {
-        wt = tr_cpu_frozen_t(g, T(1), N, &ldw); /* a frozen weight's copy (frozen_t.c) */
-    }
-    tr_cpu_linear_forward_onto(F(OUT), x, w, wt, ldw, F(T(2)), N, IC, OC);
-}
-
-static void linear_forward(struct tr_graph *g, const struct tr_node *n)
-{
-    if (tr_linear_addend(g, n)) {
-        linear_forward_onto(g, n);
-        return;
-    }
-    if (tr_cpu_node_native_bf16(g)) {
-        struct bf16_operands o = bf16_inputs(g, n);
-        const float *bias = n->n_in == 3 ? F(T(2)) : NULL;
-        if (tr_cpu_node_linear_out16(g, n)) /* rounded into storage tile by tile */
-            tr_cpu_linear_forward_bf16_out16((uint16_t *)OUT->data, o.a, o.b, bias,
-                                             rows(T(0)), cols(T(0)), (int)T(1)->shape[0]);
-        else
-            tr_cpu_linear_forward_bf16(F(OUT), o.a, o.b, bias, rows(T(0)), cols(T(0)),
-                                       (int)T(1)->shape[0]);
-        return;
-    }
-    const float *x = F(T(0)), *w = F(T(1));
-    if (half_gemm(g)) {
-        x = rounded(g, g->scratch, x, T(0)->numel);
         w = weight_rounded(g, g->scratch + T(0)->numel, T(1));
     } else {
-        /* a frozen weight: its transposed copy, made once (frozen_t.c) */
-        int ldw;
-        const float *wt = tr_cpu_frozen_t(g, T(1), rows(T(0)), &ldw);
-        if (wt != NULL) {
-            tr_cpu_linear_forward_wt(F(OUT), x, wt, ldw, n->n_in == 3 ? F(T(2)) : NULL,
-                                     rows(T(0)), cols(T(0)), (int)T(1)->shape[0]);
-            return;
-        }
+        wt = tr_cpu_frozen_t(g, T(1), N, &ldw); /* a frozen weight's copy, made once (frozen_t.c) */
     }
-    tr_cpu_linear_forward(F(OUT), x, w, n->n_in == 3 ? F(T(2)) : NULL, rows(T(0)), cols(T(0)),
-                          (int)T(1)->shape[0]);
+    if (addend)
+        tr_cpu_linear_forward_onto(F(OUT), x, w, wt, ldw, F(T(2)), N, IC, OC);
+    else if (wt != NULL)
+        tr_cpu_linear_forward_wt(F(OUT), x, wt, ldw, bias, N, IC, OC);
+    else
+        tr_cpu_linear_forward(F(OUT), x, w, bias, N, IC, OC);
 }
 
 static void linear_backward(struct tr_graph *g, const struct tr_node *n)

@@ -185,6 +185,16 @@ sed -e '/lora =/d' "$Q" > full8b.lua
 "$TRAINRUN" plan full8b.lua cost.hardware=a100-80gb > full8b.txt 2>&1
 grep -q "DOES NOT FIT" full8b.txt || { cat full8b.txt; fail "a full 8B fine-tune fits a100-80gb?"; }
 echo "lora: plans: $(grep 'on l4-24gb' qlora.txt | tr -s ' ')"
+# adapters under ZeRO-3 in fp16: the adapters' weights are gathered in 16
+# bits and every GEMM reads those (lora_B's onto its base output too), so
+# the losses and norms are those of ZeRO-2, bit for bit
+for lvl in gradients parameters; do
+  "$TRAINRUN" lora.lua procs=2 comm=tcp parallel.shard=$lvl precision=fp16 train.steps=4 \
+    checkpoint.every=0 run_dir=z-$lvl --quiet > z-$lvl.txt 2>&1 || { cat z-$lvl.txt; fail "fp16 $lvl"; }
+  grep -o '"loss": [0-9.e-]*\|"grad_norm": [0-9.e-]*' z-$lvl/metrics.jsonl > z-$lvl.metrics
+done
+[ -s z-parameters.metrics ] && cmp -s z-gradients.metrics z-parameters.metrics ||
+  fail "adapters in fp16: shard = parameters trained other losses than gradients"
 # a frozen base is never sharded: its fp32 copies for the forward GEMM
 # (kernels/cpu/frozen_t.c: AVX-512 CPUs, 1024 rows or more) stay in the plan
 # of every device (at 256 x 8 rows a micro-batch)
