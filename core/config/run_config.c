@@ -222,6 +222,15 @@ static int resolve_shard(struct tr_config *cfg, struct tr_value *root, tr_err *e
     return TR_OK;
 }
 
+/* "recipe.lua:4" of parallel.offload in root, or "" */
+static void offload_where(const struct tr_value *root, char *where, size_t size)
+{
+    const struct tr_value *v = tr_value_child(tr_value_child(root, "parallel"), "offload");
+    where[0] = '\0';
+    if (v)
+        tr_origin_format(&v->origin, where, size);
+}
+
 static int offload_ranks_refused(const char *where, int world, tr_err *err)
 {
     return tr_fail(err, "%s: parallel.offload = \"optimizer\" with %d ranks is not supported "
@@ -237,10 +246,8 @@ static int resolve_offload(struct tr_config *cfg, struct tr_value *root, tr_err 
     p->offload_optimizer = strcmp(p->offload, "optimizer") == 0;
     if (!p->offload_optimizer)
         return TR_OK;
-    const struct tr_value *v = tr_value_child(tr_value_child(root, "parallel"), "offload");
-    char where[256] = "";
-    if (v)
-        tr_origin_format(&v->origin, where, sizeof where);
+    char where[256];
+    offload_where(root, where, sizeof where);
     if (p->shard_level != TR_SHARD_NONE)
         return tr_fail(err, "%s: parallel.offload = \"optimizer\" with shard = \"%s\" is not "
                        "supported yet: offload keeps the whole optimizer state on the host; use "
@@ -260,10 +267,8 @@ static int offload_ranks(const struct tr_config *cfg, struct tr_value *root, tr_
     int64_t ranks = p->gpus > p->procs ? p->gpus : p->procs;
     if (!p->offload_optimizer || ranks <= 1)
         return TR_OK;
-    const struct tr_value *v = tr_value_child(tr_value_child(root, "parallel"), "offload");
-    char where[256] = "";
-    if (v)
-        tr_origin_format(&v->origin, where, sizeof where);
+    char where[256];
+    offload_where(root, where, sizeof where);
     return offload_ranks_refused(where, (int)ranks, err);
 }
 
@@ -271,11 +276,8 @@ int tr_config_check_offload(const struct tr_config *cfg, int planning, int world
 {
     if (!cfg->parallel.offload_optimizer)
         return TR_OK;
-    const struct tr_value *v = tr_value_child(
-        tr_value_child(tr_recipe_root(cfg->recipe), "parallel"), "offload");
-    char where[256] = "";
-    if (v)
-        tr_origin_format(&v->origin, where, sizeof where);
+    char where[256];
+    offload_where(tr_recipe_root(cfg->recipe), where, sizeof where);
     if (world > 1)
         return offload_ranks_refused(where, world, err);
     /* a plan for a hardware profile plans for that device, whatever this

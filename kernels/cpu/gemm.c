@@ -196,8 +196,8 @@ static void store_onto(float *C, uint16_t *C16, const void *C0, int ldc, int i0,
 }
 
 /* Tile number `tile_index` of the grid, counted along rows of tiles; with
- * C0, the tile starts as C0's (beta is then 1: the product goes onto it
- * while the tile is in cache). */
+ * C0, the product goes into the thread's tile buffer and C0 + it into C
+ * (store_onto; beta is then not used). */
 static void sgemm_tile(int tile_index, struct tile_grid grid, int trans_a, int trans_b, int M,
                        int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
                        float beta, const float *C0, float *C, int ldc)
@@ -328,7 +328,7 @@ void tr_cpu_sgemm_onto(int trans_a, int trans_b, int M, int N, int K, const floa
         copy_tile(C, C0, sizeof *C, ldc, 0, 0, M, N);
         return;
     }
-    sgemm_threaded(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C0, C, ldc);
+    sgemm_threaded(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C0, C, ldc);
 }
 
 static void sgemm_threaded(int trans_a, int trans_b, int M, int N, int K, float alpha,
