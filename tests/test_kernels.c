@@ -313,6 +313,60 @@ Test(sgemm, large_tiles_same_bits_for_any_thread_count)
     }
 }
 
+/* Products with a narrow K (an adapter's rank: gemm_rank.c takes them on
+ * AVX-512 CPUs, oneDNN elsewhere): the right values for every transpose,
+ * with C overwritten and accumulated, a last block of rows and columns cut
+ * short and C's padding untouched; the same bits for 1, 2 and 3 threads and
+ * serially. */
+Test(sgemm, rank_products_vs_naive_same_bits_for_any_thread_count)
+{
+    rng_t rng = {104};
+    const int shapes[][3] = {{1, 256, 1}, {7, 300, 16}, {1031, 700, 32}, {64, 1536, 16}};
+    const int n_shapes = sizeof shapes / sizeof shapes[0];
+    int saved_threads = omp_get_max_threads();
+    for (int s = 0; s < n_shapes; s++) {
+        int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        cr_assert(tr_cpu_rank_gemm_takes(M, N, K) == (tr_cpu_avx512f() != 0), "%dx%dx%d", M, N, K);
+        for (int trans = 0; trans < 8; trans++) {
+            int ta = trans & 1, tb = (trans >> 1) & 1, accumulate = trans >> 2;
+            float beta = accumulate ? 1.0f : 0.0f;
+            int a_rows = ta ? K : M, a_cols = ta ? M : K;
+            int b_rows = tb ? N : K, b_cols = tb ? K : N;
+            int lda = a_cols + 3, ldb = b_cols + 2, ldc = N + 1;
+            size_t c_size = (size_t)M * ldc;
+            float *A = random_fvec(&rng, (size_t)a_rows * lda, -1, 1);
+            float *B = random_fvec(&rng, (size_t)b_rows * ldb, -1, 1);
+            float *C0 = random_fvec(&rng, c_size, -1, 1);
+            double *want = dvec(c_size);
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < ldc; j++) {
+                    size_t at = (size_t)i * ldc + j;
+                    double sum = 0.0;
+                    for (int k = 0; k < K && j < N; k++)
+                        sum += (double)(ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]) *
+                               (double)(tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j]);
+                    want[at] = j >= N ? C0[at] : sum + (accumulate ? (double)C0[at] : 0.0);
+                }
+            float *C[3];
+            for (int t = 0; t < 3; t++) {
+                C[t] = copy_fvec(C0, c_size);
+                omp_set_num_threads(t + 1);
+                tr_cpu_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C[t], ldc);
+            }
+            omp_set_num_threads(saved_threads);
+            expect_close("rank product", C[0], want, c_size, FWD_TOL);
+            expect_bitwise("rank product, 2 threads vs 1", C[1], C[0], c_size);
+            expect_bitwise("rank product, 3 threads vs 1", C[2], C[0], c_size);
+            float *C_serial = copy_fvec(C0, c_size);
+            tr_cpu_sgemm_serial(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C_serial, ldc);
+            expect_bitwise("rank product, serial vs threaded", C_serial, C[0], c_size);
+            for (int t = 0; t < 3; t++)
+                free(C[t]);
+            free(A), free(B), free(C0), free(C_serial), free(want);
+        }
+    }
+}
+
 Test(sgemm, beta_zero_ignores_c_and_k_zero)
 {
     rng_t rng = {102};

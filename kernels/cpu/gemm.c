@@ -169,6 +169,28 @@ static float *onto_tile_buffer(size_t floats)
     return onto_buf;
 }
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include "bf16_lanes.h"
+#define ONTO_HAVE_AVX512 1
+
+/* One row of store_onto's bf16 case, 16 lanes at a time: widen C0, add,
+ * round as tr_f32_to_bf16 (bf16_lanes.h); the same bits as the scalar loop
+ * (2 threads, 1024 x 1536 rank-16 product onto bf16: 0.47 -> 0.29 ms). */
+static __attribute__((target("avx512f"))) void onto_row_bf16_avx512(uint16_t *c16,
+                                                                     const uint16_t *c0,
+                                                                     const float *p, int cols)
+{
+    for (int j = 0; j < cols; j += 16) {
+        int lanes = cols - j < 16 ? cols - j : 16;
+        __mmask16 m = (__mmask16)(lanes == 16 ? 0xffffu : (1u << lanes) - 1u);
+        __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, c0 + j)), 16));
+        __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, p + j), x);
+        _mm512_mask_cvtepi32_storeu_epi16(c16 + j, m, tr_bf16_lanes16(_mm512_castps_si512(v)));
+    }
+}
+#endif
+
 /* C (fp32) or C16 (bf16, rounded as tr_f32_to_bf16) = C0 + P, row i0 and
  * column j0 on, P the tile's rows x cols product (ld cols); C0 in C's type. */
 static void store_onto(float *C, uint16_t *C16, const void *C0, int ldc, int i0, int j0, int rows,
@@ -184,6 +206,12 @@ static void store_onto(float *C, uint16_t *C16, const void *C0, int ldc, int i0,
                 c[j] = c0[j] + p[j];
         } else {
             const uint16_t *c0 = (const uint16_t *)C0 + at;
+#ifdef ONTO_HAVE_AVX512
+            if (tr_cpu_avx512f()) {
+                onto_row_bf16_avx512(C16 + at, c0, p, cols);
+                continue;
+            }
+#endif
             for (int j = 0; j < cols; j++) {
                 uint32_t u = (uint32_t)c0[j] << 16;
                 float x;
@@ -307,6 +335,20 @@ static void sgemm_threaded(int trans_a, int trans_b, int M, int N, int K, float 
                            const float *A, int lda, const float *B, int ldb, float beta,
                            const float *C0, float *C, int ldc);
 
+/* An fp32 product with a narrow K goes to the rank-r kernel (gemm_rank.c)
+ * on every path, so its bits depend on the shape alone; 1 where it went. */
+static int rank_product(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
+                        const float *B, int ldb, float alpha, float beta, const float *C0,
+                        float *C, int ldc, int threaded)
+{
+    if (alpha != 1.0f || (beta != 0.0f && beta != 1.0f) || !tr_cpu_rank_gemm_takes(M, N, K))
+        return 0;
+    struct tr_cpu_rank_gemm p = {trans_a, trans_b, M,  N,  K, A, B, lda, ldb,
+                                 C0,      C0 == NULL && beta == 1.0f, C, ldc};
+    tr_cpu_rank_gemm(&p, threaded);
+    return 1;
+}
+
 void tr_cpu_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
                   int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
@@ -316,6 +358,8 @@ void tr_cpu_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, co
         scale_c(M, N, beta, C, ldc);
         return;
     }
+    if (rank_product(trans_a, trans_b, M, N, K, A, lda, B, ldb, alpha, beta, NULL, C, ldc, 1))
+        return;
     sgemm_threaded(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, NULL, C, ldc);
 }
 
@@ -328,6 +372,8 @@ void tr_cpu_sgemm_onto(int trans_a, int trans_b, int M, int N, int K, const floa
         copy_tile(C, C0, sizeof *C, ldc, 0, 0, M, N);
         return;
     }
+    if (rank_product(trans_a, trans_b, M, N, K, A, lda, B, ldb, 1.0f, 0.0f, C0, C, ldc, 1))
+        return;
     sgemm_threaded(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C0, C, ldc);
 }
 
@@ -369,6 +415,8 @@ void tr_cpu_sgemm_serial(int trans_a, int trans_b, int M, int N, int K, float al
         scale_c(M, N, beta, C, ldc);
         return;
     }
+    if (rank_product(trans_a, trans_b, M, N, K, A, lda, B, ldb, alpha, beta, NULL, C, ldc, 0))
+        return;
     struct tile_grid grid = gemm_tile_grid(M, N);
     int tiles = grid.tiles_m * grid.tiles_n;
     int ld;

@@ -88,6 +88,23 @@ void tr_cpu_gemm_bf16_onto(int trans_a, int trans_b, int M, int N, int K, const 
  * primitives' per-call cost.  beta 0 or 1. */
 void tr_cpu_gemm_bf16_block(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A,
                             int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc);
+/* Rank-r products (gemm_rank.c): tr_cpu_sgemm, its serial and onto forms
+ * hand an fp32 product with K at most TR_CPU_RANK_MAX and N at least
+ * TR_CPU_RANK_MIN_N to this kernel where the CPU has AVX-512
+ * (tr_cpu_rank_gemm_takes), on every path, so the bits of a product depend
+ * on its shape only.  C (ldc) = [C0 +] [C +] op(A) op(B). */
+enum { TR_CPU_RANK_MAX = 32, TR_CPU_RANK_MIN_N = 256 };
+struct tr_cpu_rank_gemm {
+    int trans_a, trans_b, M, N, K;
+    const float *A, *B;
+    int lda, ldb;
+    const float *C0; /* NULL: none */
+    int accumulate;  /* without C0: C += the product */
+    float *C;
+    int ldc;
+};
+int tr_cpu_rank_gemm_takes(int M, int N, int K);
+void tr_cpu_rank_gemm(const struct tr_cpu_rank_gemm *p, int threaded);
 /* Nonzero when oneDNN runs bf16 matmuls on this CPU, natively or not. */
 int tr_cpu_gemm_bf16_available(void);
 /* "AVX512-BF16" or "AMX-BF16" when oneDNN multiplies bf16 with those
