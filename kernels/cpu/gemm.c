@@ -180,14 +180,15 @@ static __attribute__((target("avx512f"))) void onto_row_bf16_avx512(uint16_t *c1
                                                                      const uint16_t *c0,
                                                                      const float *p, int cols)
 {
-    for (int j = 0; j < cols; j += 16) {
-        int lanes = cols - j < 16 ? cols - j : 16;
-        __mmask16 m = (__mmask16)(lanes == 16 ? 0xffffu : (1u << lanes) - 1u);
+    int j = 0;
+    for (; j + 16 <= cols; j += 16) {
         __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, c0 + j)), 16));
-        __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, p + j), x);
-        _mm512_mask_cvtepi32_storeu_epi16(c16 + j, m, tr_bf16_lanes16(_mm512_castps_si512(v)));
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(c0 + j))),
+            16));
+        tr_bf16_store16(c16 + j, _mm512_add_ps(_mm512_loadu_ps(p + j), x));
     }
+    for (; j < cols; j++)
+        c16[j] = tr_f32_to_bf16(p[j] + tr_bf16_to_f32(c0[j]));
 }
 #endif
 
