@@ -211,7 +211,7 @@ Test(sgemm, all_transposes_vs_naive)
      * transposed-A tiles are narrow slices of long rows (gemm.c copies those
      * on CPUs without AVX-512) */
     const int shapes[][3] = {{1, 1, 1},     {5, 7, 3},     {17, 9, 24}, {24, 40, 13},
-                             {150, 70, 33}, {3, 300, 5},   {300, 40, 300}};
+                             {150, 70, 33}, {3, 300, 5},   {300, 40, 300}, {260, 20, 40}};
     const int n_shapes = sizeof shapes / sizeof shapes[0];
     const float alpha = 0.7f, beta = -0.3f;
     for (int s = 0; s < n_shapes; s++) {
@@ -313,20 +313,24 @@ Test(sgemm, large_tiles_same_bits_for_any_thread_count)
     }
 }
 
-/* Products with a narrow K (an adapter's rank: gemm_rank.c takes them on
- * AVX-512 CPUs, oneDNN elsewhere): the right values for every transpose,
- * with C overwritten and accumulated, a last block of rows and columns cut
- * short and C's padding untouched; the same bits for 1, 2 and 3 threads and
+/* Products with a narrow side: a narrow K (an adapter's rank: gemm_rank.c
+ * takes them on AVX-512 CPUs, oneDNN elsewhere), and few columns with many
+ * rows (with A transposed, a narrow weight's gradient: made transposed,
+ * gemm.c's flip_product): the right values for every transpose, with C
+ * overwritten and accumulated, a last block of rows and columns cut short
+ * and C's padding untouched; the same bits for 1, 2 and 3 threads and
  * serially. */
-Test(sgemm, rank_products_vs_naive_same_bits_for_any_thread_count)
+Test(sgemm, narrow_products_vs_naive_same_bits_for_any_thread_count)
 {
     rng_t rng = {104};
-    const int shapes[][3] = {{1, 256, 1}, {7, 300, 16}, {1031, 700, 32}, {64, 1536, 16}};
+    const int shapes[][3] = {{1, 256, 1},   {7, 300, 16},   {1031, 700, 32}, {64, 1536, 16},
+                             {700, 16, 300}, {1031, 32, 64}, {256, 1, 40}};
     const int n_shapes = sizeof shapes / sizeof shapes[0];
     int saved_threads = omp_get_max_threads();
     for (int s = 0; s < n_shapes; s++) {
         int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
-        cr_assert(tr_cpu_rank_gemm_takes(M, N, K) == (tr_cpu_avx512f() != 0), "%dx%dx%d", M, N, K);
+        cr_assert(K > TR_CPU_RANK_MAX || tr_cpu_rank_gemm_takes(M, N, K) == (tr_cpu_avx512f() != 0),
+                  "%dx%dx%d", M, N, K);
         for (int trans = 0; trans < 8; trans++) {
             int ta = trans & 1, tb = (trans >> 1) & 1, accumulate = trans >> 2;
             float beta = accumulate ? 1.0f : 0.0f;
@@ -354,12 +358,12 @@ Test(sgemm, rank_products_vs_naive_same_bits_for_any_thread_count)
                 tr_cpu_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C[t], ldc);
             }
             omp_set_num_threads(saved_threads);
-            expect_close("rank product", C[0], want, c_size, FWD_TOL);
-            expect_bitwise("rank product, 2 threads vs 1", C[1], C[0], c_size);
-            expect_bitwise("rank product, 3 threads vs 1", C[2], C[0], c_size);
+            expect_close("narrow product", C[0], want, c_size, FWD_TOL);
+            expect_bitwise("narrow product, 2 threads vs 1", C[1], C[0], c_size);
+            expect_bitwise("narrow product, 3 threads vs 1", C[2], C[0], c_size);
             float *C_serial = copy_fvec(C0, c_size);
             tr_cpu_sgemm_serial(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C_serial, ldc);
-            expect_bitwise("rank product, serial vs threaded", C_serial, C[0], c_size);
+            expect_bitwise("narrow product, serial vs threaded", C_serial, C[0], c_size);
             for (int t = 0; t < 3; t++)
                 free(C[t]);
             free(A), free(B), free(C0), free(C_serial), free(want);

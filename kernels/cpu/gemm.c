@@ -365,6 +365,52 @@ static int rank_product(int trans_a, int trans_b, int M, int N, int K, const flo
     return 1;
 }
 
+/*
+ * A weight gradient with few columns -- dW = dout^T x of a linear with a
+ * narrow input, an adapter's B [out, r] -- runs oneDNN's sgemm at half the
+ * speed of the same product transposed, C^T = op(B)^T op(A)^T, whose rows
+ * are the long side (2 threads, Xeon 4th gen, K 1024, r 16: 2560 rows 0.87
+ * against 0.42 ms, 1536 rows 0.45 against 0.24, 960 rows 0.16 against 0.11;
+ * oneDNN's bf16 product runs both alike).  So such a product (A stored
+ * transposed, N at most GEMM_FLIP_MAX_N, M at least GEMM_FLIP_MIN_M, K past
+ * the rank kernel's) is made transposed into a buffer of the thread's and
+ * added into C.  A function of the shape: every path makes the same choice.
+ */
+enum { GEMM_FLIP_MAX_N = 32, GEMM_FLIP_MIN_M = 256 };
+
+static _Thread_local float *flip_buf;
+static _Thread_local size_t flip_cap;
+
+static int flip_product(int trans_a, int M, int N, int K)
+{
+    return trans_a && N <= GEMM_FLIP_MAX_N && M >= GEMM_FLIP_MIN_M && K > TR_CPU_RANK_MAX;
+}
+
+static float *flip_buffer(size_t floats)
+{
+    if (floats > flip_cap) {
+        free(flip_buf);
+        flip_buf = malloc(floats * sizeof *flip_buf);
+        if (flip_buf == NULL) {
+            fprintf(stderr, "trainrun: out of memory for a GEMM buffer (%zu floats)\n", floats);
+            abort();
+        }
+        flip_cap = floats;
+    }
+    return flip_buf;
+}
+
+/* C = P^T + beta C, P the N x M product (ld M) */
+static void add_transposed(float *C, int ldc, const float *P, int M, int N, float beta)
+{
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            float p = P[(size_t)j * M + i];
+            float *c = C + (size_t)i * ldc + j;
+            *c = beta == 0.0f ? p : p + beta * *c;
+        }
+}
+
 void tr_cpu_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
                   int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
@@ -376,6 +422,12 @@ void tr_cpu_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, co
     }
     if (rank_product(trans_a, trans_b, M, N, K, A, lda, B, ldb, alpha, beta, NULL, C, ldc, 1))
         return;
+    if (flip_product(trans_a, M, N, K)) {
+        float *P = flip_buffer((size_t)N * M);
+        tr_cpu_sgemm(!trans_b, !trans_a, N, M, K, alpha, B, ldb, A, lda, 0.0f, P, M);
+        add_transposed(C, ldc, P, M, N, beta);
+        return;
+    }
     sgemm_threaded(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, NULL, C, ldc);
 }
 
@@ -433,6 +485,12 @@ void tr_cpu_sgemm_serial(int trans_a, int trans_b, int M, int N, int K, float al
     }
     if (rank_product(trans_a, trans_b, M, N, K, A, lda, B, ldb, alpha, beta, NULL, C, ldc, 0))
         return;
+    if (flip_product(trans_a, M, N, K)) {
+        float *P = flip_buffer((size_t)N * M);
+        tr_cpu_sgemm_serial(!trans_b, !trans_a, N, M, K, alpha, B, ldb, A, lda, 0.0f, P, M);
+        add_transposed(C, ldc, P, M, N, beta);
+        return;
+    }
     struct tile_grid grid = gemm_tile_grid(M, N, K);
     int tiles = grid.tiles_m * grid.tiles_n;
     int ld;
