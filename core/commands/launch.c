@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Seconds the other ranks get to stop after one died, before SIGKILL. */
@@ -29,9 +30,47 @@ static void forward(int sig)
             kill(children[i], sig);
 }
 
-/* A free port on this machine for rank 0's rendezvous. */
+/* Whether `port` can be bound on the loopback now (it may still be taken
+ * before rank 0 binds it: what the range below makes unlikely). */
+static int port_free(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return 0;
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int ok = bind(fd, (struct sockaddr *)&sin, sizeof sin) == 0;
+    close(fd);
+    return ok;
+}
+
+/*
+ * A free port on this machine for rank 0's rendezvous.  Not one the kernel
+ * hands out itself: a port from the ephemeral range (what binding port 0
+ * returns) can be given to any connect() or port-0 listener on the machine
+ * -- another job's ranks, the tcp comm's links -- between this check and
+ * rank 0's bind, which then fails with "address in use" (seen with two
+ * multi-rank jobs started together).  So a port is drawn at random below
+ * the ephemeral range (/proc/sys/net/ipv4/ip_local_port_range, 32768 on
+ * Linux by default), from 20000 up, and checked; port 0's answer is the
+ * fallback.
+ */
 static int free_port(void)
 {
+    int low = 32768;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f != NULL) {
+        int a, b;
+        if (fscanf(f, "%d %d", &a, &b) == 2 && a > 21024)
+            low = a;
+        fclose(f);
+    }
+    unsigned seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
+    for (int tries = 0; tries < 64; tries++) {
+        int port = 20000 + (int)(rand_r(&seed) % (unsigned)(low - 20000));
+        if (port_free(port))
+            return port;
+    }
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof sin;
