@@ -185,7 +185,7 @@ bash "$NR" 2 2 1 bin/rank 2> /dev/null && fail "node-ranks: node 2 of 2 accepted
 if "$TRAINRUN" plugins comm 2> /dev/null | grep -q '^  tcp '; then
   R="$TR_SRCDIR/tests/config/tiny.lua"
   set -- train.steps=6 train.batch=8 train.micro_batch=2 comm=tcp
-  port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  port=$(free_port)
   export TRAINRUN_MASTER="127.0.0.1:$port"
   bash "$NR" 1 2 1 "$TRAINRUN" "$R" "$@" run_dir=nodes --quiet > node1.log 2>&1 &
   other=$!

@@ -35,10 +35,38 @@ ended_within() {
 # started here, one thread each: tcp_check NAME NP FAULTY ARGS... leaves
 # rank r's output in NAME.r and the time until every rank but FAULTY (-1:
 # none) had exited in $took; FAULTY, stopped or asleep, is killed then
+# A free loopback port drawn below the kernel's ephemeral range, as the
+# launcher draws its own (core/commands/launch.c): a port that binding 0
+# returned can be handed to another connection before a rank binds it.
+free_port() {
+  python3 - <<'PY'
+import random, socket
+low = 32768
+try:
+    a = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    low = a if a > 21024 else low
+except (OSError, ValueError, IndexError):
+    pass
+for _ in range(64):
+    port = random.randrange(20000, low)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(port)
+    break
+else:
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])
+PY
+}
+
 tcp_check() {
   name=$1 np=$2 faulty=$3
   shift 3
-  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  port=$(free_port)
   pids="" r=0 t0=$(date +%s)
   while [ $r -lt "$np" ]; do
     TRAINRUN_RANK=$r TRAINRUN_WORLD_SIZE=$np TRAINRUN_LOCAL_RANK=$r TRAINRUN_LOCAL_WORLD_SIZE=$np \
