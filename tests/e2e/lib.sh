@@ -31,10 +31,6 @@ ended_within() {
   done
 }
 
-# tests/comm_check ($CHECK) over comm_tcp.so ($TCP, or $COMM_SO) on ranks
-# started here, one thread each: tcp_check NAME NP FAULTY ARGS... leaves
-# rank r's output in NAME.r and the time until every rank but FAULTY (-1:
-# none) had exited in $took; FAULTY, stopped or asleep, is killed then
 # A free loopback port drawn below the kernel's ephemeral range, as the
 # launcher draws its own (core/commands/launch.c): a port that binding 0
 # returned can be handed to another connection before a rank binds it.
@@ -63,6 +59,10 @@ else:
 PY
 }
 
+# tests/comm_check ($CHECK) over comm_tcp.so ($TCP, or $COMM_SO) on ranks
+# started here, one thread each: tcp_check NAME NP FAULTY ARGS... leaves
+# rank r's output in NAME.r and the time until every rank but FAULTY (-1:
+# none) had exited in $took; FAULTY, stopped or asleep, is killed then
 tcp_check() {
   name=$1 np=$2 faulty=$3
   shift 3
