@@ -382,7 +382,9 @@ struct tr_backend_iface {
      * they read as zeros afterwards, until written.  Data parallelism with
      * parallel.shard = "gradients" or "parameters" discards the parts of the
      * flat gradient and parameter buffers other ranks own, so a rank's
-     * resident memory is its shard plus what is in flight. */
+     * resident memory is its shard plus what is in flight.  A backend with
+     * `commit` (below) may instead leave discarded memory unusable until it
+     * is committed again. */
     void (*discard)(void *ctx, void *ptr, size_t bytes);
     /* Optional (ABI 9; NULL: never): nonzero when the backend runs node n's
      * forward over a window of sequence rows (tr_graph.seq_to > 0, batch 1):
@@ -407,6 +409,18 @@ struct tr_backend_iface {
      * runs on the calling thread, done when it returns. */
     void (*convert)(void *ctx, void *dst, enum tr_dtype to, const void *src, enum tr_dtype from,
                     size_t n);
+    /* Optional (ABI 11; NULL: discarded memory reads as zeros when touched
+     * again, as the CPU's pages do): the bytes [ptr, ptr + bytes) of memory
+     * from alloc are about to be read or written; what of them was
+     * discarded is made usable again and reads as zeros, the rest keeps its
+     * contents.  A backend whose discard unmaps memory (the cuda backend's
+     * virtual memory: a discarded range faults until committed) needs it:
+     * the core commits before every access it makes or orders to memory it
+     * may have discarded (core/engine/backend.h's wrappers, the gathers and
+     * each backward node's parameter gradients).  May be called from the
+     * communication thread while nodes run, as convert is; ordered before
+     * the work the caller queues after it. */
+    void (*commit)(void *ctx, void *ptr, size_t bytes);
 };
 
 struct tr_backend {
@@ -422,7 +436,7 @@ struct tr_backend {
  * search path and exporting TR_BACKEND_ENTRY_NAME, so a trainrun built with
  * a device backend still starts where that device (or its driver) is
  * missing, and says why device=<name> is unavailable. */
-#define TR_BACKEND_ABI 10 /* 2: the Llama-family ops and node attributes; 3: convolutions;
+#define TR_BACKEND_ABI 11 /* 2: the Llama-family ops and node attributes; 3: convolutions;
                           * 4: the memory plan counts the backend's parameter copies;
                           * 5: gradients written by their first writer (writes_grad);
                           * 6: frozen weights (16-bit, NF4) and store/load_frozen;
@@ -431,7 +445,8 @@ struct tr_backend {
                           * 9: windows of sequence rows (tr_graph.seq_from, supports_rows);
                           * 10: tr_graph.params16 and convert (sharded parameters gathered
                           *     in the compute dtype); a linear's b may be an addend of its
-                          *     output's shape (ops.h, tr_linear_addend) */
+                          *     output's shape (ops.h, tr_linear_addend);
+                          * 11: commit (discarded memory made usable again) */
 #define TR_BACKEND_ENTRY_NAME "trainrun_backend_entry"
 
 struct tr_backend_module {

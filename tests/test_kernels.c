@@ -16,6 +16,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -3019,6 +3020,93 @@ Test(param16, follows_every_reported_write)
     tr_cpu_param16_forget(params);
     free(params);
     free(init);
+}
+
+/* What the core discards (backend.h's discard) is listed until it is
+ * committed, zeroed or uploaded into again (backend.c), and the bf16 copy
+ * of the parameters converts around it: a pipeline stage's other stages'
+ * parameters are neither read nor mirrored.  Under
+ * TRAINRUN_CPU_DISCARD=strict the discarded pages fault until committed,
+ * so a mirror reading them would end this test with SIGSEGV. */
+Test(discard, listed_until_committed_and_mirror_skips_it)
+{
+    setenv("TRAINRUN_CPU_DISCARD", "strict", 1);
+    struct tr_backend be;
+    cr_assert(tr_cpu_backend_init(&be, 1) == 0);
+    unsetenv("TRAINRUN_CPU_DISCARD");
+    cr_assert_not_null(be.iface->commit, "strict mode has no commit slot");
+    const size_t n = (size_t)1 << 20; /* 4 MiB: whole pages to give back */
+    float *params = be.iface->alloc(be.context, n * sizeof(float));
+    cr_assert_not_null(params);
+    float *host = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        host[i] = (float)(i % 1000) * 0.001f - 0.5f;
+    be.iface->upload(be.context, params, host, n * sizeof(float));
+
+    /* two adjacent runs merge; committing a middle part splits them */
+    const size_t a = 100000, b = 300000, c = 500000; /* floats */
+    be.iface->discard(be.context, params + a, (b - a) * sizeof(float));
+    be.iface->discard(be.context, params + b, (c - b) * sizeof(float));
+    size_t from, to;
+    cr_assert(tr_cpu_discarded_within(params, n * sizeof(float), &from, &to));
+    cr_assert_eq(from, a * sizeof(float));
+    cr_assert_eq(to, c * sizeof(float), "adjacent discarded runs not merged: ends at %zu", to);
+    cr_assert(!tr_cpu_discarded_within(params, a * sizeof(float), &from, &to));
+    /* discarding inside what was discarded is allowed (a pipeline stage
+     * gives back other stages' gradients after a trial step gave all) */
+    be.iface->discard(be.context, params + a + 999, (c - a - 2001) * sizeof(float));
+    cr_assert(tr_cpu_discarded_within(params, n * sizeof(float), &from, &to));
+    cr_assert_eq(from, a * sizeof(float));
+    cr_assert_eq(to, c * sizeof(float));
+
+    /* the mirror converts around the hole (strict: reading it faults) */
+    struct tr_graph g;
+    memset(&g, 0, sizeof g);
+    g.params = params;
+    g.n_params = n;
+    struct tr_tensor head = {.role = TR_ROLE_PARAM, .dtype = TR_F32, .data = params, .numel = a};
+    struct tr_tensor tail = head;
+    tail.data = params + c;
+    tail.numel = n - c;
+    expect_param16(&g, &head, "before the discarded run");
+    expect_param16(&g, &tail, "after the discarded run");
+
+    /* committed: [a, c) reads as zeros, then is written again and seen */
+    const size_t m0 = 200000, m1 = 250000;
+    be.iface->commit(be.context, params + m0, (m1 - m0) * sizeof(float));
+    cr_assert(tr_cpu_discarded_within(params + a, (m0 - a) * sizeof(float), &from, &to));
+    cr_assert(!tr_cpu_discarded_within(params + m0, (m1 - m0) * sizeof(float), &from, &to),
+              "a committed run is still listed as discarded");
+    cr_assert(tr_cpu_discarded_within(params + m1, (c - m1) * sizeof(float), &from, &to));
+    be.iface->commit(be.context, params + a, (c - a) * sizeof(float));
+    cr_assert(!tr_cpu_discarded_within(params, n * sizeof(float), &from, &to));
+    for (size_t i = a; i < c; i++)
+        cr_assert_eq(params[i], 0.0f, "discarded float %zu reads %g after commit", i, params[i]);
+    be.iface->upload(be.context, params + a, host + a, (c - a) * sizeof(float));
+    struct tr_tensor whole = head;
+    whole.numel = n;
+    expect_param16(&g, &whole, "after the discarded run was written again");
+
+    be.iface->free(be.context, params);
+    tr_cpu_backend_free(&be);
+    free(host);
+}
+
+/* Strict mode's point: a touch of discarded memory without a commit faults
+ * (as the cuda backend's unmapped chunks do), so the e2e runs that set it
+ * catch a core that forgot one. */
+Test(discard, strict_touch_without_commit_faults, .signal = SIGSEGV)
+{
+    setenv("TRAINRUN_CPU_DISCARD", "strict", 1);
+    struct tr_backend be;
+    cr_assert(tr_cpu_backend_init(&be, 1) == 0);
+    const size_t n = (size_t)1 << 20;
+    float *buf = be.iface->alloc(be.context, n * sizeof(float));
+    cr_assert_not_null(buf);
+    be.iface->zero(be.context, buf, n * sizeof(float));
+    be.iface->discard(be.context, buf, n * sizeof(float));
+    volatile float *p = buf + n / 2;
+    *p = 1.0f;
 }
 
 /* The transposed copies of frozen fp32 weights (frozen_t.c): a linear

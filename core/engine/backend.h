@@ -36,17 +36,31 @@ static inline void tr_be_free(const struct tr_backend *be, void *p)
     if (p)
         be->iface->free(be->context, p);
 }
+/* optional (ABI 11): memory the core may have discarded made usable again
+ * before it is touched (kernels/backend.h).  The wrappers below that write
+ * or read backend memory commit it first, so the core's own accesses need
+ * no more; what a node or a comm plugin touches is committed where it is
+ * ordered (graph_exec.c's backward for parameter gradients, gather.c for
+ * the gathers).  Without the slot discarded memory reads as zeros. */
+static inline void tr_be_commit(const struct tr_backend *be, const void *p, size_t bytes)
+{
+    if (bytes && TR_HAS_SLOT(be->iface, struct tr_backend_iface, commit) && be->iface->commit)
+        be->iface->commit(be->context, (void *)(uintptr_t)p, bytes);
+}
 static inline void tr_be_zero(const struct tr_backend *be, void *p, size_t bytes)
 {
+    tr_be_commit(be, p, bytes);
     be->iface->zero(be->context, p, bytes);
 }
 static inline void tr_be_upload(const struct tr_backend *be, void *dst, const void *src, size_t bytes)
 {
+    tr_be_commit(be, dst, bytes);
     be->iface->upload(be->context, dst, src, bytes);
 }
 static inline void tr_be_download(const struct tr_backend *be, void *dst, const void *src,
                                   size_t bytes)
 {
+    tr_be_commit(be, src, bytes);
     be->iface->download(be->context, dst, src, bytes);
 }
 /* optional: a node needs no scratch when the backend does not say */
@@ -157,8 +171,11 @@ static inline int tr_be_can_convert(const struct tr_backend *be)
 static inline void tr_be_convert(const struct tr_backend *be, void *dst, enum tr_dtype to,
                                  const void *src, enum tr_dtype from, size_t n)
 {
-    if (n)
-        be->iface->convert(be->context, dst, to, src, from, n);
+    if (!n)
+        return;
+    tr_be_commit(be, src, n * (from == TR_F32 ? 4 : 2));
+    tr_be_commit(be, dst, n * (to == TR_F32 ? 4 : 2));
+    be->iface->convert(be->context, dst, to, src, from, n);
 }
 
 /* optional: whether frozen weights may be stored in 16 or 4 bits; without

@@ -397,6 +397,9 @@ static void request(struct tr_gather *gt, int node)
             gt->bytes += (double)w * (double)gt->s.world * sizeof(float);
         } else {
             struct tr_shard_run r = tr_shard_unit(&gt->s, u);
+            /* the comm plugin writes other ranks' parts in place (the packed
+             * path's unpack writes through tr_be_convert, which commits) */
+            tr_be_commit(gt->be, gt->g->params + r.begin, (r.end - r.begin) * sizeof(float));
             gt->ticket[u] = gt->h.runs ? tr_comm_gather_unit_then(gt->c, gt->g->params, &gt->s, u,
                                                                    round_both, gt)
                                        : tr_comm_gather_unit(gt->c, gt->g->params, &gt->s, u);

@@ -89,6 +89,15 @@ void tr_graph_backward_range(struct tr_graph *g, const struct tr_backend *be, in
             continue;
         if (g->before_node)
             g->before_node(g->before_node_ctx, i, TR_PHASE_BACKWARD);
+        /* a sharded rank's parameter gradients were discarded after their
+         * last reduction (or a trial step): committed before the node
+         * writes or adds to them (a no-op where discarded memory reads as
+         * zeros, backend.h) */
+        for (int k = 0; k < n->n_in; k++) {
+            const struct tr_tensor *t = &g->tensors[n->in[k]];
+            if (t->role == TR_ROLE_PARAM && t->grad)
+                tr_be_commit(be, t->grad, t->numel * sizeof(float));
+        }
         unsigned zero = n->zero_grad_mask | (g->grads_fresh ? n->param_zero_mask : 0);
         n->write_grad_mask = n->act_write_mask | (g->grads_fresh ? n->param_write_mask : 0);
         for (int k = 0; k < n->n_in; k++)

@@ -11,10 +11,12 @@
 #include "nodes.h"
 
 #include <omp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <stdint.h>
+#include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -22,10 +24,12 @@ struct cpu_context {
     int threads;
 };
 
-static void cpu_discard(void *ctx, void *p, size_t bytes);
+static void release_pages(void *p, size_t bytes);
+static int holes_remove(const void *p, size_t bytes);
 
 static void *cpu_alloc(void *ctx, size_t bytes)
 {
+    (void)ctx;
     void *p = NULL;
     size_t rounded = (bytes + 63) & ~(size_t)63;
     if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0)
@@ -34,7 +38,7 @@ static void *cpu_alloc(void *ctx, size_t bytes)
      * only once written (a rank of sharded data parallelism never writes
      * most of its gradient and parameter buffers) */
     if (rounded >= ((size_t)1 << 20))
-        cpu_discard(ctx, p, rounded);
+        release_pages(p, rounded);
     else
         memset(p, 0, rounded);
     return p;
@@ -43,6 +47,8 @@ static void *cpu_alloc(void *ctx, size_t bytes)
 static void cpu_free(void *ctx, void *p)
 {
     (void)ctx;
+    if (p)
+        holes_remove(p, malloc_usable_size(p));
     tr_cpu_param16_forget(p);
     tr_cpu_frozen_t_forget(p);
     free(p);
@@ -51,19 +57,133 @@ static void cpu_free(void *ctx, void *p)
 static void cpu_zero(void *ctx, void *p, size_t bytes)
 {
     (void)ctx;
+    holes_remove(p, bytes);
     tr_cpu_param16_written(p, bytes);
     tr_cpu_frozen_t_written(p, bytes);
     memset(p, 0, bytes);
 }
 
+/*
+ * What the core discarded (backend.h's discard), as address runs, so that
+ * the backend's own copies of its memory (param16.c's bf16 mirror of the
+ * parameters) skip it: a pipeline stage discards the other stages'
+ * parameters, and a mirror converting them would read pages given back
+ * (faulting under TRAINRUN_CPU_DISCARD=strict) and write 2 bytes a
+ * parameter of the whole model.  A run leaves the list when the core
+ * commits, zeroes or uploads into it, or frees its buffer.  Sorted,
+ * disjoint, behind a mutex (the communication thread discards too).
+ */
+struct hole {
+    uintptr_t begin, end;
+};
+static pthread_mutex_t holes_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct hole *holes;
+static size_t n_holes, cap_holes;
+
+static int holes_room_locked(void)
+{
+    if (n_holes + 1 <= cap_holes)
+        return 1;
+    size_t cap = cap_holes ? 2 * cap_holes : 64;
+    struct hole *grown = realloc(holes, cap * sizeof *holes);
+    if (!grown)
+        return 0;
+    holes = grown;
+    cap_holes = cap;
+    return 1;
+}
+
+/* Takes [a, b) out of the list; whether any of it was listed. */
+static int holes_remove_locked(uintptr_t a, uintptr_t b)
+{
+    size_t before = n_holes;
+    int cut = 0;
+    size_t out = 0;
+    struct hole split = {0, 0};
+    for (size_t i = 0; i < n_holes; i++) {
+        struct hole h = holes[i];
+        if (h.end <= a || h.begin >= b) {
+            holes[out++] = h;
+            continue;
+        }
+        cut = 1;
+        if (h.begin < a)
+            holes[out++] = (struct hole){h.begin, a};
+        if (h.end > b) /* at most one run reaches past b (they are disjoint) */
+            split = (struct hole){b, h.end};
+    }
+    n_holes = out;
+    /* a run cut in two needs one more entry; without room its right part
+     * is forgotten (a mirror then converts those zeros, as before) */
+    if (split.end && (n_holes < before || holes_room_locked())) {
+        size_t at = n_holes;
+        while (at > 0 && holes[at - 1].begin > split.begin)
+            at--;
+        memmove(holes + at + 1, holes + at, (n_holes - at) * sizeof *holes);
+        holes[at] = split;
+        n_holes++;
+    }
+    return cut;
+}
+
+static void holes_add(const void *p, size_t bytes)
+{
+    uintptr_t a = (uintptr_t)p, b = a + bytes;
+    pthread_mutex_lock(&holes_lock);
+    holes_remove_locked(a, b);
+    if (!holes_room_locked()) { /* not listed: a mirror converts its zeros, as before */
+        pthread_mutex_unlock(&holes_lock);
+        return;
+    }
+    size_t at = n_holes;
+    while (at > 0 && holes[at - 1].begin > a)
+        at--;
+    memmove(holes + at + 1, holes + at, (n_holes - at) * sizeof *holes);
+    holes[at] = (struct hole){a, b};
+    n_holes++;
+    /* merge with the neighbours it touches */
+    size_t out = 0;
+    for (size_t i = 0; i < n_holes; i++) {
+        if (out && holes[out - 1].end >= holes[i].begin) {
+            if (holes[i].end > holes[out - 1].end)
+                holes[out - 1].end = holes[i].end;
+        } else {
+            holes[out++] = holes[i];
+        }
+    }
+    n_holes = out;
+    pthread_mutex_unlock(&holes_lock);
+}
+
+static int holes_remove(const void *p, size_t bytes)
+{
+    pthread_mutex_lock(&holes_lock);
+    int cut = n_holes && holes_remove_locked((uintptr_t)p, (uintptr_t)p + bytes);
+    pthread_mutex_unlock(&holes_lock);
+    return cut;
+}
+
+int tr_cpu_discarded_within(const void *p, size_t bytes, size_t *from, size_t *to)
+{
+    uintptr_t a = (uintptr_t)p, b = a + bytes;
+    int found = 0;
+    pthread_mutex_lock(&holes_lock);
+    for (size_t i = 0; i < n_holes && holes[i].begin < b; i++)
+        if (holes[i].end > a) {
+            *from = (holes[i].begin > a ? holes[i].begin : a) - a;
+            *to = (holes[i].end < b ? holes[i].end : b) - a;
+            found = 1;
+            break;
+        }
+    pthread_mutex_unlock(&holes_lock);
+    return found;
+}
+
 /* The whole pages inside [p, p + bytes) back to the kernel (private
  * anonymous memory, as malloc's is: they read as zeros when touched
  * again), the partial pages at either end zeroed by hand. */
-static void cpu_discard(void *ctx, void *p, size_t bytes)
+static void release_pages(void *p, size_t bytes)
 {
-    (void)ctx;
-    tr_cpu_param16_written(p, bytes);
-    tr_cpu_frozen_t_written(p, bytes);
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     uintptr_t a = (uintptr_t)p, b = a + bytes;
     uintptr_t first = (a + page - 1) & ~(uintptr_t)(page - 1), last = b & ~(uintptr_t)(page - 1);
@@ -75,9 +195,81 @@ static void cpu_discard(void *ctx, void *p, size_t bytes)
     memset((void *)last, 0, b - last);
 }
 
+static void cpu_discard(void *ctx, void *p, size_t bytes)
+{
+    (void)ctx;
+    tr_cpu_param16_written(p, bytes);
+    tr_cpu_frozen_t_written(p, bytes);
+    release_pages(p, bytes);
+    holes_add(p, bytes);
+}
+
+/* the range may be read or written again: its discarded runs are listed no
+ * more (the bf16 mirror converts them again at its next read) */
+static void cpu_commit(void *ctx, void *p, size_t bytes)
+{
+    (void)ctx;
+    if (holes_remove(p, bytes))
+        tr_cpu_param16_written(p, bytes);
+}
+
+/*
+ * TRAINRUN_CPU_DISCARD=strict (a debugging aid, tests/e2e/shard.sh and
+ * pipeline-run.sh run with it): discard also makes the whole pages it gave
+ * back inaccessible, and commit (backend.h, ABI 11) makes them readable and
+ * writable again, so a rank touching memory it discarded without
+ * committing it faults here as it would on the cuda backend, whose
+ * discarded memory is unmapped.  Off (the default), the slot stays NULL:
+ * the pages read as zeros when touched again.
+ */
+static void whole_pages(const void *p, size_t bytes, int outward, uintptr_t *first,
+                        uintptr_t *last)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p, b = a + bytes;
+    *first = outward ? a & ~(uintptr_t)(page - 1) : (a + page - 1) & ~(uintptr_t)(page - 1);
+    *last = outward ? (b + page - 1) & ~(uintptr_t)(page - 1) : b & ~(uintptr_t)(page - 1);
+}
+
+static void cpu_discard_strict(void *ctx, void *p, size_t bytes)
+{
+    /* discarding what was discarded is allowed: its edges are zeroed by
+     * hand, so the pages they lie on must be accessible first */
+    uintptr_t lo, hi;
+    whole_pages(p, bytes, 1, &lo, &hi);
+    mprotect((void *)lo, hi - lo, PROT_READ | PROT_WRITE);
+    cpu_discard(ctx, p, bytes);
+    uintptr_t first, last;
+    whole_pages(p, bytes, 0, &first, &last);
+    if (first < last)
+        mprotect((void *)first, last - first, PROT_NONE);
+}
+
+/* every page [p, p + bytes) touches, whether or not it was discarded: an
+ * accessible page is unchanged, a discarded one reads as zeros */
+static void cpu_commit_strict(void *ctx, void *p, size_t bytes)
+{
+    (void)ctx;
+    uintptr_t first, last;
+    whole_pages(p, bytes, 1, &first, &last);
+    if (first < last && mprotect((void *)first, last - first, PROT_READ | PROT_WRITE) != 0) {
+        fprintf(stderr, "trainrun: cpu: TRAINRUN_CPU_DISCARD=strict: mprotect failed\n");
+        abort(); /* a debugging mode only: the test that set it fails here */
+    }
+    cpu_commit(ctx, p, bytes);
+}
+
+static void cpu_free_strict(void *ctx, void *p)
+{
+    if (p) /* the allocator may hand these pages out again */
+        cpu_commit_strict(ctx, p, malloc_usable_size(p));
+    cpu_free(ctx, p);
+}
+
 static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes)
 {
     (void)ctx;
+    holes_remove(dst, bytes);
     tr_cpu_param16_written(dst, bytes);
     tr_cpu_frozen_t_written(dst, bytes);
     memcpy(dst, src, bytes);
@@ -477,7 +669,10 @@ static const struct tr_backend_iface cpu_iface = {
     .discard = cpu_discard,
     .supports_rows = cpu_supports_rows,
     .convert = cpu_convert,
+    .commit = cpu_commit,
 };
+
+static struct tr_backend_iface cpu_iface_strict;
 
 int tr_cpu_backend_init(struct tr_backend *be, int threads)
 {
@@ -487,6 +682,14 @@ int tr_cpu_backend_init(struct tr_backend *be, int threads)
     c->threads = threads > 0 ? threads : omp_get_num_procs();
     omp_set_num_threads(c->threads);
     be->iface = &cpu_iface;
+    const char *mode = getenv("TRAINRUN_CPU_DISCARD");
+    if (mode && !strcmp(mode, "strict")) {
+        cpu_iface_strict = cpu_iface;
+        cpu_iface_strict.free = cpu_free_strict;
+        cpu_iface_strict.discard = cpu_discard_strict;
+        cpu_iface_strict.commit = cpu_commit_strict;
+        be->iface = &cpu_iface_strict;
+    }
     be->context = c;
     be->module = &tr_cpu_backend_module;
     return 0;

@@ -534,6 +534,9 @@ const uint16_t *tr_cpu_param16(const struct tr_graph *g, const struct tr_tensor 
 uint16_t *tr_cpu_param16_updated(const float *p, size_t n);
 void tr_cpu_param16_written(const void *p, size_t bytes);
 void tr_cpu_param16_forget(const void *p);
+/* Whether the core discarded any of [p, p + bytes) (and committed it no
+ * more, backend.c): the first such run as byte offsets [*from, *to). */
+int tr_cpu_discarded_within(const void *p, size_t bytes, size_t *from, size_t *to);
 /* The bytes a copy of n_params parameters takes (what the memory plan counts). */
 size_t tr_cpu_param16_bytes(size_t n_params);
 

@@ -72,6 +72,23 @@ static int by_begin(const void *a, const void *b)
     return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
+/* Converts [at, end) of the buffer but for what the core discarded
+ * (tr_cpu_discarded_within): a pipeline stage's other stages' parameters
+ * are neither read (their pages were given back) nor mirrored. */
+static void convert_present(struct mirror *m, size_t at, size_t end)
+{
+    while (at < end) {
+        size_t from, to;
+        if (!tr_cpu_discarded_within(m->base + at, (end - at) * sizeof(float), &from, &to))
+            from = to = (end - at) * sizeof(float);
+        /* runs are whole floats (a float only partly discarded is skipped) */
+        size_t head = from / sizeof(float), skip = (to + sizeof(float) - 1) / sizeof(float);
+        if (head > 0)
+            tr_cpu_to_bf16(m->bf16 + at, m->base + at, head);
+        at += skip > head ? skip : head;
+    }
+}
+
 /* Bring the mirror up to date before a read; with lock held. */
 static void refresh(struct mirror *m)
 {
@@ -85,17 +102,17 @@ static void refresh(struct mirror *m)
             size_t at = 0;
             for (int i = 0; i < m->n_runs; i++) {
                 if (m->runs[i].begin > at)
-                    tr_cpu_to_bf16(m->bf16 + at, m->base + at, m->runs[i].begin - at);
+                    convert_present(m, at, m->runs[i].begin);
                 if (m->runs[i].end > at)
                     at = m->runs[i].end;
             }
             if (at < m->n)
-                tr_cpu_to_bf16(m->bf16 + at, m->base + at, m->n - at);
+                convert_present(m, at, m->n);
         }
         m->n_runs = 0;
     }
     if (m->stale) {
-        tr_cpu_to_bf16(m->bf16, m->base, m->n);
+        convert_present(m, 0, m->n);
         m->stale = 0;
         m->burst = 0;
         m->n_runs = 0;
