@@ -25,7 +25,9 @@
  *
  * Covers: every op of kernels/backend.h on kernels/cpu/ against kernels/cuda/ (the
  * GPU's, or tests/cudacpu's stand-in), on graphs built by core/engine/graph.c and
- * model.c and stepped by optim.c.
+ * model.c and stepped by optim.c; the cuda backend's convert against the CPU's bits,
+ * and its discard and commit (kernels/cuda/backend.cu's virtual memory, through the
+ * harness's emulation of the driver calls: suite backend_memory).
  */
 #include <criterion/criterion.h>
 
@@ -39,6 +41,11 @@
 #include "util/safetensors.h"
 
 #include <math.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <trainrun/mix.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1038,6 +1045,377 @@ Test(backend_ops, count_correct_ties_and_ignored_rows)
     free(logits);
     free(targets);
     pair_close(&p, "count_correct");
+}
+
+/* ---- memory the core converts, discards and commits (backend ABI 10, 7, 11) ------- */
+
+/* convert on the CUDA backend against the CPU backend's, bit for bit: fp32
+ * values at every rounding case of bf16 and fp16 (ties both ways, fp32 and
+ * fp16 subnormals, overflow, infinities, NaN payloads) and random bits,
+ * every 16-bit pattern widened, the same-type copies; odd n, 16-bit values
+ * at addresses 2 bytes off a 4-byte boundary. */
+static const uint32_t convert_cases[] = {
+    0x00000000u, 0x80000000u, 0x3f800000u, 0xbf800000u,
+    0x3f808000u, 0x3f818000u, 0xbf818000u, 0x3f808001u, 0x3f807fffu, /* bf16 ties, near ties */
+    0x3f801000u, 0x3f803000u, 0x3f801001u, 0x3f800fffu,             /* fp16 ties, near ties */
+    0x00000001u, 0x80000001u, 0x007fffffu, 0x00400000u, 0x00008000u, /* fp32 subnormals */
+    0x33000000u, 0x33000001u, 0xb3000000u, 0x33800000u, 0x33c00000u, /* fp16 subnormal range */
+    0x34200000u, 0x387fe000u, 0x387ff000u, 0x38800000u, 0x387fffffu,
+    0x477fe000u, 0x477fefffu, 0x477ff000u, 0xc77ff000u, 0x47800000u, /* fp16 overflow */
+    0x7f7fffffu, 0x7f7f8000u, 0x7f7f7fffu, 0xff7fffffu,              /* bf16 overflow */
+    0x7f800000u, 0xff800000u,                                        /* infinities */
+    0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x7fa00000u, 0xff812345u, /* NaN, payloads */
+    0x7fffffffu, 0x7fc0ffffu, 0xffbfffffu,
+};
+
+static const char *type_name(enum tr_dtype t) { return t == TR_BF16 ? "bf16" : t == TR_F16 ? "fp16" : "fp32"; }
+
+/* n values of type `from` (host bits at src) converted to `to` on both
+ * backends; on the GPU src at offset so_ and dst at offset do_ bytes past
+ * a 256-aligned address (2: not 4-byte aligned) */
+static void convert_both(const struct tr_backend *cpu, struct arena *ga, const void *src,
+                         enum tr_dtype from, enum tr_dtype to, size_t n, size_t so_, size_t do_)
+{
+    const struct tr_backend *gpu = ga->be;
+    size_t sb = n * (from == TR_F32 ? 4 : 2), db = n * (to == TR_F32 ? 4 : 2);
+    uint8_t *gs = arena_alloc(ga, sb + so_, "convert source");
+    uint8_t *gd = arena_alloc(ga, db + do_, "convert destination");
+    uint8_t *want = malloc(db), *got = malloc(db);
+    cr_assert(want && got);
+    gpu->iface->upload(gpu->context, gs + so_, src, sb);
+    gpu->iface->convert(gpu->context, gd + do_, to, gs + so_, from, n);
+    cpu->iface->convert(cpu->context, want, to, src, from, n); /* CPU memory is host memory */
+    gpu->iface->download(gpu->context, got, gd + do_, db);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t w = 0, g = 0, in = 0;
+        memcpy(&w, want + i * (db / n), db / n);
+        memcpy(&g, got + i * (db / n), db / n);
+        memcpy(&in, (const uint8_t *)src + i * (sb / n), sb / n);
+        cr_assert_eq(g, w, "convert %s -> %s, n %zu, source +%zu, destination +%zu: [%zu] 0x%0*x "
+                     "gives 0x%0*x on cuda, 0x%0*x on the CPU", type_name(from), type_name(to), n,
+                     so_, do_, i, (int)(sb / n * 2), in, (int)(db / n * 2), g, (int)(db / n * 2), w);
+    }
+    free(want);
+    free(got);
+}
+
+Test(backend_memory, convert_gives_the_cpu_bits)
+{
+    struct pair p;
+    pair_open(&p);
+    cr_assert_not_null(p.cuda.iface->convert, "the cuda backend has no convert");
+    /* fp32 -> 16 bits: the cases, then random bits (every exponent) */
+    size_t n = 4097, n_cases = sizeof convert_cases / sizeof *convert_cases;
+    uint32_t *f = malloc(n * sizeof *f);
+    uint64_t seed = 21;
+    for (size_t i = 0; i < n; i++)
+        f[i] = i < n_cases ? convert_cases[i] : (uint32_t)rng_next(&seed);
+    convert_both(&p.cpu, &p.ga, f, TR_F32, TR_BF16, n, 0, 2);
+    convert_both(&p.cpu, &p.ga, f, TR_F32, TR_F16, n, 0, 2);
+    convert_both(&p.cpu, &p.ga, f, TR_F32, TR_BF16, 1, 0, 0);
+    convert_both(&p.cpu, &p.ga, f, TR_F32, TR_F32, n, 0, 0);
+    /* every 16-bit pattern, and one more: odd */
+    size_t n16 = 65537;
+    uint16_t *h = malloc(n16 * sizeof *h);
+    for (size_t i = 0; i < n16; i++)
+        h[i] = (uint16_t)(i * 40503u); /* i * odd: a permutation of 0..65535, then 0 again */
+    convert_both(&p.cpu, &p.ga, h, TR_BF16, TR_F32, n16, 2, 0);
+    convert_both(&p.cpu, &p.ga, h, TR_F16, TR_F32, n16, 2, 0);
+    convert_both(&p.cpu, &p.ga, h, TR_BF16, TR_BF16, n16, 2, 0);
+    convert_both(&p.cpu, &p.ga, h, TR_F16, TR_F16, 999, 0, 2);
+    free(f);
+    free(h);
+    pair_close(&p, "convert");
+}
+
+/* The chunk the cuda backend maps and gives back: the granularity of the
+ * driver's virtual memory management, 2 MiB on current GPUs and in the
+ * harness.  The tests below hold on any other: only which path a range
+ * takes (whole chunks given back, or zeroed) depends on it. */
+#define CHUNK ((size_t)2 << 20)
+
+static uint8_t pattern_at(size_t i) { return (uint8_t)(1 + (i * 131u + (i >> 13)) % 255u); }
+
+/* The CUDA backend with discard and commit: through the harness it must
+ * have them (virtual memory management is emulated); a GPU whose driver
+ * lacks it is skipped. */
+static void need_vmm(struct tr_backend *cuda)
+{
+    need_cuda(cuda);
+    if (cuda->iface->discard && cuda->iface->commit)
+        return;
+    if (on_cudacpu())
+        cr_assert_fail("the CUDA backend of tests/cudacpu opened without discard and commit");
+    cr_skip_test("this GPU's driver offers no virtual memory management: no discard on cuda");
+}
+
+static uint8_t *vmm_buffer(const struct tr_backend *be, size_t bytes)
+{
+    uint8_t *b = be->iface->alloc(be->context, bytes);
+    cr_assert_not_null(b, "cannot allocate %zu bytes on cuda", bytes);
+    uint8_t *host = malloc(bytes);
+    for (size_t i = 0; i < bytes; i++)
+        host[i] = pattern_at(i);
+    be->iface->upload(be->context, b, host, bytes);
+    free(host);
+    return b;
+}
+
+/* bytes [from, to) of got: the pattern, or zeros */
+static void expect_range(const uint8_t *got, size_t base, size_t from, size_t to, int zeros,
+                         const char *when)
+{
+    for (size_t i = from; i < to; i++) {
+        uint8_t want = zeros ? 0 : pattern_at(i);
+        if (got[i - base] != want)
+            cr_assert_fail("%s: byte %zu (chunk %zu + %zu) is 0x%02x, want 0x%02x (%s)", when, i,
+                           i / CHUNK, i % CHUNK, got[i - base], want,
+                           zeros ? "discarded: zeros" : "kept: the pattern");
+    }
+}
+
+Test(backend_memory, discard_gives_chunks_back_and_commit_makes_them_zeros)
+{
+    struct tr_backend cuda;
+    need_vmm(&cuda);
+    const struct tr_backend_iface *f = cuda.iface;
+    size_t bytes = 5 * CHUNK + 1000; /* six chunks, the last one partly asked for */
+    uint8_t *b = vmm_buffer(&cuda, bytes);
+    /* chunks 1 and 2 whole, the end of chunk 0 and the start of chunk 3 */
+    size_t d0 = CHUNK / 2, d1 = 3 * CHUNK + CHUNK / 4;
+    f->discard(cuda.context, b + d0, d1 - d0);
+    /* the end of chunk 4 and all of chunk 5 (whose tail was never asked
+     * for); the first discard's chunks go meanwhile, once the device is
+     * past its mark (at once in the harness) */
+    size_t e0 = 4 * CHUNK + CHUNK / 2;
+    f->discard(cuda.context, b + e0, bytes - e0);
+    /* part of chunk 1 first: made again, all zeros */
+    uint8_t *got = malloc(bytes);
+    f->commit(cuda.context, b + CHUNK + 100, 4096);
+    f->download(cuda.context, got, b + CHUNK + 100, 4096);
+    expect_range(got, CHUNK + 100, CHUNK + 100, CHUNK + 100 + 4096, 1, "part of chunk 1 committed");
+    /* then everything: what was not discarded keeps its bytes */
+    f->commit(cuda.context, b, bytes);
+    f->download(cuda.context, got, b, bytes);
+    expect_range(got, 0, 0, d0, 0, "all committed");
+    expect_range(got, 0, d0, d1, 1, "all committed");
+    expect_range(got, 0, d1, e0, 0, "all committed");
+    expect_range(got, 0, e0, bytes, 1, "all committed");
+    /* the memory is usable again, and a second round gives the same */
+    free(got);
+    f->free(cuda.context, b);
+    b = vmm_buffer(&cuda, bytes);
+    f->discard(cuda.context, b + d0, d1 - d0);
+    f->synchronize(cuda.context); /* the pending chunks go here at the latest */
+    f->commit(cuda.context, b, bytes);
+    got = malloc(bytes);
+    f->download(cuda.context, got, b, bytes);
+    expect_range(got, 0, 0, d0, 0, "second round");
+    expect_range(got, 0, d0, d1, 1, "second round");
+    expect_range(got, 0, d1, bytes, 0, "second round");
+    /* a range inside one chunk only reads as zeros; memory of cudaMalloc too */
+    f->discard(cuda.context, b + 10, 20);
+    uint8_t *small = vmm_buffer(&cuda, 1000);
+    f->discard(cuda.context, small + 100, 50);
+    f->commit(cuda.context, small, 1000); /* nothing to do there */
+    f->download(cuda.context, got, b, 64);
+    expect_range(got, 0, 0, 10, 0, "inside one chunk");
+    expect_range(got, 0, 10, 30, 1, "inside one chunk");
+    expect_range(got, 0, 30, 64, 0, "inside one chunk");
+    f->download(cuda.context, got, small, 1000);
+    expect_range(got, 0, 0, 100, 0, "cudaMalloc memory");
+    expect_range(got, 0, 100, 150, 1, "cudaMalloc memory");
+    expect_range(got, 0, 150, 1000, 0, "cudaMalloc memory");
+    free(got);
+    f->free(cuda.context, small);
+    f->free(cuda.context, b);
+    tr_backend_close(&cuda);
+}
+
+/* Committed before the device passed the discard's mark: the chunks are
+ * taken back as they are (the harness never reaps them in between), and
+ * must read as zeros all the same. */
+Test(backend_memory, commit_right_after_discard_takes_chunks_back_as_zeros)
+{
+    struct tr_backend cuda;
+    need_vmm(&cuda);
+    const struct tr_backend_iface *f = cuda.iface;
+    size_t bytes = 3 * CHUNK;
+    uint8_t *b = vmm_buffer(&cuda, bytes);
+    f->discard(cuda.context, b, bytes);
+    f->commit(cuda.context, b, bytes);
+    uint8_t *got = malloc(bytes);
+    f->download(cuda.context, got, b, bytes);
+    expect_range(got, 0, 0, bytes, 1, "committed right after the discard");
+    /* usable as any memory */
+    free(got);
+    f->free(cuda.context, b);
+    b = vmm_buffer(&cuda, bytes);
+    got = malloc(bytes);
+    f->download(cuda.context, got, b, bytes);
+    expect_range(got, 0, 0, bytes, 0, "written again");
+    free(got);
+    f->free(cuda.context, b);
+    tr_backend_close(&cuda);
+}
+
+/* A chunk given back and not committed again is not memory any more: in
+ * the harness touching it faults (on a GPU a kernel would fault with an
+ * illegal address, which this test cannot catch: skipped there).  The
+ * fault happens in a child of the test, which opens the backend itself;
+ * its exit code says which step went wrong before the read expected to
+ * fault. */
+Test(backend_memory, a_discarded_chunk_faults_until_committed)
+{
+    if (!on_cudacpu())
+        cr_skip_test("the fault is the harness's (SIGSEGV); a GPU reports an illegal address");
+    fflush(NULL);
+    pid_t child = fork();
+    cr_assert_geq(child, 0, "fork: %s", strerror(errno));
+    if (child == 0) {
+        struct tr_backend cuda;
+        char why[1100];
+        if (open_cuda(&cuda, why, sizeof why) != TR_OK || !cuda.iface->discard)
+            _exit(2);
+        const struct tr_backend_iface *f = cuda.iface;
+        uint8_t *b = f->alloc(cuda.context, 3 * CHUNK);
+        if (!b)
+            _exit(3);
+        f->discard(cuda.context, b + CHUNK, CHUNK);
+        f->synchronize(cuda.context); /* the chunk is unmapped now */
+        uint8_t got[64];
+        f->download(cuda.context, got, b, sizeof got); /* chunk 0 is there */
+        f->download(cuda.context, got, b + 2 * CHUNK, sizeof got); /* chunk 2 too */
+        fprintf(stderr, "reading chunk 1, discarded and not committed: SIGSEGV expected\n");
+        f->download(cuda.context, got, b + CHUNK, sizeof got);
+        _exit(0);
+    }
+    int status = 0;
+    cr_assert_eq(waitpid(child, &status, 0), child);
+    cr_assert(!WIFEXITED(status) || WEXITSTATUS(status) != 2, "the child could not open cuda "
+              "with discard");
+    cr_assert(!WIFEXITED(status) || WEXITSTATUS(status) != 3, "the child could not allocate");
+    cr_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV,
+              "reading a discarded chunk that was not committed did not fault (%s %d)",
+              WIFSIGNALED(status) ? "signal" : "exit code",
+              WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+}
+
+/* Out of device memory when a commit maps a chunk again (the harness's
+ * CUDACPU_VMM_LIMIT): a sticky CUDA error -- sum_squares NaN, so the run
+ * stops at its step's end -- not a crash, and the rest stays usable. */
+Test(backend_memory, commit_out_of_memory_is_a_sticky_error)
+{
+    if (!on_cudacpu())
+        cr_skip_test("the harness's CUDACPU_VMM_LIMIT makes the device run out of memory");
+    unsetenv("CUDACPU_VMM_LIMIT");
+    struct tr_backend cuda;
+    need_vmm(&cuda);
+    const struct tr_backend_iface *f = cuda.iface;
+    uint8_t *b = vmm_buffer(&cuda, 3 * CHUNK);
+    f->zero(cuda.context, b, 4000); /* the pattern's bytes need not be finite floats */
+    cr_assert(isfinite(f->sum_squares(cuda.context, (const float *)b, 1000)));
+    f->discard(cuda.context, b + CHUNK, CHUNK);
+    f->synchronize(cuda.context);
+    char limit[32];
+    snprintf(limit, sizeof limit, "%zu", 2 * CHUNK); /* what is mapped now */
+    setenv("CUDACPU_VMM_LIMIT", limit, 1);
+    f->commit(cuda.context, b + CHUNK, 100);
+    cr_assert(isnan(f->sum_squares(cuda.context, (const float *)b, 1000)),
+              "a commit that found no memory left no error behind");
+    uint8_t got[64];
+    f->download(cuda.context, got, b + 2 * CHUNK, sizeof got);
+    expect_range(got, 2 * CHUNK, 2 * CHUNK, 2 * CHUNK + sizeof got, 0, "after the failed commit");
+    unsetenv("CUDACPU_VMM_LIMIT");
+    f->free(cuda.context, b);
+    tr_backend_close(&cuda);
+}
+
+/* A driver without virtual memory management (the harness's
+ * CUDACPU_NO_VMM): the backend opens without discard and commit, so the
+ * core keeps sharded data parallelism off, and allocates as before. */
+Test(backend_memory, without_virtual_memory_management_no_discard)
+{
+    if (!on_cudacpu())
+        cr_skip_test("the harness's CUDACPU_NO_VMM takes the driver's functions away");
+    setenv("CUDACPU_NO_VMM", "1", 1);
+    struct tr_backend cuda;
+    need_cuda(&cuda);
+    cr_assert_null(cuda.iface->discard, "discard without virtual memory management");
+    cr_assert_null(cuda.iface->commit, "commit without virtual memory management");
+    cr_assert_not_null(cuda.iface->convert, "convert needs no virtual memory management");
+    uint8_t *b = vmm_buffer(&cuda, 3 * CHUNK);
+    uint8_t *got = malloc(3 * CHUNK);
+    cuda.iface->download(cuda.context, got, b, 3 * CHUNK);
+    expect_range(got, 0, 0, 3 * CHUNK, 0, "cudaMalloc memory");
+    free(got);
+    cuda.iface->free(cuda.context, b);
+    tr_backend_close(&cuda);
+    unsetenv("CUDACPU_NO_VMM");
+}
+
+/* The core's communication thread converts, discards and commits while the
+ * compute thread allocates, launches and frees: the registry and the
+ * launches from two threads. */
+struct comm_side {
+    const struct tr_backend *be;
+    float *params;   /* n fp32 */
+    uint16_t *half;  /* n bf16, several chunks */
+    size_t n;
+    int rounds;
+};
+
+static void *comm_thread(void *arg)
+{
+    struct comm_side *s = arg;
+    const struct tr_backend_iface *f = s->be->iface;
+    size_t part = s->n / 4;
+    for (int r = 0; r < s->rounds; r++)
+        for (size_t k = 0; k < 4; k++) {
+            f->commit(s->be->context, s->half + k * part, part * 2);
+            f->convert(s->be->context, s->half + k * part, TR_BF16, s->params + k * part, TR_F32,
+                       part);
+            if (r + 1 < s->rounds)
+                f->discard(s->be->context, s->half + k * part, part * 2);
+        }
+    return NULL;
+}
+
+Test(backend_memory, convert_discard_and_commit_from_another_thread)
+{
+    struct pair p;
+    pair_open(&p);
+    if (!p.cuda.iface->discard || !p.cuda.iface->commit) {
+        cr_assert(!on_cudacpu(), "the CUDA backend of tests/cudacpu opened without discard");
+        pair_close(&p, "threads");
+        cr_skip_test("this GPU's driver offers no virtual memory management: no discard on cuda");
+    }
+    uint64_t seed = 31;
+    struct comm_side s = {.be = &p.cuda, .n = 4 * CHUNK / 2, .rounds = 3};
+    size_t n = s.n;
+    struct flat w = flat_random(&p.ca, &p.ga, n, &seed, 2, "params");
+    s.params = w.gpu;
+    s.half = p.cuda.iface->alloc(p.cuda.context, n * 2);
+    cr_assert_not_null(s.half);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, comm_thread, &s), 0);
+    for (int i = 0; i < 6; i++) { /* meanwhile: memory comes and goes, kernels run */
+        float *x = p.cuda.iface->alloc(p.cuda.context, CHUNK + 4096);
+        cr_assert_not_null(x);
+        (void)p.cuda.iface->sum_squares(p.cuda.context, x, 1000);
+        p.cuda.iface->free(p.cuda.context, x);
+    }
+    pthread_join(t, NULL);
+    uint16_t *want = malloc(n * 2), *got = malloc(n * 2);
+    p.cpu.iface->convert(p.cpu.context, want, TR_BF16, w.cpu, TR_F32, n);
+    p.cuda.iface->download(p.cuda.context, got, s.half, n * 2);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(got[i], want[i], "[%zu]: 0x%04x on cuda, 0x%04x on the CPU", i, got[i], want[i]);
+    cr_assert(isfinite(p.cuda.iface->sum_squares(p.cuda.context, w.gpu, n)), "a CUDA error");
+    free(want);
+    free(got);
+    p.cuda.iface->free(p.cuda.context, s.half);
+    pair_close(&p, "threads");
 }
 
 /* ---- the tiny GPT and the tiny Llama as wholes ------------------------------------ */

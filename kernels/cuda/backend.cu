@@ -9,11 +9,51 @@
  * (the destination may still be read) and the compute queued after it waits
  * for the copy, so ordering is exactly that of the calls.  Downloads run on
  * the compute stream and wait (the host reads the result at once).
+ * convert, discard and commit come from the core's communication thread
+ * while the compute thread launches nodes: they queue on the compute stream
+ * too (after their own cudaSetDevice, which is per host thread), so they are
+ * ordered with the nodes and with the collectives a comm plugin queues there
+ * (the stream slot); convert does not wait for its kernel.
  *
  * Memory: the core plans all device memory (g->scratch included, sized by
  * scratch_floats); the backend's own buffers (staging, cuBLASLt workspace,
  * reduction cells) are allocated once in open().  forward, backward, adamw
  * and sgd neither allocate nor wait for the device.
+ *
+ * Memory that can be given back (discard, commit; kernels/backend.h): an
+ * allocation of at least the granularity of the driver's virtual memory
+ * management (cuMemGetAllocationGranularity, 2 MiB on current GPUs) is a
+ * reserved address range backed chunk by chunk, one physical allocation a
+ * granularity-sized chunk (cuMemCreate, cuMemMap, then cuMemRelease at once:
+ * the mapping keeps it, and unmapping a chunk gives its memory back); a
+ * smaller one stays cudaMalloc.  The driver functions come from the runtime
+ * (cudaGetDriverEntryPointByVersion) at open(), so the module still links
+ * no libcuda; where one is missing, or a probe mapping fails, the module
+ * opens without discard and commit (cuda_iface) and allocates with
+ * cudaMalloc only.  A registry (struct vmm, under its mutex: discard,
+ * commit and convert come from the core's communication thread while the
+ * compute thread allocates, frees and launches) holds each region, sorted
+ * by address, with a state per chunk:
+ *   mapped    usable;
+ *   pending   discarded, still mapped, because work queued before the
+ *             discard may still read it: an event recorded on the compute
+ *             stream at the discard (a "mark", numbered by a ticket) says
+ *             when it is safe to unmap;
+ *   released  unmapped: touching it faults, on the GPU (an illegal address,
+ *             a sticky error) as in the harness (SIGSEGV).
+ * discard moves the mapped chunks wholly inside its range to pending and
+ * zeroes the parts of mapped chunks at its ends (cudaMemsetAsync on
+ * compute); outside a region it only zeroes.  Pending chunks whose mark has
+ * completed (cudaEventQuery: no wait) are unmapped at the next discard,
+ * commit, alloc, free or synchronize, and all at close.  commit takes a
+ * pending chunk back as it is (still mapped) or maps a released one anew,
+ * and zeroes either on compute; mapped chunks keep their contents.  free
+ * waits for the device (as cudaFree does) and gives the whole region back.
+ * Out of device memory while mapping (commit, alloc) waits for the pending
+ * chunks first and tries again; a commit that still fails is a sticky
+ * error (cuda_note), so the run stops at its step's end.  All of this has
+ * run through tests/cudacpu only (its emulation of the driver calls), never
+ * on a GPU: the cost of mapping chunk by chunk there is UNMEASURED.
  *
  * Errors: a failed CUDA call is printed once and kept; sum_squares then
  * returns NaN, so the run loop sees a non-finite step instead of training on.
@@ -24,7 +64,9 @@
  */
 #include "common.cuh"
 
+#include <cuda.h> /* the driver's types; its functions come through the runtime */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,26 +76,348 @@
 #define TR_CUDA_HOME "/usr/local/cuda"
 #endif
 
+/* the first error and its message: the compute and communication threads
+ * may both fail at once (convert, discard and commit run on the latter) */
+static pthread_mutex_t note_lock = PTHREAD_MUTEX_INITIALIZER;
+
 void cuda_note(struct cuda_context *c, cudaError_t e, const char *what)
 {
     if (e == cudaSuccess)
         return;
+    pthread_mutex_lock(&note_lock);
     if (c->first_error == cudaSuccess) {
         c->first_error = e;
         fprintf(stderr, "trainrun: cuda: %s: %s (later CUDA errors are not shown)\n", what,
                 cudaGetErrorString(e));
     }
+    pthread_mutex_unlock(&note_lock);
 }
 
-/* ---- memory ----------------------------------------------------------------- */
+/* ---- memory: virtual memory management (the header's "Memory") ------------------------ */
+
+/* The driver's functions, through cudaGetDriverEntryPointByVersion (types
+ * from cuda.h: decltype names them without linking libcuda). */
+struct vmm_driver {
+    decltype(&cuMemAddressReserve) reserve;
+    decltype(&cuMemAddressFree) address_free;
+    decltype(&cuMemCreate) create;
+    decltype(&cuMemRelease) release;
+    decltype(&cuMemMap) map;
+    decltype(&cuMemUnmap) unmap;
+    decltype(&cuMemSetAccess) set_access;
+    decltype(&cuMemGetAllocationGranularity) granularity;
+};
+
+enum { CHUNK_MAPPED = 0, CHUNK_PENDING, CHUNK_RELEASED };
+
+struct vmm_chunk {
+    uint64_t ticket; /* pending: the mark of the discard that gave it up */
+    unsigned char state;
+};
+
+/* one allocation of at least a chunk */
+struct vmm_region {
+    char *base;    /* reserved, aligned to the chunk size */
+    size_t bytes;  /* reserved: chunks * the chunk size */
+    size_t asked;  /* what alloc was asked for, <= bytes */
+    size_t chunks;
+    struct vmm_chunk *chunk;
+};
+
+/* a discard's event on the compute stream: pending chunks of tickets up to
+ * this one may be unmapped once it has completed */
+struct vmm_mark {
+    uint64_t ticket;
+    cudaEvent_t done;
+};
+
+struct vmm {
+    pthread_mutex_t lock; /* everything below */
+    struct vmm_driver cu;
+    CUmemAllocationProp prop;  /* pinned device memory on c->device */
+    CUmemAccessDesc access;    /* read/write from c->device */
+    size_t chunk;              /* the granularity: the unit mapped and given back */
+    struct vmm_region **region; /* sorted by base */
+    size_t n_regions, cap_regions;
+    struct vmm_mark *mark;     /* in record order, so in completion order */
+    size_t n_marks, cap_marks;
+    cudaEvent_t *spare;        /* events of completed marks, for the next ones */
+    size_t n_spare, cap_spare;
+    uint64_t tickets;          /* the last mark's */
+    uint64_t done;             /* every mark up to this ticket has completed */
+    uint64_t swept;            /* pending chunks of tickets <= swept are unmapped */
+    size_t n_pending;          /* chunks pending, over all regions */
+};
+
+/* room for `need` items in *items (capacity *cap); -1: out of host memory */
+template <typename T> static int vmm_room(T **items, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return 0;
+    size_t n = *cap ? *cap * 2 : 16;
+    while (n < need)
+        n *= 2;
+    T *p = (T *)realloc(*items, n * sizeof(T));
+    if (!p)
+        return -1;
+    *items = p;
+    *cap = n;
+    return 0;
+}
+
+/* the region holding p (NULL: memory of cudaMalloc, or none of ours) */
+static struct vmm_region *vmm_find(const struct vmm *v, const void *p)
+{
+    size_t lo = 0, hi = v->n_regions; /* the first region whose base is above p */
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (v->region[mid]->base <= (const char *)p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return NULL;
+    struct vmm_region *r = v->region[lo - 1];
+    return (const char *)p < r->base + r->bytes ? r : NULL;
+}
+
+static cudaError_t runtime_error_of(CUresult r)
+{
+    switch (r) {
+    case CUDA_SUCCESS: return cudaSuccess;
+    case CUDA_ERROR_OUT_OF_MEMORY: return cudaErrorMemoryAllocation;
+    case CUDA_ERROR_INVALID_VALUE: return cudaErrorInvalidValue;
+    case CUDA_ERROR_NOT_SUPPORTED: return cudaErrorNotSupported;
+    default: return cudaErrorUnknown;
+    }
+}
+
+/* a failed driver call as a sticky error, its CUresult in the message */
+static void note_driver(struct cuda_context *c, CUresult r, const char *what)
+{
+    if (r == CUDA_SUCCESS)
+        return;
+    char msg[200];
+    snprintf(msg, sizeof msg, "%s (CUresult %d)", what, (int)r);
+    cuda_note(c, runtime_error_of(r), msg);
+}
+
+/* cudaEventQuery's "not yet" is an answer, not an error: it must not
+ * reach the next launch's cudaGetLastError (LAUNCHED) as one */
+static void forget_not_ready(void)
+{
+    if (cudaPeekAtLastError() == cudaErrorNotReady)
+        cudaGetLastError();
+}
+
+/* Physical memory for the chunk at `at`: created, mapped, handle released
+ * (the mapping keeps the memory; unmapping gives it back), read/write. */
+static CUresult vmm_map_chunk(struct vmm *v, char *at)
+{
+    CUmemGenericAllocationHandle h;
+    CUresult r = v->cu.create(&h, v->chunk, &v->prop, 0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    CUresult mapped = v->cu.map((CUdeviceptr)(uintptr_t)at, v->chunk, 0, h, 0);
+    r = v->cu.release(h);
+    if (mapped != CUDA_SUCCESS)
+        return mapped;
+    if (r == CUDA_SUCCESS)
+        r = v->cu.set_access((CUdeviceptr)(uintptr_t)at, v->chunk, &v->access, 1);
+    if (r != CUDA_SUCCESS)
+        v->cu.unmap((CUdeviceptr)(uintptr_t)at, v->chunk);
+    return r;
+}
+
+/* Unmaps the pending chunks whose mark has completed.  wait: waits for
+ * every mark first (close, out of memory).  v->lock held. */
+static void vmm_reap(struct cuda_context *c, struct vmm *v, int wait)
+{
+    if (wait && v->n_marks)
+        CUDA_NOTE(c, cudaEventSynchronize(v->mark[v->n_marks - 1].done));
+    size_t k = 0;
+    for (; k < v->n_marks; k++) {
+        cudaError_t e = cudaEventQuery(v->mark[k].done);
+        if (e == cudaErrorNotReady) {
+            forget_not_ready();
+            break;
+        }
+        if (e != cudaSuccess) { /* a device error: its chunks stay mapped until close */
+            cuda_note(c, e, "discard: cudaEventQuery");
+            break;
+        }
+        v->done = v->mark[k].ticket;
+        if (vmm_room(&v->spare, &v->cap_spare, v->n_spare + 1) == 0)
+            v->spare[v->n_spare++] = v->mark[k].done;
+        else
+            cudaEventDestroy(v->mark[k].done);
+    }
+    memmove(v->mark, v->mark + k, (v->n_marks - k) * sizeof *v->mark);
+    v->n_marks -= k;
+    if (v->n_pending == 0 || v->done == v->swept)
+        return;
+    for (size_t i = 0; i < v->n_regions; i++) {
+        struct vmm_region *r = v->region[i];
+        for (size_t j = 0; j < r->chunks; j++) {
+            struct vmm_chunk *ch = &r->chunk[j];
+            if (ch->state != CHUNK_PENDING || ch->ticket > v->done)
+                continue;
+            CUresult res = v->cu.unmap((CUdeviceptr)(uintptr_t)(r->base + j * v->chunk), v->chunk);
+            if (res != CUDA_SUCCESS) {
+                note_driver(c, res, "discard: cuMemUnmap");
+                continue;
+            }
+            ch->state = CHUNK_RELEASED;
+            v->n_pending--;
+        }
+    }
+    v->swept = v->done;
+}
+
+/* maps the chunk at `at`; out of memory: once more after the pending
+ * chunks are given back.  v->lock held. */
+static CUresult vmm_map_chunk_or_wait(struct cuda_context *c, struct vmm *v, char *at)
+{
+    CUresult r = vmm_map_chunk(v, at);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && v->n_pending) {
+        vmm_reap(c, v, 1);
+        r = vmm_map_chunk(v, at);
+    }
+    return r;
+}
+
+/* Zeroes on compute, merging neighbouring ranges into one memset: add
+ * [lo, hi), then flush. */
+struct zero_run {
+    char *lo, *hi;
+};
+static void zero_flush(struct cuda_context *c, struct zero_run *z)
+{
+    if (z->hi > z->lo)
+        CUDA_NOTE(c, cudaMemsetAsync(z->lo, 0, (size_t)(z->hi - z->lo), c->compute));
+    z->lo = z->hi = NULL;
+}
+static void zero_add(struct cuda_context *c, struct zero_run *z, char *lo, char *hi)
+{
+    if (hi <= lo)
+        return;
+    if (z->hi != lo)
+        zero_flush(c, z);
+    if (!z->lo)
+        z->lo = lo;
+    z->hi = hi;
+}
+
+/* zeroes what of [lo, hi) lies in mapped chunks of r (pending and released
+ * ones read as zeros once committed: commit zeroes them whole) */
+static void vmm_zero_mapped(struct cuda_context *c, const struct vmm *v,
+                            const struct vmm_region *r, char *lo, char *hi)
+{
+    if (hi <= lo)
+        return;
+    struct zero_run z = {NULL, NULL};
+    for (size_t j = (size_t)(lo - r->base) / v->chunk; j * v->chunk < (size_t)(hi - r->base); j++) {
+        char *a = r->base + j * v->chunk, *b = a + v->chunk;
+        if (r->chunk[j].state == CHUNK_MAPPED)
+            zero_add(c, &z, a > lo ? a : lo, b < hi ? b : hi);
+    }
+    zero_flush(c, &z);
+}
+
+/* A region of whole chunks, every one mapped, zeroed on compute.  NULL
+ * when out of memory (the caller's to report). */
+static void *vmm_alloc(struct cuda_context *c, struct vmm *v, size_t bytes)
+{
+    size_t chunks = (bytes + v->chunk - 1) / v->chunk;
+    struct vmm_region *r = (struct vmm_region *)calloc(1, sizeof *r);
+    struct vmm_chunk *chunk = (struct vmm_chunk *)calloc(chunks, sizeof *chunk); /* mapped */
+    if (!r || !chunk) {
+        free(r);
+        free(chunk);
+        return NULL;
+    }
+    r->bytes = chunks * v->chunk;
+    r->asked = bytes;
+    r->chunks = chunks;
+    r->chunk = chunk;
+    pthread_mutex_lock(&v->lock);
+    vmm_reap(c, v, 0);
+    CUdeviceptr base = 0;
+    CUresult res = vmm_room(&v->region, &v->cap_regions, v->n_regions + 1)
+                       ? CUDA_ERROR_OUT_OF_MEMORY
+                       : v->cu.reserve(&base, r->bytes, v->chunk, 0, 0);
+    size_t mapped = 0;
+    if (res == CUDA_SUCCESS) {
+        r->base = (char *)(uintptr_t)base;
+        for (; mapped < chunks; mapped++)
+            if ((res = vmm_map_chunk_or_wait(c, v, r->base + mapped * v->chunk)) != CUDA_SUCCESS)
+                break;
+    }
+    if (res != CUDA_SUCCESS) {
+        if (res != CUDA_ERROR_OUT_OF_MEMORY) /* not the caller's "out of memory": say what */
+            note_driver(c, res, "alloc: cuMemAddressReserve or cuMemCreate/cuMemMap");
+        for (size_t j = 0; j < mapped; j++)
+            v->cu.unmap((CUdeviceptr)(uintptr_t)(r->base + j * v->chunk), v->chunk);
+        if (base)
+            v->cu.address_free(base, r->bytes);
+        pthread_mutex_unlock(&v->lock);
+        free(chunk);
+        free(r);
+        return NULL;
+    }
+    size_t at = v->n_regions;
+    while (at > 0 && v->region[at - 1]->base > r->base)
+        at--;
+    memmove(v->region + at + 1, v->region + at, (v->n_regions - at) * sizeof *v->region);
+    v->region[at] = r;
+    v->n_regions++;
+    CUDA_NOTE(c, cudaMemsetAsync(r->base, 0, r->bytes, c->compute));
+    pthread_mutex_unlock(&v->lock);
+    return r->base;
+}
+
+/* Unmaps what of r is mapped and frees its addresses.  The device is done
+ * with it.  v->lock held, r out of the registry. */
+static void vmm_region_free(struct cuda_context *c, struct vmm *v, struct vmm_region *r)
+{
+    for (size_t j = 0; j < r->chunks; j++) {
+        if (r->chunk[j].state == CHUNK_RELEASED)
+            continue;
+        if (r->chunk[j].state == CHUNK_PENDING)
+            v->n_pending--;
+        note_driver(c, v->cu.unmap((CUdeviceptr)(uintptr_t)(r->base + j * v->chunk), v->chunk),
+                    "free: cuMemUnmap");
+    }
+    note_driver(c, v->cu.address_free((CUdeviceptr)(uintptr_t)r->base, r->bytes),
+                "free: cuMemAddressFree");
+    free(r->chunk);
+    free(r);
+}
 
 static void *cuda_alloc(void *ctx, size_t bytes)
 {
     struct cuda_context *c = (struct cuda_context *)ctx;
+    struct vmm *v = c->vmm;
+    cudaSetDevice(c->device);
+    if (v && bytes >= v->chunk)
+        return vmm_alloc(c, v, bytes);
     size_t rounded = (bytes + 255) & ~(size_t)255;
     void *p = NULL;
-    cudaSetDevice(c->device);
-    if (cudaMalloc(&p, rounded ? rounded : 256) != cudaSuccess) {
+    if (v) {
+        pthread_mutex_lock(&v->lock);
+        vmm_reap(c, v, 0);
+        pthread_mutex_unlock(&v->lock);
+    }
+    cudaError_t e = cudaMalloc(&p, rounded ? rounded : 256);
+    if (e == cudaErrorMemoryAllocation && v) { /* once more with the pending chunks given back */
+        cudaGetLastError();
+        pthread_mutex_lock(&v->lock);
+        vmm_reap(c, v, 1);
+        pthread_mutex_unlock(&v->lock);
+        e = cudaMalloc(&p, rounded ? rounded : 256);
+    }
+    if (e != cudaSuccess) {
         cudaGetLastError(); /* out of memory is the caller's to report, not sticky */
         return NULL;
     }
@@ -64,9 +428,232 @@ static void *cuda_alloc(void *ctx, size_t bytes)
 static void cuda_free(void *ctx, void *p)
 {
     struct cuda_context *c = (struct cuda_context *)ctx;
-    if (p)
+    struct vmm *v = c->vmm;
+    if (!p)
+        return;
+    cudaSetDevice(c->device);
+    struct vmm_region *r = NULL;
+    if (v) {
+        pthread_mutex_lock(&v->lock);
+        r = vmm_find(v, p);
+        pthread_mutex_unlock(&v->lock);
+    }
+    if (!r) {
         CUDA_NOTE(c, cudaFree(p));
+        return;
+    }
+    /* what cudaFree does implicitly: nothing queued may touch it after */
+    CUDA_NOTE(c, cudaDeviceSynchronize());
+    pthread_mutex_lock(&v->lock);
+    size_t at = 0;
+    while (at < v->n_regions && v->region[at] != r)
+        at++;
+    if (at < v->n_regions) {
+        memmove(v->region + at, v->region + at + 1, (v->n_regions - at - 1) * sizeof *v->region);
+        v->n_regions--;
+        vmm_region_free(c, v, r);
+    }
+    vmm_reap(c, v, 0);
+    pthread_mutex_unlock(&v->lock);
 }
+
+/* kernels/backend.h's discard: see the header's "Memory" */
+static void cuda_discard(void *ctx, void *ptr, size_t bytes)
+{
+    struct cuda_context *c = (struct cuda_context *)ctx;
+    struct vmm *v = c->vmm;
+    if (!ptr || !bytes)
+        return;
+    cudaSetDevice(c->device); /* the communication thread's too */
+    if (!v) { /* not in this iface; reads as zeros all the same */
+        CUDA_NOTE(c, cudaMemsetAsync(ptr, 0, bytes, c->compute));
+        return;
+    }
+    pthread_mutex_lock(&v->lock);
+    /* before this discard's mark exists: the harness runs the queue up to
+     * a mark it is asked about */
+    vmm_reap(c, v, 0);
+    struct vmm_region *r = vmm_find(v, ptr);
+    if (!r) { /* cudaMalloc memory: it only reads as zeros */
+        CUDA_NOTE(c, cudaMemsetAsync(ptr, 0, bytes, c->compute));
+        pthread_mutex_unlock(&v->lock);
+        return;
+    }
+    char *lo = (char *)ptr, *end = r->base + r->bytes;
+    char *hi = bytes < (size_t)(end - lo) ? lo + bytes : end;
+    if (hi >= r->base + r->asked) /* the padding past what alloc was asked goes too */
+        hi = end;
+    size_t first = ((size_t)(lo - r->base) + v->chunk - 1) / v->chunk; /* whole chunks */
+    size_t last = (size_t)(hi - r->base) / v->chunk;
+    if (first >= last) { /* within one chunk or across one boundary: zeroes only */
+        vmm_zero_mapped(c, v, r, lo, hi);
+        pthread_mutex_unlock(&v->lock);
+        return;
+    }
+    vmm_zero_mapped(c, v, r, lo, r->base + first * v->chunk);
+    vmm_zero_mapped(c, v, r, r->base + last * v->chunk, hi);
+    size_t given = 0;
+    for (size_t j = first; j < last; j++)
+        given += r->chunk[j].state == CHUNK_MAPPED;
+    if (given) {
+        /* a mark after everything queued so far: the work that may still
+         * read these chunks */
+        cudaEvent_t e = v->n_spare ? v->spare[--v->n_spare] : NULL;
+        if (!e && cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+            cudaGetLastError();
+            e = NULL;
+        }
+        if (e && vmm_room(&v->mark, &v->cap_marks, v->n_marks + 1) == 0 &&
+            cudaEventRecord(e, c->compute) == cudaSuccess) {
+            v->mark[v->n_marks].ticket = ++v->tickets;
+            v->mark[v->n_marks++].done = e;
+            for (size_t j = first; j < last; j++)
+                if (r->chunk[j].state == CHUNK_MAPPED) {
+                    r->chunk[j].state = CHUNK_PENDING;
+                    r->chunk[j].ticket = v->tickets;
+                }
+            v->n_pending += given;
+        } else { /* no mark, no unmapping: the chunks stay, zeroed */
+            cudaGetLastError();
+            if (e)
+                cudaEventDestroy(e);
+            vmm_zero_mapped(c, v, r, r->base + first * v->chunk, r->base + last * v->chunk);
+        }
+    }
+    pthread_mutex_unlock(&v->lock);
+}
+
+/* kernels/backend.h's commit: see the header's "Memory" */
+static void cuda_commit(void *ctx, void *ptr, size_t bytes)
+{
+    struct cuda_context *c = (struct cuda_context *)ctx;
+    struct vmm *v = c->vmm;
+    if (!ptr || !bytes || !v)
+        return;
+    cudaSetDevice(c->device);
+    pthread_mutex_lock(&v->lock);
+    struct vmm_region *r = vmm_find(v, ptr);
+    size_t first = 0, last = 0; /* chunks [first, last) touch the range */
+    if (r) {
+        char *lo = (char *)ptr, *end = r->base + r->bytes;
+        char *hi = bytes < (size_t)(end - lo) ? lo + bytes : end;
+        first = (size_t)(lo - r->base) / v->chunk;
+        last = ((size_t)(hi - r->base) + v->chunk - 1) / v->chunk;
+        /* pending chunks first, before reaping could unmap them: taken
+         * back as they are, zeroed after whatever read them */
+        struct zero_run z = {NULL, NULL};
+        for (size_t j = first; j < last; j++)
+            if (r->chunk[j].state == CHUNK_PENDING) {
+                r->chunk[j].state = CHUNK_MAPPED;
+                v->n_pending--;
+                zero_add(c, &z, r->base + j * v->chunk, r->base + (j + 1) * v->chunk);
+            }
+        zero_flush(c, &z);
+    }
+    vmm_reap(c, v, 0);
+    if (r) {
+        struct zero_run z = {NULL, NULL};
+        for (size_t j = first; j < last; j++) {
+            if (r->chunk[j].state != CHUNK_RELEASED)
+                continue;
+            char *at = r->base + j * v->chunk;
+            CUresult res = vmm_map_chunk_or_wait(c, v, at);
+            if (res != CUDA_SUCCESS) {
+                /* the chunk stays unmapped: a kernel touching it faults, and
+                 * the error noted here stops the run at its step's end */
+                note_driver(c, res, "commit: mapping memory a discard gave back "
+                                    "(cuMemCreate, cuMemMap, cuMemSetAccess)");
+                break;
+            }
+            r->chunk[j].state = CHUNK_MAPPED;
+            zero_add(c, &z, at, at + v->chunk);
+        }
+        zero_flush(c, &z);
+    }
+    pthread_mutex_unlock(&v->lock);
+}
+
+/* The driver functions, or NULL (then no discard or commit): missing from
+ * the driver, or a probe of one chunk reserved, mapped, unmapped and freed
+ * failed. */
+static struct vmm *vmm_open(struct cuda_context *c)
+{
+    struct vmm_driver cu;
+    memset(&cu, 0, sizeof cu);
+    struct {
+        const char *name;
+        void *slot; /* a function pointer of cu */
+    } want[] = {
+        {"cuMemAddressReserve", &cu.reserve},   {"cuMemAddressFree", &cu.address_free},
+        {"cuMemCreate", &cu.create},            {"cuMemRelease", &cu.release},
+        {"cuMemMap", &cu.map},                  {"cuMemUnmap", &cu.unmap},
+        {"cuMemSetAccess", &cu.set_access},     {"cuMemGetAllocationGranularity", &cu.granularity},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        void *fn = NULL;
+        enum cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+        /* the ABI of CUDA 12.0: every one of these dates from 10.2 */
+        cudaError_t e = cudaGetDriverEntryPointByVersion(want[i].name, &fn, 12000,
+                                                         cudaEnableDefault, &status);
+#else
+        cudaError_t e = cudaGetDriverEntryPoint(want[i].name, &fn, cudaEnableDefault, &status);
+#endif
+        if (e != cudaSuccess || !fn || status != cudaDriverEntryPointSuccess) {
+            cudaGetLastError();
+            return NULL;
+        }
+        memcpy(want[i].slot, &fn, sizeof fn);
+    }
+    struct vmm *v = (struct vmm *)calloc(1, sizeof *v);
+    if (!v)
+        return NULL;
+    v->cu = cu;
+    v->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    v->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    v->prop.location.id = c->device;
+    v->access.location = v->prop.location;
+    v->access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CUdeviceptr probe = 0;
+    CUresult r = cu.granularity(&v->chunk, &v->prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (r == CUDA_SUCCESS && v->chunk == 0)
+        r = CUDA_ERROR_NOT_SUPPORTED;
+    if (r == CUDA_SUCCESS)
+        r = cu.reserve(&probe, v->chunk, v->chunk, 0, 0);
+    if (r == CUDA_SUCCESS) {
+        r = vmm_map_chunk(v, (char *)(uintptr_t)probe);
+        if (r == CUDA_SUCCESS)
+            r = cu.unmap(probe, v->chunk);
+        CUresult freed = cu.address_free(probe, v->chunk);
+        r = r == CUDA_SUCCESS ? freed : r;
+    }
+    if (r != CUDA_SUCCESS || pthread_mutex_init(&v->lock, NULL) != 0) {
+        free(v);
+        return NULL;
+    }
+    return v;
+}
+
+/* At close: the device is idle; everything given back. */
+static void vmm_close(struct cuda_context *c, struct vmm *v)
+{
+    pthread_mutex_lock(&v->lock);
+    vmm_reap(c, v, 1);
+    for (size_t i = 0; i < v->n_regions; i++) /* not freed by the caller */
+        vmm_region_free(c, v, v->region[i]);
+    for (size_t k = 0; k < v->n_marks; k++) /* a device error kept them */
+        cudaEventDestroy(v->mark[k].done);
+    for (size_t k = 0; k < v->n_spare; k++)
+        cudaEventDestroy(v->spare[k]);
+    free(v->region);
+    free(v->mark);
+    free(v->spare);
+    pthread_mutex_unlock(&v->lock);
+    pthread_mutex_destroy(&v->lock);
+    free(v);
+}
+
+/* ---- memory: copies, zeroing, conversion ------------------------------------ */
 
 static void cuda_zero(void *ctx, void *p, size_t bytes)
 {
@@ -115,6 +702,29 @@ static void cuda_synchronize(void *ctx)
 {
     struct cuda_context *c = (struct cuda_context *)ctx;
     CUDA_NOTE(c, cudaStreamSynchronize(c->compute));
+    if (c->vmm) { /* every mark has completed: the pending chunks go */
+        pthread_mutex_lock(&c->vmm->lock);
+        vmm_reap(c, c->vmm, 0);
+        pthread_mutex_unlock(&c->vmm->lock);
+    }
+}
+
+/* kernels/backend.h's convert: queued on the compute stream, so ordered
+ * with the collectives a comm plugin queues there around it (the caller
+ * does not wait for it: what it queues next is ordered after) */
+static void cuda_convert_iface(void *ctx, void *dst, enum tr_dtype to, const void *src,
+                               enum tr_dtype from, size_t n)
+{
+    struct cuda_context *c = (struct cuda_context *)ctx;
+    if (n == 0)
+        return;
+    if ((to != TR_F32 && to != TR_BF16 && to != TR_F16) ||
+        (from != TR_F32 && from != TR_BF16 && from != TR_F16)) {
+        cuda_note(c, cudaErrorInvalidValue, "convert: a type other than fp32, bf16 or fp16");
+        return;
+    }
+    cudaSetDevice(c->device); /* called from the communication thread */
+    cuda_convert_bits(c, dst, (int)to, src, (int)from, n);
 }
 
 static void *cuda_host_alloc(void *ctx, size_t bytes)
@@ -164,7 +774,8 @@ static int64_t iface_count_correct(void *ctx, const float *logits, const int32_t
                               n_valid);
 }
 
-static struct tr_backend_iface make_iface(void)
+/* vmm: with discard and commit (virtual memory management works here) */
+static struct tr_backend_iface make_iface(int vmm)
 {
     struct tr_backend_iface f;
     memset(&f, 0, sizeof f);
@@ -190,10 +801,17 @@ static struct tr_backend_iface make_iface(void)
     f.store_frozen = cuda_store_frozen;
     f.load_frozen = cuda_load_frozen;
     f.supports_rows = cuda_supports_rows;
+    f.convert = cuda_convert_iface;
+    if (vmm) {
+        f.discard = cuda_discard;
+        f.commit = cuda_commit;
+    }
     return f;
 }
 
-static const struct tr_backend_iface cuda_iface = make_iface();
+/* chosen at open: the core asks whether discard is there (tr_be_can_discard) */
+static const struct tr_backend_iface cuda_iface = make_iface(0);
+static const struct tr_backend_iface cuda_iface_vmm = make_iface(1);
 
 /* ---- open, close, describe -------------------------------------------------------- */
 
@@ -205,6 +823,8 @@ static void context_free(struct cuda_context *c)
         cudaStreamSynchronize(c->compute);
     if (c->copy)
         cudaStreamSynchronize(c->copy);
+    if (c->vmm)
+        vmm_close(c, c->vmm);
     cuda_gemm_close(c);
     cuda_dnn_close(c);
     for (int i = 0; i < STAGE_SLOTS; i++) {
@@ -362,7 +982,10 @@ static int cuda_open(struct tr_backend *be, int threads, char *why, size_t why_s
     }
     /* optional: without cuDNN every op but conv2d runs (supports_op says why not) */
     cuda_dnn_open(c);
-    be->iface = &cuda_iface;
+    /* optional: without virtual memory management nothing is given back
+     * (no discard: the core keeps sharded data parallelism off) */
+    c->vmm = vmm_open(c);
+    be->iface = c->vmm ? &cuda_iface_vmm : &cuda_iface;
     be->context = c;
     return 0;
 }

@@ -40,6 +40,7 @@ enum { SUM_BLOCKS = 256, SUM_THREADS = 256 }; /* fixed: the sum's order depends 
 
 struct gemm_cache; /* gemm.cu */
 struct dnn_state;  /* conv.cu */
+struct vmm;        /* backend.cu: memory that discard gives back */
 
 struct cuda_context {
     int device;
@@ -61,6 +62,7 @@ struct cuda_context {
     char dnn_why[320];                   /* why dnn is NULL */
     int dnn_refusal_said;                /* a conv2d refused for want of cuDNN was reported */
     cudaError_t first_error;             /* sticky: reported once, turns sum_squares into NaN */
+    struct vmm *vmm;                     /* NULL: no virtual memory management (no discard) */
 };
 
 /* Records a failed CUDA call (the first one is printed with `what`). */
@@ -205,6 +207,12 @@ void cuda_bias_backward(struct cuda_context *c, float *dbias, const float *dout,
                         float *scratch);
 /* out = in converted to dtype `to` (from float or another storage type) */
 void cuda_convert(struct cuda_context *c, void *out, int to, const void *in, int from, size_t n);
+/* The iface's convert (kernels/backend.h): from, to among DT_F32, DT_BF16,
+ * DT_F16, with the CPU backend's bits (kernels/cpu/convert.c: NaN kept as
+ * the CPU keeps it, where cuda_convert's cvt gives the canonical NaN);
+ * 16-bit pointers 2-byte aligned, any n; queued on the compute stream. */
+void cuda_convert_bits(struct cuda_context *c, void *out, int to, const void *in, int from,
+                       size_t n);
 void cuda_adamw(struct cuda_context *c, float *p, const float *g, float *m, float *v, size_t n,
                 const struct tr_adamw_args *a);
 void cuda_sgd(struct cuda_context *c, float *p, const float *g, float *buf, size_t n,

@@ -667,3 +667,122 @@ void cuda_convert(struct cuda_context *c, void *out, int to, const void *in, int
         return;
     DISPATCH_STORAGE(from, convert_from, c, out, to, in, n);
 }
+
+/* ---- the iface's convert: the CPU backend's bits ------------------------------
+ *
+ * kernels/cpu/convert.c's integer rounding, term for term, on the bits: the
+ * same values as __float2bfloat16_rn / __float2half_rn (nearest even,
+ * subnormals kept, fp16 overflow to inf), but NaN as the CPU keeps it -- bf16
+ * the fp32 NaN's top half with the quiet bit set, fp16 sign | 0x7e00 -- where
+ * the cvt instructions give the canonical 0x7fff; and 16 bits widened with
+ * their NaN payload, which cvt.f32.f16 need not keep.  No float arithmetic,
+ * so nvcc and the harness compute the same bits. */
+
+__device__ __forceinline__ uint16_t bits_to_bf16(uint32_t u)
+{
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: quiet, payload's top kept */
+        return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u); /* ties to even; may carry into the exponent (to inf) */
+    return (uint16_t)(u >> 16);
+}
+
+__device__ __forceinline__ uint16_t bits_to_f16(uint32_t u)
+{
+    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return (uint16_t)(sign | 0x7e00u); /* NaN */
+    if (a >= 0x477ff000u)                  /* rounds to >= 65520: inf */
+        return (uint16_t)(sign | 0x7c00u);
+    if (a < 0x38800000u) { /* subnormal in fp16, or zero */
+        if (a < 0x33000000u)
+            return (uint16_t)sign; /* below half the smallest subnormal */
+        uint32_t mant = (a & 0x7fffffu) | 0x800000u;
+        int shift = 126 - (int)(a >> 23); /* 14..24 */
+        uint32_t h = mant >> shift;
+        uint32_t rest = mant & ((1u << shift) - 1u), mid = 1u << (shift - 1);
+        if (rest > mid || (rest == mid && (h & 1u)))
+            h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = (a - 0x38000000u) >> 13; /* exponent rebiased 127 -> 15 */
+    uint32_t rest = a & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u)))
+        h++;
+    return (uint16_t)(sign | h);
+}
+
+__device__ __forceinline__ uint32_t bits_from_f16(uint16_t x)
+{
+    uint32_t sign = (uint32_t)(x & 0x8000u) << 16, e = (x >> 10) & 0x1fu, m = x & 0x3ffu;
+    if (e == 0x1f)
+        return sign | 0x7f800000u | (m << 13); /* inf, NaN with its payload */
+    if (e != 0)
+        return sign | ((e + 112u) << 23) | (m << 13);
+    if (m == 0)
+        return sign;
+    e = 113; /* subnormal: normalise */
+    while (!(m & 0x400u)) {
+        m <<= 1;
+        e--;
+    }
+    return sign | (e << 23) | ((m & 0x3ffu) << 13);
+}
+
+/* FROM, TO: DT_F32, DT_BF16 or DT_F16.  fp32 is read and written as
+ * uint32_t (4-byte aligned), 16-bit values as uint16_t: 2-byte alignment
+ * is all they need, and one element a thread takes any n. */
+template <int FROM, int TO>
+__global__ void convert_bits_kernel(void *out, const void *in, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t u = FROM == DT_F32    ? ((const uint32_t *)in)[i]
+                     : FROM == DT_BF16 ? (uint32_t)((const uint16_t *)in)[i] << 16
+                                       : bits_from_f16(((const uint16_t *)in)[i]);
+        if (TO == DT_F32)
+            ((uint32_t *)out)[i] = u;
+        else
+            ((uint16_t *)out)[i] = TO == DT_BF16 ? bits_to_bf16(u) : bits_to_f16(u);
+    }
+}
+
+template <int FROM>
+static void convert_bits_from(struct cuda_context *c, void *out, int to, const void *in, size_t n)
+{
+    unsigned blocks = grid_for(n, THREADS);
+    switch (to) {
+    case DT_BF16:
+        convert_bits_kernel<FROM, DT_BF16><<<blocks, THREADS, 0, c->compute>>>(out, in, n);
+        break;
+    case DT_F16:
+        convert_bits_kernel<FROM, DT_F16><<<blocks, THREADS, 0, c->compute>>>(out, in, n);
+        break;
+    default:
+        convert_bits_kernel<FROM, DT_F32><<<blocks, THREADS, 0, c->compute>>>(out, in, n);
+        break;
+    }
+}
+
+void cuda_convert_bits(struct cuda_context *c, void *out, int to, const void *in, int from,
+                       size_t n)
+{
+    if (n == 0)
+        return;
+    if (to == from) { /* a copy keeps every bit, NaN payloads included */
+        CUDA_NOTE(c, cudaMemcpyAsync(out, in, n * (to == DT_F32 ? 4 : 2),
+                                     cudaMemcpyDeviceToDevice, c->compute));
+        return;
+    }
+    switch (from) {
+    case DT_BF16:
+        convert_bits_from<DT_BF16>(c, out, to, in, n);
+        break;
+    case DT_F16:
+        convert_bits_from<DT_F16>(c, out, to, in, n);
+        break;
+    default:
+        convert_bits_from<DT_F32>(c, out, to, in, n);
+        break;
+    }
+    LAUNCHED(c, "convert");
+}

@@ -36,6 +36,18 @@
 #                           the non-blocking compute stream does not join
 #   gemm_legacy_stream      cuBLASLt given stream 0 instead of the compute
 #                           stream (gemm.cu, through tests/cudacpu/gemm_lt_check)
+# and memory given back (backend.cu's discard and commit, ops.cu's convert),
+# caught by test_backend_ops's backend_memory cases:
+#   commit_takeback_no_zero  a pending chunk taken back keeps its old bytes
+#   commit_remap_no_zero     a chunk mapped again keeps the fresh memory's
+#                            (the harness fills it with NaN bytes)
+#   discard_partial_chunk    the chunk at a discard's start is given back
+#                            whole, though only its end was discarded
+#   discard_mark_on_legacy   the discard's event on the legacy stream: the
+#                            chunks are unmapped while an upload queued
+#                            before still writes them (SIGSEGV)
+#   convert_canonical_nan    convert's bf16 NaN as the GPU's cvt makes it
+#                            (0x7fff), not the CPU's
 # and the first three of those and conv_no_set_stream again with every
 # operation run when queued (CUDACPU_STREAM_ORDER=immediate, in which the
 # wrong order never shows): the harness's stream hazard check (runtime.cpp)
@@ -166,6 +178,22 @@ mutate conv_no_set_stream_immediate conv.cu \
   'backend_ops/conv2d_3x3_f32' 'stream hazard: .*cudnnConvolution.*legacy default stream'
 mutate_order=
 
+mutate commit_takeback_no_zero backend.cu \
+  's/(v->n_pending--;\n)\s*zero_add\(c, &z, r->base \+ j \* v->chunk, r->base \+ \(j \+ 1\) \* v->chunk\);\n/$1/' \
+  'backend_memory/commit_right_after_discard_takes_chunks_back_as_zeros' 'committed right after the discard: byte [0-9]+ .* want 0x00'
+mutate commit_remap_no_zero backend.cu \
+  's/\n\s*zero_add\(c, &z, at, at \+ v->chunk\);//' \
+  'backend_memory/discard_gives_chunks_back_and_commit_makes_them_zeros' 'part of chunk 1 committed: byte [0-9]+ .* is 0xff, want 0x00'
+mutate discard_partial_chunk backend.cu \
+  's/size_t first = \(\(size_t\)\(lo - r->base\) \+ v->chunk - 1\) \/ v->chunk;/size_t first = (size_t)(lo - r->base) \/ v->chunk;/' \
+  'backend_memory/discard_gives_chunks_back_and_commit_makes_them_zeros' 'all committed: byte 0 .* is 0x00, want 0x01'
+mutate discard_mark_on_legacy backend.cu \
+  's/cudaEventRecord\(e, c->compute\)/cudaEventRecord(e, 0)/' \
+  'backend_memory/discard_gives_chunks_back_and_commit_makes_them_zeros' 'discard_gives_chunks_back_and_commit_makes_them_zeros: CRASH'
+mutate convert_canonical_nan ops.cu \
+  's/return \(uint16_t\)\(\(u >> 16\) \| 0x40u\);/return (uint16_t)0x7fffu;/' \
+  'backend_memory/convert_gives_the_cpu_bits' 'convert fp32 -> bf16.* gives 0x7fff on cuda'
+
 # gemm.cu is not in the harness's backend (gemm_ref.cu is): its mutation is
 # linked into tests/cudacpu/gemm_lt_check instead
 name=gemm_legacy_stream
@@ -186,4 +214,4 @@ if "./$name/gemm_lt_check" > "$name/log" 2>&1; then
 fi
 grep -E 'fp32 GEMM .*relative error' "$name/log" > "$name/why" || { cat "$name/log"; fail "$name: not reported as expected"; }
 echo "caught $name: $(head -n 1 "$name/why")"
-echo "mutations: all 27 caught"
+echo "mutations: all 32 caught"

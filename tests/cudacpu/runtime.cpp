@@ -2,8 +2,9 @@
  * cudacpu's runtime: memory, streams as queues that run when a
  * synchronisation needs them (the model and its order: "streams: queues"
  * below), events, a check for two streams touching the same bytes with
- * nothing ordering them ("stream hazards"), and kernel launches that run
- * each CUDA thread of a block as a fiber.
+ * nothing ordering them ("stream hazards"), kernel launches that run
+ * each CUDA thread of a block as a fiber, and the driver's virtual memory
+ * management on host pages, where unmapped memory faults ("virtual memory").
  *
  * Scheduling: the threads of one block are fibers on this OS thread; the
  * blocks of a grid run one after another.  A fiber runs until it exits or
@@ -29,11 +30,13 @@
  * shuffle switches every lane twice); -DCUDACPU_UCONTEXT keeps swapcontext,
  * the path other machines take.  Stacks are 64 KiB with a guard page.
  */
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <deque>
 #include <errno.h>
+#include <fcntl.h>
 #include <map>
 #include <mutex>
 #include <stdarg.h>
@@ -1269,6 +1272,7 @@ const char *cudaGetErrorName(cudaError_t e)
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorNotSupported: return "cudaErrorNotSupported";
+    case cudaErrorUnknown: break;
     }
     return "cudaErrorUnknown";
 }
@@ -1388,6 +1392,348 @@ cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags)
 }
 cudaError_t cudaMallocHost(void **p, size_t bytes) { return allocate(p, bytes, PINNED); }
 cudaError_t cudaFreeHost(void *p) { return release_memory(p); }
+
+/* ---- virtual memory (include/cuda.h) -------------------------------------------------------
+ *
+ * The driver's virtual memory management on host pages, as the backend
+ * gets it through cudaGetDriverEntryPointByVersion:
+ *
+ *   cuMemAddressReserve  an anonymous PROT_NONE mapping, aligned to the
+ *                        granularity (2 MiB), counted as device memory
+ *                        (memory_of: the hazard check, cudaMemcpyDefault);
+ *   cuMemCreate          a memfd of the size, filled with 0xff bytes (NaN:
+ *                        physical memory comes uninitialised, as
+ *                        cudaMalloc's does here), within CUDACPU_VMM_LIMIT
+ *                        bytes of live cuMemCreate memory when the
+ *                        environment sets one (else CUDA_ERROR_OUT_OF_MEMORY);
+ *   cuMemMap             the memfd mapped MAP_FIXED | MAP_SHARED at the
+ *                        address, PROT_NONE until cuMemSetAccess;
+ *   cuMemSetAccess       mprotect read/write (or read, or none);
+ *   cuMemUnmap           PROT_NONE anonymous memory mapped over the range
+ *                        again: the pages go, and a touch faults;
+ *   cuMemRelease         the handle closed; its memory lives while mapped;
+ *   cuMemAddressFree     the reservation unmapped.
+ *
+ * So memory the backend unmapped faults when anything touches it -- a
+ * kernel, a copy or memset when its queue runs, the host -- with SIGSEGV
+ * where a GPU reports an illegal address.  Misuse the driver refuses is
+ * refused and reported (`cudacpu: cuMemMap: ...`): sizes and addresses not
+ * multiples of the granularity, mapping over a mapping or outside a
+ * reservation, unmapping or setting access on a range that is not wholly
+ * mapped (an unmap must cover whole mappings), a released or unknown handle,
+ * freeing a reservation that still has mappings.  Not modelled: several
+ * devices, exporting handles, access from other devices, and any
+ * implicit synchronisation (none is documented; unmapping what queued work
+ * still reads is the caller's bug, and faults here when the queue runs).
+ */
+namespace {
+constexpr size_t VMM_GRANULARITY = (size_t)2 << 20;
+
+struct vmm_handle {
+    int fd;
+    size_t bytes;
+    int maps;      /* mappings of it */
+    bool released; /* cuMemRelease'd: gone once unmapped */
+};
+struct vmm_mapping {
+    size_t bytes;
+    CUmemGenericAllocationHandle handle;
+};
+struct vmm_reservation {
+    size_t bytes;
+    std::map<uintptr_t, vmm_mapping> maps; /* by address */
+};
+std::map<CUmemGenericAllocationHandle, vmm_handle> vmm_handles;
+CUmemGenericAllocationHandle vmm_next_handle = 1;
+std::map<uintptr_t, vmm_reservation> vmm_reserved; /* by base */
+size_t vmm_live; /* bytes of cuMemCreate memory not given back yet */
+
+CUresult vmm_refuse(CUresult r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+CUresult vmm_refuse(CUresult r, const char *fmt, ...)
+{
+    if (reports++ < MAX_REPORTS) {
+        char msg[1024];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        fprintf(stderr, "cudacpu: %s\n", msg);
+    }
+    return r;
+}
+
+bool vmm_device_prop(const CUmemAllocationProp *prop)
+{
+    return prop && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
+           prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && prop->location.id == 0;
+}
+
+/* the reservation holding [p, p + n), or vmm_reserved.end() */
+std::map<uintptr_t, vmm_reservation>::iterator vmm_reservation_of(uintptr_t p, size_t n)
+{
+    auto it = vmm_reserved.upper_bound(p);
+    if (it == vmm_reserved.begin())
+        return vmm_reserved.end();
+    --it;
+    return p + n <= it->first + it->second.bytes ? it : vmm_reserved.end();
+}
+
+/* [p, p + n) wholly covered by mappings that start at p and end at p + n */
+bool vmm_whole_mappings(const vmm_reservation &r, uintptr_t p, size_t n)
+{
+    uintptr_t at = p;
+    for (auto it = r.maps.find(p); it != r.maps.end() && it->first == at && at < p + n; ++it)
+        at += it->second.bytes;
+    return at == p + n;
+}
+
+/* [p, p + n) has no byte unmapped (mappings may start before p, end after) */
+bool vmm_fully_mapped(const vmm_reservation &r, uintptr_t p, size_t n)
+{
+    auto it = r.maps.upper_bound(p);
+    if (it == r.maps.begin())
+        return false;
+    --it;
+    uintptr_t at = p;
+    for (; it != r.maps.end() && it->first <= at && at < p + n; ++it)
+        at = std::max(at, it->first + it->second.bytes);
+    return at >= p + n;
+}
+
+void vmm_handle_done(CUmemGenericAllocationHandle h)
+{
+    auto it = vmm_handles.find(h);
+    if (it != vmm_handles.end() && it->second.released && it->second.maps == 0) {
+        vmm_live -= it->second.bytes;
+        vmm_handles.erase(it);
+    }
+}
+
+size_t vmm_limit(void)
+{
+    const char *v = getenv("CUDACPU_VMM_LIMIT");
+    return v && *v ? (size_t)strtoull(v, NULL, 0) : 0;
+}
+
+CUresult vmm_granularity(size_t *granularity, const CUmemAllocationProp *prop,
+                         CUmemAllocationGranularity_flags option)
+{
+    if (!granularity || !vmm_device_prop(prop) ||
+        (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+        return vmm_refuse(CUDA_ERROR_INVALID_VALUE, "cuMemGetAllocationGranularity: not a pinned "
+                          "allocation on device 0, or an unknown option");
+    *granularity = VMM_GRANULARITY;
+    return CUDA_SUCCESS;
+}
+
+CUresult vmm_reserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                     unsigned long long flags)
+{
+    HOLD;
+    (void)addr; /* a hint */
+    if (!ptr || size == 0 || size % VMM_GRANULARITY || flags ||
+        (alignment & (alignment - 1)))
+        return vmm_refuse(CUDA_ERROR_INVALID_VALUE, "cuMemAddressReserve: %zu bytes, alignment "
+                          "%zu, flags %llu: the size must be a nonzero multiple of the "
+                          "granularity (%zu), the alignment 0 or a power of two, flags 0", size,
+                          alignment, flags, VMM_GRANULARITY);
+    size_t align = std::max(alignment, VMM_GRANULARITY);
+    void *p = mmap(NULL, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    uintptr_t raw = (uintptr_t)p, base = (raw + align - 1) & ~(uintptr_t)(align - 1);
+    if (base > raw)
+        munmap(p, base - raw);
+    if (raw + align > base)
+        munmap((void *)(base + size), raw + align - base);
+    vmm_reserved[base] = vmm_reservation{size, {}};
+    allocations[base] = allocation{size, DEVICE};
+    *ptr = (CUdeviceptr)base;
+    return CUDA_SUCCESS;
+}
+
+CUresult vmm_address_free(CUdeviceptr ptr, size_t size)
+{
+    HOLD;
+    auto it = vmm_reserved.find((uintptr_t)ptr);
+    if (it == vmm_reserved.end() || it->second.bytes != size)
+        return vmm_refuse(CUDA_ERROR_INVALID_VALUE, "cuMemAddressFree(%p, %zu): not a reservation "
+                          "of that size", (void *)(uintptr_t)ptr, size);
+    if (!it->second.maps.empty())
+        return vmm_refuse(CUDA_ERROR_INVALID_VALUE, "cuMemAddressFree(%p, %zu): %zu mappings "
+                          "are still in it (cuMemUnmap them first)", (void *)(uintptr_t)ptr, size,
+                          it->second.maps.size());
+    munmap((void *)(uintptr_t)ptr, size);
+    vmm_reserved.erase(it);
+    allocations.erase((uintptr_t)ptr);
+    return CUDA_SUCCESS;
+}
+
+CUresult vmm_create(CUmemGenericAllocationHandle *handle, size_t size,
+                    const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    HOLD;
+    if (!handle || !vmm_device_prop(prop) || size == 0 || size % VMM_GRANULARITY || flags)
+        return vmm_refuse(CUDA_ERROR_INVALID_VALUE, "cuMemCreate: %zu bytes: not a pinned "
+                          "allocation on device 0, or not a nonzero multiple of the granularity "
+                          "(%zu)", size, VMM_GRANULARITY);
+    size_t limit = vmm_limit();
+    if (limit && vmm_live + size > limit)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    int fd = memfd_create("cudacpu-vmm", MFD_CLOEXEC);
+    if (fd < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    void *p = ftruncate(fd, (off_t)size) == 0
+                  ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                  : MAP_FAILED;
+    if (p == MAP_FAILED) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    memset(p, 0xff, size); /* uninitialised: NaN shows a read before a write */
+    munmap(p, size);
+    *handle = vmm_next_handle++;
+    vmm_handles[*handle] = vmm_handle{fd, size, 0, false};
+    vmm_live += size;
+    return CUDA_SUCCESS;
+}
+
+CUresult vmm_release(CUmemGenericAllocationHandle handle)
+{
+    HOLD;
+    auto it = vmm_handles.find(handle);
+    if (it == vmm_handles.end() || it->second.released)
+        return vmm_refuse(CUDA_ERROR_INVALID_VALUE, "cuMemRelease(%llu): not a live handle",
+                          handle);
+    close(it->second.fd); /* its mappings keep the memory */
+    it->second.released = true;
+    vmm_handle_done(handle);
+    return CUDA_SUCCESS;
+}
+
+CUresult vmm_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                 unsigned long long flags)
+{
+    HOLD;
+    uintptr_t p = (uintptr_t)ptr;
+    auto h = vmm_handles.find(handle);
+    if (h == vmm_handles.end() || h->second.released)
+        return vmm_refuse(CUDA_ERROR_INVALID_VALUE, "cuMemMap(%p): handle %llu is not live",
+                          (void *)p, handle);
+    if (size == 0 || p % VMM_GRANULARITY || size % VMM_GRANULARITY || offset || flags ||
+        size > h->second.bytes)
+        return vmm_refuse(CUDA_ERROR_INVALID_VALUE, "cuMemMap(%p, %zu, offset %zu): address and "
+                          "size must be multiples of the granularity, offset and flags 0, the "
+                          "size at most the allocation's %zu", (void *)p, size, offset,
+                          h->second.bytes);
+    auto r = vmm_reservation_of(p, size);
+    if (r == vmm_reserved.end())
+        return vmm_refuse(CUDA_ERROR_INVALID_VALUE, "cuMemMap(%p, %zu): not inside a reservation "
+                          "(cuMemAddressReserve)", (void *)p, size);
+    auto &maps = r->second.maps;
+    auto next = maps.lower_bound(p);
+    bool overlaps = (next != maps.end() && next->first < p + size);
+    if (next != maps.begin()) {
+        auto prev = std::prev(next);
+        overlaps = overlaps || prev->first + prev->second.bytes > p;
+    }
+    if (overlaps)
+        return vmm_refuse(CUDA_ERROR_INVALID_VALUE, "cuMemMap(%p, %zu): over memory already "
+                          "mapped (cuMemUnmap it first)", (void *)p, size);
+    if (mmap((void *)p, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->second.fd, 0) == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    maps[p] = vmm_mapping{size, handle};
+    h->second.maps++;
+    return CUDA_SUCCESS;
+}
+
+CUresult vmm_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+    HOLD;
+    uintptr_t p = (uintptr_t)ptr;
+    auto r = vmm_reservation_of(p, size);
+    if (size == 0 || !desc || count == 0 || r == vmm_reserved.end() ||
+        !vmm_fully_mapped(r->second, p, size))
+        return vmm_refuse(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess(%p, %zu): not a range that "
+                          "is wholly mapped (cuMemMap)", (void *)p, size);
+    int prot = PROT_NONE;
+    for (size_t i = 0; i < count; i++) {
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id != 0)
+            return vmm_refuse(CUDA_ERROR_INVALID_DEVICE, "cuMemSetAccess: a location other "
+                              "than device 0");
+        prot = desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
+               : desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
+                                                                   : PROT_NONE;
+    }
+    if (mprotect((void *)p, size, prot) != 0)
+        return CUDA_ERROR_UNKNOWN;
+    return CUDA_SUCCESS;
+}
+
+CUresult vmm_unmap(CUdeviceptr ptr, size_t size)
+{
+    HOLD;
+    uintptr_t p = (uintptr_t)ptr;
+    auto r = vmm_reservation_of(p, size);
+    if (size == 0 || r == vmm_reserved.end() || !vmm_whole_mappings(r->second, p, size))
+        return vmm_refuse(CUDA_ERROR_INVALID_VALUE, "cuMemUnmap(%p, %zu): not a range of whole "
+                          "mappings", (void *)p, size);
+    if (mmap((void *)p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
+             -1, 0) == MAP_FAILED)
+        return CUDA_ERROR_UNKNOWN;
+    auto &maps = r->second.maps;
+    for (auto it = maps.find(p); it != maps.end() && it->first < p + size;) {
+        CUmemGenericAllocationHandle h = it->second.handle;
+        it = maps.erase(it);
+        auto hh = vmm_handles.find(h);
+        if (hh != vmm_handles.end())
+            hh->second.maps--;
+        vmm_handle_done(h);
+    }
+    return CUDA_SUCCESS;
+}
+} // namespace
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
+                                             unsigned int cudaVersion, unsigned long long flags,
+                                             enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+    (void)flags;
+    static const struct {
+        const char *name;
+        void *fn;
+    } table[] = {
+        {"cuMemAddressReserve", (void *)vmm_reserve},
+        {"cuMemAddressFree", (void *)vmm_address_free},
+        {"cuMemCreate", (void *)vmm_create},
+        {"cuMemRelease", (void *)vmm_release},
+        {"cuMemMap", (void *)vmm_map},
+        {"cuMemUnmap", (void *)vmm_unmap},
+        {"cuMemSetAccess", (void *)vmm_set_access},
+        {"cuMemGetAllocationGranularity", (void *)vmm_granularity},
+    };
+    if (!symbol || !funcPtr)
+        return cudaErrorInvalidValue;
+    int driver = 0;
+    cudaDriverGetVersion(&driver);
+    if (cudaVersion > (unsigned)driver)
+        return cudaErrorInvalidValue;
+    *funcPtr = NULL;
+    enum cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+    const char *off = getenv("CUDACPU_NO_VMM");
+    if (!(off && *off && strcmp(off, "0") != 0))
+        for (const auto &e : table)
+            if (!strcmp(e.name, symbol)) {
+                /* every one of them came with CUDA 10.2 */
+                status = cudaVersion >= 10020 ? cudaDriverEntryPointSuccess
+                                              : cudaDriverEntryPointVersionNotSufficent;
+                if (status == cudaDriverEntryPointSuccess)
+                    *funcPtr = e.fn;
+            }
+    if (driverStatus)
+        *driverStatus = status;
+    return cudaSuccess;
+}
 
 cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s)
 {

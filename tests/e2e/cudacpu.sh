@@ -6,7 +6,9 @@
 # saying why, when cuDNN is unusable); on the harness a
 # resumed run and a recomputing run train bit-identical weights, and a
 # checkpoint written by device=cuda resumes on device=cpu; and
-# parallel.shard = "parameters" is refused there (no discard slot).
+# discarded memory (a trial step's gradients) is given back and committed
+# again on the harness's emulated virtual memory; parallel.shard =
+# "parameters" is refused where the driver has no virtual memory management.
 #
 # Losses are compared, and weights across devices are not: the key part of
 # c_attn.bias has an exactly-zero gradient (softmax ignores a shift common to
@@ -125,10 +127,27 @@ unset CUDACPU_CUDNN_VERSION
 grep -q "conv2d '.*' cannot run: cuDNN 80907 is loaded but this build needs major version" nodnn_cnn.txt &&
   grep -q 'device "cuda" cannot run conv2d' nodnn_cnn.txt ||
   { cat nodnn_cnn.txt; fail "the refused conv model does not say why"; }
-# sharded parameters need discard (and, to travel in bf16, convert), which
-# the cuda backend lacks: a rank of 2 (over a test comm plugin, no peer
-# needed to get there) is refused at start naming the recipe's key
-if TRAINRUN_BACKEND_PATH=$TR_CUDACPU_DIR TRAINRUN_RANK=0 TRAINRUN_WORLD_SIZE=2 "$TRAINRUN" \
+# discard and commit (CUDA virtual memory: a discarded chunk is unmapped and
+# faults until committed): micro_batch = "auto"'s trial step gives every
+# gradient back and the training steps commit them again before writing;
+# gradients of 4.6 MiB span whole 2 MiB chunks.  The same weights, bit for
+# bit, as the run of the same micro-batch that never discards, and the
+# CPU's losses within what 12 AdamW steps of this wider model make of two
+# devices' rounding (1e-3; the run without discard differs the same)
+recipe=$C/tiny_llama.lua
+wide="model.dim=256 model.ffn_dim=512"
+# shellcheck disable=SC2086
+run vmm_fixed cuda $wide train.micro_batch=4
+# shellcheck disable=SC2086
+on_both vmm 1e-3 $wide train.micro_batch=auto
+same_weights vmm_fixed vmm_cuda
+grep -q "auto micro-batch: 4 " vmm_cuda.txt || { cat vmm_cuda.txt; fail "vmm_cuda: no trial step"; }
+
+# sharded parameters need discard, which a driver without virtual memory
+# management (CUDACPU_NO_VMM takes it from the harness) leaves the backend
+# without: a rank of 2 (over a test comm plugin, no peer needed to get
+# there) is refused at start naming the recipe's key
+if CUDACPU_NO_VMM=1 TRAINRUN_BACKEND_PATH=$TR_CUDACPU_DIR TRAINRUN_RANK=0 TRAINRUN_WORLD_SIZE=2 "$TRAINRUN" \
      --plugin-path "$TR_TEST_PLUGIN_DIR" "$C/tiny_llama.lua" device=cuda comm=no_reduce_scatter \
      parallel.shard=parameters precision=bf16 train.steps=2 run_dir=cuda_zero3 > cuda_zero3.txt 2>&1; then
   cat cuda_zero3.txt; fail "device=cuda ran parallel.shard = parameters"

@@ -36,6 +36,7 @@
 #include <utility>
 
 #define __CUDACPU__ 1
+#define CUDART_VERSION 12080 /* what cudaRuntimeGetVersion says */
 #define __global__
 #define __device__
 #define __host__
@@ -67,6 +68,7 @@ enum cudaError_t {
     cudaErrorNotReady = 600,
     cudaErrorLaunchFailure = 719,
     cudaErrorNotSupported = 801,
+    cudaErrorUnknown = 999,
 };
 typedef enum cudaError_t cudaError;
 
@@ -96,6 +98,18 @@ typedef struct cudacpu_event *cudaEvent_t;
 #define cudaHostAllocPortable 0x01
 
 typedef void (*cudaHostFn_t)(void *userData);
+
+/* cudaGetDriverEntryPointByVersion (driver_types.h's values) */
+enum cudaGetDriverEntryPointFlags {
+    cudaEnableDefault = 0x0,
+    cudaEnableLegacyStream = 0x1,
+    cudaEnablePerThreadDefaultStream = 0x2,
+};
+enum cudaDriverEntryPointQueryResult {
+    cudaDriverEntryPointSuccess = 0,
+    cudaDriverEntryPointSymbolNotFound = 1,
+    cudaDriverEntryPointVersionNotSufficent = 2, /* sic, as CUDA spells it */
+};
 
 struct cudaDeviceProp {
     char name[256];
@@ -148,6 +162,15 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = 0);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventQuery(cudaEvent_t e); /* runs the work it waits for: then cudaSuccess */
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *userData);
+/* The driver functions of include/cuda.h the harness emulates (runtime.cpp,
+ * "virtual memory"), by their base names; any other symbol gives NULL and
+ * cudaDriverEntryPointSymbolNotFound, as does every symbol when the
+ * environment has CUDACPU_NO_VMM=1 (a driver without virtual memory
+ * management).  A cudaVersion above the emulated driver's (12080) is
+ * cudaErrorInvalidValue, as on a GPU. */
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
+                                             unsigned int cudaVersion, unsigned long long flags,
+                                             enum cudaDriverEntryPointQueryResult *driverStatus = NULL);
 
 /* The stand-in libraries (tests/cudacpu/cudnn.cpp, cublaslt.cpp) are shared
  * objects of their own that get only a cudaStream_t, as the real ones do;
