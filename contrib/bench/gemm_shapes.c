@@ -33,7 +33,7 @@
  * Build against a build directory's kernels (from the repository root):
  *   cc -O2 -fopenmp -Iinclude -Ikernels/cpu contrib/bench/gemm_shapes.c \
  *      BUILD/.libs/libtrkernels.a -o gemm_shapes -ldnnl -lm
- *   OMP_NUM_THREADS=2 ./gemm_shapes [large|medium|small|gpt2-t64|smollm-135m] [reps] [ceiling GFLOP/s] [fp32|bf16|bf16-stored]
+ *   OMP_NUM_THREADS=2 ./gemm_shapes [large|medium|small|gpt2-t64|smollm-135m|smollm-360m] [reps] [ceiling GFLOP/s] [fp32|bf16|bf16-stored]
  *   GEMM_SHAPES_CLOCK=cpu OMP_NUM_THREADS=1 ./gemm_shapes medium 5 0 bf16   # on a loaded machine
  *
  * Without a ceiling (or with 0) fp32 measures one, dnnl_sgemm at 2048^3 as
@@ -62,6 +62,8 @@ static const struct model models[] = {
     {"gpt2-t64", 4 * 64, 768, 12, 50257}, /* GPT-2 124M at ctx 64, batch 4 (cpu_bf16.sh) */
     /* SmolLM-135M's shape at ctx 256, batch 4 (lora.sh) */
     {"smollm-135m", 4 * 256, 576, 30, 49152, 192, 1536},
+    /* SmolLM-360M's shape at ctx 256, batch 4 (lora.sh) */
+    {"smollm-360m", 4 * 256, 960, 32, 49152, 320, 2560},
 };
 
 struct linear_shape {
@@ -255,7 +257,7 @@ static int parse_args(int argc, char **argv, struct options *o)
             if (strcmp(argv[1], models[i].name) == 0)
                 o->g = &models[i];
         if (o->g == NULL) {
-            fprintf(stderr, "usage: gemm_shapes [large|medium|small|gpt2-t64|smollm-135m] [reps] [ceiling GFLOP/s] "
+            fprintf(stderr, "usage: gemm_shapes [large|medium|small|gpt2-t64|smollm-135m|smollm-360m] [reps] [ceiling GFLOP/s] "
                             "[fp32|bf16|bf16-stored]\n");
             return 2;
         }
