@@ -304,6 +304,12 @@ static const void *as_gemm_input(struct cuda_context *c, const void *x, int from
 static const void *gemm_b(struct cuda_context *c, const struct tr_graph *g, const struct tr_node *n,
                           int dt, int gdt, float *scratch_at)
 {
+    /* sharded parameters gathered in the compute dtype (backend.h,
+     * tr_graph.params16): a GEMM weight is there, and its fp32 values in
+     * params are this rank's parts only */
+    if (!frozen_weight(g, n) && g->params16 && T(1)->role == TR_ROLE_PARAM &&
+        T(1)->dtype == TR_F32 && is_half(gdt))
+        return (const uint16_t *)g->params16 + T(1)->offset;
     if (!frozen_weight(g, n))
         return as_gemm_input(c, T(1)->data, dt, gdt, T(1)->numel, scratch_at);
     if ((int)T(1)->dtype == gdt)
