@@ -571,7 +571,8 @@ cudaError_t cudacpu::func_set_attribute(const void *fn, cudaFuncAttribute attr, 
  * their work so), event records and cudaStreamWaitEvent are queued on their
  * stream when called and run only when a synchronisation needs them:
  *
- *   cudaStreamSynchronize(s)    s's queue, up to its end;
+ *   cudaStreamSynchronize(s),
+ *   cudaStreamQuery(s)          s's queue, up to its end;
  *   cudaEventSynchronize(e),
  *   cudaEventQuery(e)           e's stream, up to e's latest record;
  *   cudaDeviceSynchronize,
@@ -624,6 +625,17 @@ cudaError_t cudacpu::func_set_attribute(const void *fn, cudaFuncAttribute attr, 
  * source staged (the copy itself stays queued), device to device at once.
  * cudaMemset is queued on the legacy stream (synchronous only for pinned
  * host memory).
+ *
+ * A library call that waits for other processes (launch_library_poll: the
+ * fake NCCL's collectives, tests/cudacpu/nccl.cpp) is polled when its
+ * stream reaches it and stays at the front of the queue until it says it
+ * is done: cudaStreamQuery and cudaEventQuery (and the immediate order's
+ * runs) stop there and answer cudaErrorNotReady, as a GPU does while a
+ * kernel waits for its peers; every other synchronisation waits for it,
+ * letting go of the runtime's lock between polls so that the process's
+ * other threads go on (one of them may abort the communicator, which ends
+ * the wait).  Another thread's query of a stream being run meanwhile
+ * answers cudaErrorNotReady; its synchronisation waits.
  *
  * Errors: a refused launch is reported when launched; a kernel that fails
  * does so when its queue runs, and the error is sticky, returned by the
@@ -681,6 +693,10 @@ struct queued_op {
     /* OP_HOST */
     cudaHostFn_t host;
     void *arg;
+    /* a library call that waits (the fake NCCL's collectives): called
+     * until it says it is done, instead of host(arg) once */
+    int (*poll)(void *);
+    bool started; /* polled once already: what it touches recorded */
     const char *what;                 /* a library call's name */
     std::vector<cudacpu_touch> touch; /* the bytes it reads and writes */
     /* OP_WAIT: `on` up to its operation number `upto` */
@@ -710,6 +726,7 @@ struct cudacpu_stream {
     unsigned flags;
     int id; /* creation order; 0 is the legacy default stream */
     bool legacy, destroyed, running;
+    const void *runner; /* the thread running it (its thread_self), while running */
     std::deque<queued_op> queue;
     uint64_t issued, done; /* operations queued and run so far */
     cudacpu::vclock clock; /* of its latest queued operation */
@@ -724,7 +741,40 @@ struct cudacpu_event {
 
 namespace {
 
-#define HOLD std::lock_guard<std::recursive_mutex> hold(api_lock)
+/* how deep this thread holds api_lock: a wait for a library call that
+ * polls (the fake NCCL waiting for its peers) lets go of it entirely, as
+ * a GPU's host thread does not stop the others while a kernel waits */
+thread_local int hold_depth;
+struct api_hold {
+    api_hold() { api_lock.lock(), hold_depth++; }
+    ~api_hold() { hold_depth--, api_lock.unlock(); }
+};
+#define HOLD api_hold hold
+
+/* this thread, for cudacpu_stream::runner */
+thread_local char thread_self;
+
+/* Set while this thread answers cudaStreamQuery or cudaEventQuery (or runs
+ * what the immediate order queued): a library call that polls and is not
+ * done yet stops the run there, and the query says cudaErrorNotReady.
+ * Any other synchronisation waits for it. */
+thread_local int querying;
+struct query_scope {
+    query_scope() { querying++; }
+    ~query_scope() { querying--; }
+};
+
+/* a moment outside api_lock, so that the other threads of the process
+ * (the one that will abort the communicator, say) get to run their calls */
+void wait_outside_lock(void)
+{
+    int depth = hold_depth;
+    for (int i = 0; i < depth; i++)
+        api_lock.unlock();
+    usleep(50);
+    for (int i = 0; i < depth; i++)
+        api_lock.lock();
+}
 
 enum order_mode { ORDER_LAZY, ORDER_REVERSE, ORDER_IMMEDIATE };
 
@@ -774,7 +824,7 @@ cudacpu_stream *stream_of(cudaStream_t s) { return s ? s : legacy_stream(); }
 
 bool blocking(const cudacpu_stream *s) { return !s->legacy && !(s->flags & cudaStreamNonBlocking); }
 
-void run_until(cudacpu_stream *s, uint64_t upto);
+bool run_until(cudacpu_stream *s, uint64_t upto);
 
 /* what the host knows has completed (synchronisations it returned from):
  * work queued from now on is ordered after it */
@@ -821,8 +871,10 @@ void enqueue(cudacpu_stream *s, queued_op &&o)
             push(s, wait_op(l, l->issued, l->clock));
     }
     push(s, std::move(o));
-    if (stream_order() == ORDER_IMMEDIATE)
+    if (stream_order() == ORDER_IMMEDIATE) {
+        query_scope q; /* a call that waits for its peers is left queued */
         run_until(s, s->issued);
+    }
 }
 
 void run_kernel(const queued_op &o);
@@ -857,19 +909,58 @@ void execute(queued_op &o)
 
 /* Runs s's queue until `upto` operations have run.  A wait runs the other
  * stream's prefix; that prefix can only wait for work queued before the
- * wait was, which has run, so no stream re-enters itself. */
-void run_until(cudacpu_stream *s, uint64_t upto)
+ * wait was, which has run, so no stream re-enters itself.
+ *
+ * A library call that polls (launch_library_poll) stays at the front of
+ * the queue until it says it is done: while querying, the run stops there
+ * and returns false (the query answers cudaErrorNotReady); otherwise it
+ * polls again after a moment outside api_lock, during which other threads
+ * may queue work, query (a stream another thread runs is not ready) or
+ * wait for the same stream (they wait for that thread to finish it). */
+bool run_until(cudacpu_stream *s, uint64_t upto)
 {
     if (s->done >= upto)
-        return;
-    if (s->running) {
-        fprintf(stderr, "cudacpu: internal error: stream %d waits for its own later work\n", s->id);
-        abort();
+        return true;
+    while (s->running) {
+        if (s->runner == &thread_self) {
+            fprintf(stderr, "cudacpu: internal error: stream %d waits for its own later work\n",
+                    s->id);
+            abort();
+        }
+        if (querying)
+            return false;
+        wait_outside_lock();
+        if (s->done >= upto)
+            return true;
     }
     s->running = true;
+    s->runner = &thread_self;
     while (s->done < upto) {
+        queued_op &front = s->queue.front();
+        if (front.kind == OP_WAIT) { /* left queued until the other stream got there */
+            if (!run_until(front.on, front.upto)) {
+                s->running = false;
+                return false;
+            }
+        } else if (front.kind == OP_HOST && front.poll) {
+            if (!front.started) {
+                front.started = true;
+                hazard_free(s, front); /* a hazard is reported, and sticky; it still runs */
+            }
+            while (!s->queue.front().poll(s->queue.front().arg)) {
+                if (querying) {
+                    s->running = false;
+                    return false;
+                }
+                wait_outside_lock();
+            }
+        }
         queued_op o = std::move(s->queue.front());
         s->queue.pop_front();
+        if (o.kind == OP_WAIT || (o.kind == OP_HOST && o.poll)) { /* done above */
+            s->done++;
+            continue;
+        }
         if (!hazard_free(s, o) && o.kind == OP_KERNEL) { /* stopped: the error is sticky */
             o.release(o.closure);
             s->done++;
@@ -879,6 +970,7 @@ void run_until(cudacpu_stream *s, uint64_t upto)
         s->done++;
     }
     s->running = false;
+    return true;
 }
 
 /* every queue to its end: oldest stream first, or newest first */
@@ -894,12 +986,14 @@ void forget_history(void);
 
 /* a synchronisation that needs s's first `upto` operations, which are
  * ordered after `clock`: the host knows that much has completed */
-void synchronize(cudacpu_stream *s, uint64_t upto, const vclock &clock)
+bool synchronize(cudacpu_stream *s, uint64_t upto, const vclock &clock)
 {
     if (stream_order() == ORDER_REVERSE)
         run_all(true);
-    run_until(s, upto);
+    if (!run_until(s, upto))
+        return false; /* querying, and a library call still waits */
     host_clock.join(clock);
+    return true;
 }
 
 void synchronize_device(void)
@@ -909,11 +1003,11 @@ void synchronize_device(void)
 }
 
 /* the legacy stream, with the blocking streams' work queued before now */
-void synchronize_legacy(void)
+bool synchronize_legacy(void)
 {
     cudacpu_stream *l = legacy_stream();
     enqueue(l, mark_op());
-    synchronize(l, l->issued, l->clock);
+    return synchronize(l, l->issued, l->clock);
 }
 
 /* ---- what memory is what ----------------------------------------------------------------- */
@@ -1301,14 +1395,35 @@ cudaError_t cudaRuntimeGetVersion(int *v)
     *v = 12080;
     return cudaSuccess;
 }
+/* CUDACPU_DEVICES=N (1 to 64; 1 when unset): N devices, every one the
+ * same emulated GPU, so that local rank r of a job on one machine drives
+ * device r as on a node of N GPUs (the nccl comm plugin through the fake
+ * NCCL, tests/cudacpu/nccl.cpp).  Memory is not per device. */
+static int device_count(void)
+{
+    static int n = [] {
+        const char *v = getenv("CUDACPU_DEVICES");
+        char *end = NULL;
+        long k = v && *v ? strtol(v, &end, 10) : 1;
+        if (v && *v && (*end || k < 1 || k > 64)) {
+            fprintf(stderr, "cudacpu: CUDACPU_DEVICES=%s: expected a number of devices from 1 "
+                    "to 64\n", v);
+            abort();
+        }
+        return (int)k;
+    }();
+    return n;
+}
+static thread_local int current_device; /* cudaSetDevice's, per host thread as in CUDA */
+
 cudaError_t cudaGetDeviceCount(int *n)
 {
-    *n = 1;
+    *n = device_count();
     return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device)
 {
-    if (device != 0)
+    if (device < 0 || device >= device_count())
         return cudaErrorInvalidValue;
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "cudacpu (CUDA kernels on the CPU, sm_80 limits)");
@@ -1326,10 +1441,16 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device)
     p->minor = 0;
     return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidValue; }
+cudaError_t cudaSetDevice(int device)
+{
+    if (device < 0 || device >= device_count())
+        return cudaErrorInvalidValue;
+    current_device = device;
+    return cudaSuccess;
+}
 cudaError_t cudaGetDevice(int *device)
 {
-    *device = 0;
+    *device = current_device;
     return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void)
@@ -1465,7 +1586,8 @@ CUresult vmm_refuse(CUresult r, const char *fmt, ...)
 bool vmm_device_prop(const CUmemAllocationProp *prop)
 {
     return prop && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
-           prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && prop->location.id == 0;
+           prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && prop->location.id >= 0 &&
+           prop->location.id < device_count();
 }
 
 /* the reservation holding [p, p + n), or vmm_reserved.end() */
@@ -1658,9 +1780,10 @@ CUresult vmm_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *des
                           "is wholly mapped (cuMemMap)", (void *)p, size);
     int prot = PROT_NONE;
     for (size_t i = 0; i < count; i++) {
-        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id != 0)
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||
+            desc[i].location.id >= device_count())
             return vmm_refuse(CUDA_ERROR_INVALID_DEVICE, "cuMemSetAccess: a location other "
-                              "than device 0");
+                              "than a device (device 0, or one below CUDACPU_DEVICES)");
         prot = desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
                : desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
                                                                    : PROT_NONE;
@@ -1889,8 +2012,31 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e)
 }
 /* A query that answered cudaErrorNotReady would leave a host polling it
  * waiting for work that runs only when something synchronises: it runs
- * that work, and says whether it succeeded. */
-cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
+ * that work, and says whether it succeeded.  Only a library call that
+ * waits for something outside the process (the fake NCCL's collectives,
+ * launch_library_poll) makes it cudaErrorNotReady: the work up to that
+ * call has run, and the call stays queued. */
+cudaError_t cudaEventQuery(cudaEvent_t e)
+{
+    HOLD;
+    if (!e)
+        return cudaErrorInvalidResourceHandle;
+    query_scope q;
+    if (e->stream && !synchronize(e->stream, e->at, e->clock))
+        return sticky_error != cudaSuccess ? sticky_error : cudaErrorNotReady;
+    return sticky_error;
+}
+/* the same for the whole queue of s */
+cudaError_t cudaStreamQuery(cudaStream_t s)
+{
+    HOLD;
+    query_scope q;
+    cudacpu_stream *t = stream_of(s);
+    bool done = t->legacy ? synchronize_legacy() : synchronize(t, t->issued, t->clock);
+    if (!done)
+        return sticky_error != cudaSuccess ? sticky_error : cudaErrorNotReady;
+    return sticky_error;
+}
 
 /* for the stand-in libraries: include/cuda_runtime.h, cudacpu_runtime_table */
 static cudaError_t launch_library_call(cudaStream_t s, cudaHostFn_t fn, void *userData,
@@ -1909,5 +2055,30 @@ static cudaError_t launch_library_call(cudaStream_t s, cudaHostFn_t fn, void *us
     return cudaSuccess;
 }
 
+/* a library call that waits for something outside the process: poll(arg)
+ * runs when its stream gets there, and again until it returns nonzero
+ * (then it has freed arg); meanwhile cudaStreamQuery and cudaEventQuery
+ * answer cudaErrorNotReady, and the other synchronisations wait */
+static cudaError_t launch_library_poll(cudaStream_t s, int (*poll)(void *), void *arg,
+                                       const char *what, const cudacpu_touch *touch, int n)
+{
+    HOLD;
+    if (!poll)
+        return cudaErrorInvalidValue;
+    queued_op o{};
+    o.kind = OP_HOST;
+    o.poll = poll;
+    o.arg = arg;
+    o.what = what ? what : "a library call";
+    o.touch.assign(touch, touch + n);
+    enqueue(stream_of(s), std::move(o));
+    return cudaSuccess;
+}
+
 extern "C" __attribute__((visibility("default"))) const cudacpu_runtime_table cudacpu_runtime = {
-    CUDACPU_RUNTIME_VERSION, cudaLaunchHostFunc, launch_library_call};
+    CUDACPU_RUNTIME_VERSION, cudaLaunchHostFunc, launch_library_call,
+    /* version 3 */
+    launch_library_poll, cudaGetErrorString, cudaGetErrorName, cudaGetLastError,
+    cudaGetDeviceCount, cudaGetDeviceProperties, cudaSetDevice, cudaGetDevice,
+    cudaStreamCreateWithFlags, cudaStreamDestroy, cudaStreamQuery, cudaStreamSynchronize,
+    cudaDeviceSynchronize};

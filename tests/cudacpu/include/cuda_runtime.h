@@ -22,6 +22,10 @@
  *
  * Only what the backend uses is here: a kernel that needs more fails to
  * compile, which is the point.
+ *
+ * C sees the types and the few runtime calls the nccl comm plugin makes
+ * (plugins/comm/nccl.c, built against the harness with the fake NCCL:
+ * tests/cudacpu/cudart.c forwards them to the runtime's table below).
  */
 #ifndef CUDACPU_CUDA_RUNTIME_H
 #define CUDACPU_CUDA_RUNTIME_H
@@ -31,9 +35,13 @@
 #include <stdint.h>
 #include <string.h>
 
+#ifdef __cplusplus
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#else
+#include <stdbool.h>
+#endif
 
 #define __CUDACPU__ 1
 #define CUDART_VERSION 12080 /* what cudaRuntimeGetVersion says */
@@ -47,6 +55,7 @@
 
 /* ---- types --------------------------------------------------------------- */
 
+#ifdef __cplusplus
 struct uint3 {
     unsigned x, y, z;
 };
@@ -54,6 +63,7 @@ struct dim3 {
     unsigned x, y, z;
     constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
+#endif
 
 enum cudaError_t {
     cudaSuccess = 0,
@@ -124,6 +134,15 @@ struct cudaDeviceProp {
     int major, minor;
 };
 
+#ifndef __cplusplus
+typedef enum cudaError_t cudaError_t;
+typedef enum cudaMemcpyKind cudaMemcpyKind;
+typedef struct cudaDeviceProp cudaDeviceProp;
+typedef struct cudacpu_touch cudacpu_touch;
+typedef struct cudacpu_runtime_table cudacpu_runtime_table;
+#endif
+
+#ifdef __cplusplus
 constexpr int warpSize = 32;
 
 /* ---- the runtime API (tests/cudacpu/runtime.cpp) ------------------------- */
@@ -154,6 +173,9 @@ cudaError_t cudaStreamCreate(cudaStream_t *s);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
+/* runs the work queued on s; cudaErrorNotReady only where a library call
+ * that waits for other processes (the fake NCCL) is not done yet */
+cudaError_t cudaStreamQuery(cudaStream_t s);
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0);
 cudaError_t cudaEventCreate(cudaEvent_t *e);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
@@ -171,13 +193,31 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *userData);
 cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
                                              unsigned int cudaVersion, unsigned long long flags,
                                              enum cudaDriverEntryPointQueryResult *driverStatus = NULL);
+#else
+/* C: what plugins/comm/nccl.c calls, defined by tests/cudacpu/cudart.c,
+ * which forwards each to the runtime instance the process holds (through
+ * cudacpu_runtime below) */
+const char *cudaGetErrorString(cudaError_t e);
+const char *cudaGetErrorName(cudaError_t e);
+cudaError_t cudaGetLastError(void);
+cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDevice(int *device);
+cudaError_t cudaStreamCreate(cudaStream_t *s);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamQuery(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaDeviceSynchronize(void);
+#endif
 
 /* The stand-in libraries (tests/cudacpu/cudnn.cpp, cublaslt.cpp) are shared
  * objects of their own that get only a cudaStream_t, as the real ones do;
  * they find this table (the symbol cudacpu_runtime, exported by whatever
  * holds runtime.cpp: include/cudacpu_library.h) and queue their work on the
  * stream through it, where the real libraries launch their kernels. */
-#define CUDACPU_RUNTIME_VERSION 2
+#define CUDACPU_RUNTIME_VERSION 3
 /* bytes a library call reads or writes, for the stream hazard check */
 struct cudacpu_touch {
     const void *p;
@@ -190,8 +230,31 @@ struct cudacpu_runtime_table {
     /* the same, naming the call and what it touches (touch[0..n)) */
     cudaError_t (*launch_library_call)(cudaStream_t s, cudaHostFn_t fn, void *userData,
                                        const char *what, const cudacpu_touch *touch, int n);
+    /* version 3 */
+    /* a library call that waits for other processes (the fake NCCL's
+     * collectives): poll(arg) when the stream gets there, and again until
+     * it returns nonzero (having freed arg); until then cudaStreamQuery
+     * and cudaEventQuery say cudaErrorNotReady and the other
+     * synchronisations wait, letting the process's other threads in */
+    cudaError_t (*launch_library_poll)(cudaStream_t s, int (*poll)(void *), void *arg,
+                                       const char *what, const cudacpu_touch *touch, int n);
+    /* the runtime's own calls, for code in another shared object that
+     * must reach this instance (tests/cudacpu/cudart.c) */
+    const char *(*get_error_string)(cudaError_t e);
+    const char *(*get_error_name)(cudaError_t e);
+    cudaError_t (*get_last_error)(void);
+    cudaError_t (*get_device_count)(int *n);
+    cudaError_t (*get_device_properties)(cudaDeviceProp *p, int device);
+    cudaError_t (*set_device)(int device);
+    cudaError_t (*get_device)(int *device);
+    cudaError_t (*stream_create_with_flags)(cudaStream_t *s, unsigned flags);
+    cudaError_t (*stream_destroy)(cudaStream_t s);
+    cudaError_t (*stream_query)(cudaStream_t s);
+    cudaError_t (*stream_synchronize)(cudaStream_t s);
+    cudaError_t (*device_synchronize)(void);
 };
 
+#ifdef __cplusplus
 namespace cudacpu {
 
 /* ---- the thread running now, and its block ------------------------------ */
@@ -400,5 +463,7 @@ inline float __fadd_rn(float a, float b)
     volatile float r = a + b;
     return r;
 }
+
+#endif /* __cplusplus */
 
 #endif
