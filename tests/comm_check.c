@@ -218,6 +218,7 @@ static struct {
     int (*malloc_)(void **, size_t);
     int (*free_)(void *);
     int (*memcpy_)(void *, const void *, size_t, int); /* kind 1: to device, 2: to host */
+    int (*synchronize)(void);
 } mem;
 
 static void use_gpu(int local_rank)
@@ -233,8 +234,9 @@ static void use_gpu(int local_rank)
     *(void **)&mem.malloc_ = dlsym(lib, "cudaMalloc");
     *(void **)&mem.free_ = dlsym(lib, "cudaFree");
     *(void **)&mem.memcpy_ = dlsym(lib, "cudaMemcpy");
-    if (!mem.set_device || !mem.malloc_ || !mem.free_ || !mem.memcpy_)
-        die("--device=cuda: libcudart lacks cudaMalloc/cudaMemcpy");
+    *(void **)&mem.synchronize = dlsym(lib, "cudaDeviceSynchronize");
+    if (!mem.set_device || !mem.malloc_ || !mem.free_ || !mem.memcpy_ || !mem.synchronize)
+        die("--device=cuda: libcudart lacks cudaMalloc/cudaMemcpy/cudaDeviceSynchronize");
     mem.on_gpu = 1;
     int (*count)(int *) = NULL;
     *(void **)&count = dlsym(lib, "cudaGetDeviceCount");
@@ -271,6 +273,11 @@ static void to_plugin(struct buffer *b)
 {
     if (mem.on_gpu && mem.memcpy_(b->dev, b->host, b->bytes, 1) != 0)
         die("cudaMemcpy to the device failed");
+    /* from pageable memory cudaMemcpy may return before the DMA has
+     * written the device; the plugin's collective runs on a non-blocking
+     * stream that nothing orders after it */
+    if (mem.on_gpu && mem.synchronize() != 0)
+        die("cudaDeviceSynchronize after the copy to the device failed");
 }
 
 static void from_plugin(struct buffer *b)
