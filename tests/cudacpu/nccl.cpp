@@ -352,6 +352,26 @@ bool peer_lost(ncclComm *c, int r, const char *waiting_in)
     return false;
 }
 
+/* Whether any other rank has gone, left or aborted, without failing the
+ * communicator: a snapshot taken before a poll's steps.  A rank writes what
+ * it sends before it leaves, so a loss seen before the steps ran cannot hide
+ * a message the steps would have found (a size mismatch is then reported
+ * as such, not as the sender's abort that followed it). */
+bool any_peer_lost(ncclComm *c)
+{
+    int aborter = load(&c->header()->abort_rank);
+    if (aborter >= 0 && aborter != c->rank)
+        return true;
+    for (int q = 0; q < c->nranks; q++) {
+        if (q == c->rank)
+            continue;
+        rank_slot *s = c->slot(q);
+        if (load(&s->left) || (load(&s->joined) && process_gone(load(&s->pid))))
+            return true;
+    }
+    return false;
+}
+
 /* ---- initialisation ------------------------------------------------------------------------ */
 
 size_t chunk_setting(int nranks)
@@ -698,6 +718,10 @@ int poll_calls(void *arg)
         assign(c, q);
         q->since = now();
     }
+    /* every 10 ms: is the rank waited for still coming?  Looked at before
+     * the steps (any_peer_lost), judged after them */
+    double t0 = now();
+    bool probe = t0 - q->checked > 0.01 && any_peer_lost(c);
     bool moved = false, all = true;
     int wait = -1;
     const call *blocked = NULL;
@@ -737,11 +761,13 @@ int poll_calls(void *arg)
     double t = now();
     if (moved)
         q->since = t;
-    else if (t - q->checked > 0.01) { /* is the rank it waits for still coming? */
-        q->checked = t;
-        char what[200];
-        describe(*blocked, what, sizeof what);
-        peer_lost(c, wait, what);
+    else if (t0 - q->checked > 0.01) {
+        q->checked = t0;
+        if (probe) {
+            char what[200];
+            describe(*blocked, what, sizeof what);
+            peer_lost(c, wait, what);
+        }
     }
     return 0;
 }
