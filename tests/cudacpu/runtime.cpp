@@ -2038,41 +2038,40 @@ cudaError_t cudaStreamQuery(cudaStream_t s)
     return sticky_error;
 }
 
-/* for the stand-in libraries: include/cuda_runtime.h, cudacpu_runtime_table */
-static cudaError_t launch_library_call(cudaStream_t s, cudaHostFn_t fn, void *userData,
-                                       const char *what, const cudacpu_touch *touch, int n)
+/* for the stand-in libraries: include/cuda_runtime.h, cudacpu_runtime_table.
+ * A library call runs fn(arg) once when its stream gets there; one that
+ * waits for something outside the process runs poll(arg) then, and again
+ * until it returns nonzero (then it has freed arg); meanwhile
+ * cudaStreamQuery and cudaEventQuery answer cudaErrorNotReady, and the
+ * other synchronisations wait */
+static cudaError_t queue_library_op(cudaStream_t s, cudaHostFn_t fn, int (*poll)(void *),
+                                    void *arg, const char *what, const cudacpu_touch *touch,
+                                    int n)
 {
     HOLD;
-    if (!fn)
+    if (!fn && !poll)
         return cudaErrorInvalidValue;
     queued_op o{};
     o.kind = OP_HOST;
     o.host = fn;
-    o.arg = userData;
-    o.what = what ? what : "a library call";
-    o.touch.assign(touch, touch + n);
-    enqueue(stream_of(s), std::move(o));
-    return cudaSuccess;
-}
-
-/* a library call that waits for something outside the process: poll(arg)
- * runs when its stream gets there, and again until it returns nonzero
- * (then it has freed arg); meanwhile cudaStreamQuery and cudaEventQuery
- * answer cudaErrorNotReady, and the other synchronisations wait */
-static cudaError_t launch_library_poll(cudaStream_t s, int (*poll)(void *), void *arg,
-                                       const char *what, const cudacpu_touch *touch, int n)
-{
-    HOLD;
-    if (!poll)
-        return cudaErrorInvalidValue;
-    queued_op o{};
-    o.kind = OP_HOST;
     o.poll = poll;
     o.arg = arg;
     o.what = what ? what : "a library call";
     o.touch.assign(touch, touch + n);
     enqueue(stream_of(s), std::move(o));
     return cudaSuccess;
+}
+
+static cudaError_t launch_library_call(cudaStream_t s, cudaHostFn_t fn, void *userData,
+                                       const char *what, const cudacpu_touch *touch, int n)
+{
+    return fn ? queue_library_op(s, fn, NULL, userData, what, touch, n) : cudaErrorInvalidValue;
+}
+
+static cudaError_t launch_library_poll(cudaStream_t s, int (*poll)(void *), void *arg,
+                                       const char *what, const cudacpu_touch *touch, int n)
+{
+    return poll ? queue_library_op(s, NULL, poll, arg, what, touch, n) : cudaErrorInvalidValue;
 }
 
 extern "C" __attribute__((visibility("default"))) const cudacpu_runtime_table cudacpu_runtime = {
