@@ -1858,10 +1858,45 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
     return cudaSuccess;
 }
 
+/* A copy whose direction says one thing and whose pointers another is
+ * undefined behaviour on a GPU (a host pointer read as device memory, or
+ * the reverse: a fault, or other memory).  Here every pointer is host
+ * memory, so such a call would run: refused instead, naming it.  The
+ * device side must lie in a device allocation, the host side outside one;
+ * a memset needs memory the device can write (device or pinned). */
+namespace {
+bool misdirected(const char *call, const void *p, size_t bytes, bool device_side)
+{
+    if (!bytes)
+        return false;
+    memory_kind k = memory_of(p);
+    if (device_side ? k == DEVICE : k != DEVICE)
+        return false;
+    if (reports++ < MAX_REPORTS)
+        fprintf(stderr, "cudacpu: %s: %p (%zu bytes) is %s memory where the call's direction "
+                "says %s memory\n", call, p, bytes,
+                k == DEVICE ? "device" : k == PINNED ? "pinned host" : "pageable host",
+                device_side ? "device" : "host");
+    return true;
+}
+
+/* the copy's direction against its pointers (cudaMemcpyDefault: any) */
+bool copy_misdirected(const char *call, void *dst, const void *src, size_t bytes,
+                      cudaMemcpyKind kind)
+{
+    if (kind == cudaMemcpyDefault)
+        return false;
+    return misdirected(call, dst, bytes, !host_side(dst, kind, true)) ||
+           misdirected(call, src, bytes, !host_side(src, kind, false));
+}
+} // namespace
+
 cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s)
 {
     HOLD;
     if (bytes && !p)
+        return cudaErrorInvalidValue;
+    if (memory_of(p) == PAGEABLE && misdirected("cudaMemsetAsync", p, bytes, true))
         return cudaErrorInvalidValue;
     queued_op o{};
     o.kind = OP_SET;
@@ -1886,6 +1921,8 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
     HOLD;
     if (bytes && (!dst || !src))
         return cudaErrorInvalidValue;
+    if (copy_misdirected("cudaMemcpyAsync", dst, src, bytes, kind))
+        return cudaErrorInvalidValue;
     bool host_dst = host_side(dst, kind, true), host_src = host_side(src, kind, false);
     /* a host read before the synchronisation sees NaN, not an older value */
     if (host_dst && !host_src && bytes && stream_order() != ORDER_IMMEDIATE &&
@@ -1902,6 +1939,8 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind 
 {
     HOLD;
     if (bytes && (!dst || !src))
+        return cudaErrorInvalidValue;
+    if (copy_misdirected("cudaMemcpy", dst, src, bytes, kind))
         return cudaErrorInvalidValue;
     cudacpu_stream *l = legacy_stream();
     bool host_dst = host_side(dst, kind, true), host_src = host_side(src, kind, false);

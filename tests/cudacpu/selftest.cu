@@ -440,8 +440,41 @@ static void hazard_checks(void)
     cudaStreamDestroy(blocking_stream);
 }
 
+/* ---- a copy's direction against its pointers ---------------------------------------- */
+
+/* On a GPU a host pointer where the call's direction says device memory
+ * (or the reverse) is undefined behaviour; here all memory is the host's,
+ * so the harness refuses such a call, naming it (runtime.cpp, misdirected). */
+static void direction_checks(void)
+{
+    printf("a copy whose direction does not match its pointers is refused\n");
+    float *d = device_buffer(), *h = NULL, pageable[SN] = {0};
+    cudaHostAlloc((void **)&h, SN * sizeof(float), 0);
+    cudaError_t e = cudaSuccess;
+    captured([&] { e = cudaMemcpy(pageable, h, sizeof pageable, cudaMemcpyDeviceToHost); });
+    CHECK(e == cudaErrorInvalidValue, "device to host from pinned memory: %s", cudaGetErrorName(e));
+    CHECK(strstr(report, "is pinned host memory where the call's direction says device memory"),
+          "device to host from pinned memory: the report says \"%s\"", report);
+    captured([&] { e = cudaMemcpyAsync(d, d + 1, 4 * sizeof(float), cudaMemcpyHostToDevice, 0); });
+    CHECK(e == cudaErrorInvalidValue, "host to device from device memory: %s", cudaGetErrorName(e));
+    CHECK(strstr(report, "is device memory where the call's direction says host memory"),
+          "host to device from device memory: the report says \"%s\"", report);
+    captured([&] { e = cudaMemsetAsync(pageable, 0, sizeof pageable, 0); });
+    CHECK(e == cudaErrorInvalidValue, "a memset of pageable memory: %s", cudaGetErrorName(e));
+    CHECK(strstr(report, "is pageable host memory"), "a memset of pageable memory: \"%s\"", report);
+    /* what a GPU takes: cudaMemcpyDefault (unified addressing), pinned memory set */
+    CHECK(cudaMemcpy(h, d, SN * sizeof(float), cudaMemcpyDefault) == cudaSuccess,
+          "cudaMemcpyDefault was refused");
+    CHECK(cudaMemset(h, 0, SN * sizeof(float)) == cudaSuccess,
+          "a memset of pinned memory was refused");
+    cudaDeviceReset();
+    cudaFreeHost(h);
+    cudaFree(d);
+}
+
 int main(void)
 {
+    direction_checks(); /* first: the harness prints a bounded number of reports */
     float *f = NULL;
     int *ints = NULL;
     cudaMalloc((void **)&f, 4096 * sizeof(float));
