@@ -132,14 +132,24 @@ grep -q "conv2d '.*' cannot run: cuDNN 80907 is loaded but this build needs majo
 # gradient back and the training steps commit them again before writing;
 # gradients of 4.6 MiB span whole 2 MiB chunks.  The same weights, bit for
 # bit, as the run of the same micro-batch that never discards, and the
-# CPU's losses within what 12 AdamW steps of this wider model make of two
-# devices' rounding (1e-3; the run without discard differs the same)
+# CPU's losses over the first 6 steps within 1e-4.  (Later steps of this
+# wider model at lr 1e-2 amplify the two devices' rounding: on an AVX2 CPU
+# the losses drift apart by 1.1e-3 at step 11, the run without discard
+# alike; seen at step 6: 1.2e-5.)
 recipe=$C/tiny_llama.lua
 wide="model.dim=256 model.ffn_dim=512"
 # shellcheck disable=SC2086
 run vmm_fixed cuda $wide train.micro_batch=4
 # shellcheck disable=SC2086
-on_both vmm 1e-3 $wide train.micro_batch=auto
+run vmm_cpu cpu $wide train.micro_batch=auto
+# shellcheck disable=SC2086
+run vmm_cuda cuda $wide train.micro_batch=auto
+for d in vmm_cpu vmm_cuda; do
+  mkdir -p "${d}_6"
+  awk 'match($0, /"step": *[0-9]+/) && substr($0, RSTART + 7, RLENGTH - 7) + 0 <= 6' \
+    "$d/metrics.jsonl" > "${d}_6/metrics.jsonl"
+done
+agree vmm_cpu_6 vmm_cuda_6 1e-4
 same_weights vmm_fixed vmm_cuda
 grep -q "auto micro-batch: 4 " vmm_cuda.txt || { cat vmm_cuda.txt; fail "vmm_cuda: no trial step"; }
 
