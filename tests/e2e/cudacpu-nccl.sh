@@ -21,30 +21,11 @@
 #     discard unmaps chunks, commit maps them again) trains "parameters"
 #     under bf16 to the same bits as no sharding.
 . "$(dirname "$0")/lib.sh"
-: "${TR_CUDACPU_DIR:?run through make check}"
-: "${TR_CUDACPU_COMM_DIR:?run through make check}"
-: "${TR_PLUGIN_BUILD_DIR:?run through make check}"
-[ -f "$TR_CUDACPU_COMM_DIR/comm_nccl.so" ] || fail "no $TR_CUDACPU_COMM_DIR/comm_nccl.so (make check builds it)"
 LLAMA="$TR_SRCDIR/tests/config/tiny_llama.lua"
 READ="$TR_SRCDIR/tests/e2e/read_safetensors.py"
 
-# The built-in plugin directory comes before --plugin-path and
-# TRAINRUN_PLUGIN_PATH (core/config/plugin.c: the first comm_nccl.so found
-# wins), and a build with NCCL holds the real plugin there.  So the cuda
-# ranks run a copy of trainrun in an installed layout of its own
-# (core/config/run_env.c: <prefix>/bin/trainrun finds
-# <prefix>/lib/trainrun/plugins), whose plugins are the build's but for
-# comm_nccl.so, the harness's.
-mkdir -p inst/bin inst/lib/trainrun/plugins inst/share/trainrun
-cp "$TRAINRUN" inst/bin/trainrun
-for so in "$TR_PLUGIN_BUILD_DIR"/*.so; do
-  [ "$(basename "$so")" = comm_nccl.so ] || ln -s "$so" inst/lib/trainrun/plugins/
-done
-ln -s "$TR_CUDACPU_COMM_DIR/comm_nccl.so" inst/lib/trainrun/plugins/comm_nccl.so
-ln -s "$TR_SRCDIR/lua" inst/share/trainrun/lua
-ln -s "$TR_SRCDIR/recipes" inst/share/trainrun/recipes
-CUDA_TRAINRUN=$PWD/inst/bin/trainrun
-export CUDACPU_DEVICES=2 CUDACPU_NCCL_CHUNK=1024 TRAINRUN_BACKEND_PATH="$TR_CUDACPU_DIR"
+nccl_harness # $CUDA_TRAINRUN: trainrun with the harness's comm_nccl.so (lib.sh)
+export CUDACPU_NCCL_CHUNK=1024
 
 steps=6
 # 2 micro-batches a rank (accumulation); 2,621-float buckets and units

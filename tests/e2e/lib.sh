@@ -182,3 +182,30 @@ comm_check_env() {
   unset TRAINRUN_RANK TRAINRUN_WORLD_SIZE TRAINRUN_LOCAL_RANK TRAINRUN_LOCAL_WORLD_SIZE \
     SLURM_PROCID SLURM_NTASKS SLURM_LOCALID TRAINRUN_MASTER TRAINRUN_RENDEZVOUS_FILE
 }
+
+# nccl_harness: device=cuda ranks on the CUDA-on-CPU harness talking
+# through its fake NCCL (tests/cudacpu/nccl.cpp).  The built-in plugin
+# directory comes before --plugin-path and TRAINRUN_PLUGIN_PATH
+# (core/config/plugin.c: the first comm_nccl.so found wins), and a build
+# with NCCL holds the real plugin there.  So the cuda ranks run a copy of
+# trainrun in an installed layout of its own (core/config/run_env.c:
+# <prefix>/bin/trainrun finds <prefix>/lib/trainrun/plugins), whose plugins
+# are the build's but for comm_nccl.so, the harness's: $CUDA_TRAINRUN.
+# Each local rank gets an emulated device of its own (CUDACPU_DEVICES=2).
+nccl_harness() {
+  : "${TR_CUDACPU_DIR:?run through make check}"
+  : "${TR_CUDACPU_COMM_DIR:?run through make check}"
+  : "${TR_PLUGIN_BUILD_DIR:?run through make check}"
+  [ -f "$TR_CUDACPU_COMM_DIR/comm_nccl.so" ] ||
+    fail "no $TR_CUDACPU_COMM_DIR/comm_nccl.so (make check builds it)"
+  mkdir -p inst/bin inst/lib/trainrun/plugins inst/share/trainrun
+  cp "$TRAINRUN" inst/bin/trainrun
+  for so in "$TR_PLUGIN_BUILD_DIR"/*.so; do
+    [ "$(basename "$so")" = comm_nccl.so ] || ln -sf "$so" inst/lib/trainrun/plugins/
+  done
+  ln -sf "$TR_CUDACPU_COMM_DIR/comm_nccl.so" inst/lib/trainrun/plugins/comm_nccl.so
+  ln -sfn "$TR_SRCDIR/lua" inst/share/trainrun/lua
+  ln -sfn "$TR_SRCDIR/recipes" inst/share/trainrun/recipes
+  CUDA_TRAINRUN=$PWD/inst/bin/trainrun
+  export CUDACPU_DEVICES=2 TRAINRUN_BACKEND_PATH="$TR_CUDACPU_DIR"
+}
