@@ -429,7 +429,7 @@ Test(engine, offloaded_optimizer_matches_the_one_in_place)
         tr_err err = {{0}};
         cr_assert_eq(tr_optimizer_init(&a, &cfg, &ga, &be, NULL, &err), TR_OK, "%s", err.msg);
         cr_assert_eq(tr_optimizer_init(&b, &cfg, &gb, &be, NULL, &err), TR_OK, "%s", err.msg);
-        cr_assert_eq(tr_optimizer_offload(&b, &gb, &be, &host, 3, &err), TR_OK, "%s", err.msg);
+        cr_assert_eq(tr_optimizer_offload(&b, &be, &host, 3, &err), TR_OK, "%s", err.msg);
         cr_assert_eq(tr_optimizer_state_backend(&b, &be), &host);
         cr_assert_eq(tr_optimizer_state_backend(&a, &be), &be);
         for (int step = 0; step < 4; step++) {
@@ -452,16 +452,65 @@ Test(engine, offloaded_optimizer_matches_the_one_in_place)
         tr_optimizer_free(&a, &be);
         tr_optimizer_free(&b, &be);
     }
-    /* a shard level keeps only a part: refused, saying so */
+    /* under a shard level each rank offloads its own parts: 2 ranks, units
+     * of 4 over 10 floats (the last rank's last part shorter), the host
+     * keeping the packed state and master copy of the owned floats only */
+    for (int i = 0; tr_optimizers[i]; i++) {
+        const struct tr_optimizer_desc *d = tr_optimizers[i];
+        for (int rank = 0; rank < 2; rank++) {
+            enum { N = 10 };
+            float pa[N], pb[N], grads[N];
+            for (int k = 0; k < N; k++)
+                pa[k] = pb[k] = 1.0f + 0.125f * (float)k;
+            struct tr_graph ga = {.params = pa, .grads = grads, .n_params = N, .n_decay = 4};
+            struct tr_graph gb = {.params = pb, .grads = grads, .n_params = N, .n_decay = 4};
+            struct tr_optimizer_config cfg = {.type = d->name, .lr = 0.01, .weight_decay = 0.5,
+                                              .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8,
+                                              .momentum = 0.9};
+            struct tr_shard shard;
+            tr_shard_init(&shard, N, 4, rank, 2, TR_SHARD_GRADIENTS);
+            struct tr_optimizer a, b;
+            tr_err err = {{0}};
+            cr_assert_eq(tr_optimizer_init(&a, &cfg, &ga, &be, &shard, &err), TR_OK, "%s",
+                         err.msg);
+            cr_assert_eq(tr_optimizer_init(&b, &cfg, &gb, &be, &shard, &err), TR_OK, "%s",
+                         err.msg);
+            cr_assert_eq(tr_optimizer_offload(&b, &be, &host, 3, &err), TR_OK, "%s", err.msg);
+            for (int step = 0; step < 3; step++) {
+                for (int k = 0; k < N; k++)
+                    grads[k] = 0.5f - 0.25f * (float)k + 0.1f * (float)step;
+                tr_optimizer_step(&a, &ga, &be, 2.0, cfg.lr);
+                tr_optimizer_step(&b, &gb, &be, 2.0, cfg.lr);
+                cr_assert_eq(memcmp(pa, pb, sizeof pa), 0, "%s rank %d: parameters after step %d",
+                             d->name, rank, step + 1);
+                for (int s = 0; s < d->state_slots; s++)
+                    cr_assert_eq(memcmp(a.state[s], b.state[s], a.owned * sizeof(float)), 0,
+                                 "%s rank %d: slot %d after step %d", d->name, rank, s, step + 1);
+            }
+            int owned[N] = {0}; /* this rank's parameters change, the other's do not */
+            for (size_t u = 0; u < shard.n_units; u++) {
+                struct tr_shard_run r = tr_shard_part(&shard, u, rank);
+                for (size_t k = r.begin; k < r.end; k++)
+                    owned[k] = 1;
+            }
+            for (int k = 0; k < N; k++)
+                cr_assert_eq(pb[k] != 1.0f + 0.125f * (float)k, owned[k],
+                             "%s rank %d: parameter %d", d->name, rank, k);
+            tr_optimizer_free(&a, &be);
+            tr_optimizer_free(&b, &be);
+        }
+    }
+    /* a pipeline stage's optimizer (runs of its own): refused, saying so */
     struct tr_optimizer o;
     struct tr_optimizer_config cfg = {.type = "adamw"};
     struct tr_graph g = {.n_params = 8};
-    struct tr_shard shard;
+    struct tr_shard_run run = {0, 4};
     tr_err err = {{0}};
-    tr_shard_init(&shard, 8, 4, 0, 2, TR_SHARD_OPTIMIZER);
-    cr_assert_eq(tr_optimizer_init(&o, &cfg, &g, &be, &shard, &err), TR_OK, "%s", err.msg);
-    cr_assert_eq(tr_optimizer_offload(&o, &g, &be, &host, 3, &err), TR_ERROR);
-    cr_assert_not_null(strstr(err.msg, "not with a shard level"), "%s", err.msg);
+    cr_assert_eq(tr_optimizer_init(&o, &cfg, &g, &be, NULL, &err), TR_OK, "%s", err.msg);
+    o.only = &run;
+    o.n_only = 1;
+    cr_assert_eq(tr_optimizer_offload(&o, &be, &host, 3, &err), TR_ERROR);
+    cr_assert_not_null(strstr(err.msg, "pipeline stages"), "%s", err.msg);
     tr_optimizer_free(&o, &be);
     tr_cpu_backend_free(&host);
     tr_cpu_backend_free(&be);

@@ -200,7 +200,9 @@ static void plan_levels(struct tr_plan *p, const struct tr_fit_model *fm, const 
     p->level_fits_first = -1;
     for (int level = TR_SHARD_NONE; level <= TR_SHARD_PARAMETERS; level++) {
         p->level_total[level] = level_bytes(fm, g, level, p->cost.count);
-        if (p->level_fits_first < 0 && p->level_total[level] <= p->usable_bytes)
+        /* offload on several devices needs a shard level (run_config.c) */
+        int runs = level != TR_SHARD_NONE || !fm->offload || p->cost.count < 2;
+        if (runs && p->level_fits_first < 0 && p->level_total[level] <= p->usable_bytes)
             p->level_fits_first = level;
         int64_t hi = 1;
         while (hi <= 4096 && level_bytes(fm, g, level, hi) > p->usable_bytes)
@@ -236,8 +238,8 @@ static int plan_memory(struct tr_plan *p, const struct tr_session *s, tr_err *er
     p->lora_rank = s->cfg->lora.enabled ? s->cfg->lora.rank : 0;
     p->memory_total = (double)tr_graph_memory_total(&s->g->memory);
     p->host_bytes = (double)tr_fit_host_bytes(&fm, s->g->n_params);
-    if (fm.offload)
-        p->offloaded_bytes = (double)fm.optimizer_slots * (double)s->g->n_params * sizeof(float);
+    if (fm.offload) /* the state's share of the host bytes: all but the master copy */
+        p->offloaded_bytes = p->host_bytes * fm.optimizer_slots / (fm.optimizer_slots + 1);
     if (tr_fit_measure(&fm, 2 * p->micro_batch, &twice, &total2, err) != TR_OK)
         return TR_ERROR;
     p->bytes_per_sample = ((double)total2 - p->memory_total) / (double)p->micro_batch;

@@ -258,9 +258,12 @@ static void print_memory(const struct tr_plan *p, FILE *out)
         row(out, rows[i].what, "%12s", fmt_bytes((double)rows[i].bytes, a, sizeof a));
     row(out, "total", "%12s", fmt_bytes(p->memory_total, a, sizeof a));
     if (p->host_bytes > 0) {
-        row(out, "host (offload)", "%12s  (parallel.offload: the optimizer state, %s, moved off",
-            fmt_bytes(p->host_bytes, a, sizeof a), fmt_bytes(p->offloaded_bytes, b, sizeof b));
-        row(out, "", "the device, and an fp32 master copy of the parameters, %s)",
+        int parts = p->cost.count > 1 && p->shard_level != TR_SHARD_NONE;
+        row(out, "host (offload)", "%12s  (parallel.offload: the optimizer state%s, %s, moved off",
+            fmt_bytes(p->host_bytes, a, sizeof a), parts ? " of a device's parts" : "",
+            fmt_bytes(p->offloaded_bytes, b, sizeof b));
+        row(out, "", "the device, and an fp32 master copy of %s, %s)",
+            parts ? "those parameters" : "the parameters",
             fmt_bytes(p->host_bytes - p->offloaded_bytes, c, sizeof c));
     }
     row(out, "grows as", "%s + %s per sample of micro-batch", fmt_bytes(p->fixed_bytes, a, sizeof a),
@@ -280,9 +283,10 @@ static void print_memory(const struct tr_plan *p, FILE *out)
                                "buckets in flight), all of the parameters",
         [TR_SHARD_PARAMETERS] = "1/%lld of the optimizer state, gradients and parameters (plus "
                                 "the units gathered or summing at once)"};
-    if (p->cost.count > 1 && p->host_bytes > 0)
-        row(out, "", "(data parallel: each of the %lld devices holds all of this; offload runs "
-            "in one process only in this version)", (long long)p->cost.count);
+    if (p->cost.count > 1 && p->host_bytes > 0 && p->shard_level == TR_SHARD_NONE)
+        row(out, "", "(data parallel: each of the %lld devices holds all of this; offload with "
+            "several ranks needs parallel.shard: each rank's host then keeps 1/%lld of the state)",
+            (long long)p->cost.count, (long long)p->cost.count);
     else if (p->cost.count > 1 && p->shard_level == TR_SHARD_NONE)
         row(out, "", "(data parallel: each of the %lld devices holds all of this; "
             "parallel.shard = \"optimizer\" keeps 1/%lld of the optimizer state on each)",
@@ -305,9 +309,10 @@ static void print_memory(const struct tr_plan *p, FILE *out)
         row(out, "shard levels", "on each of %lld devices: none %s, optimizer %s, gradients %s, "
             "parameters %s (parallel.shard)", (long long)p->cost.count, t[0], t[1], t[2], t[3]);
         if (p->level_fits_first >= 0)
-            row(out, "", "the smallest level that fits: \"%s\"%s",
+            row(out, "", "the smallest level that fits: \"%s\"%s%s",
                 tr_shard_levels[p->level_fits_first],
-                p->level_fits_first == p->shard_level ? " (the recipe's)" : "");
+                p->level_fits_first == p->shard_level ? " (the recipe's)" : "",
+                p->host_bytes > 0 ? " (offload on several devices needs a level)" : "");
         else
             row(out, "", "no shard level fits: more devices, a smaller micro-batch, recompute, "
                 "or adapters (lora)");
@@ -320,8 +325,8 @@ static void print_memory(const struct tr_plan *p, FILE *out)
         row(out, "devices needed", "the fewest that fit: optimizer %s, gradients %s, parameters %s",
             need[1], need[2], need[3]);
         if (p->level_fits_first == TR_SHARD_PARAMETERS && !p->cpu_ranks)
-            row(out, "", "(\"parameters\" runs on device=cpu ranks in this version: the cuda "
-                "backend cannot yet give memory back)");
+            row(out, "", "(\"parameters\" on cuda needs the driver's virtual memory management "
+                "to give memory back; not yet run on a GPU: docs/scale-out.md)");
     }
     row(out, label, "%s: %s of %s usable (%s less a %.0f%% margin)",
         p->fits ? "fits" : "DOES NOT FIT", fmt_bytes(p->memory_total, a, sizeof a),

@@ -192,8 +192,8 @@ static const struct tr_option parallel_options[] = {
      "none; optimizer: the optimizer's state and an fp32 master copy of the parameters stay "
      "in host memory and the CPU backend updates them (gradients down, parameters up, in "
      "chunks): AdamW's 8 bytes a parameter off the device, 12 on the host, for GPUs short of "
-     "memory; needs a device other than cpu, one process, no shard level or pipeline "
-     "(docs/scale-out.md)",
+     "memory; needs a device other than cpu and no pipeline stages; with several ranks, a "
+     "shard level (each rank keeps its parts of the state on its host) (docs/scale-out.md)",
      offsetof(struct tr_parallel_config, offload)},
     OPT(TR_OPT_FLOAT, "offload_chunk_mb", "4", 0.001, 1024,
         "offload = \"optimizer\" moves gradients down and parameters up in chunks of this "
@@ -233,9 +233,11 @@ static void offload_where(const struct tr_value *root, char *where, size_t size)
 
 static int offload_ranks_refused(const char *where, int world, tr_err *err)
 {
-    return tr_fail(err, "%s: parallel.offload = \"optimizer\" with %d ranks is not supported "
-                   "yet (the ranks share the state through device memory): run it in one "
-                   "process, or drop parallel.offload", where, world);
+    return tr_fail(err, "%s: parallel.offload = \"optimizer\" with %d ranks needs a shard "
+                   "level: without one every rank would keep the whole optimizer state and its "
+                   "master copy on the host; add parallel.shard = \"optimizer\" (or "
+                   "\"gradients\", \"parameters\") so that each keeps its parts, or run in "
+                   "one process", where, world);
 }
 
 /* parallel.offload: what it cannot go with yet.  The device is checked
@@ -248,10 +250,6 @@ static int resolve_offload(struct tr_config *cfg, struct tr_value *root, tr_err 
         return TR_OK;
     char where[256];
     offload_where(root, where, sizeof where);
-    if (p->shard_level != TR_SHARD_NONE)
-        return tr_fail(err, "%s: parallel.offload = \"optimizer\" with shard = \"%s\" is not "
-                       "supported yet: offload keeps the whole optimizer state on the host; use "
-                       "one or the other", where, tr_shard_levels[p->shard_level]);
     if (p->pipeline > 1)
         return tr_fail(err, "%s: parallel.offload = \"optimizer\" with pipeline = %lld is not "
                        "supported yet: drop one of them", where, (long long)p->pipeline);
@@ -265,7 +263,7 @@ static int offload_ranks(const struct tr_config *cfg, struct tr_value *root, tr_
 {
     const struct tr_parallel_config *p = &cfg->parallel;
     int64_t ranks = p->gpus > p->procs ? p->gpus : p->procs;
-    if (!p->offload_optimizer || ranks <= 1)
+    if (!p->offload_optimizer || ranks <= 1 || p->shard_level != TR_SHARD_NONE)
         return TR_OK;
     char where[256];
     offload_where(root, where, sizeof where);
@@ -278,7 +276,7 @@ int tr_config_check_offload(const struct tr_config *cfg, int planning, int world
         return TR_OK;
     char where[256];
     offload_where(tr_recipe_root(cfg->recipe), where, sizeof where);
-    if (world > 1)
+    if (world > 1 && cfg->parallel.shard_level == TR_SHARD_NONE)
         return offload_ranks_refused(where, world, err);
     /* a plan for a hardware profile plans for that device, whatever this
      * machine's device is */

@@ -104,16 +104,10 @@ int tr_checkpointer_load(struct tr_checkpointer *c, const char *name, float *par
     struct tr_run_state sst;
     if (tr_ckpt_read_shared_state(&src, &sst, &layout, err) != TR_OK)
         return TR_ERROR;
-    if (layout && c->cfg.state_be && c->cfg.state_be != c->cfg.be) {
-        tr_ckpt_layout_free(layout);
-        return tr_fail(err, "%s was saved by ranks each writing their parts: resuming it with "
-                       "parallel.offload = \"optimizer\" is not supported yet; resume it "
-                       "without offload first and save a checkpoint of one process", name);
-    }
-    if (layout) {
-        struct tr_ckpt_dest dest[TR_CKPT_MAX_SLOTS] = {{params, NULL, 0}};
+    if (layout) { /* the state slots where they live: host memory under offload */
+        struct tr_ckpt_dest dest[TR_CKPT_MAX_SLOTS] = {{params, NULL, 0, NULL}};
         for (int k = 0; k < od->state_slots; k++)
-            dest[1 + k] = (struct tr_ckpt_dest){slots[k], NULL, 0};
+            dest[1 + k] = (struct tr_ckpt_dest){slots[k], NULL, 0, c->cfg.state_be};
         rc = tr_ckpt_load_layout(&src, layout, c->cfg.g, c->cfg.be, od, dest, err);
         tr_ckpt_layout_free(layout);
         if (rc == TR_OK)
@@ -331,7 +325,7 @@ int tr_checkpoint_load_weights(const char *checkpoint_dir, const struct tr_graph
         !tr_json_get(sums, "model.safetensors")) {
         struct tr_ckpt_layout *layout = NULL;
         struct tr_ckpt_src src = {NULL, NULL, checkpoint_dir, checkpoint_dir};
-        struct tr_ckpt_dest dest[TR_CKPT_MAX_SLOTS] = {{params, NULL, 0}};
+        struct tr_ckpt_dest dest[TR_CKPT_MAX_SLOTS] = {{params, NULL, 0, NULL}};
         int rc = dir_layout(checkpoint_dir, js, &layout, err);
         if (rc == TR_OK)
             rc = tr_ckpt_load_layout(&src, layout, g, be, NULL, dest, err);

@@ -123,7 +123,7 @@ static size_t plan_rank(const struct tr_ckpt_rank *r, int q, const float *params
 /* The bytes of a rank's blob, produced on demand (tr_blob_fill_fn), with
  * each entry's CRC-32. */
 struct shard_source {
-    const struct tr_backend *be;
+    const struct tr_backend *be, *state_be; /* the weights' memory, the state slots' */
     const struct piece *p;
     size_t n, at;        /* entries; the one being given */
     uint64_t offset;     /* its bytes given */
@@ -149,7 +149,8 @@ static int shard_fill(void *ud, void *buf, size_t cap, size_t *got, tr_err *err)
             continue;
         }
         size_t n = bytes - s->offset < want - done ? (size_t)(bytes - s->offset) : want - done;
-        tr_be_download(s->be, out + done, (const char *)p->src + s->offset, n);
+        tr_be_download(p->slot > 0 ? s->state_be : s->be, out + done,
+                       (const char *)p->src + s->offset, n);
         s->crc[s->at] = (uint32_t)crc32(s->crc[s->at], out + done, (uInt)n);
         s->offset += n;
         done += n;
@@ -179,7 +180,8 @@ static int write_blob(const struct tr_ckpt_rank *r, const struct piece *p, size_
 {
     char name[64];
     blob_name(name, sizeof name, r->shard->rank, r->shard->world);
-    struct shard_source s = {r->be, p, n, 0, 0, blob_bytes(p, n), 0, crc};
+    struct shard_source s = {r->be, r->state_be ? r->state_be : r->be, p, n, 0, 0,
+                             blob_bytes(p, n), 0, crc};
     for (size_t i = 0; i < n; i++)
         crc[i] = (uint32_t)crc32(0L, Z_NULL, 0);
     if (TR_HAS_SLOT(r->vt, struct tr_checkpoint_vtable, put_stream)) {
@@ -512,6 +514,8 @@ static int place(const struct tr_ckpt_dest *d, const struct tr_backend *be, size
 {
     if (!d->base)
         return 0;
+    if (d->be)
+        be = d->be;
     if (!d->parts) {
         if (host)
             tr_be_upload(be, d->base + fb, host, (fe - fb) * sizeof(float));
@@ -604,7 +608,7 @@ int tr_ckpt_load_layout_some(const struct tr_ckpt_src *src, const struct tr_ckpt
             size_t count = (size_t)(e->end - e->begin);
             size_t fb = t->offset + (size_t)e->begin, fe = fb + count;
             const struct tr_ckpt_dest *d = &dest[e->slot];
-            struct tr_ckpt_dest whole = {lt->buffer && d->base ? g->buffers : NULL, NULL, 0};
+            struct tr_ckpt_dest whole = {lt->buffer && d->base ? g->buffers : NULL, NULL, 0, NULL};
             if (lt->buffer)
                 d = &whole;
             if (!place(d, be, fb, fe, NULL))
@@ -678,10 +682,12 @@ int tr_ckpt_resume_shared(const struct tr_ckpt_rank *r, const char *name, float 
     if (rc == TR_OK && !l)
         rc = tr_fail(err, "checkpoint %s is not sharded", name);
     if (rc == TR_OK) {
-        struct tr_ckpt_dest dest[TR_CKPT_MAX_SLOTS] = {{params, params_parts ? r->shard : NULL, 0}};
+        struct tr_ckpt_dest dest[TR_CKPT_MAX_SLOTS] = {
+            {params, params_parts ? r->shard : NULL, 0, NULL}};
         for (int k = 0; k < r->od->state_slots; k++)
             dest[1 + k] = (struct tr_ckpt_dest){slots[k],
-                                                 tr_shard_sharded(r->shard) ? r->shard : NULL, 1};
+                                                 tr_shard_sharded(r->shard) ? r->shard : NULL, 1,
+                                                 r->state_be};
         rc = tr_ckpt_load_layout_some(&src, l, r->g, r->be, r->od, dest, r->keep, r->keep_ctx,
                                       err);
     }

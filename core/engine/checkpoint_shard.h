@@ -96,6 +96,9 @@ struct tr_ckpt_rank {
      * chunks read): keep(keep_ctx, t) says which, in every slot; NULL: all */
     int (*keep)(void *ctx, const struct tr_tensor *t);
     void *keep_ctx;
+    /* the state slots' memory (parallel.offload: the host's CPU backend);
+     * NULL: be's, as the parameters */
+    const struct tr_backend *state_be;
 };
 
 /* Every rank calls it: this rank's parts of params (full-size, its parts
@@ -115,6 +118,7 @@ struct tr_ckpt_dest {
     float *base;
     const struct tr_shard *parts;
     int packed;
+    const struct tr_backend *be; /* base's memory; NULL: the reader's backend */
 };
 
 /* Where a sharded checkpoint's bytes come from: a plugin (vt, self, name)

@@ -82,6 +82,13 @@ size_t tr_fit_host_bytes(const struct tr_fit_model *fm, size_t n_params)
 {
     if (!fm->offload)
         return 0;
+    if (fm->shard_world > 1) { /* each rank keeps its parts: the largest, the last rank's */
+        int last = fm->shard_world - 1;
+        struct tr_shard sh;
+        tr_shard_init(&sh, n_params, tr_shard_unit_floats(fm->cfg), last, fm->shard_world,
+                      fm->level);
+        n_params = tr_shard_owned(&sh, last);
+    }
     return ((size_t)fm->optimizer_slots + 1) * n_params * sizeof(float);
 }
 

@@ -45,7 +45,7 @@ void tr_fit_adjust(const struct tr_fit_model *fm, const struct tr_graph *g,
                    struct tr_memory_report *report);
 /* Host memory parallel.offload = "optimizer" takes for n_params: every
  * state slot and the fp32 master copy, 4 bytes a parameter each (0 without
- * offload). */
+ * offload), of the largest rank's parts under a shard level. */
 size_t tr_fit_host_bytes(const struct tr_fit_model *fm, size_t n_params);
 
 /* The device a plan must fit: train.memory_budget, else cost.hardware's

@@ -258,13 +258,11 @@ static void offload_free(struct tr_optimizer *o, const struct tr_backend *be)
     o->offload = NULL;
 }
 
-int tr_optimizer_offload(struct tr_optimizer *o, const struct tr_graph *g,
-                         const struct tr_backend *be, const struct tr_backend *host,
-                         size_t chunk_floats, tr_err *err)
+int tr_optimizer_offload(struct tr_optimizer *o, const struct tr_backend *be,
+                         const struct tr_backend *host, size_t chunk_floats, tr_err *err)
 {
-    if (tr_shard_sharded(&o->shard) || o->only)
-        return tr_fail(err, "parallel.offload = \"optimizer\" keeps the whole optimizer state "
-                       "on the host: not with a shard level or pipeline stages yet");
+    if (o->only)
+        return tr_fail(err, "parallel.offload = \"optimizer\": not with pipeline stages yet");
     struct tr_offload *f = calloc(1, sizeof *f);
     if (!f)
         return tr_fail(err, "out of memory for the optimizer offload");
@@ -281,7 +279,10 @@ int tr_optimizer_offload(struct tr_optimizer *o, const struct tr_graph *g,
         o->state[k] = NULL;
     }
     o->offload = f;
-    size_t n = g->n_params ? g->n_params : 1;
+    /* the parts this rank owns (all of them without a shard level), one
+     * after another as the device's state kept them: state and master copy
+     * alike, so a chunk's master values are at its state offset */
+    size_t n = o->owned ? o->owned : 1;
     size_t chunk = f->chunk < n ? f->chunk : n;
     int ok = 1;
     for (int k = 0; k < o->desc->state_slots && ok; k++)
@@ -293,7 +294,7 @@ int tr_optimizer_offload(struct tr_optimizer *o, const struct tr_graph *g,
     if (!ok)
         return tr_fail(err, "out of host memory for the offloaded optimizer state (%zu "
                        "parameters: %d bytes each); use parallel.offload = \"none\" or a "
-                       "machine with more memory", g->n_params, 4 * (o->desc->state_slots + 1));
+                       "machine with more memory", o->owned, 4 * (o->desc->state_slots + 1));
     /* the worker takes no signal: stop signals are the run's (stop_signals.h),
      * and its OpenMP threads inherit the mask */
     sigset_t all, old;
@@ -347,12 +348,28 @@ static void chunk_run(void *ctx, struct tr_shard_run r, size_t state_at)
                       k == 0 ? o->cfg->weight_decay : 0);
 }
 
+/* The master copy of one owned run from the device's parameters (never
+ * another rank's parts: under sharded parameters they are not there). */
+struct master_ctx {
+    struct tr_offload *f;
+    const struct tr_graph *g;
+    const struct tr_backend *be;
+};
+
+static void read_master(void *ctx, struct tr_shard_run r, size_t state_at)
+{
+    struct master_ctx *c = ctx;
+    tr_be_download(c->be, c->f->master + state_at, c->g->params + r.begin,
+                   (r.end - r.begin) * sizeof(float));
+}
+
 static void offload_step(struct tr_optimizer *o, struct tr_graph *g, const struct tr_backend *be,
                          double grad_scale, double lr)
 {
     struct tr_offload *f = o->offload;
     if (f->stale) { /* the device's parameters are the truth until the first update */
-        tr_be_download(be, f->master, g->params, g->n_params * sizeof(float));
+        struct master_ctx mc = {f, g, be};
+        tr_optimizer_runs(o, read_master, &mc);
         f->stale = 0;
     }
     f->n_chunks = 0;
@@ -364,7 +381,7 @@ static void offload_step(struct tr_optimizer *o, struct tr_graph *g, const struc
                    f->chunks[0].n * sizeof(float));
     for (size_t i = 0; i < f->n_chunks; i++) {
         const struct offload_chunk *ch = &f->chunks[i];
-        struct update_run u = {f->master + ch->begin, f->grad[i % 2], {NULL}, ch->n,
+        struct update_run u = {f->master + ch->state_at, f->grad[i % 2], {NULL}, ch->n,
                                ch->weight_decay, grad_scale, lr};
         for (int s = 0; s < o->desc->state_slots; s++)
             u.slot[s] = o->state[s] + ch->state_at;
@@ -374,7 +391,7 @@ static void offload_step(struct tr_optimizer *o, struct tr_graph *g, const struc
          * down (into the buffer chunk i-1's update is done with) */
         if (i > 0) {
             const struct offload_chunk *prev = &f->chunks[i - 1];
-            tr_be_upload(be, g->params + prev->begin, f->master + prev->begin,
+            tr_be_upload(be, g->params + prev->begin, f->master + prev->state_at,
                          prev->n * sizeof(float));
         }
         if (i + 1 < f->n_chunks)
@@ -383,5 +400,5 @@ static void offload_step(struct tr_optimizer *o, struct tr_graph *g, const struc
         offload_wait(f);
     }
     const struct offload_chunk *last = &f->chunks[f->n_chunks - 1];
-    tr_be_upload(be, g->params + last->begin, f->master + last->begin, last->n * sizeof(float));
+    tr_be_upload(be, g->params + last->begin, f->master + last->state_at, last->n * sizeof(float));
 }

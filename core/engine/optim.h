@@ -48,16 +48,18 @@ void tr_optimizer_step(struct tr_optimizer *o, struct tr_graph *g, const struct 
                        double grad_scale, double lr);
 void tr_optimizer_free(struct tr_optimizer *o, const struct tr_backend *be);
 
-/* Move an initialised, unsharded optimizer's state to host memory (pinned
- * where the device backend `be` offers it) and update it there with `host`,
- * the CPU backend: each step brings the gradients down and the updated
- * parameters up in chunks of chunk_floats, the next chunk's download and
- * the previous one's upload overlapping the update of the current one (a
- * worker thread).  The master copy is read from the device's parameters at
- * the first step after this or tr_optimizer_params_changed. */
-int tr_optimizer_offload(struct tr_optimizer *o, const struct tr_graph *g,
-                         const struct tr_backend *be, const struct tr_backend *host,
-                         size_t chunk_floats, tr_err *err);
+/* Move an initialised optimizer's state to host memory (pinned where the
+ * device backend `be` offers it) and update it there with `host`, the CPU
+ * backend: each step brings the gradients of the parts it owns (all, or
+ * this rank's under a shard level) down and their updated parameters up in
+ * chunks of chunk_floats, the next chunk's download and the previous one's
+ * upload overlapping the update of the current one (a worker thread).  The
+ * host keeps the state and an fp32 master copy of the owned parts only,
+ * packed as state[] is.  The master copy is read from the device's
+ * parameters at the first step after this or tr_optimizer_params_changed.
+ * Not for a pipeline stage's optimizer (`only`). */
+int tr_optimizer_offload(struct tr_optimizer *o, const struct tr_backend *be,
+                         const struct tr_backend *host, size_t chunk_floats, tr_err *err);
 /* The backend whose memory state[] is in: host under offload, else be. */
 const struct tr_backend *tr_optimizer_state_backend(const struct tr_optimizer *o,
                                                     const struct tr_backend *be);

@@ -38,32 +38,41 @@ _Static_assert(TR_OPTIMIZER_MAX_SLOTS == 2, "checkpoints store two optimizer sta
 
 int tr_state_sharded(const struct tr_session *s) { return tr_shard_sharded(&s->opt.shard); }
 
+/* Where the optimizer state lives: the device backend's memory, or the
+ * host's under parallel.offload (its CPU backend reads and writes it). */
+static const struct tr_backend *state_backend(const struct tr_session *s)
+{
+    return tr_optimizer_state_backend(&s->opt, &s->be);
+}
+
 /* Host staging: only at checkpoint and resume time. */
-static float *download(struct tr_session *s, const float *src, size_t floats)
+static float *download(const struct tr_backend *be, const float *src, size_t floats)
 {
     float *host = tr_alloc(floats * sizeof(float) + 1);
     if (host && floats)
-        tr_be_download(&s->be, host, src, floats * sizeof(float));
+        tr_be_download(be, host, src, floats * sizeof(float));
     return host;
 }
 
 /* Rank q's parts (shard.h) between its packed state (`packed`, the parts
- * one after another, as the optimizer keeps them) and a full-size buffer:
- * to_full 1 places packed into full, 0 takes full's parts into packed. */
-static void place_parts(struct tr_session *s, int q, float *packed, float *full, int to_full)
+ * one after another, as the optimizer keeps them; device memory) and a
+ * full-size buffer (full, in full_be's memory): to_full 1 places packed
+ * into full, 0 takes full's parts into packed. */
+static void place_parts(struct tr_session *s, int q, float *packed, float *full,
+                        const struct tr_backend *full_be, int to_full)
 {
     const struct tr_shard *sh = &s->opt.shard;
     size_t at = 0, n = tr_shard_owned(sh, q);
     /* one host buffer of the parts only (never the whole buffer: under
      * sharded parameters most of it is not there) */
-    float *host = to_full ? download(s, packed, n) : tr_alloc(n * sizeof(float) + 1);
+    float *host = to_full ? download(&s->be, packed, n) : tr_alloc(n * sizeof(float) + 1);
     for (size_t u = 0; u < sh->n_units && host; u++) {
         struct tr_shard_run r = tr_shard_part(sh, u, q);
         size_t len = r.end - r.begin;
         if (len && to_full)
-            tr_be_upload(&s->be, full + r.begin, host + at, len * sizeof(float));
+            tr_be_upload(full_be, full + r.begin, host + at, len * sizeof(float));
         else if (len)
-            tr_be_download(&s->be, host + at, full + r.begin, len * sizeof(float));
+            tr_be_download(full_be, host + at, full + r.begin, len * sizeof(float));
         at += len;
     }
     if (host && !to_full && n)
@@ -95,7 +104,10 @@ static float *parts_scratch(struct tr_session *s, const char *what, tr_err *err)
     return scratch;
 }
 
-static int gather_moments(struct tr_session *s, float *mine, float *full, tr_err *err)
+/* mine and full in be's memory (the device's, or the host's for an
+ * offloaded state: it travels through the device scratch) */
+static int gather_moments(struct tr_session *s, float *mine, float *full,
+                          const struct tr_backend *be, tr_err *err)
 {
     float *scratch = parts_scratch(s, "gathering the optimizer state", err);
     if (!scratch)
@@ -105,10 +117,12 @@ static int gather_moments(struct tr_session *s, float *mine, float *full, tr_err
         size_t n = tr_shard_owned(&s->opt.shard, q);
         if (n == 0)
             continue;
-        float *buf = s->rank == q ? mine : scratch;
+        float *buf = s->rank == q && be == &s->be ? mine : scratch;
+        if (s->rank == q && buf != mine)
+            tr_be_upload(&s->be, scratch, mine, n * sizeof(float));
         rc = tr_comm_broadcast(s->comm, buf, n * sizeof(float), q, err);
         if (rc == TR_OK && s->rank == 0)
-            place_parts(s, q, buf, full, 1);
+            place_parts(s, q, buf, full, be, 1);
     }
     tr_be_free(&s->be, scratch);
     return rc;
@@ -123,8 +137,8 @@ static int gather_params(struct tr_session *s, tr_err *err)
     float *mine = tr_be_alloc(&s->be, (n + 1) * sizeof(float));
     if (!mine)
         return tr_fail(err, "out of memory gathering the parameters");
-    place_parts(s, s->rank, mine, s->g->params, 0);
-    int rc = gather_moments(s, mine, s->g->params, err);
+    place_parts(s, s->rank, mine, s->g->params, &s->be, 0);
+    int rc = gather_moments(s, mine, s->g->params, &s->be, err);
     tr_be_free(&s->be, mine);
     return rc;
 }
@@ -141,7 +155,8 @@ static struct tr_ckpt_rank ckpt_rank(const struct tr_session *s)
     return (struct tr_ckpt_rank){s->cfg->checkpoint.plugin->info->vtable, s->cfg->checkpoint.self,
                                  s->g, &s->be, s->opt.desc, &s->opt.shard, s->comm, NULL,
                                  /* a pipeline stage reads its own parameters */
-                                 s->stage_readers ? tr_session_stage_keeps : NULL, (void *)s};
+                                 s->stage_readers ? tr_session_stage_keeps : NULL, (void *)s,
+                                 state_backend(s)};
 }
 
 /* Whether this save goes to every rank's blob (checkpoint_shard.h): a
@@ -175,13 +190,14 @@ int tr_state_save(struct tr_session *s, const struct tr_run_state *st, int now, 
     }
     if (s->comm && tr_state_sharded(s)) { /* every rank takes part in gathering the state */
         size_t bytes = s->rank == 0 ? s->g->n_params * sizeof(float) : 64;
+        const struct tr_backend *sbe = state_backend(s);
         float *full[TR_OPTIMIZER_MAX_SLOTS] = {NULL};
         int rc = TR_OK;
         for (int k = 0; k < slots && rc == TR_OK; k++)
-            if (!(full[k] = tr_be_alloc(&s->be, bytes)))
+            if (!(full[k] = tr_be_alloc(sbe, bytes)))
                 rc = tr_fail(err, "out of memory gathering the optimizer state");
         for (int k = 0; k < slots && rc == TR_OK; k++)
-            rc = gather_moments(s, s->opt.state[k], full[k], err);
+            rc = gather_moments(s, s->opt.state[k], full[k], sbe, err);
         if (rc == TR_OK && s->gather)
             rc = gather_params(s, err);
         if (rc == TR_OK && s->ckpt)
@@ -189,7 +205,7 @@ int tr_state_save(struct tr_session *s, const struct tr_run_state *st, int now, 
         if (s->gather) /* the save took its copy: back to this rank's parts */
             tr_gather_release_all(s->gather);
         for (int k = 0; k < slots; k++)
-            tr_be_free(&s->be, full[k]);
+            tr_be_free(sbe, full[k]);
         return rc;
     }
     if (!s->ckpt) /* ranks other than 0 hold the same state and do not write it */
@@ -225,7 +241,7 @@ int tr_state_save_owned(struct tr_session *s, const struct tr_run_state *st, con
  * full-size buffer laid out like the parameters: its own parts only).  No
  * rank but 0 ever holds more than the largest rank's parts beside its own. */
 static int scatter_parts(struct tr_session *s, float *full, float *packed, float *place,
-                         tr_err *err)
+                         const struct tr_backend *be, tr_err *err)
 {
     const struct tr_shard *sh = &s->opt.shard;
     float *scratch = parts_scratch(s, "distributing the checkpoint's state", err);
@@ -236,12 +252,16 @@ static int scatter_parts(struct tr_session *s, float *full, float *packed, float
         size_t n = tr_shard_owned(sh, q);
         if (n == 0)
             continue;
-        float *buf = s->rank == q && packed ? packed : scratch;
+        /* full and packed in be's memory: an offloaded state (host)
+         * travels through the device scratch */
+        float *buf = s->rank == q && packed && be == &s->be ? packed : scratch;
         if (s->rank == 0)
-            place_parts(s, q, buf, full, 0);
+            place_parts(s, q, buf, full, be, 0);
         rc = tr_comm_broadcast(s->comm, buf, n * sizeof(float), 0, err);
+        if (rc == TR_OK && s->rank == q && packed && buf != packed)
+            tr_be_download(&s->be, packed, scratch, n * sizeof(float));
         if (rc == TR_OK && s->rank == q && place && s->rank != 0)
-            place_parts(s, q, buf, place, 1);
+            place_parts(s, q, buf, place, &s->be, 1);
     }
     tr_be_free(&s->be, scratch);
     return rc;
@@ -254,7 +274,8 @@ static int scatter_parts(struct tr_session *s, float *full, float *packed, float
 static int share_shards(struct tr_session *s, float *const *full, tr_err *err)
 {
     for (int k = 0; k < s->opt.desc->state_slots; k++)
-        if (scatter_parts(s, s->rank == 0 ? full[k] : NULL, s->opt.state[k], NULL, err) != TR_OK)
+        if (scatter_parts(s, s->rank == 0 ? full[k] : NULL, s->opt.state[k], NULL,
+                          state_backend(s), err) != TR_OK)
             return TR_ERROR;
     return TR_OK;
 }
@@ -278,7 +299,7 @@ static int share_resume(struct tr_session *s, int *rc, struct tr_run_state *st, 
         return TR_ERROR;
     /* the weights: whole to every rank, or (sharded parameters) each
      * rank's parts to it; rank 0 then keeps its own (the run discards the rest) */
-    if (s->gather ? scatter_parts(s, s->g->params, NULL, s->g->params, err) != TR_OK
+    if (s->gather ? scatter_parts(s, s->g->params, NULL, s->g->params, &s->be, err) != TR_OK
                   : tr_comm_broadcast(s->comm, s->g->params, bytes, 0, err) != TR_OK)
         return TR_ERROR;
     /* buffers (batch norm's running statistics) are rank 0's too: the
@@ -343,6 +364,8 @@ int tr_state_resume(struct tr_session *s, struct tr_run_state *st, tr_err *err)
         int rc = resume_in_parallel(s, st, name, sizeof name, err);
         if (rc == 1 && restore_plugins(s, st, err) != TR_OK)
             rc = TR_ERROR;
+        if (rc == 1) /* an offloaded optimizer's master copy: the checkpoint's weights */
+            tr_optimizer_params_changed(&s->opt);
         if (rc == 1 && s->rank == 0)
             tr_log(TR_LOG_INFO, NULL, "resumed from checkpoint %s (step %llu; every rank read "
                    "its own parts)", name, (unsigned long long)st->step);
@@ -353,10 +376,11 @@ int tr_state_resume(struct tr_session *s, struct tr_run_state *st, tr_err *err)
      * full-size ones when the checkpoint holds every shard's state */
     float *into[TR_OPTIMIZER_MAX_SLOTS] = {NULL}, *full[TR_OPTIMIZER_MAX_SLOTS] = {NULL};
     int rc = TR_OK;
+    const struct tr_backend *sbe = state_backend(s); /* where the checkpointer reads slots to */
     for (int k = 0; k < s->opt.desc->state_slots && rc == TR_OK; k++) {
         into[k] = s->opt.state[k];
         if (s->ckpt && tr_state_sharded(s) &&
-            !(into[k] = full[k] = tr_be_alloc(&s->be, s->g->n_params * sizeof(float))))
+            !(into[k] = full[k] = tr_be_alloc(sbe, s->g->n_params * sizeof(float))))
             rc = tr_fail(err, "out of memory reading the optimizer state");
     }
     if (rc == TR_OK) {
@@ -368,7 +392,7 @@ int tr_state_resume(struct tr_session *s, struct tr_run_state *st, tr_err *err)
             rc = TR_ERROR;
     }
     for (int k = 0; k < TR_OPTIMIZER_MAX_SLOTS; k++)
-        tr_be_free(&s->be, full[k]);
+        tr_be_free(sbe, full[k]);
     if (rc == 1 && restore_plugins(s, st, err) != TR_OK)
         rc = TR_ERROR;
     if (rc == 1) /* the offloaded optimizer's master copy: the checkpoint's weights */
@@ -387,9 +411,11 @@ int tr_state_round_trip(struct tr_session *s, uint64_t step, tr_err *err)
 {
     size_t bytes = s->g->n_params * sizeof(float);
     int slots = s->opt.desc->state_slots, have_slots = 1;
+    /* the checkpointer reads the slots to where the optimizer keeps them */
+    const struct tr_backend *sbe = state_backend(s);
     float *p = tr_be_alloc(&s->be, bytes), *sl[TR_OPTIMIZER_MAX_SLOTS] = {NULL};
     for (int k = 0; k < slots; k++)
-        have_slots &= (sl[k] = tr_be_alloc(&s->be, bytes)) != NULL;
+        have_slots &= (sl[k] = tr_be_alloc(sbe, bytes)) != NULL;
     float *a = tr_alloc(bytes), *b = tr_alloc(bytes);
     /* buffers (batch norm's running statistics) load back into the graph's
      * own: the values before the load must be those read back */
@@ -417,7 +443,7 @@ int tr_state_round_trip(struct tr_session *s, uint64_t step, tr_err *err)
     }
     tr_be_free(&s->be, p);
     for (int k = 0; k < slots; k++)
-        tr_be_free(&s->be, sl[k]);
+        tr_be_free(sbe, sl[k]);
     tr_free(a);
     tr_free(b);
     tr_free(kept);

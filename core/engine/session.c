@@ -291,14 +291,17 @@ static int open_offload(struct tr_session *s, tr_err *err)
      * stay a few MiB at any model size) */
     size_t chunk = (size_t)(cfg->parallel.offload_chunk_mb * 1024 * 1024 / sizeof(float));
     if (tr_backend_open(&s->host_be, "cpu", (int)cfg->train.threads, NULL, err) != TR_OK ||
-        tr_optimizer_offload(&s->opt, s->g, &s->be, &s->host_be, chunk ? chunk : 1, err) != TR_OK)
+        tr_optimizer_offload(&s->opt, &s->be, &s->host_be, chunk ? chunk : 1, err) != TR_OK)
         return TR_ERROR;
-    size_t n = s->g->n_params, slots = (size_t)s->opt.desc->state_slots;
-    char buf[32];
+    size_t n = s->opt.owned, slots = (size_t)s->opt.desc->state_slots;
+    char buf[32], parts[96] = "";
     tr_format_bytes((double)((slots + 1) * n * sizeof(float)), buf, sizeof buf);
+    if (tr_shard_sharded(&s->opt.shard))
+        snprintf(parts, sizeof parts, " (rank %d's parts: %zu of %zu)", s->rank, n,
+                 s->g->n_params);
     tr_log(TR_LOG_INFO, NULL, "optimizer offloaded: its state and an fp32 master copy of the "
-           "parameters (%s) in host memory, updated by the cpu backend in chunks of %g MiB "
-           "(parallel.offload)", buf, cfg->parallel.offload_chunk_mb);
+           "parameters%s (%s) in host memory, updated by the cpu backend in chunks of %g MiB "
+           "(parallel.offload)", parts, buf, cfg->parallel.offload_chunk_mb);
     return TR_OK;
 }
 
