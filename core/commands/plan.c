@@ -238,8 +238,11 @@ static int plan_memory(struct tr_plan *p, const struct tr_session *s, tr_err *er
     p->lora_rank = s->cfg->lora.enabled ? s->cfg->lora.rank : 0;
     p->memory_total = (double)tr_graph_memory_total(&s->g->memory);
     p->host_bytes = (double)tr_fit_host_bytes(&fm, s->g->n_params);
-    if (fm.offload) /* the state's share of the host bytes: all but the master copy */
-        p->offloaded_bytes = p->host_bytes * fm.optimizer_slots / (fm.optimizer_slots + 1);
+    if (fm.offload) { /* the host bytes by 4-byte slot: state, master copy, gradients */
+        double slot = p->host_bytes / (fm.optimizer_slots + 1 + (fm.offload_overlap ? 1 : 0));
+        p->offloaded_bytes = slot * fm.optimizer_slots;
+        p->host_grad_bytes = fm.offload_overlap ? slot : 0;
+    }
     if (tr_fit_measure(&fm, 2 * p->micro_batch, &twice, &total2, err) != TR_OK)
         return TR_ERROR;
     p->bytes_per_sample = ((double)total2 - p->memory_total) / (double)p->micro_batch;

@@ -56,6 +56,7 @@ struct tr_plan {
      * device, and the host memory it and the fp32 master copy take (0, 0
      * without offload) */
     double offloaded_bytes, host_bytes;
+    double host_grad_bytes; /* of host_bytes: the gradients of an overlapped offload */
     /* compute-optimal (Chinchilla) */
     double optimal_tokens, optimal_flops, optimal_steps, trained_factor;
     /* hardware, when cost.hardware is set */

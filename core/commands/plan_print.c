@@ -262,9 +262,13 @@ static void print_memory(const struct tr_plan *p, FILE *out)
         row(out, "host (offload)", "%12s  (parallel.offload: the optimizer state%s, %s, moved off",
             fmt_bytes(p->host_bytes, a, sizeof a), parts ? " of a device's parts" : "",
             fmt_bytes(p->offloaded_bytes, b, sizeof b));
-        row(out, "", "the device, and an fp32 master copy of %s, %s)",
+        row(out, "", "the device, and an fp32 master copy of %s, %s%s",
             parts ? "those parameters" : "the parameters",
-            fmt_bytes(p->host_bytes - p->offloaded_bytes, c, sizeof c));
+            fmt_bytes(p->host_bytes - p->offloaded_bytes - p->host_grad_bytes, c, sizeof c),
+            p->host_grad_bytes > 0 ? "," : ")");
+        if (p->host_grad_bytes > 0)
+            row(out, "", "and their gradients, %s, for the update overlapping the next forward)",
+                fmt_bytes(p->host_grad_bytes, a, sizeof a));
     }
     row(out, "grows as", "%s + %s per sample of micro-batch", fmt_bytes(p->fixed_bytes, a, sizeof a),
         fmt_bytes(p->bytes_per_sample, b, sizeof b));

@@ -199,6 +199,12 @@ static const struct tr_option parallel_options[] = {
         "offload = \"optimizer\" moves gradients down and parameters up in chunks of this "
         "many MiB, two in flight: larger chunks, fewer transfers; smaller, less pinned host "
         "memory", struct tr_parallel_config, offload_chunk_mb),
+    OPT(TR_OPT_BOOL, "offload_overlap", "true", 0, 0,
+        "offload = \"optimizer\" in one process: the host's update of a step runs while the "
+        "next forward starts, each layer waiting only for its own parameters (4 more host "
+        "bytes a parameter: the gradients); false: the update ends within the step. With a "
+        "shard level the update ends within the step, whatever this says",
+        struct tr_parallel_config, offload_overlap),
     {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
 };
 

@@ -89,7 +89,8 @@ size_t tr_fit_host_bytes(const struct tr_fit_model *fm, size_t n_params)
                       fm->level);
         n_params = tr_shard_owned(&sh, last);
     }
-    return ((size_t)fm->optimizer_slots + 1) * n_params * sizeof(float);
+    return ((size_t)fm->optimizer_slots + 1 + (fm->offload_overlap ? 1 : 0)) * n_params *
+           sizeof(float);
 }
 
 int tr_fit_measure(const struct tr_fit_model *fm, int64_t m, struct tr_memory_report *report,

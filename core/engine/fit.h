@@ -34,6 +34,9 @@ struct tr_fit_model {
     /* parallel.offload = "optimizer": the optimizer state (and the fp32
      * master copy) is host memory, none of it on the device */
     int offload;
+    /* ... overlapping the next forward (parallel.offload_overlap, one
+     * process): the gradients are on the host too */
+    int offload_overlap;
 };
 
 /* A measured plan of graph g as the target device holds it (other_device),
@@ -44,8 +47,9 @@ struct tr_fit_model {
 void tr_fit_adjust(const struct tr_fit_model *fm, const struct tr_graph *g,
                    struct tr_memory_report *report);
 /* Host memory parallel.offload = "optimizer" takes for n_params: every
- * state slot and the fp32 master copy, 4 bytes a parameter each (0 without
- * offload), of the largest rank's parts under a shard level. */
+ * state slot and the fp32 master copy (and the gradients, overlapped), 4
+ * bytes a parameter each (0 without offload), of the largest rank's parts
+ * under a shard level. */
 size_t tr_fit_host_bytes(const struct tr_fit_model *fm, size_t n_params);
 
 /* The device a plan must fit: train.memory_budget, else cost.hardware's

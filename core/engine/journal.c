@@ -364,6 +364,10 @@ int tr_journal_step(struct tr_journal *j, const struct tr_loop *l, tr_err *err)
         v[nv++] = (struct tr_scalar){"comm_wait_pct", n.comm};
     if (!isnan(l->gathered))
         v[nv++] = (struct tr_scalar){"gathered_bytes", l->gathered};
+    if (!isnan(l->offload_update))
+        v[nv++] = (struct tr_scalar){"offload_update_s", l->offload_update};
+    if (!isnan(l->offload_wait))
+        v[nv++] = (struct tr_scalar){"offload_wait_s", l->offload_wait};
     if (!isnan(l->pipe_idle))
         v[nv++] = (struct tr_scalar){"pipeline_idle_pct", 100 * l->pipe_idle};
     if (!isnan(l->pipe_idle_sim))
@@ -386,12 +390,20 @@ int tr_journal_step(struct tr_journal *j, const struct tr_loop *l, tr_err *err)
     double cpu_s = clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu) == 0
                        ? (double)cpu.tv_sec + 1e-9 * (double)cpu.tv_nsec
                        : -1;
-    char comm[240] = ""; /* with ranks only */
+    char comm[320] = ""; /* with ranks, sharding, stages or offload only */
     if (!isnan(n.comm))
         snprintf(comm, sizeof comm, ", \"comm_wait_pct\": %.2f", n.comm);
     if (!isnan(l->gathered)) {
         size_t len = strlen(comm);
         snprintf(comm + len, sizeof comm - len, ", \"gathered_bytes\": %.0f", l->gathered);
+    }
+    if (!isnan(l->offload_update)) {
+        size_t len = strlen(comm);
+        snprintf(comm + len, sizeof comm - len, ", \"offload_update_s\": %.4f", l->offload_update);
+    }
+    if (!isnan(l->offload_wait)) {
+        size_t len = strlen(comm);
+        snprintf(comm + len, sizeof comm - len, ", \"offload_wait_s\": %.4f", l->offload_wait);
     }
     if (!isnan(l->pipe_idle)) {
         size_t len = strlen(comm);

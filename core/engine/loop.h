@@ -30,6 +30,12 @@ struct tr_loop {
                                   * pipeline's bubble from measured times (NaN: C = P) */
     double gathered;             /* sharded parameters (gather.h): the bytes the last step's
                                   * gathers moved on this rank (NaN: not sharded) */
+    double offload_wait;         /* parallel.offload overlapped: seconds the last step's
+                                  * forward waited for the host's update of the step before
+                                  * (NaN: not overlapped) */
+    double offload_update;       /* parallel.offload: seconds the host updated since the
+                                  * step before's end (NaN: no offload) */
+    double offload_busy;         /* the host's updating seconds at the last step's end */
     double val_loss, val_accuracy; /* of the last evaluation (NaN before one) */
     char best[64];               /* checkpoint of the best validation loss */
     double best_val;

@@ -4,6 +4,7 @@
 #include "../util/suggest.h"
 #include "../util/util.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -166,35 +167,61 @@ void tr_optimizer_free(struct tr_optimizer *o, const struct tr_backend *be)
 /* ---- parallel.offload = "optimizer" ------------------------------------------
  *
  * The state and the master copy are host memory; the core does no math on
- * them, the host's CPU backend does.  A step is a list of chunks (each
- * within the decayed tensors or within the rest, so each keeps its weight
- * decay), and runs as a pipeline: while the worker updates chunk i on the
- * host, this thread talks to the device (chunk i-1's parameters up, chunk
- * i+1's gradients down).  Device calls stay on one thread: a backend need
- * not take calls from two. */
+ * them, the host's CPU backend does, on a worker thread.  A step is a list
+ * of chunks (each within the decayed tensors or within the rest, so each
+ * keeps its weight decay).  Device calls stay on the trainer's thread: a
+ * backend need not take calls from two.
+ *
+ * In step (the default with shard levels): a pipeline inside the step.
+ * While the worker updates chunk i on the host, the trainer's thread talks
+ * to the device (chunk i-1's parameters up, chunk i+1's gradients down); the
+ * step returns with every chunk's parameters uploaded.
+ *
+ * Overlapped with the next forward (tr_optimizer_offload_overlap): the step
+ * brings every owned gradient down (a host buffer of them), queues all the
+ * chunks to the worker in the order the forward first reads them, and
+ * returns.  The graph's before_node hook then uploads, before a forward node
+ * runs, the chunks it reads, waiting for the worker where it has not got
+ * there yet; anything else that reads the parameters first settles them all
+ * (tr_optimizer_settle). */
 
 struct offload_chunk {
     size_t begin, n;     /* floats of the flat buffer */
-    size_t state_at;     /* where its state starts in state[k] */
+    size_t state_at;     /* where its state starts in state[k] (and the master copy) */
     double weight_decay;
 };
 
 struct tr_offload {
     const struct tr_backend *host;
-    float *master;            /* g->n_params floats, the flat buffer's layout */
+    float *master;            /* the owned floats, packed as state[k] */
     float *grad[2];           /* chunk buffers, one downloading while one is updated */
     size_t chunk;             /* floats a chunk at most */
     int stale;                /* master must be read from the device first */
     struct offload_chunk *chunks;
     size_t n_chunks, cap;
-    /* the worker: one posted chunk at a time */
+    /* the worker runs jobs[done..n_jobs) in order */
     pthread_t thread;
     int started;
     pthread_mutex_t lock;
     pthread_cond_t changed;
-    int posted, finished, quit;
+    struct update_run *jobs;
+    size_t n_jobs, jobs_cap, done;
+    int quit;
     const struct tr_optimizer *o;
-    struct update_run job;
+    /* overlapped with the next forward: the owned gradients (packed), the
+     * chunks in the forward's order (order[k]: an index into chunks), and
+     * per node the last position in that order it reads (-1: none) */
+    int overlap;
+    float *grads;
+    size_t *order;
+    long *need;
+    int n_nodes;
+    size_t uploaded;          /* chunks of order[] whose parameters are up */
+    int pending;              /* a step's chunks are not all up yet */
+    struct tr_graph *g;
+    const struct tr_backend *be;
+    double waited;            /* seconds the trainer's thread waited for the worker */
+    double busy;              /* seconds the worker has updated (under lock) */
 };
 
 static void *offload_worker(void *arg)
@@ -202,36 +229,49 @@ static void *offload_worker(void *arg)
     struct tr_offload *f = arg;
     pthread_mutex_lock(&f->lock);
     for (;;) {
-        while (!f->posted && !f->quit)
+        while (f->done == f->n_jobs && !f->quit)
             pthread_cond_wait(&f->changed, &f->lock);
         if (f->quit)
             break;
-        struct update_run u = f->job;
-        f->posted = 0;
+        struct update_run u = f->jobs[f->done];
         pthread_mutex_unlock(&f->lock);
+        double t0 = tr_now();
         updates[f->o->desc->update](f->o, f->host, &u);
+        double took = tr_now() - t0;
         pthread_mutex_lock(&f->lock);
-        f->finished = 1;
+        f->busy += took;
+        f->done++;
         pthread_cond_broadcast(&f->changed);
     }
     pthread_mutex_unlock(&f->lock);
     return NULL;
 }
 
+/* A new step's queue; the worker is idle (everything posted is done). */
+static void offload_reset(struct tr_offload *f)
+{
+    pthread_mutex_lock(&f->lock);
+    f->n_jobs = f->done = 0;
+    pthread_mutex_unlock(&f->lock);
+}
+
 static void offload_post(struct tr_offload *f, const struct update_run *u)
 {
     pthread_mutex_lock(&f->lock);
-    f->job = *u;
-    f->finished = 0;
-    f->posted = 1;
+    if (f->n_jobs == f->jobs_cap) {
+        f->jobs_cap = f->jobs_cap ? 2 * f->jobs_cap : 64;
+        f->jobs = tr_xrealloc(f->jobs, f->jobs_cap * sizeof *f->jobs);
+    }
+    f->jobs[f->n_jobs++] = *u;
     pthread_cond_broadcast(&f->changed);
     pthread_mutex_unlock(&f->lock);
 }
 
-static void offload_wait(struct tr_offload *f)
+/* Until the worker has done the first n jobs posted. */
+static void offload_wait(struct tr_offload *f, size_t n)
 {
     pthread_mutex_lock(&f->lock);
-    while (!f->finished)
+    while (f->done < n)
         pthread_cond_wait(&f->changed, &f->lock);
     pthread_mutex_unlock(&f->lock);
 }
@@ -240,11 +280,16 @@ static void offload_free(struct tr_optimizer *o, const struct tr_backend *be)
 {
     struct tr_offload *f = o->offload;
     if (f->started) {
+        offload_wait(f, f->n_jobs); /* nothing it still writes is freed under it */
         pthread_mutex_lock(&f->lock);
         f->quit = 1;
         pthread_cond_broadcast(&f->changed);
         pthread_mutex_unlock(&f->lock);
         pthread_join(f->thread, NULL);
+    }
+    if (f->g && f->g->before_node_ctx == f) {
+        f->g->before_node = NULL;
+        f->g->before_node_ctx = NULL;
     }
     pthread_mutex_destroy(&f->lock);
     pthread_cond_destroy(&f->changed);
@@ -253,7 +298,11 @@ static void offload_free(struct tr_optimizer *o, const struct tr_backend *be)
     tr_be_host_free(be, f->master);
     tr_be_host_free(be, f->grad[0]);
     tr_be_host_free(be, f->grad[1]);
+    tr_be_host_free(be, f->grads);
     free(f->chunks);
+    free(f->jobs);
+    free(f->order);
+    free(f->need);
     free(f);
     o->offload = NULL;
 }
@@ -363,42 +412,203 @@ static void read_master(void *ctx, struct tr_shard_run r, size_t state_at)
                    (r.end - r.begin) * sizeof(float));
 }
 
+/* The chunks of the parts this optimizer owns (the same every step). */
+static void build_chunks(struct tr_optimizer *o, struct tr_graph *g, const struct tr_backend *be)
+{
+    struct tr_offload *f = o->offload;
+    f->n_chunks = 0;
+    struct step_ctx c = {o, g, be, 0, 0};
+    tr_optimizer_runs(o, chunk_run, &c);
+}
+
+/* Chunk order[k]'s job: its master values, gradients (from), state. */
+static struct update_run chunk_job(const struct tr_optimizer *o, const struct offload_chunk *ch,
+                                   const float *grad, double grad_scale, double lr)
+{
+    struct update_run u = {o->offload->master + ch->state_at, grad, {NULL}, ch->n,
+                           ch->weight_decay, grad_scale, lr};
+    for (int s = 0; s < o->desc->state_slots; s++)
+        u.slot[s] = o->state[s] + ch->state_at;
+    return u;
+}
+
+static void upload_chunk(struct tr_offload *f, const struct offload_chunk *ch)
+{
+    tr_be_upload(f->be, f->g->params + ch->begin, f->master + ch->state_at,
+                 ch->n * sizeof(float));
+}
+
+/* Overlapped: the parameters of order[0..upto] on the device, waiting for
+ * the worker where it has not updated them yet. */
+static void settle_upto(struct tr_offload *f, size_t upto)
+{
+    while (f->pending && f->uploaded <= upto && f->uploaded < f->n_chunks) {
+        double t0 = tr_now();
+        offload_wait(f, f->uploaded + 1);
+        f->waited += tr_now() - t0;
+        upload_chunk(f, &f->chunks[f->order[f->uploaded]]);
+        if (++f->uploaded == f->n_chunks)
+            f->pending = 0;
+    }
+}
+
+/* the graph's before_node hook: a forward node's chunks up before it runs;
+ * anything else (a backward without a forward first) all of them */
+static void offload_before_node(void *ctx, int node, int phase)
+{
+    struct tr_offload *f = ctx;
+    if (!f->pending)
+        return;
+    if (phase != TR_PHASE_FORWARD || node < 0 || node >= f->n_nodes)
+        settle_upto(f, f->n_chunks);
+    else if (f->need[node] >= 0)
+        settle_upto(f, (size_t)f->need[node]);
+}
+
+void tr_optimizer_settle(struct tr_optimizer *o)
+{
+    if (o->offload && o->offload->pending)
+        settle_upto(o->offload, o->offload->n_chunks);
+}
+
+double tr_optimizer_offload_waited(const struct tr_optimizer *o)
+{
+    return o->offload && o->offload->overlap ? o->offload->waited : NAN;
+}
+
+double tr_optimizer_offload_busy(const struct tr_optimizer *o)
+{
+    struct tr_offload *f = o->offload;
+    if (!f)
+        return NAN;
+    pthread_mutex_lock(&f->lock);
+    double busy = f->busy;
+    pthread_mutex_unlock(&f->lock);
+    return busy;
+}
+
+static void offload_step_overlapped(struct tr_optimizer *o, struct tr_graph *g,
+                                    const struct tr_backend *be, double grad_scale, double lr)
+{
+    struct tr_offload *f = o->offload;
+    /* every owned gradient down before the next backward writes them */
+    for (size_t i = 0; i < f->n_chunks; i++) {
+        const struct offload_chunk *ch = &f->chunks[i];
+        tr_be_download(be, f->grads + ch->state_at, g->grads + ch->begin, ch->n * sizeof(float));
+    }
+    offload_reset(f);
+    f->uploaded = 0;
+    f->pending = f->n_chunks > 0;
+    for (size_t k = 0; k < f->n_chunks; k++) {
+        const struct offload_chunk *ch = &f->chunks[f->order[k]];
+        struct update_run u = chunk_job(o, ch, f->grads + ch->state_at, grad_scale, lr);
+        offload_post(f, &u);
+    }
+}
+
 static void offload_step(struct tr_optimizer *o, struct tr_graph *g, const struct tr_backend *be,
                          double grad_scale, double lr)
 {
     struct tr_offload *f = o->offload;
+    f->g = g;
+    f->be = be;
+    tr_optimizer_settle(o); /* the last step's parameters all up (none read them since?) */
     if (f->stale) { /* the device's parameters are the truth until the first update */
         struct master_ctx mc = {f, g, be};
         tr_optimizer_runs(o, read_master, &mc);
         f->stale = 0;
     }
-    f->n_chunks = 0;
-    struct step_ctx c = {o, g, be, grad_scale, lr};
-    tr_optimizer_runs(o, chunk_run, &c);
+    if (!f->overlap)
+        build_chunks(o, g, be);
     if (f->n_chunks == 0)
         return;
+    if (f->overlap) {
+        offload_step_overlapped(o, g, be, grad_scale, lr);
+        return;
+    }
+    offload_reset(f);
     tr_be_download(be, f->grad[0], g->grads + f->chunks[0].begin,
                    f->chunks[0].n * sizeof(float));
     for (size_t i = 0; i < f->n_chunks; i++) {
-        const struct offload_chunk *ch = &f->chunks[i];
-        struct update_run u = {f->master + ch->state_at, f->grad[i % 2], {NULL}, ch->n,
-                               ch->weight_decay, grad_scale, lr};
-        for (int s = 0; s < o->desc->state_slots; s++)
-            u.slot[s] = o->state[s] + ch->state_at;
+        struct update_run u = chunk_job(o, &f->chunks[i], f->grad[i % 2], grad_scale, lr);
         offload_post(f, &u);
         /* while the host updates chunk i: chunk i-1's parameters up (done,
          * and another part of the master copy) and chunk i+1's gradients
          * down (into the buffer chunk i-1's update is done with) */
-        if (i > 0) {
-            const struct offload_chunk *prev = &f->chunks[i - 1];
-            tr_be_upload(be, g->params + prev->begin, f->master + prev->state_at,
-                         prev->n * sizeof(float));
-        }
+        if (i > 0)
+            upload_chunk(f, &f->chunks[i - 1]);
         if (i + 1 < f->n_chunks)
             tr_be_download(be, f->grad[(i + 1) % 2], g->grads + f->chunks[i + 1].begin,
                            f->chunks[i + 1].n * sizeof(float));
-        offload_wait(f);
+        offload_wait(f, i + 1);
     }
-    const struct offload_chunk *last = &f->chunks[f->n_chunks - 1];
-    tr_be_upload(be, g->params + last->begin, f->master + last->state_at, last->n * sizeof(float));
+    upload_chunk(f, &f->chunks[f->n_chunks - 1]);
+}
+
+/* chunk indices by their first forward reader, then by place */
+static int by_first_read(const void *a, const void *b, void *ctx)
+{
+    const long *first = ctx;
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    if (first[x] != first[y])
+        return first[x] < first[y] ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+/* whether node n reads any of chunk ch's floats as a parameter */
+static int reads_chunk(const struct tr_graph *g, const struct tr_node *n,
+                       const struct offload_chunk *ch)
+{
+    for (int k = 0; k < n->n_in; k++) {
+        const struct tr_tensor *t = &g->tensors[n->in[k]];
+        if (t->role == TR_ROLE_PARAM && ch->begin < t->offset + t->numel &&
+            t->offset < ch->begin + ch->n)
+            return 1;
+    }
+    return 0;
+}
+
+int tr_optimizer_offload_overlap(struct tr_optimizer *o, struct tr_graph *g,
+                                 const struct tr_backend *be, tr_err *err)
+{
+    struct tr_offload *f = o->offload;
+    if (!f)
+        return TR_OK;
+    if (g->before_node)
+        return tr_fail(err, "parallel.offload_overlap: the graph's node hook is taken "
+                       "(sharded parameters' gathers)");
+    f->g = g;
+    f->be = be;
+    build_chunks(o, g, be);
+    size_t nc = f->n_chunks;
+    /* each chunk's first forward reader (n_nodes: none, so last) */
+    long *first = tr_xcalloc(nc + 1, sizeof *first);
+    for (size_t c = 0; c < nc; c++) {
+        first[c] = g->n_nodes;
+        for (int i = 0; i < g->n_nodes && first[c] == g->n_nodes; i++)
+            if (reads_chunk(g, &g->nodes[i], &f->chunks[c]))
+                first[c] = i;
+    }
+    f->order = tr_xcalloc(nc + 1, sizeof *f->order);
+    for (size_t c = 0; c < nc; c++)
+        f->order[c] = c;
+    qsort_r(f->order, nc, sizeof *f->order, by_first_read, first);
+    /* per node: the last position in that order of a chunk it reads */
+    f->n_nodes = g->n_nodes;
+    f->need = tr_xcalloc((size_t)g->n_nodes + 1, sizeof *f->need);
+    for (int i = 0; i < g->n_nodes; i++)
+        f->need[i] = -1;
+    for (size_t k = 0; k < nc; k++)
+        for (int i = 0; i < g->n_nodes; i++)
+            if (reads_chunk(g, &g->nodes[i], &f->chunks[f->order[k]]))
+                f->need[i] = (long)k;
+    free(first);
+    f->grads = tr_be_host_alloc(be, (o->owned ? o->owned : 1) * sizeof(float));
+    if (!f->grads)
+        return tr_fail(err, "out of host memory for the offloaded gradients (%zu parameters, 4 "
+                       "bytes each); set parallel.offload_overlap = false", o->owned);
+    f->overlap = 1;
+    g->before_node = offload_before_node;
+    g->before_node_ctx = f;
+    return TR_OK;
 }

@@ -60,6 +60,23 @@ void tr_optimizer_free(struct tr_optimizer *o, const struct tr_backend *be);
  * Not for a pipeline stage's optimizer (`only`). */
 int tr_optimizer_offload(struct tr_optimizer *o, const struct tr_backend *be,
                          const struct tr_backend *host, size_t chunk_floats, tr_err *err);
+/* Offloaded, one process: overlap each step's host update with the next
+ * forward.  The step then brings the owned gradients down (a host buffer
+ * of them, 4 more bytes a parameter), queues every chunk to the worker in
+ * the order the forward first reads them and returns; g's before_node hook
+ * (which must be free) uploads a forward node's chunks before it runs,
+ * waiting for the worker where needed; a backward node first settles all.
+ * The same numbers as the update inside the step, bit for bit. */
+int tr_optimizer_offload_overlap(struct tr_optimizer *o, struct tr_graph *g,
+                                 const struct tr_backend *be, tr_err *err);
+/* Every pending chunk's parameters up (before anything but the graph's
+ * forward reads them: a checkpoint, an evaluation). */
+void tr_optimizer_settle(struct tr_optimizer *o);
+/* Seconds the trainer's thread has waited for the host's update so far,
+ * overlapped (NaN: not overlapped). */
+double tr_optimizer_offload_waited(const struct tr_optimizer *o);
+/* Seconds the host has spent updating so far, offloaded (NaN: not). */
+double tr_optimizer_offload_busy(const struct tr_optimizer *o);
 /* The backend whose memory state[] is in: host under offload, else be. */
 const struct tr_backend *tr_optimizer_state_backend(const struct tr_optimizer *o,
                                                     const struct tr_backend *be);

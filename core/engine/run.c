@@ -571,8 +571,10 @@ static int train_step(struct run *r, tr_err *err)
     int spans = s->comm && r->j.trace && l->step % (uint64_t)s->cfg->train.trace_every == 0;
     if (spans)
         tr_comm_record(s->comm, 1);
+    double waited = tr_optimizer_offload_waited(&s->opt);
     int rc = r->pipe ? pipeline_step(r, scale, &loss_sum, &targets, err)
                      : forward_backward(r, scale, &loss_sum, &targets, err);
+    l->offload_wait = tr_optimizer_offload_waited(&s->opt) - waited; /* NaN: not overlapped */
     if (rc == STEP_ABANDONED)
         l->position = step_start; /* the preemption checkpoint resumes at the step's start */
     if (rc != TR_OK && spans)
@@ -589,6 +591,11 @@ static int train_step(struct run *r, tr_err *err)
         return TR_ERROR;
     if (spans)
         trace_collectives(r);
+    /* the host's update since the last step: within this step, or (overlapped)
+     * the step before's, run beside this forward */
+    double busy = tr_optimizer_offload_busy(&s->opt);
+    l->offload_update = busy - (isnan(l->offload_busy) ? 0 : l->offload_busy);
+    l->offload_busy = busy;
     l->step++;
     l->tokens += (double)s->cfg->train.batch * s->data.info.target_len;
     l->position = tr_loader_position(r->loader) * (uint64_t)s->replicas;
@@ -603,6 +610,7 @@ static int evaluate(struct run *r, int *improved, tr_err *err)
 {
     struct tr_loop *l = &r->l;
     double te = tr_now();
+    tr_optimizer_settle(&r->s.opt); /* an offloaded update still running: its parameters up */
     /* pipeline stages: each replica's micro-batches through its stages, each
      * stage on its own weights; the last stage counts */
     uint64_t batches = (uint64_t)r->s.cfg->train.eval_batches;
@@ -752,7 +760,8 @@ int tr_train(struct tr_config *cfg, const struct tr_run_flags *flags)
     r->s.cfg = cfg;
     r->l.s = &r->s;
     r->l.val_loss = r->l.best_val = r->l.stop_best = r->l.loss = r->l.pipe_idle = r->l.pipe_idle_sim =
-        r->l.pipe_idle_chunks = r->l.gathered = NAN;
+        r->l.pipe_idle_chunks = r->l.gathered = r->l.offload_wait = r->l.offload_update =
+        r->l.offload_busy = NAN;
     r->flags = flags;
     tr_err err = {{0}};
     int code = TR_EXIT_ERROR, rc = TR_OK;

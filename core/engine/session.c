@@ -128,7 +128,9 @@ struct tr_fit_model tr_session_fit_model(const struct tr_session *s)
     int shard_world = cfg->parallel.shard_level != TR_SHARD_NONE && ranks > 1 ? (int)ranks : 1;
     return (struct tr_fit_model){cfg, &s->be, s->policy.compute, slots, other, shard_world,
                                  shard_world > 1 ? cfg->parallel.shard_level : TR_SHARD_NONE,
-                                 cfg->parallel.offload_optimizer};
+                                 cfg->parallel.offload_optimizer,
+                                 cfg->parallel.offload_optimizer &&
+                                     cfg->parallel.offload_overlap && shard_world == 1};
 }
 
 /* micro_batch = "auto": the largest that fits (fit.h).  A plan whose every
@@ -299,9 +301,16 @@ static int open_offload(struct tr_session *s, tr_err *err)
     if (tr_shard_sharded(&s->opt.shard))
         snprintf(parts, sizeof parts, " (rank %d's parts: %zu of %zu)", s->rank, n,
                  s->g->n_params);
+    /* alone, the update can run into the next forward; a shard level
+     * shares the updated parts at the step's end (or gathers them in the
+     * forward, through the same node hook) */
+    int overlap = cfg->parallel.offload_overlap && !tr_shard_sharded(&s->opt.shard);
+    if (overlap && tr_optimizer_offload_overlap(&s->opt, s->g, &s->be, err) != TR_OK)
+        return TR_ERROR;
     tr_log(TR_LOG_INFO, NULL, "optimizer offloaded: its state and an fp32 master copy of the "
-           "parameters%s (%s) in host memory, updated by the cpu backend in chunks of %g MiB "
-           "(parallel.offload)", parts, buf, cfg->parallel.offload_chunk_mb);
+           "parameters%s (%s) in host memory, updated by the cpu backend in chunks of %g MiB%s "
+           "(parallel.offload)", parts, buf, cfg->parallel.offload_chunk_mb,
+           overlap ? ", overlapping the next forward" : "");
     return TR_OK;
 }
 

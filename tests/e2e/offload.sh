@@ -81,6 +81,12 @@ close_weights gpt gpt_off
 # trains the same weights, bit for bit
 run gpt_off_whole parallel.offload=optimizer
 same_weights gpt_off gpt_off_whole
+# overlapped with the next forward (the default alone) or within the step:
+# the same updates, bit for bit (an evaluation and checkpoints in between)
+grep -q "overlapping the next forward" gpt_off.txt || { cat gpt_off.txt; fail "gpt_off: not overlapped"; }
+run gpt_off_instep $off parallel.offload_overlap=false
+! grep -q "overlapping the next forward" gpt_off_instep.txt || fail "offload_overlap=false overlapped"
+same_weights gpt_off gpt_off_instep
 # the state is saved as without offload: the same blobs, names and shapes
 for f in optimizer.safetensors optimizer2.safetensors model.safetensors; do
   [ -f "$(ckpt gpt_off 6)/$f" ] || { ls "$(ckpt gpt_off 6)"; fail "offloaded checkpoint lacks $f"; }
@@ -145,6 +151,8 @@ run llama
 run llama_off $off
 agree llama llama_off $tol "loss val_loss grad_norm"
 close_weights llama llama_off
+run llama_off_instep $off parallel.offload_overlap=false
+same_weights llama_off llama_off_instep
 run llama_bf16 precision=bf16
 run llama_bf16_off precision=bf16 $off
 agree llama_bf16 llama_bf16_off $tol "loss val_loss grad_norm"
@@ -185,16 +193,22 @@ done
 grep -q 'nothing to offload to' plan_cpu.txt || { cat plan_cpu.txt; fail "the plan's refusal"; }
 
 # the plan: the tiny Llama's 19,616 parameters' AdamW state (2 x 4 bytes
-# each, 153.25 KiB) off the device, the host holding it and the master copy
-# (4 bytes each, 76.62 KiB)
+# each, 153.25 KiB) off the device, the host holding it, the master copy
+# (4 bytes each, 76.62 KiB) and, overlapped (the default), the gradients
+# (76.62 KiB)
 "$TRAINRUN" plan "$C/plan_llama.lua" > plan.txt 2>&1 || { cat plan.txt; fail "plan"; }
 "$TRAINRUN" plan "$C/plan_llama.lua" parallel.offload=optimizer > plan_off.txt 2>&1 ||
   { cat plan_off.txt; fail "plan with offload"; }
 grep -q "optimizer state *153.25 KiB" plan.txt || { cat plan.txt; fail "plan: the state on the device"; }
 grep -q "optimizer state *0 B" plan_off.txt || { cat plan_off.txt; fail "plan: state left on the device"; }
-grep -q "host (offload) *229.88 KiB" plan_off.txt || { cat plan_off.txt; fail "plan: the host line"; }
+grep -q "host (offload) *306.50 KiB" plan_off.txt || { cat plan_off.txt; fail "plan: the host line"; }
 grep -q "optimizer state, 153.25 KiB, moved off" plan_off.txt && grep -q "fp32 master copy of the parameters, 76.62 KiB" \
-  plan_off.txt || { cat plan_off.txt; fail "plan: what the host holds"; }
+  plan_off.txt && grep -q "their gradients, 76.62 KiB, for the update overlapping the next forward" plan_off.txt ||
+  { cat plan_off.txt; fail "plan: what the host holds"; }
+"$TRAINRUN" plan "$C/plan_llama.lua" parallel.offload=optimizer parallel.offload_overlap=false \
+  > plan_instep.txt 2>&1 || { cat plan_instep.txt; fail "plan with offload in the step"; }
+grep -q "host (offload) *229.88 KiB" plan_instep.txt && ! grep -q "their gradients" plan_instep.txt ||
+  { cat plan_instep.txt; fail "plan: the host line without overlap"; }
 # a full fine-tune of a Llama-3-8B shape on one H100-80GB: too large with
 # the state on the device, fits without it
 sed -e '/lora =/d' "$TR_SRCDIR/recipes/qlora-llama3-8b.lua" > full8b.lua
