@@ -516,6 +516,73 @@ Test(engine, offloaded_optimizer_matches_the_one_in_place)
     tr_cpu_backend_free(&be);
 }
 
+/* parallel.offload overlapped with the next forward: after the step the
+ * device's parameters are still the old ones (the worker updates on the
+ * host; only the trainer's thread uploads); the forward's node hook brings
+ * up what each node reads before it runs; after the forward, and after
+ * tr_optimizer_settle, every parameter is what the update within the step
+ * gives, bit for bit.  Chunks of 7 floats: hundreds, read in the forward's
+ * order (the embeddings first, the tied head's last). */
+Test(engine, offload_overlapped_with_the_forward_matches_the_step, .init = environment)
+{
+    struct engine a, b;
+    engine_open(&a, CONFIG_DIR "tiny_gpt.lua", 2);
+    engine_open(&b, CONFIG_DIR "tiny_gpt.lua", 2);
+    struct tr_backend host;
+    cr_assert_eq(tr_cpu_backend_init(&host, 1), 0);
+    tr_graph_init_params(a.g, &a.be, 5);
+    tr_graph_init_params(b.g, &b.be, 5);
+    size_t n = a.g->n_params;
+    struct tr_optimizer oa, ob;
+    tr_err err = {{0}};
+    cr_assert_eq(tr_optimizer_init(&oa, &a.cfg.optimizer, a.g, &a.be, NULL, &err), TR_OK);
+    cr_assert_eq(tr_optimizer_init(&ob, &b.cfg.optimizer, b.g, &b.be, NULL, &err), TR_OK);
+    cr_assert_eq(tr_optimizer_offload(&oa, &a.be, &host, 7, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(tr_optimizer_offload(&ob, &b.be, &host, 7, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(tr_optimizer_offload_overlap(&ob, b.g, &b.be, &err), TR_OK, "%s", err.msg);
+    cr_assert(isnan(tr_optimizer_offload_waited(&oa)));
+    float *before = malloc(n * sizeof(float));
+    for (int step = 0; step < 4; step++) {
+        struct engine *e[2] = {&a, &b};
+        for (int k = 0; k < 2; k++) {
+            struct tr_graph *g = e[k]->g;
+            int32_t *tok = g->tensors[g->inputs[0]].data, *tg = g->tensors[g->inputs[1]].data;
+            for (size_t i = 0; i < g->tensors[g->inputs[0]].numel; i++) {
+                tok[i] = (int32_t)((i * 7 + (size_t)step * 3) % 37);
+                tg[i] = (int32_t)((i * 5 + 1 + (size_t)step) % 37);
+            }
+            memset(g->grads, 0, n * sizeof(float));
+            tr_graph_forward(g, &e[k]->be);
+        }
+        cr_assert_eq(memcmp(a.g->params, b.g->params, n * sizeof(float)), 0,
+                     "step %d: the forward read other parameters", step);
+        cr_assert_eq(loss_of(a.g), loss_of(b.g), "step %d: loss %.9g against %.9g", step,
+                     loss_of(a.g), loss_of(b.g));
+        tr_graph_backward(a.g, &a.be);
+        tr_graph_backward(b.g, &b.be);
+        tr_optimizer_step(&oa, a.g, &a.be, 1.0, a.cfg.optimizer.lr);
+        memcpy(before, b.g->params, n * sizeof(float));
+        tr_optimizer_step(&ob, b.g, &b.be, 1.0, b.cfg.optimizer.lr);
+        cr_assert_eq(memcmp(before, b.g->params, n * sizeof(float)), 0,
+                     "step %d: parameters uploaded before the next forward asked", step);
+        cr_assert_neq(memcmp(a.g->params, b.g->params, n * sizeof(float)), 0);
+        if (step == 3) { /* what a checkpoint does: every part up */
+            tr_optimizer_settle(&ob);
+            cr_assert_eq(memcmp(a.g->params, b.g->params, n * sizeof(float)), 0,
+                         "settled: other parameters than the step's");
+        }
+    }
+    cr_assert_geq(tr_optimizer_offload_waited(&ob), 0);
+    cr_assert_gt(tr_optimizer_offload_busy(&ob), 0);
+    free(before);
+    tr_optimizer_free(&oa, &a.be);
+    tr_optimizer_free(&ob, &b.be);
+    cr_assert_null(b.g->before_node, "the hook outlived the optimizer");
+    tr_cpu_backend_free(&host);
+    engine_close(&a);
+    engine_close(&b);
+}
+
 /* The shard layout (shard.h): units a multiple of the world, equal parts,
  * the last rank the leftover of the last unit; every float owned once. */
 Test(engine, shard_layout_covers_each_float_once)
