@@ -295,22 +295,24 @@ static int open_offload(struct tr_session *s, tr_err *err)
     if (tr_backend_open(&s->host_be, "cpu", (int)cfg->train.threads, NULL, err) != TR_OK ||
         tr_optimizer_offload(&s->opt, &s->be, &s->host_be, chunk ? chunk : 1, err) != TR_OK)
         return TR_ERROR;
-    size_t n = s->opt.owned, slots = (size_t)s->opt.desc->state_slots;
+    /* alone, the update can run into the next forward; a shard level
+     * shares the updated parts at the step's end (or gathers them in the
+     * forward, through the same node hook).  The fit model decides, as for
+     * the plan's host memory. */
+    struct tr_fit_model fm = tr_session_fit_model(s);
+    if (fm.offload_overlap && tr_optimizer_offload_overlap(&s->opt, s->g, &s->be, err) != TR_OK)
+        return TR_ERROR;
+    size_t n = s->opt.owned, slots = (size_t)s->opt.desc->state_slots + 1 + fm.offload_overlap;
     char buf[32], parts[96] = "";
-    tr_format_bytes((double)((slots + 1) * n * sizeof(float)), buf, sizeof buf);
+    tr_format_bytes((double)(slots * n * sizeof(float)), buf, sizeof buf);
     if (tr_shard_sharded(&s->opt.shard))
         snprintf(parts, sizeof parts, " (rank %d's parts: %zu of %zu)", s->rank, n,
                  s->g->n_params);
-    /* alone, the update can run into the next forward; a shard level
-     * shares the updated parts at the step's end (or gathers them in the
-     * forward, through the same node hook) */
-    int overlap = cfg->parallel.offload_overlap && !tr_shard_sharded(&s->opt.shard);
-    if (overlap && tr_optimizer_offload_overlap(&s->opt, s->g, &s->be, err) != TR_OK)
-        return TR_ERROR;
     tr_log(TR_LOG_INFO, NULL, "optimizer offloaded: its state and an fp32 master copy of the "
-           "parameters%s (%s) in host memory, updated by the cpu backend in chunks of %g MiB%s "
-           "(parallel.offload)", parts, buf, cfg->parallel.offload_chunk_mb,
-           overlap ? ", overlapping the next forward" : "");
+           "parameters%s%s (%s) in host memory, updated by the cpu backend in chunks of %g MiB%s "
+           "(parallel.offload)", parts, fm.offload_overlap ? " and their gradients" : "", buf,
+           cfg->parallel.offload_chunk_mb,
+           fm.offload_overlap ? ", overlapping the next forward" : "");
     return TR_OK;
 }
 
