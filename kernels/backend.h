@@ -317,6 +317,10 @@ struct tr_backend_iface {
     void *(*alloc)(void *ctx, size_t bytes); /* zeroed; NULL when out of memory */
     void (*free)(void *ctx, void *ptr);
     void (*zero)(void *ctx, void *ptr, size_t bytes);
+    /* may also come from the core's communication thread while the compute
+     * thread uploads and runs nodes (an offloaded update's parameters under
+     * a shard level, core/engine/optim.h): ordered after the work queued
+     * before it, and before the work queued after it, on either thread */
     void (*upload)(void *ctx, void *dst, const void *src, size_t bytes);
     void (*download)(void *ctx, void *dst, const void *src, size_t bytes);
     /* floats of scratch one node needs (forward and backward share it) */

@@ -539,7 +539,7 @@ Test(engine, offload_overlapped_with_the_forward_matches_the_step, .init = envir
     cr_assert_eq(tr_optimizer_init(&ob, &b.cfg.optimizer, b.g, &b.be, NULL, &err), TR_OK);
     cr_assert_eq(tr_optimizer_offload(&oa, &a.be, &host, 7, &err), TR_OK, "%s", err.msg);
     cr_assert_eq(tr_optimizer_offload(&ob, &b.be, &host, 7, &err), TR_OK, "%s", err.msg);
-    cr_assert_eq(tr_optimizer_offload_overlap(&ob, b.g, &b.be, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(tr_optimizer_offload_overlap(&ob, b.g, &b.be, NULL, &err), TR_OK, "%s", err.msg);
     cr_assert(isnan(tr_optimizer_offload_waited(&oa)));
     float *before = malloc(n * sizeof(float));
     for (int step = 0; step < 4; step++) {

@@ -200,10 +200,10 @@ static const struct tr_option parallel_options[] = {
         "many MiB, two in flight: larger chunks, fewer transfers; smaller, less pinned host "
         "memory", struct tr_parallel_config, offload_chunk_mb),
     OPT(TR_OPT_BOOL, "offload_overlap", "true", 0, 0,
-        "offload = \"optimizer\" in one process: the host's update of a step runs while the "
-        "next forward starts, each layer waiting only for its own parameters (4 more host "
-        "bytes a parameter: the gradients); false: the update ends within the step. With a "
-        "shard level the update ends within the step, whatever this says",
+        "offload = \"optimizer\": the host's update of a step runs while the next forward "
+        "starts, each layer waiting only for its own parameters (with a shard level: for "
+        "their all-gather, which follows the update unit by unit) (4 more host bytes a "
+        "parameter of the state's: the gradients); false: the update ends within the step",
         struct tr_parallel_config, offload_overlap),
     {TR_OPT_END, NULL, NULL, 0, 0, NULL, NULL, 0},
 };

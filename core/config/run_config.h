@@ -81,7 +81,7 @@ struct tr_parallel_config {
     const char *offload;             /* as written: none, optimizer */
     int offload_optimizer;           /* resolved: offload = "optimizer" */
     double offload_chunk_mb;         /* gradients a transfer of the offloaded update */
-    int offload_overlap;             /* one process: the update overlaps the next forward */
+    int offload_overlap;             /* the offloaded update overlaps the next forward */
 };
 
 /* This process among the ranks of a data-parallel job (1 of 1 alone). */

@@ -33,8 +33,9 @@ struct job {
      * has waited) */
     const int *ranks;
     int n_ranks;
-    /* run on this thread before the collective (an all-gather's: packed
-     * values, tr_comm_gather_packed) and after it succeeded (any job's) */
+    /* run on this thread before the collective (an all-gather's packed
+     * values, tr_comm_gather_packed; a unit's updated part, ..._around) and
+     * after it succeeded (any job's) */
     void (*pack)(void *ctx, size_t arg);
     void (*unpack)(void *ctx, size_t arg);
     void *hook_ctx;
@@ -131,6 +132,8 @@ static void *comm_thread(void *arg)
          * allgather, reduce_scatter, sendrecv and allreduce_group are
          * submitted only where tr_comm_has_allgather / _reduce_scatter /
          * _sendrecv / _groups said so */
+        if (!skip && j.pack) /* the caller's step before the collective */
+            j.pack(j.hook_ctx, j.hook_arg);
         if (!skip && j.kind == JOB_ALLREDUCE)
             rc = c->vt->allreduce_sum(c->self, j.buf, j.size, &e);
         else if (!skip && j.kind == JOB_BROADCAST)
@@ -142,11 +145,8 @@ static void *comm_thread(void *arg)
         else if (!skip && j.kind == JOB_SENDRECV)
             rc = c->vt->sendrecv(c->self, j.buf, j.size, j.root, j.recv_buf, j.recv_bytes, j.from,
                                  &e);
-        else if (!skip) {
-            if (j.pack)
-                j.pack(j.hook_ctx, j.hook_arg);
+        else if (!skip)
             rc = c->vt->allgather(c->self, j.buf, j.size, &e);
-        }
         if (!skip && rc == TR_OK && j.unpack)
             j.unpack(j.hook_ctx, j.hook_arg);
         /* a bucket summed: the parts (and leftover) other ranks own go */
@@ -317,6 +317,7 @@ int tr_comm_has_reduce_scatter(const struct tr_comm *c)
 /* The shard's unit u: its parameters from their owners, the equal parts in
  * one all-gather, the last rank's leftover in a broadcast. */
 static size_t submit_gather(struct tr_comm *c, float *buf, const struct tr_shard *s, size_t u,
+                            void (*before)(void *ctx, size_t arg),
                             void (*after)(void *ctx, size_t arg), void *ctx)
 {
     struct tr_shard_run r = tr_shard_unit(s, u);
@@ -324,24 +325,32 @@ static size_t submit_gather(struct tr_comm *c, float *buf, const struct tr_shard
     size_t ticket = 0;
     if (per)
         ticket = submit(c, (struct job){.kind = JOB_ALLGATHER, .buf = buf + r.begin, .size = per,
-                                        .unpack = rest ? NULL : after, .hook_ctx = ctx,
-                                        .hook_arg = u});
+                                        .pack = before, .unpack = rest ? NULL : after,
+                                        .hook_ctx = ctx, .hook_arg = u});
     if (rest)
         ticket = submit(c, (struct job){.kind = JOB_BROADCAST, .buf = buf + r.end - rest,
                                         .size = rest * sizeof(float), .root = s->world - 1,
-                                        .unpack = after, .hook_ctx = ctx, .hook_arg = u});
+                                        .pack = per ? NULL : before, .unpack = after,
+                                        .hook_ctx = ctx, .hook_arg = u});
     return ticket;
 }
 
 size_t tr_comm_gather_unit(struct tr_comm *c, float *buf, const struct tr_shard *s, size_t u)
 {
-    return submit_gather(c, buf, s, u, NULL, NULL);
+    return submit_gather(c, buf, s, u, NULL, NULL, NULL);
 }
 
 size_t tr_comm_gather_unit_then(struct tr_comm *c, float *buf, const struct tr_shard *s, size_t u,
                                 void (*after)(void *ctx, size_t u), void *ctx)
 {
-    return submit_gather(c, buf, s, u, after, ctx);
+    return submit_gather(c, buf, s, u, NULL, after, ctx);
+}
+
+size_t tr_comm_gather_unit_around(struct tr_comm *c, float *buf, const struct tr_shard *s,
+                                  size_t u, void (*before)(void *ctx, size_t u),
+                                  void (*after)(void *ctx, size_t u), void *ctx)
+{
+    return submit_gather(c, buf, s, u, before, after, ctx);
 }
 
 size_t tr_comm_gather_packed(struct tr_comm *c, float *buf, size_t count,
@@ -355,7 +364,7 @@ size_t tr_comm_gather_packed(struct tr_comm *c, float *buf, size_t count,
 int tr_comm_gather_shards(struct tr_comm *c, float *buf, const struct tr_shard *s, tr_err *err)
 {
     for (size_t u = 0; u < s->n_units; u++)
-        submit_gather(c, buf, s, u, NULL, NULL);
+        submit_gather(c, buf, s, u, NULL, NULL, NULL);
     return wait_all(c, err);
 }
 

@@ -50,6 +50,12 @@ size_t tr_comm_gather_unit(struct tr_comm *c, float *buf, const struct tr_shard 
  * unit has arrived (if every collective of it succeeded). */
 size_t tr_comm_gather_unit_then(struct tr_comm *c, float *buf, const struct tr_shard *s, size_t u,
                                 void (*after)(void *ctx, size_t u), void *ctx);
+/* The same with before(ctx, u) too, on the communication thread just
+ * before the unit's first collective (before and after may be NULL): this
+ * rank's part made current there (an offloaded update's, optim.h). */
+size_t tr_comm_gather_unit_around(struct tr_comm *c, float *buf, const struct tr_shard *s,
+                                  size_t u, void (*before)(void *ctx, size_t u),
+                                  void (*after)(void *ctx, size_t u), void *ctx);
 /* An all-gather of count floats a rank at buf (rank r's at buf + r*count),
  * not waited for (a ticket, as above), with two steps of the caller's on
  * the communication thread: pack(ctx, arg) just before the collective

@@ -34,8 +34,8 @@ struct tr_fit_model {
     /* parallel.offload = "optimizer": the optimizer state (and the fp32
      * master copy) is host memory, none of it on the device */
     int offload;
-    /* ... overlapping the next forward (parallel.offload_overlap, one
-     * process): the gradients are on the host too */
+    /* ... overlapping the next forward (parallel.offload_overlap): the
+     * gradients of the state's parts are on the host too */
     int offload_overlap;
 };
 

@@ -60,6 +60,14 @@ struct tr_gather {
     size_t *ticket;       /* per unit in flight: its gather's */
     int cur, cursor;      /* the pass under way and its next event */
     double waited;        /* seconds spent waiting for gathers (not hidden by compute) */
+    /* this rank's part of unit u made current just before its gather, on
+     * the communication thread (an offloaded update, optim.h); NULL: none */
+    void (*ready)(void *ctx, size_t u);
+    void *ready_ctx;
+    /* tr_gather_new_resident: every unit stays whole; tr_gather_refresh
+     * gathers them all again */
+    int resident;
+    size_t *order;        /* the units as tr_gather_refresh gathers them (first use) */
 };
 
 /* ---- the schedule, from the graph ------------------------------------------- */
@@ -340,7 +348,16 @@ static void move_part(struct tr_gather *gt, size_t u, int q, int to_slot)
 static void pack(void *ctx, size_t u)
 {
     struct tr_gather *gt = ctx;
+    if (gt->ready)
+        gt->ready(gt->ready_ctx, u);
     move_part(gt, u, gt->s.rank, 1);
+}
+
+/* the same for a gather in fp32: this rank's part current first */
+static void ready(void *ctx, size_t u)
+{
+    struct tr_gather *gt = ctx;
+    gt->ready(gt->ready_ctx, u);
 }
 
 static void unpack(void *ctx, size_t u)
@@ -400,9 +417,9 @@ static void request(struct tr_gather *gt, int node)
             /* the comm plugin writes other ranks' parts in place (the packed
              * path's unpack writes through tr_be_convert, which commits) */
             tr_be_commit(gt->be, gt->g->params + r.begin, (r.end - r.begin) * sizeof(float));
-            gt->ticket[u] = gt->h.runs ? tr_comm_gather_unit_then(gt->c, gt->g->params, &gt->s, u,
-                                                                   round_both, gt)
-                                       : tr_comm_gather_unit(gt->c, gt->g->params, &gt->s, u);
+            gt->ticket[u] = tr_comm_gather_unit_around(gt->c, gt->g->params, &gt->s, u,
+                                                       gt->ready ? ready : NULL,
+                                                       gt->h.runs ? round_both : NULL, gt);
             gt->bytes += (double)(r.end - r.begin) * sizeof(float);
         }
         gt->state[u] = IN_FLIGHT;
@@ -437,11 +454,30 @@ static int find_event(const struct pass *p, int from, int node, int phase)
     return -1;
 }
 
+/* Until node's units in flight have arrived (the wait is communication). */
+static void wait_units(struct tr_gather *gt, int node)
+{
+    tr_err err = {{0}}; /* a failure is the communicator's, reported at its next wait */
+    double t0 = tr_now();
+    for (int k = gt->ustart[node]; k < gt->ustart[node + 1]; k++) {
+        size_t u = gt->units[k];
+        if (gt->state[u] == IN_FLIGHT) {
+            tr_comm_wait(gt->c, gt->ticket[u], &err);
+            gt->state[u] = RESIDENT;
+        }
+    }
+    gt->waited += tr_now() - t0;
+}
+
 static void before_node(void *ctx, int node, int phase)
 {
     struct tr_gather *gt = ctx;
     if (!has_units(gt, node))
         return;
+    if (gt->resident) { /* refreshed whole: only what this node reads must be here */
+        wait_units(gt, node);
+        return;
+    }
     int p = phase == TR_PHASE_FORWARD ? 0 : 1;
     if (p != gt->cur)
         begin_pass(gt, p);
@@ -464,16 +500,7 @@ static void before_node(void *ctx, int node, int phase)
         if (e + 1 < ps->n) /* the next node's, to arrive while this one computes */
             request(gt, ps->node[e + 1]);
     }
-    tr_err err = {{0}};
-    double t0 = tr_now();
-    for (int k = gt->ustart[node]; k < gt->ustart[node + 1]; k++) {
-        size_t u = gt->units[k];
-        if (gt->state[u] == IN_FLIGHT) {
-            tr_comm_wait(gt->c, gt->ticket[u], &err);
-            gt->state[u] = RESIDENT;
-        }
-    }
-    gt->waited += tr_now() - t0;
+    wait_units(gt, node);
 }
 
 double tr_gather_take_bytes(struct tr_gather *gt)
@@ -488,6 +515,73 @@ double tr_gather_take_waited(struct tr_gather *gt)
     double w = gt->waited;
     gt->waited = 0;
     return w;
+}
+
+void tr_gather_set_ready(struct tr_gather *gt, void (*fn)(void *ctx, size_t u), void *ctx)
+{
+    gt->ready = fn;
+    gt->ready_ctx = ctx;
+}
+
+/* Units by their first reader in the forward (node order), then the
+ * unread ones by place. */
+static int by_first(const void *a, const void *b, void *ctx)
+{
+    const int *first = ctx;
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    if (first[x] != first[y])
+        return first[x] < first[y] ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+void tr_gather_unit_positions(const struct tr_gather *gt, size_t *pos)
+{
+    size_t n = gt->s.n_units;
+    int *first = tr_xcalloc(n ? n : 1, sizeof *first);
+    size_t *order = tr_xcalloc(n ? n : 1, sizeof *order);
+    for (size_t u = 0; u < n; u++) {
+        first[u] = gt->g->n_nodes;
+        order[u] = u;
+    }
+    for (int i = gt->g->n_nodes - 1; i >= 0; i--)
+        for (int k = gt->ustart[i]; k < gt->ustart[i + 1]; k++)
+            first[gt->units[k]] = i;
+    qsort_r(order, n, sizeof *order, by_first, first);
+    for (size_t k = 0; k < n; k++)
+        pos[order[k]] = k;
+    free(first);
+    free(order);
+}
+
+void tr_gather_refresh(struct tr_gather *gt)
+{
+    size_t n = gt->s.n_units;
+    if (!gt->order) {
+        size_t *pos = tr_xcalloc(n ? n : 1, sizeof *pos);
+        gt->order = tr_xcalloc(n ? n : 1, sizeof *gt->order);
+        tr_gather_unit_positions(gt, pos);
+        for (size_t u = 0; u < n; u++)
+            gt->order[pos[u]] = u;
+        free(pos);
+    }
+    for (size_t k = 0; k < n; k++) {
+        size_t u = gt->order[k];
+        struct tr_shard_run r = tr_shard_unit(&gt->s, u);
+        gt->ticket[u] = tr_comm_gather_unit_around(gt->c, gt->g->params, &gt->s, u,
+                                                   gt->ready ? ready : NULL, NULL, gt);
+        gt->state[u] = IN_FLIGHT;
+        gt->bytes += (double)(r.end - r.begin) * sizeof(float);
+    }
+}
+
+void tr_gather_settle(struct tr_gather *gt)
+{
+    tr_err err = {{0}};
+    for (size_t u = 0; u < gt->s.n_units; u++)
+        if (gt->state[u] == IN_FLIGHT) {
+            tr_comm_wait(gt->c, gt->ticket[u], &err);
+            gt->state[u] = RESIDENT;
+        }
 }
 
 void tr_gather_release_all(struct tr_gather *gt)
@@ -507,8 +601,11 @@ void tr_gather_written(void *ctx, const struct tr_tensor *t)
         release(gt, u);
 }
 
-struct tr_gather *tr_gather_new(struct tr_graph *g, const struct tr_backend *be,
-                                struct tr_comm *c, const struct tr_shard *layout)
+/* Either kind's units and per-unit state (every unit in state `state`),
+ * g's node hook taken. */
+static struct tr_gather *gather_alloc(struct tr_graph *g, const struct tr_backend *be,
+                                      struct tr_comm *c, const struct tr_shard *layout,
+                                      unsigned char state)
 {
     struct tr_gather *gt = tr_xcalloc(1, sizeof *gt);
     gt->g = g;
@@ -517,9 +614,19 @@ struct tr_gather *tr_gather_new(struct tr_graph *g, const struct tr_backend *be,
     gt->s = *layout;
     gt->cur = -1;
     node_units(g, layout, &gt->ustart, &gt->units);
-    plan_passes(gt);
     gt->state = tr_xcalloc(layout->n_units ? layout->n_units : 1, 1);
+    memset(gt->state, state, layout->n_units);
     gt->ticket = tr_xcalloc(layout->n_units ? layout->n_units : 1, sizeof *gt->ticket);
+    g->before_node = before_node;
+    g->before_node_ctx = gt;
+    return gt;
+}
+
+struct tr_gather *tr_gather_new(struct tr_graph *g, const struct tr_backend *be,
+                                struct tr_comm *c, const struct tr_shard *layout)
+{
+    struct tr_gather *gt = gather_alloc(g, be, c, layout, RELEASED);
+    plan_passes(gt);
     if (tr_gather_in_compute(g, be, layout) && plan_runs(g, &gt->h)) {
         gt->h.dt = g->compute;
         plan_words(layout, &gt->h);
@@ -536,8 +643,14 @@ struct tr_gather *tr_gather_new(struct tr_graph *g, const struct tr_backend *be,
         }
         g->params16 = gt->params16;
     }
-    g->before_node = before_node;
-    g->before_node_ctx = gt;
+    return gt;
+}
+
+struct tr_gather *tr_gather_new_resident(struct tr_graph *g, const struct tr_backend *be,
+                                         struct tr_comm *c, const struct tr_shard *layout)
+{
+    struct tr_gather *gt = gather_alloc(g, be, c, layout, RESIDENT);
+    gt->resident = 1;
     return gt;
 }
 
@@ -558,6 +671,7 @@ void tr_gather_free(struct tr_gather *gt)
 {
     if (!gt)
         return;
+    tr_gather_settle(gt); /* no hook of a gather in flight runs after this */
     if (gt->g->before_node_ctx == gt) {
         gt->g->before_node = NULL;
         gt->g->before_node_ctx = NULL;
@@ -565,6 +679,7 @@ void tr_gather_free(struct tr_gather *gt)
     free_schedule(gt);
     free(gt->state);
     free(gt->ticket);
+    free(gt->order);
     if (gt->params16) {
         if (gt->g->params16 == gt->params16)
             gt->g->params16 = NULL;

@@ -54,6 +54,29 @@ struct tr_gather *tr_gather_new(struct tr_graph *g, const struct tr_backend *be,
                                 struct tr_comm *c, const struct tr_shard *layout);
 void tr_gather_free(struct tr_gather *gt);
 
+/* Shard levels "optimizer" and "gradients" under an offloaded update that
+ * overlaps the next forward (optim.h): every parameter stays whole on
+ * every rank, but after an update the units are gathered again, in the
+ * order the forward first reads them, by tr_gather_refresh, which returns
+ * at once; g's before_node hook then waits before a node for the units it
+ * reads, so the forward starts while later units are still being updated
+ * and gathered. */
+struct tr_gather *tr_gather_new_resident(struct tr_graph *g, const struct tr_backend *be,
+                                         struct tr_comm *c, const struct tr_shard *layout);
+void tr_gather_refresh(struct tr_gather *gt);
+/* Until every gather in flight has arrived (before anything but the
+ * graph reads the parameters: a checkpoint, an evaluation). */
+void tr_gather_settle(struct tr_gather *gt);
+
+/* fn(ctx, u) runs on the communication thread just before each gather of
+ * unit u: it makes this rank's part current there (the offloaded update's
+ * tr_optimizer_offload_ready). */
+void tr_gather_set_ready(struct tr_gather *gt, void (*fn)(void *ctx, size_t u), void *ctx);
+/* pos[u]: unit u's place in the order the forward first reads the units
+ * (node order; units no node reads last, by place): the order gathers are
+ * requested in, and so the order an offloaded update should finish them. */
+void tr_gather_unit_positions(const struct tr_gather *gt, size_t *pos);
+
 /* Discards every unit's parts other ranks own (waiting for gathers in
  * flight): after a pass, after the parameters were loaded or initialised
  * in full, after a checkpoint gathered them. */

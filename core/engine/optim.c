@@ -218,6 +218,12 @@ struct tr_offload {
     int n_nodes;
     size_t uploaded;          /* chunks of order[] whose parameters are up */
     int pending;              /* a step's chunks are not all up yet */
+    /* under a shard level: order[] runs unit by unit, unit u's chunks at
+     * [unit_begin[u], unit_end[u]); due[u] (under lock): its chunks are
+     * queued and not up yet (tr_optimizer_offload_ready uploads them) */
+    size_t n_units;
+    size_t *unit_begin, *unit_end;
+    unsigned char *due;
     struct tr_graph *g;
     const struct tr_backend *be;
     double waited;            /* seconds the trainer's thread waited for the worker */
@@ -303,6 +309,9 @@ static void offload_free(struct tr_optimizer *o, const struct tr_backend *be)
     free(f->jobs);
     free(f->order);
     free(f->need);
+    free(f->unit_begin);
+    free(f->unit_end);
+    free(f->due);
     free(f);
     o->offload = NULL;
 }
@@ -445,7 +454,9 @@ static void settle_upto(struct tr_offload *f, size_t upto)
     while (f->pending && f->uploaded <= upto && f->uploaded < f->n_chunks) {
         double t0 = tr_now();
         offload_wait(f, f->uploaded + 1);
+        pthread_mutex_lock(&f->lock);
         f->waited += tr_now() - t0;
+        pthread_mutex_unlock(&f->lock);
         upload_chunk(f, &f->chunks[f->order[f->uploaded]]);
         if (++f->uploaded == f->n_chunks)
             f->pending = 0;
@@ -465,15 +476,43 @@ static void offload_before_node(void *ctx, int node, int phase)
         settle_upto(f, (size_t)f->need[node]);
 }
 
+void tr_optimizer_offload_ready(void *ctx, size_t u)
+{
+    struct tr_offload *f = ((struct tr_optimizer *)ctx)->offload;
+    if (!f || !f->due || u >= f->n_units)
+        return;
+    pthread_mutex_lock(&f->lock);
+    int due = f->due[u];
+    f->due[u] = 0;
+    double t0 = tr_now();
+    while (due && f->done < f->unit_end[u])
+        pthread_cond_wait(&f->changed, &f->lock);
+    if (due)
+        f->waited += tr_now() - t0;
+    pthread_mutex_unlock(&f->lock);
+    for (size_t k = due ? f->unit_begin[u] : 0; k < (due ? f->unit_end[u] : 0); k++)
+        upload_chunk(f, &f->chunks[f->order[k]]);
+}
+
 void tr_optimizer_settle(struct tr_optimizer *o)
 {
-    if (o->offload && o->offload->pending)
-        settle_upto(o->offload, o->offload->n_chunks);
+    struct tr_offload *f = o->offload;
+    if (f && f->due) /* what no gather made current (none ran in flight now) */
+        for (size_t u = 0; u < f->n_units; u++)
+            tr_optimizer_offload_ready(o, u);
+    else if (f && f->pending)
+        settle_upto(f, f->n_chunks);
 }
 
 double tr_optimizer_offload_waited(const struct tr_optimizer *o)
 {
-    return o->offload && o->offload->overlap ? o->offload->waited : NAN;
+    struct tr_offload *f = o->offload;
+    if (!f || !f->overlap)
+        return NAN;
+    pthread_mutex_lock(&f->lock);
+    double w = f->waited;
+    pthread_mutex_unlock(&f->lock);
+    return w;
 }
 
 double tr_optimizer_offload_busy(const struct tr_optimizer *o)
@@ -498,7 +537,13 @@ static void offload_step_overlapped(struct tr_optimizer *o, struct tr_graph *g,
     }
     offload_reset(f);
     f->uploaded = 0;
-    f->pending = f->n_chunks > 0;
+    f->pending = f->n_chunks > 0 && !f->due;
+    if (f->due) { /* each unit's gather makes its chunks current */
+        pthread_mutex_lock(&f->lock);
+        for (size_t u = 0; u < f->n_units; u++)
+            f->due[u] = f->unit_end[u] > f->unit_begin[u];
+        pthread_mutex_unlock(&f->lock);
+    }
     for (size_t k = 0; k < f->n_chunks; k++) {
         const struct offload_chunk *ch = &f->chunks[f->order[k]];
         struct update_run u = chunk_job(o, ch, f->grads + ch->state_at, grad_scale, lr);
@@ -545,7 +590,8 @@ static void offload_step(struct tr_optimizer *o, struct tr_graph *g, const struc
     upload_chunk(f, &f->chunks[f->n_chunks - 1]);
 }
 
-/* chunk indices by their first forward reader, then by place */
+/* chunk indices by their first forward reader (or their unit's place in
+ * the gathers' order), then by place */
 static int by_first_read(const void *a, const void *b, void *ctx)
 {
     const long *first = ctx;
@@ -569,23 +615,24 @@ static int reads_chunk(const struct tr_graph *g, const struct tr_node *n,
 }
 
 int tr_optimizer_offload_overlap(struct tr_optimizer *o, struct tr_graph *g,
-                                 const struct tr_backend *be, tr_err *err)
+                                 const struct tr_backend *be, const size_t *unit_pos,
+                                 tr_err *err)
 {
     struct tr_offload *f = o->offload;
     if (!f)
         return TR_OK;
-    if (g->before_node)
-        return tr_fail(err, "parallel.offload_overlap: the graph's node hook is taken "
-                       "(sharded parameters' gathers)");
+    if (!unit_pos && g->before_node)
+        return tr_fail(err, "parallel.offload_overlap: the graph's node hook is taken");
     f->g = g;
     f->be = be;
     build_chunks(o, g, be);
-    size_t nc = f->n_chunks;
-    /* each chunk's first forward reader (n_nodes: none, so last) */
+    size_t nc = f->n_chunks, unit = o->shard.unit ? o->shard.unit : 1;
+    /* each chunk's first forward reader (n_nodes: none, so last), or its
+     * unit's place in the gathers' order */
     long *first = tr_xcalloc(nc + 1, sizeof *first);
     for (size_t c = 0; c < nc; c++) {
-        first[c] = g->n_nodes;
-        for (int i = 0; i < g->n_nodes && first[c] == g->n_nodes; i++)
+        first[c] = unit_pos ? (long)unit_pos[f->chunks[c].begin / unit] : g->n_nodes;
+        for (int i = 0; !unit_pos && i < g->n_nodes && first[c] == g->n_nodes; i++)
             if (reads_chunk(g, &g->nodes[i], &f->chunks[c]))
                 first[c] = i;
     }
@@ -593,6 +640,18 @@ int tr_optimizer_offload_overlap(struct tr_optimizer *o, struct tr_graph *g,
     for (size_t c = 0; c < nc; c++)
         f->order[c] = c;
     qsort_r(f->order, nc, sizeof *f->order, by_first_read, first);
+    if (unit_pos) { /* each unit's chunks, one range of order[]: a chunk is in one unit */
+        f->n_units = o->shard.n_units;
+        f->unit_begin = tr_xcalloc(f->n_units + 1, sizeof *f->unit_begin);
+        f->unit_end = tr_xcalloc(f->n_units + 1, sizeof *f->unit_end);
+        f->due = tr_xcalloc(f->n_units + 1, 1);
+        for (size_t k = nc; k-- > 0;) {
+            size_t u = f->chunks[f->order[k]].begin / unit;
+            if (f->unit_end[u] == 0)
+                f->unit_end[u] = k + 1;
+            f->unit_begin[u] = k;
+        }
+    }
     /* per node: the last position in that order of a chunk it reads */
     f->n_nodes = g->n_nodes;
     f->need = tr_xcalloc((size_t)g->n_nodes + 1, sizeof *f->need);
@@ -608,7 +667,9 @@ int tr_optimizer_offload_overlap(struct tr_optimizer *o, struct tr_graph *g,
         return tr_fail(err, "out of host memory for the offloaded gradients (%zu parameters, 4 "
                        "bytes each); set parallel.offload_overlap = false", o->owned);
     f->overlap = 1;
-    g->before_node = offload_before_node;
-    g->before_node_ctx = f;
+    if (!unit_pos) {
+        g->before_node = offload_before_node;
+        g->before_node_ctx = f;
+    }
     return TR_OK;
 }

@@ -60,20 +60,35 @@ void tr_optimizer_free(struct tr_optimizer *o, const struct tr_backend *be);
  * Not for a pipeline stage's optimizer (`only`). */
 int tr_optimizer_offload(struct tr_optimizer *o, const struct tr_backend *be,
                          const struct tr_backend *host, size_t chunk_floats, tr_err *err);
-/* Offloaded, one process: overlap each step's host update with the next
- * forward.  The step then brings the owned gradients down (a host buffer
- * of them, 4 more bytes a parameter), queues every chunk to the worker in
- * the order the forward first reads them and returns; g's before_node hook
- * (which must be free) uploads a forward node's chunks before it runs,
- * waiting for the worker where needed; a backward node first settles all.
- * The same numbers as the update inside the step, bit for bit. */
+/* Offloaded: overlap each step's host update with the next forward.  The
+ * step then brings the owned gradients down (a host buffer of them, 4 more
+ * bytes a parameter), queues every chunk to the worker in the order the
+ * forward needs them and returns.  The same numbers as the update inside
+ * the step, bit for bit.
+ * - Alone (unit_pos NULL): chunks in the order the forward first reads
+ *   them; g's before_node hook (which must be free) uploads a forward
+ *   node's chunks before it runs, waiting for the worker where needed; a
+ *   backward node first settles all.
+ * - Under a shard level (unit_pos: each unit of o->shard's place in the
+ *   order its gathers run, tr_gather_unit_positions): chunks unit by unit
+ *   in that order; the gather of unit u calls tr_optimizer_offload_ready
+ *   first, on the communication thread, and the gathers' node hook makes
+ *   the forward wait for them (gather.h). */
 int tr_optimizer_offload_overlap(struct tr_optimizer *o, struct tr_graph *g,
-                                 const struct tr_backend *be, tr_err *err);
+                                 const struct tr_backend *be, const size_t *unit_pos,
+                                 tr_err *err);
+/* ctx: the optimizer.  This rank's part of unit u current on the device:
+ * waits for the worker to finish its chunks and uploads them, once a step
+ * (nothing when not overlapped under a shard level).  Called on the
+ * communication thread before the unit's gather (gather.h's ready). */
+void tr_optimizer_offload_ready(void *ctx, size_t u);
 /* Every pending chunk's parameters up (before anything but the graph's
- * forward reads them: a checkpoint, an evaluation). */
+ * forward reads them: a checkpoint, an evaluation); under a shard level,
+ * after the gathers in flight have arrived (tr_session_settle). */
 void tr_optimizer_settle(struct tr_optimizer *o);
-/* Seconds the trainer's thread has waited for the host's update so far,
- * overlapped (NaN: not overlapped). */
+/* Seconds spent so far waiting for the host's update, overlapped: by the
+ * trainer's thread alone, by the communication thread before a unit's
+ * gather under a shard level (NaN: not overlapped). */
 double tr_optimizer_offload_waited(const struct tr_optimizer *o);
 /* Seconds the host has spent updating so far, offloaded (NaN: not). */
 double tr_optimizer_offload_busy(const struct tr_optimizer *o);

@@ -316,8 +316,10 @@ static int forward_backward(struct run *r, double scale, double *loss_sum, doubl
         if (s->gather && k == s->accum - 1) /* the update changes this rank's parts only */
             tr_gather_release_all(s->gather);
         double t1 = tr_now();
-        /* waits for sharded parameters' gathers are communication, not compute */
-        double gathering = s->gather ? tr_gather_take_waited(s->gather) : 0;
+        /* waits for sharded parameters' gathers (or the updated parts' of an
+         * overlapped offload) are communication, not compute */
+        double gathering = s->gather ? tr_gather_take_waited(s->gather)
+                           : s->share ? tr_gather_take_waited(s->share) : 0;
         if (s->gather)
             l->gathered += tr_gather_take_bytes(s->gather);
         l->t_compute += t1 - t0 - gathering;
@@ -531,7 +533,9 @@ static int update(struct run *r, double scale, tr_err *err)
     double tg = tr_now();
     l->t_optimizer += tg - t0;
     tr_trace_phase(r->j.trace, "optimizer", l->step, t0, tg);
-    if (apply && s->comm && tr_state_sharded(s) && !s->gather) { /* updated parts to all */
+    if (apply && s->share) /* updated parts to all as the host finishes them (gather.h) */
+        tr_gather_refresh(s->share);
+    else if (apply && s->comm && tr_state_sharded(s) && !s->gather) { /* updated parts to all */
         if (tr_state_share_params(s, err) != TR_OK)
             return TR_ERROR;
         l->t_comm += tr_now() - tg; /* exposed: nothing computes meanwhile */
@@ -610,7 +614,7 @@ static int evaluate(struct run *r, int *improved, tr_err *err)
 {
     struct tr_loop *l = &r->l;
     double te = tr_now();
-    tr_optimizer_settle(&r->s.opt); /* an offloaded update still running: its parameters up */
+    tr_session_settle(&r->s); /* an offloaded update still running: its parameters up */
     /* pipeline stages: each replica's micro-batches through its stages, each
      * stage on its own weights; the last stage counts */
     uint64_t batches = (uint64_t)r->s.cfg->train.eval_batches;

@@ -184,7 +184,7 @@ int tr_state_save(struct tr_session *s, const struct tr_run_state *st, int now, 
                    const struct tr_run_state *, tr_err *) =
         now ? tr_checkpointer_save_now : tr_checkpointer_save;
     int slots = s->opt.desc->state_slots;
-    tr_optimizer_settle(&s->opt); /* an offloaded update overlapping: every part up first */
+    tr_session_settle(s); /* an offloaded update overlapping: every part up first */
     if (save_in_parallel(s)) { /* each rank writes its parts, before returning */
         struct tr_ckpt_rank r = ckpt_rank(s);
         return tr_ckpt_save_shared(&r, s->ckpt, s->g->params, s->opt.state, st, err);

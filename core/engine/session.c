@@ -129,8 +129,7 @@ struct tr_fit_model tr_session_fit_model(const struct tr_session *s)
     return (struct tr_fit_model){cfg, &s->be, s->policy.compute, slots, other, shard_world,
                                  shard_world > 1 ? cfg->parallel.shard_level : TR_SHARD_NONE,
                                  cfg->parallel.offload_optimizer,
-                                 cfg->parallel.offload_optimizer &&
-                                     cfg->parallel.offload_overlap && shard_world == 1};
+                                 cfg->parallel.offload_optimizer && cfg->parallel.offload_overlap};
 }
 
 /* micro_batch = "auto": the largest that fits (fit.h).  A plan whose every
@@ -295,13 +294,9 @@ static int open_offload(struct tr_session *s, tr_err *err)
     if (tr_backend_open(&s->host_be, "cpu", (int)cfg->train.threads, NULL, err) != TR_OK ||
         tr_optimizer_offload(&s->opt, &s->be, &s->host_be, chunk ? chunk : 1, err) != TR_OK)
         return TR_ERROR;
-    /* alone, the update can run into the next forward; a shard level
-     * shares the updated parts at the step's end (or gathers them in the
-     * forward, through the same node hook).  The fit model decides, as for
-     * the plan's host memory. */
+    /* whether the update runs into the next forward: the fit model decides,
+     * as for the plan's host memory (overlap_offload sets it up) */
     struct tr_fit_model fm = tr_session_fit_model(s);
-    if (fm.offload_overlap && tr_optimizer_offload_overlap(&s->opt, s->g, &s->be, err) != TR_OK)
-        return TR_ERROR;
     size_t n = s->opt.owned, slots = (size_t)s->opt.desc->state_slots + 1 + fm.offload_overlap;
     char buf[32], parts[96] = "";
     tr_format_bytes((double)(slots * n * sizeof(float)), buf, sizeof buf);
@@ -314,6 +309,39 @@ static int open_offload(struct tr_session *s, tr_err *err)
            cfg->parallel.offload_chunk_mb,
            fm.offload_overlap ? ", overlapping the next forward" : "");
     return TR_OK;
+}
+
+/* The offloaded update overlapping the next forward.  Alone, its node hook
+ * uploads what a forward node reads.  Under a shard level each unit's
+ * gather first makes this rank's updated part current: "parameters"
+ * gathers before the nodes anyway; "optimizer" and "gradients" gather
+ * every unit again after the update (s->share), in the order the forward
+ * needs them, instead of all at the step's end. */
+static int overlap_offload(struct tr_session *s, tr_err *err)
+{
+    if (!s->opt.offload || !tr_session_fit_model(s).offload_overlap)
+        return TR_OK;
+    if (!tr_shard_sharded(&s->shard))
+        return tr_optimizer_offload_overlap(&s->opt, s->g, &s->be, NULL, err);
+    if (!s->gather)
+        s->share = tr_gather_new_resident(s->g, &s->be, s->comm, &s->shard);
+    struct tr_gather *gt = s->gather ? s->gather : s->share;
+    size_t *pos = tr_xcalloc(s->shard.n_units + 1, sizeof *pos);
+    tr_gather_unit_positions(gt, pos);
+    int rc = tr_optimizer_offload_overlap(&s->opt, s->g, &s->be, pos, err);
+    free(pos);
+    tr_gather_set_ready(gt, tr_optimizer_offload_ready, &s->opt);
+    return rc;
+}
+
+void tr_session_settle(struct tr_session *s)
+{
+    if (s->share)
+        tr_gather_settle(s->share);
+    if (s->gather)
+        tr_gather_settle(s->gather);
+    if (s->be.iface && training(s))
+        tr_optimizer_settle(&s->opt);
 }
 
 /* The graph's memory planned and allocated, the shard layout (units the
@@ -371,7 +399,7 @@ static int plan_memory(struct tr_session *s, tr_err *err)
             tr_log(TR_LOG_INFO, NULL, "sharded parameters gathered in %s where only GEMMs "
                    "read them as weights, the rest in fp32", tr_dtype_name(s->g->compute));
     }
-    return TR_OK;
+    return training(s) ? overlap_offload(s, err) : TR_OK;
 }
 
 /* One forward and backward at the chosen size before training: a plan that
@@ -742,6 +770,7 @@ void tr_session_close(struct tr_session *s)
 {
     tr_checkpointer_close(s->ckpt);
     tr_gather_free(s->gather);
+    tr_gather_free(s->share);
     free(s->stage_readers);
     tr_comm_close(s->comm);
     tr_topo_close(s->topo);

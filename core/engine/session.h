@@ -64,6 +64,9 @@ struct tr_session {
     struct tr_shard shard;              /* who keeps which part (parallel.shard; shard.h) */
     struct tr_gather *gather;           /* shard level parameters: the units gathered around
                                          * the nodes that read them (gather.h); else NULL */
+    struct tr_gather *share;            /* levels optimizer and gradients under an offloaded
+                                         * update overlapping the forward: the updated units
+                                         * gathered as the forward needs them; else NULL */
     int replicas;                       /* data-parallel replicas: world, or world / stages */
     /* pipeline stages (tr_session_stages): for each tensor, the stages
      * whose chunks read it as a parameter (tr_pipe_readers), so that a stage
@@ -121,6 +124,9 @@ int tr_session_check_base(const struct tr_session *s, const char *recorded, cons
  * a training run's, or a smoke run's on ranks; 0 when none (a process
  * alone runs every stage's arithmetic itself). */
 int tr_session_stages(const struct tr_session *s);
+/* An offloaded update overlapping the forward: every updated parameter on
+ * the device and shared (before a checkpoint or an evaluation reads them). */
+void tr_session_settle(struct tr_session *s);
 /* Whether this rank keeps tensor t (ctx: the session): a parameter another
  * pipeline stage alone reads, no; anything else, yes. */
 int tr_session_stage_keeps(void *ctx, const struct tr_tensor *t);

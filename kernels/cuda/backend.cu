@@ -668,6 +668,7 @@ static void cuda_upload(void *ctx, void *dst, const void *src, size_t bytes)
     if (!bytes)
         return;
     cudaSetDevice(c->device);
+    pthread_mutex_lock(&c->upload_lock);
     /* the destination may still be read by compute queued earlier */
     CUDA_NOTE(c, cudaEventRecord(c->compute_mark, c->compute));
     CUDA_NOTE(c, cudaStreamWaitEvent(c->copy, c->compute_mark, 0));
@@ -686,6 +687,7 @@ static void cuda_upload(void *ctx, void *dst, const void *src, size_t bytes)
     }
     /* compute queued from now on sees the data */
     CUDA_NOTE(c, cudaStreamWaitEvent(c->compute, c->stage_done[last], 0));
+    pthread_mutex_unlock(&c->upload_lock);
 }
 
 static void cuda_download(void *ctx, void *dst, const void *src, size_t bytes)
@@ -835,6 +837,7 @@ static void context_free(struct cuda_context *c)
     }
     if (c->compute_mark)
         cudaEventDestroy(c->compute_mark);
+    pthread_mutex_destroy(&c->upload_lock);
     if (c->sum_partials)
         cudaFree(c->sum_partials);
     if (c->sum_result)
@@ -942,6 +945,7 @@ static int cuda_open(struct tr_backend *be, int threads, char *why, size_t why_s
     }
     c->device = device;
     c->prop = prop;
+    pthread_mutex_init(&c->upload_lock, NULL); /* before anything context_free undoes */
     cudaError_t e = cudaSetDevice(c->device);
     const char *step = "cudaSetDevice";
 #define STEP(call)                                                                                 \

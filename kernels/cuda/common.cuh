@@ -12,6 +12,7 @@
 #ifndef TR_CUDA_COMMON_CUH
 #define TR_CUDA_COMMON_CUH
 
+#include <pthread.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -50,6 +51,10 @@ struct cuda_context {
     void *stage[STAGE_SLOTS];            /* pinned */
     cudaEvent_t stage_done[STAGE_SLOTS]; /* the DMA out of slot i has finished */
     int stage_next;
+    /* upload comes from the compute thread and (an offloaded update shared
+     * by a shard level, optim.h) the communication thread: the staging
+     * slots and compute_mark are taken under this lock */
+    pthread_mutex_t upload_lock;
     double *sum_partials;                /* device, SUM_BLOCKS + 1 */
     double *sum_result;                  /* pinned host, 1 */
     unsigned long long *counts;          /* device, 2: correct, valid */

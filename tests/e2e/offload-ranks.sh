@@ -10,6 +10,10 @@
 #     weights within 1e-5 (offload.sh says why: the host's AdamW and the
 #     device's are the same formula compiled apart), and each rank says it
 #     keeps only its parts;
+#   - at each level the update overlapping the next forward (the default:
+#     each unit gathered again as the host finishes its parts, or before
+#     the node that reads it under "parameters") trains the same weights,
+#     bit for bit, as the update ending within the step;
 #   - the sharded checkpoints the offloaded ranks write (each rank its
 #     blob, its state read from host memory) resume offloaded to the
 #     uninterrupted run's weights bit for bit, and on ranks that keep the
@@ -68,14 +72,23 @@ for level in optimizer gradients parameters; do
   run "${level}_off" parallel.shard=$level $off
   grep -q "optimizer offloaded: its state and an fp32 master copy of the parameters (rank 0's parts: [0-9]* of 5104)" \
     "${level}_off.txt" || { cat "${level}_off.txt"; fail "${level}_off: rank 0 does not keep its parts only"; }
+  grep -q "overlapping the next forward" "${level}_off.txt" ||
+    { cat "${level}_off.txt"; fail "${level}_off: the update does not overlap the forward"; }
   agree "$level" "${level}_off" $tol "loss val_loss grad_norm"
   close "$level" "${level}_off" "shard $level, offloaded and not"
+  # shellcheck disable=SC2086
+  run "${level}_in_step" parallel.shard=$level $off parallel.offload_overlap=false
+  same "${level}_off" "${level}_in_step" "shard $level: the update overlapped and within the step"
 done
 run bf16_parameters parallel.shard=parameters precision=bf16
 # shellcheck disable=SC2086
 run bf16_parameters_off parallel.shard=parameters precision=bf16 $off
 agree bf16_parameters bf16_parameters_off $tol "loss val_loss grad_norm"
 close bf16_parameters bf16_parameters_off "bf16, shard parameters, offloaded and not"
+# shellcheck disable=SC2086
+run bf16_parameters_in_step parallel.shard=parameters precision=bf16 $off \
+  parallel.offload_overlap=false
+same bf16_parameters_off bf16_parameters_in_step "bf16, shard parameters: overlapped and within the step"
 
 # checkpoints: each rank wrote its blob from host memory
 [ -f gradients_off/checkpoints/step-0000000006/layout.json ] ||
@@ -119,20 +132,19 @@ else
 fi
 
 # the plan: a Llama-3-8B full fine-tune on 8 H100s, ZeRO-2 with the state
-# offloaded: each host 1/8 of the state and of the master copy of one GPU's
-# offload within the step (alone, the default overlap keeps the gradients
-# on the host too)
+# offloaded: each host 1/8 of the state, of the master copy and of the
+# gradients (the overlap's) one GPU's offload keeps
 sed -e '/lora =/d' "$TR_SRCDIR/recipes/qlora-llama3-8b.lua" > full8b.lua
 "$TRAINRUN" plan full8b.lua cost.hardware=h100-80gb gpus=8 parallel.shard=gradients \
   parallel.offload=optimizer > plan8.txt 2>&1 || { cat plan8.txt; fail "8B plan on 8 GPUs"; }
 "$TRAINRUN" plan full8b.lua cost.hardware=h100-80gb parallel.offload=optimizer \
-  parallel.offload_overlap=false > plan1.txt 2>&1 ||
-  { cat plan1.txt; fail "8B plan on 1 GPU"; }
+  > plan1.txt 2>&1 || { cat plan1.txt; fail "8B plan on 1 GPU"; }
+grep -q "and their gradients" plan8.txt || { cat plan8.txt; fail "plan: no host gradients on 8 GPUs"; }
 h8=$(awk '/host \(offload\)/ { print $3, $4; exit }' plan8.txt)
 h1=$(awk '/host \(offload\)/ { print $3, $4; exit }' plan1.txt)
 grep -q "optimizer state of a device's parts" plan8.txt || { cat plan8.txt; fail "plan: whose parts"; }
 awk -v a="$h8" -v b="$h1" 'BEGIN { split(a, x, " "); split(b, y, " ");
   if (x[2] != "GiB" || y[2] != "GiB") exit 1; r = y[1] / x[1]; exit !(r > 7.99 && r < 8.01) }' ||
   { cat plan8.txt plan1.txt; fail "plan: the host holds $h8 on 8 GPUs, $h1 on one: not an eighth"; }
-echo "offload-ranks: 8B host memory a rank: $h1 alone (in the step), $h8 on 8 GPUs at shard = gradients"
+echo "offload-ranks: 8B host memory a rank: $h1 alone, $h8 on 8 GPUs at shard = gradients (both overlapped)"
 echo "offload-ranks: ok"
