@@ -348,6 +348,18 @@ static int plan_pipeline(struct tr_plan *p, const struct tr_session *s, tr_err *
                    (double)m->inputs;
     }
     free(ops);
+    /* offloaded: each stage's host keeps its own parameters' state, the
+     * largest stage's is the line to provision for */
+    double largest = 0;
+    for (int st = 0; st < P; st++)
+        largest = pp->stage[st].params > largest ? pp->stage[st].params : largest;
+    if (p->host_bytes > 0 && all_params > 0) {
+        double f = largest / (double)s->g->n_params;
+        p->host_bytes *= f;
+        p->offloaded_bytes *= f;
+        p->host_grad_bytes *= f;
+        p->host_stage = 1;
+    }
     return TR_OK;
 }
 

@@ -57,6 +57,7 @@ struct tr_plan {
      * without offload) */
     double offloaded_bytes, host_bytes;
     double host_grad_bytes; /* of host_bytes: the gradients of an overlapped offload */
+    int host_stage;         /* host_bytes are the largest pipeline stage's */
     /* compute-optimal (Chinchilla) */
     double optimal_tokens, optimal_flops, optimal_steps, trained_factor;
     /* hardware, when cost.hardware is set */

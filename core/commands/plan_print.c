@@ -258,9 +258,12 @@ static void print_memory(const struct tr_plan *p, FILE *out)
         row(out, rows[i].what, "%12s", fmt_bytes((double)rows[i].bytes, a, sizeof a));
     row(out, "total", "%12s", fmt_bytes(p->memory_total, a, sizeof a));
     if (p->host_bytes > 0) {
-        int parts = p->cost.count > 1 && p->shard_level != TR_SHARD_NONE;
+        int parts = (p->cost.count > 1 && p->shard_level != TR_SHARD_NONE) || p->host_stage;
         row(out, "host (offload)", "%12s  (parallel.offload: the optimizer state%s, %s, moved off",
-            fmt_bytes(p->host_bytes, a, sizeof a), parts ? " of a device's parts" : "",
+            fmt_bytes(p->host_bytes, a, sizeof a),
+            p->host_stage ? " of the largest stage's parameters"
+            : parts      ? " of a device's parts"
+                         : "",
             fmt_bytes(p->offloaded_bytes, b, sizeof b));
         row(out, "", "the device, and an fp32 master copy of %s, %s%s",
             parts ? "those parameters" : "the parameters",

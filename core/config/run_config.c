@@ -192,8 +192,9 @@ static const struct tr_option parallel_options[] = {
      "none; optimizer: the optimizer's state and an fp32 master copy of the parameters stay "
      "in host memory and the CPU backend updates them (gradients down, parameters up, in "
      "chunks): AdamW's 8 bytes a parameter off the device, 12 on the host, for GPUs short of "
-     "memory; needs a device other than cpu and no pipeline stages; with several ranks, a "
-     "shard level (each rank keeps its parts of the state on its host) (docs/scale-out.md)",
+     "memory; needs a device other than cpu; with several ranks, a shard level (each rank "
+     "keeps its parts of the state on its host) or pipeline stages of one replica (each its "
+     "stage's) (docs/scale-out.md)",
      offsetof(struct tr_parallel_config, offload)},
     OPT(TR_OPT_FLOAT, "offload_chunk_mb", "4", 0.001, 1024,
         "offload = \"optimizer\" moves gradients down and parameters up in chunks of this "
@@ -237,8 +238,21 @@ static void offload_where(const struct tr_value *root, char *where, size_t size)
         tr_origin_format(&v->origin, where, size);
 }
 
-static int offload_ranks_refused(const char *where, int world, tr_err *err)
+/* Several ranks offloading: each must keep a part of the state of its own,
+ * a shard level's or a pipeline stage's (one replica: ranks = stages);
+ * replicas each keeping the whole state (or their stage's) are refused. */
+static int offload_ranks_check(const struct tr_parallel_config *p, const char *where, int world,
+                               tr_err *err)
 {
+    if (world <= 1 || p->shard_level != TR_SHARD_NONE || world == p->pipeline)
+        return TR_OK;
+    if (p->pipeline > 1)
+        return tr_fail(err, "%s: parallel.offload = \"optimizer\" with pipeline = %lld on %d "
+                       "ranks: each of the %lld data-parallel replicas would keep its stages' "
+                       "optimizer state and master copy on the host (a shard level inside "
+                       "stages is not supported yet); run %lld ranks (one replica), or drop the "
+                       "offload", where, (long long)p->pipeline, world,
+                       (long long)(world / p->pipeline), (long long)p->pipeline);
     return tr_fail(err, "%s: parallel.offload = \"optimizer\" with %d ranks needs a shard "
                    "level: without one every rank would keep the whole optimizer state and its "
                    "master copy on the host; add parallel.shard = \"optimizer\" (or "
@@ -246,20 +260,11 @@ static int offload_ranks_refused(const char *where, int world, tr_err *err)
                    "one process", where, world);
 }
 
-/* parallel.offload: what it cannot go with yet.  The device is checked
- * once it is known (tr_config_check_offload). */
-static int resolve_offload(struct tr_config *cfg, struct tr_value *root, tr_err *err)
+/* parallel.offload.  The device and the ranks are checked once they are
+ * known (offload_ranks, tr_config_check_offload). */
+static void resolve_offload(struct tr_config *cfg)
 {
-    struct tr_parallel_config *p = &cfg->parallel;
-    p->offload_optimizer = strcmp(p->offload, "optimizer") == 0;
-    if (!p->offload_optimizer)
-        return TR_OK;
-    char where[256];
-    offload_where(root, where, sizeof where);
-    if (p->pipeline > 1)
-        return tr_fail(err, "%s: parallel.offload = \"optimizer\" with pipeline = %lld is not "
-                       "supported yet: drop one of them", where, (long long)p->pipeline);
-    return TR_OK;
+    cfg->parallel.offload_optimizer = strcmp(cfg->parallel.offload, "optimizer") == 0;
 }
 
 /* parallel.offload with the ranks this node would start (procs, gpus:
@@ -269,11 +274,11 @@ static int offload_ranks(const struct tr_config *cfg, struct tr_value *root, tr_
 {
     const struct tr_parallel_config *p = &cfg->parallel;
     int64_t ranks = p->gpus > p->procs ? p->gpus : p->procs;
-    if (!p->offload_optimizer || ranks <= 1 || p->shard_level != TR_SHARD_NONE)
+    if (!p->offload_optimizer)
         return TR_OK;
     char where[256];
     offload_where(root, where, sizeof where);
-    return offload_ranks_refused(where, (int)ranks, err);
+    return offload_ranks_check(p, where, (int)ranks, err);
 }
 
 int tr_config_check_offload(const struct tr_config *cfg, int planning, int world, tr_err *err)
@@ -282,8 +287,8 @@ int tr_config_check_offload(const struct tr_config *cfg, int planning, int world
         return TR_OK;
     char where[256];
     offload_where(tr_recipe_root(cfg->recipe), where, sizeof where);
-    if (world > 1 && cfg->parallel.shard_level == TR_SHARD_NONE)
-        return offload_ranks_refused(where, world, err);
+    if (offload_ranks_check(&cfg->parallel, where, world, err) != TR_OK)
+        return TR_ERROR;
     /* a plan for a hardware profile plans for that device, whatever this
      * machine's device is */
     const char *hw = cfg->cost.hardware;
@@ -422,9 +427,9 @@ static int configure_sections(struct tr_config *cfg, struct tr_value *root, tr_e
         tr_options_apply(root, "cost", "cost", &cost_use, 1, err) != TR_OK ||
         tr_options_apply(root, "optimizer", "optimizer", ou, 3, err) != TR_OK ||
         tr_options_apply(root, "early_stop", "early_stop", &eu, 1, err) != TR_OK ||
-        resolve_shard(cfg, root, err) != TR_OK || resolve_pipeline(cfg, root, err) != TR_OK ||
-        resolve_offload(cfg, root, err) != TR_OK)
+        resolve_shard(cfg, root, err) != TR_OK || resolve_pipeline(cfg, root, err) != TR_OK)
         return TR_ERROR;
+    resolve_offload(cfg);
     return tr_lora_configure(&cfg->lora, cfg->recipe, err);
 }
 

@@ -95,6 +95,11 @@ int tr_optimizer_init(struct tr_optimizer *o, const struct tr_optimizer_config *
 void tr_optimizer_runs(const struct tr_optimizer *o,
                        void (*fn)(void *ctx, struct tr_shard_run run, size_t state_at), void *ctx)
 {
+    if (o->only) { /* a stage's, unsharded: a run's state is at its own offset */
+        for (size_t i = 0; i < o->n_only; i++)
+            fn(ctx, o->only[i], o->only[i].begin);
+        return;
+    }
     size_t at = 0;
     for (size_t u = 0; u < o->shard.n_units; u++) {
         struct tr_shard_run r = tr_shard_part(&o->shard, u, o->shard.rank);
@@ -142,11 +147,6 @@ void tr_optimizer_step(struct tr_optimizer *o, struct tr_graph *g, const struct 
         return;
     }
     struct step_ctx c = {o, g, be, grad_scale, lr};
-    if (o->only) { /* unsharded: a run's state is at its own offset */
-        for (size_t i = 0; i < o->n_only; i++)
-            step_run(&c, o->only[i], o->only[i].begin);
-        return;
-    }
     tr_optimizer_runs(o, step_run, &c);
 }
 
@@ -169,25 +169,28 @@ void tr_optimizer_free(struct tr_optimizer *o, const struct tr_backend *be)
  * The state and the master copy are host memory; the core does no math on
  * them, the host's CPU backend does, on a worker thread.  A step is a list
  * of chunks (each within the decayed tensors or within the rest, so each
- * keeps its weight decay).  Device calls stay on the trainer's thread: a
- * backend need not take calls from two.
+ * keeps its weight decay).  The worker never calls the device backend.
  *
- * In step (the default with shard levels): a pipeline inside the step.
+ * In step (parallel.offload_overlap = false): a pipeline inside the step.
  * While the worker updates chunk i on the host, the trainer's thread talks
  * to the device (chunk i-1's parameters up, chunk i+1's gradients down); the
  * step returns with every chunk's parameters uploaded.
  *
  * Overlapped with the next forward (tr_optimizer_offload_overlap): the step
  * brings every owned gradient down (a host buffer of them), queues all the
- * chunks to the worker in the order the forward first reads them, and
- * returns.  The graph's before_node hook then uploads, before a forward node
+ * chunks to the worker in the order the forward needs them, and returns.
+ * Alone, the graph's before_node hook then uploads, before a forward node
  * runs, the chunks it reads, waiting for the worker where it has not got
  * there yet; anything else that reads the parameters first settles them all
- * (tr_optimizer_settle). */
+ * (tr_optimizer_settle).  Under a shard level the communication thread
+ * uploads a unit's chunks before the unit's all-gather
+ * (tr_optimizer_offload_ready), the one other thread that calls the device
+ * backend here (its upload only). */
 
 struct offload_chunk {
     size_t begin, n;     /* floats of the flat buffer */
     size_t state_at;     /* where its state starts in state[k] (and the master copy) */
+    size_t packed;       /* where its gradients are in the overlap's buffer (chunks packed) */
     double weight_decay;
 };
 
@@ -300,8 +303,8 @@ static void offload_free(struct tr_optimizer *o, const struct tr_backend *be)
     pthread_mutex_destroy(&f->lock);
     pthread_cond_destroy(&f->changed);
     for (int k = 0; k < TR_OPTIMIZER_MAX_SLOTS; k++)
-        tr_be_host_free(be, o->state[k]);
-    tr_be_host_free(be, f->master);
+        tr_be_free(f->host, o->state[k]);
+    tr_be_free(f->host, f->master);
     tr_be_host_free(be, f->grad[0]);
     tr_be_host_free(be, f->grad[1]);
     tr_be_host_free(be, f->grads);
@@ -319,8 +322,6 @@ static void offload_free(struct tr_optimizer *o, const struct tr_backend *be)
 int tr_optimizer_offload(struct tr_optimizer *o, const struct tr_backend *be,
                          const struct tr_backend *host, size_t chunk_floats, tr_err *err)
 {
-    if (o->only)
-        return tr_fail(err, "parallel.offload = \"optimizer\": not with pipeline stages yet");
     struct tr_offload *f = calloc(1, sizeof *f);
     if (!f)
         return tr_fail(err, "out of memory for the optimizer offload");
@@ -331,7 +332,11 @@ int tr_optimizer_offload(struct tr_optimizer *o, const struct tr_backend *be,
     f->stale = 1;
     f->chunk = chunk_floats ? chunk_floats : 1;
     /* the device's state goes; the host's takes its place, zeroed as
-     * tr_be_alloc's is */
+     * tr_be_alloc's is: the host backend's own memory (a large buffer's
+     * pages resident only once written: a pipeline stage's buffers keep
+     * the whole model's layout, and it writes only its parameters' parts).
+     * Only the gradients' transfer buffers are page-locked: the master copy
+     * goes up through the device backend's own staging */
     for (int k = 0; k < o->desc->state_slots; k++) {
         tr_be_free(be, o->state[k]);
         o->state[k] = NULL;
@@ -344,9 +349,8 @@ int tr_optimizer_offload(struct tr_optimizer *o, const struct tr_backend *be,
     size_t chunk = f->chunk < n ? f->chunk : n;
     int ok = 1;
     for (int k = 0; k < o->desc->state_slots && ok; k++)
-        if ((ok = (o->state[k] = tr_be_host_alloc(be, n * sizeof(float))) != NULL))
-            memset(o->state[k], 0, n * sizeof(float));
-    ok = ok && (f->master = tr_be_host_alloc(be, n * sizeof(float))) != NULL &&
+        ok = (o->state[k] = tr_be_alloc(host, n * sizeof(float))) != NULL;
+    ok = ok && (f->master = tr_be_alloc(host, n * sizeof(float))) != NULL &&
          (f->grad[0] = tr_be_host_alloc(be, chunk * sizeof(float))) != NULL &&
          (f->grad[1] = tr_be_host_alloc(be, chunk * sizeof(float))) != NULL;
     if (!ok)
@@ -366,6 +370,17 @@ int tr_optimizer_offload(struct tr_optimizer *o, const struct tr_backend *be,
     pthread_setname_np(f->thread, "trainrun-offload"); /* top -H */
     f->started = 1;
     return TR_OK;
+}
+
+int tr_optimizer_only(struct tr_optimizer *o, const struct tr_shard_run *runs, size_t n,
+                      tr_err *err)
+{
+    o->only = runs;
+    o->n_only = n;
+    struct tr_offload *f = o->offload;
+    if (!f || !f->overlap) /* within the step the chunks are listed every step */
+        return TR_OK;
+    return tr_optimizer_offload_overlap(o, f->g, f->be, NULL, err);
 }
 
 const struct tr_backend *tr_optimizer_state_backend(const struct tr_optimizer *o,
@@ -389,7 +404,9 @@ static void add_chunk(struct tr_offload *f, size_t b, size_t e, size_t state_at,
             f->cap = cap;
         }
         size_t n = e - at < f->chunk ? e - at : f->chunk;
-        f->chunks[f->n_chunks++] = (struct offload_chunk){at, n, state_at + (at - b), wd};
+        size_t packed = f->n_chunks ? f->chunks[f->n_chunks - 1].packed +
+                                          f->chunks[f->n_chunks - 1].n : 0;
+        f->chunks[f->n_chunks++] = (struct offload_chunk){at, n, state_at + (at - b), packed, wd};
     }
 }
 
@@ -533,7 +550,7 @@ static void offload_step_overlapped(struct tr_optimizer *o, struct tr_graph *g,
     /* every owned gradient down before the next backward writes them */
     for (size_t i = 0; i < f->n_chunks; i++) {
         const struct offload_chunk *ch = &f->chunks[i];
-        tr_be_download(be, f->grads + ch->state_at, g->grads + ch->begin, ch->n * sizeof(float));
+        tr_be_download(be, f->grads + ch->packed, g->grads + ch->begin, ch->n * sizeof(float));
     }
     offload_reset(f);
     f->uploaded = 0;
@@ -546,7 +563,7 @@ static void offload_step_overlapped(struct tr_optimizer *o, struct tr_graph *g,
     }
     for (size_t k = 0; k < f->n_chunks; k++) {
         const struct offload_chunk *ch = &f->chunks[f->order[k]];
-        struct update_run u = chunk_job(o, ch, f->grads + ch->state_at, grad_scale, lr);
+        struct update_run u = chunk_job(o, ch, f->grads + ch->packed, grad_scale, lr);
         offload_post(f, &u);
     }
 }
@@ -621,10 +638,21 @@ int tr_optimizer_offload_overlap(struct tr_optimizer *o, struct tr_graph *g,
     struct tr_offload *f = o->offload;
     if (!f)
         return TR_OK;
-    if (!unit_pos && g->before_node)
+    if (!unit_pos && g->before_node && g->before_node_ctx != f)
         return tr_fail(err, "parallel.offload_overlap: the graph's node hook is taken");
     f->g = g;
     f->be = be;
+    /* planned again (a stage's runs, tr_optimizer_only): what the last plan made goes */
+    free(f->order);
+    free(f->need);
+    free(f->unit_begin);
+    free(f->unit_end);
+    free(f->due);
+    f->order = NULL;
+    f->need = NULL;
+    f->unit_begin = f->unit_end = NULL;
+    f->due = NULL;
+    tr_be_host_free(be, f->grads);
     build_chunks(o, g, be);
     size_t nc = f->n_chunks, unit = o->shard.unit ? o->shard.unit : 1;
     /* each chunk's first forward reader (n_nodes: none, so last), or its
@@ -662,10 +690,11 @@ int tr_optimizer_offload_overlap(struct tr_optimizer *o, struct tr_graph *g,
             if (reads_chunk(g, &g->nodes[i], &f->chunks[f->order[k]]))
                 f->need[i] = (long)k;
     free(first);
-    f->grads = tr_be_host_alloc(be, (o->owned ? o->owned : 1) * sizeof(float));
+    size_t packed = nc ? f->chunks[nc - 1].packed + f->chunks[nc - 1].n : 0;
+    f->grads = tr_be_host_alloc(be, (packed ? packed : 1) * sizeof(float));
     if (!f->grads)
         return tr_fail(err, "out of host memory for the offloaded gradients (%zu parameters, 4 "
-                       "bytes each); set parallel.offload_overlap = false", o->owned);
+                       "bytes each); set parallel.offload_overlap = false", packed);
     f->overlap = 1;
     if (!unit_pos) {
         g->before_node = offload_before_node;

@@ -24,7 +24,7 @@ struct tr_optimizer {
     /* a pipeline stage (no shard level): the step updates only these runs
      * of the flat buffer, the parameters its chunks read; the state keeps
      * the whole buffer's layout and the rest of it is never touched.
-     * NULL: every run it owns */
+     * NULL: every run it owns.  Set by tr_optimizer_only. */
     const struct tr_shard_run *only;
     size_t n_only;
     /* parallel.offload = "optimizer" (tr_optimizer_offload): state[] and
@@ -38,8 +38,12 @@ struct tr_optimizer {
 int tr_optimizer_init(struct tr_optimizer *o, const struct tr_optimizer_config *cfg,
                       const struct tr_graph *g, const struct tr_backend *be,
                       const struct tr_shard *shard, tr_err *err);
-/* Calls fn for each run of the flat buffer this optimizer owns, with the
- * offset of its state in state[k]. */
+/* A pipeline stage's optimizer: only these runs (alive while it is), an
+ * offloaded update overlapping the forward planned again for them. */
+int tr_optimizer_only(struct tr_optimizer *o, const struct tr_shard_run *runs, size_t n,
+                      tr_err *err);
+/* Calls fn for each run of the flat buffer this optimizer owns (`only`'s,
+ * where set), with the offset of its state in state[k]. */
 void tr_optimizer_runs(const struct tr_optimizer *o,
                        void (*fn)(void *ctx, struct tr_shard_run run, size_t state_at), void *ctx);
 /* Update the parameters it owns; grad_scale multiplies every gradient
@@ -48,16 +52,18 @@ void tr_optimizer_step(struct tr_optimizer *o, struct tr_graph *g, const struct 
                        double grad_scale, double lr);
 void tr_optimizer_free(struct tr_optimizer *o, const struct tr_backend *be);
 
-/* Move an initialised optimizer's state to host memory (pinned where the
- * device backend `be` offers it) and update it there with `host`, the CPU
+/* Move an initialised optimizer's state to host memory (`host`'s own:
+ * pages resident once written) and update it there with `host`, the CPU
  * backend: each step brings the gradients of the parts it owns (all, or
- * this rank's under a shard level) down and their updated parameters up in
- * chunks of chunk_floats, the next chunk's download and the previous one's
- * upload overlapping the update of the current one (a worker thread).  The
- * host keeps the state and an fp32 master copy of the owned parts only,
- * packed as state[] is.  The master copy is read from the device's
- * parameters at the first step after this or tr_optimizer_params_changed.
- * Not for a pipeline stage's optimizer (`only`). */
+ * this rank's under a shard level, or a stage's runs) down (through
+ * buffers pinned where the device backend `be` offers it) and their
+ * updated parameters up in chunks of chunk_floats, the next chunk's
+ * download and the previous one's upload overlapping the update of the
+ * current one (a worker thread).  The host keeps the state and an fp32
+ * master copy laid out as state[] is (a shard level's parts packed; a
+ * stage's runs at their offsets, the rest never written).  The master copy
+ * is read from the device's parameters at the first step after this or
+ * tr_optimizer_params_changed. */
 int tr_optimizer_offload(struct tr_optimizer *o, const struct tr_backend *be,
                          const struct tr_backend *host, size_t chunk_floats, tr_err *err);
 /* Offloaded: overlap each step's host update with the next forward.  The

@@ -265,8 +265,9 @@ struct tr_pipe_exec *tr_pipe_exec_new(struct tr_session *s, tr_err *err)
     x->group = tr_xcalloc((size_t)(x->P * x->D), sizeof *x->group);
     for (int i = 0; i < s->g->n_tensors; i++)
         x->owner[i] = s->g->tensors[i].role == TR_ROLE_PARAM ? first_reader(x->readers[i]) : -1;
-    s->opt.only = x->own; /* the update of the parameters this stage reads */
-    s->opt.n_only = x->n_own;
+    /* the update of the parameters this stage reads */
+    if (tr_optimizer_only(&s->opt, x->own, x->n_own, err) != TR_OK)
+        goto fail;
     for (int v = 0; v < x->V; v++) {
         size_t b = find_ranges(x, s->g, v * x->P + x->stage);
         x->stash_bytes = b > x->stash_bytes ? b : x->stash_bytes;
@@ -653,22 +654,23 @@ int tr_pipe_exec_sumsq(struct tr_pipe_exec *x, struct tr_session *s, double *sum
     return rc;
 }
 
-/* [off, off + n) of buf (backend memory) from stage `root` to the ranks
- * that keep it (`all`, or rank 0 only: the others let it pass), through the
- * host (an upload marks the backend's copies of the parameters stale, as a
- * write from the comm plugin would not). */
-static int share_range(struct tr_pipe_exec *x, struct tr_session *s, float *buf, size_t n, int root,
-                       int all, tr_err *err)
+/* [off, off + n) of buf (be's memory: the device's, or the host's for an
+ * offloaded optimizer state) from stage `root` to the ranks that keep it
+ * (`all`, or rank 0 only: the others let it pass), through the host (an
+ * upload marks the backend's copies of the parameters stale, as a write
+ * from the comm plugin would not). */
+static int share_range(struct tr_pipe_exec *x, struct tr_session *s, const struct tr_backend *be,
+                       float *buf, size_t n, int root, int all, tr_err *err)
 {
     size_t chunk = x->bounce_bytes / sizeof(float);
     for (size_t at = 0; at < n; at += chunk) {
         size_t k = n - at < chunk ? n - at : chunk;
         if (s->rank == root)
-            tr_be_download(&s->be, x->bounce, buf + at, k * sizeof(float));
+            tr_be_download(be, x->bounce, buf + at, k * sizeof(float));
         if (tr_comm_broadcast_host(x->comm, x->bounce, k * sizeof(float), root, err) != TR_OK)
             return TR_ERROR;
         if (s->rank != root && (all || s->rank == 0))
-            tr_be_upload(&s->be, buf + at, x->bounce, k * sizeof(float));
+            tr_be_upload(be, buf + at, x->bounce, k * sizeof(float));
     }
     return TR_OK;
 }
@@ -678,16 +680,18 @@ int tr_pipe_exec_share(struct tr_pipe_exec *x, struct tr_session *s, enum tr_pip
 {
     const struct tr_graph *g = s->g;
     int all = what == TR_PIPE_SHARE_PARAMS;
+    const struct tr_backend *sbe = tr_optimizer_state_backend(&s->opt, &s->be);
     for (int i = 0; i < g->n_tensors; i++) {
         const struct tr_tensor *t = &g->tensors[i];
         /* replica 0's stage (rank = stage) */
         int root = t->role == TR_ROLE_PARAM ? first_reader(x->readers[i]) : -1;
         if (root < 0)
             continue;
-        if (share_range(x, s, g->params + t->offset, t->numel, root, all, err) != TR_OK)
+        if (share_range(x, s, &s->be, g->params + t->offset, t->numel, root, all, err) != TR_OK)
             return TR_ERROR;
         for (int k = 0; !all && k < TR_OPTIMIZER_MAX_SLOTS && s->opt.state[k]; k++)
-            if (share_range(x, s, s->opt.state[k] + t->offset, t->numel, root, 0, err) != TR_OK)
+            if (share_range(x, s, sbe, s->opt.state[k] + t->offset, t->numel, root, 0, err) !=
+                TR_OK)
                 return TR_ERROR;
     }
     return TR_OK;
@@ -698,6 +702,8 @@ void tr_pipe_exec_release(struct tr_pipe_exec *x, struct tr_session *s)
     const struct tr_graph *g = s->g;
     if (!tr_be_can_discard(&s->be))
         return;
+    /* the optimizer state where it is: the host's when offloaded */
+    const struct tr_backend *sbe = tr_optimizer_state_backend(&s->opt, &s->be);
     size_t at = 0;
     for (size_t i = 0; i <= x->n_own; i++) { /* the gaps between this stage's runs */
         size_t end = i < x->n_own ? x->own[i].begin : g->n_params;
@@ -706,7 +712,8 @@ void tr_pipe_exec_release(struct tr_pipe_exec *x, struct tr_session *s)
             tr_be_discard(&s->be, g->params + at, b);
             tr_be_discard(&s->be, g->grads + at, b);
             for (int k = 0; k < TR_OPTIMIZER_MAX_SLOTS && s->opt.state[k]; k++)
-                tr_be_discard(&s->be, s->opt.state[k] + at, b);
+                if (tr_be_can_discard(sbe))
+                    tr_be_discard(sbe, s->opt.state[k] + at, b);
         }
         if (i < x->n_own)
             at = x->own[i].end;

@@ -142,6 +142,7 @@ static void restore(struct run *r, const struct tr_run_state *st)
 static int save(struct run *r, uint64_t loader_position, int now, tr_err *err)
 {
     struct tr_run_state st;
+    tr_session_settle(&r->s); /* an offloaded update still running: its parameters up */
     /* pipeline stages: each writes its own parameters where the checkpoint
      * plugin takes one checkpoint from several ranks; else the whole model
      * to rank 0, which writes it, then each keeps its own again */

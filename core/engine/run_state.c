@@ -225,6 +225,7 @@ int tr_state_save_owned(struct tr_session *s, const struct tr_run_state *st, con
 {
     /* the layout of no shard level over every rank: the blobs' names and
      * the manifest's world; owner says who writes what */
+    tr_session_settle(s); /* an offloaded update overlapping: every part up first */
     struct tr_shard all;
     tr_shard_init(&all, s->g->n_params, s->g->n_params, s->rank, s->world, TR_SHARD_NONE);
     struct tr_ckpt_rank r = ckpt_rank(s);
@@ -281,6 +282,22 @@ static int share_shards(struct tr_session *s, float *const *full, tr_err *err)
     return TR_OK;
 }
 
+/* A slot of the optimizer state from rank 0 to every rank: device memory
+ * straight, an offloaded state's host memory through the communicator's
+ * staging a piece at a time (pipeline stages keep whole-model slots; each
+ * gives back what its chunks do not read once resumed). */
+static int broadcast_state(struct tr_session *s, float *slot, size_t bytes, tr_err *err)
+{
+    if (state_backend(s) == &s->be)
+        return tr_comm_broadcast(s->comm, slot, bytes, 0, err);
+    const size_t piece = (size_t)64 << 20;
+    for (size_t at = 0; at < bytes; at += piece)
+        if (tr_comm_broadcast_host(s->comm, (char *)slot + at, bytes - at < piece ? bytes - at : piece,
+                                   0, err) != TR_OK)
+            return TR_ERROR;
+    return TR_OK;
+}
+
 /* Rank 0 resumed (or not); every rank takes the same state from it:
  * whether there was a checkpoint, the run state, weights and optimizer. */
 static int share_resume(struct tr_session *s, int *rc, struct tr_run_state *st, char *name,
@@ -311,7 +328,7 @@ static int share_resume(struct tr_session *s, int *rc, struct tr_run_state *st, 
     if (tr_state_sharded(s)) /* rank 0 read the full state; each rank keeps its shard */
         return share_shards(s, full, err); /* (the run then discards others' parameters) */
     for (int k = 0; k < s->opt.desc->state_slots; k++)
-        if (tr_comm_broadcast(s->comm, s->opt.state[k], bytes, 0, err) != TR_OK)
+        if (broadcast_state(s, s->opt.state[k], bytes, err) != TR_OK)
             return TR_ERROR;
     return TR_OK;
 }

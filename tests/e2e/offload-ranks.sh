@@ -22,7 +22,16 @@
 #     its parts, through device memory into host memory) trains as the same
 #     resume without offload; so does a run whose checkpoint plugin cannot
 #     take blobs from several ranks (rank 0 gathers the host state to save);
-#   - the plan of a Llama-3-8B on 8 H100s keeps 1/8 of the state a host.
+#   - with 2 pipeline stages (one replica) each stage's host keeps the state
+#     of the parameters its chunks read: offloaded and not agree as above,
+#     overlapped and within the step bit for bit, the stages' checkpoint
+#     resumes offloaded bit for bit, one process's checkpoint resumed by
+#     offloaded stages trains as without offload; the host's discarded
+#     pages are made inaccessible (TRAINRUN_CPU_DISCARD=strict), so a stage
+#     touching another's host state faults (replicas of stages are
+#     refused: offload.sh);
+#   - the plan of a Llama-3-8B on 8 H100s keeps 1/8 of the state a host,
+#     on 2 stages the largest stage's share.
 . "$(dirname "$0")/lib.sh"
 nccl_harness # $CUDA_TRAINRUN: trainrun with the harness's comm_nccl.so (lib.sh)
 export CUDACPU_NCCL_CHUNK=1024
@@ -131,6 +140,33 @@ else
   echo "no checkpoint_old_local.so: the gathered save is not checked"
 fi
 
+# pipeline stages: each stage's host keeps its own parameters' state
+export TRAINRUN_CPU_DISCARD=strict
+run pipe parallel.pipeline=2
+# shellcheck disable=SC2086
+run pipe_off parallel.pipeline=2 $off
+grep -q "overlapping the next forward" pipe_off.txt ||
+  { cat pipe_off.txt; fail "pipe_off: the update does not overlap the forward"; }
+agree pipe pipe_off $tol "loss val_loss grad_norm"
+close pipe pipe_off "2 stages, offloaded and not"
+# shellcheck disable=SC2086
+run pipe_in_step parallel.pipeline=2 $off parallel.offload_overlap=false
+same pipe_off pipe_in_step "2 stages: the update overlapped and within the step"
+# shellcheck disable=SC2086
+from3 pipe_off_resumed pipe_off parallel.pipeline=2 $off
+same pipe_off pipe_off_resumed "offloaded stages resumed from their own checkpoint"
+for d in one_to_stages one_to_stages_off; do
+  mkdir "$d" && cp -r one/checkpoints "$d/"
+done
+run one_to_stages --resume auto parallel.pipeline=2
+# shellcheck disable=SC2086
+run one_to_stages_off --resume auto parallel.pipeline=2 $off
+grep -q "resumed from checkpoint step-0000000003" one_to_stages_off.txt ||
+  { cat one_to_stages_off.txt; fail "one_to_stages_off did not resume"; }
+agree one_to_stages one_to_stages_off $tol "loss val_loss grad_norm"
+close one_to_stages one_to_stages_off "one process's checkpoint resumed by 2 stages, offloaded and not"
+unset TRAINRUN_CPU_DISCARD
+
 # the plan: a Llama-3-8B full fine-tune on 8 H100s, ZeRO-2 with the state
 # offloaded: each host 1/8 of the state, of the master copy and of the
 # gradients (the overlap's) one GPU's offload keeps
@@ -140,11 +176,19 @@ sed -e '/lora =/d' "$TR_SRCDIR/recipes/qlora-llama3-8b.lua" > full8b.lua
 "$TRAINRUN" plan full8b.lua cost.hardware=h100-80gb parallel.offload=optimizer \
   > plan1.txt 2>&1 || { cat plan1.txt; fail "8B plan on 1 GPU"; }
 grep -q "and their gradients" plan8.txt || { cat plan8.txt; fail "plan: no host gradients on 8 GPUs"; }
+"$TRAINRUN" plan full8b.lua cost.hardware=h100-80gb gpus=2 parallel.pipeline=2 \
+  parallel.offload=optimizer > plan_pp.txt 2>&1 || { cat plan_pp.txt; fail "8B plan on 2 stages"; }
+hp=$(awk '/host \(offload\)/ { print $3, $4; exit }' plan_pp.txt)
+grep -q "optimizer state of the largest stage's parameters" plan_pp.txt ||
+  { cat plan_pp.txt; fail "plan: whose parameters on 2 stages"; }
+awk -v a="$hp" -v b="$(awk '/host \(offload\)/ { print $3, $4; exit }' plan1.txt)" 'BEGIN {
+  split(a, x, " "); split(b, y, " "); r = x[1] / y[1]; exit !(x[2] == "GiB" && r > 0.45 && r < 0.6) }' ||
+  { cat plan_pp.txt; fail "plan: the largest of 2 stages' hosts holds $hp, not about half"; }
 h8=$(awk '/host \(offload\)/ { print $3, $4; exit }' plan8.txt)
 h1=$(awk '/host \(offload\)/ { print $3, $4; exit }' plan1.txt)
 grep -q "optimizer state of a device's parts" plan8.txt || { cat plan8.txt; fail "plan: whose parts"; }
 awk -v a="$h8" -v b="$h1" 'BEGIN { split(a, x, " "); split(b, y, " ");
   if (x[2] != "GiB" || y[2] != "GiB") exit 1; r = y[1] / x[1]; exit !(r > 7.99 && r < 8.01) }' ||
   { cat plan8.txt plan1.txt; fail "plan: the host holds $h8 on 8 GPUs, $h1 on one: not an eighth"; }
-echo "offload-ranks: 8B host memory a rank: $h1 alone, $h8 on 8 GPUs at shard = gradients (both overlapped)"
+echo "offload-ranks: 8B host memory a rank: $h1 alone, $h8 on 8 GPUs at shard = gradients, $hp on the largest of 2 stages (all overlapped)"
 echo "offload-ranks: ok"

@@ -6,7 +6,8 @@
 # within a tight tolerance, for a GPT (AdamW, SGD, fp16 with skipped steps)
 # and a Llama (fp32, bf16); resumes across offload on and off in both
 # directions, and after SIGTERM bit-identical; the refusals (device=cpu,
-# pipeline stages, several ranks without a shard level); and the plan's device and host figures, for
+# data-parallel replicas of pipeline stages, several ranks without a shard level or stages); and
+# the plan's device and host figures, for
 # a tiny Llama and a Llama-3-8B.
 #
 # The tolerances: the host's update is the CPU backend's kernel, the
@@ -170,10 +171,14 @@ if "$TRAINRUN" cpu.lua device=cpu train.steps=1 run_dir=cpu > cpu.txt 2>&1; then
 fi
 grep -q 'cpu.lua:4: parallel.offload = "optimizer" on device = "cpu": nothing to offload to: the optimizer state is in host memory already' cpu.txt ||
   { cat cpu.txt; fail "the device=cpu refusal does not say why, or where"; }
-"$TRAINRUN" cpu.lua parallel.pipeline=2 procs=2 train.steps=1 run_dir=pipe > pipe.txt 2>&1 &&
-  { cat pipe.txt; fail "parallel.offload ran with pipeline stages"; }
-grep -q 'cpu.lua:4: parallel.offload = "optimizer" with pipeline = 2 is not supported yet' pipe.txt ||
-  { cat pipe.txt; fail "the pipeline refusal does not say why"; }
+# 2 replicas of 2 stages would each keep their stages' state on the host
+# (stages of one replica: offload-ranks.sh)
+TRAINRUN_BACKEND_PATH=$TR_CUDACPU_DIR "$TRAINRUN" cpu.lua device=cuda parallel.pipeline=2 procs=4 \
+  train.steps=1 run_dir=pipe > pipe.txt 2>&1 &&
+  { cat pipe.txt; fail "parallel.offload ran with replicas of pipeline stages"; }
+grep -q 'cpu.lua:4: parallel.offload = "optimizer" with pipeline = 2 on 4 ranks: each of the 2 data-parallel replicas' pipe.txt ||
+  { cat pipe.txt; fail "the refusal of replicas of stages does not say why"; }
+! grep -q "launch:" pipe.txt || { cat pipe.txt; fail "replicas of stages: ranks started before the refusal"; }
 # several ranks without a shard level would each keep the whole state on
 # their host: refused before any rank starts (gpus= or procs=; a job
 # launched from outside, by mpirun, is refused by each rank's session,
