@@ -391,6 +391,9 @@ static void print_pipeline(const struct tr_plan *p, FILE *out)
         pp->kind == TR_PIPE_INTERLEAVED ? "V·" : "", 100 * pp->bubble_simulated);
     row(out, "", "(memory per stage estimated: its share of the weights and their state, the "
         "activations of the micro-batches it holds; communication not counted)");
+    if (pp->state_parted)
+        row(out, "", "(the state of each stage cut over its %d replicas: parallel.shard = "
+            "\"optimizer\")", pp->replicas);
     row(out, "", "(a stage keeps its share resident where the backend gives memory back (cpu); "
         "the activations of the micro-batches in flight wait in host memory)");
 }

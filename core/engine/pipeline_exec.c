@@ -36,6 +36,12 @@ struct tr_pipe_exec {
     uint64_t *readers;
     struct tr_shard_run *own;
     size_t n_own;
+    /* parallel.shard = "optimizer" with replicas (ZeRO-1 inside stages):
+     * the runs of own this replica updates and keeps state for, its part
+     * of each unit of the replicas' layout (shard.h, world D); else own */
+    struct tr_shard_run *upd;
+    size_t n_upd;
+    int zero;
     int *owner;                           /* tr_pipe_exec_owners */
     int *group;                           /* [P * D]: the ranks summing one tensor */
     /* buffers: a host bounce for copies between backend buffers, packed
@@ -191,6 +197,41 @@ static void find_own(struct tr_pipe_exec *x, const struct tr_graph *g)
     }
 }
 
+/* The runs of own this replica updates: all of them, or under
+ * shard = "optimizer" with replicas its part of each unit of a layout over
+ * the replicas (the unit is parallel.bucket_mb's, as without stages). */
+static void find_updated(struct tr_pipe_exec *x, const struct tr_session *s)
+{
+    x->upd = x->own;
+    x->n_upd = x->n_own;
+    x->zero = x->D > 1 && s->cfg->parallel.shard_level == TR_SHARD_OPTIMIZER;
+    if (!x->zero)
+        return;
+    struct tr_shard layout;
+    tr_shard_init(&layout, s->g->n_params, tr_shard_unit_floats(s->cfg), x->replica, x->D,
+                  TR_SHARD_OPTIMIZER);
+    size_t cap = x->n_own + layout.n_units + 1;
+    x->upd = tr_xcalloc(cap, sizeof *x->upd);
+    x->n_upd = 0;
+    for (size_t u = 0; u < layout.n_units; u++) {
+        struct tr_shard_run p = tr_shard_part(&layout, u, x->replica);
+        for (size_t i = 0; i < x->n_own; i++) {
+            size_t b = p.begin > x->own[i].begin ? p.begin : x->own[i].begin;
+            size_t e = p.end < x->own[i].end ? p.end : x->own[i].end;
+            if (b >= e)
+                continue;
+            if (x->n_upd == cap) {
+                cap *= 2;
+                x->upd = tr_xrealloc(x->upd, cap * sizeof *x->upd);
+            }
+            if (x->n_upd && x->upd[x->n_upd - 1].end == b)
+                x->upd[x->n_upd - 1].end = e;
+            else
+                x->upd[x->n_upd++] = (struct tr_shard_run){b, e};
+        }
+    }
+}
+
 static int first_reader(uint64_t mask)
 {
     return mask ? __builtin_ctzll(mask) : -1;
@@ -223,6 +264,8 @@ void tr_pipe_exec_free(struct tr_pipe_exec *x, const struct tr_backend *be)
     free(x->ops);
     free(x->readers);
     free(x->own);
+    if (x->upd != x->own)
+        free(x->upd);
     free(x->owner);
     free(x->group);
     free(x->inputs);
@@ -265,8 +308,10 @@ struct tr_pipe_exec *tr_pipe_exec_new(struct tr_session *s, tr_err *err)
     x->group = tr_xcalloc((size_t)(x->P * x->D), sizeof *x->group);
     for (int i = 0; i < s->g->n_tensors; i++)
         x->owner[i] = s->g->tensors[i].role == TR_ROLE_PARAM ? first_reader(x->readers[i]) : -1;
-    /* the update of the parameters this stage reads */
-    if (tr_optimizer_only(&s->opt, x->own, x->n_own, err) != TR_OK)
+    /* the update of the parameters this stage reads (this replica's parts
+     * of them under a shard level) */
+    find_updated(x, s);
+    if (tr_optimizer_only(&s->opt, x->upd, x->n_upd, err) != TR_OK)
         goto fail;
     for (int v = 0; v < x->V; v++) {
         size_t b = find_ranges(x, s->g, v * x->P + x->stage);
@@ -318,6 +363,16 @@ struct tr_pipe_exec *tr_pipe_exec_new(struct tr_session *s, tr_err *err)
                                    s->g->nodes[x->chunk[c].last_node].name);
         tr_log(TR_LOG_INFO, NULL, "pipeline: %d stages, schedule %s, %d micro-batches a step; "
                "chunks (stage:[first..last node]) %s", x->P, tr_pipe_kinds[x->kind], x->M, line);
+    }
+    if (x->zero && s->rank == 0) {
+        size_t mine = 0, all = 0;
+        for (size_t i = 0; i < x->n_upd; i++)
+            mine += x->upd[i].end - x->upd[i].begin;
+        for (size_t i = 0; i < x->n_own; i++)
+            all += x->own[i].end - x->own[i].begin;
+        tr_log(TR_LOG_INFO, NULL, "optimizer state sharded over each stage's %d replicas: rank 0 "
+               "keeps %zu of its stage's %zu parameters' state (parallel.shard = optimizer)",
+               x->D, mine, all);
     }
     return x;
 fail:
@@ -711,11 +766,65 @@ void tr_pipe_exec_release(struct tr_pipe_exec *x, struct tr_session *s)
             size_t b = (end - at) * sizeof(float);
             tr_be_discard(&s->be, g->params + at, b);
             tr_be_discard(&s->be, g->grads + at, b);
-            for (int k = 0; k < TR_OPTIMIZER_MAX_SLOTS && s->opt.state[k]; k++)
-                if (tr_be_can_discard(sbe))
-                    tr_be_discard(sbe, s->opt.state[k] + at, b);
         }
         if (i < x->n_own)
             at = x->own[i].end;
     }
+    at = 0;
+    for (size_t i = 0; i <= x->n_upd && tr_be_can_discard(sbe); i++) { /* and the state's */
+        size_t end = i < x->n_upd ? x->upd[i].begin : g->n_params;
+        for (int k = 0; end > at && k < TR_OPTIMIZER_MAX_SLOTS && s->opt.state[k]; k++)
+            tr_be_discard(sbe, s->opt.state[k] + at, (end - at) * sizeof(float));
+        if (i < x->n_upd)
+            at = x->upd[i].end;
+    }
+}
+
+int tr_pipe_exec_zero(const struct tr_pipe_exec *x) { return x->zero; }
+
+/* buf (a flat buffer of the parameters' layout in be's memory) but this
+ * rank's updated runs, zeroed within [b, e). */
+static void zero_outside(const struct tr_pipe_exec *x, const struct tr_backend *be, float *buf,
+                         size_t b, size_t e)
+{
+    size_t at = b;
+    for (size_t i = 0; i < x->n_upd && at < e; i++) {
+        if (x->upd[i].end <= at)
+            continue;
+        size_t upto = x->upd[i].begin < e ? x->upd[i].begin : e;
+        if (upto > at)
+            tr_be_zero(be, buf + at, (upto - at) * sizeof(float));
+        at = x->upd[i].end > at ? x->upd[i].end : at;
+    }
+    if (at < e)
+        tr_be_zero(be, buf + at, (e - at) * sizeof(float));
+}
+
+int tr_pipe_exec_share_parts(struct tr_pipe_exec *x, struct tr_session *s, float *buf,
+                             const struct tr_backend *be, tr_err *err)
+{
+    const struct tr_graph *g = s->g;
+    int host = be != &s->be; /* an offloaded state: never with replicas (refused) */
+    if (!x->zero || host)
+        return TR_OK;
+    for (int i = 0; i < g->n_tensors; i++) {
+        const struct tr_tensor *t = &g->tensors[i];
+        if (t->role != TR_ROLE_PARAM || !t->numel || !(x->readers[i] >> x->stage & 1))
+            continue;
+        /* the first stage reading it adds its replica's parts, the other
+         * readers zeros: each float once in the sum */
+        tr_be_commit(be, buf + t->offset, t->numel * sizeof(float));
+        if (first_reader(x->readers[i]) == x->stage)
+            zero_outside(x, be, buf, t->offset, t->offset + t->numel);
+        else
+            tr_be_zero(be, buf + t->offset, t->numel * sizeof(float));
+        int n = 0;
+        for (int r = 0; r < x->D; r++)
+            for (int q = 0; q < x->P; q++)
+                if (x->readers[i] >> q & 1)
+                    x->group[n++] = r * x->P + q;
+        if (tr_comm_allreduce_group(x->comm, buf + t->offset, t->numel, x->group, n, err) != TR_OK)
+            return TR_ERROR;
+    }
+    return TR_OK;
 }

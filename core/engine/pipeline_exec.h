@@ -96,6 +96,20 @@ const int *tr_pipe_exec_owners(const struct tr_pipe_exec *x);
  * in place, and after each share.  A backend without discard keeps them. */
 void tr_pipe_exec_release(struct tr_pipe_exec *x, struct tr_session *s);
 
+/* parallel.shard = "optimizer" with data-parallel replicas (ZeRO-1 inside
+ * stages): each replica's stage updates, and keeps optimizer state for,
+ * only its part of each unit of a layout over the D replicas (shard.h);
+ * the gradients are summed whole as without it.  Whether this stage does. */
+int tr_pipe_exec_zero(const struct tr_pipe_exec *x);
+/* Under it, buf (the parameters after an update, or a state slot before a
+ * checkpoint; be's memory) whole on every replica again: each of this
+ * stage's tensors summed among its readers in every replica, the first
+ * reading stage adding its replica's parts and zeros elsewhere, the other
+ * readers zeros (tr_comm_allreduce_group: twice an all-gather's bytes, but
+ * a collective every comm plugin has).  Nothing otherwise. */
+int tr_pipe_exec_share_parts(struct tr_pipe_exec *x, struct tr_session *s, float *buf,
+                             const struct tr_backend *be, tr_err *err);
+
 /* The times of the last step's ops on this stage, for the trace: each
  * forward and backward, and each send and receive (with the micro-batch
  * and chunk of the op it comes before; -1 after the last); what is left of

@@ -143,12 +143,22 @@ static int save(struct run *r, uint64_t loader_position, int now, tr_err *err)
 {
     struct tr_run_state st;
     tr_session_settle(&r->s); /* an offloaded update still running: its parameters up */
+    /* a stage's replicas each keep a part of its optimizer state: whole for
+     * the save, then parted again */
+    for (int k = 0; r->pipe && k < r->s.opt.desc->state_slots; k++)
+        if (tr_pipe_exec_share_parts(r->pipe, &r->s, r->s.opt.state[k],
+                                     tr_optimizer_state_backend(&r->s.opt, &r->s.be),
+                                     err) != TR_OK)
+            return TR_ERROR;
     /* pipeline stages: each writes its own parameters where the checkpoint
      * plugin takes one checkpoint from several ranks; else the whole model
      * to rank 0, which writes it, then each keeps its own again */
     if (r->pipe && tr_state_can_save_owned(&r->s)) {
         capture(r, loader_position, &st);
-        return tr_state_save_owned(&r->s, &st, tr_pipe_exec_owners(r->pipe), err);
+        int rc = tr_state_save_owned(&r->s, &st, tr_pipe_exec_owners(r->pipe), err);
+        if (tr_pipe_exec_zero(r->pipe))
+            tr_pipe_exec_release(r->pipe, &r->s);
+        return rc;
     }
     if (r->pipe && tr_pipe_exec_share(r->pipe, &r->s, TR_PIPE_SHARE_SAVE, err) != TR_OK)
         return TR_ERROR;
@@ -534,7 +544,12 @@ static int update(struct run *r, double scale, tr_err *err)
     double tg = tr_now();
     l->t_optimizer += tg - t0;
     tr_trace_phase(r->j.trace, "optimizer", l->step, t0, tg);
-    if (apply && s->share) /* updated parts to all as the host finishes them (gather.h) */
+    if (apply && r->pipe && tr_pipe_exec_zero(r->pipe)) { /* a stage's replicas' parts to all */
+        if (tr_pipe_exec_share_parts(r->pipe, s, s->g->params, &s->be, err) != TR_OK)
+            return TR_ERROR;
+        l->t_comm += tr_now() - tg;
+        tr_trace_phase(r->j.trace, "parameter all-gather", l->step, tg, tr_now());
+    } else if (apply && s->share) /* updated parts to all as the host finishes them (gather.h) */
         tr_gather_refresh(s->share);
     else if (apply && s->comm && tr_state_sharded(s) && !s->gather) { /* updated parts to all */
         if (tr_state_share_params(s, err) != TR_OK)

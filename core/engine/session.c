@@ -125,6 +125,8 @@ struct tr_fit_model tr_session_fit_model(const struct tr_session *s)
                  (*cfg->cost.hardware && strcmp(cfg->cost.hardware, "cpu") != 0));
     /* the optimizer state is cut over the run's ranks, or the plan's devices */
     int64_t ranks = s->mode == TR_SESSION_PLAN ? cfg->cost.count : s->world;
+    if (cfg->parallel.pipeline > 1) /* a stage's state is cut over its replicas */
+        ranks = ranks >= cfg->parallel.pipeline ? ranks / cfg->parallel.pipeline : 1;
     int shard_world = cfg->parallel.shard_level != TR_SHARD_NONE && ranks > 1 ? (int)ranks : 1;
     return (struct tr_fit_model){cfg, &s->be, s->policy.compute, slots, other, shard_world,
                                  shard_world > 1 ? cfg->parallel.shard_level : TR_SHARD_NONE,
@@ -352,7 +354,9 @@ static int plan_memory(struct tr_session *s, tr_err *err)
     struct tr_config *cfg = s->cfg;
     /* an evaluation keeps no optimizer state (nor gradients) */
     int slots = training(s) ? tr_session_fit_model(s).optimizer_slots : 0;
-    enum tr_shard_level level = s->replicas > 1 ? cfg->parallel.shard_level : TR_SHARD_NONE;
+    /* pipeline stages shard their own optimizer state (pipeline_exec.h) */
+    enum tr_shard_level level = s->replicas > 1 && !tr_session_stages(s)
+                                    ? cfg->parallel.shard_level : TR_SHARD_NONE;
     if (level == TR_SHARD_PARAMETERS && !tr_be_can_discard(&s->be))
         return tr_fail(err, "parallel.shard = \"parameters\": the %s backend cannot give "
                        "memory back (its discard slot), which sharded parameters need; use "
@@ -644,9 +648,11 @@ static int check_pipeline(struct tr_session *s, tr_err *err)
                        "procs = %lld x the data-parallel replicas (this run has %d rank%s)", where,
                        (long long)par->pipeline, (long long)par->pipeline, s->world,
                        s->world == 1 ? "" : "s");
-    if (par->shard_level != TR_SHARD_NONE)
+    if (par->shard_level > TR_SHARD_OPTIMIZER)
         return tr_fail(err, "%s: parallel.pipeline with parallel.shard = \"%s\": sharding a "
-                       "pipeline stage is not in this version; drop one of them", where,
+                       "pipeline stage's gradients or parameters is not in this version; use "
+                       "shard = \"optimizer\" (each replica of a stage keeps its part of the "
+                       "stage's optimizer state) or drop it", where,
                        tr_shard_level_name(par->shard_level));
     s->replicas = s->world / (int)par->pipeline;
     return TR_OK;
