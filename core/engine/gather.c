@@ -385,11 +385,20 @@ static void round_both(void *ctx, size_t u)
 
 /* ---- at run time -------------------------------------------------------------- */
 
-static void release(struct tr_gather *gt, size_t u)
+/* Unit u here, if its gather is in flight (a failure is the
+ * communicator's, reported at its next wait). */
+static void arrive(struct tr_gather *gt, size_t u)
 {
     tr_err err = {{0}};
-    if (gt->state[u] == IN_FLIGHT) /* a failure stays with the comm: the step's finish reports it */
+    if (gt->state[u] == IN_FLIGHT) {
         tr_comm_wait(gt->c, gt->ticket[u], &err);
+        gt->state[u] = RESIDENT;
+    }
+}
+
+static void release(struct tr_gather *gt, size_t u)
+{
+    arrive(gt, u);
     tr_shard_discard_others(gt->be, gt->g->params, &gt->s, u);
     if (gt->params16) { /* all of it: the owner's part is rounded again at each gather */
         struct tr_shard_run r = tr_shard_unit(&gt->s, u);
@@ -457,15 +466,9 @@ static int find_event(const struct pass *p, int from, int node, int phase)
 /* Until node's units in flight have arrived (the wait is communication). */
 static void wait_units(struct tr_gather *gt, int node)
 {
-    tr_err err = {{0}}; /* a failure is the communicator's, reported at its next wait */
     double t0 = tr_now();
-    for (int k = gt->ustart[node]; k < gt->ustart[node + 1]; k++) {
-        size_t u = gt->units[k];
-        if (gt->state[u] == IN_FLIGHT) {
-            tr_comm_wait(gt->c, gt->ticket[u], &err);
-            gt->state[u] = RESIDENT;
-        }
-    }
+    for (int k = gt->ustart[node]; k < gt->ustart[node + 1]; k++)
+        arrive(gt, gt->units[k]);
     gt->waited += tr_now() - t0;
 }
 
@@ -523,33 +526,28 @@ void tr_gather_set_ready(struct tr_gather *gt, void (*fn)(void *ctx, size_t u), 
     gt->ready_ctx = ctx;
 }
 
-/* Units by their first reader in the forward (node order), then the
- * unread ones by place. */
-static int by_first(const void *a, const void *b, void *ctx)
+/* order[0..n_units): the units by their first reader in the forward (node
+ * order), then the unread ones, each by place. */
+static void forward_order(const struct tr_gather *gt, size_t *order)
 {
-    const int *first = ctx;
-    size_t x = *(const size_t *)a, y = *(const size_t *)b;
-    if (first[x] != first[y])
-        return first[x] < first[y] ? -1 : 1;
-    return x < y ? -1 : x > y;
+    size_t n = gt->s.n_units;
+    long *first = tr_xcalloc(n ? n : 1, sizeof *first);
+    for (size_t u = 0; u < n; u++)
+        first[u] = gt->g->n_nodes;
+    for (int i = gt->g->n_nodes - 1; i >= 0; i--)
+        for (int k = gt->ustart[i]; k < gt->ustart[i + 1]; k++)
+            first[gt->units[k]] = i;
+    tr_order_by_key(order, n, first);
+    free(first);
 }
 
 void tr_gather_unit_positions(const struct tr_gather *gt, size_t *pos)
 {
     size_t n = gt->s.n_units;
-    int *first = tr_xcalloc(n ? n : 1, sizeof *first);
     size_t *order = tr_xcalloc(n ? n : 1, sizeof *order);
-    for (size_t u = 0; u < n; u++) {
-        first[u] = gt->g->n_nodes;
-        order[u] = u;
-    }
-    for (int i = gt->g->n_nodes - 1; i >= 0; i--)
-        for (int k = gt->ustart[i]; k < gt->ustart[i + 1]; k++)
-            first[gt->units[k]] = i;
-    qsort_r(order, n, sizeof *order, by_first, first);
+    forward_order(gt, order);
     for (size_t k = 0; k < n; k++)
         pos[order[k]] = k;
-    free(first);
     free(order);
 }
 
@@ -557,12 +555,8 @@ void tr_gather_refresh(struct tr_gather *gt)
 {
     size_t n = gt->s.n_units;
     if (!gt->order) {
-        size_t *pos = tr_xcalloc(n ? n : 1, sizeof *pos);
         gt->order = tr_xcalloc(n ? n : 1, sizeof *gt->order);
-        tr_gather_unit_positions(gt, pos);
-        for (size_t u = 0; u < n; u++)
-            gt->order[pos[u]] = u;
-        free(pos);
+        forward_order(gt, gt->order);
     }
     for (size_t k = 0; k < n; k++) {
         size_t u = gt->order[k];
@@ -576,12 +570,8 @@ void tr_gather_refresh(struct tr_gather *gt)
 
 void tr_gather_settle(struct tr_gather *gt)
 {
-    tr_err err = {{0}};
     for (size_t u = 0; u < gt->s.n_units; u++)
-        if (gt->state[u] == IN_FLIGHT) {
-            tr_comm_wait(gt->c, gt->ticket[u], &err);
-            gt->state[u] = RESIDENT;
-        }
+        arrive(gt, u);
 }
 
 void tr_gather_release_all(struct tr_gather *gt)

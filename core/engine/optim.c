@@ -229,7 +229,8 @@ struct tr_offload {
     unsigned char *due;
     struct tr_graph *g;
     const struct tr_backend *be;
-    double waited;            /* seconds the trainer's thread waited for the worker */
+    double waited;            /* seconds waited for the worker: the trainer's thread, or
+                               * the communication thread under a shard level (under lock) */
     double busy;              /* seconds the worker has updated (under lock) */
 };
 
@@ -285,6 +286,22 @@ static void offload_wait(struct tr_offload *f, size_t n)
     pthread_mutex_unlock(&f->lock);
 }
 
+/* What tr_optimizer_offload_overlap planned (be: the device backend). */
+static void overlap_plan_free(struct tr_offload *f, const struct tr_backend *be)
+{
+    free(f->order);
+    free(f->need);
+    free(f->unit_begin);
+    free(f->unit_end);
+    free(f->due);
+    tr_be_host_free(be, f->grads);
+    f->order = NULL;
+    f->need = NULL;
+    f->unit_begin = f->unit_end = NULL;
+    f->due = NULL;
+    f->grads = NULL;
+}
+
 static void offload_free(struct tr_optimizer *o, const struct tr_backend *be)
 {
     struct tr_offload *f = o->offload;
@@ -307,14 +324,9 @@ static void offload_free(struct tr_optimizer *o, const struct tr_backend *be)
     tr_be_free(f->host, f->master);
     tr_be_host_free(be, f->grad[0]);
     tr_be_host_free(be, f->grad[1]);
-    tr_be_host_free(be, f->grads);
+    overlap_plan_free(f, be);
     free(f->chunks);
     free(f->jobs);
-    free(f->order);
-    free(f->need);
-    free(f->unit_begin);
-    free(f->unit_end);
-    free(f->due);
     free(f);
     o->offload = NULL;
 }
@@ -507,7 +519,9 @@ void tr_optimizer_offload_ready(void *ctx, size_t u)
     if (due)
         f->waited += tr_now() - t0;
     pthread_mutex_unlock(&f->lock);
-    for (size_t k = due ? f->unit_begin[u] : 0; k < (due ? f->unit_end[u] : 0); k++)
+    if (!due) /* none queued this step, or already up */
+        return;
+    for (size_t k = f->unit_begin[u]; k < f->unit_end[u]; k++)
         upload_chunk(f, &f->chunks[f->order[k]]);
 }
 
@@ -574,7 +588,7 @@ static void offload_step(struct tr_optimizer *o, struct tr_graph *g, const struc
     struct tr_offload *f = o->offload;
     f->g = g;
     f->be = be;
-    tr_optimizer_settle(o); /* the last step's parameters all up (none read them since?) */
+    tr_optimizer_settle(o); /* the last step's parameters all up before a new update */
     if (f->stale) { /* the device's parameters are the truth until the first update */
         struct master_ctx mc = {f, g, be};
         tr_optimizer_runs(o, read_master, &mc);
@@ -607,17 +621,6 @@ static void offload_step(struct tr_optimizer *o, struct tr_graph *g, const struc
     upload_chunk(f, &f->chunks[f->n_chunks - 1]);
 }
 
-/* chunk indices by their first forward reader (or their unit's place in
- * the gathers' order), then by place */
-static int by_first_read(const void *a, const void *b, void *ctx)
-{
-    const long *first = ctx;
-    size_t x = *(const size_t *)a, y = *(const size_t *)b;
-    if (first[x] != first[y])
-        return first[x] < first[y] ? -1 : 1;
-    return x < y ? -1 : x > y;
-}
-
 /* whether node n reads any of chunk ch's floats as a parameter */
 static int reads_chunk(const struct tr_graph *g, const struct tr_node *n,
                        const struct offload_chunk *ch)
@@ -642,17 +645,7 @@ int tr_optimizer_offload_overlap(struct tr_optimizer *o, struct tr_graph *g,
         return tr_fail(err, "parallel.offload_overlap: the graph's node hook is taken");
     f->g = g;
     f->be = be;
-    /* planned again (a stage's runs, tr_optimizer_only): what the last plan made goes */
-    free(f->order);
-    free(f->need);
-    free(f->unit_begin);
-    free(f->unit_end);
-    free(f->due);
-    f->order = NULL;
-    f->need = NULL;
-    f->unit_begin = f->unit_end = NULL;
-    f->due = NULL;
-    tr_be_host_free(be, f->grads);
+    overlap_plan_free(f, be); /* planned again (a stage's runs, tr_optimizer_only) */
     build_chunks(o, g, be);
     size_t nc = f->n_chunks, unit = o->shard.unit ? o->shard.unit : 1;
     /* each chunk's first forward reader (n_nodes: none, so last), or its
@@ -664,10 +657,9 @@ int tr_optimizer_offload_overlap(struct tr_optimizer *o, struct tr_graph *g,
             if (reads_chunk(g, &g->nodes[i], &f->chunks[c]))
                 first[c] = i;
     }
+    /* the chunks by that, then by place */
     f->order = tr_xcalloc(nc + 1, sizeof *f->order);
-    for (size_t c = 0; c < nc; c++)
-        f->order[c] = c;
-    qsort_r(f->order, nc, sizeof *f->order, by_first_read, first);
+    tr_order_by_key(f->order, nc, first);
     if (unit_pos) { /* each unit's chunks, one range of order[]: a chunk is in one unit */
         f->n_units = o->shard.n_units;
         f->unit_begin = tr_xcalloc(f->n_units + 1, sizeof *f->unit_begin);
@@ -680,12 +672,13 @@ int tr_optimizer_offload_overlap(struct tr_optimizer *o, struct tr_graph *g,
             f->unit_begin[u] = k;
         }
     }
-    /* per node: the last position in that order of a chunk it reads */
-    f->n_nodes = g->n_nodes;
-    f->need = tr_xcalloc((size_t)g->n_nodes + 1, sizeof *f->need);
-    for (int i = 0; i < g->n_nodes; i++)
+    /* alone, per node: the last position in that order of a chunk it reads
+     * (the node hook's; under a shard level the gathers wait) */
+    f->n_nodes = unit_pos ? 0 : g->n_nodes;
+    f->need = tr_xcalloc((size_t)f->n_nodes + 1, sizeof *f->need);
+    for (int i = 0; i < f->n_nodes; i++)
         f->need[i] = -1;
-    for (size_t k = 0; k < nc; k++)
+    for (size_t k = 0; k < nc && !unit_pos; k++)
         for (int i = 0; i < g->n_nodes; i++)
             if (reads_chunk(g, &g->nodes[i], &f->chunks[f->order[k]]))
                 f->need[i] = (long)k;

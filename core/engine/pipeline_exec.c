@@ -232,6 +232,19 @@ static void find_updated(struct tr_pipe_exec *x, const struct tr_session *s)
     }
 }
 
+/* x->group := the ranks whose stage reads tensor i, in every replica,
+ * ascending (replica by replica, stage by stage: every member calls the
+ * group in the same order); returns how many. */
+static int readers_group(struct tr_pipe_exec *x, int i)
+{
+    int n = 0;
+    for (int r = 0; r < x->D; r++)
+        for (int q = 0; q < x->P; q++)
+            if (x->readers[i] >> q & 1)
+                x->group[n++] = r * x->P + q;
+    return n;
+}
+
 static int first_reader(uint64_t mask)
 {
     return mask ? __builtin_ctzll(mask) : -1;
@@ -650,11 +663,7 @@ int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_lo
         const struct tr_tensor *t = &g->tensors[i];
         if (t->role != TR_ROLE_PARAM || (x->D == 1 && __builtin_popcountll(x->readers[i]) < 2))
             continue;
-        int n = 0;
-        for (int r = 0; r < x->D; r++) /* ascending: replica by replica, stage by stage */
-            for (int q = 0; q < x->P; q++)
-                if (x->readers[i] >> q & 1)
-                    x->group[n++] = r * x->P + q;
+        int n = readers_group(x, i);
         double tw = tr_now();
         if (tr_comm_allreduce_group(x->comm, t->grad, t->numel, x->group, n, err) != TR_OK)
             return TR_ERROR;
@@ -818,11 +827,7 @@ int tr_pipe_exec_share_parts(struct tr_pipe_exec *x, struct tr_session *s, float
             zero_outside(x, be, buf, t->offset, t->offset + t->numel);
         else
             tr_be_zero(be, buf + t->offset, t->numel * sizeof(float));
-        int n = 0;
-        for (int r = 0; r < x->D; r++)
-            for (int q = 0; q < x->P; q++)
-                if (x->readers[i] >> q & 1)
-                    x->group[n++] = r * x->P + q;
+        int n = readers_group(x, i);
         if (tr_comm_allreduce_group(x->comm, buf + t->offset, t->numel, x->group, n, err) != TR_OK)
             return TR_ERROR;
     }

@@ -73,6 +73,22 @@ void *tr_xrealloc(void *p, size_t size)
     return q;
 }
 
+static int by_key(const void *a, const void *b, void *ctx)
+{
+    const long *key = ctx;
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    if (key[x] != key[y])
+        return key[x] < key[y] ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+void tr_order_by_key(size_t *order, size_t n, const long *key)
+{
+    for (size_t i = 0; i < n; i++)
+        order[i] = i;
+    qsort_r(order, n, sizeof *order, by_key, (void *)key);
+}
+
 char *tr_xstrdup(const char *s)
 {
     char *d = strdup(s ? s : "");

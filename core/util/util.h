@@ -35,6 +35,10 @@ void *tr_xrealloc(void *p, size_t size);
 char *tr_xstrdup(const char *s);
 char *tr_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* order[0..n) := 0..n-1 sorted by key[i], ties by i (a stable order of
+ * things by a rank the caller computed). */
+void tr_order_by_key(size_t *order, size_t n, const long *key);
+
 /* Monotonic seconds. */
 double tr_now(void);
 /* This process's peak resident set size so far, in MiB (getrusage). */
