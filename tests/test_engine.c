@@ -403,54 +403,87 @@ Test(engine, optimizer_step_updates_the_descriptors_slots)
     tr_cpu_backend_free(&be);
 }
 
+/* Two optimizers of one kind over equal parameters (1 + k/8, the first 4
+ * decayed) and the same gradients: a updates in place, b offloaded to the
+ * host backend in chunks of 3 floats (so chunks end inside and at the
+ * decay boundary at 4, and the worker has several in flight). */
+enum { PAIR_MAX = 12 };
+struct offload_pair {
+    int n;
+    float pa[PAIR_MAX], pb[PAIR_MAX], grads[PAIR_MAX];
+    struct tr_graph ga, gb;
+    struct tr_optimizer_config cfg;
+    struct tr_optimizer a, b;
+};
+
+static void pair_init(struct offload_pair *p, const struct tr_optimizer_desc *d, int n,
+                      const struct tr_shard *shard, struct tr_backend *be, struct tr_backend *host)
+{
+    memset(p, 0, sizeof *p);
+    p->n = n;
+    for (int k = 0; k < n; k++)
+        p->pa[k] = p->pb[k] = 1.0f + 0.125f * (float)k;
+    p->ga = (struct tr_graph){.params = p->pa, .grads = p->grads, .n_params = (size_t)n,
+                              .n_decay = 4};
+    p->gb = (struct tr_graph){.params = p->pb, .grads = p->grads, .n_params = (size_t)n,
+                              .n_decay = 4};
+    p->cfg = (struct tr_optimizer_config){.type = d->name, .lr = 0.01, .weight_decay = 0.5,
+                                          .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8,
+                                          .momentum = 0.9};
+    tr_err err = {{0}};
+    cr_assert_eq(tr_optimizer_init(&p->a, &p->cfg, &p->ga, be, shard, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(tr_optimizer_init(&p->b, &p->cfg, &p->gb, be, shard, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(tr_optimizer_offload(&p->b, be, host, 3, &err), TR_OK, "%s", err.msg);
+}
+
+/* Step `step`'s gradients, one update of each: the same parameters after. */
+static void pair_step(struct offload_pair *p, struct tr_backend *be, int step, double lr,
+                      const char *what)
+{
+    for (int k = 0; k < p->n; k++)
+        p->grads[k] = 0.5f - 0.25f * (float)k + 0.1f * (float)step;
+    tr_optimizer_step(&p->a, &p->ga, be, 2.0, lr);
+    tr_optimizer_step(&p->b, &p->gb, be, 2.0, lr);
+    cr_assert_eq(memcmp(p->pa, p->pb, (size_t)p->n * sizeof(float)), 0,
+                 "%s: parameters after step %d", what, step + 1);
+}
+
+static void pair_free(struct offload_pair *p, struct tr_backend *be)
+{
+    tr_optimizer_free(&p->a, be);
+    tr_optimizer_free(&p->b, be);
+}
+
 /* parallel.offload = "optimizer": the state on the host, updated there by a
- * second backend in chunks (here of 3 floats, so chunks end inside and at
- * the decay boundary at 4 and the pipeline has several in flight), gives
- * the same parameters and state, bit for bit, as the update in place when
- * both backends are the CPU's; a resume's new weights (params_changed)
- * are read back before the next update. */
+ * second backend in chunks (offload_pair), gives the same parameters and
+ * state, bit for bit, as the update in place when both backends are the
+ * CPU's; a resume's new weights (params_changed) are read back before the
+ * next update. */
 Test(engine, offloaded_optimizer_matches_the_one_in_place)
 {
     struct tr_backend be, host;
     cr_assert_eq(tr_cpu_backend_init(&be, 1), 0);
     cr_assert_eq(tr_cpu_backend_init(&host, 1), 0);
+    static struct offload_pair p;
     for (int i = 0; tr_optimizers[i]; i++) {
         const struct tr_optimizer_desc *d = tr_optimizers[i];
         enum { N = 10 };
-        float pa[N], pb[N], grads[N];
-        for (int k = 0; k < N; k++)
-            pa[k] = pb[k] = 1.0f + 0.125f * (float)k;
-        struct tr_graph ga = {.params = pa, .grads = grads, .n_params = N, .n_decay = 4};
-        struct tr_graph gb = {.params = pb, .grads = grads, .n_params = N, .n_decay = 4};
-        struct tr_optimizer_config cfg = {.type = d->name, .lr = 0.01, .weight_decay = 0.5,
-                                          .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8,
-                                          .momentum = 0.9};
-        struct tr_optimizer a, b;
-        tr_err err = {{0}};
-        cr_assert_eq(tr_optimizer_init(&a, &cfg, &ga, &be, NULL, &err), TR_OK, "%s", err.msg);
-        cr_assert_eq(tr_optimizer_init(&b, &cfg, &gb, &be, NULL, &err), TR_OK, "%s", err.msg);
-        cr_assert_eq(tr_optimizer_offload(&b, &be, &host, 3, &err), TR_OK, "%s", err.msg);
-        cr_assert_eq(tr_optimizer_state_backend(&b, &be), &host);
-        cr_assert_eq(tr_optimizer_state_backend(&a, &be), &be);
+        pair_init(&p, d, N, NULL, &be, &host);
+        cr_assert_eq(tr_optimizer_state_backend(&p.b, &be), &host);
+        cr_assert_eq(tr_optimizer_state_backend(&p.a, &be), &be);
         for (int step = 0; step < 4; step++) {
-            for (int k = 0; k < N; k++)
-                grads[k] = 0.5f - 0.25f * (float)k + 0.1f * (float)step;
             if (step == 2) { /* a resume writes other weights into both */
                 for (int k = 0; k < N; k++)
-                    pa[k] = pb[k] = 2.0f - 0.0625f * (float)k;
-                tr_optimizer_params_changed(&b);
+                    p.pa[k] = p.pb[k] = 2.0f - 0.0625f * (float)k;
+                tr_optimizer_params_changed(&p.b);
             }
-            tr_optimizer_step(&a, &ga, &be, 2.0, cfg.lr * (step + 1));
-            tr_optimizer_step(&b, &gb, &be, 2.0, cfg.lr * (step + 1));
-            cr_assert_eq(memcmp(pa, pb, sizeof pa), 0, "%s: parameters after step %d", d->name,
-                         step + 1);
+            pair_step(&p, &be, step, p.cfg.lr * (step + 1), d->name);
             for (int s = 0; s < d->state_slots; s++)
-                cr_assert_eq(memcmp(a.state[s], b.state[s], N * sizeof(float)), 0,
+                cr_assert_eq(memcmp(p.a.state[s], p.b.state[s], N * sizeof(float)), 0,
                              "%s: slot %d after step %d", d->name, s, step + 1);
         }
-        cr_assert_eq(a.applied, b.applied);
-        tr_optimizer_free(&a, &be);
-        tr_optimizer_free(&b, &be);
+        cr_assert_eq(p.a.applied, p.b.applied);
+        pair_free(&p, &be);
     }
     /* under a shard level each rank offloads its own parts: 2 ranks, units
      * of 4 over 10 floats (the last rank's last part shorter), the host
@@ -459,33 +492,16 @@ Test(engine, offloaded_optimizer_matches_the_one_in_place)
         const struct tr_optimizer_desc *d = tr_optimizers[i];
         for (int rank = 0; rank < 2; rank++) {
             enum { N = 10 };
-            float pa[N], pb[N], grads[N];
-            for (int k = 0; k < N; k++)
-                pa[k] = pb[k] = 1.0f + 0.125f * (float)k;
-            struct tr_graph ga = {.params = pa, .grads = grads, .n_params = N, .n_decay = 4};
-            struct tr_graph gb = {.params = pb, .grads = grads, .n_params = N, .n_decay = 4};
-            struct tr_optimizer_config cfg = {.type = d->name, .lr = 0.01, .weight_decay = 0.5,
-                                              .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8,
-                                              .momentum = 0.9};
             struct tr_shard shard;
             tr_shard_init(&shard, N, 4, rank, 2, TR_SHARD_GRADIENTS);
-            struct tr_optimizer a, b;
-            tr_err err = {{0}};
-            cr_assert_eq(tr_optimizer_init(&a, &cfg, &ga, &be, &shard, &err), TR_OK, "%s",
-                         err.msg);
-            cr_assert_eq(tr_optimizer_init(&b, &cfg, &gb, &be, &shard, &err), TR_OK, "%s",
-                         err.msg);
-            cr_assert_eq(tr_optimizer_offload(&b, &be, &host, 3, &err), TR_OK, "%s", err.msg);
+            pair_init(&p, d, N, &shard, &be, &host);
+            char what[64];
+            snprintf(what, sizeof what, "%s rank %d", d->name, rank);
             for (int step = 0; step < 3; step++) {
-                for (int k = 0; k < N; k++)
-                    grads[k] = 0.5f - 0.25f * (float)k + 0.1f * (float)step;
-                tr_optimizer_step(&a, &ga, &be, 2.0, cfg.lr);
-                tr_optimizer_step(&b, &gb, &be, 2.0, cfg.lr);
-                cr_assert_eq(memcmp(pa, pb, sizeof pa), 0, "%s rank %d: parameters after step %d",
-                             d->name, rank, step + 1);
+                pair_step(&p, &be, step, p.cfg.lr, what);
                 for (int s = 0; s < d->state_slots; s++)
-                    cr_assert_eq(memcmp(a.state[s], b.state[s], a.owned * sizeof(float)), 0,
-                                 "%s rank %d: slot %d after step %d", d->name, rank, s, step + 1);
+                    cr_assert_eq(memcmp(p.a.state[s], p.b.state[s], p.a.owned * sizeof(float)), 0,
+                                 "%s: slot %d after step %d", what, s, step + 1);
             }
             int owned[N] = {0}; /* this rank's parameters change, the other's do not */
             for (size_t u = 0; u < shard.n_units; u++) {
@@ -494,10 +510,9 @@ Test(engine, offloaded_optimizer_matches_the_one_in_place)
                     owned[k] = 1;
             }
             for (int k = 0; k < N; k++)
-                cr_assert_eq(pb[k] != 1.0f + 0.125f * (float)k, owned[k],
-                             "%s rank %d: parameter %d", d->name, rank, k);
-            tr_optimizer_free(&a, &be);
-            tr_optimizer_free(&b, &be);
+                cr_assert_eq(p.pb[k] != 1.0f + 0.125f * (float)k, owned[k], "%s: parameter %d",
+                             what, k);
+            pair_free(&p, &be);
         }
     }
     /* a pipeline stage's optimizer (runs of its own, across the decay
@@ -506,40 +521,22 @@ Test(engine, offloaded_optimizer_matches_the_one_in_place)
     for (int i = 0; tr_optimizers[i]; i++) {
         const struct tr_optimizer_desc *d = tr_optimizers[i];
         enum { N = 12 };
-        float pa[N], pb[N], grads[N];
-        for (int k = 0; k < N; k++)
-            pa[k] = pb[k] = 1.0f + 0.125f * (float)k;
-        struct tr_graph ga = {.params = pa, .grads = grads, .n_params = N, .n_decay = 4};
-        struct tr_graph gb = {.params = pb, .grads = grads, .n_params = N, .n_decay = 4};
-        struct tr_optimizer_config cfg = {.type = d->name, .lr = 0.01, .weight_decay = 0.5,
-                                          .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8,
-                                          .momentum = 0.9};
         struct tr_shard_run runs[2] = {{2, 6}, {9, 11}};
-        struct tr_optimizer a, b;
         tr_err err = {{0}};
-        cr_assert_eq(tr_optimizer_init(&a, &cfg, &ga, &be, NULL, &err), TR_OK, "%s", err.msg);
-        cr_assert_eq(tr_optimizer_init(&b, &cfg, &gb, &be, NULL, &err), TR_OK, "%s", err.msg);
-        cr_assert_eq(tr_optimizer_offload(&b, &be, &host, 3, &err), TR_OK, "%s", err.msg);
-        cr_assert_eq(tr_optimizer_only(&a, runs, 2, &err), TR_OK, "%s", err.msg);
-        cr_assert_eq(tr_optimizer_only(&b, runs, 2, &err), TR_OK, "%s", err.msg);
-        for (int step = 0; step < 3; step++) {
-            for (int k = 0; k < N; k++)
-                grads[k] = 0.5f - 0.25f * (float)k + 0.1f * (float)step;
-            tr_optimizer_step(&a, &ga, &be, 2.0, cfg.lr);
-            tr_optimizer_step(&b, &gb, &be, 2.0, cfg.lr);
-            cr_assert_eq(memcmp(pa, pb, sizeof pa), 0, "%s stage: parameters after step %d",
-                         d->name, step + 1);
-        }
+        pair_init(&p, d, N, NULL, &be, &host);
+        cr_assert_eq(tr_optimizer_only(&p.a, runs, 2, &err), TR_OK, "%s", err.msg);
+        cr_assert_eq(tr_optimizer_only(&p.b, runs, 2, &err), TR_OK, "%s", err.msg);
+        char what[64];
+        snprintf(what, sizeof what, "%s stage", d->name);
+        for (int step = 0; step < 3; step++)
+            pair_step(&p, &be, step, p.cfg.lr, what);
         for (int k = 0; k < N; k++) {
             int mine = (k >= 2 && k < 6) || (k >= 9 && k < 11);
-            cr_assert_eq(pb[k] != 1.0f + 0.125f * (float)k, mine, "%s stage: parameter %d",
-                         d->name, k);
+            cr_assert_eq(p.pb[k] != 1.0f + 0.125f * (float)k, mine, "%s: parameter %d", what, k);
             for (int s = 0; s < d->state_slots; s++)
-                cr_assert_eq(b.state[s][k] != 0.0f, mine, "%s stage: slot %d at %d", d->name, s,
-                             k);
+                cr_assert_eq(p.b.state[s][k] != 0.0f, mine, "%s: slot %d at %d", what, s, k);
         }
-        tr_optimizer_free(&a, &be);
-        tr_optimizer_free(&b, &be);
+        pair_free(&p, &be);
     }
     tr_cpu_backend_free(&host);
     tr_cpu_backend_free(&be);
