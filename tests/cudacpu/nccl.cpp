@@ -118,7 +118,8 @@ struct rank_slot {
     int32_t pid;
     int32_t joined;
     int32_t left; /* 1: destroyed its communicator, 2: aborted it */
-    int32_t pad;
+    int32_t set_up; /* it saw every rank join: everyone's set-up can end (as NCCL's
+                     * bootstrap, which no rank leaves before all have joined) */
     uint64_t written; /* collective chunks written into the slot, ever */
     uint64_t read;    /* collective chunks read from every slot, ever */
     call_desc call;   /* of the chunk written last */
@@ -464,12 +465,16 @@ ncclResult_t progress_init(ncclComm *c)
     if (load(&h->abort_rank) >= 0)
         return note(c, ncclRemoteError, "rank %d aborted the communicator while it was being "
                     "set up", load(&h->abort_rank));
+    /* a rank gone before it saw every rank join fails the set-up; one gone
+     * after (its set-up ended) fails the first call that needs it */
     for (int r = 0; r < c->nranks; r++)
         if (!load(&c->slot(r)->joined))
             return ncclInProgress;
-        else if (r != c->rank && (load(&c->slot(r)->left) || process_gone(c->slot(r)->pid)))
+        else if (r != c->rank && !load(&c->slot(r)->set_up) &&
+                 (load(&c->slot(r)->left) || process_gone(c->slot(r)->pid)))
             return note(c, ncclRemoteError, "rank %d left or died while the communicator was "
                         "being set up", r);
+    store(&c->slot(c->rank)->set_up, 1);
     c->all_joined = true;
     if (c->rank == 0 && !c->unlinked) { /* every rank has it mapped */
         shm_unlink(c->name);
