@@ -639,6 +639,68 @@ static void same_bits_among(const int *ranks, int n, uint32_t mine)
     buffer_free(&b);
 }
 
+/* reduce_scatter_group and allgather_group among the n ranks `ranks` of
+ * n*count floats (non-members return at once): the reduce-scatter's part
+ * of each member checked element by element against the sums and, on
+ * inexact data, bit for bit against allreduce_group's; the all-gather's
+ * parts against each member's values (the rest of buf poisoned first). */
+static void group_parts(const int *ranks, int n, size_t count, uint64_t seed)
+{
+    int me = -1;
+    for (int i = 0; i < n; i++)
+        if (ranks[i] == rank)
+            me = i;
+    if (me < 0)
+        return;
+    size_t total = (size_t)n * count;
+    struct buffer b = buffer_new(total * sizeof(float)), a = buffer_new(total * sizeof(float));
+    float *x = b.host, *y = a.host;
+    char who[96];
+    size_t used = (size_t)snprintf(who, sizeof who, "ranks");
+    for (int i = 0; i < n && used < sizeof who; i++)
+        used += (size_t)snprintf(who + used, sizeof who - used, " %d", ranks[i]);
+    tr_err err = {{0}};
+    double t0 = seconds();
+    for (int inexact = 0; inexact < 2; inexact++) {
+        for (size_t i = 0; i < total; i++)
+            x[i] = y[i] = inexact ? inexact_of(seed, (uint64_t)rank, i)
+                                  : value_of(seed, (uint64_t)rank, i);
+        to_plugin(&b);
+        to_plugin(&a);
+        if (vt->reduce_scatter_group(self, b.dev, count, ranks, n, &err) != TR_OK)
+            failed(t0, &err, "reduce_scatter_group of %zu floats a member among %s", count, who);
+        if (inexact && vt->allreduce_group(self, a.dev, total, ranks, n, &err) != TR_OK)
+            failed(t0, &err, "allreduce_group of %zu floats among %s", total, who);
+        from_plugin(&b);
+        from_plugin(&a);
+        for (size_t j = 0; j < count; j++) {
+            size_t i = (size_t)me * count + j;
+            float want = 0;
+            for (int k = 0; !inexact && k < n; k++)
+                want += value_of(seed, (uint64_t)ranks[k], i);
+            if (inexact ? memcmp(&x[i], &y[i], sizeof x[i]) != 0 : x[i] != want)
+                die("reduce_scatter_group of %zu floats a member among %s: element %zu of member "
+                    "%d is %g, want %g%s", count, who, j, me, (double)x[i],
+                    (double)(inexact ? y[i] : want), inexact ? " (allreduce_group's bits)" : "");
+        }
+    }
+    for (size_t i = 0; i < total; i++)
+        x[i] = i / count == (size_t)me ? value_of(seed + 1, (uint64_t)rank, i) : -12345.0f;
+    to_plugin(&b);
+    if (vt->allgather_group(self, b.dev, count, ranks, n, &err) != TR_OK)
+        failed(t0, &err, "allgather_group of %zu floats a member among %s", count, who);
+    from_plugin(&b);
+    for (size_t i = 0; i < total; i++) {
+        int k = (int)(i / count);
+        if (x[i] != value_of(seed + 1, (uint64_t)ranks[k], i))
+            die("allgather_group of %zu floats a member among %s: element %zu (member %d's) is "
+                "%g, want %g", count, who, i, k, (double)x[i],
+                (double)value_of(seed + 1, (uint64_t)ranks[k], i));
+    }
+    buffer_free(&b);
+    buffer_free(&a);
+}
+
 static void check_groups(void)
 {
     int *g = calloc((size_t)world, sizeof *g);
@@ -694,6 +756,29 @@ static void check_groups(void)
         if (!strstr(err.msg, "not among"))
             die("allreduce_group on a rank not among its ranks: the message does not say so: %s",
                 err.msg);
+    }
+    /* a group's reduce-scatter and all-gather (plugin ABI 2.7): pairs,
+     * overlapping groups, the world */
+    if (HAS(reduce_scatter_group) && HAS(allgather_group)) {
+        for (int a = 0; a < world; a++)
+            for (int b = a + 1; b < world; b++) {
+                g[0] = a, g[1] = b;
+                group_parts(g, 2, 1, seed++);
+                group_parts(g, 2, 777 + (size_t)a * 5 + (size_t)b, seed++);
+            }
+        int n = 0;
+        for (int r = 0; r < world; r += 2)
+            g[n++] = r;
+        group_parts(g, n, (1u << 17) + 3, seed++);
+        for (n = 0; n < world - 1; n++)
+            g[n] = n + 1;
+        group_parts(g, n, 4099, seed++);
+        for (n = 0; n < world; n++)
+            g[n] = n;
+        group_parts(g, n, 4099, seed++);
+        if (rank == 0)
+            printf("comm_check: reduce_scatter_group and allgather_group pass among pairs, "
+                   "overlapping groups and the world\n");
     }
     free(g);
     if (rank == 0)

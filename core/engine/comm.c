@@ -13,7 +13,9 @@ enum job_kind {
     JOB_ALLGATHER,
     JOB_REDUCE_SCATTER,
     JOB_SENDRECV,
-    JOB_ALLREDUCE_GROUP
+    JOB_ALLREDUCE_GROUP,
+    JOB_REDUCE_SCATTER_GROUP,
+    JOB_ALLGATHER_GROUP
 };
 
 struct job {
@@ -89,7 +91,8 @@ struct tr_comm {
 static const char *const job_names[] = {
     [JOB_ALLREDUCE] = "all-reduce", [JOB_BROADCAST] = "broadcast",
     [JOB_ALLGATHER] = "all-gather", [JOB_REDUCE_SCATTER] = "reduce-scatter",
-    [JOB_SENDRECV] = "sendrecv", [JOB_ALLREDUCE_GROUP] = "group all-reduce"};
+    [JOB_SENDRECV] = "sendrecv", [JOB_ALLREDUCE_GROUP] = "group all-reduce",
+    [JOB_REDUCE_SCATTER_GROUP] = "group reduce-scatter", [JOB_ALLGATHER_GROUP] = "group all-gather"};
 
 /* A point-to-point job's name in the trace: what it moved. */
 static const char *job_name(const struct job *j)
@@ -107,8 +110,9 @@ static size_t job_bytes(const struct tr_comm *c, const struct job *j)
         return j->size;
     if (j->kind == JOB_SENDRECV) /* sent plus received */
         return (j->root >= 0 ? j->size : 0) + (j->from >= 0 ? j->recv_bytes : 0);
-    size_t floats = j->kind == JOB_ALLREDUCE || j->kind == JOB_ALLREDUCE_GROUP
-                        ? j->size
+    size_t floats = j->kind == JOB_ALLREDUCE || j->kind == JOB_ALLREDUCE_GROUP ? j->size
+                    : j->kind == JOB_REDUCE_SCATTER_GROUP || j->kind == JOB_ALLGATHER_GROUP
+                        ? j->size * (size_t)j->n_ranks
                         : j->size * (size_t)c->world;
     return floats * sizeof(float);
 }
@@ -129,9 +133,9 @@ static void *comm_thread(void *arg)
         int rc = TR_OK;
         double t0 = tr_now();
         /* mandatory slots: the loader refused any vtable without them;
-         * allgather, reduce_scatter, sendrecv and allreduce_group are
+         * allgather, reduce_scatter, sendrecv and the group slots are
          * submitted only where tr_comm_has_allgather / _reduce_scatter /
-         * _sendrecv / _groups said so */
+         * _sendrecv / _groups / _group_parts said so */
         if (!skip && j.pack) /* the caller's step before the collective */
             j.pack(j.hook_ctx, j.hook_arg);
         if (!skip && j.kind == JOB_ALLREDUCE)
@@ -142,6 +146,10 @@ static void *comm_thread(void *arg)
             rc = c->vt->reduce_scatter(c->self, j.buf, j.size, &e);
         else if (!skip && j.kind == JOB_ALLREDUCE_GROUP)
             rc = c->vt->allreduce_group(c->self, j.buf, j.size, j.ranks, j.n_ranks, &e);
+        else if (!skip && j.kind == JOB_REDUCE_SCATTER_GROUP)
+            rc = c->vt->reduce_scatter_group(c->self, j.buf, j.size, j.ranks, j.n_ranks, &e);
+        else if (!skip && j.kind == JOB_ALLGATHER_GROUP)
+            rc = c->vt->allgather_group(c->self, j.buf, j.size, j.ranks, j.n_ranks, &e);
         else if (!skip && j.kind == JOB_SENDRECV)
             rc = c->vt->sendrecv(c->self, j.buf, j.size, j.root, j.recv_buf, j.recv_bytes, j.from,
                                  &e);
@@ -410,16 +418,25 @@ int tr_comm_has_groups(const struct tr_comm *c)
     return TR_HAS_SLOT(c->vt, struct tr_comm_vtable, allreduce_group);
 }
 
+/* A group's list: ascending world ranks without repeats. */
+static int group_check(const struct tr_comm *c, const int *ranks, int n,
+                                         tr_err *err)
+{
+    for (int i = 0; i < n; i++)
+        if (ranks[i] < 0 || ranks[i] >= c->world || (i && ranks[i] <= ranks[i - 1]))
+            return tr_fail(err, "a collective among a group: its ranks must ascend from 0 to %d "
+                           "without repeats (rank %d at position %d)", c->world - 1, ranks[i], i);
+    return TR_OK;
+}
+
 int tr_comm_allreduce_group(struct tr_comm *c, float *buf, size_t count, const int *ranks, int n,
                             tr_err *err)
 {
+    if (group_check(c, ranks, n, err) != TR_OK)
+        return TR_ERROR;
     int member = 0;
-    for (int i = 0; i < n; i++) {
-        if (ranks[i] < 0 || ranks[i] >= c->world || (i && ranks[i] <= ranks[i - 1]))
-            return tr_fail(err, "all-reduce among a group: its ranks must ascend from 0 to %d "
-                           "without repeats (rank %d at position %d)", c->world - 1, ranks[i], i);
+    for (int i = 0; i < n; i++)
         member |= ranks[i] == c->rank;
-    }
     /* the whole world: the plain all-reduce, whose bits the runs without
      * groups had */
     if (n == c->world)
@@ -439,6 +456,61 @@ int tr_comm_allreduce_group(struct tr_comm *c, float *buf, size_t count, const i
     submit(c, (struct job){.kind = JOB_ALLREDUCE_GROUP, .buf = buf, .size = count,
                            .ranks = ranks, .n_ranks = n});
     return wait_all(c, err);
+}
+
+int tr_comm_has_group_parts(const struct tr_comm *c)
+{
+    return TR_HAS_SLOT(c->vt, struct tr_comm_vtable, reduce_scatter_group) &&
+           c->vt->reduce_scatter_group && TR_HAS_SLOT(c->vt, struct tr_comm_vtable, allgather_group) &&
+           c->vt->allgather_group;
+}
+
+/* reduce-scatter (scatter = 1) or all-gather (0) among a group of ranks,
+ * n*count floats at buf, this rank member `me`; through allreduce_group
+ * where the plugin lacks the slots (an all-gather's other parts zeroed
+ * first, so each float is one member's value plus zeros). */
+static int group_parts(struct tr_comm *c, float *buf, size_t count, const int *ranks, int n,
+                       int scatter, tr_err *err)
+{
+    int me = -1;
+    for (int i = 0; i < n; i++)
+        if (ranks[i] == c->rank)
+            me = i;
+    size_t total = count * (size_t)n;
+    int world = n == c->world; /* the world's own collectives (the bits runs without groups had) */
+    int slot = world ? (scatter ? tr_comm_has_reduce_scatter(c) : tr_comm_has_allgather(c))
+                     : tr_comm_has_group_parts(c);
+    if (!slot) {
+        if (!scatter && me >= 0) {
+            tr_be_zero(c->be, buf, (size_t)me * count * sizeof(float));
+            tr_be_zero(c->be, buf + (size_t)(me + 1) * count, (total - (size_t)(me + 1) * count) *
+                                                                   sizeof(float));
+        }
+        return tr_comm_allreduce_group(c, buf, total, ranks, n, err);
+    }
+    if (group_check(c, ranks, n, err) != TR_OK)
+        return TR_ERROR;
+    if (me < 0 || n < 2 || !count) /* nothing here; still waits, like the others */
+        return wait_all(c, err);
+    if (world)
+        submit(c, (struct job){.kind = scatter ? JOB_REDUCE_SCATTER : JOB_ALLGATHER, .buf = buf,
+                               .size = count});
+    else
+        submit(c, (struct job){.kind = scatter ? JOB_REDUCE_SCATTER_GROUP : JOB_ALLGATHER_GROUP,
+                               .buf = buf, .size = count, .ranks = ranks, .n_ranks = n});
+    return wait_all(c, err);
+}
+
+int tr_comm_reduce_scatter_group(struct tr_comm *c, float *buf, size_t count, const int *ranks,
+                                 int n, tr_err *err)
+{
+    return group_parts(c, buf, count, ranks, n, 1, err);
+}
+
+int tr_comm_allgather_group(struct tr_comm *c, float *buf, size_t count, const int *ranks, int n,
+                            tr_err *err)
+{
+    return group_parts(c, buf, count, ranks, n, 0, err);
 }
 
 size_t tr_comm_send_start(struct tr_comm *c, const void *send_buf, size_t send_bytes, int to)

@@ -96,6 +96,21 @@ int tr_comm_has_sendrecv(const struct tr_comm *c);
 int tr_comm_allreduce_group(struct tr_comm *c, float *buf, size_t count, const int *ranks, int n,
                             tr_err *err);
 int tr_comm_has_groups(const struct tr_comm *c);
+/* Among the same kind of group (every rank calls, the same list and
+ * count): n*count floats at buf, member i (the one at ranks[i]) owning
+ * buf + i*count.  reduce_scatter_group: afterwards member i's part holds
+ * the sum over the members (the rest of its buf undefined);
+ * allgather_group: afterwards every member holds every member's part.
+ * Through the plugin's reduce_scatter_group / allgather_group
+ * (tr_comm_has_group_parts, plugin ABI 2.7), the world's own slots when
+ * the group is the world, else tr_comm_allreduce_group (the all-gather's
+ * other parts zeroed first): the same results, twice the bytes.  A rank
+ * not listed moves nothing (or zeros, as tr_comm_allreduce_group says). */
+int tr_comm_reduce_scatter_group(struct tr_comm *c, float *buf, size_t count, const int *ranks,
+                                 int n, tr_err *err);
+int tr_comm_allgather_group(struct tr_comm *c, float *buf, size_t count, const int *ranks, int n,
+                            tr_err *err);
+int tr_comm_has_group_parts(const struct tr_comm *c);
 /* A send alone (send_bytes > 0 to a rank), queued on the communication
  * thread without waiting: returns a ticket for tr_comm_wait.  The caller
  * computes on while it goes, and must not touch send_buf until it has

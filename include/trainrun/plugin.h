@@ -56,8 +56,9 @@ extern "C" {
  * 2.4: the comm vtable's optional sendrecv.
  * 2.5: the checkpoint vtable's optional begin_shared, detach and get_range
  *      (several ranks write one checkpoint; ranged reads).
- * 2.6: the comm vtable's optional allreduce_group. */
-#define TR_ABI_MINOR 6
+ * 2.6: the comm vtable's optional allreduce_group.
+ * 2.7: the comm vtable's optional reduce_scatter_group and allgather_group. */
+#define TR_ABI_MINOR 7
 
 /* The one symbol every plugin exports. */
 #define TR_PLUGIN_ENTRY trainrun_plugin_entry
@@ -455,6 +456,21 @@ struct tr_comm_vtable {
      * over every rank, non-members adding zeros: the same sums, every
      * rank moving every group's bytes. */
     int (*allreduce_group)(void *self, float *buf, size_t count, const int *ranks, int n,
+                           tr_err *err);
+    /* Optional (2.7): reduce_scatter and allgather among some ranks, the
+     * members listed as for allreduce_group (the same rules of order and
+     * failure), member i being the one at ranks[i].  reduce_scatter_group:
+     * every member gives n*count floats in buf; afterwards member i's
+     * buf + i*count holds the sum over the members of those count floats
+     * (the rest of buf undefined), the bits allreduce_group would give
+     * them.  allgather_group: member i contributes buf + i*count;
+     * afterwards every member holds all n*count.  Pipeline replicas of a
+     * stage share their parts of it with them (parallel.shard inside
+     * stages); without them the core uses allreduce_group: the same
+     * results, twice the bytes. */
+    int (*reduce_scatter_group)(void *self, float *buf, size_t count, const int *ranks, int n,
+                                tr_err *err);
+    int (*allgather_group)(void *self, float *buf, size_t count, const int *ranks, int n,
                            tr_err *err);
 };
 

@@ -40,7 +40,9 @@
  * which then differ between ranks by design (each stage makes its own).
  *
  * allreduce_group (a sum among some ranks, for pipeline replicas) is
- * MPI_Iallreduce on a communicator of the members, made the first time a
+ * MPI_Iallreduce, reduce_scatter_group and allgather_group are
+ * MPI_Ireduce_scatter_block and MPI_Iallgather (in place), on a
+ * communicator of the members, made the first time a
  * group is used (MPI_Comm_create_group: only the members take part) and
  * kept, by rank set, until the plugin is destroyed.  Making one blocks in
  * MPI with no timeout, so the members first meet point to point (each
@@ -637,33 +639,47 @@ static int group_comm(struct mpi_comm *m, const int *ranks, int n, MPI_Comm *out
     return TR_OK;
 }
 
-static int mpi_allreduce_group(void *self, float *buf, size_t count, const int *ranks, int n,
-                               tr_err *err)
+/* The group's communicator for a call of `what` on rank m->rank, which
+ * must be among the members: *comm, or MPI_COMM_NULL where the group is
+ * the world (the world's own collectives then) or one rank. */
+static int group_for(struct mpi_comm *m, const int *ranks, int n, const char *what,
+                     MPI_Comm *comm, tr_err *err)
 {
-    struct mpi_comm *m = self;
     int me = -1;
+    *comm = MPI_COMM_NULL;
     for (int i = 0; i < n; i++) {
         if (ranks[i] < 0 || ranks[i] >= m->world || (i && ranks[i] <= ranks[i - 1]))
-            return tr_fail(err, "comm mpi: allreduce_group on rank %d: the ranks must ascend from "
-                           "0 to %d without repeats (rank %d at position %d)",
-                           m->rank, m->world - 1, ranks[i], i);
+            return tr_fail(err, "comm mpi: %s on rank %d: the ranks must ascend from 0 to %d "
+                           "without repeats (rank %d at position %d)",
+                           what, m->rank, m->world - 1, ranks[i], i);
         if (ranks[i] == m->rank)
             me = i;
     }
     if (me < 0)
-        return tr_fail(err, "comm mpi: allreduce_group called on rank %d, which is not among its "
-                       "%d ranks: only the members call it", m->rank, n);
-    if (n == m->world) /* the world's communicator (its sums) */
-        return mpi_allreduce_sum(self, buf, count, err);
+        return tr_fail(err, "comm mpi: %s called on rank %d, which is not among its %d ranks: "
+                       "only the members call it", what, m->rank, n);
     if (usable(m, err) != TR_OK)
         return TR_ERROR;
-    if (n == 1 || count == 0)
+    if (n == m->world || n == 1)
         return TR_OK;
-    MPI_Comm comm = MPI_COMM_NULL;
-    if (group_comm(m, ranks, n, &comm, err) != TR_OK) {
+    if (group_comm(m, ranks, n, comm, err) != TR_OK) {
         m->broken = 1;
         return TR_ERROR;
     }
+    return TR_OK;
+}
+
+static int mpi_allreduce_group(void *self, float *buf, size_t count, const int *ranks, int n,
+                               tr_err *err)
+{
+    struct mpi_comm *m = self;
+    MPI_Comm comm;
+    if (group_for(m, ranks, n, "allreduce_group", &comm, err) != TR_OK)
+        return TR_ERROR;
+    if (n == m->world) /* the world's communicator (its sums) */
+        return mpi_allreduce_sum(self, buf, count, err);
+    if (comm == MPI_COMM_NULL || count == 0)
+        return TR_OK;
     for (size_t done = 0; done < count; done += MPI_CHUNK) {
         int k = (int)(count - done < MPI_CHUNK ? count - done : MPI_CHUNK);
         int rc;
@@ -679,6 +695,69 @@ static int mpi_allreduce_group(void *self, float *buf, size_t count, const int *
             return mpi_error(err, "allreduce_group", rc);
     }
     return TR_OK;
+}
+
+/* Member i's sums land at the start of buf (MPI_IN_PLACE), then move to
+ * buf + i*count, as the world's reduce_scatter does. */
+static int mpi_reduce_scatter_group(void *self, float *buf, size_t count, const int *ranks, int n,
+                                    tr_err *err)
+{
+    struct mpi_comm *m = self;
+    MPI_Comm comm;
+    if (group_for(m, ranks, n, "reduce_scatter_group", &comm, err) != TR_OK)
+        return TR_ERROR;
+    if (n == m->world)
+        return mpi_reduce_scatter(self, buf, count, err);
+    if (comm == MPI_COMM_NULL || count == 0)
+        return TR_OK;
+    if (count > (size_t)INT_MAX / (size_t)n)
+        return tr_fail(err, "comm mpi: reduce_scatter_group of %zu floats per rank on %d ranks "
+                       "exceeds MPI's %d floats a call; reduce-scatter in smaller pieces",
+                       count, n, INT_MAX);
+    int rc, me = 0;
+    while (ranks[me] != m->rank)
+        me++;
+    if (m->timeout > 0) {
+        MPI_Request req;
+        rc = MPI_Ireduce_scatter_block(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, comm,
+                                       &req);
+        if (rc == MPI_SUCCESS && wait_request(m, &req, "reduce_scatter_group", err) != TR_OK)
+            return TR_ERROR;
+    } else {
+        rc = MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, comm);
+    }
+    if (rc != MPI_SUCCESS)
+        return mpi_error(err, "reduce_scatter_group", rc);
+    if (me > 0)
+        memmove(buf + (size_t)me * count, buf, count * sizeof(float));
+    return TR_OK;
+}
+
+static int mpi_allgather_group(void *self, float *buf, size_t count, const int *ranks, int n,
+                               tr_err *err)
+{
+    struct mpi_comm *m = self;
+    MPI_Comm comm;
+    if (group_for(m, ranks, n, "allgather_group", &comm, err) != TR_OK)
+        return TR_ERROR;
+    if (n == m->world)
+        return mpi_allgather(self, buf, count, err);
+    if (comm == MPI_COMM_NULL || count == 0)
+        return TR_OK;
+    if (count > INT_MAX)
+        return tr_fail(err, "comm mpi: allgather_group of %zu floats per rank exceeds MPI's %d; "
+                       "gather in smaller pieces", count, INT_MAX);
+    int rc;
+    if (m->timeout > 0) {
+        MPI_Request req;
+        rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)count, MPI_FLOAT, comm,
+                            &req);
+        if (rc == MPI_SUCCESS && wait_request(m, &req, "allgather_group", err) != TR_OK)
+            return TR_ERROR;
+    } else {
+        rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)count, MPI_FLOAT, comm);
+    }
+    return rc == MPI_SUCCESS ? TR_OK : mpi_error(err, "allgather_group", rc);
 }
 
 static const char *mpi_describe(void *self)
@@ -859,6 +938,8 @@ static const struct tr_comm_vtable mpi_vtable = {
     .reduce_scatter = mpi_reduce_scatter,
     .sendrecv = mpi_sendrecv,
     .allreduce_group = mpi_allreduce_group,
+    .reduce_scatter_group = mpi_reduce_scatter_group,
+    .allgather_group = mpi_allgather_group,
 };
 
 static const struct tr_plugin_info mpi_info = {

@@ -56,7 +56,9 @@
  * each link carries the groups' bytes in the same order at both ends.  A
  * member that died closes its links (the call fails at once, naming it);
  * one that stopped is caught by the timeout and the roll call as above.
- * The whole world as the group is allreduce_sum itself (the same bits).
+ * reduce_scatter_group and allgather_group are that ring's two phases
+ * alone.  The whole world as the group is the world's ring itself (the
+ * same bits).
  */
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE /* getaddrinfo flags, usleep */
@@ -735,31 +737,38 @@ static int link_with(struct tcp *t, int peer, tr_err *err)
     return t->link[peer];
 }
 
-/* The ring over the members in rank order, on group links: reduce-scatter,
- * then all-gather, as allreduce_sum does over the world (each segment
- * summed on one member, so every member ends with the same bits). */
-static int tcp_allreduce_group(void *self, float *buf, size_t count, const int *ranks, int n,
-                               tr_err *err)
+enum { RING_SCATTER = 1, RING_GATHER = 2 };
+
+/* The ring over the members in rank order, on group links, over count
+ * floats cut in n segments (member i's is segment i): its reduce-scatter
+ * phase (segment i summed on member i), its all-gather phase, or both (an
+ * all-reduce), as allreduce_sum runs them over the world, so every member
+ * ends with the same bits.  `what` names the slot in messages; the whole
+ * world as the group is the world's ring itself (the same bits). */
+static int group_ring(struct tcp *t, float *buf, size_t count, const int *ranks, int n,
+                      int phases, const char *what, tr_err *err)
 {
-    struct tcp *t = self;
     int me = -1;
     for (int i = 0; i < n; i++) {
         if (ranks[i] < 0 || ranks[i] >= t->world || (i && ranks[i] <= ranks[i - 1]))
-            return tr_fail(err, "comm tcp: allreduce_group on rank %d: the ranks must ascend from "
-                           "0 to %d without repeats (rank %d at position %d)",
-                           t->rank, t->world - 1, ranks[i], i);
+            return tr_fail(err, "comm tcp: %s on rank %d: the ranks must ascend from 0 to %d "
+                           "without repeats (rank %d at position %d)",
+                           what, t->rank, t->world - 1, ranks[i], i);
         if (ranks[i] == t->rank)
             me = i;
     }
     if (me < 0)
-        return tr_fail(err, "comm tcp: allreduce_group called on rank %d, which is not among its "
-                       "%d ranks: only the members call it", t->rank, n);
-    if (n == t->world) /* the ring itself */
-        return tcp_allreduce_sum(self, buf, count, err);
+        return tr_fail(err, "comm tcp: %s called on rank %d, which is not among its %d ranks: "
+                       "only the members call it", what, t->rank, n);
     if (begin(t, err) != TR_OK)
         return TR_ERROR;
     if (n == 1 || count == 0)
         return TR_OK;
+    if (n == t->world) /* the ring itself */
+        return (phases & RING_SCATTER && ring_reduce_scatter(t, buf, count, err) != TR_OK) ||
+                       (phases & RING_GATHER && ring_allgather(t, buf, count, err) != TR_OK)
+                   ? TR_ERROR
+                   : TR_OK;
     int next = ranks[(me + 1) % n], prev = ranks[(me + n - 1) % n];
     int nfd = link_with(t, next, err);
     if (nfd < 0)
@@ -768,14 +777,14 @@ static int tcp_allreduce_group(void *self, float *buf, size_t count, const int *
     if (pfd < 0)
         return TR_ERROR;
     int ns = ring_side(t, next), ps = ring_side(t, prev);
-    for (int s = 0; s < n - 1; s++) { /* reduce-scatter over the members */
+    for (int s = 0; phases & RING_SCATTER && s < n - 1; s++) { /* reduce-scatter */
         int sc = me - s - 1, rc = me - s - 2;
         if (exchange_on(t, nfd, next, ns, pfd, prev, ps, seg_ptr(buf, count, n, sc),
                         seg_bytes(count, n, sc), seg_ptr(buf, count, n, rc),
                         seg_bytes(count, n, rc), 1, err) != TR_OK)
             return TR_ERROR;
     }
-    for (int s = 0; s < n - 1; s++) { /* all-gather */
+    for (int s = 0; phases & RING_GATHER && s < n - 1; s++) { /* all-gather */
         int sc = me - s, rc = me - s - 1;
         if (exchange_on(t, nfd, next, ns, pfd, prev, ps, seg_ptr(buf, count, n, sc),
                         seg_bytes(count, n, sc), seg_ptr(buf, count, n, rc),
@@ -783,6 +792,28 @@ static int tcp_allreduce_group(void *self, float *buf, size_t count, const int *
             return TR_ERROR;
     }
     return TR_OK;
+}
+
+static int tcp_allreduce_group(void *self, float *buf, size_t count, const int *ranks, int n,
+                               tr_err *err)
+{
+    return group_ring(self, buf, count, ranks, n, RING_SCATTER | RING_GATHER, "allreduce_group",
+                      err);
+}
+
+/* The ring's phases alone over n*count floats: count is a multiple's
+ * share, so the segments are the members' parts. */
+static int tcp_reduce_scatter_group(void *self, float *buf, size_t count, const int *ranks, int n,
+                                    tr_err *err)
+{
+    return group_ring(self, buf, count * (size_t)n, ranks, n, RING_SCATTER,
+                      "reduce_scatter_group", err);
+}
+
+static int tcp_allgather_group(void *self, float *buf, size_t count, const int *ranks, int n,
+                               tr_err *err)
+{
+    return group_ring(self, buf, count * (size_t)n, ranks, n, RING_GATHER, "allgather_group", err);
 }
 
 /* The side (0: prev, 1: next) whose point-to-point connection carries a
@@ -1136,6 +1167,8 @@ static const struct tr_comm_vtable tcp_vtable = {
     .reduce_scatter = tcp_reduce_scatter,
     .sendrecv = tcp_sendrecv,
     .allreduce_group = tcp_allreduce_group,
+    .reduce_scatter_group = tcp_reduce_scatter_group,
+    .allgather_group = tcp_allgather_group,
 };
 
 static const struct tr_plugin_info tcp_info = {

@@ -6,7 +6,10 @@
 #   a) every pair of ranks (ring neighbours or not: tcp opens links of its
 #      own), groups that share ranks called one after another in the same
 #      order, a rank alone, the world, sizes beyond the tcp scratch; the
-#      same bits on every member; a rank outside the list refused
+#      same bits on every member; a rank outside the list refused; and
+#      reduce_scatter_group / allgather_group (ABI 2.7) among pairs,
+#      overlapping groups and the world, the reduce-scatter's parts with
+#      allreduce_group's bits
 #   b) a member killed inside a sum with a rank half the world away (no
 #      ring neighbour on 4 ranks) while the rest wait in an allreduce: tcp,
 #      every other rank fails naming it within seconds; mpi, mpirun ends
@@ -19,6 +22,7 @@ comm_check_env
 
 passes() { grep -c ': PASS' "$1" || true; }
 checked="allreduce_group passes among pairs (ring neighbours and not) and overlapping groups"
+parts="reduce_scatter_group and allgather_group pass among pairs, overlapping groups and the world"
 
 # ---- mpi ---------------------------------------------------------------------
 if command -v mpirun > /dev/null 2>&1 && [ -f "$MPI" ]; then
@@ -30,7 +34,8 @@ if command -v mpirun > /dev/null 2>&1 && [ -f "$MPI" ]; then
   }
   for np in 2 3 4; do
     check_job mpi$np $np timeout=300
-    [ "$rc" -eq 0 ] && [ "$(passes mpi$np.out)" -eq $np ] && grep -q "$checked" mpi$np.out ||
+    [ "$rc" -eq 0 ] && [ "$(passes mpi$np.out)" -eq $np ] && grep -q "$checked" mpi$np.out &&
+      grep -q "$parts" mpi$np.out ||
       { cat mpi$np.out; fail "mpi allreduce_group on $np ranks"; }
     echo "groups: mpi, $np ranks: pass in ${took}s"
   done
@@ -62,6 +67,7 @@ for np in 2 3 4 5; do
     r=$((r + 1))
   done
   grep -q "$checked" tcp$np.0 || { cat tcp$np.0; fail "tcp on $np ranks: allreduce_group not checked"; }
+  grep -q "$parts" tcp$np.0 || { cat tcp$np.0; fail "tcp on $np ranks: a group's reduce-scatter and all-gather not checked"; }
   echo "groups: tcp, $np ranks: pass in ${took}s"
 done
 # a member killed (SIGKILL) or stopped (SIGSTOP) inside a sum with a rank
