@@ -38,10 +38,19 @@ struct tr_pipe_exec {
     size_t n_own;
     /* parallel.shard = "optimizer" with replicas (ZeRO-1 inside stages):
      * the runs of own this replica updates and keeps state for, its part
-     * of each unit of the replicas' layout (shard.h, world D); else own */
+     * of each piece of own (find_updated); else own */
     struct tr_shard_run *upd;
     size_t n_upd;
     int zero;
+    /* under it, where the comm plugin has a group's reduce-scatter and
+     * all-gather (plugin ABI 2.7): the pieces own is cut into
+     * (find_updated) and the ranks of the stage's replicas (ascending);
+     * the gradients are then reduce-scattered piece by piece among them,
+     * the updated parts all-gathered */
+    int parts;
+    struct tr_shard_run *pieces;
+    size_t n_pieces;
+    int *peers;
     int *owner;                           /* tr_pipe_exec_owners */
     int *group;                           /* [P * D]: the ranks summing one tensor */
     /* buffers: a host bounce for copies between backend buffers, packed
@@ -198,8 +207,12 @@ static void find_own(struct tr_pipe_exec *x, const struct tr_graph *g)
 }
 
 /* The runs of own this replica updates: all of them, or under
- * shard = "optimizer" with replicas its part of each unit of a layout over
- * the replicas (the unit is parallel.bucket_mb's, as without stages). */
+ * shard = "optimizer" with replicas its part of each piece: every run of
+ * own cut into pieces of parallel.bucket_mb (rounded up to a multiple of
+ * D), each piece into D equal parts, replica r keeping part r (the last
+ * also the piece's len % D leftover floats), the rule of shard.h applied
+ * to the stage's runs alone, so that a piece's reduce-scatter and
+ * all-gather move this stage's floats only. */
 static void find_updated(struct tr_pipe_exec *x, const struct tr_session *s)
 {
     x->upd = x->own;
@@ -207,29 +220,31 @@ static void find_updated(struct tr_pipe_exec *x, const struct tr_session *s)
     x->zero = x->D > 1 && s->cfg->parallel.shard_level == TR_SHARD_OPTIMIZER;
     if (!x->zero)
         return;
-    struct tr_shard layout;
-    tr_shard_init(&layout, s->g->n_params, tr_shard_unit_floats(s->cfg), x->replica, x->D,
-                  TR_SHARD_OPTIMIZER);
-    size_t cap = x->n_own + layout.n_units + 1;
-    x->upd = tr_xcalloc(cap, sizeof *x->upd);
+    size_t D = (size_t)x->D, unit = (tr_shard_unit_floats(s->cfg) + D - 1) / D * D;
+    x->parts = tr_comm_has_group_parts(x->comm);
+    x->peers = tr_xcalloc(D, sizeof *x->peers);
+    for (size_t r = 0; r < D; r++)
+        x->peers[r] = (int)r * x->P + x->stage;
+    for (size_t i = 0; i < x->n_own; i++)
+        x->n_pieces += (x->own[i].end - x->own[i].begin + unit - 1) / unit;
+    x->pieces = tr_xcalloc(x->n_pieces + 1, sizeof *x->pieces);
+    x->upd = tr_xcalloc(x->n_pieces + 1, sizeof *x->upd);
     x->n_upd = 0;
-    for (size_t u = 0; u < layout.n_units; u++) {
-        struct tr_shard_run p = tr_shard_part(&layout, u, x->replica);
-        for (size_t i = 0; i < x->n_own; i++) {
-            size_t b = p.begin > x->own[i].begin ? p.begin : x->own[i].begin;
-            size_t e = p.end < x->own[i].end ? p.end : x->own[i].end;
-            if (b >= e)
+    size_t k = 0;
+    for (size_t i = 0; i < x->n_own; i++)
+        for (size_t at = x->own[i].begin; at < x->own[i].end; at += unit) {
+            size_t end = x->own[i].end - at < unit ? x->own[i].end : at + unit;
+            size_t per = (end - at) / D;
+            size_t b = at + (size_t)x->replica * per;
+            size_t e = x->replica == x->D - 1 ? end : b + per;
+            x->pieces[k++] = (struct tr_shard_run){at, end};
+            if (b == e)
                 continue;
-            if (x->n_upd == cap) {
-                cap *= 2;
-                x->upd = tr_xrealloc(x->upd, cap * sizeof *x->upd);
-            }
             if (x->n_upd && x->upd[x->n_upd - 1].end == b)
                 x->upd[x->n_upd - 1].end = e;
             else
                 x->upd[x->n_upd++] = (struct tr_shard_run){b, e};
         }
-    }
 }
 
 /* x->group := the ranks whose stage reads tensor i, in every replica,
@@ -248,6 +263,38 @@ static int readers_group(struct tr_pipe_exec *x, int i)
 static int first_reader(uint64_t mask)
 {
     return mask ? __builtin_ctzll(mask) : -1;
+}
+
+/* Each piece of this stage's runs, of buf (a flat buffer of the
+ * parameters' layout in be's memory), reduce-scattered (scatter = 1) or
+ * all-gathered among the stage's replicas: equal parts through the group
+ * slots, a piece's leftover (the last replica's) summed whole, the others
+ * adding zeros for an all-gather. */
+static int piece_parts(struct tr_pipe_exec *x, const struct tr_backend *be, float *buf, int scatter,
+                      tr_err *err)
+{
+    for (size_t k = 0; k < x->n_pieces; k++) {
+        struct tr_shard_run r = x->pieces[k];
+        size_t per = (r.end - r.begin) / (size_t)x->D, whole = per * (size_t)x->D;
+        size_t left = r.end - r.begin - whole;
+        /* a state slot made whole for a save: the other parts were given back */
+        tr_be_commit(be, buf + r.begin, (r.end - r.begin) * sizeof(float));
+        if (per && (scatter ? tr_comm_reduce_scatter_group : tr_comm_allgather_group)(
+                       x->comm, buf + r.begin, per, x->peers, x->D, err) != TR_OK)
+            return TR_ERROR;
+        if (left && !scatter && x->replica != x->D - 1)
+            tr_be_zero(be, buf + r.begin + whole, left * sizeof(float));
+        if (left &&
+            tr_comm_allreduce_group(x->comm, buf + r.begin + whole, left, x->peers, x->D, err) !=
+                TR_OK)
+            return TR_ERROR;
+    }
+    return TR_OK;
+}
+
+static int scatter_pieces(struct tr_pipe_exec *x, struct tr_session *s, tr_err *err)
+{
+    return piece_parts(x, &s->be, s->g->grads, 1, err);
 }
 
 void tr_pipe_exec_free(struct tr_pipe_exec *x, const struct tr_backend *be)
@@ -280,6 +327,8 @@ void tr_pipe_exec_free(struct tr_pipe_exec *x, const struct tr_backend *be)
     if (x->upd != x->own)
         free(x->upd);
     free(x->owner);
+    free(x->pieces);
+    free(x->peers);
     free(x->group);
     free(x->inputs);
     free(x->targets);
@@ -658,17 +707,25 @@ int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_lo
      * stage reads it, in every replica: a stage moves only its own
      * tensors.  The ranks outside a tensor's group skip it where the comm
      * plugin has groups, and add zeros to a world all-reduce where it has
-     * none (tr_comm_allreduce_group) */
+     * none (tr_comm_allreduce_group).  Reduce-scattered among the replicas
+     * instead (x->parts), only the tensors several stages read are summed
+     * so, whole, and then count once in the units' sums: replica 0's sum
+     * and the others' zeros. */
+    double tw = tr_now();
     for (int i = 0; i < g->n_tensors; i++) {
         const struct tr_tensor *t = &g->tensors[i];
-        if (t->role != TR_ROLE_PARAM || (x->D == 1 && __builtin_popcountll(x->readers[i]) < 2))
+        int tied = __builtin_popcountll(x->readers[i]) > 1;
+        if (t->role != TR_ROLE_PARAM || (!tied && (x->D == 1 || x->parts)))
             continue;
         int n = readers_group(x, i);
-        double tw = tr_now();
         if (tr_comm_allreduce_group(x->comm, t->grad, t->numel, x->group, n, err) != TR_OK)
             return TR_ERROR;
-        out->waited += tr_now() - tw;
+        if (x->parts && x->replica > 0 && x->readers[i] >> x->stage & 1)
+            tr_be_zero(&s->be, t->grad, t->numel * sizeof(float));
     }
+    if (x->parts && scatter_pieces(x, s, err) != TR_OK)
+        return TR_ERROR;
+    out->waited += tr_now() - tw;
     out->t1 = tr_now();
     return TR_OK;
 }
@@ -703,9 +760,20 @@ int tr_pipe_exec_sumsq(struct tr_pipe_exec *x, struct tr_session *s, double *sum
     double mine = 0;
     for (int i = 0; i < g->n_tensors; i++) {
         const struct tr_tensor *t = &g->tensors[i];
-        if (t->role == TR_ROLE_PARAM && first_reader(x->readers[i]) == x->stage &&
-            x->replica == 0) /* the replicas' gradients are equal: one counts */
-            mine += tr_be_sum_squares(&s->be, t->grad, t->numel);
+        if (t->role != TR_ROLE_PARAM || first_reader(x->readers[i]) != x->stage)
+            continue;
+        if (!x->parts) { /* the replicas' gradients are equal: one counts */
+            if (x->replica == 0)
+                mine += tr_be_sum_squares(&s->be, t->grad, t->numel);
+            continue;
+        }
+        /* each replica holds the sums of its parts alone */
+        for (size_t k = 0; k < x->n_upd; k++) {
+            size_t b = x->upd[k].begin > t->offset ? x->upd[k].begin : t->offset;
+            size_t e = x->upd[k].end < t->offset + t->numel ? x->upd[k].end : t->offset + t->numel;
+            if (b < e)
+                mine += tr_be_sum_squares(&s->be, g->grads + b, e - b);
+        }
     }
     _Static_assert(sizeof(double) == 2 * sizeof(float), "a double travels as two floats");
     double *all = tr_xcalloc((size_t)s->world, sizeof *all);
@@ -816,6 +884,8 @@ int tr_pipe_exec_share_parts(struct tr_pipe_exec *x, struct tr_session *s, float
     int host = be != &s->be; /* an offloaded state: never with replicas (refused) */
     if (!x->zero || host)
         return TR_OK;
+    if (x->parts) /* every reading stage updated its parts alike */
+        return piece_parts(x, be, buf, 0, err);
     for (int i = 0; i < g->n_tensors; i++) {
         const struct tr_tensor *t = &g->tensors[i];
         if (t->role != TR_ROLE_PARAM || !t->numel || !(x->readers[i] >> x->stage & 1))

@@ -50,9 +50,12 @@
 #     replica of a stage keeps its part of the stage's optimizer state, the
 #     updated parts then summed among the replicas): the same weights bit
 #     for bit as the replicas keeping the whole state, for the Llama and
-#     the tied GPT interleaved, over 2 units a tensor set (bucket_mb 0.01);
+#     the tied GPT interleaved, in pieces of 2,622 floats (bucket_mb 0.01);
 #     its checkpoint resumes with and without the level bit for bit, and
-#     a checkpoint without it resumes under it;
+#     a checkpoint without it resumes under it; over tcp the gradients
+#     are reduce-scattered among a stage's replicas and the parts
+#     all-gathered (plugin ABI 2.7), the same bits as the group all-reduces
+#     a plugin without those slots gets (tcp behind a 2.6 vtable);
 #   - a pipeline whose ranks are not its stages, and one with the shard
 #     level "gradients", are refused naming the recipe line.
 . "$(dirname "$0")/lib.sh"
@@ -129,16 +132,32 @@ echo step-0000000010 > resume-2x2/checkpoints/LATEST
 close llama-2x2 resume-2x2 1e-5 "saved by 2 x 2, resumed on 2 stages"
 
 # shard = "optimizer" inside the stages: each replica of a stage keeps its
-# part of the stage's state (units of 2,621 floats: 2 in tiny_llama)
+# part of the stage's state (each run of the stage's parameters cut in
+# pieces of at most 2,622 floats, each piece in 2 parts)
 z="parallel.shard=optimizer parallel.bucket_mb=0.01"
 run llama-2x2u "$LLAMA" procs=4 parallel.pipeline=2 parallel.bucket_mb=0.01
 # shellcheck disable=SC2086
-"$TRAINRUN" "$LLAMA" $base procs=4 parallel.pipeline=2 $z run_dir=llama-2x2z > llama-2x2z.log 2>&1 ||
-  { cat llama-2x2z.log; fail "llama-2x2z failed"; }
-grep -q "optimizer state sharded over each stage's 2 replicas: rank 0 keeps 1311 of its stage's 2544" \
+"$TRAINRUN" "$LLAMA" $base procs=4 parallel.pipeline=2 $z train.trace_every=10 run_dir=llama-2x2z \
+  > llama-2x2z.log 2>&1 || { cat llama-2x2z.log; fail "llama-2x2z failed"; }
+grep -q "optimizer state sharded over each stage's 2 replicas: rank 0 keeps 1272 of its stage's 2544" \
   llama-2x2z.log || { cat llama-2x2z.log; fail "llama-2x2z: the stage's state is not parted"; }
 cmp "$(weights llama-2x2u)" "$(weights llama-2x2z)" > /dev/null ||
   fail "llama: 2 stages x 2 replicas, state parted, differ from the whole state"
+# tcp has a group's reduce-scatter and all-gather (plugin ABI 2.7): the
+# gradients are reduce-scattered among a stage's replicas, the updated
+# parts all-gathered; a plugin without them (tcp behind a 2.6 vtable)
+# sums them whole and shares the parts by group all-reduces: the same bits
+for k in "group reduce-scatter" "group all-gather"; do
+  grep -q "\"$k " llama-2x2z/trace.json || fail "llama-2x2z: no $k in rank 0's trace"
+done
+# shellcheck disable=SC2086
+"$TRAINRUN" --plugin-path "$TR_TEST_PLUGIN_DIR" "$LLAMA" $base procs=4 parallel.pipeline=2 $z \
+  comm=old_tcp train.trace_every=10 run_dir=llama-2x2o > llama-2x2o.log 2>&1 ||
+  { cat llama-2x2o.log; fail "llama-2x2o failed"; }
+! grep -q '"group reduce-scatter ' llama-2x2o/trace.json ||
+  fail "llama-2x2o: a group reduce-scatter through a 2.6 vtable"
+cmp "$(weights llama-2x2z)" "$(weights llama-2x2o)" > /dev/null ||
+  fail "llama: 2 x 2, state parted: reduce-scatter and all-gather differ from group all-reduces"
 # shellcheck disable=SC2086
 run gpt-2x2z "$GPT" procs=4 parallel.pipeline=2 parallel.schedule=interleaved \
   parallel.virtual_stages=2 $z
