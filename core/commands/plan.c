@@ -314,9 +314,11 @@ static int plan_pipeline(struct tr_plan *p, const struct tr_session *s, tr_err *
     for (int c = 0; c < C; c++)
         all_params += chunk[c].param_floats;
     /* parameters, gradients, optimizer state and frozen weights, per parameter */
-    /* shard = "optimizer" with replicas: a stage's state is cut over them
-     * (the plan's optimizer row is already: tr_session_fit_model) */
-    pp->state_parted = par->shard_level == TR_SHARD_OPTIMIZER && pp->replicas > 1;
+    /* shard = "optimizer" or "gradients" with replicas: a stage's state
+     * (and gradients) are cut over them (the plan's rows are already:
+     * tr_session_fit_model) */
+    pp->state_parted = (par->shard_level == TR_SHARD_OPTIMIZER ||
+                        par->shard_level == TR_SHARD_GRADIENTS) && pp->replicas > 1;
     double per_param = (double)(m->params + m->grads + m->optimizer + m->frozen) /
                        (all_params > 0 ? all_params : 1);
     double kept = (double)(m->activations + m->saved), transient =

@@ -108,7 +108,8 @@ struct tr_plan {
         int stages, virtual_stages, replicas, micro_batches;
         enum tr_pipe_kind kind;
         int devices_assumed;          /* cost.count was below the stages: P devices assumed */
-        int state_parted;             /* shard = "optimizer": a stage's state over its replicas */
+        int state_parted;             /* shard = "optimizer"/"gradients": a stage's state
+                                       * (and gradients) over its replicas */
         double bubble_theory, bubble_simulated;
         struct tr_plan_stage {
             int first_block, last_block, has_embedding, has_head, chunks;

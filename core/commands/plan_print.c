@@ -290,7 +290,15 @@ static void print_memory(const struct tr_plan *p, FILE *out)
                                "buckets in flight), all of the parameters",
         [TR_SHARD_PARAMETERS] = "1/%lld of the optimizer state, gradients and parameters (plus "
                                 "the units gathered or summing at once)"};
-    if (p->cost.count > 1 && p->host_bytes > 0 && p->shard_level == TR_SHARD_NONE)
+    int staged = p->pipe.stages > 1; /* per device: the stages' rows below */
+    if (staged)
+        row(out, "", "(pipeline stages: these rows are the whole model%s; each device holds its "
+            "stage's share: below)", p->shard_level == TR_SHARD_NONE ? ""
+            : p->shard_level == TR_SHARD_OPTIMIZER ? ", the optimizer state cut over a stage's "
+                                                     "replicas"
+                                                   : ", the optimizer state and gradients cut "
+                                                     "over a stage's replicas");
+    else if (p->cost.count > 1 && p->host_bytes > 0 && p->shard_level == TR_SHARD_NONE)
         row(out, "", "(data parallel: each of the %lld devices holds all of this; offload with "
             "several ranks needs parallel.shard: each rank's host then keeps 1/%lld of the state)",
             (long long)p->cost.count, (long long)p->cost.count);
@@ -309,7 +317,7 @@ static void print_memory(const struct tr_plan *p, FILE *out)
                 "parameters in fp32)", tr_dtype_name(p->compute));
     }
     snprintf(label, sizeof label, "on %s", p->device);
-    if (p->cost.count > 1) {
+    if (p->cost.count > 1 && !staged) {
         char t[4][32];
         for (int k = 0; k < 4; k++)
             fmt_bytes(p->level_total[k], t[k], sizeof t[k]);
@@ -392,8 +400,9 @@ static void print_pipeline(const struct tr_plan *p, FILE *out)
     row(out, "", "(memory per stage estimated: its share of the weights and their state, the "
         "activations of the micro-batches it holds; communication not counted)");
     if (pp->state_parted)
-        row(out, "", "(the state of each stage cut over its %d replicas: parallel.shard = "
-            "\"optimizer\")", pp->replicas);
+        row(out, "", "(the state%s of each stage cut over its %d replicas: parallel.shard = "
+            "\"%s\")", p->shard_level == TR_SHARD_GRADIENTS ? " and gradients" : "",
+            pp->replicas, tr_shard_levels[p->shard_level]);
     row(out, "", "(a stage keeps its share resident where the backend gives memory back (cpu); "
         "the activations of the micro-batches in flight wait in host memory)");
 }

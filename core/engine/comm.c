@@ -460,7 +460,8 @@ int tr_comm_allreduce_group(struct tr_comm *c, float *buf, size_t count, const i
 
 int tr_comm_has_group_parts(const struct tr_comm *c)
 {
-    return TR_HAS_SLOT(c->vt, struct tr_comm_vtable, reduce_scatter_group) &&
+    return tr_comm_has_groups(c) &&
+           TR_HAS_SLOT(c->vt, struct tr_comm_vtable, reduce_scatter_group) &&
            c->vt->reduce_scatter_group && TR_HAS_SLOT(c->vt, struct tr_comm_vtable, allgather_group) &&
            c->vt->allgather_group;
 }
@@ -511,6 +512,15 @@ int tr_comm_allgather_group(struct tr_comm *c, float *buf, size_t count, const i
                             tr_err *err)
 {
     return group_parts(c, buf, count, ranks, n, 0, err);
+}
+
+size_t tr_comm_group_start(struct tr_comm *c, int scatter, float *buf, size_t count,
+                           const int *ranks, int n, void (*after)(void *ctx, size_t arg),
+                           void *ctx, size_t arg)
+{
+    return submit(c, (struct job){.kind = scatter ? JOB_REDUCE_SCATTER_GROUP : JOB_ALLREDUCE_GROUP,
+                                  .buf = buf, .size = count, .ranks = ranks, .n_ranks = n,
+                                  .unpack = after, .hook_ctx = ctx, .hook_arg = arg});
 }
 
 size_t tr_comm_send_start(struct tr_comm *c, const void *send_buf, size_t send_bytes, int to)

@@ -111,6 +111,15 @@ int tr_comm_reduce_scatter_group(struct tr_comm *c, float *buf, size_t count, co
 int tr_comm_allgather_group(struct tr_comm *c, float *buf, size_t count, const int *ranks, int n,
                             tr_err *err);
 int tr_comm_has_group_parts(const struct tr_comm *c);
+/* A group's reduce-scatter (scatter = 1, count floats a member, as
+ * tr_comm_reduce_scatter_group) or all-reduce (0, count floats), queued
+ * without waiting: returns a ticket for tr_comm_wait; after(ctx, arg)
+ * runs on the communication thread once it succeeded.  Only the members
+ * call it (2 <= n < world), where the plugin has the group slots
+ * (tr_comm_has_group_parts); buf is the caller's until it has waited. */
+size_t tr_comm_group_start(struct tr_comm *c, int scatter, float *buf, size_t count,
+                           const int *ranks, int n, void (*after)(void *ctx, size_t arg),
+                           void *ctx, size_t arg);
 /* A send alone (send_bytes > 0 to a rank), queued on the communication
  * thread without waiting: returns a ticket for tr_comm_wait.  The caller
  * computes on while it goes, and must not touch send_buf until it has

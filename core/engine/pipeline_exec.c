@@ -51,6 +51,20 @@ struct tr_pipe_exec {
     struct tr_shard_run *pieces;
     size_t n_pieces;
     int *peers;
+    /* parallel.shard = "gradients" (ZeRO-2 inside stages; needs parts):
+     * each piece is one chunk's (piece_chunk), reduce-scattered as soon as
+     * a backward of that chunk has finished its parameters (piece_need of
+     * them; final_start/final_params: those a node finishes, CSR by node),
+     * the parts other replicas own then given back, so a stage holds its
+     * own parts of the gradients plus the pieces in flight */
+    int grads_parted;
+    int *piece_chunk, *piece_need, *piece_left;
+    int *final_start, *final_params;
+    size_t chunk_ticket[MAX_CHUNKS]; /* 1 + the last job of a chunk's pieces (0: none) */
+    size_t recent[2];                /* 1 + the last pieces' last jobs: at most 2 in flight */
+    const struct tr_backend *be;
+    struct tr_graph *g;
+    int hook_chunk;
     int *owner;                           /* tr_pipe_exec_owners */
     int *group;                           /* [P * D]: the ranks summing one tensor */
     /* buffers: a host bounce for copies between backend buffers, packed
@@ -206,38 +220,77 @@ static void find_own(struct tr_pipe_exec *x, const struct tr_graph *g)
     }
 }
 
-/* The runs of own this replica updates: all of them, or under
- * shard = "optimizer" with replicas its part of each piece: every run of
- * own cut into pieces of parallel.bucket_mb (rounded up to a multiple of
- * D), each piece into D equal parts, replica r keeping part r (the last
- * also the piece's len % D leftover floats), the rule of shard.h applied
- * to the stage's runs alone, so that a piece's reduce-scatter and
- * all-gather move this stage's floats only. */
+/* The runs of own this replica updates: all of them, or under a shard
+ * level with replicas its part of each piece: the stage's parameters in
+ * runs of one chunk's (consecutive in the flat buffer), each run cut into
+ * pieces of parallel.bucket_mb (rounded up to a multiple of D), each piece
+ * into D equal parts, replica r keeping part r (the last also the piece's
+ * len % D leftover floats): the rule of shard.h applied to the stage's
+ * chunks alone, so that a piece's collectives move this stage's floats
+ * only, and a backward of one chunk finishes its pieces. */
 static void find_updated(struct tr_pipe_exec *x, const struct tr_session *s)
 {
+    const struct tr_graph *g = s->g;
+    enum tr_shard_level level = s->cfg->parallel.shard_level;
     x->upd = x->own;
     x->n_upd = x->n_own;
-    x->zero = x->D > 1 && s->cfg->parallel.shard_level == TR_SHARD_OPTIMIZER;
+    x->zero = x->D > 1 && (level == TR_SHARD_OPTIMIZER || level == TR_SHARD_GRADIENTS);
     if (!x->zero)
         return;
+    x->grads_parted = level == TR_SHARD_GRADIENTS;
     size_t D = (size_t)x->D, unit = (tr_shard_unit_floats(s->cfg) + D - 1) / D * D;
     x->parts = tr_comm_has_group_parts(x->comm);
     x->peers = tr_xcalloc(D, sizeof *x->peers);
     for (size_t r = 0; r < D; r++)
         x->peers[r] = (int)r * x->P + x->stage;
-    for (size_t i = 0; i < x->n_own; i++)
-        x->n_pieces += (x->own[i].end - x->own[i].begin + unit - 1) / unit;
+    /* the chunk of this stage reading each parameter (one: only tied
+     * embeddings have two readers, on the first and the last stage) */
+    int *chunk_of = tr_xcalloc((size_t)g->n_tensors + 1, sizeof *chunk_of);
+    long *key = tr_xcalloc((size_t)g->n_tensors + 1, sizeof *key);
+    size_t *order = tr_xcalloc((size_t)g->n_tensors + 1, sizeof *order);
+    for (int t = 0; t < g->n_tensors; t++) {
+        chunk_of[t] = -1;
+        key[t] = (long)g->tensors[t].offset;
+    }
+    for (int c = x->stage; c < x->C; c += x->P)
+        for (int i = x->chunk[c].first_node; i <= x->chunk[c].last_node; i++)
+            for (int k = 0; k < g->nodes[i].n_in; k++) {
+                int t = g->nodes[i].in[k];
+                if (g->tensors[t].role == TR_ROLE_PARAM && g->tensors[t].numel && chunk_of[t] < 0)
+                    chunk_of[t] = c;
+            }
+    tr_order_by_key(order, (size_t)g->n_tensors, key);
+    /* runs of one chunk, in offset order; then their pieces */
+    struct tr_shard_run *run = tr_xcalloc((size_t)g->n_tensors + 1, sizeof *run);
+    int *run_chunk = tr_xcalloc((size_t)g->n_tensors + 1, sizeof *run_chunk);
+    size_t n_runs = 0;
+    for (int k = 0; k < g->n_tensors; k++) {
+        const struct tr_tensor *t = &g->tensors[order[k]];
+        int c = chunk_of[order[k]];
+        if (c < 0)
+            continue;
+        if (n_runs && run_chunk[n_runs - 1] == c && run[n_runs - 1].end == t->offset)
+            run[n_runs - 1].end = t->offset + t->numel;
+        else {
+            run_chunk[n_runs] = c;
+            run[n_runs++] = (struct tr_shard_run){t->offset, t->offset + t->numel};
+        }
+    }
+    for (size_t i = 0; i < n_runs; i++)
+        x->n_pieces += (run[i].end - run[i].begin + unit - 1) / unit;
     x->pieces = tr_xcalloc(x->n_pieces + 1, sizeof *x->pieces);
+    x->piece_chunk = tr_xcalloc(x->n_pieces + 1, sizeof *x->piece_chunk);
     x->upd = tr_xcalloc(x->n_pieces + 1, sizeof *x->upd);
     x->n_upd = 0;
-    size_t k = 0;
-    for (size_t i = 0; i < x->n_own; i++)
-        for (size_t at = x->own[i].begin; at < x->own[i].end; at += unit) {
-            size_t end = x->own[i].end - at < unit ? x->own[i].end : at + unit;
+    size_t n = 0;
+    for (size_t i = 0; i < n_runs; i++)
+        for (size_t at = run[i].begin; at < run[i].end; at += unit) {
+            size_t end = run[i].end - at < unit ? run[i].end : at + unit;
             size_t per = (end - at) / D;
             size_t b = at + (size_t)x->replica * per;
             size_t e = x->replica == x->D - 1 ? end : b + per;
-            x->pieces[k++] = (struct tr_shard_run){at, end};
+            x->piece_chunk[n] = run_chunk[i];
+            x->pieces[n++] = (struct tr_shard_run){at, end};
             if (b == e)
                 continue;
             if (x->n_upd && x->upd[x->n_upd - 1].end == b)
@@ -245,6 +298,54 @@ static void find_updated(struct tr_pipe_exec *x, const struct tr_session *s)
             else
                 x->upd[x->n_upd++] = (struct tr_shard_run){b, e};
         }
+    /* shard = "gradients": where a backward finishes each parameter (the
+     * earliest node of its chunk that adds into its gradient: backward runs
+     * last to first) and so each piece */
+    if (x->grads_parted) {
+        int *final_node = tr_xcalloc((size_t)g->n_tensors + 1, sizeof *final_node);
+        for (int t = 0; t < g->n_tensors; t++)
+            final_node[t] = -1;
+        for (int c = x->stage; c < x->C; c += x->P)
+            for (int i = x->chunk[c].last_node; i >= x->chunk[c].first_node; i--) {
+                const struct tr_node *nd = &g->nodes[i];
+                if (!tr_graph_runs_backward(g, nd))
+                    continue;
+                for (int k = 0; k < nd->n_in; k++) {
+                    const struct tr_tensor *t = &g->tensors[nd->in[k]];
+                    if (t->role == TR_ROLE_PARAM && t->grad && t->numel &&
+                        chunk_of[nd->in[k]] == c)
+                        final_node[nd->in[k]] = i;
+                }
+            }
+        x->final_start = tr_xcalloc((size_t)g->n_nodes + 2, sizeof *x->final_start);
+        for (int t = 0; t < g->n_tensors; t++)
+            if (final_node[t] >= 0)
+                x->final_start[final_node[t] + 1]++;
+        for (int i = 0; i < g->n_nodes; i++)
+            x->final_start[i + 1] += x->final_start[i];
+        x->final_params = tr_xcalloc((size_t)x->final_start[g->n_nodes] + 1,
+                                     sizeof *x->final_params);
+        int *fill = tr_xcalloc((size_t)g->n_nodes + 1, sizeof *fill);
+        x->piece_need = tr_xcalloc(x->n_pieces + 1, sizeof *x->piece_need);
+        x->piece_left = tr_xcalloc(x->n_pieces + 1, sizeof *x->piece_left);
+        for (int t = 0; t < g->n_tensors; t++) {
+            if (final_node[t] < 0)
+                continue;
+            int i = final_node[t];
+            x->final_params[x->final_start[i] + fill[i]++] = t;
+            const struct tr_tensor *p = &g->tensors[t];
+            for (size_t k = 0; k < x->n_pieces; k++)
+                if (x->pieces[k].begin < p->offset + p->numel && p->offset < x->pieces[k].end)
+                    x->piece_need[k]++;
+        }
+        free(fill);
+        free(final_node);
+    }
+    free(run);
+    free(run_chunk);
+    free(order);
+    free(key);
+    free(chunk_of);
 }
 
 /* x->group := the ranks whose stage reads tensor i, in every replica,
@@ -292,6 +393,97 @@ static int piece_parts(struct tr_pipe_exec *x, const struct tr_backend *be, floa
     return TR_OK;
 }
 
+static void zero_floats(const struct tr_backend *be, float *p, size_t n)
+{
+    tr_be_zero(be, p, n * sizeof(float));
+}
+
+/* [p, p + n) floats of be's memory given back (they read as zeros after),
+ * or zeroed where be cannot discard. */
+static void give_back(const struct tr_backend *be, float *p, size_t n)
+{
+    if (n && tr_be_can_discard(be))
+        tr_be_discard(be, p, n * sizeof(float));
+    else if (n)
+        tr_be_zero(be, p, n * sizeof(float));
+}
+
+/* After piece k's last collective, on the communication thread: the parts
+ * of its gradients other replicas own go (shard = "gradients"). */
+static void piece_summed(void *ctx, size_t k)
+{
+    struct tr_pipe_exec *x = ctx;
+    struct tr_shard_run r = x->pieces[k];
+    size_t per = (r.end - r.begin) / (size_t)x->D;
+    size_t b = r.begin + (size_t)x->replica * per, e = x->replica == x->D - 1 ? r.end : b + per;
+    give_back(x->be, x->g->grads + r.begin, b - r.begin);
+    give_back(x->be, x->g->grads + e, r.end - e);
+}
+
+/* Piece k's gradients reduce-scattered among the stage's replicas, queued
+ * (at most two pieces in flight: the one before the last is waited for
+ * first, so a stage's gradients stay its parts plus those). */
+static void submit_piece(struct tr_pipe_exec *x, size_t k)
+{
+    struct tr_shard_run r = x->pieces[k];
+    size_t per = (r.end - r.begin) / (size_t)x->D, whole = per * (size_t)x->D;
+    size_t left = r.end - r.begin - whole;
+    if (x->recent[0]) {
+        tr_err ignored = {{0}}; /* a failure stays with the comm: the step's next wait says it */
+        tr_comm_wait(x->comm, x->recent[0] - 1, &ignored);
+    }
+    size_t ticket = 0;
+    if (per)
+        ticket = tr_comm_group_start(x->comm, 1, x->g->grads + r.begin, per, x->peers, x->D,
+                                     left ? NULL : piece_summed, x, k);
+    if (left)
+        ticket = tr_comm_group_start(x->comm, 0, x->g->grads + r.begin + whole, left, x->peers,
+                                     x->D, piece_summed, x, k);
+    x->recent[0] = x->recent[1];
+    x->recent[1] = ticket + 1;
+    x->chunk_ticket[x->piece_chunk[k]] = ticket + 1;
+}
+
+/* The graph's backward hook during a backward of chunk x->hook_chunk: the
+ * pieces whose parameters node finished go. */
+static void piece_hook(void *ctx, int node)
+{
+    struct tr_pipe_exec *x = ctx;
+    for (int k = x->final_start[node]; k < x->final_start[node + 1]; k++) {
+        const struct tr_tensor *p = &x->g->tensors[x->final_params[k]];
+        for (size_t q = 0; q < x->n_pieces; q++)
+            if (x->pieces[q].begin < p->offset + p->numel && p->offset < x->pieces[q].end &&
+                --x->piece_left[q] == 0)
+                submit_piece(x, q);
+    }
+}
+
+/* Around a backward of chunk c under shard = "gradients": before, the
+ * chunk's last reduce-scatters done (the backward adds into what they
+ * leave) and its pieces armed; after, any piece left (parameters no node
+ * finished) queued. */
+static int arm_pieces(struct tr_pipe_exec *x, int c, tr_err *err)
+{
+    if (x->chunk_ticket[c] && tr_comm_wait(x->comm, x->chunk_ticket[c] - 1, err) != TR_OK)
+        return TR_ERROR;
+    for (size_t q = 0; q < x->n_pieces; q++)
+        if (x->piece_chunk[q] == c)
+            x->piece_left[q] = x->piece_need[q];
+    x->hook_chunk = c;
+    x->g->on_backward = piece_hook;
+    x->g->on_backward_ctx = x;
+    return TR_OK;
+}
+
+static void disarm_pieces(struct tr_pipe_exec *x, int c)
+{
+    x->g->on_backward = NULL;
+    x->g->on_backward_ctx = NULL;
+    for (size_t q = 0; q < x->n_pieces; q++)
+        if (x->piece_chunk[q] == c && x->piece_left[q] > 0)
+            submit_piece(x, q);
+}
+
 static int scatter_pieces(struct tr_pipe_exec *x, struct tr_session *s, tr_err *err)
 {
     return piece_parts(x, &s->be, s->g->grads, 1, err);
@@ -328,6 +520,11 @@ void tr_pipe_exec_free(struct tr_pipe_exec *x, const struct tr_backend *be)
         free(x->upd);
     free(x->owner);
     free(x->pieces);
+    free(x->piece_chunk);
+    free(x->piece_need);
+    free(x->piece_left);
+    free(x->final_start);
+    free(x->final_params);
     free(x->peers);
     free(x->group);
     free(x->inputs);
@@ -372,7 +569,17 @@ struct tr_pipe_exec *tr_pipe_exec_new(struct tr_session *s, tr_err *err)
         x->owner[i] = s->g->tensors[i].role == TR_ROLE_PARAM ? first_reader(x->readers[i]) : -1;
     /* the update of the parameters this stage reads (this replica's parts
      * of them under a shard level) */
+    x->be = &s->be;
+    x->g = s->g;
     find_updated(x, s);
+    if (x->grads_parted && !x->parts) {
+        tr_fail(err, "parallel.shard = \"gradients\" inside pipeline stages: comm '%s' has no "
+                "reduce_scatter_group and allgather_group (plugin ABI 2.7), which reduce-scatter "
+                "a stage's gradients among its replicas; use a comm plugin that has them (tcp, "
+                "mpi) or shard = \"optimizer\"",
+                s->cfg->comm.plugin ? s->cfg->comm.plugin->info->name : "none");
+        goto fail;
+    }
     if (tr_optimizer_only(&s->opt, x->upd, x->n_upd, err) != TR_OK)
         goto fail;
     for (int v = 0; v < x->V; v++) {
@@ -432,9 +639,10 @@ struct tr_pipe_exec *tr_pipe_exec_new(struct tr_session *s, tr_err *err)
             mine += x->upd[i].end - x->upd[i].begin;
         for (size_t i = 0; i < x->n_own; i++)
             all += x->own[i].end - x->own[i].begin;
-        tr_log(TR_LOG_INFO, NULL, "optimizer state sharded over each stage's %d replicas: rank 0 "
-               "keeps %zu of its stage's %zu parameters' state (parallel.shard = optimizer)",
-               x->D, mine, all);
+        tr_log(TR_LOG_INFO, NULL, "%s sharded over each stage's %d replicas: rank 0 keeps %zu "
+               "of its stage's %zu parameters' (parallel.shard = %s)",
+               x->grads_parted ? "gradients and optimizer state" : "optimizer state", x->D, mine,
+               all, x->grads_parted ? "gradients, reduce-scattered during backward" : "optimizer");
     }
     return x;
 fail:
@@ -618,10 +826,12 @@ int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_lo
     /* parameter gradients accumulate from zero: a stage's backward never
      * sees the first writer of a gradient another stage also writes (the
      * other stages' parameters: never written here) */
-    for (size_t i = 0; i < x->n_own; i++)
-        tr_be_zero(&s->be, g->grads + x->own[i].begin,
-                   (x->own[i].end - x->own[i].begin) * sizeof(float));
+    for (size_t i = 0; i < x->n_own; i++) /* under "gradients" given back: zeros, not resident */
+        (x->grads_parted ? give_back : zero_floats)(&s->be, g->grads + x->own[i].begin,
+                                                    x->own[i].end - x->own[i].begin);
     g->grads_fresh = 0;
+    memset(x->chunk_ticket, 0, sizeof x->chunk_ticket);
+    memset(x->recent, 0, sizeof x->recent);
     for (int v = 0; v < x->V; v++)
         x->last_forward[v] = -1;
     for (int i = 0; i < x->V * x->M; i++)
@@ -683,7 +893,11 @@ int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_lo
                     return TR_ERROR;
                 restore(x, s, m, c);
             }
+            if (x->grads_parted && arm_pieces(x, c, err) != TR_OK)
+                return TR_ERROR;
             tr_graph_backward_range(g, &s->be, x->chunk[c].first_node, x->chunk[c].last_node);
+            if (x->grads_parted)
+                disarm_pieces(x, c);
             x->last_forward[c / x->P] = -1;
         }
         tr_be_synchronize(&s->be);
@@ -711,19 +925,27 @@ int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_lo
      * instead (x->parts), only the tensors several stages read are summed
      * so, whole, and then count once in the units' sums: replica 0's sum
      * and the others' zeros. */
+    /* Under shard = "gradients" the pieces were reduce-scattered during the
+     * backward: a tensor several stages read has each stage's sum in the
+     * parts its replicas own and zeros elsewhere, so the same all-reduce
+     * among its readers makes it whole */
     double tw = tr_now();
     for (int i = 0; i < g->n_tensors; i++) {
         const struct tr_tensor *t = &g->tensors[i];
-        int tied = __builtin_popcountll(x->readers[i]) > 1;
+        int tied = __builtin_popcountll(x->readers[i]) > 1, reads = x->readers[i] >> x->stage & 1;
         if (t->role != TR_ROLE_PARAM || (!tied && (x->D == 1 || x->parts)))
             continue;
+        if (x->grads_parted && reads) /* its given-back parts written again */
+            tr_be_commit(&s->be, t->grad, t->numel * sizeof(float));
         int n = readers_group(x, i);
         if (tr_comm_allreduce_group(x->comm, t->grad, t->numel, x->group, n, err) != TR_OK)
             return TR_ERROR;
-        if (x->parts && x->replica > 0 && x->readers[i] >> x->stage & 1)
+        if (x->parts && !x->grads_parted && x->replica > 0 && reads)
             tr_be_zero(&s->be, t->grad, t->numel * sizeof(float));
     }
-    if (x->parts && scatter_pieces(x, s, err) != TR_OK)
+    if (x->parts && !x->grads_parted && scatter_pieces(x, s, err) != TR_OK)
+        return TR_ERROR;
+    if (x->grads_parted && x->recent[1] && tr_comm_wait(x->comm, x->recent[1] - 1, err) != TR_OK)
         return TR_ERROR;
     out->waited += tr_now() - tw;
     out->t1 = tr_now();

@@ -648,11 +648,11 @@ static int check_pipeline(struct tr_session *s, tr_err *err)
                        "procs = %lld x the data-parallel replicas (this run has %d rank%s)", where,
                        (long long)par->pipeline, (long long)par->pipeline, s->world,
                        s->world == 1 ? "" : "s");
-    if (par->shard_level > TR_SHARD_OPTIMIZER)
+    if (par->shard_level > TR_SHARD_GRADIENTS)
         return tr_fail(err, "%s: parallel.pipeline with parallel.shard = \"%s\": sharding a "
-                       "pipeline stage's gradients or parameters is not in this version; use "
-                       "shard = \"optimizer\" (each replica of a stage keeps its part of the "
-                       "stage's optimizer state) or drop it", where,
+                       "pipeline stage's parameters is not in this version; use shard = "
+                       "\"gradients\" (each replica of a stage keeps its part of the stage's "
+                       "gradients and optimizer state) or \"optimizer\", or drop it", where,
                        tr_shard_level_name(par->shard_level));
     s->replicas = s->world / (int)par->pipeline;
     return TR_OK;

@@ -9,6 +9,8 @@
 #     (2-1)/(8+2-1) = 11.1%);
 #   - interleaved with virtual stages gives each stage two chunks and a
 #     smaller theoretical bubble; gpus=4 makes 2 replicas of 2 stages;
+#   - with 2 replicas, shard = "gradients" plans each stage smaller than
+#     "optimizer" and says what it cuts;
 #   - virtual stages without interleaving and interleaved micro-batches
 #     the stages do not divide are refused (running stages:
 #     pipeline-run.sh).
@@ -30,6 +32,22 @@ grep -q 'schedule interleaved, 4 micro-batches a step through each of 2 replicas
   grep -q 'each stage runs 2 chunks of the model' p2v.txt &&
   grep -q '^  bubble .*11.1% of the devices.* idle in theory ((P-1)/(V·M+P-1))' p2v.txt ||
   { cat p2v.txt; fail "plan's interleaved pipeline"; }
+
+# 2 stages x 2 replicas: shard = "gradients" cuts each stage's gradients
+# over its replicas as well as its state, so each stage needs less
+stage0() { sed -n 's/^  stage 0 .* parameters  *\([0-9.]*\) KiB .*/\1/p' "$1"; }
+for l in optimizer gradients; do
+  "$TRAINRUN" plan "$LLAMA" "$@" parallel.pipeline=2 gpus=4 parallel.shard=$l parallel.bucket_mb=0.01 \
+    > p2$l.txt 2>&1 ||
+    { cat p2$l.txt; fail "plan 2 x 2, $l"; }
+done
+grep -q "(the state and gradients of each stage cut over its 2 replicas: parallel.shard = \"gradients\")" \
+  p2gradients.txt && grep -q "(the state of each stage cut over its 2 replicas: parallel.shard = \"optimizer\")" \
+  p2optimizer.txt && grep -q "(pipeline stages: these rows are the whole model, the optimizer state and gradients cut over a stage's replicas" \
+  p2gradients.txt && ! grep -q "^  shard levels" p2gradients.txt ||
+  { cat p2optimizer.txt p2gradients.txt; fail "plan 2 x 2: what the levels cut"; }
+awk -v a="$(stage0 p2optimizer.txt)" -v b="$(stage0 p2gradients.txt)" 'BEGIN { exit !(a > 0 && b > 0 && b < a) }' ||
+  { cat p2optimizer.txt p2gradients.txt; fail "plan 2 x 2: gradients parted do not make stage 0 smaller"; }
 
 if "$TRAINRUN" plan "$LLAMA" parallel.pipeline=2 parallel.virtual_stages=2 > v.log 2>&1; then
   fail "virtual stages under 1f1b were planned"
