@@ -1643,6 +1643,50 @@ static const struct tr_comm_vtable fake_comm_vt = {
     .allreduce_group = fake_allreduce_group,
 };
 
+/* what the fake plugin's group reduce-scatters and all-gathers saw */
+static struct {
+    int scatters, gathers;
+    size_t count;
+    int n, ranks[4];
+    float seen[8]; /* buf's first 8 floats when called */
+} fake_parts;
+
+static void fake_parts_saw(float *buf, size_t count, const int *ranks, int n)
+{
+    fake_parts.count = count;
+    fake_parts.n = n;
+    for (int i = 0; i < n && i < 4; i++)
+        fake_parts.ranks[i] = ranks[i];
+    for (size_t i = 0; i < 8 && i < count * (size_t)n; i++)
+        fake_parts.seen[i] = buf[i];
+}
+
+static int fake_reduce_scatter_group(void *self, float *buf, size_t count, const int *ranks, int n,
+                                     tr_err *err)
+{
+    (void)self, (void)err;
+    fake_parts.scatters++;
+    fake_parts_saw(buf, count, ranks, n);
+    return TR_OK;
+}
+
+static int fake_allgather_group(void *self, float *buf, size_t count, const int *ranks, int n,
+                                tr_err *err)
+{
+    (void)self, (void)err;
+    fake_parts.gathers++;
+    fake_parts_saw(buf, count, ranks, n);
+    return TR_OK;
+}
+
+/* A plugin of ABI 2.7: a group's reduce-scatter and all-gather too */
+static const struct tr_comm_vtable fake_comm_vt_27 = {
+    .struct_size = sizeof(struct tr_comm_vtable),
+    .allreduce_sum = fake_allreduce, .broadcast = fake_broadcast, .sendrecv = fake_sendrecv,
+    .allreduce_group = fake_allreduce_group, .reduce_scatter_group = fake_reduce_scatter_group,
+    .allgather_group = fake_allgather_group,
+};
+
 /* A plugin of ABI 2.5: its vtable ends before allreduce_group */
 static const struct tr_comm_vtable fake_comm_vt_25 = {
     .struct_size = offsetof(struct tr_comm_vtable, allreduce_group),
@@ -1817,6 +1861,64 @@ Test(comm, group_sums_fall_back_to_the_world_without_the_slot, .init = environme
     cr_assert_eq(tr_comm_allreduce_group(c, buf, 8, outside, 2, &err), TR_OK, "%s", err.msg);
     cr_assert(fake_sums.allreduce_calls == 2 && fake_sums.first == 0);
     cr_assert_eq(fake_sums.group_calls, 0, "a slot beyond struct_size was called");
+    tr_comm_close(c);
+    e.cfg.comm.self = NULL;
+    engine_close(&e);
+}
+
+/* ---- a group's reduce-scatter and all-gather (plugin ABI 2.7) ------------ */
+
+Test(comm, group_parts_reach_the_plugin_or_go_through_group_sums, .init = environment)
+{
+    struct engine e;
+    tr_err err = {{0}};
+    cr_assert_eq(engine_build(&e, CONFIG_DIR "tiny_gpt.lua", NULL, 0, 1, 1, &err), TR_OK, "%s",
+                 err.msg);
+    struct tr_plugin_info info;
+    const int inside[] = {1, 2}, outside[] = {0, 2};
+    float buf[8];
+    /* with the slots: the members' calls reach them with the list, a
+     * count per member, buf as given; a rank outside calls nothing */
+    struct tr_comm *c = fake_comm_open(&e, &info, &fake_comm_vt_27); /* rank 1 of 3 */
+    cr_assert(tr_comm_has_group_parts(c));
+    memset(&fake_parts, 0, sizeof fake_parts);
+    memset(&fake_sums, 0, sizeof fake_sums);
+    for (int i = 0; i < 8; i++)
+        buf[i] = (float)(i + 1);
+    tr_comm_record(c, 1);
+    cr_assert_eq(tr_comm_reduce_scatter_group(c, buf, 4, inside, 2, &err), TR_OK, "%s", err.msg);
+    cr_assert(fake_parts.scatters == 1 && fake_parts.count == 4 && fake_parts.n == 2 &&
+              fake_parts.ranks[0] == 1 && fake_parts.ranks[1] == 2 && fake_parts.seen[7] == 8);
+    cr_assert_eq(tr_comm_allgather_group(c, buf, 4, inside, 2, &err), TR_OK, "%s", err.msg);
+    cr_assert(fake_parts.gathers == 1 && fake_parts.count == 4 && fake_parts.seen[7] == 8);
+    cr_assert_eq(tr_comm_allgather_group(c, buf, 4, outside, 2, &err), TR_OK, "%s", err.msg);
+    cr_assert(fake_parts.gathers == 1 && fake_sums.group_calls == 0 && fake_sums.allreduce_calls == 0);
+    const struct tr_comm_span *spans;
+    cr_assert_eq(tr_comm_spans(c, &spans), 2);
+    cr_assert(strcmp(spans[0].kind, "group reduce-scatter") == 0 && spans[0].bytes == 32);
+    cr_assert(strcmp(spans[1].kind, "group all-gather") == 0 && spans[1].bytes == 32);
+    tr_comm_record(c, 0);
+    /* the queued form: the hook runs after the plugin's call */
+    size_t ticket = tr_comm_group_start(c, 1, buf, 4, inside, 2, NULL, NULL, 0);
+    cr_assert_eq(tr_comm_wait(c, ticket, &err), TR_OK, "%s", err.msg);
+    cr_assert_eq(fake_parts.scatters, 2);
+    tr_comm_close(c);
+    e.cfg.comm.self = NULL;
+    /* without them (a 2.6 plugin): allreduce_group over all n*count
+     * floats, the all-gather's other members' parts zeroed first */
+    c = fake_comm_open(&e, &info, &fake_comm_vt);
+    cr_assert_not(tr_comm_has_group_parts(c));
+    memset(&fake_parts, 0, sizeof fake_parts);
+    memset(&fake_sums, 0, sizeof fake_sums);
+    for (int i = 0; i < 8; i++)
+        buf[i] = (float)(i + 1);
+    cr_assert_eq(tr_comm_reduce_scatter_group(c, buf, 4, inside, 2, &err), TR_OK, "%s", err.msg);
+    cr_assert(fake_sums.group_calls == 1 && fake_sums.count == 8 && fake_sums.first == 1);
+    cr_assert_eq(tr_comm_allgather_group(c, buf, 4, inside, 2, &err), TR_OK, "%s", err.msg);
+    cr_assert(fake_sums.group_calls == 2 && fake_sums.count == 8);
+    for (int i = 0; i < 8; i++) /* member 0 (rank 1): its part kept, the other zeroed */
+        cr_assert(buf[i] == (i < 4 ? (float)(i + 1) : 0.0f), "buf[%d] = %g", i, (double)buf[i]);
+    cr_assert_eq(fake_parts.scatters + fake_parts.gathers, 0, "a slot the plugin lacks was called");
     tr_comm_close(c);
     e.cfg.comm.self = NULL;
     engine_close(&e);
