@@ -170,8 +170,8 @@ static const struct tr_option parallel_options[] = {
      "what each rank keeps only 1/world of: none; optimizer (ZeRO-1: its state); gradients "
      "(ZeRO-2: also the summed gradients, reduce-scattered in buckets as backward makes them); "
      "parameters (ZeRO-3: also the parameters, each unit gathered just before the nodes that "
-     "read it and discarded after); with pipeline stages, optimizer only, each stage's state "
-     "cut over its data-parallel replicas",
+     "read it and discarded after); with pipeline stages, optimizer or gradients, each "
+     "stage's state (and gradients) cut over its data-parallel replicas",
      offsetof(struct tr_parallel_config, shard)},
     OPT(TR_OPT_INT, "pipeline", "1", 1, 1024,
         "pipeline stages the model is cut into at block boundaries, one a rank (procs = "
