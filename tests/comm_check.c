@@ -642,9 +642,11 @@ static void same_bits_among(const int *ranks, int n, uint32_t mine)
 /* reduce_scatter_group and allgather_group among the n ranks `ranks` of
  * n*count floats (non-members return at once): the reduce-scatter's part
  * of each member checked element by element against the sums and, on
- * inexact data, bit for bit against allreduce_group's; the all-gather's
- * parts against each member's values (the rest of buf poisoned first). */
-static void group_parts(const int *ranks, int n, size_t count, uint64_t seed)
+ * inexact data, against allreduce_group's bits (as the world's
+ * reduce_scatter: within `tolerance` of the sum of magnitudes, 0: bit for
+ * bit); the all-gather's parts against each member's values (the rest of
+ * buf poisoned first). */
+static void group_parts(const int *ranks, int n, size_t count, uint64_t seed, double tolerance)
 {
     int me = -1;
     for (int i = 0; i < n; i++)
@@ -678,10 +680,17 @@ static void group_parts(const int *ranks, int n, size_t count, uint64_t seed)
             float want = 0;
             for (int k = 0; !inexact && k < n; k++)
                 want += value_of(seed, (uint64_t)ranks[k], i);
-            if (inexact ? memcmp(&x[i], &y[i], sizeof x[i]) != 0 : x[i] != want)
+            double magnitude = 0;
+            for (int k = 0; inexact && k < n; k++)
+                magnitude += fabs((double)inexact_of(seed, (uint64_t)ranks[k], i));
+            int off = inexact ? memcmp(&x[i], &y[i], sizeof x[i]) != 0 &&
+                                    fabs((double)x[i] - (double)y[i]) > tolerance * magnitude
+                              : x[i] != want;
+            if (off)
                 die("reduce_scatter_group of %zu floats a member among %s: element %zu of member "
-                    "%d is %g, want %g%s", count, who, j, me, (double)x[i],
-                    (double)(inexact ? y[i] : want), inexact ? " (allreduce_group's bits)" : "");
+                    "%d is %.9g, want %.9g%s", count, who, j, me, (double)x[i],
+                    (double)(inexact ? y[i] : want),
+                    inexact ? " (allreduce_group's, within --rs-tolerance)" : "");
         }
     }
     for (size_t i = 0; i < total; i++)
@@ -701,7 +710,7 @@ static void group_parts(const int *ranks, int n, size_t count, uint64_t seed)
     buffer_free(&a);
 }
 
-static void check_groups(void)
+static void check_groups(double tolerance)
 {
     int *g = calloc((size_t)world, sizeof *g);
     if (!g)
@@ -763,19 +772,19 @@ static void check_groups(void)
         for (int a = 0; a < world; a++)
             for (int b = a + 1; b < world; b++) {
                 g[0] = a, g[1] = b;
-                group_parts(g, 2, 1, seed++);
-                group_parts(g, 2, 777 + (size_t)a * 5 + (size_t)b, seed++);
+                group_parts(g, 2, 1, seed++, tolerance);
+                group_parts(g, 2, 777 + (size_t)a * 5 + (size_t)b, seed++, tolerance);
             }
         int n = 0;
         for (int r = 0; r < world; r += 2)
             g[n++] = r;
-        group_parts(g, n, (1u << 17) + 3, seed++);
+        group_parts(g, n, (1u << 17) + 3, seed++, tolerance);
         for (n = 0; n < world - 1; n++)
             g[n] = n + 1;
-        group_parts(g, n, 4099, seed++);
+        group_parts(g, n, 4099, seed++, tolerance);
         for (n = 0; n < world; n++)
             g[n] = n;
-        group_parts(g, n, 4099, seed++);
+        group_parts(g, n, 4099, seed++, tolerance);
         if (rank == 0)
             printf("comm_check: reduce_scatter_group and allgather_group pass among pairs, "
                    "overlapping groups and the world\n");
@@ -991,7 +1000,7 @@ static void *run_checks(void *arg)
         if (!HAS(allreduce_group))
             die("--only-groups: %s has no allreduce_group", t->plugin);
         if (world > 1)
-            check_groups();
+            check_groups(t->rs_tolerance);
         return NULL;
     }
     if (!t->only_sendrecv)
@@ -1017,7 +1026,7 @@ static void *run_checks(void *arg)
     if (t->only_sendrecv)
         return NULL;
     if (HAS(allreduce_group) && world > 1)
-        check_groups();
+        check_groups(t->rs_tolerance);
     else if (!HAS(allreduce_group) && rank == 0)
         printf("comm_check: %s has no allreduce_group (optional; pipeline replicas then "
                "all-reduce over every rank)\n",

@@ -462,8 +462,8 @@ struct tr_comm_vtable {
      * failure), member i being the one at ranks[i].  reduce_scatter_group:
      * every member gives n*count floats in buf; afterwards member i's
      * buf + i*count holds the sum over the members of those count floats
-     * (the rest of buf undefined), the bits allreduce_group would give
-     * them.  allgather_group: member i contributes buf + i*count;
+     * (the rest of buf undefined), ideally the bits allreduce_group gives
+     * them (as for reduce_scatter).  allgather_group: member i contributes buf + i*count;
      * afterwards every member holds all n*count.  Pipeline replicas of a
      * stage share their parts of it with them (parallel.shard inside
      * stages); without them the core uses allreduce_group: the same
