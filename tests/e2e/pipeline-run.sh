@@ -60,7 +60,8 @@
 #     the gradients reduce-scattered among a stage's replicas during the
 #     backward, the parts other replicas own given back): the Llama and
 #     the tied GPT interleaved within 1e-5 of one process, resumed bit for
-#     bit; refused with a comm plugin without the group slots;
+#     bit, and over mpi on 3 interleaved stages x 2 replicas; refused with
+#     a comm plugin without the group slots;
 #   - a pipeline whose ranks are not its stages, and one with the shard
 #     level "parameters", are refused naming the recipe line.
 . "$(dirname "$0")/lib.sh"
@@ -272,6 +273,16 @@ if command -v mpirun > /dev/null; then
     parallel.pipeline=3 parallel.schedule=interleaved parallel.virtual_stages=2 run_dir=six-mpi \
     --quiet > six-mpi.log 2>&1 || { cat six-mpi.log; fail "mpi: 3 interleaved stages x 2 replicas"; }
   close six-one six-mpi 1e-5 "mpi: 3 interleaved stages x 2 replicas"
+  # and with the gradients parted among the replicas (MPI_Ireduce_scatter_block
+  # on each stage's communicator, during the backward)
+  # shellcheck disable=SC2086
+  env -u TRAINRUN_RANK -u TRAINRUN_WORLD_SIZE -u TRAINRUN_MASTER timeout 300 \
+    mpirun --allow-run-as-root --oversubscribe --bind-to none \
+    --mca btl_vader_single_copy_mechanism none -np 6 "$TRAINRUN" "$LLAMA" $base $six comm=mpi \
+    parallel.pipeline=3 parallel.schedule=interleaved parallel.virtual_stages=2 $zg \
+    run_dir=six-mpi-g --quiet > six-mpi-g.log 2>&1 ||
+    { cat six-mpi-g.log; fail "mpi: 3 interleaved stages x 2 replicas, gradients parted"; }
+  close six-one six-mpi-g 1e-5 "mpi: 3 interleaved stages x 2 replicas, gradients parted"
 else
   echo "pipeline-run: mpirun is not installed: the mpi case is skipped"
 fi
