@@ -44,7 +44,8 @@
 #     best checkpoint kept), the JSON logger writes its lines, and a resume
 #     with another model is refused;
 #   - a stage killed, or stopped (comm.timeout), ends the job within a
-#     bounded time with a message naming it; SIGTERM saves a checkpoint of
+#     bounded time with a message naming it (also on 2 x 2 ranks with the
+#     gradients reduce-scattered during the backward); SIGTERM saves a checkpoint of
 #     the whole model (exit 75) that resumes on 2 stages;
 #   - parallel.shard = "optimizer" with 2 stages x 2 replicas (each
 #     replica of a stage keeps its part of the stage's optimizer state, the
@@ -440,6 +441,15 @@ kill -STOP "$r1"
 ended_within $pid 30 || { kill -9 "$r1"; cat stopped.log; fail "a stopped stage left the job running 30 s"; }
 kill -9 "$r1" 2>/dev/null || true
 grep -q 'rank 1 did not answer' stopped.log || { cat stopped.log; fail "the stopped stage is not named"; }
+# ... also with 2 replicas reduce-scattering their gradients during the
+# backward (the last rank, stage 1 of replica 1, killed or stopped)
+for fault in KILL STOP; do
+  start g$fault procs=4 parallel.shard=gradients parallel.bucket_mb=0.01 comm.timeout=2
+  kill -$fault "$r1"
+  ended_within $pid 30 || { kill -9 "$r1"; cat g$fault.log; fail "SIG$fault: a stage of 2 x 2 with gradients parted left the job running 30 s"; }
+  kill -9 "$r1" 2>/dev/null || true
+  grep -q 'rank 3' g$fault.log || { cat g$fault.log; fail "SIG$fault: the stage is not named (gradients parted)"; }
+done
 start termed
 kill -TERM $pid
 ended_within $pid 20 || { cat termed.log; fail "SIGTERM did not end 2 stages within 20 s"; }
