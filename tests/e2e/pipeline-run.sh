@@ -193,6 +193,16 @@ zg="parallel.shard=gradients parallel.bucket_mb=0.01"
 # shellcheck disable=SC2086
 run llama-2x2g "$LLAMA" procs=4 parallel.pipeline=2 $zg train.trace_every=10
 close llama-one llama-2x2g 1e-5 "llama: 2 stages x 2 replicas, gradients parted"
+# AdamW forgives gradients off by a factor (its update divides it out), so
+# the logged norms too: a part summed twice would show there
+python3 - llama-one/metrics.jsonl llama-2x2g/metrics.jsonl <<'PY' || fail "llama-2x2g: the gradient norms differ from one process"
+import json, sys
+norms = [{r["step"]: r["grad_norm"] for r in map(json.loads, open(p)) if "grad_norm" in r}
+         for p in sys.argv[1:]]
+assert norms[0] and norms[0].keys() == norms[1].keys(), norms
+for k, v in norms[0].items():
+    assert abs(norms[1][k] - v) <= 1e-4 * v, (k, v, norms[1][k])
+PY
 grep -q '"group reduce-scatter ' llama-2x2g/trace.json ||
   fail "llama-2x2g: no group reduce-scatter in rank 0's trace"
 # shellcheck disable=SC2086
