@@ -648,11 +648,16 @@ static int check_pipeline(struct tr_session *s, tr_err *err)
                        "procs = %lld x the data-parallel replicas (this run has %d rank%s)", where,
                        (long long)par->pipeline, (long long)par->pipeline, s->world,
                        s->world == 1 ? "" : "s");
+    /* "parameters" would gather each of a stage's units for every
+     * micro-batch's forward and again for its backward (2M times a step,
+     * against twice without stages), or keep them gathered through the
+     * step and save nothing at its peak: refused (scale-out.md) */
     if (par->shard_level > TR_SHARD_GRADIENTS)
-        return tr_fail(err, "%s: parallel.pipeline with parallel.shard = \"%s\": sharding a "
-                       "pipeline stage's parameters is not in this version; use shard = "
-                       "\"gradients\" (each replica of a stage keeps its part of the stage's "
-                       "gradients and optimizer state) or \"optimizer\", or drop it", where,
+        return tr_fail(err, "%s: parallel.pipeline with parallel.shard = \"%s\": a stage's "
+                       "parameters are not sharded: they would be gathered again for every "
+                       "micro-batch's forward and backward; use shard = \"gradients\" (each "
+                       "replica of a stage keeps its part of the stage's gradients and optimizer "
+                       "state), more stages, or \"parameters\" without stages", where,
                        tr_shard_level_name(par->shard_level));
     s->replicas = s->world / (int)par->pipeline;
     return TR_OK;

@@ -486,6 +486,6 @@ grep -q 'piped.lua:3: parallel.pipeline = 2 runs one stage a rank: start it with
 if "$TRAINRUN" piped.lua run_dir=pipedz procs=2 parallel.shard=parameters > pipedz.log 2>&1; then
   fail "a pipeline with sharded parameters ran"
 fi
-grep -q 'piped.lua:3: parallel.pipeline with parallel.shard = "parameters": sharding a pipeline stage.s parameters is not in this version; use shard = "gradients"' pipedz.log ||
+grep -q 'piped.lua:3: parallel.pipeline with parallel.shard = "parameters": a stage.s parameters are not sharded: they would be gathered again for every micro-batch.s forward and backward; use shard = "gradients"' pipedz.log ||
   { cat pipedz.log; fail "the shard refusal"; }
 echo "pipeline-run: ok"
