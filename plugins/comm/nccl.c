@@ -19,11 +19,15 @@
  * in one group, so both directions progress together, on the same stream
  * and waited for the same way.  NCCL takes any peer.
  *
- * allreduce_group (ABI 2.6) is left out: NCCL makes sub-communicators with
- * ncclCommSplit, which every rank of the parent must call, while the slot
- * is called by the group's members only.  The core then sums a pipeline
- * replica's gradients over every rank, the ranks outside a tensor's group
- * adding zeros (the same sums, more bytes).
+ * The group slots (allreduce_group, ABI 2.6; reduce_scatter_group and
+ * allgather_group, 2.7) run on a communicator of the members, made the
+ * first time a group is used and kept, by rank set, until destroy.  Not
+ * with ncclCommSplit, which every rank of the parent must call, while the
+ * slots are called by the members only: the group's first member makes a
+ * unique id and sends it to the others with ncclSend on the world's
+ * communicator (only the members take part), and the members then
+ * initialise the group's communicator, nonblocking, waited for against
+ * the timeout.  Any failure aborts every communicator of the plugin.
  */
 #include <trainrun/plugin.h>
 
@@ -54,8 +58,17 @@ static const struct tr_option nccl_options[] = {
     {.type = TR_OPT_END},
 };
 
+/* A group's communicator, by its members (world ranks, ascending). */
+struct group {
+    int n, *ranks;
+    ncclComm_t comm;
+};
+
 struct nccl_comm {
     ncclComm_t comm;   /* NULL once aborted */
+    struct group *groups;
+    int n_groups;
+    void *id_buf;      /* device memory a unique id travels through (groups) */
     cudaStream_t stream;
     int own_stream;    /* created here, destroyed here */
     int device;        /* CUDA device of this rank */
@@ -79,21 +92,33 @@ static double deadline_after(double timeout)
  * communicator is gone afterwards and later calls fail at once. */
 static void abort_comm(struct nccl_comm *c)
 {
+    for (int g = 0; g < c->n_groups; g++)
+        if (c->groups[g].comm) {
+            ncclCommAbort(c->groups[g].comm);
+            c->groups[g].comm = NULL;
+        }
     if (c->comm) {
         ncclCommAbort(c->comm);
         c->comm = NULL;
     }
 }
 
-static int nccl_fail(struct nccl_comm *c, tr_err *err, const char *what, ncclResult_t r)
+/* on `comm` (the world's, or a group's) */
+static int nccl_fail_on(struct nccl_comm *c, ncclComm_t comm, tr_err *err, const char *what,
+                        ncclResult_t r)
 {
-    const char *detail = ncclGetLastError(c->comm);
+    const char *detail = ncclGetLastError(comm);
     tr_fail(err, "comm nccl: %s failed on rank %d: %s%s%s (the communicator is aborted; a rank "
                  "that died or was killed makes its peers fail this way)",
             what, c->rank, ncclGetErrorString(r), detail && detail[0] ? ": " : "",
             detail ? detail : "");
     abort_comm(c);
     return TR_ERROR;
+}
+
+static int nccl_fail(struct nccl_comm *c, tr_err *err, const char *what, ncclResult_t r)
+{
+    return nccl_fail_on(c, c->comm, err, what, r);
 }
 
 static int timed_out(struct nccl_comm *c, tr_err *err, const char *what)
@@ -108,30 +133,38 @@ static int timed_out(struct nccl_comm *c, tr_err *err, const char *what)
 
 /* A nonblocking communicator may still be working on the last call
  * (ncclInProgress); wait until that settles. */
-static int settle(struct nccl_comm *c, const char *what, double deadline, tr_err *err)
+static int settle_on(struct nccl_comm *c, ncclComm_t comm, const char *what, double deadline,
+                     tr_err *err)
 {
     for (;;) {
         ncclResult_t state = ncclSuccess;
-        ncclResult_t r = ncclCommGetAsyncError(c->comm, &state);
+        ncclResult_t r = ncclCommGetAsyncError(comm, &state);
         if (r != ncclSuccess)
-            return nccl_fail(c, err, what, r);
+            return nccl_fail_on(c, comm, err, what, r);
         if (state == ncclSuccess)
             return TR_OK;
         if (state != ncclInProgress)
-            return nccl_fail(c, err, what, state);
+            return nccl_fail_on(c, comm, err, what, state);
         if (rdv_now() > deadline)
             return timed_out(c, err, what);
         sched_yield();
     }
 }
 
-/* Blocks until the queued collective is done, watching NCCL's error state. */
-static int finish(struct nccl_comm *c, const char *what, ncclResult_t queued, tr_err *err)
+static int settle(struct nccl_comm *c, const char *what, double deadline, tr_err *err)
+{
+    return settle_on(c, c->comm, what, deadline, err);
+}
+
+/* Blocks until the collective queued on `comm` is done, watching NCCL's
+ * error state. */
+static int finish_on(struct nccl_comm *c, ncclComm_t comm, const char *what, ncclResult_t queued,
+                     tr_err *err)
 {
     double start = rdv_now(), deadline = deadline_after(c->timeout);
     if (queued != ncclSuccess && queued != ncclInProgress)
-        return nccl_fail(c, err, what, queued);
-    if (settle(c, what, deadline, err) != TR_OK)
+        return nccl_fail_on(c, comm, err, what, queued);
+    if (settle_on(c, comm, what, deadline, err) != TR_OK)
         return TR_ERROR;
     for (;;) {
         cudaError_t q = cudaStreamQuery(c->stream);
@@ -143,11 +176,11 @@ static int finish(struct nccl_comm *c, const char *what, ncclResult_t queued, tr
             return TR_ERROR;
         }
         ncclResult_t state = ncclSuccess;
-        ncclResult_t r = ncclCommGetAsyncError(c->comm, &state);
+        ncclResult_t r = ncclCommGetAsyncError(comm, &state);
         if (r != ncclSuccess)
-            return nccl_fail(c, err, what, r);
+            return nccl_fail_on(c, comm, err, what, r);
         if (state != ncclSuccess && state != ncclInProgress)
-            return nccl_fail(c, err, what, state);
+            return nccl_fail_on(c, comm, err, what, state);
         double now = rdv_now();
         if (now > deadline)
             return timed_out(c, err, what);
@@ -155,6 +188,11 @@ static int finish(struct nccl_comm *c, const char *what, ncclResult_t queued, tr
         if (now - start > 0.002)
             rdv_sleep(20e-6);
     }
+}
+
+static int finish(struct nccl_comm *c, const char *what, ncclResult_t queued, tr_err *err)
+{
+    return finish_on(c, c->comm, what, queued, err);
 }
 
 /* The core's communication thread is not the thread that created the
@@ -239,6 +277,143 @@ static int nccl_sendrecv(void *self, const void *send_buf, size_t send_bytes, in
     /* the group is closed whatever happened inside it */
     ncclResult_t end = ncclGroupEnd();
     return finish(c, what, r != ncclSuccess ? r : end, err);
+}
+
+/* ---- groups: a communicator of the members ---------------------------------- */
+
+/* The communicator of the group `ranks` (n world ranks, ascending, this
+ * rank at *me) for a call of `what`: the world's for the whole world,
+ * else the group's, made now on its first use. */
+static int group_comm(struct nccl_comm *c, const int *ranks, int n, const char *what, int *me,
+                      ncclComm_t *out, tr_err *err)
+{
+    *me = -1;
+    for (int i = 0; i < n; i++) {
+        if (ranks[i] < 0 || ranks[i] >= c->world || (i && ranks[i] <= ranks[i - 1]))
+            return tr_fail(err, "comm nccl: %s on rank %d: the ranks must ascend from 0 to %d "
+                           "without repeats (rank %d at position %d)",
+                           what, c->rank, c->world - 1, ranks[i], i);
+        if (ranks[i] == c->rank)
+            *me = i;
+    }
+    if (*me < 0)
+        return tr_fail(err, "comm nccl: %s called on rank %d, which is not among its %d ranks: "
+                       "only the members call it", what, c->rank, n);
+    if (enter(c, err) != TR_OK)
+        return TR_ERROR;
+    *out = c->comm;
+    if (n == c->world)
+        return TR_OK;
+    for (int g = 0; g < c->n_groups; g++)
+        if (c->groups[g].n == n && memcmp(c->groups[g].ranks, ranks, sizeof *ranks * (size_t)n) == 0) {
+            if (!(*out = c->groups[g].comm))
+                return tr_fail(err, "comm nccl: the communicator was aborted after an earlier "
+                               "error");
+            return TR_OK;
+        }
+    struct group *more = realloc(c->groups, sizeof *more * (size_t)(c->n_groups + 1));
+    int *copy = malloc(sizeof *copy * (size_t)n);
+    if (more)
+        c->groups = more;
+    if (!more || !copy) {
+        free(copy);
+        return tr_fail(err, "comm nccl: out of memory for a group");
+    }
+    memcpy(copy, ranks, sizeof *copy * (size_t)n);
+    /* the first member's unique id to the others, point to point on the world's */
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    cudaError_t e = c->id_buf ? cudaSuccess : cudaMalloc(&c->id_buf, sizeof id);
+    if (e == cudaSuccess && *me == 0 && ncclGetUniqueId(&id) != ncclSuccess) {
+        free(copy);
+        return tr_fail(err, "comm nccl: ncclGetUniqueId for a group of %d ranks failed", n);
+    }
+    if (e == cudaSuccess && *me == 0)
+        e = cudaMemcpy(c->id_buf, &id, sizeof id, cudaMemcpyHostToDevice);
+    /* from pageable memory the copy may return before it has run, on the
+     * legacy stream, which a non-blocking stream does not wait for */
+    if (e == cudaSuccess && *me == 0)
+        e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        free(copy);
+        return cuda_fail(err, "a group's unique id", e);
+    }
+    char making[160];
+    snprintf(making, sizeof making, "making the communicator of %d ranks from rank %d for %s", n,
+             ranks[0], what);
+    ncclResult_t r = ncclGroupStart();
+    for (int i = 1; r == ncclSuccess && i < n; i++)
+        if (*me == 0)
+            r = ncclSend(c->id_buf, sizeof id, ncclUint8, ranks[i], c->comm, c->stream);
+        else if (i == *me)
+            r = ncclRecv(c->id_buf, sizeof id, ncclUint8, ranks[0], c->comm, c->stream);
+    ncclResult_t end = ncclGroupEnd();
+    if (finish(c, making, r != ncclSuccess ? r : end, err) != TR_OK) {
+        free(copy);
+        return TR_ERROR;
+    }
+    if (*me > 0 && (e = cudaMemcpy(&id, c->id_buf, sizeof id, cudaMemcpyDeviceToHost)) != cudaSuccess) {
+        free(copy);
+        return cuda_fail(err, "a group's unique id", e);
+    }
+    ncclConfig_t ncfg = NCCL_CONFIG_INITIALIZER;
+    ncfg.blocking = 0; /* a member that never joins costs a timeout, not a hang */
+    ncclComm_t comm = NULL;
+    r = ncclCommInitRankConfig(&comm, n, id, *me, &ncfg);
+    c->groups[c->n_groups++] = (struct group){n, copy, comm};
+    if (r != ncclSuccess && r != ncclInProgress)
+        return nccl_fail_on(c, comm, err, making, r);
+    if (settle_on(c, comm, making, deadline_after(c->timeout), err) != TR_OK)
+        return TR_ERROR;
+    *out = comm;
+    return TR_OK;
+}
+
+static int nccl_allreduce_group(void *self, float *buf, size_t count, const int *ranks, int n,
+                                tr_err *err)
+{
+    struct nccl_comm *c = self;
+    int me;
+    ncclComm_t comm;
+    if (group_comm(c, ranks, n, "allreduce_group", &me, &comm, err) != TR_OK)
+        return TR_ERROR;
+    if (n == 1 || count == 0)
+        return TR_OK;
+    return finish_on(c, comm, "allreduce_group",
+                     ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, comm, c->stream), err);
+}
+
+/* in place, as reduce_scatter: member i's sums at buf + i*count */
+static int nccl_reduce_scatter_group(void *self, float *buf, size_t count, const int *ranks, int n,
+                                     tr_err *err)
+{
+    struct nccl_comm *c = self;
+    int me;
+    ncclComm_t comm;
+    if (group_comm(c, ranks, n, "reduce_scatter_group", &me, &comm, err) != TR_OK)
+        return TR_ERROR;
+    if (n == 1 || count == 0)
+        return TR_OK;
+    return finish_on(c, comm, "reduce_scatter_group",
+                     ncclReduceScatter(buf, buf + (size_t)me * count, count, ncclFloat, ncclSum,
+                                       comm, c->stream),
+                     err);
+}
+
+static int nccl_allgather_group(void *self, float *buf, size_t count, const int *ranks, int n,
+                                tr_err *err)
+{
+    struct nccl_comm *c = self;
+    int me;
+    ncclComm_t comm;
+    if (group_comm(c, ranks, n, "allgather_group", &me, &comm, err) != TR_OK)
+        return TR_ERROR;
+    if (n == 1 || count == 0)
+        return TR_OK;
+    return finish_on(c, comm, "allgather_group",
+                     ncclAllGather(buf + (size_t)me * count, buf, count, ncclFloat, comm,
+                                   c->stream),
+                     err);
 }
 
 static const char *nccl_describe(void *self)
@@ -434,6 +609,22 @@ static void nccl_destroy(void *self)
     if (!c)
         return;
     cudaSetDevice(c->device);
+    for (int g = 0; g < c->n_groups; g++) { /* as the world's below */
+        if (c->groups[g].comm) {
+            ncclResult_t r = ncclCommFinalize(c->groups[g].comm);
+            tr_err ignored;
+            if ((r != ncclSuccess && r != ncclInProgress) ||
+                settle_on(c, c->groups[g].comm, "finalize", deadline_after(c->timeout),
+                          &ignored) != TR_OK)
+                abort_comm(c);
+            if (c->groups[g].comm)
+                ncclCommDestroy(c->groups[g].comm);
+        }
+        free(c->groups[g].ranks);
+    }
+    free(c->groups);
+    if (c->id_buf)
+        cudaFree(c->id_buf);
     if (c->comm) {
         /* Finalize flushes outstanding work; if that fails or stalls, abort. */
         tr_err ignored;
@@ -458,6 +649,9 @@ static const struct tr_comm_vtable nccl_vtable = {
     .describe = nccl_describe,
     .reduce_scatter = nccl_reduce_scatter,
     .sendrecv = nccl_sendrecv,
+    .allreduce_group = nccl_allreduce_group,
+    .reduce_scatter_group = nccl_reduce_scatter_group,
+    .allgather_group = nccl_allgather_group,
 };
 
 static const struct tr_plugin_info nccl_info = {

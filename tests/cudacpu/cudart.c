@@ -131,3 +131,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) { RT(stream_destroy, s); }
 cudaError_t cudaStreamQuery(cudaStream_t s) { RT(stream_query, s); }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) { RT(stream_synchronize, s); }
 cudaError_t cudaDeviceSynchronize(void) { RT(device_synchronize); }
+cudaError_t cudaMalloc(void **p, size_t bytes) { RT(malloc_device, p, bytes); }
+cudaError_t cudaFree(void *p) { RT(free_device, p); }
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind)
+{
+    RT(memcpy_sync, dst, src, bytes, kind);
+}

@@ -2119,4 +2119,6 @@ extern "C" __attribute__((visibility("default"))) const cudacpu_runtime_table cu
     launch_library_poll, cudaGetErrorString, cudaGetErrorName, cudaGetLastError,
     cudaGetDeviceCount, cudaGetDeviceProperties, cudaSetDevice, cudaGetDevice,
     cudaStreamCreateWithFlags, cudaStreamDestroy, cudaStreamQuery, cudaStreamSynchronize,
-    cudaDeviceSynchronize};
+    cudaDeviceSynchronize,
+    /* version 4 */
+    cudaMalloc, cudaFree, cudaMemcpy};

@@ -10,7 +10,9 @@
 #     "parameters" (fp32 and bf16), and parallel.pipeline = 2 to the losses
 #     of the same run on two CPU ranks over tcp, step by step (1e-4; bf16
 #     1e-3), with a chunk of 1 KiB so that every bucket, gather and send
-#     crosses several chunks of the fake's buffers;
+#     crosses several chunks of the fake's buffers; and 2 stages x 2
+#     replicas on 4 ranks with shard = "optimizer" and "gradients" (the
+#     plugin's group communicators) to their CPU runs over tcp;
 #   - "gradients" and "parameters" end in bit-identical weights, and within
 #     1e-5 of no sharding (the sharded levels sum each micro-batch over the
 #     ranks); without accumulation "parameters" ends bit-identical to no
@@ -76,6 +78,18 @@ python3 "$READ" close "$(weights dp_cuda)" "$(weights gradients_cuda)" 1e-5 ||
 on_both pipeline 1e-4 parallel.pipeline=2 train.steps=4 checkpoint.every=4
 python3 "$READ" close "$(weights pipeline_cpu)" "$(weights pipeline_cuda)" 1e-5 ||
   fail "2 stages: the cuda weights are not within 1e-5 of the CPU's"
+# 2 stages x 2 replicas (4 ranks, 4 emulated devices), each stage's
+# gradients reduce-scattered among its replicas during the backward and the
+# updated parts all-gathered: the plugin's group slots, each group's
+# communicator made from a unique id its first member sends the others
+for l in optimizer gradients; do
+  CUDACPU_DEVICES=4 on_both pipe2x2$l 1e-4 procs=4 parallel.pipeline=2 parallel.shard=$l \
+    train.batch=8 train.steps=4 checkpoint.every=4
+done
+grep -q "gradients and optimizer state sharded over each stage's 2 replicas" pipe2x2gradients_cuda.txt ||
+  { cat pipe2x2gradients_cuda.txt; fail "pipe2x2gradients_cuda: the stage's gradients were not parted"; }
+python3 "$READ" close "$(weights pipe2x2optimizer_cuda)" "$(weights pipe2x2gradients_cuda)" 1e-5 ||
+  fail "2 x 2 on cuda: gradients parted are not within 1e-5 of the state alone parted"
 
 # faults, under trainrun's launcher: its ranks are its children
 start() { # NAME overrides...: a long run in the background; $pid, $r1 (rank 1)

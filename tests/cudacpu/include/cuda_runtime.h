@@ -210,6 +210,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamQuery(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaMalloc(void **p, size_t bytes);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind);
 #endif
 
 /* The stand-in libraries (tests/cudacpu/cudnn.cpp, cublaslt.cpp) are shared
@@ -217,7 +220,7 @@ cudaError_t cudaDeviceSynchronize(void);
  * they find this table (the symbol cudacpu_runtime, exported by whatever
  * holds runtime.cpp: include/cudacpu_library.h) and queue their work on the
  * stream through it, where the real libraries launch their kernels. */
-#define CUDACPU_RUNTIME_VERSION 3
+#define CUDACPU_RUNTIME_VERSION 4
 /* bytes a library call reads or writes, for the stream hazard check */
 struct cudacpu_touch {
     const void *p;
@@ -252,6 +255,10 @@ struct cudacpu_runtime_table {
     cudaError_t (*stream_query)(cudaStream_t s);
     cudaError_t (*stream_synchronize)(cudaStream_t s);
     cudaError_t (*device_synchronize)(void);
+    /* version 4: device memory, for the comm plugin's group ids */
+    cudaError_t (*malloc_device)(void **p, size_t bytes);
+    cudaError_t (*free_device)(void *p);
+    cudaError_t (*memcpy_sync)(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind);
 };
 
 #ifdef __cplusplus
