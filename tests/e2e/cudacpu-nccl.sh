@@ -11,8 +11,9 @@
 #     of the same run on two CPU ranks over tcp, step by step (1e-4; bf16
 #     1e-3), with a chunk of 1 KiB so that every bucket, gather and send
 #     crosses several chunks of the fake's buffers; and 2 stages x 2
-#     replicas on 4 ranks with shard = "optimizer" and "gradients" (the
-#     plugin's group communicators) to their CPU runs over tcp;
+#     replicas on 4 ranks without a shard level and with "optimizer" and
+#     "gradients" (the plugin's group communicators) to their CPU runs over
+#     tcp;
 #   - "gradients" and "parameters" end in bit-identical weights, and within
 #     1e-5 of no sharding (the sharded levels sum each micro-batch over the
 #     ranks); without accumulation "parameters" ends bit-identical to no
@@ -78,11 +79,12 @@ python3 "$READ" close "$(weights dp_cuda)" "$(weights gradients_cuda)" 1e-5 ||
 on_both pipeline 1e-4 parallel.pipeline=2 train.steps=4 checkpoint.every=4
 python3 "$READ" close "$(weights pipeline_cpu)" "$(weights pipeline_cuda)" 1e-5 ||
   fail "2 stages: the cuda weights are not within 1e-5 of the CPU's"
-# 2 stages x 2 replicas (4 ranks, 4 emulated devices), each stage's
-# gradients reduce-scattered among its replicas during the backward and the
-# updated parts all-gathered: the plugin's group slots, each group's
-# communicator made from a unique id its first member sends the others
-for l in optimizer gradients; do
+# 2 stages x 2 replicas (4 ranks, 4 emulated devices): each stage's
+# gradients all-reduced among its replicas, or under a shard level
+# reduce-scattered (during the backward under "gradients") and the updated
+# parts all-gathered: the plugin's group slots, each group's communicator
+# made from a unique id its first member sends the others
+for l in none optimizer gradients; do
   CUDACPU_DEVICES=4 on_both pipe2x2$l 1e-4 procs=4 parallel.pipeline=2 parallel.shard=$l \
     train.batch=8 train.steps=4 checkpoint.every=4
 done
