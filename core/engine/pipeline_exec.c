@@ -36,9 +36,9 @@ struct tr_pipe_exec {
     uint64_t *readers;
     struct tr_shard_run *own;
     size_t n_own;
-    /* parallel.shard = "optimizer" with replicas (ZeRO-1 inside stages):
-     * the runs of own this replica updates and keeps state for, its part
-     * of each piece of own (find_updated); else own */
+    /* a shard level with replicas (ZeRO-1 or ZeRO-2 inside stages): the
+     * runs of own this replica updates and keeps state for, its part of
+     * each piece of own (find_updated); else own */
     struct tr_shard_run *upd;
     size_t n_upd;
     int zero;
@@ -64,7 +64,6 @@ struct tr_pipe_exec {
     size_t recent[2];                /* 1 + the last pieces' last jobs: at most 2 in flight */
     const struct tr_backend *be;
     struct tr_graph *g;
-    int hook_chunk;
     int *owner;                           /* tr_pipe_exec_owners */
     int *group;                           /* [P * D]: the ranks summing one tensor */
     /* buffers: a host bounce for copies between backend buffers, packed
@@ -444,8 +443,8 @@ static void submit_piece(struct tr_pipe_exec *x, size_t k)
     x->chunk_ticket[x->piece_chunk[k]] = ticket + 1;
 }
 
-/* The graph's backward hook during a backward of chunk x->hook_chunk: the
- * pieces whose parameters node finished go. */
+/* The graph's backward hook during a backward of one chunk: the pieces
+ * whose parameters node finished go. */
 static void piece_hook(void *ctx, int node)
 {
     struct tr_pipe_exec *x = ctx;
@@ -469,7 +468,6 @@ static int arm_pieces(struct tr_pipe_exec *x, int c, tr_err *err)
     for (size_t q = 0; q < x->n_pieces; q++)
         if (x->piece_chunk[q] == c)
             x->piece_left[q] = x->piece_need[q];
-    x->hook_chunk = c;
     x->g->on_backward = piece_hook;
     x->g->on_backward_ctx = x;
     return TR_OK;
@@ -576,7 +574,7 @@ struct tr_pipe_exec *tr_pipe_exec_new(struct tr_session *s, tr_err *err)
         tr_fail(err, "parallel.shard = \"gradients\" inside pipeline stages: comm '%s' has no "
                 "reduce_scatter_group and allgather_group (plugin ABI 2.7), which reduce-scatter "
                 "a stage's gradients among its replicas; use a comm plugin that has them (tcp, "
-                "mpi) or shard = \"optimizer\"",
+                "mpi, nccl) or shard = \"optimizer\"",
                 s->cfg->comm.plugin ? s->cfg->comm.plugin->info->name : "none");
         goto fail;
     }
@@ -923,13 +921,15 @@ int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_lo
      * plugin has groups, and add zeros to a world all-reduce where it has
      * none (tr_comm_allreduce_group).  Reduce-scattered among the replicas
      * instead (x->parts), only the tensors several stages read are summed
-     * so, whole, and then count once in the units' sums: replica 0's sum
-     * and the others' zeros. */
-    /* Under shard = "gradients" the pieces were reduce-scattered during the
-     * backward: a tensor several stages read has each stage's sum in the
-     * parts its replicas own and zeros elsewhere, so the same all-reduce
-     * among its readers makes it whole */
+     * so, whole, and then count once in the pieces' sums: replica 0's sum
+     * and the others' zeros.  Under shard = "gradients" the pieces were
+     * reduce-scattered during the backward (waited for first: the last
+     * gives back parts of what follows): a tensor several stages read has
+     * each stage's sum in the parts its replicas own and zeros elsewhere,
+     * so the same all-reduce among its readers makes it whole. */
     double tw = tr_now();
+    if (x->grads_parted && x->recent[1] && tr_comm_wait(x->comm, x->recent[1] - 1, err) != TR_OK)
+        return TR_ERROR;
     for (int i = 0; i < g->n_tensors; i++) {
         const struct tr_tensor *t = &g->tensors[i];
         int tied = __builtin_popcountll(x->readers[i]) > 1, reads = x->readers[i] >> x->stage & 1;
@@ -944,8 +944,6 @@ int tr_pipe_exec_step(struct tr_pipe_exec *x, struct tr_session *s, struct tr_lo
             tr_be_zero(&s->be, t->grad, t->numel * sizeof(float));
     }
     if (x->parts && !x->grads_parted && scatter_pieces(x, s, err) != TR_OK)
-        return TR_ERROR;
-    if (x->grads_parted && x->recent[1] && tr_comm_wait(x->comm, x->recent[1] - 1, err) != TR_OK)
         return TR_ERROR;
     out->waited += tr_now() - tw;
     out->t1 = tr_now();

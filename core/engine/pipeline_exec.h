@@ -23,7 +23,8 @@
  * embeddings) has its gradient summed over them.  With procs = P x D, ranks
  * r P .. r P + P - 1 are replica r's stages; each replica reads its share of
  * the step's micro-batches (all its stages the same ones) and the
- * gradients are summed over the replicas.
+ * gradients are summed over the replicas (or reduce-scattered among them,
+ * under a shard level: tr_pipe_exec_zero).
  */
 #ifndef TR_PIPELINE_EXEC_H
 #define TR_PIPELINE_EXEC_H
@@ -96,17 +97,23 @@ const int *tr_pipe_exec_owners(const struct tr_pipe_exec *x);
  * in place, and after each share.  A backend without discard keeps them. */
 void tr_pipe_exec_release(struct tr_pipe_exec *x, struct tr_session *s);
 
-/* parallel.shard = "optimizer" with data-parallel replicas (ZeRO-1 inside
- * stages): each replica's stage updates, and keeps optimizer state for,
- * only its part of each unit of a layout over the D replicas (shard.h);
- * the gradients are summed whole as without it.  Whether this stage does. */
+/* parallel.shard = "optimizer" or "gradients" with data-parallel replicas
+ * (ZeRO-1 or ZeRO-2 inside stages): each replica's stage updates, and
+ * keeps optimizer state for, only its part of each piece of the stage's
+ * parameters (runs of one chunk's, cut in pieces of parallel.bucket_mb,
+ * each piece in D parts: shard.h's rule over the stage's chunks).  The
+ * gradients are reduce-scattered among the stage's replicas (under
+ * "gradients" piece by piece during the backward, the other replicas'
+ * parts given back) where the comm plugin has the group slots (ABI 2.7),
+ * else summed whole.  Whether this stage does. */
 int tr_pipe_exec_zero(const struct tr_pipe_exec *x);
 /* Under it, buf (the parameters after an update, or a state slot before a
- * checkpoint; be's memory) whole on every replica again: each of this
- * stage's tensors summed among its readers in every replica, the first
- * reading stage adding its replica's parts and zeros elsewhere, the other
- * readers zeros (tr_comm_allreduce_group: twice an all-gather's bytes, but
- * a collective every comm plugin has).  Nothing otherwise. */
+ * checkpoint; be's memory) whole on every replica again: each piece's
+ * parts all-gathered among the stage's replicas (tr_comm_allgather_group);
+ * without the group slots each of the stage's tensors summed among its
+ * readers in every replica, the first reading stage adding its replica's
+ * parts and zeros elsewhere, the other readers zeros (twice an
+ * all-gather's bytes).  Nothing otherwise. */
 int tr_pipe_exec_share_parts(struct tr_pipe_exec *x, struct tr_session *s, float *buf,
                              const struct tr_backend *be, tr_err *err);
 
