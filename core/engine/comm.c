@@ -419,8 +419,7 @@ int tr_comm_has_groups(const struct tr_comm *c)
 }
 
 /* A group's list: ascending world ranks without repeats. */
-static int group_check(const struct tr_comm *c, const int *ranks, int n,
-                                         tr_err *err)
+static int group_check(const struct tr_comm *c, const int *ranks, int n, tr_err *err)
 {
     for (int i = 0; i < n; i++)
         if (ranks[i] < 0 || ranks[i] >= c->world || (i && ranks[i] <= ranks[i - 1]))

@@ -219,6 +219,18 @@ static void find_own(struct tr_pipe_exec *x, const struct tr_graph *g)
     }
 }
 
+/* Piece r in D parts: each part's floats (the return), the last part's
+ * extra leftover (*left), and replica `replica`'s part (*part). */
+static size_t piece_share(const struct tr_pipe_exec *x, struct tr_shard_run r, int replica,
+                          size_t *left, struct tr_shard_run *part)
+{
+    size_t per = (r.end - r.begin) / (size_t)x->D;
+    *left = r.end - r.begin - per * (size_t)x->D;
+    part->begin = r.begin + (size_t)replica * per;
+    part->end = replica == x->D - 1 ? r.end : part->begin + per;
+    return per;
+}
+
 /* The runs of own this replica updates: all of them, or under a shard
  * level with replicas its part of each piece: the stage's parameters in
  * runs of one chunk's (consecutive in the flat buffer), each run cut into
@@ -284,12 +296,12 @@ static void find_updated(struct tr_pipe_exec *x, const struct tr_session *s)
     size_t n = 0;
     for (size_t i = 0; i < n_runs; i++)
         for (size_t at = run[i].begin; at < run[i].end; at += unit) {
-            size_t end = run[i].end - at < unit ? run[i].end : at + unit;
-            size_t per = (end - at) / D;
-            size_t b = at + (size_t)x->replica * per;
-            size_t e = x->replica == x->D - 1 ? end : b + per;
+            size_t end = run[i].end - at < unit ? run[i].end : at + unit, left;
+            struct tr_shard_run mine;
             x->piece_chunk[n] = run_chunk[i];
             x->pieces[n++] = (struct tr_shard_run){at, end};
+            piece_share(x, x->pieces[n - 1], x->replica, &left, &mine);
+            size_t b = mine.begin, e = mine.end;
             if (b == e)
                 continue;
             if (x->n_upd && x->upd[x->n_upd - 1].end == b)
@@ -374,9 +386,9 @@ static int piece_parts(struct tr_pipe_exec *x, const struct tr_backend *be, floa
                       tr_err *err)
 {
     for (size_t k = 0; k < x->n_pieces; k++) {
-        struct tr_shard_run r = x->pieces[k];
-        size_t per = (r.end - r.begin) / (size_t)x->D, whole = per * (size_t)x->D;
-        size_t left = r.end - r.begin - whole;
+        struct tr_shard_run r = x->pieces[k], mine;
+        size_t left, per = piece_share(x, r, x->replica, &left, &mine);
+        size_t whole = per * (size_t)x->D;
         /* a state slot made whole for a save: the other parts were given back */
         tr_be_commit(be, buf + r.begin, (r.end - r.begin) * sizeof(float));
         if (per && (scatter ? tr_comm_reduce_scatter_group : tr_comm_allgather_group)(
@@ -412,11 +424,11 @@ static void give_back(const struct tr_backend *be, float *p, size_t n)
 static void piece_summed(void *ctx, size_t k)
 {
     struct tr_pipe_exec *x = ctx;
-    struct tr_shard_run r = x->pieces[k];
-    size_t per = (r.end - r.begin) / (size_t)x->D;
-    size_t b = r.begin + (size_t)x->replica * per, e = x->replica == x->D - 1 ? r.end : b + per;
-    give_back(x->be, x->g->grads + r.begin, b - r.begin);
-    give_back(x->be, x->g->grads + e, r.end - e);
+    struct tr_shard_run r = x->pieces[k], mine;
+    size_t left;
+    piece_share(x, r, x->replica, &left, &mine);
+    give_back(x->be, x->g->grads + r.begin, mine.begin - r.begin);
+    give_back(x->be, x->g->grads + mine.end, r.end - mine.end);
 }
 
 /* Piece k's gradients reduce-scattered among the stage's replicas, queued
@@ -424,9 +436,9 @@ static void piece_summed(void *ctx, size_t k)
  * first, so a stage's gradients stay its parts plus those). */
 static void submit_piece(struct tr_pipe_exec *x, size_t k)
 {
-    struct tr_shard_run r = x->pieces[k];
-    size_t per = (r.end - r.begin) / (size_t)x->D, whole = per * (size_t)x->D;
-    size_t left = r.end - r.begin - whole;
+    struct tr_shard_run r = x->pieces[k], mine;
+    size_t left, per = piece_share(x, r, x->replica, &left, &mine);
+    size_t whole = per * (size_t)x->D;
     if (x->recent[0]) {
         tr_err ignored = {{0}}; /* a failure stays with the comm: the step's next wait says it */
         tr_comm_wait(x->comm, x->recent[0] - 1, &ignored);

@@ -205,13 +205,29 @@ static int enter(struct nccl_comm *c, tr_err *err)
     return e == cudaSuccess ? TR_OK : cuda_fail(err, "cudaSetDevice", e);
 }
 
+/* The in-place collectives, on `comm` (the world's or a group's) as member
+ * `me` of it: rank r's part of an all-gather or a reduce-scatter sits at
+ * buf + r*count, where NCCL's in-place forms take it. */
+enum nccl_op { OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER };
+
+static int run_op(struct nccl_comm *c, ncclComm_t comm, int me, enum nccl_op op, float *buf,
+                  size_t count, const char *what, tr_err *err)
+{
+    float *mine = buf + (size_t)me * count;
+    ncclResult_t queued =
+        op == OP_ALLREDUCE ? ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, comm, c->stream)
+        : op == OP_REDUCE_SCATTER
+            ? ncclReduceScatter(buf, mine, count, ncclFloat, ncclSum, comm, c->stream)
+            : ncclAllGather(mine, buf, count, ncclFloat, comm, c->stream);
+    return finish_on(c, comm, what, queued, err);
+}
+
 static int nccl_allreduce_sum(void *self, float *buf, size_t count, tr_err *err)
 {
     struct nccl_comm *c = self;
     if (enter(c, err) != TR_OK)
         return TR_ERROR;
-    return finish(c, "allreduce",
-                  ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, c->comm, c->stream), err);
+    return run_op(c, c->comm, c->rank, OP_ALLREDUCE, buf, count, "allreduce", err);
 }
 
 static int nccl_broadcast(void *self, void *buf, size_t bytes, int root, tr_err *err)
@@ -231,15 +247,9 @@ static int nccl_allgather(void *self, float *buf, size_t count, tr_err *err)
     struct nccl_comm *c = self;
     if (enter(c, err) != TR_OK)
         return TR_ERROR;
-    /* in place: this rank's part already sits at buf + rank*count */
-    return finish(c, "allgather",
-                  ncclAllGather(buf + (size_t)c->rank * count, buf, count, ncclFloat, c->comm,
-                                c->stream),
-                  err);
+    return run_op(c, c->comm, c->rank, OP_ALLGATHER, buf, count, "allgather", err);
 }
 
-/* In place: NCCL's in-place reduce-scatter takes the receive buffer at
- * sendbuff + rank*recvcount, which is where the ABI wants rank r's sums. */
 static int nccl_reduce_scatter(void *self, float *buf, size_t count, tr_err *err)
 {
     struct nccl_comm *c = self;
@@ -247,10 +257,7 @@ static int nccl_reduce_scatter(void *self, float *buf, size_t count, tr_err *err
         return TR_ERROR;
     if (count == 0) /* every rank passes the same count: all skip it alike */
         return TR_OK;
-    return finish(c, "reduce_scatter",
-                  ncclReduceScatter(buf, buf + (size_t)c->rank * count, count, ncclFloat, ncclSum,
-                                    c->comm, c->stream),
-                  err);
+    return run_op(c, c->comm, c->rank, OP_REDUCE_SCATTER, buf, count, "reduce_scatter", err);
 }
 
 static int nccl_sendrecv(void *self, const void *send_buf, size_t send_bytes, int to,
@@ -369,51 +376,36 @@ static int group_comm(struct nccl_comm *c, const int *ranks, int n, const char *
     return TR_OK;
 }
 
+/* op among the group's members, on its communicator */
+static int group_op(void *self, enum nccl_op op, float *buf, size_t count, const int *ranks, int n,
+                    const char *what, tr_err *err)
+{
+    struct nccl_comm *c = self;
+    int me;
+    ncclComm_t comm;
+    if (group_comm(c, ranks, n, what, &me, &comm, err) != TR_OK)
+        return TR_ERROR;
+    if (n == 1 || count == 0)
+        return TR_OK;
+    return run_op(c, comm, me, op, buf, count, what, err);
+}
+
 static int nccl_allreduce_group(void *self, float *buf, size_t count, const int *ranks, int n,
                                 tr_err *err)
 {
-    struct nccl_comm *c = self;
-    int me;
-    ncclComm_t comm;
-    if (group_comm(c, ranks, n, "allreduce_group", &me, &comm, err) != TR_OK)
-        return TR_ERROR;
-    if (n == 1 || count == 0)
-        return TR_OK;
-    return finish_on(c, comm, "allreduce_group",
-                     ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, comm, c->stream), err);
+    return group_op(self, OP_ALLREDUCE, buf, count, ranks, n, "allreduce_group", err);
 }
 
-/* in place, as reduce_scatter: member i's sums at buf + i*count */
 static int nccl_reduce_scatter_group(void *self, float *buf, size_t count, const int *ranks, int n,
                                      tr_err *err)
 {
-    struct nccl_comm *c = self;
-    int me;
-    ncclComm_t comm;
-    if (group_comm(c, ranks, n, "reduce_scatter_group", &me, &comm, err) != TR_OK)
-        return TR_ERROR;
-    if (n == 1 || count == 0)
-        return TR_OK;
-    return finish_on(c, comm, "reduce_scatter_group",
-                     ncclReduceScatter(buf, buf + (size_t)me * count, count, ncclFloat, ncclSum,
-                                       comm, c->stream),
-                     err);
+    return group_op(self, OP_REDUCE_SCATTER, buf, count, ranks, n, "reduce_scatter_group", err);
 }
 
 static int nccl_allgather_group(void *self, float *buf, size_t count, const int *ranks, int n,
                                 tr_err *err)
 {
-    struct nccl_comm *c = self;
-    int me;
-    ncclComm_t comm;
-    if (group_comm(c, ranks, n, "allgather_group", &me, &comm, err) != TR_OK)
-        return TR_ERROR;
-    if (n == 1 || count == 0)
-        return TR_OK;
-    return finish_on(c, comm, "allgather_group",
-                     ncclAllGather(buf + (size_t)me * count, buf, count, ncclFloat, comm,
-                                   c->stream),
-                     err);
+    return group_op(self, OP_ALLGATHER, buf, count, ranks, n, "allgather_group", err);
 }
 
 static const char *nccl_describe(void *self)
