@@ -353,6 +353,11 @@ static int plan_pipeline(struct tr_plan *p, const struct tr_session *s, tr_err *
                    (double)m->inputs;
     }
     free(ops);
+    /* a device holds one stage: the largest decides whether the run fits */
+    for (int st = 1; st < P; st++)
+        if (pp->stage[st].bytes > pp->stage[pp->largest].bytes)
+            pp->largest = st;
+    p->fits = pp->stage[pp->largest].bytes <= p->usable_bytes;
     /* offloaded: each stage's host keeps its own parameters' state, the
      * largest stage's is the line to provision for */
     double largest = 0;

@@ -111,6 +111,8 @@ struct tr_plan {
         int state_parted;             /* shard = "optimizer"/"gradients": a stage's state
                                        * (and gradients) over its replicas */
         double bubble_theory, bubble_simulated;
+        int largest;                  /* the stage holding the most bytes: what one
+                                       * device must hold, and the plan's fit */
         struct tr_plan_stage {
             int first_block, last_block, has_embedding, has_head, chunks;
             int block_from[64], block_to[64]; /* each chunk's blocks (-1: none) */

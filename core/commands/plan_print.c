@@ -244,6 +244,25 @@ static void print_model(const struct tr_plan *p, FILE *out)
     }
 }
 
+/* What one device holds: the whole model's plan, or under pipeline stages
+ * the largest stage's estimate. */
+static double device_need(const struct tr_plan *p)
+{
+    return p->pipe.stages > 1 ? p->pipe.stage[p->pipe.largest].bytes : p->memory_total;
+}
+
+/* CPU ranks of one machine together: each holds its device's plan (under
+ * stages, its own stage's, for each of the stage's replicas) */
+static double ranks_need(const struct tr_plan *p)
+{
+    if (p->pipe.stages <= 1)
+        return p->memory_total * (double)p->cost.count;
+    double sum = 0;
+    for (int st = 0; st < p->pipe.stages; st++)
+        sum += p->pipe.stage[st].bytes;
+    return sum * (double)p->pipe.replicas;
+}
+
 static void print_memory(const struct tr_plan *p, FILE *out)
 {
     const struct tr_memory_report *m = &p->memory;
@@ -344,10 +363,19 @@ static void print_memory(const struct tr_plan *p, FILE *out)
                 "to give memory back; not yet run on a GPU: docs/scale-out.md)");
     }
     row(out, label, "%s: %s of %s usable (%s less a %.0f%% margin)",
-        p->fits ? "fits" : "DOES NOT FIT", fmt_bytes(p->memory_total, a, sizeof a),
+        p->fits ? "fits" : "DOES NOT FIT", fmt_bytes(device_need(p), a, sizeof a),
         fmt_bytes(p->usable_bytes, b, sizeof b), fmt_bytes(p->device_bytes, c, sizeof c),
         TR_MEMORY_MARGIN * 100);
-    if (p->max_micro_batch > 0) {
+    if (staged)
+        row(out, "", "(stage %d's estimate, the largest: below)", p->pipe.largest);
+    if (p->cpu_ranks && p->cost.count > 1)
+        row(out, "", "(%lld CPU ranks on one machine share its memory: %s together)",
+            (long long)p->cost.count, fmt_bytes(ranks_need(p), a, sizeof a));
+    if (p->max_micro_batch > 0 && staged) {
+        row(out, "largest micro-batch", "%lld for the whole model (micro_batch = \"auto\" searches "
+            "so under stages too,", (long long)p->max_micro_batch);
+        row(out, "", "then shares the batch among enough micro-batches to fill the pipeline)");
+    } else if (p->max_micro_batch > 0) {
         row(out, "largest micro-batch", "%lld (measured; what micro_batch = \"auto\" picks):",
             (long long)p->max_micro_batch);
         row(out, "", "the largest dividing the %lld samples per device per step that fits",
@@ -576,8 +604,9 @@ static void print_warnings(const struct tr_plan *p, FILE *out)
 {
     char a[64], b[64];
     if (!p->fits) {
-        fprintf(out, "\nwarning: the model does not fit on %s: %s needed per device, %s usable.\n",
-                p->device, fmt_bytes(p->memory_total, a, sizeof a),
+        fprintf(out, "\nwarning: the model does not fit on %s: %s needed per device%s, %s "
+                "usable.\n", p->device, fmt_bytes(device_need(p), a, sizeof a),
+                p->pipe.stages > 1 ? " (the largest stage)" : "",
                 fmt_bytes(p->usable_bytes, b, sizeof b));
         if (p->max_micro_batch > 0)
             fprintf(out, "  Lower train.micro_batch (%lld fits and divides the batch), ",

@@ -11,6 +11,10 @@
 #     smaller theoretical bubble; gpus=4 makes 2 replicas of 2 stages;
 #   - with 2 replicas, shard = "gradients" plans each stage smaller than
 #     "optimizer" and says what it cuts;
+#   - the memory fit is the largest stage's (what one device holds), not
+#     the whole model's: a budget between the two fits, one below the
+#     stage does not, and the warning says whose estimate it is; CPU
+#     ranks on one machine get what they hold together;
 #   - virtual stages without interleaving and interleaved micro-batches
 #     the stages do not divide are refused (running stages:
 #     pipeline-run.sh).
@@ -48,6 +52,35 @@ grep -q "(the state and gradients of each stage cut over its 2 replicas: paralle
   { cat p2optimizer.txt p2gradients.txt; fail "plan 2 x 2: what the levels cut"; }
 awk -v a="$(stage0 p2optimizer.txt)" -v b="$(stage0 p2gradients.txt)" 'BEGIN { exit !(a > 0 && b > 0 && b < a) }' ||
   { cat p2optimizer.txt p2gradients.txt; fail "plan 2 x 2: gradients parted do not make stage 0 smaller"; }
+
+# A device holds one stage: a budget between the largest stage's estimate
+# and the whole model's fits, and the plan says whose estimate it compared;
+# a budget below the largest stage does not fit, and the warning says so.
+kib() { awk -v v="$1" -v u="$2" 'BEGIN { print (u == "MiB" ? v * 1024 : u == "GiB" ? v * 1048576 : v) }'; }
+whole=$(sed -n 's/^  total  *\([0-9.]*\) \([KMG]iB\).*/\1 \2/p' p2.txt)
+most=$(sed -n 's/^  stage [0-9] .* parameters  *\([0-9.]*\) \([KMG]iB\) .*/\1 \2/p' p2.txt |
+  while read -r v u; do kib "$v" "$u"; done | sort -g | tail -1)
+whole=$(kib $whole)
+awk -v a="$most" -v b="$whole" 'BEGIN { exit !(a > 0 && a < b) }' ||
+  { cat p2.txt; fail "plan: the largest stage ($most KiB) is not below the whole model ($whole KiB)"; }
+# GiB of budget whose usable 90% lies halfway between them, then a tenth of the stage
+between=$(awk -v a="$most" -v b="$whole" 'BEGIN { printf "%.9f", (a + b) / 2 / 0.9 / 1048576 }')
+below=$(awk -v a="$most" 'BEGIN { printf "%.9f", a / 10 / 0.9 / 1048576 }')
+"$TRAINRUN" plan "$LLAMA" "$@" parallel.pipeline=2 train.memory_budget="$between" > fit.txt 2>&1 ||
+  { cat fit.txt; fail "plan with a budget between a stage and the model"; }
+grep -q '^  on train.memory_budget *fits: ' fit.txt &&
+  grep -q "(stage [01]'s estimate, the largest: below)" fit.txt && ! grep -q '^warning: the model does not fit' fit.txt ||
+  { cat fit.txt; fail "plan: a budget that holds the largest stage does not fit it"; }
+"$TRAINRUN" plan "$LLAMA" "$@" parallel.pipeline=2 train.memory_budget="$below" > nofit.txt 2>&1 ||
+  { cat nofit.txt; fail "plan with a budget below a stage"; }
+grep -q '^  on train.memory_budget *DOES NOT FIT: ' nofit.txt &&
+  grep -q '^warning: the model does not fit on train.memory_budget: .* needed per device (the largest stage)' nofit.txt ||
+  { cat nofit.txt; fail "plan: a budget below the largest stage fits"; }
+# 2 x 2 CPU ranks on one machine: the plan adds up what the four hold
+"$TRAINRUN" plan "$LLAMA" "$@" parallel.pipeline=2 cost.count=4 > ranks.txt 2>&1 ||
+  { cat ranks.txt; fail "plan 2 x 2 CPU ranks"; }
+grep -q '(4 CPU ranks on one machine share its memory: .* together)' ranks.txt ||
+  { cat ranks.txt; fail "plan: 4 CPU ranks' memory together"; }
 
 if "$TRAINRUN" plan "$LLAMA" parallel.pipeline=2 parallel.virtual_stages=2 > v.log 2>&1; then
   fail "virtual stages under 1f1b were planned"
