@@ -313,13 +313,16 @@ static int plan_pipeline(struct tr_plan *p, const struct tr_session *s, tr_err *
     double all_params = 0;
     for (int c = 0; c < C; c++)
         all_params += chunk[c].param_floats;
-    /* parameters, gradients, optimizer state and frozen weights, per parameter */
+    /* parameters, gradients, optimizer state and the backend's copies of
+     * the parameters (the CPU's bf16 mirror converts a stage's alone), per
+     * parameter; a frozen base (LoRA's) stays whole on every stage: its own
+     * arena, which no stage gives back (docs/scale-out.md) */
     /* shard = "optimizer" or "gradients" with replicas: a stage's state
      * (and gradients) are cut over them (the plan's rows are already:
      * tr_session_fit_model) */
     pp->state_parted = (par->shard_level == TR_SHARD_OPTIMIZER ||
                         par->shard_level == TR_SHARD_GRADIENTS) && pp->replicas > 1;
-    double per_param = (double)(m->params + m->grads + m->optimizer + m->frozen) /
+    double per_param = (double)(m->params + m->grads + m->optimizer + m->param_copies) /
                        (all_params > 0 ? all_params : 1);
     double kept = (double)(m->activations + m->saved), transient =
         (double)(m->activation_grads + m->scratch + m->recompute);
@@ -349,8 +352,8 @@ static int plan_pipeline(struct tr_plan *p, const struct tr_session *s, tr_err *
             most = held > most ? held : most;
         }
         g->in_flight = (double)most / V;
-        g->bytes = per_param * g->params + kept * share * g->in_flight + transient * share +
-                   (double)m->inputs;
+        g->bytes = per_param * g->params + (double)m->frozen + kept * share * g->in_flight +
+                   transient * share + (double)m->inputs;
     }
     free(ops);
     /* a device holds one stage: the largest decides whether the run fits */

@@ -427,6 +427,9 @@ static void print_pipeline(const struct tr_plan *p, FILE *out)
         pp->kind == TR_PIPE_INTERLEAVED ? "V·" : "", 100 * pp->bubble_simulated);
     row(out, "", "(memory per stage estimated: its share of the weights and their state, the "
         "activations of the micro-batches it holds; communication not counted)");
+    if (p->frozen_bytes > 0)
+        row(out, "", "(and the whole frozen base, %s: every stage keeps all of it)",
+            fmt_bytes(p->frozen_bytes, a, sizeof a));
     if (pp->state_parted)
         row(out, "", "(the state%s of each stage cut over its %d replicas: parallel.shard = "
             "\"%s\")", p->shard_level == TR_SHARD_GRADIENTS ? " and gradients" : "",

@@ -14,7 +14,8 @@
 #   - the memory fit is the largest stage's (what one device holds), not
 #     the whole model's: a budget between the two fits, one below the
 #     stage does not, and the warning says whose estimate it is; CPU
-#     ranks on one machine get what they hold together;
+#     ranks on one machine get what they hold together; each stage's
+#     estimate holds all of LoRA's frozen base, as each stage does;
 #   - virtual stages without interleaving and interleaved micro-batches
 #     the stages do not divide are refused (running stages:
 #     pipeline-run.sh).
@@ -76,6 +77,17 @@ grep -q '^  on train.memory_budget *fits: ' fit.txt &&
 grep -q '^  on train.memory_budget *DOES NOT FIT: ' nofit.txt &&
   grep -q '^warning: the model does not fit on train.memory_budget: .* needed per device (the largest stage)' nofit.txt ||
   { cat nofit.txt; fail "plan: a budget below the largest stage fits"; }
+# LoRA's frozen base stays whole on every stage (its own arena): each
+# stage's estimate holds all of it, not its share
+# (4 stages of a base wide enough to outweigh the activations: their
+# estimates add up to at least 4 times the base)
+"$TRAINRUN" plan "$LLAMA" "$@" model.dim=64 parallel.pipeline=4 lora.rank=2 lora.targets=all-linear > plora.txt 2>&1 ||
+  { cat plora.txt; fail "plan 4 stages with adapters"; }
+frozen=$(kib $(sed -n 's/^  frozen weights  *\([0-9.]*\) \([KMG]iB\).*/\1 \2/p' plora.txt))
+sum=$(sed -n 's/^  stage [0-9] .* parameters  *\([0-9.]*\) \([KMG]iB\) .*/\1 \2/p' plora.txt |
+  while read -r v u; do kib "$v" "$u"; done | awk '{ s += $1 } END { print s }')
+awk -v f="$frozen" -v s="$sum" 'BEGIN { exit !(f > 0 && s >= 4 * f) }' ||
+  { cat plora.txt; fail "plan: 4 stages' estimates ($sum KiB) leave out part of the frozen base ($frozen KiB each)"; }
 # 2 x 2 CPU ranks on one machine: the plan adds up what the four hold
 "$TRAINRUN" plan "$LLAMA" "$@" parallel.pipeline=2 cost.count=4 > ranks.txt 2>&1 ||
   { cat ranks.txt; fail "plan 2 x 2 CPU ranks"; }
