@@ -286,9 +286,8 @@ static int plan_pipeline(struct tr_plan *p, const struct tr_session *s, tr_err *
         return tr_fail(err, "gpus=%lld (cost.count) is not a multiple of parallel.pipeline = %d: "
                        "each data-parallel replica needs %d devices", (long long)p->cost.count, P, P);
     pp->replicas = pp->devices_assumed ? 1 : (int)(p->cost.count / P);
-    int64_t per_replica = p->batch / p->micro_batch / pp->replicas;
-    pp->micro_batches = par->micro_batches > 0 ? (int)par->micro_batches
-                                               : (int)(per_replica > 0 ? per_replica : 1);
+    pp->micro_batches = tr_pipe_step_micro_batches(p->batch, p->micro_batch, pp->replicas,
+                                                   par->micro_batches);
     if (pp->kind == TR_PIPE_INTERLEAVED && pp->micro_batches % P != 0)
         return tr_fail(err, "the interleaved schedule needs micro-batches a multiple of the %d "
                        "stages, and a step has %d (set parallel.micro_batches)", P,
@@ -297,9 +296,7 @@ static int plan_pipeline(struct tr_plan *p, const struct tr_session *s, tr_err *
     struct tr_pipe_chunk chunk[64];
     if (tr_pipe_partition(s->g, C, chunk, err) != TR_OK)
         return TR_ERROR;
-    double total = 0, fw[64], bw[64];
-    for (int c = 0; c < C; c++)
-        total += chunk[c].flops;
+    double fw[64], bw[64];
     for (int c = 0; c < C; c++) {
         fw[c] = chunk[c].flops / 3;
         bw[c] = 2 * chunk[c].flops / 3;
@@ -309,30 +306,23 @@ static int plan_pipeline(struct tr_plan *p, const struct tr_session *s, tr_err *
         return TR_ERROR;
     pp->bubble_theory = tr_pipe_bubble_theory(pp->kind, P, V, pp->micro_batches);
     pp->bubble_simulated = sim.bubble;
-    const struct tr_memory_report *m = &s->g->memory;
     double all_params = 0;
     for (int c = 0; c < C; c++)
         all_params += chunk[c].param_floats;
-    /* parameters, gradients, optimizer state and the backend's copies of
-     * the parameters (the CPU's bf16 mirror converts a stage's alone), per
-     * parameter; a frozen base (LoRA's) stays whole on every stage: its own
-     * arena, which no stage gives back (docs/scale-out.md) */
     /* shard = "optimizer" or "gradients" with replicas: a stage's state
      * (and gradients) are cut over them (the plan's rows are already:
      * tr_session_fit_model) */
     pp->state_parted = (par->shard_level == TR_SHARD_OPTIMIZER ||
                         par->shard_level == TR_SHARD_GRADIENTS) && pp->replicas > 1;
-    double per_param = (double)(m->params + m->grads + m->optimizer + m->param_copies) /
-                       (all_params > 0 ? all_params : 1);
-    double kept = (double)(m->activations + m->saved), transient =
-        (double)(m->activation_grads + m->scratch + m->recompute);
-    struct tr_pipe_op *ops = tr_xcalloc((size_t)(2 * pp->micro_batches * V), sizeof *ops);
+    double bytes[64], in_flight[64], share[64];
+    pp->largest = tr_pipe_stage_memory(s->g, chunk, pp->kind, P, V, pp->micro_batches, bytes,
+                                       in_flight, share, err);
+    if (pp->largest < 0)
+        return TR_ERROR;
     for (int st = 0; st < P; st++) {
         struct tr_plan_stage *g = &pp->stage[st];
         g->first_block = g->last_block = -1;
-        double share = 0;
         for (int c = st; c < C; c += P) {
-            share += total > 0 ? chunk[c].flops / total : 0;
             g->params += chunk[c].param_floats;
             g->has_embedding |= chunk[c].has_embedding;
             g->has_head |= chunk[c].has_head;
@@ -344,23 +334,12 @@ static int plan_pipeline(struct tr_plan *p, const struct tr_session *s, tr_err *
             g->block_to[g->chunks] = chunk[c].last_block;
             g->chunks++;
         }
-        g->flops_share = share;
-        /* the most (micro-batch, chunk) pairs the stage holds at once, in chunks */
-        int len = tr_pipe_schedule(pp->kind, P, V, pp->micro_batches, st, ops), held = 0, most = 0;
-        for (int i = 0; i < len; i++) {
-            held += ops[i].backward ? -1 : 1;
-            most = held > most ? held : most;
-        }
-        g->in_flight = (double)most / V;
-        g->bytes = per_param * g->params + (double)m->frozen + kept * share * g->in_flight +
-                   transient * share + (double)m->inputs;
+        g->flops_share = share[st];
+        g->in_flight = in_flight[st];
+        g->bytes = bytes[st];
     }
-    free(ops);
     /* a device holds one stage: the largest decides whether the run fits */
-    for (int st = 1; st < P; st++)
-        if (pp->stage[st].bytes > pp->stage[pp->largest].bytes)
-            pp->largest = st;
-    p->fits = pp->stage[pp->largest].bytes <= p->usable_bytes;
+    p->fits = bytes[pp->largest] <= p->usable_bytes;
     /* offloaded: each stage's host keeps its own parameters' state, the
      * largest stage's is the line to provision for */
     double largest = 0;

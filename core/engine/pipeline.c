@@ -315,3 +315,61 @@ void tr_pipe_readers(const struct tr_graph *g, const struct tr_pipe_chunk *chunk
         if (g->tensors[i].role == TR_ROLE_PARAM && !readers[i])
             readers[i] = 1;
 }
+
+int tr_pipe_step_micro_batches(int64_t batch, int64_t micro_batch, int64_t replicas,
+                               int64_t configured)
+{
+    if (configured > 0)
+        return (int)configured;
+    int64_t m = micro_batch > 0 && replicas > 0 ? batch / micro_batch / replicas : 1;
+    return m > 0 ? (int)m : 1;
+}
+
+int tr_pipe_stage_memory(const struct tr_graph *g, const struct tr_pipe_chunk *chunk,
+                         enum tr_pipe_kind kind, int P, int V, int M, double *bytes,
+                         double *in_flight, double *flops_share, tr_err *err)
+{
+    int C = P * V;
+    const struct tr_memory_report *m = &g->memory;
+    double total = 0, all_params = 0;
+    for (int c = 0; c < C; c++) {
+        total += chunk[c].flops;
+        all_params += chunk[c].param_floats;
+    }
+    double per_param = (double)(m->params + m->grads + m->optimizer + m->param_copies) /
+                       (all_params > 0 ? all_params : 1);
+    double kept = (double)(m->activations + m->saved),
+           transient = (double)(m->activation_grads + m->scratch + m->recompute);
+    struct tr_pipe_op *ops = tr_xcalloc((size_t)(2 * M * V), sizeof *ops);
+    int largest = 0;
+    for (int st = 0; st < P; st++) {
+        double share = 0, params = 0;
+        for (int c = st; c < C; c += P) {
+            share += total > 0 ? chunk[c].flops / total : 0;
+            params += chunk[c].param_floats;
+        }
+        /* the most (micro-batch, chunk) pairs the stage holds at once */
+        int len = tr_pipe_schedule(kind, P, V, M, st, ops), held = 0, most = 0;
+        if (len < 0) {
+            free(ops);
+            return tr_fail(err, "the %s schedule takes micro-batches in groups of the %d "
+                           "stages, and a step has %d (set parallel.micro_batches, or "
+                           "train.batch and train.micro_batch)", tr_pipe_kinds[kind], P, M), -1;
+        }
+        for (int i = 0; i < len; i++) {
+            held += ops[i].backward ? -1 : 1;
+            most = held > most ? held : most;
+        }
+        double flight = (double)most / V;
+        bytes[st] = per_param * params + (double)m->frozen + kept * share * flight +
+                    transient * share + (double)m->inputs;
+        if (in_flight)
+            in_flight[st] = flight;
+        if (flops_share)
+            flops_share[st] = share;
+        if (bytes[st] > bytes[largest])
+            largest = st;
+    }
+    free(ops);
+    return largest;
+}

@@ -65,6 +65,27 @@ struct tr_pipe_chunk {
 };
 int tr_pipe_partition(const struct tr_graph *g, int chunks, struct tr_pipe_chunk *out, tr_err *err);
 
+/* The micro-batches a pipeline step runs on each of `replicas` replicas:
+ * parallel.micro_batches where set (configured > 0), else the replica's
+ * share of the batch in micro-batches (at least 1). */
+int tr_pipe_step_micro_batches(int64_t batch, int64_t micro_batch, int64_t replicas,
+                               int64_t configured);
+
+/* Each stage's memory, estimated from the whole graph's plan (g->memory,
+ * at its micro-batch) cut by chunk[] (P*V of them, tr_pipe_partition):
+ * its share of the parameters, their gradients, optimizer state and the
+ * backend's copies of them (by parameters; with parted, the stage's
+ * replicas already hold their parts in g->memory); the whole frozen base
+ * (LoRA's: every stage keeps all of it); the activations of the most
+ * micro-batches the schedule has it hold at once, and one micro-batch's
+ * transients, by its share of the FLOPs; the inputs.  Per stage s:
+ * bytes[s], and in_flight[s] (those micro-batches, in whole-stage units:
+ * chunks held / V) and flops_share[s] where not NULL.  Returns the index
+ * of the largest stage, or -1 (and says why in err). */
+int tr_pipe_stage_memory(const struct tr_graph *g, const struct tr_pipe_chunk *chunk,
+                         enum tr_pipe_kind kind, int P, int V, int M, double *bytes,
+                         double *in_flight, double *flops_share, tr_err *err);
+
 /* For each tensor of g (readers[g->n_tensors]), the stages (bit s) whose
  * chunks read it as a parameter, chunk c running on stage c mod P; a
  * parameter no node reads is the first stage's (it updates, shares and

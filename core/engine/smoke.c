@@ -1,6 +1,7 @@
 /* Smoke runs (`trainrun --smoke`): the recipe's memory against its target
  * device, then 2 optimizer steps of the same recipe made small on the CPU,
  * through the real data source, ending with a checkpoint round trip. */
+#include "pipeline.h"
 #include "run.h"
 #include "session.h"
 
@@ -67,7 +68,34 @@ struct smoke_fit_input {
     int is_auto, budget;             /* micro_batch = "auto"; train.memory_budget given */
     int64_t ctx;                     /* model.ctx, 0: none */
     int ranks, stages;               /* the recipe runs on several ranks; with pipeline stages */
+    int stage;                       /* with stages: the largest, whose need is `need` */
+    size_t whole;                    /* the whole model's (need without stages) */
 };
+
+/* With pipeline stages a device holds one stage: the largest stage's
+ * estimate (pipeline.h) at the micro-batches a step of the recipe's ranks
+ * (procs = stages x replicas) runs, instead of the whole model's. */
+static int smoke_stage_need(const struct tr_config *cfg, const struct tr_session *s,
+                            struct smoke_fit_input *in, tr_err *err)
+{
+    const struct tr_parallel_config *par = &cfg->parallel;
+    int P = (int)par->pipeline, V = (int)par->virtual_stages;
+    struct tr_pipe_chunk chunk[64];
+    double bytes[64];
+    if (P * V > 64)
+        return tr_fail(err, "parallel.pipeline x virtual_stages = %d: up to 64 chunks", P * V);
+    int64_t replicas = par->procs >= P ? par->procs / P : 1;
+    int M = tr_pipe_step_micro_batches(cfg->train.batch, s->micro_batch, replicas,
+                                       par->micro_batches);
+    if (tr_pipe_partition(s->g, P * V, chunk, err) != TR_OK)
+        return TR_ERROR;
+    in->stage = tr_pipe_stage_memory(s->g, chunk, par->schedule_kind, P, V, M, bytes, NULL, NULL,
+                                     err);
+    if (in->stage < 0)
+        return TR_ERROR;
+    in->need = (size_t)bytes[in->stage];
+    return TR_OK;
+}
 
 static int smoke_memory(const char *recipe, const char *const *overrides, int n_overrides,
                         struct smoke_fit_input *in, tr_err *err)
@@ -89,9 +117,11 @@ static int smoke_memory(const char *recipe, const char *const *overrides, int n_
         in->micro_batch = s.micro_batch;
         in->budget = cfg.train.memory_budget > 0;
         in->report = s.g->memory;
-        in->need = tr_graph_memory_total(&s.g->memory);
+        in->need = in->whole = tr_graph_memory_total(&s.g->memory);
         in->have = s.device.bytes;
         snprintf(in->what, sizeof in->what, "%s", s.device.what);
+        if (in->stages)
+            rc = smoke_stage_need(&cfg, &s, in, err);
     }
     /* the data at the recipe's micro-batch (the smoke run's own is 1), once
      * it fits: a recipe that does not fit gets that diagnosis first */
@@ -111,7 +141,7 @@ static int smoke_fit(const struct smoke_fit_input *in)
     tr_format_bytes(in->have, b, sizeof b);
     if ((double)in->need > (1.0 - TR_MEMORY_MARGIN) * in->have) {
         /* only the levers that are not pulled yet */
-        char advice[384] = "", mb[64] = "";
+        char advice[384] = "", mb[128] = "";
         if (in->micro_batch > 1)
             snprintf(advice, sizeof advice, "lower train.micro_batch (or \"auto\"), ");
         if (in->ctx > 0) /* activations grow with the context */
@@ -126,10 +156,18 @@ static int smoke_fit(const struct smoke_fit_input *in)
                      "raise train.memory_budget, ");
         if (in->is_auto)
             snprintf(mb, sizeof mb, " at micro-batch 1 (the least \"auto\" picks)");
+        if (in->stages)
+            snprintf(mb + strlen(mb), sizeof mb - strlen(mb), " (stage %d's, the largest)",
+                     in->stage);
         fprintf(stderr, "smoke: FAILED: won't fit: the recipe needs %s per device%s but %s has %s "
-                        "(with a %.0f%% margin); %sor use a smaller model\n", a, mb, in->what, b,
-                100 * TR_MEMORY_MARGIN, advice);
+                        "(with a %.0f%% margin); %s%sor use a smaller model\n", a, mb, in->what, b,
+                100 * TR_MEMORY_MARGIN, advice, in->stages ? "more stages, " : "");
         return TR_EXIT_ERROR;
+    }
+    if (in->stages) {
+        fprintf(stderr, "smoke: fits %s (%s of %s: stage %d's, the largest)\nsmoke: ready to "
+                "launch\n", in->what, a, b, in->stage);
+        return TR_EXIT_OK;
     }
     fprintf(stderr, "smoke: fits %s (%s of %s)\nsmoke: ready to launch\n", in->what, a, b);
     return TR_EXIT_OK;
@@ -239,10 +277,16 @@ int tr_smoke(const char *recipe, const char *const *overrides, int n_overrides, 
     fprintf(stderr, "smoke: 2 steps, checkpoint round trip ok in %.2f s\n", tr_now() - t0);
     snprintf(at, sizeof at, fit.is_auto ? "micro-batch %lld (what \"auto\" picks)"
                                         : "its micro-batch", (long long)fit.micro_batch);
-    fprintf(stderr, "smoke: the recipe needs %s per device at %s "
-                    "(activations %.0f%%, parameters+gradients+optimizer %.0f%%)\n", buf, at,
-            100.0 * (double)(report->activations + report->saved + report->recompute) / need,
-            100.0 * (double)(report->params + report->grads + report->optimizer) / need);
+    if (fit.stages) { /* the rows' shares are the whole model's */
+        char whole[32];
+        tr_format_bytes((double)fit.whole, whole, sizeof whole);
+        fprintf(stderr, "smoke: the recipe needs %s per device at %s (stage %d, the largest; "
+                "the whole model %s)\n", buf, at, fit.stage, whole);
+    } else
+        fprintf(stderr, "smoke: the recipe needs %s per device at %s "
+                        "(activations %.0f%%, parameters+gradients+optimizer %.0f%%)\n", buf, at,
+                100.0 * (double)(report->activations + report->saved + report->recompute) / need,
+                100.0 * (double)(report->params + report->grads + report->optimizer) / need);
     (void)quiet;
     return smoke_fit(&fit);
 }

@@ -39,7 +39,9 @@
 #     saved and resumed as stages);
 #   - --smoke of a recipe with stages (interleaved, 4 stages) runs its 2
 #     steps on 2 CPU ranks as 2 stages, and one with sharded parameters on
-#     2 ranks, each ending with the checkpoint round trip;
+#     2 ranks, each ending with the checkpoint round trip; one whose stages
+#     cannot cut the model, or whose step has too few micro-batches to
+#     interleave, fails before its steps, as the run would;
 #   - early stopping stops 2 stages at the step one process stops at (the
 #     best checkpoint kept), the JSON logger writes its lines, and a resume
 #     with another model is refused;
@@ -398,7 +400,7 @@ PY
 done
 
 # --smoke: ranks for a recipe of ranks
-for lever in "parallel.pipeline=4 model.layers=4 parallel.schedule=interleaved parallel.virtual_stages=2" \
+for lever in "parallel.pipeline=4 model.layers=8 parallel.schedule=interleaved parallel.virtual_stages=2 train.batch=8 train.micro_batch=1" \
              "parallel.shard=parameters procs=4"; do
   # shellcheck disable=SC2086
   "$TRAINRUN" --smoke "$LLAMA" $lever > smoke.log 2>&1 || { cat smoke.log; fail "--smoke $lever"; }
@@ -410,6 +412,22 @@ for lever in "parallel.pipeline=4 model.layers=4 parallel.schedule=interleaved p
     grep -q "checkpoint round trip ok" smoke.log && grep -q "ready to launch" smoke.log ||
     { cat smoke.log; fail "--smoke $lever: not on 2 ranks"; }
 done
+
+# a layout the model cannot be cut into (4 x 2 chunks, 6 pieces) fails the
+# smoke as it would fail the run, before any step
+if "$TRAINRUN" --smoke "$LLAMA" parallel.pipeline=4 model.layers=4 parallel.schedule=interleaved \
+     parallel.virtual_stages=2 > smoke-cut.log 2>&1; then
+  cat smoke-cut.log; fail "--smoke passed 8 chunks of a 6-piece model"
+fi
+grep -q "smoke: FAILED: pipeline: 8 stages (x virtual stages) but the model has 6 pieces" smoke-cut.log ||
+  { cat smoke-cut.log; fail "--smoke: the message for a layout that cannot be cut"; }
+# and interleaving 4 stages over the one micro-batch a step of that recipe
+if "$TRAINRUN" --smoke "$LLAMA" parallel.pipeline=4 model.layers=8 parallel.schedule=interleaved \
+     parallel.virtual_stages=2 > smoke-m.log 2>&1; then
+  cat smoke-m.log; fail "--smoke passed an interleaved schedule of 4 stages over 1 micro-batch"
+fi
+grep -q "smoke: FAILED: the interleaved schedule takes micro-batches in groups of the 4 stages, and a step has 1" smoke-m.log ||
+  { cat smoke-m.log; fail "--smoke: the message for too few micro-batches to interleave"; }
 
 # early stopping (lr 0 never improves: patience 2 stops after the 3rd
 # evaluation), the metrics logger, and a resume that changes the model

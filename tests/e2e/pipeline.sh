@@ -13,7 +13,8 @@
 #     "optimizer" and says what it cuts;
 #   - the memory fit is the largest stage's (what one device holds), not
 #     the whole model's: a budget between the two fits, one below the
-#     stage does not, and the warning says whose estimate it is; CPU
+#     stage does not, and the warning says whose estimate it is (--smoke
+#     makes the same check, from the same estimate); CPU
 #     ranks on one machine get what they hold together; each stage's
 #     estimate holds all of LoRA's frozen base, as each stage does;
 #   - virtual stages without interleaving and interleaved micro-batches
@@ -77,6 +78,18 @@ grep -q '^  on train.memory_budget *fits: ' fit.txt &&
 grep -q '^  on train.memory_budget *DOES NOT FIT: ' nofit.txt &&
   grep -q '^warning: the model does not fit on train.memory_budget: .* needed per device (the largest stage)' nofit.txt ||
   { cat nofit.txt; fail "plan: a budget below the largest stage fits"; }
+# --smoke makes the same check from the same estimate (procs = 2 stages)
+"$TRAINRUN" --smoke "$LLAMA" "$@" parallel.pipeline=2 procs=2 train.memory_budget="$between" \
+  run_dir=smoke-fit > sfit.txt 2>&1 || { cat sfit.txt; fail "smoke with a budget between a stage and the model"; }
+grep -q "^smoke: fits train.memory_budget (.* stage [01]'s, the largest)" sfit.txt &&
+  grep -q '^smoke: ready to launch' sfit.txt || { cat sfit.txt; fail "smoke: the largest stage's fit"; }
+if "$TRAINRUN" --smoke "$LLAMA" "$@" parallel.pipeline=2 procs=2 train.memory_budget="$below" \
+     run_dir=smoke-nofit > snofit.txt 2>&1; then
+  cat snofit.txt; fail "smoke passed a budget below the largest stage"
+fi
+grep -q "^smoke: FAILED: won't fit: .* per device (stage [01]'s, the largest) .*more stages" snofit.txt ||
+  { cat snofit.txt; fail "smoke: the message for a stage that does not fit"; }
+
 # LoRA's frozen base stays whole on every stage (its own arena): each
 # stage's estimate holds all of it, not its share
 # (4 stages of a base wide enough to outweigh the activations: their
