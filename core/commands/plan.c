@@ -253,13 +253,17 @@ static int plan_memory(struct tr_plan *p, const struct tr_session *s, tr_err *er
     p->usable_bytes = s->device.usable;
     p->fits = p->memory_total <= p->usable_bytes;
     plan_levels(p, &fm, s->g);
-    if (s->cfg->train.auto_micro_batch) { /* the session searched already */
-        p->max_micro_batch = p->fits ? p->micro_batch : 0;
+    /* the search micro_batch = "auto" makes (under stages: the largest
+     * stage's fit, over a replica's share of the batch) */
+    struct tr_fit_model search = tr_session_fit_search(s, &p->search_samples);
+    if (s->cfg->train.auto_micro_batch) { /* the session searched already (under stages
+                                           * plan_pipeline decides whether it fits) */
+        p->max_micro_batch = p->fits || search.stages > 1 ? p->micro_batch : 0;
         return TR_OK;
     }
     struct tr_memory_report at;
-    return tr_fit_largest(&fm, tr_fit_per_device(p->batch, p->cost.count), p->usable_bytes,
-                          &p->max_micro_batch, &at, &fit_bytes, err);
+    return tr_fit_largest(&search, p->search_samples, p->usable_bytes, &p->max_micro_batch, &at,
+                          &fit_bytes, err);
 }
 
 /* Pipeline stages: the cut (pipeline.h), each stage's share of the FLOPs
@@ -340,6 +344,8 @@ static int plan_pipeline(struct tr_plan *p, const struct tr_session *s, tr_err *
     }
     /* a device holds one stage: the largest decides whether the run fits */
     p->fits = bytes[pp->largest] <= p->usable_bytes;
+    if (s->cfg->train.auto_micro_batch && !p->fits)
+        p->max_micro_batch = 0;
     /* offloaded: each stage's host keeps its own parameters' state, the
      * largest stage's is the line to provision for */
     double largest = 0;

@@ -76,6 +76,9 @@ struct tr_plan {
     /* the largest micro-batch that divides the samples per device per step
      * and fits, measured (what micro_batch = "auto" picks); 0: not even one */
     int64_t max_micro_batch;
+    int64_t search_samples;           /* the samples a device's micro-batches share a step,
+                                       * which the largest micro-batch divides (under stages,
+                                       * a replica's) */
     double price, spot_price;         /* USD per device-hour in effect */
     double hours, dollars, spot_dollars;                         /* the recipe's steps */
     double optimal_hours, optimal_dollars, optimal_spot_dollars; /* compute-optimal tokens */

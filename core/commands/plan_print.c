@@ -145,11 +145,6 @@ static const char *fmt_device_hours(double h, char *buf, size_t size)
     return buf;
 }
 
-static int64_t samples_per_device(const struct tr_plan *p)
-{
-    return p->batch % p->cost.count == 0 ? p->batch / p->cost.count : p->batch;
-}
-
 static void print_model(const struct tr_plan *p, FILE *out)
 {
     char a[64], b[64], c[64], d[64], label[64];
@@ -371,15 +366,11 @@ static void print_memory(const struct tr_plan *p, FILE *out)
     if (p->cpu_ranks && p->cost.count > 1)
         row(out, "", "(%lld CPU ranks on one machine share its memory: %s together)",
             (long long)p->cost.count, fmt_bytes(ranks_need(p), a, sizeof a));
-    if (p->max_micro_batch > 0 && staged) {
-        row(out, "largest micro-batch", "%lld for the whole model (micro_batch = \"auto\" searches "
-            "so under stages too,", (long long)p->max_micro_batch);
-        row(out, "", "then shares the batch among enough micro-batches to fill the pipeline)");
-    } else if (p->max_micro_batch > 0) {
+    if (p->max_micro_batch > 0) {
         row(out, "largest micro-batch", "%lld (measured; what micro_batch = \"auto\" picks):",
             (long long)p->max_micro_batch);
-        row(out, "", "the largest dividing the %lld samples per device per step that fits",
-            (long long)samples_per_device(p));
+        row(out, "", "the largest dividing the %lld samples per device per step that fits%s",
+            (long long)p->search_samples, staged ? " (its largest stage)" : "");
     } else
         row(out, "largest micro-batch", "none: even one sample does not fit");
 }

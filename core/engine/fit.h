@@ -37,6 +37,12 @@ struct tr_fit_model {
     /* ... overlapping the next forward (parallel.offload_overlap): the
      * gradients of the state's parts are on the host too */
     int offload_overlap;
+    /* the micro-batch search under parallel.pipeline (tr_session_fit_search
+     * sets them; 0 elsewhere): a measure is then the largest stage's
+     * estimate (pipeline.h, tr_pipe_stage_memory) at the micro-batches a
+     * step of replica_batch samples makes, since a device holds one stage */
+    int stages;
+    int64_t replica_batch;
 };
 
 /* A measured plan of graph g as the target device holds it (other_device),

@@ -131,7 +131,26 @@ struct tr_fit_model tr_session_fit_model(const struct tr_session *s)
     return (struct tr_fit_model){cfg, &s->be, s->policy.compute, slots, other, shard_world,
                                  shard_world > 1 ? cfg->parallel.shard_level : TR_SHARD_NONE,
                                  cfg->parallel.offload_optimizer,
-                                 cfg->parallel.offload_optimizer && cfg->parallel.offload_overlap};
+                                 cfg->parallel.offload_optimizer && cfg->parallel.offload_overlap,
+                                 0, 0};
+}
+
+struct tr_fit_model tr_session_fit_search(const struct tr_session *s, int64_t *per_device)
+{
+    const struct tr_config *cfg = s->cfg;
+    struct tr_fit_model fm = tr_session_fit_model(s);
+    int64_t P = cfg->parallel.pipeline;
+    /* a plan shares the batch among the devices it plans for (gpus=N), a
+     * stage's replicas being those devices over the stages */
+    int64_t devices = s->mode == TR_SESSION_PLAN ? cfg->cost.count : s->replicas;
+    if (s->mode == TR_SESSION_PLAN && P > 1)
+        devices = devices >= P ? devices / P : 1;
+    *per_device = tr_fit_per_device(cfg->train.batch, devices);
+    if (P > 1) {
+        fm.stages = (int)P;
+        fm.replica_batch = *per_device;
+    }
+    return fm;
 }
 
 /* micro_batch = "auto": the largest that fits (fit.h).  A plan whose every
@@ -143,10 +162,9 @@ static int choose_micro_batch(struct tr_session *s, tr_err *err)
     s->micro_batch = cfg->train.micro_batch;
     if (!cfg->train.auto_micro_batch)
         return TR_OK;
-    struct tr_fit_model fm = tr_session_fit_model(s);
-    /* a plan shares the batch among the devices it plans for (gpus=N) */
+    int64_t per_device, m, batch = cfg->train.batch;
+    struct tr_fit_model fm = tr_session_fit_search(s, &per_device);
     int64_t devices = s->mode == TR_SESSION_PLAN ? cfg->cost.count : s->replicas;
-    int64_t batch = cfg->train.batch, per_device = tr_fit_per_device(batch, devices), m;
     struct tr_memory_report report;
     size_t total;
     if (tr_fit_largest(&fm, per_device, s->device.usable, &m, &report, &total, err) != TR_OK)
@@ -165,10 +183,12 @@ static int choose_micro_batch(struct tr_session *s, tr_err *err)
         if (c && c->type == TR_V_NUMBER && c->number > 1)
             snprintf(ctx, sizeof ctx, "shorten the context (model.ctx, now %.0f tokens a "
                      "sample), ", c->number);
-        return tr_fail(err, "auto micro-batch: even a micro-batch of 1 needs %s, more than the %s "
-                       "usable on %s; %s%s%suse a smaller model", a, b, s->device.what, ctx,
-                       report.recompute > 0 ? "" : "recompute activations (model.recompute) or ",
-                       cfg->train.memory_budget > 0 ? "raise train.memory_budget or " : "");
+        return tr_fail(err, "auto micro-batch: even a micro-batch of 1 needs %s%s, more than the "
+                       "%s usable on %s; %s%s%s%suse a smaller model", a,
+                       fm.stages > 1 ? " (the largest pipeline stage)" : "", b, s->device.what,
+                       ctx, report.recompute > 0 ? "" : "recompute activations (model.recompute) or ",
+                       cfg->train.memory_budget > 0 ? "raise train.memory_budget or " : "",
+                       fm.stages > 1 ? "more stages or " : "");
     }
     /* pipeline stages idle (P - 1) / (M + P - 1) of a step: the largest
      * micro-batch that fits may leave them one micro-batch to share, so it

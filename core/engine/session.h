@@ -104,6 +104,12 @@ void tr_session_close(struct tr_session *s);
  * training run's optimizer state (in every mode: the micro-batch is the
  * run's decision), the device it plans for. */
 struct tr_fit_model tr_session_fit_model(const struct tr_session *s);
+/* The same for the micro-batch search (micro_batch = "auto", plan's largest
+ * micro-batch), and the samples a device's micro-batches share a step
+ * (*per_device): the batch over the run's replicas, or the plan's devices
+ * (under stages, over the replicas they make); under stages each measure
+ * is the largest stage's (fit.h). */
+struct tr_fit_model tr_session_fit_search(const struct tr_session *s, int64_t *per_device);
 
 
 /* model = { from = "DIR" }: DIR's weights into the parameters (a fresh run

@@ -14,7 +14,8 @@
 #   - the memory fit is the largest stage's (what one device holds), not
 #     the whole model's: a budget between the two fits, one below the
 #     stage does not, and the warning says whose estimate it is (--smoke
-#     makes the same check, from the same estimate); CPU
+#     makes the same check, from the same estimate, and micro_batch =
+#     "auto" searches by it: plan and a 2-stage run pick one); CPU
 #     ranks on one machine get what they hold together; each stage's
 #     estimate holds all of LoRA's frozen base, as each stage does;
 #   - virtual stages without interleaving and interleaved micro-batches
@@ -89,6 +90,24 @@ if "$TRAINRUN" --smoke "$LLAMA" "$@" parallel.pipeline=2 procs=2 train.memory_bu
 fi
 grep -q "^smoke: FAILED: won't fit: .* per device (stage [01]'s, the largest) .*more stages" snofit.txt ||
   { cat snofit.txt; fail "smoke: the message for a stage that does not fit"; }
+
+# micro_batch = "auto" searches the same way: under that budget the whole
+# model does not fit at micro-batch 1 but its largest stage does, so plan
+# picks one and 2 stages train with it (2 steps)
+"$TRAINRUN" plan "$LLAMA" model.layers=8 train.batch=8 train.micro_batch=auto parallel.pipeline=2 \
+  train.memory_budget="$between" > pauto.txt 2>&1 || { cat pauto.txt; fail "plan auto under stages"; }
+grep -q '^  largest micro-batch  *[1-9][0-9]* (measured' pauto.txt &&
+  grep -q 'that fits (its largest stage)' pauto.txt || { cat pauto.txt; fail "plan: auto under stages"; }
+"$TRAINRUN" "$LLAMA" model.layers=8 train.batch=8 train.micro_batch=auto parallel.pipeline=2 procs=2 \
+  train.memory_budget="$between" train.steps=2 train.threads=1 run_dir=auto-run > rauto.txt 2>&1 ||
+  { cat rauto.txt; fail "2 stages with micro_batch = auto under a budget their largest stage fits"; }
+grep -q 'auto micro-batch: [1-9]' rauto.txt || { cat rauto.txt; fail "run: no auto micro-batch said"; }
+if "$TRAINRUN" "$LLAMA" model.layers=8 train.batch=8 train.micro_batch=auto parallel.pipeline=2 procs=2 \
+     train.memory_budget="$below" train.steps=2 train.threads=1 run_dir=auto-none > nauto.txt 2>&1; then
+  cat nauto.txt; fail "2 stages with micro_batch = auto ran under a budget no stage fits"
+fi
+grep -q 'auto micro-batch: even a micro-batch of 1 needs .* (the largest pipeline stage), .*more stages' nauto.txt ||
+  { cat nauto.txt; fail "run: the message when no stage fits"; }
 
 # LoRA's frozen base stays whole on every stage (its own arena): each
 # stage's estimate holds all of it, not its share
