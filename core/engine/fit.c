@@ -94,30 +94,30 @@ size_t tr_fit_host_bytes(const struct tr_fit_model *fm, size_t n_params)
            sizeof(float);
 }
 
-/* Under stages: the largest stage's estimate from g's adjusted report. */
-static int stage_bytes(const struct tr_fit_model *fm, struct tr_graph *g, int64_t m,
-                       const struct tr_memory_report *report, size_t *bytes, tr_err *err)
+int tr_fit_stages(const struct tr_config *cfg, const struct tr_graph *g, int64_t replica_batch,
+                  int64_t m, int search, size_t *bytes, int *stage, tr_err *err)
 {
-    const struct tr_parallel_config *par = &fm->cfg->parallel;
-    int P = fm->stages, V = (int)par->virtual_stages;
+    const struct tr_parallel_config *par = &cfg->parallel;
+    int P = (int)par->pipeline, V = (int)par->virtual_stages;
     struct tr_pipe_chunk chunk[64];
-    double stage[64];
+    double each[64];
     if (P * V > 64)
         return tr_fail(err, "parallel.pipeline x virtual_stages = %d: up to 64 chunks", P * V);
     if (tr_pipe_partition(g, P * V, chunk, err) != TR_OK)
         return TR_ERROR;
-    g->memory = *report;
-    int M = tr_pipe_step_micro_batches(fm->replica_batch, m, 1, par->micro_batches);
+    int M = tr_pipe_step_micro_batches(replica_batch, m, 1, par->micro_batches);
     /* a candidate whose micro-batches the interleaved schedule cannot take is
      * measured at the next count it can: the search then lowers the
      * micro-batch until the step's count is one (session.c) */
-    if (par->schedule_kind == TR_PIPE_INTERLEAVED && M % P != 0)
+    if (search && par->schedule_kind == TR_PIPE_INTERLEAVED && M % P != 0)
         M += P - M % P;
-    int largest = tr_pipe_stage_memory(g, chunk, par->schedule_kind, P, V, M, stage, NULL, NULL,
+    int largest = tr_pipe_stage_memory(g, chunk, par->schedule_kind, P, V, M, each, NULL, NULL,
                                        err);
     if (largest < 0)
         return TR_ERROR;
-    *bytes = (size_t)stage[largest];
+    *bytes = (size_t)each[largest];
+    if (stage)
+        *stage = largest;
     return TR_OK;
 }
 
@@ -132,7 +132,11 @@ int tr_fit_measure(const struct tr_fit_model *fm, int64_t m, struct tr_memory_re
     *report = g->memory;
     tr_fit_adjust(fm, g, report);
     *bytes = tr_graph_memory_total(report);
-    int rc = fm->stages > 1 ? stage_bytes(fm, g, m, report, bytes, err) : TR_OK;
+    int rc = TR_OK;
+    if (fm->stages > 1) { /* the stages' estimate reads the adjusted report */
+        g->memory = *report;
+        rc = tr_fit_stages(fm->cfg, g, fm->replica_batch, m, 1, bytes, NULL, err);
+    }
     tr_graph_free(g, NULL);
     return rc;
 }

@@ -69,6 +69,15 @@ void tr_fit_device_of(const struct tr_config *cfg, struct tr_fit_device *d);
 
 /* The model's plan at micro-batch m, measured: *report filled, the total
  * returned in *bytes.  TR_ERROR when the model does not build at m. */
+/* Under parallel.pipeline (cfg's stages, schedule and micro-batches): the
+ * largest stage's estimate from g's plan (g->memory) at micro-batch m, a
+ * replica's step having replica_batch samples (pipeline.h,
+ * tr_pipe_stage_memory), in *bytes, and that stage in *stage (may be
+ * NULL).  search: a count of micro-batches the interleaved schedule cannot
+ * take is measured at the next it can (the search goes on from there);
+ * else it is the error it would be in a run. */
+int tr_fit_stages(const struct tr_config *cfg, const struct tr_graph *g, int64_t replica_batch,
+                  int64_t m, int search, size_t *bytes, int *stage, tr_err *err);
 int tr_fit_measure(const struct tr_fit_model *fm, int64_t m, struct tr_memory_report *report,
                    size_t *bytes, tr_err *err);
 

@@ -74,8 +74,8 @@ int tr_pipe_step_micro_batches(int64_t batch, int64_t micro_batch, int64_t repli
 /* Each stage's memory, estimated from the whole graph's plan (g->memory,
  * at its micro-batch) cut by chunk[] (P*V of them, tr_pipe_partition):
  * its share of the parameters, their gradients, optimizer state and the
- * backend's copies of them (by parameters; with parted, the stage's
- * replicas already hold their parts in g->memory); the whole frozen base
+ * backend's copies of them (by parameters; under a shard level g->memory
+ * holds a replica's parts already); the whole frozen base
  * (LoRA's: every stage keeps all of it); the activations of the most
  * micro-batches the schedule has it hold at once, and one micro-batch's
  * transients, by its share of the FLOPs; the inputs.  Per stage s:

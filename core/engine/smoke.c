@@ -1,7 +1,7 @@
 /* Smoke runs (`trainrun --smoke`): the recipe's memory against its target
  * device, then 2 optimizer steps of the same recipe made small on the CPU,
  * through the real data source, ending with a checkpoint round trip. */
-#include "pipeline.h"
+#include "fit.h"
 #include "run.h"
 #include "session.h"
 
@@ -73,28 +73,15 @@ struct smoke_fit_input {
 };
 
 /* With pipeline stages a device holds one stage: the largest stage's
- * estimate (pipeline.h) at the micro-batches a step of the recipe's ranks
+ * estimate (fit.h) at the micro-batches a step of the recipe's ranks
  * (procs = stages x replicas) runs, instead of the whole model's. */
 static int smoke_stage_need(const struct tr_config *cfg, const struct tr_session *s,
                             struct smoke_fit_input *in, tr_err *err)
 {
-    const struct tr_parallel_config *par = &cfg->parallel;
-    int P = (int)par->pipeline, V = (int)par->virtual_stages;
-    struct tr_pipe_chunk chunk[64];
-    double bytes[64];
-    if (P * V > 64)
-        return tr_fail(err, "parallel.pipeline x virtual_stages = %d: up to 64 chunks", P * V);
-    int64_t replicas = par->procs >= P ? par->procs / P : 1;
-    int M = tr_pipe_step_micro_batches(cfg->train.batch, s->micro_batch, replicas,
-                                       par->micro_batches);
-    if (tr_pipe_partition(s->g, P * V, chunk, err) != TR_OK)
-        return TR_ERROR;
-    in->stage = tr_pipe_stage_memory(s->g, chunk, par->schedule_kind, P, V, M, bytes, NULL, NULL,
-                                     err);
-    if (in->stage < 0)
-        return TR_ERROR;
-    in->need = (size_t)bytes[in->stage];
-    return TR_OK;
+    int64_t P = cfg->parallel.pipeline, procs = cfg->parallel.procs;
+    int64_t replicas = procs >= P ? procs / P : 1;
+    return tr_fit_stages(cfg, s->g, tr_fit_per_device(cfg->train.batch, replicas),
+                         s->micro_batch, 0, &in->need, &in->stage, err);
 }
 
 static int smoke_memory(const char *recipe, const char *const *overrides, int n_overrides,
