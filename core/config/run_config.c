@@ -44,7 +44,7 @@ static const struct tr_option train_options[] = {
     OPT(TR_OPT_INT, "micro_batch", "0", 0, BATCH_MAX,
         "samples per forward/backward; batch / micro_batch micro-batches are accumulated "
         "(0: the whole batch at once, or each rank's even share of it; \"auto\": the largest "
-        "that fits memory_budget)",
+        "that fits memory_budget; under parallel.pipeline, whose largest stage fits)",
         struct tr_train_config, micro_batch),
     OPT(TR_OPT_FLOAT, "memory_budget", "0", 0, 1048576,
         "GiB a micro_batch = \"auto\" may plan for (0: the device's memory, from cost.hardware, "
