@@ -89,8 +89,7 @@ static int cmd_run(int argc, char **argv, int first)
         code = TR_EXIT_ERROR;
     } else if (!cfg.rank.source && (cfg.parallel.procs > 1 || cfg.parallel.gpus > 1)) {
         /* procs=N / gpus=N: become the launcher of N ranks of this command */
-        code = tr_launch((int)(cfg.parallel.gpus > 0 ? cfg.parallel.gpus : cfg.parallel.procs),
-                         original_argv);
+        code = tr_launch((int)tr_config_ranks(&cfg), original_argv);
     } else {
         code = tr_train(&cfg, &flags);
     }

@@ -114,8 +114,7 @@ static void show_print_derived(const struct tr_config *cfg, const struct show_de
 {
     const struct tr_train_config *t = &cfg->train;
     const struct tr_optimizer_config *o = &cfg->optimizer;
-    int64_t ranks = cfg->rank.world > 1 ? cfg->rank.world
-                    : cfg->parallel.gpus > 0 ? cfg->parallel.gpus : cfg->parallel.procs;
+    int64_t ranks = tr_config_ranks(cfg);
     if (ranks < 1)
         ranks = 1;
     printf("-- derived (what the run computes from the values above)\n");

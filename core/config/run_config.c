@@ -282,6 +282,12 @@ static int offload_ranks(const struct tr_config *cfg, struct tr_value *root, tr_
     return offload_ranks_check(p, where, (int)ranks, err);
 }
 
+int64_t tr_config_ranks(const struct tr_config *cfg)
+{
+    return cfg->rank.world > 1 ? cfg->rank.world
+           : cfg->parallel.gpus > 0 ? cfg->parallel.gpus : cfg->parallel.procs;
+}
+
 int tr_config_check_offload(const struct tr_config *cfg, int planning, int world, tr_err *err)
 {
     if (!cfg->parallel.offload_optimizer)

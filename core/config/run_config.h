@@ -159,6 +159,9 @@ int tr_config_create_slot(struct tr_config *cfg, struct tr_slot *slot, uint32_t 
  * the comm slot is created by the run once its backend is open. */
 int tr_config_create_plugins(struct tr_config *cfg, uint32_t seq_len, tr_err *err);
 void tr_config_free(struct tr_config *cfg);
+/* The ranks a run of cfg has: the launched world's, or before a launch
+ * those procs=N / gpus=N would start (gpus where set). */
+int64_t tr_config_ranks(const struct tr_config *cfg);
 /* parallel.offload = "optimizer" needs a device to offload from: refused
  * on device = "cpu", unless `planning` for a cost.hardware profile, and
  * (not yet supported) in a run of `world` > 1 ranks; each refusal names the

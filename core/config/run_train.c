@@ -178,8 +178,7 @@ int tr_train_resolve_steps(struct tr_config *cfg, uint64_t tokens_per_sample, ui
 int tr_train_resolve_batch(struct tr_config *cfg, tr_err *err)
 {
     struct tr_train_config *t = &cfg->train;
-    int64_t ranks = cfg->rank.world > 1 ? cfg->rank.world
-                    : cfg->parallel.gpus > 0 ? cfg->parallel.gpus : cfg->parallel.procs;
+    int64_t ranks = tr_config_ranks(cfg);
     /* pipeline stages share no data: the replicas (ranks / stages) do; ranks
      * that are no multiple of the stages are refused by the session, which
      * says how many to start */

@@ -78,8 +78,8 @@ struct smoke_fit_input {
 static int smoke_stage_need(const struct tr_config *cfg, const struct tr_session *s,
                             struct smoke_fit_input *in, tr_err *err)
 {
-    int64_t P = cfg->parallel.pipeline, procs = cfg->parallel.procs, gpus = cfg->parallel.gpus;
-    int64_t ranks = gpus > procs ? gpus : procs, replicas = ranks >= P ? ranks / P : 1;
+    int64_t P = cfg->parallel.pipeline, ranks = tr_config_ranks(cfg);
+    int64_t replicas = ranks >= P ? ranks / P : 1;
     return tr_fit_stages(cfg, s->g, tr_fit_per_device(cfg->train.batch, replicas),
                          s->micro_batch, 0, &in->need, &in->stage, err);
 }
