@@ -256,11 +256,8 @@ static int plan_memory(struct tr_plan *p, const struct tr_session *s, tr_err *er
     /* the search micro_batch = "auto" makes (under stages: the largest
      * stage's fit, over a replica's share of the batch) */
     struct tr_fit_model search = tr_session_fit_search(s, &p->search_samples);
-    if (s->cfg->train.auto_micro_batch) { /* the session searched already (under stages
-                                           * plan_pipeline decides whether it fits) */
-        p->max_micro_batch = p->fits || search.stages > 1 ? p->micro_batch : 0;
+    if (s->cfg->train.auto_micro_batch) /* the session searched already: tr_plan_build */
         return TR_OK;
-    }
     struct tr_memory_report at;
     return tr_fit_largest(&search, p->search_samples, p->usable_bytes, &p->max_micro_batch, &at,
                           &fit_bytes, err);
@@ -344,8 +341,6 @@ static int plan_pipeline(struct tr_plan *p, const struct tr_session *s, tr_err *
     }
     /* a device holds one stage: the largest decides whether the run fits */
     p->fits = bytes[pp->largest] <= p->usable_bytes;
-    if (s->cfg->train.auto_micro_batch && !p->fits)
-        p->max_micro_batch = 0;
     /* offloaded: each stage's host keeps its own parameters' state, the
      * largest stage's is the line to provision for */
     double largest = 0;
@@ -417,6 +412,10 @@ int tr_plan_build(struct tr_plan *p, const char *recipe, const char *const *over
     plan_length(p, &s);
     if (cfg.parallel.pipeline > 1 && plan_pipeline(p, &s, err) != TR_OK)
         goto out;
+    /* micro_batch = "auto": the session's pick, where it fits (under stages
+     * plan_pipeline decided that) */
+    if (cfg.train.auto_micro_batch)
+        p->max_micro_batch = p->fits ? p->micro_batch : 0;
     if (p->hardware)
         project(p);
     if (p->hardware && p->length_from == TR_LENGTH_TIME && p->scale[0].step_seconds > 0) {

@@ -151,12 +151,11 @@ static int smoke_fit(const struct smoke_fit_input *in)
                 100 * TR_MEMORY_MARGIN, advice, in->stages ? "more stages, " : "");
         return TR_EXIT_ERROR;
     }
-    if (in->stages) {
-        fprintf(stderr, "smoke: fits %s (%s of %s: stage %d's, the largest)\nsmoke: ready to "
-                "launch\n", in->what, a, b, in->stage);
-        return TR_EXIT_OK;
-    }
-    fprintf(stderr, "smoke: fits %s (%s of %s)\nsmoke: ready to launch\n", in->what, a, b);
+    char whose[64] = "";
+    if (in->stages)
+        snprintf(whose, sizeof whose, ": stage %d's, the largest", in->stage);
+    fprintf(stderr, "smoke: fits %s (%s of %s%s)\nsmoke: ready to launch\n", in->what, a, b,
+            whose);
     return TR_EXIT_OK;
 }
 
